@@ -1,0 +1,12 @@
+/* commands.h - the subcommands of the meshscope binary. Each takes the arguments after
+ * its own name (argv[0] is the subcommand name) and returns the process exit code. Only
+ * the CLI prints errors and decides the exit code. */
+#ifndef MS_COMMANDS_H
+#define MS_COMMANDS_H
+
+int ms_cmd_demo(int argc, char **argv);
+int ms_cmd_bench_comm(int argc, char **argv);
+/* Internal: the raw-MPI side of `bench comm`, run under mpirun by the bench itself. */
+int ms_cmd_bench_comm_mpi_worker(int argc, char **argv);
+
+#endif

@@ -1,0 +1,42 @@
+/* main.c - the meshscope command line: dispatches to subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: meshscope <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  demo [--ranks N] [--backend threads|mpi]\n"
+            "                     distributed tensors on a mesh: placements, reshard plans,\n"
+            "                     their bytes and times, checked against the global tensor\n"
+            "  bench comm [--json] [--ranks 2,4] [--min-bytes B] [--max-bytes B] [--iters N]\n"
+            "                     bus bandwidth of the threads backend against OpenMPI\n"
+            "  help               this text\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "demo")) return ms_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) {
+        if (argc >= 3 && !strcmp(argv[2], "comm")) return ms_cmd_bench_comm(argc - 2, argv + 2);
+        if (argc >= 3 && !strcmp(argv[2], "comm-mpi-worker"))
+            return ms_cmd_bench_comm_mpi_worker(argc - 2, argv + 2);
+        fprintf(stderr, "meshscope bench: unknown benchmark '%s'; available: comm\n",
+                argc >= 3 ? argv[2] : "");
+        return 2;
+    }
+    fprintf(stderr, "meshscope: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

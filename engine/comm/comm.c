@@ -1,0 +1,322 @@
+/* comm.c - the shared layer around every communicator backend: validation, sequence
+ * numbers, deadlines, error messages that name the failure, and the observer event. */
+#include "comm/comm_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/xalloc.h"
+
+struct ms_comm {
+    const ms_comm_backend_ops *ops;
+    void *ctx;
+    int rank, size;
+    int *world_ranks;
+    char name[32];
+    int64_t seq;
+    int64_t timeout_ns;
+    bool broken;
+    char broken_why[160];
+    ms_comm_observer_fn observer;
+    void *observer_user;
+};
+
+static const char *const reduce_names[MS_REDUCE_COUNT] = {"sum", "avg", "max", "min"};
+static const char *const coll_names[MS_COLL_KIND_COUNT] = {
+    [MS_COLL_ALL_REDUCE] = "all_reduce", [MS_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [MS_COLL_ALL_GATHER] = "all_gather", [MS_COLL_ALL_TO_ALL] = "all_to_all",
+    [MS_COLL_BROADCAST] = "broadcast",   [MS_COLL_P2P] = "send_recv",
+    [MS_COLL_BARRIER] = "barrier",       [MS_COLL_SPLIT] = "split",
+};
+
+const char *ms_reduce_op_name(ms_reduce_op op) {
+    return (unsigned)op < MS_REDUCE_COUNT ? reduce_names[op] : "?";
+}
+
+const char *ms_coll_name(ms_coll_kind kind) {
+    return (unsigned)kind < MS_COLL_KIND_COUNT ? coll_names[kind] : "?";
+}
+
+double ms_coll_busbw_factor(ms_coll_kind kind, int n) {
+    if (n <= 1) return 0.0;
+    switch (kind) {
+        case MS_COLL_ALL_REDUCE: return 2.0 * (n - 1) / n;
+        case MS_COLL_ALL_GATHER:
+        case MS_COLL_REDUCE_SCATTER:
+        case MS_COLL_ALL_TO_ALL: return (double)(n - 1) / n;
+        default: return 1.0;
+    }
+}
+
+int64_t ms_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+ms_comm *ms_comm_wrap(const ms_comm_backend_ops *ops, void *ctx, int rank, int size,
+                      const int *world_ranks, const char *name) {
+    ms_comm *c = xcalloc(1, sizeof *c);
+    c->ops = ops;
+    c->ctx = ctx;
+    c->rank = rank;
+    c->size = size;
+    c->world_ranks = xmalloc(sizeof(int) * (size_t)size);
+    memcpy(c->world_ranks, world_ranks, sizeof(int) * (size_t)size);
+    snprintf(c->name, sizeof c->name, "%s", name ? name : "world");
+    c->timeout_ns = (int64_t)MS_COMM_DEFAULT_TIMEOUT_MS * 1000000;
+    return c;
+}
+
+void ms_comm_destroy(ms_comm *c) {
+    if (!c) return;
+    c->ops->destroy(c->ctx);
+    free(c->world_ranks);
+    free(c);
+}
+
+int ms_comm_rank(const ms_comm *c) { return c->rank; }
+int ms_comm_size(const ms_comm *c) { return c->size; }
+int ms_comm_world_rank(const ms_comm *c, int r) {
+    return r >= 0 && r < c->size ? c->world_ranks[r] : -1;
+}
+const char *ms_comm_name(const ms_comm *c) { return c->name; }
+const char *ms_comm_backend(const ms_comm *c) { return c->ops->name; }
+int64_t ms_comm_seq(const ms_comm *c) { return c->seq; }
+bool ms_comm_is_broken(const ms_comm *c) { return c->broken; }
+void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms) { c->timeout_ns = ms * 1000000; }
+int64_t ms_comm_timeout_ms(const ms_comm *c) { return c->timeout_ns / 1000000; }
+void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user) {
+    c->observer = fn;
+    c->observer_user = user;
+}
+
+/* --- reductions shared by the CPU backends ------------------------------------------- */
+
+void ms_reduce_accumulate(float *restrict acc, const float *restrict x, size_t n,
+                          ms_reduce_op op) {
+    switch (op) {
+        case MS_REDUCE_SUM:
+        case MS_REDUCE_AVG:
+            for (size_t i = 0; i < n; i++) acc[i] += x[i];
+            break;
+        case MS_REDUCE_MAX:
+            for (size_t i = 0; i < n; i++) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+            break;
+        case MS_REDUCE_MIN:
+            for (size_t i = 0; i < n; i++) acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+            break;
+        default: break;
+    }
+}
+
+void ms_reduce_finish(float *acc, size_t n, ms_reduce_op op, int group_size) {
+    if (op != MS_REDUCE_AVG || group_size <= 1) return;
+    const float inv = 1.0f / (float)group_size;
+    for (size_t i = 0; i < n; i++) acc[i] *= inv;
+}
+
+/* --- the wrapper ------------------------------------------------------------------------ */
+
+static void group_str(const ms_comm *c, char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "'%s' (world ranks ", c->name);
+    for (int r = 0; r < c->size && n + 16 < len; r++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%d", r ? "," : "", c->world_ranks[r]);
+    if (c->size * 6 + 40 > (int)len) n += (size_t)snprintf(buf + n, len - n, "...");
+    snprintf(buf + n, len - n, ")");
+}
+
+/* Starts a call: refuses on a broken communicator, assigns seq and deadline. */
+static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, ms_error *err) {
+    memset(call, 0, sizeof *call);
+    call->kind = kind;
+    if (c->broken) {
+        char g[200];
+        group_str(c, g, sizeof g);
+        return ms_fail(err, MS_ERR_COMM, "%s on communicator %s refused: the communicator is "
+                       "broken since %s; recreate it", ms_coll_name(kind), g, c->broken_why);
+    }
+    call->seq = ++c->seq;
+    call->deadline_ns = ms_now_ns() + c->timeout_ns;
+    return MS_OK;
+}
+
+/* Finishes a call: decorates a failure with op, group, seq and missing ranks, marks the
+ * communicator broken after a timeout or transport failure, and emits the event. */
+static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t t0, size_t bytes,
+                          ms_reduce_op op, int root, ms_error *err) {
+    int64_t t1 = ms_now_ns();
+    if (st != MS_OK) {
+        char g[200];
+        group_str(c, g, sizeof g);
+        if (st == MS_ERR_TIMEOUT) {
+            char miss[256] = "";
+            size_t n = 0;
+            for (int i = 0; i < call->n_missing && n + 24 < sizeof miss; i++)
+                n += (size_t)snprintf(miss + n, sizeof miss - n, "%s%d (world %d)", i ? ", " : "",
+                                      call->missing[i], ms_comm_world_rank(c, call->missing[i]));
+            ms_fail(err, MS_ERR_TIMEOUT,
+                    "%s seq %lld on communicator %s (%s backend) timed out after %lld ms; "
+                    "ranks that did not arrive: %s",
+                    ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name,
+                    (long long)(c->timeout_ns / 1000000), call->n_missing ? miss : "unknown");
+        } else {
+            ms_fail_wrap(err, st, "%s seq %lld on communicator %s (%s backend)",
+                         ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name);
+        }
+        if (st == MS_ERR_TIMEOUT || st == MS_ERR_COMM) {
+            c->broken = true;
+            snprintf(c->broken_why, sizeof c->broken_why, "%s seq %lld failed (%s)",
+                     ms_coll_name(call->kind), (long long)call->seq, ms_status_str(st));
+        }
+    }
+    if (c->observer) {
+        ms_comm_event ev = {
+            .kind = call->kind, .comm = c, .seq = call->seq, .t_start_ns = t0, .t_end_ns = t1,
+            .bytes = bytes, .op = op, .root = root, .algo = call->algo ? call->algo : c->ops->name,
+            .status = st,
+        };
+        c->observer(c->observer_user, &ev);
+    }
+    return st;
+}
+
+static ms_status bad(ms_comm *c, ms_coll_kind kind, ms_error *err, const char *what) {
+    return ms_fail(err, MS_ERR_INVALID, "%s on communicator '%s': %s", ms_coll_name(kind),
+                   c->name, what);
+}
+
+static size_t sum_counts(const size_t *counts, int n) {
+    size_t s = 0;
+    for (int i = 0; i < n; i++) s += counts[i];
+    return s;
+}
+
+ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count,
+                        ms_reduce_op op, ms_error *err) {
+    if ((unsigned)op >= MS_REDUCE_COUNT) return bad(c, MS_COLL_ALL_REDUCE, err, "unknown reduce op");
+    if (count && (!send || !recv)) return bad(c, MS_COLL_ALL_REDUCE, err, "NULL buffer");
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->all_reduce(c->ctx, send, recv, count, op, &call, err);
+    return call_end(c, &call, st, t0, count * sizeof(float), op, -1, err);
+}
+
+ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv,
+                            const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+    if ((unsigned)op >= MS_REDUCE_COUNT)
+        return bad(c, MS_COLL_REDUCE_SCATTER, err, "unknown reduce op");
+    if (!recv_counts) return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL recv_counts");
+    size_t total = sum_counts(recv_counts, c->size);
+    if ((total && !send) || (recv_counts[c->rank] && !recv))
+        return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL buffer");
+    if (send && send == recv && c->size > 1)
+        return bad(c, MS_COLL_REDUCE_SCATTER, err, "in-place is not supported; use two buffers");
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->reduce_scatter(c->ctx, send, recv, recv_counts, op, &call, err);
+    return call_end(c, &call, st, t0, total * sizeof(float), op, -1, err);
+}
+
+ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
+                        ms_error *err) {
+    if (!counts) return bad(c, MS_COLL_ALL_GATHER, err, "NULL counts");
+    size_t total = sum_counts(counts, c->size);
+    if ((counts[c->rank] && !send) || (total && !recv))
+        return bad(c, MS_COLL_ALL_GATHER, err, "NULL buffer");
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->all_gather(c->ctx, send, recv, counts, &call, err);
+    return call_end(c, &call, st, t0, total * sizeof(float), MS_REDUCE_SUM, -1, err);
+}
+
+ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts,
+                        const size_t *send_displs, float *recv, const size_t *recv_counts,
+                        const size_t *recv_displs, ms_error *err) {
+    if (!send_counts || !send_displs || !recv_counts || !recv_displs)
+        return bad(c, MS_COLL_ALL_TO_ALL, err, "NULL counts or displacements");
+    size_t sent = sum_counts(send_counts, c->size);
+    if ((sent && !send) || (sum_counts(recv_counts, c->size) && !recv))
+        return bad(c, MS_COLL_ALL_TO_ALL, err, "NULL buffer");
+    if (send && send == recv && c->size > 1)
+        return bad(c, MS_COLL_ALL_TO_ALL, err, "in-place is not supported; use two buffers");
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_ALL_TO_ALL, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->all_to_all(c->ctx, send, send_counts, send_displs, recv, recv_counts,
+                                      recv_displs, &call, err);
+    return call_end(c, &call, st, t0, sent * sizeof(float), MS_REDUCE_SUM, -1, err);
+}
+
+ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err) {
+    if (root < 0 || root >= c->size) return bad(c, MS_COLL_BROADCAST, err, "root out of range");
+    if (count && !buf) return bad(c, MS_COLL_BROADCAST, err, "NULL buffer");
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_BROADCAST, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->broadcast(c->ctx, buf, count, root, &call, err);
+    return call_end(c, &call, st, t0, count * sizeof(float), MS_REDUCE_SUM, root, err);
+}
+
+ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
+    if (nops < 0 || (nops && !ops)) return bad(c, MS_COLL_P2P, err, "bad op list");
+    size_t bytes = 0;
+    for (int i = 0; i < nops; i++) {
+        if (ops[i].peer < 0 || ops[i].peer >= c->size || ops[i].peer == c->rank)
+            return bad(c, MS_COLL_P2P, err, "peer out of range or self");
+        if (ops[i].tag < 0 || ops[i].tag > 32767) return bad(c, MS_COLL_P2P, err, "tag outside 0..32767");
+        if (ops[i].count && !ops[i].buf) return bad(c, MS_COLL_P2P, err, "NULL buffer");
+        if (ops[i].kind == MS_P2P_SEND) bytes += ops[i].count * sizeof(float);
+    }
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_P2P, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->p2p(c->ctx, ops, nops, &call, err);
+    return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
+}
+
+ms_status ms_send(ms_comm *c, const float *buf, size_t count, int peer, int tag, ms_error *err) {
+    ms_p2p_op op = {MS_P2P_SEND, peer, (void *)buf, count, tag};
+    return ms_p2p(c, &op, 1, err);
+}
+
+ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_error *err) {
+    ms_p2p_op op = {MS_P2P_RECV, peer, buf, count, tag};
+    return ms_p2p(c, &op, 1, err);
+}
+
+ms_status ms_barrier(ms_comm *c, ms_error *err) {
+    ms_comm_call call;
+    MS_CHECK(call_begin(c, MS_COLL_BARRIER, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->barrier(c->ctx, &call, err);
+    return call_end(c, &call, st, t0, 0, MS_REDUCE_SUM, -1, err);
+}
+
+ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, ms_comm **out,
+                        ms_error *err) {
+    *out = NULL;
+    ms_comm_call call;
+    MS_CHECK(call_begin(parent, MS_COLL_SPLIT, &call, err));
+    int64_t t0 = ms_now_ns();
+    void *ctx = NULL;
+    int size = 0, rank = -1;
+    int *world = xmalloc(sizeof(int) * (size_t)parent->size);
+    int *members = xmalloc(sizeof(int) * (size_t)parent->size);
+    ms_status st = parent->ops->split(parent->ctx, color, key, &ctx, &size, &rank, members,
+                                      &call, err);
+    if (st == MS_OK && ctx) {
+        /* Backends report members as parent ranks; translate to world ranks. */
+        for (int i = 0; i < size; i++) world[i] = parent->world_ranks[members[i]];
+        *out = ms_comm_wrap(parent->ops, ctx, rank, size, world, name);
+        (*out)->timeout_ns = parent->timeout_ns;
+    }
+    free(world);
+    free(members);
+    return call_end(parent, &call, st, t0, 0, MS_REDUCE_SUM, -1, err);
+}

@@ -1,0 +1,141 @@
+/* comm.h - the communicator interface: collectives over one group of ranks.
+ *
+ * A communicator (ms_comm) is one group, e.g. the ranks along one mesh dim. Every backend
+ * (threads, MPI, later NCCL) implements the raw operations in comm_impl.h; the thin shared
+ * layer in comm.c validates arguments, assigns sequence numbers, applies the timeout,
+ * turns backend failures into errors that name the op, the group, the sequence number and
+ * the ranks that did not arrive, and reports every call to an observer (the profiler) with
+ * its bytes and peers. A new backend gets all of that for free.
+ *
+ * All calls are collective over the communicator unless noted, take float32 data, and
+ * must be called by every member in the same order. A call never hangs: it returns
+ * MS_ERR_TIMEOUT after the communicator's timeout. After a timeout the communicator is
+ * broken and every later call fails fast with MS_ERR_COMM.
+ *
+ * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only.
+ * Ownership: the caller owns all buffers; a communicator is freed with ms_comm_destroy,
+ * and communicators made by ms_comm_split must be destroyed before their parent.
+ */
+#ifndef MS_COMM_H
+#define MS_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef enum ms_reduce_op {
+    MS_REDUCE_SUM,
+    MS_REDUCE_AVG,
+    MS_REDUCE_MAX,
+    MS_REDUCE_MIN,
+    MS_REDUCE_COUNT
+} ms_reduce_op;
+
+const char *ms_reduce_op_name(ms_reduce_op op); /* "sum", "avg", "max", "min" */
+
+typedef enum ms_coll_kind {
+    MS_COLL_ALL_REDUCE,
+    MS_COLL_REDUCE_SCATTER,
+    MS_COLL_ALL_GATHER,
+    MS_COLL_ALL_TO_ALL,
+    MS_COLL_BROADCAST,
+    MS_COLL_P2P, /* a batch of sends and receives (ms_p2p, ms_send, ms_recv) */
+    MS_COLL_BARRIER,
+    MS_COLL_SPLIT,
+    MS_COLL_KIND_COUNT
+} ms_coll_kind;
+
+const char *ms_coll_name(ms_coll_kind kind); /* "all_reduce", ... */
+
+/* nccl-tests bus-bandwidth factor for n ranks (ANCHORS.md section 3). */
+double ms_coll_busbw_factor(ms_coll_kind kind, int n);
+
+typedef struct ms_comm ms_comm;
+
+/* One point-to-point operation of a batch. */
+typedef enum ms_p2p_kind { MS_P2P_SEND, MS_P2P_RECV } ms_p2p_kind;
+typedef struct ms_p2p_op {
+    ms_p2p_kind kind;
+    int peer;   /* rank within the communicator */
+    void *buf;  /* float data: read for SEND, written for RECV */
+    size_t count;
+    int tag;    /* 0..32767; a SEND matches the RECV with the same (peer, tag) */
+} ms_p2p_op;
+
+/* What the observer receives after every call, successful or not. */
+typedef struct ms_comm_event {
+    ms_coll_kind kind;
+    const ms_comm *comm;
+    int64_t seq;          /* per-communicator call number, from 1 */
+    int64_t t_start_ns;   /* monotonic clock */
+    int64_t t_end_ns;
+    size_t bytes;         /* nccl-tests convention: see ms_comm_event_bytes in comm.c */
+    ms_reduce_op op;      /* for reductions */
+    int root;             /* broadcast root, or -1 */
+    const char *algo;     /* the backend's algorithm name, e.g. "shm-direct", "mpi" */
+    ms_status status;
+} ms_comm_event;
+
+typedef void (*ms_comm_observer_fn)(void *user, const ms_comm_event *ev);
+
+/* --- identity and settings (local, not collective) ---------------------------------- */
+
+int ms_comm_rank(const ms_comm *c);
+int ms_comm_size(const ms_comm *c);
+/* The world rank of member r. */
+int ms_comm_world_rank(const ms_comm *c, int r);
+const char *ms_comm_name(const ms_comm *c);
+const char *ms_comm_backend(const ms_comm *c);
+int64_t ms_comm_seq(const ms_comm *c);
+bool ms_comm_is_broken(const ms_comm *c);
+
+#define MS_COMM_DEFAULT_TIMEOUT_MS 60000
+void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms);
+int64_t ms_comm_timeout_ms(const ms_comm *c);
+void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user);
+
+/* --- collectives ---------------------------------------------------------------------- */
+
+ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count,
+                        ms_reduce_op op, ms_error *err);
+
+/* send holds sum(recv_counts) elements in rank order; member r receives the reduction of
+ * block r (recv_counts[r] elements) into recv. */
+ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv,
+                            const size_t *recv_counts, ms_reduce_op op, ms_error *err);
+
+/* Member r contributes counts[r] elements (its `send`); recv receives all blocks in rank
+ * order (sum(counts) elements). Counts may differ and may be zero. */
+ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
+                        ms_error *err);
+
+/* Member r sends send_counts[p] elements from send + send_displs[p] to each member p and
+ * receives recv_counts[p] elements from p at recv + recv_displs[p]. */
+ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts,
+                        const size_t *send_displs, float *recv, const size_t *recv_counts,
+                        const size_t *recv_displs, ms_error *err);
+
+ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err);
+
+/* A batch of point-to-point operations that complete together (like an NCCL group): any
+ * pattern of sends and receives among members is deadlock-free within one batch. Only
+ * the members named as peers need to take part; it is not collective over the group. */
+ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
+ms_status ms_send(ms_comm *c, const float *buf, size_t count, int peer, int tag, ms_error *err);
+ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_error *err);
+
+ms_status ms_barrier(ms_comm *c, ms_error *err);
+
+/* Members with the same color form a new communicator, ordered by (key, parent rank).
+ * color < 0 means "not a member": *out is set to NULL. Collective over the parent. */
+ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, ms_comm **out,
+                        ms_error *err);
+
+void ms_comm_destroy(ms_comm *c);
+
+/* Monotonic nanoseconds (CLOCK_MONOTONIC), the clock of every event. */
+int64_t ms_now_ns(void);
+
+#endif

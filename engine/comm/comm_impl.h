@@ -1,0 +1,62 @@
+/* comm_impl.h - what a communicator backend implements (private to engine/comm).
+ *
+ * A backend provides one ms_comm_backend_ops table plus a context pointer per group. The
+ * shared layer (comm.c) has already validated arguments and computed the call's deadline
+ * when a slot is called; a slot only moves data. On timeout a slot returns MS_ERR_TIMEOUT
+ * and lists the members that had not arrived in call->missing; the shared layer formats
+ * the error. Slots may assume count/counts fit the buffers.
+ */
+#ifndef MS_COMM_IMPL_H
+#define MS_COMM_IMPL_H
+
+#include "comm/comm.h"
+
+#define MS_COMM_MAX_RANKS 1024
+
+/* Per-call information handed to a backend slot. */
+typedef struct ms_comm_call {
+    ms_coll_kind kind;
+    int64_t seq;         /* sequence number of this call on this communicator */
+    int64_t deadline_ns; /* absolute, ms_now_ns() clock */
+    /* Filled by the backend on MS_ERR_TIMEOUT: members (communicator ranks) missing. */
+    int n_missing;
+    int missing[64];
+    const char *algo; /* set by the backend: the algorithm it used */
+} ms_comm_call;
+
+typedef struct ms_comm_backend_ops {
+    const char *name;
+    ms_status (*all_reduce)(void *ctx, const float *send, float *recv, size_t count,
+                            ms_reduce_op op, ms_comm_call *call, ms_error *err);
+    ms_status (*reduce_scatter)(void *ctx, const float *send, float *recv,
+                                const size_t *recv_counts, ms_reduce_op op, ms_comm_call *call,
+                                ms_error *err);
+    ms_status (*all_gather)(void *ctx, const float *send, float *recv, const size_t *counts,
+                            ms_comm_call *call, ms_error *err);
+    ms_status (*all_to_all)(void *ctx, const float *send, const size_t *send_counts,
+                            const size_t *send_displs, float *recv, const size_t *recv_counts,
+                            const size_t *recv_displs, ms_comm_call *call, ms_error *err);
+    ms_status (*broadcast)(void *ctx, float *buf, size_t count, int root, ms_comm_call *call,
+                           ms_error *err);
+    ms_status (*p2p)(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
+                     ms_error *err);
+    ms_status (*barrier)(void *ctx, ms_comm_call *call, ms_error *err);
+    /* Creates the backend context of the new group. For color < 0 sets *out_ctx = NULL.
+     * Otherwise fills *out_size, *out_rank, and out_members[0..size): the *parent* rank of
+     * each member in new-rank order (ordered by key, then parent rank). */
+    ms_status (*split)(void *ctx, int color, int key, void **out_ctx, int *out_size,
+                       int *out_rank, int *out_members, ms_comm_call *call, ms_error *err);
+    void (*destroy)(void *ctx);
+} ms_comm_backend_ops;
+
+/* Wraps a backend context into a communicator (used by backend constructors).
+ * world_ranks has `size` entries and is copied. Takes ownership of ctx. */
+ms_comm *ms_comm_wrap(const ms_comm_backend_ops *ops, void *ctx, int rank, int size,
+                      const int *world_ranks, const char *name);
+
+/* Applies op to n floats: acc = acc (op) x. AVG accumulates as a sum; the caller divides
+ * once by the group size via ms_reduce_finish. Shared by all CPU backends. */
+void ms_reduce_accumulate(float *acc, const float *x, size_t n, ms_reduce_op op);
+void ms_reduce_finish(float *acc, size_t n, ms_reduce_op op, int group_size);
+
+#endif

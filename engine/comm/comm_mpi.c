@@ -1,0 +1,1 @@
+#include "comm/comm_mpi.h"

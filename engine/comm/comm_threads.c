@@ -1,0 +1,1 @@
+#include "comm/comm_threads.h"

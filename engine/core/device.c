@@ -1,0 +1,116 @@
+/* device.c - the device interface's shared layer and its CPU backend. */
+#include "core/device.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/xalloc.h"
+
+/* --- CPU backend ------------------------------------------------------------------------ */
+
+static ms_status cpu_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
+    (void)dev;
+    size_t rounded = (nbytes + MS_TENSOR_ALIGN - 1) / MS_TENSOR_ALIGN * MS_TENSOR_ALIGN;
+    void *p = aligned_alloc(MS_TENSOR_ALIGN, rounded ? rounded : MS_TENSOR_ALIGN);
+    if (!p) return ms_fail(err, MS_ERR_NOMEM, "cpu: cannot allocate %zu bytes", nbytes);
+    *out = p;
+    return MS_OK;
+}
+
+static void cpu_free(ms_device *dev, void *ptr) {
+    (void)dev;
+    free(ptr);
+}
+
+static ms_status cpu_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
+                          ms_copy_dir dir, ms_error *err) {
+    (void)dev, (void)dir, (void)err;
+    if (nbytes) memmove(dst, src, nbytes);
+    return MS_OK;
+}
+
+static ms_status cpu_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
+    (void)dev, (void)err;
+    if (nbytes) memset(dst, 0, nbytes);
+    return MS_OK;
+}
+
+static void cpu_destroy(ms_device *dev) { free(dev); }
+
+static const ms_device_ops cpu_ops = {
+    .name = "cpu",
+    .kind = MS_DEVICE_CPU,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .memset_zero = cpu_zero,
+    .destroy = cpu_destroy,
+};
+
+ms_status ms_device_cpu_create(ms_device **out, ms_error *err) {
+    (void)err;
+    ms_device *dev = xcalloc(1, sizeof *dev);
+    dev->ops = &cpu_ops;
+    *out = dev;
+    return MS_OK;
+}
+
+#ifndef MS_HAVE_CUDA
+ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
+    (void)ordinal, (void)out;
+    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                   "this meshscope was built without CUDA (reconfigure with -DMS_ENABLE_CUDA=ON "
+                   "on a machine with the CUDA toolkit)");
+}
+#endif
+
+ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, char *note,
+                                size_t note_len, ms_error *err) {
+    if (note && note_len) note[0] = '\0';
+    if (want_gpu) {
+        ms_error cuda_err = {0};
+        if (ms_device_cuda_create(ordinal, out, &cuda_err) == MS_OK) return MS_OK;
+        if (note && note_len) {
+            size_t n = strlen(cuda_err.msg);
+            const char *suffix = "; using the CPU";
+            if (n + strlen(suffix) + 1 <= note_len) {
+                memcpy(note, cuda_err.msg, n);
+                memcpy(note + n, suffix, strlen(suffix) + 1);
+            } else {
+                strncpy(note, cuda_err.msg, note_len - 1);
+                note[note_len - 1] = '\0';
+            }
+        }
+    }
+    return ms_device_cpu_create(out, err);
+}
+
+/* --- shared layer ------------------------------------------------------------------------ */
+
+void ms_device_destroy(ms_device *dev) {
+    if (dev) dev->ops->destroy(dev);
+}
+
+ms_status ms_device_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
+    MS_CHECK(dev->ops->alloc(dev, nbytes, out, err));
+    size_t now = atomic_fetch_add(&dev->in_use, nbytes) + nbytes;
+    size_t peak = atomic_load(&dev->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&dev->peak, &peak, now)) {
+    }
+    return MS_OK;
+}
+
+void ms_device_free(ms_device *dev, void *ptr, size_t nbytes) {
+    if (!ptr) return;
+    dev->ops->free(dev, ptr);
+    atomic_fetch_sub(&dev->in_use, nbytes);
+}
+
+ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
+                         ms_copy_dir dir, ms_error *err) {
+    return dev->ops->copy(dev, dst, src, nbytes, dir, err);
+}
+
+ms_status ms_device_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
+    return dev->ops->memset_zero(dev, dst, nbytes, err);
+}

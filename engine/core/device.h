@@ -1,0 +1,76 @@
+/* device.h - the device interface: where tensor memory lives and how bytes move.
+ *
+ * One struct of function pointers per backend (CPU now, CUDA when built and present), so
+ * callers allocate through ms_device_* and never know which one they hold. Each device
+ * counts its bytes in use and the peak, which the profiler reports as memory per rank.
+ *
+ * Ownership: ms_device_alloc returns memory owned by the caller, released with
+ * ms_device_free on the same device. Devices themselves are created per rank and freed
+ * with ms_device_destroy.
+ */
+#ifndef MS_DEVICE_H
+#define MS_DEVICE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#define MS_TENSOR_ALIGN 64 /* bytes: one cache line, and what AVX-512 loads want */
+
+typedef enum ms_device_kind { MS_DEVICE_CPU, MS_DEVICE_CUDA, MS_DEVICE_KIND_COUNT } ms_device_kind;
+
+typedef enum ms_copy_dir {
+    MS_COPY_HOST_TO_DEVICE,
+    MS_COPY_DEVICE_TO_HOST,
+    MS_COPY_DEVICE_TO_DEVICE,
+} ms_copy_dir;
+
+typedef struct ms_device ms_device;
+
+/* Backend slots. All are required. */
+typedef struct ms_device_ops {
+    const char *name;
+    ms_device_kind kind;
+    /* Returns MS_TENSOR_ALIGN-aligned memory of at least nbytes, or MS_ERR_NOMEM. */
+    ms_status (*alloc)(ms_device *dev, size_t nbytes, void **out, ms_error *err);
+    void (*free)(ms_device *dev, void *ptr);
+    ms_status (*copy)(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,
+                      ms_error *err);
+    ms_status (*memset_zero)(ms_device *dev, void *dst, size_t nbytes, ms_error *err);
+    void (*destroy)(ms_device *dev);
+} ms_device_ops;
+
+struct ms_device {
+    const ms_device_ops *ops;
+    void *impl;           /* backend state */
+    int ordinal;          /* CUDA device number; 0 for the CPU */
+    atomic_size_t in_use; /* bytes currently allocated through this device */
+    atomic_size_t peak;   /* high-water mark of in_use */
+};
+
+/* A CPU device. Never fails except for memory. */
+ms_status ms_device_cpu_create(ms_device **out, ms_error *err);
+
+/* A CUDA device for `ordinal`. Returns MS_ERR_UNSUPPORTED with a message saying why (not
+ * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. */
+ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
+
+/* The best device available: CUDA when `want_gpu` and one exists, else the CPU. When it
+ * falls back, `note` (if non-NULL) receives the reason; otherwise note is set to "". */
+ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, char *note,
+                                size_t note_len, ms_error *err);
+
+void ms_device_destroy(ms_device *dev);
+
+ms_status ms_device_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err);
+void ms_device_free(ms_device *dev, void *ptr, size_t nbytes);
+ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
+                         ms_copy_dir dir, ms_error *err);
+ms_status ms_device_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err);
+
+static inline const char *ms_device_name(const ms_device *dev) { return dev->ops->name; }
+
+#endif

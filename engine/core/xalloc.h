@@ -1,0 +1,17 @@
+/* xalloc.h - aborting allocators for small bookkeeping structures.
+ *
+ * Policy (in the name): xmalloc/xcalloc/xrealloc/xstrdup abort the process with a message
+ * when memory is exhausted; they are for metadata that is tiny next to tensor storage.
+ * Tensor and device memory go through the device interface, which returns MS_ERR_NOMEM.
+ */
+#ifndef MS_XALLOC_H
+#define MS_XALLOC_H
+
+#include <stddef.h>
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+#endif

@@ -1,0 +1,1 @@
+#include "dist/dtensor.h"

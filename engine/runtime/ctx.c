@@ -1,0 +1,116 @@
+/* ctx.c - rank contexts and the threads/MPI launcher. */
+#include "runtime/ctx.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_mpi.h"
+#include "comm/comm_threads.h"
+#include "core/xalloc.h"
+#include "dist/reshard.h"
+
+const char *ms_backend_name(ms_backend_kind b) { return b == MS_BACKEND_MPI ? "mpi" : "threads"; }
+
+ms_status ms_backend_parse(const char *text, ms_backend_kind *out, ms_error *err) {
+    if (!strcmp(text, "threads")) *out = MS_BACKEND_THREADS;
+    else if (!strcmp(text, "mpi")) *out = MS_BACKEND_MPI;
+    else return ms_fail(err, MS_ERR_INVALID, "unknown backend '%s'; use threads or mpi", text);
+    return MS_OK;
+}
+
+static ms_status ctx_init(ms_ctx *ctx, const ms_launch_opts *opts, ms_comm *world, ms_error *err) {
+    memset(ctx, 0, sizeof *ctx);
+    ctx->world = world;
+    ctx->rank = ms_comm_rank(world);
+    ctx->world_size = ms_comm_size(world);
+    ctx->backend = opts->backend;
+    ctx->seed = opts->seed;
+    if (opts->timeout_ms > 0) ms_comm_set_timeout_ms(world, opts->timeout_ms);
+    MS_CHECK(ms_device_cpu_create(&ctx->device, err));
+    ctx->plans = ms_plan_cache_create();
+    return MS_OK;
+}
+
+static void ctx_fini(ms_ctx *ctx) {
+    ms_plan_cache_destroy(ctx->plans);
+    ms_comm_destroy(ctx->world);
+    ms_device_destroy(ctx->device);
+}
+
+typedef struct rank_thread {
+    pthread_t tid;
+    ms_threads_world *w;
+    int rank;
+    const ms_launch_opts *opts;
+    ms_rank_fn fn;
+    void *arg;
+    ms_status st;
+    ms_error err;
+} rank_thread;
+
+static void *rank_thread_main(void *p) {
+    rank_thread *t = p;
+    ms_comm *world = NULL;
+    t->st = ms_comm_threads_create(t->w, t->rank, &world, &t->err);
+    if (t->st != MS_OK) return NULL;
+    ms_ctx ctx;
+    t->st = ctx_init(&ctx, t->opts, world, &t->err);
+    if (t->st == MS_OK) t->st = t->fn(&ctx, t->arg, &t->err);
+    ctx_fini(&ctx);
+    return NULL;
+}
+
+static ms_status launch_threads(const ms_launch_opts *opts, ms_rank_fn fn, void *arg,
+                                ms_error *err) {
+    if (opts->nranks < 1)
+        return ms_fail(err, MS_ERR_INVALID, "need at least one rank (got %d)", opts->nranks);
+    ms_threads_world *w;
+    MS_CHECK(ms_threads_world_create(opts->nranks, &w, err));
+    rank_thread *ts = xcalloc((size_t)opts->nranks, sizeof *ts);
+    int started = 0;
+    ms_status st = MS_OK;
+    for (int r = 0; r < opts->nranks; r++) {
+        ts[r] = (rank_thread){.w = w, .rank = r, .opts = opts, .fn = fn, .arg = arg};
+        if (pthread_create(&ts[r].tid, NULL, rank_thread_main, &ts[r]) != 0) {
+            st = ms_fail(err, MS_ERR_INTERNAL, "cannot start the thread of rank %d", r);
+            break;
+        }
+        started++;
+    }
+    /* If a thread failed to start, the started ranks time out in their first collective. */
+    for (int r = 0; r < started; r++) pthread_join(ts[r].tid, NULL);
+    for (int r = 0; r < started && st == MS_OK; r++)
+        if (ts[r].st != MS_OK) {
+            if (err) *err = ts[r].err;
+            st = ms_fail_wrap(err, ts[r].st, "rank %d", r);
+        }
+    free(ts);
+    ms_threads_world_destroy(w);
+    return st;
+}
+
+static ms_status launch_mpi(const ms_launch_opts *opts, ms_rank_fn fn, void *arg, ms_error *err) {
+    ms_comm *world;
+    MS_CHECK(ms_comm_mpi_create_world(&world, err));
+    if (opts->nranks > 0 && ms_comm_size(world) != opts->nranks) {
+        int have = ms_comm_size(world);
+        ms_comm_destroy(world);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%d ranks were asked for but mpirun started %d; run mpirun -np %d", 
+                       opts->nranks, have, opts->nranks);
+    }
+    ms_ctx ctx;
+    ms_status st = ctx_init(&ctx, opts, world, err);
+    if (st == MS_OK) st = fn(&ctx, arg, err);
+    int r = ctx.rank;
+    ctx_fini(&ctx);
+    if (st != MS_OK) st = ms_fail_wrap(err, st, "rank %d", r);
+    return st;
+}
+
+ms_status ms_launch(const ms_launch_opts *opts, ms_rank_fn fn, void *arg, ms_error *err) {
+    return opts->backend == MS_BACKEND_MPI ? launch_mpi(opts, fn, arg, err)
+                                           : launch_threads(opts, fn, arg, err);
+}

@@ -1,0 +1,52 @@
+/* ctx.h - the rank context and the launcher that creates one per rank.
+ *
+ * Everything below the CLI takes an ms_ctx explicitly (no globals), so many ranks can
+ * live in one process (threads backend) and tests can run several worlds.
+ *
+ * Ownership: the launcher creates each ctx, runs the rank function, then destroys it;
+ * the ctx owns its world communicator, device and reshard plan cache.
+ */
+#ifndef MS_CTX_H
+#define MS_CTX_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "core/device.h"
+#include "core/status.h"
+
+typedef enum ms_backend_kind { MS_BACKEND_THREADS, MS_BACKEND_MPI, MS_BACKEND_COUNT } ms_backend_kind;
+
+const char *ms_backend_name(ms_backend_kind b);
+/* "threads" or "mpi"; MS_ERR_INVALID naming the choices otherwise. */
+ms_status ms_backend_parse(const char *text, ms_backend_kind *out, ms_error *err);
+
+struct ms_plan_cache;
+
+typedef struct ms_ctx {
+    int rank;       /* world rank */
+    int world_size;
+    ms_backend_kind backend;
+    ms_comm *world;            /* owned */
+    ms_device *device;         /* owned */
+    uint64_t seed;
+    struct ms_plan_cache *plans; /* owned: reshard plans, see dist/reshard.h */
+    void *recorder;            /* profiler recorder, NULL when tracing is off */
+} ms_ctx;
+
+typedef struct ms_launch_opts {
+    ms_backend_kind backend;
+    int nranks;         /* threads: how many; mpi: 0 or the expected world size */
+    uint64_t seed;
+    int64_t timeout_ms; /* communicator timeout; 0 = default */
+} ms_launch_opts;
+
+/* A rank's entry point. Return MS_OK or a failure with err filled. */
+typedef ms_status (*ms_rank_fn)(ms_ctx *ctx, void *arg, ms_error *err);
+
+/* Runs fn once per rank: on `nranks` threads (threads backend) or once in this process
+ * (mpi backend; MPI must have been initialised with ms_mpi_init). Returns MS_OK if every
+ * local rank succeeded, else the first failure with "rank R: " prepended. */
+ms_status ms_launch(const ms_launch_opts *opts, ms_rank_fn fn, void *arg, ms_error *err);
+
+#endif

@@ -1,0 +1,91 @@
+/* testkit.c - the rank-function test harness (see testkit.h). */
+#include "testkit.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "comm/comm_mpi.h"
+
+static ms_backend_kind g_backend = MS_BACKEND_THREADS;
+static int g_mpi_world = 0;
+
+ms_backend_kind mt_backend(void) { return g_backend; }
+int mt_mpi_world(void) { return g_mpi_world; }
+
+void mt_failf(mt_rank *r, const char *file, int line, const char *fmt, ...) {
+    if (r->failures++ == 0) {
+        int n = snprintf(r->first, sizeof r->first, "%s:%d: ", file, line);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->first + n, sizeof r->first - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+}
+
+int mt_ok_at(mt_rank *r, ms_status st, const ms_error *err, const char *file, int line) {
+    if (st == MS_OK) return 1;
+    mt_failf(r, file, line, "%s: %s", ms_status_str(st), err ? err->msg : "");
+    return 0;
+}
+
+typedef struct run_arg {
+    mt_rank_fn fn;
+    void *arg;
+} run_arg;
+
+static ms_status rank_main(ms_ctx *ctx, void *p, ms_error *err) {
+    run_arg *ra = p;
+    mt_rank r = {.ctx = ctx};
+    ra->fn(&r, ra->arg);
+    if (g_backend == MS_BACKEND_MPI) {
+        /* Every process must agree on the verdict, so all of them fail the test. */
+        float mine = (float)r.failures, total = 0;
+        ms_error e2;
+        if (ms_all_reduce(ctx->world, &mine, &total, 1, MS_REDUCE_SUM, &e2) != MS_OK)
+            return ms_fail(err, MS_ERR_COMM, "verdict exchange failed: %s", e2.msg);
+        if (r.failures) return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s); first: %s", r.failures, r.first);
+        if (total > 0) return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s) on other ranks", (int)total);
+        return MS_OK;
+    }
+    if (r.failures) return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s); first: %s", r.failures, r.first);
+    return MS_OK;
+}
+
+void mt_run(int nranks, mt_rank_fn fn, void *arg) {
+    if (g_backend == MS_BACKEND_MPI && g_mpi_world < nranks) {
+        print_error("this test needs %d ranks but mpirun started %d\n", nranks, g_mpi_world);
+        fail();
+    }
+    run_arg ra = {fn, arg};
+    ms_launch_opts opts = {.backend = g_backend,
+                           .nranks = g_backend == MS_BACKEND_MPI ? 0 : nranks,
+                           .seed = 1234,
+                           .timeout_ms = MT_TIMEOUT_MS};
+    ms_error err = {0};
+    ms_status st = ms_launch(&opts, rank_main, &ra, &err);
+    if (st != MS_OK) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+}
+
+int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n) {
+    if (ms_mpi_launched()) {
+        ms_error err = {0};
+        if (ms_mpi_init(&argc, &argv, &err) != MS_OK) {
+            fprintf(stderr, "%s: %s\n", name, err.msg);
+            return 1;
+        }
+        g_backend = MS_BACKEND_MPI;
+        ms_comm *w;
+        if (ms_comm_mpi_create_world(&w, &err) != MS_OK) {
+            fprintf(stderr, "%s: %s\n", name, err.msg);
+            return 1;
+        }
+        g_mpi_world = ms_comm_size(w);
+        ms_comm_destroy(w);
+    }
+    int rc = _cmocka_run_group_tests(name, tests, n, NULL, NULL);
+    if (g_backend == MS_BACKEND_MPI) ms_mpi_finalize();
+    return rc;
+}

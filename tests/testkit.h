@@ -1,0 +1,61 @@
+/* testkit.h - running test bodies on every rank, on the threads or the MPI backend.
+ *
+ * A test body is written once as a rank function. mt_run starts it on n thread ranks, or,
+ * when the test binary runs under mpirun, once per MPI process (the world may be larger
+ * than n: ranks >= n get ctx->rank >= n and usually just take part in mesh creation).
+ * cmocka's asserts are not thread-safe, so rank functions record failures with MT_CHECK
+ * and keep going (never leave a collective sequence early); mt_run then fails the cmocka
+ * test on every rank if any rank failed, printing the first messages.
+ */
+#ifndef MS_TESTKIT_H
+#define MS_TESTKIT_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+// clang-format off
+#include <cmocka.h>
+// clang-format on
+
+#include "runtime/ctx.h"
+
+typedef struct mt_rank {
+    ms_ctx *ctx;
+    int failures;
+    char first[1024];
+} mt_rank;
+
+typedef void (*mt_rank_fn)(mt_rank *r, void *arg);
+
+void mt_failf(mt_rank *r, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define MT_CHECK(r, cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond)) mt_failf((r), __FILE__, __LINE__, __VA_ARGS__);                               \
+    } while (0)
+
+/* Records a failing status with its message; returns true when st == MS_OK. */
+#define MT_OK(r, st, err) mt_ok_at((r), (st), (err), __FILE__, __LINE__)
+int mt_ok_at(mt_rank *r, ms_status st, const ms_error *err, const char *file, int line);
+
+/* Runs fn on nranks ranks (see above). Fails the current cmocka test on error. */
+void mt_run(int nranks, mt_rank_fn fn, void *arg);
+
+/* The backend this test binary runs on. */
+ms_backend_kind mt_backend(void);
+/* World size under MPI, or 0 on the threads backend. */
+int mt_mpi_world(void);
+
+/* main() for test binaries: sets up MPI when launched by mpirun, runs the group. */
+int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n);
+#define MT_MAIN(name, tests)                                                                       \
+    int main(int argc, char **argv) {                                                              \
+        return mt_main(argc, argv, name, tests, sizeof(tests) / sizeof((tests)[0]));               \
+    }
+
+/* Communicator timeout used by tests, short so that a bug fails fast. */
+#define MT_TIMEOUT_MS 20000
+
+#endif
