@@ -5,16 +5,15 @@
 #include "commands.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: meshscope <command> [options]\n"
-            "\n"
-            "commands:\n"
-            "  demo [--ranks N] [--backend threads|mpi]\n"
-            "                     distributed tensors on a mesh: placements, reshard plans,\n"
-            "                     their bytes and times, checked against the global tensor\n"
-            "  bench comm [--json] [--ranks 2,4] [--min-bytes B] [--max-bytes B] [--iters N]\n"
-            "                     bus bandwidth of the threads backend against OpenMPI\n"
-            "  help               this text\n");
+    fprintf(f, "usage: meshscope <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  demo [--ranks N] [--backend threads|mpi]\n"
+               "                     distributed tensors on a mesh: placements, reshard plans,\n"
+               "                     their bytes and times, checked against the global tensor\n"
+               "  bench comm [--json] [--ranks 2,4] [--min-bytes B] [--max-bytes B] [--iters N]\n"
+               "                     bus bandwidth of the threads backend against OpenMPI\n"
+               "  help               this text\n");
 }
 
 int main(int argc, char **argv) {

@@ -1,4 +1,217 @@
+/* test_core.c - tensors, views, bf16, device accounting and Philox, against independent
+ * references (published Philox vectors, direct index arithmetic). */
+#include <math.h>
+#include <string.h>
+
+#include "core/philox.h"
+#include "core/tensor.h"
 #include "testkit.h"
-static void placeholder(void **state) { (void)state; }
-static const struct CMUnitTest tests[] = {cmocka_unit_test(placeholder)};
-MT_MAIN("placeholder", tests)
+
+/* Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10). */
+static void philox_known_answers(void **state) {
+    (void)state;
+    uint32_t out[4];
+    const uint32_t c0[4] = {0, 0, 0, 0}, k0[2] = {0, 0};
+    ms_philox4x32_10(c0, k0, out);
+    assert_int_equal(out[0], 0x6627e8d5u);
+    assert_int_equal(out[1], 0xe169c58du);
+    assert_int_equal(out[2], 0xbc57ac4cu);
+    assert_int_equal(out[3], 0x9b00dbd8u);
+    const uint32_t c1[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+    const uint32_t k1[2] = {0xffffffffu, 0xffffffffu};
+    ms_philox4x32_10(c1, k1, out);
+    assert_int_equal(out[0], 0x408f276du);
+    assert_int_equal(out[1], 0x41c83b0eu);
+    assert_int_equal(out[2], 0xa20bc7c6u);
+    assert_int_equal(out[3], 0x6d5451fdu);
+    const uint32_t c2[4] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u};
+    const uint32_t k2[2] = {0xa4093822u, 0x299f31d0u};
+    ms_philox4x32_10(c2, k2, out);
+    assert_int_equal(out[0], 0xd16cfe09u);
+    assert_int_equal(out[1], 0x94fdccebu);
+    assert_int_equal(out[2], 0x5001e420u);
+    assert_int_equal(out[3], 0x24126ea1u);
+}
+
+static void philox_distribution(void **state) {
+    (void)state;
+    /* Mean and variance of 200k normals and uniforms are within 4 sigma of the truth. */
+    const int n = 200000;
+    double su = 0, sn = 0, sn2 = 0;
+    for (int i = 0; i < n; i++) {
+        float u = ms_philox_uniform(7, 3, (uint64_t)i);
+        assert_true(u >= 0.0f && u < 1.0f);
+        su += u;
+        double z = ms_philox_normal(7, 3, (uint64_t)i);
+        sn += z;
+        sn2 += z * z;
+    }
+    assert_true(fabs(su / n - 0.5) < 4 * sqrt(1.0 / 12 / n));
+    assert_true(fabs(sn / n) < 4 * sqrt(1.0 / n));
+    assert_true(fabs(sn2 / n - 1.0) < 4 * sqrt(2.0 / n));
+    /* Different streams and seeds give different values. */
+    assert_true(ms_philox_uniform(7, 3, 5) != ms_philox_uniform(7, 4, 5));
+    assert_true(ms_philox_uniform(7, 3, 5) != ms_philox_uniform(8, 3, 5));
+}
+
+static void tensor_alloc_views(void **state) {
+    (void)state;
+    ms_device *dev;
+    ms_error err;
+    assert_int_equal(ms_device_cpu_create(&dev, &err), MS_OK);
+    ms_tensor t;
+    const int64_t shape[3] = {3, 5, 7};
+    assert_int_equal(ms_tensor_alloc(dev, MS_F32, 3, shape, &t, &err), MS_OK);
+    assert_int_equal((uintptr_t)ms_tensor_data(&t) % MS_TENSOR_ALIGN, 0);
+    assert_int_equal(ms_tensor_numel(&t), 105);
+    assert_true(ms_tensor_is_contiguous(&t));
+    assert_int_equal(atomic_load(&dev->in_use), 105 * 4);
+    float *p = ms_tensor_f32(&t);
+    for (int i = 0; i < 105; i++) p[i] = (float)i;
+
+    /* slice dim 1 [2, 5) then transpose (0, 2): element (k, j, i) = t[i][j+2][k] */
+    ms_tensor s, tr;
+    assert_int_equal(ms_tensor_slice(&t, 1, 2, 3, &s, &err), MS_OK);
+    assert_false(ms_tensor_is_contiguous(&s));
+    assert_int_equal(ms_tensor_transpose(&s, 0, 2, &tr, &err), MS_OK);
+    for (int64_t k = 0; k < 7; k++)
+        for (int64_t j = 0; j < 3; j++)
+            for (int64_t i = 0; i < 3; i++) {
+                int64_t idx[3] = {k, j, i};
+                assert_float_equal(ms_tensor_get(&tr, idx), (float)(i * 35 + (j + 2) * 7 + k), 0);
+            }
+    ms_tensor c;
+    assert_int_equal(ms_tensor_contiguous(&tr, MS_F32, &c, &err), MS_OK);
+    assert_true(ms_tensor_is_contiguous(&c));
+    assert_float_equal(ms_tensor_f32(&c)[1 * 9 + 2 * 3 + 0], (float)(0 * 35 + 4 * 7 + 1), 0);
+
+    /* Errors name the problem. */
+    assert_int_equal(ms_tensor_slice(&t, 1, 4, 3, &s, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "outside dim 1"));
+    assert_int_equal(ms_tensor_transpose(&t, 0, 3, &s, &err), MS_ERR_INVALID);
+    const int64_t bad[2] = {4, 4};
+    assert_int_equal(ms_tensor_reshape(&tr, 2, bad, &s, &err), MS_ERR_INVALID);
+    const int64_t r2[2] = {15, 7};
+    ms_tensor rs;
+    assert_int_equal(ms_tensor_reshape(&t, 2, r2, &rs, &err), MS_OK);
+    assert_int_equal(ms_tensor_reshape(&t, 2, bad, &s, &err), MS_ERR_INVALID);
+    ms_tensor_release(&s); /* failed calls above left the slice view untouched */
+    const int64_t neg[1] = {-1};
+    ms_tensor none;
+    assert_int_equal(ms_tensor_alloc(dev, MS_F32, 1, neg, &none, &err), MS_ERR_INVALID);
+    assert_null(none.storage);
+    assert_int_equal(ms_tensor_alloc(dev, MS_F32, 9, shape, &none, &err), MS_ERR_INVALID);
+
+    ms_tensor_release(&rs);
+    ms_tensor_release(&c);
+    ms_tensor_release(&tr);
+    assert_int_equal(atomic_load(&dev->in_use), 105 * 4); /* views keep storage alive */
+    ms_tensor_release(&t);
+    assert_int_equal(atomic_load(&dev->in_use), 0);
+    assert_int_equal(atomic_load(&dev->peak), (105 + 63) * 4); /* t and the contiguous copy */
+    ms_device_destroy(dev);
+}
+
+static void bf16_storage(void **state) {
+    (void)state;
+    /* Exact for bf16-representable values, round-to-nearest-even otherwise. */
+    assert_float_equal(ms_f32_from_bf16(ms_bf16_from_f32(1.5f)), 1.5f, 0);
+    assert_float_equal(ms_f32_from_bf16(ms_bf16_from_f32(-2.0f)), -2.0f, 0);
+    /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even gives 1. */
+    assert_float_equal(ms_f32_from_bf16(ms_bf16_from_f32(1.0f + 1.0f / 256)), 1.0f, 0);
+    assert_float_equal(ms_f32_from_bf16(ms_bf16_from_f32(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256, 0);
+    assert_true(isnan(ms_f32_from_bf16(ms_bf16_from_f32(NAN))));
+    assert_true(isinf(ms_f32_from_bf16(ms_bf16_from_f32(INFINITY))));
+    ms_device *dev;
+    ms_error err;
+    ms_device_cpu_create(&dev, &err);
+    const int64_t shape[2] = {4, 6};
+    ms_tensor f, h, back;
+    ms_tensor_alloc(dev, MS_F32, 2, shape, &f, &err);
+    assert_int_equal(ms_tensor_init_normal(&f, 1, 2, shape, NULL, 0, 1, &err), MS_OK);
+    assert_int_equal(ms_tensor_contiguous(&f, MS_BF16, &h, &err), MS_OK);
+    assert_int_equal(h.storage->nbytes, 24 * 2);
+    assert_int_equal(ms_tensor_contiguous(&h, MS_F32, &back, &err), MS_OK);
+    for (int i = 0; i < 24; i++) {
+        float a = ms_tensor_f32(&f)[i], b = ms_tensor_f32(&back)[i];
+        assert_true(fabsf(a - b) <= fabsf(a) / 256.0f); /* 8 bits of mantissa */
+    }
+    ms_tensor_release(&f), ms_tensor_release(&h), ms_tensor_release(&back);
+    ms_device_destroy(dev);
+}
+
+/* Initialising any box of a global tensor equals the same box of the whole tensor. */
+static void philox_init_is_shard_invariant(void **state) {
+    (void)state;
+    ms_device *dev;
+    ms_error err;
+    ms_device_cpu_create(&dev, &err);
+    const int64_t g[3] = {5, 7, 3};
+    ms_tensor whole;
+    ms_tensor_alloc(dev, MS_F32, 3, g, &whole, &err);
+    assert_int_equal(ms_tensor_init_normal(&whole, 42, 9, g, NULL, 0.5f, 0.02f, &err), MS_OK);
+    for (int64_t a = 0; a < 5; a++)
+        for (int64_t b = 0; b < 7; b += 2) {
+            const int64_t start[3] = {a, b, 1}, len[3] = {5 - a, b < 6 ? 2 : 1, 2};
+            ms_tensor part;
+            ms_tensor_alloc(dev, MS_F32, 3, len, &part, &err);
+            assert_int_equal(ms_tensor_init_normal(&part, 42, 9, g, start, 0.5f, 0.02f, &err),
+                             MS_OK);
+            for (int64_t i = 0; i < len[0]; i++)
+                for (int64_t j = 0; j < len[1]; j++)
+                    for (int64_t k = 0; k < len[2]; k++) {
+                        int64_t li[3] = {i, j, k}, gi[3] = {i + a, j + b, k + 1};
+                        assert_float_equal(ms_tensor_get(&part, li), ms_tensor_get(&whole, gi), 0);
+                    }
+            ms_tensor_release(&part);
+        }
+    const int64_t start[3] = {4, 0, 0}, len[3] = {2, 1, 1};
+    ms_tensor part;
+    ms_tensor_alloc(dev, MS_F32, 3, len, &part, &err);
+    assert_int_equal(ms_tensor_init_normal(&part, 42, 9, g, start, 0, 1, &err), MS_ERR_INVALID);
+    ms_tensor_release(&part);
+    ms_tensor_release(&whole);
+    ms_device_destroy(dev);
+}
+
+static void copy_box(void **state) {
+    (void)state;
+    float src[4 * 5 * 6], dst[3 * 3 * 4];
+    for (int i = 0; i < 120; i++) src[i] = (float)i;
+    memset(dst, 0, sizeof dst);
+    const int64_t ss[3] = {4, 5, 6}, ds[3] = {3, 3, 4}, s0[3] = {1, 2, 3}, d0[3] = {1, 0, 1},
+                  len[3] = {2, 3, 3};
+    ms_copy_box_f32(dst, ds, d0, src, ss, s0, len, 3);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 4; k++) {
+                bool inside = i >= 1 && k >= 1;
+                float want = inside ? (float)((i - 1 + 1) * 30 + (j + 2) * 6 + (k - 1 + 3)) : 0.0f;
+                assert_float_equal(dst[(i * 3 + j) * 4 + k], want, 0);
+            }
+}
+
+static void device_fallback(void **state) {
+    (void)state;
+    ms_device *dev;
+    ms_error err;
+    char note[256];
+    assert_int_equal(ms_device_auto_create(true, 0, &dev, note, sizeof note, &err), MS_OK);
+    if (dev->ops->kind == MS_DEVICE_CPU) assert_true(strlen(note) > 0); /* says why */
+    ms_device_destroy(dev);
+    assert_int_equal(ms_device_auto_create(false, 0, &dev, note, sizeof note, &err), MS_OK);
+    assert_int_equal(dev->ops->kind, MS_DEVICE_CPU);
+    assert_string_equal(note, "");
+    ms_device_destroy(dev);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(philox_known_answers),
+    cmocka_unit_test(philox_distribution),
+    cmocka_unit_test(tensor_alloc_views),
+    cmocka_unit_test(bf16_storage),
+    cmocka_unit_test(philox_init_is_shard_invariant),
+    cmocka_unit_test(copy_box),
+    cmocka_unit_test(device_fallback),
+};
+MT_MAIN("core", tests)

@@ -9,8 +9,12 @@
 static ms_backend_kind g_backend = MS_BACKEND_THREADS;
 static int g_mpi_world = 0;
 
-ms_backend_kind mt_backend(void) { return g_backend; }
-int mt_mpi_world(void) { return g_mpi_world; }
+ms_backend_kind mt_backend(void) {
+    return g_backend;
+}
+int mt_mpi_world(void) {
+    return g_mpi_world;
+}
 
 void mt_failf(mt_rank *r, const char *file, int line, const char *fmt, ...) {
     if (r->failures++ == 0) {
@@ -43,11 +47,14 @@ static ms_status rank_main(ms_ctx *ctx, void *p, ms_error *err) {
         ms_error e2;
         if (ms_all_reduce(ctx->world, &mine, &total, 1, MS_REDUCE_SUM, &e2) != MS_OK)
             return ms_fail(err, MS_ERR_COMM, "verdict exchange failed: %s", e2.msg);
-        if (r.failures) return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s); first: %s", r.failures, r.first);
-        if (total > 0) return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s) on other ranks", (int)total);
+        if (r.failures)
+            return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s); first: %s", r.failures, r.first);
+        if (total > 0)
+            return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s) on other ranks", (int)total);
         return MS_OK;
     }
-    if (r.failures) return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s); first: %s", r.failures, r.first);
+    if (r.failures)
+        return ms_fail(err, MS_ERR_INTERNAL, "%d failure(s); first: %s", r.failures, r.first);
     return MS_OK;
 }
 

@@ -42,11 +42,14 @@ const char *ms_coll_name(ms_coll_kind kind) {
 double ms_coll_busbw_factor(ms_coll_kind kind, int n) {
     if (n <= 1) return 0.0;
     switch (kind) {
-        case MS_COLL_ALL_REDUCE: return 2.0 * (n - 1) / n;
+        case MS_COLL_ALL_REDUCE:
+            return 2.0 * (n - 1) / n;
         case MS_COLL_ALL_GATHER:
         case MS_COLL_REDUCE_SCATTER:
-        case MS_COLL_ALL_TO_ALL: return (double)(n - 1) / n;
-        default: return 1.0;
+        case MS_COLL_ALL_TO_ALL:
+            return (double)(n - 1) / n;
+        default:
+            return 1.0;
     }
 }
 
@@ -77,17 +80,33 @@ void ms_comm_destroy(ms_comm *c) {
     free(c);
 }
 
-int ms_comm_rank(const ms_comm *c) { return c->rank; }
-int ms_comm_size(const ms_comm *c) { return c->size; }
+int ms_comm_rank(const ms_comm *c) {
+    return c->rank;
+}
+int ms_comm_size(const ms_comm *c) {
+    return c->size;
+}
 int ms_comm_world_rank(const ms_comm *c, int r) {
     return r >= 0 && r < c->size ? c->world_ranks[r] : -1;
 }
-const char *ms_comm_name(const ms_comm *c) { return c->name; }
-const char *ms_comm_backend(const ms_comm *c) { return c->ops->name; }
-int64_t ms_comm_seq(const ms_comm *c) { return c->seq; }
-bool ms_comm_is_broken(const ms_comm *c) { return c->broken; }
-void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms) { c->timeout_ns = ms * 1000000; }
-int64_t ms_comm_timeout_ms(const ms_comm *c) { return c->timeout_ns / 1000000; }
+const char *ms_comm_name(const ms_comm *c) {
+    return c->name;
+}
+const char *ms_comm_backend(const ms_comm *c) {
+    return c->ops->name;
+}
+int64_t ms_comm_seq(const ms_comm *c) {
+    return c->seq;
+}
+bool ms_comm_is_broken(const ms_comm *c) {
+    return c->broken;
+}
+void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms) {
+    c->timeout_ns = ms * 1000000;
+}
+int64_t ms_comm_timeout_ms(const ms_comm *c) {
+    return c->timeout_ns / 1000000;
+}
 void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user) {
     c->observer = fn;
     c->observer_user = user;
@@ -95,8 +114,7 @@ void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user) {
 
 /* --- reductions shared by the CPU backends ------------------------------------------- */
 
-void ms_reduce_accumulate(float *restrict acc, const float *restrict x, size_t n,
-                          ms_reduce_op op) {
+void ms_reduce_accumulate(float *restrict acc, const float *restrict x, size_t n, ms_reduce_op op) {
     switch (op) {
         case MS_REDUCE_SUM:
         case MS_REDUCE_AVG:
@@ -108,7 +126,8 @@ void ms_reduce_accumulate(float *restrict acc, const float *restrict x, size_t n
         case MS_REDUCE_MIN:
             for (size_t i = 0; i < n; i++) acc[i] = x[i] < acc[i] ? x[i] : acc[i];
             break;
-        default: break;
+        default:
+            break;
     }
 }
 
@@ -135,8 +154,10 @@ static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, m
     if (c->broken) {
         char g[200];
         group_str(c, g, sizeof g);
-        return ms_fail(err, MS_ERR_COMM, "%s on communicator %s refused: the communicator is "
-                       "broken since %s; recreate it", ms_coll_name(kind), g, c->broken_why);
+        return ms_fail(err, MS_ERR_COMM,
+                       "%s on communicator %s refused: the communicator is "
+                       "broken since %s; recreate it",
+                       ms_coll_name(kind), g, c->broken_why);
     }
     call->seq = ++c->seq;
     call->deadline_ns = ms_now_ns() + c->timeout_ns;
@@ -174,8 +195,15 @@ static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t 
     }
     if (c->observer) {
         ms_comm_event ev = {
-            .kind = call->kind, .comm = c, .seq = call->seq, .t_start_ns = t0, .t_end_ns = t1,
-            .bytes = bytes, .op = op, .root = root, .algo = call->algo ? call->algo : c->ops->name,
+            .kind = call->kind,
+            .comm = c,
+            .seq = call->seq,
+            .t_start_ns = t0,
+            .t_end_ns = t1,
+            .bytes = bytes,
+            .op = op,
+            .root = root,
+            .algo = call->algo ? call->algo : c->ops->name,
             .status = st,
         };
         c->observer(c->observer_user, &ev);
@@ -184,8 +212,8 @@ static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t 
 }
 
 static ms_status bad(ms_comm *c, ms_coll_kind kind, ms_error *err, const char *what) {
-    return ms_fail(err, MS_ERR_INVALID, "%s on communicator '%s': %s", ms_coll_name(kind),
-                   c->name, what);
+    return ms_fail(err, MS_ERR_INVALID, "%s on communicator '%s': %s", ms_coll_name(kind), c->name,
+                   what);
 }
 
 static size_t sum_counts(const size_t *counts, int n) {
@@ -194,9 +222,10 @@ static size_t sum_counts(const size_t *counts, int n) {
     return s;
 }
 
-ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count,
-                        ms_reduce_op op, ms_error *err) {
-    if ((unsigned)op >= MS_REDUCE_COUNT) return bad(c, MS_COLL_ALL_REDUCE, err, "unknown reduce op");
+ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
+                        ms_error *err) {
+    if ((unsigned)op >= MS_REDUCE_COUNT)
+        return bad(c, MS_COLL_ALL_REDUCE, err, "unknown reduce op");
     if (count && (!send || !recv)) return bad(c, MS_COLL_ALL_REDUCE, err, "NULL buffer");
     ms_comm_call call;
     MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, &call, err));
@@ -205,8 +234,8 @@ ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count
     return call_end(c, &call, st, t0, count * sizeof(float), op, -1, err);
 }
 
-ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv,
-                            const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv, const size_t *recv_counts,
+                            ms_reduce_op op, ms_error *err) {
     if ((unsigned)op >= MS_REDUCE_COUNT)
         return bad(c, MS_COLL_REDUCE_SCATTER, err, "unknown reduce op");
     if (!recv_counts) return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL recv_counts");
@@ -269,7 +298,8 @@ ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
     for (int i = 0; i < nops; i++) {
         if (ops[i].peer < 0 || ops[i].peer >= c->size || ops[i].peer == c->rank)
             return bad(c, MS_COLL_P2P, err, "peer out of range or self");
-        if (ops[i].tag < 0 || ops[i].tag > 32767) return bad(c, MS_COLL_P2P, err, "tag outside 0..32767");
+        if (ops[i].tag < 0 || ops[i].tag > 32767)
+            return bad(c, MS_COLL_P2P, err, "tag outside 0..32767");
         if (ops[i].count && !ops[i].buf) return bad(c, MS_COLL_P2P, err, "NULL buffer");
         if (ops[i].kind == MS_P2P_SEND) bytes += ops[i].count * sizeof(float);
     }
@@ -308,8 +338,8 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
     int size = 0, rank = -1;
     int *world = xmalloc(sizeof(int) * (size_t)parent->size);
     int *members = xmalloc(sizeof(int) * (size_t)parent->size);
-    ms_status st = parent->ops->split(parent->ctx, color, key, &ctx, &size, &rank, members,
-                                      &call, err);
+    ms_status st =
+        parent->ops->split(parent->ctx, color, key, &ctx, &size, &rank, members, &call, err);
     if (st == MS_OK && ctx) {
         /* Backends report members as parent ranks; translate to world ranks. */
         for (int i = 0; i < size; i++) world[i] = parent->world_ranks[members[i]];

@@ -58,23 +58,23 @@ typedef struct ms_comm ms_comm;
 typedef enum ms_p2p_kind { MS_P2P_SEND, MS_P2P_RECV } ms_p2p_kind;
 typedef struct ms_p2p_op {
     ms_p2p_kind kind;
-    int peer;   /* rank within the communicator */
-    void *buf;  /* float data: read for SEND, written for RECV */
+    int peer;  /* rank within the communicator */
+    void *buf; /* float data: read for SEND, written for RECV */
     size_t count;
-    int tag;    /* 0..32767; a SEND matches the RECV with the same (peer, tag) */
+    int tag; /* 0..32767; a SEND matches the RECV with the same (peer, tag) */
 } ms_p2p_op;
 
 /* What the observer receives after every call, successful or not. */
 typedef struct ms_comm_event {
     ms_coll_kind kind;
     const ms_comm *comm;
-    int64_t seq;          /* per-communicator call number, from 1 */
-    int64_t t_start_ns;   /* monotonic clock */
+    int64_t seq;        /* per-communicator call number, from 1 */
+    int64_t t_start_ns; /* monotonic clock */
     int64_t t_end_ns;
-    size_t bytes;         /* nccl-tests convention: see ms_comm_event_bytes in comm.c */
-    ms_reduce_op op;      /* for reductions */
-    int root;             /* broadcast root, or -1 */
-    const char *algo;     /* the backend's algorithm name, e.g. "shm-direct", "mpi" */
+    size_t bytes;     /* nccl-tests convention: see ms_comm_event_bytes in comm.c */
+    ms_reduce_op op;  /* for reductions */
+    int root;         /* broadcast root, or -1 */
+    const char *algo; /* the backend's algorithm name, e.g. "shm-direct", "mpi" */
     ms_status status;
 } ms_comm_event;
 
@@ -98,13 +98,13 @@ void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user);
 
 /* --- collectives ---------------------------------------------------------------------- */
 
-ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count,
-                        ms_reduce_op op, ms_error *err);
+ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
+                        ms_error *err);
 
 /* send holds sum(recv_counts) elements in rank order; member r receives the reduction of
  * block r (recv_counts[r] elements) into recv. */
-ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv,
-                            const size_t *recv_counts, ms_reduce_op op, ms_error *err);
+ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv, const size_t *recv_counts,
+                            ms_reduce_op op, ms_error *err);
 
 /* Member r contributes counts[r] elements (its `send`); recv receives all blocks in rank
  * order (sum(counts) elements). Counts may differ and may be zero. */

@@ -38,14 +38,13 @@ typedef struct ms_comm_backend_ops {
                             const size_t *recv_displs, ms_comm_call *call, ms_error *err);
     ms_status (*broadcast)(void *ctx, float *buf, size_t count, int root, ms_comm_call *call,
                            ms_error *err);
-    ms_status (*p2p)(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
-                     ms_error *err);
+    ms_status (*p2p)(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call, ms_error *err);
     ms_status (*barrier)(void *ctx, ms_comm_call *call, ms_error *err);
     /* Creates the backend context of the new group. For color < 0 sets *out_ctx = NULL.
      * Otherwise fills *out_size, *out_rank, and out_members[0..size): the *parent* rank of
      * each member in new-rank order (ordered by key, then parent rank). */
-    ms_status (*split)(void *ctx, int color, int key, void **out_ctx, int *out_size,
-                       int *out_rank, int *out_members, ms_comm_call *call, ms_error *err);
+    ms_status (*split)(void *ctx, int color, int key, void **out_ctx, int *out_size, int *out_rank,
+                       int *out_members, ms_comm_call *call, ms_error *err);
     void (*destroy)(void *ctx);
 } ms_comm_backend_ops;
 

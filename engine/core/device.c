@@ -35,7 +35,9 @@ static ms_status cpu_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *er
     return MS_OK;
 }
 
-static void cpu_destroy(ms_device *dev) { free(dev); }
+static void cpu_destroy(ms_device *dev) {
+    free(dev);
+}
 
 static const ms_device_ops cpu_ops = {
     .name = "cpu",
@@ -106,8 +108,8 @@ void ms_device_free(ms_device *dev, void *ptr, size_t nbytes) {
     atomic_fetch_sub(&dev->in_use, nbytes);
 }
 
-ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
-                         ms_copy_dir dir, ms_error *err) {
+ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,
+                         ms_error *err) {
     return dev->ops->copy(dev, dst, src, nbytes, dir, err);
 }
 

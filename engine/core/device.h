@@ -67,10 +67,12 @@ void ms_device_destroy(ms_device *dev);
 
 ms_status ms_device_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err);
 void ms_device_free(ms_device *dev, void *ptr, size_t nbytes);
-ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
-                         ms_copy_dir dir, ms_error *err);
+ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,
+                         ms_error *err);
 ms_status ms_device_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err);
 
-static inline const char *ms_device_name(const ms_device *dev) { return dev->ops->name; }
+static inline const char *ms_device_name(const ms_device *dev) {
+    return dev->ops->name;
+}
 
 #endif

@@ -68,8 +68,8 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
         return ms_fail(err, MS_ERR_UNSUPPORTED, "no usable CUDA device (%s)",
                        cudaGetErrorString(e));
     if (ordinal < 0 || ordinal >= count)
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "CUDA device %d requested but %d present",
-                       ordinal, count);
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "CUDA device %d requested but %d present", ordinal,
+                       count);
     ms_device *dev = xcalloc(1, sizeof *dev);
     cuda_impl *impl = xcalloc(1, sizeof *impl);
     impl->ordinal = ordinal;

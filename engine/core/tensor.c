@@ -8,8 +8,12 @@
 #include "core/philox.h"
 #include "core/xalloc.h"
 
-size_t ms_dtype_size(ms_dtype dt) { return dt == MS_BF16 ? 2 : 4; }
-const char *ms_dtype_name(ms_dtype dt) { return dt == MS_BF16 ? "bf16" : "f32"; }
+size_t ms_dtype_size(ms_dtype dt) {
+    return dt == MS_BF16 ? 2 : 4;
+}
+const char *ms_dtype_name(ms_dtype dt) {
+    return dt == MS_BF16 ? "bf16" : "f32";
+}
 
 static ms_status check_shape(int ndim, const int64_t *shape, ms_error *err) {
     if (ndim < 0 || ndim > MS_MAX_DIMS)
@@ -89,11 +93,10 @@ void *ms_tensor_data(const ms_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)ms_dtype_size(t->dtype);
 }
 
-ms_status ms_tensor_slice(const ms_tensor *t, int dim, int64_t start, int64_t len,
-                          ms_tensor *out, ms_error *err) {
+ms_status ms_tensor_slice(const ms_tensor *t, int dim, int64_t start, int64_t len, ms_tensor *out,
+                          ms_error *err) {
     if (dim < 0 || dim >= t->ndim)
-        return ms_fail(err, MS_ERR_INVALID, "slice: dim %d out of range for rank %d", dim,
-                       t->ndim);
+        return ms_fail(err, MS_ERR_INVALID, "slice: dim %d out of range for rank %d", dim, t->ndim);
     if (start < 0 || len < 0 || start + len > t->shape[dim])
         return ms_fail(err, MS_ERR_INVALID, "slice: [%lld, %lld) outside dim %d of size %lld",
                        (long long)start, (long long)(start + len), dim, (long long)t->shape[dim]);
@@ -105,8 +108,8 @@ ms_status ms_tensor_slice(const ms_tensor *t, int dim, int64_t start, int64_t le
 
 ms_status ms_tensor_transpose(const ms_tensor *t, int a, int b, ms_tensor *out, ms_error *err) {
     if (a < 0 || a >= t->ndim || b < 0 || b >= t->ndim)
-        return ms_fail(err, MS_ERR_INVALID, "transpose: dims (%d, %d) out of range for rank %d",
-                       a, b, t->ndim);
+        return ms_fail(err, MS_ERR_INVALID, "transpose: dims (%d, %d) out of range for rank %d", a,
+                       b, t->ndim);
     *out = ms_tensor_share(t);
     int64_t s = out->shape[a];
     out->shape[a] = out->shape[b], out->shape[b] = s;
@@ -182,14 +185,15 @@ ms_status ms_tensor_copy(ms_tensor *dst, const ms_tensor *src, ms_error *err) {
         return ms_fail(err, MS_ERR_INVALID, "copy: rank %d into rank %d", src->ndim, dst->ndim);
     for (int d = 0; d < src->ndim; d++)
         if (dst->shape[d] != src->shape[d])
-            return ms_fail(err, MS_ERR_INVALID, "copy: dim %d is %lld in source, %lld in target",
-                           d, (long long)src->shape[d], (long long)dst->shape[d]);
+            return ms_fail(err, MS_ERR_INVALID, "copy: dim %d is %lld in source, %lld in target", d,
+                           (long long)src->shape[d], (long long)dst->shape[d]);
     int64_t n = ms_tensor_numel(src);
     if (n == 0) return MS_OK;
     if (dst->dtype == src->dtype && ms_tensor_is_contiguous(dst) && ms_tensor_is_contiguous(src))
         return ms_device_copy(dst->storage->dev, ms_tensor_data(dst), ms_tensor_data(src),
                               (size_t)n * ms_dtype_size(src->dtype), MS_COPY_DEVICE_TO_DEVICE, err);
-    if (dst->storage->dev->ops->kind != MS_DEVICE_CPU || src->storage->dev->ops->kind != MS_DEVICE_CPU)
+    if (dst->storage->dev->ops->kind != MS_DEVICE_CPU ||
+        src->storage->dev->ops->kind != MS_DEVICE_CPU)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "strided or converting copy on a non-host device");
     int64_t idx[MS_MAX_DIMS] = {0};
     do ms_tensor_set(dst, idx, ms_tensor_get(src, idx));
@@ -218,34 +222,38 @@ static double init_uniform(uint64_t seed, uint64_t stream, uint64_t index, float
 static ms_status init_box(ms_tensor *t, uint64_t seed, uint64_t tensor_id, const int64_t *gshape,
                           const int64_t *gstart, float a, float b, init_fn fn, ms_error *err) {
     if (t->storage && t->storage->dev->ops->kind != MS_DEVICE_CPU)
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "init: tensors on %s are initialised on the host "
-                       "and copied", t->storage->dev->ops->name);
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "init: tensors on %s are initialised on the host "
+                       "and copied",
+                       t->storage->dev->ops->name);
     for (int d = 0; d < t->ndim; d++) {
         int64_t s = gstart ? gstart[d] : 0;
         if (s < 0 || s + t->shape[d] > gshape[d])
-            return ms_fail(err, MS_ERR_INVALID, "init: box [%lld, %lld) outside global dim %d of "
-                           "size %lld", (long long)s, (long long)(s + t->shape[d]), d,
-                           (long long)gshape[d]);
+            return ms_fail(err, MS_ERR_INVALID,
+                           "init: box [%lld, %lld) outside global dim %d of "
+                           "size %lld",
+                           (long long)s, (long long)(s + t->shape[d]), d, (long long)gshape[d]);
     }
     if (ms_tensor_numel(t) == 0) return MS_OK;
     int64_t idx[MS_MAX_DIMS] = {0};
     do {
         uint64_t g = 0;
-        for (int d = 0; d < t->ndim; d++) g = g * (uint64_t)gshape[d] + (uint64_t)(idx[d] + (gstart ? gstart[d] : 0));
+        for (int d = 0; d < t->ndim; d++)
+            g = g * (uint64_t)gshape[d] + (uint64_t)(idx[d] + (gstart ? gstart[d] : 0));
         ms_tensor_set(t, idx, (float)fn(seed, tensor_id, g, a, b));
     } while (next_index(idx, t->shape, t->ndim));
     return MS_OK;
 }
 
 ms_status ms_tensor_init_normal(ms_tensor *t, uint64_t seed, uint64_t tensor_id,
-                                const int64_t *gshape, const int64_t *gstart, float mean,
-                                float std, ms_error *err) {
+                                const int64_t *gshape, const int64_t *gstart, float mean, float std,
+                                ms_error *err) {
     return init_box(t, seed, tensor_id, gshape, gstart, mean, std, init_normal, err);
 }
 
 ms_status ms_tensor_init_uniform(ms_tensor *t, uint64_t seed, uint64_t tensor_id,
-                                 const int64_t *gshape, const int64_t *gstart, float lo,
-                                 float hi, ms_error *err) {
+                                 const int64_t *gshape, const int64_t *gstart, float lo, float hi,
+                                 ms_error *err) {
     return init_box(t, seed, tensor_id, gshape, gstart, lo, hi, init_uniform, err);
 }
 

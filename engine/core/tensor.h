@@ -60,11 +60,13 @@ bool ms_tensor_is_contiguous(const ms_tensor *t);
 
 /* Pointer to element 0 of the view. For contiguous f32 tensors this is the data. */
 void *ms_tensor_data(const ms_tensor *t);
-static inline float *ms_tensor_f32(const ms_tensor *t) { return (float *)ms_tensor_data(t); }
+static inline float *ms_tensor_f32(const ms_tensor *t) {
+    return (float *)ms_tensor_data(t);
+}
 
 /* Views (retain the storage; release the result). */
-ms_status ms_tensor_slice(const ms_tensor *t, int dim, int64_t start, int64_t len,
-                          ms_tensor *out, ms_error *err);
+ms_status ms_tensor_slice(const ms_tensor *t, int dim, int64_t start, int64_t len, ms_tensor *out,
+                          ms_error *err);
 ms_status ms_tensor_transpose(const ms_tensor *t, int a, int b, ms_tensor *out, ms_error *err);
 /* A reshape of a contiguous tensor; fails on a strided one (use ms_tensor_contiguous). */
 ms_status ms_tensor_reshape(const ms_tensor *t, int ndim, const int64_t *shape, ms_tensor *out,
@@ -78,8 +80,7 @@ void ms_tensor_set(ms_tensor *t, const int64_t *idx, float v);
 ms_status ms_tensor_copy(ms_tensor *dst, const ms_tensor *src, ms_error *err);
 
 /* A new contiguous tensor of `dtype` with src's values. */
-ms_status ms_tensor_contiguous(const ms_tensor *src, ms_dtype dtype, ms_tensor *out,
-                               ms_error *err);
+ms_status ms_tensor_contiguous(const ms_tensor *src, ms_dtype dtype, ms_tensor *out, ms_error *err);
 
 /* bf16 conversions (round to nearest even; NaN stays NaN). */
 uint16_t ms_bf16_from_f32(float f);
@@ -90,11 +91,11 @@ float ms_f32_from_bf16(uint16_t h);
  * Element at local index i gets normal(seed, tensor_id, global_linear_index) * std + mean,
  * so any sharding of the same global tensor produces the same values. gstart NULL = 0. */
 ms_status ms_tensor_init_normal(ms_tensor *t, uint64_t seed, uint64_t tensor_id,
-                                const int64_t *gshape, const int64_t *gstart, float mean,
-                                float std, ms_error *err);
+                                const int64_t *gshape, const int64_t *gstart, float mean, float std,
+                                ms_error *err);
 ms_status ms_tensor_init_uniform(ms_tensor *t, uint64_t seed, uint64_t tensor_id,
-                                 const int64_t *gshape, const int64_t *gstart, float lo,
-                                 float hi, ms_error *err);
+                                 const int64_t *gshape, const int64_t *gstart, float lo, float hi,
+                                 ms_error *err);
 
 /* Copies the box [src_start, src_start + len) of a contiguous row-major f32 array of shape
  * src_shape into a contiguous array of shape dst_shape at dst_start. Used to pack and

@@ -12,16 +12,18 @@
 #include "runtime/ctx.h"
 
 typedef struct ms_dmesh {
-    ms_mesh mesh;                          /* owned copy */
-    ms_ctx *ctx;                           /* borrowed */
-    int index;                             /* position in mesh.ranks, -1 if not a member */
-    int coords[MS_MESH_MAX_DIMS];          /* valid when index >= 0 */
-    ms_comm *dim_comm[MS_MESH_MAX_DIMS];   /* owned; NULL when not a member */
+    ms_mesh mesh;                        /* owned copy */
+    ms_ctx *ctx;                         /* borrowed */
+    int index;                           /* position in mesh.ranks, -1 if not a member */
+    int coords[MS_MESH_MAX_DIMS];        /* valid when index >= 0 */
+    ms_comm *dim_comm[MS_MESH_MAX_DIMS]; /* owned; NULL when not a member */
 } ms_dmesh;
 
 ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_error *err);
 void ms_dmesh_destroy(ms_dmesh *dm);
 
-static inline bool ms_dmesh_is_member(const ms_dmesh *dm) { return dm->index >= 0; }
+static inline bool ms_dmesh_is_member(const ms_dmesh *dm) {
+    return dm->index >= 0;
+}
 
 #endif

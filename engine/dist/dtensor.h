@@ -39,9 +39,8 @@ ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err)
  * by exchanging local sizes; in both cases every rank's local size is checked against
  * the balanced split, and all members fail together with an error naming the first
  * offending rank. Collective. */
-ms_status ms_dtensor_from_local(ms_dmesh *mesh, ms_tensor *local, const ms_placements *pl,
-                                int ndim, const int64_t *gshape, ms_dtensor *out,
-                                ms_error *err);
+ms_status ms_dtensor_from_local(ms_dmesh *mesh, ms_tensor *local, const ms_placements *pl, int ndim,
+                                const int64_t *gshape, ms_dtensor *out, ms_error *err);
 
 void ms_dtensor_release(ms_dtensor *t);
 

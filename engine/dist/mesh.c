@@ -18,8 +18,7 @@ ms_status ms_mesh_init(ms_mesh *m, int ndim, const int *shape, const char *const
     for (int d = 0; d < ndim; d++) {
         if (shape[d] <= 0)
             return ms_fail(err, MS_ERR_INVALID,
-                           "mesh dim %d has size %d; every mesh dim must be positive", d,
-                           shape[d]);
+                           "mesh dim %d has size %d; every mesh dim must be positive", d, shape[d]);
         size *= shape[d];
         if (size > MS_MESH_MAX_RANKS)
             return ms_fail(err, MS_ERR_INVALID, "mesh has more than %d ranks", MS_MESH_MAX_RANKS);
@@ -27,16 +26,16 @@ ms_status ms_mesh_init(ms_mesh *m, int ndim, const int *shape, const char *const
     for (int d = 0; d < ndim; d++) {
         const char *nm = names ? names[d] : NULL;
         if (nm && (!*nm || strlen(nm) >= MS_MESH_NAME_MAX))
-            return ms_fail(err, MS_ERR_INVALID, "mesh dim %d name '%s' must have 1 to %d chars",
-                           d, nm, MS_MESH_NAME_MAX - 1);
+            return ms_fail(err, MS_ERR_INVALID, "mesh dim %d name '%s' must have 1 to %d chars", d,
+                           nm, MS_MESH_NAME_MAX - 1);
         if (nm)
             snprintf(m->names[d], MS_MESH_NAME_MAX, "%s", nm);
         else
             snprintf(m->names[d], MS_MESH_NAME_MAX, "d%d", d);
         for (int e = 0; e < d; e++)
             if (!strcmp(m->names[e], m->names[d]))
-                return ms_fail(err, MS_ERR_INVALID, "mesh dims %d and %d are both named '%s'", e,
-                               d, m->names[d]);
+                return ms_fail(err, MS_ERR_INVALID, "mesh dims %d and %d are both named '%s'", e, d,
+                               m->names[d]);
     }
     if (ranks) {
         for (long long i = 0; i < size; i++) {
@@ -103,8 +102,8 @@ ms_status ms_mesh_parse(ms_mesh *m, const char *text, ms_error *err) {
                            text, p);
         if (v <= 0 || v > MS_MESH_MAX_RANKS)
             return ms_fail(err, MS_ERR_INVALID,
-                           "mesh '%s': dim %d has size %ld; every mesh dim must be positive",
-                           text, ndim, v);
+                           "mesh '%s': dim %d has size %ld; every mesh dim must be positive", text,
+                           ndim, v);
         shape[ndim++] = (int)v;
         p = end;
         while (isspace((unsigned char)*p)) p++;
@@ -139,7 +138,9 @@ int ms_mesh_index_of(const ms_mesh *m, int rank) {
     return -1;
 }
 
-bool ms_mesh_contains(const ms_mesh *m, int rank) { return ms_mesh_index_of(m, rank) >= 0; }
+bool ms_mesh_contains(const ms_mesh *m, int rank) {
+    return ms_mesh_index_of(m, rank) >= 0;
+}
 
 bool ms_mesh_coords(const ms_mesh *m, int rank, int *coords) {
     int idx = ms_mesh_index_of(m, rank);
@@ -221,7 +222,8 @@ ms_status ms_mesh_slice(const ms_mesh *m, int dim, int index, ms_mesh *out, ms_e
 char *ms_mesh_str(const ms_mesh *m, char *buf, size_t len) {
     size_t n = 0;
     for (int d = 0; d < m->ndim && n < len; d++)
-        n += (size_t)snprintf(buf + n, len - n, "%s%s=%d", d ? " x " : "", m->names[d], m->shape[d]);
+        n +=
+            (size_t)snprintf(buf + n, len - n, "%s%s=%d", d ? " x " : "", m->names[d], m->shape[d]);
     if (n < len) n += (size_t)snprintf(buf + n, len - n, " [");
     for (int i = 0; i < m->size && n + 8 < len; i++)
         n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? "," : "", m->ranks[i]);

@@ -13,9 +13,9 @@
 
 #include "core/status.h"
 
-#define MS_MESH_MAX_DIMS 6
+#define MS_MESH_MAX_DIMS  6
 #define MS_MESH_MAX_RANKS 4096
-#define MS_MESH_NAME_MAX 16
+#define MS_MESH_NAME_MAX  16
 
 typedef struct ms_mesh {
     int ndim;

@@ -190,7 +190,8 @@ ms_status ms_placements_parse(const char *text, ms_placements *out, ms_error *er
     p = skip_ws(p);
     if (*p) goto bad;
     if (out->n == 0)
-        return ms_fail(err, MS_ERR_INVALID, "placements '%s' are empty; write e.g. [S(0), R]", text);
+        return ms_fail(err, MS_ERR_INVALID, "placements '%s' are empty; write e.g. [S(0), R]",
+                       text);
     if (explicit_order && implicit_order)
         return ms_fail(err, MS_ERR_INVALID,
                        "placements '%s': give the nesting order for all shards (S(d,k)) or none",
@@ -233,7 +234,8 @@ char *ms_placements_str(const ms_placements *pl, char *buf, size_t len) {
             n += (size_t)snprintf(buf + n, len - n, "%sS(%d,%d)", sep, p.dim, p.order);
         else {
             char one[16];
-            n += (size_t)snprintf(buf + n, len - n, "%s%s", sep, ms_placement_str(p, one, sizeof one));
+            n += (size_t)snprintf(buf + n, len - n, "%s%s", sep,
+                                  ms_placement_str(p, one, sizeof one));
         }
     }
     if (n < len) snprintf(buf + n, len - n, "]");

@@ -27,6 +27,7 @@ typedef enum ms_rstep_kind {
     MS_RSTEP_ALL_TO_ALL,     /* S(a) -> S(b) */
     MS_RSTEP_SLICE,          /* R -> S(d), local */
     MS_RSTEP_PARTIALIZE,     /* R -> P(op), local */
+    MS_RSTEP_SEND_RECV,      /* cross-mesh transfer (ms_reshard_cross_mesh only) */
     MS_RSTEP_KIND_COUNT
 } ms_rstep_kind;
 
@@ -86,8 +87,7 @@ ms_status ms_reshard(ms_dtensor *t, const ms_placements *dst, ms_reshard_report 
  * stage) with placements dst, using send/recv on the world communicator. A Partial
  * source is first reduced on the source mesh. Collective over the world: every world rank
  * calls it (ranks in neither mesh return at once). *out is bound to dst_mesh. */
-ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh,
-                                const ms_placements *dst, ms_dtensor *out,
-                                ms_reshard_report *report, ms_error *err);
+ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh, const ms_placements *dst,
+                                ms_dtensor *out, ms_reshard_report *report, ms_error *err);
 
 #endif

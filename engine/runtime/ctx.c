@@ -11,12 +11,17 @@
 #include "core/xalloc.h"
 #include "dist/reshard.h"
 
-const char *ms_backend_name(ms_backend_kind b) { return b == MS_BACKEND_MPI ? "mpi" : "threads"; }
+const char *ms_backend_name(ms_backend_kind b) {
+    return b == MS_BACKEND_MPI ? "mpi" : "threads";
+}
 
 ms_status ms_backend_parse(const char *text, ms_backend_kind *out, ms_error *err) {
-    if (!strcmp(text, "threads")) *out = MS_BACKEND_THREADS;
-    else if (!strcmp(text, "mpi")) *out = MS_BACKEND_MPI;
-    else return ms_fail(err, MS_ERR_INVALID, "unknown backend '%s'; use threads or mpi", text);
+    if (!strcmp(text, "threads"))
+        *out = MS_BACKEND_THREADS;
+    else if (!strcmp(text, "mpi"))
+        *out = MS_BACKEND_MPI;
+    else
+        return ms_fail(err, MS_ERR_INVALID, "unknown backend '%s'; use threads or mpi", text);
     return MS_OK;
 }
 
@@ -98,7 +103,7 @@ static ms_status launch_mpi(const ms_launch_opts *opts, ms_rank_fn fn, void *arg
         int have = ms_comm_size(world);
         ms_comm_destroy(world);
         return ms_fail(err, MS_ERR_INVALID,
-                       "%d ranks were asked for but mpirun started %d; run mpirun -np %d", 
+                       "%d ranks were asked for but mpirun started %d; run mpirun -np %d",
                        opts->nranks, have, opts->nranks);
     }
     ms_ctx ctx;

@@ -15,7 +15,11 @@
 #include "core/device.h"
 #include "core/status.h"
 
-typedef enum ms_backend_kind { MS_BACKEND_THREADS, MS_BACKEND_MPI, MS_BACKEND_COUNT } ms_backend_kind;
+typedef enum ms_backend_kind {
+    MS_BACKEND_THREADS,
+    MS_BACKEND_MPI,
+    MS_BACKEND_COUNT
+} ms_backend_kind;
 
 const char *ms_backend_name(ms_backend_kind b);
 /* "threads" or "mpi"; MS_ERR_INVALID naming the choices otherwise. */
@@ -24,19 +28,19 @@ ms_status ms_backend_parse(const char *text, ms_backend_kind *out, ms_error *err
 struct ms_plan_cache;
 
 typedef struct ms_ctx {
-    int rank;       /* world rank */
+    int rank; /* world rank */
     int world_size;
     ms_backend_kind backend;
-    ms_comm *world;            /* owned */
-    ms_device *device;         /* owned */
+    ms_comm *world;    /* owned */
+    ms_device *device; /* owned */
     uint64_t seed;
     struct ms_plan_cache *plans; /* owned: reshard plans, see dist/reshard.h */
-    void *recorder;            /* profiler recorder, NULL when tracing is off */
+    void *recorder;              /* profiler recorder, NULL when tracing is off */
 } ms_ctx;
 
 typedef struct ms_launch_opts {
     ms_backend_kind backend;
-    int nranks;         /* threads: how many; mpi: 0 or the expected world size */
+    int nranks; /* threads: how many; mpi: 0 or the expected world size */
     uint64_t seed;
     int64_t timeout_ms; /* communicator timeout; 0 = default */
 } ms_launch_opts;

@@ -1,0 +1,113 @@
+/* elementwise.c - add, mul, scale, bias add and GELU, forward and backward.
+ *
+ * Plain loops over contiguous memory that the compiler vectorises; nothing here is worth BLAS.
+ */
+#include "kernels/kernels.h"
+
+#include <math.h>
+
+void ms_k_add_forward(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void ms_k_add_backward(float *da, float *db, const float *dout, int64_t n) {
+    if (da)
+        for (int64_t i = 0; i < n; i++) da[i] += dout[i];
+    if (db)
+        for (int64_t i = 0; i < n; i++) db[i] += dout[i];
+}
+
+void ms_k_mul_forward(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+}
+
+void ms_k_mul_backward(float *da, float *db, const float *dout, const float *a, const float *b,
+                       int64_t n) {
+    if (da)
+        for (int64_t i = 0; i < n; i++) da[i] += dout[i] * b[i];
+    if (db)
+        for (int64_t i = 0; i < n; i++) db[i] += dout[i] * a[i];
+}
+
+void ms_k_scale_forward(float *out, const float *x, float s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = s * x[i];
+}
+
+void ms_k_scale_backward(float *dx, const float *dout, float s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] += s * dout[i];
+}
+
+void ms_k_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n, int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        float *o = out + r * c;
+        const float *x = inp + r * c;
+        for (int64_t j = 0; j < c; j++) o[j] = x[j] + bias[j];
+    }
+}
+
+void ms_k_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n, int64_t c) {
+    /* Row by row so both the read of dout and the update of dbias stay contiguous. */
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = dout + r * c;
+        if (dinp) {
+            float *d = dinp + r * c;
+            for (int64_t j = 0; j < c; j++) d[j] += g[j];
+        }
+        if (dbias)
+            for (int64_t j = 0; j < c; j++) dbias[j] += g[j];
+    }
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_CUBE  0.044715f
+
+void ms_k_gelu_forward(float *out, const float *inp, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float cube = GELU_CUBE * x * x * x;
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
+    }
+}
+
+void ms_k_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float cube = GELU_CUBE * x * x * x;
+        const float th = tanhf(GELU_SCALE * (x + cube));
+        /* sech^2 = 1 - tanh^2: llm.c's 1/cosh^2 overflows coshf for |x| beyond ~10. */
+        const float sech2 = 1.0f - th * th;
+        const float local =
+            0.5f * (1.0f + th) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
+        dinp[i] += local * dout[i];
+    }
+}
+
+ms_k_cost ms_k_elementwise_cost(ms_k_elt op, int64_t n, int64_t c, bool backward) {
+    const double e = (double)n;
+    ms_k_cost k = {0, 0};
+    switch (op) {
+        case MS_K_ADD: /* fwd: read a, b, write out; bwd: da += dout, db += dout */
+            k.flops = backward ? 2 * e : e;
+            k.bytes = backward ? 4.0 * (e + 4 * e) : 4.0 * 3 * e;
+            break;
+        case MS_K_MUL: /* bwd: reads dout, a, b, accumulates da, db */
+            k.flops = backward ? 4 * e : e;
+            k.bytes = backward ? 4.0 * (3 * e + 4 * e) : 4.0 * 3 * e;
+            break;
+        case MS_K_SCALE:
+            k.flops = backward ? 2 * e : e;
+            k.bytes = backward ? 4.0 * 3 * e : 4.0 * 2 * e;
+            break;
+        case MS_K_BIAS_ADD: /* bwd: dinp += dout and dbias += column sums */
+            k.flops = backward ? 2 * e : e;
+            k.bytes = backward ? 4.0 * (e + 2 * e + 2.0 * (double)c) : 4.0 * (2 * e + (double)c);
+            break;
+        case MS_K_GELU: /* fwd: 3 mul + add + mul + tanh + add + 2 mul; bwd adds ~10 more */
+            k.flops = backward ? 20 * e : 9 * e;
+            k.bytes = backward ? 4.0 * 4 * e : 4.0 * 2 * e;
+            break;
+        case MS_K_ELT_COUNT:
+            break;
+    }
+    return k;
+}

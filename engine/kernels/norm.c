@@ -1,0 +1,111 @@
+/* norm.c - LayerNorm and softmax over the last dim, forward and backward.
+ *
+ * Both work one row at a time so a row stays in cache between its passes. LayerNorm uses two
+ * passes (mean, then centred variance) rather than E[x^2] - E[x]^2, which cancels badly when
+ * |mean| >> std.
+ */
+#include "kernels/kernels.h"
+
+#include <math.h>
+
+void ms_k_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int64_t n, int64_t c,
+                            float eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = inp + r * c;
+        float *o = out + r * c;
+        float m = 0.0f;
+        for (int64_t j = 0; j < c; j++) m += x[j];
+        m /= (float)c;
+        float v = 0.0f;
+        for (int64_t j = 0; j < c; j++) {
+            const float d = x[j] - m;
+            v += d * d;
+        }
+        v /= (float)c;
+        const float s = 1.0f / sqrtf(v + eps);
+        for (int64_t j = 0; j < c; j++) o[j] = (x[j] - m) * s * weight[j] + bias[j];
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+void ms_k_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int64_t n, int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = dout + r * c, *x = inp + r * c;
+        const float m = mean[r], s = rstd[r];
+        /* With xhat = (x - m) s and dxhat = w * dout:
+         * dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)). */
+        float dmean = 0.0f, dnorm_mean = 0.0f;
+        for (int64_t j = 0; j < c; j++) {
+            const float xhat = (x[j] - m) * s;
+            const float dxhat = weight[j] * g[j];
+            dmean += dxhat;
+            dnorm_mean += dxhat * xhat;
+        }
+        dmean /= (float)c;
+        dnorm_mean /= (float)c;
+        for (int64_t j = 0; j < c; j++) {
+            const float xhat = (x[j] - m) * s;
+            if (dbias) dbias[j] += g[j];
+            if (dweight) dweight[j] += xhat * g[j];
+            if (dinp) dinp[r * c + j] += s * (weight[j] * g[j] - dmean - xhat * dnorm_mean);
+        }
+    }
+}
+
+ms_k_cost ms_k_layernorm_cost(int64_t n, int64_t c, bool backward) {
+    const double e = (double)n * (double)c, rows = (double)n, ch = (double)c;
+    ms_k_cost k;
+    if (!backward) {
+        /* mean 1, centred square 3, normalise-scale-shift 4 per element; rsqrt etc. per row */
+        k.flops = 8 * e + 4 * rows;
+        k.bytes = 4.0 * (2 * e + 2 * ch + 2 * rows);
+    } else {
+        /* two reductions (5) and the update of dinp, dweight, dbias (9) per element */
+        k.flops = 14 * e + 2 * rows;
+        k.bytes = 4.0 * (2 * e + 2 * e + ch + 4 * ch + 2 * rows);
+    }
+    return k;
+}
+
+void ms_k_softmax_forward(float *out, const float *inp, int64_t n, int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = inp + r * c;
+        float *o = out + r * c;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < c; j++) {
+            o[j] = expf(x[j] - mx);
+            sum += o[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < c; j++) o[j] *= inv;
+    }
+}
+
+void ms_k_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n, int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = dout + r * c, *y = out + r * c;
+        float *d = dinp + r * c;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < c; j++) dot += g[j] * y[j];
+        for (int64_t j = 0; j < c; j++) d[j] += y[j] * (g[j] - dot);
+    }
+}
+
+ms_k_cost ms_k_softmax_cost(int64_t n, int64_t c, bool backward) {
+    const double e = (double)n * (double)c;
+    ms_k_cost k;
+    if (!backward) {
+        k.flops = 4 * e; /* subtract, exp, add, scale */
+        k.bytes = 4.0 * 2 * e;
+    } else {
+        k.flops = 5 * e; /* dot (2), subtract, multiply, add */
+        k.bytes = 4.0 * (2 * e + 2 * e);
+    }
+    return k;
+}

@@ -1,0 +1,376 @@
+/* test_reshard.c - the exhaustive reshard suite.
+ *
+ * For each mesh (1, 2, 3, 4, 2x2, 2x3 and 2x2x2, with permuted rank ids) and tensor shapes
+ * whose dims do not divide by the mesh dims or are smaller than them, every pair of
+ * placements (a seeded sample on the 3-d mesh) is resharded and every rank's result is
+ * checked against the slice of an independently computed global reference:
+ *   - a source is built from "parts": for each coordinate q of its Partial mesh dims a
+ *     Philox tensor part_q; a rank holds part_q[its box]; the reference is the reduction
+ *     of the parts over q, computed here in double precision;
+ *   - a Partial target is reduced across its mesh dims with the (separately tested)
+ *     communicator before comparing.
+ * The same file runs on the threads backend and under mpirun.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/philox.h"
+#include "core/xalloc.h"
+#include "dist/reshard.h"
+#include "testkit.h"
+
+#define MAX_STATES 16384
+
+typedef struct case_set {
+    const char *name;
+    int mesh_ndim;
+    int mesh_shape[3];
+    int tndim;
+    int nshapes;
+    int64_t shapes[4][3];
+    int sample; /* 0: all pairs; else this many seeded random pairs */
+} case_set;
+
+/* Every valid placement list for a mesh of M dims and a tensor of T dims, including
+ * every nesting order of shards that share a tensor dim. */
+static int enumerate_placements(int M, int T, ms_placements *out) {
+    int nopt = 1 + T + MS_REDUCE_COUNT, n = 0;
+    int combos = 1;
+    for (int m = 0; m < M; m++) combos *= nopt;
+    for (int c = 0; c < combos; c++) {
+        ms_placements base = {.n = M};
+        int rem = c;
+        for (int m = 0; m < M; m++) {
+            int o = rem % nopt;
+            rem /= nopt;
+            base.p[m] = o == 0   ? ms_pl_replicate()
+                        : o <= T ? ms_pl_shard(o - 1)
+                                 : ms_pl_partial((ms_reduce_op)(o - 1 - T));
+        }
+        /* Try every order assignment; keep the valid ones. */
+        int orders = 1;
+        for (int m = 0; m < M; m++) orders *= M;
+        for (int a = 0; a < orders; a++) {
+            ms_placements pl = base;
+            int r2 = a;
+            bool skip = false;
+            for (int m = 0; m < M; m++) {
+                int k = r2 % M;
+                r2 /= M;
+                if (pl.p[m].kind == MS_PL_SHARD)
+                    pl.p[m].order = (int8_t)k;
+                else if (k)
+                    skip = true; /* count non-shard dims once */
+            }
+            if (skip || ms_placements_validate(&pl, M, T, NULL) != MS_OK) continue;
+            if (n < MAX_STATES) out[n++] = pl;
+        }
+    }
+    return n;
+}
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+static float part_value(int q, int64_t g) {
+    return 2.0f * ms_philox_uniform(99, (uint64_t)q + 1, (uint64_t)g) - 1.0f;
+}
+
+/* The part index of a rank: its coordinates along the Partial mesh dims, linearised. */
+static int part_of(const ms_placements *pl, const ms_mesh *m, const int *coords) {
+    int q = 0;
+    for (int d = 0; d < m->ndim; d++)
+        if (pl->p[d].kind == MS_PL_PARTIAL) q = q * m->shape[d] + coords[d];
+    return q;
+}
+
+/* Reference global value at linear index g: the reduction of all parts. */
+static double reference(const ms_placements *pl, const ms_mesh *m, int64_t g) {
+    int nparts = 1, avg_div = 1;
+    ms_reduce_op kind = MS_REDUCE_SUM;
+    bool any = false;
+    for (int d = 0; d < m->ndim; d++)
+        if (pl->p[d].kind == MS_PL_PARTIAL) {
+            any = true;
+            nparts *= m->shape[d];
+            ms_reduce_op op = (ms_reduce_op)pl->p[d].reduce;
+            if (op == MS_REDUCE_AVG) avg_div *= m->shape[d];
+            if (op == MS_REDUCE_MAX || op == MS_REDUCE_MIN) kind = op;
+        }
+    if (!any) return part_value(0, g);
+    double acc = kind == MS_REDUCE_SUM ? 0 : part_value(0, g);
+    for (int q = 0; q < nparts; q++) {
+        double v = part_value(q, g);
+        if (kind == MS_REDUCE_MAX)
+            acc = v > acc ? v : acc;
+        else if (kind == MS_REDUCE_MIN)
+            acc = v < acc ? v : acc;
+        else
+            acc += v;
+    }
+    return kind == MS_REDUCE_SUM ? acc / avg_div : acc;
+}
+
+static int64_t linear(const int64_t *idx, const int64_t *shape, int ndim) {
+    int64_t g = 0;
+    for (int d = 0; d < ndim; d++) g = g * shape[d] + idx[d];
+    return g;
+}
+
+static bool next_idx(int64_t *idx, const int64_t *len, int ndim) {
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (++idx[d] < len[d]) return true;
+        idx[d] = 0;
+    }
+    return false;
+}
+
+typedef struct pair_ctx {
+    mt_rank *r;
+    ms_dmesh *dm;
+    int ndim;
+    const int64_t *gshape;
+    int64_t pairs_checked;
+} pair_ctx;
+
+static void check_pair(pair_ctx *pc, const ms_placements *src, const ms_placements *dst) {
+    mt_rank *r = pc->r;
+    ms_dmesh *dm = pc->dm;
+    const ms_mesh *m = &dm->mesh;
+    const int ndim = pc->ndim;
+    ms_error err = {0};
+    char sa[96], sb[96];
+    ms_placements_str(src, sa, sizeof sa);
+    ms_placements_str(dst, sb, sizeof sb);
+    bool member = ms_dmesh_is_member(dm);
+
+    /* Build this rank's source local part from its part tensor. */
+    ms_tensor local = {0};
+    if (member) {
+        int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], idx[MS_MAX_DIMS] = {0};
+        ms_local_box(src, m, dm->coords, ndim, pc->gshape, start, len);
+        if (!MT_OK(r, ms_tensor_alloc(r->ctx->device, MS_F32, ndim, len, &local, &err), &err))
+            return;
+        int q = part_of(src, m, dm->coords);
+        float *p = ms_tensor_f32(&local);
+        if (ms_tensor_numel(&local) > 0) {
+            int64_t i = 0;
+            do {
+                int64_t gi[MS_MAX_DIMS];
+                for (int d = 0; d < ndim; d++) gi[d] = idx[d] + start[d];
+                p[i++] = part_value(q, linear(gi, pc->gshape, ndim));
+            } while (next_idx(idx, len, ndim));
+        }
+    }
+    ms_dtensor t;
+    ms_status st = ms_dtensor_from_local(dm, &local, src, ndim, pc->gshape, &t, &err);
+    if (!MT_OK(r, st, &err)) {
+        ms_tensor_release(&local);
+        return;
+    }
+    ms_reshard_report rep;
+    st = ms_reshard(&t, dst, &rep, &err);
+    MT_CHECK(r, st == MS_OK, "%s: %s -> %s: %s", ms_comm_backend(r->ctx->world), sa, sb, err.msg);
+    if (st != MS_OK || !member) {
+        ms_dtensor_release(&t);
+        return;
+    }
+    /* Predicted bytes equal executed bytes on the rank at coordinate 0 (the plan's rank). */
+    bool origin = true;
+    for (int d = 0; d < m->ndim; d++) origin &= dm->coords[d] == 0;
+    if (origin) {
+        ms_reshard_plan plan;
+        ms_reshard_plan_make(m, src, dst, ndim, pc->gshape, &plan, &err);
+        double predicted = 0;
+        for (int k = 0; k < plan.nsteps; k++) predicted += plan.steps[k].coll_bytes;
+        MT_CHECK(r, rep.nsteps == plan.nsteps && (double)rep.coll_bytes == predicted,
+                 "%s -> %s: executed %d steps / %zu bytes, plan says %d / %.0f", sa, sb, rep.nsteps,
+                 rep.coll_bytes, plan.nsteps, predicted);
+    }
+    /* Resolve Partial target dims with the communicator, then compare with the slice. */
+    int64_t n = ms_tensor_numel(&t.local);
+    float *v = xmalloc(sizeof(float) * (size_t)(n + 1));
+    memcpy(v, ms_tensor_f32(&t.local), sizeof(float) * (size_t)n);
+    for (int d = 0; d < m->ndim; d++)
+        if (dst->p[d].kind == MS_PL_PARTIAL) {
+            float *tmp = xmalloc(sizeof(float) * (size_t)(n + 1));
+            MT_OK(r,
+                  ms_all_reduce(dm->dim_comm[d], v, tmp, (size_t)n, (ms_reduce_op)dst->p[d].reduce,
+                                &err),
+                  &err);
+            free(v);
+            v = tmp;
+        }
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], idx[MS_MAX_DIMS] = {0};
+    ms_local_box(dst, m, dm->coords, ndim, pc->gshape, start, len);
+    for (int d = 0; d < ndim; d++)
+        MT_CHECK(r, t.local.shape[d] == len[d], "%s -> %s: local dim %d is %lld, box says %lld", sa,
+                 sb, d, (long long)t.local.shape[d], (long long)len[d]);
+    if (n > 0 && r->failures < 5) {
+        int64_t i = 0;
+        do {
+            int64_t gi[MS_MAX_DIMS];
+            for (int d = 0; d < ndim; d++) gi[d] = idx[d] + start[d];
+            double want = reference(src, m, linear(gi, pc->gshape, ndim));
+            double got = v[i++];
+            if (fabs(got - want) > 1e-5 * (1 + fabs(want))) {
+                MT_CHECK(r, false,
+                         "%s backend, mesh %dd, rank %d: %s -> %s at global index %lld: "
+                         "got %.7f want %.7f",
+                         ms_comm_backend(r->ctx->world), m->ndim, r->ctx->rank, sa, sb,
+                         (long long)linear(gi, pc->gshape, ndim), got, want);
+                break;
+            }
+        } while (next_idx(idx, len, ndim));
+    }
+    free(v);
+    ms_dtensor_release(&t);
+    pc->pairs_checked++;
+}
+
+static void run_case(mt_rank *r, void *arg) {
+    const case_set *cs = arg;
+    ms_error err = {0};
+    int size = 1;
+    for (int d = 0; d < cs->mesh_ndim; d++) size *= cs->mesh_shape[d];
+    int ids[64];
+    for (int i = 0; i < size; i++) ids[i] = size - 1 - i; /* arbitrary (reversed) ids */
+    ms_mesh mesh;
+    if (!MT_OK(r, ms_mesh_init(&mesh, cs->mesh_ndim, cs->mesh_shape, NULL, ids, &err), &err))
+        return;
+    ms_dmesh *dm;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    ms_placements *states = xmalloc(sizeof *states * MAX_STATES);
+    int ns = enumerate_placements(cs->mesh_ndim, cs->tndim, states);
+    pair_ctx pc = {.r = r, .dm = dm, .ndim = cs->tndim};
+    for (int s = 0; s < cs->nshapes; s++) {
+        pc.gshape = cs->shapes[s];
+        if (cs->sample == 0) {
+            for (int a = 0; a < ns; a++)
+                for (int b = 0; b < ns; b++) check_pair(&pc, &states[a], &states[b]);
+        } else {
+            uint64_t seed = 12345 + (uint64_t)s;
+            for (int k = 0; k < cs->sample; k++) {
+                int a = (int)(lcg(&seed) % (uint64_t)ns), b = (int)(lcg(&seed) % (uint64_t)ns);
+                check_pair(&pc, &states[a], &states[b]);
+            }
+        }
+    }
+    if (r->ctx->rank == 0 && ms_dmesh_is_member(dm))
+        print_message("  %s (%s backend): %d placements, %lld pairs checked on rank 0\n", cs->name,
+                      ms_comm_backend(r->ctx->world), ns, (long long)pc.pairs_checked);
+    free(states);
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static int world_for(const case_set *cs) {
+    int size = 1;
+    for (int d = 0; d < cs->mesh_ndim; d++) size *= cs->mesh_shape[d];
+    return size;
+}
+
+#define SHAPES_2D                                                                                  \
+    {                                                                                              \
+        {5, 3}, {1, 4}, {3, 7}, {                                                                  \
+            0, 2                                                                                   \
+        }                                                                                          \
+    }
+
+static const case_set cases[] = {
+    {"mesh [1]", 1, {1}, 2, 4, SHAPES_2D, 0},
+    {"mesh [2]", 1, {2}, 2, 4, SHAPES_2D, 0},
+    {"mesh [3]", 1, {3}, 2, 4, SHAPES_2D, 0},
+    {"mesh [4]", 1, {4}, 2, 4, SHAPES_2D, 0},
+    {"mesh [2,2]", 2, {2, 2}, 2, 3, SHAPES_2D, 0},
+    {"mesh [2,3]", 2, {2, 3}, 2, 3, SHAPES_2D, 0},
+    {"mesh [2,2,2]", 3, {2, 2, 2}, 3, 2, {{3, 5, 2}, {1, 2, 3}}, 400},
+};
+
+static void test_case(void **state) {
+    const case_set *cs = *state;
+    mt_run(world_for(cs), run_case, (void *)cs);
+}
+
+/* --- planner properties (no ranks) ----------------------------------------------------- */
+
+static void plan_of(const char *mesh_text, const char *a, const char *b, int ndim, const int64_t *g,
+                    ms_reshard_plan *plan) {
+    ms_mesh m;
+    ms_placements src, dst;
+    ms_error err;
+    assert_int_equal(ms_mesh_parse(&m, mesh_text, &err), MS_OK);
+    assert_int_equal(ms_placements_parse(a, &src, &err), MS_OK);
+    assert_int_equal(ms_placements_parse(b, &dst, &err), MS_OK);
+    if (ms_reshard_plan_make(&m, &src, &dst, ndim, g, plan, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_mesh_free(&m);
+}
+
+static void planner_picks_fewest_bytes(void **state) {
+    (void)state;
+    const int64_t g[2] = {8, 8};
+    ms_reshard_plan p;
+    /* P -> S is one reduce-scatter, not all-reduce + slice. */
+    plan_of("4", "[P(sum)]", "[S(0)]", 2, g, &p);
+    assert_int_equal(p.nsteps, 1);
+    assert_int_equal(p.steps[0].kind, MS_RSTEP_REDUCE_SCATTER);
+    assert_float_equal(p.wire_bytes, 256.0 * 3 / 4, 1e-9);
+    /* Slice first, then all-reduce half the data: 2*(1/2)*128 B instead of 256 B. */
+    plan_of("2x2", "[P(sum), R]", "[R, S(0)]", 2, g, &p);
+    assert_int_equal(p.nsteps, 2);
+    assert_int_equal(p.steps[0].kind, MS_RSTEP_SLICE);
+    assert_int_equal(p.steps[1].kind, MS_RSTEP_ALL_REDUCE);
+    assert_float_equal(p.wire_bytes, 128.0, 1e-9);
+    /* S(0) -> S(1) is one all-to-all. */
+    plan_of("2", "[S(0)]", "[S(1)]", 2, g, &p);
+    assert_int_equal(p.nsteps, 1);
+    assert_int_equal(p.steps[0].kind, MS_RSTEP_ALL_TO_ALL);
+    /* Swapping the nesting order needs the inner shard gathered first. */
+    plan_of("2x2", "[S(0), S(0)]", "[S(0,1), S(0,0)]", 2, g, &p);
+    assert_true(p.nsteps >= 2);
+    assert_int_equal(p.steps[0].mesh_dim, 1); /* the innermost moves first */
+    /* Same placements: no steps. */
+    plan_of("2x2", "[S(0), R]", "[S(0), R]", 2, g, &p);
+    assert_int_equal(p.nsteps, 0);
+}
+
+static void planner_cache_and_errors(void **state) {
+    (void)state;
+    ms_mesh m;
+    ms_error err;
+    ms_mesh_parse(&m, "2x2", &err);
+    ms_placements a, b, bad;
+    ms_placements_parse("[S(0), R]", &a, &err);
+    ms_placements_parse("[R, S(1)]", &b, &err);
+    ms_placements_parse("[S(5), R]", &bad, &err);
+    const int64_t g[2] = {4, 6};
+    struct ms_plan_cache *cache = ms_plan_cache_create();
+    const ms_reshard_plan *p1, *p2;
+    assert_int_equal(ms_plan_cache_get(cache, &m, &a, &b, 2, g, &p1, &err), MS_OK);
+    assert_int_equal(ms_plan_cache_get(cache, &m, &a, &b, 2, g, &p2, &err), MS_OK);
+    assert_ptr_equal(p1, p2);
+    const int64_t g2[2] = {5, 6};
+    assert_int_equal(ms_plan_cache_get(cache, &m, &a, &b, 2, g2, &p2, &err), MS_OK);
+    assert_ptr_not_equal(p1, p2);
+    assert_int_equal(ms_plan_cache_get(cache, &m, &bad, &b, 2, g, &p2, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "reshard source"));
+    ms_plan_cache_destroy(cache);
+    ms_mesh_free(&m);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(planner_picks_fewest_bytes),
+    cmocka_unit_test(planner_cache_and_errors),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[0]),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[1]),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[2]),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[3]),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[4]),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[5]),
+    cmocka_unit_test_prestate(test_case, (void *)&cases[6]),
+};
+MT_MAIN("reshard", tests)
