@@ -5,15 +5,24 @@
 #include "commands.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: meshscope <command> [options]\n"
-               "\n"
-               "commands:\n"
-               "  demo [--ranks N] [--backend threads|mpi]\n"
-               "                     distributed tensors on a mesh: placements, reshard plans,\n"
-               "                     their bytes and times, checked against the global tensor\n"
-               "  bench comm [--json] [--ranks 2,4] [--min-bytes B] [--max-bytes B] [--iters N]\n"
-               "                     bus bandwidth of the threads backend against OpenMPI\n"
-               "  help               this text\n");
+    fprintf(f,
+            "usage: meshscope <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  demo [--ranks N] [--backend threads|mpi]\n"
+            "                     distributed tensors on a mesh: placements, reshard plans,\n"
+            "                     their bytes and times, checked against the global tensor\n"
+            "  bench comm [--json] [--ranks 2,4] [--min-bytes B] [--max-bytes B] [--iters N]\n"
+            "                     bus bandwidth of the threads backend against OpenMPI\n"
+            "  train --model CONFIG --data FILE [--dp N --tp N --sp | --strategy FILE]\n"
+            "        [--backend threads|mpi] [--steps N] [--seed S] [--batch B] [--seq T]\n"
+            "        [--lr LR] [--log-jsonl FILE] [--save FILE.safetensors] [--sample N]\n"
+            "                     train a GPT-2 or BERT model on a mesh of ranks\n"
+            "  eval --model CONFIG --checkpoint FILE --data FILE --batch B --seq T --batches K\n"
+            "                     loss of a checkpoint on deterministic windows, as JSON\n"
+            "  explain --model CONFIG [--dp N --tp N --sp | --strategy FILE] [--batch B --seq T]\n"
+            "                     every value's placements and every reshard with its bytes\n"
+            "  help               this text\n");
 }
 
 int main(int argc, char **argv) {
@@ -27,6 +36,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "demo")) return ms_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return ms_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return ms_cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "explain")) return ms_cmd_explain(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "comm")) return ms_cmd_bench_comm(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "comm-mpi-worker"))

@@ -10,6 +10,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev  # the MPI backend and its tests
   libcjson-dev libmicrohttpd-dev libncurses-dev  # views
   tmux                   # TUI tests
+  bible-kjv              # the default training text (scripts/prepare-data.sh)
 )
 
 missing=()

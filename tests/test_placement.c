@@ -71,7 +71,7 @@ static void split_every_size(void **state) {
             int64_t next = 0;
             for (int i = 0; i < k; i++) {
                 int64_t off, len;
-                ms_split(n, k, i, &off, &len);
+                ms_split_part(n, k, i, &off, &len);
                 assert_int_equal(off, next);
                 int64_t want = n / k + (i < n % k ? 1 : 0);
                 assert_int_equal(len, want);
@@ -80,7 +80,7 @@ static void split_every_size(void **state) {
             assert_int_equal(next, n);
         }
     int64_t off, len;
-    ms_split(2, 4, 3, &off, &len); /* fewer elements than parts: trailing parts are empty */
+    ms_split_part(2, 4, 3, &off, &len); /* fewer elements than parts: trailing parts are empty */
     assert_int_equal(len, 0);
     assert_int_equal(off, 2);
 }

@@ -7,7 +7,11 @@
 #include "comm/comm_mpi.h"
 
 static ms_backend_kind g_backend = MS_BACKEND_THREADS;
-static int g_mpi_world = 0;
+static int g_mpi_world = 0, g_world_rank = 0;
+
+int mt_world_rank(void) {
+    return g_world_rank;
+}
 
 ms_backend_kind mt_backend(void) {
     return g_backend;
@@ -35,13 +39,14 @@ int mt_ok_at(mt_rank *r, ms_status st, const ms_error *err, const char *file, in
 typedef struct run_arg {
     mt_rank_fn fn;
     void *arg;
+    ms_backend_kind backend;
 } run_arg;
 
 static ms_status rank_main(ms_ctx *ctx, void *p, ms_error *err) {
     run_arg *ra = p;
     mt_rank r = {.ctx = ctx};
     ra->fn(&r, ra->arg);
-    if (g_backend == MS_BACKEND_MPI) {
+    if (ra->backend == MS_BACKEND_MPI) {
         /* Every process must agree on the verdict, so all of them fail the test. */
         float mine = (float)r.failures, total = 0;
         ms_error e2;
@@ -58,14 +63,10 @@ static ms_status rank_main(ms_ctx *ctx, void *p, ms_error *err) {
     return MS_OK;
 }
 
-void mt_run(int nranks, mt_rank_fn fn, void *arg) {
-    if (g_backend == MS_BACKEND_MPI && g_mpi_world < nranks) {
-        print_error("this test needs %d ranks but mpirun started %d\n", nranks, g_mpi_world);
-        fail();
-    }
-    run_arg ra = {fn, arg};
-    ms_launch_opts opts = {.backend = g_backend,
-                           .nranks = g_backend == MS_BACKEND_MPI ? 0 : nranks,
+static void run_on(ms_backend_kind backend, int nranks, mt_rank_fn fn, void *arg) {
+    run_arg ra = {fn, arg, backend};
+    ms_launch_opts opts = {.backend = backend,
+                           .nranks = backend == MS_BACKEND_MPI ? 0 : nranks,
                            .seed = 1234,
                            .timeout_ms = MT_TIMEOUT_MS};
     ms_error err = {0};
@@ -74,6 +75,18 @@ void mt_run(int nranks, mt_rank_fn fn, void *arg) {
         print_error("%s\n", err.msg);
         fail();
     }
+}
+
+void mt_run(int nranks, mt_rank_fn fn, void *arg) {
+    if (g_backend == MS_BACKEND_MPI && g_mpi_world < nranks) {
+        print_error("this test needs %d ranks but mpirun started %d\n", nranks, g_mpi_world);
+        fail();
+    }
+    run_on(g_backend, nranks, fn, arg);
+}
+
+void mt_run_threads(int nranks, mt_rank_fn fn, void *arg) {
+    run_on(MS_BACKEND_THREADS, nranks, fn, arg);
 }
 
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n) {
@@ -90,6 +103,7 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
             return 1;
         }
         g_mpi_world = ms_comm_size(w);
+        g_world_rank = ms_comm_rank(w);
         ms_comm_destroy(w);
     }
     int rc = _cmocka_run_group_tests(name, tests, n, NULL, NULL);

@@ -43,6 +43,12 @@ int mt_ok_at(mt_rank *r, ms_status st, const ms_error *err, const char *file, in
 /* Runs fn on nranks ranks (see above). Fails the current cmocka test on error. */
 void mt_run(int nranks, mt_rank_fn fn, void *arg);
 
+/* Runs fn on nranks threads even when the binary runs under mpirun (for references). */
+void mt_run_threads(int nranks, mt_rank_fn fn, void *arg);
+
+/* This process's MPI world rank, or 0 on the threads backend. */
+int mt_world_rank(void);
+
 /* The backend this test binary runs on. */
 ms_backend_kind mt_backend(void);
 /* World size under MPI, or 0 on the threads backend. */
@@ -56,6 +62,6 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
     }
 
 /* Communicator timeout used by tests, short so that a bug fails fast. */
-#define MT_TIMEOUT_MS 20000
+#define MT_TIMEOUT_MS 60000
 
 #endif

@@ -1,1 +1,586 @@
+/* comm_mpi.c - the MPI communicator backend (see comm_mpi.h).
+ *
+ * Every slot posts non-blocking MPI operations and polls them against the call's deadline,
+ * so a rank that never arrives produces MS_ERR_TIMEOUT instead of a hang.
+ *
+ * Entering a collective (coll_enter): each communicator owns a second, duplicated
+ * "control" communicator. Every member posts a receive for an arrival notice from each
+ * peer, sends its own notice (tag = collective number mod 32768, payload = the collective's
+ * kind), and waits for all notices before posting any data operation. So:
+ *   - on timeout, the peers whose notice has not arrived are the missing ranks;
+ *   - a rank that timed out never posted the data operation, and a collective cannot
+ *     complete until every member posted it, so no abandoned operation can later write
+ *     into the caller's buffers; the timed-out rank also sends a "withdrawn" notice so that
+ *     a late peer fails at once instead of waiting out its own timeout;
+ *   - a notice of another kind means the ranks called collectives in different orders,
+ *     which is reported as such before any data moves.
+ * The price is one small message round per collective (it is a barrier), which is also why
+ * ms_barrier needs nothing else.
+ *
+ * After a timeout or a transport error the context is "poisoned" and destroying it leaks
+ * it on purpose (its MPI communicators, requests, count arrays and notice buffers): MPI may
+ * still touch them (a tiny notice send; or, if a transfer stalled after every rank entered,
+ * the data operation itself, which MPI forbids cancelling or freeing). The shared layer
+ * refuses every later call on that communicator; a timeout normally ends the job anyway.
+ */
 #include "comm/comm_mpi.h"
+
+#include <stdlib.h>
+
+#include "comm/comm_impl.h"
+
+bool ms_mpi_launched(void) {
+    /* OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; MPICH/Hydra sets PMI_SIZE; PMIx-based
+     * launchers (srun --mpi=pmix, prterun) set PMIX_RANK. */
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+#ifndef MS_HAVE_MPI
+
+static ms_status no_mpi(ms_error *err) {
+    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                   "this meshscope build has no MPI support; install OpenMPI (mpicc) and "
+                   "reconfigure with -DMS_ENABLE_MPI=ON, or use the threads backend");
+}
+
+ms_status ms_mpi_init(int *argc, char ***argv, ms_error *err) {
+    (void)argc, (void)argv;
+    return no_mpi(err);
+}
+
+void ms_mpi_finalize(void) {}
+
+ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
+    *out = NULL;
+    return no_mpi(err);
+}
+
+#else /* MS_HAVE_MPI */
+
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/xalloc.h"
+
+/* Whether ms_mpi_init called MPI_Init_thread (then ms_mpi_finalize finalises). */
+static bool g_we_initialised = false;
+
+typedef struct mpi_ctx {
+    MPI_Comm comm; /* data: collectives and user point-to-point traffic */
+    MPI_Comm ctl;  /* control: arrival notices only, so they never match user tags */
+    int rank, size;
+    uint32_t coll_seq;     /* collectives entered; p2p batches are not counted, see mpi_p2p */
+    int tag;               /* notice tag of the current collective: coll_seq mod 32768 */
+    bool poisoned;         /* an operation was abandoned: never free what MPI may touch */
+    int note_out;          /* payload of our notices: the collective's kind */
+    int *note_in;          /* [size] payload received from each peer */
+    MPI_Request *note_req; /* [2*size]: receive from peer p at p, send to p at size+p */
+    int *ibuf;             /* [4*size] int counts and displacements handed to MPI */
+    MPI_Request *p2p_req;  /* grows to the largest batch seen */
+    int p2p_cap;
+} mpi_ctx;
+
+static const ms_comm_backend_ops mpi_ops;
+
+/* --- helpers --------------------------------------------------------------------------------- */
+
+static ms_status mpi_fail(mpi_ctx *m, ms_error *err, int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
+    /* Something may still be in flight (notices at least), so never free it. */
+    if (m) m->poisoned = true;
+    return ms_fail(err, MS_ERR_COMM, "%s failed: %s", what, s);
+}
+
+static bool fits_int(size_t v) {
+    return v <= (size_t)INT_MAX;
+}
+
+static ms_status too_big(ms_error *err, const char *what) {
+    return ms_fail(err, MS_ERR_INVALID,
+                   "%s exceeds the MPI limit of %d elements per count or displacement", what,
+                   INT_MAX);
+}
+
+static MPI_Op mpi_op(ms_reduce_op op) {
+    switch (op) {
+        case MS_REDUCE_MAX:
+            return MPI_MAX;
+        case MS_REDUCE_MIN:
+            return MPI_MIN;
+        default:
+            return MPI_SUM; /* SUM, and AVG = SUM then scale by 1/n */
+    }
+}
+
+/* Between polls: spin briefly (the peer is usually about to finish), then yield, then
+ * sleep, because tests run several ranks per core and a spinning waiter starves the
+ * rank it is waiting for. */
+static void backoff(int *spins) {
+    int s = (*spins)++;
+    if (s < 64) return;
+    if (s < 1024) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+/* Notice payload sent after a timeout to the peers that had not arrived: "I gave up". */
+static const int k_withdrawn = -2;
+
+/* Times out the entry of a collective: names the peers whose notice has not arrived,
+ * cancels those receives and tells each such peer that we gave up, so that it fails at
+ * once if it arrives later instead of waiting for a collective nobody else will join. */
+static ms_status enter_timed_out(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
+    (void)err; /* the shared layer formats timeouts from call->missing */
+    m->poisoned = true;
+    call->n_missing = 0;
+    for (int p = 0; p < m->size; p++) {
+        if (p == m->rank || m->note_req[p] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        if (MPI_Test(&m->note_req[p], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) continue;
+        if (call->n_missing < (int)(sizeof call->missing / sizeof call->missing[0]))
+            call->missing[call->n_missing++] = p;
+        /* Cancelling a receive completes locally, so the wait cannot hang. */
+        MPI_Cancel(&m->note_req[p]);
+        MPI_Wait(&m->note_req[p], MPI_STATUS_IGNORE);
+        MPI_Request req;
+        if (MPI_Isend(&k_withdrawn, 1, MPI_INT, p, m->tag, m->ctl, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req); /* a static buffer: the send may finish whenever */
+    }
+    /* Our own notice sends are left to finish (sends cannot be cancelled reliably); they
+     * are tiny eager messages, and the poisoned context keeps their buffer alive. */
+    return MS_ERR_TIMEOUT;
+}
+
+/* After every notice arrived: checks that all peers entered the same kind of collective
+ * and that none of them had already given up on it (see enter_timed_out). */
+static ms_status check_notes(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
+    for (int p = 0; p < m->size; p++) {
+        if (p == m->rank) continue;
+        if (m->note_in[p] != m->note_out) {
+            m->poisoned = true;
+            return ms_fail(err, MS_ERR_COMM,
+                           "ranks called collectives in different orders: rank %d entered %s "
+                           "while this rank (%d) entered %s",
+                           p, ms_coll_name((ms_coll_kind)m->note_in[p]), m->rank,
+                           ms_coll_name(call->kind));
+        }
+    }
+    /* A withdrawal follows a notice with the same tag, and messages between two ranks do
+     * not overtake each other, so it is visible here if it was sent in time. Every notice of
+     * this tag has been received, so anything left with it is a withdrawal; one wildcard
+     * probe keeps the common path cheap. */
+    int flag = 0;
+    MPI_Status stat;
+    MPI_Iprobe(MPI_ANY_SOURCE, m->tag, m->ctl, &flag, &stat);
+    if (flag) {
+        m->poisoned = true;
+        return ms_fail(err, MS_ERR_COMM,
+                       "rank %d had already timed out on this %s before this rank (%d) arrived",
+                       stat.MPI_SOURCE, ms_coll_name(call->kind), m->rank);
+    }
+    return MS_OK;
+}
+
+/* Enters a collective: every member sends an arrival notice to each peer on the control
+ * communicator and waits for all of theirs before any data moves. A missing rank is thus
+ * detected while no data operation is posted, so nothing is left in flight that could
+ * later write into the caller's buffers: a data operation can only complete once every
+ * member has posted it, and a member that timed out here never posts it. */
+static ms_status coll_enter(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
+    call->algo = "mpi";
+    m->coll_seq++;
+    m->tag = (int)(m->coll_seq & 0x7fff);
+    m->note_out = (int)call->kind;
+    for (int p = 0; p < m->size; p++) {
+        if (p == m->rank) continue;
+        m->note_in[p] = -1;
+        int rc = MPI_Irecv(&m->note_in[p], 1, MPI_INT, p, m->tag, m->ctl, &m->note_req[p]);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Irecv (arrival notice)");
+    }
+    for (int p = 0; p < m->size; p++) {
+        if (p == m->rank) continue;
+        int rc = MPI_Isend(&m->note_out, 1, MPI_INT, p, m->tag, m->ctl, &m->note_req[m->size + p]);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Isend (arrival notice)");
+    }
+    int spins = 0;
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Testall(2 * m->size, m->note_req, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Testall (arrival notices)");
+        if (flag) break;
+        if (ms_now_ns() > call->deadline_ns) return enter_timed_out(m, call, err);
+        backoff(&spins);
+    }
+    return check_notes(m, call, err);
+}
+
+/* Polls the data requests of a collective that every member entered. A timeout here means
+ * the transfer itself stalled (a rank died or stopped mid-way): the request is abandoned
+ * in flight and the missing ranks are unknown. */
+static ms_status wait_data(mpi_ctx *m, MPI_Request *reqs, int n, ms_comm_call *call,
+                           ms_error *err) {
+    int spins = 0;
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Testall");
+        if (flag) return MS_OK;
+        if (ms_now_ns() > call->deadline_ns) {
+            m->poisoned = true;
+            call->n_missing = 0;
+            return MS_ERR_TIMEOUT;
+        }
+        backoff(&spins);
+    }
+}
+
+/* --- context --------------------------------------------------------------------------------- */
+
+/* Duplicates `src` without blocking past the deadline. */
+static ms_status idup(MPI_Comm src, MPI_Comm *out, int64_t deadline_ns, ms_error *err) {
+    MPI_Request req;
+    int rc = MPI_Comm_idup(src, out, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(NULL, err, rc, "MPI_Comm_idup");
+    int spins = 0;
+    for (;;) {
+        int flag = 0;
+        rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(NULL, err, rc, "MPI_Comm_idup");
+        if (flag) break;
+        if (ms_now_ns() > deadline_ns) {
+            /* The pending idup may still complete: the caller leaks what it involves. */
+            return ms_fail(err, MS_ERR_TIMEOUT,
+                           "duplicating an MPI communicator timed out: not every member "
+                           "arrived");
+        }
+        backoff(&spins);
+    }
+    MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return MS_OK;
+}
+
+/* Builds the context of a group whose data communicator is `comm` (taken over). */
+static ms_status ctx_create(MPI_Comm comm, int64_t deadline_ns, mpi_ctx **out, ms_error *err) {
+    *out = NULL;
+    mpi_ctx *m = xcalloc(1, sizeof *m);
+    m->comm = comm;
+    m->ctl = MPI_COMM_NULL;
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &m->rank);
+    MPI_Comm_size(comm, &m->size);
+    ms_status st = idup(comm, &m->ctl, deadline_ns, err);
+    if (st != MS_OK) {
+        /* A half-finished idup may still complete; leak m and comm rather than free them. */
+        return st;
+    }
+    size_t n = (size_t)m->size;
+    m->note_in = xcalloc(n, sizeof *m->note_in);
+    m->note_req = xmalloc(2 * n * sizeof *m->note_req);
+    for (size_t i = 0; i < 2 * n; i++) m->note_req[i] = MPI_REQUEST_NULL;
+    m->ibuf = xcalloc(4 * n, sizeof *m->ibuf);
+    *out = m;
+    return MS_OK;
+}
+
+static void mpi_destroy(void *ctx) {
+    mpi_ctx *m = ctx;
+    if (!m) return;
+    if (m->poisoned) return; /* on purpose: see the top of this file */
+    MPI_Comm_free(&m->ctl);
+    MPI_Comm_free(&m->comm);
+    free(m->note_in);
+    free(m->note_req);
+    free(m->ibuf);
+    free(m->p2p_req);
+    free(m);
+}
+
+/* --- slots ----------------------------------------------------------------------------------- */
+
+/* MPI counts are int: larger single-count operations run in chunks of this many floats. */
+#define CHUNK ((size_t)1 << 30)
+
+static ms_status mpi_all_reduce(void *ctx, const float *send, float *recv, size_t count,
+                                ms_reduce_op op, ms_comm_call *call, ms_error *err) {
+    mpi_ctx *m = ctx;
+    MS_CHECK(coll_enter(m, call, err));
+    for (size_t off = 0; off < count; off += CHUNK) {
+        size_t n = count - off < CHUNK ? count - off : CHUNK;
+        MPI_Request req;
+        const void *s = send == recv ? MPI_IN_PLACE : (const void *)(send + off);
+        int rc = MPI_Iallreduce(s, recv + off, (int)n, MPI_FLOAT, mpi_op(op), m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallreduce");
+        MS_CHECK(wait_data(m, &req, 1, call, err));
+    }
+    ms_reduce_finish(recv, count, op, m->size);
+    return MS_OK;
+}
+
+static ms_status mpi_reduce_scatter(void *ctx, const float *send, float *recv,
+                                    const size_t *recv_counts, ms_reduce_op op, ms_comm_call *call,
+                                    ms_error *err) {
+    mpi_ctx *m = ctx;
+    size_t total = 0;
+    for (int p = 0; p < m->size; p++) {
+        if (!fits_int(recv_counts[p])) return too_big(err, "a reduce_scatter block");
+        m->ibuf[p] = (int)recv_counts[p];
+        total += recv_counts[p];
+    }
+    if (!fits_int(total)) return too_big(err, "the reduce_scatter input");
+    MS_CHECK(coll_enter(m, call, err));
+    MPI_Request req;
+    int rc = MPI_Ireduce_scatter(send, recv, m->ibuf, MPI_FLOAT, mpi_op(op), m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ireduce_scatter");
+    MS_CHECK(wait_data(m, &req, 1, call, err));
+    ms_reduce_finish(recv, recv_counts[m->rank], op, m->size);
+    return MS_OK;
+}
+
+static ms_status mpi_all_gather(void *ctx, const float *send, float *recv, const size_t *counts,
+                                ms_comm_call *call, ms_error *err) {
+    mpi_ctx *m = ctx;
+    int *cnt = m->ibuf, *displ = m->ibuf + m->size;
+    size_t off = 0;
+    for (int p = 0; p < m->size; p++) {
+        if (!fits_int(counts[p]) || !fits_int(off + counts[p]))
+            return too_big(err, "the all_gather output");
+        cnt[p] = (int)counts[p];
+        displ[p] = (int)off;
+        off += counts[p];
+    }
+    MS_CHECK(coll_enter(m, call, err));
+    MPI_Request req;
+    int rc =
+        MPI_Iallgatherv(send, cnt[m->rank], MPI_FLOAT, recv, cnt, displ, MPI_FLOAT, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallgatherv");
+    return wait_data(m, &req, 1, call, err);
+}
+
+static ms_status mpi_all_to_all(void *ctx, const float *send, const size_t *send_counts,
+                                const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                const size_t *recv_displs, ms_comm_call *call, ms_error *err) {
+    mpi_ctx *m = ctx;
+    int n = m->size;
+    int *sc = m->ibuf, *sd = m->ibuf + n, *rcn = m->ibuf + 2 * n, *rd = m->ibuf + 3 * n;
+    for (int p = 0; p < n; p++) {
+        if (!fits_int(send_counts[p]) || !fits_int(send_displs[p]) || !fits_int(recv_counts[p]) ||
+            !fits_int(recv_displs[p]))
+            return too_big(err, "an all_to_all count or displacement");
+        sc[p] = (int)send_counts[p];
+        sd[p] = (int)send_displs[p];
+        rcn[p] = (int)recv_counts[p];
+        rd[p] = (int)recv_displs[p];
+    }
+    MS_CHECK(coll_enter(m, call, err));
+    MPI_Request req;
+    int rc = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rcn, rd, MPI_FLOAT, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ialltoallv");
+    return wait_data(m, &req, 1, call, err);
+}
+
+static ms_status mpi_broadcast(void *ctx, float *buf, size_t count, int root, ms_comm_call *call,
+                               ms_error *err) {
+    mpi_ctx *m = ctx;
+    MS_CHECK(coll_enter(m, call, err));
+    for (size_t off = 0; off < count; off += CHUNK) {
+        size_t n = count - off < CHUNK ? count - off : CHUNK;
+        MPI_Request req;
+        int rc = MPI_Ibcast(buf + off, (int)n, MPI_FLOAT, root, m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ibcast");
+        MS_CHECK(wait_data(m, &req, 1, call, err));
+    }
+    return MS_OK;
+}
+
+static ms_status mpi_barrier(void *ctx, ms_comm_call *call, ms_error *err) {
+    /* Entering is itself a barrier: a rank returns once every peer has sent its notice,
+     * i.e. entered. An MPI_Ibarrier on top would only double the messages. */
+    return coll_enter(ctx, call, err);
+}
+
+/* A p2p batch is not collective (only the named peers take part), so it does not advance
+ * coll_seq and sends no notices; on timeout the peers of the unfinished operations are
+ * the missing ranks. User tags go on the data communicator, apart from the notices. */
+static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
+                         ms_error *err) {
+    mpi_ctx *m = ctx;
+    call->algo = "mpi";
+    for (int i = 0; i < nops; i++)
+        if (!fits_int(ops[i].count)) return too_big(err, "a send/recv count");
+    if (nops > m->p2p_cap) {
+        m->p2p_cap = nops > 2 * m->p2p_cap ? nops : 2 * m->p2p_cap;
+        free(m->p2p_req);
+        m->p2p_req = xmalloc((size_t)m->p2p_cap * sizeof *m->p2p_req);
+    }
+    MPI_Request *req = m->p2p_req;
+    for (int i = 0; i < nops; i++) {
+        const ms_p2p_op *o = &ops[i];
+        /* Synchronous sends: a send completes only once the receiver matched it, as on the
+         * threads backend and in NCCL, so an absent receiver is a timeout naming it rather
+         * than a send that "succeeded" into MPI's eager buffers. */
+        int rc =
+            o->kind == MS_P2P_SEND
+                ? MPI_Issend(o->buf, (int)o->count, MPI_FLOAT, o->peer, o->tag, m->comm, &req[i])
+                : MPI_Irecv(o->buf, (int)o->count, MPI_FLOAT, o->peer, o->tag, m->comm, &req[i]);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Issend/MPI_Irecv");
+    }
+    int spins = 0;
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Testall(nops, req, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Testall");
+        if (flag) return MS_OK;
+        if (ms_now_ns() > call->deadline_ns) break;
+        backoff(&spins);
+    }
+    /* Timeout: name the peers whose operations did not finish. Unfinished receives are
+     * cancelled (local, so the wait returns), so a late sender can never write into the
+     * caller's buffer; unfinished sends cannot be withdrawn and may still be read by a late
+     * receiver (poisoned context). */
+    m->poisoned = true;
+    call->n_missing = 0;
+    for (int i = 0; i < nops; i++) {
+        int flag = 0;
+        if (req[i] == MPI_REQUEST_NULL) continue;
+        if (MPI_Test(&req[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) continue;
+        if (ops[i].kind == MS_P2P_RECV) {
+            MPI_Cancel(&req[i]);
+            MPI_Wait(&req[i], MPI_STATUS_IGNORE);
+        }
+        bool seen = false;
+        for (int j = 0; j < call->n_missing; j++) seen |= call->missing[j] == ops[i].peer;
+        if (!seen && call->n_missing < (int)(sizeof call->missing / sizeof call->missing[0]))
+            call->missing[call->n_missing++] = ops[i].peer;
+    }
+    return MS_ERR_TIMEOUT;
+}
+
+/* Orders split members by (key, parent rank), as MPI_Comm_split does. */
+typedef struct split_member {
+    int key, parent;
+} split_member;
+
+static int cmp_member(const void *a, const void *b) {
+    const split_member *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->parent > y->parent) - (x->parent < y->parent);
+}
+
+static ms_status mpi_split(void *ctx, int color, int key, void **out_ctx, int *out_size,
+                           int *out_rank, int *out_members, ms_comm_call *call, ms_error *err) {
+    mpi_ctx *m = ctx;
+    *out_ctx = NULL;
+    /* First learn every (color, key) with a non-blocking all-gather under the deadline, so
+     * that the blocking MPI_Comm_split below only runs once every member has arrived. Its
+     * buffers live in the context (ibuf holds 4*size ints), not on the stack, because an
+     * all-gather abandoned by a timeout may still read or write them later. */
+    int *all = m->ibuf, *mine = m->ibuf + 2 * m->size;
+    mine[0] = color < 0 ? -1 : color;
+    mine[1] = key;
+    MS_CHECK(coll_enter(m, call, err));
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallgather (split colors)");
+    MS_CHECK(wait_data(m, &req, 1, call, err));
+
+    MPI_Comm sub = MPI_COMM_NULL;
+    rc = MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Comm_split");
+    if (color < 0) return MS_OK;
+
+    split_member *mem = xmalloc((size_t)m->size * sizeof *mem);
+    int n = 0;
+    for (int p = 0; p < m->size; p++)
+        if (all[2 * p] == color) mem[n++] = (split_member){all[2 * p + 1], p};
+    qsort(mem, (size_t)n, sizeof *mem, cmp_member);
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        out_members[i] = mem[i].parent;
+        if (mem[i].parent == m->rank) me = i;
+    }
+    free(mem);
+    int sub_rank = -1, sub_size = 0;
+    MPI_Comm_rank(sub, &sub_rank);
+    MPI_Comm_size(sub, &sub_size);
+    if (sub_rank != me || sub_size != n) {
+        MPI_Comm_free(&sub);
+        return ms_fail(err, MS_ERR_INTERNAL,
+                       "MPI_Comm_split gave rank %d of %d but (key, rank) order gives %d of %d",
+                       sub_rank, sub_size, me, n);
+    }
+    mpi_ctx *child;
+    MS_CHECK(ctx_create(sub, call->deadline_ns, &child, err));
+    *out_ctx = child;
+    *out_size = n;
+    *out_rank = me;
+    return MS_OK;
+}
+
+static const ms_comm_backend_ops mpi_ops = {
+    .name = "mpi",
+    .all_reduce = mpi_all_reduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_gather = mpi_all_gather,
+    .all_to_all = mpi_all_to_all,
+    .broadcast = mpi_broadcast,
+    .p2p = mpi_p2p,
+    .barrier = mpi_barrier,
+    .split = mpi_split,
+    .destroy = mpi_destroy,
+};
+
+/* --- public ---------------------------------------------------------------------------------- */
+
+ms_status ms_mpi_init(int *argc, char ***argv, ms_error *err) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (inited) return MS_OK;
+    int provided = MPI_THREAD_SINGLE;
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) return mpi_fail(NULL, err, rc, "MPI_Init_thread");
+    g_we_initialised = true;
+    /* With less than SERIALIZED only the main thread may call MPI, which is also how the
+     * MPI launcher uses it (one rank per process), so a lower level is accepted. */
+    return MS_OK;
+}
+
+void ms_mpi_finalize(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (g_we_initialised && !fin) MPI_Finalize();
+    g_we_initialised = false;
+}
+
+ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
+    *out = NULL;
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!inited || fin)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "MPI is %s; call ms_mpi_init first (and start the program with mpirun)",
+                       fin ? "already finalised" : "not initialised");
+    /* The duplicates get MPI_ERRORS_RETURN (ctx_create); MPI_COMM_WORLD's own handler is
+     * the application's business and is left alone. */
+    int64_t deadline = ms_now_ns() + (int64_t)MS_COMM_DEFAULT_TIMEOUT_MS * 1000000;
+    MPI_Comm data;
+    MS_CHECK(idup(MPI_COMM_WORLD, &data, deadline, err));
+    mpi_ctx *m;
+    MS_CHECK(ctx_create(data, deadline, &m, err));
+    int *world = xmalloc((size_t)m->size * sizeof *world);
+    for (int i = 0; i < m->size; i++) world[i] = i;
+    *out = ms_comm_wrap(&mpi_ops, m, m->rank, m->size, world, "world");
+    free(world);
+    return MS_OK;
+}
+
+#endif /* MS_HAVE_MPI */

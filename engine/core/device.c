@@ -57,6 +57,11 @@ ms_status ms_device_cpu_create(ms_device **out, ms_error *err) {
     return MS_OK;
 }
 
+ms_device *ms_device_host(void) {
+    static ms_device host = {.ops = &cpu_ops};
+    return &host;
+}
+
 #ifndef MS_HAVE_CUDA
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
     (void)ordinal, (void)out;

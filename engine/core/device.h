@@ -65,6 +65,10 @@ ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, cha
 
 void ms_device_destroy(ms_device *dev);
 
+/* A process-wide CPU device for memory that no rank's device owns (wrapped host buffers).
+ * Stateless but for its byte counters; never destroyed. */
+ms_device *ms_device_host(void);
+
 ms_status ms_device_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err);
 void ms_device_free(ms_device *dev, void *ptr, size_t nbytes);
 ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,

@@ -25,6 +25,11 @@ static ms_status check_shape(int ndim, const int64_t *shape, ms_error *err) {
     return MS_OK;
 }
 
+/* Wrapped storage is host memory; copies made from it go to the host device. */
+static ms_device *storage_device(const ms_storage *s) {
+    return s->dev ? s->dev : ms_device_host();
+}
+
 static void set_contiguous_strides(ms_tensor *t) {
     int64_t s = 1;
     for (int d = t->ndim - 1; d >= 0; d--) {
@@ -58,11 +63,28 @@ ms_status ms_tensor_alloc(ms_device *dev, ms_dtype dtype, int ndim, const int64_
     return MS_OK;
 }
 
+ms_status ms_tensor_wrap(void *data, ms_dtype dtype, int ndim, const int64_t *shape, ms_tensor *out,
+                         ms_error *err) {
+    memset(out, 0, sizeof *out);
+    MS_CHECK(check_shape(ndim, shape, err));
+    ms_tensor t = {.dtype = dtype, .ndim = ndim};
+    for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
+    set_contiguous_strides(&t);
+    ms_storage *s = xmalloc(sizeof *s);
+    s->data = data;
+    s->nbytes = (size_t)ms_tensor_numel(&t) * ms_dtype_size(dtype);
+    s->dev = NULL;
+    atomic_init(&s->refs, 1);
+    t.storage = s;
+    *out = t;
+    return MS_OK;
+}
+
 void ms_tensor_release(ms_tensor *t) {
     if (!t || !t->storage) return;
     ms_storage *s = t->storage;
     if (atomic_fetch_sub(&s->refs, 1) == 1) {
-        ms_device_free(s->dev, s->data, s->nbytes);
+        if (s->dev) ms_device_free(s->dev, s->data, s->nbytes);
         free(s);
     }
     memset(t, 0, sizeof *t);
@@ -190,10 +212,11 @@ ms_status ms_tensor_copy(ms_tensor *dst, const ms_tensor *src, ms_error *err) {
     int64_t n = ms_tensor_numel(src);
     if (n == 0) return MS_OK;
     if (dst->dtype == src->dtype && ms_tensor_is_contiguous(dst) && ms_tensor_is_contiguous(src))
-        return ms_device_copy(dst->storage->dev, ms_tensor_data(dst), ms_tensor_data(src),
-                              (size_t)n * ms_dtype_size(src->dtype), MS_COPY_DEVICE_TO_DEVICE, err);
-    if (dst->storage->dev->ops->kind != MS_DEVICE_CPU ||
-        src->storage->dev->ops->kind != MS_DEVICE_CPU)
+        return ms_device_copy(storage_device(dst->storage), ms_tensor_data(dst),
+                              ms_tensor_data(src), (size_t)n * ms_dtype_size(src->dtype),
+                              MS_COPY_DEVICE_TO_DEVICE, err);
+    if (storage_device(dst->storage)->ops->kind != MS_DEVICE_CPU ||
+        storage_device(src->storage)->ops->kind != MS_DEVICE_CPU)
         return ms_fail(err, MS_ERR_UNSUPPORTED, "strided or converting copy on a non-host device");
     int64_t idx[MS_MAX_DIMS] = {0};
     do ms_tensor_set(dst, idx, ms_tensor_get(src, idx));
@@ -203,7 +226,7 @@ ms_status ms_tensor_copy(ms_tensor *dst, const ms_tensor *src, ms_error *err) {
 
 ms_status ms_tensor_contiguous(const ms_tensor *src, ms_dtype dtype, ms_tensor *out,
                                ms_error *err) {
-    MS_CHECK(ms_tensor_alloc(src->storage->dev, dtype, src->ndim, src->shape, out, err));
+    MS_CHECK(ms_tensor_alloc(storage_device(src->storage), dtype, src->ndim, src->shape, out, err));
     ms_status st = ms_tensor_copy(out, src, err);
     if (st != MS_OK) ms_tensor_release(out);
     return st;
@@ -221,11 +244,11 @@ static double init_uniform(uint64_t seed, uint64_t stream, uint64_t index, float
 
 static ms_status init_box(ms_tensor *t, uint64_t seed, uint64_t tensor_id, const int64_t *gshape,
                           const int64_t *gstart, float a, float b, init_fn fn, ms_error *err) {
-    if (t->storage && t->storage->dev->ops->kind != MS_DEVICE_CPU)
+    if (t->storage && storage_device(t->storage)->ops->kind != MS_DEVICE_CPU)
         return ms_fail(err, MS_ERR_UNSUPPORTED,
                        "init: tensors on %s are initialised on the host "
                        "and copied",
-                       t->storage->dev->ops->name);
+                       storage_device(t->storage)->ops->name);
     for (int d = 0; d < t->ndim; d++) {
         int64_t s = gstart ? gstart[d] : 0;
         if (s < 0 || s + t->shape[d] > gshape[d])

@@ -32,7 +32,7 @@ const char *ms_dtype_name(ms_dtype dt);
 typedef struct ms_storage {
     void *data;
     size_t nbytes;
-    ms_device *dev; /* borrowed: must outlive the storage */
+    ms_device *dev; /* borrowed: must outlive the storage; NULL = wrapped, not owned */
     atomic_int refs;
 } ms_storage;
 
@@ -48,6 +48,11 @@ typedef struct ms_tensor {
 /* Allocates a zeroed, contiguous tensor on dev. On failure *out is left empty. */
 ms_status ms_tensor_alloc(ms_device *dev, ms_dtype dtype, int ndim, const int64_t *shape,
                           ms_tensor *out, ms_error *err);
+
+/* A tensor over memory the caller owns (e.g. a slice of an arena): contiguous, and its
+ * release never frees the data. The memory must outlive every handle. */
+ms_status ms_tensor_wrap(void *data, ms_dtype dtype, int ndim, const int64_t *shape, ms_tensor *out,
+                         ms_error *err);
 
 /* Drops this handle's reference; frees the storage with the last one. Safe on empty. */
 void ms_tensor_release(ms_tensor *t);

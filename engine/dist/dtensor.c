@@ -121,7 +121,7 @@ static ms_status infer_dim(ms_dmesh *mesh, const ms_placements *pl, int d, int64
         for (int r = 0; r < k; r++) total += floats_to_size(all + 2 * r);
         for (int r = 0; r < k && *bad_rank < 0; r++) {
             int64_t off, want, got = floats_to_size(all + 2 * r);
-            ms_split(total, k, r, &off, &want);
+            ms_split_part(total, k, r, &off, &want);
             if (got != want) {
                 *bad_rank = ms_comm_world_rank(c, r);
                 snprintf(why, why_len,

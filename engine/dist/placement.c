@@ -242,7 +242,7 @@ char *ms_placements_str(const ms_placements *pl, char *buf, size_t len) {
     return buf;
 }
 
-void ms_split(int64_t n, int parts, int index, int64_t *offset, int64_t *len) {
+void ms_split_part(int64_t n, int parts, int index, int64_t *offset, int64_t *len) {
     int64_t base = n / parts, extra = n % parts;
     *len = base + (index < extra ? 1 : 0);
     *offset = index * base + (index < extra ? index : extra);
@@ -258,7 +258,7 @@ void ms_local_box(const ms_placements *pl, const ms_mesh *mesh, const int *coord
         for (int i = 0; i < n; i++) {
             int m = chain[i];
             int64_t off, l;
-            ms_split(len[d], mesh->shape[m], coords[m], &off, &l);
+            ms_split_part(len[d], mesh->shape[m], coords[m], &off, &l);
             start[d] += off;
             len[d] = l;
         }

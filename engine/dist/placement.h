@@ -75,7 +75,7 @@ char *ms_placements_str(const ms_placements *pl, char *buf, size_t len);
 char *ms_placement_str(ms_placement p, char *buf, size_t len);
 
 /* The balanced split rule. */
-void ms_split(int64_t n, int parts, int index, int64_t *offset, int64_t *len);
+void ms_split_part(int64_t n, int parts, int index, int64_t *offset, int64_t *len);
 
 /* The global box held by the rank at mesh coordinates `coords`: for every tensor dim,
  * start and length. Partial and replicate dims hold the full extent. */

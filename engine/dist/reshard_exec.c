@@ -40,7 +40,7 @@ static void block_layout(const int64_t *len, int ndim, int d, int64_t parent, in
     size_t off = 0;
     for (int c = 0; c < n; c++) {
         int64_t o, l;
-        ms_split(parent, n, c, &o, &l);
+        ms_split_part(parent, n, c, &o, &l);
         counts[c] = (size_t)(other * l);
         displs[c] = off;
         off += counts[c];
@@ -52,7 +52,7 @@ static void block_layout(const int64_t *len, int ndim, int d, int64_t parent, in
 static void move_block(float *full_data, const int64_t *full, int ndim, int d, int n, int c,
                        float *block, bool pack) {
     int64_t off, l;
-    ms_split(full[d], n, c, &off, &l);
+    ms_split_part(full[d], n, c, &off, &l);
     int64_t blen[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0}, at[MS_MAX_DIMS] = {0};
     memcpy(blen, full, sizeof(int64_t) * (size_t)ndim);
     blen[d] = l;

@@ -1,0 +1,124 @@
+/* graph.h - graph mode: build a model once, compile it for a mesh, run training steps.
+ *
+ *   build     ms_graph_param / ms_graph_input / ms_graph_op record values and operators
+ *             with GLOBAL shapes; ms_graph_annotate pins a few placements.
+ *   compile   (per rank, pure and identical on every rank) completion gives every value a
+ *             placement from the annotations and the ops' SPMD rules, forward and reverse;
+ *             reverse-mode autograd adds the backward with placements by duality; partition
+ *             inserts the reshards; the memory planner packs every step-lived buffer into one
+ *             arena, reusing space between buffers whose lifetimes do not overlap.
+ *   run       ms_program_step feeds inputs, runs forward and backward and leaves gradients
+ *             in the parameters' placements; the optimizer reads them from there.
+ *
+ * Ownership: the graph owns its values and nodes; a program borrows its graph and dmesh
+ * (both must outlive it) and owns its arena and parameter storage.
+ */
+#ifndef MS_GRAPH_H
+#define MS_GRAPH_H
+
+#include <stdio.h>
+
+#include "dist/dtensor.h"
+#include "ops/op.h"
+
+typedef struct ms_graph ms_graph;
+typedef struct ms_program ms_program;
+
+/* How a parameter is initialised: Philox normal(0, std) keyed by the parameter's id, or a
+ * constant. Shard by shard equals whole, so every mesh starts from the same weights. */
+typedef enum ms_init_kind { MS_INIT_NORMAL, MS_INIT_CONST } ms_init_kind;
+typedef struct ms_init {
+    ms_init_kind kind;
+    float value; /* std for NORMAL, the constant for CONST */
+} ms_init;
+
+ms_graph *ms_graph_create(void);
+void ms_graph_destroy(ms_graph *g);
+
+/* Values are small integer ids; -1 means a build error (the first is kept, see
+ * ms_graph_error). Names are copied. */
+int ms_graph_param(ms_graph *g, const char *name, int ndim, const int64_t *shape, ms_init init);
+int ms_graph_input(ms_graph *g, const char *name, int ndim, const int64_t *shape);
+int ms_graph_op(ms_graph *g, int op, const ms_op_attrs *attrs, int n_in, const int *in,
+                const char *name);
+/* Multi-output ops (split): writes n_out value ids. */
+ms_status ms_graph_op_n(ms_graph *g, int op, const ms_op_attrs *attrs, int n_in, const int *in,
+                        int n_out, int *out, const char *name);
+/* Pins value v to placements pl (validated at compile time against the mesh). */
+void ms_graph_annotate(ms_graph *g, int v, const ms_placements *pl);
+/* Keeps value v's buffer alive after the step (persistent), so ms_program_value can read
+ * it (e.g. logits for sampling). */
+void ms_graph_keep(ms_graph *g, int v);
+/* The scalar to minimise. */
+void ms_graph_set_loss(ms_graph *g, int v);
+/* A second name under which a parameter is saved (e.g. a reshaped checkpoint shape). */
+ms_status ms_graph_error(const ms_graph *g, ms_error *err);
+
+int ms_graph_num_values(const ms_graph *g);
+const char *ms_graph_value_name(const ms_graph *g, int v);
+const ms_shape *ms_graph_value_shape(const ms_graph *g, int v);
+int ms_graph_find(const ms_graph *g, const char *name);
+bool ms_graph_is_param(const ms_graph *g, int v);
+
+/* Annotation callback: called for every value (parameters, inputs and named activations)
+ * without an annotation; return true and fill *pl to annotate. */
+typedef bool (*ms_shard_fn)(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
+                            ms_placements *pl);
+
+typedef struct ms_compile_opts {
+    ms_shard_fn shard; /* optional */
+    void *shard_user;
+    uint64_t seed; /* parameter init and dropout */
+} ms_compile_opts;
+
+/* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
+ * every member must compile the same graph). Non-members get a program that does nothing. */
+ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts *opts,
+                             ms_program **out, ms_error *err);
+void ms_program_destroy(ms_program *p);
+
+/* Sets input v's data from its GLOBAL values (every rank passes the same array; each keeps
+ * its box). */
+ms_status ms_program_feed(ms_program *p, int v, const float *global, ms_error *err);
+
+/* One forward + backward. *loss receives the global loss on every member. */
+ms_status ms_program_step(ms_program *p, float *loss, ms_error *err);
+/* Forward only (evaluation). */
+ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
+
+/* Parameter access for the optimizer and checkpoints: local shard and its gradient (same
+ * placement as the parameter after a step). */
+typedef struct ms_param_view {
+    const char *name;
+    int value;
+    ms_shape gshape;
+    ms_placements pl;
+    ms_tensor data; /* local shard (a view into the program) */
+    ms_tensor grad;
+    /* True on exactly one rank of each group of ranks holding the same shard, so that
+     * global sums over shards count each element once. */
+    bool owner;
+} ms_param_view;
+int ms_program_num_params(const ms_program *p);
+/* Writes parameter i's local shard from the parameter's FULL values (checkpoint loads). */
+ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_error *err);
+/* The full value of a kept value (ms_graph_keep) after a step or forward: every member
+ * receives a new tensor. Collective over the mesh. */
+ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err);
+ms_status ms_program_param(ms_program *p, int i, ms_param_view *out);
+
+/* Prints every value's completed placements and every reshard with its bytes per step. */
+void ms_program_explain(const ms_program *p, FILE *f);
+
+/* Totals of the compiled step, for logs and the cost model. */
+typedef struct ms_program_stats {
+    int n_reshards;
+    double reshard_bytes;   /* collective sizes per step, this rank */
+    double flops;           /* forward + backward, this rank */
+    size_t arena_bytes;     /* the memory planner's arena */
+    size_t unplanned_bytes; /* what the step-lived buffers would take without reuse */
+    size_t param_bytes;
+} ms_program_stats;
+void ms_program_stats_get(const ms_program *p, ms_program_stats *s);
+
+#endif

@@ -1,0 +1,38 @@
+/* graph_impl.h - the graph's and the program's internals (private to engine/graph). */
+#ifndef MS_GRAPH_IMPL_H
+#define MS_GRAPH_IMPL_H
+
+#include "graph/graph.h"
+
+typedef enum gv_kind { GV_PARAM, GV_INPUT, GV_ACT } gv_kind;
+
+typedef struct gvalue {
+    char name[96];
+    gv_kind kind;
+    ms_shape shape;
+    ms_init init;
+    int producer, producer_out; /* node and output index; -1 for leaves */
+    bool annotated;
+    bool keep; /* buffer persists after the step */
+    ms_placements ann;
+} gvalue;
+
+typedef struct gnode {
+    int op;
+    ms_op_attrs attrs;
+    int n_in, n_out;
+    int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT];
+    char name[96];
+} gnode;
+
+struct ms_graph {
+    gvalue *v;
+    int nv, cv;
+    gnode *n;
+    int nn, cn;
+    int loss;
+    bool failed;
+    ms_error err;
+};
+
+#endif

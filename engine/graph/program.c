@@ -1,0 +1,943 @@
+/* program.c - compiling a graph for one rank: completion, autograd, partition and the
+ * memory plan; then running its instruction list.
+ *
+ * The compiled step is a flat list of instructions over numbered buffers:
+ *   RESHARD  src (value in placement A) -> dst (placement B), with the cached plan
+ *   FWD/BWD  one operator's local kernel
+ *   ZERO, ADD, SEED  gradient bookkeeping
+ * Every buffer that lives only within a step is packed into one arena by the memory
+ * planner; parameters, their gradients and the inputs are persistent. Nothing on the step
+ * path allocates except the reshard executor's temporaries.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/xalloc.h"
+#include "dist/reshard.h"
+#include "graph/graph_impl.h"
+
+typedef struct buf {
+    int64_t nfloats;
+    ms_shape lshape; /* local shape */
+    size_t offset;   /* floats into the arena (step-lived buffers) */
+    float *ptr;
+    int first, last; /* instruction lifetime; persistent buffers use -1 */
+    bool persistent;
+    ms_tensor t; /* wrapped view over ptr, made once */
+} buf;
+
+typedef struct pvalue {
+    ms_placements pl; /* placement the value is stored in */
+    int buf;
+    bool known, requires_grad;
+    bool has_hint;
+    ms_placements hint;
+    bool has_grad;
+    ms_placements gpl;
+    int gbuf;
+    int param_grad_buf; /* params: the persistent gradient in pl */
+} pvalue;
+
+typedef struct pnode {
+    ms_rule_cand cand[MS_MESH_MAX_DIMS];
+    ms_placements req_in[MS_OP_MAX_IN];
+    ms_placements out_pl[MS_OP_MAX_OUT];
+    int in_buf[MS_OP_MAX_IN];
+    int out_buf[MS_OP_MAX_OUT]; /* raw outputs in out_pl */
+    int saved_buf[MS_OP_MAX_SAVED];
+} pnode;
+
+typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED } ikind;
+
+typedef struct instr {
+    ikind kind;
+    int node;
+    int value; /* RESHARD: whose global shape */
+    int src, dst;
+    ms_placements from, to;
+    int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
+    double coll_bytes; /* RESHARD: predicted by the plan */
+    const char *phase; /* "forward", "backward", "grad sync", "loss" */
+} instr;
+
+struct ms_program {
+    ms_graph *g;
+    ms_dmesh *dm;
+    ms_ctx *ctx;
+    uint64_t seed;
+    bool member;
+    pvalue *pv;
+    pnode *pn;
+    buf *bufs;
+    int nb, cb;
+    instr *ins;
+    int ni, ci;
+    int n_forward; /* instructions [0, n_forward) are forward + loss report */
+    int loss_buf;  /* the loss replicated, for reporting */
+    float *arena;
+    size_t arena_floats, unplanned_floats;
+    float *persist;
+    size_t persist_floats;
+    int *params;
+    int nparams;
+};
+
+/* --- small helpers ----------------------------------------------------------------------- */
+
+static void local_shape(const ms_program *p, const ms_shape *g, const ms_placements *pl,
+                        ms_shape *out) {
+    int64_t start[MS_MAX_DIMS];
+    out->ndim = g->ndim;
+    ms_local_box(pl, &p->dm->mesh, p->dm->coords, g->ndim, g->d, start, out->d);
+}
+
+static int64_t shape_n(const ms_shape *s) {
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->d[d];
+    return n;
+}
+
+static int new_buf(ms_program *p, const ms_shape *gshape, const ms_placements *pl,
+                   bool persistent) {
+    if (p->nb == p->cb) {
+        p->cb = p->cb ? p->cb * 2 : 256;
+        p->bufs = xrealloc(p->bufs, sizeof *p->bufs * (size_t)p->cb);
+    }
+    buf *b = &p->bufs[p->nb];
+    memset(b, 0, sizeof *b);
+    local_shape(p, gshape, pl, &b->lshape);
+    b->nfloats = shape_n(&b->lshape);
+    b->persistent = persistent;
+    b->first = b->last = -1;
+    return p->nb++;
+}
+
+static int new_raw_buf(ms_program *p, int64_t nfloats) {
+    ms_shape s = {.ndim = 1, .d = {nfloats}};
+    ms_placements r = {.n = p->dm->mesh.ndim};
+    for (int m = 0; m < r.n; m++) r.p[m] = ms_pl_replicate();
+    return new_buf(p, &s, &r, false);
+}
+
+static instr *emit(ms_program *p, ikind kind, const char *phase) {
+    if (p->ni == p->ci) {
+        p->ci = p->ci ? p->ci * 2 : 256;
+        p->ins = xrealloc(p->ins, sizeof *p->ins * (size_t)p->ci);
+    }
+    instr *in = &p->ins[p->ni++];
+    memset(in, 0, sizeof *in);
+    in->kind = kind;
+    in->node = in->value = in->src = in->dst = -1;
+    for (int i = 0; i < MS_OP_MAX_OUT; i++) in->dout_buf[i] = -1;
+    for (int i = 0; i < MS_OP_MAX_IN; i++) in->din_buf[i] = -1;
+    in->phase = phase;
+    return in;
+}
+
+static ms_placements all_r(int n) {
+    ms_placements pl = {.n = n};
+    for (int m = 0; m < n; m++) pl.p[m] = ms_pl_replicate();
+    return pl;
+}
+
+static bool same_kind(ms_placement a, ms_placement b) {
+    if (a.kind != b.kind) return false;
+    if (a.kind == MS_PL_SHARD) return a.dim == b.dim;
+    if (a.kind == MS_PL_PARTIAL) return a.reduce == b.reduce;
+    return true;
+}
+
+/* pl with mesh dim m set to q, keeping nesting orders where possible. */
+static bool replace_dim(const ms_placements *pl, int m, ms_placement q, int ndim,
+                        ms_placements *out) {
+    *out = *pl;
+    if (same_kind(pl->p[m], q)) return true;
+    out->p[m] = q;
+    if (q.kind == MS_PL_SHARD) {
+        /* The new shard nests innermost among the dims sharding the same tensor dim. */
+        int k = 0;
+        for (int e = 0; e < out->n; e++)
+            if (e != m && out->p[e].kind == MS_PL_SHARD && out->p[e].dim == q.dim) k++;
+        out->p[m].order = (int8_t)k;
+    }
+    /* Compact the orders of the tensor dim that lost a shard. */
+    if (pl->p[m].kind == MS_PL_SHARD) {
+        int d = pl->p[m].dim, removed = pl->p[m].order;
+        for (int e = 0; e < out->n; e++)
+            if (e != m && out->p[e].kind == MS_PL_SHARD && out->p[e].dim == d &&
+                out->p[e].order > removed)
+                out->p[e].order--;
+    }
+    return ms_placements_validate(out, out->n, ndim, NULL) == MS_OK;
+}
+
+/* Bytes (plus one per step) to move a tensor from a to b: the planner's own figure. */
+static double move_cost(ms_program *p, const ms_shape *g, const ms_placements *a,
+                        const ms_placements *b) {
+    if (ms_placements_eq(a, b)) return 0;
+    const ms_reshard_plan *plan;
+    if (ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, a, b, g->ndim, g->d, &plan, NULL) != MS_OK)
+        return INFINITY;
+    return plan->wire_bytes + plan->nsteps;
+}
+
+static double plan_coll_bytes(ms_program *p, const ms_shape *g, const ms_placements *a,
+                              const ms_placements *b) {
+    const ms_reshard_plan *plan;
+    if (ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, a, b, g->ndim, g->d, &plan, NULL) != MS_OK)
+        return 0;
+    double s = 0;
+    for (int k = 0; k < plan->nsteps; k++) s += plan->steps[k].coll_bytes;
+    return s;
+}
+
+/* --- completion --------------------------------------------------------------------------- */
+
+static int node_rule(const ms_graph *g, const gnode *nd, int mesh_size, ms_rule_cand *cands) {
+    const ms_op_def *def = ms_op_get(nd->op);
+    ms_shape ins[MS_OP_MAX_IN];
+    for (int i = 0; i < nd->n_in; i++) ins[i] = g->v[nd->in[i]].shape;
+    memset(cands, 0, sizeof(ms_rule_cand) * MS_OP_MAX_CANDS);
+    return def->rule(&nd->attrs, nd->n_in, ins, mesh_size, cands);
+}
+
+/* Reverse rule: from wanted output placements back to hints for unplaced inputs. */
+static void reverse_hints(ms_program *p) {
+    ms_graph *g = p->g;
+    const ms_mesh *mesh = &p->dm->mesh;
+    for (int k = g->nn - 1; k >= 0; k--) {
+        gnode *nd = &g->n[k];
+        const ms_placements *want[MS_OP_MAX_OUT] = {0};
+        bool any = false;
+        for (int o = 0; o < nd->n_out; o++) {
+            pvalue *ov = &p->pv[nd->out[o]];
+            const gvalue *gv = &g->v[nd->out[o]];
+            want[o] = gv->annotated ? &gv->ann : ov->has_hint ? &ov->hint : NULL;
+            any |= want[o] != NULL;
+        }
+        if (!any) continue;
+        ms_placements hint[MS_OP_MAX_IN];
+        for (int i = 0; i < nd->n_in; i++) hint[i] = all_r(mesh->ndim);
+        for (int m = 0; m < mesh->ndim; m++) {
+            ms_rule_cand cands[MS_OP_MAX_CANDS];
+            int nc = node_rule(g, nd, mesh->shape[m], cands);
+            for (int c = 0; c < nc; c++) {
+                bool match = true;
+                for (int o = 0; o < nd->n_out && match; o++)
+                    if (want[o]) match = same_kind(cands[c].out[o], want[o]->p[m]);
+                if (!match) continue;
+                for (int i = 0; i < nd->n_in; i++) hint[i].p[m] = cands[c].in[i];
+                break;
+            }
+        }
+        for (int i = 0; i < nd->n_in; i++) {
+            pvalue *iv = &p->pv[nd->in[i]];
+            if (g->v[nd->in[i]].annotated || iv->has_hint) continue;
+            ms_placements_default_order(&hint[i]);
+            if (ms_placements_validate(&hint[i], mesh->ndim, g->v[nd->in[i]].shape.ndim, NULL) !=
+                MS_OK)
+                continue;
+            iv->has_hint = true;
+            iv->hint = hint[i];
+        }
+    }
+}
+
+static ms_status forward_completion(ms_program *p, ms_error *err) {
+    ms_graph *g = p->g;
+    const ms_mesh *mesh = &p->dm->mesh;
+    for (int k = 0; k < g->nn; k++) {
+        gnode *nd = &g->n[k];
+        pnode *pn = &p->pn[k];
+        const ms_op_def *def = ms_op_get(nd->op);
+        for (int i = 0; i < nd->n_in; i++) pn->req_in[i] = p->pv[nd->in[i]].pl;
+        for (int o = 0; o < nd->n_out; o++) pn->out_pl[o] = all_r(mesh->ndim);
+        for (int m = 0; m < mesh->ndim; m++) {
+            ms_rule_cand cands[MS_OP_MAX_CANDS];
+            int nc = node_rule(g, nd, mesh->shape[m], cands);
+            double best = INFINITY;
+            int pick = -1;
+            for (int c = 0; c < nc; c++) {
+                double cost = 0;
+                for (int i = 0; i < nd->n_in && isfinite(cost); i++) {
+                    const gvalue *iv = &g->v[nd->in[i]];
+                    ms_placements to;
+                    if (!replace_dim(&pn->req_in[i], m, cands[c].in[i], iv->shape.ndim, &to))
+                        cost = INFINITY;
+                    else
+                        cost += move_cost(p, &iv->shape, &pn->req_in[i], &to);
+                }
+                /* Prefer candidates that give annotated or hinted outputs. */
+                for (int o = 0; o < nd->n_out; o++) {
+                    const gvalue *ov = &g->v[nd->out[o]];
+                    const pvalue *op = &p->pv[nd->out[o]];
+                    const ms_placements *want = ov->annotated  ? &ov->ann
+                                                : op->has_hint ? &op->hint
+                                                               : NULL;
+                    if (want && !same_kind(cands[c].out[o], want->p[m]))
+                        cost += ov->annotated ? 1e12 : 0.5;
+                }
+                if (cost < best) best = cost, pick = c;
+            }
+            if (pick < 0) {
+                char ins[400] = "", one[96];
+                for (int i = 0; i < nd->n_in; i++) {
+                    strncat(ins, ms_placements_str(&p->pv[nd->in[i]].pl, one, sizeof one),
+                            sizeof ins - strlen(ins) - 1);
+                    strncat(ins, " ", sizeof ins - strlen(ins) - 1);
+                }
+                return ms_fail(err, MS_ERR_INVALID,
+                               "%s (%s): no rule accepts input placements %s"
+                               "on mesh dim '%s' of size %d",
+                               nd->name, def->name, ins, mesh->names[m], mesh->shape[m]);
+            }
+            pn->cand[m] = cands[pick];
+            for (int i = 0; i < nd->n_in; i++)
+                replace_dim(&pn->req_in[i], m, cands[pick].in[i], g->v[nd->in[i]].shape.ndim,
+                            &pn->req_in[i]);
+        }
+        for (int o = 0; o < nd->n_out; o++) {
+            ms_placements *op = &pn->out_pl[o];
+            for (int m = 0; m < mesh->ndim; m++) op->p[m] = pn->cand[m].out[o];
+            ms_placements_default_order(op);
+            gvalue *gv = &g->v[nd->out[o]];
+            if (ms_placements_validate(op, mesh->ndim, gv->shape.ndim, err) != MS_OK)
+                return ms_fail_wrap(err, MS_ERR_INTERNAL, "%s: output placement", nd->name);
+            pvalue *ov = &p->pv[nd->out[o]];
+            ov->pl = gv->annotated ? gv->ann : *op;
+            ov->known = true;
+        }
+    }
+    return MS_OK;
+}
+
+static ms_status complete(ms_program *p, const ms_compile_opts *opts, ms_error *err) {
+    ms_graph *g = p->g;
+    const ms_mesh *mesh = &p->dm->mesh;
+    /* Annotations from the callback, then validation of every annotation. */
+    for (int v = 0; v < g->nv; v++) {
+        gvalue *gv = &g->v[v];
+        if (!gv->annotated && opts && opts->shard) {
+            ms_placements pl = {.n = mesh->ndim};
+            if (opts->shard(opts->shard_user, gv->name, &gv->shape, mesh->ndim, &pl)) {
+                gv->annotated = true;
+                gv->ann = pl;
+            }
+        }
+        if (gv->annotated &&
+            ms_placements_validate(&gv->ann, mesh->ndim, gv->shape.ndim, err) != MS_OK)
+            return ms_fail_wrap(err, MS_ERR_INVALID, "annotation of '%s'", gv->name);
+    }
+    reverse_hints(p);
+    for (int v = 0; v < g->nv; v++) {
+        gvalue *gv = &g->v[v];
+        if (gv->kind == GV_ACT) continue;
+        pvalue *pv = &p->pv[v];
+        pv->pl = gv->annotated ? gv->ann : pv->has_hint ? pv->hint : all_r(mesh->ndim);
+        pv->known = true;
+    }
+    return forward_completion(p, err);
+}
+
+/* --- building the instruction list ----------------------------------------------------------- */
+
+/* The local shapes a kernel sees, for sizing saved buffers before any data exists. */
+static void fake_call(ms_program *p, int k, ms_op_call *call, ms_tensor *tin, ms_tensor *tout,
+                      ms_shape *gin, ms_shape *gout) {
+    gnode *nd = &p->g->n[k];
+    pnode *pn = &p->pn[k];
+    memset(call, 0, sizeof *call);
+    call->attrs = &nd->attrs;
+    call->n_in = nd->n_in;
+    call->n_out = nd->n_out;
+    for (int i = 0; i < nd->n_in; i++) {
+        gin[i] = p->g->v[nd->in[i]].shape;
+        ms_shape ls;
+        local_shape(p, &gin[i], &pn->req_in[i], &ls);
+        memset(&tin[i], 0, sizeof tin[i]);
+        tin[i].ndim = ls.ndim;
+        memcpy(tin[i].shape, ls.d, sizeof(int64_t) * (size_t)ls.ndim);
+        call->in[i] = &tin[i];
+    }
+    for (int o = 0; o < nd->n_out; o++) {
+        gout[o] = p->g->v[nd->out[o]].shape;
+        ms_shape ls;
+        local_shape(p, &gout[o], &pn->out_pl[o], &ls);
+        memset(&tout[o], 0, sizeof tout[o]);
+        tout[o].ndim = ls.ndim;
+        memcpy(tout[o].shape, ls.d, sizeof(int64_t) * (size_t)ls.ndim);
+        call->out[o] = &tout[o];
+    }
+    call->gin = gin;
+    call->gout = gout;
+}
+
+static void emit_reshard(ms_program *p, int value, int src, int dst, const ms_placements *from,
+                         const ms_placements *to, const char *phase) {
+    instr *in = emit(p, I_RESHARD, phase);
+    in->value = value;
+    in->src = src;
+    in->dst = dst;
+    in->from = *from;
+    in->to = *to;
+    in->coll_bytes = plan_coll_bytes(p, &p->g->v[value].shape, from, to);
+}
+
+static void build_forward(ms_program *p) {
+    ms_graph *g = p->g;
+    for (int v = 0; v < g->nv; v++)
+        if (g->v[v].kind != GV_ACT) p->pv[v].buf = new_buf(p, &g->v[v].shape, &p->pv[v].pl, true);
+    for (int k = 0; k < g->nn; k++) {
+        gnode *nd = &g->n[k];
+        pnode *pn = &p->pn[k];
+        for (int i = 0; i < nd->n_in; i++) {
+            pvalue *iv = &p->pv[nd->in[i]];
+            if (ms_placements_eq(&iv->pl, &pn->req_in[i])) {
+                pn->in_buf[i] = iv->buf;
+            } else {
+                pn->in_buf[i] = new_buf(p, &g->v[nd->in[i]].shape, &pn->req_in[i], false);
+                emit_reshard(p, nd->in[i], iv->buf, pn->in_buf[i], &iv->pl, &pn->req_in[i],
+                             "forward");
+            }
+        }
+        ms_op_call call;
+        ms_tensor tin[MS_OP_MAX_IN], tout[MS_OP_MAX_OUT];
+        ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
+        fake_call(p, k, &call, tin, tout, gin, gout);
+        int64_t saved[MS_OP_MAX_SAVED] = {0};
+        const ms_op_def *def = ms_op_get(nd->op);
+        if (def->saved_floats) def->saved_floats(&nd->attrs, &call, saved);
+        for (int s = 0; s < MS_OP_MAX_SAVED; s++)
+            pn->saved_buf[s] = saved[s] ? new_raw_buf(p, saved[s]) : -1;
+        for (int o = 0; o < nd->n_out; o++)
+            pn->out_buf[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
+        instr *in = emit(p, I_FWD, "forward");
+        in->node = k;
+        for (int o = 0; o < nd->n_out; o++) {
+            pvalue *ov = &p->pv[nd->out[o]];
+            if (ms_placements_eq(&ov->pl, &pn->out_pl[o])) {
+                ov->buf = pn->out_buf[o];
+                if (g->v[nd->out[o]].keep) p->bufs[ov->buf].persistent = true;
+            } else {
+                ov->buf = new_buf(p, &g->v[nd->out[o]].shape, &ov->pl, g->v[nd->out[o]].keep);
+                emit_reshard(p, nd->out[o], pn->out_buf[o], ov->buf, &pn->out_pl[o], &ov->pl,
+                             "forward");
+            }
+        }
+    }
+    /* The loss, replicated, for reporting. */
+    pvalue *lv = &p->pv[g->loss];
+    ms_placements r = all_r(p->dm->mesh.ndim);
+    p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
+    emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, "loss");
+    p->n_forward = p->ni;
+}
+
+static ms_placements dual_placements(const pnode *pn, int m_ndim, int n_in, int n_out, int i,
+                                     bool output) {
+    ms_placements pl = {.n = m_ndim};
+    for (int m = 0; m < m_ndim; m++)
+        pl.p[m] = output ? ms_rule_dual_out(pn->cand[m].out[i])
+                         : ms_rule_dual_in(&pn->cand[m], n_in, n_out, i);
+    ms_placements_default_order(&pl);
+    return pl;
+}
+
+/* Gives value v its gradient buffer in placement pl (zeroed where it is first written). */
+static int grad_target(ms_program *p, int v, const ms_placements *pl) {
+    pvalue *pv = &p->pv[v];
+    pv->has_grad = true;
+    pv->gpl = *pl;
+    if (p->g->v[v].kind == GV_PARAM && ms_placements_eq(pl, &pv->pl))
+        pv->gbuf = pv->param_grad_buf;
+    else
+        pv->gbuf = new_buf(p, &p->g->v[v].shape, pl, false);
+    instr *z = emit(p, I_ZERO, "backward");
+    z->dst = pv->gbuf;
+    return pv->gbuf;
+}
+
+static void build_backward(ms_program *p) {
+    ms_graph *g = p->g;
+    const int md = p->dm->mesh.ndim;
+    for (int v = 0; v < g->nv; v++) {
+        gvalue *gv = &g->v[v];
+        p->pv[v].requires_grad = gv->kind == GV_PARAM;
+        if (gv->kind == GV_PARAM)
+            p->pv[v].param_grad_buf = new_buf(p, &gv->shape, &p->pv[v].pl, true);
+    }
+    for (int k = 0; k < g->nn; k++) {
+        gnode *nd = &g->n[k];
+        bool rg = false;
+        for (int i = 0; i < nd->n_in; i++) rg |= p->pv[nd->in[i]].requires_grad;
+        for (int o = 0; o < nd->n_out; o++) p->pv[nd->out[o]].requires_grad = rg;
+    }
+    /* Seed: d loss / d loss = 1, replicated (the dual of any partial placement). */
+    pvalue *lv = &p->pv[g->loss];
+    ms_placements r = all_r(md);
+    int seed = grad_target(p, g->loss, &r);
+    p->ins[p->ni - 1].kind = I_SEED;
+    p->ins[p->ni - 1].dst = seed;
+    (void)lv;
+    for (int k = g->nn - 1; k >= 0; k--) {
+        gnode *nd = &g->n[k];
+        pnode *pn = &p->pn[k];
+        const ms_op_def *def = ms_op_get(nd->op);
+        bool any_out = false, any_in = false;
+        for (int o = 0; o < nd->n_out; o++) any_out |= p->pv[nd->out[o]].has_grad;
+        for (int i = 0; i < nd->n_in; i++)
+            any_in |= p->pv[nd->in[i]].requires_grad && (def->grad_inputs >> i & 1);
+        if (!any_out || !any_in) continue;
+        int dout[MS_OP_MAX_OUT], din[MS_OP_MAX_IN], pending[MS_OP_MAX_IN];
+        for (int o = 0; o < nd->n_out; o++) {
+            pvalue *ov = &p->pv[nd->out[o]];
+            ms_placements want = dual_placements(pn, md, nd->n_in, nd->n_out, o, true);
+            if (!ov->has_grad) {
+                dout[o] = new_buf(p, &g->v[nd->out[o]].shape, &want, false);
+                emit(p, I_ZERO, "backward")->dst = dout[o];
+            } else if (ms_placements_eq(&ov->gpl, &want)) {
+                dout[o] = ov->gbuf;
+            } else {
+                dout[o] = new_buf(p, &g->v[nd->out[o]].shape, &want, false);
+                emit_reshard(p, nd->out[o], ov->gbuf, dout[o], &ov->gpl, &want, "backward");
+            }
+        }
+        for (int i = 0; i < nd->n_in; i++) {
+            din[i] = pending[i] = -1;
+            pvalue *iv = &p->pv[nd->in[i]];
+            if (!iv->requires_grad || !(def->grad_inputs >> i & 1)) continue;
+            ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
+            if (!iv->has_grad) {
+                din[i] = grad_target(p, nd->in[i], &got);
+            } else if (ms_placements_eq(&iv->gpl, &got)) {
+                din[i] = iv->gbuf;
+            } else {
+                din[i] = pending[i] = new_buf(p, &g->v[nd->in[i]].shape, &got, false);
+                emit(p, I_ZERO, "backward")->dst = din[i];
+            }
+        }
+        instr *in = emit(p, I_BWD, "backward");
+        in->node = k;
+        memcpy(in->dout_buf, dout, sizeof dout);
+        memcpy(in->din_buf, din, sizeof din);
+        /* Contributions in another placement: reshard to the gradient's, then add. */
+        for (int i = 0; i < nd->n_in; i++) {
+            if (pending[i] < 0) continue;
+            pvalue *iv = &p->pv[nd->in[i]];
+            ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
+            int tmp = new_buf(p, &g->v[nd->in[i]].shape, &iv->gpl, false);
+            emit_reshard(p, nd->in[i], pending[i], tmp, &got, &iv->gpl, "backward");
+            instr *add = emit(p, I_ADD, "backward");
+            add->src = tmp;
+            add->dst = iv->gbuf;
+        }
+    }
+    /* Gradients into the parameters' placements (data-parallel all-reduce and the like). */
+    for (int v = 0; v < g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        if (g->v[v].kind != GV_PARAM) continue;
+        if (!pv->has_grad)
+            emit(p, I_ZERO, "grad sync")->dst = pv->param_grad_buf;
+        else if (pv->gbuf != pv->param_grad_buf)
+            emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->pl, "grad sync");
+    }
+}
+
+/* --- memory plan ---------------------------------------------------------------------------- */
+
+static void touch(ms_program *p, int b, int at) {
+    if (b < 0) return;
+    buf *bf = &p->bufs[b];
+    if (bf->first < 0 || at < bf->first) bf->first = at;
+    if (at > bf->last) bf->last = at;
+}
+
+static int cmp_size_desc(const void *a, const void *b, void *ctx) {
+    const buf *bufs = ctx;
+    int64_t x = bufs[*(const int *)a].nfloats, y = bufs[*(const int *)b].nfloats;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static ms_status plan_memory(ms_program *p, ms_error *err) {
+    for (int k = 0; k < p->ni; k++) {
+        instr *in = &p->ins[k];
+        touch(p, in->src, k);
+        touch(p, in->dst, k);
+        if (in->node >= 0) {
+            pnode *pn = &p->pn[in->node];
+            gnode *nd = &p->g->n[in->node];
+            for (int i = 0; i < nd->n_in; i++) touch(p, pn->in_buf[i], k);
+            for (int o = 0; o < nd->n_out; o++) touch(p, pn->out_buf[o], k);
+            for (int s = 0; s < MS_OP_MAX_SAVED; s++) touch(p, pn->saved_buf[s], k);
+            for (int o = 0; o < MS_OP_MAX_OUT; o++) touch(p, in->dout_buf[o], k);
+            for (int i = 0; i < MS_OP_MAX_IN; i++) touch(p, in->din_buf[i], k);
+        }
+    }
+    touch(p, p->loss_buf, p->ni); /* read after the step */
+    /* Greedy by size: each buffer takes the lowest offset free during its lifetime. */
+    int *order = xmalloc(sizeof(int) * (size_t)p->nb);
+    int n = 0;
+    p->persist_floats = 0;
+    for (int b = 0; b < p->nb; b++) {
+        buf *bf = &p->bufs[b];
+        size_t padded = ((size_t)bf->nfloats + 15) / 16 * 16; /* 64-byte aligned */
+        if (bf->persistent) {
+            bf->offset = p->persist_floats;
+            p->persist_floats += padded;
+        } else if (bf->first >= 0) {
+            order[n++] = b;
+            p->unplanned_floats += padded;
+        }
+    }
+    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, p->bufs);
+    size_t top = 0;
+    for (int a = 0; a < n; a++) {
+        buf *bf = &p->bufs[order[a]];
+        size_t need = ((size_t)bf->nfloats + 15) / 16 * 16, off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int c = 0; c < a; c++) {
+                buf *o = &p->bufs[order[c]];
+                size_t oneed = ((size_t)o->nfloats + 15) / 16 * 16;
+                bool live = !(o->last < bf->first || bf->last < o->first);
+                if (live && off < o->offset + oneed && o->offset < off + need) {
+                    off = o->offset + oneed;
+                    moved = true;
+                }
+            }
+        }
+        bf->offset = off;
+        if (off + need > top) top = off + need;
+    }
+    free(order);
+    p->arena_floats = top;
+    p->arena = aligned_alloc(64, (top + 16) * sizeof(float));
+    p->persist = aligned_alloc(64, (p->persist_floats + 16) * sizeof(float));
+    if (!p->arena || !p->persist)
+        return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu bytes",
+                       top * sizeof(float), p->persist_floats * sizeof(float));
+    memset(p->persist, 0, (p->persist_floats + 16) * sizeof(float));
+    for (int b = 0; b < p->nb; b++) {
+        buf *bf = &p->bufs[b];
+        bf->ptr = (bf->persistent ? p->persist : p->arena) + bf->offset;
+        MS_CHECK(ms_tensor_wrap(bf->ptr, MS_F32, bf->lshape.ndim, bf->lshape.d, &bf->t, err));
+    }
+    return MS_OK;
+}
+
+/* --- compile ---------------------------------------------------------------------------------- */
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+static ms_status init_params(ms_program *p, ms_error *err) {
+    ms_graph *g = p->g;
+    for (int v = 0; v < g->nv; v++) {
+        gvalue *gv = &g->v[v];
+        if (gv->kind != GV_PARAM) continue;
+        buf *b = &p->bufs[p->pv[v].buf];
+        if (gv->init.kind == MS_INIT_CONST) {
+            for (int64_t i = 0; i < b->nfloats; i++) b->ptr[i] = gv->init.value;
+            continue;
+        }
+        int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
+        ms_local_box(&p->pv[v].pl, &p->dm->mesh, p->dm->coords, gv->shape.ndim, gv->shape.d, start,
+                     len);
+        MS_CHECK(ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start,
+                                       0.0f, gv->init.value, err));
+    }
+    return MS_OK;
+}
+
+ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts *opts,
+                             ms_program **out, ms_error *err) {
+    *out = NULL;
+    MS_CHECK(ms_graph_error(g, err));
+    if (g->loss < 0 || g->v[g->loss].shape.ndim != 0)
+        return ms_fail(err, MS_ERR_INVALID, "graph: set a scalar loss with ms_graph_set_loss");
+    ms_program *p = xcalloc(1, sizeof *p);
+    p->g = g;
+    p->dm = mesh;
+    p->ctx = mesh->ctx;
+    p->seed = opts ? opts->seed : 0;
+    p->member = ms_dmesh_is_member(mesh);
+    p->loss_buf = -1;
+    *out = p;
+    if (!p->member) return MS_OK;
+    p->pv = xcalloc((size_t)g->nv, sizeof *p->pv);
+    p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
+    ms_status st;
+    MS_CHECK_GOTO(complete(p, opts, err), st, fail);
+    build_forward(p);
+    build_backward(p);
+    MS_CHECK_GOTO(plan_memory(p, err), st, fail);
+    MS_CHECK_GOTO(init_params(p, err), st, fail);
+    p->params = xmalloc(sizeof(int) * (size_t)g->nv);
+    for (int v = 0; v < g->nv; v++)
+        if (g->v[v].kind == GV_PARAM) p->params[p->nparams++] = v;
+    return MS_OK;
+fail:
+    ms_program_destroy(p);
+    *out = NULL;
+    return st;
+}
+
+void ms_program_destroy(ms_program *p) {
+    if (!p) return;
+    for (int b = 0; b < p->nb; b++) ms_tensor_release(&p->bufs[b].t);
+    free(p->bufs);
+    free(p->ins);
+    free(p->pv);
+    free(p->pn);
+    free(p->arena);
+    free(p->persist);
+    free(p->params);
+    free(p);
+}
+
+/* --- execution ------------------------------------------------------------------------------- */
+
+static ms_status run_reshard(ms_program *p, const instr *in, ms_error *err) {
+    buf *src = &p->bufs[in->src], *dst = &p->bufs[in->dst];
+    ms_dtensor t = {.ndim = p->g->v[in->value].shape.ndim, .mesh = p->dm, .pl = in->from};
+    memcpy(t.gshape, p->g->v[in->value].shape.d, sizeof t.gshape);
+    t.local = ms_tensor_share(&src->t);
+    ms_status st = ms_reshard(&t, &in->to, NULL, err);
+    if (st == MS_OK) {
+        if (ms_tensor_numel(&t.local) != dst->nfloats)
+            st =
+                ms_fail(err, MS_ERR_INTERNAL, "reshard of '%s' produced %lld floats, expected %lld",
+                        p->g->v[in->value].name, (long long)ms_tensor_numel(&t.local),
+                        (long long)dst->nfloats);
+        else if (ms_tensor_f32(&t.local) != dst->ptr)
+            memcpy(dst->ptr, ms_tensor_f32(&t.local), sizeof(float) * (size_t)dst->nfloats);
+    }
+    ms_tensor_release(&t.local);
+    return st;
+}
+
+static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape *gin,
+                      ms_shape *gout) {
+    gnode *nd = &p->g->n[in->node];
+    pnode *pn = &p->pn[in->node];
+    memset(call, 0, sizeof *call);
+    call->attrs = &nd->attrs;
+    call->n_in = nd->n_in;
+    call->n_out = nd->n_out;
+    call->mesh = p->dm;
+    call->seed = p->seed;
+    call->in_pl = pn->req_in;
+    call->out_pl = pn->out_pl;
+    for (int i = 0; i < nd->n_in; i++) {
+        gin[i] = p->g->v[nd->in[i]].shape;
+        call->in[i] = &p->bufs[pn->in_buf[i]].t;
+        int64_t len[MS_MAX_DIMS];
+        ms_local_box(&pn->req_in[i], &p->dm->mesh, p->dm->coords, gin[i].ndim, gin[i].d,
+                     call->in_start[i], len);
+        if (in->din_buf[i] >= 0) call->din[i] = &p->bufs[in->din_buf[i]].t;
+    }
+    for (int o = 0; o < nd->n_out; o++) {
+        gout[o] = p->g->v[nd->out[o]].shape;
+        call->out[o] = &p->bufs[pn->out_buf[o]].t;
+        int64_t len[MS_MAX_DIMS];
+        ms_local_box(&pn->out_pl[o], &p->dm->mesh, p->dm->coords, gout[o].ndim, gout[o].d,
+                     call->out_start[o], len);
+        if (in->dout_buf[o] >= 0) call->dout[o] = &p->bufs[in->dout_buf[o]].t;
+    }
+    for (int s = 0; s < MS_OP_MAX_SAVED; s++)
+        if (pn->saved_buf[s] >= 0) call->saved[s] = &p->bufs[pn->saved_buf[s]].t;
+    call->gin = gin;
+    call->gout = gout;
+}
+
+static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
+    if (!p->member) return MS_OK;
+    for (int k = 0; k < upto; k++) {
+        instr *in = &p->ins[k];
+        ms_status st = MS_OK;
+        switch (in->kind) {
+            case I_RESHARD:
+                st = run_reshard(p, in, err);
+                break;
+            case I_ZERO:
+                memset(p->bufs[in->dst].ptr, 0, sizeof(float) * (size_t)p->bufs[in->dst].nfloats);
+                break;
+            case I_SEED:
+                for (int64_t i = 0; i < p->bufs[in->dst].nfloats; i++)
+                    p->bufs[in->dst].ptr[i] = 1.0f;
+                break;
+            case I_ADD: {
+                buf *s = &p->bufs[in->src], *d = &p->bufs[in->dst];
+                for (int64_t i = 0; i < d->nfloats; i++) d->ptr[i] += s->ptr[i];
+                break;
+            }
+            case I_FWD:
+            case I_BWD: {
+                ms_op_call call;
+                ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
+                make_call(p, in, &call, gin, gout);
+                const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
+                st = in->kind == I_FWD ? def->forward(&call, err) : def->backward(&call, err);
+                if (st != MS_OK) st = ms_fail_wrap(err, st, "%s", p->g->n[in->node].name);
+                break;
+            }
+        }
+        if (st != MS_OK) return st;
+    }
+    if (loss) *loss = p->bufs[p->loss_buf].ptr[0];
+    return MS_OK;
+}
+
+ms_status ms_program_step(ms_program *p, float *loss, ms_error *err) {
+    return run(p, p->ni, loss, err);
+}
+
+ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err) {
+    return run(p, p->n_forward, loss, err);
+}
+
+ms_status ms_program_feed(ms_program *p, int v, const float *global, ms_error *err) {
+    if (!p->member) return MS_OK;
+    if (v < 0 || v >= p->g->nv || p->g->v[v].kind != GV_INPUT)
+        return ms_fail(err, MS_ERR_INVALID, "feed: value %d is not an input", v);
+    gvalue *gv = &p->g->v[v];
+    buf *b = &p->bufs[p->pv[v].buf];
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
+    ms_local_box(&p->pv[v].pl, &p->dm->mesh, p->dm->coords, gv->shape.ndim, gv->shape.d, start,
+                 len);
+    if (gv->shape.ndim == 0)
+        b->ptr[0] = global[0];
+    else
+        ms_copy_box_f32(b->ptr, len, zero, global, gv->shape.d, start, len, gv->shape.ndim);
+    return MS_OK;
+}
+
+int ms_program_num_params(const ms_program *p) {
+    return p->nparams;
+}
+
+ms_status ms_program_param(ms_program *p, int i, ms_param_view *out) {
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= p->nparams) return MS_ERR_INVALID;
+    int v = p->params[i];
+    pvalue *pv = &p->pv[v];
+    out->name = p->g->v[v].name;
+    out->value = v;
+    out->gshape = p->g->v[v].shape;
+    out->pl = pv->pl;
+    out->data = p->bufs[pv->buf].t;
+    out->grad = p->bufs[pv->param_grad_buf].t;
+    out->owner = true;
+    for (int m = 0; m < pv->pl.n; m++)
+        if (pv->pl.p[m].kind != MS_PL_SHARD && p->dm->coords[m] != 0) out->owner = false;
+    return MS_OK;
+}
+
+/* --- explain and stats ---------------------------------------------------------------------- */
+
+static void human(double b, char *out, size_t len) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB"};
+    int k = 0;
+    while (b >= 1024 && k < 3) b /= 1024, k++;
+    snprintf(out, len, k ? "%.2f %s" : "%.0f %s", b, u[k]);
+}
+
+void ms_program_explain(const ms_program *p, FILE *f) {
+    if (!p->member) return;
+    const ms_graph *g = p->g;
+    char m[256];
+    fprintf(f, "mesh %s\n\nvalues (global shape, completed placements; * = annotated):\n",
+            ms_mesh_str(&p->dm->mesh, m, sizeof m));
+    for (int v = 0; v < g->nv; v++) {
+        const gvalue *gv = &g->v[v];
+        char sh[96], pl[128];
+        const char *kind = gv->kind == GV_PARAM ? "param" : gv->kind == GV_INPUT ? "input" : "";
+        fprintf(f, "  %-6s %-40s %-18s %s%s\n", kind, gv->name,
+                ms_shape_str(gv->shape.d, gv->shape.ndim, sh, sizeof sh),
+                ms_placements_str(&p->pv[v].pl, pl, sizeof pl), gv->annotated ? " *" : "");
+    }
+    fprintf(f, "\nreshards per step (collective size per rank, from the plan the engine runs):\n");
+    double total = 0;
+    int n = 0;
+    for (int k = 0; k < p->ni; k++) {
+        const instr *in = &p->ins[k];
+        if (in->kind != I_RESHARD) continue;
+        char a[128], b[128], by[32];
+        human(in->coll_bytes, by, sizeof by);
+        const char *what = "";
+        if (!strcmp(in->phase, "backward") || !strcmp(in->phase, "grad sync")) what = "grad of ";
+        fprintf(f, "  %-9s %s%-36s %-16s -> %-16s %s\n", in->phase, what, g->v[in->value].name,
+                ms_placements_str(&in->from, a, sizeof a), ms_placements_str(&in->to, b, sizeof b),
+                by);
+        total += in->coll_bytes;
+        n++;
+    }
+    ms_program_stats st;
+    ms_program_stats_get(p, &st);
+    char t[32], ar[32], un[32], pb[32];
+    human(total, t, sizeof t);
+    human((double)st.arena_bytes, ar, sizeof ar);
+    human((double)st.unplanned_bytes, un, sizeof un);
+    human((double)st.param_bytes, pb, sizeof pb);
+    fprintf(f,
+            "\n%d reshards, %s per step on this rank; %.3g GFLOP per step; activation arena %s "
+            "(%s without reuse); parameters and gradients %s\n",
+            n, t, st.flops / 1e9, ar, un, pb);
+}
+
+void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
+    memset(s, 0, sizeof *s);
+    if (!p->member) return;
+    for (int k = 0; k < p->ni; k++) {
+        const instr *in = &p->ins[k];
+        if (in->kind == I_RESHARD) {
+            s->n_reshards++;
+            s->reshard_bytes += in->coll_bytes;
+        } else if (in->kind == I_FWD || in->kind == I_BWD) {
+            ms_op_call call;
+            ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
+            make_call((ms_program *)p, in, &call, gin, gout);
+            const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
+            if (def->cost) s->flops += def->cost(&call, in->kind == I_BWD).flops;
+        }
+    }
+    s->arena_bytes = p->arena_floats * sizeof(float);
+    s->unplanned_bytes = p->unplanned_floats * sizeof(float);
+    s->param_bytes = p->persist_floats * sizeof(float);
+}
+
+ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_error *err) {
+    if (i < 0 || i >= p->nparams)
+        return ms_fail(err, MS_ERR_INVALID, "parameter %d out of range", i);
+    if (!p->member) return MS_OK;
+    int v = p->params[i];
+    const gvalue *gv = &p->g->v[v];
+    buf *b = &p->bufs[p->pv[v].buf];
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
+    ms_local_box(&p->pv[v].pl, &p->dm->mesh, p->dm->coords, gv->shape.ndim, gv->shape.d, start,
+                 len);
+    if (gv->shape.ndim == 0)
+        b->ptr[0] = full[0];
+    else
+        ms_copy_box_f32(b->ptr, len, zero, full, gv->shape.d, start, len, gv->shape.ndim);
+    return MS_OK;
+}
+
+ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!p->member) return MS_OK;
+    if (v < 0 || v >= p->g->nv || !p->bufs[p->pv[v].buf].persistent)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "value %d is not kept; call ms_graph_keep before "
+                       "compiling",
+                       v);
+    ms_dtensor t = {.ndim = p->g->v[v].shape.ndim, .mesh = p->dm, .pl = p->pv[v].pl};
+    memcpy(t.gshape, p->g->v[v].shape.d, sizeof t.gshape);
+    t.local = p->bufs[p->pv[v].buf].t;
+    return ms_dtensor_full(&t, out, err);
+}

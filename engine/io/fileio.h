@@ -1,0 +1,45 @@
+/* fileio.h - whole-file reads and durable whole-file writes with errors as values.
+ *
+ * Config, data and checkpoint code all need "read this file, with a size cap, and say
+ * clearly why not" and "replace this file atomically and durably"; they share these.
+ */
+#ifndef MS_FILEIO_H
+#define MS_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/status.h"
+
+/* Reads all of `path` into a new buffer with one extra '\0' byte after the data (so text
+ * can be parsed in place). Fails with MS_ERR_IO (missing, unreadable, a directory) or
+ * MS_ERR_INVALID (larger than max_bytes, the message names the size and the cap).
+ * On success the caller owns *out and frees it with free(); on failure *out is NULL. */
+ms_status ms_read_file(const char *path, size_t max_bytes, uint8_t **out, size_t *len,
+                       ms_error *err);
+
+/* Durable replacement of `path`: the writer callback streams the content into a temporary
+ * file in the same folder, which is then flushed, fsync'ed, renamed over `path`, and the
+ * folder is fsync'ed. On any failure the temporary file is removed, an existing `path` is
+ * left untouched, and MS_ERR_IO names the path and the errno text (or the writer's own
+ * error is kept, with the path prepended). The writer returns MS_OK or fails through err;
+ * it must write with ms_durable_fwrite so that injected faults (below) apply. */
+typedef ms_status (*ms_durable_writer)(FILE *f, void *arg, ms_error *err);
+ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void *arg,
+                                ms_error *err);
+
+/* fwrite that fails with MS_ERR_IO (naming `path` and errno) on a short write. */
+ms_status ms_durable_fwrite(FILE *f, const void *p, size_t n, const char *path, ms_error *err);
+
+/* Testing only: makes the next durable write fail at a given stage, once, as if the disk
+ * did. Not thread-safe by design; tests set it right before the write they exercise. */
+typedef enum ms_io_fault {
+    MS_IO_FAULT_NONE = 0,
+    MS_IO_FAULT_WRITE,  /* an ms_durable_fwrite after `after_bytes` bytes returns ENOSPC */
+    MS_IO_FAULT_FSYNC,  /* fsync of the temporary file returns EIO */
+    MS_IO_FAULT_RENAME, /* rename returns EXDEV */
+} ms_io_fault;
+void ms_io_inject_fault(ms_io_fault fault, size_t after_bytes);
+
+#endif

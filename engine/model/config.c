@@ -1,0 +1,325 @@
+/* config.c - parsing and validating config.json with cJSON; the GPT-2 parameter count. */
+#include "model/config.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/fileio.h"
+
+/* Upper bounds keep every derived size (the parameter count above all) inside int64 and
+ * catch typos such as an extra zero long before an allocation would. */
+#define MAX_LAYERS    4096
+#define MAX_HEADS     65536
+#define MAX_EMBD      (1 << 20)
+#define MAX_VOCAB     (1 << 24)
+#define MAX_POSITIONS (1 << 24)
+
+typedef struct field {
+    const char *keys[3]; /* the canonical key first, then HF aliases; NULL-terminated */
+} field;
+
+const char *ms_model_type_name(ms_model_type t) { return t == MS_MODEL_BERT ? "bert" : "gpt2"; }
+
+/* A short rendering of a JSON value for "got ..." in messages. */
+static void describe(const cJSON *v, char *buf, size_t len) {
+    if (cJSON_IsString(v))
+        snprintf(buf, len, "\"%.40s\"%s", v->valuestring, strlen(v->valuestring) > 40 ? "..." : "");
+    else if (cJSON_IsNumber(v))
+        snprintf(buf, len, "%.17g", v->valuedouble);
+    else if (cJSON_IsBool(v))
+        snprintf(buf, len, "%s", cJSON_IsTrue(v) ? "true" : "false");
+    else if (cJSON_IsNull(v))
+        snprintf(buf, len, "null");
+    else if (cJSON_IsArray(v))
+        snprintf(buf, len, "an array");
+    else if (cJSON_IsObject(v))
+        snprintf(buf, len, "an object");
+    else
+        snprintf(buf, len, "an invalid value");
+}
+
+/* The value of the first present (non-null) key among f's aliases, or NULL. Two aliases
+ * that disagree are an error: silently preferring one would hide a broken file. */
+static ms_status lookup(const cJSON *root, const field *f, const char *name, const cJSON **out,
+                        const char **key, ms_error *err) {
+    *out = NULL;
+    *key = f->keys[0];
+    for (int i = 0; i < 3 && f->keys[i]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, f->keys[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (*out && !cJSON_Compare(*out, v, 1)) {
+            char a[64], b[64];
+            describe(*out, a, sizeof a);
+            describe(v, b, sizeof b);
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: $.%s is %s but its alias $.%s is %s; remove one of them", name,
+                           *key, a, f->keys[i], b);
+        }
+        if (!*out) {
+            *out = v;
+            *key = f->keys[i];
+        }
+    }
+    return MS_OK;
+}
+
+static ms_status get_int(const cJSON *root, const field *f, int max, const char *name, int *out,
+                         ms_error *err) {
+    const cJSON *v;
+    const char *key;
+    MS_CHECK(lookup(root, f, name, &v, &key, err));
+    if (!v) {
+        if (f->keys[1])
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: missing required key \"%s\" (also accepted: \"%s\"%s%s%s); add it "
+                           "to the top-level object",
+                           name, f->keys[0], f->keys[1], f->keys[2] ? ", \"" : "",
+                           f->keys[2] ? f->keys[2] : "", f->keys[2] ? "\"" : "");
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: missing required key \"%s\"; add it to the top-level object", name,
+                       f->keys[0]);
+    }
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= 1 && isfinite(d) && d == floor(d))) {
+        char got[64];
+        describe(v, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID, "%s: $.%s: expected a positive integer, got %s", name,
+                       key, got);
+    }
+    if (d > max)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $.%s: %.0f is larger than the supported maximum %d; is it a typo?",
+                       name, key, d, max);
+    *out = (int)d;
+    return MS_OK;
+}
+
+/* An optional number in [lo, hi) (or (lo, hi) when lo_open); `def` when absent or null. */
+static ms_status get_real(const cJSON *root, const field *f, double def, double lo, bool lo_open,
+                          double hi, const char *what, const char *name, double *out,
+                          ms_error *err) {
+    const cJSON *v;
+    const char *key;
+    MS_CHECK(lookup(root, f, name, &v, &key, err));
+    if (!v) {
+        *out = def;
+        return MS_OK;
+    }
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(lo_open ? d > lo : d >= lo) || !(d < hi)) {
+        char got[64];
+        describe(v, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID, "%s: $.%s: expected %s, got %s", name, key, what, got);
+    }
+    *out = d;
+    return MS_OK;
+}
+
+/* Bracket depth of JSON text at byte `off`, skipping strings: tells a nesting-limit rejection
+ * (cJSON stops at CJSON_NESTING_LIMIT levels) apart from a syntax error. */
+static size_t json_depth_at(const char *s, size_t off) {
+    size_t depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < off; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            depth++;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return depth;
+}
+
+/* Byte offset -> 1-based line and column, for parse errors. */
+static void line_col(const char *s, size_t off, size_t *line, size_t *col) {
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (s[i] == '\n') {
+            (*line)++;
+            *col = 1;
+        } else {
+            (*col)++;
+        }
+    }
+}
+
+static ms_status parse_error(const char *json, size_t len, size_t off, const char *name,
+                             const char *what, ms_error *err) {
+    if (off > len) off = len;
+    size_t line, col;
+    line_col(json, off, &line, &col);
+    /* Show a little of the text at the error, with control bytes made visible. */
+    char near[24];
+    size_t k = 0;
+    for (size_t i = off; i < len && k < 16; i++, k++) {
+        unsigned char c = (unsigned char)json[i];
+        near[k] = (c >= 32 && c < 127) ? (char)c : '?';
+    }
+    near[k] = '\0';
+    if (json_depth_at(json, off) >= CJSON_NESTING_LIMIT)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: malformed JSON: nested more than %d levels deep at byte %zu (line %zu); "
+                       "a config is a flat object",
+                       name, CJSON_NESTING_LIMIT, off, line);
+    return ms_fail(err, MS_ERR_INVALID,
+                   "%s: %s at byte %zu (line %zu, column %zu)%s%s%s; fix the syntax there (a "
+                   "missing comma, quote or bracket?)",
+                   name, what, off, line, col, k ? " near '" : " at the end of the file",
+                   k ? near : "", k ? "'" : "");
+}
+
+ms_status ms_config_validate(const ms_model_config *c, const char *name, ms_error *err) {
+    if (!name) name = "config";
+    struct {
+        const char *key;
+        int v, max;
+    } ints[] = {{"n_layer", c->n_layer, MAX_LAYERS},
+                {"n_head", c->n_head, MAX_HEADS},
+                {"n_embd", c->n_embd, MAX_EMBD},
+                {"vocab_size", c->vocab_size, MAX_VOCAB},
+                {"n_positions", c->n_positions, MAX_POSITIONS}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (ints[i].v < 1 || ints[i].v > ints[i].max)
+            return ms_fail(err, MS_ERR_INVALID, "%s: %s is %d; it must be in [1, %d]", name,
+                           ints[i].key, ints[i].v, ints[i].max);
+    }
+    if (c->model_type != MS_MODEL_GPT2 && c->model_type != MS_MODEL_BERT)
+        return ms_fail(err, MS_ERR_INVALID, "%s: model_type %d is not gpt2 or bert", name,
+                       (int)c->model_type);
+    if (!(c->layer_norm_epsilon > 0 && c->layer_norm_epsilon < 1))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: layer_norm_epsilon is %g; it must be in (0, 1), typically 1e-5", name,
+                       c->layer_norm_epsilon);
+    const double p[3] = {c->resid_pdrop, c->attn_pdrop, c->embd_pdrop};
+    const char *pk[3] = {"resid_pdrop", "attn_pdrop", "embd_pdrop"};
+    for (int i = 0; i < 3; i++)
+        if (!(p[i] >= 0 && p[i] < 1))
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: %s is %g; a dropout probability must be in [0, 1)", name, pk[i],
+                           p[i]);
+    if (c->n_embd % c->n_head != 0) {
+        int lo = c->n_embd / c->n_head * c->n_head, hi = lo + c->n_head;
+        char alt[64] = "";
+        if (lo > 0) snprintf(alt, sizeof alt, "%d or ", lo);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: n_embd %d is not divisible by n_head %d (each head gets n_embd / "
+                       "n_head dimensions); set n_embd to a multiple of n_head (e.g. %s%d) or "
+                       "pick an n_head that divides %d",
+                       name, c->n_embd, c->n_head, alt, hi, c->n_embd);
+    }
+    return MS_OK;
+}
+
+static const field F_LAYER = {{"n_layer", "num_hidden_layers", NULL}};
+static const field F_HEAD = {{"n_head", "num_attention_heads", NULL}};
+static const field F_EMBD = {{"n_embd", "hidden_size", NULL}};
+static const field F_VOCAB = {{"vocab_size", NULL, NULL}};
+static const field F_POS = {{"n_positions", "max_position_embeddings", "n_ctx"}};
+static const field F_EPS = {{"layer_norm_epsilon", "layer_norm_eps", NULL}};
+static const field F_RESID = {{"resid_pdrop", "hidden_dropout_prob", NULL}};
+static const field F_ATTN = {{"attn_pdrop", "attention_probs_dropout_prob", NULL}};
+static const field F_EMBDP = {{"embd_pdrop", NULL, NULL}};
+
+static ms_status from_tree(const cJSON *root, const char *name, ms_model_config *c,
+                           ms_error *err) {
+    if (!cJSON_IsObject(root)) {
+        char got[64];
+        describe(root, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID, "%s: $: expected a JSON object at the top level, got %s",
+                       name, got);
+    }
+    memset(c, 0, sizeof *c);
+    c->model_type = MS_MODEL_GPT2;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (mt && !cJSON_IsNull(mt)) {
+        if (cJSON_IsString(mt) && strcmp(mt->valuestring, "gpt2") == 0) {
+            c->model_type = MS_MODEL_GPT2;
+        } else if (cJSON_IsString(mt) && strcmp(mt->valuestring, "bert") == 0) {
+            c->model_type = MS_MODEL_BERT;
+        } else {
+            char got[64];
+            describe(mt, got, sizeof got);
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: $.model_type: expected \"gpt2\" or \"bert\", got %s", name, got);
+        }
+    }
+    MS_CHECK(get_int(root, &F_LAYER, MAX_LAYERS, name, &c->n_layer, err));
+    MS_CHECK(get_int(root, &F_HEAD, MAX_HEADS, name, &c->n_head, err));
+    MS_CHECK(get_int(root, &F_EMBD, MAX_EMBD, name, &c->n_embd, err));
+    MS_CHECK(get_int(root, &F_VOCAB, MAX_VOCAB, name, &c->vocab_size, err));
+    MS_CHECK(get_int(root, &F_POS, MAX_POSITIONS, name, &c->n_positions, err));
+    MS_CHECK(get_real(root, &F_EPS, 1e-5, 0, true, 1, "a number in (0, 1), e.g. 1e-5", name,
+                      &c->layer_norm_epsilon, err));
+    const char *prob = "a probability in [0, 1)";
+    MS_CHECK(get_real(root, &F_RESID, 0, 0, false, 1, prob, name, &c->resid_pdrop, err));
+    MS_CHECK(get_real(root, &F_ATTN, 0, 0, false, 1, prob, name, &c->attn_pdrop, err));
+    MS_CHECK(get_real(root, &F_EMBDP, 0, 0, false, 1, prob, name, &c->embd_pdrop, err));
+    return ms_config_validate(c, name, err);
+}
+
+ms_status ms_config_from_string(const char *json, size_t len, const char *name,
+                                ms_model_config *out, ms_error *err) {
+    if (!name) name = "config.json";
+    if (len == 0)
+        return ms_fail(err, MS_ERR_INVALID, "%s: the file is empty; expected a JSON object", name);
+    /* cJSON takes NUL bytes for whitespace; in a config they mean a binary or corrupt file. */
+    const char *nul = memchr(json, '\0', len);
+    if (nul)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: contains a NUL byte at offset %zu; a config.json is UTF-8 text", name,
+                       (size_t)(nul - json));
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root)
+        return parse_error(json, len, end ? (size_t)(end - json) : 0, name, "malformed JSON", err);
+    /* cJSON stops after the first value; anything but whitespace after it is an error. */
+    size_t off = (size_t)(end - json);
+    while (off < len && (json[off] == ' ' || json[off] == '\t' || json[off] == '\n' ||
+                         json[off] == '\r'))
+        off++;
+    ms_status st;
+    if (off < len) {
+        st = parse_error(json, len, off, name, "malformed JSON: unexpected text after the value",
+                         err);
+    } else {
+        ms_model_config c;
+        st = from_tree(root, name, &c, err);
+        if (st == MS_OK) *out = c;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+ms_status ms_config_load(const char *path, ms_model_config *out, ms_error *err) {
+    uint8_t *buf;
+    size_t len;
+    MS_CHECK(ms_read_file(path, MS_CONFIG_MAX_BYTES, &buf, &len, err));
+    ms_status st = ms_config_from_string((const char *)buf, len, path, out, err);
+    free(buf);
+    return st;
+}
+
+int64_t ms_gpt2_param_count(const ms_model_config *c) {
+    const int64_t C = c->n_embd, L = c->n_layer, V = c->vocab_size, P = c->n_positions;
+    const int64_t block = 2 * C                 /* ln_1 weight, bias */
+                          + C * 3 * C + 3 * C   /* attn.c_attn */
+                          + C * C + C           /* attn.c_proj */
+                          + 2 * C               /* ln_2 */
+                          + C * 4 * C + 4 * C   /* mlp.c_fc */
+                          + 4 * C * C + C;      /* mlp.c_proj */
+    return V * C + P * C + L * block + 2 * C; /* wte (tied lm_head), wpe, blocks, ln_f */
+}

@@ -1,0 +1,53 @@
+/* config.h - the model's shape and hyperparameters, from a Hugging Face-style config.json.
+ *
+ * Accepts GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions) and their generic HF
+ * aliases (num_hidden_layers, num_attention_heads, hidden_size, max_position_embeddings;
+ * n_ctx for n_positions). Unknown keys are ignored, so real HF files load as they are.
+ * Every error names the file and the JSON path of the offending value, and says how to fix it.
+ */
+#ifndef MS_CONFIG_H
+#define MS_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+/* config.json larger than this is certainly not a config (guards against passing weights). */
+#define MS_CONFIG_MAX_BYTES (1u << 20)
+
+typedef enum ms_model_type { MS_MODEL_GPT2, MS_MODEL_BERT } ms_model_type;
+
+typedef struct ms_model_config {
+    ms_model_type model_type; /* "model_type": "gpt2" (default) or "bert" */
+    int n_layer;
+    int n_head;
+    int n_embd; /* a multiple of n_head */
+    int vocab_size;
+    int n_positions;           /* the longest sequence the position embedding covers */
+    double layer_norm_epsilon; /* default 1e-5 (BERT alias: layer_norm_eps) */
+    double resid_pdrop;        /* dropout probabilities in [0, 1), default 0 */
+    double attn_pdrop;
+    double embd_pdrop;
+} ms_model_config;
+
+/* Reads and validates `path` (at most MS_CONFIG_MAX_BYTES). *out is written only on success. */
+ms_status ms_config_load(const char *path, ms_model_config *out, ms_error *err);
+
+/* The same from `len` bytes of JSON (need not be NUL-terminated). `name` stands for the file
+ * in messages ("config.json" when NULL). */
+ms_status ms_config_from_string(const char *json, size_t len, const char *name,
+                                ms_model_config *out, ms_error *err);
+
+/* Checks the invariants the parser enforces, for configs built in code. */
+ms_status ms_config_validate(const ms_model_config *c, const char *name, ms_error *err);
+
+/* "gpt2" or "bert". */
+const char *ms_model_type_name(ms_model_type t);
+
+/* Parameter count of a GPT-2 with this config: token and position embeddings (the LM head is
+ * tied to the token embedding), per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+ * mlp.c_proj with biases, and the final ln_f. GPT-2 small gives 124,439,808. */
+int64_t ms_gpt2_param_count(const ms_model_config *c);
+
+#endif

@@ -1,0 +1,196 @@
+/* gpt.c - GPT-2 and BERT graphs. */
+#include "model/gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct builder {
+    ms_graph *g;
+    const ms_model_config *c;
+    int B, T, C, H, V;
+    int stream; /* dropout stream counter: one Philox stream per dropout site */
+} builder;
+
+static int param(builder *b, const char *name, int ndim, const int64_t *shape, ms_init init) {
+    return ms_graph_param(b->g, name, ndim, shape, init);
+}
+
+static int op1(builder *b, int op, const ms_op_attrs *a, int x, const char *name) {
+    return ms_graph_op(b->g, op, a, 1, &x, name);
+}
+
+static int op2(builder *b, int op, const ms_op_attrs *a, int x, int y, const char *name) {
+    int in[2] = {x, y};
+    return ms_graph_op(b->g, op, a, 2, in, name);
+}
+
+static int layernorm(builder *b, int x, const char *prefix) {
+    char n[96];
+    const int64_t c[1] = {b->C};
+    snprintf(n, sizeof n, "%s.weight", prefix);
+    int w = param(b, n, 1, c, (ms_init){MS_INIT_CONST, 1.0f});
+    snprintf(n, sizeof n, "%s.bias", prefix);
+    int bias = param(b, n, 1, c, (ms_init){MS_INIT_CONST, 0.0f});
+    ms_op_attrs a = {.f = {(float)b->c->layer_norm_epsilon}};
+    int in[3] = {x, w, bias};
+    return ms_graph_op(b->g, MS_OP_LAYERNORM, &a, 3, in, prefix);
+}
+
+/* x @ W + bias, W [in, out...], bias [out...]. */
+static int linear(builder *b, int x, const char *prefix, int wnd, const int64_t *wshape,
+                  float std) {
+    char n[96], on[96];
+    snprintf(n, sizeof n, "%s.weight", prefix);
+    int w = param(b, n, wnd, wshape, (ms_init){MS_INIT_NORMAL, std});
+    snprintf(n, sizeof n, "%s.bias", prefix);
+    int bias = param(b, n, wnd - 1, wshape + 1, (ms_init){MS_INIT_CONST, 0.0f});
+    snprintf(on, sizeof on, "%s.mm", prefix);
+    int y = op2(b, MS_OP_MATMUL, NULL, x, w, on);
+    return op2(b, MS_OP_BIAS, NULL, y, bias, prefix);
+}
+
+static int dropout(builder *b, int x, double p, const char *name) {
+    if (p <= 0) return x;
+    ms_op_attrs a = {.i = {b->stream++}, .f = {(float)p}};
+    return op1(b, MS_OP_DROPOUT, &a, x, name);
+}
+
+static int attention_block(builder *b, int x, int l, bool causal) {
+    char p[64], n[96];
+    const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)b->c->n_layer);
+    snprintf(p, sizeof p, "h.%d.attn.c_attn", l);
+    const int64_t wqkv[3] = {b->C, 3, b->C};
+    int qkv = linear(b, x, p, 3, wqkv, std);
+    ms_op_attrs aa = {.i = {b->H, causal}};
+    snprintf(n, sizeof n, "h.%d.attn.core", l);
+    int a = op1(b, MS_OP_ATTENTION, &aa, qkv, n);
+    snprintf(p, sizeof p, "h.%d.attn.c_proj", l);
+    const int64_t wo[2] = {b->C, b->C};
+    a = linear(b, a, p, 2, wo, proj_std);
+    snprintf(n, sizeof n, "h.%d.attn.dropout", l);
+    return dropout(b, a, b->c->resid_pdrop, n);
+}
+
+static int mlp_block(builder *b, int x, int l) {
+    char p[64], n[96];
+    const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)b->c->n_layer);
+    snprintf(p, sizeof p, "h.%d.mlp.c_fc", l);
+    const int64_t w1[2] = {b->C, 4 * (int64_t)b->C};
+    int h = linear(b, x, p, 2, w1, std);
+    snprintf(n, sizeof n, "h.%d.mlp.gelu", l);
+    h = op1(b, MS_OP_GELU, NULL, h, n);
+    snprintf(p, sizeof p, "h.%d.mlp.c_proj", l);
+    const int64_t w2[2] = {4 * (int64_t)b->C, b->C};
+    h = linear(b, h, p, 2, w2, proj_std);
+    snprintf(n, sizeof n, "h.%d.mlp.dropout", l);
+    return dropout(b, h, b->c->resid_pdrop, n);
+}
+
+static ms_status check_dims(const ms_model_config *c, int B, int T, ms_error *err) {
+    if (B < 1 || T < 1)
+        return ms_fail(err, MS_ERR_INVALID, "model: batch %d and sequence %d must be positive", B,
+                       T);
+    if (T > c->n_positions)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "model: sequence length %d exceeds n_positions %d; "
+                       "use --seq %d or less",
+                       T, c->n_positions, c->n_positions);
+    if (c->n_head < 1 || c->n_embd % c->n_head)
+        return ms_fail(err, MS_ERR_INVALID, "model: n_embd %d is not divisible by n_head %d",
+                       c->n_embd, c->n_head);
+    return MS_OK;
+}
+
+ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    MS_CHECK(check_dims(cfg, B, T, err));
+    builder b = {.g = ms_graph_create(),
+                 .c = cfg,
+                 .B = B,
+                 .T = T,
+                 .C = cfg->n_embd,
+                 .H = cfg->n_head,
+                 .V = cfg->vocab_size};
+    bool bert = cfg->model_type == MS_MODEL_BERT;
+    const int64_t bt[2] = {B, T};
+    out->ids = ms_graph_input(b.g, "input_ids", 2, bt);
+    out->targets = ms_graph_input(b.g, "targets", 2, bt);
+    out->pos = ms_graph_input(b.g, "position_ids", 2, bt);
+    const int64_t wte_s[2] = {b.V, b.C}, wpe_s[2] = {cfg->n_positions, b.C};
+    const char *wte_name = bert ? "embeddings.word_embeddings.weight" : "wte.weight";
+    const char *wpe_name = bert ? "embeddings.position_embeddings.weight" : "wpe.weight";
+    int wte = param(&b, wte_name, 2, wte_s, (ms_init){MS_INIT_NORMAL, 0.02f});
+    int wpe = param(&b, wpe_name, 2, wpe_s, (ms_init){MS_INIT_NORMAL, 0.01f});
+    int tok = op2(&b, MS_OP_EMBEDDING, NULL, out->ids, wte, "tok_emb");
+    int posv = op2(&b, MS_OP_EMBEDDING, NULL, out->pos, wpe, "pos_emb");
+    int x = op2(&b, MS_OP_ADD, NULL, tok, posv, "embed");
+    x = dropout(&b, x, cfg->embd_pdrop, "embed.dropout");
+    char n[64];
+    if (bert) x = layernorm(&b, x, "embeddings.LayerNorm");
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (!bert) {
+            /* GPT-2: pre-LayerNorm residual blocks. */
+            snprintf(n, sizeof n, "h.%d.ln_1", l);
+            int a = attention_block(&b, layernorm(&b, x, n), l, true);
+            snprintf(n, sizeof n, "h.%d.res1", l);
+            x = op2(&b, MS_OP_ADD, NULL, x, a, n);
+            snprintf(n, sizeof n, "h.%d.ln_2", l);
+            int m = mlp_block(&b, layernorm(&b, x, n), l);
+            snprintf(n, sizeof n, "h.%d.res2", l);
+            x = op2(&b, MS_OP_ADD, NULL, x, m, n);
+        } else {
+            /* BERT: post-LayerNorm, bidirectional attention. */
+            int a = attention_block(&b, x, l, false);
+            snprintf(n, sizeof n, "h.%d.res1", l);
+            x = op2(&b, MS_OP_ADD, NULL, x, a, n);
+            snprintf(n, sizeof n, "h.%d.ln_1", l);
+            x = layernorm(&b, x, n);
+            int m = mlp_block(&b, x, l);
+            snprintf(n, sizeof n, "h.%d.res2", l);
+            x = op2(&b, MS_OP_ADD, NULL, x, m, n);
+            snprintf(n, sizeof n, "h.%d.ln_2", l);
+            x = layernorm(&b, x, n);
+        }
+    }
+    if (!bert) {
+        x = layernorm(&b, x, "ln_f");
+    } else {
+        /* Masked-LM head: dense + GELU + LayerNorm, then the tied decoder. */
+        const int64_t wd[2] = {b.C, b.C};
+        x = linear(&b, x, "cls.predictions.transform.dense", 2, wd, 0.02f);
+        x = op1(&b, MS_OP_GELU, NULL, x, "cls.predictions.transform.gelu");
+        x = layernorm(&b, x, "cls.predictions.transform.LayerNorm");
+    }
+    ms_op_attrs tb = {.i = {1}};
+    out->logits = op2(&b, MS_OP_MATMUL, &tb, x, wte, "logits");
+    int losses = op2(&b, MS_OP_XENT, NULL, out->logits, out->targets, "losses");
+    ms_op_attrs all = {.i = {-1}};
+    out->loss = op1(&b, MS_OP_MEAN, &all, losses, "loss");
+    ms_graph_set_loss(b.g, out->loss);
+    out->g = b.g;
+    out->B = B;
+    out->T = T;
+    ms_status st = ms_graph_error(b.g, err);
+    if (st != MS_OK) ms_model_free(out);
+    return st;
+}
+
+void ms_model_free(ms_model *m) {
+    if (!m) return;
+    ms_graph_destroy(m->g);
+    memset(m, 0, sizeof *m);
+}
+
+void ms_model_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file) {
+    *file = *internal;
+    size_t n = strlen(name);
+    const char *w = "attn.c_attn.weight", *bb = "attn.c_attn.bias";
+    if (n >= strlen(w) && !strcmp(name + n - strlen(w), w) && internal->ndim == 3) {
+        file->ndim = 2;
+        file->d[1] = internal->d[1] * internal->d[2];
+    } else if (n >= strlen(bb) && !strcmp(name + n - strlen(bb), bb) && internal->ndim == 2) {
+        file->ndim = 1;
+        file->d[0] = internal->d[0] * internal->d[1];
+    }
+}

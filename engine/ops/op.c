@@ -1,0 +1,96 @@
+/* op.c - the operator table, user-op registration and backward duality. */
+#include "ops/op.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/xalloc.h"
+#include "ops/op_defs.h"
+
+/* Positional, so adding an ms_op_kind without its row fails the static assert below. */
+static const ms_op_def *const builtin_ops[] = {
+    &ms_op_matmul_def,    &ms_op_add_def,       &ms_op_mul_def,       &ms_op_scale_def,
+    &ms_op_bias_def,      &ms_op_gelu_def,      &ms_op_layernorm_def, &ms_op_softmax_def,
+    &ms_op_attention_def, &ms_op_embedding_def, &ms_op_xent_def,      &ms_op_reshape_def,
+    &ms_op_transpose_def, &ms_op_split_def,     &ms_op_concat_def,    &ms_op_sum_def,
+    &ms_op_mean_def,      &ms_op_dropout_def,
+};
+_Static_assert(sizeof builtin_ops / sizeof builtin_ops[0] == MS_OP_BUILTIN_COUNT,
+               "every ms_op_kind needs a row in builtin_ops");
+
+#define MS_OP_MAX_USER 64
+static ms_op_def user_ops[MS_OP_MAX_USER];
+static int n_user_ops;
+
+const ms_op_def *ms_op_get(int op) {
+    if (op >= 0 && op < MS_OP_BUILTIN_COUNT) return builtin_ops[op];
+    op -= MS_OP_BUILTIN_COUNT;
+    return op >= 0 && op < n_user_ops ? &user_ops[op] : NULL;
+}
+
+int ms_op_count(void) {
+    return MS_OP_BUILTIN_COUNT + n_user_ops;
+}
+
+int ms_op_find(const char *name) {
+    for (int i = 0; i < ms_op_count(); i++)
+        if (!strcmp(ms_op_get(i)->name, name)) return i;
+    return -1;
+}
+
+static ms_status check_def(const ms_op_def *d, ms_error *err) {
+    const char *missing = !d->name       ? "name"
+                          : !d->infer    ? "infer"
+                          : !d->rule     ? "rule"
+                          : !d->forward  ? "forward"
+                          : !d->backward ? "backward"
+                          : d->n_out == 0 || d->n_out > MS_OP_MAX_OUT || d->n_out < -MS_OP_MAX_OUT
+                              ? "n_out (1..4, or -k for variadic)"
+                          : d->n_in == 0 || d->n_in > MS_OP_MAX_IN || d->n_in < -MS_OP_MAX_IN
+                              ? "n_in (1..4, or -k for variadic)"
+                              : NULL;
+    if (missing)
+        return ms_fail(err, MS_ERR_INVALID, "operator '%s' has no valid %s",
+                       d->name ? d->name : "(unnamed)", missing);
+    return MS_OK;
+}
+
+ms_status ms_op_register(const ms_op_def *def, int *id, ms_error *err) {
+    MS_CHECK(check_def(def, err));
+    if (ms_op_find(def->name) >= 0)
+        return ms_fail(err, MS_ERR_INVALID, "an operator named '%s' is already registered",
+                       def->name);
+    if (n_user_ops == MS_OP_MAX_USER)
+        return ms_fail(err, MS_ERR_UNSUPPORTED, "at most %d user operators", MS_OP_MAX_USER);
+    user_ops[n_user_ops] = *def;
+    user_ops[n_user_ops].kind = MS_OP_BUILTIN_COUNT + n_user_ops;
+    *id = MS_OP_BUILTIN_COUNT + n_user_ops++;
+    return MS_OK;
+}
+
+ms_status ms_ops_check(ms_error *err) {
+    for (int i = 0; i < MS_OP_BUILTIN_COUNT; i++) {
+        MS_CHECK(check_def(builtin_ops[i], err));
+        if (builtin_ops[i]->kind != i)
+            return ms_fail(err, MS_ERR_INTERNAL, "builtin_ops[%d] is '%s', whose kind is %d", i,
+                           builtin_ops[i]->name, builtin_ops[i]->kind);
+    }
+    return MS_OK;
+}
+
+ms_placement ms_rule_dual_out(ms_placement out) {
+    /* The gradient of a partial value is the full gradient on every rank. */
+    return out.kind == MS_PL_PARTIAL ? ms_R() : out;
+}
+
+ms_placement ms_rule_dual_in(const ms_rule_cand *c, int n_in, int n_out, int i) {
+    ms_placement p = c->in[i];
+    if (p.kind == MS_PL_PARTIAL) return ms_R();
+    if (p.kind == MS_PL_SHARD) return p;
+    /* A replicated input of a candidate that splits work along this mesh dim receives a
+     * partial gradient on each rank; of a fully replicated candidate, the full one. */
+    bool all_r = true;
+    for (int k = 0; k < n_in; k++) all_r &= c->in[k].kind == MS_PL_REPLICATE;
+    for (int k = 0; k < n_out; k++) all_r &= c->out[k].kind == MS_PL_REPLICATE;
+    return all_r ? ms_R() : ms_Psum();
+}

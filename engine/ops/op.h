@@ -1,0 +1,140 @@
+/* op.h - operators: one table row per op with its shape rule, SPMD rule, forward and
+ * backward kernels and cost, so the engine, `explain`, the cost model and the profiler
+ * all read the same definitions.
+ *
+ * SPMD rules are written for ONE mesh dim: an op lists the placement combinations it can
+ * run in along a mesh dim of a given size (its "candidates": what each input must be and
+ * what each output then is). The engine expands them to N-d by choosing a candidate per
+ * mesh dim: the forward rule picks, among the candidates, the one whose input reshards
+ * move the fewest bytes; the reverse rule picks one that yields a wanted output placement.
+ * Backward placements follow by duality (ms_rule_dual_*), so backward kernels need no
+ * rules of their own.
+ *
+ * Built-in ops have ids below MS_OP_BUILTIN_COUNT; ms_op_register adds user ops (fused
+ * kernels defined outside the engine) with ids after them.
+ */
+#ifndef MS_OP_H
+#define MS_OP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "dist/placement.h"
+#include "kernels/kernels.h"
+
+#define MS_OP_MAX_IN    4
+#define MS_OP_MAX_OUT   4
+#define MS_OP_MAX_CANDS 48
+#define MS_OP_MAX_SAVED 3
+
+typedef enum ms_op_kind {
+    MS_OP_MATMUL,    /* A [..., M, K] @ B [K, N...] -> [..., M, N...]; i[0] trans_b (B is [N, K]) */
+    MS_OP_ADD,       /* a + b, same shapes */
+    MS_OP_MUL,       /* a * b, same shapes */
+    MS_OP_SCALE,     /* x * f[0] */
+    MS_OP_BIAS,      /* x [..., tail...] + b [tail...] */
+    MS_OP_GELU,      /* tanh GELU */
+    MS_OP_LAYERNORM, /* over the last dim; inputs x, weight [C], bias [C]; f[0] eps */
+    MS_OP_SOFTMAX,   /* over the last dim */
+    MS_OP_ATTENTION, /* qkv [B, T, 3, C] -> [B, T, C]; i[0] heads, i[1] causal */
+    MS_OP_EMBEDDING, /* ids [...] (integer-valued floats), table [V, C] -> [..., C] */
+    MS_OP_XENT,      /* logits [..., V], targets [...] -> losses [...]; target < 0 ignored */
+    MS_OP_RESHAPE,   /* i[0] ndim, i[1..] shape */
+    MS_OP_TRANSPOSE, /* swap dims i[0], i[1] */
+    MS_OP_SPLIT,     /* along dim i[0] into i[1] equal parts (outputs) */
+    MS_OP_CONCAT,    /* along dim i[0]; n inputs */
+    MS_OP_SUM,       /* over dim i[0] (i[0] < 0: all dims, to a scalar) */
+    MS_OP_MEAN,      /* over dim i[0] (i[0] < 0: all dims); divides by the GLOBAL count */
+    MS_OP_DROPOUT,   /* f[0] p, i[0] stream; mask from Philox on global indices */
+    MS_OP_BUILTIN_COUNT
+} ms_op_kind;
+
+typedef struct ms_op_attrs {
+    int64_t i[10];
+    float f[4];
+} ms_op_attrs;
+
+typedef struct ms_shape {
+    int ndim;
+    int64_t d[MS_MAX_DIMS];
+} ms_shape;
+
+/* One way an op can run along one mesh dim. Placements here use only kind, dim and reduce;
+ * nesting orders are assigned when the engine expands to N-d. */
+typedef struct ms_rule_cand {
+    ms_placement in[MS_OP_MAX_IN];
+    ms_placement out[MS_OP_MAX_OUT];
+} ms_rule_cand;
+
+/* What a kernel sees: this rank's contiguous local tensors plus where they sit globally. */
+typedef struct ms_op_call {
+    const ms_op_attrs *attrs;
+    int n_in, n_out;
+    ms_tensor *in[MS_OP_MAX_IN];
+    ms_tensor *out[MS_OP_MAX_OUT];
+    const ms_shape *gin;                         /* global input shapes [n_in] */
+    const ms_shape *gout;                        /* global output shapes [n_out] */
+    int64_t in_start[MS_OP_MAX_IN][MS_MAX_DIMS]; /* box start of each input */
+    int64_t out_start[MS_OP_MAX_OUT][MS_MAX_DIMS];
+    const ms_placements *in_pl; /* N-d placements of the inputs as run */
+    const ms_placements *out_pl;
+    struct ms_dmesh *mesh;             /* for ops that communicate (vocab-parallel xent) */
+    ms_tensor *saved[MS_OP_MAX_SAVED]; /* forward -> backward buffers, sized by saved_floats */
+    /* backward only: gradients of outputs (read) and inputs (accumulated; NULL = not wanted) */
+    ms_tensor *dout[MS_OP_MAX_OUT];
+    ms_tensor *din[MS_OP_MAX_IN];
+    uint64_t seed; /* run seed, for dropout */
+} ms_op_call;
+
+typedef struct ms_op_def {
+    int kind; /* its ms_op_kind (built-ins); set on registration for user ops */
+    const char *name;
+    int n_in, n_out; /* < 0: variadic, up to -n (concat inputs, split outputs) */
+    /* Output global shapes from input global shapes; errors name the op and the shapes. */
+    ms_status (*infer)(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                       ms_error *err);
+    /* Candidates along one mesh dim of `n` ranks; returns how many (R-everything first). */
+    int (*rule)(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *out);
+    /* Floats to save for backward, per saved slot, from the local input shapes. */
+    void (*saved_floats)(const ms_op_attrs *a, const ms_op_call *call, int64_t *sizes);
+    ms_status (*forward)(ms_op_call *call, ms_error *err);
+    ms_status (*backward)(ms_op_call *call, ms_error *err);
+    /* Work of the local forward (backward = true: backward) for the call's local shapes. */
+    ms_k_cost (*cost)(const ms_op_call *call, bool backward);
+    /* Which inputs take gradients (bit i = input i). Integer inputs (ids, targets) do not. */
+    unsigned grad_inputs;
+} ms_op_def;
+
+/* The table row of op id `op` (built-in or registered), or NULL. */
+const ms_op_def *ms_op_get(int op);
+int ms_op_count(void);
+/* Looks up an op id by name; -1 if none. */
+int ms_op_find(const char *name);
+
+/* Registers a user operator; returns its id (>= MS_OP_BUILTIN_COUNT) in *id. Every slot
+ * but saved_floats and cost is required. Not thread-safe: register before ranks start. */
+ms_status ms_op_register(const ms_op_def *def, int *id, ms_error *err);
+
+/* Checks that every built-in op fills every required slot (run by the tests). */
+ms_status ms_ops_check(ms_error *err);
+
+/* Duality for backward, per mesh dim: the placement the output gradient must have, and
+ * the placement an input gradient comes out in, for the candidate the forward used. */
+ms_placement ms_rule_dual_out(ms_placement out);
+ms_placement ms_rule_dual_in(const ms_rule_cand *c, int n_in, int n_out, int i);
+
+/* Helpers for writing rules. */
+static inline ms_placement ms_R(void) {
+    return ms_pl_replicate();
+}
+static inline ms_placement ms_S(int d) {
+    return ms_pl_shard(d);
+}
+static inline ms_placement ms_Psum(void) {
+    return ms_pl_partial(MS_REDUCE_SUM);
+}
+
+#endif

@@ -1,0 +1,46 @@
+/* op_defs.h - the built-in operator rows (private to engine/ops) and helpers shared by the
+ * files that define them. */
+#ifndef MS_OP_DEFS_H
+#define MS_OP_DEFS_H
+
+#include "ops/op.h"
+
+extern const ms_op_def ms_op_matmul_def, ms_op_add_def, ms_op_mul_def, ms_op_scale_def,
+    ms_op_bias_def, ms_op_gelu_def, ms_op_layernorm_def, ms_op_softmax_def, ms_op_attention_def,
+    ms_op_embedding_def, ms_op_xent_def, ms_op_reshape_def, ms_op_transpose_def, ms_op_split_def,
+    ms_op_concat_def, ms_op_sum_def, ms_op_mean_def, ms_op_dropout_def;
+
+static inline int64_t shape_numel(const ms_shape *s) {
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->d[d];
+    return n;
+}
+
+static inline float *F(const ms_tensor *t) {
+    return t ? ms_tensor_f32(t) : NULL;
+}
+static inline int64_t N(const ms_tensor *t) {
+    return ms_tensor_numel(t);
+}
+static inline int64_t last_dim(const ms_tensor *t) {
+    return t->ndim ? t->shape[t->ndim - 1] : 1;
+}
+
+/* Candidate builders. */
+static inline void cand1(ms_rule_cand *c, ms_placement in0, ms_placement out0) {
+    c->in[0] = in0;
+    c->out[0] = out0;
+}
+static inline void cand2(ms_rule_cand *c, ms_placement in0, ms_placement in1, ms_placement out0) {
+    c->in[0] = in0;
+    c->in[1] = in1;
+    c->out[0] = out0;
+}
+
+/* "op: shapes [2, 3] and [4]" style description of input shapes, for errors. */
+const char *ms_op_shapes_str(int n, const ms_shape *s, char *buf, size_t len);
+
+/* Integer-valued float ids -> int32 (ids and targets are stored as exact floats). */
+void ms_op_ids_from_floats(int32_t *out, const float *in, int64_t n);
+
+#endif

@@ -1,0 +1,95 @@
+/* optim.c - SGD, AdamW, norm helpers and the warmup-cosine schedule. */
+#include "optim/optim.h"
+
+#include <math.h>
+
+ms_status ms_sgd_step(float *p, const float *g, float *buf, size_t n, const ms_sgd_opts *o,
+                      ms_error *err) {
+    if (!(o->lr >= 0) || !(o->momentum >= 0 && o->momentum < 1) || !(o->weight_decay >= 0))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "sgd: lr %g, momentum %g, weight_decay %g; need lr >= 0, momentum in "
+                       "[0, 1), weight_decay >= 0",
+                       o->lr, o->momentum, o->weight_decay);
+    if (o->momentum > 0 && !buf)
+        return ms_fail(err, MS_ERR_INVALID, "sgd: momentum %g needs a momentum buffer",
+                       o->momentum);
+    const float lr = o->lr, mu = o->momentum, wd = o->weight_decay;
+    if (mu == 0) {
+        for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float b = mu * buf[i] + (g[i] + wd * p[i]);
+            buf[i] = b;
+            p[i] -= lr * b;
+        }
+    }
+    return MS_OK;
+}
+
+ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
+                        const ms_adamw_opts *o, int64_t t, ms_error *err) {
+    if (t < 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "adamw: step %lld; steps count from 1 (the bias correction divides by "
+                       "1 - beta^t)",
+                       (long long)t);
+    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
+        !(o->eps > 0) || !(o->weight_decay >= 0))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "adamw: lr %g, betas (%g, %g), eps %g, weight_decay %g; need lr >= 0, "
+                       "betas in [0, 1), eps > 0, weight_decay >= 0",
+                       o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+    /* Bias corrections in double: for beta2 = 0.999 and small t, 1 - beta2^t in float loses
+     * most of its digits. */
+    const double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);
+    const float step = (float)(o->lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+    const float decay = 1.0f - o->lr * o->weight_decay;
+    for (size_t i = 0; i < n; i++) {
+        const float gi = g[i];
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    }
+    return MS_OK;
+}
+
+double ms_sumsq_f32(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+float ms_clip_scale(double norm, double max_norm) {
+    if (!(max_norm > 0)) return 1.0f;
+    double s = max_norm / (norm + 1e-6);
+    return s < 1.0 ? (float)s : 1.0f;
+}
+
+void ms_scale_f32(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+ms_status ms_lr_schedule_check(const ms_lr_schedule *s, ms_error *err) {
+    if (!(s->lr_max > 0) || !(s->lr_min >= 0 && s->lr_min <= s->lr_max))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "lr schedule: lr_max %g and lr_min %g; need lr_max > 0 and 0 <= lr_min <= "
+                       "lr_max",
+                       s->lr_max, s->lr_min);
+    if (s->warmup_steps < 0 || s->total_steps < s->warmup_steps)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "lr schedule: warmup %lld steps of %lld total; need 0 <= warmup <= total "
+                       "(lower the warmup or train longer)",
+                       (long long)s->warmup_steps, (long long)s->total_steps);
+    return MS_OK;
+}
+
+double ms_lr_at(const ms_lr_schedule *s, int64_t step) {
+    if (step < 0) step = 0;
+    if (step < s->warmup_steps) return s->lr_max * (double)(step + 1) / (double)s->warmup_steps;
+    if (step >= s->total_steps) return s->lr_min;
+    double r = (double)(step - s->warmup_steps) / (double)(s->total_steps - s->warmup_steps);
+    return s->lr_min + (s->lr_max - s->lr_min) * 0.5 * (1.0 + cos(M_PI * r));
+}

@@ -1,0 +1,948 @@
+/* test_comm.c - the communicator contract: every collective, point-to-point batches, split,
+ * observer events and timeouts, checked against references computed independently in
+ * double precision from deterministic per-rank inputs.
+ *
+ * Runs on the threads backend, and under mpirun on the MPI backend: every body works on a
+ * communicator of exactly n ranks (the world, or a split of its first n members when
+ * mpirun started more), so the same checks apply to both.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "comm/comm_threads.h"
+#include "testkit.h"
+
+#define SENTINEL (-777.0f)
+
+/* --- helpers ------------------------------------------------------------------------------ */
+
+/* The input of rank r at index i; exact small multiples of 1/4, varied by salt. */
+static float val(int r, size_t i, int salt) {
+    size_t h = (size_t)r * 37 + i * 11 + (size_t)salt * 5;
+    return (float)((int)(h % 101) - 50) * 0.25f + (float)r * 0.125f;
+}
+
+static double reduce_ref(int n, size_t i, int salt, ms_reduce_op op) {
+    double acc = val(0, i, salt);
+    for (int p = 1; p < n; p++) {
+        double x = val(p, i, salt);
+        if (op == MS_REDUCE_MAX)
+            acc = x > acc ? x : acc;
+        else if (op == MS_REDUCE_MIN)
+            acc = x < acc ? x : acc;
+        else
+            acc += x;
+    }
+    return op == MS_REDUCE_AVG ? acc / n : acc;
+}
+
+static int close_to(double got, double want) {
+    return fabs(got - want) <= 1e-5 * (fabs(want) > 1.0 ? fabs(want) : 1.0);
+}
+
+/* got[0..count) must be the reduction of elements off.. of every rank's input. */
+static void check_reduced(mt_rank *r, const char *what, const float *got, size_t count, size_t off,
+                          int n, int salt, ms_reduce_op op) {
+    for (size_t i = 0; i < count; i++) {
+        double want = reduce_ref(n, off + i, salt, op);
+        if (!close_to(got[i], want)) {
+            mt_failf(r, __FILE__, __LINE__, "%s: n=%d op=%s count=%zu: [%zu] = %g, want %g", what,
+                     n, ms_reduce_op_name(op), count, i, (double)got[i], want);
+            return;
+        }
+    }
+}
+
+static float *alloc_floats(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = SENTINEL;
+    return p;
+}
+
+/* The communicator of exactly n ranks a body runs on: the world when it has n ranks,
+ * otherwise a split of its first n members (mpirun with more processes); NULL for the rest. */
+static ms_comm *group_of(mt_rank *r, int n, const char *name) {
+    ms_comm *w = r->ctx->world;
+    if (ms_comm_size(w) == n) return w;
+    ms_comm *c = NULL;
+    ms_error err;
+    int me = ms_comm_rank(w);
+    MT_OK(r, ms_comm_split(w, me < n ? 0 : -1, me, name, &c, &err), &err);
+    return c;
+}
+
+static void group_done(mt_rank *r, ms_comm *c) {
+    if (c && c != r->ctx->world) ms_comm_destroy(c);
+}
+
+/* Runs body on each world size in sizes[] (skipping sizes mpirun did not start). */
+static void run_sizes(mt_rank_fn body, const int *sizes, size_t k) {
+    for (size_t i = 0; i < k; i++) {
+        if (mt_backend() == MS_BACKEND_MPI && mt_mpi_world() < sizes[i]) continue;
+        mt_run(sizes[i], body, (void *)&sizes[i]);
+    }
+}
+
+#define RUN_SIZES(body, ...)                                                                       \
+    do {                                                                                           \
+        static const int sizes_[] = {__VA_ARGS__};                                                 \
+        run_sizes(body, sizes_, sizeof sizes_ / sizeof sizes_[0]);                                 \
+    } while (0)
+
+/* Uneven per-rank counts: pattern 0 all zero, 1 all one, 2 r*7+1, 3 zeros on odd ranks,
+ * 4 large (several reduction sub-chunks), 5 only rank 0. */
+#define N_PATTERNS 6
+static size_t pattern_count(int pattern, int r) {
+    switch (pattern) {
+        case 0:
+            return 0;
+        case 1:
+            return 1;
+        case 2:
+            return (size_t)r * 7 + 1;
+        case 3:
+            return r % 2 ? 0 : (size_t)r * 7 + 3;
+        case 4:
+            return (size_t)r * 5000 + 4099;
+        default:
+            return r == 0 ? 1001 : 0;
+    }
+}
+
+static const size_t reduce_counts[] = {0, 1, 5, 16, 17, 63, 259, 12289, 100003};
+#define N_REDUCE_COUNTS (sizeof reduce_counts / sizeof reduce_counts[0])
+
+/* --- all_reduce ---------------------------------------------------------------------------- */
+
+static void body_all_reduce(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "ar");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    for (int op = 0; op < MS_REDUCE_COUNT; op++)
+        for (size_t k = 0; k < N_REDUCE_COUNTS; k++)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                size_t count = reduce_counts[k];
+                int salt = op * 31 + (int)k * 3 + in_place;
+                float *send = alloc_floats(count), *recv = alloc_floats(count);
+                for (size_t i = 0; i < count; i++) send[i] = val(me, i, salt);
+                float *out = in_place ? send : recv;
+                ms_error err;
+                if (MT_OK(r, ms_all_reduce(c, send, out, count, (ms_reduce_op)op, &err), &err))
+                    check_reduced(r, in_place ? "all_reduce in place" : "all_reduce", out, count, 0,
+                                  n, salt, (ms_reduce_op)op);
+                free(send);
+                free(recv);
+            }
+    group_done(r, c);
+}
+
+static void test_all_reduce(void **state) {
+    (void)state;
+    RUN_SIZES(body_all_reduce, 1, 2, 3, 4, 8);
+}
+
+/* --- reduce_scatter ------------------------------------------------------------------------ */
+
+static void body_reduce_scatter(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "rs");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    size_t *counts = malloc(sizeof *counts * (size_t)n);
+    for (int op = 0; op < MS_REDUCE_COUNT; op++)
+        for (int pat = 0; pat < N_PATTERNS; pat++) {
+            int salt = op * 17 + pat;
+            size_t total = 0, off = 0;
+            for (int p = 0; p < n; p++) {
+                counts[p] = pattern_count(pat, p);
+                if (p < me) off += counts[p];
+                total += counts[p];
+            }
+            float *send = alloc_floats(total), *recv = alloc_floats(counts[me] + 1);
+            for (size_t i = 0; i < total; i++) send[i] = val(me, i, salt);
+            ms_error err;
+            if (MT_OK(r, ms_reduce_scatter(c, send, recv, counts, (ms_reduce_op)op, &err), &err)) {
+                check_reduced(r, "reduce_scatter", recv, counts[me], off, n, salt,
+                              (ms_reduce_op)op);
+                MT_CHECK(r, recv[counts[me]] == SENTINEL, "reduce_scatter wrote past its block");
+            }
+            free(send);
+            free(recv);
+        }
+    free(counts);
+    group_done(r, c);
+}
+
+static void test_reduce_scatter(void **state) {
+    (void)state;
+    RUN_SIZES(body_reduce_scatter, 1, 2, 3, 4, 8);
+}
+
+/* --- all_gather ---------------------------------------------------------------------------- */
+
+static void body_all_gather(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "ag");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    size_t *counts = malloc(sizeof *counts * (size_t)n);
+    for (int pat = 0; pat < N_PATTERNS; pat++) {
+        size_t total = 0;
+        for (int p = 0; p < n; p++) total += counts[p] = pattern_count(pat, p);
+        float *send = alloc_floats(counts[me]), *recv = alloc_floats(total + 1);
+        for (size_t i = 0; i < counts[me]; i++) send[i] = val(me, i, pat);
+        ms_error err;
+        if (MT_OK(r, ms_all_gather(c, send, recv, counts, &err), &err)) {
+            size_t off = 0;
+            for (int p = 0; p < n; p++)
+                for (size_t i = 0; i < counts[p]; i++, off++)
+                    if (recv[off] != val(p, i, pat)) {
+                        MT_CHECK(r, 0, "all_gather n=%d pattern %d: block %d [%zu] = %g, want %g",
+                                 n, pat, p, i, (double)recv[off], (double)val(p, i, pat));
+                        p = n;
+                        break;
+                    }
+            MT_CHECK(r, recv[total] == SENTINEL, "all_gather wrote past the end");
+        }
+        free(send);
+        free(recv);
+    }
+    free(counts);
+    group_done(r, c);
+}
+
+static void test_all_gather(void **state) {
+    (void)state;
+    RUN_SIZES(body_all_gather, 1, 2, 3, 4, 8);
+}
+
+/* --- all_to_all ---------------------------------------------------------------------------- */
+
+/* Floats that rank s sends to rank d; some pairs send nothing. */
+static size_t a2a_count(int s, int d, int big) {
+    return big ? ((size_t)(s + 1) * (size_t)(d + 2) * 37) % 3001 : (size_t)(s * 3 + d * 5) % 7;
+}
+
+static void body_all_to_all(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "a2a");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    size_t *sc = malloc(sizeof(size_t) * 4 * (size_t)n), *sd = sc + n, *rc = sd + n, *rd = rc + n;
+    for (int big = 0; big < 2; big++) {
+        /* Send blocks are laid out in reverse peer order with gaps of 3, receive blocks in
+         * order with gaps of 2: displacements are honoured, not assumed packed. */
+        size_t send_len = 0, recv_len = 0;
+        for (int p = n - 1; p >= 0; p--) {
+            sc[p] = a2a_count(me, p, big);
+            sd[p] = send_len;
+            send_len += sc[p] + 3;
+        }
+        for (int p = 0; p < n; p++) {
+            rc[p] = a2a_count(p, me, big);
+            rd[p] = recv_len;
+            recv_len += rc[p] + 2;
+        }
+        float *send = alloc_floats(send_len), *recv = alloc_floats(recv_len);
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < sc[p]; i++) send[sd[p] + i] = val(me, i, p * 13 + big);
+        ms_error err;
+        if (MT_OK(r, ms_all_to_all(c, send, sc, sd, recv, rc, rd, &err), &err)) {
+            for (int p = 0; p < n; p++) {
+                for (size_t i = 0; i < rc[p]; i++)
+                    if (recv[rd[p] + i] != val(p, i, me * 13 + big)) {
+                        MT_CHECK(r, 0, "all_to_all n=%d: from rank %d [%zu] = %g, want %g", n, p, i,
+                                 (double)recv[rd[p] + i], (double)val(p, i, me * 13 + big));
+                        break;
+                    }
+                MT_CHECK(r, recv[rd[p] + rc[p]] == SENTINEL && recv[rd[p] + rc[p] + 1] == SENTINEL,
+                         "all_to_all n=%d wrote into the gap after the block from rank %d", n, p);
+            }
+        }
+        free(send);
+        free(recv);
+    }
+    free(sc);
+    group_done(r, c);
+}
+
+static void test_all_to_all(void **state) {
+    (void)state;
+    RUN_SIZES(body_all_to_all, 1, 2, 3, 4, 8);
+}
+
+/* --- broadcast ------------------------------------------------------------------------------ */
+
+static void body_broadcast(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "bcast");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    static const size_t counts[] = {0, 1, 17, 5003};
+    for (int root = 0; root < n; root++)
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            size_t count = counts[k];
+            int salt = root * 7 + (int)k;
+            float *buf = alloc_floats(count + 1);
+            if (me == root)
+                for (size_t i = 0; i < count; i++) buf[i] = val(root, i, salt);
+            ms_error err;
+            if (MT_OK(r, ms_broadcast(c, buf, count, root, &err), &err)) {
+                for (size_t i = 0; i < count; i++)
+                    if (buf[i] != val(root, i, salt)) {
+                        MT_CHECK(r, 0, "broadcast n=%d root %d count %zu: [%zu] = %g, want %g", n,
+                                 root, count, i, (double)buf[i], (double)val(root, i, salt));
+                        break;
+                    }
+                MT_CHECK(r, buf[count] == SENTINEL, "broadcast wrote past the end");
+            }
+            free(buf);
+        }
+    group_done(r, c);
+}
+
+static void test_broadcast(void **state) {
+    (void)state;
+    RUN_SIZES(body_broadcast, 1, 2, 3, 4, 8);
+}
+
+/* --- point-to-point ------------------------------------------------------------------------- */
+
+/* The payload of message k from s to d. */
+static void fill_msg(float *buf, size_t count, int s, int d, int k) {
+    for (size_t i = 0; i < count; i++) buf[i] = val(s, i, d * 101 + k);
+}
+
+static int check_msg(mt_rank *r, const char *what, const float *buf, size_t count, int s, int d,
+                     int k) {
+    for (size_t i = 0; i < count; i++)
+        if (buf[i] != val(s, i, d * 101 + k)) {
+            mt_failf(r, __FILE__, __LINE__, "%s: message %d from %d to %d: [%zu] = %g, want %g",
+                     what, k, s, d, i, (double)buf[i], (double)val(s, i, d * 101 + k));
+            return 0;
+        }
+    return 1;
+}
+
+/* Every rank sends to the next and receives from the previous in one batch; half of the
+ * ranks list the receive first. */
+static void p2p_ring(mt_rank *r, ms_comm *c) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    size_t ns = 1000 + (size_t)me, nr = 1000 + (size_t)prev;
+    float *send = alloc_floats(ns), *recv = alloc_floats(nr);
+    fill_msg(send, ns, me, next, 0);
+    ms_p2p_op s = {MS_P2P_SEND, next, send, ns, 5}, v = {MS_P2P_RECV, prev, recv, nr, 5};
+    ms_p2p_op ops[2] = {s, v};
+    if (me % 2) {
+        ops[0] = v;
+        ops[1] = s;
+    }
+    ms_error err;
+    if (MT_OK(r, ms_p2p(c, ops, 2, &err), &err)) check_msg(r, "ring", recv, nr, prev, me, 0);
+    free(send);
+    free(recv);
+}
+
+/* Every rank sends to and receives from every other rank in one batch, receives listed
+ * first and in descending order: deadlock-free only if the batch completes as a whole. */
+static void p2p_all_pairs(mt_rank *r, ms_comm *c) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    if (n < 2) return;
+    ms_p2p_op *ops = malloc(sizeof *ops * 2 * (size_t)n);
+    float **bufs = malloc(sizeof *bufs * 2 * (size_t)n);
+    int nops = 0;
+    for (int p = n - 1; p >= 0; p--) {
+        if (p == me) continue;
+        size_t cnt = (size_t)((p * 5 + me * 3) % 11) * 100 + 1;
+        bufs[nops] = alloc_floats(cnt);
+        ops[nops] = (ms_p2p_op){MS_P2P_RECV, p, bufs[nops], cnt, p};
+        nops++;
+    }
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        size_t cnt = (size_t)((me * 5 + p * 3) % 11) * 100 + 1;
+        bufs[nops] = alloc_floats(cnt);
+        fill_msg(bufs[nops], cnt, me, p, 1);
+        ops[nops] = (ms_p2p_op){MS_P2P_SEND, p, bufs[nops], cnt, me};
+        nops++;
+    }
+    ms_error err;
+    if (MT_OK(r, ms_p2p(c, ops, nops, &err), &err))
+        for (int i = 0; i < nops; i++)
+            if (ops[i].kind == MS_P2P_RECV)
+                check_msg(r, "all pairs", ops[i].buf, ops[i].count, ops[i].peer, me, 1);
+    for (int i = 0; i < nops; i++) free(bufs[i]);
+    free(bufs);
+    free(ops);
+}
+
+/* Rank 0 sends 20 messages with tags k%3 to rank 1 in one batch; rank 1 receives them in one
+ * batch listed by descending tag. Messages with one tag arrive in the order sent. */
+#define MANY 20
+static void p2p_many(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    if (me > 1 || ms_comm_size(c) < 2) return;
+    ms_p2p_op ops[MANY];
+    float *bufs[MANY];
+    int nops = 0;
+    for (int tag = 2; tag >= 0; tag--)
+        for (int k = 0; k < MANY; k++) {
+            /* Rank 0 lists its sends in message order (one pass), rank 1 by tag. */
+            if (me == 0 ? tag != 0 : k % 3 != tag) continue;
+            size_t cnt = (size_t)k * 3 + 1;
+            bufs[nops] = alloc_floats(cnt);
+            if (me == 0) fill_msg(bufs[nops], cnt, 0, 1, k);
+            ops[nops] =
+                (ms_p2p_op){me == 0 ? MS_P2P_SEND : MS_P2P_RECV, 1 - me, bufs[nops], cnt, k % 3};
+            nops++;
+        }
+    ms_error err;
+    if (MT_OK(r, ms_p2p(c, ops, nops, &err), &err) && me == 1)
+        for (int i = 0; i < nops; i++)
+            check_msg(r, "many", ops[i].buf, ops[i].count, 0, 1, (int)(ops[i].count - 1) / 3);
+    for (int i = 0; i < nops; i++) free(bufs[i]);
+}
+
+/* Separate sends on one side, one batch on the other, in crossed tag order; plus empty
+ * messages. */
+static void p2p_cross_batches(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    if (me > 1 || ms_comm_size(c) < 2) return;
+    float a[64], b[64];
+    ms_error err;
+    if (me == 0) {
+        fill_msg(a, 64, 0, 1, 7);
+        fill_msg(b, 32, 0, 1, 8);
+        MT_OK(r, ms_send(c, a, 64, 1, 2, &err), &err);
+        MT_OK(r, ms_send(c, b, 32, 1, 1, &err), &err);
+        MT_OK(r, ms_send(c, NULL, 0, 1, 9, &err), &err);
+        MT_OK(r, ms_recv(c, a, 64, 1, 3, &err), &err);
+        check_msg(r, "reply", a, 64, 1, 0, 9);
+    } else {
+        ms_p2p_op ops[2] = {{MS_P2P_RECV, 0, b, 32, 1}, {MS_P2P_RECV, 0, a, 64, 2}};
+        if (MT_OK(r, ms_p2p(c, ops, 2, &err), &err)) {
+            check_msg(r, "crossed tag 2", a, 64, 0, 1, 7);
+            check_msg(r, "crossed tag 1", b, 32, 0, 1, 8);
+        }
+        MT_OK(r, ms_recv(c, NULL, 0, 0, 9, &err), &err);
+        fill_msg(a, 64, 1, 0, 9);
+        MT_OK(r, ms_send(c, a, 64, 0, 3, &err), &err);
+    }
+}
+
+static void body_p2p(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "p2p");
+    if (!c) return;
+    p2p_ring(r, c);
+    p2p_all_pairs(r, c);
+    p2p_many(r, c);
+    p2p_cross_batches(r, c);
+    /* Point-to-point is not collective: the collective sequence stays usable. */
+    float one = 1, sum = 0;
+    ms_error err;
+    if (MT_OK(r, ms_all_reduce(c, &one, &sum, 1, MS_REDUCE_SUM, &err), &err))
+        MT_CHECK(r, sum == (float)n, "all_reduce after p2p gave %g, want %d", (double)sum, n);
+    group_done(r, c);
+}
+
+static void test_p2p(void **state) {
+    (void)state;
+    RUN_SIZES(body_p2p, 2, 3, 4, 8);
+}
+
+/* --- barrier ------------------------------------------------------------------------------- */
+
+static void body_barrier(mt_rank *r, void *arg) {
+    const int *n = arg;
+    ms_comm *c = group_of(r, *n, "bar");
+    if (!c) return;
+    ms_error err;
+    /* On threads the ranks share `arrivals`: nobody may leave round k before all arrived. */
+    static _Atomic int arrivals;
+    int threads = mt_backend() == MS_BACKEND_THREADS;
+    for (int k = 0; k < 50; k++) {
+        if (threads) atomic_fetch_add(&arrivals, 1);
+        if (!MT_OK(r, ms_barrier(c, &err), &err)) break;
+        if (threads) {
+            int seen = atomic_load(&arrivals);
+            MT_CHECK(r, seen == (k + 1) * *n, "barrier %d: %d arrivals, want %d", k, seen,
+                     (k + 1) * *n);
+        }
+        if (!MT_OK(r, ms_barrier(c, &err), &err)) break; /* keeps round k+1 apart */
+    }
+    /* Reset for the next world size once everybody has done its last check. */
+    if (threads && MT_OK(r, ms_barrier(c, &err), &err) && ms_comm_rank(c) == 0)
+        atomic_store(&arrivals, 0);
+    group_done(r, c);
+}
+
+static void test_barrier(void **state) {
+    (void)state;
+    RUN_SIZES(body_barrier, 1, 2, 3, 8);
+}
+
+/* --- split --------------------------------------------------------------------------------- */
+
+/* Checks a sub-communicator against the parent ranks it should hold, in order, then runs
+ * all_reduce and all_gather on it. */
+static void check_sub(mt_rank *r, ms_comm *parent, ms_comm *sub, const int *members, int size) {
+    int me = ms_comm_rank(parent);
+    MT_CHECK(r, ms_comm_size(sub) == size, "split: size %d, want %d", ms_comm_size(sub), size);
+    for (int k = 0; k < size; k++) {
+        MT_CHECK(r, ms_comm_world_rank(sub, k) == ms_comm_world_rank(parent, members[k]),
+                 "split: member %d is world rank %d, want %d", k, ms_comm_world_rank(sub, k),
+                 ms_comm_world_rank(parent, members[k]));
+        if (members[k] == me)
+            MT_CHECK(r, ms_comm_rank(sub) == k, "split: rank %d, want %d", ms_comm_rank(sub), k);
+    }
+    if (ms_comm_size(sub) != size) return;
+    /* all_reduce of val(parent rank): the reference needs the parent ranks of the members. */
+    enum { COUNT = 300 };
+    float send[COUNT], recv[COUNT];
+    for (size_t i = 0; i < COUNT; i++) send[i] = val(me, i, 3);
+    ms_error err;
+    if (MT_OK(r, ms_all_reduce(sub, send, recv, COUNT, MS_REDUCE_SUM, &err), &err))
+        for (size_t i = 0; i < COUNT; i++) {
+            double want = 0;
+            for (int k = 0; k < size; k++) want += val(members[k], i, 3);
+            if (!close_to(recv[i], want)) {
+                MT_CHECK(r, 0, "split all_reduce [%zu] = %g, want %g", i, (double)recv[i], want);
+                break;
+            }
+        }
+    /* all_gather of each member's parent rank shows the order. */
+    size_t *counts = malloc(sizeof *counts * (size_t)size);
+    float *all = alloc_floats((size_t)size);
+    for (int k = 0; k < size; k++) counts[k] = 1;
+    float mine = (float)me;
+    if (MT_OK(r, ms_all_gather(sub, &mine, all, counts, &err), &err))
+        for (int k = 0; k < size; k++)
+            MT_CHECK(r, all[k] == (float)members[k], "split all_gather [%d] = %g, want %d", k,
+                     (double)all[k], members[k]);
+    free(counts);
+    free(all);
+}
+
+static void body_split(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "parent");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    int *members = malloc(sizeof *members * (size_t)n);
+    ms_error err;
+
+    /* Even/odd colors with reversed keys: members in descending parent rank. */
+    ms_comm *parity = NULL;
+    if (MT_OK(r, ms_comm_split(c, me % 2, -me, "parity", &parity, &err), &err) && parity) {
+        int size = 0;
+        for (int p = n - 1; p >= 0; p--)
+            if (p % 2 == me % 2) members[size++] = p;
+        MT_CHECK(r, !strcmp(ms_comm_name(parity), "parity"), "split name '%s'",
+                 ms_comm_name(parity));
+        check_sub(r, c, parity, members, size);
+    } else {
+        MT_CHECK(r, 0, "split gave no communicator to a member");
+    }
+
+    /* Rank 0 opts out; equal keys order by parent rank. */
+    ms_comm *rest = NULL;
+    if (MT_OK(r, ms_comm_split(c, me == 0 ? -1 : 4, 0, "rest", &rest, &err), &err)) {
+        if (me == 0) {
+            MT_CHECK(r, rest == NULL, "a rank with color -1 got a communicator");
+        } else if (rest) {
+            for (int p = 1; p < n; p++) members[p - 1] = p;
+            check_sub(r, c, rest, members, n - 1);
+        } else {
+            MT_CHECK(r, 0, "split gave no communicator to a member");
+        }
+    }
+
+    /* A split of a split: the parity group halved by key. */
+    if (parity) {
+        int ps = ms_comm_size(parity), pr = ms_comm_rank(parity);
+        ms_comm *half = NULL;
+        if (MT_OK(r, ms_comm_split(parity, pr < ps / 2, pr, "half", &half, &err), &err) && half) {
+            /* Members of my half, as parity ranks, then as parent ranks via the world. */
+            int size = 0;
+            for (int k = 0; k < ps; k++)
+                if ((k < ps / 2) == (pr < ps / 2)) members[size++] = k;
+            MT_CHECK(r, ms_comm_size(half) == size, "nested split: size %d, want %d",
+                     ms_comm_size(half), size);
+            for (int k = 0; k < size && k < ms_comm_size(half); k++)
+                MT_CHECK(r, ms_comm_world_rank(half, k) == ms_comm_world_rank(parity, members[k]),
+                         "nested split: member %d is world %d, want %d", k,
+                         ms_comm_world_rank(half, k), ms_comm_world_rank(parity, members[k]));
+            MT_OK(r, ms_barrier(half, &err), &err);
+        }
+        ms_comm_destroy(half);
+    }
+    ms_comm_destroy(rest);
+    ms_comm_destroy(parity);
+    free(members);
+    group_done(r, c);
+}
+
+static void test_split(void **state) {
+    (void)state;
+    RUN_SIZES(body_split, 1, 2, 4, 8);
+}
+
+/* --- observer events ------------------------------------------------------------------------- */
+
+typedef struct event_log {
+    int n;
+    ms_comm_event ev[16];
+} event_log;
+
+static void record(void *user, const ms_comm_event *ev) {
+    event_log *log = user;
+    if (log->n < 16) log->ev[log->n++] = *ev;
+}
+
+static void body_observer(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "obs");
+    if (!c) return;
+    int me = ms_comm_rank(c), next = (me + 1) % n, prev = (me + n - 1) % n;
+    event_log log = {0};
+    ms_comm_set_observer(c, record, &log);
+    int64_t seq0 = ms_comm_seq(c);
+    float buf[64] = {0}, out[64];
+    size_t counts[3] = {1, 2, 3}, sc[3], sd[3], rc[3], rd[3];
+    size_t sent = 0, off = 0;
+    for (int p = 0; p < n; p++) {
+        sc[p] = (size_t)(me + p + 1);
+        sd[p] = sent;
+        sent += sc[p];
+        rc[p] = (size_t)(p + me + 1);
+        rd[p] = off;
+        off += rc[p];
+    }
+    ms_error err;
+    MT_OK(r, ms_all_reduce(c, buf, out, 10, MS_REDUCE_AVG, &err), &err);
+    MT_OK(r, ms_reduce_scatter(c, buf, out, counts, MS_REDUCE_MAX, &err), &err);
+    MT_OK(r, ms_all_gather(c, buf, out, counts, &err), &err);
+    MT_OK(r, ms_all_to_all(c, buf, sc, sd, out, rc, rd, &err), &err);
+    MT_OK(r, ms_broadcast(c, buf, 7, 1, &err), &err);
+    MT_OK(r, ms_barrier(c, &err), &err);
+    ms_p2p_op ops[2] = {{MS_P2P_SEND, next, buf, 5, 0}, {MS_P2P_RECV, prev, out, 5, 0}};
+    MT_OK(r, ms_p2p(c, ops, 2, &err), &err);
+    ms_comm_set_observer(c, NULL, NULL);
+
+    static const ms_coll_kind kinds[] = {
+        MS_COLL_ALL_REDUCE, MS_COLL_REDUCE_SCATTER, MS_COLL_ALL_GATHER, MS_COLL_ALL_TO_ALL,
+        MS_COLL_BROADCAST,  MS_COLL_BARRIER,        MS_COLL_P2P};
+    size_t bytes[] = {40, 24, 24, sent * 4, 28, 0, 20};
+    MT_CHECK(r, log.n == 7, "observer saw %d events, want 7", log.n);
+    for (int i = 0; i < log.n && i < 7; i++) {
+        const ms_comm_event *e = &log.ev[i];
+        MT_CHECK(r, e->kind == kinds[i], "event %d: kind %s, want %s", i, ms_coll_name(e->kind),
+                 ms_coll_name(kinds[i]));
+        MT_CHECK(r, e->seq == seq0 + 1 + i, "event %d: seq %lld, want %lld", i, (long long)e->seq,
+                 (long long)(seq0 + 1 + i));
+        MT_CHECK(r, e->bytes == bytes[i], "event %d (%s): %zu bytes, want %zu", i,
+                 ms_coll_name(e->kind), e->bytes, bytes[i]);
+        MT_CHECK(r, e->status == MS_OK && e->comm == c && e->t_end_ns >= e->t_start_ns,
+                 "event %d: status %s", i, ms_status_str(e->status));
+        MT_CHECK(r, e->algo && e->algo[0], "event %d has no algorithm name", i);
+    }
+    if (log.n == 7) {
+        MT_CHECK(r, log.ev[0].op == MS_REDUCE_AVG && log.ev[1].op == MS_REDUCE_MAX,
+                 "reduction events carry the wrong op");
+        MT_CHECK(r, log.ev[4].root == 1 && log.ev[0].root == -1, "broadcast root %d",
+                 log.ev[4].root);
+    }
+    group_done(r, c);
+}
+
+static void test_observer(void **state) {
+    (void)state;
+    RUN_SIZES(body_observer, 3);
+}
+
+/* --- timeouts ------------------------------------------------------------------------------ */
+
+#define SHORT_TIMEOUT_MS 300
+#define SLACK_NS         5000000000LL /* a loaded 2-core machine can stall threads for a while */
+
+/* A fresh group of the first n world ranks, so a broken communicator cannot leak into other
+ * tests; everybody else gets NULL. */
+static ms_comm *fresh_group(mt_rank *r, int n, const char *name) {
+    ms_comm *c = NULL;
+    ms_error err;
+    int me = ms_comm_rank(r->ctx->world);
+    MT_OK(r, ms_comm_split(r->ctx->world, me < n ? 0 : -1, me, name, &c, &err), &err);
+    if (c) ms_comm_set_timeout_ms(c, SHORT_TIMEOUT_MS);
+    return c;
+}
+
+/* Rank 2 skips an all_reduce: ranks 0 and 1 time out naming the op, the group, the sequence
+ * number and rank 2; the group is broken afterwards; rank 2's late call fails too. */
+static void body_timeout(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_comm *c = fresh_group(r, 3, "tmo_group");
+    ms_error err;
+    /* Buffers outlive every call on c: a backend may still hold on to them after a failure. */
+    float send[100] = {0}, recv[100];
+    float waited_ms = 0, longest_ms = 0;
+    int me = c ? ms_comm_rank(c) : -1;
+    if (c && me < 2) {
+        int64_t t0 = ms_now_ns();
+        ms_status st = ms_all_reduce(c, send, recv, 100, MS_REDUCE_SUM, &err);
+        int64_t dt = ms_now_ns() - t0;
+        MT_CHECK(r, st == MS_ERR_TIMEOUT, "all_reduce without rank 2 gave %s, want timeout",
+                 ms_status_str(st));
+        waited_ms = (float)dt * 1e-6f;
+        MT_CHECK(r, dt < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "timed out late, after %lld ms",
+                 (long long)(dt / 1000000));
+        if (st == MS_ERR_TIMEOUT) {
+            MT_CHECK(r,
+                     strstr(err.msg, "all_reduce") && strstr(err.msg, "tmo_group") &&
+                         strstr(err.msg, "seq") && strstr(err.msg, "2 (world 2)"),
+                     "timeout message lacks op, group, seq or missing rank: %s", err.msg);
+            MT_CHECK(r, !strstr(err.msg, "0 (world 0)") && !strstr(err.msg, "1 (world 1)"),
+                     "timeout message names a rank that arrived: %s", err.msg);
+        }
+        MT_CHECK(r, ms_comm_is_broken(c), "communicator not broken after a timeout");
+        t0 = ms_now_ns();
+        st = ms_barrier(c, &err);
+        MT_CHECK(r, st == MS_ERR_COMM, "call on a broken communicator gave %s, want comm error",
+                 ms_status_str(st));
+        MT_CHECK(r, ms_now_ns() - t0 < 1000000000LL, "call on a broken communicator was slow");
+    }
+    /* A rank may fail before its own deadline when a peer gave up first (the group is then
+     * abandoned), but the first to give up must have waited the whole timeout. */
+    if (MT_OK(r, ms_all_reduce(r->ctx->world, &waited_ms, &longest_ms, 1, MS_REDUCE_MAX, &err),
+              &err))
+        MT_CHECK(r, longest_ms >= SHORT_TIMEOUT_MS * 0.95f, "timed out early, after %g ms",
+                 (double)longest_ms);
+    /* Rank 2 comes late, after the others gave up: it must fail, never use their buffers. */
+    if (c && me == 2) {
+        int64_t t0 = ms_now_ns();
+        ms_status st = ms_all_reduce(c, send, recv, 100, MS_REDUCE_SUM, &err);
+        int64_t dt = ms_now_ns() - t0;
+        if (mt_backend() == MS_BACKEND_THREADS)
+            MT_CHECK(r, st == MS_ERR_COMM, "late all_reduce gave %s, want comm error",
+                     ms_status_str(st));
+        MT_CHECK(r, dt < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "late call took %lld ms",
+                 (long long)(dt / 1000000));
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    ms_comm_destroy(c);
+    /* The world is unaffected. */
+    float one = 1, sum = 0;
+    if (MT_OK(r, ms_all_reduce(r->ctx->world, &one, &sum, 1, MS_REDUCE_SUM, &err), &err))
+        MT_CHECK(r, sum == (float)ms_comm_size(r->ctx->world), "world all_reduce gave %g",
+                 (double)sum);
+}
+
+static void test_timeout(void **state) {
+    (void)state;
+    RUN_SIZES(body_timeout, 3);
+}
+
+/* Rank 1 never receives: rank 0's send times out naming rank 1, and rank 1's late receive
+ * must not get the withdrawn message. */
+static void body_p2p_timeout(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_comm *c = fresh_group(r, 2, "p2p_tmo");
+    ms_error err;
+    float buf[256];
+    fill_msg(buf, 256, 0, 1, 0);
+    int me = c ? ms_comm_rank(c) : -1;
+    if (me == 0) {
+        int64_t t0 = ms_now_ns();
+        ms_status st = ms_send(c, buf, 256, 1, 0, &err);
+        int64_t dt = ms_now_ns() - t0;
+        MT_CHECK(r, st == MS_ERR_TIMEOUT, "unmatched send gave %s, want timeout",
+                 ms_status_str(st));
+        MT_CHECK(r, dt < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "timed out late, after %lld ms",
+                 (long long)(dt / 1000000));
+        if (st == MS_ERR_TIMEOUT)
+            MT_CHECK(r, strstr(err.msg, "send_recv") && strstr(err.msg, "1 (world 1)"),
+                     "p2p timeout message lacks op or peer: %s", err.msg);
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    if (me == 1) {
+        int64_t t0 = ms_now_ns();
+        ms_status st = ms_recv(c, buf, 256, 0, 0, &err);
+        if (mt_backend() == MS_BACKEND_THREADS)
+            MT_CHECK(r, st == MS_ERR_COMM, "late receive gave %s, want comm error",
+                     ms_status_str(st));
+        MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS,
+                 "late receive took too long");
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    ms_comm_destroy(c);
+}
+
+static void test_p2p_timeout(void **state) {
+    (void)state;
+    RUN_SIZES(body_p2p_timeout, 2);
+}
+
+/* --- large messages ---------------------------------------------------------------------- */
+
+/* Messages past 8 MiB per rank, where backends may change how they copy (the threads
+ * backend pushes all_gather in bigger sub-chunks), with odd counts so that blocks start
+ * unaligned. */
+static void body_large(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "large");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    ms_error err;
+    size_t *counts = malloc(sizeof(size_t) * 2 * (size_t)n), *displs = counts + n;
+    size_t total = 0;
+    for (int p = 0; p < n; p++) {
+        counts[p] = (size_t)(3 << 20) / (size_t)n + (size_t)p * 3 + 1;
+        displs[p] = total;
+        total += counts[p];
+    }
+    float *send = alloc_floats(total), *recv = alloc_floats(total + 1);
+
+    for (size_t i = 0; i < counts[me]; i++) send[i] = val(me, i, 1);
+    if (MT_OK(r, ms_all_gather(c, send, recv, counts, &err), &err)) {
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < counts[p]; i++)
+                if (recv[displs[p] + i] != val(p, i, 1)) {
+                    MT_CHECK(r, 0, "large all_gather: block %d [%zu] = %g, want %g", p, i,
+                             (double)recv[displs[p] + i], (double)val(p, i, 1));
+                    p = n;
+                    break;
+                }
+        MT_CHECK(r, recv[total] == SENTINEL, "large all_gather wrote past the end");
+    }
+
+    /* all_to_all with the same block sizes in both directions: block p of rank s holds
+     * val(s, i, p). */
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < counts[p]; i++) send[displs[p] + i] = val(me, i, p + 2);
+    size_t *rc = malloc(sizeof(size_t) * 2 * (size_t)n), *rd = rc + n, off = 0;
+    for (int p = 0; p < n; p++) {
+        rc[p] = counts[me];
+        rd[p] = off;
+        off += rc[p];
+    }
+    float *a2a = alloc_floats(off + 1);
+    if (MT_OK(r, ms_all_to_all(c, send, counts, displs, a2a, rc, rd, &err), &err)) {
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < rc[p]; i++)
+                if (a2a[rd[p] + i] != val(p, i, me + 2)) {
+                    MT_CHECK(r, 0, "large all_to_all: from %d [%zu] = %g, want %g", p, i,
+                             (double)a2a[rd[p] + i], (double)val(p, i, me + 2));
+                    p = n;
+                    break;
+                }
+        MT_CHECK(r, a2a[off] == SENTINEL, "large all_to_all wrote past the end");
+    }
+
+    size_t count = total - 1; /* odd */
+    for (size_t i = 0; i < count; i++) recv[i] = me == n - 1 ? val(me, i, 9) : SENTINEL;
+    if (MT_OK(r, ms_broadcast(c, recv, count, n - 1, &err), &err))
+        for (size_t i = 0; i < count; i++)
+            if (recv[i] != val(n - 1, i, 9)) {
+                MT_CHECK(r, 0, "large broadcast [%zu] = %g, want %g", i, (double)recv[i],
+                         (double)val(n - 1, i, 9));
+                break;
+            }
+
+    for (size_t i = 0; i < count; i++) send[i] = val(me, i, 4);
+    if (MT_OK(r, ms_all_reduce(c, send, recv, count, MS_REDUCE_AVG, &err), &err))
+        check_reduced(r, "large all_reduce", recv, count, 0, n, 4, MS_REDUCE_AVG);
+    free(a2a);
+    free(rc);
+    free(send);
+    free(recv);
+    free(counts);
+    group_done(r, c);
+}
+
+static void test_large(void **state) {
+    (void)state;
+    RUN_SIZES(body_large, 2, 3);
+}
+
+/* --- stress: many small calls on oversubscribed ranks ------------------------------------------
+ */
+
+static void body_stress(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "stress");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    float send[64], recv[64], ring[8];
+    ms_error err;
+    for (int it = 0; it < 300 && !r->failures; it++) {
+        size_t count = (size_t)(it % 64);
+        ms_reduce_op op = (ms_reduce_op)(it % MS_REDUCE_COUNT);
+        for (size_t i = 0; i < count; i++) send[i] = val(me, i, it);
+        if (MT_OK(r, ms_all_reduce(c, send, recv, count, op, &err), &err))
+            check_reduced(r, "stress all_reduce", recv, count, 0, n, it, op);
+        if (it % 7 == 0 && n > 1) {
+            int next = (me + 1) % n, prev = (me + n - 1) % n;
+            fill_msg(send, 8, me, next, it);
+            ms_p2p_op ops[2] = {{MS_P2P_SEND, next, send, 8, 1}, {MS_P2P_RECV, prev, ring, 8, 1}};
+            if (MT_OK(r, ms_p2p(c, ops, 2, &err), &err))
+                check_msg(r, "stress ring", ring, 8, prev, me, it);
+        }
+        if (it % 5 == 0) MT_OK(r, ms_barrier(c, &err), &err);
+        if (it % 3 == 0) p2p_many(r, c); /* FIFO per tag while entries are reused */
+    }
+    group_done(r, c);
+}
+
+static void test_stress(void **state) {
+    (void)state;
+    RUN_SIZES(body_stress, 2, 8);
+}
+
+/* --- the threads world itself ------------------------------------------------------------------
+ */
+
+static void test_threads_world(void **state) {
+    (void)state;
+    ms_threads_world *w = NULL;
+    ms_error err;
+    assert_int_equal(ms_threads_world_create(0, &w, &err), MS_ERR_INVALID);
+    assert_int_equal(ms_threads_world_create(1, &w, &err), MS_OK);
+    assert_int_equal(ms_threads_world_size(w), 1);
+    ms_comm *c = NULL, *again = NULL;
+    assert_int_equal(ms_comm_threads_create(w, 1, &again, &err), MS_ERR_INVALID);
+    assert_int_equal(ms_comm_threads_create(w, 0, &c, &err), MS_OK);
+    assert_int_equal(ms_comm_threads_create(w, 0, &again, &err), MS_ERR_INVALID);
+    assert_null(again);
+    assert_string_equal(ms_comm_backend(c), "threads");
+    assert_int_equal(ms_comm_size(c), 1);
+    float x[3] = {1, 2, 3}, y[3];
+    assert_int_equal(ms_all_reduce(c, x, y, 3, MS_REDUCE_AVG, &err), MS_OK);
+    assert_true(y[0] == 1 && y[1] == 2 && y[2] == 3);
+    ms_comm_destroy(c);
+    ms_threads_world_destroy(w);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_threads_world),
+    cmocka_unit_test(test_all_reduce),
+    cmocka_unit_test(test_reduce_scatter),
+    cmocka_unit_test(test_all_gather),
+    cmocka_unit_test(test_all_to_all),
+    cmocka_unit_test(test_broadcast),
+    cmocka_unit_test(test_p2p),
+    cmocka_unit_test(test_barrier),
+    cmocka_unit_test(test_split),
+    cmocka_unit_test(test_observer),
+    cmocka_unit_test(test_timeout),
+    cmocka_unit_test(test_p2p_timeout),
+    cmocka_unit_test(test_large),
+    cmocka_unit_test(test_stress),
+};
+
+MT_MAIN("comm", tests)

@@ -1,0 +1,192 @@
+/* test_train.c - a small GPT trained on several meshes gives the numbers of one rank.
+ *
+ * The reference is the same model and data on a single rank. Each strategy (dp2, tp2,
+ * tp2+sp, dp2xtp2, dp4, tp4, dp2xtp2+sp on 8 ranks) runs the same steps; losses must
+ * match within 1e-5 relative and the final parameters, gathered to full tensors, within
+ * 1e-5. Runs on the threads backend, and under mpirun for the strategies that fit.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/philox.h"
+#include "core/xalloc.h"
+#include "dist/reshard.h"
+#include "model/gpt.h"
+#include "model/strategy.h"
+#include "optim/optim.h"
+#include "testkit.h"
+
+#define STEPS      20
+#define MAX_PARAMS 64
+
+enum { B = 4, T = 8 };
+
+typedef struct run_out {
+    float losses[STEPS];
+    int nparams;
+    char names[MAX_PARAMS][96];
+    float *params[MAX_PARAMS]; /* full tensors, owned */
+    int64_t sizes[MAX_PARAMS];
+} run_out;
+
+typedef struct run_arg {
+    int dp, tp;
+    bool sp;
+    run_out *out; /* written by world rank 0 */
+} run_arg;
+
+static ms_model_config tiny_config(void) {
+    ms_model_config c = {.model_type = MS_MODEL_GPT2,
+                         .n_layer = 2,
+                         .n_head = 4,
+                         .n_embd = 32,
+                         .vocab_size = 64,
+                         .n_positions = 16,
+                         .layer_norm_epsilon = 1e-5};
+    return c;
+}
+
+static void batch(int step, float *ids, float *tgt, float *pos) {
+    for (int i = 0; i < B * T; i++) {
+        ids[i] = (float)(int)(ms_philox_uniform(7, (uint64_t)step, (uint64_t)i) * 64);
+        tgt[i] = (float)(((int)ids[i] * 7 + 3) % 64); /* a learnable map */
+        pos[i] = (float)(i % T);
+    }
+}
+
+static void train(mt_rank *r, void *p) {
+    run_arg *a = p;
+    ms_ctx *ctx = r->ctx;
+    ms_error err = {0};
+    ms_strategy s;
+    if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->sp, &err), &err)) return;
+    ms_mesh mesh;
+    ms_strategy_mesh(&s, &mesh, &err);
+    ms_dmesh *dm;
+    if (!MT_OK(r, ms_dmesh_create(ctx, &mesh, &dm, &err), &err)) return;
+    ms_model_config cfg = tiny_config();
+    ms_model m;
+    if (!MT_OK(r, ms_model_build(&cfg, B, T, &m, &err), &err)) return;
+    ms_program *prog;
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 42};
+    if (!MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err)) return;
+    float ids[B * T], tgt[B * T], pos[B * T];
+    ms_sgd_opts sgd = {.lr = 0.5f};
+    for (int step = 0; step < STEPS && r->failures == 0; step++) {
+        batch(step, ids, tgt, pos);
+        ms_program_feed(prog, m.ids, ids, &err);
+        ms_program_feed(prog, m.targets, tgt, &err);
+        ms_program_feed(prog, m.pos, pos, &err);
+        float loss = 0;
+        if (!MT_OK(r, ms_program_step(prog, &loss, &err), &err)) break;
+        for (int i = 0; i < ms_program_num_params(prog); i++) {
+            ms_param_view pv;
+            ms_program_param(prog, i, &pv);
+            size_t n = (size_t)ms_tensor_numel(&pv.data);
+            ms_sgd_step(ms_tensor_f32(&pv.data), ms_tensor_f32(&pv.grad), NULL, n, &sgd, &err);
+        }
+        if (ctx->rank == 0 && dm->index >= 0) a->out->losses[step] = loss;
+    }
+    /* Gather every parameter to a full tensor. */
+    for (int i = 0; i < ms_program_num_params(prog) && i < MAX_PARAMS; i++) {
+        ms_param_view pv;
+        ms_program_param(prog, i, &pv);
+        ms_dtensor t = {.ndim = pv.gshape.ndim, .mesh = dm, .pl = pv.pl, .local = pv.data};
+        memcpy(t.gshape, pv.gshape.d, sizeof t.gshape);
+        ms_tensor full;
+        if (!MT_OK(r, ms_dtensor_full(&t, &full, &err), &err)) break;
+        if (ctx->rank == 0) {
+            run_out *o = a->out;
+            snprintf(o->names[i], sizeof o->names[i], "%s", pv.name);
+            o->sizes[i] = ms_tensor_numel(&full);
+            o->params[i] = xmalloc(sizeof(float) * (size_t)o->sizes[i]);
+            memcpy(o->params[i], ms_tensor_f32(&full), sizeof(float) * (size_t)o->sizes[i]);
+            o->nparams = i + 1;
+        }
+        ms_tensor_release(&full);
+    }
+    ms_program_destroy(prog);
+    ms_model_free(&m);
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static void free_out(run_out *o) {
+    for (int i = 0; i < o->nparams; i++) free(o->params[i]);
+}
+
+static run_out reference;
+static bool have_reference;
+
+static void compare(int dp, int tp, bool sp) {
+    if (!have_reference) {
+        /* The reference: one rank on the threads backend, in every process. */
+        run_arg ra = {1, 1, false, &reference};
+        mt_run_threads(1, train, &ra);
+        have_reference = true;
+    }
+    run_out got = {0};
+    run_arg a = {dp, tp, sp, &got};
+    mt_run(dp * tp, train, &a);
+    if (mt_backend() == MS_BACKEND_MPI && mt_world_rank() != 0) {
+        free_out(&got);
+        return;
+    }
+    for (int s = 0; s < STEPS; s++) {
+        double want = reference.losses[s], have = got.losses[s];
+        if (!(fabs(have - want) <= 1e-5 * fabs(want)))
+            fail_msg("dp%d x tp%d%s step %d: loss %.8f, one rank %.8f", dp, tp, sp ? "+sp" : "", s,
+                     have, want);
+    }
+    assert_int_equal(got.nparams, reference.nparams);
+    for (int i = 0; i < got.nparams; i++) {
+        assert_string_equal(got.names[i], reference.names[i]);
+        for (int64_t k = 0; k < got.sizes[i]; k++) {
+            double w = reference.params[i][k], h = got.params[i][k];
+            if (!(fabs(h - w) <= 1e-5 * (1 + fabs(w))))
+                fail_msg("dp%d x tp%d%s: %s[%lld] = %.8f, one rank %.8f", dp, tp, sp ? "+sp" : "",
+                         got.names[i], (long long)k, h, w);
+        }
+    }
+    /* The runs really trained: the loss fell. */
+    assert_true(reference.losses[STEPS - 1] < reference.losses[0]);
+    free_out(&got);
+}
+
+static void dp2(void **s) {
+    (void)s;
+    compare(2, 1, false);
+}
+static void tp2(void **s) {
+    (void)s;
+    compare(1, 2, false);
+}
+static void tp2_sp(void **s) {
+    (void)s;
+    compare(1, 2, true);
+}
+static void dp2_tp2(void **s) {
+    (void)s;
+    compare(2, 2, false);
+}
+static void dp4(void **s) {
+    (void)s;
+    compare(4, 1, false);
+}
+static void tp4(void **s) {
+    (void)s;
+    compare(1, 4, false);
+}
+static void dp2_tp2_sp_8(void **s) {
+    (void)s;
+    compare(4, 2, true);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(dp2),          cmocka_unit_test(tp2), cmocka_unit_test(tp2_sp),
+    cmocka_unit_test(dp2_tp2),      cmocka_unit_test(dp4), cmocka_unit_test(tp4),
+    cmocka_unit_test(dp2_tp2_sp_8),
+};
+MT_MAIN("train", tests)
