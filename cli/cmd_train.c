@@ -21,7 +21,7 @@
 #define TRAIN_FLAGS                                                                                \
     "--model --data --strategy --dp --tp --sp --backend --steps --seed --batch --seq --lr "        \
     "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
-    "--eval-every --val-fraction"
+    "--eval-every --val-fraction --threads"
 
 /* Feeds batch rows as floats: ids, targets and positions. */
 static ms_status feed(session *s, const int32_t *ids, const int32_t *tgt, float *scratch,

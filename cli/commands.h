@@ -9,6 +9,7 @@ int ms_cmd_train(int argc, char **argv);
 int ms_cmd_eval(int argc, char **argv);
 int ms_cmd_explain(int argc, char **argv);
 int ms_cmd_bench_comm(int argc, char **argv);
+int ms_cmd_bench_gemm(int argc, char **argv);
 /* Internal: the raw-MPI side of `bench comm`, run under mpirun by the bench itself. */
 int ms_cmd_bench_comm_mpi_worker(int argc, char **argv);
 

@@ -14,6 +14,8 @@ static void usage(FILE *f) {
             "                     their bytes and times, checked against the global tensor\n"
             "  bench comm [--json] [--ranks 2,4] [--min-bytes B] [--max-bytes B] [--iters N]\n"
             "                     bus bandwidth of the threads backend against OpenMPI\n"
+            "  bench gemm --m M --n N --k K [--ta] [--tb] [--backward] [--threads T] [--json]\n"
+            "                     sgemm GFLOP/s at one shape through the engine's matmul kernel\n"
             "  train --model CONFIG --data FILE [--dp N --tp N --sp | --strategy FILE]\n"
             "        [--backend threads|mpi] [--steps N] [--seed S] [--batch B] [--seq T]\n"
             "        [--lr LR] [--log-jsonl FILE] [--save FILE.safetensors] [--sample N]\n"
@@ -41,9 +43,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "explain")) return ms_cmd_explain(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "comm")) return ms_cmd_bench_comm(argc - 2, argv + 2);
+        if (argc >= 3 && !strcmp(argv[2], "gemm")) return ms_cmd_bench_gemm(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "comm-mpi-worker"))
             return ms_cmd_bench_comm_mpi_worker(argc - 2, argv + 2);
-        fprintf(stderr, "meshscope bench: unknown benchmark '%s'; available: comm\n",
+        fprintf(stderr, "meshscope bench: unknown benchmark '%s'; available: comm, gemm\n",
                 argc >= 3 ? argv[2] : "");
         return 2;
     }

@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "comm/comm_mpi.h"
+#include "kernels/kernels.h"
 
 static bool parse_int(const char *s, long lo, long hi, long *out) {
     char *end;
@@ -90,6 +93,7 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             good = parse_int(v, 1, 4096, &n), o->dp = (int)n;
         else if (!strcmp(f, "--tp"))
             good = parse_int(v, 1, 4096, &n), o->tp = (int)n;
+        else if (!strcmp(f, "--threads")) good = parse_int(v, 0, 1024, &n), o->threads = (int)n;
         else if (!strcmp(f, "--steps"))
             good = parse_int(v, 0, 100000000, &n), o->steps = (int)n;
         else if (!strcmp(f, "--batch"))
@@ -184,6 +188,12 @@ int session_launch(const char *cmd, const run_opts *o, ms_rank_fn fn, void *arg)
             return 1;
         }
     }
+    /* OpenBLAS's pool is process-wide: share the cores among the thread ranks. */
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int per_rank = o->threads > 0 ? o->threads
+                   : o->backend == MS_BACKEND_THREADS ? (cores / nranks > 0 ? cores / nranks : 1)
+                                                       : 1;
+    ms_k_blas_set_threads(per_rank);
     ms_launch_opts lo = {.backend = o->backend,
                          .nranks = o->backend == MS_BACKEND_MPI ? 0 : nranks,
                          .seed = o->seed};

@@ -9,27 +9,27 @@
 #include "testkit.h"
 
 /* The config.json of Hugging Face's "gpt2" (GPT-2 small), abridged only of task params. */
-static const char gpt2_small[] =
-    "{\n"
-    "  \"activation_function\": \"gelu_new\",\n"
-    "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
-    "  \"attn_pdrop\": 0.1,\n"
-    "  \"bos_token_id\": 50256,\n"
-    "  \"embd_pdrop\": 0.1,\n"
-    "  \"eos_token_id\": 50256,\n"
-    "  \"initializer_range\": 0.02,\n"
-    "  \"layer_norm_epsilon\": 1e-05,\n"
-    "  \"model_type\": \"gpt2\",\n"
-    "  \"n_ctx\": 1024,\n"
-    "  \"n_embd\": 768,\n"
-    "  \"n_head\": 12,\n"
-    "  \"n_layer\": 12,\n"
-    "  \"n_positions\": 1024,\n"
-    "  \"resid_pdrop\": 0.1,\n"
-    "  \"summary_activation\": null,\n"
-    "  \"task_specific_params\": {\"text-generation\": {\"do_sample\": true, \"max_length\": 50}},\n"
-    "  \"vocab_size\": 50257\n"
-    "}\n";
+static const char gpt2_small[] = "{\n"
+                                 "  \"activation_function\": \"gelu_new\",\n"
+                                 "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+                                 "  \"attn_pdrop\": 0.1,\n"
+                                 "  \"bos_token_id\": 50256,\n"
+                                 "  \"embd_pdrop\": 0.1,\n"
+                                 "  \"eos_token_id\": 50256,\n"
+                                 "  \"initializer_range\": 0.02,\n"
+                                 "  \"layer_norm_epsilon\": 1e-05,\n"
+                                 "  \"model_type\": \"gpt2\",\n"
+                                 "  \"n_ctx\": 1024,\n"
+                                 "  \"n_embd\": 768,\n"
+                                 "  \"n_head\": 12,\n"
+                                 "  \"n_layer\": 12,\n"
+                                 "  \"n_positions\": 1024,\n"
+                                 "  \"resid_pdrop\": 0.1,\n"
+                                 "  \"summary_activation\": null,\n"
+                                 "  \"task_specific_params\": {\"text-generation\": "
+                                 "{\"do_sample\": true, \"max_length\": 50}},\n"
+                                 "  \"vocab_size\": 50257\n"
+                                 "}\n";
 
 static const char bert_base[] = "{\"architectures\": [\"BertForMaskedLM\"],\n"
                                 "\"attention_probs_dropout_prob\": 0.1,\n"
@@ -177,7 +177,8 @@ static void structure_errors(void **state) {
                  "\"n_positions\": 1}",
                  "set n_embd to a multiple of n_head (e.g. 768 or 780)");
     /* Syntax errors give the byte offset, line and column. */
-    expect_error("{\"n_layer\": 2,\n  \"n_head\" 4}", "malformed JSON at byte 26 (line 2, column 12)");
+    expect_error("{\"n_layer\": 2,\n  \"n_head\" 4}",
+                 "malformed JSON at byte 26 (line 2, column 12)");
     expect_error("{\"n_layer\": 2,", "malformed JSON");
     expect_error("{\"a\": 1} trailing", "unexpected text after the value at byte 9");
     expect_error("[1, 2]", "$: expected a JSON object at the top level, got an array");
@@ -206,8 +207,13 @@ static void structure_errors(void **state) {
 static void validate_built(void **state) {
     (void)state;
     ms_error err = {0};
-    ms_model_config c = {.model_type = MS_MODEL_GPT2, .n_layer = 2, .n_head = 3, .n_embd = 64,
-                         .vocab_size = 256, .n_positions = 64, .layer_norm_epsilon = 1e-5};
+    ms_model_config c = {.model_type = MS_MODEL_GPT2,
+                         .n_layer = 2,
+                         .n_head = 3,
+                         .n_embd = 64,
+                         .vocab_size = 256,
+                         .n_positions = 64,
+                         .layer_norm_epsilon = 1e-5};
     assert_int_equal(ms_config_validate(&c, "cli", &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "cli: n_embd 64 is not divisible by n_head 3"));
     c.n_head = 4;

@@ -132,9 +132,9 @@ static void sampler_determinism(void **state) {
     enum { NB = 50 };
     int32_t *all = malloc(sizeof(int32_t) * NB * B * T);
     for (uint64_t i = 0; i < NB; i++)
-        assert_int_equal(ms_text_data_sample(&d, MS_SPLIT_TRAIN, 42, i, B, 0, B,
-                                             all + i * B * T, NULL, &err),
-                         MS_OK);
+        assert_int_equal(
+            ms_text_data_sample(&d, MS_SPLIT_TRAIN, 42, i, B, 0, B, all + i * B * T, NULL, &err),
+            MS_OK);
     int32_t in1[B * T], tg1[B * T], in2[B * T];
     for (uint64_t i = NB; i-- > 0;) {
         /* Same (seed, i) -> same batch, from a separately opened dataset and in reverse
@@ -210,11 +210,10 @@ static void dp_sharding(void **state) {
     int32_t global_in[B * T], global_tg[B * T], in[B * T], tg[B * T];
     for (uint64_t i = 0; i < 5; i++) {
         for (int mode = 0; mode < 2; mode++) {
-            ms_status st =
-                mode == 0
-                    ? ms_text_data_sample(&d, MS_SPLIT_TRAIN, 9, i, B, 0, B, global_in, global_tg,
-                                          &err)
-                    : ms_text_data_eval(&d, MS_SPLIT_VAL, i, B, 0, B, global_in, global_tg, &err);
+            ms_status st = mode == 0 ? ms_text_data_sample(&d, MS_SPLIT_TRAIN, 9, i, B, 0, B,
+                                                           global_in, global_tg, &err)
+                                     : ms_text_data_eval(&d, MS_SPLIT_VAL, i, B, 0, B, global_in,
+                                                         global_tg, &err);
             assert_int_equal(st, MS_OK);
             const int dps[3] = {1, 2, 4};
             for (int k = 0; k < 3; k++) {
@@ -315,8 +314,12 @@ static int run(const char *cmd, char *out, size_t len) {
 
 static int prepare_data_check(void) {
     const char *script = MS_SOURCE_DIR "/scripts/prepare-data.sh";
-    char dir[64], out[128], cmd[512], text[4096];
-    make_dir(dir, sizeof dir);
+    char dir[64] = "/tmp/ms_test_prepare_XXXXXX", out[128], cmd[512], text[4096];
+    /* Not inside a cmocka test here: report failures by exit code, not asserts. */
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     snprintf(out, sizeof out, "%s/sub/kjv.txt", dir);
     /* Without `bible` on PATH the script fails and says which package to install. */
     snprintf(cmd, sizeof cmd, "env PATH=%s /bin/bash %s %s 2>&1", dir, script, out);

@@ -61,8 +61,8 @@ static void sgd(void **state) {
 }
 
 /* The textbook AdamW in double, PyTorch's order of operations. */
-static void adamw_ref(double *p, const float *g, double *m, double *v, int n, double lr,
-                      double b1, double b2, double eps, double wd, int t) {
+static void adamw_ref(double *p, const float *g, double *m, double *v, int n, double lr, double b1,
+                      double b2, double eps, double wd, int t) {
     for (int i = 0; i < n; i++) {
         p[i] -= lr * wd * p[i];
         m[i] = b1 * m[i] + (1 - b1) * g[i];
@@ -78,8 +78,8 @@ static void adamw_first_step(void **state) {
      * to eps), independent of |g|: a known closed form. */
     float p[4] = {1, -1, 0.5f, 2}, m[4] = {0}, v[4] = {0};
     const float g[4] = {0.3f, -2.0f, 1e-3f, 0};
-    ms_adamw_opts o = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                       .weight_decay = 0.1f};
+    ms_adamw_opts o = {
+        .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
     ms_error err = {0};
     assert_int_equal(ms_adamw_step(p, g, m, v, 4, &o, 1, &err), MS_OK);
     const double decay = 1 - 0.01 * 0.1;
@@ -110,8 +110,8 @@ static void adamw_trajectory(void **state) {
         p[i] = ps[i] = (float)ms_philox_normal(5, 0, (uint64_t)i);
         rp[i] = p[i];
     }
-    const ms_adamw_opts o = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                             .weight_decay = 0.1f};
+    const ms_adamw_opts o = {
+        .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     ms_error err = {0};
     const size_t cuts[4] = {0, 333, 334, N};
     for (int t = 1; t <= 200; t++) {
@@ -198,8 +198,10 @@ static void lr_schedule(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(sgd),      cmocka_unit_test(adamw_first_step),
-    cmocka_unit_test(adamw_trajectory), cmocka_unit_test(clipping),
+    cmocka_unit_test(sgd),
+    cmocka_unit_test(adamw_first_step),
+    cmocka_unit_test(adamw_trajectory),
+    cmocka_unit_test(clipping),
     cmocka_unit_test(lr_schedule),
 };
 MT_MAIN("optim", tests)

@@ -49,8 +49,8 @@ static void rm_rf(const char *dir) {
 }
 
 /* Parses `header` as the JSON of a file whose data section is data_len bytes. */
-static ms_status parse_hdr(const char *header, uint64_t data_len, const char *name,
-                           ms_st_file *f, ms_error *err) {
+static ms_status parse_hdr(const char *header, uint64_t data_len, const char *name, ms_st_file *f,
+                           ms_error *err) {
     size_t hl = strlen(header);
     uint8_t *buf = malloc(8 + hl);
     for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
@@ -85,8 +85,9 @@ static void exact_layout(void **state) {
     size_t n;
     uint8_t *b = slurp(path, &n);
     /* 85 bytes of JSON padded with spaces to 88: 8 + 88 is a multiple of 8. */
-    const char *json = "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
-                       "\"data_offsets\":[0,8]}}";
+    const char *json =
+        "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
+        "\"data_offsets\":[0,8]}}";
     size_t jl = strlen(json);
     assert_int_equal(jl, 85);
     assert_int_equal(le64(b), 88);
@@ -166,7 +167,8 @@ static void roundtrip(void **state) {
     }
     t = ms_safetensors_find(&f, "h.0.attn.c_attn.bias");
     assert_non_null(t);
-    for (int i = 0; i < C; i++) assert_true(t->data[i] == ms_f32_from_bf16(ms_bf16_from_f32(bias[i])));
+    for (int i = 0; i < C; i++)
+        assert_true(t->data[i] == ms_f32_from_bf16(ms_bf16_from_f32(bias[i])));
     t = ms_safetensors_find(&f, "scalar \"quoted\"\\");
     assert_non_null(t);
     assert_true(t->ndim == 0 && t->numel == 1 && t->data[0] == scalar);
@@ -258,18 +260,20 @@ static void reader_errors(void **state) {
     /* Tiling of the data section. */
     snprintf(h, sizeof h, "{%s,\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}",
              A);
-    expect_bad(h, 16, "data_offsets leave a gap: bytes [8, 12) of the data section belong to no "
-                      "tensor (next is b)");
-    snprintf(h, sizeof h, "{%s,\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-             A);
+    expect_bad(h, 16,
+               "data_offsets leave a gap: bytes [8, 12) of the data section belong to no "
+               "tensor (next is b)");
+    snprintf(h, sizeof h, "{%s,\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", A);
     expect_bad(h, 8, "data_offsets overlap: b [4, 8) starts inside a, which ends at 8");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
                "gap: bytes [0, 4)");
     snprintf(h, sizeof h, "{%s}", A);
-    expect_bad(h, 12, "the tensors' data is 8 bytes but the data section is 12 bytes; the file is "
-                      "padded or corrupt");
-    expect_bad(h, 4, "the tensors' data is 8 bytes but the data section is 4 bytes; the file is "
-                     "truncated");
+    expect_bad(h, 12,
+               "the tensors' data is 8 bytes but the data section is 12 bytes; the file is "
+               "padded or corrupt");
+    expect_bad(h, 4,
+               "the tensors' data is 8 bytes but the data section is 4 bytes; the file is "
+               "truncated");
     snprintf(h, sizeof h, "{%s,%s}", A, A);
     expect_bad(h, 8, "header: tensor a appears twice");
     snprintf(h, sizeof h, "{\"__metadata__\":{\"k\":1},%s}", A);

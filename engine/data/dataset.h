@@ -29,11 +29,11 @@
 typedef enum ms_split { MS_SPLIT_TRAIN, MS_SPLIT_VAL, MS_SPLIT_ALL } ms_split;
 
 typedef struct ms_text_data {
-    char *path;         /* owned copy, for messages */
-    uint8_t *bytes;     /* the whole file, owned */
-    size_t nbytes;      /* > 0 */
-    size_t val_begin;   /* train = [0, val_begin), validation = [val_begin, nbytes) */
-    int seq_len;        /* T: a window is T + 1 bytes */
+    char *path;       /* owned copy, for messages */
+    uint8_t *bytes;   /* the whole file, owned */
+    size_t nbytes;    /* > 0 */
+    size_t val_begin; /* train = [0, val_begin), validation = [val_begin, nbytes) */
+    int seq_len;      /* T: a window is T + 1 bytes */
     double val_fraction;
 } ms_text_data;
 

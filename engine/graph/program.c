@@ -17,6 +17,7 @@
 #include "core/xalloc.h"
 #include "dist/reshard.h"
 #include "graph/graph_impl.h"
+#include "ops/select.h"
 
 typedef struct buf {
     int64_t nfloats;
@@ -149,40 +150,6 @@ static bool same_kind(ms_placement a, ms_placement b) {
     return true;
 }
 
-/* pl with mesh dim m set to q, keeping nesting orders where possible. */
-static bool replace_dim(const ms_placements *pl, int m, ms_placement q, int ndim,
-                        ms_placements *out) {
-    *out = *pl;
-    if (same_kind(pl->p[m], q)) return true;
-    out->p[m] = q;
-    if (q.kind == MS_PL_SHARD) {
-        /* The new shard nests innermost among the dims sharding the same tensor dim. */
-        int k = 0;
-        for (int e = 0; e < out->n; e++)
-            if (e != m && out->p[e].kind == MS_PL_SHARD && out->p[e].dim == q.dim) k++;
-        out->p[m].order = (int8_t)k;
-    }
-    /* Compact the orders of the tensor dim that lost a shard. */
-    if (pl->p[m].kind == MS_PL_SHARD) {
-        int d = pl->p[m].dim, removed = pl->p[m].order;
-        for (int e = 0; e < out->n; e++)
-            if (e != m && out->p[e].kind == MS_PL_SHARD && out->p[e].dim == d &&
-                out->p[e].order > removed)
-                out->p[e].order--;
-    }
-    return ms_placements_validate(out, out->n, ndim, NULL) == MS_OK;
-}
-
-/* Bytes (plus one per step) to move a tensor from a to b: the planner's own figure. */
-static double move_cost(ms_program *p, const ms_shape *g, const ms_placements *a,
-                        const ms_placements *b) {
-    if (ms_placements_eq(a, b)) return 0;
-    const ms_reshard_plan *plan;
-    if (ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, a, b, g->ndim, g->d, &plan, NULL) != MS_OK)
-        return INFINITY;
-    return plan->wire_bytes + plan->nsteps;
-}
-
 static double plan_coll_bytes(ms_program *p, const ms_shape *g, const ms_placements *a,
                               const ms_placements *b) {
     const ms_reshard_plan *plan;
@@ -251,62 +218,33 @@ static ms_status forward_completion(ms_program *p, ms_error *err) {
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
-        const ms_op_def *def = ms_op_get(nd->op);
-        for (int i = 0; i < nd->n_in; i++) pn->req_in[i] = p->pv[nd->in[i]].pl;
-        for (int o = 0; o < nd->n_out; o++) pn->out_pl[o] = all_r(mesh->ndim);
-        for (int m = 0; m < mesh->ndim; m++) {
-            ms_rule_cand cands[MS_OP_MAX_CANDS];
-            int nc = node_rule(g, nd, mesh->shape[m], cands);
-            double best = INFINITY;
-            int pick = -1;
-            for (int c = 0; c < nc; c++) {
-                double cost = 0;
-                for (int i = 0; i < nd->n_in && isfinite(cost); i++) {
-                    const gvalue *iv = &g->v[nd->in[i]];
-                    ms_placements to;
-                    if (!replace_dim(&pn->req_in[i], m, cands[c].in[i], iv->shape.ndim, &to))
-                        cost = INFINITY;
-                    else
-                        cost += move_cost(p, &iv->shape, &pn->req_in[i], &to);
-                }
-                /* Prefer candidates that give annotated or hinted outputs. */
-                for (int o = 0; o < nd->n_out; o++) {
-                    const gvalue *ov = &g->v[nd->out[o]];
-                    const pvalue *op = &p->pv[nd->out[o]];
-                    const ms_placements *want = ov->annotated  ? &ov->ann
-                                                : op->has_hint ? &op->hint
-                                                               : NULL;
-                    if (want && !same_kind(cands[c].out[o], want->p[m]))
-                        cost += ov->annotated ? 1e12 : 0.5;
-                }
-                if (cost < best) best = cost, pick = c;
-            }
-            if (pick < 0) {
-                char ins[400] = "", one[96];
-                for (int i = 0; i < nd->n_in; i++) {
-                    strncat(ins, ms_placements_str(&p->pv[nd->in[i]].pl, one, sizeof one),
-                            sizeof ins - strlen(ins) - 1);
-                    strncat(ins, " ", sizeof ins - strlen(ins) - 1);
-                }
-                return ms_fail(err, MS_ERR_INVALID,
-                               "%s (%s): no rule accepts input placements %s"
-                               "on mesh dim '%s' of size %d",
-                               nd->name, def->name, ins, mesh->names[m], mesh->shape[m]);
-            }
-            pn->cand[m] = cands[pick];
-            for (int i = 0; i < nd->n_in; i++)
-                replace_dim(&pn->req_in[i], m, cands[pick].in[i], g->v[nd->in[i]].shape.ndim,
-                            &pn->req_in[i]);
+        ms_shape ins[MS_OP_MAX_IN], outs[MS_OP_MAX_OUT];
+        ms_placements in_pl[MS_OP_MAX_IN], want[MS_OP_MAX_OUT];
+        int want_kind[MS_OP_MAX_OUT];
+        for (int i = 0; i < nd->n_in; i++) {
+            ins[i] = g->v[nd->in[i]].shape;
+            in_pl[i] = p->pv[nd->in[i]].pl;
         }
         for (int o = 0; o < nd->n_out; o++) {
-            ms_placements *op = &pn->out_pl[o];
-            for (int m = 0; m < mesh->ndim; m++) op->p[m] = pn->cand[m].out[o];
-            ms_placements_default_order(op);
-            gvalue *gv = &g->v[nd->out[o]];
-            if (ms_placements_validate(op, mesh->ndim, gv->shape.ndim, err) != MS_OK)
-                return ms_fail_wrap(err, MS_ERR_INTERNAL, "%s: output placement", nd->name);
+            const gvalue *ov = &g->v[nd->out[o]];
+            const pvalue *op = &p->pv[nd->out[o]];
+            outs[o] = ov->shape;
+            want_kind[o] = ov->annotated ? 2 : op->has_hint ? 1 : 0;
+            if (want_kind[o]) want[o] = ov->annotated ? ov->ann : op->hint;
+        }
+        ms_rule_query q = {.op = nd->op, .attrs = &nd->attrs, .n_in = nd->n_in, .n_out = nd->n_out,
+                           .in_shapes = ins, .out_shapes = outs, .in_pl = in_pl, .want_out = want,
+                           .want_kind = want_kind, .allow_reshard = true};
+        ms_rule_choice ch;
+        ms_status st = ms_rule_select(p->ctx->plans, mesh, &q, &ch, err);
+        if (st != MS_OK) return ms_fail_wrap(err, st, "node '%s'", nd->name);
+        memcpy(pn->cand, ch.cand, sizeof pn->cand);
+        memcpy(pn->req_in, ch.req_in, sizeof pn->req_in);
+        memcpy(pn->out_pl, ch.out_pl, sizeof pn->out_pl);
+        for (int o = 0; o < nd->n_out; o++) {
             pvalue *ov = &p->pv[nd->out[o]];
-            ov->pl = gv->annotated ? gv->ann : *op;
+            const gvalue *gv = &g->v[nd->out[o]];
+            ov->pl = gv->annotated ? gv->ann : pn->out_pl[o];
             ov->known = true;
         }
     }

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -54,35 +55,37 @@ ms_status ms_read_file(const char *path, size_t max_bytes, uint8_t **out, size_t
     return MS_OK;
 }
 
-/* Fault injection state (testing only, see the header). */
-static ms_io_fault g_fault = MS_IO_FAULT_NONE;
+/* Fault injection state (testing only, see the header). Ranks on the threads backend may
+ * write files concurrently, so the unarmed path reads only the atomic flag; the byte count
+ * is touched only while a test has a fault armed. */
+static atomic_int g_fault = MS_IO_FAULT_NONE;
 static size_t g_fault_after = 0;
 static size_t g_written = 0;
 
 void ms_io_inject_fault(ms_io_fault fault, size_t after_bytes) {
-    g_fault = fault;
     g_fault_after = after_bytes;
+    g_written = 0;
+    atomic_store(&g_fault, (int)fault);
 }
 
 static int take_fault(ms_io_fault which) {
-    if (g_fault != which) return 0;
-    g_fault = MS_IO_FAULT_NONE;
-    return 1;
+    int expect = (int)which;
+    return atomic_compare_exchange_strong(&g_fault, &expect, MS_IO_FAULT_NONE);
 }
 
 ms_status ms_durable_fwrite(FILE *f, const void *p, size_t n, const char *path, ms_error *err) {
     if (n == 0) return MS_OK;
-    if (g_fault == MS_IO_FAULT_WRITE && g_written + n > g_fault_after) {
-        /* Write what fits, then fail the way a full disk does. */
-        size_t part = g_fault_after > g_written ? g_fault_after - g_written : 0;
-        if (part) fwrite(p, 1, part, f);
-        g_written += part;
-        g_fault = MS_IO_FAULT_NONE;
-        return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", path, strerror(ENOSPC));
+    if (atomic_load_explicit(&g_fault, memory_order_relaxed) == MS_IO_FAULT_WRITE) {
+        if (g_written + n > g_fault_after && take_fault(MS_IO_FAULT_WRITE)) {
+            /* Write what fits, then fail the way a full disk does. */
+            size_t part = g_fault_after > g_written ? g_fault_after - g_written : 0;
+            if (part) fwrite(p, 1, part, f);
+            return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", path, strerror(ENOSPC));
+        }
+        g_written += n;
     }
     if (fwrite(p, 1, n, f) != n)
         return ms_fail(err, MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    g_written += n;
     return MS_OK;
 }
 
@@ -102,8 +105,7 @@ ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void
                                 ms_error *err) {
     size_t plen = strlen(path);
     if (plen == 0 || path[plen - 1] == '/')
-        return ms_fail(err, MS_ERR_INVALID, "'%s' names a folder; give a file name to write",
-                       path);
+        return ms_fail(err, MS_ERR_INVALID, "'%s' names a folder; give a file name to write", path);
     /* The temporary file must be in the same folder: rename is atomic only within one
      * file system, and the folder fsync below must cover both names. */
     static const char suffix[] = ".tmp.XXXXXX";
@@ -127,7 +129,6 @@ ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void
         close(fd);
         goto out_unlink;
     }
-    g_written = 0;
     st = writer(f, arg, err);
     if (st != MS_OK) {
         if (!strstr(err ? err->msg : "", path)) ms_fail_wrap(err, st, "%s", path);

@@ -33,10 +33,11 @@ ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void
 ms_status ms_durable_fwrite(FILE *f, const void *p, size_t n, const char *path, ms_error *err);
 
 /* Testing only: makes the next durable write fail at a given stage, once, as if the disk
- * did. Not thread-safe by design; tests set it right before the write they exercise. */
+ * did. Tests arm it right before the write they exercise, with no other writes running;
+ * while unarmed it costs one atomic load per write and is safe with concurrent writers. */
 typedef enum ms_io_fault {
     MS_IO_FAULT_NONE = 0,
-    MS_IO_FAULT_WRITE,  /* an ms_durable_fwrite after `after_bytes` bytes returns ENOSPC */
+    MS_IO_FAULT_WRITE,  /* the write crossing `after_bytes` bytes (since arming) gets ENOSPC */
     MS_IO_FAULT_FSYNC,  /* fsync of the temporary file returns EIO */
     MS_IO_FAULT_RENAME, /* rename returns EXDEV */
 } ms_io_fault;

@@ -57,7 +57,9 @@ static size_t json_depth_at(const char *s, size_t off) {
     return depth;
 }
 
-static const char *dtype_tag(ms_dtype dt) { return dt == MS_BF16 ? "BF16" : "F32"; }
+static const char *dtype_tag(ms_dtype dt) {
+    return dt == MS_BF16 ? "BF16" : "F32";
+}
 
 /* numel of a shape, or -1 when a dim is negative or the byte size (numel * esize) would
  * not fit in int64. */
@@ -91,7 +93,9 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     b->p[b->len] = '\0';
 }
 
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+static void sb_puts(sbuf *b, const char *s) {
+    sb_put(b, s, strlen(s));
+}
 
 static void sb_u64(sbuf *b, uint64_t v) {
     char tmp[24];
@@ -198,8 +202,8 @@ static void build_header(const ms_st_entry *e, int n, const ms_st_kv *meta, int 
             if (d) sb_puts(b, ",");
             sb_u64(b, (uint64_t)e[i].shape[d]);
         }
-        uint64_t bytes = (uint64_t)checked_numel(e[i].ndim, e[i].shape, 1) *
-                         ms_dtype_size(e[i].dtype);
+        uint64_t bytes =
+            (uint64_t)checked_numel(e[i].ndim, e[i].shape, 1) * ms_dtype_size(e[i].dtype);
         sb_puts(b, "],\"data_offsets\":[");
         sb_u64(b, off);
         sb_puts(b, ",");
@@ -253,8 +257,9 @@ ms_status ms_safetensors_write(const char *path, const ms_st_entry *entries, int
     build_header(entries, n, meta, nmeta, &header);
     ms_status st;
     if (header.len > MS_ST_MAX_HEADER) {
-        st = invalid(err, path, "the header would be %zu bytes, over the %u-byte limit readers "
-                                "accept; use fewer or shorter names and metadata",
+        st = invalid(err, path,
+                     "the header would be %zu bytes, over the %u-byte limit readers "
+                     "accept; use fewer or shorter names and metadata",
                      header.len, MS_ST_MAX_HEADER);
     } else {
         write_job job = {path, entries, n, &header};
@@ -309,14 +314,14 @@ static bool json_uint(const cJSON *v, uint64_t *out) {
     return true;
 }
 
-static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor *t,
-                              ms_error *err) {
+static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor *t, ms_error *err) {
     const char *tn = item->string;
     char got[64];
     if (!cJSON_IsObject(item)) {
         describe(item, got, sizeof got);
-        return invalid(err, name, "tensor %.200s: expected an object with dtype, shape and "
-                                  "data_offsets, got %s",
+        return invalid(err, name,
+                       "tensor %.200s: expected an object with dtype, shape and "
+                       "data_offsets, got %s",
                        tn, got);
     }
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
@@ -324,7 +329,9 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     const cJSON *of = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!dt || !sh || !of)
         return invalid(err, name, "tensor %.200s: missing \"%s\"", tn,
-                       !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+                       !dt   ? "dtype"
+                       : !sh ? "shape"
+                             : "data_offsets");
     if (!cJSON_IsString(dt)) {
         describe(dt, got, sizeof got);
         return invalid(err, name, "tensor %.200s: dtype: expected a string, got %s", tn, got);
@@ -335,8 +342,9 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
         t->dtype = MS_BF16;
     } else {
         describe(dt, got, sizeof got);
-        return invalid(err, name, "tensor %.200s: dtype %s is not supported (meshscope reads F32 "
-                                  "and BF16); convert the checkpoint to one of those",
+        return invalid(err, name,
+                       "tensor %.200s: dtype %s is not supported (meshscope reads F32 "
+                       "and BF16); convert the checkpoint to one of those",
                        tn, got);
     }
     if (!cJSON_IsArray(sh)) {
@@ -353,8 +361,9 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
         uint64_t v;
         if (!json_uint(x, &v)) {
             describe(x, got, sizeof got);
-            return invalid(err, name, "tensor %.200s: shape[%d]: expected a non-negative integer, "
-                                      "got %s",
+            return invalid(err, name,
+                           "tensor %.200s: shape[%d]: expected a non-negative integer, "
+                           "got %s",
                            tn, d, got);
         }
         t->shape[d] = (int64_t)v;
@@ -367,8 +376,9 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     uint64_t b, e;
     if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 || !json_uint(of->child, &b) ||
         !json_uint(of->child->next, &e)) {
-        return invalid(err, name, "tensor %.200s: data_offsets: expected [begin, end] with "
-                                  "non-negative integers",
+        return invalid(err, name,
+                       "tensor %.200s: data_offsets: expected [begin, end] with "
+                       "non-negative integers",
                        tn);
     }
     if (e < b)
@@ -377,8 +387,9 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     uint64_t want = (uint64_t)t->numel * esize;
     if (e - b != want) {
         char s[96];
-        return invalid(err, name, "tensor %.200s: data_offsets [%llu, %llu) hold %llu bytes but "
-                                  "shape %s of %s needs %llu",
+        return invalid(err, name,
+                       "tensor %.200s: data_offsets [%llu, %llu) hold %llu bytes but "
+                       "shape %s of %s needs %llu",
                        tn, (unsigned long long)b, (unsigned long long)e,
                        (unsigned long long)(e - b), ms_shape_str(t->shape, nd, s, sizeof s),
                        dtype_tag(t->dtype), (unsigned long long)want);
@@ -407,8 +418,7 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
     out->tensors = xcalloc((size_t)nchild + 1, sizeof *out->tensors);
     for (const cJSON *it = root->child; it; it = it->next) {
         if (strcmp(it->string, "__metadata__") == 0) {
-            if (out->meta_keys)
-                return invalid(err, name, "header: __metadata__ appears twice");
+            if (out->meta_keys) return invalid(err, name, "header: __metadata__ appears twice");
             if (!cJSON_IsObject(it))
                 return invalid(err, name, "header: __metadata__ must be an object of strings");
             int nm = cJSON_GetArraySize(it);
@@ -436,27 +446,29 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
     qsort(out->by_name, (size_t)out->n, sizeof *out->by_name, cmp_tensor_name);
     for (int i = 1; i < out->n; i++)
         if (strcmp(out->by_name[i - 1]->name, out->by_name[i]->name) == 0)
-            return invalid(err, name, "header: tensor %.200s appears twice",
-                           out->by_name[i]->name);
+            return invalid(err, name, "header: tensor %.200s appears twice", out->by_name[i]->name);
     /* Offsets must tile the data section exactly: sorted by begin, each starts where the
      * previous one ended, the first at 0 and the last at the end of the file. */
     uint64_t pos = 0;
     for (int i = 0; i < out->n; i++) {
         const ms_st_tensor *t = &out->tensors[i];
         if (t->begin > pos)
-            return invalid(err, name, "data_offsets leave a gap: bytes [%llu, %llu) of the data "
-                                      "section belong to no tensor (next is %.200s)",
+            return invalid(err, name,
+                           "data_offsets leave a gap: bytes [%llu, %llu) of the data "
+                           "section belong to no tensor (next is %.200s)",
                            (unsigned long long)pos, (unsigned long long)t->begin, t->name);
         if (t->begin < pos)
-            return invalid(err, name, "data_offsets overlap: %.200s [%llu, %llu) starts inside "
-                                      "%.200s, which ends at %llu",
+            return invalid(err, name,
+                           "data_offsets overlap: %.200s [%llu, %llu) starts inside "
+                           "%.200s, which ends at %llu",
                            t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                            out->tensors[i - 1].name, (unsigned long long)pos);
         pos = t->end;
     }
     if (pos != out->data_len)
-        return invalid(err, name, "the tensors' data is %llu bytes but the data section is %llu "
-                                  "bytes; the file is %s",
+        return invalid(err, name,
+                       "the tensors' data is %llu bytes but the data section is %llu "
+                       "bytes; the file is %s",
                        (unsigned long long)pos, (unsigned long long)out->data_len,
                        pos > out->data_len ? "truncated" : "padded or corrupt");
     return MS_OK;
@@ -467,18 +479,21 @@ ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t f
     memset(out, 0, sizeof *out);
     if (!name) name = "<memory>";
     if (file_size < 8 || len < 8)
-        return invalid(err, name, "the file is %llu bytes, too short for safetensors (it starts "
-                                  "with an 8-byte header length)",
+        return invalid(err, name,
+                       "the file is %llu bytes, too short for safetensors (it starts "
+                       "with an 8-byte header length)",
                        (unsigned long long)(file_size < len ? file_size : len));
     uint64_t hl = 0;
     for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
     if (hl > MS_ST_MAX_HEADER)
-        return invalid(err, name, "header length %llu is over the %u-byte limit; the file is "
-                                  "corrupt or not safetensors",
+        return invalid(err, name,
+                       "header length %llu is over the %u-byte limit; the file is "
+                       "corrupt or not safetensors",
                        (unsigned long long)hl, MS_ST_MAX_HEADER);
     if (hl > file_size - 8)
-        return invalid(err, name, "header length %llu is more than the %llu bytes after it; the "
-                                  "file is truncated or not safetensors",
+        return invalid(err, name,
+                       "header length %llu is more than the %llu bytes after it; the "
+                       "file is truncated or not safetensors",
                        (unsigned long long)hl, (unsigned long long)(file_size - 8));
     if (hl > len - 8)
         return invalid(err, name, "only %zu of the %llu header bytes were given", len - 8,
@@ -498,11 +513,12 @@ ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t f
     ms_status st;
     if (!root) {
         size_t off = end ? (size_t)(end - text) : 0;
-        st = invalid(err, name, "the header is not valid JSON (%s at byte %zu of %llu); the file "
-                                "is corrupt",
-                     json_depth_at(text, off) >= CJSON_NESTING_LIMIT ? "nested too deeply"
-                                                                      : "error",
-                     off, (unsigned long long)hl);
+        st =
+            invalid(err, name,
+                    "the header is not valid JSON (%s at byte %zu of %llu); the file "
+                    "is corrupt",
+                    json_depth_at(text, off) >= CJSON_NESTING_LIMIT ? "nested too deeply" : "error",
+                    off, (unsigned long long)hl);
     } else {
         out->header_len = hl;
         out->data_len = file_size - 8 - hl;
@@ -629,8 +645,9 @@ ms_status ms_safetensors_check(const ms_st_file *f, const ms_st_expect *want, in
         bool same = t->ndim == want[i].ndim;
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == want[i].shape[d];
         if (!same)
-            return ms_fail(err, MS_ERR_INVALID, "checkpoint %s: %s has shape %s, the model expects %s",
-                           p, t->name, ms_shape_str(t->shape, t->ndim, a, sizeof a),
+            return ms_fail(err, MS_ERR_INVALID,
+                           "checkpoint %s: %s has shape %s, the model expects %s", p, t->name,
+                           ms_shape_str(t->shape, t->ndim, a, sizeof a),
                            ms_shape_str(want[i].shape, want[i].ndim, b, sizeof b));
     }
     /* Every expected name is present; anything beyond them is unexpected. */

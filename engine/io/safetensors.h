@@ -24,9 +24,9 @@
 
 /* One tensor to write. */
 typedef struct ms_st_entry {
-    const char *name;  /* non-empty, unique, not "__metadata__" */
-    ms_dtype dtype;    /* in the file: MS_F32, or MS_BF16 (rounded to nearest even) */
-    int ndim;          /* 0..MS_MAX_DIMS; 0 is a scalar */
+    const char *name; /* non-empty, unique, not "__metadata__" */
+    ms_dtype dtype;   /* in the file: MS_F32, or MS_BF16 (rounded to nearest even) */
+    int ndim;         /* 0..MS_MAX_DIMS; 0 is a scalar */
     int64_t shape[MS_MAX_DIMS];
     const float *data; /* numel row-major floats, borrowed for the call */
 } ms_st_entry;
@@ -57,14 +57,14 @@ typedef struct ms_st_tensor {
 
 /* A parsed file. Everything in it is owned by it and freed by ms_safetensors_free. */
 typedef struct ms_st_file {
-    char *path;           /* the name used in messages */
-    int n;                /* tensors, in data-offset order */
+    char *path; /* the name used in messages */
+    int n;      /* tensors, in data-offset order */
     ms_st_tensor *tensors;
     int nmeta;
-    char **meta_keys;     /* nmeta each */
+    char **meta_keys; /* nmeta each */
     char **meta_values;
-    uint64_t header_len;  /* N */
-    uint64_t data_len;    /* file size - 8 - N */
+    uint64_t header_len;    /* N */
+    uint64_t data_len;      /* file size - 8 - N */
     ms_st_tensor **by_name; /* n pointers sorted by name, for lookups */
 } ms_st_file;
 
@@ -96,7 +96,6 @@ typedef struct ms_st_expect {
  * is missing or has another shape, in the order of `want`, then the first name in the file
  * that the model does not expect, e.g. "checkpoint x.safetensors: h.0.attn.c_attn.weight has
  * shape [768, 2304], the model expects [768, 1536]". */
-ms_status ms_safetensors_check(const ms_st_file *f, const ms_st_expect *want, int n,
-                               ms_error *err);
+ms_status ms_safetensors_check(const ms_st_file *f, const ms_st_expect *want, int n, ms_error *err);
 
 #endif

@@ -23,7 +23,9 @@ typedef struct field {
     const char *keys[3]; /* the canonical key first, then HF aliases; NULL-terminated */
 } field;
 
-const char *ms_model_type_name(ms_model_type t) { return t == MS_MODEL_BERT ? "bert" : "gpt2"; }
+const char *ms_model_type_name(ms_model_type t) {
+    return t == MS_MODEL_BERT ? "bert" : "gpt2";
+}
 
 /* A short rendering of a JSON value for "got ..." in messages. */
 static void describe(const cJSON *v, char *buf, size_t len) {
@@ -171,10 +173,11 @@ static ms_status parse_error(const char *json, size_t len, size_t off, const cha
     }
     near[k] = '\0';
     if (json_depth_at(json, off) >= CJSON_NESTING_LIMIT)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "%s: malformed JSON: nested more than %d levels deep at byte %zu (line %zu); "
-                       "a config is a flat object",
-                       name, CJSON_NESTING_LIMIT, off, line);
+        return ms_fail(
+            err, MS_ERR_INVALID,
+            "%s: malformed JSON: nested more than %d levels deep at byte %zu (line %zu); "
+            "a config is a flat object",
+            name, CJSON_NESTING_LIMIT, off, line);
     return ms_fail(err, MS_ERR_INVALID,
                    "%s: %s at byte %zu (line %zu, column %zu)%s%s%s; fix the syntax there (a "
                    "missing comma, quote or bracket?)",
@@ -234,13 +237,12 @@ static const field F_RESID = {{"resid_pdrop", "hidden_dropout_prob", NULL}};
 static const field F_ATTN = {{"attn_pdrop", "attention_probs_dropout_prob", NULL}};
 static const field F_EMBDP = {{"embd_pdrop", NULL, NULL}};
 
-static ms_status from_tree(const cJSON *root, const char *name, ms_model_config *c,
-                           ms_error *err) {
+static ms_status from_tree(const cJSON *root, const char *name, ms_model_config *c, ms_error *err) {
     if (!cJSON_IsObject(root)) {
         char got[64];
         describe(root, got, sizeof got);
-        return ms_fail(err, MS_ERR_INVALID, "%s: $: expected a JSON object at the top level, got %s",
-                       name, got);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $: expected a JSON object at the top level, got %s", name, got);
     }
     memset(c, 0, sizeof *c);
     c->model_type = MS_MODEL_GPT2;
@@ -288,8 +290,8 @@ ms_status ms_config_from_string(const char *json, size_t len, const char *name,
         return parse_error(json, len, end ? (size_t)(end - json) : 0, name, "malformed JSON", err);
     /* cJSON stops after the first value; anything but whitespace after it is an error. */
     size_t off = (size_t)(end - json);
-    while (off < len && (json[off] == ' ' || json[off] == '\t' || json[off] == '\n' ||
-                         json[off] == '\r'))
+    while (off < len &&
+           (json[off] == ' ' || json[off] == '\t' || json[off] == '\n' || json[off] == '\r'))
         off++;
     ms_status st;
     if (off < len) {
@@ -315,11 +317,11 @@ ms_status ms_config_load(const char *path, ms_model_config *out, ms_error *err) 
 
 int64_t ms_gpt2_param_count(const ms_model_config *c) {
     const int64_t C = c->n_embd, L = c->n_layer, V = c->vocab_size, P = c->n_positions;
-    const int64_t block = 2 * C                 /* ln_1 weight, bias */
-                          + C * 3 * C + 3 * C   /* attn.c_attn */
-                          + C * C + C           /* attn.c_proj */
-                          + 2 * C               /* ln_2 */
-                          + C * 4 * C + 4 * C   /* mlp.c_fc */
-                          + 4 * C * C + C;      /* mlp.c_proj */
+    const int64_t block = 2 * C               /* ln_1 weight, bias */
+                          + C * 3 * C + 3 * C /* attn.c_attn */
+                          + C * C + C         /* attn.c_proj */
+                          + 2 * C             /* ln_2 */
+                          + C * 4 * C + 4 * C /* mlp.c_fc */
+                          + 4 * C * C + C;    /* mlp.c_proj */
     return V * C + P * C + L * block + 2 * C; /* wte (tied lm_head), wpe, blocks, ln_f */
 }

@@ -47,6 +47,11 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
+static bool is_stream(const char *name) {
+    return ends_with(name, ".res1") || ends_with(name, ".res2") || !strcmp(name, "embed") ||
+           ends_with(name, ".attn.c_proj") || ends_with(name, ".mlp.c_proj");
+}
+
 /* tp placement of a named value under the Megatron layout; false = no opinion. */
 static bool megatron(const ms_strategy *s, const char *name, int ndim, ms_placement *tp) {
     struct {
@@ -62,8 +67,9 @@ static bool megatron(const ms_strategy *s, const char *name, int ndim, ms_placem
             *tp = ms_pl_shard(shards[i].dim);
             return true;
         }
-    /* The residual stream: replicated, or sequence-sharded with sp. */
-    if (ends_with(name, ".res1") || ends_with(name, ".res2") || !strcmp(name, "embed")) {
+    /* The residual stream and the row-parallel outputs that join it: replicated (their
+     * partial sums all-reduced), or sequence-sharded with sp (reduce-scattered). */
+    if (is_stream(name)) {
         *tp = s->sp && ndim >= 2 ? ms_pl_shard(1) : ms_pl_replicate();
         return true;
     }

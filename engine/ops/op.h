@@ -98,6 +98,10 @@ typedef struct ms_op_def {
                        ms_error *err);
     /* Candidates along one mesh dim of `n` ranks; returns how many (R-everything first). */
     int (*rule)(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *out);
+    /* Optional: whether N-d input placements are runnable beyond what the per-dim rule can
+     * see (e.g. heads split over two mesh dims must still divide evenly). NULL = always. */
+    bool (*valid)(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *in_pl,
+                  const int *mesh_shape);
     /* Floats to save for backward, per saved slot, from the local input shapes. */
     void (*saved_floats)(const ms_op_attrs *a, const ms_op_call *call, int64_t *sizes);
     ms_status (*forward)(ms_op_call *call, ms_error *err);

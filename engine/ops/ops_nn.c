@@ -176,6 +176,16 @@ static int attn_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
     if (a->i[0] % n == 0 && in[0].d[3] % n == 0) cand1(&c[k++], ms_S(3), ms_S(2));
     return k;
 }
+/* Heads split over every mesh dim that shards qkv's C must still divide evenly. */
+static bool attn_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
+                       const int *mesh_shape) {
+    (void)n_in;
+    int64_t ways = 1;
+    for (int m = 0; m < pl[0].n; m++)
+        if (pl[0].p[m].kind == MS_PL_SHARD && pl[0].p[m].dim == 3) ways *= mesh_shape[m];
+    return a->i[0] % ways == 0 && in[0].d[3] % ways == 0;
+}
+
 static int64_t attn_local_heads(const ms_op_call *c) {
     int64_t hs = c->gin[0].d[3] / c->attrs->i[0];
     return c->in[0]->shape[3] / hs;
@@ -223,6 +233,7 @@ const ms_op_def ms_op_attention_def = {
     .n_in = 1,
     .n_out = 1,
     .infer = attn_infer,
+    .valid = attn_valid,
     .rule = attn_rule,
     .saved_floats = attn_saved,
     .forward = attn_forward,

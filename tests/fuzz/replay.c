@@ -56,7 +56,8 @@ int main(int argc, char **argv) {
         int st = ms_fuzz_one(exact, len, &perr);
         (void)LLVMFuzzerTestOneInput(exact, len);
         free(exact);
-        int want_ok = strncmp(names[i], "ok-", 3) == 0, want_bad = strncmp(names[i], "bad-", 4) == 0;
+        int want_ok = strncmp(names[i], "ok-", 3) == 0,
+            want_bad = strncmp(names[i], "bad-", 4) == 0;
         if ((want_ok && st != 0) || (want_bad && st == 0)) {
             fprintf(stderr, "FAIL %s: status %d (%s), expected %s\n", names[i], st,
                     st ? perr.msg : "accepted", want_ok ? "success" : "rejection");
