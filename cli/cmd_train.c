@@ -23,11 +23,13 @@
     "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
     "--eval-every --val-fraction --threads"
 
-/* Feeds batch rows as floats: ids, targets and positions. */
-static ms_status feed(session *s, const int32_t *ids, const int32_t *tgt, float *scratch,
-                      ms_error *err) {
+/* Feeds batch rows as floats: ids, targets and positions. For BERT the batch is first turned
+ * into a masked-LM batch (keyed by the batch index, so every rank masks alike). */
+static ms_status feed(session *s, int32_t *ids, int32_t *tgt, float *scratch, uint64_t seed,
+                      uint64_t batch, ms_error *err) {
     int n = s->model.B * s->model.T;
     ms_program *p = s->prog;
+    if (s->model.mlm_per_row) ms_model_mlm_mask(&s->model, seed, batch, ids, tgt);
     for (int i = 0; i < n; i++) scratch[i] = (float)ids[i];
     MS_CHECK(ms_program_feed(p, s->model.ids, scratch, err));
     for (int i = 0; i < n; i++) scratch[i] = (float)tgt[i];
@@ -88,7 +90,7 @@ static ms_status evaluate(session *s, const ms_text_data *d, ms_split split, int
     for (int b = 0; b < batches; b++) {
         MS_CHECK(
             ms_text_data_eval(d, split, (uint64_t)b, s->model.B, 0, s->model.B, ids, tgt, err));
-        MS_CHECK(feed(s, ids, tgt, scratch, err));
+        MS_CHECK(feed(s, ids, tgt, scratch, 7, (uint64_t)b, err));
         float loss;
         MS_CHECK(ms_program_forward(s->prog, &loss, err));
         sum += loss;
@@ -113,7 +115,7 @@ static ms_status sample_text(ms_ctx *ctx, session *s, int n, uint64_t seed, ms_e
         int ctxlen = total < T ? total : T;
         for (int t = 0; t < T; t++)
             ids[t] = t < ctxlen ? (unsigned char)out[total - ctxlen + t] : 0;
-        st = feed(s, ids, tgt, scratch, err);
+        st = feed(s, ids, tgt, scratch, seed, (uint64_t)k, err);
         float loss;
         if (st == MS_OK) st = ms_program_forward(s->prog, &loss, err);
         ms_tensor logits = {0};
@@ -215,7 +217,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         MS_CHECK_GOTO(ms_text_data_sample(&data, MS_SPLIT_TRAIN, o->seed, (uint64_t)step, B, 0, B,
                                           ids, tgt, err),
                       st, out);
-        MS_CHECK_GOTO(feed(&s, ids, tgt, scratch, err), st, out);
+        MS_CHECK_GOTO(feed(&s, ids, tgt, scratch, o->seed, (uint64_t)step, err), st, out);
         float loss;
         MS_CHECK_GOTO(ms_program_step(s.prog, &loss, err), st, out);
         double norm;
@@ -261,7 +263,8 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                       st, out);
         if (ctx->rank == 0) printf("validation loss %.4f (%d batches)\n", vl, o->batches);
     }
-    if (o->sample > 0) MS_CHECK_GOTO(sample_text(ctx, &s, o->sample, o->seed, err), st, out);
+    if (o->sample > 0 && !s.model.mlm_per_row)
+        MS_CHECK_GOTO(sample_text(ctx, &s, o->sample, o->seed, err), st, out);
     if (o->save) MS_CHECK_GOTO(save_checkpoint(ctx, &s, o->save, err), st, out);
     st = MS_OK;
 out:

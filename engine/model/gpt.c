@@ -1,7 +1,10 @@
 /* gpt.c - GPT-2 and BERT graphs. */
 #include "model/gpt.h"
 
+#include "core/philox.h"
+
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -166,7 +169,13 @@ ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out
     out->logits = op2(&b, MS_OP_MATMUL, &tb, x, wte, "logits");
     int losses = op2(&b, MS_OP_XENT, NULL, out->logits, out->targets, "losses");
     ms_op_attrs all = {.i = {-1}};
-    out->loss = op1(&b, MS_OP_MEAN, &all, losses, "loss");
+    out->loss = op1(&b, MS_OP_MEAN, &all, losses, bert ? "loss_all" : "loss");
+    if (bert) {
+        /* The mean over masked positions only: ignored positions contribute 0. */
+        out->mlm_per_row = (int)ceil(0.15 * T);
+        ms_op_attrs sc = {.f = {(float)T / (float)out->mlm_per_row}};
+        out->loss = op1(&b, MS_OP_SCALE, &sc, out->loss, "loss");
+    }
     ms_graph_set_loss(b.g, out->loss);
     out->g = b.g;
     out->B = B;
@@ -193,4 +202,26 @@ void ms_model_checkpoint_shape(const char *name, const ms_shape *internal, ms_sh
         file->ndim = 1;
         file->d[0] = internal->d[0] * internal->d[1];
     }
+}
+
+void ms_model_mlm_mask(const ms_model *m, uint64_t seed, uint64_t batch, int32_t *ids,
+                       int32_t *targets) {
+    int T = m->T, k = m->mlm_per_row;
+    int *perm = malloc(sizeof(int) * (size_t)T);
+    for (int r = 0; r < m->B; r++) {
+        int32_t *row = ids + (size_t)r * T, *tg = targets + (size_t)r * T;
+        for (int t = 0; t < T; t++) perm[t] = t, tg[t] = -1;
+        /* The first k steps of a Fisher-Yates shuffle pick k distinct positions. */
+        for (int j = 0; j < k && j < T; j++) {
+            uint32_t w[4];
+            ms_philox_words(seed ^ 0x6d6c6dULL, batch, (uint64_t)r * (uint64_t)T + (uint64_t)j, w);
+            int pick = j + (int)(w[0] % (uint32_t)(T - j));
+            int tmp = perm[j];
+            perm[j] = perm[pick], perm[pick] = tmp;
+            int pos = perm[j];
+            tg[pos] = row[pos];
+            row[pos] = MS_MLM_MASK_ID;
+        }
+    }
+    free(perm);
 }

@@ -17,7 +17,19 @@ typedef struct ms_model {
     int loss;              /* mean cross-entropy, a scalar */
     int logits;            /* [B, T, V] */
     int B, T;
+    /* BERT: positions masked per row; the loss is the mean over them (0 for GPT-2) */
+    int mlm_per_row;
 } ms_model;
+
+/* BERT's mask token: byte 0, which text never contains. */
+#define MS_MLM_MASK_ID 0
+
+/* Masked-LM inputs for a BERT batch: in each row exactly m->mlm_per_row positions, drawn
+ * from Philox keyed by (seed, batch index, row), get the mask token in ids and keep their
+ * original token as the target; every other target is -1 (ignored). ids and targets are
+ * [B, T]; targets is written, ids rewritten in place. */
+void ms_model_mlm_mask(const ms_model *m, uint64_t seed, uint64_t batch, int32_t *ids,
+                       int32_t *targets);
 
 /* Builds the model for batch B and sequence T. Errors name the problem (T > n_positions,
  * heads not dividing channels, ...). The model owns its graph. */
