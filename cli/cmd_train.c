@@ -19,7 +19,7 @@
 #include "session.h"
 
 #define TRAIN_FLAGS                                                                                \
-    "--model --data --strategy --dp --tp --sp --backend --steps --seed --batch --seq --lr "        \
+    "--model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch --seq --lr "   \
     "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
     "--eval-every --val-fraction --threads"
 
@@ -344,10 +344,11 @@ out:
 
 int ms_cmd_eval(int argc, char **argv) {
     run_opts o;
-    int rc = run_opts_parse("eval", argc, argv,
-                            "--model --checkpoint --data --batch --seq --batches --dp --tp --sp "
-                            "--strategy --backend",
-                            &o);
+    int rc =
+        run_opts_parse("eval", argc, argv,
+                       "--model --checkpoint --data --batch --seq --batches --dp --tp --cp --sp "
+                       "--strategy --backend",
+                       &o);
     if (rc) return rc;
     if (!o.checkpoint || !o.data) {
         fprintf(stderr, "meshscope eval: --checkpoint FILE and --data FILE are required\n");
@@ -373,7 +374,7 @@ static ms_status explain_rank(ms_ctx *ctx, void *arg, ms_error *err) {
 int ms_cmd_explain(int argc, char **argv) {
     run_opts o;
     int rc = run_opts_parse("explain", argc, argv,
-                            "--model --strategy --dp --tp --sp --batch --seq --backend", &o);
+                            "--model --strategy --dp --tp --cp --sp --batch --seq --backend", &o);
     if (rc) return rc;
     return session_launch("explain", &o, explain_rank, &o);
 }

@@ -29,6 +29,7 @@ static bool parse_double(const char *s, double lo, double hi, double *out) {
 int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, run_opts *o) {
     *o = (run_opts){.dp = 1,
                     .tp = 1,
+                    .cp = 1,
                     .backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS,
                     .steps = 100,
                     .batch = 8,
@@ -93,7 +94,10 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             good = parse_int(v, 1, 4096, &n), o->dp = (int)n;
         else if (!strcmp(f, "--tp"))
             good = parse_int(v, 1, 4096, &n), o->tp = (int)n;
-        else if (!strcmp(f, "--threads")) good = parse_int(v, 0, 1024, &n), o->threads = (int)n;
+        else if (!strcmp(f, "--cp"))
+            good = parse_int(v, 1, 4096, &n), o->cp = (int)n;
+        else if (!strcmp(f, "--threads"))
+            good = parse_int(v, 0, 1024, &n), o->threads = (int)n;
         else if (!strcmp(f, "--steps"))
             good = parse_int(v, 0, 100000000, &n), o->steps = (int)n;
         else if (!strcmp(f, "--batch"))
@@ -140,7 +144,7 @@ ms_status session_strategy(const run_opts *o, const ms_model_config *cfg, ms_str
     if (o->strategy_file)
         MS_CHECK(ms_strategy_load(o->strategy_file, s, err));
     else
-        MS_CHECK(ms_strategy_init(s, o->dp, o->tp, o->sp, err));
+        MS_CHECK(ms_strategy_init(s, o->dp, o->tp, o->cp, o->sp, err));
     return ms_strategy_check_model(s, cfg->n_head, cfg->n_embd, err);
 }
 
@@ -171,14 +175,14 @@ void session_close(session *s) {
 
 int session_launch(const char *cmd, const run_opts *o, ms_rank_fn fn, void *arg) {
     ms_error err = {0};
-    int nranks = o->dp * o->tp;
+    int nranks = o->dp * o->tp * o->cp;
     if (o->strategy_file) {
         ms_strategy s;
         if (ms_strategy_load(o->strategy_file, &s, &err) != MS_OK) {
             fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
             return 1;
         }
-        nranks = s.dp * s.tp;
+        nranks = ms_strategy_ranks(&s);
     }
     if (o->backend == MS_BACKEND_MPI) {
         int argc = 0;
@@ -190,9 +194,9 @@ int session_launch(const char *cmd, const run_opts *o, ms_rank_fn fn, void *arg)
     }
     /* OpenBLAS's pool is process-wide: share the cores among the thread ranks. */
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    int per_rank = o->threads > 0 ? o->threads
+    int per_rank = o->threads > 0                     ? o->threads
                    : o->backend == MS_BACKEND_THREADS ? (cores / nranks > 0 ? cores / nranks : 1)
-                                                       : 1;
+                                                      : 1;
     ms_k_blas_set_threads(per_rank);
     ms_launch_opts lo = {.backend = o->backend,
                          .nranks = o->backend == MS_BACKEND_MPI ? 0 : nranks,

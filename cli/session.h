@@ -12,7 +12,7 @@
 
 typedef struct run_opts {
     const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint;
-    int dp, tp;
+    int dp, tp, cp;
     bool sp;
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;

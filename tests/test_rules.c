@@ -30,17 +30,44 @@ typedef struct op_case {
     int vocab; /* for ids/targets */
 } op_case;
 
-#define S1(a) {1, {a}}
-#define S2(a, b) {2, {a, b}}
-#define S3(a, b, c) {3, {a, b, c}}
-#define S4(a, b, c, d) {4, {a, b, c, d}}
+#define S1(a)                                                                                      \
+    {                                                                                              \
+        1, {                                                                                       \
+            a                                                                                      \
+        }                                                                                          \
+    }
+#define S2(a, b)                                                                                   \
+    {                                                                                              \
+        2, {                                                                                       \
+            a, b                                                                                   \
+        }                                                                                          \
+    }
+#define S3(a, b, c)                                                                                \
+    {                                                                                              \
+        3, {                                                                                       \
+            a, b, c                                                                                \
+        }                                                                                          \
+    }
+#define S4(a, b, c, d)                                                                             \
+    {                                                                                              \
+        4, {                                                                                       \
+            a, b, c, d                                                                             \
+        }                                                                                          \
+    }
 
 static const op_case cases[] = {
     {"matmul", MS_OP_MATMUL, {.i = {0}}, 2, 1, {S2(3, 5), S2(5, 4)}, {0}, 0},
     {"matmul 3d x weight^T", MS_OP_MATMUL, {.i = {1}}, 2, 1, {S3(2, 3, 5), S2(4, 5)}, {0}, 0},
     {"matmul weight [K,N1,N2]", MS_OP_MATMUL, {.i = {0}}, 2, 1, {S2(3, 5), S3(5, 2, 3)}, {0}, 0},
     {"matmul batched", MS_OP_MATMUL, {.i = {0, 1}}, 2, 1, {S3(2, 3, 5), S3(2, 5, 4)}, {0}, 0},
-    {"matmul batched ta tb", MS_OP_MATMUL, {.i = {1, 1, 1}}, 2, 1, {S3(2, 5, 3), S3(2, 4, 5)}, {0}, 0},
+    {"matmul batched ta tb",
+     MS_OP_MATMUL,
+     {.i = {1, 1, 1}},
+     2,
+     1,
+     {S3(2, 5, 3), S3(2, 4, 5)},
+     {0},
+     0},
     {"add", MS_OP_ADD, {.i = {0}}, 2, 1, {S2(3, 5), S2(3, 5)}, {0}, 0},
     {"mul", MS_OP_MUL, {.i = {0}}, 2, 1, {S2(3, 5), S2(3, 5)}, {0}, 0},
     {"scale", MS_OP_SCALE, {.f = {-1.5f}}, 1, 1, {S2(3, 5)}, {0}, 0},
@@ -52,7 +79,14 @@ static const op_case cases[] = {
     {"attention causal", MS_OP_ATTENTION, {.i = {2, 1}}, 1, 1, {S4(2, 3, 3, 8)}, {0}, 0},
     {"attention bidirectional", MS_OP_ATTENTION, {.i = {2, 0}}, 1, 1, {S4(3, 2, 3, 4)}, {0}, 0},
     {"embedding", MS_OP_EMBEDDING, {.i = {0}}, 2, 1, {S2(2, 3), S2(7, 4)}, {IN_IDS, IN_FLOAT}, 7},
-    {"cross_entropy", MS_OP_XENT, {.i = {0}}, 2, 1, {S3(2, 3, 7), S2(2, 3)}, {IN_FLOAT, IN_TARGETS}, 7},
+    {"cross_entropy",
+     MS_OP_XENT,
+     {.i = {0}},
+     2,
+     1,
+     {S3(2, 3, 7), S2(2, 3)},
+     {IN_FLOAT, IN_TARGETS},
+     7},
     {"reshape", MS_OP_RESHAPE, {.i = {2, 3, 4}}, 1, 1, {S2(3, 4)}, {0}, 0},
     {"reshape merge", MS_OP_RESHAPE, {.i = {2, 3, 8}}, 1, 1, {S3(3, 2, 4)}, {0}, 0},
     {"transpose", MS_OP_TRANSPOSE, {.i = {0, 2}}, 1, 1, {S3(2, 3, 5)}, {0}, 0},
@@ -69,9 +103,12 @@ static void fill_input(const op_case *c, int i, ms_tensor *t) {
     float *p = ms_tensor_f32(t);
     for (int64_t k = 0; k < ms_tensor_numel(t); k++) {
         float u = ms_philox_uniform(11, (uint64_t)i, (uint64_t)k);
-        if (c->kind[i] == IN_IDS) p[k] = (float)(int)(u * c->vocab);
-        else if (c->kind[i] == IN_TARGETS) p[k] = k == 1 ? -1.0f : (float)(int)(u * c->vocab);
-        else p[k] = 2 * u - 1;
+        if (c->kind[i] == IN_IDS)
+            p[k] = (float)(int)(u * c->vocab);
+        else if (c->kind[i] == IN_TARGETS)
+            p[k] = k == 1 ? -1.0f : (float)(int)(u * c->vocab);
+        else
+            p[k] = 2 * u - 1;
     }
 }
 
@@ -83,8 +120,13 @@ static void reference(mt_rank *r, const op_case *c, ms_tensor *gin, ms_tensor *g
     def->infer(&c->a, c->n_in, c->in, outs, &err);
     ms_placements none[MS_OP_MAX_IN];
     memset(none, 0, sizeof none);
-    ms_op_call call = {.attrs = &c->a, .n_in = c->n_in, .n_out = c->n_out, .gin = c->in,
-                       .gout = outs, .in_pl = none, .out_pl = none};
+    ms_op_call call = {.attrs = &c->a,
+                       .n_in = c->n_in,
+                       .n_out = c->n_out,
+                       .gin = c->in,
+                       .gout = outs,
+                       .in_pl = none,
+                       .out_pl = none};
     ms_tensor saved[MS_OP_MAX_SAVED] = {0};
     for (int i = 0; i < c->n_in; i++) call.in[i] = &gin[i];
     for (int o = 0; o < c->n_out; o++) {
@@ -112,7 +154,9 @@ static int tensor_options(int md, int nd, ms_placements *out) {
         for (int m = 0; m < md; m++) {
             int o = rem % per;
             rem /= per;
-            pl.p[m] = o == 0 ? ms_pl_replicate() : o <= nd ? ms_pl_shard(o - 1) : ms_pl_partial(MS_REDUCE_SUM);
+            pl.p[m] = o == 0    ? ms_pl_replicate()
+                      : o <= nd ? ms_pl_shard(o - 1)
+                                : ms_pl_partial(MS_REDUCE_SUM);
         }
         ms_placements_default_order(&pl);
         out[n++] = pl;
@@ -167,7 +211,8 @@ static void brute_force(mt_rank *r, void *arg) {
                 MT_OK(r, ms_dtensor_shard(dm, &gin[i], pl, &din[i], &err), &err);
                 pin[i] = &din[i];
                 char one[64];
-                strncat(desc, ms_placements_str(pl, one, sizeof one), sizeof desc - strlen(desc) - 2);
+                strncat(desc, ms_placements_str(pl, one, sizeof one),
+                        sizeof desc - strlen(desc) - 2);
                 strcat(desc, " ");
             }
             ms_dtensor dout[MS_OP_MAX_OUT];
@@ -176,10 +221,13 @@ static void brute_force(mt_rank *r, void *arg) {
             MT_CHECK(r, st == MS_OK, "%s on mesh %s with %s: %s", c->name, ra->mesh, desc, err.msg);
             for (int o = 0; o < c->n_out && st == MS_OK; o++) {
                 ms_tensor full;
-                if (MT_OK(r, ms_dtensor_full(&dout[o], &full, &err), &err) && ms_dmesh_is_member(dm)) {
+                if (MT_OK(r, ms_dtensor_full(&dout[o], &full, &err), &err) &&
+                    ms_dmesh_is_member(dm)) {
                     char pl[64];
-                    MT_CHECK(r, close_enough(&full, &gout[o]), "%s on mesh %s with inputs %s-> output "
-                             "%s differs from the one-rank result", c->name, ra->mesh, desc,
+                    MT_CHECK(r, close_enough(&full, &gout[o]),
+                             "%s on mesh %s with inputs %s-> output "
+                             "%s differs from the one-rank result",
+                             c->name, ra->mesh, desc,
                              ms_placements_str(&dout[o].pl, pl, sizeof pl));
                 }
                 ms_tensor_release(&full);
@@ -192,8 +240,8 @@ static void brute_force(mt_rank *r, void *arg) {
         for (int o = 0; o < c->n_out; o++) ms_tensor_release(&gout[o]);
     }
     if (r->ctx->rank == 0)
-        print_message("  mesh %s: %ld placement combinations over %zu op cases\n", ra->mesh, checked,
-                      sizeof cases / sizeof *cases);
+        print_message("  mesh %s: %ld placement combinations over %zu op cases\n", ra->mesh,
+                      checked, sizeof cases / sizeof *cases);
     for (int i = 0; i < 3; i++) free(opts[i]);
     ms_dmesh_destroy(dm);
     ms_mesh_free(&mesh);
@@ -242,11 +290,13 @@ static void strict(mt_rank *r, void *arg) {
             ms_dtensor dout[MS_OP_MAX_OUT];
             ms_eager_opts eo = {.allow_reshard = false};
             ms_status st = ms_eager(c->op, &c->a, c->n_in, pin, c->n_out, dout, &eo, &err);
-            MT_CHECK(r, st == MS_OK, "%s candidate %d refused in strict mode: %s", c->name, k, err.msg);
+            MT_CHECK(r, st == MS_OK, "%s candidate %d refused in strict mode: %s", c->name, k,
+                     err.msg);
             for (int o = 0; o < c->n_out && st == MS_OK; o++) {
-                MT_CHECK(r, ms_placement_eq(dout[o].pl.p[0], cands[k].out[o]) ||
-                                (dout[o].pl.p[0].kind == cands[k].out[o].kind &&
-                                 dout[o].pl.p[0].dim == cands[k].out[o].dim),
+                MT_CHECK(r,
+                         ms_placement_eq(dout[o].pl.p[0], cands[k].out[o]) ||
+                             (dout[o].pl.p[0].kind == cands[k].out[o].kind &&
+                              dout[o].pl.p[0].dim == cands[k].out[o].dim),
                          "%s candidate %d: output placement differs from the rule", c->name, k);
                 ms_dtensor_release(&dout[o]);
             }
@@ -272,8 +322,9 @@ static void strict(mt_rank *r, void *arg) {
     ms_op_attrs ln = {.f = {1e-5f}};
     ms_status st = ms_eager(MS_OP_LAYERNORM, &ln, 3, in3, 1, &dy, &eo, &err);
     MT_CHECK(r, st == MS_ERR_INVALID, "layernorm on S(1) accepted in strict mode");
-    MT_CHECK(r, strstr(err.msg, "layernorm") && strstr(err.msg, "[S(1)]") && strstr(err.msg, "accepts"),
-             "unhelpful error: %s", err.msg);
+    MT_CHECK(
+        r, strstr(err.msg, "layernorm") && strstr(err.msg, "[S(1)]") && strstr(err.msg, "accepts"),
+        "unhelpful error: %s", err.msg);
     ms_dtensor_release(&dx), ms_dtensor_release(&dw), ms_dtensor_release(&db);
     ms_tensor_release(&x), ms_tensor_release(&w), ms_tensor_release(&b);
     ms_dmesh_destroy(dm);

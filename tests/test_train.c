@@ -32,7 +32,7 @@ typedef struct run_out {
 } run_out;
 
 typedef struct run_arg {
-    int dp, tp;
+    int dp, tp, cp;
     bool sp;
     run_out *out; /* written by world rank 0 */
     bool bert;
@@ -65,7 +65,7 @@ static void train(mt_rank *r, void *p) {
     ms_ctx *ctx = r->ctx;
     ms_error err = {0};
     ms_strategy s;
-    if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->sp, &err), &err)) return;
+    if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->cp, a->sp, &err), &err)) return;
     ms_mesh mesh;
     ms_strategy_mesh(&s, &mesh, &err);
     ms_dmesh *dm;
@@ -130,17 +130,17 @@ static void free_out(run_out *o) {
 static run_out references[2];
 static bool have_reference[2];
 
-static void compare_model(int dp, int tp, bool sp, bool bert) {
+static void compare_model(int dp, int tp, int cp, bool sp, bool bert) {
     run_out *ref = &references[bert];
     if (!have_reference[bert]) {
         /* The reference: one rank on the threads backend, in every process. */
-        run_arg ra = {1, 1, false, ref, bert};
+        run_arg ra = {.dp = 1, .tp = 1, .cp = 1, .out = ref, .bert = bert};
         mt_run_threads(1, train, &ra);
         have_reference[bert] = true;
     }
     run_out got = {0};
-    run_arg a = {dp, tp, sp, &got, bert};
-    mt_run(dp * tp, train, &a);
+    run_arg a = {.dp = dp, .tp = tp, .cp = cp, .sp = sp, .out = &got, .bert = bert};
+    mt_run(dp * tp * cp, train, &a);
     if (mt_backend() == MS_BACKEND_MPI && mt_world_rank() != 0) {
         free_out(&got);
         return;
@@ -148,8 +148,8 @@ static void compare_model(int dp, int tp, bool sp, bool bert) {
     for (int s = 0; s < STEPS; s++) {
         double want = ref->losses[s], have = got.losses[s];
         if (!(fabs(have - want) <= 1e-5 * fabs(want)))
-            fail_msg("dp%d x tp%d%s step %d: loss %.8f, one rank %.8f", dp, tp, sp ? "+sp" : "", s,
-                     have, want);
+            fail_msg("dp%d x tp%d%s x cp%d step %d: loss %.8f, one rank %.8f", dp, tp,
+                     sp ? "+sp" : "", cp, s, have, want);
     }
     assert_int_equal(got.nparams, ref->nparams);
     for (int i = 0; i < got.nparams; i++) {
@@ -169,7 +169,9 @@ static void compare_model(int dp, int tp, bool sp, bool bert) {
     free_out(&got);
 }
 
-static void compare(int dp, int tp, bool sp) { compare_model(dp, tp, sp, false); }
+static void compare(int dp, int tp, bool sp) {
+    compare_model(dp, tp, 1, sp, false);
+}
 
 static void dp2(void **s) {
     (void)s;
@@ -199,14 +201,23 @@ static void dp2_tp2_sp_8(void **s) {
     (void)s;
     compare(4, 2, true);
 }
+static void dp2_tp2_cp2(void **s) {
+    (void)s;
+    compare_model(2, 2, 2, false, false);
+}
+static void tp2_sp_cp2(void **s) {
+    (void)s;
+    compare_model(1, 2, 2, true, false);
+}
 static void bert_dp2_tp2(void **s) {
     (void)s;
-    compare_model(2, 2, false, true);
+    compare_model(2, 2, 1, false, true);
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(dp2),          cmocka_unit_test(tp2), cmocka_unit_test(tp2_sp),
-    cmocka_unit_test(dp2_tp2),      cmocka_unit_test(dp4), cmocka_unit_test(tp4),
-    cmocka_unit_test(dp2_tp2_sp_8), cmocka_unit_test(bert_dp2_tp2),
+    cmocka_unit_test(dp2),          cmocka_unit_test(tp2),          cmocka_unit_test(tp2_sp),
+    cmocka_unit_test(dp2_tp2),      cmocka_unit_test(dp4),          cmocka_unit_test(tp4),
+    cmocka_unit_test(dp2_tp2_sp_8), cmocka_unit_test(bert_dp2_tp2), cmocka_unit_test(dp2_tp2_cp2),
+    cmocka_unit_test(tp2_sp_cp2),
 };
 MT_MAIN("train", tests)

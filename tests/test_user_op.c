@@ -17,8 +17,8 @@
 
 /* --- the user operator: y = gelu(x + b), x [..., C], b [C] -------------------------------- */
 
-static ms_status bias_gelu_infer(const ms_op_attrs *a, int n_in, const ms_shape *in,
-                                 ms_shape *out, ms_error *err) {
+static ms_status bias_gelu_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                                 ms_error *err) {
     (void)a, (void)n_in;
     if (in[1].ndim != 1 || in[0].d[in[0].ndim - 1] != in[1].d[0])
         return ms_fail(err, MS_ERR_INVALID, "bias_gelu: bias must be [C], C = the last input dim");
@@ -33,7 +33,8 @@ static int bias_gelu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, in
     (void)a, (void)n_in, (void)n;
     int k = 0, last = in[0].ndim - 1;
     c[k].in[0] = ms_R(), c[k].in[1] = ms_R(), c[k++].out[0] = ms_R();
-    for (int d = 0; d < last; d++) c[k].in[0] = ms_S(d), c[k].in[1] = ms_R(), c[k++].out[0] = ms_S(d);
+    for (int d = 0; d < last; d++)
+        c[k].in[0] = ms_S(d), c[k].in[1] = ms_R(), c[k++].out[0] = ms_S(d);
     c[k].in[0] = ms_S(last), c[k].in[1] = ms_S(0), c[k++].out[0] = ms_S(last);
     return k;
 }
@@ -188,7 +189,9 @@ static void graph_body(mt_rank *r, void *arg) {
                 ms_tensor full;
                 MT_OK(r, ms_dtensor_full(&t, &full, &err), &err);
                 float *dst = !strcmp(pv.name, "w") ? out[fused].w : out[fused].b;
-                if (r->ctx->rank == 0) memcpy(dst, ms_tensor_f32(&full), sizeof(float) * (size_t)ms_tensor_numel(&full));
+                if (r->ctx->rank == 0)
+                    memcpy(dst, ms_tensor_f32(&full),
+                           sizeof(float) * (size_t)ms_tensor_numel(&full));
                 ms_tensor_release(&full);
             }
             if (r->ctx->rank == 0) out[fused].loss = l;
@@ -215,7 +218,8 @@ static void graph_user_op(void **s) {
 static void registration(void **s) {
     (void)s;
     ms_error err = {0};
-    if (bias_gelu_op < 0) assert_int_equal(ms_op_register(&bias_gelu_def, &bias_gelu_op, &err), MS_OK);
+    if (bias_gelu_op < 0)
+        assert_int_equal(ms_op_register(&bias_gelu_def, &bias_gelu_op, &err), MS_OK);
     assert_true(bias_gelu_op >= MS_OP_BUILTIN_COUNT);
     assert_int_equal(ms_op_find("bias_gelu"), bias_gelu_op);
     int again;

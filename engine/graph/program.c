@@ -232,9 +232,16 @@ static ms_status forward_completion(ms_program *p, ms_error *err) {
             want_kind[o] = ov->annotated ? 2 : op->has_hint ? 1 : 0;
             if (want_kind[o]) want[o] = ov->annotated ? ov->ann : op->hint;
         }
-        ms_rule_query q = {.op = nd->op, .attrs = &nd->attrs, .n_in = nd->n_in, .n_out = nd->n_out,
-                           .in_shapes = ins, .out_shapes = outs, .in_pl = in_pl, .want_out = want,
-                           .want_kind = want_kind, .allow_reshard = true};
+        ms_rule_query q = {.op = nd->op,
+                           .attrs = &nd->attrs,
+                           .n_in = nd->n_in,
+                           .n_out = nd->n_out,
+                           .in_shapes = ins,
+                           .out_shapes = outs,
+                           .in_pl = in_pl,
+                           .want_out = want,
+                           .want_kind = want_kind,
+                           .allow_reshard = true};
         ms_rule_choice ch;
         ms_status st = ms_rule_select(p->ctx->plans, mesh, &q, &ch, err);
         if (st != MS_OK) return ms_fail_wrap(err, st, "node '%s'", nd->name);

@@ -12,24 +12,31 @@ bool ms_glob_match(const char *p, const char *s) {
     return *s && *p == *s && ms_glob_match(p + 1, s + 1);
 }
 
-ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, bool sp, ms_error *err) {
+ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err) {
     memset(s, 0, sizeof *s);
-    if (dp < 1 || tp < 1)
-        return ms_fail(err, MS_ERR_INVALID, "strategy: degrees must be >= 1 (dp %d, tp %d)", dp,
-                       tp);
+    if (dp < 1 || tp < 1 || cp < 1)
+        return ms_fail(err, MS_ERR_INVALID, "strategy: degrees must be >= 1 (dp %d, tp %d, cp %d)",
+                       dp, tp, cp);
     if (sp && tp < 2)
         return ms_fail(err, MS_ERR_INVALID,
                        "strategy: sequence parallelism (--sp) shards over the "
                        "tensor-parallel group; use it with --tp 2 or more");
-    s->dp = dp, s->tp = tp, s->sp = sp;
-    snprintf(s->text, sizeof s->text, "dp%d x tp%d%s", dp, tp, sp ? " +sp" : "");
+    s->dp = dp, s->tp = tp, s->cp = cp, s->sp = sp;
+    if (cp > 1)
+        snprintf(s->text, sizeof s->text, "dp%d x tp%d%s x cp%d", dp, tp, sp ? " +sp" : "", cp);
+    else
+        snprintf(s->text, sizeof s->text, "dp%d x tp%d%s", dp, tp, sp ? " +sp" : "");
     return MS_OK;
 }
 
+int ms_strategy_ranks(const ms_strategy *s) {
+    return s->dp * s->tp * s->cp;
+}
+
 ms_status ms_strategy_mesh(const ms_strategy *s, ms_mesh *out, ms_error *err) {
-    const int shape[2] = {s->dp, s->tp};
-    const char *names[2] = {"dp", "tp"};
-    return ms_mesh_init(out, 2, shape, names, NULL, err);
+    const int shape[3] = {s->dp, s->tp, s->cp};
+    const char *names[3] = {"dp", "tp", "cp"};
+    return ms_mesh_init(out, s->cp > 1 ? 3 : 2, shape, names, NULL, err);
 }
 
 ms_status ms_strategy_check_model(const ms_strategy *s, int n_head, int n_embd, ms_error *err) {
@@ -84,23 +91,26 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
             *pl = s->rules[r].pl;
             return true;
         }
-    if (mesh_ndim != 2) return false;
+    if (mesh_ndim != (s->cp > 1 ? 3 : 2)) return false;
     bool any = false;
-    ms_placement dp = ms_pl_replicate(), tp = ms_pl_replicate();
+    ms_placement dp = ms_pl_replicate(), tp = ms_pl_replicate(), cp = ms_pl_replicate();
     bool is_input =
         !strcmp(name, "input_ids") || !strcmp(name, "targets") || !strcmp(name, "position_ids");
-    bool is_residual =
-        ends_with(name, ".res1") || ends_with(name, ".res2") || !strcmp(name, "embed");
+    bool is_residual = is_stream(name);
     if ((is_input || is_residual) && s->dp > 1 && shape->ndim >= 1) {
         dp = ms_pl_shard(0);
         any = true;
     }
     if (s->tp > 1 && megatron(s, name, shape->ndim, &tp)) any = true;
-    if (is_input && s->dp == 1 && s->tp == 1) any = false;
+    if ((is_input || is_residual) && s->cp > 1 && shape->ndim >= 2) {
+        cp = ms_pl_shard(1);
+        any = true;
+    }
     if (!any) return false;
-    pl->n = 2;
+    pl->n = mesh_ndim;
     pl->p[0] = dp;
     pl->p[1] = tp;
+    if (mesh_ndim == 3) pl->p[2] = cp;
     ms_placements_default_order(pl);
     return true;
 }
@@ -127,7 +137,7 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
         return ms_fail(err, MS_ERR_INVALID, "%s: malformed JSON near byte %zu", name, off);
     }
     ms_status st = MS_OK;
-    int dp = 1, tp = 1;
+    int dp = 1, tp = 1, cp = 1;
     bool sp = false;
     const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(root, "mesh");
     if (!cJSON_IsObject(root)) {
@@ -140,20 +150,22 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
         goto out;
     }
     for (const cJSON *k = mesh->child; k; k = k->next)
-        if (strcmp(k->string, "dp") && strcmp(k->string, "tp")) {
-            st = ms_fail(err, MS_ERR_INVALID, "%s: $.mesh.%s: unknown mesh dim (supported: dp, tp)",
-                         name, k->string);
+        if (strcmp(k->string, "dp") && strcmp(k->string, "tp") && strcmp(k->string, "cp")) {
+            st =
+                ms_fail(err, MS_ERR_INVALID,
+                        "%s: $.mesh.%s: unknown mesh dim (supported: dp, tp, cp)", name, k->string);
             goto out;
         }
     MS_CHECK_GOTO(json_degree(mesh, "dp", name, &dp, err), st, out);
     MS_CHECK_GOTO(json_degree(mesh, "tp", name, &tp, err), st, out);
+    MS_CHECK_GOTO(json_degree(mesh, "cp", name, &cp, err), st, out);
     const cJSON *jsp = cJSON_GetObjectItemCaseSensitive(root, "sp");
     if (jsp && !cJSON_IsBool(jsp)) {
         st = ms_fail(err, MS_ERR_INVALID, "%s: $.sp: expected true or false", name);
         goto out;
     }
     sp = cJSON_IsTrue(jsp);
-    MS_CHECK_GOTO(ms_strategy_init(s, dp, tp, sp, err), st, out);
+    MS_CHECK_GOTO(ms_strategy_init(s, dp, tp, cp, sp, err), st, out);
     const cJSON *pls = cJSON_GetObjectItemCaseSensitive(root, "placements");
     if (pls && !cJSON_IsObject(pls)) {
         st = ms_fail(err, MS_ERR_INVALID,
@@ -177,9 +189,10 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
             goto out;
         }
         ms_error e2 = {0};
-        if (ms_placements_parse(k->valuestring, &r->pl, &e2) != MS_OK || r->pl.n != 2) {
+        int mdims = cp > 1 ? 3 : 2;
+        if (ms_placements_parse(k->valuestring, &r->pl, &e2) != MS_OK || r->pl.n != mdims) {
             st = ms_fail(err, MS_ERR_INVALID, "%s: $.placements[\"%s\"]: %s", name, k->string,
-                         e2.msg[0] ? e2.msg : "give one placement per mesh dim (dp, tp)");
+                         e2.msg[0] ? e2.msg : "give one placement per mesh dim (dp, tp[, cp])");
             goto out;
         }
         snprintf(r->pattern, sizeof r->pattern, "%s", k->string);

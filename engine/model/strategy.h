@@ -7,8 +7,11 @@
  *   embedding vocab-parallel. The residual stream is replicated over tp, or, with sp,
  *   sharded on the sequence dim (so LayerNorm and dropout run on a slice of the sequence
  *   and the all-reduces become reduce-scatter + all-gather pairs). Data parallelism shards
- *   the batch dim of inputs and activations over dp. Everything else the completion pass
- *   infers from the operators' SPMD rules.
+ *   the batch dim of inputs and activations over dp. A third mesh dim, cp (context
+ *   parallel), shards the sequence dim of the inputs and the residual stream over its own
+ *   group; the attention rule, which needs whole sequences, makes the completion pass move
+ *   qkv from sequence- to head-sharding with an all-to-all (as DeepSpeed-Ulysses does).
+ *   Everything else the completion pass infers from the operators' SPMD rules.
  */
 #ifndef MS_STRATEGY_H
 #define MS_STRATEGY_H
@@ -26,15 +29,16 @@ typedef struct ms_strategy_rule {
 } ms_strategy_rule;
 
 typedef struct ms_strategy {
-    int dp, tp;
+    int dp, tp, cp; /* cp > 1 adds the third mesh dim */
     bool sp;
     int n_rules; /* explicit rules (from JSON), tried before the built-in ones */
     ms_strategy_rule rules[MS_STRATEGY_MAX_RULES];
     char text[64]; /* "dp2 x tp2 +sp" */
 } ms_strategy;
 
-/* dp x tp (+ sp) with the built-in rules. Errors: degrees < 1; sp without tp > 1. */
-ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, bool sp, ms_error *err);
+/* dp x tp (+ sp) (x cp) with the built-in rules. Errors: degrees < 1; sp without tp > 1. */
+ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err);
+int ms_strategy_ranks(const ms_strategy *s);
 
 /* Loads a strategy JSON file:
  *   {"mesh": {"dp": 2, "tp": 2}, "sp": false,
@@ -46,10 +50,10 @@ ms_status ms_strategy_load(const char *path, ms_strategy *s, ms_error *err);
 ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, ms_strategy *s,
                                 ms_error *err);
 
-/* The mesh "dp=D,tp=T" over world ranks 0..D*T-1. */
+/* The mesh "dp=D,tp=T" (",cp=C" when cp > 1) over world ranks 0..ranks-1. */
 ms_status ms_strategy_mesh(const ms_strategy *s, ms_mesh *out, ms_error *err);
 
-/* Checks the strategy against a model: tp must divide the heads (no uneven heads). */
+/* Checks the strategy against a model: tp (times cp) must divide the heads. */
 ms_status ms_strategy_check_model(const ms_strategy *s, int n_head, int n_embd, ms_error *err);
 
 /* The ms_shard_fn for ms_compile_opts (user = the strategy). */

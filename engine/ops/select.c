@@ -81,7 +81,8 @@ ms_status ms_rule_select(struct ms_plan_cache *plans, const ms_mesh *mesh, const
             double cost = 0;
             for (int i = 0; i < q->n_in && isfinite(cost); i++) {
                 ms_placements to;
-                if (!ms_placements_with(&out->req_in[i], m, cands[c].in[i], q->in_shapes[i].ndim, &to))
+                if (!ms_placements_with(&out->req_in[i], m, cands[c].in[i], q->in_shapes[i].ndim,
+                                        &to))
                     cost = INFINITY;
                 else
                     cost += move_cost(plans, mesh, &q->in_shapes[i], &out->req_in[i], &to);
@@ -90,12 +91,14 @@ ms_status ms_rule_select(struct ms_plan_cache *plans, const ms_mesh *mesh, const
             if (def->valid && isfinite(cost)) {
                 ms_placements trial[MS_OP_MAX_IN];
                 for (int i = 0; i < q->n_in; i++)
-                    ms_placements_with(&out->req_in[i], m, cands[c].in[i], q->in_shapes[i].ndim, &trial[i]);
+                    ms_placements_with(&out->req_in[i], m, cands[c].in[i], q->in_shapes[i].ndim,
+                                       &trial[i]);
                 if (!def->valid(q->attrs, q->n_in, q->in_shapes, trial, mesh->shape)) continue;
             }
             /* A wanted output placement: add what moving the output there would cost. */
             for (int o = 0; o < q->n_out && isfinite(cost); o++) {
-                if (!q->want_out || !q->want_kind[o] || same_kind(cands[c].out[o], q->want_out[o].p[m]))
+                if (!q->want_out || !q->want_kind[o] ||
+                    same_kind(cands[c].out[o], q->want_out[o].p[m]))
                     continue;
                 if (q->want_kind[o] == 1) {
                     cost += 0.5;

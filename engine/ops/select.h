@@ -19,7 +19,7 @@ typedef struct ms_rule_choice {
     ms_rule_cand cand[MS_MESH_MAX_DIMS];
     ms_placements req_in[MS_OP_MAX_IN];  /* what each input must be resharded to */
     ms_placements out_pl[MS_OP_MAX_OUT]; /* what each output comes out as */
-    double cost;                          /* predicted input reshard bytes (+1 per step) */
+    double cost;                         /* predicted input reshard bytes (+1 per step) */
 } ms_rule_choice;
 
 typedef struct ms_rule_query {
@@ -33,7 +33,7 @@ typedef struct ms_rule_query {
     /* [n_out]: 0 no preference; 1 a hint, a tie-breaker (reverse propagation's guess);
      * 2 an annotation: the output will be resharded there, so that cost counts in full */
     const int *want_kind;
-    bool allow_reshard;            /* false: fail unless inputs already fit a rule */
+    bool allow_reshard; /* false: fail unless inputs already fit a rule */
 } ms_rule_query;
 
 /* Chooses the placements of one operator call. Errors (MS_ERR_INVALID) name the operator,
