@@ -6,8 +6,9 @@ python3-torch first); runs with Debian's /usr/bin/python3 and only the standard 
 PyTorch side is a child process, bench/torch_gpt.py).
 
 For each model and each thread count: `meshscope train` (one rank, --threads K) and
-bench/torch_gpt.py (torch.set_num_threads(K)) run one after the other, ROUNDS times alternating
-which goes first; the measured steps of all rounds are pooled and their median is reported.
+bench/torch_gpt.py (torch.set_num_threads(K)) in two environments, "stock" (as installed) and
+"tuned" (see TUNED_ENV), run one after the other, ROUNDS times with a rotating order; the
+measured steps of all rounds are pooled per side and their median is reported.
 Then `meshscope bench gemm --backward` times the model's own dense GEMM shapes, giving the
 sgemm ceiling: the rate the step's dense GEMMs would run at if nothing else took time.
 
@@ -33,12 +34,12 @@ MODELS = {
     "a": dict(
         name="A: GPT L4 H4 C256 V256",
         config="bench/configs/gpt-a.json",
-        L=4, H=4, C=256, V=256, P=128, B=8, T=128, warmup=3, steps=5,
+        L=4, H=4, C=256, V=256, P=128, B=8, T=128, warmup=3, steps=5, rounds=3,
     ),
     "b": dict(
         name="B: GPT-2 small L12 H12 C768 V50257",
         config="bench/configs/gpt2-small.json",
-        L=12, H=12, C=768, V=50257, P=1024, B=4, T=64, warmup=1, steps=3,
+        L=12, H=12, C=768, V=50257, P=1024, B=4, T=64, warmup=1, steps=3, rounds=2,
     ),
 }
 
@@ -98,10 +99,25 @@ def run(cmd, env=None, what="", timeout=3600):
     return p.stdout, time.time() - t0
 
 
-def thread_env(k):
+# The "tuned" PyTorch variant: environment only, no code change.
+#  - glibc keeps freed memory in its heap instead of returning each large block with munmap:
+#    torch allocates activations and (set_to_none) gradients afresh every step, and in a VM
+#    every first touch of a fresh page is an expensive fault (see bench/README.md). meshscope
+#    allocates its buffers once, so this does not change its numbers.
+#  - OpenMP workers sleep instead of spinning after a parallel region, so they do not compete
+#    for the cores with OpenBLAS's own pthreads (Debian's torch calls OpenBLAS-pthread).
+TUNED_ENV = {
+    "GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
+TORCH_VARIANTS = ("stock", "tuned")
+
+
+def thread_env(k, extra=None):
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(k)
+    env.update(extra or {})
     return env
 
 
@@ -124,18 +140,19 @@ def run_meshscope(exe, m, k, tmp, data):
                 losses=[r["loss"] for r in meas], wall_s=wall)
 
 
-def run_torch(m, k):
+def run_torch(m, k, variant):
     cmd = ["/usr/bin/python3", os.path.join("bench", "torch_gpt.py"),
            "--layers", str(m["L"]), "--heads", str(m["H"]), "--embd", str(m["C"]),
            "--vocab", str(m["V"]), "--positions", str(m["P"]), "--batch", str(m["B"]),
            "--seq", str(m["T"]), "--threads", str(k), "--warmup", str(m["warmup"]),
            "--steps", str(m["steps"])]
-    out, wall = run(cmd, thread_env(k), f"PyTorch ({m['name']}, {k} threads)")
+    extra = TUNED_ENV if variant == "tuned" else None
+    out, wall = run(cmd, thread_env(k, extra), f"PyTorch {variant} ({m['name']}, {k} threads)")
     try:
         res = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         die(f"bench/torch_gpt.py printed no JSON result:\n{out[-2000:]}")
-    res["cmd"] = cmd
+    res["cmd"] = ([f"{key}={val}" for key, val in extra.items()] if extra else []) + cmd
     res["wall_s"] = wall
     return res
 
@@ -162,8 +179,12 @@ def main():
     ap.add_argument("--data", default="data/kjv.txt")
     ap.add_argument("--models", default="a,b", help="subset of a,b (default a,b)")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="meshscope/PyTorch pairs per point, order alternating (default 1)")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="runs of each side per point, order rotating (default: 3 for model "
+                    "a, 2 for b)")
+    ap.add_argument("--torch-variants", default="stock,tuned",
+                    help="PyTorch environments: stock (as installed), tuned (glibc keeps "
+                    "freed memory, OpenMP waits passively); default both")
     ap.add_argument("--gemm-reps", type=int, default=5)
     ap.add_argument("--no-gemm", action="store_true", help="skip the sgemm ceiling")
     ap.add_argument("--json-out", help="also write every number to this file")
@@ -184,8 +205,11 @@ def main():
         die(f"--threads: '{a.threads}' is not a list of integers")
     if not threads or min(threads) < 1:
         die("--threads: give thread counts >= 1, such as 1,2")
-    if a.rounds < 1:
+    if a.rounds < 0:
         die("--rounds must be >= 1")
+    variants = [x.strip() for x in a.torch_variants.split(",") if x.strip()]
+    if not variants or any(v not in TORCH_VARIANTS for v in variants):
+        die(f"--torch-variants: '{a.torch_variants}' is not a subset of stock,tuned")
 
     print(f"machine: {os.cpu_count()} CPUs, load average {loadavg():.2f} at start; "
           "medians of the measured steps (the machine is noisy: other jobs change these "
@@ -194,59 +218,60 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp:
         for key in keys:
             m = dict(MODELS[key], key=key)
+            rounds = a.rounds or m["rounds"]
             flops = step_flops(m)
             print(f"\n== model {m['name']}, B={m['B']} T={m['T']}: {n_params(m)/1e6:.2f} M "
                   f"params, {flops/1e9:.2f} GFLOP per step; {m['warmup']} warm-up + "
-                  f"{m['steps']} measured steps x {a.rounds} round(s)", flush=True)
+                  f"{m['steps']} measured steps per run, {rounds} round(s)", flush=True)
             for k in threads:
-                ms_steps, pt_steps, ms_runs, pt_runs = [], [], [], []
+                sides = ["meshscope"] + [f"pytorch-{v}" for v in variants]
+                steps = {x: [] for x in sides}
+                runs = {x: [] for x in sides}
                 load0 = loadavg()
-                for r in range(a.rounds):
-                    order = ("ms", "pt") if r % 2 == 0 else ("pt", "ms")
-                    for side in order:
-                        if side == "ms":
+                for r in range(rounds):
+                    # Rotate the order so that no side always runs first (or last).
+                    for side in sides[r % len(sides):] + sides[:r % len(sides)]:
+                        if side == "meshscope":
                             x = run_meshscope(exe, m, k, tmp, a.data)
-                            ms_steps += x["step_ms"]
-                            ms_runs.append(x)
                         else:
-                            x = run_torch(m, k)
-                            pt_steps += x["step_ms"]
-                            pt_runs.append(x)
+                            x = run_torch(m, k, side.split("-")[1])
+                            if x["params"] != n_params(m):
+                                die(f"the PyTorch model has {x['params']} parameters, "
+                                    f"expected {n_params(m)}")
+                        steps[side] += x["step_ms"]
+                        runs[side].append(x)
                 load1 = loadavg()
-                ms_med, pt_med = statistics.median(ms_steps), statistics.median(pt_steps)
                 tokens = m["B"] * m["T"]
                 row = dict(model=m["name"], key=key, threads=k, B=m["B"], T=m["T"],
-                           params=n_params(m), gflop_per_step=flops / 1e9,
-                           meshscope_step_ms=ms_med, meshscope_steps_ms=ms_steps,
-                           meshscope_tokens_per_s=tokens / (ms_med / 1e3),
-                           meshscope_gflops=flops / 1e9 / (ms_med / 1e3),
-                           torch_step_ms=pt_med, torch_steps_ms=pt_steps,
-                           torch_tokens_per_s=tokens / (pt_med / 1e3),
-                           torch_gflops=flops / 1e9 / (pt_med / 1e3),
-                           speed_ratio=pt_med / ms_med,
-                           torch_forward_ms=statistics.median(
-                               x["median_forward_ms"] for x in pt_runs),
-                           torch_backward_ms=statistics.median(
-                               x["median_backward_ms"] for x in pt_runs),
-                           torch_clip_adamw_ms=statistics.median(
-                               x["median_clip_adamw_ms"] for x in pt_runs),
-                           torch_version=pt_runs[0]["torch"], torch_blas=pt_runs[0]["blas"],
-                           torch_params=pt_runs[0]["params"],
-                           meshscope_cmd=" ".join(ms_runs[0]["cmd"]),
-                           torch_cmd=" ".join(pt_runs[0]["cmd"]),
-                           load_before=load0, load_after=load1)
-                if pt_runs[0]["params"] != n_params(m):
-                    print(f"  warning: PyTorch model has {pt_runs[0]['params']} parameters, "
-                          f"expected {n_params(m)}", file=sys.stderr)
-                print(f"  {k} thread(s): meshscope {fmt_ms(ms_med)} ms/step "
-                      f"{row['meshscope_tokens_per_s']:.0f} tok/s {row['meshscope_gflops']:.1f} "
-                      f"GFLOP/s | PyTorch {fmt_ms(pt_med)} ms/step "
-                      f"{row['torch_tokens_per_s']:.0f} tok/s {row['torch_gflops']:.1f} GFLOP/s "
-                      f"| meshscope speed / PyTorch speed = {row['speed_ratio']:.2f} "
-                      f"(load {load0:.1f} -> {load1:.1f})", flush=True)
-                print(f"    PyTorch breakdown: forward {fmt_ms(row['torch_forward_ms'])} ms, "
-                      f"backward {fmt_ms(row['torch_backward_ms'])} ms, clip+AdamW "
-                      f"{fmt_ms(row['torch_clip_adamw_ms'])} ms", flush=True)
+                           params=n_params(m), gflop_per_step=flops / 1e9, rounds=rounds,
+                           load_before=load0, load_after=load1, sides={})
+                for side in sides:
+                    med = statistics.median(steps[side])
+                    d = dict(step_ms=med, steps_ms=steps[side],
+                             tokens_per_s=tokens / (med / 1e3),
+                             gflops=flops / 1e9 / (med / 1e3),
+                             cmd=" ".join(runs[side][0]["cmd"]))
+                    if side != "meshscope":
+                        for part in ("forward", "backward", "clip_adamw"):
+                            d[part + "_ms"] = statistics.median(
+                                x[f"median_{part}_ms"] for x in runs[side])
+                        d["torch"] = runs[side][0]["torch"]
+                        d["blas"] = runs[side][0]["blas"]
+                    row["sides"][side] = d
+                ms_med = row["sides"]["meshscope"]["step_ms"]
+                for side in sides:
+                    row["sides"][side]["meshscope_speedup"] = row["sides"][side]["step_ms"] / ms_med
+                line = f"  {k} thread(s), load {load0:.1f} -> {load1:.1f}:"
+                for side in sides:
+                    d = row["sides"][side]
+                    line += (f"\n    {side:14s} {fmt_ms(d['step_ms']):>6s} ms/step "
+                             f"{d['tokens_per_s']:7.0f} tok/s {d['gflops']:6.1f} GFLOP/s")
+                    if side != "meshscope":
+                        line += (f"  (fwd {fmt_ms(d['forward_ms'])}, bwd "
+                                 f"{fmt_ms(d['backward_ms'])}, clip+AdamW "
+                                 f"{fmt_ms(d['clip_adamw_ms'])} ms); meshscope speed / this = "
+                                 f"{d['meshscope_speedup']:.2f}")
+                print(line, flush=True)
                 if not a.no_gemm:
                     gemms, dense_flops, floor_s = [], 0.0, 0.0
                     for sh in gemm_shapes(m):
@@ -264,28 +289,41 @@ def main():
                               f", dB {rates['dB']['gflops']:.1f} GFLOP/s", flush=True)
                     ceiling = dense_flops / floor_s / 1e9
                     row.update(gemms=gemms, dense_gflop_per_step=dense_flops / 1e9,
-                               gemm_floor_ms=floor_s * 1e3, sgemm_ceiling_gflops=ceiling,
-                               meshscope_vs_ceiling=row["meshscope_gflops"] / ceiling,
-                               torch_vs_ceiling=row["torch_gflops"] / ceiling)
-                    print(f"    sgemm ceiling {ceiling:.1f} GFLOP/s (dense GEMMs alone: "
-                          f"{floor_s*1e3:.0f} ms/step); achieved/ceiling: meshscope "
-                          f"{row['meshscope_vs_ceiling']:.2f}, PyTorch "
-                          f"{row['torch_vs_ceiling']:.2f}", flush=True)
+                               gemm_floor_ms=floor_s * 1e3, sgemm_ceiling_gflops=ceiling)
+                    for side in sides:
+                        row["sides"][side]["vs_ceiling"] = row["sides"][side]["gflops"] / ceiling
+                    print(f"    sgemm ceiling {ceiling:.1f} GFLOP/s (the dense GEMMs alone take "
+                          f"{floor_s*1e3:.0f} ms/step); achieved/ceiling: "
+                          + ", ".join(f"{x} {row['sides'][x]['vs_ceiling']:.2f}" for x in sides),
+                          flush=True)
                 results.append(row)
 
-    print("\n| model | threads | meshscope ms/step | tok/s | GFLOP/s | PyTorch ms/step | tok/s "
-          "| GFLOP/s | meshscope/PyTorch speed | sgemm ceiling GFLOP/s | meshscope / ceiling "
-          "| PyTorch / ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | threads | side | ms/step | tokens/s | GFLOP/s | / sgemm ceiling "
+          "| meshscope speed / this |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        ceil = (f"{r['sgemm_ceiling_gflops']:.1f} | {r['meshscope_vs_ceiling']:.2f} | "
-                f"{r['torch_vs_ceiling']:.2f}") if "sgemm_ceiling_gflops" in r else "- | - | -"
-        print(f"| {r['model']} | {r['threads']} | {fmt_ms(r['meshscope_step_ms'])} | "
-              f"{r['meshscope_tokens_per_s']:.0f} | {r['meshscope_gflops']:.1f} | "
-              f"{fmt_ms(r['torch_step_ms'])} | {r['torch_tokens_per_s']:.0f} | "
-              f"{r['torch_gflops']:.1f} | {r['speed_ratio']:.2f} | {ceil} |")
-    print(f"\nload average {loadavg():.2f} at the end. meshscope/PyTorch speed = PyTorch step "
-          "time / meshscope step time (above 1: meshscope is faster).")
+        for side, d in r["sides"].items():
+            vc = f"{d['vs_ceiling']:.2f}" if "vs_ceiling" in d else "-"
+            sp = "-" if side == "meshscope" else f"{d['meshscope_speedup']:.2f}"
+            print(f"| {r['model'].split(':')[0]} | {r['threads']} | {side} | "
+                  f"{fmt_ms(d['step_ms'])} | {d['tokens_per_s']:.0f} | {d['gflops']:.1f} | {vc} "
+                  f"| {sp} |")
+    if not a.no_gemm:
+        print("\n| model | threads | GEMM (m x k @ k x n) | forward | dA | dB | GFLOP/s |")
+        print("|---|---|---|---|---|---|---|")
+        for r in results:
+            for g in r.get("gemms", []):
+                shape = (f"{g['name']} {g['m']}x{g['k']} @ {g['k']}x{g['n']}"
+                         f"{' (B^T)' if g['tb'] else ''}")
+                print(f"| {r['model'].split(':')[0]} | {r['threads']} | {shape} | "
+                      f"{g['forward_gflops']:.1f} | {g['dA_gflops']:.1f} | {g['dB_gflops']:.1f} "
+                      "| |")
+            if "sgemm_ceiling_gflops" in r:
+                print(f"| {r['model'].split(':')[0]} | {r['threads']} | **ceiling** (FLOP-weighted"
+                      f", {r['gemm_floor_ms']:.0f} ms/step) | | | | "
+                      f"**{r['sgemm_ceiling_gflops']:.1f}** |")
+    print(f"\nload average {loadavg():.2f} at the end. 'meshscope speed / this' = this side's "
+          "step time / meshscope's (above 1: meshscope is faster).")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(dict(results=results, cpus=os.cpu_count()), f, indent=1)

@@ -16,12 +16,16 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "optim/optim.h"
+#include "profiler/clock.h"
+#include "profiler/gather.h"
+#include "profiler/hooks.h"
 #include "session.h"
+#include "traces/trace_write.h"
 
 #define TRAIN_FLAGS                                                                                \
     "--model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch --seq --lr "   \
     "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
-    "--eval-every --val-fraction --threads"
+    "--eval-every --val-fraction --threads --trace"
 
 /* Feeds batch rows as floats: ids, targets and positions. For BERT the batch is first turned
  * into a masked-LM batch (keyed by the batch index, so every rank masks alike). */
@@ -169,6 +173,70 @@ static ms_status save_checkpoint(ms_ctx *ctx, session *s, const char *path, ms_e
     return st;
 }
 
+/* Tracing: each rank records into its own ring; every few steps rank 0 gathers what is new
+ * (bounded per call) over a private communicator, so the gathering is not itself traced,
+ * and writes one Chrome trace at the end. */
+typedef struct tracer {
+    ms_recorder *rec;
+    ms_comm *comm; /* private: split from the world before the world is probed */
+    uint64_t cursor;
+    int64_t clock_offset;
+    ms_event *all; /* rank 0 */
+    size_t n, cap;
+} tracer;
+
+#define TRACE_RING       (1u << 16)
+#define TRACE_GATHER_MAX (1u << 15)
+
+static ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
+    memset(t, 0, sizeof *t);
+    MS_CHECK(ms_comm_split(ctx->world, 0, ctx->rank, "trace", &t->comm, err));
+    int64_t unc;
+    MS_CHECK(ms_clock_align(t->comm, 8, &t->clock_offset, &unc, err));
+    MS_CHECK(ms_recorder_create(ctx->rank, TRACE_RING, &t->rec, err));
+    ms_ctx_set_recorder(ctx, t->rec);
+    return MS_OK;
+}
+
+static ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
+    for (;;) {
+        if (ctx->rank == 0 && t->cap - t->n < (size_t)ctx->world_size * TRACE_GATHER_MAX) {
+            t->cap = t->cap * 2 + (size_t)ctx->world_size * TRACE_GATHER_MAX;
+            t->all = xrealloc(t->all, sizeof *t->all * t->cap);
+        }
+        size_t got = 0;
+        MS_CHECK(ms_gather_events(t->comm, t->rec, &t->cursor, TRACE_GATHER_MAX,
+                                  ctx->rank == 0 ? t->all + t->n : NULL, &got, t->clock_offset,
+                                  err));
+        t->n += got;
+        /* Agree on whether any rank still has events waiting. */
+        float more = ms_recorder_pushed(t->rec) > t->cursor ? 1.0f : 0.0f, any = 0;
+        MS_CHECK(ms_all_reduce(t->comm, &more, &any, 1, MS_REDUCE_MAX, err));
+        if (any == 0) return MS_OK;
+    }
+}
+
+static ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, ms_error *err) {
+    MS_CHECK(tracer_gather(ctx, t, err));
+    ms_group groups[512];
+    int ng = 0;
+    MS_CHECK(ms_gather_groups(t->comm, t->rec, groups, 512, &ng, err));
+    if (ctx->rank != 0) return MS_OK;
+    ms_trace_meta meta = {.backend = ms_comm_backend(ctx->world), .world_size = ctx->world_size};
+    MS_CHECK(ms_trace_write(path, t->all, t->n, groups, ng, &meta, err));
+    printf("trace: %zu events from %d ranks in %s (dropped %llu on rank 0)\n", t->n,
+           ctx->world_size, path, (unsigned long long)ms_recorder_dropped(t->rec));
+    return MS_OK;
+}
+
+static void tracer_free(ms_ctx *ctx, tracer *t) {
+    if (t->rec) ms_ctx_set_recorder(ctx, NULL);
+    ms_recorder_destroy(t->rec);
+    ms_comm_destroy(t->comm);
+    free(t->all);
+    memset(t, 0, sizeof *t);
+}
+
 static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const run_opts *o = arg;
     session s;
@@ -177,7 +245,10 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     optimizer opt = {0};
     int32_t *ids = NULL, *tgt = NULL;
     float *scratch = NULL;
+    tracer tr = {0};
     ms_status st;
+    memset(&s, 0, sizeof s);
+    if (o->trace) MS_CHECK_GOTO(tracer_start(ctx, &tr, err), st, out);
     MS_CHECK_GOTO(session_open(ctx, o, o->sample > 0, &s, err), st, out);
     MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, o->val_fraction, &data, err), st, out);
     if (ctx->rank == 0 && o->log_jsonl) {
@@ -214,15 +285,18 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     }
     for (int step = 0; step < o->steps; step++) {
         int64_t t0 = ms_now_ns();
+        if (tr.rec) ms_recorder_set_step(tr.rec, step);
         MS_CHECK_GOTO(ms_text_data_sample(&data, MS_SPLIT_TRAIN, o->seed, (uint64_t)step, B, 0, B,
                                           ids, tgt, err),
                       st, out);
         MS_CHECK_GOTO(feed(&s, ids, tgt, scratch, o->seed, (uint64_t)step, err), st, out);
+        ms_record_span(ctx, MS_EV_DATA, t0);
         float loss;
         MS_CHECK_GOTO(ms_program_step(s.prog, &loss, err), st, out);
         double norm;
         MS_CHECK_GOTO(grad_norm(ctx, s.prog, &norm, err), st, out);
         float scale = o->clip > 0 ? ms_clip_scale(norm, o->clip) : 1.0f;
+        int64_t t_opt = ms_now_ns();
         aw.lr = (float)ms_lr_at(&sched, step);
         for (int i = 0; i < opt.n; i++) {
             ms_param_view pv;
@@ -233,6 +307,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                                         opt.v[i], n, &aw, step + 1, err),
                           st, out);
         }
+        ms_record_span(ctx, MS_EV_OPTIM, t_opt);
+        ms_record_span(ctx, MS_EV_STEP, t0);
+        ms_record_memory(ctx);
         double ms = (ms_now_ns() - t0) / 1e6;
         double tps = (double)B * T / (ms / 1e3);
         if (ctx->rank == 0) {
@@ -249,6 +326,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                 fflush(stdout);
             }
         }
+        if (tr.rec && step % 10 == 9) MS_CHECK_GOTO(tracer_gather(ctx, &tr, err), st, out);
         if (o->eval_every && step && step % o->eval_every == 0) {
             double vl;
             MS_CHECK_GOTO(
@@ -256,6 +334,10 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                 out);
             if (ctx->rank == 0) printf("step %5d  validation loss %.4f\n", step, vl);
         }
+    }
+    if (tr.rec) {
+        ms_recorder_set_step(tr.rec, -1);
+        MS_CHECK_GOTO(tracer_finish(ctx, &tr, o->trace, err), st, out);
     }
     if (o->steps > 0) {
         double vl;
@@ -273,6 +355,7 @@ out:
     free(ids), free(tgt), free(scratch);
     ms_text_data_close(&data);
     session_close(&s);
+    tracer_free(ctx, &tr);
     return st;
 }
 

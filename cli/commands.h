@@ -10,6 +10,8 @@ int ms_cmd_eval(int argc, char **argv);
 int ms_cmd_explain(int argc, char **argv);
 int ms_cmd_bench_comm(int argc, char **argv);
 int ms_cmd_bench_gemm(int argc, char **argv);
+/* `meshscope trace merge|summary|check` (cmd_trace.c). */
+int ms_cmd_trace(int argc, char **argv);
 /* Internal: the raw-MPI side of `bench comm`, run under mpirun by the bench itself. */
 int ms_cmd_bench_comm_mpi_worker(int argc, char **argv);
 

@@ -24,6 +24,9 @@ static void usage(FILE *f) {
             "                     loss of a checkpoint on deterministic windows, as JSON\n"
             "  explain --model CONFIG [--dp N --tp N --sp | --strategy FILE] [--batch B --seq T]\n"
             "                     every value's placements and every reshard with its bytes\n"
+            "  trace merge A.json B.json ... -o OUT.json | trace summary FILE.json [--steps A:B]\n"
+            "        | trace check FILE.json\n"
+            "                     merge per-rank trace files, summarise or check a trace\n"
             "  help               this text\n");
 }
 
@@ -41,6 +44,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return ms_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return ms_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "explain")) return ms_cmd_explain(argc - 1, argv + 1);
+    if (!strcmp(cmd, "trace")) return ms_cmd_trace(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "comm")) return ms_cmd_bench_comm(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "gemm")) return ms_cmd_bench_gemm(argc - 2, argv + 2);

@@ -82,6 +82,8 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             o->log_jsonl = v;
         else if (!strcmp(f, "--save"))
             o->save = v;
+        else if (!strcmp(f, "--trace"))
+            o->trace = v;
         else if (!strcmp(f, "--checkpoint"))
             o->checkpoint = v;
         else if (!strcmp(f, "--backend")) {

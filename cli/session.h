@@ -11,7 +11,7 @@
 #include "runtime/ctx.h"
 
 typedef struct run_opts {
-    const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint;
+    const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint, *trace;
     int dp, tp, cp;
     bool sp;
     ms_backend_kind backend;

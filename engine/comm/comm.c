@@ -203,6 +203,8 @@ static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t 
             .bytes = bytes,
             .op = op,
             .root = root,
+            .p2p = call->p2p_ops,
+            .n_p2p = call->n_p2p,
             .algo = call->algo ? call->algo : c->ops->name,
             .status = st,
         };
@@ -307,6 +309,8 @@ ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
     MS_CHECK(call_begin(c, MS_COLL_P2P, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->p2p(c->ctx, ops, nops, &call, err);
+    call.p2p_ops = ops;
+    call.n_p2p = nops;
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
 

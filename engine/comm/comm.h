@@ -76,6 +76,8 @@ typedef struct ms_comm_event {
     int root;         /* broadcast root, or -1 */
     const char *algo; /* the backend's algorithm name, e.g. "shm-direct", "mpi" */
     ms_status status;
+    const ms_p2p_op *p2p; /* MS_COLL_P2P: the batch (peers and counts), else NULL */
+    int n_p2p;
 } ms_comm_event;
 
 typedef void (*ms_comm_observer_fn)(void *user, const ms_comm_event *ev);

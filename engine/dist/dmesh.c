@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "core/xalloc.h"
+#include "profiler/hooks.h"
 
 ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_error *err) {
     *out = NULL;
@@ -32,6 +33,7 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
             ms_dmesh_destroy(dm);
             return st;
         }
+        dm->probe[d] = ms_comm_probe_attach(ctx, dm->dim_comm[d], d);
     }
     *out = dm;
     return MS_OK;
@@ -39,7 +41,10 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
 
 void ms_dmesh_destroy(ms_dmesh *dm) {
     if (!dm) return;
-    for (int d = 0; d < MS_MESH_MAX_DIMS; d++) ms_comm_destroy(dm->dim_comm[d]);
+    for (int d = 0; d < MS_MESH_MAX_DIMS; d++) {
+        ms_comm_destroy(dm->dim_comm[d]);
+        ms_comm_probe_free(dm->probe[d]);
+    }
     ms_mesh_free(&dm->mesh);
     free(dm);
 }

@@ -12,11 +12,12 @@
 #include "runtime/ctx.h"
 
 typedef struct ms_dmesh {
-    ms_mesh mesh;                        /* owned copy */
-    ms_ctx *ctx;                         /* borrowed */
-    int index;                           /* position in mesh.ranks, -1 if not a member */
-    int coords[MS_MESH_MAX_DIMS];        /* valid when index >= 0 */
-    ms_comm *dim_comm[MS_MESH_MAX_DIMS]; /* owned; NULL when not a member */
+    ms_mesh mesh;                                  /* owned copy */
+    ms_ctx *ctx;                                   /* borrowed */
+    int index;                                     /* position in mesh.ranks, -1 if not a member */
+    int coords[MS_MESH_MAX_DIMS];                  /* valid when index >= 0 */
+    ms_comm *dim_comm[MS_MESH_MAX_DIMS];           /* owned; NULL when not a member */
+    struct ms_comm_probe *probe[MS_MESH_MAX_DIMS]; /* owned; tracing observers, or NULL */
 } ms_dmesh;
 
 ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_error *err);

@@ -107,6 +107,16 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err);
 ms_status ms_program_param(ms_program *p, int i, ms_param_view *out);
 
+/* The reshards a step runs, as planned: what `explain` prints and traces must contain. */
+typedef struct ms_reshard_info {
+    const char *value; /* the value (or, for gradients, the value whose gradient moves) */
+    const char *phase; /* "forward", "backward", "grad sync", "loss" */
+    ms_placements from, to;
+    double coll_bytes; /* this rank, from the plan */
+} ms_reshard_info;
+int ms_program_num_reshards(const ms_program *p);
+ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out);
+
 /* Prints every value's completed placements and every reshard with its bytes per step. */
 void ms_program_explain(const ms_program *p, FILE *f);
 

@@ -18,6 +18,7 @@
 #include "dist/reshard.h"
 #include "graph/graph_impl.h"
 #include "ops/select.h"
+#include "profiler/recorder.h"
 
 typedef struct buf {
     int64_t nfloats;
@@ -59,8 +60,9 @@ typedef struct instr {
     int src, dst;
     ms_placements from, to;
     int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
-    double coll_bytes; /* RESHARD: predicted by the plan */
-    const char *phase; /* "forward", "backward", "grad sync", "loss" */
+    double coll_bytes;   /* RESHARD: predicted by the plan */
+    double flops, bytes; /* FWD/BWD: the op's cost for this rank's local shapes */
+    const char *phase;   /* "forward", "backward", "grad sync", "loss" */
 } instr;
 
 struct ms_program {
@@ -83,6 +85,7 @@ struct ms_program {
     size_t persist_floats;
     int *params;
     int nparams;
+    uint64_t flow_counter; /* reshard flow ids, for traces */
 };
 
 /* --- small helpers ----------------------------------------------------------------------- */
@@ -574,6 +577,25 @@ static ms_status plan_memory(ms_program *p, ms_error *err) {
 
 /* --- compile ---------------------------------------------------------------------------------- */
 
+static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape *gin,
+                      ms_shape *gout);
+
+/* Each kernel instruction's FLOPs and bytes, once: the profiler and stats read them. */
+static void compute_costs(ms_program *p) {
+    for (int k = 0; k < p->ni; k++) {
+        instr *in = &p->ins[k];
+        if (in->kind != I_FWD && in->kind != I_BWD) continue;
+        ms_op_call call;
+        ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
+        make_call(p, in, &call, gin, gout);
+        const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
+        if (!def->cost) continue;
+        ms_k_cost c = def->cost(&call, in->kind == I_BWD);
+        in->flops = c.flops;
+        in->bytes = c.bytes;
+    }
+}
+
 static uint64_t name_hash(const char *s) {
     uint64_t h = 1469598103934665603ULL;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
@@ -622,6 +644,7 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     build_backward(p);
     MS_CHECK_GOTO(plan_memory(p, err), st, fail);
     MS_CHECK_GOTO(init_params(p, err), st, fail);
+    compute_costs(p);
     p->params = xmalloc(sizeof(int) * (size_t)g->nv);
     for (int v = 0; v < g->nv; v++)
         if (g->v[v].kind == GV_PARAM) p->params[p->nparams++] = v;
@@ -700,11 +723,64 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     call->gout = gout;
 }
 
+static uint8_t phase_of(const char *phase) {
+    if (!strcmp(phase, "forward")) return MS_PHASE_FORWARD;
+    if (!strcmp(phase, "backward")) return MS_PHASE_BACKWARD;
+    return MS_PHASE_OTHER;
+}
+
+/* One event per kernel and per reshard; reshards carry a flow id that the communicator
+ * probes stamp on the collectives they run. */
+static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
+    ms_event e;
+    memset(&e, 0, sizeof e);
+    e.t0_ns = t0;
+    e.t1_ns = ms_now_ns();
+    if (in->kind == I_FWD || in->kind == I_BWD) {
+        const gnode *nd = &p->g->n[in->node];
+        e.kind = MS_EV_OP;
+        e.phase = in->kind == I_FWD ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD;
+        e.u.op.op = nd->op;
+        ms_ev_strcpy(e.u.op.name, sizeof e.u.op.name, NULL, nd->name);
+        ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, ms_op_get(nd->op)->name);
+        e.u.op.flops = in->flops;
+        e.u.op.bytes = in->bytes;
+    } else {
+        e.kind = MS_EV_RESHARD;
+        e.phase = phase_of(in->phase);
+        const char *name = p->g->v[in->value].name;
+        if (e.phase != MS_PHASE_FORWARD && strcmp(in->phase, "loss"))
+            ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor, "grad:", name);
+        else
+            ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor, NULL, name);
+        ms_placements_str(&in->from, e.u.reshard.from, sizeof e.u.reshard.from);
+        ms_placements_str(&in->to, e.u.reshard.to, sizeof e.u.reshard.to);
+        e.u.reshard.bytes = (uint64_t)in->coll_bytes;
+        e.u.reshard.flow = flow;
+        const ms_reshard_plan *plan;
+        const ms_shape *g = &p->g->v[in->value].shape;
+        if (ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, &in->from, &in->to, g->ndim, g->d, &plan,
+                              NULL) == MS_OK)
+            e.u.reshard.nsteps = plan->nsteps;
+    }
+    ms_recorder_push(p->ctx->recorder, &e);
+}
+
 static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
+    ms_recorder *rec = p->ctx->recorder;
     for (int k = 0; k < upto; k++) {
         instr *in = &p->ins[k];
         ms_status st = MS_OK;
+        int64_t t0 = 0;
+        uint64_t flow = 0;
+        if (rec && (in->kind == I_RESHARD || in->kind == I_FWD || in->kind == I_BWD)) {
+            t0 = ms_now_ns();
+            if (in->kind == I_RESHARD) {
+                flow = ((uint64_t)p->ctx->rank << 40) | ++p->flow_counter;
+                p->ctx->trace_flow = flow;
+            }
+        }
         switch (in->kind) {
             case I_RESHARD:
                 st = run_reshard(p, in, err);
@@ -731,6 +807,10 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
                 if (st != MS_OK) st = ms_fail_wrap(err, st, "%s", p->g->n[in->node].name);
                 break;
             }
+        }
+        if (rec && t0) {
+            p->ctx->trace_flow = 0;
+            record(p, in, t0, flow);
         }
         if (st != MS_OK) return st;
     }
@@ -844,11 +924,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
             s->n_reshards++;
             s->reshard_bytes += in->coll_bytes;
         } else if (in->kind == I_FWD || in->kind == I_BWD) {
-            ms_op_call call;
-            ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
-            make_call((ms_program *)p, in, &call, gin, gout);
-            const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
-            if (def->cost) s->flops += def->cost(&call, in->kind == I_BWD).flops;
+            s->flops += in->flops;
         }
     }
     s->arena_bytes = p->arena_floats * sizeof(float);
@@ -885,4 +961,24 @@ ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) 
     memcpy(t.gshape, p->g->v[v].shape.d, sizeof t.gshape);
     t.local = p->bufs[p->pv[v].buf].t;
     return ms_dtensor_full(&t, out, err);
+}
+
+int ms_program_num_reshards(const ms_program *p) {
+    int n = 0;
+    for (int k = 0; p->member && k < p->ni; k++) n += p->ins[k].kind == I_RESHARD;
+    return n;
+}
+
+ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out) {
+    for (int k = 0; p->member && k < p->ni; k++) {
+        const instr *in = &p->ins[k];
+        if (in->kind != I_RESHARD || i-- > 0) continue;
+        *out = (ms_reshard_info){.value = p->g->v[in->value].name,
+                                 .phase = in->phase,
+                                 .from = in->from,
+                                 .to = in->to,
+                                 .coll_bytes = in->coll_bytes};
+        return MS_OK;
+    }
+    return MS_ERR_INVALID;
 }

@@ -7,6 +7,7 @@
  * about half, as the mask would otherwise throw that work away.
  */
 #include "kernels/kernels.h"
+#include "kernels/fastmath.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -45,10 +46,12 @@ void ms_k_attention_forward(float *out, float *att, const float *qkv, const floa
                     if (km)
                         for (int64_t j = 0; j < nv; j++) row[j] += km[j];
                     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
                     for (int64_t j = 0; j < nv; j++) mx = row[j] > mx ? row[j] : mx;
                     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
                     for (int64_t j = 0; j < nv; j++) {
-                        row[j] = expf(row[j] - mx);
+                        row[j] = ms_expf_nonpos(row[j] - mx);
                         sum += row[j];
                     }
                     const float inv = 1.0f / sum;

@@ -5,6 +5,7 @@
  * |mean| >> std.
  */
 #include "kernels/kernels.h"
+#include "kernels/fastmath.h"
 
 #include <math.h>
 
@@ -76,10 +77,12 @@ void ms_k_softmax_forward(float *out, const float *inp, int64_t n, int64_t c) {
         const float *x = inp + r * c;
         float *o = out + r * c;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < c; j++) {
-            o[j] = expf(x[j] - mx);
+            o[j] = ms_expf_nonpos(x[j] - mx);
             sum += o[j];
         }
         const float inv = 1.0f / sum;

@@ -9,18 +9,21 @@
  * target's logit, which lives on exactly one vocab shard.
  */
 #include "kernels/kernels.h"
+#include "kernels/fastmath.h"
 
 #include <math.h>
 
 static float row_max(const float *l, int64_t v) {
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < v; j++) mx = l[j] > mx ? l[j] : mx;
     return mx;
 }
 
 static float row_sumexp(const float *l, int64_t v, float mx) {
     float s = 0.0f;
-    for (int64_t j = 0; j < v; j++) s += expf(l[j] - mx);
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < v; j++) s += ms_expf_nonpos(l[j] - mx);
     return s;
 }
 
@@ -42,7 +45,8 @@ void ms_k_xent_backward(float *dlogits, const float *logits, const float *lse,
         const float *l = logits + r * v;
         float *d = dlogits + r * v;
         const float z = lse[r], g = dlosses[r];
-        for (int64_t j = 0; j < v; j++) d[j] += expf(l[j] - z) * g;
+#pragma omp simd
+        for (int64_t j = 0; j < v; j++) d[j] += ms_expf_nonpos(l[j] - z) * g;
         d[targets[r]] -= g;
     }
 }
@@ -79,7 +83,8 @@ void ms_k_xent_vp_backward(float *dlogits, const float *logits, const float *gma
         const float *l = logits + r * vl;
         float *d = dlogits + r * vl;
         const float mx = gmax[r], g = dlosses[r] / gsum[r];
-        for (int64_t j = 0; j < vl; j++) d[j] += expf(l[j] - mx) * g;
+#pragma omp simd
+        for (int64_t j = 0; j < vl; j++) d[j] += ms_expf_nonpos(l[j] - mx) * g;
         const int64_t t = (int64_t)targets[r] - v0;
         if (t >= 0 && t < vl) d[t] -= dlosses[r];
     }

@@ -10,6 +10,7 @@
 #include "comm/comm_threads.h"
 #include "core/xalloc.h"
 #include "dist/reshard.h"
+#include "profiler/hooks.h"
 
 const char *ms_backend_name(ms_backend_kind b) {
     return b == MS_BACKEND_MPI ? "mpi" : "threads";
@@ -38,7 +39,16 @@ static ms_status ctx_init(ms_ctx *ctx, const ms_launch_opts *opts, ms_comm *worl
     return MS_OK;
 }
 
+void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec) {
+    ms_comm_set_observer(ctx->world, NULL, NULL);
+    ms_comm_probe_free(ctx->world_probe);
+    ctx->world_probe = NULL;
+    ctx->recorder = rec;
+    ctx->world_probe = ms_comm_probe_attach(ctx, ctx->world, -1);
+}
+
 static void ctx_fini(ms_ctx *ctx) {
+    ms_comm_probe_free(ctx->world_probe);
     ms_plan_cache_destroy(ctx->plans);
     ms_comm_destroy(ctx->world);
     ms_device_destroy(ctx->device);

@@ -26,6 +26,8 @@ const char *ms_backend_name(ms_backend_kind b);
 ms_status ms_backend_parse(const char *text, ms_backend_kind *out, ms_error *err);
 
 struct ms_plan_cache;
+struct ms_recorder;
+struct ms_comm_probe;
 
 typedef struct ms_ctx {
     int rank; /* world rank */
@@ -34,8 +36,10 @@ typedef struct ms_ctx {
     ms_comm *world;    /* owned */
     ms_device *device; /* owned */
     uint64_t seed;
-    struct ms_plan_cache *plans; /* owned: reshard plans, see dist/reshard.h */
-    void *recorder;              /* profiler recorder, NULL when tracing is off */
+    struct ms_plan_cache *plans;       /* owned: reshard plans, see dist/reshard.h */
+    struct ms_recorder *recorder;      /* profiler recorder (borrowed), NULL: tracing off */
+    uint64_t trace_flow;               /* id of the reshard running now, for traces */
+    struct ms_comm_probe *world_probe; /* owned: the world communicator's probe */
 } ms_ctx;
 
 typedef struct ms_launch_opts {
@@ -47,6 +51,10 @@ typedef struct ms_launch_opts {
 
 /* A rank's entry point. Return MS_OK or a failure with err filled. */
 typedef ms_status (*ms_rank_fn)(ms_ctx *ctx, void *arg, ms_error *err);
+
+/* Starts recording this rank into rec (borrowed; NULL stops): probes the world
+ * communicator; meshes bound afterwards probe their per-dim communicators. */
+void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec);
 
 /* Runs fn once per rank: on `nranks` threads (threads backend) or once in this process
  * (mpi backend; MPI must have been initialised with ms_mpi_init). Returns MS_OK if every

@@ -1,0 +1,326 @@
+/* cmd_trace.c - `meshscope trace merge|summary|check`: the trace files' command line.
+ *
+ *   merge    per-rank trace files into one (one process per rank), groups deduplicated
+ *   summary  the analysis of a trace (profiler/analysis.h) as text
+ *   check    the Trace Event Format rules (traces/trace_check.h)
+ *
+ * Exit codes: 0 success, 1 bad input (missing, malformed, truncated, foreign or failing a
+ * rule; the message names the file and the problem), 2 usage errors.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "commands.h"
+#include "core/xalloc.h"
+#include "profiler/analysis.h"
+#include "traces/trace_check.h"
+#include "traces/trace_read.h"
+#include "traces/trace_write.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: meshscope trace <command> ...\n"
+            "\n"
+            "  merge A.json B.json ... -o OUT.json\n"
+            "                     merge per-rank traces into one file, one process per rank;\n"
+            "                     OUT must not be one of the inputs\n"
+            "  summary FILE.json [--steps A:B]\n"
+            "                     steps, overlap, bus bandwidth, ops, reshards, traffic and\n"
+            "                     stragglers from a trace (steps A..B inclusive; A: or :B or A)\n"
+            "  check FILE.json    check the file against the Trace Event Format rules; exit 1\n"
+            "                     with the first violation\n");
+}
+
+static bool is_help(const char *a) {
+    return !strcmp(a, "--help") || !strcmp(a, "-h");
+}
+
+/* --- merge ----------------------------------------------------------------------------- */
+
+typedef struct merged {
+    ms_event *ev;
+    size_t n, cap;
+    ms_group *groups;
+    int n_groups;
+} merged;
+
+/* The merged id of group g: an equal group (name, size, ranks) already merged, or a new one. */
+static int32_t merge_group(merged *m, const ms_group *g) {
+    for (int i = 0; i < m->n_groups; i++) {
+        const ms_group *h = &m->groups[i];
+        int k = g->size < MS_EV_GROUP_MAX ? g->size : MS_EV_GROUP_MAX;
+        if (h->size == g->size && !strncmp(h->name, g->name, sizeof h->name) &&
+            !memcmp(h->ranks, g->ranks, sizeof *g->ranks * (size_t)(k > 0 ? k : 0)))
+            return h->id;
+    }
+    m->groups = xrealloc(m->groups, sizeof *m->groups * (size_t)(m->n_groups + 1));
+    ms_group *h = &m->groups[m->n_groups];
+    *h = *g;
+    h->id = m->n_groups++;
+    return h->id;
+}
+
+static int cmd_merge(int argc, char **argv) {
+    const char *out = NULL;
+    const char **in = xcalloc((size_t)argc, sizeof *in);
+    int nin = 0, rc = 1;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            usage(stdout);
+            free(in);
+            return 0;
+        }
+        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
+            if (i + 1 >= argc || out) {
+                fprintf(stderr, "meshscope trace merge: %s needs one output file name\n", argv[i]);
+                free(in);
+                return 2;
+            }
+            out = argv[++i];
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "meshscope trace merge: unknown option '%s'\n", argv[i]);
+            free(in);
+            return 2;
+        } else {
+            in[nin++] = argv[i];
+        }
+    }
+    if (!out || nin == 0) {
+        fprintf(stderr, "meshscope trace merge: give input files and -o OUT.json\n\n");
+        usage(stderr);
+        free(in);
+        return 2;
+    }
+    /* Never write over an input: the merge would read a file it is replacing. */
+    struct stat so;
+    if (stat(out, &so) == 0) {
+        for (int i = 0; i < nin; i++) {
+            struct stat si;
+            if (stat(in[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+                fprintf(stderr,
+                        "meshscope trace merge: the output %s is also an input (%s); choose "
+                        "another output file\n",
+                        out, in[i]);
+                free(in);
+                return 1;
+            }
+        }
+    }
+    merged m = {0};
+    int32_t *owner = NULL; /* input index per rank seen, for the duplicate-rank check */
+    int32_t n_owner = 0;
+    char backend[32] = "";
+    int world = 0;
+    for (int i = 0; i < nin; i++) {
+        ms_trace t;
+        ms_error err = {0};
+        if (ms_trace_read(in[i], &t, &err) != MS_OK) {
+            fprintf(stderr, "meshscope trace merge: %s\n", err.msg);
+            goto done;
+        }
+        if (t.n_events == 0) {
+            fprintf(stderr,
+                    "meshscope trace merge: %s: no events meshscope understands (%zu trace "
+                    "events, all ignored)\n",
+                    in[i], t.n_trace_events);
+            ms_trace_free(&t);
+            goto done;
+        }
+        /* Group ids are per file (each rank numbers its own); map them to merged ids. */
+        int32_t *gmap = xmalloc(sizeof *gmap * (size_t)(t.n_groups + 1));
+        for (int g = 0; g < t.n_groups; g++) gmap[g] = merge_group(&m, &t.groups[g]);
+        for (size_t k = 0; k < t.n_events; k++) {
+            ms_event e = t.events[k];
+            if (e.rank < 0 || e.rank >= 1 << 20) {
+                fprintf(stderr, "meshscope trace merge: %s: event %zu has rank %d\n", in[i], k,
+                        (int)e.rank);
+                free(gmap);
+                ms_trace_free(&t);
+                goto done;
+            }
+            if (e.rank >= n_owner) {
+                int32_t nn = e.rank + 1;
+                owner = xrealloc(owner, sizeof *owner * (size_t)nn);
+                for (int32_t r = n_owner; r < nn; r++) owner[r] = -1;
+                n_owner = nn;
+            }
+            if (owner[e.rank] < 0) owner[e.rank] = i;
+            if (owner[e.rank] != i) {
+                fprintf(stderr,
+                        "meshscope trace merge: rank %d is in both %s and %s; merge takes one "
+                        "file per rank\n",
+                        (int)e.rank, in[owner[e.rank]], in[i]);
+                free(gmap);
+                ms_trace_free(&t);
+                goto done;
+            }
+            if (e.kind == MS_EV_COLL) {
+                int32_t id = -1;
+                for (int g = 0; g < t.n_groups; g++)
+                    if (t.groups[g].id == e.u.coll.group) id = gmap[g];
+                e.u.coll.group = id;
+            }
+            if (m.n == m.cap) {
+                m.cap = m.cap ? m.cap * 2 : 4096;
+                m.ev = xrealloc(m.ev, sizeof *m.ev * m.cap);
+            }
+            m.ev[m.n++] = e;
+        }
+        if (!backend[0]) snprintf(backend, sizeof backend, "%s", t.backend);
+        if (t.world_size > world) world = t.world_size;
+        free(gmap);
+        ms_trace_free(&t);
+    }
+    if (n_owner > world) world = n_owner;
+    ms_trace_meta meta = {.backend = backend[0] ? backend : NULL, .rank = 0, .world_size = world};
+    ms_error err = {0};
+    if (ms_trace_write(out, m.ev, m.n, m.groups, m.n_groups, &meta, &err) != MS_OK) {
+        fprintf(stderr, "meshscope trace merge: %s\n", err.msg);
+        goto done;
+    }
+    printf("%s: %zu events from %d file%s, %d rank%s, %d group%s\n", out, m.n, nin,
+           nin == 1 ? "" : "s", n_owner, n_owner == 1 ? "" : "s", m.n_groups,
+           m.n_groups == 1 ? "" : "s");
+    rc = 0;
+done:
+    free(m.ev);
+    free(m.groups);
+    free(owner);
+    free(in);
+    return rc;
+}
+
+/* --- summary --------------------------------------------------------------------------- */
+
+static bool parse_step(const char *s, size_t len, int64_t *out) {
+    if (len == 0 || len > 18) return false;
+    int64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return true;
+}
+
+/* "A:B", "A:", ":B" or "A" into [lo, hi] (hi = -1: to the end). */
+static bool parse_steps(const char *s, int64_t *lo, int64_t *hi) {
+    const char *colon = strchr(s, ':');
+    *lo = 0;
+    *hi = -1;
+    if (!colon) {
+        if (!parse_step(s, strlen(s), lo)) return false;
+        *hi = *lo;
+        return true;
+    }
+    size_t a = (size_t)(colon - s), b = strlen(colon + 1);
+    if (a == 0 && b == 0) return false;
+    if (a && !parse_step(s, a, lo)) return false;
+    if (b && !parse_step(colon + 1, b, hi)) return false;
+    return *hi < 0 || *lo <= *hi;
+}
+
+static int cmd_summary(int argc, char **argv) {
+    const char *path = NULL;
+    int64_t lo = 0, hi = -1;
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--steps")) {
+            if (i + 1 >= argc || !parse_steps(argv[i + 1], &lo, &hi)) {
+                fprintf(stderr,
+                        "meshscope trace summary: --steps wants A:B (A <= B), A:, :B or A, "
+                        "with step numbers >= 0; got '%s'\n",
+                        i + 1 < argc ? argv[i + 1] : "");
+                return 2;
+            }
+            i++;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "meshscope trace summary: unknown option '%s'\n", argv[i]);
+            return 2;
+        } else if (path) {
+            fprintf(stderr, "meshscope trace summary: one file at a time (got %s and %s)\n", path,
+                    argv[i]);
+            return 2;
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "meshscope trace summary: give a trace file\n\n");
+        usage(stderr);
+        return 2;
+    }
+    ms_trace t;
+    ms_error err = {0};
+    if (ms_trace_read(path, &t, &err) != MS_OK) {
+        fprintf(stderr, "meshscope trace summary: %s\n", err.msg);
+        return 1;
+    }
+    printf("%s: %zu events read (%zu trace events, %zu not used), %d group%s%s\n", path, t.n_events,
+           t.n_trace_events, t.n_ignored, t.n_groups, t.n_groups == 1 ? "" : "s",
+           t.meshscope ? "" : " (not written by meshscope: steps, kernels and collectives only)");
+    ms_analysis a;
+    if (ms_analyze(t.events, t.n_events, t.groups, t.n_groups, lo, hi, &a, &err) != MS_OK) {
+        fprintf(stderr, "meshscope trace summary: %s: %s\n", path, err.msg);
+        ms_trace_free(&t);
+        return 1;
+    }
+    ms_analysis_print(&a, stdout);
+    ms_analysis_free(&a);
+    ms_trace_free(&t);
+    return 0;
+}
+
+/* --- check ----------------------------------------------------------------------------- */
+
+static int cmd_check(int argc, char **argv) {
+    if (argc == 2 && is_help(argv[1])) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc < 2) {
+        fprintf(stderr, "meshscope trace check: give one or more trace files\n\n");
+        usage(stderr);
+        return 2;
+    }
+    int rc = 0;
+    for (int i = 1; i < argc; i++) {
+        ms_trace_check_info info;
+        ms_error err = {0};
+        if (ms_trace_check(argv[i], &info, &err) != MS_OK) {
+            fprintf(stderr, "meshscope trace check: %s\n", err.msg);
+            rc = 1;
+        } else {
+            printf("%s: ok, %zu events follow the Trace Event Format rules\n", argv[i],
+                   info.n_events);
+        }
+    }
+    return rc;
+}
+
+int ms_cmd_trace(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *sub = argv[1];
+    if (is_help(sub) || !strcmp(sub, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(sub, "merge")) return cmd_merge(argc - 1, argv + 1);
+    if (!strcmp(sub, "summary")) return cmd_summary(argc - 1, argv + 1);
+    if (!strcmp(sub, "check")) return cmd_check(argc - 1, argv + 1);
+    fprintf(stderr, "meshscope trace: unknown command '%s'; available: merge, summary, check\n\n",
+            sub);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,97 @@
+/* event.h - what the tracing layer records: one fixed-size event format, the same in memory,
+ * on the wire (MPI gather) and, field for field, in the trace file's args.
+ *
+ * Events are written by the rank that owns the recorder (profiler/recorder.h) and read by
+ * analysis (profiler/analysis.h) and the trace writer (traces/). Times are monotonic
+ * nanoseconds (ms_now_ns); under MPI they are shifted to rank 0's clock when gathered.
+ *
+ * Strings are fixed-size, NUL-terminated and truncated: the hot path never allocates.
+ */
+#ifndef MS_EVENT_H
+#define MS_EVENT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define MS_EV_NAME_MAX  48
+#define MS_EV_PL_MAX    40 /* placement text, "[S(0), R, P(sum)]" */
+#define MS_EV_GROUP_MAX 64 /* ranks listed per communicator group */
+
+typedef enum ms_ev_kind {
+    MS_EV_STEP,    /* a training step: ProfilerStep#N */
+    MS_EV_OP,      /* an operator's local kernel (compute) */
+    MS_EV_COLL,    /* a collective or point-to-point batch on a communicator */
+    MS_EV_RESHARD, /* a reshard: source -> target placements, plan steps, bytes */
+    MS_EV_MEM,     /* memory in use and peak on the rank's device (an instant) */
+    MS_EV_DATA,    /* data loading */
+    MS_EV_OPTIM,   /* the optimizer update */
+    MS_EV_KIND_COUNT
+} ms_ev_kind;
+
+typedef enum ms_ev_phase { MS_PHASE_FORWARD, MS_PHASE_BACKWARD, MS_PHASE_OTHER } ms_ev_phase;
+
+typedef struct ms_ev_op {
+    int32_t op;                /* ms_op_kind or a registered op id */
+    char name[MS_EV_NAME_MAX]; /* node name, e.g. "h.0.attn.c_attn.mm" */
+    char opname[24];           /* "matmul" */
+    double flops, bytes;       /* from the op's cost function, this rank's local work */
+} ms_ev_op;
+
+typedef struct ms_ev_coll {
+    uint8_t coll;     /* ms_coll_kind */
+    uint8_t reduce;   /* ms_reduce_op */
+    int16_t mesh_dim; /* -1: not a mesh dim communicator (world, custom) */
+    int32_t group;    /* id of the communicator group (ms_group_table) */
+    int32_t group_size;
+    int32_t group_rank; /* this rank's position in the group */
+    int64_t seq;        /* the communicator's sequence number */
+    uint64_t bytes;     /* nccl-tests size convention (comm.h) */
+    char algo[16];      /* "shm-direct", "mpi", "ring", ... */
+    uint64_t flow;      /* id of the reshard it belongs to, 0 if none */
+    int32_t root;       /* broadcast: the root's position in the group; else unused */
+} ms_ev_coll;
+
+typedef struct ms_ev_reshard {
+    char tensor[MS_EV_NAME_MAX];
+    char from[MS_EV_PL_MAX], to[MS_EV_PL_MAX];
+    int32_t nsteps;
+    uint64_t bytes; /* collective sizes summed over its steps, this rank */
+    uint64_t flow;  /* links the reshard to its collectives */
+} ms_ev_reshard;
+
+typedef struct ms_ev_mem {
+    uint64_t in_use, peak;
+} ms_ev_mem;
+
+typedef struct ms_event {
+    uint8_t kind;  /* ms_ev_kind */
+    uint8_t phase; /* ms_ev_phase */
+    uint16_t pad;
+    int32_t rank;         /* world rank */
+    int64_t step;         /* training step, -1 outside steps */
+    int64_t t0_ns, t1_ns; /* [t0, t1); t0 == t1 for instants */
+    union {
+        ms_ev_op op;
+        ms_ev_coll coll;
+        ms_ev_reshard reshard;
+        ms_ev_mem mem;
+    } u;
+} ms_event;
+
+/* A communicator group as it appears in traces (Kineto's pg_config). */
+typedef struct ms_group {
+    int32_t id;
+    char name[16]; /* mesh dim name, "world", ... */
+    int32_t size;
+    int32_t ranks[MS_EV_GROUP_MAX]; /* world ranks, first MS_EV_GROUP_MAX */
+} ms_group;
+
+/* Copies src into a fixed-size event string, truncating (events never allocate). */
+static inline void ms_ev_strcpy(char *dst, size_t cap, const char *prefix, const char *src) {
+    size_t n = 0;
+    for (; prefix && *prefix && n + 1 < cap; prefix++) dst[n++] = *prefix;
+    for (; src && *src && n + 1 < cap; src++) dst[n++] = *src;
+    dst[n] = '\0';
+}
+
+#endif

@@ -1,0 +1,118 @@
+/* hooks.c - communicator probes and recording helpers (see hooks.h). */
+#include "profiler/hooks.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/xalloc.h"
+#include "runtime/ctx.h"
+
+#define PAIR_CACHE 64
+
+struct ms_comm_probe {
+    struct ms_ctx *ctx;
+    ms_recorder *rec;
+    int mesh_dim;
+    int32_t group;
+    /* Point-to-point: the {me, peer} group id per peer, registered once. */
+    int pair_peer[PAIR_CACHE];
+    int32_t pair_group[PAIR_CACHE];
+    int n_pairs;
+};
+
+static int32_t register_group(ms_recorder *rec, const char *name, int n, const int *ranks) {
+    ms_group g = {.size = n};
+    ms_ev_strcpy(g.name, sizeof g.name, NULL, name);
+    for (int i = 0; i < n && i < MS_EV_GROUP_MAX; i++) g.ranks[i] = ranks[i];
+    return ms_recorder_group(rec, &g);
+}
+
+static void fill_coll(ms_event *e, const ms_comm_probe *p, const ms_comm_event *ev) {
+    memset(e, 0, sizeof *e);
+    e->kind = MS_EV_COLL;
+    e->phase = MS_PHASE_OTHER;
+    e->t0_ns = ev->t_start_ns;
+    e->t1_ns = ev->t_end_ns;
+    ms_ev_coll *c = &e->u.coll;
+    c->coll = (uint8_t)ev->kind;
+    c->reduce = (uint8_t)ev->op;
+    c->mesh_dim = (int16_t)p->mesh_dim;
+    c->group = p->group;
+    c->group_size = ms_comm_size(ev->comm);
+    c->group_rank = ms_comm_rank(ev->comm);
+    c->seq = ev->seq;
+    c->bytes = ev->bytes;
+    ms_ev_strcpy(c->algo, sizeof c->algo, NULL, ev->algo);
+    c->flow = p->ctx->trace_flow;
+    c->root = ev->root < 0 ? 0 : ev->root;
+}
+
+/* The group id of {me, peer}; cached so the hot path rarely takes the table's mutex. */
+static int32_t pair_group(ms_comm_probe *p, const ms_comm *comm, int peer) {
+    for (int i = 0; i < p->n_pairs; i++)
+        if (p->pair_peer[i] == peer) return p->pair_group[i];
+    int pair[2] = {ms_comm_world_rank(comm, ms_comm_rank(comm)), ms_comm_world_rank(comm, peer)};
+    int32_t id = register_group(p->rec, "p2p", 2, pair);
+    if (p->n_pairs < PAIR_CACHE) {
+        p->pair_peer[p->n_pairs] = peer;
+        p->pair_group[p->n_pairs++] = id;
+    }
+    return id;
+}
+
+static void observe(void *user, const ms_comm_event *ev) {
+    ms_comm_probe *p = user;
+    ms_event e;
+    if (ev->kind != MS_COLL_P2P) {
+        fill_coll(&e, p, ev);
+        ms_recorder_push(p->rec, &e);
+        return;
+    }
+    /* One event per send, on the pair's own group, so heatmaps see who talked to whom. */
+    for (int i = 0; i < ev->n_p2p; i++) {
+        const ms_p2p_op *op = &ev->p2p[i];
+        if (op->kind != MS_P2P_SEND) continue;
+        fill_coll(&e, p, ev);
+        e.u.coll.group = pair_group(p, ev->comm, op->peer);
+        e.u.coll.group_size = 2;
+        e.u.coll.group_rank = 0;
+        e.u.coll.bytes = op->count * sizeof(float);
+        ms_recorder_push(p->rec, &e);
+    }
+}
+
+ms_comm_probe *ms_comm_probe_attach(struct ms_ctx *ctx, ms_comm *c, int mesh_dim) {
+    if (!ctx->recorder || !c) return NULL;
+    ms_comm_probe *p = xcalloc(1, sizeof *p);
+    p->ctx = ctx;
+    p->rec = ctx->recorder;
+    p->mesh_dim = mesh_dim;
+    int n = ms_comm_size(c);
+    int *ranks = xmalloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) ranks[i] = ms_comm_world_rank(c, i);
+    p->group = register_group(p->rec, ms_comm_name(c), n, ranks);
+    free(ranks);
+    ms_comm_set_observer(c, observe, p);
+    return p;
+}
+
+void ms_comm_probe_free(ms_comm_probe *p) {
+    free(p);
+}
+
+void ms_record_memory(struct ms_ctx *ctx) {
+    if (!ctx->recorder) return;
+    ms_event e = {.kind = MS_EV_MEM, .phase = MS_PHASE_OTHER};
+    e.t0_ns = e.t1_ns = ms_now_ns();
+    e.u.mem.in_use = atomic_load(&ctx->device->in_use);
+    e.u.mem.peak = atomic_load(&ctx->device->peak);
+    ms_recorder_push(ctx->recorder, &e);
+}
+
+void ms_record_span(struct ms_ctx *ctx, ms_ev_kind kind, int64_t t0) {
+    if (!ctx->recorder) return;
+    ms_event e = {
+        .kind = (uint8_t)kind, .phase = MS_PHASE_OTHER, .t0_ns = t0, .t1_ns = ms_now_ns()};
+    ms_recorder_push(ctx->recorder, &e);
+}

@@ -1,0 +1,1013 @@
+/* test_traces.c - trace files: the writer's Kineto layout checked independently with cJSON
+ * (required keys, no overlapping slices per thread, flows from reshards to collectives),
+ * the exact round trip through the reader, the validator's rules one by one, durable writes
+ * that keep the old file on failure, bad and foreign inputs, the export speed at a million
+ * events, and the `meshscope trace` command line. */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "commands.h"
+#include "io/fileio.h"
+#include "testkit.h"
+#include "traces/trace_check.h"
+#include "traces/trace_read.h"
+#include "traces/trace_write.h"
+
+/* --- helpers ---------------------------------------------------------------------------- */
+
+static char g_dir[64];
+
+static int setup_dir(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/ms_traces_XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int remove_dir(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path_in(char *out, size_t len, const char *name) {
+    snprintf(out, len, "%s/%s", g_dir, name);
+}
+
+static char *slurp(const char *path, size_t *n) {
+    uint8_t *buf;
+    size_t len;
+    ms_error err = {0};
+    ms_status st = ms_read_file(path, (size_t)1 << 31, &buf, &len, &err);
+    if (st != MS_OK) fail_msg("%s", err.msg);
+    if (n) *n = len;
+    return (char *)buf;
+}
+
+static void spit(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+    fclose(f);
+}
+
+static int count_temps(void) {
+    DIR *d = opendir(g_dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".tmp.") != NULL;
+    closedir(d);
+    return n;
+}
+
+/* --- a synthetic multi-rank run --------------------------------------------------------- */
+
+/* 4 ranks on a 2 x 2 mesh (dp, tp): tp groups {0,1} {2,3}, dp groups {0,2} {1,3}. */
+static const ms_group k_groups[] = {
+    {.id = 0, .name = "tp", .size = 2, .ranks = {0, 1}},
+    {.id = 1, .name = "tp", .size = 2, .ranks = {2, 3}},
+    {.id = 2, .name = "dp", .size = 2, .ranks = {0, 2}},
+    {.id = 3, .name = "dp", .size = 2, .ranks = {1, 3}},
+};
+#define N_GROUPS 4
+
+static ms_event ev_base(int kind, int rank, int64_t step, int phase, int64_t t0, int64_t t1) {
+    ms_event e;
+    memset(&e, 0, sizeof e);
+    e.kind = (uint8_t)kind;
+    e.rank = rank;
+    e.step = step;
+    e.phase = (uint8_t)phase;
+    e.t0_ns = t0;
+    e.t1_ns = t1;
+    return e;
+}
+
+static ms_event ev_coll(int rank, int64_t step, int64_t t0, int64_t t1, int coll, bool tp,
+                        int64_t seq, uint64_t bytes, uint64_t flow) {
+    ms_event e = ev_base(MS_EV_COLL, rank, step, MS_PHASE_BACKWARD, t0, t1);
+    ms_ev_coll *c = &e.u.coll;
+    c->coll = (uint8_t)coll;
+    c->reduce = coll == MS_COLL_REDUCE_SCATTER ? MS_REDUCE_AVG : MS_REDUCE_SUM;
+    c->mesh_dim = tp ? 1 : 0;
+    c->group = tp ? rank / 2 : 2 + rank % 2;
+    c->group_size = 2;
+    c->group_rank = tp ? rank % 2 : rank / 2;
+    c->seq = seq;
+    c->bytes = bytes;
+    snprintf(c->algo, sizeof c->algo, "shm-direct");
+    c->flow = flow;
+    return e;
+}
+
+/* Appends one step of one rank (15 events, 16 on rank 0's steps): a step slice, data
+ * loading, six ops, two overlapping tp all-reduces belonging to one reshard, a dp
+ * reduce-scatter overlapping compute, the optimizer, two memory samples. Times are odd
+ * nanosecond values so that the microsecond formatting is exercised. */
+static size_t synth_step(ms_event *ev, size_t n, int rank, int64_t s, int64_t base) {
+    int64_t T = base + s * 2000003 + rank * 1111;
+    uint64_t flow = (uint64_t)s * 10 + 1;
+    ev[n++] = ev_base(MS_EV_STEP, rank, s, MS_PHASE_OTHER, T, T + 1900001);
+    ms_event d = ev_base(MS_EV_DATA, rank, s, MS_PHASE_OTHER, T + 100, T + 907);
+    snprintf(d.u.op.name, sizeof d.u.op.name, "batch");
+    ev[n++] = d;
+    for (int k = 0; k < 6; k++) {
+        ms_event o = ev_base(MS_EV_OP, rank, s, k < 3 ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD,
+                             T + 1000 + k * 150007, T + 1000 + k * 150007 + 140003);
+        o.u.op.op = 3 + k;
+        if (k == 2)
+            snprintf(o.u.op.name, sizeof o.u.op.name, "h.0.attn \"q\\k\" \xc3\xa9 \t");
+        else if (k != 5)
+            snprintf(o.u.op.name, sizeof o.u.op.name, "h.%d.mlp.c_fc.mm", k);
+        snprintf(o.u.op.opname, sizeof o.u.op.opname, "matmul");
+        o.u.op.flops = k == 1 ? 1234.5678 : 2.0 * 64 * 64 * 64 * (k + 1);
+        o.u.op.bytes = 3.0 * 4 * 64 * 64;
+        ev[n++] = o;
+    }
+    ms_event r = ev_base(MS_EV_RESHARD, rank, s, MS_PHASE_FORWARD, T + 5000, T + 600001);
+    snprintf(r.u.reshard.tensor, sizeof r.u.reshard.tensor, "h.0.mlp.c_proj.out");
+    snprintf(r.u.reshard.from, sizeof r.u.reshard.from, "[R, P(sum)]");
+    snprintf(r.u.reshard.to, sizeof r.u.reshard.to, "[R, R]");
+    r.u.reshard.nsteps = 2;
+    r.u.reshard.bytes = 8192 + 12288;
+    r.u.reshard.flow = flow;
+    ev[n++] = r;
+    ev[n++] =
+        ev_coll(rank, s, T + 10001, T + 300003, MS_COLL_ALL_REDUCE, true, 2 * s + 1, 8192, flow);
+    ev[n++] =
+        ev_coll(rank, s, T + 200001, T + 500003, MS_COLL_ALL_REDUCE, true, 2 * s + 2, 12288, flow);
+    ev[n++] =
+        ev_coll(rank, s, T + 900001, T + 1400003, MS_COLL_REDUCE_SCATTER, false, s + 1, 65536, 0);
+    if (rank == 0) { /* a collective on a group missing from the table */
+        ms_event u =
+            ev_coll(rank, s, T + 1410000, T + 1420000, MS_COLL_BARRIER, false, s + 1, 0, 0);
+        u.u.coll.group = 99;
+        u.u.coll.mesh_dim = -1;
+        ev[n++] = u;
+    }
+    ev[n++] = ev_base(MS_EV_OPTIM, rank, s, MS_PHASE_OTHER, T + 1500001, T + 1600003);
+    for (int k = 0; k < 2; k++) {
+        ms_event m = ev_base(MS_EV_MEM, rank, s, MS_PHASE_OTHER, T + 50001 + k * 950000,
+                             T + 50001 + k * 950000);
+        m.u.mem.in_use = (uint64_t)(rank + 1) * 1234567 + (uint64_t)s * 1000 + 1 + (uint64_t)k;
+        m.u.mem.peak = m.u.mem.in_use + ((uint64_t)3 << 30) + 7;
+        ev[n++] = m;
+    }
+    return n;
+}
+
+#define BASE_NS 5000000000123LL
+
+/* nranks x nsteps steps into a new array. */
+static ms_event *synth(int nranks, int nsteps, size_t *n) {
+    ms_event *ev = malloc(sizeof *ev * (size_t)nranks * (size_t)nsteps * 16);
+    assert_non_null(ev);
+    size_t k = 0;
+    for (int r = 0; r < nranks; r++)
+        for (int s = 0; s < nsteps; s++) k = synth_step(ev, k, r, s, BASE_NS);
+    *n = k;
+    return ev;
+}
+
+static void assert_same_event(const ms_event *a, const ms_event *b, size_t i) {
+    if (a->kind != b->kind || a->phase != b->phase || a->rank != b->rank || a->step != b->step ||
+        a->t0_ns != b->t0_ns || a->t1_ns != b->t1_ns)
+        fail_msg("event %zu: kind %d/%d phase %d/%d rank %d/%d step %lld/%lld t0 %lld/%lld t1 "
+                 "%lld/%lld",
+                 i, a->kind, b->kind, a->phase, b->phase, a->rank, b->rank, (long long)a->step,
+                 (long long)b->step, (long long)a->t0_ns, (long long)b->t0_ns, (long long)a->t1_ns,
+                 (long long)b->t1_ns);
+    switch (a->kind) {
+        case MS_EV_OP:
+        case MS_EV_DATA:
+        case MS_EV_OPTIM:
+            assert_int_equal(a->u.op.op, b->u.op.op);
+            assert_string_equal(a->u.op.name, b->u.op.name);
+            assert_string_equal(a->u.op.opname, b->u.op.opname);
+            assert_true(a->u.op.flops == b->u.op.flops);
+            assert_true(a->u.op.bytes == b->u.op.bytes);
+            break;
+        case MS_EV_COLL: {
+            const ms_ev_coll *x = &a->u.coll, *y = &b->u.coll;
+            assert_int_equal(x->coll, y->coll);
+            assert_int_equal(x->reduce, y->reduce);
+            assert_int_equal(x->mesh_dim, y->mesh_dim);
+            assert_int_equal(x->group, y->group);
+            assert_int_equal(x->group_size, y->group_size);
+            assert_int_equal(x->group_rank, y->group_rank);
+            assert_int_equal(x->seq, y->seq);
+            assert_int_equal(x->bytes, y->bytes);
+            assert_string_equal(x->algo, y->algo);
+            assert_int_equal(x->flow, y->flow);
+            break;
+        }
+        case MS_EV_RESHARD:
+            assert_string_equal(a->u.reshard.tensor, b->u.reshard.tensor);
+            assert_string_equal(a->u.reshard.from, b->u.reshard.from);
+            assert_string_equal(a->u.reshard.to, b->u.reshard.to);
+            assert_int_equal(a->u.reshard.nsteps, b->u.reshard.nsteps);
+            assert_int_equal(a->u.reshard.bytes, b->u.reshard.bytes);
+            assert_int_equal(a->u.reshard.flow, b->u.reshard.flow);
+            break;
+        case MS_EV_MEM:
+            assert_int_equal(a->u.mem.in_use, b->u.mem.in_use);
+            assert_int_equal(a->u.mem.peak, b->u.mem.peak);
+            break;
+        default:
+            break;
+    }
+}
+
+static void write_synth(const char *path, int nranks, int nsteps) {
+    size_t n;
+    ms_event *ev = synth(nranks, nsteps, &n);
+    ms_trace_meta meta = {.backend = "threads", .world_size = nranks};
+    ms_error err = {0};
+    if (ms_trace_write(path, ev, n, k_groups, N_GROUPS, &meta, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    free(ev);
+}
+
+/* --- the round trip ----------------------------------------------------------------------- */
+
+/* Times round trip exactly: the file holds microseconds with 3 decimals, i.e. whole
+ * nanoseconds, and the reader converts the decimal text without going through a double. */
+static void roundtrip(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "rt.json");
+    size_t n;
+    ms_event *ev = synth(4, 3, &n);
+    ms_trace_meta meta = {.backend = "threads", .world_size = 4};
+    ms_error err = {0};
+    assert_int_equal(ms_trace_write(path, ev, n, k_groups, N_GROUPS, &meta, &err), MS_OK);
+
+    ms_trace_check_info info;
+    if (ms_trace_check(path, &info, &err) != MS_OK) fail_msg("%s", err.msg);
+
+    ms_trace t;
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_true(t.meshscope);
+    assert_int_equal(t.world_size, 4);
+    assert_int_equal(t.rank, 0);
+    assert_string_equal(t.backend, "threads");
+    assert_int_equal(t.base_ns, BASE_NS);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i++) assert_same_event(&ev[i], &t.events[i], i);
+    assert_int_equal(t.n_groups, N_GROUPS);
+    for (int g = 0; g < N_GROUPS; g++) {
+        assert_int_equal(t.groups[g].id, k_groups[g].id);
+        assert_string_equal(t.groups[g].name, k_groups[g].name);
+        assert_int_equal(t.groups[g].size, 2);
+        assert_memory_equal(t.groups[g].ranks, k_groups[g].ranks, 2 * sizeof(int32_t));
+    }
+    /* Everything but the M and flow events became an event again. */
+    assert_int_equal(t.n_trace_events - t.n_ignored, n);
+    ms_trace_free(&t);
+
+    /* A base time after some events: negative timestamps round-trip too. */
+    meta.has_base = true;
+    meta.base_ns = BASE_NS + 3000000;
+    assert_int_equal(ms_trace_write(path, ev, n, k_groups, N_GROUPS, &meta, &err), MS_OK);
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i++) assert_same_event(&ev[i], &t.events[i], i);
+    ms_trace_free(&t);
+
+    /* Events in no particular order (reversed): the writer sorts its index, the file keeps
+     * the given order, the threads still never overlap. */
+    for (size_t i = 0; i < n / 2; i++) {
+        ms_event tmp = ev[i];
+        ev[i] = ev[n - 1 - i];
+        ev[n - 1 - i] = tmp;
+    }
+    meta.has_base = false;
+    assert_int_equal(ms_trace_write(path, ev, n, k_groups, N_GROUPS, &meta, &err), MS_OK);
+    if (ms_trace_check(path, &info, &err) != MS_OK) fail_msg("%s", err.msg);
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i++) assert_same_event(&ev[i], &t.events[i], i);
+    ms_trace_free(&t);
+    free(ev);
+}
+
+/* --- the layout, checked without the project's own reader ------------------------------- */
+
+typedef struct slice {
+    int pid, tid;
+    double ts, dur;
+    const cJSON *ev;
+} slice;
+
+static int cmp_slice(const void *a, const void *b) {
+    const slice *x = a, *y = b;
+    if (x->pid != y->pid) return x->pid - y->pid;
+    if (x->tid != y->tid) return x->tid - y->tid;
+    return x->ts < y->ts ? -1 : x->ts > y->ts;
+}
+
+/* The whole text as one JSON value followed by whitespace only (cJSON's own "require null
+ * terminated" check rejects a trailing newline in a length-limited buffer). */
+static cJSON *parse_whole(const char *text, size_t len) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    assert_non_null(root);
+    while (end < text + len && (*end == '\n' || *end == ' ')) end++;
+    assert_true(end == text + len);
+    return root;
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static const char *thread_name_of(const cJSON *evs, int pid, int tid) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, evs) {
+        const char *ph = jstr(e, "ph"), *name = jstr(e, "name");
+        if (ph && !strcmp(ph, "M") && name && !strcmp(name, "thread_name") &&
+            jnum(e, "pid") == pid && jnum(e, "tid") == tid)
+            return jstr(cJSON_GetObjectItemCaseSensitive(e, "args"), "name");
+    }
+    return NULL;
+}
+
+static void kineto_layout(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "layout.json");
+    write_synth(path, 4, 3);
+    size_t len;
+    char *text = slurp(path, &len);
+    cJSON *root = parse_whole(text, len);
+
+    /* Kineto's header. */
+    assert_int_equal((int)jnum(root, "schemaVersion"), 1);
+    assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(root, "deviceProperties")));
+    const cJSON *di = cJSON_GetObjectItemCaseSensitive(root, "distributedInfo");
+    assert_string_equal(jstr(di, "backend"), "threads");
+    assert_int_equal((int)jnum(di, "rank"), 0);
+    assert_int_equal((int)jnum(di, "world_size"), 4);
+    const cJSON *pg = cJSON_GetObjectItemCaseSensitive(di, "pg_config");
+    assert_int_equal(cJSON_GetArraySize(pg), N_GROUPS);
+    const cJSON *g0 = cJSON_GetArrayItem(pg, 0);
+    assert_string_equal(jstr(g0, "pg_name"), "tp");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(g0, "ranks")), 2);
+    assert_true(jnum(root, "baseTimeNanoseconds") == (double)BASE_NS);
+    assert_string_equal(jstr(root, "displayTimeUnit"), "ms");
+    const cJSON *evs = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+    assert_true(cJSON_IsArray(evs));
+
+    /* Every X slice, sorted per thread: strictly no overlap (the writer does not nest). */
+    int nev = cJSON_GetArraySize(evs), nx = 0, ncoll = 0, nmem = 0, nsteps = 0;
+    slice *sl = malloc(sizeof *sl * (size_t)nev);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, evs) {
+        const char *ph = jstr(e, "ph");
+        assert_non_null(ph);
+        if (!strcmp(ph, "C")) {
+            assert_string_equal(jstr(e, "name"), "memory");
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+            assert_true(jnum(a, "in_use_MiB") > 0 && jnum(a, "peak_MiB") > 3072);
+            nmem++;
+        }
+        if (strcmp(ph, "X")) continue;
+        sl[nx++] =
+            (slice){(int)jnum(e, "pid"), (int)jnum(e, "tid"), jnum(e, "ts"), jnum(e, "dur"), e};
+        assert_true(sl[nx - 1].dur >= 0);
+        const char *name = jstr(e, "name"), *cat = jstr(e, "cat");
+        nsteps += !strncmp(name, "ProfilerStep#", 13);
+        if (!strcmp(cat, "comm")) {
+            ncoll++;
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+            static const char *const keys[] = {
+                "Collective name",    "In msg nelems", "Out msg nelems",
+                "Group size",         "dtype",         "Process Group Ranks",
+                "Process Group Name", "bytes",         "seq",
+                "algorithm",          "mesh dim"};
+            for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+                if (!cJSON_GetObjectItemCaseSensitive(a, keys[k]))
+                    fail_msg("collective args lack \"%s\"", keys[k]);
+            assert_string_equal(jstr(a, "dtype"), "Float");
+            if (!strcmp(jstr(a, "Collective name"), "reduce_scatter"))
+                assert_true(jnum(a, "In msg nelems") == 2 * jnum(a, "Out msg nelems"));
+        }
+    }
+    assert_int_equal(nsteps, 12);
+    assert_int_equal(nmem, 24);
+    assert_int_equal(ncoll, 4 * 3 * 3 + 3);
+    qsort(sl, (size_t)nx, sizeof *sl, cmp_slice);
+    for (int i = 1; i < nx; i++)
+        if (sl[i].pid == sl[i - 1].pid && sl[i].tid == sl[i - 1].tid &&
+            sl[i].ts < sl[i - 1].ts + sl[i - 1].dur - 1e-6)
+            fail_msg("slices overlap on pid %d tid %d at ts %.3f", sl[i].pid, sl[i].tid, sl[i].ts);
+
+    /* Thread names: every used thread is named; the overlapping tp all-reduces needed a
+     * second tp thread; steps, compute and reshards have their own. */
+    bool seen_tp2 = false, seen_dp = false, seen_compute = false, seen_steps = false,
+         seen_reshard = false;
+    for (int i = 0; i < nx; i++) {
+        const char *tn = thread_name_of(evs, sl[i].pid, sl[i].tid);
+        if (!tn) fail_msg("pid %d tid %d has no thread_name", sl[i].pid, sl[i].tid);
+        const char *cat = jstr(sl[i].ev, "cat");
+        if (!strcmp(cat, "comm")) {
+            assert_true(!strncmp(tn, "comm: ", 6));
+            seen_tp2 |= !strcmp(tn, "comm: tp #2");
+            seen_dp |= !strcmp(tn, "comm: dp");
+        }
+        if (!strcmp(cat, "cpu_op")) seen_compute |= !strcmp(tn, "compute");
+        if (!strcmp(cat, "user_annotation")) seen_steps |= !strcmp(tn, "steps");
+        if (!strcmp(cat, "reshard")) seen_reshard |= !strcmp(tn, "reshard");
+    }
+    assert_true(seen_tp2 && seen_dp && seen_compute && seen_steps && seen_reshard);
+    /* One process per rank, named and sorted. */
+    for (int r = 0; r < 4; r++) {
+        bool named = false;
+        cJSON_ArrayForEach(e, evs) {
+            const char *name = jstr(e, "name");
+            if (!strcmp(jstr(e, "ph"), "M") && !strcmp(name, "process_name") &&
+                jnum(e, "pid") == r) {
+                char want[16];
+                snprintf(want, sizeof want, "rank %d", r);
+                assert_string_equal(jstr(cJSON_GetObjectItemCaseSensitive(e, "args"), "name"),
+                                    want);
+                named = true;
+            }
+        }
+        assert_true(named);
+    }
+
+    /* Flows: each f binds a collective slice, its s lies on a reshard slice of the same rank
+     * with the same flow number, and each linked collective has exactly one. */
+    int nf = 0;
+    cJSON_ArrayForEach(e, evs) {
+        if (strcmp(jstr(e, "ph"), "f")) continue;
+        nf++;
+        assert_string_equal(jstr(e, "bp"), "e");
+        double id = jnum(e, "id");
+        const cJSON *s = NULL, *x;
+        cJSON_ArrayForEach(x, evs) if (!strcmp(jstr(x, "ph"), "s") && jnum(x, "id") == id) s = x;
+        assert_non_null(s);
+        const slice *coll = NULL, *res = NULL;
+        for (int i = 0; i < nx; i++) {
+            if (sl[i].pid == (int)jnum(e, "pid") && sl[i].tid == (int)jnum(e, "tid") &&
+                sl[i].ts == jnum(e, "ts"))
+                coll = &sl[i];
+            if (sl[i].pid == (int)jnum(s, "pid") && sl[i].tid == (int)jnum(s, "tid") &&
+                sl[i].ts <= jnum(s, "ts") && jnum(s, "ts") <= sl[i].ts + sl[i].dur)
+                res = &sl[i];
+        }
+        assert_non_null(coll);
+        assert_non_null(res);
+        assert_string_equal(jstr(coll->ev, "cat"), "comm");
+        assert_string_equal(jstr(res->ev, "cat"), "reshard");
+        assert_int_equal(coll->pid, res->pid);
+        double cf = jnum(cJSON_GetObjectItemCaseSensitive(coll->ev, "args"), "flow");
+        double rf = jnum(cJSON_GetObjectItemCaseSensitive(res->ev, "args"), "flow");
+        assert_true(cf == rf && cf > 0);
+    }
+    assert_int_equal(nf, 4 * 3 * 2); /* two all-reduces per reshard */
+    free(sl);
+    cJSON_Delete(root);
+    free(text);
+}
+
+/* Strings: escapes, control characters and invalid UTF-8 (a name cut inside a character)
+ * still make valid JSON; valid UTF-8 survives, invalid bytes become U+FFFD. */
+static void strings_and_utf8(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "utf8.json");
+    ms_event ev[2];
+    ev[0] = ev_base(MS_EV_OP, 0, 0, MS_PHASE_FORWARD, 1000, 2000);
+    snprintf(ev[0].u.op.name, sizeof ev[0].u.op.name, "q\"\\\x01\n/\xe2\x82\xac cut\xc3");
+    ev[1] = ev_base(MS_EV_OP, 0, 0, MS_PHASE_FORWARD, 2000, 3000);
+    memset(ev[1].u.op.name, 'a', sizeof ev[1].u.op.name); /* no terminator */
+    ms_error err = {0};
+    assert_int_equal(ms_trace_write(path, ev, 2, NULL, 0, NULL, &err), MS_OK);
+    size_t len;
+    char *text = slurp(path, &len);
+    cJSON *root = parse_whole(text, len);
+    cJSON_Delete(root);
+    free(text);
+    ms_trace t;
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, 2);
+    assert_string_equal(t.events[0].u.op.name, "q\"\\\x01\n/\xe2\x82\xac cut\xef\xbf\xbd");
+    assert_int_equal(strlen(t.events[1].u.op.name), sizeof ev[1].u.op.name - 1);
+    ms_trace_free(&t);
+    assert_int_equal(ms_trace_check(path, NULL, &err), MS_OK);
+}
+
+/* Many events on one thread overlapping every other: each gets its own thread, no quadratic
+ * blow-up, the validator agrees. */
+static void heavy_overlap(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "overlap.json");
+    enum { N = 20000 };
+    ms_event *ev = malloc(sizeof *ev * N);
+    for (int i = 0; i < N; i++)
+        ev[i] = ev_base(MS_EV_OP, 0, 0, MS_PHASE_FORWARD, 1000 + i, 1000000 + i);
+    ms_error err = {0};
+    assert_int_equal(ms_trace_write(path, ev, N, NULL, 0, NULL, &err), MS_OK);
+    ms_trace_check_info info;
+    if (ms_trace_check(path, &info, &err) != MS_OK) fail_msg("%s", err.msg);
+    size_t len;
+    char *text = slurp(path, &len);
+    assert_non_null(strstr(text, "\"compute #20000\""));
+    free(text);
+    free(ev);
+}
+
+/* --- the validator ------------------------------------------------------------------------ */
+
+typedef struct rule_case {
+    const char *events; /* the traceEvents array's content */
+    long violation;     /* expected index, -1: valid */
+    const char *msg;    /* expected in the message */
+} rule_case;
+
+static void validator_rules(void **state) {
+    (void)state;
+    static const rule_case cases[] = {
+        /* nesting and touching are fine, partial overlap is not */
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":10},"
+         "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":2,\"dur\":3},"
+         "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":10,\"dur\":5},"
+         "{\"ph\":\"X\",\"pid\":0,\"tid\":2,\"ts\":3,\"dur\":50}",
+         -1, NULL},
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":10},"
+         "{\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":5,\"dur\":10},"
+         "{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":9.999,\"dur\":10}",
+         2, "partially overlap"},
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0}", 0, "numeric \"dur\" >= 0"},
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":-1}", 0, "\"dur\" >= 0"},
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":\"0\",\"dur\":1}", 0, "numeric \"ts\""},
+        {"{\"pid\":0,\"tid\":1,\"ts\":0}", 0, "no string \"ph\""},
+        {"{\"ph\":\"Q\",\"pid\":0,\"tid\":1,\"ts\":0}", 0, "unknown phase"},
+        {"{\"ph\":\"X\",\"pid\":\"main\",\"tid\":1,\"ts\":0,\"dur\":1}", 0, "\"pid\" must be"},
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1.5,\"ts\":0,\"dur\":1}", 0, "\"tid\" must be"},
+        {"{\"ph\":\"X\",\"pid\":0,\"ts\":0,\"dur\":1}", 0, "no \"tid\""},
+        {"[1]", 0, "must be a JSON object"},
+        {"{\"ph\":\"B\",\"pid\":0,\"tid\":1,\"ts\":0,\"name\":\"a\"},"
+         "{\"ph\":\"B\",\"pid\":0,\"tid\":1,\"ts\":1,\"name\":\"b\"},"
+         "{\"ph\":\"E\",\"pid\":0,\"tid\":1,\"ts\":2},"
+         "{\"ph\":\"E\",\"pid\":0,\"tid\":1,\"ts\":3,\"name\":\"a\"}",
+         -1, NULL},
+        {"{\"ph\":\"E\",\"pid\":0,\"tid\":1,\"ts\":3}", 0, "no open B"},
+        {"{\"ph\":\"B\",\"pid\":0,\"tid\":1,\"ts\":0,\"name\":\"a\"},"
+         "{\"ph\":\"B\",\"pid\":0,\"tid\":1,\"ts\":1,\"name\":\"b\"},"
+         "{\"ph\":\"E\",\"pid\":0,\"tid\":1,\"ts\":2,\"name\":\"a\"},"
+         "{\"ph\":\"E\",\"pid\":0,\"tid\":1,\"ts\":3}",
+         2, "differs from the name"},
+        {"{\"ph\":\"B\",\"pid\":0,\"tid\":1,\"ts\":0}", 0, "never ended"},
+        {"{\"ph\":\"i\",\"pid\":0,\"tid\":1,\"ts\":0,\"s\":\"x\"}", 0, "scope"},
+        {"{\"ph\":\"i\",\"ts\":0,\"s\":\"g\"}", -1, NULL},
+        {"{\"ph\":\"C\",\"pid\":0,\"ts\":0,\"name\":\"m\",\"args\":{\"a\":1,\"b\":\"2\"}}", 0,
+         "\"b\" is not"},
+        {"{\"ph\":\"C\",\"pid\":0,\"ts\":0,\"name\":\"m\"}", 0, "\"args\" object"},
+        {"{\"ph\":\"M\",\"pid\":0,\"tid\":0,\"name\":\"process_nam\",\"args\":{\"name\":\"x\"}}", 0,
+         "unknown metadata"},
+        {"{\"ph\":\"M\",\"pid\":0,\"tid\":0,\"name\":\"thread_name\",\"args\":{\"name\":5}}", 0,
+         "string args.name"},
+        {"{\"ph\":\"M\",\"pid\":0,\"tid\":0,\"name\":\"thread_sort_index\",\"args\":{}}", 0,
+         "sort_index"},
+        {"{\"ph\":\"f\",\"bp\":\"e\",\"id\":7,\"cat\":\"a\",\"pid\":0,\"tid\":1,\"ts\":5},"
+         "{\"ph\":\"s\",\"id\":7,\"cat\":\"a\",\"pid\":0,\"tid\":1,\"ts\":1}",
+         -1, NULL},
+        {"{\"ph\":\"s\",\"id\":7,\"cat\":\"a\",\"pid\":0,\"tid\":1,\"ts\":1},"
+         "{\"ph\":\"f\",\"bp\":\"e\",\"id\":7,\"cat\":\"b\",\"pid\":0,\"tid\":1,\"ts\":5}",
+         1, "no s (start)"},
+        {"{\"ph\":\"f\",\"pid\":0,\"tid\":1,\"ts\":5}", 0, "needs an \"id\""},
+        {"{\"ph\":\"s\",\"id\":1,\"bp\":\"x\",\"pid\":0,\"tid\":1,\"ts\":5}", 0, "\"bp\""},
+        {"{\"ph\":\"b\",\"pid\":0,\"ts\":5,\"cat\":\"c\",\"name\":\"n\"}", 0, "\"id2\""},
+        {"{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1e300,\"dur\":1}", 0, "out of range"},
+    };
+    char text[2048];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "{\"traceEvents\":[%s],\"displayTimeUnit\":\"ns\"}",
+                 cases[i].events);
+        ms_trace_check_info info;
+        ms_error err = {0};
+        ms_status st = ms_trace_check_mem(text, strlen(text), "t.json", &info, &err);
+        if (cases[i].violation < 0) {
+            if (st != MS_OK) fail_msg("case %zu: rejected: %s", i, err.msg);
+            assert_int_equal(info.violation, SIZE_MAX);
+        } else {
+            if (st != MS_ERR_INVALID) fail_msg("case %zu: accepted", i);
+            if (info.violation != (size_t)cases[i].violation || !strstr(err.msg, cases[i].msg))
+                fail_msg("case %zu: violation %zu, message '%s'; wanted %ld with '%s'", i,
+                         info.violation, err.msg, cases[i].violation, cases[i].msg);
+            char where[32];
+            snprintf(where, sizeof where, "event %ld", cases[i].violation);
+            assert_non_null(strstr(err.msg, where));
+        }
+    }
+    /* File-level rules. */
+    const char *bad_unit = "{\"traceEvents\":[],\"displayTimeUnit\":\"s\"}";
+    ms_error err = {0};
+    assert_int_equal(ms_trace_check_mem(bad_unit, strlen(bad_unit), "u.json", NULL, &err),
+                     MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "displayTimeUnit"));
+}
+
+/* --- bad and foreign input ------------------------------------------------------------------ */
+
+typedef struct bad_case {
+    const char *text;
+    const char *msg;
+    bool reader_only; /* the validator stops earlier, at an event rule */
+} bad_case;
+
+static void bad_inputs(void **state) {
+    (void)state;
+    static const bad_case cases[] = {
+        {"", "not a Chrome trace (no traceEvents array)", false},
+        {"   \n", "not a Chrome trace (no traceEvents array)", false},
+        {"{}", "not a Chrome trace (no traceEvents array)", false},
+        {"{\"name\": \"x\", \"values\": [1, 2, {\"a\": null}]}",
+         "not a Chrome trace (no traceEvents array)", false},
+        {"[{\"ph\":\"X\"}]", "JSON Array Format", false},
+        {"hello", "does not start with a JSON object", false},
+        {"{\"traceEvents\": 5}", "traceEvents is not an array", false},
+        {"{\"traceEvents\": [{\"ph\":\"X\"} {\"ph\":\"X\"}]}", "byte 28: expected ',' or ']'",
+         true},
+        {"{\"traceEvents\": [] \"x\": 1}", "byte 19: expected ',' or '}'", false},
+        {"{\"traceEvents\": [{\"ph\":\"X\",}]}", "expected '\"' to start a member name", false},
+        {"{\"traceEvents\": [{\"ph\":\"X\"", "byte 26: unexpected end of file (truncated?)", false},
+        {"{\"traceEvents\": [", "unexpected end of file", false},
+        {"{\"traceEvents\": []", "unexpected end of file", false},
+        {"{\"traceEvents\": []} x", "trailing data", false},
+        {"{\"traceEvents\": [], \"traceEvents\": []}", "second traceEvents", false},
+        {"{\"traceEvents\": [{\"name\":\"a\x01\"}]}", "control character", false},
+        {"{\"traceEvents\": [{\"name\":\"\\q\"}]}", "valid escape", false},
+        {"{\"traceEvents\": [{\"ts\":01}]}", "expected ',' or '}'", false},
+        {"{\"traceEvents\": [{\"ts\":1.}]}", "digit after '.'", false},
+        {"{\"traceEvents\": [{\"ts\":-}]}", "digit in a number", false},
+        {"{\"traceEvents\": [tru]}", "expected 'true'", false},
+        {"{\"traceEvents\": [{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+         "[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}]"
+         "}",
+         "nested more than 64", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *text = cases[i].text;
+        ms_trace t;
+        ms_error err = {0};
+        ms_status st = ms_trace_read_mem(text, strlen(text), "x.json", &t, &err);
+        if (st != MS_ERR_INVALID || !strstr(err.msg, cases[i].msg) ||
+            strncmp(err.msg, "x.json: ", 8))
+            fail_msg("read case %zu: status %d, message '%s'; wanted '%s'", i, st, err.msg,
+                     cases[i].msg);
+        assert_null(t.events);
+        ms_error err2 = {0};
+        st = ms_trace_check_mem(text, strlen(text), "x.json", NULL, &err2);
+        if (st != MS_ERR_INVALID || (!cases[i].reader_only && !strstr(err2.msg, cases[i].msg)))
+            fail_msg("check case %zu: status %d, message '%s'; wanted '%s'", i, st, err2.msg,
+                     cases[i].msg);
+    }
+    /* Missing files and folders: an i/o error naming the path. */
+    char path[128];
+    path_in(path, sizeof path, "missing.json");
+    ms_trace t;
+    ms_error err = {0};
+    assert_int_equal(ms_trace_read(path, &t, &err), MS_ERR_IO);
+    assert_non_null(strstr(err.msg, path));
+    assert_int_equal(ms_trace_check(g_dir, NULL, &err), MS_ERR_IO);
+    assert_non_null(strstr(err.msg, "folder"));
+
+    /* Every truncation of a valid file fails cleanly, in both the reader and the validator. */
+    path_in(path, sizeof path, "trunc.json");
+    write_synth(path, 2, 1);
+    size_t len;
+    char *text = slurp(path, &len);
+    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) len--;
+    for (size_t cut = 0; cut < len; cut++) {
+        char *part = malloc(cut ? cut : 1); /* exact size, so ASan sees any over-read */
+        memcpy(part, text, cut);
+        ms_error e1 = {0}, e2 = {0};
+        if (ms_trace_read_mem(part, cut, "cut.json", &t, &e1) != MS_ERR_INVALID)
+            fail_msg("a file cut at %zu of %zu bytes was read", cut, len);
+        if (ms_trace_check_mem(part, cut, "cut.json", NULL, &e2) != MS_ERR_INVALID)
+            fail_msg("a file cut at %zu of %zu bytes was accepted", cut, len);
+        free(part);
+    }
+    free(text);
+}
+
+/* A PyTorch/Kineto-style trace: steps, GPU kernels and collectives are read; nested CPU ops,
+ * the CPU-side collective record, flows, instants and metadata are ignored; the validator
+ * accepts it (nested slices are legal). */
+static void foreign_kineto(void **state) {
+    (void)state;
+    static const char text[] =
+        "{\"schemaVersion\": 1, \"deviceProperties\": [{\"id\": 0, \"name\": \"NVIDIA H100\"}],\n"
+        " \"distributedInfo\": {\"backend\": \"nccl\", \"rank\": 1, \"world_size\": 2,\n"
+        "   \"pg_config\": [{\"pg_name\": \"0\", \"pg_desc\": \"default_pg\", \"pg_size\": 2,\n"
+        "                   \"ranks\": [0, 1]}]},\n"
+        " \"traceEvents\": [\n"
+        "  {\"ph\": \"X\", \"cat\": \"user_annotation\", \"name\": \"ProfilerStep#5\", \"pid\": 77,"
+        "   \"tid\": 77, \"ts\": 1700000000000100.5, \"dur\": 1000},\n"
+        "  {\"ph\": \"X\", \"cat\": \"gpu_user_annotation\", \"name\": \"ProfilerStep#5\","
+        "   \"pid\": 0, \"tid\": 7, \"ts\": 1700000000000101, \"dur\": 990},\n"
+        "  {\"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"aten::linear\", \"pid\": 77, \"tid\": "
+        "77,"
+        "   \"ts\": 1700000000000105, \"dur\": 80, \"args\": {\"External id\": 3}},\n"
+        "  {\"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"aten::mm\", \"pid\": 77, \"tid\": 77,"
+        "   \"ts\": 1700000000000110, \"dur\": 50},\n"
+        "  {\"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"record_param_comms\", \"pid\": 77,"
+        "   \"tid\": 77, \"ts\": 1700000000000300, \"dur\": 10, \"args\": {\"Collective name\":"
+        "   \"allreduce\", \"In msg nelems\": 1024, \"Out msg nelems\": 1024, \"Group size\": 2,"
+        "   \"dtype\": \"Float\", \"Process Group Name\": \"0\", \"Process Group Ranks\": \"[0, "
+        "1]\"}},\n"
+        "  {\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"sm90_xmma_gemm\", \"pid\": 0, \"tid\": "
+        "7,"
+        "   \"ts\": 1700000000000120, \"dur\": 20.25, \"args\": {\"stream\": 7}},\n"
+        "  {\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"ncclDevKernel_AllReduce_Sum_f32\","
+        "   \"pid\": 0, \"tid\": 20, \"ts\": 1700000000000310, \"dur\": 100, \"args\": {"
+        "   \"Collective name\": \"allreduce\", \"In msg nelems\": 1024, \"Out msg nelems\": 1024,"
+        "   \"Group size\": 2, \"dtype\": \"BFloat16\", \"Process Group Name\": \"0\","
+        "   \"Process Group Ranks\": [0, 1], \"Seq\": 4}},\n"
+        "  {\"ph\": \"f\", \"id\": 1, \"pid\": 0, \"tid\": 7, \"ts\": 1700000000000120,"
+        "   \"cat\": \"ac2g\", \"name\": \"ac2g\", \"bp\": \"e\"},\n"
+        "  {\"ph\": \"s\", \"id\": 1, \"pid\": 77, \"tid\": 77, \"ts\": 1700000000000111,"
+        "   \"cat\": \"ac2g\", \"name\": \"ac2g\"},\n"
+        "  {\"ph\": \"i\", \"name\": \"[memory]\", \"pid\": 77, \"tid\": 77,"
+        "   \"ts\": 1700000000000111, \"s\": \"t\", \"args\": {\"Total Allocated\": 100}},\n"
+        "  {\"ph\": \"M\", \"name\": \"process_name\", \"pid\": 0, \"tid\": 0,"
+        "   \"args\": {\"name\": \"python\"}},\n"
+        "  {\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"weird\", \"pid\": 0, \"tid\": 9,"
+        "   \"ts\": \"soon\", \"dur\": 1}\n"
+        " ],\n"
+        " \"traceName\": \"x.json\", \"displayTimeUnit\": \"ms\", \"baseTimeNanoseconds\": 1000}\n";
+    ms_trace t;
+    ms_error err = {0};
+    if (ms_trace_read_mem(text, strlen(text), "kineto.json", &t, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    assert_false(t.meshscope);
+    assert_int_equal(t.rank, 1);
+    assert_int_equal(t.world_size, 2);
+    assert_int_equal(t.n_trace_events, 12);
+    assert_int_equal(t.n_events, 3);
+    assert_int_equal(t.n_ignored, 9);
+    assert_int_equal(t.n_groups, 1);
+    assert_string_equal(t.groups[0].name, "default_pg");
+    const ms_event *st = &t.events[0], *k = &t.events[1], *c = &t.events[2];
+    assert_int_equal(st->kind, MS_EV_STEP);
+    assert_int_equal(st->step, 5);
+    assert_int_equal(st->rank, 1);
+    assert_int_equal(st->t0_ns, 1700000000000100500LL + 1000);
+    assert_int_equal(st->t1_ns, 1700000000001100500LL + 1000);
+    assert_int_equal(k->kind, MS_EV_OP);
+    assert_int_equal(k->step, 5);
+    assert_int_equal(k->t1_ns - k->t0_ns, 20250);
+    assert_string_equal(k->u.op.name, "sm90_xmma_gemm");
+    assert_int_equal(c->kind, MS_EV_COLL);
+    assert_int_equal(c->u.coll.coll, MS_COLL_ALL_REDUCE);
+    assert_int_equal(c->u.coll.bytes, 2048);
+    assert_int_equal(c->u.coll.group, t.groups[0].id);
+    assert_int_equal(c->u.coll.group_rank, 1);
+    assert_int_equal(c->u.coll.seq, 4);
+    assert_int_equal(c->step, 5);
+    ms_trace_free(&t);
+
+    /* Valid except for the last event's string ts, which the validator reports. */
+    ms_trace_check_info info;
+    assert_int_equal(ms_trace_check_mem(text, strlen(text), "kineto.json", &info, &err),
+                     MS_ERR_INVALID);
+    assert_int_equal(info.violation, 11);
+    assert_non_null(strstr(err.msg, "numeric \"ts\""));
+}
+
+/* --- durable writes ------------------------------------------------------------------------- */
+
+static void failed_write_keeps_old(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "durable.json");
+    write_synth(path, 2, 2);
+    size_t len0;
+    char *before = slurp(path, &len0);
+    size_t n;
+    ms_event *ev = synth(4, 3, &n);
+    static const ms_io_fault faults[] = {MS_IO_FAULT_WRITE, MS_IO_FAULT_FSYNC, MS_IO_FAULT_RENAME};
+    for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++) {
+        ms_error err = {0};
+        ms_io_inject_fault(faults[f], 5000);
+        ms_status st = ms_trace_write(path, ev, n, k_groups, N_GROUPS, NULL, &err);
+        ms_io_inject_fault(MS_IO_FAULT_NONE, 0);
+        assert_int_equal(st, MS_ERR_IO);
+        if (!strstr(err.msg, path)) fail_msg("message does not name the path: %s", err.msg);
+        size_t len1;
+        char *after = slurp(path, &len1);
+        assert_int_equal(len0, len1);
+        assert_memory_equal(before, after, len0);
+        free(after);
+        assert_int_equal(count_temps(), 0);
+    }
+    /* A folder that does not exist. */
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/no/such/folder/t.json", g_dir);
+    ms_error err = {0};
+    assert_int_equal(ms_trace_write(bad, ev, n, k_groups, N_GROUPS, NULL, &err), MS_ERR_IO);
+    assert_non_null(strstr(err.msg, bad));
+    /* Bad arguments. */
+    assert_int_equal(ms_trace_write(NULL, ev, n, NULL, 0, NULL, &err), MS_ERR_INVALID);
+    ev[0].kind = 200;
+    assert_int_equal(ms_trace_write(path, ev, n, NULL, 0, NULL, &err), MS_ERR_INVALID);
+    free(ev);
+    free(before);
+}
+
+/* --- speed ------------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void export_million(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "million.json");
+    enum { N = 1000000 };
+    ms_event *ev = malloc(sizeof *ev * (N + 16));
+    assert_non_null(ev);
+    size_t n = 0;
+    for (int64_t s = 0; n < N; s++)
+        for (int r = 0; r < 8 && n < N; r++) n = synth_step(ev, n, r, s, BASE_NS);
+    n = N;
+    ms_error err = {0};
+    double t0 = now_s();
+    if (ms_trace_write(path, ev, n, k_groups, N_GROUPS, NULL, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    double t1 = now_s();
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    printf("export: %d events, %.1f MB, %.3f s (%.2f M events/s)\n", N, sb.st_size / 1e6, t1 - t0,
+           N / (t1 - t0) / 1e6);
+    assert_true(t1 - t0 < 10.0);
+
+    ms_trace t;
+    double t2 = now_s();
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    double t3 = now_s();
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i += 9973) assert_same_event(&ev[i], &t.events[i], i);
+    ms_trace_free(&t);
+    ms_trace_check_info info;
+    if (ms_trace_check(path, &info, &err) != MS_OK) fail_msg("%s", err.msg);
+    double t4 = now_s();
+    printf("read: %.3f s, check: %.3f s (%zu trace events)\n", t3 - t2, t4 - t3, info.n_events);
+    unlink(path);
+    free(ev);
+}
+
+/* --- the command line ------------------------------------------------------------------------ */
+
+static int run_cmd(int argc, const char **argv) {
+    return ms_cmd_trace(argc, (char **)argv);
+}
+
+/* Writes the events of one rank to a per-rank file, with that rank's own group ids (each
+ * rank numbers its groups from 0: the merge must map them). */
+static void write_rank_file(const char *path, int rank) {
+    size_t n;
+    ms_event *all = synth(4, 2, &n);
+    ms_event *mine = malloc(sizeof *mine * n);
+    size_t k = 0;
+    ms_group g[2];
+    g[0] = k_groups[rank / 2];     /* tp */
+    g[1] = k_groups[2 + rank % 2]; /* dp */
+    g[0].id = 0;
+    g[1].id = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (all[i].rank != rank) continue;
+        mine[k] = all[i];
+        if (mine[k].kind == MS_EV_COLL && mine[k].u.coll.group != 99)
+            mine[k].u.coll.group = mine[k].u.coll.mesh_dim == 1 ? 0 : 1;
+        k++;
+    }
+    ms_trace_meta meta = {.backend = "mpi", .rank = rank, .world_size = 4};
+    ms_error err = {0};
+    if (ms_trace_write(path, mine, k, g, 2, &meta, &err) != MS_OK) fail_msg("%s", err.msg);
+    free(mine);
+    free(all);
+}
+
+static void cli(void **state) {
+    (void)state;
+    char r[4][128], out[128], bad[128], foreign[128];
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "rank%d.json", i);
+        path_in(r[i], sizeof r[i], name);
+        write_rank_file(r[i], i);
+    }
+    path_in(out, sizeof out, "merged.json");
+    const char *merge[] = {"trace", "merge", r[0], r[1], r[2], r[3], "-o", out};
+    assert_int_equal(run_cmd(8, merge), 0);
+    ms_trace t;
+    ms_error err = {0};
+    if (ms_trace_read(out, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.world_size, 4);
+    assert_string_equal(t.backend, "mpi");
+    assert_int_equal(t.n_groups, 4); /* tp{0,1} tp{2,3} dp{0,2} dp{1,3} */
+    size_t n;
+    ms_event *want = synth(4, 2, &n);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i++) {
+        const ms_event *e = &t.events[i];
+        assert_int_equal(e->rank, want[i].rank); /* files in rank order, events in order */
+        if (e->kind != MS_EV_COLL || want[i].u.coll.group == 99) continue;
+        const ms_group *g = NULL;
+        for (int k = 0; k < t.n_groups; k++)
+            if (t.groups[k].id == e->u.coll.group) g = &t.groups[k];
+        assert_non_null(g);
+        const ms_group *w = &k_groups[want[i].u.coll.group];
+        assert_string_equal(g->name, w->name);
+        assert_memory_equal(g->ranks, w->ranks, 2 * sizeof(int32_t));
+    }
+    ms_trace_free(&t);
+    free(want);
+    assert_int_equal(ms_trace_check(out, NULL, &err), MS_OK);
+
+    const char *check_ok[] = {"trace", "check", out};
+    assert_int_equal(run_cmd(3, check_ok), 0);
+    const char *summary[] = {"trace", "summary", out, "--steps", "0:1"};
+    assert_int_equal(run_cmd(5, summary), 0);
+    const char *summary_all[] = {"trace", "summary", r[2]};
+    assert_int_equal(run_cmd(3, summary_all), 0);
+
+    /* Bad input: exit 1 with a message, never a crash. */
+    path_in(bad, sizeof bad, "bad.json");
+    spit(bad, "{\"traceEvents\": [{\"ph\": \"X\", \"pid\": 0, \"tid\": 1, \"ts\": 0, \"dur\": 5},");
+    path_in(foreign, sizeof foreign, "foreign.json");
+    spit(foreign, "{\"data\": [1, 2, 3]}");
+    const char *check_bad[] = {"trace", "check", bad};
+    assert_int_equal(run_cmd(3, check_bad), 1);
+    const char *summary_bad[] = {"trace", "summary", foreign};
+    assert_int_equal(run_cmd(3, summary_bad), 1);
+    const char *summary_missing[] = {"trace", "summary", "/nonexistent/x.json"};
+    assert_int_equal(run_cmd(3, summary_missing), 1);
+    const char *merge_bad[] = {"trace", "merge", r[0], bad, "-o", out};
+    assert_int_equal(run_cmd(6, merge_bad), 1);
+    const char *merge_dup[] = {"trace", "merge", r[0], r[1], r[0], "-o", out};
+    assert_int_equal(run_cmd(7, merge_dup), 1);
+    const char *merge_self[] = {"trace", "merge", r[0], r[1], "-o", r[1]};
+    assert_int_equal(run_cmd(6, merge_self), 1);
+    /* The refused merges left the output as it was. */
+    assert_int_equal(ms_trace_check(out, NULL, &err), MS_OK);
+    assert_int_equal(ms_trace_check(r[1], NULL, &err), MS_OK);
+
+    /* Usage errors: exit 2. */
+    const char *u1[] = {"trace"};
+    assert_int_equal(run_cmd(1, u1), 2);
+    const char *u2[] = {"trace", "frobnicate"};
+    assert_int_equal(run_cmd(2, u2), 2);
+    const char *u3[] = {"trace", "merge", r[0], r[1]};
+    assert_int_equal(run_cmd(4, u3), 2);
+    const char *u4[] = {"trace", "summary", out, "--steps", "5:2"};
+    assert_int_equal(run_cmd(5, u4), 2);
+    const char *u5[] = {"trace", "summary", out, "--steps", "x"};
+    assert_int_equal(run_cmd(5, u5), 2);
+    const char *u6[] = {"trace", "check"};
+    assert_int_equal(run_cmd(2, u6), 2);
+    const char *u7[] = {"trace", "merge", r[0], "-o"};
+    assert_int_equal(run_cmd(4, u7), 2);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(roundtrip),
+    cmocka_unit_test(kineto_layout),
+    cmocka_unit_test(strings_and_utf8),
+    cmocka_unit_test(heavy_overlap),
+    cmocka_unit_test(validator_rules),
+    cmocka_unit_test(bad_inputs),
+    cmocka_unit_test(foreign_kineto),
+    cmocka_unit_test(failed_write_keeps_old),
+    cmocka_unit_test(cli),
+    cmocka_unit_test(export_million),
+};
+
+int main(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    return cmocka_run_group_tests_name("traces", tests, setup_dir, remove_dir);
+}
