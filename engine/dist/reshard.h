@@ -44,6 +44,7 @@ typedef struct ms_rstep {
 } ms_rstep;
 
 typedef struct ms_reshard_plan {
+    ms_placements src, dst;
     int nsteps;
     ms_rstep steps[MS_RESHARD_MAX_STEPS];
     double wire_bytes; /* sum over steps */
@@ -77,6 +78,13 @@ typedef struct ms_reshard_report {
     size_t coll_bytes;
     int64_t ns;
 } ms_reshard_report;
+
+/* Runs a plan from `in` (this rank's part in plan->src placements) into `out` (sized for
+ * plan->dst), with the rank's workspace for intermediate steps and packing: no allocation
+ * once the workspace has grown to the largest reshard. in and out must not overlap.
+ * Collective over the mesh. */
+ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, const int64_t *gshape,
+                         const float *in, float *out, ms_reshard_report *report, ms_error *err);
 
 /* Reshards t to placements dst on the same mesh, replacing t's local tensor. Collective
  * over the mesh. report may be NULL. On failure t is unchanged. */

@@ -7,10 +7,30 @@
  */
 #include "dist/reshard.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/xalloc.h"
+
+/* Scratch from the rank's workspace (ctx->ws): grow-only, so the steady state allocates
+ * nothing. Slots 0 and 1 hold intermediate step results, 2 and 3 packing buffers. */
+static float *ws_get(ms_ctx *ctx, int slot, size_t nfloats) {
+    size_t need = (nfloats + 16) * sizeof(float);
+    if (ctx->ws_cap[slot] < need) {
+        free(ctx->ws[slot]);
+        size_t cap = need + need / 2;
+        cap = (cap + 63) / 64 * 64;
+        ctx->ws[slot] = aligned_alloc(64, cap);
+        if (!ctx->ws[slot]) {
+            fprintf(stderr, "meshscope: out of memory growing the reshard workspace to %zu bytes\n",
+                    cap);
+            abort();
+        }
+        ctx->ws_cap[slot] = cap;
+    }
+    return ctx->ws[slot];
+}
 
 /* Largest group along one mesh dim that the executor handles (bounds its stack arrays). */
 #define MS_COMM_MAX_GROUP 1024
@@ -24,6 +44,7 @@ typedef struct step_io {
     const float *in;
     float *out;
     size_t coll_bytes; /* exact, for the report */
+    ms_ctx *ctx;       /* for workspace */
 } step_io;
 
 static int64_t prod(const int64_t *v, int from, int to) {
@@ -79,7 +100,7 @@ static ms_status run_reduce_scatter(step_io *io, ms_error *err) {
     const float *send = io->in;
     float *staging = NULL;
     if (prod(io->blen, 0, d) > 1) {
-        staging = xmalloc(total * sizeof(float) + 1);
+        staging = ws_get(io->ctx, 2, total);
         for (int c = 0; c < io->n; c++)
             move_block((float *)io->in, io->blen, io->ndim, d, io->n, c, staging + displs[c], true);
         send = staging;
@@ -87,7 +108,6 @@ static ms_status run_reduce_scatter(step_io *io, ms_error *err) {
     ms_status st =
         ms_reduce_scatter(io->comm, send, io->out, counts,
                           (ms_reduce_op)io->step->before.p[io->step->mesh_dim].reduce, err);
-    free(staging);
     return st;
 }
 
@@ -98,12 +118,11 @@ static ms_status run_all_gather(step_io *io, ms_error *err) {
     size_t total = (size_t)prod(io->alen, 0, io->ndim);
     io->coll_bytes = total * sizeof(float);
     if (prod(io->alen, 0, d) == 1) return ms_all_gather(io->comm, io->in, io->out, counts, err);
-    float *staging = xmalloc(total * sizeof(float) + 1);
+    float *staging = ws_get(io->ctx, 2, total);
     ms_status st = ms_all_gather(io->comm, io->in, staging, counts, err);
     if (st == MS_OK)
         for (int c = 0; c < io->n; c++)
             move_block(io->out, io->alen, io->ndim, d, io->n, c, staging + displs[c], false);
-    free(staging);
     return st;
 }
 
@@ -118,15 +137,13 @@ static ms_status run_all_to_all(step_io *io, ms_error *err) {
     block_layout(io->alen, io->ndim, a, io->alen[a], io->n, rcounts, rdispls);
     size_t sent = (size_t)prod(io->blen, 0, io->ndim), got = (size_t)prod(io->alen, 0, io->ndim);
     io->coll_bytes = sent * sizeof(float);
-    float *sbuf = xmalloc(sent * sizeof(float) + 1), *rbuf = xmalloc(got * sizeof(float) + 1);
+    float *sbuf = ws_get(io->ctx, 2, sent), *rbuf = ws_get(io->ctx, 3, got);
     for (int c = 0; c < io->n; c++)
         move_block((float *)io->in, io->blen, io->ndim, b, io->n, c, sbuf + sdispls[c], true);
     ms_status st = ms_all_to_all(io->comm, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err);
     if (st == MS_OK)
         for (int c = 0; c < io->n; c++)
             move_block(io->out, io->alen, io->ndim, a, io->n, c, rbuf + rdispls[c], false);
-    free(sbuf);
-    free(rbuf);
     return st;
 }
 
@@ -139,8 +156,11 @@ static ms_status run_slice(step_io *io) {
 static ms_status run_partialize(step_io *io) {
     ms_placement p = io->step->after.p[io->step->mesh_dim];
     size_t count = (size_t)prod(io->blen, 0, io->ndim);
-    /* sum: the value lives on coordinate 0, the others hold zeros (already zeroed). */
-    if (p.reduce != MS_REDUCE_SUM || io->coord == 0) memcpy(io->out, io->in, count * sizeof(float));
+    /* sum: the value lives on coordinate 0, the others hold zeros. */
+    if (p.reduce != MS_REDUCE_SUM || io->coord == 0)
+        memcpy(io->out, io->in, count * sizeof(float));
+    else
+        memset(io->out, 0, count * sizeof(float));
     return MS_OK;
 }
 
@@ -163,6 +183,57 @@ static ms_status run_step(step_io *io, ms_error *err) {
     }
 }
 
+ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, const int64_t *gshape,
+                         const float *in, float *out, ms_reshard_report *report, ms_error *err) {
+    if (report) memset(report, 0, sizeof *report);
+    if (!ms_dmesh_is_member(dm)) return MS_OK;
+    int64_t t_begin = ms_now_ns();
+    if (plan->nsteps == 0) {
+        int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
+        (void)start;
+        ms_local_box(&plan->src, &dm->mesh, dm->coords, ndim, gshape, start, len);
+        if (in != out) memcpy(out, in, sizeof(float) * (size_t)prod(len, 0, ndim));
+        return MS_OK;
+    }
+    const float *cur = in;
+    for (int k = 0; k < plan->nsteps; k++) {
+        const ms_rstep *s = &plan->steps[k];
+        step_io io = {.step = s, .comm = dm->dim_comm[s->mesh_dim], .ndim = ndim, .ctx = dm->ctx};
+        io.coord = dm->coords[s->mesh_dim];
+        io.n = dm->mesh.shape[s->mesh_dim];
+        if (io.n > MS_COMM_MAX_GROUP)
+            return ms_fail(err, MS_ERR_UNSUPPORTED, "reshard: mesh dim %s has %d ranks; at most %d",
+                           dm->mesh.names[s->mesh_dim], io.n, MS_COMM_MAX_GROUP);
+        int64_t start[MS_MAX_DIMS];
+        ms_local_box(&s->before, &dm->mesh, dm->coords, ndim, gshape, start, io.blen);
+        ms_local_box(&s->after, &dm->mesh, dm->coords, ndim, gshape, start, io.alen);
+        io.in = cur;
+        /* The last step writes the caller's buffer; the others alternate two workspaces. */
+        io.out =
+            k == plan->nsteps - 1 ? out : ws_get(dm->ctx, k & 1, (size_t)prod(io.alen, 0, ndim));
+        int64_t t0 = ms_now_ns();
+        ms_status st = run_step(&io, err);
+        if (st != MS_OK) {
+            char a[96], b[96];
+            return ms_fail_wrap(err, st, "reshard %s -> %s, step %d (%s on mesh dim %s)",
+                                ms_placements_str(&plan->src, a, sizeof a),
+                                ms_placements_str(&plan->dst, b, sizeof b), k + 1,
+                                ms_rstep_name(s->kind), dm->mesh.names[s->mesh_dim]);
+        }
+        cur = io.out;
+        if (report) {
+            report->steps[k].kind = s->kind;
+            report->steps[k].mesh_dim = s->mesh_dim;
+            report->steps[k].coll_bytes = io.coll_bytes;
+            report->steps[k].ns = ms_now_ns() - t0;
+            report->coll_bytes += io.coll_bytes;
+            report->nsteps = k + 1;
+        }
+    }
+    if (report) report->ns = ms_now_ns() - t_begin;
+    return MS_OK;
+}
+
 ms_status ms_reshard(ms_dtensor *t, const ms_placements *dst, ms_reshard_report *report,
                      ms_error *err) {
     if (report) memset(report, 0, sizeof *report);
@@ -174,56 +245,30 @@ ms_status ms_reshard(ms_dtensor *t, const ms_placements *dst, ms_reshard_report 
         t->pl = *dst;
         return MS_OK;
     }
-    int64_t t_begin = ms_now_ns();
-    ms_tensor cur = ms_tensor_share(&t->local);
-    ms_status st = MS_OK;
-    for (int k = 0; k < plan->nsteps && st == MS_OK; k++) {
-        const ms_rstep *s = &plan->steps[k];
-        step_io io = {.step = s, .comm = dm->dim_comm[s->mesh_dim], .ndim = t->ndim};
-        io.coord = dm->coords[s->mesh_dim];
-        io.n = dm->mesh.shape[s->mesh_dim];
-        if (io.n > MS_COMM_MAX_GROUP) {
-            st = ms_fail(err, MS_ERR_UNSUPPORTED, "reshard: mesh dim %s has %d ranks; at most %d",
-                         dm->mesh.names[s->mesh_dim], io.n, MS_COMM_MAX_GROUP);
-            break;
-        }
-        int64_t start[MS_MAX_DIMS];
-        ms_local_box(&s->before, &dm->mesh, dm->coords, t->ndim, t->gshape, start, io.blen);
-        ms_local_box(&s->after, &dm->mesh, dm->coords, t->ndim, t->gshape, start, io.alen);
-        ms_tensor next;
-        st = ms_tensor_alloc(dm->ctx->device, MS_F32, t->ndim, io.alen, &next, err);
-        if (st != MS_OK) break;
-        io.in = ms_tensor_f32(&cur);
-        io.out = ms_tensor_f32(&next);
-        int64_t t0 = ms_now_ns();
-        st = run_step(&io, err);
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
+    ms_local_box(dst, &dm->mesh, dm->coords, t->ndim, t->gshape, start, len);
+    ms_tensor next;
+    MS_CHECK(ms_tensor_alloc(dm->ctx->device, MS_F32, t->ndim, len, &next, err));
+    ms_tensor src = ms_tensor_share(&t->local);
+    if (!ms_tensor_is_contiguous(&src) || src.dtype != MS_F32) {
+        ms_tensor c;
+        ms_status st = ms_tensor_contiguous(&src, MS_F32, &c, err);
+        ms_tensor_release(&src);
         if (st != MS_OK) {
             ms_tensor_release(&next);
-            char a[96], b[96];
-            st = ms_fail_wrap(err, st, "reshard %s -> %s, step %d (%s on mesh dim %s)",
-                              ms_placements_str(&t->pl, a, sizeof a),
-                              ms_placements_str(dst, b, sizeof b), k + 1, ms_rstep_name(s->kind),
-                              dm->mesh.names[s->mesh_dim]);
-            break;
+            return st;
         }
-        ms_tensor_release(&cur);
-        cur = next;
-        if (report) {
-            report->steps[k].kind = s->kind;
-            report->steps[k].mesh_dim = s->mesh_dim;
-            report->steps[k].coll_bytes = io.coll_bytes;
-            report->steps[k].ns = ms_now_ns() - t0;
-            report->coll_bytes += io.coll_bytes;
-            report->nsteps = k + 1;
-        }
+        src = c;
     }
+    ms_status st = ms_reshard_run(dm, plan, t->ndim, t->gshape, ms_tensor_f32(&src),
+                                  ms_tensor_f32(&next), report, err);
+    ms_tensor_release(&src);
     if (st != MS_OK) {
-        ms_tensor_release(&cur);
+        ms_tensor_release(&next);
         return st;
     }
     ms_tensor_release(&t->local);
-    t->local = cur;
+    t->local = next;
     t->pl = *dst;
-    if (report) report->ns = ms_now_ns() - t_begin;
     return MS_OK;
 }

@@ -267,6 +267,8 @@ ms_status ms_reshard_plan_make(const ms_mesh *mesh, const ms_placements *src,
                                const ms_placements *dst, int ndim, const int64_t *gshape,
                                ms_reshard_plan *out, ms_error *err) {
     memset(out, 0, sizeof *out);
+    out->src = *src;
+    out->dst = *dst;
     if (ndim < 0 || ndim > MS_MAX_DIMS)
         return ms_fail(err, MS_ERR_INVALID, "reshard: tensor rank %d outside 0..%d", ndim,
                        MS_MAX_DIMS);

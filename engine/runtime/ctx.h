@@ -40,6 +40,8 @@ typedef struct ms_ctx {
     struct ms_recorder *recorder;      /* profiler recorder (borrowed), NULL: tracing off */
     uint64_t trace_flow;               /* id of the reshard running now, for traces */
     struct ms_comm_probe *world_probe; /* owned: the world communicator's probe */
+    float *ws[4];                      /* owned: reshard workspace (dist/reshard_exec.c) */
+    size_t ws_cap[4];
 } ms_ctx;
 
 typedef struct ms_launch_opts {
