@@ -18,6 +18,7 @@ typedef struct rctx {
     size_t cap;
     int gcap;
     char (*pg_names)[64]; /* Kineto's pg_name per group (a unique id there), for matching */
+    int32_t next_id;      /* one more than the largest group id so far */
     const char *name;
 } rctx;
 
@@ -137,15 +138,9 @@ static int add_group(rctx *r, const ms_group *g, const char *pg_name) {
         r->gcap = cap;
     }
     t->groups[t->n_groups] = *g;
+    if (g->id >= r->next_id) r->next_id = g->id < INT32_MAX ? g->id + 1 : INT32_MAX;
     copy_str(r->pg_names[t->n_groups], sizeof r->pg_names[0], pg_name);
     return t->n_groups++;
-}
-
-static int32_t next_group_id(const ms_trace *t) {
-    int32_t id = 0;
-    for (int i = 0; i < t->n_groups; i++)
-        if (t->groups[i].id >= id && t->groups[i].id < INT32_MAX) id = t->groups[i].id + 1;
-    return id;
 }
 
 static void read_pg_config(rctx *r, const tj_doc *d, int arr) {
@@ -162,7 +157,7 @@ static void read_pg_config(rctx *r, const tj_doc *d, int arr) {
             copy_str(g.name, sizeof g.name, pg_name);
         } else {
             /* Kineto: pg_name is an id ("0"), pg_desc the readable name ("default_pg"). */
-            g.id = next_group_id(r->t);
+            g.id = r->next_id;
             copy_str(g.name, sizeof g.name,
                      desc && *desc && strcmp(desc, "undefined") ? desc : pg_name);
         }
@@ -182,7 +177,7 @@ static int32_t resolve_group(rctx *r, const tj_doc *d, int args) {
     if (n == 0) return -1;
     for (int i = 0; i < t->n_groups; i++)
         if (ranks_equal(&t->groups[i], ranks, n)) return t->groups[i].id;
-    ms_group g = {.id = next_group_id(t), .size = n};
+    ms_group g = {.id = r->next_id, .size = n};
     memcpy(g.ranks, ranks, sizeof *ranks * (size_t)(n < MS_EV_GROUP_MAX ? n : MS_EV_GROUP_MAX));
     copy_str(g.name, sizeof g.name, pg && *pg ? pg : "pg");
     int i = add_group(r, &g, pg ? pg : "");
