@@ -25,7 +25,7 @@
 #define TRAIN_FLAGS                                                                                \
     "--model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch --seq --lr "   \
     "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
-    "--eval-every --val-fraction --threads --trace"
+    "--eval-every --val-fraction --threads --trace --trace-from"
 
 /* Feeds batch rows as floats: ids, targets and positions. For BERT the batch is first turned
  * into a masked-LM batch (keyed by the batch index, so every rank masks alike). */
@@ -285,7 +285,12 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     }
     for (int step = 0; step < o->steps; step++) {
         int64_t t0 = ms_now_ns();
-        if (tr.rec) ms_recorder_set_step(tr.rec, step);
+        if (tr.rec) {
+            /* Attached from the start (so every communicator is probed), recording from
+             * --trace-from on. */
+            ctx->recorder = step >= o->trace_from ? tr.rec : NULL;
+            ms_recorder_set_step(tr.rec, step);
+        }
         MS_CHECK_GOTO(ms_text_data_sample(&data, MS_SPLIT_TRAIN, o->seed, (uint64_t)step, B, 0, B,
                                           ids, tgt, err),
                       st, out);
@@ -336,6 +341,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         }
     }
     if (tr.rec) {
+        ctx->recorder = tr.rec;
         ms_recorder_set_step(tr.rec, -1);
         MS_CHECK_GOTO(tracer_finish(ctx, &tr, o->trace, err), st, out);
     }

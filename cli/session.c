@@ -82,6 +82,8 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             o->log_jsonl = v;
         else if (!strcmp(f, "--save"))
             o->save = v;
+        else if (!strcmp(f, "--trace-from"))
+            good = parse_int(v, 0, 100000000, &n), o->trace_from = (int)n;
         else if (!strcmp(f, "--trace"))
             o->trace = v;
         else if (!strcmp(f, "--checkpoint"))

@@ -16,7 +16,8 @@ typedef struct run_opts {
     bool sp;
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
-    int threads; /* BLAS threads per rank; 0 = cores / ranks */
+    int threads;    /* BLAS threads per rank; 0 = cores / ranks */
+    int trace_from; /* first traced step */
     uint64_t seed;
     double lr, min_lr, weight_decay, clip, val_fraction;
 } run_opts;

@@ -63,6 +63,7 @@ static int32_t pair_group(ms_comm_probe *p, const ms_comm *comm, int peer) {
 
 static void observe(void *user, const ms_comm_event *ev) {
     ms_comm_probe *p = user;
+    if (!p->ctx->recorder) return; /* recording paused (train --trace-from) */
     ms_event e;
     if (ev->kind != MS_COLL_P2P) {
         fill_coll(&e, p, ev);
