@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "core/xalloc.h"
+#include "io/json_text.h"
 #include "io/fileio.h"
 
 /* The format is little-endian; so are all the hosts meshscope targets, which lets f32 data
@@ -32,29 +33,6 @@ static ms_status invalid(ms_error *err, const char *name, const char *fmt, ...) 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return ms_fail(err, MS_ERR_INVALID, "%s: %s", name, msg);
-}
-
-/* Bracket depth of JSON text at byte `off`, skipping strings: tells a nesting-limit rejection
- * (cJSON stops at CJSON_NESTING_LIMIT levels) apart from a syntax error. */
-static size_t json_depth_at(const char *s, size_t off) {
-    size_t depth = 0;
-    bool in_str = false;
-    for (size_t i = 0; i < off; i++) {
-        char c = s[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = false;
-        } else if (c == '"') {
-            in_str = true;
-        } else if (c == '[' || c == '{') {
-            depth++;
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            depth--;
-        }
-    }
-    return depth;
 }
 
 static const char *dtype_tag(ms_dtype dt) {
@@ -513,12 +491,12 @@ ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t f
     ms_status st;
     if (!root) {
         size_t off = end ? (size_t)(end - text) : 0;
-        st =
-            invalid(err, name,
-                    "the header is not valid JSON (%s at byte %zu of %llu); the file "
-                    "is corrupt",
-                    json_depth_at(text, off) >= CJSON_NESTING_LIMIT ? "nested too deeply" : "error",
-                    off, (unsigned long long)hl);
+        st = invalid(err, name,
+                     "the header is not valid JSON (%s at byte %zu of %llu); the file "
+                     "is corrupt",
+                     ms_json_depth_at(text, off) >= CJSON_NESTING_LIMIT ? "nested too deeply"
+                                                                        : "error",
+                     off, (unsigned long long)hl);
     } else {
         out->header_len = hl;
         out->data_len = file_size - 8 - hl;

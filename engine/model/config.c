@@ -1,6 +1,8 @@
 /* config.c - parsing and validating config.json with cJSON; the GPT-2 parameter count. */
 #include "model/config.h"
 
+#include "io/json_text.h"
+
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -122,29 +124,6 @@ static ms_status get_real(const cJSON *root, const field *f, double def, double 
     return MS_OK;
 }
 
-/* Bracket depth of JSON text at byte `off`, skipping strings: tells a nesting-limit rejection
- * (cJSON stops at CJSON_NESTING_LIMIT levels) apart from a syntax error. */
-static size_t json_depth_at(const char *s, size_t off) {
-    size_t depth = 0;
-    bool in_str = false;
-    for (size_t i = 0; i < off; i++) {
-        char c = s[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = false;
-        } else if (c == '"') {
-            in_str = true;
-        } else if (c == '[' || c == '{') {
-            depth++;
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            depth--;
-        }
-    }
-    return depth;
-}
-
 /* Byte offset -> 1-based line and column, for parse errors. */
 static void line_col(const char *s, size_t off, size_t *line, size_t *col) {
     *line = 1;
@@ -172,7 +151,7 @@ static ms_status parse_error(const char *json, size_t len, size_t off, const cha
         near[k] = (c >= 32 && c < 127) ? (char)c : '?';
     }
     near[k] = '\0';
-    if (json_depth_at(json, off) >= CJSON_NESTING_LIMIT)
+    if (ms_json_depth_at(json, off) >= CJSON_NESTING_LIMIT)
         return ms_fail(
             err, MS_ERR_INVALID,
             "%s: malformed JSON: nested more than %d levels deep at byte %zu (line %zu); "
