@@ -27,7 +27,9 @@ typedef struct ms_recorder ms_recorder;
 ms_status ms_recorder_create(int rank, size_t capacity, ms_recorder **out, ms_error *err);
 void ms_recorder_destroy(ms_recorder *r);
 
-static inline bool ms_recorder_on(const ms_recorder *r) { return r != NULL; }
+static inline bool ms_recorder_on(const ms_recorder *r) {
+    return r != NULL;
+}
 
 /* Appends ev (its rank and step fields are filled from the recorder). Writer thread only. */
 void ms_recorder_push(ms_recorder *r, const ms_event *ev);
