@@ -39,7 +39,7 @@ MODELS = {
     "b": dict(
         name="B: GPT-2 small L12 H12 C768 V50257",
         config="bench/configs/gpt2-small.json",
-        L=12, H=12, C=768, V=50257, P=1024, B=4, T=64, warmup=1, steps=3, rounds=2,
+        L=12, H=12, C=768, V=50257, P=1024, B=4, T=64, warmup=1, steps=3, rounds=3,
     ),
 }
 
@@ -60,7 +60,8 @@ def loadavg():
 def n_params(m):
     """All parameters of the tied GPT-2 (as meshscope and torch_gpt.py build it)."""
     L, C, V, P = m["L"], m["C"], m["V"], m["P"]
-    per_layer = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    ln = 2 * 2 * C
+    per_layer = ln + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
     return V * C + P * C + L * per_layer + 2 * C
 
 
@@ -180,8 +181,7 @@ def main():
     ap.add_argument("--models", default="a,b", help="subset of a,b (default a,b)")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     ap.add_argument("--rounds", type=int, default=0,
-                    help="runs of each side per point, order rotating (default: 3 for model "
-                    "a, 2 for b)")
+                    help="runs of each side per point, order rotating (default 3)")
     ap.add_argument("--torch-variants", default="stock,tuned",
                     help="PyTorch environments: stock (as installed), tuned (glibc keeps "
                     "freed memory, OpenMP waits passively); default both")
@@ -247,7 +247,7 @@ def main():
                            load_before=load0, load_after=load1, sides={})
                 for side in sides:
                     med = statistics.median(steps[side])
-                    d = dict(step_ms=med, steps_ms=steps[side],
+                    d = dict(step_ms=med, min_step_ms=min(steps[side]), steps_ms=steps[side],
                              tokens_per_s=tokens / (med / 1e3),
                              gflops=flops / 1e9 / (med / 1e3),
                              cmd=" ".join(runs[side][0]["cmd"]))
@@ -260,17 +260,22 @@ def main():
                     row["sides"][side] = d
                 ms_med = row["sides"]["meshscope"]["step_ms"]
                 for side in sides:
-                    row["sides"][side]["meshscope_speedup"] = row["sides"][side]["step_ms"] / ms_med
+                    d = row["sides"][side]
+                    d["meshscope_speedup"] = d["step_ms"] / ms_med
+                    d["meshscope_speedup_best"] = (d["min_step_ms"]
+                                                   / row["sides"]["meshscope"]["min_step_ms"])
                 line = f"  {k} thread(s), load {load0:.1f} -> {load1:.1f}:"
                 for side in sides:
                     d = row["sides"][side]
-                    line += (f"\n    {side:14s} {fmt_ms(d['step_ms']):>6s} ms/step "
+                    line += (f"\n    {side:14s} {fmt_ms(d['step_ms']):>6s} ms/step (best "
+                             f"{fmt_ms(d['min_step_ms'])}) "
                              f"{d['tokens_per_s']:7.0f} tok/s {d['gflops']:6.1f} GFLOP/s")
                     if side != "meshscope":
                         line += (f"  (fwd {fmt_ms(d['forward_ms'])}, bwd "
                                  f"{fmt_ms(d['backward_ms'])}, clip+AdamW "
                                  f"{fmt_ms(d['clip_adamw_ms'])} ms); meshscope speed / this = "
-                                 f"{d['meshscope_speedup']:.2f}")
+                                 f"{d['meshscope_speedup']:.2f} (best steps: "
+                                 f"{d['meshscope_speedup_best']:.2f})")
                 print(line, flush=True)
                 if not a.no_gemm:
                     gemms, dense_flops, floor_s = [], 0.0, 0.0
@@ -298,16 +303,17 @@ def main():
                           flush=True)
                 results.append(row)
 
-    print("\n| model | threads | side | ms/step | tokens/s | GFLOP/s | / sgemm ceiling "
-          "| meshscope speed / this |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| model | threads | side | ms/step (median) | best ms/step | tokens/s | GFLOP/s "
+          "| / sgemm ceiling | meshscope speed / this (median) | (best) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         for side, d in r["sides"].items():
             vc = f"{d['vs_ceiling']:.2f}" if "vs_ceiling" in d else "-"
-            sp = "-" if side == "meshscope" else f"{d['meshscope_speedup']:.2f}"
+            sp = ("- | -" if side == "meshscope" else
+                  f"{d['meshscope_speedup']:.2f} | {d['meshscope_speedup_best']:.2f}")
             print(f"| {r['model'].split(':')[0]} | {r['threads']} | {side} | "
-                  f"{fmt_ms(d['step_ms'])} | {d['tokens_per_s']:.0f} | {d['gflops']:.1f} | {vc} "
-                  f"| {sp} |")
+                  f"{fmt_ms(d['step_ms'])} | {fmt_ms(d['min_step_ms'])} | "
+                  f"{d['tokens_per_s']:.0f} | {d['gflops']:.1f} | {vc} | {sp} |")
     if not a.no_gemm:
         print("\n| model | threads | GEMM (m x k @ k x n) | forward | dA | dB | GFLOP/s |")
         print("|---|---|---|---|---|---|---|")
@@ -323,7 +329,9 @@ def main():
                       f", {r['gemm_floor_ms']:.0f} ms/step) | | | | "
                       f"**{r['sgemm_ceiling_gflops']:.1f}** |")
     print(f"\nload average {loadavg():.2f} at the end. 'meshscope speed / this' = this side's "
-          "step time / meshscope's (above 1: meshscope is faster).")
+          "step time / meshscope's (above 1: meshscope is faster); tokens/s and GFLOP/s are "
+          "from the median step; 'best' compares each side's fastest measured step, the least "
+          "disturbed by other jobs.")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(dict(results=results, cpus=os.cpu_count()), f, indent=1)

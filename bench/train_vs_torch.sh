@@ -43,7 +43,8 @@ if [ "$do_build" = 1 ]; then
   cmake --build "$build_dir" -j"$(nproc)" --target meshscope >>"$log" 2>&1 ||
     fail "the build failed; see $log"
 fi
-[ -x "$build_dir/meshscope" ] || fail "$build_dir/meshscope is missing (build it, or drop --no-build)"
+[ -x "$build_dir/meshscope" ] ||
+  fail "$build_dir/meshscope is missing (build it, or drop --no-build)"
 
 if [ ! -s data/kjv.txt ]; then
   echo "== preparing data/kjv.txt"
