@@ -13,6 +13,19 @@ bool ms_placement_eq(ms_placement a, ms_placement b) {
     return true;
 }
 
+bool ms_placement_same_kind(ms_placement a, ms_placement b) {
+    if (a.kind != b.kind) return false;
+    if (a.kind == MS_PL_SHARD) return a.dim == b.dim;
+    if (a.kind == MS_PL_PARTIAL) return a.reduce == b.reduce;
+    return true;
+}
+
+ms_placements ms_placements_replicated(int n) {
+    ms_placements pl = {.n = n};
+    for (int m = 0; m < n; m++) pl.p[m] = ms_pl_replicate();
+    return pl;
+}
+
 bool ms_placements_eq(const ms_placements *a, const ms_placements *b) {
     if (a->n != b->n) return false;
     for (int i = 0; i < a->n; i++)

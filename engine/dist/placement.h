@@ -56,6 +56,10 @@ static inline ms_placement ms_pl_partial(ms_reduce_op op) {
 }
 
 bool ms_placement_eq(ms_placement a, ms_placement b);
+/* Equal up to the nesting order (what a one-mesh-dim rule compares). */
+bool ms_placement_same_kind(ms_placement a, ms_placement b);
+/* Replicate on every one of n mesh dims. */
+ms_placements ms_placements_replicated(int n);
 bool ms_placements_eq(const ms_placements *a, const ms_placements *b);
 
 /* Gives shards without an explicit order the default (mesh-dim order) positions. Call

@@ -140,19 +140,6 @@ static instr *emit(ms_program *p, ikind kind, const char *phase) {
     return in;
 }
 
-static ms_placements all_r(int n) {
-    ms_placements pl = {.n = n};
-    for (int m = 0; m < n; m++) pl.p[m] = ms_pl_replicate();
-    return pl;
-}
-
-static bool same_kind(ms_placement a, ms_placement b) {
-    if (a.kind != b.kind) return false;
-    if (a.kind == MS_PL_SHARD) return a.dim == b.dim;
-    if (a.kind == MS_PL_PARTIAL) return a.reduce == b.reduce;
-    return true;
-}
-
 static double plan_coll_bytes(ms_program *p, const ms_shape *g, const ms_placements *a,
                               const ms_placements *b) {
     const ms_reshard_plan *plan;
@@ -189,14 +176,14 @@ static void reverse_hints(ms_program *p) {
         }
         if (!any) continue;
         ms_placements hint[MS_OP_MAX_IN];
-        for (int i = 0; i < nd->n_in; i++) hint[i] = all_r(mesh->ndim);
+        for (int i = 0; i < nd->n_in; i++) hint[i] = ms_placements_replicated(mesh->ndim);
         for (int m = 0; m < mesh->ndim; m++) {
             ms_rule_cand cands[MS_OP_MAX_CANDS];
             int nc = node_rule(g, nd, mesh->shape[m], cands);
             for (int c = 0; c < nc; c++) {
                 bool match = true;
                 for (int o = 0; o < nd->n_out && match; o++)
-                    if (want[o]) match = same_kind(cands[c].out[o], want[o]->p[m]);
+                    if (want[o]) match = ms_placement_same_kind(cands[c].out[o], want[o]->p[m]);
                 if (!match) continue;
                 for (int i = 0; i < nd->n_in; i++) hint[i].p[m] = cands[c].in[i];
                 break;
@@ -283,7 +270,9 @@ static ms_status complete(ms_program *p, const ms_compile_opts *opts, ms_error *
         gvalue *gv = &g->v[v];
         if (gv->kind == GV_ACT) continue;
         pvalue *pv = &p->pv[v];
-        pv->pl = gv->annotated ? gv->ann : pv->has_hint ? pv->hint : all_r(mesh->ndim);
+        pv->pl = gv->annotated  ? gv->ann
+                 : pv->has_hint ? pv->hint
+                                : ms_placements_replicated(mesh->ndim);
         pv->known = true;
     }
     return forward_completion(p, err);
@@ -377,7 +366,7 @@ static void build_forward(ms_program *p) {
     }
     /* The loss, replicated, for reporting. */
     pvalue *lv = &p->pv[g->loss];
-    ms_placements r = all_r(p->dm->mesh.ndim);
+    ms_placements r = ms_placements_replicated(p->dm->mesh.ndim);
     p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
     emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, "loss");
     p->n_forward = p->ni;
@@ -424,7 +413,7 @@ static void build_backward(ms_program *p) {
     }
     /* Seed: d loss / d loss = 1, replicated (the dual of any partial placement). */
     pvalue *lv = &p->pv[g->loss];
-    ms_placements r = all_r(md);
+    ms_placements r = ms_placements_replicated(md);
     int seed = grad_target(p, g->loss, &r);
     p->ins[p->ni - 1].kind = I_SEED;
     p->ins[p->ni - 1].dst = seed;

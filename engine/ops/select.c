@@ -7,18 +7,11 @@
 
 #include "dist/reshard.h"
 
-static bool same_kind(ms_placement a, ms_placement b) {
-    if (a.kind != b.kind) return false;
-    if (a.kind == MS_PL_SHARD) return a.dim == b.dim;
-    if (a.kind == MS_PL_PARTIAL) return a.reduce == b.reduce;
-    return true;
-}
-
 bool ms_placements_with(const ms_placements *in, int m, ms_placement q, int tensor_ndim,
                         ms_placements *out) {
     const ms_placements copy = *in, *pl = &copy; /* out may alias in */
     *out = copy;
-    if (same_kind(pl->p[m], q)) return true;
+    if (ms_placement_same_kind(pl->p[m], q)) return true;
     out->p[m] = q;
     if (q.kind == MS_PL_SHARD) {
         int k = 0;
@@ -42,12 +35,6 @@ static double move_cost(struct ms_plan_cache *plans, const ms_mesh *mesh, const 
     const ms_reshard_plan *plan;
     if (ms_plan_cache_get(plans, mesh, a, b, g->ndim, g->d, &plan, NULL) != MS_OK) return INFINITY;
     return plan->wire_bytes + plan->nsteps;
-}
-
-static ms_placements all_r(int n) {
-    ms_placements pl = {.n = n};
-    for (int m = 0; m < n; m++) pl.p[m] = ms_pl_replicate();
-    return pl;
 }
 
 /* "(R, R), (S(0), R), ..." : what the op accepts along one mesh dim. */
@@ -98,13 +85,14 @@ ms_status ms_rule_select(struct ms_plan_cache *plans, const ms_mesh *mesh, const
             /* A wanted output placement: add what moving the output there would cost. */
             for (int o = 0; o < q->n_out && isfinite(cost); o++) {
                 if (!q->want_out || !q->want_kind[o] ||
-                    same_kind(cands[c].out[o], q->want_out[o].p[m]))
+                    ms_placement_same_kind(cands[c].out[o], q->want_out[o].p[m]))
                     continue;
                 if (q->want_kind[o] == 1) {
                     cost += 0.5;
                     continue;
                 }
-                ms_placements from = all_r(mesh->ndim), to = all_r(mesh->ndim);
+                ms_placements from = ms_placements_replicated(mesh->ndim),
+                              to = ms_placements_replicated(mesh->ndim);
                 from.p[m] = cands[c].out[o];
                 to.p[m] = q->want_out[o].p[m];
                 to.p[m].order = from.p[m].order = 0;
