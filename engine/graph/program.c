@@ -120,8 +120,7 @@ static int new_buf(ms_program *p, const ms_shape *gshape, const ms_placements *p
 
 static int new_raw_buf(ms_program *p, int64_t nfloats) {
     ms_shape s = {.ndim = 1, .d = {nfloats}};
-    ms_placements r = {.n = p->dm->mesh.ndim};
-    for (int m = 0; m < r.n; m++) r.p[m] = ms_pl_replicate();
+    ms_placements r = ms_placements_replicated(p->dm->mesh.ndim);
     return new_buf(p, &s, &r, false);
 }
 
