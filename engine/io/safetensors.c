@@ -268,21 +268,6 @@ void ms_safetensors_free(ms_st_file *f) {
     memset(f, 0, sizeof *f);
 }
 
-static void describe(const cJSON *v, char *buf, size_t len) {
-    if (cJSON_IsString(v))
-        snprintf(buf, len, "\"%.32s\"%s", v->valuestring, strlen(v->valuestring) > 32 ? "..." : "");
-    else if (cJSON_IsNumber(v))
-        snprintf(buf, len, "%.17g", v->valuedouble);
-    else if (cJSON_IsBool(v))
-        snprintf(buf, len, "%s", cJSON_IsTrue(v) ? "true" : "false");
-    else if (cJSON_IsNull(v))
-        snprintf(buf, len, "null");
-    else if (cJSON_IsArray(v))
-        snprintf(buf, len, "an array");
-    else
-        snprintf(buf, len, "an object");
-}
-
 /* A JSON integer in [0, 2^53]. */
 static bool json_uint(const cJSON *v, uint64_t *out) {
     if (!cJSON_IsNumber(v)) return false;
@@ -296,7 +281,7 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     const char *tn = item->string;
     char got[64];
     if (!cJSON_IsObject(item)) {
-        describe(item, got, sizeof got);
+        ms_json_describe(item, got, sizeof got);
         return invalid(err, name,
                        "tensor %.200s: expected an object with dtype, shape and "
                        "data_offsets, got %s",
@@ -311,7 +296,7 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
                        : !sh ? "shape"
                              : "data_offsets");
     if (!cJSON_IsString(dt)) {
-        describe(dt, got, sizeof got);
+        ms_json_describe(dt, got, sizeof got);
         return invalid(err, name, "tensor %.200s: dtype: expected a string, got %s", tn, got);
     }
     if (strcmp(dt->valuestring, "F32") == 0) {
@@ -319,14 +304,14 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     } else if (strcmp(dt->valuestring, "BF16") == 0) {
         t->dtype = MS_BF16;
     } else {
-        describe(dt, got, sizeof got);
+        ms_json_describe(dt, got, sizeof got);
         return invalid(err, name,
                        "tensor %.200s: dtype %s is not supported (meshscope reads F32 "
                        "and BF16); convert the checkpoint to one of those",
                        tn, got);
     }
     if (!cJSON_IsArray(sh)) {
-        describe(sh, got, sizeof got);
+        ms_json_describe(sh, got, sizeof got);
         return invalid(err, name, "tensor %.200s: shape: expected an array, got %s", tn, got);
     }
     int nd = cJSON_GetArraySize(sh);
@@ -338,7 +323,7 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     for (const cJSON *x = sh->child; x; x = x->next, d++) {
         uint64_t v;
         if (!json_uint(x, &v)) {
-            describe(x, got, sizeof got);
+            ms_json_describe(x, got, sizeof got);
             return invalid(err, name,
                            "tensor %.200s: shape[%d]: expected a non-negative integer, "
                            "got %s",

@@ -45,17 +45,7 @@ void ms_k_attention_forward(float *out, float *att, const float *qkv, const floa
                     const int64_t nv = causal ? i + 1 : t;
                     if (km)
                         for (int64_t j = 0; j < nv; j++) row[j] += km[j];
-                    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-                    for (int64_t j = 0; j < nv; j++) mx = row[j] > mx ? row[j] : mx;
-                    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                    for (int64_t j = 0; j < nv; j++) {
-                        row[j] = ms_expf_nonpos(row[j] - mx);
-                        sum += row[j];
-                    }
-                    const float inv = 1.0f / sum;
-                    for (int64_t j = 0; j < nv; j++) row[j] *= inv;
+                    ms_softmax_row(row, row, nv);
                     /* Zeros above the diagonal: the P V product below reads up to nk, and
                      * backward relies on P = 0 wherever a key was excluded. */
                     for (int64_t j = nv; j < t; j++) row[j] = 0.0f;

@@ -10,6 +10,7 @@
 #ifndef MS_FASTMATH_H
 #define MS_FASTMATH_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -35,6 +36,21 @@ static inline float ms_expf_nonpos(float x) {
     yb = (yb & ~nan) | (xb & nan);
     memcpy(&y, &yb, 4);
     return y;
+}
+
+/* out = softmax(in) over n values (out may alias in); the max is subtracted first. */
+static inline void ms_softmax_row(float *out, const float *in, int64_t n) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = in[j] > mx ? in[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; j++) {
+        out[j] = ms_expf_nonpos(in[j] - mx);
+        sum += out[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; j++) out[j] *= inv;
 }
 
 #endif

@@ -73,21 +73,7 @@ ms_k_cost ms_k_layernorm_cost(int64_t n, int64_t c, bool backward) {
 }
 
 void ms_k_softmax_forward(float *out, const float *inp, int64_t n, int64_t c) {
-    for (int64_t r = 0; r < n; r++) {
-        const float *x = inp + r * c;
-        float *o = out + r * c;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < c; j++) mx = x[j] > mx ? x[j] : mx;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < c; j++) {
-            o[j] = ms_expf_nonpos(x[j] - mx);
-            sum += o[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < c; j++) o[j] *= inv;
-    }
+    for (int64_t r = 0; r < n; r++) ms_softmax_row(out + r * c, inp + r * c, c);
 }
 
 void ms_k_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n, int64_t c) {

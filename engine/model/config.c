@@ -29,24 +29,6 @@ const char *ms_model_type_name(ms_model_type t) {
     return t == MS_MODEL_BERT ? "bert" : "gpt2";
 }
 
-/* A short rendering of a JSON value for "got ..." in messages. */
-static void describe(const cJSON *v, char *buf, size_t len) {
-    if (cJSON_IsString(v))
-        snprintf(buf, len, "\"%.40s\"%s", v->valuestring, strlen(v->valuestring) > 40 ? "..." : "");
-    else if (cJSON_IsNumber(v))
-        snprintf(buf, len, "%.17g", v->valuedouble);
-    else if (cJSON_IsBool(v))
-        snprintf(buf, len, "%s", cJSON_IsTrue(v) ? "true" : "false");
-    else if (cJSON_IsNull(v))
-        snprintf(buf, len, "null");
-    else if (cJSON_IsArray(v))
-        snprintf(buf, len, "an array");
-    else if (cJSON_IsObject(v))
-        snprintf(buf, len, "an object");
-    else
-        snprintf(buf, len, "an invalid value");
-}
-
 /* The value of the first present (non-null) key among f's aliases, or NULL. Two aliases
  * that disagree are an error: silently preferring one would hide a broken file. */
 static ms_status lookup(const cJSON *root, const field *f, const char *name, const cJSON **out,
@@ -58,8 +40,8 @@ static ms_status lookup(const cJSON *root, const field *f, const char *name, con
         if (!v || cJSON_IsNull(v)) continue;
         if (*out && !cJSON_Compare(*out, v, 1)) {
             char a[64], b[64];
-            describe(*out, a, sizeof a);
-            describe(v, b, sizeof b);
+            ms_json_describe(*out, a, sizeof a);
+            ms_json_describe(v, b, sizeof b);
             return ms_fail(err, MS_ERR_INVALID,
                            "%s: $.%s is %s but its alias $.%s is %s; remove one of them", name,
                            *key, a, f->keys[i], b);
@@ -91,7 +73,7 @@ static ms_status get_int(const cJSON *root, const field *f, int max, const char 
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d >= 1 && isfinite(d) && d == floor(d))) {
         char got[64];
-        describe(v, got, sizeof got);
+        ms_json_describe(v, got, sizeof got);
         return ms_fail(err, MS_ERR_INVALID, "%s: $.%s: expected a positive integer, got %s", name,
                        key, got);
     }
@@ -117,7 +99,7 @@ static ms_status get_real(const cJSON *root, const field *f, double def, double 
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(lo_open ? d > lo : d >= lo) || !(d < hi)) {
         char got[64];
-        describe(v, got, sizeof got);
+        ms_json_describe(v, got, sizeof got);
         return ms_fail(err, MS_ERR_INVALID, "%s: $.%s: expected %s, got %s", name, key, what, got);
     }
     *out = d;
@@ -219,7 +201,7 @@ static const field F_EMBDP = {{"embd_pdrop", NULL, NULL}};
 static ms_status from_tree(const cJSON *root, const char *name, ms_model_config *c, ms_error *err) {
     if (!cJSON_IsObject(root)) {
         char got[64];
-        describe(root, got, sizeof got);
+        ms_json_describe(root, got, sizeof got);
         return ms_fail(err, MS_ERR_INVALID,
                        "%s: $: expected a JSON object at the top level, got %s", name, got);
     }
@@ -233,7 +215,7 @@ static ms_status from_tree(const cJSON *root, const char *name, ms_model_config 
             c->model_type = MS_MODEL_BERT;
         } else {
             char got[64];
-            describe(mt, got, sizeof got);
+            ms_json_describe(mt, got, sizeof got);
             return ms_fail(err, MS_ERR_INVALID,
                            "%s: $.model_type: expected \"gpt2\" or \"bert\", got %s", name, got);
         }
