@@ -12,6 +12,12 @@ int ms_cmd_bench_comm(int argc, char **argv);
 int ms_cmd_bench_gemm(int argc, char **argv);
 /* `meshscope trace merge|summary|check` (cmd_trace.c). */
 int ms_cmd_trace(int argc, char **argv);
+/* `meshscope serve TRACE.json [--web HOST:PORT]`: the dashboard over a trace (cmd_serve.c). */
+int ms_cmd_serve(int argc, char **argv);
+/* `meshscope top URL`: the terminal view of a running job's dashboard (cmd_top.c). */
+int ms_cmd_top(int argc, char **argv);
+/* `meshscope plan`: strategies ranked by the cost model (cmd_plan.c). */
+int ms_cmd_plan(int argc, char **argv);
 /* Internal: the raw-MPI side of `bench comm`, run under mpirun by the bench itself. */
 int ms_cmd_bench_comm_mpi_worker(int argc, char **argv);
 

@@ -27,6 +27,14 @@ static void usage(FILE *f) {
             "  trace merge A.json B.json ... -o OUT.json | trace summary FILE.json [--steps A:B]\n"
             "        | trace check FILE.json\n"
             "                     merge per-rank trace files, summarise or check a trace\n"
+            "  serve TRACE.json [--web HOST:PORT]\n"
+            "                     the web dashboard over a trace file (prints its URL)\n"
+            "  top URL [--token T] [--read-only]\n"
+            "                     the terminal view of a running job: URL is the dashboard\n"
+            "                     line it prints, http://127.0.0.1:PORT/?token=TOKEN\n"
+            "  plan --model CONFIG --cluster cpu-local|dgx-a100-80gb|h100|h200|FILE --devices N\n"
+            "       --global-batch B --seq T [--evaluate \"tp=8,pp=2\"] [--top K] [--json]\n"
+            "                     rank parallel strategies by predicted step time and memory\n"
             "  help               this text\n");
 }
 
@@ -45,6 +53,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return ms_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "explain")) return ms_cmd_explain(argc - 1, argv + 1);
     if (!strcmp(cmd, "trace")) return ms_cmd_trace(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return ms_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "top")) return ms_cmd_top(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return ms_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "comm")) return ms_cmd_bench_comm(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "gemm")) return ms_cmd_bench_gemm(argc - 2, argv + 2);

@@ -43,7 +43,8 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
                     .val_fraction = 0.1,
                     .batches = 4,
                     .log_every = 10,
-                    .eval_every = 0};
+                    .eval_every = 0,
+                    .advise_threshold = 0.10};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         char key[40];
@@ -60,8 +61,11 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
                     allowed);
             return 2;
         }
-        if (!strcmp(f, "--sp")) {
-            o->sp = true;
+        if (!strcmp(f, "--sp") || !strcmp(f, "--tui")) {
+            if (f[2] == 's')
+                o->sp = true;
+            else
+                o->tui = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -86,6 +90,12 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             good = parse_int(v, 0, 100000000, &n), o->trace_from = (int)n;
         else if (!strcmp(f, "--trace"))
             o->trace = v;
+        else if (!strcmp(f, "--web"))
+            o->web = v;
+        else if (!strcmp(f, "--switch"))
+            o->switch_spec = v;
+        else if (!strcmp(f, "--advise-threshold"))
+            good = parse_double(v, 0, 10, &d), o->advise_threshold = d;
         else if (!strcmp(f, "--checkpoint"))
             o->checkpoint = v;
         else if (!strcmp(f, "--backend")) {
@@ -154,9 +164,19 @@ ms_status session_strategy(const run_opts *o, const ms_model_config *cfg, ms_str
 
 ms_status session_open(ms_ctx *ctx, const run_opts *o, bool keep_logits, session *s,
                        ms_error *err) {
+    ms_model_config cfg;
+    ms_strategy strat;
+    MS_CHECK(ms_config_load(o->model, &cfg, err));
+    MS_CHECK(session_strategy(o, &cfg, &strat, err));
+    return session_open_strategy(ctx, o, &strat, keep_logits, s, err);
+}
+
+ms_status session_open_strategy(ms_ctx *ctx, const run_opts *o, const ms_strategy *strat,
+                                bool keep_logits, session *s, ms_error *err) {
     memset(s, 0, sizeof *s);
     MS_CHECK(ms_config_load(o->model, &s->cfg, err));
-    MS_CHECK(session_strategy(o, &s->cfg, &s->strat, err));
+    s->strat = *strat;
+    MS_CHECK(ms_strategy_check_model(&s->strat, s->cfg.n_head, s->cfg.n_embd, err));
     MS_CHECK(ms_strategy_mesh(&s->strat, &s->mesh, err));
     MS_CHECK(ms_mesh_check_world(&s->mesh, ctx->world_size, err));
     if (o->batch % s->strat.dp)

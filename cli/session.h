@@ -12,6 +12,10 @@
 
 typedef struct run_opts {
     const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint, *trace;
+    const char *web;         /* --web HOST:PORT: serve the dashboard */
+    const char *switch_spec; /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
+    bool tui;                /* --tui: the terminal view */
+    double advise_threshold; /* suggest strategies predicted at least this much faster */
     int dp, tp, cp;
     bool sp;
     ms_backend_kind backend;
@@ -37,6 +41,9 @@ typedef struct session {
 
 /* Builds strategy, mesh, model and program on this rank. Collective over the world. */
 ms_status session_open(ms_ctx *ctx, const run_opts *o, bool keep_logits, session *s, ms_error *err);
+/* The same with a given strategy (a live switch): checks it against the model and world. */
+ms_status session_open_strategy(ms_ctx *ctx, const run_opts *o, const ms_strategy *strat,
+                                bool keep_logits, session *s, ms_error *err);
 void session_close(session *s);
 
 /* Resolves the strategy from flags or file into s (no ranks needed), checking the model. */

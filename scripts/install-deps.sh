@@ -9,15 +9,31 @@ PACKAGES=(
   libopenblas-dev        # GEMM
   openmpi-bin libopenmpi-dev  # the MPI backend and its tests
   libcjson-dev libmicrohttpd-dev libncurses-dev  # views
+  libcurl4-openssl-dev   # meshscope top (reads a dashboard)
   tmux                   # TUI tests
+  curl chromium          # dashboard tests: curl (tests/web_live.sh), headless Chromium (tests/browser)
   bible-kjv              # the default training text (scripts/prepare-data.sh)
 )
+
+# The browser test runs under Node; Debian's nodejs/npm only when no node is installed.
+command -v node >/dev/null || PACKAGES+=(nodejs npm)
+
+# Its driver, playwright-core, pinned by tests/browser/package-lock.json (uses the system
+# Chromium; downloads no browser). Best effort: without it the browser test skips.
+browser_deps() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/browser"
+  [ -d "$dir/node_modules/playwright-core" ] && return 0
+  command -v npm >/dev/null || return 0
+  npm ci --prefix "$dir" --no-audit --no-fund --silent >/dev/null 2>&1 ||
+    echo "meshscope: npm ci in tests/browser failed; the browser test will skip" >&2
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+[ ${#missing[@]} -eq 0 ] && { browser_deps; exit 0; }
 
 echo "meshscope: installing missing packages: ${missing[*]}"
 SUDO=""
@@ -28,3 +44,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+browser_deps

@@ -66,6 +66,17 @@ expect "checkpoint shape mismatch" "the model expects" "$bin" eval --model "$tmp
 printf 'garbage' >"$tmp/bad.safetensors"
 expect "corrupt checkpoint" "bad.safetensors" "$bin" eval --model "$tmp/ok.json" \
   --checkpoint "$tmp/bad.safetensors" --data "$tmp/text.txt" --batch 2 --seq 16 --batches 1
+plan=("$bin" plan --model "$tmp/ok.json" --cluster dgx-a100-80gb --devices 8 --global-batch 8 --seq 16)
+expect "plan without a model" "--model CONFIG.json is required" "$bin" plan --cluster h100 --devices 8 --global-batch 8 --seq 16
+expect "plan unknown cluster" "unknown cluster 'dgx-z9'" "$bin" plan --model "$tmp/ok.json" --cluster dgx-z9 --devices 8 --global-batch 8 --seq 16
+expect "plan bad knob" "unknown knob 'tq'" "${plan[@]}" --evaluate "tq=2"
+expect "plan impossible knob" "does not divide the 4 attention heads" "${plan[@]}" --evaluate "tp=8"
+expect "plan bad number" "bad value '0' for --devices" "${plan[@]}" --devices 0
+expect "plan sequence too long" "exceeds the model's n_positions" "${plan[@]}" --seq 64
+expect "plan bad dtype" "use bf16 or fp32" "${plan[@]}" --dtype fp8
+"${plan[@]}" --evaluate "tq=2" >/dev/null 2>&1
+rc=$?
+if [ "$rc" -eq 2 ]; then echo "ok   plan bad input exits 2"; pass=$((pass + 1)); else echo "FAIL plan bad input exits $rc, not 2"; fail=$((fail + 1)); fi
 expect "unknown command" "unknown command" "$bin" frobnicate
 
 echo "$pass passed, $fail failed"

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/philox.h"
+#include "kernels/parallel.h"
 #include "optim/optim.h"
 #include "testkit.h"
 
@@ -197,11 +198,86 @@ static void lr_schedule(void **state) {
     assert_non_null(strstr(err.msg, "0 <= lr_min <= lr_max"));
 }
 
+/* --- the rank's threads (kernels/parallel.h) ------------------------------------------- */
+
+static void count_range(void *arg, int64_t lo, int64_t hi) {
+    int *hits = arg;
+    for (int64_t i = lo; i < hi; i++) hits[i]++;
+}
+
+/* Every index is visited exactly once, whatever the size, grain and thread count. */
+static void parallel_for_covers(void **state) {
+    (void)state;
+    static int hits[100003];
+    const int64_t sizes[] = {0, 1, 7, 1000, 65536, 100003};
+    const int64_t grains[] = {1, 3, 1000, 1 << 16};
+    for (int t = 1; t <= 4; t++) {
+        ms_parallel_set_threads(t);
+        for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+            for (size_t b = 0; b < sizeof grains / sizeof *grains; b++) {
+                memset(hits, 0, sizeof hits);
+                ms_parallel_for(sizes[a], grains[b], count_range, hits);
+                for (int64_t i = 0; i < sizes[a]; i++)
+                    if (hits[i] != 1)
+                        fail_msg("threads %d, n %lld, grain %lld: index %lld visited %d times", t,
+                                 (long long)sizes[a], (long long)grains[b], (long long)i, hits[i]);
+            }
+    }
+    ms_parallel_set_threads(1);
+}
+
+/* The fused clip + AdamW pass equals scaling the gradient and then stepping (bit for bit),
+ * on 1 and 3 threads; the gradient norm is the same number on any thread count. */
+static void fused_scaled_adamw(void **state) {
+    (void)state;
+    enum { M = 300007 };
+    float *g = malloc(sizeof *g * M), *gs = malloc(sizeof *gs * M);
+    float *p[2], *m[2], *v[2];
+    for (int k = 0; k < 2; k++) {
+        p[k] = malloc(sizeof(float) * M);
+        m[k] = calloc(M, sizeof(float));
+        v[k] = calloc(M, sizeof(float));
+    }
+    ms_adamw_opts o = {
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    ms_error err = {0};
+    double norms[3];
+    for (int t = 1; t <= 3; t++) {
+        for (int i = 0; i < M; i++) p[0][i] = p[1][i] = grad(99, i);
+        memset(m[0], 0, sizeof(float) * M), memset(m[1], 0, sizeof(float) * M);
+        memset(v[0], 0, sizeof(float) * M), memset(v[1], 0, sizeof(float) * M);
+        ms_parallel_set_threads(t);
+        for (int step = 1; step <= 3; step++) {
+            for (int i = 0; i < M; i++) g[i] = gs[i] = grad(step, i);
+            norms[t - 1] = sqrt(ms_sumsq_f32(g, M));
+            float scale = ms_clip_scale(norms[t - 1], 1.0);
+            assert_true(scale < 1.0f);
+            ms_scale_f32(gs, M, scale);
+            assert_int_equal(ms_adamw_step(p[0], gs, m[0], v[0], M, &o, step, &err), MS_OK);
+            assert_int_equal(ms_adamw_step_scaled(p[1], g, m[1], v[1], M, &o, step, scale, &err),
+                             MS_OK);
+            assert_memory_equal(p[0], p[1], sizeof(float) * M);
+            assert_memory_equal(m[0], m[1], sizeof(float) * M);
+            assert_memory_equal(v[0], v[1], sizeof(float) * M);
+        }
+    }
+    assert_true(norms[0] == norms[1] && norms[1] == norms[2]);
+    /* against a plain double sum */
+    double ref = 0;
+    for (int i = 0; i < M; i++) ref += (double)g[i] * g[i];
+    assert_close(norms[0] * norms[0], ref, 1e-12, 0, "sumsq", 0);
+    ms_parallel_set_threads(1);
+    for (int k = 0; k < 2; k++) free(p[k]), free(m[k]), free(v[k]);
+    free(g), free(gs);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sgd),
     cmocka_unit_test(adamw_first_step),
     cmocka_unit_test(adamw_trajectory),
     cmocka_unit_test(clipping),
     cmocka_unit_test(lr_schedule),
+    cmocka_unit_test(parallel_for_covers),
+    cmocka_unit_test(fused_scaled_adamw),
 };
 MT_MAIN("optim", tests)

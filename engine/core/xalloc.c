@@ -34,3 +34,15 @@ char *xstrdup(const char *s) {
     memcpy(p, s, n);
     return p;
 }
+
+void ms_strbuf_put(ms_strbuf *b, const void *data, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        b->p = xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}

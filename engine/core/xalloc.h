@@ -14,4 +14,12 @@ void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 
+/* A growable byte buffer, always NUL-terminated after `len` bytes (text built piece by piece:
+ * JSON headers, HTTP bodies). Zero-initialise; free `p` when done. */
+typedef struct ms_strbuf {
+    char *p;
+    size_t len, cap;
+} ms_strbuf;
+void ms_strbuf_put(ms_strbuf *b, const void *data, size_t n);
+
 #endif

@@ -427,6 +427,8 @@ static void build_backward(ms_program *p) {
             any_in |= p->pv[nd->in[i]].requires_grad && (def->grad_inputs >> i & 1);
         if (!any_out || !any_in) continue;
         int dout[MS_OP_MAX_OUT], din[MS_OP_MAX_IN], pending[MS_OP_MAX_IN];
+        for (int o = 0; o < MS_OP_MAX_OUT; o++) dout[o] = -1; /* unused slots: no buffer */
+        for (int i = 0; i < MS_OP_MAX_IN; i++) din[i] = pending[i] = -1;
         for (int o = 0; o < nd->n_out; o++) {
             pvalue *ov = &p->pv[nd->out[o]];
             ms_placements want = dual_placements(pn, md, nd->n_in, nd->n_out, o, true);
@@ -496,6 +498,26 @@ static int cmp_size_desc(const void *a, const void *b, void *ctx) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* The arena and the persistent buffers come from the rank's device, so its in-use and peak
+ * counters (the memory the views and traces report) include them. Without a rank context
+ * (the planner compiles programs to price them) plain aligned memory does. */
+static void *program_alloc(ms_program *p, size_t bytes) {
+    if (p->ctx && p->ctx->device) {
+        void *x = NULL;
+        ms_error e;
+        return ms_device_alloc(p->ctx->device, bytes, &x, &e) == MS_OK ? x : NULL;
+    }
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+static void program_free(ms_program *p, void *x, size_t bytes) {
+    if (!x) return;
+    if (p->ctx && p->ctx->device)
+        ms_device_free(p->ctx->device, x, bytes);
+    else
+        free(x);
+}
+
 static ms_status plan_memory(ms_program *p, ms_error *err) {
     for (int k = 0; k < p->ni; k++) {
         instr *in = &p->ins[k];
@@ -549,8 +571,8 @@ static ms_status plan_memory(ms_program *p, ms_error *err) {
     }
     free(order);
     p->arena_floats = top;
-    p->arena = aligned_alloc(64, (top + 16) * sizeof(float));
-    p->persist = aligned_alloc(64, (p->persist_floats + 16) * sizeof(float));
+    p->arena = program_alloc(p, (top + 16) * sizeof(float));
+    p->persist = program_alloc(p, (p->persist_floats + 16) * sizeof(float));
     if (!p->arena || !p->persist)
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu bytes",
                        top * sizeof(float), p->persist_floats * sizeof(float));
@@ -650,8 +672,8 @@ void ms_program_destroy(ms_program *p) {
     free(p->ins);
     free(p->pv);
     free(p->pn);
-    free(p->arena);
-    free(p->persist);
+    program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
+    program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     free(p->params);
     free(p);
 }

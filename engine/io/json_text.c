@@ -5,10 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
-size_t ms_json_depth_at(const char *s, size_t off) {
-    size_t depth = 0;
+/* Bracket depth after `len` bytes, skipping strings; *max_depth gets the deepest point. */
+static size_t depth_scan(const char *s, size_t len, size_t *max_depth) {
+    size_t depth = 0, max = 0;
     bool in_str = false;
-    for (size_t i = 0; i < off; i++) {
+    for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (in_str) {
             if (c == '\\')
@@ -18,12 +19,23 @@ size_t ms_json_depth_at(const char *s, size_t off) {
         } else if (c == '"') {
             in_str = true;
         } else if (c == '[' || c == '{') {
-            depth++;
+            if (++depth > max) max = depth;
         } else if ((c == ']' || c == '}') && depth > 0) {
             depth--;
         }
     }
+    if (max_depth) *max_depth = max;
     return depth;
+}
+
+size_t ms_json_depth_at(const char *s, size_t off) {
+    return depth_scan(s, off, NULL);
+}
+
+size_t ms_json_max_depth(const char *s, size_t len) {
+    size_t max;
+    depth_scan(s, len, &max);
+    return max;
 }
 
 void ms_json_describe(const cJSON *v, char *buf, size_t len) {

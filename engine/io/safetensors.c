@@ -54,21 +54,10 @@ static int64_t checked_numel(int ndim, const int64_t *shape, size_t esize) {
 /* ---------------------------------------------------------------------------------------- */
 /* writing                                                                                   */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
+typedef ms_strbuf sbuf;
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        b->p = xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    ms_strbuf_put(b, s, n);
 }
 
 static void sb_puts(sbuf *b, const char *s) {

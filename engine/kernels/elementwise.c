@@ -1,22 +1,46 @@
 /* elementwise.c - add, mul, scale, bias add and GELU, forward and backward.
  *
  * Plain loops over contiguous memory that the compiler vectorises; nothing here is worth BLAS.
+ * The long ones are split across the rank's threads (kernels/parallel.h).
  */
 #include "kernels/kernels.h"
+#include "kernels/parallel.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+/* Long streaming loops are split across the rank's threads (kernels/parallel.h) in chunks of
+ * at least GRAIN elements; shorter ones run inline. */
+#define GRAIN (1 << 14)
+
+typedef struct elt_job {
+    float *out, *out2;
+    const float *a, *b, *c;
+    int64_t cols;
+} elt_job;
+
+static void add_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    const elt_job *j = arg;
+    for (int64_t i = lo; i < hi; i++) j->out[i] = j->a[i] + j->b[i];
+}
+
 void ms_k_add_forward(float *out, const float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    elt_job j = {.out = out, .a = a, .b = b};
+    ms_parallel_for(n, GRAIN, add_fwd_range, &j);
+}
+
+static void add_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    const elt_job *j = arg;
+    if (j->out)
+        for (int64_t i = lo; i < hi; i++) j->out[i] += j->a[i];
+    if (j->out2)
+        for (int64_t i = lo; i < hi; i++) j->out2[i] += j->a[i];
 }
 
 void ms_k_add_backward(float *da, float *db, const float *dout, int64_t n) {
-    if (da)
-        for (int64_t i = 0; i < n; i++) da[i] += dout[i];
-    if (db)
-        for (int64_t i = 0; i < n; i++) db[i] += dout[i];
+    elt_job j = {.out = da, .out2 = db, .a = dout};
+    ms_parallel_for(n, GRAIN, add_bwd_range, &j);
 }
 
 void ms_k_mul_forward(float *out, const float *a, const float *b, int64_t n) {
@@ -39,12 +63,19 @@ void ms_k_scale_backward(float *dx, const float *dout, float s, int64_t n) {
     for (int64_t i = 0; i < n; i++) dx[i] += s * dout[i];
 }
 
-void ms_k_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n, int64_t c) {
-    for (int64_t r = 0; r < n; r++) {
-        float *o = out + r * c;
-        const float *x = inp + r * c;
-        for (int64_t j = 0; j < c; j++) o[j] = x[j] + bias[j];
+static void bias_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    const elt_job *j = arg;
+    const int64_t c = j->cols;
+    for (int64_t r = lo; r < hi; r++) {
+        float *o = j->out + r * c;
+        const float *x = j->a + r * c;
+        for (int64_t k = 0; k < c; k++) o[k] = x[k] + j->b[k];
     }
+}
+
+void ms_k_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n, int64_t c) {
+    elt_job j = {.out = out, .a = inp, .b = bias, .cols = c};
+    ms_parallel_for(n, c > 0 ? GRAIN / c + 1 : n, bias_fwd_range, &j);
 }
 
 void ms_k_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n, int64_t c) {
@@ -94,16 +125,27 @@ static inline float fast_tanh(float u) {
     return th;
 }
 
-void ms_k_gelu_forward(float *out, const float *inp, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
+static void gelu_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    const elt_job *j = arg;
+    float *restrict out = j->out;
+    const float *restrict inp = j->a;
+    for (int64_t i = lo; i < hi; i++) {
         const float x = inp[i];
         const float cube = GELU_CUBE * x * x * x;
         out[i] = 0.5f * x * (1.0f + fast_tanh(GELU_SCALE * (x + cube)));
     }
 }
 
-void ms_k_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
+void ms_k_gelu_forward(float *out, const float *inp, int64_t n) {
+    elt_job j = {.out = out, .a = inp};
+    ms_parallel_for(n, GRAIN, gelu_fwd_range, &j);
+}
+
+static void gelu_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    const elt_job *j = arg;
+    float *restrict dinp = j->out;
+    const float *restrict inp = j->a, *restrict dout = j->b;
+    for (int64_t i = lo; i < hi; i++) {
         const float x = inp[i];
         const float cube = GELU_CUBE * x * x * x;
         const float th = fast_tanh(GELU_SCALE * (x + cube));
@@ -113,6 +155,11 @@ void ms_k_gelu_backward(float *dinp, const float *inp, const float *dout, int64_
             0.5f * (1.0f + th) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
         dinp[i] += local * dout[i];
     }
+}
+
+void ms_k_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {
+    elt_job j = {.out = dinp, .a = inp, .b = dout};
+    ms_parallel_for(n, GRAIN, gelu_bwd_range, &j);
 }
 
 ms_k_cost ms_k_elementwise_cost(ms_k_elt op, int64_t n, int64_t c, bool backward) {

@@ -13,9 +13,11 @@
  *   - All buffers are contiguous, row-major float32 (ids and targets int32), host memory.
  *   - Kernels never allocate. Where a kernel needs working memory the caller passes it in and
  *     the size is stated next to the argument.
- *   - Kernels are single-threaded: in meshscope ranks are threads, so a kernel must not spawn
- *     its own. The one exception is the BLAS call itself; ms_k_blas_set_threads sizes OpenBLAS's
- *     pool (a process-wide setting) so that ranks x BLAS threads does not oversubscribe the cores.
+ *   - In meshscope ranks are threads, so a kernel never starts threads of its own. A rank may
+ *     use the cores it was given: ms_k_blas_set_threads sizes OpenBLAS's pool (a process-wide
+ *     setting, cores / ranks) and the same number of threads for the long streaming loops
+ *     (GELU, adds, bias, LayerNorm forward, the optimizer), through each rank's own pool of
+ *     sleeping workers (kernels/parallel.h). With one thread per rank everything runs inline.
  *   - Backward kernels ACCUMULATE (+=) into every gradient buffer, as in llm.c, because a tensor
  *     used twice (a residual) must receive the sum of its gradients; the caller zeroes gradients
  *     once per step. Exceptions say so: matmul and the copy kernels take an `accumulate` flag

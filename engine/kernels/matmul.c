@@ -5,6 +5,7 @@
  * large problem instead of many small ones.
  */
 #include "kernels/kernels.h"
+#include "kernels/parallel.h"
 
 #include <cblas.h>
 
@@ -121,6 +122,7 @@ ms_k_cost ms_k_matmul_cost(const ms_k_gemm *g, bool backward, bool beta_nonzero,
 
 void ms_k_blas_set_threads(int n) {
     openblas_set_num_threads(n > 0 ? n : 1);
+    ms_parallel_set_threads(n); /* the streaming kernels use the same cores */
 }
 int ms_k_blas_threads(void) {
     return openblas_get_num_threads();

@@ -6,13 +6,24 @@
  */
 #include "kernels/kernels.h"
 #include "kernels/fastmath.h"
+#include "kernels/parallel.h"
 
 #include <math.h>
 
-void ms_k_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                            const float *weight, const float *bias, int64_t n, int64_t c,
-                            float eps) {
-    for (int64_t r = 0; r < n; r++) {
+typedef struct ln_job {
+    float *out, *mean, *rstd;
+    const float *inp, *weight, *bias;
+    int64_t c;
+    float eps;
+} ln_job;
+
+static void layernorm_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    const ln_job *jb = arg;
+    float *out = jb->out, *mean = jb->mean, *rstd = jb->rstd;
+    const float *inp = jb->inp, *weight = jb->weight, *bias = jb->bias;
+    const int64_t c = jb->c;
+    const float eps = jb->eps;
+    for (int64_t r = lo; r < hi; r++) {
         const float *x = inp + r * c;
         float *o = out + r * c;
         float m = 0.0f;
@@ -29,6 +40,13 @@ void ms_k_layernorm_forward(float *out, float *mean, float *rstd, const float *i
         mean[r] = m;
         rstd[r] = s;
     }
+}
+
+void ms_k_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int64_t n, int64_t c,
+                            float eps) {
+    ln_job j = {out, mean, rstd, inp, weight, bias, c, eps};
+    ms_parallel_for(n, c > 0 ? (1 << 14) / c + 1 : n, layernorm_fwd_range, &j);
 }
 
 void ms_k_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,

@@ -144,13 +144,21 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
         st = ms_fail(err, MS_ERR_INVALID, "%s: $: expected an object", name);
         goto out;
     }
+    /* The short form {"dp": 2, "tp": 2, "sp": false} puts the degrees at the top level. */
+    bool short_form = !mesh && (cJSON_GetObjectItemCaseSensitive(root, "dp") ||
+                                cJSON_GetObjectItemCaseSensitive(root, "tp") ||
+                                cJSON_GetObjectItemCaseSensitive(root, "cp"));
+    if (short_form) mesh = root;
     if (!cJSON_IsObject(mesh)) {
         st = ms_fail(err, MS_ERR_INVALID,
-                     "%s: $.mesh: expected an object like {\"dp\": 2, \"tp\": 2}", name);
+                     "%s: $.mesh: expected an object like {\"dp\": 2, \"tp\": 2} (or the short "
+                     "form {\"dp\": 2, \"tp\": 2, \"sp\": false})",
+                     name);
         goto out;
     }
     for (const cJSON *k = mesh->child; k; k = k->next)
-        if (strcmp(k->string, "dp") && strcmp(k->string, "tp") && strcmp(k->string, "cp")) {
+        if (strcmp(k->string, "dp") && strcmp(k->string, "tp") && strcmp(k->string, "cp") &&
+            !(short_form && !strcmp(k->string, "sp"))) {
             st =
                 ms_fail(err, MS_ERR_INVALID,
                         "%s: $.mesh.%s: unknown mesh dim (supported: dp, tp, cp)", name, k->string);

@@ -45,7 +45,8 @@ int ms_strategy_ranks(const ms_strategy *s);
  *    "placements": {"h.*.mlp.c_fc.weight": "[R, S(1)]", ...}}
  * "placements" (optional) holds glob patterns over value names, tried before the built-in
  * rules. Errors name the file and the JSON path, e.g. "s.json: $.mesh.tp: expected a
- * positive integer". */
+ * positive integer". ms_strategy_from_json also takes the short form the live control API
+ * uses, {"dp": 2, "tp": 2, "cp": 1, "sp": false} (degrees at the top level, no patterns). */
 ms_status ms_strategy_load(const char *path, ms_strategy *s, ms_error *err);
 ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, ms_strategy *s,
                                 ms_error *err);

@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "kernels/parallel.h"
+
 ms_status ms_sgd_step(float *p, const float *g, float *buf, size_t n, const ms_sgd_opts *o,
                       ms_error *err) {
     if (!(o->lr >= 0) || !(o->momentum >= 0 && o->momentum < 1) || !(o->weight_decay >= 0))
@@ -26,39 +28,95 @@ ms_status ms_sgd_step(float *p, const float *g, float *buf, size_t n, const ms_s
     return MS_OK;
 }
 
-ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
-                        const ms_adamw_opts *o, int64_t t, ms_error *err) {
+typedef struct adamw_job {
+    float *p, *m, *v;
+    const float *g;
+    float gscale, step, inv_sqrt_bc2, b1, b2, eps, decay;
+} adamw_job;
+
+static void adamw_range(void *arg, int64_t lo, int64_t hi) {
+    const adamw_job *j = arg;
+    float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
+    const float *restrict g = j->g;
+    const float gs = j->gscale, step = j->step, ib = j->inv_sqrt_bc2, b1 = j->b1, b2 = j->b2,
+                eps = j->eps, decay = j->decay;
+    for (int64_t i = lo; i < hi; i++) {
+        const float gi = g[i] * gs;
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step * mi / (sqrtf(vi) * ib + eps);
+    }
+}
+
+ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
+                               const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
     if (t < 1)
         return ms_fail(err, MS_ERR_INVALID,
                        "adamw: step %lld; steps count from 1 (the bias correction divides by "
                        "1 - beta^t)",
                        (long long)t);
     if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-        !(o->eps > 0) || !(o->weight_decay >= 0))
+        !(o->eps > 0) || !(o->weight_decay >= 0) || !(grad_scale >= 0))
         return ms_fail(err, MS_ERR_INVALID,
-                       "adamw: lr %g, betas (%g, %g), eps %g, weight_decay %g; need lr >= 0, "
-                       "betas in [0, 1), eps > 0, weight_decay >= 0",
-                       o->lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+                       "adamw: lr %g, betas (%g, %g), eps %g, weight_decay %g, gradient scale %g; "
+                       "need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, scale >= 0",
+                       o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, grad_scale);
     /* Bias corrections in double: for beta2 = 0.999 and small t, 1 - beta2^t in float loses
      * most of its digits. */
     const double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);
-    const float step = (float)(o->lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
-    const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-    const float decay = 1.0f - o->lr * o->weight_decay;
-    for (size_t i = 0; i < n; i++) {
-        const float gi = g[i];
-        const float mi = b1 * m[i] + (1.0f - b1) * gi;
-        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-    }
+    adamw_job j = {.p = p,
+                   .m = m,
+                   .v = v,
+                   .g = g,
+                   .gscale = grad_scale,
+                   .step = (float)(o->lr / bc1),
+                   .inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)),
+                   .b1 = o->beta1,
+                   .b2 = o->beta2,
+                   .eps = o->eps,
+                   .decay = 1.0f - o->lr * o->weight_decay};
+    ms_parallel_for((int64_t)n, 1 << 15, adamw_range, &j);
     return MS_OK;
 }
 
+ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
+                        const ms_adamw_opts *o, int64_t t, ms_error *err) {
+    return ms_adamw_step_scaled(p, g, m, v, n, o, t, 1.0f, err);
+}
+
+/* Sum of squares in fixed blocks: the block partials are added in block order, so the
+ * result depends on n alone, never on how many threads computed it. */
+#define SUMSQ_MAX_BLOCKS 4096
+typedef struct sumsq_job {
+    const float *x;
+    int64_t n, block;
+    double part[SUMSQ_MAX_BLOCKS];
+} sumsq_job;
+
+static void sumsq_range(void *arg, int64_t lo, int64_t hi) {
+    sumsq_job *j = arg;
+    for (int64_t b = lo; b < hi; b++) {
+        const float *x = j->x + b * j->block;
+        int64_t len = j->n - b * j->block < j->block ? j->n - b * j->block : j->block;
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < len; i++) s += (double)x[i] * (double)x[i];
+        j->part[b] = s;
+    }
+}
+
 double ms_sumsq_f32(const float *x, size_t n) {
+    static _Thread_local sumsq_job j; /* 32 KiB: too big for every rank's stack frame */
+    j.x = x;
+    j.n = (int64_t)n;
+    j.block = 1 << 16;
+    if (j.n > j.block * SUMSQ_MAX_BLOCKS) j.block = (j.n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS;
+    int64_t blocks = (j.n + j.block - 1) / j.block;
+    ms_parallel_for(blocks, 1, sumsq_range, &j);
     double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (int64_t b = 0; b < blocks; b++) s += j.part[b];
     return s;
 }
 

@@ -43,8 +43,14 @@ typedef struct ms_adamw_opts {
 
 ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
                         const ms_adamw_opts *o, int64_t t, ms_error *err);
+/* The same with g replaced by grad_scale * g (the clipping factor), in the same pass: one
+ * streaming pass over 4 arrays instead of a scale pass and an update pass. g is not
+ * modified. Uses the rank's threads (kernels/parallel.h). */
+ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
+                               const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err);
 
-/* Sum of squares of x in double precision: this rank's share of the squared global norm. */
+/* Sum of squares of x in double precision: this rank's share of the squared global norm.
+ * Summed in fixed blocks, so the result is the same whatever the number of threads. */
 double ms_sumsq_f32(const float *x, size_t n);
 
 /* min(1, max_norm / (norm + 1e-6)), the factor to multiply every gradient by; 1 when

@@ -1,0 +1,263 @@
+/* cmd_plan.c - `meshscope plan`: the ranked strategies for a model on a cluster.
+ *
+ *   meshscope plan --model CONFIG --cluster PRESET|FILE --devices N --global-batch B --seq T
+ *                  [--dtype bf16|fp32] [--evaluate "tp=8,pp=2,dp=32"] [--top K] [--json]
+ *                  [--executable-only] [--recalibrate]
+ *
+ * The search and the cost model are engine/plan; this file parses flags, resolves the
+ * cluster (cpu-local is measured once and cached), and prints a table or JSON. */
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "model/config.h"
+#include "plan/cluster.h"
+#include "plan/search.h"
+
+static void usage(FILE *f) {
+    fprintf(
+        f, "usage: meshscope plan --model CONFIG --cluster PRESET|FILE --devices N\n"
+           "                      --global-batch B --seq T [options]\n"
+           "\n"
+           "Ranks parallel strategies (dp x tp x pp x cp, sp, ZeRO 0-3, recompute, micro-batches)\n"
+           "by predicted step time, with memory per device and throughput.\n"
+           "\n"
+           "  --cluster C        cpu-local (this machine's thread ranks, measured and cached),\n"
+           "                     dgx-a100-80gb, h100, h200, or a cluster JSON file\n"
+           "  --dtype D          bf16 (default on GPUs) or fp32 (default on cpu-local)\n"
+           "  --evaluate K=V,..  fix knobs and search the rest: dp, tp, pp, cp, sp, zero,\n"
+           "                     recompute, mb (micro-batch size), micro (count), vp (vocab-\n"
+           "                     parallel head); e.g. \"tp=8,pp=2,dp=32\"\n"
+           "  --top K            how many strategies to show (default 5)\n"
+           "  --executable-only  only strategies this engine runs\n"
+           "  --json             JSON instead of a table\n"
+           "  --recalibrate      measure cpu-local again\n");
+}
+
+/* Bad input: one line naming the problem and the fix; exit status 2. */
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "meshscope plan: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 2;
+}
+
+static bool parse_pos(const char *s, long hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < 1 || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+static const char *human_s(double s, char *buf, size_t len) {
+    if (s >= 1)
+        snprintf(buf, len, "%.2f s", s);
+    else
+        snprintf(buf, len, "%.1f ms", s * 1e3);
+    return buf;
+}
+
+static const char *human_b(double b, char *buf, size_t len) {
+    if (b >= 1e9)
+        snprintf(buf, len, "%.1f GB", b / 1e9);
+    else
+        snprintf(buf, len, "%.1f MB", b / 1e6);
+    return buf;
+}
+
+static cJSON *strategy_json(const ms_plan_strategy *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "dp", s->dp);
+    cJSON_AddNumberToObject(o, "tp", s->tp);
+    cJSON_AddNumberToObject(o, "pp", s->pp);
+    cJSON_AddNumberToObject(o, "cp", s->cp);
+    cJSON_AddBoolToObject(o, "sp", s->sp);
+    cJSON_AddNumberToObject(o, "zero", s->zero);
+    cJSON_AddBoolToObject(o, "recompute", s->recompute);
+    cJSON_AddNumberToObject(o, "micro_batch", s->micro_batch);
+    cJSON_AddNumberToObject(o, "n_micro", s->n_micro);
+    cJSON_AddBoolToObject(o, "vocab_parallel", s->vocab_parallel);
+    return o;
+}
+
+static cJSON *estimate_json(const ms_plan_estimate *e) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "strategy", strategy_json(&e->s));
+    cJSON_AddStringToObject(o, "text", e->text);
+    cJSON_AddNumberToObject(o, "step_time_s", e->step_s);
+    cJSON_AddNumberToObject(o, "tokens_per_s", e->tokens_per_s);
+    cJSON_AddNumberToObject(o, "model_tflops_per_device", e->model_tflops_per_device);
+    cJSON_AddNumberToObject(o, "hardware_tflops_per_device", e->hw_tflops_per_device);
+    cJSON_AddNumberToObject(o, "memory_bytes_per_device", e->mem_total);
+    cJSON_AddNumberToObject(o, "memory_cap_bytes", e->mem_cap);
+    cJSON_AddBoolToObject(o, "fits", e->fits);
+    cJSON_AddBoolToObject(o, "executable", e->executable);
+    if (!e->executable) cJSON_AddStringToObject(o, "not_executable", e->not_executable);
+    cJSON_AddStringToObject(o, "workload", e->from_engine ? "engine" : "analytic");
+    cJSON *b = cJSON_AddObjectToObject(o, "breakdown_s");
+    for (int c = 0; c < MS_PC_COUNT; c++)
+        cJSON_AddNumberToObject(b, ms_plan_class_name((ms_plan_class)c), e->compute_s[c]);
+    for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) {
+        char k[32];
+        snprintf(k, sizeof k, "%s_comm", ms_plan_dim_name((ms_plan_dim)d));
+        cJSON_AddNumberToObject(b, k, e->comm_s[d]);
+    }
+    cJSON_AddNumberToObject(b, "bubble", e->bubble_s);
+    cJSON_AddNumberToObject(b, "overhead", e->overhead_s);
+    cJSON *m = cJSON_AddObjectToObject(o, "memory_bytes");
+    cJSON_AddNumberToObject(m, "params", e->mem_params);
+    cJSON_AddNumberToObject(m, "grads", e->mem_grads);
+    cJSON_AddNumberToObject(m, "optimizer", e->mem_optim);
+    cJSON_AddNumberToObject(m, "activations", e->mem_act);
+    cJSON_AddNumberToObject(m, "other", e->mem_other);
+    return o;
+}
+
+int ms_cmd_plan(int argc, char **argv) {
+    const char *model = NULL, *cluster = NULL, *evaluate = NULL, *dtype = NULL;
+    int devices = 0, batch = 0, seq = 0, top = 5;
+    bool json = false, recal = false, exe_only = false;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(f, "--json")) {
+            json = true;
+            continue;
+        }
+        if (!strcmp(f, "--recalibrate")) {
+            recal = true;
+            continue;
+        }
+        if (!strcmp(f, "--executable-only")) {
+            exe_only = true;
+            continue;
+        }
+        bool known = !strcmp(f, "--model") || !strcmp(f, "--cluster") || !strcmp(f, "--devices") ||
+                     !strcmp(f, "--global-batch") || !strcmp(f, "--seq") || !strcmp(f, "--dtype") ||
+                     !strcmp(f, "--evaluate") || !strcmp(f, "--top");
+        if (!known) {
+            fprintf(stderr, "meshscope plan: unknown option '%s'\n\n", f);
+            usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) return bad("%s needs a value", f);
+        const char *v = argv[++i];
+        if (!strcmp(f, "--model"))
+            model = v;
+        else if (!strcmp(f, "--cluster"))
+            cluster = v;
+        else if (!strcmp(f, "--evaluate"))
+            evaluate = v;
+        else if (!strcmp(f, "--dtype"))
+            dtype = v;
+        else if (!strcmp(f, "--devices") && !parse_pos(v, 1 << 20, &devices))
+            return bad("bad value '%s' for %s: expected a positive integer", v, f);
+        else if (!strcmp(f, "--global-batch") && !parse_pos(v, 1 << 24, &batch))
+            return bad("bad value '%s' for %s: expected a positive integer", v, f);
+        else if (!strcmp(f, "--seq") && !parse_pos(v, 1 << 24, &seq))
+            return bad("bad value '%s' for %s: expected a positive integer", v, f);
+        else if (!strcmp(f, "--top") && !parse_pos(v, 1000, &top))
+            return bad("bad value '%s' for %s: expected a positive integer", v, f);
+    }
+    if (!model) return bad("--model CONFIG.json is required");
+    if (!cluster)
+        return bad("--cluster is required: cpu-local, dgx-a100-80gb, h100, h200 or a JSON file");
+    if (!devices) return bad("--devices N is required (how many devices or thread ranks)");
+    if (!batch) return bad("--global-batch B is required (sequences per step)");
+    if (!seq) return bad("--seq T is required (tokens per sequence)");
+    ms_error err = {0};
+    ms_model_config cfg;
+    if (ms_config_load(model, &cfg, &err) != MS_OK) return bad("%s", err.msg);
+    if (seq > cfg.n_positions)
+        return bad("--seq %d exceeds the model's n_positions %d; use a shorter sequence", seq,
+                   cfg.n_positions);
+    ms_plan_fixed fixed;
+    if (evaluate && ms_plan_fixed_parse(evaluate, &fixed, &err) != MS_OK) return bad("%s", err.msg);
+    ms_cluster *cl = calloc(1, sizeof *cl);
+    if (!cl) return bad("out of memory");
+    int rc = 0;
+    ms_plan_result res = {0};
+    ms_plan_memo *memo = NULL;
+    if (ms_cluster_resolve(cluster, recal, stderr, cl, &err) != MS_OK) {
+        rc = bad("%s", err.msg);
+        goto out;
+    }
+    long capacity = cl->nodes > 0 ? (long)cl->nodes * cl->devices_per_node : 0;
+    if (capacity > 0 && devices > capacity) {
+        rc = bad("--devices %d is more than %s has: %ld (%d nodes x %d); use fewer devices or a "
+                 "cluster file with more nodes",
+                 devices, cl->name, capacity, cl->nodes, cl->devices_per_node);
+        goto out;
+    }
+    ms_plan_dtype dt = cl->cpu ? MS_PLAN_FP32 : MS_PLAN_BF16;
+    if (dtype && ms_plan_dtype_parse(dtype, &dt, &err) != MS_OK) {
+        rc = bad("--dtype: %s", err.msg);
+        goto out;
+    }
+    memo = ms_plan_memo_create();
+    ms_plan_problem pb = {.model = cfg,
+                          .devices = devices,
+                          .global_batch = batch,
+                          .seq = seq,
+                          .dtype = dt,
+                          .cluster = cl,
+                          .engine_workloads = cl->cpu,
+                          .memo = memo};
+    ms_plan_search_opts so = {
+        .fixed = evaluate ? &fixed : NULL, .keep = top, .executable_only = exe_only};
+    if (ms_plan_search(&pb, &so, &res, &err) != MS_OK) {
+        rc = bad("%s", err.msg);
+        goto out;
+    }
+    if (json) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "search_ms", res.search_ms);
+        cJSON_AddNumberToObject(r, "evaluated", (double)res.evaluated);
+        cJSON_AddNumberToObject(r, "pruned_memory", (double)res.pruned_memory);
+        cJSON_AddStringToObject(r, "cluster", cl->name);
+        cJSON_AddStringToObject(r, "dtype", ms_plan_dtype_name(dt));
+        cJSON_AddNumberToObject(r, "devices", devices);
+        cJSON_AddNumberToObject(r, "global_batch", batch);
+        cJSON_AddNumberToObject(r, "seq", seq);
+        cJSON_AddNumberToObject(r, "model_flops_per_step", ms_plan_model_flops(&cfg, batch, seq));
+        cJSON *a = cJSON_AddArrayToObject(r, "candidates");
+        for (int i = 0; i < res.n_cands; i++) cJSON_AddItemToArray(a, estimate_json(&res.cands[i]));
+        cJSON_AddStringToObject(r, "reason", res.reason);
+        char *s = cJSON_Print(r);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(r);
+        goto out;
+    }
+    printf("plan: %s on %d x %s (%s), global batch %d x %d tokens, %s\n", model, devices, cl->name,
+           cl->device, batch, seq, ms_plan_dtype_name(dt));
+    printf("searched %ld strategies in %.0f ms; %ld over the memory limit\n\n", res.evaluated,
+           res.search_ms, res.pruned_memory);
+    printf(" #  %-56s %10s %12s %8s %8s %10s %5s %4s\n", "strategy", "step", "tokens/s", "TF/s mdl",
+           "TF/s hw", "mem/dev", "fits", "exec");
+    for (int i = 0; i < res.n_cands; i++) {
+        const ms_plan_estimate *e = &res.cands[i];
+        char st[32], mem[32];
+        printf("%2d  %-56s %10s %12.0f %8.3g %8.3g %10s %5s %4s\n", i + 1, e->text,
+               human_s(e->step_s, st, sizeof st), e->tokens_per_s, e->model_tflops_per_device,
+               e->hw_tflops_per_device, human_b(e->mem_total, mem, sizeof mem),
+               e->fits ? "yes" : "NO", e->executable ? "yes" : "no");
+    }
+    printf("\nwhy: %s\n", res.reason);
+out:
+    ms_plan_result_free(&res);
+    ms_plan_memo_destroy(memo);
+    free(cl);
+    return rc;
+}

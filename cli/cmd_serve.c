@@ -1,0 +1,194 @@
+/* cmd_serve.c - `meshscope serve TRACE.json [--web HOST:PORT]`: the dashboard over a trace
+ * file instead of a running job.
+ *
+ * The trace's events and groups go into a live model (info.live = false, so the control
+ * routes answer 409), which analyses every step of the file at once; the step slices of the
+ * lowest rank become the step history (no loss: a trace does not record it). Prints one line,
+ * "dashboard: URL", and serves until SIGINT or SIGTERM.
+ *
+ * Exit codes: 0 after a signal, 1 when the trace cannot be read or the server cannot start,
+ * 2 for usage errors.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+#include "profiler/live.h"
+#include "traces/trace_read.h"
+#include "web/web.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: meshscope serve TRACE.json [--web HOST:PORT]\n"
+               "  serves the dashboard over a trace file (default 127.0.0.1, any free port)\n");
+}
+
+/* "dp2 x tp2" from the trace's mesh-dim groups (names other than "world"), in order of
+ * first appearance; "trace" when there are none. */
+static void strategy_text(const ms_trace *t, char *out, size_t cap) {
+    char names[8][16];
+    int n = 0;
+    out[0] = '\0';
+    for (int i = 0; i < t->n_groups; i++) {
+        const ms_group *g = &t->groups[i];
+        if (!strcmp(g->name, "world") || g->size < 1) continue;
+        bool seen = false;
+        for (int k = 0; k < n; k++) seen |= !strcmp(names[k], g->name);
+        if (seen || n == 8) continue;
+        snprintf(names[n++], sizeof names[0], "%s", g->name);
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len, "%s%s%d", n > 1 ? " x " : "", g->name, (int)g->size);
+    }
+    if (!n) snprintf(out, cap, "trace");
+}
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static int step_cmp(const void *a, const void *b) {
+    const ms_live_step *x = a, *y = b;
+    return (x->step > y->step) - (x->step < y->step);
+}
+
+int ms_cmd_serve(int argc, char **argv) {
+    const char *path = NULL, *web = "127.0.0.1:0";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--web")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "meshscope serve: --web needs HOST:PORT\n");
+                return 2;
+            }
+            web = argv[++i];
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "meshscope serve: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        } else if (path) {
+            fprintf(stderr, "meshscope serve: one trace file only (got '%s' and '%s')\n", path,
+                    argv[i]);
+            return 2;
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    char host[64];
+    int port = 0;
+    ms_error err = {0};
+    if (ms_web_parse_hostport(web, host, sizeof host, &port, &err) != MS_OK) {
+        fprintf(stderr, "meshscope serve: %s\n", err.msg);
+        return 2;
+    }
+
+    ms_trace t = {0};
+    if (ms_trace_read(path, &t, &err) != MS_OK) {
+        fprintf(stderr, "meshscope serve: %s\n", err.msg);
+        ms_trace_free(&t);
+        return 1;
+    }
+    int nranks = t.world_size;
+    int64_t lo = INT64_MAX, hi = -1;
+    for (size_t i = 0; i < t.n_events; i++) {
+        const ms_event *e = &t.events[i];
+        if (e->rank >= nranks) nranks = e->rank + 1;
+        if (e->step >= 0 && e->step < lo) lo = e->step;
+        if (e->step > hi) hi = e->step;
+    }
+    if (nranks < 1) nranks = 1;
+    if (nranks > MS_AN_MAX_RANKS) {
+        fprintf(stderr, "meshscope serve: %s: %d ranks; the dashboard shows at most %d\n", path,
+                nranks, MS_AN_MAX_RANKS);
+        ms_trace_free(&t);
+        return 1;
+    }
+    char strategy[64];
+    strategy_text(&t, strategy, sizeof strategy);
+
+    /* Analyse every step of the file at once. */
+    int64_t window = hi >= 0 && lo <= hi ? hi - lo + 1 : 1;
+    ms_live_opts lo_opts = {.info = {.nranks = nranks, .live = false},
+                            .window_steps = window < (1 << 20) ? (int)window : 1 << 20};
+    const char *base = strrchr(path, '/');
+    snprintf(lo_opts.info.model, sizeof lo_opts.info.model, "%s", base ? base + 1 : path);
+    snprintf(lo_opts.info.backend, sizeof lo_opts.info.backend, "trace");
+    /* Step history from the lowest rank's step slices: time only, no loss. */
+    int min_rank = nranks;
+    size_t n_steps = 0;
+    for (size_t i = 0; i < t.n_events; i++)
+        if (t.events[i].kind == MS_EV_STEP && t.events[i].rank < min_rank)
+            min_rank = t.events[i].rank;
+    for (size_t i = 0; i < t.n_events; i++)
+        n_steps += t.events[i].kind == MS_EV_STEP && t.events[i].rank == min_rank;
+    lo_opts.history = n_steps > 0 && n_steps < (1u << 20) ? (int)n_steps : 0;
+
+    ms_live *live = NULL;
+    if (ms_live_create(&lo_opts, &live, &err) != MS_OK) {
+        fprintf(stderr, "meshscope serve: %s\n", err.msg);
+        ms_trace_free(&t);
+        return 1;
+    }
+    ms_live_step *hist = n_steps ? calloc(n_steps, sizeof *hist) : NULL;
+    size_t k = 0;
+    for (size_t i = 0; hist && i < t.n_events; i++) {
+        const ms_event *e = &t.events[i];
+        if (e->kind != MS_EV_STEP || e->rank != min_rank) continue;
+        ms_live_step *s = &hist[k++];
+        s->step = e->step;
+        s->loss = NAN;
+        s->lr = NAN;
+        s->grad_norm = NAN;
+        s->step_s = (double)(e->t1_ns - e->t0_ns) / 1e9;
+        s->tokens_per_s = NAN;
+        snprintf(s->strategy, sizeof s->strategy, "%s", strategy);
+    }
+    if (hist) qsort(hist, k, sizeof *hist, step_cmp);
+    for (size_t i = 0; i < k; i++) ms_live_step_done(live, &hist[i]);
+    free(hist);
+    ms_live_set_strategy(live, strategy);
+    ms_live_feed_groups(live, t.groups, t.n_groups);
+    ms_live_feed_events(live, t.events, t.n_events);
+    ms_live_set_event(live, "trace %s: %zu events, %d ranks", path, t.n_events, nranks);
+    size_t n_events = t.n_events;
+    ms_trace_free(&t);
+    ms_live_publish_now(live);
+
+    /* The handlers only set a flag (libraries such as OpenBLAS own threads that would take a
+     * blocked-signal sigwait's signal by default); this thread polls it. */
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    ms_web_opts wo = {.host = host, .port = port};
+    ms_web *w = NULL;
+    if (ms_web_start(live, &wo, &w, &err) != MS_OK) {
+        fprintf(stderr, "meshscope serve: %s\n", err.msg);
+        ms_live_destroy(live);
+        return 1;
+    }
+    printf("dashboard: %s\n", ms_web_url(w));
+    fflush(stdout);
+    fprintf(stderr, "meshscope serve: %s (%zu events, %d ranks); Ctrl-C stops\n", path, n_events,
+            nranks);
+    while (!g_stop) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ms_web_stop(w);
+    ms_live_destroy(live);
+    return 0;
+}

@@ -1,0 +1,251 @@
+/* live_job.c - the live model, dashboard and TUI of a training job, and the per-step control
+ * exchange. See live_job.h. */
+#include "live_job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+bool live_job_wanted(const run_opts *o) {
+    return o->web || o->tui || o->switch_spec;
+}
+
+ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
+    int ranks = ms_strategy_ranks(s);
+    if (ranks != j->world_size)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s needs %d ranks but the job runs on %d; choose degrees whose product "
+                       "is %d",
+                       s->text, ranks, j->world_size, j->world_size);
+    MS_CHECK(ms_strategy_check_model(s, j->cfg.n_head, j->cfg.n_embd, err));
+    if (j->o->batch % s->dp)
+        return ms_fail(err, MS_ERR_INVALID, "%s: the batch of %d is not divisible by dp %d",
+                       s->text, j->o->batch, s->dp);
+    if (j->advisor) {
+        /* The planner's check adds the memory cap of this machine's ranks. */
+        ms_plan_strategy ps = ms_plan_strategy_from_engine(s, j->o->batch);
+        double cap = j->cluster.mem_bytes * j->cluster.usable_memory_fraction;
+        if (j->cluster.cpu && j->world_size > 0) cap /= j->world_size;
+        MS_CHECK(ms_plan_check_executable(&j->cfg, &ps, j->world_size, j->o->batch, j->o->seq, cap,
+                                          err));
+    }
+    return MS_OK;
+}
+
+void live_job_set_current(live_job *j, const ms_strategy *s) {
+    if (!j->live) return;
+    pthread_mutex_lock(&j->mu);
+    j->current = *s;
+    pthread_mutex_unlock(&j->mu);
+    ms_live_set_strategy(j->live, s->text);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The live thread's advisor round: recalibrate on the analysed window, if every step in it
+ * ran the current strategy, and publish what is predicted to be faster. */
+static void advise(void *user, ms_live *l, const ms_snapshot *s) {
+    live_job *j = user;
+    const ms_analysis *an = &s->analysis;
+    if (!j->advisor || an->n_steps < 2 || s->n_history < an->n_steps) return;
+    pthread_mutex_lock(&j->mu);
+    ms_strategy cur = j->current;
+    pthread_mutex_unlock(&j->mu);
+    double times[64];
+    int n = 0;
+    for (int i = 0; i < an->n_steps && n < 64; i++) {
+        const ms_live_step *h = NULL;
+        for (int k = s->n_history - 1; k >= 0 && !h; k--)
+            if (s->history[k].step == an->steps[i].step) h = &s->history[k];
+        if (!h || strcmp(h->strategy, cur.text)) return; /* the window straddles a switch */
+        times[n++] = h->step_s;
+    }
+    qsort(times, (size_t)n, sizeof *times, cmp_double);
+    double median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    ms_suggestion out[MS_LIVE_MAX_SUGGESTIONS];
+    int got = 0;
+    ms_error err = {0};
+    if (ms_advisor_update(j->advisor, &cur, an, median, j->o->advise_threshold, out,
+                          MS_LIVE_MAX_SUGGESTIONS, &got, &err) != MS_OK) {
+        ms_live_set_event(l, "advisor: %s", err.msg);
+        return;
+    }
+    ms_live_set_suggestions(l, out, got);
+}
+
+/* The strategy JSON a request targets: its own body, or the accepted suggestion's. */
+static ms_status request_target(live_job *j, const ms_live_req *req, char *json, size_t cap,
+                                ms_error *err) {
+    if (req->kind == MS_REQ_STRATEGY) {
+        snprintf(json, cap, "%s", req->strategy_json);
+        return MS_OK;
+    }
+    const ms_snapshot *s = ms_live_acquire(j->live);
+    ms_status st = ms_fail(err, MS_ERR_INVALID, "no suggestion with id %d", (int)req->id);
+    for (int i = 0; i < s->n_suggestions; i++)
+        if (s->suggestions[i].id == req->id) {
+            snprintf(json, cap, "%s", s->suggestions[i].target_json);
+            st = MS_OK;
+        }
+    ms_snapshot_release(s);
+    return st;
+}
+
+/* The control queue's validator: runs on the view's thread before a request is queued, so a
+ * refused switch is answered at once (422) and the job never sees it. */
+static ms_status validate_request(void *user, const ms_live_req *req, ms_error *err) {
+    live_job *j = user;
+    if (req->kind != MS_REQ_STRATEGY && req->kind != MS_REQ_ACCEPT) return MS_OK;
+    char json[sizeof req->strategy_json];
+    MS_CHECK(request_target(j, req, json, sizeof json, err));
+    ms_strategy s;
+    MS_CHECK(ms_strategy_from_json(json, strlen(json), "strategy", &s, err));
+    return live_job_check_target(j, &s, err);
+}
+
+/* Loads the config and checks --switch; fills the parts of j that need no live model. */
+static ms_status job_prepare(live_job *j, const run_opts *o, int world_size, ms_error *err) {
+    memset(j, 0, sizeof *j);
+    j->o = o;
+    j->world_size = world_size;
+    j->switch_step = -1;
+    MS_CHECK(ms_config_load(o->model, &j->cfg, err));
+    if (!o->switch_spec) return MS_OK;
+    const char *colon = strchr(o->switch_spec, ':');
+    char *end = NULL;
+    long step = colon ? strtol(o->switch_spec, &end, 10) : -1;
+    if (!colon || end != colon || step < 0 || step > 100000000)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--switch '%s': expected STEP:STRATEGY, e.g. --switch "
+                       "'50:{\"dp\": 2, \"tp\": 2}'",
+                       o->switch_spec);
+    ms_strategy s;
+    MS_CHECK(ms_strategy_from_json(colon + 1, strlen(colon + 1), "--switch", &s, err));
+    MS_CHECK(live_job_check_target(j, &s, err));
+    j->switch_step = (int)step;
+    snprintf(j->switch_json, sizeof j->switch_json, "%s", colon + 1);
+    return MS_OK;
+}
+
+ms_status live_job_check_options(const run_opts *o, int world_size, ms_error *err) {
+    live_job j;
+    return job_prepare(&j, o, world_size, err);
+}
+
+ms_status live_job_open(live_job *j, const run_opts *o, int world_size, ms_error *err) {
+    MS_CHECK(job_prepare(j, o, world_size, err));
+    ms_live_opts lo = {.info = {.nranks = world_size,
+                                .tokens_per_step = (int64_t)o->batch * o->seq,
+                                .live = true}};
+    snprintf(lo.info.model, sizeof lo.info.model, "%s", o->model);
+    snprintf(lo.info.backend, sizeof lo.info.backend, "%s", ms_backend_name(o->backend));
+    MS_CHECK(ms_live_create(&lo, &j->live, err));
+    pthread_mutex_init(&j->mu, NULL);
+    ms_live_set_validator(j->live, validate_request, j);
+    ms_status st = MS_OK;
+    if ((o->web || o->tui) && o->backend == MS_BACKEND_THREADS) {
+        /* The advisor prices strategies for this machine's thread ranks (measured once, a few
+         * seconds, then cached). */
+        st = ms_cluster_resolve("cpu-local", false, NULL, &j->cluster, err);
+        if (st == MS_OK)
+            st = ms_advisor_create(&j->cfg, world_size, o->batch, o->seq, &j->cluster, &j->advisor,
+                                   err);
+        if (st == MS_OK) ms_live_set_advisor(j->live, advise, j, 2000);
+    }
+    if (st == MS_OK) st = ms_live_start(j->live, err);
+    if (st == MS_OK && o->web) {
+        char host[64];
+        ms_web_opts wo = {0};
+        st = ms_web_parse_hostport(o->web, host, sizeof host, &wo.port, err);
+        wo.host = host;
+        if (st == MS_OK) st = ms_web_start(j->live, &wo, &j->web, err);
+        if (st == MS_OK) {
+            printf("dashboard: %s\n", ms_web_url(j->web));
+            fflush(stdout);
+            ms_live_set_event(j->live, "dashboard: %s", ms_web_url(j->web));
+        }
+    }
+    if (st == MS_OK && o->tui) st = ms_tui_start(j->live, &j->tui, err);
+    if (st != MS_OK) live_job_close(j);
+    return st;
+}
+
+void live_job_finish(live_job *j) {
+    if (!j->live) return;
+    ms_live_stop(j->live);
+    while (j->tui && !ms_tui_done(j->tui)) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void live_job_close(live_job *j) {
+    bool had_live = j->live != NULL;
+    ms_tui_stop(j->tui);
+    ms_web_stop(j->web);
+    ms_live_destroy(j->live); /* stops the live thread, the advisor's only caller */
+    ms_advisor_destroy(j->advisor);
+    j->advisor = NULL;
+    if (had_live) pthread_mutex_destroy(&j->mu);
+    j->tui = NULL, j->web = NULL, j->live = NULL;
+}
+
+/* Rank 0's decision for this step. */
+static void decide(live_job *j, int step, control *c) {
+    memset(c, 0, sizeof *c);
+    if (j->switch_step == step) {
+        c->kind = CONTROL_SWITCH;
+        snprintf(c->strategy, sizeof c->strategy, "%s", j->switch_json);
+        return;
+    }
+    ms_live_req req;
+    if (!j->live || !ms_live_take(j->live, &req)) return;
+    if (req.kind == MS_REQ_STOP) {
+        c->kind = CONTROL_STOP;
+        return;
+    }
+    ms_error err = {0};
+    if (request_target(j, &req, c->strategy, sizeof c->strategy, &err) != MS_OK) {
+        ms_live_set_event(j->live, "request refused: %s", err.msg);
+        return;
+    }
+    c->kind = CONTROL_SWITCH;
+    c->suggestion = req.kind == MS_REQ_ACCEPT ? req.id : 0;
+}
+
+ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, ms_error *err) {
+    /* Header: kind, suggestion id, strategy length; then the strategy text when switching.
+     * Floats carry small integers exactly and the communicator copies bytes as they are. */
+    float hdr[3] = {0, 0, 0};
+    if (ms_comm_rank(comm) == 0) {
+        decide(j, step, out);
+        hdr[0] = (float)out->kind;
+        hdr[1] = (float)out->suggestion;
+        hdr[2] = (float)strlen(out->strategy);
+    }
+    MS_CHECK(ms_broadcast(comm, hdr, 3, 0, err));
+    if (ms_comm_rank(comm) != 0) {
+        memset(out, 0, sizeof *out);
+        out->kind = (control_kind)(int)hdr[0];
+        out->suggestion = (int32_t)hdr[1];
+    }
+    size_t len = (size_t)hdr[2];
+    if (out->kind == CONTROL_SWITCH && len > 0) {
+        size_t nf = (len + sizeof(float)) / sizeof(float);
+        float *buf = calloc(nf, sizeof(float));
+        if (!buf) return ms_fail(err, MS_ERR_NOMEM, "control: out of memory");
+        if (ms_comm_rank(comm) == 0) memcpy(buf, out->strategy, len);
+        ms_status st = ms_broadcast(comm, buf, nf, 0, err);
+        if (st == MS_OK && ms_comm_rank(comm) != 0) {
+            memcpy(out->strategy, buf, len < sizeof out->strategy ? len : sizeof out->strategy - 1);
+            out->strategy[len < sizeof out->strategy ? len : sizeof out->strategy - 1] = '\0';
+        }
+        free(buf);
+        MS_CHECK(st);
+    }
+    return MS_OK;
+}

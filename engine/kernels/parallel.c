@@ -1,0 +1,148 @@
+/* parallel.c - a per-rank pool of sleeping workers for ms_parallel_for.
+ *
+ * Hand-off: the caller publishes the job (fn, arg, split) with plain stores, then bumps
+ * `gen` with release order; a worker that sees the new generation (acquire) therefore sees
+ * the job. Each worker decrements `pending` (release) when its chunk is done; the caller
+ * waits for zero (acquire), so the workers' writes are visible when ms_parallel_for returns.
+ * Futexes only put threads to sleep and wake them; every decision is made on the atomics. */
+#include "kernels/parallel.h"
+
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 63
+
+typedef struct pool {
+    int nworkers;
+    pthread_t th[MAX_WORKERS];
+    _Atomic uint32_t gen;
+    _Atomic uint32_t pending;
+    _Atomic bool quit;
+    /* the job of generation `gen` */
+    ms_range_fn fn;
+    void *arg;
+    int64_t n, chunk;
+} pool;
+
+typedef struct worker_arg {
+    pool *p;
+    int index; /* 1.. nworkers: chunk index (the caller runs chunk 0) */
+} worker_arg;
+
+static _Atomic int g_threads = 1;
+static pthread_key_t g_key;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static _Thread_local pool *tl_pool;
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *addr, int n) {
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+static void run_chunk(pool *p, int64_t index) {
+    int64_t lo = index * p->chunk, hi = lo + p->chunk;
+    if (hi > p->n) hi = p->n;
+    if (lo < hi) p->fn(p->arg, lo, hi);
+}
+
+static void *worker_main(void *arg) {
+    worker_arg wa = *(worker_arg *)arg;
+    free(arg);
+    pool *p = wa.p;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t g;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen)
+            futex_wait(&p->gen, seen);
+        seen = g;
+        if (atomic_load_explicit(&p->quit, memory_order_acquire)) return NULL;
+        run_chunk(p, wa.index);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1)
+            futex_wake(&p->pending, 1);
+    }
+}
+
+static void pool_destroy(void *arg) {
+    pool *p = arg;
+    if (!p) return;
+    atomic_store_explicit(&p->quit, true, memory_order_release);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
+    futex_wake(&p->gen, MAX_WORKERS);
+    for (int i = 0; i < p->nworkers; i++) pthread_join(p->th[i], NULL);
+    free(p);
+}
+
+static void make_key(void) {
+    pthread_key_create(&g_key, pool_destroy);
+}
+
+/* The calling thread's pool with `workers` workers (recreated when the setting changed);
+ * NULL if threads cannot be started (then everything runs inline). */
+static pool *get_pool(int workers) {
+    if (tl_pool && tl_pool->nworkers == workers) return tl_pool;
+    pthread_once(&g_once, make_key);
+    if (tl_pool) {
+        pool_destroy(tl_pool);
+        tl_pool = NULL;
+        pthread_setspecific(g_key, NULL);
+    }
+    pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    for (int i = 0; i < workers; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        if (wa) *wa = (worker_arg){.p = p, .index = i + 1};
+        if (!wa || pthread_create(&p->th[i], NULL, worker_main, wa) != 0) {
+            free(wa);
+            p->nworkers = i;
+            pool_destroy(p);
+            return NULL;
+        }
+        p->nworkers = i + 1;
+    }
+    tl_pool = p;
+    pthread_setspecific(g_key, p); /* joined when this rank's thread exits */
+    return p;
+}
+
+void ms_parallel_for(int64_t n, int64_t grain, ms_range_fn fn, void *arg) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
+    int64_t grains = (n + grain - 1) / grain;
+    int parts = threads < grains ? threads : (int)grains;
+    pool *p = parts > 1 ? get_pool(threads - 1) : NULL;
+    if (!p) {
+        fn(arg, 0, n);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    p->n = n;
+    p->chunk = (grains + parts - 1) / parts * grain;
+    atomic_store_explicit(&p->pending, (uint32_t)p->nworkers, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    futex_wake(&p->gen, p->nworkers);
+    run_chunk(p, 0);
+    uint32_t left;
+    for (int spin = 0; (left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0;
+         spin++)
+        if (spin > 200) futex_wait(&p->pending, left);
+}
+
+void ms_parallel_set_threads(int n) {
+    if (n < 1) n = 1;
+    if (n > MAX_WORKERS + 1) n = MAX_WORKERS + 1;
+    atomic_store_explicit(&g_threads, n, memory_order_relaxed);
+}
+
+int ms_parallel_threads(void) {
+    return atomic_load_explicit(&g_threads, memory_order_relaxed);
+}

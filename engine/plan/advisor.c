@@ -1,0 +1,551 @@
+/* advisor.c - recalibrating the cost model from a running job and suggesting strategies. */
+#include "plan/advisor.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/json_text.h"
+#include "plan/workload.h"
+
+struct ms_advisor {
+    ms_model_config cfg;
+    int world, batch, seq;
+    ms_cluster cluster;
+    ms_plan_memo *memo;
+    ms_plan_scales scales;
+    int updates;
+};
+
+ms_status ms_advisor_create(const ms_model_config *cfg, int world, int batch, int seq,
+                            const ms_cluster *cluster, ms_advisor **out, ms_error *err) {
+    *out = NULL;
+    if (world < 1 || batch < 1 || seq < 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "advisor: world %d, batch %d and sequence %d must be positive", world, batch,
+                       seq);
+    ms_advisor *a = calloc(1, sizeof *a);
+    if (!a) return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
+    a->cfg = *cfg;
+    a->world = world;
+    a->batch = batch;
+    a->seq = seq;
+    a->cluster = *cluster;
+    a->memo = ms_plan_memo_create();
+    ms_plan_scales_identity(&a->scales);
+    if (!a->memo) {
+        free(a);
+        return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
+    }
+    *out = a;
+    return MS_OK;
+}
+
+void ms_advisor_destroy(ms_advisor *a) {
+    if (!a) return;
+    ms_plan_memo_destroy(a->memo);
+    free(a);
+}
+
+void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out) {
+    *out = a->scales;
+}
+
+static ms_plan_problem problem(ms_advisor *a) {
+    return (ms_plan_problem){.model = a->cfg,
+                             .devices = a->world,
+                             .global_batch = a->batch,
+                             .seq = a->seq,
+                             .dtype = MS_PLAN_FP32,
+                             .cluster = &a->cluster,
+                             .engine_workloads = true,
+                             .memo = a->memo};
+}
+
+ms_plan_strategy ms_plan_strategy_from_engine(const ms_strategy *s, int batch) {
+    return ms_plan_strategy_engine(s->dp, s->tp, s->cp, s->sp, batch);
+}
+
+ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estimate *out,
+                             ms_error *err) {
+    ms_plan_problem pb = problem(a);
+    ms_plan_strategy ps = ms_plan_strategy_from_engine(s, a->batch);
+    return ms_plan_estimate_one(&pb, &ps, &a->scales, out, err);
+}
+
+/* --- measurements ------------------------------------------------------------------------------
+ */
+
+typedef struct measured {
+    bool have_ops, have_dims;
+    double cls[MS_PC_COUNT];       /* seconds per rank per step */
+    double dim[MS_PLAN_DIM_COUNT]; /* seconds per rank per step */
+    double idle;                   /* seconds per step on the slowest rank */
+} measured;
+
+static ms_plan_dim dim_named(const char *n) {
+    return !strcmp(n, "dp")   ? MS_PLAN_DP
+           : !strcmp(n, "tp") ? MS_PLAN_TP
+           : !strcmp(n, "cp") ? MS_PLAN_CP
+           : !strcmp(n, "pp") ? MS_PLAN_PP
+                              : MS_PLAN_WORLD;
+}
+
+static void measure(const ms_analysis *an, int world, const ms_plan_estimate *pred, measured *m) {
+    memset(m, 0, sizeof *m);
+    if (!an) return;
+    double steps = an->n_steps > 0 ? an->n_steps : 1;
+    double nr = an->nranks > 0 ? an->nranks : world;
+    for (int i = 0; i < an->n_ops; i++) {
+        const ms_op_row *r = &an->ops[i];
+        ms_plan_class c = !strcmp(r->name, "matmul")      ? MS_PC_GEMM
+                          : !strcmp(r->name, "attention") ? MS_PC_ATTENTION
+                                                          : MS_PC_ELEMENTWISE;
+        m->cls[c] += r->seconds / nr / steps;
+        m->have_ops = true;
+    }
+    if (an->n_dims > 0) {
+        /* a collective's duration is added once per peer it sends to: divide each rank's
+         * row by its peer count to get the rank's time in that dim */
+        for (int d = 0; d < an->n_dims && d < MS_AN_MAX_DIMS; d++) {
+            const ms_heatmap *h = &an->per_dim[d];
+            if (!h->seconds || h->nranks < 1) continue;
+            double total = 0;
+            for (int r = 0; r < h->nranks; r++) {
+                double row = 0;
+                int peers = 0;
+                for (int q = 0; q < h->nranks; q++) {
+                    double v = h->seconds[(size_t)r * h->nranks + q];
+                    if (v > 0) row += v, peers++;
+                }
+                if (peers) total += row / peers;
+            }
+            m->dim[dim_named(an->dim_names[d])] += total / h->nranks / steps;
+            m->have_dims = true;
+        }
+    } else if (an->n_busbw > 0) {
+        /* no heatmaps: attribute by group size, splitting ties by the prediction */
+        for (int i = 0; i < an->n_busbw; i++) {
+            const ms_busbw_row *r = &an->busbw[i];
+            double t = r->mean_s * r->count / nr / steps;
+            int sizes[MS_PLAN_DIM_COUNT] = {pred->s.dp, pred->s.tp, pred->s.pp, pred->s.cp, world};
+            double wsum = 0;
+            for (int d = 0; d < MS_PLAN_DIM_COUNT - 1; d++)
+                if (sizes[d] == r->group_size) wsum += pred->comm_total_s[d] + 1e-12;
+            for (int d = 0; d < MS_PLAN_DIM_COUNT - 1 && wsum > 0; d++)
+                if (sizes[d] == r->group_size)
+                    m->dim[d] += t * (pred->comm_total_s[d] + 1e-12) / wsum;
+            m->have_dims = true;
+        }
+    }
+    for (int i = 0; i < an->n_steps; i++) m->idle += an->steps[i].idle_s / steps;
+}
+
+static double clampd(double x, double lo, double hi) {
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+static void blend(double *slot, double fresh, int updates) {
+    *slot = updates == 0 ? fresh : 0.5 * *slot + 0.5 * fresh;
+}
+
+/* --- suggestions --------------------------------------------------------------------------------
+ */
+
+static const char *fmt_ms(double s, char *buf, size_t len) {
+    snprintf(buf, len, "%.1f ms", s * 1e3);
+    return buf;
+}
+
+static const char *fmt_bytes(double b, char *buf, size_t len) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int k = 0;
+    while (b >= 1024 && k < 4) b /= 1024, k++;
+    snprintf(buf, len, "%.1f %s", b, u[k]);
+    return buf;
+}
+
+static const char *coll_words(ms_plan_dim d, const ms_plan_strategy *s) {
+    switch (d) {
+        case MS_PLAN_TP:
+            return s->sp ? "tp all-gather and reduce-scatter" : "tp all-reduce";
+        case MS_PLAN_DP:
+            return "dp gradient all-reduce";
+        case MS_PLAN_CP:
+            return "cp all-to-all";
+        case MS_PLAN_PP:
+            return "pp transfers";
+        default:
+            return "world all-reduce";
+    }
+}
+
+static void evidence(const ms_plan_estimate *cur, const ms_plan_estimate *tgt,
+                     const ms_plan_scales *sc, double measured_step, char *buf, size_t len) {
+    /* the part of the step the switch saves most on */
+    typedef struct part {
+        double c, t;
+        int kind; /* 0 compute class, 1 comm dim */
+        int idx;
+    } part;
+    part parts[MS_PC_COUNT + MS_PLAN_DIM_COUNT];
+    int n = 0;
+    for (int c = 0; c < MS_PC_COUNT; c++)
+        parts[n++] = (part){cur->compute_s[c], tgt->compute_s[c], 0, c};
+    for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
+        parts[n++] = (part){cur->comm_s[d], tgt->comm_s[d], 1, d};
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (parts[i].c - parts[i].t > parts[best].c - parts[best].t) best = i;
+    char what[96], a[32], b[32], t[32];
+    double scale;
+    if (parts[best].kind == 1) {
+        snprintf(what, sizeof what, "%s", coll_words((ms_plan_dim)parts[best].idx, &cur->s));
+        scale = sc->comm[parts[best].idx];
+    } else {
+        static const char *const names[] = {"GEMM compute", "attention compute",
+                                            "elementwise compute", "the optimizer step"};
+        snprintf(what, sizeof what, "%s", names[parts[best].idx]);
+        scale = sc->compute[parts[best].idx];
+    }
+    double step = measured_step > 0 ? measured_step : cur->step_s;
+    size_t k = (size_t)snprintf(buf, len, "%s is %.0f%% of the step (%s of %s)", what,
+                                100 * parts[best].c / step, fmt_ms(parts[best].c, a, sizeof a),
+                                fmt_ms(step, t, sizeof t));
+    if (k < len && fabs(scale - 1) > 0.25)
+        k += (size_t)snprintf(buf + k, len - k, ", %.1fx what the model predicted", scale);
+    if (k < len) {
+        double r = parts[best].c > 0 ? parts[best].t / parts[best].c : 0;
+        const char *verb = parts[best].t <= 1e-9 ? "removes it"
+                           : r < 0.4             ? "cuts it"
+                           : r < 0.6             ? "halves it"
+                                                 : "reduces it";
+        snprintf(buf + k, len - k, "; %s %s to %s", tgt->text, verb,
+                 fmt_ms(parts[best].t, b, sizeof b));
+    }
+}
+
+static void diff_str(const ms_plan_strategy *a, const ms_plan_strategy *b, char *buf, size_t len) {
+    size_t k = 0;
+    buf[0] = '\0';
+    struct {
+        const char *n;
+        int x, y;
+    } d[] = {{"dp", a->dp, b->dp}, {"tp", a->tp, b->tp}, {"cp", a->cp, b->cp}};
+    for (size_t i = 0; i < 3 && k < len; i++)
+        if (d[i].x != d[i].y)
+            k += (size_t)snprintf(buf + k, len - k, "%s%s %d -> %d", k ? ", " : "", d[i].n, d[i].x,
+                                  d[i].y);
+    if (a->sp != b->sp && k < len)
+        snprintf(buf + k, len - k, "%ssp %s -> %s", k ? ", " : "", a->sp ? "on" : "off",
+                 b->sp ? "on" : "off");
+}
+
+static int32_t suggestion_id(const ms_plan_strategy *s) {
+    uint32_t h = (((uint32_t)s->dp * 131u + (uint32_t)s->tp) * 131u + (uint32_t)s->cp) * 2u +
+                 (s->sp ? 1u : 0u);
+    int32_t id = (int32_t)(h & 0x7fffffff);
+    return id ? id : 1;
+}
+
+ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
+                            double measured_step_s, double threshold, ms_suggestion *out, int max,
+                            int *n, ms_error *err) {
+    *n = 0;
+    if (threshold <= 0) threshold = MS_ADVISOR_DEFAULT_THRESHOLD;
+    if (!(measured_step_s > 0))
+        return ms_fail(err, MS_ERR_INVALID, "advisor: the measured step time must be positive");
+    ms_plan_problem pb = problem(a);
+    ms_plan_strategy cur = ms_plan_strategy_from_engine(current, a->batch);
+    ms_plan_scales id;
+    ms_plan_scales_identity(&id);
+    ms_plan_estimate *e = malloc(3 * sizeof *e);
+    if (!e) return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
+    ms_plan_estimate *pred = &e[0], *cur_e = &e[1], *cand = &e[2];
+    ms_status st = ms_plan_estimate_one(&pb, &cur, &id, pred, err);
+    if (st != MS_OK) {
+        free(e);
+        return ms_fail_wrap(err, st, "advisor: the current strategy %s", current->text);
+    }
+    /* 1. recalibrate */
+    measured m;
+    measure(an, a->world, pred, &m);
+    ms_plan_scales fresh = a->scales;
+    if (m.have_ops) {
+        for (int c = 0; c < MS_PC_OPTIMIZER; c++)
+            if (pred->compute_s[c] > 1e-9 && m.cls[c] > 0)
+                fresh.compute[c] = clampd(m.cls[c] / pred->compute_s[c], 0.2, 8);
+        double opt = pred->compute_s[MS_PC_OPTIMIZER] + pred->overhead_s;
+        if (opt > 1e-9 && m.idle > 0) fresh.compute[MS_PC_OPTIMIZER] = clampd(m.idle / opt, 0.2, 8);
+    }
+    if (m.have_dims)
+        for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
+            if (pred->comm_total_s[d] > 1e-9 && m.dim[d] > 0)
+                fresh.comm[d] = clampd(m.dim[d] / pred->comm_total_s[d], 0.2, 8);
+    if (!m.have_ops && !m.have_dims) {
+        /* only the step time: scale the whole model */
+        double r = clampd(measured_step_s / pred->step_s, 0.2, 8);
+        for (int c = 0; c < MS_PC_COUNT; c++) fresh.compute[c] = r;
+        for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) fresh.comm[d] = r;
+    }
+    for (int c = 0; c < MS_PC_COUNT; c++)
+        blend(&a->scales.compute[c], fresh.compute[c], a->updates);
+    for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
+        blend(&a->scales.comm[d], fresh.comm[d], a->updates);
+    /* what is left becomes a per-step constant */
+    ms_plan_scales noover = a->scales;
+    noover.overhead_s = 0;
+    st = ms_plan_estimate_one(&pb, &cur, &noover, cur_e, err);
+    if (st != MS_OK) {
+        free(e);
+        return st;
+    }
+    double resid = measured_step_s - cur_e->step_s;
+    if (resid < -0.5 * cur_e->step_s) resid = -0.5 * cur_e->step_s;
+    blend(&a->scales.overhead_s, resid, a->updates);
+    a->updates++;
+    st = ms_plan_estimate_one(&pb, &cur, &a->scales, cur_e, err);
+    if (st != MS_OK) {
+        free(e);
+        return st;
+    }
+    /* 2. every other executable strategy on this world */
+    ms_suggestion *tmp = calloc(64, sizeof *tmp);
+    if (!tmp) {
+        free(e);
+        return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
+    }
+    int nt = 0;
+    double cap = a->cluster.mem_bytes * a->cluster.usable_memory_fraction / a->world;
+    for (int tp = 1; tp <= a->world && nt < 64; tp++)
+        for (int cp = 1; tp * cp <= a->world && nt < 64; cp++) {
+            if (a->world % (tp * cp)) continue;
+            int dp = a->world / (tp * cp);
+            for (int sp = 0; sp <= (tp > 1) && nt < 64; sp++) {
+                ms_plan_strategy s = ms_plan_strategy_engine(dp, tp, cp, sp, a->batch);
+                if (s.dp == cur.dp && s.tp == cur.tp && s.cp == cur.cp && s.sp == cur.sp) continue;
+                if (ms_plan_check_executable(&a->cfg, &s, a->world, a->batch, a->seq, 0, NULL) !=
+                    MS_OK)
+                    continue;
+                ms_error e2 = {0};
+                if (ms_plan_estimate_one(&pb, &s, &a->scales, cand, &e2) != MS_OK || !cand->fits)
+                    continue;
+                double gain = (measured_step_s - cand->step_s) / measured_step_s;
+                if (gain < threshold) continue;
+                ms_suggestion *g = &tmp[nt++];
+                memset(g, 0, sizeof *g);
+                g->id = suggestion_id(&s);
+                g->state = MS_SUGG_OPEN;
+                g->applied_step = -1;
+                snprintf(g->target, sizeof g->target, "%.63s", cand->text);
+                ms_plan_strategy_short_json(&s, g->target_json, sizeof g->target_json);
+                snprintf(g->current, sizeof g->current, "%s", current->text);
+                g->predicted_gain = gain;
+                g->predicted_step_s = cand->step_s;
+                g->current_step_s = measured_step_s;
+                evidence(cur_e, cand, &a->scales, measured_step_s, g->evidence, sizeof g->evidence);
+                char u[32], c2[32];
+                snprintf(g->memory_check, sizeof g->memory_check, "fits: %s of %s per rank",
+                         fmt_bytes(cand->mem_total, u, sizeof u), fmt_bytes(cap, c2, sizeof c2));
+                diff_str(&cur, &s, g->diff, sizeof g->diff);
+            }
+        }
+    /* best first */
+    for (int i = 1; i < nt; i++)
+        for (int j = i; j > 0 && tmp[j - 1].predicted_gain < tmp[j].predicted_gain; j--) {
+            ms_suggestion t = tmp[j];
+            tmp[j] = tmp[j - 1];
+            tmp[j - 1] = t;
+        }
+    for (int i = 0; i < nt && i < max; i++) out[(*n)++] = tmp[i];
+    free(tmp);
+    free(e);
+    return MS_OK;
+}
+
+void ms_advisor_switch_result(const ms_suggestion *s, double measured_before_s,
+                              double measured_after_s, char *buf, size_t len) {
+    double before = measured_before_s > 0 ? measured_before_s : s->current_step_s;
+    double got = before > 0 ? (before - measured_after_s) / before : 0;
+    snprintf(buf, len,
+             "predicted %.0f%% %s (%.1f ms per step), measured %.0f%% %s (%.1f ms against %.1f "
+             "ms)",
+             fabs(100 * s->predicted_gain), s->predicted_gain >= 0 ? "faster" : "slower",
+             s->predicted_step_s * 1e3, fabs(100 * got), got >= 0 ? "faster" : "slower",
+             measured_after_s * 1e3, before * 1e3);
+}
+
+/* --- the executable check --------------------------------------------------------------------- */
+
+ms_status ms_plan_check_executable(const ms_model_config *cfg, const ms_plan_strategy *s, int world,
+                                   int batch, int seq, double mem_cap, ms_error *err) {
+    long mesh = (long)s->dp * s->tp * s->pp * s->cp;
+    if (s->dp < 1 || s->tp < 1 || s->pp < 1 || s->cp < 1)
+        return ms_fail(err, MS_ERR_INVALID, "degrees must be >= 1 (dp %d, tp %d, cp %d)", s->dp,
+                       s->tp, s->cp);
+    if (mesh != world)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the mesh dp%d x tp%d%s has %ld ranks but the job runs %d; pick degrees "
+                       "whose product is %d",
+                       s->dp, s->tp, s->cp > 1 ? " x cp" : "", mesh, world, world);
+    if (cfg->n_head % s->tp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "tp %d does not divide the %d attention heads; pick a tp that divides "
+                       "n_head",
+                       s->tp, cfg->n_head);
+    if (cfg->n_head % (s->tp * s->cp))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "tp x cp = %d does not divide the %d attention heads; pick tp x cp "
+                       "dividing n_head",
+                       s->tp * s->cp, cfg->n_head);
+    if (batch % s->dp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the batch %d is not divisible by dp %d; pick a dp that divides it", batch,
+                       s->dp);
+    if (s->sp && s->tp < 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "sp without tp: sequence parallelism shards over the tensor-parallel "
+                       "group; use tp 2 or more");
+    if (seq > cfg->n_positions)
+        return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", seq,
+                       cfg->n_positions);
+    if (seq % s->cp)
+        return ms_fail(err, MS_ERR_INVALID, "cp %d does not divide the sequence %d", s->cp, seq);
+    if (s->pp > 1 || s->zero || s->recompute || s->n_micro > 1) {
+        char what[160];
+        size_t k = 0;
+        what[0] = '\0';
+        if (s->pp > 1)
+            k += (size_t)snprintf(what + k, sizeof what - k, "pipeline parallelism (pp %d)", s->pp);
+        if (s->zero && k < sizeof what)
+            k += (size_t)snprintf(what + k, sizeof what - k, "%sZeRO stage %d", k ? ", " : "",
+                                  s->zero);
+        if (s->recompute && k < sizeof what)
+            k += (size_t)snprintf(what + k, sizeof what - k, "%sactivation recompute",
+                                  k ? ", " : "");
+        if (s->n_micro > 1 && k < sizeof what)
+            snprintf(what + k, sizeof what - k, "%s%d micro-batches", k ? ", " : "", s->n_micro);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "not executable in this engine: %s is predicted only; the engine runs dp x "
+                       "tp x cp meshes with optional sp, without ZeRO, recompute or micro-batches",
+                       what);
+    }
+    if (mem_cap > 0) {
+        ms_cluster *c = calloc(1, sizeof *c);
+        ms_plan_workload *w = malloc(sizeof *w);
+        if (!c || !w) {
+            free(c), free(w);
+            return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+        }
+        snprintf(c->backend, sizeof c->backend, "threads");
+        c->cpu = true;
+        c->cores = 1;
+        ms_plan_problem pb = {.model = *cfg,
+                              .devices = world,
+                              .global_batch = batch,
+                              .seq = seq,
+                              .dtype = MS_PLAN_FP32,
+                              .cluster = c,
+                              .engine_workloads = true};
+        ms_plan_strategy es = ms_plan_strategy_engine(s->dp, s->tp, s->cp, s->sp, batch);
+        ms_status st = wk_from_engine(&pb, &es, w, NULL, err);
+        double need = w->mem_params + w->mem_grads + w->mem_optim + w->mem_act + w->mem_other;
+        free(c);
+        free(w);
+        if (st != MS_OK) return st;
+        if (need > mem_cap) {
+            char a[32], b[32];
+            return ms_fail(err, MS_ERR_INVALID, "over memory: needs %s per rank, the cap is %s",
+                           fmt_bytes(need, a, sizeof a), fmt_bytes(mem_cap, b, sizeof b));
+        }
+    }
+    return MS_OK;
+}
+
+/* --- strategy requests -------------------------------------------------------------------------
+ */
+
+static ms_status jint(const cJSON *o, const char *key, const char *name, int lo, int hi, int *out,
+                      ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return MS_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi) {
+        char got[64];
+        ms_json_describe(v, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID, "%s.%s: expected an integer in [%d, %d], got %s", name,
+                       key, lo, hi, got);
+    }
+    *out = (int)v->valuedouble;
+    return MS_OK;
+}
+
+static ms_status jflag(const cJSON *o, const char *key, bool *out, ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return MS_OK;
+    if (!cJSON_IsBool(v)) return ms_fail(err, MS_ERR_INVALID, "$.%s: expected true or false", key);
+    *out = cJSON_IsTrue(v);
+    return MS_OK;
+}
+
+ms_status ms_plan_strategy_from_json(const char *json, size_t len, int batch, ms_plan_strategy *out,
+                                     ms_error *err) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root)
+        return ms_fail(err, MS_ERR_INVALID, "strategy: malformed JSON near byte %zu",
+                       end ? (size_t)(end - json) : 0);
+    ms_status st = MS_OK;
+    int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, mb = 0;
+    bool sp = false, rc = false;
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(root, "mesh");
+    if (!cJSON_IsObject(root)) {
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "strategy: expected an object like {\"dp\": 2, \"tp\": 2}");
+        goto out;
+    }
+    const cJSON *dims = mesh ? mesh : root;
+    const char *dn = mesh ? "$.mesh" : "$";
+    if (mesh && !cJSON_IsObject(mesh)) {
+        st = ms_fail(err, MS_ERR_INVALID, "strategy: $.mesh: expected an object");
+        goto out;
+    }
+    for (const cJSON *k = root->child; k; k = k->next) {
+        static const char *const ok[] = {"mesh", "dp",   "tp",        "cp",          "pp",
+                                         "sp",   "zero", "recompute", "micro_batch", "placements"};
+        bool known = false;
+        for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) known |= !strcmp(k->string, ok[i]);
+        if (!known) {
+            st = ms_fail(err, MS_ERR_INVALID,
+                         "strategy: unknown key \"%s\" (known: dp, tp, cp, pp, sp, zero, "
+                         "recompute, micro_batch, or mesh + sp)",
+                         k->string);
+            goto out;
+        }
+    }
+    MS_CHECK_GOTO(jint(dims, "dp", dn, 1, 4096, &dp, err), st, out);
+    MS_CHECK_GOTO(jint(dims, "tp", dn, 1, 4096, &tp, err), st, out);
+    MS_CHECK_GOTO(jint(dims, "cp", dn, 1, 4096, &cp, err), st, out);
+    MS_CHECK_GOTO(jint(dims, "pp", dn, 1, 4096, &pp, err), st, out);
+    MS_CHECK_GOTO(jint(root, "zero", "$", 0, 3, &zero, err), st, out);
+    MS_CHECK_GOTO(jint(root, "micro_batch", "$", 1, 1 << 24, &mb, err), st, out);
+    MS_CHECK_GOTO(jflag(root, "sp", &sp, err), st, out);
+    MS_CHECK_GOTO(jflag(root, "recompute", &rc, err), st, out);
+    int per = dp > 0 ? batch / dp : 0;
+    if (mb <= 0) mb = per > 0 ? per : 1;
+    *out = (ms_plan_strategy){.dp = dp,
+                              .tp = tp,
+                              .pp = pp,
+                              .cp = cp,
+                              .sp = sp,
+                              .zero = zero,
+                              .recompute = rc,
+                              .micro_batch = mb,
+                              .n_micro = per > 0 && per % mb == 0 ? per / mb : 1,
+                              .vocab_parallel = tp > 1};
+out:
+    cJSON_Delete(root);
+    return st;
+}

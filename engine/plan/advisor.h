@@ -1,0 +1,82 @@
+/* advisor.h - the live advisor's core: from what the running job measured, which other
+ * strategy would be faster, by how much, and why.
+ *
+ * The training loop calls ms_advisor_update every few steps with the analysis of its recent
+ * steps (profiler/analysis.h) and the measured step time. The advisor:
+ *
+ *   1. prices the current strategy with the cost model (its engine workload: the program the
+ *      job compiled, the same kernels and reshards);
+ *   2. recalibrates: per compute class (GEMM, attention, elementwise, optimizer) and per mesh
+ *      dim's collectives, measured time / predicted time becomes a scale factor, smoothed over
+ *      calls (kept in the ms_advisor); what is left between the scaled prediction and the
+ *      measured step becomes a per-step constant;
+ *   3. prices every other executable strategy for the same world size with those factors;
+ *   4. returns those predicted at least `threshold` faster (default 0.10), best first, as
+ *      ms_suggestion values (profiler/live.h) with evidence in words and figures.
+ *
+ * Everything is pure computation: no communication, no locks; the advisor compiles (without
+ * communicators) each candidate's program once and keeps it. Not thread-safe: one caller.
+ */
+#ifndef MS_PLAN_ADVISOR_H
+#define MS_PLAN_ADVISOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "model/config.h"
+#include "model/strategy.h"
+#include "plan/cluster.h"
+#include "plan/cost.h"
+#include "profiler/analysis.h"
+#include "profiler/live.h"
+
+#define MS_ADVISOR_DEFAULT_THRESHOLD 0.10
+
+typedef struct ms_advisor ms_advisor;
+
+/* The job: model, world size (thread ranks), global batch and sequence, and the cluster the
+ * model is priced on (cpu-local for the threads backend; copied). */
+ms_status ms_advisor_create(const ms_model_config *cfg, int world, int batch, int seq,
+                            const ms_cluster *cluster, ms_advisor **out, ms_error *err);
+void ms_advisor_destroy(ms_advisor *a);
+
+/* One round. `current` is the strategy the measured steps ran under; `an` their analysis
+ * (may be NULL or empty: then only the step time recalibrates); measured_step_s > 0 the
+ * recent step time (e.g. the median of the window). Writes at most `max` suggestions to
+ * `out` (ids stable per target strategy, state MS_SUGG_OPEN, applied_step -1) and their
+ * count to *n. threshold <= 0 means the default. */
+ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
+                            double measured_step_s, double threshold, ms_suggestion *out, int max,
+                            int *n, ms_error *err);
+
+/* The scale factors learned so far (identity before the first update). */
+void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out);
+
+/* The prediction for one executable strategy with the learned scales. */
+ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estimate *out,
+                             ms_error *err);
+
+/* After the job switched to s->target: predicted against measured gain, as one sentence, e.g.
+ * "predicted 22% faster (118.0 ms per step), measured 19% faster (121.5 ms against 150.0 ms)".
+ * measured_before_s is the step time before the switch (s->current_step_s when <= 0). */
+void ms_advisor_switch_result(const ms_suggestion *s, double measured_before_s,
+                              double measured_after_s, char *buf, size_t len);
+
+/* Whether this engine can run `s` for the job: MS_OK, or MS_ERR_INVALID with the reason
+ * (the mesh does not match the world, tp or tp x cp does not divide the heads, the batch is
+ * not divisible by dp, sp without tp, pipeline / ZeRO / recompute / micro-batches are not
+ * executable, over the memory cap). mem_cap is bytes per rank; 0 = no memory check. The
+ * memory check compiles the program (no communicators) and costs milliseconds. */
+ms_status ms_plan_check_executable(const ms_model_config *cfg, const ms_plan_strategy *s, int world,
+                                   int batch, int seq, double mem_cap, ms_error *err);
+
+/* The planner's form of the engine's strategy (dp x tp x cp +sp, one micro-batch). */
+ms_plan_strategy ms_plan_strategy_from_engine(const ms_strategy *s, int batch);
+
+/* Parses a strategy request: the short form {"dp": 2, "tp": 2, "sp": false} with optional
+ * "cp", "pp", "zero", "recompute", "micro_batch", or the strategy file form {"mesh": {...},
+ * "sp": ...}. Unknown keys are errors naming the key. micro_batch defaults to batch / dp. */
+ms_status ms_plan_strategy_from_json(const char *json, size_t len, int batch, ms_plan_strategy *out,
+                                     ms_error *err);
+
+#endif

@@ -1,0 +1,195 @@
+/* cost.h - the planner's cost model: step time, throughput and memory of one strategy.
+ *
+ * A strategy is a mesh dp x tp x pp x cp (+ sp) with a ZeRO stage, full activation recompute
+ * on or off, and micro-batches (size x count). Its estimate comes from a workload: the local
+ * kernels one device runs per micro-batch (class, FLOPs, bytes, GEMM shape) and the
+ * collectives it joins (kind, mesh dim, group, bytes), priced on a cluster:
+ *
+ *   compute      per kernel, GEMMs at the cluster's GEMM rate for that shape (measured grid
+ *                on cpu-local, peak x efficiency with a small-dimension fall-off on GPUs),
+ *                everything else as the slower of its FLOPs and its bytes (roofline)
+ *   collectives  alpha-beta per mesh dim with the ring / tree formulas (cluster.h)
+ *   step         1F1B pipeline: (micro-batches + pp - 1) x (one micro-batch on the busiest
+ *                stage, its tp / cp / pp communication included: those collectives sit on
+ *                the critical path); then the data-parallel gradient traffic, minus the share
+ *                the cluster's schedule hides behind backward (none in this engine); then the
+ *                optimizer, the gradient norm and a fixed step overhead
+ *   memory       ZeRO formulas for parameters, gradients and optimizer states; activations
+ *                per layer after Korthikanti et al. 2022 (tp / sp / cp divided, recompute
+ *                keeps only layer inputs), times the micro-batches 1F1B keeps in flight
+ *
+ * Two workload sources, one pricing:
+ *   engine     strategies this engine runs (pp 1, ZeRO 0, no recompute, one micro-batch, on
+ *              thread ranks): the engine's own program is compiled (no communicators: the rank
+ *              at mesh coordinate 0), every kernel is costed with its op's cost function, the
+ *              same one the profiler reports, and every reshard with the reshard planner's
+ *              plan; memory is the program's arena and parameters plus AdamW's two moments.
+ *   analytic   everything else, and every model too large to compile here (GPT-3 175B): the
+ *              same kernels per layer in closed form (the kernels' own cost functions over the
+ *              Megatron-LM layout), so both sources agree where both apply (tested).
+ *
+ * FLOPs reported: model FLOPs are the hand count of one forward and backward without
+ * recompute, 72 B s l h^2 (1 + s/(6h)) + 6 B s h V (see docs/planner.md for how it relates
+ * to Narayanan et al.'s formula); hardware FLOPs are what the devices execute (recompute and
+ * work replicated over tp included).
+ */
+#ifndef MS_PLAN_COST_H
+#define MS_PLAN_COST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "plan/cluster.h"
+
+typedef struct ms_plan_memo ms_plan_memo; /* see ms_plan_memo_create */
+
+typedef struct ms_plan_strategy {
+    int dp, tp, pp, cp;
+    bool sp;             /* sequence parallelism over the tp group */
+    int zero;            /* ZeRO stage 0..3 over the dp x cp group */
+    bool recompute;      /* full activation recompute (layer inputs kept) */
+    int micro_batch;     /* sequences per micro-batch on one dp rank */
+    int n_micro;         /* micro-batches per step: global batch = dp x micro_batch x n_micro */
+    bool vocab_parallel; /* the tied LM head / embedding sharded over tp (tp > 1 only) */
+} ms_plan_strategy;
+
+/* Mesh dims as the planner reports them. */
+typedef enum ms_plan_dim {
+    MS_PLAN_DP,
+    MS_PLAN_TP,
+    MS_PLAN_PP,
+    MS_PLAN_CP,
+    MS_PLAN_WORLD, /* the gradient-norm all-reduce and other world collectives */
+    MS_PLAN_DIM_COUNT
+} ms_plan_dim;
+const char *ms_plan_dim_name(ms_plan_dim d); /* "dp", "tp", "pp", "cp", "world" */
+
+/* Compute classes the time is broken into (and the advisor rescales). */
+typedef enum ms_plan_class {
+    MS_PC_GEMM,
+    MS_PC_ATTENTION,
+    MS_PC_ELEMENTWISE, /* norms, activations, embeddings, loss, copies */
+    MS_PC_OPTIMIZER,   /* AdamW, gradient norm, clipping, gradient zeroing */
+    MS_PC_COUNT
+} ms_plan_class;
+const char *ms_plan_class_name(ms_plan_class c);
+
+/* "dp2 x tp2 +sp" for what the engine runs (its ms_strategy text), longer otherwise:
+ * "dp8 x tp8 +sp x pp16, zero1, recompute, micro-batch 1 x 192". */
+char *ms_plan_strategy_str(const ms_plan_strategy *s, char *buf, size_t len);
+/* The control API's short form: {"dp": 2, "tp": 2, "sp": false} ("cp" when > 1). */
+char *ms_plan_strategy_short_json(const ms_plan_strategy *s, char *buf, size_t len);
+/* The engine's executable strategy for a dp x tp x cp (+sp) mesh and a batch. */
+ms_plan_strategy ms_plan_strategy_engine(int dp, int tp, int cp, bool sp, int global_batch);
+
+typedef struct ms_plan_problem {
+    ms_model_config model;
+    int devices;
+    int global_batch; /* sequences per step */
+    int seq;
+    ms_plan_dtype dtype;
+    const ms_cluster *cluster; /* borrowed */
+    /* Compile the engine's program for executable strategies when the model is small enough
+     * (parameters x 4 bytes under 1 GiB); otherwise everything is analytic. */
+    bool engine_workloads;
+    ms_plan_memo *memo; /* borrowed, may be NULL: compile every time */
+} ms_plan_problem;
+
+/* Learned corrections (the advisor's recalibration): each compute class and each mesh dim's
+ * collective time is multiplied by its factor; overhead_s is added per step. */
+typedef struct ms_plan_scales {
+    double compute[MS_PC_COUNT];
+    double comm[MS_PLAN_DIM_COUNT];
+    double overhead_s;
+} ms_plan_scales;
+void ms_plan_scales_identity(ms_plan_scales *s);
+
+typedef struct ms_plan_estimate {
+    ms_plan_strategy s;
+    char text[96];
+    bool executable;
+    char not_executable[160]; /* why not, when !executable */
+    bool fits;
+    bool from_engine; /* workload from the engine's compiled program */
+    double step_s, tokens_per_s;
+    double compute_s[MS_PC_COUNT];          /* per step, on the critical path (bubble excluded) */
+    double comm_s[MS_PLAN_DIM_COUNT];       /* exposed per step */
+    double comm_total_s[MS_PLAN_DIM_COUNT]; /* before overlap */
+    double comm_bytes[MS_PLAN_DIM_COUNT];   /* collective bytes per device per step */
+    double bubble_s;                        /* pipeline fill and drain */
+    double overhead_s;                      /* fixed per step, synchronisation included */
+    double sync_s;        /* of overhead_s: oversubscribed ranks meeting at phase boundaries */
+    double mb_coll_calls; /* collectives reached from compute, per step */
+    double model_flops, hw_flops; /* per step, all devices together */
+    double model_tflops_per_device, hw_tflops_per_device;
+    double mem_params, mem_grads, mem_optim, mem_act, mem_other, mem_total; /* bytes per device */
+    double mem_cap;                                                         /* bytes per device */
+} ms_plan_estimate;
+
+/* Checks a strategy against the problem: mesh size, divisibility (tp and tp x cp divide the
+ * heads, pp divides the layers, cp divides the sequence, dp x micro_batch x n_micro is the
+ * global batch), sp needs tp > 1, ZeRO 0..3. MS_ERR_INVALID names the rule and the fix. */
+ms_status ms_plan_strategy_check(const ms_plan_problem *pb, const ms_plan_strategy *s,
+                                 ms_error *err);
+
+/* Whether this engine runs s on the problem's cluster; if not, why (why may be NULL). */
+bool ms_plan_strategy_executable(const ms_plan_problem *pb, const ms_plan_strategy *s, char *why,
+                                 size_t len);
+
+/* Estimates one strategy (scales may be NULL: identity). Fails only for invalid strategies
+ * (ms_plan_strategy_check) or when the engine's program cannot be compiled. */
+ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_plan_strategy *s,
+                               const ms_plan_scales *scales, ms_plan_estimate *out, ms_error *err);
+
+/* --- the pieces, exposed for tests and the advisor ---------------------------------------------
+ */
+
+/* Model FLOPs of one step (forward + backward, no recompute): the hand count above. */
+double ms_plan_model_flops(const ms_model_config *c, double batch, double seq);
+/* Narayanan et al. 2021: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recompute, the same
+ * with 72 without (their formula as printed; see docs/planner.md). */
+double ms_plan_narayanan_flops(const ms_model_config *c, double batch, double seq, bool recompute);
+/* Parameters of the GPT (tied head) by Narayanan et al.: 12 l h^2 (1 + 13/(12h) + (V + s)/
+ * (12 l h)) with s = n_positions; ms_gpt2_param_count has the final LayerNorm's 2h more. */
+double ms_plan_param_count(const ms_model_config *c);
+
+/* ZeRO memory per device for psi parameters over nd data-parallel ranks: parameters,
+ * gradients and optimizer states in bytes (mixed precision: 2 + 2 + 12; fp32: 4 + 4 + 8). */
+void ms_plan_zero_memory(double psi, int nd, int stage, ms_plan_dtype dt, double *params,
+                         double *grads, double *optim);
+
+/* Korthikanti et al. 2022 activation bytes of one transformer layer for a micro-batch of b
+ * sequences of s tokens, hidden h, a heads, tensor-parallel t (sp: sequence parallel too),
+ * context-parallel c, with 16-bit activations (fp32: twice, masks excluded); recompute keeps
+ * only the layer input (2 s b h, / t with sp); flash: no stored attention scores. */
+double ms_plan_layer_activation_bytes(double s, double b, double h, double a, int t, bool sp, int c,
+                                      bool recompute, bool flash, ms_plan_dtype dt);
+
+/* One collective on a mesh dim of the strategy (the planner's layout: tp innermost, then cp,
+ * dp, pp): seconds. */
+double ms_plan_coll_time(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_dim dim,
+                         ms_coll_kind kind, double bytes, double gap_s);
+
+/* What the engine's compiled program does per step on the rank at mesh coordinate 0,
+ * aggregated by op and phase (for tests and the advisor's per-op comparison). */
+typedef struct ms_plan_engine_stats {
+    double flops;        /* sum of the op cost functions, forward + backward */
+    double op_flops[32]; /* by ms_op_kind */
+    int n_reshards;
+    double reshard_bytes; /* sum of the plans' collective bytes */
+    double local_params;  /* floats */
+    double arena_bytes, persist_bytes;
+} ms_plan_engine_stats;
+ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_plan_strategy *s,
+                                   ms_plan_engine_stats *out, ms_error *err);
+
+/* Compiled workloads kept across estimates (keyed by model, batch, sequence and strategy), so
+ * that a search or the advisor compiles each strategy once. Owned by its creator; not
+ * thread-safe (one planner or advisor uses it). */
+ms_plan_memo *ms_plan_memo_create(void);
+void ms_plan_memo_destroy(ms_plan_memo *m);
+
+#endif

@@ -1,0 +1,385 @@
+/* search.c - enumerating, pricing and ranking strategies; the reason the winner wins. */
+#include "plan/search.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+
+void ms_plan_fixed_none(ms_plan_fixed *f) {
+    *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+}
+
+static bool parse_bool(const char *v, int *out) {
+    if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "yes"))
+        *out = 1;
+    else if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "no"))
+        *out = 0;
+    else
+        return false;
+    return true;
+}
+
+ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err) {
+    ms_plan_fixed_none(f);
+    char buf[512];
+    if (!text || strlen(text) >= sizeof buf)
+        return ms_fail(err, MS_ERR_INVALID, "--evaluate: expected a list like \"tp=8,pp=2,dp=32\"");
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *tok = strtok(buf, ", "); tok; tok = strtok(NULL, ", ")) {
+        char *eq = strchr(tok, '=');
+        if (!eq)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "--evaluate: '%s' is not key=value (e.g. \"tp=8,pp=2,dp=32\")", tok);
+        *eq = '\0';
+        const char *k = tok, *v = eq + 1;
+        for (char *p = tok; *p; p++) *p = (char)tolower((unsigned char)*p);
+        struct {
+            const char *key;
+            int *slot;
+            bool boolean;
+            int lo, hi;
+        } keys[] = {{"dp", &f->dp, false, 1, 1 << 20},
+                    {"tp", &f->tp, false, 1, 4096},
+                    {"pp", &f->pp, false, 1, 4096},
+                    {"cp", &f->cp, false, 1, 4096},
+                    {"sp", &f->sp, true, 0, 1},
+                    {"zero", &f->zero, false, 0, 3},
+                    {"recompute", &f->recompute, true, 0, 1},
+                    {"mb", &f->micro_batch, false, 1, 1 << 24},
+                    {"micro", &f->n_micro, false, 1, 1 << 24},
+                    {"vp", &f->vocab_parallel, true, 0, 1}};
+        int hit = -1;
+        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+            if (!strcmp(k, keys[i].key)) hit = (int)i;
+        if (hit < 0)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "--evaluate: unknown knob '%s'; valid: dp, tp, pp, cp, sp, zero, "
+                           "recompute, mb (micro-batch size), micro (micro-batch count), vp "
+                           "(vocab-parallel head)",
+                           k);
+        int val;
+        if (keys[hit].boolean) {
+            if (!parse_bool(v, &val))
+                return ms_fail(err, MS_ERR_INVALID,
+                               "--evaluate: %s=%s: expected 0 or 1 (true/false, on/off)", k, v);
+        } else {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || x < keys[hit].lo || x > keys[hit].hi)
+                return ms_fail(err, MS_ERR_INVALID,
+                               "--evaluate: %s=%s: expected an integer in [%d, %d]", k, v,
+                               keys[hit].lo, keys[hit].hi);
+            val = (int)x;
+        }
+        *keys[hit].slot = val;
+    }
+    return MS_OK;
+}
+
+bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_plan_strategy *s) {
+    return (f->dp < 0 || f->dp == s->dp) && (f->tp < 0 || f->tp == s->tp) &&
+           (f->pp < 0 || f->pp == s->pp) && (f->cp < 0 || f->cp == s->cp) &&
+           (f->sp < 0 || f->sp == (int)s->sp) && (f->zero < 0 || f->zero == s->zero) &&
+           (f->recompute < 0 || f->recompute == (int)s->recompute) &&
+           (f->micro_batch < 0 || f->micro_batch == s->micro_batch) &&
+           (f->n_micro < 0 || f->n_micro == s->n_micro) &&
+           (f->vocab_parallel < 0 || f->vocab_parallel == (int)s->vocab_parallel);
+}
+
+/* --- explaining ------------------------------------------------------------------------------ */
+
+typedef struct part {
+    const char *name;
+    double s;
+} part;
+
+/* The step's parts: compute, each dim's exposed communication, the bubble, the optimizer. */
+static int parts_of(const ms_plan_estimate *e, part *p) {
+    int n = 0;
+    p[n++] = (part){"compute", e->compute_s[MS_PC_GEMM] + e->compute_s[MS_PC_ATTENTION] +
+                                   e->compute_s[MS_PC_ELEMENTWISE]};
+    p[n++] = (part){"tp communication", e->comm_s[MS_PLAN_TP]};
+    p[n++] = (part){"dp gradient traffic", e->comm_s[MS_PLAN_DP]};
+    p[n++] = (part){"cp all-to-all", e->comm_s[MS_PLAN_CP]};
+    p[n++] = (part){"pp transfers", e->comm_s[MS_PLAN_PP]};
+    p[n++] = (part){"pipeline bubble", e->bubble_s};
+    p[n++] = (part){"optimizer", e->compute_s[MS_PC_OPTIMIZER]};
+    return n;
+}
+
+static const char *fmt_s(double s, char *buf, size_t len) {
+    if (s >= 1)
+        snprintf(buf, len, "%.2f s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, len, "%.1f ms", s * 1e3);
+    else
+        snprintf(buf, len, "%.0f us", s * 1e6);
+    return buf;
+}
+
+static const char *fmt_b(double b, char *buf, size_t len) {
+    if (b >= 1e9)
+        snprintf(buf, len, "%.1f GB", b / 1e9);
+    else if (b >= 1e6)
+        snprintf(buf, len, "%.1f MB", b / 1e6);
+    else
+        snprintf(buf, len, "%.0f KB", b / 1e3);
+    return buf;
+}
+
+void ms_plan_breakdown_str(const ms_plan_estimate *e, char *buf, size_t len) {
+    part p[8];
+    int n = parts_of(e, p);
+    /* largest first */
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && p[b - 1].s < p[b].s; b--) {
+            part t = p[b];
+            p[b] = p[b - 1];
+            p[b - 1] = t;
+        }
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < len; i++) {
+        double pct = e->step_s > 0 ? 100 * p[i].s / e->step_s : 0;
+        if (pct < 1) continue;
+        k += (size_t)snprintf(buf + k, len - k, "%s%s %.0f%%", k ? ", " : "", p[i].name, pct);
+    }
+}
+
+void ms_plan_explain_difference(const ms_plan_estimate *win, const ms_plan_estimate *other,
+                                char *buf, size_t len) {
+    part a[8], b[8];
+    int n = parts_of(win, a);
+    parts_of(other, b);
+    int big = 0;
+    for (int i = 1; i < n; i++)
+        if (b[i].s - a[i].s > b[big].s - a[big].s) big = i;
+    char x[32], y[32], t1[32], t2[32];
+    snprintf(buf, len, "%s takes %s against %s (%s per step against %s)", a[big].name,
+             fmt_s(a[big].s, x, sizeof x), fmt_s(b[big].s, y, sizeof y),
+             fmt_s(win->step_s, t1, sizeof t1), fmt_s(other->step_s, t2, sizeof t2));
+}
+
+static void make_reason(const ms_plan_problem *pb, ms_plan_result *r) {
+    if (r->n_cands == 0) return;
+    const ms_plan_estimate *w = &r->cands[0];
+    char st[32], mem[32], cap[32], bd[160];
+    ms_plan_breakdown_str(w, bd, sizeof bd);
+    size_t k = (size_t)snprintf(
+        r->reason, sizeof r->reason,
+        "%s wins at %s per step (%.0f tokens/s, %.3g model TFLOP/s per device), %s of %s per "
+        "device; its step is %s.",
+        w->text, fmt_s(w->step_s, st, sizeof st), w->tokens_per_s, w->model_tflops_per_device,
+        fmt_b(w->mem_total, mem, sizeof mem), fmt_b(w->mem_cap, cap, sizeof cap), bd);
+    if (!w->fits && k < sizeof r->reason)
+        k += (size_t)snprintf(r->reason + k, sizeof r->reason - k,
+                              " It does not fit: nothing in the searched space does.");
+    if (r->n_cands > 1 && k < sizeof r->reason) {
+        char d[256];
+        ms_plan_explain_difference(w, &r->cands[1], d, sizeof d);
+        k += (size_t)snprintf(r->reason + k, sizeof r->reason - k,
+                              " Against the runner-up, %s: %s.", r->cands[1].text, d);
+    }
+    if (r->have_unconstrained && k < sizeof r->reason) {
+        char us[32], um[32];
+        k += (size_t)snprintf(r->reason + k, sizeof r->reason - k,
+                              " The fastest strategy ignoring memory, %s (%s), needs %s per "
+                              "device.",
+                              r->unconstrained.text, fmt_s(r->unconstrained.step_s, us, sizeof us),
+                              fmt_b(r->unconstrained.mem_total, um, sizeof um));
+    }
+    if (r->have_best_executable && k < sizeof r->reason) {
+        char es[32];
+        snprintf(r->reason + k, sizeof r->reason - k,
+                 " The best this engine runs here is %s at %s (%.0f%% slower).",
+                 r->best_executable.text, fmt_s(r->best_executable.step_s, es, sizeof es),
+                 100 * (r->best_executable.step_s / w->step_s - 1));
+    }
+    (void)pb;
+}
+
+static bool same_strategy(const ms_plan_strategy *a, const ms_plan_strategy *b) {
+    return a->dp == b->dp && a->tp == b->tp && a->pp == b->pp && a->cp == b->cp && a->sp == b->sp &&
+           a->zero == b->zero && a->recompute == b->recompute && a->micro_batch == b->micro_batch &&
+           a->n_micro == b->n_micro && a->vocab_parallel == b->vocab_parallel;
+}
+
+/* --- the search ------------------------------------------------------------------------------- */
+
+/* Why no strategy is valid, when the loops never got as far as pricing one. */
+static void diagnose(const ms_plan_problem *pb, const ms_plan_fixed *f, ms_error *e) {
+    const ms_model_config *c = &pb->model;
+    int D = pb->devices;
+    long fixed = 1;
+    const int deg[4] = {f->dp, f->tp, f->pp, f->cp};
+    for (int i = 0; i < 4; i++)
+        if (deg[i] > 0) fixed *= deg[i];
+    if (D % fixed)
+        ms_fail(e, MS_ERR_INVALID,
+                "the fixed degrees multiply to %ld, which does not divide %d "
+                "devices",
+                fixed, D);
+    else if (f->tp > 0 && c->n_head % f->tp)
+        ms_fail(e, MS_ERR_INVALID, "tp %d does not divide the %d attention heads", f->tp,
+                c->n_head);
+    else if (f->tp > 0 && f->cp > 0 && c->n_head % (f->tp * f->cp))
+        ms_fail(e, MS_ERR_INVALID, "tp x cp = %d does not divide the %d attention heads",
+                f->tp * f->cp, c->n_head);
+    else if (f->pp > 0 && c->n_layer % f->pp)
+        ms_fail(e, MS_ERR_INVALID, "pp %d does not divide the %d layers", f->pp, c->n_layer);
+    else if (f->cp > 0 && pb->seq % f->cp)
+        ms_fail(e, MS_ERR_INVALID, "cp %d does not divide the sequence %d", f->cp, pb->seq);
+    else if (f->dp > 0 && pb->global_batch % f->dp)
+        ms_fail(e, MS_ERR_INVALID, "dp %d does not divide the global batch %d", f->dp,
+                pb->global_batch);
+    else if (f->sp == 1 && f->tp == 1)
+        ms_fail(e, MS_ERR_INVALID, "sp needs tp 2 or more");
+}
+
+static bool better(const ms_plan_estimate *a, const ms_plan_estimate *b) {
+    if (a->step_s != b->step_s) return a->step_s < b->step_s;
+    return a->mem_total < b->mem_total;
+}
+
+/* Inserts e into the sorted top-`keep` list. */
+static void keep_top(ms_plan_estimate *list, int *n, int keep, const ms_plan_estimate *e) {
+    if (*n == keep && !better(e, &list[keep - 1])) return;
+    int i = *n < keep ? (*n)++ : keep - 1;
+    while (i > 0 && better(e, &list[i - 1])) {
+        list[i] = list[i - 1];
+        i--;
+    }
+    list[i] = *e;
+}
+
+ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *opts,
+                         ms_plan_result *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    int64_t t0 = ms_now_ns();
+    ms_plan_fixed none;
+    ms_plan_fixed_none(&none);
+    const ms_plan_fixed *f = opts && opts->fixed ? opts->fixed : &none;
+    const ms_plan_scales *sc = opts ? opts->scales : NULL;
+    int keep = opts && opts->keep > 0 ? opts->keep : 10;
+    bool exe_only = opts && opts->executable_only;
+    const ms_model_config *c = &pb->model;
+    int D = pb->devices, B = pb->global_batch;
+    if (D < 1 || B < 1 || pb->seq < 1)
+        return ms_fail(err, MS_ERR_INVALID, "devices, global batch and sequence must be positive");
+    ms_plan_estimate *fit = calloc((size_t)keep, sizeof *fit);
+    ms_plan_estimate *nofit = calloc((size_t)keep, sizeof *nofit);
+    ms_plan_estimate *e = malloc(sizeof *e);
+    if (!fit || !nofit || !e) {
+        free(fit), free(nofit), free(e);
+        return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
+    }
+    int nfit = 0, nnofit = 0;
+    ms_status st = MS_OK;
+    ms_error first = {0};
+    bool any_valid = false;
+    for (int tp = 1; tp <= D && st == MS_OK; tp++) {
+        if (D % tp || c->n_head % tp || (f->tp >= 0 && f->tp != tp)) continue;
+        for (int cp = 1; tp * cp <= D; cp++) {
+            if ((D / tp) % cp || c->n_head % (tp * cp) || pb->seq % cp) continue;
+            if (f->cp >= 0 && f->cp != cp) continue;
+            for (int pp = 1; tp * cp * pp <= D; pp++) {
+                if ((D / (tp * cp)) % pp || c->n_layer % pp || (f->pp >= 0 && f->pp != pp))
+                    continue;
+                int dp = D / (tp * cp * pp);
+                if (B % dp || (f->dp >= 0 && f->dp != dp)) continue;
+                int per = B / dp;
+                for (int sp = 0; sp <= (tp > 1); sp++)
+                    for (int vp = tp > 1; vp >= 0; vp--)
+                        for (int z = 0; z <= (dp * cp > 1 ? 3 : 0); z++)
+                            for (int rc = 0; rc <= 1; rc++)
+                                for (int mb = 1; mb <= per; mb++) {
+                                    if (per % mb) continue;
+                                    ms_plan_strategy s = {.dp = dp,
+                                                          .tp = tp,
+                                                          .pp = pp,
+                                                          .cp = cp,
+                                                          .sp = sp,
+                                                          .zero = z,
+                                                          .recompute = rc,
+                                                          .micro_batch = mb,
+                                                          .n_micro = per / mb,
+                                                          .vocab_parallel = vp};
+                                    if (!ms_plan_fixed_match(f, &s)) continue;
+                                    if (exe_only && !ms_plan_strategy_executable(pb, &s, NULL, 0))
+                                        continue;
+                                    ms_error e2 = {0};
+                                    ms_status s2 = ms_plan_estimate_one(pb, &s, sc, e, &e2);
+                                    if (s2 != MS_OK) {
+                                        if (!first.msg[0]) first = e2;
+                                        if (s2 != MS_ERR_INVALID) {
+                                            st = s2;
+                                            if (err) *err = e2;
+                                            goto done;
+                                        }
+                                        continue;
+                                    }
+                                    any_valid = true;
+                                    out->evaluated++;
+                                    if (e->fits) {
+                                        keep_top(fit, &nfit, keep, e);
+                                    } else {
+                                        out->pruned_memory++;
+                                        keep_top(nofit, &nnofit, keep, e);
+                                    }
+                                    if (e->executable &&
+                                        (!out->have_best_executable ||
+                                         (e->fits && (!out->best_executable.fits ||
+                                                      better(e, &out->best_executable))))) {
+                                        out->best_executable = *e;
+                                        out->have_best_executable = true;
+                                    }
+                                }
+            }
+        }
+    }
+done:
+    if (st == MS_OK && !any_valid && !first.msg[0]) diagnose(pb, f, &first);
+    if (st == MS_OK && !any_valid) {
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "no strategy fits the constraints for %d devices, batch %d, sequence %d "
+                     "(%d layers, %d heads)%s%s",
+                     D, B, pb->seq, c->n_layer, c->n_head, first.msg[0] ? ": " : "",
+                     first.msg[0] ? first.msg
+                                  : "; check the fixed knobs and that the batch "
+                                    "divides by dp");
+    }
+    if (st == MS_OK) {
+        if (nfit > 0) {
+            out->cands = fit;
+            out->n_cands = nfit;
+            fit = NULL;
+            if (nnofit > 0 && better(&nofit[0], &out->cands[0])) {
+                out->unconstrained = nofit[0];
+                out->have_unconstrained = true;
+            }
+        } else {
+            out->cands = nofit;
+            out->n_cands = nnofit;
+            nofit = NULL;
+        }
+        if (out->have_best_executable && out->n_cands &&
+            out->best_executable.executable == out->cands[0].executable &&
+            same_strategy(&out->best_executable.s, &out->cands[0].s))
+            out->have_best_executable = false;
+        make_reason(pb, out);
+    }
+    free(fit);
+    free(nofit);
+    free(e);
+    out->search_ms = (double)(ms_now_ns() - t0) / 1e6;
+    return st;
+}
+
+void ms_plan_result_free(ms_plan_result *r) {
+    if (!r) return;
+    free(r->cands);
+    memset(r, 0, sizeof *r);
+}

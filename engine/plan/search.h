@@ -1,0 +1,62 @@
+/* search.h - the planner's search: every strategy of a problem, ranked.
+ *
+ * The space: mesh factorisations dp x tp x pp x cp of the device count (tp and tp x cp dividing
+ * the heads, pp the layers, cp the sequence, dp the global batch), sp on or off (tp > 1), the
+ * LM head vocab-parallel or replicated (tp > 1), ZeRO stage 0-3 (dp x cp > 1), full recompute
+ * on or off, and every micro-batch size dividing the per-rank batch. Each point is priced by
+ * the cost model (plan/cost.h); strategies whose memory exceeds the device's are pruned;
+ * the rest are ranked by predicted step time. Knobs can be fixed (`--evaluate "tp=8,pp=2"`),
+ * and the search covers the others.
+ */
+#ifndef MS_PLAN_SEARCH_H
+#define MS_PLAN_SEARCH_H
+
+#include "plan/cost.h"
+
+/* Fixed knobs; -1 = searched. */
+typedef struct ms_plan_fixed {
+    int dp, tp, pp, cp, sp, zero, recompute, micro_batch, n_micro, vocab_parallel;
+} ms_plan_fixed;
+
+void ms_plan_fixed_none(ms_plan_fixed *f);
+/* Parses "tp=8,pp=2,dp=32": keys dp, tp, pp, cp, sp, zero, recompute, mb (micro-batch size),
+ * micro (micro-batch count), vp (vocab-parallel head); booleans as 0/1/true/false/on/off.
+ * Errors name the key and list the valid ones. */
+ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err);
+/* Whether s agrees with every fixed knob. */
+bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_plan_strategy *s);
+
+typedef struct ms_plan_result {
+    ms_plan_estimate *cands; /* best first: fitting by step time, then (only if none fits) the
+                                ones that do not fit */
+    int n_cands;
+    long evaluated;     /* strategies priced */
+    long pruned_memory; /* of those, over the memory limit */
+    bool have_unconstrained;
+    ms_plan_estimate unconstrained; /* the fastest ignoring memory, when it does not fit */
+    bool have_best_executable;
+    ms_plan_estimate best_executable; /* the engine's best, when it is not cands[0] */
+    double search_ms;
+    char reason[1024]; /* why cands[0] wins, in words and figures */
+} ms_plan_result;
+
+typedef struct ms_plan_search_opts {
+    const ms_plan_fixed *fixed;   /* NULL: nothing fixed */
+    const ms_plan_scales *scales; /* NULL: identity */
+    int keep;                     /* candidates kept (best first); <= 0: 10 */
+    bool executable_only;         /* only what the engine runs */
+} ms_plan_search_opts;
+
+/* Searches; out owns its array (ms_plan_result_free). MS_ERR_INVALID when nothing is valid
+ * (the message says which constraint excluded everything, e.g. a fixed knob). */
+ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *opts,
+                         ms_plan_result *out, ms_error *err);
+void ms_plan_result_free(ms_plan_result *r);
+
+/* One line comparing two estimates: which part of the step makes the difference. */
+void ms_plan_explain_difference(const ms_plan_estimate *win, const ms_plan_estimate *other,
+                                char *buf, size_t len);
+/* "compute 78%, tp 9%, bubble 7%, dp 3%": the step's largest parts. */
+void ms_plan_breakdown_str(const ms_plan_estimate *e, char *buf, size_t len);
+
+#endif

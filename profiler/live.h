@@ -1,0 +1,229 @@
+/* live.h - the one live model that the TUI and the web dashboard read: immutable snapshots
+ * of a running (or finished) job, built off the training threads, plus the control queue
+ * through which the views ask the job for something (accept a suggestion, switch strategy,
+ * stop).
+ *
+ * Data flow:
+ *
+ *   rank 0 loop --ms_live_step--------------+
+ *   rank rings  --read by the live thread---+--> window of events --ms_analyze--> snapshot
+ *   (MPI: rank 0 --ms_live_feed_events------+)                                      |
+ *   advisor     --ms_live_set_suggestions---+                 ms_live_acquire <-----+
+ *                                                        (TUI, web, /metrics, SSE)
+ *   views --ms_live_post--> control queue --ms_live_take--> rank 0 at a step boundary
+ *
+ * Threads: the training ranks only append (a step record under a short mutex, events into
+ * their own lock-free rings). One live thread reads the rings, keeps the last `window_steps`
+ * steps of events, analyses them and publishes a new snapshot whenever a step completes
+ * (and at least every tick). Readers take a reference to the latest snapshot under a
+ * mutex held for a pointer copy; nothing a view does waits for training or the reverse.
+ *
+ * Ownership: the creator owns the ms_live (ms_live_destroy stops its thread). Recorders
+ * attached with ms_live_attach_recorder are borrowed until ms_live_detach_recorder (or
+ * ms_live_stop). A snapshot returned by ms_live_acquire is owned by the caller's reference: release
+ * it with ms_snapshot_release; it stays valid and unchanged however long it is held.
+ */
+#ifndef MS_LIVE_H
+#define MS_LIVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "profiler/analysis.h"
+#include "profiler/event.h"
+#include "profiler/recorder.h"
+
+#define MS_LIVE_MAX_SUGGESTIONS 8
+#define MS_LIVE_TEXT            256
+
+/* One training step as rank 0 saw it. */
+typedef struct ms_live_step {
+    int64_t step;
+    double loss;
+    double step_s;       /* wall time of the step on rank 0 */
+    double tokens_per_s; /* global tokens / step_s */
+    double lr, grad_norm;
+    char strategy[64]; /* the strategy the step ran under, "dp2 x tp2" */
+} ms_live_step;
+
+/* One span of a rank's lane in the last complete step's timeline. Times are seconds from
+ * the start of that step on the earliest rank (one clock: rank 0's). Idle is what no span
+ * covers. */
+typedef enum ms_lane_kind { MS_LANE_COMPUTE, MS_LANE_COMM, MS_LANE_KIND_COUNT } ms_lane_kind;
+typedef struct ms_live_span {
+    int32_t rank;
+    uint8_t kind;     /* ms_lane_kind */
+    double t0, t1;    /* seconds from the step start */
+    char name[24];    /* op name or collective kind, "matmul", "all_reduce" */
+    int16_t mesh_dim; /* comm spans: the mesh dim, -1 otherwise */
+} ms_live_span;
+
+typedef struct ms_live_mem {
+    uint64_t in_use, peak; /* bytes on the rank's device, latest sample */
+} ms_live_mem;
+
+typedef enum ms_suggestion_state {
+    MS_SUGG_OPEN,
+    MS_SUGG_PENDING, /* accepted; switches at the next step boundary */
+    MS_SUGG_APPLIED, /* the job runs the target strategy now */
+    MS_SUGG_DISMISSED,
+    MS_SUGG_REFUSED, /* accepted but refused by the job (reason in `result`) */
+    MS_SUGG_STATE_COUNT
+} ms_suggestion_state;
+
+const char *ms_suggestion_state_name(ms_suggestion_state s);
+
+/* A strategy the advisor (or a user) proposes. `target_json` is the short form the control
+ * API takes, {"dp": 2, "tp": 2, "sp": false} (cp when > 1). */
+typedef struct ms_suggestion {
+    int32_t id; /* unique within the job, > 0 */
+    uint8_t state;
+    char target[64];       /* "dp2 x tp2" */
+    char target_json[128]; /* {"dp": 2, "tp": 2, "sp": false} */
+    char current[64];      /* the strategy it would replace */
+    double predicted_gain; /* fractional step time saving, 0.25 = 25% faster */
+    double predicted_step_s, current_step_s;
+    char evidence[MS_LIVE_TEXT];     /* "tp all-reduce is 41% of the step; dp2 x tp2 halves it" */
+    char memory_check[MS_LIVE_TEXT]; /* "fits: 38 MiB of 24 GiB per rank" */
+    char diff[MS_LIVE_TEXT];         /* "dp 1 -> 2, tp 4 -> 2" */
+    char result[MS_LIVE_TEXT]; /* after the switch: predicted vs measured gain, or why refused */
+    int64_t applied_step;      /* the first step under the target, -1 until applied */
+} ms_suggestion;
+
+/* What the live model describes: fixed when the job starts. */
+typedef struct ms_live_info {
+    char model[96];   /* config path or name */
+    char backend[16]; /* "threads", "mpi", "trace" (a finished trace file) */
+    int nranks;
+    int64_t tokens_per_step; /* global batch x sequence */
+    bool live;               /* false: a finished trace (meshscope serve) */
+} ms_live_info;
+
+/* An immutable view of the job at one moment. All arrays are owned by the snapshot. */
+typedef struct ms_snapshot {
+    uint64_t version; /* increases with every published snapshot */
+    int64_t taken_ns; /* ms_now_ns when built */
+    ms_live_info info;
+    char strategy[64]; /* the current strategy */
+    int64_t step;      /* latest completed step (-1: none yet) */
+    bool finished;     /* the job has ended (or a trace file) */
+
+    ms_live_step *history; /* oldest first, at most the history capacity */
+    int n_history;
+
+    /* Over the last `window_steps` complete steps of events: heatmaps (bytes, seconds; per
+     * mesh dim), overlap, busbw, op breakdown, reshard table, step breakdown, stragglers.
+     * analysis.nranks == 0 when no events arrived yet. */
+    ms_analysis analysis;
+    double achieved_flops_per_s; /* sum of op FLOPs over ranks in the last step / its wall */
+
+    ms_live_span *timeline; /* the last complete step, by rank then time */
+    int n_timeline;
+    int64_t timeline_step;
+    double timeline_wall_s;
+
+    ms_live_mem *mem; /* [info.nranks] */
+
+    ms_suggestion suggestions[MS_LIVE_MAX_SUGGESTIONS];
+    int n_suggestions;
+    char last_event[MS_LIVE_TEXT]; /* e.g. "switched to dp2 x tp2 at step 120" */
+
+    int refs_; /* private */
+} ms_snapshot;
+
+void ms_snapshot_release(const ms_snapshot *s);
+
+/* --- the producer side ------------------------------------------------------------------- */
+
+typedef struct ms_live ms_live;
+
+typedef struct ms_live_opts {
+    ms_live_info info;
+    int history;      /* step records kept; 0 = 1024 */
+    int window_steps; /* steps of events analysed; 0 = 4 */
+    int tick_ms;      /* publish at least this often; 0 = 250 */
+} ms_live_opts;
+
+ms_status ms_live_create(const ms_live_opts *opts, ms_live **out, ms_error *err);
+/* Stops the live thread (if started) and frees everything; snapshots still held by readers
+ * stay valid until released. */
+void ms_live_destroy(ms_live *l);
+
+/* Starts the live thread. Before that, ms_live_publish_now builds snapshots synchronously
+ * (tests, meshscope serve). */
+ms_status ms_live_start(ms_live *l, ms_error *err);
+/* Stops the thread after one last snapshot; marks the job finished. Idempotent. */
+void ms_live_stop(ms_live *l);
+void ms_live_publish_now(ms_live *l);
+
+/* Threads backend: each rank registers its recorder once (any thread, before or after
+ * start); the live thread reads it directly. */
+void ms_live_attach_recorder(ms_live *l, ms_recorder *rec);
+/* Before a rank destroys its recorder: reads what is left in it, then forgets it. */
+void ms_live_detach_recorder(ms_live *l, ms_recorder *rec);
+/* MPI backend (rank 0) or a trace file: events (one time axis) and the groups they use. */
+void ms_live_feed_events(ms_live *l, const ms_event *ev, size_t n);
+void ms_live_feed_groups(ms_live *l, const ms_group *g, int n);
+
+/* Rank 0, once per step (cheap: a copy under a mutex). */
+void ms_live_step_done(ms_live *l, const ms_live_step *s);
+void ms_live_set_strategy(ms_live *l, const char *strategy);
+void ms_live_set_event(ms_live *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The advisor replaces the open suggestions (states of known ids are kept). */
+void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n);
+/* Changes one suggestion's state and result text; false if the id is unknown. */
+bool ms_live_update_suggestion(ms_live *l, int32_t id, ms_suggestion_state state,
+                               int64_t applied_step, const char *result);
+
+/* The advisor: called on the live thread right after a snapshot is published, at most
+ * every period_ms, with that snapshot; it may call ms_live_set_suggestions. It runs off the
+ * training threads, so its cost never lands on a step. */
+typedef void (*ms_live_advise_fn)(void *user, ms_live *l, const ms_snapshot *s);
+void ms_live_set_advisor(ms_live *l, ms_live_advise_fn fn, void *user, int period_ms);
+
+/* --- the reader side --------------------------------------------------------------------- */
+
+/* The latest snapshot (never NULL once created: an empty one before any step). */
+const ms_snapshot *ms_live_acquire(ms_live *l);
+uint64_t ms_live_version(ms_live *l);
+/* Waits until a snapshot newer than `version` is published or timeout_ms passes; returns the
+ * latest version. For server-sent events. */
+uint64_t ms_live_wait(ms_live *l, uint64_t version, int timeout_ms);
+
+/* Writes the events of the current window as a Chrome trace (traces/trace_write.h). */
+ms_status ms_live_write_trace(ms_live *l, const char *path, ms_error *err);
+
+/* --- the control queue ------------------------------------------------------------------- */
+
+typedef enum ms_live_req_kind {
+    MS_REQ_ACCEPT,   /* accept suggestion `id` */
+    MS_REQ_DISMISS,  /* dismiss suggestion `id` */
+    MS_REQ_STRATEGY, /* switch to `strategy_json` (the --strategy JSON or the short form) */
+    MS_REQ_STOP,     /* end training after the current step */
+    MS_REQ_KIND_COUNT
+} ms_live_req_kind;
+
+typedef struct ms_live_req {
+    uint8_t kind;
+    int32_t id;
+    char strategy_json[4096];
+} ms_live_req;
+
+/* Checks a request before it is queued (pure and fast; runs on the caller's thread):
+ * returns MS_OK or a failure whose message says why it is refused (the web answers 422).
+ * Installed by the job; NULL accepts everything. */
+typedef ms_status (*ms_live_validate_fn)(void *user, const ms_live_req *req, ms_error *err);
+void ms_live_set_validator(ms_live *l, ms_live_validate_fn fn, void *user);
+
+/* Views: validates, then queues. MS_ERR_INVALID (refused by the validator or unknown
+ * suggestion id), MS_ERR_UNSUPPORTED (a finished job or a trace: nothing to control), or
+ * MS_ERR_NOMEM when the queue (16 entries) is full. Accepting marks the suggestion pending;
+ * dismissing marks it dismissed at once. */
+ms_status ms_live_post(ms_live *l, const ms_live_req *req, ms_error *err);
+/* Rank 0 at a step boundary: takes the oldest request; false when none. */
+bool ms_live_take(ms_live *l, ms_live_req *out);
+
+#endif

@@ -1,0 +1,337 @@
+/* test_live.c - the live model: snapshots reflect what was fed (the step window, the last
+ * step's timeline, memory, history), are immutable once taken, and the control queue
+ * validates, orders and bounds requests. A concurrency case (run under TSan) has rank
+ * threads recording and reporting steps while readers take and drop snapshots.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testkit.h"
+
+#include "comm/comm.h"
+#include "profiler/live.h"
+
+#define NR     2
+#define MS_(x) ((int64_t)((x)*1000000.0))
+
+static ms_event ev(int rank, ms_ev_kind kind, int64_t step, int64_t t0, int64_t t1) {
+    ms_event e;
+    memset(&e, 0, sizeof e);
+    e.kind = (uint8_t)kind;
+    e.phase = MS_PHASE_OTHER;
+    e.rank = rank;
+    e.step = step;
+    e.t0_ns = t0;
+    e.t1_ns = t1;
+    return e;
+}
+
+/* Step s on both ranks: [100s, 100s+10) ms; rank r runs one matmul of 1e6*(s+1) FLOPs in
+ * [1, 5) ms and an all-reduce of 4096 bytes on the pair in [5, 8) ms (rank 1 starts the
+ * step 1 ms later). */
+static size_t make_step(ms_event *out, int64_t s, const ms_group *g) {
+    size_t n = 0;
+    for (int r = 0; r < NR; r++) {
+        double base = 100.0 * (double)s + r;
+        out[n++] = ev(r, MS_EV_STEP, s, MS_(base), MS_(base + 10));
+        ms_event *o = &out[n++];
+        *o = ev(r, MS_EV_OP, s, MS_(base + 1), MS_(base + 5));
+        snprintf(o->u.op.opname, sizeof o->u.op.opname, "matmul");
+        o->u.op.flops = 1e6 * (double)(s + 1);
+        ms_event *c = &out[n++];
+        *c = ev(r, MS_EV_COLL, s, MS_(base + 5), MS_(base + 8));
+        c->u.coll.coll = MS_COLL_ALL_REDUCE;
+        c->u.coll.group = g->id;
+        c->u.coll.group_size = 2;
+        c->u.coll.group_rank = r;
+        c->u.coll.seq = s;
+        c->u.coll.bytes = 4096;
+        c->u.coll.mesh_dim = 0;
+        snprintf(c->u.coll.algo, sizeof c->u.coll.algo, "direct");
+        ms_event *m = &out[n++];
+        *m = ev(r, MS_EV_MEM, s, MS_(base + 9), MS_(base + 9));
+        m->u.mem.in_use = (uint64_t)(1000 * (r + 1) + s);
+        m->u.mem.peak = (uint64_t)(5000 * (r + 1) + s);
+    }
+    return n;
+}
+
+static ms_live *new_live(int window) {
+    ms_live_opts o = {.info = {.nranks = NR, .live = true, .tokens_per_step = 64},
+                      .window_steps = window};
+    snprintf(o.info.model, sizeof o.info.model, "test");
+    ms_live *l = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    return l;
+}
+
+static ms_group pair_group(void) {
+    ms_group g;
+    memset(&g, 0, sizeof g);
+    g.id = 7;
+    snprintf(g.name, sizeof g.name, "dp");
+    g.size = 2;
+    g.ranks[0] = 0, g.ranks[1] = 1;
+    return g;
+}
+
+static void test_empty_snapshot(void **state) {
+    (void)state;
+    ms_live *l = new_live(2);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_non_null(s);
+    assert_int_equal(s->step, -1);
+    assert_int_equal(s->n_history, 0);
+    assert_int_equal(s->analysis.nranks, 0);
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+}
+
+/* Five steps fed, a window of 2: the analysis covers steps 3 and 4 only; the timeline is
+ * step 4's; memory is the latest sample; the history has every step reported. */
+static void test_window_timeline_memory(void **state) {
+    (void)state;
+    ms_live *l = new_live(2);
+    ms_group g = pair_group();
+    ms_live_feed_groups(l, &g, 1);
+    ms_event buf[64];
+    for (int64_t s = 0; s < 5; s++) {
+        size_t n = make_step(buf, s, &g);
+        ms_live_feed_events(l, buf, n);
+        ms_live_step rec = {.step = s, .loss = 5.0 - (double)s, .step_s = 0.010};
+        snprintf(rec.strategy, sizeof rec.strategy, "dp2");
+        ms_live_step_done(l, &rec);
+    }
+    ms_live_set_strategy(l, "dp2");
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_int_equal(s->step, 4);
+    assert_string_equal(s->strategy, "dp2");
+    assert_int_equal(s->n_history, 5);
+    for (int i = 0; i < 5; i++) assert_true(s->history[i].loss == 5.0 - i);
+    /* window: steps 3 and 4 */
+    assert_int_equal(s->analysis.nranks, NR);
+    assert_int_equal(s->analysis.n_steps, 2);
+    assert_int_equal(s->analysis.steps[0].step, 3);
+    assert_int_equal(s->analysis.steps[1].step, 4);
+    /* heatmap: two all-reduces per rank in the window, 2B/n = 4096 bytes to the peer each */
+    assert_true(s->analysis.all.bytes[0 * NR + 1] == 2 * 4096.0);
+    assert_true(s->analysis.all.bytes[1 * NR + 0] == 2 * 4096.0);
+    assert_true(s->analysis.all.bytes[0] == 0);
+    /* timeline of step 4: rank 0 starts at 400 ms; spans relative to it */
+    assert_int_equal(s->timeline_step, 4);
+    assert_true(fabs(s->timeline_wall_s - 0.011) < 1e-12);
+    assert_int_equal(s->n_timeline, 4);
+    for (int i = 0; i < s->n_timeline; i++) {
+        const ms_live_span *sp = &s->timeline[i];
+        double off = sp->rank * 0.001;
+        if (sp->kind == MS_LANE_COMPUTE) {
+            assert_string_equal(sp->name, "matmul");
+            assert_true(fabs(sp->t0 - (0.001 + off)) < 1e-12 &&
+                        fabs(sp->t1 - (0.005 + off)) < 1e-12);
+        } else {
+            assert_string_equal(sp->name, "all_reduce");
+            assert_int_equal(sp->mesh_dim, 0);
+            assert_true(fabs(sp->t0 - (0.005 + off)) < 1e-12);
+        }
+    }
+    /* achieved FLOP/s: both ranks' matmuls of step 4 over the step's wall */
+    assert_true(fabs(s->achieved_flops_per_s - 2 * 5e6 / 0.011) < 1e-3);
+    /* memory: the latest sample per rank */
+    assert_true(s->mem[0].in_use == 1004 && s->mem[1].in_use == 2004);
+    assert_true(s->mem[1].peak == 10004);
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+}
+
+/* A snapshot held by a reader does not change when newer ones are published. */
+static void test_snapshots_are_immutable(void **state) {
+    (void)state;
+    ms_live *l = new_live(4);
+    ms_live_step rec = {.step = 0, .loss = 3};
+    ms_live_step_done(l, &rec);
+    ms_live_publish_now(l);
+    const ms_snapshot *a = ms_live_acquire(l);
+    uint64_t va = a->version;
+    rec.step = 1, rec.loss = 2;
+    ms_live_step_done(l, &rec);
+    ms_live_publish_now(l);
+    const ms_snapshot *b = ms_live_acquire(l);
+    assert_true(b->version > va);
+    assert_int_equal(a->n_history, 1);
+    assert_int_equal(a->step, 0);
+    assert_int_equal(b->n_history, 2);
+    assert_int_equal(ms_live_wait(l, va, 10), b->version); /* already newer: no wait */
+    ms_snapshot_release(a);
+    ms_snapshot_release(b);
+    ms_live_destroy(l);
+}
+
+static int refusals;
+static ms_status refuse_tp3(void *user, const ms_live_req *req, ms_error *err) {
+    (void)user;
+    if (req->kind == MS_REQ_STRATEGY && strstr(req->strategy_json, "\"tp\": 3")) {
+        refusals++;
+        return ms_fail(err, MS_ERR_INVALID, "tp 3 does not divide 4 heads");
+    }
+    return MS_OK;
+}
+
+static void test_control_queue(void **state) {
+    (void)state;
+    ms_live *l = new_live(4);
+    ms_live_set_validator(l, refuse_tp3, NULL);
+    ms_suggestion sg[2] = {{.id = 1, .state = MS_SUGG_OPEN}, {.id = 2, .state = MS_SUGG_OPEN}};
+    snprintf(sg[0].target, sizeof sg[0].target, "dp2 x tp2");
+    ms_live_set_suggestions(l, sg, 2);
+    ms_error err = {0};
+    ms_live_req r = {.kind = MS_REQ_STRATEGY};
+    snprintf(r.strategy_json, sizeof r.strategy_json, "{\"tp\": 3}");
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "tp 3 does not divide"));
+    assert_int_equal(refusals, 1);
+    ms_live_req take;
+    assert_false(ms_live_take(l, &take)); /* refused: never queued */
+    /* unknown suggestion */
+    r = (ms_live_req){.kind = MS_REQ_ACCEPT, .id = 9};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_INVALID);
+    /* accept 1 -> pending and queued; accept again -> refused (not open) */
+    r.id = 1;
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_INVALID);
+    /* dismiss 2 -> dismissed at once, nothing queued */
+    r = (ms_live_req){.kind = MS_REQ_DISMISS, .id = 2};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_int_equal(s->n_suggestions, 2);
+    assert_int_equal(s->suggestions[0].state, MS_SUGG_PENDING);
+    assert_int_equal(s->suggestions[1].state, MS_SUGG_DISMISSED);
+    ms_snapshot_release(s);
+    /* the advisor's next list does not resurrect the dismissed id as open */
+    ms_live_set_suggestions(l, sg, 2);
+    ms_live_publish_now(l);
+    s = ms_live_acquire(l);
+    assert_int_equal(s->n_suggestions, 2);
+    for (int i = 0; i < 2; i++) assert_int_not_equal(s->suggestions[i].state, MS_SUGG_OPEN);
+    ms_snapshot_release(s);
+    assert_true(ms_live_take(l, &take));
+    assert_int_equal(take.kind, MS_REQ_ACCEPT);
+    assert_int_equal(take.id, 1);
+    assert_false(ms_live_take(l, &take));
+    /* bounded: the 17th request is refused with NOMEM, order kept */
+    for (int i = 0; i < 16; i++) {
+        r = (ms_live_req){.kind = MS_REQ_STRATEGY};
+        snprintf(r.strategy_json, sizeof r.strategy_json, "{\"dp\": %d}", i);
+        assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    }
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_NOMEM);
+    for (int i = 0; i < 16; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "{\"dp\": %d}", i);
+        assert_true(ms_live_take(l, &take));
+        assert_string_equal(take.strategy_json, want);
+    }
+    /* a finished job takes no requests */
+    ms_live_stop(l);
+    r = (ms_live_req){.kind = MS_REQ_STOP};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_UNSUPPORTED);
+    s = ms_live_acquire(l);
+    assert_true(s->finished);
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+}
+
+/* --- concurrency: ranks record and report while readers take snapshots ---------------- */
+
+typedef struct conc {
+    ms_live *live;
+    ms_recorder *rec[NR];
+    int steps;
+    int done;
+    pthread_mutex_t mu;
+} conc;
+
+static void *rank_main(void *arg) {
+    conc *c = arg;
+    static int next;
+    pthread_mutex_lock(&c->mu);
+    int r = next++;
+    pthread_mutex_unlock(&c->mu);
+    ms_group g = pair_group();
+    ms_recorder_group(c->rec[r], &g);
+    ms_event buf[64];
+    for (int s = 0; s < c->steps; s++) {
+        ms_recorder_set_step(c->rec[r], s);
+        size_t n = make_step(buf, s, &g);
+        for (size_t i = 0; i < n; i++)
+            if (buf[i].rank == r) ms_recorder_push(c->rec[r], &buf[i]);
+        if (r == 0) {
+            ms_live_step rec = {.step = s, .loss = 1.0 / (s + 1)};
+            ms_live_step_done(c->live, &rec);
+        }
+    }
+    return NULL;
+}
+
+static _Atomic int inconsistent; /* cmocka's asserts are not thread-safe */
+
+static void *reader_main(void *arg) {
+    conc *c = arg;
+    uint64_t v = 0;
+    for (int i = 0; i < 200; i++) {
+        v = ms_live_wait(c->live, v, 5);
+        const ms_snapshot *s = ms_live_acquire(c->live);
+        /* internal consistency of whatever snapshot we got */
+        if (s->n_history && s->history[s->n_history - 1].step != s->step) inconsistent++;
+        for (int k = 1; k < s->n_history; k++)
+            if (s->history[k].step != s->history[k - 1].step + 1) inconsistent++;
+        ms_snapshot_release(s);
+    }
+    return NULL;
+}
+
+static void test_concurrent_readers(void **state) {
+    (void)state;
+    conc c = {.steps = 300};
+    pthread_mutex_init(&c.mu, NULL);
+    ms_live_opts o = {.info = {.nranks = NR, .live = true}, .tick_ms = 1, .window_steps = 3};
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &c.live, &err), MS_OK);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(ms_recorder_create(r, 1 << 12, &c.rec[r], &err), MS_OK);
+        ms_live_attach_recorder(c.live, c.rec[r]);
+    }
+    assert_int_equal(ms_live_start(c.live, &err), MS_OK);
+    pthread_t th[NR + 3];
+    for (int r = 0; r < NR; r++) pthread_create(&th[r], NULL, rank_main, &c);
+    for (int i = 0; i < 3; i++) pthread_create(&th[NR + i], NULL, reader_main, &c);
+    for (int i = 0; i < NR + 3; i++) pthread_join(th[i], NULL);
+    assert_int_equal(inconsistent, 0);
+    for (int r = 0; r < NR; r++) ms_live_detach_recorder(c.live, c.rec[r]);
+    ms_live_stop(c.live);
+    const ms_snapshot *s = ms_live_acquire(c.live);
+    assert_int_equal(s->step, c.steps - 1);
+    assert_int_equal(s->n_history, c.steps);
+    assert_int_equal(s->timeline_step, c.steps - 1);
+    assert_int_equal(s->analysis.n_steps, 3);
+    ms_snapshot_release(s);
+    for (int r = 0; r < NR; r++) ms_recorder_destroy(c.rec[r]);
+    ms_live_destroy(c.live);
+    pthread_mutex_destroy(&c.mu);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_empty_snapshot),
+        cmocka_unit_test(test_window_timeline_memory),
+        cmocka_unit_test(test_snapshots_are_immutable),
+        cmocka_unit_test(test_control_queue),
+        cmocka_unit_test(test_concurrent_readers),
+    };
+    return cmocka_run_group_tests_name("live", tests, NULL, NULL);
+}

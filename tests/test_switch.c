@@ -1,0 +1,181 @@
+/* test_switch.c - switching strategy in a running job.
+ *
+ * A run that switches from strategy A to B at step k must produce the losses of a run that
+ * used B throughout (and of one that used A throughout: all strategies compute the same
+ * numbers, so both are independent references), within fp32 tolerance, and its log must
+ * name B from step k on. Targets the job cannot take are refused with a reason.
+ *
+ * Runs the real binary (argv[1]); with argv[2] = "mpi" under mpirun instead of threads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testkit.h"
+
+static const char *bin;
+static bool use_mpi;
+static char dir[256], text[300], model[300];
+
+#define STEPS 8
+
+typedef struct run_log {
+    int n;
+    double loss[STEPS];
+    char strategy[STEPS][64];
+} run_log;
+
+/* Runs `meshscope train` with extra flags; returns the exit code, output in dir/out.txt. */
+static int train(const char *flags, const char *log) {
+    char cmd[2048];
+    int ranks = 4;
+    snprintf(cmd, sizeof cmd,
+             "%s%s train --model %s --data %s --steps %d --batch 8 --seq 16 --log-every 1 "
+             "--log-jsonl %s/%s %s %s > %s/out.txt 2>&1",
+             use_mpi ? "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl "
+                       "self,vader -np 4 "
+                     : "",
+             bin, model, text, STEPS, dir, log, use_mpi ? "--backend mpi" : "", flags, dir);
+    (void)ranks;
+    int rc = system(cmd);
+    if (getenv("MS_TEST_VERBOSE")) fprintf(stderr, "%s -> %d\n", cmd, rc);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static void read_log(const char *name, run_log *l) {
+    char path[512], line[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    memset(l, 0, sizeof *l);
+    while (l->n < STEPS && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"loss\": "), *q = strstr(line, "\"strategy\": \"");
+        assert_non_null(p);
+        assert_non_null(q);
+        l->loss[l->n] = atof(p + 8);
+        q += 13;
+        size_t k = 0;
+        while (q[k] && q[k] != '"' && k + 1 < sizeof l->strategy[0])
+            l->strategy[l->n][k] = q[k], k++;
+        l->n++;
+    }
+    fclose(f);
+    assert_int_equal(l->n, STEPS);
+}
+
+static bool out_contains(const char *needle) {
+    char path[512], buf[8192];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    if (!strstr(buf, needle)) fprintf(stderr, "output lacks '%s':\n%s\n", needle, buf);
+    return strstr(buf, needle) != NULL;
+}
+
+/* from A, switch at step k to B; compare with B and A throughout. */
+static void check_switch(const char *a_flags, const char *b_flags, const char *b_json, int k,
+                         const char *b_text) {
+    char flags[1024];
+    snprintf(flags, sizeof flags, "%s --switch '%d:%s'", a_flags, k, b_json);
+    assert_int_equal(train(flags, "switch.jsonl"), 0);
+    assert_true(out_contains("switched"));
+    assert_int_equal(train(b_flags, "b.jsonl"), 0);
+    assert_int_equal(train(a_flags, "a.jsonl"), 0);
+    run_log sw, b, a;
+    read_log("switch.jsonl", &sw);
+    read_log("b.jsonl", &b);
+    read_log("a.jsonl", &a);
+    for (int i = 0; i < STEPS; i++) {
+        /* fp32 with a different reduction order per mesh: a few ulps of drift per step */
+        double tol = 2e-5 * (1 + i) * (b.loss[i] > 1 ? b.loss[i] : 1);
+        if (fabs(sw.loss[i] - b.loss[i]) > tol || fabs(sw.loss[i] - a.loss[i]) > tol)
+            fail_msg("step %d: switched %.6f, %s throughout %.6f, before-strategy %.6f", i,
+                     sw.loss[i], b_text, b.loss[i], a.loss[i]);
+        if (i >= k)
+            assert_string_equal(sw.strategy[i], b_text);
+        else
+            assert_string_equal(sw.strategy[i], a.strategy[0]);
+    }
+}
+
+static void test_dp_to_dp_tp(void **state) {
+    (void)state;
+    check_switch("--dp 4", "--dp 2 --tp 2", "{\"dp\": 2, \"tp\": 2}", 3, "dp2 x tp2");
+}
+
+static void test_dp_tp_to_tp_sp(void **state) {
+    (void)state;
+    check_switch("--dp 2 --tp 2", "--tp 4 --sp", "{\"dp\": 1, \"tp\": 4, \"sp\": true}", 4,
+                 "dp1 x tp4 +sp");
+}
+
+static void test_cp_to_dp(void **state) {
+    (void)state;
+    check_switch("--tp 2 --cp 2", "--dp 4", "{\"mesh\": {\"dp\": 4}}", 2, "dp4 x tp1");
+}
+
+/* Targets the job cannot take: refused before training starts, with the reason. */
+static void test_refusals(void **state) {
+    (void)state;
+    assert_int_equal(train("--dp 4 --switch '3:{\"dp\": 3}'", "r.jsonl"), 2);
+    assert_true(out_contains("needs 3 ranks but the job runs on 4"));
+    assert_int_equal(
+        train("--dp 4 --switch '3:{\"tp\": 4, \"dp\": 1, \"cp\": 1, \"sp\": 1}'", "r.jsonl"), 2);
+    assert_true(out_contains("$.sp"));
+    assert_int_equal(train("--dp 4 --switch 'soon:{\"dp\": 4}'", "r.jsonl"), 2);
+    assert_true(out_contains("expected STEP:STRATEGY"));
+    assert_int_equal(
+        train("--dp 4 --switch '3:{\"dp\": 1, \"tp\": 4, \"cp\": 1}' --batch 8", "r.jsonl"),
+        0); /* a valid one, for contrast */
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ms-switch-XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    snprintf(model, sizeof model, "%s/model.json", dir);
+    FILE *f = fopen(text, "w");
+    for (int i = 0; f && i < 400; i++)
+        fprintf(f,
+                "And the earth was without form, and void; and darkness was upon the face of "
+                "the deep. Verse %d.\n",
+                i);
+    if (f) fclose(f);
+    f = fopen(model, "w");
+    if (f) {
+        fprintf(f, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 32, \"vocab_size\": 256, "
+                   "\"n_positions\": 32}\n");
+        fclose(f);
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_switch path/to/meshscope [mpi]\n");
+        return 2;
+    }
+    bin = argv[1];
+    use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dp_to_dp_tp),
+        cmocka_unit_test(test_dp_tp_to_tp_sp),
+        cmocka_unit_test(test_cp_to_dp),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests_name(use_mpi ? "switch (mpi)" : "switch (threads)", tests, setup,
+                                       teardown);
+}

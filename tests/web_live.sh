@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The dashboard of a real training run: steps advance in the snapshots, hostile requests are
+# refused (401, 403, 405, 413, 400, 422, a slowloris connection closed by the timeout) while
+# training keeps going, server-sent events arrive, and POST /api/v1/stop ends the job with
+# exit code 0. Usage: web_live.sh path/to/meshscope SOURCE_DIR
+# Skips (77) only when the training text is missing.
+set -u
+bin=$1
+src=$2
+data=$src/data/kjv.txt
+if [ ! -f "$data" ]; then
+  echo "skip: $data is missing (scripts/prepare-data.sh writes it)"
+  exit 77
+fi
+for tool in curl timeout; do
+  command -v $tool >/dev/null || { echo "FAIL: $tool is needed (scripts/install-deps.sh)"; exit 1; }
+done
+
+tmp=$(mktemp -d)
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  exec 3>&- 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+pass=0
+fail=0
+ok() { echo "ok   $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+
+"$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" --dp 2 --tp 2 --steps 100000 \
+  --log-every 1000 --web 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+
+url=
+for _ in $(seq 600); do
+  url=$(sed -n 's/^dashboard: //p' "$tmp/out" | head -1)
+  [ -n "$url" ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$url" ]; then
+  echo "FAIL: no 'dashboard: URL' line from train --web"
+  cat "$tmp/out" "$tmp/err" | head -20
+  exit 1
+fi
+token=${url##*token=}
+base=${url%%/\?*}
+port=${base##*:}
+auth="Authorization: Bearer $token"
+origin="Origin: http://127.0.0.1:$port"
+echo "dashboard at $base"
+
+# status METHOD PATH [curl args...]: prints the HTTP status code.
+status() {
+  local m=$1 p=$2
+  shift 2
+  curl -s -o "$tmp/body" -w '%{http_code}' --max-time 20 -X "$m" "$@" "$base$p"
+}
+expect() { # expect NAME WANT GOT
+  if [ "$3" = "$2" ]; then ok "$1 ($3)"; else bad "$1: got $3, wanted $2 ($(head -c 200 "$tmp/body"))"; fi
+}
+step_now() {
+  curl -s --max-time 20 -H "$auth" "$base/metrics" | awk '$1 == "meshscope_step" { print $2 }'
+}
+wait_step() { # wait_step N SECONDS: until the snapshot shows step >= N
+  local want=$1 secs=$2 s
+  for _ in $(seq $((secs * 5))); do
+    s=$(step_now)
+    [ -n "$s" ] && [ "$s" -ge "$want" ] 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+
+if wait_step 3 120; then ok "snapshots show training steps (step $(step_now))"; else bad "no step >= 3 within 120 s"; fi
+s1=$(step_now)
+if wait_step $((s1 + 3)) 60; then ok "steps advance ($s1 -> $(step_now))"; else bad "steps stuck at $s1"; fi
+
+# The start page: token for cookie, then the page.
+code=$(curl -s -o /dev/null -w '%{http_code}' -c "$tmp/jar" "$url")
+expect "start page with the token redirects" 303 "$code"
+grep -q "meshscope_$port" "$tmp/jar" && grep -q "#HttpOnly_" "$tmp/jar" && ok "HttpOnly cookie set" ||
+  bad "no HttpOnly cookie in the jar"
+expect "page with the cookie" 200 "$(status GET / -b "$tmp/jar")"
+grep -q 'id="heatmap"' "$tmp/body" && ok "page has the heatmap canvas" || bad "page lacks the heatmap"
+
+# Hostile requests.
+before=$(step_now)
+expect "no token" 401 "$(status GET /api/v1/snapshot)"
+expect "wrong token" 401 "$(status GET /api/v1/snapshot -H 'Authorization: Bearer 00000000000000000000000000000000')"
+expect "start page without token" 401 "$(status GET /)"
+expect "DNS rebinding Host" 403 "$(status GET /api/v1/snapshot -H "$auth" -H 'Host: evil.example')"
+expect "cross-origin POST with the cookie" 403 "$(status POST /api/v1/stop -b "$tmp/jar" -H 'Origin: http://evil.example')"
+expect "POST with the cookie and no Origin" 403 "$(status POST /api/v1/stop -b "$tmp/jar")"
+expect "PUT" 405 "$(status PUT /api/v1/stop -H "$auth")"
+expect "DELETE" 405 "$(status DELETE /api/v1/snapshot -H "$auth")"
+head -c 100000 /dev/zero | tr '\0' ' ' >"$tmp/big"
+expect "oversized body" 413 "$(status POST /api/v1/strategy -H "$auth" --data-binary @"$tmp/big")"
+expect "malformed JSON" 400 "$(status POST /api/v1/strategy -H "$auth" --data '{"dp": 2,')"
+deep=$(printf '[%.0s' $(seq 64))$(printf ']%.0s' $(seq 64))
+expect "over-deep JSON" 400 "$(status POST /api/v1/strategy -H "$auth" --data "$deep")"
+expect "strategy the job cannot run" 422 "$(status POST /api/v1/strategy -H "$auth" -H "$origin" --data '{"dp": 3, "tp": 1}')"
+grep -q '"error"' "$tmp/body" && ok "422 says why: $(head -c 160 "$tmp/body")" || bad "422 without a reason"
+expect "unknown suggestion" 422 "$(status POST /api/v1/suggestions/999999/accept -H "$auth")"
+expect "unknown route" 404 "$(status GET /api/v1/nope -H "$auth")"
+
+# Slowloris: half a request line, then silence; the server hangs up within its timeout (10 s)
+# while other requests are answered.
+exec 3<>"/dev/tcp/127.0.0.1/$port"
+printf 'GET /api/v1/snap' >&3
+t0=$(date +%s)
+expect "answered while a slow client waits" 200 "$(status GET /api/v1/snapshot -H "$auth")"
+if timeout 20 cat <&3 >/dev/null; then
+  took=$(($(date +%s) - t0))
+  [ "$took" -le 15 ] && ok "slow connection closed after ${took} s" || bad "slow connection closed only after ${took} s"
+else
+  bad "slow connection still open after 20 s"
+fi
+exec 3>&-
+
+# Server-sent events: new versions arrive.
+timeout 4 curl -s -N -H "$auth" "$base/api/v1/events" >"$tmp/sse" 2>/dev/null
+n=$(grep -c '^event: snapshot' "$tmp/sse")
+[ "$n" -ge 2 ] && ok "events stream: $n snapshots in 4 s" || bad "events stream: $n snapshots in 4 s"
+
+after=$(step_now)
+if wait_step $((after + 2)) 60; then
+  ok "training continued through the hostile requests ($before -> $(step_now))"
+else
+  bad "training stalled at step $after"
+fi
+
+# Stop: accepted, then the process ends with 0.
+expect "stop" 202 "$(status POST /api/v1/stop -H "$auth")"
+rc=
+for _ in $(seq 600); do
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid"
+    rc=$?
+    pid=
+    break
+  fi
+  sleep 0.1
+done
+if [ -z "$rc" ]; then
+  bad "training still running 60 s after stop"
+elif [ "$rc" -eq 0 ]; then
+  ok "training exited 0 after stop"
+else
+  bad "training exited $rc after stop"
+  tail -5 "$tmp/err"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
