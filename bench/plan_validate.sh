@@ -6,11 +6,14 @@
 #
 # Usage: bench/plan_validate.sh [--bin build/meshscope] [--model configs/gpt-bench.json]
 #          [--ranks 4] [--batch 8] [--seq 128] [--steps 10] [--skip 3] [--rounds 3]
-#          [--tolerance 0.15] [--recalibrate] [--strategies "dp=4 tp=4 tp=4,sp=1 ..."]
+#          [--tolerance 0.15] [--recalibrate] [--max-wait 600]
+#          [--strategies "dp=4 tp=4 tp=4,sp=1 ..."]
 #
 # Each round runs every strategy once (rounds interleave, so slow spells of a shared machine
 # spread over all strategies); a strategy's measured time is the median step_ms over steps
-# >= --skip of all its rounds. The load average is printed before and after.
+# >= --skip of all its rounds. Before each run the script waits (up to --max-wait seconds) for
+# the CPUs to be at least 85% idle; the idle share seen before each run and the load average
+# are printed.
 set -euo pipefail
 bin=build/meshscope
 model=configs/gpt-bench.json
@@ -22,6 +25,7 @@ skip=3
 rounds=3
 tol=0.15
 recal=""
+max_wait=600
 strategies="dp=4 tp=4 tp=4,sp=1 dp=2,tp=2 dp=2,tp=2,sp=1 dp=2,cp=2 tp=2,cp=2 tp=2,cp=2,sp=1 cp=4"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +39,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --tolerance) tol=$2; shift 2 ;;
     --recalibrate) recal=--recalibrate; shift ;;
+    --max-wait) max_wait=$2; shift 2 ;;
     --strategies) strategies=$2; shift 2 ;;
     *) echo "plan_validate.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -45,7 +50,7 @@ data=data/kjv.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# Idle share of the CPUs over 2 s; waiting for a quiet machine (at most 120 s) before each run
+# Idle share of the CPUs over 2 s; waiting for a quiet machine (at most --max-wait) before each run
 # keeps other jobs' bursts out of the measured steps. The idle seen before each run is kept.
 idle_pct() {
   local u n s i w x y z t1 i1 t2 i2
@@ -56,7 +61,7 @@ idle_pct() {
 }
 wait_quiet() {
   local p waited=0
-  while p=$(idle_pct); [ "$p" -lt 85 ] && [ $waited -lt 120 ]; do waited=$((waited + 2)); done
+  while p=$(idle_pct); [ "$p" -lt 85 ] && [ $waited -lt "$max_wait" ]; do waited=$((waited + 2)); done
   echo "$p" >>"$tmp/idle"
 }
 

@@ -28,7 +28,7 @@
     "--model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch --seq --lr "   \
     "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
     "--eval-every --val-fraction --threads --trace --trace-from --web --tui --switch "             \
-    "--advise-threshold"
+    "--advise-threshold --memory-cap"
 
 /* Feeds batch rows as floats: ids, targets and positions. For BERT the batch is first turned
  * into a masked-LM batch (keyed by the batch index, so every rank masks alike). */

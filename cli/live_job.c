@@ -11,6 +11,15 @@ bool live_job_wanted(const run_opts *o) {
     return o->web || o->tui || o->switch_spec;
 }
 
+/* Bytes per rank a target may need: --memory-cap, else this machine's usable memory shared by
+ * the ranks (once the cluster is known), else no limit (0). */
+static double memory_cap(const live_job *j) {
+    if (j->o->memory_cap_mib > 0) return j->o->memory_cap_mib * 1048576.0;
+    if (!j->advisor) return 0;
+    double cap = j->cluster.mem_bytes * j->cluster.usable_memory_fraction;
+    return j->cluster.cpu && j->world_size > 0 ? cap / j->world_size : cap;
+}
+
 ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
     int ranks = ms_strategy_ranks(s);
     if (ranks != j->world_size)
@@ -22,15 +31,11 @@ ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_erro
     if (j->o->batch % s->dp)
         return ms_fail(err, MS_ERR_INVALID, "%s: the batch of %d is not divisible by dp %d",
                        s->text, j->o->batch, s->dp);
-    if (j->advisor) {
-        /* The planner's check adds the memory cap of this machine's ranks. */
-        ms_plan_strategy ps = ms_plan_strategy_from_engine(s, j->o->batch);
-        double cap = j->cluster.mem_bytes * j->cluster.usable_memory_fraction;
-        if (j->cluster.cpu && j->world_size > 0) cap /= j->world_size;
-        MS_CHECK(ms_plan_check_executable(&j->cfg, &ps, j->world_size, j->o->batch, j->o->seq, cap,
-                                          err));
-    }
-    return MS_OK;
+    /* The planner's check: memory per rank of the compiled program, parameters, gradients and
+     * Adam moments against the cap. */
+    ms_plan_strategy ps = ms_plan_strategy_from_engine(s, j->o->batch);
+    return ms_plan_check_executable(&j->cfg, &ps, j->world_size, j->o->batch, j->o->seq,
+                                    memory_cap(j), err);
 }
 
 void live_job_set_current(live_job *j, const ms_strategy *s) {
@@ -102,6 +107,11 @@ static ms_status validate_request(void *user, const ms_live_req *req, ms_error *
     if (req->kind != MS_REQ_STRATEGY && req->kind != MS_REQ_ACCEPT) return MS_OK;
     char json[sizeof req->strategy_json];
     MS_CHECK(request_target(j, req, json, sizeof json, err));
+    /* The planner reads every knob (pp, zero, recompute, micro_batch), so a strategy this
+     * engine cannot run is refused as such rather than as an unknown key. */
+    ms_plan_strategy ps;
+    MS_CHECK(ms_plan_strategy_from_json(json, strlen(json), j->o->batch, &ps, err));
+    MS_CHECK(ms_plan_check_executable(&j->cfg, &ps, j->world_size, j->o->batch, j->o->seq, 0, err));
     ms_strategy s;
     MS_CHECK(ms_strategy_from_json(json, strlen(json), "strategy", &s, err));
     return live_job_check_target(j, &s, err);

@@ -94,6 +94,8 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             o->web = v;
         else if (!strcmp(f, "--switch"))
             o->switch_spec = v;
+        else if (!strcmp(f, "--memory-cap"))
+            good = parse_double(v, 0, 1e9, &d), o->memory_cap_mib = d;
         else if (!strcmp(f, "--advise-threshold"))
             good = parse_double(v, 0, 10, &d), o->advise_threshold = d;
         else if (!strcmp(f, "--checkpoint"))

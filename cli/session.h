@@ -16,6 +16,7 @@ typedef struct run_opts {
     const char *switch_spec; /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
     bool tui;                /* --tui: the terminal view */
     double advise_threshold; /* suggest strategies predicted at least this much faster */
+    double memory_cap_mib;   /* refuse switches needing more per rank; 0: the machine's share */
     int dp, tp, cp;
     bool sp;
     ms_backend_kind backend;

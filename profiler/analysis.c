@@ -283,6 +283,7 @@ static void build_heatmaps(ms_analysis *a, const ms_event *const *w, size_t nw,
 
 typedef struct bw_key {
     uint8_t coll;
+    int16_t dim;
     int size;
     uint64_t bytes;
     int64_t ns;
@@ -292,7 +293,8 @@ static int bw_cmp(const void *x, const void *y) {
     const bw_key *p = x, *q = y;
     if (p->coll != q->coll) return p->coll < q->coll ? -1 : 1;
     if (p->size != q->size) return p->size < q->size ? -1 : 1;
-    return p->bytes < q->bytes ? -1 : p->bytes > q->bytes;
+    if (p->bytes != q->bytes) return p->bytes < q->bytes ? -1 : 1;
+    return p->dim < q->dim ? -1 : p->dim > q->dim;
 }
 
 static void build_busbw(ms_analysis *a, const ms_event *const *w, size_t nw) {
@@ -305,7 +307,7 @@ static void build_busbw(ms_analysis *a, const ms_event *const *w, size_t nw) {
         if (c->coll == MS_COLL_BARRIER || c->coll == MS_COLL_SPLIT ||
             c->coll >= MS_COLL_KIND_COUNT || c->bytes == 0 || c->group_size < 2)
             continue;
-        k[m++] = (bw_key){c->coll, c->group_size, c->bytes, dur_ns(e)};
+        k[m++] = (bw_key){c->coll, c->mesh_dim, c->group_size, c->bytes, dur_ns(e)};
     }
     qsort(k, m, sizeof *k, bw_cmp);
     a->busbw = xcalloc(m + 1, sizeof *a->busbw);
@@ -315,6 +317,7 @@ static void build_busbw(ms_analysis *a, const ms_event *const *w, size_t nw) {
         for (; j < m && !bw_cmp(&k[i], &k[j]); j++) sum += k[j].ns;
         ms_busbw_row *r = &a->busbw[a->n_busbw++];
         r->coll = k[i].coll;
+        r->mesh_dim = k[i].dim;
         r->group_size = k[i].size;
         r->bytes = k[i].bytes;
         r->count = (int)(j - i);

@@ -77,6 +77,7 @@ typedef struct ms_rank_overlap {
 
 typedef struct ms_busbw_row {
     uint8_t coll;
+    int16_t mesh_dim; /* -1: not a mesh dim's communicator (world, custom) */
     int group_size;
     uint64_t bytes;
     int count;        /* events, over ranks */
@@ -123,7 +124,7 @@ typedef struct ms_analysis {
     char dim_names[MS_AN_MAX_DIMS][16]; /* the group name seen on that dim, e.g. "tp" */
     int n_dims;
     ms_rank_overlap overlap[MS_AN_MAX_RANKS]; /* [r] for r < nranks */
-    ms_busbw_row *busbw;                      /* by collective, group size, bytes */
+    ms_busbw_row *busbw;                      /* by collective, group size, bytes, mesh dim */
     int n_busbw;
     ms_op_row *ops; /* most time first */
     int n_ops;

@@ -107,7 +107,7 @@ static bool analysis_to_json(cJSON *root, const ms_analysis *a) {
     for (int i = 0; ok && i < a->n_busbw; i++) {
         const ms_busbw_row *x = &a->busbw[i];
         cJSON *e = push_obj(bw);
-        ok = e && add_str(e, "coll", coll_name(x->coll)) &&
+        ok = e && add_str(e, "coll", coll_name(x->coll)) && add_num(e, "mesh_dim", x->mesh_dim) &&
              add_num(e, "group_size", x->group_size) && add_num(e, "bytes", (double)x->bytes) &&
              add_num(e, "count", x->count) && add_num(e, "mean_s", x->mean_s) &&
              add_num(e, "busbw_gbs", x->busbw_gbs);
@@ -403,7 +403,9 @@ static ms_status rd_busbw(rd *r, const cJSON *e, ms_busbw_row *x) {
     for (int k = 0; k < MS_COLL_KIND_COUNT; k++) names[k] = ms_coll_name((ms_coll_kind)k);
     MS_CHECK(rd_obj(r, e));
     FIELD(r, e, "coll", rd_enum(r, v_, names, MS_COLL_KIND_COUNT, &x->coll));
-    int32_t gs = 0, count = 0;
+    int32_t gs = 0, count = 0, dim = -1;
+    FIELD(r, e, "mesh_dim", rd_i32(r, v_, -1, INT16_MAX, &dim));
+    x->mesh_dim = (int16_t)dim;
     FIELD(r, e, "group_size", rd_i32(r, v_, 0, INT32_MAX, &gs));
     FIELD(r, e, "bytes", rd_u64(r, v_, &x->bytes));
     FIELD(r, e, "count", rd_i32(r, v_, 0, INT32_MAX, &count));

@@ -948,8 +948,10 @@ static void test_metrics(void **state) {
     assert_true(sample_value(text, "meshscope_step") == (double)s->step);
     assert_true(sample_value(text, "meshscope_tokens_per_second") == 51200);
     assert_non_null(strstr(text, "\nmeshscope_overlap_ratio{rank=\"0\"} "));
-    assert_non_null(strstr(text, "\nmeshscope_collective_busbw_gigabytes_per_second{collective="
-                                 "\"all_reduce\",group_size=\"2\",message_bytes=\"4096\"} "));
+    const char *bw = strstr(text, "\nmeshscope_collective_busbw_gigabytes_per_second{collective="
+                                  "\"all_reduce\",mesh_dim=\"");
+    assert_non_null(bw);
+    assert_non_null(strstr(bw, "\",group_size=\"2\",message_bytes=\"4096\"} "));
     ms_snapshot_release(s);
     resp_free(&r);
 }

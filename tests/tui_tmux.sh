@@ -3,7 +3,9 @@
 #
 #   1. `train --tui` on 4 ranks: every screen shows data of the run (the step advances, a
 #      loss, a 4x4 heatmap with values and a legend, 4 timeline lanes, reshard transitions
-#      with counts, memory of 4 ranks, the suggestions list), `?` shows the help, `q` quits:
+#      with counts, memory of 4 ranks, the suggestions list); the advisor's first suggestion
+#      is accepted through the confirm box (Enter, y) and the job switches to it (the status
+#      line names the target, the suggestion reads "applied"); `?` shows the help, `q` quits:
 #      the job exits 0 and the terminal is restored (normal screen, the shell's output).
 #   2. The same with MESHSCOPE_ASCII=1: no byte outside ASCII on any screen.
 #   3. Ctrl-C in `train --tui`: the same clean exit.
@@ -52,7 +54,8 @@ ok() { echo "ok: $*"; }
 
 COLS=160
 ROWS=48
-TRAIN=("$BIN" train --model configs/gpt-tiny.json --data data/kjv.txt --dp 2 --tp 2 --steps 100000)
+TRAIN=("$BIN" train --model configs/gpt-tiny.json --data data/kjv.txt --dp 2 --tp 2 --steps 100000
+  --advise-threshold 0.01)
 
 # Starts a command in a fresh tmux session; afterwards the pane prints a marker with the
 # exit code (the shell's output, proving the terminal is back) and the code lands in $TMP/rc.
@@ -180,6 +183,32 @@ grep -Eq '^  (all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|p2p).* [
   ok "memory: 4 ranks with byte values" || fail "memory: rows"
 grep -q '^Suggestions' "$S-6.txt" && grep -Eq 'no suggestions yet|^  id +state' "$S-6.txt" &&
   ok "suggestions: header and list" || fail "suggestions: header or list"
+# Accept the advisor's first suggestion through the confirm box: the job switches strategy
+# (the status line names the target) and the suggestion reads "applied".
+keys 6
+if wait_for ' open ' 120 >/dev/null; then
+  target=$(capture | grep -E '^ *> .* open ' | head -1 |
+    grep -oE 'dp[0-9]+ x tp[0-9]+( x cp[0-9]+)?( \+sp)?' | head -1)
+  keys Enter
+  if wait_for 'y: accept' 10 >/dev/null; then
+    ok "suggestions: confirm box for $target"
+    capture >"$TMP/confirm.txt"
+    grep -Eq 'faster|gain' "$TMP/confirm.txt" && ok "confirm box shows the predicted gain" ||
+      fail "confirm box without the predicted gain"
+    keys y
+    if wait_for ' applied ' 90 >/dev/null; then
+      ok "accepted suggestion applied"
+      [ -n "$target" ] && wait_for "  $target  " 30 >/dev/null && ok "status line shows $target" ||
+        fail "status line does not show '$target'"
+    else
+      fail "accepted suggestion never applied"
+    fi
+  else
+    fail "Enter did not open the confirm box"
+  fi
+else
+  fail "no open suggestion within 120 s"
+fi
 keys 1
 keys '?'
 wait_for 'press any key' 10 >/dev/null && ok "? shows the help" || fail "? did not show the help"

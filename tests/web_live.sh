@@ -2,7 +2,10 @@
 # The dashboard of a real training run: steps advance in the snapshots, hostile requests are
 # refused (401, 403, 405, 413, 400, 422, a slowloris connection closed by the timeout) while
 # training keeps going, server-sent events arrive, and POST /api/v1/stop ends the job with
-# exit code 0. Usage: web_live.sh path/to/meshscope SOURCE_DIR
+# exit code 0. Strategy switches through POST /api/v1/strategy: each refusal (world size,
+# pipeline, ZeRO, sp without tp, memory cap, unknown knob) is a 422 with its reason and the job
+# runs on unchanged; a valid target is applied at a step boundary. Usage: web_live.sh
+# path/to/meshscope SOURCE_DIR
 # Skips (77) only when the training text is missing.
 set -u
 bin=$1
@@ -31,7 +34,8 @@ ok() { echo "ok   $*"; pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 
 "$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" --dp 2 --tp 2 --steps 100000 \
-  --log-every 1000 --web 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
+  --log-every 1000 --web 127.0.0.1:0 --memory-cap 21.7 --log-jsonl "$tmp/log.jsonl" \
+  >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 
 url=
@@ -121,6 +125,29 @@ else
   bad "slow connection still open after 20 s"
 fi
 exec 3>&-
+
+# Switching strategy: every refusal is a 422 with its reason, and the job runs on unchanged;
+# a valid target is applied at a step boundary (the log names it from then on).
+refuse() { # refuse NAME BODY WANTED-TEXT
+  expect "refused: $1" 422 "$(status POST /api/v1/strategy -H "$auth" --data "$2")"
+  grep -qF -- "$3" "$tmp/body" && ok "  says: $(head -c 150 "$tmp/body")" || bad "  no '$3' in $(head -c 200 "$tmp/body")"
+}
+refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "has 2 ranks but the job runs on 4"
+refuse "pipeline not executable" '{"dp": 2, "tp": 1, "pp": 2}' "pipeline"
+refuse "ZeRO not executable" '{"dp": 4, "zero": 1}' "ZeRO"
+refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"
+# --memory-cap 21.7 MiB: dp4 needs 21.1 MiB per rank here, tp4 +sp 22.4 MiB.
+refuse "over the memory cap" '{"dp": 1, "tp": 4, "sp": true}' "over memory"
+refuse "unknown knob" '{"dp": 4, "warp": 9}' "warp"
+grep -q '"strategy": "dp2 x tp2"' "$tmp/log.jsonl" && ok "still dp2 x tp2 after the refusals" || bad "strategy changed by a refused request"
+expect "switch to dp4" 202 "$(status POST /api/v1/strategy -H "$auth" --data '{"dp": 4}')"
+for _ in $(seq 300); do
+  grep -q '"strategy": "dp4 x tp1"' "$tmp/log.jsonl" && break
+  sleep 0.2
+done
+grep -q '"strategy": "dp4 x tp1"' "$tmp/log.jsonl" && ok "the job switched to dp4 x tp1" || bad "no step ran dp4 x tp1 within 60 s"
+snap_strategy=$(curl -s --max-time 20 -H "$auth" "$base/api/v1/snapshot" | grep -o '"strategy":"[^"]*"' | head -1)
+[ "$snap_strategy" = '"strategy":"dp4 x tp1"' ] && ok "the snapshot shows $snap_strategy" || bad "snapshot strategy $snap_strategy"
 
 # Server-sent events: new versions arrive.
 timeout 4 curl -s -N -H "$auth" "$base/api/v1/events" >"$tmp/sse" 2>/dev/null

@@ -226,8 +226,6 @@ static enum MHD_Result post_strategy(ms_web *w, struct MHD_Connection *c, const 
         return ms_web_queue_error(c, MHD_HTTP_UNPROCESSABLE_CONTENT,
                                   "strategy: $: expected an object like {\"dp\": 2, \"tp\": 2}");
     size_t tl = strlen(text);
-    ms_strategy s;
-    ms_error err = {0};
     if (tl >= sizeof req.strategy_json) {
         cJSON_free(text);
         return ms_web_queue_error(c, MHD_HTTP_CONTENT_TOO_LARGE, "strategy JSON over %zu bytes",
@@ -235,8 +233,8 @@ static enum MHD_Result post_strategy(ms_web *w, struct MHD_Connection *c, const 
     }
     memcpy(req.strategy_json, text, tl + 1);
     cJSON_free(text);
-    if (ms_strategy_from_json(req.strategy_json, tl, "strategy", &s, &err) != MS_OK)
-        return ms_web_queue_error(c, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", err.msg);
+    /* What the strategy means (world size, heads, memory, executable) is the job's to judge:
+     * its validator answers through ms_live_post (422 with the reason). */
     return post_request(w, c, &req);
 }
 

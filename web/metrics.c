@@ -11,73 +11,39 @@
 #include "comm/comm.h"
 #include "web/web_internal.h"
 
-void ms_sbuf_put(ms_sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) abort(); /* bookkeeping-sized text: same policy as xmalloc */
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+static void header(ms_strbuf *b, const char *name, const char *help) {
+    ms_strbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
 }
 
-void ms_sbuf_printf(ms_sbuf *b, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof small) {
-        ms_sbuf_put(b, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) abort();
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    ms_sbuf_put(b, big, (size_t)n);
-    free(big);
-}
-
-static void header(ms_sbuf *b, const char *name, const char *help) {
-    ms_sbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-}
-
-static void value(ms_sbuf *b, double v) {
+static void value(ms_strbuf *b, double v) {
     if (isnan(v))
-        ms_sbuf_put(b, " NaN\n", 5);
+        ms_strbuf_put(b, " NaN\n", 5);
     else if (isinf(v))
-        ms_sbuf_printf(b, " %sInf\n", v > 0 ? "+" : "-");
+        ms_strbuf_printf(b, " %sInf\n", v > 0 ? "+" : "-");
     else
-        ms_sbuf_printf(b, " %.17g\n", v);
+        ms_strbuf_printf(b, " %.17g\n", v);
 }
 
 /* name{k1="v1",k2="v2"} value; labels: NULL-terminated key, value pairs. */
-static void sample(ms_sbuf *b, const char *name, double v, const char *const *labels) {
-    ms_sbuf_put(b, name, strlen(name));
+static void sample(ms_strbuf *b, const char *name, double v, const char *const *labels) {
+    ms_strbuf_put(b, name, strlen(name));
     if (labels && labels[0]) {
-        ms_sbuf_put(b, "{", 1);
+        ms_strbuf_put(b, "{", 1);
         for (int i = 0; labels[i]; i += 2) {
-            ms_sbuf_printf(b, "%s%s=\"", i ? "," : "", labels[i]);
+            ms_strbuf_printf(b, "%s%s=\"", i ? "," : "", labels[i]);
             for (const char *p = labels[i + 1]; *p; p++) {
                 if (*p == '\\')
-                    ms_sbuf_put(b, "\\\\", 2);
+                    ms_strbuf_put(b, "\\\\", 2);
                 else if (*p == '"')
-                    ms_sbuf_put(b, "\\\"", 2);
+                    ms_strbuf_put(b, "\\\"", 2);
                 else if (*p == '\n')
-                    ms_sbuf_put(b, "\\n", 2);
+                    ms_strbuf_put(b, "\\n", 2);
                 else
-                    ms_sbuf_put(b, p, 1);
+                    ms_strbuf_put(b, p, 1);
             }
-            ms_sbuf_put(b, "\"", 1);
+            ms_strbuf_put(b, "\"", 1);
         }
-        ms_sbuf_put(b, "}", 1);
+        ms_strbuf_put(b, "}", 1);
     }
     value(b, v);
 }
@@ -88,7 +54,7 @@ static double sum(const double *v, size_t n) {
     return s;
 }
 
-static void per_rank(ms_sbuf *b, const char *name, const char *help, int n, const void *base,
+static void per_rank(ms_strbuf *b, const char *name, const char *help, int n, const void *base,
                      size_t stride, size_t off) {
     header(b, name, help);
     for (int r = 0; r < n; r++) {
@@ -102,7 +68,7 @@ static void per_rank(ms_sbuf *b, const char *name, const char *help, int n, cons
 }
 
 char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
-    ms_sbuf b = {0};
+    ms_strbuf b = {0};
     const ms_live_step *last = s->n_history > 0 ? &s->history[s->n_history - 1] : NULL;
     const ms_analysis *a = &s->analysis;
 
@@ -171,8 +137,8 @@ char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
                 const char *name, *help;
             } m[4] = {
                 {"meshscope_collective_bytes",
-                 "Bytes of the collectives of one kind, group size and message size over the "
-                 "window, summed over ranks (nccl-tests size convention)."},
+                 "Bytes of the collectives of one kind, mesh dim, group size and message size "
+                 "over the window, summed over ranks (nccl-tests size convention)."},
                 {"meshscope_collective_calls", "Collective calls over the window, over ranks."},
                 {"meshscope_collective_mean_seconds", "Mean duration of one such collective."},
                 {"meshscope_collective_busbw_gigabytes_per_second",
@@ -188,7 +154,10 @@ char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
                     const char *coll = x->coll < MS_COLL_KIND_COUNT
                                            ? ms_coll_name((ms_coll_kind)x->coll)
                                            : "unknown";
-                    const char *lab[] = {"collective",    coll, "group_size", gs,
+                    const char *dim = x->mesh_dim >= 0 && x->mesh_dim < a->n_dims
+                                          ? a->dim_names[x->mesh_dim]
+                                          : "world";
+                    const char *lab[] = {"collective",    coll, "mesh_dim", dim, "group_size", gs,
                                          "message_bytes", mb,   NULL};
                     double v = k == 0   ? (double)x->bytes * x->count
                                : k == 1 ? x->count

@@ -134,7 +134,7 @@ static enum MHD_Result start_page(ms_web *w, struct MHD_Connection *c, bool auth
 typedef struct req {
     bool bearer;  /* authenticated by the Authorization header */
     bool too_big; /* the body went over the cap (the rest is discarded) */
-    ms_sbuf body;
+    ms_strbuf body;
     size_t received;
 } req;
 
@@ -258,7 +258,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             /* Chunked bodies have no length up front: discard a little, then hang up. */
             return q->received > 4 * w->body_cap ? MHD_NO : MHD_YES;
         }
-        ms_sbuf_put(&q->body, upload_data, n);
+        ms_strbuf_put(&q->body, upload_data, n);
         return MHD_YES;
     }
     if (q->too_big)

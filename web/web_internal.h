@@ -21,6 +21,7 @@
 #include <microhttpd.h>
 
 #include "core/status.h"
+#include "core/xalloc.h"
 #include "profiler/live.h"
 #include "web/web.h"
 
@@ -29,16 +30,6 @@
 #define MS_WEB_HEARTBEAT_MS       15000
 #define MS_WEB_MIN_PUSH_MS        100 /* at most this often a new version wakes the streams, */
 #define MS_WEB_PUSH_MS_PER_STREAM 10  /* or this many ms per open stream when that is longer */
-
-/* --- growable text ------------------------------------------------------------------------ */
-
-typedef struct ms_sbuf {
-    char *p;
-    size_t len, cap;
-} ms_sbuf;
-
-void ms_sbuf_printf(ms_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void ms_sbuf_put(ms_sbuf *b, const char *s, size_t n);
 
 /* --- one snapshot version as text, shared by every reader ---------------------------------- */
 

@@ -2,6 +2,7 @@
 #include "core/xalloc.h"
 
 #include <stdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,4 +46,23 @@ void ms_strbuf_put(ms_strbuf *b, const void *data, size_t n) {
     memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = '\0';
+}
+
+void ms_strbuf_printf(ms_strbuf *b, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof small) {
+        ms_strbuf_put(b, small, (size_t)n);
+        return;
+    }
+    char *big = xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    ms_strbuf_put(b, big, (size_t)n);
+    free(big);
 }

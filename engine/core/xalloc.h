@@ -21,5 +21,6 @@ typedef struct ms_strbuf {
     size_t len, cap;
 } ms_strbuf;
 void ms_strbuf_put(ms_strbuf *b, const void *data, size_t n);
+void ms_strbuf_printf(ms_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif
