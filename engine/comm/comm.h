@@ -1,7 +1,7 @@
 /* comm.h - the communicator interface: collectives over one group of ranks.
  *
  * A communicator (ms_comm) is one group, e.g. the ranks along one mesh dim. Every backend
- * (threads, MPI, later NCCL) implements the raw operations in comm_impl.h; the thin shared
+ * (threads, MPI, NCCL) implements the raw operations in comm_impl.h; the thin shared
  * layer in comm.c validates arguments, assigns sequence numbers, applies the timeout,
  * turns backend failures into errors that name the op, the group, the sequence number and
  * the ranks that did not arrive, and reports every call to an observer (the profiler) with
@@ -12,7 +12,8 @@
  * MS_ERR_TIMEOUT after the communicator's timeout. After a timeout the communicator is
  * broken and every later call fails fast with MS_ERR_COMM.
  *
- * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only.
+ * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only. They are
+ * host memory on the threads and MPI backends and CUDA device memory on the NCCL backend.
  * Ownership: the caller owns all buffers; a communicator is freed with ms_comm_destroy,
  * and communicators made by ms_comm_split must be destroyed before their parent.
  */
@@ -136,6 +137,25 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
                         ms_error *err);
 
 void ms_comm_destroy(ms_comm *c);
+
+/* --- the NCCL backend ------------------------------------------------------------------- */
+
+/* A communicator over NCCL with the same members, in the same order, as `bootstrap` (any
+ * host-memory communicator: the threads world, the MPI world, a split of one). Collective over
+ * `bootstrap`: rank 0 creates the NCCL unique id and broadcasts it, and every member binds
+ * CUDA device `device` and joins. Every buffer later passed to the new communicator must be
+ * device memory of that device (e.g. from a device made by ms_device_cuda_create). It runs
+ * its operations on a CUDA stream of its own and returns once they have completed, under the
+ * same deadline as every other backend. The new communicator is named
+ * "nccl:<bootstrap name>" and takes the bootstrap's timeout.
+ *
+ * Failures, agreed on by all members (nobody is left waiting for a rank that gave up):
+ * MS_ERR_UNSUPPORTED when this build has no NCCL, or when a member has no CUDA device (the
+ * message says so; falling back to the threads or MPI backend is the caller's choice);
+ * MS_ERR_INVALID when `device` does not exist; MS_ERR_COMM or MS_ERR_TIMEOUT when NCCL
+ * fails to start. Ownership: on success *out belongs to the caller (ms_comm_destroy); it
+ * does not depend on `bootstrap`, which may be destroyed first. On failure *out is NULL. */
+ms_status ms_comm_nccl_create(ms_comm *bootstrap, int device, ms_comm **out, ms_error *err);
 
 /* Monotonic nanoseconds (CLOCK_MONOTONIC), the clock of every event. */
 int64_t ms_now_ns(void);
