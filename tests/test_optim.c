@@ -200,32 +200,6 @@ static void lr_schedule(void **state) {
 
 /* --- the rank's threads (kernels/parallel.h) ------------------------------------------- */
 
-static void count_range(void *arg, int64_t lo, int64_t hi) {
-    int *hits = arg;
-    for (int64_t i = lo; i < hi; i++) hits[i]++;
-}
-
-/* Every index is visited exactly once, whatever the size, grain and thread count. */
-static void parallel_for_covers(void **state) {
-    (void)state;
-    static int hits[100003];
-    const int64_t sizes[] = {0, 1, 7, 1000, 65536, 100003};
-    const int64_t grains[] = {1, 3, 1000, 1 << 16};
-    for (int t = 1; t <= 4; t++) {
-        ms_parallel_set_threads(t);
-        for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
-            for (size_t b = 0; b < sizeof grains / sizeof *grains; b++) {
-                memset(hits, 0, sizeof hits);
-                ms_parallel_for(sizes[a], grains[b], count_range, hits);
-                for (int64_t i = 0; i < sizes[a]; i++)
-                    if (hits[i] != 1)
-                        fail_msg("threads %d, n %lld, grain %lld: index %lld visited %d times", t,
-                                 (long long)sizes[a], (long long)grains[b], (long long)i, hits[i]);
-            }
-    }
-    ms_parallel_set_threads(1);
-}
-
 /* The fused clip + AdamW pass equals scaling the gradient and then stepping (bit for bit),
  * on 1 and 3 threads; the gradient norm is the same number on any thread count. */
 static void fused_scaled_adamw(void **state) {
@@ -277,7 +251,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(adamw_trajectory),
     cmocka_unit_test(clipping),
     cmocka_unit_test(lr_schedule),
-    cmocka_unit_test(parallel_for_covers),
     cmocka_unit_test(fused_scaled_adamw),
 };
 MT_MAIN("optim", tests)

@@ -17,6 +17,7 @@
 #include "core/xalloc.h"
 #include "dist/reshard.h"
 #include "graph/graph_impl.h"
+#include "kernels/parallel.h"
 #include "ops/select.h"
 #include "profiler/recorder.h"
 
@@ -768,6 +769,11 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
     ms_recorder_push(p->ctx->recorder, &e);
 }
 
+/* Gradient zeroing on the rank's threads (kernels/parallel.h). */
+static void zero_range(void *arg, int64_t lo, int64_t hi) {
+    memset((float *)arg + lo, 0, sizeof(float) * (size_t)(hi - lo));
+}
+
 static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
     ms_recorder *rec = p->ctx->recorder;
@@ -788,7 +794,8 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
                 st = run_reshard(p, in, err);
                 break;
             case I_ZERO:
-                memset(p->bufs[in->dst].ptr, 0, sizeof(float) * (size_t)p->bufs[in->dst].nfloats);
+                ms_parallel_for(p->bufs[in->dst].nfloats, 1 << 16, zero_range,
+                                p->bufs[in->dst].ptr);
                 break;
             case I_SEED:
                 for (int64_t i = 0; i < p->bufs[in->dst].nfloats; i++)
@@ -796,7 +803,7 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
                 break;
             case I_ADD: {
                 buf *s = &p->bufs[in->src], *d = &p->bufs[in->dst];
-                for (int64_t i = 0; i < d->nfloats; i++) d->ptr[i] += s->ptr[i];
+                ms_k_add_backward(d->ptr, NULL, s->ptr, d->nfloats); /* d += s */
                 break;
             }
             case I_FWD:

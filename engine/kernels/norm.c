@@ -49,12 +49,20 @@ void ms_k_layernorm_forward(float *out, float *mean, float *rstd, const float *i
     ms_parallel_for(n, c > 0 ? (1 << 14) / c + 1 : n, layernorm_fwd_range, &j);
 }
 
-void ms_k_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int64_t n, int64_t c) {
-    for (int64_t r = 0; r < n; r++) {
-        const float *g = dout + r * c, *x = inp + r * c;
-        const float m = mean[r], s = rstd[r];
+typedef struct ln_bwd_job {
+    float *dinp, *dweight, *dbias;
+    const float *dout, *inp, *weight, *mean, *rstd;
+    int64_t n, c;
+} ln_bwd_job;
+
+/* dinp, row by row. */
+static void layernorm_bwd_rows(void *arg, int64_t lo, int64_t hi) {
+    const ln_bwd_job *jb = arg;
+    const int64_t c = jb->c;
+    const float *weight = jb->weight;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *g = jb->dout + r * c, *x = jb->inp + r * c;
+        const float m = jb->mean[r], s = jb->rstd[r];
         /* With xhat = (x - m) s and dxhat = w * dout:
          * dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)). */
         float dmean = 0.0f, dnorm_mean = 0.0f;
@@ -66,13 +74,35 @@ void ms_k_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
         }
         dmean /= (float)c;
         dnorm_mean /= (float)c;
+        float *d = jb->dinp + r * c;
         for (int64_t j = 0; j < c; j++) {
             const float xhat = (x[j] - m) * s;
-            if (dbias) dbias[j] += g[j];
-            if (dweight) dweight[j] += xhat * g[j];
-            if (dinp) dinp[r * c + j] += s * (weight[j] * g[j] - dmean - xhat * dnorm_mean);
+            d[j] += s * (weight[j] * g[j] - dmean - xhat * dnorm_mean);
         }
     }
+}
+
+/* dweight and dbias: column sums over all rows, a range of columns per thread, rows in
+ * order (the same additions in the same order as one thread would do). */
+static void layernorm_bwd_cols(void *arg, int64_t lo, int64_t hi) {
+    const ln_bwd_job *jb = arg;
+    const int64_t c = jb->c;
+    for (int64_t r = 0; r < jb->n; r++) {
+        const float *g = jb->dout + r * c, *x = jb->inp + r * c;
+        const float m = jb->mean[r], s = jb->rstd[r];
+        if (jb->dbias)
+            for (int64_t j = lo; j < hi; j++) jb->dbias[j] += g[j];
+        if (jb->dweight)
+            for (int64_t j = lo; j < hi; j++) jb->dweight[j] += (x[j] - m) * s * g[j];
+    }
+}
+
+void ms_k_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int64_t n, int64_t c) {
+    ln_bwd_job j = {dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c};
+    if (dinp) ms_parallel_for(n, c > 0 ? (1 << 14) / c + 1 : n, layernorm_bwd_rows, &j);
+    if (dweight || dbias) ms_parallel_for(c, 64, layernorm_bwd_cols, &j);
 }
 
 ms_k_cost ms_k_layernorm_cost(int64_t n, int64_t c, bool backward) {
