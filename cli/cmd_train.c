@@ -5,6 +5,7 @@
  * same data); AdamW with global-norm clipping and warmup + cosine learning rate updates
  * each rank's shards. Rank 0 logs, samples text and writes the checkpoint. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +122,25 @@ static ms_status evaluate(session *s, const ms_text_data *d, ms_split split, int
 }
 
 /* Generates n bytes after a prompt, sampling with temperature 0.8 from row 0's logits. */
-static ms_status sample_text(ms_ctx *ctx, session *s, int n, uint64_t seed, ms_error *err) {
+/* Rank 0's closing lines: printed at once, or, while the TUI owns the terminal, kept and
+ * printed once it has given the terminal back. */
+static void say(ms_strbuf *later, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(ms_strbuf *later, const char *fmt, ...) {
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (later) {
+        ms_strbuf_put(later, line, strlen(line));
+    } else {
+        fputs(line, stdout);
+        fflush(stdout);
+    }
+}
+
+static ms_status sample_text(ms_ctx *ctx, session *s, int n, uint64_t seed, ms_strbuf *later,
+                             ms_error *err) {
     int B = s->model.B, T = s->model.T, V = s->cfg.vocab_size;
     const char *prompt = "And God said";
     int32_t *ids = xcalloc((size_t)B * T, sizeof *ids), *tgt = xcalloc((size_t)B * T, sizeof *tgt);
@@ -158,7 +177,10 @@ static ms_status sample_text(ms_ctx *ctx, session *s, int n, uint64_t seed, ms_e
         out[total++] = (char)(pick < 32 && pick != '\n' ? ' ' : pick);
         ms_tensor_release(&logits);
     }
-    if (st == MS_OK && ctx->rank == 0) printf("\nsample:\n%s\n", out);
+    if (st == MS_OK && ctx->rank == 0) {
+        say(later, "\nsample:\n");
+        say(later, "%s\n", out);
+    }
     free(ids), free(tgt), free(scratch), free(out);
     return st;
 }
@@ -440,6 +462,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     live_job own = {0}, *job = ta->job;
     bool live_on = live_job_wanted(o);
     bool quiet = o->tui; /* the TUI owns the terminal */
+    float last_loss = NAN;
     ms_status st;
     memset(&s, 0, sizeof s);
     if (live_on && o->backend == MS_BACKEND_MPI && ctx->rank == 0) {
@@ -481,6 +504,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     ms_program_stats stats;
     ms_program_stats_get(s.prog, &stats);
     if (ctx->rank == 0 && job && job->live) live_job_set_current(job, &s.strat);
+    ms_strbuf *later = quiet && job ? &job->epilogue : NULL;
     if (ctx->rank == 0 && !quiet) {
         char m[128];
         printf("training %s (%d layers, %d heads, %d channels, vocab %d) on %s, %d ranks, %s "
@@ -500,7 +524,8 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
             control c;
             MS_CHECK_GOTO(live_job_control(job, tr.comm, step, &c, err), st, out);
             if (c.kind == CONTROL_STOP) {
-                if (ctx->rank == 0 && !quiet) printf("step %5d  stopped on request\n", step);
+                if (ctx->rank == 0)
+                    say(later, "step %5d  stopped on request (last loss %.4f)\n", step, last_loss);
                 break;
             }
             if (c.kind == CONTROL_SWITCH) {
@@ -524,6 +549,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         ms_record_span(ctx, MS_EV_DATA, t0);
         float loss;
         MS_CHECK_GOTO(ms_program_step(s.prog, &loss, err), st, out);
+        last_loss = loss;
         double norm;
         MS_CHECK_GOTO(grad_norm(ctx, s.prog, &norm, err), st, out);
         float scale = o->clip > 0 ? ms_clip_scale(norm, o->clip) : 1.0f;
@@ -588,10 +614,10 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         double vl;
         MS_CHECK_GOTO(evaluate(&s, &data, MS_SPLIT_VAL, o->batches, ids, tgt, scratch, &vl, err),
                       st, out);
-        if (ctx->rank == 0 && !quiet) printf("validation loss %.4f (%d batches)\n", vl, o->batches);
+        if (ctx->rank == 0) say(later, "validation loss %.4f (%d batches)\n", vl, o->batches);
     }
-    if (o->sample > 0 && !s.model.mlm_per_row && !quiet)
-        MS_CHECK_GOTO(sample_text(ctx, &s, o->sample, o->seed, err), st, out);
+    if (o->sample > 0 && !s.model.mlm_per_row)
+        MS_CHECK_GOTO(sample_text(ctx, &s, o->sample, o->seed, later, err), st, out);
     if (o->save) MS_CHECK_GOTO(save_checkpoint(ctx, &s, o->save, err), st, out);
     st = MS_OK;
 out:

@@ -201,6 +201,9 @@ void live_job_close(live_job *j) {
     ms_advisor_destroy(j->advisor);
     j->advisor = NULL;
     if (had_live) pthread_mutex_destroy(&j->mu);
+    if (j->epilogue.len) fputs(j->epilogue.p, stdout);
+    free(j->epilogue.p);
+    j->epilogue = (ms_strbuf){0};
     j->tui = NULL, j->web = NULL, j->live = NULL;
 }
 

@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 
+#include "core/xalloc.h"
 #include "model/config.h"
 #include "plan/advisor.h"
 #include "model/strategy.h"
@@ -36,6 +37,7 @@ typedef struct live_job {
     ms_cluster cluster;
     pthread_mutex_t mu; /* guards current */
     ms_strategy current;
+    ms_strbuf epilogue; /* rank 0's closing lines while the TUI owns the terminal */
 } live_job;
 
 /* Rank 0 after a switch (and at the start): the strategy the steps now run under. */
@@ -52,6 +54,7 @@ ms_status live_job_check_options(const run_opts *o, int world_size, ms_error *er
 ms_status live_job_open(live_job *j, const run_opts *o, int world_size, ms_error *err);
 /* The ranks finished: a last snapshot; with a TUI, waits until the user quits it. */
 void live_job_finish(live_job *j);
+/* Gives the terminal back (TUI), stops the dashboard, prints the kept closing lines. */
 void live_job_close(live_job *j);
 
 /* Checks a target strategy against the job: mesh size equals the world, the model's heads

@@ -11,7 +11,7 @@ bin=./build/meshscope
 $bin demo --ranks 4
 echo
 args=(--model configs/gpt-tiny.json --data data/kjv.txt --tp 4 --batch 8 --seq 64 --lr 3e-3
-      --min-lr 3e-4 --log-every 50 --log-jsonl build/train.jsonl --web 127.0.0.1:0)
+      --min-lr 3e-4 --log-every 50 --log-jsonl build/train.jsonl --web 127.0.0.1:0 --sample 300)
 if [ -t 0 ] && [ -t 1 ]; then
   # Interactive: runs until q (the dashboard URL is also on the TUI's overview screen).
   $bin train "${args[@]}" --steps 1000000 --tui

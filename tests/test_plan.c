@@ -460,7 +460,7 @@ static void executable_check_reasons(void **state) {
         double cap;
         const char *want;
     } bad[] = {
-        {ms_plan_strategy_engine(2, 2, 1, false, 8), 8, 8, 0, "job runs 8"},
+        {ms_plan_strategy_engine(2, 2, 1, false, 8), 8, 8, 0, "job runs on 8"},
         {ms_plan_strategy_engine(1, 3, 1, false, 6), 3, 6, 0, "does not divide the 4 attention"},
         {ms_plan_strategy_engine(1, 2, 4, false, 8), 8, 8, 0, "tp x cp = 8"},
         {ms_plan_strategy_engine(4, 1, 1, false, 6), 4, 6, 0, "not divisible by dp 4"},

@@ -363,14 +363,16 @@ static ms_status calibrate_colls(int max_ranks, void *log, ms_cluster *c, ms_err
 
 /* --- synchronisation, measured on the engine's own step -------------------------------------
  * A small GPT, unlike the shipped configs (3 layers, 8 heads, 192 channels, vocab 320, batch 8 x
- * 96 tokens), runs forward + backward + gradient reduction on R thread ranks as dpR and as tpR.
- * The step the planner predicts for each (kernels and collectives as calibrated above, no
- * synchronisation) falls short of the measured one by r_dp and r_tp; with n_dp and n_tp
- * collectives reached from compute and two phase boundaries per step (end of forward, start of
- * the gradient reduction):  r = n x per_call + 2 x per_phase, solved from the two. */
+ * 96 tokens), runs forward + backward + gradient reduction on R thread ranks as dpR, tpR and
+ * tpR +sp. The step the planner predicts for each (kernels and collectives as calibrated above,
+ * no synchronisation) falls short of the measured one by r; with n collectives reached from
+ * compute, B bus bytes in them, and two phase boundaries per step (end of forward, start of the
+ * gradient reduction):  r = n x per_call + B x per_byte + 2 x per_phase, solved from the three
+ * (non-negative least squares: a cost that comes out negative is dropped). */
 
 typedef struct step_run {
     int dp, tp;
+    bool sp;
     ms_model_config cfg;
     int B, T;
     double step_s; /* rank 0 */
@@ -379,7 +381,7 @@ typedef struct step_run {
 static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     step_run *r = arg;
     ms_strategy s;
-    MS_CHECK(ms_strategy_init(&s, r->dp, r->tp, 1, false, err));
+    MS_CHECK(ms_strategy_init(&s, r->dp, r->tp, 1, r->sp, err));
     ms_mesh mesh;
     MS_CHECK(ms_strategy_mesh(&s, &mesh, err));
     ms_dmesh *dm = NULL;
@@ -425,6 +427,62 @@ out:
     return st;
 }
 
+/* Least squares over the columns in `use` (bit j = unknown j), by the normal equations. */
+static bool lsq(double x[3][3], const double *r, unsigned use, double *sol) {
+    int idx[3], k = 0;
+    for (int j = 0; j < 3; j++)
+        if (use >> j & 1) idx[k++] = j;
+    double a[3][4] = {{0}};
+    for (int p = 0; p < k; p++) {
+        for (int q = 0; q < k; q++)
+            for (int i = 0; i < 3; i++) a[p][q] += x[i][idx[p]] * x[i][idx[q]];
+        for (int i = 0; i < 3; i++) a[p][k] += x[i][idx[p]] * r[i];
+    }
+    for (int p = 0; p < k; p++) { /* Gauss-Jordan */
+        int piv = p;
+        for (int q = p + 1; q < k; q++)
+            if (fabs(a[q][p]) > fabs(a[piv][p])) piv = q;
+        if (fabs(a[piv][p]) < 1e-300) return false;
+        for (int q = 0; q <= k; q++) {
+            double t = a[p][q];
+            a[p][q] = a[piv][q];
+            a[piv][q] = t;
+        }
+        for (int q = 0; q < k; q++) {
+            if (q == p) continue;
+            double f = a[q][p] / a[p][p];
+            for (int z = p; z <= k; z++) a[q][z] -= f * a[p][z];
+        }
+    }
+    for (int j = 0; j < 3; j++) sol[j] = 0;
+    for (int p = 0; p < k; p++) sol[idx[p]] = a[p][k] / a[p][p];
+    return true;
+}
+
+/* Non-negative least squares for three unknowns: the best fit among the subsets of unknowns
+ * whose solution is non-negative. */
+static void nnls3(double x[3][3], const double *r, double *best) {
+    double best_err = 1e300;
+    for (int j = 0; j < 3; j++) best[j] = 0;
+    for (unsigned use = 1; use < 8; use++) {
+        double sol[3];
+        if (!lsq(x, r, use, sol)) continue;
+        bool ok = true;
+        for (int j = 0; j < 3; j++) ok &= sol[j] >= 0;
+        if (!ok) continue;
+        double e = 0;
+        for (int i = 0; i < 3; i++) {
+            double d = r[i];
+            for (int j = 0; j < 3; j++) d -= x[i][j] * sol[j];
+            e += d * d;
+        }
+        if (e < best_err) {
+            best_err = e;
+            for (int j = 0; j < 3; j++) best[j] = sol[j];
+        }
+    }
+}
+
 static ms_status calibrate_sync(int max_ranks, void *log, ms_cluster *c, ms_error *err) {
     const ms_model_config cfg = {.model_type = MS_MODEL_GPT2,
                                  .n_layer = 3,
@@ -438,9 +496,11 @@ static ms_status calibrate_sync(int max_ranks, void *log, ms_cluster *c, ms_erro
     int nf = 0;
     c->n_sync = 0; /* predictions below without synchronisation */
     for (int R = 2; R <= max_ranks && R <= 8; R *= 2) {
-        double resid[2], calls[2];
-        for (int v = 0; v < 2; v++) {
-            step_run run = {.dp = v ? 1 : R, .tp = v ? R : 1, .cfg = cfg, .B = B, .T = T};
+        double r[3], x[3][3]; /* residuals; rows (calls, bus bytes, phases) */
+        static const char *const names[3] = {"dp", "tp", "tp +sp"};
+        for (int v = 0; v < 3; v++) {
+            step_run run = {
+                .dp = v ? 1 : R, .tp = v ? R : 1, .sp = v == 2, .cfg = cfg, .B = B, .T = T};
             ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = R, .seed = 1};
             MS_CHECK(ms_launch(&lo, step_rank, &run, err));
             ms_plan_problem pb = {.model = cfg,
@@ -450,30 +510,31 @@ static ms_status calibrate_sync(int max_ranks, void *log, ms_cluster *c, ms_erro
                                   .dtype = MS_PLAN_FP32,
                                   .cluster = c,
                                   .engine_workloads = true};
-            ms_plan_strategy s = ms_plan_strategy_engine(run.dp, run.tp, 1, false, B);
+            ms_plan_strategy s = ms_plan_strategy_engine(run.dp, run.tp, 1, run.sp, B);
             ms_plan_estimate e;
             MS_CHECK(ms_plan_estimate_one(&pb, &s, NULL, &e, err));
             /* the program's part of the step: no optimizer, no gradient norm */
             double pred =
                 e.step_s - e.compute_s[MS_PC_OPTIMIZER] - e.comm_s[MS_PLAN_WORLD] - e.overhead_s;
-            resid[v] = run.step_s - pred;
-            calls[v] = e.mb_coll_calls;
+            r[v] = run.step_s - pred;
+            x[v][0] = e.mb_coll_calls;
+            x[v][1] = e.mb_coll_bus_bytes;
+            x[v][2] = 2;
             if (log)
                 fprintf(log,
-                        "cpu-local: %d ranks, %s step %.1f ms, predicted %.1f ms without "
-                        "synchronisation (%g collectives from compute)\n",
-                        R, v ? "tp" : "dp", run.step_s * 1e3, pred * 1e3, calls[v]);
+                        "cpu-local: %d ranks, %s: step %.1f ms, predicted %.1f ms without "
+                        "synchronisation (%g collectives from compute, %.1f MB)\n",
+                        R, names[v], run.step_s * 1e3, pred * 1e3, x[v][0], x[v][1] / 1e6);
         }
-        double per_call = calls[1] > calls[0] ? (resid[1] - resid[0]) / (calls[1] - calls[0]) : 0;
-        if (per_call < 0) per_call = 0;
-        double per_phase = (resid[0] - calls[0] * per_call) / 2;
-        if (per_phase < 0) per_phase = 0;
-        found[nf++] = (ms_sync_point){.ranks = R, .per_call = per_call, .per_phase = per_phase};
+        double sol[3];
+        nnls3(x, r, sol);
+        found[nf++] = (ms_sync_point){
+            .ranks = R, .per_call = sol[0], .per_byte = sol[1], .per_phase = sol[2]};
         if (log)
             fprintf(log,
-                    "cpu-local: %d ranks: %.0f us per collective from compute, %.0f us per "
-                    "phase boundary\n",
-                    R, per_call * 1e6, per_phase * 1e6);
+                    "cpu-local: %d ranks: %.0f us per collective from compute, %.2f ns per bus "
+                    "byte, %.0f us per phase boundary\n",
+                    R, sol[0] * 1e6, sol[1] * 1e9, sol[2] * 1e6);
     }
     memcpy(c->sync, found, sizeof(ms_sync_point) * (size_t)nf);
     c->n_sync = nf;

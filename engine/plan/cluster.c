@@ -206,9 +206,10 @@ static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
          e = e->next) {
         char path[48];
         snprintf(path, sizeof path, "$.sync[%d]", c->n_sync);
-        double ranks, call, phase;
+        double ranks, call, phase, byte;
         MS_CHECK(jnum(j, e, path, "ranks", true, 1, 4096, 0, &ranks));
         MS_CHECK(jnum(j, e, path, "per_call_us", true, 0, 1e9, 0, &call));
+        MS_CHECK(jnum(j, e, path, "per_byte_ns", false, 0, 1e9, 0, &byte));
         MS_CHECK(jnum(j, e, path, "per_phase_us", true, 0, 1e9, 0, &phase));
         c->sync[c->n_sync++] = (ms_sync_point){
             .ranks = (int)ranks, .per_call = call * 1e-6, .per_phase = phase * 1e-6};
@@ -400,6 +401,7 @@ char *ms_cluster_to_json(const ms_cluster *c) {
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "ranks", c->sync[i].ranks);
             cJSON_AddNumberToObject(e, "per_call_us", c->sync[i].per_call * 1e6);
+            cJSON_AddNumberToObject(e, "per_byte_ns", c->sync[i].per_byte * 1e9);
             cJSON_AddNumberToObject(e, "per_phase_us", c->sync[i].per_phase * 1e6);
             cJSON_AddItemToArray(l, e);
         }
@@ -483,7 +485,7 @@ static ms_status write_text(FILE *f, void *arg, ms_error *err) {
     return ms_durable_fwrite(f, s, strlen(s), "cluster cache", err);
 }
 
-#define CALIBRATION_VERSION "meshscope-cpu-local-5"
+#define CALIBRATION_VERSION "meshscope-cpu-local-6"
 
 ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_cluster *out,
                              ms_error *err) {
@@ -719,6 +721,11 @@ double ms_cluster_sync_call(const ms_cluster *c, int ranks) {
     return p ? p->per_call : 0;
 }
 
+double ms_cluster_sync_byte(const ms_cluster *c, int ranks) {
+    const ms_sync_point *p = sync_point(c, ranks);
+    return p ? p->per_byte : 0;
+}
+
 double ms_cluster_sync_phase(const ms_cluster *c, int ranks) {
     const ms_sync_point *p = sync_point(c, ranks);
     return p ? p->per_phase : 0;
@@ -742,8 +749,10 @@ double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_pla
             double factor = kind == MS_COLL_P2P || kind == MS_COLL_BROADCAST
                                 ? 1.0
                                 : ms_coll_busbw_factor(kind, n);
-            return p->alpha + factor * bytes / p->busbw +
-                   (gap_s >= 0 ? ms_cluster_sync_call(c, world) : 0);
+            double sync = gap_s >= 0 ? ms_cluster_sync_call(c, world) +
+                                           factor * bytes * ms_cluster_sync_byte(c, world)
+                                     : 0;
+            return p->alpha + factor * bytes / p->busbw + sync;
         }
     }
     ms_link l = g.crosses_nodes ? c->inter : c->intra;

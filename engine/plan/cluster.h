@@ -74,6 +74,7 @@ typedef struct ms_coll_point {
 typedef struct ms_sync_point {
     int ranks;
     double per_call;  /* seconds added to each collective reached from compute */
+    double per_byte;  /* seconds added per bus byte of such a collective */
     double per_phase; /* seconds added at each phase boundary of a step (end of forward,
                          start of the gradient reduction, the gradient norm) */
 } ms_sync_point;
@@ -181,6 +182,7 @@ double ms_cluster_share(const ms_cluster *c, int ranks);
 /* The synchronisation costs for `ranks` thread ranks (nearest measured rank count; 0 when
  * none is measured, as on GPU clusters). */
 double ms_cluster_sync_call(const ms_cluster *c, int ranks);
+double ms_cluster_sync_byte(const ms_cluster *c, int ranks);
 double ms_cluster_sync_phase(const ms_cluster *c, int ranks);
 
 /* Where a mesh dim's group lies. `stride` is the product of the sizes of the mesh dims laid
@@ -196,8 +198,8 @@ ms_group_place ms_cluster_group(const ms_cluster *c, int n, int stride);
  * all-gather the gathered output, reduce-scatter the input, all-to-all what a rank sends,
  * p2p what it sends) on a group placed as g. `world` is the total rank count running
  * (cpu-local looks its measurements up by it). gap_s >= 0: the ranks arrive after gap_s
- * seconds of compute, which on cpu-local adds ms_cluster_sync_call; < 0: they arrive from
- * another collective. */
+ * seconds of compute, which on cpu-local adds ms_cluster_sync_call and ms_cluster_sync_byte
+ * per bus byte; < 0: they arrive from another collective. */
 double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_place g, double bytes,
                             int world, double gap_s);
 

@@ -530,10 +530,16 @@ static void price(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_
         if (e->phase == WK_BWD) bwd_mb += t;
     }
     /* collectives inside the micro-batch arrive from compute: on average this much of it */
-    double kernels_mb = 0, calls_mb = 0;
+    double kernels_mb = 0, calls_mb = 0, bus_mb = 0;
     for (int k = 0; k < MS_PC_COUNT; k++) kernels_mb += cls_mb[k];
     for (int i = 0; i < w->nc; i++)
-        if (w->c[i].when == WK_IN_MB) calls_mb += w->c[i].count;
+        if (w->c[i].when == WK_IN_MB) {
+            const wk_coll *e = &w->c[i];
+            calls_mb += e->count;
+            double f =
+                e->kind == MS_COLL_P2P ? 1 : ms_coll_busbw_factor((ms_coll_kind)e->kind, e->group);
+            bus_mb += e->count * e->bytes * f;
+        }
     double gap = calls_mb > 0 ? kernels_mb / calls_mb : 0;
     for (int i = 0; i < w->nc; i++) {
         const wk_coll *e = &w->c[i];
@@ -578,6 +584,7 @@ static void price(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_
      * gradient reduction and at the gradient norm */
     out->sync_s = (2 * m + 1) * ms_cluster_sync_phase(c, pb->devices);
     out->mb_coll_calls = calls_mb * m;
+    out->mb_coll_bus_bytes = bus_mb * m;
     out->overhead_s = c->step_overhead + out->sync_s + sc->overhead_s;
     out->step_s = slots * t_mb + exposed_grad + opt + out->overhead_s;
 }

@@ -121,8 +121,9 @@ typedef struct ms_plan_estimate {
     double comm_bytes[MS_PLAN_DIM_COUNT];   /* collective bytes per device per step */
     double bubble_s;                        /* pipeline fill and drain */
     double overhead_s;                      /* fixed per step, synchronisation included */
-    double sync_s;        /* of overhead_s: oversubscribed ranks meeting at phase boundaries */
-    double mb_coll_calls; /* collectives reached from compute, per step */
+    double sync_s;            /* of overhead_s: oversubscribed ranks meeting at phase boundaries */
+    double mb_coll_calls;     /* collectives reached from compute, per step */
+    double mb_coll_bus_bytes; /* their bus bytes (nccl-tests factors applied), per step */
     double model_flops, hw_flops; /* per step, all devices together */
     double model_tflops_per_device, hw_tflops_per_device;
     double mem_params, mem_grads, mem_optim, mem_act, mem_other, mem_total; /* bytes per device */
