@@ -273,17 +273,34 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     measured m;
     measure(an, a->world, pred, &m);
     ms_plan_scales fresh = a->scales;
+    /* A trace books as communication every wait inside a collective. The model already puts
+     * part of that elsewhere: the phase-boundary waits of thread ranks (overhead) and, when
+     * ranks outnumber cores, compute: a rank waiting in a collective hands its core to a peer,
+     * whose kernels then run faster than their fair share, so measured compute falls short of
+     * the prediction by about what the collectives gained. Those parts are taken off the
+     * measured collective time (pro rata over the mesh dims) before the dims are rescaled, and
+     * the compute classes keep their measured mix but never drop below the predicted total. */
+    double pred_comp = 0, meas_comp = 0, meas_comm = 0;
+    for (int c = 0; c < MS_PC_OPTIMIZER; c++)
+        pred_comp += pred->compute_s[c], meas_comp += m.cls[c];
+    for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) meas_comm += m.dim[d];
+    bool shared = a->cluster.cpu && a->world > a->cluster.cores;
+    double lift =
+        shared && m.have_ops && meas_comp > 0 && meas_comp < pred_comp ? pred_comp / meas_comp : 1;
+    double shift = pred->sync_s + (lift > 1 ? pred_comp - meas_comp : 0);
     if (m.have_ops) {
         for (int c = 0; c < MS_PC_OPTIMIZER; c++)
             if (pred->compute_s[c] > 1e-9 && m.cls[c] > 0)
-                fresh.compute[c] = clampd(m.cls[c] / pred->compute_s[c], 0.2, 8);
-        double opt = pred->compute_s[MS_PC_OPTIMIZER] + pred->overhead_s;
+                fresh.compute[c] = clampd(lift * m.cls[c] / pred->compute_s[c], 0.2, 8);
+        double opt = pred->compute_s[MS_PC_OPTIMIZER] + pred->overhead_s - pred->sync_s;
         if (opt > 1e-9 && m.idle > 0) fresh.compute[MS_PC_OPTIMIZER] = clampd(m.idle / opt, 0.2, 8);
     }
     if (m.have_dims)
         for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
-            if (pred->comm_total_s[d] > 1e-9 && m.dim[d] > 0)
-                fresh.comm[d] = clampd(m.dim[d] / pred->comm_total_s[d], 0.2, 8);
+            if (pred->comm_total_s[d] > 1e-9 && m.dim[d] > 0) {
+                double net = m.dim[d] - (meas_comm > 0 ? shift * m.dim[d] / meas_comm : 0);
+                fresh.comm[d] = clampd(net / pred->comm_total_s[d], 0.2, 8);
+            }
     if (!m.have_ops && !m.have_dims) {
         /* only the step time: scale the whole model */
         double r = clampd(measured_step_s / pred->step_s, 0.2, 8);

@@ -211,8 +211,10 @@ static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
         MS_CHECK(jnum(j, e, path, "per_call_us", true, 0, 1e9, 0, &call));
         MS_CHECK(jnum(j, e, path, "per_byte_ns", false, 0, 1e9, 0, &byte));
         MS_CHECK(jnum(j, e, path, "per_phase_us", true, 0, 1e9, 0, &phase));
-        c->sync[c->n_sync++] = (ms_sync_point){
-            .ranks = (int)ranks, .per_call = call * 1e-6, .per_phase = phase * 1e-6};
+        c->sync[c->n_sync++] = (ms_sync_point){.ranks = (int)ranks,
+                                               .per_call = call * 1e-6,
+                                               .per_byte = byte * 1e-9,
+                                               .per_phase = phase * 1e-6};
     }
     return MS_OK;
 }

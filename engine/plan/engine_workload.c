@@ -91,17 +91,6 @@ static ms_status read_placements(ms_program *prog, const ms_graph *g, ms_placeme
     return st;
 }
 
-/* graph/program.c's build_backward copies all MS_OP_MAX_OUT / MS_OP_MAX_IN entries of its
- * dout / din arrays into each backward instruction but sets only the first n_out / n_in, and
- * its memory planner then reads the rest as buffer indices. Until that is fixed there, fill
- * the stack the compiler is about to use with -1 bytes, so unset entries read as "no buffer"
- * (found under AddressSanitizer: the planner's call sequence left other values there). */
-static __attribute__((noinline)) void scrub_stack(void) {
-    volatile unsigned char pad[64 * 1024];
-    memset((unsigned char *)pad, 0xff, sizeof pad);
-    __asm__ __volatile__("" : : "r"(pad) : "memory");
-}
-
 static ms_oprate rate_of(int op) {
     switch (op) {
         case MS_OP_LAYERNORM:
@@ -311,7 +300,6 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_plan_strategy *s, m
     for (int v = 0; v < model.g->nv; v++)
         if (model.g->v[v].kind == GV_PARAM) model.g->v[v].init = (ms_init){MS_INIT_CONST, 0.0f};
     ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &strat, .seed = 1};
-    scrub_stack();
     MS_CHECK_GOTO(ms_program_compile(model.g, &dm, &co, &prog, err), st, out);
     const ms_graph *g = model.g;
     pl = calloc((size_t)g->nv, sizeof *pl);
