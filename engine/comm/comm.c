@@ -354,3 +354,28 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
     free(members);
     return call_end(parent, &call, st, t0, 0, MS_REDUCE_SUM, -1, err);
 }
+
+typedef struct split_member {
+    int key, parent;
+} split_member;
+
+static int split_member_cmp(const void *a, const void *b) {
+    const split_member *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->parent > y->parent) - (x->parent < y->parent);
+}
+
+int ms_split_order(const int *color_key, int n, int color, int me, int *members, int *pos) {
+    split_member *m = xmalloc(sizeof *m * (size_t)(n > 0 ? n : 1));
+    int size = 0;
+    for (int p = 0; p < n; p++)
+        if (color_key[2 * p] == color) m[size++] = (split_member){color_key[2 * p + 1], p};
+    qsort(m, (size_t)size, sizeof *m, split_member_cmp);
+    *pos = -1;
+    for (int i = 0; i < size; i++) {
+        members[i] = m[i].parent;
+        if (m[i].parent == me) *pos = i;
+    }
+    free(m);
+    return size;
+}

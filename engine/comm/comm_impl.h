@@ -60,4 +60,11 @@ ms_comm *ms_comm_wrap(const ms_comm_backend_ops *ops, void *ctx, int rank, int s
 void ms_reduce_accumulate(float *acc, const float *x, size_t n, ms_reduce_op op);
 void ms_reduce_finish(float *acc, size_t n, ms_reduce_op op, int group_size);
 
+/* The members of a split's group `color`, in the order every backend agrees on (key, then
+ * parent rank, as MPI_Comm_split and ncclCommSplit order them). color_key holds each parent
+ * rank's pair: color_key[2p] = color, color_key[2p + 1] = key, p = 0..n-1. Writes the parent
+ * ranks of the members to members[] and returns their count; *pos = the position of parent
+ * rank `me` among them (-1 if it is not a member). */
+int ms_split_order(const int *color_key, int n, int color, int me, int *members, int *pos);
+
 #endif

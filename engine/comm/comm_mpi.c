@@ -464,17 +464,6 @@ static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call
     return MS_ERR_TIMEOUT;
 }
 
-/* Orders split members by (key, parent rank), as MPI_Comm_split does. */
-typedef struct split_member {
-    int key, parent;
-} split_member;
-
-static int cmp_member(const void *a, const void *b) {
-    const split_member *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? -1 : 1;
-    return (x->parent > y->parent) - (x->parent < y->parent);
-}
-
 static ms_status mpi_split(void *ctx, int color, int key, void **out_ctx, int *out_size,
                            int *out_rank, int *out_members, ms_comm_call *call, ms_error *err) {
     mpi_ctx *m = ctx;
@@ -497,17 +486,8 @@ static ms_status mpi_split(void *ctx, int color, int key, void **out_ctx, int *o
     if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Comm_split");
     if (color < 0) return MS_OK;
 
-    split_member *mem = xmalloc((size_t)m->size * sizeof *mem);
-    int n = 0;
-    for (int p = 0; p < m->size; p++)
-        if (all[2 * p] == color) mem[n++] = (split_member){all[2 * p + 1], p};
-    qsort(mem, (size_t)n, sizeof *mem, cmp_member);
     int me = -1;
-    for (int i = 0; i < n; i++) {
-        out_members[i] = mem[i].parent;
-        if (mem[i].parent == m->rank) me = i;
-    }
-    free(mem);
+    int n = ms_split_order(all, m->size, color, m->rank, out_members, &me);
     int sub_rank = -1, sub_size = 0;
     MPI_Comm_rank(sub, &sub_rank);
     MPI_Comm_size(sub, &sub_size);

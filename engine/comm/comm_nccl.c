@@ -490,17 +490,6 @@ static ms_status nccl_barrier(void *ctx, ms_comm_call *call, ms_error *err) {
     return wait_done(c, "ncclAllReduce (barrier)", call, err);
 }
 
-/* Orders split members by (key, parent rank), as ncclCommSplit does. */
-typedef struct split_member {
-    int key, parent;
-} split_member;
-
-static int cmp_member(const void *a, const void *b) {
-    const split_member *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? -1 : 1;
-    return (x->parent > y->parent) - (x->parent < y->parent);
-}
-
 static ms_status nccl_split(void *ctx, int color, int key, void **out_ctx, int *out_size,
                             int *out_rank, int *out_members, ms_comm_call *call, ms_error *err) {
     nccl_ctx *c = ctx;
@@ -555,16 +544,8 @@ static ms_status nccl_split(void *ctx, int color, int key, void **out_ctx, int *
         return MS_OK;
     }
 
-    split_member *mem = xmalloc((size_t)n * sizeof *mem);
-    int size = 0, me = -1;
-    for (int p = 0; p < n; p++)
-        if (all[2 * p] == color) mem[size++] = (split_member){all[2 * p + 1], p};
-    qsort(mem, (size_t)size, sizeof *mem, cmp_member);
-    for (int i = 0; i < size; i++) {
-        out_members[i] = mem[i].parent;
-        if (mem[i].parent == c->rank) me = i;
-    }
-    free(mem);
+    int me = -1;
+    int size = ms_split_order(all, n, color, c->rank, out_members, &me);
     free(all);
     int nccl_size = 0, nccl_rank = -1;
     ncclCommCount(child, &nccl_size);

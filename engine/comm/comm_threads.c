@@ -642,16 +642,6 @@ static ms_status threads_barrier(void *ctx, ms_comm_call *call, ms_error *err) {
 
 /* --- split ---------------------------------------------------------------------------------- */
 
-typedef struct member {
-    int key, rank;
-} member;
-
-static int member_cmp(const void *a, const void *b) {
-    const member *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? -1 : 1;
-    return (x->rank > y->rank) - (x->rank < y->rank);
-}
-
 static ms_status threads_split(void *ctx, int color, int key, void **out_ctx, int *out_size,
                                int *out_rank, int *out_members, ms_comm_call *call, ms_error *err) {
     tctx *t = ctx;
@@ -667,15 +657,10 @@ static ms_status threads_split(void *ctx, int color, int key, void **out_ctx, in
     int size = 0, rank = -1;
     group *mine = NULL;
     if (color >= 0) {
-        member *m = xmalloc(sizeof *m * (size_t)n);
-        for (int r = 0; r < n; r++)
-            if (g->slots[r].color == color) m[size++] = (member){g->slots[r].key, r};
-        qsort(m, (size_t)size, sizeof *m, member_cmp);
-        for (int i = 0; i < size; i++) {
-            out_members[i] = m[i].rank;
-            if (m[i].rank == me) rank = i;
-        }
-        free(m);
+        int *ck = xmalloc(sizeof *ck * 2 * (size_t)n);
+        for (int r = 0; r < n; r++) ck[2 * r] = g->slots[r].color, ck[2 * r + 1] = g->slots[r].key;
+        size = ms_split_order(ck, n, color, me, out_members, &rank);
+        free(ck);
         if (rank == 0) mine = g->slots[me].newg = group_create(size, size);
     }
     /* The leader's newg is rewritten only after barrier 1 of a later split, which needs
