@@ -358,18 +358,6 @@ typedef struct switch_report {
     double predicted_gain, before_ms;
 } switch_report;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_ms(const double *ms, int n) {
-    double tmp[RECENT_STEPS];
-    memcpy(tmp, ms, sizeof *tmp * (size_t)n);
-    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
-    return n ? (n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2])) : 0;
-}
-
 /* Carries out a control decision taken at this step boundary (every rank). */
 static ms_status apply_control(ms_ctx *ctx, const run_opts *o, live_job *job, const control *c,
                                int step, session *s, optimizer *opt, const double *recent,
@@ -405,7 +393,7 @@ static ms_status apply_control(ms_ctx *ctx, const run_opts *o, live_job *job, co
                 *rep = (switch_report){.step = step,
                                        .suggestion = c->suggestion,
                                        .predicted_gain = gain,
-                                       .before_ms = median_ms(recent, n_recent)};
+                                       .before_ms = live_job_median(recent, n_recent)};
             }
         }
     }
@@ -431,7 +419,7 @@ static void report_switch(live_job *job, switch_report *rep, int step, const dou
                           int n_recent) {
     if (rep->step < 0 || step < rep->step + SWITCH_MEASURE || !job || !job->live) return;
     int n = n_recent < SWITCH_MEASURE ? n_recent : SWITCH_MEASURE;
-    double after = median_ms(recent + n_recent - n, n);
+    double after = live_job_median(recent + n_recent - n, n);
     double measured = rep->before_ms > 0 ? 1 - after / rep->before_ms : 0;
     char text[MS_LIVE_TEXT];
     snprintf(text, sizeof text,

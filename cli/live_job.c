@@ -51,6 +51,16 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+double live_job_median(const double *v, int n) {
+    if (n <= 0) return 0;
+    double *tmp = xmalloc(sizeof *tmp * (size_t)n);
+    memcpy(tmp, v, sizeof *tmp * (size_t)n);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    double m = n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+    free(tmp);
+    return m;
+}
+
 /* The live thread's advisor round: recalibrate on the analysed window, if every step in it
  * ran the current strategy, and publish what is predicted to be faster. */
 static void advise(void *user, ms_live *l, const ms_snapshot *s) {
@@ -69,8 +79,7 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
         if (!h || strcmp(h->strategy, cur.text)) return; /* the window straddles a switch */
         times[n++] = h->step_s;
     }
-    qsort(times, (size_t)n, sizeof *times, cmp_double);
-    double median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    double median = live_job_median(times, n);
     ms_suggestion out[MS_LIVE_MAX_SUGGESTIONS];
     int got = 0;
     ms_error err = {0};

@@ -40,6 +40,9 @@ typedef struct live_job {
     ms_strbuf epilogue; /* rank 0's closing lines while the TUI owns the terminal */
 } live_job;
 
+/* The median of n values (0 when n is 0); v is not modified. */
+double live_job_median(const double *v, int n);
+
 /* Rank 0 after a switch (and at the start): the strategy the steps now run under. */
 void live_job_set_current(live_job *j, const ms_strategy *s);
 

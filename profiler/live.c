@@ -149,29 +149,27 @@ void ms_live_attach_recorder(ms_live *l, ms_recorder *rec) {
 static void add_groups_locked(ms_live *l, const ms_group *g, int n);
 static void win_reserve(ms_live *l, size_t more);
 
+static void drain_recorder(ms_live *l, ms_recorder *rec, uint64_t *cursor);
+static void take_groups(ms_live *l, ms_recorder *rec);
+
 void ms_live_detach_recorder(ms_live *l, ms_recorder *rec) {
     pthread_mutex_lock(&l->build_mu);
-    ms_group *g = xmalloc(sizeof *g * MS_REC_MAX_GROUPS);
-    int ng = ms_recorder_groups(rec, g, MS_REC_MAX_GROUPS);
+    take_groups(l, rec);
     pthread_mutex_lock(&l->mu);
-    add_groups_locked(l, g, ng);
-    for (int r = 0; r < l->n_recs; r++) {
-        if (l->recs[r] != rec) continue;
+    int r = 0;
+    while (r < l->n_recs && l->recs[r] != rec) r++;
+    pthread_mutex_unlock(&l->mu);
+    if (r < l->n_recs) {
         /* Keep what it recorded last: the live thread may not have read it yet. */
-        for (size_t got = 4096; got == 4096;) {
-            win_reserve(l, 4096);
-            got = ms_recorder_read(rec, &l->cursors[r], l->win + l->n_win, 4096, NULL);
-            l->n_win += got;
-        }
+        drain_recorder(l, rec, &l->cursors[r]);
+        pthread_mutex_lock(&l->mu);
         l->n_recs--;
         l->recs[r] = l->recs[l->n_recs];
         l->cursors[r] = l->cursors[l->n_recs];
         l->dirty = true;
-        break;
+        pthread_mutex_unlock(&l->mu);
     }
-    pthread_mutex_unlock(&l->mu);
     pthread_mutex_unlock(&l->build_mu);
-    free(g);
 }
 
 static void add_groups_locked(ms_live *l, const ms_group *g, int n) {
@@ -370,17 +368,29 @@ static void win_reserve(ms_live *l, size_t more) {
     l->cap_win = cap;
 }
 
+/* Appends everything new in a rank's ring to the window. build_mu held. */
+static void drain_recorder(ms_live *l, ms_recorder *rec, uint64_t *cursor) {
+    for (size_t got = 4096; got == 4096;) {
+        win_reserve(l, 4096);
+        got = ms_recorder_read(rec, cursor, l->win + l->n_win, 4096, NULL);
+        l->n_win += got;
+    }
+}
+
+/* Adds the groups a rank's recorder registered (ranks register as meshes come up). */
+static void take_groups(ms_live *l, ms_recorder *rec) {
+    ms_group *g = xmalloc(sizeof *g * MS_REC_MAX_GROUPS);
+    int n = ms_recorder_groups(rec, g, MS_REC_MAX_GROUPS);
+    pthread_mutex_lock(&l->mu);
+    add_groups_locked(l, g, n);
+    pthread_mutex_unlock(&l->mu);
+    free(g);
+}
+
 /* Moves new events (rings, fed) into the window; returns the latest step complete on every
  * rank that reported one (-1 if none). Memory samples update the per-rank table. */
 static int64_t collect(ms_live *l, ms_recorder **recs, int n_recs) {
-    for (int r = 0; r < n_recs; r++) {
-        for (;;) {
-            win_reserve(l, 4096);
-            size_t got = ms_recorder_read(recs[r], &l->cursors[r], l->win + l->n_win, 4096, NULL);
-            l->n_win += got;
-            if (got < 4096) break;
-        }
-    }
+    for (int r = 0; r < n_recs; r++) drain_recorder(l, recs[r], &l->cursors[r]);
     pthread_mutex_lock(&l->mu);
     if (l->n_fed) {
         win_reserve(l, l->n_fed);
@@ -508,17 +518,7 @@ static void build_and_publish(ms_live *l) {
     memcpy(recs, l->recs, sizeof recs[0] * (size_t)n_recs);
     pthread_mutex_unlock(&l->mu);
 
-    /* Groups registered by attached recorders (ranks register as meshes come up). */
-    if (n_recs) {
-        ms_group *g = xmalloc(sizeof *g * MS_REC_MAX_GROUPS);
-        for (int r = 0; r < n_recs; r++) {
-            int got = ms_recorder_groups(recs[r], g, MS_REC_MAX_GROUPS);
-            pthread_mutex_lock(&l->mu);
-            add_groups_locked(l, g, got);
-            pthread_mutex_unlock(&l->mu);
-        }
-        free(g);
-    }
+    for (int r = 0; r < n_recs; r++) take_groups(l, recs[r]);
     int64_t complete = collect(l, recs, n_recs);
 
     ms_snapshot *s = xcalloc(1, sizeof *s);
