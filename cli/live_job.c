@@ -28,11 +28,8 @@ ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_erro
                        "is %d",
                        s->text, ranks, j->world_size, j->world_size);
     MS_CHECK(ms_strategy_check_model(s, j->cfg.n_head, j->cfg.n_embd, err));
-    if (j->o->batch % s->dp)
-        return ms_fail(err, MS_ERR_INVALID, "%s: the batch of %d is not divisible by dp %d",
-                       s->text, j->o->batch, s->dp);
-    /* The planner's check: memory per rank of the compiled program, parameters, gradients and
-     * Adam moments against the cap. */
+    /* The planner's check: the batch divides by dp, and the memory per rank of the compiled
+     * program, parameters, gradients and Adam moments fits the cap. */
     ms_plan_strategy ps = ms_plan_strategy_from_engine(s, j->o->batch);
     return ms_plan_check_executable(&j->cfg, &ps, j->world_size, j->o->batch, j->o->seq,
                                     memory_cap(j), err);

@@ -11,7 +11,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/strategy.h"
 #include "profiler/snapshot_json.h"
 #include "web/web_internal.h"
 
