@@ -23,10 +23,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
-#include "commands.h"
-#include "core/xalloc.h"
-#include "runtime/ctx.h"
+#include "engine/comm/comm.h"
+#include "cli/commands.h"
+#include "engine/core/xalloc.h"
+#include "engine/runtime/ctx.h"
 
 #ifdef MS_HAVE_MPI
 #include <mpi.h>

@@ -17,9 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "commands.h"
-#include "core/xalloc.h"
-#include "kernels/kernels.h"
+#include "cli/commands.h"
+#include "engine/core/xalloc.h"
+#include "engine/kernels/kernels.h"
 
 #define REP_TARGET_S 0.05      /* aim for ~50 ms per repetition */
 #define MAX_ITERS    100000000 /* cap on calls per repetition */

@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_mpi.h"
-#include "commands.h"
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "runtime/ctx.h"
+#include "engine/comm/comm_mpi.h"
+#include "cli/commands.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "engine/runtime/ctx.h"
 
 typedef struct demo_opts {
     int ranks;

@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "commands.h"
-#include "model/config.h"
-#include "plan/cluster.h"
-#include "plan/search.h"
+#include "cli/commands.h"
+#include "engine/model/config.h"
+#include "engine/plan/cluster.h"
+#include "engine/plan/search.h"
 
 static void usage(FILE *f) {
     fprintf(

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "commands.h"
+#include "cli/commands.h"
 #include "profiler/live.h"
 #include "traces/trace_read.h"
 #include "web/web.h"

@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "commands.h"
+#include "cli/commands.h"
 #include "tui/source.h"
 #include "tui/tui.h"
 

@@ -15,8 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "commands.h"
-#include "core/xalloc.h"
+#include "cli/commands.h"
+#include "engine/core/xalloc.h"
 #include "profiler/analysis.h"
 #include "traces/trace_check.h"
 #include "traces/trace_read.h"

@@ -11,18 +11,18 @@
 #include <string.h>
 #include <time.h>
 
-#include "commands.h"
-#include "core/philox.h"
-#include "core/xalloc.h"
-#include "data/dataset.h"
-#include "dist/reshard.h"
-#include "io/safetensors.h"
-#include "optim/optim.h"
-#include "profiler/clock.h"
-#include "profiler/gather.h"
-#include "profiler/hooks.h"
-#include "live_job.h"
-#include "session.h"
+#include "cli/commands.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/data/dataset.h"
+#include "engine/dist/reshard.h"
+#include "engine/io/safetensors.h"
+#include "engine/optim/optim.h"
+#include "profiler/record/clock.h"
+#include "profiler/record/gather.h"
+#include "profiler/record/hooks.h"
+#include "cli/live_job.h"
+#include "cli/session.h"
 #include "traces/trace_write.h"
 
 #define TRAIN_FLAGS                                                                                \
@@ -527,14 +527,14 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         if (tr.rec) {
             /* Attached from the start (so every communicator is probed), recording from
              * --trace-from on (from step 0 when the live views need the events). */
-            ctx->recorder = step >= o->trace_from || live_on ? tr.rec : NULL;
+            ctx->trace.recorder = step >= o->trace_from || live_on ? tr.rec : NULL;
             ms_recorder_set_step(tr.rec, step);
         }
         MS_CHECK_GOTO(ms_text_data_sample(&data, MS_SPLIT_TRAIN, o->seed, (uint64_t)step, B, 0, B,
                                           ids, tgt, err),
                       st, out);
         MS_CHECK_GOTO(feed(&s, ids, tgt, scratch, o->seed, (uint64_t)step, err), st, out);
-        ms_record_span(ctx, MS_EV_DATA, t0);
+        ms_record_span(&ctx->trace, MS_EV_DATA, t0);
         float loss;
         MS_CHECK_GOTO(ms_program_step(s.prog, &loss, err), st, out);
         last_loss = loss;
@@ -551,9 +551,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                                                opt.m[i], opt.v[i], n, &aw, step + 1, scale, err),
                           st, out);
         }
-        ms_record_span(ctx, MS_EV_OPTIM, t_opt);
-        ms_record_span(ctx, MS_EV_STEP, t0);
-        ms_record_memory(ctx);
+        ms_record_span(&ctx->trace, MS_EV_OPTIM, t_opt);
+        ms_record_span(&ctx->trace, MS_EV_STEP, t0);
+        ms_record_memory(&ctx->trace, ctx->device);
         double ms = (ms_now_ns() - t0) / 1e6;
         double tps = (double)B * T / (ms / 1e3);
         if (n_recent == RECENT_STEPS) memmove(recent, recent + 1, sizeof *recent * --n_recent);
@@ -594,7 +594,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         }
     }
     if (o->trace) {
-        ctx->recorder = tr.rec;
+        ctx->trace.recorder = tr.rec;
         ms_recorder_set_step(tr.rec, -1);
         MS_CHECK_GOTO(tracer_finish(ctx, &tr, o->trace, o->trace_from, err), st, out);
     }

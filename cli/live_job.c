@@ -1,6 +1,6 @@
 /* live_job.c - the live model, dashboard and TUI of a training job, and the per-step control
  * exchange. See live_job.h. */
-#include "live_job.h"
+#include "cli/live_job.h"
 
 #include <stdio.h>
 #include <stdlib.h>

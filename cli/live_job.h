@@ -14,12 +14,12 @@
 
 #include <pthread.h>
 
-#include "core/xalloc.h"
-#include "model/config.h"
-#include "plan/advisor.h"
-#include "model/strategy.h"
+#include "engine/core/xalloc.h"
+#include "engine/model/config.h"
+#include "profiler/advisor.h"
+#include "engine/model/strategy.h"
 #include "profiler/live.h"
-#include "session.h"
+#include "cli/session.h"
 #include "tui/tui.h"
 #include "web/web.h"
 

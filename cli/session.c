@@ -1,5 +1,5 @@
 /* session.c - shared flags and model set-up for train, eval and explain. */
-#include "session.h"
+#include "cli/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,8 +7,8 @@
 
 #include <unistd.h>
 
-#include "comm/comm_mpi.h"
-#include "kernels/kernels.h"
+#include "engine/comm/comm_mpi.h"
+#include "engine/kernels/kernels.h"
 
 static bool parse_int(const char *s, long lo, long hi, long *out) {
     char *end;

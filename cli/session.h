@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/gpt.h"
-#include "model/strategy.h"
-#include "runtime/ctx.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "engine/runtime/ctx.h"
 
 typedef struct run_opts {
     const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint, *trace;

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
-#include "core/xalloc.h"
+#include "engine/comm/comm.h"
+#include "engine/core/xalloc.h"
 
 /* --- bytes per peer ------------------------------------------------------------------- */
 

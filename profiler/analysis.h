@@ -22,8 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "profiler/event.h"
+#include "engine/core/status.h"
+#include "profiler/record/event.h"
 
 #define MS_AN_MAX_RANKS 256
 #define MS_AN_MAX_DIMS  6

@@ -31,7 +31,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/comm.h" /* ms_now_ns */
+#include "engine/comm/comm.h" /* ms_now_ns */
 
 #define BUF_BYTES            ((size_t)4 << 20) /* Kineto uses 1-10 MB; 4 MB holds ~20k kernels */
 #define BUF_HDR              64                /* keeps CUPTI's part 8-byte (here 64) aligned */

@@ -36,8 +36,8 @@
 
 #include <stdint.h>
 
-#include "core/status.h"
-#include "profiler/recorder.h"
+#include "engine/core/status.h"
+#include "profiler/record/recorder.h"
 
 /* Counters since the last ms_cupti_start; any thread. */
 typedef struct ms_cupti_stats {

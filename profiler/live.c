@@ -17,8 +17,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/comm.h"
-#include "core/xalloc.h"
+#include "engine/comm/comm.h"
+#include "engine/core/xalloc.h"
 #include "traces/trace_write.h"
 
 #define LIVE_QUEUE      16

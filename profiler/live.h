@@ -30,10 +30,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 #include "profiler/analysis.h"
-#include "profiler/event.h"
-#include "profiler/recorder.h"
+#include "profiler/record/event.h"
+#include "profiler/record/recorder.h"
 
 #define MS_LIVE_MAX_SUGGESTIONS 8
 #define MS_LIVE_TEXT            256

@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/comm.h" /* ms_coll_kind, ms_reduce_op (enums only: no link dependency) */
+#include "engine/comm/comm.h" /* ms_coll_kind, ms_reduce_op (enums only: no link dependency) */
 
 #define MS_NCCL_EXPORT __attribute__((visibility("default")))
 

@@ -46,7 +46,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "profiler/event.h"
+#include "profiler/record/event.h"
 
 /* --- meshscope's side ---------------------------------------------------------------- */
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 
 #define SNAPSHOT_SCHEMA 1
 /* Upper bounds on counts read from JSON, so hostile input cannot ask for huge allocations. */

@@ -9,7 +9,7 @@
 #include <cjson/cJSON.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 #include "profiler/live.h"
 
 /* A new cJSON tree (caller frees with cJSON_Delete); NULL only when out of memory. */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
 #include "profiler/analysis.h"
 

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
-#include "profiler/clock.h"
-#include "profiler/gather.h"
+#include "profiler/record/clock.h"
+#include "profiler/record/gather.h"
 
 /* Ranks to run on: 4 threads, or the whole MPI world. */
 static int nranks(void) {

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
-#include "comm/comm_threads.h"
-#include "testkit.h"
+#include "engine/comm/comm.h"
+#include "engine/comm/comm_threads.h"
+#include "tests/testkit.h"
 
 #define SENTINEL (-777.0f)
 

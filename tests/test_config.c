@@ -5,8 +5,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/config.h"
-#include "testkit.h"
+#include "engine/model/config.h"
+#include "tests/testkit.h"
 
 /* The config.json of Hugging Face's "gpt2" (GPT-2 small), abridged only of task params. */
 static const char gpt2_small[] = "{\n"

@@ -3,9 +3,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/core/tensor.h"
+#include "tests/testkit.h"
 
 /* Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10). */
 static void philox_known_answers(void **state) {

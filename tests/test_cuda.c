@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/device.h"
+#include "engine/core/device.h"
 
 int main(void) {
     ms_device *gpu;

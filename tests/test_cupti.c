@@ -12,11 +12,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
-#include "core/device.h"
+#include "engine/comm/comm.h"
+#include "engine/core/device.h"
 #include "profiler/cupti.h"
 #include "profiler/nccl_profiler.h"
-#include "profiler/recorder.h"
+#include "profiler/record/recorder.h"
 
 static int failures;
 

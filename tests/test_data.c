@@ -8,9 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "data/dataset.h"
-#include "data/tokenizer.h"
-#include "testkit.h"
+#include "engine/data/dataset.h"
+#include "engine/data/tokenizer.h"
+#include "tests/testkit.h"
 
 /* A temp folder per test binary, removed at the end of each test that makes one. */
 static void make_dir(char *dir, size_t len) {

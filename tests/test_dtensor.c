@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "testkit.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "tests/testkit.h"
 
 static ms_status make_global(ms_ctx *ctx, int ndim, const int64_t *g, ms_tensor *out,
                              ms_error *err) {

@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/tensor.h"
-#include "kernels/kernels.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/core/tensor.h"
+#include "engine/kernels/kernels.h"
+#include "tests/testkit.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 #include "profiler/live.h"
 
 #define NR     2

@@ -1,8 +1,8 @@
 /* test_mesh.c - ProcessMesh: coordinates, groups, sub-meshes, parsing and every error. */
 #include <string.h>
 
-#include "dist/mesh.h"
-#include "testkit.h"
+#include "engine/dist/mesh.h"
+#include "tests/testkit.h"
 
 static void coords_groups_ids(void **state) {
     (void)state;

@@ -18,15 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
-#include "testkit.h"
+#include "engine/comm/comm.h"
+#include "tests/testkit.h"
 
 #ifdef MS_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
-#include "core/device.h"
-#include "profiler/hooks.h"
-#include "profiler/recorder.h"
+#include "engine/core/device.h"
+#include "profiler/record/hooks.h"
+#include "profiler/record/recorder.h"
 #endif
 
 /* Why the GPU tests are skipped; with NCCL, how many GPUs this process sees. */
@@ -485,8 +485,8 @@ static void rank_collectives(mt_rank *r, void *arg) {
     ms_comm_probe *probe = NULL;
     if (ok) {
         /* The profiler's probe, as a dmesh or the ctx installs it on any communicator. */
-        ctx->recorder = g.rec;
-        probe = ms_comm_probe_attach(ctx, g.nc, -1);
+        ctx->trace.recorder = g.rec;
+        probe = ms_comm_probe_attach(&ctx->trace, g.nc, -1);
         MT_CHECK(r, probe != NULL, "probe attached");
         g.group = find_group(&g);
         g.cursor = ms_recorder_pushed(g.rec);
@@ -507,7 +507,7 @@ static void rank_collectives(mt_rank *r, void *arg) {
     }
     ms_comm_destroy(g.nc);
     ms_comm_probe_free(probe);
-    ctx->recorder = NULL;
+    ctx->trace.recorder = NULL;
     ms_recorder_destroy(g.rec);
     ms_device_destroy(g.gpu);
 }

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "kernels/parallel.h"
-#include "optim/optim.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/kernels/parallel.h"
+#include "engine/optim/optim.h"
+#include "tests/testkit.h"
 
 enum { N = 1000 };
 

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "kernels/kernels.h"
-#include "kernels/parallel.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/parallel.h"
+#include "tests/testkit.h"
 
 static void count_range(void *arg, int64_t lo, int64_t hi) {
     int *hits = arg;

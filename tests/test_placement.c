@@ -2,8 +2,8 @@
  * every size, and local boxes tiling the global tensor. */
 #include <string.h>
 
-#include "dist/placement.h"
-#include "testkit.h"
+#include "engine/dist/placement.h"
+#include "tests/testkit.h"
 
 static void roundtrip(const char *in, const char *want) {
     ms_placements pl;

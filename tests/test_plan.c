@@ -11,14 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dmesh.h"
-#include "model/gpt.h"
-#include "model/strategy.h"
-#include "plan/advisor.h"
-#include "plan/cluster.h"
-#include "plan/cost.h"
-#include "plan/search.h"
-#include "testkit.h"
+#include "engine/dist/dmesh.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "profiler/advisor.h"
+#include "engine/plan/cluster.h"
+#include "engine/plan/cost.h"
+#include "engine/plan/search.h"
+#include "tests/testkit.h"
 
 #ifndef MS_SOURCE_DIR
 #define MS_SOURCE_DIR "."

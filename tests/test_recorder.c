@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
-#include "profiler/recorder.h"
+#include "profiler/record/recorder.h"
 
 #define WORDS (sizeof(ms_event) / sizeof(uint64_t))
 

@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "tests/testkit.h"
 
 #define MAX_STATES 16384
 

@@ -12,11 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "graph/eager.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "engine/graph/eager.h"
+#include "tests/testkit.h"
 
 typedef enum { IN_FLOAT, IN_IDS, IN_TARGETS } in_kind;
 

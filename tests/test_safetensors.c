@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/fileio.h"
-#include "io/safetensors.h"
-#include "testkit.h"
+#include "engine/io/fileio.h"
+#include "engine/io/safetensors.h"
+#include "tests/testkit.h"
 
 static uint8_t *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 #include "profiler/snapshot_json.h"
 
 /* Equal as doubles, NaN equal to NaN. */

@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
 static const char *bin;
 static bool use_mpi;

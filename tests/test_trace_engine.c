@@ -11,13 +11,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/philox.h"
-#include "core/xalloc.h"
-#include "model/gpt.h"
-#include "model/strategy.h"
-#include "profiler/gather.h"
-#include "profiler/recorder.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "profiler/record/gather.h"
+#include "profiler/record/recorder.h"
+#include "tests/testkit.h"
 #include "traces/trace_check.h"
 #include "traces/trace_write.h"
 

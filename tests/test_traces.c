@@ -13,10 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
-#include "commands.h"
-#include "io/fileio.h"
-#include "testkit.h"
+#include "engine/comm/comm.h"
+#include "cli/commands.h"
+#include "engine/io/fileio.h"
+#include "tests/testkit.h"
 #include "traces/trace_check.h"
 #include "traces/trace_read.h"
 #include "traces/trace_write.h"

@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "model/gpt.h"
-#include "model/strategy.h"
-#include "optim/optim.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "engine/optim/optim.h"
+#include "tests/testkit.h"
 
 #define STEPS      20
 #define MAX_PARAMS 64

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
 #include "tui/draw.h"
 #include "tui/source.h"

@@ -9,11 +9,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "dist/reshard.h"
-#include "graph/eager.h"
-#include "graph/graph.h"
-#include "testkit.h"
+#include "engine/core/philox.h"
+#include "engine/dist/reshard.h"
+#include "engine/graph/eager.h"
+#include "engine/graph/graph.h"
+#include "tests/testkit.h"
 
 /* --- the user operator: y = gelu(x + b), x [..., C], b [C] -------------------------------- */
 

@@ -25,10 +25,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "testkit.h"
+#include "tests/testkit.h"
 
-#include "comm/comm.h"
-#include "model/strategy.h"
+#include "engine/comm/comm.h"
+#include "engine/model/strategy.h"
 #include "profiler/snapshot_json.h"
 #include "traces/trace_check.h"
 #include "web/web_internal.h"

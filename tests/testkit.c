@@ -1,10 +1,10 @@
 /* testkit.c - the rank-function test harness (see testkit.h). */
-#include "testkit.h"
+#include "tests/testkit.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "comm/comm_mpi.h"
+#include "engine/comm/comm_mpi.h"
 
 static ms_backend_kind g_backend = MS_BACKEND_THREADS;
 static int g_mpi_world = 0, g_world_rank = 0;

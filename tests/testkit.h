@@ -18,7 +18,7 @@
 #include <cmocka.h>
 // clang-format on
 
-#include "runtime/ctx.h"
+#include "engine/runtime/ctx.h"
 
 typedef struct mt_rank {
     ms_ctx *ctx;

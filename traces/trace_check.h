@@ -29,7 +29,7 @@
 
 #include <stddef.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 typedef struct ms_trace_check_info {
     size_t n_events;  /* elements of traceEvents read */

@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 #define TJ_MAX_DEPTH       64          /* nesting allowed inside one event or metadata value */
 #define TJ_MAX_EVENT_BYTES (1u << 20)  /* stored text (strings, numbers) of one event */

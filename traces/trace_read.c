@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 #include "traces/trace_json.h"
 #include "traces/trace_write.h"
 

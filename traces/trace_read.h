@@ -30,8 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "profiler/event.h"
+#include "engine/core/status.h"
+#include "profiler/record/event.h"
 
 /* A trace as read. Owns its arrays; free with ms_trace_free (also safe after a failure). */
 typedef struct ms_trace {

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
-#include "io/fileio.h"
+#include "engine/comm/comm.h"
+#include "engine/io/fileio.h"
 
 #define OUT_BUF (1u << 20)
 

@@ -45,8 +45,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "profiler/event.h"
+#include "engine/core/status.h"
+#include "profiler/record/event.h"
 
 /* One accelerator as Kineto's deviceProperties lists it. */
 typedef struct ms_trace_device {

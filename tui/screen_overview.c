@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 #include "tui/tui_impl.h"
 
 /* A label in dim, then a value. Returns the x after both. */

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
-#include "core/xalloc.h"
+#include "engine/comm/comm.h"
+#include "engine/core/xalloc.h"
 #include "tui/tui_impl.h"
 
 static int cmp_busbw(const void *a, const void *b) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 #include "tui/tui_impl.h"
 
 #define LANE_X   6  /* "r12  " */

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 #include "profiler/live.h"
 
 typedef struct ms_tui ms_tui;

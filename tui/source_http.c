@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 #include "profiler/snapshot_json.h"
 #include "tui/source.h"
 

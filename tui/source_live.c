@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 #include "tui/source.h"
 
 typedef struct live_src {

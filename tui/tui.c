@@ -21,8 +21,8 @@
 #include <termios.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
-#include "core/xalloc.h"
+#include "engine/comm/comm.h"
+#include "engine/core/xalloc.h"
 #include "tui/tui_impl.h"
 
 #define TICK_MS  250

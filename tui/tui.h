@@ -12,7 +12,7 @@
 
 #include <stdbool.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 #include "profiler/live.h"
 
 typedef struct ms_tui ms_tui;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 #include "web/web_internal.h"
 
 static void header(ms_strbuf *b, const char *name, const char *help) {

@@ -15,7 +15,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "io/json_text.h"
+#include "engine/io/json_text.h"
 #include "web/web_internal.h"
 
 ms_status ms_web_random_token(char *out, ms_error *err) {

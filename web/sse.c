@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 #include "web/web_internal.h"
 
 struct sse_client {

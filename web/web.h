@@ -14,7 +14,7 @@
 
 #include <stddef.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 #include "profiler/live.h"
 
 typedef struct ms_web ms_web;

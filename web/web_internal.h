@@ -20,8 +20,8 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
-#include "core/status.h"
-#include "core/xalloc.h"
+#include "engine/core/status.h"
+#include "engine/core/xalloc.h"
 #include "profiler/live.h"
 #include "web/web.h"
 

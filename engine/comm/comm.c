@@ -1,13 +1,13 @@
 /* comm.c - the shared layer around every communicator backend: validation, sequence
  * numbers, deadlines, error messages that name the failure, and the observer event. */
-#include "comm/comm_impl.h"
+#include "engine/comm/comm_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 struct ms_comm {
     const ms_comm_backend_ops *ops;

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 typedef enum ms_reduce_op {
     MS_REDUCE_SUM,

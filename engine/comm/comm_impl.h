@@ -9,7 +9,7 @@
 #ifndef MS_COMM_IMPL_H
 #define MS_COMM_IMPL_H
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 
 #define MS_COMM_MAX_RANKS 1024
 

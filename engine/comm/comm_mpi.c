@@ -23,11 +23,11 @@
  * the data operation itself, which MPI forbids cancelling or freeing). The shared layer
  * refuses every later call on that communicator; a timeout normally ends the job anyway.
  */
-#include "comm/comm_mpi.h"
+#include "engine/comm/comm_mpi.h"
 
 #include <stdlib.h>
 
-#include "comm/comm_impl.h"
+#include "engine/comm/comm_impl.h"
 
 bool ms_mpi_launched(void) {
     /* OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; MPICH/Hydra sets PMI_SIZE; PMIx-based
@@ -64,7 +64,7 @@ ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
 #include <string.h>
 #include <time.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 /* Whether ms_mpi_init called MPI_Init_thread (then ms_mpi_finalize finalises). */
 static bool g_we_initialised = false;

@@ -9,7 +9,7 @@
 
 #include <stdbool.h>
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 
 /* True when this process was started by mpirun/mpiexec (checked from the environment,
  * without initialising MPI). */

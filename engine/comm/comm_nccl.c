@@ -53,8 +53,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/comm_impl.h"
-#include "core/xalloc.h"
+#include "engine/comm/comm_impl.h"
+#include "engine/core/xalloc.h"
 
 /* How long ms_comm_destroy lets NCCL finalise before it aborts the communicator instead.
  * Every call has completed by then, so finalising has nothing left to flush. */

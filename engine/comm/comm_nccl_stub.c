@@ -1,6 +1,6 @@
 /* comm_nccl_stub.c - ms_comm_nccl_create in builds without NCCL (see comm.h): it says so and
  * how to get it; falling back to another backend is the caller's choice. */
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 
 ms_status ms_comm_nccl_create(ms_comm *bootstrap, int device, ms_comm **out, ms_error *err) {
     (void)bootstrap, (void)device;

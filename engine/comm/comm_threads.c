@@ -22,7 +22,7 @@
  * its entries are free. All sends of a batch are posted before anything waits, which makes
  * every pattern within a batch deadlock-free.
  */
-#include "comm/comm_threads.h"
+#include "engine/comm/comm_threads.h"
 
 #include <limits.h>
 #include <stdalign.h>
@@ -54,8 +54,8 @@
 #define USE_REP_MOVSB 1
 #endif
 
-#include "comm/comm_impl.h"
-#include "core/xalloc.h"
+#include "engine/comm/comm_impl.h"
+#include "engine/core/xalloc.h"
 
 #define LINE            64
 #define FLOATS_PER_LINE (LINE / (int)sizeof(float))

@@ -8,7 +8,7 @@
 #ifndef MS_COMM_THREADS_H
 #define MS_COMM_THREADS_H
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 
 typedef struct ms_threads_world ms_threads_world;
 

@@ -1,10 +1,10 @@
 /* device.c - the device interface's shared layer and its CPU backend. */
-#include "core/device.h"
+#include "engine/core/device.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 /* --- CPU backend ------------------------------------------------------------------------ */
 

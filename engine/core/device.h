@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 #define MS_TENSOR_ALIGN 64 /* bytes: one cache line, and what AVX-512 loads want */
 

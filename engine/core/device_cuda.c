@@ -2,12 +2,12 @@
  *
  * Created only when a driver and a GPU answer; otherwise ms_device_cuda_create returns
  * MS_ERR_UNSUPPORTED with the CUDA runtime's reason so the caller can fall back. */
-#include "core/device.h"
+#include "engine/core/device.h"
 
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 typedef struct cuda_impl {
     int ordinal;

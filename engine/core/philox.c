@@ -1,5 +1,5 @@
 /* philox.c - Philox4x32-10. Constants from the Random123 paper. */
-#include "core/philox.h"
+#include "engine/core/philox.h"
 
 #include <math.h>
 

@@ -1,5 +1,5 @@
 /* status.c - status strings and error formatting. */
-#include "core/status.h"
+#include "engine/core/status.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,12 +1,12 @@
 /* tensor.c - tensor storage, views, copies and Philox initialisation. */
-#include "core/tensor.h"
+#include "engine/core/tensor.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/xalloc.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
 
 size_t ms_dtype_size(ms_dtype dt) {
     return dt == MS_BF16 ? 2 : 4;

@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/device.h"
-#include "core/status.h"
+#include "engine/core/device.h"
+#include "engine/core/status.h"
 
 #define MS_MAX_DIMS 8
 

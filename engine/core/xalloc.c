@@ -1,5 +1,5 @@
 /* xalloc.c - aborting allocators (see xalloc.h for the policy). */
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 #include <stdio.h>
 #include <stdarg.h>

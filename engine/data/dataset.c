@@ -1,13 +1,13 @@
 /* dataset.c - file splits, Philox-sampled training windows and in-order evaluation windows. */
-#include "data/dataset.h"
+#include "engine/data/dataset.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/philox.h"
-#include "core/xalloc.h"
-#include "io/fileio.h"
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/io/fileio.h"
 
 static ms_status setup(ms_text_data *d, const char *name, int seq_len, double val_fraction,
                        ms_error *err) {

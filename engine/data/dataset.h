@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 typedef enum ms_split { MS_SPLIT_TRAIN, MS_SPLIT_VAL, MS_SPLIT_ALL } ms_split;
 

@@ -1,5 +1,5 @@
 /* tokenizer.c - byte-level encode/decode. */
-#include "data/tokenizer.h"
+#include "engine/data/tokenizer.h"
 
 void ms_byte_encode(const uint8_t *bytes, size_t n, int32_t *ids) {
     for (size_t i = 0; i < n; i++) ids[i] = bytes[i];

@@ -1,10 +1,10 @@
 /* dmesh.c - binding a mesh to per-dim communicators by splitting the world. */
-#include "dist/dmesh.h"
+#include "engine/dist/dmesh.h"
 
 #include <stdlib.h>
 
-#include "core/xalloc.h"
-#include "profiler/hooks.h"
+#include "engine/core/xalloc.h"
+#include "profiler/record/hooks.h"
 
 ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_error *err) {
     *out = NULL;
@@ -33,7 +33,7 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
             ms_dmesh_destroy(dm);
             return st;
         }
-        dm->probe[d] = ms_comm_probe_attach(ctx, dm->dim_comm[d], d);
+        dm->probe[d] = ms_comm_probe_attach(&ctx->trace, dm->dim_comm[d], d);
     }
     *out = dm;
     return MS_OK;

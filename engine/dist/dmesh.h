@@ -8,8 +8,8 @@
 #ifndef MS_DMESH_H
 #define MS_DMESH_H
 
-#include "dist/mesh.h"
-#include "runtime/ctx.h"
+#include "engine/dist/mesh.h"
+#include "engine/runtime/ctx.h"
 
 typedef struct ms_dmesh {
     ms_mesh mesh;                                  /* owned copy */

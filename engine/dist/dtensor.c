@@ -1,11 +1,11 @@
 /* dtensor.c - DistTensor construction: shard (global -> local), full (local -> global) and
  * from_local (local shards -> DistTensor, with every rank's size checked). */
-#include "dist/dtensor.h"
+#include "engine/dist/dtensor.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "dist/reshard.h"
+#include "engine/dist/reshard.h"
 
 static ms_status check_common(ms_dmesh *mesh, const ms_placements *pl, int ndim,
                               const int64_t *gshape, ms_error *err) {

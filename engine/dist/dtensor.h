@@ -11,9 +11,9 @@
 #ifndef MS_DTENSOR_H
 #define MS_DTENSOR_H
 
-#include "core/tensor.h"
-#include "dist/dmesh.h"
-#include "dist/placement.h"
+#include "engine/core/tensor.h"
+#include "engine/dist/dmesh.h"
+#include "engine/dist/placement.h"
 
 typedef struct ms_dtensor {
     int ndim;

@@ -1,12 +1,12 @@
 /* mesh.c - ProcessMesh construction, validation, coordinates, groups and sub-meshes. */
-#include "dist/mesh.h"
+#include "engine/dist/mesh.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 ms_status ms_mesh_init(ms_mesh *m, int ndim, const int *shape, const char *const *names,
                        const int *ranks, ms_error *err) {

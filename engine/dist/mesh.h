@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 #define MS_MESH_MAX_DIMS  6
 #define MS_MESH_MAX_RANKS 4096

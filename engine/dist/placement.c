@@ -1,5 +1,5 @@
 /* placement.c - placements: parsing, printing, validation, the split rule and boxes. */
-#include "dist/placement.h"
+#include "engine/dist/placement.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -27,9 +27,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm/comm.h"
-#include "core/status.h"
-#include "dist/mesh.h"
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
+#include "engine/dist/mesh.h"
 
 typedef enum ms_pl_kind { MS_PL_REPLICATE, MS_PL_SHARD, MS_PL_PARTIAL } ms_pl_kind;
 

@@ -16,7 +16,7 @@
 #ifndef MS_RESHARD_H
 #define MS_RESHARD_H
 
-#include "dist/dtensor.h"
+#include "engine/dist/dtensor.h"
 
 #define MS_RESHARD_MAX_STEPS 24
 

@@ -5,13 +5,13 @@
  * communicator, unpack. When the split dim is the outermost non-trivial dim the blocks are
  * already contiguous and the collective reads and writes the tensors directly.
  */
-#include "dist/reshard.h"
+#include "engine/dist/reshard.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 /* Scratch from the rank's workspace (ctx->ws): grow-only, so the steady state allocates
  * nothing. Slots 0 and 1 hold intermediate step results, 2 and 3 packing buffers. */

@@ -10,13 +10,13 @@
  * Invariant kept by the transitions: only the innermost shard of a tensor dim changes, so
  * every state's local part is one contiguous box of the global tensor.
  */
-#include "dist/reshard.h"
+#include "engine/dist/reshard.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 static const char *const rstep_names[MS_RSTEP_KIND_COUNT] = {
     [MS_RSTEP_ALL_REDUCE] = "all_reduce", [MS_RSTEP_REDUCE_SCATTER] = "reduce_scatter",

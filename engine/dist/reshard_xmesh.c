@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
-#include "dist/reshard.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
 
 typedef struct box {
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];

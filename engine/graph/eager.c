@@ -1,10 +1,10 @@
 /* eager.c - running one operator on DistTensors immediately. */
-#include "graph/eager.h"
+#include "engine/graph/eager.h"
 
 #include <string.h>
 
-#include "dist/reshard.h"
-#include "ops/select.h"
+#include "engine/dist/reshard.h"
+#include "engine/ops/select.h"
 
 ms_status ms_eager(int op, const ms_op_attrs *attrs, int n_in, const ms_dtensor *const *in,
                    int n_out, ms_dtensor *out, const ms_eager_opts *opts, ms_error *err) {

@@ -11,8 +11,8 @@
 #ifndef MS_EAGER_H
 #define MS_EAGER_H
 
-#include "dist/dtensor.h"
-#include "ops/op.h"
+#include "engine/dist/dtensor.h"
+#include "engine/ops/op.h"
 
 typedef struct ms_eager_opts {
     bool allow_reshard;

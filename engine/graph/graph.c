@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
-#include "graph/graph_impl.h"
+#include "engine/core/xalloc.h"
+#include "engine/graph/graph_impl.h"
 
 ms_graph *ms_graph_create(void) {
     ms_graph *g = xcalloc(1, sizeof *g);

@@ -18,8 +18,8 @@
 
 #include <stdio.h>
 
-#include "dist/dtensor.h"
-#include "ops/op.h"
+#include "engine/dist/dtensor.h"
+#include "engine/ops/op.h"
 
 typedef struct ms_graph ms_graph;
 typedef struct ms_program ms_program;

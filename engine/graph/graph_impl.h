@@ -2,7 +2,7 @@
 #ifndef MS_GRAPH_IMPL_H
 #define MS_GRAPH_IMPL_H
 
-#include "graph/graph.h"
+#include "engine/graph/graph.h"
 
 typedef enum gv_kind { GV_PARAM, GV_INPUT, GV_ACT } gv_kind;
 

@@ -14,12 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "graph/graph_impl.h"
-#include "kernels/parallel.h"
-#include "ops/select.h"
-#include "profiler/recorder.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "engine/graph/graph_impl.h"
+#include "engine/kernels/parallel.h"
+#include "engine/ops/select.h"
+#include "profiler/record/recorder.h"
 
 typedef struct buf {
     int64_t nfloats;
@@ -766,7 +766,7 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
                               NULL) == MS_OK)
             e.u.reshard.nsteps = plan->nsteps;
     }
-    ms_recorder_push(p->ctx->recorder, &e);
+    ms_recorder_push(p->ctx->trace.recorder, &e);
 }
 
 /* Gradient zeroing on the rank's threads (kernels/parallel.h). */
@@ -776,7 +776,7 @@ static void zero_range(void *arg, int64_t lo, int64_t hi) {
 
 static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
-    ms_recorder *rec = p->ctx->recorder;
+    ms_recorder *rec = p->ctx->trace.recorder;
     for (int k = 0; k < upto; k++) {
         instr *in = &p->ins[k];
         ms_status st = MS_OK;
@@ -786,7 +786,7 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
             t0 = ms_now_ns();
             if (in->kind == I_RESHARD) {
                 flow = ((uint64_t)p->ctx->rank << 40) | ++p->flow_counter;
-                p->ctx->trace_flow = flow;
+                p->ctx->trace.flow = flow;
             }
         }
         switch (in->kind) {
@@ -818,7 +818,7 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
             }
         }
         if (rec && t0) {
-            p->ctx->trace_flow = 0;
+            p->ctx->trace.flow = 0;
             record(p, in, t0, flow);
         }
         if (st != MS_OK) return st;

@@ -1,5 +1,5 @@
 /* fileio.c - whole-file reads with a size cap, and the temp-fsync-rename-fsync write. */
-#include "io/fileio.h"
+#include "engine/io/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 ms_status ms_read_file(const char *path, size_t max_bytes, uint8_t **out, size_t *len,
                        ms_error *err) {

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 /* Reads all of `path` into a new buffer with one extra '\0' byte after the data (so text
  * can be parsed in place). Fails with MS_ERR_IO (missing, unreadable, a directory) or

@@ -1,5 +1,5 @@
 /* json_text.c - see json_text.h. */
-#include "io/json_text.h"
+#include "engine/io/json_text.h"
 
 #include <stdbool.h>
 #include <stdio.h>

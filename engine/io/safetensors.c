@@ -1,5 +1,5 @@
 /* safetensors.c - writing (hand-built header, durable) and reading (cJSON, validated). */
-#include "io/safetensors.h"
+#include "engine/io/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -11,9 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/xalloc.h"
-#include "io/json_text.h"
-#include "io/fileio.h"
+#include "engine/core/xalloc.h"
+#include "engine/io/json_text.h"
+#include "engine/io/fileio.h"
 
 /* The format is little-endian; so are all the hosts meshscope targets, which lets f32 data
  * go to and from the file without byte swapping. */

@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "core/tensor.h"
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
 
 #define MS_ST_MAX_HEADER 100000000u
 

@@ -6,8 +6,8 @@
  * causal mode a block only multiplies the keys up to its last row, which cuts the products to
  * about half, as the mask would otherwise throw that work away.
  */
-#include "kernels/kernels.h"
-#include "kernels/fastmath.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/fastmath.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -4,10 +4,10 @@
  * tensor is sharded, so a distributed run drops exactly the elements a one-rank run drops, and
  * backward can recompute the mask instead of storing one byte (or float) per element.
  */
-#include "kernels/kernels.h"
+#include "engine/kernels/kernels.h"
 
-#include "core/philox.h"
-#include "core/tensor.h" /* MS_MAX_DIMS */
+#include "engine/core/philox.h"
+#include "engine/core/tensor.h" /* MS_MAX_DIMS */
 
 /* Walks the local box row by row (a row = the innermost dim, contiguous both locally and in
  * the global index space) and applies y = keep ? x * scale : 0, accumulating into y if acc. */

@@ -3,8 +3,8 @@
  * Plain loops over contiguous memory that the compiler vectorises; nothing here is worth BLAS.
  * The long ones are split across the rank's threads (kernels/parallel.h).
  */
-#include "kernels/kernels.h"
-#include "kernels/parallel.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/parallel.h"
 
 #include <math.h>
 #include <stdint.h>

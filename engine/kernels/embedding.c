@@ -3,7 +3,7 @@
  * A rank holding rows [v0, v0 + Vl) of the table writes zeros for ids it does not own, so the
  * sum over vocab shards (one all-reduce) is the full lookup; the backward touches only owned rows.
  */
-#include "kernels/kernels.h"
+#include "engine/kernels/kernels.h"
 
 #include <string.h>
 

@@ -4,8 +4,8 @@
  * not transposed is one sgemm over batch * m rows (the linear-layer case), so OpenBLAS sees one
  * large problem instead of many small ones.
  */
-#include "kernels/kernels.h"
-#include "kernels/parallel.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/parallel.h"
 
 #include <cblas.h>
 

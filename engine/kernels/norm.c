@@ -4,9 +4,9 @@
  * passes (mean, then centred variance) rather than E[x^2] - E[x]^2, which cancels badly when
  * |mean| >> std.
  */
-#include "kernels/kernels.h"
-#include "kernels/fastmath.h"
-#include "kernels/parallel.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/fastmath.h"
+#include "engine/kernels/parallel.h"
 
 #include <math.h>
 

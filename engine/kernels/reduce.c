@@ -3,7 +3,7 @@
  * The tensor is viewed as [O, D, I]; loops run o, d, i so both the input and the [O, I] output
  * are walked contiguously whatever dim is reduced.
  */
-#include "kernels/kernels.h"
+#include "engine/kernels/kernels.h"
 
 #include <math.h>
 #include <string.h>

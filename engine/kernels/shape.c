@@ -3,7 +3,7 @@
  * Each is its own family's backward (transpose again, split <-> concat), so they take an
  * accumulate flag instead of having separate backward kernels.
  */
-#include "kernels/kernels.h"
+#include "engine/kernels/kernels.h"
 
 #include <string.h>
 

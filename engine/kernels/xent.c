@@ -8,8 +8,8 @@
  * must communicate: the global row max (for a stable exp), the global sum of exps, and the
  * target's logit, which lives on exactly one vocab shard.
  */
-#include "kernels/kernels.h"
-#include "kernels/fastmath.h"
+#include "engine/kernels/kernels.h"
+#include "engine/kernels/fastmath.h"
 
 #include <math.h>
 

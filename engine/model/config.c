@@ -1,7 +1,7 @@
 /* config.c - parsing and validating config.json with cJSON; the GPT-2 parameter count. */
-#include "model/config.h"
+#include "engine/model/config.h"
 
-#include "io/json_text.h"
+#include "engine/io/json_text.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/fileio.h"
+#include "engine/io/fileio.h"
 
 /* Upper bounds keep every derived size (the parameter count above all) inside int64 and
  * catch typos such as an extra zero long before an allocation would. */

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 /* config.json larger than this is certainly not a config (guards against passing weights). */
 #define MS_CONFIG_MAX_BYTES (1u << 20)

@@ -1,7 +1,7 @@
 /* gpt.c - GPT-2 and BERT graphs. */
-#include "model/gpt.h"
+#include "engine/model/gpt.h"
 
-#include "core/philox.h"
+#include "engine/core/philox.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -8,8 +8,8 @@
 #ifndef MS_GPT_H
 #define MS_GPT_H
 
-#include "graph/graph.h"
-#include "model/config.h"
+#include "engine/graph/graph.h"
+#include "engine/model/config.h"
 
 typedef struct ms_model {
     ms_graph *g;

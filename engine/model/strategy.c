@@ -1,5 +1,5 @@
 /* strategy.c - data, tensor and sequence parallelism as annotations. */
-#include "model/strategy.h"
+#include "engine/model/strategy.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -18,8 +18,8 @@
 
 #include <stdbool.h>
 
-#include "dist/mesh.h"
-#include "graph/graph.h"
+#include "engine/dist/mesh.h"
+#include "engine/graph/graph.h"
 
 #define MS_STRATEGY_MAX_RULES 64
 

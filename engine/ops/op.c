@@ -1,11 +1,11 @@
 /* op.c - the operator table, user-op registration and backward duality. */
-#include "ops/op.h"
+#include "engine/ops/op.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "core/xalloc.h"
-#include "ops/op_defs.h"
+#include "engine/core/xalloc.h"
+#include "engine/ops/op_defs.h"
 
 /* Positional, so adding an ms_op_kind without its row fails the static assert below. */
 static const ms_op_def *const builtin_ops[] = {

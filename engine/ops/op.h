@@ -20,10 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "core/tensor.h"
-#include "dist/placement.h"
-#include "kernels/kernels.h"
+#include "engine/core/status.h"
+#include "engine/core/tensor.h"
+#include "engine/dist/placement.h"
+#include "engine/kernels/kernels.h"
 
 #define MS_OP_MAX_IN    4
 #define MS_OP_MAX_OUT   4

@@ -3,7 +3,7 @@
 #ifndef MS_OP_DEFS_H
 #define MS_OP_DEFS_H
 
-#include "ops/op.h"
+#include "engine/ops/op.h"
 
 extern const ms_op_def ms_op_matmul_def, ms_op_add_def, ms_op_mul_def, ms_op_scale_def,
     ms_op_bias_def, ms_op_gelu_def, ms_op_layernorm_def, ms_op_softmax_def, ms_op_attention_def,

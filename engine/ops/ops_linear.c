@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ops/op_defs.h"
+#include "engine/ops/op_defs.h"
 
 const char *ms_op_shapes_str(int n, const ms_shape *s, char *buf, size_t len) {
     size_t k = 0;

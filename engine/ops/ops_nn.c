@@ -2,8 +2,8 @@
  * dropout. */
 #include <string.h>
 
-#include "dist/dmesh.h"
-#include "ops/op_defs.h"
+#include "engine/dist/dmesh.h"
+#include "engine/ops/op_defs.h"
 
 static ms_status unary_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
                              ms_error *err) {

@@ -1,7 +1,7 @@
 /* ops_shape.c - reshape, transpose, split, concat, and sum/mean reductions. */
 #include <string.h>
 
-#include "ops/op_defs.h"
+#include "engine/ops/op_defs.h"
 
 /* R->R, P->P and the given shard map (in dim d -> out dim map[d], -1 = not allowed). */
 static int mapped_rule(int in_ndim, const int *map, int n_in, int n_out, bool partial_ok,

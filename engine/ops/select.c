@@ -1,11 +1,11 @@
 /* select.c - choosing an operator's placements from its per-mesh-dim rules. */
-#include "ops/select.h"
+#include "engine/ops/select.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "dist/reshard.h"
+#include "engine/dist/reshard.h"
 
 bool ms_placements_with(const ms_placements *in, int m, ms_placement q, int tensor_ndim,
                         ms_placements *out) {

@@ -10,8 +10,8 @@
 #ifndef MS_SELECT_H
 #define MS_SELECT_H
 
-#include "dist/mesh.h"
-#include "ops/op.h"
+#include "engine/dist/mesh.h"
+#include "engine/ops/op.h"
 
 struct ms_plan_cache;
 

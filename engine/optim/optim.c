@@ -1,9 +1,9 @@
 /* optim.c - SGD, AdamW, norm helpers and the warmup-cosine schedule. */
-#include "optim/optim.h"
+#include "engine/optim/optim.h"
 
 #include <math.h>
 
-#include "kernels/parallel.h"
+#include "engine/kernels/parallel.h"
 
 ms_status ms_sgd_step(float *p, const float *g, float *buf, size_t n, const ms_sgd_opts *o,
                       ms_error *err) {

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 /* SGD, PyTorch semantics (dampening 0, no Nesterov):
  *   g' = g + weight_decay * p;  buf = momentum * buf + g';  p -= lr * buf

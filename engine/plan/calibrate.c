@@ -18,14 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/kernels.h"
-#include "optim/optim.h"
-#include "dist/dmesh.h"
-#include "model/gpt.h"
-#include "model/strategy.h"
-#include "plan/cluster.h"
-#include "plan/cost.h"
-#include "runtime/ctx.h"
+#include "engine/kernels/kernels.h"
+#include "engine/optim/optim.h"
+#include "engine/dist/dmesh.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "engine/plan/cluster.h"
+#include "engine/plan/cost.h"
+#include "engine/runtime/ctx.h"
 
 void ms_cluster_cpu_model(char *buf, size_t len);
 

@@ -1,6 +1,6 @@
 /* cluster.c - cluster descriptions: JSON in and out, presets, the rate and collective models.
  * The cpu-local measurement lives in calibrate.c. */
-#include "plan/cluster.h"
+#include "engine/plan/cluster.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/fileio.h"
-#include "io/json_text.h"
+#include "engine/io/fileio.h"
+#include "engine/io/json_text.h"
 
 #ifndef MS_CLUSTER_DIR
 #define MS_CLUSTER_DIR "configs/clusters"

@@ -21,8 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm/comm.h"
-#include "core/status.h"
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
 
 typedef enum ms_plan_dtype { MS_PLAN_FP32, MS_PLAN_BF16, MS_PLAN_DTYPE_COUNT } ms_plan_dtype;
 

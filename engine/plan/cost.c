@@ -1,14 +1,14 @@
 /* cost.c - strategies, the closed-form workload, pricing a workload on a cluster, memory. */
-#include "plan/cost.h"
+#include "engine/plan/cost.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
-#include "ops/op.h"
-#include "plan/workload.h"
+#include "engine/kernels/kernels.h"
+#include "engine/ops/op.h"
+#include "engine/plan/workload.h"
 
 const char *ms_plan_dim_name(ms_plan_dim d) {
     static const char *const n[] = {"dp", "tp", "pp", "cp", "world"};

@@ -40,9 +40,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "model/config.h"
-#include "plan/cluster.h"
+#include "engine/core/status.h"
+#include "engine/model/config.h"
+#include "engine/plan/cluster.h"
 
 typedef struct ms_plan_memo ms_plan_memo; /* see ms_plan_memo_create */
 

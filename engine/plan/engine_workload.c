@@ -23,12 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/dmesh.h"
-#include "dist/reshard.h"
-#include "graph/graph_impl.h"
-#include "model/gpt.h"
-#include "model/strategy.h"
-#include "plan/workload.h"
+#include "engine/dist/dmesh.h"
+#include "engine/dist/reshard.h"
+#include "engine/graph/graph_impl.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "engine/plan/workload.h"
 
 static int64_t numel(const ms_shape *s) {
     int64_t n = 1;

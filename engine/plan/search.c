@@ -1,12 +1,12 @@
 /* search.c - enumerating, pricing and ranking strategies; the reason the winner wins. */
-#include "plan/search.h"
+#include "engine/plan/search.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
+#include "engine/comm/comm.h"
 
 void ms_plan_fixed_none(ms_plan_fixed *f) {
     *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};

@@ -11,7 +11,7 @@
 #ifndef MS_PLAN_SEARCH_H
 #define MS_PLAN_SEARCH_H
 
-#include "plan/cost.h"
+#include "engine/plan/cost.h"
 
 /* Fixed knobs; -1 = searched. */
 typedef struct ms_plan_fixed {

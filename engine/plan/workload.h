@@ -4,7 +4,7 @@
 #ifndef MS_PLAN_WORKLOAD_H
 #define MS_PLAN_WORKLOAD_H
 
-#include "plan/cost.h"
+#include "engine/plan/cost.h"
 
 #define WK_MAX_KERNELS 256
 #define WK_MAX_COLLS   256

@@ -1,16 +1,16 @@
 /* ctx.c - rank contexts and the threads/MPI launcher. */
-#include "runtime/ctx.h"
+#include "engine/runtime/ctx.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_mpi.h"
-#include "comm/comm_threads.h"
-#include "core/xalloc.h"
-#include "dist/reshard.h"
-#include "profiler/hooks.h"
+#include "engine/comm/comm_mpi.h"
+#include "engine/comm/comm_threads.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "profiler/record/hooks.h"
 
 const char *ms_backend_name(ms_backend_kind b) {
     return b == MS_BACKEND_MPI ? "mpi" : "threads";
@@ -43,8 +43,8 @@ void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec) {
     ms_comm_set_observer(ctx->world, NULL, NULL);
     ms_comm_probe_free(ctx->world_probe);
     ctx->world_probe = NULL;
-    ctx->recorder = rec;
-    ctx->world_probe = ms_comm_probe_attach(ctx, ctx->world, -1);
+    ctx->trace.recorder = rec;
+    ctx->world_probe = ms_comm_probe_attach(&ctx->trace, ctx->world, -1);
 }
 
 static void ctx_fini(ms_ctx *ctx) {

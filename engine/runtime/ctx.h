@@ -11,9 +11,10 @@
 
 #include <stdint.h>
 
-#include "comm/comm.h"
-#include "core/device.h"
-#include "core/status.h"
+#include "engine/comm/comm.h"
+#include "engine/core/device.h"
+#include "engine/core/status.h"
+#include "profiler/record/hooks.h"
 
 typedef enum ms_backend_kind {
     MS_BACKEND_THREADS,
@@ -26,7 +27,6 @@ const char *ms_backend_name(ms_backend_kind b);
 ms_status ms_backend_parse(const char *text, ms_backend_kind *out, ms_error *err);
 
 struct ms_plan_cache;
-struct ms_recorder;
 struct ms_comm_probe;
 
 typedef struct ms_ctx {
@@ -37,8 +37,7 @@ typedef struct ms_ctx {
     ms_device *device; /* owned */
     uint64_t seed;
     struct ms_plan_cache *plans;       /* owned: reshard plans, see dist/reshard.h */
-    struct ms_recorder *recorder;      /* profiler recorder (borrowed), NULL: tracing off */
-    uint64_t trace_flow;               /* id of the reshard running now, for traces */
+    ms_trace_state trace;              /* recorder (borrowed; NULL: tracing off), reshard id */
     struct ms_comm_probe *world_probe; /* owned: the world communicator's probe */
     float *ws[4];                      /* owned: reshard workspace (dist/reshard_exec.c) */
     size_t ws_cap[4];
@@ -56,7 +55,7 @@ typedef ms_status (*ms_rank_fn)(ms_ctx *ctx, void *arg, ms_error *err);
 
 /* Starts recording this rank into rec (borrowed; NULL stops): probes the world
  * communicator; meshes bound afterwards probe their per-dim communicators. */
-void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec);
+void ms_ctx_set_recorder(ms_ctx *ctx, ms_recorder *rec);
 
 /* Runs fn once per rank: on `nranks` threads (threads backend) or once in this process
  * (mpi backend; MPI must have been initialised with ms_mpi_init). Returns MS_OK if every

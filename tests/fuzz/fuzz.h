@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "engine/core/status.h"
 
 /* err may be NULL. */
 int ms_fuzz_one(const uint8_t *data, size_t size, ms_error *err);

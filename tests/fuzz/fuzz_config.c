@@ -1,7 +1,7 @@
 /* fuzz_config.c - fuzz target: the config.json parser on arbitrary bytes. */
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
-#include "model/config.h"
+#include "engine/model/config.h"
 
 int ms_fuzz_one(const uint8_t *data, size_t size, ms_error *err) {
     ms_model_config c;

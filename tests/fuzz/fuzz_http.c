@@ -1,7 +1,7 @@
 /* fuzz_http.c - fuzz target: what the dashboard does with untrusted request text before any
  * route runs (web/security.c): the body's JSON (nesting check, then cJSON), and the same bytes
  * as Host, Origin, Cookie and Authorization headers. The status is the body parse's. */
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,8 @@
 /* fuzz_safetensors.c - fuzz target: the safetensors header reader on arbitrary bytes, taken
  * as a whole file (so header length, JSON, dtypes, shapes and offsets are all in play). */
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
-#include "io/safetensors.h"
+#include "engine/io/safetensors.h"
 
 int ms_fuzz_one(const uint8_t *data, size_t size, ms_error *err) {
     ms_st_file f;

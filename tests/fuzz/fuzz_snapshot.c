@@ -1,7 +1,7 @@
 /* fuzz_snapshot.c - fuzz target: the snapshot JSON reader (profiler/snapshot_json.h), which
  * `meshscope top` runs on whatever a dashboard URL answers. A snapshot that parses must write
  * back to JSON that parses again. */
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * per-thread intervals, B/E stacks and flow ids), so both run on every input. The status
  * returned is the reader's failure if it fails, else the validator's: an ok-* corpus file
  * must be read and pass every rule, a bad-* file must be rejected by one of them. */
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 #include "traces/trace_check.h"
 #include "traces/trace_read.h"

@@ -1,5 +1,5 @@
 /* advisor.c - recalibrating the cost model from a running job and suggesting strategies. */
-#include "plan/advisor.h"
+#include "profiler/advisor.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/json_text.h"
-#include "plan/workload.h"
+#include "engine/io/json_text.h"
+#include "engine/plan/workload.h"
 
 struct ms_advisor {
     ms_model_config cfg;

@@ -18,9 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm/comm.h"
-#include "core/status.h"
-#include "profiler/recorder.h"
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
+#include "profiler/record/recorder.h"
 
 /* Upper bound on max_per_rank (events per rank per call). */
 #define MS_GATHER_MAX_PER_RANK ((size_t)1 << 20)

@@ -18,7 +18,7 @@
  * The group table is a fixed array under a mutex: registration is rare and never on the
  * push path.
  */
-#include "profiler/recorder.h"
+#include "profiler/record/recorder.h"
 
 #include <assert.h>
 #include <pthread.h>

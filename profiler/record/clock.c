@@ -1,10 +1,10 @@
 /* clock.c - aligning rank clocks by ping-pong with rank 0 (see clock.h). */
-#include "profiler/clock.h"
+#include "profiler/record/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 #define CLOCK_TAG 7301
 #define PART_BITS 22

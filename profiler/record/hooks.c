@@ -1,17 +1,17 @@
 /* hooks.c - communicator probes and recording helpers (see hooks.h). */
-#include "profiler/hooks.h"
+#include "profiler/record/hooks.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
-#include "core/xalloc.h"
-#include "runtime/ctx.h"
+#include "engine/core/xalloc.h"
 
 #define PAIR_CACHE 64
 
 struct ms_comm_probe {
-    struct ms_ctx *ctx;
+    const ms_trace_state *ts;
     ms_recorder *rec;
     int mesh_dim;
     int32_t group;
@@ -44,7 +44,7 @@ static void fill_coll(ms_event *e, const ms_comm_probe *p, const ms_comm_event *
     c->seq = ev->seq;
     c->bytes = ev->bytes;
     ms_ev_strcpy(c->algo, sizeof c->algo, NULL, ev->algo);
-    c->flow = p->ctx->trace_flow;
+    c->flow = p->ts->flow;
     c->root = ev->root < 0 ? 0 : ev->root;
 }
 
@@ -63,7 +63,7 @@ static int32_t pair_group(ms_comm_probe *p, const ms_comm *comm, int peer) {
 
 static void observe(void *user, const ms_comm_event *ev) {
     ms_comm_probe *p = user;
-    if (!p->ctx->recorder) return; /* recording paused (train --trace-from) */
+    if (!p->ts->recorder) return; /* recording paused (train --trace-from) */
     ms_event e;
     if (ev->kind != MS_COLL_P2P) {
         fill_coll(&e, p, ev);
@@ -83,11 +83,11 @@ static void observe(void *user, const ms_comm_event *ev) {
     }
 }
 
-ms_comm_probe *ms_comm_probe_attach(struct ms_ctx *ctx, ms_comm *c, int mesh_dim) {
-    if (!ctx->recorder || !c) return NULL;
+ms_comm_probe *ms_comm_probe_attach(ms_trace_state *ts, ms_comm *c, int mesh_dim) {
+    if (!ts->recorder || !c) return NULL;
     ms_comm_probe *p = xcalloc(1, sizeof *p);
-    p->ctx = ctx;
-    p->rec = ctx->recorder;
+    p->ts = ts;
+    p->rec = ts->recorder;
     p->mesh_dim = mesh_dim;
     int n = ms_comm_size(c);
     int *ranks = xmalloc(sizeof(int) * (size_t)n);
@@ -102,18 +102,18 @@ void ms_comm_probe_free(ms_comm_probe *p) {
     free(p);
 }
 
-void ms_record_memory(struct ms_ctx *ctx) {
-    if (!ctx->recorder) return;
+void ms_record_memory(const ms_trace_state *ts, const ms_device *dev) {
+    if (!ts->recorder) return;
     ms_event e = {.kind = MS_EV_MEM, .phase = MS_PHASE_OTHER};
     e.t0_ns = e.t1_ns = ms_now_ns();
-    e.u.mem.in_use = atomic_load(&ctx->device->in_use);
-    e.u.mem.peak = atomic_load(&ctx->device->peak);
-    ms_recorder_push(ctx->recorder, &e);
+    e.u.mem.in_use = atomic_load(&dev->in_use);
+    e.u.mem.peak = atomic_load(&dev->peak);
+    ms_recorder_push(ts->recorder, &e);
 }
 
-void ms_record_span(struct ms_ctx *ctx, ms_ev_kind kind, int64_t t0) {
-    if (!ctx->recorder) return;
+void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0) {
+    if (!ts->recorder) return;
     ms_event e = {
         .kind = (uint8_t)kind, .phase = MS_PHASE_OTHER, .t0_ns = t0, .t1_ns = ms_now_ns()};
-    ms_recorder_push(ctx->recorder, &e);
+    ms_recorder_push(ts->recorder, &e);
 }

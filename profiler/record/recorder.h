@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "profiler/event.h"
+#include "engine/core/status.h"
+#include "profiler/record/event.h"
 
 typedef struct ms_recorder ms_recorder;
 

@@ -23,10 +23,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "model/config.h"
-#include "model/strategy.h"
-#include "plan/cluster.h"
-#include "plan/cost.h"
+#include "engine/model/config.h"
+#include "engine/model/strategy.h"
+#include "engine/plan/cluster.h"
+#include "engine/plan/cost.h"
 #include "profiler/analysis.h"
 #include "profiler/live.h"
 

@@ -1,12 +1,12 @@
 /* gather.c - incremental collection of events and group tables on rank 0 (see gather.h). */
-#include "profiler/gather.h"
+#include "profiler/record/gather.h"
 
 #include <assert.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/xalloc.h"
+#include "engine/core/xalloc.h"
 
 /* The communicator moves floats; records travel as their bytes, reinterpreted. */
 #define EV_FLOATS    (sizeof(ms_event) / sizeof(float))

@@ -18,8 +18,8 @@
 
 #include <stdint.h>
 
-#include "comm/comm.h"
-#include "core/status.h"
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
 
 /* Collective over world. On return, on every rank, local_time + *offset_ns ~ rank 0's time
  * within *uncertainty_ns (rank 0: 0 and 0). rounds: ping-pongs per rank, 1..1000 (8-32 is

@@ -1,0 +1,39 @@
+/* hooks.h - where the engine meets the recorder: communicator probes and small helpers the
+ * executor and the training loop call. All hooks are no-ops (one branch) when the rank's
+ * trace state has no recorder.
+ *
+ * A probe is the observer installed on one communicator: it turns every call into an
+ * MS_EV_COLL event with the communicator's group (registered once, at probe time), its mesh
+ * dim, and the id of the reshard running at the time (ms_trace_state.flow), so traces can link
+ * each reshard to its collectives. Point-to-point batches become one event per send, with a
+ * two-member group {sender, receiver}.
+ */
+#ifndef MS_HOOKS_H
+#define MS_HOOKS_H
+
+#include "engine/comm/comm.h"
+#include "engine/core/device.h"
+#include "profiler/record/recorder.h"
+
+/* What a rank's probes read at every call. It lives in the rank context (ms_ctx.trace);
+ * probes borrow it. recorder NULL: not recording (or paused, train --trace-from). */
+typedef struct ms_trace_state {
+    ms_recorder *recorder;
+    uint64_t flow; /* id of the reshard running now, 0 outside reshards */
+} ms_trace_state;
+
+typedef struct ms_comm_probe ms_comm_probe;
+
+/* Installs a probe on c (mesh_dim -1 for non-mesh communicators). Returns NULL (and does
+ * nothing) when ts has no recorder. ts must outlive the probe. Free with ms_comm_probe_free
+ * after the communicator. */
+ms_comm_probe *ms_comm_probe_attach(ms_trace_state *ts, ms_comm *c, int mesh_dim);
+void ms_comm_probe_free(ms_comm_probe *p);
+
+/* Memory in use and peak of dev, as an instant event. */
+void ms_record_memory(const ms_trace_state *ts, const ms_device *dev);
+
+/* A span [t0, now) of kind DATA, OPTIM or STEP. */
+void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0);
+
+#endif

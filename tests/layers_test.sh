@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# layers_test.sh SRC_DIR: the layer check passes on the tree, and fails, naming the file and
+# the rule, on copies of it with an upward include, a sideways include (tui -> web), an
+# include written from an old root, and a folder no layer owns.
+set -uo pipefail
+src=${1:?usage: layers_test.sh SRC_DIR}
+check="$src/scripts/check-layers.sh"
+fail=0
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fail=1; }
+
+if out=$("$check" "$src" 2>&1); then ok "the tree follows the layer table"; else bad "the tree: $out"; fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+expect_violation() { # name file line pattern
+  local name=$1 file=$2 line=$3 pattern=$4
+  rm -rf "$tmp/t" && mkdir -p "$tmp/t"
+  (cd "$src" && cp -r --parents docs/ARCHITECTURE.md engine profiler traces tui web cli "$tmp/t/")
+  [ -d "$src/job" ] && cp -r "$src/job" "$tmp/t/"
+  mkdir -p "$(dirname "$tmp/t/$file")"
+  echo "$line" >>"$tmp/t/$file"
+  if out=$("$check" "$tmp/t" 2>&1); then
+    bad "$name: the check passed"
+  elif grep -q -- "$pattern" <<<"$out"; then
+    ok "$name: $(head -1 <<<"$out")"
+  else
+    bad "$name: unexpected message: $out"
+  fi
+}
+expect_violation "upward include" engine/dist/mesh.c '#include "profiler/live.h"' \
+  "engine/dist/mesh.c:.*layer 'dist' includes \"profiler/live.h\" of layer 'profiler'"
+expect_violation "engine includes a view" engine/graph/program.c '#include "web/web.h"' \
+  "layer 'engine' includes \"web/web.h\" of layer 'web'"
+expect_violation "sideways include" tui/draw.c '#include "web/web.h"' \
+  "layer 'tui' includes \"web/web.h\" of layer 'web'"
+expect_violation "old include root" engine/graph/program.c '#include "core/status.h"' \
+  'does not resolve from the include root'
+expect_violation "unowned folder" engine/newlayer/x.c '/* empty */' \
+  'engine/newlayer/x.c: no layer owns this folder'
+
+[ "$fail" -eq 0 ] && echo "layer check: all cases passed"
+exit "$fail"
