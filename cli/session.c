@@ -1,4 +1,4 @@
-/* session.c - shared flags and model set-up for train, eval and explain. */
+/* session.c - the flags train, eval and explain share. */
 #include "cli/session.h"
 
 #include <stdio.h>
@@ -100,7 +100,10 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
             good = parse_double(v, 0, 10, &d), o->advise_threshold = d;
         else if (!strcmp(f, "--checkpoint"))
             o->checkpoint = v;
-        else if (!strcmp(f, "--backend")) {
+        else if (!strcmp(f, "--on-nan")) {
+            good = !strcmp(v, "stop") || !strcmp(v, "skip");
+            o->on_nan = !strcmp(v, "skip") ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
+        } else if (!strcmp(f, "--backend")) {
             ms_error e;
             if (ms_backend_parse(v, &o->backend, &e) != MS_OK) {
                 fprintf(stderr, "meshscope %s: %s\n", cmd, e.msg);
@@ -152,86 +155,5 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
         return 2;
     }
     if (o->min_lr > o->lr) o->min_lr = o->lr;
-    return 0;
-}
-
-ms_status session_strategy(const run_opts *o, const ms_model_config *cfg, ms_strategy *s,
-                           ms_error *err) {
-    if (o->strategy_file)
-        MS_CHECK(ms_strategy_load(o->strategy_file, s, err));
-    else
-        MS_CHECK(ms_strategy_init(s, o->dp, o->tp, o->cp, o->sp, err));
-    return ms_strategy_check_model(s, cfg->n_head, cfg->n_embd, err);
-}
-
-ms_status session_open(ms_ctx *ctx, const run_opts *o, bool keep_logits, session *s,
-                       ms_error *err) {
-    ms_model_config cfg;
-    ms_strategy strat;
-    MS_CHECK(ms_config_load(o->model, &cfg, err));
-    MS_CHECK(session_strategy(o, &cfg, &strat, err));
-    return session_open_strategy(ctx, o, &strat, keep_logits, s, err);
-}
-
-ms_status session_open_strategy(ms_ctx *ctx, const run_opts *o, const ms_strategy *strat,
-                                bool keep_logits, session *s, ms_error *err) {
-    memset(s, 0, sizeof *s);
-    MS_CHECK(ms_config_load(o->model, &s->cfg, err));
-    s->strat = *strat;
-    MS_CHECK(ms_strategy_check_model(&s->strat, s->cfg.n_head, s->cfg.n_embd, err));
-    MS_CHECK(ms_strategy_mesh(&s->strat, &s->mesh, err));
-    MS_CHECK(ms_mesh_check_world(&s->mesh, ctx->world_size, err));
-    if (o->batch % s->strat.dp)
-        return ms_fail(err, MS_ERR_INVALID, "--batch %d is not divisible by dp %d", o->batch,
-                       s->strat.dp);
-    MS_CHECK(ms_dmesh_create(ctx, &s->mesh, &s->dm, err));
-    MS_CHECK(ms_model_build(&s->cfg, o->batch, o->seq, &s->model, err));
-    if (keep_logits) ms_graph_keep(s->model.g, s->model.logits);
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s->strat, .seed = o->seed};
-    return ms_program_compile(s->model.g, s->dm, &co, &s->prog, err);
-}
-
-void session_close(session *s) {
-    ms_program_destroy(s->prog);
-    ms_model_free(&s->model);
-    ms_dmesh_destroy(s->dm);
-    ms_mesh_free(&s->mesh);
-    memset(s, 0, sizeof *s);
-}
-
-int session_launch(const char *cmd, const run_opts *o, ms_rank_fn fn, void *arg) {
-    ms_error err = {0};
-    int nranks = o->dp * o->tp * o->cp;
-    if (o->strategy_file) {
-        ms_strategy s;
-        if (ms_strategy_load(o->strategy_file, &s, &err) != MS_OK) {
-            fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
-            return 1;
-        }
-        nranks = ms_strategy_ranks(&s);
-    }
-    if (o->backend == MS_BACKEND_MPI) {
-        int argc = 0;
-        char **argv = NULL;
-        if (ms_mpi_init(&argc, &argv, &err) != MS_OK) {
-            fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
-            return 1;
-        }
-    }
-    /* OpenBLAS's pool is process-wide: share the cores among the thread ranks. */
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    int per_rank = o->threads > 0                     ? o->threads
-                   : o->backend == MS_BACKEND_THREADS ? (cores / nranks > 0 ? cores / nranks : 1)
-                                                      : 1;
-    ms_k_blas_set_threads(per_rank);
-    ms_launch_opts lo = {.backend = o->backend,
-                         .nranks = o->backend == MS_BACKEND_MPI ? 0 : nranks,
-                         .seed = o->seed};
-    ms_status st = ms_launch(&lo, fn, arg, &err);
-    if (o->backend == MS_BACKEND_MPI) ms_mpi_finalize();
-    if (st != MS_OK) {
-        fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
-        return 1;
-    }
     return 0;
 }

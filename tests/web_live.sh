@@ -146,8 +146,14 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 grep -q '"strategy": "dp4 x tp1"' "$tmp/log.jsonl" && ok "the job switched to dp4 x tp1" || bad "no step ran dp4 x tp1 within 60 s"
-snap_strategy=$(curl -s --max-time 20 -H "$auth" "$base/api/v1/snapshot" | grep -o '"strategy":"[^"]*"' | head -1)
-[ "$snap_strategy" = '"strategy":"dp4 x tp1"' ] && ok "the snapshot shows $snap_strategy" || bad "snapshot strategy $snap_strategy"
+# The live model publishes at most every 250 ms, after the step that the log already shows:
+# the snapshot catches up within a few publish periods (it is not ordered with the log).
+for _ in $(seq 25); do
+  snap_strategy=$(curl -s --max-time 20 -H "$auth" "$base/api/v1/snapshot" | grep -o '"strategy":"[^"]*"' | head -1)
+  [ "$snap_strategy" = '"strategy":"dp4 x tp1"' ] && break
+  sleep 0.2
+done
+[ "$snap_strategy" = '"strategy":"dp4 x tp1"' ] && ok "the snapshot shows $snap_strategy within 5 s of the log" || bad "snapshot strategy $snap_strategy 5 s after the log showed dp4 x tp1"
 
 # Server-sent events: new versions arrive.
 timeout 4 curl -s -N -H "$auth" "$base/api/v1/events" >"$tmp/sse" 2>/dev/null

@@ -13,6 +13,7 @@ static const char *const status_names[MS_STATUS_COUNT] = {
     [MS_ERR_IO] = "i/o error",
     [MS_ERR_UNSUPPORTED] = "unsupported",
     [MS_ERR_INTERNAL] = "internal error",
+    [MS_ERR_DIVERGED] = "training diverged",
 };
 
 const char *ms_status_str(ms_status s) {

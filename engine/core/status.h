@@ -18,6 +18,7 @@ typedef enum ms_status {
     MS_ERR_IO,          /* a file or socket operation failed */
     MS_ERR_UNSUPPORTED, /* valid request that this build or backend cannot do */
     MS_ERR_INTERNAL,    /* a broken invariant: a bug in meshscope */
+    MS_ERR_DIVERGED,    /* training produced a non-finite loss or gradient norm */
     MS_STATUS_COUNT
 } ms_status;
 

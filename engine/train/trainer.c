@@ -1,0 +1,440 @@
+/* trainer.c - a rank's training: compiled model, optimizer state, schedule, step (see
+ * trainer.h). */
+#include "engine/train/trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
+#include "engine/optim/optim.h"
+#include "profiler/record/hooks.h"
+
+/* The model compiled for one strategy on this rank: what a switch replaces whole. */
+typedef struct compiled {
+    ms_strategy strat;
+    ms_mesh mesh;
+    ms_dmesh *dm;
+    ms_model model;
+    ms_program *prog;
+} compiled;
+
+/* Adam moments, one pair per parameter shard, on the rank's device. */
+typedef struct moments {
+    float **m, **v;
+    size_t *bytes;
+    int n;
+} moments;
+
+struct ms_trainer {
+    ms_ctx *ctx;
+    ms_model_config cfg;
+    ms_train_opts o;
+    const ms_text_data *data; /* borrowed */
+    compiled c;
+    moments mo;
+    int64_t step; /* the next step to run: also the data cursor and the schedule's clock */
+    int64_t skipped;
+    int32_t *ids, *tgt; /* one batch of token ids and targets */
+    float *scratch;     /* the same as floats, for ms_program_feed */
+};
+
+/* --- checks ---------------------------------------------------------------------------------- */
+
+ms_status ms_train_opts_check(const ms_train_opts *o, ms_error *err) {
+    if (o->batch < 1 || o->seq < 1)
+        return ms_fail(err, MS_ERR_INVALID, "--batch (%d) and --seq (%d) must be at least 1",
+                       o->batch, o->seq);
+    if (o->inference) return MS_OK;
+    /* A warmup longer than the run is allowed: the learning rate then only ramps up. */
+    if (o->steps < 0 || o->warmup < 0)
+        return ms_fail(err, MS_ERR_INVALID, "--steps %d and --warmup %d must be >= 0", o->steps,
+                       o->warmup);
+    if (!(o->lr >= 0) || !(o->min_lr >= 0) || o->min_lr > o->lr)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--lr %g and --min-lr %g: need 0 <= min-lr <= lr (finite numbers)", o->lr,
+                       o->min_lr);
+    if (!(o->weight_decay >= 0) || !isfinite(o->clip))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--weight-decay %g must be >= 0 and --clip %g finite (<= 0 turns it off)",
+                       o->weight_decay, o->clip);
+    if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps >= 0))
+        return ms_fail(err, MS_ERR_INVALID, "AdamW betas must be in [0, 1) and eps >= 0");
+    return MS_OK;
+}
+
+ms_status ms_trainer_check_strategy(const ms_model_config *cfg, const ms_train_opts *o,
+                                    int world_size, const ms_strategy *s, ms_error *err) {
+    int ranks = ms_strategy_ranks(s);
+    if (ranks != world_size)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s needs %d ranks but the job runs on %d; choose degrees whose product "
+                       "is %d",
+                       s->text, ranks, world_size, world_size);
+    MS_CHECK(ms_strategy_check_model(s, cfg->n_head, cfg->n_embd, err));
+    if (o->batch % s->dp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--batch %d is not divisible by dp %d; choose a batch that is a multiple "
+                       "of dp",
+                       o->batch, s->dp);
+    return MS_OK;
+}
+
+/* --- compiling and the optimizer state ------------------------------------------------------- */
+
+static void compiled_free(compiled *c) {
+    ms_program_destroy(c->prog);
+    ms_model_free(&c->model);
+    ms_dmesh_destroy(c->dm);
+    ms_mesh_free(&c->mesh);
+    memset(c, 0, sizeof *c);
+}
+
+static ms_status compile_for(ms_trainer *t, const ms_strategy *s, compiled *c, ms_error *err) {
+    memset(c, 0, sizeof *c);
+    c->strat = *s;
+    ms_status st = ms_strategy_mesh(&c->strat, &c->mesh, err);
+    if (st == MS_OK) st = ms_dmesh_create(t->ctx, &c->mesh, &c->dm, err);
+    if (st == MS_OK) st = ms_model_build(&t->cfg, t->o.batch, t->o.seq, &c->model, err);
+    if (st == MS_OK && t->o.keep_logits) ms_graph_keep(c->model.g, c->model.logits);
+    if (st == MS_OK) {
+        /* The compile options point at c->strat: the program keeps no pointer to them. */
+        ms_compile_opts co = {
+            .shard = ms_strategy_shard, .shard_user = &c->strat, .seed = t->o.seed};
+        st = ms_program_compile(c->model.g, c->dm, &co, &c->prog, err);
+    }
+    if (st != MS_OK) compiled_free(c);
+    return st;
+}
+
+static void moments_free(ms_device *dev, moments *mo) {
+    for (int i = 0; i < mo->n; i++) {
+        if (mo->m[i]) ms_device_free(dev, mo->m[i], mo->bytes[i]);
+        if (mo->v[i]) ms_device_free(dev, mo->v[i], mo->bytes[i]);
+    }
+    free(mo->m), free(mo->v), free(mo->bytes);
+    memset(mo, 0, sizeof *mo);
+}
+
+static ms_status moments_init(ms_device *dev, ms_program *p, moments *mo, ms_error *err) {
+    mo->n = ms_program_num_params(p);
+    mo->m = xcalloc((size_t)mo->n, sizeof *mo->m);
+    mo->v = xcalloc((size_t)mo->n, sizeof *mo->v);
+    mo->bytes = xcalloc((size_t)mo->n, sizeof *mo->bytes);
+    for (int i = 0; i < mo->n; i++) {
+        ms_param_view pv;
+        ms_program_param(p, i, &pv);
+        /* One spare float: an empty shard (uneven splits) still gets a valid pointer. */
+        mo->bytes[i] = ((size_t)ms_tensor_numel(&pv.data) + 1) * sizeof(float);
+        ms_status st = ms_device_alloc(dev, mo->bytes[i], (void **)&mo->m[i], err);
+        if (st == MS_OK) st = ms_device_alloc(dev, mo->bytes[i], (void **)&mo->v[i], err);
+        if (st != MS_OK) {
+            moments_free(dev, mo);
+            return st;
+        }
+        memset(mo->m[i], 0, mo->bytes[i]);
+        memset(mo->v[i], 0, mo->bytes[i]);
+    }
+    return MS_OK;
+}
+
+ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
+                            const ms_train_opts *o, const ms_text_data *data, ms_trainer **out,
+                            ms_error *err) {
+    *out = NULL;
+    MS_CHECK(ms_train_opts_check(o, err));
+    MS_CHECK(ms_trainer_check_strategy(cfg, o, ctx->world_size, s, err));
+    ms_trainer *t = xcalloc(1, sizeof *t);
+    t->ctx = ctx;
+    t->cfg = *cfg;
+    t->o = *o;
+    if (t->o.beta1 == 0) t->o.beta1 = 0.9;
+    if (t->o.beta2 == 0) t->o.beta2 = 0.95;
+    if (t->o.eps == 0) t->o.eps = 1e-8;
+    t->data = data;
+    size_t n = (size_t)o->batch * (size_t)o->seq;
+    t->ids = xmalloc(sizeof *t->ids * n);
+    t->tgt = xmalloc(sizeof *t->tgt * n);
+    t->scratch = xmalloc(sizeof *t->scratch * n);
+    ms_status st = compile_for(t, s, &t->c, err);
+    if (st == MS_OK && !o->inference) st = moments_init(ctx->device, t->c.prog, &t->mo, err);
+    if (st != MS_OK) {
+        ms_trainer_destroy(t);
+        return st;
+    }
+    *out = t;
+    return MS_OK;
+}
+
+void ms_trainer_destroy(ms_trainer *t) {
+    if (!t) return;
+    moments_free(t->ctx->device, &t->mo);
+    compiled_free(&t->c);
+    free(t->ids), free(t->tgt), free(t->scratch);
+    free(t);
+}
+
+/* --- a step ---------------------------------------------------------------------------------- */
+
+/* Feeds the batch in ids/tgt as floats: ids, targets and positions. For BERT the batch is
+ * first turned into a masked-LM batch (keyed by the batch index, so every rank masks alike). */
+static ms_status feed(ms_trainer *t, uint64_t seed, uint64_t batch, ms_error *err) {
+    const ms_model *m = &t->c.model;
+    int n = m->B * m->T;
+    ms_program *p = t->c.prog;
+    if (m->mlm_per_row) ms_model_mlm_mask(m, seed, batch, t->ids, t->tgt);
+    for (int i = 0; i < n; i++) t->scratch[i] = (float)t->ids[i];
+    MS_CHECK(ms_program_feed(p, m->ids, t->scratch, err));
+    for (int i = 0; i < n; i++) t->scratch[i] = (float)t->tgt[i];
+    MS_CHECK(ms_program_feed(p, m->targets, t->scratch, err));
+    for (int i = 0; i < n; i++) t->scratch[i] = (float)(i % m->T);
+    return ms_program_feed(p, m->pos, t->scratch, err);
+}
+
+/* Global gradient norm: each shard counted once (owners), summed over the world. */
+static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
+    double local = 0;
+    ms_program *p = t->c.prog;
+    for (int i = 0; i < ms_program_num_params(p); i++) {
+        ms_param_view v;
+        ms_program_param(p, i, &v);
+        if (v.owner)
+            local += ms_sumsq_f32(ms_tensor_f32(&v.grad), (size_t)ms_tensor_numel(&v.grad));
+    }
+    /* Two floats keep the sum's precision through a float all-reduce. */
+    float parts[2] = {(float)local, (float)(local - (double)(float)local)}, sum[2];
+    MS_CHECK(ms_all_reduce(t->ctx->world, parts, sum, 2, MS_REDUCE_SUM, err));
+    *norm = sqrt((double)sum[0] + (double)sum[1]);
+    return MS_OK;
+}
+
+static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err) {
+    ms_adamw_opts aw = {.lr = (float)lr,
+                        .beta1 = (float)t->o.beta1,
+                        .beta2 = (float)t->o.beta2,
+                        .eps = (float)t->o.eps,
+                        .weight_decay = (float)t->o.weight_decay};
+    for (int i = 0; i < t->mo.n; i++) {
+        ms_param_view pv;
+        ms_program_param(t->c.prog, i, &pv);
+        MS_CHECK(ms_adamw_step_scaled(ms_tensor_f32(&pv.data), ms_tensor_f32(&pv.grad), t->mo.m[i],
+                                      t->mo.v[i], (size_t)ms_tensor_numel(&pv.data), &aw,
+                                      t->step + 1, scale, err));
+    }
+    return MS_OK;
+}
+
+ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
+    if (t->o.inference || !t->data)
+        return ms_fail(err, MS_ERR_INVALID, "trainer: created without optimizer or data");
+    memset(out, 0, sizeof *out);
+    out->step = t->step;
+    int B = t->o.batch;
+    out->t_data_ns = ms_now_ns();
+    MS_CHECK(ms_text_data_sample(t->data, MS_SPLIT_TRAIN, t->o.seed, (uint64_t)t->step, B, 0, B,
+                                 t->ids, t->tgt, err));
+    MS_CHECK(feed(t, t->o.seed, (uint64_t)t->step, err));
+    ms_record_span(&t->ctx->trace, MS_EV_DATA, out->t_data_ns);
+    MS_CHECK(ms_program_step(t->c.prog, &out->loss, err));
+    MS_CHECK(grad_norm(t, &out->grad_norm, err));
+    ms_lr_schedule sched = {.lr_max = t->o.lr,
+                            .lr_min = t->o.min_lr,
+                            .warmup_steps = t->o.warmup,
+                            .total_steps = t->o.steps};
+    out->lr = ms_lr_at(&sched, t->step);
+    out->t_optim_ns = ms_now_ns();
+    if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
+        /* Every rank sees the same loss and norm (both are reduced), so all decide alike. */
+        if (t->o.on_nonfinite == MS_NONFINITE_STOP)
+            return ms_fail(err, MS_ERR_DIVERGED,
+                           "step %lld: the %s is not finite (loss %g, gradient norm %g): "
+                           "training diverged; lower --lr (now %g) or set --clip, or pass "
+                           "--on-nan skip to skip such steps",
+                           (long long)t->step, isfinite(out->loss) ? "gradient norm" : "loss",
+                           (double)out->loss, out->grad_norm, t->o.lr);
+        out->skipped = true;
+        t->skipped++;
+    } else {
+        float scale = t->o.clip > 0 ? ms_clip_scale(out->grad_norm, t->o.clip) : 1.0f;
+        MS_CHECK(adamw_all(t, out->lr, scale, err));
+    }
+    ms_record_span(&t->ctx->trace, MS_EV_OPTIM, out->t_optim_ns);
+    t->step++;
+    return MS_OK;
+}
+
+ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double *loss,
+                              ms_error *err) {
+    const ms_text_data *d = t->data;
+    int B = t->o.batch, T = t->o.seq;
+    if (!d) return ms_fail(err, MS_ERR_INVALID, "trainer: created without data");
+    uint64_t have = ms_text_data_eval_batches(d, split, B);
+    if ((uint64_t)batches > have) batches = (int)have;
+    if (batches < 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: the %s split is too short for one evaluation batch of %d x %d", d->path,
+                       split == MS_SPLIT_VAL ? "validation" : "training", B, T + 1);
+    double sum = 0;
+    for (int b = 0; b < batches; b++) {
+        MS_CHECK(ms_text_data_eval(d, split, (uint64_t)b, B, 0, B, t->ids, t->tgt, err));
+        MS_CHECK(feed(t, 7, (uint64_t)b, err));
+        float l;
+        MS_CHECK(ms_program_forward(t->c.prog, &l, err));
+        sum += l;
+    }
+    *loss = sum / batches;
+    return MS_OK;
+}
+
+/* --- switching strategy ---------------------------------------------------------------------- */
+
+/* Moves one state tensor's box to its box on another mesh (collective over the world). */
+static ms_status move_state(const ms_state_tensor *from, const ms_state_tensor *to, ms_error *err) {
+    ms_dtensor a = {.ndim = from->gshape.ndim, .mesh = from->mesh, .pl = from->pl}, b = {0};
+    memcpy(a.gshape, from->gshape.d, sizeof a.gshape);
+    int64_t shape[MS_MAX_DIMS];
+    for (int d = 0; d < from->lndim; d++) shape[d] = from->lshape[d];
+    MS_CHECK(ms_tensor_wrap(from->local, MS_F32, from->lndim, shape, &a.local, err));
+    ms_status st = ms_reshard_cross_mesh(&a, to->mesh, &to->pl, &b, NULL, err);
+    ms_tensor_release(&a.local);
+    if (st != MS_OK) return st;
+    if ((size_t)ms_tensor_numel(&b.local) != to->n)
+        st = ms_fail(err, MS_ERR_INTERNAL, "switch: %s moved %lld elements into a box of %zu",
+                     to->param, (long long)ms_tensor_numel(&b.local), to->n);
+    else
+        memcpy(to->local, ms_tensor_f32(&b.local), sizeof(float) * to->n);
+    ms_dtensor_release(&b);
+    return st;
+}
+
+/* The state tensors of a compiled model and its moments (see ms_trainer_state). */
+static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_tensor *out) {
+    int per = inference ? 1 : 3;
+    ms_param_view pv;
+    ms_program_param(c->prog, i / per, &pv);
+    memset(out, 0, sizeof *out);
+    out->param = pv.name;
+    out->kind = (ms_state_kind)(i % per);
+    out->gshape = pv.gshape;
+    out->pl = pv.pl;
+    out->mesh = c->dm;
+    out->lndim = pv.data.ndim;
+    for (int d = 0; d < pv.data.ndim; d++) out->lshape[d] = (int)pv.data.shape[d];
+    out->n = (size_t)ms_tensor_numel(&pv.data);
+    out->local = out->kind == MS_STATE_PARAM    ? ms_tensor_f32(&pv.data)
+                 : out->kind == MS_STATE_ADAM_M ? mo->m[i / per]
+                                                : mo->v[i / per];
+}
+
+ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target, ms_error *err) {
+    MS_CHECK(ms_trainer_check_strategy(&t->cfg, &t->o, t->ctx->world_size, target, err));
+    compiled nc;
+    moments nm = {0};
+    MS_CHECK(compile_for(t, target, &nc, err));
+    ms_status st = t->o.inference ? MS_OK : moments_init(t->ctx->device, nc.prog, &nm, err);
+    int n = ms_trainer_num_state(t);
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        ms_state_tensor a, b;
+        state_of(&t->c, &t->mo, t->o.inference, i, &a);
+        state_of(&nc, &nm, t->o.inference, i, &b);
+        if (strcmp(a.param, b.param))
+            st = ms_fail(err, MS_ERR_INTERNAL, "switch: parameter %d is %s here but %s there", i,
+                         a.param, b.param);
+        else
+            st = move_state(&a, &b, err);
+    }
+    if (st != MS_OK) {
+        moments_free(t->ctx->device, &nm);
+        compiled_free(&nc);
+        return st;
+    }
+    moments_free(t->ctx->device, &t->mo);
+    compiled_free(&t->c);
+    t->c = nc;
+    t->mo = nm;
+    return MS_OK;
+}
+
+/* --- sampling -------------------------------------------------------------------------------- */
+
+/* Draws a token from logits row (temperature 0.8) with the uniform u in [0, 1). */
+static int draw(const float *row, int V, double u) {
+    double mx = row[0], z = 0;
+    for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    for (int v = 0; v < V; v++) z += exp((row[v] - mx) / 0.8);
+    double target = u * z, acc = 0;
+    for (int v = 0; v < V; v++) {
+        acc += exp((row[v] - mx) / 0.8);
+        if (acc >= target) return v;
+    }
+    return V - 1;
+}
+
+ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t seed, char *out,
+                            ms_error *err) {
+    if (!t->o.keep_logits)
+        return ms_fail(err, MS_ERR_INVALID, "trainer: sampling needs keep_logits");
+    int T = t->c.model.T, V = t->cfg.vocab_size;
+    int len = (int)strlen(prompt);
+    if (len > T) len = T;
+    memcpy(out, prompt, (size_t)len);
+    int total = len;
+    memset(t->ids, 0, sizeof *t->ids * (size_t)t->o.batch * (size_t)T);
+    memset(t->tgt, 0, sizeof *t->tgt * (size_t)t->o.batch * (size_t)T);
+    for (int k = 0; k < n; k++) {
+        int ctxlen = total < T ? total : T;
+        for (int i = 0; i < T; i++)
+            t->ids[i] = i < ctxlen ? (unsigned char)out[total - ctxlen + i] : 0;
+        MS_CHECK(feed(t, seed, (uint64_t)k, err));
+        float loss;
+        MS_CHECK(ms_program_forward(t->c.prog, &loss, err));
+        ms_tensor logits = {0};
+        MS_CHECK(ms_program_value(t->c.prog, t->c.model.logits, &logits, err));
+        const float *row = ms_tensor_f32(&logits) + (size_t)(ctxlen - 1) * V;
+        int pick = draw(row, V, ms_philox_uniform(seed, 99, (uint64_t)k));
+        out[total++] = (char)(pick < 32 && pick != '\n' ? ' ' : pick);
+        ms_tensor_release(&logits);
+    }
+    out[total] = '\0';
+    return MS_OK;
+}
+
+/* --- accessors and the state ----------------------------------------------------------------- */
+
+int64_t ms_trainer_step_index(const ms_trainer *t) {
+    return t->step;
+}
+void ms_trainer_set_step(ms_trainer *t, int64_t step) {
+    t->step = step;
+}
+const ms_strategy *ms_trainer_strategy(const ms_trainer *t) {
+    return &t->c.strat;
+}
+const ms_model_config *ms_trainer_config(const ms_trainer *t) {
+    return &t->cfg;
+}
+const ms_train_opts *ms_trainer_opts(const ms_trainer *t) {
+    return &t->o;
+}
+const ms_model *ms_trainer_model(const ms_trainer *t) {
+    return &t->c.model;
+}
+const ms_mesh *ms_trainer_mesh(const ms_trainer *t) {
+    return &t->c.mesh;
+}
+ms_program *ms_trainer_program(ms_trainer *t) {
+    return t->c.prog;
+}
+int64_t ms_trainer_skipped(const ms_trainer *t) {
+    return t->skipped;
+}
+
+int ms_trainer_num_state(const ms_trainer *t) {
+    return ms_program_num_params(t->c.prog) * (t->o.inference ? 1 : 3);
+}
+
+void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out) {
+    state_of(&t->c, &t->mo, t->o.inference, i, out);
+}

@@ -1,0 +1,141 @@
+/* trainer.h - one object that owns a rank's training: the model compiled for a strategy,
+ * the optimizer state, the learning-rate schedule, the data cursor and the step counter.
+ *
+ * A step is AdamW with global-norm clipping and warmup + cosine decay over batch `step` of
+ * the training split. Batch i is a pure function of (seed, i), so every strategy sees the
+ * same data and a run that switches strategy equals one that ran the target throughout.
+ *
+ * Switching strategy and checkpointing share one view of the state: ms_trainer_state walks
+ * every tensor the run carries from step to step (each parameter and its two Adam moments)
+ * with its global shape, placements and local buffer. A switch compiles the model for the
+ * new mesh and moves every state tensor from the old boxes to the new ones.
+ *
+ * Collective: create, step, evaluate, switch and sample are called by every rank of the world
+ * at the same step with the same arguments.
+ *
+ * Ownership: ms_trainer_create returns a trainer that the caller destroys before ctx. The
+ * trainer copies cfg, strategy and options; it borrows `data` (may be NULL when no step or
+ * evaluation runs), which must outlive it. Optimizer state lives on the rank's device, so the
+ * device's counters (the memory views) include it.
+ */
+#ifndef MS_TRAINER_H
+#define MS_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/data/dataset.h"
+#include "engine/dist/dmesh.h"
+#include "engine/graph/graph.h"
+#include "engine/model/config.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "engine/runtime/ctx.h"
+
+/* What to do when a step's loss or gradient norm is not finite. */
+typedef enum ms_on_nonfinite {
+    MS_NONFINITE_STOP, /* fail the step with MS_ERR_DIVERGED, naming the step and the fix */
+    MS_NONFINITE_SKIP  /* leave parameters and moments unchanged, count the skip, go on */
+} ms_on_nonfinite;
+
+typedef struct ms_train_opts {
+    int batch, seq;      /* global rows per step and sequence length */
+    int steps;           /* the schedule's horizon (total steps of the run) */
+    int warmup;          /* warmup steps (may exceed steps: the rate then only ramps up) */
+    uint64_t seed;       /* data order, masks and initial weights */
+    double lr, min_lr;   /* peak and final learning rate */
+    double weight_decay; /* AdamW's decoupled decay */
+    double clip;         /* max global gradient norm; <= 0: no clipping */
+    double beta1, beta2; /* 0: 0.9 and 0.95 */
+    double eps;          /* 0: 1e-8 */
+    bool keep_logits;    /* keep the logits (text sampling) */
+    bool inference;      /* no optimizer state (eval, explain) */
+    ms_on_nonfinite on_nonfinite;
+} ms_train_opts;
+
+/* Checks the options: positive sizes, lr >= min_lr >= 0, betas in [0, 1).
+ * The message names the flag and the accepted range. */
+ms_status ms_train_opts_check(const ms_train_opts *o, ms_error *err);
+
+/* The one check of a strategy against a job, used by every door a strategy comes in by
+ * (flags, a strategy file, --switch, the dashboard, an accepted suggestion): the mesh's size
+ * equals the world, tp (x cp) divides the heads, dp divides the batch. Pure; the message
+ * names the fix. */
+ms_status ms_trainer_check_strategy(const ms_model_config *cfg, const ms_train_opts *o,
+                                    int world_size, const ms_strategy *s, ms_error *err);
+
+typedef struct ms_trainer ms_trainer;
+
+/* Builds the model for cfg, compiles it for strategy s on this rank and allocates the
+ * optimizer state (zeroed). The step counter starts at 0. */
+ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
+                            const ms_train_opts *o, const ms_text_data *data, ms_trainer **out,
+                            ms_error *err);
+void ms_trainer_destroy(ms_trainer *t);
+
+typedef struct ms_step_result {
+    int64_t step;      /* the step that ran */
+    float loss;        /* mean training loss of the batch */
+    double grad_norm;  /* global gradient norm before clipping */
+    double lr;         /* learning rate used */
+    bool skipped;      /* non-finite, skipped (MS_NONFINITE_SKIP) */
+    int64_t t_data_ns; /* when the batch was fed (the rest of the step followed) */
+    int64_t t_optim_ns;
+} ms_step_result;
+
+/* One training step on batch `step` of the training split, then step += 1. With
+ * MS_NONFINITE_STOP a non-finite loss or gradient norm fails with MS_ERR_DIVERGED and changes
+ * nothing. */
+ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err);
+
+/* Mean loss over the first `batches` evaluation batches of a split (fewer if the split is
+ * shorter; none is an error naming the data and the batch size). */
+ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double *loss,
+                              ms_error *err);
+
+/* Carries the run over to strategy `target` at this step boundary: checks it, compiles the
+ * model for the new mesh, moves every parameter and both Adam moments from the old
+ * placements to the new ones (send/recv of only what changes hands), then swaps. The step,
+ * schedule and data cursor carry on. On failure the trainer is unchanged; a target the job
+ * cannot take fails with MS_ERR_INVALID and the reason. */
+ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target, ms_error *err);
+
+/* Generates n bytes after `prompt` from row 0's logits (temperature 0.8, Philox keyed by
+ * seed): out (n + strlen(prompt) + 1 bytes) receives prompt and continuation. Needs
+ * keep_logits. */
+ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t seed, char *out,
+                            ms_error *err);
+
+int64_t ms_trainer_step_index(const ms_trainer *t);
+/* Sets the next step to run (a resumed run). */
+void ms_trainer_set_step(ms_trainer *t, int64_t step);
+const ms_strategy *ms_trainer_strategy(const ms_trainer *t);
+const ms_model_config *ms_trainer_config(const ms_trainer *t);
+const ms_train_opts *ms_trainer_opts(const ms_trainer *t);
+const ms_model *ms_trainer_model(const ms_trainer *t);
+const ms_mesh *ms_trainer_mesh(const ms_trainer *t);
+ms_program *ms_trainer_program(ms_trainer *t);
+int64_t ms_trainer_skipped(const ms_trainer *t);
+
+/* --- the state: what a switch moves and a checkpoint saves -------------------------------- */
+
+typedef enum ms_state_kind { MS_STATE_PARAM, MS_STATE_ADAM_M, MS_STATE_ADAM_V } ms_state_kind;
+
+typedef struct ms_state_tensor {
+    const char *param; /* the parameter's name (Hugging Face style) */
+    ms_state_kind kind;
+    ms_shape gshape;  /* global shape (internal layout, see ms_model_checkpoint_shape) */
+    ms_placements pl; /* placements on the trainer's mesh */
+    ms_dmesh *mesh;   /* borrowed */
+    float *local;     /* this rank's box, n floats */
+    size_t n;
+    int lshape[MS_MAX_DIMS];
+    int lndim;
+} ms_state_tensor;
+
+/* The number of state tensors: 3 per parameter (1 with `inference`). */
+int ms_trainer_num_state(const ms_trainer *t);
+/* State tensor i, ordered parameter by parameter (param, m, v). */
+void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
+
+#endif

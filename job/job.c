@@ -1,0 +1,55 @@
+/* job.c - resolving a job's model and strategy, and launching its ranks (see job.h). */
+#include "job/job.h"
+
+#include <unistd.h>
+
+#include "engine/comm/comm_mpi.h"
+#include "engine/kernels/kernels.h"
+
+ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
+    MS_CHECK(ms_config_load(o->model, &out->cfg, err));
+    if (o->strategy_file)
+        MS_CHECK(ms_strategy_load(o->strategy_file, &out->strat, err));
+    else
+        MS_CHECK(ms_strategy_init(&out->strat, o->dp, o->tp, o->cp, o->sp, err));
+    out->world_size = ms_strategy_ranks(&out->strat);
+    ms_train_opts to = job_train_opts(o, false, true);
+    return ms_trainer_check_strategy(&out->cfg, &to, out->world_size, &out->strat, err);
+}
+
+ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference) {
+    return (ms_train_opts){.batch = o->batch,
+                           .seq = o->seq,
+                           .steps = o->steps,
+                           .warmup = o->warmup,
+                           .seed = o->seed,
+                           .lr = o->lr,
+                           .min_lr = o->min_lr,
+                           .weight_decay = o->weight_decay,
+                           .clip = o->clip,
+                           .keep_logits = keep_logits,
+                           .inference = inference,
+                           .on_nonfinite = o->on_nan};
+}
+
+ms_status job_launch(const run_opts *o, const job_plan *plan, ms_rank_fn fn, void *arg,
+                     ms_error *err) {
+    int nranks = plan->world_size;
+    if (o->backend == MS_BACKEND_MPI) {
+        int argc = 0;
+        char **argv = NULL;
+        MS_CHECK(ms_mpi_init(&argc, &argv, err));
+    }
+    /* OpenBLAS's pool is process-wide: share the cores among the thread ranks. */
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int per_rank = o->threads > 0                     ? o->threads
+                   : o->backend == MS_BACKEND_THREADS ? (cores / nranks > 0 ? cores / nranks : 1)
+                                                      : 1;
+    ms_k_blas_set_threads(per_rank);
+    ms_launch_opts lo = {.backend = o->backend,
+                         .nranks = o->backend == MS_BACKEND_MPI ? 0 : nranks,
+                         .seed = o->seed};
+    ms_status st = ms_launch(&lo, fn, arg, err);
+    if (o->backend == MS_BACKEND_MPI) ms_mpi_finalize();
+    return st;
+}

@@ -1,0 +1,56 @@
+/* job.h - a job: the options of a train, eval or explain run, the strategy they resolve to,
+ * and the launch of its ranks.
+ *
+ * A job sits above the engine and the views: it turns options into a trainer per rank
+ * (engine/train/trainer.h), and, for a training job with live views, owns the live model,
+ * the dashboard, the TUI and the control protocol (job/live_job.h). cli/ only parses flags
+ * into run_opts and calls in here.
+ */
+#ifndef MS_JOB_H
+#define MS_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/model/config.h"
+#include "engine/model/strategy.h"
+#include "engine/runtime/ctx.h"
+#include "engine/train/trainer.h"
+
+typedef struct run_opts {
+    const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint, *trace;
+    const char *web;         /* --web HOST:PORT: serve the dashboard */
+    const char *switch_spec; /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
+    bool tui;                /* --tui: the terminal view */
+    double advise_threshold; /* suggest strategies predicted at least this much faster */
+    double memory_cap_mib;   /* refuse switches needing more per rank; 0: the machine's share */
+    int dp, tp, cp;
+    bool sp;
+    ms_backend_kind backend;
+    int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
+    int threads;    /* BLAS threads per rank; 0 = cores / ranks */
+    int trace_from; /* first traced step */
+    uint64_t seed;
+    double lr, min_lr, weight_decay, clip, val_fraction;
+    ms_on_nonfinite on_nan; /* --on-nan stop|skip */
+} run_opts;
+
+/* The job's model and strategy, resolved once before any rank starts: the config is read
+ * here and nowhere else; the strategy comes from --strategy FILE or the degree flags and is
+ * checked against the model, the batch and its own world size. */
+typedef struct job_plan {
+    ms_model_config cfg;
+    ms_strategy strat;
+    int world_size;
+} job_plan;
+
+ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
+
+/* The trainer options the flags describe (inference: no optimizer state). */
+ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference);
+
+/* Runs fn on the job's ranks (threads: world_size of them; mpi: this process). */
+ms_status job_launch(const run_opts *o, const job_plan *plan, ms_rank_fn fn, void *arg,
+                     ms_error *err);
+
+#endif

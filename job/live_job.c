@@ -1,0 +1,392 @@
+/* live_job.c - the live model, dashboard and TUI of a training job, the per-step control
+ * exchange and carrying out its decisions. See live_job.h. */
+#include "job/live_job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+bool live_job_wanted(const run_opts *o) {
+    return o->web || o->tui || o->switch_spec;
+}
+
+/* Bytes per rank a target may need: --memory-cap, else this machine's usable memory shared by
+ * the ranks (once the cluster is known), else no limit (0). */
+static double memory_cap(const live_job *j) {
+    if (j->o->memory_cap_mib > 0) return j->o->memory_cap_mib * 1048576.0;
+    if (!j->advisor) return 0;
+    double cap = j->cluster.mem_bytes * j->cluster.usable_memory_fraction;
+    int world = j->plan->world_size;
+    return j->cluster.cpu && world > 0 ? cap / world : cap;
+}
+
+ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
+    ms_train_opts to = job_train_opts(j->o, false, false);
+    MS_CHECK(ms_trainer_check_strategy(&j->plan->cfg, &to, j->plan->world_size, s, err));
+    /* The planner's check: the memory per rank of the compiled program, parameters,
+     * gradients and Adam moments fits the cap. */
+    ms_plan_strategy ps = ms_plan_strategy_from_engine(s, j->o->batch);
+    return ms_plan_check_executable(&j->plan->cfg, &ps, j->plan->world_size, j->o->batch, j->o->seq,
+                                    memory_cap(j), err);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double live_job_median(const double *v, int n) {
+    if (n <= 0) return 0;
+    double *tmp = xmalloc(sizeof *tmp * (size_t)n);
+    memcpy(tmp, v, sizeof *tmp * (size_t)n);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    double m = n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+    free(tmp);
+    return m;
+}
+
+/* The live thread's advisor round: recalibrate on the analysed window, if every step in it
+ * ran the current strategy, and publish what is predicted to be faster. */
+static void advise(void *user, ms_live *l, const ms_snapshot *s) {
+    live_job *j = user;
+    const ms_analysis *an = &s->analysis;
+    if (!j->advisor || an->n_steps < 2 || s->n_history < an->n_steps) return;
+    pthread_mutex_lock(&j->mu);
+    ms_strategy cur = j->current;
+    pthread_mutex_unlock(&j->mu);
+    double times[64];
+    int n = 0;
+    for (int i = 0; i < an->n_steps && n < 64; i++) {
+        const ms_live_step *h = NULL;
+        for (int k = s->n_history - 1; k >= 0 && !h; k--)
+            if (s->history[k].step == an->steps[i].step) h = &s->history[k];
+        if (!h || strcmp(h->strategy, cur.text)) return; /* the window straddles a switch */
+        times[n++] = h->step_s;
+    }
+    double median = live_job_median(times, n);
+    ms_suggestion out[MS_LIVE_MAX_SUGGESTIONS];
+    int got = 0;
+    ms_error err = {0};
+    if (ms_advisor_update(j->advisor, &cur, an, median, j->o->advise_threshold, out,
+                          MS_LIVE_MAX_SUGGESTIONS, &got, &err) != MS_OK) {
+        ms_live_set_event(l, "advisor: %s", err.msg);
+        return;
+    }
+    ms_live_set_suggestions(l, out, got);
+}
+
+/* The strategy JSON a request targets (owned copy): its own body, or the accepted
+ * suggestion's. */
+static ms_status request_target(live_job *j, const ms_live_req *req, char **json, ms_error *err) {
+    if (req->kind == MS_REQ_STRATEGY) {
+        *json = xstrdup(req->strategy_json);
+        return MS_OK;
+    }
+    const ms_snapshot *s = ms_live_acquire(j->live);
+    ms_status st = ms_fail(err, MS_ERR_INVALID, "no suggestion with id %d", (int)req->id);
+    for (int i = 0; i < s->n_suggestions; i++)
+        if (s->suggestions[i].id == req->id) {
+            *json = xstrdup(s->suggestions[i].target_json);
+            st = MS_OK;
+        }
+    ms_snapshot_release(s);
+    return st;
+}
+
+/* The control queue's validator: runs on the view's thread before a request is queued, so a
+ * refused switch is answered at once (422) and the job never sees it. */
+static ms_status validate_request(void *user, const ms_live_req *req, ms_error *err) {
+    live_job *j = user;
+    if (req->kind != MS_REQ_STRATEGY && req->kind != MS_REQ_ACCEPT) return MS_OK;
+    char *json = NULL;
+    MS_CHECK(request_target(j, req, &json, err));
+    /* The planner reads every knob (pp, zero, recompute, micro_batch), so a strategy this
+     * engine cannot run is refused as such rather than as an unknown key. */
+    ms_plan_strategy ps;
+    ms_strategy s;
+    ms_status st = ms_plan_strategy_from_json(json, strlen(json), j->o->batch, &ps, err);
+    if (st == MS_OK)
+        st = ms_plan_check_executable(&j->plan->cfg, &ps, j->plan->world_size, j->o->batch,
+                                      j->o->seq, 0, err);
+    if (st == MS_OK) st = ms_strategy_from_json(json, strlen(json), "strategy", &s, err);
+    if (st == MS_OK) st = live_job_check_target(j, &s, err);
+    free(json);
+    return st;
+}
+
+/* Checks --switch; fills the parts of j that need no live model. */
+static ms_status job_prepare(live_job *j, const run_opts *o, const job_plan *plan, ms_error *err) {
+    memset(j, 0, sizeof *j);
+    j->o = o;
+    j->plan = plan;
+    j->switch_step = -1;
+    j->measure_from = -1;
+    if (!o->switch_spec) return MS_OK;
+    const char *colon = strchr(o->switch_spec, ':');
+    char *end = NULL;
+    long step = colon ? strtol(o->switch_spec, &end, 10) : -1;
+    if (!colon || end != colon || step < 0 || step > 100000000)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--switch '%s': expected STEP:STRATEGY, e.g. --switch "
+                       "'50:{\"dp\": 2, \"tp\": 2}'",
+                       o->switch_spec);
+    ms_strategy s;
+    MS_CHECK(ms_strategy_from_json(colon + 1, strlen(colon + 1), "--switch", &s, err));
+    MS_CHECK(live_job_check_target(j, &s, err));
+    j->switch_step = (int)step;
+    j->switch_json = xstrdup(colon + 1);
+    return MS_OK;
+}
+
+ms_status live_job_check_options(const run_opts *o, const job_plan *plan, ms_error *err) {
+    live_job j;
+    ms_status st = job_prepare(&j, o, plan, err);
+    free(j.switch_json);
+    return st;
+}
+
+ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms_error *err) {
+    MS_CHECK(job_prepare(j, o, plan, err));
+    int world_size = plan->world_size;
+    ms_live_opts lo = {.info = {.nranks = world_size,
+                                .tokens_per_step = (int64_t)o->batch * o->seq,
+                                .live = true}};
+    snprintf(lo.info.model, sizeof lo.info.model, "%s", o->model);
+    snprintf(lo.info.backend, sizeof lo.info.backend, "%s", ms_backend_name(o->backend));
+    MS_CHECK(ms_live_create(&lo, &j->live, err));
+    pthread_mutex_init(&j->mu, NULL);
+    ms_live_set_validator(j->live, validate_request, j);
+    ms_status st = MS_OK;
+    if ((o->web || o->tui) && o->backend == MS_BACKEND_THREADS) {
+        /* The advisor prices strategies for this machine's thread ranks (measured once, a few
+         * seconds, then cached). */
+        st = ms_cluster_resolve("cpu-local", false, NULL, &j->cluster, err);
+        if (st == MS_OK)
+            st = ms_advisor_create(&plan->cfg, world_size, o->batch, o->seq, &j->cluster,
+                                   &j->advisor, err);
+        if (st == MS_OK) ms_live_set_advisor(j->live, advise, j, 2000);
+    }
+    if (st == MS_OK) st = ms_live_start(j->live, err);
+    if (st == MS_OK && o->web) {
+        char host[64];
+        ms_web_opts wo = {0};
+        st = ms_web_parse_hostport(o->web, host, sizeof host, &wo.port, err);
+        wo.host = host;
+        if (st == MS_OK) st = ms_web_start(j->live, &wo, &j->web, err);
+        if (st == MS_OK) {
+            printf("dashboard: %s\n", ms_web_url(j->web));
+            fflush(stdout);
+            ms_live_set_event(j->live, "dashboard: %s", ms_web_url(j->web));
+        }
+    }
+    if (st == MS_OK && o->tui) st = ms_tui_start(j->live, &j->tui, err);
+    if (st != MS_OK) live_job_close(j);
+    return st;
+}
+
+void live_job_finish(live_job *j) {
+    if (!j->live) return;
+    ms_live_stop(j->live);
+    while (j->tui && !ms_tui_done(j->tui)) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void live_job_close(live_job *j) {
+    bool had_live = j->live != NULL;
+    ms_tui_stop(j->tui);
+    ms_web_stop(j->web);
+    ms_live_destroy(j->live); /* stops the live thread, the advisor's only caller */
+    ms_advisor_destroy(j->advisor);
+    j->advisor = NULL;
+    if (had_live) pthread_mutex_destroy(&j->mu);
+    if (j->epilogue.len) fputs(j->epilogue.p, stdout);
+    free(j->epilogue.p);
+    j->epilogue = (ms_strbuf){0};
+    free(j->switch_json);
+    j->switch_json = NULL;
+    j->tui = NULL, j->web = NULL, j->live = NULL;
+}
+
+void control_free(control *c) {
+    free(c->strategy);
+    memset(c, 0, sizeof *c);
+}
+
+/* Rank 0's decision for this step. */
+static void decide(live_job *j, int step, control *c) {
+    memset(c, 0, sizeof *c);
+    if (j->switch_step == step) {
+        c->kind = CONTROL_SWITCH;
+        c->strategy = xstrdup(j->switch_json);
+        return;
+    }
+    ms_live_req req;
+    if (!j->live || !ms_live_take(j->live, &req)) return;
+    if (req.kind == MS_REQ_STOP) {
+        c->kind = CONTROL_STOP;
+        return;
+    }
+    ms_error err = {0};
+    if (request_target(j, &req, &c->strategy, &err) != MS_OK) {
+        ms_live_set_event(j->live, "request refused: %s", err.msg);
+        return;
+    }
+    c->kind = CONTROL_SWITCH;
+    c->suggestion = req.kind == MS_REQ_ACCEPT ? req.id : 0;
+}
+
+ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, ms_error *err) {
+    /* Header: kind, suggestion id, strategy length; then the strategy text when switching.
+     * Floats carry integers below 2^24 exactly and the communicator copies bytes as they
+     * are. */
+    float hdr[3] = {0, 0, 0};
+    if (ms_comm_rank(comm) == 0) {
+        decide(j, step, out);
+        size_t len = out->strategy ? strlen(out->strategy) : 0;
+        if (len >= (1u << 24)) {
+            control_free(out);
+            ms_live_set_event(j->live, "request refused: a strategy of %zu bytes", len);
+        }
+        hdr[0] = (float)out->kind;
+        hdr[1] = (float)out->suggestion;
+        hdr[2] = (float)(out->strategy ? strlen(out->strategy) : 0);
+    } else {
+        memset(out, 0, sizeof *out);
+    }
+    MS_CHECK(ms_broadcast(comm, hdr, 3, 0, err));
+    out->kind = (control_kind)(int)hdr[0];
+    out->suggestion = (int32_t)hdr[1];
+    size_t len = (size_t)hdr[2];
+    if (out->kind != CONTROL_SWITCH) return MS_OK;
+    size_t nf = (len + sizeof(float)) / sizeof(float);
+    float *buf = xcalloc(nf, sizeof(float));
+    if (ms_comm_rank(comm) == 0) memcpy(buf, out->strategy, len);
+    ms_status st = ms_broadcast(comm, buf, nf, 0, err);
+    if (st == MS_OK && ms_comm_rank(comm) != 0) {
+        out->strategy = xmalloc(len + 1);
+        memcpy(out->strategy, buf, len);
+        out->strategy[len] = '\0';
+    }
+    free(buf);
+    if (st != MS_OK) control_free(out);
+    return st;
+}
+
+/* --- carrying out a decision ------------------------------------------------------------ */
+
+/* Rank 0 after a switch (and at the start): the strategy the steps now run under. */
+static void set_current(live_job *j, const ms_strategy *s) {
+    if (!j || !j->live) return;
+    pthread_mutex_lock(&j->mu);
+    j->current = *s;
+    pthread_mutex_unlock(&j->mu);
+    ms_live_set_strategy(j->live, s->text);
+}
+
+/* The predicted gain of suggestion id, 0 if unknown (a direct request or --switch). */
+static double predicted_gain(live_job *j, int32_t id) {
+    double gain = 0;
+    const ms_snapshot *snap = ms_live_acquire(j->live);
+    for (int i = 0; i < snap->n_suggestions; i++)
+        if (snap->suggestions[i].id == id) gain = snap->suggestions[i].predicted_gain;
+    ms_snapshot_release(snap);
+    return gain;
+}
+
+static void switched(live_job *j, const control *c, int step, const char *before, const char *after,
+                     double ms, bool quiet) {
+    if (!quiet)
+        printf("step %5d  switched %s -> %s in %.1f ms (parameters and Adam moments resharded "
+               "in memory)\n",
+               step, before, after, ms);
+    if (!j || !j->live) return;
+    ms_live_set_event(j->live, "switched %s -> %s at step %d in %.0f ms", before, after, step, ms);
+    if (c->suggestion)
+        ms_live_update_suggestion(j->live, c->suggestion, MS_SUGG_APPLIED, step,
+                                  "applied; measuring");
+    j->measure_from = step;
+    j->measured_suggestion = c->suggestion;
+    j->predicted_gain = predicted_gain(j, c->suggestion);
+    j->before_ms = live_job_median(j->recent, j->n_recent);
+    j->n_recent = 0;
+}
+
+static void refused(live_job *j, const control *c, int step, const char *why, bool quiet) {
+    if (!quiet) printf("step %5d  switch refused: %s\n", step, why);
+    if (!j || !j->live) return;
+    ms_live_set_event(j->live, "switch refused: %s", why);
+    if (c->suggestion) ms_live_update_suggestion(j->live, c->suggestion, MS_SUGG_REFUSED, -1, why);
+}
+
+ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control *c, int step,
+                         bool quiet, ms_error *err) {
+    if (c->kind == CONTROL_STOP) {
+        if (ctx->rank == 0 && j && j->live) ms_live_set_event(j->live, "stopped at step %d", step);
+        return MS_OK;
+    }
+    if (c->kind != CONTROL_SWITCH) return MS_OK;
+    ms_strategy target;
+    ms_error why = {0};
+    char before[sizeof target.text];
+    snprintf(before, sizeof before, "%s", ms_trainer_strategy(t)->text);
+    int64_t t0 = ms_now_ns();
+    ms_status st =
+        ms_strategy_from_json(c->strategy, strlen(c->strategy), "strategy", &target, &why);
+    if (st == MS_OK) st = ms_trainer_switch(t, &target, &why);
+    if (st == MS_OK) {
+        if (ctx->rank == 0) {
+            switched(j, c, step, before, ms_trainer_strategy(t)->text, (ms_now_ns() - t0) / 1e6,
+                     quiet);
+            set_current(j, ms_trainer_strategy(t));
+        }
+        return MS_OK;
+    }
+    if (st == MS_ERR_INVALID || st == MS_ERR_UNSUPPORTED) {
+        /* A target the job cannot take is refused; training goes on unchanged. */
+        if (ctx->rank == 0) refused(j, c, step, why.msg, quiet);
+        return MS_OK;
+    }
+    *err = why;
+    return st;
+}
+
+/* Steps measured under a new strategy before reporting predicted against measured gain. */
+#define SWITCH_MEASURE 10
+
+static void report_switch(live_job *j, int64_t step) {
+    if (j->measure_from < 0 || step < j->measure_from + SWITCH_MEASURE) return;
+    int n = j->n_recent < SWITCH_MEASURE ? j->n_recent : SWITCH_MEASURE;
+    double after = live_job_median(j->recent + j->n_recent - n, n);
+    double measured = j->before_ms > 0 ? 1 - after / j->before_ms : 0;
+    char text[MS_LIVE_TEXT];
+    snprintf(text, sizeof text,
+             "predicted %.0f%% faster, measured %.0f%% (median step %.1f ms before, %.1f ms "
+             "after)",
+             j->predicted_gain * 100, measured * 100, j->before_ms, after);
+    if (j->measured_suggestion)
+        ms_live_update_suggestion(j->live, j->measured_suggestion, MS_SUGG_APPLIED, j->measure_from,
+                                  text);
+    ms_live_set_event(j->live, "switch at step %lld: %s", (long long)j->measure_from, text);
+    j->measure_from = -1;
+}
+
+void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *r, double ms) {
+    if (!j || !j->live) return;
+    if (r->step == 0 || j->current.text[0] == '\0') set_current(j, ms_trainer_strategy(t));
+    if (j->n_recent == LIVE_JOB_RECENT)
+        memmove(j->recent, j->recent + 1, sizeof *j->recent * --j->n_recent);
+    j->recent[j->n_recent++] = ms;
+    const ms_train_opts *o = ms_trainer_opts(t);
+    ms_live_step rec = {.step = r->step,
+                        .loss = r->loss,
+                        .step_s = ms / 1e3,
+                        .tokens_per_s = (double)o->batch * o->seq / (ms / 1e3),
+                        .lr = r->lr,
+                        .grad_norm = r->grad_norm};
+    snprintf(rec.strategy, sizeof rec.strategy, "%s", ms_trainer_strategy(t)->text);
+    ms_live_step_done(j->live, &rec);
+    report_switch(j, r->step);
+}

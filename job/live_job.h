@@ -1,0 +1,100 @@
+/* live_job.h - the live side of a training job: the live model (profiler/live.h), the
+ * dashboard (web/) and the TUI (tui/) that read it, the advisor's rounds, the suggestion
+ * lifecycle, and the control protocol that every rank runs at each step boundary so that all
+ * ranks act on the same request at the same step (rank 0 decides, everyone receives its
+ * decision, the trainer carries it out).
+ *
+ * Ownership: the process that hosts rank 0 opens the job (threads backend: before the ranks
+ * start, shared by them; MPI: rank 0's process) and closes it after the ranks finish. Other
+ * MPI processes have no live model and only receive decisions. The fields under "rank 0" are
+ * touched by rank 0's thread only.
+ */
+#ifndef MS_LIVE_JOB_H
+#define MS_LIVE_JOB_H
+
+#include <stdbool.h>
+
+#include <pthread.h>
+
+#include "engine/core/xalloc.h"
+#include "engine/train/trainer.h"
+#include "job/job.h"
+#include "profiler/advisor.h"
+#include "profiler/live.h"
+#include "tui/tui.h"
+#include "web/web.h"
+
+/* Step times kept to compare a switch's prediction with what it measured. */
+#define LIVE_JOB_RECENT 16
+
+typedef struct live_job {
+    const run_opts *o;    /* borrowed */
+    const job_plan *plan; /* borrowed: the model config and the world size */
+    ms_live *live;        /* NULL on MPI ranks other than 0 */
+    ms_web *web;
+    ms_tui *tui;
+    int switch_step;     /* --switch: the step, -1 if none */
+    char *switch_json;   /* --switch: the target (owned) */
+    ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
+    ms_cluster cluster;
+    pthread_mutex_t mu; /* guards current */
+    ms_strategy current;
+    ms_strbuf epilogue; /* rank 0's closing lines while the TUI owns the terminal */
+    /* rank 0: recent step times and the switch being measured */
+    double recent[LIVE_JOB_RECENT];
+    int n_recent;
+    int64_t measure_from; /* first step under the new strategy, -1: none pending */
+    int32_t measured_suggestion;
+    double predicted_gain, before_ms;
+} live_job;
+
+/* The median of n values (0 when n is 0); v is not modified. */
+double live_job_median(const double *v, int n);
+
+/* Whether the options ask for any of it (--web, --tui, --switch). */
+bool live_job_wanted(const run_opts *o);
+
+/* Checks --switch against the model and the world before any rank starts. */
+ms_status live_job_check_options(const run_opts *o, const job_plan *plan, ms_error *err);
+
+/* Checks --switch, creates the live model, starts the dashboard (and prints its one line) and
+ * the TUI. */
+ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms_error *err);
+/* The ranks finished: a last snapshot; with a TUI, waits until the user quits it. */
+void live_job_finish(live_job *j);
+/* Gives the terminal back (TUI), stops the dashboard, prints the kept closing lines. */
+void live_job_close(live_job *j);
+
+/* The one check of a target strategy for this job: the trainer's check (world, heads,
+ * batch), then the planner's (executable, memory per rank under the cap). The reason names
+ * the fix. */
+ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err);
+
+typedef enum control_kind { CONTROL_NONE, CONTROL_STOP, CONTROL_SWITCH } control_kind;
+
+typedef struct control {
+    control_kind kind;
+    int32_t suggestion; /* the accepted suggestion, 0 for a direct request or --switch */
+    char *strategy;     /* CONTROL_SWITCH: the target as strategy JSON (owned) */
+} control;
+
+void control_free(control *c);
+
+/* Collective over comm (every rank, every step boundary, same step): rank 0 (j non-NULL
+ * there) takes the oldest request from the control queue, or the --switch schedule at its
+ * step, and every rank receives the same decision in *out (free with control_free). */
+ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, ms_error *err);
+
+/* Carries out a decision on every rank: a switch moves the trainer to the target; a target
+ * the job cannot take is refused (said in the views and on stdout unless quiet) and training
+ * goes on. Rank 0 records the switch so that live_job_step_done reports predicted against
+ * measured gain once the new strategy has run a few steps. j may be NULL (no live views on
+ * this rank). Fails only when the switch itself failed. */
+ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control *c, int step,
+                         bool quiet, ms_error *err);
+
+/* Rank 0 after each step: the step record for the views, the step time for the switch
+ * report. */
+void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *r, double ms);
+
+#endif

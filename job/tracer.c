@@ -1,0 +1,79 @@
+/* tracer.c - a training job's tracing (see tracer.h). */
+#include "job/tracer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/xalloc.h"
+#include "profiler/record/clock.h"
+#include "profiler/record/gather.h"
+#include "traces/trace_write.h"
+
+#define TRACE_RING       (1u << 16)
+#define TRACE_GATHER_MAX (1u << 15)
+
+ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
+    memset(t, 0, sizeof *t);
+    MS_CHECK(ms_comm_split(ctx->world, 0, ctx->rank, "trace", &t->comm, err));
+    int64_t unc;
+    MS_CHECK(ms_clock_align(t->comm, 8, &t->clock_offset, &unc, err));
+    MS_CHECK(ms_recorder_create(ctx->rank, TRACE_RING, &t->rec, err));
+    ms_ctx_set_recorder(ctx, t->rec);
+    return MS_OK;
+}
+
+ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
+    for (;;) {
+        if (ctx->rank == 0 && t->cap - t->n < (size_t)ctx->world_size * TRACE_GATHER_MAX) {
+            t->cap = t->cap * 2 + (size_t)ctx->world_size * TRACE_GATHER_MAX;
+            t->all = xrealloc(t->all, sizeof *t->all * t->cap);
+        }
+        size_t got = 0;
+        MS_CHECK(ms_gather_events(t->comm, t->rec, &t->cursor, TRACE_GATHER_MAX,
+                                  ctx->rank == 0 ? t->all + t->n : NULL, &got, t->clock_offset,
+                                  err));
+        if (ctx->rank == 0 && t->feed) ms_live_feed_events(t->feed, t->all + t->n, got);
+        if (t->keep) t->n += got;
+        /* Agree on whether any rank still has events waiting. */
+        float more = ms_recorder_pushed(t->rec) > t->cursor ? 1.0f : 0.0f, any = 0;
+        MS_CHECK(ms_all_reduce(t->comm, &more, &any, 1, MS_REDUCE_MAX, err));
+        if (any == 0) break;
+    }
+    if (t->live_mpi) {
+        /* The live model needs the groups to draw the heatmap (collective: every rank). */
+        ms_group groups[256];
+        int ng = 0;
+        MS_CHECK(ms_gather_groups(t->comm, t->rec, groups, 256, &ng, err));
+        if (ctx->rank == 0 && t->feed) ms_live_feed_groups(t->feed, groups, ng);
+    }
+    return MS_OK;
+}
+
+ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, ms_error *err) {
+    MS_CHECK(tracer_gather(ctx, t, err));
+    ms_group groups[512];
+    int ng = 0;
+    MS_CHECK(ms_gather_groups(t->comm, t->rec, groups, 512, &ng, err));
+    if (ctx->rank != 0) return MS_OK;
+    /* Recording starts at step 0 when the live views need it; the file keeps --trace-from on
+     * (and what follows the last step: the final gather, memory). */
+    size_t w = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->all[i].step < 0 ? t->all[i].t0_ns > 0 : t->all[i].step >= from)
+            t->all[w++] = t->all[i];
+    t->n = w;
+    ms_trace_meta meta = {.backend = ms_comm_backend(ctx->world), .world_size = ctx->world_size};
+    MS_CHECK(ms_trace_write(path, t->all, t->n, groups, ng, &meta, err));
+    printf("trace: %zu events from %d ranks in %s (dropped %llu on rank 0)\n", t->n,
+           ctx->world_size, path, (unsigned long long)ms_recorder_dropped(t->rec));
+    return MS_OK;
+}
+
+void tracer_free(ms_ctx *ctx, tracer *t) {
+    if (t->rec) ms_ctx_set_recorder(ctx, NULL);
+    ms_recorder_destroy(t->rec);
+    ms_comm_destroy(t->comm);
+    free(t->all);
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,265 @@
+/* train_job.c - `meshscope train` as a job (see train_job.h).
+ *
+ * Every rank builds a trainer for the job's strategy and steps it; rank 0 logs, samples text
+ * and writes the checkpoint. With live views or --switch, every step boundary starts with the
+ * control exchange, so all ranks stop or switch on the same step. */
+#include "job/train_job.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/xalloc.h"
+#include "engine/data/dataset.h"
+#include "engine/io/safetensors.h"
+#include "job/live_job.h"
+#include "job/tracer.h"
+#include "profiler/record/hooks.h"
+
+/* Rank 0's closing lines: printed at once, or, while the TUI owns the terminal, kept and
+ * printed once it has given the terminal back. */
+static void say(ms_strbuf *later, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(ms_strbuf *later, const char *fmt, ...) {
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (later) {
+        ms_strbuf_put(later, line, strlen(line));
+    } else {
+        fputs(line, stdout);
+        fflush(stdout);
+    }
+}
+
+/* Gathers every parameter and writes them, in the Hugging Face layout, as one safetensors
+ * file on rank 0 (collective). */
+static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, ms_error *err) {
+    ms_program *prog = ms_trainer_program(t);
+    int n = ms_program_num_params(prog);
+    ms_st_entry *e = xcalloc((size_t)n, sizeof *e);
+    ms_tensor *full = xcalloc((size_t)n, sizeof *full);
+    ms_status st = MS_OK;
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        ms_state_tensor s;
+        ms_trainer_state(t, i * (ms_trainer_num_state(t) / n), &s);
+        ms_dtensor d = {.ndim = s.gshape.ndim, .mesh = s.mesh, .pl = s.pl};
+        memcpy(d.gshape, s.gshape.d, sizeof d.gshape);
+        ms_param_view pv;
+        ms_program_param(prog, i, &pv);
+        d.local = pv.data;
+        st = ms_dtensor_full(&d, &full[i], err);
+        ms_shape fs;
+        ms_model_checkpoint_shape(s.param, &s.gshape, &fs);
+        e[i] = (ms_st_entry){.name = s.param, .dtype = MS_F32, .ndim = fs.ndim};
+        memcpy(e[i].shape, fs.d, sizeof e[i].shape);
+        e[i].data = ms_tensor_f32(&full[i]);
+    }
+    if (st == MS_OK && ctx->rank == 0) {
+        ms_st_kv meta[2] = {{"format", "pt"}, {"producer", "meshscope"}};
+        st = ms_safetensors_write(path, e, n, meta, 2, err);
+        if (st == MS_OK) printf("saved %d tensors to %s\n", n, path);
+    }
+    for (int i = 0; i < n; i++) ms_tensor_release(&full[i]);
+    free(full), free(e);
+    return st;
+}
+
+typedef struct train_args {
+    const run_opts *o;
+    const job_plan *plan;
+    live_job *job; /* threads backend: shared by the ranks; NULL otherwise */
+} train_args;
+
+/* The line rank 0 prints before the first step. */
+static void announce(ms_ctx *ctx, const run_opts *o, ms_trainer *t, const ms_text_data *data) {
+    const ms_model_config *cfg = ms_trainer_config(t);
+    ms_program_stats stats;
+    ms_program_stats_get(ms_trainer_program(t), &stats);
+    char m[128];
+    printf("training %s (%d layers, %d heads, %d channels, vocab %d) on %s, %d ranks, %s "
+           "backend\n",
+           o->model, cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size,
+           ms_trainer_strategy(t)->text, ctx->world_size, ms_comm_backend(ctx->world));
+    printf("mesh %s; %d reshards per step (%.1f KiB on rank 0); data %s (%zu bytes)\n",
+           ms_mesh_str(ms_trainer_mesh(t), m, sizeof m), stats.n_reshards,
+           stats.reshard_bytes / 1024, o->data, data->nbytes);
+    fflush(stdout);
+}
+
+/* Rank 0's per-step outputs: the JSONL log and the console line. */
+static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_step_result *r,
+                          double ms, bool quiet, ms_error *err) {
+    double tps = (double)o->batch * o->seq / (ms / 1e3);
+    if (log) {
+        fprintf(log,
+                "{\"step\": %lld, \"loss\": %.6f, \"step_ms\": %.3f, \"tokens_per_s\": %.1f, "
+                "\"lr\": %.6g, \"grad_norm\": %.5f, \"strategy\": \"%s\"}\n",
+                (long long)r->step, r->loss, ms, tps, r->lr, r->grad_norm,
+                ms_trainer_strategy(t)->text);
+        if (fflush(log) != 0 || ferror(log))
+            return ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);
+    }
+    if (!quiet && (r->step % o->log_every == 0 || r->step == o->steps - 1)) {
+        printf("step %5lld  loss %.4f  %7.1f ms  %8.0f tok/s  lr %.2e  |g| %.3f%s\n",
+               (long long)r->step, r->loss, ms, tps, r->lr, r->grad_norm,
+               r->skipped ? "  (skipped: not finite)" : "");
+        fflush(stdout);
+    }
+    return MS_OK;
+}
+
+static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
+    const train_args *ta = arg;
+    const run_opts *o = ta->o;
+    ms_trainer *t = NULL;
+    ms_text_data data = {0};
+    FILE *log = NULL;
+    tracer tr = {0};
+    live_job own = {0}, *job = ta->job;
+    bool live_on = live_job_wanted(o);
+    bool quiet = o->tui; /* the TUI owns the terminal */
+    float last_loss = NAN;
+    char *sample = NULL;
+    ms_status st;
+    if (live_on && o->backend == MS_BACKEND_MPI && ctx->rank == 0) {
+        MS_CHECK_GOTO(live_job_open(&own, o, ta->plan, err), st, out);
+        job = &own;
+    }
+    if (o->trace || live_on) {
+        MS_CHECK_GOTO(tracer_start(ctx, &tr, err), st, out);
+        tr.keep = o->trace != NULL;
+        tr.live_mpi = live_on && o->backend == MS_BACKEND_MPI;
+        if (job && job->live) {
+            if (o->backend == MS_BACKEND_MPI)
+                tr.feed = job->live;
+            else
+                ms_live_attach_recorder(job->live, tr.rec);
+        }
+    }
+    MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, o->val_fraction, &data, err), st, out);
+    ms_train_opts to = job_train_opts(o, o->sample > 0, false);
+    MS_CHECK_GOTO(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &to, &data, &t, err), st,
+                  out);
+    if (ctx->rank == 0 && o->log_jsonl) {
+        log = fopen(o->log_jsonl, "w");
+        if (!log) {
+            st = ms_fail(err, MS_ERR_IO, "cannot write the log %s", o->log_jsonl);
+            goto out;
+        }
+    }
+    live_job *jl = ctx->rank == 0 ? job : NULL;
+    ms_strbuf *later = quiet && job ? &job->epilogue : NULL;
+    if (ctx->rank == 0 && !quiet) announce(ctx, o, t, &data);
+    for (int step = 0; step < o->steps; step++) {
+        if (live_on) {
+            control c;
+            MS_CHECK_GOTO(live_job_control(job, tr.comm, step, &c, err), st, out);
+            st = live_job_apply(jl, ctx, t, &c, step, quiet, err);
+            control_kind kind = c.kind;
+            control_free(&c);
+            if (st != MS_OK) goto out;
+            if (kind == CONTROL_STOP) {
+                if (ctx->rank == 0)
+                    say(later, "step %5d  stopped on request (last loss %.4f)\n", step, last_loss);
+                break;
+            }
+        }
+        if (tr.rec) {
+            /* Attached from the start (so every communicator is probed), recording from
+             * --trace-from on (from step 0 when the live views need the events). */
+            ctx->trace.recorder = step >= o->trace_from || live_on ? tr.rec : NULL;
+            ms_recorder_set_step(tr.rec, step);
+        }
+        ms_step_result r;
+        st = ms_trainer_step(t, &r, err);
+        if (st == MS_ERR_DIVERGED && jl && jl->live) ms_live_set_event(jl->live, "%s", err->msg);
+        if (st != MS_OK) goto out;
+        last_loss = r.loss;
+        ms_record_span(&ctx->trace, MS_EV_STEP, r.t_data_ns);
+        ms_record_memory(&ctx->trace, ctx->device);
+        double ms = (ms_now_ns() - r.t_data_ns) / 1e6;
+        if (ctx->rank == 0) {
+            live_job_step_done(jl, t, &r, ms);
+            MS_CHECK_GOTO(log_step(o, log, t, &r, ms, quiet, err), st, out);
+        }
+        if (tr.rec && (o->trace || tr.live_mpi) && step % 10 == 9)
+            MS_CHECK_GOTO(tracer_gather(ctx, &tr, err), st, out);
+        if (o->eval_every && step && step % o->eval_every == 0) {
+            double vl;
+            MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err), st, out);
+            if (ctx->rank == 0 && !quiet) printf("step %5d  validation loss %.4f\n", step, vl);
+        }
+    }
+    if (o->trace) {
+        ctx->trace.recorder = tr.rec;
+        ms_recorder_set_step(tr.rec, -1);
+        MS_CHECK_GOTO(tracer_finish(ctx, &tr, o->trace, o->trace_from, err), st, out);
+    }
+    if (o->steps > 0) {
+        double vl;
+        MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err), st, out);
+        if (ctx->rank == 0) say(later, "validation loss %.4f (%d batches)\n", vl, o->batches);
+    }
+    if (o->sample > 0 && !ms_trainer_model(t)->mlm_per_row) {
+        const char *prompt = "And God said";
+        sample = xcalloc((size_t)o->sample + strlen(prompt) + 1, 1);
+        MS_CHECK_GOTO(ms_trainer_sample(t, prompt, o->sample, o->seed, sample, err), st, out);
+        if (ctx->rank == 0) say(later, "\nsample:\n%s\n", sample);
+    }
+    if (o->save) MS_CHECK_GOTO(save_checkpoint(ctx, t, o->save, err), st, out);
+    st = MS_OK;
+out:
+    if (log && fclose(log) != 0 && st == MS_OK)
+        st = ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);
+    free(sample);
+    ms_trainer_destroy(t);
+    ms_text_data_close(&data);
+    if (job && job->live && tr.rec && o->backend == MS_BACKEND_THREADS)
+        ms_live_detach_recorder(job->live, tr.rec);
+    tracer_free(ctx, &tr);
+    if (own.live) {
+        live_job_finish(&own);
+        live_job_close(&own);
+    }
+    return st;
+}
+
+int train_job_run(const run_opts *o) {
+    ms_error err = {0};
+    job_plan plan;
+    train_args ta = {.o = o, .plan = &plan};
+    live_job job;
+    ms_status st = job_plan_resolve(o, &plan, &err);
+    if (st == MS_OK) {
+        ms_train_opts to = job_train_opts(o, o->sample > 0, false);
+        st = ms_train_opts_check(&to, &err);
+    }
+    if (st == MS_OK && live_job_wanted(o)) {
+        /* Bad --switch targets fail here, on every process, before any rank starts. The live
+         * model, dashboard and TUI live in this process, shared by the rank threads; under
+         * MPI rank 0's process opens them. */
+        st = live_job_check_options(o, &plan, &err);
+        if (st == MS_OK && o->backend == MS_BACKEND_THREADS) {
+            st = live_job_open(&job, o, &plan, &err);
+            if (st == MS_OK) ta.job = &job;
+        }
+    }
+    if (st != MS_OK) {
+        fprintf(stderr, "meshscope train: %s\n", err.msg);
+        return 2;
+    }
+    st = job_launch(o, &plan, train_rank, &ta, &err);
+    if (ta.job) {
+        live_job_finish(&job);
+        live_job_close(&job);
+    }
+    if (st != MS_OK) {
+        fprintf(stderr, "meshscope train: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
