@@ -4,7 +4,9 @@
  * compiled program (the `explain` listing) predicts appears in the trace exactly once per
  * step with the same tensor, placements and bytes; each reshard's flow id is carried by at
  * least one collective when it moves bytes; the collectives' bytes add up to the reshards'
- * bytes; and every rank's events are there. The written trace file passes the validator.
+ * bytes; every kernel the program lists is traced once, and the traced FLOPs and bytes add up
+ * to the listed ones; and every rank's events are there. The written trace file passes the
+ * validator.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "engine/core/philox.h"
 #include "engine/core/xalloc.h"
+#include "engine/graph/program.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
 #include "profiler/record/gather.h"
@@ -74,8 +77,8 @@ static void body(mt_rank *r, void *arg) {
         char from[64], to[64], want[64];
         ms_placements_str(&ri.from, from, sizeof from);
         ms_placements_str(&ri.to, to, sizeof to);
-        bool grad = strcmp(ri.phase, "forward") && strcmp(ri.phase, "loss");
-        snprintf(want, sizeof want, "%s%s", grad ? "grad:" : "", ri.value);
+        bool grad = ri.phase == MS_PROG_BACKWARD || ri.phase == MS_PROG_GRAD_SYNC;
+        snprintf(want, sizeof want, "%s%s", grad ? "grad:" : "", ri.name);
         size_t hit = n;
         for (size_t k = 0; k < n && hit == n; k++)
             if (!used[k] && ev[k].kind == MS_EV_RESHARD &&
@@ -83,7 +86,7 @@ static void body(mt_rank *r, void *arg) {
                 !strcmp(ev[k].u.reshard.from, from) && !strcmp(ev[k].u.reshard.to, to))
                 hit = k;
         MT_CHECK(r, hit < n, "rank %d: planned reshard %s %s -> %s (%s) is not in the trace",
-                 ctx->rank, want, from, to, ri.phase);
+                 ctx->rank, want, from, to, ms_program_phase_name(ri.phase));
         if (hit == n) continue;
         used[hit] = true;
         const ms_ev_reshard *re = &ev[hit].u.reshard;
@@ -104,6 +107,26 @@ static void body(mt_rank *r, void *arg) {
     size_t extra = 0;
     for (size_t k = 0; k < n; k++) extra += ev[k].kind == MS_EV_RESHARD && !used[k];
     MT_CHECK(r, extra == 0, "rank %d: %zu traced reshards were not planned", ctx->rank, extra);
+    /* Every kernel the program lists ran once, with the FLOPs and bytes the listing gives. */
+    double flops = 0, bytes = 0, traced_flops = 0, traced_bytes = 0;
+    int nk = ms_program_num_kernels(p), traced = 0;
+    for (int i = 0; i < nk; i++) {
+        ms_kernel_info ki;
+        ms_program_kernel(p, i, &ki);
+        flops += ki.flops;
+        bytes += ki.bytes;
+    }
+    for (size_t k = 0; k < n; k++) {
+        if (ev[k].kind != MS_EV_OP) continue;
+        traced++;
+        traced_flops += ev[k].u.op.flops;
+        traced_bytes += ev[k].u.op.bytes;
+    }
+    MT_CHECK(r, traced == nk, "rank %d: %d kernels traced, %d in the program", ctx->rank, traced,
+             nk);
+    MT_CHECK(r, flops > 0 && traced_flops == flops && traced_bytes == bytes,
+             "rank %d: traced %.0f FLOPs %.0f B, the program lists %.0f FLOPs %.0f B", ctx->rank,
+             traced_flops, traced_bytes, flops, bytes);
 
     /* Rank 0 gathers every rank's events and writes a file that must validate. */
     ms_comm *gc;

@@ -10,6 +10,9 @@
  *   run       ms_program_step feeds inputs, runs forward and backward and leaves gradients
  *             in the parameters' placements; the optimizer reads them from there.
  *
+ * Reading a compiled program's kernels and reshards, and compiling one from shapes alone
+ * (the planner), are in graph/program.h.
+ *
  * Ownership: the graph owns its values and nodes; a program borrows its graph and dmesh
  * (both must outlive it) and owns its arena and parameter storage.
  */
@@ -93,7 +96,7 @@ typedef struct ms_param_view {
     int value;
     ms_shape gshape;
     ms_placements pl;
-    ms_tensor data; /* local shard (a view into the program) */
+    ms_tensor data; /* local shard (a view into the program; shapes only: no storage) */
     ms_tensor grad;
     /* True on exactly one rank of each group of ranks holding the same shard, so that
      * global sums over shards count each element once. */
@@ -106,16 +109,6 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
  * receives a new tensor. Collective over the mesh. */
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err);
 ms_status ms_program_param(ms_program *p, int i, ms_param_view *out);
-
-/* The reshards a step runs, as planned: what `explain` prints and traces must contain. */
-typedef struct ms_reshard_info {
-    const char *value; /* the value (or, for gradients, the value whose gradient moves) */
-    const char *phase; /* "forward", "backward", "grad sync", "loss" */
-    ms_placements from, to;
-    double coll_bytes; /* this rank, from the plan */
-} ms_reshard_info;
-int ms_program_num_reshards(const ms_program *p);
-ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out);
 
 /* Prints every value's completed placements and every reshard with its bytes per step. */
 void ms_program_explain(const ms_program *p, FILE *f);

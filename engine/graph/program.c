@@ -8,6 +8,11 @@
  * Every buffer that lives only within a step is packed into one arena by the memory
  * planner; parameters, their gradients and the inputs are persistent. Nothing on the step
  * path allocates except the reshard executor's temporaries.
+ *
+ * Compiling is planning (placements, instructions, buffer layout, costs: shapes only, no
+ * communication) and then materialising (the arena, parameter storage and values). The
+ * shapes-only compile stops after planning and needs neither a rank context nor
+ * communicators; the planner reads such programs.
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +22,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
 #include "engine/graph/graph_impl.h"
+#include "engine/graph/program.h"
 #include "engine/kernels/parallel.h"
 #include "engine/ops/select.h"
 #include "profiler/record/recorder.h"
@@ -61,15 +67,22 @@ typedef struct instr {
     int src, dst;
     ms_placements from, to;
     int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
-    double coll_bytes;   /* RESHARD: predicted by the plan */
-    double flops, bytes; /* FWD/BWD: the op's cost for this rank's local shapes */
-    const char *phase;   /* "forward", "backward", "grad sync", "loss" */
+    const ms_reshard_plan *plan; /* RESHARD: from the program's plan cache */
+    double coll_bytes;           /* RESHARD: predicted by the plan */
+    double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
+    ms_program_phase phase;
 } instr;
 
 struct ms_program {
     ms_graph *g;
-    ms_dmesh *dm;
-    ms_ctx *ctx;
+    ms_dmesh *dm; /* NULL for a shapes-only program */
+    ms_ctx *ctx;  /* NULL for a shapes-only program */
+    const ms_mesh *mesh;
+    int coords[MS_MESH_MAX_DIMS];
+    struct ms_plan_cache *plans; /* the rank context's, or own_plans */
+    struct ms_plan_cache *own_plans;
+    ms_mesh own_mesh; /* shapes-only: the copy mesh points to */
+    bool shapes_only;
     uint64_t seed;
     bool member;
     pvalue *pv;
@@ -86,7 +99,9 @@ struct ms_program {
     size_t persist_floats;
     int *params;
     int nparams;
-    uint64_t flow_counter; /* reshard flow ids, for traces */
+    uint64_t flow_counter;    /* reshard flow ids, for traces */
+    int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
+    int *reshards, nreshards; /* instruction index of each RESHARD, in step order */
 };
 
 /* --- small helpers ----------------------------------------------------------------------- */
@@ -95,7 +110,7 @@ static void local_shape(const ms_program *p, const ms_shape *g, const ms_placeme
                         ms_shape *out) {
     int64_t start[MS_MAX_DIMS];
     out->ndim = g->ndim;
-    ms_local_box(pl, &p->dm->mesh, p->dm->coords, g->ndim, g->d, start, out->d);
+    ms_local_box(pl, p->mesh, p->coords, g->ndim, g->d, start, out->d);
 }
 
 static int64_t shape_n(const ms_shape *s) {
@@ -116,16 +131,20 @@ static int new_buf(ms_program *p, const ms_shape *gshape, const ms_placements *p
     b->nfloats = shape_n(&b->lshape);
     b->persistent = persistent;
     b->first = b->last = -1;
+    /* shapes only until the memory plan wraps the arena (cost functions read shapes) */
+    b->t.dtype = MS_F32;
+    b->t.ndim = b->lshape.ndim;
+    memcpy(b->t.shape, b->lshape.d, sizeof b->t.shape);
     return p->nb++;
 }
 
 static int new_raw_buf(ms_program *p, int64_t nfloats) {
     ms_shape s = {.ndim = 1, .d = {nfloats}};
-    ms_placements r = ms_placements_replicated(p->dm->mesh.ndim);
+    ms_placements r = ms_placements_replicated(p->mesh->ndim);
     return new_buf(p, &s, &r, false);
 }
 
-static instr *emit(ms_program *p, ikind kind, const char *phase) {
+static instr *emit(ms_program *p, ikind kind, ms_program_phase phase) {
     if (p->ni == p->ci) {
         p->ci = p->ci ? p->ci * 2 : 256;
         p->ins = xrealloc(p->ins, sizeof *p->ins * (size_t)p->ci);
@@ -140,14 +159,16 @@ static instr *emit(ms_program *p, ikind kind, const char *phase) {
     return in;
 }
 
-static double plan_coll_bytes(ms_program *p, const ms_shape *g, const ms_placements *a,
-                              const ms_placements *b) {
-    const ms_reshard_plan *plan;
-    if (ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, a, b, g->ndim, g->d, &plan, NULL) != MS_OK)
-        return 0;
-    double s = 0;
-    for (int k = 0; k < plan->nsteps; k++) s += plan->steps[k].coll_bytes;
-    return s;
+static const char *const phase_names[] = {"forward", "loss", "backward", "grad sync"};
+_Static_assert(sizeof phase_names / sizeof *phase_names == MS_PROG_PHASE_COUNT, "a name per phase");
+
+const char *ms_program_phase_name(ms_program_phase ph) {
+    return (unsigned)ph < MS_PROG_PHASE_COUNT ? phase_names[ph] : "?";
+}
+
+/* Reshards in these phases move a gradient, not the value itself. */
+static bool moves_grad(ms_program_phase ph) {
+    return ph == MS_PROG_BACKWARD || ph == MS_PROG_GRAD_SYNC;
 }
 
 /* --- completion --------------------------------------------------------------------------- */
@@ -163,7 +184,7 @@ static int node_rule(const ms_graph *g, const gnode *nd, int mesh_size, ms_rule_
 /* Reverse rule: from wanted output placements back to hints for unplaced inputs. */
 static void reverse_hints(ms_program *p) {
     ms_graph *g = p->g;
-    const ms_mesh *mesh = &p->dm->mesh;
+    const ms_mesh *mesh = p->mesh;
     for (int k = g->nn - 1; k >= 0; k--) {
         gnode *nd = &g->n[k];
         const ms_placements *want[MS_OP_MAX_OUT] = {0};
@@ -204,7 +225,7 @@ static void reverse_hints(ms_program *p) {
 
 static ms_status forward_completion(ms_program *p, ms_error *err) {
     ms_graph *g = p->g;
-    const ms_mesh *mesh = &p->dm->mesh;
+    const ms_mesh *mesh = p->mesh;
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
@@ -233,7 +254,7 @@ static ms_status forward_completion(ms_program *p, ms_error *err) {
                            .want_kind = want_kind,
                            .allow_reshard = true};
         ms_rule_choice ch;
-        ms_status st = ms_rule_select(p->ctx->plans, mesh, &q, &ch, err);
+        ms_status st = ms_rule_select(p->plans, mesh, &q, &ch, err);
         if (st != MS_OK) return ms_fail_wrap(err, st, "node '%s'", nd->name);
         memcpy(pn->cand, ch.cand, sizeof pn->cand);
         memcpy(pn->req_in, ch.req_in, sizeof pn->req_in);
@@ -250,7 +271,7 @@ static ms_status forward_completion(ms_program *p, ms_error *err) {
 
 static ms_status complete(ms_program *p, const ms_compile_opts *opts, ms_error *err) {
     ms_graph *g = p->g;
-    const ms_mesh *mesh = &p->dm->mesh;
+    const ms_mesh *mesh = p->mesh;
     /* Annotations from the callback, then validation of every annotation. */
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
@@ -311,15 +332,21 @@ static void fake_call(ms_program *p, int k, ms_op_call *call, ms_tensor *tin, ms
     call->gout = gout;
 }
 
+/* The plan is looked up once here; a failed lookup leaves it NULL, which running the step
+ * or reading the reshard reports. */
 static void emit_reshard(ms_program *p, int value, int src, int dst, const ms_placements *from,
-                         const ms_placements *to, const char *phase) {
+                         const ms_placements *to, ms_program_phase phase) {
     instr *in = emit(p, I_RESHARD, phase);
     in->value = value;
     in->src = src;
     in->dst = dst;
     in->from = *from;
     in->to = *to;
-    in->coll_bytes = plan_coll_bytes(p, &p->g->v[value].shape, from, to);
+    const ms_shape *g = &p->g->v[value].shape;
+    if (ms_plan_cache_get(p->plans, p->mesh, from, to, g->ndim, g->d, &in->plan, NULL) != MS_OK)
+        in->plan = NULL;
+    for (int k = 0; in->plan && k < in->plan->nsteps; k++)
+        in->coll_bytes += in->plan->steps[k].coll_bytes;
 }
 
 static void build_forward(ms_program *p) {
@@ -336,7 +363,7 @@ static void build_forward(ms_program *p) {
             } else {
                 pn->in_buf[i] = new_buf(p, &g->v[nd->in[i]].shape, &pn->req_in[i], false);
                 emit_reshard(p, nd->in[i], iv->buf, pn->in_buf[i], &iv->pl, &pn->req_in[i],
-                             "forward");
+                             MS_PROG_FORWARD);
             }
         }
         ms_op_call call;
@@ -350,7 +377,7 @@ static void build_forward(ms_program *p) {
             pn->saved_buf[s] = saved[s] ? new_raw_buf(p, saved[s]) : -1;
         for (int o = 0; o < nd->n_out; o++)
             pn->out_buf[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
-        instr *in = emit(p, I_FWD, "forward");
+        instr *in = emit(p, I_FWD, MS_PROG_FORWARD);
         in->node = k;
         for (int o = 0; o < nd->n_out; o++) {
             pvalue *ov = &p->pv[nd->out[o]];
@@ -360,15 +387,15 @@ static void build_forward(ms_program *p) {
             } else {
                 ov->buf = new_buf(p, &g->v[nd->out[o]].shape, &ov->pl, g->v[nd->out[o]].keep);
                 emit_reshard(p, nd->out[o], pn->out_buf[o], ov->buf, &pn->out_pl[o], &ov->pl,
-                             "forward");
+                             MS_PROG_FORWARD);
             }
         }
     }
     /* The loss, replicated, for reporting. */
     pvalue *lv = &p->pv[g->loss];
-    ms_placements r = ms_placements_replicated(p->dm->mesh.ndim);
+    ms_placements r = ms_placements_replicated(p->mesh->ndim);
     p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
-    emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, "loss");
+    emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, MS_PROG_LOSS);
     p->n_forward = p->ni;
 }
 
@@ -391,14 +418,14 @@ static int grad_target(ms_program *p, int v, const ms_placements *pl) {
         pv->gbuf = pv->param_grad_buf;
     else
         pv->gbuf = new_buf(p, &p->g->v[v].shape, pl, false);
-    instr *z = emit(p, I_ZERO, "backward");
+    instr *z = emit(p, I_ZERO, MS_PROG_BACKWARD);
     z->dst = pv->gbuf;
     return pv->gbuf;
 }
 
 static void build_backward(ms_program *p) {
     ms_graph *g = p->g;
-    const int md = p->dm->mesh.ndim;
+    const int md = p->mesh->ndim;
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
         p->pv[v].requires_grad = gv->kind == GV_PARAM;
@@ -435,12 +462,12 @@ static void build_backward(ms_program *p) {
             ms_placements want = dual_placements(pn, md, nd->n_in, nd->n_out, o, true);
             if (!ov->has_grad) {
                 dout[o] = new_buf(p, &g->v[nd->out[o]].shape, &want, false);
-                emit(p, I_ZERO, "backward")->dst = dout[o];
+                emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = dout[o];
             } else if (ms_placements_eq(&ov->gpl, &want)) {
                 dout[o] = ov->gbuf;
             } else {
                 dout[o] = new_buf(p, &g->v[nd->out[o]].shape, &want, false);
-                emit_reshard(p, nd->out[o], ov->gbuf, dout[o], &ov->gpl, &want, "backward");
+                emit_reshard(p, nd->out[o], ov->gbuf, dout[o], &ov->gpl, &want, MS_PROG_BACKWARD);
             }
         }
         for (int i = 0; i < nd->n_in; i++) {
@@ -454,10 +481,10 @@ static void build_backward(ms_program *p) {
                 din[i] = iv->gbuf;
             } else {
                 din[i] = pending[i] = new_buf(p, &g->v[nd->in[i]].shape, &got, false);
-                emit(p, I_ZERO, "backward")->dst = din[i];
+                emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = din[i];
             }
         }
-        instr *in = emit(p, I_BWD, "backward");
+        instr *in = emit(p, I_BWD, MS_PROG_BACKWARD);
         in->node = k;
         memcpy(in->dout_buf, dout, sizeof dout);
         memcpy(in->din_buf, din, sizeof din);
@@ -467,8 +494,8 @@ static void build_backward(ms_program *p) {
             pvalue *iv = &p->pv[nd->in[i]];
             ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
             int tmp = new_buf(p, &g->v[nd->in[i]].shape, &iv->gpl, false);
-            emit_reshard(p, nd->in[i], pending[i], tmp, &got, &iv->gpl, "backward");
-            instr *add = emit(p, I_ADD, "backward");
+            emit_reshard(p, nd->in[i], pending[i], tmp, &got, &iv->gpl, MS_PROG_BACKWARD);
+            instr *add = emit(p, I_ADD, MS_PROG_BACKWARD);
             add->src = tmp;
             add->dst = iv->gbuf;
         }
@@ -478,9 +505,9 @@ static void build_backward(ms_program *p) {
         pvalue *pv = &p->pv[v];
         if (g->v[v].kind != GV_PARAM) continue;
         if (!pv->has_grad)
-            emit(p, I_ZERO, "grad sync")->dst = pv->param_grad_buf;
+            emit(p, I_ZERO, MS_PROG_GRAD_SYNC)->dst = pv->param_grad_buf;
         else if (pv->gbuf != pv->param_grad_buf)
-            emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->pl, "grad sync");
+            emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->pl, MS_PROG_GRAD_SYNC);
     }
 }
 
@@ -500,8 +527,8 @@ static int cmp_size_desc(const void *a, const void *b, void *ctx) {
 }
 
 /* The arena and the persistent buffers come from the rank's device, so its in-use and peak
- * counters (the memory the views and traces report) include them. Without a rank context
- * (the planner compiles programs to price them) plain aligned memory does. */
+ * counters (the memory the views and traces report) include them. Without a device in the
+ * rank context, plain aligned memory does. */
 static void *program_alloc(ms_program *p, size_t bytes) {
     if (p->ctx && p->ctx->device) {
         void *x = NULL;
@@ -519,7 +546,8 @@ static void program_free(ms_program *p, void *x, size_t bytes) {
         free(x);
 }
 
-static ms_status plan_memory(ms_program *p, ms_error *err) {
+/* Offsets of every buffer: step-lived ones in the arena, the rest in persistent storage. */
+static void layout_memory(ms_program *p) {
     for (int k = 0; k < p->ni; k++) {
         instr *in = &p->ins[k];
         touch(p, in->src, k);
@@ -572,6 +600,11 @@ static ms_status plan_memory(ms_program *p, ms_error *err) {
     }
     free(order);
     p->arena_floats = top;
+}
+
+/* The arena and persistent storage behind the layout; every buffer's tensor becomes a view. */
+static ms_status alloc_memory(ms_program *p, ms_error *err) {
+    size_t top = p->arena_floats;
     p->arena = program_alloc(p, (top + 16) * sizeof(float));
     p->persist = program_alloc(p, (p->persist_floats + 16) * sizeof(float));
     if (!p->arena || !p->persist)
@@ -624,45 +657,101 @@ static ms_status init_params(ms_program *p, ms_error *err) {
             continue;
         }
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
-        ms_local_box(&p->pv[v].pl, &p->dm->mesh, p->dm->coords, gv->shape.ndim, gv->shape.d, start,
-                     len);
+        ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
         MS_CHECK(ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start,
                                        0.0f, gv->init.value, err));
     }
     return MS_OK;
 }
 
-ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts *opts,
-                             ms_program **out, ms_error *err) {
-    *out = NULL;
+static ms_status check_graph(const ms_graph *g, ms_error *err) {
     MS_CHECK(ms_graph_error(g, err));
     if (g->loss < 0 || g->v[g->loss].shape.ndim != 0)
         return ms_fail(err, MS_ERR_INVALID, "graph: set a scalar loss with ms_graph_set_loss");
+    return MS_OK;
+}
+
+/* Where each kernel and reshard sits in the instruction list, for reading them by index. */
+static void index_instructions(ms_program *p) {
+    p->kernels = xmalloc(sizeof(int) * (size_t)(p->ni + 1));
+    p->reshards = xmalloc(sizeof(int) * (size_t)(p->ni + 1));
+    for (int k = 0; k < p->ni; k++) {
+        if (p->ins[k].kind == I_FWD || p->ins[k].kind == I_BWD) p->kernels[p->nkernels++] = k;
+        if (p->ins[k].kind == I_RESHARD) p->reshards[p->nreshards++] = k;
+    }
+}
+
+/* Everything compiling decides, from shapes alone: placements, the instruction list, the
+ * buffer layout and the kernels' costs. Both entry points run exactly this; only
+ * ms_program_compile then allocates memory and initialises parameters. */
+static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_error *err) {
+    ms_graph *g = p->g;
+    p->pv = xcalloc((size_t)g->nv, sizeof *p->pv);
+    p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
+    MS_CHECK(complete(p, opts, err));
+    build_forward(p);
+    build_backward(p);
+    layout_memory(p);
+    compute_costs(p);
+    index_instructions(p);
+    p->params = xmalloc(sizeof(int) * (size_t)g->nv);
+    for (int v = 0; v < g->nv; v++)
+        if (g->v[v].kind == GV_PARAM) p->params[p->nparams++] = v;
+    return MS_OK;
+}
+
+ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts *opts,
+                             ms_program **out, ms_error *err) {
+    *out = NULL;
+    MS_CHECK(check_graph(g, err));
     ms_program *p = xcalloc(1, sizeof *p);
     p->g = g;
     p->dm = mesh;
     p->ctx = mesh->ctx;
+    p->mesh = &mesh->mesh;
+    memcpy(p->coords, mesh->coords, sizeof p->coords);
+    p->plans = mesh->ctx->plans;
     p->seed = opts ? opts->seed : 0;
     p->member = ms_dmesh_is_member(mesh);
     p->loss_buf = -1;
     *out = p;
     if (!p->member) return MS_OK;
-    p->pv = xcalloc((size_t)g->nv, sizeof *p->pv);
-    p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
     ms_status st;
-    MS_CHECK_GOTO(complete(p, opts, err), st, fail);
-    build_forward(p);
-    build_backward(p);
-    MS_CHECK_GOTO(plan_memory(p, err), st, fail);
+    MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
+    MS_CHECK_GOTO(alloc_memory(p, err), st, fail);
     MS_CHECK_GOTO(init_params(p, err), st, fail);
-    compute_costs(p);
-    p->params = xmalloc(sizeof(int) * (size_t)g->nv);
-    for (int v = 0; v < g->nv; v++)
-        if (g->v[v].kind == GV_PARAM) p->params[p->nparams++] = v;
     return MS_OK;
 fail:
     ms_program_destroy(p);
     *out = NULL;
+    return st;
+}
+
+ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int *coords,
+                                    const ms_compile_opts *opts, ms_program **out, ms_error *err) {
+    *out = NULL;
+    MS_CHECK(check_graph(g, err));
+    for (int m = 0; coords && m < mesh->ndim; m++)
+        if (coords[m] < 0 || coords[m] >= mesh->shape[m])
+            return ms_fail(err, MS_ERR_INVALID,
+                           "program: coordinate %d of mesh dim %d outside 0..%d", coords[m], m,
+                           mesh->shape[m] - 1);
+    ms_program *p = xcalloc(1, sizeof *p);
+    p->g = g;
+    p->shapes_only = true;
+    p->seed = opts ? opts->seed : 0;
+    p->member = true;
+    p->loss_buf = -1;
+    ms_status st;
+    MS_CHECK_GOTO(ms_mesh_copy(&p->own_mesh, mesh, err), st, fail);
+    p->mesh = &p->own_mesh;
+    if (coords) memcpy(p->coords, coords, sizeof(int) * (size_t)mesh->ndim);
+    p->plans = p->own_plans = ms_plan_cache_create();
+    MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
+    *out = p;
+    return MS_OK;
+fail:
+    ms_program_destroy(p);
     return st;
 }
 
@@ -676,18 +765,27 @@ void ms_program_destroy(ms_program *p) {
     program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     free(p->params);
+    free(p->kernels);
+    free(p->reshards);
+    ms_plan_cache_destroy(p->own_plans);
+    ms_mesh_free(&p->own_mesh);
     free(p);
 }
 
 /* --- execution ------------------------------------------------------------------------------- */
+
+/* A shapes-only program has no memory behind its buffers. */
+static ms_status check_runnable(const ms_program *p, ms_error *err) {
+    if (!p->shapes_only) return MS_OK;
+    return ms_fail(err, MS_ERR_INVALID, "program: compiled from shapes only, it cannot run");
+}
 
 /* Straight from the source buffer into the target buffer: the plan comes from the cache and
  * intermediate steps use the rank's workspace, so the step path allocates nothing. */
 static ms_status run_reshard(ms_program *p, const instr *in, ms_error *err) {
     const ms_shape *g = &p->g->v[in->value].shape;
     const ms_reshard_plan *plan;
-    MS_CHECK(ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, &in->from, &in->to, g->ndim, g->d,
-                               &plan, err));
+    MS_CHECK(ms_plan_cache_get(p->plans, p->mesh, &in->from, &in->to, g->ndim, g->d, &plan, err));
     return ms_reshard_run(p->dm, plan, g->ndim, g->d, p->bufs[in->src].ptr, p->bufs[in->dst].ptr,
                           NULL, err);
 }
@@ -708,15 +806,15 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
         gin[i] = p->g->v[nd->in[i]].shape;
         call->in[i] = &p->bufs[pn->in_buf[i]].t;
         int64_t len[MS_MAX_DIMS];
-        ms_local_box(&pn->req_in[i], &p->dm->mesh, p->dm->coords, gin[i].ndim, gin[i].d,
-                     call->in_start[i], len);
+        ms_local_box(&pn->req_in[i], p->mesh, p->coords, gin[i].ndim, gin[i].d, call->in_start[i],
+                     len);
         if (in->din_buf[i] >= 0) call->din[i] = &p->bufs[in->din_buf[i]].t;
     }
     for (int o = 0; o < nd->n_out; o++) {
         gout[o] = p->g->v[nd->out[o]].shape;
         call->out[o] = &p->bufs[pn->out_buf[o]].t;
         int64_t len[MS_MAX_DIMS];
-        ms_local_box(&pn->out_pl[o], &p->dm->mesh, p->dm->coords, gout[o].ndim, gout[o].d,
+        ms_local_box(&pn->out_pl[o], p->mesh, p->coords, gout[o].ndim, gout[o].d,
                      call->out_start[o], len);
         if (in->dout_buf[o] >= 0) call->dout[o] = &p->bufs[in->dout_buf[o]].t;
     }
@@ -724,12 +822,6 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
         if (pn->saved_buf[s] >= 0) call->saved[s] = &p->bufs[pn->saved_buf[s]].t;
     call->gin = gin;
     call->gout = gout;
-}
-
-static uint8_t phase_of(const char *phase) {
-    if (!strcmp(phase, "forward")) return MS_PHASE_FORWARD;
-    if (!strcmp(phase, "backward")) return MS_PHASE_BACKWARD;
-    return MS_PHASE_OTHER;
 }
 
 /* One event per kernel and per reshard; reshards carry a flow id that the communicator
@@ -750,21 +842,16 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
         e.u.op.bytes = in->bytes;
     } else {
         e.kind = MS_EV_RESHARD;
-        e.phase = phase_of(in->phase);
-        const char *name = p->g->v[in->value].name;
-        if (e.phase != MS_PHASE_FORWARD && strcmp(in->phase, "loss"))
-            ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor, "grad:", name);
-        else
-            ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor, NULL, name);
+        e.phase = in->phase == MS_PROG_FORWARD    ? MS_PHASE_FORWARD
+                  : in->phase == MS_PROG_BACKWARD ? MS_PHASE_BACKWARD
+                                                  : MS_PHASE_OTHER;
+        ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor,
+                     moves_grad(in->phase) ? "grad:" : NULL, p->g->v[in->value].name);
         ms_placements_str(&in->from, e.u.reshard.from, sizeof e.u.reshard.from);
         ms_placements_str(&in->to, e.u.reshard.to, sizeof e.u.reshard.to);
         e.u.reshard.bytes = (uint64_t)in->coll_bytes;
         e.u.reshard.flow = flow;
-        const ms_reshard_plan *plan;
-        const ms_shape *g = &p->g->v[in->value].shape;
-        if (ms_plan_cache_get(p->ctx->plans, &p->dm->mesh, &in->from, &in->to, g->ndim, g->d, &plan,
-                              NULL) == MS_OK)
-            e.u.reshard.nsteps = plan->nsteps;
+        if (in->plan) e.u.reshard.nsteps = in->plan->nsteps;
     }
     ms_recorder_push(p->ctx->trace.recorder, &e);
 }
@@ -776,6 +863,7 @@ static void zero_range(void *arg, int64_t lo, int64_t hi) {
 
 static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
+    MS_CHECK(check_runnable(p, err));
     ms_recorder *rec = p->ctx->trace.recorder;
     for (int k = 0; k < upto; k++) {
         instr *in = &p->ins[k];
@@ -837,13 +925,13 @@ ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err) {
 
 ms_status ms_program_feed(ms_program *p, int v, const float *global, ms_error *err) {
     if (!p->member) return MS_OK;
+    MS_CHECK(check_runnable(p, err));
     if (v < 0 || v >= p->g->nv || p->g->v[v].kind != GV_INPUT)
         return ms_fail(err, MS_ERR_INVALID, "feed: value %d is not an input", v);
     gvalue *gv = &p->g->v[v];
     buf *b = &p->bufs[p->pv[v].buf];
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
-    ms_local_box(&p->pv[v].pl, &p->dm->mesh, p->dm->coords, gv->shape.ndim, gv->shape.d, start,
-                 len);
+    ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
     if (gv->shape.ndim == 0)
         b->ptr[0] = global[0];
     else
@@ -868,7 +956,7 @@ ms_status ms_program_param(ms_program *p, int i, ms_param_view *out) {
     out->grad = p->bufs[pv->param_grad_buf].t;
     out->owner = true;
     for (int m = 0; m < pv->pl.n; m++)
-        if (pv->pl.p[m].kind != MS_PL_SHARD && p->dm->coords[m] != 0) out->owner = false;
+        if (pv->pl.p[m].kind != MS_PL_SHARD && p->coords[m] != 0) out->owner = false;
     return MS_OK;
 }
 
@@ -886,7 +974,7 @@ void ms_program_explain(const ms_program *p, FILE *f) {
     const ms_graph *g = p->g;
     char m[256];
     fprintf(f, "mesh %s\n\nvalues (global shape, completed placements; * = annotated):\n",
-            ms_mesh_str(&p->dm->mesh, m, sizeof m));
+            ms_mesh_str(p->mesh, m, sizeof m));
     for (int v = 0; v < g->nv; v++) {
         const gvalue *gv = &g->v[v];
         char sh[96], pl[128];
@@ -903,11 +991,10 @@ void ms_program_explain(const ms_program *p, FILE *f) {
         if (in->kind != I_RESHARD) continue;
         char a[128], b[128], by[32];
         human(in->coll_bytes, by, sizeof by);
-        const char *what = "";
-        if (!strcmp(in->phase, "backward") || !strcmp(in->phase, "grad sync")) what = "grad of ";
-        fprintf(f, "  %-9s %s%-36s %-16s -> %-16s %s\n", in->phase, what, g->v[in->value].name,
-                ms_placements_str(&in->from, a, sizeof a), ms_placements_str(&in->to, b, sizeof b),
-                by);
+        const char *what = moves_grad(in->phase) ? "grad of " : "";
+        fprintf(f, "  %-9s %s%-36s %-16s -> %-16s %s\n", ms_program_phase_name(in->phase), what,
+                g->v[in->value].name, ms_placements_str(&in->from, a, sizeof a),
+                ms_placements_str(&in->to, b, sizeof b), by);
         total += in->coll_bytes;
         n++;
     }
@@ -945,12 +1032,12 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     if (i < 0 || i >= p->nparams)
         return ms_fail(err, MS_ERR_INVALID, "parameter %d out of range", i);
     if (!p->member) return MS_OK;
+    MS_CHECK(check_runnable(p, err));
     int v = p->params[i];
     const gvalue *gv = &p->g->v[v];
     buf *b = &p->bufs[p->pv[v].buf];
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
-    ms_local_box(&p->pv[v].pl, &p->dm->mesh, p->dm->coords, gv->shape.ndim, gv->shape.d, start,
-                 len);
+    ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
     if (gv->shape.ndim == 0)
         b->ptr[0] = full[0];
     else
@@ -961,6 +1048,7 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) {
     memset(out, 0, sizeof *out);
     if (!p->member) return MS_OK;
+    MS_CHECK(check_runnable(p, err));
     if (v < 0 || v >= p->g->nv || !p->bufs[p->pv[v].buf].persistent)
         return ms_fail(err, MS_ERR_INVALID,
                        "value %d is not kept; call ms_graph_keep before "
@@ -972,22 +1060,55 @@ ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) 
     return ms_dtensor_full(&t, out, err);
 }
 
+int ms_program_num_kernels(const ms_program *p) {
+    return p->nkernels;
+}
+
+ms_status ms_program_kernel(const ms_program *p, int i, ms_kernel_info *out) {
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= p->nkernels) return MS_ERR_INVALID;
+    const instr *in = &p->ins[p->kernels[i]];
+    const gnode *nd = &p->g->n[in->node];
+    const pnode *pn = &p->pn[in->node];
+    out->node = in->node;
+    out->name = nd->name;
+    out->op = nd->op;
+    out->attrs = &nd->attrs;
+    out->phase = in->phase;
+    out->n_in = nd->n_in;
+    out->n_out = nd->n_out;
+    for (int k = 0; k < nd->n_in; k++) {
+        out->in[k] = nd->in[k];
+        out->in_pl[k] = pn->req_in[k];
+        out->in_local[k] = p->bufs[pn->in_buf[k]].lshape;
+        out->grad_in[k] = in->din_buf[k] >= 0;
+    }
+    for (int k = 0; k < nd->n_out; k++) {
+        out->out[k] = nd->out[k];
+        out->out_pl[k] = pn->out_pl[k];
+        out->out_local[k] = p->bufs[pn->out_buf[k]].lshape;
+    }
+    out->flops = in->flops;
+    out->bytes = in->bytes;
+    return MS_OK;
+}
+
 int ms_program_num_reshards(const ms_program *p) {
-    int n = 0;
-    for (int k = 0; p->member && k < p->ni; k++) n += p->ins[k].kind == I_RESHARD;
-    return n;
+    return p->nreshards;
 }
 
 ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out) {
-    for (int k = 0; p->member && k < p->ni; k++) {
-        const instr *in = &p->ins[k];
-        if (in->kind != I_RESHARD || i-- > 0) continue;
-        *out = (ms_reshard_info){.value = p->g->v[in->value].name,
-                                 .phase = in->phase,
-                                 .from = in->from,
-                                 .to = in->to,
-                                 .coll_bytes = in->coll_bytes};
-        return MS_OK;
-    }
-    return MS_ERR_INVALID;
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= p->nreshards) return MS_ERR_INVALID;
+    const instr *in = &p->ins[p->reshards[i]];
+    if (!in->plan) return MS_ERR_INTERNAL;
+    *out = (ms_reshard_info){.value = in->value,
+                             .name = p->g->v[in->value].name,
+                             .phase = in->phase,
+                             .gshape = p->g->v[in->value].shape,
+                             .from = in->from,
+                             .to = in->to,
+                             .plan = in->plan,
+                             .coll_bytes = in->coll_bytes};
+    return MS_OK;
 }

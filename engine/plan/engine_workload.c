@@ -1,31 +1,22 @@
 /* engine_workload.c - the workload of a strategy this engine runs, read off the engine itself.
  *
- * The model is built and compiled exactly as `meshscope train` does (model/gpt.c,
- * model/strategy.c, graph/program.c), for the rank at mesh coordinate 0 (it holds the largest
- * shard under the balanced split), on a mesh without communicators: compilation is pure and
- * never communicates. Then:
+ * The model is built exactly as `meshscope train` builds it (model/gpt.c, model/strategy.c)
+ * and compiled from shapes alone (graph/program.h) for the rank at mesh coordinate 0, which
+ * holds the largest shard under the balanced split: the same completion, autograd and
+ * partition as a training run, without communicators or memory. Then, from the program:
  *
- *   placements   every value's completed placement comes from the program's own explanation
- *                (ms_program_explain); the placement each operator actually ran in follows
- *                from the reshards the program inserted, in instruction order: the compiler
- *                emits, per node, the reshards of its inputs, the kernel, then the reshards of
- *                its outputs, so walking the nodes alongside the forward reshards recovers the
- *                required input and raw output placements
- *   kernels      each node's local shapes go through its op's cost function (the one the
- *                profiler stamps on every kernel event), forward and, where autograd emits it,
- *                backward; the sum equals ms_program_stats' FLOPs (tests/test_plan.c)
- *   collectives  every reshard the program runs, planned by the reshard planner: kind, mesh
- *                dim and bytes per step; plus the vocab-parallel cross-entropy's three
- *                all-reduces and the training loop's gradient-norm all-reduce
+ *   kernels      every forward and backward kernel with the op's cost for its local shapes
+ *                (the figures the profiler stamps on every kernel event); their sum is
+ *                ms_program_stats' FLOPs (tests/test_plan.c)
+ *   collectives  every reshard's plan: kind, mesh dim and bytes per step; plus the
+ *                vocab-parallel cross-entropy's three all-reduces and the training loop's
+ *                gradient-norm all-reduce
  *   memory       the program's arena and persistent buffers, plus AdamW's two moments
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/dist/dmesh.h"
-#include "engine/dist/reshard.h"
-#include "engine/graph/graph_impl.h"
+#include "engine/graph/program.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
 #include "engine/plan/workload.h"
@@ -34,61 +25,6 @@ static int64_t numel(const ms_shape *s) {
     int64_t n = 1;
     for (int d = 0; d < s->ndim; d++) n *= s->d[d];
     return n;
-}
-
-static void local(const ms_mesh *mesh, const ms_shape *g, const ms_placements *pl, ms_shape *out) {
-    int coords[MS_MESH_MAX_DIMS] = {0};
-    int64_t start[MS_MAX_DIMS];
-    out->ndim = g->ndim;
-    ms_local_box(pl, mesh, coords, g->ndim, g->d, start, out->d);
-}
-
-/* Every value's placement from the program's explanation ("values (...):" section). */
-static ms_status read_placements(ms_program *prog, const ms_graph *g, ms_placements *pl, bool *have,
-                                 ms_error *err) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f) return ms_fail(err, MS_ERR_NOMEM, "planner: cannot capture the program's placements");
-    ms_program_explain(prog, f);
-    fclose(f);
-    ms_status st = MS_OK;
-    bool in_values = false;
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = '\0';
-        if (!strncmp(line, "values", 6)) {
-            in_values = true;
-            continue;
-        }
-        if (!in_values) continue;
-        if (!*line) break;
-        char *p = line;
-        while (*p == ' ') p++;
-        if (!strncmp(p, "param ", 6) || !strncmp(p, "input ", 6)) p += 6;
-        while (*p == ' ') p++;
-        char *name = p;
-        while (*p && *p != ' ') p++;
-        if (*p) *p++ = '\0';
-        char *shape = strchr(p, '[');
-        char *shape_end = shape ? strchr(shape, ']') : NULL;
-        char *pls = shape_end ? strchr(shape_end, '[') : NULL;
-        char *pls_end = pls ? strchr(pls, ']') : NULL;
-        int v = ms_graph_find(g, name);
-        if (v < 0 || !pls_end) {
-            st = ms_fail(err, MS_ERR_INTERNAL,
-                         "planner: cannot read the placement of '%s' from the program", name);
-            break;
-        }
-        pls_end[1] = '\0';
-        if (ms_placements_parse(pls, &pl[v], err) != MS_OK) {
-            st = ms_fail_wrap(err, MS_ERR_INTERNAL, "planner: placement of '%s'", name);
-            break;
-        }
-        have[v] = true;
-    }
-    free(text);
-    return st;
 }
 
 static ms_oprate rate_of(int op) {
@@ -117,133 +53,86 @@ static ms_plan_dim dim_of(const ms_mesh *mesh, int m) {
     return !strcmp(n, "tp") ? MS_PLAN_TP : !strcmp(n, "cp") ? MS_PLAN_CP : MS_PLAN_DP;
 }
 
-typedef struct walk {
-    const ms_plan_problem *pb;
-    ms_program *prog;
-    const ms_graph *g;
-    const ms_mesh *mesh;
-    ms_placements *pl; /* stored placements by value */
-    bool *req_grad;    /* by value */
-    int next_reshard, n_reshards;
-    ms_plan_workload *w;
-    ms_plan_engine_stats *st;
-} walk;
-
-/* The next forward reshard if it moves value v from `from`; consumes it and returns its target. */
-static bool take_reshard(walk *k, int v, const ms_placements *from, ms_placements *to,
-                         bool output) {
-    if (k->next_reshard >= k->n_reshards) return false;
-    ms_reshard_info ri;
-    if (ms_program_reshard(k->prog, k->next_reshard, &ri) != MS_OK) return false;
-    if (strcmp(ri.phase, "forward") || strcmp(ri.value, k->g->v[v].name)) return false;
-    if (!output && !ms_placements_eq(&ri.from, from)) return false;
-    if (output && !ms_placements_eq(&ri.to, from)) return false;
-    *to = output ? ri.from : ri.to;
-    k->next_reshard++;
-    return true;
-}
-
-static void add_node(walk *k, int node) {
-    const gnode *nd = &k->g->n[node];
-    const ms_op_def *def = ms_op_get(nd->op);
-    ms_placements req[MS_OP_MAX_IN], raw[MS_OP_MAX_OUT];
-    for (int i = 0; i < nd->n_in; i++)
-        if (!take_reshard(k, nd->in[i], &k->pl[nd->in[i]], &req[i], false))
-            req[i] = k->pl[nd->in[i]];
-    for (int o = 0; o < nd->n_out; o++)
-        if (!take_reshard(k, nd->out[o], &k->pl[nd->out[o]], &raw[o], true))
-            raw[o] = k->pl[nd->out[o]];
-    /* the kernel's view: local shapes of its inputs as required, outputs as produced */
-    ms_op_call call;
-    memset(&call, 0, sizeof call);
-    ms_tensor tin[MS_OP_MAX_IN], tout[MS_OP_MAX_OUT];
-    ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT], lin[MS_OP_MAX_IN];
-    call.attrs = &nd->attrs;
-    call.n_in = nd->n_in;
-    call.n_out = nd->n_out;
-    call.in_pl = req;
-    call.out_pl = raw;
-    bool rg = false, bwd = false;
-    for (int i = 0; i < nd->n_in; i++) {
-        gin[i] = k->g->v[nd->in[i]].shape;
-        local(k->mesh, &gin[i], &req[i], &lin[i]);
-        memset(&tin[i], 0, sizeof tin[i]);
-        tin[i].ndim = lin[i].ndim;
-        memcpy(tin[i].shape, lin[i].d, sizeof(int64_t) * (size_t)lin[i].ndim);
-        call.in[i] = &tin[i];
-        rg |= k->req_grad[nd->in[i]];
-        bwd |= k->req_grad[nd->in[i]] && (def->grad_inputs >> i & 1);
-    }
-    for (int o = 0; o < nd->n_out; o++) {
-        ms_shape lo;
-        gout[o] = k->g->v[nd->out[o]].shape;
-        local(k->mesh, &gout[o], &raw[o], &lo);
-        memset(&tout[o], 0, sizeof tout[o]);
-        tout[o].ndim = lo.ndim;
-        memcpy(tout[o].shape, lo.d, sizeof(int64_t) * (size_t)lo.ndim);
-        call.out[o] = &tout[o];
-        k->req_grad[nd->out[o]] = rg;
-    }
-    call.gin = gin;
-    call.gout = gout;
-    if (!def->cost) return;
-    ms_plan_class cls = nd->op == MS_OP_MATMUL      ? MS_PC_GEMM
-                        : nd->op == MS_OP_ATTENTION ? MS_PC_ATTENTION
+/* One kernel (forward or backward) of the program into the workload. */
+static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
+                       const ms_kernel_info *kn) {
+    ms_plan_class cls = kn->op == MS_OP_MATMUL      ? MS_PC_GEMM
+                        : kn->op == MS_OP_ATTENTION ? MS_PC_ATTENTION
                                                     : MS_PC_ELEMENTWISE;
     int64_t m = 0, n = 0, kk = 0;
-    if (nd->op == MS_OP_MATMUL) {
-        const ms_tensor *A = &tin[0], *B = &tin[1];
-        kk = A->shape[A->ndim - 1];
-        int64_t na = 1, nb = 1;
-        for (int d = 0; d < A->ndim; d++) na *= A->shape[d];
-        for (int d = 0; d < B->ndim; d++) nb *= B->shape[d];
-        m = kk ? na / kk : 0;
-        n = kk ? nb / kk : 0;
-    } else if (nd->op == MS_OP_ATTENTION) {
-        int64_t hs = gin[0].d[3] / nd->attrs.i[0];
-        m = tin[0].shape[0] * (hs ? tin[0].shape[3] / hs : 0); /* batch x local heads */
-        n = tin[0].shape[1];
+    if (kn->op == MS_OP_MATMUL) {
+        const ms_shape *A = &kn->in_local[0], *B = &kn->in_local[1];
+        kk = A->d[A->ndim - 1];
+        m = kk ? numel(A) / kk : 0;
+        n = kk ? numel(B) / kk : 0;
+    } else if (kn->op == MS_OP_ATTENTION) {
+        const ms_shape *qkv = &kn->in_local[0];
+        int64_t hs = ms_graph_value_shape(g, kn->in[0])->d[3] / kn->attrs->i[0];
+        m = qkv->d[0] * (hs ? qkv->d[3] / hs : 0); /* batch x local heads */
+        n = qkv->d[1];
         kk = hs;
     }
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && !bwd) break;
-        ms_k_cost c = def->cost(&call, pass == 1);
-        wk_kernel_add(k->w, cls, rate_of(nd->op), pass ? WK_BWD : WK_FWD, nd->op, m, n, kk, c.flops,
-                      c.bytes, 1);
-        if (k->st) {
-            k->st->flops += c.flops;
-            if (nd->op < 32) k->st->op_flops[nd->op] += c.flops;
-        }
+    bool bwd = kn->phase == MS_PROG_BACKWARD;
+    wk_kernel_add(w, cls, rate_of(kn->op), bwd ? WK_BWD : WK_FWD, kn->op, m, n, kk, kn->flops,
+                  kn->bytes, 1);
+    if (st) {
+        st->flops += kn->flops;
+        if (kn->op < 32) st->op_flops[kn->op] += kn->flops;
     }
-    /* gradient buffers this node's backward writes (zeroed every step) */
-    for (int i = 0; bwd && i < nd->n_in; i++)
-        if (k->req_grad[nd->in[i]] && (def->grad_inputs >> i & 1))
-            k->w->zero_bytes += 4.0 * (double)numel(&lin[i]);
-    /* the vocab-parallel cross-entropy all-reduces inside the kernel */
-    if (nd->op == MS_OP_XENT) {
-        int vdim = gin[0].ndim - 1;
-        double rows = (double)numel(&lin[1]);
-        for (int mm = 0; mm < req[0].n; mm++)
-            if (req[0].p[mm].kind == MS_PL_SHARD && req[0].p[mm].dim == vdim)
-                wk_coll_add(k->w, MS_COLL_ALL_REDUCE, dim_of(k->mesh, mm), WK_IN_MB,
-                            k->mesh->shape[mm], 4 * rows, 3);
-    }
+    /* gradient buffers the backward writes (zeroed every step) */
+    for (int i = 0; bwd && i < kn->n_in; i++)
+        if (kn->grad_in[i]) w->zero_bytes += 4.0 * (double)numel(&kn->in_local[i]);
 }
 
-static ms_status add_reshards(walk *k, ms_error *err) {
-    for (int i = 0; i < k->n_reshards; i++) {
+/* The vocab-parallel cross-entropy all-reduces inside its forward kernel. */
+static void add_xent(ms_plan_workload *w, const ms_mesh *mesh, const ms_kernel_info *kn) {
+    int vdim = kn->in_local[0].ndim - 1;
+    double rows = (double)numel(&kn->in_local[1]);
+    for (int mm = 0; mm < kn->in_pl[0].n; mm++)
+        if (kn->in_pl[0].p[mm].kind == MS_PL_SHARD && kn->in_pl[0].p[mm].dim == vdim)
+            wk_coll_add(w, MS_COLL_ALL_REDUCE, dim_of(mesh, mm), WK_IN_MB, mesh->shape[mm],
+                        4 * rows, 3);
+}
+
+/* Kernels node by node, each forward followed by its backward (the order the workload's
+ * entries have always had, which merging and folding in wk_kernel_add depend on). */
+static ms_status add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
+                             const ms_mesh *mesh, const ms_program *prog, ms_error *err) {
+    int nk = ms_program_num_kernels(prog);
+    int *bwd_of = malloc(sizeof(int) * (size_t)(nk + 1)); /* by node: its backward kernel */
+    if (!bwd_of) return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
+    for (int i = 0; i < nk; i++) bwd_of[i] = -1;
+    ms_kernel_info kn;
+    for (int i = 0; i < nk; i++)
+        if (ms_program_kernel(prog, i, &kn) == MS_OK && kn.phase == MS_PROG_BACKWARD &&
+            kn.node < nk)
+            bwd_of[kn.node] = i;
+    for (int i = 0; i < nk; i++) {
+        if (ms_program_kernel(prog, i, &kn) != MS_OK || kn.phase != MS_PROG_FORWARD) continue;
+        if (!ms_op_get(kn.op)->cost) continue; /* a user op without one: not priced */
+        add_kernel(w, st, g, &kn);
+        int b = bwd_of[kn.node];
+        if (b >= 0) {
+            ms_kernel_info bk;
+            ms_program_kernel(prog, b, &bk);
+            add_kernel(w, st, g, &bk);
+        }
+        if (kn.op == MS_OP_XENT) add_xent(w, mesh, &kn);
+    }
+    free(bwd_of);
+    return MS_OK;
+}
+
+static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_mesh *mesh,
+                              const ms_program *prog, ms_error *err) {
+    for (int i = 0; i < ms_program_num_reshards(prog); i++) {
         ms_reshard_info ri;
-        MS_CHECK(ms_program_reshard(k->prog, i, &ri));
-        int v = ms_graph_find(k->g, ri.value);
-        if (v < 0)
-            return ms_fail(err, MS_ERR_INTERNAL, "planner: reshard of unknown value '%s'",
-                           ri.value);
-        const ms_shape *sh = &k->g->v[v].shape;
-        ms_reshard_plan plan;
-        MS_CHECK(ms_reshard_plan_make(k->mesh, &ri.from, &ri.to, sh->ndim, sh->d, &plan, err));
-        bool grad = !strcmp(ri.phase, "grad sync");
-        for (int s = 0; s < plan.nsteps; s++) {
-            const ms_rstep *rs = &plan.steps[s];
+        if (ms_program_reshard(prog, i, &ri) != MS_OK)
+            return ms_fail(err, MS_ERR_INTERNAL, "planner: reshard %d of the program has no plan",
+                           i);
+        bool grad = ri.phase == MS_PROG_GRAD_SYNC;
+        for (int s = 0; s < ri.plan->nsteps; s++) {
+            const ms_rstep *rs = &ri.plan->steps[s];
             ms_coll_kind kind;
             switch (rs->kind) {
                 case MS_RSTEP_ALL_REDUCE:
@@ -261,11 +150,11 @@ static ms_status add_reshards(walk *k, ms_error *err) {
                 default:
                     continue; /* local slices and partial markers move nothing */
             }
-            wk_coll_add(k->w, kind, dim_of(k->mesh, rs->mesh_dim), grad ? WK_GRAD : WK_IN_MB,
-                        k->mesh->shape[rs->mesh_dim], rs->coll_bytes, 1);
-            if (k->st) k->st->reshard_bytes += rs->coll_bytes;
+            wk_coll_add(w, kind, dim_of(mesh, rs->mesh_dim), grad ? WK_GRAD : WK_IN_MB,
+                        mesh->shape[rs->mesh_dim], rs->coll_bytes, 1);
+            if (st) st->reshard_bytes += rs->coll_bytes;
         }
-        if (k->st) k->st->n_reshards++;
+        if (st) st->n_reshards++;
     }
     return MS_OK;
 }
@@ -281,53 +170,13 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_plan_strategy *s, m
     ms_mesh mesh = {0};
     MS_CHECK(ms_strategy_mesh(&strat, &mesh, err));
     ms_model model = {0};
-    ms_ctx ctx;
-    memset(&ctx, 0, sizeof ctx);
-    ms_dmesh dm;
-    memset(&dm, 0, sizeof dm);
     ms_program *prog = NULL;
-    ms_placements *pl = NULL;
-    bool *have = NULL, *rg = NULL;
     ms_status st;
     MS_CHECK_GOTO(ms_model_build(&pb->model, pb->global_batch, pb->seq, &model, err), st, out);
-    ctx.world_size = mesh.size;
-    ctx.plans = ms_plan_cache_create();
-    MS_CHECK_GOTO(ms_mesh_copy(&dm.mesh, &mesh, err), st, out);
-    dm.ctx = &ctx;
-    dm.index = 0; /* coordinates 0: the largest shard */
-    /* Values do not matter here, only shapes and placements: constant initialisation spares
-     * the compiler drawing millions of normals (it was 3/4 of the planning time). */
-    for (int v = 0; v < model.g->nv; v++)
-        if (model.g->v[v].kind == GV_PARAM) model.g->v[v].init = (ms_init){MS_INIT_CONST, 0.0f};
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &strat, .seed = 1};
-    MS_CHECK_GOTO(ms_program_compile(model.g, &dm, &co, &prog, err), st, out);
-    const ms_graph *g = model.g;
-    pl = calloc((size_t)g->nv, sizeof *pl);
-    have = calloc((size_t)g->nv, sizeof *have);
-    rg = calloc((size_t)g->nv, sizeof *rg);
-    if (!pl || !have || !rg) {
-        st = ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
-        goto out;
-    }
-    MS_CHECK_GOTO(read_placements(prog, g, pl, have, err), st, out);
-    for (int v = 0; v < g->nv; v++) {
-        if (!have[v]) {
-            st = ms_fail(err, MS_ERR_INTERNAL, "planner: no placement for '%s'", g->v[v].name);
-            goto out;
-        }
-        rg[v] = g->v[v].kind == GV_PARAM;
-    }
-    walk k = {.pb = pb,
-              .prog = prog,
-              .g = g,
-              .mesh = &dm.mesh,
-              .pl = pl,
-              .req_grad = rg,
-              .n_reshards = ms_program_num_reshards(prog),
-              .w = w,
-              .st = stats};
-    for (int node = 0; node < g->nn; node++) add_node(&k, node);
-    MS_CHECK_GOTO(add_reshards(&k, err), st, out);
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &strat};
+    MS_CHECK_GOTO(ms_program_compile_shapes(model.g, &mesh, NULL, &co, &prog, err), st, out);
+    MS_CHECK_GOTO(add_kernels(w, stats, model.g, &mesh, prog, err), st, out);
+    MS_CHECK_GOTO(add_reshards(w, stats, &mesh, prog, err), st, out);
     /* the training loop: gradient norm over the world, AdamW on every local shard */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size, 8, 1);
     double local_params = 0;
@@ -354,13 +203,8 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_plan_strategy *s, m
     }
     st = MS_OK;
 out:
-    free(pl);
-    free(have);
-    free(rg);
     ms_program_destroy(prog);
     ms_model_free(&model);
-    ms_mesh_free(&dm.mesh);
-    if (ctx.plans) ms_plan_cache_destroy(ctx.plans);
     ms_mesh_free(&mesh);
     return st;
 }
