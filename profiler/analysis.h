@@ -3,9 +3,10 @@
  *
  *   heatmap      rank x rank bytes and time, overall and per mesh dim, over a step window;
  *                bytes per peer follow the collective's algorithm (see ms_bytes_per_peer)
- *   overlap      per rank, Holistic Trace Analysis' definition: compute time during
- *                communication / communication time; plus exposed (non-overlapped) comm
- *   busbw        per collective kind and size, nccl-tests factors
+ *   overlap      per rank, Holistic Trace Analysis' definition (docs/formats.md section 3):
+ *                compute time during communication / communication time; plus exposed
+ *                (non-overlapped) comm
+ *   busbw        per collective kind and size, nccl-tests factors (docs/formats.md section 1)
  *   ops          time per operator (forward and backward)
  *   reshards     per transition kind (e.g. "P(sum) -> R"): count, bytes, time
  *   steps        per step: compute, exposed communication, idle

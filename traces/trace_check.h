@@ -1,5 +1,5 @@
-/* trace_check.h - checks a trace file against the Trace Event Format rules (ANCHORS.md
- * section 4), for `meshscope trace check` and the tests.
+/* trace_check.h - checks a trace file against the Trace Event Format rules (docs/formats.md
+ * section 2), for `meshscope trace check` and the tests.
  *
  * Rules, in the order they are checked:
  *   file     well-formed JSON; a top-level object with a "traceEvents" array (the JSON Object

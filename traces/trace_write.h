@@ -1,7 +1,7 @@
 /* trace_write.h - exports recorded events (profiler/event.h) as a Chrome/Perfetto trace in
  * Kineto's layout, so that Perfetto, chrome://tracing and Holistic Trace Analysis read it.
  *
- * The file (JSON Object Format, ANCHORS.md section 4):
+ * The file (JSON Object Format, docs/formats.md section 2):
  *
  *   {"schemaVersion": 1, "meshscope": {"format": 1, ...}, "deviceProperties": [...],
  *    "distributedInfo": {"backend", "rank", "world_size", "pg_count", "pg_config": [...]},

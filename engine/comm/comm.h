@@ -50,7 +50,7 @@ typedef enum ms_coll_kind {
 
 const char *ms_coll_name(ms_coll_kind kind); /* "all_reduce", ... */
 
-/* nccl-tests bus-bandwidth factor for n ranks (ANCHORS.md section 3). */
+/* nccl-tests bus-bandwidth factor for n ranks (docs/formats.md section 1). */
 double ms_coll_busbw_factor(ms_coll_kind kind, int n);
 
 typedef struct ms_comm ms_comm;
