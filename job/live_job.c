@@ -134,6 +134,9 @@ static ms_status job_prepare(live_job *j, const run_opts *o, const job_plan *pla
     ms_strategy s;
     MS_CHECK(ms_strategy_from_json(colon + 1, strlen(colon + 1), "--switch", &s, err));
     MS_CHECK(live_job_check_target(j, &s, err));
+    if (strlen(colon + 1) > LIVE_JOB_MAX_STRATEGY)
+        return ms_fail(err, MS_ERR_INVALID, "--switch: the strategy is %zu bytes; at most %d",
+                       strlen(colon + 1), LIVE_JOB_MAX_STRATEGY);
     j->switch_step = (int)step;
     j->switch_json = xstrdup(colon + 1);
     return MS_OK;
@@ -239,38 +242,40 @@ static void decide(live_job *j, int step, control *c) {
 }
 
 ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, ms_error *err) {
-    /* Header: kind, suggestion id, strategy length; then the strategy text when switching.
-     * Floats carry integers below 2^24 exactly and the communicator copies bytes as they
-     * are. */
-    float hdr[3] = {0, 0, 0};
+    /* One byte message: kind and suggestion id (two int32), then the strategy text. */
+    enum { HDR = 2 * sizeof(int32_t) };
+    char *msg = xmalloc(HDR + LIVE_JOB_MAX_STRATEGY);
+    size_t len = 0;
     if (ms_comm_rank(comm) == 0) {
         decide(j, step, out);
-        size_t len = out->strategy ? strlen(out->strategy) : 0;
-        if (len >= (1u << 24)) {
+        size_t n = out->strategy ? strlen(out->strategy) : 0;
+        if (n > LIVE_JOB_MAX_STRATEGY) {
+            if (j->live)
+                ms_live_set_event(j->live, "request refused: a strategy of %zu bytes (at most %d)",
+                                  n, LIVE_JOB_MAX_STRATEGY);
             control_free(out);
-            ms_live_set_event(j->live, "request refused: a strategy of %zu bytes", len);
+            n = 0;
         }
-        hdr[0] = (float)out->kind;
-        hdr[1] = (float)out->suggestion;
-        hdr[2] = (float)(out->strategy ? strlen(out->strategy) : 0);
+        int32_t hdr[2] = {(int32_t)out->kind, out->suggestion};
+        memcpy(msg, hdr, HDR);
+        if (n) memcpy(msg + HDR, out->strategy, n);
+        len = HDR + n;
     } else {
         memset(out, 0, sizeof *out);
     }
-    MS_CHECK(ms_broadcast(comm, hdr, 3, 0, err));
-    out->kind = (control_kind)(int)hdr[0];
-    out->suggestion = (int32_t)hdr[1];
-    size_t len = (size_t)hdr[2];
-    if (out->kind != CONTROL_SWITCH) return MS_OK;
-    size_t nf = (len + sizeof(float)) / sizeof(float);
-    float *buf = xcalloc(nf, sizeof(float));
-    if (ms_comm_rank(comm) == 0) memcpy(buf, out->strategy, len);
-    ms_status st = ms_broadcast(comm, buf, nf, 0, err);
+    ms_status st = ms_comm_bcast_msg(comm, 0, msg, &len, HDR + LIVE_JOB_MAX_STRATEGY, err);
     if (st == MS_OK && ms_comm_rank(comm) != 0) {
-        out->strategy = xmalloc(len + 1);
-        memcpy(out->strategy, buf, len);
-        out->strategy[len] = '\0';
+        int32_t hdr[2];
+        memcpy(hdr, msg, HDR);
+        out->kind = (control_kind)hdr[0];
+        out->suggestion = hdr[1];
+        if (out->kind == CONTROL_SWITCH) {
+            out->strategy = xmalloc(len - HDR + 1);
+            memcpy(out->strategy, msg + HDR, len - HDR);
+            out->strategy[len - HDR] = '\0';
+        }
     }
-    free(buf);
+    free(msg);
     if (st != MS_OK) control_free(out);
     return st;
 }

@@ -24,6 +24,9 @@
 #include "tui/tui.h"
 #include "web/web.h"
 
+/* The longest strategy JSON a control message carries (the dashboard's body cap). */
+#define LIVE_JOB_MAX_STRATEGY 65536
+
 /* Step times kept to compare a switch's prediction with what it measured. */
 #define LIVE_JOB_RECENT 16
 

@@ -1,6 +1,7 @@
 /* test_comm.c - the communicator contract: every collective, point-to-point batches, split,
- * observer events and timeouts, checked against references computed independently in
- * double precision from deterministic per-rank inputs.
+ * observer events, timeouts, byte messages and variable-length messages, checked against
+ * references computed independently (in double precision for floats) from deterministic
+ * per-rank inputs.
  *
  * Runs on the threads backend, and under mpirun on the MPI backend: every body works on a
  * communicator of exactly n ranks (the world, or a split of its first n members when
@@ -8,6 +9,7 @@
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,6 +438,15 @@ static void p2p_cross_batches(mt_rank *r, ms_comm *c) {
     }
 }
 
+/* Point-to-point is not collective: the collective sequence stays usable after it. */
+static void collective_after_p2p(mt_rank *r, ms_comm *c) {
+    int n = ms_comm_size(c);
+    float one = 1, sum = 0;
+    ms_error err;
+    if (MT_OK(r, ms_all_reduce(c, &one, &sum, 1, MS_REDUCE_SUM, &err), &err))
+        MT_CHECK(r, sum == (float)n, "all_reduce after p2p gave %g, want %d", (double)sum, n);
+}
+
 static void body_p2p(mt_rank *r, void *arg) {
     int n = *(const int *)arg;
     ms_comm *c = group_of(r, n, "p2p");
@@ -444,11 +455,7 @@ static void body_p2p(mt_rank *r, void *arg) {
     p2p_all_pairs(r, c);
     p2p_many(r, c);
     p2p_cross_batches(r, c);
-    /* Point-to-point is not collective: the collective sequence stays usable. */
-    float one = 1, sum = 0;
-    ms_error err;
-    if (MT_OK(r, ms_all_reduce(c, &one, &sum, 1, MS_REDUCE_SUM, &err), &err))
-        MT_CHECK(r, sum == (float)n, "all_reduce after p2p gave %g, want %d", (double)sum, n);
+    collective_after_p2p(r, c);
     group_done(r, c);
 }
 
@@ -748,23 +755,24 @@ static void test_timeout(void **state) {
     RUN_SIZES(body_timeout, 3);
 }
 
-/* Rank 1 never receives: rank 0's send times out naming rank 1, and rank 1's late receive
- * must not get the withdrawn message. */
-static void body_p2p_timeout(mt_rank *r, void *arg) {
-    (void)arg;
-    ms_comm *c = fresh_group(r, 2, "p2p_tmo");
+/* Rank 1 never receives: rank 0's send (floats, or an odd number of bytes) times out naming
+ * rank 1, and rank 1's late receive must not get the withdrawn message. */
+static void p2p_timeout_as(mt_rank *r, ms_comm_dtype dt) {
+    const bool bytes = dt == MS_COMM_BYTES;
+    ms_comm *c = fresh_group(r, 2, bytes ? "bp2p_tmo" : "p2p_tmo");
     ms_error err;
     float buf[256];
     fill_msg(buf, 256, 0, 1, 0);
     int me = c ? ms_comm_rank(c) : -1;
     if (me == 0) {
         int64_t t0 = ms_now_ns();
-        ms_status st = ms_send(c, buf, 256, 1, 0, &err);
-        int64_t dt = ms_now_ns() - t0;
-        MT_CHECK(r, st == MS_ERR_TIMEOUT, "unmatched send gave %s, want timeout",
-                 ms_status_str(st));
-        MT_CHECK(r, dt < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "timed out late, after %lld ms",
-                 (long long)(dt / 1000000));
+        ms_status st =
+            bytes ? ms_send_bytes(c, buf, 1023, 1, 0, &err) : ms_send(c, buf, 256, 1, 0, &err);
+        int64_t dt_ns = ms_now_ns() - t0;
+        MT_CHECK(r, st == MS_ERR_TIMEOUT, "unmatched %s send gave %s, want timeout",
+                 ms_comm_dtype_name(dt), ms_status_str(st));
+        MT_CHECK(r, dt_ns < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS,
+                 "timed out late, after %lld ms", (long long)(dt_ns / 1000000));
         if (st == MS_ERR_TIMEOUT)
             MT_CHECK(r, strstr(err.msg, "send_recv") && strstr(err.msg, "1 (world 1)"),
                      "p2p timeout message lacks op or peer: %s", err.msg);
@@ -772,15 +780,22 @@ static void body_p2p_timeout(mt_rank *r, void *arg) {
     MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
     if (me == 1) {
         int64_t t0 = ms_now_ns();
-        ms_status st = ms_recv(c, buf, 256, 0, 0, &err);
+        ms_status st =
+            bytes ? ms_recv_bytes(c, buf, 1023, 0, 0, &err) : ms_recv(c, buf, 256, 0, 0, &err);
         if (mt_backend() == MS_BACKEND_THREADS)
-            MT_CHECK(r, st == MS_ERR_COMM, "late receive gave %s, want comm error",
-                     ms_status_str(st));
+            MT_CHECK(r, st == MS_ERR_COMM, "late %s receive gave %s, want comm error",
+                     ms_comm_dtype_name(dt), ms_status_str(st));
         MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS,
                  "late receive took too long");
     }
     MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
     ms_comm_destroy(c);
+}
+
+static void body_p2p_timeout(mt_rank *r, void *arg) {
+    (void)arg;
+    p2p_timeout_as(r, MS_COMM_F32);
+    p2p_timeout_as(r, MS_COMM_BYTES);
 }
 
 static void test_p2p_timeout(void **state) {
@@ -870,6 +885,366 @@ static void test_large(void **state) {
     RUN_SIZES(body_large, 2, 3);
 }
 
+/* --- bytes ----------------------------------------------------------------------------------- */
+
+#define BYTE_SENTINEL 0xA5
+
+/* Byte lengths every byte test goes through: empty, odd, word-sized, past a page. */
+static const size_t byte_lens[] = {0, 1, 3, 4, 4097};
+#define N_BYTE_LENS (sizeof byte_lens / sizeof byte_lens[0])
+
+/* Byte i of a message from rank s, varied by salt; computed, never transported. */
+static uint8_t bval(int s, size_t i, int salt) {
+    uint32_t h = (uint32_t)s * 2654435761u ^ (uint32_t)i * 40503u ^ (uint32_t)salt * 2246822519u;
+    return (uint8_t)(h ^ h >> 11 ^ h >> 19);
+}
+
+/* A buffer of n bytes at an odd address, between two sentinel bytes: returns the base, and
+ * the n usable bytes start at base + 1. */
+static uint8_t *alloc_guarded(size_t n) {
+    uint8_t *base = malloc(n + 2);
+    memset(base, BYTE_SENTINEL, n + 2);
+    return base;
+}
+
+static void fill_bytes(uint8_t *p, size_t n, int s, int salt) {
+    for (size_t i = 0; i < n; i++) p[i] = bval(s, i, salt);
+}
+
+/* p[0..n) must be rank s's message with salt, and the guard bytes around it untouched. */
+static int check_bytes(mt_rank *r, const char *what, const uint8_t *p, size_t n, int s, int salt) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != bval(s, i, salt)) {
+            mt_failf(r, __FILE__, __LINE__, "%s: %zu bytes from rank %d: [%zu] = %d, want %d", what,
+                     n, s, i, p[i], bval(s, i, salt));
+            return 0;
+        }
+    if (p[-1] != BYTE_SENTINEL || p[n] != BYTE_SENTINEL) {
+        mt_failf(r, __FILE__, __LINE__, "%s: %zu bytes from rank %d: wrote outside the buffer",
+                 what, n, s);
+        return 0;
+    }
+    return 1;
+}
+
+static int all_sentinel(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != BYTE_SENTINEL) return 0;
+    return 1;
+}
+
+static void body_bytes_broadcast(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "bbcast");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    for (int root = 0; root < n; root++)
+        for (size_t k = 0; k < N_BYTE_LENS; k++) {
+            size_t len = byte_lens[k];
+            int salt = root * 7 + (int)k;
+            uint8_t *base = alloc_guarded(len), *p = base + 1;
+            if (me == root) fill_bytes(p, len, root, salt);
+            ms_error err;
+            if (MT_OK(r, ms_broadcast_bytes(c, len ? p : NULL, len, root, &err), &err))
+                check_bytes(r, "broadcast_bytes", p, len, root, salt);
+            free(base);
+        }
+    group_done(r, c);
+}
+
+static void test_bytes_broadcast(void **state) {
+    (void)state;
+    RUN_SIZES(body_bytes_broadcast, 1, 2, 3, 4);
+}
+
+/* Every rank sends byte_lens[k] bytes to the next and receives from the previous. */
+static void bytes_ring(mt_rank *r, ms_comm *c) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    ms_error err;
+    if (n == 1) { /* nobody to talk to: an empty batch */
+        MT_OK(r, ms_p2p_bytes(c, NULL, 0, &err), &err);
+        return;
+    }
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    for (size_t k = 0; k < N_BYTE_LENS; k++) {
+        size_t len = byte_lens[k];
+        uint8_t *out = alloc_guarded(len), *in = alloc_guarded(len);
+        fill_bytes(out + 1, len, me, 100 + (int)k);
+        ms_p2p_op ops[2] = {{MS_P2P_RECV, prev, in + 1, len, 4},
+                            {MS_P2P_SEND, next, out + 1, len, 4}};
+        if (MT_OK(r, ms_p2p_bytes(c, ops, 2, &err), &err))
+            check_bytes(r, "bytes ring", in + 1, len, prev, 100 + (int)k);
+        free(out);
+        free(in);
+    }
+}
+
+/* Bytes from s to d in the all-pairs batch. */
+static size_t pair_len(int s, int d) {
+    return byte_lens[(size_t)(s * 3 + d) % N_BYTE_LENS];
+}
+
+/* Every rank sends to and receives from every other in one batch, receives first and in
+ * descending peer order, with lengths that differ per pair (some zero). */
+static void bytes_all_pairs(mt_rank *r, ms_comm *c) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    if (n < 2) return;
+    ms_p2p_op *ops = malloc(sizeof *ops * 2 * (size_t)n);
+    uint8_t **bases = malloc(sizeof *bases * 2 * (size_t)n);
+    int nops = 0;
+    for (int p = n - 1; p >= 0; p--) {
+        if (p == me) continue;
+        bases[nops] = alloc_guarded(pair_len(p, me));
+        ops[nops] = (ms_p2p_op){MS_P2P_RECV, p, bases[nops] + 1, pair_len(p, me), p};
+        nops++;
+    }
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        bases[nops] = alloc_guarded(pair_len(me, p));
+        fill_bytes(bases[nops] + 1, pair_len(me, p), me, 200 + p);
+        ops[nops] = (ms_p2p_op){MS_P2P_SEND, p, bases[nops] + 1, pair_len(me, p), me};
+        nops++;
+    }
+    ms_error err;
+    if (MT_OK(r, ms_p2p_bytes(c, ops, nops, &err), &err))
+        for (int i = 0; i < nops; i++)
+            if (ops[i].kind == MS_P2P_RECV)
+                check_bytes(r, "bytes all pairs", ops[i].buf, ops[i].count, ops[i].peer, 200 + me);
+    for (int i = 0; i < nops; i++) free(bases[i]);
+    free(bases);
+    free(ops);
+}
+
+/* Single sends and receives between ranks 0 and 1: 4097 bytes, an empty message with no
+ * buffer, and a 3-byte reply. */
+static void bytes_single(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    if (me > 1 || ms_comm_size(c) < 2) return;
+    uint8_t *big = alloc_guarded(4097), *small = alloc_guarded(3);
+    ms_error err;
+    if (me == 0) {
+        fill_bytes(big + 1, 4097, 0, 300);
+        MT_OK(r, ms_send_bytes(c, big + 1, 4097, 1, 3, &err), &err);
+        MT_OK(r, ms_send_bytes(c, NULL, 0, 1, 4, &err), &err);
+        if (MT_OK(r, ms_recv_bytes(c, small + 1, 3, 1, 5, &err), &err))
+            check_bytes(r, "reply", small + 1, 3, 1, 301);
+    } else {
+        if (MT_OK(r, ms_recv_bytes(c, big + 1, 4097, 0, 3, &err), &err))
+            check_bytes(r, "recv_bytes", big + 1, 4097, 0, 300);
+        MT_OK(r, ms_recv_bytes(c, NULL, 0, 0, 4, &err), &err);
+        fill_bytes(small + 1, 3, 1, 301);
+        MT_OK(r, ms_send_bytes(c, small + 1, 3, 0, 5, &err), &err);
+    }
+    free(big);
+    free(small);
+}
+
+/* The threads backend sees both sides: floats sent to a byte receive are refused, naming
+ * both units. */
+static void bytes_mixed(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    if (mt_backend() != MS_BACKEND_THREADS || me > 1 || ms_comm_size(c) < 2) return;
+    float f[4] = {1, 2, 3, 4};
+    uint8_t b[16];
+    ms_error err;
+    if (me == 0) {
+        MT_OK(r, ms_send(c, f, 4, 1, 6, &err), &err);
+    } else {
+        ms_status st = ms_recv_bytes(c, b, sizeof b, 0, 6, &err);
+        MT_CHECK(r, st == MS_ERR_INVALID && strstr(err.msg, "floats") && strstr(err.msg, "bytes"),
+                 "floats into a byte receive gave %s (%s)", ms_status_str(st), err.msg);
+    }
+}
+
+static void body_bytes_p2p(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "bp2p");
+    if (!c) return;
+    bytes_ring(r, c);
+    bytes_all_pairs(r, c);
+    bytes_single(r, c);
+    bytes_mixed(r, c);
+    collective_after_p2p(r, c);
+    group_done(r, c);
+}
+
+static void test_bytes_p2p(void **state) {
+    (void)state;
+    RUN_SIZES(body_bytes_p2p, 1, 2, 3, 4);
+}
+
+/* --- variable-length messages ---------------------------------------------------------------- */
+
+#define MSG_CAP 4097
+
+static void body_bcast_msg(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "msg");
+    if (!c) return;
+    int me = ms_comm_rank(c);
+    ms_error err;
+    uint8_t *base = alloc_guarded(5000), *p = base + 1;
+    static const size_t lens[] = {0, 1, 3, MSG_CAP};
+    for (int root = 0; root < n; root++)
+        for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+            int salt = 400 + root * 5 + (int)k;
+            memset(base, BYTE_SENTINEL, 5002);
+            size_t len = me == root ? lens[k] : 12345;
+            if (me == root) fill_bytes(p, lens[k], root, salt);
+            if (!MT_OK(r, ms_comm_bcast_msg(c, root, p, &len, MSG_CAP, &err), &err)) continue;
+            MT_CHECK(r, len == lens[k], "message from %d: length %zu, want %zu", root, len,
+                     lens[k]);
+            check_bytes(r, "message", p, lens[k], root, salt);
+            MT_CHECK(r, all_sentinel(p + lens[k], 5000 - lens[k]), "message wrote past its length");
+        }
+
+    /* Longer than root's cap: every member refuses, nothing moves, nothing is truncated. */
+    int root = n - 1;
+    memset(base, BYTE_SENTINEL, 5002);
+    size_t len = me == root ? 5000 : 12345;
+    if (me == root) fill_bytes(p, 5000, root, 1);
+    ms_status st = ms_comm_bcast_msg(c, root, p, &len, MSG_CAP, &err);
+    MT_CHECK(r, st == MS_ERR_INVALID && strstr(err.msg, "5000") && strstr(err.msg, "4097"),
+             "oversized message gave %s (%s)", ms_status_str(st), st ? err.msg : "");
+    if (me != root)
+        MT_CHECK(r, len == 0 && all_sentinel(base, 5002),
+                 "a refused message changed the receiver's length (%zu) or buffer", len);
+
+    /* Members with different caps: the one whose cap is too small refuses alone and keeps
+     * its buffer; the others get the message; everybody stays in step. */
+    if (n > 1) {
+        memset(base, BYTE_SENTINEL, 5002);
+        len = me == 0 ? 100 : 0;
+        if (me == 0) fill_bytes(p, 100, 0, 2);
+        size_t cap = me == n - 1 ? 10 : MSG_CAP;
+        st = ms_comm_bcast_msg(c, 0, p, &len, cap, &err);
+        if (me == n - 1)
+            MT_CHECK(r,
+                     st == MS_ERR_INVALID && len == 0 && all_sentinel(base, 5002) &&
+                         strstr(err.msg, "100") && strstr(err.msg, "cap of 10"),
+                     "a message over this member's cap gave %s, length %zu (%s)", ms_status_str(st),
+                     len, st ? err.msg : "");
+        else if (MT_OK(r, st, &err))
+            MT_CHECK(r, len == 100 && check_bytes(r, "message", p, 100, 0, 2),
+                     "message of 100 bytes: length %zu", len);
+    }
+
+    /* The communicator is still usable and in step. */
+    memset(base, BYTE_SENTINEL, 5002);
+    len = me == 0 ? 3 : 0;
+    if (me == 0) fill_bytes(p, 3, 0, 3);
+    if (MT_OK(r, ms_comm_bcast_msg(c, 0, p, &len, MSG_CAP, &err), &err))
+        MT_CHECK(r, len == 3 && check_bytes(r, "message after refusals", p, 3, 0, 3),
+                 "message after refusals: length %zu", len);
+    free(base);
+    group_done(r, c);
+}
+
+static void test_bcast_msg(void **state) {
+    (void)state;
+    RUN_SIZES(body_bcast_msg, 1, 2, 3, 4);
+}
+
+/* Observer events of byte calls carry the element type and exactly the bytes moved. */
+static void body_bytes_observer(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "bobs");
+    if (!c) return;
+    int me = ms_comm_rank(c), next = (me + 1) % n, prev = (me + n - 1) % n;
+    event_log log = {0};
+    ms_comm_set_observer(c, record, &log);
+    int64_t seq0 = ms_comm_seq(c);
+    uint8_t big[4097] = {0}, a[3] = {1, 2, 3}, b[3], msg[1001] = {0};
+    float f[7] = {0};
+    size_t len = me == 0 ? sizeof msg : 0;
+    ms_error err;
+    MT_OK(r, ms_broadcast_bytes(c, big, sizeof big, 1, &err), &err);
+    ms_p2p_op ops[2] = {{MS_P2P_SEND, next, a, 3, 0}, {MS_P2P_RECV, prev, b, 3, 0}};
+    MT_OK(r, ms_p2p_bytes(c, ops, 2, &err), &err);
+    MT_OK(r, ms_comm_bcast_msg(c, 0, msg, &len, sizeof msg, &err), &err);
+    MT_OK(r, ms_broadcast(c, f, 7, 0, &err), &err);
+    ms_comm_set_observer(c, NULL, NULL);
+
+    static const ms_coll_kind kinds[] = {MS_COLL_BROADCAST, MS_COLL_P2P, MS_COLL_BROADCAST,
+                                         MS_COLL_BROADCAST, MS_COLL_BROADCAST};
+    static const ms_comm_dtype types[] = {MS_COMM_BYTES, MS_COMM_BYTES, MS_COMM_BYTES,
+                                          MS_COMM_BYTES, MS_COMM_F32};
+    /* 4097 broadcast, 3 sent, the message's 16-byte header and 1001-byte payload, 7 floats */
+    static const size_t bytes[] = {4097, 3, 16, 1001, 28};
+    enum { N_EV = 5 };
+    MT_CHECK(r, log.n == N_EV, "observer saw %d events, want %d", log.n, N_EV);
+    for (int i = 0; i < log.n && i < N_EV; i++) {
+        const ms_comm_event *e = &log.ev[i];
+        MT_CHECK(r, e->kind == kinds[i] && e->dtype == types[i] && e->bytes == bytes[i],
+                 "event %d: %s of %zu %s bytes, want %s of %zu %s bytes", i, ms_coll_name(e->kind),
+                 e->bytes, ms_comm_dtype_name(e->dtype), ms_coll_name(kinds[i]), bytes[i],
+                 ms_comm_dtype_name(types[i]));
+        MT_CHECK(r, e->seq == seq0 + 1 + i && e->status == MS_OK, "event %d: seq %lld, %s", i,
+                 (long long)e->seq, ms_status_str(e->status));
+    }
+    if (log.n == N_EV) {
+        const ms_comm_event *e = &log.ev[1];
+        size_t sent = 0;
+        for (int i = 0; i < e->n_p2p; i++)
+            if (e->p2p[i].kind == MS_P2P_SEND)
+                sent += e->p2p[i].count * ms_comm_dtype_size(e->dtype);
+        MT_CHECK(r, e->n_p2p == 2 && sent == e->bytes, "p2p event: %d ops, %zu bytes sent",
+                 e->n_p2p, sent);
+        MT_CHECK(r, log.ev[0].root == 1 && log.ev[2].root == 0, "broadcast roots %d, %d",
+                 log.ev[0].root, log.ev[2].root);
+    }
+    group_done(r, c);
+}
+
+static void test_bytes_observer(void **state) {
+    (void)state;
+    RUN_SIZES(body_bytes_observer, 3);
+}
+
+/* A byte broadcast that rank 2 never joins times out naming rank 2 (and only it); rank 2's
+ * late call fails fast. (The byte send nobody receives is in body_p2p_timeout.) */
+static void body_bytes_timeout(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_comm *c = fresh_group(r, 3, "btmo");
+    ms_error err;
+    /* Buffers outlive every call on c: a backend may still hold on to them after a failure. */
+    static uint8_t bufs[3][4097];
+    uint8_t *buf = bufs[ms_comm_rank(r->ctx->world) % 3];
+    int me = c ? ms_comm_rank(c) : -1;
+    if (c && me < 2) {
+        int64_t t0 = ms_now_ns();
+        ms_status st = ms_broadcast_bytes(c, buf, 4097, 0, &err);
+        int64_t dt = ms_now_ns() - t0;
+        MT_CHECK(r, st == MS_ERR_TIMEOUT, "byte broadcast without rank 2 gave %s, want timeout",
+                 ms_status_str(st));
+        MT_CHECK(r, dt < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "timed out late, after %lld ms",
+                 (long long)(dt / 1000000));
+        if (st == MS_ERR_TIMEOUT)
+            MT_CHECK(r,
+                     strstr(err.msg, "broadcast") && strstr(err.msg, "btmo") &&
+                         strstr(err.msg, "2 (world 2)") && !strstr(err.msg, "0 (world 0)") &&
+                         !strstr(err.msg, "1 (world 1)"),
+                     "timeout message does not name exactly the missing rank: %s", err.msg);
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    if (c && me == 2) {
+        int64_t t0 = ms_now_ns();
+        ms_status st = ms_broadcast_bytes(c, buf, 4097, 0, &err);
+        if (mt_backend() == MS_BACKEND_THREADS)
+            MT_CHECK(r, st == MS_ERR_COMM, "late byte broadcast gave %s, want comm error",
+                     ms_status_str(st));
+        MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS,
+                 "late byte broadcast took too long");
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    ms_comm_destroy(c);
+}
+
+static void test_bytes_timeout(void **state) {
+    (void)state;
+    RUN_SIZES(body_bytes_timeout, 3);
+}
+
 /* --- stress: many small calls on oversubscribed ranks ------------------------------------------
  */
 
@@ -943,6 +1318,11 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_p2p_timeout),
     cmocka_unit_test(test_large),
     cmocka_unit_test(test_stress),
+    cmocka_unit_test(test_bytes_broadcast),
+    cmocka_unit_test(test_bytes_p2p),
+    cmocka_unit_test(test_bcast_msg),
+    cmocka_unit_test(test_bytes_observer),
+    cmocka_unit_test(test_bytes_timeout),
 };
 
 MT_MAIN("comm", tests)

@@ -1,14 +1,17 @@
 /* test_recorder.c - the per-rank event ring: order, wrap-around and drop counting, whole
  * (never torn) events for a reader racing the writer, lagging readers told what they missed,
- * and the group table. Functional properties only; the push rate is printed, not asserted.
+ * the group table, and the round trip of events gathered to rank 0 (byte for byte the events
+ * pushed). Functional properties only; the push rate is printed, not asserted.
  */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/testkit.h"
 
+#include "profiler/record/gather.h"
 #include "profiler/record/recorder.h"
 
 #define WORDS (sizeof(ms_event) / sizeof(uint64_t))
@@ -332,6 +335,75 @@ static void test_groups(void **state) {
     ms_recorder_destroy(b);
 }
 
+/* --- gathering to rank 0 --------------------------------------------------------------------- */
+
+#define GATHER_MAX 32
+
+/* Events rank q pushes: uneven, and none at all on rank 1. */
+static int gather_count(int q) {
+    return q == 1 ? 0 : 3 + 5 * q;
+}
+
+/* Rank q's k-th event as it must arrive: as made, stamped with q and its step. */
+static ms_event gathered_want(int q, int k) {
+    ms_event e = make_event((uint64_t)q * 1000 + (uint64_t)k);
+    e.rank = q;
+    e.step = 10 + q;
+    return e;
+}
+
+static void gather_body(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_comm *w = r->ctx->world;
+    const int me = ms_comm_rank(w), n = ms_comm_size(w);
+    ms_error err = {0};
+    ms_recorder *rec = NULL;
+    if (!MT_OK(r, ms_recorder_create(me, 64, &rec, &err), &err)) return;
+    ms_recorder_set_step(rec, 10 + me);
+    for (int k = 0; k < gather_count(me); k++) {
+        ms_event e = make_event((uint64_t)me * 1000 + (uint64_t)k);
+        ms_recorder_push(rec, &e);
+    }
+    ms_event *out = calloc((size_t)n * GATHER_MAX, sizeof *out);
+    uint64_t cursor = 0;
+    size_t got = 0;
+    if (MT_OK(r, ms_gather_events(w, rec, &cursor, GATHER_MAX, out, &got, 0, &err), &err)) {
+        MT_CHECK(r, cursor == (uint64_t)gather_count(me), "rank %d: cursor %llu after the gather",
+                 me, (unsigned long long)cursor);
+        size_t total = 0;
+        for (int q = 0; q < n; q++) total += (size_t)gather_count(q);
+        size_t want_n = me == 0 ? total : (size_t)gather_count(me);
+        MT_CHECK(r, got == want_n, "rank %d: %zu events gathered, want %zu", me, got, want_n);
+        /* Rank 0 holds every rank's events in rank order, each exactly as pushed. */
+        size_t i = 0;
+        for (int q = 0; me == 0 && got == total && q < n; q++)
+            for (int k = 0; k < gather_count(q); k++, i++) {
+                ms_event want = gathered_want(q, k);
+                if (memcmp(&out[i], &want, sizeof want)) {
+                    MT_CHECK(r, 0, "gathered event %zu (rank %d, #%d) differs from the one pushed",
+                             i, q, k);
+                    q = n;
+                    break;
+                }
+            }
+    }
+    /* Nothing new: the next gather moves nothing and keeps the cursor. */
+    if (MT_OK(r, ms_gather_events(w, rec, &cursor, GATHER_MAX, out, &got, 0, &err), &err))
+        MT_CHECK(r, got == 0 && cursor == (uint64_t)gather_count(me),
+                 "rank %d: a second gather moved %zu events", me, got);
+    free(out);
+    ms_recorder_destroy(rec);
+}
+
+static void test_gather_round_trip(void **state) {
+    (void)state;
+    /* 1..4 thread ranks; under mpirun, the whole world. */
+    if (mt_backend() == MS_BACKEND_MPI)
+        mt_run(mt_mpi_world(), gather_body, NULL);
+    else
+        for (int n = 1; n <= 4; n++) mt_run(n, gather_body, NULL);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_create_rejects_bad_capacity),
     cmocka_unit_test(test_order_and_stamps),
@@ -339,6 +411,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_concurrent_reader_sees_whole_ordered_events),
     cmocka_unit_test(test_many_readers),
     cmocka_unit_test(test_groups),
+    cmocka_unit_test(test_gather_round_trip),
 };
 
 MT_MAIN("recorder", tests)

@@ -2,6 +2,7 @@
  * numbers, deadlines, error messages that name the failure, and the observer event. */
 #include "engine/comm/comm_impl.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,19 @@ static const char *const coll_names[MS_COLL_KIND_COUNT] = {
     [MS_COLL_BROADCAST] = "broadcast",   [MS_COLL_P2P] = "send_recv",
     [MS_COLL_BARRIER] = "barrier",       [MS_COLL_SPLIT] = "split",
 };
+
+static const char *const dtype_names[] = {[MS_COMM_F32] = "f32", [MS_COMM_BYTES] = "bytes"};
+static const size_t dtype_sizes[] = {[MS_COMM_F32] = sizeof(float), [MS_COMM_BYTES] = 1};
+static_assert(sizeof dtype_names / sizeof dtype_names[0] == MS_COMM_DTYPE_COUNT, "dtype names");
+static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == MS_COMM_DTYPE_COUNT, "dtype sizes");
+
+const char *ms_comm_dtype_name(ms_comm_dtype dt) {
+    return (unsigned)dt < MS_COMM_DTYPE_COUNT ? dtype_names[dt] : "?";
+}
+
+size_t ms_comm_dtype_size(ms_comm_dtype dt) {
+    return (unsigned)dt < MS_COMM_DTYPE_COUNT ? dtype_sizes[dt] : 0;
+}
 
 const char *ms_reduce_op_name(ms_reduce_op op) {
     return (unsigned)op < MS_REDUCE_COUNT ? reduce_names[op] : "?";
@@ -147,10 +161,13 @@ static void group_str(const ms_comm *c, char *buf, size_t len) {
     snprintf(buf + n, len - n, ")");
 }
 
-/* Starts a call: refuses on a broken communicator, assigns seq and deadline. */
-static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, ms_error *err) {
+/* Starts a call on buffers of type dt: refuses on a broken communicator, assigns seq and
+ * deadline. */
+static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, ms_comm_call *call,
+                               ms_error *err) {
     memset(call, 0, sizeof *call);
     call->kind = kind;
+    call->dtype = dt;
     if (c->broken) {
         char g[200];
         group_str(c, g, sizeof g);
@@ -162,6 +179,11 @@ static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, m
     call->seq = ++c->seq;
     call->deadline_ns = ms_now_ns() + c->timeout_ns;
     return MS_OK;
+}
+
+/* A call on float32 buffers (every collective but broadcast and p2p). */
+static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, ms_error *err) {
+    return call_begin_as(c, kind, MS_COMM_F32, call, err);
 }
 
 /* Finishes a call: decorates a failure with op, group, seq and missing ranks, marks the
@@ -201,6 +223,7 @@ static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t 
             .t_start_ns = t0,
             .t_end_ns = t1,
             .bytes = bytes,
+            .dtype = call->dtype,
             .op = op,
             .root = root,
             .p2p = call->p2p_ops,
@@ -284,17 +307,27 @@ ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts
     return call_end(c, &call, st, t0, sent * sizeof(float), MS_REDUCE_SUM, -1, err);
 }
 
-ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err) {
+static ms_status broadcast_as(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int root,
+                              ms_error *err) {
     if (root < 0 || root >= c->size) return bad(c, MS_COLL_BROADCAST, err, "root out of range");
     if (count && !buf) return bad(c, MS_COLL_BROADCAST, err, "NULL buffer");
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_BROADCAST, &call, err));
+    MS_CHECK(call_begin_as(c, MS_COLL_BROADCAST, dt, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->broadcast(c->ctx, buf, count, root, &call, err);
-    return call_end(c, &call, st, t0, count * sizeof(float), MS_REDUCE_SUM, root, err);
+    return call_end(c, &call, st, t0, count * ms_comm_dtype_size(dt), MS_REDUCE_SUM, root, err);
 }
 
-ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
+ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err) {
+    return broadcast_as(c, MS_COMM_F32, buf, count, root, err);
+}
+
+ms_status ms_broadcast_bytes(ms_comm *c, void *buf, size_t nbytes, int root, ms_error *err) {
+    return broadcast_as(c, MS_COMM_BYTES, buf, nbytes, root, err);
+}
+
+static ms_status p2p_as(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops,
+                        ms_error *err) {
     if (nops < 0 || (nops && !ops)) return bad(c, MS_COLL_P2P, err, "bad op list");
     size_t bytes = 0;
     for (int i = 0; i < nops; i++) {
@@ -303,10 +336,10 @@ ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
         if (ops[i].tag < 0 || ops[i].tag > 32767)
             return bad(c, MS_COLL_P2P, err, "tag outside 0..32767");
         if (ops[i].count && !ops[i].buf) return bad(c, MS_COLL_P2P, err, "NULL buffer");
-        if (ops[i].kind == MS_P2P_SEND) bytes += ops[i].count * sizeof(float);
+        if (ops[i].kind == MS_P2P_SEND) bytes += ops[i].count * ms_comm_dtype_size(dt);
     }
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_P2P, &call, err));
+    MS_CHECK(call_begin_as(c, MS_COLL_P2P, dt, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->p2p(c->ctx, ops, nops, &call, err);
     call.p2p_ops = ops;
@@ -314,14 +347,82 @@ ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
 
+/* A batch of one operation. */
+static ms_status p2p_one(ms_comm *c, ms_comm_dtype dt, ms_p2p_kind kind, void *buf, size_t count,
+                         int peer, int tag, ms_error *err) {
+    ms_p2p_op op = {kind, peer, buf, count, tag};
+    return p2p_as(c, dt, &op, 1, err);
+}
+
+ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
+    return p2p_as(c, MS_COMM_F32, ops, nops, err);
+}
+
 ms_status ms_send(ms_comm *c, const float *buf, size_t count, int peer, int tag, ms_error *err) {
-    ms_p2p_op op = {MS_P2P_SEND, peer, (void *)buf, count, tag};
-    return ms_p2p(c, &op, 1, err);
+    return p2p_one(c, MS_COMM_F32, MS_P2P_SEND, (void *)buf, count, peer, tag, err);
 }
 
 ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_error *err) {
-    ms_p2p_op op = {MS_P2P_RECV, peer, buf, count, tag};
-    return ms_p2p(c, &op, 1, err);
+    return p2p_one(c, MS_COMM_F32, MS_P2P_RECV, buf, count, peer, tag, err);
+}
+
+ms_status ms_p2p_bytes(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
+    return p2p_as(c, MS_COMM_BYTES, ops, nops, err);
+}
+
+ms_status ms_send_bytes(ms_comm *c, const void *buf, size_t nbytes, int peer, int tag,
+                        ms_error *err) {
+    return p2p_one(c, MS_COMM_BYTES, MS_P2P_SEND, (void *)buf, nbytes, peer, tag, err);
+}
+
+ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag, ms_error *err) {
+    return p2p_one(c, MS_COMM_BYTES, MS_P2P_RECV, buf, nbytes, peer, tag, err);
+}
+
+/* The length header of ms_comm_bcast_msg: the message's length and root's cap, so that every
+ * member refuses an oversized message alike, before any payload moves. */
+typedef struct msg_header {
+    uint64_t len, root_cap;
+} msg_header;
+
+ms_status ms_comm_bcast_msg(ms_comm *c, int root, void *buf, size_t *len, size_t cap,
+                            ms_error *err) {
+    if (!len) return bad(c, MS_COLL_BROADCAST, err, "message: NULL length");
+    if (root < 0 || root >= c->size)
+        return bad(c, MS_COLL_BROADCAST, err, "message: root out of range");
+    const bool is_root = c->rank == root;
+    if (is_root ? *len && !buf : cap && !buf)
+        return bad(c, MS_COLL_BROADCAST, err, "message: NULL buffer");
+    msg_header h = {0, 0};
+    if (is_root)
+        h = (msg_header){*len, cap};
+    else
+        *len = 0;
+    MS_CHECK(ms_broadcast_bytes(c, &h, sizeof h, root, err));
+    if (h.len > h.root_cap)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "message broadcast on communicator '%s': rank %d's message of %llu bytes "
+                       "exceeds its cap of %llu bytes; refused, nothing was sent",
+                       c->name, root, (unsigned long long)h.len, (unsigned long long)h.root_cap);
+    if (!h.len) return MS_OK;
+    /* A member with a smaller cap still takes part, so that nobody is left waiting for it,
+     * but receives into scratch and discards it rather than truncate. */
+    const bool fits = is_root || h.len <= cap;
+    void *dst = fits ? buf : xmalloc((size_t)h.len);
+    ms_status st = ms_broadcast_bytes(c, dst, (size_t)h.len, root, err);
+    if (!fits) {
+        free(dst);
+        if (st == MS_OK)
+            st = ms_fail(err, MS_ERR_INVALID,
+                         "message broadcast on communicator '%s': the message of %llu bytes from "
+                         "rank %d exceeds this rank's (%d) cap of %zu bytes (rank %d's cap is "
+                         "%llu); discarded, not truncated; every member must pass the same cap",
+                         c->name, (unsigned long long)h.len, root, c->rank, cap, root,
+                         (unsigned long long)h.root_cap);
+    } else if (st == MS_OK && !is_root) {
+        *len = (size_t)h.len;
+    }
+    return st;
 }
 
 ms_status ms_barrier(ms_comm *c, ms_error *err) {

@@ -7,10 +7,12 @@
  * the ranks that did not arrive, and reports every call to an observer (the profiler) with
  * its bytes and peers. A new backend gets all of that for free.
  *
- * All calls are collective over the communicator unless noted, take float32 data, and
- * must be called by every member in the same order. A call never hangs: it returns
- * MS_ERR_TIMEOUT after the communicator's timeout. After a timeout the communicator is
- * broken and every later call fails fast with MS_ERR_COMM.
+ * All calls are collective over the communicator unless noted, take float32 data (the
+ * reductions, all_gather, all_to_all) or float32 or raw bytes (broadcast and point-to-point,
+ * each in two flavours: ms_broadcast / ms_broadcast_bytes, ms_p2p / ms_p2p_bytes), and must
+ * be called by every member in the same order, with the same element type. A call never
+ * hangs: it returns MS_ERR_TIMEOUT after the communicator's timeout. After a timeout the
+ * communicator is broken and every later call fails fast with MS_ERR_COMM.
  *
  * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only. They are
  * host memory on the threads and MPI backends and CUDA device memory on the NCCL backend.
@@ -53,16 +55,28 @@ const char *ms_coll_name(ms_coll_kind kind); /* "all_reduce", ... */
 /* nccl-tests bus-bandwidth factor for n ranks (docs/formats.md section 1). */
 double ms_coll_busbw_factor(ms_coll_kind kind, int n);
 
+/* What a call's buffers hold; counts are in elements of this type. Bytes are copied
+ * exactly and never interpreted: a struct sent as bytes arrives with the sender's layout
+ * and byte order (every rank runs the same build on the same kind of machine). */
+typedef enum ms_comm_dtype {
+    MS_COMM_F32,   /* float32 */
+    MS_COMM_BYTES, /* uint8: messages, packed records */
+    MS_COMM_DTYPE_COUNT
+} ms_comm_dtype;
+
+const char *ms_comm_dtype_name(ms_comm_dtype dt); /* "f32", "bytes" */
+size_t ms_comm_dtype_size(ms_comm_dtype dt);      /* 4, 1 */
+
 typedef struct ms_comm ms_comm;
 
 /* One point-to-point operation of a batch. */
 typedef enum ms_p2p_kind { MS_P2P_SEND, MS_P2P_RECV } ms_p2p_kind;
 typedef struct ms_p2p_op {
     ms_p2p_kind kind;
-    int peer;  /* rank within the communicator */
-    void *buf; /* float data: read for SEND, written for RECV */
-    size_t count;
-    int tag; /* 0..32767; a SEND matches the RECV with the same (peer, tag) */
+    int peer;     /* rank within the communicator */
+    void *buf;    /* read for SEND, written for RECV */
+    size_t count; /* elements: floats for ms_p2p, bytes for ms_p2p_bytes */
+    int tag;      /* 0..32767; a SEND matches the RECV with the same (peer, tag) */
 } ms_p2p_op;
 
 /* What the observer receives after every call, successful or not. */
@@ -72,10 +86,11 @@ typedef struct ms_comm_event {
     int64_t seq;        /* per-communicator call number, from 1 */
     int64_t t_start_ns; /* monotonic clock */
     int64_t t_end_ns;
-    size_t bytes;     /* nccl-tests convention: see ms_comm_event_bytes in comm.c */
-    ms_reduce_op op;  /* for reductions */
-    int root;         /* broadcast root, or -1 */
-    const char *algo; /* the backend's algorithm name, e.g. "shm-direct", "mpi" */
+    size_t bytes;        /* nccl-tests convention: see ms_comm_event_bytes in comm.c */
+    ms_comm_dtype dtype; /* element type: p2p[i].count * ms_comm_dtype_size(dtype) bytes */
+    ms_reduce_op op;     /* for reductions */
+    int root;            /* broadcast root, or -1 */
+    const char *algo;    /* the backend's algorithm name, e.g. "shm-direct", "mpi" */
     ms_status status;
     const ms_p2p_op *p2p; /* MS_COLL_P2P: the batch (peers and counts), else NULL */
     int n_p2p;
@@ -121,13 +136,36 @@ ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts
                         const size_t *recv_displs, ms_error *err);
 
 ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err);
+/* The same with nbytes raw bytes (any length, including 0 and odd ones). */
+ms_status ms_broadcast_bytes(ms_comm *c, void *buf, size_t nbytes, int root, ms_error *err);
 
 /* A batch of point-to-point operations that complete together (like an NCCL group): any
  * pattern of sends and receives among members is deadlock-free within one batch. Only
- * the members named as peers need to take part; it is not collective over the group. */
+ * the members named as peers need to take part; it is not collective over the group.
+ * A receive must name the count its matching send sends. */
 ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
 ms_status ms_send(ms_comm *c, const float *buf, size_t count, int peer, int tag, ms_error *err);
 ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_error *err);
+/* The same with raw bytes: every op's count is in bytes. A byte send matches only a byte
+ * receive (the threads backend refuses a mix; MPI and NCCL cannot tell). */
+ms_status ms_p2p_bytes(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
+ms_status ms_send_bytes(ms_comm *c, const void *buf, size_t nbytes, int peer, int tag,
+                        ms_error *err);
+ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag, ms_error *err);
+
+/* A variable-length message from root to every member: two byte broadcasts, its length
+ * first (a 16-byte header: the length and root's cap, uint64 each), then the payload.
+ * Collective; host memory only (not for NCCL communicators).
+ *   root:   sends buf[0..*len); *len is not changed.
+ *   others: receive it into buf[0..cap) and set *len to its length.
+ * A message longer than cap is refused, never truncated: when root's *len exceeds root's
+ * cap, every member returns MS_ERR_INVALID and no payload moves; when it fits root's cap but
+ * not a member's (members passed different caps), that member still takes part, discards
+ * the payload, leaves buf untouched and returns MS_ERR_INVALID, while the others succeed, so
+ * the communicator stays in step. On any failure *len is 0 on non-root members. Zero-length
+ * messages are fine (buf may then be NULL). */
+ms_status ms_comm_bcast_msg(ms_comm *c, int root, void *buf, size_t *len, size_t cap,
+                            ms_error *err);
 
 ms_status ms_barrier(ms_comm *c, ms_error *err);
 

@@ -5,6 +5,10 @@
  * when a slot is called; a slot only moves data. On timeout a slot returns MS_ERR_TIMEOUT
  * and lists the members that had not arrived in call->missing; the shared layer formats
  * the error. Slots may assume count/counts fit the buffers.
+ *
+ * Element types: broadcast and p2p move call->dtype (float32 or raw bytes; counts are in
+ * elements of that type, so a slot multiplies by ms_comm_dtype_size where it needs bytes).
+ * The reductions, all_gather and all_to_all are float32 only.
  */
 #ifndef MS_COMM_IMPL_H
 #define MS_COMM_IMPL_H
@@ -16,6 +20,7 @@
 /* Per-call information handed to a backend slot. */
 typedef struct ms_comm_call {
     ms_coll_kind kind;
+    ms_comm_dtype dtype; /* element type of the buffers (and of p2p counts) */
     int64_t seq;         /* sequence number of this call on this communicator */
     int64_t deadline_ns; /* absolute, ms_now_ns() clock */
     /* Filled by the backend on MS_ERR_TIMEOUT: members (communicator ranks) missing. */
@@ -38,7 +43,7 @@ typedef struct ms_comm_backend_ops {
     ms_status (*all_to_all)(void *ctx, const float *send, const size_t *send_counts,
                             const size_t *send_displs, float *recv, const size_t *recv_counts,
                             const size_t *recv_displs, ms_comm_call *call, ms_error *err);
-    ms_status (*broadcast)(void *ctx, float *buf, size_t count, int root, ms_comm_call *call,
+    ms_status (*broadcast)(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
                            ms_error *err);
     ms_status (*p2p)(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call, ms_error *err);
     ms_status (*barrier)(void *ctx, ms_comm_call *call, ms_error *err);

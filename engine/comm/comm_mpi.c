@@ -6,14 +6,14 @@
  * Entering a collective (coll_enter): each communicator owns a second, duplicated
  * "control" communicator. Every member posts a receive for an arrival notice from each
  * peer, sends its own notice (tag = collective number mod 32768, payload = the collective's
- * kind), and waits for all notices before posting any data operation. So:
+ * kind and element type), and waits for all notices before posting any data operation. So:
  *   - on timeout, the peers whose notice has not arrived are the missing ranks;
  *   - a rank that timed out never posted the data operation, and a collective cannot
  *     complete until every member posted it, so no abandoned operation can later write
  *     into the caller's buffers; the timed-out rank also sends a "withdrawn" notice so that
  *     a late peer fails at once instead of waiting out its own timeout;
- *   - a notice of another kind means the ranks called collectives in different orders,
- *     which is reported as such before any data moves.
+ *   - a notice of another kind means the ranks called collectives in different orders (or
+ *     one with float32 and one with bytes), which is reported as such before any data moves.
  * The price is one small message round per collective (it is a barrier), which is also why
  * ms_barrier needs nothing else.
  *
@@ -76,7 +76,7 @@ typedef struct mpi_ctx {
     uint32_t coll_seq;     /* collectives entered; p2p batches are not counted, see mpi_p2p */
     int tag;               /* notice tag of the current collective: coll_seq mod 32768 */
     bool poisoned;         /* an operation was abandoned: never free what MPI may touch */
-    int note_out;          /* payload of our notices: the collective's kind */
+    int note_out;          /* payload of our notices: note_of(kind, dtype) */
     int *note_in;          /* [size] payload received from each peer */
     MPI_Request *note_req; /* [2*size]: receive from peer p at p, send to p at size+p */
     int *ibuf;             /* [4*size] int counts and displacements handed to MPI */
@@ -105,6 +105,15 @@ static ms_status too_big(ms_error *err, const char *what) {
     return ms_fail(err, MS_ERR_INVALID,
                    "%s exceeds the MPI limit of %d elements per count or displacement", what,
                    INT_MAX);
+}
+
+static MPI_Datatype mpi_type(ms_comm_dtype dt) {
+    return dt == MS_COMM_BYTES ? MPI_BYTE : MPI_FLOAT;
+}
+
+/* The payload of an arrival notice: what the rank entered, kind and element type. */
+static int note_of(ms_coll_kind kind, ms_comm_dtype dt) {
+    return (int)kind * MS_COMM_DTYPE_COUNT + (int)dt;
 }
 
 static MPI_Op mpi_op(ms_reduce_op op) {
@@ -167,11 +176,13 @@ static ms_status check_notes(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
         if (p == m->rank) continue;
         if (m->note_in[p] != m->note_out) {
             m->poisoned = true;
+            int in = m->note_in[p];
             return ms_fail(err, MS_ERR_COMM,
                            "ranks called collectives in different orders: rank %d entered %s "
-                           "while this rank (%d) entered %s",
-                           p, ms_coll_name((ms_coll_kind)m->note_in[p]), m->rank,
-                           ms_coll_name(call->kind));
+                           "(%s) while this rank (%d) entered %s (%s)",
+                           p, ms_coll_name((ms_coll_kind)(in / MS_COMM_DTYPE_COUNT)),
+                           ms_comm_dtype_name((ms_comm_dtype)(in % MS_COMM_DTYPE_COUNT)), m->rank,
+                           ms_coll_name(call->kind), ms_comm_dtype_name(call->dtype));
         }
     }
     /* A withdrawal follows a notice with the same tag, and messages between two ranks do
@@ -199,7 +210,7 @@ static ms_status coll_enter(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
     call->algo = "mpi";
     m->coll_seq++;
     m->tag = (int)(m->coll_seq & 0x7fff);
-    m->note_out = (int)call->kind;
+    m->note_out = note_of(call->kind, call->dtype);
     for (int p = 0; p < m->size; p++) {
         if (p == m->rank) continue;
         m->note_in[p] = -1;
@@ -306,7 +317,7 @@ static void mpi_destroy(void *ctx) {
 
 /* --- slots ----------------------------------------------------------------------------------- */
 
-/* MPI counts are int: larger single-count operations run in chunks of this many floats. */
+/* MPI counts are int: larger single-count operations run in chunks of this many elements. */
 #define CHUNK ((size_t)1 << 30)
 
 static ms_status mpi_all_reduce(void *ctx, const float *send, float *recv, size_t count,
@@ -387,14 +398,16 @@ static ms_status mpi_all_to_all(void *ctx, const float *send, const size_t *send
     return wait_data(m, &req, 1, call, err);
 }
 
-static ms_status mpi_broadcast(void *ctx, float *buf, size_t count, int root, ms_comm_call *call,
+static ms_status mpi_broadcast(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
                                ms_error *err) {
     mpi_ctx *m = ctx;
+    const size_t elem = ms_comm_dtype_size(call->dtype);
     MS_CHECK(coll_enter(m, call, err));
     for (size_t off = 0; off < count; off += CHUNK) {
         size_t n = count - off < CHUNK ? count - off : CHUNK;
         MPI_Request req;
-        int rc = MPI_Ibcast(buf + off, (int)n, MPI_FLOAT, root, m->comm, &req);
+        int rc = MPI_Ibcast((char *)buf + off * elem, (int)n, mpi_type(call->dtype), root, m->comm,
+                            &req);
         if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ibcast");
         MS_CHECK(wait_data(m, &req, 1, call, err));
     }
@@ -422,15 +435,15 @@ static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call
         m->p2p_req = xmalloc((size_t)m->p2p_cap * sizeof *m->p2p_req);
     }
     MPI_Request *req = m->p2p_req;
+    const MPI_Datatype type = mpi_type(call->dtype);
     for (int i = 0; i < nops; i++) {
         const ms_p2p_op *o = &ops[i];
         /* Synchronous sends: a send completes only once the receiver matched it, as on the
          * threads backend and in NCCL, so an absent receiver is a timeout naming it rather
          * than a send that "succeeded" into MPI's eager buffers. */
-        int rc =
-            o->kind == MS_P2P_SEND
-                ? MPI_Issend(o->buf, (int)o->count, MPI_FLOAT, o->peer, o->tag, m->comm, &req[i])
-                : MPI_Irecv(o->buf, (int)o->count, MPI_FLOAT, o->peer, o->tag, m->comm, &req[i]);
+        int rc = o->kind == MS_P2P_SEND
+                     ? MPI_Issend(o->buf, (int)o->count, type, o->peer, o->tag, m->comm, &req[i])
+                     : MPI_Irecv(o->buf, (int)o->count, type, o->peer, o->tag, m->comm, &req[i]);
         if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Issend/MPI_Irecv");
     }
     int spins = 0;

@@ -96,6 +96,11 @@ static void backoff(int *spins) {
     nanosleep(&ts, NULL);
 }
 
+/* Broadcast and p2p move float32 or raw bytes (ncclUint8); everything else float32. */
+static ncclDataType_t nccl_type(ms_comm_dtype dt) {
+    return dt == MS_COMM_BYTES ? ncclUint8 : ncclFloat32;
+}
+
 static ncclRedOp_t nccl_op(ms_reduce_op op) {
     switch (op) {
         case MS_REDUCE_AVG:
@@ -419,13 +424,14 @@ static ms_status nccl_all_to_all(void *ctx, const float *send, const size_t *sen
     return wait_done(c, "ncclSend/ncclRecv (all_to_all)", call, err);
 }
 
-static ms_status nccl_broadcast(void *ctx, float *buf, size_t count, int root, ms_comm_call *call,
+static ms_status nccl_broadcast(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
                                 ms_error *err) {
     nccl_ctx *c = ctx;
     MS_CHECK(enter(c, call, err));
     if (!count) return MS_OK;
     MS_CHECK(check_buf(c, buf, "broadcast's buffer", err));
-    ncclResult_t r = ncclBroadcast(buf, buf, count, ncclFloat32, root, c->comm, c->stream);
+    ncclResult_t r =
+        ncclBroadcast(buf, buf, count, nccl_type(call->dtype), root, c->comm, c->stream);
     if (!nccl_ok(r)) return nccl_fail(c, r, "ncclBroadcast", err);
     return wait_done(c, "ncclBroadcast", call, err);
 }
@@ -457,13 +463,14 @@ static ms_status nccl_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_cal
     }
     if (!n) return MS_OK;
     qsort(c->order, (size_t)n, sizeof *c->order, cmp_slot);
+    const ncclDataType_t type = nccl_type(call->dtype);
     ncclResult_t first = ncclSuccess;
     ncclGroupStart();
     for (int k = 0; k < n && nccl_ok(first); k++) {
         const ms_p2p_op *o = &ops[c->order[k].index];
         first = o->kind == MS_P2P_SEND
-                    ? ncclSend(o->buf, o->count, ncclFloat32, o->peer, c->comm, c->stream)
-                    : ncclRecv(o->buf, o->count, ncclFloat32, o->peer, c->comm, c->stream);
+                    ? ncclSend(o->buf, o->count, type, o->peer, c->comm, c->stream)
+                    : ncclRecv(o->buf, o->count, type, o->peer, c->comm, c->stream);
     }
     MS_CHECK(group_end(c, first, "ncclSend/ncclRecv", err));
     ms_status st = wait_done(c, "ncclSend/ncclRecv", call, err);
@@ -679,24 +686,23 @@ ms_status ms_comm_nccl_create(ms_comm *bootstrap, int device, ms_comm **out, ms_
                        remote == MS_ERR_UNSUPPORTED ? "it has no CUDA device"
                                                     : "its CUDA device does not exist");
 
-    /* 2. Rank 0 makes the unique id; the broadcast copies its bytes exactly. */
-    enum { ID_FLOATS = sizeof(ncclUniqueId) / sizeof(float) };
-    _Static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "the id travels as floats");
-    float msg[1 + ID_FLOATS];
-    memset(msg, 0, sizeof msg);
+    /* 2. Rank 0 makes the unique id and broadcasts it as bytes, with a flag saying whether
+     *    it could. */
+    struct {
+        ncclUniqueId id;
+        uint8_t ok;
+    } msg;
+    memset(&msg, 0, sizeof msg);
     ms_error id_err = {0};
     if (me == 0) {
-        ncclUniqueId id;
-        ncclResult_t r = ncclGetUniqueId(&id);
-        if (r == ncclSuccess) {
-            msg[0] = 1.0f;
-            memcpy(msg + 1, &id, sizeof id);
-        } else {
+        ncclResult_t r = ncclGetUniqueId(&msg.id);
+        if (r == ncclSuccess)
+            msg.ok = 1;
+        else
             nccl_fail(NULL, r, "ncclGetUniqueId", &id_err);
-        }
     }
-    MS_CHECK(ms_broadcast(bootstrap, msg, 1 + ID_FLOATS, 0, err));
-    if (msg[0] != 1.0f) {
+    MS_CHECK(ms_broadcast_bytes(bootstrap, &msg, sizeof msg, 0, err));
+    if (!msg.ok) {
         if (me == 0) {
             if (err) *err = id_err;
             return id_err.code;
@@ -706,8 +712,7 @@ ms_status ms_comm_nccl_create(ms_comm *bootstrap, int device, ms_comm **out, ms_
                        "error says why)",
                        bname);
     }
-    ncclUniqueId id;
-    memcpy(&id, msg + 1, sizeof id);
+    const ncclUniqueId id = msg.id;
 
     /* 3. Join, under the bootstrap's timeout, then agree that everybody made it: a rank
      *    that failed reports its rank + 1 (MAX names the last such rank). */

@@ -16,11 +16,11 @@
  * every member passes a barrier or none does, and a late rank fails on arrival without
  * touching any buffer. A poisoned group stays poisoned: every later call on it fails.
  *
- * Point-to-point ("shm-mailbox"): a sender posts each send (pointer, count, tag, sequence
- * number) into its mailbox for the receiver; the receiver claims a matching entry, copies
- * straight from the sender's buffer and frees the entry; the sender returns once all of
- * its entries are free. All sends of a batch are posted before anything waits, which makes
- * every pattern within a batch deadlock-free.
+ * Point-to-point ("shm-mailbox"): a sender posts each send (pointer, count, element type,
+ * tag, sequence number) into its mailbox for the receiver; the receiver claims a matching
+ * entry, copies straight from the sender's buffer and frees the entry; the sender returns
+ * once all of its entries are free. All sends of a batch are posted before anything waits,
+ * which makes every pattern within a batch deadlock-free.
  */
 #include "engine/comm/comm_threads.h"
 
@@ -40,7 +40,7 @@
 #include <unistd.h>
 #endif
 
-/* Copies use `rep movsb` on x86 (see copy_floats), except under sanitizers, which see only
+/* Copies use `rep movsb` on x86 (see copy_bytes), except under sanitizers, which see only
  * what goes through memcpy. */
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
@@ -65,7 +65,7 @@
  * of L2) when the call gathers BIG_BYTES or more: measured faster at 16-64 MiB. */
 #define BIG_SUB_FLOATS 65536
 #define BIG_BYTES      (8u << 20)
-/* Copies from this size on use `rep movsb` (see copy_floats). */
+/* Copies from this size on use `rep movsb` (see copy_bytes). */
 #define REP_MIN_BYTES (64u << 10)
 
 #define SPIN_ITERS   200 /* busy polls before yielding: covers peers running in lockstep */
@@ -85,11 +85,13 @@
 typedef struct slot {
     alignas(LINE) const float *send;
     float *recv;
+    void *buf;            /* broadcast: float32 or bytes */
     const size_t *counts; /* all_gather / reduce_scatter counts, all_to_all send counts */
     const size_t *displs; /* all_to_all send displacements */
     size_t count;         /* all_reduce / broadcast count, all_gather own count */
     size_t total;         /* all_gather / reduce_scatter: sum of counts */
     int op, root, color, key;
+    int dtype;          /* broadcast: ms_comm_dtype */
     struct group *newg; /* split: the new group, set by its leader */
     /* Barriers this rank has entered; read by others to name the missing ranks. */
     _Atomic uint64_t arrived;
@@ -105,8 +107,9 @@ typedef struct bell {
  * the oldest matching entry and claim exactly that posting with one compare-exchange. */
 typedef struct p2p_entry {
     _Atomic uint64_t state;
-    const float *buf;
-    size_t count;
+    const void *buf;
+    size_t count; /* elements of dtype */
+    int dtype;    /* ms_comm_dtype */
 } p2p_entry;
 
 enum { E_FREE = 0, E_POSTED = 1, E_CLAIMED = 2 };
@@ -397,20 +400,23 @@ static void chunk_range(size_t count, int n, int i, size_t *lo, size_t *hi) {
     *hi = b < count ? b : count;
 }
 
-/* dst = src. glibc's memcpy on AMD stops using `rep movsb` above the L2 size and falls back
- * to a vector loop, which measured ~1.4x slower on this project's 2-core EPYC for the
- * multi-MiB copies of all_gather and all_to_all; `rep movsb` (fast strings, on every x86-64
- * of the last decade) was the fastest there. For small copies out of L1 memcpy wins. */
-static void copy_floats(float *dst, const float *src, size_t n) {
-    if (!n || dst == src) return;
+/* dst = src, `bytes` long. glibc's memcpy on AMD stops using `rep movsb` above the L2 size
+ * and falls back to a vector loop, which measured ~1.4x slower on this project's 2-core EPYC
+ * for the multi-MiB copies of all_gather and all_to_all; `rep movsb` (fast strings, on every
+ * x86-64 of the last decade) was the fastest there. For small copies out of L1 memcpy wins. */
+static void copy_bytes(void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
 #ifdef USE_REP_MOVSB
-    size_t bytes = n * sizeof(float);
     if (bytes >= REP_MIN_BYTES) {
         __asm__ __volatile__("rep movsb" : "+D"(dst), "+S"(src), "+c"(bytes) : : "memory");
         return;
     }
 #endif
-    memcpy(dst, src, n * sizeof(float));
+    memcpy(dst, src, bytes);
+}
+
+static void copy_floats(float *dst, const float *src, size_t n) {
+    copy_bytes(dst, src, n * sizeof(float));
 }
 
 /* acc (op)= x, and the AVG division, as ms_reduce_accumulate / ms_reduce_finish. Their loops
@@ -612,25 +618,30 @@ static ms_status threads_all_to_all(void *ctx, const float *send, const size_t *
     return st2 != MS_OK ? st2 : st;
 }
 
-static ms_status threads_broadcast(void *ctx, float *buf, size_t count, int root,
-                                   ms_comm_call *call, ms_error *err) {
+static ms_status threads_broadcast(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
+                                   ms_error *err) {
     tctx *t = ctx;
     group *g = t->g;
     const int me = t->rank;
     call->algo = "shm-direct";
-    g->slots[me].recv = buf;
+    g->slots[me].buf = buf;
     g->slots[me].count = count;
     g->slots[me].root = root;
+    g->slots[me].dtype = (int)call->dtype;
     MS_CHECK(barrier(t, 1, call, err));
     ms_status st = MS_OK;
     const slot *rs = &g->slots[root];
     if (g->slots[root].root != root)
         st = ms_fail(err, MS_ERR_INVALID, "rank %d broadcasts from root %d but rank %d from %d", me,
                      root, root, rs->root);
+    else if (rs->dtype != (int)call->dtype)
+        st = ms_fail(err, MS_ERR_INVALID, "rank %d broadcasts %s but rank %d broadcasts %s", me,
+                     ms_comm_dtype_name(call->dtype), root,
+                     ms_comm_dtype_name((ms_comm_dtype)rs->dtype));
     else if (rs->count != count)
         st = mismatch(err, "count", root, rs->count, me, count);
     else if (me != root)
-        copy_floats(buf, rs->recv, count);
+        copy_bytes(buf, rs->buf, count * ms_comm_dtype_size(call->dtype));
     ms_status st2 = barrier(t, 0, call, err);
     return st2 != MS_OK ? st2 : st;
 }
@@ -686,8 +697,8 @@ static void ring(group *g, int r) {
     word_wake(&g->bells[r].word, &g->bells[r].sleepers);
 }
 
-/* Posts one send into the mailbox (me -> peer); returns its entry. */
-static p2p_entry *post_send(tctx *t, const ms_p2p_op *op) {
+/* Posts one send of dtype elements into the mailbox (me -> peer); returns its entry. */
+static p2p_entry *post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype) {
     group *g = t->g;
     _Atomic(p2p_block *) *link = &g->mailbox[(size_t)t->rank * (size_t)g->n + (size_t)op->peer];
     for (;;) {
@@ -702,6 +713,7 @@ static p2p_entry *post_send(tctx *t, const ms_p2p_op *op) {
             if (E_ST(atomic_load_explicit(&e->state, memory_order_acquire)) != E_FREE) continue;
             e->buf = op->buf;
             e->count = op->count;
+            e->dtype = (int)dtype;
             uint64_t seq = ++t->send_seq[op->peer];
             atomic_store_explicit(&e->state, E_MAKE(seq, op->tag, E_POSTED), memory_order_release);
             return e;
@@ -724,9 +736,15 @@ static p2p_entry *oldest_posted(p2p_block *b, int tag, uint64_t *state) {
     return best;
 }
 
-/* Receives ops[i] if its sender has posted it: claims the oldest matching entry, copies
- * straight from the sender's buffer and frees the entry. Returns 1 when done. */
-static int try_recv(tctx *t, const ms_p2p_op *op, ms_status *st, ms_error *err) {
+/* "floats" or "bytes": what a p2p count counts, for messages. */
+static const char *units(int dtype) {
+    return dtype == MS_COMM_BYTES ? "bytes" : "floats";
+}
+
+/* Receives op (dtype elements) if its sender has posted it: claims the oldest matching
+ * entry, copies straight from the sender's buffer and frees the entry. Returns 1 when done. */
+static int try_recv(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype, ms_status *st,
+                    ms_error *err) {
     group *g = t->g;
     uint64_t bv = 0;
     p2p_block *b = atomic_load_explicit(
@@ -741,12 +759,14 @@ static int try_recv(tctx *t, const ms_p2p_op *op, ms_status *st, ms_error *err) 
         !atomic_compare_exchange_strong_explicit(&best->state, &bv, (bv & ~(uint64_t)3) | E_CLAIMED,
                                                  memory_order_acq_rel, memory_order_relaxed))
         return 0;
-    size_t m = best->count < op->count ? best->count : op->count;
-    if (best->count != op->count && *st == MS_OK)
+    size_t sent = best->count * ms_comm_dtype_size((ms_comm_dtype)best->dtype);
+    size_t want = op->count * ms_comm_dtype_size(dtype);
+    if ((best->count != op->count || best->dtype != (int)dtype) && *st == MS_OK)
         *st = ms_fail(err, MS_ERR_INVALID,
-                      "rank %d sent %zu floats with tag %d but rank %d receives %zu", op->peer,
-                      best->count, op->tag, t->rank, op->count);
-    copy_floats(op->buf, best->buf, m);
+                      "rank %d sent %zu %s with tag %d but rank %d receives %zu %s", op->peer,
+                      best->count, units(best->dtype), op->tag, t->rank, op->count,
+                      units((int)dtype));
+    copy_bytes(op->buf, best->buf, sent < want ? sent : want);
     atomic_store_explicit(&best->state, E_FREE, memory_order_release);
     ring(g, op->peer);
     return 1;
@@ -767,13 +787,14 @@ static int send_pending(const tctx *t, int i) {
 }
 
 /* One pass over the batch; returns how many operations are still incomplete. */
-static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, ms_status *st, ms_error *err) {
+static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, ms_comm_dtype dtype, ms_status *st,
+                        ms_error *err) {
     int pending = 0;
     for (int i = 0; i < nops; i++) {
         if (ops[i].kind == MS_P2P_SEND) {
             pending += send_pending(t, i);
         } else if (!t->op_ref[i]) {
-            if (!earlier_recv_pending(t, ops, i) && try_recv(t, &ops[i], st, err))
+            if (!earlier_recv_pending(t, ops, i) && try_recv(t, &ops[i], dtype, st, err))
                 t->op_ref[i] = &recv_done;
             else
                 pending++;
@@ -825,7 +846,7 @@ static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_
     for (int i = 0; i < nops; i++) {
         t->op_ref[i] = NULL;
         if (ops[i].kind == MS_P2P_SEND) {
-            t->op_ref[i] = post_send(t, &ops[i]);
+            t->op_ref[i] = post_send(t, &ops[i], call->dtype);
             ring(g, ops[i].peer);
         }
     }
@@ -834,7 +855,7 @@ static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_
     ms_status st = MS_OK, fail = MS_OK;
     for (;;) {
         uint32_t seen = atomic_load(&b->word);
-        if (!p2p_progress(t, ops, nops, &st, err)) break;
+        if (!p2p_progress(t, ops, nops, call->dtype, &st, err)) break;
         if (is_poisoned(g)) {
             fail = MS_ERR_COMM;
             break;

@@ -28,17 +28,18 @@ static ms_status probe_peer(ms_comm *c, int peer, int rounds, int64_t *off, int6
                             ms_error *err) {
     int64_t best_rtt = INT64_MAX;
     for (int k = 0; k < rounds; k++) {
-        float ping = (float)k, pong[3];
-        ms_p2p_op ops[2] = {{MS_P2P_SEND, peer, &ping, 1, CLOCK_TAG},
-                            {MS_P2P_RECV, peer, pong, 3, CLOCK_TAG}};
+        uint8_t ping = (uint8_t)k;
+        int64_t pong;
+        ms_p2p_op ops[2] = {{MS_P2P_SEND, peer, &ping, sizeof ping, CLOCK_TAG},
+                            {MS_P2P_RECV, peer, &pong, sizeof pong, CLOCK_TAG}};
         int64_t ta = ms_now_ns();
-        MS_CHECK(ms_p2p(c, ops, 2, err));
+        MS_CHECK(ms_p2p_bytes(c, ops, 2, err));
         int64_t tb = ms_now_ns();
         int64_t rtt = tb - ta;
         if (rtt < best_rtt) {
             best_rtt = rtt;
             /* The peer read its clock T at rank-0 time ta + rtt/2, give or take rtt/2. */
-            *off = ta + rtt / 2 - ms_clock_decode(pong);
+            *off = ta + rtt / 2 - pong;
             *unc = (rtt + 1) / 2;
         }
     }
@@ -48,10 +49,10 @@ static ms_status probe_peer(ms_comm *c, int peer, int rounds, int64_t *off, int6
 /* A non-root rank's side: answer every ping with the time read right after it arrived. */
 static ms_status answer_pings(ms_comm *c, int rounds, ms_error *err) {
     for (int k = 0; k < rounds; k++) {
-        float ping, pong[3];
-        MS_CHECK(ms_recv(c, &ping, 1, 0, CLOCK_TAG, err));
-        ms_clock_encode(ms_now_ns(), pong);
-        MS_CHECK(ms_send(c, pong, 3, 0, CLOCK_TAG, err));
+        uint8_t ping;
+        MS_CHECK(ms_recv_bytes(c, &ping, sizeof ping, 0, CLOCK_TAG, err));
+        int64_t pong = ms_now_ns();
+        MS_CHECK(ms_send_bytes(c, &pong, sizeof pong, 0, CLOCK_TAG, err));
     }
     return MS_OK;
 }
@@ -68,22 +69,18 @@ static ms_status measure(ms_comm *world, int rounds, int64_t *offset_ns, int64_t
     ms_comm *c = NULL;
     ms_status st = ms_comm_split(world, 0, me, "clock", &c, err);
     if (st != MS_OK) return ms_fail_wrap(err, st, "clock alignment");
-    /* Results travel back as one broadcast: (offset, uncertainty) per rank, 3 floats each. */
-    float *res = xcalloc((size_t)n * 6, sizeof(float));
+    /* Results travel back as one byte broadcast: (offset, uncertainty) per rank. */
+    int64_t *res = xcalloc((size_t)n * 2, sizeof *res);
     if (me == 0) {
-        for (int r = 1; r < n && st == MS_OK; r++) {
-            int64_t off = 0, unc = 0;
-            st = probe_peer(c, r, rounds, &off, &unc, err);
-            ms_clock_encode(off, res + 6 * r);
-            ms_clock_encode(unc, res + 6 * r + 3);
-        }
+        for (int r = 1; r < n && st == MS_OK; r++)
+            st = probe_peer(c, r, rounds, &res[2 * r], &res[2 * r + 1], err);
     } else {
         st = answer_pings(c, rounds, err);
     }
-    if (st == MS_OK) st = ms_broadcast(c, res, (size_t)n * 6, 0, err);
+    if (st == MS_OK) st = ms_broadcast_bytes(c, res, (size_t)n * 2 * sizeof *res, 0, err);
     if (st == MS_OK) {
-        *offset_ns = ms_clock_decode(res + 6 * me);
-        *uncertainty_ns = ms_clock_decode(res + 6 * me + 3);
+        *offset_ns = res[2 * me];
+        *uncertainty_ns = res[2 * me + 1];
     }
     free(res);
     ms_comm_destroy(c);

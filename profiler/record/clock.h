@@ -37,7 +37,8 @@ ms_status ms_clock_measure(ms_comm *world, int rounds, int64_t *offset_ns, int64
                            ms_error *err);
 
 /* An int64 as three floats, exactly (22 + 22 + 20 bits; each part is an integer below 2^22,
- * which a float holds exactly): how clock values travel on the float-only communicator. */
+ * which a float holds exactly), for passing one through a float32 call (ms_broadcast,
+ * ms_all_reduce). The alignment itself moves its values as bytes. */
 void ms_clock_encode(int64_t v, float out[3]);
 int64_t ms_clock_decode(const float in[3]);
 

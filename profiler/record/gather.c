@@ -8,39 +8,38 @@
 
 #include "engine/core/xalloc.h"
 
-/* The communicator moves floats; records travel as their bytes, reinterpreted. */
-#define EV_FLOATS    (sizeof(ms_event) / sizeof(float))
-#define GROUP_FLOATS (sizeof(ms_group) / sizeof(float))
-static_assert(sizeof(ms_event) % sizeof(float) == 0, "ms_event must be whole floats");
-static_assert(sizeof(ms_group) % sizeof(float) == 0, "ms_group must be whole floats");
+/* Events and groups travel as their bytes (gather.h). A tag of its own keeps them apart
+ * from any other point-to-point traffic on the communicator. */
+#define GATHER_TAG 7302
+/* One rank's share always fits a single message of every backend (MPI counts are int). */
+static_assert(MS_GATHER_MAX_PER_RANK * sizeof(ms_event) <= (size_t)INT_MAX,
+              "a rank's events must fit one message");
+static_assert(MS_REC_MAX_GROUPS * sizeof(ms_group) <= (size_t)INT_MAX,
+              "a rank's groups must fit one message");
 
-/* Gathers `mine` records of `rec_floats` floats each from every rank into rank 0's `dst`
+/* Gathers `mine` records of `rec_size` bytes each from every rank into rank 0's `dst`
  * (rank 0's own records are expected at the front of dst already). counts: every rank's
- * count, as gathered. Only rank 0 receives; everyone takes part. */
+ * count, as exchanged. One point-to-point batch on every rank (possibly empty), so the
+ * communicator's sequence numbers stay in step: each rank sends its records to rank 0,
+ * which receives them all at once, at their places in dst. */
 static ms_status gatherv(ms_comm *comm, const void *src, size_t mine, const size_t *counts,
-                         void *dst, size_t rec_floats, ms_error *err) {
+                         void *dst, size_t rec_size, ms_error *err) {
     int n = ms_comm_size(comm), me = ms_comm_rank(comm);
-    size_t *sc = xcalloc((size_t)n * 4, sizeof(size_t));
-    size_t *sd = sc + n, *rc = sc + 2 * n, *rd = sc + 3 * n;
-    /* Buffers are never NULL (backends index them even for zero counts), and never the
-     * same (all_to_all refuses in-place). */
-    float none_out = 0, none_in = 0;
-    const float *send = &none_out;
-    float *recv = &none_in;
-    if (me == 0) {
-        recv = dst;
-        size_t off = counts[0];
-        for (int p = 1; p < n; p++) {
-            rc[p] = counts[p] * rec_floats;
-            rd[p] = off * rec_floats;
-            off += counts[p];
-        }
-    } else if (mine) {
-        send = src;
-        sc[0] = mine * rec_floats;
+    if (me != 0) {
+        ms_p2p_op send = {MS_P2P_SEND, 0, (void *)src, mine * rec_size, GATHER_TAG};
+        return ms_p2p_bytes(comm, &send, mine ? 1 : 0, err);
     }
-    ms_status st = ms_all_to_all(comm, send, sc, sd, recv, rc, rd, err);
-    free(sc);
+    ms_p2p_op *ops = xmalloc(sizeof *ops * (size_t)n);
+    int nops = 0;
+    size_t off = counts[0];
+    for (int p = 1; p < n; p++) {
+        if (counts[p])
+            ops[nops++] = (ms_p2p_op){MS_P2P_RECV, p, (char *)dst + off * rec_size,
+                                      counts[p] * rec_size, GATHER_TAG};
+        off += counts[p];
+    }
+    ms_status st = ms_p2p_bytes(comm, ops, nops, err);
+    free(ops);
     return st;
 }
 
@@ -70,12 +69,6 @@ ms_status ms_gather_events(ms_comm *comm, ms_recorder *local, uint64_t *cursor, 
     if (max_per_rank == 0 || max_per_rank > MS_GATHER_MAX_PER_RANK)
         return ms_fail(err, MS_ERR_INVALID, "event gather: max_per_rank must be 1..%zu (got %zu)",
                        MS_GATHER_MAX_PER_RANK, max_per_rank);
-    /* The MPI backend counts floats in ints: rank 0's whole buffer must fit. */
-    if ((double)max_per_rank * (double)n * (double)EV_FLOATS > (double)INT_MAX)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "event gather: %d ranks x %zu events do not fit one call; lower "
-                       "max_per_rank to %zu",
-                       n, max_per_rank, (size_t)INT_MAX / EV_FLOATS / (size_t)n);
     if (me == 0 && !out)
         return ms_fail(err, MS_ERR_INVALID, "event gather: rank 0 needs an output buffer");
 
@@ -102,7 +95,7 @@ ms_status ms_gather_events(ms_comm *comm, ms_recorder *local, uint64_t *cursor, 
                              "event gather: rank %d passed max_per_rank %zu but rank 0 passed "
                              "%zu; every rank must pass the same",
                              p, limits[p], limits[0]);
-        if (st == MS_OK) st = gatherv(comm, stage, k, counts, out, EV_FLOATS, err);
+        if (st == MS_OK) st = gatherv(comm, stage, k, counts, out, sizeof(ms_event), err);
         if (st == MS_OK && me == 0) {
             total = 0;
             for (int p = 0; p < n; p++) total += counts[p];
@@ -136,7 +129,7 @@ ms_status ms_gather_groups(ms_comm *comm, const ms_recorder *local, ms_group *ou
             all = xmalloc(sizeof(ms_group) * (total ? total : 1));
             memcpy(all, mine, sizeof(ms_group) * k);
         }
-        if (st == MS_OK) st = gatherv(comm, mine, k, counts, all, GROUP_FLOATS, err);
+        if (st == MS_OK) st = gatherv(comm, mine, k, counts, all, sizeof(ms_group), err);
     } else {
         all = mine;
         mine = NULL;

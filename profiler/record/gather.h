@@ -4,13 +4,19 @@
  * Called at step boundaries by every rank of the communicator (it is collective). Each call
  * moves at most max_per_rank new events per rank; what is left stays in the rings for the
  * next call, so one call costs a bounded amount of time and memory whatever the backlog.
- * Events travel as raw bytes (the communicator moves floats but copies their bytes exactly),
- * in the same ms_event layout as in memory and in the trace file.
+ * Wire format: the records themselves. Events travel as byte messages (ms_p2p_bytes), each
+ * rank's a run of whole ms_event structs (profiler/event.h) exactly as they sit in memory:
+ * one struct in memory, on the wire and, field for field, in the trace file. Group tables
+ * travel the same way as ms_group structs. Nothing is converted, so every rank must run the
+ * same build on the same kind of machine (layout and byte order), as an MPI job does.
  *
- * Traffic: one all-gather of counts and one all-to-all in which only rank 0 receives (a
- * gatherv). Both are collectives, so the communicator's sequence numbers stay in step on
- * every rank. Pass a communicator without a profiler probe (e.g. one split from the world
- * for the profiler) if the gathers should not appear in the trace themselves.
+ * Traffic: one all-gather of the per-rank (count, limit) pairs (as float32 values, exact
+ * since both are below 2^24), then one point-to-point batch (tag 7302) in which every rank
+ * with records sends them to rank 0, which receives them all at once at their places in its
+ * buffer (a gatherv). Every rank makes both calls, even with nothing to send, so the
+ * communicator's sequence numbers stay in step. Pass a communicator without a profiler
+ * probe (e.g. one split from the world for the profiler) if the gathers should not appear
+ * in the trace themselves.
  */
 #ifndef MS_GATHER_H
 #define MS_GATHER_H

@@ -78,7 +78,7 @@ static void observe(void *user, const ms_comm_event *ev) {
         e.u.coll.group = pair_group(p, ev->comm, op->peer);
         e.u.coll.group_size = 2;
         e.u.coll.group_rank = 0;
-        e.u.coll.bytes = op->count * sizeof(float);
+        e.u.coll.bytes = op->count * ms_comm_dtype_size(ev->dtype);
         ms_recorder_push(p->rec, &e);
     }
 }
