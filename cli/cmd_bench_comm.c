@@ -28,6 +28,8 @@
 #include "engine/core/xalloc.h"
 #include "engine/runtime/ctx.h"
 
+#include "cli/options.h"
+
 #ifdef MS_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -60,31 +62,6 @@ typedef struct bench_opts {
     bool run_threads, run_mpi;
     bool mpi_default_malloc; /* leave glibc's mmap/trim behaviour alone in the MPI worker */
 } bench_opts;
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: meshscope bench comm [options]\n"
-            "\n"
-            "Bus bandwidth (nccl-tests convention) of all_reduce, all_gather, reduce_scatter\n"
-            "and all_to_all: meshscope's threads backend next to OpenMPI's own collectives.\n"
-            "\n"
-            "options:\n"
-            "  --json             print JSON instead of a table\n"
-            "  --ranks LIST       rank counts, comma-separated, each >= 2 (default 2,4)\n"
-            "  --min-bytes B      smallest size (default 4096; suffixes K, M, G = KiB, MiB, "
-            "GiB)\n"
-            "  --max-bytes B      largest size (default 256M, at most 2G)\n"
-            "  --step F           size multiplier between points, 2..16 (default 4)\n"
-            "  --iters N          timed iterations per repetition (default: scaled so a\n"
-            "                     repetition takes ~30 ms)\n"
-            "  --reps R           repetitions per point, median reported (default 5)\n"
-            "  --ops LIST         subset of all_reduce,all_gather,reduce_scatter,all_to_all\n"
-            "  --backends LIST    subset of threads,mpi (default both)\n"
-            "  --quick            --max-bytes 16M --reps 3\n"
-            "  --mpi-default-malloc\n"
-            "                     do not keep OpenMPI's per-call temporaries in the heap (see\n"
-            "                     bench/README.md); then large MPI points include page faults\n");
-}
 
 /* Parses "4096", "4K", "4KiB", "256M", "1G" into bytes. */
 static bool parse_bytes(const char *s, size_t *out) {
@@ -134,152 +111,133 @@ static int op_parse(const char *s, size_t len) {
     return -1;
 }
 
-/* Parses argv (argv[0] is the subcommand name). Returns false and fills msg on bad input. */
-static bool parse_opts(int argc, char **argv, bench_opts *o, char *msg, size_t len, bool *help) {
-    *o = (bench_opts){.ranks = {2, 4},
-                      .n_ranks = 2,
-                      .min_bytes = 4096,
-                      .max_bytes = (size_t)256 << 20,
-                      .step = 4,
-                      .reps = 5,
-                      .run_threads = true,
-                      .run_mpi = true};
-    for (int i = 0; i < OP_COUNT; i++) o->ops[i] = true;
-    bool max_given = false, reps_given = false, quick = false;
-    *help = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool flag = !strcmp(a, "--json") || !strcmp(a, "--quick") || !strcmp(a, "--help") ||
-                    !strcmp(a, "-h") || !strcmp(a, "--mpi-default-malloc");
-        static const char *const valued[] = {"--ranks", "--min-bytes", "--max-bytes", "--step",
-                                             "--iters", "--reps",      "--ops",       "--backends"};
-        bool known = flag;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
-            known |= !strcmp(a, valued[k]);
-        if (!known) {
-            snprintf(msg, len, "unknown option '%s'", a);
+/* Option callbacks (options.h): each parses one flag's text into dest. */
+static bool opt_ranks(const char *v, void *dest, char *msg, size_t cap) {
+    bench_opts *o = dest;
+    o->n_ranks = 0;
+    const char *p = v;
+    while (*p) {
+        char item[32];
+        size_t k = strcspn(p, ",");
+        snprintf(item, sizeof item, "%.*s", (int)(k < 31 ? k : 31), p);
+        int r;
+        if (k == 0 || k > 30 || !parse_int(item, 2, MAX_RANKS, &r)) {
+            snprintf(msg, cap, "'%s' is not a rank count between 2 and %d", item, MAX_RANKS);
             return false;
         }
-        if (!flag && !v) {
-            snprintf(msg, len, "%s needs a value", a);
+        if (o->n_ranks == MAX_RANK_LIST) {
+            snprintf(msg, cap, "at most %d rank counts", MAX_RANK_LIST);
             return false;
         }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            *help = true;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!strcmp(a, "--quick")) {
-            quick = true;
-        } else if (!strcmp(a, "--mpi-default-malloc")) {
-            o->mpi_default_malloc = true;
-        } else if (!strcmp(a, "--ranks")) {
-            o->n_ranks = 0;
-            const char *p = v;
-            while (*p) {
-                char item[32];
-                size_t k = strcspn(p, ",");
-                snprintf(item, sizeof item, "%.*s", (int)(k < 31 ? k : 31), p);
-                int r;
-                if (k == 0 || k > 30 || !parse_int(item, 2, MAX_RANKS, &r)) {
-                    snprintf(msg, len, "--ranks: '%s' is not a rank count between 2 and %d", item,
-                             MAX_RANKS);
-                    return false;
-                }
-                if (o->n_ranks == MAX_RANK_LIST) {
-                    snprintf(msg, len, "--ranks: at most %d rank counts", MAX_RANK_LIST);
-                    return false;
-                }
-                o->ranks[o->n_ranks++] = r;
-                p += k;
-                if (*p == ',') p++;
-            }
-            if (o->n_ranks == 0) {
-                snprintf(msg, len, "--ranks: give a list such as 2,4");
-                return false;
-            }
-            i++;
-        } else if (!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes")) {
-            size_t b;
-            if (!parse_bytes(v, &b) || b < 4 || b > MAX_BYTES) {
-                snprintf(msg, len,
-                         "%s: '%s' is not a size between 4 and 2G (bytes, or with a K, M, G "
-                         "suffix)",
-                         a, v);
-                return false;
-            }
-            if (!strcmp(a, "--min-bytes")) {
-                o->min_bytes = b;
-            } else {
-                o->max_bytes = b;
-                max_given = true;
-            }
-            i++;
-        } else if (!strcmp(a, "--step")) {
-            if (!parse_int(v, 2, 16, &o->step)) {
-                snprintf(msg, len, "--step: '%s' is not a multiplier between 2 and 16", v);
-                return false;
-            }
-            i++;
-        } else if (!strcmp(a, "--iters")) {
-            if (!parse_int(v, 1, 1000000, &o->iters)) {
-                snprintf(msg, len, "--iters: '%s' is not a count between 1 and 1000000", v);
-                return false;
-            }
-            i++;
-        } else if (!strcmp(a, "--reps")) {
-            if (!parse_int(v, 1, 99, &o->reps)) {
-                snprintf(msg, len, "--reps: '%s' is not a count between 1 and 99", v);
-                return false;
-            }
-            reps_given = true;
-            i++;
-        } else if (!strcmp(a, "--ops")) {
-            for (int k = 0; k < OP_COUNT; k++) o->ops[k] = false;
-            const char *p = v;
-            do {
-                size_t k = strcspn(p, ",");
-                int op = op_parse(p, k);
-                if (op < 0) {
-                    snprintf(msg, len,
-                             "--ops: unknown operation '%.*s'; use all_reduce, all_gather, "
-                             "reduce_scatter, all_to_all",
-                             (int)(k < 40 ? k : 40), p);
-                    return false;
-                }
-                o->ops[op] = true;
-                p += k;
-            } while (*p++ == ',');
-            i++;
-        } else if (!strcmp(a, "--backends")) {
-            o->run_threads = o->run_mpi = false;
-            const char *p = v;
-            do {
-                size_t k = strcspn(p, ",");
-                if (k == 7 && !strncmp(p, "threads", 7))
-                    o->run_threads = true;
-                else if (k == 3 && !strncmp(p, "mpi", 3))
-                    o->run_mpi = true;
-                else {
-                    snprintf(msg, len, "--backends: unknown backend '%.*s'; use threads, mpi",
-                             (int)(k < 40 ? k : 40), p);
-                    return false;
-                }
-                p += k;
-            } while (*p++ == ',');
-            i++;
-        }
+        o->ranks[o->n_ranks++] = r;
+        p += k;
+        if (*p == ',') p++;
     }
-    if (quick) {
-        if (!max_given) o->max_bytes = (size_t)16 << 20;
-        if (!reps_given) o->reps = 3;
-    }
-    if (o->min_bytes > o->max_bytes) {
-        snprintf(msg, len, "--min-bytes (%zu) is larger than --max-bytes (%zu)", o->min_bytes,
-                 o->max_bytes);
+    if (o->n_ranks == 0) {
+        snprintf(msg, cap, "give a list such as 2,4");
         return false;
     }
     return true;
+}
+
+static bool opt_bytes(const char *v, void *dest, char *msg, size_t cap) {
+    size_t b;
+    if (!parse_bytes(v, &b) || b < 4 || b > MAX_BYTES) {
+        snprintf(msg, cap, "expected a size between 4 and 2G (bytes, or with a K, M, G suffix)");
+        return false;
+    }
+    *(size_t *)dest = b;
+    return true;
+}
+
+static bool opt_ops(const char *v, void *dest, char *msg, size_t cap) {
+    bool *ops = dest;
+    for (int k = 0; k < OP_COUNT; k++) ops[k] = false;
+    const char *p = v;
+    do {
+        size_t k = strcspn(p, ",");
+        int op = op_parse(p, k);
+        if (op < 0) {
+            snprintf(msg, cap,
+                     "unknown operation '%.*s'; use all_reduce, all_gather, reduce_scatter, "
+                     "all_to_all",
+                     (int)(k < 40 ? k : 40), p);
+            return false;
+        }
+        ops[op] = true;
+        p += k;
+    } while (*p++ == ',');
+    return true;
+}
+
+static bool opt_backends(const char *v, void *dest, char *msg, size_t cap) {
+    bench_opts *o = dest;
+    o->run_threads = o->run_mpi = false;
+    const char *p = v;
+    do {
+        size_t k = strcspn(p, ",");
+        if (k == 7 && !strncmp(p, "threads", 7))
+            o->run_threads = true;
+        else if (k == 3 && !strncmp(p, "mpi", 3))
+            o->run_mpi = true;
+        else {
+            snprintf(msg, cap, "unknown backend '%.*s'; use threads, mpi", (int)(k < 40 ? k : 40),
+                     p);
+            return false;
+        }
+        p += k;
+    } while (*p++ == ',');
+    return true;
+}
+
+/* Parses argv (argv[0] is the subcommand name) for `meshscope NAME`. Returns MS_OPTS_PROCEED,
+ * or the exit code after the help or an error. */
+static int parse_opts(const char *name, int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.ranks = {2, 4},
+                      .n_ranks = 2,
+                      .min_bytes = 4096,
+                      .step = 4,
+                      .run_threads = true,
+                      .run_mpi = true};
+    for (int i = 0; i < OP_COUNT; i++) o->ops[i] = true;
+    bool quick = false;
+    const ms_option opts[] = {
+        MS_FLAG("json", &o->json, "print JSON instead of a table"),
+        MS_CALL("ranks", "LIST", o, opt_ranks,
+                "rank counts, comma-separated, each >= 2 (default 2,4)"),
+        MS_CALL("min-bytes", "B", &o->min_bytes, opt_bytes,
+                "smallest size (default 4096; suffixes K, M, G = KiB, MiB, GiB)"),
+        MS_CALL("max-bytes", "B", &o->max_bytes, opt_bytes,
+                "largest size (default 256M, at most 2G)"),
+        MS_INT("step", "F", &o->step, 2, 16, "size multiplier between points (default 4)"),
+        MS_INT("iters", "N", &o->iters, 1, 1000000,
+               "timed iterations per repetition (default: ~30 ms a repetition)"),
+        MS_INT("reps", "R", &o->reps, 1, 99, "repetitions per point, median reported (default 5)"),
+        MS_CALL("ops", "LIST", o->ops, opt_ops,
+                "subset of all_reduce,all_gather,reduce_scatter,all_to_all (default all)"),
+        MS_CALL("backends", "LIST", o, opt_backends, "subset of threads,mpi (default both)"),
+        MS_FLAG("quick", &quick, "--max-bytes 16M --reps 3 (unless given)"),
+        MS_FLAG("mpi-default-malloc", &o->mpi_default_malloc,
+                "do not keep OpenMPI's per-call temporaries in the heap (bench/README.md)"),
+    };
+    const ms_opts_cmd cmd = {
+        .name = name,
+        .synopsis = "[options]",
+        .about = "Bus bandwidth (nccl-tests convention) of all_reduce, all_gather, "
+                 "reduce_scatter and all_to_all:\nmeshscope's threads backend next to "
+                 "OpenMPI's own collectives.",
+        MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    /* 0: not given (neither flag accepts 0). */
+    if (!o->max_bytes) o->max_bytes = quick ? (size_t)16 << 20 : (size_t)256 << 20;
+    if (!o->reps) o->reps = quick ? 3 : 5;
+    if (o->min_bytes > o->max_bytes) {
+        fprintf(stderr, "meshscope %s: --min-bytes (%zu) is larger than --max-bytes (%zu)\n", name,
+                o->min_bytes, o->max_bytes);
+        return 2;
+    }
+    return MS_OPTS_PROCEED;
 }
 
 /* --- the measurement protocol, shared by both sides ------------------------------------------ */
@@ -582,12 +540,8 @@ static void mw_emit(void *user, const point *p) {
 
 int ms_cmd_bench_comm_mpi_worker(int argc, char **argv) {
     bench_opts o;
-    char msg[256];
-    bool help;
-    if (!parse_opts(argc, argv, &o, msg, sizeof msg, &help) || help) {
-        fprintf(stderr, "meshscope bench comm-mpi-worker: %s\n", help ? "internal" : msg);
-        return 2;
-    }
+    int rc = parse_opts("bench comm-mpi-worker", argc, argv, &o);
+    if (rc != MS_OPTS_PROCEED) return rc;
     /* OpenMPI allocates temporaries inside some collectives (reduce-scatter: the whole
      * input) on every call. Large ones are mmapped by glibc and returned on free, so each
      * call pays fresh page faults, ~15 us per page in a VM such as a Firecracker sandbox:
@@ -942,23 +896,16 @@ static bool memory_ok(const bench_opts *o, char *msg, size_t len) {
 int ms_cmd_bench_comm(int argc, char **argv) {
     bench_opts o;
     char msg[512];
-    bool help;
-    if (!parse_opts(argc, argv, &o, msg, sizeof msg, &help)) {
-        fprintf(stderr, "meshscope bench comm: %s\n", msg);
-        fprintf(stderr, "run 'meshscope bench comm --help' for the options\n");
-        return 2;
-    }
-    if (help) {
-        usage(stdout);
-        return 0;
-    }
+    int rc = parse_opts("bench comm", argc, argv, &o);
+    if (rc != MS_OPTS_PROCEED) return rc;
     if (!memory_ok(&o, msg, sizeof msg)) {
         fprintf(stderr, "meshscope bench comm: %s\n", msg);
         return 2;
     }
     rows rs = {0};
     char notes[MAX_RANK_LIST * 2 + 3][MS_ERROR_MSG_MAX + 64];
-    int n_notes = 0, rc = 0;
+    int n_notes = 0;
+    rc = 0;
     bool mpi_unavailable = false, mpi_ran = false;
     /* Ranks share the cores with whatever else runs: say so when the machine was busy. */
     double load = 0;

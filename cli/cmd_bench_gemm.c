@@ -6,7 +6,6 @@
  * --iters), then --reps repetitions; the reported time per call is the median repetition.
  * bench/train_vs_torch.sh uses it at a model's GEMM shapes. See bench/README.md.
  */
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -21,6 +20,8 @@
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 
+#include "cli/options.h"
+
 #define REP_TARGET_S 0.05      /* aim for ~50 ms per repetition */
 #define MAX_ITERS    100000000 /* cap on calls per repetition */
 
@@ -32,118 +33,54 @@ typedef struct gemm_opts {
     int reps;
 } gemm_opts;
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: meshscope bench gemm --m M --n N --k K [options]\n"
-            "\n"
-            "GFLOP/s of cblas_sgemm at one shape, called through the engine's matmul kernel:\n"
-            "C[m, n] = op(A) op(B) with op(A) m x k and op(B) k x n, row-major float32.\n"
-            "\n"
-            "options:\n"
-            "  --m M, --n N, --k K  the product's dimensions (required, each >= 1)\n"
-            "  --ta               A is stored transposed, [k, m] (default [m, k])\n"
-            "  --tb               B is stored transposed, [n, k] (default [k, n]); a tied\n"
-            "                     logits layer is --tb with B = the [V, C] embedding\n"
-            "  --backward         also time the backward's two sgemms (dA and dB, each\n"
-            "                     accumulating into its gradient, as the engine's linear op does)\n"
-            "  --threads T        OpenBLAS threads (default: the online cores)\n"
-            "  --iters I          calls per repetition (default: sized to ~50 ms)\n"
-            "  --reps R           repetitions, median reported (default 5)\n"
-            "  --json             print JSON instead of a table\n");
-}
-
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = (int64_t)v;
-    return true;
-}
-
-/* Parses argv (argv[0] is "gemm"). Returns false and fills msg on bad input. */
-static bool parse_opts(int argc, char **argv, gemm_opts *o, char *msg, size_t len, bool *help) {
+/* Parses argv (argv[0] is "gemm"). Returns MS_OPTS_PROCEED, or the exit code after the help
+ * or an error. */
+static int parse_opts(int argc, char **argv, gemm_opts *o) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (gemm_opts){.threads = cores > 0 ? (int)cores : 1, .reps = 5};
-    *help = false;
-    bool have_m = false, have_n = false, have_k = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            *help = true;
-            continue;
-        }
-        if (!strcmp(a, "--ta") || !strcmp(a, "--tb") || !strcmp(a, "--backward") ||
-            !strcmp(a, "--json")) {
-            bool *b = !strcmp(a, "--ta")     ? &o->ta
-                      : !strcmp(a, "--tb")   ? &o->tb
-                      : !strcmp(a, "--json") ? &o->json
-                                             : &o->backward;
-            *b = true;
-            continue;
-        }
-        static const char *const valued[] = {"--m", "--n", "--k", "--threads", "--iters", "--reps"};
-        bool known = false;
-        for (size_t j = 0; j < sizeof valued / sizeof valued[0]; j++)
-            known |= !strcmp(a, valued[j]);
-        if (!known) {
-            snprintf(msg, len, "unknown option '%s'", a);
-            return false;
-        }
-        if (i + 1 >= argc) {
-            snprintf(msg, len, "%s needs a value", a);
-            return false;
-        }
-        const char *v = argv[++i];
-        int64_t x;
-        if (!strcmp(a, "--m") || !strcmp(a, "--n") || !strcmp(a, "--k")) {
-            if (!parse_i64(v, 1, INT_MAX, &x)) {
-                snprintf(msg, len, "%s: '%s' is not a dimension between 1 and %d", a, v, INT_MAX);
-                return false;
-            }
-            if (a[2] == 'm') o->m = x, have_m = true;
-            if (a[2] == 'n') o->n = x, have_n = true;
-            if (a[2] == 'k') o->k = x, have_k = true;
-        } else if (!strcmp(a, "--threads")) {
-            if (!parse_i64(v, 1, 1024, &x)) {
-                snprintf(msg, len, "--threads: '%s' is not a thread count between 1 and 1024", v);
-                return false;
-            }
-            o->threads = (int)x;
-        } else if (!strcmp(a, "--iters")) {
-            if (!parse_i64(v, 1, MAX_ITERS, &x)) {
-                snprintf(msg, len, "--iters: '%s' is not a count between 1 and %d", v, MAX_ITERS);
-                return false;
-            }
-            o->iters = (int)x;
-        } else {
-            if (!parse_i64(v, 1, 1000, &x)) {
-                snprintf(msg, len, "--reps: '%s' is not a count between 1 and 1000", v);
-                return false;
-            }
-            o->reps = (int)x;
-        }
+    int m = 0, n = 0, k = 0; /* 0: not given */
+    const ms_option opts[] = {
+        MS_INT("m", "M", &m, 1, INT_MAX, "rows of C and of op(A) (required)"),
+        MS_INT("n", "N", &n, 1, INT_MAX, "columns of C and of op(B) (required)"),
+        MS_INT("k", "K", &k, 1, INT_MAX, "the inner dimension (required)"),
+        MS_FLAG("ta", &o->ta, "A is stored transposed, [k, m] (default [m, k])"),
+        MS_FLAG("tb", &o->tb, "B is stored transposed, [n, k] (a tied logits layer: B = [V, C])"),
+        MS_FLAG("backward", &o->backward,
+                "also time the backward's dA and dB sgemms (accumulating, as the linear op)"),
+        MS_INT("threads", "T", &o->threads, 1, 1024,
+               "OpenBLAS threads (default: the online cores)"),
+        MS_INT("iters", "I", &o->iters, 1, MAX_ITERS, "calls per repetition (default: ~50 ms)"),
+        MS_INT("reps", "R", &o->reps, 1, 1000, "repetitions, median reported (default 5)"),
+        MS_FLAG("json", &o->json, "print JSON instead of a table"),
+    };
+    const ms_opts_cmd cmd = {
+        .name = "bench gemm",
+        .synopsis = "--m M --n N --k K [options]",
+        .about = "GFLOP/s of cblas_sgemm at one shape, called through the engine's matmul "
+                 "kernel:\nC[m, n] = op(A) op(B) with op(A) m x k and op(B) k x n, row-major "
+                 "float32.",
+        MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    if (!m || !n || !k) {
+        fprintf(stderr, "meshscope bench gemm: --m, --n and --k are required (missing:%s%s%s)\n",
+                m ? "" : " --m", n ? "" : " --n", k ? "" : " --k");
+        return 2;
     }
-    if (*help) return true;
-    if (!have_m || !have_n || !have_k) {
-        snprintf(msg, len, "--m, --n and --k are required (missing:%s%s%s)", have_m ? "" : " --m",
-                 have_n ? "" : " --n", have_k ? "" : " --k");
-        return false;
-    }
+    o->m = m, o->n = n, o->k = k;
     /* Buffers: A, B, C, and with --backward dA, dB, dC of the same sizes. */
     double floats = (double)o->m * o->k + (double)o->k * o->n + (double)o->m * o->n;
     double bytes = 4.0 * floats * (o->backward ? 2 : 1);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     double limit = pages > 0 && psz > 0 ? 0.75 * (double)pages * (double)psz : 64e9;
     if (bytes > limit || bytes > (double)SIZE_MAX / 2) {
-        snprintf(msg, len,
-                 "the buffers for m=%lld n=%lld k=%lld need %.2f GB, over 75%% of physical "
-                 "memory (%.2f GB)",
-                 (long long)o->m, (long long)o->n, (long long)o->k, bytes / 1e9, limit / 1e9);
-        return false;
+        fprintf(stderr,
+                "meshscope bench gemm: the buffers for m=%lld n=%lld k=%lld need %.2f GB, over "
+                "75%% of physical memory (%.2f GB)\n",
+                (long long)o->m, (long long)o->n, (long long)o->k, bytes / 1e9, limit / 1e9);
+        return 2;
     }
-    return true;
+    return MS_OPTS_PROCEED;
 }
 
 /* --- timing ---------------------------------------------------------------------------------- */
@@ -227,16 +164,8 @@ static const char *product(pass p, bool ta, bool tb) {
 
 int ms_cmd_bench_gemm(int argc, char **argv) {
     gemm_opts o;
-    char msg[256];
-    bool help;
-    if (!parse_opts(argc, argv, &o, msg, sizeof msg, &help)) {
-        fprintf(stderr, "meshscope bench gemm: %s\n(see meshscope bench gemm --help)\n", msg);
-        return 2;
-    }
-    if (help) {
-        usage(stdout);
-        return 0;
-    }
+    int rc = parse_opts(argc, argv, &o);
+    if (rc != MS_OPTS_PROCEED) return rc;
     ms_k_blas_set_threads(o.threads);
     const size_t na = (size_t)(o.m * o.k), nb = (size_t)(o.k * o.n), nc = (size_t)(o.m * o.n);
     bufs x = {.g = {.batch = 1,

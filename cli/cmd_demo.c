@@ -16,6 +16,8 @@
 #include "engine/dist/reshard.h"
 #include "engine/runtime/ctx.h"
 
+#include "cli/options.h"
+
 typedef struct demo_opts {
     int ranks;
     ms_backend_kind backend;
@@ -180,39 +182,30 @@ out:
     return st;
 }
 
+/* Returns MS_OPTS_PROCEED, or the exit code after the help or an error. */
 static int parse_opts(int argc, char **argv, demo_opts *o) {
     o->ranks = 4;
-    o->backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ranks") && i + 1 < argc) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 1 || v > 64) {
-                fprintf(stderr, "meshscope demo: --ranks must be 1..64 (got '%s')\n", argv[i]);
-                return 2;
-            }
-            o->ranks = (int)v;
-        } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-            ms_error err;
-            if (ms_backend_parse(argv[++i], &o->backend, &err) != MS_OK) {
-                fprintf(stderr, "meshscope demo: %s\n", err.msg);
-                return 2;
-            }
-        } else {
-            fprintf(stderr,
-                    "meshscope demo: unknown option '%s'\n"
-                    "usage: meshscope demo [--ranks N] [--backend threads|mpi]\n",
-                    argv[i]);
-            return 2;
-        }
-    }
-    return 0;
+    int backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS;
+    const ms_option opts[] = {
+        MS_INT("ranks", "N", &o->ranks, 1, 64, "thread ranks (default 4; under mpirun: -np)"),
+        MS_ENUM_BACKEND(&backend),
+    };
+    const ms_opts_cmd cmd = {
+        .name = "demo",
+        .synopsis = "[options]",
+        .about = "Distributed tensors on a 2-d mesh of ranks: a weight walked through the "
+                 "placements of a\ntraining step, each reshard plan with its bytes and time, "
+                 "checked against the global\ntensor, then all-reduce bandwidth.",
+        MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
+    o->backend = (ms_backend_kind)backend;
+    return rc;
 }
 
 int ms_cmd_demo(int argc, char **argv) {
     demo_opts o;
     int rc = parse_opts(argc, argv, &o);
-    if (rc) return rc;
+    if (rc != MS_OPTS_PROCEED) return rc;
     ms_error err = {0};
     if (o.backend == MS_BACKEND_MPI && ms_mpi_init(&argc, &argv, &err) != MS_OK) {
         fprintf(stderr, "meshscope demo: %s\n", err.msg);

@@ -17,25 +17,7 @@
 #include "engine/plan/cluster.h"
 #include "engine/plan/search.h"
 
-static void usage(FILE *f) {
-    fprintf(
-        f, "usage: meshscope plan --model CONFIG --cluster PRESET|FILE --devices N\n"
-           "                      --global-batch B --seq T [options]\n"
-           "\n"
-           "Ranks parallel strategies (dp x tp x pp x cp, sp, ZeRO 0-3, recompute, micro-batches)\n"
-           "by predicted step time, with memory per device and throughput.\n"
-           "\n"
-           "  --cluster C        cpu-local (this machine's thread ranks, measured and cached),\n"
-           "                     dgx-a100-80gb, h100, h200, or a cluster JSON file\n"
-           "  --dtype D          bf16 (default on GPUs) or fp32 (default on cpu-local)\n"
-           "  --evaluate K=V,..  fix knobs and search the rest: dp, tp, pp, cp, sp, zero,\n"
-           "                     recompute, mb (micro-batch size), micro (count), vp (vocab-\n"
-           "                     parallel head); e.g. \"tp=8,pp=2,dp=32\"\n"
-           "  --top K            how many strategies to show (default 5)\n"
-           "  --executable-only  only strategies this engine runs\n"
-           "  --json             JSON instead of a table\n"
-           "  --recalibrate      measure cpu-local again\n");
-}
+#include "cli/options.h"
 
 /* Bad input: one line naming the problem and the fix; exit status 2. */
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -47,14 +29,6 @@ static int bad(const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(ap);
     return 2;
-}
-
-static bool parse_pos(const char *s, long hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < 1 || v > hi) return false;
-    *out = (int)v;
-    return true;
 }
 
 static const char *human_s(double s, char *buf, size_t len) {
@@ -122,54 +96,38 @@ static cJSON *estimate_json(const ms_plan_estimate *e) {
 }
 
 int ms_cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *cluster = NULL, *evaluate = NULL, *dtype = NULL;
-    int devices = 0, batch = 0, seq = 0, top = 5;
+    const char *model = NULL, *cluster = NULL, *evaluate = NULL;
+    int devices = 0, batch = 0, seq = 0, top = 5, dtype = -1; /* 0, -1: not given */
     bool json = false, recal = false, exe_only = false;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(f, "--json")) {
-            json = true;
-            continue;
-        }
-        if (!strcmp(f, "--recalibrate")) {
-            recal = true;
-            continue;
-        }
-        if (!strcmp(f, "--executable-only")) {
-            exe_only = true;
-            continue;
-        }
-        bool known = !strcmp(f, "--model") || !strcmp(f, "--cluster") || !strcmp(f, "--devices") ||
-                     !strcmp(f, "--global-batch") || !strcmp(f, "--seq") || !strcmp(f, "--dtype") ||
-                     !strcmp(f, "--evaluate") || !strcmp(f, "--top");
-        if (!known) {
-            fprintf(stderr, "meshscope plan: unknown option '%s'\n\n", f);
-            usage(stderr);
-            return 2;
-        }
-        if (i + 1 >= argc) return bad("%s needs a value", f);
-        const char *v = argv[++i];
-        if (!strcmp(f, "--model"))
-            model = v;
-        else if (!strcmp(f, "--cluster"))
-            cluster = v;
-        else if (!strcmp(f, "--evaluate"))
-            evaluate = v;
-        else if (!strcmp(f, "--dtype"))
-            dtype = v;
-        else if (!strcmp(f, "--devices") && !parse_pos(v, 1 << 20, &devices))
-            return bad("bad value '%s' for %s: expected a positive integer", v, f);
-        else if (!strcmp(f, "--global-batch") && !parse_pos(v, 1 << 24, &batch))
-            return bad("bad value '%s' for %s: expected a positive integer", v, f);
-        else if (!strcmp(f, "--seq") && !parse_pos(v, 1 << 24, &seq))
-            return bad("bad value '%s' for %s: expected a positive integer", v, f);
-        else if (!strcmp(f, "--top") && !parse_pos(v, 1000, &top))
-            return bad("bad value '%s' for %s: expected a positive integer", v, f);
-    }
+    static const char *const dtype_names[] = {"bf16", "fp32", NULL};
+    const ms_option opts[] = {
+        MS_TEXT("model", "CONFIG", &model, "the model's config JSON (required)"),
+        MS_TEXT("cluster", "C", &cluster,
+                "cpu-local (measured, cached), dgx-a100-80gb, h100, h200 or a cluster JSON file"),
+        MS_INT("devices", "N", &devices, 1, 1 << 20, "devices or thread ranks (required)"),
+        MS_INT("global-batch", "B", &batch, 1, 1 << 24, "sequences per step (required)"),
+        MS_INT("seq", "T", &seq, 1, 1 << 24, "tokens per sequence (required)"),
+        MS_ENUM("dtype", &dtype, dtype_names,
+                "number format (default bf16 on GPUs, fp32 on cpu-local)"),
+        MS_TEXT("evaluate", "K=V,..", &evaluate,
+                "fix knobs, search the rest: dp tp pp cp sp zero recompute mb micro vp"),
+        MS_INT("top", "K", &top, 1, 1000, "how many strategies to show (default 5)"),
+        MS_FLAG("executable-only", &exe_only, "only strategies this engine runs"),
+        MS_FLAG("json", &json, "JSON instead of a table"),
+        MS_FLAG("recalibrate", &recal, "measure cpu-local again"),
+    };
+    const ms_opts_cmd cmd = {
+        .name = "plan",
+        .synopsis = "--model CONFIG --cluster PRESET|FILE --devices N --global-batch B --seq T "
+                    "[options]",
+        .about = "Ranks parallel strategies (dp x tp x pp x cp, sp, ZeRO 0-3, recompute, "
+                 "micro-batches)\nby predicted step time, with memory per device and throughput. "
+                 "--evaluate \"tp=8,pp=2,dp=32\"\nfixes some knobs (mb: micro-batch size, micro: "
+                 "their count, vp: vocab-parallel head).",
+        MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    rc = 0;
     if (!model) return bad("--model CONFIG.json is required");
     if (!cluster)
         return bad("--cluster is required: cpu-local, dgx-a100-80gb, h100, h200 or a JSON file");
@@ -186,7 +144,6 @@ int ms_cmd_plan(int argc, char **argv) {
     if (evaluate && ms_plan_fixed_parse(evaluate, &fixed, &err) != MS_OK) return bad("%s", err.msg);
     ms_cluster *cl = calloc(1, sizeof *cl);
     if (!cl) return bad("out of memory");
-    int rc = 0;
     ms_plan_result res = {0};
     ms_plan_memo *memo = NULL;
     if (ms_cluster_resolve(cluster, recal, stderr, cl, &err) != MS_OK) {
@@ -201,7 +158,7 @@ int ms_cmd_plan(int argc, char **argv) {
         goto out;
     }
     ms_plan_dtype dt = cl->cpu ? MS_PLAN_FP32 : MS_PLAN_BF16;
-    if (dtype && ms_plan_dtype_parse(dtype, &dt, &err) != MS_OK) {
+    if (dtype >= 0 && ms_plan_dtype_parse(dtype_names[dtype], &dt, &err) != MS_OK) {
         rc = bad("--dtype: %s", err.msg);
         goto out;
     }

@@ -21,10 +21,7 @@
 #include "traces/trace_read.h"
 #include "web/web.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: meshscope serve TRACE.json [--web HOST:PORT]\n"
-               "  serves the dashboard over a trace file (default 127.0.0.1, any free port)\n");
-}
+#include "cli/options.h"
 
 /* "dp2 x tp2" from the trace's mesh-dim groups (names other than "world"), in order of
  * first appearance; "trace" when there are none. */
@@ -58,34 +55,20 @@ static int step_cmp(const void *a, const void *b) {
 }
 
 int ms_cmd_serve(int argc, char **argv) {
-    const char *path = NULL, *web = "127.0.0.1:0";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--web")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "meshscope serve: --web needs HOST:PORT\n");
-                return 2;
-            }
-            web = argv[++i];
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "meshscope serve: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        } else if (path) {
-            fprintf(stderr, "meshscope serve: one trace file only (got '%s' and '%s')\n", path,
-                    argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
-    }
-    if (!path) {
-        usage(stderr);
-        return 2;
-    }
+    const char *pos[1], *web = "127.0.0.1:0";
+    const ms_option opts[] = {
+        MS_TEXT("web", "HOST:PORT", &web, "where to serve (default 127.0.0.1:0, any free port)"),
+    };
+    const ms_opts_cmd cmd = {.name = "serve",
+                             .synopsis = "TRACE.json [--web HOST:PORT]",
+                             .about = "Serves the web dashboard over a trace file and prints its "
+                                      "URL; Ctrl-C stops.",
+                             MS_OPTS_TABLE(opts),
+                             .min_pos = 1,
+                             .pos_name = "a trace file"};
+    int rc = ms_opts_run(&cmd, argc, argv, pos, 1, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    const char *path = pos[0];
     char host[64];
     int port = 0;
     ms_error err = {0};

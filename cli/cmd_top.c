@@ -16,60 +16,28 @@
 #include "tui/source.h"
 #include "tui/tui.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: meshscope top URL [--token TOKEN] [--interval MS] [--read-only]\n"
-            "\n"
-            "  URL          the dashboard line a job prints with --web, e.g.\n"
-            "               http://127.0.0.1:8123/?token=0123abcd...\n"
-            "  --token      the token, when URL does not carry it\n"
-            "  --interval   milliseconds between snapshots (default 500)\n"
-            "  --read-only  no accepting or dismissing suggestions\n"
-            "\n"
-            "keys: 1-6 or Tab switch screens, ? help, p pause, q quit (the job keeps running)\n");
-}
+#include "cli/options.h"
 
 int ms_cmd_top(int argc, char **argv) {
-    const char *url = NULL, *token = NULL;
-    int interval = 500;
+    const char *pos[1], *token = NULL;
+    int npos = 0, interval = 500;
     bool read_only = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--token") || !strcmp(a, "--interval")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "meshscope top: %s needs a value\n", a);
-                return 2;
-            }
-            if (!strcmp(a, "--token")) {
-                token = argv[++i];
-            } else {
-                char *end = NULL;
-                long v = strtol(argv[++i], &end, 10);
-                if (!end || *end || v < 50 || v > 60000) {
-                    fprintf(stderr,
-                            "meshscope top: --interval '%s': expected milliseconds from 50 to "
-                            "60000\n",
-                            argv[i]);
-                    return 2;
-                }
-                interval = (int)v;
-            }
-        } else if (!strcmp(a, "--read-only")) {
-            read_only = true;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "meshscope top: unknown option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        } else if (url) {
-            fprintf(stderr, "meshscope top: one URL only (got '%s' and '%s')\n", url, a);
-            return 2;
-        } else {
-            url = a;
-        }
-    }
+    const ms_option opts[] = {
+        MS_TEXT("token", "TOKEN", &token, "the dashboard's token, when URL does not carry it"),
+        MS_INT("interval", "MS", &interval, 50, 60000,
+               "milliseconds between snapshots (default 500)"),
+        MS_FLAG("read-only", &read_only, "no accepting or dismissing suggestions"),
+    };
+    const ms_opts_cmd cmd = {
+        .name = "top",
+        .synopsis = "URL [options]",
+        .about = "The terminal view of a running job. URL is the dashboard line a job prints with "
+                 "--web, e.g.\nhttp://127.0.0.1:8123/?token=0123abcd...\n"
+                 "keys: 1-6 or Tab switch screens, ? help, p pause, q quit (the job keeps running)",
+        MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, pos, 1, &npos);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    const char *url = npos ? pos[0] : NULL;
     if (!url) {
         fprintf(stderr, "meshscope top: which job? Pass the dashboard line it printed, e.g.\n"
                         "  meshscope top 'http://127.0.0.1:8123/?token=...'\n"

@@ -22,6 +22,8 @@
 #include "traces/trace_read.h"
 #include "traces/trace_write.h"
 
+#include "cli/options.h"
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: meshscope trace <command> ...\n"
@@ -33,11 +35,9 @@ static void usage(FILE *f) {
             "                     steps, overlap, bus bandwidth, ops, reshards, traffic and\n"
             "                     stragglers from a trace (steps A..B inclusive; A: or :B or A)\n"
             "  check FILE.json    check the file against the Trace Event Format rules; exit 1\n"
-            "                     with the first violation\n");
-}
-
-static bool is_help(const char *a) {
-    return !strcmp(a, "--help") || !strcmp(a, "-h");
+            "                     with the first violation\n"
+            "\n"
+            "meshscope trace COMMAND --help lists a command's options\n");
 }
 
 /* --- merge ----------------------------------------------------------------------------- */
@@ -68,31 +68,28 @@ static int32_t merge_group(merged *m, const ms_group *g) {
 static int cmd_merge(int argc, char **argv) {
     const char *out = NULL;
     const char **in = xcalloc((size_t)argc, sizeof *in);
-    int nin = 0, rc = 1;
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i])) {
-            usage(stdout);
-            free(in);
-            return 0;
-        }
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (i + 1 >= argc || out) {
-                fprintf(stderr, "meshscope trace merge: %s needs one output file name\n", argv[i]);
-                free(in);
-                return 2;
-            }
-            out = argv[++i];
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "meshscope trace merge: unknown option '%s'\n", argv[i]);
-            free(in);
-            return 2;
-        } else {
-            in[nin++] = argv[i];
-        }
+    int nin = 0;
+    const ms_option opts[] = {
+        {.name = "output",
+         .short_name = 'o',
+         .kind = MS_OPT_STRING,
+         .metavar = "OUT.json",
+         .help = "the merged file (required; not one of the inputs)",
+         .dest = &out},
+    };
+    const ms_opts_cmd cmd = {.name = "trace merge",
+                             .synopsis = "A.json B.json ... -o OUT.json",
+                             .about = "Merges per-rank traces into one file, one process per rank.",
+                             MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, in, argc, &nin);
+    if (rc != MS_OPTS_PROCEED) {
+        free(in);
+        return rc;
     }
+    rc = 1;
     if (!out || nin == 0) {
         fprintf(stderr, "meshscope trace merge: give input files and -o OUT.json\n\n");
-        usage(stderr);
+        ms_opts_help(&cmd, stderr);
         free(in);
         return 2;
     }
@@ -225,39 +222,34 @@ static bool parse_steps(const char *s, int64_t *lo, int64_t *hi) {
     return *hi < 0 || *lo <= *hi;
 }
 
+typedef struct step_range {
+    int64_t lo, hi;
+} step_range;
+
+static bool opt_steps(const char *v, void *dest, char *msg, size_t cap) {
+    step_range *r = dest;
+    if (parse_steps(v, &r->lo, &r->hi)) return true;
+    snprintf(msg, cap, "expected A:B (A <= B), A:, :B or A, with step numbers >= 0");
+    return false;
+}
+
 static int cmd_summary(int argc, char **argv) {
-    const char *path = NULL;
-    int64_t lo = 0, hi = -1;
-    for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i])) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--steps")) {
-            if (i + 1 >= argc || !parse_steps(argv[i + 1], &lo, &hi)) {
-                fprintf(stderr,
-                        "meshscope trace summary: --steps wants A:B (A <= B), A:, :B or A, "
-                        "with step numbers >= 0; got '%s'\n",
-                        i + 1 < argc ? argv[i + 1] : "");
-                return 2;
-            }
-            i++;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "meshscope trace summary: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else if (path) {
-            fprintf(stderr, "meshscope trace summary: one file at a time (got %s and %s)\n", path,
-                    argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
-    }
-    if (!path) {
-        fprintf(stderr, "meshscope trace summary: give a trace file\n\n");
-        usage(stderr);
-        return 2;
-    }
+    const char *pos[1];
+    step_range r = {0, -1};
+    const ms_option opts[] = {
+        MS_CALL("steps", "A:B", &r, opt_steps, "steps A..B inclusive; A: or :B or A (default all)"),
+    };
+    const ms_opts_cmd cmd = {.name = "trace summary",
+                             .synopsis = "FILE.json [--steps A:B]",
+                             .about = "Steps, overlap, bus bandwidth, ops, reshards, traffic and "
+                                      "stragglers from a trace.",
+                             MS_OPTS_TABLE(opts),
+                             .min_pos = 1,
+                             .pos_name = "a trace file"};
+    int rc = ms_opts_run(&cmd, argc, argv, pos, 1, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    const char *path = pos[0];
+    int64_t lo = r.lo, hi = r.hi;
     ms_trace t;
     ms_error err = {0};
     if (ms_trace_read(path, &t, &err) != MS_OK) {
@@ -282,27 +274,32 @@ static int cmd_summary(int argc, char **argv) {
 /* --- check ----------------------------------------------------------------------------- */
 
 static int cmd_check(int argc, char **argv) {
-    if (argc == 2 && is_help(argv[1])) {
-        usage(stdout);
-        return 0;
+    const char **files = xcalloc((size_t)argc, sizeof *files);
+    int nfiles = 0;
+    const ms_opts_cmd cmd = {.name = "trace check",
+                             .synopsis = "FILE.json ...",
+                             .about = "Checks each file against the Trace Event Format rules; "
+                                      "exit 1 with the first violation.",
+                             .min_pos = 1,
+                             .pos_name = "one or more trace files"};
+    int rc = ms_opts_run(&cmd, argc, argv, files, argc, &nfiles);
+    if (rc != MS_OPTS_PROCEED) {
+        free(files);
+        return rc;
     }
-    if (argc < 2) {
-        fprintf(stderr, "meshscope trace check: give one or more trace files\n\n");
-        usage(stderr);
-        return 2;
-    }
-    int rc = 0;
-    for (int i = 1; i < argc; i++) {
+    rc = 0;
+    for (int i = 0; i < nfiles; i++) {
         ms_trace_check_info info;
         ms_error err = {0};
-        if (ms_trace_check(argv[i], &info, &err) != MS_OK) {
+        if (ms_trace_check(files[i], &info, &err) != MS_OK) {
             fprintf(stderr, "meshscope trace check: %s\n", err.msg);
             rc = 1;
         } else {
-            printf("%s: ok, %zu events follow the Trace Event Format rules\n", argv[i],
+            printf("%s: ok, %zu events follow the Trace Event Format rules\n", files[i],
                    info.n_events);
         }
     }
+    free(files);
     return rc;
 }
 
@@ -312,7 +309,7 @@ int ms_cmd_trace(int argc, char **argv) {
         return 2;
     }
     const char *sub = argv[1];
-    if (is_help(sub) || !strcmp(sub, "help")) {
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
         usage(stdout);
         return 0;
     }

@@ -12,16 +12,10 @@
 #include "engine/io/safetensors.h"
 #include "job/train_job.h"
 
-#define TRAIN_FLAGS                                                                                \
-    "--model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch --seq --lr "   \
-    "--min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every "             \
-    "--eval-every --val-fraction --threads --trace --trace-from --web --tui --switch "             \
-    "--advise-threshold --memory-cap --on-nan"
-
 int ms_cmd_train(int argc, char **argv) {
     run_opts o;
-    int rc = run_opts_parse("train", argc, argv, TRAIN_FLAGS, &o);
-    if (rc) return rc;
+    int rc = run_opts_parse(RUN_TRAIN, argc, argv, &o);
+    if (rc != MS_OPTS_PROCEED) return rc;
     if (!o.data) {
         fprintf(stderr, "meshscope train: --data FILE is required (a text file; `make run` "
                         "prepares data/kjv.txt)\n");
@@ -106,12 +100,8 @@ out:
 
 int ms_cmd_eval(int argc, char **argv) {
     run_opts o;
-    int rc =
-        run_opts_parse("eval", argc, argv,
-                       "--model --checkpoint --data --batch --seq --batches --dp --tp --cp --sp "
-                       "--strategy --backend",
-                       &o);
-    if (rc) return rc;
+    int rc = run_opts_parse(RUN_EVAL, argc, argv, &o);
+    if (rc != MS_OPTS_PROCEED) return rc;
     if (!o.checkpoint || !o.data) {
         fprintf(stderr, "meshscope eval: --checkpoint FILE and --data FILE are required\n");
         return 2;
@@ -138,9 +128,8 @@ static ms_status explain_rank(ms_ctx *ctx, void *arg, ms_error *err) {
 
 int ms_cmd_explain(int argc, char **argv) {
     run_opts o;
-    int rc = run_opts_parse("explain", argc, argv,
-                            "--model --strategy --dp --tp --cp --sp --batch --seq --backend", &o);
-    if (rc) return rc;
+    int rc = run_opts_parse(RUN_EXPLAIN, argc, argv, &o);
+    if (rc != MS_OPTS_PROCEED) return rc;
     job_plan plan;
     return launch("explain", &o, &plan, explain_rank);
 }

@@ -5,28 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <unistd.h>
-
 #include "engine/comm/comm_mpi.h"
-#include "engine/kernels/kernels.h"
 
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
+/* Every flag of train, eval and explain, with the commands that take it. */
+typedef struct run_flag {
+    unsigned cmds; /* run_cmd bits */
+    ms_option opt;
+} run_flag;
 
-static bool parse_double(const char *s, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (*s == '\0' || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
-}
-
-int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, run_opts *o) {
+int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     *o = (run_opts){.dp = 1,
                     .tp = 1,
                     .cp = 1,
@@ -45,115 +32,95 @@ int run_opts_parse(const char *cmd, int argc, char **argv, const char *allowed, 
                     .log_every = 10,
                     .eval_every = 0,
                     .advise_threshold = 0.10};
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        char key[40];
-        snprintf(key, sizeof key, "%s ", f);
-        bool ok_flag = strncmp(f, "--", 2) == 0 && strstr(allowed, f) != NULL;
-        if (ok_flag) {
-            /* whole-word match */
-            const char *at = strstr(allowed, f);
-            size_t n = strlen(f);
-            ok_flag = (at[n] == ' ' || at[n] == '\0') && (at == allowed || at[-1] == ' ');
-        }
-        if (!ok_flag) {
-            fprintf(stderr, "meshscope %s: unknown option '%s'\nvalid options: %s\n", cmd, f,
-                    allowed);
-            return 2;
-        }
-        if (!strcmp(f, "--sp") || !strcmp(f, "--tui")) {
-            if (f[2] == 's')
-                o->sp = true;
-            else
-                o->tui = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "meshscope %s: %s needs a value\n", cmd, f);
-            return 2;
-        }
-        const char *v = argv[++i];
-        long n = 0;
-        double d = 0;
-        bool good = true;
-        if (!strcmp(f, "--model"))
-            o->model = v;
-        else if (!strcmp(f, "--data"))
-            o->data = v;
-        else if (!strcmp(f, "--strategy"))
-            o->strategy_file = v;
-        else if (!strcmp(f, "--log-jsonl"))
-            o->log_jsonl = v;
-        else if (!strcmp(f, "--save"))
-            o->save = v;
-        else if (!strcmp(f, "--trace-from"))
-            good = parse_int(v, 0, 100000000, &n), o->trace_from = (int)n;
-        else if (!strcmp(f, "--trace"))
-            o->trace = v;
-        else if (!strcmp(f, "--web"))
-            o->web = v;
-        else if (!strcmp(f, "--switch"))
-            o->switch_spec = v;
-        else if (!strcmp(f, "--memory-cap"))
-            good = parse_double(v, 0, 1e9, &d), o->memory_cap_mib = d;
-        else if (!strcmp(f, "--advise-threshold"))
-            good = parse_double(v, 0, 10, &d), o->advise_threshold = d;
-        else if (!strcmp(f, "--checkpoint"))
-            o->checkpoint = v;
-        else if (!strcmp(f, "--on-nan")) {
-            good = !strcmp(v, "stop") || !strcmp(v, "skip");
-            o->on_nan = !strcmp(v, "skip") ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
-        } else if (!strcmp(f, "--backend")) {
-            ms_error e;
-            if (ms_backend_parse(v, &o->backend, &e) != MS_OK) {
-                fprintf(stderr, "meshscope %s: %s\n", cmd, e.msg);
-                return 2;
-            }
-        } else if (!strcmp(f, "--dp"))
-            good = parse_int(v, 1, 4096, &n), o->dp = (int)n;
-        else if (!strcmp(f, "--tp"))
-            good = parse_int(v, 1, 4096, &n), o->tp = (int)n;
-        else if (!strcmp(f, "--cp"))
-            good = parse_int(v, 1, 4096, &n), o->cp = (int)n;
-        else if (!strcmp(f, "--threads"))
-            good = parse_int(v, 0, 1024, &n), o->threads = (int)n;
-        else if (!strcmp(f, "--steps"))
-            good = parse_int(v, 0, 100000000, &n), o->steps = (int)n;
-        else if (!strcmp(f, "--batch"))
-            good = parse_int(v, 1, 1 << 20, &n), o->batch = (int)n;
-        else if (!strcmp(f, "--seq"))
-            good = parse_int(v, 1, 1 << 20, &n), o->seq = (int)n;
-        else if (!strcmp(f, "--warmup"))
-            good = parse_int(v, 0, 100000000, &n), o->warmup = (int)n;
-        else if (!strcmp(f, "--sample"))
-            good = parse_int(v, 0, 100000, &n), o->sample = (int)n;
-        else if (!strcmp(f, "--batches"))
-            good = parse_int(v, 1, 100000000, &n), o->batches = (int)n;
-        else if (!strcmp(f, "--log-every"))
-            good = parse_int(v, 1, 100000000, &n), o->log_every = (int)n;
-        else if (!strcmp(f, "--eval-every"))
-            good = parse_int(v, 0, 100000000, &n), o->eval_every = (int)n;
-        else if (!strcmp(f, "--seed"))
-            good = parse_int(v, 0, 0x7fffffffL, &n), o->seed = (uint64_t)n;
-        else if (!strcmp(f, "--lr"))
-            good = parse_double(v, 0, 10, &d), o->lr = d;
-        else if (!strcmp(f, "--min-lr"))
-            good = parse_double(v, 0, 10, &d), o->min_lr = d;
-        else if (!strcmp(f, "--weight-decay"))
-            good = parse_double(v, 0, 10, &d), o->weight_decay = d;
-        else if (!strcmp(f, "--clip"))
-            good = parse_double(v, 0, 1e9, &d), o->clip = d;
-        else if (!strcmp(f, "--val-fraction"))
-            good = parse_double(v, 0, 0.9, &d), o->val_fraction = d;
-        if (!good) {
-            fprintf(stderr, "meshscope %s: bad value '%s' for %s\n", cmd, v, f);
-            return 2;
-        }
-    }
-    if (strstr(allowed, "--model") && !o->model) {
-        fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", cmd);
+    int backend = (int)o->backend, seed = (int)o->seed, on_nan = 0;
+    static const char *const on_nan_words[] = {"stop", "skip", NULL};
+    const run_flag flags[] = {
+        {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model, "the model's config JSON (required)")},
+        {RUN_TRAIN | RUN_EVAL,
+         MS_TEXT("data", "FILE", &o->data, "the text to train on or evaluate (required)")},
+        {RUN_EVAL,
+         MS_TEXT("checkpoint", "FILE", &o->checkpoint, "the safetensors weights (required)")},
+        {RUN_ALL, MS_TEXT("strategy", "FILE", &o->strategy_file,
+                          "strategy JSON: mesh and placements (instead of --dp/--tp/--cp/--sp)")},
+        {RUN_ALL, MS_INT("dp", "N", &o->dp, 1, 4096, "data-parallel ranks (default 1)")},
+        {RUN_ALL, MS_INT("tp", "N", &o->tp, 1, 4096, "tensor-parallel ranks (default 1)")},
+        {RUN_ALL, MS_INT("cp", "N", &o->cp, 1, 4096, "context-parallel ranks (default 1)")},
+        {RUN_ALL, MS_FLAG("sp", &o->sp, "sequence parallelism in the tensor-parallel group")},
+        {RUN_ALL, MS_ENUM_BACKEND(&backend)},
+        {RUN_TRAIN, MS_INT("steps", "N", &o->steps, 0, 100000000, "optimizer steps (default 100)")},
+        {RUN_TRAIN, MS_INT("seed", "S", &seed, 0, 0x7fffffff,
+                           "seed of weights, data and sampling (default 1337)")},
+        {RUN_ALL, MS_INT("batch", "B", &o->batch, 1, 1 << 20, "sequences per step (default 8)")},
+        {RUN_ALL, MS_INT("seq", "T", &o->seq, 1, 1 << 20, "tokens per sequence (default 64)")},
+        {RUN_EVAL,
+         MS_INT("batches", "K", &o->batches, 1, 100000000, "batches to evaluate (default 4)")},
+        {RUN_TRAIN, MS_NUM("lr", "LR", &o->lr, 0, 10, "peak learning rate (default 0.001)")},
+        {RUN_TRAIN, MS_NUM("min-lr", "LR", &o->min_lr, 0, 10,
+                           "learning rate at the end of the cosine (default 0.0001)")},
+        {RUN_TRAIN, MS_INT("warmup", "N", &o->warmup, 0, 100000000, "warmup steps (default 10)")},
+        {RUN_TRAIN,
+         MS_NUM("weight-decay", "W", &o->weight_decay, 0, 10, "AdamW weight decay (default 0)")},
+        {RUN_TRAIN, MS_NUM("clip", "C", &o->clip, 0, 1e9,
+                           "clip the global gradient norm at C; 0: off (default 1)")},
+        {RUN_TRAIN, MS_TEXT("log-jsonl", "FILE", &o->log_jsonl, "one JSON line per logged step")},
+        {RUN_TRAIN, MS_TEXT("save", "FILE", &o->save, "write the trained weights (safetensors)")},
+        {RUN_TRAIN, MS_INT("sample", "N", &o->sample, 0, 100000,
+                           "generate N bytes of text after training (default 0)")},
+        {RUN_TRAIN,
+         MS_INT("log-every", "N", &o->log_every, 1, 100000000, "log every N steps (default 10)")},
+        {RUN_TRAIN, MS_INT("eval-every", "N", &o->eval_every, 0, 100000000,
+                           "validation loss every N steps; 0: at the end only (default 0)")},
+        {RUN_TRAIN, MS_NUM("val-fraction", "F", &o->val_fraction, 0, 0.9,
+                           "share of the text held out for validation (default 0.1)")},
+        {RUN_TRAIN, MS_INT("threads", "N", &o->threads, 0, 1024,
+                           "BLAS threads per rank; 0: cores / ranks (default 0)")},
+        {RUN_TRAIN,
+         MS_TEXT("trace", "FILE", &o->trace, "write a Trace Event Format file of the run")},
+        {RUN_TRAIN,
+         MS_INT("trace-from", "N", &o->trace_from, 0, 100000000, "first traced step (default 0)")},
+        {RUN_TRAIN,
+         MS_TEXT("web", "HOST:PORT", &o->web, "serve the live dashboard (port 0: any free port)")},
+        {RUN_TRAIN, MS_FLAG("tui", &o->tui, "the terminal view of the running job")},
+        {RUN_TRAIN, MS_TEXT("switch", "STEP:STRATEGY", &o->switch_spec,
+                            "switch to STRATEGY (JSON text or file) at step STEP")},
+        {RUN_TRAIN, MS_NUM("advise-threshold", "F", &o->advise_threshold, 0, 10,
+                           "suggest strategies predicted at least F faster (default 0.10)")},
+        {RUN_TRAIN, MS_NUM("memory-cap", "MIB", &o->memory_cap_mib, 0, 1e9,
+                           "refuse switches needing more MiB per rank; 0: this machine's share")},
+        {RUN_TRAIN, MS_ENUM("on-nan", &on_nan, on_nan_words,
+                            "a non-finite loss or gradient norm: stop the run (default) or skip "
+                            "the step")},
+    };
+    static const struct {
+        const char *name, *synopsis, *about;
+    } cmds[] = {
+        {"train", "--model CONFIG --data FILE [options]",
+         "Trains a GPT-2 or BERT model on a mesh of ranks (--dp x --tp x --cp, or --strategy);\n"
+         "--web and --tui show the job live and take strategy switches."},
+        {"eval", "--model CONFIG --checkpoint FILE --data FILE [options]",
+         "Prints the loss of a checkpoint on deterministic windows of the text, as JSON."},
+        {"explain", "--model CONFIG [options]",
+         "Prints every value's placements and every reshard with its bytes."},
+    };
+    ms_option opts[sizeof flags / sizeof flags[0]];
+    int n = 0;
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (flags[i].cmds & cmd) opts[n++] = flags[i].opt;
+    const int which = cmd == RUN_TRAIN ? 0 : cmd == RUN_EVAL ? 1 : 2;
+    ms_opts_cmd c = {.name = cmds[which].name,
+                     .synopsis = cmds[which].synopsis,
+                     .about = cmds[which].about,
+                     .opts = opts,
+                     .n_opts = n};
+    int rc = ms_opts_run(&c, argc, argv, NULL, 0, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    o->backend = (ms_backend_kind)backend;
+    o->seed = (uint64_t)seed;
+    o->on_nan = on_nan ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
+    if (!o->model) {
+        fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", c.name);
         return 2;
     }
     if (o->min_lr > o->lr) o->min_lr = o->lr;
-    return 0;
+    return MS_OPTS_PROCEED;
 }

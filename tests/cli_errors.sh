@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Bad input to the CLI: each case must exit non-zero (never crash: no exit code >= 128) and
-# print an error that names the problem. Usage: cli_errors.sh path/to/meshscope
+# print an error that names the problem. Then every command's --help (and -h) exits 0 and lists
+# each of its flags, and an unknown flag exits 2 with the closest one suggested.
+# Usage: cli_errors.sh path/to/meshscope
 set -u
 bin=$1
 tmp=$(mktemp -d)
@@ -78,6 +80,110 @@ expect "plan bad dtype" "use bf16 or fp32" "${plan[@]}" --dtype fp8
 rc=$?
 if [ "$rc" -eq 2 ]; then echo "ok   plan bad input exits 2"; pass=$((pass + 1)); else echo "FAIL plan bad input exits $rc, not 2"; fail=$((fail + 1)); fi
 expect "unknown command" "unknown command" "$bin" frobnicate
+
+# --- help and suggestions: one table per command (cli/options.h) ---
+
+# expect_rc RC NAME WANTED-TEXT COMMAND...: exit code exactly RC, the text in the output.
+expect_rc() {
+  local want_rc=$1 name=$2 want=$3
+  shift 3
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL $name (exit $rc, wanted $want_rc): wanted '$want' in:"
+    echo "$out" | head -5
+    fail=$((fail + 1))
+  else
+    pass=$((pass + 1))
+  fi
+}
+
+# help_lists "CMD WORDS" FLAG...: `meshscope CMD --help` and `-h` exit 0 and name every flag,
+# each on a line of its own.
+help_lists() {
+  local -a cmd
+  read -ra cmd <<<"$1"
+  shift
+  local flag h out rc missing
+  for h in --help -h; do
+    out=$("$bin" "${cmd[@]}" "$h" 2>&1)
+    rc=$?
+    missing=""
+    for flag in "$@"; do
+      grep -qE -- "^ +(-[a-z], )?$flag( |,|$)" <<<"$out" || missing="$missing $flag"
+    done
+    if [ "$rc" -ne 0 ] || [ -n "$missing" ] || ! grep -q "^usage: meshscope ${cmd[*]}" <<<"$out"; then
+      echo "FAIL ${cmd[*]} $h (exit $rc), not listed:${missing:- (usage line)}"
+      echo "$out" | head -5
+      fail=$((fail + 1))
+    else
+      pass=$((pass + 1))
+    fi
+  done
+  echo "ok   ${cmd[*]} --help and -h list $# flags"
+}
+
+help_lists "train" --model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch \
+  --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
+  --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
+  --advise-threshold --memory-cap --help
+help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --cp --sp \
+  --strategy --backend --help
+help_lists "explain" --model --strategy --dp --tp --cp --sp --batch --seq --backend --help
+help_lists "demo" --ranks --backend --help
+help_lists "bench comm" --json --ranks --min-bytes --max-bytes --step --iters --reps --ops \
+  --backends --quick --mpi-default-malloc --help
+help_lists "bench gemm" --m --n --k --ta --tb --backward --threads --iters --reps --json --help
+help_lists "trace merge" --output --help
+help_lists "trace summary" --steps --help
+help_lists "trace check" --help
+help_lists "serve" --web --help
+help_lists "top" --token --interval --read-only --help
+help_lists "plan" --model --cluster --devices --global-batch --seq --dtype --evaluate --top \
+  --executable-only --json --recalibrate --help
+expect_rc 0 "meshscope --help lists commands" "bench gemm" "$bin" --help
+for c in train eval explain demo "bench comm" "trace" serve top plan; do
+  expect_rc 0 "meshscope --help lists $c" "  $c" "$bin" --help
+done
+expect_rc 0 "meshscope --version" "meshscope 0." "$bin" --version
+expect_rc 0 "trace --help lists its commands" "summary FILE.json" "$bin" trace --help
+expect_rc 0 "bench --help lists the benchmarks" "comm|gemm" "$bin" bench --help
+
+# suggest NAME "CMD WORDS" TYPO WANTED: exit 2 with "did you mean 'WANTED'?".
+suggest() {
+  local -a cmd
+  read -ra cmd <<<"$1"
+  expect_rc 2 "${cmd[*]} $2" "unknown option '$2'; did you mean '$3'?" "$bin" "${cmd[@]}" "$2" x
+}
+suggest "train" --step --steps
+suggest "train" --wramup --warmup
+suggest "train" -steps --steps
+suggest "eval" --checkpiont --checkpoint
+suggest "explain" --stratgy --strategy
+suggest "demo" --rank --ranks
+suggest "bench comm" --max-byte --max-bytes
+suggest "bench gemm" --thread --threads
+suggest "trace merge" --outptu --output
+suggest "trace summary" --step --steps
+suggest "trace check" --hlep --help
+suggest "serve" --wbe --web
+suggest "top" --intervl --interval
+suggest "plan" --global-bach --global-batch
+echo "ok   unknown flags: the closest suggested, exit 2"
+expect_rc 2 "no suggestion far from every flag" "'meshscope train --help' lists the options" \
+  "${run[@]}" --data "$tmp/text.txt" --frobnicate 3
+expect_rc 2 "missing value names the flag" "--steps needs a value" "${run[@]}" --steps
+expect_rc 2 "bad value names flag and range" "bad value 'lots' for --steps: expected an integer from 0" \
+  "${run[@]}" --data "$tmp/text.txt" --steps lots
+expect_rc 2 "bad choice names the choices" "bad value 'nccl' for --backend: use threads or mpi" \
+  "${run[@]}" --data "$tmp/text.txt" --backend nccl
+expect_rc 2 "flag that takes no value" "--sp takes no value" "${run[@]}" --sp=1
+expect_rc 2 "top: bad interval" "bad value '10' for --interval: expected an integer from 50 to 60000" \
+  "$bin" top http://127.0.0.1:1/ --interval 10
+expect_rc 2 "serve: one file" "unexpected argument 'b.json'" "$bin" serve a.json b.json
+expect_rc 2 "bench comm: bad list" "bad value 'all_sum' for --ops" "$bin" bench comm --ops all_sum
+echo "ok   errors name the flag and exit 2"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
