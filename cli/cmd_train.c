@@ -37,7 +37,7 @@ static int launch(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn
         return 2;
     }
     rank_arg arg = {o, plan};
-    if (job_launch(o, plan, fn, &arg, &err) != MS_OK) {
+    if (job_launch(cmd, o, plan, fn, &arg, &err) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
         return 1;
     }

@@ -74,6 +74,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                            "share of the text held out for validation (default 0.1)")},
         {RUN_TRAIN, MS_INT("threads", "N", &o->threads, 0, 1024,
                            "BLAS threads per rank; 0: cores / ranks (default 0)")},
+        {RUN_TRAIN, MS_INT("timeout-s", "S", &o->timeout_s, 1, 86400,
+                           "communicator timeout in seconds (default 60)")},
         {RUN_TRAIN,
          MS_TEXT("trace", "FILE", &o->trace, "write a Trace Event Format file of the run")},
         {RUN_TRAIN,
@@ -119,6 +121,11 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     o->on_nan = on_nan ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
     if (!o->model) {
         fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", c.name);
+        return 2;
+    }
+    ms_error e;
+    if (ms_strategy_check_degrees(o->dp, o->tp, o->cp, 0, NULL, &e) != MS_OK) {
+        fprintf(stderr, "meshscope %s: %s\n", c.name, e.msg);
         return 2;
     }
     if (o->min_lr > o->lr) o->min_lr = o->lr;

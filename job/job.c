@@ -1,6 +1,8 @@
 /* job.c - resolving a job's model and strategy, and launching its ranks (see job.h). */
 #include "job/job.h"
 
+#include <stdio.h>
+
 #include <unistd.h>
 
 #include "engine/comm/comm_mpi.h"
@@ -32,8 +34,8 @@ ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference
                            .on_nonfinite = o->on_nan};
 }
 
-ms_status job_launch(const run_opts *o, const job_plan *plan, ms_rank_fn fn, void *arg,
-                     ms_error *err) {
+ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
+                     void *arg, ms_error *err) {
     int nranks = plan->world_size;
     if (o->backend == MS_BACKEND_MPI) {
         int argc = 0;
@@ -47,9 +49,16 @@ ms_status job_launch(const run_opts *o, const job_plan *plan, ms_rank_fn fn, voi
                                                       : 1;
     ms_k_blas_set_threads(per_rank);
     ms_launch_opts lo = {.backend = o->backend,
-                         .nranks = o->backend == MS_BACKEND_MPI ? 0 : nranks,
-                         .seed = o->seed};
+                         .nranks = nranks,
+                         .seed = o->seed,
+                         .timeout_ms = (int64_t)o->timeout_s * 1000};
     ms_status st = ms_launch(&lo, fn, arg, err);
-    if (o->backend == MS_BACKEND_MPI) ms_mpi_finalize();
+    if (o->backend == MS_BACKEND_MPI) {
+        if (ms_mpi_failed()) {
+            fprintf(stderr, "meshscope %s: %s\n", cmd, err->msg);
+            ms_mpi_abort(1);
+        }
+        ms_mpi_finalize();
+    }
     return st;
 }

@@ -29,6 +29,7 @@ typedef struct run_opts {
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;    /* BLAS threads per rank; 0 = cores / ranks */
+    int timeout_s;  /* --timeout-s: communicator timeout; 0 = the default (60 s) */
     int trace_from; /* first traced step */
     uint64_t seed;
     double lr, min_lr, weight_decay, clip, val_fraction;
@@ -49,8 +50,12 @@ ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
 /* The trainer options the flags describe (inference: no optimizer state). */
 ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference);
 
-/* Runs fn on the job's ranks (threads: world_size of them; mpi: this process). */
-ms_status job_launch(const run_opts *o, const job_plan *plan, ms_rank_fn fn, void *arg,
-                     ms_error *err);
+/* Runs fn on the job's ranks (threads: world_size of them; mpi: this process, checked against
+ * the world mpirun started). Under MPI, once a communicator has failed (a rank timed out or
+ * died) the error is printed as "meshscope CMD: message" and the whole job ends with
+ * MPI_Abort: MPI_Finalize would wait forever for a stalled rank. Otherwise returns the first
+ * failure, for the caller to print. */
+ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
+                     void *arg, ms_error *err);
 
 #endif

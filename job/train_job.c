@@ -252,7 +252,7 @@ int train_job_run(const run_opts *o) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
         return 2;
     }
-    st = job_launch(o, &plan, train_rank, &ta, &err);
+    st = job_launch("train", o, &plan, train_rank, &ta, &err);
     if (ta.job) {
         live_job_finish(&job);
         live_job_close(&job);

@@ -404,9 +404,9 @@ ms_status ms_plan_check_executable(const ms_model_config *cfg, const ms_plan_str
                        s->tp, s->cp);
     if (mesh != world)
         return ms_fail(err, MS_ERR_INVALID,
-                       "the mesh dp%d x tp%d%s has %ld ranks but the job runs on %d; pick degrees "
-                       "whose product is %d",
-                       s->dp, s->tp, s->cp > 1 ? " x cp" : "", mesh, world, world);
+                       "the mesh dp%d x tp%d x pp%d x cp%d has %ld ranks but the job runs on %d; "
+                       "pick degrees whose product is %d",
+                       s->dp, s->tp, s->pp, s->cp, mesh, world, world);
     if (cfg->n_head % s->tp)
         return ms_fail(err, MS_ERR_INVALID,
                        "tp %d does not divide the %d attention heads; pick a tp that divides "

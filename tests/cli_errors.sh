@@ -2,7 +2,8 @@
 # Bad input to the CLI: each case must exit non-zero (never crash: no exit code >= 128) and
 # print an error that names the problem. Then every command's --help (and -h) exits 0 and lists
 # each of its flags, and an unknown flag exits 2 with the closest one suggested.
-# Usage: cli_errors.sh path/to/meshscope
+# Usage: cli_errors.sh path/to/meshscope [hardening]
+# ("hardening": only the inputs that once crashed it).
 set -u
 bin=$1
 tmp=$(mktemp -d)
@@ -43,6 +44,32 @@ printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 200) 
 printf 'short' >"$tmp/short.txt"
 
 run=("$bin" train --model "$tmp/ok.json" --steps 1 --batch 2 --seq 16)
+
+finish() {
+  echo "$pass passed, $fail failed"
+  [ "$fail" -eq 0 ]
+}
+
+if [ "${2:-}" = hardening ]; then
+  # Degrees whose product overflowed an int to 0, which was then divided by (SIGFPE).
+  huge="dp 4096 x tp 4096 x cp 4096 needs more than 4096 ranks"
+  printf '{"mesh": {"dp": 4096, "tp": 4096, "cp": 4096}}' >"$tmp/huge.json"
+  expect "train huge mesh" "$huge" "${run[@]}" --data "$tmp/text.txt" --dp 4096 --tp 4096 --cp 4096
+  expect "explain huge mesh" "$huge" "$bin" explain --model "$tmp/ok.json" --dp 4096 --tp 4096 --cp 4096
+  expect "train huge strategy file" "huge.json: strategy: $huge" "${run[@]}" --data "$tmp/text.txt" \
+    --strategy "$tmp/huge.json"
+  expect "explain huge strategy file" "$huge" "$bin" explain --model "$tmp/ok.json" --strategy "$tmp/huge.json"
+  expect "switch to a huge mesh" "$huge" "${run[@]}" --data "$tmp/text.txt" \
+    --switch '1:{"dp": 4096, "tp": 4096, "cp": 4096}'
+  expect "mesh larger than the world" "needs 4 ranks but the job runs on 2" "${run[@]}" \
+    --data "$tmp/text.txt" --dp 2 --switch '1:{"dp": 2, "tp": 2}'
+  expect "timeout zero" "bad value '0' for --timeout-s" "${run[@]}" --data "$tmp/text.txt" --timeout-s 0
+  expect "timeout not a number" "bad value 'soon' for --timeout-s" "${run[@]}" --data "$tmp/text.txt" \
+    --timeout-s soon
+  finish
+  exit
+fi
+
 expect "n_embd not divisible by n_head" "not divisible" "$bin" train --model "$tmp/bad-div.json" --data "$tmp/text.txt"
 expect "config JSON path" '$.n_head' "$bin" train --model "$tmp/bad-type.json" --data "$tmp/text.txt"
 expect "malformed config" "malformed" "$bin" train --model "$tmp/truncated.json" --data "$tmp/text.txt"
@@ -185,5 +212,4 @@ expect_rc 2 "serve: one file" "unexpected argument 'b.json'" "$bin" serve a.json
 expect_rc 2 "bench comm: bad list" "bad value 'all_sum' for --ops" "$bin" bench comm --ops all_sum
 echo "ok   errors name the flag and exit 2"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

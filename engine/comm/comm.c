@@ -177,6 +177,7 @@ static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, 
                        ms_coll_name(kind), g, c->broken_why);
     }
     call->seq = ++c->seq;
+    call->timeout_ns = c->timeout_ns;
     call->deadline_ns = ms_now_ns() + c->timeout_ns;
     return MS_OK;
 }
@@ -479,4 +480,15 @@ int ms_split_order(const int *color_key, int n, int color, int me, int *members,
     }
     free(m);
     return size;
+}
+
+int ms_comm_blame(const int *suspects, const ms_peer_state *state, int n, bool all_arrived,
+                  int *out) {
+    bool any_silent = false;
+    for (int i = 0; i < n; i++) any_silent |= state[i] == MS_PEER_SILENT;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (any_silent ? state[i] == MS_PEER_SILENT : !all_arrived && state[i] == MS_PEER_ANSWERED)
+            out[k++] = suspects[i];
+    return k;
 }

@@ -23,6 +23,7 @@ typedef struct ms_comm_call {
     ms_comm_dtype dtype; /* element type of the buffers (and of p2p counts) */
     int64_t seq;         /* sequence number of this call on this communicator */
     int64_t deadline_ns; /* absolute, ms_now_ns() clock */
+    int64_t timeout_ns;  /* the communicator's timeout, which set the deadline */
     /* Filled by the backend on MS_ERR_TIMEOUT: members (communicator ranks) missing. */
     int n_missing;
     int missing[64];
@@ -71,5 +72,22 @@ void ms_reduce_finish(float *acc, size_t n, ms_reduce_op op, int group_size);
  * ranks of the members to members[] and returns their count; *pos = the position of parent
  * rank `me` among them (-1 if it is not a member). */
 int ms_split_order(const int *color_key, int n, int color, int me, int *members, int *pos);
+
+/* What a rank learnt about a peer that did not finish a call with it, after a timeout. */
+typedef enum ms_peer_state {
+    MS_PEER_SILENT,   /* no sign of life: stalled, or gone */
+    MS_PEER_GAVE_UP,  /* it timed out or failed itself and left: a victim */
+    MS_PEER_ANSWERED, /* alive, waiting for something else (e.g. behind a stalled rank) */
+} ms_peer_state;
+
+/* The ranks a timeout names as missing, from suspects[0..n) (communicator ranks that did not
+ * finish the call with this rank) and what was learnt about each. When some are silent, only
+ * those are named: the others are blocked behind them, or gave up because of them. Otherwise
+ * the ones that answered are named (nobody stalled; they are busy elsewhere, e.g. in another
+ * collective), unless all_arrived (every member entered and only the transfer stalled), when
+ * nobody can be named; ranks that gave up are never named. Writes the named ranks to out (may
+ * alias suspects) and returns their count. */
+int ms_comm_blame(const int *suspects, const ms_peer_state *state, int n, bool all_arrived,
+                  int *out);
 
 #endif

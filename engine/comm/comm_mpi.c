@@ -22,6 +22,16 @@
  * still touch them (a tiny notice send; or, if a transfer stalled after every rank entered,
  * the data operation itself, which MPI forbids cancelling or freeing). The shared layer
  * refuses every later call on that communicator; a timeout normally ends the job anyway.
+ *
+ * Naming the stalled rank: a rank blocked behind a stalled peer does not arrive either (it
+ * still waits in an earlier collective, or in a transfer the stalled rank never finished), and
+ * when the stalled rank had sent its notices before it stopped, the others pass the entry and
+ * wait in the data operation, where the notices say nothing. So before naming ranks, a rank
+ * that timed out asks its suspects over a process-wide duplicate of MPI_COMM_WORLD (the
+ * "health" communicator): every rank answers from its wait loops (backoff), and a rank that
+ * gives up announces it once to everyone, since it stops answering when it leaves. Suspects
+ * that neither answer nor gave up within a grace period are the stalled ones, and a rank that
+ * gave up is a victim, never named (ms_comm_blame).
  */
 #include "engine/comm/comm_mpi.h"
 
@@ -37,6 +47,9 @@ bool ms_mpi_launched(void) {
 
 #ifndef MS_HAVE_MPI
 
+#include <stdio.h>
+#include <unistd.h>
+
 static ms_status no_mpi(ms_error *err) {
     return ms_fail(err, MS_ERR_UNSUPPORTED,
                    "this meshscope build has no MPI support; install OpenMPI (mpicc) and "
@@ -49,6 +62,16 @@ ms_status ms_mpi_init(int *argc, char ***argv, ms_error *err) {
 }
 
 void ms_mpi_finalize(void) {}
+
+bool ms_mpi_failed(void) {
+    return false;
+}
+
+_Noreturn void ms_mpi_abort(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    _exit(code);
+}
 
 ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
     *out = NULL;
@@ -63,11 +86,26 @@ ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/core/xalloc.h"
 
 /* Whether ms_mpi_init called MPI_Init_thread (then ms_mpi_finalize finalises). */
 static bool g_we_initialised = false;
+/* Whether a communicator of this process abandoned an operation (see ms_mpi_failed). */
+static bool g_failed = false;
+
+/* The health communicator (see the top of this file), made with the first world, and this
+ * process's rank in it. MPI is per process, so these are too. */
+static MPI_Comm g_health = MPI_COMM_NULL;
+static int g_health_rank = 0, g_health_size = 0;
+static int g_health_nonce = 0; /* numbers this process's queries */
+enum {
+    TAG_QUERY = 0,   /* "are you there?", payload: the query's nonce */
+    TAG_GAVE_UP = 1, /* "I timed out and am leaving", never received (probed) */
+    TAG_ANSWER = 2,  /* + nonce % 16384: "I am here" */
+};
+static const int k_here = 1;
 
 typedef struct mpi_ctx {
     MPI_Comm comm; /* data: collectives and user point-to-point traffic */
@@ -82,9 +120,51 @@ typedef struct mpi_ctx {
     int *ibuf;             /* [4*size] int counts and displacements handed to MPI */
     MPI_Request *p2p_req;  /* grows to the largest batch seen */
     int p2p_cap;
+    int *world_of; /* [size] each member's rank in MPI_COMM_WORLD, for the health queries */
 } mpi_ctx;
 
 static const ms_comm_backend_ops mpi_ops;
+
+/* --- health ---------------------------------------------------------------------------------- */
+
+static int answer_tag(int nonce) {
+    return TAG_ANSWER + nonce % 16384;
+}
+
+/* Answers every pending query. Called from the wait loops, so a rank that waits (for
+ * anything) is seen to be alive. */
+static void health_serve(void) {
+    if (g_health == MPI_COMM_NULL) return;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_QUERY, g_health, &flag, &st) != MPI_SUCCESS || !flag)
+            return;
+        int nonce = 0;
+        if (MPI_Recv(&nonce, 1, MPI_INT, st.MPI_SOURCE, TAG_QUERY, g_health, MPI_STATUS_IGNORE) !=
+            MPI_SUCCESS)
+            return;
+        MPI_Request req;
+        if (MPI_Isend(&k_here, 1, MPI_INT, st.MPI_SOURCE, answer_tag(nonce), g_health, &req) ==
+            MPI_SUCCESS)
+            MPI_Request_free(&req); /* a static buffer: the send may finish whenever */
+    }
+}
+
+/* Marks the context as abandoned (never freed, see the top of this file) and tells every
+ * rank, once per process, that this one gave up: from now on it may stop answering queries
+ * without being stalled. */
+static void poison(mpi_ctx *m) {
+    if (m) m->poisoned = true;
+    if (g_failed) return;
+    g_failed = true;
+    for (int w = 0; g_health != MPI_COMM_NULL && w < g_health_size; w++) {
+        MPI_Request req;
+        if (w != g_health_rank &&
+            MPI_Isend(&k_here, 1, MPI_INT, w, TAG_GAVE_UP, g_health, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+}
 
 /* --- helpers --------------------------------------------------------------------------------- */
 
@@ -93,7 +173,7 @@ static ms_status mpi_fail(mpi_ctx *m, ms_error *err, int rc, const char *what) {
     int len = 0;
     if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
     /* Something may still be in flight (notices at least), so never free it. */
-    if (m) m->poisoned = true;
+    poison(m);
     return ms_fail(err, MS_ERR_COMM, "%s failed: %s", what, s);
 }
 
@@ -133,12 +213,83 @@ static MPI_Op mpi_op(ms_reduce_op op) {
 static void backoff(int *spins) {
     int s = (*spins)++;
     if (s < 64) return;
+    health_serve();
     if (s < 1024) {
         sched_yield();
         return;
     }
     struct timespec ts = {0, 20000};
     nanosleep(&ts, NULL);
+}
+
+/* Asks the members `suspects` of m (communicator ranks) whether they are alive, waiting a
+ * grace period (a quarter of the communicator's timeout, 0.1 to 5 s) or until all answered.
+ * state[i]: MS_PEER_ANSWERED, else MS_PEER_GAVE_UP when suspect i announced that it gave up
+ * (possibly long ago: an answer is the better evidence, hence the wait), else MS_PEER_SILENT. */
+static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *suspects, int n,
+                         ms_peer_state *state) {
+    for (int i = 0; i < n; i++) state[i] = MS_PEER_SILENT;
+    if (g_health == MPI_COMM_NULL || n == 0) return;
+    int64_t grace = call->timeout_ns / 4;
+    grace = grace < 100000000 ? 100000000 : grace > 5000000000LL ? 5000000000LL : grace;
+    int64_t deadline = ms_now_ns() + grace;
+    /* Leaked on purpose: a query to a stalled rank may stay in flight. */
+    int *nonce = xmalloc(sizeof *nonce);
+    *nonce = g_health_nonce++ & 0x3fffffff;
+    int *in = xmalloc((size_t)n * sizeof *in);
+    MPI_Request *req = xmalloc((size_t)n * sizeof *req);
+    for (int i = 0; i < n; i++) {
+        int w = m->world_of[suspects[i]];
+        MPI_Request sreq;
+        if (MPI_Isend(nonce, 1, MPI_INT, w, TAG_QUERY, g_health, &sreq) == MPI_SUCCESS)
+            MPI_Request_free(&sreq);
+        if (MPI_Irecv(&in[i], 1, MPI_INT, w, answer_tag(*nonce), g_health, &req[i]) != MPI_SUCCESS)
+            req[i] = MPI_REQUEST_NULL;
+    }
+    int spins = 0;
+    for (;;) {
+        bool all = true;
+        for (int i = 0; i < n; i++) {
+            int flag = 0;
+            if (state[i] != MS_PEER_ANSWERED && req[i] != MPI_REQUEST_NULL &&
+                MPI_Test(&req[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+                state[i] = MS_PEER_ANSWERED;
+            all &= state[i] == MS_PEER_ANSWERED;
+        }
+        if (all || ms_now_ns() > deadline) break;
+        backoff(&spins); /* answers the queries of peers checking at the same time */
+    }
+    for (int i = 0; i < n; i++) {
+        if (req[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&req[i]); /* local: the wait cannot hang */
+            MPI_Wait(&req[i], MPI_STATUS_IGNORE);
+        }
+        int flag = 0;
+        if (state[i] == MS_PEER_SILENT &&
+            MPI_Iprobe(m->world_of[suspects[i]], TAG_GAVE_UP, g_health, &flag, MPI_STATUS_IGNORE) ==
+                MPI_SUCCESS &&
+            flag)
+            state[i] = MS_PEER_GAVE_UP;
+    }
+    free(in);
+    free(req);
+}
+
+/* Narrows the suspects of a timeout (call->missing; every peer when all_arrived, i.e. the data
+ * transfer stalled after every member entered) to the ranks to name, see ms_comm_blame. */
+static void name_missing(const mpi_ctx *m, ms_comm_call *call, bool all_arrived) {
+    int suspects[64];
+    ms_peer_state state[64];
+    int n = 0;
+    if (all_arrived) {
+        for (int p = 0; p < m->size && n < 64; p++)
+            if (p != m->rank) suspects[n++] = p;
+    } else {
+        n = call->n_missing;
+        memcpy(suspects, call->missing, sizeof(int) * (size_t)n);
+    }
+    health_check(m, call, suspects, n, state);
+    call->n_missing = ms_comm_blame(suspects, state, n, all_arrived, call->missing);
 }
 
 /* Notice payload sent after a timeout to the peers that had not arrived: "I gave up". */
@@ -149,7 +300,7 @@ static const int k_withdrawn = -2;
  * once if it arrives later instead of waiting for a collective nobody else will join. */
 static ms_status enter_timed_out(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
     (void)err; /* the shared layer formats timeouts from call->missing */
-    m->poisoned = true;
+    poison(m);
     call->n_missing = 0;
     for (int p = 0; p < m->size; p++) {
         if (p == m->rank || m->note_req[p] == MPI_REQUEST_NULL) continue;
@@ -165,7 +316,9 @@ static ms_status enter_timed_out(mpi_ctx *m, ms_comm_call *call, ms_error *err) 
             MPI_Request_free(&req); /* a static buffer: the send may finish whenever */
     }
     /* Our own notice sends are left to finish (sends cannot be cancelled reliably); they
-     * are tiny eager messages, and the poisoned context keeps their buffer alive. */
+     * are tiny eager messages, and the poisoned context keeps their buffer alive. Every notice
+     * arrived but one of ours did not leave: treated as a stalled transfer. */
+    name_missing(m, call, call->n_missing == 0);
     return MS_ERR_TIMEOUT;
 }
 
@@ -175,7 +328,7 @@ static ms_status check_notes(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
     for (int p = 0; p < m->size; p++) {
         if (p == m->rank) continue;
         if (m->note_in[p] != m->note_out) {
-            m->poisoned = true;
+            poison(m);
             int in = m->note_in[p];
             return ms_fail(err, MS_ERR_COMM,
                            "ranks called collectives in different orders: rank %d entered %s "
@@ -193,7 +346,7 @@ static ms_status check_notes(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
     MPI_Status stat;
     MPI_Iprobe(MPI_ANY_SOURCE, m->tag, m->ctl, &flag, &stat);
     if (flag) {
-        m->poisoned = true;
+        poison(m);
         return ms_fail(err, MS_ERR_COMM,
                        "rank %d had already timed out on this %s before this rank (%d) arrived",
                        stat.MPI_SOURCE, ms_coll_name(call->kind), m->rank);
@@ -236,7 +389,7 @@ static ms_status coll_enter(mpi_ctx *m, ms_comm_call *call, ms_error *err) {
 
 /* Polls the data requests of a collective that every member entered. A timeout here means
  * the transfer itself stalled (a rank died or stopped mid-way): the request is abandoned
- * in flight and the missing ranks are unknown. */
+ * in flight, and the missing ranks are the peers that do not answer (name_missing). */
 static ms_status wait_data(mpi_ctx *m, MPI_Request *reqs, int n, ms_comm_call *call,
                            ms_error *err) {
     int spins = 0;
@@ -246,8 +399,8 @@ static ms_status wait_data(mpi_ctx *m, MPI_Request *reqs, int n, ms_comm_call *c
         if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Testall");
         if (flag) return MS_OK;
         if (ms_now_ns() > call->deadline_ns) {
-            m->poisoned = true;
-            call->n_missing = 0;
+            poison(m);
+            name_missing(m, call, true);
             return MS_ERR_TIMEOUT;
         }
         backoff(&spins);
@@ -298,6 +451,14 @@ static ms_status ctx_create(MPI_Comm comm, int64_t deadline_ns, mpi_ctx **out, m
     m->note_req = xmalloc(2 * n * sizeof *m->note_req);
     for (size_t i = 0; i < 2 * n; i++) m->note_req[i] = MPI_REQUEST_NULL;
     m->ibuf = xcalloc(4 * n, sizeof *m->ibuf);
+    m->world_of = xmalloc(n * sizeof *m->world_of);
+    MPI_Group group, world;
+    MPI_Comm_group(comm, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    for (int p = 0; p < m->size; p++) m->ibuf[p] = p;
+    MPI_Group_translate_ranks(group, m->size, m->ibuf, world, m->world_of);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
     *out = m;
     return MS_OK;
 }
@@ -312,6 +473,7 @@ static void mpi_destroy(void *ctx) {
     free(m->note_req);
     free(m->ibuf);
     free(m->p2p_req);
+    free(m->world_of);
     free(m);
 }
 
@@ -459,7 +621,7 @@ static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call
      * cancelled (local, so the wait returns), so a late sender can never write into the
      * caller's buffer; unfinished sends cannot be withdrawn and may still be read by a late
      * receiver (poisoned context). */
-    m->poisoned = true;
+    poison(m);
     call->n_missing = 0;
     for (int i = 0; i < nops; i++) {
         int flag = 0;
@@ -474,6 +636,7 @@ static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call
         if (!seen && call->n_missing < (int)(sizeof call->missing / sizeof call->missing[0]))
             call->missing[call->n_missing++] = ops[i].peer;
     }
+    name_missing(m, call, false);
     return MS_ERR_TIMEOUT;
 }
 
@@ -553,6 +716,20 @@ void ms_mpi_finalize(void) {
     g_we_initialised = false;
 }
 
+bool ms_mpi_failed(void) {
+    return g_failed;
+}
+
+_Noreturn void ms_mpi_abort(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (inited && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code); /* MPI_Abort does not return; this is for when MPI is not running */
+}
+
 ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
     *out = NULL;
     int inited = 0, fin = 0;
@@ -565,6 +742,14 @@ ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
     /* The duplicates get MPI_ERRORS_RETURN (ctx_create); MPI_COMM_WORLD's own handler is
      * the application's business and is left alone. */
     int64_t deadline = ms_now_ns() + (int64_t)MS_COMM_DEFAULT_TIMEOUT_MS * 1000000;
+    if (g_health == MPI_COMM_NULL) {
+        /* Published only once complete: the wait loops (backoff) probe it. */
+        MPI_Comm health;
+        MS_CHECK(idup(MPI_COMM_WORLD, &health, deadline, err));
+        MPI_Comm_rank(health, &g_health_rank);
+        MPI_Comm_size(health, &g_health_size);
+        g_health = health;
+    }
     MPI_Comm data;
     MS_CHECK(idup(MPI_COMM_WORLD, &data, deadline, err));
     mpi_ctx *m;

@@ -12,11 +12,31 @@ bool ms_glob_match(const char *p, const char *s) {
     return *s && *p == *s && ms_glob_match(p + 1, s + 1);
 }
 
-ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err) {
-    memset(s, 0, sizeof *s);
+ms_status ms_strategy_check_degrees(int dp, int tp, int cp, int world, int *ranks, ms_error *err) {
+    if (ranks) *ranks = 0;
     if (dp < 1 || tp < 1 || cp < 1)
         return ms_fail(err, MS_ERR_INVALID, "strategy: degrees must be >= 1 (dp %d, tp %d, cp %d)",
                        dp, tp, cp);
+    /* dp * tp cannot overflow 64 bits, and cp only multiplies a product within the limit. */
+    long long n = (long long)dp * tp;
+    if (n <= MS_MESH_MAX_RANKS) n *= cp;
+    if (n > MS_MESH_MAX_RANKS)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "strategy: dp %d x tp %d x cp %d needs more than %d ranks; pick degrees "
+                       "whose product is at most %d",
+                       dp, tp, cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
+    if (world > 0 && n != world)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "strategy: dp %d x tp %d x cp %d needs %lld ranks but the job runs on %d; "
+                       "choose degrees whose product is %d",
+                       dp, tp, cp, n, world, world);
+    if (ranks) *ranks = (int)n;
+    return MS_OK;
+}
+
+ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err) {
+    memset(s, 0, sizeof *s);
+    MS_CHECK(ms_strategy_check_degrees(dp, tp, cp, 0, NULL, err));
     if (sp && tp < 2)
         return ms_fail(err, MS_ERR_INVALID,
                        "strategy: sequence parallelism (--sp) shards over the "
@@ -173,7 +193,11 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
         goto out;
     }
     sp = cJSON_IsTrue(jsp);
-    MS_CHECK_GOTO(ms_strategy_init(s, dp, tp, cp, sp, err), st, out);
+    st = ms_strategy_init(s, dp, tp, cp, sp, err);
+    if (st != MS_OK) {
+        ms_fail_wrap(err, st, "%s", name);
+        goto out;
+    }
     const cJSON *pls = cJSON_GetObjectItemCaseSensitive(root, "placements");
     if (pls && !cJSON_IsObject(pls)) {
         st = ms_fail(err, MS_ERR_INVALID,

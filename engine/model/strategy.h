@@ -36,7 +36,14 @@ typedef struct ms_strategy {
     char text[64]; /* "dp2 x tp2 +sp" */
 } ms_strategy;
 
-/* dp x tp (+ sp) (x cp) with the built-in rules. Errors: degrees < 1; sp without tp > 1. */
+/* Checks mesh degrees wherever they are parsed (flags, strategy files, live switches): each
+ * at least 1, their product at most MS_MESH_MAX_RANKS (computed without overflow) and, when
+ * world > 0, equal to it. On success *ranks (may be NULL) is the product; errors name every
+ * degree. */
+ms_status ms_strategy_check_degrees(int dp, int tp, int cp, int world, int *ranks, ms_error *err);
+
+/* dp x tp (+ sp) (x cp) with the built-in rules. Errors: those of ms_strategy_check_degrees
+ * (world unknown); sp without tp > 1. */
 ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err);
 int ms_strategy_ranks(const ms_strategy *s);
 

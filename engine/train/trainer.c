@@ -67,12 +67,7 @@ ms_status ms_train_opts_check(const ms_train_opts *o, ms_error *err) {
 
 ms_status ms_trainer_check_strategy(const ms_model_config *cfg, const ms_train_opts *o,
                                     int world_size, const ms_strategy *s, ms_error *err) {
-    int ranks = ms_strategy_ranks(s);
-    if (ranks != world_size)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "%s needs %d ranks but the job runs on %d; choose degrees whose product "
-                       "is %d",
-                       s->text, ranks, world_size, world_size);
+    MS_CHECK(ms_strategy_check_degrees(s->dp, s->tp, s->cp, world_size, NULL, err));
     MS_CHECK(ms_strategy_check_model(s, cfg->n_head, cfg->n_embd, err));
     if (o->batch % s->dp)
         return ms_fail(err, MS_ERR_INVALID,

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# A stalled rank must end an MPI job, not hang it: train on 4 MPI ranks with a short
+# communicator timeout, SIGSTOP one rank once training is under way, and check that the job
+# is gone (every process) within the timeout plus 15 s, exits non-zero, and that stderr names
+# the stopped rank, and only it, as missing.
+# Usage: mpi_stall.sh path/to/meshscope SOURCE_DIR MPIEXEC. Skips (77) without data/kjv.txt.
+set -u
+bin=$1 src=$2 mpiexec=$3
+timeout_s=5
+stall=2 # the world rank to stop
+data="$src/data/kjv.txt"
+[ -f "$data" ] || {
+  echo "skip: $data is missing (scripts/prepare-data.sh makes it)"
+  exit 77
+}
+tmp=$(mktemp -d)
+mpirun_pid="" stopped=""
+cleanup() {
+  [ -n "$stopped" ] && kill -KILL "$stopped" 2>/dev/null
+  [ -n "$mpirun_pid" ] && kill -KILL "$mpirun_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  echo "--- stdout"
+  tail -5 "$tmp/out"
+  echo "--- stderr"
+  cat "$tmp/err"
+  exit 1
+}
+
+# Marks this job's processes, so that the ranks are found by their environment and never
+# confused with another job's.
+export MS_STALL_TEST_JOB="$$.$RANDOM"
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+"$mpiexec" --oversubscribe --bind-to none --mca btl self,vader -np 4 \
+  "$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" --tp 4 --backend mpi \
+  --steps 100000 --log-every 1 --timeout-s "$timeout_s" >"$tmp/out" 2>"$tmp/err" &
+mpirun_pid=$!
+
+# The pid of every rank of this job, as "RANK PID" lines.
+ranks() {
+  local e p r env
+  for e in /proc/[0-9]*/environ; do
+    p=${e#/proc/}
+    p=${p%/environ}
+    env=$({ tr '\0' '\n' <"$e"; } 2>/dev/null)
+    grep -qx "MS_STALL_TEST_JOB=$MS_STALL_TEST_JOB" <<<"$env" || continue
+    r=$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env")
+    [ -n "$r" ] && echo "$r $p"
+  done
+}
+
+# Under way: a few steps logged (so every collective has run) and all four ranks seen.
+for _ in $(seq 1 240); do
+  kill -0 "$mpirun_pid" 2>/dev/null || fail "the job ended before a rank was stopped"
+  [ "$(grep -c '^step' "$tmp/out")" -ge 3 ] && [ "$(ranks | wc -l)" -eq 4 ] && break
+  sleep 0.5
+done
+[ "$(grep -c '^step' "$tmp/out")" -ge 3 ] || fail "training did not get under way"
+ranks >"$tmp/ranks"
+stopped=$(awk -v r="$stall" '$1 == r { print $2 }' "$tmp/ranks")
+[ -n "$stopped" ] || fail "no process has OMPI_COMM_WORLD_RANK=$stall"
+kill -STOP "$stopped"
+t0=$(date +%s)
+echo "stopped rank $stall (pid $stopped)"
+
+limit=$((timeout_s + 15))
+while kill -0 "$mpirun_pid" 2>/dev/null && [ $(($(date +%s) - t0)) -le "$limit" ]; do sleep 0.5; done
+kill -0 "$mpirun_pid" 2>/dev/null && fail "mpirun still runs ${limit} s after rank $stall stopped"
+wait "$mpirun_pid"
+rc=$?
+mpirun_pid=""
+took=$(($(date +%s) - t0))
+# mpirun reaps the ranks it started; give a dying one until the same deadline to vanish.
+while read -r r p; do
+  while [ -e "/proc/$p" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ]; do
+    [ $(($(date +%s) - t0)) -le "$limit" ] || fail "rank $r (pid $p) outlived mpirun"
+    sleep 0.2
+  done
+done <"$tmp/ranks"
+[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank stalled"
+
+# A report names the stopped rank, and none names another. A rank may report "unknown"
+# (nobody to name): mpirun wakes the stopped rank (SIGCONT) to kill it, so reports written
+# while the job is being torn down may see it alive, or be the stopped rank's own.
+grep 'ranks that did not arrive: ' "$tmp/err" >"$tmp/reports"
+grep -q "ranks that did not arrive: $stall (world $stall)\$" "$tmp/reports" ||
+  fail "no report names rank $stall alone"
+while read -r line; do
+  named=${line##*ranks that did not arrive: }
+  others=$(grep -o '(world [0-9]*)' <<<"$named" | grep -vx "(world $stall)")
+  [ -z "$others" ] || fail "a report names another rank: $line"
+done <"$tmp/reports"
+echo "ok: mpirun exited $rc ${took} s after rank $stall stopped; reports:"
+sed 's/.*ranks that did not arrive: /  did not arrive: /' "$tmp/reports"
