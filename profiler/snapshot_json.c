@@ -6,7 +6,8 @@
  * a failure names the JSON path ("snapshot: $.analysis.ops[3].seconds: expected a number").
  * Numbers are doubles on the wire (cJSON prints the shortest text that reads back to the same
  * double), so integers round-trip exactly up to 2^53; a NaN or infinite value (a diverged
- * loss) is written as null and read back as NaN.
+ * loss) is written as null and read back as NaN. The value of a "token=" in last_event is
+ * written as "***" (the dashboard URL is posted as an event).
  */
 #include "profiler/snapshot_json.h"
 
@@ -163,9 +164,34 @@ static bool suggestion_to_json(cJSON *e, const ms_suggestion *x) {
            add_str(e, "result", x->result) && add_num(e, "applied_step", (double)x->applied_step);
 }
 
+/* Copies len bytes of src to out (cap bytes), as many as fit; returns how many it copied. */
+static size_t put_text(char *out, size_t cap, const char *src, size_t len) {
+    if (len >= cap) len = cap - 1;
+    memcpy(out, src, len);
+    out[len] = '\0';
+    return len;
+}
+
+/* text with the value of every "token=" written as "***", truncated to cap bytes. The last
+ * event can quote the dashboard URL ("dashboard: http://...?token=T", cli/live_job.c), and
+ * every reader of the snapshot, token holder or not, would learn the token from it. */
+static void redact_token(const char *text, char *out, size_t cap) {
+    static const char key[] = "token=";
+    size_t n = put_text(out, cap, "", 0);
+    for (const char *hit; (hit = strstr(text, key)) != NULL;) {
+        n += put_text(out + n, cap - n, text, (size_t)(hit - text) + sizeof key - 1);
+        n += put_text(out + n, cap - n, "***", 3);
+        text = hit + sizeof key - 1;
+        text += strcspn(text, "&# \t\r\n\"'");
+    }
+    put_text(out + n, cap - n, text, strlen(text));
+}
+
 cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
+    char event[sizeof s->last_event];
+    redact_token(s->last_event, event, sizeof event);
     bool ok = add_num(root, "schema", SNAPSHOT_SCHEMA) &&
               add_num(root, "version", (double)s->version) &&
               add_num(root, "taken_ns", (double)s->taken_ns);
@@ -175,7 +201,7 @@ cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
          add_num(info, "tokens_per_step", (double)s->info.tokens_per_step) &&
          add_bool(info, "live", s->info.live);
     ok = ok && add_str(root, "strategy", s->strategy) && add_num(root, "step", (double)s->step) &&
-         add_bool(root, "finished", s->finished) && add_str(root, "last_event", s->last_event) &&
+         add_bool(root, "finished", s->finished) && add_str(root, "last_event", event) &&
          add_num(root, "achieved_flops_per_s", s->achieved_flops_per_s);
 
     cJSON *hist = ok ? cJSON_AddArrayToObject(root, "history") : NULL;
@@ -398,7 +424,8 @@ static ms_status rd_overlap(rd *r, const cJSON *e, ms_rank_overlap *x) {
     return MS_OK;
 }
 
-static ms_status rd_busbw(rd *r, const cJSON *e, ms_busbw_row *x) {
+static ms_status rd_busbw(rd *r, const cJSON *e, void *row) {
+    ms_busbw_row *x = row;
     const char *names[MS_COLL_KIND_COUNT];
     for (int k = 0; k < MS_COLL_KIND_COUNT; k++) names[k] = ms_coll_name((ms_coll_kind)k);
     MS_CHECK(rd_obj(r, e));
@@ -416,7 +443,8 @@ static ms_status rd_busbw(rd *r, const cJSON *e, ms_busbw_row *x) {
     return MS_OK;
 }
 
-static ms_status rd_op(rd *r, const cJSON *e, ms_op_row *x) {
+static ms_status rd_op(rd *r, const cJSON *e, void *row) {
+    ms_op_row *x = row;
     MS_CHECK(rd_obj(r, e));
     int32_t count = 0;
     FIELD(r, e, "name", rd_str(r, v_, x->name, sizeof x->name));
@@ -428,7 +456,8 @@ static ms_status rd_op(rd *r, const cJSON *e, ms_op_row *x) {
     return MS_OK;
 }
 
-static ms_status rd_reshard(rd *r, const cJSON *e, ms_reshard_row *x) {
+static ms_status rd_reshard(rd *r, const cJSON *e, void *row) {
+    ms_reshard_row *x = row;
     MS_CHECK(rd_obj(r, e));
     int32_t count = 0;
     FIELD(r, e, "transition", rd_str(r, v_, x->transition, sizeof x->transition));
@@ -439,7 +468,8 @@ static ms_status rd_reshard(rd *r, const cJSON *e, ms_reshard_row *x) {
     return MS_OK;
 }
 
-static ms_status rd_steprow(rd *r, const cJSON *e, ms_step_row *x) {
+static ms_status rd_steprow(rd *r, const cJSON *e, void *row) {
+    ms_step_row *x = row;
     MS_CHECK(rd_obj(r, e));
     int32_t rank = 0;
     FIELD(r, e, "step", rd_i64(r, v_, &x->step));
@@ -452,7 +482,8 @@ static ms_status rd_steprow(rd *r, const cJSON *e, ms_step_row *x) {
     return MS_OK;
 }
 
-static ms_status rd_straggler(rd *r, const cJSON *e, ms_straggler *x) {
+static ms_status rd_straggler(rd *r, const cJSON *e, void *row) {
+    ms_straggler *x = row;
     MS_CHECK(rd_obj(r, e));
     int32_t rank = 0, count = 0;
     FIELD(r, e, "rank", rd_i32(r, v_, 0, MS_AN_MAX_RANKS - 1, &rank));
@@ -464,7 +495,9 @@ static ms_status rd_straggler(rd *r, const cJSON *e, ms_straggler *x) {
     return MS_OK;
 }
 
-/* Reads the array at o[key] into a new array of rows (each read by fn); *n the count. */
+/* Reads the array at o[key] into a new array of rows (each read by fn); *n the count. Every
+ * row reader has exactly this type (taking `void *row`), because calling a function through a
+ * pointer of another type is undefined behaviour even when only the pointee type differs. */
 typedef ms_status (*row_fn)(rd *r, const cJSON *e, void *row);
 static ms_status rd_rows(rd *r, const cJSON *o, const char *key, size_t row_size, int max,
                          row_fn fn, void **rows, int *n) {
@@ -484,7 +517,7 @@ static ms_status rd_rows(rd *r, const cJSON *o, const char *key, size_t row_size
     return MS_OK;
 }
 #define ROWS(r, o, key, type, max, fn, rows, n)                                                    \
-    rd_rows((r), (o), (key), sizeof(type), (max), (row_fn)(fn), (void **)(rows), (n))
+    rd_rows((r), (o), (key), sizeof(type), (max), (fn), (void **)(rows), (n))
 
 static ms_status rd_analysis(rd *r, const cJSON *o, ms_analysis *a) {
     MS_CHECK(rd_obj(r, o));
@@ -531,7 +564,8 @@ static ms_status rd_analysis(rd *r, const cJSON *o, ms_analysis *a) {
     return MS_OK;
 }
 
-static ms_status rd_history(rd *r, const cJSON *e, ms_live_step *x) {
+static ms_status rd_history(rd *r, const cJSON *e, void *row) {
+    ms_live_step *x = row;
     MS_CHECK(rd_obj(r, e));
     FIELD(r, e, "step", rd_i64(r, v_, &x->step));
     FIELD(r, e, "loss", rd_num(r, v_, &x->loss));
@@ -543,7 +577,8 @@ static ms_status rd_history(rd *r, const cJSON *e, ms_live_step *x) {
     return MS_OK;
 }
 
-static ms_status rd_span(rd *r, const cJSON *e, ms_live_span *x) {
+static ms_status rd_span(rd *r, const cJSON *e, void *row) {
+    ms_live_span *x = row;
     MS_CHECK(rd_obj(r, e));
     int32_t rank = 0, dim = 0;
     FIELD(r, e, "rank", rd_i32(r, v_, 0, INT32_MAX, &rank));

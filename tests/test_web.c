@@ -9,7 +9,8 @@
  * other requests are answered, server-sent events after a new publish (and Last-Event-ID,
  * heartbeats), /metrics by the Prometheus text rules with byte totals equal to the
  * heatmap's, and /trace.json through the project's trace validator; plus the pure checks
- * of web/security.c.
+ * of web/security.c. With the argument "hardening" (ctest test_web_hardening) it runs instead
+ * the regression tests of defects found by probing, one test per defect.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -43,7 +44,8 @@ static ms_live *g_live;
 static ms_web *g_web;
 static int g_port;
 static char g_token[64];
-static char g_cookie[160]; /* "Cookie: name=token\r\n" */
+static char g_session[64]; /* the cookie's value, set by the start page */
+static char g_cookie[160]; /* "Cookie: other=1; name=session\r\n" */
 static char g_bearer[160]; /* "Authorization: Bearer token\r\n" */
 static char g_origin[96];  /* "Origin: http://127.0.0.1:PORT\r\n" */
 
@@ -161,41 +163,25 @@ static ms_live *make_live(bool live) {
     return l;
 }
 
-static int setup(void **state) {
-    (void)state;
-    g_live = make_live(true);
-    ms_web_opts o = {.port = 0, .timeout_s = TIMEOUT};
-    ms_error err = {0};
-    if (ms_web_start(g_live, &o, &g_web, &err) != MS_OK) {
-        fprintf(stderr, "ms_web_start: %s\n", err.msg);
-        return -1;
-    }
-    g_port = ms_web_port(g_web);
-    snprintf(g_token, sizeof g_token, "%s", ms_web_token(g_web));
-    snprintf(g_cookie, sizeof g_cookie, "Cookie: other=1; meshscope_%d=%s\r\n", g_port, g_token);
-    snprintf(g_bearer, sizeof g_bearer, "Authorization: Bearer %s\r\n", g_token);
-    snprintf(g_origin, sizeof g_origin, "Origin: http://127.0.0.1:%d\r\n", g_port);
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    ms_web_stop(g_web);
-    ms_live_destroy(g_live);
-    return 0;
-}
-
 /* --- a raw HTTP client ---------------------------------------------------------------------- */
 
-static int dial(int port) {
+/* A connection to 127.0.0.1:port from the loopback address `from` ("127.0.0.2"). */
+static int dial_from(const char *from, int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
+    struct sockaddr_in me = {.sin_family = AF_INET};
+    assert_int_equal(inet_pton(AF_INET, from, &me.sin_addr), 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof me), 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     struct timeval tv = {.tv_sec = 10};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
+}
+
+static int dial(int port) {
+    return dial_from("127.0.0.1", port);
 }
 
 static void send_all(int fd, const char *p, size_t n) {
@@ -308,6 +294,50 @@ static void assert_security_headers(const resp *r) {
                      (r).head, (r).body);                                                          \
     } while (0)
 
+/* The value the start page sets for cookie meshscope_PORT with the right token, into out. */
+static bool session_cookie(char *out, size_t cap) {
+    char path[128];
+    snprintf(path, sizeof path, "/?token=%s", g_token);
+    resp r = http("GET", path, NULL, NULL, NULL);
+    const char *sc = r.status == 303 ? header(&r, "Set-Cookie") : NULL;
+    char name[32];
+    snprintf(name, sizeof name, "meshscope_%d=", g_port);
+    bool ok = sc && !strncmp(sc, name, strlen(name)) && strchr(sc, ';') &&
+              (size_t)(strchr(sc, ';') - sc) - strlen(name) < cap;
+    if (ok)
+        snprintf(out, cap, "%.*s", (int)(strchr(sc, ';') - sc - strlen(name)), sc + strlen(name));
+    resp_free(&r);
+    return ok;
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_live = make_live(true);
+    ms_web_opts o = {.port = 0, .timeout_s = TIMEOUT};
+    ms_error err = {0};
+    if (ms_web_start(g_live, &o, &g_web, &err) != MS_OK) {
+        fprintf(stderr, "ms_web_start: %s\n", err.msg);
+        return -1;
+    }
+    g_port = ms_web_port(g_web);
+    snprintf(g_token, sizeof g_token, "%s", ms_web_token(g_web));
+    if (!session_cookie(g_session, sizeof g_session)) {
+        fprintf(stderr, "the start page set no cookie\n");
+        return -1;
+    }
+    snprintf(g_cookie, sizeof g_cookie, "Cookie: other=1; meshscope_%d=%s\r\n", g_port, g_session);
+    snprintf(g_bearer, sizeof g_bearer, "Authorization: Bearer %s\r\n", g_token);
+    snprintf(g_origin, sizeof g_origin, "Origin: http://127.0.0.1:%d\r\n", g_port);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ms_web_stop(g_web);
+    ms_live_destroy(g_live);
+    return 0;
+}
+
 static void drain_queue(void) {
     ms_live_req q;
     while (ms_live_take(g_live, &q)) {
@@ -337,7 +367,7 @@ static void test_start_page(void **state) {
     const char *sc = header(&r, "Set-Cookie");
     assert_non_null(sc);
     char want[128];
-    snprintf(want, sizeof want, "meshscope_%d=%s;", g_port, g_token);
+    snprintf(want, sizeof want, "meshscope_%d=%s;", g_port, g_session);
     assert_non_null(strstr(sc, want));
     assert_non_null(strstr(sc, "HttpOnly"));
     assert_non_null(strstr(sc, "SameSite=Strict"));
@@ -948,7 +978,7 @@ static void test_metrics(void **state) {
     assert_true(sample_value(text, "meshscope_step") == (double)s->step);
     assert_true(sample_value(text, "meshscope_tokens_per_second") == 51200);
     assert_non_null(strstr(text, "\nmeshscope_overlap_ratio{rank=\"0\"} "));
-    const char *bw = strstr(text, "\nmeshscope_collective_busbw_gigabytes_per_second{collective="
+    const char *bw = strstr(text, "\nmeshscope_collective_busbw_bytes_per_second{collective="
                                   "\"all_reduce\",mesh_dim=\"");
     assert_non_null(bw);
     assert_non_null(strstr(bw, "\",group_size=\"2\",message_bytes=\"4096\"} "));
@@ -1067,7 +1097,216 @@ static void test_security_functions(void **state) {
     }
 }
 
-int main(void) {
+/* --- hardening: defects found by probing (ctest test_web_hardening) ------------------------- */
+
+/* Two Content-Length headers could frame the body two ways: refused whatever their values. */
+static void test_duplicate_content_length(void **state) {
+    (void)state;
+    drain_queue();
+    static const char *const lengths[] = {
+        "Content-Length: 2\r\nContent-Length: 2\r\n",
+        "Content-Length: 0\r\nContent-Length: 2\r\n",
+        "Content-Length: 2\r\ncontent-length: 9\r\n",
+        NULL,
+    };
+    for (int i = 0; lengths[i]; i++) {
+        char req[512];
+        int n = snprintf(req, sizeof req,
+                         "POST /api/v1/stop HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s%s"
+                         "Connection: close\r\n\r\n{}",
+                         g_port, g_bearer, lengths[i]);
+        resp r = http_raw(req, (size_t)n);
+        expect_status(r, 400);
+        assert_non_null(strstr(r.body, "Content-Length"));
+        resp_free(&r);
+    }
+    ms_live_req q;
+    assert_false(ms_live_take(g_live, &q));
+}
+
+/* The start page sets a session secret, not the token: a leaked cookie does not give the URL
+ * (or the Bearer token) away. The cookie authenticates; the token as a cookie does not, nor
+ * the secret as a Bearer token. */
+static void test_cookie_is_a_session_secret(void **state) {
+    (void)state;
+    char value[64];
+    assert_true(session_cookie(value, sizeof value));
+    assert_int_equal(strlen(value), MS_WEB_TOKEN_LEN);
+    assert_string_not_equal(value, g_token);
+    char h[192];
+    snprintf(h, sizeof h, "Cookie: meshscope_%d=%s\r\n", g_port, value);
+    resp r = http("GET", "/api/v1/snapshot", NULL, h, NULL);
+    expect_status(r, 200);
+    resp_free(&r);
+    r = http("GET", "/", NULL, h, NULL);
+    expect_status(r, 200);
+    resp_free(&r);
+    snprintf(h, sizeof h, "Cookie: meshscope_%d=%s\r\n", g_port, g_token);
+    r = http("GET", "/api/v1/snapshot", NULL, h, NULL);
+    expect_status(r, 401);
+    resp_free(&r);
+    snprintf(h, sizeof h, "Authorization: Bearer %s\r\n", value);
+    r = http("GET", "/api/v1/snapshot", NULL, h, NULL);
+    expect_status(r, 401);
+    resp_free(&r);
+}
+
+/* A snapshot whose last event is `in` has `want` as last_event in its JSON. */
+static void expect_event_json(const char *in, const char *want) {
+    ms_snapshot *s = ms_snapshot_new();
+    snprintf(s->last_event, sizeof s->last_event, "%s", in);
+    cJSON *j = ms_snapshot_to_json(s);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "last_event")->valuestring, want);
+    cJSON_Delete(j);
+    ms_snapshot_release(s);
+}
+
+/* The job posts its dashboard URL as an event (cli/live_job.c); the snapshots and the event
+ * streams, which every client reads, must not carry the token. */
+static void test_last_event_redacted(void **state) {
+    (void)state;
+    ms_live_set_event(g_live, "dashboard: %s", ms_web_url(g_web));
+    ms_live_publish_now(g_live);
+    char want[128];
+    snprintf(want, sizeof want, "dashboard: http://127.0.0.1:%d/?token=***", g_port);
+    resp r = http("GET", "/api/v1/snapshot", NULL, g_bearer, NULL);
+    expect_status(r, 200);
+    assert_null(strstr(r.body, g_token));
+    ms_snapshot *s = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_snapshot_from_json(r.body, r.body_len, &s, &err), MS_OK);
+    assert_string_equal(s->last_event, want);
+    ms_snapshot_release(s);
+    resp_free(&r);
+
+    const size_t cap = 1 << 20;
+    char *buf = calloc(1, cap);
+    size_t n = 0;
+    int fd = sse_open(NULL);
+    assert_true(read_until(fd, buf, cap, &n, "\"last_event\"", 5));
+    assert_true(read_until(fd, buf, cap, &n, "}\n\n", 5));
+    assert_null(strstr(buf, g_token));
+    assert_non_null(strstr(buf, "token=***"));
+    close(fd);
+    free(buf);
+
+    expect_event_json("a?token=x&b=1 token=y z", "a?token=***&b=1 token=*** z");
+    expect_event_json("token=", "token=***");
+    expect_event_json("nothing secret", "nothing secret");
+    /* A full-length event whose value is shorter than "***": cut to fit, nothing leaks. */
+    char in[MS_LIVE_TEXT], out[MS_LIVE_TEXT];
+    memset(in, 'x', sizeof in - 1);
+    memcpy(in + sizeof in - 9, "token=ab", 9);
+    snprintf(out, sizeof out, "%.*stoken=**", (int)sizeof in - 9, in);
+    expect_event_json(in, out);
+}
+
+/* promtool's lint: base units. The bus bandwidth is bytes per second, the analysis' GB/s
+ * (10^9 bytes) scaled. */
+static void test_metrics_base_units(void **state) {
+    (void)state;
+    resp r = http("GET", "/metrics", NULL, g_bearer, NULL);
+    expect_status(r, 200);
+    assert_null(strstr(r.body, "gigabytes"));
+    const ms_snapshot *s = ms_live_acquire(g_live);
+    const ms_analysis *a = &s->analysis;
+    assert_true(a->n_busbw > 0);
+    for (int i = 0; i < a->n_busbw; i++) {
+        const ms_busbw_row *x = &a->busbw[i];
+        char key[256];
+        snprintf(key, sizeof key,
+                 "meshscope_collective_busbw_bytes_per_second{collective=\"%s\",mesh_dim=\"%s\","
+                 "group_size=\"%d\",message_bytes=\"%llu\"}",
+                 ms_coll_name((ms_coll_kind)x->coll),
+                 x->mesh_dim >= 0 ? a->dim_names[x->mesh_dim] : "world", x->group_size,
+                 (unsigned long long)x->bytes);
+        assert_true(x->busbw_gbs > 0);
+        assert_true(sample_value(r.body, key) == x->busbw_gbs * 1e9);
+    }
+    ms_snapshot_release(s);
+    resp_free(&r);
+}
+
+#define CROWD 16 /* slow clients from each of 127.0.0.1, .2 and .3 */
+
+typedef struct slow_client {
+    int fd;
+    double opened, closed; /* closed: 0 while open */
+} slow_client;
+
+/* Waits up to ms for slow clients to be hung up on; they must get no answer. */
+static void watch_slow(slow_client *k, int n, int ms) {
+    struct pollfd p[3 * CROWD];
+    int idx[3 * CROWD], m = 0;
+    for (int i = 0; i < n; i++)
+        if (!k[i].closed) {
+            p[m] = (struct pollfd){.fd = k[i].fd, .events = POLLIN};
+            idx[m++] = i;
+        }
+    if (m == 0 || poll(p, (nfds_t)m, ms) <= 0) return;
+    for (int j = 0; j < m; j++) {
+        if (!p[j].revents) continue;
+        char buf[256];
+        ssize_t got = recv(p[j].fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (got > 0) fail_msg("a slow client got an answer: %.*s", (int)got, buf);
+        if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) k[idx[j]].closed = now_s();
+    }
+}
+
+/* Slowloris: crowds of clients from three addresses that send a request one header line at a
+ * time, more often than the idle timeout, more of them than the connection limits. An
+ * authenticated client from the crowd's own address is answered promptly all along, and
+ * every slow client is hung up on by the request deadline (TIMEOUT), without an answer. */
+static void test_slowloris_crowd(void **state) {
+    (void)state;
+    ms_web *w = NULL;
+    ms_error err = {0};
+    ms_web_opts o = {.token = g_token, .max_conns = 16, .max_per_ip = 8, .timeout_s = TIMEOUT};
+    assert_int_equal(ms_web_start(g_live, &o, &w, &err), MS_OK);
+    const int saved = g_port;
+    g_port = ms_web_port(w);
+    static const char *const from[] = {"127.0.0.1", "127.0.0.2", "127.0.0.3"};
+    char head[128];
+    int hl = snprintf(head, sizeof head, "GET /api/v1/snapshot HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n",
+                      g_port);
+    slow_client k[3 * CROWD];
+    int n = 0;
+    for (int a = 0; a < 3; a++)
+        for (int i = 0; i < CROWD; i++, n++) {
+            k[n] = (slow_client){.fd = dial_from(from[a], g_port), .opened = now_s()};
+            send_all(k[n].fd, head, (size_t)hl);
+        }
+    const double t0 = now_s();
+    double next_line = t0 + 0.5;
+    for (int asked = 0; now_s() - t0 < TIMEOUT + 1.5; asked++) {
+        const double q0 = now_s();
+        resp r = http("GET", "/api/v1/snapshot", NULL, g_bearer, NULL);
+        const double took = now_s() - q0;
+        if (r.status != 200 || took > 1.0)
+            fail_msg("request %d under attack: status %d after %.2f s", asked, r.status, took);
+        resp_free(&r);
+        if (now_s() >= next_line) {
+            for (int i = 0; i < n; i++)
+                if (!k[i].closed) send_all(k[i].fd, "X-Slow: 1\r\n", 11);
+            next_line += 0.5;
+        }
+        watch_slow(k, n, 250);
+    }
+    int waited = 0; /* slow clients that lasted until the deadline */
+    for (int i = 0; i < n; i++) {
+        if (!k[i].closed || k[i].closed - k[i].opened > TIMEOUT + 1.0)
+            fail_msg("slow client %d (from %s) still open %.2f s after it connected", i,
+                     from[i / CROWD], (k[i].closed ? k[i].closed : now_s()) - k[i].opened);
+        waited += k[i].closed - k[i].opened >= TIMEOUT - 0.5;
+        close(k[i].fd);
+    }
+    assert_true(waited > 0);
+    g_port = saved;
+    ms_web_stop(w);
+}
+
+int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_security_functions),
         cmocka_unit_test(test_start_page),
@@ -1083,5 +1322,14 @@ int main(void) {
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_trace),
     };
+    const struct CMUnitTest hardening[] = {
+        cmocka_unit_test(test_duplicate_content_length),
+        cmocka_unit_test(test_cookie_is_a_session_secret),
+        cmocka_unit_test(test_last_event_redacted),
+        cmocka_unit_test(test_metrics_base_units),
+        cmocka_unit_test(test_slowloris_crowd),
+    };
+    if (argc > 1 && !strcmp(argv[1], "hardening"))
+        return cmocka_run_group_tests_name("web hardening", hardening, setup, teardown);
     return cmocka_run_group_tests_name("web", tests, setup, teardown);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dashboard of a real training run: steps advance in the snapshots, hostile requests are
-# refused (401, 403, 405, 413, 400, 422, a slowloris connection closed by the timeout) while
+# refused (401, 403, 405, 413, 400, 422, a slowloris connection closed by the deadline) while
 # training keeps going, server-sent events arrive, and POST /api/v1/stop ends the job with
 # exit code 0. Strategy switches through POST /api/v1/strategy: each refusal (world size,
 # pipeline, ZeRO, sp without tp, memory cap, unknown knob) is a 422 with its reason and the job
@@ -89,8 +89,17 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -c "$tmp/jar" "$url")
 expect "start page with the token redirects" 303 "$code"
 grep -q "meshscope_$port" "$tmp/jar" && grep -q "#HttpOnly_" "$tmp/jar" && ok "HttpOnly cookie set" ||
   bad "no HttpOnly cookie in the jar"
+# Netscape jar: name and value are the 6th and 7th fields.
+cookie=$(awk -v n="meshscope_$port" '$6 == n { print $7 }' "$tmp/jar")
+[ -n "$cookie" ] && [ "$cookie" != "$token" ] && ok "the cookie is a session secret, not the token" ||
+  bad "the cookie's value is the token (or missing)"
 expect "page with the cookie" 200 "$(status GET / -b "$tmp/jar")"
 grep -q 'id="heatmap"' "$tmp/body" && ok "page has the heatmap canvas" || bad "page lacks the heatmap"
+
+# The job posts its dashboard URL as an event: no snapshot or event may carry the token.
+curl -s --max-time 20 -H "$auth" "$base/api/v1/snapshot" >"$tmp/snap"
+if grep -qF "$token" "$tmp/snap"; then bad "the snapshot carries the token"
+else ok "the snapshot does not carry the token"; fi
 
 # Hostile requests.
 before=$(step_now)
@@ -102,6 +111,8 @@ expect "cross-origin POST with the cookie" 403 "$(status POST /api/v1/stop -b "$
 expect "POST with the cookie and no Origin" 403 "$(status POST /api/v1/stop -b "$tmp/jar")"
 expect "PUT" 405 "$(status PUT /api/v1/stop -H "$auth")"
 expect "DELETE" 405 "$(status DELETE /api/v1/snapshot -H "$auth")"
+expect "two Content-Length headers" 400 \
+  "$(status POST /api/v1/stop -H "$auth" -H 'Content-Length: 2' -H 'Content-Length: 2' --data '{}')"
 head -c 100000 /dev/zero | tr '\0' ' ' >"$tmp/big"
 expect "oversized body" 413 "$(status POST /api/v1/strategy -H "$auth" --data-binary @"$tmp/big")"
 expect "malformed JSON" 400 "$(status POST /api/v1/strategy -H "$auth" --data '{"dp": 2,')"
@@ -112,8 +123,8 @@ grep -q '"error"' "$tmp/body" && ok "422 says why: $(head -c 160 "$tmp/body")" |
 expect "unknown suggestion" 422 "$(status POST /api/v1/suggestions/999999/accept -H "$auth")"
 expect "unknown route" 404 "$(status GET /api/v1/nope -H "$auth")"
 
-# Slowloris: half a request line, then silence; the server hangs up within its timeout (10 s)
-# while other requests are answered.
+# Slowloris: half a request line, then silence; the server hangs up within its request
+# deadline (10 s) while other requests are answered.
 exec 3<>"/dev/tcp/127.0.0.1/$port"
 printf 'GET /api/v1/snap' >&3
 t0=$(date +%s)
@@ -159,6 +170,8 @@ done
 timeout 4 curl -s -N -H "$auth" "$base/api/v1/events" >"$tmp/sse" 2>/dev/null
 n=$(grep -c '^event: snapshot' "$tmp/sse")
 [ "$n" -ge 2 ] && ok "events stream: $n snapshots in 4 s" || bad "events stream: $n snapshots in 4 s"
+if grep -qF "$token" "$tmp/sse"; then bad "the events carry the token"
+else ok "the events do not carry the token"; fi
 
 after=$(step_now)
 if wait_step $((after + 2)) 60; then

@@ -141,8 +141,8 @@ char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
                  "over the window, summed over ranks (nccl-tests size convention)."},
                 {"meshscope_collective_calls", "Collective calls over the window, over ranks."},
                 {"meshscope_collective_mean_seconds", "Mean duration of one such collective."},
-                {"meshscope_collective_busbw_gigabytes_per_second",
-                 "Bus bandwidth of the collective (nccl-tests factors), GB/s."},
+                {"meshscope_collective_busbw_bytes_per_second",
+                 "Bus bandwidth of the collective (nccl-tests factors), bytes per second."},
             };
             for (int k = 0; k < 4; k++) {
                 header(&b, m[k].name, m[k].help);
@@ -162,7 +162,7 @@ char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
                     double v = k == 0   ? (double)x->bytes * x->count
                                : k == 1 ? x->count
                                : k == 2 ? x->mean_s
-                                        : x->busbw_gbs;
+                                        : x->busbw_gbs * 1e9; /* GB/s (10^9) to base units */
                     sample(&b, m[k].name, v, lab);
                 }
             }

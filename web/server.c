@@ -2,19 +2,21 @@
  * checks every request passes before a route sees it.
  *
  * Order of the checks (the first that fails answers):
+ *   0. at most one Content-Length header (two could frame the body two ways)      -> 400
  *   1. exactly one Host header naming a loopback host (or the specific address the server
  *      was bound to)                                                               -> 403
  *   2. method GET, HEAD or POST                                                    -> 405
- *   3. the start page "/": ?token=T sets the cookie and redirects (303); otherwise the page
- *      needs the cookie (401 with a short explanation)
- *   4. the cookie, or "Authorization: Bearer TOKEN"                                -> 401
+ *   3. the start page "/": ?token=T sets the cookie to the session secret and redirects
+ *      (303); otherwise the page needs the cookie (401 with a short explanation)
+ *   4. the cookie (the session secret), or "Authorization: Bearer TOKEN"           -> 401
  *   5. a known route (404) taking this method (405 with Allow)
  *   6. POST: an Origin equal to http://HOST:PORT of an allowed host; a Bearer request may
  *      come without Origin                                                         -> 403
  *   7. POST: a body of at most body_cap bytes                                      -> 413
  * Then api.c answers. The daemon runs one internal polling thread over epoll (poll where
  * epoll is missing); event streams suspend their connection while idle (sse.c), so idle
- * streams cost nothing but a socket.
+ * streams cost nothing but a socket. Before any of this, connections that wait for their
+ * request are bounded in time and number ("waiting connections" below).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -24,9 +26,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
+#include "engine/comm/comm.h"
 #include "web/web_internal.h"
 
 #define CSP                                                                                        \
@@ -41,10 +45,211 @@ static const char unauth_page[] =
     "<code>dashboard: http://127.0.0.1:PORT/?token=...</code>); it sets a cookie for this "
     "browser.</p></body></html>\n";
 
+/* --- waiting connections ------------------------------------------------------------------- *
+ *
+ * A connection waits from its accept, and again after each completed request, until its next
+ * request has arrived in full and is being answered. libmicrohttpd's timeout counts idle time
+ * only, so a client that trickles a header line every few seconds would wait forever: here a
+ * connection that has waited request_ms is shut down (the reaper thread), however steadily it
+ * sends. Waiting connections may also hold at most half of the connection limit and half of
+ * the per-address limit (libmicrohttpd refuses at those limits before anything here runs):
+ * a newcomer beyond that displaces the longest-waiting connection of its own address, or of
+ * any address, and a request completed beyond it closes its connection. So slow clients
+ * cannot keep a newcomer out (a real request arrives in milliseconds, long before it would be
+ * the longest waiting), and the other half of the limits is left to requests being answered:
+ * the event streams of those who hold the token.
+ */
+
+typedef enum { CONN_WAITING, CONN_ANSWERING, CONN_DROPPED } conn_state;
+
+struct ms_web_conn {
+    ms_web *w;
+    int fd;
+    unsigned char addr[16]; /* the client's address: 4 bytes (IPv4) or 16 (IPv6) */
+    size_t addr_len;
+    conn_state state;
+    int64_t since_ms; /* waiting since (monotonic) */
+    ms_web_conn *prev, *next;
+};
+
+static int64_t mono_ms(void) {
+    return ms_now_ns() / 1000000;
+}
+
+static bool same_addr(const ms_web_conn *a, const ms_web_conn *b) {
+    return a->addr_len == b->addr_len && !memcmp(a->addr, b->addr, a->addr_len);
+}
+
+/* Waiting connections from like's address, or all of them (like NULL). conn_mu held. */
+static int count_waiting(const ms_web *w, const ms_web_conn *like) {
+    int n = 0;
+    for (const ms_web_conn *k = w->conns; k; k = k->next)
+        n += k->state == CONN_WAITING && (!like || same_addr(k, like));
+    return n;
+}
+
+/* The longest-waiting connection from like's address (or any); NULL if none. conn_mu held. */
+static ms_web_conn *oldest_waiting(ms_web *w, const ms_web_conn *like) {
+    ms_web_conn *best = NULL;
+    for (ms_web_conn *k = w->conns; k; k = k->next)
+        if (k->state == CONN_WAITING && (!like || same_addr(k, like)) &&
+            (!best || k->since_ms < best->since_ms))
+            best = k;
+    return best;
+}
+
+/* Is there room for k (not counted itself) to wait? conn_mu held. */
+static bool room_to_wait(const ms_web *w, const ms_web_conn *k) {
+    return count_waiting(w, k) < w->wait_max_per_ip && count_waiting(w, NULL) < w->wait_max;
+}
+
+/* Hangs up on k: libmicrohttpd reads the end of the stream and closes the connection. The
+ * descriptor stays k's until then: libmicrohttpd closes it only after the CLOSED
+ * notification, which waits for conn_mu. conn_mu held. */
+static void drop(ms_web_conn *k) {
+    k->state = CONN_DROPPED;
+    if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+}
+
+/* Makes room for the newcomer k (not listed yet). conn_mu held. */
+static void make_room(ms_web *w, const ms_web_conn *k) {
+    ms_web_conn *old;
+    while (count_waiting(w, k) >= w->wait_max_per_ip && (old = oldest_waiting(w, k))) drop(old);
+    while (count_waiting(w, NULL) >= w->wait_max && (old = oldest_waiting(w, NULL))) drop(old);
+}
+
+static void conn_open(ms_web *w, struct MHD_Connection *c, void **socket_context) {
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ad =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    ms_web_conn *k = calloc(1, sizeof *k);
+    if (!k) {
+        if (fd) shutdown(fd->connect_fd, SHUT_RDWR); /* unguarded: refused */
+        return;
+    }
+    k->w = w;
+    k->fd = fd ? fd->connect_fd : -1;
+    const struct sockaddr *sa = ad ? ad->client_addr : NULL;
+    if (sa && sa->sa_family == AF_INET) {
+        k->addr_len = 4;
+        memcpy(k->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa && sa->sa_family == AF_INET6) {
+        k->addr_len = 16;
+        memcpy(k->addr, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    }
+    k->state = CONN_WAITING;
+    k->since_ms = mono_ms();
+    pthread_mutex_lock(&w->conn_mu);
+    make_room(w, k);
+    k->next = w->conns;
+    if (w->conns) w->conns->prev = k;
+    w->conns = k;
+    pthread_mutex_unlock(&w->conn_mu);
+    *socket_context = k;
+}
+
+static void conn_close(ms_web *w, void **socket_context) {
+    ms_web_conn *k = *socket_context;
+    if (!k) return;
+    pthread_mutex_lock(&w->conn_mu);
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        w->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&w->conn_mu);
+    free(k);
+    *socket_context = NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        conn_open(cls, c, socket_context);
+    else
+        conn_close(cls, socket_context);
+}
+
+static ms_web_conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return i ? i->socket_context : NULL;
+}
+
+/* The request on c has arrived and is being answered (or refused): no deadline. */
+static void conn_answering(struct MHD_Connection *c) {
+    ms_web_conn *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&k->w->conn_mu);
+    if (k->state == CONN_WAITING) k->state = CONN_ANSWERING;
+    pthread_mutex_unlock(&k->w->conn_mu);
+}
+
+/* A request on c completed: a kept-alive connection waits for the next, if there is room. */
+static void conn_rewait(struct MHD_Connection *c) {
+    ms_web_conn *k = conn_of(c);
+    if (!k) return;
+    ms_web *w = k->w;
+    pthread_mutex_lock(&w->conn_mu);
+    if (k->state == CONN_ANSWERING && room_to_wait(w, k)) {
+        k->state = CONN_WAITING;
+        k->since_ms = mono_ms();
+    } else if (k->state == CONN_ANSWERING) {
+        drop(k);
+    }
+    pthread_mutex_unlock(&w->conn_mu);
+}
+
+/* Drops every connection that waited request_ms; returns when to look again. conn_mu held. */
+static int64_t reap(ms_web *w, int64_t now) {
+    /* New deadlines are at least request_ms (>= 1 s) away, so never before this. */
+    int64_t next = now + 1000;
+    for (ms_web_conn *k = w->conns; k; k = k->next) {
+        if (k->state != CONN_WAITING) continue;
+        int64_t due = k->since_ms + w->request_ms;
+        if (due <= now)
+            drop(k);
+        else if (due < next)
+            next = due;
+    }
+    return next;
+}
+
+static void *reaper_main(void *arg) {
+    ms_web *w = arg;
+    pthread_mutex_lock(&w->conn_mu);
+    while (!w->reaper_stopping) {
+        int64_t next = reap(w, mono_ms());
+        /* conn_cv waits on CLOCK_MONOTONIC, the clock of ms_now_ns. */
+        struct timespec ts = {.tv_sec = next / 1000, .tv_nsec = (next % 1000) * 1000000L};
+        pthread_cond_timedwait(&w->conn_cv, &w->conn_mu, &ts);
+    }
+    pthread_mutex_unlock(&w->conn_mu);
+    return NULL;
+}
+
+static ms_status reaper_start(ms_web *w, ms_error *err) {
+    if (pthread_create(&w->reaper, NULL, reaper_main, w) != 0)
+        return ms_fail(err, MS_ERR_NOMEM, "web: cannot start the connection reaper thread");
+    w->reaper_running = true;
+    return MS_OK;
+}
+
+static void reaper_stop(ms_web *w) {
+    pthread_mutex_lock(&w->conn_mu);
+    w->reaper_stopping = true;
+    pthread_cond_broadcast(&w->conn_cv);
+    pthread_mutex_unlock(&w->conn_mu);
+    if (w->reaper_running) pthread_join(w->reaper, NULL);
+    w->reaper_running = false;
+}
+
 /* --- responses ------------------------------------------------------------------------------ */
 
 enum MHD_Result ms_web_queue(struct MHD_Connection *c, unsigned code, struct MHD_Response *r) {
     if (!r) return MHD_NO;
+    conn_answering(c);
     MHD_add_response_header(r, "Content-Security-Policy", CSP);
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
@@ -115,8 +320,9 @@ static enum MHD_Result start_page(ms_web *w, struct MHD_Connection *c, bool auth
         struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
         if (!r) return MHD_NO;
         char cookie[160];
+        /* The session secret, not the token: a leaked cookie does not reveal the URL. */
         snprintf(cookie, sizeof cookie, "%s=%s; HttpOnly; SameSite=Strict; Path=/", w->cookie_name,
-                 w->token);
+                 w->session);
         MHD_add_response_header(r, "Set-Cookie", cookie);
         MHD_add_response_header(r, "Location", "/");
         return ms_web_queue(c, MHD_HTTP_SEE_OTHER, r);
@@ -138,11 +344,24 @@ typedef struct req {
     size_t received;
 } req;
 
-static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key,
-                                  const char *value) {
+typedef struct header_count {
+    const char *name;
+    int n;
+} header_count;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
     (void)kind, (void)value;
-    if (key && !strcasecmp(key, "Host")) ++*(int *)cls;
+    header_count *hc = cls;
+    if (key && !strcasecmp(key, hc->name)) hc->n++;
     return MHD_YES;
+}
+
+/* How many headers named `name` the request has (a lookup finds the first only). */
+static int headers_named(struct MHD_Connection *c, const char *name) {
+    header_count hc = {.name = name};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &hc);
+    return hc.n;
 }
 
 static bool authenticated(ms_web *w, struct MHD_Connection *c, bool *bearer) {
@@ -155,7 +374,7 @@ static bool authenticated(ms_web *w, struct MHD_Connection *c, bool *bearer) {
     }
     const char *ck = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Cookie");
     return ck && ms_web_cookie_get(ck, w->cookie_name, tok, sizeof tok) &&
-           ms_web_token_eq(w->token, tok);
+           ms_web_token_eq(w->session, tok);
 }
 
 /* Route kinds, from the path alone. */
@@ -182,15 +401,17 @@ static int route_kind(const char *url) {
     return ROUTE_NONE;
 }
 
-/* Steps 1-7 of the header checks. Returns MHD_YES/MHD_NO after queueing an answer, or -1
+/* Steps 0-7 of the header checks. Returns MHD_YES/MHD_NO after queueing an answer, or -1
  * when the request may proceed (q->bearer set). */
 static int check_headers(ms_web *w, struct MHD_Connection *c, const char *url, const char *method,
                          req *q) {
-    int hosts = 0;
-    MHD_get_connection_values(c, MHD_HEADER_KIND, count_host, &hosts);
+    /* libmicrohttpd 0.9.75 frames the body by one of them; a proxy in front could pick the
+     * other (request smuggling). */
+    if (headers_named(c, "Content-Length") > 1)
+        return ms_web_queue_error(c, MHD_HTTP_BAD_REQUEST, "more than one Content-Length header");
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
     const char *extra = w->host_specific ? w->host : NULL;
-    if (hosts != 1 || !ms_web_host_ok(host, extra))
+    if (headers_named(c, "Host") != 1 || !ms_web_host_ok(host, extra))
         return ms_web_queue_error(c, MHD_HTTP_FORBIDDEN,
                                   "Host header must name a loopback address or localhost "
                                   "(DNS rebinding protection)");
@@ -270,7 +491,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)c, (void)why;
+    (void)cls;
+    if (why == MHD_REQUEST_TERMINATED_COMPLETED_OK) conn_rewait(c);
     req *q = *con_cls;
     if (!q) return;
     free(q->body.p);
@@ -353,18 +575,26 @@ ms_status ms_web_start(ms_live *live, const ms_web_opts *opts, ms_web **out, ms_
     w->body_cap = o.body_cap;
     w->heartbeat_ms = MS_WEB_HEARTBEAT_MS;
     snprintf(w->host, sizeof w->host, "%s", bare);
+    /* Waiting connections get half of each limit (see "waiting connections"). */
+    w->request_ms = (int64_t)o.timeout_s * 1000;
+    w->wait_max = o.max_conns > 1 ? o.max_conns / 2 : 1;
+    w->wait_max_per_ip = o.max_per_ip > 1 ? o.max_per_ip / 2 : 1;
     pthread_mutex_init(&w->mu, NULL);
     pthread_mutex_init(&w->cache_mu, NULL);
+    pthread_mutex_init(&w->conn_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&w->stop_cv, &ca);
+    pthread_cond_init(&w->conn_cv, &ca);
     pthread_condattr_destroy(&ca);
     ms_status st = MS_OK;
     if (o.token)
         snprintf(w->token, sizeof w->token, "%s", o.token);
     else
         st = ms_web_random_token(w->token, err);
+    if (st == MS_OK) st = ms_web_random_token(w->session, err);
+    if (st == MS_OK) st = reaper_start(w, err);
     if (st != MS_OK) {
         ms_web_stop(w);
         return st;
@@ -387,7 +617,8 @@ ms_status ms_web_start(ms_live *live, const ms_web_opts *opts, ms_web **out, ms_
         (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_conns,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o.max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)o.timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, w, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        w, MHD_OPTION_END);
     if (!w->daemon) {
         int e = errno;
         ms_web_stop(w);
@@ -420,10 +651,14 @@ const char *ms_web_token(const ms_web *w) {
 void ms_web_stop(ms_web *w) {
     if (!w) return;
     ms_web_sse_stop(w);
+    reaper_stop(w);
+    /* Closes every connection; the CLOSED notifications empty w->conns. */
     if (w->daemon) MHD_stop_daemon(w->daemon);
     ms_web_text_release(w->cache);
     pthread_cond_destroy(&w->stop_cv);
+    pthread_cond_destroy(&w->conn_cv);
     pthread_mutex_destroy(&w->mu);
     pthread_mutex_destroy(&w->cache_mu);
+    pthread_mutex_destroy(&w->conn_mu);
     free(w);
 }

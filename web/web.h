@@ -2,8 +2,9 @@
  *
  * Serves the page (assets embedded in the binary), the JSON API under /api/v1
  * (docs/api.md), server-sent events, /metrics (Prometheus text) and /trace.json, with the
- * security defaults of docs/api.md: loopback bind, a token exchanged for a cookie, Host and
- * Origin checks, method and body limits, connection limits and timeouts.
+ * security defaults of docs/api.md: loopback bind, a token exchanged for a session cookie,
+ * Host and Origin checks, method and body limits, connection limits, timeouts and a deadline
+ * for each request to arrive.
  *
  * Threads: libmicrohttpd's own; the server only reads snapshots and posts requests to the
  * live model's control queue, so it never blocks training.
@@ -23,9 +24,9 @@ typedef struct ms_web_opts {
     const char *host;  /* NULL: "127.0.0.1" */
     int port;          /* 0: any free port */
     const char *token; /* NULL: 32 random hex characters */
-    int max_conns;     /* 0: 256 */
-    int max_per_ip;    /* 0: 128 */
-    int timeout_s;     /* idle connection timeout; 0: 10 */
+    int max_conns;     /* 0: 256; half at most for connections still sending a request */
+    int max_per_ip;    /* 0: 128; likewise */
+    int timeout_s;     /* idle timeout, and the most a request may take to arrive; 0: 10 */
     size_t body_cap;   /* request body bytes; 0: 64 KiB */
 } ms_web_opts;
 

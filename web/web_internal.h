@@ -3,7 +3,8 @@
  * (metrics.c), which the tests call directly.
  *
  * Threads: libmicrohttpd runs every request callback on its one polling thread; a notifier
- * thread (sse.c) waits for new snapshot versions and resumes suspended event streams.
+ * thread (sse.c) waits for new snapshot versions and resumes suspended event streams; a
+ * reaper thread (server.c) hangs up on connections whose request is overdue.
  * `mu` guards the stream list and the stopping flag; `cache_mu` guards the text cache
  * (taken inside `mu` by the streams, never the other way round).
  */
@@ -50,6 +51,7 @@ void ms_web_text_release(ms_web_text *t);
 /* --- the server ------------------------------------------------------------------------------ */
 
 typedef struct sse_client sse_client;
+typedef struct ms_web_conn ms_web_conn;
 
 struct ms_web {
     ms_live *live;
@@ -58,8 +60,9 @@ struct ms_web {
     char url_host[72];  /* for URLs: "127.0.0.1", "[::1]" */
     bool host_specific; /* bound to one non-loopback address: it is allowed in Host/Origin */
     int port;
-    char token[MS_WEB_TOKEN_LEN + 1];
-    char cookie_name[32]; /* "meshscope_PORT" */
+    char token[MS_WEB_TOKEN_LEN + 1];   /* in the URL and the Bearer header */
+    char session[MS_WEB_TOKEN_LEN + 1]; /* the cookie's value, given for the token */
+    char cookie_name[32];               /* "meshscope_PORT" */
     char url[192];
     size_t body_cap;
 
@@ -75,6 +78,18 @@ struct ms_web {
 
     pthread_mutex_t cache_mu;
     ms_web_text *cache;
+
+    /* Connections waiting for a request (server.c). `conn_mu` guards the list and the
+     * reaper's stopping flag; taken alone. */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv; /* the reaper sleeps on it until the next deadline, or stop */
+    ms_web_conn *conns;     /* every open connection, doubly linked */
+    int64_t request_ms;     /* a request must arrive in full within this */
+    int wait_max;           /* waiting connections at most, in all */
+    int wait_max_per_ip;    /* and from one address */
+    bool reaper_stopping;
+    pthread_t reaper;
+    bool reaper_running;
 };
 
 /* The latest snapshot as text (serialised once per version), with a reference for the
