@@ -1,11 +1,17 @@
 /* job.c - resolving a job's model and strategy, and launching its ranks (see job.h). */
 #include "job/job.h"
 
+#include <errno.h>
+#include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/comm/comm_mpi.h"
+#include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
@@ -17,6 +23,33 @@ ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_train_opts to = job_train_opts(o, false, true);
     return ms_trainer_check_strategy(&out->cfg, &to, out->world_size, &out->strat, err);
+}
+
+/* One output path: not a directory, and its directory takes a new file. */
+static ms_status check_output(const char *flag, const char *path, ms_error *err) {
+    if (!path) return MS_OK;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return ms_fail(err, MS_ERR_INVALID, "%s %s is a directory; give a file path", flag, path);
+    char *copy = xstrdup(path);
+    const char *dir = dirname(copy);
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/.meshscope-probe.XXXXXX", dir);
+    int fd = mkstemp(probe);
+    ms_status st = MS_OK;
+    if (fd < 0)
+        st = ms_fail(err, MS_ERR_IO, "%s %s: cannot create files in %s (%s); fix the path first",
+                     flag, path, dir, strerror(errno));
+    else
+        close(fd), unlink(probe);
+    free(copy);
+    return st;
+}
+
+ms_status job_check_outputs(const run_opts *o, ms_error *err) {
+    MS_CHECK(check_output("--save", o->save, err));
+    MS_CHECK(check_output("--trace", o->trace, err));
+    return check_output("--log-jsonl", o->log_jsonl, err);
 }
 
 ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference) {

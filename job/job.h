@@ -47,6 +47,12 @@ typedef struct job_plan {
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
 
+/* Checks before the first step that every output can be written: --save, --trace and
+ * --log-jsonl must not name a directory, and their directory must take a new file (a probe
+ * file is created and removed). The message names the flag, the path and the reason, so a
+ * long run never ends by failing to write its result. */
+ms_status job_check_outputs(const run_opts *o, ms_error *err);
+
 /* The trainer options the flags describe (inference: no optimizer state). */
 ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference);
 

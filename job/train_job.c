@@ -234,6 +234,7 @@ int train_job_run(const run_opts *o) {
     train_args ta = {.o = o, .plan = &plan};
     live_job job;
     ms_status st = job_plan_resolve(o, &plan, &err);
+    if (st == MS_OK) st = job_check_outputs(o, &err);
     if (st == MS_OK) {
         ms_train_opts to = job_train_opts(o, o->sample > 0, false);
         st = ms_train_opts_check(&to, &err);

@@ -66,6 +66,31 @@ if [ "${2:-}" = hardening ]; then
   expect "timeout zero" "bad value '0' for --timeout-s" "${run[@]}" --data "$tmp/text.txt" --timeout-s 0
   expect "timeout not a number" "bad value 'soon' for --timeout-s" "${run[@]}" --data "$tmp/text.txt" \
     --timeout-s soon
+  # Outputs that cannot be written were found only after the whole run: a run that would
+  # take hours must fail at once (timeout 60 turns a late failure into a failed case).
+  long=("$bin" train --model "$tmp/ok.json" --steps 100000000 --batch 2 --seq 16 --data "$tmp/text.txt")
+  expect "save names a directory" "--save $tmp is a directory" timeout 60 "${long[@]}" --save "$tmp"
+  expect "save in an unwritable place" "cannot create files in /proc" timeout 60 "${long[@]}" \
+    --save /proc/x.safetensors
+  expect "trace in an unwritable place" "--trace /proc/t.json: cannot create files" timeout 60 \
+    "${long[@]}" --trace /proc/t.json
+  expect "log names a directory" "--log-jsonl $tmp is a directory" timeout 60 "${long[@]}" \
+    --log-jsonl "$tmp"
+  # A full disk under the log: the run fails naming it instead of exiting 0 with a cut log.
+  expect "log on a full disk" "cannot write the log /dev/full" "${run[@]}" --data "$tmp/text.txt" \
+    --steps 3 --log-jsonl /dev/full
+  # Divergence was silent (NaN gradient norms from step 20, exit 0).
+  tiny="$(dirname "$0")/../configs/gpt-tiny.json"
+  expect "divergence stops the run" "training diverged; lower --lr" "$bin" train --model "$tiny" \
+    --data "$tmp/text.txt" --lr 10 --steps 60 --batch 4 --seq 32
+  out=$("$bin" train --model "$tiny" --data "$tmp/text.txt" --lr 10 --steps 60 --batch 4 --seq 32 \
+    --on-nan skip --log-every 1 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ] && grep -q "skipped: not finite" <<<"$out"; then
+    echo "ok   --on-nan skip goes on and marks the skipped steps"; pass=$((pass + 1))
+  else
+    echo "FAIL --on-nan skip (exit $rc)"; echo "$out" | tail -3; fail=$((fail + 1))
+  fi
   finish
   exit
 fi
