@@ -79,6 +79,15 @@ if [ "${2:-}" = hardening ]; then
   # A full disk under the log: the run fails naming it instead of exiting 0 with a cut log.
   expect "log on a full disk" "cannot write the log /dev/full" "${run[@]}" --data "$tmp/text.txt" \
     --steps 3 --log-jsonl /dev/full
+  # A --switch target longer than 1023 bytes passed the check, then was cut to 1023 bytes.
+  pad=$(printf '%*s' 3000 '')
+  out=$("${run[@]}" --data "$tmp/text.txt" --steps 4 --dp 2 --switch "2:{\"dp\": 1,$pad \"tp\": 2}" 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ] && grep -q "switched dp2 x tp1 -> dp1 x tp2" <<<"$out"; then
+    echo "ok   a 3 KB --switch target is carried out whole"; pass=$((pass + 1))
+  else
+    echo "FAIL a 3 KB --switch target (exit $rc)"; echo "$out" | tail -3; fail=$((fail + 1))
+  fi
   # Divergence was silent (NaN gradient norms from step 20, exit 0).
   tiny="$(dirname "$0")/../configs/gpt-tiny.json"
   expect "divergence stops the run" "training diverged; lower --lr" "$bin" train --model "$tiny" \
