@@ -9,6 +9,7 @@
 #include "cli/session.h"
 #include "engine/core/xalloc.h"
 #include "engine/data/dataset.h"
+#include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
 #include "job/train_job.h"
 
@@ -90,7 +91,9 @@ static ms_status eval_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     }
     double loss;
     MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_ALL, o->batches, &loss, err), st, out);
-    if (ctx->rank == 0) printf("{\"loss\": %.6f}\n", loss);
+    char line[256];
+    st = ms_json_loss_line(loss, line, sizeof line, err);
+    if (ctx->rank == 0) puts(line);
 out:
     ms_safetensors_free(&ck);
     ms_trainer_destroy(t);

@@ -13,6 +13,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/data/dataset.h"
+#include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
 #include "job/live_job.h"
 #include "job/tracer.h"
@@ -95,11 +96,14 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
                           double ms, bool quiet, ms_error *err) {
     double tps = (double)o->batch * o->seq / (ms / 1e3);
     if (log) {
+        /* A skipped step's loss or norm is not finite: null, since JSON has no NaN. */
+        char loss[32], norm[32];
         fprintf(log,
-                "{\"step\": %lld, \"loss\": %.6f, \"step_ms\": %.3f, \"tokens_per_s\": %.1f, "
-                "\"lr\": %.6g, \"grad_norm\": %.5f, \"strategy\": \"%s\"}\n",
-                (long long)r->step, r->loss, ms, tps, r->lr, r->grad_norm,
-                ms_trainer_strategy(t)->text);
+                "{\"step\": %lld, \"loss\": %s, \"step_ms\": %.3f, \"tokens_per_s\": %.1f, "
+                "\"lr\": %.6g, \"grad_norm\": %s, \"strategy\": \"%s\"%s}\n",
+                (long long)r->step, ms_json_number(r->loss, "%.6f", loss, sizeof loss), ms, tps,
+                r->lr, ms_json_number(r->grad_norm, "%.5f", norm, sizeof norm),
+                ms_trainer_strategy(t)->text, r->skipped ? ", \"skipped\": true" : "");
         if (fflush(log) != 0 || ferror(log))
             return ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);
     }

@@ -535,10 +535,11 @@ ms_status ms_plan_strategy_from_json(const char *json, size_t len, int batch, ms
         bool known = false;
         for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) known |= !strcmp(k->string, ok[i]);
         if (!known) {
+            char safe[MS_SAFE_LEN];
             st = ms_fail(err, MS_ERR_INVALID,
                          "strategy: unknown key \"%s\" (known: dp, tp, cp, pp, sp, zero, "
                          "recompute, micro_batch, or mesh + sp)",
-                         k->string);
+                         ms_safe_str(safe, sizeof safe, k->string));
             goto out;
         }
     }

@@ -564,11 +564,16 @@ ms_status ms_analyze(const ms_event *ev, size_t n, const ms_group *groups, int n
         int listed = groups[g].size < MS_EV_GROUP_MAX ? groups[g].size : MS_EV_GROUP_MAX;
         for (int p = 0; p < listed; p++) {
             int r = groups[g].ranks[p];
-            if (r < 0 || r >= MS_AN_MAX_RANKS)
+            if (r < 0 || r >= MS_AN_MAX_RANKS) {
+                /* The name may come from a trace file, and may fill its field unterminated. */
+                char name[sizeof groups[g].name + 1], safe[80];
+                snprintf(name, sizeof name, "%.*s", (int)sizeof groups[g].name, groups[g].name);
                 return ms_fail(err, MS_ERR_UNSUPPORTED,
-                               "analysis: group %d ('%.16s') lists rank %d; analysis handles "
+                               "analysis: group %d ('%s') lists rank %d; analysis handles "
                                "ranks 0..%d",
-                               (int)groups[g].id, groups[g].name, r, MS_AN_MAX_RANKS - 1);
+                               (int)groups[g].id, ms_safe_str(safe, sizeof safe, name), r,
+                               MS_AN_MAX_RANKS - 1);
+            }
             if (r > max_rank) max_rank = r;
         }
     }

@@ -181,6 +181,9 @@ static void add_groups_locked(ms_live *l, const ms_group *g, int n) {
 }
 
 void ms_live_feed_events(ms_live *l, const ms_event *ev, size_t n) {
+    /* Nothing to add (a trace with no usable events): ev and l->fed may both be NULL, which
+     * memcpy does not allow even for 0 bytes. */
+    if (n == 0) return;
     pthread_mutex_lock(&l->mu);
     if (l->n_fed + n > l->cap_fed) {
         l->cap_fed = (l->n_fed + n) * 2;

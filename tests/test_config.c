@@ -1,10 +1,13 @@
 /* test_config.c - config.json parsing: real GPT-2/BERT files, HF aliases, defaults, every error
- * message (file name, JSON path, the fix), and the GPT-2 parameter count. */
+ * message (file name, JSON path, the fix), the GPT-2 parameter count; which keys are read,
+ * checked, ignored or refused, and the JSON text helpers behind those messages. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/io/json_text.h"
 #include "engine/model/config.h"
 #include "tests/testkit.h"
 
@@ -277,9 +280,142 @@ static void load_files(void **state) {
     rmdir(dir);
 }
 
+/* The smallest valid config plus `extra` members ("" or ", \"key\": value, ..."). */
+static ms_status parse_with(const char *extra, ms_model_config *c, ms_error *err) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 64, \"vocab_size\": 256, "
+             "\"n_positions\": 128%s}",
+             extra);
+    return parse(json, c, err);
+}
+
+static void expect_refused(const char *extra, const char *want) {
+    ms_model_config c;
+    ms_error err = {0};
+    if (parse_with(extra, &c, &err) != MS_ERR_INVALID)
+        fail_msg("%s: expected a refusal, got %s", extra, err.msg);
+    if (!strstr(err.msg, want)) fail_msg("%s: message '%s' lacks '%s'", extra, err.msg, want);
+}
+
+static void expect_accepted(const char *extra) {
+    ms_model_config c;
+    ms_error err = {0};
+    if (parse_with(extra, &c, &err) != MS_OK) fail_msg("%s: %s", extra, err.msg);
+    assert_int_equal(c.n_layer, 2);
+}
+
+/* Keys that would change the model are refused unless they say what meshscope builds; a typo
+ * names the key it probably meant; keys Hugging Face writes that change nothing are ignored. */
+static void hardening_config_keys(void **state) {
+    (void)state;
+    expect_refused(", \"n_layers\": 12", "unknown key \"n_layers\"");
+    expect_refused(", \"n_layers\": 12", "the closest known key is \"n_layer\"");
+    expect_refused(", \"num_hiden_layers\": 12", "closest known key is \"num_hidden_layers\"");
+    expect_refused(", \"rope_theta\": 10000", "unknown key \"rope_theta\"");
+    expect_refused(", \"activation_function\": \"relu\"",
+                   "$.activation_function is \"relu\", but meshscope's MLP uses GELU");
+    expect_refused(", \"hidden_act\": \"silu\"", "$.hidden_act is \"silu\"");
+    expect_refused(", \"tie_word_embeddings\": false",
+                   "$.tie_word_embeddings is false, but meshscope always ties the output layer");
+    expect_refused(", \"n_inner\": 1000", "$.n_inner is 1000, but meshscope's MLP is 4 * n_embd");
+    expect_refused(", \"scale_attn_by_inverse_layer_idx\": true", "by the layer index");
+    expect_refused(", \"add_cross_attention\": true", "no cross-attention");
+    expect_refused(", \"position_embedding_type\": \"relative_key\"", "absolute position");
+    expect_refused(", \"initializer_range\": 0.01", "standard deviation 0.02");
+    expect_refused(", \"model_type\": \"bert\", \"is_decoder\": true", "both directions");
+    /* What meshscope builds, said explicitly, or left to the default (null). */
+    expect_accepted(", \"activation_function\": \"gelu_new\", \"tie_word_embeddings\": true, "
+                    "\"n_inner\": 256, \"scale_attn_weights\": true, "
+                    "\"scale_attn_by_inverse_layer_idx\": false, \"initializer_range\": 0.02");
+    expect_accepted(", \"activation_function\": \"gelu_pytorch_tanh\", \"n_inner\": null");
+    expect_accepted(", \"model_type\": \"bert\", \"hidden_act\": \"gelu\", \"is_decoder\": false, "
+                    "\"intermediate_size\": 256, \"position_embedding_type\": \"absolute\"");
+    expect_accepted(", \"is_decoder\": true"); /* GPT-2 is causal either way */
+    /* Ignored: provenance, tokenizer ids, heads meshscope does not build. */
+    expect_accepted(", \"architectures\": [\"GPT2LMHeadModel\"], \"transformers_version\": "
+                    "\"4.40.0\", \"use_cache\": true, \"bos_token_id\": 50256, \"pad_token_id\": "
+                    "null, \"summary_type\": \"cls_index\", \"id2label\": {\"0\": \"A\"}, "
+                    "\"type_vocab_size\": 2, \"reorder_and_upcast_attn\": false");
+    /* A key from a file is shown escaped: no terminal control reaches the message. */
+    ms_model_config c;
+    ms_error err = {0};
+    assert_int_equal(parse_with(", \"\\u001b[31mred\\u001b[0m\": 1", &c, &err), MS_ERR_INVALID);
+    mt_expect_escaped(err.msg, "unknown key \"\\x1B[31mred\\x1B[0m\"");
+    assert_int_equal(parse_with(", \"activation_function\": \"\\u001b]0;x\\u0007\"", &c, &err),
+                     MS_ERR_INVALID);
+    mt_expect_escaped(err.msg, "is \"\\x1B]0;x\\x07\"");
+}
+
+/* A repeated key is refused wherever it is, with its path; cJSON would keep only the first. */
+static void hardening_config_duplicates(void **state) {
+    (void)state;
+    expect_refused(", \"n_layer\": 12", "config.json: $.n_layer appears twice");
+    expect_refused(", \"task_specific_params\": {\"gen\": {\"max_length\": 1, \"max_length\": 2}}",
+                   "$.task_specific_params.gen.max_length appears twice");
+    expect_refused(", \"id2label\": {\"0\": \"A\", \"0\": \"B\"}",
+                   "$.id2label[\"0\"] appears twice");
+    expect_accepted(", \"id2label\": {\"0\": \"A\", \"1\": \"A\"}");
+}
+
+/* The JSON helpers on their own: duplicate paths through arrays, the closest word. */
+static void hardening_json_helpers(void **state) {
+    (void)state;
+    char path[128];
+    cJSON *j = cJSON_Parse("{\"a\": [1, {\"b\": 1}, {\"c\": {\"d\": 1, \"e\": 2, \"d\": 3}}]}");
+    assert_true(ms_json_find_duplicate_key(j, path, sizeof path));
+    assert_string_equal(path, "$.a[2].c.d");
+    cJSON_Delete(j);
+    j = cJSON_Parse("{\"a\": {\"x\": 1}, \"b\": {\"x\": 1}, \"c\": [{\"x\": 1}, {\"x\": 2}]}");
+    assert_false(ms_json_find_duplicate_key(j, path, sizeof path));
+    cJSON_Delete(j);
+    j = cJSON_Parse("{\"\\u001b k\": 1, \"\\u001b k\": 2}");
+    assert_true(ms_json_find_duplicate_key(j, path, sizeof path));
+    assert_string_equal(path, "$[\"\\x1B k\"]");
+    cJSON_Delete(j);
+    /* A path longer than the buffer is cut; the duplicate is still found. */
+    j = cJSON_Parse(
+        "{\"aaaaaaaaaaaaaaaaaaaa\": {\"bbbbbbbbbbbbbbbbbbbbbbb\": {\"z\": 1, \"z\": 1}}}");
+    char tiny[16];
+    assert_true(ms_json_find_duplicate_key(j, tiny, sizeof tiny));
+    assert_int_equal(strlen(tiny), sizeof tiny - 1);
+    cJSON_Delete(j);
+
+    const char *const words[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+    assert_string_equal(ms_closest_word("n_layers", words, 5), "n_layer");
+    assert_string_equal(ms_closest_word("n_haed", words, 5), "n_head"); /* a swap counts 1 */
+    assert_string_equal(ms_closest_word("vocabsize", words, 5), "vocab_size");
+    assert_string_equal(ms_closest_word("n_position", words, 5), "n_positions");
+    assert_null(ms_closest_word("x", words, 0));
+}
+
+/* eval's result line: a JSON number, or for a loss that is not finite null and an error (with a
+ * failing status), never printf's "nan". */
+static void hardening_json_loss_line(void **state) {
+    (void)state;
+    char line[256];
+    ms_error err = {0};
+    assert_int_equal(ms_json_loss_line(2.5, line, sizeof line, &err), MS_OK);
+    assert_string_equal(line, "{\"loss\": 2.500000}");
+    const double bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ms_json_loss_line(bad[i], line, sizeof line, &err), MS_ERR_INVALID);
+        assert_int_equal(strncmp(line, "{\"loss\": null, \"error\": \"the loss is ", 36), 0);
+        assert_null(strstr(line, "nan,"));
+        cJSON *v = cJSON_Parse(line); /* valid JSON, and the error is the status's message */
+        assert_non_null(v);
+        assert_true(cJSON_IsNull(cJSON_GetObjectItem(v, "loss")));
+        assert_string_equal(cJSON_GetObjectItem(v, "error")->valuestring, err.msg);
+        cJSON_Delete(v);
+    }
+    assert_non_null(strstr(err.msg, "NaN or infinite weights"));
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(gpt2_small_config), cmocka_unit_test(bert_aliases_and_defaults),
-    cmocka_unit_test(value_errors),      cmocka_unit_test(structure_errors),
-    cmocka_unit_test(validate_built),    cmocka_unit_test(load_files),
+    cmocka_unit_test(hardening_config_keys),  cmocka_unit_test(hardening_config_duplicates),
+    cmocka_unit_test(hardening_json_helpers), cmocka_unit_test(hardening_json_loss_line),
+    cmocka_unit_test(gpt2_small_config),      cmocka_unit_test(bert_aliases_and_defaults),
+    cmocka_unit_test(value_errors),           cmocka_unit_test(structure_errors),
+    cmocka_unit_test(validate_built),         cmocka_unit_test(load_files),
 };
 MT_MAIN("config", tests)

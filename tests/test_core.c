@@ -1,5 +1,6 @@
 /* test_core.c - tensors, views, bf16, device accounting and Philox, against independent
- * references (published Philox vectors, direct index arithmetic). */
+ * references (published Philox vectors, direct index arithmetic); the sanitiser for text from
+ * files in messages. */
 #include <math.h>
 #include <string.h>
 
@@ -205,7 +206,49 @@ static void device_fallback(void **state) {
     ms_device_destroy(dev);
 }
 
+/* Text from files goes into messages with nothing a terminal would act on, nothing that is
+ * not valid UTF-8, and a bounded length; printable text, UTF-8 included, is kept as it is. */
+static void hardening_safe_str(void **state) {
+    (void)state;
+    char out[MS_SAFE_LEN];
+    assert_string_equal(ms_safe_str(out, sizeof out, "h.0.attn.c_attn.weight"),
+                        "h.0.attn.c_attn.weight");
+    assert_string_equal(ms_safe_str(out, sizeof out, "\x1b[2J\x1b]0;owned\x07"),
+                        "\\x1B[2J\\x1B]0;owned\\x07");
+    assert_string_equal(ms_safe_str(out, sizeof out, "tab\there\nDEL\x7f"),
+                        "tab\\x09here\\x0ADEL\\x7F");
+    /* Valid UTF-8 stays; C1 controls (CSI U+009B) and bidi overrides (U+202E) are escaped. */
+    assert_string_equal(ms_safe_str(out, sizeof out, "caf\xc3\xa9 \xe2\x9c\x93"),
+                        "caf\xc3\xa9 \xe2\x9c\x93");
+    assert_string_equal(ms_safe_str(out, sizeof out,
+                                    "a\xc2\x9b"
+                                    "31mb"),
+                        "a\\xC2\\x9B31mb");
+    assert_string_equal(ms_safe_str(out, sizeof out, "x\xe2\x80\xaey"), "x\\xE2\\x80\\xAEy");
+    /* Invalid UTF-8: stray continuation, overlong, surrogate, truncated, past U+10FFFF. */
+    assert_string_equal(ms_safe_str(out, sizeof out, "\x80\xc0\xaf\xed\xa0\x80\xe2\x82"),
+                        "\\x80\\xC0\\xAF\\xED\\xA0\\x80\\xE2\\x82");
+    assert_string_equal(ms_safe_str(out, sizeof out, "\xf4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");
+    /* A backslash is doubled, so \x1B in the output always means an escaped byte. */
+    assert_string_equal(ms_safe_str(out, sizeof out, "a\\x1B"), "a\\\\x1B");
+    assert_string_equal(ms_safe_str(out, sizeof out, NULL), "(null)");
+    /* Bounded: a long name is cut at a character boundary and marked. */
+    char longer[4096];
+    memset(longer, 'n', sizeof longer - 1);
+    longer[sizeof longer - 1] = '\0';
+    ms_safe_str(out, sizeof out, longer);
+    assert_int_equal(strlen(out), sizeof out - 1);
+    assert_string_equal(out + sizeof out - 4, "...");
+    char small[8];
+    assert_string_equal(ms_safe_str(small, sizeof small, "\x1b\x1b"), "\\x1B...");
+    assert_string_equal(ms_safe_str(small, sizeof small, "abcdefg"), "abcdefg");
+    assert_string_equal(ms_safe_str(small, sizeof small, "abcdefgh"), "abcd...");
+    /* Never a split UTF-8 sequence at the cut. */
+    assert_string_equal(ms_safe_str(small, sizeof small, "ab\xe2\x9c\x93\xe2\x9c\x93"), "ab...");
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(hardening_safe_str),
     cmocka_unit_test(philox_known_answers),
     cmocka_unit_test(philox_distribution),
     cmocka_unit_test(tensor_alloc_views),

@@ -1,6 +1,7 @@
 /* test_data.c - the byte tokenizer, text-file splits and their error messages, the Philox
  * batch sampler (determinism, bounds, uniformity), DP sharding of the global batch, evaluation
- * windows against direct file reads, and (mode "prepare-data") the data preparation script. */
+ * windows against direct file reads, the check of the data's tokens against the model's
+ * vocabulary, and (mode "prepare-data") the data preparation script. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,10 +296,42 @@ static void eval_windows(void **state) {
     rmdir(dir);
 }
 
+/* Every byte of the data must be a token of the model: a vocabulary smaller than the largest
+ * byte is refused up front, naming the byte, its offset and the vocab_size that fits. */
+static void hardening_vocab_check(void **state) {
+    (void)state;
+    const char text[] = "And God saw the light, that it was good"; /* largest: 'w' = 119 */
+    ms_text_data d;
+    ms_error err = {0};
+    assert_int_equal(
+        ms_text_data_from_bytes("kjv.txt", (const uint8_t *)text, strlen(text), 4, 0.0, &d, &err),
+        MS_OK);
+    assert_int_equal(ms_text_data_check_vocab(&d, 1, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "kjv.txt: byte 65 at offset 0 is token 65, outside the "
+                                    "model's vocabulary of 1 tokens"));
+    assert_non_null(strstr(err.msg, "needs vocab_size 120 or more"));
+    assert_non_null(strstr(err.msg, "\"vocab_size\""));
+    /* One short: the first byte past it is named. */
+    assert_int_equal(ms_text_data_check_vocab(&d, 119, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "byte 119 at offset 10"));
+    assert_int_equal(ms_text_data_check_vocab(&d, 120, &err), MS_OK);
+    assert_int_equal(ms_text_data_check_vocab(&d, MS_BYTE_VOCAB, &err), MS_OK);
+    ms_text_data_close(&d);
+    /* Any byte at all fits 256. */
+    uint8_t all[512];
+    for (int i = 0; i < 512; i++) all[i] = (uint8_t)i;
+    assert_int_equal(ms_text_data_from_bytes(NULL, all, sizeof all, 8, 0.0, &d, &err), MS_OK);
+    assert_int_equal(ms_text_data_check_vocab(&d, 255, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "needs vocab_size 256 or more"));
+    assert_int_equal(ms_text_data_check_vocab(&d, MS_BYTE_VOCAB, &err), MS_OK);
+    ms_text_data_close(&d);
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(tokenizer_roundtrip), cmocka_unit_test(open_errors),
-    cmocka_unit_test(sampler_determinism), cmocka_unit_test(sampler_uniform),
-    cmocka_unit_test(dp_sharding),         cmocka_unit_test(eval_windows),
+    cmocka_unit_test(tokenizer_roundtrip),   cmocka_unit_test(open_errors),
+    cmocka_unit_test(sampler_determinism),   cmocka_unit_test(sampler_uniform),
+    cmocka_unit_test(dp_sharding),           cmocka_unit_test(eval_windows),
+    cmocka_unit_test(hardening_vocab_check),
 };
 
 /* --- "prepare-data" mode: runs scripts/prepare-data.sh into a temp folder (77 = skip). ----- */

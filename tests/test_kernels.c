@@ -6,13 +6,16 @@
  * accumulate, so gradient buffers start from random values and the test checks the increment.
  * The vocab-parallel cross-entropy is checked by splitting V into slices and doing the
  * all-reduces by hand, exactly as a distributed run would; dropout by comparing a tensor
- * computed whole against the same tensor computed as boxes.
+ * computed whole against the same tensor computed as boxes. In debug builds, a cross-entropy
+ * target past the vocabulary stops the process with a message instead of reading out of bounds.
  */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
@@ -977,8 +980,62 @@ static void costs(void **state) {
     assert_true(ms_k_copy_cost(100, false).flops == 0 && ms_k_copy_cost(100, false).bytes == 800);
 }
 
+#ifndef NDEBUG
+/* Runs ms_k_xent_forward (backward when `bw`) on one row of V = 4 logits with `target` in a
+ * child process; returns its wait status and its stderr in msg[cap]. */
+static int xent_in_child(int32_t target, bool bw, char *msg, size_t cap) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], STDERR_FILENO);
+        float logits[4] = {1, 2, 3, 4}, loss, lse = 0, d[4] = {0}, dl = 1;
+        if (bw)
+            ms_k_xent_backward(d, logits, &lse, &target, &dl, 1, 4);
+        else
+            ms_k_xent_forward(&loss, &lse, logits, &target, 1, 4);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    for (ssize_t got; n + 1 < cap && (got = read(fds[0], msg + n, cap - 1 - n)) > 0;)
+        n += (size_t)got;
+    msg[n] = '\0';
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+#endif
+
+/* Debug builds stop a cross-entropy whose target is past the vocabulary (it would read
+ * logits[target] and write dlogits[target] beyond the row) with a message naming the row. */
+static void hardening_xent_target_guard(void **state) {
+    (void)state;
+#ifdef NDEBUG
+    skip(); /* the check is compiled out of release builds; the debug build runs it */
+#else
+    char msg[1024];
+    for (int bw = 0; bw < 2; bw++) {
+        int status = xent_in_child(4, bw, msg, sizeof msg);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+            fail_msg("target 4 of V 4 (%s): the child was not stopped (status 0x%x): %s",
+                     bw ? "backward" : "forward", status, msg);
+        assert_non_null(
+            strstr(msg, "cross-entropy row 0: target 4 is outside the vocabulary of 4"));
+        /* In range, or ignored (negative): runs through. */
+        status = xent_in_child(3, bw, msg, sizeof msg);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        status = xent_in_child(-1, bw, msg, sizeof msg);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+#endif
+}
+
 #define KT(f) cmocka_unit_test_setup_teardown(f, arena_setup, arena_teardown)
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(hardening_xent_target_guard),
     KT(matmul_all_cases),
     KT(matmul_concurrent_callers),
     KT(elementwise_ops),

@@ -1,18 +1,21 @@
 /* test_live.c - the live model: snapshots reflect what was fed (the step window, the last
  * step's timeline, memory, history), are immutable once taken, and the control queue
  * validates, orders and bounds requests. A concurrency case (run under TSan) has rank
- * threads recording and reporting steps while readers take and drop snapshots.
+ * threads recording and reporting steps while readers take and drop snapshots. A trace with
+ * no usable events gives an empty dashboard.
  */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/testkit.h"
 
 #include "engine/comm/comm.h"
 #include "profiler/live.h"
+#include "traces/trace_read.h"
 
 #define NR     2
 #define MS_(x) ((int64_t)((x)*1000000.0))
@@ -325,8 +328,45 @@ static void test_concurrent_readers(void **state) {
     pthread_mutex_destroy(&c.mu);
 }
 
-int main(void) {
+/* `meshscope serve` on a trace with no usable events: nothing is fed (a NULL array of 0
+ * events, as the reader returns), and the model still publishes an empty snapshot and writes
+ * an empty trace. Under UBSan this once stopped at memcpy from NULL. */
+static void hardening_live_empty_trace(void **state) {
+    (void)state;
+    ms_live_opts o = {.info = {.nranks = 1, .live = false}, .window_steps = 1};
+    ms_live *l;
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    ms_live_feed_groups(l, NULL, 0);
+    ms_live_feed_events(l, NULL, 0);
+    ms_live_set_strategy(l, "trace");
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_true(s->version >= 1);
+    assert_int_equal(s->n_history, 0);
+    assert_int_equal(s->n_timeline, 0);
+    assert_int_equal(s->timeline_step, -1);
+    assert_int_equal(s->analysis.n_steps, 0);
+    assert_true(s->finished);
+    assert_string_equal(s->strategy, "trace");
+    ms_snapshot_release(s);
+    char dir[] = "/tmp/ms_test_live_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    assert_int_equal(ms_live_write_trace(l, path, &err), MS_OK);
+    ms_trace t;
+    assert_int_equal(ms_trace_read(path, &t, &err), MS_OK);
+    assert_int_equal(t.n_events, 0);
+    ms_trace_free(&t);
+    unlink(path);
+    rmdir(dir);
+    ms_live_destroy(l);
+}
+
+int main(int argc, char **argv) {
+    mt_apply_filter(argc, argv);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hardening_live_empty_trace),
         cmocka_unit_test(test_empty_snapshot),
         cmocka_unit_test(test_window_timeline_memory),
         cmocka_unit_test(test_snapshots_are_immutable),

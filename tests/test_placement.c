@@ -1,8 +1,10 @@
 /* test_placement.c - placements: text form, validation errors, the balanced split rule at
- * every size, and local boxes tiling the global tensor. */
+ * every size, and local boxes tiling the global tensor; strategy files' text in messages. */
 #include <string.h>
 
 #include "engine/dist/placement.h"
+#include "engine/model/strategy.h"
+#include "profiler/advisor.h"
 #include "tests/testkit.h"
 
 static void roundtrip(const char *in, const char *want) {
@@ -134,9 +136,37 @@ static void boxes_tile(void **state) {
     ms_mesh_free(&m);
 }
 
+/* Keys and placement strings of a strategy file reach messages escaped. */
+static void hardening_strategy_text_escaped(void **state) {
+    (void)state;
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"{\"mesh\": {\"dp\": 1, \"\\u001b[2J\": 2}}", "$.mesh.\\x1B[2J: unknown mesh dim"},
+        {"{\"mesh\": {\"dp\": 1, \"tp\": 2}, \"placements\": {\"\\u001b]0;x\\u0007\": 3}}",
+         "$.placements[\"\\x1B]0;x\\x07\"]: expected a placement string"},
+        {"{\"mesh\": {\"dp\": 1, \"tp\": 2}, \"placements\": {\"w\": \"[R, \\u001b[5m]\"}}",
+         "placements '[R, \\x1B[5m]': cannot parse at '\\x1B[5m]'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ms_strategy s;
+        ms_error err = {0};
+        assert_int_equal(
+            ms_strategy_from_json(cases[i].json, strlen(cases[i].json), "s.json", &s, &err),
+            MS_ERR_INVALID);
+        mt_expect_escaped(err.msg, cases[i].want);
+    }
+    /* The planner's strategy form too. */
+    const char *plan = "{\"dp\": 2, \"\\u001b[2Jzero\": 1}";
+    ms_plan_strategy ps;
+    ms_error err = {0};
+    assert_int_equal(ms_plan_strategy_from_json(plan, strlen(plan), 8, &ps, &err), MS_ERR_INVALID);
+    mt_expect_escaped(err.msg, "unknown key \"\\x1B[2Jzero\"");
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(text_form),       cmocka_unit_test(parse_errors),
     cmocka_unit_test(validate_errors), cmocka_unit_test(split_every_size),
-    cmocka_unit_test(boxes_tile),
+    cmocka_unit_test(boxes_tile),      cmocka_unit_test(hardening_strategy_text_escaped),
 };
 MT_MAIN("placement", tests)

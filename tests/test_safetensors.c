@@ -1,7 +1,12 @@
 /* test_safetensors.c - checkpoint files: byte-exact layout, F32/BF16 round trips, durable
- * writes that leave the old file intact on failure, every reader validation error, and the
- * model-shape check. */
+ * writes that leave the old file intact on failure (and no temporary file on a signal, with
+ * the mode the umask gives), every reader validation error with names from the file shown
+ * escaped, and the model-shape check. */
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -468,10 +473,218 @@ static void shape_check(void **state) {
     ms_safetensors_free(&f);
 }
 
+/* A tensor name from the file reaches the message escaped and bounded: a checkpoint cannot
+ * clear the screen or retitle the terminal through an error. */
+static void hardening_tensor_names_escaped(void **state) {
+    (void)state;
+    const char *evil = "\\u001b[2J\\u001b]0;pwn\\u0007";
+    const char *shown = "\\x1B[2J\\x1B]0;pwn\\x07";
+    char h[8192], want[256];
+    snprintf(h, sizeof h, "{\"%s\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}",
+             evil);
+    snprintf(want, sizeof want, "tensor %s: dtype \"F64\" is not supported", shown);
+    expect_bad(h, 8, want);
+    snprintf(h, sizeof h, "{\"__metadata__\":{\"%s\":1}}", evil);
+    snprintf(want, sizeof want, "__metadata__.%s must be a string", shown);
+    expect_bad(h, 0, want);
+    snprintf(h, sizeof h,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+             "\"%s\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+             evil);
+    snprintf(want, sizeof want, "data_offsets overlap: %s [0, 4) starts inside a", shown);
+    expect_bad(h, 8, want);
+    /* A name of 6000 bytes is cut in the message. */
+    char name[6001];
+    memset(name, 'x', 6000);
+    name[6000] = '\0';
+    snprintf(h, sizeof h, "{\"%s\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}",
+             name);
+    ms_st_file f;
+    ms_error err = {0};
+    assert_int_equal(parse_hdr(h, 8, "bad.safetensors", &f, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "xxx...: dtype \"F64\" is not supported"));
+    /* The unexpected-tensor check names the file's extra tensor, escaped too. */
+    snprintf(h, sizeof h,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+             "\"%s\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+             evil);
+    if (parse_hdr(h, 8, "x.safetensors", &f, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_st_expect only_a[1] = {{"a", 1, {1}}};
+    assert_int_equal(ms_safetensors_check(&f, only_a, 1, &err), MS_ERR_INVALID);
+    snprintf(want, sizeof want, "unexpected tensor %s (shape [1])", shown);
+    mt_expect_escaped(err.msg, want);
+    ms_safetensors_free(&f);
+}
+
+static ms_status write_bytes(FILE *f, void *arg, ms_error *err) {
+    const char *text = arg;
+    return ms_durable_fwrite(f, text, strlen(text), "test", err);
+}
+
+static mode_t written_mode(const char *path, mode_t mask) {
+    mode_t old = umask(mask);
+    ms_error err = {0};
+    ms_status st = ms_write_file_durable(path, write_bytes, "x", &err);
+    umask(old);
+    if (st != MS_OK) fail_msg("%s", err.msg);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return sb.st_mode & 0777;
+}
+
+/* A checkpoint or trace gets the mode any new file gets: 0666 less the umask. */
+static void hardening_durable_write_umask(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ms_test_st_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    assert_int_equal(written_mode(path, 027), 0640);
+    assert_int_equal(written_mode(path, 077), 0600);
+    assert_int_equal(written_mode(path, 022), 0644);
+    assert_int_equal(written_mode(path, 002), 0664);
+    assert_int_equal(count_temps(dir), 0);
+    rm_rf(dir);
+}
+
+typedef struct signal_job {
+    int sig; /* sent to the process after the first half */
+    size_t bytes;
+} signal_job;
+
+/* Writes half, signals the process, writes the other half. */
+static ms_status write_then_signal(FILE *f, void *arg, ms_error *err) {
+    const signal_job *j = arg;
+    char *buf = calloc(1, j->bytes / 2);
+    ms_status st = ms_durable_fwrite(f, buf, j->bytes / 2, "test", err);
+    fflush(f);
+    kill(getpid(), j->sig);
+    if (st == MS_OK) st = ms_durable_fwrite(f, buf, j->bytes / 2, "test", err);
+    free(buf);
+    return st;
+}
+
+static volatile sig_atomic_t g_flag;
+static void set_flag(int sig) {
+    g_flag = sig;
+}
+
+/* In a child: a durable write of path interrupted by sig. With the default action the child
+ * must die of sig; with a handler of its own (own_handler) the write must finish, the signal
+ * reach that handler, and the handler be in place afterwards (exit 0; 1 + a code otherwise). */
+static int write_interrupted(const char *path, int sig, bool own_handler) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct sigaction sa = {.sa_handler = own_handler ? set_flag : SIG_DFL};
+        sigemptyset(&sa.sa_mask);
+        sigaction(sig, &sa, NULL);
+        signal_job j = {sig, 1 << 22};
+        ms_error err = {0};
+        if (ms_write_file_durable(path, write_then_signal, &j, &err) != MS_OK) _exit(2);
+        struct sigaction now;
+        sigaction(sig, NULL, &now);
+        _exit(g_flag != sig ? 3 : now.sa_handler != set_flag ? 4 : 0);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+/* SIGINT or SIGTERM in the middle of a save: the process still dies of the signal, but its
+ * temporary file (megabytes) is removed and the previous checkpoint is untouched. */
+static void hardening_durable_write_signal(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ms_test_st_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    ms_error err = {0};
+    assert_int_equal(ms_write_file_durable(path, write_bytes, "previous", &err), MS_OK);
+    const int sigs[2] = {SIGINT, SIGTERM};
+    for (int k = 0; k < 2; k++) {
+        int status = write_interrupted(path, sigs[k], false);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != sigs[k])
+            fail_msg("signal %d: the writer did not die of it (status 0x%x)", sigs[k], status);
+        assert_int_equal(count_temps(dir), 0);
+        size_t n;
+        uint8_t *b = slurp(path, &n);
+        assert_int_equal(n, 8);
+        assert_memory_equal(b, "previous", 8);
+        free(b);
+    }
+    /* A program with its own handler gets the signal, and the write goes on to the end. */
+    int status = write_interrupted(path, SIGINT, true);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("with a handler: status 0x%x", status);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_size, 1 << 22);
+    assert_int_equal(count_temps(dir), 0);
+    rm_rf(dir);
+}
+
+static void touch(const char *dir, const char *name) {
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("left over", f);
+    fclose(f);
+}
+
+static bool exists(const char *dir, const char *name) {
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* A temporary file left by a killed save is removed by the next save of the same path; one
+ * that a writer still holds (locked), and those of other files, are not. */
+static void hardening_durable_write_sweep(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ms_test_st_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128], live[160];
+    snprintf(path, sizeof path, "%s/ck.safetensors", dir);
+    touch(dir, "ck.safetensors.tmp.AbC123");
+    touch(dir, "ck.safetensors.tmp.Live99");
+    touch(dir, "other.safetensors.tmp.AbC123");
+    touch(dir, "ck.safetensors.tmp.toolong");
+    touch(dir, "ck.safetensors.tmp.a-c123");
+    snprintf(live, sizeof live, "%s/ck.safetensors.tmp.Live99", dir);
+    int fd = open(live, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX), 0); /* as a writer in another process holds it */
+    ms_error err = {0};
+    assert_int_equal(ms_write_file_durable(path, write_bytes, "new", &err), MS_OK);
+    assert_false(exists(dir, "ck.safetensors.tmp.AbC123"));
+    assert_true(exists(dir, "ck.safetensors.tmp.Live99"));
+    assert_true(exists(dir, "other.safetensors.tmp.AbC123"));
+    assert_true(exists(dir, "ck.safetensors.tmp.toolong"));
+    assert_true(exists(dir, "ck.safetensors.tmp.a-c123"));
+    close(fd); /* the writer is gone: its file is stale now */
+    assert_int_equal(ms_write_file_durable(path, write_bytes, "newer", &err), MS_OK);
+    assert_false(exists(dir, "ck.safetensors.tmp.Live99"));
+    size_t n;
+    uint8_t *b = slurp(path, &n);
+    assert_int_equal(n, 5);
+    free(b);
+    rm_rf(dir);
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(exact_layout),  cmocka_unit_test(roundtrip),
-    cmocka_unit_test(foreign_order), cmocka_unit_test(reader_errors),
-    cmocka_unit_test(reader_files),  cmocka_unit_test(durable_write),
-    cmocka_unit_test(writer_errors), cmocka_unit_test(shape_check),
+    cmocka_unit_test(exact_layout),
+    cmocka_unit_test(roundtrip),
+    cmocka_unit_test(foreign_order),
+    cmocka_unit_test(reader_errors),
+    cmocka_unit_test(reader_files),
+    cmocka_unit_test(durable_write),
+    cmocka_unit_test(writer_errors),
+    cmocka_unit_test(shape_check),
+    cmocka_unit_test(hardening_tensor_names_escaped),
+    cmocka_unit_test(hardening_durable_write_umask),
+    cmocka_unit_test(hardening_durable_write_signal),
+    cmocka_unit_test(hardening_durable_write_sweep),
 };
 MT_MAIN("safetensors", tests)

@@ -16,6 +16,7 @@
 #include "engine/comm/comm.h"
 #include "cli/commands.h"
 #include "engine/io/fileio.h"
+#include "profiler/analysis.h"
 #include "tests/testkit.h"
 #include "traces/trace_check.h"
 #include "traces/trace_read.h"
@@ -626,6 +627,36 @@ static void validator_rules(void **state) {
     assert_non_null(strstr(err.msg, "displayTimeUnit"));
 }
 
+/* Strings from a trace reach messages escaped: no terminal control from a file gets through. */
+static void hardening_trace_strings_escaped(void **state) {
+    (void)state;
+    static const struct {
+        const char *event, *want;
+    } cases[] = {
+        {"{\"ph\":\"\\u001b[2J\",\"pid\":0,\"tid\":1,\"ts\":0}", "unknown phase \"\\x1B[2J\""},
+        {"{\"ph\":\"M\",\"pid\":0,\"name\":\"\\u001b]0;x\\u0007\",\"args\":{}}",
+         "unknown metadata event name \"\\x1B]0;x\\x07\""},
+        {"{\"ph\":\"C\",\"pid\":0,\"ts\":0,\"args\":{\"\\u009b31m\":\"a\"}}",
+         "\"\\xC2\\x9B31m\" is not"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"traceEvents\":[%s]}", cases[i].event);
+        ms_error err = {0};
+        assert_int_equal(ms_trace_check_mem(text, strlen(text), "t.json", NULL, &err),
+                         MS_ERR_INVALID);
+        mt_expect_escaped(err.msg, cases[i].want);
+    }
+    /* A group name read from a trace, in the analysis' refusal of its ranks. */
+    ms_group g = {.id = 3, .size = 1, .ranks = {MS_AN_MAX_RANKS + 5}};
+    memcpy(g.name, "\x1b[31mdp\x1b[0m\x1b[2J!", sizeof g.name); /* fills it, unterminated */
+    ms_event ev = {.kind = MS_EV_STEP, .rank = 0, .step = 0, .t0_ns = 0, .t1_ns = 10};
+    ms_analysis a;
+    ms_error err = {0};
+    assert_int_equal(ms_analyze(&ev, 1, &g, 1, 0, 0, &a, &err), MS_ERR_UNSUPPORTED);
+    mt_expect_escaped(err.msg, "group 3 ('\\x1B[31mdp\\x1B[0m\\x1B[2J!') lists rank");
+}
+
 /* --- bad and foreign input ------------------------------------------------------------------ */
 
 typedef struct bad_case {
@@ -1004,10 +1035,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(failed_write_keeps_old),
     cmocka_unit_test(cli),
     cmocka_unit_test(export_million),
+    cmocka_unit_test(hardening_trace_strings_escaped),
 };
 
 int main(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    mt_apply_filter(argc, argv);
     return cmocka_run_group_tests_name("traces", tests, setup_dir, remove_dir);
 }

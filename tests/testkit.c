@@ -89,7 +89,20 @@ void mt_run_threads(int nranks, mt_rank_fn fn, void *arg) {
     run_on(MS_BACKEND_THREADS, nranks, fn, arg);
 }
 
+void mt_expect_escaped(const char *msg, const char *want) {
+    if (!strstr(msg, want)) fail_msg("message '%s' lacks '%s'", msg, want);
+    for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
+        if (*c < 0x20 || *c == 0x7f || (c[0] == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f))
+            fail_msg("message '%s' holds control byte 0x%02x at %zu", msg, *c,
+                     (size_t)(c - (const unsigned char *)msg));
+}
+
+void mt_apply_filter(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[1], "--filter")) cmocka_set_test_filter(argv[2]);
+}
+
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n) {
+    mt_apply_filter(argc, argv);
     if (ms_mpi_launched()) {
         ms_error err = {0};
         if (ms_mpi_init(&argc, &argv, &err) != MS_OK) {

@@ -54,6 +54,15 @@ ms_backend_kind mt_backend(void);
 /* World size under MPI, or 0 on the threads backend. */
 int mt_mpi_world(void);
 
+/* Fails the current cmocka test unless msg contains want and holds no control character (C0,
+ * DEL, C1): text from a file must reach messages escaped (ms_safe_str). */
+void mt_expect_escaped(const char *msg, const char *want);
+
+/* "--filter PATTERN" in argv[1..2] runs only the tests whose names match PATTERN (cmocka's
+ * wildcards * and ?), so that one binary can also serve as a ctest entry for a subset, such as
+ * the hardening_* regression tests. mt_main applies it; a binary with its own main calls it. */
+void mt_apply_filter(int argc, char **argv);
+
 /* main() for test binaries: sets up MPI when launched by mpirun, runs the group. */
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n);
 #define MT_MAIN(name, tests)                                                                       \

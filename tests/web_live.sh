@@ -10,6 +10,7 @@
 set -u
 bin=$1
 src=$2
+. "$(dirname "$0")/dashboard_url.sh"
 data=$src/data/kjv.txt
 if [ ! -f "$data" ]; then
   echo "skip: $data is missing (scripts/prepare-data.sh writes it)"
@@ -38,13 +39,7 @@ bad() { echo "FAIL $*"; fail=$((fail + 1)); }
   >"$tmp/out" 2>"$tmp/err" &
 pid=$!
 
-url=
-for _ in $(seq 600); do
-  url=$(sed -n 's/^dashboard: //p' "$tmp/out" | head -1)
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
+url=$(dashboard_url "$tmp/out" "$pid" 600)
 if [ -z "$url" ]; then
   echo "FAIL: no 'dashboard: URL' line from train --web"
   cat "$tmp/out" "$tmp/err" | head -20

@@ -118,9 +118,10 @@ static ms_status check_meta_event(cctx *c, size_t index, uint64_t off, const tj_
         if (!tj_int(d, tj_get(d, args, "sort_index"), INT64_MIN, INT64_MAX, &v))
             return EVBAD("M event %s needs an integer args.sort_index", name);
     } else {
-        return EVBAD("unknown metadata event name \"%.64s\" (known: process_name, "
+        char safe[MS_SAFE_LEN];
+        return EVBAD("unknown metadata event name \"%s\" (known: process_name, "
                      "process_labels, process_sort_index, thread_name, thread_sort_index)",
-                     name);
+                     ms_safe_str(safe, 64, name));
     }
     return MS_OK;
 }
@@ -130,7 +131,8 @@ static ms_status event_rules(cctx *c, size_t index, uint64_t off, const tj_doc *
     if (tj_type_of(d, root) != TJ_OBJ) return EVBAD("an event must be a JSON object");
     const char *ph = tj_str(d, tj_get(d, root, "ph"));
     if (!ph) return EVBAD("event has no string \"ph\" (phase)");
-    if (!is_phase(ph)) return EVBAD("unknown phase \"%.16s\"", ph);
+    char safe[MS_SAFE_LEN];
+    if (!is_phase(ph)) return EVBAD("unknown phase \"%s\"", ms_safe_str(safe, 16, ph));
     char p = ph[0];
 
     int pid_n = tj_get(d, root, "pid"), tid_n = tj_get(d, root, "tid");
@@ -182,8 +184,8 @@ static ms_status event_rules(cctx *c, size_t index, uint64_t off, const tj_doc *
                 return EVBAD("C (counter) event needs an \"args\" object");
             for (int a = tj_first(d, args); a >= 0; a = tj_next(d, a))
                 if (tj_type_of(d, a) != TJ_NUM)
-                    return EVBAD("C (counter) args must be numbers; \"%.64s\" is not",
-                                 tj_key(d, a));
+                    return EVBAD("C (counter) args must be numbers; \"%s\" is not",
+                                 ms_safe_str(safe, 64, tj_key(d, a)));
             return MS_OK;
         }
         case 's':

@@ -8,6 +8,7 @@
 #define MS_STATUS_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 typedef enum ms_status {
     MS_OK = 0,
@@ -42,6 +43,31 @@ ms_status ms_fail_wrap(ms_error *err, ms_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 void ms_error_clear(ms_error *err);
+
+/* Text read from a file (a tensor name, a JSON key or value, a trace string) made fit to put
+ * in a message: control characters (C0, DEL, C1, the bidirectional overrides) and bytes that
+ * are not valid UTF-8 become \xNN, a backslash becomes \\, and the rendering is cut with
+ * "..." where it would not fit out[cap] (cap >= 8), so a file can neither drive the terminal
+ * nor flood the message. NULL renders as "(null)". Returns out. */
+const char *ms_safe_str(char *out, size_t cap, const char *s);
+
+/* Room for one name rendered by ms_safe_str in a message. */
+#define MS_SAFE_LEN 128
+
+/* A precondition that, broken, would make a kernel read or write out of bounds: checked in
+ * debug builds (no NDEBUG), where a failure prints file:line, the condition and the message
+ * to stderr and aborts, as assert does; compiled out otherwise. Callers validate their
+ * inputs before they reach a kernel; this catches the caller that did not. */
+#ifdef NDEBUG
+#define MS_DEBUG_CHECK(cond, ...) ((void)0)
+#else
+#define MS_DEBUG_CHECK(cond, ...)                                                                  \
+    do {                                                                                           \
+        if (!(cond)) ms_debug_check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__);                \
+    } while (0)
+#endif
+_Noreturn void ms_debug_check_failed(const char *file, int line, const char *cond, const char *fmt,
+                                     ...) __attribute__((format(printf, 4, 5)));
 
 /* Propagate a failing status. */
 #define MS_CHECK(expr)                                                                             \

@@ -7,6 +7,7 @@
 
 #include "engine/core/philox.h"
 #include "engine/core/xalloc.h"
+#include "engine/data/tokenizer.h"
 #include "engine/io/fileio.h"
 
 static ms_status setup(ms_text_data *d, const char *name, int seq_len, double val_fraction,
@@ -77,6 +78,23 @@ ms_status ms_text_data_from_bytes(const char *name, const uint8_t *bytes, size_t
     ms_status st = setup(d, name, seq_len, val_fraction, err);
     if (st != MS_OK) ms_text_data_close(d);
     return st;
+}
+
+ms_status ms_text_data_check_vocab(const ms_text_data *d, int vocab_size, ms_error *err) {
+    if (vocab_size >= MS_BYTE_VOCAB) return MS_OK;
+    size_t first = d->nbytes;
+    int top = -1;
+    for (size_t i = 0; i < d->nbytes; i++) {
+        if (d->bytes[i] >= vocab_size && first == d->nbytes) first = i;
+        if (d->bytes[i] > top) top = d->bytes[i];
+    }
+    if (first == d->nbytes) return MS_OK;
+    return ms_fail(err, MS_ERR_INVALID,
+                   "%s: byte %d at offset %zu is token %d, outside the model's vocabulary of %d "
+                   "tokens (each byte is its own token); this data needs vocab_size %d or more: "
+                   "set \"vocab_size\" in the model config to %d, or to 256, which covers any "
+                   "file",
+                   d->path, d->bytes[first], first, d->bytes[first], vocab_size, top + 1, top + 1);
 }
 
 void ms_text_data_close(ms_text_data *d) {

@@ -48,6 +48,13 @@ ms_status ms_text_data_open(const char *path, int seq_len, double val_fraction, 
 ms_status ms_text_data_from_bytes(const char *name, const uint8_t *bytes, size_t n, int seq_len,
                                   double val_fraction, ms_text_data *d, ms_error *err);
 
+/* Checks that the model's vocabulary holds every token of the file: byte b is token b, so
+ * vocab_size tokens cover the bytes 0..vocab_size-1. Cross-entropy and the embedding index
+ * their rows by token, so one past the vocabulary would be read or written out of bounds (or,
+ * sharded, silently dropped). Fails with MS_ERR_INVALID naming the first byte outside, the
+ * vocab_size the data needs and the fix. */
+ms_status ms_text_data_check_vocab(const ms_text_data *d, int vocab_size, ms_error *err);
+
 /* Frees what open allocated; safe on a zeroed struct and twice. */
 void ms_text_data_close(ms_text_data *d);
 

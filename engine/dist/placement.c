@@ -123,6 +123,7 @@ static bool eat_word(const char **p, const char *w) {
 
 ms_status ms_placements_parse(const char *text, ms_placements *out, ms_error *err) {
     memset(out, 0, sizeof *out);
+    char safe[MS_SAFE_LEN], at[MS_SAFE_LEN]; /* the text may come from a file */
     const char *p = skip_ws(text);
     bool bracket = *p == '[';
     if (bracket) p++;
@@ -131,8 +132,8 @@ ms_status ms_placements_parse(const char *text, ms_placements *out, ms_error *er
         p = skip_ws(p);
         if (*p == ']' || *p == '\0') break;
         if (out->n == MS_MESH_MAX_DIMS)
-            return ms_fail(err, MS_ERR_INVALID, "placements '%s': more than %d entries", text,
-                           MS_MESH_MAX_DIMS);
+            return ms_fail(err, MS_ERR_INVALID, "placements '%s': more than %d entries",
+                           ms_safe_str(safe, sizeof safe, text), MS_MESH_MAX_DIMS);
         ms_placement pl;
         const char *start = p;
         if (eat_word(&p, "Replicate") || eat_word(&p, "R")) {
@@ -198,24 +199,25 @@ ms_status ms_placements_parse(const char *text, ms_placements *out, ms_error *er
         goto bad;
     }
     if (bracket && *p != ']')
-        return ms_fail(err, MS_ERR_INVALID, "placements '%s': missing ']'", text);
+        return ms_fail(err, MS_ERR_INVALID, "placements '%s': missing ']'",
+                       ms_safe_str(safe, sizeof safe, text));
     if (bracket) p++;
     p = skip_ws(p);
     if (*p) goto bad;
     if (out->n == 0)
         return ms_fail(err, MS_ERR_INVALID, "placements '%s' are empty; write e.g. [S(0), R]",
-                       text);
+                       ms_safe_str(safe, sizeof safe, text));
     if (explicit_order && implicit_order)
         return ms_fail(err, MS_ERR_INVALID,
                        "placements '%s': give the nesting order for all shards (S(d,k)) or none",
-                       text);
+                       ms_safe_str(safe, sizeof safe, text));
     if (!explicit_order) ms_placements_default_order(out);
     return MS_OK;
 bad:
     return ms_fail(err, MS_ERR_INVALID,
                    "placements '%s': cannot parse at '%s'; expected e.g. [S(0), R, P(sum)] with "
                    "entries R, S(dim), S(dim,order) or P(sum|avg|max|min)",
-                   text, p);
+                   ms_safe_str(safe, sizeof safe, text), ms_safe_str(at, sizeof at, p));
 }
 
 static bool order_is_default(const ms_placements *pl, int m) {

@@ -1,12 +1,19 @@
 /* fileio.c - whole-file reads with a size cap, and the temp-fsync-rename-fsync write. */
 #include "engine/io/fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/core/xalloc.h"
@@ -89,6 +96,170 @@ ms_status ms_durable_fwrite(FILE *f, const void *p, size_t n, const char *path, 
     return MS_OK;
 }
 
+/* --- temporary files ----------------------------------------------------------------------
+ * A durable write streams into path + ".tmp." + 6 characters, tens of MB for a checkpoint.
+ * When SIGINT or SIGTERM would end the process mid-write, the handler below unlinks every
+ * temporary file in flight (their names sit in a fixed table that it reads without locks or
+ * allocation), restores the default action and raises the signal again, so that the process
+ * still dies of it. Where the program has a handler of its own (the TUI, a server's stop
+ * flag), the signal goes to that handler instead and the write carries on: the program
+ * decides whether to stop, and an unfinished write removes its own file. What is left anyway
+ * (SIGKILL, a crash, a power cut) is swept by the next write of the same path: a writer holds
+ * an flock on its temporary file until it is renamed or removed, which tells a stale file
+ * from one that another thread or process is still writing. */
+
+#define TMP_SLOTS 16
+enum { SLOT_FREE, SLOT_CLAIMED, SLOT_LIVE };
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal handler reads the slot states");
+static atomic_int g_slot_state[TMP_SLOTS];
+static char g_slot_path[TMP_SLOTS][PATH_MAX];
+
+static const int g_sigs[2] = {SIGINT, SIGTERM};
+static struct sigaction g_prev[2]; /* the actions ours replaced; read by the handler */
+static pthread_mutex_t g_sig_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_writes; /* durable writes in flight; under g_sig_mu */
+
+/* Async-signal-safe: atomics, unlink, sigaction and raise only. */
+static void on_signal(int sig, siginfo_t *info, void *uctx) {
+    const struct sigaction *prev = &g_prev[sig == SIGINT ? 0 : 1];
+    if (prev->sa_flags & SA_SIGINFO) {
+        prev->sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (prev->sa_handler == SIG_IGN) return;
+    if (prev->sa_handler != SIG_DFL) {
+        prev->sa_handler(sig);
+        return;
+    }
+    for (int i = 0; i < TMP_SLOTS; i++)
+        if (atomic_load(&g_slot_state[i]) == SLOT_LIVE) unlink(g_slot_path[i]);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig); /* delivered with the default action once this handler returns */
+}
+
+static bool ours(const struct sigaction *sa) {
+    return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == on_signal;
+}
+
+/* The first write in flight puts the handler in front of whatever was there; the last one
+ * puts that back, unless someone has installed another handler since (theirs stays). */
+static void signals_enter(void) {
+    pthread_mutex_lock(&g_sig_mu);
+    if (g_writes++ == 0) {
+        struct sigaction sa = {.sa_sigaction = on_signal};
+        sigemptyset(&sa.sa_mask);
+        for (int k = 0; k < 2; k++) sigaddset(&sa.sa_mask, g_sigs[k]);
+        for (int k = 0; k < 2; k++) {
+            struct sigaction cur;
+            if (sigaction(g_sigs[k], NULL, &cur) != 0 || ours(&cur)) continue;
+            g_prev[k] = cur;
+            /* Interrupted system calls restart, or not, as they did under the old action. */
+            sa.sa_flags = SA_SIGINFO | (cur.sa_flags & SA_RESTART);
+            sigaction(g_sigs[k], &sa, NULL);
+        }
+    }
+    pthread_mutex_unlock(&g_sig_mu);
+}
+
+static void signals_leave(void) {
+    pthread_mutex_lock(&g_sig_mu);
+    if (--g_writes == 0) {
+        for (int k = 0; k < 2; k++) {
+            struct sigaction cur;
+            if (sigaction(g_sigs[k], NULL, &cur) == 0 && ours(&cur))
+                sigaction(g_sigs[k], &g_prev[k], NULL);
+        }
+    }
+    pthread_mutex_unlock(&g_sig_mu);
+}
+
+/* A slot naming tmp for the handler, or -1 when the table is full or the name too long (the
+ * file is then left to the sweep if a signal comes). */
+static int slot_claim(const char *tmp) {
+    size_t n = strlen(tmp);
+    if (n >= PATH_MAX) return -1;
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        int expect = SLOT_FREE;
+        if (!atomic_compare_exchange_strong(&g_slot_state[i], &expect, SLOT_CLAIMED)) continue;
+        memcpy(g_slot_path[i], tmp, n + 1);
+        atomic_store(&g_slot_state[i], SLOT_LIVE);
+        return i;
+    }
+    return -1;
+}
+
+static void slot_release(int slot) {
+    if (slot >= 0) atomic_store(&g_slot_state[slot], SLOT_FREE);
+}
+
+static const char g_alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+#define TMP_TAG    ".tmp."
+#define TMP_RANDOM 6
+
+/* Creates and locks tmp, whose last TMP_RANDOM characters it chooses. Mode 0666 lets the
+ * umask decide, as for any file the user writes (mkstemp would make it 0600). Returns the
+ * descriptor, or -1 with errno set. */
+static int create_temp(char *tmp) {
+    static atomic_uint_fast64_t counter;
+    char *x = tmp + strlen(tmp) - TMP_RANDOM;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        /* splitmix64 of time, pid and a counter: distinct names, not secrets (O_EXCL makes
+         * the creation safe whatever the name). */
+        uint64_t r = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+                     ((uint64_t)getpid() << 40) ^ atomic_fetch_add(&counter, 1);
+        r = (r ^ (r >> 30)) * 0xbf58476d1ce4e5b9ull;
+        r = (r ^ (r >> 27)) * 0x94d049bb133111ebull;
+        r ^= r >> 31;
+        for (int i = 0; i < TMP_RANDOM; i++, r /= 62) x[i] = g_alnum[r % 62];
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            if (errno == EEXIST) continue;
+            return -1;
+        }
+        /* A sweep may have taken the new file for a stale one between open and lock. */
+        struct stat sb;
+        if (flock(fd, LOCK_EX) == 0 && fstat(fd, &sb) == 0 && sb.st_nlink == 0) {
+            close(fd);
+            continue;
+        }
+        return fd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
+/* True for base + ".tmp." + TMP_RANDOM characters of g_alnum. */
+static bool temp_of(const char *name, const char *base, size_t blen) {
+    if (strncmp(name, base, blen) || strncmp(name + blen, TMP_TAG, strlen(TMP_TAG))) return false;
+    const char *x = name + blen + strlen(TMP_TAG);
+    return strlen(x) == TMP_RANDOM && strspn(x, g_alnum) == TMP_RANDOM;
+}
+
+/* Removes the temporary files of base in dir that no writer holds locked. Best effort: what
+ * cannot be opened, checked or locked is left alone. */
+static void sweep_stale(const char *dir, const char *base) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    size_t blen = strlen(base);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!temp_of(e->d_name, base, blen)) continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat held, now;
+        /* Locked, and still under this name (not renamed into place meanwhile). */
+        if (fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dirfd(d), e->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            now.st_ino == held.st_ino && now.st_dev == held.st_dev)
+            unlinkat(dirfd(d), e->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
 /* The folder holding `path` ("." for a bare name), for the directory fsync. */
 static char *parent_dir(const char *path) {
     const char *slash = strrchr(path, '/');
@@ -108,25 +279,28 @@ ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void
         return ms_fail(err, MS_ERR_INVALID, "'%s' names a folder; give a file name to write", path);
     /* The temporary file must be in the same folder: rename is atomic only within one
      * file system, and the folder fsync below must cover both names. */
-    static const char suffix[] = ".tmp.XXXXXX";
+    static const char suffix[] = TMP_TAG "XXXXXX";
     char *tmp = xmalloc(plen + sizeof suffix);
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, suffix, sizeof suffix);
     char *dir = parent_dir(path);
+    const char *slash = strrchr(path, '/');
+    sweep_stale(dir, slash ? slash + 1 : path);
     ms_status st = MS_OK;
     FILE *f = NULL;
-    int fd = mkstemp(tmp);
+    signals_enter();
+    /* fd holds the lock until the file is renamed or removed; the stream writes a dup. */
+    int fd = create_temp(tmp), slot = fd >= 0 ? slot_claim(tmp) : -1;
     if (fd < 0) {
         st = ms_fail(err, MS_ERR_IO, "%s: cannot create a temporary file in folder %s: %s", path,
                      dir, strerror(errno));
         goto out_nofile;
     }
-    /* mkstemp makes the file 0600; a checkpoint should be readable like any written file. */
-    (void)fchmod(fd, 0644);
-    f = fdopen(fd, "wb");
+    int wfd = dup(fd);
+    f = wfd >= 0 ? fdopen(wfd, "wb") : NULL;
     if (!f) {
         st = ms_fail(err, MS_ERR_IO, "%s: fdopen: %s", path, strerror(errno));
-        close(fd);
+        if (wfd >= 0) close(wfd);
         goto out_unlink;
     }
     st = writer(f, arg, err);
@@ -170,6 +344,9 @@ out_close:
 out_unlink:
     unlink(tmp);
 out_nofile:
+    if (fd >= 0) close(fd);
+    slot_release(slot);
+    signals_leave();
     free(tmp);
     free(dir);
     return st;

@@ -24,7 +24,11 @@ ms_status ms_read_file(const char *path, size_t max_bytes, uint8_t **out, size_t
  * folder is fsync'ed. On any failure the temporary file is removed, an existing `path` is
  * left untouched, and MS_ERR_IO names the path and the errno text (or the writer's own
  * error is kept, with the path prepended). The writer returns MS_OK or fails through err;
- * it must write with ms_durable_fwrite so that injected faults (below) apply. */
+ * it must write with ms_durable_fwrite so that injected faults (below) apply.
+ * The file is created with mode 0666 less the umask, like any new file. A SIGINT or SIGTERM
+ * that ends the process during the write removes the temporary file first (a handler of the
+ * program's own gets the signal instead, and the write goes on); temporary files of `path`
+ * that an earlier process left behind (killed, crashed) are removed at the next write. */
 typedef ms_status (*ms_durable_writer)(FILE *f, void *arg, ms_error *err);
 ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void *arg,
                                 ms_error *err);

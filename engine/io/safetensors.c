@@ -267,12 +267,12 @@ static bool json_uint(const cJSON *v, uint64_t *out) {
 }
 
 static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor *t, ms_error *err) {
-    const char *tn = item->string;
-    char got[64];
+    char tn[MS_SAFE_LEN], got[64];
+    ms_safe_str(tn, sizeof tn, item->string);
     if (!cJSON_IsObject(item)) {
         ms_json_describe(item, got, sizeof got);
         return invalid(err, name,
-                       "tensor %.200s: expected an object with dtype, shape and "
+                       "tensor %s: expected an object with dtype, shape and "
                        "data_offsets, got %s",
                        tn, got);
     }
@@ -280,13 +280,13 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *of = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!dt || !sh || !of)
-        return invalid(err, name, "tensor %.200s: missing \"%s\"", tn,
+        return invalid(err, name, "tensor %s: missing \"%s\"", tn,
                        !dt   ? "dtype"
                        : !sh ? "shape"
                              : "data_offsets");
     if (!cJSON_IsString(dt)) {
         ms_json_describe(dt, got, sizeof got);
-        return invalid(err, name, "tensor %.200s: dtype: expected a string, got %s", tn, got);
+        return invalid(err, name, "tensor %s: dtype: expected a string, got %s", tn, got);
     }
     if (strcmp(dt->valuestring, "F32") == 0) {
         t->dtype = MS_F32;
@@ -295,18 +295,18 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     } else {
         ms_json_describe(dt, got, sizeof got);
         return invalid(err, name,
-                       "tensor %.200s: dtype %s is not supported (meshscope reads F32 "
+                       "tensor %s: dtype %s is not supported (meshscope reads F32 "
                        "and BF16); convert the checkpoint to one of those",
                        tn, got);
     }
     if (!cJSON_IsArray(sh)) {
         ms_json_describe(sh, got, sizeof got);
-        return invalid(err, name, "tensor %.200s: shape: expected an array, got %s", tn, got);
+        return invalid(err, name, "tensor %s: shape: expected an array, got %s", tn, got);
     }
     int nd = cJSON_GetArraySize(sh);
     if (nd > MS_MAX_DIMS)
-        return invalid(err, name, "tensor %.200s: shape has %d dims; at most %d are supported", tn,
-                       nd, MS_MAX_DIMS);
+        return invalid(err, name, "tensor %s: shape has %d dims; at most %d are supported", tn, nd,
+                       MS_MAX_DIMS);
     t->ndim = nd;
     int d = 0;
     for (const cJSON *x = sh->child; x; x = x->next, d++) {
@@ -314,7 +314,7 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
         if (!json_uint(x, &v)) {
             ms_json_describe(x, got, sizeof got);
             return invalid(err, name,
-                           "tensor %.200s: shape[%d]: expected a non-negative integer, "
+                           "tensor %s: shape[%d]: expected a non-negative integer, "
                            "got %s",
                            tn, d, got);
         }
@@ -323,24 +323,23 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
     size_t esize = ms_dtype_size(t->dtype);
     t->numel = checked_numel(nd, t->shape, esize);
     if (t->numel < 0)
-        return invalid(err, name, "tensor %.200s: shape is too large (its byte size overflows)",
-                       tn);
+        return invalid(err, name, "tensor %s: shape is too large (its byte size overflows)", tn);
     uint64_t b, e;
     if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 || !json_uint(of->child, &b) ||
         !json_uint(of->child->next, &e)) {
         return invalid(err, name,
-                       "tensor %.200s: data_offsets: expected [begin, end] with "
+                       "tensor %s: data_offsets: expected [begin, end] with "
                        "non-negative integers",
                        tn);
     }
     if (e < b)
-        return invalid(err, name, "tensor %.200s: data_offsets [%llu, %llu) end before they begin",
-                       tn, (unsigned long long)b, (unsigned long long)e);
+        return invalid(err, name, "tensor %s: data_offsets [%llu, %llu) end before they begin", tn,
+                       (unsigned long long)b, (unsigned long long)e);
     uint64_t want = (uint64_t)t->numel * esize;
     if (e - b != want) {
         char s[96];
         return invalid(err, name,
-                       "tensor %.200s: data_offsets [%llu, %llu) hold %llu bytes but "
+                       "tensor %s: data_offsets [%llu, %llu) hold %llu bytes but "
                        "shape %s of %s needs %llu",
                        tn, (unsigned long long)b, (unsigned long long)e,
                        (unsigned long long)(e - b), ms_shape_str(t->shape, nd, s, sizeof s),
@@ -364,6 +363,7 @@ static int cmp_tensor_name(const void *a, const void *b) {
 }
 
 static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out, ms_error *err) {
+    char a[MS_SAFE_LEN], b[MS_SAFE_LEN];
     if (!cJSON_IsObject(root))
         return invalid(err, name, "header: expected a JSON object at the top level");
     int nchild = cJSON_GetArraySize(root);
@@ -378,8 +378,8 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
             out->meta_values = xcalloc((size_t)nm + 1, sizeof *out->meta_values);
             for (const cJSON *m = it->child; m; m = m->next) {
                 if (!cJSON_IsString(m))
-                    return invalid(err, name, "header: __metadata__.%.200s must be a string",
-                                   m->string);
+                    return invalid(err, name, "header: __metadata__.%s must be a string",
+                                   ms_safe_str(a, sizeof a, m->string));
                 out->meta_keys[out->nmeta] = xstrdup(m->string);
                 out->meta_values[out->nmeta] = xstrdup(m->valuestring);
                 out->nmeta++;
@@ -398,7 +398,8 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
     qsort(out->by_name, (size_t)out->n, sizeof *out->by_name, cmp_tensor_name);
     for (int i = 1; i < out->n; i++)
         if (strcmp(out->by_name[i - 1]->name, out->by_name[i]->name) == 0)
-            return invalid(err, name, "header: tensor %.200s appears twice", out->by_name[i]->name);
+            return invalid(err, name, "header: tensor %s appears twice",
+                           ms_safe_str(a, sizeof a, out->by_name[i]->name));
     /* Offsets must tile the data section exactly: sorted by begin, each starts where the
      * previous one ended, the first at 0 and the last at the end of the file. */
     uint64_t pos = 0;
@@ -407,14 +408,17 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
         if (t->begin > pos)
             return invalid(err, name,
                            "data_offsets leave a gap: bytes [%llu, %llu) of the data "
-                           "section belong to no tensor (next is %.200s)",
-                           (unsigned long long)pos, (unsigned long long)t->begin, t->name);
+                           "section belong to no tensor (next is %s)",
+                           (unsigned long long)pos, (unsigned long long)t->begin,
+                           ms_safe_str(a, sizeof a, t->name));
         if (t->begin < pos)
             return invalid(err, name,
-                           "data_offsets overlap: %.200s [%llu, %llu) starts inside "
-                           "%.200s, which ends at %llu",
-                           t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                           out->tensors[i - 1].name, (unsigned long long)pos);
+                           "data_offsets overlap: %s [%llu, %llu) starts inside %s, which "
+                           "ends at %llu",
+                           ms_safe_str(a, sizeof a, t->name), (unsigned long long)t->begin,
+                           (unsigned long long)t->end,
+                           ms_safe_str(b, sizeof b, out->tensors[i - 1].name),
+                           (unsigned long long)pos);
         pos = t->end;
     }
     if (pos != out->data_len)
@@ -524,18 +528,20 @@ ms_status ms_safetensors_read(const char *path, ms_st_file *out, ms_error *err) 
     /* The tensors are sorted by offset and tile the data section, so read them in order. */
     enum { CHUNK = 1 << 15 };
     uint16_t *half = NULL;
+    char tn[MS_SAFE_LEN];
     for (int i = 0; i < out->n && st == MS_OK; i++) {
         ms_st_tensor *t = &out->tensors[i];
         if (t->numel == 0) continue;
+        ms_safe_str(tn, sizeof tn, t->name);
         t->data = malloc((size_t)t->numel * sizeof(float));
         if (!t->data) {
             st = ms_fail(err, MS_ERR_NOMEM, "%s: cannot allocate %lld floats for %s", path,
-                         (long long)t->numel, t->name);
+                         (long long)t->numel, tn);
             break;
         }
         if (t->dtype == MS_F32) {
             if (fread(t->data, sizeof(float), (size_t)t->numel, f) != (size_t)t->numel)
-                st = ms_fail(err, MS_ERR_IO, "%s: cannot read tensor %s: %s", path, t->name,
+                st = ms_fail(err, MS_ERR_IO, "%s: cannot read tensor %s: %s", path, tn,
                              ferror(f) ? strerror(errno) : "file shrank");
             continue;
         }
@@ -543,7 +549,7 @@ ms_status ms_safetensors_read(const char *path, ms_st_file *out, ms_error *err) 
         for (int64_t k = 0; k < t->numel && st == MS_OK; k += CHUNK) {
             size_t m = (size_t)(t->numel - k < CHUNK ? t->numel - k : CHUNK);
             if (fread(half, sizeof *half, m, f) != m) {
-                st = ms_fail(err, MS_ERR_IO, "%s: cannot read tensor %s: %s", path, t->name,
+                st = ms_fail(err, MS_ERR_IO, "%s: cannot read tensor %s: %s", path, tn,
                              ferror(f) ? strerror(errno) : "file shrank");
                 break;
             }
@@ -614,7 +620,7 @@ ms_status ms_safetensors_check(const ms_st_file *f, const ms_st_expect *want, in
             st = ms_fail(err, MS_ERR_INVALID,
                          "checkpoint %s: unexpected tensor %s (shape %s), which the model does not "
                          "have; is it a checkpoint of another model config?",
-                         p, f->tensors[i].name,
+                         p, ms_safe_str(b, sizeof b, f->tensors[i].name),
                          ms_shape_str(f->tensors[i].shape, f->tensors[i].ndim, a, sizeof a));
     }
     free(sorted);

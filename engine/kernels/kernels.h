@@ -210,6 +210,11 @@ void ms_k_xent_forward(float *losses, float *lse, const float *logits, const int
  * dlogits, logits: [N, V]   lse, dlosses: [N]   targets: [N] */
 void ms_k_xent_backward(float *dlogits, const float *logits, const float *lse,
                         const int32_t *targets, const float *dlosses, int64_t n, int64_t v);
+/* Debug builds (no NDEBUG): aborts with a message naming the row unless every target is
+ * ignored (< 0) or below v, the global vocabulary size; a no-op otherwise. The two kernels
+ * above check themselves; the vocab-parallel pieces see only a slice and would silently drop
+ * such a target, so their caller checks against the global size. */
+void ms_k_xent_check_targets(const int32_t *targets, int64_t n, int64_t v);
 
 /* Vocab-parallel building blocks. Each rank holds logits for the slice [v0, v0 + Vl) of V.
  *   1. ms_k_xent_vp_rowmax  -> local max      ; all-reduce MAX -> gmax

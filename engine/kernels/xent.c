@@ -13,6 +13,20 @@
 
 #include <math.h>
 
+#include "engine/core/status.h"
+
+void ms_k_xent_check_targets(const int32_t *targets, int64_t n, int64_t v) {
+#ifndef NDEBUG
+    for (int64_t r = 0; r < n; r++)
+        MS_DEBUG_CHECK(targets[r] < v,
+                       "cross-entropy row %lld: target %d is outside the vocabulary of %lld "
+                       "logits (validate tokens against vocab_size before training)",
+                       (long long)r, (int)targets[r], (long long)v);
+#else
+    (void)targets, (void)n, (void)v;
+#endif
+}
+
 static float row_max(const float *l, int64_t v) {
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
@@ -29,6 +43,7 @@ static float row_sumexp(const float *l, int64_t v, float mx) {
 
 void ms_k_xent_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
                        int64_t n, int64_t v) {
+    ms_k_xent_check_targets(targets, n, v);
     for (int64_t r = 0; r < n; r++) {
         const float *l = logits + r * v;
         const float mx = row_max(l, v);
@@ -40,6 +55,7 @@ void ms_k_xent_forward(float *losses, float *lse, const float *logits, const int
 
 void ms_k_xent_backward(float *dlogits, const float *logits, const float *lse,
                         const int32_t *targets, const float *dlosses, int64_t n, int64_t v) {
+    ms_k_xent_check_targets(targets, n, v);
     for (int64_t r = 0; r < n; r++) {
         if (targets[r] < 0) continue;
         const float *l = logits + r * v;

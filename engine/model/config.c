@@ -198,6 +198,143 @@ static const field F_RESID = {{"resid_pdrop", "hidden_dropout_prob", NULL}};
 static const field F_ATTN = {{"attn_pdrop", "attention_probs_dropout_prob", NULL}};
 static const field F_EMBDP = {{"embd_pdrop", NULL, NULL}};
 
+/* --- keys besides the ones read above ------------------------------------------------------
+ * A config may hold only keys meshscope knows: one it reads, one whose value it checks against
+ * the model it builds, or one Hugging Face writes that changes nothing here. Any other key (a
+ * typo such as "n_layers", a feature such as rotary embeddings) is refused: ignoring it would
+ * train a different model than the file describes. docs/configs.md lists the three kinds. */
+
+static const field *const READ_FIELDS[] = {&F_LAYER, &F_HEAD,  &F_EMBD, &F_VOCAB, &F_POS,
+                                           &F_EPS,   &F_RESID, &F_ATTN, &F_EMBDP};
+
+/* Hugging Face keys that change nothing in the model meshscope builds. */
+static const char *const IGNORED_KEYS[] = {
+    /* provenance and runtime switches */
+    "_name_or_path", "architectures", "transformers_version", "torch_dtype", "use_cache",
+    "output_attentions", "output_hidden_states", "return_dict", "gradient_checkpointing",
+    /* tokenizer ids: the byte tokenizer has no special tokens */
+    "bos_token_id", "eos_token_id", "pad_token_id", "tokenizer_class",
+    /* heads and pipelines meshscope does not build */
+    "task_specific_params", "id2label", "label2id", "problem_type", "classifier_dropout",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout",
+    /* fp16 upcasting: meshscope computes attention in fp32 */
+    "reorder_and_upcast_attn",
+    /* one segment is fed, and its constant embedding is what the position embedding learns */
+    "type_vocab_size"};
+
+static bool is_gelu(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    static const char *const gelus[] = {"gelu",        "gelu_new",      "gelu_fast",
+                                        "gelu_python", "gelu_accurate", "gelu_pytorch_tanh"};
+    for (size_t i = 0; cJSON_IsString(v) && i < sizeof gelus / sizeof gelus[0]; i++)
+        if (!strcmp(v->valuestring, gelus[i])) return true;
+    return false;
+}
+static bool is_true(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsTrue(v);
+}
+static bool is_false(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsFalse(v);
+}
+static bool is_mlp_width(const cJSON *v, const ms_model_config *c) {
+    return cJSON_IsNumber(v) && v->valuedouble == 4.0 * c->n_embd;
+}
+static bool is_absolute(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsString(v) && !strcmp(v->valuestring, "absolute");
+}
+static bool is_init_std(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsNumber(v) && fabs(v->valuedouble - 0.02) < 1e-12;
+}
+/* GPT-2 is causal whatever is_decoder says; BERT would become causal. */
+static bool not_decoder(const cJSON *v, const ms_model_config *c) {
+    return cJSON_IsFalse(v) || c->model_type == MS_MODEL_GPT2;
+}
+
+/* Keys whose value must be the one meshscope builds (null means the default, which is). */
+typedef struct checked_key {
+    const char *key;
+    bool (*ok)(const cJSON *v, const ms_model_config *c);
+    const char *why; /* what meshscope builds, and the fix */
+} checked_key;
+
+#define GELU_WHY                                                                                   \
+    "meshscope's MLP uses GELU (computed in its tanh form); set \"gelu_new\" or another GELU, "    \
+    "or remove the key"
+#define MLP_WHY "meshscope's MLP is 4 * n_embd wide; set 4 * n_embd or null, or remove the key"
+static const checked_key CHECKED_KEYS[] = {
+    {"activation_function", is_gelu, GELU_WHY},
+    {"hidden_act", is_gelu, GELU_WHY},
+    {"tie_word_embeddings", is_true,
+     "meshscope always ties the output layer to the token embedding; set true or remove the key"},
+    {"n_inner", is_mlp_width, MLP_WHY},
+    {"intermediate_size", is_mlp_width, MLP_WHY},
+    {"scale_attn_weights", is_true,
+     "meshscope divides attention scores by sqrt(head size); set true or remove the key"},
+    {"scale_attn_by_inverse_layer_idx", is_false,
+     "meshscope does not scale attention by the layer index; set false or remove the key"},
+    {"add_cross_attention", is_false,
+     "meshscope's blocks have no cross-attention; set false or remove the key"},
+    {"is_encoder_decoder", is_false,
+     "meshscope builds encoder-only or decoder-only models; set false or remove the key"},
+    {"is_decoder", not_decoder,
+     "meshscope's BERT attends in both directions; set false or remove the key"},
+    {"position_embedding_type", is_absolute,
+     "meshscope learns absolute position embeddings; set \"absolute\" or remove the key"},
+    {"initializer_range", is_init_std,
+     "meshscope initialises weights with standard deviation 0.02; set 0.02 or remove the key"},
+};
+
+#define N_IGNORED (sizeof IGNORED_KEYS / sizeof IGNORED_KEYS[0])
+#define N_CHECKED (sizeof CHECKED_KEYS / sizeof CHECKED_KEYS[0])
+#define N_READ    (sizeof READ_FIELDS / sizeof READ_FIELDS[0])
+
+/* Every key meshscope knows, for the closest-key suggestion; returns the count. */
+static size_t known_keys(const char **out) {
+    size_t n = 0;
+    out[n++] = "model_type";
+    for (size_t i = 0; i < N_READ; i++)
+        for (int k = 0; k < 3 && READ_FIELDS[i]->keys[k]; k++) out[n++] = READ_FIELDS[i]->keys[k];
+    for (size_t i = 0; i < N_CHECKED; i++) out[n++] = CHECKED_KEYS[i].key;
+    for (size_t i = 0; i < N_IGNORED; i++) out[n++] = IGNORED_KEYS[i];
+    return n;
+}
+
+static ms_status refuse_unknown_keys(const cJSON *root, const char *name, ms_error *err) {
+    const char *known[1 + 3 * N_READ + N_CHECKED + N_IGNORED];
+    size_t n = known_keys(known);
+    for (const cJSON *k = root->child; k; k = k->next) {
+        bool found = false;
+        for (size_t i = 0; i < n && !found; i++) found = !strcmp(k->string, known[i]);
+        if (found) continue;
+        char safe[MS_SAFE_LEN];
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: unknown key \"%s\" (the closest known key is \"%s\"); meshscope "
+                       "refuses keys it does not know, since ignoring one could build another "
+                       "model than the file describes (docs/configs.md lists the keys)",
+                       name, ms_safe_str(safe, sizeof safe, k->string),
+                       ms_closest_word(k->string, known, n));
+    }
+    return MS_OK;
+}
+
+static ms_status check_fixed_values(const cJSON *root, const ms_model_config *c, const char *name,
+                                    ms_error *err) {
+    for (size_t i = 0; i < N_CHECKED; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, CHECKED_KEYS[i].key);
+        if (!v || cJSON_IsNull(v) || CHECKED_KEYS[i].ok(v, c)) continue;
+        char got[64];
+        ms_json_describe(v, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID, "%s: $.%s is %s, but %s", name, CHECKED_KEYS[i].key,
+                       got, CHECKED_KEYS[i].why);
+    }
+    return MS_OK;
+}
+
 static ms_status from_tree(const cJSON *root, const char *name, ms_model_config *c, ms_error *err) {
     if (!cJSON_IsObject(root)) {
         char got[64];
@@ -205,6 +342,7 @@ static ms_status from_tree(const cJSON *root, const char *name, ms_model_config 
         return ms_fail(err, MS_ERR_INVALID,
                        "%s: $: expected a JSON object at the top level, got %s", name, got);
     }
+    MS_CHECK(refuse_unknown_keys(root, name, err));
     memset(c, 0, sizeof *c);
     c->model_type = MS_MODEL_GPT2;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -231,6 +369,7 @@ static ms_status from_tree(const cJSON *root, const char *name, ms_model_config 
     MS_CHECK(get_real(root, &F_RESID, 0, 0, false, 1, prob, name, &c->resid_pdrop, err));
     MS_CHECK(get_real(root, &F_ATTN, 0, 0, false, 1, prob, name, &c->attn_pdrop, err));
     MS_CHECK(get_real(root, &F_EMBDP, 0, 0, false, 1, prob, name, &c->embd_pdrop, err));
+    MS_CHECK(check_fixed_values(root, c, name, err));
     return ms_config_validate(c, name, err);
 }
 
@@ -255,9 +394,15 @@ ms_status ms_config_from_string(const char *json, size_t len, const char *name,
            (json[off] == ' ' || json[off] == '\t' || json[off] == '\n' || json[off] == '\r'))
         off++;
     ms_status st;
+    char dup[128];
     if (off < len) {
         st = parse_error(json, len, off, name, "malformed JSON: unexpected text after the value",
                          err);
+    } else if (ms_json_find_duplicate_key(root, dup, sizeof dup)) {
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "%s: %s appears twice; a repeated key is ambiguous (JSON readers disagree on "
+                     "which value wins), so keep one",
+                     name, dup);
     } else {
         ms_model_config c;
         st = from_tree(root, name, &c, err);

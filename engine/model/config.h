@@ -2,8 +2,12 @@
  *
  * Accepts GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions) and their generic HF
  * aliases (num_hidden_layers, num_attention_heads, hidden_size, max_position_embeddings;
- * n_ctx for n_positions). Unknown keys are ignored, so real HF files load as they are.
- * Every error names the file and the JSON path of the offending value, and says how to fix it.
+ * n_ctx for n_positions). Keys that would change the model are checked against the model
+ * meshscope builds (activation_function must be a GELU, tie_word_embeddings true, ...); HF
+ * keys that change nothing here (architectures, bos_token_id, ...) are ignored; any other key,
+ * and any key given twice, is refused, so real HF files load but a typo cannot pass unseen
+ * (docs/configs.md lists the keys). Every error names the file and the JSON path of the
+ * offending value, and says how to fix it.
  */
 #ifndef MS_CONFIG_H
 #define MS_CONFIG_H

@@ -176,12 +176,13 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
                      name);
         goto out;
     }
+    char safe[MS_SAFE_LEN];
     for (const cJSON *k = mesh->child; k; k = k->next)
         if (strcmp(k->string, "dp") && strcmp(k->string, "tp") && strcmp(k->string, "cp") &&
             !(short_form && !strcmp(k->string, "sp"))) {
-            st =
-                ms_fail(err, MS_ERR_INVALID,
-                        "%s: $.mesh.%s: unknown mesh dim (supported: dp, tp, cp)", name, k->string);
+            st = ms_fail(err, MS_ERR_INVALID,
+                         "%s: $.mesh.%s: unknown mesh dim (supported: dp, tp, cp)", name,
+                         ms_safe_str(safe, sizeof safe, k->string));
             goto out;
         }
     MS_CHECK_GOTO(json_degree(mesh, "dp", name, &dp, err), st, out);
@@ -217,13 +218,14 @@ ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, 
             st = ms_fail(err, MS_ERR_INVALID,
                          "%s: $.placements[\"%s\"]: expected a placement "
                          "string like \"[S(0), R]\"",
-                         name, k->string);
+                         name, ms_safe_str(safe, sizeof safe, k->string));
             goto out;
         }
         ms_error e2 = {0};
         int mdims = cp > 1 ? 3 : 2;
         if (ms_placements_parse(k->valuestring, &r->pl, &e2) != MS_OK || r->pl.n != mdims) {
-            st = ms_fail(err, MS_ERR_INVALID, "%s: $.placements[\"%s\"]: %s", name, k->string,
+            st = ms_fail(err, MS_ERR_INVALID, "%s: $.placements[\"%s\"]: %s", name,
+                         ms_safe_str(safe, sizeof safe, k->string),
                          e2.msg[0] ? e2.msg : "give one placement per mesh dim (dp, tp[, cp])");
             goto out;
         }

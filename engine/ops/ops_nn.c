@@ -350,6 +350,7 @@ static ms_status xent_forward(ms_op_call *c, ms_error *e) {
     int32_t *tg = (int32_t *)F(c->saved[0]);
     float *gmax = F(c->saved[1]), *gsum = F(c->saved[2]), *tgt = F(c->out[0]);
     ms_op_ids_from_floats(tg, F(c->in[1]), rows);
+    ms_k_xent_check_targets(tg, rows, c->gin[0].d[lg->ndim - 1]);
     ms_k_xent_vp_rowmax(gmax, F(lg), rows, vl);
     MS_CHECK(vocab_all_reduce(c, gmax, rows, MS_REDUCE_MAX, e));
     ms_k_xent_vp_sumexp(gsum, F(lg), gmax, rows, vl);

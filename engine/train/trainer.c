@@ -141,6 +141,7 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     *out = NULL;
     MS_CHECK(ms_train_opts_check(o, err));
     MS_CHECK(ms_trainer_check_strategy(cfg, o, ctx->world_size, s, err));
+    if (data) MS_CHECK(ms_text_data_check_vocab(data, cfg->vocab_size, err));
     ms_trainer *t = xcalloc(1, sizeof *t);
     t->ctx = ctx;
     t->cfg = *cfg;
