@@ -218,9 +218,11 @@ typedef struct switch_arg {
     full_state *out;
 } switch_arg;
 
+/* Collective; only rank 0 writes *out (the ranks are threads sharing it). */
 static void gather_state(mt_rank *r, ms_trainer *tr, full_state *out, ms_error *err) {
-    out->n = ms_trainer_num_state(tr);
-    for (int i = 0; i < out->n && i < MAX_STATE; i++) {
+    int n = ms_trainer_num_state(tr);
+    if (r->ctx->rank == 0) out->n = n;
+    for (int i = 0; i < n && i < MAX_STATE; i++) {
         ms_state_tensor st;
         ms_trainer_state(tr, i, &st);
         ms_dtensor d = {.ndim = st.gshape.ndim, .mesh = st.mesh, .pl = st.pl};
