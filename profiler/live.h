@@ -144,6 +144,10 @@ typedef struct ms_live_opts {
     int history;      /* step records kept; 0 = 1024 */
     int window_steps; /* steps of events analysed; 0 = 4 */
     int tick_ms;      /* publish at least this often; 0 = 250 */
+    /* The event window holds at most 2M events (368 MB) and allocates through its own
+     * device: if that refuses, the window stops growing and the views say so. 0, or a byte
+     * limit on that device (tests). */
+    size_t window_limit_bytes;
 } ms_live_opts;
 
 ms_status ms_live_create(const ms_live_opts *opts, ms_live **out, ms_error *err);

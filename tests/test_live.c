@@ -246,6 +246,50 @@ static void test_control_queue(void **state) {
     ms_live_destroy(l);
 }
 
+/* The event window allocates through a device that may refuse: with a 1 MiB limit it stops
+ * at 4096 events, keeps the newest, says so in the views and goes on analysing; a later feed
+ * larger than the window keeps the steps the window analyses. With no memory at all there
+ * is no window, but snapshots still come. */
+static void test_window_out_of_memory(void **state) {
+    (void)state;
+    ms_live_opts o = {.info = {.nranks = NR, .live = true}, .window_steps = 2};
+    o.window_limit_bytes = 1 << 20;
+    ms_live *l = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    ms_group g = pair_group();
+    ms_live_feed_groups(l, &g, 1);
+    enum { STEPS = 700 };
+    ms_event *buf = malloc(sizeof *buf * 8 * STEPS);
+    for (int round = 0; round < 2; round++) {
+        size_t n = 0;
+        for (int64_t s = 0; s < STEPS; s++) n += make_step(buf + n, round * STEPS + s, &g);
+        assert_true(n > 4096);
+        ms_live_feed_events(l, buf, n);
+        ms_live_publish_now(l);
+        const ms_snapshot *s = ms_live_acquire(l);
+        assert_non_null(strstr(s->last_event, "live window: cannot grow to 8192 events"));
+        assert_non_null(strstr(s->last_event, "analysing the newest 4096 events"));
+        assert_int_equal(s->analysis.n_steps, 2);
+        assert_int_equal(s->analysis.steps[1].step, (round + 1) * STEPS - 1);
+        assert_int_equal(s->timeline_step, (round + 1) * STEPS - 1);
+        ms_snapshot_release(s);
+    }
+    ms_live_destroy(l);
+
+    o.window_limit_bytes = 1;
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    size_t n = make_step(buf, 0, &g);
+    ms_live_feed_events(l, buf, n);
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_non_null(strstr(s->last_event, "live window: cannot grow to 4096 events"));
+    assert_int_equal(s->analysis.nranks, 0);
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+    free(buf);
+}
+
 /* --- concurrency: ranks record and report while readers take snapshots ---------------- */
 
 typedef struct conc {
@@ -331,6 +375,7 @@ int main(void) {
         cmocka_unit_test(test_window_timeline_memory),
         cmocka_unit_test(test_snapshots_are_immutable),
         cmocka_unit_test(test_control_queue),
+        cmocka_unit_test(test_window_out_of_memory),
         cmocka_unit_test(test_concurrent_readers),
     };
     return cmocka_run_group_tests_name("live", tests, NULL, NULL);
