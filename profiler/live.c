@@ -234,21 +234,60 @@ void ms_live_set_event(ms_live *l, const char *fmt, ...) {
     pthread_mutex_unlock(&l->mu);
 }
 
-void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n) {
-    pthread_mutex_lock(&l->mu);
-    /* Keep suggestions the user acted on (pending, applied, refused) and dismissed ones,
-     * so an id never comes back as open after a dismissal; replace the open ones. */
-    ms_suggestion keep[MS_LIVE_MAX_SUGGESTIONS];
-    int nk = 0;
-    for (int i = 0; i < l->n_sugg; i++)
-        if (l->sugg[i].state != MS_SUGG_OPEN) keep[nk++] = l->sugg[i];
-    for (int i = 0; i < n && nk < MS_LIVE_MAX_SUGGESTIONS; i++) {
-        bool known = false;
-        for (int k = 0; k < nk; k++) known |= keep[k].id == s[i].id;
-        if (!known) keep[nk++] = s[i];
+static const ms_suggestion *find_sugg(const ms_suggestion *s, int n, int32_t id) {
+    for (int i = 0; i < n; i++)
+        if (s[i].id == id) return &s[i];
+    return NULL;
+}
+
+/* A candidate as an open suggestion. */
+static ms_suggestion as_open(const ms_suggestion *f) {
+    ms_suggestion g = *f;
+    g.state = MS_SUGG_OPEN;
+    g.applied_step = -1;
+    g.result[0] = '\0';
+    return g;
+}
+
+int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion *fresh,
+                        int n_fresh, double open_at, ms_suggestion *out) {
+    double keep_at = open_at / 2;
+    int n = 0;
+    /* What the views show, in its order: acted-on and dismissed entries as they are (their
+     * ids never reopen); open ones updated in place while still good enough, else closed. */
+    for (int i = 0; i < n_cur && n < MS_LIVE_MAX_SUGGESTIONS; i++) {
+        if (cur[i].state != MS_SUGG_OPEN) {
+            out[n++] = cur[i];
+            continue;
+        }
+        const ms_suggestion *f = find_sugg(fresh, n_fresh, cur[i].id);
+        if (!f || f->predicted_gain < keep_at) continue;
+        out[n++] = as_open(f);
     }
-    memcpy(l->sugg, keep, sizeof keep[0] * (size_t)nk);
-    l->n_sugg = nk;
+    /* New targets, best first: appended while there is room, then each replaces the open
+     * entry with the smallest gain if it predicts more (superseded). */
+    for (int i = 0; i < n_fresh; i++) {
+        if (fresh[i].predicted_gain < open_at || find_sugg(out, n, fresh[i].id)) continue;
+        int at = -1;
+        if (n < MS_LIVE_MAX_SUGGESTIONS)
+            at = n++;
+        else
+            for (int k = 0; k < n; k++)
+                if (out[k].state == MS_SUGG_OPEN &&
+                    out[k].predicted_gain < fresh[i].predicted_gain &&
+                    (at < 0 || out[k].predicted_gain < out[at].predicted_gain))
+                    at = k;
+        if (at >= 0) out[at] = as_open(&fresh[i]);
+    }
+    return n;
+}
+
+void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double open_at) {
+    ms_suggestion next[MS_LIVE_MAX_SUGGESTIONS];
+    pthread_mutex_lock(&l->mu);
+    int nn = ms_suggestions_next(l->sugg, l->n_sugg, s, n, open_at, next);
+    memcpy(l->sugg, next, sizeof next[0] * (size_t)nn);
+    l->n_sugg = nn;
     l->dirty = true;
     pthread_mutex_unlock(&l->mu);
 }
