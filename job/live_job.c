@@ -68,12 +68,16 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
     ms_suggestion out[MS_LIVE_MAX_SUGGESTIONS];
     int got = 0;
     ms_error err = {0};
-    if (ms_advisor_update(j->advisor, &cur, an, median, j->o->advise_threshold, out,
-                          MS_LIVE_MAX_SUGGESTIONS, &got, &err) != MS_OK) {
+    /* Candidates down to half the threshold, so that open suggestions can stay open
+     * (hysteresis: ms_suggestions_next). */
+    double open_at =
+        j->o->advise_threshold > 0 ? j->o->advise_threshold : MS_ADVISOR_DEFAULT_THRESHOLD;
+    if (ms_advisor_update(j->advisor, &cur, an, median, open_at / 2, out, MS_LIVE_MAX_SUGGESTIONS,
+                          &got, &err) != MS_OK) {
         ms_live_set_event(l, "advisor: %s", err.msg);
         return;
     }
-    ms_live_set_suggestions(l, out, got);
+    ms_live_set_suggestions(l, out, got, open_at);
 }
 
 /* The strategy JSON a request targets (owned copy): its own body, or the accepted

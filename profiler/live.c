@@ -18,13 +18,14 @@
 #include <time.h>
 
 #include "engine/comm/comm.h"
+#include "engine/core/device.h"
 #include "engine/core/xalloc.h"
 #include "traces/trace_write.h"
 
 #define LIVE_QUEUE      16
 #define LIVE_MAX_RECS   MS_AN_MAX_RANKS
 #define LIVE_MAX_GROUPS MS_REC_MAX_GROUPS
-#define LIVE_MAX_EVENTS ((size_t)1 << 21) /* window cap: ~390 MB would be absurd; 2M x 184 B */
+#define LIVE_MAX_EVENTS ((size_t)1 << 21) /* the window's cap: 2M events x 184 B = 368 MB */
 #define LIVE_POLL_MS    50
 #define LIVE_SPANS_RANK 1024 /* timeline spans kept per rank (merged beyond) */
 
@@ -60,10 +61,13 @@ struct ms_live {
 
     pthread_mutex_t build_mu; /* one builder at a time; guards everything below */
     uint64_t cursors[LIVE_MAX_RECS];
-    ms_event *win; /* the window: events of recent steps, any order */
+    ms_event *win; /* the window: events of recent steps, any order; from win_dev */
     size_t n_win, cap_win;
     ms_live_mem *mem; /* latest sample per rank */
     int64_t built_step;
+    size_t max_win;              /* LIVE_MAX_EVENTS, or less once win_dev refused to grow it */
+    ms_device *win_dev;          /* the window's memory: large, so a status and not an abort */
+    char win_note[MS_LIVE_TEXT]; /* why the window stopped growing, for the views ("": none) */
     pthread_t thread;
     bool running;
 };
@@ -98,8 +102,13 @@ ms_status ms_live_create(const ms_live_opts *opts, ms_live **out, ms_error *err)
     *out = NULL;
     if (!opts || opts->info.nranks < 1 || opts->info.nranks > MS_AN_MAX_RANKS)
         return ms_fail(err, MS_ERR_INVALID, "live model: nranks must be 1..%d", MS_AN_MAX_RANKS);
+    ms_device *dev;
+    MS_CHECK(ms_device_cpu_create(&dev, err));
+    if (opts->window_limit_bytes) ms_device_set_limit(dev, opts->window_limit_bytes);
     ms_live *l = xcalloc(1, sizeof *l);
     l->o = *opts;
+    l->win_dev = dev;
+    l->max_win = LIVE_MAX_EVENTS;
     if (l->o.history <= 0) l->o.history = 1024;
     if (l->o.window_steps <= 0) l->o.window_steps = 4;
     if (l->o.tick_ms <= 0) l->o.tick_ms = 250;
@@ -130,7 +139,8 @@ void ms_live_destroy(ms_live *l) {
     ms_snapshot_release(l->cur);
     free(l->hist);
     free(l->fed);
-    free(l->win);
+    ms_device_free(l->win_dev, l->win, l->cap_win * sizeof *l->win);
+    ms_device_destroy(l->win_dev);
     free(l->mem);
     pthread_cond_destroy(&l->cv);
     pthread_mutex_destroy(&l->mu);
@@ -147,7 +157,6 @@ void ms_live_attach_recorder(ms_live *l, ms_recorder *rec) {
 }
 
 static void add_groups_locked(ms_live *l, const ms_group *g, int n);
-static void win_reserve(ms_live *l, size_t more);
 
 static void drain_recorder(ms_live *l, ms_recorder *rec, uint64_t *cursor);
 static void take_groups(ms_live *l, ms_recorder *rec);
@@ -228,21 +237,60 @@ void ms_live_set_event(ms_live *l, const char *fmt, ...) {
     pthread_mutex_unlock(&l->mu);
 }
 
-void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n) {
-    pthread_mutex_lock(&l->mu);
-    /* Keep suggestions the user acted on (pending, applied, refused) and dismissed ones,
-     * so an id never comes back as open after a dismissal; replace the open ones. */
-    ms_suggestion keep[MS_LIVE_MAX_SUGGESTIONS];
-    int nk = 0;
-    for (int i = 0; i < l->n_sugg; i++)
-        if (l->sugg[i].state != MS_SUGG_OPEN) keep[nk++] = l->sugg[i];
-    for (int i = 0; i < n && nk < MS_LIVE_MAX_SUGGESTIONS; i++) {
-        bool known = false;
-        for (int k = 0; k < nk; k++) known |= keep[k].id == s[i].id;
-        if (!known) keep[nk++] = s[i];
+static const ms_suggestion *find_sugg(const ms_suggestion *s, int n, int32_t id) {
+    for (int i = 0; i < n; i++)
+        if (s[i].id == id) return &s[i];
+    return NULL;
+}
+
+/* A candidate as an open suggestion. */
+static ms_suggestion as_open(const ms_suggestion *f) {
+    ms_suggestion g = *f;
+    g.state = MS_SUGG_OPEN;
+    g.applied_step = -1;
+    g.result[0] = '\0';
+    return g;
+}
+
+int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion *fresh,
+                        int n_fresh, double open_at, ms_suggestion *out) {
+    double keep_at = open_at / 2;
+    int n = 0;
+    /* What the views show, in its order: acted-on and dismissed entries as they are (their
+     * ids never reopen); open ones updated in place while still good enough, else closed. */
+    for (int i = 0; i < n_cur && n < MS_LIVE_MAX_SUGGESTIONS; i++) {
+        if (cur[i].state != MS_SUGG_OPEN) {
+            out[n++] = cur[i];
+            continue;
+        }
+        const ms_suggestion *f = find_sugg(fresh, n_fresh, cur[i].id);
+        if (!f || f->predicted_gain < keep_at) continue;
+        out[n++] = as_open(f);
     }
-    memcpy(l->sugg, keep, sizeof keep[0] * (size_t)nk);
-    l->n_sugg = nk;
+    /* New targets, best first: appended while there is room, then each replaces the open
+     * entry with the smallest gain if it predicts more (superseded). */
+    for (int i = 0; i < n_fresh; i++) {
+        if (fresh[i].predicted_gain < open_at || find_sugg(out, n, fresh[i].id)) continue;
+        int at = -1;
+        if (n < MS_LIVE_MAX_SUGGESTIONS)
+            at = n++;
+        else
+            for (int k = 0; k < n; k++)
+                if (out[k].state == MS_SUGG_OPEN &&
+                    out[k].predicted_gain < fresh[i].predicted_gain &&
+                    (at < 0 || out[k].predicted_gain < out[at].predicted_gain))
+                    at = k;
+        if (at >= 0) out[at] = as_open(&fresh[i]);
+    }
+    return n;
+}
+
+void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double open_at) {
+    ms_suggestion next[MS_LIVE_MAX_SUGGESTIONS];
+    pthread_mutex_lock(&l->mu);
+    int nn = ms_suggestions_next(l->sugg, l->n_sugg, s, n, open_at, next);
+    memcpy(l->sugg, next, sizeof next[0] * (size_t)nn);
+    l->n_sugg = nn;
     l->dirty = true;
     pthread_mutex_unlock(&l->mu);
 }
@@ -363,20 +411,55 @@ uint64_t ms_live_wait(ms_live *l, uint64_t version, int timeout_ms) {
 
 /* --- building a snapshot (build_mu held) --------------------------------------------------- */
 
-static void win_reserve(ms_live *l, size_t more) {
-    if (l->n_win + more <= l->cap_win) return;
-    size_t cap = l->cap_win ? l->cap_win : 4096;
-    while (cap < l->n_win + more) cap *= 2;
-    l->win = xrealloc(l->win, cap * sizeof *l->win);
-    l->cap_win = cap;
+/* Makes room for `more` events at the end of the window and returns how many fit (fewer
+ * only when the window is smaller than `more`). The window doubles through its device up to
+ * max_win. When the device refuses, it asks for half as much, down to what the window has;
+ * the window then keeps the size it got for the rest of the run, the views get an event
+ * saying so, and the oldest events make room instead. */
+static size_t win_reserve(ms_live *l, size_t more) {
+    if (l->n_win + more > l->cap_win && l->cap_win < l->max_win) {
+        size_t want = l->cap_win ? l->cap_win : 4096;
+        while (want < l->n_win + more && want < l->max_win) want *= 2;
+        if (want > l->max_win) want = l->max_win;
+        size_t cap = want;
+        void *p = NULL;
+        ms_error why = {0};
+        while (ms_device_alloc(l->win_dev, cap * sizeof *l->win, &p, &why) != MS_OK) {
+            p = NULL;
+            cap /= 2;
+            if (cap <= l->cap_win || cap < 1024) break;
+        }
+        if (p) {
+            if (l->n_win) memcpy(p, l->win, l->n_win * sizeof *l->win);
+            ms_device_free(l->win_dev, l->win, l->cap_win * sizeof *l->win);
+            l->win = p;
+            l->cap_win = cap;
+        }
+        if (cap < want) {
+            l->max_win = l->cap_win;
+            snprintf(l->win_note, sizeof l->win_note,
+                     "live window: cannot grow to %zu events (%.100s); analysing the newest %zu "
+                     "events, which may cover fewer steps",
+                     want, why.msg, l->cap_win);
+        }
+    }
+    if (more > l->cap_win) more = l->cap_win;
+    if (l->n_win + more > l->cap_win) {
+        size_t drop = l->n_win + more - l->cap_win;
+        memmove(l->win, l->win + drop, (l->n_win - drop) * sizeof *l->win);
+        l->n_win -= drop;
+    }
+    return more;
 }
 
 /* Appends everything new in a rank's ring to the window. build_mu held. */
 static void drain_recorder(ms_live *l, ms_recorder *rec, uint64_t *cursor) {
-    for (size_t got = 4096; got == 4096;) {
-        win_reserve(l, 4096);
-        got = ms_recorder_read(rec, cursor, l->win + l->n_win, 4096, NULL);
+    for (;;) {
+        size_t room = win_reserve(l, 4096);
+        if (!room) return; /* no window at all: its device refused */
+        size_t got = ms_recorder_read(rec, cursor, l->win + l->n_win, room, NULL);
         l->n_win += got;
+        if (got < room) return;
     }
 }
 
@@ -390,49 +473,67 @@ static void take_groups(ms_live *l, ms_recorder *rec) {
     free(g);
 }
 
+/* The oldest step a window of `steps` steps keeps of these events; *complete gets the latest
+ * step complete on every rank that reported one (-1 if none). */
+static int64_t first_kept_step(const ms_event *ev, size_t n, int nranks, int steps,
+                               int64_t *complete) {
+    int64_t last[MS_AN_MAX_RANKS];
+    for (int r = 0; r < nranks; r++) last[r] = -1;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].kind == MS_EV_STEP && ev[i].rank >= 0 && ev[i].rank < nranks &&
+            ev[i].step > last[ev[i].rank])
+            last[ev[i].rank] = ev[i].step;
+    *complete = -1;
+    bool any = false;
+    for (int r = 0; r < nranks; r++) {
+        if (last[r] < 0) continue;
+        *complete = !any || last[r] < *complete ? last[r] : *complete;
+        any = true;
+    }
+    return *complete - steps + 1;
+}
+
 /* Moves new events (rings, fed) into the window; returns the latest step complete on every
  * rank that reported one (-1 if none). Memory samples update the per-rank table. */
 static int64_t collect(ms_live *l, ms_recorder **recs, int n_recs) {
+    int nr = l->o.info.nranks;
+    int64_t complete;
     for (int r = 0; r < n_recs; r++) drain_recorder(l, recs[r], &l->cursors[r]);
     pthread_mutex_lock(&l->mu);
     if (l->n_fed) {
-        win_reserve(l, l->n_fed);
-        memcpy(l->win + l->n_win, l->fed, l->n_fed * sizeof *l->fed);
-        l->n_win += l->n_fed;
+        size_t nf = l->n_fed;
+        if (l->n_win + nf > l->max_win) {
+            /* More than the window holds (a long trace file, ordered by rank): keep only the
+             * steps the window will analyse before making room. */
+            int64_t lo = first_kept_step(l->fed, nf, nr, l->o.window_steps, &complete);
+            nf = 0;
+            for (size_t i = 0; i < l->n_fed; i++)
+                if (l->fed[i].step >= lo) l->fed[nf++] = l->fed[i];
+        }
+        size_t n = win_reserve(l, nf); /* the newest n of them */
+        if (n) memcpy(l->win + l->n_win, l->fed + nf - n, n * sizeof *l->fed);
+        l->n_win += n;
         l->n_fed = 0;
     }
     pthread_mutex_unlock(&l->mu);
+    if (l->win_note[0]) {
+        ms_live_set_event(l, "%s", l->win_note);
+        l->win_note[0] = '\0';
+    }
 
-    int nr = l->o.info.nranks;
-    int64_t last[MS_AN_MAX_RANKS];
-    for (int r = 0; r < nr; r++) last[r] = -1;
     for (size_t i = 0; i < l->n_win; i++) {
         const ms_event *e = &l->win[i];
-        if (e->rank < 0 || e->rank >= nr) continue;
-        if (e->kind == MS_EV_STEP && e->step > last[e->rank]) last[e->rank] = e->step;
-        if (e->kind == MS_EV_MEM) {
+        if (e->kind == MS_EV_MEM && e->rank >= 0 && e->rank < nr) {
             l->mem[e->rank].in_use = e->u.mem.in_use;
             l->mem[e->rank].peak = e->u.mem.peak;
         }
     }
-    int64_t complete = -1;
-    bool any = false;
-    for (int r = 0; r < nr; r++) {
-        if (last[r] < 0) continue;
-        complete = !any || last[r] < complete ? last[r] : complete;
-        any = true;
-    }
-    /* Forget what falls out of the window (keeps order); cap the window whatever happens. */
-    int64_t lo = complete - l->o.window_steps + 1;
+    /* Forget what falls out of the window (keeps order); win_reserve caps its size. */
+    int64_t lo = first_kept_step(l->win, l->n_win, nr, l->o.window_steps, &complete);
     size_t w = 0;
     for (size_t i = 0; i < l->n_win; i++)
         if (l->win[i].step >= lo && l->win[i].kind != MS_EV_MEM) l->win[w++] = l->win[i];
     l->n_win = w;
-    if (l->n_win > LIVE_MAX_EVENTS) {
-        size_t drop = l->n_win - LIVE_MAX_EVENTS;
-        memmove(l->win, l->win + drop, LIVE_MAX_EVENTS * sizeof *l->win);
-        l->n_win = LIVE_MAX_EVENTS;
-    }
     return complete;
 }
 

@@ -144,6 +144,10 @@ typedef struct ms_live_opts {
     int history;      /* step records kept; 0 = 1024 */
     int window_steps; /* steps of events analysed; 0 = 4 */
     int tick_ms;      /* publish at least this often; 0 = 250 */
+    /* The event window holds at most 2M events (368 MB) and allocates through its own
+     * device: if that refuses, the window stops growing and the views say so. 0, or a byte
+     * limit on that device (tests). */
+    size_t window_limit_bytes;
 } ms_live_opts;
 
 ms_status ms_live_create(const ms_live_opts *opts, ms_live **out, ms_error *err);
@@ -172,8 +176,23 @@ void ms_live_step_done(ms_live *l, const ms_live_step *s);
 void ms_live_set_strategy(ms_live *l, const char *strategy);
 void ms_live_set_event(ms_live *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* The advisor replaces the open suggestions (states of known ids are kept). */
-void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n);
+/* The suggestion lifecycle, one advisor round. `cur` is the list the views show (any
+ * states), `fresh` the advisor's candidates of this round (best first, ids stable per target).
+ * A suggestion opens when its target is predicted at least `open_at` faster, and stays open,
+ * updated in place under the same id (gain, step times, evidence), while it is predicted at
+ * least open_at / 2 faster: the gap is hysteresis, so a gain wobbling around the threshold
+ * does not make the suggestion vanish and come back. It closes when accepted or dismissed
+ * (its state changes), when its gain falls below open_at / 2 or its target is no longer
+ * suggested, or when the list is full and a better suggestion for another target takes its
+ * place (superseded). Entries in other states are kept as they are, and their ids never
+ * reopen. The order is stable: entries keep their places, new ones are appended best first.
+ * Writes at most MS_LIVE_MAX_SUGGESTIONS to `out` and returns the count. Pure. */
+int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion *fresh,
+                        int n_fresh, double open_at, ms_suggestion *out);
+
+/* The advisor's round: applies ms_suggestions_next to the shown list with its candidates
+ * (predicted at least open_at / 2 faster, so that open ones can stay open). */
+void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double open_at);
 /* Changes one suggestion's state and result text; false if the id is unknown. */
 bool ms_live_update_suggestion(ms_live *l, int32_t id, ms_suggestion_state state,
                                int64_t applied_step, const char *result);

@@ -1,11 +1,21 @@
 /* test_core.c - tensors, views, bf16, device accounting and Philox, against independent
  * references (published Philox vectors, direct index arithmetic); the sanitiser for text from
- * files in messages. */
+ * files in messages; the device's byte limit; ms_panic's hooks in a child process that
+ * panics. */
 #include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "engine/core/panic.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
+#include "engine/core/xalloc.h"
 #include "tests/testkit.h"
 
 /* Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10). */
@@ -247,6 +257,100 @@ static void hardening_safe_str(void **state) {
     assert_string_equal(ms_safe_str(small, sizeof small, "ab\xe2\x9c\x93\xe2\x9c\x93"), "ab...");
 }
 
+/* A byte limit on a device refuses what would pass it, with a message, and counts nothing
+ * for the refusal; lifting it allows the allocation. */
+static void device_limit(void **state) {
+    (void)state;
+    ms_device *dev;
+    ms_error err = {0};
+    assert_int_equal(ms_device_cpu_create(&dev, &err), MS_OK);
+    void *a = NULL, *b = NULL;
+    assert_int_equal(ms_device_alloc(dev, 4096, &a, &err), MS_OK);
+    ms_device_set_limit(dev, 6000);
+    assert_int_equal(ms_device_alloc(dev, 4096, &b, &err), MS_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "4096 bytes"));
+    assert_non_null(strstr(err.msg, "6000-byte limit"));
+    assert_int_equal(atomic_load(&dev->in_use), 4096);
+    ms_device_set_limit(dev, 0);
+    assert_int_equal(ms_device_alloc(dev, 4096, &b, &err), MS_OK);
+    assert_int_equal(atomic_load(&dev->in_use), 8192);
+    ms_device_free(dev, a, 4096);
+    ms_device_free(dev, b, 4096);
+    assert_int_equal(atomic_load(&dev->in_use), 0);
+    assert_int_equal(atomic_load(&dev->peak), 8192);
+    ms_device_destroy(dev);
+}
+
+/* --- ms_panic: run in a child whose stderr is a pipe --------------------------------------- */
+
+static char kept[] = "[kept]", removed[] = "[removed]";
+
+static void hook_write(void *user) {
+    const char *tag = user;
+    ssize_t n = write(STDERR_FILENO, tag, strlen(tag));
+    (void)n;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+
+/* Forks a child that registers the hooks and then panics (how: 0 ms_panic, 1 xmalloc of more
+ * than the address space); returns its termination status and what it wrote to stderr. */
+static int run_panicking_child(int how, char *out, size_t cap) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        dup2(fds[1], STDERR_FILENO);
+        close(fds[0]);
+        ms_panic_hook_add(hook_write, kept);
+        ms_panic_hook_add(hook_write, removed);
+        ms_panic_hook_add(hook_write, kept); /* a second registration is a no-op */
+        ms_panic_hook_remove(hook_write, removed);
+        if (how == 0) ms_panic("boom %d", 42);
+        volatile size_t huge = SIZE_MAX / 2;
+        void *p = xmalloc(huge);
+        free(p);
+        _exit(0); /* not reached */
+    }
+    close(fds[1]);
+    size_t n = 0;
+    for (ssize_t got; n + 1 < cap && (got = read(fds[0], out + n, cap - 1 - n)) > 0;)
+        n += (size_t)got;
+    out[n] = '\0';
+    close(fds[0]);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+/* The hooks run (once each, the removed one not at all) before the message, then SIGABRT. */
+static void panic_runs_hooks_then_aborts(void **state) {
+    (void)state;
+    char out[2048];
+    int status = run_panicking_child(0, out, sizeof out);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+    assert_string_equal(out, "[kept]meshscope: boom 42\n");
+#ifndef UNDER_SANITIZER
+    /* xalloc's out-of-memory path is the same panic (sanitizers report huge sizes first). */
+    status = run_panicking_child(1, out, sizeof out);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+    assert_non_null(strstr(out, "[kept]meshscope: out of memory allocating"));
+    assert_non_null(strstr(out, "bytes of bookkeeping\n"));
+#endif
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(hardening_safe_str),
     cmocka_unit_test(philox_known_answers),
@@ -256,5 +360,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(philox_init_is_shard_invariant),
     cmocka_unit_test(copy_box),
     cmocka_unit_test(device_fallback),
+    cmocka_unit_test(device_limit),
+    cmocka_unit_test(panic_runs_hooks_then_aborts),
 };
 MT_MAIN("core", tests)

@@ -1,7 +1,9 @@
 /* test_dtensor.c - DistTensor construction and cross-mesh reshard, against the global
  * tensor: shard_tensor keeps exactly the box, full_tensor returns the global tensor,
  * from_local rejects wrong local sizes on every rank, and a tensor moved between meshes
- * equals the slice of the global tensor on the target. Threads and MPI. */
+ * equals the slice of the global tensor on the target. A reshard whose workspace the
+ * device refuses fails with MS_ERR_NOMEM and leaves the tensor and the rank usable.
+ * Threads and MPI. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -205,9 +207,61 @@ static void test_cross_mesh(void **state) {
     mt_run(6, cross_mesh, NULL);
 }
 
+/* S(0) -> S(1) on two ranks is an all-to-all through two packing workspaces. With a device
+ * limit that leaves room for the new local part but not for a workspace, every rank fails
+ * (before any collective) with MS_ERR_NOMEM naming the size and the tensor; the tensor keeps
+ * its placements and values, nothing stays allocated, and once the limit is lifted the same
+ * reshard succeeds on the same ranks, its workspace counted on the device. */
+static void workspace_nomem(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_error err;
+    ms_mesh m = mesh_of(r, "dp=2");
+    ms_dmesh *dm;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &m, &dm, &err), &err)) return;
+    const int64_t g[2] = {64, 32};
+    ms_tensor global;
+    MT_OK(r, make_global(r->ctx, 2, g, &global, &err), &err);
+    ms_placements rows, cols;
+    ms_placements_parse("[S(0)]", &rows, &err);
+    ms_placements_parse("[S(1)]", &cols, &err);
+    ms_dtensor t;
+    if (!MT_OK(r, ms_dtensor_shard(dm, &global, &rows, &t, &err), &err)) return;
+    ms_device *dev = r->ctx->device;
+    size_t before = atomic_load(&dev->in_use), local = 32 * 32 * sizeof(float);
+    ms_device_set_limit(dev, before + local + 1024);
+    ms_status st = ms_reshard(&t, &cols, NULL, &err);
+    if (ms_dmesh_is_member(dm)) {
+        MT_CHECK(r, st == MS_ERR_NOMEM, "reshard under the limit returned %s", ms_status_str(st));
+        MT_CHECK(r,
+                 strstr(err.msg, "reshard workspace") && strstr(err.msg, "[64, 32] tensor") &&
+                     strstr(err.msg, "bytes"),
+                 "the message names neither the workspace, the tensor nor the size: %s", err.msg);
+        MT_CHECK(r, ms_placements_eq(&t.pl, &rows), "a failed reshard changed the placements");
+        check_box(r, &t, &global, "after the failed reshard");
+        MT_CHECK(r, atomic_load(&dev->in_use) == before, "%zu bytes left allocated",
+                 atomic_load(&dev->in_use) - before);
+    }
+    ms_device_set_limit(dev, 0);
+    if (MT_OK(r, ms_reshard(&t, &cols, NULL, &err), &err)) {
+        check_box(r, &t, &global, "after the reshard without a limit");
+        if (ms_dmesh_is_member(dm))
+            MT_CHECK(r, atomic_load(&dev->in_use) > before, "the workspace is not on the device");
+    }
+    ms_dtensor_release(&t);
+    ms_tensor_release(&global);
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&m);
+}
+
+static void test_workspace_nomem(void **state) {
+    (void)state;
+    mt_run(2, workspace_nomem, NULL);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_shard_full),
     cmocka_unit_test(test_from_local),
     cmocka_unit_test(test_cross_mesh),
+    cmocka_unit_test(test_workspace_nomem),
 };
 MT_MAIN("dtensor", tests)

@@ -188,9 +188,10 @@ static void test_control_queue(void **state) {
     (void)state;
     ms_live *l = new_live(4);
     ms_live_set_validator(l, refuse_tp3, NULL);
-    ms_suggestion sg[2] = {{.id = 1, .state = MS_SUGG_OPEN}, {.id = 2, .state = MS_SUGG_OPEN}};
+    ms_suggestion sg[2] = {{.id = 1, .state = MS_SUGG_OPEN, .predicted_gain = 0.2},
+                           {.id = 2, .state = MS_SUGG_OPEN, .predicted_gain = 0.2}};
     snprintf(sg[0].target, sizeof sg[0].target, "dp2 x tp2");
-    ms_live_set_suggestions(l, sg, 2);
+    ms_live_set_suggestions(l, sg, 2, 0.1);
     ms_error err = {0};
     ms_live_req r = {.kind = MS_REQ_STRATEGY};
     snprintf(r.strategy_json, sizeof r.strategy_json, "{\"tp\": 3}");
@@ -216,7 +217,7 @@ static void test_control_queue(void **state) {
     assert_int_equal(s->suggestions[1].state, MS_SUGG_DISMISSED);
     ms_snapshot_release(s);
     /* the advisor's next list does not resurrect the dismissed id as open */
-    ms_live_set_suggestions(l, sg, 2);
+    ms_live_set_suggestions(l, sg, 2, 0.1);
     ms_live_publish_now(l);
     s = ms_live_acquire(l);
     assert_int_equal(s->n_suggestions, 2);
@@ -247,6 +248,143 @@ static void test_control_queue(void **state) {
     assert_true(s->finished);
     ms_snapshot_release(s);
     ms_live_destroy(l);
+}
+
+/* The event window allocates through a device that may refuse: with a 1 MiB limit it stops
+ * at 4096 events, keeps the newest, says so in the views and goes on analysing; a later feed
+ * larger than the window keeps the steps the window analyses. With no memory at all there
+ * is no window, but snapshots still come. */
+static void test_window_out_of_memory(void **state) {
+    (void)state;
+    ms_live_opts o = {.info = {.nranks = NR, .live = true}, .window_steps = 2};
+    o.window_limit_bytes = 1 << 20;
+    ms_live *l = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    ms_group g = pair_group();
+    ms_live_feed_groups(l, &g, 1);
+    enum { STEPS = 700 };
+    ms_event *buf = malloc(sizeof *buf * 8 * STEPS);
+    for (int round = 0; round < 2; round++) {
+        size_t n = 0;
+        for (int64_t s = 0; s < STEPS; s++) n += make_step(buf + n, round * STEPS + s, &g);
+        assert_true(n > 4096);
+        ms_live_feed_events(l, buf, n);
+        ms_live_publish_now(l);
+        const ms_snapshot *s = ms_live_acquire(l);
+        assert_non_null(strstr(s->last_event, "live window: cannot grow to 8192 events"));
+        assert_non_null(strstr(s->last_event, "analysing the newest 4096 events"));
+        assert_int_equal(s->analysis.n_steps, 2);
+        assert_int_equal(s->analysis.steps[1].step, (round + 1) * STEPS - 1);
+        assert_int_equal(s->timeline_step, (round + 1) * STEPS - 1);
+        ms_snapshot_release(s);
+    }
+    ms_live_destroy(l);
+
+    o.window_limit_bytes = 1;
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    size_t n = make_step(buf, 0, &g);
+    ms_live_feed_events(l, buf, n);
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_non_null(strstr(s->last_event, "live window: cannot grow to 4096 events"));
+    assert_int_equal(s->analysis.nranks, 0);
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+    free(buf);
+}
+
+/* --- the suggestion lifecycle: advisor rounds -> the open list ------------------------- */
+
+static ms_suggestion cand(int32_t id, double gain, int round) {
+    ms_suggestion g;
+    memset(&g, 0, sizeof g);
+    g.id = id;
+    g.state = MS_SUGG_OPEN;
+    g.predicted_gain = gain;
+    g.applied_step = -1;
+    snprintf(g.target, sizeof g.target, "target %d", (int)id);
+    snprintf(g.evidence, sizeof g.evidence, "round %d", round);
+    return g;
+}
+
+typedef struct want {
+    int32_t id;
+    double gain;
+    uint8_t state;
+} want;
+
+/* One round over `list`: fresh candidates in, the expected list (ids, gains, states, in
+ * order) out; open entries carry this round's evidence. */
+static void round_is(ms_suggestion *list, int *n, const ms_suggestion *fresh, int n_fresh,
+                     int round, const want *w, int n_want) {
+    ms_suggestion out[MS_LIVE_MAX_SUGGESTIONS];
+    int got = ms_suggestions_next(list, *n, fresh, n_fresh, 0.10, out);
+    if (got != n_want) fail_msg("round %d: %d suggestions, expected %d", round, got, n_want);
+    for (int i = 0; i < got; i++) {
+        if (out[i].id != w[i].id || out[i].state != w[i].state ||
+            fabs(out[i].predicted_gain - w[i].gain) > 1e-12)
+            fail_msg("round %d, entry %d: id %d gain %g state %d, expected id %d gain %g state %d",
+                     round, i, (int)out[i].id, out[i].predicted_gain, out[i].state, (int)w[i].id,
+                     w[i].gain, w[i].state);
+        char ev[32];
+        snprintf(ev, sizeof ev, "round %d", round);
+        if (out[i].state == MS_SUGG_OPEN) assert_string_equal(out[i].evidence, ev);
+    }
+    memcpy(list, out, sizeof out[0] * (size_t)got);
+    *n = got;
+}
+
+/* Opens at 10%, stays open down to 5% (updated in place, same id and place), closes below
+ * that or when no longer suggested; dismissed and accepted entries stay as they are; a full
+ * list lets a better target supersede the weakest open entry. */
+static void test_suggestion_lifecycle(void **state) {
+    (void)state;
+    ms_suggestion list[MS_LIVE_MAX_SUGGESTIONS];
+    int n = 0;
+    const uint8_t O = MS_SUGG_OPEN;
+    /* 1: A opens, B is under the threshold */
+    ms_suggestion r1[] = {cand(1, 0.12, 1), cand(2, 0.08, 1)};
+    round_is(list, &n, r1, 2, 1, (want[]){{1, 0.12, O}}, 1);
+    /* 2: A dips under 10% and stays (the bug: it vanished); B crosses and is appended */
+    ms_suggestion r2[] = {cand(2, 0.11, 2), cand(1, 0.09, 2)};
+    round_is(list, &n, r2, 2, 2, (want[]){{1, 0.09, O}, {2, 0.11, O}}, 2);
+    /* 3: both move; the order is the list's, not the round's */
+    ms_suggestion r3[] = {cand(2, 0.12, 3), cand(1, 0.06, 3)};
+    round_is(list, &n, r3, 2, 3, (want[]){{1, 0.06, O}, {2, 0.12, O}}, 2);
+    /* 4: A is no longer suggested: closed */
+    ms_suggestion r4[] = {cand(2, 0.07, 4)};
+    round_is(list, &n, r4, 1, 4, (want[]){{2, 0.07, O}}, 1);
+    /* 5: B falls under 5%: closed; A at 8% does not reopen (under 10%) */
+    ms_suggestion r5[] = {cand(1, 0.08, 5), cand(2, 0.04, 5)};
+    round_is(list, &n, r5, 2, 5, NULL, 0);
+    /* 6: A crosses 10% again: the same id */
+    ms_suggestion r6[] = {cand(1, 0.11, 6)};
+    round_is(list, &n, r6, 1, 6, (want[]){{1, 0.11, O}}, 1);
+    /* 7: dismissed A stays dismissed and unchanged; C opens */
+    list[0].state = MS_SUGG_DISMISSED;
+    ms_suggestion r7[] = {cand(1, 0.30, 7), cand(3, 0.20, 7)};
+    round_is(list, &n, r7, 2, 7, (want[]){{1, 0.11, MS_SUGG_DISMISSED}, {3, 0.20, O}}, 2);
+    /* 8: accepted C stays pending when the round no longer has it */
+    list[1].state = MS_SUGG_PENDING;
+    round_is(list, &n, NULL, 0, 8,
+             (want[]){{1, 0.11, MS_SUGG_DISMISSED}, {3, 0.20, MS_SUGG_PENDING}}, 2);
+    /* 9: six more fill the list */
+    ms_suggestion r9[6];
+    want w9[8] = {{1, 0.11, MS_SUGG_DISMISSED}, {3, 0.20, MS_SUGG_PENDING}};
+    for (int i = 0; i < 6; i++) {
+        r9[i] = cand(10 + i, 0.25 - 0.01 * i, 9);
+        w9[2 + i] = (want){10 + i, 0.25 - 0.01 * i, O};
+    }
+    round_is(list, &n, r9, 6, 9, w9, 8);
+    /* 10: full; 50% supersedes the weakest open entry (15, 20%) in its place; 15% does not */
+    ms_suggestion r10[8];
+    memcpy(r10, r9, sizeof r9);
+    for (int i = 0; i < 6; i++) snprintf(r10[i].evidence, sizeof r10[i].evidence, "round 10");
+    r10[6] = cand(20, 0.50, 10);
+    r10[7] = cand(21, 0.15, 10);
+    w9[7] = (want){20, 0.50, O};
+    round_is(list, &n, r10, 8, 10, w9, 8);
 }
 
 /* --- concurrency: ranks record and report while readers take snapshots ---------------- */
@@ -371,6 +509,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_window_timeline_memory),
         cmocka_unit_test(test_snapshots_are_immutable),
         cmocka_unit_test(test_control_queue),
+        cmocka_unit_test(test_suggestion_lifecycle),
+        cmocka_unit_test(test_window_out_of_memory),
         cmocka_unit_test(test_concurrent_readers),
     };
     return cmocka_run_group_tests_name("live", tests, NULL, NULL);

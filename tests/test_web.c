@@ -157,7 +157,7 @@ static ms_live *make_live(bool live) {
         sg[i].predicted_gain = 0.2;
         sg[i].applied_step = -1;
     }
-    ms_live_set_suggestions(l, sg, 2);
+    ms_live_set_suggestions(l, sg, 2, 0.1);
     ms_live_set_validator(l, validate, NULL);
     ms_live_publish_now(l);
     return l;

@@ -5,8 +5,8 @@
  * for a key at most one tick (250 ms), handle it. Handlers return what to do next (ignored,
  * handled, quit). The terminal is restored on every way out: q, a signal (the handlers only
  * set a flag that the loop reads within a tick), ms_tui_stop, and, as a last resort, an
- * atexit hook that writes the terminal's reset strings and the saved tty modes without
- * touching curses.
+ * atexit hook and a panic hook (ms_panic) that write the terminal's reset strings and the
+ * saved tty modes without touching curses.
  *
  * The UI thread takes no lock of the training step: snapshots and requests go through the
  * source (ms_live_acquire / ms_live_post in process).
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "engine/comm/comm.h"
+#include "engine/core/panic.h"
 #include "engine/core/xalloc.h"
 #include "tui/tui_impl.h"
 
@@ -87,8 +88,16 @@ static void last_resort_restore(void) {
     if (g_tty_saved) tcsetattr(STDIN_FILENO, TCSANOW, &g_tty);
 }
 
+static void panic_restore(void *user) {
+    (void)user;
+    last_resort_restore();
+}
+
+/* exit() runs the atexit hook; ms_panic (engine/core/panic.h), which aborts, runs the same
+ * restore as a panic hook. Both only write and tcsetattr, so they are safe from anywhere. */
 static void register_atexit(void) {
     atexit(last_resort_restore);
+    ms_panic_hook_add(panic_restore, NULL);
 }
 
 /* Appends a terminfo string capability to g_reset. */

@@ -158,13 +158,9 @@ typedef struct tctx {
 /* --- small helpers ---------------------------------------------------------------------- */
 
 static void *zalloc_lines(size_t size) {
-    size = (size + LINE - 1) / LINE * LINE;
-    void *p = aligned_alloc(LINE, size ? size : LINE);
-    if (!p) {
-        fprintf(stderr, "meshscope: out of memory allocating %zu bytes\n", size);
-        abort();
-    }
-    memset(p, 0, size ? size : LINE);
+    size = size ? (size + LINE - 1) / LINE * LINE : LINE;
+    void *p = xaligned_alloc(LINE, size);
+    memset(p, 0, size);
     return p;
 }
 

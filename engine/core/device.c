@@ -98,9 +98,25 @@ void ms_device_destroy(ms_device *dev) {
     if (dev) dev->ops->destroy(dev);
 }
 
+void ms_device_set_limit(ms_device *dev, size_t bytes) {
+    atomic_store(&dev->limit, bytes);
+}
+
 ms_status ms_device_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
-    MS_CHECK(dev->ops->alloc(dev, nbytes, out, err));
+    /* Counted before the backend allocates, so concurrent callers cannot pass the limit. */
     size_t now = atomic_fetch_add(&dev->in_use, nbytes) + nbytes;
+    size_t limit = atomic_load(&dev->limit);
+    if (limit && now > limit) {
+        atomic_fetch_sub(&dev->in_use, nbytes);
+        return ms_fail(err, MS_ERR_NOMEM,
+                       "%s: cannot allocate %zu bytes: %zu of its %zu-byte limit are in use",
+                       dev->ops->name, nbytes, now - nbytes, limit);
+    }
+    ms_status st = dev->ops->alloc(dev, nbytes, out, err);
+    if (st != MS_OK) {
+        atomic_fetch_sub(&dev->in_use, nbytes);
+        return st;
+    }
     size_t peak = atomic_load(&dev->peak);
     while (now > peak && !atomic_compare_exchange_weak(&dev->peak, &peak, now)) {
     }

@@ -49,6 +49,7 @@ struct ms_device {
     int ordinal;          /* CUDA device number; 0 for the CPU */
     atomic_size_t in_use; /* bytes currently allocated through this device */
     atomic_size_t peak;   /* high-water mark of in_use */
+    atomic_size_t limit;  /* 0, or the most in_use may reach (ms_device_set_limit) */
 };
 
 /* A CPU device. Never fails except for memory. */
@@ -69,6 +70,12 @@ void ms_device_destroy(ms_device *dev);
  * Stateless but for its byte counters; never destroyed. */
 ms_device *ms_device_host(void);
 
+/* Caps the bytes in use on this device (0 removes the cap): an allocation that would pass
+ * it fails with MS_ERR_NOMEM as if the device were full. For a memory budget per rank, and
+ * for tests of what happens when memory runs out. Allocations already made are kept. */
+void ms_device_set_limit(ms_device *dev, size_t bytes);
+
+/* MS_ERR_NOMEM (naming the size and the device) when the backend or the limit refuses. */
 ms_status ms_device_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err);
 void ms_device_free(ms_device *dev, void *ptr, size_t nbytes);
 ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,

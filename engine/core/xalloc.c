@@ -1,14 +1,15 @@
 /* xalloc.c - aborting allocators (see xalloc.h for the policy). */
 #include "engine/core/xalloc.h"
 
-#include <stdio.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void oom(size_t n) {
-    fprintf(stderr, "meshscope: out of memory allocating %zu bytes of bookkeeping\n", n);
-    abort();
+#include "engine/core/panic.h"
+
+static _Noreturn void oom(size_t n) {
+    ms_panic("out of memory allocating %zu bytes of bookkeeping", n);
 }
 
 void *xmalloc(size_t n) {
@@ -27,6 +28,13 @@ void *xrealloc(void *p, size_t n) {
     void *q = realloc(p, n ? n : 1);
     if (!q) oom(n);
     return q;
+}
+
+void *xaligned_alloc(size_t align, size_t n) {
+    size_t rounded = n ? (n + align - 1) / align * align : align;
+    void *p = aligned_alloc(align, rounded);
+    if (!p) oom(rounded);
+    return p;
 }
 
 char *xstrdup(const char *s) {

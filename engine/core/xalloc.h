@@ -1,8 +1,9 @@
 /* xalloc.h - aborting allocators for small bookkeeping structures.
  *
- * Policy (in the name): xmalloc/xcalloc/xrealloc/xstrdup abort the process with a message
- * when memory is exhausted; they are for metadata that is tiny next to tensor storage.
- * Tensor and device memory go through the device interface, which returns MS_ERR_NOMEM.
+ * Policy (in the name): xmalloc/xcalloc/xrealloc/xstrdup/xaligned_alloc never return NULL;
+ * when memory is exhausted they call ms_panic (panic.h: hooks, message, abort). They are for
+ * metadata that is tiny next to tensor storage. Tensors, workspaces and other large buffers
+ * go through the device interface (device.h), which returns MS_ERR_NOMEM.
  */
 #ifndef MS_XALLOC_H
 #define MS_XALLOC_H
@@ -13,6 +14,8 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+/* `align` a power of two and a multiple of sizeof(void *); n is rounded up to it. */
+void *xaligned_alloc(size_t align, size_t n);
 
 /* A growable byte buffer, always NUL-terminated after `len` bytes (text built piece by piece:
  * JSON headers, HTTP bodies). Zero-initialise; free `p` when done. */

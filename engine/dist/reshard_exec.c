@@ -13,25 +13,6 @@
 
 #include "engine/core/xalloc.h"
 
-/* Scratch from the rank's workspace (ctx->ws): grow-only, so the steady state allocates
- * nothing. Slots 0 and 1 hold intermediate step results, 2 and 3 packing buffers. */
-static float *ws_get(ms_ctx *ctx, int slot, size_t nfloats) {
-    size_t need = (nfloats + 16) * sizeof(float);
-    if (ctx->ws_cap[slot] < need) {
-        free(ctx->ws[slot]);
-        size_t cap = need + need / 2;
-        cap = (cap + 63) / 64 * 64;
-        ctx->ws[slot] = aligned_alloc(64, cap);
-        if (!ctx->ws[slot]) {
-            fprintf(stderr, "meshscope: out of memory growing the reshard workspace to %zu bytes\n",
-                    cap);
-            abort();
-        }
-        ctx->ws_cap[slot] = cap;
-    }
-    return ctx->ws[slot];
-}
-
 /* Largest group along one mesh dim that the executor handles (bounds its stack arrays). */
 #define MS_COMM_MAX_GROUP 1024
 
@@ -43,9 +24,45 @@ typedef struct step_io {
     int64_t blen[MS_MAX_DIMS], alen[MS_MAX_DIMS]; /* local box lengths before and after */
     const float *in;
     float *out;
-    size_t coll_bytes; /* exact, for the report */
-    ms_ctx *ctx;       /* for workspace */
+    size_t coll_bytes;     /* exact, for the report */
+    ms_ctx *ctx;           /* for workspace */
+    const int64_t *gshape; /* [ndim] the global tensor's shape, for messages */
 } step_io;
+
+/* Scratch from the rank's workspace (ctx->ws): grow-only, so the steady state allocates
+ * nothing. Slots 0 and 1 hold intermediate step results, 2 and 3 packing buffers. The
+ * workspace is tensor-sized, so it comes from the rank's device (counted in the memory
+ * views) and a failure is MS_ERR_NOMEM, not an abort; the slot is then empty and the rank
+ * can go on (a smaller reshard, or the same one once memory is freed). */
+static ms_status ws_get(step_io *io, int slot, size_t nfloats, float **out, ms_error *err) {
+    ms_ctx *ctx = io->ctx;
+    size_t need = (nfloats + 16) * sizeof(float);
+    if (ctx->ws_cap[slot] < need) {
+        ms_device_free(ctx->device, ctx->ws[slot], ctx->ws_cap[slot]);
+        ctx->ws[slot] = NULL;
+        ctx->ws_cap[slot] = 0;
+        size_t cap = need + need / 2;
+        cap = (cap + 63) / 64 * 64;
+        void *p = NULL;
+        ms_error why = {0};
+        if (ms_device_alloc(ctx->device, cap, &p, &why) != MS_OK) {
+            char shape[96];
+            size_t k = 0;
+            shape[0] = '\0';
+            for (int d = 0; d < io->ndim && k < sizeof shape; d++)
+                k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%lld", d ? ", " : "",
+                                      (long long)io->gshape[d]);
+            return ms_fail(err, MS_ERR_NOMEM,
+                           "out of memory: the reshard workspace for a [%s] tensor needs %zu "
+                           "bytes (%s)",
+                           shape, cap, why.msg);
+        }
+        ctx->ws[slot] = p;
+        ctx->ws_cap[slot] = cap;
+    }
+    *out = ctx->ws[slot];
+    return MS_OK;
+}
 
 static int64_t prod(const int64_t *v, int from, int to) {
     int64_t p = 1;
@@ -100,7 +117,7 @@ static ms_status run_reduce_scatter(step_io *io, ms_error *err) {
     const float *send = io->in;
     float *staging = NULL;
     if (prod(io->blen, 0, d) > 1) {
-        staging = ws_get(io->ctx, 2, total);
+        MS_CHECK(ws_get(io, 2, total, &staging, err));
         for (int c = 0; c < io->n; c++)
             move_block((float *)io->in, io->blen, io->ndim, d, io->n, c, staging + displs[c], true);
         send = staging;
@@ -118,7 +135,8 @@ static ms_status run_all_gather(step_io *io, ms_error *err) {
     size_t total = (size_t)prod(io->alen, 0, io->ndim);
     io->coll_bytes = total * sizeof(float);
     if (prod(io->alen, 0, d) == 1) return ms_all_gather(io->comm, io->in, io->out, counts, err);
-    float *staging = ws_get(io->ctx, 2, total);
+    float *staging;
+    MS_CHECK(ws_get(io, 2, total, &staging, err));
     ms_status st = ms_all_gather(io->comm, io->in, staging, counts, err);
     if (st == MS_OK)
         for (int c = 0; c < io->n; c++)
@@ -137,7 +155,9 @@ static ms_status run_all_to_all(step_io *io, ms_error *err) {
     block_layout(io->alen, io->ndim, a, io->alen[a], io->n, rcounts, rdispls);
     size_t sent = (size_t)prod(io->blen, 0, io->ndim), got = (size_t)prod(io->alen, 0, io->ndim);
     io->coll_bytes = sent * sizeof(float);
-    float *sbuf = ws_get(io->ctx, 2, sent), *rbuf = ws_get(io->ctx, 3, got);
+    float *sbuf, *rbuf;
+    MS_CHECK(ws_get(io, 2, sent, &sbuf, err));
+    MS_CHECK(ws_get(io, 3, got, &rbuf, err));
     for (int c = 0; c < io->n; c++)
         move_block((float *)io->in, io->blen, io->ndim, b, io->n, c, sbuf + sdispls[c], true);
     ms_status st = ms_all_to_all(io->comm, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err);
@@ -198,7 +218,11 @@ ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, co
     const float *cur = in;
     for (int k = 0; k < plan->nsteps; k++) {
         const ms_rstep *s = &plan->steps[k];
-        step_io io = {.step = s, .comm = dm->dim_comm[s->mesh_dim], .ndim = ndim, .ctx = dm->ctx};
+        step_io io = {.step = s,
+                      .comm = dm->dim_comm[s->mesh_dim],
+                      .ndim = ndim,
+                      .ctx = dm->ctx,
+                      .gshape = gshape};
         io.coord = dm->coords[s->mesh_dim];
         io.n = dm->mesh.shape[s->mesh_dim];
         if (io.n > MS_COMM_MAX_GROUP)
@@ -209,10 +233,12 @@ ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, co
         ms_local_box(&s->after, &dm->mesh, dm->coords, ndim, gshape, start, io.alen);
         io.in = cur;
         /* The last step writes the caller's buffer; the others alternate two workspaces. */
-        io.out =
-            k == plan->nsteps - 1 ? out : ws_get(dm->ctx, k & 1, (size_t)prod(io.alen, 0, ndim));
+        io.out = out;
+        ms_status st = MS_OK;
+        if (k < plan->nsteps - 1)
+            st = ws_get(&io, k & 1, (size_t)prod(io.alen, 0, ndim), &io.out, err);
         int64_t t0 = ms_now_ns();
-        ms_status st = run_step(&io, err);
+        if (st == MS_OK) st = run_step(&io, err);
         if (st != MS_OK) {
             char a[96], b[96];
             return ms_fail_wrap(err, st, "reshard %s -> %s, step %d (%s on mesh dim %s)",

@@ -15,6 +15,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "engine/core/xalloc.h"
+
 #define MAX_WORKERS 63
 
 typedef struct pool {
@@ -94,12 +96,11 @@ static pool *get_pool(int workers) {
         tl_pool = NULL;
         pthread_setspecific(g_key, NULL);
     }
-    pool *p = calloc(1, sizeof *p);
-    if (!p) return NULL;
+    pool *p = xcalloc(1, sizeof *p);
     for (int i = 0; i < workers; i++) {
-        worker_arg *wa = malloc(sizeof *wa);
-        if (wa) *wa = (worker_arg){.p = p, .index = i + 1};
-        if (!wa || pthread_create(&p->th[i], NULL, worker_main, wa) != 0) {
+        worker_arg *wa = xmalloc(sizeof *wa);
+        *wa = (worker_arg){.p = p, .index = i + 1};
+        if (pthread_create(&p->th[i], NULL, worker_main, wa) != 0) {
             free(wa);
             p->nworkers = i;
             pool_destroy(p);

@@ -2,6 +2,7 @@
 #include "engine/model/gpt.h"
 
 #include "engine/core/philox.h"
+#include "engine/core/xalloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -207,7 +208,7 @@ void ms_model_checkpoint_shape(const char *name, const ms_shape *internal, ms_sh
 void ms_model_mlm_mask(const ms_model *m, uint64_t seed, uint64_t batch, int32_t *ids,
                        int32_t *targets) {
     int T = m->T, k = m->mlm_per_row;
-    int *perm = malloc(sizeof(int) * (size_t)T);
+    int *perm = xmalloc(sizeof(int) * (size_t)T);
     for (int r = 0; r < m->B; r++) {
         int32_t *row = ids + (size_t)r * T, *tg = targets + (size_t)r * T;
         for (int t = 0; t < T; t++) perm[t] = t, tg[t] = -1;

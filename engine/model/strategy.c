@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/xalloc.h"
+
 bool ms_glob_match(const char *p, const char *s) {
     if (*p == '\0') return *s == '\0';
     if (*p == '*') return ms_glob_match(p + 1, s) || (*s && ms_glob_match(p, s + 1));
@@ -240,10 +242,9 @@ out:
 ms_status ms_strategy_load(const char *path, ms_strategy *s, ms_error *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return ms_fail(err, MS_ERR_IO, "strategy file %s: cannot open", path);
-    char *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    char *buf = xmalloc(1 << 20);
+    size_t n = fread(buf, 1, 1 << 20, f);
     fclose(f);
-    if (!buf) return ms_fail(err, MS_ERR_NOMEM, "strategy file %s", path);
     if (n == (1 << 20)) {
         free(buf);
         return ms_fail(err, MS_ERR_INVALID, "strategy file %s is larger than 1 MiB", path);

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 #include "engine/optim/optim.h"
 #include "engine/dist/dmesh.h"
@@ -176,8 +177,8 @@ static void *worker(void *argp) {
     pool *p = wa->p;
     const size_t big = (size_t)4 * BIG_ELEMS;
     worker_mem w = {fill(big, 0.01f), fill(big, 0.02f), fill(big, 0.0f),
-                    fill(big, 0.5f),  fill(big, 0.0f),  malloc(sizeof(int32_t) * ELT_ROWS)};
-    bool ok = w.a && w.b && w.c && w.d && w.e && w.ids;
+                    fill(big, 0.5f),  fill(big, 0.0f),  xmalloc(sizeof(int32_t) * ELT_ROWS)};
+    bool ok = w.a && w.b && w.c && w.d && w.e;
     for (int i = 0; ok && i < ELT_ROWS; i++) w.ids[i] = (i * 37) % ELT_C;
     p->worker_ok[wa->id] = ok;
     for (int j = 0; j < p->n_jobs; j++) {
@@ -208,8 +209,7 @@ static int cmp_d(const void *a, const void *b) {
 static ms_status run_loaded(job *jobs, int n_jobs, int workers, ms_error *err) {
     if (workers > 64) workers = 64;
     pool p = {.jobs = jobs, .n_jobs = n_jobs, .n_workers = workers};
-    p.secs = calloc((size_t)n_jobs * (size_t)workers, sizeof(double));
-    if (!p.secs) return ms_fail(err, MS_ERR_NOMEM, "calibration: out of memory");
+    p.secs = xcalloc((size_t)n_jobs * (size_t)workers, sizeof(double));
     pthread_barrier_init(&p.bar, NULL, (unsigned)workers);
     pthread_t th[64];
     worker_arg wa[64];
@@ -394,11 +394,7 @@ static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 5};
     MS_CHECK_GOTO(ms_program_compile(m.g, dm, &co, &prog, err), st, out);
     int n = r->B * r->T;
-    buf = malloc(sizeof(float) * (size_t)n);
-    if (!buf) {
-        st = ms_fail(err, MS_ERR_NOMEM, "calibration: out of memory");
-        goto out;
-    }
+    buf = xmalloc(sizeof(float) * (size_t)n);
     for (int i = 0; i < n; i++) buf[i] = (float)((i * 7) % r->cfg.vocab_size);
     MS_CHECK_GOTO(ms_program_feed(prog, m.ids, buf, err), st, out);
     for (int i = 0; i < n; i++) buf[i] = (float)((i * 11 + 3) % r->cfg.vocab_size);
@@ -585,8 +581,7 @@ static double elt_bytes(job_kind k) {
 }
 
 ms_status ms_cluster_calibrate_cpu(int max_ranks, void *log, ms_cluster *out, ms_error *err) {
-    ms_cluster *c = calloc(1, sizeof *c);
-    if (!c) return ms_fail(err, MS_ERR_NOMEM, "calibration: out of memory");
+    ms_cluster *c = xcalloc(1, sizeof *c);
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     int blas_before = ms_k_blas_threads();

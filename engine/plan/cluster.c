@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/core/xalloc.h"
 #include "engine/io/fileio.h"
 #include "engine/io/json_text.h"
 
@@ -294,11 +295,7 @@ ms_status ms_cluster_from_json(const char *json, size_t len, const char *name, m
     if (!root)
         return ms_fail(err, MS_ERR_INVALID, "%s: malformed JSON near byte %zu", name,
                        end ? (size_t)(end - json) : 0);
-    ms_cluster *c = calloc(1, sizeof *c);
-    if (!c) {
-        cJSON_Delete(root);
-        return ms_fail(err, MS_ERR_NOMEM, "%s: out of memory", name);
-    }
+    ms_cluster *c = xcalloc(1, sizeof *c);
     jctx j = {.name = name, .err = err};
     ms_status st = parse_root(&j, root, c);
     cJSON_Delete(root);

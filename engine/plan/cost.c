@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 #include "engine/ops/op.h"
 #include "engine/plan/workload.h"
@@ -606,7 +607,7 @@ struct ms_plan_memo {
 };
 
 ms_plan_memo *ms_plan_memo_create(void) {
-    return calloc(1, sizeof(ms_plan_memo));
+    return xcalloc(1, sizeof(ms_plan_memo));
 }
 
 void ms_plan_memo_destroy(ms_plan_memo *m) {
@@ -645,8 +646,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_plan_strategy
         *st = scratch_st;
         return MS_OK;
     }
-    memo_entry *e = calloc(1, sizeof *e);
-    if (!e) return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
+    memo_entry *e = xcalloc(1, sizeof *e);
     ms_status st2 = wk_from_engine(pb, s, &e->w, &e->st, err);
     if (st2 != MS_OK) {
         free(e);
@@ -673,8 +673,7 @@ static bool engine_sized(const ms_plan_problem *pb) {
 ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_plan_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err) {
     MS_CHECK(ms_plan_strategy_check(pb, s, err));
-    ms_plan_workload *scratch = malloc(sizeof *scratch);
-    if (!scratch) return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
+    ms_plan_workload *scratch = xmalloc(sizeof *scratch);
     const ms_plan_workload *w;
     const ms_plan_engine_stats *st;
     ms_plan_engine_stats tmp;
@@ -697,8 +696,7 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_plan_strategy
     ms_plan_strategy_str(s, out->text, sizeof out->text);
     out->executable =
         ms_plan_strategy_executable(pb, s, out->not_executable, sizeof out->not_executable);
-    ms_plan_workload *w = malloc(sizeof *w);
-    if (!w) return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
+    ms_plan_workload *w = xmalloc(sizeof *w);
     ms_status st = MS_OK;
     if (out->executable && engine_sized(pb)) {
         const ms_plan_workload *cw;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/xalloc.h"
 #include "engine/graph/program.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
@@ -96,11 +97,10 @@ static void add_xent(ms_plan_workload *w, const ms_mesh *mesh, const ms_kernel_i
 
 /* Kernels node by node, each forward followed by its backward (the order the workload's
  * entries have always had, which merging and folding in wk_kernel_add depend on). */
-static ms_status add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
-                             const ms_mesh *mesh, const ms_program *prog, ms_error *err) {
+static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
+                        const ms_mesh *mesh, const ms_program *prog) {
     int nk = ms_program_num_kernels(prog);
-    int *bwd_of = malloc(sizeof(int) * (size_t)(nk + 1)); /* by node: its backward kernel */
-    if (!bwd_of) return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
+    int *bwd_of = xmalloc(sizeof(int) * (size_t)(nk + 1)); /* by node: its backward kernel */
     for (int i = 0; i < nk; i++) bwd_of[i] = -1;
     ms_kernel_info kn;
     for (int i = 0; i < nk; i++)
@@ -120,7 +120,6 @@ static ms_status add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, cons
         if (kn.op == MS_OP_XENT) add_xent(w, mesh, &kn);
     }
     free(bwd_of);
-    return MS_OK;
 }
 
 static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_mesh *mesh,
@@ -175,7 +174,7 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_plan_strategy *s, m
     MS_CHECK_GOTO(ms_model_build(&pb->model, pb->global_batch, pb->seq, &model, err), st, out);
     ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &strat};
     MS_CHECK_GOTO(ms_program_compile_shapes(model.g, &mesh, NULL, &co, &prog, err), st, out);
-    MS_CHECK_GOTO(add_kernels(w, stats, model.g, &mesh, prog, err), st, out);
+    add_kernels(w, stats, model.g, &mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, &mesh, prog, err), st, out);
     /* the training loop: gradient norm over the world, AdamW on every local shard */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size, 8, 1);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/comm/comm.h"
+#include "engine/core/xalloc.h"
 
 void ms_plan_fixed_none(ms_plan_fixed *f) {
     *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
@@ -269,13 +270,9 @@ ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *o
     int D = pb->devices, B = pb->global_batch;
     if (D < 1 || B < 1 || pb->seq < 1)
         return ms_fail(err, MS_ERR_INVALID, "devices, global batch and sequence must be positive");
-    ms_plan_estimate *fit = calloc((size_t)keep, sizeof *fit);
-    ms_plan_estimate *nofit = calloc((size_t)keep, sizeof *nofit);
-    ms_plan_estimate *e = malloc(sizeof *e);
-    if (!fit || !nofit || !e) {
-        free(fit), free(nofit), free(e);
-        return ms_fail(err, MS_ERR_NOMEM, "planner: out of memory");
-    }
+    ms_plan_estimate *fit = xcalloc((size_t)keep, sizeof *fit);
+    ms_plan_estimate *nofit = xcalloc((size_t)keep, sizeof *nofit);
+    ms_plan_estimate *e = xmalloc(sizeof *e);
     int nfit = 0, nnofit = 0;
     ms_status st = MS_OK;
     ms_error first = {0};

@@ -48,7 +48,7 @@ void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec) {
 }
 
 static void ctx_fini(ms_ctx *ctx) {
-    for (int i = 0; i < 4; i++) free(ctx->ws[i]);
+    for (int i = 0; i < 4; i++) ms_device_free(ctx->device, ctx->ws[i], ctx->ws_cap[i]);
     ms_comm_probe_free(ctx->world_probe);
     ms_plan_cache_destroy(ctx->plans);
     ms_comm_destroy(ctx->world);

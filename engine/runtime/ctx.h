@@ -39,7 +39,7 @@ typedef struct ms_ctx {
     struct ms_plan_cache *plans;       /* owned: reshard plans, see dist/reshard.h */
     ms_trace_state trace;              /* recorder (borrowed; NULL: tracing off), reshard id */
     struct ms_comm_probe *world_probe; /* owned: the world communicator's probe */
-    float *ws[4];                      /* owned: reshard workspace (dist/reshard_exec.c) */
+    float *ws[4]; /* owned, from `device`: reshard workspace (dist/reshard_exec.c) */
     size_t ws_cap[4];
 } ms_ctx;
 
