@@ -508,6 +508,56 @@ static void executable_check_reasons(void **state) {
     assert_non_null(strstr(err.msg, "tq"));
 }
 
+/* The knobs the search does not enumerate are priced when a strategy names them. */
+static void schedules_and_knobs_priced(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt3();
+    ms_cluster c = gpu_cluster();
+    ms_plan_problem pb = problem(&cfg, &c, 64, 512, 2048, MS_PLAN_BF16);
+    ms_error err = {0};
+    ms_strategy base = knobs(2, 8, 4, 1, true, 1, false, 32, true, MS_PLAN_BF16);
+    ms_plan_estimate e0, e;
+    assert_int_equal(ms_plan_estimate_one(&pb, &base, NULL, &e0, &err), MS_OK);
+    assert_true(e0.bubble_s > 0);
+    /* interleaved over 2 virtual stages: half the bubble, twice the pipeline transfers */
+    ms_strategy s = base;
+    s.schedule = MS_SCHEDULE_INTERLEAVED, s.virtual_stages = 2;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(fabs(e.bubble_s / e0.bubble_s - 0.5) < 0.02);
+    assert_true(e.comm_bytes[MS_PLAN_PP] > e0.comm_bytes[MS_PLAN_PP]);
+    /* ZB-H1: a third of the bubble, the same memory */
+    s = base, s.schedule = MS_SCHEDULE_ZB_H1;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(fabs(e.bubble_s / e0.bubble_s - 1.0 / 3) < 0.02 && e.mem_act == e0.mem_act);
+    /* GPipe: every micro-batch's activations in flight */
+    s = base, s.schedule = MS_SCHEDULE_GPIPE;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(e.mem_act > 4 * e0.mem_act && e.step_s == e0.step_s);
+    /* selective recompute: between none and full in memory and in hardware FLOPs */
+    ms_strategy full = base, sel = base;
+    full.recompute = MS_RECOMPUTE_FULL, sel.recompute = MS_RECOMPUTE_SELECTIVE;
+    ms_plan_estimate ef, es;
+    assert_int_equal(ms_plan_estimate_one(&pb, &full, NULL, &ef, &err), MS_OK);
+    assert_int_equal(ms_plan_estimate_one(&pb, &sel, NULL, &es, &err), MS_OK);
+    printf("activations per device: none %.3g, selective %.3g, full %.3g bytes; hardware FLOPs "
+           "%.4g, %.4g, %.4g\n",
+           e0.mem_act, es.mem_act, ef.mem_act, e0.hw_flops, es.hw_flops, ef.hw_flops);
+    assert_true(ef.mem_act < es.mem_act && es.mem_act < e0.mem_act);
+    assert_true(e0.hw_flops < es.hw_flops && es.hw_flops < ef.hw_flops);
+    /* uneven stages: the busiest stage sets the pace */
+    s = base;
+    const uint16_t layers[4] = {30, 24, 24, 18};
+    memcpy(s.pp_layers, layers, sizeof layers);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(e.step_s > e0.step_s);
+    /* the same strategy priced at fp32 is slower and larger */
+    s = base, s.precision = MS_PRECISION_FP32;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(e.step_s > e0.step_s && e.mem_total > e0.mem_total);
+    char name[MS_STRATEGY_NAME_MAX];
+    printf("%s: %.3f s per step\n", ms_strategy_name(&s, name, sizeof name), e.step_s);
+}
+
 /* --- the advisor ----------------------------------------------------------------------------- */
 
 /* A measured analysis that agrees with the prediction except that tp collectives took
@@ -724,6 +774,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(memory_pruning),
     cmocka_unit_test(non_executable_flagged),
     cmocka_unit_test(executable_check_reasons),
+    cmocka_unit_test(schedules_and_knobs_priced),
     cmocka_unit_test(advisor_moves_away_from_slow_tp),
     cmocka_unit_test(cluster_json),
     cmocka_unit_test(search_175b_timing),
