@@ -47,7 +47,11 @@ static const char *human_b(double b, char *buf, size_t len) {
     return buf;
 }
 
-static cJSON *strategy_json(const ms_plan_strategy *s) {
+/* Every knob resolved for the batch (the report's form; the control API takes the short form,
+ * ms_strategy_short_json). */
+static cJSON *strategy_json(const ms_strategy *s, int batch) {
+    int mb = 0, m = 0;
+    ms_strategy_micro(s, batch, &mb, &m);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "dp", s->dp);
     cJSON_AddNumberToObject(o, "tp", s->tp);
@@ -55,16 +59,16 @@ static cJSON *strategy_json(const ms_plan_strategy *s) {
     cJSON_AddNumberToObject(o, "cp", s->cp);
     cJSON_AddBoolToObject(o, "sp", s->sp);
     cJSON_AddNumberToObject(o, "zero", s->zero);
-    cJSON_AddBoolToObject(o, "recompute", s->recompute);
-    cJSON_AddNumberToObject(o, "micro_batch", s->micro_batch);
-    cJSON_AddNumberToObject(o, "n_micro", s->n_micro);
-    cJSON_AddBoolToObject(o, "vocab_parallel", s->vocab_parallel);
+    cJSON_AddBoolToObject(o, "recompute", s->recompute != MS_RECOMPUTE_NONE);
+    cJSON_AddNumberToObject(o, "micro_batch", mb);
+    cJSON_AddNumberToObject(o, "n_micro", m);
+    cJSON_AddBoolToObject(o, "vocab_parallel", s->tp > 1 && !s->vocab_replicated);
     return o;
 }
 
-static cJSON *estimate_json(const ms_plan_estimate *e) {
+static cJSON *estimate_json(const ms_plan_estimate *e, int batch) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "strategy", strategy_json(&e->s));
+    cJSON_AddItemToObject(o, "strategy", strategy_json(&e->s, batch));
     cJSON_AddStringToObject(o, "text", e->text);
     cJSON_AddNumberToObject(o, "step_time_s", e->step_s);
     cJSON_AddNumberToObject(o, "tokens_per_s", e->tokens_per_s);
@@ -189,7 +193,8 @@ int ms_cmd_plan(int argc, char **argv) {
         cJSON_AddNumberToObject(r, "seq", seq);
         cJSON_AddNumberToObject(r, "model_flops_per_step", ms_plan_model_flops(&cfg, batch, seq));
         cJSON *a = cJSON_AddArrayToObject(r, "candidates");
-        for (int i = 0; i < res.n_cands; i++) cJSON_AddItemToArray(a, estimate_json(&res.cands[i]));
+        for (int i = 0; i < res.n_cands; i++)
+            cJSON_AddItemToArray(a, estimate_json(&res.cands[i], batch));
         cJSON_AddStringToObject(r, "reason", res.reason);
         char *s = cJSON_Print(r);
         printf("%s\n", s);

@@ -80,8 +80,9 @@ static ms_status eval_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     ms_status st;
     MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, 0.0, &data, err), st, out);
     ms_train_opts to = job_train_opts(o, false, true);
-    MS_CHECK_GOTO(ms_trainer_create(ctx, &ra->plan->cfg, &ra->plan->strat, &to, &data, &t, err), st,
-                  out);
+    MS_CHECK_GOTO(ms_trainer_create(ctx, &ra->plan->cfg, &ra->plan->strat, &ra->plan->rules, &to,
+                                    &data, &t, err),
+                  st, out);
     MS_CHECK_GOTO(ms_safetensors_read(o->checkpoint, &ck, err), st, out);
     MS_CHECK_GOTO(load_checkpoint(t, &ck, err), st, out);
     if (ms_text_data_eval_batches(&data, MS_SPLIT_ALL, o->batch) < (uint64_t)o->batches) {
@@ -119,9 +120,12 @@ static ms_status explain_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const rank_arg *ra = arg;
     ms_trainer *t = NULL;
     ms_train_opts to = job_train_opts(ra->o, false, true);
-    ms_status st = ms_trainer_create(ctx, &ra->plan->cfg, &ra->plan->strat, &to, NULL, &t, err);
+    ms_status st = ms_trainer_create(ctx, &ra->plan->cfg, &ra->plan->strat, &ra->plan->rules, &to,
+                                     NULL, &t, err);
     if (st == MS_OK && ctx->rank == 0) {
-        printf("strategy %s, batch %d, sequence %d\n", ms_trainer_strategy(t)->text, ra->o->batch,
+        char name[MS_STRATEGY_NAME_MAX];
+        printf("strategy %s, batch %d, sequence %d\n",
+               ms_strategy_name(ms_trainer_strategy(t), name, sizeof name), ra->o->batch,
                ra->o->seq);
         ms_program_explain(ms_trainer_program(t), stdout);
     }

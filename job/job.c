@@ -13,16 +13,18 @@
 #include "engine/comm/comm_mpi.h"
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
+#include "engine/plan/validate.h"
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
     MS_CHECK(ms_config_load(o->model, &out->cfg, err));
+    out->rules.n = 0;
     if (o->strategy_file)
-        MS_CHECK(ms_strategy_load(o->strategy_file, &out->strat, err));
+        MS_CHECK(ms_strategy_load(o->strategy_file, &out->strat, &out->rules, err));
     else
         MS_CHECK(ms_strategy_init(&out->strat, o->dp, o->tp, o->cp, o->sp, err));
     out->world_size = ms_strategy_ranks(&out->strat);
-    ms_train_opts to = job_train_opts(o, false, true);
-    return ms_trainer_check_strategy(&out->cfg, &to, out->world_size, &out->strat, err);
+    ms_job_shape job = {.world = out->world_size, .batch = o->batch, .seq = o->seq};
+    return ms_strategy_validate(&out->strat, &out->cfg, &job, 0, err);
 }
 
 /* One output path: not a directory, and its directory takes a new file. */

@@ -37,11 +37,13 @@ typedef struct run_opts {
 } run_opts;
 
 /* The job's model and strategy, resolved once before any rank starts: the config is read
- * here and nowhere else; the strategy comes from --strategy FILE or the degree flags and is
- * checked against the model, the batch and its own world size. */
+ * here and nowhere else; the strategy comes from --strategy FILE (with its placement rules) or
+ * the degree flags and passes the validator (engine/plan/validate.h) for the model, the batch,
+ * the sequence and its own world size. */
 typedef struct job_plan {
     ms_model_config cfg;
     ms_strategy strat;
+    ms_placement_rules rules; /* the strategy file's "placements"; n = 0 without */
     int world_size;
 } job_plan;
 

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/plan/validate.h"
+
 bool live_job_wanted(const run_opts *o) {
     return o->web || o->tui || o->switch_spec;
 }
@@ -22,13 +24,15 @@ static double memory_cap(const live_job *j) {
 }
 
 ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
-    ms_train_opts to = job_train_opts(j->o, false, false);
-    MS_CHECK(ms_trainer_check_strategy(&j->plan->cfg, &to, j->plan->world_size, s, err));
-    /* The planner's check: the memory per rank of the compiled program, parameters,
-     * gradients and Adam moments fits the cap. */
-    ms_plan_strategy ps = ms_plan_strategy_from_engine(s, j->o->batch);
-    return ms_plan_check_executable(&j->plan->cfg, &ps, j->plan->world_size, j->o->batch, j->o->seq,
-                                    memory_cap(j), err);
+    ms_job_shape job = {.world = j->plan->world_size, .batch = j->o->batch, .seq = j->o->seq};
+    return ms_strategy_validate(s, &j->plan->cfg, &job, memory_cap(j), err);
+}
+
+/* Parses a target (short form or strategy-file form, placements included) and checks it. */
+static ms_status parse_target(const live_job *j, const char *json, const char *name, ms_strategy *s,
+                              ms_placement_rules *rules, ms_error *err) {
+    MS_CHECK(ms_strategy_parse_json(json, strlen(json), name, s, rules, err));
+    return live_job_check_target(j, s, err);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -54,14 +58,17 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
     if (!j->advisor || an->n_steps < 2 || s->n_history < an->n_steps) return;
     pthread_mutex_lock(&j->mu);
     ms_strategy cur = j->current;
+    int64_t since = j->current_since;
+    bool have = j->has_current;
     pthread_mutex_unlock(&j->mu);
+    if (!have) return;
     double times[64];
     int n = 0;
     for (int i = 0; i < an->n_steps && n < 64; i++) {
         const ms_live_step *h = NULL;
         for (int k = s->n_history - 1; k >= 0 && !h; k--)
             if (s->history[k].step == an->steps[i].step) h = &s->history[k];
-        if (!h || strcmp(h->strategy, cur.text)) return; /* the window straddles a switch */
+        if (!h || h->step < since) return; /* the window straddles a switch */
         times[n++] = h->step_s;
     }
     double median = live_job_median(times, n);
@@ -105,16 +112,10 @@ static ms_status validate_request(void *user, const ms_live_req *req, ms_error *
     if (req->kind != MS_REQ_STRATEGY && req->kind != MS_REQ_ACCEPT) return MS_OK;
     char *json = NULL;
     MS_CHECK(request_target(j, req, &json, err));
-    /* The planner reads every knob (pp, zero, recompute, micro_batch), so a strategy this
-     * engine cannot run is refused as such rather than as an unknown key. */
-    ms_plan_strategy ps;
     ms_strategy s;
-    ms_status st = ms_plan_strategy_from_json(json, strlen(json), j->o->batch, &ps, err);
-    if (st == MS_OK)
-        st = ms_plan_check_executable(&j->plan->cfg, &ps, j->plan->world_size, j->o->batch,
-                                      j->o->seq, 0, err);
-    if (st == MS_OK) st = ms_strategy_from_json(json, strlen(json), "strategy", &s, err);
-    if (st == MS_OK) st = live_job_check_target(j, &s, err);
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
+    ms_status st = parse_target(j, json, "strategy", &s, rules, err);
+    free(rules);
     free(json);
     return st;
 }
@@ -136,11 +137,13 @@ static ms_status job_prepare(live_job *j, const run_opts *o, const job_plan *pla
                        "'50:{\"dp\": 2, \"tp\": 2}'",
                        o->switch_spec);
     ms_strategy s;
-    MS_CHECK(ms_strategy_from_json(colon + 1, strlen(colon + 1), "--switch", &s, err));
-    MS_CHECK(live_job_check_target(j, &s, err));
     if (strlen(colon + 1) > LIVE_JOB_MAX_STRATEGY)
         return ms_fail(err, MS_ERR_INVALID, "--switch: the strategy is %zu bytes; at most %d",
                        strlen(colon + 1), LIVE_JOB_MAX_STRATEGY);
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
+    ms_status st = parse_target(j, colon + 1, "--switch", &s, rules, err);
+    free(rules);
+    MS_CHECK(st);
     j->switch_step = (int)step;
     j->switch_json = xstrdup(colon + 1);
     return MS_OK;
@@ -172,7 +175,10 @@ ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms
         if (st == MS_OK)
             st = ms_advisor_create(&plan->cfg, world_size, o->batch, o->seq, &j->cluster,
                                    &j->advisor, err);
-        if (st == MS_OK) ms_live_set_advisor(j->live, advise, j, 2000);
+        if (st == MS_OK) {
+            ms_advisor_set_memory_cap(j->advisor, memory_cap(j));
+            ms_live_set_advisor(j->live, advise, j, 2000);
+        }
     }
     if (st == MS_OK) st = ms_live_start(j->live, err);
     if (st == MS_OK && o->web) {
@@ -286,13 +292,16 @@ ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, m
 
 /* --- carrying out a decision ------------------------------------------------------------ */
 
-/* Rank 0 after a switch (and at the start): the strategy the steps now run under. */
-static void set_current(live_job *j, const ms_strategy *s) {
+/* Rank 0 after a switch (and at the start): the strategy the steps from `step` on run. */
+static void set_current(live_job *j, const ms_strategy *s, int64_t step) {
     if (!j || !j->live) return;
     pthread_mutex_lock(&j->mu);
     j->current = *s;
+    j->current_since = step;
+    j->has_current = true;
     pthread_mutex_unlock(&j->mu);
-    ms_live_set_strategy(j->live, s->text);
+    char name[MS_STRATEGY_NAME_MAX];
+    ms_live_set_strategy(j->live, ms_strategy_name(s, name, sizeof name));
 }
 
 /* The predicted gain of suggestion id, 0 if unknown (a direct request or --switch). */
@@ -339,17 +348,19 @@ ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control 
     if (c->kind != CONTROL_SWITCH) return MS_OK;
     ms_strategy target;
     ms_error why = {0};
-    char before[sizeof target.text];
-    snprintf(before, sizeof before, "%s", ms_trainer_strategy(t)->text);
+    char before[MS_STRATEGY_NAME_MAX], after[MS_STRATEGY_NAME_MAX];
+    ms_strategy_name(ms_trainer_strategy(t), before, sizeof before);
     int64_t t0 = ms_now_ns();
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
     ms_status st =
-        ms_strategy_from_json(c->strategy, strlen(c->strategy), "strategy", &target, &why);
-    if (st == MS_OK) st = ms_trainer_switch(t, &target, &why);
+        ms_strategy_parse_json(c->strategy, strlen(c->strategy), "strategy", &target, rules, &why);
+    if (st == MS_OK) st = ms_trainer_switch(t, &target, rules, &why);
+    free(rules);
     if (st == MS_OK) {
         if (ctx->rank == 0) {
-            switched(j, c, step, before, ms_trainer_strategy(t)->text, (ms_now_ns() - t0) / 1e6,
-                     quiet);
-            set_current(j, ms_trainer_strategy(t));
+            ms_strategy_name(ms_trainer_strategy(t), after, sizeof after);
+            switched(j, c, step, before, after, (ms_now_ns() - t0) / 1e6, quiet);
+            set_current(j, ms_trainer_strategy(t), step);
         }
         return MS_OK;
     }
@@ -384,7 +395,7 @@ static void report_switch(live_job *j, int64_t step) {
 
 void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *r, double ms) {
     if (!j || !j->live) return;
-    if (r->step == 0 || j->current.text[0] == '\0') set_current(j, ms_trainer_strategy(t));
+    if (r->step == 0 || !j->has_current) set_current(j, ms_trainer_strategy(t), r->step);
     if (j->n_recent == LIVE_JOB_RECENT)
         memmove(j->recent, j->recent + 1, sizeof *j->recent * --j->n_recent);
     j->recent[j->n_recent++] = ms;
@@ -395,7 +406,7 @@ void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *
                         .tokens_per_s = (double)o->batch * o->seq / (ms / 1e3),
                         .lr = r->lr,
                         .grad_norm = r->grad_norm};
-    snprintf(rec.strategy, sizeof rec.strategy, "%s", ms_trainer_strategy(t)->text);
+    ms_strategy_name(ms_trainer_strategy(t), rec.strategy, sizeof rec.strategy);
     ms_live_step_done(j->live, &rec);
     report_switch(j, r->step);
 }

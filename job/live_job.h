@@ -40,8 +40,10 @@ typedef struct live_job {
     char *switch_json;   /* --switch: the target (owned) */
     ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
     ms_cluster cluster;
-    pthread_mutex_t mu; /* guards current */
+    pthread_mutex_t mu; /* guards current, current_since and has_current */
     ms_strategy current;
+    int64_t current_since; /* the first step that ran `current` */
+    bool has_current;
     ms_strbuf epilogue; /* rank 0's closing lines while the TUI owns the terminal */
     /* rank 0: recent step times and the switch being measured */
     double recent[LIVE_JOB_RECENT];
@@ -68,9 +70,9 @@ void live_job_finish(live_job *j);
 /* Gives the terminal back (TUI), stops the dashboard, prints the kept closing lines. */
 void live_job_close(live_job *j);
 
-/* The one check of a target strategy for this job: the trainer's check (world, heads,
- * batch), then the planner's (executable, memory per rank under the cap). The reason names
- * the fix. */
+/* The one check of a target strategy for this job: the validator (engine/plan/validate.h)
+ * for the job's world, batch and sequence, with the memory cap per rank. The reason names the
+ * fix. */
 ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err);
 
 typedef enum control_kind { CONTROL_NONE, CONTROL_STOP, CONTROL_SWITCH } control_kind;

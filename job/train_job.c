@@ -80,11 +80,12 @@ static void announce(ms_ctx *ctx, const run_opts *o, ms_trainer *t, const ms_tex
     const ms_model_config *cfg = ms_trainer_config(t);
     ms_program_stats stats;
     ms_program_stats_get(ms_trainer_program(t), &stats);
-    char m[128];
+    char m[128], name[MS_STRATEGY_NAME_MAX];
     printf("training %s (%d layers, %d heads, %d channels, vocab %d) on %s, %d ranks, %s "
            "backend\n",
            o->model, cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size,
-           ms_trainer_strategy(t)->text, ctx->world_size, ms_comm_backend(ctx->world));
+           ms_strategy_name(ms_trainer_strategy(t), name, sizeof name), ctx->world_size,
+           ms_comm_backend(ctx->world));
     printf("mesh %s; %d reshards per step (%.1f KiB on rank 0); data %s (%zu bytes)\n",
            ms_mesh_str(ms_trainer_mesh(t), m, sizeof m), stats.n_reshards,
            stats.reshard_bytes / 1024, o->data, data->nbytes);
@@ -97,13 +98,14 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
     double tps = (double)o->batch * o->seq / (ms / 1e3);
     if (log) {
         /* A skipped step's loss or norm is not finite: null, since JSON has no NaN. */
-        char loss[32], norm[32];
+        char loss[32], norm[32], name[MS_STRATEGY_NAME_MAX];
         fprintf(log,
                 "{\"step\": %lld, \"loss\": %s, \"step_ms\": %.3f, \"tokens_per_s\": %.1f, "
                 "\"lr\": %.6g, \"grad_norm\": %s, \"strategy\": \"%s\"%s}\n",
                 (long long)r->step, ms_json_number(r->loss, "%.6f", loss, sizeof loss), ms, tps,
                 r->lr, ms_json_number(r->grad_norm, "%.5f", norm, sizeof norm),
-                ms_trainer_strategy(t)->text, r->skipped ? ", \"skipped\": true" : "");
+                ms_strategy_name(ms_trainer_strategy(t), name, sizeof name),
+                r->skipped ? ", \"skipped\": true" : "");
         if (fflush(log) != 0 || ferror(log))
             return ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);
     }
@@ -146,8 +148,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     }
     MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, o->val_fraction, &data, err), st, out);
     ms_train_opts to = job_train_opts(o, o->sample > 0, false);
-    MS_CHECK_GOTO(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &to, &data, &t, err), st,
-                  out);
+    MS_CHECK_GOTO(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &ta->plan->rules, &to,
+                                    &data, &t, err),
+                  st, out);
     if (ctx->rank == 0 && o->log_jsonl) {
         log = fopen(o->log_jsonl, "w");
         if (!log) {

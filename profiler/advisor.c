@@ -1,18 +1,17 @@
 /* advisor.c - recalibrating the cost model from a running job and suggesting strategies. */
 #include "profiler/advisor.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/io/json_text.h"
-#include "engine/plan/workload.h"
+#include "engine/plan/validate.h"
 
 struct ms_advisor {
     ms_model_config cfg;
     int world, batch, seq;
+    double mem_cap; /* bytes per rank; 0: the cluster's usable memory shared by the ranks */
     ms_cluster cluster;
     ms_plan_memo *memo;
     ms_plan_scales scales;
@@ -53,6 +52,10 @@ void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out) {
     *out = a->scales;
 }
 
+void ms_advisor_set_memory_cap(ms_advisor *a, double bytes) {
+    a->mem_cap = bytes > 0 ? bytes : 0;
+}
+
 static ms_plan_problem problem(ms_advisor *a) {
     return (ms_plan_problem){.model = a->cfg,
                              .devices = a->world,
@@ -64,15 +67,10 @@ static ms_plan_problem problem(ms_advisor *a) {
                              .memo = a->memo};
 }
 
-ms_plan_strategy ms_plan_strategy_from_engine(const ms_strategy *s, int batch) {
-    return ms_plan_strategy_engine(s->dp, s->tp, s->cp, s->sp, batch);
-}
-
 ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estimate *out,
                              ms_error *err) {
     ms_plan_problem pb = problem(a);
-    ms_plan_strategy ps = ms_plan_strategy_from_engine(s, a->batch);
-    return ms_plan_estimate_one(&pb, &ps, &a->scales, out, err);
+    return ms_plan_estimate_one(&pb, s, &a->scales, out, err);
 }
 
 /* --- measurements ------------------------------------------------------------------------------
@@ -159,15 +157,7 @@ static const char *fmt_ms(double s, char *buf, size_t len) {
     return buf;
 }
 
-static const char *fmt_bytes(double b, char *buf, size_t len) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int k = 0;
-    while (b >= 1024 && k < 4) b /= 1024, k++;
-    snprintf(buf, len, "%.1f %s", b, u[k]);
-    return buf;
-}
-
-static const char *coll_words(ms_plan_dim d, const ms_plan_strategy *s) {
+static const char *coll_words(ms_plan_dim d, const ms_strategy *s) {
     switch (d) {
         case MS_PLAN_TP:
             return s->sp ? "tp all-gather and reduce-scatter" : "tp all-reduce";
@@ -222,12 +212,12 @@ static void evidence(const ms_plan_estimate *cur, const ms_plan_estimate *tgt,
                            : r < 0.4             ? "cuts it"
                            : r < 0.6             ? "halves it"
                                                  : "reduces it";
-        snprintf(buf + k, len - k, "; %s %s to %s", tgt->text, verb,
+        snprintf(buf + k, len - k, "; %.96s %s to %s", tgt->text, verb,
                  fmt_ms(parts[best].t, b, sizeof b));
     }
 }
 
-static void diff_str(const ms_plan_strategy *a, const ms_plan_strategy *b, char *buf, size_t len) {
+static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size_t len) {
     size_t k = 0;
     buf[0] = '\0';
     struct {
@@ -243,7 +233,7 @@ static void diff_str(const ms_plan_strategy *a, const ms_plan_strategy *b, char 
                  b->sp ? "on" : "off");
 }
 
-static int32_t suggestion_id(const ms_plan_strategy *s) {
+static int32_t suggestion_id(const ms_strategy *s) {
     uint32_t h = (((uint32_t)s->dp * 131u + (uint32_t)s->tp) * 131u + (uint32_t)s->cp) * 2u +
                  (s->sp ? 1u : 0u);
     int32_t id = (int32_t)(h & 0x7fffffff);
@@ -258,7 +248,8 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     if (!(measured_step_s > 0))
         return ms_fail(err, MS_ERR_INVALID, "advisor: the measured step time must be positive");
     ms_plan_problem pb = problem(a);
-    ms_plan_strategy cur = ms_plan_strategy_from_engine(current, a->batch);
+    const ms_strategy cur = *current;
+    ms_job_shape job = {.world = a->world, .batch = a->batch, .seq = a->seq};
     ms_plan_scales id;
     ms_plan_scales_identity(&id);
     ms_plan_estimate *e = malloc(3 * sizeof *e);
@@ -267,7 +258,9 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     ms_status st = ms_plan_estimate_one(&pb, &cur, &id, pred, err);
     if (st != MS_OK) {
         free(e);
-        return ms_fail_wrap(err, st, "advisor: the current strategy %s", current->text);
+        char name[MS_STRATEGY_NAME_MAX];
+        return ms_fail_wrap(err, st, "advisor: the current strategy %s",
+                            ms_strategy_name(current, name, sizeof name));
     }
     /* 1. recalibrate */
     measured m;
@@ -335,37 +328,44 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
     }
     int nt = 0;
-    double cap = a->cluster.mem_bytes * a->cluster.usable_memory_fraction / a->world;
+    double cap = a->mem_cap > 0 ? a->mem_cap
+                                : a->cluster.mem_bytes * a->cluster.usable_memory_fraction /
+                                      (a->cluster.cpu ? a->world : 1);
     for (int tp = 1; tp <= a->world && nt < 64; tp++)
         for (int cp = 1; tp * cp <= a->world && nt < 64; cp++) {
             if (a->world % (tp * cp)) continue;
             int dp = a->world / (tp * cp);
             for (int sp = 0; sp <= (tp > 1) && nt < 64; sp++) {
-                ms_plan_strategy s = ms_plan_strategy_engine(dp, tp, cp, sp, a->batch);
-                if (s.dp == cur.dp && s.tp == cur.tp && s.cp == cur.cp && s.sp == cur.sp) continue;
-                if (ms_plan_check_executable(&a->cfg, &s, a->world, a->batch, a->seq, 0, NULL) !=
-                    MS_OK)
+                ms_strategy s;
+                if (ms_strategy_init(&s, dp, tp, cp, sp, NULL) != MS_OK ||
+                    ms_strategy_equal(&s, &cur) ||
+                    ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
                     continue;
                 ms_error e2 = {0};
-                if (ms_plan_estimate_one(&pb, &s, &a->scales, cand, &e2) != MS_OK || !cand->fits)
+                if (ms_plan_estimate_one(&pb, &s, &a->scales, cand, &e2) != MS_OK ||
+                    cand->mem_total > cap)
                     continue;
                 double gain = (measured_step_s - cand->step_s) / measured_step_s;
-                if (gain < threshold) continue;
+                /* never a strategy the job's switch would refuse: the validator has the last
+                 * word, memory cap included (this compiles the program: only for winners) */
+                if (gain < threshold || ms_strategy_validate(&s, &a->cfg, &job, cap, NULL) != MS_OK)
+                    continue;
                 ms_suggestion *g = &tmp[nt++];
                 memset(g, 0, sizeof *g);
                 g->id = suggestion_id(&s);
                 g->state = MS_SUGG_OPEN;
                 g->applied_step = -1;
                 snprintf(g->target, sizeof g->target, "%.63s", cand->text);
-                ms_plan_strategy_short_json(&s, g->target_json, sizeof g->target_json);
-                snprintf(g->current, sizeof g->current, "%s", current->text);
+                ms_strategy_short_json(&s, g->target_json, sizeof g->target_json);
+                ms_strategy_name(current, g->current, sizeof g->current);
                 g->predicted_gain = gain;
                 g->predicted_step_s = cand->step_s;
                 g->current_step_s = measured_step_s;
                 evidence(cur_e, cand, &a->scales, measured_step_s, g->evidence, sizeof g->evidence);
                 char u[32], c2[32];
                 snprintf(g->memory_check, sizeof g->memory_check, "fits: %s of %s per rank",
-                         fmt_bytes(cand->mem_total, u, sizeof u), fmt_bytes(cap, c2, sizeof c2));
+                         ms_plan_bytes_str(cand->mem_total, u, sizeof u),
+                         ms_plan_bytes_str(cap, c2, sizeof c2));
                 diff_str(&cur, &s, g->diff, sizeof g->diff);
             }
         }
@@ -392,178 +392,4 @@ void ms_advisor_switch_result(const ms_suggestion *s, double measured_before_s,
              fabs(100 * s->predicted_gain), s->predicted_gain >= 0 ? "faster" : "slower",
              s->predicted_step_s * 1e3, fabs(100 * got), got >= 0 ? "faster" : "slower",
              measured_after_s * 1e3, before * 1e3);
-}
-
-/* --- the executable check --------------------------------------------------------------------- */
-
-ms_status ms_plan_check_executable(const ms_model_config *cfg, const ms_plan_strategy *s, int world,
-                                   int batch, int seq, double mem_cap, ms_error *err) {
-    long mesh = (long)s->dp * s->tp * s->pp * s->cp;
-    if (s->dp < 1 || s->tp < 1 || s->pp < 1 || s->cp < 1)
-        return ms_fail(err, MS_ERR_INVALID, "degrees must be >= 1 (dp %d, tp %d, cp %d)", s->dp,
-                       s->tp, s->cp);
-    if (mesh != world)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "the mesh dp%d x tp%d x pp%d x cp%d has %ld ranks but the job runs on %d; "
-                       "pick degrees whose product is %d",
-                       s->dp, s->tp, s->pp, s->cp, mesh, world, world);
-    if (cfg->n_head % s->tp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "tp %d does not divide the %d attention heads; pick a tp that divides "
-                       "n_head",
-                       s->tp, cfg->n_head);
-    if (cfg->n_head % (s->tp * s->cp))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "tp x cp = %d does not divide the %d attention heads; pick tp x cp "
-                       "dividing n_head",
-                       s->tp * s->cp, cfg->n_head);
-    if (batch % s->dp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "the batch %d is not divisible by dp %d; pick a dp that divides it", batch,
-                       s->dp);
-    if (s->sp && s->tp < 2)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "sp without tp: sequence parallelism shards over the tensor-parallel "
-                       "group; use tp 2 or more");
-    if (seq > cfg->n_positions)
-        return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", seq,
-                       cfg->n_positions);
-    if (seq % s->cp)
-        return ms_fail(err, MS_ERR_INVALID, "cp %d does not divide the sequence %d", s->cp, seq);
-    if (s->pp > 1 || s->zero || s->recompute || s->n_micro > 1) {
-        char what[160];
-        size_t k = 0;
-        what[0] = '\0';
-        if (s->pp > 1)
-            k += (size_t)snprintf(what + k, sizeof what - k, "pipeline parallelism (pp %d)", s->pp);
-        if (s->zero && k < sizeof what)
-            k += (size_t)snprintf(what + k, sizeof what - k, "%sZeRO stage %d", k ? ", " : "",
-                                  s->zero);
-        if (s->recompute && k < sizeof what)
-            k += (size_t)snprintf(what + k, sizeof what - k, "%sactivation recompute",
-                                  k ? ", " : "");
-        if (s->n_micro > 1 && k < sizeof what)
-            snprintf(what + k, sizeof what - k, "%s%d micro-batches", k ? ", " : "", s->n_micro);
-        return ms_fail(err, MS_ERR_INVALID,
-                       "not executable in this engine: %s is predicted only; the engine runs dp x "
-                       "tp x cp meshes with optional sp, without ZeRO, recompute or micro-batches",
-                       what);
-    }
-    if (mem_cap > 0) {
-        ms_cluster *c = calloc(1, sizeof *c);
-        ms_plan_workload *w = malloc(sizeof *w);
-        if (!c || !w) {
-            free(c), free(w);
-            return ms_fail(err, MS_ERR_NOMEM, "out of memory");
-        }
-        snprintf(c->backend, sizeof c->backend, "threads");
-        c->cpu = true;
-        c->cores = 1;
-        ms_plan_problem pb = {.model = *cfg,
-                              .devices = world,
-                              .global_batch = batch,
-                              .seq = seq,
-                              .dtype = MS_PLAN_FP32,
-                              .cluster = c,
-                              .engine_workloads = true};
-        ms_plan_strategy es = ms_plan_strategy_engine(s->dp, s->tp, s->cp, s->sp, batch);
-        ms_status st = wk_from_engine(&pb, &es, w, NULL, err);
-        double need = w->mem_params + w->mem_grads + w->mem_optim + w->mem_act + w->mem_other;
-        free(c);
-        free(w);
-        if (st != MS_OK) return st;
-        if (need > mem_cap) {
-            char a[32], b[32];
-            return ms_fail(err, MS_ERR_INVALID, "over memory: needs %s per rank, the cap is %s",
-                           fmt_bytes(need, a, sizeof a), fmt_bytes(mem_cap, b, sizeof b));
-        }
-    }
-    return MS_OK;
-}
-
-/* --- strategy requests -------------------------------------------------------------------------
- */
-
-static ms_status jint(const cJSON *o, const char *key, const char *name, int lo, int hi, int *out,
-                      ms_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return MS_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
-        v->valuedouble > hi) {
-        char got[64];
-        ms_json_describe(v, got, sizeof got);
-        return ms_fail(err, MS_ERR_INVALID, "%s.%s: expected an integer in [%d, %d], got %s", name,
-                       key, lo, hi, got);
-    }
-    *out = (int)v->valuedouble;
-    return MS_OK;
-}
-
-static ms_status jflag(const cJSON *o, const char *key, bool *out, ms_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return MS_OK;
-    if (!cJSON_IsBool(v)) return ms_fail(err, MS_ERR_INVALID, "$.%s: expected true or false", key);
-    *out = cJSON_IsTrue(v);
-    return MS_OK;
-}
-
-ms_status ms_plan_strategy_from_json(const char *json, size_t len, int batch, ms_plan_strategy *out,
-                                     ms_error *err) {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    if (!root)
-        return ms_fail(err, MS_ERR_INVALID, "strategy: malformed JSON near byte %zu",
-                       end ? (size_t)(end - json) : 0);
-    ms_status st = MS_OK;
-    int dp = 1, tp = 1, cp = 1, pp = 1, zero = 0, mb = 0;
-    bool sp = false, rc = false;
-    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(root, "mesh");
-    if (!cJSON_IsObject(root)) {
-        st = ms_fail(err, MS_ERR_INVALID,
-                     "strategy: expected an object like {\"dp\": 2, \"tp\": 2}");
-        goto out;
-    }
-    const cJSON *dims = mesh ? mesh : root;
-    const char *dn = mesh ? "$.mesh" : "$";
-    if (mesh && !cJSON_IsObject(mesh)) {
-        st = ms_fail(err, MS_ERR_INVALID, "strategy: $.mesh: expected an object");
-        goto out;
-    }
-    for (const cJSON *k = root->child; k; k = k->next) {
-        static const char *const ok[] = {"mesh", "dp",   "tp",        "cp",          "pp",
-                                         "sp",   "zero", "recompute", "micro_batch", "placements"};
-        bool known = false;
-        for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) known |= !strcmp(k->string, ok[i]);
-        if (!known) {
-            char safe[MS_SAFE_LEN];
-            st = ms_fail(err, MS_ERR_INVALID,
-                         "strategy: unknown key \"%s\" (known: dp, tp, cp, pp, sp, zero, "
-                         "recompute, micro_batch, or mesh + sp)",
-                         ms_safe_str(safe, sizeof safe, k->string));
-            goto out;
-        }
-    }
-    MS_CHECK_GOTO(jint(dims, "dp", dn, 1, 4096, &dp, err), st, out);
-    MS_CHECK_GOTO(jint(dims, "tp", dn, 1, 4096, &tp, err), st, out);
-    MS_CHECK_GOTO(jint(dims, "cp", dn, 1, 4096, &cp, err), st, out);
-    MS_CHECK_GOTO(jint(dims, "pp", dn, 1, 4096, &pp, err), st, out);
-    MS_CHECK_GOTO(jint(root, "zero", "$", 0, 3, &zero, err), st, out);
-    MS_CHECK_GOTO(jint(root, "micro_batch", "$", 1, 1 << 24, &mb, err), st, out);
-    MS_CHECK_GOTO(jflag(root, "sp", &sp, err), st, out);
-    MS_CHECK_GOTO(jflag(root, "recompute", &rc, err), st, out);
-    int per = dp > 0 ? batch / dp : 0;
-    if (mb <= 0) mb = per > 0 ? per : 1;
-    *out = (ms_plan_strategy){.dp = dp,
-                              .tp = tp,
-                              .pp = pp,
-                              .cp = cp,
-                              .sp = sp,
-                              .zero = zero,
-                              .recompute = rc,
-                              .micro_batch = mb,
-                              .n_micro = per > 0 && per % mb == 0 ? per / mb : 1,
-                              .vocab_parallel = tp > 1};
-out:
-    cJSON_Delete(root);
-    return st;
 }

@@ -10,9 +10,11 @@
  *      dim's collectives, measured time / predicted time becomes a scale factor, smoothed over
  *      calls (kept in the ms_advisor); what is left between the scaled prediction and the
  *      measured step becomes a per-step constant;
- *   3. prices every other executable strategy for the same world size with those factors;
- *   4. returns those predicted at least `threshold` faster (default 0.10), best first, as
- *      ms_suggestion values (profiler/live.h) with evidence in words and figures.
+ *   3. prices every other strategy the validator (engine/plan/validate.h) passes for the job
+ *      with those factors;
+ *   4. returns those predicted at least `threshold` faster (default 0.10) and within the
+ *      memory cap, best first, as ms_suggestion values (profiler/live.h) with evidence in
+ *      words and figures.
  *
  * Everything is pure computation: no communication, no locks; the advisor compiles (without
  * communicators) each candidate's program once and keeps it. Not thread-safe: one caller.
@@ -49,6 +51,10 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
                             double measured_step_s, double threshold, ms_suggestion *out, int max,
                             int *n, ms_error *err);
 
+/* The memory per rank a suggestion may need (the cap the job's switch applies); <= 0: the
+ * cluster's usable memory shared by the ranks (the default). */
+void ms_advisor_set_memory_cap(ms_advisor *a, double bytes);
+
 /* The scale factors learned so far (identity before the first update). */
 void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out);
 
@@ -61,22 +67,5 @@ ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estima
  * measured_before_s is the step time before the switch (s->current_step_s when <= 0). */
 void ms_advisor_switch_result(const ms_suggestion *s, double measured_before_s,
                               double measured_after_s, char *buf, size_t len);
-
-/* Whether this engine can run `s` for the job: MS_OK, or MS_ERR_INVALID with the reason
- * (the mesh does not match the world, tp or tp x cp does not divide the heads, the batch is
- * not divisible by dp, sp without tp, pipeline / ZeRO / recompute / micro-batches are not
- * executable, over the memory cap). mem_cap is bytes per rank; 0 = no memory check. The
- * memory check compiles the program (no communicators) and costs milliseconds. */
-ms_status ms_plan_check_executable(const ms_model_config *cfg, const ms_plan_strategy *s, int world,
-                                   int batch, int seq, double mem_cap, ms_error *err);
-
-/* The planner's form of the engine's strategy (dp x tp x cp +sp, one micro-batch). */
-ms_plan_strategy ms_plan_strategy_from_engine(const ms_strategy *s, int batch);
-
-/* Parses a strategy request: the short form {"dp": 2, "tp": 2, "sp": false} with optional
- * "cp", "pp", "zero", "recompute", "micro_batch", or the strategy file form {"mesh": {...},
- * "sp": ...}. Unknown keys are errors naming the key. micro_batch defaults to batch / dp. */
-ms_status ms_plan_strategy_from_json(const char *json, size_t len, int batch, ms_plan_strategy *out,
-                                     ms_error *err);
 
 #endif

@@ -18,6 +18,7 @@
 #include "engine/plan/cluster.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/search.h"
+#include "engine/plan/validate.h"
 #include "tests/testkit.h"
 
 #ifndef MS_SOURCE_DIR
@@ -33,6 +34,25 @@ static ms_model_config gpt_tiny(void) {
                              .vocab_size = 256,
                              .n_positions = 128,
                              .layer_norm_epsilon = 1e-5};
+}
+
+/* A strategy with the planner's knobs: micro-batches per step, the head vocab-parallel (vp) or
+ * replicated over tp, and the precision it is priced at. */
+static ms_strategy knobs(int dp, int tp, int pp, int cp, bool sp, int zero, bool recompute,
+                         int micro_batches, bool vp, ms_plan_dtype dt) {
+    ms_strategy s;
+    ms_strategy_defaults(&s);
+    s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp, s.zero = zero;
+    s.recompute = recompute ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
+    s.micro_batches = micro_batches;
+    s.vocab_replicated = tp > 1 && !vp;
+    s.precision = dt == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32;
+    return s;
+}
+
+/* dp x tp (+ sp) (x cp): what the engine runs. */
+static ms_strategy engine_strategy(int dp, int tp, int cp, bool sp) {
+    return knobs(dp, tp, 1, cp, sp, 0, false, 1, true, MS_PLAN_FP32);
 }
 
 static ms_model_config gpt3(void) {
@@ -238,6 +258,7 @@ static void compile_rank(mt_rank *r, void *p) {
     ms_error err = {0};
     ms_strategy s;
     if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->cp, a->sp, &err), &err)) return;
+    ms_sharding sh = {.s = &s};
     ms_mesh mesh;
     if (!MT_OK(r, ms_strategy_mesh(&s, &mesh, &err), &err)) return;
     ms_dmesh *dm;
@@ -246,7 +267,7 @@ static void compile_rank(mt_rank *r, void *p) {
     ms_model m;
     ms_program *prog = NULL;
     if (MT_OK(r, ms_model_build(&cfg, a->B, a->T, &m, &err), &err)) {
-        ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 3};
+        ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 3};
         if (MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err) && r->ctx->rank == 0) {
             ms_program_stats st;
             ms_program_stats_get(prog, &st);
@@ -283,15 +304,14 @@ static void engine_flops_match_program(void **state) {
                       .B = B,
                       .T = T};
         mt_run_threads(4, compile_rank, &a);
-        ms_plan_strategy s =
-            ms_plan_strategy_engine(cases[i].dp, cases[i].tp, cases[i].cp, cases[i].sp, B);
+        ms_strategy s = engine_strategy(cases[i].dp, cases[i].tp, cases[i].cp, cases[i].sp);
         ms_plan_engine_stats es;
         ms_error err = {0};
         assert_int_equal(ms_plan_engine_stats_get(&pb, &s, &es, &err), MS_OK);
-        char txt[96];
+        char txt[MS_STRATEGY_NAME_MAX];
         printf("%-22s program %.6g FLOPs, %d reshards %.0f B; planner %.6g FLOPs, %d reshards "
                "%.0f B\n",
-               ms_plan_strategy_str(&s, txt, sizeof txt), a.flops, a.n_reshards, a.reshard_bytes,
+               ms_strategy_name(&s, txt, sizeof txt), a.flops, a.n_reshards, a.reshard_bytes,
                es.flops, es.n_reshards, es.reshard_bytes);
         assert_true(a.flops > 0);
         assert_true(fabs(es.flops - a.flops) <= 1e-9 * a.flops);
@@ -337,8 +357,9 @@ static void search_matches_brute_force(void **state) {
                                 for (int rc = 0; rc <= 1; rc++)
                                     for (int mb = 1; mb <= 16; mb++) {
                                         if (16 % dp || (16 / dp) % mb) continue;
-                                        ms_plan_strategy s = {dp, tp, pp, cp,           sp,
-                                                              z,  rc, mb, 16 / dp / mb, vp};
+                                        if (tp == 1 && vp) continue; /* no head to shard */
+                                        ms_strategy s = knobs(dp, tp, pp, cp, sp, z, rc,
+                                                              16 / dp / mb, vp, MS_PLAN_BF16);
                                         ms_plan_estimate e;
                                         ms_error e2 = {0};
                                         if (ms_plan_estimate_one(&pb, &s, NULL, &e, &e2) != MS_OK)
@@ -401,7 +422,7 @@ static void memory_pruning(void **state) {
         assert_true(res.cands[i].mem_total <= res.cands[i].mem_cap);
     }
     /* pure data parallelism cannot hold 175B parameters in 72 GB */
-    ms_plan_strategy dp = {256, 1, 1, 1, false, 0, false, 2, 1, false};
+    ms_strategy dp = knobs(256, 1, 1, 1, false, 0, false, 1, false, MS_PLAN_BF16);
     ms_plan_estimate e;
     assert_int_equal(ms_plan_estimate_one(&pb, &dp, NULL, &e, &err), MS_OK);
     assert_false(e.fits);
@@ -421,8 +442,10 @@ static void non_executable_flagged(void **state) {
     int exe = 0, non = 0;
     for (int i = 0; i < res.n_cands; i++) {
         const ms_plan_estimate *e = &res.cands[i];
-        bool engine_kind = e->s.pp == 1 && e->s.zero == 0 && !e->s.recompute && e->s.n_micro == 1 &&
-                           e->s.vocab_parallel == (e->s.tp > 1);
+        int mb = 0, m = 0;
+        assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
+        bool engine_kind = e->s.pp == 1 && e->s.zero == 0 && e->s.recompute == MS_RECOMPUTE_NONE &&
+                           m == 1 && !e->s.vocab_replicated;
         assert_int_equal(e->executable, engine_kind);
         if (!e->executable) assert_true(strlen(e->not_executable) > 10);
         e->executable ? exe++ : non++;
@@ -431,9 +454,9 @@ static void non_executable_flagged(void **state) {
     /* on a GPU cluster nothing is executable here */
     ms_cluster g = gpu_cluster();
     pb.cluster = &g;
-    ms_plan_strategy s = ms_plan_strategy_engine(2, 2, 1, false, 8);
-    char why[160];
-    assert_false(ms_plan_strategy_executable(&pb, &s, why, sizeof why));
+    ms_strategy s = engine_strategy(2, 2, 1, false);
+    char why[256];
+    assert_false(ms_plan_executable(&pb, &s, why, sizeof why));
     assert_non_null(strstr(why, "thread ranks"));
     ms_plan_result_free(&res);
 }
@@ -442,44 +465,97 @@ static void executable_check_reasons(void **state) {
     (void)state;
     ms_model_config cfg = gpt_tiny();
     ms_error err = {0};
-    ms_plan_strategy ok = ms_plan_strategy_engine(2, 2, 1, true, 8);
-    assert_int_equal(ms_plan_check_executable(&cfg, &ok, 4, 8, 64, 1e9, &err), MS_OK);
+    ms_strategy ok = engine_strategy(2, 2, 1, true);
+    ms_job_shape job = {.world = 4, .batch = 8, .seq = 64};
+    assert_int_equal(ms_strategy_validate(&ok, &cfg, &job, 1e9, &err), MS_OK);
     struct {
-        ms_plan_strategy s;
+        ms_strategy s;
         int world, batch;
         double cap;
         const char *want;
     } bad[] = {
-        {ms_plan_strategy_engine(2, 2, 1, false, 8), 8, 8, 0, "job runs on 8"},
-        {ms_plan_strategy_engine(1, 3, 1, false, 6), 3, 6, 0, "does not divide the 4 attention"},
-        {ms_plan_strategy_engine(1, 2, 4, false, 8), 8, 8, 0, "tp x cp = 8"},
-        {ms_plan_strategy_engine(4, 1, 1, false, 6), 4, 6, 0, "not divisible by dp 4"},
-        {ms_plan_strategy_engine(4, 1, 1, true, 8), 4, 8, 0, "sp without tp"},
-        {{1, 2, 2, 1, false, 0, false, 8, 1, true}, 4, 8, 0, "pipeline"},
-        {{4, 1, 1, 1, false, 1, false, 2, 1, false}, 4, 8, 0, "ZeRO"},
-        {{4, 1, 1, 1, false, 0, true, 2, 1, false}, 4, 8, 0, "recompute"},
-        {ms_plan_strategy_engine(4, 1, 1, false, 8), 4, 8, 1e6, "over memory"},
+        {engine_strategy(2, 2, 1, false), 8, 8, 0, "job runs on 8"},
+        {engine_strategy(1, 3, 1, false), 3, 6, 0, "does not divide the 4 attention"},
+        {engine_strategy(1, 2, 4, false), 8, 8, 0, "tp x cp = 8"},
+        {engine_strategy(4, 1, 1, false), 4, 6, 0, "not divisible by dp 4"},
+        {engine_strategy(4, 1, 1, true), 4, 8, 0, "sp without tp"},
+        {knobs(1, 2, 2, 1, false, 0, false, 1, true, MS_PLAN_FP32), 4, 8, 0, "pipeline"},
+        {knobs(4, 1, 1, 1, false, 1, false, 1, false, MS_PLAN_FP32), 4, 8, 0, "ZeRO"},
+        {knobs(4, 1, 1, 1, false, 0, true, 1, false, MS_PLAN_FP32), 4, 8, 0, "recompute"},
+        {engine_strategy(4, 1, 1, false), 4, 8, 1e6, "over memory"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ms_error e2 = {0};
-        ms_status st = ms_plan_check_executable(&cfg, &bad[i].s, bad[i].world, bad[i].batch, 64,
-                                                bad[i].cap, &e2);
+        ms_job_shape j = {.world = bad[i].world, .batch = bad[i].batch, .seq = 64};
+        ms_status st = ms_strategy_validate(&bad[i].s, &cfg, &j, bad[i].cap, &e2);
         printf("refused: %s\n", e2.msg);
         assert_int_equal(st, MS_ERR_INVALID);
         assert_non_null(strstr(e2.msg, bad[i].want));
     }
     /* requests in the control API's short form */
-    ms_plan_strategy s;
+    ms_strategy s;
     const char *j = "{\"dp\": 2, \"tp\": 2, \"sp\": true}";
-    assert_int_equal(ms_plan_strategy_from_json(j, strlen(j), 8, &s, &err), MS_OK);
-    assert_true(s.dp == 2 && s.tp == 2 && s.sp && s.micro_batch == 4 && s.n_micro == 1);
+    assert_int_equal(ms_strategy_parse_json(j, strlen(j), "j", &s, NULL, &err), MS_OK);
+    int mb = 0, m = 0;
+    assert_true(ms_strategy_micro(&s, 8, &mb, &m));
+    assert_true(s.dp == 2 && s.tp == 2 && s.sp && mb == 4 && m == 1);
     const char *j2 = "{\"mesh\": {\"dp\": 2, \"tp\": 1, \"pp\": 2}}";
-    assert_int_equal(ms_plan_strategy_from_json(j2, strlen(j2), 8, &s, &err), MS_OK);
-    assert_int_equal(ms_plan_check_executable(&cfg, &s, 4, 8, 64, 0, &err), MS_ERR_INVALID);
+    assert_int_equal(ms_strategy_parse_json(j2, strlen(j2), "j2", &s, NULL, &err), MS_OK);
+    assert_int_equal(ms_strategy_validate(&s, &cfg, &job, 0, &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "pipeline"));
     const char *j3 = "{\"dp\": 2, \"tq\": 2}";
-    assert_int_equal(ms_plan_strategy_from_json(j3, strlen(j3), 8, &s, &err), MS_ERR_INVALID);
+    assert_int_equal(ms_strategy_parse_json(j3, strlen(j3), "j3", &s, NULL, &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "tq"));
+}
+
+/* The knobs the search does not enumerate are priced when a strategy names them. */
+static void schedules_and_knobs_priced(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt3();
+    ms_cluster c = gpu_cluster();
+    ms_plan_problem pb = problem(&cfg, &c, 64, 512, 2048, MS_PLAN_BF16);
+    ms_error err = {0};
+    ms_strategy base = knobs(2, 8, 4, 1, true, 1, false, 32, true, MS_PLAN_BF16);
+    ms_plan_estimate e0, e;
+    assert_int_equal(ms_plan_estimate_one(&pb, &base, NULL, &e0, &err), MS_OK);
+    assert_true(e0.bubble_s > 0);
+    /* interleaved over 2 virtual stages: half the bubble, twice the pipeline transfers */
+    ms_strategy s = base;
+    s.schedule = MS_SCHEDULE_INTERLEAVED, s.virtual_stages = 2;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(fabs(e.bubble_s / e0.bubble_s - 0.5) < 0.02);
+    assert_true(e.comm_bytes[MS_PLAN_PP] > e0.comm_bytes[MS_PLAN_PP]);
+    /* ZB-H1: a third of the bubble, the same memory */
+    s = base, s.schedule = MS_SCHEDULE_ZB_H1;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(fabs(e.bubble_s / e0.bubble_s - 1.0 / 3) < 0.02 && e.mem_act == e0.mem_act);
+    /* GPipe: every micro-batch's activations in flight */
+    s = base, s.schedule = MS_SCHEDULE_GPIPE;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(e.mem_act > 4 * e0.mem_act && e.step_s == e0.step_s);
+    /* selective recompute: between none and full in memory and in hardware FLOPs */
+    ms_strategy full = base, sel = base;
+    full.recompute = MS_RECOMPUTE_FULL, sel.recompute = MS_RECOMPUTE_SELECTIVE;
+    ms_plan_estimate ef, es;
+    assert_int_equal(ms_plan_estimate_one(&pb, &full, NULL, &ef, &err), MS_OK);
+    assert_int_equal(ms_plan_estimate_one(&pb, &sel, NULL, &es, &err), MS_OK);
+    printf("activations per device: none %.3g, selective %.3g, full %.3g bytes; hardware FLOPs "
+           "%.4g, %.4g, %.4g\n",
+           e0.mem_act, es.mem_act, ef.mem_act, e0.hw_flops, es.hw_flops, ef.hw_flops);
+    assert_true(ef.mem_act < es.mem_act && es.mem_act < e0.mem_act);
+    assert_true(e0.hw_flops < es.hw_flops && es.hw_flops < ef.hw_flops);
+    /* uneven stages: the busiest stage sets the pace */
+    s = base;
+    const uint16_t layers[4] = {30, 24, 24, 18};
+    memcpy(s.pp_layers, layers, sizeof layers);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(e.step_s > e0.step_s);
+    /* the same strategy priced at fp32 is slower and larger */
+    s = base, s.precision = MS_PRECISION_FP32;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e, &err), MS_OK);
+    assert_true(e.step_s > e0.step_s && e.mem_total > e0.mem_total);
+    char name[MS_STRATEGY_NAME_MAX];
+    printf("%s: %.3f s per step\n", ms_strategy_name(&s, name, sizeof name), e.step_s);
 }
 
 /* --- the advisor ----------------------------------------------------------------------------- */
@@ -565,12 +641,13 @@ static void advisor_moves_away_from_slow_tp(void **state) {
         assert_true(sg[i].predicted_gain >= 0.10);
         assert_true(sg[i].id > 0);
         if (i) assert_true(sg[i].predicted_gain <= sg[i - 1].predicted_gain);
-        /* never a strategy the engine cannot run */
-        ms_plan_strategy ps;
-        assert_int_equal(
-            ms_plan_strategy_from_json(sg[i].target_json, strlen(sg[i].target_json), B, &ps, &err),
-            MS_OK);
-        assert_int_equal(ms_plan_check_executable(&cfg, &ps, 4, B, T, 0, &err), MS_OK);
+        /* never a strategy the validator refuses */
+        ms_strategy ps;
+        assert_int_equal(ms_strategy_parse_json(sg[i].target_json, strlen(sg[i].target_json),
+                                                "target", &ps, NULL, &err),
+                         MS_OK);
+        ms_job_shape job = {.world = 4, .batch = B, .seq = T};
+        assert_int_equal(ms_strategy_validate(&ps, &cfg, &job, 0, &err), MS_OK);
     }
     /* the best suggestion leaves tp4 and its evidence names the tp all-reduce */
     assert_non_null(strstr(sg[0].target_json, "\"tp\": 1")
@@ -645,7 +722,7 @@ static void cluster_json(void **state) {
     ms_model_config tiny = gpt_tiny();
     ms_plan_problem p1 = problem(&tiny, &c, 4, 8, 64, MS_PLAN_FP32),
                     p2 = problem(&tiny, &d, 4, 8, 64, MS_PLAN_FP32);
-    ms_plan_strategy tp4 = ms_plan_strategy_engine(1, 4, 1, true, 8);
+    ms_strategy tp4 = engine_strategy(1, 4, 1, true);
     ms_plan_estimate e1, e2;
     assert_int_equal(ms_plan_estimate_one(&p1, &tp4, NULL, &e1, &err), MS_OK);
     assert_int_equal(ms_plan_estimate_one(&p2, &tp4, NULL, &e2, &err), MS_OK);
@@ -697,6 +774,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(memory_pruning),
     cmocka_unit_test(non_executable_flagged),
     cmocka_unit_test(executable_check_reasons),
+    cmocka_unit_test(schedules_and_knobs_priced),
     cmocka_unit_test(advisor_moves_away_from_slow_tp),
     cmocka_unit_test(cluster_json),
     cmocka_unit_test(search_175b_timing),

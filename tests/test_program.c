@@ -299,7 +299,8 @@ static void compile_rank(mt_rank *r, void *p) {
     if (!MT_OK(r, ms_strategy_mesh(&s, &mesh, &err), &err)) return;
     if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
     ms_model m1, m2;
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 1};
+    ms_sharding sh = {.s = &s};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 1};
     ms_program *real = NULL, *shp = NULL;
     if (MT_OK(r, ms_model_build(a->cfg, a->B, a->T, &m1, &err), &err)) {
         if (MT_OK(r, ms_program_compile(m1.g, dm, &co, &real, &err), &err) && r->ctx->rank == 0)
@@ -375,7 +376,8 @@ static void planner_workload_unchanged(void **state) {
         const golden *gd = &goldens[i];
         int devices = gd->dp * gd->tp * gd->cp;
         ms_plan_problem pb = {.model = cfg, .devices = devices, .global_batch = 8, .seq = 64};
-        ms_plan_strategy s = ms_plan_strategy_engine(gd->dp, gd->tp, gd->cp, gd->sp, 8);
+        ms_strategy s;
+        assert_int_equal(ms_strategy_init(&s, gd->dp, gd->tp, gd->cp, gd->sp, &err), MS_OK);
         ms_plan_engine_stats es;
         assert_int_equal(wk_from_engine(&pb, &s, w, &es, &err), MS_OK);
         double kf = 0, kb = 0, cb = 0;
@@ -384,10 +386,9 @@ static void planner_workload_unchanged(void **state) {
             kb += w->k[k].bytes * w->k[k].count;
         }
         for (int c = 0; c < w->nc; c++) cb += w->c[c].bytes * w->c[c].count;
-        char txt[96];
+        char txt[MS_STRATEGY_NAME_MAX];
         printf("%-22s kernels %.0f FLOPs %.0f B, collectives %.0f B, %d reshards %.0f B\n",
-               ms_plan_strategy_str(&s, txt, sizeof txt), kf, kb, cb, es.n_reshards,
-               es.reshard_bytes);
+               ms_strategy_name(&s, txt, sizeof txt), kf, kb, cb, es.n_reshards, es.reshard_bytes);
         assert_true(kf == gd->kernel_flops);
         assert_true(kb == gd->kernel_bytes);
         assert_true(cb == gd->coll_bytes);

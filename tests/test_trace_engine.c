@@ -53,7 +53,8 @@ static void body(mt_rank *r, void *arg) {
     ms_model m;
     MT_OK(r, ms_model_build(&cfg, B, T, &m, &err), &err);
     ms_program *p;
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 1};
+    ms_sharding sharding = {.s = &s};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sharding, .seed = 1};
     if (!MT_OK(r, ms_program_compile(m.g, dm, &co, &p, &err), &err)) return;
     float ids[B * T], pos[B * T];
     for (int i = 0; i < B * T; i++) ids[i] = (float)(i * 7 % 32), pos[i] = (float)(i % T);

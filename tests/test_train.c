@@ -74,7 +74,8 @@ static void train(mt_rank *r, void *p) {
     ms_model m;
     if (!MT_OK(r, ms_model_build(&cfg, B, T, &m, &err), &err)) return;
     ms_program *prog;
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 42};
+    ms_sharding sh = {.s = &s};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 42};
     if (!MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err)) return;
     float ids[B * T], tgt[B * T], pos[B * T];
     ms_sgd_opts sgd = {.lr = a->bert ? 0.1f : 0.5f};

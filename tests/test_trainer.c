@@ -17,6 +17,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/dist/dtensor.h"
+#include "engine/plan/validate.h"
 #include "engine/train/trainer.h"
 #include "tests/testkit.h"
 
@@ -127,7 +128,7 @@ static void optimizer_loop(mt_rank *r, void *arg) {
     ms_strategy s;
     ms_strategy_init(&s, 1, 1, 1, false, &err);
     ms_trainer *tr = NULL;
-    if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, &o, &d, &tr, &err), &err)) return;
+    if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, NULL, &o, &d, &tr, &err), &err)) return;
 
     /* The reference: the same model and seed compiled again, so it starts from the same
      * weights and produces the same gradients for the same weights. */
@@ -138,7 +139,8 @@ static void optimizer_loop(mt_rank *r, void *arg) {
     ms_strategy_mesh(&s, &mesh, &err);
     MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err);
     MT_OK(r, ms_model_build(&cfg, B, T, &mdl, &err), &err);
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = o.seed};
+    ms_sharding sh = {.s = &s};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = o.seed};
     MT_OK(r, ms_program_compile(mdl.g, dm, &co, &prog, &err), &err);
     ref_state rs = {.n = ms_program_num_params(prog)};
     rs.p = xcalloc((size_t)rs.n, sizeof *rs.p), rs.m = xcalloc((size_t)rs.n, sizeof *rs.m);
@@ -253,19 +255,21 @@ static void switch_run(mt_rank *r, void *arg) {
     MT_OK(r, ms_strategy_init(&from, a->from[0], a->from[1], a->from[2], a->from[3], &err), &err);
     MT_OK(r, ms_strategy_init(&to, a->to[0], a->to[1], a->to[2], a->to[3], &err), &err);
     ms_trainer *tr = NULL;
-    if (!MT_OK(
-            r,
-            ms_trainer_create(r->ctx, &cfg, a->switch_at < STEPS ? &from : &to, &o, &d, &tr, &err),
-            &err))
+    if (!MT_OK(r,
+               ms_trainer_create(r->ctx, &cfg, a->switch_at < STEPS ? &from : &to, NULL, &o, &d,
+                                 &tr, &err),
+               &err))
         return;
     for (int step = 0; step < STEPS; step++) {
-        if (step == a->switch_at) MT_OK(r, ms_trainer_switch(tr, &to, &err), &err);
+        if (step == a->switch_at) MT_OK(r, ms_trainer_switch(tr, &to, NULL, &err), &err);
         ms_step_result res;
         MT_OK(r, ms_trainer_step(tr, &res, &err), &err);
         if (r->ctx->rank == 0) a->out->losses[step] = res.loss;
     }
-    MT_CHECK(r, !strcmp(ms_trainer_strategy(tr)->text, to.text), "runs %s, expected %s",
-             ms_trainer_strategy(tr)->text, to.text);
+    char runs[MS_STRATEGY_NAME_MAX], want[MS_STRATEGY_NAME_MAX];
+    MT_CHECK(r, ms_strategy_equal(ms_trainer_strategy(tr), &to), "runs %s, expected %s",
+             ms_strategy_name(ms_trainer_strategy(tr), runs, sizeof runs),
+             ms_strategy_name(&to, want, sizeof want));
     gather_state(r, tr, a->out, &err);
     ms_trainer_destroy(tr);
     ms_text_data_close(&d);
@@ -329,7 +333,7 @@ static void diverge(mt_rank *r, void *arg) {
     ms_strategy s;
     ms_strategy_init(&s, 2, 1, 1, false, &err);
     ms_trainer *tr = NULL;
-    if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, &o, &d, &tr, &err), &err)) return;
+    if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, NULL, &o, &d, &tr, &err), &err)) return;
     ms_step_result res;
     MT_OK(r, ms_trainer_step(tr, &res, &err), &err);
     /* Poison one weight on every rank (it is replicated over dp). */
@@ -370,14 +374,15 @@ static void test_diverged_skips(void **state) {
 
 /* --- the strategy check ---------------------------------------------------------------------- */
 
+/* The trainer asks the validator (engine/plan/validate.h) for its world, batch and sequence. */
 static void expect_refusal(int dp, int tp, int cp, int world, int batch, const char *words) {
     ms_model_config cfg = tiny_config();
     ms_train_opts o = tiny_opts();
-    o.batch = batch;
     ms_strategy s;
     ms_error err = {0};
     assert_int_equal(ms_strategy_init(&s, dp, tp, cp, false, &err), MS_OK);
-    assert_int_equal(ms_trainer_check_strategy(&cfg, &o, world, &s, &err), MS_ERR_INVALID);
+    ms_job_shape job = {.world = world, .batch = batch, .seq = o.seq};
+    assert_int_equal(ms_strategy_validate(&s, &cfg, &job, 0, &err), MS_ERR_INVALID);
     if (!strstr(err.msg, words)) fail_msg("expected '%s' in: %s", words, err.msg);
 }
 
@@ -388,7 +393,8 @@ static void test_check_strategy(void **state) {
     ms_strategy s;
     ms_error err = {0};
     assert_int_equal(ms_strategy_init(&s, 2, 2, 1, false, &err), MS_OK);
-    assert_int_equal(ms_trainer_check_strategy(&cfg, &o, 4, &s, &err), MS_OK);
+    ms_job_shape job = {.world = 4, .batch = o.batch, .seq = o.seq};
+    assert_int_equal(ms_strategy_validate(&s, &cfg, &job, 0, &err), MS_OK);
     expect_refusal(2, 2, 1, 8, B, "needs 4 ranks but the job runs on 8");
     expect_refusal(1, 8, 1, 8, B, "8"); /* 8 does not divide 4 heads */
     expect_refusal(8, 1, 1, 8, B, "not divisible by dp 8");

@@ -126,11 +126,12 @@ static ms_status validate(void *user, const ms_live_req *req, ms_error *err) {
     (void)user;
     if (req->kind != MS_REQ_STRATEGY) return MS_OK;
     ms_strategy s;
-    MS_CHECK(
-        ms_strategy_from_json(req->strategy_json, strlen(req->strategy_json), "strategy", &s, err));
+    MS_CHECK(ms_strategy_parse_json(req->strategy_json, strlen(req->strategy_json), "strategy", &s,
+                                    NULL, err));
+    char name[MS_STRATEGY_NAME_MAX];
     if (ms_strategy_ranks(&s) != NRANKS)
-        return ms_fail(err, MS_ERR_INVALID, "%s needs %d ranks but the job runs on %d", s.text,
-                       ms_strategy_ranks(&s), NRANKS);
+        return ms_fail(err, MS_ERR_INVALID, "%s needs %d ranks but the job runs on %d",
+                       ms_strategy_name(&s, name, sizeof name), ms_strategy_ranks(&s), NRANKS);
     return MS_OK;
 }
 
@@ -665,8 +666,9 @@ static void test_bodies(void **state) {
     assert_int_equal(q.kind, MS_REQ_STRATEGY);
     ms_strategy s;
     ms_error err = {0};
-    assert_int_equal(ms_strategy_from_json(q.strategy_json, strlen(q.strategy_json), "q", &s, &err),
-                     MS_OK);
+    assert_int_equal(
+        ms_strategy_parse_json(q.strategy_json, strlen(q.strategy_json), "q", &s, NULL, &err),
+        MS_OK);
     assert_int_equal(s.dp, 4);
     assert_int_equal(s.tp, 1);
     r = http("POST", "/api/v1/strategy", NULL, extra, "{\"mesh\": {\"dp\": 1, \"tp\": 4}}");

@@ -138,7 +138,7 @@ refuse() { # refuse NAME BODY WANTED-TEXT
   expect "refused: $1" 422 "$(status POST /api/v1/strategy -H "$auth" --data "$2")"
   grep -qF -- "$3" "$tmp/body" && ok "  says: $(head -c 150 "$tmp/body")" || bad "  no '$3' in $(head -c 200 "$tmp/body")"
 }
-refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "has 2 ranks but the job runs on 4"
+refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "needs 2 ranks but the job runs on 4"
 refuse "pipeline not executable" '{"dp": 2, "tp": 1, "pp": 2}' "pipeline"
 refuse "ZeRO not executable" '{"dp": 4, "zero": 1}' "ZeRO"
 refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"

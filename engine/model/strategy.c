@@ -1,18 +1,45 @@
-/* strategy.c - data, tensor and sequence parallelism as annotations. */
+/* strategy.c - the strategy value: defaults, name, short JSON, the parser, and data, tensor,
+ * sequence and context parallelism as annotations. */
 #include "engine/model/strategy.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/io/fileio.h"
+#include "engine/io/json_text.h"
+
+static const char *const recompute_names[] = {"none", "full", "selective"};
+static const char *const precision_names[] = {"fp32", "bf16"};
+static const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", "zb-h1"};
+_Static_assert(sizeof recompute_names / sizeof *recompute_names == MS_RECOMPUTE_COUNT,
+               "one name per recompute mode");
+_Static_assert(sizeof precision_names / sizeof *precision_names == MS_PRECISION_COUNT,
+               "one name per precision");
+_Static_assert(sizeof schedule_names / sizeof *schedule_names == MS_SCHEDULE_COUNT,
+               "one name per schedule");
+
+const char *ms_recompute_name(ms_recompute r) {
+    return r < MS_RECOMPUTE_COUNT ? recompute_names[r] : "?";
+}
+const char *ms_precision_name(ms_precision p) {
+    return p < MS_PRECISION_COUNT ? precision_names[p] : "?";
+}
+const char *ms_schedule_name(ms_schedule s) {
+    return s < MS_SCHEDULE_COUNT ? schedule_names[s] : "?";
+}
 
 bool ms_glob_match(const char *p, const char *s) {
     if (*p == '\0') return *s == '\0';
     if (*p == '*') return ms_glob_match(p + 1, s) || (*s && ms_glob_match(p, s + 1));
     return *s && *p == *s && ms_glob_match(p + 1, s + 1);
 }
+
+/* --- the value ------------------------------------------------------------------------------- */
 
 ms_status ms_strategy_check_degrees(int dp, int tp, int cp, int world, int *ranks, ms_error *err) {
     if (ranks) *ranks = 0;
@@ -36,39 +63,437 @@ ms_status ms_strategy_check_degrees(int dp, int tp, int cp, int world, int *rank
     return MS_OK;
 }
 
-ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err) {
+void ms_strategy_defaults(ms_strategy *s) {
     memset(s, 0, sizeof *s);
-    MS_CHECK(ms_strategy_check_degrees(dp, tp, cp, 0, NULL, err));
-    if (sp && tp < 2)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "strategy: sequence parallelism (--sp) shards over the "
-                       "tensor-parallel group; use it with --tp 2 or more");
+    s->dp = s->tp = s->pp = s->cp = 1;
+    s->micro_batches = 1;
+    s->virtual_stages = 1;
+    s->recompute = MS_RECOMPUTE_NONE;
+    s->precision = MS_PRECISION_FP32;
+    s->schedule = MS_SCHEDULE_1F1B;
+}
+
+ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err) {
+    ms_strategy_defaults(s);
+    const int deg[3] = {dp, tp, cp};
+    for (int i = 0; i < 3; i++)
+        if (deg[i] < 1 || deg[i] > MS_STRATEGY_MAX_DEGREE)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "strategy: degrees must be in 1..%d (dp %d, tp %d, cp %d)",
+                           MS_STRATEGY_MAX_DEGREE, dp, tp, cp);
     s->dp = dp, s->tp = tp, s->cp = cp, s->sp = sp;
-    if (cp > 1)
-        snprintf(s->text, sizeof s->text, "dp%d x tp%d%s x cp%d", dp, tp, sp ? " +sp" : "", cp);
-    else
-        snprintf(s->text, sizeof s->text, "dp%d x tp%d%s", dp, tp, sp ? " +sp" : "");
+    if (ms_strategy_ranks(s) < 0)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "strategy: dp %d x tp %d x cp %d needs more than %d ranks; pick smaller "
+                       "degrees",
+                       dp, tp, cp, MS_STRATEGY_MAX_RANKS);
     return MS_OK;
 }
 
 int ms_strategy_ranks(const ms_strategy *s) {
-    return s->dp * s->tp * s->cp;
+    const int32_t deg[4] = {s->dp, s->tp, s->pp, s->cp};
+    int64_t n = 1;
+    for (int i = 0; i < 4; i++) {
+        if (deg[i] < 1 || deg[i] > MS_STRATEGY_MAX_DEGREE) return -1;
+        n *= deg[i]; /* at most 2^24 x 2^16 before the check below: no overflow */
+        if (n > MS_STRATEGY_MAX_RANKS) return -1;
+    }
+    return (int)n;
 }
+
+bool ms_strategy_micro(const ms_strategy *s, int batch, int *size, int *count) {
+    if (s->dp < 1 || batch < 1 || batch % s->dp) return false;
+    int per = batch / s->dp;
+    int m = s->micro_batches, b = s->micro_batch;
+    if (m < 0 || b < 0 || (m == 0 && b == 0)) return false;
+    if (m == 0) m = per % b ? 0 : per / b;
+    if (b == 0) b = per % m ? 0 : per / m;
+    if (m == 0 || b == 0 || (int64_t)m * b != per) return false;
+    *size = b;
+    *count = m;
+    return true;
+}
+
+bool ms_strategy_equal(const ms_strategy *a, const ms_strategy *b) {
+    return a->dp == b->dp && a->tp == b->tp && a->pp == b->pp && a->cp == b->cp && a->sp == b->sp &&
+           a->zero == b->zero && a->recompute == b->recompute && a->precision == b->precision &&
+           a->micro_batches == b->micro_batches && a->micro_batch == b->micro_batch &&
+           a->schedule == b->schedule && a->virtual_stages == b->virtual_stages &&
+           a->bucket_mb == b->bucket_mb && a->vocab_replicated == b->vocab_replicated &&
+           !memcmp(a->pp_layers, b->pp_layers, sizeof a->pp_layers);
+}
+
+/* Appends to a fixed buffer, truncating (always terminated). */
+typedef struct out_text {
+    char *p;
+    size_t n, k;
+} out_text;
+
+static void put(out_text *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(out_text *o, const char *fmt, ...) {
+    if (o->k + 1 >= o->n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(o->p + o->k, o->n - o->k, fmt, ap);
+    va_end(ap);
+    if (w > 0) o->k = o->k + (size_t)w < o->n ? o->k + (size_t)w : o->n - 1;
+}
+
+static int n_stages(const ms_strategy *s) {
+    int n = 0;
+    while (n < MS_STRATEGY_MAX_STAGES && s->pp_layers[n]) n++;
+    return n;
+}
+
+/* micro_batches is shown when it is not the default and not derived from micro_batch (0);
+ * an explicit 1 next to a size is shown, so that the text tells the two apart. */
+static bool show_micro_batches(const ms_strategy *s) {
+    return s->micro_batches != 0 && (s->micro_batches != 1 || s->micro_batch != 0);
+}
+
+char *ms_strategy_name(const ms_strategy *s, char *buf, size_t n) {
+    out_text o = {buf, n, 0};
+    if (n) buf[0] = '\0';
+    put(&o, "dp%d x tp%d%s", s->dp, s->tp, s->sp ? " +sp" : "");
+    if (s->cp != 1) put(&o, " x cp%d", s->cp);
+    if (s->pp != 1) put(&o, " x pp%d", s->pp);
+    if (s->zero) put(&o, " zero%d", s->zero);
+    if (s->recompute == MS_RECOMPUTE_FULL) put(&o, " recompute");
+    if (s->recompute == MS_RECOMPUTE_SELECTIVE) put(&o, " selective-recompute");
+    if (s->precision != MS_PRECISION_FP32) put(&o, " %s", ms_precision_name(s->precision));
+    if (show_micro_batches(s)) put(&o, " m%d", s->micro_batches);
+    if (s->micro_batch) put(&o, " mb%d", s->micro_batch);
+    if (s->schedule != MS_SCHEDULE_1F1B) put(&o, " %s", ms_schedule_name(s->schedule));
+    if (s->virtual_stages != 1) put(&o, " v%d", s->virtual_stages);
+    for (int i = 0, k = n_stages(s); i < k; i++)
+        put(&o, "%s%d", i ? "," : " layers=", s->pp_layers[i]);
+    if (s->bucket_mb != 0) put(&o, " bucket%gMB", (double)s->bucket_mb);
+    if (s->vocab_replicated) put(&o, " head-replicated");
+    return buf;
+}
+
+char *ms_strategy_short_json(const ms_strategy *s, char *buf, size_t n) {
+    out_text o = {buf, n, 0};
+    if (n) buf[0] = '\0';
+    put(&o, "{\"dp\": %d, \"tp\": %d", s->dp, s->tp);
+    if (s->cp != 1) put(&o, ", \"cp\": %d", s->cp);
+    if (s->pp != 1) put(&o, ", \"pp\": %d", s->pp);
+    put(&o, ", \"sp\": %s", s->sp ? "true" : "false");
+    if (s->zero) put(&o, ", \"zero\": %d", s->zero);
+    if (s->recompute != MS_RECOMPUTE_NONE)
+        put(&o, ", \"recompute\": \"%s\"", ms_recompute_name(s->recompute));
+    if (s->precision != MS_PRECISION_FP32)
+        put(&o, ", \"precision\": \"%s\"", ms_precision_name(s->precision));
+    if (show_micro_batches(s)) put(&o, ", \"micro_batches\": %d", s->micro_batches);
+    if (s->micro_batch) put(&o, ", \"micro_batch\": %d", s->micro_batch);
+    if (s->schedule != MS_SCHEDULE_1F1B)
+        put(&o, ", \"schedule\": \"%s\"", ms_schedule_name(s->schedule));
+    if (s->virtual_stages != 1) put(&o, ", \"virtual_stages\": %d", s->virtual_stages);
+    for (int i = 0, k = n_stages(s); i < k; i++)
+        put(&o, "%s%d%s", i ? ", " : ", \"pp_layers\": [", s->pp_layers[i], i == k - 1 ? "]" : "");
+    if (s->bucket_mb != 0) put(&o, ", \"bucket_mb\": %.9g", (double)s->bucket_mb);
+    if (s->vocab_replicated) put(&o, ", \"vocab_parallel\": false");
+    put(&o, "}");
+    return buf;
+}
+
+/* --- the parser ------------------------------------------------------------------------------ */
+
+static const char *const top_keys[] = {"mesh",
+                                       "dp",
+                                       "tp",
+                                       "pp",
+                                       "cp",
+                                       "sp",
+                                       "zero",
+                                       "recompute",
+                                       "precision",
+                                       "micro_batches",
+                                       "micro_batch",
+                                       "schedule",
+                                       "virtual_stages",
+                                       "pp_layers",
+                                       "bucket_mb",
+                                       "vocab_parallel",
+                                       "placements"};
+static const char *const mesh_keys[] = {"dp", "tp", "pp", "cp"};
+
+/* Levenshtein distance over the first 31 bytes of each string. */
+static int edit_distance(const char *a, const char *b) {
+    int row[32], la = (int)strnlen(a, 31), lb = (int)strnlen(b, 31);
+    for (int j = 0; j <= lb; j++) row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int up = row[j];
+            int sub = diag + (a[i - 1] != b[j - 1]);
+            int best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
+            row[j] = sub < best ? sub : best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static const char *closest(const char *key, const char *const *known, size_t n) {
+    const char *best = known[0];
+    int bd = edit_distance(key, best);
+    for (size_t i = 1; i < n; i++) {
+        int d = edit_distance(key, known[i]);
+        if (d < bd) bd = d, best = known[i];
+    }
+    return best;
+}
+
+/* Refuses duplicate keys in obj and, when known != NULL, keys not in known. */
+static ms_status check_keys(const cJSON *obj, const char *path, const char *const *known, size_t nk,
+                            const char *name, ms_error *err) {
+    char safe[MS_SAFE_LEN]; /* keys come from a file or a request: never raw in a message */
+    for (const cJSON *k = obj->child; k; k = k->next) {
+        for (const cJSON *p = obj->child; p != k; p = p->next)
+            if (!strcmp(p->string, k->string))
+                return ms_fail(err, MS_ERR_INVALID, "%s: %s.%s: duplicate key; give each key once",
+                               name, path, ms_safe_str(safe, sizeof safe, k->string));
+        if (!known) continue;
+        bool ok = false;
+        for (size_t i = 0; i < nk && !ok; i++) ok = !strcmp(k->string, known[i]);
+        if (!ok) {
+            char list[256];
+            out_text o = {list, sizeof list, 0};
+            list[0] = '\0';
+            for (size_t i = 0; i < nk; i++) put(&o, "%s%s", i ? ", " : "", known[i]);
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: %s.%s: unknown key; did you mean \"%s\"? (known: %s)", name, path,
+                           ms_safe_str(safe, sizeof safe, k->string), closest(k->string, known, nk),
+                           list);
+        }
+    }
+    return MS_OK;
+}
+
+static ms_status bad_value(const cJSON *v, const char *path, const char *key, const char *want,
+                           const char *name, ms_error *err) {
+    char got[64];
+    ms_json_describe(v, got, sizeof got);
+    return ms_fail(err, MS_ERR_INVALID, "%s: %s.%s: expected %s, got %s", name, path, key, want,
+                   got);
+}
+
+/* An integer in [lo, hi]; absent keys leave *out alone. */
+static ms_status get_int(const cJSON *o, const char *path, const char *key, long lo, long hi,
+                         const char *what, int32_t *out, const char *name, ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return MS_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
+        v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
+        v->valuedouble > (double)hi) {
+        char want[128];
+        snprintf(want, sizeof want, "%s (an integer in %ld..%ld)", what, lo, hi);
+        return bad_value(v, path, key, want, name, err);
+    }
+    *out = (int32_t)v->valuedouble;
+    return MS_OK;
+}
+
+static ms_status get_bool(const cJSON *o, const char *key, bool *out, const char *name,
+                          ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return MS_OK;
+    if (!cJSON_IsBool(v)) return bad_value(v, "$", key, "true or false", name, err);
+    *out = cJSON_IsTrue(v);
+    return MS_OK;
+}
+
+/* One of names[0..n) as a string; recompute also takes true / false (full / none). */
+static ms_status get_enum(const cJSON *o, const char *key, const char *const *names, int n,
+                          const char *what, uint8_t *out, const char *name, ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return MS_OK;
+    bool boolean = !strcmp(key, "recompute") && cJSON_IsBool(v);
+    if (boolean) {
+        *out = cJSON_IsTrue(v) ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
+        return MS_OK;
+    }
+    for (int i = 0; cJSON_IsString(v) && i < n; i++)
+        if (!strcmp(v->valuestring, names[i])) {
+            *out = (uint8_t)i;
+            return MS_OK;
+        }
+    char want[160];
+    out_text t = {want, sizeof want, 0};
+    want[0] = '\0';
+    put(&t, "%s: ", what);
+    for (int i = 0; i < n; i++)
+        put(&t, "%s\"%s\"", i ? (i == n - 1 ? " or " : ", ") : "", names[i]);
+    if (!strcmp(key, "recompute")) put(&t, " (or true / false)");
+    return bad_value(v, "$", key, want, name, err);
+}
+
+static ms_status parse_placements(const cJSON *pls, int mdims, ms_placement_rules *rules,
+                                  const char *name, ms_error *err) {
+    if (!cJSON_IsObject(pls))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $.placements: expected an object of pattern: placements", name);
+    if (!rules)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $.placements: explicit placements are not taken here; put them in a "
+                       "--strategy file",
+                       name);
+    MS_CHECK(check_keys(pls, "$.placements", NULL, 0, name, err));
+    rules->n = 0;
+    for (const cJSON *k = pls->child; k; k = k->next) {
+        if (rules->n == MS_STRATEGY_MAX_RULES)
+            return ms_fail(err, MS_ERR_INVALID, "%s: $.placements: more than %d patterns", name,
+                           MS_STRATEGY_MAX_RULES);
+        ms_placement_rule *r = &rules->r[rules->n];
+        char safe[MS_SAFE_LEN];
+        if (!cJSON_IsString(k) || strlen(k->string) >= sizeof r->pattern)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: $.placements[\"%s\"]: expected a placement string like "
+                           "\"[S(0), R]\" under a pattern of at most %zu bytes",
+                           name, ms_safe_str(safe, sizeof safe, k->string), sizeof r->pattern - 1);
+        ms_error e2 = {0};
+        if (ms_placements_parse(k->valuestring, &r->pl, &e2) != MS_OK || r->pl.n != mdims)
+            return ms_fail(err, MS_ERR_INVALID, "%s: $.placements[\"%s\"]: %s", name,
+                           ms_safe_str(safe, sizeof safe, k->string),
+                           e2.msg[0] ? e2.msg : "give one placement per mesh dim (dp, tp[, cp])");
+        snprintf(r->pattern, sizeof r->pattern, "%s", k->string);
+        rules->n++;
+    }
+    return MS_OK;
+}
+
+static ms_status parse_root(const cJSON *root, const char *name, ms_strategy *s,
+                            ms_placement_rules *rules, ms_error *err) {
+    ms_strategy_defaults(s);
+    if (!cJSON_IsObject(root))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $: expected an object like {\"dp\": 2, \"tp\": 2} or {\"mesh\": "
+                       "{\"dp\": 2, \"tp\": 2}}",
+                       name);
+    MS_CHECK(check_keys(root, "$", top_keys, sizeof top_keys / sizeof *top_keys, name, err));
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(root, "mesh");
+    const char *dpath = "$";
+    if (mesh) {
+        if (!cJSON_IsObject(mesh))
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: $.mesh: expected an object like {\"dp\": 2, \"tp\": 2}", name);
+        MS_CHECK(
+            check_keys(mesh, "$.mesh", mesh_keys, sizeof mesh_keys / sizeof *mesh_keys, name, err));
+        for (size_t i = 0; i < sizeof mesh_keys / sizeof *mesh_keys; i++)
+            if (cJSON_GetObjectItemCaseSensitive(root, mesh_keys[i]))
+                return ms_fail(err, MS_ERR_INVALID,
+                               "%s: $.%s: the degrees go in $.mesh or at the top level, not both",
+                               name, mesh_keys[i]);
+        dpath = "$.mesh";
+    } else {
+        bool any = false;
+        for (size_t i = 0; i < sizeof mesh_keys / sizeof *mesh_keys; i++)
+            any |= cJSON_GetObjectItemCaseSensitive(root, mesh_keys[i]) != NULL;
+        if (!any)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "%s: $: no degrees; give them as {\"dp\": 2, \"tp\": 2} or {\"mesh\": "
+                           "{\"dp\": 2, \"tp\": 2}}",
+                           name);
+        mesh = root;
+    }
+    int32_t *deg[4] = {&s->dp, &s->tp, &s->pp, &s->cp};
+    for (int i = 0; i < 4; i++)
+        MS_CHECK(get_int(mesh, dpath, mesh_keys[i], 1, MS_STRATEGY_MAX_DEGREE, "a degree", deg[i],
+                         name, err));
+    if (ms_strategy_ranks(s) < 0)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: %s: the mesh dp%d x tp%d x pp%d x cp%d has more than %d ranks", name,
+                       dpath, s->dp, s->tp, s->pp, s->cp, MS_STRATEGY_MAX_RANKS);
+    MS_CHECK(get_bool(root, "sp", &s->sp, name, err));
+    MS_CHECK(get_int(root, "$", "zero", 0, 3, "a ZeRO stage", &s->zero, name, err));
+    MS_CHECK(get_enum(root, "recompute", recompute_names, MS_RECOMPUTE_COUNT, "a recompute mode",
+                      &s->recompute, name, err));
+    MS_CHECK(get_enum(root, "precision", precision_names, MS_PRECISION_COUNT, "a precision",
+                      &s->precision, name, err));
+    MS_CHECK(get_enum(root, "schedule", schedule_names, MS_SCHEDULE_COUNT, "a pipeline schedule",
+                      &s->schedule, name, err));
+    MS_CHECK(get_int(root, "$", "micro_batches", 1, 1 << 24, "a micro-batch count",
+                     &s->micro_batches, name, err));
+    MS_CHECK(get_int(root, "$", "micro_batch", 1, 1 << 24, "sequences per micro-batch",
+                     &s->micro_batch, name, err));
+    /* A size alone: the count follows from the batch (see ms_strategy_micro). */
+    if (s->micro_batch && !cJSON_GetObjectItemCaseSensitive(root, "micro_batches"))
+        s->micro_batches = 0;
+    MS_CHECK(get_int(root, "$", "virtual_stages", 1, 1024, "model chunks per pipeline rank",
+                     &s->virtual_stages, name, err));
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bucket_mb");
+    if (b && (!cJSON_IsNumber(b) || !(b->valuedouble > 0) || !(b->valuedouble <= 1 << 20)))
+        return bad_value(b, "$", "bucket_mb", "a bucket size in MiB (> 0, at most 1048576)", name,
+                         err);
+    if (b) s->bucket_mb = (float)b->valuedouble;
+    bool vocab_parallel = true;
+    MS_CHECK(get_bool(root, "vocab_parallel", &vocab_parallel, name, err));
+    s->vocab_replicated = !vocab_parallel;
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "pp_layers");
+    if (layers) {
+        int n = cJSON_GetArraySize(layers);
+        if (!cJSON_IsArray(layers) || n < 1 || n > MS_STRATEGY_MAX_STAGES)
+            return bad_value(layers, "$", "pp_layers",
+                             "an array of 1 to 64 layer counts, one per pipeline stage", name, err);
+        int i = 0;
+        for (const cJSON *v = layers->child; v; v = v->next, i++) {
+            char key[32];
+            snprintf(key, sizeof key, "pp_layers[%d]", i);
+            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+                v->valuedouble < 1 || v->valuedouble > 65535)
+                return bad_value(v, "$", key, "a layer count (an integer in 1..65535)", name, err);
+            s->pp_layers[i] = (uint16_t)v->valuedouble;
+        }
+    }
+    const cJSON *pls = cJSON_GetObjectItemCaseSensitive(root, "placements");
+    if (rules) rules->n = 0;
+    if (pls) MS_CHECK(parse_placements(pls, s->cp > 1 ? 3 : 2, rules, name, err));
+    return MS_OK;
+}
+
+ms_status ms_strategy_parse_json(const char *json, size_t len, const char *name, ms_strategy *s,
+                                 ms_placement_rules *rules, ms_error *err) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        size_t off = end && end >= json ? (size_t)(end - json) : 0;
+        return ms_fail(err, MS_ERR_INVALID, "%s: malformed JSON near byte %zu", name, off);
+    }
+    size_t off = (size_t)(end - json);
+    while (off < len && json[off] && strchr(" \t\r\n", json[off])) off++;
+    ms_status st = MS_OK;
+    if (off < len)
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "%s: text after the JSON value at byte %zu; give one object", name, off);
+    ms_strategy tmp;
+    if (st == MS_OK) st = parse_root(root, name, &tmp, rules, err);
+    if (st == MS_OK)
+        *s = tmp;
+    else if (rules)
+        rules->n = 0;
+    cJSON_Delete(root);
+    return st;
+}
+
+ms_status ms_strategy_load(const char *path, ms_strategy *s, ms_placement_rules *rules,
+                           ms_error *err) {
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    ms_status st = ms_read_file(path, 1 << 20, &buf, &n, err);
+    if (st != MS_OK) return ms_fail_wrap(err, st, "strategy file");
+    st = ms_strategy_parse_json((const char *)buf, n, path, s, rules, err);
+    free(buf);
+    return st;
+}
+
+/* --- annotations ----------------------------------------------------------------------------- */
 
 ms_status ms_strategy_mesh(const ms_strategy *s, ms_mesh *out, ms_error *err) {
     const int shape[3] = {s->dp, s->tp, s->cp};
     const char *names[3] = {"dp", "tp", "cp"};
     return ms_mesh_init(out, s->cp > 1 ? 3 : 2, shape, names, NULL, err);
-}
-
-ms_status ms_strategy_check_model(const ms_strategy *s, int n_head, int n_embd, ms_error *err) {
-    (void)n_embd;
-    if (n_head % s->tp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "strategy: tensor-parallel degree %d does not divide "
-                       "the %d attention heads; pick a tp that divides n_head",
-                       s->tp, n_head);
-    return MS_OK;
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -107,10 +532,11 @@ static bool megatron(const ms_strategy *s, const char *name, int ndim, ms_placem
 
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
                        ms_placements *pl) {
-    const ms_strategy *s = user;
-    for (int r = 0; r < s->n_rules; r++)
-        if (ms_glob_match(s->rules[r].pattern, name) && s->rules[r].pl.n == mesh_ndim) {
-            *pl = s->rules[r].pl;
+    const ms_sharding *sh = user;
+    const ms_strategy *s = sh->s;
+    for (int r = 0; sh->rules && r < sh->rules->n; r++)
+        if (ms_glob_match(sh->rules->r[r].pattern, name) && sh->rules->r[r].pl.n == mesh_ndim) {
+            *pl = sh->rules->r[r].pl;
             return true;
         }
     if (mesh_ndim != (s->cp > 1 ? 3 : 2)) return false;
@@ -135,121 +561,4 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
     if (mesh_ndim == 3) pl->p[2] = cp;
     ms_placements_default_order(pl);
     return true;
-}
-
-static ms_status json_degree(const cJSON *mesh, const char *key, const char *name, int *out,
-                             ms_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(mesh, key);
-    *out = 1;
-    if (!v) return MS_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != (int)v->valuedouble ||
-        v->valuedouble > 4096)
-        return ms_fail(err, MS_ERR_INVALID, "%s: $.mesh.%s: expected a positive integer", name,
-                       key);
-    *out = (int)v->valuedouble;
-    return MS_OK;
-}
-
-ms_status ms_strategy_from_json(const char *json, size_t len, const char *name, ms_strategy *s,
-                                ms_error *err) {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    if (!root) {
-        size_t off = end ? (size_t)(end - json) : 0;
-        return ms_fail(err, MS_ERR_INVALID, "%s: malformed JSON near byte %zu", name, off);
-    }
-    ms_status st = MS_OK;
-    int dp = 1, tp = 1, cp = 1;
-    bool sp = false;
-    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(root, "mesh");
-    if (!cJSON_IsObject(root)) {
-        st = ms_fail(err, MS_ERR_INVALID, "%s: $: expected an object", name);
-        goto out;
-    }
-    /* The short form {"dp": 2, "tp": 2, "sp": false} puts the degrees at the top level. */
-    bool short_form = !mesh && (cJSON_GetObjectItemCaseSensitive(root, "dp") ||
-                                cJSON_GetObjectItemCaseSensitive(root, "tp") ||
-                                cJSON_GetObjectItemCaseSensitive(root, "cp"));
-    if (short_form) mesh = root;
-    if (!cJSON_IsObject(mesh)) {
-        st = ms_fail(err, MS_ERR_INVALID,
-                     "%s: $.mesh: expected an object like {\"dp\": 2, \"tp\": 2} (or the short "
-                     "form {\"dp\": 2, \"tp\": 2, \"sp\": false})",
-                     name);
-        goto out;
-    }
-    char safe[MS_SAFE_LEN];
-    for (const cJSON *k = mesh->child; k; k = k->next)
-        if (strcmp(k->string, "dp") && strcmp(k->string, "tp") && strcmp(k->string, "cp") &&
-            !(short_form && !strcmp(k->string, "sp"))) {
-            st = ms_fail(err, MS_ERR_INVALID,
-                         "%s: $.mesh.%s: unknown mesh dim (supported: dp, tp, cp)", name,
-                         ms_safe_str(safe, sizeof safe, k->string));
-            goto out;
-        }
-    MS_CHECK_GOTO(json_degree(mesh, "dp", name, &dp, err), st, out);
-    MS_CHECK_GOTO(json_degree(mesh, "tp", name, &tp, err), st, out);
-    MS_CHECK_GOTO(json_degree(mesh, "cp", name, &cp, err), st, out);
-    const cJSON *jsp = cJSON_GetObjectItemCaseSensitive(root, "sp");
-    if (jsp && !cJSON_IsBool(jsp)) {
-        st = ms_fail(err, MS_ERR_INVALID, "%s: $.sp: expected true or false", name);
-        goto out;
-    }
-    sp = cJSON_IsTrue(jsp);
-    st = ms_strategy_init(s, dp, tp, cp, sp, err);
-    if (st != MS_OK) {
-        ms_fail_wrap(err, st, "%s", name);
-        goto out;
-    }
-    const cJSON *pls = cJSON_GetObjectItemCaseSensitive(root, "placements");
-    if (pls && !cJSON_IsObject(pls)) {
-        st = ms_fail(err, MS_ERR_INVALID,
-                     "%s: $.placements: expected an object of pattern: "
-                     "placements",
-                     name);
-        goto out;
-    }
-    for (const cJSON *k = pls ? pls->child : NULL; k; k = k->next) {
-        if (s->n_rules == MS_STRATEGY_MAX_RULES) {
-            st = ms_fail(err, MS_ERR_INVALID, "%s: $.placements: more than %d patterns", name,
-                         MS_STRATEGY_MAX_RULES);
-            goto out;
-        }
-        ms_strategy_rule *r = &s->rules[s->n_rules];
-        if (!cJSON_IsString(k) || strlen(k->string) >= sizeof r->pattern) {
-            st = ms_fail(err, MS_ERR_INVALID,
-                         "%s: $.placements[\"%s\"]: expected a placement "
-                         "string like \"[S(0), R]\"",
-                         name, ms_safe_str(safe, sizeof safe, k->string));
-            goto out;
-        }
-        ms_error e2 = {0};
-        int mdims = cp > 1 ? 3 : 2;
-        if (ms_placements_parse(k->valuestring, &r->pl, &e2) != MS_OK || r->pl.n != mdims) {
-            st = ms_fail(err, MS_ERR_INVALID, "%s: $.placements[\"%s\"]: %s", name,
-                         ms_safe_str(safe, sizeof safe, k->string),
-                         e2.msg[0] ? e2.msg : "give one placement per mesh dim (dp, tp[, cp])");
-            goto out;
-        }
-        snprintf(r->pattern, sizeof r->pattern, "%s", k->string);
-        s->n_rules++;
-    }
-out:
-    cJSON_Delete(root);
-    return st;
-}
-
-ms_status ms_strategy_load(const char *path, ms_strategy *s, ms_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ms_fail(err, MS_ERR_IO, "strategy file %s: cannot open", path);
-    char *buf = xmalloc(1 << 20);
-    size_t n = fread(buf, 1, 1 << 20, f);
-    fclose(f);
-    if (n == (1 << 20)) {
-        free(buf);
-        return ms_fail(err, MS_ERR_INVALID, "strategy file %s is larger than 1 MiB", path);
-    }
-    ms_status st = ms_strategy_from_json(buf, n, path, s, err);
-    free(buf);
-    return st;
 }

@@ -391,7 +391,8 @@ static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     ms_status st;
     MS_CHECK_GOTO(ms_dmesh_create(ctx, &mesh, &dm, err), st, out);
     MS_CHECK_GOTO(ms_model_build(&r->cfg, r->B, r->T, &m, err), st, out);
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &s, .seed = 5};
+    ms_sharding sh = {.s = &s};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 5};
     MS_CHECK_GOTO(ms_program_compile(m.g, dm, &co, &prog, err), st, out);
     int n = r->B * r->T;
     buf = xmalloc(sizeof(float) * (size_t)n);
@@ -506,7 +507,8 @@ static ms_status calibrate_sync(int max_ranks, void *log, ms_cluster *c, ms_erro
                                   .dtype = MS_PLAN_FP32,
                                   .cluster = c,
                                   .engine_workloads = true};
-            ms_plan_strategy s = ms_plan_strategy_engine(run.dp, run.tp, 1, run.sp, B);
+            ms_strategy s;
+            MS_CHECK(ms_strategy_init(&s, run.dp, run.tp, 1, run.sp, err));
             ms_plan_estimate e;
             MS_CHECK(ms_plan_estimate_one(&pb, &s, NULL, &e, err));
             /* the program's part of the step: no optimizer, no gradient norm */

@@ -9,6 +9,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 #include "engine/ops/op.h"
+#include "engine/plan/validate.h"
 #include "engine/plan/workload.h"
 
 const char *ms_plan_dim_name(ms_plan_dim d) {
@@ -30,101 +31,19 @@ void ms_plan_scales_identity(ms_plan_scales *s) {
 /* --- strategies --------------------------------------------------------------------------------
  */
 
-static bool engine_kind(const ms_plan_strategy *s) {
-    return s->pp == 1 && s->zero == 0 && !s->recompute && s->n_micro == 1 &&
-           s->vocab_parallel == (s->tp > 1);
-}
-
-char *ms_plan_strategy_str(const ms_plan_strategy *s, char *buf, size_t len) {
-    /* The engine's own text (model/strategy.c) for what it runs. */
-    int k = s->cp > 1 ? snprintf(buf, len, "dp%d x tp%d%s x cp%d", s->dp, s->tp,
-                                 s->sp ? " +sp" : "", s->cp)
-                      : snprintf(buf, len, "dp%d x tp%d%s", s->dp, s->tp, s->sp ? " +sp" : "");
-    if (engine_kind(s) || k < 0 || (size_t)k >= len) return buf;
-    size_t n = (size_t)k;
-    if (s->pp > 1) n += (size_t)snprintf(buf + n, len - n, " x pp%d", s->pp);
-    if (n < len && s->zero) n += (size_t)snprintf(buf + n, len - n, ", zero%d", s->zero);
-    if (n < len && s->recompute) n += (size_t)snprintf(buf + n, len - n, ", recompute");
-    if (n < len && s->tp > 1 && !s->vocab_parallel)
-        n += (size_t)snprintf(buf + n, len - n, ", head replicated");
-    if (n < len) snprintf(buf + n, len - n, ", micro-batch %d x %d", s->micro_batch, s->n_micro);
+char *ms_plan_bytes_str(double b, char *buf, size_t len) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int k = 0;
+    while (b >= 1024 && k < 4) b /= 1024, k++;
+    snprintf(buf, len, "%.1f %s", b, u[k]);
     return buf;
 }
 
-char *ms_plan_strategy_short_json(const ms_plan_strategy *s, char *buf, size_t len) {
-    if (s->cp > 1)
-        snprintf(buf, len, "{\"dp\": %d, \"tp\": %d, \"cp\": %d, \"sp\": %s}", s->dp, s->tp, s->cp,
-                 s->sp ? "true" : "false");
-    else
-        snprintf(buf, len, "{\"dp\": %d, \"tp\": %d, \"sp\": %s}", s->dp, s->tp,
-                 s->sp ? "true" : "false");
-    return buf;
+ms_job_shape ms_plan_job(const ms_plan_problem *pb) {
+    return (ms_job_shape){.world = pb->devices, .batch = pb->global_batch, .seq = pb->seq};
 }
 
-ms_plan_strategy ms_plan_strategy_engine(int dp, int tp, int cp, bool sp, int global_batch) {
-    return (ms_plan_strategy){.dp = dp,
-                              .tp = tp,
-                              .pp = 1,
-                              .cp = cp,
-                              .sp = sp,
-                              .zero = 0,
-                              .recompute = false,
-                              .micro_batch = dp > 0 ? global_batch / dp : 0,
-                              .n_micro = 1,
-                              .vocab_parallel = tp > 1};
-}
-
-ms_status ms_plan_strategy_check(const ms_plan_problem *pb, const ms_plan_strategy *s,
-                                 ms_error *err) {
-    const ms_model_config *c = &pb->model;
-    if (s->dp < 1 || s->tp < 1 || s->pp < 1 || s->cp < 1)
-        return ms_fail(err, MS_ERR_INVALID, "degrees must be >= 1 (dp %d, tp %d, pp %d, cp %d)",
-                       s->dp, s->tp, s->pp, s->cp);
-    long mesh = (long)s->dp * s->tp * s->pp * s->cp;
-    if (mesh != pb->devices)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "the mesh dp%d x tp%d x pp%d x cp%d has %ld ranks but the world has %d; "
-                       "make the degrees multiply to %d",
-                       s->dp, s->tp, s->pp, s->cp, mesh, pb->devices, pb->devices);
-    if (c->n_head % s->tp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "tp %d does not divide the %d attention heads; pick a tp that divides "
-                       "n_head",
-                       s->tp, c->n_head);
-    if (c->n_head % (s->tp * s->cp))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "tp x cp = %d does not divide the %d attention heads (context "
-                       "parallelism moves heads, not sequence, into attention); pick tp x cp "
-                       "dividing n_head",
-                       s->tp * s->cp, c->n_head);
-    if (c->n_layer % s->pp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "pp %d does not divide the %d layers; pick a pp that divides n_layer", s->pp,
-                       c->n_layer);
-    if (pb->seq % s->cp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "cp %d does not divide the sequence length %d; pick a cp that divides it",
-                       s->cp, pb->seq);
-    if (s->sp && s->tp < 2)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "sequence parallelism (sp) shards over the tensor-parallel group; use it "
-                       "with tp 2 or more");
-    if (s->zero < 0 || s->zero > 3)
-        return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d does not exist; use 0, 1, 2 or 3",
-                       s->zero);
-    if (s->micro_batch < 1 || s->n_micro < 1 ||
-        (long)s->dp * s->micro_batch * s->n_micro != pb->global_batch)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "dp %d x micro-batch %d x %d micro-batches is not the global batch %d; "
-                       "the batch must be divisible by dp",
-                       s->dp, s->micro_batch, s->n_micro, pb->global_batch);
-    if (s->vocab_parallel && s->tp < 2)
-        return ms_fail(err, MS_ERR_INVALID, "a vocab-parallel head needs tp 2 or more");
-    return MS_OK;
-}
-
-bool ms_plan_strategy_executable(const ms_plan_problem *pb, const ms_plan_strategy *s, char *why,
-                                 size_t len) {
+bool ms_plan_executable(const ms_plan_problem *pb, const ms_strategy *s, char *why, size_t len) {
     char dummy[8];
     if (!why) why = dummy, len = sizeof dummy;
     why[0] = '\0';
@@ -133,21 +52,24 @@ bool ms_plan_strategy_executable(const ms_plan_problem *pb, const ms_plan_strate
                  pb->cluster->name);
         return false;
     }
-    if (pb->dtype != MS_PLAN_FP32)
-        snprintf(why, len, "the engine trains in fp32 only");
-    else if (s->pp > 1)
-        snprintf(why, len, "pipeline parallelism (pp %d) is not implemented in the engine", s->pp);
-    else if (s->zero)
-        snprintf(why, len, "ZeRO stage %d is not implemented in the engine", s->zero);
-    else if (s->recompute)
-        snprintf(why, len, "activation recompute is not implemented in the engine");
-    else if (s->n_micro > 1)
-        snprintf(why, len, "gradient accumulation over %d micro-batches is not implemented",
-                 s->n_micro);
-    else if (s->vocab_parallel != (s->tp > 1))
-        snprintf(why, len,
-                 "the engine always shards the tied embedding over tp (vocab-parallel head)");
-    return why[0] == '\0';
+    ms_error e = {0};
+    ms_job_shape job = ms_plan_job(pb);
+    if (ms_strategy_validate(s, &pb->model, &job, 0, &e) == MS_OK) return true;
+    snprintf(why, len, "%s", e.msg);
+    return false;
+}
+
+/* The micro-batch size and count of a checked strategy. */
+static void micro(const ms_plan_problem *pb, const ms_strategy *s, int *size, int *count) {
+    if (!ms_strategy_micro(s, pb->global_batch, size, count)) *size = *count = 1;
+}
+
+/* Layers on the busiest pipeline stage. */
+static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
+    int most = 0;
+    for (int i = 0; i < MS_STRATEGY_MAX_STAGES && s->pp_layers[i]; i++)
+        most = s->pp_layers[i] > most ? s->pp_layers[i] : most;
+    return most ? most : pb->model.n_layer / s->pp;
 }
 
 /* --- closed-form quantities ------------------------------------------------------------------- */
@@ -195,7 +117,7 @@ double ms_plan_layer_activation_bytes(double s, double b, double h, double a, in
 
 /* Layout tp (innermost), cp, dp, pp (outermost), as Megatron-LM orders its groups. The
  * gradient group of dp with cp > 1 is dp x cp (stride tp). */
-static ms_group_place place(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_dim dim,
+static ms_group_place place(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_dim dim,
                             int group) {
     const ms_cluster *c = pb->cluster;
     switch (dim) {
@@ -212,7 +134,7 @@ static ms_group_place place(const ms_plan_problem *pb, const ms_plan_strategy *s
     }
 }
 
-double ms_plan_coll_time(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_dim dim,
+double ms_plan_coll_time(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_dim dim,
                          ms_coll_kind kind, double bytes, double gap_s) {
     int group = dim == MS_PLAN_TP   ? s->tp
                 : dim == MS_PLAN_CP ? s->cp
@@ -323,19 +245,23 @@ static double layer_params_local(double h, int t) {
 
 /* The Megatron-LM layout in closed form, one micro-batch on the busiest stage (its layers,
  * the head, and the embedding when pp = 1), with the same kernels the engine's GPT runs. */
-static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_workload *w) {
+static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
     const ms_model_config *c = &pb->model;
     const ms_cluster *cl = pb->cluster;
     wk_reset(w);
     const int t = s->tp, cp = s->cp, p = s->pp;
-    const bool rc = s->recompute;
+    const bool rc = s->recompute == MS_RECOMPUTE_FULL;
+    const bool sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
+    const bool vp = t > 1 && !s->vocab_replicated;           /* vocab-parallel head */
+    int mb, n_micro;
+    micro(pb, s, &mb, &n_micro);
     const int64_t h = c->n_embd, a = c->n_head, V = c->vocab_size, S = pb->seq;
-    const int64_t b = s->micro_batch;
+    const int64_t b = mb;
     const int64_t tok = b * S / cp;                      /* rows of a tp-replicated activation */
     const int64_t tok_sp = s->sp ? tok / t : tok;        /* rows of the residual stream */
     const double ab = pb->dtype == MS_PLAN_BF16 ? 2 : 4; /* activation bytes */
-    const double L = (double)c->n_layer / p;
-    w->layers_per_stage = c->n_layer / p;
+    const double L = stage_layers(pb, s);
+    w->layers_per_stage = stage_layers(pb, s);
 
     /* --- one layer, L times --- */
     add_elt(w, MS_OPRATE_LAYERNORM, MS_OP_LAYERNORM, ms_k_layernorm_cost(tok_sp, h, false),
@@ -360,7 +286,7 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms
                       f.flops, f.bytes, L);
         wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, MS_OP_ATTENTION, b * lh, S, hs,
                       bw.flops, bw.bytes, L);
-        if (rc)
+        if (rc || sel)
             wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, MS_OP_ATTENTION,
                           b * lh, S, hs, f.flops, f.bytes, L);
     }
@@ -384,7 +310,7 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms
 
     const double f_layers = wk_flops(w);
     /* --- the head (last stage) --- */
-    const int64_t vl = s->vocab_parallel ? V / t : V;
+    const int64_t vl = vp ? V / t : V;
     add_elt(w, MS_OPRATE_LAYERNORM, MS_OP_LAYERNORM, ms_k_layernorm_cost(tok_sp, h, false),
             ms_k_layernorm_cost(tok_sp, h, true), false, 1);
     add_gemm(w, tok, vl, h, false, 1);
@@ -412,7 +338,7 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms
             wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1);
             wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1);
         }
-        if (s->vocab_parallel) /* row max, sum of exponentials, target logit */
+        if (vp) /* row max, sum of exponentials, target logit */
             wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)tok * 4, 3);
     }
     if (cp > 1) {
@@ -421,17 +347,18 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms
         wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
         wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L * (passes_f + 1));
     }
-    if (p > 1) /* activations forward and gradients backward, scatter-gathered over tp */
-        wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, p, x / t, 2);
+    if (p > 1) /* activations forward and gradients backward, scatter-gathered over tp; once
+                * per model chunk with virtual stages */
+        wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, p, x / t, 2.0 * s->virtual_stages);
 
     /* --- parameters, gradients, memory --- */
     double lp = layer_params_local((double)h, t);
-    double wte = (double)V * h / (s->vocab_parallel ? t : 1), wpe = (double)c->n_positions * h;
+    double wte = (double)V * h / (vp ? t : 1), wpe = (double)c->n_positions * h;
     double first = L * lp + wte + wpe, last = L * lp + 2.0 * h + (p > 1 ? wte : 0);
     double psi = first > last ? first : last;
     int nd = s->dp * s->cp;
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
-    double m = s->n_micro;
+    double m = n_micro;
     if (nd > 1) {
         double g = psi * gb, wbytes = psi * (pb->dtype == MS_PLAN_BF16 ? 2 : 4);
         switch (s->zero) {
@@ -460,9 +387,10 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms
     w->opt_elems = s->zero >= 1 ? psi / nd : psi;
     w->norm_elems = s->zero >= 2 ? psi / nd : psi;
     w->zero_bytes = (s->zero >= 2 ? psi / nd : psi) * gb;
-    double layer = ms_plan_layer_activation_bytes((double)S, (double)b, (double)h, (double)a, t,
-                                                  s->sp, cp, rc, cl->flash_attention, pb->dtype);
-    double in_flight = p < s->n_micro ? p : s->n_micro;
+    double layer =
+        ms_plan_layer_activation_bytes((double)S, (double)b, (double)h, (double)a, t, s->sp, cp, rc,
+                                       cl->flash_attention || sel, pb->dtype);
+    double in_flight = s->schedule == MS_SCHEDULE_GPIPE ? n_micro : p < n_micro ? p : n_micro;
     double act_first = L * layer * in_flight;
     if (rc)
         act_first +=
@@ -478,7 +406,7 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_plan_strategy *s, ms
     double f_emb = 2 * (ef.flops + eb.flops) +
                    ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false).flops +
                    ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true).flops;
-    double per_device_mb = f_layers + (f_head + f_emb) / p;
+    double per_device_mb = f_layers * ((double)c->n_layer / p / L) + (f_head + f_emb) / p;
     w->hw_flops_step = per_device_mb * m * pb->devices;
 }
 
@@ -511,16 +439,18 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
     }
 }
 
-static double coll_time(const ms_plan_problem *pb, const ms_plan_strategy *s, const wk_coll *e,
+static double coll_time(const ms_plan_problem *pb, const ms_strategy *s, const wk_coll *e,
                         double gap_s) {
     ms_group_place g = place(pb, s, (ms_plan_dim)e->dim, e->group);
     return ms_cluster_coll_time(pb->cluster, (ms_coll_kind)e->kind, g, e->bytes, pb->devices,
                                 e->when == WK_IN_MB ? gap_s : -1);
 }
 
-static void price(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_workload *w,
+static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
                   const ms_plan_scales *sc, ms_plan_estimate *out) {
     const ms_cluster *c = pb->cluster;
+    int mb, n_micro;
+    micro(pb, s, &mb, &n_micro);
     double cls_mb[MS_PC_COUNT] = {0}, dim_mb[MS_PLAN_DIM_COUNT] = {0};
     double grad[MS_PLAN_DIM_COUNT] = {0}, stepc[MS_PLAN_DIM_COUNT] = {0};
     double bwd_mb = 0;
@@ -547,10 +477,15 @@ static void price(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_
         double t = coll_time(pb, s, e, gap) * e->count * sc->comm[e->dim];
         double *to = e->when == WK_IN_MB ? dim_mb : e->when == WK_GRAD ? grad : stepc;
         to[e->dim] += t;
-        out->comm_bytes[e->dim] += e->bytes * e->count * (e->when == WK_IN_MB ? s->n_micro : 1);
+        out->comm_bytes[e->dim] += e->bytes * e->count * (e->when == WK_IN_MB ? n_micro : 1);
     }
     w->bwd_mb_s = bwd_mb;
-    double m = s->n_micro, slots = m + s->pp - 1;
+    /* the bubble: pp - 1 micro-batch slots under 1F1B and GPipe, fewer when the schedule
+     * fills them (see cost.h) */
+    double fill = s->schedule == MS_SCHEDULE_INTERLEAVED ? 1.0 / s->virtual_stages
+                  : s->schedule == MS_SCHEDULE_ZB_H1     ? 1.0 / 3
+                                                         : 1.0;
+    double m = n_micro, slots = m + (s->pp - 1) * fill;
     double t_mb = 0;
     for (int k = 0; k < MS_PC_COUNT; k++) t_mb += cls_mb[k];
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) t_mb += dim_mb[d];
@@ -595,8 +530,8 @@ static void price(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_
 
 typedef struct memo_entry {
     ms_model_config model;
-    int batch, seq, dp, tp, cp;
-    bool sp;
+    int batch, seq;
+    ms_strategy s;
     ms_plan_workload w;
     ms_plan_engine_stats st;
     struct memo_entry *next;
@@ -627,15 +562,14 @@ static bool same_model(const ms_model_config *a, const ms_model_config *b) {
 }
 
 /* The engine workload of s, compiled once per memo. */
-static ms_status engine_cached(const ms_plan_problem *pb, const ms_plan_strategy *s,
+static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
                                const ms_plan_workload **w, const ms_plan_engine_stats **st,
                                ms_plan_workload *scratch, ms_plan_engine_stats *scratch_st,
                                ms_error *err) {
     ms_plan_memo *m = pb->memo;
     for (memo_entry *e = m ? m->head : NULL; e; e = e->next)
         if (same_model(&e->model, &pb->model) && e->batch == pb->global_batch &&
-            e->seq == pb->seq && e->dp == s->dp && e->tp == s->tp && e->cp == s->cp &&
-            e->sp == s->sp) {
+            e->seq == pb->seq && ms_strategy_equal(&e->s, s)) {
             *w = &e->w;
             *st = &e->st;
             return MS_OK;
@@ -655,7 +589,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_plan_strategy
     e->model = pb->model;
     e->batch = pb->global_batch;
     e->seq = pb->seq;
-    e->dp = s->dp, e->tp = s->tp, e->cp = s->cp, e->sp = s->sp;
+    e->s = *s;
     e->next = m->head;
     m->head = e;
     *w = &e->w;
@@ -670,9 +604,10 @@ static bool engine_sized(const ms_plan_problem *pb) {
     return pb->engine_workloads && params * 4 < (1u << 30) && act < 4.0 * (1u << 30);
 }
 
-ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_plan_strategy *s,
+ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err) {
-    MS_CHECK(ms_plan_strategy_check(pb, s, err));
+    ms_job_shape job = ms_plan_job(pb);
+    MS_CHECK(ms_strategy_check(s, &pb->model, &job, err));
     ms_plan_workload *scratch = xmalloc(sizeof *scratch);
     const ms_plan_workload *w;
     const ms_plan_engine_stats *st;
@@ -683,19 +618,23 @@ ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_plan_stra
     return rc;
 }
 
-ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_plan_strategy *s,
+ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy *s,
                                const ms_plan_scales *scales, ms_plan_estimate *out, ms_error *err) {
     memset(out, 0, sizeof *out);
-    MS_CHECK(ms_plan_strategy_check(pb, s, err));
+    ms_job_shape job = ms_plan_job(problem);
+    MS_CHECK(ms_strategy_check(s, &problem->model, &job, err));
+    /* priced at the strategy's own precision */
+    ms_plan_problem at = *problem;
+    at.dtype = s->precision == MS_PRECISION_BF16 ? MS_PLAN_BF16 : MS_PLAN_FP32;
+    const ms_plan_problem *pb = &at;
     ms_plan_scales id;
     if (!scales) {
         ms_plan_scales_identity(&id);
         scales = &id;
     }
     out->s = *s;
-    ms_plan_strategy_str(s, out->text, sizeof out->text);
-    out->executable =
-        ms_plan_strategy_executable(pb, s, out->not_executable, sizeof out->not_executable);
+    ms_strategy_name(s, out->text, sizeof out->text);
+    out->executable = ms_plan_executable(pb, s, out->not_executable, sizeof out->not_executable);
     ms_plan_workload *w = xmalloc(sizeof *w);
     ms_status st = MS_OK;
     if (out->executable && engine_sized(pb)) {

@@ -1,7 +1,8 @@
 /* cost.h - the planner's cost model: step time, throughput and memory of one strategy.
  *
- * A strategy is a mesh dp x tp x pp x cp (+ sp) with a ZeRO stage, full activation recompute
- * on or off, and micro-batches (size x count). Its estimate comes from a workload: the local
+ * A strategy (engine/model/strategy.h) is a mesh dp x tp x pp x cp (+ sp) with a ZeRO stage,
+ * activation recompute (full or selective), a precision, micro-batches (size x count) and a
+ * pipeline schedule, priced at its own precision. Its estimate comes from a workload: the local
  * kernels one device runs per micro-batch (class, FLOPs, bytes, GEMM shape) and the
  * collectives it joins (kind, mesh dim, group, bytes), priced on a cluster:
  *
@@ -11,12 +12,17 @@
  *   collectives  alpha-beta per mesh dim with the ring / tree formulas (cluster.h)
  *   step         1F1B pipeline: (micro-batches + pp - 1) x (one micro-batch on the busiest
  *                stage, its tp / cp / pp communication included: those collectives sit on
- *                the critical path); then the data-parallel gradient traffic, minus the share
+ *                the critical path); the bubble's pp - 1 slots are (pp - 1) / v for the
+ *                interleaved schedule over v virtual stages and (pp - 1) / 3 for ZB-H1 (Qi et
+ *                al. 2023, equal forward, input- and weight-gradient times); then the
+ *                data-parallel gradient traffic, minus the share
  *                the cluster's schedule hides behind backward (none in this engine); then the
  *                optimizer, the gradient norm and a fixed step overhead
  *   memory       ZeRO formulas for parameters, gradients and optimizer states; activations
- *                per layer after Korthikanti et al. 2022 (tp / sp / cp divided, recompute
- *                keeps only layer inputs), times the micro-batches 1F1B keeps in flight
+ *                per layer after Korthikanti et al. 2022 (tp / sp / cp divided, full
+ *                recompute keeps only layer inputs, selective drops the attention scores and
+ *                recomputes attention), times the micro-batches in flight (pp under 1F1B,
+ *                all of them under GPipe); gradient buckets are not modelled
  *
  * Two workload sources, one pricing:
  *   engine     strategies this engine runs (pp 1, ZeRO 0, no recompute, one micro-batch, on
@@ -42,19 +48,10 @@
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
+#include "engine/model/strategy.h"
 #include "engine/plan/cluster.h"
 
 typedef struct ms_plan_memo ms_plan_memo; /* see ms_plan_memo_create */
-
-typedef struct ms_plan_strategy {
-    int dp, tp, pp, cp;
-    bool sp;             /* sequence parallelism over the tp group */
-    int zero;            /* ZeRO stage 0..3 over the dp x cp group */
-    bool recompute;      /* full activation recompute (layer inputs kept) */
-    int micro_batch;     /* sequences per micro-batch on one dp rank */
-    int n_micro;         /* micro-batches per step: global batch = dp x micro_batch x n_micro */
-    bool vocab_parallel; /* the tied LM head / embedding sharded over tp (tp > 1 only) */
-} ms_plan_strategy;
 
 /* Mesh dims as the planner reports them. */
 typedef enum ms_plan_dim {
@@ -77,20 +74,15 @@ typedef enum ms_plan_class {
 } ms_plan_class;
 const char *ms_plan_class_name(ms_plan_class c);
 
-/* "dp2 x tp2 +sp" for what the engine runs (its ms_strategy text), longer otherwise:
- * "dp8 x tp8 +sp x pp16, zero1, recompute, micro-batch 1 x 192". */
-char *ms_plan_strategy_str(const ms_plan_strategy *s, char *buf, size_t len);
-/* The control API's short form: {"dp": 2, "tp": 2, "sp": false} ("cp" when > 1). */
-char *ms_plan_strategy_short_json(const ms_plan_strategy *s, char *buf, size_t len);
-/* The engine's executable strategy for a dp x tp x cp (+sp) mesh and a batch. */
-ms_plan_strategy ms_plan_strategy_engine(int dp, int tp, int cp, bool sp, int global_batch);
+/* "38.0 MiB": bytes in binary units, for messages. Returns buf. */
+char *ms_plan_bytes_str(double bytes, char *buf, size_t len);
 
 typedef struct ms_plan_problem {
     ms_model_config model;
     int devices;
     int global_batch; /* sequences per step */
     int seq;
-    ms_plan_dtype dtype;
+    ms_plan_dtype dtype;       /* the precision of the strategies the search makes */
     const ms_cluster *cluster; /* borrowed */
     /* Compile the engine's program for executable strategies when the model is small enough
      * (parameters x 4 bytes under 1 GiB); otherwise everything is analytic. */
@@ -108,10 +100,10 @@ typedef struct ms_plan_scales {
 void ms_plan_scales_identity(ms_plan_scales *s);
 
 typedef struct ms_plan_estimate {
-    ms_plan_strategy s;
-    char text[96];
+    ms_strategy s;
+    char text[MS_STRATEGY_NAME_MAX]; /* ms_strategy_name(&s) */
     bool executable;
-    char not_executable[160]; /* why not, when !executable */
+    char not_executable[256]; /* why not, when !executable */
     bool fits;
     bool from_engine; /* workload from the engine's compiled program */
     double step_s, tokens_per_s;
@@ -130,19 +122,16 @@ typedef struct ms_plan_estimate {
     double mem_cap;                                                         /* bytes per device */
 } ms_plan_estimate;
 
-/* Checks a strategy against the problem: mesh size, divisibility (tp and tp x cp divide the
- * heads, pp divides the layers, cp divides the sequence, dp x micro_batch x n_micro is the
- * global batch), sp needs tp > 1, ZeRO 0..3. MS_ERR_INVALID names the rule and the fix. */
-ms_status ms_plan_strategy_check(const ms_plan_problem *pb, const ms_plan_strategy *s,
-                                 ms_error *err);
+/* The job the problem describes (world = devices), for the validator. */
+ms_job_shape ms_plan_job(const ms_plan_problem *pb);
 
-/* Whether this engine runs s on the problem's cluster; if not, why (why may be NULL). */
-bool ms_plan_strategy_executable(const ms_plan_problem *pb, const ms_plan_strategy *s, char *why,
-                                 size_t len);
+/* Whether this engine runs s on the problem's cluster (thread ranks, and the validator's
+ * ms_strategy_validate without a memory cap); if not, why (why may be NULL). */
+bool ms_plan_executable(const ms_plan_problem *pb, const ms_strategy *s, char *why, size_t len);
 
-/* Estimates one strategy (scales may be NULL: identity). Fails only for invalid strategies
- * (ms_plan_strategy_check) or when the engine's program cannot be compiled. */
-ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_plan_strategy *s,
+/* Estimates one strategy at its own precision (scales may be NULL: identity). Fails only for
+ * invalid strategies (ms_strategy_check) or when the engine's program cannot be compiled. */
+ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_strategy *s,
                                const ms_plan_scales *scales, ms_plan_estimate *out, ms_error *err);
 
 /* --- the pieces, exposed for tests and the advisor ---------------------------------------------
@@ -171,7 +160,7 @@ double ms_plan_layer_activation_bytes(double s, double b, double h, double a, in
 
 /* One collective on a mesh dim of the strategy (the planner's layout: tp innermost, then cp,
  * dp, pp): seconds. */
-double ms_plan_coll_time(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_dim dim,
+double ms_plan_coll_time(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_dim dim,
                          ms_coll_kind kind, double bytes, double gap_s);
 
 /* What the engine's compiled program does per step on the rank at mesh coordinate 0,
@@ -184,7 +173,7 @@ typedef struct ms_plan_engine_stats {
     double local_params;  /* floats */
     double arena_bytes, persist_bytes;
 } ms_plan_engine_stats;
-ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_plan_strategy *s,
+ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err);
 
 /* Compiled workloads kept across estimates (keyed by model, batch, sequence and strategy), so

@@ -158,21 +158,20 @@ static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, con
     return MS_OK;
 }
 
-ms_status wk_from_engine(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_workload *w,
+ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
                          ms_plan_engine_stats *stats, ms_error *err) {
     wk_reset(w);
     w->from_engine = true;
     w->layers_per_stage = pb->model.n_layer;
     if (stats) memset(stats, 0, sizeof *stats);
-    ms_strategy strat;
-    MS_CHECK(ms_strategy_init(&strat, s->dp, s->tp, s->cp, s->sp, err));
     ms_mesh mesh = {0};
-    MS_CHECK(ms_strategy_mesh(&strat, &mesh, err));
+    MS_CHECK(ms_strategy_mesh(s, &mesh, err));
     ms_model model = {0};
     ms_program *prog = NULL;
     ms_status st;
     MS_CHECK_GOTO(ms_model_build(&pb->model, pb->global_batch, pb->seq, &model, err), st, out);
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &strat};
+    ms_sharding sh = {.s = s};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh};
     MS_CHECK_GOTO(ms_program_compile_shapes(model.g, &mesh, NULL, &co, &prog, err), st, out);
     add_kernels(w, stats, model.g, &mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, &mesh, prog, err), st, out);

@@ -80,14 +80,15 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
     return MS_OK;
 }
 
-bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_plan_strategy *s) {
+bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int global_batch) {
+    int mb = 0, m = 0;
+    ms_strategy_micro(s, global_batch, &mb, &m);
     return (f->dp < 0 || f->dp == s->dp) && (f->tp < 0 || f->tp == s->tp) &&
            (f->pp < 0 || f->pp == s->pp) && (f->cp < 0 || f->cp == s->cp) &&
            (f->sp < 0 || f->sp == (int)s->sp) && (f->zero < 0 || f->zero == s->zero) &&
-           (f->recompute < 0 || f->recompute == (int)s->recompute) &&
-           (f->micro_batch < 0 || f->micro_batch == s->micro_batch) &&
-           (f->n_micro < 0 || f->n_micro == s->n_micro) &&
-           (f->vocab_parallel < 0 || f->vocab_parallel == (int)s->vocab_parallel);
+           (f->recompute < 0 || f->recompute == (s->recompute != MS_RECOMPUTE_NONE)) &&
+           (f->micro_batch < 0 || f->micro_batch == mb) && (f->n_micro < 0 || f->n_micro == m) &&
+           (f->vocab_parallel < 0 || f->vocab_parallel == (s->tp > 1 && !s->vocab_replicated));
 }
 
 /* --- explaining ------------------------------------------------------------------------------ */
@@ -202,12 +203,6 @@ static void make_reason(const ms_plan_problem *pb, ms_plan_result *r) {
     (void)pb;
 }
 
-static bool same_strategy(const ms_plan_strategy *a, const ms_plan_strategy *b) {
-    return a->dp == b->dp && a->tp == b->tp && a->pp == b->pp && a->cp == b->cp && a->sp == b->sp &&
-           a->zero == b->zero && a->recompute == b->recompute && a->micro_batch == b->micro_batch &&
-           a->n_micro == b->n_micro && a->vocab_parallel == b->vocab_parallel;
-}
-
 /* --- the search ------------------------------------------------------------------------------- */
 
 /* Why no strategy is valid, when the loops never got as far as pricing one. */
@@ -268,6 +263,7 @@ ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *o
     bool exe_only = opts && opts->executable_only;
     const ms_model_config *c = &pb->model;
     int D = pb->devices, B = pb->global_batch;
+    const uint8_t precision = pb->dtype == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32;
     if (D < 1 || B < 1 || pb->seq < 1)
         return ms_fail(err, MS_ERR_INVALID, "devices, global batch and sequence must be positive");
     ms_plan_estimate *fit = xcalloc((size_t)keep, sizeof *fit);
@@ -294,19 +290,16 @@ ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *o
                             for (int rc = 0; rc <= 1; rc++)
                                 for (int mb = 1; mb <= per; mb++) {
                                     if (per % mb) continue;
-                                    ms_plan_strategy s = {.dp = dp,
-                                                          .tp = tp,
-                                                          .pp = pp,
-                                                          .cp = cp,
-                                                          .sp = sp,
-                                                          .zero = z,
-                                                          .recompute = rc,
-                                                          .micro_batch = mb,
-                                                          .n_micro = per / mb,
-                                                          .vocab_parallel = vp};
-                                    if (!ms_plan_fixed_match(f, &s)) continue;
-                                    if (exe_only && !ms_plan_strategy_executable(pb, &s, NULL, 0))
-                                        continue;
+                                    ms_strategy s;
+                                    ms_strategy_defaults(&s);
+                                    s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp;
+                                    s.zero = z;
+                                    s.recompute = rc ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
+                                    s.micro_batches = per / mb;
+                                    s.vocab_replicated = tp > 1 && !vp;
+                                    s.precision = precision;
+                                    if (!ms_plan_fixed_match(f, &s, B)) continue;
+                                    if (exe_only && !ms_plan_executable(pb, &s, NULL, 0)) continue;
                                     ms_error e2 = {0};
                                     ms_status s2 = ms_plan_estimate_one(pb, &s, sc, e, &e2);
                                     if (s2 != MS_OK) {
@@ -364,7 +357,7 @@ done:
         }
         if (out->have_best_executable && out->n_cands &&
             out->best_executable.executable == out->cands[0].executable &&
-            same_strategy(&out->best_executable.s, &out->cands[0].s))
+            ms_strategy_equal(&out->best_executable.s, &out->cands[0].s))
             out->have_best_executable = false;
         make_reason(pb, out);
     }

@@ -3,7 +3,8 @@
  * The space: mesh factorisations dp x tp x pp x cp of the device count (tp and tp x cp dividing
  * the heads, pp the layers, cp the sequence, dp the global batch), sp on or off (tp > 1), the
  * LM head vocab-parallel or replicated (tp > 1), ZeRO stage 0-3 (dp x cp > 1), full recompute
- * on or off, and every micro-batch size dividing the per-rank batch. Each point is priced by
+ * on or off, and every micro-batch size dividing the per-rank batch, at the problem's precision
+ * (1F1B, no buckets, no uneven stages: those are priced when given). Each point is priced by
  * the cost model (plan/cost.h); strategies whose memory exceeds the device's are pruned;
  * the rest are ranked by predicted step time. Knobs can be fixed (`--evaluate "tp=8,pp=2"`),
  * and the search covers the others.
@@ -23,8 +24,8 @@ void ms_plan_fixed_none(ms_plan_fixed *f);
  * micro (micro-batch count), vp (vocab-parallel head); booleans as 0/1/true/false/on/off.
  * Errors name the key and list the valid ones. */
 ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err);
-/* Whether s agrees with every fixed knob. */
-bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_plan_strategy *s);
+/* Whether s agrees with every fixed knob (micro-batch size and count for this global batch). */
+bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int global_batch);
 
 typedef struct ms_plan_result {
     ms_plan_estimate *cands; /* best first: fitting by step time, then (only if none fits) the

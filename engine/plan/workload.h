@@ -60,7 +60,7 @@ void wk_coll_add(ms_plan_workload *w, ms_coll_kind kind, ms_plan_dim dim, wk_whe
                  double bytes, double count);
 
 /* The engine's program for an executable strategy (engine_workload.c). stats may be NULL. */
-ms_status wk_from_engine(const ms_plan_problem *pb, const ms_plan_strategy *s, ms_plan_workload *w,
+ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
                          ms_plan_engine_stats *stats, ms_error *err);
 
 #endif

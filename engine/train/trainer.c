@@ -10,11 +10,13 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
 #include "engine/optim/optim.h"
+#include "engine/plan/validate.h"
 #include "profiler/record/hooks.h"
 
 /* The model compiled for one strategy on this rank: what a switch replaces whole. */
 typedef struct compiled {
     ms_strategy strat;
+    ms_placement_rules rules;
     ms_mesh mesh;
     ms_dmesh *dm;
     ms_model model;
@@ -65,16 +67,11 @@ ms_status ms_train_opts_check(const ms_train_opts *o, ms_error *err) {
     return MS_OK;
 }
 
-ms_status ms_trainer_check_strategy(const ms_model_config *cfg, const ms_train_opts *o,
-                                    int world_size, const ms_strategy *s, ms_error *err) {
-    MS_CHECK(ms_strategy_check_degrees(s->dp, s->tp, s->cp, world_size, NULL, err));
-    MS_CHECK(ms_strategy_check_model(s, cfg->n_head, cfg->n_embd, err));
-    if (o->batch % s->dp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "--batch %d is not divisible by dp %d; choose a batch that is a multiple "
-                       "of dp",
-                       o->batch, s->dp);
-    return MS_OK;
+/* The validator for this rank's job (no memory cap: the trainer allocates what it needs). */
+static ms_status check_strategy(ms_ctx *ctx, const ms_model_config *cfg, const ms_train_opts *o,
+                                const ms_strategy *s, ms_error *err) {
+    ms_job_shape job = {.world = ctx->world_size, .batch = o->batch, .seq = o->seq};
+    return ms_strategy_validate(s, cfg, &job, 0, err);
 }
 
 /* --- compiling and the optimizer state ------------------------------------------------------- */
@@ -87,17 +84,19 @@ static void compiled_free(compiled *c) {
     memset(c, 0, sizeof *c);
 }
 
-static ms_status compile_for(ms_trainer *t, const ms_strategy *s, compiled *c, ms_error *err) {
+static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules,
+                             compiled *c, ms_error *err) {
     memset(c, 0, sizeof *c);
     c->strat = *s;
+    if (rules) c->rules = *rules;
     ms_status st = ms_strategy_mesh(&c->strat, &c->mesh, err);
     if (st == MS_OK) st = ms_dmesh_create(t->ctx, &c->mesh, &c->dm, err);
     if (st == MS_OK) st = ms_model_build(&t->cfg, t->o.batch, t->o.seq, &c->model, err);
     if (st == MS_OK && t->o.keep_logits) ms_graph_keep(c->model.g, c->model.logits);
     if (st == MS_OK) {
         /* The compile options point at c->strat: the program keeps no pointer to them. */
-        ms_compile_opts co = {
-            .shard = ms_strategy_shard, .shard_user = &c->strat, .seed = t->o.seed};
+        ms_sharding sh = {.s = &c->strat, .rules = &c->rules};
+        ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = t->o.seed};
         st = ms_program_compile(c->model.g, c->dm, &co, &c->prog, err);
     }
     if (st != MS_OK) compiled_free(c);
@@ -136,11 +135,11 @@ static ms_status moments_init(ms_device *dev, ms_program *p, moments *mo, ms_err
 }
 
 ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
-                            const ms_train_opts *o, const ms_text_data *data, ms_trainer **out,
-                            ms_error *err) {
+                            const ms_placement_rules *rules, const ms_train_opts *o,
+                            const ms_text_data *data, ms_trainer **out, ms_error *err) {
     *out = NULL;
     MS_CHECK(ms_train_opts_check(o, err));
-    MS_CHECK(ms_trainer_check_strategy(cfg, o, ctx->world_size, s, err));
+    MS_CHECK(check_strategy(ctx, cfg, o, s, err));
     if (data) MS_CHECK(ms_text_data_check_vocab(data, cfg->vocab_size, err));
     ms_trainer *t = xcalloc(1, sizeof *t);
     t->ctx = ctx;
@@ -154,7 +153,7 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     t->ids = xmalloc(sizeof *t->ids * n);
     t->tgt = xmalloc(sizeof *t->tgt * n);
     t->scratch = xmalloc(sizeof *t->scratch * n);
-    ms_status st = compile_for(t, s, &t->c, err);
+    ms_status st = compile_for(t, s, rules, &t->c, err);
     if (st == MS_OK && !o->inference) st = moments_init(ctx->device, t->c.prog, &t->mo, err);
     if (st != MS_OK) {
         ms_trainer_destroy(t);
@@ -324,11 +323,12 @@ static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_t
                                                 : mo->v[i / per];
 }
 
-ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target, ms_error *err) {
-    MS_CHECK(ms_trainer_check_strategy(&t->cfg, &t->o, t->ctx->world_size, target, err));
+ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
+                            const ms_placement_rules *rules, ms_error *err) {
+    MS_CHECK(check_strategy(t->ctx, &t->cfg, &t->o, target, err));
     compiled nc;
     moments nm = {0};
-    MS_CHECK(compile_for(t, target, &nc, err));
+    MS_CHECK(compile_for(t, target, rules, &nc, err));
     ms_status st = t->o.inference ? MS_OK : moments_init(t->ctx->device, nc.prog, &nm, err);
     int n = ms_trainer_num_state(t);
     for (int i = 0; i < n && st == MS_OK; i++) {

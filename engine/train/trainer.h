@@ -14,9 +14,9 @@
  * at the same step with the same arguments.
  *
  * Ownership: ms_trainer_create returns a trainer that the caller destroys before ctx. The
- * trainer copies cfg, strategy and options; it borrows `data` (may be NULL when no step or
- * evaluation runs), which must outlive it. Optimizer state lives on the rank's device, so the
- * device's counters (the memory views) include it.
+ * trainer copies cfg, strategy, placement rules and options; it borrows `data` (may be NULL when no
+ * step or evaluation runs), which must outlive it. Optimizer state lives on the rank's device, so
+ * the device's counters (the memory views) include it.
  */
 #ifndef MS_TRAINER_H
 #define MS_TRAINER_H
@@ -57,20 +57,15 @@ typedef struct ms_train_opts {
  * The message names the flag and the accepted range. */
 ms_status ms_train_opts_check(const ms_train_opts *o, ms_error *err);
 
-/* The one check of a strategy against a job, used by every door a strategy comes in by
- * (flags, a strategy file, --switch, the dashboard, an accepted suggestion): the mesh's size
- * equals the world, tp (x cp) divides the heads, dp divides the batch. Pure; the message
- * names the fix. */
-ms_status ms_trainer_check_strategy(const ms_model_config *cfg, const ms_train_opts *o,
-                                    int world_size, const ms_strategy *s, ms_error *err);
-
 typedef struct ms_trainer ms_trainer;
 
-/* Builds the model for cfg, compiles it for strategy s on this rank and allocates the
- * optimizer state (zeroed). The step counter starts at 0. */
+/* Builds the model for cfg, compiles it for strategy s (with the explicit placement rules of
+ * its strategy file, or NULL) on this rank and allocates the optimizer state (zeroed). The
+ * strategy must pass the validator (engine/plan/validate.h) for the ctx's world and the
+ * options' batch and sequence. The step counter starts at 0. */
 ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
-                            const ms_train_opts *o, const ms_text_data *data, ms_trainer **out,
-                            ms_error *err);
+                            const ms_placement_rules *rules, const ms_train_opts *o,
+                            const ms_text_data *data, ms_trainer **out, ms_error *err);
 void ms_trainer_destroy(ms_trainer *t);
 
 typedef struct ms_step_result {
@@ -93,12 +88,13 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err);
 ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double *loss,
                               ms_error *err);
 
-/* Carries the run over to strategy `target` at this step boundary: checks it, compiles the
- * model for the new mesh, moves every parameter and both Adam moments from the old
- * placements to the new ones (send/recv of only what changes hands), then swaps. The step,
- * schedule and data cursor carry on. On failure the trainer is unchanged; a target the job
- * cannot take fails with MS_ERR_INVALID and the reason. */
-ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target, ms_error *err);
+/* Carries the run over to strategy `target` (with its placement rules, or NULL) at this step
+ * boundary: validates it, compiles the model for the new mesh, moves every parameter and both Adam
+ * moments from the old placements to the new ones (send/recv of only what changes hands), then
+ * swaps. The step, schedule and data cursor carry on. On failure the trainer is unchanged; a target
+ * the job cannot take fails with MS_ERR_INVALID and the reason. */
+ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
+                            const ms_placement_rules *rules, ms_error *err);
 
 /* Generates n bytes after `prompt` from row 0's logits (temperature 0.8, Philox keyed by
  * seed): out (n + strlen(prompt) + 1 bytes) receives prompt and continuation. Needs

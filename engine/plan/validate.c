@@ -1,0 +1,188 @@
+/* validate.c - whether a strategy suits a job and whether this engine runs it (validate.h). */
+#include "engine/plan/validate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/plan/cost.h"
+#include "engine/plan/workload.h"
+
+ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
+                            const ms_job_shape *job, ms_error *err) {
+    char name[MS_STRATEGY_NAME_MAX];
+    int ranks = ms_strategy_ranks(s);
+    if (ranks < 0)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "degrees must be in 1..%d and multiply to at most %d (dp %d, tp %d, pp %d, "
+                       "cp %d)",
+                       MS_STRATEGY_MAX_DEGREE, MS_STRATEGY_MAX_RANKS, s->dp, s->tp, s->pp, s->cp);
+    if (ranks != job->world)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s needs %d ranks but the job runs on %d; choose degrees whose product "
+                       "is %d",
+                       ms_strategy_name(s, name, sizeof name), ranks, job->world, job->world);
+    if (s->recompute >= MS_RECOMPUTE_COUNT || s->precision >= MS_PRECISION_COUNT ||
+        s->schedule >= MS_SCHEDULE_COUNT)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "unknown recompute mode %d, precision %d or schedule %d (see strategy.h)",
+                       s->recompute, s->precision, s->schedule);
+    if (cfg->n_head % s->tp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "tensor-parallel degree %d does not divide the %d attention heads; pick a "
+                       "tp that divides n_head",
+                       s->tp, cfg->n_head);
+    if (cfg->n_head % (s->tp * s->cp))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "tp x cp = %d does not divide the %d attention heads (context parallelism "
+                       "moves heads, not sequence, into attention); pick tp x cp dividing n_head",
+                       s->tp * s->cp, cfg->n_head);
+    int stages = 0, layers = 0;
+    for (; stages < MS_STRATEGY_MAX_STAGES && s->pp_layers[stages]; stages++)
+        layers += s->pp_layers[stages];
+    if (stages && stages != s->pp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "pp_layers lists %d stages but pp is %d; give one layer count per stage",
+                       stages, s->pp);
+    if (stages && layers != cfg->n_layer)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "pp_layers adds up to %d layers but the model has %d; make the counts add "
+                       "up to n_layer",
+                       layers, cfg->n_layer);
+    if (!stages && cfg->n_layer % s->pp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "pp %d does not divide the %d layers; pick a pp that divides n_layer or "
+                       "give pp_layers",
+                       s->pp, cfg->n_layer);
+    if (job->seq > cfg->n_positions)
+        return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", job->seq,
+                       cfg->n_positions);
+    if (job->seq % s->cp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "cp %d does not divide the sequence length %d; pick a cp that divides it",
+                       s->cp, job->seq);
+    if (s->sp && s->tp < 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "sp without tp: sequence parallelism (--sp) shards over the "
+                       "tensor-parallel group; use it with tp 2 or more");
+    if (s->zero < 0 || s->zero > 3)
+        return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d does not exist; use 0, 1, 2 or 3",
+                       s->zero);
+    if (job->batch < 1 || job->batch % s->dp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the batch %d is not divisible by dp %d; pick a dp that divides it or a "
+                       "batch that is a multiple of dp",
+                       job->batch, s->dp);
+    int mb, m, per = job->batch / s->dp;
+    if (!ms_strategy_micro(s, job->batch, &mb, &m)) {
+        char given[96];
+        if (s->micro_batches > 0 && s->micro_batch > 0)
+            snprintf(given, sizeof given, "%d micro-batches of %d sequences", s->micro_batches,
+                     s->micro_batch);
+        else if (s->micro_batch > 0)
+            snprintf(given, sizeof given, "micro-batches of %d sequences", s->micro_batch);
+        else
+            snprintf(given, sizeof given, "%d micro-batches", s->micro_batches);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s do not make the %d sequences per dp rank (batch %d / dp %d); give "
+                       "micro_batches x micro_batch = %d",
+                       given, per, job->batch, s->dp, per);
+    }
+    if (s->schedule != MS_SCHEDULE_1F1B && s->pp < 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the %s schedule orders pipeline stages; use it with pp 2 or more",
+                       ms_schedule_name(s->schedule));
+    if (s->virtual_stages < 1 ||
+        (s->virtual_stages > 1) != (s->schedule == MS_SCHEDULE_INTERLEAVED))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "virtual_stages %d with the %s schedule: the interleaved schedule takes 2 "
+                       "or more virtual stages, the others 1",
+                       s->virtual_stages, ms_schedule_name(s->schedule));
+    if (s->virtual_stages > 1 && (stages || cfg->n_layer % ((int64_t)s->pp * s->virtual_stages)))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "pp %d x virtual_stages %d does not divide the %d layers evenly; pick "
+                       "degrees whose product divides n_layer (and no pp_layers)",
+                       s->pp, s->virtual_stages, cfg->n_layer);
+    if (s->virtual_stages > 1 && m % s->pp)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the interleaved schedule needs the micro-batches (%d) to be a multiple of "
+                       "pp %d",
+                       m, s->pp);
+    if (!(s->bucket_mb >= 0) || !isfinite(s->bucket_mb))
+        return ms_fail(err, MS_ERR_INVALID, "bucket_mb %g: give a size in MiB > 0 (0: none)",
+                       (double)s->bucket_mb);
+    if (s->vocab_replicated && s->tp < 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "a replicated head (\"vocab_parallel\": false) needs tp 2 or more; "
+                       "without tp the head is whole anyway");
+    return MS_OK;
+}
+
+/* Bytes per rank the engine needs to run s: its compiled program's arena, parameters,
+ * gradients and Adam moments. */
+static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
+                               const ms_job_shape *job, double *need, ms_error *err) {
+    ms_cluster *c = calloc(1, sizeof *c);
+    ms_plan_workload *w = malloc(sizeof *w);
+    if (!c || !w) {
+        free(c), free(w);
+        return ms_fail(err, MS_ERR_NOMEM, "out of memory");
+    }
+    snprintf(c->backend, sizeof c->backend, "threads");
+    c->cpu = true;
+    c->cores = 1;
+    ms_plan_problem pb = {.model = *cfg,
+                          .devices = job->world,
+                          .global_batch = job->batch,
+                          .seq = job->seq,
+                          .dtype = MS_PLAN_FP32,
+                          .cluster = c,
+                          .engine_workloads = true};
+    ms_status st = wk_from_engine(&pb, s, w, NULL, err);
+    *need = w->mem_params + w->mem_grads + w->mem_optim + w->mem_act + w->mem_other;
+    free(c);
+    free(w);
+    return st;
+}
+
+ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
+                               const ms_job_shape *job, double mem_cap_bytes, ms_error *err) {
+    MS_CHECK(ms_strategy_check(s, cfg, job, err));
+    int mb = 0, m = 0;
+    ms_strategy_micro(s, job->batch, &mb, &m);
+    const char *yet = "is predicted only; the engine does not run it yet";
+    if (s->pp > 1)
+        return ms_fail(err, MS_ERR_INVALID, "pipeline parallelism (pp %d) %s", s->pp, yet);
+    if (s->zero) return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d %s", s->zero, yet);
+    if (s->recompute != MS_RECOMPUTE_NONE)
+        return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",
+                       ms_recompute_name(s->recompute), yet);
+    if (s->precision != MS_PRECISION_FP32)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s precision is predicted only; the engine trains in fp32 (\"precision\": "
+                       "\"fp32\")",
+                       ms_precision_name(s->precision));
+    if (m > 1)
+        return ms_fail(err, MS_ERR_INVALID, "gradient accumulation over %d micro-batches %s", m,
+                       yet);
+    if (s->bucket_mb > 0)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "gradient buckets (bucket_mb %g) are not run yet: the engine reduces each "
+                       "gradient on its own; leave bucket_mb out",
+                       (double)s->bucket_mb);
+    if (s->vocab_replicated)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "a replicated head (\"vocab_parallel\": false) is predicted only; the "
+                       "engine shards the tied embedding over tp");
+    if (mem_cap_bytes > 0) {
+        double need = 0;
+        MS_CHECK(engine_memory(s, cfg, job, &need, err));
+        if (need > mem_cap_bytes) {
+            char a[32], b[32];
+            return ms_fail(err, MS_ERR_INVALID, "over memory: needs %s per rank, the cap is %s",
+                           ms_plan_bytes_str(need, a, sizeof a),
+                           ms_plan_bytes_str(mem_cap_bytes, b, sizeof b));
+        }
+    }
+    return MS_OK;
+}
