@@ -28,6 +28,46 @@ ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_erro
     return ms_strategy_validate(s, &j->plan->cfg, &job, memory_cap(j), err);
 }
 
+/* live_job_check_target through the job's verdicts: each strategy is compiled for the
+ * memory check once per job (needs j->mu, so a live job). */
+static ms_status check_target_cached(live_job *j, const ms_strategy *s, ms_error *err) {
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < j->n_verdicts; i++)
+        if (ms_strategy_equal(&j->verdicts[i].s, s)) {
+            ms_status st = j->verdicts[i].st;
+            if (st != MS_OK) ms_fail(err, st, "%s", j->verdicts[i].msg);
+            pthread_mutex_unlock(&j->mu);
+            return st;
+        }
+    pthread_mutex_unlock(&j->mu);
+    ms_error e = {0};
+    ms_status st = live_job_check_target(j, s, &e);
+    pthread_mutex_lock(&j->mu);
+    live_verdict *v = &j->verdicts[j->next_verdict];
+    j->next_verdict = (j->next_verdict + 1) % LIVE_JOB_VERDICTS;
+    if (j->n_verdicts < LIVE_JOB_VERDICTS) j->n_verdicts++;
+    v->s = *s, v->st = st;
+    snprintf(v->msg, sizeof v->msg, "%s", e.msg);
+    pthread_mutex_unlock(&j->mu);
+    if (st != MS_OK) *err = e;
+    return st;
+}
+
+/* On the live thread, once: the verdict of every dp x tp x cp (+sp) mesh of this world, so
+ * that a dashboard request for any of them is answered without compiling on its thread. */
+static void warm_verdicts(live_job *j) {
+    int world = j->plan->world_size;
+    for (int tp = 1; tp <= world; tp++)
+        for (int cp = 1; tp * cp <= world; cp++)
+            for (int sp = 0; sp <= (tp > 1) && world % (tp * cp) == 0; sp++) {
+                ms_strategy s;
+                ms_error e = {0};
+                if (ms_strategy_init(&s, world / (tp * cp), tp, cp, sp, &e) == MS_OK)
+                    check_target_cached(j, &s, &e);
+            }
+    j->warmed = true;
+}
+
 /* Parses a target (short form or strategy-file form, placements included) and checks it. */
 static ms_status parse_target(const live_job *j, const char *json, const char *name, ms_strategy *s,
                               ms_placement_rules *rules, ms_error *err) {
@@ -55,6 +95,7 @@ double live_job_median(const double *v, int n) {
 static void advise(void *user, ms_live *l, const ms_snapshot *s) {
     live_job *j = user;
     const ms_analysis *an = &s->analysis;
+    if (!j->warmed) warm_verdicts(j);
     if (!j->advisor || an->n_steps < 2 || s->n_history < an->n_steps) return;
     pthread_mutex_lock(&j->mu);
     ms_strategy cur = j->current;
@@ -114,7 +155,10 @@ static ms_status validate_request(void *user, const ms_live_req *req, ms_error *
     MS_CHECK(request_target(j, req, &json, err));
     ms_strategy s;
     ms_placement_rules *rules = xmalloc(sizeof *rules);
-    ms_status st = parse_target(j, json, "strategy", &s, rules, err);
+    ms_status st = ms_strategy_parse_json(json, strlen(json), "strategy", &s, rules, err);
+    /* A target with its own placement rules is checked afresh; a plain mesh by its verdict. */
+    if (st == MS_OK)
+        st = rules->n ? live_job_check_target(j, &s, err) : check_target_cached(j, &s, err);
     free(rules);
     free(json);
     return st;

@@ -27,6 +27,16 @@
 /* The longest strategy JSON a control message carries (the dashboard's body cap). */
 #define LIVE_JOB_MAX_STRATEGY 65536
 
+/* Verdicts of the target check kept per job: the check compiles the model for the memory
+ * cap, which must not stall the dashboard's thread (a POST) each time. */
+#define LIVE_JOB_VERDICTS 32
+
+typedef struct live_verdict {
+    ms_strategy s;
+    ms_status st;
+    char msg[MS_ERROR_MSG_MAX];
+} live_verdict;
+
 /* Step times kept to compare a switch's prediction with what it measured. */
 #define LIVE_JOB_RECENT 16
 
@@ -40,10 +50,13 @@ typedef struct live_job {
     char *switch_json;   /* --switch: the target (owned) */
     ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
     ms_cluster cluster;
-    pthread_mutex_t mu; /* guards current, current_since and has_current */
+    pthread_mutex_t mu; /* guards current, current_since, has_current and the verdicts */
     ms_strategy current;
     int64_t current_since; /* the first step that ran `current` */
     bool has_current;
+    live_verdict verdicts[LIVE_JOB_VERDICTS]; /* guarded by mu; a ring */
+    int n_verdicts, next_verdict;
+    bool warmed;        /* the live thread has checked every mesh of this world once */
     ms_strbuf epilogue; /* rank 0's closing lines while the TUI owns the terminal */
     /* rank 0: recent step times and the switch being measured */
     double recent[LIVE_JOB_RECENT];
