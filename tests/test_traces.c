@@ -657,6 +657,36 @@ static void hardening_trace_strings_escaped(void **state) {
     mt_expect_escaped(err.msg, "group 3 ('\\x1B[31mdp\\x1B[0m\\x1B[2J!') lists rank");
 }
 
+/* A crafted trace with negative FLOPs and bytes: they read as unknown, never as negative
+ * work in `trace summary`'s totals. */
+static void hardening_negative_counts(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "negative.json");
+    size_t n;
+    ms_event *ev = synth(2, 2, &n);
+    size_t op = n;
+    for (size_t i = 0; i < n && op == n; i++)
+        if (ev[i].kind == MS_EV_OP) op = i;
+    assert_true(op < n);
+    ev[op].u.op.flops = -5e12;
+    ev[op].u.op.bytes = -INFINITY;
+    ms_error err = {0};
+    if (ms_trace_write(path, ev, n, k_groups, N_GROUPS, NULL, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    ms_trace t;
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < t.n_events; i++)
+        if (t.events[i].kind == MS_EV_OP)
+            if (t.events[i].u.op.flops < 0 || t.events[i].u.op.bytes < 0)
+                fail_msg("event %zu reads back with flops %g, bytes %g", i, t.events[i].u.op.flops,
+                         t.events[i].u.op.bytes);
+    ms_trace_free(&t);
+    free(ev);
+    unlink(path);
+}
+
 /* --- bad and foreign input ------------------------------------------------------------------ */
 
 typedef struct bad_case {
@@ -1036,6 +1066,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(failed_write_keeps_old),
     cmocka_unit_test(cli),
     cmocka_unit_test(export_million),
+    cmocka_unit_test(hardening_negative_counts),
     cmocka_unit_test(hardening_trace_strings_escaped),
 };
 

@@ -241,6 +241,13 @@ static double arg_double(const tj_doc *d, int args, const char *key) {
     return isnan(v) ? 0.0 : v;
 }
 
+/* A count (FLOPs, bytes): a negative or infinite value is no count at all, so it reads as
+ * unknown (NaN, as null does) rather than reaching totals and views. */
+static double arg_count(const tj_doc *d, int args, const char *key) {
+    double v = arg_double(d, args, key);
+    return v >= 0 && isfinite(v) ? v : NAN;
+}
+
 static void step_phase(ms_event *e, const tj_doc *d, int args, bool infer_step) {
     e->step = arg_i64(d, args, "step", INT64_MIN + 1, INT64_MAX, infer_step ? STEP_UNKNOWN : -1);
     int ph = ms_trace_phase_parse(tj_str(d, tj_get(d, args, "phase")));
@@ -349,8 +356,8 @@ static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
             copy_str(op->opname, sizeof op->opname,
                      t->meshscope ? tj_str(d, tj_get(d, args, "op")) : "kernel");
             op->op = (int32_t)arg_i64(d, args, "op id", INT32_MIN, INT32_MAX, -1);
-            op->flops = arg_double(d, args, "flops");
-            op->bytes = arg_double(d, args, "bytes");
+            op->flops = arg_count(d, args, "flops");
+            op->bytes = arg_count(d, args, "bytes");
             step_phase(e, d, args, infer);
             break;
         }
