@@ -144,7 +144,7 @@ static void value_errors(void **state) {
                  "$.n_layer: expected a positive integer, got an array");
     expect_error("{\"n_layer\": 1e9, \"n_head\": 4, \"n_embd\": 768, \"vocab_size\": 1, "
                  "\"n_positions\": 1}",
-                 "$.n_layer: 1000000000 is larger than the supported maximum 4096");
+                 "$.n_layer: 1000000000 is larger than the supported maximum 512");
     expect_error("{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 768, \"vocab_size\": 1, "
                  "\"n_positions\": 1, \"layer_norm_epsilon\": -1}",
                  "$.layer_norm_epsilon: expected a number in (0, 1), e.g. 1e-5, got -1");
