@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/xalloc.h"
 #include "engine/plan/validate.h"
 
 struct ms_advisor {
@@ -25,8 +26,7 @@ ms_status ms_advisor_create(const ms_model_config *cfg, int world, int batch, in
         return ms_fail(err, MS_ERR_INVALID,
                        "advisor: world %d, batch %d and sequence %d must be positive", world, batch,
                        seq);
-    ms_advisor *a = calloc(1, sizeof *a);
-    if (!a) return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
+    ms_advisor *a = xcalloc(1, sizeof *a);
     a->cfg = *cfg;
     a->world = world;
     a->batch = batch;
@@ -252,8 +252,7 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     ms_job_shape job = {.world = a->world, .batch = a->batch, .seq = a->seq};
     ms_plan_scales id;
     ms_plan_scales_identity(&id);
-    ms_plan_estimate *e = malloc(3 * sizeof *e);
-    if (!e) return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
+    ms_plan_estimate *e = xmalloc(3 * sizeof *e);
     ms_plan_estimate *pred = &e[0], *cur_e = &e[1], *cand = &e[2];
     ms_status st = ms_plan_estimate_one(&pb, &cur, &id, pred, err);
     if (st != MS_OK) {
@@ -322,11 +321,7 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         return st;
     }
     /* 2. every other executable strategy on this world */
-    ms_suggestion *tmp = calloc(64, sizeof *tmp);
-    if (!tmp) {
-        free(e);
-        return ms_fail(err, MS_ERR_NOMEM, "advisor: out of memory");
-    }
+    ms_suggestion *tmp = xcalloc(64, sizeof *tmp);
     int nt = 0;
     double cap = a->mem_cap > 0 ? a->mem_cap
                                 : a->cluster.mem_bytes * a->cluster.usable_memory_fraction /
