@@ -36,28 +36,30 @@ static void say(ms_strbuf *later, const char *fmt, ...) {
     }
 }
 
-/* Gathers every parameter and writes them, in the Hugging Face layout, as one safetensors
- * file on rank 0 (collective). */
+/* Gathers every parameter (the state walk's MS_STATE_PARAM tensors) and writes them, in the
+ * Hugging Face layout, as one safetensors file on rank 0 (collective). */
 static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, ms_error *err) {
-    ms_program *prog = ms_trainer_program(t);
-    int n = ms_program_num_params(prog);
-    ms_st_entry *e = xcalloc((size_t)n, sizeof *e);
-    ms_tensor *full = xcalloc((size_t)n, sizeof *full);
+    int ns = ms_trainer_num_state(t), n = 0;
+    ms_st_entry *e = xcalloc((size_t)ns, sizeof *e);
+    ms_tensor *full = xcalloc((size_t)ns, sizeof *full);
     ms_status st = MS_OK;
-    for (int i = 0; i < n && st == MS_OK; i++) {
+    for (int i = 0; i < ns && st == MS_OK; i++) {
         ms_state_tensor s;
-        ms_trainer_state(t, i * (ms_trainer_num_state(t) / n), &s);
+        ms_trainer_state(t, i, &s);
+        if (s.kind != MS_STATE_PARAM) continue;
         ms_dtensor d = {.ndim = s.gshape.ndim, .mesh = s.mesh, .pl = s.pl};
         memcpy(d.gshape, s.gshape.d, sizeof d.gshape);
-        ms_param_view pv;
-        ms_program_param(prog, i, &pv);
-        d.local = pv.data;
-        st = ms_dtensor_full(&d, &full[i], err);
+        int64_t shape[MS_MAX_DIMS];
+        for (int k = 0; k < s.lndim; k++) shape[k] = s.lshape[k];
+        st = ms_tensor_wrap(s.local, MS_F32, s.lndim, shape, &d.local, err);
+        if (st == MS_OK) st = ms_dtensor_full(&d, &full[n], err);
+        ms_tensor_release(&d.local);
         ms_shape fs;
         ms_model_checkpoint_shape(s.param, &s.gshape, &fs);
-        e[i] = (ms_st_entry){.name = s.param, .dtype = MS_F32, .ndim = fs.ndim};
-        memcpy(e[i].shape, fs.d, sizeof e[i].shape);
-        e[i].data = ms_tensor_f32(&full[i]);
+        e[n] = (ms_st_entry){.name = s.param, .dtype = MS_F32, .ndim = fs.ndim};
+        memcpy(e[n].shape, fs.d, sizeof e[n].shape);
+        e[n].data = ms_tensor_f32(&full[n]);
+        n++;
     }
     if (st == MS_OK && ctx->rank == 0) {
         ms_st_kv meta[2] = {{"format", "pt"}, {"producer", "meshscope"}};
