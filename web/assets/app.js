@@ -386,32 +386,60 @@ function drawSuggestions() {
     view.accepted = 0;
   }
   $('sugg-empty').hidden = sugg.length > 0;
-  list.textContent = '';
+  // Update the list in place, keyed by id: rebuilding it on every snapshot replaced the
+  // buttons under the pointer, and a click landing as that happened was lost.
+  const old = new Map([...list.children].map((li) => [li.dataset.id, li]));
+  let prev = null;
   for (const s of sugg) {
-    const li = el('li');
-    li.dataset.id = String(s.id);
-    li.dataset.state = s.state;
-    const head = el('div', 'head');
-    head.appendChild(el('span', 'target', s.target));
-    head.appendChild(el('span', 'gain', `${(s.predicted_gain * 100).toFixed(0)}% faster (predicted)`));
-    head.appendChild(el('span', 'state', s.state));
-    li.appendChild(head);
-    li.appendChild(el('div', 'evidence', s.evidence));
-    if (s.result) li.appendChild(el('div', 'result', s.result));
-    if (s.state === 'open') {
-      const btns = el('div', 'buttons');
-      const acc = el('button', 'primary accept', 'Accept\u2026');
-      acc.type = 'button';
-      acc.dataset.id = String(s.id);
-      acc.dataset.action = 'accept';
-      const dis = el('button', 'dismiss', 'Dismiss');
-      dis.type = 'button';
-      dis.dataset.id = String(s.id);
-      dis.dataset.action = 'dismiss';
-      btns.append(acc, dis);
-      li.appendChild(btns);
-    }
-    list.appendChild(li);
+    let li = old.get(String(s.id));
+    if (li) old.delete(String(s.id));
+    else li = newSuggestion(s.id);
+    fillSuggestion(li, s);
+    const want = prev ? prev.nextSibling : list.firstChild;
+    if (want !== li) list.insertBefore(li, want);
+    prev = li;
+  }
+  for (const li of old.values()) li.remove();
+}
+
+// One suggestion's element, built once; fillSuggestion updates its texts and buttons.
+function newSuggestion(id) {
+  const li = el('li');
+  li.dataset.id = String(id);
+  const head = el('div', 'head');
+  head.append(el('span', 'target'), el('span', 'gain'), el('span', 'state'));
+  li.append(head, el('div', 'evidence'), el('div', 'result'));
+  return li;
+}
+
+function setText(e, text) {
+  if (e.textContent !== text) e.textContent = text;
+}
+
+function fillSuggestion(li, s) {
+  li.dataset.state = s.state;
+  setText(li.querySelector('.target'), s.target);
+  setText(li.querySelector('.gain'), `${(s.predicted_gain * 100).toFixed(0)}% faster (predicted)`);
+  setText(li.querySelector('.state'), s.state);
+  setText(li.querySelector('.evidence'), s.evidence);
+  const result = li.querySelector('.result');
+  setText(result, s.result || '');
+  result.hidden = !s.result;
+  let btns = li.querySelector('.buttons');
+  if (s.state === 'open' && !btns) {
+    btns = el('div', 'buttons');
+    const acc = el('button', 'primary accept', 'Accept\u2026');
+    acc.type = 'button';
+    acc.dataset.id = String(s.id);
+    acc.dataset.action = 'accept';
+    const dis = el('button', 'dismiss', 'Dismiss');
+    dis.type = 'button';
+    dis.dataset.id = String(s.id);
+    dis.dataset.action = 'dismiss';
+    btns.append(acc, dis);
+    li.appendChild(btns);
+  } else if (s.state !== 'open' && btns) {
+    btns.remove();
   }
 }
 
