@@ -296,10 +296,9 @@ static void decide(live_job *j, int step, control *c) {
 }
 
 ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, ms_error *err) {
-    /* One byte message: kind and suggestion id (two int32), then the strategy text. */
-    enum { HDR = 2 * sizeof(int32_t) };
-    char *msg = xmalloc(HDR + LIVE_JOB_MAX_STRATEGY);
-    size_t len = 0;
+    /* Every step: kind, suggestion id and strategy length (three int32); the strategy text
+     * follows only when switching, so a plain step moves 12 bytes and allocates nothing. */
+    int32_t hdr[3] = {0, 0, 0};
     if (ms_comm_rank(comm) == 0) {
         decide(j, step, out);
         size_t n = out->strategy ? strlen(out->strategy) : 0;
@@ -310,26 +309,21 @@ ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, m
             control_free(out);
             n = 0;
         }
-        int32_t hdr[2] = {(int32_t)out->kind, out->suggestion};
-        memcpy(msg, hdr, HDR);
-        if (n) memcpy(msg + HDR, out->strategy, n);
-        len = HDR + n;
+        hdr[0] = (int32_t)out->kind, hdr[1] = out->suggestion, hdr[2] = (int32_t)n;
     } else {
         memset(out, 0, sizeof *out);
     }
-    ms_status st = ms_comm_bcast_msg(comm, 0, msg, &len, HDR + LIVE_JOB_MAX_STRATEGY, err);
+    ms_status st = ms_broadcast_bytes(comm, hdr, sizeof hdr, 0, err);
     if (st == MS_OK && ms_comm_rank(comm) != 0) {
-        int32_t hdr[2];
-        memcpy(hdr, msg, HDR);
         out->kind = (control_kind)hdr[0];
         out->suggestion = hdr[1];
         if (out->kind == CONTROL_SWITCH) {
-            out->strategy = xmalloc(len - HDR + 1);
-            memcpy(out->strategy, msg + HDR, len - HDR);
-            out->strategy[len - HDR] = '\0';
+            out->strategy = xmalloc((size_t)hdr[2] + 1);
+            out->strategy[hdr[2]] = '\0';
         }
     }
-    free(msg);
+    if (st == MS_OK && out->kind == CONTROL_SWITCH && hdr[2] > 0)
+        st = ms_broadcast_bytes(comm, out->strategy, (size_t)hdr[2], 0, err);
     if (st != MS_OK) control_free(out);
     return st;
 }

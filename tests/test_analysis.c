@@ -83,8 +83,8 @@ static void analyze(const trace *t, int64_t lo, int64_t hi, ms_analysis *a) {
     assert_int_equal(st, MS_OK);
 }
 
-/* What a rank sends in all, from the nccl-tests bus-bandwidth factors (docs/formats.md section 1) and the
- * broadcast/send_recv rules: the independent answer for row sums. */
+/* What a rank sends in all, from the nccl-tests bus-bandwidth factors (docs/formats.md section 1)
+ * and the broadcast/send_recv rules: the independent answer for row sums. */
 static double expected_sent(ms_coll_kind k, int n, double b, int ring, int me, int root) {
     switch (k) {
         case MS_COLL_ALL_REDUCE:
