@@ -31,7 +31,10 @@
  * "health" communicator): every rank answers from its wait loops (backoff), and a rank that
  * gives up announces it once to everyone, since it stops answering when it leaves. Suspects
  * that neither answer nor gave up within a grace period are the stalled ones, and a rank that
- * gave up is a victim, never named (ms_comm_blame).
+ * gave up is a victim, never named (ms_comm_blame). A rank that gave up lingers before it
+ * leaves (linger), answering queries until its peers have given up too and had time to ask:
+ * one that left at once would be silent to a peer still timing out, and named with the
+ * stalled rank.
  */
 #include "engine/comm/comm_mpi.h"
 
@@ -100,6 +103,11 @@ static bool g_failed = false;
 static MPI_Comm g_health = MPI_COMM_NULL;
 static int g_health_rank = 0, g_health_size = 0;
 static int g_health_nonce = 0; /* numbers this process's queries */
+/* After a timeout: the grace period of a health check, the timeout itself, and the world
+ * ranks this process named as stalled. ms_mpi_abort lingers on these (see linger). */
+static int64_t g_grace_ns = 0, g_timeout_ns = 0;
+static bool *g_named = NULL;              /* [g_health_size] */
+static MPI_Request *g_gave_up_req = NULL; /* [g_health_size] our announcements, kept to finish */
 enum {
     TAG_QUERY = 0,   /* "are you there?", payload: the query's nonce */
     TAG_GAVE_UP = 1, /* "I timed out and am leaving", never received (probed) */
@@ -158,11 +166,45 @@ static void poison(mpi_ctx *m) {
     if (m) m->poisoned = true;
     if (g_failed) return;
     g_failed = true;
-    for (int w = 0; g_health != MPI_COMM_NULL && w < g_health_size; w++) {
-        MPI_Request req;
-        if (w != g_health_rank &&
-            MPI_Isend(&k_here, 1, MPI_INT, w, TAG_GAVE_UP, g_health, &req) == MPI_SUCCESS)
-            MPI_Request_free(&req);
+    if (g_health == MPI_COMM_NULL) return;
+    g_gave_up_req = xmalloc((size_t)g_health_size * sizeof *g_gave_up_req);
+    for (int w = 0; w < g_health_size; w++)
+        if (w == g_health_rank || MPI_Isend(&k_here, 1, MPI_INT, w, TAG_GAVE_UP, g_health,
+                                            &g_gave_up_req[w]) != MPI_SUCCESS)
+            g_gave_up_req[w] = MPI_REQUEST_NULL;
+}
+
+/* Whether world rank w announced that it gave up (the announcement is probed, never taken). */
+static bool gave_up(int w) {
+    int flag = 0;
+    return MPI_Iprobe(w, TAG_GAVE_UP, g_health, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag;
+}
+
+/* Before a rank that gave up leaves: its peers may still be timing out on collectives it
+ * never joined, and a peer that asks a rank already gone gets no answer and would name it as
+ * stalled. So serve their queries until every peer we did not name has given up too (or a
+ * timeout has passed: a peer entering later hears our withdrawal instead), then for one more
+ * grace period, the length of their health checks. Our own announcements are driven to
+ * completion meanwhile, so a peer that probes for them finds them. */
+static void linger(void) {
+    if (g_health == MPI_COMM_NULL || g_timeout_ns <= 0) return;
+    int64_t now = ms_now_ns(), cap = now + g_timeout_ns + g_grace_ns, end = cap;
+    bool all = false;
+    while ((now = ms_now_ns()) < end) {
+        health_serve();
+        for (int w = 0; g_gave_up_req && w < g_health_size; w++) {
+            int flag = 0;
+            if (g_gave_up_req[w] != MPI_REQUEST_NULL)
+                MPI_Test(&g_gave_up_req[w], &flag, MPI_STATUS_IGNORE);
+        }
+        if (!all) {
+            all = true;
+            for (int w = 0; w < g_health_size && all; w++)
+                all = w == g_health_rank || (g_named && g_named[w]) || gave_up(w);
+            if (all && now + g_grace_ns + 200000000 < end) end = now + g_grace_ns + 200000000;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
     }
 }
 
@@ -232,6 +274,8 @@ static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *
     if (g_health == MPI_COMM_NULL || n == 0) return;
     int64_t grace = call->timeout_ns / 4;
     grace = grace < 100000000 ? 100000000 : grace > 5000000000LL ? 5000000000LL : grace;
+    g_grace_ns = grace;
+    g_timeout_ns = call->timeout_ns;
     int64_t deadline = ms_now_ns() + grace;
     /* Leaked on purpose: a query to a stalled rank may stay in flight. */
     int *nonce = xmalloc(sizeof *nonce);
@@ -264,11 +308,7 @@ static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *
             MPI_Cancel(&req[i]); /* local: the wait cannot hang */
             MPI_Wait(&req[i], MPI_STATUS_IGNORE);
         }
-        int flag = 0;
-        if (state[i] == MS_PEER_SILENT &&
-            MPI_Iprobe(m->world_of[suspects[i]], TAG_GAVE_UP, g_health, &flag, MPI_STATUS_IGNORE) ==
-                MPI_SUCCESS &&
-            flag)
+        if (state[i] == MS_PEER_SILENT && gave_up(m->world_of[suspects[i]]))
             state[i] = MS_PEER_GAVE_UP;
     }
     free(in);
@@ -290,6 +330,9 @@ static void name_missing(const mpi_ctx *m, ms_comm_call *call, bool all_arrived)
     }
     health_check(m, call, suspects, n, state);
     call->n_missing = ms_comm_blame(suspects, state, n, all_arrived, call->missing);
+    if (!g_named && g_health != MPI_COMM_NULL) g_named = xcalloc((size_t)g_health_size, 1);
+    for (int i = 0; g_named && i < call->n_missing; i++)
+        g_named[m->world_of[call->missing[i]]] = true;
 }
 
 /* Notice payload sent after a timeout to the peers that had not arrived: "I gave up". */
@@ -726,6 +769,7 @@ _Noreturn void ms_mpi_abort(int code) {
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
+    if (inited && !fin && g_failed) linger();
     if (inited && !fin) MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code); /* MPI_Abort does not return; this is for when MPI is not running */
 }
