@@ -244,6 +244,12 @@ int train_job_run(const run_opts *o) {
     live_job job;
     ms_status st = job_plan_resolve(o, &plan, &err);
     if (st == MS_OK) st = job_check_outputs(o, &err);
+    /* Each stage holds only its layers; saving gathers on one mesh. */
+    if (st == MS_OK && o->save && plan.strat.pp > 1)
+        st = ms_fail(&err, MS_ERR_UNSUPPORTED,
+                     "--save with pipeline parallelism (pp %d) is not supported yet; train "
+                     "without pp to save weights",
+                     plan.strat.pp);
     if (st == MS_OK) {
         ms_train_opts to = job_train_opts(o, o->sample > 0, false);
         st = ms_train_opts_check(&to, &err);

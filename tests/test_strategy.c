@@ -316,7 +316,13 @@ static void validator_refusals(void **state) {
                         "{\"tp\": 2, \"cp\": 2}",
                         "{\"tp\": 4, \"sp\": true}",
                         "{\"dp\": 4, \"micro_batches\": 1}",
-                        "{\"dp\": 4, \"micro_batch\": 2}"};
+                        "{\"dp\": 4, \"micro_batch\": 2}",
+                        "{\"dp\": 4, \"micro_batches\": 2}",
+                        "{\"dp\": 4, \"micro_batch\": 1}",
+                        "{\"dp\": 2, \"pp\": 2}",
+                        "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 4, \"schedule\": \"gpipe\"}",
+                        "{\"dp\": 2, \"pp\": 2, \"schedule\": \"interleaved\", "
+                        "\"virtual_stages\": 2, \"micro_batches\": 2}"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         ms_strategy s = with(ok[i]);
         if (ms_strategy_validate(&s, &cfg, &job, 1e12, &err) != MS_OK)
@@ -326,17 +332,13 @@ static void validator_refusals(void **state) {
     static const struct {
         const char *json, *want;
     } later[] = {
-        {"{\"dp\": 2, \"pp\": 2}",
-         "pipeline parallelism (pp 2) is predicted only; the engine does not run it yet"},
-        {"{\"dp\": 2, \"pp\": 2, \"schedule\": \"interleaved\", \"virtual_stages\": 2, "
-         "\"micro_batches\": 2}",
-         "pipeline parallelism (pp 2)"},
+        {"{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\"}",
+         "the zb-h1 schedule (a backward split into input and weight gradients) is predicted "
+         "only"},
         {"{\"dp\": 4, \"zero\": 1}", "ZeRO stage 1 is predicted only"},
         {"{\"dp\": 4, \"recompute\": true}", "activation recompute (full) is predicted only"},
         {"{\"dp\": 4, \"recompute\": \"selective\"}", "activation recompute (selective)"},
         {"{\"dp\": 4, \"precision\": \"bf16\"}", "bf16 precision is predicted only"},
-        {"{\"dp\": 4, \"micro_batches\": 2}", "gradient accumulation over 2 micro-batches"},
-        {"{\"dp\": 4, \"micro_batch\": 1}", "gradient accumulation over 2 micro-batches"},
         {"{\"dp\": 4, \"bucket_mb\": 25}", "gradient buckets (bucket_mb 25)"},
         {"{\"tp\": 4, \"vocab_parallel\": false}", "replicated head"},
     };

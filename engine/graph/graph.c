@@ -9,6 +9,7 @@
 ms_graph *ms_graph_create(void) {
     ms_graph *g = xcalloc(1, sizeof *g);
     g->loss = -1;
+    g->output = -1;
     return g;
 }
 
@@ -148,6 +149,14 @@ void ms_graph_annotate(ms_graph *g, int v, const ms_placements *pl) {
 
 void ms_graph_set_loss(ms_graph *g, int v) {
     g->loss = v;
+}
+
+void ms_graph_set_output(ms_graph *g, int v) {
+    g->output = v;
+}
+
+void ms_graph_input_grad(ms_graph *g, int v) {
+    if (v >= 0 && v < g->nv && g->v[v].kind == GV_INPUT) g->v[v].grad_input = true;
 }
 
 void ms_graph_keep(ms_graph *g, int v) {

@@ -54,6 +54,13 @@ void ms_graph_annotate(ms_graph *g, int v, const ms_placements *pl);
 void ms_graph_keep(ms_graph *g, int v);
 /* The scalar to minimise. */
 void ms_graph_set_loss(ms_graph *g, int v);
+/* A pipeline chunk that ends before the loss: instead of a loss, value v is the chunk's
+ * output, and backward starts from its gradient, which the caller writes into
+ * ms_program_output_grad before ms_program_backward. A graph has a loss or an output. */
+void ms_graph_set_output(ms_graph *g, int v);
+/* Input v gets a gradient (a pipeline chunk's activation input): after ms_program_backward
+ * it is in ms_program_input_grad, in v's placements. */
+void ms_graph_input_grad(ms_graph *g, int v);
 /* A second name under which a parameter is saved (e.g. a reshaped checkpoint shape). */
 ms_status ms_graph_error(const ms_graph *g, ms_error *err);
 
@@ -72,6 +79,12 @@ typedef struct ms_compile_opts {
     ms_shard_fn shard; /* optional */
     void *shard_user;
     uint64_t seed; /* parameter init and dropout */
+    /* Micro-batched (gradient accumulation, pipelines): each in-flight micro-batch has its
+     * own slot (inputs, activations and temporaries), gradients accumulate over
+     * ms_program_backward calls until ms_program_zero_grads, and ms_program_grad_sync moves
+     * them into the parameters' placements once per step. */
+    bool micro_batched;
+    float loss_scale; /* the backward seed d(loss) (0: 1); 1/m averages m micro-batches */
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -86,8 +99,28 @@ ms_status ms_program_feed(ms_program *p, int v, const float *global, ms_error *e
 
 /* One forward + backward. *loss receives the global loss on every member. */
 ms_status ms_program_step(ms_program *p, float *loss, ms_error *err);
-/* Forward only (evaluation). */
+/* Forward only (evaluation); with micro_batched, also the first half of a micro-batch.
+ * *loss (may be NULL) receives the loss; a chunk without one leaves it alone. */
 ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
+
+/* Micro-batched programs (ms_compile_opts.micro_batched): a step is ms_program_zero_grads,
+ * then per micro-batch ms_program_use_slot + feed + ms_program_forward and later, on the same
+ * slot, ms_program_backward, then one ms_program_grad_sync. A slot holds one micro-batch's
+ * inputs, activations and temporaries from its forward to its backward; its memory is
+ * allocated on first use, so the device's peak counts the micro-batches truly in flight. */
+ms_status ms_program_use_slot(ms_program *p, int slot, ms_error *err);
+int ms_program_num_slots(const ms_program *p); /* slots allocated so far */
+ms_status ms_program_backward(ms_program *p, ms_error *err);
+ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
+void ms_program_zero_grads(ms_program *p);
+/* This rank's local buffer of input or output v in the current slot, in v's placements
+ * (pipeline transfers read and write it directly); NULL if v is neither. */
+ms_tensor *ms_program_local(ms_program *p, int v);
+/* The output's gradient, written by the caller before ms_program_backward (graphs with
+ * ms_graph_set_output), and input v's gradient after it (ms_graph_input_grad); local
+ * buffers in the value's placements, NULL when there is none. */
+ms_tensor *ms_program_output_grad(ms_program *p);
+ms_tensor *ms_program_input_grad(ms_program *p, int v);
 
 /* Parameter access for the optimizer and checkpoints: local shard and its gradient (same
  * placement as the parameter after a step). */

@@ -13,7 +13,8 @@ typedef struct gvalue {
     ms_init init;
     int producer, producer_out; /* node and output index; -1 for leaves */
     bool annotated;
-    bool keep; /* buffer persists after the step */
+    bool keep;       /* buffer persists after the step */
+    bool grad_input; /* an input that gets a gradient (a pipeline chunk's activation) */
     ms_placements ann;
 } gvalue;
 
@@ -30,7 +31,8 @@ struct ms_graph {
     int nv, cv;
     gnode *n;
     int nn, cn;
-    int loss;
+    int loss;   /* the scalar to minimise, or -1 */
+    int output; /* a pipeline chunk's output whose gradient the caller supplies, or -1 */
     bool failed;
     ms_error err;
 };

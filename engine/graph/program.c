@@ -91,8 +91,15 @@ struct ms_program {
     int nb, cb;
     instr *ins;
     int ni, ci;
-    int n_forward; /* instructions [0, n_forward) are forward + loss report */
-    int loss_buf;  /* the loss replicated, for reporting */
+    int n_forward;  /* instructions [0, n_forward) are forward + loss report */
+    int n_backward; /* [n_forward, n_backward) backward, [n_backward, ni) gradient sync */
+    int loss_buf;   /* the loss replicated, for reporting; -1 without a loss */
+    bool micro;     /* micro-batched (ms_compile_opts.micro_batched) */
+    float loss_scale;
+    int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
+    int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
+    float **slots;    /* [nslots] arenas, one per micro-batch in flight; arena is the current */
+    int nslots;
     float *arena;
     size_t arena_floats, unplanned_floats;
     float *persist;
@@ -351,8 +358,11 @@ static void emit_reshard(ms_program *p, int value, int src, int dst, const ms_pl
 
 static void build_forward(ms_program *p) {
     ms_graph *g = p->g;
+    /* Parameters persist; inputs too, except micro-batched, where each slot has its own. */
     for (int v = 0; v < g->nv; v++)
-        if (g->v[v].kind != GV_ACT) p->pv[v].buf = new_buf(p, &g->v[v].shape, &p->pv[v].pl, true);
+        if (g->v[v].kind != GV_ACT)
+            p->pv[v].buf =
+                new_buf(p, &g->v[v].shape, &p->pv[v].pl, g->v[v].kind == GV_PARAM || !p->micro);
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
@@ -392,10 +402,12 @@ static void build_forward(ms_program *p) {
         }
     }
     /* The loss, replicated, for reporting. */
-    pvalue *lv = &p->pv[g->loss];
-    ms_placements r = ms_placements_replicated(p->mesh->ndim);
-    p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
-    emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, MS_PROG_LOSS);
+    if (g->loss >= 0) {
+        pvalue *lv = &p->pv[g->loss];
+        ms_placements r = ms_placements_replicated(p->mesh->ndim);
+        p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
+        emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, MS_PROG_LOSS);
+    }
     p->n_forward = p->ni;
 }
 
@@ -412,14 +424,15 @@ static ms_placements dual_placements(const pnode *pn, int m_ndim, int n_in, int 
 /* Gives value v its gradient buffer in placement pl (zeroed where it is first written). */
 static int grad_target(ms_program *p, int v, const ms_placements *pl) {
     pvalue *pv = &p->pv[v];
+    bool param = p->g->v[v].kind == GV_PARAM;
     pv->has_grad = true;
     pv->gpl = *pl;
-    if (p->g->v[v].kind == GV_PARAM && ms_placements_eq(pl, &pv->pl))
+    if (param && ms_placements_eq(pl, &pv->pl))
         pv->gbuf = pv->param_grad_buf;
     else
-        pv->gbuf = new_buf(p, &p->g->v[v].shape, pl, false);
-    instr *z = emit(p, I_ZERO, MS_PROG_BACKWARD);
-    z->dst = pv->gbuf;
+        pv->gbuf = new_buf(p, &p->g->v[v].shape, pl, param && p->micro);
+    /* Micro-batched, a parameter's gradient accumulates: ms_program_zero_grads clears it. */
+    if (!(param && p->micro)) emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = pv->gbuf;
     return pv->gbuf;
 }
 
@@ -428,7 +441,7 @@ static void build_backward(ms_program *p) {
     const int md = p->mesh->ndim;
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
-        p->pv[v].requires_grad = gv->kind == GV_PARAM;
+        p->pv[v].requires_grad = gv->kind == GV_PARAM || gv->grad_input;
         if (gv->kind == GV_PARAM)
             p->pv[v].param_grad_buf = new_buf(p, &gv->shape, &p->pv[v].pl, true);
     }
@@ -438,13 +451,17 @@ static void build_backward(ms_program *p) {
         for (int i = 0; i < nd->n_in; i++) rg |= p->pv[nd->in[i]].requires_grad;
         for (int o = 0; o < nd->n_out; o++) p->pv[nd->out[o]].requires_grad = rg;
     }
-    /* Seed: d loss / d loss = 1, replicated (the dual of any partial placement). */
-    pvalue *lv = &p->pv[g->loss];
-    ms_placements r = ms_placements_replicated(md);
-    int seed = grad_target(p, g->loss, &r);
-    p->ins[p->ni - 1].kind = I_SEED;
-    p->ins[p->ni - 1].dst = seed;
-    (void)lv;
+    if (g->loss >= 0) {
+        /* Seed: d loss / d loss = 1, replicated (the dual of any partial placement). */
+        ms_placements r = ms_placements_replicated(md);
+        int seed = grad_target(p, g->loss, &r);
+        p->ins[p->ni - 1].kind = I_SEED;
+        p->ins[p->ni - 1].dst = seed;
+    } else {
+        /* An output: its gradient arrives from the next chunk, in the output's placements. */
+        p->out_grad_buf = grad_target(p, g->output, &p->pv[g->output].pl);
+        p->ni--; /* no zeroing: the caller writes it */
+    }
     for (int k = g->nn - 1; k >= 0; k--) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
@@ -500,6 +517,22 @@ static void build_backward(ms_program *p) {
             add->dst = iv->gbuf;
         }
     }
+    /* Gradients of activation inputs, in the inputs' own placements (what the previous
+     * chunk's output has). */
+    for (int v = 0; v < g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        if (!g->v[v].grad_input) continue;
+        if (pv->has_grad && ms_placements_eq(&pv->gpl, &pv->pl)) {
+            p->in_grad_buf[v] = pv->gbuf;
+            continue;
+        }
+        p->in_grad_buf[v] = new_buf(p, &g->v[v].shape, &pv->pl, false);
+        if (pv->has_grad)
+            emit_reshard(p, v, pv->gbuf, p->in_grad_buf[v], &pv->gpl, &pv->pl, MS_PROG_BACKWARD);
+        else
+            emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = p->in_grad_buf[v];
+    }
+    p->n_backward = p->ni;
     /* Gradients into the parameters' placements (data-parallel all-reduce and the like). */
     for (int v = 0; v < g->nv; v++) {
         pvalue *pv = &p->pv[v];
@@ -563,6 +596,14 @@ static void layout_memory(ms_program *p) {
         }
     }
     touch(p, p->loss_buf, p->ni); /* read after the step */
+    /* Inputs are written before the first instruction, a chunk's output is read (sent) and
+     * its gradient written between forward and backward, input gradients read after. */
+    for (int v = 0; v < p->g->nv; v++) {
+        if (p->g->v[v].kind == GV_INPUT) touch(p, p->pv[v].buf, 0);
+        if (p->in_grad_buf[v] >= 0) touch(p, p->in_grad_buf[v], p->ni);
+    }
+    if (p->g->output >= 0) touch(p, p->pv[p->g->output].buf, p->n_forward);
+    touch(p, p->out_grad_buf, p->n_forward);
     /* Greedy by size: each buffer takes the lowest offset free during its lifetime. */
     int *order = xmalloc(sizeof(int) * (size_t)p->nb);
     int n = 0;
@@ -606,6 +647,9 @@ static void layout_memory(ms_program *p) {
 static ms_status alloc_memory(ms_program *p, ms_error *err) {
     size_t top = p->arena_floats;
     p->arena = program_alloc(p, (top + 16) * sizeof(float));
+    p->slots = xmalloc(sizeof *p->slots);
+    p->slots[0] = p->arena;
+    p->nslots = 1;
     p->persist = program_alloc(p, (p->persist_floats + 16) * sizeof(float));
     if (!p->arena || !p->persist)
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu bytes",
@@ -666,8 +710,11 @@ static ms_status init_params(ms_program *p, ms_error *err) {
 
 static ms_status check_graph(const ms_graph *g, ms_error *err) {
     MS_CHECK(ms_graph_error(g, err));
+    if (g->loss < 0 && g->output >= 0) return MS_OK;
     if (g->loss < 0 || g->v[g->loss].shape.ndim != 0)
-        return ms_fail(err, MS_ERR_INVALID, "graph: set a scalar loss with ms_graph_set_loss");
+        return ms_fail(err, MS_ERR_INVALID,
+                       "graph: set a scalar loss with ms_graph_set_loss (or a chunk's output "
+                       "with ms_graph_set_output)");
     return MS_OK;
 }
 
@@ -688,6 +735,11 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     ms_graph *g = p->g;
     p->pv = xcalloc((size_t)g->nv, sizeof *p->pv);
     p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
+    p->micro = opts && opts->micro_batched;
+    p->loss_scale = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0f;
+    p->out_grad_buf = -1;
+    p->in_grad_buf = xmalloc(sizeof(int) * (size_t)g->nv);
+    for (int v = 0; v < g->nv; v++) p->in_grad_buf[v] = -1;
     MS_CHECK(complete(p, opts, err));
     build_forward(p);
     build_backward(p);
@@ -762,7 +814,11 @@ void ms_program_destroy(ms_program *p) {
     free(p->ins);
     free(p->pv);
     free(p->pn);
-    program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
+    for (int s = 0; s < p->nslots; s++)
+        program_free(p, p->slots[s], (p->arena_floats + 16) * sizeof(float));
+    if (!p->slots) program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
+    free(p->slots);
+    free(p->in_grad_buf);
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     free(p->params);
     free(p->kernels);
@@ -861,11 +917,11 @@ static void zero_range(void *arg, int64_t lo, int64_t hi) {
     memset((float *)arg + lo, 0, sizeof(float) * (size_t)(hi - lo));
 }
 
-static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
+static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
     MS_CHECK(check_runnable(p, err));
     ms_recorder *rec = p->ctx->trace.recorder;
-    for (int k = 0; k < upto; k++) {
+    for (int k = from; k < upto; k++) {
         instr *in = &p->ins[k];
         ms_status st = MS_OK;
         int64_t t0 = 0;
@@ -887,7 +943,7 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
                 break;
             case I_SEED:
                 for (int64_t i = 0; i < p->bufs[in->dst].nfloats; i++)
-                    p->bufs[in->dst].ptr[i] = 1.0f;
+                    p->bufs[in->dst].ptr[i] = p->loss_scale;
                 break;
             case I_ADD: {
                 buf *s = &p->bufs[in->src], *d = &p->bufs[in->dst];
@@ -911,16 +967,88 @@ static ms_status run(ms_program *p, int upto, float *loss, ms_error *err) {
         }
         if (st != MS_OK) return st;
     }
-    if (loss) *loss = p->bufs[p->loss_buf].ptr[0];
+    if (loss && p->loss_buf >= 0 && upto >= p->n_forward) *loss = p->bufs[p->loss_buf].ptr[0];
     return MS_OK;
 }
 
 ms_status ms_program_step(ms_program *p, float *loss, ms_error *err) {
-    return run(p, p->ni, loss, err);
+    if (p->member && p->micro) ms_program_zero_grads(p);
+    return run(p, 0, p->ni, loss, err);
 }
 
 ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err) {
-    return run(p, p->n_forward, loss, err);
+    return run(p, 0, p->n_forward, loss, err);
+}
+
+ms_status ms_program_backward(ms_program *p, ms_error *err) {
+    return run(p, p->n_forward, p->n_backward, NULL, err);
+}
+
+ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {
+    return run(p, p->n_backward, p->ni, NULL, err);
+}
+
+void ms_program_zero_grads(ms_program *p) {
+    if (!p->member || p->shapes_only) return;
+    for (int v = 0; v < p->g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        if (p->g->v[v].kind != GV_PARAM) continue;
+        buf *b = &p->bufs[pv->param_grad_buf];
+        ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
+        if (pv->has_grad && pv->gbuf != pv->param_grad_buf) {
+            b = &p->bufs[pv->gbuf];
+            ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
+        }
+    }
+}
+
+ms_status ms_program_use_slot(ms_program *p, int slot, ms_error *err) {
+    if (!p->member) return MS_OK;
+    MS_CHECK(check_runnable(p, err));
+    if (slot < 0 || slot > p->nslots || (!p->micro && slot > 0))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "program: slot %d of %d (slots beyond 0 need a micro-batched program; "
+                       "take them in order)",
+                       slot, p->nslots);
+    if (slot == p->nslots) {
+        float *a = program_alloc(p, (p->arena_floats + 16) * sizeof(float));
+        if (!a)
+            return ms_fail(err, MS_ERR_NOMEM,
+                           "program: cannot allocate micro-batch slot %d (%zu bytes)", slot,
+                           p->arena_floats * sizeof(float));
+        p->slots = xrealloc(p->slots, sizeof *p->slots * (size_t)(p->nslots + 1));
+        p->slots[p->nslots++] = a;
+    }
+    if (p->arena == p->slots[slot]) return MS_OK;
+    p->arena = p->slots[slot];
+    for (int b = 0; b < p->nb; b++) {
+        buf *bf = &p->bufs[b];
+        if (bf->persistent) continue;
+        bf->ptr = p->arena + bf->offset;
+        bf->t.storage->data = bf->ptr;
+    }
+    return MS_OK;
+}
+
+int ms_program_num_slots(const ms_program *p) {
+    return p->nslots;
+}
+
+ms_tensor *ms_program_local(ms_program *p, int v) {
+    if (!p->member || p->shapes_only || v < 0 || v >= p->g->nv) return NULL;
+    if (p->g->v[v].kind != GV_INPUT && v != p->g->output) return NULL;
+    return &p->bufs[p->pv[v].buf].t;
+}
+
+ms_tensor *ms_program_output_grad(ms_program *p) {
+    if (!p->member || p->shapes_only || p->out_grad_buf < 0) return NULL;
+    return &p->bufs[p->out_grad_buf].t;
+}
+
+ms_tensor *ms_program_input_grad(ms_program *p, int v) {
+    if (!p->member || p->shapes_only || v < 0 || v >= p->g->nv || p->in_grad_buf[v] < 0)
+        return NULL;
+    return &p->bufs[p->in_grad_buf[v]].t;
 }
 
 ms_status ms_program_feed(ms_program *p, int v, const float *global, ms_error *err) {

@@ -106,9 +106,94 @@ static ms_status check_dims(const ms_model_config *c, int B, int T, ms_error *er
     return MS_OK;
 }
 
-ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out, ms_error *err) {
+/* The word embedding: read by the first chunk's lookup and the last chunk's tied head. */
+static int word_embedding(builder *b) {
+    const int64_t wte_s[2] = {b->V, b->C};
+    const char *name =
+        b->c->model_type == MS_MODEL_BERT ? "embeddings.word_embeddings.weight" : "wte.weight";
+    return param(b, name, 2, wte_s, (ms_init){MS_INIT_NORMAL, 0.02f});
+}
+
+static int embed(builder *b, ms_model *out, int wte) {
+    const ms_model_config *cfg = b->c;
+    bool bert = cfg->model_type == MS_MODEL_BERT;
+    const int64_t bt[2] = {b->B, b->T}, wpe_s[2] = {cfg->n_positions, b->C};
+    out->ids = ms_graph_input(b->g, "input_ids", 2, bt);
+    out->pos = ms_graph_input(b->g, "position_ids", 2, bt);
+    const char *wpe_name = bert ? "embeddings.position_embeddings.weight" : "wpe.weight";
+    int wpe = param(b, wpe_name, 2, wpe_s, (ms_init){MS_INIT_NORMAL, 0.01f});
+    int tok = op2(b, MS_OP_EMBEDDING, NULL, out->ids, wte, "tok_emb");
+    int posv = op2(b, MS_OP_EMBEDDING, NULL, out->pos, wpe, "pos_emb");
+    int x = op2(b, MS_OP_ADD, NULL, tok, posv, "embed");
+    x = dropout(b, x, cfg->embd_pdrop, "embed.dropout");
+    if (bert) x = layernorm(b, x, "embeddings.LayerNorm");
+    return x;
+}
+
+static int block(builder *b, int x, int l) {
+    char n[64];
+    if (b->c->model_type != MS_MODEL_BERT) {
+        /* GPT-2: pre-LayerNorm residual blocks. */
+        snprintf(n, sizeof n, "h.%d.ln_1", l);
+        int a = attention_block(b, layernorm(b, x, n), l, true);
+        snprintf(n, sizeof n, "h.%d.res1", l);
+        x = op2(b, MS_OP_ADD, NULL, x, a, n);
+        snprintf(n, sizeof n, "h.%d.ln_2", l);
+        int m = mlp_block(b, layernorm(b, x, n), l);
+        snprintf(n, sizeof n, "h.%d.res2", l);
+        return op2(b, MS_OP_ADD, NULL, x, m, n);
+    }
+    /* BERT: post-LayerNorm, bidirectional attention. */
+    int a = attention_block(b, x, l, false);
+    snprintf(n, sizeof n, "h.%d.res1", l);
+    x = op2(b, MS_OP_ADD, NULL, x, a, n);
+    snprintf(n, sizeof n, "h.%d.ln_1", l);
+    x = layernorm(b, x, n);
+    int m = mlp_block(b, x, l);
+    snprintf(n, sizeof n, "h.%d.res2", l);
+    x = op2(b, MS_OP_ADD, NULL, x, m, n);
+    snprintf(n, sizeof n, "h.%d.ln_2", l);
+    return layernorm(b, x, n);
+}
+
+static void head(builder *b, ms_model *out, int x, int wte) {
+    bool bert = b->c->model_type == MS_MODEL_BERT;
+    const int64_t bt[2] = {b->B, b->T};
+    out->targets = ms_graph_input(b->g, "targets", 2, bt);
+    if (!bert) {
+        x = layernorm(b, x, "ln_f");
+    } else {
+        /* Masked-LM head: dense + GELU + LayerNorm, then the tied decoder. */
+        const int64_t wd[2] = {b->C, b->C};
+        x = linear(b, x, "cls.predictions.transform.dense", 2, wd, 0.02f);
+        x = op1(b, MS_OP_GELU, NULL, x, "cls.predictions.transform.gelu");
+        x = layernorm(b, x, "cls.predictions.transform.LayerNorm");
+    }
+    ms_op_attrs tb = {.i = {1}};
+    out->logits = op2(b, MS_OP_MATMUL, &tb, x, wte, "logits");
+    int losses = op2(b, MS_OP_XENT, NULL, out->logits, out->targets, "losses");
+    ms_op_attrs all = {.i = {-1}};
+    out->loss = op1(b, MS_OP_MEAN, &all, losses, bert ? "loss_all" : "loss");
+    if (bert) {
+        /* The mean over masked positions only: ignored positions contribute 0. */
+        ms_op_attrs sc = {.f = {(float)b->T / (float)out->mlm_per_row}};
+        out->loss = op1(b, MS_OP_SCALE, &sc, out->loss, "loss");
+    }
+    ms_graph_set_loss(b->g, out->loss);
+}
+
+ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
+                               ms_model *out, ms_error *err) {
     memset(out, 0, sizeof *out);
+    out->ids = out->targets = out->pos = out->loss = out->logits = -1;
+    out->hidden_in = out->hidden_out = -1;
     MS_CHECK(check_dims(cfg, B, T, err));
+    if (ch->layer_lo < 0 || ch->layer_hi < ch->layer_lo || ch->layer_hi > cfg->n_layer ||
+        (!ch->first && !ch->last && ch->layer_hi == ch->layer_lo))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "model: chunk of layers [%d, %d) does not fit a model of %d layers, or "
+                       "holds nothing",
+                       ch->layer_lo, ch->layer_hi, cfg->n_layer);
     builder b = {.g = ms_graph_create(),
                  .c = cfg,
                  .B = B,
@@ -116,74 +201,37 @@ ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out
                  .C = cfg->n_embd,
                  .H = cfg->n_head,
                  .V = cfg->vocab_size};
-    bool bert = cfg->model_type == MS_MODEL_BERT;
-    const int64_t bt[2] = {B, T};
-    out->ids = ms_graph_input(b.g, "input_ids", 2, bt);
-    out->targets = ms_graph_input(b.g, "targets", 2, bt);
-    out->pos = ms_graph_input(b.g, "position_ids", 2, bt);
-    const int64_t wte_s[2] = {b.V, b.C}, wpe_s[2] = {cfg->n_positions, b.C};
-    const char *wte_name = bert ? "embeddings.word_embeddings.weight" : "wte.weight";
-    const char *wpe_name = bert ? "embeddings.position_embeddings.weight" : "wpe.weight";
-    int wte = param(&b, wte_name, 2, wte_s, (ms_init){MS_INIT_NORMAL, 0.02f});
-    int wpe = param(&b, wpe_name, 2, wpe_s, (ms_init){MS_INIT_NORMAL, 0.01f});
-    int tok = op2(&b, MS_OP_EMBEDDING, NULL, out->ids, wte, "tok_emb");
-    int posv = op2(&b, MS_OP_EMBEDDING, NULL, out->pos, wpe, "pos_emb");
-    int x = op2(&b, MS_OP_ADD, NULL, tok, posv, "embed");
-    x = dropout(&b, x, cfg->embd_pdrop, "embed.dropout");
-    char n[64];
-    if (bert) x = layernorm(&b, x, "embeddings.LayerNorm");
-    for (int l = 0; l < cfg->n_layer; l++) {
-        if (!bert) {
-            /* GPT-2: pre-LayerNorm residual blocks. */
-            snprintf(n, sizeof n, "h.%d.ln_1", l);
-            int a = attention_block(&b, layernorm(&b, x, n), l, true);
-            snprintf(n, sizeof n, "h.%d.res1", l);
-            x = op2(&b, MS_OP_ADD, NULL, x, a, n);
-            snprintf(n, sizeof n, "h.%d.ln_2", l);
-            int m = mlp_block(&b, layernorm(&b, x, n), l);
-            snprintf(n, sizeof n, "h.%d.res2", l);
-            x = op2(&b, MS_OP_ADD, NULL, x, m, n);
-        } else {
-            /* BERT: post-LayerNorm, bidirectional attention. */
-            int a = attention_block(&b, x, l, false);
-            snprintf(n, sizeof n, "h.%d.res1", l);
-            x = op2(&b, MS_OP_ADD, NULL, x, a, n);
-            snprintf(n, sizeof n, "h.%d.ln_1", l);
-            x = layernorm(&b, x, n);
-            int m = mlp_block(&b, x, l);
-            snprintf(n, sizeof n, "h.%d.res2", l);
-            x = op2(&b, MS_OP_ADD, NULL, x, m, n);
-            snprintf(n, sizeof n, "h.%d.ln_2", l);
-            x = layernorm(&b, x, n);
-        }
-    }
-    if (!bert) {
-        x = layernorm(&b, x, "ln_f");
+    /* Dropout streams are numbered model-wide (embedding, then two per layer), so a chunk's
+     * masks are the whole model's. */
+    b.stream = (cfg->embd_pdrop > 0 ? 1 : 0) + (cfg->resid_pdrop > 0 ? 2 : 0) * ch->layer_lo;
+    if (cfg->model_type == MS_MODEL_BERT) out->mlm_per_row = (int)ceil(0.15 * T);
+    int wte = ch->first || ch->last ? word_embedding(&b) : -1;
+    int x;
+    if (ch->first) {
+        x = embed(&b, out, wte);
     } else {
-        /* Masked-LM head: dense + GELU + LayerNorm, then the tied decoder. */
-        const int64_t wd[2] = {b.C, b.C};
-        x = linear(&b, x, "cls.predictions.transform.dense", 2, wd, 0.02f);
-        x = op1(&b, MS_OP_GELU, NULL, x, "cls.predictions.transform.gelu");
-        x = layernorm(&b, x, "cls.predictions.transform.LayerNorm");
+        const int64_t btc[3] = {B, T, cfg->n_embd};
+        x = out->hidden_in = ms_graph_input(b.g, "hidden_in", 3, btc);
+        ms_graph_input_grad(b.g, x);
     }
-    ms_op_attrs tb = {.i = {1}};
-    out->logits = op2(&b, MS_OP_MATMUL, &tb, x, wte, "logits");
-    int losses = op2(&b, MS_OP_XENT, NULL, out->logits, out->targets, "losses");
-    ms_op_attrs all = {.i = {-1}};
-    out->loss = op1(&b, MS_OP_MEAN, &all, losses, bert ? "loss_all" : "loss");
-    if (bert) {
-        /* The mean over masked positions only: ignored positions contribute 0. */
-        out->mlm_per_row = (int)ceil(0.15 * T);
-        ms_op_attrs sc = {.f = {(float)T / (float)out->mlm_per_row}};
-        out->loss = op1(&b, MS_OP_SCALE, &sc, out->loss, "loss");
+    for (int l = ch->layer_lo; l < ch->layer_hi; l++) x = block(&b, x, l);
+    if (ch->last) {
+        head(&b, out, x, wte);
+    } else {
+        out->hidden_out = x;
+        ms_graph_set_output(b.g, x);
     }
-    ms_graph_set_loss(b.g, out->loss);
     out->g = b.g;
     out->B = B;
     out->T = T;
     ms_status st = ms_graph_error(b.g, err);
     if (st != MS_OK) ms_model_free(out);
     return st;
+}
+
+ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out, ms_error *err) {
+    ms_model_chunk whole = {0, cfg->n_layer, true, true};
+    return ms_model_build_chunk(cfg, B, T, &whole, out, err);
 }
 
 void ms_model_free(ms_model *m) {

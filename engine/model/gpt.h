@@ -19,7 +19,18 @@ typedef struct ms_model {
     int B, T;
     /* BERT: positions masked per row; the loss is the mean over them (0 for GPT-2) */
     int mlm_per_row;
+    /* A pipeline chunk: the activation input [B, T, C] (chunks after the first) and output
+     * (chunks before the last); -1 otherwise. A chunk without the head has no loss, logits
+     * or targets (-1), one without the embedding no ids or positions. */
+    int hidden_in, hidden_out;
 } ms_model;
+
+/* Which part of the model a pipeline chunk holds: layers [layer_lo, layer_hi), the
+ * embedding when first, the final norm, the head and the loss when last. */
+typedef struct ms_model_chunk {
+    int layer_lo, layer_hi;
+    bool first, last;
+} ms_model_chunk;
 
 /* BERT's mask token: byte 0, which text never contains. */
 #define MS_MLM_MASK_ID 0
@@ -34,6 +45,11 @@ void ms_model_mlm_mask(const ms_model *m, uint64_t seed, uint64_t batch, int32_t
 /* Builds the model for batch B and sequence T. Errors name the problem (T > n_positions,
  * heads not dividing channels, ...). The model owns its graph. */
 ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out, ms_error *err);
+/* One chunk of it. Parameters keep their names (and so their initial values: they are keyed
+ * by name), so the chunks of a model hold exactly its parameters, the tied word embedding
+ * in both the first and the last chunk. The whole model is the chunk {0, n_layer, 1, 1}. */
+ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
+                               ms_model *out, ms_error *err);
 void ms_model_free(ms_model *m);
 
 /* The checkpoint shape of a parameter (Hugging Face layout) for its internal shape. */

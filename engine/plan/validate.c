@@ -151,8 +151,17 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
     int mb = 0, m = 0;
     ms_strategy_micro(s, job->batch, &mb, &m);
     const char *yet = "is predicted only; the engine does not run it yet";
-    if (s->pp > 1)
-        return ms_fail(err, MS_ERR_INVALID, "pipeline parallelism (pp %d) %s", s->pp, yet);
+    if (s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the zb-h1 schedule (a backward split into input and weight gradients) %s; "
+                       "use 1f1b, gpipe or interleaved",
+                       yet);
+    if (m > 1 && (cfg->embd_pdrop > 0 || cfg->resid_pdrop > 0))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "dropout with %d micro-batches is not run yet (its masks are keyed by the "
+                       "position in the whole batch); use one micro-batch or set the pdrop "
+                       "fields to 0",
+                       m);
     if (s->zero) return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d %s", s->zero, yet);
     if (s->recompute != MS_RECOMPUTE_NONE)
         return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",
@@ -162,9 +171,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                        "%s precision is predicted only; the engine trains in fp32 (\"precision\": "
                        "\"fp32\")",
                        ms_precision_name(s->precision));
-    if (m > 1)
-        return ms_fail(err, MS_ERR_INVALID, "gradient accumulation over %d micro-batches %s", m,
-                       yet);
     if (s->bucket_mb > 0)
         return ms_fail(err, MS_ERR_INVALID,
                        "gradient buckets (bucket_mb %g) are not run yet: the engine reduces each "

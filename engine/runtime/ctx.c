@@ -97,11 +97,17 @@ static ms_status launch_threads(const ms_launch_opts *opts, ms_rank_fn fn, void 
     }
     /* If a thread failed to start, the started ranks time out in their first collective. */
     for (int r = 0; r < started; r++) pthread_join(ts[r].tid, NULL);
-    for (int r = 0; r < started && st == MS_OK; r++)
-        if (ts[r].st != MS_OK) {
-            if (err) *err = ts[r].err;
-            st = ms_fail_wrap(err, ts[r].st, "rank %d", r);
-        }
+    /* The cause, not its echo: when one rank fails, the others usually fail in a collective
+     * that rank abandoned (MS_ERR_COMM), so a rank with another error is reported first. */
+    int cause = -1;
+    for (int r = 0; r < started; r++)
+        if (ts[r].st != MS_OK &&
+            (cause < 0 || (ts[cause].st == MS_ERR_COMM && ts[r].st != MS_ERR_COMM)))
+            cause = r;
+    if (st == MS_OK && cause >= 0) {
+        if (err) *err = ts[cause].err;
+        st = ms_fail_wrap(err, ts[cause].st, "rank %d", cause);
+    }
     free(ts);
     ms_threads_world_destroy(w);
     return st;

@@ -11,16 +11,15 @@
 #include "engine/dist/reshard.h"
 #include "engine/optim/optim.h"
 #include "engine/plan/validate.h"
+#include "engine/train/stages.h"
 #include "profiler/record/hooks.h"
 
-/* The model compiled for one strategy on this rank: what a switch replaces whole. */
+/* The model compiled for one strategy on this rank (its pipeline chunks, or the whole model):
+ * what a switch replaces whole. */
 typedef struct compiled {
     ms_strategy strat;
     ms_placement_rules rules;
-    ms_mesh mesh;
-    ms_dmesh *dm;
-    ms_model model;
-    ms_program *prog;
+    ms_stages *st;
 } compiled;
 
 /* Adam moments, one pair per parameter shard, on the rank's device. */
@@ -40,7 +39,6 @@ struct ms_trainer {
     int64_t step; /* the next step to run: also the data cursor and the schedule's clock */
     int64_t skipped;
     int32_t *ids, *tgt; /* one batch of token ids and targets */
-    float *scratch;     /* the same as floats, for ms_program_feed */
 };
 
 /* --- checks ---------------------------------------------------------------------------------- */
@@ -77,10 +75,7 @@ static ms_status check_strategy(ms_ctx *ctx, const ms_model_config *cfg, const m
 /* --- compiling and the optimizer state ------------------------------------------------------- */
 
 static void compiled_free(compiled *c) {
-    ms_program_destroy(c->prog);
-    ms_model_free(&c->model);
-    ms_dmesh_destroy(c->dm);
-    ms_mesh_free(&c->mesh);
+    ms_stages_destroy(c->st);
     memset(c, 0, sizeof *c);
 }
 
@@ -89,18 +84,9 @@ static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_place
     memset(c, 0, sizeof *c);
     c->strat = *s;
     if (rules) c->rules = *rules;
-    ms_status st = ms_strategy_mesh(&c->strat, &c->mesh, err);
-    if (st == MS_OK) st = ms_dmesh_create(t->ctx, &c->mesh, &c->dm, err);
-    if (st == MS_OK) st = ms_model_build(&t->cfg, t->o.batch, t->o.seq, &c->model, err);
-    if (st == MS_OK && t->o.keep_logits) ms_graph_keep(c->model.g, c->model.logits);
-    if (st == MS_OK) {
-        /* The compile options point at c->strat: the program keeps no pointer to them. */
-        ms_sharding sh = {.s = &c->strat, .rules = &c->rules};
-        ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = t->o.seed};
-        st = ms_program_compile(c->model.g, c->dm, &co, &c->prog, err);
-    }
-    if (st != MS_OK) compiled_free(c);
-    return st;
+    ms_stages_opts so = {
+        .batch = t->o.batch, .seq = t->o.seq, .seed = t->o.seed, .keep_logits = t->o.keep_logits};
+    return ms_stages_create(t->ctx, &t->cfg, &c->strat, &c->rules, &so, &c->st, err);
 }
 
 static void moments_free(ms_device *dev, moments *mo) {
@@ -112,14 +98,14 @@ static void moments_free(ms_device *dev, moments *mo) {
     memset(mo, 0, sizeof *mo);
 }
 
-static ms_status moments_init(ms_device *dev, ms_program *p, moments *mo, ms_error *err) {
-    mo->n = ms_program_num_params(p);
+static ms_status moments_init(ms_device *dev, ms_stages *p, moments *mo, ms_error *err) {
+    mo->n = ms_stages_num_params(p);
     mo->m = xcalloc((size_t)mo->n, sizeof *mo->m);
     mo->v = xcalloc((size_t)mo->n, sizeof *mo->v);
     mo->bytes = xcalloc((size_t)mo->n, sizeof *mo->bytes);
     for (int i = 0; i < mo->n; i++) {
         ms_param_view pv;
-        ms_program_param(p, i, &pv);
+        ms_stages_param(p, i, &pv, NULL);
         /* One spare float: an empty shard (uneven splits) still gets a valid pointer. */
         mo->bytes[i] = ((size_t)ms_tensor_numel(&pv.data) + 1) * sizeof(float);
         ms_status st = ms_device_alloc(dev, mo->bytes[i], (void **)&mo->m[i], err);
@@ -152,9 +138,8 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     size_t n = (size_t)o->batch * (size_t)o->seq;
     t->ids = xmalloc(sizeof *t->ids * n);
     t->tgt = xmalloc(sizeof *t->tgt * n);
-    t->scratch = xmalloc(sizeof *t->scratch * n);
     ms_status st = compile_for(t, s, rules, &t->c, err);
-    if (st == MS_OK && !o->inference) st = moments_init(ctx->device, t->c.prog, &t->mo, err);
+    if (st == MS_OK && !o->inference) st = moments_init(ctx->device, t->c.st, &t->mo, err);
     if (st != MS_OK) {
         ms_trainer_destroy(t);
         return st;
@@ -167,35 +152,29 @@ void ms_trainer_destroy(ms_trainer *t) {
     if (!t) return;
     moments_free(t->ctx->device, &t->mo);
     compiled_free(&t->c);
-    free(t->ids), free(t->tgt), free(t->scratch);
+    free(t->ids), free(t->tgt);
     free(t);
 }
 
 /* --- a step ---------------------------------------------------------------------------------- */
 
-/* Feeds the batch in ids/tgt as floats: ids, targets and positions. For BERT the batch is
- * first turned into a masked-LM batch (keyed by the batch index, so every rank masks alike). */
-static ms_status feed(ms_trainer *t, uint64_t seed, uint64_t batch, ms_error *err) {
-    const ms_model *m = &t->c.model;
-    int n = m->B * m->T;
-    ms_program *p = t->c.prog;
-    if (m->mlm_per_row) ms_model_mlm_mask(m, seed, batch, t->ids, t->tgt);
-    for (int i = 0; i < n; i++) t->scratch[i] = (float)t->ids[i];
-    MS_CHECK(ms_program_feed(p, m->ids, t->scratch, err));
-    for (int i = 0; i < n; i++) t->scratch[i] = (float)t->tgt[i];
-    MS_CHECK(ms_program_feed(p, m->targets, t->scratch, err));
-    for (int i = 0; i < n; i++) t->scratch[i] = (float)(i % m->T);
-    return ms_program_feed(p, m->pos, t->scratch, err);
+/* For BERT the batch in ids/tgt becomes a masked-LM batch (keyed by the batch index, so every
+ * rank masks alike, whatever its share of the batch). */
+static void mask(ms_trainer *t, uint64_t seed, uint64_t batch) {
+    const ms_model *m = ms_stages_model(t->c.st, 0);
+    if (!m->mlm_per_row) return;
+    ms_model whole = {.B = t->o.batch, .T = t->o.seq, .mlm_per_row = m->mlm_per_row};
+    ms_model_mlm_mask(&whole, seed, batch, t->ids, t->tgt);
 }
 
 /* Global gradient norm: each shard counted once (owners), summed over the world. */
 static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
     double local = 0;
-    ms_program *p = t->c.prog;
-    for (int i = 0; i < ms_program_num_params(p); i++) {
+    for (int i = 0; i < ms_stages_num_params(t->c.st); i++) {
         ms_param_view v;
-        ms_program_param(p, i, &v);
-        if (v.owner)
+        bool counted = true;
+        ms_stages_param(t->c.st, i, &v, &counted);
+        if (v.owner && counted)
             local += ms_sumsq_f32(ms_tensor_f32(&v.grad), (size_t)ms_tensor_numel(&v.grad));
     }
     /* Two floats keep the sum's precision through a float all-reduce. */
@@ -213,7 +192,7 @@ static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err)
                         .weight_decay = (float)t->o.weight_decay};
     for (int i = 0; i < t->mo.n; i++) {
         ms_param_view pv;
-        ms_program_param(t->c.prog, i, &pv);
+        ms_stages_param(t->c.st, i, &pv, NULL);
         MS_CHECK(ms_adamw_step_scaled(ms_tensor_f32(&pv.data), ms_tensor_f32(&pv.grad), t->mo.m[i],
                                       t->mo.v[i], (size_t)ms_tensor_numel(&pv.data), &aw,
                                       t->step + 1, scale, err));
@@ -230,9 +209,9 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
     out->t_data_ns = ms_now_ns();
     MS_CHECK(ms_text_data_sample(t->data, MS_SPLIT_TRAIN, t->o.seed, (uint64_t)t->step, B, 0, B,
                                  t->ids, t->tgt, err));
-    MS_CHECK(feed(t, t->o.seed, (uint64_t)t->step, err));
+    mask(t, t->o.seed, (uint64_t)t->step);
     ms_record_span(&t->ctx->trace, MS_EV_DATA, out->t_data_ns);
-    MS_CHECK(ms_program_step(t->c.prog, &out->loss, err));
+    MS_CHECK(ms_stages_train(t->c.st, t->ids, t->tgt, &out->loss, err));
     MS_CHECK(grad_norm(t, &out->grad_norm, err));
     ms_lr_schedule sched = {.lr_max = t->o.lr,
                             .lr_min = t->o.min_lr,
@@ -274,9 +253,9 @@ ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double
     double sum = 0;
     for (int b = 0; b < batches; b++) {
         MS_CHECK(ms_text_data_eval(d, split, (uint64_t)b, B, 0, B, t->ids, t->tgt, err));
-        MS_CHECK(feed(t, 7, (uint64_t)b, err));
+        mask(t, 7, (uint64_t)b);
         float l;
-        MS_CHECK(ms_program_forward(t->c.prog, &l, err));
+        MS_CHECK(ms_stages_forward(t->c.st, t->ids, t->tgt, &l, err));
         sum += l;
     }
     *loss = sum / batches;
@@ -308,13 +287,13 @@ static ms_status move_state(const ms_state_tensor *from, const ms_state_tensor *
 static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_tensor *out) {
     int per = inference ? 1 : 3;
     ms_param_view pv;
-    ms_program_param(c->prog, i / per, &pv);
+    ms_stages_param(c->st, i / per, &pv, NULL);
     memset(out, 0, sizeof *out);
     out->param = pv.name;
     out->kind = (ms_state_kind)(i % per);
     out->gshape = pv.gshape;
     out->pl = pv.pl;
-    out->mesh = c->dm;
+    out->mesh = ms_stages_dmesh(c->st);
     out->lndim = pv.data.ndim;
     for (int d = 0; d < pv.data.ndim; d++) out->lshape[d] = (int)pv.data.shape[d];
     out->n = (size_t)ms_tensor_numel(&pv.data);
@@ -326,10 +305,15 @@ static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_t
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err) {
     MS_CHECK(check_strategy(t->ctx, &t->cfg, &t->o, target, err));
+    if (target->pp > 1 || t->c.strat.pp > 1)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "switching into or out of a pipeline (pp %d to pp %d) is not supported yet; "
+                       "restart the run with the target strategy",
+                       t->c.strat.pp, target->pp);
     compiled nc;
     moments nm = {0};
     MS_CHECK(compile_for(t, target, rules, &nc, err));
-    ms_status st = t->o.inference ? MS_OK : moments_init(t->ctx->device, nc.prog, &nm, err);
+    ms_status st = t->o.inference ? MS_OK : moments_init(t->ctx->device, nc.st, &nm, err);
     int n = ms_trainer_num_state(t);
     for (int i = 0; i < n && st == MS_OK; i++) {
         ms_state_tensor a, b;
@@ -372,26 +356,36 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
                             ms_error *err) {
     if (!t->o.keep_logits)
         return ms_fail(err, MS_ERR_INVALID, "trainer: sampling needs keep_logits");
-    int T = t->c.model.T, V = t->cfg.vocab_size;
+    int T = t->o.seq, V = t->cfg.vocab_size;
     int len = (int)strlen(prompt);
     if (len > T) len = T;
     memcpy(out, prompt, (size_t)len);
     int total = len;
-    memset(t->ids, 0, sizeof *t->ids * (size_t)t->o.batch * (size_t)T);
-    memset(t->tgt, 0, sizeof *t->tgt * (size_t)t->o.batch * (size_t)T);
+    size_t cells = (size_t)t->o.batch * (size_t)T;
+    memset(t->tgt, 0, sizeof *t->tgt * cells);
+    int head = ms_stages_head_chunk(t->c.st);
     for (int k = 0; k < n; k++) {
+        /* Every row holds the context, so whichever micro-batch's logits the head kept last
+         * has it in its first row. */
         int ctxlen = total < T ? total : T;
-        for (int i = 0; i < T; i++)
-            t->ids[i] = i < ctxlen ? (unsigned char)out[total - ctxlen + i] : 0;
-        MS_CHECK(feed(t, seed, (uint64_t)k, err));
+        for (size_t c = 0; c < cells; c++) {
+            int i = (int)(c % (size_t)T);
+            t->ids[c] = i < ctxlen ? (unsigned char)out[total - ctxlen + i] : 0;
+        }
         float loss;
-        MS_CHECK(ms_program_forward(t->c.prog, &loss, err));
-        ms_tensor logits = {0};
-        MS_CHECK(ms_program_value(t->c.prog, t->c.model.logits, &logits, err));
-        const float *row = ms_tensor_f32(&logits) + (size_t)(ctxlen - 1) * V;
-        int pick = draw(row, V, ms_philox_uniform(seed, 99, (uint64_t)k));
-        out[total++] = (char)(pick < 32 && pick != '\n' ? ' ' : pick);
-        ms_tensor_release(&logits);
+        MS_CHECK(ms_stages_forward(t->c.st, t->ids, t->tgt, &loss, err));
+        float pick = 0;
+        if (head >= 0) {
+            ms_program *p = ms_stages_program(t->c.st, head);
+            ms_tensor logits = {0};
+            MS_CHECK(ms_program_value(p, ms_stages_model(t->c.st, head)->logits, &logits, err));
+            const float *row = ms_tensor_f32(&logits) + (size_t)(ctxlen - 1) * V;
+            pick = (float)draw(row, V, ms_philox_uniform(seed, 99, (uint64_t)k));
+            ms_tensor_release(&logits);
+        }
+        MS_CHECK(ms_stages_from_head(t->c.st, &pick, 1, err));
+        int c = (int)pick;
+        out[total++] = (char)(c < 32 && c != '\n' ? ' ' : c);
     }
     out[total] = '\0';
     return MS_OK;
@@ -415,20 +409,20 @@ const ms_train_opts *ms_trainer_opts(const ms_trainer *t) {
     return &t->o;
 }
 const ms_model *ms_trainer_model(const ms_trainer *t) {
-    return &t->c.model;
+    return ms_stages_model(t->c.st, 0);
 }
 const ms_mesh *ms_trainer_mesh(const ms_trainer *t) {
-    return &t->c.mesh;
+    return ms_stages_mesh(t->c.st);
 }
 ms_program *ms_trainer_program(ms_trainer *t) {
-    return t->c.prog;
+    return ms_stages_program(t->c.st, 0);
 }
 int64_t ms_trainer_skipped(const ms_trainer *t) {
     return t->skipped;
 }
 
 int ms_trainer_num_state(const ms_trainer *t) {
-    return ms_program_num_params(t->c.prog) * (t->o.inference ? 1 : 3);
+    return ms_stages_num_params(t->c.st) * (t->o.inference ? 1 : 3);
 }
 
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out) {

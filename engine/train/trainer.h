@@ -129,7 +129,9 @@ typedef struct ms_state_tensor {
     int lndim;
 } ms_state_tensor;
 
-/* The number of state tensors: 3 per parameter (1 with `inference`). */
+/* The number of state tensors: 3 per parameter (1 with `inference`). Under pipeline
+ * parallelism the walk covers this rank's chunks only (on its stage's mesh), so it is not the
+ * same list on every rank: switching and saving refuse pipelines for now. */
 int ms_trainer_num_state(const ms_trainer *t);
 /* State tensor i, ordered parameter by parameter (param, m, v). */
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);

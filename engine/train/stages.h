@@ -1,0 +1,80 @@
+/* stages.h - a rank's share of the model under a strategy: its pipeline chunks compiled on its
+ * stage's mesh, the schedule that runs them, and the transfers between stages.
+ *
+ * Without pipeline parallelism (pp 1) a rank holds one chunk, the whole model, and a step is
+ * m micro-batches (forward, then backward, gradients accumulating) and one gradient sync. With
+ * pp p and v virtual stages the world is p stages of R = dp x tp x cp ranks (stage s is world
+ * ranks s*R .. s*R + R-1), the model's layers are split into p*v chunks, rank s holds chunks
+ * c*p + s (c < v), and the schedule (engine/pipeline/schedule.h) orders their forwards,
+ * backwards and transfers.
+ *
+ * Transfers: the activation crossing a chunk boundary is the residual stream, placed alike on
+ * every stage (the strategy's stream placement), so a transfer is one send of this rank's
+ * local box to the rank at the same mesh position of the neighbouring stage, and the receiver
+ * writes straight into its program's input buffer. Peers and sizes are fixed when compiling;
+ * a step allocates nothing.
+ *
+ * The tied word embedding: the first and the last chunk each hold a copy. After the gradient
+ * sync, the two copies' gradients are summed by an all-reduce between the two stages
+ * (Megatron's embedding group), so both take the same AdamW update and stay equal; the global
+ * gradient norm counts the first copy only.
+ *
+ * Micro-batch j of a step is, on every data-parallel replica r, rows j*b .. j*b + b-1 of that
+ * replica's share of the global batch (b = batch / (dp m)): the split the planner prices.
+ *
+ * Collective: create, step, forward and destroy are called by every world rank.
+ * Ownership: the stages own their meshes, graphs, programs and buffers; ctx outlives them.
+ */
+#ifndef MS_STAGES_H
+#define MS_STAGES_H
+
+#include "engine/graph/graph.h"
+#include "engine/model/config.h"
+#include "engine/model/gpt.h"
+#include "engine/model/strategy.h"
+#include "engine/runtime/ctx.h"
+
+typedef struct ms_stages ms_stages;
+
+typedef struct ms_stages_opts {
+    int batch, seq; /* global rows per step and tokens per row */
+    uint64_t seed;  /* parameter init and dropout */
+    bool keep_logits;
+} ms_stages_opts;
+
+/* Splits cfg by strategy s (which must pass the validator) and compiles this rank's chunks. */
+ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
+                           const ms_placement_rules *rules, const ms_stages_opts *o,
+                           ms_stages **out, ms_error *err);
+void ms_stages_destroy(ms_stages *st);
+
+/* One step's forwards and backwards over the global batch ids/targets ([batch, seq] each,
+ * identical on every rank), then the gradient sync and the tied embedding's all-reduce. *loss
+ * receives the batch's mean loss on every rank. */
+ms_status ms_stages_train(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
+                          ms_error *err);
+/* Forward only (evaluation, sampling): *loss as above. */
+ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
+                            ms_error *err);
+
+/* This rank's parameters over all its chunks, in chunk order, and whether each counts in the
+ * global gradient norm (false for the last chunk's copy of the tied embedding). */
+int ms_stages_num_params(const ms_stages *st);
+ms_status ms_stages_param(ms_stages *st, int i, ms_param_view *out, bool *in_norm);
+
+/* The local chunk holding the head (logits, loss), or -1 on other stages. */
+int ms_stages_head_chunk(const ms_stages *st);
+/* Broadcasts n floats from the head's stage (its first rank) to every rank. */
+ms_status ms_stages_from_head(ms_stages *st, float *x, size_t n, ms_error *err);
+
+int ms_stages_pp(const ms_stages *st);
+int ms_stages_micro_batches(const ms_stages *st);
+/* The stage mesh this rank belongs to. */
+const ms_mesh *ms_stages_mesh(const ms_stages *st);
+ms_dmesh *ms_stages_dmesh(ms_stages *st);
+/* This rank's chunks: count, and each one's model and program. */
+int ms_stages_num_chunks(const ms_stages *st);
+const ms_model *ms_stages_model(const ms_stages *st, int c);
+ms_program *ms_stages_program(ms_stages *st, int c);
+
+#endif
