@@ -394,7 +394,7 @@ static void validator_refusals(void **state) {
         {"{\"pp\": 2, \"dp\": 2, \"schedule\": \"interleaved\", \"virtual_stages\": 3, "
          "\"micro_batches\": 2}",
          4, 8, 64,
-         "the 2 layers per stage (n_layer / pp) do not split into 3 chunks; use "
+         "the 2 layers per stage (n_layer / pp) cannot be cut into 3 chunks; use "
          "virtual_stages 2"},
         {"{\"pp\": 4, \"schedule\": \"interleaved\", \"virtual_stages\": 2, "
          "\"micro_batches\": 4}",

@@ -117,7 +117,7 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                 len += snprintf(fix + len, sizeof fix - (size_t)len, "%s%d", len ? ", " : "", d);
         return ms_fail(err, MS_ERR_INVALID,
                        "pp %d x virtual_stages %d does not divide the %d layers: the %d layer%s "
-                       "per stage (n_layer / pp) do not split into %d chunks; %s%s",
+                       "per stage (n_layer / pp) cannot be cut into %d chunks; %s%s",
                        s->pp, s->virtual_stages, cfg->n_layer, per_stage, per_stage == 1 ? "" : "s",
                        s->virtual_stages,
                        len ? "use virtual_stages "
