@@ -7,10 +7,12 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "engine/comm/comm_mpi.h"
 #include "engine/core/xalloc.h"
 #include "engine/data/dataset.h"
 #include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
+#include "engine/pipeline/diagram.h"
 #include "job/train_job.h"
 
 int ms_cmd_train(int argc, char **argv) {
@@ -30,10 +32,10 @@ typedef struct rank_arg {
     const job_plan *plan;
 } rank_arg;
 
-/* Resolves the job and runs fn on its ranks; 2 for bad input, 1 for a failed run. */
-static int launch(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn fn) {
+/* Validates a read job and runs fn on its ranks; 2 for bad input, 1 for a failed run. */
+static int launch_plan(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn) {
     ms_error err = {0};
-    if (job_plan_resolve(o, plan, &err) != MS_OK) {
+    if (job_plan_validate(o, plan, &err) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
         return 2;
     }
@@ -43,6 +45,16 @@ static int launch(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn
         return 1;
     }
     return 0;
+}
+
+/* Reads the job, then launch_plan. */
+static int launch(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn fn) {
+    ms_error err = {0};
+    if (job_plan_read(o, plan, &err) != MS_OK) {
+        fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
+        return 2;
+    }
+    return launch_plan(cmd, o, plan, fn);
 }
 
 /* --- eval ------------------------------------------------------------------------------------ */
@@ -133,10 +145,33 @@ static ms_status explain_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     return st;
 }
 
+/* A pipeline's schedule, drawn once per job (by world rank 0 under mpirun) before any rank
+ * starts, so it is there even when the engine then refuses the strategy. */
+static int explain_pipeline(const run_opts *o, const job_plan *plan) {
+    const ms_strategy *s = &plan->strat;
+    int size = 0, m = 0;
+    if (s->pp < 2 || (ms_mpi_launched() && ms_mpi_launch_rank() != 0)) return 0;
+    ms_strategy_micro(s, o->batch, &size, &m); /* checked by job_plan_read */
+    ms_error err = {0};
+    if (ms_pp_schedule_print(stdout, (ms_schedule)s->schedule, s->pp, m, s->virtual_stages, &err) !=
+        MS_OK) {
+        fprintf(stderr, "meshscope explain: %s\n", err.msg);
+        return 2;
+    }
+    fflush(stdout);
+    return 0;
+}
+
 int ms_cmd_explain(int argc, char **argv) {
     run_opts o;
     int rc = run_opts_parse(RUN_EXPLAIN, argc, argv, &o);
     if (rc != MS_OPTS_PROCEED) return rc;
     job_plan plan;
-    return launch("explain", &o, &plan, explain_rank);
+    ms_error err = {0};
+    if (job_plan_read(&o, &plan, &err) != MS_OK) {
+        fprintf(stderr, "meshscope explain: %s\n", err.msg);
+        return 2;
+    }
+    if ((rc = explain_pipeline(&o, &plan)) != 0) return rc;
+    return launch_plan("explain", &o, &plan, explain_rank);
 }

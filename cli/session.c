@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/comm/comm_mpi.h"
+#include "engine/pipeline/schedule.h"
 
 /* Every flag of train, eval and explain, with the commands that take it. */
 typedef struct run_flag {
@@ -17,6 +18,10 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     *o = (run_opts){.dp = 1,
                     .tp = 1,
                     .cp = 1,
+                    .pp = 1,
+                    .micro_batches = 1,
+                    .schedule = MS_SCHEDULE_1F1B,
+                    .virtual_stages = 1,
                     .backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS,
                     .steps = 100,
                     .batch = 8,
@@ -34,6 +39,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                     .advise_threshold = 0.10};
     int backend = (int)o->backend, seed = (int)o->seed, on_nan = 0;
     static const char *const on_nan_words[] = {"stop", "skip", NULL};
+    const char *schedule_words[MS_SCHEDULE_COUNT + 1] = {NULL}; /* strategy.h's names */
+    for (int i = 0; i < MS_SCHEDULE_COUNT; i++) schedule_words[i] = ms_schedule_name(i);
     const run_flag flags[] = {
         {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model, "the model's config JSON (required)")},
         {RUN_TRAIN | RUN_EVAL,
@@ -41,11 +48,21 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_EVAL,
          MS_TEXT("checkpoint", "FILE", &o->checkpoint, "the safetensors weights (required)")},
         {RUN_ALL, MS_TEXT("strategy", "FILE", &o->strategy_file,
-                          "strategy JSON: mesh and placements (instead of --dp/--tp/--cp/--sp)")},
+                          "strategy JSON: mesh, knobs and placements (instead of --dp/--tp/"
+                          "--pp/--cp/--sp and the pipeline flags)")},
         {RUN_ALL, MS_INT("dp", "N", &o->dp, 1, 4096, "data-parallel ranks (default 1)")},
         {RUN_ALL, MS_INT("tp", "N", &o->tp, 1, 4096, "tensor-parallel ranks (default 1)")},
+        {RUN_ALL,
+         MS_INT("pp", "N", &o->pp, 1, 4096,
+                "pipeline stages (default 1; predicted only: explain draws the schedule)")},
         {RUN_ALL, MS_INT("cp", "N", &o->cp, 1, 4096, "context-parallel ranks (default 1)")},
         {RUN_ALL, MS_FLAG("sp", &o->sp, "sequence parallelism in the tensor-parallel group")},
+        {RUN_ALL, MS_INT("micro-batches", "M", &o->micro_batches, 1, 1 << 20,
+                         "micro-batches per step; they divide each dp rank's batch (default 1)")},
+        {RUN_ALL,
+         MS_ENUM("schedule", &o->schedule, schedule_words, "pipeline schedule (default 1f1b)")},
+        {RUN_ALL, MS_INT("virtual-stages", "V", &o->virtual_stages, 1, MS_PP_MAX_VIRTUAL,
+                         "model chunks per pipeline rank, for --schedule interleaved (default 1)")},
         {RUN_ALL, MS_ENUM_BACKEND(&backend)},
         {RUN_TRAIN, MS_INT("steps", "N", &o->steps, 0, 100000000, "optimizer steps (default 100)")},
         {RUN_TRAIN, MS_INT("seed", "S", &seed, 0, 0x7fffffff,
@@ -124,8 +141,16 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         return 2;
     }
     ms_error e;
-    if (ms_strategy_check_degrees(o->dp, o->tp, o->cp, 0, NULL, &e) != MS_OK) {
+    int ranks = 0;
+    if (ms_strategy_check_degrees(o->dp, o->tp, o->cp, 0, &ranks, &e) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", c.name, e.msg);
+        return 2;
+    }
+    if ((long long)ranks * o->pp > MS_MESH_MAX_RANKS) {
+        fprintf(stderr,
+                "meshscope %s: dp %d x tp %d x pp %d x cp %d needs more than %d ranks; pick "
+                "degrees whose product is at most %d\n",
+                c.name, o->dp, o->tp, o->pp, o->cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
         return 2;
     }
     if (o->min_lr > o->lr) o->min_lr = o->lr;

@@ -15,16 +15,35 @@
 #include "engine/kernels/kernels.h"
 #include "engine/plan/validate.h"
 
-ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
+static ms_job_shape job_shape(const run_opts *o, const job_plan *plan) {
+    return (ms_job_shape){.world = plan->world_size, .batch = o->batch, .seq = o->seq};
+}
+
+ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
     MS_CHECK(ms_config_load(o->model, &out->cfg, err));
     out->rules.n = 0;
-    if (o->strategy_file)
+    if (o->strategy_file) {
         MS_CHECK(ms_strategy_load(o->strategy_file, &out->strat, &out->rules, err));
-    else
+    } else {
         MS_CHECK(ms_strategy_init(&out->strat, o->dp, o->tp, o->cp, o->sp, err));
+        out->strat.pp = o->pp;
+        out->strat.micro_batches = o->micro_batches;
+        out->strat.schedule = (uint8_t)o->schedule;
+        out->strat.virtual_stages = o->virtual_stages;
+    }
     out->world_size = ms_strategy_ranks(&out->strat);
-    ms_job_shape job = {.world = out->world_size, .batch = o->batch, .seq = o->seq};
-    return ms_strategy_validate(&out->strat, &out->cfg, &job, 0, err);
+    ms_job_shape job = job_shape(o, out);
+    return ms_strategy_check(&out->strat, &out->cfg, &job, err);
+}
+
+ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err) {
+    ms_job_shape job = job_shape(o, plan);
+    return ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err);
+}
+
+ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
+    MS_CHECK(job_plan_read(o, out, err));
+    return job_plan_validate(o, out, err);
 }
 
 /* One output path: not a directory, and its directory takes a new file. */

@@ -26,6 +26,10 @@ typedef struct run_opts {
     double memory_cap_mib;   /* refuse switches needing more per rank; 0: the machine's share */
     int dp, tp, cp;
     bool sp;
+    int pp;             /* --pp: pipeline stages */
+    int micro_batches;  /* --micro-batches: per step */
+    int schedule;       /* --schedule: an ms_schedule */
+    int virtual_stages; /* --virtual-stages: model chunks per pipeline rank */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;    /* BLAS threads per rank; 0 = cores / ranks */
@@ -37,9 +41,10 @@ typedef struct run_opts {
 } run_opts;
 
 /* The job's model and strategy, resolved once before any rank starts: the config is read
- * here and nowhere else; the strategy comes from --strategy FILE (with its placement rules) or
- * the degree flags and passes the validator (engine/plan/validate.h) for the model, the batch,
- * the sequence and its own world size. */
+ * here and nowhere else; the strategy comes from --strategy FILE (with its placement rules;
+ * the strategy flags are then not read) or the flags (--dp --tp --pp --cp --sp
+ * --micro-batches --schedule --virtual-stages) and passes the validator
+ * (engine/plan/validate.h) for the model, the batch, the sequence and its own world size. */
 typedef struct job_plan {
     ms_model_config cfg;
     ms_strategy strat;
@@ -48,6 +53,12 @@ typedef struct job_plan {
 } job_plan;
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
+
+/* job_plan_resolve in two halves. Read: the config and the strategy, well-formed for the job
+ * (ms_strategy_check: what the planner can price, such as a pipeline explain can draw).
+ * Validate: whether this engine runs it (ms_strategy_validate). */
+ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err);
+ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err);
 
 /* Checks before the first step that every output can be written: --save, --trace and
  * --log-jsonl must not name a directory, and their directory must take a new file (a probe

@@ -123,6 +123,55 @@ expect "unknown flag" "unknown option" "${run[@]}" --data "$tmp/text.txt" --frob
 expect "bad number" "bad value" "${run[@]}" --data "$tmp/text.txt" --steps lots
 expect "batch not divisible by dp" "not divisible by dp" "${run[@]}" --data "$tmp/text.txt" --batch 3 --dp 2
 
+# Pipelines: explain draws the schedule before the engine refuses to run it (exit 2); bad
+# pipeline input is refused in one line that names the fix.
+cat >"$tmp/four.json" <<'J'
+{"n_layer": 4, "n_head": 4, "n_embd": 32, "vocab_size": 256, "n_positions": 32}
+J
+pipe=("$bin" explain --model "$tmp/four.json" --batch 8 --seq 16)
+out=$("${pipe[@]}" --pp 2 --micro-batches 2 2>&1)
+rc=$?
+drawn=$(grep -n "^stage 1  .  F0 B0 B0 F1 B1 B1 .  .$" <<<"$out" | cut -d: -f1)
+refused=$(grep -n "pipeline parallelism (pp 2) is predicted only" <<<"$out" | cut -d: -f1)
+if [ "$rc" -eq 2 ] && grep -q "^pipeline schedule: 1f1b, pp 2, 2 micro-batches" <<<"$out" &&
+  grep -q "formula (p-1)/(m+p-1) = 1/3 = 33.3%" <<<"$out" && [ -n "$drawn" ] && [ -n "$refused" ] &&
+  [ "$drawn" -lt "$refused" ]; then
+  echo "ok   explain --pp draws the schedule, then the engine refuses pp (exit 2)"
+  pass=$((pass + 1))
+else
+  echo "FAIL explain --pp (exit $rc):"; echo "$out" | head -12; fail=$((fail + 1))
+fi
+out=$("${pipe[@]}" --pp 2 --micro-batches 4 --schedule zb-h1 2>&1)
+if grep -q "^stage 0  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3$" <<<"$out"; then
+  echo "ok   explain --schedule zb-h1 draws W"; pass=$((pass + 1))
+else
+  echo "FAIL explain --schedule zb-h1:"; echo "$out" | head -8; fail=$((fail + 1))
+fi
+expect_rc_pipe() { # NAME WANTED-TEXT FLAGS...: exit 2, the text in the output
+  local name=$1 want=$2
+  shift 2
+  expect "$name" "$want" "${pipe[@]}" "$@"
+  "${pipe[@]}" "$@" >/dev/null 2>&1
+  local rc=$?
+  [ "$rc" -eq 2 ] || { echo "FAIL $name exits $rc, not 2"; fail=$((fail + 1)); }
+}
+expect_rc_pipe "unknown schedule" "bad value 'zigzag' for --schedule: use 1f1b, gpipe, interleaved or zb-h1" \
+  --pp 2 --schedule zigzag
+expect_rc_pipe "virtual stages splitting layers" "cannot be cut into 3 chunks; use virtual_stages 2" \
+  --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 3
+expect_rc_pipe "interleaved micro-batches" \
+  "needs the micro-batches (3) to be a multiple of pp 2; use 2 or 4 micro-batches" --pp 2 \
+  --micro-batches 3 --batch 6 --schedule interleaved --virtual-stages 2
+expect_rc_pipe "interleaved without virtual stages" "takes 2 or more virtual stages" --pp 2 \
+  --micro-batches 2 --schedule interleaved
+expect_rc_pipe "pp above the layers" "pp 8 exceeds the 4 layers: every stage needs at least one layer" \
+  --pp 8
+expect_rc_pipe "micro-batches not dividing the batch" \
+  "3 micro-batches do not make the 8 sequences per dp rank (batch 8 / dp 1); give micro_batches" \
+  --pp 2 --micro-batches 3
+expect "train refuses pp" "pipeline parallelism (pp 2) is predicted only" "$bin" train \
+  --model "$tmp/four.json" --data "$tmp/text.txt" --steps 1 --batch 2 --seq 16 --pp 2
+
 # A checkpoint whose shapes do not match the model.
 "${run[@]}" --data "$tmp/text.txt" --save "$tmp/ck.safetensors" >/dev/null 2>&1
 cat >"$tmp/wide.json" <<'J'
@@ -189,13 +238,15 @@ help_lists() {
   echo "ok   ${cmd[*]} --help and -h list $# flags"
 }
 
-help_lists "train" --model --data --strategy --dp --tp --cp --sp --backend --steps --seed --batch \
+help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
+  --virtual-stages --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
   --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
   --advise-threshold --memory-cap --help
-help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --cp --sp \
-  --strategy --backend --help
-help_lists "explain" --model --strategy --dp --tp --cp --sp --batch --seq --backend --help
+help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
+  --micro-batches --schedule --virtual-stages --strategy --backend --help
+help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
+  --virtual-stages --batch --seq --backend --help
 help_lists "demo" --ranks --backend --help
 help_lists "bench comm" --json --ranks --min-bytes --max-bytes --step --iters --reps --ops \
   --backends --quick --mpi-default-malloc --help

@@ -388,6 +388,27 @@ static void validator_refusals(void **state) {
          "\"micro_batches\": 1}",
          4, 8, 64, "a multiple of pp 2"},
         {"{\"dp\": 4, \"vocab_parallel\": false}", 4, 8, 64, "needs tp 2 or more"},
+        /* pipelines: more stages than layers, chunks that split layers, the interleaved
+         * schedule's groups of pp micro-batches, each with the fix */
+        {"{\"pp\": 8}", 8, 8, 64,
+         "pp 8 exceeds the 4 layers: every stage needs at least one layer; use a pp that divides "
+         "n_layer (at most 4)"},
+        {"{\"pp\": 2, \"dp\": 2, \"schedule\": \"interleaved\", \"virtual_stages\": 3, "
+         "\"micro_batches\": 2}",
+         4, 8, 64,
+         "the 2 layers per stage (n_layer / pp) cannot be cut into 3 chunks; use "
+         "virtual_stages 2"},
+        {"{\"pp\": 4, \"schedule\": \"interleaved\", \"virtual_stages\": 2, "
+         "\"micro_batches\": 4}",
+         4, 8, 64, "use the 1f1b schedule (a stage of one layer does not split)"},
+        {"{\"pp\": 2, \"dp\": 2, \"schedule\": \"interleaved\", \"virtual_stages\": 2, "
+         "\"pp_layers\": [2, 2], \"micro_batches\": 2}",
+         4, 8, 64, "leave pp_layers out"},
+        {"{\"pp\": 2, \"schedule\": \"interleaved\", \"virtual_stages\": 2, "
+         "\"micro_batches\": 3}",
+         2, 12, 64,
+         "the interleaved schedule needs the micro-batches (3) to be a multiple of pp 2; use 2 "
+         "or 4 micro-batches"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ms_strategy s = with(bad[i].json);

@@ -48,6 +48,15 @@ bool ms_mpi_launched(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
+int ms_mpi_launch_rank(void) {
+    const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
 #ifndef MS_HAVE_MPI
 
 #include <stdio.h>

@@ -14,6 +14,9 @@
 /* True when this process was started by mpirun/mpiexec (checked from the environment,
  * without initialising MPI). */
 bool ms_mpi_launched(void);
+/* This process's world rank as the launcher put it in the environment (read before MPI is
+ * initialised, e.g. to print something once per job); 0 when not launched by one. */
+int ms_mpi_launch_rank(void);
 
 /* Initialises MPI (MPI_THREAD_SERIALIZED or better) unless already initialised. */
 ms_status ms_mpi_init(int *argc, char ***argv, ms_error *err);

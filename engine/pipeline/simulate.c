@@ -248,9 +248,6 @@ void ms_pp_timeline_free(ms_pp_timeline *tl) {
     tl->stage = NULL;
 }
 
-/* Past this many units (p x m x v) the planner's question is answered from fewer micro-batches. */
-#define SIM_UNITS (1 << 14)
-
 /* Idle time of a stage (all do the same work) when kind runs m micro-batches. */
 static ms_status idle_time(ms_schedule kind, int p, int m, int v, const ms_pp_times *t,
                            double *idle, ms_error *err) {
@@ -277,18 +274,16 @@ ms_status ms_pp_bubble_fraction(ms_schedule kind, int p, int m, int v, double t_
     if (p == 1) return MS_OK;
     ms_pp_times t = {.f = t_f / v, .b = t_b / v, .w = t_w / v}; /* a chunk: 1/v of the layers */
     double idle;
-    int64_t fit = SIM_UNITS / ((int64_t)p * v) / p * p;
-    if (fit < 3 * (int64_t)p) fit = 3 * (int64_t)p;
-    if ((int64_t)p * m * v <= SIM_UNITS || m <= fit) {
+    if (m <= 3 * p) {
         MS_CHECK(idle_time(kind, p, m, v, &t, &idle, err));
     } else {
         /* past the warm-up every p micro-batches repeat the same pattern, so the idle time is
          * affine in m: constant for 1f1b, gpipe and interleaved; zb-h1's lists, aligned for
-         * F = B = W, wait |F - W| per micro-batch otherwise */
+         * F = B = W, wait |F - W| per micro-batch otherwise. Two short runs give the line. */
         double hi, lo;
-        MS_CHECK(idle_time(kind, p, (int)fit, v, &t, &hi, err));
-        MS_CHECK(idle_time(kind, p, (int)fit - p, v, &t, &lo, err));
-        idle = hi + (double)(m - fit) / p * (hi - lo);
+        MS_CHECK(idle_time(kind, p, 3 * p, v, &t, &hi, err));
+        MS_CHECK(idle_time(kind, p, 2 * p, v, &t, &lo, err));
+        idle = hi + (double)(m - 3 * p) / p * (hi - lo);
     }
     double busy = (double)m * (t_f + t_b + t_w);
     *bubble = idle > 0 ? idle / (busy + idle) : 0;

@@ -55,9 +55,9 @@ void ms_pp_timeline_free(ms_pp_timeline *tl);
 /* The planner's question: the bubble fraction of kind on p stages, m micro-batches and v
  * virtual stages, with one micro-batch's forward t_f, input gradient t_b and weight gradient
  * t_w on a whole stage (each chunk takes 1/v of them), instant transfers. 0 for p = 1.
- * Plans past 2^14 units (p x m x v) are simulated at two smaller micro-batch counts (multiples
- * of p, 2p and more) and the idle time extrapolated: past the warm-up every p micro-batches
- * repeat the same pattern, so it is affine in m (tested against the full simulation). Errors:
+ * Past 3p micro-batches it simulates 2p and 3p and extrapolates the idle time: past the
+ * warm-up every p micro-batches repeat the same pattern, so it is affine in m (tested against
+ * the full simulation); a search prices thousands of strategies this way. Errors:
  * what ms_pp_schedule_check refuses; durations negative, not finite or all 0. */
 ms_status ms_pp_bubble_fraction(ms_schedule kind, int p, int m, int v, double t_f, double t_b,
                                 double t_w, double *bubble, ms_error *err);

@@ -9,6 +9,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 #include "engine/ops/op.h"
+#include "engine/pipeline/simulate.h"
 #include "engine/plan/validate.h"
 #include "engine/plan/workload.h"
 
@@ -410,6 +411,67 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
     w->hw_flops_step = per_device_mb * m * pb->devices;
 }
 
+/* --- the memo's parts ------------------------------------------------------------------------- */
+
+typedef struct memo_entry {
+    ms_model_config model;
+    int batch, seq;
+    ms_strategy s;
+    ms_plan_workload w;
+    ms_plan_engine_stats st;
+    struct memo_entry *next;
+} memo_entry;
+
+/* A simulated bubble fraction. 1f1b, gpipe and interleaved pair their transfer batches so
+ * that the fraction does not depend on how a micro-batch splits into F, B and W
+ * (test_pp_schedule checks four splits): they are keyed by (schedule, pp, m, v) alone, so a
+ * search simulates each once; zb-h1 is keyed by its split too. */
+typedef struct bubble_entry {
+    int kind, p, m, v;
+    double f, w; /* zb-h1: the forward's and the weight gradient's shares; else 0 */
+    double frac;
+    struct bubble_entry *next;
+} bubble_entry;
+
+#define BUBBLE_BUCKETS 256
+
+struct ms_plan_memo {
+    memo_entry *head;
+    bubble_entry *bubbles[BUBBLE_BUCKETS];
+};
+
+/* The bubble fraction of s's schedule over m micro-batches of forward f, input-gradient b and
+ * weight-gradient w seconds, from the pipeline simulator (memoised in memo when given). */
+static double bubble_fraction(ms_plan_memo *memo, const ms_strategy *s, int m, double f, double b,
+                              double w) {
+    bool zb = s->schedule == MS_SCHEDULE_ZB_H1;
+    double sum = f + b + w, kf = zb ? f / sum : 0, kw = zb ? w / sum : 0;
+    unsigned h = ((unsigned)s->schedule * 7919u + (unsigned)s->pp * 131u + (unsigned)m * 31u +
+                  (unsigned)s->virtual_stages) %
+                 BUBBLE_BUCKETS;
+    for (bubble_entry *e = memo ? memo->bubbles[h] : NULL; e; e = e->next)
+        if (e->kind == s->schedule && e->p == s->pp && e->m == m && e->v == s->virtual_stages &&
+            e->f == kf && e->w == kw)
+            return e->frac;
+    double frac;
+    if (ms_pp_bubble_fraction((ms_schedule)s->schedule, s->pp, m, s->virtual_stages, f, b, w, &frac,
+                              NULL) != MS_OK)
+        frac = (double)(s->pp - 1) / (m + s->pp - 1); /* a checked strategy always simulates */
+    if (memo) {
+        bubble_entry *e = xmalloc(sizeof *e);
+        *e = (bubble_entry){.kind = s->schedule,
+                            .p = s->pp,
+                            .m = m,
+                            .v = s->virtual_stages,
+                            .f = kf,
+                            .w = kw,
+                            .frac = frac,
+                            .next = memo->bubbles[h]};
+        memo->bubbles[h] = e;
+    }
+    return frac;
+}
+
 /* --- pricing ---------------------------------------------------------------------------------- */
 
 static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
@@ -453,12 +515,16 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     micro(pb, s, &mb, &n_micro);
     double cls_mb[MS_PC_COUNT] = {0}, dim_mb[MS_PLAN_DIM_COUNT] = {0};
     double grad[MS_PLAN_DIM_COUNT] = {0}, stepc[MS_PLAN_DIM_COUNT] = {0};
-    double bwd_mb = 0;
+    double bwd_mb = 0, fwd_mb = 0, wgrad_mb = 0;
     for (int i = 0; i < w->nk; i++) {
         const wk_kernel *e = &w->k[i];
         double t = kernel_time(pb, e) * e->count * sc->compute[e->cls];
         cls_mb[e->cls] += t;
         if (e->phase == WK_BWD) bwd_mb += t;
+        if (e->phase == WK_FWD) fwd_mb += t;
+        if (e->phase == WK_BWD && e->cls == MS_PC_GEMM) /* the weight gradient dB = A^T dC */
+            wgrad_mb += ms_cluster_gemm_time(c, pb->dtype, e->k, e->n, e->m, pb->devices) *
+                        e->count * sc->compute[e->cls];
     }
     /* collectives inside the micro-batch arrive from compute: on average this much of it */
     double kernels_mb = 0, calls_mb = 0, bus_mb = 0;
@@ -480,17 +546,20 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
         out->comm_bytes[e->dim] += e->bytes * e->count * (e->when == WK_IN_MB ? n_micro : 1);
     }
     w->bwd_mb_s = bwd_mb;
-    /* the bubble: pp - 1 micro-batch slots under 1F1B and GPipe, fewer when the schedule
-     * fills them (see cost.h) */
-    double fill = s->schedule == MS_SCHEDULE_INTERLEAVED ? 1.0 / s->virtual_stages
-                  : s->schedule == MS_SCHEDULE_ZB_H1     ? 1.0 / 3
-                                                         : 1.0;
-    double m = n_micro, slots = m + (s->pp - 1) * fill;
-    double t_mb = 0;
-    for (int k = 0; k < MS_PC_COUNT; k++) t_mb += cls_mb[k];
+    double m = n_micro, t_mb = 0, kernels = 0;
+    for (int k = 0; k < MS_PC_COUNT; k++) t_mb += cls_mb[k], kernels += cls_mb[k];
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) t_mb += dim_mb[d];
     for (int k = 0; k < MS_PC_COUNT; k++) out->compute_s[k] = cls_mb[k] * m;
-    out->bubble_s = (slots - m) * t_mb;
+    out->bubble_s = 0;
+    if (s->pp > 1 && t_mb > 0) {
+        /* the bubble: the pipeline simulator runs the schedule with this stage's forward,
+         * input-gradient and weight-gradient times (recompute runs in the backward; the
+         * micro-batch's collectives are shared out in proportion) */
+        double f = kernels > 0 ? fwd_mb / kernels : 0.5, wg = kernels > 0 ? wgrad_mb / kernels : 0;
+        double frac =
+            bubble_fraction(pb->memo, s, n_micro, f * t_mb, (1 - f - wg) * t_mb, wg * t_mb);
+        out->bubble_s = m * t_mb * frac / (1 - frac);
+    }
     double exposed_grad = 0;
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) {
         /* gradients: the schedule hides up to dp_overlap of them behind the last backward,
@@ -522,24 +591,11 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     out->mb_coll_calls = calls_mb * m;
     out->mb_coll_bus_bytes = bus_mb * m;
     out->overhead_s = c->step_overhead + out->sync_s + sc->overhead_s;
-    out->step_s = slots * t_mb + exposed_grad + opt + out->overhead_s;
+    out->step_s = m * t_mb + out->bubble_s + exposed_grad + opt + out->overhead_s;
 }
 
 /* --- the memo ----------------------------------------------------------------------------------
  */
-
-typedef struct memo_entry {
-    ms_model_config model;
-    int batch, seq;
-    ms_strategy s;
-    ms_plan_workload w;
-    ms_plan_engine_stats st;
-    struct memo_entry *next;
-} memo_entry;
-
-struct ms_plan_memo {
-    memo_entry *head;
-};
 
 ms_plan_memo *ms_plan_memo_create(void) {
     return xcalloc(1, sizeof(ms_plan_memo));
@@ -551,6 +607,11 @@ void ms_plan_memo_destroy(ms_plan_memo *m) {
         n = e->next;
         free(e);
     }
+    for (int i = 0; i < BUBBLE_BUCKETS; i++)
+        for (bubble_entry *e = m->bubbles[i], *n; e; e = n) {
+            n = e->next;
+            free(e);
+        }
     free(m);
 }
 

@@ -10,11 +10,14 @@
  *                on cpu-local, peak x efficiency with a small-dimension fall-off on GPUs),
  *                everything else as the slower of its FLOPs and its bytes (roofline)
  *   collectives  alpha-beta per mesh dim with the ring / tree formulas (cluster.h)
- *   step         1F1B pipeline: (micro-batches + pp - 1) x (one micro-batch on the busiest
- *                stage, its tp / cp / pp communication included: those collectives sit on
- *                the critical path); the bubble's pp - 1 slots are (pp - 1) / v for the
- *                interleaved schedule over v virtual stages and (pp - 1) / 3 for ZB-H1 (Qi et
- *                al. 2023, equal forward, input- and weight-gradient times); then the
+ *   step         micro-batches x (one micro-batch on the busiest stage, its tp / cp / pp
+ *                communication included: those collectives sit on the critical path), plus
+ *                the pipeline bubble: the strategy's schedule (1f1b, gpipe, interleaved over
+ *                v virtual stages, zb-h1) run by the pipeline simulator
+ *                (engine/pipeline/simulate.h) with that micro-batch's forward, input-gradient
+ *                and weight-gradient (the GEMMs' dB) times, so that (pp - 1) / (m + pp - 1) of
+ *                1F1B, its 1/v under the interleaved schedule and ZB-H1's (pp - 1)(F + B - W)
+ *                come out of the schedules themselves; then the
  *                data-parallel gradient traffic, minus the share
  *                the cluster's schedule hides behind backward (none in this engine); then the
  *                optimizer, the gradient norm and a fixed step overhead
@@ -177,7 +180,9 @@ ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy 
                                    ms_plan_engine_stats *out, ms_error *err);
 
 /* Compiled workloads kept across estimates (keyed by model, batch, sequence and strategy), so
- * that a search or the advisor compiles each strategy once. Owned by its creator; not
+ * that a search or the advisor compiles each strategy once, and simulated pipeline bubbles
+ * (keyed by schedule, pp, micro-batches and virtual stages), so that each is simulated once.
+ * ms_plan_search makes its own when the problem has none. Owned by its creator; not
  * thread-safe (one planner or advisor uses it). */
 ms_plan_memo *ms_plan_memo_create(void);
 void ms_plan_memo_destroy(ms_plan_memo *m);

@@ -251,9 +251,14 @@ static void keep_top(ms_plan_estimate *list, int *n, int keep, const ms_plan_est
     list[i] = *e;
 }
 
-ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *opts,
+ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_opts *opts,
                          ms_plan_result *out, ms_error *err) {
     memset(out, 0, sizeof *out);
+    /* a memo for the search's own run when the caller has none: strategies that differ only in
+     * knobs the pipeline does not see share one simulated bubble */
+    ms_plan_problem local = *problem;
+    ms_plan_memo *own = local.memo ? NULL : (local.memo = ms_plan_memo_create());
+    const ms_plan_problem *pb = &local;
     int64_t t0 = ms_now_ns();
     ms_plan_fixed none;
     ms_plan_fixed_none(&none);
@@ -264,8 +269,10 @@ ms_status ms_plan_search(const ms_plan_problem *pb, const ms_plan_search_opts *o
     const ms_model_config *c = &pb->model;
     int D = pb->devices, B = pb->global_batch;
     const uint8_t precision = pb->dtype == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32;
-    if (D < 1 || B < 1 || pb->seq < 1)
+    if (D < 1 || B < 1 || pb->seq < 1) {
+        ms_plan_memo_destroy(own);
         return ms_fail(err, MS_ERR_INVALID, "devices, global batch and sequence must be positive");
+    }
     ms_plan_estimate *fit = xcalloc((size_t)keep, sizeof *fit);
     ms_plan_estimate *nofit = xcalloc((size_t)keep, sizeof *nofit);
     ms_plan_estimate *e = xmalloc(sizeof *e);
@@ -364,6 +371,7 @@ done:
     free(fit);
     free(nofit);
     free(e);
+    ms_plan_memo_destroy(own);
     out->search_ms = (double)(ms_now_ns() - t0) / 1e6;
     return st;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "engine/pipeline/schedule.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/workload.h"
 
@@ -37,6 +38,11 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "tp x cp = %d does not divide the %d attention heads (context parallelism "
                        "moves heads, not sequence, into attention); pick tp x cp dividing n_head",
                        s->tp * s->cp, cfg->n_head);
+    if (s->pp > cfg->n_layer)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "pp %d exceeds the %d layers: every stage needs at least one layer; use a "
+                       "pp that divides n_layer (at most %d)",
+                       s->pp, cfg->n_layer, cfg->n_layer);
     int stages = 0, layers = 0;
     for (; stages < MS_STRATEGY_MAX_STAGES && s->pp_layers[stages]; stages++)
         layers += s->pp_layers[stages];
@@ -98,16 +104,29 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "virtual_stages %d with the %s schedule: the interleaved schedule takes 2 "
                        "or more virtual stages, the others 1",
                        s->virtual_stages, ms_schedule_name(s->schedule));
-    if (s->virtual_stages > 1 && (stages || cfg->n_layer % ((int64_t)s->pp * s->virtual_stages)))
+    if (s->virtual_stages > 1 && stages)
         return ms_fail(err, MS_ERR_INVALID,
-                       "pp %d x virtual_stages %d does not divide the %d layers evenly; pick "
-                       "degrees whose product divides n_layer (and no pp_layers)",
-                       s->pp, s->virtual_stages, cfg->n_layer);
-    if (s->virtual_stages > 1 && m % s->pp)
+                       "the interleaved schedule cuts every stage into virtual_stages equal "
+                       "chunks; leave pp_layers out");
+    int per_stage = cfg->n_layer / s->pp;
+    if (s->virtual_stages > 1 && per_stage % s->virtual_stages) {
+        char fix[96] = "";
+        int len = 0;
+        for (int d = 2; d <= per_stage && d <= MS_PP_MAX_VIRTUAL && len < 64; d++)
+            if (per_stage % d == 0)
+                len += snprintf(fix + len, sizeof fix - (size_t)len, "%s%d", len ? ", " : "", d);
         return ms_fail(err, MS_ERR_INVALID,
-                       "the interleaved schedule needs the micro-batches (%d) to be a multiple of "
-                       "pp %d",
-                       m, s->pp);
+                       "pp %d x virtual_stages %d does not divide the %d layers: the %d layer%s "
+                       "per stage (n_layer / pp) cannot be cut into %d chunks; %s%s",
+                       s->pp, s->virtual_stages, cfg->n_layer, per_stage, per_stage == 1 ? "" : "s",
+                       s->virtual_stages,
+                       len ? "use virtual_stages "
+                           : "use the 1f1b schedule (a stage of one layer "
+                             "does not split)",
+                       fix);
+    }
+    /* what the schedule itself needs (the interleaved one: whole groups of pp micro-batches) */
+    MS_CHECK(ms_pp_schedule_check((ms_schedule)s->schedule, s->pp, m, s->virtual_stages, err));
     if (!(s->bucket_mb >= 0) || !isfinite(s->bucket_mb))
         return ms_fail(err, MS_ERR_INVALID, "bucket_mb %g: give a size in MiB > 0 (0: none)",
                        (double)s->bucket_mb);
