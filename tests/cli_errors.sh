@@ -123,8 +123,8 @@ expect "unknown flag" "unknown option" "${run[@]}" --data "$tmp/text.txt" --frob
 expect "bad number" "bad value" "${run[@]}" --data "$tmp/text.txt" --steps lots
 expect "batch not divisible by dp" "not divisible by dp" "${run[@]}" --data "$tmp/text.txt" --batch 3 --dp 2
 
-# Pipelines: explain draws the schedule before the engine refuses to run it (exit 2); bad
-# pipeline input is refused in one line that names the fix.
+# Pipelines: explain draws the schedule, then the chunk programs (exit 0); bad pipeline input is
+# refused in one line that names the fix.
 cat >"$tmp/four.json" <<'J'
 {"n_layer": 4, "n_head": 4, "n_embd": 32, "vocab_size": 256, "n_positions": 32}
 J
@@ -132,11 +132,11 @@ pipe=("$bin" explain --model "$tmp/four.json" --batch 8 --seq 16)
 out=$("${pipe[@]}" --pp 2 --micro-batches 2 2>&1)
 rc=$?
 drawn=$(grep -n "^stage 1  .  F0 B0 B0 F1 B1 B1 .  .$" <<<"$out" | cut -d: -f1)
-refused=$(grep -n "pipeline parallelism (pp 2) is predicted only" <<<"$out" | cut -d: -f1)
-if [ "$rc" -eq 2 ] && grep -q "^pipeline schedule: 1f1b, pp 2, 2 micro-batches" <<<"$out" &&
-  grep -q "formula (p-1)/(m+p-1) = 1/3 = 33.3%" <<<"$out" && [ -n "$drawn" ] && [ -n "$refused" ] &&
-  [ "$drawn" -lt "$refused" ]; then
-  echo "ok   explain --pp draws the schedule, then the engine refuses pp (exit 2)"
+program=$(grep -n "^strategy dp1 x tp1 x pp2 m2" <<<"$out" | cut -d: -f1)
+if [ "$rc" -eq 0 ] && grep -q "^pipeline schedule: 1f1b, pp 2, 2 micro-batches" <<<"$out" &&
+  grep -q "formula (p-1)/(m+p-1) = 1/3 = 33.3%" <<<"$out" && [ -n "$drawn" ] && [ -n "$program" ] &&
+  [ "$drawn" -lt "$program" ]; then
+  echo "ok   explain --pp draws the schedule, then the program (exit 0)"
   pass=$((pass + 1))
 else
   echo "FAIL explain --pp (exit $rc):"; echo "$out" | head -12; fail=$((fail + 1))
@@ -169,8 +169,12 @@ expect_rc_pipe "pp above the layers" "pp 8 exceeds the 4 layers: every stage nee
 expect_rc_pipe "micro-batches not dividing the batch" \
   "3 micro-batches do not make the 8 sequences per dp rank (batch 8 / dp 1); give micro_batches" \
   --pp 2 --micro-batches 3
-expect "train refuses pp" "pipeline parallelism (pp 2) is predicted only" "$bin" train \
-  --model "$tmp/four.json" --data "$tmp/text.txt" --steps 1 --batch 2 --seq 16 --pp 2
+expect "train refuses zb-h1" "the zb-h1 schedule (a backward split into input and weight gradients) is predicted only" \
+  "$bin" train --model "$tmp/four.json" --data "$tmp/text.txt" --steps 1 --batch 2 --seq 16 \
+  --pp 2 --schedule zb-h1
+expect "train --save refuses pp" "--save with pipeline parallelism (pp 2) is not supported yet" \
+  "$bin" train --model "$tmp/four.json" --data "$tmp/text.txt" --steps 1 --batch 2 --seq 16 \
+  --pp 2 --save "$tmp/w.safetensors"
 
 # A checkpoint whose shapes do not match the model.
 "${run[@]}" --data "$tmp/text.txt" --save "$tmp/ck.safetensors" >/dev/null 2>&1
