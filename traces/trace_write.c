@@ -921,6 +921,7 @@ static ms_status write_body(FILE *f, void *arg, ms_error *err) {
     bool first = true;
     put_metadata(&o, w, &first);
     for (size_t i = 0; i < w->n && o.st == MS_OK; i++) {
+        if (w->ev[i].kind == MS_EV_PIPE) continue; /* not in the file format yet */
         if (!first) PUT_LIT(&o, ",\n");
         first = false;
         put_event(&o, w, i);

@@ -8,6 +8,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
 #include "engine/pipeline/schedule.h"
+#include "profiler/record/hooks.h"
 
 #define MAX_CHUNKS 64
 
@@ -295,6 +296,24 @@ static ms_status transfer(ms_stages *st, const ms_pp_action *a, int n, bool trai
     return MS_OK;
 }
 
+/* One trace event per compute action, when the run is traced. */
+static void record_action(const ms_stages *st, const ms_pp_action *a, const chunk *c, int64_t t0) {
+    if (!st->ctx->trace.recorder) return;
+    ms_ev_pipe e = {.action = a->op == MS_PP_FORWARD    ? MS_PIPE_F
+                              : a->op == MS_PP_BACKWARD ? MS_PIPE_B
+                                                        : MS_PIPE_W,
+                    .chunk = a->chunk,
+                    .stage = (int16_t)st->stage,
+                    .mb = a->mb,
+                    .model_chunk = c->k,
+                    .stages = (int16_t)st->p,
+                    .virtual_stages = (int16_t)st->v,
+                    .micro_batches = st->m};
+    ms_ev_strcpy(e.schedule, sizeof e.schedule, NULL,
+                 ms_schedule_name((ms_schedule)st->strat.schedule));
+    ms_record_pipe(&st->ctx->trace, &e, t0);
+}
+
 static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool train,
                      const int32_t *ids, const int32_t *tgt, float *loss, ms_error *err) {
     double sum = 0;
@@ -315,6 +334,7 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
             continue;
         }
         chunk *c = &st->ch[a->chunk];
+        int64_t t0 = ms_now_ns();
         MS_CHECK(take_slot(c, a->mb, err));
         if (a->op == MS_PP_FORWARD) {
             MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
@@ -330,6 +350,7 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
                            "pipeline: the %s action (zb-h1's weight gradient) is not run yet",
                            ms_pp_op_name((ms_pp_op)a->op));
         }
+        record_action(st, a, c, t0);
         i++;
     }
     /* The loss lives on the last stage; every rank reports it. */

@@ -25,6 +25,7 @@ typedef enum ms_ev_kind {
     MS_EV_MEM,     /* memory in use and peak on the rank's device (an instant) */
     MS_EV_DATA,    /* data loading */
     MS_EV_OPTIM,   /* the optimizer update */
+    MS_EV_PIPE,    /* a pipeline action: one micro-batch's F, B or W on one model chunk */
     MS_EV_KIND_COUNT
 } ms_ev_kind;
 
@@ -63,6 +64,20 @@ typedef struct ms_ev_mem {
     uint64_t in_use, peak;
 } ms_ev_mem;
 
+/* A pipeline action. Its kernels and transfers are recorded too, inside or next to its span;
+ * the time between a stage's actions in a step is its bubble. */
+typedef enum ms_ev_pipe_action { MS_PIPE_F, MS_PIPE_B, MS_PIPE_W } ms_ev_pipe_action;
+typedef struct ms_ev_pipe {
+    uint8_t action;      /* ms_ev_pipe_action */
+    uint8_t chunk;       /* local chunk (virtual stage) 0..virtual_stages-1 */
+    int16_t stage;       /* pipeline stage (pp rank) 0..stages-1 */
+    int32_t mb;          /* micro-batch 0..micro_batches-1 */
+    int32_t model_chunk; /* chunk * stages + stage */
+    int16_t stages, virtual_stages;
+    int32_t micro_batches;
+    char schedule[12]; /* "1f1b", "gpipe", "interleaved", "zb-h1" */
+} ms_ev_pipe;
+
 typedef struct ms_event {
     uint8_t kind;  /* ms_ev_kind */
     uint8_t phase; /* ms_ev_phase */
@@ -75,6 +90,7 @@ typedef struct ms_event {
         ms_ev_coll coll;
         ms_ev_reshard reshard;
         ms_ev_mem mem;
+        ms_ev_pipe pipe;
     } u;
 } ms_event;
 

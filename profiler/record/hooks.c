@@ -111,6 +111,16 @@ void ms_record_memory(const ms_trace_state *ts, const ms_device *dev) {
     ms_recorder_push(ts->recorder, &e);
 }
 
+void ms_record_pipe(const ms_trace_state *ts, const ms_ev_pipe *pipe, int64_t t0) {
+    if (!ts->recorder) return;
+    ms_event e = {.kind = MS_EV_PIPE,
+                  .phase = pipe->action == MS_PIPE_F ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD,
+                  .t0_ns = t0,
+                  .t1_ns = ms_now_ns(),
+                  .u.pipe = *pipe};
+    ms_recorder_push(ts->recorder, &e);
+}
+
 void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0) {
     if (!ts->recorder) return;
     ms_event e = {

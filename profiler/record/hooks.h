@@ -36,4 +36,7 @@ void ms_record_memory(const ms_trace_state *ts, const ms_device *dev);
 /* A span [t0, now) of kind DATA, OPTIM or STEP. */
 void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0);
 
+/* A pipeline action's span [t0, now) (phase: F forward, B and W backward). */
+void ms_record_pipe(const ms_trace_state *ts, const ms_ev_pipe *pipe, int64_t t0);
+
 #endif
