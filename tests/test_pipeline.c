@@ -221,6 +221,18 @@ static void gpt_pp2_m4_interleaved_v2_w2(void **state) {
           "\"virtual_stages\": 2}",
           2);
 }
+static void gpt_pp2_m4_zb_h1_w2(void **state) {
+    (void)state;
+    check(false, "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"zb-h1\"}", 2);
+}
+static void gpt_pp4_m8_zb_h1_w4(void **state) {
+    (void)state;
+    check(false, "{\"pp\": 4, \"micro_batches\": 8, \"schedule\": \"zb-h1\"}", 4);
+}
+static void bert_tp2_pp2_zb_h1_w4(void **state) {
+    (void)state;
+    check(true, "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\"}", 4);
+}
 static void gpt_pp2_uneven_layers_w2(void **state) {
     (void)state;
     check(false, "{\"pp\": 2, \"micro_batches\": 2, \"pp_layers\": [1, 3]}", 2);
@@ -255,21 +267,15 @@ static void bert_dp2_pp2_w4(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(gpt_micro_batches_4_w1),
-    cmocka_unit_test(gpt_dp2_micro_batches_2_w2),
-    cmocka_unit_test(gpt_pp2_m1_w2),
-    cmocka_unit_test(gpt_pp2_m2_w2),
-    cmocka_unit_test(gpt_pp2_m4_1f1b_w2),
-    cmocka_unit_test(gpt_pp2_m8_w2),
-    cmocka_unit_test(gpt_pp2_m4_gpipe_w2),
-    cmocka_unit_test(gpt_pp2_m4_interleaved_v2_w2),
-    cmocka_unit_test(gpt_pp2_uneven_layers_w2),
-    cmocka_unit_test(gpt_pp4_m4_w4),
-    cmocka_unit_test(gpt_dp2_pp2_w4),
-    cmocka_unit_test(gpt_tp2_pp2_w4),
-    cmocka_unit_test(gpt_tp2_sp_pp2_w4),
-    cmocka_unit_test(gpt_dp2_tp2_pp2_w8),
-    cmocka_unit_test(bert_pp2_m4_w2),
+    cmocka_unit_test(gpt_micro_batches_4_w1), cmocka_unit_test(gpt_dp2_micro_batches_2_w2),
+    cmocka_unit_test(gpt_pp2_m1_w2),          cmocka_unit_test(gpt_pp2_m2_w2),
+    cmocka_unit_test(gpt_pp2_m4_1f1b_w2),     cmocka_unit_test(gpt_pp2_m8_w2),
+    cmocka_unit_test(gpt_pp2_m4_gpipe_w2),    cmocka_unit_test(gpt_pp2_m4_interleaved_v2_w2),
+    cmocka_unit_test(gpt_pp2_m4_zb_h1_w2),    cmocka_unit_test(gpt_pp4_m8_zb_h1_w4),
+    cmocka_unit_test(bert_tp2_pp2_zb_h1_w4),  cmocka_unit_test(gpt_pp2_uneven_layers_w2),
+    cmocka_unit_test(gpt_pp4_m4_w4),          cmocka_unit_test(gpt_dp2_pp2_w4),
+    cmocka_unit_test(gpt_tp2_pp2_w4),         cmocka_unit_test(gpt_tp2_sp_pp2_w4),
+    cmocka_unit_test(gpt_dp2_tp2_pp2_w8),     cmocka_unit_test(bert_pp2_m4_w2),
     cmocka_unit_test(bert_dp2_pp2_w4),
 };
 

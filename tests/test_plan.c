@@ -444,8 +444,8 @@ static void non_executable_flagged(void **state) {
         const ms_plan_estimate *e = &res.cands[i];
         int mb = 0, m = 0;
         assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
-        bool engine_kind = !(e->s.pp > 1 && e->s.schedule == MS_SCHEDULE_ZB_H1) && e->s.zero == 0 &&
-                           e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
+        bool engine_kind =
+            e->s.zero == 0 && e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
         assert_int_equal(e->executable, engine_kind);
         if (!e->executable) assert_true(strlen(e->not_executable) > 10);
         e->executable ? exe++ : non++;
@@ -498,10 +498,10 @@ static void executable_check_reasons(void **state) {
     int mb = 0, m = 0;
     assert_true(ms_strategy_micro(&s, 8, &mb, &m));
     assert_true(s.dp == 2 && s.tp == 2 && s.sp && mb == 4 && m == 1);
-    const char *j2 = "{\"mesh\": {\"dp\": 2, \"tp\": 1, \"pp\": 2}, \"schedule\": \"zb-h1\"}";
+    const char *j2 = "{\"mesh\": {\"dp\": 2, \"tp\": 1, \"pp\": 2}, \"zero\": 1}";
     assert_int_equal(ms_strategy_parse_json(j2, strlen(j2), "j2", &s, NULL, &err), MS_OK);
     assert_int_equal(ms_strategy_validate(&s, &cfg, &job, 0, &err), MS_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "zb-h1"));
+    assert_non_null(strstr(err.msg, "ZeRO"));
     const char *j3 = "{\"dp\": 2, \"tq\": 2}";
     assert_int_equal(ms_strategy_parse_json(j3, strlen(j3), "j3", &s, NULL, &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "tq"));

@@ -85,6 +85,10 @@ typedef struct ms_compile_opts {
      * them into the parameters' placements once per step. */
     bool micro_batched;
     float loss_scale; /* the backward seed d(loss) (0: 1); 1/m averages m micro-batches */
+    /* With micro_batched: backward in two passes, the input gradients
+     * (ms_program_backward_input) and the parameters' (ms_program_backward_weight), as the
+     * zero-bubble schedules run them; each kernel with parameters runs once in each. */
+    bool split_weight_grads;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -111,6 +115,10 @@ ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
 ms_status ms_program_use_slot(ms_program *p, int slot, ms_error *err);
 int ms_program_num_slots(const ms_program *p); /* slots allocated so far */
 ms_status ms_program_backward(ms_program *p, ms_error *err);
+/* The two passes of a split backward (ms_compile_opts.split_weight_grads); without the split
+ * the first runs the whole backward and the second nothing. */
+ms_status ms_program_backward_input(ms_program *p, ms_error *err);
+ms_status ms_program_backward_weight(ms_program *p, ms_error *err);
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
 void ms_program_zero_grads(ms_program *p);
 /* This rank's local buffer of input or output v in the current slot, in v's placements

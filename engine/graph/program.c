@@ -92,7 +92,9 @@ struct ms_program {
     instr *ins;
     int ni, ci;
     int n_forward;  /* instructions [0, n_forward) are forward + loss report */
-    int n_backward; /* [n_forward, n_backward) backward, [n_backward, ni) gradient sync */
+    int n_weight;   /* [n_forward, n_weight) backward (input gradients when split_w) */
+    int n_backward; /* [n_weight, n_backward) weight gradients (split_w), then gradient sync */
+    bool split_w;   /* ms_compile_opts.split_weight_grads */
     int loss_buf;   /* the loss replicated, for reporting; -1 without a loss */
     bool micro;     /* micro-batched (ms_compile_opts.micro_batched) */
     float loss_scale;
@@ -436,6 +438,37 @@ static int grad_target(ms_program *p, int v, const ms_placements *pl) {
     return pv->gbuf;
 }
 
+/* A kernel's parameter gradients, deferred to the weight pass (split_w). */
+typedef struct deferred_w {
+    int node;
+    int dout[MS_OP_MAX_OUT], din[MS_OP_MAX_IN], pending[MS_OP_MAX_IN];
+} deferred_w;
+
+/* One backward kernel writing the gradients din (-1: not this time). A gradient arriving in
+ * another placement than the value's (pending) is written to its own zeroed buffer, then
+ * resharded to the value's and added. */
+static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, const int *pending) {
+    gnode *nd = &p->g->n[k];
+    pnode *pn = &p->pn[k];
+    const int md = p->mesh->ndim;
+    for (int i = 0; i < nd->n_in; i++)
+        if (pending[i] >= 0) emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = pending[i];
+    instr *in = emit(p, I_BWD, MS_PROG_BACKWARD);
+    in->node = k;
+    memcpy(in->dout_buf, dout, sizeof in->dout_buf);
+    memcpy(in->din_buf, din, sizeof in->din_buf);
+    for (int i = 0; i < nd->n_in; i++) {
+        if (pending[i] < 0) continue;
+        pvalue *iv = &p->pv[nd->in[i]];
+        ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
+        int tmp = new_buf(p, &p->g->v[nd->in[i]].shape, &iv->gpl, false);
+        emit_reshard(p, nd->in[i], pending[i], tmp, &got, &iv->gpl, MS_PROG_BACKWARD);
+        instr *add = emit(p, I_ADD, MS_PROG_BACKWARD);
+        add->src = tmp;
+        add->dst = iv->gbuf;
+    }
+}
+
 static void build_backward(ms_program *p) {
     ms_graph *g = p->g;
     const int md = p->mesh->ndim;
@@ -462,6 +495,9 @@ static void build_backward(ms_program *p) {
         p->out_grad_buf = grad_target(p, g->output, &p->pv[g->output].pl);
         p->ni--; /* no zeroing: the caller writes it */
     }
+    /* Split (zb-h1): each kernel's parameter gradients are deferred to a second pass. */
+    deferred_w *dw = p->split_w ? xmalloc(sizeof *dw * (size_t)(g->nn + 1)) : NULL;
+    int ndw = 0;
     for (int k = g->nn - 1; k >= 0; k--) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
@@ -498,23 +534,26 @@ static void build_backward(ms_program *p) {
                 din[i] = iv->gbuf;
             } else {
                 din[i] = pending[i] = new_buf(p, &g->v[nd->in[i]].shape, &got, false);
-                emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = din[i];
             }
         }
-        instr *in = emit(p, I_BWD, MS_PROG_BACKWARD);
-        in->node = k;
-        memcpy(in->dout_buf, dout, sizeof dout);
-        memcpy(in->din_buf, din, sizeof din);
-        /* Contributions in another placement: reshard to the gradient's, then add. */
-        for (int i = 0; i < nd->n_in; i++) {
-            if (pending[i] < 0) continue;
-            pvalue *iv = &p->pv[nd->in[i]];
-            ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
-            int tmp = new_buf(p, &g->v[nd->in[i]].shape, &iv->gpl, false);
-            emit_reshard(p, nd->in[i], pending[i], tmp, &got, &iv->gpl, MS_PROG_BACKWARD);
-            instr *add = emit(p, I_ADD, MS_PROG_BACKWARD);
-            add->src = tmp;
-            add->dst = iv->gbuf;
+        if (p->split_w) {
+            /* This pass: the input gradients; the parameters' go to the second pass. */
+            deferred_w *d = &dw[ndw];
+            d->node = k;
+            memcpy(d->dout, dout, sizeof dout);
+            bool any_w = false, any_b = false;
+            for (int i = 0; i < MS_OP_MAX_IN; i++) {
+                bool w = i < nd->n_in && din[i] >= 0 && g->v[nd->in[i]].kind == GV_PARAM;
+                d->din[i] = w ? din[i] : -1;
+                d->pending[i] = w ? pending[i] : -1;
+                if (w) din[i] = pending[i] = -1;
+                any_w |= w;
+                any_b |= din[i] >= 0;
+            }
+            if (any_w) ndw++;
+            if (any_b) emit_bwd(p, k, dout, din, pending);
+        } else {
+            emit_bwd(p, k, dout, din, pending);
         }
     }
     /* Gradients of activation inputs, in the inputs' own placements (what the previous
@@ -532,6 +571,9 @@ static void build_backward(ms_program *p) {
         else
             emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = p->in_grad_buf[v];
     }
+    p->n_weight = p->ni;
+    for (int i = 0; i < ndw; i++) emit_bwd(p, dw[i].node, dw[i].dout, dw[i].din, dw[i].pending);
+    free(dw);
     p->n_backward = p->ni;
     /* Gradients into the parameters' placements (data-parallel all-reduce and the like). */
     for (int v = 0; v < g->nv; v++) {
@@ -679,8 +721,21 @@ static void compute_costs(ms_program *p) {
         const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
         if (!def->cost) continue;
         ms_k_cost c = def->cost(&call, in->kind == I_BWD);
-        in->flops = c.flops;
-        in->bytes = c.bytes;
+        double share = 1;
+        if (in->kind == I_BWD && p->split_w) {
+            /* A split backward: each pass is charged for the gradients it writes, an equal
+             * share per gradient (x @ W: dX and dW are one GEMM each). */
+            const gnode *nd = &p->g->n[in->node];
+            const ms_op_def *od = ms_op_get(nd->op);
+            int all = 0, here = 0;
+            for (int i = 0; i < nd->n_in; i++) {
+                all += p->pv[nd->in[i]].requires_grad && (od->grad_inputs >> i & 1);
+                here += in->din_buf[i] >= 0;
+            }
+            share = all > 0 ? (double)here / all : 1;
+        }
+        in->flops = c.flops * share;
+        in->bytes = c.bytes * share;
     }
 }
 
@@ -736,6 +791,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->pv = xcalloc((size_t)g->nv, sizeof *p->pv);
     p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
     p->micro = opts && opts->micro_batched;
+    p->split_w = p->micro && opts->split_weight_grads;
     p->loss_scale = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0f;
     p->out_grad_buf = -1;
     p->in_grad_buf = xmalloc(sizeof(int) * (size_t)g->nv);
@@ -982,6 +1038,14 @@ ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err) {
 
 ms_status ms_program_backward(ms_program *p, ms_error *err) {
     return run(p, p->n_forward, p->n_backward, NULL, err);
+}
+
+ms_status ms_program_backward_input(ms_program *p, ms_error *err) {
+    return run(p, p->n_forward, p->n_weight, NULL, err);
+}
+
+ms_status ms_program_backward_weight(ms_program *p, ms_error *err) {
+    return run(p, p->n_weight, p->n_backward, NULL, err);
 }
 
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {

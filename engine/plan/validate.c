@@ -170,11 +170,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
     int mb = 0, m = 0;
     ms_strategy_micro(s, job->batch, &mb, &m);
     const char *yet = "is predicted only; the engine does not run it yet";
-    if (s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "the zb-h1 schedule (a backward split into input and weight gradients) %s; "
-                       "use 1f1b, gpipe or interleaved",
-                       yet);
     if (m > 1 && (cfg->embd_pdrop > 0 || cfg->resid_pdrop > 0))
         return ms_fail(err, MS_ERR_INVALID,
                        "dropout with %d micro-batches is not run yet (its masks are keyed by the "

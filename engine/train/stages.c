@@ -17,6 +17,7 @@ typedef struct chunk {
     ms_model model;
     ms_program *prog;
     int *slot_of;     /* [m]: the slot holding micro-batch j from its F to its B, or -1 */
+    int *holds;       /* [m]: what micro-batch j's slot still waits for before it is free */
     int *free_slots;  /* stack of released slots */
     int n_free, used; /* slots ever taken */
 } chunk;
@@ -67,6 +68,11 @@ static ms_placements stream_placements(const ms_stages *st, const ms_shape *shap
     return pl;
 }
 
+/* zb-h1 runs each backward in two passes (B: input gradients, W: the parameters'). */
+static bool s_zb(const ms_stages *st) {
+    return st->p > 1 && st->strat.schedule == MS_SCHEDULE_ZB_H1;
+}
+
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
     ms_model_chunk mc = {.first = c->k == 0, .last = c->k == st->p * st->v - 1};
     chunk_layers(st, c->k, &mc.layer_lo, &mc.layer_hi);
@@ -84,9 +90,11 @@ static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
                           .shard_user = &sh,
                           .seed = st->o.seed,
                           .micro_batched = st->m > 1 || st->p > 1,
+                          .split_weight_grads = s_zb(st),
                           .loss_scale = 1.0f / (float)st->m};
     MS_CHECK(ms_program_compile(md->g, st->dm[st->stage], &co, &c->prog, err));
     c->slot_of = xmalloc(sizeof(int) * (size_t)st->m);
+    c->holds = xcalloc((size_t)st->m, sizeof(int));
     c->free_slots = xmalloc(sizeof(int) * (size_t)st->m);
     for (int j = 0; j < st->m; j++) c->slot_of[j] = -1;
     return MS_OK;
@@ -199,6 +207,7 @@ void ms_stages_destroy(ms_stages *st) {
         ms_program_destroy(st->ch[c].prog);
         ms_model_free(&st->ch[c].model);
         free(st->ch[c].slot_of);
+        free(st->ch[c].holds);
         free(st->ch[c].free_slots);
     }
     ms_comm_destroy(st->tie);
@@ -240,14 +249,26 @@ static ms_status feed(ms_stages *st, chunk *c, int j, const int32_t *ids, const 
     return MS_OK;
 }
 
+/* What a micro-batch's slot on chunk c waits for before it is free. Training: its backward
+ * (B), the input gradient's send (chunks after the first) and, split, the weight gradient (W).
+ * Forward only: the activation's send, or the forward itself on the last chunk. */
+static int holds_of(const ms_stages *st, const chunk *c, bool train) {
+    if (!train) return 1;
+    return 1 + (c->k > 0) + s_zb(st);
+}
+
 /* The slot of chunk c's micro-batch j, taking a free one (or a new one) at its first use. */
-static ms_status take_slot(chunk *c, int j, ms_error *err) {
-    if (c->slot_of[j] < 0) c->slot_of[j] = c->n_free ? c->free_slots[--c->n_free] : c->used++;
+static ms_status take_slot(const ms_stages *st, chunk *c, int j, bool train, ms_error *err) {
+    if (c->slot_of[j] < 0) {
+        c->slot_of[j] = c->n_free ? c->free_slots[--c->n_free] : c->used++;
+        c->holds[j] = holds_of(st, c, train);
+    }
     return ms_program_use_slot(c->prog, c->slot_of[j], err);
 }
 
+/* One of the things micro-batch j's slot waits for is done; the last frees it. */
 static void release_slot(chunk *c, int j) {
-    if (c->slot_of[j] < 0) return;
+    if (c->slot_of[j] < 0 || --c->holds[j] > 0) return;
     c->free_slots[c->n_free++] = c->slot_of[j];
     c->slot_of[j] = -1;
 }
@@ -257,7 +278,7 @@ static void release_slot(chunk *c, int j) {
 static ms_status transfer(ms_stages *st, const ms_pp_action *a, int n, bool train, ms_error *err) {
     for (int i = 0; i < n; i++) {
         chunk *c = &st->ch[a[i].chunk];
-        MS_CHECK(take_slot(c, a[i].mb, err));
+        MS_CHECK(take_slot(st, c, a[i].mb, train, err));
         const ms_model *md = &c->model;
         ms_tensor *t = NULL;
         bool send = a[i].op == MS_PP_SEND_ACT || a[i].op == MS_PP_SEND_GRAD;
@@ -323,6 +344,7 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
         st->ch[c].n_free = 0;
         st->ch[c].used = 0;
         if (train) ms_program_zero_grads(st->ch[c].prog);
+        memset(st->ch[c].holds, 0, sizeof(int) * (size_t)st->m);
     }
     for (int i = 0; i < nacts;) {
         const ms_pp_action *a = &acts[i];
@@ -335,20 +357,18 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
         }
         chunk *c = &st->ch[a->chunk];
         int64_t t0 = ms_now_ns();
-        MS_CHECK(take_slot(c, a->mb, err));
+        MS_CHECK(take_slot(st, c, a->mb, train, err));
         if (a->op == MS_PP_FORWARD) {
             MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
             float l = 0;
             MS_CHECK(ms_program_forward(c->prog, &l, err));
             if (c->k == last) sum += l;
             if (!train && c->k == last) release_slot(c, a->mb);
-        } else if (a->op == MS_PP_BACKWARD) {
-            MS_CHECK(ms_program_backward(c->prog, err));
-            if (c->k == 0) release_slot(c, a->mb);
         } else {
-            return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "pipeline: the %s action (zb-h1's weight gradient) is not run yet",
-                           ms_pp_op_name((ms_pp_op)a->op));
+            /* B: the input gradients (all of the backward unless split); W: the rest. */
+            MS_CHECK(a->op == MS_PP_BACKWARD ? ms_program_backward_input(c->prog, err)
+                                             : ms_program_backward_weight(c->prog, err));
+            release_slot(c, a->mb);
         }
         record_action(st, a, c, t0);
         i++;
