@@ -59,26 +59,31 @@ static int launch(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn
 
 /* --- eval ------------------------------------------------------------------------------------ */
 
-/* Loads every parameter from a single-file checkpoint (Hugging Face layout), checked first. */
+/* Loads every parameter from a single-file checkpoint (Hugging Face layout), checked first
+ * against the whole model (every rank checks all names, whatever its pipeline stage holds). */
 static ms_status load_checkpoint(ms_trainer *t, const ms_st_file *ck, ms_error *err) {
-    ms_program *prog = ms_trainer_program(t);
-    int n = ms_program_num_params(prog);
-    ms_st_expect *want = xcalloc((size_t)n, sizeof *want);
-    for (int i = 0; i < n; i++) {
-        ms_param_view pv;
-        ms_program_param(prog, i, &pv);
+    int ns = ms_trainer_num_state(t), n = 0;
+    ms_st_expect *want = xcalloc((size_t)ns + 1, sizeof *want);
+    for (int i = 0; i < ns; i++) {
+        ms_state_tensor s;
+        ms_trainer_state(t, i, &s);
+        bool seen = s.kind != MS_STATE_PARAM;
+        for (int k = 0; k < n && !seen; k++) seen = !strcmp(want[k].name, s.param);
+        if (seen) continue;
         ms_shape fs;
-        ms_model_checkpoint_shape(pv.name, &pv.gshape, &fs);
-        want[i].name = pv.name;
-        want[i].ndim = fs.ndim;
-        memcpy(want[i].shape, fs.d, sizeof want[i].shape);
+        ms_model_checkpoint_shape(s.param, &s.gshape, &fs);
+        want[n].name = s.param;
+        want[n].ndim = fs.ndim;
+        memcpy(want[n].shape, fs.d, sizeof want[n].shape);
+        n++;
     }
     ms_status st = ms_safetensors_check(ck, want, n, err);
     free(want);
-    for (int i = 0; i < n && st == MS_OK; i++) {
-        ms_param_view pv;
-        ms_program_param(prog, i, &pv);
-        st = ms_program_load_param(prog, i, ms_safetensors_find(ck, pv.name)->data, err);
+    for (int i = 0; i < ns && st == MS_OK; i++) {
+        ms_state_tensor s;
+        ms_trainer_state(t, i, &s);
+        if (s.kind == MS_STATE_PARAM)
+            st = ms_trainer_load_param(t, i, ms_safetensors_find(ck, s.param)->data, err);
     }
     return st;
 }

@@ -25,13 +25,6 @@ static double memory_cap(const live_job *j) {
 
 ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
     ms_job_shape job = {.world = j->plan->world_size, .batch = j->o->batch, .seq = j->o->seq};
-    /* The trainer moves state between meshes of one rank set; pipeline stages are not yet.
-     * A refusal of this target, like any strategy the engine cannot switch to (422). */
-    if (s->pp > 1 || j->plan->strat.pp > 1)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "switching into or out of a pipeline (pp %d to pp %d) is not supported "
-                       "yet; restart the run with the target strategy",
-                       j->plan->strat.pp, s->pp);
     return ms_strategy_validate(s, &j->plan->cfg, &job, memory_cap(j), err);
 }
 

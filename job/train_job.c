@@ -36,8 +36,9 @@ static void say(ms_strbuf *later, const char *fmt, ...) {
     }
 }
 
-/* Gathers every parameter (the state walk's MS_STATE_PARAM tensors) and writes them, in the
- * Hugging Face layout, as one safetensors file on rank 0 (collective). */
+/* Gathers every parameter (the state walk's MS_STATE_PARAM tensors, each name once: under pp
+ * the tied embedding has two equal holders) on rank 0 and writes them, in the Hugging Face
+ * layout, as one safetensors file (collective). */
 static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, ms_error *err) {
     int ns = ms_trainer_num_state(t), n = 0;
     ms_st_entry *e = xcalloc((size_t)ns, sizeof *e);
@@ -47,13 +48,10 @@ static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, m
         ms_state_tensor s;
         ms_trainer_state(t, i, &s);
         if (s.kind != MS_STATE_PARAM) continue;
-        ms_dtensor d = {.ndim = s.gshape.ndim, .mesh = s.mesh, .pl = s.pl};
-        memcpy(d.gshape, s.gshape.d, sizeof d.gshape);
-        int64_t shape[MS_MAX_DIMS];
-        for (int k = 0; k < s.lndim; k++) shape[k] = s.lshape[k];
-        st = ms_tensor_wrap(s.local, MS_F32, s.lndim, shape, &d.local, err);
-        if (st == MS_OK) st = ms_dtensor_full(&d, &full[n], err);
-        ms_tensor_release(&d.local);
+        bool seen = false;
+        for (int k = 0; k < n && !seen; k++) seen = !strcmp(e[k].name, s.param);
+        if (seen) continue;
+        st = ms_trainer_state_full(t, i, &full[n], err);
         ms_shape fs;
         ms_model_checkpoint_shape(s.param, &s.gshape, &fs);
         e[n] = (ms_st_entry){.name = s.param, .dtype = MS_F32, .ndim = fs.ndim};
@@ -244,12 +242,6 @@ int train_job_run(const run_opts *o) {
     live_job job;
     ms_status st = job_plan_resolve(o, &plan, &err);
     if (st == MS_OK) st = job_check_outputs(o, &err);
-    /* Each stage holds only its layers; saving gathers on one mesh. */
-    if (st == MS_OK && o->save && plan.strat.pp > 1)
-        st = ms_fail(&err, MS_ERR_UNSUPPORTED,
-                     "--save with pipeline parallelism (pp %d) is not supported yet; train "
-                     "without pp to save weights",
-                     plan.strat.pp);
     if (st == MS_OK) {
         ms_train_opts to = job_train_opts(o, o->sample > 0, false);
         st = ms_train_opts_check(&to, &err);

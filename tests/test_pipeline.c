@@ -1,11 +1,11 @@
 /* test_pipeline.c - pipeline parallelism and micro-batches against one rank.
  *
- * Each case trains a few steps under a strategy (pp with its schedules, micro-batches, and
- * pp combined with dp and tp) and checks every step's loss and every final parameter against
- * a run of the same trainer on one rank with the whole batch at once (relative error of each
- * parameter as a norm, within 1e-5). The final parameters
- * are gathered on each stage's mesh and compared on the stage's first rank, so the tied word
- * embedding is checked in both of its copies (first and last stage).
+ * Each case trains a few steps under a strategy (pp with its schedules, micro-batches, pp
+ * combined with dp and tp, and live switches into and out of a pipeline) and checks every
+ * step's loss and every final parameter against a run of the same trainer on one rank with
+ * the whole batch at once: losses within 1e-5 relative, all parameters within 1e-5 relative as
+ * one vector. The parameters are gathered on world rank 0 as each chunk holds them, so the
+ * tied word embedding is checked in both of its copies (first and last stage).
  *
  * Test names end in _wN, the world size they need: the MPI entries filter on it.
  */
@@ -67,21 +67,10 @@ typedef struct reference {
 typedef struct run_arg {
     bool bert;
     const char *strategy; /* JSON */
+    const char *then[2];  /* strategies switched to before steps 1 and 2 (live switches) */
     reference *ref;       /* filled by the reference run, read by the others */
     bool is_ref;
 } run_arg;
-
-/* The full value of state tensor s on its mesh's members (collective over that mesh). */
-static ms_status full_of(const ms_state_tensor *s, ms_tensor *full, ms_error *err) {
-    ms_dtensor d = {.ndim = s->gshape.ndim, .mesh = s->mesh, .pl = s->pl};
-    memcpy(d.gshape, s->gshape.d, sizeof d.gshape);
-    int64_t shape[MS_MAX_DIMS];
-    for (int k = 0; k < s->lndim; k++) shape[k] = s->lshape[k];
-    MS_CHECK(ms_tensor_wrap(s->local, MS_F32, s->lndim, shape, &d.local, err));
-    ms_status st = ms_dtensor_full(&d, full, err);
-    ms_tensor_release(&d.local);
-    return st;
-}
 
 /* Adds parameter `name`'s squared difference from the one-rank run and its squared norm to
  * sums[0..1], and checks its largest single difference. The relative error is taken over all
@@ -132,6 +121,13 @@ static void run(mt_rank *r, void *arg) {
     }
     reference *ref = a->ref;
     for (int step = 0; step < STEPS; step++) {
+        if (step >= 1 && a->then[step - 1]) {
+            ms_strategy to;
+            ms_placement_rules to_rules;
+            const char *j = a->then[step - 1];
+            if (MT_OK(r, ms_strategy_parse_json(j, strlen(j), "then", &to, &to_rules, &err), &err))
+                MT_OK(r, ms_trainer_switch(tr, &to, &to_rules, &err), &err);
+        }
         ms_step_result res;
         if (!MT_OK(r, ms_trainer_step(tr, &res, &err), &err)) break;
         if (a->is_ref)
@@ -148,14 +144,16 @@ static void run(mt_rank *r, void *arg) {
     else
         MT_CHECK(r, fabs(val - ref->val) <= 1e-5 * fabs(ref->val),
                  "%s: validation loss %.7f, one rank %.7f", a->strategy, val, ref->val);
+    /* Every parameter as each chunk holds it (both copies of the tied embedding under pp),
+     * gathered on world rank 0. */
     double sums[2] = {0, 0};
-    int ns = ms_trainer_num_state(tr), stage_rank = r->ctx->rank % (r->ctx->world_size / s.pp);
+    int ns = ms_trainer_num_state(tr), root = r->ctx->rank == 0;
     for (int i = 0; i < ns; i++) {
         ms_state_tensor st;
         ms_trainer_state(tr, i, &st);
         if (st.kind != MS_STATE_PARAM) continue;
         ms_tensor full = {0};
-        if (!MT_OK(r, full_of(&st, &full, &err), &err)) break;
+        if (!MT_OK(r, ms_trainer_state_full(tr, i, &full, &err), &err)) break;
         int64_t len = ms_tensor_numel(&full);
         if (a->is_ref && ref->n < MAX_PARAMS) {
             snprintf(ref->names[ref->n], sizeof ref->names[0], "%s", st.param);
@@ -163,27 +161,31 @@ static void run(mt_rank *r, void *arg) {
             ref->data[ref->n] = xmalloc(sizeof(float) * (size_t)len);
             memcpy(ref->data[ref->n], ms_tensor_f32(&full), sizeof(float) * (size_t)len);
             ref->n++;
-        } else if (!a->is_ref && stage_rank == 0) {
+        } else if (!a->is_ref && root) {
             compare_param(r, ref, st.param, ms_tensor_f32(&full), len, sums);
         }
         ms_tensor_release(&full);
     }
-    if (!a->is_ref && stage_rank == 0)
-        MT_CHECK(r, sqrt(sums[0] / sums[1]) <= 1e-5,
-                 "%s: parameters of rank %d's stage differ by %.3g relative", a->strategy,
-                 r->ctx->rank, sqrt(sums[0] / sums[1]));
+    if (!a->is_ref && root)
+        MT_CHECK(r, sqrt(sums[0] / sums[1]) <= 1e-5, "%s: the parameters differ by %.3g relative",
+                 a->strategy, sqrt(sums[0] / sums[1]));
     ms_trainer_destroy(tr);
     ms_text_data_close(&d);
 }
 
-static void check(bool bert, const char *strategy, int world) {
+static void check_switches(bool bert, const char *strategy, const char *then1, const char *then2,
+                           int world) {
     reference ref = {0};
     run_arg ra = {.bert = bert, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
     mt_run_threads(1, run, &ra);
     assert_true(ref.n > 0);
-    run_arg a = {.bert = bert, .strategy = strategy, .ref = &ref};
+    run_arg a = {.bert = bert, .strategy = strategy, .then = {then1, then2}, .ref = &ref};
     mt_run(world, run, &a);
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
+}
+
+static void check(bool bert, const char *strategy, int world) {
+    check_switches(bert, strategy, NULL, NULL, world);
 }
 
 static void gpt_micro_batches_4_w1(void **state) {
@@ -266,16 +268,41 @@ static void bert_dp2_pp2_w4(void **state) {
     check(true, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"gpipe\"}", 4);
 }
 
+/* Live switches into a pipeline and out of it: dp4, then pp2 x dp2, then dp4 again. */
+static void switch_dp4_pp2_dp4_w4(void **state) {
+    (void)state;
+    check_switches(false, "{\"dp\": 4}", "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2}",
+                   "{\"dp\": 4}", 4);
+}
+static void switch_tp2_pp2_interleaved_to_tp4_w4(void **state) {
+    (void)state;
+    check_switches(false, "{\"tp\": 4}",
+                   "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"interleaved\", "
+                   "\"virtual_stages\": 2}",
+                   "{\"tp\": 4}", 4);
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(gpt_micro_batches_4_w1), cmocka_unit_test(gpt_dp2_micro_batches_2_w2),
-    cmocka_unit_test(gpt_pp2_m1_w2),          cmocka_unit_test(gpt_pp2_m2_w2),
-    cmocka_unit_test(gpt_pp2_m4_1f1b_w2),     cmocka_unit_test(gpt_pp2_m8_w2),
-    cmocka_unit_test(gpt_pp2_m4_gpipe_w2),    cmocka_unit_test(gpt_pp2_m4_interleaved_v2_w2),
-    cmocka_unit_test(gpt_pp2_m4_zb_h1_w2),    cmocka_unit_test(gpt_pp4_m8_zb_h1_w4),
-    cmocka_unit_test(bert_tp2_pp2_zb_h1_w4),  cmocka_unit_test(gpt_pp2_uneven_layers_w2),
-    cmocka_unit_test(gpt_pp4_m4_w4),          cmocka_unit_test(gpt_dp2_pp2_w4),
-    cmocka_unit_test(gpt_tp2_pp2_w4),         cmocka_unit_test(gpt_tp2_sp_pp2_w4),
-    cmocka_unit_test(gpt_dp2_tp2_pp2_w8),     cmocka_unit_test(bert_pp2_m4_w2),
+    cmocka_unit_test(switch_dp4_pp2_dp4_w4),
+    cmocka_unit_test(switch_tp2_pp2_interleaved_to_tp4_w4),
+    cmocka_unit_test(gpt_micro_batches_4_w1),
+    cmocka_unit_test(gpt_dp2_micro_batches_2_w2),
+    cmocka_unit_test(gpt_pp2_m1_w2),
+    cmocka_unit_test(gpt_pp2_m2_w2),
+    cmocka_unit_test(gpt_pp2_m4_1f1b_w2),
+    cmocka_unit_test(gpt_pp2_m8_w2),
+    cmocka_unit_test(gpt_pp2_m4_gpipe_w2),
+    cmocka_unit_test(gpt_pp2_m4_interleaved_v2_w2),
+    cmocka_unit_test(gpt_pp2_m4_zb_h1_w2),
+    cmocka_unit_test(gpt_pp4_m8_zb_h1_w4),
+    cmocka_unit_test(bert_tp2_pp2_zb_h1_w4),
+    cmocka_unit_test(gpt_pp2_uneven_layers_w2),
+    cmocka_unit_test(gpt_pp4_m4_w4),
+    cmocka_unit_test(gpt_dp2_pp2_w4),
+    cmocka_unit_test(gpt_tp2_pp2_w4),
+    cmocka_unit_test(gpt_tp2_sp_pp2_w4),
+    cmocka_unit_test(gpt_dp2_tp2_pp2_w8),
+    cmocka_unit_test(bert_pp2_m4_w2),
     cmocka_unit_test(bert_dp2_pp2_w4),
 };
 

@@ -7,6 +7,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
+#include "engine/graph/program.h"
 #include "engine/pipeline/schedule.h"
 #include "profiler/record/hooks.h"
 
@@ -41,9 +42,18 @@ struct ms_stages {
     int32_t *ids_mb, *tgt_mb;
     float *scratch;
     ms_p2p_op *ops;
+    /* The catalog (ms_stages_entry), made on first use: every chunk's parameters, the other
+     * stages' chunks compiled from shapes for their placements. */
+    ms_stages_entry *cat;
+    int ncat;
+    ms_model *foreign_models;
+    ms_program **foreign_progs;
+    int nforeign;
 };
 
 /* --- building -------------------------------------------------------------------------------- */
+
+static ms_status make_catalog(ms_stages *st, ms_error *err);
 
 /* Layers of model chunk k: pp_layers by hand, else an even split. */
 static void chunk_layers(const ms_stages *st, int k, int *lo, int *hi) {
@@ -73,11 +83,11 @@ static bool s_zb(const ms_stages *st) {
     return st->p > 1 && st->strat.schedule == MS_SCHEDULE_ZB_H1;
 }
 
-static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
-    ms_model_chunk mc = {.first = c->k == 0, .last = c->k == st->p * st->v - 1};
-    chunk_layers(st, c->k, &mc.layer_lo, &mc.layer_hi);
-    MS_CHECK(ms_model_build_chunk(&st->cfg, st->rows_mb, st->o.seq, &mc, &c->model, err));
-    ms_model *md = &c->model;
+/* Model chunk k's graph, its boundary values annotated with the stream placements. */
+static ms_status build_chunk(const ms_stages *st, int k, ms_model *md, ms_error *err) {
+    ms_model_chunk mc = {.first = k == 0, .last = k == st->p * st->v - 1};
+    chunk_layers(st, k, &mc.layer_lo, &mc.layer_hi);
+    MS_CHECK(ms_model_build_chunk(&st->cfg, st->rows_mb, st->o.seq, &mc, md, err));
     if (st->o.keep_logits && md->logits >= 0) ms_graph_keep(md->g, md->logits);
     int b = md->hidden_in >= 0 ? md->hidden_in : md->hidden_out;
     if (b >= 0) {
@@ -85,14 +95,24 @@ static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
         if (md->hidden_in >= 0) ms_graph_annotate(md->g, md->hidden_in, &pl);
         if (md->hidden_out >= 0) ms_graph_annotate(md->g, md->hidden_out, &pl);
     }
-    ms_sharding sh = {.s = &st->strat, .rules = &st->rules};
-    ms_compile_opts co = {.shard = ms_strategy_shard,
-                          .shard_user = &sh,
-                          .seed = st->o.seed,
-                          .micro_batched = st->m > 1 || st->p > 1,
-                          .split_weight_grads = s_zb(st),
-                          .loss_scale = 1.0f / (float)st->m};
-    MS_CHECK(ms_program_compile(md->g, st->dm[st->stage], &co, &c->prog, err));
+    return MS_OK;
+}
+
+static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
+    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules};
+    return (ms_compile_opts){.shard = ms_strategy_shard,
+                             .shard_user = sh,
+                             .seed = st->o.seed,
+                             .micro_batched = st->m > 1 || st->p > 1,
+                             .split_weight_grads = s_zb(st),
+                             .loss_scale = 1.0f / (float)st->m};
+}
+
+static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
+    MS_CHECK(build_chunk(st, c->k, &c->model, err));
+    ms_sharding sh;
+    ms_compile_opts co = compile_opts(st, &sh);
+    MS_CHECK(ms_program_compile(c->model.g, st->dm[st->stage], &co, &c->prog, err));
     c->slot_of = xmalloc(sizeof(int) * (size_t)st->m);
     c->holds = xcalloc((size_t)st->m, sizeof(int));
     c->free_slots = xmalloc(sizeof(int) * (size_t)st->m);
@@ -192,6 +212,11 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
     }
     find_tied(st);
     forward_schedule(st);
+    rc = make_catalog(st, err);
+    if (rc != MS_OK) {
+        ms_stages_destroy(st);
+        return rc;
+    }
     size_t n = (size_t)st->rows_mb * (size_t)o->seq;
     st->ids_mb = xmalloc(sizeof *st->ids_mb * n);
     st->tgt_mb = xmalloc(sizeof *st->tgt_mb * n);
@@ -218,6 +243,12 @@ void ms_stages_destroy(ms_stages *st) {
     free(st->fwd_acts);
     free(st->ids_mb), free(st->tgt_mb), free(st->scratch);
     free(st->ops);
+    for (int i = 0; i < st->nforeign; i++) {
+        ms_program_destroy(st->foreign_progs[i]);
+        ms_model_free(&st->foreign_models[i]);
+    }
+    free(st->foreign_progs), free(st->foreign_models);
+    free(st->cat);
     free(st);
 }
 
@@ -411,6 +442,67 @@ ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *ta
     return run(st, st->fwd_acts, st->nfwd, false, ids, targets, loss, err);
 }
 
+/* --- the catalog ----------------------------------------------------------------------------- */
+
+static void add_entry(ms_stages *st, const ms_param_view *pv, int k, int local) {
+    ms_stages_entry *e = &st->cat[st->ncat++];
+    memset(e, 0, sizeof *e);
+    e->param = pv->name;
+    e->gshape = pv->gshape;
+    e->pl = pv->pl;
+    e->mesh = st->dm[k % st->p];
+    e->model_chunk = k;
+    e->local_index = local;
+}
+
+/* Every model chunk's parameters in model order: ours from our programs, the others' from
+ * their graphs compiled from shapes (placements depend on the graph and the mesh only). */
+static ms_status make_catalog(ms_stages *st, ms_error *err) {
+    int chunks = st->p * st->v, cap = 0, local_base[MAX_CHUNKS] = {0}, at = 0;
+    for (int c = 0; c < st->nch; c++) {
+        local_base[c] = at;
+        at += ms_program_num_params(st->ch[c].prog);
+    }
+    st->foreign_models = xcalloc((size_t)chunks, sizeof *st->foreign_models);
+    st->foreign_progs = xcalloc((size_t)chunks, sizeof *st->foreign_progs);
+    ms_program **prog_of = xcalloc((size_t)chunks, sizeof *prog_of);
+    ms_status rc = MS_OK;
+    for (int k = 0; k < chunks && rc == MS_OK; k++) {
+        if (k % st->p == st->stage) {
+            prog_of[k] = st->ch[k / st->p].prog;
+        } else {
+            int f = st->nforeign;
+            rc = build_chunk(st, k, &st->foreign_models[f], err);
+            if (rc != MS_OK) break;
+            st->nforeign++;
+            ms_sharding sh;
+            ms_compile_opts co = compile_opts(st, &sh);
+            rc = ms_program_compile_shapes(st->foreign_models[f].g, &st->dm[k % st->p]->mesh, NULL,
+                                           &co, &st->foreign_progs[f], err);
+            prog_of[k] = st->foreign_progs[f];
+        }
+        if (rc == MS_OK) cap += ms_program_num_params(prog_of[k]);
+    }
+    if (rc == MS_OK) {
+        st->cat = xcalloc((size_t)cap + 1, sizeof *st->cat);
+        for (int k = 0; k < chunks; k++) {
+            bool ours = k % st->p == st->stage;
+            for (int i = 0; i < ms_program_num_params(prog_of[k]); i++) {
+                ms_param_view pv;
+                ms_program_param(prog_of[k], i, &pv);
+                add_entry(st, &pv, k, ours ? local_base[k / st->p] + i : -1);
+            }
+        }
+    }
+    free(prog_of);
+    return rc;
+}
+
+int ms_stages_catalog(const ms_stages *st, const ms_stages_entry **out) {
+    *out = st->cat;
+    return st->ncat;
+}
+
 /* --- reading --------------------------------------------------------------------------------- */
 
 int ms_stages_num_params(const ms_stages *st) {
@@ -429,6 +521,15 @@ ms_status ms_stages_param(ms_stages *st, int i, ms_param_view *out, bool *in_nor
         i -= n;
     }
     return MS_ERR_INVALID;
+}
+
+ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error *err) {
+    for (int c = 0; c < st->nch; c++) {
+        int n = ms_program_num_params(st->ch[c].prog);
+        if (i < n) return ms_program_load_param(st->ch[c].prog, i, full, err);
+        i -= n;
+    }
+    return ms_fail(err, MS_ERR_INVALID, "stages: no local parameter %d", i);
 }
 
 int ms_stages_pp(const ms_stages *st) {

@@ -67,6 +67,24 @@ int ms_stages_head_chunk(const ms_stages *st);
 /* Broadcasts n floats from the head's stage (its first rank) to every rank. */
 ms_status ms_stages_from_head(ms_stages *st, float *x, size_t n, ms_error *err);
 
+/* The catalog: every parameter of the model as every chunk holds it, in model order (chunk
+ * 0's, then chunk 1's, ...), the same list on every rank; the tied word embedding appears
+ * once per holder. What switching and saving walk. */
+typedef struct ms_stages_entry {
+    const char *param; /* its name (borrowed from a graph of the stages) */
+    ms_shape gshape;
+    ms_placements pl; /* on the holder's stage mesh */
+    ms_dmesh *mesh;   /* the holder's stage mesh (this rank may not be a member) */
+    int model_chunk;
+    int local_index; /* this rank's parameter index (ms_stages_param), or -1 if not ours */
+} ms_stages_entry;
+/* Made when the stages are (the other stages' chunks are compiled from shapes for it); *out
+ * lives as long as st. Returns the number of entries. */
+int ms_stages_catalog(const ms_stages *st, const ms_stages_entry **out);
+
+/* Writes local parameter i's shard from the parameter's full values. */
+ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error *err);
+
 int ms_stages_pp(const ms_stages *st);
 int ms_stages_micro_batches(const ms_stages *st);
 /* The stage mesh this rank belongs to. */

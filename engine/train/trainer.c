@@ -31,6 +31,7 @@ typedef struct moments {
 
 struct ms_trainer {
     ms_ctx *ctx;
+    ms_dmesh *root; /* world rank 0 alone: where ms_trainer_state_full gathers */
     ms_model_config cfg;
     ms_train_opts o;
     const ms_text_data *data; /* borrowed */
@@ -138,7 +139,12 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     size_t n = (size_t)o->batch * (size_t)o->seq;
     t->ids = xmalloc(sizeof *t->ids * n);
     t->tgt = xmalloc(sizeof *t->tgt * n);
-    ms_status st = compile_for(t, s, rules, &t->c, err);
+    ms_mesh root;
+    const int one = 1, zero = 0;
+    ms_status st = ms_mesh_init(&root, 1, &one, NULL, &zero, err);
+    if (st == MS_OK) st = ms_dmesh_create(ctx, &root, &t->root, err);
+    ms_mesh_free(&root);
+    if (st == MS_OK) st = compile_for(t, s, rules, &t->c, err);
     if (st == MS_OK && !o->inference) st = moments_init(ctx->device, t->c.st, &t->mo, err);
     if (st != MS_OK) {
         ms_trainer_destroy(t);
@@ -152,6 +158,7 @@ void ms_trainer_destroy(ms_trainer *t) {
     if (!t) return;
     moments_free(t->ctx->device, &t->mo);
     compiled_free(&t->c);
+    ms_dmesh_destroy(t->root);
     free(t->ids), free(t->tgt);
     free(t);
 }
@@ -264,16 +271,43 @@ ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double
 
 /* --- switching strategy ---------------------------------------------------------------------- */
 
+/* A state tensor as a DistTensor on its mesh; its local tensor wraps the state's box (left
+ * empty on ranks outside the mesh). */
+static ms_status state_dtensor(const ms_state_tensor *s, ms_dtensor *d, ms_error *err) {
+    *d = (ms_dtensor){.ndim = s->gshape.ndim, .mesh = s->mesh, .pl = s->pl};
+    memcpy(d->gshape, s->gshape.d, sizeof d->gshape);
+    if (!ms_dmesh_is_member(s->mesh)) return MS_OK;
+    int64_t shape[MS_MAX_DIMS];
+    for (int k = 0; k < s->lndim; k++) shape[k] = s->lshape[k];
+    return ms_tensor_wrap(s->local, MS_F32, s->lndim, shape, &d->local, err);
+}
+
+ms_status ms_trainer_state_full(ms_trainer *t, int i, ms_tensor *out, ms_error *err) {
+    *out = (ms_tensor){0};
+    ms_state_tensor s;
+    ms_trainer_state(t, i, &s);
+    ms_dtensor a = {0}, b = {0};
+    MS_CHECK(state_dtensor(&s, &a, err));
+    ms_placements r = ms_placements_replicated(1);
+    ms_status st = ms_reshard_cross_mesh(&a, t->root, &r, &b, NULL, err);
+    ms_tensor_release(&a.local);
+    if (st == MS_OK && t->ctx->rank == 0)
+        *out = b.local;
+    else
+        ms_dtensor_release(&b);
+    return st;
+}
+
 /* Moves one state tensor's box to its box on another mesh (collective over the world). */
 static ms_status move_state(const ms_state_tensor *from, const ms_state_tensor *to, ms_error *err) {
-    ms_dtensor a = {.ndim = from->gshape.ndim, .mesh = from->mesh, .pl = from->pl}, b = {0};
-    memcpy(a.gshape, from->gshape.d, sizeof a.gshape);
-    int64_t shape[MS_MAX_DIMS];
-    for (int d = 0; d < from->lndim; d++) shape[d] = from->lshape[d];
-    MS_CHECK(ms_tensor_wrap(from->local, MS_F32, from->lndim, shape, &a.local, err));
+    ms_dtensor a = {0}, b = {0};
+    MS_CHECK(state_dtensor(from, &a, err));
     ms_status st = ms_reshard_cross_mesh(&a, to->mesh, &to->pl, &b, NULL, err);
     ms_tensor_release(&a.local);
-    if (st != MS_OK) return st;
+    if (st != MS_OK || !ms_dmesh_is_member(to->mesh)) {
+        ms_dtensor_release(&b);
+        return st;
+    }
     if ((size_t)ms_tensor_numel(&b.local) != to->n)
         st = ms_fail(err, MS_ERR_INTERNAL, "switch: %s moved %lld elements into a box of %zu",
                      to->param, (long long)ms_tensor_numel(&b.local), to->n);
@@ -283,47 +317,76 @@ static ms_status move_state(const ms_state_tensor *from, const ms_state_tensor *
     return st;
 }
 
-/* The state tensors of a compiled model and its moments (see ms_trainer_state). */
+/* The state tensors of a compiled model and its moments (see ms_trainer_state): per entry
+ * of the stages' catalog, the parameter and its two moments. */
 static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_tensor *out) {
     int per = inference ? 1 : 3;
-    ms_param_view pv;
-    ms_stages_param(c->st, i / per, &pv, NULL);
+    const ms_stages_entry *cat;
+    ms_stages_catalog(c->st, &cat);
+    const ms_stages_entry *e = &cat[i / per];
     memset(out, 0, sizeof *out);
-    out->param = pv.name;
+    out->param = e->param;
     out->kind = (ms_state_kind)(i % per);
-    out->gshape = pv.gshape;
-    out->pl = pv.pl;
-    out->mesh = ms_stages_dmesh(c->st);
+    out->gshape = e->gshape;
+    out->pl = e->pl;
+    out->mesh = e->mesh;
+    out->lndim = e->gshape.ndim;
+    if (e->local_index < 0) return; /* another stage's: no box here */
+    ms_param_view pv;
+    ms_stages_param(c->st, e->local_index, &pv, NULL);
     out->lndim = pv.data.ndim;
     for (int d = 0; d < pv.data.ndim; d++) out->lshape[d] = (int)pv.data.shape[d];
     out->n = (size_t)ms_tensor_numel(&pv.data);
     out->local = out->kind == MS_STATE_PARAM    ? ms_tensor_f32(&pv.data)
-                 : out->kind == MS_STATE_ADAM_M ? mo->m[i / per]
-                                                : mo->v[i / per];
+                 : out->kind == MS_STATE_ADAM_M ? mo->m[e->local_index]
+                                                : mo->v[e->local_index];
+}
+
+ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_error *err) {
+    const ms_stages_entry *cat;
+    int per = t->o.inference ? 1 : 3, n = ms_stages_catalog(t->c.st, &cat);
+    if (i < 0 || i / per >= n || i % per != MS_STATE_PARAM)
+        return ms_fail(err, MS_ERR_INVALID, "trainer: state tensor %d is not a parameter", i);
+    int local = cat[i / per].local_index;
+    return local < 0 ? MS_OK : ms_stages_load_param(t->c.st, local, full, err);
+}
+
+static int num_state(const compiled *c, bool inference) {
+    const ms_stages_entry *cat;
+    return ms_stages_catalog(c->st, &cat) * (inference ? 1 : 3);
+}
+
+/* The first state tensor of c with this parameter name and kind, or -1. */
+static int find_state(compiled *c, moments *mo, bool inference, const char *param,
+                      ms_state_kind kind) {
+    for (int i = 0; i < num_state(c, inference); i++) {
+        ms_state_tensor s;
+        state_of(c, mo, inference, i, &s);
+        if (s.kind == kind && !strcmp(s.param, param)) return i;
+    }
+    return -1;
 }
 
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err) {
     MS_CHECK(check_strategy(t->ctx, &t->cfg, &t->o, target, err));
-    if (target->pp > 1 || t->c.strat.pp > 1)
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "switching into or out of a pipeline (pp %d to pp %d) is not supported yet; "
-                       "restart the run with the target strategy",
-                       t->c.strat.pp, target->pp);
     compiled nc;
     moments nm = {0};
     MS_CHECK(compile_for(t, target, rules, &nc, err));
     ms_status st = t->o.inference ? MS_OK : moments_init(t->ctx->device, nc.st, &nm, err);
-    int n = ms_trainer_num_state(t);
+    /* Every state tensor of the target (the tied embedding once per holder) from the first
+     * holder of the same parameter and kind here. */
+    int n = num_state(&nc, t->o.inference);
     for (int i = 0; i < n && st == MS_OK; i++) {
         ms_state_tensor a, b;
-        state_of(&t->c, &t->mo, t->o.inference, i, &a);
         state_of(&nc, &nm, t->o.inference, i, &b);
-        if (strcmp(a.param, b.param))
-            st = ms_fail(err, MS_ERR_INTERNAL, "switch: parameter %d is %s here but %s there", i,
-                         a.param, b.param);
-        else
-            st = move_state(&a, &b, err);
+        int from = find_state(&t->c, &t->mo, t->o.inference, b.param, b.kind);
+        if (from < 0) {
+            st = ms_fail(err, MS_ERR_INTERNAL, "switch: no %s in the running model", b.param);
+            break;
+        }
+        state_of(&t->c, &t->mo, t->o.inference, from, &a);
+        st = move_state(&a, &b, err);
     }
     if (st != MS_OK) {
         moments_free(t->ctx->device, &nm);
@@ -422,7 +485,7 @@ int64_t ms_trainer_skipped(const ms_trainer *t) {
 }
 
 int ms_trainer_num_state(const ms_trainer *t) {
-    return ms_stages_num_params(t->c.st) * (t->o.inference ? 1 : 3);
+    return num_state(&t->c, t->o.inference);
 }
 
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out) {

@@ -129,11 +129,18 @@ typedef struct ms_state_tensor {
     int lndim;
 } ms_state_tensor;
 
-/* The number of state tensors: 3 per parameter (1 with `inference`). Under pipeline
- * parallelism the walk covers this rank's chunks only (on its stage's mesh), so it is not the
- * same list on every rank: switching and saving refuse pipelines for now. */
+/* The number of state tensors: 3 per parameter (1 with `inference`). The list is the same on
+ * every rank: every parameter of the model as each pipeline chunk holds it (the tied word
+ * embedding once per holder under pp), on its stage's mesh; a rank outside that mesh gets no
+ * box (local NULL, n 0). */
 int ms_trainer_num_state(const ms_trainer *t);
 /* State tensor i, ordered parameter by parameter (param, m, v). */
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
+/* Loads state tensor i (a parameter) from its full values where this rank holds it (a no-op
+ * elsewhere): checkpoint loads. Every rank passes the same values. */
+ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_error *err);
+/* The full value of state tensor i on world rank 0 (an empty tensor elsewhere). Collective
+ * over the world. */
+ms_status ms_trainer_state_full(ms_trainer *t, int i, ms_tensor *out, ms_error *err);
 
 #endif
