@@ -223,8 +223,12 @@ static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size
     struct {
         const char *n;
         int x, y;
-    } d[] = {{"dp", a->dp, b->dp}, {"tp", a->tp, b->tp}, {"cp", a->cp, b->cp}};
-    for (size_t i = 0; i < 3 && k < len; i++)
+    } d[] = {{"dp", a->dp, b->dp},
+             {"tp", a->tp, b->tp},
+             {"cp", a->cp, b->cp},
+             {"pp", a->pp, b->pp},
+             {"micro-batches", a->micro_batches, b->micro_batches}};
+    for (size_t i = 0; i < sizeof d / sizeof *d && k < len; i++)
         if (d[i].x != d[i].y)
             k += (size_t)snprintf(buf + k, len - k, "%s%s %d -> %d", k ? ", " : "", d[i].n, d[i].x,
                                   d[i].y);
@@ -238,6 +242,53 @@ static int32_t suggestion_id(const ms_strategy *s) {
                  (s->sp ? 1u : 0u);
     int32_t id = (int32_t)(h & 0x7fffffff);
     return id ? id : 1;
+}
+
+/* A suggestion to move from current (measured, cur_e its estimate) to s (estimated cand). */
+static void fill_suggestion(ms_suggestion *g, const ms_strategy *current, const ms_strategy *s,
+                            const ms_plan_estimate *cur_e, const ms_plan_estimate *cand,
+                            const ms_plan_scales *scales, double measured_step_s, double cap) {
+    memset(g, 0, sizeof *g);
+    g->id = suggestion_id(s);
+    g->state = MS_SUGG_OPEN;
+    g->applied_step = -1;
+    snprintf(g->target, sizeof g->target, "%.63s", cand->text);
+    ms_strategy_short_json(s, g->target_json, sizeof g->target_json);
+    ms_strategy_name(current, g->current, sizeof g->current);
+    g->predicted_gain = (measured_step_s - cand->step_s) / measured_step_s;
+    g->predicted_step_s = cand->step_s;
+    g->current_step_s = measured_step_s;
+    evidence(cur_e, cand, scales, measured_step_s, g->evidence, sizeof g->evidence);
+    char u[32], c2[32];
+    snprintf(g->memory_check, sizeof g->memory_check, "fits: %s of %s per rank",
+             ms_plan_bytes_str(cand->mem_total, u, sizeof u),
+             ms_plan_bytes_str(cap, c2, sizeof c2));
+    diff_str(current, s, g->diff, sizeof g->diff);
+}
+
+/* The strategies weighed on this world: every dp x tp x cp mesh (with and without sp), alone
+ * and on pipeline stages (pp 2, 4, 8 dividing the world and the layers; 1f1b with pp or 2 pp
+ * micro-batches, which keep the bubble at a third or a fifth of a step or less). */
+static int candidates(const ms_advisor *a, ms_strategy *out, int cap) {
+    int n = 0;
+    for (int pp = 1; pp <= 8 && pp <= a->world; pp *= 2) {
+        if (a->world % pp || a->cfg.n_layer % pp) continue;
+        int stage = a->world / pp;
+        for (int tp = 1; tp <= stage; tp++)
+            for (int cp = 1; tp * cp <= stage; cp++) {
+                if (stage % (tp * cp)) continue;
+                for (int sp = 0; sp <= (tp > 1); sp++)
+                    for (int mi = 0; mi < (pp > 1 ? 2 : 1) && n < cap; mi++) {
+                        ms_strategy s;
+                        if (ms_strategy_init(&s, stage / (tp * cp), tp, cp, sp, NULL) != MS_OK)
+                            continue;
+                        s.pp = pp;
+                        if (pp > 1) s.micro_batches = pp << mi;
+                        out[n++] = s;
+                    }
+            }
+    }
+    return n;
 }
 
 ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
@@ -326,44 +377,24 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     double cap = a->mem_cap > 0 ? a->mem_cap
                                 : a->cluster.mem_bytes * a->cluster.usable_memory_fraction /
                                       (a->cluster.cpu ? a->world : 1);
-    for (int tp = 1; tp <= a->world && nt < 64; tp++)
-        for (int cp = 1; tp * cp <= a->world && nt < 64; cp++) {
-            if (a->world % (tp * cp)) continue;
-            int dp = a->world / (tp * cp);
-            for (int sp = 0; sp <= (tp > 1) && nt < 64; sp++) {
-                ms_strategy s;
-                if (ms_strategy_init(&s, dp, tp, cp, sp, NULL) != MS_OK ||
-                    ms_strategy_equal(&s, &cur) ||
-                    ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
-                    continue;
-                ms_error e2 = {0};
-                if (ms_plan_estimate_one(&pb, &s, &a->scales, cand, &e2) != MS_OK ||
-                    cand->mem_total > cap)
-                    continue;
-                double gain = (measured_step_s - cand->step_s) / measured_step_s;
-                /* never a strategy the job's switch would refuse: the validator has the last
-                 * word, memory cap included (this compiles the program: only for winners) */
-                if (gain < threshold || ms_strategy_validate(&s, &a->cfg, &job, cap, NULL) != MS_OK)
-                    continue;
-                ms_suggestion *g = &tmp[nt++];
-                memset(g, 0, sizeof *g);
-                g->id = suggestion_id(&s);
-                g->state = MS_SUGG_OPEN;
-                g->applied_step = -1;
-                snprintf(g->target, sizeof g->target, "%.63s", cand->text);
-                ms_strategy_short_json(&s, g->target_json, sizeof g->target_json);
-                ms_strategy_name(current, g->current, sizeof g->current);
-                g->predicted_gain = gain;
-                g->predicted_step_s = cand->step_s;
-                g->current_step_s = measured_step_s;
-                evidence(cur_e, cand, &a->scales, measured_step_s, g->evidence, sizeof g->evidence);
-                char u[32], c2[32];
-                snprintf(g->memory_check, sizeof g->memory_check, "fits: %s of %s per rank",
-                         ms_plan_bytes_str(cand->mem_total, u, sizeof u),
-                         ms_plan_bytes_str(cap, c2, sizeof c2));
-                diff_str(&cur, &s, g->diff, sizeof g->diff);
-            }
-        }
+    ms_strategy *all = xmalloc(sizeof *all * 256);
+    int nall = candidates(a, all, 256);
+    for (int k = 0; k < nall && nt < 64; k++) {
+        ms_strategy s = all[k];
+        if (ms_strategy_equal(&s, &cur) ||
+            ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
+            continue;
+        ms_error e2 = {0};
+        if (ms_plan_estimate_one(&pb, &s, &a->scales, cand, &e2) != MS_OK || cand->mem_total > cap)
+            continue;
+        double gain = (measured_step_s - cand->step_s) / measured_step_s;
+        /* never a strategy the job's switch would refuse: the validator has the last word,
+         * memory cap included (this compiles the program: only for winners) */
+        if (gain < threshold || ms_strategy_validate(&s, &a->cfg, &job, cap, NULL) != MS_OK)
+            continue;
+        fill_suggestion(&tmp[nt++], current, &s, cur_e, cand, &a->scales, measured_step_s, cap);
+    }
+    free(all);
     /* best first */
     for (int i = 1; i < nt; i++)
         for (int j = i; j > 0 && tmp[j - 1].predicted_gain < tmp[j].predicted_gain; j--) {
