@@ -8,6 +8,7 @@
  */
 #include "profiler/analysis.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,6 +544,121 @@ static void build_stragglers(ms_analysis *a, const ms_event *const *w, size_t nw
     free(seen);
 }
 
+/* --- pipeline bubble -------------------------------------------------------------------- */
+
+double ms_pipe_formula_bubble(const char *schedule, int p, int m, int v) {
+    if (p <= 1) return 0.0;
+    if (!schedule || m < 1 || v < 1) return NAN;
+    if (!strcmp(schedule, "1f1b") || !strcmp(schedule, "gpipe"))
+        return (double)(p - 1) / (double)(m + p - 1);
+    if (!strcmp(schedule, "interleaved")) return (double)(p - 1) / ((double)v * m + p - 1);
+    return NAN;
+}
+
+typedef struct pipe_key {
+    int64_t step;
+    int32_t rank, stage;
+    int64_t t0, t1;
+} pipe_key;
+
+static int pipe_key_cmp(const void *x, const void *y) {
+    const pipe_key *p = x, *q = y;
+    if (p->step != q->step) return p->step < q->step ? -1 : 1;
+    if (p->rank != q->rank) return p->rank < q->rank ? -1 : 1;
+    return p->t0 < q->t0 ? -1 : p->t0 > q->t0;
+}
+
+static bool same_schedule(const ms_ev_pipe *a, const ms_ev_pipe *b) {
+    return a->stages == b->stages && a->virtual_stages == b->virtual_stages &&
+           a->micro_batches == b->micro_batches &&
+           !strncmp(a->schedule, b->schedule, sizeof a->schedule);
+}
+
+/* Length of the union of k[0..n), sorted by t0. */
+static int64_t union_ns(const pipe_key *k, size_t n) {
+    int64_t total = 0, lo = 0, hi = INT64_MIN;
+    for (size_t i = 0; i < n; i++) {
+        if (k[i].t0 > hi) {
+            if (hi > lo) total += hi - lo;
+            lo = k[i].t0, hi = k[i].t1;
+        } else if (k[i].t1 > hi) {
+            hi = k[i].t1;
+        }
+    }
+    if (hi > lo) total += hi - lo;
+    return total;
+}
+
+static void build_pipe(ms_analysis *a, const ms_event *const *w, size_t nw) {
+    ms_pipe_stats *ps = &a->pipe;
+    const ms_event *ref = NULL; /* the latest action: its schedule is the one reported */
+    for (size_t i = 0; i < nw; i++) {
+        const ms_event *e = w[i];
+        if (e->kind == MS_EV_PIPE &&
+            (!ref || e->step > ref->step || (e->step == ref->step && e->t1_ns > ref->t1_ns)))
+            ref = e;
+    }
+    if (!ref) return;
+    const ms_ev_pipe *rp = &ref->u.pipe;
+    if (rp->stages < 1 || rp->stages > MS_AN_MAX_STAGES) return;
+    pipe_key *k = xmalloc(sizeof *k * (nw + 1));
+    size_t m = 0;
+    for (size_t i = 0; i < nw; i++) {
+        const ms_event *e = w[i];
+        if (e->kind != MS_EV_PIPE || !same_schedule(&e->u.pipe, rp) || e->u.pipe.stage < 0 ||
+            e->u.pipe.stage >= rp->stages || e->t1_ns < e->t0_ns)
+            continue;
+        k[m++] = (pipe_key){e->step, e->rank, e->u.pipe.stage, e->t0_ns, e->t1_ns};
+    }
+    qsort(k, m, sizeof *k, pipe_key_cmp);
+    ps->stages = rp->stages;
+    ps->virtual_stages = rp->virtual_stages;
+    ps->micro_batches = rp->micro_batches;
+    fixed_str(ps->schedule, sizeof ps->schedule, rp->schedule, sizeof rp->schedule);
+    ps->formula =
+        ms_pipe_formula_bubble(ps->schedule, ps->stages, ps->micro_batches, ps->virtual_stages);
+    double sum[MS_AN_MAX_STAGES] = {0}, all = 0;
+    int cnt[MS_AN_MAX_STAGES] = {0}, n_all = 0;
+    for (size_t i = 0; i < m;) {
+        size_t j = i;
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (; j < m && k[j].step == k[i].step; j++) {
+            lo = k[j].t0 < lo ? k[j].t0 : lo;
+            hi = k[j].t1 > hi ? k[j].t1 : hi;
+        }
+        const bool last = j == m; /* sorted by step: the last group is the latest step */
+        if (hi > lo) {
+            double lsum[MS_AN_MAX_STAGES] = {0}, lall = 0;
+            int lcnt[MS_AN_MAX_STAGES] = {0}, ln = 0;
+            for (size_t r = i; r < j;) {
+                size_t q = r;
+                while (q < j && k[q].rank == k[r].rank) q++;
+                double b = 1.0 - (double)union_ns(&k[r], q - r) / (double)(hi - lo);
+                int st = k[r].stage;
+                sum[st] += b, cnt[st]++, all += b, n_all++;
+                lsum[st] += b, lcnt[st]++, lall += b, ln++;
+                r = q;
+            }
+            ps->n_steps++;
+            if (last) {
+                ps->last_step = k[i].step;
+                ps->last_window_s = secs(hi - lo);
+                ps->last_bubble = lall / ln;
+                for (int st = 0; st < ps->stages; st++) {
+                    ps->stage_ranks[st] = lcnt[st];
+                    ps->last_stage_bubble[st] = lcnt[st] ? lsum[st] / lcnt[st] : NAN;
+                }
+            }
+        }
+        i = j;
+    }
+    ps->bubble = n_all ? all / n_all : NAN;
+    for (int st = 0; st < ps->stages; st++)
+        ps->stage_bubble[st] = cnt[st] ? sum[st] / cnt[st] : NAN;
+    if (!ps->n_steps) ps->last_bubble = NAN;
+    free(k);
+}
+
 /* --- entry points ----------------------------------------------------------------------- */
 
 ms_status ms_analyze(const ms_event *ev, size_t n, const ms_group *groups, int n_groups,
@@ -593,6 +709,7 @@ ms_status ms_analyze(const ms_event *ev, size_t n, const ms_group *groups, int n
     build_ops_reshards(out, w, nw);
     build_overlap_steps(out, w, nw);
     build_stragglers(out, w, nw);
+    build_pipe(out, w, nw);
     free(w);
     free(refs);
     return MS_OK;
@@ -686,6 +803,39 @@ static void print_heatmap(FILE *f, const ms_heatmap *h, const char *title) {
     free(shown);
 }
 
+/* A fraction as a percentage, "-" when unknown. */
+static void pct(char *buf, size_t len, double v) {
+    if (isfinite(v))
+        snprintf(buf, len, "%.1f%%", v * 100);
+    else
+        snprintf(buf, len, "-");
+}
+
+static void print_pipe(FILE *f, const ms_pipe_stats *p) {
+    if (p->stages < 1) return; /* no pipeline actions: nothing to say */
+    fprintf(f,
+            "\nPipeline: %s, %d stage%s, %d micro-batch%s, %d virtual stage%s (bubble = 1 - busy "
+            "/ the step's span of actions; over %d step%s, and step %lld alone)\n",
+            p->schedule, p->stages, p->stages == 1 ? "" : "s", p->micro_batches,
+            p->micro_batches == 1 ? "" : "es", p->virtual_stages, p->virtual_stages == 1 ? "" : "s",
+            p->n_steps, p->n_steps == 1 ? "" : "s", (long long)p->last_step);
+    fprintf(f, "  %6s %6s %9s %10s\n", "stage", "ranks", "bubble", "last step");
+    char a[16], b[16];
+    for (int s = 0; s < p->stages; s++) {
+        pct(a, sizeof a, p->stage_bubble[s]);
+        pct(b, sizeof b, p->last_stage_bubble[s]);
+        fprintf(f, "  %6d %6d %9s %10s\n", s, p->stage_ranks[s], a, b);
+    }
+    pct(a, sizeof a, p->bubble);
+    pct(b, sizeof b, p->last_bubble);
+    fprintf(f, "  %6s %6s %9s %10s\n", "all", "", a, b);
+    pct(a, sizeof a, p->formula);
+    if (!strcmp(p->schedule, "interleaved"))
+        fprintf(f, "  formula (p-1)/(v*m+p-1) = %s\n", a);
+    else if (isfinite(p->formula))
+        fprintf(f, "  formula (p-1)/(m+p-1) = %s\n", a);
+}
+
 void ms_analysis_print(const ms_analysis *a, void *file) {
     FILE *f = file;
     fprintf(f, "meshscope trace summary: %d rank%s, ", a->nranks, a->nranks == 1 ? "" : "s");
@@ -705,6 +855,8 @@ void ms_analysis_print(const ms_analysis *a, void *file) {
         fprintf(f, "  %8lld %5d %11.3f %11.3f %16.3f %11.3f\n", (long long)s->step, s->rank,
                 s->wall_s * 1e3, s->compute_s * 1e3, s->exposed_comm_s * 1e3, s->idle_s * 1e3);
     }
+
+    print_pipe(f, &a->pipe);
 
     fprintf(f, "\nOverlap per rank (HTA: compute during communication / communication)\n");
     fprintf(f, "  %5s %11s %11s %14s %11s %8s\n", "rank", "comm ms", "compute ms", "overlapped ms",

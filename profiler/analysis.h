@@ -11,6 +11,7 @@
  *   reshards     per transition kind (e.g. "P(sum) -> R"): count, bytes, time
  *   steps        per step: compute, exposed communication, idle
  *   stragglers   ranks that are consistently the last to enter collectives
+ *   pipeline     the measured bubble fraction per pipeline stage (ms_pipe_stats)
  *
  * Definitions used throughout: "compute" is the union of a rank's MS_EV_OP intervals, "comm"
  * the union of its MS_EV_COLL intervals (events of one kind may nest or overlap, so time is
@@ -26,8 +27,9 @@
 #include "engine/core/status.h"
 #include "profiler/record/event.h"
 
-#define MS_AN_MAX_RANKS 256
-#define MS_AN_MAX_DIMS  6
+#define MS_AN_MAX_RANKS  256
+#define MS_AN_MAX_DIMS   6
+#define MS_AN_MAX_STAGES 64 /* pipeline stages analysed (the executor runs at most 64 chunks) */
 
 /* A rank is reported as a straggler when, over at least MS_AN_STRAGGLER_MIN_COUNT complete
  * collective instances (every member's event present, group size > 1, point-to-point
@@ -117,6 +119,38 @@ typedef struct ms_straggler {
     int count;            /* complete collective instances it took part in */
 } ms_straggler;
 
+/* The pipeline bubble as measured, from the MS_EV_PIPE events (one per F, B or W action).
+ * For each step and each rank with actions in it:
+ *   window  from the first action's start to the last action's end over ALL ranks of the
+ *           step: the pipeline's span (the step's data loading and optimizer lie outside it,
+ *           and are not the schedule's bubble)
+ *   busy    the union of the rank's action spans in the step
+ *   bubble  1 - busy / window
+ * A stage's bubble is the mean over its ranks (those whose actions name the stage); the
+ * overall bubble the mean over all ranks. `last_*` is the latest step of the window, the
+ * other figures the mean over the window's steps. The schedule (name, p, m, v) is that of the
+ * latest action; actions of another schedule (before a switch) are left out. stages == 0
+ * when the window has no pipeline actions; stages == 1 is gradient accumulation on one
+ * stage (its "bubble" is the time between micro-batches). */
+typedef struct ms_pipe_stats {
+    int stages, virtual_stages, micro_batches;
+    char schedule[12];
+    int n_steps;       /* steps with actions of this schedule */
+    int64_t last_step; /* the latest of them */
+    double bubble, last_bubble;
+    double formula; /* the schedule's textbook bubble (ms_pipe_formula_bubble), NaN if none */
+    int stage_ranks[MS_AN_MAX_STAGES];          /* ranks seen per stage */
+    double stage_bubble[MS_AN_MAX_STAGES];      /* [s] for s < stages */
+    double last_stage_bubble[MS_AN_MAX_STAGES]; /* the latest step only */
+    double last_window_s;                       /* the latest step's window */
+} ms_pipe_stats;
+
+/* The bubble fraction a schedule has by its formula, with equal F and B times and free
+ * transfers: (p-1)/(m+p-1) for 1f1b and gpipe, (p-1)/(v*m+p-1) for interleaved; 0 for p <= 1;
+ * NaN for a schedule without one here (zb-h1 depends on the ratio of F, B and W, and unknown
+ * names). */
+double ms_pipe_formula_bubble(const char *schedule, int p, int m, int v);
+
 typedef struct ms_analysis {
     int nranks;
     int64_t step_lo, step_hi; /* the window analysed, as asked */
@@ -135,6 +169,7 @@ typedef struct ms_analysis {
     int n_steps;
     ms_straggler *stragglers; /* sorted, most late first; only consistent ones */
     int n_stragglers;
+    ms_pipe_stats pipe;
 } ms_analysis;
 
 /* Analyses events of all ranks (any order) for steps [step_lo, step_hi] by each event's

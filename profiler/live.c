@@ -28,6 +28,7 @@
 #define LIVE_MAX_EVENTS ((size_t)1 << 21) /* the window's cap: 2M events x 184 B = 368 MB */
 #define LIVE_POLL_MS    50
 #define LIVE_SPANS_RANK 1024 /* timeline spans kept per rank (merged beyond) */
+#define LIVE_PIPE_STAGE 4096 /* pipeline actions kept per stage (the first ones beyond) */
 
 struct ms_live {
     ms_live_opts o;
@@ -86,6 +87,7 @@ void ms_snapshot_release(const ms_snapshot *cs) {
     if (atomic_fetch_sub_explicit((_Atomic int *)&s->refs_, 1, memory_order_acq_rel) != 1) return;
     free(s->history);
     free(s->timeline);
+    free(s->pipeline.blocks);
     free(s->mem);
     ms_analysis_free(&s->analysis);
     free(s);
@@ -127,6 +129,7 @@ ms_status ms_live_create(const ms_live_opts *opts, ms_live **out, ms_error *err)
     s->info = l->o.info;
     s->step = -1;
     s->timeline_step = -1;
+    s->pipeline.step = -1;
     s->mem = xcalloc((size_t)l->o.info.nranks, sizeof *s->mem);
     l->cur = s;
     *out = l;
@@ -614,6 +617,67 @@ static void build_timeline(ms_live *l, int64_t step, ms_snapshot *s) {
     s->n_timeline = (int)w;
 }
 
+static int block_cmp(const void *a, const void *b) {
+    const ms_live_pipe_block *x = a, *y = b;
+    if (x->stage != y->stage) return x->stage < y->stage ? -1 : 1;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+
+/* Whether e is an action of the schedule the analysis measured, on one of its stages. */
+static bool measured_action(const ms_event *e, const ms_pipe_stats *ps) {
+    const ms_ev_pipe *p = &e->u.pipe;
+    return e->kind == MS_EV_PIPE && p->stages == ps->stages &&
+           p->micro_batches == ps->micro_batches && p->virtual_stages == ps->virtual_stages &&
+           !strncmp(p->schedule, ps->schedule, sizeof p->schedule) && p->stage >= 0 &&
+           p->stage < ps->stages;
+}
+
+/* The pipeline view of one step (pp > 1): one lane per stage from its lowest rank, times from
+ * the step's first action over all ranks. */
+static void build_pipeline(ms_live *l, int64_t step, ms_snapshot *s) {
+    const ms_pipe_stats *ps = &s->analysis.pipe;
+    ms_live_pipeline *pl = &s->pipeline;
+    if (ps->stages < 2 || ps->last_step != step) return;
+    int64_t t_lo = INT64_MAX, t_hi = INT64_MIN;
+    for (int k = 0; k < ps->stages; k++) pl->rank[k] = -1;
+    for (size_t i = 0; i < l->n_win; i++) {
+        const ms_event *e = &l->win[i];
+        if (e->step != step || !measured_action(e, ps)) continue;
+        t_lo = e->t0_ns < t_lo ? e->t0_ns : t_lo;
+        t_hi = e->t1_ns > t_hi ? e->t1_ns : t_hi;
+        int32_t *lane = &pl->rank[e->u.pipe.stage];
+        if (*lane < 0 || e->rank < *lane) *lane = e->rank;
+    }
+    if (t_hi <= t_lo) return;
+    int count[MS_AN_MAX_STAGES] = {0};
+    size_t n = 0;
+    for (size_t i = 0; i < l->n_win; i++) {
+        const ms_event *e = &l->win[i];
+        n += e->step == step && measured_action(e, ps) && e->rank == pl->rank[e->u.pipe.stage];
+    }
+    ms_live_pipe_block *b = xmalloc((n ? n : 1) * sizeof *b);
+    size_t k = 0;
+    for (size_t i = 0; i < l->n_win; i++) {
+        const ms_event *e = &l->win[i];
+        if (e->step != step || !measured_action(e, ps)) continue;
+        const ms_ev_pipe *p = &e->u.pipe;
+        if (e->rank != pl->rank[p->stage] || count[p->stage] >= LIVE_PIPE_STAGE) continue;
+        count[p->stage]++;
+        b[k++] = (ms_live_pipe_block){.stage = p->stage,
+                                      .action = p->action,
+                                      .chunk = p->chunk,
+                                      .mb = p->mb,
+                                      .t0 = (double)(e->t0_ns - t_lo) / 1e9,
+                                      .t1 = (double)(e->t1_ns - t_lo) / 1e9};
+    }
+    qsort(b, k, sizeof *b, block_cmp);
+    pl->step = step;
+    pl->wall_s = (double)(t_hi - t_lo) / 1e9;
+    pl->stages = ps->stages;
+    pl->blocks = b;
+    pl->n_blocks = (int)k;
+}
+
 /* Builds and publishes a snapshot. build_mu held. */
 static void build_and_publish(ms_live *l) {
     pthread_mutex_lock(&l->mu);
@@ -629,6 +693,7 @@ static void build_and_publish(ms_live *l) {
     s->refs_ = 1;
     s->info = l->o.info;
     s->timeline_step = -1;
+    s->pipeline.step = -1;
     s->mem = xmalloc(sizeof *s->mem * (size_t)l->o.info.nranks);
     memcpy(s->mem, l->mem, sizeof *s->mem * (size_t)l->o.info.nranks);
     if (complete >= 0) {
@@ -644,6 +709,7 @@ static void build_and_publish(ms_live *l) {
             ms_analysis_free(&s->analysis);
         free(groups);
         build_timeline(l, complete, s);
+        build_pipeline(l, complete, s);
     }
     l->built_step = complete;
 

@@ -60,6 +60,30 @@ typedef struct ms_live_span {
     int16_t mesh_dim; /* comm spans: the mesh dim, -1 otherwise */
 } ms_live_span;
 
+/* One pipeline action (F, B or W of one micro-batch on one chunk) of the last complete
+ * step, on its stage's lane. Times are seconds from the step's first action over all ranks,
+ * so a lane's idle time is its bubble. */
+typedef struct ms_live_pipe_block {
+    int16_t stage;
+    uint8_t action; /* ms_ev_pipe_action */
+    uint8_t chunk;  /* local chunk (virtual stage) */
+    int32_t mb;     /* micro-batch */
+    double t0, t1;
+} ms_live_pipe_block;
+
+/* The pipeline view: one lane per stage, drawn from the stage's first rank (its other ranks
+ * run the same schedule), for the last complete step. The schedule and the measured bubbles
+ * are in the snapshot's analysis.pipe. step == -1 when there is nothing to show: no pipeline
+ * (pp 1), or no complete step yet. */
+typedef struct ms_live_pipeline {
+    int64_t step;
+    double wall_s;                  /* the step's first action start to last action end */
+    int stages;                     /* lanes, = analysis.pipe.stages */
+    int32_t rank[MS_AN_MAX_STAGES]; /* the rank drawn on each lane, -1 if none reported */
+    ms_live_pipe_block *blocks;     /* by stage, then start */
+    int n_blocks;
+} ms_live_pipeline;
+
 typedef struct ms_live_mem {
     uint64_t in_use, peak; /* bytes on the rank's device, latest sample */
 } ms_live_mem;
@@ -114,8 +138,8 @@ typedef struct ms_snapshot {
     int n_history;
 
     /* Over the last `window_steps` complete steps of events: heatmaps (bytes, seconds; per
-     * mesh dim), overlap, busbw, op breakdown, reshard table, step breakdown, stragglers.
-     * analysis.nranks == 0 when no events arrived yet. */
+     * mesh dim), overlap, busbw, op breakdown, reshard table, step breakdown, stragglers,
+     * the pipeline bubble. analysis.nranks == 0 when no events arrived yet. */
     ms_analysis analysis;
     double achieved_flops_per_s; /* sum of op FLOPs over ranks in the last step / its wall */
 
@@ -123,6 +147,8 @@ typedef struct ms_snapshot {
     int n_timeline;
     int64_t timeline_step;
     double timeline_wall_s;
+
+    ms_live_pipeline pipeline; /* pp > 1 only */
 
     ms_live_mem *mem; /* [info.nranks] */
 

@@ -28,12 +28,14 @@
 
 static const char *const lane_names[MS_LANE_KIND_COUNT] = {"compute", "comm"};
 static const char *const phase_names[] = {"forward", "backward", "other"};
+static const char *const action_names[] = {"F", "B", "W"}; /* ms_ev_pipe_action */
 
 ms_snapshot *ms_snapshot_new(void) {
     ms_snapshot *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->step = -1;
     s->timeline_step = -1;
+    s->pipeline.step = -1;
     s->refs_ = 1;
     return s;
 }
@@ -77,6 +79,49 @@ static bool heatmap_to_json(cJSON *o, const ms_heatmap *h, int nranks) {
 
 static const char *coll_name(int c) {
     return c >= 0 && c < MS_COLL_KIND_COUNT ? ms_coll_name((ms_coll_kind)c) : "unknown";
+}
+
+/* analysis.pipeline: null without pipeline actions. */
+static bool pipe_stats_to_json(cJSON *o, const ms_pipe_stats *p) {
+    if (p->stages < 1 || p->stages > MS_AN_MAX_STAGES)
+        return cJSON_AddNullToObject(o, "pipeline") != NULL;
+    cJSON *e = cJSON_AddObjectToObject(o, "pipeline");
+    double ranks[MS_AN_MAX_STAGES];
+    for (int k = 0; k < p->stages; k++) ranks[k] = p->stage_ranks[k];
+    const size_t n = (size_t)p->stages;
+    return e && add_str(e, "schedule", p->schedule) && add_num(e, "stages", p->stages) &&
+           add_num(e, "virtual_stages", p->virtual_stages) &&
+           add_num(e, "micro_batches", p->micro_batches) && add_num(e, "steps", p->n_steps) &&
+           add_num(e, "last_step", (double)p->last_step) && add_num(e, "bubble", p->bubble) &&
+           add_num(e, "last_bubble", p->last_bubble) && add_num(e, "formula", p->formula) &&
+           add_num(e, "last_window_s", p->last_window_s) && add_nums(e, "stage_ranks", ranks, n) &&
+           add_nums(e, "stage_bubble", p->stage_bubble, n) &&
+           add_nums(e, "last_stage_bubble", p->last_stage_bubble, n);
+}
+
+/* The pipeline view: null when hidden (no pipeline, or no complete step yet). */
+static bool pipeline_to_json(cJSON *root, const ms_live_pipeline *pl) {
+    if (pl->step < 0 || pl->stages < 1 || pl->stages > MS_AN_MAX_STAGES)
+        return cJSON_AddNullToObject(root, "pipeline") != NULL;
+    cJSON *o = cJSON_AddObjectToObject(root, "pipeline");
+    bool ok = o && add_num(o, "step", (double)pl->step) && add_num(o, "wall_s", pl->wall_s);
+    cJSON *lanes = ok ? cJSON_AddArrayToObject(o, "lanes") : NULL;
+    ok = lanes != NULL;
+    for (int k = 0; ok && k < pl->stages; k++) {
+        cJSON *e = push_obj(lanes);
+        ok = e && add_num(e, "stage", k) && add_num(e, "rank", pl->rank[k]);
+    }
+    cJSON *blocks = ok ? cJSON_AddArrayToObject(o, "blocks") : NULL;
+    ok = blocks != NULL;
+    for (int i = 0; ok && pl->blocks && i < pl->n_blocks; i++) {
+        const ms_live_pipe_block *x = &pl->blocks[i];
+        cJSON *e = push_obj(blocks);
+        ok = e && add_num(e, "stage", x->stage) &&
+             add_str(e, "action", x->action <= MS_PIPE_W ? action_names[x->action] : "F") &&
+             add_num(e, "mb", x->mb) && add_num(e, "chunk", x->chunk) && add_num(e, "t0", x->t0) &&
+             add_num(e, "t1", x->t1);
+    }
+    return ok;
 }
 
 static bool analysis_to_json(cJSON *root, const ms_analysis *a) {
@@ -148,7 +193,7 @@ static bool analysis_to_json(cJSON *root, const ms_analysis *a) {
         ok = e && add_num(e, "rank", x->rank) && add_num(e, "last_fraction", x->last_fraction) &&
              add_num(e, "mean_lag_s", x->mean_lag_s) && add_num(e, "count", x->count);
     }
-    return ok;
+    return ok && pipe_stats_to_json(o, &a->pipe);
 }
 
 static bool suggestion_to_json(cJSON *e, const ms_suggestion *x) {
@@ -229,6 +274,8 @@ cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
              add_num(e, "t0", x->t0) && add_num(e, "t1", x->t1) && add_str(e, "name", x->name) &&
              add_num(e, "mesh_dim", x->mesh_dim);
     }
+
+    ok = ok && pipeline_to_json(root, &s->pipeline);
 
     cJSON *mem = ok ? cJSON_AddArrayToObject(root, "mem") : NULL;
     ok = mem != NULL;
@@ -495,6 +542,46 @@ static ms_status rd_straggler(rd *r, const cJSON *e, void *row) {
     return MS_OK;
 }
 
+/* An array of exactly n numbers into a fixed array (n <= MS_AN_MAX_STAGES). */
+static ms_status rd_stage_nums(rd *r, const cJSON *v, size_t n, double *out) {
+    double *a = NULL;
+    MS_CHECK(rd_nums(r, v, n, &a));
+    if (n) memcpy(out, a, n * sizeof *a);
+    free(a);
+    return MS_OK;
+}
+
+static ms_status rd_pipe_stats(rd *r, const cJSON *o, ms_pipe_stats *p) {
+    memset(p, 0, sizeof *p);
+    if (cJSON_IsNull(o)) return MS_OK;
+    MS_CHECK(rd_obj(r, o));
+    int32_t stages = 0, v = 0, m = 0, steps = 0;
+    FIELD(r, o, "schedule", rd_str(r, v_, p->schedule, sizeof p->schedule));
+    FIELD(r, o, "stages", rd_i32(r, v_, 1, MS_AN_MAX_STAGES, &stages));
+    FIELD(r, o, "virtual_stages", rd_i32(r, v_, 1, INT16_MAX, &v));
+    FIELD(r, o, "micro_batches", rd_i32(r, v_, 1, INT32_MAX, &m));
+    FIELD(r, o, "steps", rd_i32(r, v_, 0, INT32_MAX, &steps));
+    FIELD(r, o, "last_step", rd_i64(r, v_, &p->last_step));
+    FIELD(r, o, "bubble", rd_num(r, v_, &p->bubble));
+    FIELD(r, o, "last_bubble", rd_num(r, v_, &p->last_bubble));
+    FIELD(r, o, "formula", rd_num(r, v_, &p->formula));
+    FIELD(r, o, "last_window_s", rd_num(r, v_, &p->last_window_s));
+    double ranks[MS_AN_MAX_STAGES];
+    FIELD(r, o, "stage_ranks", rd_stage_nums(r, v_, (size_t)stages, ranks));
+    FIELD(r, o, "stage_bubble", rd_stage_nums(r, v_, (size_t)stages, p->stage_bubble));
+    FIELD(r, o, "last_stage_bubble", rd_stage_nums(r, v_, (size_t)stages, p->last_stage_bubble));
+    for (int k = 0; k < stages; k++) {
+        if (!(ranks[k] >= 0 && ranks[k] <= MS_AN_MAX_RANKS && ranks[k] == floor(ranks[k])))
+            return bad(r, "stage_ranks[%d]: expected an integer in [0, %d]", k, MS_AN_MAX_RANKS);
+        p->stage_ranks[k] = (int)ranks[k];
+    }
+    p->stages = stages;
+    p->virtual_stages = v;
+    p->micro_batches = m;
+    p->n_steps = steps;
+    return MS_OK;
+}
+
 /* Reads the array at o[key] into a new array of rows (each read by fn); *n the count. Every
  * row reader has exactly this type (taking `void *row`), because calling a function through a
  * pointer of another type is undefined behaviour even when only the pointee type differs. */
@@ -561,6 +648,7 @@ static ms_status rd_analysis(rd *r, const cJSON *o, ms_analysis *a) {
     MS_CHECK(ROWS(r, o, "steps", ms_step_row, MAX_LIST, rd_steprow, &a->steps, &a->n_steps));
     MS_CHECK(ROWS(r, o, "stragglers", ms_straggler, MS_AN_MAX_RANKS, rd_straggler, &a->stragglers,
                   &a->n_stragglers));
+    FIELD(r, o, "pipeline", rd_pipe_stats(r, v_, &a->pipe));
     return MS_OK;
 }
 
@@ -589,6 +677,59 @@ static ms_status rd_span(rd *r, const cJSON *e, void *row) {
     FIELD(r, e, "mesh_dim", rd_i32(r, v_, INT16_MIN, INT16_MAX, &dim));
     x->rank = rank;
     x->mesh_dim = (int16_t)dim;
+    return MS_OK;
+}
+
+static ms_status rd_block(rd *r, const cJSON *e, void *row) {
+    ms_live_pipe_block *x = row;
+    MS_CHECK(rd_obj(r, e));
+    int32_t stage = 0, mb = 0, chunk = 0;
+    FIELD(r, e, "stage", rd_i32(r, v_, 0, MS_AN_MAX_STAGES - 1, &stage));
+    FIELD(r, e, "action", rd_enum(r, v_, action_names, 3, &x->action));
+    FIELD(r, e, "mb", rd_i32(r, v_, 0, INT32_MAX, &mb));
+    FIELD(r, e, "chunk", rd_i32(r, v_, 0, UINT8_MAX, &chunk));
+    FIELD(r, e, "t0", rd_num(r, v_, &x->t0));
+    FIELD(r, e, "t1", rd_num(r, v_, &x->t1));
+    x->stage = (int16_t)stage;
+    x->mb = mb;
+    x->chunk = (uint8_t)chunk;
+    return MS_OK;
+}
+
+static ms_status rd_pipeline(rd *r, const cJSON *o, ms_live_pipeline *pl) {
+    pl->step = -1;
+    if (cJSON_IsNull(o)) return MS_OK;
+    MS_CHECK(rd_obj(r, o));
+    int64_t step = 0;
+    FIELD(r, o, "step", rd_int(r, v_, 0, 9007199254740992.0, &step));
+    FIELD(r, o, "wall_s", rd_num(r, v_, &pl->wall_s));
+    {
+        size_t old = push_key(r, "lanes");
+        const cJSON *lanes = cJSON_GetObjectItemCaseSensitive(o, "lanes");
+        MS_CHECK(rd_arr(r, lanes, MS_AN_MAX_STAGES, &pl->stages));
+        if (pl->stages < 1) return bad(r, "expected at least one lane");
+        int k = 0;
+        for (const cJSON *e = lanes->child; e; e = e->next, k++) {
+            size_t o2 = push_idx(r, k);
+            MS_CHECK(rd_obj(r, e));
+            int32_t stage = 0;
+            FIELD(r, e, "stage", rd_i32(r, v_, k, k, &stage));
+            FIELD(r, e, "rank", rd_i32(r, v_, -1, INT32_MAX, &pl->rank[k]));
+            pop(r, o2);
+        }
+        pop(r, old);
+    }
+    MS_CHECK(
+        ROWS(r, o, "blocks", ms_live_pipe_block, MAX_LIST, rd_block, &pl->blocks, &pl->n_blocks));
+    for (int i = 0; i < pl->n_blocks; i++)
+        if (pl->blocks[i].stage >= pl->stages) {
+            size_t o1 = push_key(r, "blocks"), o2 = push_idx(r, i);
+            ms_status st = bad(r, "stage %d: there are %d lanes", pl->blocks[i].stage, pl->stages);
+            pop(r, o2);
+            pop(r, o1);
+            return st;
+        }
+    pl->step = step;
     return MS_OK;
 }
 
@@ -657,6 +798,7 @@ static ms_status rd_snapshot(rd *r, const cJSON *root, ms_snapshot *s) {
             ROWS(r, tl, "spans", ms_live_span, MAX_LIST, rd_span, &s->timeline, &s->n_timeline));
         pop(r, old);
     }
+    FIELD(r, root, "pipeline", rd_pipeline(r, v_, &s->pipeline));
     {
         /* Either one entry per rank or none yet; the snapshot always gets nranks entries. */
         size_t old = push_key(r, "mem");

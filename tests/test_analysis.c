@@ -558,6 +558,115 @@ static void test_print(void **state) {
     free(t);
 }
 
+/* --- the pipeline bubble ------------------------------------------------------------------ */
+
+static ms_event *pipe_ev(trace *t, int rank, int64_t step, int action, int mb, double t0_ms,
+                         double t1_ms, int p, int m, const char *sched) {
+    ms_event *e = add(t, rank, MS_EV_PIPE, step, MS(t0_ms), MS(t1_ms));
+    e->phase = action == MS_PIPE_F ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD;
+    ms_ev_pipe *x = &e->u.pipe;
+    x->action = (uint8_t)action;
+    x->stage = (int16_t)(rank / 2);
+    x->mb = mb;
+    x->model_chunk = x->stage;
+    x->stages = (int16_t)p;
+    x->virtual_stages = 1;
+    x->micro_batches = m;
+    snprintf(x->schedule, sizeof x->schedule, "%s", sched);
+    return e;
+}
+
+static void test_pipe_formula(void **state) {
+    (void)state;
+    assert_true(NEAR(ms_pipe_formula_bubble("1f1b", 2, 4, 1), 1.0 / 5));
+    assert_true(NEAR(ms_pipe_formula_bubble("gpipe", 4, 8, 1), 3.0 / 11));
+    assert_true(NEAR(ms_pipe_formula_bubble("interleaved", 4, 8, 2), 3.0 / 19));
+    assert_true(NEAR(ms_pipe_formula_bubble("1f1b", 1, 4, 1), 0));
+    assert_true(isnan(ms_pipe_formula_bubble("zb-h1", 4, 8, 1)));
+    assert_true(isnan(ms_pipe_formula_bubble("nope", 4, 8, 1)));
+}
+
+/* pp 2 x dp 2 (ranks 0, 1 on stage 0; 2, 3 on stage 1), 1f1b with 2 micro-batches, in ms:
+ *
+ *   step 0  r0  F0 [0,2) F1 [2,4)                   B0 [8,11) B1 [11,14)    busy 10
+ *           r1  F0 [0,2) F1 [2,5)                   B0 [9,12) B1 [11,14)    busy 2+3+5 = 10
+ *           r2      F0 [2,4) B0 [4,7) F1 [7,9) B1 [9,12)                    busy 10
+ *           r3      F0 [2,4) B0 [4,6) F1 [6,8) B1 [8,10)                    busy 8
+ *           window [0, 14): bubbles 4/14, 4/14, 4/14, 6/14
+ *   step 1  r0, r1 busy [100, 105), r2, r3 busy [105, 110): window 10, every bubble 1/2
+ *
+ * Stage 0: step 0 4/14, step 1 1/2; stage 1: step 0 (4/14 + 6/14) / 2 = 5/14, step 1 1/2.
+ * The step slices (wider than the actions), ops and a stray action of another schedule
+ * change nothing. */
+static void test_pipe_bubble(void **state) {
+    (void)state;
+    trace *t = calloc(1, sizeof *t);
+    static const double spans[4][4][2] = {{{0, 2}, {2, 4}, {8, 11}, {11, 14}},
+                                          {{0, 2}, {2, 5}, {9, 12}, {11, 14}},
+                                          {{2, 4}, {7, 9}, {4, 7}, {9, 12}},
+                                          {{2, 4}, {6, 8}, {4, 6}, {8, 10}}};
+    for (int r = 0; r < 4; r++) {
+        add(t, r, MS_EV_STEP, 0, MS(-5), MS(20));
+        for (int k = 0; k < 4; k++) {
+            pipe_ev(t, r, 0, k < 2 ? MS_PIPE_F : MS_PIPE_B, k % 2, spans[r][k][0], spans[r][k][1],
+                    2, 2, "1f1b");
+            op(t, r, "matmul", MS_PHASE_FORWARD, 0, MS(spans[r][k][0]), MS(spans[r][k][1]), 1);
+        }
+        double s1 = r < 2 ? 100 : 105;
+        pipe_ev(t, r, 1, MS_PIPE_F, 0, s1, s1 + 2, 2, 2, "1f1b");
+        pipe_ev(t, r, 1, MS_PIPE_B, 0, s1 + 2, s1 + 5, 2, 2, "1f1b");
+    }
+    pipe_ev(t, 0, 0, MS_PIPE_F, 0, -50, -40, 4, 8, "gpipe"); /* another schedule: left out */
+    ms_analysis a;
+    analyze(t, 0, -1, &a);
+    const ms_pipe_stats *p = &a.pipe;
+    assert_int_equal(p->stages, 2);
+    assert_int_equal(p->virtual_stages, 1);
+    assert_int_equal(p->micro_batches, 2);
+    assert_string_equal(p->schedule, "1f1b");
+    assert_int_equal(p->n_steps, 2);
+    assert_int_equal(p->last_step, 1);
+    assert_true(NEAR(p->formula, 1.0 / 3));
+    assert_true(NEAR(p->stage_bubble[0], (4.0 / 14 + 0.5) / 2));
+    assert_true(NEAR(p->stage_bubble[1], (5.0 / 14 + 0.5) / 2));
+    assert_true(NEAR(p->bubble, ((4.0 + 4 + 4 + 6) / 14 + 4 * 0.5) / 8));
+    assert_true(NEAR(p->last_stage_bubble[0], 0.5) && NEAR(p->last_stage_bubble[1], 0.5));
+    assert_true(NEAR(p->last_bubble, 0.5));
+    assert_true(NEAR(p->last_window_s, 0.010));
+    assert_int_equal(p->stage_ranks[0], 2);
+    assert_int_equal(p->stage_ranks[1], 2);
+    ms_analysis_free(&a);
+
+    /* Step 0 alone: its window [0, 14). */
+    analyze(t, 0, 0, &a);
+    assert_int_equal(a.pipe.n_steps, 1);
+    assert_int_equal(a.pipe.last_step, 0);
+    assert_true(NEAR(a.pipe.last_stage_bubble[0], 4.0 / 14));
+    assert_true(NEAR(a.pipe.last_stage_bubble[1], 5.0 / 14));
+    assert_true(NEAR(a.pipe.last_bubble, 4.5 / 14));
+    assert_true(NEAR(a.pipe.last_window_s, 0.014));
+    ms_analysis_free(&a);
+
+    /* The report has a pipeline section with both stages and the formula. */
+    char *rep = report(t);
+    const char *sec = strstr(rep, "Pipeline: 1f1b, 2 stages, 2 micro-batches");
+    if (!sec) fail_msg("no pipeline section in:\n%s", rep);
+    assert_non_null(strstr(sec, "     1      2     42.9%      50.0%"));
+    assert_non_null(strstr(sec, "formula (p-1)/(m+p-1) = 33.3%"));
+    free(rep);
+
+    /* No pipeline actions: no pipeline section, stages 0. */
+    memset(t, 0, sizeof *t);
+    add(t, 0, MS_EV_STEP, 0, 0, MS(1));
+    analyze(t, 0, -1, &a);
+    assert_int_equal(a.pipe.stages, 0);
+    ms_analysis_free(&a);
+    rep = report(t);
+    assert_null(strstr(rep, "Pipeline"));
+    free(rep);
+    free(t);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_bytes_per_peer_rules),
     cmocka_unit_test(test_heatmap_ring_all_reduce_exact),
@@ -569,6 +678,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_step_window),
     cmocka_unit_test(test_errors),
     cmocka_unit_test(test_print),
+    cmocka_unit_test(test_pipe_formula),
+    cmocka_unit_test(test_pipe_bubble),
 };
 
 MT_MAIN("analysis", tests)

@@ -15,6 +15,7 @@
 
 #include "engine/comm/comm.h"
 #include "profiler/live.h"
+#include "profiler/snapshot_json.h"
 #include "traces/trace_read.h"
 
 #define NR     2
@@ -152,6 +153,92 @@ static void test_window_timeline_memory(void **state) {
 }
 
 /* A snapshot held by a reader does not change when newer ones are published. */
+/* Step s of a pp 2 run (stage 0 = rank 0, stage 1 = rank 1), 1f1b over 2 micro-batches, in ms
+ * from 100 s:
+ *   r0  F0 [1,3) F1 [3,5)              B0 [9,11)    B1 [13,15)    busy 8
+ *   r1          F0 [3,5) B0 [5,9) F1 [9,11) B1 [11,13)            busy 10
+ * The window is [1, 15): bubbles 6/14 and 4/14. `stages` 1 makes it gradient accumulation. */
+static size_t make_pipe_step(ms_event *out, int64_t s, int stages) {
+    static const struct {
+        int rank, action, mb;
+        double t0, t1;
+    } acts[] = {{0, MS_PIPE_F, 0, 1, 3},   {0, MS_PIPE_F, 1, 3, 5},  {0, MS_PIPE_B, 0, 9, 11},
+                {0, MS_PIPE_B, 1, 13, 15}, {1, MS_PIPE_F, 0, 3, 5},  {1, MS_PIPE_B, 0, 5, 9},
+                {1, MS_PIPE_F, 1, 9, 11},  {1, MS_PIPE_B, 1, 11, 13}};
+    size_t n = 0;
+    double base = 100.0 * (double)s;
+    for (int r = 0; r < NR; r++) out[n++] = ev(r, MS_EV_STEP, s, MS_(base), MS_(base + 20));
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+        ms_event *e = &out[n++];
+        *e = ev(acts[i].rank, MS_EV_PIPE, s, MS_(base + acts[i].t0), MS_(base + acts[i].t1));
+        ms_ev_pipe *p = &e->u.pipe;
+        p->action = (uint8_t)acts[i].action;
+        p->stage = (int16_t)(stages > 1 ? acts[i].rank : 0);
+        p->mb = acts[i].mb;
+        p->model_chunk = p->stage;
+        p->stages = (int16_t)stages;
+        p->virtual_stages = 1;
+        p->micro_batches = 2;
+        snprintf(p->schedule, sizeof p->schedule, "1f1b");
+    }
+    return n;
+}
+
+/* The pipeline view is the last complete step's actions, one lane per stage, times from its
+ * first action, with the analysis' measured bubbles; it is in the JSON with 2 lanes. Without
+ * a pipeline (one stage) it is hidden: null in the JSON. */
+static void test_pipeline_view(void **state) {
+    (void)state;
+    for (int stages = 2; stages >= 1; stages--) {
+        ms_live *l = new_live(2);
+        ms_event buf[64];
+        for (int64_t s = 0; s < 3; s++) ms_live_feed_events(l, buf, make_pipe_step(buf, s, stages));
+        ms_live_publish_now(l);
+        const ms_snapshot *s = ms_live_acquire(l);
+        const ms_live_pipeline *pl = &s->pipeline;
+        const ms_pipe_stats *ps = &s->analysis.pipe;
+        assert_int_equal(ps->stages, stages);
+        assert_int_equal(ps->last_step, 2);
+        cJSON *j = ms_snapshot_to_json(s);
+        assert_non_null(j);
+        const cJSON *jp = cJSON_GetObjectItemCaseSensitive(j, "pipeline");
+        if (stages == 1) {
+            assert_true(pl->step == -1);
+            assert_null(pl->blocks);
+            assert_true(cJSON_IsNull(jp));
+        } else {
+            assert_true(pl->step == 2);
+            assert_int_equal(pl->stages, 2);
+            assert_int_equal(pl->rank[0], 0);
+            assert_int_equal(pl->rank[1], 1);
+            assert_true(fabs(pl->wall_s - 0.014) < 1e-12);
+            assert_int_equal(pl->n_blocks, 8);
+            for (int i = 0; i < pl->n_blocks; i++) {
+                const ms_live_pipe_block *b = &pl->blocks[i];
+                assert_int_equal(b->stage, i / 4);
+                if (i % 4) assert_true(b->t0 >= pl->blocks[i - 1].t1 - 1e-12);
+            }
+            const ms_live_pipe_block *b0 = &pl->blocks[0], *b5 = &pl->blocks[5];
+            assert_true(b0->action == MS_PIPE_F && b0->mb == 0 && b0->t0 == 0.0);
+            assert_true(b5->action == MS_PIPE_B && b5->mb == 0);
+            assert_true(fabs(b5->t0 - 0.004) < 1e-12 && fabs(b5->t1 - 0.008) < 1e-12);
+            assert_true(fabs(ps->last_stage_bubble[0] - 6.0 / 14) < 1e-12);
+            assert_true(fabs(ps->last_stage_bubble[1] - 4.0 / 14) < 1e-12);
+            assert_true(fabs(ps->formula - 1.0 / 3) < 1e-12);
+            const cJSON *lanes = cJSON_GetObjectItemCaseSensitive(jp, "lanes");
+            assert_int_equal(cJSON_GetArraySize(lanes), 2);
+            assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(jp, "blocks")), 8);
+            const cJSON *ap = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(j, "analysis"), "pipeline");
+            assert_string_equal(cJSON_GetObjectItemCaseSensitive(ap, "schedule")->valuestring,
+                                "1f1b");
+        }
+        cJSON_Delete(j);
+        ms_snapshot_release(s);
+        ms_live_destroy(l);
+    }
+}
+
 static void test_snapshots_are_immutable(void **state) {
     (void)state;
     ms_live *l = new_live(4);
@@ -504,13 +591,10 @@ static void hardening_live_empty_trace(void **state) {
 int main(int argc, char **argv) {
     mt_apply_filter(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(hardening_live_empty_trace),
-        cmocka_unit_test(test_empty_snapshot),
-        cmocka_unit_test(test_window_timeline_memory),
-        cmocka_unit_test(test_snapshots_are_immutable),
-        cmocka_unit_test(test_control_queue),
-        cmocka_unit_test(test_suggestion_lifecycle),
-        cmocka_unit_test(test_window_out_of_memory),
+        cmocka_unit_test(hardening_live_empty_trace),   cmocka_unit_test(test_empty_snapshot),
+        cmocka_unit_test(test_window_timeline_memory),  cmocka_unit_test(test_pipeline_view),
+        cmocka_unit_test(test_snapshots_are_immutable), cmocka_unit_test(test_control_queue),
+        cmocka_unit_test(test_suggestion_lifecycle),    cmocka_unit_test(test_window_out_of_memory),
         cmocka_unit_test(test_concurrent_readers),
     };
     return cmocka_run_group_tests_name("live", tests, NULL, NULL);

@@ -124,6 +124,38 @@ static ms_snapshot *full_snapshot(void) {
     s->timeline_step = 77;
     s->timeline_wall_s = 0.05;
 
+    /* A pipeline: 2 stages, interleaved over 2 chunks, 4 micro-batches. */
+    ms_pipe_stats *ps = &a->pipe;
+    ps->stages = 2;
+    ps->virtual_stages = 2;
+    ps->micro_batches = 4;
+    snprintf(ps->schedule, sizeof ps->schedule, "interleaved");
+    ps->n_steps = 3;
+    ps->last_step = 77;
+    ps->bubble = 0.25;
+    ps->last_bubble = 1.0 / 3;
+    ps->formula = 1.0 / 9;
+    ps->last_window_s = 0.045;
+    for (int k = 0; k < 2; k++) {
+        ps->stage_ranks[k] = 1 + k;
+        ps->stage_bubble[k] = k ? 0.35 : 0.2;
+        ps->last_stage_bubble[k] = k ? NAN : 0.3;
+    }
+    ms_live_pipeline *pl = &s->pipeline;
+    pl->step = 77;
+    pl->wall_s = 0.045;
+    pl->stages = 2;
+    pl->rank[0] = 0;
+    pl->rank[1] = 2;
+    pl->n_blocks = 3;
+    pl->blocks = calloc(3, sizeof *pl->blocks);
+    pl->blocks[0] = (ms_live_pipe_block){
+        .stage = 0, .action = MS_PIPE_F, .chunk = 1, .mb = 3, .t0 = 0, .t1 = 0.01};
+    pl->blocks[1] = (ms_live_pipe_block){
+        .stage = 0, .action = MS_PIPE_B, .chunk = 0, .mb = 2, .t0 = 0.02, .t1 = 0.03};
+    pl->blocks[2] = (ms_live_pipe_block){
+        .stage = 1, .action = MS_PIPE_W, .chunk = 1, .mb = 0, .t0 = 1.0 / 3, .t1 = 0.04};
+
     s->mem = calloc((size_t)n, sizeof *s->mem);
     for (int r = 0; r < n; r++) s->mem[r] = (ms_live_mem){.in_use = 1000u + r, .peak = 5000u + r};
 
@@ -262,6 +294,38 @@ static void test_round_trip(void **state) {
     }
     assert_true(r->timeline_step == s->timeline_step);
     assert_same(r->timeline_wall_s, s->timeline_wall_s);
+
+    const ms_pipe_stats *pa = &a->pipe, *pb = &b->pipe;
+    assert_int_equal(pb->stages, pa->stages);
+    assert_int_equal(pb->virtual_stages, pa->virtual_stages);
+    assert_int_equal(pb->micro_batches, pa->micro_batches);
+    assert_string_equal(pb->schedule, pa->schedule);
+    assert_int_equal(pb->n_steps, pa->n_steps);
+    assert_true(pb->last_step == pa->last_step);
+    assert_same(pb->bubble, pa->bubble);
+    assert_same(pb->last_bubble, pa->last_bubble);
+    assert_same(pb->formula, pa->formula);
+    assert_same(pb->last_window_s, pa->last_window_s);
+    for (int k = 0; k < pa->stages; k++) {
+        assert_int_equal(pb->stage_ranks[k], pa->stage_ranks[k]);
+        assert_same(pb->stage_bubble[k], pa->stage_bubble[k]);
+        assert_same(pb->last_stage_bubble[k], pa->last_stage_bubble[k]);
+    }
+    const ms_live_pipeline *la = &s->pipeline, *lb = &r->pipeline;
+    assert_true(lb->step == la->step);
+    assert_same(lb->wall_s, la->wall_s);
+    assert_int_equal(lb->stages, la->stages);
+    for (int k = 0; k < la->stages; k++) assert_int_equal(lb->rank[k], la->rank[k]);
+    assert_int_equal(lb->n_blocks, la->n_blocks);
+    for (int i = 0; i < la->n_blocks; i++) {
+        const ms_live_pipe_block *x = &la->blocks[i], *y = &lb->blocks[i];
+        assert_int_equal(x->stage, y->stage);
+        assert_int_equal(x->action, y->action);
+        assert_int_equal(x->chunk, y->chunk);
+        assert_int_equal(x->mb, y->mb);
+        assert_same(x->t0, y->t0);
+        assert_same(x->t1, y->t1);
+    }
     for (int k = 0; k < n; k++) {
         assert_true(r->mem[k].in_use == s->mem[k].in_use);
         assert_true(r->mem[k].peak == s->mem[k].peak);
@@ -308,6 +372,12 @@ static void test_empty(void **state) {
     assert_null(r->history);
     assert_null(r->mem);
     assert_true(r->step == -1);
+    /* No pipeline: null in both places, hidden when read back. */
+    assert_non_null(strstr(text, "\"stragglers\":[],\"pipeline\":null}"));
+    assert_non_null(strstr(text, "},\"pipeline\":null,\"mem\""));
+    assert_int_equal(r->analysis.pipe.stages, 0);
+    assert_true(r->pipeline.step == -1);
+    assert_null(r->pipeline.blocks);
     cJSON_free(text);
     ms_snapshot_release(r);
     ms_snapshot_release(s);
@@ -367,6 +437,18 @@ static void test_errors_name_the_path(void **state) {
     expect_fail(text, "\"overlap\":[{", "\"overlap\":[{\"x\":1},{", "$.analysis.overlap");
     expect_fail(text, "\"history\":[", "\"history\":7,\"h\":[", "$.history: expected an array");
     expect_fail(text, "\"schema\":1", "\"schema\":2", "$.schema");
+    /* The pipeline: its schedule's stage arrays, its lanes in order, blocks on them. */
+    expect_fail(text, "\"stage_bubble\":[0.2,0.35]", "\"stage_bubble\":[0.2]",
+                "$.analysis.pipeline.stage_bubble: expected an array of 2 numbers");
+    expect_fail(text, "\"stages\":2,\"virtual", "\"stages\":65,\"virtual",
+                "$.analysis.pipeline.stages: expected an integer in [1, 64]");
+    expect_fail(text, "\"action\":\"W\"", "\"action\":\"X\"",
+                "$.pipeline.blocks[2].action: expected one of \"F\", \"B\", \"W\"");
+    expect_fail(text, "{\"stage\":1,\"rank\":2}", "{\"stage\":0,\"rank\":2}",
+                "$.pipeline.lanes[1].stage: expected an integer in [1, 1]");
+    expect_fail(text, "\"stage\":1,\"action\"", "\"stage\":5,\"action\"",
+                "$.pipeline.blocks[2]: stage 5: there are 2 lanes");
+    expect_fail(text, "\"lanes\":[", "\"lanez\":[", "$.pipeline.lanes: expected an array");
     expect_fail(text, "\"suggestions\":[", "\"suggestionz\":[", "$.suggestions: expected an array");
     expect_fail(text, "\"strategy\":\"dp1 x tp3\",\"step\"",
                 "\"strategy\":\"dp1 x tp3 and a name so long that it cannot fit in sixty-four "

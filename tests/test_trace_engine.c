@@ -1,5 +1,6 @@
-/* test_trace_engine.c - a traced dp2 x tp2 training step against what the engine planned.
+/* test_trace_engine.c - traced training against what the engine planned.
  *
+ * A dp2 x tp2 step:
  * Every rank records one step of a small GPT. Then, on every rank: each reshard that the
  * compiled program (the `explain` listing) predicts appears in the trace exactly once per
  * step with the same tensor, placements and bytes; each reshard's flow id is carried by at
@@ -7,7 +8,15 @@
  * bytes; every kernel the program lists is traced once, and the traced FLOPs and bytes add up
  * to the listed ones; and every rank's events are there. The written trace file passes the
  * validator.
+ *
+ * A pipeline (pp 2, 1f1b, 4 micro-batches; dp fills the rest of an MPI world) trained two
+ * steps: every rank recorded one F and one B per micro-batch per step, naming its stage; the
+ * point-to-point sends between the stages moved exactly the activations and gradients the
+ * schedule transfers, and the heatmap shows them as the off-diagonal band (stage 0's rank r to
+ * stage 1's rank r + R and back); the analysis measures a bubble per stage; the trace file
+ * validates and reads back to the same events and the same analysis.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,10 +27,14 @@
 #include "engine/graph/program.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
+#include "engine/train/trainer.h"
+#include "profiler/analysis.h"
 #include "profiler/record/gather.h"
+#include "profiler/record/hooks.h"
 #include "profiler/record/recorder.h"
 #include "tests/testkit.h"
 #include "traces/trace_check.h"
+#include "traces/trace_read.h"
 #include "traces/trace_write.h"
 
 enum { B = 4, T = 8, CAP = 1 << 16 };
@@ -170,5 +183,174 @@ static void traced_step(void **state) {
             if (!sh.ranks_seen[r]) fail_msg("rank %d has no events in the gathered trace", r);
 }
 
-static const struct CMUnitTest tests[] = {cmocka_unit_test(traced_step)};
+/* --- a traced pipeline ------------------------------------------------------------------------ */
+
+enum { PB = 8, PT = 8, PC = 16, PM = 4, PSTEPS = 2 };
+
+static void pipe_body(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_ctx *ctx = r->ctx;
+    ms_error err = {0};
+    const int world = ctx->world_size, R = world / 2;
+    ms_recorder *rec;
+    if (!MT_OK(r, ms_recorder_create(ctx->rank, CAP, &rec, &err), &err)) return;
+    ms_ctx_set_recorder(ctx, rec);
+    char json[128];
+    snprintf(json, sizeof json, "{\"pp\": 2, \"dp\": %d, \"micro_batches\": %d}", R, PM);
+    ms_strategy s;
+    ms_placement_rules rules;
+    MT_OK(r, ms_strategy_parse_json(json, strlen(json), "case", &s, &rules, &err), &err);
+    static const char line[] = "In the beginning God created the heaven and the earth. ";
+    uint8_t bytes[64 * (sizeof line - 1)];
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (uint8_t)line[i % (sizeof line - 1)];
+    ms_text_data d;
+    MT_OK(r, ms_text_data_from_bytes("text", bytes, sizeof bytes, PT, 0.1, &d, &err), &err);
+    ms_model_config cfg = {.model_type = MS_MODEL_GPT2,
+                           .n_layer = 2,
+                           .n_head = 2,
+                           .n_embd = PC,
+                           .vocab_size = 256,
+                           .n_positions = 16,
+                           .layer_norm_epsilon = 1e-5};
+    ms_train_opts o = {.batch = PB,
+                       .seq = PT,
+                       .steps = PSTEPS,
+                       .warmup = 1,
+                       .seed = 5,
+                       .lr = 1e-3,
+                       .min_lr = 1e-4,
+                       .clip = 1};
+    ms_trainer *tr = NULL;
+    if (!MT_OK(r, ms_trainer_create(ctx, &cfg, &s, &rules, &o, &d, &tr, &err), &err)) {
+        ms_text_data_close(&d);
+        ms_ctx_set_recorder(ctx, NULL);
+        ms_recorder_destroy(rec);
+        return;
+    }
+    for (int step = 0; step < PSTEPS; step++) {
+        ms_recorder_set_step(rec, step);
+        ms_step_result res;
+        MT_OK(r, ms_trainer_step(tr, &res, &err), &err);
+        ms_record_span(&ctx->trace, MS_EV_STEP, res.t_data_ns);
+    }
+    ms_recorder_set_step(rec, -1);
+    double vl;
+    MT_OK(r, ms_trainer_evaluate(tr, MS_SPLIT_VAL, 1, &vl, &err), &err);
+
+    /* This rank's own events: one F and one B per micro-batch and step, on its stage (the
+     * evaluation's forwards are not the schedule and are not recorded). */
+    uint64_t cursor = 0;
+    ms_event *ev = xmalloc(sizeof *ev * CAP);
+    size_t n = ms_recorder_read(rec, &cursor, ev, CAP, NULL);
+    int nf = 0, nb = 0;
+    uint64_t p2p = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (ev[k].kind == MS_EV_COLL && ev[k].u.coll.coll == MS_COLL_P2P && ev[k].step >= 0)
+            p2p += ev[k].u.coll.bytes;
+        if (ev[k].kind != MS_EV_PIPE) continue;
+        const ms_ev_pipe *p = &ev[k].u.pipe;
+        nf += p->action == MS_PIPE_F, nb += p->action == MS_PIPE_B;
+        MT_CHECK(r,
+                 p->stage == ctx->rank / R && p->stages == 2 && p->micro_batches == PM &&
+                     p->virtual_stages == 1 && !strcmp(p->schedule, "1f1b") && ev[k].step >= 0 &&
+                     ev[k].step < PSTEPS,
+                 "rank %d: action %d mb %d stage %d of %d, step %lld, schedule %s", ctx->rank,
+                 p->action, p->mb, p->stage, p->stages, (long long)ev[k].step, p->schedule);
+    }
+    MT_CHECK(r, nf == PM * PSTEPS && nb == PM * PSTEPS, "rank %d: %d F and %d B recorded",
+             ctx->rank, nf, nb);
+    /* Each micro-batch's residual stream (its rows on this replica) crosses once per step:
+     * forward from stage 0, its gradient back from stage 1. (The evaluation, at step -1,
+     * sends activations too.) */
+    uint64_t want = (uint64_t)PSTEPS * PM * (PB / (R * PM)) * PT * PC * sizeof(float);
+    MT_CHECK(r, p2p == want, "rank %d: point-to-point sends moved %llu bytes, the schedule %llu",
+             ctx->rank, (unsigned long long)p2p, (unsigned long long)want);
+
+    ms_comm *gc;
+    ms_comm_split(ctx->world, 0, ctx->rank, "gather", &gc, &err);
+    uint64_t gcur = 0;
+    ms_event *all = ctx->rank == 0 ? xmalloc(sizeof *all * CAP * (size_t)world) : NULL;
+    size_t got = 0;
+    MT_OK(r, ms_gather_events(gc, rec, &gcur, CAP, all, &got, 0, &err), &err);
+    ms_group groups[64];
+    int ng = 0;
+    MT_OK(r, ms_gather_groups(gc, rec, groups, 64, &ng, &err), &err);
+    if (ctx->rank == 0) {
+        ms_analysis a;
+        MT_OK(r, ms_analyze(all, got, groups, ng, 0, -1, &a, &err), &err);
+        /* The stages' traffic is the band off the diagonal: r <-> r + R. */
+        for (int q = 0; q < R && a.nranks == world; q++) {
+            double fwd = a.all.bytes[(size_t)q * world + q + R];
+            double bwd = a.all.bytes[(size_t)(q + R) * world + q];
+            MT_CHECK(r, fwd >= (double)want && bwd >= (double)want,
+                     "heatmap: rank %d -> %d %.0f bytes, back %.0f; the sends moved %llu each", q,
+                     q + R, fwd, bwd, (unsigned long long)want);
+        }
+        MT_CHECK(r, a.nranks == world, "analysis of %d ranks, world %d", a.nranks, world);
+        const ms_pipe_stats *ps = &a.pipe;
+        MT_CHECK(r,
+                 ps->stages == 2 && ps->micro_batches == PM && ps->n_steps == PSTEPS &&
+                     ps->last_step == PSTEPS - 1 && !strcmp(ps->schedule, "1f1b"),
+                 "pipeline stats: %d stages, m %d, %d steps (last %lld), %s", ps->stages,
+                 ps->micro_batches, ps->n_steps, (long long)ps->last_step, ps->schedule);
+        for (int q = 0; q < 2; q++)
+            MT_CHECK(r,
+                     ps->stage_ranks[q] == R && ps->stage_bubble[q] > 0 &&
+                         ps->stage_bubble[q] < 1 && ps->last_stage_bubble[q] > 0 &&
+                         ps->last_stage_bubble[q] < 1,
+                     "stage %d: %d ranks, bubble %g (last step %g)", q, ps->stage_ranks[q],
+                     ps->stage_bubble[q], ps->last_stage_bubble[q]);
+        MT_CHECK(r, fabs(ps->formula - 1.0 / (PM + 1)) < 1e-12, "formula %g", ps->formula);
+
+        /* The file: valid, and read back to the same events and the same analysis. */
+        char path[] = "/tmp/meshscope-pipe-XXXXXX.json";
+        int fd = mkstemps(path, 5);
+        if (fd >= 0) close(fd);
+        ms_trace_meta meta = {.world_size = world};
+        MT_OK(r, ms_trace_write(path, all, got, groups, ng, &meta, &err), &err);
+        ms_error ce = {0};
+        MT_CHECK(r, ms_trace_check(path, NULL, &ce) == MS_OK, "trace file invalid: %s", ce.msg);
+        ms_trace t;
+        if (MT_OK(r, ms_trace_read(path, &t, &err), &err)) {
+            size_t np = 0, same = 0;
+            for (size_t k = 0; k < got; k++) np += all[k].kind == MS_EV_PIPE;
+            for (size_t k = 0, j = 0; k < t.n_events; k++) {
+                if (t.events[k].kind != MS_EV_PIPE) continue;
+                while (j < got && all[j].kind != MS_EV_PIPE) j++;
+                if (j < got && !memcmp(&t.events[k].u.pipe, &all[j].u.pipe, sizeof all[j].u.pipe) &&
+                    t.events[k].t0_ns == all[j].t0_ns && t.events[k].t1_ns == all[j].t1_ns &&
+                    t.events[k].rank == all[j].rank && t.events[k].step == all[j].step)
+                    same++;
+                j++;
+            }
+            MT_CHECK(r, np == (size_t)world * 2 * PM * PSTEPS && same == np,
+                     "%zu pipeline events gathered, %zu read back the same", np, same);
+            ms_analysis b;
+            MT_OK(r, ms_analyze(t.events, t.n_events, t.groups, t.n_groups, 0, -1, &b, &err), &err);
+            MT_CHECK(r, b.pipe.bubble == ps->bubble && b.pipe.last_bubble == ps->last_bubble,
+                     "bubble from the file %g (last %g), from the events %g (%g)", b.pipe.bubble,
+                     b.pipe.last_bubble, ps->bubble, ps->last_bubble);
+            ms_analysis_free(&b);
+            ms_trace_free(&t);
+        }
+        remove(path);
+        ms_analysis_free(&a);
+    }
+    free(all), free(ev);
+    ms_comm_destroy(gc);
+    ms_trainer_destroy(tr);
+    ms_text_data_close(&d);
+    ms_ctx_set_recorder(ctx, NULL);
+    ms_recorder_destroy(rec);
+}
+
+static void traced_pipeline(void **state) {
+    (void)state;
+    int world = mt_mpi_world();
+    if (world && world % 2) skip();
+    mt_run(2, pipe_body, NULL);
+}
+
+static const struct CMUnitTest tests[] = {cmocka_unit_test(traced_step),
+                                          cmocka_unit_test(traced_pipeline)};
 MT_MAIN("trace_engine", tests)

@@ -222,6 +222,19 @@ static void assert_same_event(const ms_event *a, const ms_event *b, size_t i) {
             assert_int_equal(a->u.mem.in_use, b->u.mem.in_use);
             assert_int_equal(a->u.mem.peak, b->u.mem.peak);
             break;
+        case MS_EV_PIPE: {
+            const ms_ev_pipe *x = &a->u.pipe, *y = &b->u.pipe;
+            assert_int_equal(x->action, y->action);
+            assert_int_equal(x->chunk, y->chunk);
+            assert_int_equal(x->stage, y->stage);
+            assert_int_equal(x->mb, y->mb);
+            assert_int_equal(x->model_chunk, y->model_chunk);
+            assert_int_equal(x->stages, y->stages);
+            assert_int_equal(x->virtual_stages, y->virtual_stages);
+            assert_int_equal(x->micro_batches, y->micro_batches);
+            assert_string_equal(x->schedule, y->schedule);
+            break;
+        }
         default:
             break;
     }
@@ -345,6 +358,105 @@ static const char *thread_name_of(const cJSON *evs, int pid, int tid) {
             return jstr(cJSON_GetObjectItemCaseSensitive(e, "args"), "name");
     }
     return NULL;
+}
+
+/* --- pipeline slices -------------------------------------------------------------------- */
+
+static ms_event ev_pipe(int rank, int64_t step, int64_t t0, int64_t t1, int action, int stage,
+                        int mb, int chunk, int p, int v, int m, const char *sched) {
+    ms_event e = ev_base(MS_EV_PIPE, rank, step,
+                         action == MS_PIPE_F ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD, t0, t1);
+    ms_ev_pipe *x = &e.u.pipe;
+    x->action = (uint8_t)action;
+    x->chunk = (uint8_t)chunk;
+    x->stage = (int16_t)stage;
+    x->mb = mb;
+    x->model_chunk = chunk * p + stage;
+    x->stages = (int16_t)p;
+    x->virtual_stages = (int16_t)v;
+    x->micro_batches = m;
+    snprintf(x->schedule, sizeof x->schedule, "%s", sched);
+    return e;
+}
+
+/* Step 0: interleaved on pp 2 x dp 2 (ranks 0, 1 on stage 0; 2, 3 on stage 1), 2 micro-batches
+ * on 2 chunks, every F then every B, with an op inside each action; step 1: zb-h1's W on
+ * rank 0. Returns the count written into ev (69: room for 80). */
+static size_t synth_pipe(ms_event *ev) {
+    size_t n = 0;
+    for (int r = 0; r < 4; r++) {
+        int stage = r / 2;
+        int64_t t = BASE_NS + r * 777 + 1;
+        ev[n++] = ev_base(MS_EV_STEP, r, 0, MS_PHASE_OTHER, t, t + 9000001);
+        for (int k = 0; k < 8; k++) {
+            int action = k < 4 ? MS_PIPE_F : MS_PIPE_B, mb = k % 2, chunk = k / 2 % 2;
+            int64_t a = t + 1000 + k * 1000003, b = a + 900001;
+            ev[n++] = ev_pipe(r, 0, a, b, action, stage, mb, chunk, 2, 2, 2, "interleaved");
+            ms_event o = ev_base(MS_EV_OP, r, 0, ev[n - 1].phase, a + 10, b - 10);
+            snprintf(o.u.op.opname, sizeof o.u.op.opname, "matmul");
+            ev[n++] = o;
+        }
+    }
+    ev[n++] =
+        ev_pipe(0, 1, BASE_NS + 20000003, BASE_NS + 20500001, MS_PIPE_W, 0, 3, 0, 2, 1, 4, "zb-h1");
+    return n;
+}
+
+/* Pipeline actions are slices on their own thread per rank ("pipeline"), named F/B/W and
+ * micro-batch (".chunk" with virtual stages), cat "pipeline", every field in the args; the
+ * validator accepts them and the reader gives back the same events. */
+static void pipeline_slices(void **state) {
+    (void)state;
+    char path[128];
+    path_in(path, sizeof path, "pipe.json");
+    ms_event ev[80];
+    size_t n = synth_pipe(ev);
+    ms_error err = {0};
+    ms_trace_meta meta = {.world_size = 4};
+    assert_int_equal(ms_trace_write(path, ev, n, NULL, 0, &meta, &err), MS_OK);
+    if (ms_trace_check(path, NULL, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_trace t;
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i++) assert_same_event(&ev[i], &t.events[i], i);
+    ms_trace_free(&t);
+
+    size_t len;
+    char *text = slurp(path, &len);
+    cJSON *root = parse_whole(text, len);
+    const cJSON *evs = cJSON_GetObjectItemCaseSensitive(root, "traceEvents"), *e;
+    int npipe = 0, nops = 0;
+    bool seen_f11 = false, seen_b0 = false, seen_w3 = false;
+    cJSON_ArrayForEach(e, evs) {
+        const char *cat = jstr(e, "cat"), *name = jstr(e, "name");
+        if (strcmp(jstr(e, "ph"), "X") || !cat) continue;
+        int pid = (int)jnum(e, "pid"), tid = (int)jnum(e, "tid");
+        const char *tn = thread_name_of(evs, pid, tid);
+        if (!strcmp(cat, "cpu_op")) {
+            assert_string_equal(tn, "compute");
+            nops++;
+        }
+        if (strcmp(cat, "pipeline")) continue;
+        npipe++;
+        assert_string_equal(tn, "pipeline");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+        static const char *const keys[] = {
+            "action",         "stage",         "micro-batch", "chunk", "model chunk", "stages",
+            "virtual stages", "micro-batches", "schedule",    "step",  "phase"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (!cJSON_GetObjectItemCaseSensitive(a, keys[k]))
+                fail_msg("pipeline args lack \"%s\"", keys[k]);
+        if (jnum(a, "virtual stages") > 1) assert_int_equal((int)jnum(a, "stage"), pid / 2);
+        seen_f11 |= !strcmp(name, "F1.1") && !strcmp(jstr(a, "schedule"), "interleaved") &&
+                    jnum(a, "model chunk") == 2 + pid / 2;
+        seen_b0 |= !strcmp(name, "B0.0") && !strcmp(jstr(a, "phase"), "backward");
+        seen_w3 |= !strcmp(name, "W3") && !strcmp(jstr(a, "schedule"), "zb-h1");
+    }
+    assert_int_equal(npipe, 4 * 8 + 1);
+    assert_int_equal(nops, 4 * 8);
+    assert_true(seen_f11 && seen_b0 && seen_w3);
+    cJSON_Delete(root);
+    free(text);
 }
 
 static void kineto_layout(void **state) {
@@ -619,6 +731,84 @@ static void validator_rules(void **state) {
             assert_non_null(strstr(err.msg, where));
         }
     }
+    /* meshscope's own rules for pipeline slices, in its files only. */
+    static const rule_case pipe_cases[] = {
+        {"\"name\":\"F3\",\"args\":{\"action\":\"F\",\"stage\":1,\"micro-batch\":3,"
+         "\"chunk\":0,\"model chunk\":1,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"step\":0,\"phase\":\"forward\"}",
+         -1, NULL},
+        {"\"name\":\"B3.1\",\"args\":{\"action\":\"B\",\"stage\":1,\"micro-batch\":3,"
+         "\"chunk\":1,\"model chunk\":3,\"stages\":2,\"virtual stages\":2,"
+         "\"micro-batches\":4,\"schedule\":\"interleaved\",\"phase\":\"backward\"}",
+         -1, NULL},
+        {"\"name\":\"W0\",\"args\":{\"action\":\"W\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"zb-h1\",\"phase\":\"backward\"}",
+         -1, NULL},
+        {"\"name\":\"F3\",\"args\":{\"action\":\"F\",\"stage\":2,\"micro-batch\":3,"
+         "\"chunk\":0,\"model chunk\":2,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"forward\"}",
+         1, "\"stage\" in [0, 1]"},
+        {"\"name\":\"F4\",\"args\":{\"action\":\"F\",\"stage\":0,\"micro-batch\":4,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"forward\"}",
+         1, "\"micro-batch\" in [0, 3]"},
+        {"\"name\":\"F0.2\",\"args\":{\"action\":\"F\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":2,\"model chunk\":4,\"stages\":2,\"virtual stages\":2,"
+         "\"micro-batches\":4,\"schedule\":\"interleaved\",\"phase\":\"forward\"}",
+         1, "\"chunk\" in [0, 1]"},
+        {"\"name\":\"F0.1\",\"args\":{\"action\":\"F\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":1,\"model chunk\":1,\"stages\":2,\"virtual stages\":2,"
+         "\"micro-batches\":4,\"schedule\":\"interleaved\",\"phase\":\"forward\"}",
+         1, "model chunk 1 is not"},
+        {"\"name\":\"F0\",\"args\":{\"action\":\"X\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"forward\"}",
+         1, "args.action"},
+        {"\"name\":\"W0\",\"args\":{\"action\":\"W\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"backward\"}",
+         1, "only zb-h1"},
+        {"\"name\":\"B0\",\"args\":{\"action\":\"B\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"forward\"}",
+         1, "phase \"backward\""},
+        {"\"name\":\"F1\",\"args\":{\"action\":\"F\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":2,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"forward\"}",
+         1, "name must be \"F0\""},
+        {"\"name\":\"F0\",\"args\":{\"action\":\"F\",\"stage\":0,\"micro-batch\":0,"
+         "\"chunk\":0,\"model chunk\":0,\"stages\":0,\"virtual stages\":1,"
+         "\"micro-batches\":4,\"schedule\":\"1f1b\",\"phase\":\"forward\"}",
+         1, "\"stages\" in [1,"},
+        {"\"name\":\"F0\"", 1, "\"args\" object"},
+    };
+    for (size_t i = 0; i < sizeof pipe_cases / sizeof pipe_cases[0]; i++) {
+        /* A valid slice first, so that the case under test is event 1. */
+        for (int own = 1; own >= 0; own--) {
+            char first[1024];
+            snprintf(first, sizeof first,
+                     "{\"ph\":\"X\",\"cat\":\"pipeline\",\"pid\":0,\"tid\":1,\"ts\":0,"
+                     "\"dur\":1,%s}",
+                     pipe_cases[0].events);
+            snprintf(text, sizeof text,
+                     "{%s\"traceEvents\":[%s,{\"ph\":\"X\",\"cat\":\"pipeline\","
+                     "\"pid\":0,\"tid\":2,\"ts\":0,\"dur\":1,%s}]}",
+                     own ? "\"meshscope\":{\"format\":1}," : "", first, pipe_cases[i].events);
+            ms_trace_check_info info;
+            ms_error err = {0};
+            ms_status st = ms_trace_check_mem(text, strlen(text), "p.json", &info, &err);
+            if (pipe_cases[i].violation < 0 || !own) { /* others' files: no such rules */
+                if (st != MS_OK) fail_msg("pipe case %zu (own %d): rejected: %s", i, own, err.msg);
+            } else {
+                if (st != MS_ERR_INVALID) fail_msg("pipe case %zu: accepted", i);
+                if (info.violation != 1 || !strstr(err.msg, pipe_cases[i].msg))
+                    fail_msg("pipe case %zu: violation %zu, message '%s'; wanted 1 with '%s'", i,
+                             info.violation, err.msg, pipe_cases[i].msg);
+            }
+        }
+    }
+
     /* File-level rules. */
     const char *bad_unit = "{\"traceEvents\":[],\"displayTimeUnit\":\"s\"}";
     ms_error err = {0};
@@ -1057,6 +1247,7 @@ static void cli(void **state) {
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(roundtrip),
+    cmocka_unit_test(pipeline_slices),
     cmocka_unit_test(kineto_layout),
     cmocka_unit_test(strings_and_utf8),
     cmocka_unit_test(heavy_overlap),

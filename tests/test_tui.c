@@ -1,7 +1,8 @@
 /* test_tui.c - the terminal view's pure drawing helpers against hand-computed answers: the
- * colour scale, sparkline glyphs in UTF-8 and ASCII, bars, the timeline's lane layout,
- * axis steps, number formatting, glyph and colour choices from the environment, and the
- * dashboard URL split. (The screens themselves run under tmux: tests/tui_tmux.sh.)
+ * colour scale, sparkline glyphs in UTF-8 and ASCII, bars, the timeline's lane layout and the
+ * pipeline's (blocks, labels, fill glyphs), axis steps, number formatting, glyph and colour
+ * choices from the environment, and the dashboard URL split. (The screens themselves run
+ * under tmux: tests/tui_tmux.sh.)
  */
 #include <math.h>
 #include <stdio.h>
@@ -152,6 +153,60 @@ static void test_lane_layout(void **state) {
     uint8_t out9[9];
     ms_tui_lane_layout(f, 2, 3, 0.045, 9, out9);
     assert_memory_equal(out9, want_f, 9);
+}
+
+static ms_live_pipe_block block(int stage, int action, int mb, int chunk, double t0, double t1) {
+    return (ms_live_pipe_block){.stage = (int16_t)stage,
+                                .action = (uint8_t)action,
+                                .chunk = (uint8_t)chunk,
+                                .mb = mb,
+                                .t0 = t0,
+                                .t1 = t1};
+}
+
+static void test_pipe_layout(void **state) {
+    (void)state;
+    /* 1 s over 10 columns: column c's midpoint is 0.1c + 0.05. */
+    ms_live_pipe_block b[] = {
+        block(0, MS_PIPE_F, 0, 0, 0.0, 0.3),   /* 0: midpoints 0.05 .. 0.25: columns 0-2 */
+        block(0, MS_PIPE_B, 0, 0, 0.3, 0.42),  /* 1: 0.35: column 3 */
+        block(0, MS_PIPE_F, 1, 0, 0.42, 0.44), /* 2: no midpoint; its start's column 4 is idle */
+        block(0, MS_PIPE_F, 2, 0, 0.5, 0.51),  /* 3: no midpoint, and column 5 is block 4's */
+        block(0, MS_PIPE_B, 1, 0, 0.51, 0.58), /* 4: 0.55: column 5 */
+        block(0, MS_PIPE_W, 3, 0, 0.9, 1.2),   /* 5: 0.95: column 9, clipped at the end */
+        block(1, MS_PIPE_F, 0, 0, 0.0, 1.0),   /* 6: another stage's lane */
+        block(0, MS_PIPE_F, 4, 0, 0.7, 0.6),   /* 7: backwards: ignored */
+    };
+    int n = (int)(sizeof b / sizeof b[0]);
+    int32_t out[10];
+    const int32_t want0[10] = {0, 0, 0, 1, 2, 4, -1, -1, -1, 5};
+    ms_tui_pipe_layout(b, n, 0, 1.0, 10, out);
+    assert_memory_equal(out, want0, sizeof want0);
+    const int32_t want1[10] = {6, 6, 6, 6, 6, 6, 6, 6, 6, 6};
+    ms_tui_pipe_layout(b, n, 1, 1.0, 10, out);
+    assert_memory_equal(out, want1, sizeof want1);
+    const int32_t idle[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    ms_tui_pipe_layout(b, n, 2, 1.0, 10, out); /* a stage without blocks: all bubble */
+    assert_memory_equal(out, idle, sizeof idle);
+    ms_tui_pipe_layout(b, n, 0, 0.0, 10, out); /* no wall time */
+    assert_memory_equal(out, idle, sizeof idle);
+
+    char label[16];
+    ms_tui_pipe_label(&b[0], 1, label, sizeof label);
+    assert_string_equal(label, "F0");
+    ms_tui_pipe_label(&b[5], 1, label, sizeof label);
+    assert_string_equal(label, "W3");
+    ms_live_pipe_block c = block(0, MS_PIPE_B, 12, 1, 0, 1);
+    ms_tui_pipe_label(&c, 2, label, sizeof label); /* virtual stages: the chunk too */
+    assert_string_equal(label, "B12.1");
+    /* Fill glyphs tell F, B and W apart in both glyph sets, one column each. */
+    for (int u = 0; u < 2; u++) {
+        const ms_tui_glyphs *g = ms_tui_glyphs_get(u);
+        assert_true(strcmp(g->pipe[0], g->pipe[1]) && strcmp(g->pipe[1], g->pipe[2]) &&
+                    strcmp(g->pipe[0], g->pipe[2]));
+        if (!u)
+            for (int a = 0; a < 3; a++) assert_int_equal(strlen(g->pipe[a]), 1);
+    }
 }
 
 static void test_nice_step(void **state) {
@@ -316,9 +371,10 @@ static void test_parse_url(void **state) {
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_scale_level), cmocka_unit_test(test_spark_index),
     cmocka_unit_test(test_sparkline),   cmocka_unit_test(test_hbar),
-    cmocka_unit_test(test_lane_layout), cmocka_unit_test(test_nice_step),
-    cmocka_unit_test(test_format),      cmocka_unit_test(test_environment),
-    cmocka_unit_test(test_redact),      cmocka_unit_test(test_parse_url),
+    cmocka_unit_test(test_lane_layout), cmocka_unit_test(test_pipe_layout),
+    cmocka_unit_test(test_nice_step),   cmocka_unit_test(test_format),
+    cmocka_unit_test(test_environment), cmocka_unit_test(test_redact),
+    cmocka_unit_test(test_parse_url),
 };
 
 MT_MAIN("tui", tests)

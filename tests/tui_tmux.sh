@@ -7,10 +7,14 @@
 #      is accepted through the confirm box (Enter, y) and the job switches to it (the status
 #      line names the target, the suggestion reads "applied"); `?` shows the help, `q` quits:
 #      the job exits 0 and the terminal is restored (normal screen, the shell's output).
+#      That run has no pipeline: no screen 7 in the header, and 7 says why.
 #   2. The same with MESHSCOPE_ASCII=1: no byte outside ASCII on any screen.
 #   3. Ctrl-C in `train --tui`: the same clean exit.
 #   4. `meshscope top URL` against a job started with --web: the same step advances; q
 #      leaves it (exit 0) without stopping the job; bad addresses fail with a clear message.
+#   5. A pipeline (`--pp 2 --micro-batches 4`): screen 7 is offered and shows one lane per
+#      stage with F and B blocks of every micro-batch, the measured bubble per stage beside
+#      the formula's 20.0%, and a time axis; in ASCII mode too, without a byte outside ASCII.
 #
 # usage: tui_tmux.sh MESHSCOPE_BINARY SOURCE_DIR
 # Skips (77) when tmux or the training text (data/kjv.txt) is missing.
@@ -183,6 +187,12 @@ grep -Eq '^  (all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|p2p).* [
   ok "memory: 4 ranks with byte values" || fail "memory: rows"
 grep -q '^Suggestions' "$S-6.txt" && grep -Eq 'no suggestions yet|^  id +state' "$S-6.txt" &&
   ok "suggestions: header and list" || fail "suggestions: header or list"
+# No pipeline in this run: no tab for it, and its key says why instead of showing it.
+head -1 "$S-1.txt" | grep -Eq ' 7 pipeline( |$)' && fail "dp2 x tp2: the header offers a pipeline" ||
+  ok "dp2 x tp2: no pipeline tab"
+keys 7
+wait_for 'no pipeline in this run' 5 >/dev/null && ok "7 without a pipeline says why" ||
+  fail "7 without a pipeline said nothing"
 # Accept the advisor's first suggestion through the confirm box: the job switches strategy
 # (the status line names the target) and the suggestion reads "applied".
 keys 6
@@ -289,6 +299,47 @@ else
   kill -0 "$WEB_PID" 2>/dev/null && ok "top: q left the job running" ||
     fail "top: the job stopped when top quit"
 fi
+
+# --- 5. a pipeline ------------------------------------------------------------------------------
+
+PIPE=("$BIN" train --model configs/gpt-tiny.json --data data/kjv.txt --pp 2 --micro-batches 4
+  --batch 8 --seq 32 --steps 100000)
+check_pipeline() { # LABEL ENV...
+  local label=$1 f l
+  shift
+  start_pane "$@" -- "${PIPE[@]}" --tui
+  wait_for '^step [0-9]+' 90 >/dev/null || fail "$label: no step shown"
+  wait_for ' 7 pipeline( |$)' 30 >/dev/null && ok "$label: the header offers the pipeline" ||
+    fail "$label: no pipeline tab"
+  keys 7
+  if wait_for '^s1 r1 ' 60 >/dev/null; then
+    f="$TMP/pipe-$label.txt"
+    capture >"$f"
+    grep -Eq '^Pipeline of step [0-9]+: 1f1b, 2 stages, 4 micro-batches' "$f" &&
+      ok "$label: title names the schedule" || fail "$label: title"
+    [ "$(grep -cE '^s[01] r[01] ' "$f")" = 2 ] && ok "$label: one lane per stage" ||
+      fail "$label: lanes"
+    for l in 0 1; do
+      grep -E "^s$l r$l " "$f" | grep -q 'F0' && grep -E "^s$l r$l " "$f" | grep -q 'B3' &&
+        ok "$label: stage $l shows F0 .. B3" || fail "$label: stage $l lacks F0 or B3"
+      grep -Eq "^s$l r$l .* [0-9.]+% +20\.0% +[0-9.]+% *\$" "$f" &&
+        ok "$label: stage $l's bubble beside the formula" || fail "$label: stage $l bubble"
+    done
+    grep -Eq 'bubble +formula +window' "$f" && ok "$label: bubble columns" ||
+      fail "$label: bubble columns"
+    grep -Eq '^ +0 .*ms' "$f" && ok "$label: time axis" || fail "$label: no time axis"
+    grep -Eq 'formula \(p-1\)/\(m\+p-1\) = 20\.0%' "$f" && ok "$label: formula line" ||
+      fail "$label: formula line"
+  else
+    fail "$label: screen 7 shows no lanes"
+  fi
+  check_quit "$label"
+}
+check_pipeline "pipeline" LANG=C.UTF-8
+check_pipeline "pipeline-ascii" LANG=C.UTF-8 MESHSCOPE_ASCII=1
+n=$(LC_ALL=C tr -d '\000-\177' <"$TMP/pipe-pipeline-ascii.txt" 2>/dev/null | wc -c)
+[ "$n" = 0 ] && [ -s "$TMP/pipe-pipeline-ascii.txt" ] && ok "pipeline in ASCII mode: plain ASCII" ||
+  fail "pipeline in ASCII mode: $n non-ASCII bytes"
 
 if [ $FAILS -gt 0 ]; then
   echo "$FAILS check(s) failed"

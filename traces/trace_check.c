@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "traces/trace_json.h"
+#include "traces/trace_write.h"
 
 /* An X slice, a B/E event or a flow event, as the cross-event rules need it. */
 typedef struct rec {
@@ -32,7 +33,8 @@ typedef struct cctx {
     const char *name;
     vec x, be, flow;
     size_t n;
-    size_t bad; /* the event a per-event rule rejected, or SIZE_MAX */
+    size_t bad;     /* the event a per-event rule rejected, or SIZE_MAX */
+    bool meshscope; /* a "meshscope" object came before traceEvents: its own rules apply */
 } cctx;
 
 static ms_status push(cctx *c, vec *v, rec r, ms_error *err) {
@@ -72,12 +74,15 @@ static ms_status ev_fail(const cctx *c, size_t index, uint64_t off, ms_error *er
 
 static bool want_meta(void *user, const char *key) {
     (void)user;
-    return !strcmp(key, "displayTimeUnit");
+    return !strcmp(key, "displayTimeUnit") || !strcmp(key, "meshscope");
 }
 
 static ms_status on_meta(void *user, const char *key, const tj_doc *d, int root, ms_error *err) {
     cctx *c = user;
-    (void)key;
+    if (!strcmp(key, "meshscope")) {
+        c->meshscope = tj_type_of(d, root) == TJ_OBJ;
+        return MS_OK;
+    }
     const char *u = tj_str(d, root);
     if (!u || (strcmp(u, "ms") && strcmp(u, "ns")))
         return BAD("%s: displayTimeUnit must be \"ms\" or \"ns\"", c->name);
@@ -126,6 +131,59 @@ static ms_status check_meta_event(cctx *c, size_t index, uint64_t off, const tj_
     return MS_OK;
 }
 
+/* An integer arg of a pipeline slice, or a violation naming it. */
+static ms_status pipe_int(const cctx *c, size_t index, uint64_t off, const tj_doc *d, int args,
+                          const char *key, int64_t lo, int64_t hi, int64_t *out, ms_error *err) {
+    if (!tj_int(d, tj_get(d, args, key), lo, hi, out))
+        return EVBAD("pipeline slice needs an integer args.\"%s\" in [%lld, %lld]", key,
+                     (long long)lo, (long long)hi);
+    return MS_OK;
+}
+
+/* meshscope's pipeline slices (cat "pipeline"): one action of one micro-batch on one chunk of
+ * one stage, consistent with the schedule it names (trace_check.h lists the rules). */
+static ms_status pipe_rules(const cctx *c, size_t index, uint64_t off, const tj_doc *d, int root,
+                            ms_error *err) {
+    int args = tj_get(d, root, "args");
+    if (tj_type_of(d, args) != TJ_OBJ) return EVBAD("pipeline slice needs an \"args\" object");
+    int action = ms_trace_pipe_action_parse(tj_str(d, tj_get(d, args, "action")));
+    if (action < 0) return EVBAD("pipeline slice's args.action must be \"F\", \"B\" or \"W\"");
+    int64_t p, v, m, stage, mb, chunk, model_chunk;
+    MS_CHECK(pipe_int(c, index, off, d, args, "stages", 1, INT16_MAX, &p, err));
+    MS_CHECK(pipe_int(c, index, off, d, args, "virtual stages", 1, UINT8_MAX + 1, &v, err));
+    MS_CHECK(pipe_int(c, index, off, d, args, "micro-batches", 1, INT32_MAX, &m, err));
+    MS_CHECK(pipe_int(c, index, off, d, args, "stage", 0, p - 1, &stage, err));
+    MS_CHECK(pipe_int(c, index, off, d, args, "micro-batch", 0, m - 1, &mb, err));
+    MS_CHECK(pipe_int(c, index, off, d, args, "chunk", 0, v - 1, &chunk, err));
+    MS_CHECK(pipe_int(c, index, off, d, args, "model chunk", 0, INT32_MAX, &model_chunk, err));
+    if (model_chunk != chunk * p + stage)
+        return EVBAD("pipeline slice's model chunk %lld is not chunk * stages + stage = %lld",
+                     (long long)model_chunk, (long long)(chunk * p + stage));
+    const char *sched = tj_str(d, tj_get(d, args, "schedule"));
+    if (!sched || !*sched) return EVBAD("pipeline slice needs a string args.schedule");
+    char safe[MS_SAFE_LEN];
+    if (action == MS_PIPE_W && strcmp(sched, "zb-h1"))
+        return EVBAD("pipeline slice W (a weight gradient of its own) under schedule \"%s\": "
+                     "only zb-h1 splits W from B",
+                     ms_safe_str(safe, 32, sched));
+    const char *phase = tj_str(d, tj_get(d, args, "phase"));
+    const char *want = action == MS_PIPE_F ? "forward" : "backward";
+    if (!phase || strcmp(phase, want))
+        return EVBAD("pipeline slice %s needs args.phase \"%s\"", ms_trace_pipe_action_name(action),
+                     want);
+    ms_ev_pipe ev = {.action = (uint8_t)action,
+                     .chunk = (uint8_t)chunk,
+                     .mb = (int32_t)mb,
+                     .virtual_stages = (int16_t)v};
+    char name[48];
+    ms_trace_pipe_name(&ev, name, sizeof name);
+    const char *got = tj_str(d, tj_get(d, root, "name"));
+    if (!got || strcmp(got, name))
+        return EVBAD("pipeline slice's name must be \"%s\" (action, micro-batch%s), not \"%s\"",
+                     name, v > 1 ? ", chunk" : "", got ? ms_safe_str(safe, 48, got) : "");
+    return MS_OK;
+}
+
 static ms_status event_rules(cctx *c, size_t index, uint64_t off, const tj_doc *d, int root,
                              ms_error *err) {
     if (tj_type_of(d, root) != TJ_OBJ) return EVBAD("an event must be a JSON object");
@@ -167,6 +225,8 @@ static ms_status event_rules(cctx *c, size_t index, uint64_t off, const tj_doc *
                 return EVBAD("X event needs a numeric \"dur\" >= 0");
             if (__builtin_add_overflow(ts, dur, &t1))
                 return EVBAD("\"ts\" + \"dur\" is out of range");
+            const char *cat = c->meshscope ? tj_str(d, tj_get(d, root, "cat")) : NULL;
+            if (cat && !strcmp(cat, "pipeline")) MS_CHECK(pipe_rules(c, index, off, d, root, err));
             return push(c, &c->x, (rec){.pid = pid, .tid = tid, .t0 = ts, .t1 = t1, .index = index},
                         err);
         }

@@ -14,6 +14,15 @@
  *            thread_sort_index with args.name / args.labels (string) or args.sort_index
  *            (integer); s/t/f have an "id" (number or string), and "bp", if present, is "e";
  *            b/e/n have an "id" or "id2"
+ *   meshscope's own (files with a top-level "meshscope" object before "traceEvents", as the
+ *   writer puts it; per event, in file order)
+ *            an X slice of cat "pipeline" has an args object with "action" "F", "B" or "W";
+ *            integers "stages" >= 1, "virtual stages" in 1..256, "micro-batches" >= 1,
+ *            0 <= "stage" < stages, 0 <= "micro-batch" < micro-batches, 0 <= "chunk" <
+ *            virtual stages, "model chunk" = chunk * stages + stage; a non-empty string
+ *            "schedule", which is "zb-h1" for a W (no other schedule splits W from B); "phase"
+ *            "forward" for F, "backward" for B and W; and the name the writer gives it
+ *            (ms_trace_pipe_name: "F3", or "F3.1" with virtual stages)
  *   across events (after the file is read; the violation with the lowest event index wins)
  *            X events on one (pid, tid) may touch or nest (one fully inside another: the
  *            format allows it and viewers draw a stack) but never partially overlap;

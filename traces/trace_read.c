@@ -269,6 +269,7 @@ static int x_kind(const rctx *r, const char *cat, const char *name, const tj_doc
         if (!strcmp(cat, "optimizer")) return MS_EV_OPTIM;
         if (!strcmp(cat, "comm")) return MS_EV_COLL;
         if (!strcmp(cat, "reshard")) return MS_EV_RESHARD;
+        if (!strcmp(cat, "pipeline")) return MS_EV_PIPE;
         return -1;
     }
     /* Kineto also marks steps on the GPU timeline (gpu_user_annotation) and records each
@@ -313,6 +314,23 @@ static bool read_coll(rctx *r, ms_event *e, const tj_doc *d, int args) {
     }
     copy_str(c->algo, sizeof c->algo, tj_str(d, tj_get(d, args, "algorithm")));
     c->flow = (uint64_t)arg_i64(d, args, "flow", 0, INT64_MAX, 0);
+    return true;
+}
+
+/* A pipeline slice's args; false (the slice is skipped) without a known action. */
+static bool read_pipe(ms_event *e, const tj_doc *d, int args) {
+    ms_ev_pipe *p = &e->u.pipe;
+    int action = ms_trace_pipe_action_parse(tj_str(d, tj_get(d, args, "action")));
+    if (action < 0) return false;
+    p->action = (uint8_t)action;
+    p->chunk = (uint8_t)arg_i64(d, args, "chunk", 0, UINT8_MAX, 0);
+    p->stage = (int16_t)arg_i64(d, args, "stage", INT16_MIN, INT16_MAX, 0);
+    p->mb = (int32_t)arg_i64(d, args, "micro-batch", INT32_MIN, INT32_MAX, 0);
+    p->model_chunk = (int32_t)arg_i64(d, args, "model chunk", INT32_MIN, INT32_MAX, 0);
+    p->stages = (int16_t)arg_i64(d, args, "stages", INT16_MIN, INT16_MAX, 1);
+    p->virtual_stages = (int16_t)arg_i64(d, args, "virtual stages", INT16_MIN, INT16_MAX, 1);
+    p->micro_batches = (int32_t)arg_i64(d, args, "micro-batches", INT32_MIN, INT32_MAX, 1);
+    copy_str(p->schedule, sizeof p->schedule, tj_str(d, tj_get(d, args, "schedule")));
     return true;
 }
 
@@ -363,6 +381,10 @@ static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
         }
         case MS_EV_COLL:
             if (!read_coll(r, e, d, args)) return MS_OK;
+            step_phase(e, d, args, infer);
+            break;
+        case MS_EV_PIPE:
+            if (!read_pipe(e, d, args)) return MS_OK;
             step_phase(e, d, args, infer);
             break;
         default: { /* MS_EV_RESHARD */

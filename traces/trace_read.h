@@ -4,11 +4,12 @@
  * Streams the file (traces/trace_json.h): memory use is the events kept plus one event's
  * JSON, whatever the file size. What becomes an event:
  *   - meshscope's own files (a top-level "meshscope" key before "traceEvents", as
- *     trace_write.h puts it): everything trace_write.h writes, with pid = rank. The round trip is
- * exact: times to the nanosecond (the file has microseconds with 3 decimals), every field from the
- * args, memory bytes to the byte. One exception: a counter carries no step, so a memory event's
- * step is that of the rank's ProfilerStep slice containing it (-1 if none) and its phase is
- * "other".
+ *     trace_write.h puts it): everything trace_write.h writes (pipeline slices included),
+ *     with pid = rank. The round trip is exact: times to the nanosecond (the file has
+ *     microseconds with 3 decimals), every field from the args, memory bytes to the byte.
+ *     One exception: a counter carries no step, so a memory event's step is that of the
+ *     rank's ProfilerStep slice containing it (-1 if none) and its phase is "other". A
+ *     pipeline slice without a known "action" (F, B, W) is skipped.
  *   - other Chrome traces (e.g. PyTorch/Kineto): ProfilerStep#N slices (steps; not the GPU
  *     copies, cat "gpu_user_annotation"), X events whose args name a "Collective name"
  *     (collectives, bytes from the element counts and dtype; not the CPU-side "cpu_op"

@@ -36,6 +36,35 @@ int ms_trace_phase_parse(const char *s) {
     return -1;
 }
 
+const char *ms_trace_pipe_action_name(int action) {
+    switch (action) {
+        case MS_PIPE_F:
+            return "F";
+        case MS_PIPE_B:
+            return "B";
+        case MS_PIPE_W:
+            return "W";
+        default:
+            return "?";
+    }
+}
+
+int ms_trace_pipe_action_parse(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "F")) return MS_PIPE_F;
+    if (!strcmp(s, "B")) return MS_PIPE_B;
+    if (!strcmp(s, "W")) return MS_PIPE_W;
+    return -1;
+}
+
+void ms_trace_pipe_name(const ms_ev_pipe *p, char *out, size_t cap) {
+    if (p->virtual_stages > 1)
+        snprintf(out, cap, "%s%d.%d", ms_trace_pipe_action_name(p->action), (int)p->mb,
+                 (int)p->chunk);
+    else
+        snprintf(out, cap, "%s%d", ms_trace_pipe_action_name(p->action), (int)p->mb);
+}
+
 /* --- buffered output ------------------------------------------------------------------ */
 
 typedef struct outbuf {
@@ -212,7 +241,7 @@ static void put_str(outbuf *o, const char *s, size_t max) {
 
 /* --- thread assignment ------------------------------------------------------------------ */
 
-enum { LANE_STEP, LANE_COMPUTE, LANE_RESHARD, LANE_COMM, LANE_NONE };
+enum { LANE_STEP, LANE_PIPE, LANE_COMPUTE, LANE_RESHARD, LANE_COMM, LANE_NONE };
 
 typedef struct item {
     int32_t rank, lane, group;
@@ -228,6 +257,8 @@ static int lane_of(const ms_event *e) {
     switch (e->kind) {
         case MS_EV_STEP:
             return LANE_STEP;
+        case MS_EV_PIPE:
+            return LANE_PIPE;
         case MS_EV_OP:
         case MS_EV_DATA:
         case MS_EV_OPTIM:
@@ -670,7 +701,7 @@ static void put_header(outbuf *o, const wctx *w) {
 }
 
 static void thread_name(const wctx *w, const thread_info *t, char *out, size_t len) {
-    static const char *const lane_names[] = {"steps", "compute", "reshard"};
+    static const char *const lane_names[] = {"steps", "pipeline", "compute", "reshard"};
     char base[48];
     if (t->lane == LANE_COMM) {
         const ms_group *g = find_group(w, t->group);
@@ -862,6 +893,34 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_step_phase(o, e);
             return;
         }
+        case MS_EV_PIPE: {
+            const ms_ev_pipe *pp = &e->u.pipe;
+            char name[48];
+            ms_trace_pipe_name(pp, name, sizeof name);
+            PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"pipeline\",\"name\":");
+            put_str(o, name, sizeof name);
+            put_place(o, e, w->tid[i], w->base);
+            PUT_LIT(o, ",\"args\":{\"action\":");
+            put_str(o, ms_trace_pipe_action_name(pp->action), 4);
+            PUT_LIT(o, ",\"stage\":");
+            put_i64(o, pp->stage);
+            PUT_LIT(o, ",\"micro-batch\":");
+            put_i64(o, pp->mb);
+            PUT_LIT(o, ",\"chunk\":");
+            put_i64(o, pp->chunk);
+            PUT_LIT(o, ",\"model chunk\":");
+            put_i64(o, pp->model_chunk);
+            PUT_LIT(o, ",\"stages\":");
+            put_i64(o, pp->stages);
+            PUT_LIT(o, ",\"virtual stages\":");
+            put_i64(o, pp->virtual_stages);
+            PUT_LIT(o, ",\"micro-batches\":");
+            put_i64(o, pp->micro_batches);
+            PUT_LIT(o, ",\"schedule\":");
+            put_str(o, pp->schedule, sizeof pp->schedule);
+            put_step_phase(o, e);
+            return;
+        }
         case MS_EV_MEM:
             PUT_LIT(o, "{\"ph\":\"C\",\"cat\":\"memory\",\"name\":\"memory\",\"pid\":");
             put_i64(o, e->rank);
@@ -921,7 +980,6 @@ static ms_status write_body(FILE *f, void *arg, ms_error *err) {
     bool first = true;
     put_metadata(&o, w, &first);
     for (size_t i = 0; i < w->n && o.st == MS_OK; i++) {
-        if (w->ev[i].kind == MS_EV_PIPE) continue; /* not in the file format yet */
         if (!first) PUT_LIT(&o, ",\n");
         first = false;
         put_event(&o, w, i);

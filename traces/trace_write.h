@@ -11,6 +11,10 @@
  * distributedInfo describes meta->rank (0 for a merged file) and pg_config lists every group.
  * Threads (tids) of a rank, each named with M events and sorted in this order:
  *   "steps"        ProfilerStep#N slices (MS_EV_STEP)
+ *   "pipeline"     pipeline actions (MS_EV_PIPE), cat "pipeline", named by action and
+ *                  micro-batch ("F3", "B3", "W3"; "F3.1" with the local chunk when there are
+ *                  virtual stages), args {action, stage, micro-batch, chunk, model chunk, stages,
+ *                  virtual stages, micro-batches, schedule}: every ms_ev_pipe field
  *   "compute"      operators (MS_EV_OP), data loading (MS_EV_DATA), optimizer (MS_EV_OPTIM)
  *   "reshard"      reshards, args {tensor, from, to, bytes, steps}
  *   "comm: <name>" collectives, one thread per communicator group (a mesh dim's stream),
@@ -80,5 +84,13 @@ ms_status ms_trace_write(const char *path, const ms_event *ev, size_t n, const m
  * (-1 when unknown). */
 const char *ms_trace_phase_name(int phase);
 int ms_trace_phase_parse(const char *s);
+
+/* "F", "B", "W" (a pipeline slice's args "action"; "?" out of range);
+ * ms_trace_pipe_action_parse is its inverse (-1 when unknown). */
+const char *ms_trace_pipe_action_name(int action);
+int ms_trace_pipe_action_parse(const char *s);
+/* A pipeline slice's name: "F3" (action, micro-batch), "F3.1" (and the local chunk) when the
+ * schedule has virtual stages. */
+void ms_trace_pipe_name(const ms_ev_pipe *p, char *out, size_t cap);
 
 #endif

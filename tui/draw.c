@@ -13,6 +13,7 @@ static const ms_tui_glyphs utf8_glyphs = {
     .shade = {" ", "\u2591", "\u2592", "\u2593", "\u2588"},
     .eighth = {"", "\u258f", "\u258e", "\u258d", "\u258c", "\u258b", "\u258a", "\u2589", "\u2588"},
     .lane = {"\u00b7", "\u2588", "\u2588"},
+    .pipe = {"\u2588", "\u2593", "\u2592"},
     .hline = "\u2500",
     .vline = "\u2502",
     .tl = "\u250c",
@@ -29,6 +30,7 @@ static const ms_tui_glyphs ascii_glyphs = {
     .shade = {" ", ".", ":", "*", "#"},
     .eighth = {"", "", "", "", "#", "#", "#", "#", "#"},
     .lane = {".", "=", "#"},
+    .pipe = {"#", "=", "-"},
     .hline = "-",
     .vline = "|",
     .tl = "+",
@@ -144,6 +146,41 @@ void ms_tui_lane_layout(const ms_live_span *spans, int n, int rank, double wall_
             for (int c = (int)x0; c < (int)x1; c++) out[c] = cell;
         }
     }
+}
+
+void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wall_s, int cols,
+                        int32_t *out) {
+    if (cols <= 0) return;
+    for (int c = 0; c < cols; c++) out[c] = -1;
+    if (!b || !(wall_s > 0)) return;
+    double scale = cols / wall_s;
+    /* Columns whose midpoint c + 0.5 lies in [t0, t1) * scale. */
+    for (int i = 0; i < n; i++) {
+        if (b[i].stage != stage || !(b[i].t1 >= b[i].t0)) continue;
+        double c0 = ceil(b[i].t0 * scale - 0.5), c1 = ceil(b[i].t1 * scale - 0.5);
+        if (c0 < 0) c0 = 0;
+        if (c1 > cols) c1 = cols;
+        for (int c = (int)c0; c < (int)c1; c++) out[c] = i;
+    }
+    /* Blocks narrower than that keep the column of their start, if nothing is there. */
+    for (int i = 0; i < n; i++) {
+        if (b[i].stage != stage || !(b[i].t1 >= b[i].t0)) continue;
+        double c0 = ceil(b[i].t0 * scale - 0.5), c1 = ceil(b[i].t1 * scale - 0.5);
+        if (c1 > c0) continue;
+        double c = floor(b[i].t0 * scale);
+        if (c < 0) c = 0;
+        if (c >= cols) c = cols - 1;
+        if (out[(int)c] < 0) out[(int)c] = i;
+    }
+}
+
+void ms_tui_pipe_label(const ms_live_pipe_block *b, int v, char *out, size_t cap) {
+    static const char act[3] = {'F', 'B', 'W'};
+    char a = b->action < 3 ? act[b->action] : '?';
+    if (v > 1)
+        snprintf(out, cap, "%c%d.%d", a, (int)b->mb, (int)b->chunk);
+    else
+        snprintf(out, cap, "%c%d", a, (int)b->mb);
 }
 
 void ms_tui_redact_token(const char *text, char *out, size_t cap) {

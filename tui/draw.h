@@ -22,6 +22,7 @@ typedef struct ms_tui_glyphs {
     const char *shade[5];  /* monochrome heat levels: none, light .. full */
     const char *eighth[9]; /* bar ends: 0/8 .. 8/8 of a column ("" = no column) */
     const char *lane[3];   /* timeline cells: idle, compute, comm (ms_tui_cell) */
+    const char *pipe[3];   /* pipeline blocks' fill: F, B, W (ms_ev_pipe_action) */
     const char *hline, *vline, *tl, *tr, *bl, *br;
     const char *tick;  /* a mark on the time axis */
     const char *arrow; /* "->" or a one-column arrow */
@@ -68,6 +69,19 @@ typedef enum ms_tui_cell { MS_TUI_CELL_IDLE, MS_TUI_CELL_COMPUTE, MS_TUI_CELL_CO
  * compute; columns no span touches are idle. Spans past the end are clipped. out[cols]. */
 void ms_tui_lane_layout(const ms_live_span *spans, int n, int rank, double wall_s, int cols,
                         uint8_t *out);
+
+/* Lays stage's pipeline blocks (others are skipped) over `cols` columns covering [0, wall_s):
+ * out[c] is the index into b of the block drawn in column c, or -1 (idle: the bubble).
+ * Column c is [c, c+1) * wall_s / cols. A column shows the block covering its midpoint (the
+ * later one if two do); a block covering none (shorter than a column) shows in the column
+ * holding its start when nothing else is drawn there: a short action stays visible without
+ * hiding a neighbour that fills the column. Blocks past the end are clipped. out[cols]. */
+void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wall_s, int cols,
+                        int32_t *out);
+
+/* A block's label: action and micro-batch, "F3", "B3", "W3"; with virtual stages (v > 1) the
+ * local chunk too, "F3.1" (as the trace names the slice). */
+void ms_tui_pipe_label(const ms_live_pipe_block *b, int v, char *out, size_t cap);
 
 /* A readable axis step for `range` split into at most max_ticks intervals: 1, 2 or 5
  * times a power of ten. 0 for range <= 0. */

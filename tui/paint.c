@@ -6,8 +6,9 @@
 #include <string.h>
 #include <wchar.h>
 
-/* Pair numbers: roles from 1, heat levels from HEAT_PAIR0. */
+/* Pair numbers: roles from 1, heat levels from HEAT_PAIR0, micro-batches from MB_PAIR0. */
 #define HEAT_PAIR0 32
+#define MB_PAIR0   (HEAT_PAIR0 + MS_TUI_HEAT_MAX)
 
 typedef struct pal_entry {
     short fg, bg;
@@ -73,15 +74,21 @@ static const short heat8_bg[6] = {-1, COLOR_BLUE, COLOR_CYAN, COLOR_GREEN, COLOR
 static const short heat8_fg[6] = {-1,          COLOR_WHITE, COLOR_BLACK,
                                   COLOR_BLACK, COLOR_BLACK, COLOR_WHITE};
 
+/* Micro-batches of the pipeline view: neighbours in hue far apart, so consecutive micro-batches
+ * (drawn side by side) never look alike. */
+static const short mb256[MS_TUI_MB_MAX] = {75, 214, 114, 176, 222, 44, 209, 147};
+static const short mb8[6] = {COLOR_CYAN,    COLOR_YELLOW, COLOR_GREEN,
+                             COLOR_MAGENTA, COLOR_BLUE,   COLOR_RED};
+
 void ms_tui_paint_init(ms_tui_paint *p, bool utf8, bool mono_wanted) {
     memset(p, 0, sizeof *p);
     p->g = ms_tui_glyphs_get(utf8);
     p->palette = MS_PALETTE_MONO;
     if (!mono_wanted && has_colors() && start_color() == OK) {
         use_default_colors();
-        if (COLORS >= 256 && COLOR_PAIRS >= HEAT_PAIR0 + MS_TUI_HEAT_MAX)
+        if (COLORS >= 256 && COLOR_PAIRS > MB_PAIR0 + MS_TUI_MB_MAX)
             p->palette = MS_PALETTE_256;
-        else if (COLORS >= 8 && COLOR_PAIRS >= HEAT_PAIR0 + 6)
+        else if (COLORS >= 8 && COLOR_PAIRS > MB_PAIR0 + 6)
             p->palette = MS_PALETTE_8;
     }
     if (p->palette == MS_PALETTE_MONO) {
@@ -90,6 +97,9 @@ void ms_tui_paint_init(ms_tui_paint *p, bool utf8, bool mono_wanted) {
         p->heat_glyphs = true;
         static const attr_t heat[5] = {A_NORMAL, A_NORMAL, A_NORMAL, A_BOLD, A_BOLD};
         for (int l = 0; l < 5; l++) p->heat[l] = heat[l];
+        p->n_mb = 2; /* alternate plain and bold; the fill glyphs tell F, B and W apart */
+        p->mb[0] = A_NORMAL;
+        p->mb[1] = A_BOLD;
         return;
     }
     const pal_entry *pal = p->palette == MS_PALETTE_256 ? pal256 : pal8;
@@ -100,6 +110,11 @@ void ms_tui_paint_init(ms_tui_paint *p, bool utf8, bool mono_wanted) {
         }
         init_pair((short)(1 + r), pal[r].fg, pal[r].bg);
         p->role[r] = COLOR_PAIR(1 + r) | pal[r].extra;
+    }
+    p->n_mb = p->palette == MS_PALETTE_256 ? MS_TUI_MB_MAX : 6;
+    for (int j = 0; j < p->n_mb; j++) {
+        init_pair((short)(MB_PAIR0 + j), p->palette == MS_PALETTE_256 ? mb256[j] : mb8[j], -1);
+        p->mb[j] = COLOR_PAIR(MB_PAIR0 + j);
     }
     if (p->palette == MS_PALETTE_256) {
         p->n_heat = MS_TUI_HEAT_MAX;

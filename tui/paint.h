@@ -37,6 +37,7 @@ typedef enum ms_tui_role {
 typedef enum ms_tui_palette { MS_PALETTE_MONO, MS_PALETTE_8, MS_PALETTE_256 } ms_tui_palette;
 
 #define MS_TUI_HEAT_MAX 10
+#define MS_TUI_MB_MAX   8 /* micro-batch colours (they repeat past this; labels say which) */
 
 typedef struct ms_tui_paint {
     ms_tui_palette palette;
@@ -45,6 +46,8 @@ typedef struct ms_tui_paint {
     int n_heat;                   /* levels of the colour scale, level 0 = nothing */
     attr_t heat[MS_TUI_HEAT_MAX]; /* a cell at each level (background colour or pattern) */
     bool heat_glyphs;             /* monochrome: levels drawn as shade glyphs */
+    int n_mb;                     /* micro-batch colours: micro-batch j is mb[j % n_mb] */
+    attr_t mb[MS_TUI_MB_MAX];
 } ms_tui_paint;
 
 /* Chooses the palette (mono when `mono` or the terminal has no colours) and builds the

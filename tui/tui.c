@@ -34,7 +34,20 @@
 static const ms_tui_screen *const screens[MS_TUI_NSCREENS] = {
     &ms_tui_screen_overview, &ms_tui_screen_heatmap, &ms_tui_screen_timeline,
     &ms_tui_screen_reshards, &ms_tui_screen_memory,  &ms_tui_screen_suggestions,
+    &ms_tui_screen_pipeline,
 };
+
+/* Whether screen i is offered for snapshot s (the pipeline screen only for pp > 1). */
+static bool screen_shown(int i, const ms_snapshot *s) {
+    return !screens[i]->shown || screens[i]->shown(s);
+}
+
+/* The number of screens offered: "1-N" in the footer. Hidden screens come last. */
+static int screens_shown(const ms_snapshot *s) {
+    int n = 0;
+    for (int i = 0; i < MS_TUI_NSCREENS; i++) n += screen_shown(i, s);
+    return n;
+}
 
 /* --- process-wide state: signals and the last-resort restore ------------------------------ */
 
@@ -150,6 +163,7 @@ static void draw_header(ms_tui *t, const ms_snapshot *s, int w) {
     ms_tui_repeat(0, 0, w, p->role[MS_ROLE_HEADER], " ");
     int x = ms_tui_text(p, 0, 0, w, p->role[MS_ROLE_HEADER], " meshscope ");
     for (int i = 0; i < MS_TUI_NSCREENS && x < w; i++) {
+        if (!screen_shown(i, s) && i != t->screen) continue;
         char tab[32];
         snprintf(tab, sizeof tab, " %d %s ", i + 1, screens[i]->name);
         ms_tui_role r = i == t->screen ? MS_ROLE_TAB_ACTIVE : MS_ROLE_TAB;
@@ -197,15 +211,16 @@ static void draw_footer(ms_tui *t, int y, int w) {
     }
     t->msg[0] = '\0';
     char keys[256];
-    snprintf(keys, sizeof keys, "?:help  q:quit  p:%s  Tab:next  1-6:screen  %s",
-             t->paused ? "resume" : "pause", screens[t->screen]->keys);
+    snprintf(keys, sizeof keys, "?:help  q:quit  p:%s  Tab:next  1-%d:screen  %s",
+             t->paused ? "resume" : "pause", screens_shown(t->snap), screens[t->screen]->keys);
     ms_tui_text(p, y, 0, w, p->role[MS_ROLE_DIM], keys);
 }
 
 static void draw_help(ms_tui *t, int rows, int cols) {
     const char *const lines[] = {
         "Screens",
-        "  1-6, Tab, Shift-Tab   overview, heatmap, timeline, reshards, memory, suggestions",
+        "  1-7, Tab, Shift-Tab   overview, heatmap, timeline, reshards, memory, suggestions,",
+        "                        pipeline (7: runs with pp > 1 only)",
         "Everywhere",
         "  ?                     this help (any key closes it)",
         t->src->in_process ? "  q                     quit: the job stops after its current step"
@@ -217,6 +232,9 @@ static void draw_help(ms_tui *t, int rows, int cols) {
         "  b  t  w               bytes, time, bandwidth (bytes / seconds) per rank pair",
         "  d                     all traffic, then each mesh dim in turn",
         "  Left Right            scroll columns when the ranks do not fit",
+        "Pipeline",
+        "  Up Down               scroll stages; a lane per stage: F B W blocks labelled and",
+        "                        coloured by micro-batch, dots the bubble, measured vs formula",
         "Suggestions",
         "  Enter or a            review a suggestion; y in the box accepts it",
         "  x                     dismiss the selected suggestion",
@@ -310,10 +328,12 @@ static ms_tui_key_result global_key(ms_tui *t, int ch) {
             t->paused = !t->paused;
             return MS_KEY_HANDLED;
         case '\t':
-            t->screen = (t->screen + 1) % MS_TUI_NSCREENS;
+            do t->screen = (t->screen + 1) % MS_TUI_NSCREENS;
+            while (!screen_shown(t->screen, t->snap));
             return MS_KEY_HANDLED;
         case KEY_BTAB:
-            t->screen = (t->screen + MS_TUI_NSCREENS - 1) % MS_TUI_NSCREENS;
+            do t->screen = (t->screen + MS_TUI_NSCREENS - 1) % MS_TUI_NSCREENS;
+            while (!screen_shown(t->screen, t->snap));
             return MS_KEY_HANDLED;
         case 12: /* Ctrl-L */
             clearok(curscr, TRUE);
@@ -340,6 +360,10 @@ static ms_tui_key_result global_key(ms_tui *t, int ch) {
             break;
     }
     if (ch >= '1' && ch < '1' + MS_TUI_NSCREENS) {
+        if (!screen_shown(ch - '1', t->snap)) {
+            ms_tui_flash(t, MS_ROLE_WARN, "%s", screens[ch - '1']->hidden);
+            return MS_KEY_HANDLED;
+        }
         t->screen = ch - '1';
         return MS_KEY_HANDLED;
     }

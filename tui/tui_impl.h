@@ -15,7 +15,7 @@
 #include "tui/source.h"
 #include "tui/tui.h"
 
-#define MS_TUI_NSCREENS 6
+#define MS_TUI_NSCREENS 7
 
 /* What a key handler did with a key. */
 typedef enum ms_tui_key_result { MS_KEY_IGNORED, MS_KEY_HANDLED, MS_KEY_QUIT } ms_tui_key_result;
@@ -57,16 +57,22 @@ struct ms_tui {
 };
 
 /* A screen: draws itself into rows [y, y + h) of a `w`-column terminal, and may take keys
- * before the global ones (NULL: none). */
+ * before the global ones (NULL: none). A screen with `shown` appears (tab, Tab cycling, its
+ * number key) only for snapshots it returns true for; NULL: always. */
 typedef struct ms_tui_screen {
     const char *name;
     const char *keys; /* the screen's own keys, for the footer */
     void (*draw)(ms_tui *t, const ms_snapshot *s, int y, int h, int w);
     ms_tui_key_result (*key)(ms_tui *t, const ms_snapshot *s, int ch);
+    bool (*shown)(const ms_snapshot *s);
+    const char *hidden; /* said when its key is pressed while hidden */
 } ms_tui_screen;
 
 extern const ms_tui_screen ms_tui_screen_overview, ms_tui_screen_heatmap, ms_tui_screen_timeline,
-    ms_tui_screen_reshards, ms_tui_screen_memory, ms_tui_screen_suggestions;
+    ms_tui_screen_reshards, ms_tui_screen_memory, ms_tui_screen_suggestions, ms_tui_screen_pipeline;
+
+/* Whether the snapshot describes a pipeline (pp > 1), i.e. the pipeline screen is shown. */
+bool ms_tui_pipeline_shown(const ms_snapshot *s);
 
 /* Shows msg in the footer for a few seconds. */
 void ms_tui_flash(ms_tui *t, ms_tui_role role, const char *fmt, ...)

@@ -37,8 +37,9 @@ struct ms_stages {
     int nch;
     ms_pp_action *acts, *fwd_acts; /* the training schedule, and forward-only */
     int nacts, nfwd;
-    ms_comm *tie;     /* first and last stage's ranks at one mesh position; NULL when p == 1 */
-    int tie_param[2]; /* chunk index * 65536 + param index of each tied copy, or -1 */
+    ms_comm *tie; /* first and last stage's ranks at one mesh position; NULL when p == 1 */
+    ms_comm_probe *tie_probe; /* its trace probe, when the run is traced */
+    int tie_param[2];         /* chunk index * 65536 + param index of each tied copy, or -1 */
     int32_t *ids_mb, *tgt_mb;
     float *scratch;
     ms_p2p_op *ops;
@@ -202,6 +203,9 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         bool ends = st->stage == 0 || st->stage == st->p - 1;
         rc =
             ms_comm_split(ctx->world, ends ? st->index : -1, st->stage, "embedding", &st->tie, err);
+        /* Probed like every mesh dim, so the embedding's all-reduce between the first and the
+         * last stage is in the trace and the heatmap. */
+        if (rc == MS_OK && st->tie) st->tie_probe = ms_comm_probe_attach(&ctx->trace, st->tie, -1);
     }
     if (rc == MS_OK)
         rc = ms_pp_schedule((ms_schedule)s->schedule, st->p, st->m, st->v, st->stage, &st->acts,
@@ -236,6 +240,7 @@ void ms_stages_destroy(ms_stages *st) {
         free(st->ch[c].free_slots);
     }
     ms_comm_destroy(st->tie);
+    ms_comm_probe_free(st->tie_probe);
     for (int q = 0; st->dm && q < st->p; q++) ms_dmesh_destroy(st->dm[q]);
     free(st->dm);
     ms_mesh_free(&st->mesh);
@@ -348,7 +353,9 @@ static ms_status transfer(ms_stages *st, const ms_pp_action *a, int n, bool trai
     return MS_OK;
 }
 
-/* One trace event per compute action, when the run is traced. */
+/* One trace event per compute action of the training schedule, when the run is traced.
+ * Forward-only runs (evaluation, sampling) are not the schedule: recording them would put
+ * extra F's into the step that happens to be current, and into its measured bubble. */
 static void record_action(const ms_stages *st, const ms_pp_action *a, const chunk *c, int64_t t0) {
     if (!st->ctx->trace.recorder) return;
     ms_ev_pipe e = {.action = a->op == MS_PP_FORWARD    ? MS_PIPE_F
@@ -401,7 +408,7 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
                                              : ms_program_backward_weight(c->prog, err));
             release_slot(c, a->mb);
         }
-        record_action(st, a, c, t0);
+        if (train) record_action(st, a, c, t0);
         i++;
     }
     /* The loss lives on the last stage; every rank reports it. */
