@@ -7,7 +7,7 @@
 # Usage: bench/plan_validate.sh [--bin build/meshscope] [--model configs/gpt-bench.json]
 #          [--ranks 4] [--batch 8] [--seq 128] [--steps 10] [--skip 3] [--rounds 3]
 #          [--tolerance 0.15] [--recalibrate] [--max-wait 600]
-#          [--strategies "dp=4 tp=4 tp=4,sp=1 ..."]
+#          [--strategies "dp=4 tp=4 tp=4,sp=1 pp=2,m=4 ..."]   (m: micro-batches)
 #
 # Each round runs every strategy once (rounds interleave, so slow spells of a shared machine
 # spread over all strategies); a strategy's measured time is the median step_ms over steps
@@ -71,27 +71,27 @@ knob() { # knob SPEC NAME DEFAULT
   v=$(tr ',' '\n' <<<"$1" | sed -n "s/^$2=//p")
   echo "${v:-$3}"
 }
-degrees() { # the missing degree makes dp x tp x cp = ranks
-  local dp tp cp
-  dp=$(knob "$1" dp 0); tp=$(knob "$1" tp 1); cp=$(knob "$1" cp 1)
-  [ "$dp" = 0 ] && dp=$((ranks / (tp * cp)))
-  echo "$dp $tp $cp $(knob "$1" sp 0)"
+degrees() { # the missing degree makes dp x tp x cp x pp = ranks; then sp, pp, micro-batches
+  local dp tp cp pp
+  dp=$(knob "$1" dp 0); tp=$(knob "$1" tp 1); cp=$(knob "$1" cp 1); pp=$(knob "$1" pp 1)
+  [ "$dp" = 0 ] && dp=$((ranks / (tp * cp * pp)))
+  echo "$dp $tp $cp $(knob "$1" sp 0) $pp $(knob "$1" m 1)"
 }
 
 echo "load before: $(cat /proc/loadavg)"
 # The prediction first (calibrates cpu-local once if there is no cached measurement).
 for s in $strategies; do
-  read -r dp tp cp sp <<<"$(degrees "$s")"
+  read -r dp tp cp sp pp m <<<"$(degrees "$s")"
   "$bin" plan --model "$model" --cluster cpu-local --devices "$ranks" --global-batch "$batch" \
     --seq "$seq" --json --top 1 $recal \
-    --evaluate "dp=$dp,tp=$tp,cp=$cp,sp=$sp,pp=1,zero=0,recompute=0,micro=1,vp=$((tp > 1))" \
+    --evaluate "dp=$dp,tp=$tp,cp=$cp,sp=$sp,pp=$pp,zero=0,recompute=0,micro=$m,vp=$((tp > 1))" \
     >"$tmp/plan.$s.json" 2>"$tmp/plan.$s.err" || { cat "$tmp/plan.$s.err" >&2; exit 1; }
   recal=""
 done
 for r in $(seq "$rounds"); do
   for s in $strategies; do
-    read -r dp tp cp sp <<<"$(degrees "$s")"
-    flags="--dp $dp --tp $tp --cp $cp"
+    read -r dp tp cp sp pp m <<<"$(degrees "$s")"
+    flags="--dp $dp --tp $tp --cp $cp --pp $pp --micro-batches $m"
     [ "$sp" = 1 ] && flags="$flags --sp"
     wait_quiet
     # shellcheck disable=SC2086

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "engine/data/dataset.h"
 #include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
+#include "engine/train/stages.h"
 #include "job/live_job.h"
 #include "job/tracer.h"
 #include "profiler/record/hooks.h"
@@ -66,6 +68,45 @@ static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, m
     }
     for (int i = 0; i < n; i++) ms_tensor_release(&full[i]);
     free(full), free(e);
+    return st;
+}
+
+/* After training with micro-batches or stages: per stage, the micro-batches held at once
+ * against the schedule's bound and the activation memory, as the slots count it and as the
+ * device's peak counter saw it grow over the run (collective; rank 0 prints). */
+static ms_status report_memory(ms_ctx *ctx, ms_trainer *t, double base_in_use, ms_strbuf *later,
+                               ms_error *err) {
+    const ms_strategy *s = ms_trainer_strategy(t);
+    ms_stages_memory m;
+    ms_trainer_memory(t, &m);
+    double peak = (double)atomic_load(&ctx->device->peak);
+    /* Without micro-batches the program's own arena was allocated with it, before
+     * base_in_use; micro-batched arenas come from the pool during the steps. */
+    float mine[5] = {(float)m.stage, (float)m.held, (float)m.bound,
+                     (float)(m.activation_bytes / 1048576.0),
+                     (float)((peak - base_in_use + m.own_arena_bytes) / 1048576.0)};
+    int n = ctx->world_size;
+    float *all = xmalloc(sizeof *all * 5 * (size_t)n);
+    size_t *counts = xmalloc(sizeof *counts * (size_t)n);
+    for (int r = 0; r < n; r++) counts[r] = 5;
+    ms_status st = ms_all_gather(ctx->world, mine, all, counts, err);
+    if (st == MS_OK && ctx->rank == 0) {
+        char name[MS_STRATEGY_NAME_MAX];
+        say(later,
+            "activations (%s): micro-batches held at once per stage, against the schedule's "
+            "bound\n",
+            ms_strategy_name(s, name, sizeof name));
+        int last = -1;
+        for (int r = 0; r < n; r++) {
+            const float *x = all + 5 * r;
+            if ((int)x[0] == last) continue; /* a stage's first rank speaks for it */
+            last = (int)x[0];
+            say(later,
+                "  stage %d: held %d (bound %d), %.1f MiB in slots, device peak grew %.1f MiB\n",
+                last, (int)x[1], (int)x[2], (double)x[3], (double)x[4]);
+        }
+    }
+    free(all), free(counts);
     return st;
 }
 
@@ -158,6 +199,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
             goto out;
         }
     }
+    double base_in_use = (double)atomic_load(&ctx->device->in_use);
     live_job *jl = ctx->rank == 0 ? job : NULL;
     ms_strbuf *later = quiet && job ? &job->epilogue : NULL;
     if (ctx->rank == 0 && !quiet) announce(ctx, o, t, &data);
@@ -201,6 +243,10 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
             if (ctx->rank == 0 && !quiet) printf("step %5d  validation loss %.4f\n", step, vl);
         }
     }
+    int mb_size = 0, mb_count = 1;
+    ms_strategy_micro(ms_trainer_strategy(t), o->batch, &mb_size, &mb_count);
+    if (o->steps > 0 && (ms_trainer_strategy(t)->pp > 1 || mb_count > 1))
+        MS_CHECK_GOTO(report_memory(ctx, t, base_in_use, later, err), st, out);
     if (o->trace) {
         ctx->trace.recorder = tr.rec;
         ms_recorder_set_step(tr.rec, -1);

@@ -17,6 +17,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/dtensor.h"
 #include "engine/model/strategy.h"
+#include "engine/train/stages.h"
 #include "engine/train/trainer.h"
 #include "tests/testkit.h"
 
@@ -137,6 +138,13 @@ static void run(mt_rank *r, void *arg) {
                      "%s, step %d: loss %.7f, one rank %.7f", a->strategy, step, res.loss,
                      ref->losses[step]);
     }
+    /* Activation memory: the arenas the run needed are the schedule's in-flight bound, no
+     * more (the schedule's memory claim, measured) and no fewer (the bound is tight). */
+    ms_stages_memory mem;
+    ms_trainer_memory(tr, &mem);
+    if (ms_trainer_strategy(tr)->pp > 1)
+        MT_CHECK(r, mem.held == mem.bound, "%s, stage %d: %d micro-batches held, bound %d",
+                 a->strategy, mem.stage, mem.held, mem.bound);
     double val = 0;
     MT_OK(r, ms_trainer_evaluate(tr, MS_SPLIT_VAL, 2, &val, &err), &err);
     if (a->is_ref)

@@ -108,12 +108,14 @@ ms_status ms_program_step(ms_program *p, float *loss, ms_error *err);
 ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
 
 /* Micro-batched programs (ms_compile_opts.micro_batched): a step is ms_program_zero_grads,
- * then per micro-batch ms_program_use_slot + feed + ms_program_forward and later, on the same
- * slot, ms_program_backward, then one ms_program_grad_sync. A slot holds one micro-batch's
- * inputs, activations and temporaries from its forward to its backward; its memory is
- * allocated on first use, so the device's peak counts the micro-batches truly in flight. */
-ms_status ms_program_use_slot(ms_program *p, int slot, ms_error *err);
-int ms_program_num_slots(const ms_program *p); /* slots allocated so far */
+ * then per micro-batch ms_program_bind_arena + feed + ms_program_forward and later, on the
+ * same arena, ms_program_backward, then one ms_program_grad_sync. An arena holds one
+ * micro-batch's inputs, activations and temporaries from its forward to its backward; the
+ * caller owns the arenas (ms_program_arena_bytes each, any float-aligned memory), so it can
+ * pool them across programs and count what is truly in flight. Such a program allocates no
+ * arena of its own. */
+size_t ms_program_arena_bytes(const ms_program *p);
+void ms_program_bind_arena(ms_program *p, float *arena);
 ms_status ms_program_backward(ms_program *p, ms_error *err);
 /* The two passes of a split backward (ms_compile_opts.split_weight_grads); without the split
  * the first runs the whole backward and the second nothing. */

@@ -100,8 +100,6 @@ struct ms_program {
     float loss_scale;
     int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
-    float **slots;    /* [nslots] arenas, one per micro-batch in flight; arena is the current */
-    int nslots;
     float *arena;
     size_t arena_floats, unplanned_floats;
     float *persist;
@@ -688,18 +686,18 @@ static void layout_memory(ms_program *p) {
 /* The arena and persistent storage behind the layout; every buffer's tensor becomes a view. */
 static ms_status alloc_memory(ms_program *p, ms_error *err) {
     size_t top = p->arena_floats;
-    p->arena = program_alloc(p, (top + 16) * sizeof(float));
-    p->slots = xmalloc(sizeof *p->slots);
-    p->slots[0] = p->arena;
-    p->nslots = 1;
+    /* Micro-batched, the caller binds an arena per micro-batch (ms_program_bind_arena). */
+    p->arena = p->micro ? NULL : program_alloc(p, (top + 16) * sizeof(float));
     p->persist = program_alloc(p, (p->persist_floats + 16) * sizeof(float));
-    if (!p->arena || !p->persist)
+    if ((!p->arena && !p->micro) || !p->persist)
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu bytes",
                        top * sizeof(float), p->persist_floats * sizeof(float));
     memset(p->persist, 0, (p->persist_floats + 16) * sizeof(float));
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
-        bf->ptr = (bf->persistent ? p->persist : p->arena) + bf->offset;
+        bf->ptr = bf->persistent ? p->persist + bf->offset
+                  : p->arena     ? p->arena + bf->offset
+                                 : NULL;
         MS_CHECK(ms_tensor_wrap(bf->ptr, MS_F32, bf->lshape.ndim, bf->lshape.d, &bf->t, err));
     }
     return MS_OK;
@@ -870,10 +868,7 @@ void ms_program_destroy(ms_program *p) {
     free(p->ins);
     free(p->pv);
     free(p->pn);
-    for (int s = 0; s < p->nslots; s++)
-        program_free(p, p->slots[s], (p->arena_floats + 16) * sizeof(float));
-    if (!p->slots) program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
-    free(p->slots);
+    if (!p->micro) program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
     free(p->in_grad_buf);
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     free(p->params);
@@ -887,9 +882,19 @@ void ms_program_destroy(ms_program *p) {
 /* --- execution ------------------------------------------------------------------------------- */
 
 /* A shapes-only program has no memory behind its buffers. */
+static ms_status check_has_memory(const ms_program *p, ms_error *err) {
+    if (p->shapes_only)
+        return ms_fail(err, MS_ERR_INVALID, "program: compiled from shapes only, it cannot run");
+    return MS_OK;
+}
+
+/* ... and, to run or feed, an arena (micro-batched programs are given theirs). */
 static ms_status check_runnable(const ms_program *p, ms_error *err) {
-    if (!p->shapes_only) return MS_OK;
-    return ms_fail(err, MS_ERR_INVALID, "program: compiled from shapes only, it cannot run");
+    MS_CHECK(check_has_memory(p, err));
+    if (!p->arena)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "program: micro-batched, it needs an arena (ms_program_bind_arena) first");
+    return MS_OK;
 }
 
 /* Straight from the source buffer into the target buffer: the plan comes from the cache and
@@ -1066,36 +1071,19 @@ void ms_program_zero_grads(ms_program *p) {
     }
 }
 
-ms_status ms_program_use_slot(ms_program *p, int slot, ms_error *err) {
-    if (!p->member) return MS_OK;
-    MS_CHECK(check_runnable(p, err));
-    if (slot < 0 || slot > p->nslots || (!p->micro && slot > 0))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "program: slot %d of %d (slots beyond 0 need a micro-batched program; "
-                       "take them in order)",
-                       slot, p->nslots);
-    if (slot == p->nslots) {
-        float *a = program_alloc(p, (p->arena_floats + 16) * sizeof(float));
-        if (!a)
-            return ms_fail(err, MS_ERR_NOMEM,
-                           "program: cannot allocate micro-batch slot %d (%zu bytes)", slot,
-                           p->arena_floats * sizeof(float));
-        p->slots = xrealloc(p->slots, sizeof *p->slots * (size_t)(p->nslots + 1));
-        p->slots[p->nslots++] = a;
-    }
-    if (p->arena == p->slots[slot]) return MS_OK;
-    p->arena = p->slots[slot];
+size_t ms_program_arena_bytes(const ms_program *p) {
+    return (p->arena_floats + 16) * sizeof(float);
+}
+
+void ms_program_bind_arena(ms_program *p, float *arena) {
+    if (!p->member || p->shapes_only || !p->micro || p->arena == arena) return;
+    p->arena = arena;
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
         if (bf->persistent) continue;
         bf->ptr = p->arena + bf->offset;
         bf->t.storage->data = bf->ptr;
     }
-    return MS_OK;
-}
-
-int ms_program_num_slots(const ms_program *p) {
-    return p->nslots;
 }
 
 ms_tensor *ms_program_local(ms_program *p, int v) {
@@ -1224,7 +1212,7 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     if (i < 0 || i >= p->nparams)
         return ms_fail(err, MS_ERR_INVALID, "parameter %d out of range", i);
     if (!p->member) return MS_OK;
-    MS_CHECK(check_runnable(p, err));
+    MS_CHECK(check_has_memory(p, err));
     int v = p->params[i];
     const gvalue *gv = &p->g->v[v];
     buf *b = &p->bufs[p->pv[v].buf];
@@ -1240,7 +1228,7 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) {
     memset(out, 0, sizeof *out);
     if (!p->member) return MS_OK;
-    MS_CHECK(check_runnable(p, err));
+    MS_CHECK(check_has_memory(p, err));
     if (v < 0 || v >= p->g->nv || !p->bufs[p->pv[v].buf].persistent)
         return ms_fail(err, MS_ERR_INVALID,
                        "value %d is not kept; call ms_graph_keep before "

@@ -17,10 +17,18 @@ typedef struct chunk {
     int k; /* model chunk 0 .. p*v-1 */
     ms_model model;
     ms_program *prog;
-    int *slot_of;     /* [m]: the slot holding micro-batch j from its F to its B, or -1 */
-    int *holds;       /* [m]: what micro-batch j's slot still waits for before it is free */
-    int *free_slots;  /* stack of released slots */
-    int n_free, used; /* slots ever taken */
+    int *slot_of; /* [m]: the pool arena holding micro-batch j from its F to its B, or -1 */
+    int *holds;   /* [m]: what micro-batch j's arena still waits for before it is free */
+    /* What leaves a chunk after its micro-batch's slot is free: the input gradient after B
+     * (chunks after the first), the output after a forward-only F (chunks before the last).
+     * One each: a chunk's next B or F comes after the batch that sends it. */
+    float *out_grad_stage, *out_act_stage;
+    size_t grad_bytes, act_bytes;
+    /* The input activation arrives here (chunks after the first) and moves into a slot when
+     * its forward starts: a schedule may receive before the step's backward frees a slot. */
+    float *in_act_stage;
+    size_t in_bytes;
+    int in_mb; /* the micro-batch waiting in it, or -1 */
 } chunk;
 
 struct ms_stages {
@@ -38,6 +46,14 @@ struct ms_stages {
     ms_pp_action *acts, *fwd_acts; /* the training schedule, and forward-only */
     int nacts, nfwd;
     ms_comm *tie; /* first and last stage's ranks at one mesh position; NULL when p == 1 */
+    /* Micro-batched: one pool of arenas for all of this rank's chunks, each as large as the
+     * largest chunk's, allocated when no free one is left: the pool's size is the most
+     * micro-batch units held at once, as the schedule's bound counts them. */
+    bool micro;
+    float **pool;
+    int *pool_free;
+    int npool, nfree, pool_cap;
+    size_t pool_bytes;
     ms_comm_probe *tie_probe; /* its trace probe, when the run is traced */
     int tie_param[2];         /* chunk index * 65536 + param index of each tied copy, or -1 */
     int32_t *ids_mb, *tgt_mb;
@@ -104,7 +120,7 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
     return (ms_compile_opts){.shard = ms_strategy_shard,
                              .shard_user = sh,
                              .seed = st->o.seed,
-                             .micro_batched = st->m > 1 || st->p > 1,
+                             .micro_batched = st->micro,
                              .split_weight_grads = s_zb(st),
                              .loss_scale = 1.0f / (float)st->m};
 }
@@ -116,7 +132,20 @@ static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
     MS_CHECK(ms_program_compile(c->model.g, st->dm[st->stage], &co, &c->prog, err));
     c->slot_of = xmalloc(sizeof(int) * (size_t)st->m);
     c->holds = xcalloc((size_t)st->m, sizeof(int));
-    c->free_slots = xmalloc(sizeof(int) * (size_t)st->m);
+    const ms_model *md = &c->model;
+    ms_tensor *gin = ms_program_input_grad(c->prog, md->hidden_in);
+    ms_tensor *out = ms_program_local(c->prog, md->hidden_out);
+    ms_tensor *in = ms_program_local(c->prog, md->hidden_in);
+    c->in_bytes = in ? sizeof(float) * (size_t)ms_tensor_numel(in) + 4 : 0;
+    c->in_mb = -1;
+    if (c->in_bytes)
+        MS_CHECK(ms_device_alloc(st->ctx->device, c->in_bytes, (void **)&c->in_act_stage, err));
+    c->grad_bytes = gin ? sizeof(float) * (size_t)ms_tensor_numel(gin) + 4 : 0;
+    c->act_bytes = out ? sizeof(float) * (size_t)ms_tensor_numel(out) + 4 : 0;
+    if (c->grad_bytes)
+        MS_CHECK(ms_device_alloc(st->ctx->device, c->grad_bytes, (void **)&c->out_grad_stage, err));
+    if (c->act_bytes)
+        MS_CHECK(ms_device_alloc(st->ctx->device, c->act_bytes, (void **)&c->out_act_stage, err));
     for (int j = 0; j < st->m; j++) c->slot_of[j] = -1;
     return MS_OK;
 }
@@ -194,10 +223,13 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         if (rc == MS_OK && q == st->stage) rc = ms_mesh_copy(&st->mesh, &mq, err);
         ms_mesh_free(&mq);
     }
+    st->micro = st->m > 1 || st->p > 1;
     for (int c = 0; c < st->v && rc == MS_OK; c++) {
         st->ch[c].k = c * st->p + st->stage;
         st->nch = c + 1;
         rc = compile_chunk(st, &st->ch[c], err);
+        if (rc == MS_OK && ms_program_arena_bytes(st->ch[c].prog) > st->pool_bytes)
+            st->pool_bytes = ms_program_arena_bytes(st->ch[c].prog);
     }
     if (rc == MS_OK && st->p > 1) {
         bool ends = st->stage == 0 || st->stage == st->p - 1;
@@ -237,9 +269,17 @@ void ms_stages_destroy(ms_stages *st) {
         ms_model_free(&st->ch[c].model);
         free(st->ch[c].slot_of);
         free(st->ch[c].holds);
-        free(st->ch[c].free_slots);
+        if (st->ch[c].out_grad_stage)
+            ms_device_free(st->ctx->device, st->ch[c].out_grad_stage, st->ch[c].grad_bytes);
+        if (st->ch[c].out_act_stage)
+            ms_device_free(st->ctx->device, st->ch[c].out_act_stage, st->ch[c].act_bytes);
+        if (st->ch[c].in_act_stage)
+            ms_device_free(st->ctx->device, st->ch[c].in_act_stage, st->ch[c].in_bytes);
     }
     ms_comm_destroy(st->tie);
+    for (int i = 0; i < st->npool; i++)
+        ms_device_free(st->ctx->device, st->pool[i], st->pool_bytes);
+    free(st->pool), free(st->pool_free);
     ms_comm_probe_free(st->tie_probe);
     for (int q = 0; st->dm && q < st->p; q++) ms_dmesh_destroy(st->dm[q]);
     free(st->dm);
@@ -285,72 +325,107 @@ static ms_status feed(ms_stages *st, chunk *c, int j, const int32_t *ids, const 
     return MS_OK;
 }
 
-/* What a micro-batch's slot on chunk c waits for before it is free. Training: its backward
- * (B), the input gradient's send (chunks after the first) and, split, the weight gradient (W).
- * Forward only: the activation's send, or the forward itself on the last chunk. */
-static int holds_of(const ms_stages *st, const chunk *c, bool train) {
-    if (!train) return 1;
-    return 1 + (c->k > 0) + s_zb(st);
+/* What a micro-batch's slot waits for before it is free: training, its backward (B) and,
+ * split, its weight gradient (W); forward only, its forward. What leaves the chunk afterwards
+ * leaves from a staging buffer. */
+static int holds_of(const ms_stages *st, bool train) {
+    return train ? 1 + s_zb(st) : 1;
 }
 
-/* The slot of chunk c's micro-batch j, taking a free one (or a new one) at its first use. */
-static ms_status take_slot(const ms_stages *st, chunk *c, int j, bool train, ms_error *err) {
+/* Binds chunk c's program to micro-batch j's arena, taking a free one from the pool (or a
+ * new one) at the micro-batch's first use on the chunk. */
+static ms_status take_slot(ms_stages *st, chunk *c, int j, bool train, ms_error *err) {
+    if (!st->micro) return MS_OK; /* one micro-batch: the program's own arena */
     if (c->slot_of[j] < 0) {
-        c->slot_of[j] = c->n_free ? c->free_slots[--c->n_free] : c->used++;
-        c->holds[j] = holds_of(st, c, train);
+        if (!st->nfree) {
+            if (st->npool == st->pool_cap) {
+                st->pool_cap = st->pool_cap ? 2 * st->pool_cap : 8;
+                st->pool = xrealloc(st->pool, sizeof *st->pool * (size_t)st->pool_cap);
+                st->pool_free =
+                    xrealloc(st->pool_free, sizeof *st->pool_free * (size_t)st->pool_cap);
+            }
+            MS_CHECK(ms_device_alloc(st->ctx->device, st->pool_bytes, (void **)&st->pool[st->npool],
+                                     err));
+            st->pool_free[st->nfree++] = st->npool++;
+        }
+        c->slot_of[j] = st->pool_free[--st->nfree];
+        c->holds[j] = holds_of(st, train);
     }
-    return ms_program_use_slot(c->prog, c->slot_of[j], err);
+    ms_program_bind_arena(c->prog, st->pool[c->slot_of[j]]);
+    return MS_OK;
 }
 
-/* One of the things micro-batch j's slot waits for is done; the last frees it. */
-static void release_slot(chunk *c, int j) {
-    if (c->slot_of[j] < 0 || --c->holds[j] > 0) return;
-    c->free_slots[c->n_free++] = c->slot_of[j];
+/* One of the things micro-batch j's arena waits for is done; the last frees it. */
+static void release_slot(ms_stages *st, chunk *c, int j) {
+    if (!st->micro || c->slot_of[j] < 0 || --c->holds[j] > 0) return;
+    st->pool_free[st->nfree++] = c->slot_of[j];
     c->slot_of[j] = -1;
 }
 
-/* A batch of consecutive transfers as one ms_p2p call. A micro-batch's stay on a chunk ends
- * when its input gradient has left (training) or its activation has (forward only). */
+/* Where transfer a reads or writes on chunk c: the micro-batch's slot, or a staging buffer
+ * for what leaves after the slot is free (*buf and *count in floats). */
+static ms_status transfer_buffer(ms_stages *st, chunk *c, const ms_pp_action *a, bool train,
+                                 float **buf, size_t *count, ms_error *err) {
+    const ms_model *md = &c->model;
+    if (a->op == MS_PP_SEND_GRAD || (a->op == MS_PP_SEND_ACT && !train)) {
+        bool grad = a->op == MS_PP_SEND_GRAD;
+        *buf = grad ? c->out_grad_stage : c->out_act_stage;
+        *count = ((grad ? c->grad_bytes : c->act_bytes) - 4) / sizeof(float);
+        return *buf ? MS_OK
+                    : ms_fail(err, MS_ERR_INTERNAL, "pipeline: chunk %d has nothing to send for %s",
+                              c->k, ms_pp_op_name((ms_pp_op)a->op));
+    }
+    if (a->op == MS_PP_RECV_ACT) {
+        if (!c->in_act_stage || c->in_mb >= 0)
+            return ms_fail(err, MS_ERR_INTERNAL,
+                           "pipeline: chunk %d receives micro-batch %d's input while %d's waits",
+                           c->k, a->mb, c->in_mb);
+        c->in_mb = a->mb;
+        *buf = c->in_act_stage;
+        *count = (c->in_bytes - 4) / sizeof(float);
+        return MS_OK;
+    }
+    MS_CHECK(take_slot(st, c, a->mb, train, err));
+    ms_tensor *t = a->op == MS_PP_SEND_ACT ? ms_program_local(c->prog, md->hidden_out)
+                                           : ms_program_output_grad(c->prog);
+    if (!t)
+        return ms_fail(err, MS_ERR_INTERNAL, "pipeline: chunk %d has no buffer for %s", c->k,
+                       ms_pp_op_name((ms_pp_op)a->op));
+    *buf = ms_tensor_f32(t);
+    *count = (size_t)ms_tensor_numel(t);
+    return MS_OK;
+}
+
+/* Copies what leaves chunk c after its slot is freed into the staging buffer. */
+static void stage_out(chunk *c, bool grad) {
+    const ms_model *md = &c->model;
+    ms_tensor *t = grad ? ms_program_input_grad(c->prog, md->hidden_in)
+                        : ms_program_local(c->prog, md->hidden_out);
+    if (t)
+        memcpy(grad ? c->out_grad_stage : c->out_act_stage, ms_tensor_f32(t),
+               sizeof(float) * (size_t)ms_tensor_numel(t));
+}
+
+/* A batch of consecutive transfers as one ms_p2p call. */
 static ms_status transfer(ms_stages *st, const ms_pp_action *a, int n, bool train, ms_error *err) {
     for (int i = 0; i < n; i++) {
         chunk *c = &st->ch[a[i].chunk];
-        MS_CHECK(take_slot(st, c, a[i].mb, train, err));
-        const ms_model *md = &c->model;
-        ms_tensor *t = NULL;
+        float *buf = NULL;
+        size_t count = 0;
+        MS_CHECK(transfer_buffer(st, c, &a[i], train, &buf, &count, err));
         bool send = a[i].op == MS_PP_SEND_ACT || a[i].op == MS_PP_SEND_GRAD;
-        switch (a[i].op) {
-            case MS_PP_SEND_ACT:
-                t = ms_program_local(c->prog, md->hidden_out);
-                break;
-            case MS_PP_RECV_ACT:
-                t = ms_program_local(c->prog, md->hidden_in);
-                break;
-            case MS_PP_SEND_GRAD:
-                t = ms_program_input_grad(c->prog, md->hidden_in);
-                break;
-            default:
-                t = ms_program_output_grad(c->prog);
-                break;
-        }
-        if (!t)
-            return ms_fail(err, MS_ERR_INTERNAL, "pipeline: chunk %d has no buffer for %s", c->k,
-                           ms_pp_op_name((ms_pp_op)a[i].op));
         /* Each boundary (model chunks lo -> lo + 1), direction and micro-batch has its own tag,
          * so transfers of different chunks between the same two ranks never match. */
         int grad = a[i].op == MS_PP_SEND_GRAD || a[i].op == MS_PP_RECV_GRAD;
         int lo = a[i].op == MS_PP_SEND_ACT || a[i].op == MS_PP_RECV_GRAD ? c->k : c->k - 1;
         int tag = 100 + (int)(((int64_t)a[i].mb * st->p * st->v + lo) * 2 + grad) % 30000;
         st->ops[i] = (ms_p2p_op){.kind = send ? MS_P2P_SEND : MS_P2P_RECV,
-                                 .buf = ms_tensor_f32(t),
-                                 .count = (size_t)ms_tensor_numel(t),
+                                 .buf = buf,
+                                 .count = count,
                                  .peer = a[i].peer * st->R + st->index,
                                  .tag = tag};
     }
-    MS_CHECK(ms_p2p(st->ctx->world, st->ops, n, err));
-    for (int i = 0; i < n; i++)
-        if (a[i].op == (train ? MS_PP_SEND_GRAD : MS_PP_SEND_ACT))
-            release_slot(&st->ch[a[i].chunk], a[i].mb);
-    return MS_OK;
+    return ms_p2p(st->ctx->world, st->ops, n, err);
 }
 
 /* One trace event per compute action of the training schedule, when the run is traced.
@@ -379,9 +454,8 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
     int last = st->p * st->v - 1;
     for (int c = 0; c < st->nch; c++) {
         for (int j = 0; j < st->m; j++) st->ch[c].slot_of[j] = -1;
-        st->ch[c].n_free = 0;
-        st->ch[c].used = 0;
         if (train) ms_program_zero_grads(st->ch[c].prog);
+        st->ch[c].in_mb = -1;
         memset(st->ch[c].holds, 0, sizeof(int) * (size_t)st->m);
     }
     for (int i = 0; i < nacts;) {
@@ -397,16 +471,29 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
         int64_t t0 = ms_now_ns();
         MS_CHECK(take_slot(st, c, a->mb, train, err));
         if (a->op == MS_PP_FORWARD) {
+            if (c->in_act_stage) {
+                ms_tensor *in = ms_program_local(c->prog, c->model.hidden_in);
+                if (c->in_mb != a->mb)
+                    return ms_fail(err, MS_ERR_INTERNAL,
+                                   "pipeline: chunk %d runs micro-batch %d but received %d", c->k,
+                                   a->mb, c->in_mb);
+                memcpy(ms_tensor_f32(in), c->in_act_stage, c->in_bytes - 4);
+                c->in_mb = -1;
+            }
             MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
             float l = 0;
             MS_CHECK(ms_program_forward(c->prog, &l, err));
             if (c->k == last) sum += l;
-            if (!train && c->k == last) release_slot(c, a->mb);
+            if (!train) {
+                if (c->k != last) stage_out(c, false);
+                release_slot(st, c, a->mb);
+            }
         } else {
             /* B: the input gradients (all of the backward unless split); W: the rest. */
             MS_CHECK(a->op == MS_PP_BACKWARD ? ms_program_backward_input(c->prog, err)
                                              : ms_program_backward_weight(c->prog, err));
-            release_slot(c, a->mb);
+            if (a->op == MS_PP_BACKWARD && c->k > 0) stage_out(c, true);
+            release_slot(st, c, a->mb);
         }
         if (train) record_action(st, a, c, t0);
         i++;
@@ -537,6 +624,19 @@ ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error
         i -= n;
     }
     return ms_fail(err, MS_ERR_INVALID, "stages: no local parameter %d", i);
+}
+
+void ms_stages_memory_get(const ms_stages *st, ms_stages_memory *out) {
+    memset(out, 0, sizeof *out);
+    out->stage = st->stage;
+    out->bound = st->p > 1 ? ms_pp_inflight_bound((ms_schedule)st->strat.schedule, st->p, st->m,
+                                                  st->v, st->stage)
+                           : 1;
+    out->held = st->micro ? st->npool : 1;
+    out->slot_bytes =
+        st->micro ? (double)st->pool_bytes : (double)ms_program_arena_bytes(st->ch[0].prog);
+    out->activation_bytes = out->held * out->slot_bytes;
+    out->own_arena_bytes = st->micro ? 0 : out->slot_bytes;
 }
 
 int ms_stages_pp(const ms_stages *st) {

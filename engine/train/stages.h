@@ -85,6 +85,19 @@ int ms_stages_catalog(const ms_stages *st, const ms_stages_entry **out);
 /* Writes local parameter i's shard from the parameter's full values. */
 ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error *err);
 
+/* Activation memory as run: the arenas in this rank's pool (one per micro-batch unit held;
+ * free ones are reused, so this is the most units held at once, a unit being one micro-batch
+ * on one chunk), the schedule's bound for this stage, and the bytes of one arena (the largest
+ * chunk's inputs, activations and temporaries). */
+typedef struct ms_stages_memory {
+    int stage;
+    int held, bound;
+    double slot_bytes;       /* one arena */
+    double activation_bytes; /* the arenas allocated */
+    double own_arena_bytes;  /* one micro-batch: the program's own arena, allocated with it */
+} ms_stages_memory;
+void ms_stages_memory_get(const ms_stages *st, ms_stages_memory *out);
+
 int ms_stages_pp(const ms_stages *st);
 int ms_stages_micro_batches(const ms_stages *st);
 /* The stage mesh this rank belongs to. */

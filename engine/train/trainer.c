@@ -456,6 +456,10 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
 
 /* --- accessors and the state ----------------------------------------------------------------- */
 
+void ms_trainer_memory(const ms_trainer *t, ms_stages_memory *out) {
+    ms_stages_memory_get(t->c.st, out);
+}
+
 int64_t ms_trainer_step_index(const ms_trainer *t) {
     return t->step;
 }

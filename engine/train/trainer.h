@@ -136,6 +136,11 @@ typedef struct ms_state_tensor {
 int ms_trainer_num_state(const ms_trainer *t);
 /* State tensor i, ordered parameter by parameter (param, m, v). */
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
+/* The activation memory of this rank's micro-batch slots as the run used them
+ * (engine/train/stages.h). */
+struct ms_stages_memory;
+void ms_trainer_memory(const ms_trainer *t, struct ms_stages_memory *out);
+
 /* Loads state tensor i (a parameter) from its full values where this rank holds it (a no-op
  * elsewhere): checkpoint loads. Every rank passes the same values. */
 ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_error *err);
