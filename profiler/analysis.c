@@ -812,7 +812,9 @@ static void pct(char *buf, size_t len, double v) {
 }
 
 static void print_pipe(FILE *f, const ms_pipe_stats *p) {
-    if (p->stages < 1) return; /* no pipeline actions: nothing to say */
+    /* One stage is gradient accumulation (or plain training): its actions follow each other
+     * and the report stays as it was for runs without a pipeline. */
+    if (p->stages < 2) return;
     fprintf(f,
             "\nPipeline: %s, %d stage%s, %d micro-batch%s, %d virtual stage%s (bubble = 1 - busy "
             "/ the step's span of actions; over %d step%s, and step %lld alone)\n",

@@ -182,7 +182,8 @@ ms_status ms_analyze(const ms_event *ev, size_t n, const ms_group *groups, int n
                      int64_t step_lo, int64_t step_hi, ms_analysis *out, ms_error *err);
 void ms_analysis_free(ms_analysis *a);
 
-/* The analysis as text (the `meshscope trace summary` output); file is a FILE *. */
+/* The analysis as text (the `meshscope trace summary` output; the pipeline section for
+ * pp > 1 only); file is a FILE *. */
 void ms_analysis_print(const ms_analysis *a, void *file);
 
 #endif

@@ -655,6 +655,13 @@ static void test_pipe_bubble(void **state) {
     assert_non_null(strstr(sec, "formula (p-1)/(m+p-1) = 33.3%"));
     free(rep);
 
+    /* One stage (gradient accumulation): measured, but no pipeline section in the report. */
+    for (size_t i = 0; i < t->n; i++)
+        if (t->ev[i].kind == MS_EV_PIPE) t->ev[i].u.pipe.stages = 1, t->ev[i].u.pipe.stage = 0;
+    rep = report(t);
+    assert_null(strstr(rep, "Pipeline"));
+    free(rep);
+
     /* No pipeline actions: no pipeline section, stages 0. */
     memset(t, 0, sizeof *t);
     add(t, 0, MS_EV_STEP, 0, 0, MS(1));

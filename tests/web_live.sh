@@ -4,8 +4,9 @@
 # training keeps going, server-sent events arrive, and POST /api/v1/stop ends the job with
 # exit code 0. Strategy switches through POST /api/v1/strategy: each refusal (world size,
 # pipeline, ZeRO, sp without tp, memory cap, unknown knob) is a 422 with its reason and the job
-# runs on unchanged; a valid target is applied at a step boundary. Usage: web_live.sh
-# path/to/meshscope SOURCE_DIR
+# runs on unchanged; a valid target is applied at a step boundary. That run has no pipeline
+# ("pipeline": null); a second, pp 2 run's snapshots have one: 2 lanes, 4 F and 4 B blocks per
+# lane, the measured bubble and the formula. Usage: web_live.sh path/to/meshscope SOURCE_DIR
 # Skips (77) only when the training text is missing.
 set -u
 bin=$1
@@ -90,11 +91,16 @@ cookie=$(awk -v n="meshscope_$port" '$6 == n { print $7 }' "$tmp/jar")
   bad "the cookie's value is the token (or missing)"
 expect "page with the cookie" 200 "$(status GET / -b "$tmp/jar")"
 grep -q 'id="heatmap"' "$tmp/body" && ok "page has the heatmap canvas" || bad "page lacks the heatmap"
+grep -q 'id="sec-pipeline" hidden' "$tmp/body" && grep -q 'id="pipeline"' "$tmp/body" &&
+  ok "page has the pipeline panel, hidden until a snapshot has a pipeline" ||
+  bad "page lacks the pipeline panel"
 
 # The job posts its dashboard URL as an event: no snapshot or event may carry the token.
 curl -s --max-time 20 -H "$auth" "$base/api/v1/snapshot" >"$tmp/snap"
 if grep -qF "$token" "$tmp/snap"; then bad "the snapshot carries the token"
 else ok "the snapshot does not carry the token"; fi
+grep -q '},"pipeline":null,"mem"' "$tmp/snap" && ok "dp2 x tp2: no pipeline in the snapshot" ||
+  bad "dp2 x tp2: the snapshot has a pipeline view"
 
 # Hostile requests.
 before=$(step_now)
@@ -194,6 +200,51 @@ elif [ "$rc" -eq 0 ]; then
 else
   bad "training exited $rc after stop"
   tail -5 "$tmp/err"
+fi
+
+# A pipeline: pp 2, 1f1b over 4 micro-batches.
+"$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" --pp 2 --micro-batches 4 \
+  --batch 8 --seq 32 --steps 100000 --log-every 1000 --web 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+url=$(dashboard_url "$tmp/out" "$pid" 600)
+if [ -z "$url" ]; then
+  bad "pp 2: no 'dashboard: URL' line ($(head -c 200 "$tmp/err"))"
+else
+  token=${url##*token=}
+  base=${url%%/\?*}
+  auth="Authorization: Bearer $token"
+  for _ in $(seq 300); do
+    curl -s --max-time 20 -H "$auth" "$base/api/v1/snapshot" >"$tmp/snap"
+    grep -q '"pipeline":{"step":' "$tmp/snap" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  lanes=$(grep -o '"lanes":\[[^]]*\]' "$tmp/snap" | head -1)
+  [ "$(printf '%s' "$lanes" | grep -o '"stage":' | wc -l)" = 2 ] &&
+    printf '%s' "$lanes" | grep -q '{"stage":0,"rank":0},{"stage":1,"rank":1}' &&
+    ok "pp 2: the snapshot's pipeline has 2 lanes ($lanes)" ||
+    bad "pp 2: pipeline lanes: '$lanes' ($(head -c 300 "$tmp/snap"))"
+  nf=$(grep -o '"action":"F"' "$tmp/snap" | wc -l)
+  nb=$(grep -o '"action":"B"' "$tmp/snap" | wc -l)
+  [ "$nf" = 8 ] && [ "$nb" = 8 ] && ok "pp 2: 4 F and 4 B blocks per lane" ||
+    bad "pp 2: $nf F and $nb B blocks, wanted 8 each"
+  grep -q '"pipeline":{"schedule":"1f1b","stages":2,"virtual_stages":1,"micro_batches":4' \
+    "$tmp/snap" && grep -q '"formula":0.2,' "$tmp/snap" &&
+    grep -Eq '"last_stage_bubble":\[[0-9.e-]+,[0-9.e-]+\]' "$tmp/snap" &&
+    ok "pp 2: the measured bubble per stage and the formula (0.2)" ||
+    bad "pp 2: analysis.pipeline ($(grep -o '"pipeline":{"schedule[^}]*}' "$tmp/snap"))"
+  expect "pp 2: stop" 202 "$(status POST /api/v1/stop -H "$auth")"
+  rc=
+  for _ in $(seq 600); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      rc=$?
+      pid=
+      break
+    fi
+    sleep 0.1
+  done
+  [ "$rc" = 0 ] && ok "pp 2: training exited 0 after stop" || bad "pp 2: exit code '$rc'"
 fi
 
 echo "$pass passed, $fail failed"

@@ -54,8 +54,12 @@ static void draw_lane(const ms_tui_paint *p, const ms_live_pipeline *pl, int v, 
         } else {
             const ms_live_pipe_block *b = &pl->blocks[cells[c0]];
             attr_t a = mb_attr(p, b->mb);
+            /* The whole label where it fits, else without the chunk, else the action alone:
+             * a cut label ("F3.") would read as another block. */
             char label[16];
             ms_tui_pipe_label(b, v, label, sizeof label);
+            if ((int)strlen(label) > c1 - c0) ms_tui_pipe_label(b, 1, label, sizeof label);
+            if ((int)strlen(label) > c1 - c0) label[1] = '\0';
             int n = ms_tui_text(p, y, x + c0, c1 - c0, a | A_BOLD | A_REVERSE, label);
             ms_tui_repeat(y, x + c0 + n, c1 - c0 - n, a, p->g->pipe[b->action < 3 ? b->action : 0]);
         }

@@ -127,6 +127,10 @@ async function main() {
     if (!(spans > 0)) fail('timeline has no spans');
     if (!(points > 0)) fail('loss chart has no points');
     ok(`timeline ${spans} spans, loss chart ${points} points`);
+    // No pipeline in a dp x tp run: its panel stays hidden.
+    if (!(await page.locator('#sec-pipeline').isHidden())) fail('the pipeline panel shows without a pipeline');
+    if (Number(await page.locator('#pipeline').getAttribute('data-stages')) !== 0) fail('pipeline lanes without a pipeline');
+    ok('no pipeline panel for a run without pp');
     for (const metric of ['seconds', 'busbw', 'bytes']) await page.selectOption('#hm-metric', metric);
     await page.selectOption('#hm-dim', { index: 1 });
     if (Number(await hm.getAttribute('data-cells')) !== cells) fail('per-dim heatmap lost its cells');

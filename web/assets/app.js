@@ -1,8 +1,8 @@
 // meshscope dashboard: renders snapshots (docs/api.md) that arrive as server-sent events.
 // No libraries; every chart is drawn on a canvas. Elements carry data-* attributes that
 // tests read: the heatmap's data-version (the snapshot it shows) and data-cells (cells
-// drawn), the timeline's data-spans, the charts' data-points, the suggestions' data-id and
-// data-state.
+// drawn), the timeline's data-spans, the pipeline's data-step, data-stages and data-blocks,
+// the charts' data-points, the suggestions' data-id and data-state.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
@@ -258,6 +258,119 @@ function drawTimeline() {
   ctx.textAlign = 'right';
   ctx.fillText(fmtSeconds(tl.wall_s), W - 10, y);
   ctx.textAlign = 'left';
+}
+
+// --- pipeline ------------------------------------------------------------------------------
+
+// Micro-batch j's hue: the golden angle apart, so neighbours (drawn side by side) differ.
+function mbColour(j, light) {
+  const hue = Math.round((j * 137.508) % 360);
+  return `hsl(${hue}, 62%, ${light ? 78 : 48}%)`;
+}
+
+function fmtPct(x) { return Number.isFinite(x) ? (x * 100).toFixed(1) + '%' : '-'; }
+
+// A pipeline block: F solid, B hatched, W striped, all in the micro-batch's colour, with its
+// label ("F3", "B3.1") when it fits.
+function drawBlock(ctx, b, x, y, w, h, v) {
+  const c = mbColour(b.mb, false);
+  if (b.action === 'F') {
+    ctx.fillStyle = c;
+    ctx.fillRect(x, y, w, h);
+  } else {
+    ctx.fillStyle = mbColour(b.mb, true);
+    ctx.fillRect(x, y, w, h);
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(x, y, w, h);
+    ctx.clip();
+    ctx.strokeStyle = c;
+    ctx.lineWidth = b.action === 'B' ? 2 : 1;
+    const gap = b.action === 'B' ? 5 : 3;
+    for (let k = -h; k < w; k += gap) {
+      ctx.beginPath();
+      if (b.action === 'B') {
+        ctx.moveTo(x + k, y + h);
+        ctx.lineTo(x + k + h, y);
+      } else {
+        ctx.moveTo(x + k, y);
+        ctx.lineTo(x + k, y + h);
+      }
+      ctx.stroke();
+    }
+    ctx.restore();
+    ctx.strokeStyle = c;
+    ctx.lineWidth = 1;
+    ctx.strokeRect(x + 0.5, y + 0.5, Math.max(0, w - 1), h - 1);
+  }
+  const label = b.action + b.mb + (v > 1 ? '.' + b.chunk : '');
+  if (ctx.measureText(label).width + 4 <= w) {
+    ctx.fillStyle = b.action === 'F' ? '#fff' : cssVar('--ink');
+    ctx.fillText(label, x + 2, y + h / 2);
+  }
+}
+
+// Shown only when the run has a pipeline (snapshot.pipeline is null otherwise).
+function drawPipeline() {
+  const snap = view.snap;
+  const pl = snap.pipeline;
+  const ps = snap.analysis.pipeline;
+  const sec = $('sec-pipeline');
+  const cv = $('pipeline');
+  sec.hidden = !pl;
+  cv.dataset.step = String(pl ? pl.step : -1);
+  cv.dataset.stages = String(pl ? pl.lanes.length : 0);
+  cv.dataset.blocks = String(pl ? pl.blocks.length : 0);
+  if (!pl) return;
+  const n = pl.lanes.length;
+  const lane = 26;
+  const left = 70;
+  const want = Math.max(60, n * lane + 30);
+  if (cv.height !== want) cv.height = want;
+  const wantW = Math.max(320, Math.floor(cv.parentElement.clientWidth - 30));
+  if (cv.width !== wantW) cv.width = wantW;
+  const ctx = cv.getContext('2d');
+  const W = cv.width;
+  ctx.fillStyle = cssVar('--card') || '#fff';
+  ctx.fillRect(0, 0, W, cv.height);
+  const v = ps ? ps.virtual_stages : 1;
+  $('pp-step').textContent = ps
+    ? `step ${pl.step}: ${ps.schedule}, ${n} stages${v > 1 ? ` \u00d7 ${v} virtual` : ''}, ` +
+      `${ps.micro_batches} micro-batches, ${fmtSeconds(pl.wall_s)} from the first action to the last`
+    : `step ${pl.step}`;
+  const scale = (W - left - 10) / (pl.wall_s > 0 ? pl.wall_s : 1);
+  ctx.font = '11px system-ui, sans-serif';
+  ctx.textBaseline = 'middle';
+  for (const l of pl.lanes) {
+    const y = 4 + l.stage * lane;
+    ctx.fillStyle = cssVar('--idle');
+    ctx.fillRect(left, y, W - left - 10, lane - 6);
+    ctx.fillStyle = cssVar('--muted');
+    ctx.fillText(`stage ${l.stage} r${l.rank}`, 4, y + (lane - 6) / 2);
+  }
+  for (const b of pl.blocks) {
+    if (b.stage >= n) continue;
+    const x = left + b.t0 * scale;
+    const w = Math.max(1, (b.t1 - b.t0) * scale);
+    drawBlock(ctx, b, x, 4 + b.stage * lane, w, lane - 6, v);
+  }
+  const y = 4 + n * lane + 10;
+  ctx.fillStyle = cssVar('--muted');
+  ctx.textAlign = 'left';
+  ctx.fillText('0', left, y);
+  ctx.textAlign = 'right';
+  ctx.fillText(fmtSeconds(pl.wall_s), W - 10, y);
+  ctx.textAlign = 'left';
+  fillTable('pp-bubbles', pl.lanes.map((l) => [`${l.stage}`, `${l.rank}`,
+    fmtPct(ps ? ps.last_stage_bubble[l.stage] : NaN), fmtPct(ps ? ps.formula : NaN),
+    fmtPct(ps ? ps.stage_bubble[l.stage] : NaN)]));
+  const formula = !ps ? '' : ps.schedule === 'interleaved' ? '(p-1)/(v\u00b7m+p-1)'
+    : Number.isFinite(ps.formula) ? '(p-1)/(m+p-1)' : 'none for this schedule';
+  $('pp-note').textContent = ps
+    ? `Bubble = 1 \u2212 busy / the step's span of actions (mean over the stage's ranks); ` +
+      `all stages ${fmtPct(ps.last_bubble)} in step ${ps.last_step}, ${fmtPct(ps.bubble)} over ` +
+      `the last ${ps.steps} steps; formula ${formula} = ${fmtPct(ps.formula)}.`
+    : '';
 }
 
 // --- line charts ---------------------------------------------------------------------------
@@ -559,6 +672,7 @@ function render(snap) {
   drawStatus();
   drawHeatmap();
   drawTimeline();
+  drawPipeline();
   drawChart('chart-loss', snap.history, 'loss', (v) => v.toFixed(3));
   drawChart('chart-tps', snap.history, 'tokens_per_s', (v) => fmtNum(v));
   drawSuggestions();
