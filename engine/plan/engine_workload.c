@@ -20,7 +20,9 @@
 #include "engine/graph/program.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
+#include "engine/pipeline/schedule.h"
 #include "engine/plan/workload.h"
+#include "engine/train/stages.h"
 
 static int64_t numel(const ms_shape *s) {
     int64_t n = 1;
@@ -158,51 +160,127 @@ static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, con
     return MS_OK;
 }
 
-ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
-                         ms_plan_engine_stats *stats, ms_error *err) {
-    wk_reset(w);
-    w->from_engine = true;
-    w->layers_per_stage = pb->model.n_layer;
-    if (stats) memset(stats, 0, sizeof *stats);
-    ms_mesh mesh = {0};
-    MS_CHECK(ms_strategy_mesh(s, &mesh, err));
+/* The pipeline stage the step waits for: the one with the most layers, the last on a tie (it
+ * also computes the head and the loss). */
+static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
+    int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1;
+    int best = 0, most = -1;
+    for (int q = 0; q < p; q++) {
+        int layers = 0;
+        for (int c = 0; c < v; c++) {
+            int lo, hi;
+            ms_stages_chunk_layers(cfg, s, c * p + q, &lo, &hi);
+            layers += hi - lo;
+        }
+        if (layers >= most) most = layers, best = q;
+    }
+    return best;
+}
+
+/* One chunk of the busiest stage, compiled from shapes for one micro-batch: its kernels and
+ * reshards into w, its parameters and arena into *params and *arena. */
+static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, const ms_mesh *mesh,
+                           int rows, int k, ms_plan_workload *w, ms_plan_engine_stats *stats,
+                           double *params, double *arena, double *persist, double *boundary,
+                           ms_error *err) {
     ms_model model = {0};
     ms_program *prog = NULL;
     ms_status st;
-    MS_CHECK_GOTO(ms_model_build(&pb->model, pb->global_batch, pb->seq, &model, err), st, out);
+    MS_CHECK_GOTO(ms_stages_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
+    int m = 0, size = 0;
+    ms_strategy_micro(s, pb->global_batch, &size, &m);
     ms_sharding sh = {.s = s};
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh};
-    MS_CHECK_GOTO(ms_program_compile_shapes(model.g, &mesh, NULL, &co, &prog, err), st, out);
-    add_kernels(w, stats, model.g, &mesh, prog);
-    MS_CHECK_GOTO(add_reshards(w, stats, &mesh, prog, err), st, out);
-    /* the training loop: gradient norm over the world, AdamW on every local shard */
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size, 8, 1);
-    double local_params = 0;
+    ms_compile_opts co = {.shard = ms_strategy_shard,
+                          .shard_user = &sh,
+                          .micro_batched = m > 1 || s->pp > 1,
+                          .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1};
+    MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
+    add_kernels(w, stats, model.g, mesh, prog);
+    MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);
     for (int i = 0; i < ms_program_num_params(prog); i++) {
         ms_param_view pv;
         ms_program_param(prog, i, &pv);
-        local_params += (double)ms_tensor_numel(&pv.data);
+        *params += (double)ms_tensor_numel(&pv.data);
     }
     ms_program_stats ps;
     ms_program_stats_get(prog, &ps);
-    w->opt_elems = w->norm_elems = local_params;
-    w->zero_bytes += 4 * local_params;
-    w->mem_params = 4 * local_params;
-    w->mem_grads = 4 * local_params;
-    w->mem_optim = 8 * local_params;
-    w->mem_act = (double)ps.arena_bytes;
-    w->mem_other = (double)ps.param_bytes - 8 * local_params; /* inputs and kept values */
-    if (w->mem_other < 0) w->mem_other = 0;
-    w->hw_flops_step = ps.flops * mesh.size;
-    if (stats) {
-        stats->local_params = local_params;
-        stats->arena_bytes = (double)ps.arena_bytes;
-        stats->persist_bytes = (double)ps.param_bytes;
+    if ((double)ps.arena_bytes > *arena) *arena = (double)ps.arena_bytes;
+    w->hw_flops_step += ps.flops;
+    *persist += (double)ps.param_bytes;
+    /* the residual stream crossing into this chunk: its local box, in bytes */
+    if (model.hidden_in >= 0) {
+        const ms_shape *g = ms_graph_value_shape(model.g, model.hidden_in);
+        double local = (double)numel(g);
+        ms_kernel_info kn;
+        for (int i = 0; i < ms_program_num_kernels(prog); i++)
+            if (ms_program_kernel(prog, i, &kn) == MS_OK && kn.phase == MS_PROG_FORWARD)
+                for (int j = 0; j < kn.n_in; j++)
+                    if (kn.in[j] == model.hidden_in) local = (double)numel(&kn.in_local[j]);
+        *boundary = 4 * local;
     }
     st = MS_OK;
 out:
     ms_program_destroy(prog);
     ms_model_free(&model);
-    ms_mesh_free(&mesh);
     return st;
+}
+
+ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
+                         ms_plan_engine_stats *stats, ms_error *err) {
+    wk_reset(w);
+    w->from_engine = true;
+    if (stats) memset(stats, 0, sizeof *stats);
+    /* One micro-batch through the chunks of the busiest stage: price() scales the in-micro-
+     * batch part by the micro-batch count and adds the schedule's bubble. */
+    int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1;
+    int size = 0, m = 1;
+    if (!ms_strategy_micro(s, pb->global_batch, &size, &m))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "the batch of %d does not split into the strategy's "
+                       "micro-batches",
+                       pb->global_batch);
+    int stage = busiest_stage(&pb->model, s);
+    ms_mesh mesh = {0};
+    MS_CHECK(ms_strategy_mesh(s, &mesh, err));
+    double local_params = 0, arena = 0, persist = 0, boundary = 0;
+    ms_status st = MS_OK;
+    w->layers_per_stage = 0;
+    for (int c = 0; c < v && st == MS_OK; c++) {
+        int lo, hi;
+        ms_stages_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
+        w->layers_per_stage += hi - lo;
+        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, w, stats, &local_params, &arena,
+                       &persist, &boundary, err);
+    }
+    if (st != MS_OK) {
+        ms_mesh_free(&mesh);
+        return st;
+    }
+    if (p > 1) {
+        /* the activation forward and its gradient backward, once per chunk boundary */
+        wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, p, boundary, 2.0 * v);
+        /* the tied embedding's gradients between the first and the last stage */
+        double wte = (double)pb->model.vocab_size * pb->model.n_embd / s->tp;
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, 4 * wte, 1);
+    }
+    /* the training loop: gradient norm over the world, AdamW on every local shard */
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size * p, 8, 1);
+    int held = p > 1 ? ms_pp_inflight_bound((ms_schedule)s->schedule, p, m, v, stage) : 1;
+    w->opt_elems = w->norm_elems = local_params;
+    w->zero_bytes += 4 * local_params;
+    w->mem_params = 4 * local_params;
+    w->mem_grads = 4 * local_params;
+    w->mem_optim = 8 * local_params;
+    /* one arena per micro-batch unit in flight (the schedule's bound) */
+    w->mem_act = arena * held;
+    w->mem_other = persist - 8 * local_params; /* inputs and kept values */
+    if (w->mem_other < 0) w->mem_other = 0;
+    w->hw_flops_step *= (double)m * mesh.size * p; /* one micro-batch's, on every device */
+    if (stats) {
+        stats->local_params = local_params;
+        stats->arena_bytes = arena;
+        stats->persist_bytes = persist;
+    }
+    ms_mesh_free(&mesh);
+    return MS_OK;
 }
