@@ -246,25 +246,26 @@ static double layer_params_local(double h, int t) {
 
 /* The Megatron-LM layout in closed form, one micro-batch on the busiest stage (its layers,
  * the head, and the embedding when pp = 1), with the same kernels the engine's GPT runs. */
-static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
-    const ms_model_config *c = &pb->model;
-    const ms_cluster *cl = pb->cluster;
-    wk_reset(w);
-    const int t = s->tp, cp = s->cp, p = s->pp;
-    const bool rc = s->recompute == MS_RECOMPUTE_FULL;
-    const bool sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
-    const bool vp = t > 1 && !s->vocab_replicated;           /* vocab-parallel head */
-    int mb, n_micro;
-    micro(pb, s, &mb, &n_micro);
-    const int64_t h = c->n_embd, a = c->n_head, V = c->vocab_size, S = pb->seq;
-    const int64_t b = mb;
-    const int64_t tok = b * S / cp;                      /* rows of a tp-replicated activation */
-    const int64_t tok_sp = s->sp ? tok / t : tok;        /* rows of the residual stream */
-    const double ab = pb->dtype == MS_PLAN_BF16 ? 2 : 4; /* activation bytes */
-    const double L = stage_layers(pb, s);
-    w->layers_per_stage = stage_layers(pb, s);
+/* What the parts of the closed-form workload share: the strategy's shapes on one device. */
+typedef struct analytic {
+    const ms_plan_problem *pb;
+    const ms_strategy *s;
+    ms_plan_workload *w;
+    int t, cp, p, mb, n_micro;
+    bool rc, sel, vp; /* full recompute, selective recompute, vocab-parallel head */
+    int64_t h, a, V, S, b, tok, tok_sp;
+    double ab, L; /* activation bytes; layers on the busiest stage */
+    double emb;   /* the embedding on the busiest stage: 1 when pp = 1 */
+    double f_layers, f_head;
+} analytic;
 
-    /* --- one layer, L times --- */
+/* One layer's kernels, L times. */
+static void analytic_layers(analytic *z) {
+    ms_plan_workload *w = z->w;
+    const ms_cluster *cl = z->pb->cluster;
+    const int64_t t = z->t, h = z->h, tok = z->tok, tok_sp = z->tok_sp, b = z->b, S = z->S;
+    const bool rc = z->rc;
+    const double L = z->L;
     add_elt(w, MS_OPRATE_LAYERNORM, MS_OP_LAYERNORM, ms_k_layernorm_cost(tok_sp, h, false),
             ms_k_layernorm_cost(tok_sp, h, true), rc, 2 * L);
     add_gemm(w, tok, 3 * h / t, h, rc, L); /* c_attn */
@@ -273,7 +274,7 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
             ms_k_elementwise_cost(MS_K_BIAS_ADD, tok * 3 * h / t, 3 * h / t, true), rc, L);
     {
         /* attention over whole sequences on a / (t cp) heads (cp moves heads in) */
-        int64_t lh = a / (t * cp), cl_ch = h / (t * cp);
+        int64_t lh = z->a / (t * z->cp), cl_ch = h / (t * z->cp);
         ms_k_cost f = ms_k_attention_cost(b, S, cl_ch, lh, cl->causal_skip, false);
         ms_k_cost bw = ms_k_attention_cost(b, S, cl_ch, lh, cl->causal_skip, true);
         if (cl->flash_attention) {
@@ -282,12 +283,12 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
             f.bytes = qkvo;
             bw.bytes = 2 * qkvo;
         }
-        int64_t hs = h / a;
+        int64_t hs = h / z->a;
         wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, MS_OP_ATTENTION, b * lh, S, hs,
                       f.flops, f.bytes, L);
         wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, MS_OP_ATTENTION, b * lh, S, hs,
                       bw.flops, bw.bytes, L);
-        if (rc || sel)
+        if (rc || z->sel)
             wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, MS_OP_ATTENTION,
                           b * lh, S, hs, f.flops, f.bytes, L);
     }
@@ -305,31 +306,38 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
             ms_k_elementwise_cost(MS_K_BIAS_ADD, tok_sp * h, h, true), rc, 2 * L);
     add_elt(w, MS_OPRATE_STREAM, MS_OP_ADD, ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false),
             ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true), rc, 2 * L);
-    if (c->resid_pdrop > 0)
+    if (z->pb->model.resid_pdrop > 0)
         add_elt(w, MS_OPRATE_DROPOUT, MS_OP_DROPOUT, ms_k_dropout_cost(tok_sp * h, false),
                 ms_k_dropout_cost(tok_sp * h, true), rc, 2 * L);
+    z->f_layers = wk_flops(w);
+}
 
-    const double f_layers = wk_flops(w);
-    /* --- the head (last stage) --- */
-    const int64_t vl = vp ? V / t : V;
+/* The head (last stage) and the embedding (first stage; on the busiest one only when pp = 1). */
+static void analytic_ends(analytic *z) {
+    ms_plan_workload *w = z->w;
+    const int64_t h = z->h, tok = z->tok, tok_sp = z->tok_sp;
+    const int64_t vl = z->vp ? z->V / z->t : z->V;
     add_elt(w, MS_OPRATE_LAYERNORM, MS_OP_LAYERNORM, ms_k_layernorm_cost(tok_sp, h, false),
             ms_k_layernorm_cost(tok_sp, h, true), false, 1);
     add_gemm(w, tok, vl, h, false, 1);
     add_elt(w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(tok, vl, false),
             ms_k_xent_cost(tok, vl, true), false, 1);
-    const double f_head = wk_flops(w) - f_layers;
-    /* --- the embedding (first stage; on the busiest stage only when pp = 1) --- */
-    double emb = p == 1 ? 1 : 0;
+    z->f_head = wk_flops(w) - z->f_layers;
     add_elt(w, MS_OPRATE_EMBEDDING, MS_OP_EMBEDDING, ms_k_embedding_cost(tok, h, false),
-            ms_k_embedding_cost(tok, h, true), false, 2 * emb);
+            ms_k_embedding_cost(tok, h, true), false, 2 * z->emb);
     add_elt(w, MS_OPRATE_STREAM, MS_OP_ADD, ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false),
-            ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true), false, emb);
+            ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true), false, z->emb);
+}
 
-    /* --- collectives inside the micro-batch --- */
-    double x = (double)tok * h * ab; /* one tp-replicated activation */
-    double passes_f = rc ? 2 : 1;    /* forward collectives run again under recompute */
+/* The collectives inside a micro-batch: tp's, cp's and the pipeline's transfers. */
+static void analytic_mb_collectives(const analytic *z) {
+    ms_plan_workload *w = z->w;
+    const int t = z->t, cp = z->cp;
+    const double L = z->L, emb = z->emb;
+    double x = (double)z->tok * z->h * z->ab; /* one tp-replicated activation */
+    double passes_f = z->rc ? 2 : 1;          /* forward collectives run again under recompute */
     if (t > 1) {
-        if (!s->sp) {
+        if (!z->s->sp) {
             wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, 2 * L * (passes_f + 1));
             wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1); /* emb, head */
         } else {
@@ -339,27 +347,34 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
             wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1);
             wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1);
         }
-        if (vp) /* row max, sum of exponentials, target logit */
-            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)tok * 4, 3);
+        if (z->vp) /* row max, sum of exponentials, target logit */
+            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->tok * 4, 3);
     }
     if (cp > 1) {
         /* sequence-sharded qkv to head-sharded and back, forward and backward */
-        double qkv = (double)tok * 3 * h / t * ab, o = (double)tok * h / t * ab;
+        double qkv = (double)z->tok * 3 * z->h / t * z->ab, o = (double)z->tok * z->h / t * z->ab;
         wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
         wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L * (passes_f + 1));
     }
-    if (p > 1) /* activations forward and gradients backward, scatter-gathered over tp; once
-                * per model chunk with virtual stages */
-        wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, p, x / t, 2.0 * s->virtual_stages);
+    if (z->p > 1) /* activations forward and gradients backward, scatter-gathered over tp; once
+                   * per model chunk with virtual stages */
+        wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, z->p, x / t, 2.0 * z->s->virtual_stages);
+}
 
-    /* --- parameters, gradients, memory --- */
-    double lp = layer_params_local((double)h, t);
-    double wte = (double)V * h / (vp ? t : 1), wpe = (double)c->n_positions * h;
-    double first = L * lp + wte + wpe, last = L * lp + 2.0 * h + (p > 1 ? wte : 0);
+/* Parameters on the busiest stage, their gradients' collectives (by ZeRO stage) and the
+ * state's memory. */
+static void analytic_state(const analytic *z) {
+    ms_plan_workload *w = z->w;
+    const ms_plan_problem *pb = z->pb;
+    const ms_strategy *s = z->s;
+    double lp = layer_params_local((double)z->h, z->t);
+    double wte = (double)z->V * z->h / (z->vp ? z->t : 1),
+           wpe = (double)pb->model.n_positions * z->h;
+    double first = z->L * lp + wte + wpe, last = z->L * lp + 2.0 * z->h + (z->p > 1 ? wte : 0);
     double psi = first > last ? first : last;
     int nd = s->dp * s->cp;
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
-    double m = n_micro;
+    double m = z->n_micro;
     if (nd > 1) {
         double g = psi * gb, wbytes = psi * (pb->dtype == MS_PLAN_BF16 ? 2 : 4);
         switch (s->zero) {
@@ -380,35 +395,65 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
                 break;
         }
     }
-    if (p > 1) /* the tied embedding's gradient between the first and the last stage */
+    if (z->p > 1) /* the tied embedding's gradient between the first and the last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);
-
     ms_plan_zero_memory(psi, nd, s->zero, pb->dtype, &w->mem_params, &w->mem_grads, &w->mem_optim);
     w->opt_elems = s->zero >= 1 ? psi / nd : psi;
     w->norm_elems = s->zero >= 2 ? psi / nd : psi;
     w->zero_bytes = (s->zero >= 2 ? psi / nd : psi) * gb;
-    double layer =
-        ms_plan_layer_activation_bytes((double)S, (double)b, (double)h, (double)a, t, s->sp, cp, rc,
-                                       cl->flash_attention || sel, pb->dtype);
-    double in_flight = s->schedule == MS_SCHEDULE_GPIPE ? n_micro : p < n_micro ? p : n_micro;
-    double act_first = L * layer * in_flight;
-    if (rc)
-        act_first +=
-            ms_plan_layer_activation_bytes((double)S, (double)b, (double)h, (double)a, t, s->sp, cp,
-                                           false, cl->flash_attention, pb->dtype);
-    double logits = 2.0 * (double)tok * vl * 4; /* fp32 logits and their gradient */
-    double act_last = L * layer + logits;
-    w->mem_act = p == 1 ? act_first + logits : (act_first > act_last ? act_first : act_last);
+}
 
+/* Activations in flight on the first (or, when larger, the last) stage. */
+static void analytic_activations(const analytic *z) {
+    const ms_cluster *cl = z->pb->cluster;
+    const ms_strategy *s = z->s;
+    double S = (double)z->S, b = (double)z->b, h = (double)z->h, a = (double)z->a;
+    double layer = ms_plan_layer_activation_bytes(S, b, h, a, z->t, s->sp, z->cp, z->rc,
+                                                  cl->flash_attention || z->sel, z->pb->dtype);
+    double in_flight = s->schedule == MS_SCHEDULE_GPIPE ? z->n_micro
+                       : z->p < z->n_micro              ? z->p
+                                                        : z->n_micro;
+    double act_first = z->L * layer * in_flight;
+    if (z->rc)
+        act_first += ms_plan_layer_activation_bytes(S, b, h, a, z->t, s->sp, z->cp, false,
+                                                    cl->flash_attention, z->pb->dtype);
+    const int64_t vl = z->vp ? z->V / z->t : z->V;
+    double logits = 2.0 * (double)z->tok * vl * 4; /* fp32 logits and their gradient */
+    double act_last = z->L * layer + logits;
+    z->w->mem_act = z->p == 1 ? act_first + logits : (act_first > act_last ? act_first : act_last);
+}
+
+static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
+    wk_reset(w);
+    analytic z = {.pb = pb, .s = s, .w = w, .t = s->tp, .cp = s->cp, .p = s->pp};
+    z.rc = s->recompute == MS_RECOMPUTE_FULL;
+    z.sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
+    z.vp = z.t > 1 && !s->vocab_replicated;
+    micro(pb, s, &z.mb, &z.n_micro);
+    const ms_model_config *c = &pb->model;
+    z.h = c->n_embd, z.a = c->n_head, z.V = c->vocab_size, z.S = pb->seq;
+    z.b = z.mb;
+    z.tok = z.b * z.S / z.cp;                 /* rows of a tp-replicated activation */
+    z.tok_sp = s->sp ? z.tok / z.t : z.tok;   /* rows of the residual stream */
+    z.ab = pb->dtype == MS_PLAN_BF16 ? 2 : 4; /* activation bytes */
+    z.L = stage_layers(pb, s);
+    z.emb = z.p == 1 ? 1 : 0;
+    w->layers_per_stage = stage_layers(pb, s);
+    analytic_layers(&z);
+    analytic_ends(&z);
+    analytic_mb_collectives(&z);
+    analytic_state(&z);
+    analytic_activations(&z);
     /* hardware FLOPs of the step over every device: layers on every stage, the head and the
      * embedding once per pipeline */
+    const int64_t tok = z.tok, tok_sp = z.tok_sp, h = z.h;
     ms_k_cost ef = ms_k_embedding_cost(tok, h, false), eb = ms_k_embedding_cost(tok, h, true);
     double f_emb = 2 * (ef.flops + eb.flops) +
                    ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false).flops +
                    ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true).flops;
-    double per_device_mb = f_layers * ((double)c->n_layer / p / L) + (f_head + f_emb) / p;
-    w->hw_flops_step = per_device_mb * m * pb->devices;
+    double per_device_mb = z.f_layers * ((double)c->n_layer / z.p / z.L) + (z.f_head + f_emb) / z.p;
+    w->hw_flops_step = per_device_mb * z.n_micro * pb->devices;
 }
 
 /* --- the memo's parts ------------------------------------------------------------------------- */
