@@ -80,8 +80,8 @@ typedef struct ms_compile_opts {
     void *shard_user;
     uint64_t seed; /* parameter init and dropout */
     /* Micro-batched (gradient accumulation, pipelines): each in-flight micro-batch has its
-     * own slot (inputs, activations and temporaries), gradients accumulate over
-     * ms_program_backward calls until ms_program_zero_grads, and ms_program_grad_sync moves
+     * own arena (inputs, activations and temporaries; the caller binds it), gradients accumulate
+     * over ms_program_backward calls until ms_program_zero_grads, and ms_program_grad_sync moves
      * them into the parameters' placements once per step. */
     bool micro_batched;
     float loss_scale; /* the backward seed d(loss) (0: 1); 1/m averages m micro-batches */
@@ -123,7 +123,7 @@ ms_status ms_program_backward_input(ms_program *p, ms_error *err);
 ms_status ms_program_backward_weight(ms_program *p, ms_error *err);
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
 void ms_program_zero_grads(ms_program *p);
-/* This rank's local buffer of input or output v in the current slot, in v's placements
+/* This rank's local buffer of input or output v in the bound arena, in v's placements
  * (pipeline transfers read and write it directly); NULL if v is neither. */
 ms_tensor *ms_program_local(ms_program *p, int v);
 /* The output's gradient, written by the caller before ms_program_backward (graphs with
