@@ -46,13 +46,7 @@ static ms_train_opts opts(void) {
 }
 
 static ms_status open_data(ms_text_data *d, ms_error *err) {
-    static const char line[] = "And God said, Let there be light: and there was light. ";
-    size_t n = 64 * (sizeof line - 1);
-    uint8_t *bytes = xmalloc(n);
-    for (size_t i = 0; i < n; i++) bytes[i] = (uint8_t)line[i % (sizeof line - 1)];
-    ms_status st = ms_text_data_from_bytes("test-text", bytes, n, T, 0.1, d, err);
-    free(bytes);
-    return st;
+    return mt_repeated_text("And God said, Let there be light: and there was light. ", T, d, err);
 }
 
 /* The one-rank run: losses and every parameter, full. */

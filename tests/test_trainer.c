@@ -47,13 +47,7 @@ static ms_train_opts tiny_opts(void) {
 
 /* Text the model can learn a little of: a repeated sentence. */
 static ms_status open_data(ms_text_data *d, ms_error *err) {
-    static const char line[] = "In the beginning God created the heaven and the earth. ";
-    size_t n = 64 * (sizeof line - 1);
-    uint8_t *bytes = xmalloc(n);
-    for (size_t i = 0; i < n; i++) bytes[i] = (uint8_t)line[i % (sizeof line - 1)];
-    ms_status st = ms_text_data_from_bytes("test-text", bytes, n, T, 0.1, d, err);
-    free(bytes);
-    return st;
+    return mt_repeated_text("In the beginning God created the heaven and the earth. ", T, d, err);
 }
 
 /* --- the optimizer loop against a double-precision reference ------------------------------ */

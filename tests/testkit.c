@@ -2,9 +2,11 @@
 #include "tests/testkit.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/comm/comm_mpi.h"
+#include "engine/core/xalloc.h"
 
 static ms_backend_kind g_backend = MS_BACKEND_THREADS;
 static int g_mpi_world = 0, g_world_rank = 0;
@@ -122,4 +124,13 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
     int rc = _cmocka_run_group_tests(name, tests, n, NULL, NULL);
     if (g_backend == MS_BACKEND_MPI) ms_mpi_finalize();
     return rc;
+}
+
+ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error *err) {
+    size_t len = strlen(line), n = 64 * len;
+    uint8_t *bytes = xmalloc(n);
+    for (size_t i = 0; i < n; i++) bytes[i] = (uint8_t)line[i % len];
+    ms_status st = ms_text_data_from_bytes("test-text", bytes, n, seq, 0.1, d, err);
+    free(bytes);
+    return st;
 }

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 // clang-format on
 
+#include "engine/data/dataset.h"
 #include "engine/runtime/ctx.h"
 
 typedef struct mt_rank {
@@ -48,6 +49,10 @@ void mt_run_threads(int nranks, mt_rank_fn fn, void *arg);
 
 /* This process's MPI world rank, or 0 on the threads backend. */
 int mt_world_rank(void);
+
+/* Text a model can learn a little of: `line` repeated 64 times, as data for sequences of
+ * `seq` tokens with a tenth held out for validation. */
+ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error *err);
 
 /* The backend this test binary runs on. */
 ms_backend_kind mt_backend(void);

@@ -1,6 +1,8 @@
 /* paint.c - colour pairs and clipped drawing primitives (see paint.h). */
 #include "tui/paint.h"
 
+#include "tui/draw.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -245,4 +247,31 @@ void ms_tui_bar(const ms_tui_paint *p, int y, int x, int width, double frac, att
     /* The empty part: a dim shade keeps the bar's extent visible. */
     const char *empty = p->g->utf8 ? p->g->shade[1] : ".";
     ms_tui_repeat(y, x + cols, width - cols, rest, empty);
+}
+
+void ms_tui_time_axis(const ms_tui_paint *p, int y, int x, int lw, double wall) {
+    ms_tui_repeat(y, x, lw, p->role[MS_ROLE_DIM], p->g->hline);
+    double step = ms_tui_nice_step(wall, lw / 12 > 1 ? lw / 12 : 1);
+    if (step <= 0) return;
+    int last_end = -1;
+    for (int k = 0;; k++) {
+        double tt = k * step;
+        if (tt > wall * (1 + 1e-9)) break;
+        int col = (int)(tt / wall * lw + 0.5);
+        if (col >= lw) col = lw - 1;
+        ms_tui_repeat(y, x + col, 1, p->role[MS_ROLE_DIM], p->g->tick);
+        char lab[32];
+        if (k == 0)
+            snprintf(lab, sizeof lab, "0");
+        else
+            ms_tui_fmt_seconds_short(tt, lab, sizeof lab);
+        int lw_lab = (int)strlen(lab);
+        int lx = col - lw_lab / 2;
+        if (lx < 0) lx = 0;
+        if (lx + lw_lab > lw) lx = lw - lw_lab;
+        if (lx > last_end) {
+            ms_tui_text(p, y + 1, x + lx, lw_lab, p->role[MS_ROLE_DIM], lab);
+            last_end = lx + lw_lab;
+        }
+    }
 }

@@ -68,6 +68,9 @@ int ms_tui_text_width(const ms_tui_paint *p, const char *s);
 void ms_tui_repeat(int y, int x, int n, attr_t a, const char *glyph);
 /* A frame with a title in its top edge; the inside is cleared. */
 void ms_tui_box(const ms_tui_paint *p, int y, int x, int h, int w, const char *title);
+/* A time axis `lw` columns wide from 0 to `wall` seconds: a rule with ticks on row y, their
+ * labels on row y + 1 where they fit without overlapping. */
+void ms_tui_time_axis(const ms_tui_paint *p, int y, int x, int lw, double wall);
 /* A bar of `width` columns: the filled part in `a`, the rest blank in `rest`. */
 void ms_tui_bar(const ms_tui_paint *p, int y, int x, int width, double frac, attr_t a, attr_t rest);
 

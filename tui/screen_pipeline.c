@@ -67,32 +67,6 @@ static void draw_lane(const ms_tui_paint *p, const ms_live_pipeline *pl, int v, 
     }
 }
 
-static void draw_axis(const ms_tui_paint *p, int y, int x, int lw, double wall) {
-    ms_tui_repeat(y, x, lw, p->role[MS_ROLE_DIM], p->g->hline);
-    double step = ms_tui_nice_step(wall, lw / 12 > 1 ? lw / 12 : 1);
-    if (step <= 0) return;
-    int last_end = -1;
-    for (int k = 0;; k++) {
-        double tt = k * step;
-        if (tt > wall * (1 + 1e-9)) break;
-        int col = (int)(tt / wall * lw + 0.5);
-        if (col >= lw) col = lw - 1;
-        ms_tui_repeat(y, x + col, 1, p->role[MS_ROLE_DIM], p->g->tick);
-        char lab[32];
-        if (k == 0)
-            snprintf(lab, sizeof lab, "0");
-        else
-            ms_tui_fmt_seconds_short(tt, lab, sizeof lab);
-        int n = (int)strlen(lab), lx = col - n / 2;
-        if (lx < 0) lx = 0;
-        if (lx + n > lw) lx = lw - n;
-        if (lx > last_end) {
-            ms_tui_text(p, y + 1, x + lx, n, p->role[MS_ROLE_DIM], lab);
-            last_end = lx + n;
-        }
-    }
-}
-
 static void draw_pipeline(ms_tui *t, const ms_snapshot *s, int y, int h, int w) {
     const ms_tui_paint *p = &t->paint;
     const ms_live_pipeline *pl = &s->pipeline;
@@ -148,7 +122,7 @@ static void draw_pipeline(ms_tui *t, const ms_snapshot *s, int y, int h, int w) 
         y++;
     }
     free(cells);
-    draw_axis(p, y, LANE_X, lw, pl->wall_s);
+    ms_tui_time_axis(p, y, LANE_X, lw, pl->wall_s);
     y += 2;
     if (y < end) {
         pct(ps->last_bubble, a, sizeof a);

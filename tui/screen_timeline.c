@@ -51,33 +51,6 @@ static const char *cell_glyph(const ms_tui_paint *p, int cell) {
     return p->g->lane[cell];
 }
 
-static void draw_axis(const ms_tui_paint *p, int y, int x, int lw, double wall) {
-    ms_tui_repeat(y, x, lw, p->role[MS_ROLE_DIM], p->g->hline);
-    double step = ms_tui_nice_step(wall, lw / 12 > 1 ? lw / 12 : 1);
-    if (step <= 0) return;
-    int last_end = -1;
-    for (int k = 0;; k++) {
-        double tt = k * step;
-        if (tt > wall * (1 + 1e-9)) break;
-        int col = (int)(tt / wall * lw + 0.5);
-        if (col >= lw) col = lw - 1;
-        ms_tui_repeat(y, x + col, 1, p->role[MS_ROLE_DIM], p->g->tick);
-        char lab[32];
-        if (k == 0)
-            snprintf(lab, sizeof lab, "0");
-        else
-            ms_tui_fmt_seconds_short(tt, lab, sizeof lab);
-        int lw_lab = (int)strlen(lab);
-        int lx = col - lw_lab / 2;
-        if (lx < 0) lx = 0;
-        if (lx + lw_lab > lw) lx = lw - lw_lab;
-        if (lx > last_end) {
-            ms_tui_text(p, y + 1, x + lx, lw_lab, p->role[MS_ROLE_DIM], lab);
-            last_end = lx + lw_lab;
-        }
-    }
-}
-
 static void draw_timeline(ms_tui *t, const ms_snapshot *s, int y, int h, int w) {
     const ms_tui_paint *p = &t->paint;
     int end = y + h;
@@ -140,7 +113,7 @@ static void draw_timeline(ms_tui *t, const ms_snapshot *s, int y, int h, int w) 
     }
     free(buf);
     free(cells);
-    draw_axis(p, y, LANE_X, lw, s->timeline_wall_s);
+    ms_tui_time_axis(p, y, LANE_X, lw, s->timeline_wall_s);
     y += 2;
     if (n > visible && y < end)
         ms_tui_textf(p, y, 0, w, p->role[MS_ROLE_DIM], "ranks %d-%d of %d (Up/Down)", first,

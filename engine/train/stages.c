@@ -55,7 +55,7 @@ struct ms_stages {
     int npool, nfree, pool_cap;
     size_t pool_bytes;
     ms_comm_probe *tie_probe; /* its trace probe, when the run is traced */
-    int tie_param[2];         /* chunk index * 65536 + param index of each tied copy, or -1 */
+    int tie_param[2];         /* local parameter index (ms_stages_param) of each tied copy, or -1 */
     int32_t *ids_mb, *tgt_mb;
     float *scratch;
     ms_p2p_op *ops;
@@ -158,7 +158,7 @@ static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
 static void find_tied(ms_stages *st) {
     st->tie_param[0] = st->tie_param[1] = -1;
     if (st->p == 1) return;
-    for (int c = 0; c < st->nch; c++) {
+    for (int c = 0, base = 0; c < st->nch; base += ms_program_num_params(st->ch[c++].prog)) {
         chunk *ch = &st->ch[c];
         bool first = ch->k == 0, last = ch->k == st->p * st->v - 1;
         if (!first && !last) continue;
@@ -167,9 +167,22 @@ static void find_tied(ms_stages *st) {
             ms_program_param(ch->prog, i, &pv);
             if (!strcmp(pv.name, "wte.weight") ||
                 !strcmp(pv.name, "embeddings.word_embeddings.weight"))
-                st->tie_param[last ? 1 : 0] = c * 65536 + i;
+                st->tie_param[last ? 1 : 0] = base + i;
         }
     }
+}
+
+/* The program holding local parameter i (ms_stages_param's numbering) and its index there. */
+static ms_program *local_param(const ms_stages *st, int i, int *index) {
+    for (int c = 0; c < st->nch && i >= 0; c++) {
+        int n = ms_program_num_params(st->ch[c].prog);
+        if (i < n) {
+            *index = i;
+            return st->ch[c].prog;
+        }
+        i -= n;
+    }
+    return NULL;
 }
 
 /* Forward-only order: micro-batches in turn, each through the chunks in model order. */
@@ -523,7 +536,7 @@ static ms_status sync_tied(ms_stages *st, ms_error *err) {
     int h = st->tie_param[0] >= 0 ? st->tie_param[0] : st->tie_param[1];
     if (!st->tie || h < 0) return MS_OK;
     ms_param_view pv;
-    ms_program_param(st->ch[h / 65536].prog, h % 65536, &pv);
+    ms_stages_param(st, h, &pv, NULL);
     float *g = ms_tensor_f32(&pv.grad);
     return ms_all_reduce(st->tie, g, g, (size_t)ms_tensor_numel(&pv.grad), MS_REDUCE_SUM, err);
 }
@@ -610,24 +623,18 @@ int ms_stages_num_params(const ms_stages *st) {
 }
 
 ms_status ms_stages_param(ms_stages *st, int i, ms_param_view *out, bool *in_norm) {
-    for (int c = 0; c < st->nch; c++) {
-        int n = ms_program_num_params(st->ch[c].prog);
-        if (i < n) {
-            if (in_norm) *in_norm = st->tie_param[1] != c * 65536 + i;
-            return ms_program_param(st->ch[c].prog, i, out);
-        }
-        i -= n;
-    }
-    return MS_ERR_INVALID;
+    int at = 0;
+    ms_program *p = local_param(st, i, &at);
+    if (!p) return MS_ERR_INVALID;
+    if (in_norm) *in_norm = st->tie_param[1] != i;
+    return ms_program_param(p, at, out);
 }
 
 ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error *err) {
-    for (int c = 0; c < st->nch; c++) {
-        int n = ms_program_num_params(st->ch[c].prog);
-        if (i < n) return ms_program_load_param(st->ch[c].prog, i, full, err);
-        i -= n;
-    }
-    return ms_fail(err, MS_ERR_INVALID, "stages: no local parameter %d", i);
+    int at = 0;
+    ms_program *p = local_param(st, i, &at);
+    if (!p) return ms_fail(err, MS_ERR_INVALID, "stages: no local parameter %d", i);
+    return ms_program_load_param(p, at, full, err);
 }
 
 void ms_stages_memory_get(const ms_stages *st, ms_stages_memory *out) {
