@@ -8,6 +8,8 @@
  * mpirun started more), so the same checks apply to both.
  */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1279,6 +1281,255 @@ static void test_stress(void **state) {
     RUN_SIZES(body_stress, 2, 8);
 }
 
+/* --- non-blocking collectives ------------------------------------------------------------------
+ */
+
+/* One non-blocking call of the mix below, and what it must produce. */
+typedef struct async_call {
+    ms_coll_kind kind;
+    ms_reduce_op op;
+    int salt, pattern;
+    size_t count; /* all_reduce */
+    size_t counts[8];
+    float *send, *recv;
+    ms_comm_request *req;
+} async_call;
+
+#define N_ASYNC 24
+
+/* Call i of the mix: all_reduce (sizes from 0 up, in place on odd i), reduce_scatter and
+ * all_gather with uneven counts. */
+static void async_issue(mt_rank *r, ms_comm *c, async_call *a, int i) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    memset(a, 0, sizeof *a);
+    a->kind = i % 3 == 0   ? MS_COLL_ALL_REDUCE
+              : i % 3 == 1 ? MS_COLL_REDUCE_SCATTER
+                           : MS_COLL_ALL_GATHER;
+    a->op = (ms_reduce_op)(i % MS_REDUCE_COUNT);
+    a->salt = 100 + i;
+    a->pattern = i % N_PATTERNS;
+    size_t total = 0;
+    for (int p = 0; p < n; p++) total += a->counts[p] = pattern_count(a->pattern, p);
+    size_t nsend = a->kind == MS_COLL_ALL_REDUCE   ? (a->count = reduce_counts[i % N_REDUCE_COUNTS])
+                   : a->kind == MS_COLL_ALL_GATHER ? a->counts[me]
+                                                   : total;
+    size_t nrecv = a->kind == MS_COLL_ALL_REDUCE       ? a->count
+                   : a->kind == MS_COLL_REDUCE_SCATTER ? a->counts[me]
+                                                       : total;
+    a->send = alloc_floats(nsend);
+    a->recv = alloc_floats(nrecv);
+    for (size_t k = 0; k < nsend; k++) a->send[k] = val(me, k, a->salt);
+    ms_error err;
+    if (a->kind == MS_COLL_ALL_REDUCE)
+        a->req = ms_iall_reduce(c, a->send, i % 2 ? a->send : a->recv, a->count, a->op, &err);
+    else if (a->kind == MS_COLL_REDUCE_SCATTER)
+        a->req = ms_ireduce_scatter(c, a->send, a->recv, a->counts, a->op, &err);
+    else
+        a->req = ms_iall_gather(c, a->send, a->recv, a->counts, &err);
+    MT_CHECK(r, a->req, "issuing non-blocking call %d failed: %s", i, err.msg);
+}
+
+/* Checks call i's result against the reference, then frees its buffers. */
+static void async_check(mt_rank *r, ms_comm *c, async_call *a, int i) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    if (a->kind == MS_COLL_ALL_REDUCE) {
+        check_reduced(r, "iall_reduce", i % 2 ? a->send : a->recv, a->count, 0, n, a->salt, a->op);
+    } else if (a->kind == MS_COLL_REDUCE_SCATTER) {
+        size_t off = 0;
+        for (int p = 0; p < me; p++) off += a->counts[p];
+        check_reduced(r, "ireduce_scatter", a->recv, a->counts[me], off, n, a->salt, a->op);
+    } else {
+        size_t off = 0;
+        for (int p = 0; p < n; p++)
+            for (size_t k = 0; k < a->counts[p]; k++, off++)
+                MT_CHECK(r, a->recv[off] == val(p, k, a->salt),
+                         "iall_gather %d: block %d [%zu] = %g", i, p, k, (double)a->recv[off]);
+    }
+    free(a->send);
+    free(a->recv);
+}
+
+/* Many calls in flight on two communicators at once, with a blocking call between them;
+ * waited for out of order (reverse, then by polling), every result checked. */
+static void body_async_many(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "async");
+    if (!c) return;
+    ms_comm *c2 = NULL;
+    ms_error err;
+    MT_OK(r, ms_comm_split(c, 0, -ms_comm_rank(c), "async2", &c2, &err), &err); /* reversed */
+    async_call *a = calloc(N_ASYNC, sizeof *a), *b = calloc(N_ASYNC, sizeof *b);
+    for (int i = 0; i < N_ASYNC; i++) {
+        async_issue(r, c, &a[i], i);
+        async_issue(r, c2, &b[i], N_ASYNC - 1 - i);
+        if (i == N_ASYNC / 2) { /* a blocking call keeps its place in the order */
+            float x = (float)ms_comm_rank(c), y = 0;
+            if (MT_OK(r, ms_all_reduce(c, &x, &y, 1, MS_REDUCE_SUM, &err), &err))
+                MT_CHECK(r, y == (float)(n * (n - 1) / 2), "blocking all_reduce between gave %g",
+                         (double)y);
+        }
+    }
+    for (int i = N_ASYNC - 1; i >= 0; i--)
+        if (MT_OK(r, ms_comm_wait(a[i].req, &err), &err)) async_check(r, c, &a[i], i);
+    for (int left = N_ASYNC; left > 0;) {
+        for (int i = 0; i < N_ASYNC; i++) {
+            if (!b[i].req) continue;
+            bool done = false;
+            ms_status st = ms_comm_test(b[i].req, &done, &err);
+            if (!done) continue;
+            b[i].req = NULL;
+            left--;
+            if (MT_OK(r, st, &err)) async_check(r, c2, &b[i], N_ASYNC - 1 - i);
+        }
+    }
+    MT_CHECK(r, ms_comm_in_flight(c) == 0 && ms_comm_in_flight(c2) == 0, "calls left in flight");
+    free(a);
+    free(b);
+    ms_comm_destroy(c2); /* nothing pending */
+    group_done(r, c);
+}
+
+static void test_async_many(void **state) {
+    (void)state;
+    RUN_SIZES(body_async_many, 1, 2, 3, 4);
+}
+
+/* A call progresses without its issuer: after issuing, the rank only polls ms_comm_test (no
+ * wait) while the call completes. Events come to the observer on the waiting thread, with
+ * issue <= start <= end, flagged non-blocking, in sequence order. */
+typedef struct async_log {
+    event_log log;
+    pthread_t waiter;
+    int wrong_thread;
+} async_log;
+
+static void async_record(void *user, const ms_comm_event *ev) {
+    async_log *l = user;
+    if (!pthread_equal(pthread_self(), l->waiter)) l->wrong_thread++;
+    record(&l->log, ev);
+}
+
+static void body_async_progress(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "async_pr");
+    if (!c) return;
+    async_log l = {.waiter = pthread_self()};
+    ms_comm_set_observer(c, async_record, &l);
+    int64_t seq0 = ms_comm_seq(c);
+    enum { COUNT = 1 << 16 };
+    float *x = alloc_floats(COUNT), *y = alloc_floats(COUNT);
+    for (size_t i = 0; i < COUNT; i++) x[i] = val(ms_comm_rank(c), i, 7);
+    ms_error err;
+    ms_comm_request *q[3];
+    for (int k = 0; k < 3; k++) q[k] = ms_iall_reduce(c, x, y, COUNT, MS_REDUCE_SUM, &err);
+    MT_CHECK(r, l.log.n == 0, "observer called before any wait");
+    bool done = false;
+    int64_t t_end = ms_now_ns() + 20000000000LL;
+    for (int k = 2; k >= 0; k--) { /* the last first: it completes only after the others */
+        while (!(done = false) && MT_OK(r, ms_comm_test(q[k], &done, &err), &err) && !done &&
+               ms_now_ns() < t_end)
+            sched_yield();
+        MT_CHECK(r, done, "call %d made no progress while its issuer only polled", k);
+    }
+    if (done) check_reduced(r, "polled iall_reduce", y, COUNT, 0, n, 7, MS_REDUCE_SUM);
+    ms_comm_set_observer(c, NULL, NULL);
+    MT_CHECK(r, l.wrong_thread == 0, "%d events reported on another thread", l.wrong_thread);
+    MT_CHECK(r, l.log.n == 3, "observer saw %d events, want 3", l.log.n);
+    for (int i = 0; i < l.log.n; i++) {
+        const ms_comm_event *e = &l.log.ev[i];
+        MT_CHECK(r, e->async && e->kind == MS_COLL_ALL_REDUCE && e->bytes == COUNT * 4,
+                 "event %d: %s async=%d bytes=%zu", i, ms_coll_name(e->kind), e->async, e->bytes);
+        MT_CHECK(r, e->t_issue_ns <= e->t_start_ns && e->t_start_ns <= e->t_end_ns,
+                 "event %d: issue %lld, start %lld, end %lld", i, (long long)e->t_issue_ns,
+                 (long long)e->t_start_ns, (long long)e->t_end_ns);
+        MT_CHECK(r, e->seq == seq0 + 3 - i, "event %d: seq %lld, want %lld (waited in reverse)", i,
+                 (long long)e->seq, (long long)(seq0 + 3 - i));
+    }
+    free(x);
+    free(y);
+    group_done(r, c);
+}
+
+static void test_async_progress(void **state) {
+    (void)state;
+    RUN_SIZES(body_async_progress, 2, 4);
+}
+
+/* Bad arguments fail at issue with no request and no sequence number; size 0 and a single
+ * rank complete; waiting for NULL is fine. */
+static void body_async_args(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "async_args");
+    if (!c) return;
+    ms_error err;
+    float x[4] = {0};
+    int64_t seq = ms_comm_seq(c);
+    MT_CHECK(r, !ms_iall_reduce(c, NULL, x, 4, MS_REDUCE_SUM, &err) && err.code == MS_ERR_INVALID,
+             "NULL send accepted");
+    MT_CHECK(r, !ms_iall_reduce(c, x, x, 4, (ms_reduce_op)99, &err) && err.code == MS_ERR_INVALID,
+             "bad op accepted");
+    MT_CHECK(r, !ms_iall_gather(c, x, x, NULL, &err) && err.code == MS_ERR_INVALID,
+             "NULL counts accepted");
+    MT_CHECK(r, ms_comm_seq(c) == seq, "a refused call took a sequence number");
+    size_t counts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    if (n > 1)
+        MT_CHECK(r, !ms_ireduce_scatter(c, x, x, counts, MS_REDUCE_SUM, &err),
+                 "in-place reduce_scatter accepted");
+    ms_comm_request *q = ms_iall_reduce(c, NULL, NULL, 0, MS_REDUCE_SUM, &err);
+    MT_CHECK(r, q, "size-0 iall_reduce refused: %s", err.msg);
+    MT_OK(r, ms_comm_wait(q, &err), &err);
+    MT_OK(r, ms_comm_wait(NULL, &err), &err);
+    group_done(r, c);
+}
+
+static void test_async_args(void **state) {
+    (void)state;
+    RUN_SIZES(body_async_args, 1, 3);
+}
+
+/* Rank 2 never issues: ranks 0 and 1 get the timeout (naming rank 2) from the first wait and
+ * a broken-communicator error from the call queued behind it; the world is unaffected. */
+static void body_async_timeout(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_comm *c = fresh_group(r, 3, "atmo_group");
+    ms_error err;
+    float send[100] = {0}, recv[100], recv2[100];
+    int me = c ? ms_comm_rank(c) : -1;
+    if (c && me < 2) {
+        int64_t t0 = ms_now_ns();
+        ms_comm_request *q1 = ms_iall_reduce(c, send, recv, 100, MS_REDUCE_SUM, &err);
+        ms_comm_request *q2 = ms_iall_reduce(c, send, recv2, 100, MS_REDUCE_SUM, &err);
+        MT_CHECK(r, q1 && q2, "issue failed: %s", err.msg);
+        MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL, "issuing blocked");
+        ms_status st = ms_comm_wait(q1, &err);
+        MT_CHECK(r, st == MS_ERR_TIMEOUT, "first wait gave %s, want timeout", ms_status_str(st));
+        if (st == MS_ERR_TIMEOUT)
+            MT_CHECK(r,
+                     strstr(err.msg, "all_reduce") && strstr(err.msg, "atmo_group") &&
+                         strstr(err.msg, "seq") && strstr(err.msg, "2 (world 2)"),
+                     "timeout message lacks op, group, seq or missing rank: %s", err.msg);
+        st = ms_comm_wait(q2, &err);
+        MT_CHECK(r, st == MS_ERR_COMM && strstr(err.msg, "broken"),
+                 "queued call behind a timeout gave %s (%s), want broken", ms_status_str(st),
+                 err.msg);
+        MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "took too long");
+        MT_CHECK(r,
+                 !ms_iall_reduce(c, send, recv, 1, MS_REDUCE_SUM, &err) && err.code == MS_ERR_COMM,
+                 "issue on a broken communicator accepted");
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    ms_comm_destroy(c);
+    float one = 1, sum = 0;
+    if (MT_OK(r, ms_all_reduce(r->ctx->world, &one, &sum, 1, MS_REDUCE_SUM, &err), &err))
+        MT_CHECK(r, sum == (float)ms_comm_size(r->ctx->world), "world all_reduce gave %g",
+                 (double)sum);
+}
+
+static void test_async_timeout(void **state) {
+    (void)state;
+    RUN_SIZES(body_async_timeout, 3);
+}
+
 /* --- the threads world itself ------------------------------------------------------------------
  */
 
@@ -1323,6 +1574,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_bcast_msg),
     cmocka_unit_test(test_bytes_observer),
     cmocka_unit_test(test_bytes_timeout),
+    cmocka_unit_test(test_async_many),
+    cmocka_unit_test(test_async_progress),
+    cmocka_unit_test(test_async_args),
+    cmocka_unit_test(test_async_timeout),
 };
 
 MT_MAIN("comm", tests)

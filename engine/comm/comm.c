@@ -1,8 +1,10 @@
 /* comm.c - the shared layer around every communicator backend: validation, sequence
- * numbers, deadlines, error messages that name the failure, and the observer event. */
+ * numbers, deadlines, error messages that name the failure, the observer event, and the
+ * non-blocking calls' queue and progress thread (comm.h). */
 #include "engine/comm/comm_impl.h"
 
 #include <assert.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,10 +20,35 @@ struct ms_comm {
     char name[32];
     int64_t seq;
     int64_t timeout_ns;
-    bool broken;
-    char broken_why[160];
     ms_comm_observer_fn observer;
     void *observer_user;
+    /* Guarded by mu: the progress thread breaks the communicator and completes requests. */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;      /* the progress thread: work queued, or stop */
+    pthread_cond_t completed; /* waiters: a request completed */
+    bool broken;
+    char broken_why[160];
+    ms_comm_request *q_head, *q_tail; /* issued, not yet started, in issue order */
+    int in_flight;                    /* issued, not yet executed */
+    bool has_thread, stopping;
+    pthread_t thread;
+};
+
+/* A non-blocking call: its arguments, then what the progress thread found. */
+struct ms_comm_request {
+    ms_comm *c;
+    ms_comm_call call;
+    const float *send;
+    float *recv;
+    size_t count;   /* all_reduce */
+    size_t *counts; /* reduce_scatter, all_gather: a copy, c->size entries */
+    ms_reduce_op op;
+    size_t bytes;
+    int64_t t_issue, t0, t1;
+    ms_status st;
+    bool done; /* guarded by c->mu */
+    ms_error err;
+    ms_comm_request *next;
 };
 
 static const char *const reduce_names[MS_REDUCE_COUNT] = {"sum", "avg", "max", "min"};
@@ -84,11 +111,20 @@ ms_comm *ms_comm_wrap(const ms_comm_backend_ops *ops, void *ctx, int rank, int s
     memcpy(c->world_ranks, world_ranks, sizeof(int) * (size_t)size);
     snprintf(c->name, sizeof c->name, "%s", name ? name : "world");
     c->timeout_ns = (int64_t)MS_COMM_DEFAULT_TIMEOUT_MS * 1000000;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    pthread_cond_init(&c->completed, NULL);
     return c;
 }
 
+static void stop_progress(ms_comm *c);
+
 void ms_comm_destroy(ms_comm *c) {
     if (!c) return;
+    stop_progress(c);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->completed);
     c->ops->destroy(c->ctx);
     free(c->world_ranks);
     free(c);
@@ -113,7 +149,11 @@ int64_t ms_comm_seq(const ms_comm *c) {
     return c->seq;
 }
 bool ms_comm_is_broken(const ms_comm *c) {
-    return c->broken;
+    ms_comm *m = (ms_comm *)c; /* the lock, not the value, is mutated */
+    pthread_mutex_lock(&m->mu);
+    bool b = m->broken;
+    pthread_mutex_unlock(&m->mu);
+    return b;
 }
 void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms) {
     c->timeout_ns = ms * 1000000;
@@ -161,21 +201,39 @@ static void group_str(const ms_comm *c, char *buf, size_t len) {
     snprintf(buf + n, len - n, ")");
 }
 
-/* Starts a call on buffers of type dt: refuses on a broken communicator, assigns seq and
- * deadline. */
+/* Waits until every non-blocking call issued on c has executed, so that a blocking call
+ * keeps its place in the communicator's order. Bounded: each queued call has a deadline. */
+static void drain(ms_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    while (c->in_flight > 0) pthread_cond_wait(&c->completed, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The refusal of a call on a broken communicator, or MS_OK. */
+static ms_status refuse_if_broken(ms_comm *c, ms_coll_kind kind, ms_error *err) {
+    char why[sizeof c->broken_why];
+    pthread_mutex_lock(&c->mu);
+    bool broken = c->broken;
+    memcpy(why, c->broken_why, sizeof why);
+    pthread_mutex_unlock(&c->mu);
+    if (!broken) return MS_OK;
+    char g[200];
+    group_str(c, g, sizeof g);
+    return ms_fail(err, MS_ERR_COMM,
+                   "%s on communicator %s refused: the communicator is "
+                   "broken since %s; recreate it",
+                   ms_coll_name(kind), g, why);
+}
+
+/* Starts a call on buffers of type dt: waits for the non-blocking calls before it, refuses on
+ * a broken communicator, assigns seq and deadline. */
 static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, ms_comm_call *call,
                                ms_error *err) {
     memset(call, 0, sizeof *call);
     call->kind = kind;
     call->dtype = dt;
-    if (c->broken) {
-        char g[200];
-        group_str(c, g, sizeof g);
-        return ms_fail(err, MS_ERR_COMM,
-                       "%s on communicator %s refused: the communicator is "
-                       "broken since %s; recreate it",
-                       ms_coll_name(kind), g, c->broken_why);
-    }
+    drain(c);
+    MS_CHECK(refuse_if_broken(c, kind, err));
     call->seq = ++c->seq;
     call->timeout_ns = c->timeout_ns;
     call->deadline_ns = ms_now_ns() + c->timeout_ns;
@@ -187,53 +245,71 @@ static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, m
     return call_begin_as(c, kind, MS_COMM_F32, call, err);
 }
 
-/* Finishes a call: decorates a failure with op, group, seq and missing ranks, marks the
- * communicator broken after a timeout or transport failure, and emits the event. */
+/* Decorates a failure with op, group, seq and missing ranks, and marks the communicator
+ * broken after a timeout or transport failure. */
+static ms_status call_fail(ms_comm *c, const ms_comm_call *call, ms_status st, ms_error *err) {
+    char g[200];
+    group_str(c, g, sizeof g);
+    if (st == MS_ERR_TIMEOUT) {
+        char miss[256] = "";
+        size_t n = 0;
+        for (int i = 0; i < call->n_missing && n + 24 < sizeof miss; i++)
+            n += (size_t)snprintf(miss + n, sizeof miss - n, "%s%d (world %d)", i ? ", " : "",
+                                  call->missing[i], ms_comm_world_rank(c, call->missing[i]));
+        ms_fail(err, MS_ERR_TIMEOUT,
+                "%s seq %lld on communicator %s (%s backend) timed out after %lld ms; "
+                "ranks that did not arrive: %s",
+                ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name,
+                (long long)(call->timeout_ns / 1000000), call->n_missing ? miss : "unknown");
+    } else {
+        ms_fail_wrap(err, st, "%s seq %lld on communicator %s (%s backend)",
+                     ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name);
+    }
+    if (st == MS_ERR_TIMEOUT || st == MS_ERR_COMM) {
+        pthread_mutex_lock(&c->mu);
+        c->broken = true;
+        snprintf(c->broken_why, sizeof c->broken_why, "%s seq %lld failed (%s)",
+                 ms_coll_name(call->kind), (long long)call->seq, ms_status_str(st));
+        pthread_mutex_unlock(&c->mu);
+    }
+    return st;
+}
+
+/* What the observer is told about one call. */
+typedef struct call_times {
+    int64_t issue, start, end;
+    bool async;
+} call_times;
+
+static void call_report(ms_comm *c, const ms_comm_call *call, ms_status st, call_times t,
+                        size_t bytes, ms_reduce_op op, int root) {
+    if (!c->observer) return;
+    ms_comm_event ev = {
+        .kind = call->kind,
+        .comm = c,
+        .seq = call->seq,
+        .t_start_ns = t.start,
+        .t_end_ns = t.end,
+        .t_issue_ns = t.issue,
+        .async = t.async,
+        .bytes = bytes,
+        .dtype = call->dtype,
+        .op = op,
+        .root = root,
+        .p2p = call->p2p_ops,
+        .n_p2p = call->n_p2p,
+        .algo = call->algo ? call->algo : c->ops->name,
+        .status = st,
+    };
+    c->observer(c->observer_user, &ev);
+}
+
+/* Finishes a blocking call: the failure decorated, the event emitted. */
 static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t t0, size_t bytes,
                           ms_reduce_op op, int root, ms_error *err) {
     int64_t t1 = ms_now_ns();
-    if (st != MS_OK) {
-        char g[200];
-        group_str(c, g, sizeof g);
-        if (st == MS_ERR_TIMEOUT) {
-            char miss[256] = "";
-            size_t n = 0;
-            for (int i = 0; i < call->n_missing && n + 24 < sizeof miss; i++)
-                n += (size_t)snprintf(miss + n, sizeof miss - n, "%s%d (world %d)", i ? ", " : "",
-                                      call->missing[i], ms_comm_world_rank(c, call->missing[i]));
-            ms_fail(err, MS_ERR_TIMEOUT,
-                    "%s seq %lld on communicator %s (%s backend) timed out after %lld ms; "
-                    "ranks that did not arrive: %s",
-                    ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name,
-                    (long long)(c->timeout_ns / 1000000), call->n_missing ? miss : "unknown");
-        } else {
-            ms_fail_wrap(err, st, "%s seq %lld on communicator %s (%s backend)",
-                         ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name);
-        }
-        if (st == MS_ERR_TIMEOUT || st == MS_ERR_COMM) {
-            c->broken = true;
-            snprintf(c->broken_why, sizeof c->broken_why, "%s seq %lld failed (%s)",
-                     ms_coll_name(call->kind), (long long)call->seq, ms_status_str(st));
-        }
-    }
-    if (c->observer) {
-        ms_comm_event ev = {
-            .kind = call->kind,
-            .comm = c,
-            .seq = call->seq,
-            .t_start_ns = t0,
-            .t_end_ns = t1,
-            .bytes = bytes,
-            .dtype = call->dtype,
-            .op = op,
-            .root = root,
-            .p2p = call->p2p_ops,
-            .n_p2p = call->n_p2p,
-            .algo = call->algo ? call->algo : c->ops->name,
-            .status = st,
-        };
-        c->observer(c->observer_user, &ev);
-    }
+    if (st != MS_OK) call_fail(c, call, st, err);
+    call_report(c, call, st, (call_times){t0, t0, t1, false}, bytes, op, root);
     return st;
 }
 
@@ -248,11 +324,39 @@ static size_t sum_counts(const size_t *counts, int n) {
     return s;
 }
 
-ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
-                        ms_error *err) {
+/* Argument checks shared by the blocking and non-blocking calls. */
+static ms_status check_all_reduce(ms_comm *c, const float *send, const float *recv, size_t count,
+                                  ms_reduce_op op, ms_error *err) {
     if ((unsigned)op >= MS_REDUCE_COUNT)
         return bad(c, MS_COLL_ALL_REDUCE, err, "unknown reduce op");
     if (count && (!send || !recv)) return bad(c, MS_COLL_ALL_REDUCE, err, "NULL buffer");
+    return MS_OK;
+}
+
+static ms_status check_reduce_scatter(ms_comm *c, const float *send, const float *recv,
+                                      const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+    if ((unsigned)op >= MS_REDUCE_COUNT)
+        return bad(c, MS_COLL_REDUCE_SCATTER, err, "unknown reduce op");
+    if (!recv_counts) return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL recv_counts");
+    size_t total = sum_counts(recv_counts, c->size);
+    if ((total && !send) || (recv_counts[c->rank] && !recv))
+        return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL buffer");
+    if (send && send == recv && c->size > 1)
+        return bad(c, MS_COLL_REDUCE_SCATTER, err, "in-place is not supported; use two buffers");
+    return MS_OK;
+}
+
+static ms_status check_all_gather(ms_comm *c, const float *send, const float *recv,
+                                  const size_t *counts, ms_error *err) {
+    if (!counts) return bad(c, MS_COLL_ALL_GATHER, err, "NULL counts");
+    if ((counts[c->rank] && !send) || (sum_counts(counts, c->size) && !recv))
+        return bad(c, MS_COLL_ALL_GATHER, err, "NULL buffer");
+    return MS_OK;
+}
+
+ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
+                        ms_error *err) {
+    MS_CHECK(check_all_reduce(c, send, recv, count, op, err));
     ms_comm_call call;
     MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, &call, err));
     int64_t t0 = ms_now_ns();
@@ -262,32 +366,202 @@ ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count
 
 ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv, const size_t *recv_counts,
                             ms_reduce_op op, ms_error *err) {
-    if ((unsigned)op >= MS_REDUCE_COUNT)
-        return bad(c, MS_COLL_REDUCE_SCATTER, err, "unknown reduce op");
-    if (!recv_counts) return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL recv_counts");
-    size_t total = sum_counts(recv_counts, c->size);
-    if ((total && !send) || (recv_counts[c->rank] && !recv))
-        return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL buffer");
-    if (send && send == recv && c->size > 1)
-        return bad(c, MS_COLL_REDUCE_SCATTER, err, "in-place is not supported; use two buffers");
+    MS_CHECK(check_reduce_scatter(c, send, recv, recv_counts, op, err));
     ms_comm_call call;
     MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->reduce_scatter(c->ctx, send, recv, recv_counts, op, &call, err);
+    size_t total = sum_counts(recv_counts, c->size);
     return call_end(c, &call, st, t0, total * sizeof(float), op, -1, err);
 }
 
 ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
                         ms_error *err) {
-    if (!counts) return bad(c, MS_COLL_ALL_GATHER, err, "NULL counts");
-    size_t total = sum_counts(counts, c->size);
-    if ((counts[c->rank] && !send) || (total && !recv))
-        return bad(c, MS_COLL_ALL_GATHER, err, "NULL buffer");
+    MS_CHECK(check_all_gather(c, send, recv, counts, err));
     ms_comm_call call;
     MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->all_gather(c->ctx, send, recv, counts, &call, err);
+    size_t total = sum_counts(counts, c->size);
     return call_end(c, &call, st, t0, total * sizeof(float), MS_REDUCE_SUM, -1, err);
+}
+
+/* --- non-blocking calls ------------------------------------------------------------------ */
+
+/* Runs request r on the calling thread (the progress thread, or the issuer when the backend
+ * cannot progress asynchronously). Its deadline starts now: a queued call is not late. */
+static void execute(ms_comm_request *r) {
+    ms_comm *c = r->c;
+    ms_comm_call *call = &r->call;
+    r->t0 = ms_now_ns();
+    r->st = refuse_if_broken(c, call->kind, &r->err);
+    if (r->st == MS_OK) {
+        call->deadline_ns = r->t0 + call->timeout_ns;
+        switch (call->kind) {
+            case MS_COLL_ALL_REDUCE:
+                r->st =
+                    c->ops->all_reduce(c->ctx, r->send, r->recv, r->count, r->op, call, &r->err);
+                break;
+            case MS_COLL_REDUCE_SCATTER:
+                r->st = c->ops->reduce_scatter(c->ctx, r->send, r->recv, r->counts, r->op, call,
+                                               &r->err);
+                break;
+            default: /* MS_COLL_ALL_GATHER */
+                r->st = c->ops->all_gather(c->ctx, r->send, r->recv, r->counts, call, &r->err);
+                break;
+        }
+        if (r->st != MS_OK) call_fail(c, call, r->st, &r->err);
+    }
+    r->t1 = ms_now_ns();
+}
+
+/* Marks r executed and wakes its waiters (and blocking calls draining the queue). */
+static void complete(ms_comm *c, ms_comm_request *r) {
+    pthread_mutex_lock(&c->mu);
+    r->done = true;
+    c->in_flight--;
+    pthread_cond_broadcast(&c->completed);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The progress thread: executes queued requests in issue order until stopped. */
+static void *progress_main(void *arg) {
+    ms_comm *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->q_head && !c->stopping) pthread_cond_wait(&c->wake, &c->mu);
+        ms_comm_request *r = c->q_head;
+        if (!r) break; /* stopping with an empty queue */
+        c->q_head = r->next;
+        if (!c->q_head) c->q_tail = NULL;
+        pthread_mutex_unlock(&c->mu);
+        execute(r);
+        complete(c, r);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* Joins the progress thread after it executed everything queued. */
+static void stop_progress(ms_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    bool joined = c->has_thread;
+    c->stopping = true;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->mu);
+    if (joined) pthread_join(c->thread, NULL);
+}
+
+/* Queues r (assigns its seq and issue time), or runs it here when the backend cannot run
+ * calls off the caller's thread. */
+static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind, ms_error *err) {
+    r->c = c;
+    r->call.kind = kind;
+    r->call.dtype = MS_COMM_F32;
+    if (refuse_if_broken(c, kind, err) != MS_OK) {
+        free(r->counts);
+        free(r);
+        return NULL;
+    }
+    r->call.seq = ++c->seq;
+    r->call.timeout_ns = c->timeout_ns;
+    r->t_issue = ms_now_ns();
+    pthread_mutex_lock(&c->mu);
+    c->in_flight++;
+    bool async = c->ops->async_ok && c->ops->async_ok(c->ctx);
+    if (async) {
+        if (!c->has_thread) {
+            if (pthread_create(&c->thread, NULL, progress_main, c) != 0)
+                async = false; /* no thread to spare: run it here */
+            c->has_thread = async;
+        }
+    }
+    if (async) {
+        if (c->q_tail)
+            c->q_tail->next = r;
+        else
+            c->q_head = r;
+        c->q_tail = r;
+        pthread_cond_signal(&c->wake);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!async) {
+        execute(r);
+        complete(c, r);
+    }
+    return r;
+}
+
+static size_t *copy_counts(const ms_comm *c, const size_t *counts) {
+    size_t *out = xmalloc(sizeof(size_t) * (size_t)c->size);
+    memcpy(out, counts, sizeof(size_t) * (size_t)c->size);
+    return out;
+}
+
+ms_comm_request *ms_iall_reduce(ms_comm *c, const float *send, float *recv, size_t count,
+                                ms_reduce_op op, ms_error *err) {
+    if (check_all_reduce(c, send, recv, count, op, err) != MS_OK) return NULL;
+    ms_comm_request *r = xcalloc(1, sizeof *r);
+    *r = (ms_comm_request){.send = send, .recv = recv, .count = count, .op = op};
+    r->bytes = count * sizeof(float);
+    return issue(c, r, MS_COLL_ALL_REDUCE, err);
+}
+
+ms_comm_request *ms_ireduce_scatter(ms_comm *c, const float *send, float *recv,
+                                    const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+    if (check_reduce_scatter(c, send, recv, recv_counts, op, err) != MS_OK) return NULL;
+    ms_comm_request *r = xcalloc(1, sizeof *r);
+    *r = (ms_comm_request){.send = send, .recv = recv, .op = op};
+    r->counts = copy_counts(c, recv_counts);
+    r->bytes = sum_counts(recv_counts, c->size) * sizeof(float);
+    return issue(c, r, MS_COLL_REDUCE_SCATTER, err);
+}
+
+ms_comm_request *ms_iall_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
+                                ms_error *err) {
+    if (check_all_gather(c, send, recv, counts, err) != MS_OK) return NULL;
+    ms_comm_request *r = xcalloc(1, sizeof *r);
+    *r = (ms_comm_request){.send = send, .recv = recv, .op = MS_REDUCE_SUM};
+    r->counts = copy_counts(c, counts);
+    r->bytes = sum_counts(counts, c->size) * sizeof(float);
+    return issue(c, r, MS_COLL_ALL_GATHER, err);
+}
+
+/* Reports an executed request to the observer (on this, the waiting thread) and frees it. */
+static ms_status finish(ms_comm_request *r, ms_error *err) {
+    ms_comm *c = r->c;
+    ms_status st = r->st;
+    if (st != MS_OK && err) *err = r->err;
+    call_report(c, &r->call, st, (call_times){r->t_issue, r->t0, r->t1, true}, r->bytes, r->op, -1);
+    free(r->counts);
+    free(r);
+    return st;
+}
+
+ms_status ms_comm_wait(ms_comm_request *r, ms_error *err) {
+    if (!r) return MS_OK;
+    ms_comm *c = r->c;
+    pthread_mutex_lock(&c->mu);
+    while (!r->done) pthread_cond_wait(&c->completed, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return finish(r, err);
+}
+
+ms_status ms_comm_test(ms_comm_request *r, bool *done, ms_error *err) {
+    *done = true;
+    if (!r) return MS_OK;
+    pthread_mutex_lock(&r->c->mu);
+    *done = r->done;
+    pthread_mutex_unlock(&r->c->mu);
+    return *done ? finish(r, err) : MS_OK;
+}
+
+int ms_comm_in_flight(ms_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->in_flight;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts,

@@ -86,6 +86,8 @@ typedef struct ms_comm_event {
     int64_t seq;        /* per-communicator call number, from 1 */
     int64_t t_start_ns; /* monotonic clock */
     int64_t t_end_ns;
+    int64_t t_issue_ns;  /* non-blocking calls: when issued (<= t_start_ns) */
+    bool async;          /* issued by a non-blocking call */
     size_t bytes;        /* nccl-tests convention: see ms_comm_event_bytes in comm.c */
     ms_comm_dtype dtype; /* element type: p2p[i].count * ms_comm_dtype_size(dtype) bytes */
     ms_reduce_op op;     /* for reductions */
@@ -97,6 +99,13 @@ typedef struct ms_comm_event {
 } ms_comm_event;
 
 typedef void (*ms_comm_observer_fn)(void *user, const ms_comm_event *ev);
+/* Non-blocking calls (ms_iall_reduce, ...) report t_issue_ns (when the caller issued it) as
+ * well: t_start_ns is when the communicator began to execute it, t_end_ns when it completed,
+ * so the span is the collective's real span, concurrent with whatever the caller ran
+ * meanwhile. For blocking calls t_issue_ns == t_start_ns. The observer of a non-blocking call
+ * runs on the thread that waits for it (ms_comm_wait or a completing ms_comm_test), never on
+ * the progress thread, so an observer may keep single-threaded state per rank (the
+ * recorder's ring). */
 
 /* --- identity and settings (local, not collective) ---------------------------------- */
 
@@ -152,6 +161,52 @@ ms_status ms_p2p_bytes(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err
 ms_status ms_send_bytes(ms_comm *c, const void *buf, size_t nbytes, int peer, int tag,
                         ms_error *err);
 ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag, ms_error *err);
+
+/* --- non-blocking collectives ------------------------------------------------------------
+ *
+ * ms_iall_reduce, ms_ireduce_scatter and ms_iall_gather take the arguments of their blocking
+ * counterparts, validate them at once (a bad argument fails the call and returns NULL; no
+ * request, no sequence number), assign the call's sequence number, and return a request
+ * while the collective runs. The caller must not touch recv (nor send) until the request
+ * completes, and must complete every request with ms_comm_wait or a ms_comm_test that says
+ * done (either frees it) before destroying the communicator. Counts arrays are copied.
+ *
+ * Progress: each communicator gets one progress thread of its own, started on its first
+ * non-blocking call, that executes the communicator's queued collectives in issue order with
+ * the backend's blocking slot. Per communicator, not per rank: the order the members must
+ * agree on is per communicator, so one queue each keeps it without any cross-communicator
+ * ordering (collectives queued on the dp and tp communicators of one rank cannot block each
+ * other, which a single per-rank queue would allow: rank 0 queues dp then tp, rank 1 tp then
+ * dp). A thread per communicator costs one sleeping thread, only for communicators that
+ * overlap. Under MPI the progress thread is also what makes MPI progress while the caller
+ * computes (OpenMPI's shared-memory transport advances only inside MPI calls), which needs
+ * MPI_THREAD_MULTIPLE; with less, and on NCCL (its stream is bound to the caller's device),
+ * the call runs to completion before it returns its request (still correct, no overlap).
+ *
+ * A blocking call on a communicator first waits until every non-blocking call issued before
+ * it on that communicator has executed (not been waited for), so blocking and non-blocking
+ * calls may be mixed in any order that every member agrees on.
+ *
+ * Deadlines and errors are the blocking calls': a queued collective's timeout starts when it
+ * begins to execute; a timeout names the missing ranks and breaks the communicator, and every
+ * call queued behind it then fails at once with MS_ERR_COMM. The error is returned by the
+ * request's ms_comm_wait. */
+typedef struct ms_comm_request ms_comm_request;
+
+ms_comm_request *ms_iall_reduce(ms_comm *c, const float *send, float *recv, size_t count,
+                                ms_reduce_op op, ms_error *err);
+ms_comm_request *ms_ireduce_scatter(ms_comm *c, const float *send, float *recv,
+                                    const size_t *recv_counts, ms_reduce_op op, ms_error *err);
+ms_comm_request *ms_iall_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
+                                ms_error *err);
+/* Waits for r, reports it to the communicator's observer, frees it and returns its status
+ * (the collective's error in err). NULL: MS_OK. */
+ms_status ms_comm_wait(ms_comm_request *r, ms_error *err);
+/* Sets *done. When done, it is ms_comm_wait (r is freed, its status returned); otherwise
+ * returns MS_OK and r stays valid. */
+ms_status ms_comm_test(ms_comm_request *r, bool *done, ms_error *err);
+/* Non-blocking calls of c issued and not yet executed (queued or running). */
+int ms_comm_in_flight(ms_comm *c);
 
 /* A variable-length message from root to every member: two byte broadcasts, its length
  * first (a 16-byte header: the length and root's cap, uint64 each), then the payload.

@@ -54,6 +54,10 @@ typedef struct ms_comm_backend_ops {
     ms_status (*split)(void *ctx, int color, int key, void **out_ctx, int *out_size, int *out_rank,
                        int *out_members, ms_comm_call *call, ms_error *err);
     void (*destroy)(void *ctx);
+    /* Whether the slots may be called from a communicator's progress thread while the
+     * caller's thread runs other communicators' calls (non-blocking calls, comm.h). NULL or
+     * false: non-blocking calls execute at issue. */
+    bool (*async_ok)(void *ctx);
 } ms_comm_backend_ops;
 
 /* Wraps a backend context into a communicator (used by backend constructors).

@@ -94,7 +94,9 @@ ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -104,6 +106,9 @@ ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
 
 /* Whether ms_mpi_init called MPI_Init_thread (then ms_mpi_finalize finalises). */
 static bool g_we_initialised = false;
+/* The thread level MPI provided (MPI initialised by someone else: SINGLE, no progress
+ * threads). */
+static int g_thread_level = MPI_THREAD_SINGLE;
 /* Whether a communicator of this process abandoned an operation (see ms_mpi_failed). */
 static bool g_failed = false;
 
@@ -111,7 +116,7 @@ static bool g_failed = false;
  * process's rank in it. MPI is per process, so these are too. */
 static MPI_Comm g_health = MPI_COMM_NULL;
 static int g_health_rank = 0, g_health_size = 0;
-static int g_health_nonce = 0; /* numbers this process's queries */
+static atomic_int g_health_nonce = 0; /* numbers this process's queries */
 /* After a timeout: the grace period of a health check, the timeout itself, and the world
  * ranks this process named as stalled. ms_mpi_abort lingers on these (see linger). */
 static int64_t g_grace_ns = 0, g_timeout_ns = 0;
@@ -149,23 +154,26 @@ static int answer_tag(int nonce) {
 }
 
 /* Answers every pending query. Called from the wait loops, so a rank that waits (for
- * anything) is seen to be alive. */
+ * anything) is seen to be alive. One thread at a time (a communicator's progress thread may
+ * wait while the caller's thread does): the probe and the receive must match one query. */
 static void health_serve(void) {
-    if (g_health == MPI_COMM_NULL) return;
+    static pthread_mutex_t serving = PTHREAD_MUTEX_INITIALIZER;
+    if (g_health == MPI_COMM_NULL || pthread_mutex_trylock(&serving) != 0) return;
     for (;;) {
         int flag = 0;
         MPI_Status st;
         if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_QUERY, g_health, &flag, &st) != MPI_SUCCESS || !flag)
-            return;
+            break;
         int nonce = 0;
         if (MPI_Recv(&nonce, 1, MPI_INT, st.MPI_SOURCE, TAG_QUERY, g_health, MPI_STATUS_IGNORE) !=
             MPI_SUCCESS)
-            return;
+            break;
         MPI_Request req;
         if (MPI_Isend(&k_here, 1, MPI_INT, st.MPI_SOURCE, answer_tag(nonce), g_health, &req) ==
             MPI_SUCCESS)
             MPI_Request_free(&req); /* a static buffer: the send may finish whenever */
     }
+    pthread_mutex_unlock(&serving);
 }
 
 /* Marks the context as abandoned (never freed, see the top of this file) and tells every
@@ -288,7 +296,7 @@ static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *
     int64_t deadline = ms_now_ns() + grace;
     /* Leaked on purpose: a query to a stalled rank may stay in flight. */
     int *nonce = xmalloc(sizeof *nonce);
-    *nonce = g_health_nonce++ & 0x3fffffff;
+    *nonce = atomic_fetch_add(&g_health_nonce, 1) & 0x3fffffff;
     int *in = xmalloc((size_t)n * sizeof *in);
     MPI_Request *req = xmalloc((size_t)n * sizeof *req);
     for (int i = 0; i < n; i++) {
@@ -733,6 +741,13 @@ static ms_status mpi_split(void *ctx, int color, int key, void **out_ctx, int *o
     return MS_OK;
 }
 
+/* A progress thread may call MPI while the caller's thread does too only under
+ * MPI_THREAD_MULTIPLE (ms_mpi_init asks for it). */
+static bool mpi_async_ok(void *ctx) {
+    (void)ctx;
+    return g_thread_level >= MPI_THREAD_MULTIPLE;
+}
+
 static const ms_comm_backend_ops mpi_ops = {
     .name = "mpi",
     .all_reduce = mpi_all_reduce,
@@ -744,6 +759,7 @@ static const ms_comm_backend_ops mpi_ops = {
     .barrier = mpi_barrier,
     .split = mpi_split,
     .destroy = mpi_destroy,
+    .async_ok = mpi_async_ok,
 };
 
 /* --- public ---------------------------------------------------------------------------------- */
@@ -753,11 +769,13 @@ ms_status ms_mpi_init(int *argc, char ***argv, ms_error *err) {
     MPI_Initialized(&inited);
     if (inited) return MS_OK;
     int provided = MPI_THREAD_SINGLE;
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return mpi_fail(NULL, err, rc, "MPI_Init_thread");
     g_we_initialised = true;
+    g_thread_level = provided;
     /* With less than SERIALIZED only the main thread may call MPI, which is also how the
-     * MPI launcher uses it (one rank per process), so a lower level is accepted. */
+     * MPI launcher uses it (one rank per process), so a lower level is accepted; below
+     * MULTIPLE, non-blocking calls run at issue (mpi_async_ok). */
     return MS_OK;
 }
 

@@ -874,6 +874,12 @@ static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_
 
 /* --- construction -------------------------------------------------------------------------- */
 
+/* Slots touch only the group's shared slots and the caller's buffers, from any thread. */
+static bool threads_async_ok(void *ctx) {
+    (void)ctx;
+    return true;
+}
+
 static const ms_comm_backend_ops threads_ops = {
     .name = "threads",
     .all_reduce = threads_all_reduce,
@@ -885,6 +891,7 @@ static const ms_comm_backend_ops threads_ops = {
     .barrier = threads_barrier,
     .split = threads_split,
     .destroy = threads_destroy,
+    .async_ok = threads_async_ok,
 };
 
 ms_status ms_threads_world_create(int nranks, ms_threads_world **out, ms_error *err) {
