@@ -7,6 +7,9 @@
  * one vector. The parameters are gathered on world rank 0 as each chunk holds them, so the
  * tied word embedding is checked in both of its copies (first and last stage).
  *
+ * Gradient buckets (bucket_mb) run the same cases with the gradient all-reduces issued during
+ * backward, and check that buckets were in fact made.
+ *
  * Test names end in _wN, the world size they need: the MPI entries filter on it.
  */
 #include <math.h>
@@ -171,6 +174,12 @@ static void run(mt_rank *r, void *arg) {
     if (!a->is_ref && root)
         MT_CHECK(r, sqrt(sums[0] / sums[1]) <= 1e-5, "%s: the parameters differ by %.3g relative",
                  a->strategy, sqrt(sums[0] / sums[1]));
+    /* Buckets asked for are buckets run: the gradient all-reduces went through them. */
+    ms_program_stats ps;
+    ms_program_stats_get(ms_trainer_program(tr), &ps);
+    if (s.bucket_mb > 0 && s.dp > 1)
+        MT_CHECK(r, ps.grad_buckets > 0 && ps.bucketed_grads >= ps.grad_buckets,
+                 "%s: %d gradients in %d buckets", a->strategy, ps.bucketed_grads, ps.grad_buckets);
     ms_trainer_destroy(tr);
     ms_text_data_close(&d);
 }
@@ -188,6 +197,53 @@ static void check_switches(bool bert, const char *strategy, const char *then1, c
 
 static void check(bool bert, const char *strategy, int world) {
     check_switches(bert, strategy, NULL, NULL, world);
+}
+
+/* Gradient buckets (bucket_mb): sizes that hold every gradient (1 MiB), a few (16 KiB) and
+ * less than one weight matrix (2 KiB < 32 x 32 floats), so large gradients go alone and small
+ * ones share; with micro-batches the buckets go out during the last backward. */
+static void gpt_dp2_bucket1_w2(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 2, \"bucket_mb\": 1}", 2);
+}
+static void gpt_dp2_bucket_small_w2(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 2, \"bucket_mb\": 0.002}", 2);
+}
+static void gpt_dp4_bucket16k_w4(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 4, \"bucket_mb\": 0.015625}", 4);
+}
+static void gpt_dp2_tp2_bucket_w4(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 2, \"tp\": 2, \"bucket_mb\": 0.004}", 4);
+}
+static void gpt_dp2_m2_bucket_w2(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 2, \"micro_batches\": 2, \"bucket_mb\": 0.004}", 2);
+}
+static void gpt_dp2_pp2_m4_bucket_w4(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 4, \"bucket_mb\": 0.004}", 4);
+}
+static void gpt_dp2_pp2_zb_h1_bucket_w4(void **state) {
+    (void)state;
+    check(false,
+          "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 4, \"schedule\": \"zb-h1\", "
+          "\"bucket_mb\": 0.002}",
+          4);
+}
+static void bert_dp2_bucket_small_w2(void **state) {
+    (void)state;
+    check(true, "{\"dp\": 2, \"bucket_mb\": 0.002}", 2);
+}
+static void bert_dp4_bucket1_w4(void **state) {
+    (void)state;
+    check(true, "{\"dp\": 4, \"bucket_mb\": 1}", 4);
+}
+static void bert_dp2_pp2_m2_bucket_w4(void **state) {
+    (void)state;
+    check(true, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"bucket_mb\": 0.01}", 4);
 }
 
 static void gpt_micro_batches_4_w1(void **state) {
@@ -285,6 +341,16 @@ static void switch_tp2_pp2_interleaved_to_tp4_w4(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(gpt_dp2_bucket1_w2),
+    cmocka_unit_test(gpt_dp2_bucket_small_w2),
+    cmocka_unit_test(gpt_dp4_bucket16k_w4),
+    cmocka_unit_test(gpt_dp2_tp2_bucket_w4),
+    cmocka_unit_test(gpt_dp2_m2_bucket_w2),
+    cmocka_unit_test(gpt_dp2_pp2_m4_bucket_w4),
+    cmocka_unit_test(gpt_dp2_pp2_zb_h1_bucket_w4),
+    cmocka_unit_test(bert_dp2_bucket_small_w2),
+    cmocka_unit_test(bert_dp4_bucket1_w4),
+    cmocka_unit_test(bert_dp2_pp2_m2_bucket_w4),
     cmocka_unit_test(switch_dp4_pp2_dp4_w4),
     cmocka_unit_test(switch_tp2_pp2_interleaved_to_tp4_w4),
     cmocka_unit_test(gpt_micro_batches_4_w1),

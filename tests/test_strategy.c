@@ -318,6 +318,7 @@ static void validator_refusals(void **state) {
                         "{\"dp\": 4, \"micro_batches\": 1}",
                         "{\"dp\": 4, \"micro_batch\": 2}",
                         "{\"dp\": 4, \"micro_batches\": 2}",
+                        "{\"dp\": 4, \"bucket_mb\": 25}",
                         "{\"dp\": 4, \"micro_batch\": 1}",
                         "{\"dp\": 2, \"pp\": 2}",
                         "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\"}",
@@ -337,7 +338,6 @@ static void validator_refusals(void **state) {
         {"{\"dp\": 4, \"recompute\": true}", "activation recompute (full) is predicted only"},
         {"{\"dp\": 4, \"recompute\": \"selective\"}", "activation recompute (selective)"},
         {"{\"dp\": 4, \"precision\": \"bf16\"}", "bf16 precision is predicted only"},
-        {"{\"dp\": 4, \"bucket_mb\": 25}", "gradient buckets (bucket_mb 25)"},
         {"{\"tp\": 4, \"vocab_parallel\": false}", "replicated head"},
     };
     for (size_t i = 0; i < sizeof later / sizeof *later; i++) {

@@ -89,6 +89,12 @@ typedef struct ms_compile_opts {
      * (ms_program_backward_input) and the parameters' (ms_program_backward_weight), as the
      * zero-bubble schedules run them; each kernel with parameters runs once in each. */
     bool split_weight_grads;
+    /* > 0: the grad-sync all-reduces run in buckets of at most this many MiB, each issued
+     * (non-blocking) as soon as backward has produced its gradients, during the last of
+     * micro_batches backward passes when micro_batched; ms_program_grad_sync then waits.
+     * 0: one all-reduce per gradient at grad sync. */
+    float bucket_mb;
+    int micro_batches; /* backward passes per step (micro_batched); 0: 1 */
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -164,6 +170,8 @@ typedef struct ms_program_stats {
     size_t arena_bytes;     /* the memory planner's arena */
     size_t unplanned_bytes; /* what the step-lived buffers would take without reuse */
     size_t param_bytes;
+    int grad_buckets;   /* bucket_mb > 0: buckets of grad-sync all-reduces */
+    int bucketed_grads; /* the gradients in them */
 } ms_program_stats;
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s);
 

@@ -21,6 +21,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
+#include "engine/graph/grad_buckets.h"
 #include "engine/graph/graph_impl.h"
 #include "engine/graph/program.h"
 #include "engine/kernels/parallel.h"
@@ -71,6 +72,7 @@ typedef struct instr {
     double coll_bytes;           /* RESHARD: predicted by the plan */
     double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
     ms_program_phase phase;
+    int bucket_grad; /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
 } instr;
 
 struct ms_program {
@@ -109,6 +111,8 @@ struct ms_program {
     uint64_t flow_counter;    /* reshard flow ids, for traces */
     int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
     int *reshards, nreshards; /* instruction index of each RESHARD, in step order */
+    ms_grad_buckets *buckets; /* bucket_mb > 0: the grad-sync all-reduces in buckets */
+    float *bucket_storage;
 };
 
 /* --- small helpers ----------------------------------------------------------------------- */
@@ -703,6 +707,83 @@ static ms_status alloc_memory(ms_program *p, ms_error *err) {
     return MS_OK;
 }
 
+/* --- gradient buckets ------------------------------------------------------------------------ */
+
+/* Whether instruction in writes buffer b. */
+static bool writes(const instr *in, int b) {
+    if (in->dst == b) return true;
+    for (int i = 0; in->kind == I_BWD && i < MS_OP_MAX_IN; i++)
+        if (in->din_buf[i] == b) return true;
+    return false;
+}
+
+/* The last backward instruction that writes buffer b: after it the gradient is final. */
+static int final_write(const ms_program *p, int b) {
+    for (int k = p->n_backward - 1; k >= p->n_forward; k--)
+        if (writes(&p->ins[k], b)) return k;
+    return p->n_backward - 1;
+}
+
+/* A grad-sync reshard that is one all-reduce of same-sized buffers (the data-parallel
+ * P -> R) can run in a bucket; anything else (shards change, several steps) runs as a
+ * reshard at grad sync, as without buckets. */
+static bool bucketable(const ms_program *p, const instr *in) {
+    if (in->kind != I_RESHARD || in->phase != MS_PROG_GRAD_SYNC || !in->plan) return false;
+    if (in->plan->nsteps != 1 || in->plan->steps[0].kind != MS_RSTEP_ALL_REDUCE) return false;
+    return p->bufs[in->src].nfloats == p->bufs[in->dst].nfloats;
+}
+
+typedef struct ready_grad {
+    int ready, ins;
+} ready_grad;
+
+static int cmp_ready(const void *a, const void *b) {
+    const ready_grad *x = a, *y = b;
+    if (x->ready != y->ready) return x->ready < y->ready ? -1 : 1;
+    return (x->ins > y->ins) - (x->ins < y->ins);
+}
+
+/* Groups the bucketable grad-sync all-reduces, in the order backward finishes their
+ * gradients, into buckets of at most opts->bucket_mb MiB; their reshard instructions then only
+ * collect the bucket's result (ms_gb_finish). The gradients stay live until grad sync as
+ * before, so the memory plan is unchanged but for the buckets' own buffer. */
+static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
+    ready_grad *rg = xmalloc(sizeof *rg * (size_t)(p->ni - p->n_backward + 1));
+    int n = 0;
+    for (int k = p->n_backward; k < p->ni; k++)
+        if (bucketable(p, &p->ins[k])) rg[n++] = (ready_grad){final_write(p, p->ins[k].src), k};
+    qsort(rg, (size_t)n, sizeof *rg, cmp_ready);
+    int passes = p->micro && opts->micro_batches > 1 ? opts->micro_batches : 1;
+    p->buckets = n ? ms_gb_create(opts->bucket_mb, passes) : NULL;
+    for (int i = 0; i < n; i++) {
+        instr *in = &p->ins[rg[i].ins];
+        const ms_rstep *step = &in->plan->steps[0];
+        ms_reduce_op op = (ms_reduce_op)step->before.p[step->mesh_dim].reduce;
+        int g = ms_gb_add(p->buckets, rg[i].ready, p->bufs[in->src].nfloats, step->mesh_dim, op);
+        in->bucket_grad = g + 1;
+    }
+    free(rg);
+}
+
+/* The buckets' buffer, and each gradient's source, target and communicator. */
+static ms_status bind_grad_buckets(ms_program *p, ms_error *err) {
+    if (!p->buckets) return MS_OK;
+    size_t floats = ms_gb_storage_floats(p->buckets);
+    p->bucket_storage = program_alloc(p, (floats + 16) * sizeof(float));
+    if (!p->bucket_storage)
+        return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu bytes of gradient buckets",
+                       floats * sizeof(float));
+    ms_gb_bind_storage(p->buckets, p->bucket_storage);
+    for (int k = p->n_backward; k < p->ni; k++) {
+        const instr *in = &p->ins[k];
+        if (!in->bucket_grad) continue;
+        ms_comm *comm = p->dm->dim_comm[in->plan->steps[0].mesh_dim];
+        ms_gb_bind(p->buckets, in->bucket_grad - 1, p->bufs[in->src].ptr, p->bufs[in->dst].ptr,
+                   comm);
+    }
+    return MS_OK;
+}
+
 /* --- compile ---------------------------------------------------------------------------------- */
 
 static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape *gin,
@@ -797,6 +878,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     MS_CHECK(complete(p, opts, err));
     build_forward(p);
     build_backward(p);
+    if (opts && opts->bucket_mb > 0 && !p->shapes_only) plan_grad_buckets(p, opts);
     layout_memory(p);
     compute_costs(p);
     index_instructions(p);
@@ -825,6 +907,7 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     ms_status st;
     MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
     MS_CHECK_GOTO(alloc_memory(p, err), st, fail);
+    MS_CHECK_GOTO(bind_grad_buckets(p, err), st, fail);
     MS_CHECK_GOTO(init_params(p, err), st, fail);
     return MS_OK;
 fail:
@@ -863,6 +946,11 @@ fail:
 
 void ms_program_destroy(ms_program *p) {
     if (!p) return;
+    if (p->buckets) {
+        size_t bytes = (ms_gb_storage_floats(p->buckets) + 16) * sizeof(float);
+        ms_gb_destroy(p->buckets); /* first: it waits for what is in flight into the storage */
+        program_free(p, p->bucket_storage, bytes);
+    }
     for (int b = 0; b < p->nb; b++) ms_tensor_release(&p->bufs[b].t);
     free(p->bufs);
     free(p->ins);
@@ -996,7 +1084,8 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
         }
         switch (in->kind) {
             case I_RESHARD:
-                st = run_reshard(p, in, err);
+                st = in->bucket_grad ? ms_gb_finish(p->buckets, in->bucket_grad - 1, err)
+                                     : run_reshard(p, in, err);
                 break;
             case I_ZERO:
                 ms_parallel_for(p->bufs[in->dst].nfloats, 1 << 16, zero_range,
@@ -1026,6 +1115,7 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
             p->ctx->trace.flow = 0;
             record(p, in, t0, flow);
         }
+        if (st == MS_OK && p->buckets && k < p->n_backward) st = ms_gb_after(p->buckets, k, err);
         if (st != MS_OK) return st;
     }
     if (loss && p->loss_buf >= 0 && upto >= p->n_forward) *loss = p->bufs[p->loss_buf].ptr[0];
@@ -1059,6 +1149,7 @@ ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {
 
 void ms_program_zero_grads(ms_program *p) {
     if (!p->member || p->shapes_only) return;
+    ms_gb_reset(p->buckets);
     for (int v = 0; v < p->g->nv; v++) {
         pvalue *pv = &p->pv[v];
         if (p->g->v[v].kind != GV_PARAM) continue;
@@ -1206,6 +1297,10 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
     s->arena_bytes = p->arena_floats * sizeof(float);
     s->unplanned_bytes = p->unplanned_floats * sizeof(float);
     s->param_bytes = p->persist_floats * sizeof(float);
+    if (p->buckets) {
+        s->grad_buckets = ms_gb_buckets(p->buckets);
+        s->bucketed_grads = ms_gb_count(p->buckets);
+    }
 }
 
 ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_error *err) {

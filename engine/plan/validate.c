@@ -185,11 +185,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                        "%s precision is predicted only; the engine trains in fp32 (\"precision\": "
                        "\"fp32\")",
                        ms_precision_name(s->precision));
-    if (s->bucket_mb > 0)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "gradient buckets (bucket_mb %g) are not run yet: the engine reduces each "
-                       "gradient on its own; leave bucket_mb out",
-                       (double)s->bucket_mb);
     if (s->vocab_replicated)
         return ms_fail(err, MS_ERR_INVALID,
                        "a replicated head (\"vocab_parallel\": false) is predicted only; the "

@@ -1,0 +1,56 @@
+/* grad_buckets.h - gradient buckets (private to engine/graph): the all-reduces that move a
+ * program's parameter gradients into the parameters' placements (the data-parallel
+ * P(sum) -> R), grouped in the order backward finishes the gradients into buckets of at most
+ * a given size, each all-reduced with one non-blocking call as soon as backward has produced
+ * its last gradient, so that the reduction runs while backward computes the rest.
+ *
+ * The program describes every bucketed gradient once, in the order it becomes final
+ * (ms_gb_add: the instruction after which it is final, its size, the mesh dim and reduce op),
+ * then binds the memory (ms_gb_bind, ms_gb_bind_storage). Running: after each backward
+ * instruction ms_gb_after copies the gradients final there into their bucket's slot of one
+ * contiguous buffer and issues the bucket's all-reduce when it is full; at grad sync
+ * ms_gb_finish waits for a gradient's bucket and copies the reduced values to the parameter's
+ * gradient. A gradient counts as final after `passes` runs of its instruction (the
+ * micro-batches of a step: it accumulates until the last one).
+ *
+ * Buckets never mix mesh dims or reduce ops (one communicator and op per call); a gradient
+ * larger than the bucket size gets a bucket of its own. Ownership: the program owns the
+ * buckets; the storage is the program's (from its device); ms_gb_destroy waits for any
+ * all-reduce still in flight, so nothing writes into freed memory.
+ */
+#ifndef MS_GRAD_BUCKETS_H
+#define MS_GRAD_BUCKETS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/comm/comm.h"
+#include "engine/core/status.h"
+
+typedef struct ms_grad_buckets ms_grad_buckets;
+
+/* bucket_mb > 0: the largest bucket in MiB; passes >= 1: backward runs per step. */
+ms_grad_buckets *ms_gb_create(double bucket_mb, int passes);
+void ms_gb_destroy(ms_grad_buckets *gb);
+
+/* Appends a gradient final after instruction `ready` (not before the previous one's):
+ * n floats reduced with op over mesh dim `mesh_dim`. Returns its index. */
+int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int mesh_dim, ms_reduce_op op);
+int ms_gb_count(const ms_grad_buckets *gb);   /* gradients */
+int ms_gb_buckets(const ms_grad_buckets *gb); /* buckets */
+int ms_gb_bucket_of(const ms_grad_buckets *gb, int i);
+/* Floats of the contiguous buffer behind every bucket. */
+size_t ms_gb_storage_floats(const ms_grad_buckets *gb);
+
+/* Gradient i's accumulated gradient (src), the parameter's (dst), and its communicator. */
+void ms_gb_bind(ms_grad_buckets *gb, int i, const float *src, float *dst, ms_comm *comm);
+void ms_gb_bind_storage(ms_grad_buckets *gb, float *storage);
+
+/* After instruction k ran: packs the gradients final at k and issues full buckets. */
+ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err);
+/* At grad sync: waits for gradient i's bucket and copies its reduced values to dst. */
+ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err);
+/* A new step's accumulation (ms_program_zero_grads): counts start again. */
+void ms_gb_reset(ms_grad_buckets *gb);
+
+#endif
