@@ -143,32 +143,44 @@ static int64_t ivset_total(const ivset *s) {
     return s->cum ? s->cum[s->n] : 0;
 }
 
-/* Per rank: compute (ops), comm (collectives) and their intersection. */
+/* Per rank: compute (ops), comm (collectives) and their intersection; the same for the
+ * collectives on the data-parallel mesh dim. */
 typedef struct rank_ivs {
-    ivset op, comm, both;
+    ivset op, comm, both, dp, dp_both;
 } rank_ivs;
+
+static void ivset_free(ivset *s) {
+    free(s->v), free(s->cum);
+}
 
 static void rank_ivs_free(rank_ivs *r, int n) {
     if (!r) return;
     for (int i = 0; i < n; i++) {
-        free(r[i].op.v), free(r[i].op.cum);
-        free(r[i].comm.v), free(r[i].comm.cum);
-        free(r[i].both.v), free(r[i].both.cum);
+        ivset_free(&r[i].op), ivset_free(&r[i].comm), ivset_free(&r[i].both);
+        ivset_free(&r[i].dp), ivset_free(&r[i].dp_both);
     }
     free(r);
 }
 
-static rank_ivs *build_rank_ivs(const ms_event *const *w, size_t nw, int nranks) {
-    size_t *n_op = xcalloc((size_t)nranks * 2, sizeof(size_t)), *n_comm = n_op + nranks;
+static bool on_dim(const ms_event *e, int dim) {
+    return e->kind == MS_EV_COLL && dim >= 0 && e->u.coll.mesh_dim == dim;
+}
+
+/* dp_dim: the data-parallel mesh dim, or -1. */
+static rank_ivs *build_rank_ivs(const ms_event *const *w, size_t nw, int nranks, int dp_dim) {
+    size_t *n_op = xcalloc((size_t)nranks * 3, sizeof(size_t)), *n_comm = n_op + nranks;
+    size_t *n_dp = n_comm + nranks;
     for (size_t i = 0; i < nw; i++) {
         if (w[i]->kind == MS_EV_OP) n_op[w[i]->rank]++;
         if (w[i]->kind == MS_EV_COLL) n_comm[w[i]->rank]++;
+        if (on_dim(w[i], dp_dim)) n_dp[w[i]->rank]++;
     }
     rank_ivs *r = xcalloc((size_t)nranks, sizeof *r);
     for (int k = 0; k < nranks; k++) {
         r[k].op.v = xmalloc(sizeof(iv) * (n_op[k] + 1));
         r[k].comm.v = xmalloc(sizeof(iv) * (n_comm[k] + 1));
-        r[k].op.n = r[k].comm.n = 0;
+        r[k].dp.v = xmalloc(sizeof(iv) * (n_dp[k] + 1));
+        r[k].op.n = r[k].comm.n = r[k].dp.n = 0;
     }
     for (size_t i = 0; i < nw; i++) {
         const ms_event *e = w[i];
@@ -176,11 +188,14 @@ static rank_ivs *build_rank_ivs(const ms_event *const *w, size_t nw, int nranks)
                    : e->kind == MS_EV_COLL ? &r[e->rank].comm
                                            : NULL;
         if (s) s->v[s->n++] = (iv){e->t0_ns, e->t1_ns};
+        if (on_dim(e, dp_dim)) r[e->rank].dp.v[r[e->rank].dp.n++] = (iv){e->t0_ns, e->t1_ns};
     }
     for (int k = 0; k < nranks; k++) {
         ivset_build(&r[k].op, r[k].op.v, r[k].op.n);
         ivset_build(&r[k].comm, r[k].comm.v, r[k].comm.n);
+        ivset_build(&r[k].dp, r[k].dp.v, r[k].dp.n);
         ivset_intersect(&r[k].op, &r[k].comm, &r[k].both);
+        ivset_intersect(&r[k].op, &r[k].dp, &r[k].dp_both);
     }
     free(n_op);
     return r;
@@ -428,8 +443,14 @@ static int step_row_cmp(const void *x, const void *y) {
     return p->rank - q->rank;
 }
 
-static void build_overlap_steps(ms_analysis *a, const ms_event *const *w, size_t nw) {
-    rank_ivs *r = build_rank_ivs(w, nw, a->nranks);
+/* The mesh dim whose communicator is named "dp", or -1 (the heatmaps named the dims). */
+static int dp_mesh_dim(const ms_analysis *a) {
+    for (int d = 0; d < a->n_dims && d < MS_AN_MAX_DIMS; d++)
+        if (!strcmp(a->dim_names[d], "dp")) return d;
+    return -1;
+}
+
+static void build_overlap(ms_analysis *a, const rank_ivs *r) {
     for (int k = 0; k < a->nranks; k++) {
         ms_rank_overlap *o = &a->overlap[k];
         o->comm_s = secs(ivset_total(&r[k].comm));
@@ -437,7 +458,15 @@ static void build_overlap_steps(ms_analysis *a, const ms_event *const *w, size_t
         o->overlapped_s = secs(ivset_total(&r[k].both));
         o->exposed_comm_s = secs(ivset_total(&r[k].comm) - ivset_total(&r[k].both));
         o->overlap_ratio = o->comm_s > 0 ? o->overlapped_s / o->comm_s : 0.0;
+        o->dp_comm_s = secs(ivset_total(&r[k].dp));
+        o->dp_hidden_s = secs(ivset_total(&r[k].dp_both));
+        o->dp_hidden_ratio = o->dp_comm_s > 0 ? o->dp_hidden_s / o->dp_comm_s : 0.0;
     }
+}
+
+static void build_overlap_steps(ms_analysis *a, const ms_event *const *w, size_t nw) {
+    rank_ivs *r = build_rank_ivs(w, nw, a->nranks, dp_mesh_dim(a));
+    build_overlap(a, r);
     /* One row per STEP event, then keep each step's slowest rank. */
     size_t ns = 0;
     for (size_t i = 0; i < nw; i++) ns += w[i]->kind == MS_EV_STEP;
@@ -457,6 +486,8 @@ static void build_overlap_steps(ms_analysis *a, const ms_event *const *w, size_t
         s->compute_s = secs(compute);
         s->exposed_comm_s = secs(exposed);
         s->idle_s = secs(hi - lo - compute - exposed);
+        ms_rank_overlap *o = &a->overlap[e->rank];
+        o->exposed_comm_step_s += (secs(exposed) - o->exposed_comm_step_s) / ++o->steps;
     }
     qsort(rows, m, sizeof *rows, step_row_cmp);
     size_t kept = 0;
@@ -860,14 +891,16 @@ void ms_analysis_print(const ms_analysis *a, void *file) {
 
     print_pipe(f, &a->pipe);
 
-    fprintf(f, "\nOverlap per rank (HTA: compute during communication / communication)\n");
-    fprintf(f, "  %5s %11s %11s %14s %11s %8s\n", "rank", "comm ms", "compute ms", "overlapped ms",
-            "exposed ms", "overlap");
+    fprintf(f, "\nOverlap per rank (HTA: compute during communication / communication; "
+               "dp: the data-parallel communication)\n");
+    fprintf(f, "  %5s %11s %11s %14s %11s %8s %15s %10s %9s\n", "rank", "comm ms", "compute ms",
+            "overlapped ms", "exposed ms", "overlap", "exposed/step ms", "dp comm ms", "dp hidden");
     for (int r = 0; r < a->nranks; r++) {
         const ms_rank_overlap *o = &a->overlap[r];
-        fprintf(f, "  %5d %11.3f %11.3f %14.3f %11.3f %7.1f%%\n", r, o->comm_s * 1e3,
-                o->compute_s * 1e3, o->overlapped_s * 1e3, o->exposed_comm_s * 1e3,
-                o->overlap_ratio * 100);
+        fprintf(f, "  %5d %11.3f %11.3f %14.3f %11.3f %7.1f%% %15.3f %10.3f %8.1f%%\n", r,
+                o->comm_s * 1e3, o->compute_s * 1e3, o->overlapped_s * 1e3, o->exposed_comm_s * 1e3,
+                o->overlap_ratio * 100, o->exposed_comm_step_s * 1e3, o->dp_comm_s * 1e3,
+                o->dp_hidden_ratio * 100);
     }
 
     fprintf(f, "\nCollective bandwidth (nccl-tests convention; mean over every rank's call)\n");

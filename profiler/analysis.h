@@ -5,7 +5,8 @@
  *                bytes per peer follow the collective's algorithm (see ms_bytes_per_peer)
  *   overlap      per rank, Holistic Trace Analysis' definition (docs/formats.md section 3):
  *                compute time during communication / communication time; plus exposed
- *                (non-overlapped) comm
+ *                (non-overlapped) comm, in all and per step, and the share of the
+ *                data-parallel ("dp") communication hidden under compute
  *   busbw        per collective kind and size, nccl-tests factors (docs/formats.md section 1)
  *   ops          time per operator (forward and backward)
  *   reshards     per transition kind (e.g. "P(sum) -> R"): count, bytes, time
@@ -76,6 +77,14 @@ typedef struct ms_heatmap {
 typedef struct ms_rank_overlap {
     double comm_s, compute_s, overlapped_s, exposed_comm_s;
     double overlap_ratio; /* overlapped / comm (HTA); 0 when no comm */
+    /* Exposed communication per step: within each of the rank's MS_EV_STEP spans, comm not
+     * overlapped by compute, averaged over those steps (0 without steps). */
+    int steps;
+    double exposed_comm_step_s;
+    /* The data-parallel share: collectives on the mesh dim whose communicator is named "dp"
+     * (the gradient all-reduces, bucketed or not), their time, the part hidden under compute,
+     * and hidden / dp comm (0 when none). */
+    double dp_comm_s, dp_hidden_s, dp_hidden_ratio;
 } ms_rank_overlap;
 
 typedef struct ms_busbw_row {

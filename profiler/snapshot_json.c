@@ -146,7 +146,11 @@ static bool analysis_to_json(cJSON *root, const ms_analysis *a) {
         ok = e && add_num(e, "comm_s", x->comm_s) && add_num(e, "compute_s", x->compute_s) &&
              add_num(e, "overlapped_s", x->overlapped_s) &&
              add_num(e, "exposed_comm_s", x->exposed_comm_s) &&
-             add_num(e, "overlap_ratio", x->overlap_ratio);
+             add_num(e, "overlap_ratio", x->overlap_ratio) &&
+             add_num(e, "exposed_comm_step_s", x->exposed_comm_step_s) &&
+             add_num(e, "steps", x->steps) && add_num(e, "dp_comm_s", x->dp_comm_s) &&
+             add_num(e, "dp_hidden_s", x->dp_hidden_s) &&
+             add_num(e, "dp_hidden_ratio", x->dp_hidden_ratio);
     }
     cJSON *bw = ok ? cJSON_AddArrayToObject(o, "busbw") : NULL;
     ok = bw != NULL;
@@ -468,6 +472,13 @@ static ms_status rd_overlap(rd *r, const cJSON *e, ms_rank_overlap *x) {
     FIELD(r, e, "overlapped_s", rd_num(r, v_, &x->overlapped_s));
     FIELD(r, e, "exposed_comm_s", rd_num(r, v_, &x->exposed_comm_s));
     FIELD(r, e, "overlap_ratio", rd_num(r, v_, &x->overlap_ratio));
+    FIELD(r, e, "exposed_comm_step_s", rd_num(r, v_, &x->exposed_comm_step_s));
+    int64_t steps = 0;
+    FIELD(r, e, "steps", rd_int(r, v_, 0, INT32_MAX, &steps));
+    x->steps = (int)steps;
+    FIELD(r, e, "dp_comm_s", rd_num(r, v_, &x->dp_comm_s));
+    FIELD(r, e, "dp_hidden_s", rd_num(r, v_, &x->dp_hidden_s));
+    FIELD(r, e, "dp_hidden_ratio", rd_num(r, v_, &x->dp_hidden_ratio));
     return MS_OK;
 }
 

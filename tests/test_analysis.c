@@ -315,6 +315,45 @@ static void test_overlap_and_steps(void **state) {
     free(t);
 }
 
+/* Exposed communication per step and the data-parallel share hidden under compute: a dp
+ * group (mesh dim 1, named "dp") whose all-reduces run under backward ops, and a tp group
+ * (mesh dim 0) whose collectives do not count as dp. */
+static void test_overlap_per_step_and_dp(void **state) {
+    (void)state;
+    trace *t = calloc(1, sizeof *t);
+    int tp_ranks[] = {0, 1}, dp_ranks[] = {0, 2};
+    int32_t tp = group(t, 1, "tp", 2, tp_ranks), dp = group(t, 2, "dp", 2, dp_ranks);
+    /* rank 0, step 0 [0,40): ops [0,20); dp [10,30) -> 10 hidden, 10 exposed;
+     *                        tp [30,34) -> 4 exposed. Exposed in the step: 14.
+     * rank 0, step 1 [100,120): ops [100,110); dp [105,107) all hidden. Exposed: 0.
+     * Exposed per step: (14 + 0) / 2 = 7. dp: 22 ms, 12 hidden. */
+    op(t, 0, "matmul", MS_PHASE_BACKWARD, 0, MS(0), MS(20), 0);
+    coll(t, 0, MS_COLL_ALL_REDUCE, dp, 2, 0, 1, 64, "shm", 1, MS(10), MS(30));
+    coll(t, 0, MS_COLL_ALL_REDUCE, tp, 2, 0, 1, 64, "shm", 0, MS(30), MS(34));
+    add(t, 0, MS_EV_STEP, 0, MS(0), MS(40));
+    op(t, 0, "matmul", MS_PHASE_BACKWARD, 1, MS(100), MS(110), 0);
+    coll(t, 0, MS_COLL_ALL_REDUCE, dp, 2, 0, 2, 64, "shm", 1, MS(105), MS(107))->step = 1;
+    add(t, 0, MS_EV_STEP, 1, MS(100), MS(120));
+    /* rank 2: the dp peer, nothing hidden, one step: exposed 20 per step */
+    coll(t, 2, MS_COLL_ALL_REDUCE, dp, 2, 1, 1, 64, "shm", 1, MS(10), MS(30));
+    add(t, 2, MS_EV_STEP, 0, MS(0), MS(40));
+    ms_analysis a;
+    analyze(t, 0, -1, &a);
+    const ms_rank_overlap *o0 = &a.overlap[0], *o2 = &a.overlap[2];
+    assert_int_equal(o0->steps, 2);
+    assert_true(NEAR(o0->exposed_comm_step_s, 0.007));
+    assert_true(NEAR(o0->dp_comm_s, 0.022) && NEAR(o0->dp_hidden_s, 0.012));
+    assert_true(NEAR(o0->dp_hidden_ratio, 12.0 / 22.0));
+    assert_int_equal(o2->steps, 1);
+    assert_true(NEAR(o2->exposed_comm_step_s, 0.020));
+    assert_true(NEAR(o2->dp_comm_s, 0.020) && o2->dp_hidden_s == 0 && o2->dp_hidden_ratio == 0);
+    /* rank 1 (tp only) has no steps and no dp communication: zeros, not NaN */
+    assert_true(a.overlap[1].steps == 0 && a.overlap[1].exposed_comm_step_s == 0);
+    assert_true(a.overlap[1].dp_hidden_ratio == 0);
+    ms_analysis_free(&a);
+    free(t);
+}
+
 /* --- bus bandwidth ---------------------------------------------------------------------------- */
 
 static void test_busbw(void **state) {
@@ -679,6 +718,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_heatmap_ring_all_reduce_exact),
     cmocka_unit_test(test_heatmap_row_sums_and_dims),
     cmocka_unit_test(test_overlap_and_steps),
+    cmocka_unit_test(test_overlap_per_step_and_dp),
     cmocka_unit_test(test_busbw),
     cmocka_unit_test(test_stragglers),
     cmocka_unit_test(test_ops_and_reshards),

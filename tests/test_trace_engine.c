@@ -7,7 +7,8 @@
  * least one collective when it moves bytes; the collectives' bytes add up to the reshards'
  * bytes; every kernel the program lists is traced once, and the traced FLOPs and bytes add up
  * to the listed ones; and every rank's events are there. The written trace file passes the
- * validator.
+ * validator. With gradient buckets, the bucketed grad-sync reshards move their bytes in
+ * non-blocking all-reduces instead, the first of which runs during backward.
  *
  * A pipeline (pp 2, 1f1b, 4 micro-batches; dp fills the rest of an MPI world) trained two
  * steps: every rank recorded one F and one B per micro-batch per step, naming its stage; the
@@ -41,7 +42,31 @@ enum { B = 4, T = 8, CAP = 1 << 16 };
 
 typedef struct shared {
     int ranks_seen[8];
+    float bucket_mb; /* > 0: the gradient all-reduces run in buckets */
 } shared;
+
+/* Buckets: the non-blocking all-reduces moved exactly the bytes of the grad-sync reshards they
+ * replaced, and the first of them ran while backward was still computing (it started before
+ * the last backward kernel ended). */
+static void check_buckets(mt_rank *r, const ms_event *ev, size_t n, uint64_t bucketed) {
+    uint64_t async_bytes = 0;
+    int64_t first_async = INT64_MAX, last_bwd = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (ev[k].kind == MS_EV_COLL && ev[k].u.coll.async) {
+            async_bytes += ev[k].u.coll.bytes;
+            if (ev[k].t0_ns < first_async) first_async = ev[k].t0_ns;
+            MT_CHECK(r, ev[k].u.coll.queued_ns >= 0, "negative queueing time");
+        }
+        if (ev[k].kind == MS_EV_OP && ev[k].phase == MS_PHASE_BACKWARD && ev[k].t1_ns > last_bwd)
+            last_bwd = ev[k].t1_ns;
+    }
+    MT_CHECK(r, bucketed > 0 && async_bytes == bucketed,
+             "rank %d: bucket all-reduces moved %llu bytes, the bucketed reshards %llu",
+             r->ctx->rank, (unsigned long long)async_bytes, (unsigned long long)bucketed);
+    MT_CHECK(r, first_async < last_bwd,
+             "rank %d: the first bucket started %lld ns after backward's last kernel ended",
+             r->ctx->rank, (long long)(first_async - last_bwd));
+}
 
 static void body(mt_rank *r, void *arg) {
     shared *sh = arg;
@@ -67,7 +92,8 @@ static void body(mt_rank *r, void *arg) {
     MT_OK(r, ms_model_build(&cfg, B, T, &m, &err), &err);
     ms_program *p;
     ms_sharding sharding = {.s = &s};
-    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sharding, .seed = 1};
+    ms_compile_opts co = {
+        .shard = ms_strategy_shard, .shard_user = &sharding, .seed = 1, .bucket_mb = sh->bucket_mb};
     if (!MT_OK(r, ms_program_compile(m.g, dm, &co, &p, &err), &err)) return;
     float ids[B * T], pos[B * T];
     for (int i = 0; i < B * T; i++) ids[i] = (float)(i * 7 % 32), pos[i] = (float)(i % T);
@@ -85,6 +111,7 @@ static void body(mt_rank *r, void *arg) {
     int nres = ms_program_num_reshards(p);
     MT_CHECK(r, nres > 0, "dp2 x tp2 plans no reshards");
     bool *used = xcalloc(n + 1, 1);
+    uint64_t bucketed = 0; /* bytes of the grad-sync reshards that buckets reduced */
     for (int i = 0; i < nres; i++) {
         ms_reshard_info ri;
         ms_program_reshard(p, i, &ri);
@@ -114,10 +141,15 @@ static void body(mt_rank *r, void *arg) {
                 coll += ev[k].u.coll.bytes;
                 ncoll++;
             }
+        if (sh->bucket_mb > 0 && ri.phase == MS_PROG_GRAD_SYNC && ncoll == 0) {
+            bucketed += re->bytes;
+            continue;
+        }
         MT_CHECK(r, coll == re->bytes, "%s: its collectives moved %llu bytes, the reshard %llu",
                  want, (unsigned long long)coll, (unsigned long long)re->bytes);
         MT_CHECK(r, re->bytes == 0 || ncoll > 0, "%s: no collective linked to it", want);
     }
+    if (sh->bucket_mb > 0) check_buckets(r, ev, n, bucketed);
     size_t extra = 0;
     for (size_t k = 0; k < n; k++) extra += ev[k].kind == MS_EV_RESHARD && !used[k];
     MT_CHECK(r, extra == 0, "rank %d: %zu traced reshards were not planned", ctx->rank, extra);
@@ -174,13 +206,23 @@ static void body(mt_rank *r, void *arg) {
     ms_recorder_destroy(rec);
 }
 
-static void traced_step(void **state) {
-    (void)state;
-    shared sh = {{0}};
+static void traced_step_as(float bucket_mb) {
+    shared sh = {{0}, bucket_mb};
     mt_run(4, body, &sh);
     if (mt_world_rank() == 0)
         for (int r = 0; r < 4; r++)
             if (!sh.ranks_seen[r]) fail_msg("rank %d has no events in the gathered trace", r);
+}
+
+static void traced_step(void **state) {
+    (void)state;
+    traced_step_as(0);
+}
+
+/* The same step with gradient buckets of 256 bytes (several per layer). */
+static void traced_step_buckets(void **state) {
+    (void)state;
+    traced_step_as(0.000244140625f);
 }
 
 /* --- a traced pipeline ------------------------------------------------------------------------ */
@@ -352,5 +394,6 @@ static void traced_pipeline(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {cmocka_unit_test(traced_step),
+                                          cmocka_unit_test(traced_step_buckets),
                                           cmocka_unit_test(traced_pipeline)};
 MT_MAIN("trace_engine", tests)

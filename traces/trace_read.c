@@ -314,6 +314,8 @@ static bool read_coll(rctx *r, ms_event *e, const tj_doc *d, int args) {
     }
     copy_str(c->algo, sizeof c->algo, tj_str(d, tj_get(d, args, "algorithm")));
     c->flow = (uint64_t)arg_i64(d, args, "flow", 0, INT64_MAX, 0);
+    c->async = arg_i64(d, args, "async", 0, 1, 0) != 0;
+    c->queued_ns = c->async ? arg_i64(d, args, "queued ns", 0, INT64_MAX, 0) : 0;
     return true;
 }
 

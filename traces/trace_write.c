@@ -867,6 +867,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_i64(o, c->group_rank);
             PUT_LIT(o, ",\"flow\":");
             put_u64(o, c->flow);
+            if (c->async) {
+                PUT_LIT(o, ",\"async\":1,\"queued ns\":");
+                put_i64(o, c->queued_ns);
+            }
             put_step_phase(o, e);
             return;
         }

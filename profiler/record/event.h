@@ -50,6 +50,11 @@ typedef struct ms_ev_coll {
     char algo[16];      /* "shm-direct", "mpi", "ring", ... */
     uint64_t flow;      /* id of the reshard it belongs to, 0 if none */
     int32_t root;       /* broadcast: the root's position in the group; else unused */
+    /* Non-blocking calls (ms_iall_reduce, ...): t0..t1 is the collective's real span, and
+     * queued_ns how long it waited in its communicator's queue after it was issued (issued at
+     * t0 - queued_ns); async is 0 and queued_ns 0 for blocking calls. */
+    uint8_t async;
+    int64_t queued_ns;
 } ms_ev_coll;
 
 typedef struct ms_ev_reshard {

@@ -44,8 +44,11 @@ static void fill_coll(ms_event *e, const ms_comm_probe *p, const ms_comm_event *
     c->seq = ev->seq;
     c->bytes = ev->bytes;
     ms_ev_strcpy(c->algo, sizeof c->algo, NULL, ev->algo);
-    c->flow = p->ts->flow;
+    c->flow = ev->async ? 0 : p->ts->flow; /* a bucket serves several reshards, none alone */
     c->root = ev->root < 0 ? 0 : ev->root;
+    c->async = ev->async;
+    c->queued_ns =
+        ev->async && ev->t_start_ns > ev->t_issue_ns ? ev->t_start_ns - ev->t_issue_ns : 0;
 }
 
 /* The group id of {me, peer}; cached so the hot path rarely takes the table's mutex. */
