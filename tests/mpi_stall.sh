@@ -3,9 +3,13 @@
 # communicator timeout, SIGSTOP one rank once training is under way, and check that the job
 # is gone (every process) within the timeout plus 15 s, exits non-zero, and that stderr names
 # the stopped rank, and only it, as missing.
-# Usage: mpi_stall.sh path/to/meshscope SOURCE_DIR MPIEXEC. Skips (77) without data/kjv.txt.
+# Usage: mpi_stall.sh path/to/meshscope SOURCE_DIR MPIEXEC [STRATEGY.json]. Skips (77) without
+# data/kjv.txt. Without a strategy the ranks run tp 4; with one (e.g. dp 4 with gradient
+# buckets, whose all-reduces time out on a communicator's progress thread) they run that.
 set -u
 bin=$1 src=$2 mpiexec=$3
+mesh=(--tp 4)
+[ -n "${4:-}" ] && mesh=(--strategy "$4")
 timeout_s=5
 stall=2 # the world rank to stop
 data="$src/data/kjv.txt"
@@ -35,7 +39,7 @@ fail() {
 export MS_STALL_TEST_JOB="$$.$RANDOM"
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$mpiexec" --oversubscribe --bind-to none --mca btl self,vader -np 4 \
-  "$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" --tp 4 --backend mpi \
+  "$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" "${mesh[@]}" --backend mpi \
   --steps 100000 --log-every 1 --timeout-s "$timeout_s" >"$tmp/out" 2>"$tmp/err" &
 mpirun_pid=$!
 

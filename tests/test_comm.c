@@ -1487,36 +1487,59 @@ static void test_async_args(void **state) {
     RUN_SIZES(body_async_args, 1, 3);
 }
 
-/* Rank 2 never issues: ranks 0 and 1 get the timeout (naming rank 2) from the first wait and
- * a broken-communicator error from the call queued behind it; the world is unaffected. */
+/* Rank 2 never issues: ranks 0 and 1 get the timeout (naming rank 2) from their first wait,
+ * whichever request it is for, and from the timed-out call's own wait; a broken-communicator
+ * error from later calls and from the call queued behind it. A blocking call made before any
+ * wait reports the timeout itself. The world is unaffected. */
 static void body_async_timeout(mt_rank *r, void *arg) {
     (void)arg;
     ms_comm *c = fresh_group(r, 3, "atmo_group");
     ms_error err;
-    float send[100] = {0}, recv[100], recv2[100];
+    float send[100] = {0}, recv[3][100];
     int me = c ? ms_comm_rank(c) : -1;
     if (c && me < 2) {
         int64_t t0 = ms_now_ns();
-        ms_comm_request *q1 = ms_iall_reduce(c, send, recv, 100, MS_REDUCE_SUM, &err);
-        ms_comm_request *q2 = ms_iall_reduce(c, send, recv2, 100, MS_REDUCE_SUM, &err);
-        MT_CHECK(r, q1 && q2, "issue failed: %s", err.msg);
+        ms_comm_request *q[3];
+        for (int k = 0; k < 3; k++)
+            q[k] = ms_iall_reduce(c, send, recv[k], 100, MS_REDUCE_SUM, &err);
+        MT_CHECK(r, q[0] && q[1] && q[2], "issue failed: %s", err.msg);
         MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL, "issuing blocked");
-        ms_status st = ms_comm_wait(q1, &err);
+        /* Waited out of order: the last call, refused because the first timed out, reports
+         * that timeout, naming rank 2. */
+        ms_status st = ms_comm_wait(q[2], &err);
         MT_CHECK(r, st == MS_ERR_TIMEOUT, "first wait gave %s, want timeout", ms_status_str(st));
         if (st == MS_ERR_TIMEOUT)
             MT_CHECK(r,
                      strstr(err.msg, "all_reduce") && strstr(err.msg, "atmo_group") &&
                          strstr(err.msg, "seq") && strstr(err.msg, "2 (world 2)"),
                      "timeout message lacks op, group, seq or missing rank: %s", err.msg);
-        st = ms_comm_wait(q2, &err);
+        st = ms_barrier(c, &err);
+        MT_CHECK(r, st == MS_ERR_COMM && strstr(err.msg, "broken"),
+                 "blocking call after the timeout gave %s (%s), want broken", ms_status_str(st),
+                 err.msg);
+        st = ms_comm_wait(q[0], &err);
+        MT_CHECK(r, st == MS_ERR_TIMEOUT && strstr(err.msg, "2 (world 2)"),
+                 "the timed-out call's own wait gave %s: %s", ms_status_str(st), err.msg);
+        st = ms_comm_wait(q[1], &err);
         MT_CHECK(r, st == MS_ERR_COMM && strstr(err.msg, "broken"),
                  "queued call behind a timeout gave %s (%s), want broken", ms_status_str(st),
                  err.msg);
         MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS, "took too long");
-        MT_CHECK(r,
-                 !ms_iall_reduce(c, send, recv, 1, MS_REDUCE_SUM, &err) && err.code == MS_ERR_COMM,
-                 "issue on a broken communicator accepted");
+        MT_CHECK(
+            r, !ms_iall_reduce(c, send, recv[0], 1, MS_REDUCE_SUM, &err) && err.code == MS_ERR_COMM,
+            "issue on a broken communicator accepted");
     }
+    /* A blocking call before any wait learns of the timeout itself. */
+    ms_comm *c2 = fresh_group(r, 3, "atmo_block");
+    if (c2 && ms_comm_rank(c2) < 2) {
+        ms_comm_request *q = ms_iall_reduce(c2, send, recv[0], 100, MS_REDUCE_SUM, &err);
+        ms_status st = ms_barrier(c2, &err);
+        MT_CHECK(r, st == MS_ERR_TIMEOUT && strstr(err.msg, "2 (world 2)"),
+                 "blocking call behind a timed-out one gave %s: %s", ms_status_str(st), err.msg);
+        ms_comm_wait(q, &err);
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    ms_comm_destroy(c2);
     MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
     ms_comm_destroy(c);
     float one = 1, sum = 0;

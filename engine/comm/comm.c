@@ -28,6 +28,11 @@ struct ms_comm {
     pthread_cond_t completed; /* waiters: a request completed */
     bool broken;
     char broken_why[160];
+    /* The failure of a non-blocking call that broke the communicator, until a later call
+     * reports it: its caller may meet the broken communicator before it waits for that call,
+     * and must still learn what happened (e.g. which ranks did not arrive). */
+    bool unreported;
+    ms_error async_failure;
     ms_comm_request *q_head, *q_tail; /* issued, not yet started, in issue order */
     int in_flight;                    /* issued, not yet executed */
     bool has_thread, stopping;
@@ -209,14 +214,21 @@ static void drain(ms_comm *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* The refusal of a call on a broken communicator, or MS_OK. */
-static ms_status refuse_if_broken(ms_comm *c, ms_coll_kind kind, ms_error *err) {
+/* The refusal of a call on a broken communicator, or MS_OK. On the caller's thread (report),
+ * the first refusal after a non-blocking call broke it is that call's own failure. */
+static ms_status refuse_if_broken(ms_comm *c, ms_coll_kind kind, bool report, ms_error *err) {
     char why[sizeof c->broken_why];
     pthread_mutex_lock(&c->mu);
-    bool broken = c->broken;
+    bool broken = c->broken, first = report && c->unreported;
     memcpy(why, c->broken_why, sizeof why);
+    ms_error failure = c->async_failure;
+    if (first) c->unreported = false;
     pthread_mutex_unlock(&c->mu);
     if (!broken) return MS_OK;
+    if (first) {
+        if (err) *err = failure;
+        return failure.code;
+    }
     char g[200];
     group_str(c, g, sizeof g);
     return ms_fail(err, MS_ERR_COMM,
@@ -233,7 +245,7 @@ static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, 
     call->kind = kind;
     call->dtype = dt;
     drain(c);
-    MS_CHECK(refuse_if_broken(c, kind, err));
+    MS_CHECK(refuse_if_broken(c, kind, true, err));
     call->seq = ++c->seq;
     call->timeout_ns = c->timeout_ns;
     call->deadline_ns = ms_now_ns() + c->timeout_ns;
@@ -246,8 +258,11 @@ static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, m
 }
 
 /* Decorates a failure with op, group, seq and missing ranks, and marks the communicator
- * broken after a timeout or transport failure. */
-static ms_status call_fail(ms_comm *c, const ms_comm_call *call, ms_status st, ms_error *err) {
+ * broken after a timeout or transport failure; a non-blocking call's failure (async) is kept
+ * for the next call on the caller's thread, in the same step, so that no call sees the
+ * communicator broken without it. */
+static ms_status call_fail(ms_comm *c, const ms_comm_call *call, ms_status st, bool async,
+                           ms_error *err) {
     char g[200];
     group_str(c, g, sizeof g);
     if (st == MS_ERR_TIMEOUT) {
@@ -270,6 +285,10 @@ static ms_status call_fail(ms_comm *c, const ms_comm_call *call, ms_status st, m
         c->broken = true;
         snprintf(c->broken_why, sizeof c->broken_why, "%s seq %lld failed (%s)",
                  ms_coll_name(call->kind), (long long)call->seq, ms_status_str(st));
+        if (async && err) {
+            c->unreported = true;
+            c->async_failure = *err;
+        }
         pthread_mutex_unlock(&c->mu);
     }
     return st;
@@ -308,7 +327,7 @@ static void call_report(ms_comm *c, const ms_comm_call *call, ms_status st, call
 static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t t0, size_t bytes,
                           ms_reduce_op op, int root, ms_error *err) {
     int64_t t1 = ms_now_ns();
-    if (st != MS_OK) call_fail(c, call, st, err);
+    if (st != MS_OK) call_fail(c, call, st, false, err);
     call_report(c, call, st, (call_times){t0, t0, t1, false}, bytes, op, root);
     return st;
 }
@@ -394,7 +413,7 @@ static void execute(ms_comm_request *r) {
     ms_comm *c = r->c;
     ms_comm_call *call = &r->call;
     r->t0 = ms_now_ns();
-    r->st = refuse_if_broken(c, call->kind, &r->err);
+    r->st = refuse_if_broken(c, call->kind, false, &r->err);
     if (r->st == MS_OK) {
         call->deadline_ns = r->t0 + call->timeout_ns;
         switch (call->kind) {
@@ -410,7 +429,7 @@ static void execute(ms_comm_request *r) {
                 r->st = c->ops->all_gather(c->ctx, r->send, r->recv, r->counts, call, &r->err);
                 break;
         }
-        if (r->st != MS_OK) call_fail(c, call, r->st, &r->err);
+        if (r->st != MS_OK) call_fail(c, call, r->st, true, &r->err);
     }
     r->t1 = ms_now_ns();
 }
@@ -459,7 +478,7 @@ static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind,
     r->c = c;
     r->call.kind = kind;
     r->call.dtype = MS_COMM_F32;
-    if (refuse_if_broken(c, kind, err) != MS_OK) {
+    if (refuse_if_broken(c, kind, true, err) != MS_OK) {
         free(r->counts);
         free(r);
         return NULL;
@@ -532,8 +551,21 @@ ms_comm_request *ms_iall_gather(ms_comm *c, const float *send, float *recv, cons
 static ms_status finish(ms_comm_request *r, ms_error *err) {
     ms_comm *c = r->c;
     ms_status st = r->st;
-    if (st != MS_OK && err) *err = r->err;
-    call_report(c, &r->call, st, (call_times){r->t_issue, r->t0, r->t1, true}, r->bytes, r->op, -1);
+    if (st != MS_OK) {
+        /* The first failure reported is the one that broke the communicator, even when the
+         * caller waits first for a call that was refused because of it. */
+        ms_error e = r->err;
+        pthread_mutex_lock(&c->mu);
+        if (c->unreported) {
+            e = c->async_failure;
+            c->unreported = false;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (err) *err = e;
+        st = e.code;
+    }
+    call_report(c, &r->call, r->st, (call_times){r->t_issue, r->t0, r->t1, true}, r->bytes, r->op,
+                -1);
     free(r->counts);
     free(r);
     return st;
