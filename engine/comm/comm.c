@@ -443,9 +443,16 @@ static void complete(ms_comm *c, ms_comm_request *r) {
     pthread_mutex_unlock(&c->mu);
 }
 
+static _Thread_local bool tl_progress;
+
+bool ms_comm_on_progress_thread(void) {
+    return tl_progress;
+}
+
 /* The progress thread: executes queued requests in issue order until stopped. */
 static void *progress_main(void *arg) {
     ms_comm *c = arg;
+    tl_progress = true;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->q_head && !c->stopping) pthread_cond_wait(&c->wake, &c->mu);
@@ -587,6 +594,10 @@ ms_status ms_comm_test(ms_comm_request *r, bool *done, ms_error *err) {
     *done = r->done;
     pthread_mutex_unlock(&r->c->mu);
     return *done ? finish(r, err) : MS_OK;
+}
+
+void ms_comm_progress(ms_comm *c) {
+    if (c && c->ops->progress && ms_comm_in_flight(c) > 0) c->ops->progress(c->ctx);
 }
 
 int ms_comm_in_flight(ms_comm *c) {

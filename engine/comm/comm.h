@@ -207,6 +207,11 @@ ms_status ms_comm_wait(ms_comm_request *r, ms_error *err);
 ms_status ms_comm_test(ms_comm_request *r, bool *done, ms_error *err);
 /* Non-blocking calls of c issued and not yet executed (queued or running). */
 int ms_comm_in_flight(ms_comm *c);
+/* Lets the backend advance c's calls in flight from the caller's thread, between its kernels:
+ * OpenMPI's shared-memory transport moves data only inside MPI calls, and a progress thread
+ * that polls gently (to leave the core to the kernels) is not enough on its own. Cheap, never
+ * blocks; nothing to do on the other backends or with nothing in flight. */
+void ms_comm_progress(ms_comm *c);
 
 /* A variable-length message from root to every member: two byte broadcasts, its length
  * first (a 16-byte header: the length and root's cap, uint64 each), then the payload.

@@ -58,7 +58,13 @@ typedef struct ms_comm_backend_ops {
      * caller's thread runs other communicators' calls (non-blocking calls, comm.h). NULL or
      * false: non-blocking calls execute at issue. */
     bool (*async_ok)(void *ctx);
+    /* Optional: advances calls in flight from the caller's thread (ms_comm_progress). */
+    void (*progress)(void *ctx);
 } ms_comm_backend_ops;
+
+/* Whether the calling thread is a communicator's progress thread (non-blocking calls): its
+ * waits should sleep rather than spin, since the rank's compute runs beside it. */
+bool ms_comm_on_progress_thread(void);
 
 /* Wraps a backend context into a communicator (used by backend constructors).
  * world_ranks has `size` entries and is copied. Takes ownership of ctx. */

@@ -121,7 +121,15 @@ static int first_ready_at(const ms_grad_buckets *gb, int k) {
     return lo;
 }
 
+/* Kicks the transport of the buckets in flight (ms_comm_progress) from the compute thread. */
+static void progress(ms_grad_buckets *gb) {
+    ms_comm *last = NULL;
+    for (int b = 0; b < gb->nb; b++)
+        if (gb->b[b].req && gb->b[b].comm != last) ms_comm_progress(last = gb->b[b].comm);
+}
+
 ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err) {
+    progress(gb);
     for (int i = first_ready_at(gb, k); i < gb->ng && gb->g[i].ready == k; i++) {
         grad *g = &gb->g[i];
         if (++g->hits < gb->passes) continue;
