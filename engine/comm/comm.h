@@ -14,6 +14,12 @@
  * hangs: it returns MS_ERR_TIMEOUT after the communicator's timeout. After a timeout the
  * communicator is broken and every later call fails fast with MS_ERR_COMM.
  *
+ * Blocking calls return when done. all_reduce, reduce_scatter and all_gather also come
+ * non-blocking (ms_iall_reduce, ...: a request to ms_comm_wait or ms_comm_test for), executed
+ * in issue order by a progress thread of the communicator while the caller computes; see
+ * "non-blocking collectives" below. The gradient buckets (engine/graph/grad_buckets.h) use
+ * them to reduce gradients during backward.
+ *
  * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only. They are
  * host memory on the threads and MPI backends and CUDA device memory on the NCCL backend.
  * Ownership: the caller owns all buffers; a communicator is freed with ms_comm_destroy,
