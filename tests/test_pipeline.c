@@ -23,14 +23,20 @@
 
 enum { B = 8, T = 8, STEPS = 3, MAX_PARAMS = 64 };
 
-static ms_model_config config(bool bert) {
+/* With dropout, every dropout site of the model drops 10%: micro-batched runs must draw the
+ * masks of the whole batch. */
+static ms_model_config config(bool bert, bool dropout) {
+    double p = dropout ? 0.1 : 0;
     return (ms_model_config){.model_type = bert ? MS_MODEL_BERT : MS_MODEL_GPT2,
                              .n_layer = 4,
                              .n_head = 4,
                              .n_embd = 32,
                              .vocab_size = 256,
                              .n_positions = 16,
-                             .layer_norm_epsilon = 1e-5};
+                             .layer_norm_epsilon = 1e-5,
+                             .embd_pdrop = p,
+                             .resid_pdrop = p,
+                             .attn_pdrop = p};
 }
 
 static ms_train_opts opts(void) {
@@ -60,7 +66,7 @@ typedef struct reference {
 } reference;
 
 typedef struct run_arg {
-    bool bert;
+    bool bert, dropout;
     const char *strategy; /* JSON */
     const char *then[2];  /* strategies switched to before steps 1 and 2 (live switches) */
     reference *ref;       /* filled by the reference run, read by the others */
@@ -99,7 +105,7 @@ static void run(mt_rank *r, void *arg) {
     ms_error err = {0};
     ms_text_data d;
     if (!MT_OK(r, open_data(&d, &err), &err)) return;
-    ms_model_config cfg = config(a->bert);
+    ms_model_config cfg = config(a->bert, a->dropout);
     ms_train_opts o = opts();
     ms_strategy s;
     ms_placement_rules rules;
@@ -175,19 +181,34 @@ static void run(mt_rank *r, void *arg) {
     ms_text_data_close(&d);
 }
 
-static void check_switches(bool bert, const char *strategy, const char *then1, const char *then2,
-                           int world) {
+static void check_all(bool bert, bool dropout, const char *strategy, const char *then1,
+                      const char *then2, int world) {
     reference ref = {0};
-    run_arg ra = {.bert = bert, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
+    run_arg ra = {
+        .bert = bert, .dropout = dropout, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
     mt_run_threads(1, run, &ra);
     assert_true(ref.n > 0);
-    run_arg a = {.bert = bert, .strategy = strategy, .then = {then1, then2}, .ref = &ref};
+    run_arg a = {.bert = bert,
+                 .dropout = dropout,
+                 .strategy = strategy,
+                 .then = {then1, then2},
+                 .ref = &ref};
     mt_run(world, run, &a);
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
 }
 
+static void check_switches(bool bert, const char *strategy, const char *then1, const char *then2,
+                           int world) {
+    check_all(bert, false, strategy, then1, then2, world);
+}
+
 static void check(bool bert, const char *strategy, int world) {
-    check_switches(bert, strategy, NULL, NULL, world);
+    check_all(bert, false, strategy, NULL, NULL, world);
+}
+
+/* Dropout on: the reference is one rank with the whole batch at once. */
+static void check_dropout(bool bert, const char *strategy, int world) {
+    check_all(bert, true, strategy, NULL, NULL, world);
 }
 
 static void gpt_micro_batches_4_w1(void **state) {
@@ -270,6 +291,24 @@ static void bert_dp2_pp2_w4(void **state) {
     check(true, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"gpipe\"}", 4);
 }
 
+static void gpt_dropout_micro_batches_4_w1(void **state) {
+    (void)state;
+    check_dropout(false, "{\"dp\": 1, \"micro_batches\": 4}", 1);
+}
+static void gpt_dropout_dp2_tp2_m2_w4(void **state) {
+    (void)state;
+    check_dropout(false, "{\"dp\": 2, \"tp\": 2, \"sp\": true, \"micro_batches\": 2}", 4);
+}
+static void gpt_dropout_dp2_pp2_zb_h1_w4(void **state) {
+    (void)state;
+    check_dropout(false, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\"}",
+                  4);
+}
+static void bert_dropout_pp2_m4_w2(void **state) {
+    (void)state;
+    check_dropout(true, "{\"pp\": 2, \"micro_batches\": 4}", 2);
+}
+
 /* Live switches into a pipeline and out of it: dp4, then pp2 x dp2, then dp4 again. */
 static void switch_dp4_pp2_dp4_w4(void **state) {
     (void)state;
@@ -306,6 +345,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(gpt_dp2_tp2_pp2_w8),
     cmocka_unit_test(bert_pp2_m4_w2),
     cmocka_unit_test(bert_dp2_pp2_w4),
+    cmocka_unit_test(gpt_dropout_micro_batches_4_w1),
+    cmocka_unit_test(gpt_dropout_dp2_tp2_m2_w4),
+    cmocka_unit_test(gpt_dropout_dp2_pp2_zb_h1_w4),
+    cmocka_unit_test(bert_dropout_pp2_m4_w2),
 };
 
 MT_MAIN("test_pipeline", tests)

@@ -117,6 +117,16 @@ ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
 size_t ms_program_arena_bytes(const ms_program *p);
 void ms_program_bind_arena(ms_program *p, float *arena);
 ms_status ms_program_backward(ms_program *p, ms_error *err);
+/* Where the bound micro-batch's rows sit in the step's batch: on each data-parallel replica,
+ * `rows` rows starting at `offset` of the replica's `stride` rows (0, 0, 0: the program's rows
+ * are the batch). Dropout keys its masks by the step's row, so a micro-batched run drops what
+ * a run of the whole batch drops. Set it before a micro-batch's forward and its backward. */
+void ms_program_set_batch_window(ms_program *p, int64_t rows, int64_t stride, int64_t offset);
+/* Dropout for the runs that follow: training step `step` draws its masks keyed by the run seed
+ * and the step, so every step drops anew and a resumed or switched run draws what an
+ * uninterrupted one would; evaluation (training false) passes values through unchanged, as
+ * dropout does outside training. A compiled program starts at training step 0. */
+void ms_program_set_dropout(ms_program *p, bool training, uint64_t step);
 /* The two passes of a split backward (ms_compile_opts.split_weight_grads); without the split
  * the first runs the whole backward and the second nothing. */
 ms_status ms_program_backward_input(ms_program *p, ms_error *err);

@@ -84,6 +84,9 @@ struct ms_program {
     ms_mesh own_mesh; /* shapes-only: the copy mesh points to */
     bool shapes_only;
     uint64_t seed;
+    ms_k_batch_window batch; /* ms_program_set_batch_window */
+    bool eval;               /* ms_program_set_dropout */
+    uint64_t draw;           /* dropout's key for the current step */
     bool member;
     pvalue *pv;
     pnode *pn;
@@ -817,7 +820,7 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     p->mesh = &mesh->mesh;
     memcpy(p->coords, mesh->coords, sizeof p->coords);
     p->plans = mesh->ctx->plans;
-    p->seed = opts ? opts->seed : 0;
+    p->seed = p->draw = opts ? opts->seed : 0;
     p->member = ms_dmesh_is_member(mesh);
     p->loss_buf = -1;
     *out = p;
@@ -845,7 +848,7 @@ ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int 
     ms_program *p = xcalloc(1, sizeof *p);
     p->g = g;
     p->shapes_only = true;
-    p->seed = opts ? opts->seed : 0;
+    p->seed = p->draw = opts ? opts->seed : 0;
     p->member = true;
     p->loss_buf = -1;
     ms_status st;
@@ -916,7 +919,9 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     call->n_in = nd->n_in;
     call->n_out = nd->n_out;
     call->mesh = p->dm;
-    call->seed = p->seed;
+    call->seed = p->draw;
+    call->batch = p->batch;
+    call->eval = p->eval;
     call->in_pl = pn->req_in;
     call->out_pl = pn->out_pl;
     for (int i = 0; i < nd->n_in; i++) {
@@ -1069,6 +1074,17 @@ void ms_program_zero_grads(ms_program *p) {
             ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
         }
     }
+}
+
+void ms_program_set_dropout(ms_program *p, bool training, uint64_t step) {
+    p->eval = !training;
+    /* Any distinct Philox key draws an independent stream; the golden-ratio step keeps keys of
+     * nearby seeds and steps apart. */
+    p->draw = p->seed + 0x9E3779B97F4A7C15ull * step;
+}
+
+void ms_program_set_batch_window(ms_program *p, int64_t rows, int64_t stride, int64_t offset) {
+    p->batch = (ms_k_batch_window){.rows = rows, .stride = stride, .offset = offset};
 }
 
 size_t ms_program_arena_bytes(const ms_program *p) {

@@ -170,12 +170,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
     int mb = 0, m = 0;
     ms_strategy_micro(s, job->batch, &mb, &m);
     const char *yet = "is predicted only; the engine does not run it yet";
-    if (m > 1 && (cfg->embd_pdrop > 0 || cfg->resid_pdrop > 0))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "dropout with %d micro-batches is not run yet (its masks are keyed by the "
-                       "position in the whole batch); use one micro-batch or set the pdrop "
-                       "fields to 0",
-                       m);
     if (s->zero) return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d %s", s->zero, yet);
     if (s->recompute != MS_RECOMPUTE_NONE)
         return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",

@@ -487,6 +487,8 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
         chunk *c = &st->ch[a->chunk];
         int64_t t0 = ms_now_ns();
         MS_CHECK(take_slot(st, c, a->mb, train, err));
+        ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
+                                    (int64_t)a->mb * st->rows_dp);
         if (a->op == MS_PP_FORWARD) {
             if (c->in_act_stage) {
                 ms_tensor *in = ms_program_local(c->prog, c->model.hidden_in);
@@ -541,8 +543,9 @@ static ms_status sync_tied(ms_stages *st, ms_error *err) {
     return ms_all_reduce(st->tie, g, g, (size_t)ms_tensor_numel(&pv.grad), MS_REDUCE_SUM, err);
 }
 
-ms_status ms_stages_train(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
-                          ms_error *err) {
+ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
+                          float *loss, ms_error *err) {
+    for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, true, (uint64_t)step);
     MS_CHECK(run(st, st->acts, st->nacts, true, ids, targets, loss, err));
     for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_grad_sync(st->ch[c].prog, err));
     return sync_tied(st, err);
@@ -550,6 +553,7 @@ ms_status ms_stages_train(ms_stages *st, const int32_t *ids, const int32_t *targ
 
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err) {
+    for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, false, 0);
     return run(st, st->fwd_acts, st->nfwd, false, ids, targets, loss, err);
 }
 

@@ -58,12 +58,13 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
                            ms_stages **out, ms_error *err);
 void ms_stages_destroy(ms_stages *st);
 
-/* One step's forwards and backwards over the global batch ids/targets ([batch, seq] each,
- * identical on every rank), then the gradient sync and the tied embedding's all-reduce. *loss
- * receives the batch's mean loss on every rank. */
-ms_status ms_stages_train(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
-                          ms_error *err);
-/* Forward only (evaluation, sampling): *loss as above. */
+/* Training step `step`'s forwards and backwards over the global batch ids/targets ([batch,
+ * seq] each, identical on every rank), then the gradient sync and the tied embedding's
+ * all-reduce. *loss receives the batch's mean loss on every rank. Dropout draws the step's
+ * masks (ms_program_set_dropout). */
+ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
+                          float *loss, ms_error *err);
+/* Forward only (evaluation, sampling; dropout off): *loss as above. */
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err);
 

@@ -218,7 +218,7 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
                                  t->ids, t->tgt, err));
     mask(t, t->o.seed, (uint64_t)t->step);
     ms_record_span(&t->ctx->trace, MS_EV_DATA, out->t_data_ns);
-    MS_CHECK(ms_stages_train(t->c.st, t->ids, t->tgt, &out->loss, err));
+    MS_CHECK(ms_stages_train(t->c.st, t->step, t->ids, t->tgt, &out->loss, err));
     MS_CHECK(grad_norm(t, &out->grad_norm, err));
     ms_lr_schedule sched = {.lr_max = t->o.lr,
                             .lr_min = t->o.min_lr,
