@@ -262,6 +262,19 @@ static void gpt_pp2_uneven_layers_w2(void **state) {
     (void)state;
     check(false, "{\"pp\": 2, \"micro_batches\": 2, \"pp_layers\": [1, 3]}", 2);
 }
+/* pp 3 on 4 layers: balanced by cost, the head's stage holds one layer (2, 1, 1). */
+static void gpt_pp3_balanced_w3(void **state) {
+    (void)state;
+    int lo, hi;
+    ms_model_config cfg = config(false, false);
+    ms_strategy s;
+    ms_error err = {0};
+    assert_int_equal(ms_strategy_init(&s, 1, 1, 1, false, &err), MS_OK);
+    s.pp = 3;
+    ms_stages_chunk_layers(&cfg, &s, 2, &lo, &hi);
+    assert_int_equal(hi - lo, 1);
+    check(false, "{\"pp\": 3, \"micro_batches\": 4}", 3);
+}
 static void gpt_pp4_m4_w4(void **state) {
     (void)state;
     check(false, "{\"pp\": 4, \"micro_batches\": 4}", 4);
@@ -338,6 +351,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(gpt_pp4_m8_zb_h1_w4),
     cmocka_unit_test(bert_tp2_pp2_zb_h1_w4),
     cmocka_unit_test(gpt_pp2_uneven_layers_w2),
+    cmocka_unit_test(gpt_pp3_balanced_w3),
     cmocka_unit_test(gpt_pp4_m4_w4),
     cmocka_unit_test(gpt_dp2_pp2_w4),
     cmocka_unit_test(gpt_tp2_pp2_w4),

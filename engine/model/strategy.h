@@ -75,7 +75,7 @@ typedef struct ms_strategy {
     uint8_t schedule;       /* ms_schedule */
     bool sp;                /* sequence parallelism over the tp group */
     bool vocab_replicated;  /* the tied embedding / LM head replicated over tp (default: sharded) */
-    uint16_t pp_layers[MS_STRATEGY_MAX_STAGES]; /* layers per stage; all 0: pp divides evenly */
+    uint16_t pp_layers[MS_STRATEGY_MAX_STAGES]; /* layers per stage; all 0: balanced by cost */
 } ms_strategy;
 
 /* Checks the mesh degrees of a run (flags, strategy files, live switches): each at least 1,

@@ -55,10 +55,12 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "pp_layers adds up to %d layers but the model has %d; make the counts add "
                        "up to n_layer",
                        layers, cfg->n_layer);
-    if (!stages && cfg->n_layer % s->pp)
+    /* Without pp_layers the stages are balanced by cost (engine/pipeline/balance.h), so any
+     * pp up to n_layer splits; the interleaved schedule cuts equal stages into equal chunks. */
+    if (s->virtual_stages > 1 && cfg->n_layer % s->pp)
         return ms_fail(err, MS_ERR_INVALID,
-                       "pp %d does not divide the %d layers; pick a pp that divides n_layer or "
-                       "give pp_layers",
+                       "pp %d does not divide the %d layers, and the interleaved schedule needs "
+                       "equal stages; pick a pp that divides n_layer",
                        s->pp, cfg->n_layer);
     if (job->seq > cfg->n_positions)
         return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", job->seq,

@@ -8,6 +8,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
 #include "engine/graph/program.h"
+#include "engine/pipeline/balance.h"
 #include "engine/pipeline/schedule.h"
 #include "profiler/record/hooks.h"
 
@@ -83,8 +84,15 @@ void ms_stages_chunk_layers(const ms_model_config *cfg, const ms_strategy *s, in
         *hi = at + s->pp_layers[k];
         return;
     }
-    *lo = n * k / chunks;
-    *hi = n * (k + 1) / chunks;
+    /* Balanced by cost at the model's context length, so a strategy's split does not depend
+     * on the job's sequence length. */
+    ms_pp_costs costs = ms_pp_model_costs(cfg, cfg->n_positions);
+    int *counts = xmalloc(sizeof *counts * (size_t)chunks);
+    ms_pp_balance_layers(n, chunks, &costs, counts);
+    *lo = 0;
+    for (int i = 0; i < k; i++) *lo += counts[i];
+    *hi = *lo + counts[k];
+    free(counts);
 }
 
 ms_status ms_stages_chunk_model(const ms_model_config *cfg, const ms_strategy *s, int rows, int seq,

@@ -36,8 +36,9 @@
 
 typedef struct ms_stages ms_stages;
 
-/* Model chunk k's layers [*lo, *hi) under strategy s: pp_layers by hand, else an even split
- * into pp x virtual_stages chunks. */
+/* Model chunk k's layers [*lo, *hi) under strategy s: pp_layers by hand, else pp x
+ * virtual_stages chunks balanced by cost (engine/pipeline/balance.h: the head's chunk may hold
+ * fewer layers). */
 void ms_stages_chunk_layers(const ms_model_config *cfg, const ms_strategy *s, int k, int *lo,
                             int *hi);
 /* Model chunk k's graph for `rows` sequences of `seq` tokens, its boundary values (the
