@@ -830,7 +830,7 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
         case MS_EV_COLL: {
             const ms_ev_coll *c = &e->u.coll;
             const ms_group *g = find_group(w, c->group);
-            const char *cn = ms_coll_name((ms_coll_kind)c->coll);
+            const char *cn = c->recv ? "recv" : ms_coll_name((ms_coll_kind)c->coll);
             PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"comm\",\"name\":");
             put_str(o, cn, 32);
             put_place(o, e, w->tid[i], w->base);
@@ -867,6 +867,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_i64(o, c->group_rank);
             PUT_LIT(o, ",\"flow\":");
             put_u64(o, c->flow);
+            if (c->coll == MS_COLL_BROADCAST) {
+                PUT_LIT(o, ",\"root\":");
+                put_i64(o, c->root);
+            }
             put_step_phase(o, e);
             return;
         }

@@ -50,6 +50,8 @@ typedef struct ms_ev_coll {
     char algo[16];      /* "shm-direct", "mpi", "ring", ... */
     uint64_t flow;      /* id of the reshard it belongs to, 0 if none */
     int32_t root;       /* broadcast: the root's position in the group; else unused */
+    uint8_t recv;       /* p2p: this rank's side receives ("recv"): it shows the wait, and the
+                         * sender's event alone counts the traffic */
 } ms_ev_coll;
 
 typedef struct ms_ev_reshard {
