@@ -562,6 +562,36 @@ static void schedules_and_knobs_priced(void **state) {
     printf("%s: %.3f s per step\n", ms_strategy_name(&s, name, sizeof name), e.step_s);
 }
 
+/* Thread ranks that share cores: a stage idle in its bubble hands its core to the busy ones,
+ * so the bubble costs wall time only where the schedule's critical path at full speed exceeds
+ * the CPU work spread over the cores. pp 2 x dp 2 over 4 micro-batches on 2 cores (bubble 20%
+ * of a stage's time, share 2): no wall time; with a core per rank the whole bubble. */
+static void shared_cores_absorb_the_bubble(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster shared = cpu_cluster(), own = cpu_cluster();
+    own.cores = 4;
+    ms_strategy s = knobs(2, 1, 2, 1, false, 0, false, 4, true, MS_PLAN_FP32);
+    ms_error err = {0};
+    ms_plan_estimate es, eo;
+    ms_plan_problem pb = problem(&cfg, &shared, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &es, &err), MS_OK);
+    pb = problem(&cfg, &own, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &eo, &err), MS_OK);
+    printf("pp2 x dp2 m4 bubble: %.3g s on 2 cores, %.3g s on 4 (step %.3g, %.3g s)\n", es.bubble_s,
+           eo.bubble_s, es.step_s, eo.step_s);
+    assert_true(es.bubble_s == 0 && eo.bubble_s > 0);
+    /* gpipe on pp 4 over 2 micro-batches (bubble 60% of the step): the critical path at full
+     * speed, 2.5 busy times over a share of 2, exceeds the work: a quarter of the busy time */
+    s = knobs(1, 1, 4, 1, false, 0, false, 2, true, MS_PLAN_FP32);
+    s.schedule = MS_SCHEDULE_GPIPE;
+    pb = problem(&cfg, &shared, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &es, &err), MS_OK);
+    pb = problem(&cfg, &own, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &eo, &err), MS_OK);
+    assert_true(es.bubble_s > 0 && es.bubble_s < eo.bubble_s * 2);
+}
+
 /* --- the advisor ----------------------------------------------------------------------------- */
 
 /* A measured analysis that agrees with the prediction except that tp collectives took
@@ -779,6 +809,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(non_executable_flagged),
     cmocka_unit_test(executable_check_reasons),
     cmocka_unit_test(schedules_and_knobs_priced),
+    cmocka_unit_test(shared_cores_absorb_the_bubble),
     cmocka_unit_test(advisor_moves_away_from_slow_tp),
     cmocka_unit_test(cluster_json),
     cmocka_unit_test(search_175b_timing),

@@ -604,6 +604,16 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
         double frac =
             bubble_fraction(pb->memo, s, n_micro, f * t_mb, (1 - f - wg) * t_mb, wg * t_mb);
         out->bubble_s = m * t_mb * frac / (1 - frac);
+        /* Thread ranks that share cores (cpu-local, share = ranks / cores > 1) run at 1/share
+         * of a core while all are busy; a rank idle in its bubble hands its core to the busy
+         * ones, which then run faster. The step is then the longer of the CPU work spread
+         * over all cores (every rank's m micro-batches at the shared speed) and the schedule's
+         * critical path at full speed (busy time and bubble, each 1/share as long). */
+        double share = ms_cluster_share(c, pb->devices);
+        if (share > 1) {
+            double busy = m * t_mb, path = (busy + out->bubble_s) / share;
+            out->bubble_s = path > busy ? path - busy : 0;
+        }
     }
     double exposed_grad = 0;
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) {
