@@ -500,6 +500,17 @@ int64_t ms_trainer_skipped(const ms_trainer *t) {
     return t->skipped;
 }
 
+void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < ms_stages_num_params(t->c.st); i++) {
+        ms_param_view pv;
+        ms_stages_param(t->c.st, i, &pv, NULL);
+        out->params += 4.0 * (double)ms_tensor_numel(&pv.data);
+        out->grads += 4.0 * (double)ms_tensor_numel(&pv.grad);
+    }
+    for (int i = 0; i < t->mo.n; i++) out->optim += 2.0 * (double)t->mo.bytes[i];
+}
+
 int ms_trainer_num_state(const ms_trainer *t) {
     return num_state(&t->c, t->o.inference);
 }

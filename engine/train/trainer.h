@@ -153,6 +153,15 @@ void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
 struct ms_stages_memory;
 void ms_trainer_memory(const ms_trainer *t, struct ms_stages_memory *out);
 
+/* The bytes of this rank's state as allocated: parameters and gradients as the programs store
+ * them (ZeRO 3: the dp shard; 2: the gradients' shard), and the optimizer state on its device
+ * (ZeRO >= 1: the dp shard). Micro-batched under ZeRO 2 and 3 the gradients also accumulate
+ * whole before their reduce-scatter; those buffers are not counted here. */
+typedef struct ms_trainer_bytes {
+    double params, grads, optim;
+} ms_trainer_bytes;
+void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out);
+
 /* Loads state tensor i (a parameter) from its full values where this rank holds it (a no-op
  * elsewhere): checkpoint loads. Every rank passes the same values. */
 ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_error *err);
