@@ -51,7 +51,7 @@ typedef struct reference {
 } reference;
 
 typedef struct run_arg {
-    bool bert;
+    ms_model_config cfg;
     const char *strategy; /* JSON */
     const char *then[2];  /* strategies switched to before steps 1 and 2 (live switches) */
     reference *ref;       /* filled by the reference run, read by the others */
@@ -90,7 +90,7 @@ static void run(mt_rank *r, void *arg) {
     ms_error err = {0};
     ms_text_data d;
     if (!MT_OK(r, mt_equiv_data(&d, &err), &err)) return;
-    ms_model_config cfg = mt_equiv_config(a->bert);
+    ms_model_config cfg = a->cfg;
     ms_train_opts o = mt_equiv_opts();
     ms_strategy s;
     ms_placement_rules rules;
@@ -166,13 +166,19 @@ static void run(mt_rank *r, void *arg) {
     ms_text_data_close(&d);
 }
 
-void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,
-                    int world) {
+void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
+                          const char *then2, int world) {
     reference ref = {0};
-    run_arg ra = {.bert = bert, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
+    run_arg ra = {.cfg = *cfg, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
     mt_run_threads(1, run, &ra);
     assert_true(ref.n > 0);
-    run_arg a = {.bert = bert, .strategy = strategy, .then = {then1, then2}, .ref = &ref};
+    run_arg a = {.cfg = *cfg, .strategy = strategy, .then = {then1, then2}, .ref = &ref};
     mt_run(world, run, &a);
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
+}
+
+void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,
+                    int world) {
+    ms_model_config cfg = mt_equiv_config(bert);
+    mt_equiv_check_model(&cfg, strategy, then1, then2, world);
 }

@@ -30,5 +30,8 @@ ms_status mt_equiv_data(ms_text_data *d, ms_error *err);
  * threads, or the MPI world). Fails the current cmocka test on a difference. */
 void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,
                     int world);
+/* The same for another model (the batch, steps and data stay). */
+void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
+                          const char *then2, int world);
 
 #endif

@@ -4,9 +4,11 @@
  * dp2 x pp2 (two micro-batches: gradients accumulate whole, then reduce-scatter) and checks
  * losses and every final parameter against one rank (tests/equiv.h): sharding the optimizer
  * state, the gradients or the parameters over dp must not change the arithmetic beyond float
- * reassociation. The switch case moves a run across stages and meshes and must keep the
- * losses of a run on the targets. The memory case measures the state's bytes on each rank's
- * device: under ZeRO 3 on dp4 at most a quarter (plus 10%) of what ZeRO 0 keeps.
+ * reassociation; also with zb-h1's split backward and with uneven shards (the balanced
+ * split). The switch case moves a run across stages and meshes and must keep the losses of a
+ * run on the targets. The memory case measures the state's bytes on each rank's device: under
+ * ZeRO 3 on dp4 at most a quarter (plus 10%) of what ZeRO 0 keeps. The state reports its sharded
+ * placements, and the optimizer state can live on a device of its own.
  *
  * Test names end in _wN, the world size they need: the MPI entries filter on it.
  */
@@ -42,6 +44,30 @@ ZERO_MESHES(bert, true)
 /* tp2 with sp and cp2 combine too (one stage each is enough: the placements nest alike). */
 ZERO_CASE(gpt_dp2_tp2_sp_zero3_w4, false, "{\"dp\": 2, \"tp\": 2, \"sp\": true, \"zero\": 3}", 4)
 ZERO_CASE(gpt_dp2_cp2_zero2_w4, false, "{\"dp\": 2, \"cp\": 2, \"zero\": 2}", 4)
+
+/* zb-h1 runs each backward in two passes: ZeRO 3 gathers for both. */
+ZERO_CASE(gpt_dp2_pp2_zb_h1_zero3_w4, false,
+          "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\", \"zero\": 3}", 4)
+
+/* Uneven shards (the balanced split): n_embd 34 and 18 positions over dp4 give rows of 9, 9,
+ * 8, 8 and 5, 5, 4, 4; with tp2 the row-parallel weights split 68 rows, then dp splits 34. */
+static void uneven(const char *strategy, int world) {
+    ms_model_config cfg = mt_equiv_config(false);
+    cfg.n_embd = 34, cfg.n_head = 2, cfg.n_positions = 18;
+    mt_equiv_check_model(&cfg, strategy, NULL, NULL, world);
+}
+static void gpt_uneven_dp4_zero3_w4(void **state) {
+    (void)state;
+    uneven("{\"dp\": 4, \"zero\": 3}", 4);
+}
+static void gpt_uneven_dp4_zero1_w4(void **state) {
+    (void)state;
+    uneven("{\"dp\": 4, \"zero\": 1}", 4);
+}
+static void gpt_uneven_dp2_tp2_zero2_w4(void **state) {
+    (void)state;
+    uneven("{\"dp\": 2, \"tp\": 2, \"zero\": 2}", 4);
+}
 
 /* dp4 ZeRO 0 -> dp4 ZeRO 3 -> dp2 x tp2 ZeRO 1: each step's loss that of a run on the target
  * (the one-rank run, which every target equals). */
@@ -134,6 +160,58 @@ static void state_placements_w2(void **state) {
     for (int stage = 1; stage <= 3; stage += 2) mt_run(2, state_placements, &stage);
 }
 
+/* The optimizer state on a device of its own (what CPU offload will be): its counter holds
+ * exactly the moments, the rank's device none of them, and training is unchanged. */
+static void own_device(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_error err = {0};
+    ms_text_data d;
+    ms_device *host = NULL;
+    if (!MT_OK(r, mt_equiv_data(&d, &err), &err)) return;
+    MT_OK(r, ms_device_cpu_create(&host, &err), &err);
+    ms_model_config cfg = mt_equiv_config(false);
+    ms_strategy s;
+    ms_strategy_defaults(&s);
+    s.dp = 2, s.zero = 2;
+    float loss[2] = {0, 0};
+    double on_rank[2] = {0, 0};
+    for (int run = 0; run < 2 && host; run++) {
+        ms_train_opts o = mt_equiv_opts();
+        o.optim_device = run ? host : NULL;
+        ms_trainer *tr = NULL;
+        size_t before = atomic_load(&r->ctx->device->in_use);
+        if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, NULL, &o, &d, &tr, &err), &err)) break;
+        ms_trainer_bytes b;
+        ms_trainer_state_bytes(tr, &b);
+        on_rank[run] = (double)(atomic_load(&r->ctx->device->in_use) - before);
+        if (run) {
+            MT_CHECK(r, (double)atomic_load(&host->in_use) == b.optim,
+                     "the optimizer's device holds %zu bytes, the moments are %.0f",
+                     atomic_load(&host->in_use), b.optim);
+            MT_CHECK(r, on_rank[1] + b.optim == on_rank[0],
+                     "the rank's device holds %.0f bytes, %.0f without the moments", on_rank[1],
+                     on_rank[0] - b.optim);
+        }
+        for (int k = 0; k < 2; k++) {
+            ms_step_result res = {0};
+            MT_OK(r, ms_trainer_step(tr, &res, &err), &err);
+            if (run)
+                MT_CHECK(r, res.loss == loss[k], "step %d: loss %.7f, %.7f on one device", k,
+                         res.loss, loss[k]);
+            else
+                loss[k] = res.loss;
+        }
+        ms_trainer_destroy(tr);
+    }
+    ms_device_destroy(host);
+    ms_text_data_close(&d);
+}
+
+static void optimizer_device_w2(void **state) {
+    (void)state;
+    mt_run(2, own_device, NULL);
+}
+
 #define T(name) cmocka_unit_test(name)
 #define STAGES(model, mesh, world)                                                                 \
     T(model##_##mesh##_zero1_w##world), T(model##_##mesh##_zero2_w##world),                        \
@@ -150,9 +228,14 @@ static const struct CMUnitTest tests[] = {
     STAGES(bert, dp2_pp2, 4),
     T(gpt_dp2_tp2_sp_zero3_w4),
     T(gpt_dp2_cp2_zero2_w4),
+    T(gpt_dp2_pp2_zb_h1_zero3_w4),
+    T(gpt_uneven_dp4_zero3_w4),
+    T(gpt_uneven_dp4_zero1_w4),
+    T(gpt_uneven_dp2_tp2_zero2_w4),
     T(switch_zero0_zero3_tp2_zero1_w4),
     T(zero3_memory_dp4_w4),
     T(state_placements_w2),
+    T(optimizer_device_w2),
 };
 
 MT_MAIN("test_zero", tests)
