@@ -8,7 +8,7 @@
  *             inserts the reshards; the memory planner packs every step-lived buffer into one
  *             arena, reusing space between buffers whose lifetimes do not overlap.
  *   run       ms_program_step feeds inputs, runs forward and backward and leaves gradients
- *             in the parameters' placements; the optimizer reads them from there.
+ *             in the parameters' gradient placements; the optimizer reads them from there.
  *
  * Reading a compiled program's kernels and reshards, and compiling one from shapes alone
  * (the planner), are in graph/program.h.

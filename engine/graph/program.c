@@ -1346,7 +1346,7 @@ void ms_program_explain(const ms_program *p, FILE *f) {
         char a[128], b[128], by[32];
         human(in->coll_bytes, by, sizeof by);
         const char *what = moves_grad(in) ? "grad of " : "";
-        fprintf(f, "  %-9s %s%-36s %-16s -> %-16s %s\n", ms_program_phase_name(in->phase), what,
+        fprintf(f, "  %-10s %s%-36s %-16s -> %-16s %s\n", ms_program_phase_name(in->phase), what,
                 g->v[in->value].name, ms_placements_str(&in->from, a, sizeof a),
                 ms_placements_str(&in->to, b, sizeof b), by);
         total += in->coll_bytes;

@@ -27,8 +27,9 @@
 typedef enum ms_program_phase {
     MS_PROG_FORWARD,    /* forward kernels and the reshards around them */
     MS_PROG_LOSS,       /* the loss made replicated, for reporting */
-    MS_PROG_BACKWARD,   /* backward kernels and the gradient reshards between them */
-    MS_PROG_GRAD_SYNC,  /* gradients into their parameters' placements (dp all-reduce) */
+    MS_PROG_BACKWARD,   /* backward kernels, the gradient reshards between them (and ZeRO 3's
+                         * gathers of the parameters they read) */
+    MS_PROG_GRAD_SYNC,  /* gradients into their placements (dp all-reduce, ZeRO reduce-scatter) */
     MS_PROG_PARAM_SYNC, /* after the optimizer: ZeRO 1 and 2 gather the updated shards */
     MS_PROG_PHASE_COUNT
 } ms_program_phase;
