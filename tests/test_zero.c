@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "engine/dist/placement.h"
+#include "engine/graph/program.h"
+#include "engine/model/gpt.h"
 #include "engine/train/stages.h"
 #include "engine/train/trainer.h"
 #include "tests/equiv.h"
@@ -212,6 +214,58 @@ static void optimizer_device_w2(void **state) {
     mt_run(2, own_device, NULL);
 }
 
+/* The collectives each stage compiles to (from shapes, for dp2 x tp2): the gradient sync is an
+ * all-reduce over dp below stage 2 and a reduce-scatter from 2 on; stages 1 and 2 all-gather
+ * every parameter after the optimizer; stage 3 gathers every parameter before its uses, forward
+ * and backward, and nothing after the optimizer. */
+static void collectives_by_stage(void **state) {
+    (void)state;
+    ms_model_config cfg = mt_equiv_config(false);
+    for (int z = 0; z <= 3; z++) {
+        ms_strategy s;
+        ms_error err = {0};
+        ms_strategy_init(&s, 2, 2, 1, false, &err);
+        s.zero = z;
+        ms_mesh mesh;
+        ms_model md = {0};
+        ms_program *p = NULL;
+        assert_int_equal(ms_strategy_mesh(&s, &mesh, &err), MS_OK);
+        assert_int_equal(ms_stages_chunk_model(&cfg, &s, 8, 8, 0, &md, &err), MS_OK);
+        ms_sharding sh = {.s = &s};
+        ms_compile_opts co = {.shard = ms_strategy_shard,
+                              .shard_user = &sh,
+                              .zero_stage = z,
+                              .zero_dim = MS_STRATEGY_DP_DIM};
+        assert_int_equal(ms_program_compile_shapes(md.g, &mesh, NULL, &co, &p, &err), MS_OK);
+        int params = ms_program_num_params(p), synced = 0, fwd = 0, bwd = 0, grads = 0;
+        for (int i = 0; i < ms_program_num_reshards(p); i++) {
+            ms_reshard_info ri;
+            assert_int_equal(ms_program_reshard(p, i, &ri), MS_OK);
+            const ms_rstep *last = &ri.plan->steps[ri.plan->nsteps - 1];
+            if (ri.param_gather) {
+                assert_true(z == 3 && last->kind == MS_RSTEP_ALL_GATHER);
+                ri.phase == MS_PROG_FORWARD ? fwd++ : bwd++;
+            } else if (ri.phase == MS_PROG_PARAM_SYNC) {
+                assert_true(last->kind == MS_RSTEP_ALL_GATHER && last->mesh_dim == 0);
+                synced++;
+            } else if (ri.phase == MS_PROG_GRAD_SYNC && ri.plan->steps[0].mesh_dim == 0) {
+                ms_rstep_kind want = z >= 2 ? MS_RSTEP_REDUCE_SCATTER : MS_RSTEP_ALL_REDUCE;
+                assert_int_equal(ri.plan->steps[0].kind, want);
+                grads++;
+            }
+        }
+        printf("zero %d: %d parameters, %d dp gradient syncs, %d gathered after the optimizer, "
+               "%d before forward uses, %d before backward uses\n",
+               z, params, grads, synced, fwd, bwd);
+        assert_int_equal(grads, params);
+        assert_int_equal(synced, z == 1 || z == 2 ? params : 0);
+        assert_true(z == 3 ? fwd >= params && bwd >= params : fwd + bwd == 0);
+        ms_program_destroy(p);
+        ms_model_free(&md);
+        ms_mesh_free(&mesh);
+    }
+}
+
 #define T(name) cmocka_unit_test(name)
 #define STAGES(model, mesh, world)                                                                 \
     T(model##_##mesh##_zero1_w##world), T(model##_##mesh##_zero2_w##world),                        \
@@ -236,6 +290,7 @@ static const struct CMUnitTest tests[] = {
     T(zero3_memory_dp4_w4),
     T(state_placements_w2),
     T(optimizer_device_w2),
+    T(collectives_by_stage),
 };
 
 MT_MAIN("test_zero", tests)
