@@ -51,11 +51,11 @@ ZERO_CASE(gpt_dp2_cp2_zero2_w4, false, "{\"dp\": 2, \"cp\": 2, \"zero\": 2}", 4)
 ZERO_CASE(gpt_dp2_pp2_zb_h1_zero3_w4, false,
           "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\", \"zero\": 3}", 4)
 
-/* Uneven shards (the balanced split): n_embd 34 and 18 positions over dp4 give rows of 9, 9,
- * 8, 8 and 5, 5, 4, 4; with tp2 the row-parallel weights split 68 rows, then dp splits 34. */
+/* Uneven shards (the balanced split): n_embd 30 and 17 positions over dp4 give rows of 8, 8,
+ * 7, 7 and 5, 4, 4, 4; over dp2 x tp2 the position embedding splits 9, 8. */
 static void uneven(const char *strategy, int world) {
     ms_model_config cfg = mt_equiv_config(false);
-    cfg.n_embd = 34, cfg.n_head = 2, cfg.n_positions = 18;
+    cfg.n_embd = 30, cfg.n_head = 2, cfg.n_positions = 17;
     mt_equiv_check_model(&cfg, strategy, NULL, NULL, world);
 }
 static void gpt_uneven_dp4_zero3_w4(void **state) {
