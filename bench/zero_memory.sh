@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO's memory as run against its formula: for each stage 0..3 on dp (4 thread ranks by
-# default), `meshscope train` reports rank 0's parameters, gradients and optimizer state as
+# default), `meshscope train --dp 4 --zero K` reports rank 0's parameters, gradients and optimizer state as
 # allocated on its device and the rest of the device's peak (activations, inputs, staging,
 # reshard workspace). Beside them: the formula of Rajbhandari et al. 2020 for fp32 AdamW
 # (parameters 4 psi, gradients 4 psi, moments 8 psi; stage k divides the parts it shards by
@@ -43,9 +43,8 @@ printf '%-6s | %-17s | %-17s | %-17s | %-20s | %-9s | %s\n' stage "params MiB" "
 printf '%-6s | %-17s | %-17s | %-17s | %-20s | %-9s | %s\n' "" "run / formula" "run / formula" \
   "run / formula" "run / formula" run ""
 for z in 0 1 2 3; do
-  echo "{\"dp\": $dp, \"zero\": $z}" >"$tmp/s.json"
   "$bin" train --model "$model" --data "$data" --steps "$steps" --batch "$batch" --seq "$seq" \
-    --strategy "$tmp/s.json" --log-every 1000 >"$tmp/out" 2>&1 ||
+    --dp "$dp" --zero "$z" --log-every 1000 >"$tmp/out" 2>&1 ||
     { cat "$tmp/out" >&2; exit 1; }
   line=$(grep '^memory on rank 0' "$tmp/out")
   "$bin" plan --model "$model" --cluster cpu-local --devices "$dp" --global-batch "$batch" \
