@@ -62,6 +62,9 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
          MS_ENUM("schedule", &o->schedule, schedule_words, "pipeline schedule (default 1f1b)")},
         {RUN_ALL, MS_INT("virtual-stages", "V", &o->virtual_stages, 1, MS_PP_MAX_VIRTUAL,
                          "model chunks per pipeline rank, for --schedule interleaved (default 1)")},
+        {RUN_ALL, MS_INT("zero", "K", &o->zero, 0, 3,
+                         "ZeRO stage over dp: 1 shards the optimizer state, 2 also the gradients, "
+                         "3 also the parameters (default 0)")},
         {RUN_ALL, MS_ENUM_BACKEND(&backend)},
         {RUN_TRAIN, MS_INT("steps", "N", &o->steps, 0, 100000000, "optimizer steps (default 100)")},
         {RUN_TRAIN, MS_INT("seed", "S", &seed, 0, 0x7fffffff,

@@ -444,8 +444,8 @@ static void non_executable_flagged(void **state) {
         const ms_plan_estimate *e = &res.cands[i];
         int mb = 0, m = 0;
         assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
-        bool engine_kind =
-            e->s.zero == 0 && e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
+        bool engine_kind = e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
+        if (e->s.zero) assert_true(e->s.dp > 1); /* ZeRO shards over dp only */
         assert_int_equal(e->executable, engine_kind);
         if (!e->executable) assert_true(strlen(e->not_executable) > 10);
         e->executable ? exe++ : non++;
@@ -479,7 +479,8 @@ static void executable_check_reasons(void **state) {
         {engine_strategy(1, 2, 4, false), 8, 8, 0, "tp x cp = 8"},
         {engine_strategy(4, 1, 1, false), 4, 6, 0, "not divisible by dp 4"},
         {engine_strategy(4, 1, 1, true), 4, 8, 0, "sp without tp"},
-        {knobs(4, 1, 1, 1, false, 1, false, 1, false, MS_PLAN_FP32), 4, 8, 0, "ZeRO"},
+        {knobs(1, 2, 1, 2, false, 1, false, 1, true, MS_PLAN_FP32), 4, 8, 0,
+         "ZeRO shards over data parallelism: give dp >= 2 or zero 0"},
         {knobs(4, 1, 1, 1, false, 0, true, 1, false, MS_PLAN_FP32), 4, 8, 0, "recompute"},
         {engine_strategy(4, 1, 1, false), 4, 8, 1e6, "over memory"},
     };
@@ -498,7 +499,7 @@ static void executable_check_reasons(void **state) {
     int mb = 0, m = 0;
     assert_true(ms_strategy_micro(&s, 8, &mb, &m));
     assert_true(s.dp == 2 && s.tp == 2 && s.sp && mb == 4 && m == 1);
-    const char *j2 = "{\"mesh\": {\"dp\": 2, \"tp\": 1, \"pp\": 2}, \"zero\": 1}";
+    const char *j2 = "{\"mesh\": {\"dp\": 1, \"tp\": 2, \"pp\": 2}, \"zero\": 1}";
     assert_int_equal(ms_strategy_parse_json(j2, strlen(j2), "j2", &s, NULL, &err), MS_OK);
     assert_int_equal(ms_strategy_validate(&s, &cfg, &job, 0, &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "ZeRO"));

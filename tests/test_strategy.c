@@ -316,6 +316,9 @@ static void validator_refusals(void **state) {
                         "{\"tp\": 2, \"cp\": 2}",
                         "{\"tp\": 4, \"sp\": true}",
                         "{\"dp\": 4, \"micro_batches\": 1}",
+                        "{\"dp\": 4, \"zero\": 1}",
+                        "{\"dp\": 2, \"tp\": 2, \"zero\": 3}",
+                        "{\"dp\": 2, \"pp\": 2, \"zero\": 2, \"micro_batches\": 2}",
                         "{\"dp\": 4, \"micro_batch\": 2}",
                         "{\"dp\": 4, \"micro_batches\": 2}",
                         "{\"dp\": 4, \"micro_batch\": 1}",
@@ -333,7 +336,6 @@ static void validator_refusals(void **state) {
     static const struct {
         const char *json, *want;
     } later[] = {
-        {"{\"dp\": 4, \"zero\": 1}", "ZeRO stage 1 is predicted only"},
         {"{\"dp\": 4, \"recompute\": true}", "activation recompute (full) is predicted only"},
         {"{\"dp\": 4, \"recompute\": \"selective\"}", "activation recompute (selective)"},
         {"{\"dp\": 4, \"precision\": \"bf16\"}", "bf16 precision is predicted only"},
@@ -387,6 +389,8 @@ static void validator_refusals(void **state) {
          "\"micro_batches\": 1}",
          4, 8, 64, "a multiple of pp 2"},
         {"{\"dp\": 4, \"vocab_parallel\": false}", 4, 8, 64, "needs tp 2 or more"},
+        {"{\"tp\": 4, \"zero\": 1}", 4, 8, 64,
+         "ZeRO stage 1 with dp 1: ZeRO shards over data parallelism: give dp >= 2 or zero 0"},
         /* pipelines: more stages than layers, chunks that split layers, the interleaved
          * schedule's groups of pp micro-batches, each with the fix */
         {"{\"pp\": 8}", 8, 8, 64,

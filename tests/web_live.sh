@@ -145,8 +145,8 @@ refuse() { # refuse NAME BODY WANTED-TEXT
   grep -qF -- "$3" "$tmp/body" && ok "  says: $(head -c 150 "$tmp/body")" || bad "  no '$3' in $(head -c 200 "$tmp/body")"
 }
 refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "needs 2 ranks but the job runs on 4"
-refuse "ZeRO not executable" '{"dp": 4, "zero": 1}' "ZeRO stage 1 is predicted only"
-refuse "ZeRO not executable" '{"dp": 4, "zero": 1}' "ZeRO"
+refuse "ZeRO without dp" '{"dp": 1, "tp": 4, "zero": 1}' "ZeRO shards over data parallelism"
+refuse "recompute not executable" '{"dp": 4, "recompute": true}' "is predicted only"
 refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"
 # --memory-cap 21.7 MiB: dp4 needs 21.1 MiB per rank here, tp4 +sp 22.4 MiB.
 refuse "over the memory cap" '{"dp": 1, "tp": 4, "sp": true}' "over memory"

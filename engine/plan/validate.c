@@ -76,6 +76,11 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
     if (s->zero < 0 || s->zero > 3)
         return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d does not exist; use 0, 1, 2 or 3",
                        s->zero);
+    if (s->zero && s->dp < 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "ZeRO stage %d with dp %d: ZeRO shards over data parallelism: give dp >= 2 "
+                       "or zero 0",
+                       s->zero, s->dp);
     if (job->batch < 1 || job->batch % s->dp)
         return ms_fail(err, MS_ERR_INVALID,
                        "the batch %d is not divisible by dp %d; pick a dp that divides it or a "
@@ -172,7 +177,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
     int mb = 0, m = 0;
     ms_strategy_micro(s, job->batch, &mb, &m);
     const char *yet = "is predicted only; the engine does not run it yet";
-    if (s->zero) return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d %s", s->zero, yet);
     if (s->recompute != MS_RECOMPUTE_NONE)
         return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",
                        ms_recompute_name(s->recompute), yet);

@@ -134,7 +134,9 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .seed = st->o.seed,
                              .micro_batched = st->micro,
                              .split_weight_grads = s_zb(st),
-                             .loss_scale = 1.0f / (float)st->m};
+                             .loss_scale = 1.0f / (float)st->m,
+                             .zero_stage = st->strat.zero,
+                             .zero_dim = MS_STRATEGY_DP_DIM};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
@@ -559,6 +561,11 @@ ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const
     return sync_tied(st, err);
 }
 
+ms_status ms_stages_param_sync(ms_stages *st, ms_error *err) {
+    for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_param_sync(st->ch[c].prog, err));
+    return MS_OK;
+}
+
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err) {
     for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, false, 0);
@@ -573,6 +580,7 @@ static void add_entry(ms_stages *st, const ms_param_view *pv, int k, int local) 
     e->param = pv->name;
     e->gshape = pv->gshape;
     e->pl = pv->pl;
+    e->opt_pl = pv->opt_pl;
     e->mesh = st->dm[k % st->p];
     e->model_chunk = k;
     e->local_index = local;

@@ -65,6 +65,9 @@ void ms_stages_destroy(ms_stages *st);
  * masks (ms_program_set_dropout). */
 ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
                           float *loss, ms_error *err);
+/* After the optimizer updated each parameter's optimizer shard: ZeRO 1 and 2 gather the
+ * shards back into every chunk's parameters (ms_program_param_sync). */
+ms_status ms_stages_param_sync(ms_stages *st, ms_error *err);
 /* Forward only (evaluation, sampling; dropout off): *loss as above. */
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err);
@@ -85,8 +88,9 @@ ms_status ms_stages_from_head(ms_stages *st, float *x, size_t n, ms_error *err);
 typedef struct ms_stages_entry {
     const char *param; /* its name (borrowed from a graph of the stages) */
     ms_shape gshape;
-    ms_placements pl; /* on the holder's stage mesh */
-    ms_dmesh *mesh;   /* the holder's stage mesh (this rank may not be a member) */
+    ms_placements pl;     /* on the holder's stage mesh: the stored parameter's */
+    ms_placements opt_pl; /* its optimizer state's (ZeRO: sharded over dp) */
+    ms_dmesh *mesh;       /* the holder's stage mesh (this rank may not be a member) */
     int model_chunk;
     int local_index; /* this rank's parameter index (ms_stages_param), or -1 if not ours */
 } ms_stages_entry;
