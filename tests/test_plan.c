@@ -717,6 +717,52 @@ static void advisor_moves_away_from_slow_tp(void **state) {
 
 /* --- clusters -------------------------------------------------------------------------------- */
 
+/* Memory: under a cap that dp4 alone exceeds, the advisor still suggests dp4, with ZeRO or
+ * recompute, and every suggestion fits the cap. */
+static void advisor_fits_memory_with_zero(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster c = cpu_cluster();
+    ms_advisor *adv;
+    ms_error err = {0};
+    const int B = 8, T = 64;
+    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
+    ms_strategy cur, dp4 = knobs(4, 1, 1, 1, false, 0, false, 1, true, MS_PLAN_FP32), z3 = dp4;
+    z3.zero = 3;
+    ms_plan_estimate pred, e0, e3;
+    assert_int_equal(ms_advisor_predict(adv, &dp4, &e0, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &z3, &e3, &err), MS_OK);
+    assert_true(e3.mem_total < 0.6 * e0.mem_total);
+    double cap = (e0.mem_total + e3.mem_total) / 2;
+    ms_advisor_set_memory_cap(adv, cap);
+    assert_int_equal(ms_strategy_init(&cur, 1, 4, 1, false, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &cur, &pred, &err), MS_OK);
+    ms_analysis an;
+    double step;
+    synthetic_analysis(&pred, 3.0, 4, 5, &an, &step);
+    ms_suggestion sg[MS_LIVE_MAX_SUGGESTIONS];
+    int n = 0;
+    assert_int_equal(
+        ms_advisor_update(adv, &cur, &an, step, 0.10, sg, MS_LIVE_MAX_SUGGESTIONS, &n, &err),
+        MS_OK);
+    bool dp4_saver = false;
+    for (int i = 0; i < n; i++) {
+        ms_strategy ps;
+        assert_int_equal(ms_strategy_parse_json(sg[i].target_json, strlen(sg[i].target_json),
+                                                "target", &ps, NULL, &err),
+                         MS_OK);
+        ms_plan_estimate e;
+        assert_int_equal(ms_advisor_predict(adv, &ps, &e, &err), MS_OK);
+        printf("  %s: %s; %s\n", sg[i].target, sg[i].memory_check, sg[i].diff);
+        assert_true(e.mem_total <= cap);
+        for (int j = 0; j < i; j++) assert_true(sg[j].id != sg[i].id);
+        dp4_saver |= ps.dp == 4 && (ps.zero > 0 || ps.recompute != MS_RECOMPUTE_NONE);
+    }
+    assert_true(dp4_saver);
+    free_analysis(&an);
+    ms_advisor_destroy(adv);
+}
+
 static void cluster_json(void **state) {
     (void)state;
     const char *presets[3] = {"dgx-a100-80gb", "h100", "h200"};
@@ -811,6 +857,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(executable_check_reasons),
     cmocka_unit_test(schedules_and_knobs_priced),
     cmocka_unit_test(shared_cores_absorb_the_bubble),
+    cmocka_unit_test(advisor_fits_memory_with_zero),
     cmocka_unit_test(advisor_moves_away_from_slow_tp),
     cmocka_unit_test(cluster_json),
     cmocka_unit_test(search_175b_timing),
