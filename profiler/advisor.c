@@ -278,8 +278,9 @@ static void fill_suggestion(ms_suggestion *g, const ms_strategy *current, const 
 /* s, or the fastest variant of s with ZeRO (over dp) and activation recompute that fits the
  * memory cap: what the advisor suggests when a mesh alone does not fit. *est receives the
  * chosen strategy's estimate; false when nothing fits. */
-static bool fit_memory(const ms_plan_problem *pb, const ms_plan_scales *scales, double cap,
-                       ms_strategy *s, ms_plan_estimate *est) {
+static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_plan_problem *pb,
+                       double cap, ms_strategy *s, ms_plan_estimate *est) {
+    const ms_plan_scales *scales = &a->scales;
     ms_error err = {0};
     if (ms_plan_estimate_one(pb, s, scales, est, &err) != MS_OK) return false;
     if (est->mem_total <= cap) return true;
@@ -290,6 +291,7 @@ static bool fit_memory(const ms_plan_problem *pb, const ms_plan_scales *scales, 
             ms_strategy v = *s;
             v.zero = z, v.recompute = (uint8_t)r;
             if ((!z && r == MS_RECOMPUTE_NONE) ||
+                ms_strategy_validate(&v, &a->cfg, job, 0, NULL) != MS_OK ||
                 ms_plan_estimate_one(pb, &v, scales, est, &err) != MS_OK || est->mem_total > cap)
                 continue;
             if (best_step < 0 || est->step_s < best_step) best = v, best_step = est->step_s;
@@ -417,7 +419,7 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         if (ms_strategy_equal(&s, &cur) ||
             ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
             continue;
-        if (!fit_memory(&pb, &a->scales, cap, &s, cand) || ms_strategy_equal(&s, &cur) ||
+        if (!fit_memory(a, &job, &pb, cap, &s, cand) || ms_strategy_equal(&s, &cur) ||
             ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
             continue;
         double gain = (measured_step_s - cand->step_s) / measured_step_s;
