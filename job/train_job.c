@@ -23,6 +23,23 @@
 
 /* Rank 0's closing lines: printed at once, or, while the TUI owns the terminal, kept and
  * printed once it has given the terminal back. */
+/* A memory sample with the training state's split: parameters, gradients and optimizer state
+ * as the trainer holds them, activations as the micro-batch arenas (the program's own arena
+ * when one micro-batch runs at a time). */
+static void record_memory(ms_ctx *ctx, ms_trainer *t) {
+    if (!ctx->trace.recorder) return;
+    ms_trainer_bytes b;
+    ms_stages_memory m;
+    ms_trainer_state_bytes(t, &b);
+    ms_trainer_memory(t, &m);
+    double acts = m.activation_bytes > 0 ? m.activation_bytes : m.own_arena_bytes;
+    ms_ev_mem split = {.params = (uint64_t)b.params,
+                       .grads = (uint64_t)b.grads,
+                       .optim = (uint64_t)b.optim,
+                       .acts = (uint64_t)acts};
+    ms_record_memory(&ctx->trace, ctx->device, &split);
+}
+
 static void say(ms_strbuf *later, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(ms_strbuf *later, const char *fmt, ...) {
     char line[4096];
@@ -244,7 +261,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         if (st != MS_OK) goto out;
         last_loss = r.loss;
         ms_record_span(&ctx->trace, MS_EV_STEP, r.t_data_ns);
-        ms_record_memory(&ctx->trace, ctx->device);
+        record_memory(ctx, t);
         double ms = (ms_now_ns() - r.t_data_ns) / 1e6;
         if (ctx->rank == 0) {
             live_job_step_done(jl, t, &r, ms);

@@ -101,6 +101,14 @@ if grep -qF "$token" "$tmp/snap"; then bad "the snapshot carries the token"
 else ok "the snapshot does not carry the token"; fi
 grep -q '},"pipeline":null,"mem"' "$tmp/snap" && ok "dp2 x tp2: no pipeline in the snapshot" ||
   bad "dp2 x tp2: the snapshot has a pipeline view"
+# The memory view splits each rank's bytes: the parameters are nonzero on every rank.
+python3 - "$tmp/snap" <<'PY' && ok "memory per rank split into parameters, gradients, optimizer, activations" ||
+import json, sys
+mem = json.load(open(sys.argv[1]))["mem"]
+sys.exit(0 if mem and all(m["params"] > 0 and m["optimizer"] > 0 and m["activations"] > 0 and
+                          m["params"] + m["optimizer"] <= m["in_use"] for m in mem) else 1)
+PY
+  bad "the snapshot's memory has no split: $(head -c 300 "$tmp/snap")"
 
 # Hostile requests.
 before=$(step_now)

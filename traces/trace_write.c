@@ -934,6 +934,16 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_mib(o, e->u.mem.in_use);
             PUT_LIT(o, ",\"peak_MiB\":");
             put_mib(o, e->u.mem.peak);
+            if (e->u.mem.params | e->u.mem.grads | e->u.mem.optim | e->u.mem.acts) {
+                PUT_LIT(o, ",\"params_MiB\":");
+                put_mib(o, e->u.mem.params);
+                PUT_LIT(o, ",\"grads_MiB\":");
+                put_mib(o, e->u.mem.grads);
+                PUT_LIT(o, ",\"optimizer_MiB\":");
+                put_mib(o, e->u.mem.optim);
+                PUT_LIT(o, ",\"activations_MiB\":");
+                put_mib(o, e->u.mem.acts);
+            }
             PUT_LIT(o, "}}");
             return;
         default:

@@ -64,6 +64,9 @@ typedef struct ms_ev_reshard {
 
 typedef struct ms_ev_mem {
     uint64_t in_use, peak;
+    /* what the training state holds of in_use: parameters, gradients, optimizer state and
+     * activations (the micro-batch arenas); all 0 when the sample has no split */
+    uint64_t params, grads, optim, acts;
 } ms_ev_mem;
 
 /* A pipeline action. Its kernels and transfers are recorded too, inside or next to its span;

@@ -108,10 +108,11 @@ void ms_comm_probe_free(ms_comm_probe *p) {
     free(p);
 }
 
-void ms_record_memory(const ms_trace_state *ts, const ms_device *dev) {
+void ms_record_memory(const ms_trace_state *ts, const ms_device *dev, const ms_ev_mem *split) {
     if (!ts->recorder) return;
     ms_event e = {.kind = MS_EV_MEM, .phase = MS_PHASE_OTHER};
     e.t0_ns = e.t1_ns = ms_now_ns();
+    if (split) e.u.mem = *split;
     e.u.mem.in_use = atomic_load(&dev->in_use);
     e.u.mem.peak = atomic_load(&dev->peak);
     ms_recorder_push(ts->recorder, &e);
