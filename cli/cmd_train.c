@@ -12,7 +12,9 @@
 #include "engine/data/dataset.h"
 #include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
+#include "engine/pipeline/balance.h"
 #include "engine/pipeline/diagram.h"
+#include "engine/train/stages.h"
 #include "job/train_job.h"
 
 int ms_cmd_train(int argc, char **argv) {
@@ -163,6 +165,19 @@ static int explain_pipeline(const run_opts *o, const job_plan *plan) {
         fprintf(stderr, "meshscope explain: %s\n", err.msg);
         return 2;
     }
+    /* The layers of each model chunk, and what the split weighed. */
+    ms_pp_costs c = ms_pp_model_costs(&plan->cfg, plan->cfg.n_positions);
+    int chunks = s->pp * s->virtual_stages;
+    printf("  layers per model chunk:");
+    for (int k = 0; k < chunks; k++) {
+        int lo, hi;
+        ms_stages_chunk_layers(&plan->cfg, s, k, &lo, &hi);
+        printf(" %d", hi - lo);
+    }
+    if (s->pp_layers[0])
+        printf(" (pp_layers)\n");
+    else
+        printf(" (balanced by cost: the head and loss weigh %.2f layers)\n", c.last / c.layer);
     fflush(stdout);
     return 0;
 }

@@ -30,6 +30,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
         out->strat.micro_batches = o->micro_batches;
         out->strat.schedule = (uint8_t)o->schedule;
         out->strat.virtual_stages = o->virtual_stages;
+        out->strat.zero = o->zero;
     }
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_job_shape job = job_shape(o, out);

@@ -30,6 +30,7 @@ typedef struct run_opts {
     int micro_batches;  /* --micro-batches: per step */
     int schedule;       /* --schedule: an ms_schedule */
     int virtual_stages; /* --virtual-stages: model chunks per pipeline rank */
+    int zero;           /* --zero: the ZeRO stage over dp */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;    /* BLAS threads per rank; 0 = cores / ranks */
@@ -43,7 +44,7 @@ typedef struct run_opts {
 /* The job's model and strategy, resolved once before any rank starts: the config is read
  * here and nowhere else; the strategy comes from --strategy FILE (with its placement rules;
  * the strategy flags are then not read) or the flags (--dp --tp --pp --cp --sp
- * --micro-batches --schedule --virtual-stages) and passes the validator
+ * --micro-batches --schedule --virtual-stages --zero) and passes the validator
  * (engine/plan/validate.h) for the model, the batch, the sequence and its own world size. */
 typedef struct job_plan {
     ms_model_config cfg;

@@ -23,6 +23,23 @@
 
 /* Rank 0's closing lines: printed at once, or, while the TUI owns the terminal, kept and
  * printed once it has given the terminal back. */
+/* A memory sample with the training state's split: parameters, gradients and optimizer state
+ * as the trainer holds them, activations as the micro-batch arenas (the program's own arena
+ * when one micro-batch runs at a time). */
+static void record_memory(ms_ctx *ctx, ms_trainer *t) {
+    if (!ctx->trace.recorder) return;
+    ms_trainer_bytes b;
+    ms_stages_memory m;
+    ms_trainer_state_bytes(t, &b);
+    ms_trainer_memory(t, &m);
+    double acts = m.activation_bytes > 0 ? m.activation_bytes : m.own_arena_bytes;
+    ms_ev_mem split = {.params = (uint64_t)b.params,
+                       .grads = (uint64_t)b.grads,
+                       .optim = (uint64_t)b.optim,
+                       .acts = (uint64_t)acts};
+    ms_record_memory(&ctx->trace, ctx->device, &split);
+}
+
 static void say(ms_strbuf *later, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(ms_strbuf *later, const char *fmt, ...) {
     char line[4096];
@@ -110,6 +127,20 @@ static ms_status report_memory(ms_ctx *ctx, ms_trainer *t, double base_in_use, m
     return st;
 }
 
+/* Rank 0's device memory after training: the state as allocated (parameters, gradients,
+ * optimizer state: what ZeRO shards) and the rest of the device's peak since the trainer was
+ * created (activations, inputs, staging and reshard workspace). */
+static void report_state_memory(ms_ctx *ctx, ms_trainer *t, double created_from, ms_strbuf *later) {
+    ms_trainer_bytes b;
+    ms_trainer_state_bytes(t, &b);
+    double peak = (double)atomic_load(&ctx->device->peak) - created_from, mib = 1048576.0;
+    say(later,
+        "memory on rank 0: parameters %.2f MiB, gradients %.2f MiB, optimizer state %.2f MiB, "
+        "activations and the rest %.2f MiB (device peak grew %.2f MiB)\n",
+        b.params / mib, b.grads / mib, b.optim / mib, (peak - b.params - b.grads - b.optim) / mib,
+        peak / mib);
+}
+
 typedef struct train_args {
     const run_opts *o;
     const job_plan *plan;
@@ -189,6 +220,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     }
     MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, o->val_fraction, &data, err), st, out);
     ms_train_opts to = job_train_opts(o, o->sample > 0, false);
+    double created_from = (double)atomic_load(&ctx->device->in_use);
     MS_CHECK_GOTO(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &ta->plan->rules, &to,
                                     &data, &t, err),
                   st, out);
@@ -229,7 +261,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         if (st != MS_OK) goto out;
         last_loss = r.loss;
         ms_record_span(&ctx->trace, MS_EV_STEP, r.t_data_ns);
-        ms_record_memory(&ctx->trace, ctx->device);
+        record_memory(ctx, t);
         double ms = (ms_now_ns() - r.t_data_ns) / 1e6;
         if (ctx->rank == 0) {
             live_job_step_done(jl, t, &r, ms);
@@ -247,6 +279,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     ms_strategy_micro(ms_trainer_strategy(t), o->batch, &mb_size, &mb_count);
     if (o->steps > 0 && (ms_trainer_strategy(t)->pp > 1 || mb_count > 1))
         MS_CHECK_GOTO(report_memory(ctx, t, base_in_use, later, err), st, out);
+    if (o->steps > 0 && ctx->rank == 0) report_state_memory(ctx, t, created_from, later);
     if (o->trace) {
         ctx->trace.recorder = tr.rec;
         ms_recorder_set_step(tr.rec, -1);

@@ -227,19 +227,28 @@ static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size
              {"tp", a->tp, b->tp},
              {"cp", a->cp, b->cp},
              {"pp", a->pp, b->pp},
-             {"micro-batches", a->micro_batches, b->micro_batches}};
+             {"micro-batches", a->micro_batches, b->micro_batches},
+             {"zero", a->zero, b->zero}};
     for (size_t i = 0; i < sizeof d / sizeof *d && k < len; i++)
         if (d[i].x != d[i].y)
             k += (size_t)snprintf(buf + k, len - k, "%s%s %d -> %d", k ? ", " : "", d[i].n, d[i].x,
                                   d[i].y);
     if (a->sp != b->sp && k < len)
-        snprintf(buf + k, len - k, "%ssp %s -> %s", k ? ", " : "", a->sp ? "on" : "off",
-                 b->sp ? "on" : "off");
+        k += (size_t)snprintf(buf + k, len - k, "%ssp %s -> %s", k ? ", " : "",
+                              a->sp ? "on" : "off", b->sp ? "on" : "off");
+    if (a->recompute != b->recompute && k < len)
+        snprintf(buf + k, len - k, "%srecompute %s -> %s", k ? ", " : "",
+                 ms_recompute_name((ms_recompute)a->recompute),
+                 ms_recompute_name((ms_recompute)b->recompute));
 }
 
+/* A suggestion's id: a hash of the whole strategy (FNV-1a over its short JSON), so two
+ * suggestions that differ in any knob never share one. */
 static int32_t suggestion_id(const ms_strategy *s) {
-    uint32_t h = (((uint32_t)s->dp * 131u + (uint32_t)s->tp) * 131u + (uint32_t)s->cp) * 2u +
-                 (s->sp ? 1u : 0u);
+    char json[512];
+    ms_strategy_short_json(s, json, sizeof json);
+    uint32_t h = 2166136261u;
+    for (const char *c = json; *c; c++) h = (h ^ (uint8_t)*c) * 16777619u;
     int32_t id = (int32_t)(h & 0x7fffffff);
     return id ? id : 1;
 }
@@ -264,6 +273,32 @@ static void fill_suggestion(ms_suggestion *g, const ms_strategy *current, const 
              ms_plan_bytes_str(cand->mem_total, u, sizeof u),
              ms_plan_bytes_str(cap, c2, sizeof c2));
     diff_str(current, s, g->diff, sizeof g->diff);
+}
+
+/* s, or the fastest variant of s with ZeRO (over dp) and activation recompute that fits the
+ * memory cap: what the advisor suggests when a mesh alone does not fit. *est receives the
+ * chosen strategy's estimate; false when nothing fits. */
+static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_plan_problem *pb,
+                       double cap, ms_strategy *s, ms_plan_estimate *est) {
+    const ms_plan_scales *scales = &a->scales;
+    ms_error err = {0};
+    if (ms_plan_estimate_one(pb, s, scales, est, &err) != MS_OK) return false;
+    if (est->mem_total <= cap) return true;
+    ms_strategy best = *s;
+    double best_step = -1;
+    for (int z = 0; z <= (s->dp > 1 ? 3 : 0); z++)
+        for (int r = MS_RECOMPUTE_NONE; r < MS_RECOMPUTE_COUNT; r++) {
+            ms_strategy v = *s;
+            v.zero = z, v.recompute = (uint8_t)r;
+            if ((!z && r == MS_RECOMPUTE_NONE) ||
+                ms_strategy_validate(&v, &a->cfg, job, 0, NULL) != MS_OK ||
+                ms_plan_estimate_one(pb, &v, scales, est, &err) != MS_OK || est->mem_total > cap)
+                continue;
+            if (best_step < 0 || est->step_s < best_step) best = v, best_step = est->step_s;
+        }
+    if (best_step < 0) return false;
+    *s = best;
+    return ms_plan_estimate_one(pb, s, scales, est, &err) == MS_OK;
 }
 
 /* The strategies weighed on this world: every dp x tp x cp mesh (with and without sp), alone
@@ -384,13 +419,16 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         if (ms_strategy_equal(&s, &cur) ||
             ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
             continue;
-        ms_error e2 = {0};
-        if (ms_plan_estimate_one(&pb, &s, &a->scales, cand, &e2) != MS_OK || cand->mem_total > cap)
+        if (!fit_memory(a, &job, &pb, cap, &s, cand) || ms_strategy_equal(&s, &cur) ||
+            ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
             continue;
         double gain = (measured_step_s - cand->step_s) / measured_step_s;
+        /* a current strategy over the cap takes any strategy that fits, faster or not */
+        bool over = cur_e->mem_total > cap;
         /* never a strategy the job's switch would refuse: the validator has the last word,
          * memory cap included (this compiles the program: only for winners) */
-        if (gain < threshold || ms_strategy_validate(&s, &a->cfg, &job, cap, NULL) != MS_OK)
+        if ((!over && gain < threshold) ||
+            ms_strategy_validate(&s, &a->cfg, &job, cap, NULL) != MS_OK)
             continue;
         fill_suggestion(&tmp[nt++], current, &s, cur_e, cand, &a->scales, measured_step_s, cap);
     }

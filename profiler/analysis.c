@@ -22,7 +22,7 @@
 void ms_bytes_per_peer(const ms_ev_coll *c, double *out) {
     const int n = c->group_size, me = c->group_rank;
     for (int p = 0; p < n; p++) out[p] = 0.0;
-    if (n <= 1 || me < 0 || me >= n) return;
+    if (n <= 1 || me < 0 || me >= n || c->recv) return; /* the sender's event counts it */
     const double b = (double)c->bytes;
     const bool ring = !strncmp(c->algo, "ring", 4);
     const int next = (me + 1) % n;

@@ -527,8 +527,12 @@ static int64_t collect(ms_live *l, ms_recorder **recs, int n_recs) {
     for (size_t i = 0; i < l->n_win; i++) {
         const ms_event *e = &l->win[i];
         if (e->kind == MS_EV_MEM && e->rank >= 0 && e->rank < nr) {
-            l->mem[e->rank].in_use = e->u.mem.in_use;
-            l->mem[e->rank].peak = e->u.mem.peak;
+            l->mem[e->rank] = (ms_live_mem){.in_use = e->u.mem.in_use,
+                                            .peak = e->u.mem.peak,
+                                            .params = e->u.mem.params,
+                                            .grads = e->u.mem.grads,
+                                            .optim = e->u.mem.optim,
+                                            .acts = e->u.mem.acts};
         }
     }
     /* Forget what falls out of the window (keeps order); win_reserve caps its size. */

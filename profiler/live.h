@@ -86,6 +86,8 @@ typedef struct ms_live_pipeline {
 
 typedef struct ms_live_mem {
     uint64_t in_use, peak; /* bytes on the rank's device, latest sample */
+    /* of in_use: parameters, gradients, optimizer state, activations (0: not split) */
+    uint64_t params, grads, optim, acts;
 } ms_live_mem;
 
 typedef enum ms_suggestion_state {

@@ -285,8 +285,11 @@ cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
     ok = mem != NULL;
     for (int r = 0; ok && s->mem && r < s->info.nranks; r++) {
         cJSON *e = push_obj(mem);
-        ok = e && add_num(e, "in_use", (double)s->mem[r].in_use) &&
-             add_num(e, "peak", (double)s->mem[r].peak);
+        const ms_live_mem *m = &s->mem[r];
+        ok = e && add_num(e, "in_use", (double)m->in_use) && add_num(e, "peak", (double)m->peak) &&
+             add_num(e, "params", (double)m->params) && add_num(e, "grads", (double)m->grads) &&
+             add_num(e, "optimizer", (double)m->optim) &&
+             add_num(e, "activations", (double)m->acts);
     }
 
     cJSON *sug = ok ? cJSON_AddArrayToObject(root, "suggestions") : NULL;
@@ -748,6 +751,10 @@ static ms_status rd_mem(rd *r, const cJSON *e, ms_live_mem *x) {
     MS_CHECK(rd_obj(r, e));
     FIELD(r, e, "in_use", rd_u64(r, v_, &x->in_use));
     FIELD(r, e, "peak", rd_u64(r, v_, &x->peak));
+    FIELD(r, e, "params", rd_u64(r, v_, &x->params));
+    FIELD(r, e, "grads", rd_u64(r, v_, &x->grads));
+    FIELD(r, e, "optimizer", rd_u64(r, v_, &x->optim));
+    FIELD(r, e, "activations", rd_u64(r, v_, &x->acts));
     return MS_OK;
 }
 

@@ -38,6 +38,8 @@ printf '{"n_layer": 1, "n_head": "four", "n_embd": 32, "vocab_size": 256, "n_pos
 printf '{"n_layer": 1, "n_head": 4,' >"$tmp/truncated.json"
 printf '{"mesh": {"dp": 2, "tp": "two"}}' >"$tmp/bad-strategy.json"
 printf '{"mesh": {"dp": 1, "tp": 2}, "placements": {"h.*.mlp.c_fc.weight": "[R, S(7)]"}}' >"$tmp/bad-placement.json"
+printf '{"dp": 1, "tp": 2, "zero": 1}' >"$tmp/zero-dp1.json"
+printf '{"dp": 2, "zero": 4}' >"$tmp/zero4.json"
 head -c 3000 /dev/urandom | tr -dc 'a-z \n' >"$tmp/text.txt" 2>/dev/null || true
 printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 200) >"$tmp/text.txt"
 : >"$tmp/empty.txt"
@@ -118,6 +120,11 @@ expect "empty data" "empty" "${run[@]}" --data "$tmp/empty.txt"
 expect "short data" "short.txt" "${run[@]}" --data "$tmp/short.txt"
 expect "strategy JSON path" '$.mesh.tp' "${run[@]}" --data "$tmp/text.txt" --strategy "$tmp/bad-strategy.json"
 expect "placements no rule accepts" "S(7)" "${run[@]}" --data "$tmp/text.txt" --strategy "$tmp/bad-placement.json"
+expect "ZeRO with dp 1" "ZeRO shards over data parallelism: give dp >= 2 or zero 0" "${run[@]}" \
+  --data "$tmp/text.txt" --strategy "$tmp/zero-dp1.json"
+expect "ZeRO stage 4" "0..3" "${run[@]}" --data "$tmp/text.txt" --strategy "$tmp/zero4.json"
+expect "ZeRO flag with dp 1" "give dp >= 2 or zero 0" "${run[@]}" --data "$tmp/text.txt" --zero 2
+expect "ZeRO flag stage 4" "bad value '4' for --zero" "${run[@]}" --data "$tmp/text.txt" --zero 4
 expect "sp without tp" "--sp" "${run[@]}" --data "$tmp/text.txt" --sp
 expect "unknown flag" "unknown option" "${run[@]}" --data "$tmp/text.txt" --frobnicate 3
 expect "bad number" "bad value" "${run[@]}" --data "$tmp/text.txt" --steps lots
@@ -237,14 +244,14 @@ help_lists() {
 }
 
 help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
-  --virtual-stages --backend --steps --seed --batch \
+  --virtual-stages --zero --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
   --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
   --advise-threshold --memory-cap --help
 help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
-  --micro-batches --schedule --virtual-stages --strategy --backend --help
+  --micro-batches --schedule --virtual-stages --zero --strategy --backend --help
 help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
-  --virtual-stages --batch --seq --backend --help
+  --virtual-stages --zero --batch --seq --backend --help
 help_lists "demo" --ranks --backend --help
 help_lists "bench comm" --json --ranks --min-bytes --max-bytes --step --iters --reps --ops \
   --backends --quick --mpi-default-malloc --help

@@ -786,7 +786,7 @@ static void dropout(void **state) {
     const int64_t gs[3] = {6, 10, 5}, n = 300;
     float *x = frand(n, 0.5, 1.5); /* nonzero, so out == 0 means dropped */
     float *whole = fnew(n);
-    ms_k_dropout_forward(whole, x, p, seed, stream, 3, gs, NULL, NULL);
+    ms_k_dropout_forward(whole, x, p, seed, stream, 3, gs, NULL, NULL, NULL);
     /* The definition: element g kept iff uniform(seed, stream, g) >= p, scaled by 1/(1-p). */
     int kept = 0;
     for (int64_t g = 0; g < n; g++) {
@@ -810,11 +810,11 @@ static void dropout(void **state) {
             const int64_t nl = ls[0] * ls[1] * ls[2], zero[3] = {0, 0, 0};
             float *xl = fnew(nl), *yl = fnew(nl);
             ms_copy_box_f32(xl, ls, zero, x, gs, st, ls, 3);
-            ms_k_dropout_forward(yl, xl, p, seed, stream, 3, ls, st, gs);
+            ms_k_dropout_forward(yl, xl, p, seed, stream, 3, ls, st, gs, NULL);
             ms_copy_box_f32(got, gs, st, yl, ls, zero, ls, 3);
             /* backward on the box: dinp += mask * dout * scale */
             float *dx0 = frand(nl, -1, 1), *dx = fcopy(dx0, nl), *dy = frand(nl, -1, 1);
-            ms_k_dropout_backward(dx, dy, p, seed, stream, 3, ls, st, gs);
+            ms_k_dropout_backward(dx, dy, p, seed, stream, 3, ls, st, gs, NULL);
             for (int64_t j = 0; j < nl; j++) {
                 const float inc = yl[j] != 0.0f ? dy[j] * (1.0f / (1.0f - p)) : 0.0f;
                 if (fabsf(dx[j] - (dx0[j] + inc)) > 1e-6f)
@@ -827,11 +827,31 @@ static void dropout(void **state) {
         expect_equal(what, got, whole, n);
     }
 
+    /* Micro-batches: 2 data-parallel replicas of 3 rows each, split into 3 micro-batches of 1
+     * row per replica. Micro-batch j's tensor is [2, 10, 5]: its row q is row (q / 1) * 3 + j of
+     * the whole batch, and with the window its mask is that row's. */
+    for (int64_t j = 0; j < 3; j++) {
+        const ms_k_batch_window w = {.rows = 1, .stride = 3, .offset = j};
+        const int64_t ms[3] = {2, gs[1], gs[2]}, row = gs[1] * gs[2];
+        float *xm = fnew(2 * row), *ym = fnew(2 * row);
+        for (int64_t q = 0; q < 2; q++) {
+            assert_int_equal(ms_k_batch_row(&w, q), q * 3 + j);
+            memcpy(xm + q * row, x + (q * 3 + j) * row, sizeof(float) * (size_t)row);
+        }
+        ms_k_dropout_forward(ym, xm, p, seed, stream, 3, ms, NULL, ms, &w);
+        for (int64_t q = 0; q < 2; q++) {
+            char what[64];
+            snprintf(what, sizeof what, "dropout micro-batch %lld row %lld", (long long)j,
+                     (long long)q);
+            expect_equal(what, ym + q * row, whole + (q * 3 + j) * row, row);
+        }
+    }
+
     /* Keep fraction within 4 sigma of 1 - p on a large tensor. */
     const int64_t big = 200000, gshape1[1] = {big};
     float *ones = fnew(big), *y = fnew(big);
     for (int64_t i = 0; i < big; i++) ones[i] = 1.0f;
-    ms_k_dropout_forward(y, ones, p, 99, 5, 1, gshape1, NULL, NULL);
+    ms_k_dropout_forward(y, ones, p, 99, 5, 1, gshape1, NULL, NULL, NULL);
     int64_t nk = 0;
     for (int64_t i = 0; i < big; i++) {
         if (y[i] != 0.0f) {
@@ -843,9 +863,9 @@ static void dropout(void **state) {
     if (fabs(frac - (1 - p)) > 4 * sigma)
         fail_msg("dropout keep fraction %.5f, want %.5f +- %.5f", frac, 1 - p, 4 * sigma);
     /* p = 0 keeps everything unscaled; p = 1 drops everything. */
-    ms_k_dropout_forward(y, ones, 0.0f, 99, 5, 1, gshape1, NULL, NULL);
+    ms_k_dropout_forward(y, ones, 0.0f, 99, 5, 1, gshape1, NULL, NULL, NULL);
     for (int64_t i = 0; i < big; i++) assert_true(y[i] == 1.0f);
-    ms_k_dropout_forward(y, ones, 1.0f, 99, 5, 1, gshape1, NULL, NULL);
+    ms_k_dropout_forward(y, ones, 1.0f, 99, 5, 1, gshape1, NULL, NULL, NULL);
     for (int64_t i = 0; i < big; i++) assert_true(y[i] == 0.0f);
     arena_free();
 }

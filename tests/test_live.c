@@ -59,6 +59,8 @@ static size_t make_step(ms_event *out, int64_t s, const ms_group *g) {
         *m = ev(r, MS_EV_MEM, s, MS_(base + 9), MS_(base + 9));
         m->u.mem.in_use = (uint64_t)(1000 * (r + 1) + s);
         m->u.mem.peak = (uint64_t)(5000 * (r + 1) + s);
+        m->u.mem.params = 100, m->u.mem.grads = 200, m->u.mem.optim = 400;
+        m->u.mem.acts = (uint64_t)(300 + s);
     }
     return n;
 }
@@ -148,6 +150,9 @@ static void test_window_timeline_memory(void **state) {
     /* memory: the latest sample per rank */
     assert_true(s->mem[0].in_use == 1004 && s->mem[1].in_use == 2004);
     assert_true(s->mem[1].peak == 10004);
+    /* the training state's split, from the latest sample */
+    assert_true(s->mem[1].params == 100 && s->mem[1].grads == 200 && s->mem[1].optim == 400 &&
+                s->mem[1].acts == 304);
     ms_snapshot_release(s);
     ms_live_destroy(l);
 }

@@ -444,8 +444,8 @@ static void non_executable_flagged(void **state) {
         const ms_plan_estimate *e = &res.cands[i];
         int mb = 0, m = 0;
         assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
-        bool engine_kind =
-            e->s.zero == 0 && e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
+        bool engine_kind = e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
+        if (e->s.zero) assert_true(e->s.dp > 1); /* ZeRO shards over dp only */
         assert_int_equal(e->executable, engine_kind);
         if (!e->executable) assert_true(strlen(e->not_executable) > 10);
         e->executable ? exe++ : non++;
@@ -479,7 +479,8 @@ static void executable_check_reasons(void **state) {
         {engine_strategy(1, 2, 4, false), 8, 8, 0, "tp x cp = 8"},
         {engine_strategy(4, 1, 1, false), 4, 6, 0, "not divisible by dp 4"},
         {engine_strategy(4, 1, 1, true), 4, 8, 0, "sp without tp"},
-        {knobs(4, 1, 1, 1, false, 1, false, 1, false, MS_PLAN_FP32), 4, 8, 0, "ZeRO"},
+        {knobs(1, 2, 1, 2, false, 1, false, 1, true, MS_PLAN_FP32), 4, 8, 0,
+         "ZeRO shards over data parallelism: give dp >= 2 or zero 0"},
         {knobs(4, 1, 1, 1, false, 0, true, 1, false, MS_PLAN_FP32), 4, 8, 0, "recompute"},
         {engine_strategy(4, 1, 1, false), 4, 8, 1e6, "over memory"},
     };
@@ -498,7 +499,7 @@ static void executable_check_reasons(void **state) {
     int mb = 0, m = 0;
     assert_true(ms_strategy_micro(&s, 8, &mb, &m));
     assert_true(s.dp == 2 && s.tp == 2 && s.sp && mb == 4 && m == 1);
-    const char *j2 = "{\"mesh\": {\"dp\": 2, \"tp\": 1, \"pp\": 2}, \"zero\": 1}";
+    const char *j2 = "{\"mesh\": {\"dp\": 1, \"tp\": 2, \"pp\": 2}, \"zero\": 1}";
     assert_int_equal(ms_strategy_parse_json(j2, strlen(j2), "j2", &s, NULL, &err), MS_OK);
     assert_int_equal(ms_strategy_validate(&s, &cfg, &job, 0, &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "ZeRO"));
@@ -560,6 +561,36 @@ static void schedules_and_knobs_priced(void **state) {
     assert_true(e.step_s > e0.step_s && e.mem_total > e0.mem_total);
     char name[MS_STRATEGY_NAME_MAX];
     printf("%s: %.3f s per step\n", ms_strategy_name(&s, name, sizeof name), e.step_s);
+}
+
+/* Thread ranks that share cores: a stage idle in its bubble hands its core to the busy ones,
+ * so the bubble costs wall time only where the schedule's critical path at full speed exceeds
+ * the CPU work spread over the cores. pp 2 x dp 2 over 4 micro-batches on 2 cores (bubble 20%
+ * of a stage's time, share 2): no wall time; with a core per rank the whole bubble. */
+static void shared_cores_absorb_the_bubble(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster shared = cpu_cluster(), own = cpu_cluster();
+    own.cores = 4;
+    ms_strategy s = knobs(2, 1, 2, 1, false, 0, false, 4, true, MS_PLAN_FP32);
+    ms_error err = {0};
+    ms_plan_estimate es, eo;
+    ms_plan_problem pb = problem(&cfg, &shared, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &es, &err), MS_OK);
+    pb = problem(&cfg, &own, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &eo, &err), MS_OK);
+    printf("pp2 x dp2 m4 bubble: %.3g s on 2 cores, %.3g s on 4 (step %.3g, %.3g s)\n", es.bubble_s,
+           eo.bubble_s, es.step_s, eo.step_s);
+    assert_true(es.bubble_s == 0 && eo.bubble_s > 0);
+    /* gpipe on pp 4 over 2 micro-batches (bubble 60% of the step): the critical path at full
+     * speed, 2.5 busy times over a share of 2, exceeds the work: a quarter of the busy time */
+    s = knobs(1, 1, 4, 1, false, 0, false, 2, true, MS_PLAN_FP32);
+    s.schedule = MS_SCHEDULE_GPIPE;
+    pb = problem(&cfg, &shared, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &es, &err), MS_OK);
+    pb = problem(&cfg, &own, 4, 16, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &eo, &err), MS_OK);
+    assert_true(es.bubble_s > 0 && es.bubble_s < eo.bubble_s * 2);
 }
 
 /* --- the advisor ----------------------------------------------------------------------------- */
@@ -686,6 +717,52 @@ static void advisor_moves_away_from_slow_tp(void **state) {
 
 /* --- clusters -------------------------------------------------------------------------------- */
 
+/* Memory: under a cap that dp4 alone exceeds, the advisor still suggests dp4, with ZeRO or
+ * recompute, and every suggestion fits the cap. */
+static void advisor_fits_memory_with_zero(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster c = cpu_cluster();
+    ms_advisor *adv;
+    ms_error err = {0};
+    const int B = 8, T = 64;
+    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
+    ms_strategy cur, dp4 = knobs(4, 1, 1, 1, false, 0, false, 1, true, MS_PLAN_FP32), z3 = dp4;
+    z3.zero = 3;
+    ms_plan_estimate pred, e0, e3;
+    assert_int_equal(ms_advisor_predict(adv, &dp4, &e0, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &z3, &e3, &err), MS_OK);
+    printf("dp4: %.3g bytes per rank, with ZeRO 3 %.3g\n", e0.mem_total, e3.mem_total);
+    assert_true(e3.mem_total < 0.9 * e0.mem_total);
+    double cap = (e0.mem_total + e3.mem_total) / 2;
+    ms_advisor_set_memory_cap(adv, cap);
+    assert_int_equal(ms_strategy_init(&cur, 1, 4, 1, false, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &cur, &pred, &err), MS_OK);
+    ms_analysis an;
+    double step;
+    synthetic_analysis(&pred, 3.0, 4, 5, &an, &step);
+    /* every suggestion, not only the best few: faster pipelines may outrank dp4's */
+    ms_suggestion sg[64];
+    int n = 0;
+    assert_int_equal(ms_advisor_update(adv, &cur, &an, step, 0.10, sg, 64, &n, &err), MS_OK);
+    bool dp4_saver = false;
+    for (int i = 0; i < n; i++) {
+        ms_strategy ps;
+        assert_int_equal(ms_strategy_parse_json(sg[i].target_json, strlen(sg[i].target_json),
+                                                "target", &ps, NULL, &err),
+                         MS_OK);
+        ms_plan_estimate e;
+        assert_int_equal(ms_advisor_predict(adv, &ps, &e, &err), MS_OK);
+        printf("  %s: %s; %s\n", sg[i].target, sg[i].memory_check, sg[i].diff);
+        assert_true(e.mem_total <= cap);
+        for (int j = 0; j < i; j++) assert_true(sg[j].id != sg[i].id);
+        dp4_saver |= ps.dp == 4 && (ps.zero > 0 || ps.recompute != MS_RECOMPUTE_NONE);
+    }
+    assert_true(dp4_saver);
+    free_analysis(&an);
+    ms_advisor_destroy(adv);
+}
+
 static void cluster_json(void **state) {
     (void)state;
     const char *presets[3] = {"dgx-a100-80gb", "h100", "h200"};
@@ -779,6 +856,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(non_executable_flagged),
     cmocka_unit_test(executable_check_reasons),
     cmocka_unit_test(schedules_and_knobs_priced),
+    cmocka_unit_test(shared_cores_absorb_the_bubble),
+    cmocka_unit_test(advisor_fits_memory_with_zero),
     cmocka_unit_test(advisor_moves_away_from_slow_tp),
     cmocka_unit_test(cluster_json),
     cmocka_unit_test(search_175b_timing),

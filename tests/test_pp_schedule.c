@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/pipeline/balance.h"
 #include "engine/pipeline/diagram.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
@@ -523,6 +524,71 @@ static void diagram(void **state) {
     free(t);
 }
 
+/* --- layer balancing ------------------------------------------------------------------------ */
+
+static double costliest(const ms_pp_costs *c, int chunks, const int *counts) {
+    double worst = 0;
+    for (int k = 0; k < chunks; k++) {
+        double x = counts[k] * c->layer + (k == 0 ? c->first : 0) + (k == chunks - 1 ? c->last : 0);
+        worst = fmax(worst, x);
+    }
+    return worst;
+}
+
+/* The least costliest chunk over every split, by enumerating them (compositions of L into K). */
+static double brute_force(int L, int K, const ms_pp_costs *c, int *counts, int k, int left) {
+    if (k == K - 1) {
+        counts[k] = left;
+        return costliest(c, K, counts);
+    }
+    double best = INFINITY;
+    for (int x = 1; x <= left - (K - k - 1); x++) {
+        counts[k] = x;
+        best = fmin(best, brute_force(L, K, c, counts, k + 1, left - x));
+    }
+    return best;
+}
+
+static void balances_layers_by_cost(void **state) {
+    (void)state;
+    /* Every split of up to 9 layers into up to 5 chunks, heads from none to five layers' worth
+     * and an embedding of half a layer: the split is never worse than the best one by more
+     * than the 2% that keeps an even split, and counts add up with a layer per chunk. */
+    for (double head = 0; head <= 5; head += 0.75)
+        for (int L = 1; L <= 9; L++)
+            for (int K = 1; K <= L && K <= 5; K++) {
+                ms_pp_costs c = {.layer = 1, .first = 0.5, .last = head};
+                int got[9], tmp[9], sum = 0;
+                ms_pp_balance_layers(L, K, &c, got);
+                for (int k = 0; k < K; k++) {
+                    assert_true(got[k] >= 1);
+                    sum += got[k];
+                }
+                assert_int_equal(sum, L);
+                double best = brute_force(L, K, &c, tmp, 0, L);
+                if (costliest(&c, K, got) > best / 0.98 + 1e-9)
+                    fail_msg("L %d, K %d, head %.2f: costliest chunk %.2f, best split %.2f", L, K,
+                             head, costliest(&c, K, got), best);
+            }
+    /* GPT-2 small (12 layers, vocabulary 50257): the head costs about 4.5 layers, so pp 4
+     * gives the last stage fewer layers; a model with a small vocabulary keeps 3 each. */
+    ms_model_config gpt2 = {.model_type = MS_MODEL_GPT2,
+                            .n_layer = 12,
+                            .n_embd = 768,
+                            .n_head = 12,
+                            .vocab_size = 50257,
+                            .n_positions = 1024};
+    ms_pp_costs c = ms_pp_model_costs(&gpt2, 1024);
+    assert_true(c.last > 4 * c.layer && c.last < 5 * c.layer);
+    int counts[4];
+    ms_pp_balance_layers(12, 4, &c, counts);
+    assert_true(counts[3] < 3 && counts[0] >= 3);
+    gpt2.vocab_size = 256;
+    c = ms_pp_model_costs(&gpt2, 1024);
+    ms_pp_balance_layers(12, 4, &c, counts);
+    for (int k = 0; k < 4; k++) assert_int_equal(counts[k], 3);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(computes_once_in_order),
     cmocka_unit_test(transfers_pair_up),
@@ -534,6 +600,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(deadlock_is_named),
     cmocka_unit_test(bubble_fraction_extrapolates),
     cmocka_unit_test(diagram),
+    cmocka_unit_test(balances_layers_by_cost),
 };
 
 MT_MAIN("pp_schedule", tests)

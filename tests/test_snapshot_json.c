@@ -157,7 +157,13 @@ static ms_snapshot *full_snapshot(void) {
         .stage = 1, .action = MS_PIPE_W, .chunk = 1, .mb = 0, .t0 = 1.0 / 3, .t1 = 0.04};
 
     s->mem = calloc((size_t)n, sizeof *s->mem);
-    for (int r = 0; r < n; r++) s->mem[r] = (ms_live_mem){.in_use = 1000u + r, .peak = 5000u + r};
+    for (int r = 0; r < n; r++)
+        s->mem[r] = (ms_live_mem){.in_use = 1000u + r,
+                                  .peak = 5000u + r,
+                                  .params = 100u + r,
+                                  .grads = 200u + r,
+                                  .optim = 300u + r,
+                                  .acts = 400u + r};
 
     s->n_suggestions = 2;
     for (int i = 0; i < 2; i++) {
@@ -329,6 +335,8 @@ static void test_round_trip(void **state) {
     for (int k = 0; k < n; k++) {
         assert_true(r->mem[k].in_use == s->mem[k].in_use);
         assert_true(r->mem[k].peak == s->mem[k].peak);
+        assert_true(r->mem[k].params == s->mem[k].params && r->mem[k].grads == s->mem[k].grads &&
+                    r->mem[k].optim == s->mem[k].optim && r->mem[k].acts == s->mem[k].acts);
     }
     assert_int_equal(r->n_suggestions, s->n_suggestions);
     for (int i = 0; i < s->n_suggestions; i++) {

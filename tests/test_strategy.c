@@ -316,6 +316,9 @@ static void validator_refusals(void **state) {
                         "{\"tp\": 2, \"cp\": 2}",
                         "{\"tp\": 4, \"sp\": true}",
                         "{\"dp\": 4, \"micro_batches\": 1}",
+                        "{\"dp\": 4, \"zero\": 1}",
+                        "{\"dp\": 2, \"tp\": 2, \"zero\": 3}",
+                        "{\"dp\": 2, \"pp\": 2, \"zero\": 2, \"micro_batches\": 2}",
                         "{\"dp\": 4, \"micro_batch\": 2}",
                         "{\"dp\": 4, \"micro_batches\": 2}",
                         "{\"dp\": 4, \"bucket_mb\": 25}",
@@ -334,11 +337,12 @@ static void validator_refusals(void **state) {
     static const struct {
         const char *json, *want;
     } later[] = {
-        {"{\"dp\": 4, \"zero\": 1}", "ZeRO stage 1 is predicted only"},
         {"{\"dp\": 4, \"recompute\": true}", "activation recompute (full) is predicted only"},
         {"{\"dp\": 4, \"recompute\": \"selective\"}", "activation recompute (selective)"},
         {"{\"dp\": 4, \"precision\": \"bf16\"}", "bf16 precision is predicted only"},
         {"{\"tp\": 4, \"vocab_parallel\": false}", "replicated head"},
+        {"{\"dp\": 4, \"zero\": 2, \"bucket_mb\": 25}",
+         "gradient buckets (bucket_mb 25) under ZeRO"},
     };
     for (size_t i = 0; i < sizeof later / sizeof *later; i++) {
         ms_strategy s = with(later[i].json);
@@ -358,7 +362,8 @@ static void validator_refusals(void **state) {
         {"{\"dp\": 2}", 4, 8, 64, "dp2 x tp1 needs 2 ranks but the job runs on 4"},
         {"{\"tp\": 8}", 8, 8, 64, "tensor-parallel degree 8 does not divide the 4 attention heads"},
         {"{\"tp\": 2, \"cp\": 4}", 8, 8, 64, "tp x cp = 8"},
-        {"{\"pp\": 3}", 3, 8, 64, "pp 3 does not divide the 4 layers"},
+        {"{\"pp\": 3, \"schedule\": \"interleaved\", \"virtual_stages\": 2, \"micro_batches\": 3}",
+         3, 9, 64, "the interleaved schedule needs equal stages"},
         {"{\"pp\": 2, \"pp_layers\": [1, 1, 2]}", 2, 8, 64, "pp_layers lists 3 stages but pp is 2"},
         {"{\"pp\": 2, \"pp_layers\": [1, 2]}", 2, 8, 64,
          "pp_layers adds up to 3 layers but the model has 4"},
@@ -386,6 +391,8 @@ static void validator_refusals(void **state) {
          "\"micro_batches\": 1}",
          4, 8, 64, "a multiple of pp 2"},
         {"{\"dp\": 4, \"vocab_parallel\": false}", 4, 8, 64, "needs tp 2 or more"},
+        {"{\"tp\": 4, \"zero\": 1}", 4, 8, 64,
+         "ZeRO stage 1 with dp 1: ZeRO shards over data parallelism: give dp >= 2 or zero 0"},
         /* pipelines: more stages than layers, chunks that split layers, the interleaved
          * schedule's groups of pp micro-batches, each with the fix */
         {"{\"pp\": 8}", 8, 8, 64,

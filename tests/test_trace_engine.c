@@ -286,10 +286,10 @@ static void pipe_body(mt_rank *r, void *arg) {
     ms_event *ev = xmalloc(sizeof *ev * CAP);
     size_t n = ms_recorder_read(rec, &cursor, ev, CAP, NULL);
     int nf = 0, nb = 0;
-    uint64_t p2p = 0;
+    uint64_t p2p[2] = {0, 0}; /* sent, received */
     for (size_t k = 0; k < n; k++) {
         if (ev[k].kind == MS_EV_COLL && ev[k].u.coll.coll == MS_COLL_P2P && ev[k].step >= 0)
-            p2p += ev[k].u.coll.bytes;
+            p2p[ev[k].u.coll.recv] += ev[k].u.coll.bytes;
         if (ev[k].kind != MS_EV_PIPE) continue;
         const ms_ev_pipe *p = &ev[k].u.pipe;
         nf += p->action == MS_PIPE_F, nb += p->action == MS_PIPE_B;
@@ -303,11 +303,14 @@ static void pipe_body(mt_rank *r, void *arg) {
     MT_CHECK(r, nf == PM * PSTEPS && nb == PM * PSTEPS, "rank %d: %d F and %d B recorded",
              ctx->rank, nf, nb);
     /* Each micro-batch's residual stream (its rows on this replica) crosses once per step:
-     * forward from stage 0, its gradient back from stage 1. (The evaluation, at step -1,
-     * sends activations too.) */
+     * forward from stage 0, its gradient back from stage 1, so every rank sends and receives
+     * as many bytes, each side its own event. (The evaluation, at step -1, sends activations
+     * too.) */
     uint64_t want = (uint64_t)PSTEPS * PM * (PB / (R * PM)) * PT * PC * sizeof(float);
-    MT_CHECK(r, p2p == want, "rank %d: point-to-point sends moved %llu bytes, the schedule %llu",
-             ctx->rank, (unsigned long long)p2p, (unsigned long long)want);
+    MT_CHECK(r, p2p[0] == want && p2p[1] == want,
+             "rank %d: point-to-point sends moved %llu bytes and receives %llu, the schedule %llu",
+             ctx->rank, (unsigned long long)p2p[0], (unsigned long long)p2p[1],
+             (unsigned long long)want);
 
     ms_comm *gc;
     ms_comm_split(ctx->world, 0, ctx->rank, "gather", &gc, &err);
@@ -368,8 +371,21 @@ static void pipe_body(mt_rank *r, void *arg) {
             }
             MT_CHECK(r, np == (size_t)world * 2 * PM * PSTEPS && same == np,
                      "%zu pipeline events gathered, %zu read back the same", np, same);
+            /* Both sides of every transfer come back, the receiving side marked as such, and
+             * the heatmap counts each transfer once (from its sender). */
+            size_t recv_ev = 0, recv_read = 0;
+            for (size_t k = 0; k < got; k++)
+                recv_ev += all[k].kind == MS_EV_COLL && all[k].u.coll.recv;
+            for (size_t k = 0; k < t.n_events; k++)
+                recv_read += t.events[k].kind == MS_EV_COLL && t.events[k].u.coll.recv;
+            MT_CHECK(r, recv_ev > 0 && recv_read == recv_ev,
+                     "%zu receiving sides recorded, %zu read back", recv_ev, recv_read);
             ms_analysis b;
             MT_OK(r, ms_analyze(t.events, t.n_events, t.groups, t.n_groups, 0, -1, &b, &err), &err);
+            for (size_t cell = 0; cell < (size_t)world * world && b.nranks == world; cell++)
+                MT_CHECK(r, b.all.bytes[cell] == a.all.bytes[cell],
+                         "heatmap cell %zu: %.0f bytes from the file, %.0f from the events", cell,
+                         b.all.bytes[cell], a.all.bytes[cell]);
             MT_CHECK(r, b.pipe.bubble == ps->bubble && b.pipe.last_bubble == ps->last_bubble,
                      "bubble from the file %g (last %g), from the events %g (%g)", b.pipe.bubble,
                      b.pipe.last_bubble, ps->bubble, ps->last_bubble);

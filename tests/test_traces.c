@@ -160,6 +160,12 @@ static size_t synth_step(ms_event *ev, size_t n, int rank, int64_t s, int64_t ba
                              T + 50001 + k * 950000);
         m.u.mem.in_use = (uint64_t)(rank + 1) * 1234567 + (uint64_t)s * 1000 + 1 + (uint64_t)k;
         m.u.mem.peak = m.u.mem.in_use + ((uint64_t)3 << 30) + 7;
+        if (k % 2) { /* every other sample carries the training state's split */
+            m.u.mem.params = (uint64_t)rank * 1000003 + 11;
+            m.u.mem.grads = m.u.mem.params + 5;
+            m.u.mem.optim = 2 * m.u.mem.params + 1;
+            m.u.mem.acts = m.u.mem.in_use / 3 + 17;
+        }
         ev[n++] = m;
     }
     return n;
@@ -221,6 +227,10 @@ static void assert_same_event(const ms_event *a, const ms_event *b, size_t i) {
         case MS_EV_MEM:
             assert_int_equal(a->u.mem.in_use, b->u.mem.in_use);
             assert_int_equal(a->u.mem.peak, b->u.mem.peak);
+            assert_int_equal(a->u.mem.params, b->u.mem.params);
+            assert_int_equal(a->u.mem.grads, b->u.mem.grads);
+            assert_int_equal(a->u.mem.optim, b->u.mem.optim);
+            assert_int_equal(a->u.mem.acts, b->u.mem.acts);
             break;
         case MS_EV_PIPE: {
             const ms_ev_pipe *x = &a->u.pipe, *y = &b->u.pipe;

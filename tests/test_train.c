@@ -215,10 +215,74 @@ static void bert_dp2_tp2(void **s) {
     compare_model(2, 2, 1, false, true);
 }
 
+/* Dropout's draws: a step's masks are a function of the run seed and the step (the same step
+ * twice gives the same loss, the next step another), and evaluation passes values through (the
+ * loss of the same weights without dropout). */
+static float forward_loss(ms_program *prog, const ms_model *m, bool training, uint64_t step) {
+    float ids[B * T], tgt[B * T], pos[B * T], loss = 0;
+    ms_error err = {0};
+    batch(0, ids, tgt, pos);
+    assert_int_equal(ms_program_feed(prog, m->ids, ids, &err), MS_OK);
+    assert_int_equal(ms_program_feed(prog, m->targets, tgt, &err), MS_OK);
+    assert_int_equal(ms_program_feed(prog, m->pos, pos, &err), MS_OK);
+    ms_program_set_dropout(prog, training, step);
+    assert_int_equal(ms_program_forward(prog, &loss, &err), MS_OK);
+    return loss;
+}
+
+static void dropout_draws(mt_rank *r, void *p) {
+    (void)p;
+    ms_error err = {0};
+    ms_strategy s;
+    ms_mesh mesh;
+    ms_dmesh *dm;
+    assert_int_equal(ms_strategy_init(&s, 1, 1, 1, false, &err), MS_OK);
+    ms_strategy_mesh(&s, &mesh, &err);
+    assert_int_equal(ms_dmesh_create(r->ctx, &mesh, &dm, &err), MS_OK);
+    float plain = 0;
+    for (int drop = 1; drop >= 0; drop--) {
+        ms_model_config cfg = tiny_config(false);
+        cfg.embd_pdrop = cfg.resid_pdrop = drop ? 0.3 : 0;
+        ms_model m;
+        ms_program *prog;
+        assert_int_equal(ms_model_build(&cfg, B, T, &m, &err), MS_OK);
+        ms_sharding sh = {.s = &s};
+        ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 42};
+        assert_int_equal(ms_program_compile(m.g, dm, &co, &prog, &err), MS_OK);
+        if (drop) {
+            float s0 = forward_loss(prog, &m, true, 0), again = forward_loss(prog, &m, true, 0);
+            float s1 = forward_loss(prog, &m, true, 1);
+            MT_CHECK(r, s0 == again, "step 0 twice: %.7f then %.7f", s0, again);
+            MT_CHECK(r, s0 != s1, "steps 0 and 1 drew the same masks (loss %.7f)", s0);
+            plain = forward_loss(prog, &m, false, 0);
+        } else {
+            float want = forward_loss(prog, &m, true, 0);
+            MT_CHECK(r, plain == want, "evaluation with dropout: %.7f, without dropout %.7f", plain,
+                     want);
+        }
+        ms_program_destroy(prog);
+        ms_model_free(&m);
+    }
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static void dropout_steps_and_evaluation(void **s) {
+    (void)s;
+    mt_run_threads(1, dropout_draws, NULL);
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(dp2),          cmocka_unit_test(tp2),          cmocka_unit_test(tp2_sp),
-    cmocka_unit_test(dp2_tp2),      cmocka_unit_test(dp4),          cmocka_unit_test(tp4),
-    cmocka_unit_test(dp2_tp2_sp_8), cmocka_unit_test(bert_dp2_tp2), cmocka_unit_test(dp2_tp2_cp2),
+    cmocka_unit_test(dp2),
+    cmocka_unit_test(tp2),
+    cmocka_unit_test(tp2_sp),
+    cmocka_unit_test(dp2_tp2),
+    cmocka_unit_test(dp4),
+    cmocka_unit_test(tp4),
+    cmocka_unit_test(dp2_tp2_sp_8),
+    cmocka_unit_test(bert_dp2_tp2),
+    cmocka_unit_test(dp2_tp2_cp2),
     cmocka_unit_test(tp2_sp_cp2),
+    cmocka_unit_test(dropout_steps_and_evaluation),
 };
 MT_MAIN("train", tests)

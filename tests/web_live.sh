@@ -101,6 +101,14 @@ if grep -qF "$token" "$tmp/snap"; then bad "the snapshot carries the token"
 else ok "the snapshot does not carry the token"; fi
 grep -q '},"pipeline":null,"mem"' "$tmp/snap" && ok "dp2 x tp2: no pipeline in the snapshot" ||
   bad "dp2 x tp2: the snapshot has a pipeline view"
+# The memory view splits each rank's bytes: the parameters are nonzero on every rank.
+python3 - "$tmp/snap" <<'PY' && ok "memory per rank split into parameters, gradients, optimizer, activations" ||
+import json, sys
+mem = json.load(open(sys.argv[1]))["mem"]
+sys.exit(0 if mem and all(m["params"] > 0 and m["optimizer"] > 0 and m["activations"] > 0 and
+                          m["params"] + m["optimizer"] <= m["in_use"] for m in mem) else 1)
+PY
+  bad "the snapshot's memory has no split: $(head -c 300 "$tmp/snap")"
 
 # Hostile requests.
 before=$(step_now)
@@ -145,8 +153,8 @@ refuse() { # refuse NAME BODY WANTED-TEXT
   grep -qF -- "$3" "$tmp/body" && ok "  says: $(head -c 150 "$tmp/body")" || bad "  no '$3' in $(head -c 200 "$tmp/body")"
 }
 refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "needs 2 ranks but the job runs on 4"
-refuse "ZeRO not executable" '{"dp": 4, "zero": 1}' "ZeRO stage 1 is predicted only"
-refuse "ZeRO not executable" '{"dp": 4, "zero": 1}' "ZeRO"
+refuse "ZeRO without dp" '{"dp": 1, "tp": 4, "zero": 1}' "ZeRO shards over data parallelism"
+refuse "recompute not executable" '{"dp": 4, "recompute": true}' "is predicted only"
 refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"
 # --memory-cap 21.7 MiB: dp4 needs 21.1 MiB per rank here, tp4 +sp 22.4 MiB.
 refuse "over the memory cap" '{"dp": 1, "tp": 4, "sp": true}' "over memory"

@@ -285,9 +285,12 @@ static int x_kind(const rctx *r, const char *cat, const char *name, const tj_doc
 
 static bool read_coll(rctx *r, ms_event *e, const tj_doc *d, int args) {
     ms_ev_coll *c = &e->u.coll;
-    int kind = ms_trace_coll_parse(tj_str(d, tj_get(d, args, "Collective name")));
+    const char *name = tj_str(d, tj_get(d, args, "Collective name"));
+    int kind = ms_trace_coll_parse(name);
     if (kind < 0) return false;
     c->coll = (uint8_t)kind;
+    c->recv = name && (!strcasecmp(name, "recv") || !strcasecmp(name, "recvanysource") ||
+                       !strcasecmp(name, "nccl:recv"));
     c->reduce = (uint8_t)reduce_parse(tj_str(d, tj_get(d, args, "reduce")));
     c->mesh_dim = (int16_t)arg_i64(d, args, "mesh dim", INT16_MIN, INT16_MAX, -1);
     int64_t v;
@@ -297,6 +300,7 @@ static bool read_coll(rctx *r, ms_event *e, const tj_doc *d, int args) {
         c->group = resolve_group(r, d, args);
     c->group_size = (int32_t)arg_i64(d, args, "Group size", 0, INT32_MAX, 0);
     c->group_rank = (int32_t)arg_i64(d, args, "group rank", INT32_MIN, INT32_MAX, -1);
+    c->root = (int32_t)arg_i64(d, args, "root", 0, INT32_MAX, 0); /* broadcast: position */
     c->seq = arg_i64(d, args, "seq", INT64_MIN, INT64_MAX,
                      arg_i64(d, args, "Seq", INT64_MIN, INT64_MAX, 0));
     if (tj_int(d, tj_get(d, args, "bytes"), 0, INT64_MAX, &v)) {
@@ -437,6 +441,11 @@ static ms_status handle_counter(rctx *r, const tj_doc *d, int root, ms_error *er
     e->t0_ns = e->t1_ns = ts;
     e->u.mem.in_use = in_use;
     e->u.mem.peak = peak;
+    /* the training state's split, when the sample has one */
+    const char *split[4] = {"params_MiB", "grads_MiB", "optimizer_MiB", "activations_MiB"};
+    uint64_t *to[4] = {&e->u.mem.params, &e->u.mem.grads, &e->u.mem.optim, &e->u.mem.acts};
+    for (int k = 0; k < 4; k++)
+        if (!mib_bytes(d, tj_get(d, args, split[k]), to[k])) *to[k] = 0;
     t->n_events++;
     return MS_OK;
 }

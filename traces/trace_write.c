@@ -830,7 +830,7 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
         case MS_EV_COLL: {
             const ms_ev_coll *c = &e->u.coll;
             const ms_group *g = find_group(w, c->group);
-            const char *cn = ms_coll_name((ms_coll_kind)c->coll);
+            const char *cn = c->recv ? "recv" : ms_coll_name((ms_coll_kind)c->coll);
             PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"comm\",\"name\":");
             put_str(o, cn, 32);
             put_place(o, e, w->tid[i], w->base);
@@ -867,6 +867,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_i64(o, c->group_rank);
             PUT_LIT(o, ",\"flow\":");
             put_u64(o, c->flow);
+            if (c->coll == MS_COLL_BROADCAST) {
+                PUT_LIT(o, ",\"root\":");
+                put_i64(o, c->root);
+            }
             if (c->async) {
                 PUT_LIT(o, ",\"async\":1,\"queued ns\":");
                 put_i64(o, c->queued_ns);
@@ -934,6 +938,16 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_mib(o, e->u.mem.in_use);
             PUT_LIT(o, ",\"peak_MiB\":");
             put_mib(o, e->u.mem.peak);
+            if (e->u.mem.params | e->u.mem.grads | e->u.mem.optim | e->u.mem.acts) {
+                PUT_LIT(o, ",\"params_MiB\":");
+                put_mib(o, e->u.mem.params);
+                PUT_LIT(o, ",\"grads_MiB\":");
+                put_mib(o, e->u.mem.grads);
+                PUT_LIT(o, ",\"optimizer_MiB\":");
+                put_mib(o, e->u.mem.optim);
+                PUT_LIT(o, ",\"activations_MiB\":");
+                put_mib(o, e->u.mem.acts);
+            }
             PUT_LIT(o, "}}");
             return;
         default:

@@ -1,5 +1,8 @@
 /* screen_memory.c - screen 5: device memory per rank, the bytes in use and the peak, as bars
- * on one scale (the largest peak). */
+ * on one scale (the largest peak), and what the training state holds of it: parameters,
+ * gradients, optimizer state and activations (ZeRO shards the first three over dp, recompute
+ * and pipelines change the last). */
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "tui/tui_impl.h"
@@ -27,14 +30,22 @@ static void draw_memory(ms_tui *t, const ms_snapshot *s, int y, int h, int w) {
                  ms_tui_fmt_bytes(total_use, a, sizeof a),
                  ms_tui_fmt_bytes(total_peak, b, sizeof b));
     y++;
-    /* "r12  " bar " 12.3 MiB  " bar " 12.3 MiB" */
-    int bw = (w - 6 - 2 * 11 - 2) / 2;
+    bool split = false;
+    for (int r = 0; r < n; r++) split |= (s->mem[r].params | s->mem[r].optim | s->mem[r].acts) > 0;
+    /* "r12  " bar " 12.3 MiB  " bar " 12.3 MiB" ["  params grads optim acts"] */
+    enum { SPLIT_W = 4 * 10 + 2 };
+    int sw = split && w >= 6 + 2 * 11 + 2 + 2 * 8 + SPLIT_W ? SPLIT_W : 0;
+    int bw = (w - 6 - 2 * 11 - 2 - sw) / 2;
     if (bw > 50) bw = 50;
     if (bw < 4) bw = 4;
     int x_use = 6, x_peak = x_use + bw + 11 + 2;
     ms_tui_text(p, y, 0, 6, p->role[MS_ROLE_DIM], "rank");
     ms_tui_text(p, y, x_use, bw, p->role[MS_ROLE_INUSE], "in use");
     ms_tui_text(p, y, x_peak, bw, p->role[MS_ROLE_PEAK], "peak");
+    int x_split = x_peak + bw + 12;
+    if (sw)
+        ms_tui_textf(p, y, x_split, sw, p->role[MS_ROLE_DIM], "  %9s %9s %9s %9s", "params",
+                     "grads", "optimizer", "activ.");
     y++;
     int visible = end - y - 1;
     if (visible < 1) visible = 1;
@@ -50,6 +61,14 @@ static void draw_memory(ms_tui *t, const ms_snapshot *s, int y, int h, int w) {
                    p->role[MS_ROLE_IDLE]);
         ms_tui_textf(p, y, x_peak + bw, 12, p->role[MS_ROLE_VALUE], " %10s",
                      ms_tui_fmt_bytes((double)m->peak, b, sizeof b));
+        if (sw) {
+            char c[32], d[32];
+            ms_tui_textf(p, y, x_split, sw, p->role[MS_ROLE_VALUE], "  %9s %9s %9s %9s",
+                         ms_tui_fmt_bytes((double)m->params, a, sizeof a),
+                         ms_tui_fmt_bytes((double)m->grads, b, sizeof b),
+                         ms_tui_fmt_bytes((double)m->optim, c, sizeof c),
+                         ms_tui_fmt_bytes((double)m->acts, d, sizeof d));
+        }
         y++;
     }
     if (n > visible)

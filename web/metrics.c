@@ -194,6 +194,20 @@ char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
             const char *lab[] = {"rank", rk, NULL};
             sample(&b, "meshscope_memory_peak_bytes", (double)s->mem[r].peak, lab);
         }
+        header(&b, "meshscope_memory_state_bytes",
+               "What the training state holds on the rank, by kind.");
+        for (int r = 0; r < s->info.nranks; r++) {
+            const ms_live_mem *m = &s->mem[r];
+            const char *kinds[4] = {"params", "grads", "optimizer", "activations"};
+            const double v[4] = {(double)m->params, (double)m->grads, (double)m->optim,
+                                 (double)m->acts};
+            char rk[16];
+            snprintf(rk, sizeof rk, "%d", r);
+            for (int k = 0; k < 4; k++) {
+                const char *lab[] = {"rank", rk, "kind", kinds[k], NULL};
+                sample(&b, "meshscope_memory_state_bytes", v[k], lab);
+            }
+        }
     }
     header(&b, "meshscope_suggestions", "Strategy suggestions by state.");
     for (int k = 0; k < MS_SUGG_STATE_COUNT; k++) {

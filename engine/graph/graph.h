@@ -8,7 +8,7 @@
  *             inserts the reshards; the memory planner packs every step-lived buffer into one
  *             arena, reusing space between buffers whose lifetimes do not overlap.
  *   run       ms_program_step feeds inputs, runs forward and backward and leaves gradients
- *             in the parameters' placements; the optimizer reads them from there.
+ *             in the parameters' gradient placements; the optimizer reads them from there.
  *
  * Reading a compiled program's kernels and reshards, and compiling one from shapes alone
  * (the planner), are in graph/program.h.
@@ -89,6 +89,14 @@ typedef struct ms_compile_opts {
      * (ms_program_backward_input) and the parameters' (ms_program_backward_weight), as the
      * zero-bubble schedules run them; each kernel with parameters runs once in each. */
     bool split_weight_grads;
+    /* ZeRO (Rajbhandari et al. 2020) over mesh dim zero_dim, the data-parallel one: a
+     * parameter replicated there keeps its optimizer state (stage >= 1), its gradient (>= 2)
+     * and itself (3) sharded over it: S(0) nested innermost, so that a rank's shard is a
+     * contiguous run of rows of its box under the other mesh dims (ms_program_zero_pl). Stage
+     * 3 gathers each parameter just before each use (forward and backward) into the arena,
+     * and its gradient is reduce-scattered into the shard. 0: none. */
+    int zero_stage;
+    int zero_dim;
     /* > 0: the grad-sync all-reduces run in buckets of at most this many MiB, each issued
      * (non-blocking) as soon as backward has produced its gradients, during the last of
      * micro_batches backward passes when micro_batched; ms_program_grad_sync then waits.
@@ -123,11 +131,25 @@ ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
 size_t ms_program_arena_bytes(const ms_program *p);
 void ms_program_bind_arena(ms_program *p, float *arena);
 ms_status ms_program_backward(ms_program *p, ms_error *err);
+/* Where the bound micro-batch's rows sit in the step's batch: on each data-parallel replica,
+ * `rows` rows starting at `offset` of the replica's `stride` rows (0, 0, 0: the program's rows
+ * are the batch). Dropout keys its masks by the step's row, so a micro-batched run drops what
+ * a run of the whole batch drops. Set it before a micro-batch's forward and its backward. */
+void ms_program_set_batch_window(ms_program *p, int64_t rows, int64_t stride, int64_t offset);
+/* Dropout for the runs that follow: training step `step` draws its masks keyed by the run seed
+ * and the step, so every step drops anew and a resumed or switched run draws what an
+ * uninterrupted one would; evaluation (training false) passes values through unchanged, as
+ * dropout does outside training. A compiled program starts at training step 0. */
+void ms_program_set_dropout(ms_program *p, bool training, uint64_t step);
 /* The two passes of a split backward (ms_compile_opts.split_weight_grads); without the split
  * the first runs the whole backward and the second nothing. */
 ms_status ms_program_backward_input(ms_program *p, ms_error *err);
 ms_status ms_program_backward_weight(ms_program *p, ms_error *err);
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
+/* After the optimizer updated every parameter's optimizer shard (ms_param_view): gathers the
+ * shards into the stored parameters (ZeRO 1 and 2: an all-gather over dp; nothing otherwise).
+ * Collective over the mesh; needs an arena (micro-batched: any bound one). */
+ms_status ms_program_param_sync(ms_program *p, ms_error *err);
 void ms_program_zero_grads(ms_program *p);
 /* This rank's local buffer of input or output v in the bound arena, in v's placements
  * (pipeline transfers read and write it directly); NULL if v is neither. */
@@ -138,17 +160,24 @@ ms_tensor *ms_program_local(ms_program *p, int v);
 ms_tensor *ms_program_output_grad(ms_program *p);
 ms_tensor *ms_program_input_grad(ms_program *p, int v);
 
-/* Parameter access for the optimizer and checkpoints: local shard and its gradient (same
- * placement as the parameter after a step). */
+/* Parameter access for the optimizer and checkpoints: the stored shard and its gradient after
+ * the gradient sync. Without ZeRO all three placements below are the parameter's; with it the
+ * optimizer owns a sub-box of rows of data (and of grad), which it updates before
+ * ms_program_param_sync gathers the shards back into data (stages 1 and 2). */
 typedef struct ms_param_view {
     const char *name;
     int value;
     ms_shape gshape;
-    ms_placements pl;
-    ms_tensor data; /* local shard (a view into the program; shapes only: no storage) */
+    ms_placements pl; /* data's: where the parameter is stored (ZeRO 3: sharded over dp) */
+    ms_tensor data;   /* local shard (a view into the program; shapes only: no storage) */
     ms_tensor grad;
-    /* True on exactly one rank of each group of ranks holding the same shard, so that
-     * global sums over shards count each element once. */
+    ms_placements grad_pl; /* grad's (ZeRO 2 and 3: sharded over dp) */
+    ms_placements opt_pl;  /* the optimizer state's (ZeRO >= 1: sharded over dp) */
+    ms_shape opt_shape;    /* its local box */
+    /* the optimizer's shard: opt_n floats at data + data_off and at grad + grad_off */
+    int64_t opt_n, data_off, grad_off;
+    /* True on exactly one rank of each group of ranks holding the same gradient shard, so
+     * that global sums over gradient shards count each element once. */
     bool owner;
 } ms_param_view;
 int ms_program_num_params(const ms_program *p);

@@ -4,7 +4,7 @@
  * The compiled step is a flat list of instructions over numbered buffers:
  *   RESHARD  src (value in placement A) -> dst (placement B), with the cached plan
  *   FWD/BWD  one operator's local kernel
- *   ZERO, ADD, SEED  gradient bookkeeping
+ *   ZERO, ADD, SEED  gradient bookkeeping; COPY  a run of floats (ZeRO's shard, see below)
  * Every buffer that lives only within a step is packed into one arena by the memory
  * planner; parameters, their gradients and the inputs are persistent. Nothing on the step
  * path allocates except the reshard executor's temporaries.
@@ -13,7 +13,16 @@
  * communication) and then materialising (the arena, parameter storage and values). The
  * shapes-only compile stops after planning and needs neither a rank context nor
  * communicators; the planner reads such programs.
+ *
+ * ZeRO is placements: each parameter has a use placement (what completion chose, pvalue.pl),
+ * a storage placement, a gradient placement and the optimizer state's, the last three sharded
+ * over dp by stage (ms_compile_opts.zero_stage). Storage differing from use (stage 3) makes
+ * every use a reshard (an all-gather over dp) into a step-lived buffer, again before the
+ * backward kernel; the gradient's sync to its placement is a reduce-scatter (stages 2, 3);
+ * the optimizer's shard differing from storage (stages 1, 2) adds a param-sync segment that
+ * gathers the updated shards after the optimizer ran.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +56,9 @@ typedef struct pvalue {
     bool has_grad;
     ms_placements gpl;
     int gbuf;
-    int param_grad_buf; /* params: the persistent gradient in pl */
+    int param_grad_buf; /* params: the persistent gradient in grad_pl */
+    /* params: storage, gradient and optimizer placements (all pl without ZeRO) */
+    ms_placements store_pl, grad_pl, opt_pl;
 } pvalue;
 
 typedef struct pnode {
@@ -57,9 +68,10 @@ typedef struct pnode {
     int in_buf[MS_OP_MAX_IN];
     int out_buf[MS_OP_MAX_OUT]; /* raw outputs in out_pl */
     int saved_buf[MS_OP_MAX_SAVED];
+    bool gathered[MS_OP_MAX_IN]; /* ZeRO 3: input i is a parameter gathered for this use */
 } pnode;
 
-typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED } ikind;
+typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED, I_COPY } ikind;
 
 typedef struct instr {
     ikind kind;
@@ -68,6 +80,9 @@ typedef struct instr {
     int src, dst;
     ms_placements from, to;
     int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
+    int in_buf[MS_OP_MAX_IN];    /* BWD: an input read from here, not the forward's (ZeRO 3) */
+    int64_t src_off;             /* COPY: floats into src */
+    bool gather;                 /* RESHARD: a ZeRO-3 parameter gathered for one use */
     const ms_reshard_plan *plan; /* RESHARD: from the program's plan cache */
     double coll_bytes;           /* RESHARD: predicted by the plan */
     double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
@@ -86,6 +101,9 @@ struct ms_program {
     ms_mesh own_mesh; /* shapes-only: the copy mesh points to */
     bool shapes_only;
     uint64_t seed;
+    ms_k_batch_window batch; /* ms_program_set_batch_window */
+    bool eval;               /* ms_program_set_dropout */
+    uint64_t draw;           /* dropout's key for the current step */
     bool member;
     pvalue *pv;
     pnode *pn;
@@ -95,10 +113,12 @@ struct ms_program {
     int ni, ci;
     int n_forward;  /* instructions [0, n_forward) are forward + loss report */
     int n_weight;   /* [n_forward, n_weight) backward (input gradients when split_w) */
-    int n_backward; /* [n_weight, n_backward) weight gradients (split_w), then gradient sync */
-    bool split_w;   /* ms_compile_opts.split_weight_grads */
-    int loss_buf;   /* the loss replicated, for reporting; -1 without a loss */
-    bool micro;     /* micro-batched (ms_compile_opts.micro_batched) */
+    int n_backward; /* [n_weight, n_backward) weight gradients (split_w) */
+    int n_sync;     /* [n_backward, n_sync) gradient sync, [n_sync, ni) parameter sync */
+    int zero_stage, zero_dim;
+    bool split_w; /* ms_compile_opts.split_weight_grads */
+    int loss_buf; /* the loss replicated, for reporting; -1 without a loss */
+    bool micro;   /* micro-batched (ms_compile_opts.micro_batched) */
     float loss_scale;
     int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
@@ -165,21 +185,22 @@ static instr *emit(ms_program *p, ikind kind, ms_program_phase phase) {
     in->kind = kind;
     in->node = in->value = in->src = in->dst = -1;
     for (int i = 0; i < MS_OP_MAX_OUT; i++) in->dout_buf[i] = -1;
-    for (int i = 0; i < MS_OP_MAX_IN; i++) in->din_buf[i] = -1;
+    for (int i = 0; i < MS_OP_MAX_IN; i++) in->din_buf[i] = in->in_buf[i] = -1;
     in->phase = phase;
     return in;
 }
 
-static const char *const phase_names[] = {"forward", "loss", "backward", "grad sync"};
+static const char *const phase_names[] = {"forward", "loss", "backward", "grad sync", "param sync"};
 _Static_assert(sizeof phase_names / sizeof *phase_names == MS_PROG_PHASE_COUNT, "a name per phase");
 
 const char *ms_program_phase_name(ms_program_phase ph) {
     return (unsigned)ph < MS_PROG_PHASE_COUNT ? phase_names[ph] : "?";
 }
 
-/* Reshards in these phases move a gradient, not the value itself. */
-static bool moves_grad(ms_program_phase ph) {
-    return ph == MS_PROG_BACKWARD || ph == MS_PROG_GRAD_SYNC;
+/* Reshards in the backward and the gradient sync move a gradient, not the value itself,
+ * except a ZeRO-3 parameter gathered for a backward kernel. */
+static bool moves_grad(const instr *in) {
+    return (in->phase == MS_PROG_BACKWARD || in->phase == MS_PROG_GRAD_SYNC) && !in->gather;
 }
 
 /* --- completion --------------------------------------------------------------------------- */
@@ -310,6 +331,38 @@ static ms_status complete(ms_program *p, const ms_compile_opts *opts, ms_error *
     return forward_completion(p, err);
 }
 
+/* --- ZeRO: placements over the data-parallel mesh dim --------------------------------------- */
+
+ms_placements ms_program_zero_pl(const ms_placements *pl, int dim, int tensor_ndim) {
+    ms_placements z = *pl;
+    if (dim < 0 || dim >= pl->n || tensor_ndim < 1 || pl->p[dim].kind != MS_PL_REPLICATE) return z;
+    int outer = 0; /* mesh dims already splitting dim 0: dp nests inside them all */
+    for (int m = 0; m < pl->n; m++)
+        outer += m != dim && pl->p[m].kind == MS_PL_SHARD && pl->p[m].dim == 0;
+    z.p[dim] = ms_pl_shard(0);
+    z.p[dim].order = (int8_t)outer;
+    return z;
+}
+
+/* Each parameter's storage, gradient and optimizer placements for the ZeRO stage. */
+static void zero_placements(ms_program *p) {
+    for (int v = 0; v < p->g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        if (p->g->v[v].kind != GV_PARAM) continue;
+        ms_placements z = p->zero_stage
+                              ? ms_program_zero_pl(&pv->pl, p->zero_dim, p->g->v[v].shape.ndim)
+                              : pv->pl;
+        pv->opt_pl = z;
+        pv->grad_pl = p->zero_stage >= 2 ? z : pv->pl;
+        pv->store_pl = p->zero_stage >= 3 ? z : pv->pl;
+    }
+}
+
+/* Where value v's buffer lies: a parameter's storage, or the value's placement. */
+static const ms_placements *held_pl(const ms_program *p, int v) {
+    return p->g->v[v].kind == GV_PARAM ? &p->pv[v].store_pl : &p->pv[v].pl;
+}
+
 /* --- building the instruction list ----------------------------------------------------------- */
 
 /* The local shapes a kernel sees, for sizing saved buffers before any data exists. */
@@ -360,24 +413,111 @@ static void emit_reshard(ms_program *p, int value, int src, int dst, const ms_pl
         in->coll_bytes += in->plan->steps[k].coll_bytes;
 }
 
+/* --- ZeRO 3's gather order and ZeRO 1 and 2's parameter sync ------------------------------- */
+
+/* The layer a parameter belongs to, by name: the prefix up to its first numeric component
+ * ("h.3." of "h.3.mlp.c_fc.weight"); empty outside the layers (embeddings, final norm). */
+static size_t layer_prefix(const char *name) {
+    for (const char *s = name, *e; (e = strchr(s, '.')) != NULL; s = e + 1) {
+        bool num = e > s;
+        for (const char *c = s; c < e; c++) num &= isdigit((unsigned char)*c) != 0;
+        if (num) return (size_t)(e + 1 - name);
+    }
+    return 0;
+}
+
+static bool same_layer(const char *a, const char *b) {
+    size_t n = layer_prefix(a);
+    return n == layer_prefix(b) && !strncmp(a, b, n);
+}
+
+typedef struct placed {
+    int anchor, at; /* where an instruction goes (an instruction index), where it was */
+} placed;
+
+static int cmp_placed(const void *x, const void *y) {
+    const placed *a = x, *b = y;
+    if (a->anchor != b->anchor) return a->anchor < b->anchor ? -1 : 1;
+    return a->at < b->at ? -1 : a->at > b->at;
+}
+
+/* Prefetch order over instructions [lo, hi): a layer's parameter gathers move to where the
+ * previous layer's first gather was, so the next layer's parameters are on their way while
+ * this one computes, and each gathered copy lives about two layers. The gathers still block
+ * today; they overlap compute once the communicators run them without blocking (the
+ * non-blocking collectives to come), for which this order is already right. */
+static void prefetch_gathers(ms_program *p, int lo, int hi) {
+    int n = hi - lo, first = -1, prev = -1;
+    const char *layer = NULL;
+    bool moved = false;
+    placed *o = xmalloc(sizeof *o * (size_t)(n + 1));
+    for (int k = lo; k < hi; k++) {
+        o[k - lo] = (placed){k, k};
+        if (!p->ins[k].gather) continue;
+        const char *name = p->g->v[p->ins[k].value].name;
+        if (!layer || !same_layer(name, layer)) prev = first, first = k, layer = name;
+        if (prev >= 0) o[k - lo].anchor = prev, moved = true;
+    }
+    if (moved) {
+        qsort(o, (size_t)n, sizeof *o, cmp_placed);
+        instr *tmp = xmalloc(sizeof *tmp * (size_t)n);
+        for (int i = 0; i < n; i++) tmp[i] = p->ins[o[i].at];
+        memcpy(p->ins + lo, tmp, sizeof *tmp * (size_t)n);
+        free(tmp);
+    }
+    free(o);
+}
+
+/* Floats from the start of the rank's box under placements a to the start of its box under
+ * b, a sub-box of rows (dim 0), as ZeRO's shards are. */
+static int64_t rows_offset(const ms_program *p, const ms_shape *g, const ms_placements *a,
+                           const ms_placements *b) {
+    int64_t sa[MS_MAX_DIMS], la[MS_MAX_DIMS], sb[MS_MAX_DIMS], lb[MS_MAX_DIMS], row = 1;
+    if (g->ndim == 0) return 0;
+    ms_local_box(a, p->mesh, p->coords, g->ndim, g->d, sa, la);
+    ms_local_box(b, p->mesh, p->coords, g->ndim, g->d, sb, lb);
+    for (int d = 1; d < g->ndim; d++) row *= la[d];
+    return (sb[0] - sa[0]) * row;
+}
+
+/* ZeRO 1 and 2: the optimizer updated its shard of each stored parameter; the shard is copied
+ * out (a gather must not read what it writes) and all-gathered back over dp. */
+static void build_param_sync(ms_program *p) {
+    for (int v = 0; v < p->g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        const ms_shape *gs = &p->g->v[v].shape;
+        if (p->g->v[v].kind != GV_PARAM || ms_placements_eq(&pv->opt_pl, &pv->store_pl)) continue;
+        int shard = new_buf(p, gs, &pv->opt_pl, false);
+        instr *cp = emit(p, I_COPY, MS_PROG_PARAM_SYNC);
+        cp->src = pv->buf;
+        cp->dst = shard;
+        cp->src_off = rows_offset(p, gs, &pv->store_pl, &pv->opt_pl);
+        emit_reshard(p, v, shard, pv->buf, &pv->opt_pl, &pv->store_pl, MS_PROG_PARAM_SYNC);
+    }
+}
+
 static void build_forward(ms_program *p) {
     ms_graph *g = p->g;
     /* Parameters persist; inputs too, except micro-batched, where each slot has its own. */
     for (int v = 0; v < g->nv; v++)
         if (g->v[v].kind != GV_ACT)
             p->pv[v].buf =
-                new_buf(p, &g->v[v].shape, &p->pv[v].pl, g->v[v].kind == GV_PARAM || !p->micro);
+                new_buf(p, &g->v[v].shape, held_pl(p, v), g->v[v].kind == GV_PARAM || !p->micro);
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
         for (int i = 0; i < nd->n_in; i++) {
             pvalue *iv = &p->pv[nd->in[i]];
-            if (ms_placements_eq(&iv->pl, &pn->req_in[i])) {
+            const ms_placements *held = held_pl(p, nd->in[i]);
+            if (ms_placements_eq(held, &pn->req_in[i])) {
                 pn->in_buf[i] = iv->buf;
             } else {
                 pn->in_buf[i] = new_buf(p, &g->v[nd->in[i]].shape, &pn->req_in[i], false);
-                emit_reshard(p, nd->in[i], iv->buf, pn->in_buf[i], &iv->pl, &pn->req_in[i],
+                emit_reshard(p, nd->in[i], iv->buf, pn->in_buf[i], held, &pn->req_in[i],
                              MS_PROG_FORWARD);
+                /* a ZeRO-3 parameter: gathered for this use only, again for the backward */
+                pn->gathered[i] = !ms_placements_eq(held, &iv->pl);
+                p->ins[p->ni - 1].gather = pn->gathered[i];
             }
         }
         ms_op_call call;
@@ -412,6 +552,7 @@ static void build_forward(ms_program *p) {
         p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
         emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, MS_PROG_LOSS);
     }
+    prefetch_gathers(p, 0, p->ni);
     p->n_forward = p->ni;
 }
 
@@ -431,7 +572,7 @@ static int grad_target(ms_program *p, int v, const ms_placements *pl) {
     bool param = p->g->v[v].kind == GV_PARAM;
     pv->has_grad = true;
     pv->gpl = *pl;
-    if (param && ms_placements_eq(pl, &pv->pl))
+    if (param && ms_placements_eq(pl, &pv->grad_pl))
         pv->gbuf = pv->param_grad_buf;
     else
         pv->gbuf = new_buf(p, &p->g->v[v].shape, pl, param && p->micro);
@@ -453,12 +594,23 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
     gnode *nd = &p->g->n[k];
     pnode *pn = &p->pn[k];
     const int md = p->mesh->ndim;
-    for (int i = 0; i < nd->n_in; i++)
+    int again[MS_OP_MAX_IN];
+    for (int i = 0; i < MS_OP_MAX_IN; i++) again[i] = -1;
+    for (int i = 0; i < nd->n_in; i++) {
         if (pending[i] >= 0) emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = pending[i];
+        if (!pn->gathered[i]) continue;
+        /* ZeRO 3: the forward's gathered copy is gone; gather the parameter again */
+        int v = nd->in[i];
+        again[i] = new_buf(p, &p->g->v[v].shape, &pn->req_in[i], false);
+        emit_reshard(p, v, p->pv[v].buf, again[i], &p->pv[v].store_pl, &pn->req_in[i],
+                     MS_PROG_BACKWARD);
+        p->ins[p->ni - 1].gather = true;
+    }
     instr *in = emit(p, I_BWD, MS_PROG_BACKWARD);
     in->node = k;
     memcpy(in->dout_buf, dout, sizeof in->dout_buf);
     memcpy(in->din_buf, din, sizeof in->din_buf);
+    memcpy(in->in_buf, again, sizeof in->in_buf);
     for (int i = 0; i < nd->n_in; i++) {
         if (pending[i] < 0) continue;
         pvalue *iv = &p->pv[nd->in[i]];
@@ -478,7 +630,7 @@ static void build_backward(ms_program *p) {
         gvalue *gv = &g->v[v];
         p->pv[v].requires_grad = gv->kind == GV_PARAM || gv->grad_input;
         if (gv->kind == GV_PARAM)
-            p->pv[v].param_grad_buf = new_buf(p, &gv->shape, &p->pv[v].pl, true);
+            p->pv[v].param_grad_buf = new_buf(p, &gv->shape, &p->pv[v].grad_pl, true);
     }
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
@@ -573,19 +725,25 @@ static void build_backward(ms_program *p) {
         else
             emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = p->in_grad_buf[v];
     }
+    prefetch_gathers(p, p->n_forward, p->ni);
     p->n_weight = p->ni;
     for (int i = 0; i < ndw; i++) emit_bwd(p, dw[i].node, dw[i].dout, dw[i].din, dw[i].pending);
     free(dw);
+    prefetch_gathers(p, p->n_weight, p->ni);
     p->n_backward = p->ni;
-    /* Gradients into the parameters' placements (data-parallel all-reduce and the like). */
+    /* Gradients into the parameters' gradient placements (the data-parallel all-reduce, or
+     * ZeRO's reduce-scatter). */
     for (int v = 0; v < g->nv; v++) {
         pvalue *pv = &p->pv[v];
         if (g->v[v].kind != GV_PARAM) continue;
         if (!pv->has_grad)
             emit(p, I_ZERO, MS_PROG_GRAD_SYNC)->dst = pv->param_grad_buf;
         else if (pv->gbuf != pv->param_grad_buf)
-            emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->pl, MS_PROG_GRAD_SYNC);
+            emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->grad_pl,
+                         MS_PROG_GRAD_SYNC);
     }
+    p->n_sync = p->ni;
+    build_param_sync(p);
 }
 
 /* --- memory plan ---------------------------------------------------------------------------- */
@@ -632,7 +790,8 @@ static void layout_memory(ms_program *p) {
         if (in->node >= 0) {
             pnode *pn = &p->pn[in->node];
             gnode *nd = &p->g->n[in->node];
-            for (int i = 0; i < nd->n_in; i++) touch(p, pn->in_buf[i], k);
+            for (int i = 0; i < nd->n_in; i++)
+                touch(p, in->in_buf[i] >= 0 ? in->in_buf[i] : pn->in_buf[i], k);
             for (int o = 0; o < nd->n_out; o++) touch(p, pn->out_buf[o], k);
             for (int s = 0; s < MS_OP_MAX_SAVED; s++) touch(p, pn->saved_buf[s], k);
             for (int o = 0; o < MS_OP_MAX_OUT; o++) touch(p, in->dout_buf[o], k);
@@ -835,7 +994,8 @@ static ms_status init_params(ms_program *p, ms_error *err) {
             continue;
         }
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
-        ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
+        ms_local_box(&p->pv[v].store_pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start,
+                     len);
         MS_CHECK(ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start,
                                        0.0f, gv->init.value, err));
     }
@@ -875,7 +1035,10 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->out_grad_buf = -1;
     p->in_grad_buf = xmalloc(sizeof(int) * (size_t)g->nv);
     for (int v = 0; v < g->nv; v++) p->in_grad_buf[v] = -1;
+    p->zero_stage = opts ? opts->zero_stage : 0;
+    p->zero_dim = opts ? opts->zero_dim : -1;
     MS_CHECK(complete(p, opts, err));
+    zero_placements(p);
     build_forward(p);
     build_backward(p);
     if (opts && opts->bucket_mb > 0 && !p->shapes_only) plan_grad_buckets(p, opts);
@@ -899,7 +1062,7 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     p->mesh = &mesh->mesh;
     memcpy(p->coords, mesh->coords, sizeof p->coords);
     p->plans = mesh->ctx->plans;
-    p->seed = opts ? opts->seed : 0;
+    p->seed = p->draw = opts ? opts->seed : 0;
     p->member = ms_dmesh_is_member(mesh);
     p->loss_buf = -1;
     *out = p;
@@ -928,7 +1091,7 @@ ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int 
     ms_program *p = xcalloc(1, sizeof *p);
     p->g = g;
     p->shapes_only = true;
-    p->seed = opts ? opts->seed : 0;
+    p->seed = p->draw = opts ? opts->seed : 0;
     p->member = true;
     p->loss_buf = -1;
     ms_status st;
@@ -1004,12 +1167,14 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     call->n_in = nd->n_in;
     call->n_out = nd->n_out;
     call->mesh = p->dm;
-    call->seed = p->seed;
+    call->seed = p->draw;
+    call->batch = p->batch;
+    call->eval = p->eval;
     call->in_pl = pn->req_in;
     call->out_pl = pn->out_pl;
     for (int i = 0; i < nd->n_in; i++) {
         gin[i] = p->g->v[nd->in[i]].shape;
-        call->in[i] = &p->bufs[pn->in_buf[i]].t;
+        call->in[i] = &p->bufs[in->in_buf[i] >= 0 ? in->in_buf[i] : pn->in_buf[i]].t;
         int64_t len[MS_MAX_DIMS];
         ms_local_box(&pn->req_in[i], p->mesh, p->coords, gin[i].ndim, gin[i].d, call->in_start[i],
                      len);
@@ -1050,8 +1215,8 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
         e.phase = in->phase == MS_PROG_FORWARD    ? MS_PHASE_FORWARD
                   : in->phase == MS_PROG_BACKWARD ? MS_PHASE_BACKWARD
                                                   : MS_PHASE_OTHER;
-        ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor,
-                     moves_grad(in->phase) ? "grad:" : NULL, p->g->v[in->value].name);
+        ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor, moves_grad(in) ? "grad:" : NULL,
+                     p->g->v[in->value].name);
         ms_placements_str(&in->from, e.u.reshard.from, sizeof e.u.reshard.from);
         ms_placements_str(&in->to, e.u.reshard.to, sizeof e.u.reshard.to);
         e.u.reshard.bytes = (uint64_t)in->coll_bytes;
@@ -1095,6 +1260,10 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
                 for (int64_t i = 0; i < p->bufs[in->dst].nfloats; i++)
                     p->bufs[in->dst].ptr[i] = p->loss_scale;
                 break;
+            case I_COPY:
+                memcpy(p->bufs[in->dst].ptr, p->bufs[in->src].ptr + in->src_off,
+                       sizeof(float) * (size_t)p->bufs[in->dst].nfloats);
+                break;
             case I_ADD: {
                 buf *s = &p->bufs[in->src], *d = &p->bufs[in->dst];
                 ms_k_add_backward(d->ptr, NULL, s->ptr, d->nfloats); /* d += s */
@@ -1124,7 +1293,7 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
 
 ms_status ms_program_step(ms_program *p, float *loss, ms_error *err) {
     if (p->member && p->micro) ms_program_zero_grads(p);
-    return run(p, 0, p->ni, loss, err);
+    return run(p, 0, p->n_sync, loss, err);
 }
 
 ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err) {
@@ -1144,7 +1313,11 @@ ms_status ms_program_backward_weight(ms_program *p, ms_error *err) {
 }
 
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {
-    return run(p, p->n_backward, p->ni, NULL, err);
+    return run(p, p->n_backward, p->n_sync, NULL, err);
+}
+
+ms_status ms_program_param_sync(ms_program *p, ms_error *err) {
+    return run(p, p->n_sync, p->ni, NULL, err);
 }
 
 void ms_program_zero_grads(ms_program *p) {
@@ -1160,6 +1333,17 @@ void ms_program_zero_grads(ms_program *p) {
             ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
         }
     }
+}
+
+void ms_program_set_dropout(ms_program *p, bool training, uint64_t step) {
+    p->eval = !training;
+    /* Any distinct Philox key draws an independent stream; the golden-ratio step keeps keys of
+     * nearby seeds and steps apart. */
+    p->draw = p->seed + 0x9E3779B97F4A7C15ull * step;
+}
+
+void ms_program_set_batch_window(ms_program *p, int64_t rows, int64_t stride, int64_t offset) {
+    p->batch = (ms_k_batch_window){.rows = rows, .stride = stride, .offset = offset};
 }
 
 size_t ms_program_arena_bytes(const ms_program *p) {
@@ -1222,12 +1406,18 @@ ms_status ms_program_param(ms_program *p, int i, ms_param_view *out) {
     out->name = p->g->v[v].name;
     out->value = v;
     out->gshape = p->g->v[v].shape;
-    out->pl = pv->pl;
+    out->pl = pv->store_pl;
     out->data = p->bufs[pv->buf].t;
     out->grad = p->bufs[pv->param_grad_buf].t;
+    out->grad_pl = pv->grad_pl;
+    out->opt_pl = pv->opt_pl;
+    local_shape(p, &out->gshape, &pv->opt_pl, &out->opt_shape);
+    out->opt_n = shape_n(&out->opt_shape);
+    out->data_off = rows_offset(p, &out->gshape, &pv->store_pl, &pv->opt_pl);
+    out->grad_off = rows_offset(p, &out->gshape, &pv->grad_pl, &pv->opt_pl);
     out->owner = true;
-    for (int m = 0; m < pv->pl.n; m++)
-        if (pv->pl.p[m].kind != MS_PL_SHARD && p->coords[m] != 0) out->owner = false;
+    for (int m = 0; m < pv->grad_pl.n; m++)
+        if (pv->grad_pl.p[m].kind != MS_PL_SHARD && p->coords[m] != 0) out->owner = false;
     return MS_OK;
 }
 
@@ -1262,8 +1452,8 @@ void ms_program_explain(const ms_program *p, FILE *f) {
         if (in->kind != I_RESHARD) continue;
         char a[128], b[128], by[32];
         human(in->coll_bytes, by, sizeof by);
-        const char *what = moves_grad(in->phase) ? "grad of " : "";
-        fprintf(f, "  %-9s %s%-36s %-16s -> %-16s %s\n", ms_program_phase_name(in->phase), what,
+        const char *what = moves_grad(in) ? "grad of " : "";
+        fprintf(f, "  %-10s %s%-36s %-16s -> %-16s %s\n", ms_program_phase_name(in->phase), what,
                 g->v[in->value].name, ms_placements_str(&in->from, a, sizeof a),
                 ms_placements_str(&in->to, b, sizeof b), by);
         total += in->coll_bytes;
@@ -1312,7 +1502,7 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     const gvalue *gv = &p->g->v[v];
     buf *b = &p->bufs[p->pv[v].buf];
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
-    ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
+    ms_local_box(held_pl(p, v), p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
     if (gv->shape.ndim == 0)
         b->ptr[0] = full[0];
     else
@@ -1384,6 +1574,7 @@ ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out) {
                              .from = in->from,
                              .to = in->to,
                              .plan = in->plan,
-                             .coll_bytes = in->coll_bytes};
+                             .coll_bytes = in->coll_bytes,
+                             .param_gather = in->gather};
     return MS_OK;
 }

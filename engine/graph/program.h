@@ -25,14 +25,16 @@
 
 /* Where an instruction sits in the step. */
 typedef enum ms_program_phase {
-    MS_PROG_FORWARD,   /* forward kernels and the reshards around them */
-    MS_PROG_LOSS,      /* the loss made replicated, for reporting */
-    MS_PROG_BACKWARD,  /* backward kernels and the gradient reshards between them */
-    MS_PROG_GRAD_SYNC, /* gradients into their parameters' placements (dp all-reduce) */
+    MS_PROG_FORWARD,    /* forward kernels and the reshards around them */
+    MS_PROG_LOSS,       /* the loss made replicated, for reporting */
+    MS_PROG_BACKWARD,   /* backward kernels, the gradient reshards between them (and ZeRO 3's
+                         * gathers of the parameters they read) */
+    MS_PROG_GRAD_SYNC,  /* gradients into their placements (dp all-reduce, ZeRO reduce-scatter) */
+    MS_PROG_PARAM_SYNC, /* after the optimizer: ZeRO 1 and 2 gather the updated shards */
     MS_PROG_PHASE_COUNT
 } ms_program_phase;
 
-/* "forward", "loss", "backward", "grad sync". */
+/* "forward", "loss", "backward", "grad sync", "param sync". */
 const char *ms_program_phase_name(ms_program_phase ph);
 
 /* Compiles g for the rank at `coords` of `mesh` (NULL: coordinate 0 in every dim, the rank
@@ -73,9 +75,14 @@ typedef struct ms_reshard_info {
     ms_placements from, to;
     const ms_reshard_plan *plan; /* the steps the executor runs, with their bytes */
     double coll_bytes;           /* this rank's collective bytes: the plan's steps summed */
+    bool param_gather;           /* ZeRO 3: a parameter gathered for one use (not a gradient) */
 } ms_reshard_info;
 
 int ms_program_num_reshards(const ms_program *p);
+
+/* ZeRO's placement of pl over mesh dim `dim`: that dim's R becomes S(0), nested innermost; pl
+ * itself when the dim does not replicate (nothing to shard) or the tensor is a scalar. */
+ms_placements ms_program_zero_pl(const ms_placements *pl, int dim, int tensor_ndim);
 /* MS_ERR_INVALID when i is out of range. */
 ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out);
 

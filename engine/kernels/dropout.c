@@ -11,8 +11,14 @@
 
 /* Walks the local box row by row (a row = the innermost dim, contiguous both locally and in
  * the global index space) and applies y = keep ? x * scale : 0, accumulating into y if acc. */
+int64_t ms_k_batch_row(const ms_k_batch_window *w, int64_t r) {
+    if (!w || w->rows <= 0) return r;
+    return (r / w->rows) * w->stride + w->offset + r % w->rows;
+}
+
 static void apply(float *y, const float *x, bool acc, float p, uint64_t seed, uint64_t stream,
-                  int ndim, const int64_t *lshape, const int64_t *gstart, const int64_t *gshape) {
+                  int ndim, const int64_t *lshape, const int64_t *gstart, const int64_t *gshape,
+                  const ms_k_batch_window *w) {
     const bool none = p >= 1.0f;
     const float scale = none ? 0.0f : 1.0f / (1.0f - p);
     if (ndim == 0) {
@@ -31,8 +37,10 @@ static void apply(float *y, const float *x, bool acc, float p, uint64_t seed, ui
     int64_t idx[MS_MAX_DIMS] = {0}; /* local index of the current row, dims [0, ndim-1) */
     for (int64_t r = 0; r < rows; r++) {
         uint64_t g = (uint64_t)(gstart ? gstart[ndim - 1] : 0);
-        for (int d = 0; d < ndim - 1; d++)
-            g += (uint64_t)((idx[d] + (gstart ? gstart[d] : 0)) * gstride[d]);
+        for (int d = 0; d < ndim - 1; d++) {
+            int64_t at = idx[d] + (gstart ? gstart[d] : 0);
+            g += (uint64_t)((d == 0 ? ms_k_batch_row(w, at) : at) * gstride[d]);
+        }
         float *yr = y + r * len;
         const float *xr = x + r * len;
         for (int64_t j = 0; j < len; j++) {
@@ -49,14 +57,14 @@ static void apply(float *y, const float *x, bool acc, float p, uint64_t seed, ui
 
 void ms_k_dropout_forward(float *out, const float *inp, float p, uint64_t seed, uint64_t stream,
                           int ndim, const int64_t *lshape, const int64_t *gstart,
-                          const int64_t *gshape) {
-    apply(out, inp, false, p, seed, stream, ndim, lshape, gstart, gshape);
+                          const int64_t *gshape, const ms_k_batch_window *w) {
+    apply(out, inp, false, p, seed, stream, ndim, lshape, gstart, gshape, w);
 }
 
 void ms_k_dropout_backward(float *dinp, const float *dout, float p, uint64_t seed, uint64_t stream,
                            int ndim, const int64_t *lshape, const int64_t *gstart,
-                           const int64_t *gshape) {
-    apply(dinp, dout, true, p, seed, stream, ndim, lshape, gstart, gshape);
+                           const int64_t *gshape, const ms_k_batch_window *w) {
+    apply(dinp, dout, true, p, seed, stream, ndim, lshape, gstart, gshape, w);
 }
 
 ms_k_cost ms_k_dropout_cost(int64_t n, bool backward) {

@@ -264,14 +264,24 @@ ms_k_cost ms_k_reduce_cost(int64_t o, int64_t d, int64_t i, bool mean, bool back
  * at gstart in a global tensor of shape gshape, so every sharding draws the same mask as the
  * whole tensor. The mask is recomputed in backward rather than stored. p >= 1 drops everything.
  * gstart NULL means all zeros; gshape NULL means lshape (the buffer is the whole tensor).
+ * With a batch window w (NULL: none) and ndim >= 2, dim 0 is the batch and the global tensor is one
+ * micro-batch of a larger batch: its row r is row ms_k_batch_row(w, r) of the step's batch,
+ * and the mask is that row's, so splitting a batch into micro-batches keeps every mask.
  * out, inp: [lshape]; out may alias inp.   lshape, gstart, gshape: [ndim] */
+typedef struct ms_k_batch_window {
+    int64_t rows;   /* rows per data-parallel replica in the micro-batch (0: no window) */
+    int64_t stride; /* rows per replica in the step's batch */
+    int64_t offset; /* the micro-batch's first row within each replica's rows */
+} ms_k_batch_window;
+/* (r / rows) * stride + offset + r % rows; r itself without a window. */
+int64_t ms_k_batch_row(const ms_k_batch_window *w, int64_t r);
 void ms_k_dropout_forward(float *out, const float *inp, float p, uint64_t seed, uint64_t stream,
                           int ndim, const int64_t *lshape, const int64_t *gstart,
-                          const int64_t *gshape);
+                          const int64_t *gshape, const ms_k_batch_window *w);
 /* dinp += mask * dout / (1 - p), same mask as the forward with the same arguments. */
 void ms_k_dropout_backward(float *dinp, const float *dout, float p, uint64_t seed, uint64_t stream,
                            int ndim, const int64_t *lshape, const int64_t *gstart,
-                           const int64_t *gshape);
+                           const int64_t *gshape, const ms_k_batch_window *w);
 ms_k_cost ms_k_dropout_cost(int64_t n, bool backward);
 
 /* ---- shape copies (shape.c) --------------------------------------------------------------- */

@@ -201,9 +201,10 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
                  .C = cfg->n_embd,
                  .H = cfg->n_head,
                  .V = cfg->vocab_size};
-    /* Dropout streams are numbered model-wide (embedding, then two per layer), so a chunk's
-     * masks are the whole model's. */
-    b.stream = (cfg->embd_pdrop > 0 ? 1 : 0) + (cfg->resid_pdrop > 0 ? 2 : 0) * ch->layer_lo;
+    /* Dropout streams are numbered model-wide (the embedding's, then two per layer), so a
+     * chunk's masks are the whole model's. The first chunk numbers its embedding's itself. */
+    if (!ch->first)
+        b.stream = (cfg->embd_pdrop > 0 ? 1 : 0) + (cfg->resid_pdrop > 0 ? 2 : 0) * ch->layer_lo;
     if (cfg->model_type == MS_MODEL_BERT) out->mlm_per_row = (int)ceil(0.15 * T);
     int wte = ch->first || ch->last ? word_embedding(&b) : -1;
     int x;

@@ -65,7 +65,7 @@ const char *ms_schedule_name(ms_schedule s);   /* "1f1b", "gpipe", "interleaved"
 
 typedef struct ms_strategy {
     int32_t dp, tp, pp, cp; /* mesh degrees, each >= 1; cp > 1 adds the engine's third dim */
-    int32_t zero;           /* ZeRO stage 0-3 over the dp x cp group */
+    int32_t zero;           /* ZeRO stage 0-3 over the dp group (cp ranks keep whole copies) */
     int32_t micro_batches;  /* micro-batches per step; 0: global batch / (dp x micro_batch) */
     int32_t micro_batch;    /* sequences per micro-batch on one dp rank; 0: from micro_batches */
     int32_t virtual_stages; /* model chunks per pipeline rank (interleaved schedule); 1: none */
@@ -75,7 +75,7 @@ typedef struct ms_strategy {
     uint8_t schedule;       /* ms_schedule */
     bool sp;                /* sequence parallelism over the tp group */
     bool vocab_replicated;  /* the tied embedding / LM head replicated over tp (default: sharded) */
-    uint16_t pp_layers[MS_STRATEGY_MAX_STAGES]; /* layers per stage; all 0: pp divides evenly */
+    uint16_t pp_layers[MS_STRATEGY_MAX_STAGES]; /* layers per stage; all 0: balanced by cost */
 } ms_strategy;
 
 /* Checks the mesh degrees of a run (flags, strategy files, live switches): each at least 1,
@@ -159,7 +159,8 @@ ms_status ms_strategy_load(const char *path, ms_strategy *s, ms_placement_rules 
 /* --- annotating a model ---------------------------------------------------------------------- */
 
 /* The mesh "dp=D,tp=T" (",cp=C" when cp > 1) over world ranks 0..ranks-1 (what the engine
- * runs: pp is not a mesh dim here). */
+ * runs: pp is not a mesh dim here). dp is its first dim, the one ZeRO shards over. */
+#define MS_STRATEGY_DP_DIM 0
 ms_status ms_strategy_mesh(const ms_strategy *s, ms_mesh *out, ms_error *err);
 
 /* What ms_strategy_shard reads through its user pointer; both borrowed. */

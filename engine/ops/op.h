@@ -86,7 +86,9 @@ typedef struct ms_op_call {
     /* backward only: gradients of outputs (read) and inputs (accumulated; NULL = not wanted) */
     ms_tensor *dout[MS_OP_MAX_OUT];
     ms_tensor *din[MS_OP_MAX_IN];
-    uint64_t seed; /* run seed, for dropout */
+    uint64_t seed;           /* dropout's key: the run seed and the training step */
+    ms_k_batch_window batch; /* where the program's rows sit in the step's batch (dropout) */
+    bool eval;               /* evaluation: dropout passes values through */
 } ms_op_call;
 
 typedef struct ms_op_def {

@@ -396,15 +396,26 @@ static int dropout_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
 static ms_status dropout_forward(ms_op_call *c, ms_error *e) {
     (void)e;
     const ms_tensor *x = c->in[0];
+    if (c->eval) {
+        if (F(c->out[0]) != F(x)) memcpy(F(c->out[0]), F(x), sizeof(float) * (size_t)N(x));
+        return MS_OK;
+    }
     ms_k_dropout_forward(F(c->out[0]), F(x), c->attrs->f[0], c->seed, (uint64_t)c->attrs->i[0],
-                         x->ndim, x->shape, c->in_start[0], c->gin[0].d);
+                         x->ndim, x->shape, c->in_start[0], c->gin[0].d, &c->batch);
     return MS_OK;
 }
 static ms_status dropout_backward(ms_op_call *c, ms_error *e) {
     (void)e;
     const ms_tensor *x = c->in[0];
+    if (c->eval) {
+        float *dx = F(c->din[0]);
+        const float *dy = F(c->dout[0]);
+        for (int64_t i = 0; i < N(x); i++) dx[i] += dy[i];
+        return MS_OK;
+    }
     ms_k_dropout_backward(F(c->din[0]), F(c->dout[0]), c->attrs->f[0], c->seed,
-                          (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d);
+                          (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
+                          &c->batch);
     return MS_OK;
 }
 static ms_k_cost dropout_cost(const ms_op_call *c, bool bw) {

@@ -138,10 +138,10 @@ static void run_job(const job *j, worker_mem *w) {
             ms_k_embedding_backward(w->e, w->ids, w->c, N, C, 0, C);
             break;
         case J_DROP_F:
-            ms_k_dropout_forward(w->c, w->a, 0.1f, 7, 1, 1, &n, NULL, NULL);
+            ms_k_dropout_forward(w->c, w->a, 0.1f, 7, 1, 1, &n, NULL, NULL, NULL);
             break;
         case J_DROP_B:
-            ms_k_dropout_backward(w->e, w->c, 0.1f, 7, 1, 1, &n, NULL, NULL);
+            ms_k_dropout_backward(w->e, w->c, 0.1f, 7, 1, 1, &n, NULL, NULL, NULL);
             break;
         case J_ADAMW: {
             ms_adamw_opts o = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};

@@ -372,7 +372,7 @@ static void analytic_state(const analytic *z) {
            wpe = (double)pb->model.n_positions * z->h;
     double first = z->L * lp + wte + wpe, last = z->L * lp + 2.0 * z->h + (z->p > 1 ? wte : 0);
     double psi = first > last ? first : last;
-    int nd = s->dp * s->cp;
+    int nd = s->dp * s->cp, nz = s->dp; /* gradients reduce over dp x cp; ZeRO shards over dp */
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
     double m = z->n_micro;
     if (nd > 1) {
@@ -398,10 +398,10 @@ static void analytic_state(const analytic *z) {
     if (z->p > 1) /* the tied embedding's gradient between the first and the last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);
-    ms_plan_zero_memory(psi, nd, s->zero, pb->dtype, &w->mem_params, &w->mem_grads, &w->mem_optim);
-    w->opt_elems = s->zero >= 1 ? psi / nd : psi;
-    w->norm_elems = s->zero >= 2 ? psi / nd : psi;
-    w->zero_bytes = (s->zero >= 2 ? psi / nd : psi) * gb;
+    ms_plan_zero_memory(psi, nz, s->zero, pb->dtype, &w->mem_params, &w->mem_grads, &w->mem_optim);
+    w->opt_elems = s->zero >= 1 ? psi / nz : psi;
+    w->norm_elems = s->zero >= 2 ? psi / nz : psi;
+    w->zero_bytes = (s->zero >= 2 ? psi / nz : psi) * gb;
 }
 
 /* Activations in flight on the first (or, when larger, the last) stage. */
@@ -604,6 +604,16 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
         double frac =
             bubble_fraction(pb->memo, s, n_micro, f * t_mb, (1 - f - wg) * t_mb, wg * t_mb);
         out->bubble_s = m * t_mb * frac / (1 - frac);
+        /* Thread ranks that share cores (cpu-local, share = ranks / cores > 1) run at 1/share
+         * of a core while all are busy; a rank idle in its bubble hands its core to the busy
+         * ones, which then run faster. The step is then the longer of the CPU work spread
+         * over all cores (every rank's m micro-batches at the shared speed) and the schedule's
+         * critical path at full speed (busy time and bubble, each 1/share as long). */
+        double share = ms_cluster_share(c, pb->devices);
+        if (share > 1) {
+            double busy = m * t_mb, path = (busy + out->bubble_s) / share;
+            out->bubble_s = path > busy ? path - busy : 0;
+        }
     }
     double exposed_grad = 0;
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) {

@@ -21,18 +21,20 @@
  *                data-parallel gradient traffic, minus the share
  *                the cluster's schedule hides behind backward (none in this engine); then the
  *                optimizer, the gradient norm and a fixed step overhead
- *   memory       ZeRO formulas for parameters, gradients and optimizer states; activations
- *                per layer after Korthikanti et al. 2022 (tp / sp / cp divided, full
- *                recompute keeps only layer inputs, selective drops the attention scores and
- *                recomputes attention), times the micro-batches in flight (pp under 1F1B,
- *                all of them under GPipe); gradient buckets are not modelled
+ *   memory       ZeRO formulas (sharding over dp) for parameters, gradients and optimizer
+ *                states; activations per layer after Korthikanti et al. 2022 (tp / sp / cp
+ *                divided, full recompute keeps only layer inputs, selective drops the
+ *                attention scores and recomputes attention), times the micro-batches in
+ *                flight (pp under 1F1B, all of them under GPipe); gradient buckets are not
+ *                modelled
  *
  * Two workload sources, one pricing:
- *   engine     strategies this engine runs (pp 1, ZeRO 0, no recompute, one micro-batch, on
- *              thread ranks): the engine's own program is compiled (no communicators: the rank
- *              at mesh coordinate 0), every kernel is costed with its op's cost function, the
- *              same one the profiler reports, and every reshard with the reshard planner's
- *              plan; memory is the program's arena and parameters plus AdamW's two moments.
+ *   engine     strategies this engine runs (any pp and micro-batches, ZeRO 0-3, no recompute,
+ *              fp32, on thread ranks): the engine's own program is compiled (no communicators:
+ *              the rank at mesh coordinate 0), every kernel is costed with its op's cost
+ *              function, the same one the profiler reports, and every reshard with the reshard
+ *              planner's plan; memory is the program's arena, parameters and gradients as it
+ *              stores them, plus AdamW's two moments over the optimizer's shards (ZeRO).
  *   analytic   everything else, and every model too large to compile here (GPT-3 175B): the
  *              same kernels per layer in closed form (the kernels' own cost functions over the
  *              Megatron-LM layout), so both sources agree where both apply (tested).

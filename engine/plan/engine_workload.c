@@ -131,7 +131,8 @@ static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, con
         if (ms_program_reshard(prog, i, &ri) != MS_OK)
             return ms_fail(err, MS_ERR_INTERNAL, "planner: reshard %d of the program has no plan",
                            i);
-        bool grad = ri.phase == MS_PROG_GRAD_SYNC;
+        /* once per step: the gradient sync, and ZeRO 1 and 2's gather after the optimizer */
+        bool grad = ri.phase == MS_PROG_GRAD_SYNC || ri.phase == MS_PROG_PARAM_SYNC;
         for (int s = 0; s < ri.plan->nsteps; s++) {
             const ms_rstep *rs = &ri.plan->steps[s];
             ms_coll_kind kind;
@@ -178,10 +179,11 @@ static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
 }
 
 /* One chunk of the busiest stage, compiled from shapes for one micro-batch: its kernels and
- * reshards into w, its parameters and arena into *params and *arena. */
+ * reshards into w, its state's elements into state (parameters as stored, gradients, the
+ * optimizer's shards: ZeRO divides them over dp by stage) and its arena into *arena. */
 static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, const ms_mesh *mesh,
                            int rows, int k, ms_plan_workload *w, ms_plan_engine_stats *stats,
-                           double *params, double *arena, double *persist, double *boundary,
+                           double state[3], double *arena, double *persist, double *boundary,
                            ms_error *err) {
     ms_model model = {0};
     ms_program *prog = NULL;
@@ -193,14 +195,18 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     ms_compile_opts co = {.shard = ms_strategy_shard,
                           .shard_user = &sh,
                           .micro_batched = m > 1 || s->pp > 1,
-                          .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1};
+                          .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1,
+                          .zero_stage = s->zero,
+                          .zero_dim = MS_STRATEGY_DP_DIM};
     MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
     add_kernels(w, stats, model.g, mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);
     for (int i = 0; i < ms_program_num_params(prog); i++) {
         ms_param_view pv;
         ms_program_param(prog, i, &pv);
-        *params += (double)ms_tensor_numel(&pv.data);
+        state[0] += (double)ms_tensor_numel(&pv.data);
+        state[1] += (double)ms_tensor_numel(&pv.grad);
+        state[2] += (double)pv.opt_n;
     }
     ms_program_stats ps;
     ms_program_stats_get(prog, &ps);
@@ -242,15 +248,15 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     int stage = busiest_stage(&pb->model, s);
     ms_mesh mesh = {0};
     MS_CHECK(ms_strategy_mesh(s, &mesh, err));
-    double local_params = 0, arena = 0, persist = 0, boundary = 0;
+    double state[3] = {0, 0, 0}, arena = 0, persist = 0, boundary = 0;
     ms_status st = MS_OK;
     w->layers_per_stage = 0;
     for (int c = 0; c < v && st == MS_OK; c++) {
         int lo, hi;
         ms_stages_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
         w->layers_per_stage += hi - lo;
-        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, w, stats, &local_params, &arena,
-                       &persist, &boundary, err);
+        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, w, stats, state, &arena, &persist,
+                       &boundary, err);
     }
     if (st != MS_OK) {
         ms_mesh_free(&mesh);
@@ -266,18 +272,21 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     /* the training loop: gradient norm over the world, AdamW on every local shard */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size * p, 8, 1);
     int held = p > 1 ? ms_pp_inflight_bound((ms_schedule)s->schedule, p, m, v, stage) : 1;
-    w->opt_elems = w->norm_elems = local_params;
-    w->zero_bytes += 4 * local_params;
-    w->mem_params = 4 * local_params;
-    w->mem_grads = 4 * local_params;
-    w->mem_optim = 8 * local_params;
+    w->opt_elems = state[2];
+    w->norm_elems = state[1];
+    w->zero_bytes += 4 * state[1];
+    w->mem_params = 4 * state[0];
+    w->mem_grads = 4 * state[1];
+    w->mem_optim = 8 * state[2];
     /* one arena per micro-batch unit in flight (the schedule's bound) */
     w->mem_act = arena * held;
-    w->mem_other = persist - 8 * local_params; /* inputs and kept values */
+    /* inputs, kept values and, micro-batched under ZeRO 2 and 3, the gradients accumulating
+     * whole before their reduce-scatter */
+    w->mem_other = persist - 4 * (state[0] + state[1]);
     if (w->mem_other < 0) w->mem_other = 0;
     w->hw_flops_step *= (double)m * mesh.size * p; /* one micro-batch's, on every device */
     if (stats) {
-        stats->local_params = local_params;
+        stats->local_params = state[0];
         stats->arena_bytes = arena;
         stats->persist_bytes = persist;
     }

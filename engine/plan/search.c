@@ -293,7 +293,7 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
                 int per = B / dp;
                 for (int sp = 0; sp <= (tp > 1); sp++)
                     for (int vp = tp > 1; vp >= 0; vp--)
-                        for (int z = 0; z <= (dp * cp > 1 ? 3 : 0); z++)
+                        for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
                             for (int rc = 0; rc <= 1; rc++)
                                 for (int mb = 1; mb <= per; mb++) {
                                     if (per % mb) continue;

@@ -2,7 +2,7 @@
  *
  * The space: mesh factorisations dp x tp x pp x cp of the device count (tp and tp x cp dividing
  * the heads, pp the layers, cp the sequence, dp the global batch), sp on or off (tp > 1), the
- * LM head vocab-parallel or replicated (tp > 1), ZeRO stage 0-3 (dp x cp > 1), full recompute
+ * LM head vocab-parallel or replicated (tp > 1), ZeRO stage 0-3 (dp > 1), full recompute
  * on or off, and every micro-batch size dividing the per-rank batch, at the problem's precision
  * (1F1B, no buckets, no uneven stages: those are priced when given). Each point is priced by
  * the cost model (plan/cost.h); strategies whose memory exceeds the device's are pruned;

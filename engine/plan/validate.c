@@ -55,10 +55,12 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "pp_layers adds up to %d layers but the model has %d; make the counts add "
                        "up to n_layer",
                        layers, cfg->n_layer);
-    if (!stages && cfg->n_layer % s->pp)
+    /* Without pp_layers the stages are balanced by cost (engine/pipeline/balance.h), so any
+     * pp up to n_layer splits; the interleaved schedule cuts equal stages into equal chunks. */
+    if (s->virtual_stages > 1 && cfg->n_layer % s->pp)
         return ms_fail(err, MS_ERR_INVALID,
-                       "pp %d does not divide the %d layers; pick a pp that divides n_layer or "
-                       "give pp_layers",
+                       "pp %d does not divide the %d layers, and the interleaved schedule needs "
+                       "equal stages; pick a pp that divides n_layer",
                        s->pp, cfg->n_layer);
     if (job->seq > cfg->n_positions)
         return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", job->seq,
@@ -74,6 +76,11 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
     if (s->zero < 0 || s->zero > 3)
         return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d does not exist; use 0, 1, 2 or 3",
                        s->zero);
+    if (s->zero && s->dp < 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "ZeRO stage %d with dp %d: ZeRO shards over data parallelism: give dp >= 2 "
+                       "or zero 0",
+                       s->zero, s->dp);
     if (job->batch < 1 || job->batch % s->dp)
         return ms_fail(err, MS_ERR_INVALID,
                        "the batch %d is not divisible by dp %d; pick a dp that divides it or a "
@@ -170,13 +177,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
     int mb = 0, m = 0;
     ms_strategy_micro(s, job->batch, &mb, &m);
     const char *yet = "is predicted only; the engine does not run it yet";
-    if (m > 1 && (cfg->embd_pdrop > 0 || cfg->resid_pdrop > 0))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "dropout with %d micro-batches is not run yet (its masks are keyed by the "
-                       "position in the whole batch); use one micro-batch or set the pdrop "
-                       "fields to 0",
-                       m);
-    if (s->zero) return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d %s", s->zero, yet);
     if (s->recompute != MS_RECOMPUTE_NONE)
         return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",
                        ms_recompute_name(s->recompute), yet);
@@ -189,6 +189,12 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
         return ms_fail(err, MS_ERR_INVALID,
                        "a replicated head (\"vocab_parallel\": false) is predicted only; the "
                        "engine shards the tied embedding over tp");
+    if (s->bucket_mb > 0 && s->zero >= 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "gradient buckets (bucket_mb %g) under ZeRO stage %d are not run yet: the "
+                       "engine buckets all-reduces, and ZeRO %d reduce-scatters each gradient; "
+                       "leave bucket_mb out or use zero 0 or 1",
+                       (double)s->bucket_mb, s->zero, s->zero);
     if (mem_cap_bytes > 0) {
         double need = 0;
         MS_CHECK(engine_memory(s, cfg, job, &need, err));

@@ -16,7 +16,8 @@
 /* Whether s is a well-formed strategy for the model and the job, runnable or not: degrees
  * multiply to the world (without overflow), tp and tp x cp divide the heads, pp divides the
  * layers (or pp_layers has pp entries adding up to them), cp divides the sequence, the
- * sequence fits n_positions, sp has tp > 1, ZeRO is 0-3, dp divides the batch and the
+ * sequence fits n_positions, sp has tp > 1, ZeRO is 0-3 and, above 0, has dp >= 2 to shard
+ * over, dp divides the batch and the
  * micro-batch size and count make it, a schedule other than 1F1B and virtual stages have a
  * pipeline to run on, a replicated head has tp > 1. MS_ERR_INVALID names the rule and the fix. */
 ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,

@@ -8,6 +8,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
 #include "engine/graph/program.h"
+#include "engine/pipeline/balance.h"
 #include "engine/pipeline/schedule.h"
 #include "profiler/record/hooks.h"
 
@@ -83,8 +84,15 @@ void ms_stages_chunk_layers(const ms_model_config *cfg, const ms_strategy *s, in
         *hi = at + s->pp_layers[k];
         return;
     }
-    *lo = n * k / chunks;
-    *hi = n * (k + 1) / chunks;
+    /* Balanced by cost at the model's context length, so a strategy's split does not depend
+     * on the job's sequence length. */
+    ms_pp_costs costs = ms_pp_model_costs(cfg, cfg->n_positions);
+    int *counts = xmalloc(sizeof *counts * (size_t)chunks);
+    ms_pp_balance_layers(n, chunks, &costs, counts);
+    *lo = 0;
+    for (int i = 0; i < k; i++) *lo += counts[i];
+    *hi = *lo + counts[k];
+    free(counts);
 }
 
 ms_status ms_stages_chunk_model(const ms_model_config *cfg, const ms_strategy *s, int rows, int seq,
@@ -126,9 +134,11 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .seed = st->o.seed,
                              .micro_batched = st->micro,
                              .split_weight_grads = s_zb(st),
+                             .loss_scale = 1.0f / (float)st->m,
+                             .zero_stage = st->strat.zero,
+                             .zero_dim = MS_STRATEGY_DP_DIM,
                              .bucket_mb = st->strat.bucket_mb,
-                             .micro_batches = st->m,
-                             .loss_scale = 1.0f / (float)st->m};
+                             .micro_batches = st->m};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
@@ -489,6 +499,8 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
         chunk *c = &st->ch[a->chunk];
         int64_t t0 = ms_now_ns();
         MS_CHECK(take_slot(st, c, a->mb, train, err));
+        ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
+                                    (int64_t)a->mb * st->rows_dp);
         if (a->op == MS_PP_FORWARD) {
             if (c->in_act_stage) {
                 ms_tensor *in = ms_program_local(c->prog, c->model.hidden_in);
@@ -543,15 +555,22 @@ static ms_status sync_tied(ms_stages *st, ms_error *err) {
     return ms_all_reduce(st->tie, g, g, (size_t)ms_tensor_numel(&pv.grad), MS_REDUCE_SUM, err);
 }
 
-ms_status ms_stages_train(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
-                          ms_error *err) {
+ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
+                          float *loss, ms_error *err) {
+    for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, true, (uint64_t)step);
     MS_CHECK(run(st, st->acts, st->nacts, true, ids, targets, loss, err));
     for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_grad_sync(st->ch[c].prog, err));
     return sync_tied(st, err);
 }
 
+ms_status ms_stages_param_sync(ms_stages *st, ms_error *err) {
+    for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_param_sync(st->ch[c].prog, err));
+    return MS_OK;
+}
+
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err) {
+    for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, false, 0);
     return run(st, st->fwd_acts, st->nfwd, false, ids, targets, loss, err);
 }
 
@@ -563,6 +582,7 @@ static void add_entry(ms_stages *st, const ms_param_view *pv, int k, int local) 
     e->param = pv->name;
     e->gshape = pv->gshape;
     e->pl = pv->pl;
+    e->opt_pl = pv->opt_pl;
     e->mesh = st->dm[k % st->p];
     e->model_chunk = k;
     e->local_index = local;

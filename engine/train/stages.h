@@ -36,8 +36,9 @@
 
 typedef struct ms_stages ms_stages;
 
-/* Model chunk k's layers [*lo, *hi) under strategy s: pp_layers by hand, else an even split
- * into pp x virtual_stages chunks. */
+/* Model chunk k's layers [*lo, *hi) under strategy s: pp_layers by hand, else pp x
+ * virtual_stages chunks balanced by cost (engine/pipeline/balance.h: the head's chunk may hold
+ * fewer layers). */
 void ms_stages_chunk_layers(const ms_model_config *cfg, const ms_strategy *s, int k, int *lo,
                             int *hi);
 /* Model chunk k's graph for `rows` sequences of `seq` tokens, its boundary values (the
@@ -58,12 +59,16 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
                            ms_stages **out, ms_error *err);
 void ms_stages_destroy(ms_stages *st);
 
-/* One step's forwards and backwards over the global batch ids/targets ([batch, seq] each,
- * identical on every rank), then the gradient sync and the tied embedding's all-reduce. *loss
- * receives the batch's mean loss on every rank. */
-ms_status ms_stages_train(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
-                          ms_error *err);
-/* Forward only (evaluation, sampling): *loss as above. */
+/* Training step `step`'s forwards and backwards over the global batch ids/targets ([batch,
+ * seq] each, identical on every rank), then the gradient sync and the tied embedding's
+ * all-reduce. *loss receives the batch's mean loss on every rank. Dropout draws the step's
+ * masks (ms_program_set_dropout). */
+ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
+                          float *loss, ms_error *err);
+/* After the optimizer updated each parameter's optimizer shard: ZeRO 1 and 2 gather the
+ * shards back into every chunk's parameters (ms_program_param_sync). */
+ms_status ms_stages_param_sync(ms_stages *st, ms_error *err);
+/* Forward only (evaluation, sampling; dropout off): *loss as above. */
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err);
 
@@ -83,8 +88,9 @@ ms_status ms_stages_from_head(ms_stages *st, float *x, size_t n, ms_error *err);
 typedef struct ms_stages_entry {
     const char *param; /* its name (borrowed from a graph of the stages) */
     ms_shape gshape;
-    ms_placements pl; /* on the holder's stage mesh */
-    ms_dmesh *mesh;   /* the holder's stage mesh (this rank may not be a member) */
+    ms_placements pl;     /* on the holder's stage mesh: the stored parameter's */
+    ms_placements opt_pl; /* its optimizer state's (ZeRO: sharded over dp) */
+    ms_dmesh *mesh;       /* the holder's stage mesh (this rank may not be a member) */
     int model_chunk;
     int local_index; /* this rank's parameter index (ms_stages_param), or -1 if not ours */
 } ms_stages_entry;

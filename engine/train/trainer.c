@@ -22,8 +22,11 @@ typedef struct compiled {
     ms_stages *st;
 } compiled;
 
-/* Adam moments, one pair per parameter shard, on the rank's device. */
+/* Adam moments, one pair per parameter, each the optimizer's shard of it (ZeRO: over dp; the
+ * whole local shard otherwise), on the optimizer's device. bf16 master weights, when they
+ * come, are a third array here, sharded alike. */
 typedef struct moments {
+    ms_device *dev;
     float **m, **v;
     size_t *bytes;
     int n;
@@ -80,6 +83,10 @@ static void compiled_free(compiled *c) {
     memset(c, 0, sizeof *c);
 }
 
+static ms_device *optim_device(const ms_trainer *t) {
+    return t->o.optim_device ? t->o.optim_device : t->ctx->device;
+}
+
 static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules,
                              compiled *c, ms_error *err) {
     memset(c, 0, sizeof *c);
@@ -90,7 +97,8 @@ static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_place
     return ms_stages_create(t->ctx, &t->cfg, &c->strat, &c->rules, &so, &c->st, err);
 }
 
-static void moments_free(ms_device *dev, moments *mo) {
+static void moments_free(moments *mo) {
+    ms_device *dev = mo->dev;
     for (int i = 0; i < mo->n; i++) {
         if (mo->m[i]) ms_device_free(dev, mo->m[i], mo->bytes[i]);
         if (mo->v[i]) ms_device_free(dev, mo->v[i], mo->bytes[i]);
@@ -100,6 +108,7 @@ static void moments_free(ms_device *dev, moments *mo) {
 }
 
 static ms_status moments_init(ms_device *dev, ms_stages *p, moments *mo, ms_error *err) {
+    mo->dev = dev;
     mo->n = ms_stages_num_params(p);
     mo->m = xcalloc((size_t)mo->n, sizeof *mo->m);
     mo->v = xcalloc((size_t)mo->n, sizeof *mo->v);
@@ -108,11 +117,11 @@ static ms_status moments_init(ms_device *dev, ms_stages *p, moments *mo, ms_erro
         ms_param_view pv;
         ms_stages_param(p, i, &pv, NULL);
         /* One spare float: an empty shard (uneven splits) still gets a valid pointer. */
-        mo->bytes[i] = ((size_t)ms_tensor_numel(&pv.data) + 1) * sizeof(float);
+        mo->bytes[i] = ((size_t)pv.opt_n + 1) * sizeof(float);
         ms_status st = ms_device_alloc(dev, mo->bytes[i], (void **)&mo->m[i], err);
         if (st == MS_OK) st = ms_device_alloc(dev, mo->bytes[i], (void **)&mo->v[i], err);
         if (st != MS_OK) {
-            moments_free(dev, mo);
+            moments_free(mo);
             return st;
         }
         memset(mo->m[i], 0, mo->bytes[i]);
@@ -145,7 +154,7 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     if (st == MS_OK) st = ms_dmesh_create(ctx, &root, &t->root, err);
     ms_mesh_free(&root);
     if (st == MS_OK) st = compile_for(t, s, rules, &t->c, err);
-    if (st == MS_OK && !o->inference) st = moments_init(ctx->device, t->c.st, &t->mo, err);
+    if (st == MS_OK && !o->inference) st = moments_init(optim_device(t), t->c.st, &t->mo, err);
     if (st != MS_OK) {
         ms_trainer_destroy(t);
         return st;
@@ -156,7 +165,7 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
 
 void ms_trainer_destroy(ms_trainer *t) {
     if (!t) return;
-    moments_free(t->ctx->device, &t->mo);
+    moments_free(&t->mo);
     compiled_free(&t->c);
     ms_dmesh_destroy(t->root);
     free(t->ids), free(t->tgt);
@@ -200,11 +209,12 @@ static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err)
     for (int i = 0; i < t->mo.n; i++) {
         ms_param_view pv;
         ms_stages_param(t->c.st, i, &pv, NULL);
-        MS_CHECK(ms_adamw_step_scaled(ms_tensor_f32(&pv.data), ms_tensor_f32(&pv.grad), t->mo.m[i],
-                                      t->mo.v[i], (size_t)ms_tensor_numel(&pv.data), &aw,
-                                      t->step + 1, scale, err));
+        MS_CHECK(ms_adamw_step_scaled(ms_tensor_f32(&pv.data) + pv.data_off,
+                                      ms_tensor_f32(&pv.grad) + pv.grad_off, t->mo.m[i], t->mo.v[i],
+                                      (size_t)pv.opt_n, &aw, t->step + 1, scale, err));
     }
-    return MS_OK;
+    /* ZeRO 1 and 2: every rank updated its shard; gather them back */
+    return ms_stages_param_sync(t->c.st, err);
 }
 
 ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
@@ -218,7 +228,7 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
                                  t->ids, t->tgt, err));
     mask(t, t->o.seed, (uint64_t)t->step);
     ms_record_span(&t->ctx->trace, MS_EV_DATA, out->t_data_ns);
-    MS_CHECK(ms_stages_train(t->c.st, t->ids, t->tgt, &out->loss, err));
+    MS_CHECK(ms_stages_train(t->c.st, t->step, t->ids, t->tgt, &out->loss, err));
     MS_CHECK(grad_norm(t, &out->grad_norm, err));
     ms_lr_schedule sched = {.lr_max = t->o.lr,
                             .lr_min = t->o.min_lr,
@@ -328,16 +338,18 @@ static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_t
     out->param = e->param;
     out->kind = (ms_state_kind)(i % per);
     out->gshape = e->gshape;
-    out->pl = e->pl;
+    bool param = out->kind == MS_STATE_PARAM;
+    out->pl = param ? e->pl : e->opt_pl;
     out->mesh = e->mesh;
     out->lndim = e->gshape.ndim;
     if (e->local_index < 0) return; /* another stage's: no box here */
     ms_param_view pv;
     ms_stages_param(c->st, e->local_index, &pv, NULL);
     out->lndim = pv.data.ndim;
-    for (int d = 0; d < pv.data.ndim; d++) out->lshape[d] = (int)pv.data.shape[d];
-    out->n = (size_t)ms_tensor_numel(&pv.data);
-    out->local = out->kind == MS_STATE_PARAM    ? ms_tensor_f32(&pv.data)
+    for (int d = 0; d < pv.data.ndim; d++)
+        out->lshape[d] = (int)(param ? pv.data.shape[d] : pv.opt_shape.d[d]);
+    out->n = param ? (size_t)ms_tensor_numel(&pv.data) : (size_t)pv.opt_n;
+    out->local = param                          ? ms_tensor_f32(&pv.data)
                  : out->kind == MS_STATE_ADAM_M ? mo->m[e->local_index]
                                                 : mo->v[e->local_index];
 }
@@ -373,7 +385,7 @@ ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
     compiled nc;
     moments nm = {0};
     MS_CHECK(compile_for(t, target, rules, &nc, err));
-    ms_status st = t->o.inference ? MS_OK : moments_init(t->ctx->device, nc.st, &nm, err);
+    ms_status st = t->o.inference ? MS_OK : moments_init(optim_device(t), nc.st, &nm, err);
     /* Every state tensor of the target (the tied embedding once per holder) from the first
      * holder of the same parameter and kind here. */
     int n = num_state(&nc, t->o.inference);
@@ -389,11 +401,11 @@ ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
         st = move_state(&a, &b, err);
     }
     if (st != MS_OK) {
-        moments_free(t->ctx->device, &nm);
+        moments_free(&nm);
         compiled_free(&nc);
         return st;
     }
-    moments_free(t->ctx->device, &t->mo);
+    moments_free(&t->mo);
     compiled_free(&t->c);
     t->c = nc;
     t->mo = nm;
@@ -486,6 +498,17 @@ ms_program *ms_trainer_program(ms_trainer *t) {
 }
 int64_t ms_trainer_skipped(const ms_trainer *t) {
     return t->skipped;
+}
+
+void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < ms_stages_num_params(t->c.st); i++) {
+        ms_param_view pv;
+        ms_stages_param(t->c.st, i, &pv, NULL);
+        out->params += 4.0 * (double)ms_tensor_numel(&pv.data);
+        out->grads += 4.0 * (double)ms_tensor_numel(&pv.grad);
+    }
+    for (int i = 0; i < t->mo.n; i++) out->optim += 2.0 * (double)t->mo.bytes[i];
 }
 
 int ms_trainer_num_state(const ms_trainer *t) {

@@ -10,13 +10,22 @@
  * with its global shape, placements and local buffer. A switch compiles the model for the
  * new mesh and moves every state tensor from the old boxes to the new ones.
  *
+ * ZeRO (the strategy's zero stage) is placements over dp: the moments of a parameter
+ * replicated over dp are sharded there (S(0), nested innermost), each rank updates its shard
+ * of the parameter and the shards are gathered back (stage 1); the gradients are
+ * reduce-scattered into the same shards (stage 2); the parameters themselves are stored
+ * sharded and gathered for each use inside the compiled program (stage 3). The state reports
+ * those sharded placements and boxes, so a switch between any two stages or strategies is the
+ * same move of boxes.
+ *
  * Collective: create, step, evaluate, switch and sample are called by every rank of the world
  * at the same step with the same arguments.
  *
  * Ownership: ms_trainer_create returns a trainer that the caller destroys before ctx. The
  * trainer copies cfg, strategy, placement rules and options; it borrows `data` (may be NULL when no
  * step or evaluation runs), which must outlive it. Optimizer state lives on the rank's device, so
- * the device's counters (the memory views) include it.
+ * the device's counters (the memory views) include it, unless the options name another device
+ * for it (ms_train_opts.optim_device).
  */
 #ifndef MS_TRAINER_H
 #define MS_TRAINER_H
@@ -51,6 +60,9 @@ typedef struct ms_train_opts {
     bool keep_logits;    /* keep the logits (text sampling) */
     bool inference;      /* no optimizer state (eval, explain) */
     ms_on_nonfinite on_nonfinite;
+    /* Where the optimizer state lives (borrowed; must outlive the trainer): NULL is the
+     * rank's device; a host device is CPU offload, the same placements on another device. */
+    ms_device *optim_device;
 } ms_train_opts;
 
 /* Checks the options: positive sizes, lr >= min_lr >= 0, betas in [0, 1).
@@ -140,6 +152,15 @@ void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
  * (engine/train/stages.h). */
 struct ms_stages_memory;
 void ms_trainer_memory(const ms_trainer *t, struct ms_stages_memory *out);
+
+/* The bytes of this rank's state as allocated: parameters and gradients as the programs store
+ * them (ZeRO 3: the dp shard; 2: the gradients' shard), and the optimizer state on its device
+ * (ZeRO >= 1: the dp shard). Micro-batched under ZeRO 2 and 3 the gradients also accumulate
+ * whole before their reduce-scatter; those buffers are not counted here. */
+typedef struct ms_trainer_bytes {
+    double params, grads, optim;
+} ms_trainer_bytes;
+void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out);
 
 /* Loads state tensor i (a parameter) from its full values where this rank holds it (a no-op
  * elsewhere): checkpoint loads. Every rank passes the same values. */

@@ -50,6 +50,8 @@ typedef struct ms_ev_coll {
     char algo[16];      /* "shm-direct", "mpi", "ring", ... */
     uint64_t flow;      /* id of the reshard it belongs to, 0 if none */
     int32_t root;       /* broadcast: the root's position in the group; else unused */
+    uint8_t recv;       /* p2p: this rank's side receives ("recv"): it shows the wait, and the
+                         * sender's event alone counts the traffic */
     /* Non-blocking calls (ms_iall_reduce, ...): t0..t1 is the collective's real span, and
      * queued_ns how long it waited in its communicator's queue after it was issued (issued at
      * t0 - queued_ns); async is 0 and queued_ns 0 for blocking calls. */
@@ -67,6 +69,9 @@ typedef struct ms_ev_reshard {
 
 typedef struct ms_ev_mem {
     uint64_t in_use, peak;
+    /* what the training state holds of in_use: parameters, gradients, optimizer state and
+     * activations (the micro-batch arenas); all 0 when the sample has no split */
+    uint64_t params, grads, optim, acts;
 } ms_ev_mem;
 
 /* A pipeline action. Its kernels and transfers are recorded too, inside or next to its span;

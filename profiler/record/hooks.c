@@ -15,7 +15,8 @@ struct ms_comm_probe {
     ms_recorder *rec;
     int mesh_dim;
     int32_t group;
-    /* Point-to-point: the {me, peer} group id per peer, registered once. */
+    /* Point-to-point: the {sender, receiver} group id per peer and direction, registered
+     * once; a cached peer is stored as peer for sends and -1 - peer for receives. */
     int pair_peer[PAIR_CACHE];
     int32_t pair_group[PAIR_CACHE];
     int n_pairs;
@@ -51,14 +52,17 @@ static void fill_coll(ms_event *e, const ms_comm_probe *p, const ms_comm_event *
         ev->async && ev->t_start_ns > ev->t_issue_ns ? ev->t_start_ns - ev->t_issue_ns : 0;
 }
 
-/* The group id of {me, peer}; cached so the hot path rarely takes the table's mutex. */
-static int32_t pair_group(ms_comm_probe *p, const ms_comm *comm, int peer) {
+/* The group id of {sender, receiver} for a transfer between me and peer; cached so the hot
+ * path rarely takes the table's mutex. Both sides of a transfer name the same group. */
+static int32_t pair_group(ms_comm_probe *p, const ms_comm *comm, int peer, bool recv) {
+    int key = recv ? -1 - peer : peer;
     for (int i = 0; i < p->n_pairs; i++)
-        if (p->pair_peer[i] == peer) return p->pair_group[i];
-    int pair[2] = {ms_comm_world_rank(comm, ms_comm_rank(comm)), ms_comm_world_rank(comm, peer)};
+        if (p->pair_peer[i] == key) return p->pair_group[i];
+    int me = ms_comm_world_rank(comm, ms_comm_rank(comm)), other = ms_comm_world_rank(comm, peer);
+    int pair[2] = {recv ? other : me, recv ? me : other};
     int32_t id = register_group(p->rec, "p2p", 2, pair);
     if (p->n_pairs < PAIR_CACHE) {
-        p->pair_peer[p->n_pairs] = peer;
+        p->pair_peer[p->n_pairs] = key;
         p->pair_group[p->n_pairs++] = id;
     }
     return id;
@@ -73,14 +77,16 @@ static void observe(void *user, const ms_comm_event *ev) {
         ms_recorder_push(p->rec, &e);
         return;
     }
-    /* One event per send, on the pair's own group, so heatmaps see who talked to whom. */
+    /* One event per transfer, on the pair's own group {sender, receiver}: the sender's carries
+     * the traffic (who talked to whom), the receiver's shows its wait. */
     for (int i = 0; i < ev->n_p2p; i++) {
         const ms_p2p_op *op = &ev->p2p[i];
-        if (op->kind != MS_P2P_SEND) continue;
+        bool recv = op->kind == MS_P2P_RECV;
         fill_coll(&e, p, ev);
-        e.u.coll.group = pair_group(p, ev->comm, op->peer);
+        e.u.coll.group = pair_group(p, ev->comm, op->peer, recv);
         e.u.coll.group_size = 2;
-        e.u.coll.group_rank = 0;
+        e.u.coll.group_rank = recv ? 1 : 0;
+        e.u.coll.recv = recv;
         e.u.coll.bytes = op->count * ms_comm_dtype_size(ev->dtype);
         ms_recorder_push(p->rec, &e);
     }
@@ -105,10 +111,11 @@ void ms_comm_probe_free(ms_comm_probe *p) {
     free(p);
 }
 
-void ms_record_memory(const ms_trace_state *ts, const ms_device *dev) {
+void ms_record_memory(const ms_trace_state *ts, const ms_device *dev, const ms_ev_mem *split) {
     if (!ts->recorder) return;
     ms_event e = {.kind = MS_EV_MEM, .phase = MS_PHASE_OTHER};
     e.t0_ns = e.t1_ns = ms_now_ns();
+    if (split) e.u.mem = *split;
     e.u.mem.in_use = atomic_load(&dev->in_use);
     e.u.mem.peak = atomic_load(&dev->peak);
     ms_recorder_push(ts->recorder, &e);

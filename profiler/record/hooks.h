@@ -30,8 +30,9 @@ typedef struct ms_comm_probe ms_comm_probe;
 ms_comm_probe *ms_comm_probe_attach(ms_trace_state *ts, ms_comm *c, int mesh_dim);
 void ms_comm_probe_free(ms_comm_probe *p);
 
-/* Memory in use and peak of dev, as an instant event. */
-void ms_record_memory(const ms_trace_state *ts, const ms_device *dev);
+/* A memory sample, an instant event: the device's counters (in use, peak) and, when split is not
+ * NULL, what the training state holds of them (ms_ev_mem's params, grads, optim, acts). */
+void ms_record_memory(const ms_trace_state *ts, const ms_device *dev, const ms_ev_mem *split);
 
 /* A span [t0, now) of kind DATA, OPTIM or STEP. */
 void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0);

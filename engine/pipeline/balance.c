@@ -1,0 +1,78 @@
+/* balance.c - pipeline chunks of even cost (see balance.h). */
+#include "engine/pipeline/balance.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/core/xalloc.h"
+
+ms_pp_costs ms_pp_model_costs(const ms_model_config *cfg, int seq) {
+    const double C = cfg->n_embd, V = cfg->vocab_size, T = seq;
+    const double fwd_bwd = 3; /* backward is two matmuls per forward matmul */
+    ms_pp_costs c;
+    /* qkv (6C^2), projection (2C^2), MLP (16C^2); scores and values (4TC, causal or not). */
+    c.layer = fwd_bwd * (24 * C * C + 4 * T * C);
+    c.first = 0; /* lookups: no matmul */
+    /* logits (2CV), BERT's transform dense (2C^2) */
+    c.last = fwd_bwd * (2 * C * V + (cfg->model_type == MS_MODEL_BERT ? 2 * C * C : 0));
+    return c;
+}
+
+static double chunk_cost(const ms_pp_costs *c, int chunks, int k, int layers) {
+    return layers * c->layer + (k == 0 ? c->first : 0) + (k == chunks - 1 ? c->last : 0);
+}
+
+static double max_cost(const ms_pp_costs *c, int chunks, const int *counts) {
+    double worst = 0;
+    for (int k = 0; k < chunks; k++) {
+        double x = chunk_cost(c, chunks, k, counts[k]);
+        if (x > worst) worst = x;
+    }
+    return worst;
+}
+
+/* Chunks k.. holding the last n layers: the least possible costliest chunk when cap < 0,
+ * else the least sum of squared chunk costs with every chunk at most cap (the most even
+ * split among those with the least costliest chunk). best[k][n] is that value, take[k][n] the
+ * layers chunk k takes for it; infeasible entries are INFINITY. */
+static double plan(int L, int K, const ms_pp_costs *c, double cap, int *counts) {
+    double *best = xmalloc(sizeof *best * (size_t)(K + 1) * (size_t)(L + 1));
+    int *take = xmalloc(sizeof *take * (size_t)(K + 1) * (size_t)(L + 1));
+#define AT(k, n) ((size_t)(k) * (size_t)(L + 1) + (size_t)(n))
+    for (int k = K - 1; k >= 0; k--)
+        for (int n = K - k; n <= L - k; n++) {
+            double b = INFINITY;
+            int t = 1, lo = k == K - 1 ? n : 1, hi = k == K - 1 ? n : n - (K - k - 1);
+            for (int x = lo; x <= hi; x++) {
+                double here = chunk_cost(c, K, k, x),
+                       rest = k == K - 1 ? 0 : best[AT(k + 1, n - x)];
+                double v = cap < 0 ? fmax(here, rest) : here > cap ? INFINITY : here * here + rest;
+                if (v < b) b = v, t = x;
+            }
+            best[AT(k, n)] = b;
+            take[AT(k, n)] = t;
+        }
+    double v = best[AT(0, L)];
+    for (int k = 0, n = L; k < K; k++) {
+        counts[k] = take[AT(k, n)];
+        n -= counts[k];
+    }
+#undef AT
+    free(best);
+    free(take);
+    return v;
+}
+
+static void balanced(int L, int K, const ms_pp_costs *c, int *counts) {
+    double worst = plan(L, K, c, -1, counts);
+    if (plan(L, K, c, worst * (1 + 1e-12), counts) == INFINITY) plan(L, K, c, -1, counts);
+}
+
+void ms_pp_balance_layers(int n_layer, int chunks, const ms_pp_costs *c, int *counts) {
+    for (int k = 0; k < chunks; k++) counts[k] = n_layer * (k + 1) / chunks - n_layer * k / chunks;
+    int *b = xmalloc(sizeof *b * (size_t)chunks);
+    balanced(n_layer, chunks, c, b);
+    if (max_cost(c, chunks, b) < 0.98 * max_cost(c, chunks, counts))
+        for (int k = 0; k < chunks; k++) counts[k] = b[k];
+    free(b);
+}

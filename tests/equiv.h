@@ -1,0 +1,37 @@
+/* equiv.h - a distributed training run checked against one rank.
+ *
+ * mt_equiv_check trains a few steps under a strategy (optionally switching live to `then1`
+ * before step 1 and `then2` before step 2) and checks every step's loss, the validation loss
+ * and every final parameter against a run of the same trainer on one rank with the whole batch
+ * at once: losses within 1e-5 relative, all parameters within 1e-5 relative as one vector. The
+ * parameters are gathered on world rank 0 as each chunk holds them, so the tied word embedding
+ * is checked in both of its copies (first and last stage) under pp. With pp > 1 it also checks
+ * that the arenas held equal the schedule's in-flight bound.
+ *
+ * The model is a 4-layer GPT-2 or BERT (n_embd 32, 4 heads, vocabulary 256), batch 8 x 8
+ * tokens, 3 steps of AdamW with clipping (mt_equiv_config, mt_equiv_opts, mt_equiv_data).
+ */
+#ifndef MS_TESTS_EQUIV_H
+#define MS_TESTS_EQUIV_H
+
+#include <stdbool.h>
+
+#include "engine/data/dataset.h"
+#include "engine/model/config.h"
+#include "engine/train/trainer.h"
+#include "tests/testkit.h"
+
+ms_model_config mt_equiv_config(bool bert);
+ms_train_opts mt_equiv_opts(void);
+/* The training text (a repeated sentence); close it with ms_text_data_close. */
+ms_status mt_equiv_data(ms_text_data *d, ms_error *err);
+
+/* strategy, then1 and then2 are JSON (then1, then2 may be NULL); world ranks run it (mt_run:
+ * threads, or the MPI world). Fails the current cmocka test on a difference. */
+void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,
+                    int world);
+/* The same for another model (the batch, steps and data stay). */
+void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
+                          const char *then2, int world);
+
+#endif
