@@ -5,6 +5,7 @@
 
 #include <assert.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -578,11 +579,23 @@ static ms_status finish(ms_comm_request *r, ms_error *err) {
     return st;
 }
 
+/* A waiter with nothing else to do drives the backend's progress itself where it has a
+ * progress hook (MPI: the transfer then moves at the waiter's pace, not at the progress
+ * thread's polls); otherwise it sleeps until the progress thread completes the request. */
 ms_status ms_comm_wait(ms_comm_request *r, ms_error *err) {
     if (!r) return MS_OK;
     ms_comm *c = r->c;
     pthread_mutex_lock(&c->mu);
-    while (!r->done) pthread_cond_wait(&c->completed, &c->mu);
+    while (!r->done) {
+        if (c->ops->progress && c->has_thread) {
+            pthread_mutex_unlock(&c->mu);
+            c->ops->progress(c->ctx);
+            sched_yield();
+            pthread_mutex_lock(&c->mu);
+        } else {
+            pthread_cond_wait(&c->completed, &c->mu);
+        }
+    }
     pthread_mutex_unlock(&c->mu);
     return finish(r, err);
 }
