@@ -186,8 +186,10 @@ ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag,
  * dp). A thread per communicator costs one sleeping thread, only for communicators that
  * overlap. Under MPI the progress thread is also what makes MPI progress while the caller
  * computes (OpenMPI's shared-memory transport advances only inside MPI calls), which needs
- * MPI_THREAD_MULTIPLE; with less, and on NCCL (its stream is bound to the caller's device),
- * the call runs to completion before it returns its request (still correct, no overlap).
+ * MPI_THREAD_MULTIPLE; it polls gently, so the caller helps: ms_comm_progress between its
+ * kernels, and ms_comm_wait drives progress itself while it waits. With less than MULTIPLE,
+ * and on NCCL (its stream is bound to the caller's device), the call runs to completion
+ * before it returns its request (still correct, no overlap).
  *
  * A blocking call on a communicator first waits until every non-blocking call issued before
  * it on that communicator has executed (not been waited for), so blocking and non-blocking
