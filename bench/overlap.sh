@@ -7,16 +7,22 @@
 # and from each run's trace the share of the dp communication hidden under compute and the
 # exposed communication per step (mean over ranks, median over rounds).
 # Goal: >= 50% of the dp gradient communication hidden where compute exceeds communication.
-# Usage: bench/overlap.sh [build/meshscope] [rounds] [NP] [steps]
+# With BACKEND threads the ranks are threads of one process instead (the threads backend).
+# Usage: bench/overlap.sh [build/meshscope] [rounds] [NP] [steps] [mpi|threads]
 set -euo pipefail
 bin=${1:-build/meshscope}
 rounds=${2:-5}
 np=${3:-2}
 steps=${4:-16}
+backend=${5:-mpi}
 cfg=configs/gpt-bench.json
 data=data/kjv.txt
 [ -s "$data" ] || scripts/prepare-data.sh
-command -v mpirun >/dev/null || { echo "overlap: mpirun is not on PATH" >&2; exit 1; }
+launch=()
+if [ "$backend" = mpi ]; then
+  command -v mpirun >/dev/null || { echo "overlap: mpirun is not on PATH" >&2; exit 1; }
+  launch=(mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$np")
+fi
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -27,8 +33,8 @@ for b in $settings; do
 done
 for i in $(seq "$rounds"); do
   for b in $settings; do
-    mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$np" \
-      "$bin" train --model "$cfg" --data "$data" --strategy "$tmp/s$b.json" --backend mpi \
+    "${launch[@]}" "$bin" train --model "$cfg" --data "$data" --strategy "$tmp/s$b.json" \
+      --backend "$backend" \
       --steps "$steps" --batch 8 --seq 128 --log-every 1000 --log-jsonl "$tmp/l$b.$i.jsonl" \
       --trace "$tmp/t$b.$i.json" >/dev/null
     # The overlap table of `trace summary`: rank, comm, compute, overlapped, exposed, overlap,
@@ -44,7 +50,8 @@ steps_ms() {
   cat "$tmp"/l$1.*.jsonl | sed -n 's/.*"step": \([0-9]*\),.*"step_ms": \([0-9.]*\),.*/\1 \2/p' |
     awk '$1 >= 3 {print $2}'
 }
-printf "gpt-bench, dp %d under MPI, batch 8 x 128, %d steps, %d rounds\n" "$np" "$steps" "$rounds"
+printf "gpt-bench, dp %d (%s), batch 8 x 128, %d steps, %d rounds\n" "$np" "$backend" "$steps" \
+  "$rounds"
 printf "%-10s %14s %22s %18s\n" "bucket_mb" "median step ms" "exposed comm/step ms" "dp comm hidden"
 for b in $settings; do
   step=$(steps_ms "$b" | median)

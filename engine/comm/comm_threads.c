@@ -211,10 +211,14 @@ typedef struct waiter {
 } waiter;
 
 static void waiter_block(waiter *w, uint32_t seen, int64_t deadline_ns) {
-    if (w->polls < SPIN_ITERS) {
+    /* A communicator's progress thread runs beside its rank's kernels: it sleeps almost at
+     * once rather than take their core (a peer's arrival wakes it). */
+    const bool beside = ms_comm_on_progress_thread();
+    const int spin = beside ? 8 : SPIN_ITERS, yield = beside ? 0 : YIELD_ITERS;
+    if (w->polls < spin) {
         w->polls++;
         cpu_relax();
-    } else if (w->polls < SPIN_ITERS + YIELD_ITERS) {
+    } else if (w->polls < spin + yield) {
         w->polls++;
         sched_yield();
     } else if (!w->sleeping) {
