@@ -41,7 +41,6 @@ printf '{"mesh": {"dp": 1, "tp": 2}, "placements": {"h.*.mlp.c_fc.weight": "[R, 
 printf '{"dp": 1, "tp": 2, "zero": 1}' >"$tmp/zero-dp1.json"
 printf '{"dp": 2, "zero": 4}' >"$tmp/zero4.json"
 printf '{"dp": 2, "bucket_mb": -1}' >"$tmp/bucket-neg.json"
-printf '{"dp": 2, "zero": 2, "bucket_mb": 1}' >"$tmp/bucket-zero2.json"
 head -c 3000 /dev/urandom | tr -dc 'a-z \n' >"$tmp/text.txt" 2>/dev/null || true
 printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 200) >"$tmp/text.txt"
 : >"$tmp/empty.txt"
@@ -127,8 +126,6 @@ expect "ZeRO with dp 1" "ZeRO shards over data parallelism: give dp >= 2 or zero
 expect "ZeRO stage 4" "0..3" "${run[@]}" --data "$tmp/text.txt" --strategy "$tmp/zero4.json"
 expect "negative bucket" "\$.bucket_mb: expected a bucket size in MiB (> 0" "${run[@]}" \
   --data "$tmp/text.txt" --strategy "$tmp/bucket-neg.json"
-expect "buckets under ZeRO 2" "leave bucket_mb out or use zero 0 or 1" "${run[@]}" \
-  --data "$tmp/text.txt" --strategy "$tmp/bucket-zero2.json"
 expect "ZeRO flag with dp 1" "give dp >= 2 or zero 0" "${run[@]}" --data "$tmp/text.txt" --zero 2
 expect "ZeRO flag stage 4" "bad value '4' for --zero" "${run[@]}" --data "$tmp/text.txt" --zero 4
 expect "sp without tp" "--sp" "${run[@]}" --data "$tmp/text.txt" --sp

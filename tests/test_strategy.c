@@ -322,6 +322,7 @@ static void validator_refusals(void **state) {
                         "{\"dp\": 4, \"micro_batch\": 2}",
                         "{\"dp\": 4, \"micro_batches\": 2}",
                         "{\"dp\": 4, \"bucket_mb\": 25}",
+                        "{\"dp\": 4, \"zero\": 2, \"bucket_mb\": 25}",
                         "{\"dp\": 4, \"micro_batch\": 1}",
                         "{\"dp\": 2, \"pp\": 2}",
                         "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\"}",
@@ -341,8 +342,6 @@ static void validator_refusals(void **state) {
         {"{\"dp\": 4, \"recompute\": \"selective\"}", "activation recompute (selective)"},
         {"{\"dp\": 4, \"precision\": \"bf16\"}", "bf16 precision is predicted only"},
         {"{\"tp\": 4, \"vocab_parallel\": false}", "replicated head"},
-        {"{\"dp\": 4, \"zero\": 2, \"bucket_mb\": 25}",
-         "gradient buckets (bucket_mb 25) under ZeRO"},
     };
     for (size_t i = 0; i < sizeof later / sizeof *later; i++) {
         ms_strategy s = with(later[i].json);

@@ -71,6 +71,20 @@ static void gpt_uneven_dp2_tp2_zero2_w4(void **state) {
     uneven("{\"dp\": 2, \"tp\": 2, \"zero\": 2}", 4);
 }
 
+/* Gradient buckets under ZeRO 2 and 3: reduce-scatter buckets, each member's blocks packed
+ * together; small buckets (2 KiB, smaller than a weight) and uneven shards too. */
+ZERO_CASE(gpt_dp2_zero2_bucket_w2, false, "{\"dp\": 2, \"zero\": 2, \"bucket_mb\": 0.004}", 2)
+ZERO_CASE(gpt_dp4_zero3_bucket_w4, false, "{\"dp\": 4, \"zero\": 3, \"bucket_mb\": 1}", 4)
+ZERO_CASE(gpt_dp2_tp2_zero2_bucket_w4, false,
+          "{\"dp\": 2, \"tp\": 2, \"zero\": 2, \"bucket_mb\": 0.002}", 4)
+ZERO_CASE(gpt_dp2_pp2_zero2_bucket_w4, false,
+          "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 4, \"zero\": 2, \"bucket_mb\": 0.004}", 4)
+ZERO_CASE(bert_dp2_zero3_bucket_w2, true, "{\"dp\": 2, \"zero\": 3, \"bucket_mb\": 0.002}", 2)
+static void gpt_uneven_dp4_zero2_bucket_w4(void **state) {
+    (void)state;
+    uneven("{\"dp\": 4, \"zero\": 2, \"bucket_mb\": 0.002}", 4);
+}
+
 /* dp4 ZeRO 0 -> dp4 ZeRO 3 -> dp2 x tp2 ZeRO 1: each step's loss that of a run on the target
  * (the one-rank run, which every target equals). */
 static void switch_zero0_zero3_tp2_zero1_w4(void **state) {
@@ -286,6 +300,12 @@ static const struct CMUnitTest tests[] = {
     T(gpt_uneven_dp4_zero3_w4),
     T(gpt_uneven_dp4_zero1_w4),
     T(gpt_uneven_dp2_tp2_zero2_w4),
+    T(gpt_dp2_zero2_bucket_w2),
+    T(gpt_dp4_zero3_bucket_w4),
+    T(gpt_dp2_tp2_zero2_bucket_w4),
+    T(gpt_dp2_pp2_zero2_bucket_w4),
+    T(bert_dp2_zero3_bucket_w2),
+    T(gpt_uneven_dp4_zero2_bucket_w4),
     T(switch_zero0_zero3_tp2_zero1_w4),
     T(zero3_memory_dp4_w4),
     T(state_placements_w2),

@@ -5,11 +5,15 @@
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/dist/placement.h"
 
 typedef struct grad {
     int ready, bucket;
     int64_t n;
-    size_t offset; /* floats into the storage */
+    int64_t rows;  /* reduce-scatter: the rows split over the group (n / rows floats each) */
+    size_t offset; /* all-reduce: floats into the storage */
+    size_t *part;  /* reduce-scatter: where its block c goes in the send buffer [parts] */
+    size_t recv;   /* reduce-scatter: where its shard arrives in the receive buffer */
     const float *src;
     float *dst;
     int hits; /* runs of `ready` since the accumulation started */
@@ -18,7 +22,9 @@ typedef struct grad {
 typedef struct bucket {
     int first, count; /* its gradients [first, first + count) */
     size_t offset, floats;
-    int mesh_dim;
+    size_t recv_offset, recv_floats; /* reduce-scatter: its receive buffer (upper bound) */
+    size_t *counts;                  /* reduce-scatter: each member's block [parts] */
+    int mesh_dim, parts;             /* parts 0: all-reduce */
     ms_reduce_op op;
     ms_comm *comm;
     int packed, finished; /* gradients copied in, and out, this step */
@@ -33,7 +39,7 @@ struct ms_grad_buckets {
     int ng, cg;
     bucket *b;
     int nb, cbk;
-    size_t floats;
+    size_t floats, recv_floats;
     float *storage;
 };
 
@@ -47,39 +53,63 @@ ms_grad_buckets *ms_gb_create(double bucket_mb, int passes) {
 
 void ms_gb_destroy(ms_grad_buckets *gb) {
     if (!gb) return;
-    for (int b = 0; b < gb->nb; b++) ms_comm_wait(gb->b[b].req, NULL); /* errors: moot now */
+    for (int b = 0; b < gb->nb; b++) {
+        ms_comm_wait(gb->b[b].req, NULL); /* errors: moot now */
+        free(gb->b[b].counts);
+    }
+    for (int i = 0; i < gb->ng; i++) free(gb->g[i].part);
     free(gb->g);
     free(gb->b);
     free(gb);
 }
 
+/* Floats of block c of gradient g (rows split the balanced way, dim 0 outermost). */
+static size_t block(const grad *g, int parts, int c, int64_t *row0) {
+    int64_t off, len;
+    ms_split_part(g->rows, parts, c, &off, &len);
+    if (row0) *row0 = off;
+    return (size_t)(len * (g->n / g->rows));
+}
+
 /* The bucket gradient i joins: the open one if it matches and fits, else a new one. */
-static int place(ms_grad_buckets *gb, int i, int mesh_dim, ms_reduce_op op) {
+static int place(ms_grad_buckets *gb, int i, int mesh_dim, int parts, ms_reduce_op op) {
     bucket *last = gb->nb ? &gb->b[gb->nb - 1] : NULL;
     size_t n = (size_t)gb->g[i].n;
-    if (last && last->mesh_dim == mesh_dim && last->op == op &&
+    size_t most = parts ? block(&gb->g[i], parts, 0, NULL) : 0; /* part 0 is the largest */
+    if (last && last->mesh_dim == mesh_dim && last->parts == parts && last->op == op &&
         last->floats + n <= gb->cap_floats) {
         last->count++;
         last->floats += n;
+        last->recv_floats += most;
+        gb->recv_floats += most;
         return gb->nb - 1;
     }
     if (gb->nb == gb->cbk) {
         gb->cbk = gb->cbk ? 2 * gb->cbk : 16;
         gb->b = xrealloc(gb->b, sizeof *gb->b * (size_t)gb->cbk);
     }
-    gb->b[gb->nb] = (bucket){
-        .first = i, .count = 1, .offset = gb->floats, .floats = n, .mesh_dim = mesh_dim, .op = op};
+    gb->b[gb->nb] = (bucket){.first = i,
+                             .count = 1,
+                             .offset = gb->floats,
+                             .floats = n,
+                             .recv_offset = gb->recv_floats,
+                             .recv_floats = most,
+                             .mesh_dim = mesh_dim,
+                             .parts = parts,
+                             .op = op};
+    gb->recv_floats += most;
     return gb->nb++;
 }
 
-int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int mesh_dim, ms_reduce_op op) {
+int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
+              ms_reduce_op op) {
     if (gb->ng == gb->cg) {
         gb->cg = gb->cg ? 2 * gb->cg : 64;
         gb->g = xrealloc(gb->g, sizeof *gb->g * (size_t)gb->cg);
     }
     int i = gb->ng++;
-    gb->g[i] = (grad){.ready = ready, .n = n};
-    gb->g[i].bucket = place(gb, i, mesh_dim, op);
+    gb->g[i] = (grad){.ready = ready, .n = n, .rows = rows > 0 ? rows : 1};
+    gb->g[i].bucket = place(gb, i, mesh_dim, parts > 1 ? parts : 0, op);
     gb->g[i].offset = gb->floats;
     gb->floats += (size_t)n;
     return i;
@@ -95,7 +125,7 @@ int ms_gb_bucket_of(const ms_grad_buckets *gb, int i) {
     return gb->g[i].bucket;
 }
 size_t ms_gb_storage_floats(const ms_grad_buckets *gb) {
-    return gb->floats;
+    return gb->floats + gb->recv_floats;
 }
 
 void ms_gb_bind(ms_grad_buckets *gb, int i, const float *src, float *dst, ms_comm *comm) {
@@ -104,8 +134,34 @@ void ms_gb_bind(ms_grad_buckets *gb, int i, const float *src, float *dst, ms_com
     gb->b[gb->g[i].bucket].comm = comm;
 }
 
+/* A reduce-scatter bucket's send buffer holds member c's blocks of every gradient together
+ * (region c, in gradient order), so that member c receives exactly its shards. */
+static void layout_scatter(ms_grad_buckets *gb, bucket *b) {
+    b->counts = xcalloc((size_t)b->parts, sizeof *b->counts);
+    for (int i = b->first; i < b->first + b->count; i++)
+        for (int c = 0; c < b->parts; c++) b->counts[c] += block(&gb->g[i], b->parts, c, NULL);
+    int me = b->comm ? ms_comm_rank(b->comm) : 0;
+    size_t region = b->offset, recv = b->recv_offset;
+    for (int c = 0; c < b->parts; c++) {
+        size_t at = region;
+        for (int i = b->first; i < b->first + b->count; i++) {
+            grad *g = &gb->g[i];
+            if (!g->part) g->part = xcalloc((size_t)b->parts, sizeof *g->part);
+            g->part[c] = at;
+            at += block(g, b->parts, c, NULL);
+            if (c == me) {
+                g->recv = gb->floats + recv;
+                recv += block(g, b->parts, c, NULL);
+            }
+        }
+        region += b->counts[c];
+    }
+}
+
 void ms_gb_bind_storage(ms_grad_buckets *gb, float *storage) {
     gb->storage = storage;
+    for (int b = 0; b < gb->nb; b++)
+        if (gb->b[b].parts) layout_scatter(gb, &gb->b[b]);
 }
 
 /* The first gradient final at instruction k (gradients are in ready order), or ng. */
@@ -128,16 +184,36 @@ static void progress(ms_grad_buckets *gb) {
         if (gb->b[b].req && gb->b[b].comm != last) ms_comm_progress(last = gb->b[b].comm);
 }
 
+/* Copies gradient g into its bucket's send buffer: whole, or block by block. */
+static void pack(ms_grad_buckets *gb, const grad *g, const bucket *b) {
+    if (!b->parts) {
+        memcpy(gb->storage + g->offset, g->src, sizeof(float) * (size_t)g->n);
+        return;
+    }
+    const int64_t row = g->n / g->rows;
+    for (int c = 0; c < b->parts; c++) {
+        int64_t row0;
+        size_t len = block(g, b->parts, c, &row0);
+        memcpy(gb->storage + g->part[c], g->src + row0 * row, sizeof(float) * len);
+    }
+}
+
+static ms_comm_request *issue(ms_grad_buckets *gb, bucket *b, ms_error *err) {
+    float *x = gb->storage + b->offset;
+    if (!b->parts) return ms_iall_reduce(b->comm, x, x, b->floats, b->op, err);
+    return ms_ireduce_scatter(b->comm, x, gb->storage + gb->floats + b->recv_offset, b->counts,
+                              b->op, err);
+}
+
 ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err) {
     progress(gb);
     for (int i = first_ready_at(gb, k); i < gb->ng && gb->g[i].ready == k; i++) {
         grad *g = &gb->g[i];
         if (++g->hits < gb->passes) continue;
         bucket *b = &gb->b[g->bucket];
-        memcpy(gb->storage + g->offset, g->src, sizeof(float) * (size_t)g->n);
+        pack(gb, g, b);
         if (++b->packed < b->count) continue;
-        float *x = gb->storage + b->offset;
-        b->req = ms_iall_reduce(b->comm, x, x, b->floats, b->op, err);
+        b->req = issue(gb, b, err);
         if (!b->req) return err ? err->code : MS_ERR_COMM;
     }
     return MS_OK;
@@ -157,7 +233,12 @@ ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err) {
         b->reduced = true;
         MS_CHECK(ms_comm_wait(req, err));
     }
-    memcpy(g->dst, gb->storage + g->offset, sizeof(float) * (size_t)g->n);
+    if (b->parts) {
+        int me = ms_comm_rank(b->comm);
+        memcpy(g->dst, gb->storage + g->recv, sizeof(float) * block(g, b->parts, me, NULL));
+    } else {
+        memcpy(g->dst, gb->storage + g->offset, sizeof(float) * (size_t)g->n);
+    }
     if (++b->finished == b->count) { /* the bucket's step is over */
         b->packed = b->finished = 0;
         b->reduced = false;
@@ -170,13 +251,10 @@ void ms_gb_reset(ms_grad_buckets *gb) {
     if (!gb) return;
     for (int i = 0; i < gb->ng; i++) gb->g[i].hits = 0;
     for (int b = 0; b < gb->nb; b++) {
-        ms_comm_wait(gb->b[b].req, NULL); /* an abandoned step's: its result is dropped */
-        gb->b[b] = (bucket){.first = gb->b[b].first,
-                            .count = gb->b[b].count,
-                            .offset = gb->b[b].offset,
-                            .floats = gb->b[b].floats,
-                            .mesh_dim = gb->b[b].mesh_dim,
-                            .op = gb->b[b].op,
-                            .comm = gb->b[b].comm};
+        bucket *x = &gb->b[b];
+        ms_comm_wait(x->req, NULL); /* an abandoned step's: its result is dropped */
+        x->req = NULL;
+        x->packed = x->finished = 0;
+        x->reduced = false;
     }
 }

@@ -1,8 +1,8 @@
-/* grad_buckets.h - gradient buckets (private to engine/graph): the all-reduces that move a
- * program's parameter gradients into the parameters' placements (the data-parallel
- * P(sum) -> R), grouped in the order backward finishes the gradients into buckets of at most
- * a given size, each all-reduced with one non-blocking call as soon as backward has produced
- * its last gradient, so that the reduction runs while backward computes the rest.
+/* grad_buckets.h - gradient buckets (private to engine/graph): the all-reduces (or ZeRO's
+ * reduce-scatters) that move a program's parameter gradients into their placements (the
+ * data-parallel P(sum) -> R, or -> S(0)), grouped in the order backward finishes the gradients into
+ * buckets of at most a given size, each all-reduced with one non-blocking call as soon as backward
+ * has produced its last gradient, so that the reduction runs while backward computes the rest.
  *
  * The program describes every bucketed gradient once, in the order it becomes final
  * (ms_gb_add: the instruction after which it is final, its size, the mesh dim and reduce op),
@@ -13,10 +13,11 @@
  * gradient. A gradient counts as final after `passes` runs of its instruction (the
  * micro-batches of a step: it accumulates until the last one).
  *
- * Buckets never mix mesh dims or reduce ops (one communicator and op per call); a gradient
- * larger than the bucket size gets a bucket of its own. Ownership: the program owns the
- * buckets; the storage is the program's (from its device); ms_gb_destroy waits for any
- * all-reduce still in flight, so nothing writes into freed memory.
+ * Buckets never mix mesh dims, reduce ops or kinds (one communicator, op and collective per
+ * call); a gradient larger than the bucket size gets a bucket of its own. A reduce-scatter
+ * bucket (ZeRO 2 and 3) packs every member's blocks together, so each receives its shards.
+ * Ownership: the program owns the buckets; the storage is the program's (from its device);
+ * ms_gb_destroy waits for any all-reduce still in flight, so nothing writes into freed memory.
  */
 #ifndef MS_GRAD_BUCKETS_H
 #define MS_GRAD_BUCKETS_H
@@ -34,15 +35,20 @@ ms_grad_buckets *ms_gb_create(double bucket_mb, int passes);
 void ms_gb_destroy(ms_grad_buckets *gb);
 
 /* Appends a gradient final after instruction `ready` (not before the previous one's):
- * n floats reduced with op over mesh dim `mesh_dim`. Returns its index. */
-int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int mesh_dim, ms_reduce_op op);
+ * n floats reduced with op over mesh dim `mesh_dim`: all-reduced (parts 0), or
+ * reduce-scattered over the dim's `parts` members, member c keeping block c of the `rows`
+ * leading rows under the balanced split (ZeRO 2 and 3: the gradient sharded S(0) innermost).
+ * Returns its index. */
+int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
+              ms_reduce_op op);
 int ms_gb_count(const ms_grad_buckets *gb);   /* gradients */
 int ms_gb_buckets(const ms_grad_buckets *gb); /* buckets */
 int ms_gb_bucket_of(const ms_grad_buckets *gb, int i);
-/* Floats of the contiguous buffer behind every bucket. */
+/* Floats of the contiguous buffer behind every bucket (and the reduce-scatters' results). */
 size_t ms_gb_storage_floats(const ms_grad_buckets *gb);
 
-/* Gradient i's accumulated gradient (src), the parameter's (dst), and its communicator. */
+/* Gradient i's accumulated gradient (src), the parameter's (dst: its shard when scattered),
+ * and its communicator; then, once every gradient is bound, the storage. */
 void ms_gb_bind(ms_grad_buckets *gb, int i, const float *src, float *dst, ms_comm *comm);
 void ms_gb_bind_storage(ms_grad_buckets *gb, float *storage);
 

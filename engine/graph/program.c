@@ -883,12 +883,28 @@ static int final_write(const ms_program *p, int b) {
     return p->n_backward - 1;
 }
 
+/* The rows a grad-sync reduce-scatter splits, when it splits the local buffer's dim 0 (ZeRO's
+ * S(0) innermost: each member's block a contiguous run of rows) and this rank's block is the
+ * target buffer; else 0. */
+static int64_t scatter_rows(const ms_program *p, const instr *in) {
+    const ms_rstep *st = &in->plan->steps[0];
+    const buf *src = &p->bufs[in->src], *dst = &p->bufs[in->dst];
+    if (st->after.p[st->mesh_dim].kind != MS_PL_SHARD || st->after.p[st->mesh_dim].dim != 0 ||
+        src->lshape.ndim < 1 || src->lshape.d[0] < 1)
+        return 0;
+    int64_t rows = src->lshape.d[0], off, len;
+    ms_split_part(rows, p->mesh->shape[st->mesh_dim], p->coords[st->mesh_dim], &off, &len);
+    return len * (src->nfloats / rows) == dst->nfloats ? rows : 0;
+}
+
 /* A grad-sync reshard that is one all-reduce of same-sized buffers (the data-parallel
- * P -> R) can run in a bucket; anything else (shards change, several steps) runs as a
- * reshard at grad sync, as without buckets. */
+ * P -> R) or one reduce-scatter of dim 0 (ZeRO 2 and 3) can run in a bucket; anything else
+ * (other shards, several steps) runs as a reshard at grad sync, as without buckets. */
 static bool bucketable(const ms_program *p, const instr *in) {
     if (in->kind != I_RESHARD || in->phase != MS_PROG_GRAD_SYNC || !in->plan) return false;
-    if (in->plan->nsteps != 1 || in->plan->steps[0].kind != MS_RSTEP_ALL_REDUCE) return false;
+    if (in->plan->nsteps != 1) return false;
+    if (in->plan->steps[0].kind == MS_RSTEP_REDUCE_SCATTER) return scatter_rows(p, in) > 0;
+    if (in->plan->steps[0].kind != MS_RSTEP_ALL_REDUCE) return false;
     return p->bufs[in->src].nfloats == p->bufs[in->dst].nfloats;
 }
 
@@ -918,7 +934,11 @@ static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
         instr *in = &p->ins[rg[i].ins];
         const ms_rstep *step = &in->plan->steps[0];
         ms_reduce_op op = (ms_reduce_op)step->before.p[step->mesh_dim].reduce;
-        int g = ms_gb_add(p->buckets, rg[i].ready, p->bufs[in->src].nfloats, step->mesh_dim, op);
+        bool scatter = step->kind == MS_RSTEP_REDUCE_SCATTER;
+        int64_t rows = scatter ? scatter_rows(p, in) : 0;
+        int parts = scatter ? p->mesh->shape[step->mesh_dim] : 0;
+        int g = ms_gb_add(p->buckets, rg[i].ready, p->bufs[in->src].nfloats, rows, parts,
+                          step->mesh_dim, op);
         in->bucket_grad = g + 1;
     }
     free(rg);
@@ -932,7 +952,6 @@ static ms_status bind_grad_buckets(ms_program *p, ms_error *err) {
     if (!p->bucket_storage)
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu bytes of gradient buckets",
                        floats * sizeof(float));
-    ms_gb_bind_storage(p->buckets, p->bucket_storage);
     for (int k = p->n_backward; k < p->ni; k++) {
         const instr *in = &p->ins[k];
         if (!in->bucket_grad) continue;
@@ -940,6 +959,7 @@ static ms_status bind_grad_buckets(ms_program *p, ms_error *err) {
         ms_gb_bind(p->buckets, in->bucket_grad - 1, p->bufs[in->src].ptr, p->bufs[in->dst].ptr,
                    comm);
     }
+    ms_gb_bind_storage(p->buckets, p->bucket_storage);
     return MS_OK;
 }
 

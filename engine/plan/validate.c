@@ -189,12 +189,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
         return ms_fail(err, MS_ERR_INVALID,
                        "a replicated head (\"vocab_parallel\": false) is predicted only; the "
                        "engine shards the tied embedding over tp");
-    if (s->bucket_mb > 0 && s->zero >= 2)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "gradient buckets (bucket_mb %g) under ZeRO stage %d are not run yet: the "
-                       "engine buckets all-reduces, and ZeRO %d reduce-scatters each gradient; "
-                       "leave bucket_mb out or use zero 0 or 1",
-                       (double)s->bucket_mb, s->zero, s->zero);
     if (mem_cap_bytes > 0) {
         double need = 0;
         MS_CHECK(engine_memory(s, cfg, job, &need, err));
