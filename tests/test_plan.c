@@ -444,8 +444,7 @@ static void non_executable_flagged(void **state) {
         const ms_plan_estimate *e = &res.cands[i];
         int mb = 0, m = 0;
         assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
-        bool engine_kind =
-            e->s.zero == 0 && e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
+        bool engine_kind = e->s.zero == 0 && !e->s.vocab_replicated; /* recompute runs */
         assert_int_equal(e->executable, engine_kind);
         if (!e->executable) assert_true(strlen(e->not_executable) > 10);
         e->executable ? exe++ : non++;
@@ -480,7 +479,6 @@ static void executable_check_reasons(void **state) {
         {engine_strategy(4, 1, 1, false), 4, 6, 0, "not divisible by dp 4"},
         {engine_strategy(4, 1, 1, true), 4, 8, 0, "sp without tp"},
         {knobs(4, 1, 1, 1, false, 1, false, 1, false, MS_PLAN_FP32), 4, 8, 0, "ZeRO"},
-        {knobs(4, 1, 1, 1, false, 0, true, 1, false, MS_PLAN_FP32), 4, 8, 0, "recompute"},
         {engine_strategy(4, 1, 1, false), 4, 8, 1e6, "over memory"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

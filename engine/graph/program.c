@@ -49,6 +49,11 @@ typedef struct pvalue {
     int param_grad_buf; /* params: the persistent gradient in pl */
 } pvalue;
 
+/* The buffers one kernel instruction reads and writes besides gradients. */
+typedef struct kbufs {
+    int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT], saved[MS_OP_MAX_SAVED];
+} kbufs;
+
 typedef struct pnode {
     ms_rule_cand cand[MS_MESH_MAX_DIMS];
     ms_placements req_in[MS_OP_MAX_IN];
@@ -56,6 +61,7 @@ typedef struct pnode {
     int in_buf[MS_OP_MAX_IN];
     int out_buf[MS_OP_MAX_OUT]; /* raw outputs in out_pl */
     int saved_buf[MS_OP_MAX_SAVED];
+    kbufs bw; /* what its backward reads: the forward's buffers, or its recompute's */
 } pnode;
 
 typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED } ikind;
@@ -70,6 +76,7 @@ typedef struct instr {
     const ms_reshard_plan *plan; /* RESHARD: from the program's plan cache */
     double coll_bytes;           /* RESHARD: predicted by the plan */
     double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
+    kbufs kb;                    /* FWD/BWD: the node's inputs, outputs and saved buffers */
     ms_program_phase phase;
 } instr;
 
@@ -102,6 +109,7 @@ struct ms_program {
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
     float *arena;
     size_t arena_floats, unplanned_floats;
+    size_t activation_floats; /* peak_activations */
     float *persist;
     size_t persist_floats;
     int *params;
@@ -109,6 +117,8 @@ struct ms_program {
     uint64_t flow_counter;    /* reshard flow ids, for traces */
     int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
     int *reshards, nreshards; /* instruction index of each RESHARD, in step order */
+    int *rc_first;            /* [nn]: first node of the recomputed region holding it, or -1 */
+    int *rc_buf;              /* [nv]: a value's buffer while its region is recomputed, or -1 */
 };
 
 /* --- small helpers ----------------------------------------------------------------------- */
@@ -166,7 +176,7 @@ static instr *emit(ms_program *p, ikind kind, ms_program_phase phase) {
     return in;
 }
 
-static const char *const phase_names[] = {"forward", "loss", "backward", "grad sync"};
+static const char *const phase_names[] = {"forward", "loss", "backward", "grad sync", "recompute"};
 _Static_assert(sizeof phase_names / sizeof *phase_names == MS_PROG_PHASE_COUNT, "a name per phase");
 
 const char *ms_program_phase_name(ms_program_phase ph) {
@@ -389,6 +399,10 @@ static void build_forward(ms_program *p) {
             pn->out_buf[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
         instr *in = emit(p, I_FWD, MS_PROG_FORWARD);
         in->node = k;
+        memcpy(in->kb.in, pn->in_buf, sizeof in->kb.in);
+        memcpy(in->kb.out, pn->out_buf, sizeof in->kb.out);
+        memcpy(in->kb.saved, pn->saved_buf, sizeof in->kb.saved);
+        pn->bw = in->kb;
         for (int o = 0; o < nd->n_out; o++) {
             pvalue *ov = &p->pv[nd->out[o]];
             if (ms_placements_eq(&ov->pl, &pn->out_pl[o])) {
@@ -409,6 +423,82 @@ static void build_forward(ms_program *p) {
         emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, MS_PROG_LOSS);
     }
     p->n_forward = p->ni;
+}
+
+/* --- activation recompute ------------------------------------------------------------------ */
+
+/* Which nodes the backward recomputes: rc_first[k] is the first node of the region node k runs
+ * in, under the outermost kind opts->recompute selects, or -1. A region's nodes are
+ * consecutive (the builder records them between begin and end). */
+static void mark_recompute(ms_program *p, unsigned kinds) {
+    ms_graph *g = p->g;
+    if (!kinds || !g->nn) return;
+    p->rc_first = xmalloc(sizeof(int) * (size_t)g->nn);
+    p->rc_buf = xmalloc(sizeof(int) * (size_t)g->nv);
+    for (int v = 0; v < g->nv; v++) p->rc_buf[v] = -1;
+    for (int k = 0; k < g->nn; k++) {
+        p->rc_first[k] = -1;
+        for (int r = 0; r < MS_REGION_KIND_COUNT && p->rc_first[k] < 0; r++) {
+            int id = g->n[k].region[r];
+            if (!(kinds >> r & 1) || id < 0) continue;
+            bool same = k > 0 && g->n[k - 1].region[r] == id;
+            p->rc_first[k] = same ? p->rc_first[k - 1] : k;
+        }
+    }
+}
+
+/* A value's buffer as the recompute reads it: the recomputed one inside the region, the kept
+ * one (a region input, a parameter) outside it. */
+static int recompute_src(const ms_program *p, int v) {
+    return p->rc_buf[v] >= 0 ? p->rc_buf[v] : p->pv[v].buf;
+}
+
+/* Node k's forward again, with its input and output reshards, into fresh buffers; its
+ * backward will read those (pn->bw), so the forward's copies die after their forward uses. */
+static void recompute_node(ms_program *p, int k) {
+    ms_graph *g = p->g;
+    gnode *nd = &g->n[k];
+    pnode *pn = &p->pn[k];
+    kbufs b;
+    memset(&b, -1, sizeof b); /* every slot -1: no buffer */
+    for (int i = 0; i < nd->n_in; i++) {
+        pvalue *iv = &p->pv[nd->in[i]];
+        int src = recompute_src(p, nd->in[i]);
+        if (ms_placements_eq(&iv->pl, &pn->req_in[i])) {
+            b.in[i] = src;
+            continue;
+        }
+        b.in[i] = new_buf(p, &g->v[nd->in[i]].shape, &pn->req_in[i], false);
+        emit_reshard(p, nd->in[i], src, b.in[i], &iv->pl, &pn->req_in[i], MS_PROG_RECOMPUTE);
+    }
+    for (int s = 0; s < MS_OP_MAX_SAVED; s++)
+        b.saved[s] = pn->saved_buf[s] >= 0 ? new_raw_buf(p, p->bufs[pn->saved_buf[s]].nfloats) : -1;
+    for (int o = 0; o < nd->n_out; o++)
+        b.out[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
+    instr *in = emit(p, I_FWD, MS_PROG_RECOMPUTE);
+    in->node = k;
+    in->kb = pn->bw = b;
+    for (int o = 0; o < nd->n_out; o++) {
+        pvalue *ov = &p->pv[nd->out[o]];
+        int v = nd->out[o];
+        if (ms_placements_eq(&ov->pl, &pn->out_pl[o])) {
+            p->rc_buf[v] = b.out[o];
+            continue;
+        }
+        p->rc_buf[v] = new_buf(p, &g->v[v].shape, &ov->pl, false);
+        emit_reshard(p, v, b.out[o], p->rc_buf[v], &pn->out_pl[o], &ov->pl, MS_PROG_RECOMPUTE);
+    }
+}
+
+/* Called as the backward reaches node k (nodes in reverse): entering a recomputed region
+ * from its end, runs the whole region's forward again first. Reshards inside it are
+ * collectives, so every rank re-runs them, in the same order. */
+static void recompute_region(ms_program *p, int k, int *last_region) {
+    if (!p->rc_first || p->rc_first[k] < 0 || p->rc_first[k] == *last_region) return;
+    int lo = *last_region = p->rc_first[k];
+    for (int j = lo; j <= k; j++) recompute_node(p, j);
+    for (int j = lo; j <= k; j++)
+        for (int o = 0; o < p->g->n[j].n_out; o++) p->rc_buf[p->g->n[j].out[o]] = -1;
 }
 
 static ms_placements dual_placements(const pnode *pn, int m_ndim, int n_in, int n_out, int i,
@@ -453,6 +543,7 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
         if (pending[i] >= 0) emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = pending[i];
     instr *in = emit(p, I_BWD, MS_PROG_BACKWARD);
     in->node = k;
+    in->kb = pn->bw;
     memcpy(in->dout_buf, dout, sizeof in->dout_buf);
     memcpy(in->din_buf, din, sizeof in->din_buf);
     for (int i = 0; i < nd->n_in; i++) {
@@ -495,8 +586,9 @@ static void build_backward(ms_program *p) {
     }
     /* Split (zb-h1): each kernel's parameter gradients are deferred to a second pass. */
     deferred_w *dw = p->split_w ? xmalloc(sizeof *dw * (size_t)(g->nn + 1)) : NULL;
-    int ndw = 0;
+    int ndw = 0, last_region = -1;
     for (int k = g->nn - 1; k >= 0; k--) {
+        recompute_region(p, k, &last_region);
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
         const ms_op_def *def = ms_op_get(nd->op);
@@ -570,7 +662,12 @@ static void build_backward(ms_program *p) {
             emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = p->in_grad_buf[v];
     }
     p->n_weight = p->ni;
-    for (int i = 0; i < ndw; i++) emit_bwd(p, dw[i].node, dw[i].dout, dw[i].din, dw[i].pending);
+    /* The weight pass recomputes a region again rather than keep its activations from B. */
+    last_region = -1;
+    for (int i = 0; i < ndw; i++) {
+        recompute_region(p, dw[i].node, &last_region);
+        emit_bwd(p, dw[i].node, dw[i].dout, dw[i].din, dw[i].pending);
+    }
     free(dw);
     p->n_backward = p->ni;
     /* Gradients into the parameters' placements (data-parallel all-reduce and the like). */
@@ -619,6 +716,30 @@ static void program_free(ms_program *p, void *x, size_t bytes) {
         free(x);
 }
 
+/* The most floats of step-lived buffers live at once, parameter gradients waiting for the
+ * grad sync left out: what activations, their gradients and temporaries need. */
+static size_t peak_activations(const ms_program *p) {
+    bool *param_grad = xcalloc((size_t)p->nb + 1, sizeof(bool));
+    for (int v = 0; v < p->g->nv; v++)
+        if (p->g->v[v].kind == GV_PARAM && p->pv[v].has_grad) param_grad[p->pv[v].gbuf] = true;
+    int64_t *delta = xcalloc((size_t)p->ni + 2, sizeof(int64_t));
+    for (int b = 0; b < p->nb; b++) {
+        const buf *bf = &p->bufs[b];
+        if (bf->persistent || bf->first < 0 || param_grad[b]) continue;
+        int64_t padded = (bf->nfloats + 15) / 16 * 16;
+        delta[bf->first] += padded;
+        delta[bf->last + 1] -= padded;
+    }
+    int64_t live = 0, peak = 0;
+    for (int k = 0; k <= p->ni; k++) {
+        live += delta[k];
+        if (live > peak) peak = live;
+    }
+    free(delta);
+    free(param_grad);
+    return (size_t)peak;
+}
+
 /* Offsets of every buffer: step-lived ones in the arena, the rest in persistent storage. */
 static void layout_memory(ms_program *p) {
     for (int k = 0; k < p->ni; k++) {
@@ -626,11 +747,10 @@ static void layout_memory(ms_program *p) {
         touch(p, in->src, k);
         touch(p, in->dst, k);
         if (in->node >= 0) {
-            pnode *pn = &p->pn[in->node];
             gnode *nd = &p->g->n[in->node];
-            for (int i = 0; i < nd->n_in; i++) touch(p, pn->in_buf[i], k);
-            for (int o = 0; o < nd->n_out; o++) touch(p, pn->out_buf[o], k);
-            for (int s = 0; s < MS_OP_MAX_SAVED; s++) touch(p, pn->saved_buf[s], k);
+            for (int i = 0; i < nd->n_in; i++) touch(p, in->kb.in[i], k);
+            for (int o = 0; o < nd->n_out; o++) touch(p, in->kb.out[o], k);
+            for (int s = 0; s < MS_OP_MAX_SAVED; s++) touch(p, in->kb.saved[s], k);
             for (int o = 0; o < MS_OP_MAX_OUT; o++) touch(p, in->dout_buf[o], k);
             for (int i = 0; i < MS_OP_MAX_IN; i++) touch(p, in->din_buf[i], k);
         }
@@ -681,6 +801,7 @@ static void layout_memory(ms_program *p) {
     }
     free(order);
     p->arena_floats = top;
+    p->activation_floats = peak_activations(p);
 }
 
 /* The arena and persistent storage behind the layout; every buffer's tensor becomes a view. */
@@ -796,6 +917,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     for (int v = 0; v < g->nv; v++) p->in_grad_buf[v] = -1;
     MS_CHECK(complete(p, opts, err));
     build_forward(p);
+    mark_recompute(p, opts ? opts->recompute : 0);
     build_backward(p);
     layout_memory(p);
     compute_costs(p);
@@ -874,6 +996,8 @@ void ms_program_destroy(ms_program *p) {
     free(p->params);
     free(p->kernels);
     free(p->reshards);
+    free(p->rc_first);
+    free(p->rc_buf);
     ms_plan_cache_destroy(p->own_plans);
     ms_mesh_free(&p->own_mesh);
     free(p);
@@ -921,7 +1045,7 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     call->out_pl = pn->out_pl;
     for (int i = 0; i < nd->n_in; i++) {
         gin[i] = p->g->v[nd->in[i]].shape;
-        call->in[i] = &p->bufs[pn->in_buf[i]].t;
+        call->in[i] = &p->bufs[in->kb.in[i]].t;
         int64_t len[MS_MAX_DIMS];
         ms_local_box(&pn->req_in[i], p->mesh, p->coords, gin[i].ndim, gin[i].d, call->in_start[i],
                      len);
@@ -929,14 +1053,14 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     }
     for (int o = 0; o < nd->n_out; o++) {
         gout[o] = p->g->v[nd->out[o]].shape;
-        call->out[o] = &p->bufs[pn->out_buf[o]].t;
+        call->out[o] = &p->bufs[in->kb.out[o]].t;
         int64_t len[MS_MAX_DIMS];
         ms_local_box(&pn->out_pl[o], p->mesh, p->coords, gout[o].ndim, gout[o].d,
                      call->out_start[o], len);
         if (in->dout_buf[o] >= 0) call->dout[o] = &p->bufs[in->dout_buf[o]].t;
     }
     for (int s = 0; s < MS_OP_MAX_SAVED; s++)
-        if (pn->saved_buf[s] >= 0) call->saved[s] = &p->bufs[pn->saved_buf[s]].t;
+        if (in->kb.saved[s] >= 0) call->saved[s] = &p->bufs[in->kb.saved[s]].t;
     call->gin = gin;
     call->gout = gout;
 }
@@ -951,7 +1075,7 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
     if (in->kind == I_FWD || in->kind == I_BWD) {
         const gnode *nd = &p->g->n[in->node];
         e.kind = MS_EV_OP;
-        e.phase = in->kind == I_FWD ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD;
+        e.phase = in->kind == I_FWD ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD; /* recompute too */
         e.u.op.op = nd->op;
         ms_ev_strcpy(e.u.op.name, sizeof e.u.op.name, NULL, nd->name);
         ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, ms_op_get(nd->op)->name);
@@ -959,9 +1083,9 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
         e.u.op.bytes = in->bytes;
     } else {
         e.kind = MS_EV_RESHARD;
-        e.phase = in->phase == MS_PROG_FORWARD    ? MS_PHASE_FORWARD
-                  : in->phase == MS_PROG_BACKWARD ? MS_PHASE_BACKWARD
-                                                  : MS_PHASE_OTHER;
+        e.phase = in->phase == MS_PROG_FORWARD || in->phase == MS_PROG_RECOMPUTE ? MS_PHASE_FORWARD
+                  : in->phase == MS_PROG_BACKWARD                                ? MS_PHASE_BACKWARD
+                                                                                 : MS_PHASE_OTHER;
         ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor,
                      moves_grad(in->phase) ? "grad:" : NULL, p->g->v[in->value].name);
         ms_placements_str(&in->from, e.u.reshard.from, sizeof e.u.reshard.from);
@@ -1204,6 +1328,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
         }
     }
     s->arena_bytes = p->arena_floats * sizeof(float);
+    s->activation_bytes = p->activation_floats * sizeof(float);
     s->unplanned_bytes = p->unplanned_floats * sizeof(float);
     s->param_bytes = p->persist_floats * sizeof(float);
 }
@@ -1260,13 +1385,13 @@ ms_status ms_program_kernel(const ms_program *p, int i, ms_kernel_info *out) {
     for (int k = 0; k < nd->n_in; k++) {
         out->in[k] = nd->in[k];
         out->in_pl[k] = pn->req_in[k];
-        out->in_local[k] = p->bufs[pn->in_buf[k]].lshape;
+        out->in_local[k] = p->bufs[in->kb.in[k]].lshape;
         out->grad_in[k] = in->din_buf[k] >= 0;
     }
     for (int k = 0; k < nd->n_out; k++) {
         out->out[k] = nd->out[k];
         out->out_pl[k] = pn->out_pl[k];
-        out->out_local[k] = p->bufs[pn->out_buf[k]].lshape;
+        out->out_local[k] = p->bufs[in->kb.out[k]].lshape;
     }
     out->flops = in->flops;
     out->bytes = in->bytes;

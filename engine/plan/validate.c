@@ -177,9 +177,6 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                        "fields to 0",
                        m);
     if (s->zero) return ms_fail(err, MS_ERR_INVALID, "ZeRO stage %d %s", s->zero, yet);
-    if (s->recompute != MS_RECOMPUTE_NONE)
-        return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",
-                       ms_recompute_name(s->recompute), yet);
     if (s->precision != MS_PRECISION_FP32)
         return ms_fail(err, MS_ERR_INVALID,
                        "%s precision is predicted only; the engine trains in fp32 (\"precision\": "

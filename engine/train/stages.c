@@ -126,6 +126,7 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .seed = st->o.seed,
                              .micro_batched = st->micro,
                              .split_weight_grads = s_zb(st),
+                             .recompute = ms_strategy_recompute_regions(&st->strat),
                              .loss_scale = 1.0f / (float)st->m};
 }
 
