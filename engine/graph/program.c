@@ -1304,15 +1304,17 @@ void ms_program_explain(const ms_program *p, FILE *f) {
     }
     ms_program_stats st;
     ms_program_stats_get(p, &st);
-    char t[32], ar[32], un[32], pb[32];
+    char t[32], ar[32], un[32], pb[32], ac[32];
     human(total, t, sizeof t);
     human((double)st.arena_bytes, ar, sizeof ar);
     human((double)st.unplanned_bytes, un, sizeof un);
     human((double)st.param_bytes, pb, sizeof pb);
+    human((double)st.activation_bytes, ac, sizeof ac);
     fprintf(f,
             "\n%d reshards, %s per step on this rank; %.3g GFLOP per step; activation arena %s "
-            "(%s without reuse); parameters and gradients %s\n",
-            n, t, st.flops / 1e9, ar, un, pb);
+            "(%s without reuse; activations %s besides the gradients awaiting the grad sync); "
+            "parameters and gradients %s\n",
+            n, t, st.flops / 1e9, ar, un, ac, pb);
 }
 
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
