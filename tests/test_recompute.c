@@ -8,9 +8,9 @@
  *   bitwise      on one rank, full and selective recompute train to the same losses and final
  *                parameters, bit for bit, as no recompute (same kernels on the same inputs),
  *                with dropout on too (masks are a function of the global element index)
- *   distributed  under dp2, tp2 (+ sp), cp2, dp2 x tp2 and pp2 (1f1b and zb-h1, 4 micro-batches)
- *                for GPT and BERT, losses and parameters within 1e-5 relative of one rank
- *                without recompute
+ *   distributed  under dp2, tp2 (+ sp), cp2, dp2 x tp2 and pp2 (1f1b and zb-h1, 4 micro-batches;
+ *                gpipe and interleaved too) for GPT and BERT, losses and parameters within 1e-5
+ *                relative of one rank without recompute
  *   memory       on gpt-bench's shape (configs/gpt-bench.json, batch 8 x 128) the program's
  *                arena with full recompute is at least 60% below none, selective below none;
  *                a pipeline's micro-batch arenas (ms_stages_memory) shrink too; the planner
@@ -248,6 +248,20 @@ static void bert_tp2_sp_full_w2(void **state) {
 static void bert_cp2_full_w2(void **state) {
     (void)state;
     check(true, false, "{\"cp\": 2, \"recompute\": \"full\"}", 2);
+}
+static void gpt_pp2_interleaved_full_w2(void **state) {
+    (void)state;
+    check(false, false,
+          "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"interleaved\", "
+          "\"virtual_stages\": 2, \"recompute\": \"full\"}",
+          2);
+}
+static void bert_pp2_gpipe_selective_w2(void **state) {
+    (void)state;
+    check(true, false,
+          "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"gpipe\", \"recompute\": "
+          "\"selective\"}",
+          2);
 }
 static void gpt_dp2_tp2_sp_full_w4(void **state) {
     (void)state;
@@ -508,6 +522,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(gpt_pp2_zb_h1_selective_w2),
     cmocka_unit_test(bert_pp2_1f1b_selective_w2),
     cmocka_unit_test(bert_pp2_zb_h1_full_w2),
+    cmocka_unit_test(gpt_pp2_interleaved_full_w2),
+    cmocka_unit_test(bert_pp2_gpipe_selective_w2),
     cmocka_unit_test(gpt_dp2_tp2_sp_full_w4),
     cmocka_unit_test(bert_tp2_pp2_zb_h1_full_w4),
 };
