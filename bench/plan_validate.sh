@@ -50,27 +50,10 @@ data=data/kjv.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# Idle share of the CPUs over 2 s; waiting for a quiet machine (at most --max-wait) before each run
-# keeps other jobs' bursts out of the measured steps. The idle seen before each run is kept.
-idle_pct() {
-  local u n s i w x y z t1 i1 t2 i2
-  read -r _ u n s i w x y z _ </proc/stat; t1=$((u + n + s + i + w + x + y + z)); i1=$((i + w))
-  sleep 2
-  read -r _ u n s i w x y z _ </proc/stat; t2=$((u + n + s + i + w + x + y + z)); i2=$((i + w))
-  echo $((100 * (i2 - i1) / (t2 - t1)))
-}
-wait_quiet() {
-  local p waited=0
-  while p=$(idle_pct); [ "$p" -lt 85 ] && [ $waited -lt "$max_wait" ]; do waited=$((waited + 2)); done
-  echo "$p" >>"$tmp/idle"
-}
+# idle_pct, wait_quiet (before each run) and knob ("dp=2,tp=2,sp=1" -> one knob)
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# "dp=2,tp=2,sp=1" -> the knobs with defaults filled in
-knob() { # knob SPEC NAME DEFAULT
-  local v
-  v=$(tr ',' '\n' <<<"$1" | sed -n "s/^$2=//p")
-  echo "${v:-$3}"
-}
 degrees() { # the missing degree makes dp x tp x cp x pp = ranks; then sp, pp, micro-batches
   local dp tp cp pp
   dp=$(knob "$1" dp 0); tp=$(knob "$1" tp 1); cp=$(knob "$1" cp 1); pp=$(knob "$1" pp 1)

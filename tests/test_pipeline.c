@@ -60,6 +60,10 @@ static void gpt_dp2_zero1_bucket_w2(void **state) {
     (void)state;
     check(false, "{\"dp\": 2, \"zero\": 1, \"bucket_mb\": 0.004}", 2);
 }
+static void gpt_dp2_recompute_bucket_w2(void **state) {
+    (void)state;
+    check(false, "{\"dp\": 2, \"recompute\": \"selective\", \"bucket_mb\": 0.004}", 2);
+}
 static void bert_dp2_bucket_small_w2(void **state) {
     (void)state;
     check(true, "{\"dp\": 2, \"bucket_mb\": 0.002}", 2);
@@ -215,6 +219,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(gpt_dp2_pp2_m4_bucket_w4),
     cmocka_unit_test(gpt_dp2_pp2_zb_h1_bucket_w4),
     cmocka_unit_test(gpt_dp2_zero1_bucket_w2),
+    cmocka_unit_test(gpt_dp2_recompute_bucket_w2),
     cmocka_unit_test(bert_dp2_bucket_small_w2),
     cmocka_unit_test(bert_dp4_bucket1_w4),
     cmocka_unit_test(bert_dp2_pp2_m2_bucket_w4),

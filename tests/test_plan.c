@@ -444,8 +444,8 @@ static void non_executable_flagged(void **state) {
         const ms_plan_estimate *e = &res.cands[i];
         int mb = 0, m = 0;
         assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
-        bool engine_kind = e->s.recompute == MS_RECOMPUTE_NONE && !e->s.vocab_replicated;
-        if (e->s.zero) assert_true(e->s.dp > 1); /* ZeRO shards over dp only */
+        bool engine_kind = !e->s.vocab_replicated; /* ZeRO and recompute run */
+        if (e->s.zero) assert_true(e->s.dp > 1);   /* ZeRO shards over dp only */
         assert_int_equal(e->executable, engine_kind);
         if (!e->executable) assert_true(strlen(e->not_executable) > 10);
         e->executable ? exe++ : non++;
@@ -481,7 +481,6 @@ static void executable_check_reasons(void **state) {
         {engine_strategy(4, 1, 1, true), 4, 8, 0, "sp without tp"},
         {knobs(1, 2, 1, 2, false, 1, false, 1, true, MS_PLAN_FP32), 4, 8, 0,
          "ZeRO shards over data parallelism: give dp >= 2 or zero 0"},
-        {knobs(4, 1, 1, 1, false, 0, true, 1, false, MS_PLAN_FP32), 4, 8, 0, "recompute"},
         {engine_strategy(4, 1, 1, false), 4, 8, 1e6, "over memory"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -328,7 +328,9 @@ static void validator_refusals(void **state) {
                         "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\"}",
                         "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 4, \"schedule\": \"gpipe\"}",
                         "{\"dp\": 2, \"pp\": 2, \"schedule\": \"interleaved\", "
-                        "\"virtual_stages\": 2, \"micro_batches\": 2}"};
+                        "\"virtual_stages\": 2, \"micro_batches\": 2}",
+                        "{\"dp\": 4, \"recompute\": true}",
+                        "{\"dp\": 2, \"pp\": 2, \"recompute\": \"selective\"}"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         ms_strategy s = with(ok[i]);
         if (ms_strategy_validate(&s, &cfg, &job, 1e12, &err) != MS_OK)
@@ -338,8 +340,6 @@ static void validator_refusals(void **state) {
     static const struct {
         const char *json, *want;
     } later[] = {
-        {"{\"dp\": 4, \"recompute\": true}", "activation recompute (full) is predicted only"},
-        {"{\"dp\": 4, \"recompute\": \"selective\"}", "activation recompute (selective)"},
         {"{\"dp\": 4, \"precision\": \"bf16\"}", "bf16 precision is predicted only"},
         {"{\"tp\": 4, \"vocab_parallel\": false}", "replicated head"},
     };
@@ -352,6 +352,11 @@ static void validator_refusals(void **state) {
         if (!strstr(err.msg, later[i].want))
             fail_msg("%s: wanted '%s' in: %s", later[i].json, later[i].want, err.msg);
     }
+    /* a recompute mode the engine does not know stays an error */
+    ms_strategy unknown = with("{\"dp\": 4}");
+    unknown.recompute = MS_RECOMPUTE_COUNT;
+    assert_int_equal(ms_strategy_validate(&unknown, &cfg, &job, 0, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "unknown recompute mode 3"));
     /* not well-formed for this job */
     static const struct {
         const char *json;

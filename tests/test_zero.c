@@ -80,9 +80,37 @@ ZERO_CASE(gpt_dp2_tp2_zero2_bucket_w4, false,
 ZERO_CASE(gpt_dp2_pp2_zero2_bucket_w4, false,
           "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 4, \"zero\": 2, \"bucket_mb\": 0.004}", 4)
 ZERO_CASE(bert_dp2_zero3_bucket_w2, true, "{\"dp\": 2, \"zero\": 3, \"bucket_mb\": 0.002}", 2)
+ZERO_CASE(gpt_dp2_zero2_recompute_bucket_w2, false,
+          "{\"dp\": 2, \"zero\": 2, \"recompute\": \"full\", \"bucket_mb\": 0.004}", 2)
 static void gpt_uneven_dp4_zero2_bucket_w4(void **state) {
     (void)state;
     uneven("{\"dp\": 4, \"zero\": 2, \"bucket_mb\": 0.002}", 4);
+}
+
+/* ZeRO with activation recompute: the recomputed forward gathers ZeRO 3's parameters from
+ * their shards again (it runs after the forward's gathered copies are gone). */
+static void gpt_dp2_zero3_recompute_full_w2(void **state) {
+    (void)state;
+    mt_equiv_check(false, "{\"dp\": 2, \"zero\": 3, \"recompute\": \"full\"}", NULL, NULL, 2);
+}
+static void bert_dp2_tp2_zero3_selective_w4(void **state) {
+    (void)state;
+    mt_equiv_check(true, "{\"dp\": 2, \"tp\": 2, \"zero\": 3, \"recompute\": \"selective\"}", NULL,
+                   NULL, 4);
+}
+static void gpt_dp2_pp2_zb_h1_zero3_recompute_w4(void **state) {
+    (void)state;
+    mt_equiv_check(false,
+                   "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"schedule\": \"zb-h1\", "
+                   "\"zero\": 3, \"recompute\": \"full\"}",
+                   NULL, NULL, 4);
+}
+/* Switching into and out of recompute and ZeRO in a running job. */
+static void switch_zero_recompute_w4(void **state) {
+    (void)state;
+    mt_equiv_check(false, "{\"dp\": 4, \"recompute\": \"full\"}",
+                   "{\"dp\": 2, \"tp\": 2, \"zero\": 3, \"recompute\": \"selective\"}",
+                   "{\"dp\": 4, \"zero\": 1}", 4);
 }
 
 /* dp4 ZeRO 0 -> dp4 ZeRO 3 -> dp2 x tp2 ZeRO 1: each step's loss that of a run on the target
@@ -305,8 +333,13 @@ static const struct CMUnitTest tests[] = {
     T(gpt_dp2_tp2_zero2_bucket_w4),
     T(gpt_dp2_pp2_zero2_bucket_w4),
     T(bert_dp2_zero3_bucket_w2),
+    T(gpt_dp2_zero2_recompute_bucket_w2),
     T(gpt_uneven_dp4_zero2_bucket_w4),
     T(switch_zero0_zero3_tp2_zero1_w4),
+    T(gpt_dp2_zero3_recompute_full_w2),
+    T(bert_dp2_tp2_zero3_selective_w4),
+    T(gpt_dp2_pp2_zb_h1_zero3_recompute_w4),
+    T(switch_zero_recompute_w4),
     T(zero3_memory_dp4_w4),
     T(state_placements_w2),
     T(optimizer_device_w2),

@@ -126,6 +126,31 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
     return rc;
 }
 
+ms_model_config mt_tiny_config(bool bert, double pdrop) {
+    return (ms_model_config){.model_type = bert ? MS_MODEL_BERT : MS_MODEL_GPT2,
+                             .n_layer = 4,
+                             .n_head = 4,
+                             .n_embd = 32,
+                             .vocab_size = 256,
+                             .n_positions = 16,
+                             .layer_norm_epsilon = 1e-5,
+                             .embd_pdrop = pdrop,
+                             .resid_pdrop = pdrop,
+                             .attn_pdrop = pdrop};
+}
+
+ms_train_opts mt_train_opts(int batch, int seq, int steps) {
+    return (ms_train_opts){.batch = batch,
+                           .seq = seq,
+                           .steps = steps,
+                           .warmup = 1,
+                           .seed = 11,
+                           .lr = 3e-3,
+                           .min_lr = 3e-4,
+                           .weight_decay = 0.1,
+                           .clip = 0.5};
+}
+
 ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error *err) {
     size_t len = strlen(line), n = 64 * len;
     uint8_t *bytes = xmalloc(n);

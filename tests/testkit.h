@@ -20,6 +20,7 @@
 
 #include "engine/data/dataset.h"
 #include "engine/runtime/ctx.h"
+#include "engine/train/trainer.h"
 
 typedef struct mt_rank {
     ms_ctx *ctx;
@@ -53,6 +54,14 @@ int mt_world_rank(void);
 /* Text a model can learn a little of: `line` repeated 64 times, as data for sequences of
  * `seq` tokens with a tenth held out for validation. */
 ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error *err);
+
+/* The small model the equivalence tests train: 4 layers, 4 heads, 32 channels, bytes as
+ * tokens, 16 positions; pdrop at every dropout site. */
+ms_model_config mt_tiny_config(bool bert, double pdrop);
+
+/* What the equivalence tests train with: `steps` AdamW steps on batch x seq (warmup, cosine
+ * decay, weight decay and clipping all on, seed 11), so the comparisons exercise all of them. */
+ms_train_opts mt_train_opts(int batch, int seq, int steps);
 
 /* The backend this test binary runs on. */
 ms_backend_kind mt_backend(void);

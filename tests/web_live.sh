@@ -154,7 +154,7 @@ refuse() { # refuse NAME BODY WANTED-TEXT
 }
 refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "needs 2 ranks but the job runs on 4"
 refuse "ZeRO without dp" '{"dp": 1, "tp": 4, "zero": 1}' "ZeRO shards over data parallelism"
-refuse "recompute not executable" '{"dp": 4, "recompute": true}' "is predicted only"
+refuse "bf16 not executable" '{"dp": 4, "precision": "bf16"}' "bf16 precision is predicted only"
 refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"
 # --memory-cap 21.7 MiB: dp4 needs 21.1 MiB per rank here, tp4 +sp 22.4 MiB.
 refuse "over the memory cap" '{"dp": 1, "tp": 4, "sp": true}' "over memory"

@@ -10,6 +10,7 @@ ms_graph *ms_graph_create(void) {
     ms_graph *g = xcalloc(1, sizeof *g);
     g->loss = -1;
     g->output = -1;
+    for (int k = 0; k < MS_REGION_KIND_COUNT; k++) g->open_region[k] = -1;
     return g;
 }
 
@@ -118,6 +119,7 @@ ms_status ms_graph_op_n(ms_graph *g, int op, const ms_op_attrs *attrs, int n_in,
     nd->n_out = n_out;
     memcpy(nd->in, in, sizeof(int) * (size_t)n_in);
     snprintf(nd->name, sizeof nd->name, "%s", name ? name : def->name);
+    memcpy(nd->region, g->open_region, sizeof nd->region);
     for (int o = 0; o < n_out; o++) {
         char vname[120];
         if (n_out == 1)
@@ -139,6 +141,20 @@ int ms_graph_op(ms_graph *g, int op, const ms_op_attrs *attrs, int n_in, const i
     int out = -1;
     ms_graph_op_n(g, op, attrs, n_in, in, 1, &out, name);
     return out;
+}
+
+void ms_graph_region_begin(ms_graph *g, ms_region_kind kind) {
+    if ((unsigned)kind >= MS_REGION_KIND_COUNT || g->open_region[kind] >= 0) return;
+    g->open_region[kind] = g->n_regions[kind]++;
+}
+
+void ms_graph_region_end(ms_graph *g, ms_region_kind kind) {
+    if ((unsigned)kind < MS_REGION_KIND_COUNT) g->open_region[kind] = -1;
+}
+
+int ms_graph_node_region(const ms_graph *g, int node, ms_region_kind kind) {
+    if (node < 0 || node >= g->nn || (unsigned)kind >= MS_REGION_KIND_COUNT) return -1;
+    return g->n[node].region[kind];
 }
 
 void ms_graph_annotate(ms_graph *g, int v, const ms_placements *pl) {

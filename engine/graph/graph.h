@@ -61,7 +61,21 @@ void ms_graph_set_output(ms_graph *g, int v);
 /* Input v gets a gradient (a pipeline chunk's activation input): after ms_program_backward
  * it is in ms_program_input_grad, in v's placements. */
 void ms_graph_input_grad(ms_graph *g, int v);
-/* A second name under which a parameter is saved (e.g. a reshaped checkpoint shape). */
+/* Recompute regions: the builder brackets spans of consecutive operators (a transformer block,
+ * the core of its attention) between ms_graph_region_begin and _end of a kind; every operator
+ * recorded in between belongs to that region. Regions of different kinds may nest (attention
+ * inside a block); one of a kind may not (a begin while one is open is ignored).
+ * ms_compile_opts.recompute says which kinds the backward runs again instead of keeping. */
+typedef enum ms_region_kind {
+    MS_REGION_BLOCK,     /* one transformer layer: only its inputs are kept */
+    MS_REGION_ATTENTION, /* attention's core: its score and probability tensors */
+    MS_REGION_KIND_COUNT
+} ms_region_kind;
+void ms_graph_region_begin(ms_graph *g, ms_region_kind kind);
+void ms_graph_region_end(ms_graph *g, ms_region_kind kind);
+/* The region of `kind` operator node k belongs to (0, 1, ... in build order), or -1. */
+int ms_graph_node_region(const ms_graph *g, int node, ms_region_kind kind);
+
 ms_status ms_graph_error(const ms_graph *g, ms_error *err);
 
 int ms_graph_num_values(const ms_graph *g);
@@ -97,6 +111,11 @@ typedef struct ms_compile_opts {
      * and its gradient is reduce-scattered into the shard. 0: none. */
     int zero_stage;
     int zero_dim;
+    /* Activation recompute: bit k set (1u << ms_region_kind) drops what the operators of each
+     * region of kind k keep for backward; right before the region's backward, its forward
+     * (with the reshards inside it) runs again into buffers that live only until then. Only
+     * the values flowing into a region are kept. An outer region wins over one nested in it. */
+    unsigned recompute;
     /* > 0: the grad-sync all-reduces run in buckets of at most this many MiB, each issued
      * (non-blocking) as soon as backward has produced its gradients, during the last of
      * micro_batches backward passes when micro_batched; ms_program_grad_sync then waits.
@@ -194,9 +213,12 @@ void ms_program_explain(const ms_program *p, FILE *f);
 /* Totals of the compiled step, for logs and the cost model. */
 typedef struct ms_program_stats {
     int n_reshards;
-    double reshard_bytes;   /* collective sizes per step, this rank */
-    double flops;           /* forward + backward, this rank */
-    size_t arena_bytes;     /* the memory planner's arena */
+    double reshard_bytes; /* collective sizes per step, this rank */
+    double flops;         /* forward + backward, this rank */
+    size_t arena_bytes;   /* the memory planner's arena */
+    /* the most arena bytes live at once without the parameter gradients that wait in it for
+     * the grad sync (one-micro-batch programs): activations, their gradients, temporaries */
+    size_t activation_bytes;
     size_t unplanned_bytes; /* what the step-lived buffers would take without reuse */
     size_t param_bytes;
     int grad_buckets;   /* bucket_mb > 0: buckets of grad-sync all-reduces */

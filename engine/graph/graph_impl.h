@@ -24,6 +24,7 @@ typedef struct gnode {
     int n_in, n_out;
     int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT];
     char name[96];
+    int region[MS_REGION_KIND_COUNT]; /* ms_graph_node_region */
 } gnode;
 
 struct ms_graph {
@@ -35,6 +36,8 @@ struct ms_graph {
     int output; /* a pipeline chunk's output whose gradient the caller supplies, or -1 */
     bool failed;
     ms_error err;
+    int open_region[MS_REGION_KIND_COUNT]; /* the region being recorded, or -1 */
+    int n_regions[MS_REGION_KIND_COUNT];
 };
 
 #endif

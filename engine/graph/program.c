@@ -61,6 +61,11 @@ typedef struct pvalue {
     ms_placements store_pl, grad_pl, opt_pl;
 } pvalue;
 
+/* The buffers one kernel instruction reads and writes besides gradients. */
+typedef struct kbufs {
+    int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT], saved[MS_OP_MAX_SAVED];
+} kbufs;
+
 typedef struct pnode {
     ms_rule_cand cand[MS_MESH_MAX_DIMS];
     ms_placements req_in[MS_OP_MAX_IN];
@@ -69,6 +74,7 @@ typedef struct pnode {
     int out_buf[MS_OP_MAX_OUT]; /* raw outputs in out_pl */
     int saved_buf[MS_OP_MAX_SAVED];
     bool gathered[MS_OP_MAX_IN]; /* ZeRO 3: input i is a parameter gathered for this use */
+    kbufs bw; /* what its backward reads: the forward's buffers, or its recompute's */
 } pnode;
 
 typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED, I_COPY } ikind;
@@ -80,12 +86,12 @@ typedef struct instr {
     int src, dst;
     ms_placements from, to;
     int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
-    int in_buf[MS_OP_MAX_IN];    /* BWD: an input read from here, not the forward's (ZeRO 3) */
     int64_t src_off;             /* COPY: floats into src */
     bool gather;                 /* RESHARD: a ZeRO-3 parameter gathered for one use */
     const ms_reshard_plan *plan; /* RESHARD: from the program's plan cache */
     double coll_bytes;           /* RESHARD: predicted by the plan */
     double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
+    kbufs kb;                    /* FWD/BWD: the node's inputs, outputs and saved buffers */
     ms_program_phase phase;
     int bucket_grad; /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
 } instr;
@@ -124,6 +130,7 @@ struct ms_program {
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
     float *arena;
     size_t arena_floats, unplanned_floats;
+    size_t activation_floats; /* peak_activations */
     float *persist;
     size_t persist_floats;
     int *params;
@@ -133,6 +140,8 @@ struct ms_program {
     int *reshards, nreshards; /* instruction index of each RESHARD, in step order */
     ms_grad_buckets *buckets; /* bucket_mb > 0: the grad-sync all-reduces in buckets */
     float *bucket_storage;
+    int *rc_first; /* [nn]: first node of the recomputed region holding it, or -1 */
+    int *rc_buf;   /* [nv]: a value's buffer while its region is recomputed, or -1 */
 };
 
 /* --- small helpers ----------------------------------------------------------------------- */
@@ -185,12 +194,13 @@ static instr *emit(ms_program *p, ikind kind, ms_program_phase phase) {
     in->kind = kind;
     in->node = in->value = in->src = in->dst = -1;
     for (int i = 0; i < MS_OP_MAX_OUT; i++) in->dout_buf[i] = -1;
-    for (int i = 0; i < MS_OP_MAX_IN; i++) in->din_buf[i] = in->in_buf[i] = -1;
+    for (int i = 0; i < MS_OP_MAX_IN; i++) in->din_buf[i] = -1;
     in->phase = phase;
     return in;
 }
 
-static const char *const phase_names[] = {"forward", "loss", "backward", "grad sync", "param sync"};
+static const char *const phase_names[] = {"forward",   "loss",       "backward",
+                                          "grad sync", "param sync", "recompute"};
 _Static_assert(sizeof phase_names / sizeof *phase_names == MS_PROG_PHASE_COUNT, "a name per phase");
 
 const char *ms_program_phase_name(ms_program_phase ph) {
@@ -533,6 +543,10 @@ static void build_forward(ms_program *p) {
             pn->out_buf[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
         instr *in = emit(p, I_FWD, MS_PROG_FORWARD);
         in->node = k;
+        memcpy(in->kb.in, pn->in_buf, sizeof in->kb.in);
+        memcpy(in->kb.out, pn->out_buf, sizeof in->kb.out);
+        memcpy(in->kb.saved, pn->saved_buf, sizeof in->kb.saved);
+        pn->bw = in->kb;
         for (int o = 0; o < nd->n_out; o++) {
             pvalue *ov = &p->pv[nd->out[o]];
             if (ms_placements_eq(&ov->pl, &pn->out_pl[o])) {
@@ -554,6 +568,88 @@ static void build_forward(ms_program *p) {
     }
     prefetch_gathers(p, 0, p->ni);
     p->n_forward = p->ni;
+}
+
+/* --- activation recompute ------------------------------------------------------------------ */
+
+/* Which nodes the backward recomputes: rc_first[k] is the first node of the region node k runs
+ * in, under the outermost kind opts->recompute selects, or -1. A region's nodes are
+ * consecutive (the builder records them between begin and end). */
+static void mark_recompute(ms_program *p, unsigned kinds) {
+    ms_graph *g = p->g;
+    if (!kinds || !g->nn) return;
+    p->rc_first = xmalloc(sizeof(int) * (size_t)g->nn);
+    p->rc_buf = xmalloc(sizeof(int) * (size_t)g->nv);
+    for (int v = 0; v < g->nv; v++) p->rc_buf[v] = -1;
+    for (int k = 0; k < g->nn; k++) {
+        p->rc_first[k] = -1;
+        for (int r = 0; r < MS_REGION_KIND_COUNT && p->rc_first[k] < 0; r++) {
+            int id = g->n[k].region[r];
+            if (!(kinds >> r & 1) || id < 0) continue;
+            bool same = k > 0 && g->n[k - 1].region[r] == id;
+            p->rc_first[k] = same ? p->rc_first[k - 1] : k;
+        }
+    }
+}
+
+/* A value's buffer as the recompute reads it: the recomputed one inside the region, the kept
+ * one (a region input, a parameter) outside it. */
+static int recompute_src(const ms_program *p, int v) {
+    return p->rc_buf[v] >= 0 ? p->rc_buf[v] : p->pv[v].buf;
+}
+
+/* Node k's forward again, with its input and output reshards, into fresh buffers; its
+ * backward will read those (pn->bw), so the forward's copies die after their forward uses. */
+static void recompute_node(ms_program *p, int k) {
+    ms_graph *g = p->g;
+    gnode *nd = &g->n[k];
+    pnode *pn = &p->pn[k];
+    kbufs b;
+    memset(&b, -1, sizeof b); /* every slot -1: no buffer */
+    for (int i = 0; i < nd->n_in; i++) {
+        int v = nd->in[i];
+        pvalue *iv = &p->pv[v];
+        int src = recompute_src(p, v);
+        /* a recomputed value lies in its placements; anything else as stored (a ZeRO-3
+         * parameter as its shard, gathered again for this use) */
+        bool fresh = p->rc_buf[v] >= 0;
+        const ms_placements *held = fresh ? &iv->pl : held_pl(p, v);
+        if (ms_placements_eq(held, &pn->req_in[i])) {
+            b.in[i] = src;
+            continue;
+        }
+        b.in[i] = new_buf(p, &g->v[v].shape, &pn->req_in[i], false);
+        emit_reshard(p, v, src, b.in[i], held, &pn->req_in[i], MS_PROG_RECOMPUTE);
+        p->ins[p->ni - 1].gather = !fresh && !ms_placements_eq(held, &iv->pl);
+    }
+    for (int s = 0; s < MS_OP_MAX_SAVED; s++)
+        b.saved[s] = pn->saved_buf[s] >= 0 ? new_raw_buf(p, p->bufs[pn->saved_buf[s]].nfloats) : -1;
+    for (int o = 0; o < nd->n_out; o++)
+        b.out[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
+    instr *in = emit(p, I_FWD, MS_PROG_RECOMPUTE);
+    in->node = k;
+    in->kb = pn->bw = b;
+    for (int o = 0; o < nd->n_out; o++) {
+        pvalue *ov = &p->pv[nd->out[o]];
+        int v = nd->out[o];
+        if (ms_placements_eq(&ov->pl, &pn->out_pl[o])) {
+            p->rc_buf[v] = b.out[o];
+            continue;
+        }
+        p->rc_buf[v] = new_buf(p, &g->v[v].shape, &ov->pl, false);
+        emit_reshard(p, v, b.out[o], p->rc_buf[v], &pn->out_pl[o], &ov->pl, MS_PROG_RECOMPUTE);
+    }
+}
+
+/* Called as the backward reaches node k (nodes in reverse): entering a recomputed region
+ * from its end, runs the whole region's forward again first. Reshards inside it are
+ * collectives, so every rank re-runs them, in the same order. */
+static void recompute_region(ms_program *p, int k, int *last_region) {
+    if (!p->rc_first || p->rc_first[k] < 0 || p->rc_first[k] == *last_region) return;
+    int lo = *last_region = p->rc_first[k];
+    for (int j = lo; j <= k; j++) recompute_node(p, j);
+    for (int j = lo; j <= k; j++)
+        for (int o = 0; o < p->g->n[j].n_out; o++) p->rc_buf[p->g->n[j].out[o]] = -1;
 }
 
 static ms_placements dual_placements(const pnode *pn, int m_ndim, int n_in, int n_out, int i,
@@ -608,9 +704,11 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
     }
     instr *in = emit(p, I_BWD, MS_PROG_BACKWARD);
     in->node = k;
+    in->kb = pn->bw;
+    for (int i = 0; i < nd->n_in; i++)
+        if (again[i] >= 0) in->kb.in[i] = again[i]; /* ZeRO 3: the gathered copy */
     memcpy(in->dout_buf, dout, sizeof in->dout_buf);
     memcpy(in->din_buf, din, sizeof in->din_buf);
-    memcpy(in->in_buf, again, sizeof in->in_buf);
     for (int i = 0; i < nd->n_in; i++) {
         if (pending[i] < 0) continue;
         pvalue *iv = &p->pv[nd->in[i]];
@@ -651,8 +749,9 @@ static void build_backward(ms_program *p) {
     }
     /* Split (zb-h1): each kernel's parameter gradients are deferred to a second pass. */
     deferred_w *dw = p->split_w ? xmalloc(sizeof *dw * (size_t)(g->nn + 1)) : NULL;
-    int ndw = 0;
+    int ndw = 0, last_region = -1;
     for (int k = g->nn - 1; k >= 0; k--) {
+        recompute_region(p, k, &last_region);
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
         const ms_op_def *def = ms_op_get(nd->op);
@@ -727,7 +826,12 @@ static void build_backward(ms_program *p) {
     }
     prefetch_gathers(p, p->n_forward, p->ni);
     p->n_weight = p->ni;
-    for (int i = 0; i < ndw; i++) emit_bwd(p, dw[i].node, dw[i].dout, dw[i].din, dw[i].pending);
+    /* The weight pass recomputes a region again rather than keep its activations from B. */
+    last_region = -1;
+    for (int i = 0; i < ndw; i++) {
+        recompute_region(p, dw[i].node, &last_region);
+        emit_bwd(p, dw[i].node, dw[i].dout, dw[i].din, dw[i].pending);
+    }
     free(dw);
     prefetch_gathers(p, p->n_weight, p->ni);
     p->n_backward = p->ni;
@@ -781,6 +885,30 @@ static void program_free(ms_program *p, void *x, size_t bytes) {
         free(x);
 }
 
+/* The most floats of step-lived buffers live at once, parameter gradients waiting for the
+ * grad sync left out: what activations, their gradients and temporaries need. */
+static size_t peak_activations(const ms_program *p) {
+    bool *param_grad = xcalloc((size_t)p->nb + 1, sizeof(bool));
+    for (int v = 0; v < p->g->nv; v++)
+        if (p->g->v[v].kind == GV_PARAM && p->pv[v].has_grad) param_grad[p->pv[v].gbuf] = true;
+    int64_t *delta = xcalloc((size_t)p->ni + 2, sizeof(int64_t));
+    for (int b = 0; b < p->nb; b++) {
+        const buf *bf = &p->bufs[b];
+        if (bf->persistent || bf->first < 0 || param_grad[b]) continue;
+        int64_t padded = (bf->nfloats + 15) / 16 * 16;
+        delta[bf->first] += padded;
+        delta[bf->last + 1] -= padded;
+    }
+    int64_t live = 0, peak = 0;
+    for (int k = 0; k <= p->ni; k++) {
+        live += delta[k];
+        if (live > peak) peak = live;
+    }
+    free(delta);
+    free(param_grad);
+    return (size_t)peak;
+}
+
 /* Offsets of every buffer: step-lived ones in the arena, the rest in persistent storage. */
 static void layout_memory(ms_program *p) {
     for (int k = 0; k < p->ni; k++) {
@@ -788,12 +916,10 @@ static void layout_memory(ms_program *p) {
         touch(p, in->src, k);
         touch(p, in->dst, k);
         if (in->node >= 0) {
-            pnode *pn = &p->pn[in->node];
             gnode *nd = &p->g->n[in->node];
-            for (int i = 0; i < nd->n_in; i++)
-                touch(p, in->in_buf[i] >= 0 ? in->in_buf[i] : pn->in_buf[i], k);
-            for (int o = 0; o < nd->n_out; o++) touch(p, pn->out_buf[o], k);
-            for (int s = 0; s < MS_OP_MAX_SAVED; s++) touch(p, pn->saved_buf[s], k);
+            for (int i = 0; i < nd->n_in; i++) touch(p, in->kb.in[i], k);
+            for (int o = 0; o < nd->n_out; o++) touch(p, in->kb.out[o], k);
+            for (int s = 0; s < MS_OP_MAX_SAVED; s++) touch(p, in->kb.saved[s], k);
             for (int o = 0; o < MS_OP_MAX_OUT; o++) touch(p, in->dout_buf[o], k);
             for (int i = 0; i < MS_OP_MAX_IN; i++) touch(p, in->din_buf[i], k);
         }
@@ -844,6 +970,7 @@ static void layout_memory(ms_program *p) {
     }
     free(order);
     p->arena_floats = top;
+    p->activation_floats = peak_activations(p);
 }
 
 /* The arena and persistent storage behind the layout; every buffer's tensor becomes a view. */
@@ -1060,6 +1187,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     MS_CHECK(complete(p, opts, err));
     zero_placements(p);
     build_forward(p);
+    mark_recompute(p, opts ? opts->recompute : 0);
     build_backward(p);
     if (opts && opts->bucket_mb > 0 && !p->shapes_only) plan_grad_buckets(p, opts);
     layout_memory(p);
@@ -1145,6 +1273,8 @@ void ms_program_destroy(ms_program *p) {
     free(p->params);
     free(p->kernels);
     free(p->reshards);
+    free(p->rc_first);
+    free(p->rc_buf);
     ms_plan_cache_destroy(p->own_plans);
     ms_mesh_free(&p->own_mesh);
     free(p);
@@ -1194,7 +1324,7 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     call->out_pl = pn->out_pl;
     for (int i = 0; i < nd->n_in; i++) {
         gin[i] = p->g->v[nd->in[i]].shape;
-        call->in[i] = &p->bufs[in->in_buf[i] >= 0 ? in->in_buf[i] : pn->in_buf[i]].t;
+        call->in[i] = &p->bufs[in->kb.in[i]].t;
         int64_t len[MS_MAX_DIMS];
         ms_local_box(&pn->req_in[i], p->mesh, p->coords, gin[i].ndim, gin[i].d, call->in_start[i],
                      len);
@@ -1202,14 +1332,14 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     }
     for (int o = 0; o < nd->n_out; o++) {
         gout[o] = p->g->v[nd->out[o]].shape;
-        call->out[o] = &p->bufs[pn->out_buf[o]].t;
+        call->out[o] = &p->bufs[in->kb.out[o]].t;
         int64_t len[MS_MAX_DIMS];
         ms_local_box(&pn->out_pl[o], p->mesh, p->coords, gout[o].ndim, gout[o].d,
                      call->out_start[o], len);
         if (in->dout_buf[o] >= 0) call->dout[o] = &p->bufs[in->dout_buf[o]].t;
     }
     for (int s = 0; s < MS_OP_MAX_SAVED; s++)
-        if (pn->saved_buf[s] >= 0) call->saved[s] = &p->bufs[pn->saved_buf[s]].t;
+        if (in->kb.saved[s] >= 0) call->saved[s] = &p->bufs[in->kb.saved[s]].t;
     call->gin = gin;
     call->gout = gout;
 }
@@ -1224,7 +1354,7 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
     if (in->kind == I_FWD || in->kind == I_BWD) {
         const gnode *nd = &p->g->n[in->node];
         e.kind = MS_EV_OP;
-        e.phase = in->kind == I_FWD ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD;
+        e.phase = in->kind == I_FWD ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD; /* recompute too */
         e.u.op.op = nd->op;
         ms_ev_strcpy(e.u.op.name, sizeof e.u.op.name, NULL, nd->name);
         ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, ms_op_get(nd->op)->name);
@@ -1232,9 +1362,9 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
         e.u.op.bytes = in->bytes;
     } else {
         e.kind = MS_EV_RESHARD;
-        e.phase = in->phase == MS_PROG_FORWARD    ? MS_PHASE_FORWARD
-                  : in->phase == MS_PROG_BACKWARD ? MS_PHASE_BACKWARD
-                                                  : MS_PHASE_OTHER;
+        e.phase = in->phase == MS_PROG_FORWARD || in->phase == MS_PROG_RECOMPUTE ? MS_PHASE_FORWARD
+                  : in->phase == MS_PROG_BACKWARD                                ? MS_PHASE_BACKWARD
+                                                                                 : MS_PHASE_OTHER;
         ms_ev_strcpy(e.u.reshard.tensor, sizeof e.u.reshard.tensor, moves_grad(in) ? "grad:" : NULL,
                      p->g->v[in->value].name);
         ms_placements_str(&in->from, e.u.reshard.from, sizeof e.u.reshard.from);
@@ -1481,15 +1611,17 @@ void ms_program_explain(const ms_program *p, FILE *f) {
     }
     ms_program_stats st;
     ms_program_stats_get(p, &st);
-    char t[32], ar[32], un[32], pb[32];
+    char t[32], ar[32], un[32], pb[32], ac[32];
     human(total, t, sizeof t);
     human((double)st.arena_bytes, ar, sizeof ar);
     human((double)st.unplanned_bytes, un, sizeof un);
     human((double)st.param_bytes, pb, sizeof pb);
+    human((double)st.activation_bytes, ac, sizeof ac);
     fprintf(f,
             "\n%d reshards, %s per step on this rank; %.3g GFLOP per step; activation arena %s "
-            "(%s without reuse); parameters and gradients %s\n",
-            n, t, st.flops / 1e9, ar, un, pb);
+            "(%s without reuse; activations %s besides the gradients awaiting the grad sync); "
+            "parameters and gradients %s\n",
+            n, t, st.flops / 1e9, ar, un, ac, pb);
 }
 
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
@@ -1505,6 +1637,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
         }
     }
     s->arena_bytes = p->arena_floats * sizeof(float);
+    s->activation_bytes = p->activation_floats * sizeof(float);
     s->unplanned_bytes = p->unplanned_floats * sizeof(float);
     s->param_bytes = p->persist_floats * sizeof(float);
     if (p->buckets) {
@@ -1565,13 +1698,13 @@ ms_status ms_program_kernel(const ms_program *p, int i, ms_kernel_info *out) {
     for (int k = 0; k < nd->n_in; k++) {
         out->in[k] = nd->in[k];
         out->in_pl[k] = pn->req_in[k];
-        out->in_local[k] = p->bufs[pn->in_buf[k]].lshape;
+        out->in_local[k] = p->bufs[in->kb.in[k]].lshape;
         out->grad_in[k] = in->din_buf[k] >= 0;
     }
     for (int k = 0; k < nd->n_out; k++) {
         out->out[k] = nd->out[k];
         out->out_pl[k] = pn->out_pl[k];
-        out->out_local[k] = p->bufs[pn->out_buf[k]].lshape;
+        out->out_local[k] = p->bufs[in->kb.out[k]].lshape;
     }
     out->flops = in->flops;
     out->bytes = in->bytes;

@@ -31,10 +31,12 @@ typedef enum ms_program_phase {
                          * gathers of the parameters they read) */
     MS_PROG_GRAD_SYNC,  /* gradients into their placements (dp all-reduce, ZeRO reduce-scatter) */
     MS_PROG_PARAM_SYNC, /* after the optimizer: ZeRO 1 and 2 gather the updated shards */
+    MS_PROG_RECOMPUTE,  /* a recompute region's forward kernels and reshards, run again right
+                         * before its backward (ms_compile_opts.recompute) */
     MS_PROG_PHASE_COUNT
 } ms_program_phase;
 
-/* "forward", "loss", "backward", "grad sync", "param sync". */
+/* "forward", "loss", "backward", "grad sync", "param sync", "recompute". */
 const char *ms_program_phase_name(ms_program_phase ph);
 
 /* Compiles g for the rank at `coords` of `mesh` (NULL: coordinate 0 in every dim, the rank
@@ -51,7 +53,7 @@ typedef struct ms_kernel_info {
     const char *name;         /* the node's name */
     int op;                   /* ms_op_kind, or a registered op's id */
     const ms_op_attrs *attrs; /* the node's attributes */
-    ms_program_phase phase;   /* MS_PROG_FORWARD or MS_PROG_BACKWARD */
+    ms_program_phase phase;   /* MS_PROG_FORWARD, MS_PROG_BACKWARD or MS_PROG_RECOMPUTE */
     int n_in, n_out;
     int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT]; /* graph values */
     /* inputs as the kernel reads them (after their reshards), outputs as it writes them

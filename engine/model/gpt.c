@@ -68,7 +68,9 @@ static int attention_block(builder *b, int x, int l, bool causal) {
     int qkv = linear(b, x, p, 3, wqkv, std);
     ms_op_attrs aa = {.i = {b->H, causal}};
     snprintf(n, sizeof n, "h.%d.attn.core", l);
+    ms_graph_region_begin(b->g, MS_REGION_ATTENTION); /* selective recompute drops its T x T */
     int a = op1(b, MS_OP_ATTENTION, &aa, qkv, n);
+    ms_graph_region_end(b->g, MS_REGION_ATTENTION);
     snprintf(p, sizeof p, "h.%d.attn.c_proj", l);
     const int64_t wo[2] = {b->C, b->C};
     a = linear(b, a, p, 2, wo, proj_std);
@@ -130,20 +132,22 @@ static int embed(builder *b, ms_model *out, int wte) {
     return x;
 }
 
-static int block(builder *b, int x, int l) {
+/* GPT-2: pre-LayerNorm residual blocks. */
+static int gpt2_block(builder *b, int x, int l) {
     char n[64];
-    if (b->c->model_type != MS_MODEL_BERT) {
-        /* GPT-2: pre-LayerNorm residual blocks. */
-        snprintf(n, sizeof n, "h.%d.ln_1", l);
-        int a = attention_block(b, layernorm(b, x, n), l, true);
-        snprintf(n, sizeof n, "h.%d.res1", l);
-        x = op2(b, MS_OP_ADD, NULL, x, a, n);
-        snprintf(n, sizeof n, "h.%d.ln_2", l);
-        int m = mlp_block(b, layernorm(b, x, n), l);
-        snprintf(n, sizeof n, "h.%d.res2", l);
-        return op2(b, MS_OP_ADD, NULL, x, m, n);
-    }
-    /* BERT: post-LayerNorm, bidirectional attention. */
+    snprintf(n, sizeof n, "h.%d.ln_1", l);
+    int a = attention_block(b, layernorm(b, x, n), l, true);
+    snprintf(n, sizeof n, "h.%d.res1", l);
+    x = op2(b, MS_OP_ADD, NULL, x, a, n);
+    snprintf(n, sizeof n, "h.%d.ln_2", l);
+    int m = mlp_block(b, layernorm(b, x, n), l);
+    snprintf(n, sizeof n, "h.%d.res2", l);
+    return op2(b, MS_OP_ADD, NULL, x, m, n);
+}
+
+/* BERT: post-LayerNorm, bidirectional attention. */
+static int bert_block(builder *b, int x, int l) {
+    char n[64];
     int a = attention_block(b, x, l, false);
     snprintf(n, sizeof n, "h.%d.res1", l);
     x = op2(b, MS_OP_ADD, NULL, x, a, n);
@@ -154,6 +158,14 @@ static int block(builder *b, int x, int l) {
     x = op2(b, MS_OP_ADD, NULL, x, m, n);
     snprintf(n, sizeof n, "h.%d.ln_2", l);
     return layernorm(b, x, n);
+}
+
+/* One transformer layer, its operators one recompute region (full recompute keeps only x). */
+static int block(builder *b, int x, int l) {
+    ms_graph_region_begin(b->g, MS_REGION_BLOCK);
+    int y = b->c->model_type == MS_MODEL_BERT ? bert_block(b, x, l) : gpt2_block(b, x, l);
+    ms_graph_region_end(b->g, MS_REGION_BLOCK);
+    return y;
 }
 
 static void head(builder *b, ms_model *out, int x, int wte) {

@@ -530,6 +530,17 @@ static bool megatron(const ms_strategy *s, const char *name, int ndim, ms_placem
     return false;
 }
 
+unsigned ms_strategy_recompute_regions(const ms_strategy *s) {
+    switch ((ms_recompute)s->recompute) {
+        case MS_RECOMPUTE_FULL:
+            return 1u << MS_REGION_BLOCK;
+        case MS_RECOMPUTE_SELECTIVE:
+            return 1u << MS_REGION_ATTENTION;
+        default:
+            return 0;
+    }
+}
+
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
                        ms_placements *pl) {
     const ms_sharding *sh = user;

@@ -173,6 +173,10 @@ typedef struct ms_sharding {
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
                        ms_placements *pl);
 
+/* The ms_compile_opts.recompute bits for s's recompute mode: full recomputes every transformer
+ * block (MS_REGION_BLOCK), selective the core of attention (MS_REGION_ATTENTION). */
+unsigned ms_strategy_recompute_regions(const ms_strategy *s);
+
 bool ms_glob_match(const char *pattern, const char *s);
 
 /* --- the job a strategy is judged against ---------------------------------------------------- */

@@ -6,12 +6,14 @@
  * partition as a training run, without communicators or memory. Then, from the program:
  *
  *   kernels      every forward and backward kernel with the op's cost for its local shapes
- *                (the figures the profiler stamps on every kernel event); their sum is
+ *                (the figures the profiler stamps on every kernel event), and the forward
+ *                kernels activation recompute runs again in the backward; their sum is
  *                ms_program_stats' FLOPs (tests/test_plan.c)
  *   collectives  every reshard's plan: kind, mesh dim and bytes per step; plus the
  *                vocab-parallel cross-entropy's three all-reduces and the training loop's
  *                gradient-norm all-reduce
- *   memory       the program's arena and persistent buffers, plus AdamW's two moments
+ *   memory       the program's arena and persistent buffers, plus AdamW's two moments (the
+ *                arena is recompute's saving: the recompiled program's, not a closed form)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -76,8 +78,8 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
         kk = hs;
     }
     bool bwd = kn->phase == MS_PROG_BACKWARD;
-    wk_kernel_add(w, cls, rate_of(kn->op), bwd ? WK_BWD : WK_FWD, kn->op, m, n, kk, kn->flops,
-                  kn->bytes, 1);
+    wk_phase ph = bwd ? WK_BWD : kn->phase == MS_PROG_RECOMPUTE ? WK_RECOMPUTE : WK_FWD;
+    wk_kernel_add(w, cls, rate_of(kn->op), ph, kn->op, m, n, kk, kn->flops, kn->bytes, 1);
     if (st) {
         st->flops += kn->flops;
         if (kn->op < 32) st->op_flops[kn->op] += kn->flops;
@@ -122,6 +124,11 @@ static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_
         if (kn.op == MS_OP_XENT) add_xent(w, mesh, &kn);
     }
     free(bwd_of);
+    /* activation recompute: the forward kernels the backward runs again */
+    for (int i = 0; i < nk; i++)
+        if (ms_program_kernel(prog, i, &kn) == MS_OK && kn.phase == MS_PROG_RECOMPUTE &&
+            ms_op_get(kn.op)->cost)
+            add_kernel(w, st, g, &kn);
 }
 
 static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_mesh *mesh,
@@ -197,7 +204,8 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .micro_batched = m > 1 || s->pp > 1,
                           .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1,
                           .zero_stage = s->zero,
-                          .zero_dim = MS_STRATEGY_DP_DIM};
+                          .zero_dim = MS_STRATEGY_DP_DIM,
+                          .recompute = ms_strategy_recompute_regions(s)};
     MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
     add_kernels(w, stats, model.g, mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);

@@ -62,10 +62,13 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
                            "(vocab-parallel head)",
                            k);
         int val;
-        if (keys[hit].boolean) {
+        if (keys[hit].slot == &f->recompute && !strcmp(v, "selective")) {
+            val = 2; /* attention's core only; 1 (true) is full */
+        } else if (keys[hit].boolean) {
             if (!parse_bool(v, &val))
                 return ms_fail(err, MS_ERR_INVALID,
-                               "--evaluate: %s=%s: expected 0 or 1 (true/false, on/off)", k, v);
+                               "--evaluate: %s=%s: expected 0 or 1 (true/false, on/off)%s", k, v,
+                               keys[hit].slot == &f->recompute ? " or selective" : "");
         } else {
             char *end;
             long x = strtol(v, &end, 10);
@@ -80,13 +83,18 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
     return MS_OK;
 }
 
+/* The --evaluate value of s's recompute mode: 0 none, 1 full, 2 selective. */
+static int recompute_knob(const ms_strategy *s) {
+    return s->recompute == MS_RECOMPUTE_SELECTIVE ? 2 : s->recompute == MS_RECOMPUTE_FULL;
+}
+
 bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int global_batch) {
     int mb = 0, m = 0;
     ms_strategy_micro(s, global_batch, &mb, &m);
     return (f->dp < 0 || f->dp == s->dp) && (f->tp < 0 || f->tp == s->tp) &&
            (f->pp < 0 || f->pp == s->pp) && (f->cp < 0 || f->cp == s->cp) &&
            (f->sp < 0 || f->sp == (int)s->sp) && (f->zero < 0 || f->zero == s->zero) &&
-           (f->recompute < 0 || f->recompute == (s->recompute != MS_RECOMPUTE_NONE)) &&
+           (f->recompute < 0 || f->recompute == recompute_knob(s)) &&
            (f->micro_batch < 0 || f->micro_batch == mb) && (f->n_micro < 0 || f->n_micro == m) &&
            (f->vocab_parallel < 0 || f->vocab_parallel == (s->tp > 1 && !s->vocab_replicated));
 }
@@ -294,14 +302,16 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
                 for (int sp = 0; sp <= (tp > 1); sp++)
                     for (int vp = tp > 1; vp >= 0; vp--)
                         for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
-                            for (int rc = 0; rc <= 1; rc++)
+                            for (int rc = 0; rc <= (f->recompute == 2 ? 2 : 1); rc++)
                                 for (int mb = 1; mb <= per; mb++) {
                                     if (per % mb) continue;
                                     ms_strategy s;
                                     ms_strategy_defaults(&s);
                                     s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp;
                                     s.zero = z;
-                                    s.recompute = rc ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
+                                    s.recompute = rc == 2   ? MS_RECOMPUTE_SELECTIVE
+                                                  : rc == 1 ? MS_RECOMPUTE_FULL
+                                                            : MS_RECOMPUTE_NONE;
                                     s.micro_batches = per / mb;
                                     s.vocab_replicated = tp > 1 && !vp;
                                     s.precision = precision;

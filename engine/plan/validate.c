@@ -174,12 +174,6 @@ static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
 ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                                const ms_job_shape *job, double mem_cap_bytes, ms_error *err) {
     MS_CHECK(ms_strategy_check(s, cfg, job, err));
-    int mb = 0, m = 0;
-    ms_strategy_micro(s, job->batch, &mb, &m);
-    const char *yet = "is predicted only; the engine does not run it yet";
-    if (s->recompute != MS_RECOMPUTE_NONE)
-        return ms_fail(err, MS_ERR_INVALID, "activation recompute (%s) %s",
-                       ms_recompute_name(s->recompute), yet);
     if (s->precision != MS_PRECISION_FP32)
         return ms_fail(err, MS_ERR_INVALID,
                        "%s precision is predicted only; the engine trains in fp32 (\"precision\": "

@@ -135,6 +135,7 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .micro_batched = st->micro,
                              .split_weight_grads = s_zb(st),
                              .loss_scale = 1.0f / (float)st->m,
+                             .recompute = ms_strategy_recompute_regions(&st->strat),
                              .zero_stage = st->strat.zero,
                              .zero_dim = MS_STRATEGY_DP_DIM,
                              .bucket_mb = st->strat.bucket_mb,
