@@ -353,6 +353,13 @@ static ms_status bad(rd *r, const char *fmt, ...) {
         pop((r), old_);                                                                            \
     } while (0)
 
+/* FIELD for a key that later versions added: absent (a snapshot from an older server), the
+ * value keeps its zero; present, it is checked like any other. */
+#define OPT_FIELD(r, o, key, call)                                                                 \
+    do {                                                                                           \
+        if (cJSON_GetObjectItemCaseSensitive((o), (key))) FIELD(r, o, key, call);                  \
+    } while (0)
+
 static ms_status rd_num(rd *r, const cJSON *v, double *out) {
     if (cJSON_IsNull(v)) {
         *out = NAN;
@@ -475,13 +482,13 @@ static ms_status rd_overlap(rd *r, const cJSON *e, ms_rank_overlap *x) {
     FIELD(r, e, "overlapped_s", rd_num(r, v_, &x->overlapped_s));
     FIELD(r, e, "exposed_comm_s", rd_num(r, v_, &x->exposed_comm_s));
     FIELD(r, e, "overlap_ratio", rd_num(r, v_, &x->overlap_ratio));
-    FIELD(r, e, "exposed_comm_step_s", rd_num(r, v_, &x->exposed_comm_step_s));
+    OPT_FIELD(r, e, "exposed_comm_step_s", rd_num(r, v_, &x->exposed_comm_step_s));
     int64_t steps = 0;
-    FIELD(r, e, "steps", rd_int(r, v_, 0, INT32_MAX, &steps));
+    OPT_FIELD(r, e, "steps", rd_int(r, v_, 0, INT32_MAX, &steps));
     x->steps = (int)steps;
-    FIELD(r, e, "dp_comm_s", rd_num(r, v_, &x->dp_comm_s));
-    FIELD(r, e, "dp_hidden_s", rd_num(r, v_, &x->dp_hidden_s));
-    FIELD(r, e, "dp_hidden_ratio", rd_num(r, v_, &x->dp_hidden_ratio));
+    OPT_FIELD(r, e, "dp_comm_s", rd_num(r, v_, &x->dp_comm_s));
+    OPT_FIELD(r, e, "dp_hidden_s", rd_num(r, v_, &x->dp_hidden_s));
+    OPT_FIELD(r, e, "dp_hidden_ratio", rd_num(r, v_, &x->dp_hidden_ratio));
     return MS_OK;
 }
 
@@ -751,10 +758,10 @@ static ms_status rd_mem(rd *r, const cJSON *e, ms_live_mem *x) {
     MS_CHECK(rd_obj(r, e));
     FIELD(r, e, "in_use", rd_u64(r, v_, &x->in_use));
     FIELD(r, e, "peak", rd_u64(r, v_, &x->peak));
-    FIELD(r, e, "params", rd_u64(r, v_, &x->params));
-    FIELD(r, e, "grads", rd_u64(r, v_, &x->grads));
-    FIELD(r, e, "optimizer", rd_u64(r, v_, &x->optim));
-    FIELD(r, e, "activations", rd_u64(r, v_, &x->acts));
+    OPT_FIELD(r, e, "params", rd_u64(r, v_, &x->params));
+    OPT_FIELD(r, e, "grads", rd_u64(r, v_, &x->grads));
+    OPT_FIELD(r, e, "optimizer", rd_u64(r, v_, &x->optim));
+    OPT_FIELD(r, e, "activations", rd_u64(r, v_, &x->acts));
     return MS_OK;
 }
 
