@@ -156,10 +156,11 @@ static int draw_overlap(ms_tui *t, const ms_snapshot *s, int y, int rows, int w)
         ms_tui_text(p, y++, 2, w - 2, p->role[MS_ROLE_DIM], "no events analysed yet");
         return y;
     }
-    int bw = w - 58 > 30 ? 30 : w - 58;
+    int bw = w - 88 > 30 ? 30 : w - 88;
     if (bw < 6) bw = 6;
-    ms_tui_textf(p, y++, 2, w - 2, p->role[MS_ROLE_DIM], "%-6s %10s %10s  %-*s %14s", "rank",
-                 "comm", "compute", bw + 6, "overlap", "exposed comm");
+    ms_tui_textf(p, y++, 2, w - 2, p->role[MS_ROLE_DIM], "%-6s %10s %10s  %-*s %14s %12s %10s",
+                 "rank", "comm", "compute", bw + 6, "overlap", "exposed comm", "exposed/step",
+                 "dp hidden");
     int visible = rows - 2;
     if (visible < 1) visible = 1;
     int first = ms_tui_clamp_scroll(&t->scroll[0], an->nranks, visible);
@@ -174,8 +175,17 @@ static int draw_overlap(ms_tui *t, const ms_snapshot *s, int y, int rows, int w)
         x += bw;
         x += ms_tui_textf(p, y, x, w - x, p->role[MS_ROLE_VALUE], " %4.0f%%",
                           100 * o->overlap_ratio);
-        ms_tui_textf(p, y, x, w - x, p->role[MS_ROLE_COMM], " %14s",
-                     ms_tui_fmt_seconds(o->exposed_comm_s, c, sizeof c));
+        x += ms_tui_textf(p, y, x, w - x, p->role[MS_ROLE_COMM], " %14s",
+                          ms_tui_fmt_seconds(o->exposed_comm_s, c, sizeof c));
+        /* per step, and the share of the dp gradient communication hidden under compute (the
+         * buckets' overlap; "-" without dp collectives) */
+        x += ms_tui_textf(p, y, x, w - x, p->role[MS_ROLE_COMM], " %12s",
+                          ms_tui_fmt_seconds(o->exposed_comm_step_s, a, sizeof a));
+        if (o->dp_comm_s > 0)
+            ms_tui_textf(p, y, x, w - x, p->role[MS_ROLE_VALUE], " %9.0f%%",
+                         100 * o->dp_hidden_ratio);
+        else
+            ms_tui_textf(p, y, x, w - x, p->role[MS_ROLE_DIM], " %10s", "-");
         y++;
     }
     if (an->nranks > visible)

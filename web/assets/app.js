@@ -467,7 +467,9 @@ function drawTables() {
     [String(r), fmtBytes(m.in_use), fmtBytes(m.peak), fmtBytes(m.params), fmtBytes(m.grads),
       fmtBytes(m.optimizer), fmtBytes(m.activations), bar(peak ? m.in_use / peak : 0)]));
   fillTable('overlap', a.overlap.map((o, r) => [String(r), fmtSeconds(o.compute_s),
-    fmtSeconds(o.comm_s), fmtSeconds(o.exposed_comm_s), (o.overlap_ratio * 100).toFixed(0) + '%']));
+    fmtSeconds(o.comm_s), fmtSeconds(o.exposed_comm_s), (o.overlap_ratio * 100).toFixed(0) + '%',
+    fmtSeconds(o.exposed_comm_step_s || 0),
+    o.dp_comm_s > 0 ? (o.dp_hidden_ratio * 100).toFixed(0) + '%' : '-']));
   $('stragglers').textContent = a.stragglers.length
     ? 'Stragglers: ' + a.stragglers.map((x) =>
       `rank ${x.rank} last in ${(x.last_fraction * 100).toFixed(0)}% of collectives ` +
