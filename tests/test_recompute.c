@@ -184,21 +184,14 @@ static void check_bitwise(bool bert, bool dropout) {
     result_free(&ref);
 }
 
-static void gpt_bitwise_w1(void **state) {
-    (void)state;
-    check_bitwise(false, false);
-}
-static void bert_bitwise_w1(void **state) {
-    (void)state;
-    check_bitwise(true, false);
-}
-static void gpt_dropout_bitwise_w1(void **state) {
-    (void)state;
-    check_bitwise(false, true);
-}
-static void bert_dropout_bitwise_w1(void **state) {
-    (void)state;
-    check_bitwise(true, true);
+/* A bitwise case (tests[]' initial state). */
+typedef struct bitwise_case {
+    bool bert, dropout;
+} bitwise_case;
+
+static void bitwise(void **state) {
+    const bitwise_case *c = *state;
+    check_bitwise(c->bert, c->dropout);
 }
 
 /* --- distributed against one rank ------------------------------------------------------------ */
@@ -213,66 +206,16 @@ static void check(bool bert, bool dropout, const char *strategy, int world) {
     result_free(&ref);
 }
 
-static void gpt_dp2_full_w2(void **state) {
-    (void)state;
-    check(false, false, "{\"dp\": 2, \"recompute\": \"full\"}", 2);
-}
-static void gpt_tp2_selective_w2(void **state) {
-    (void)state;
-    check(false, false, "{\"tp\": 2, \"recompute\": \"selective\"}", 2);
-}
-static void gpt_tp2_sp_full_w2(void **state) {
-    (void)state;
-    check(false, false, "{\"tp\": 2, \"sp\": true, \"recompute\": \"full\"}", 2);
-}
-static void gpt_tp2_sp_dropout_full_w2(void **state) {
-    (void)state;
-    check(false, true, "{\"tp\": 2, \"sp\": true, \"recompute\": \"full\"}", 2);
-}
-static void gpt_cp2_full_w2(void **state) {
-    (void)state;
-    check(false, false, "{\"cp\": 2, \"recompute\": \"full\"}", 2);
-}
-static void gpt_cp2_selective_w2(void **state) {
-    (void)state;
-    check(false, false, "{\"cp\": 2, \"recompute\": \"selective\"}", 2);
-}
-static void bert_dp2_selective_w2(void **state) {
-    (void)state;
-    check(true, false, "{\"dp\": 2, \"recompute\": \"selective\"}", 2);
-}
-static void bert_tp2_sp_full_w2(void **state) {
-    (void)state;
-    check(true, false, "{\"tp\": 2, \"sp\": true, \"recompute\": \"full\"}", 2);
-}
-static void bert_cp2_full_w2(void **state) {
-    (void)state;
-    check(true, false, "{\"cp\": 2, \"recompute\": \"full\"}", 2);
-}
-static void gpt_pp2_interleaved_full_w2(void **state) {
-    (void)state;
-    check(false, false,
-          "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"interleaved\", "
-          "\"virtual_stages\": 2, \"recompute\": \"full\"}",
-          2);
-}
-static void bert_pp2_gpipe_selective_w2(void **state) {
-    (void)state;
-    check(true, false,
-          "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"gpipe\", \"recompute\": "
-          "\"selective\"}",
-          2);
-}
-static void gpt_dp2_tp2_sp_full_w4(void **state) {
-    (void)state;
-    check(false, false, "{\"dp\": 2, \"tp\": 2, \"sp\": true, \"recompute\": \"full\"}", 4);
-}
-static void bert_tp2_pp2_zb_h1_full_w4(void **state) {
-    (void)state;
-    check(true, false,
-          "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 4, \"schedule\": \"zb-h1\", "
-          "\"recompute\": \"full\"}",
-          4);
+/* A distributed case (tests[]' initial state). */
+typedef struct dist_case {
+    bool bert, dropout;
+    int world;
+    const char *strategy;
+} dist_case;
+
+static void distributed(void **state) {
+    const dist_case *c = *state;
+    check(c->bert, c->dropout, c->strategy, c->world);
 }
 
 /* A pipeline with recompute against one rank, and its micro-batch arenas against the same
@@ -303,25 +246,15 @@ static void check_pipeline(bool bert, const char *schedule, const char *mode) {
     result_free(&ref);
 }
 
-static void gpt_pp2_1f1b_full_w2(void **state) {
-    (void)state;
-    check_pipeline(false, "1f1b", "full");
-}
-static void gpt_pp2_zb_h1_full_w2(void **state) {
-    (void)state;
-    check_pipeline(false, "zb-h1", "full");
-}
-static void gpt_pp2_zb_h1_selective_w2(void **state) {
-    (void)state;
-    check_pipeline(false, "zb-h1", "selective");
-}
-static void bert_pp2_1f1b_selective_w2(void **state) {
-    (void)state;
-    check_pipeline(true, "1f1b", "selective");
-}
-static void bert_pp2_zb_h1_full_w2(void **state) {
-    (void)state;
-    check_pipeline(true, "zb-h1", "full");
+/* A pipeline case (tests[]' initial state). */
+typedef struct pipe_case {
+    bool bert;
+    const char *schedule, *mode;
+} pipe_case;
+
+static void pipeline(void **state) {
+    const pipe_case *c = *state;
+    check_pipeline(c->bert, c->schedule, c->mode);
 }
 
 /* --- the program ------------------------------------------------------------------------------ */
@@ -501,31 +434,47 @@ static void gpt_bench_arena(void **state) {
     }
 }
 
+/* Test names end in _wN, the world size they need (the MPI entry filters on it). */
+// clang-format off
+#define BITWISE(name, bert, dropout) \
+    {#name, bitwise, NULL, NULL, &(bitwise_case){bert, dropout}}
+#define DIST(name, bert, dropout, world, json) \
+    {#name, distributed, NULL, NULL, &(dist_case){bert, dropout, world, json}}
+#define PIPE(name, bert, schedule, mode) \
+    {#name, pipeline, NULL, NULL, &(pipe_case){bert, schedule, mode}}
+// clang-format on
+#define RC_FULL ", \"recompute\": \"full\"}"
+#define RC_SEL  ", \"recompute\": \"selective\"}"
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(program_recomputes_regions),
     cmocka_unit_test(gpt_bench_arena),
-    cmocka_unit_test(gpt_bitwise_w1),
-    cmocka_unit_test(bert_bitwise_w1),
-    cmocka_unit_test(gpt_dropout_bitwise_w1),
-    cmocka_unit_test(bert_dropout_bitwise_w1),
-    cmocka_unit_test(gpt_dp2_full_w2),
-    cmocka_unit_test(gpt_tp2_selective_w2),
-    cmocka_unit_test(gpt_tp2_sp_full_w2),
-    cmocka_unit_test(gpt_tp2_sp_dropout_full_w2),
-    cmocka_unit_test(gpt_cp2_full_w2),
-    cmocka_unit_test(gpt_cp2_selective_w2),
-    cmocka_unit_test(bert_dp2_selective_w2),
-    cmocka_unit_test(bert_tp2_sp_full_w2),
-    cmocka_unit_test(bert_cp2_full_w2),
-    cmocka_unit_test(gpt_pp2_1f1b_full_w2),
-    cmocka_unit_test(gpt_pp2_zb_h1_full_w2),
-    cmocka_unit_test(gpt_pp2_zb_h1_selective_w2),
-    cmocka_unit_test(bert_pp2_1f1b_selective_w2),
-    cmocka_unit_test(bert_pp2_zb_h1_full_w2),
-    cmocka_unit_test(gpt_pp2_interleaved_full_w2),
-    cmocka_unit_test(bert_pp2_gpipe_selective_w2),
-    cmocka_unit_test(gpt_dp2_tp2_sp_full_w4),
-    cmocka_unit_test(bert_tp2_pp2_zb_h1_full_w4),
+    BITWISE(gpt_bitwise_w1, false, false),
+    BITWISE(bert_bitwise_w1, true, false),
+    BITWISE(gpt_dropout_bitwise_w1, false, true),
+    BITWISE(bert_dropout_bitwise_w1, true, true),
+    DIST(gpt_dp2_full_w2, false, false, 2, "{\"dp\": 2" RC_FULL),
+    DIST(gpt_tp2_selective_w2, false, false, 2, "{\"tp\": 2" RC_SEL),
+    DIST(gpt_tp2_sp_full_w2, false, false, 2, "{\"tp\": 2, \"sp\": true" RC_FULL),
+    DIST(gpt_tp2_sp_dropout_full_w2, false, true, 2, "{\"tp\": 2, \"sp\": true" RC_FULL),
+    DIST(gpt_cp2_full_w2, false, false, 2, "{\"cp\": 2" RC_FULL),
+    DIST(gpt_cp2_selective_w2, false, false, 2, "{\"cp\": 2" RC_SEL),
+    DIST(bert_dp2_selective_w2, true, false, 2, "{\"dp\": 2" RC_SEL),
+    DIST(bert_tp2_sp_full_w2, true, false, 2, "{\"tp\": 2, \"sp\": true" RC_FULL),
+    DIST(bert_cp2_full_w2, true, false, 2, "{\"cp\": 2" RC_FULL),
+    PIPE(gpt_pp2_1f1b_full_w2, false, "1f1b", "full"),
+    PIPE(gpt_pp2_zb_h1_full_w2, false, "zb-h1", "full"),
+    PIPE(gpt_pp2_zb_h1_selective_w2, false, "zb-h1", "selective"),
+    PIPE(bert_pp2_1f1b_selective_w2, true, "1f1b", "selective"),
+    PIPE(bert_pp2_zb_h1_full_w2, true, "zb-h1", "full"),
+    DIST(gpt_pp2_interleaved_full_w2, false, false, 2,
+         "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"interleaved\", \"virtual_stages\": "
+         "2" RC_FULL),
+    DIST(bert_pp2_gpipe_selective_w2, true, false, 2,
+         "{\"pp\": 2, \"micro_batches\": 4, \"schedule\": \"gpipe\"" RC_SEL),
+    DIST(gpt_dp2_tp2_sp_full_w4, false, false, 4, "{\"dp\": 2, \"tp\": 2, \"sp\": true" RC_FULL),
+    DIST(bert_tp2_pp2_zb_h1_full_w4, true, false, 4,
+         "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 4, \"schedule\": \"zb-h1\"" RC_FULL),
 };
 
 MT_MAIN("test_recompute", tests)
