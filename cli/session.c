@@ -41,6 +41,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     static const char *const on_nan_words[] = {"stop", "skip", NULL};
     const char *schedule_words[MS_SCHEDULE_COUNT + 1] = {NULL}; /* strategy.h's names */
     for (int i = 0; i < MS_SCHEDULE_COUNT; i++) schedule_words[i] = ms_schedule_name(i);
+    const char *recompute_words[MS_RECOMPUTE_COUNT + 1] = {NULL};
+    for (int i = 0; i < MS_RECOMPUTE_COUNT; i++) recompute_words[i] = ms_recompute_name(i);
     const run_flag flags[] = {
         {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model, "the model's config JSON (required)")},
         {RUN_TRAIN | RUN_EVAL,
@@ -65,6 +67,12 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL, MS_INT("zero", "K", &o->zero, 0, 3,
                          "ZeRO stage over dp: 1 shards the optimizer state, 2 also the gradients, "
                          "3 also the parameters (default 0)")},
+        {RUN_ALL, MS_ENUM("recompute", &o->recompute, recompute_words,
+                          "activation recompute: full re-runs each layer's forward in backward, "
+                          "selective attention's core only (default none)")},
+        {RUN_ALL, MS_NUM("bucket-mb", "MIB", &o->bucket_mb, 0, 1e6,
+                         "all-reduce gradients in buckets of this many MiB, issued during "
+                         "backward; 0: one per gradient at the end (default 0)")},
         {RUN_ALL, MS_ENUM_BACKEND(&backend)},
         {RUN_TRAIN, MS_INT("steps", "N", &o->steps, 0, 100000000, "optimizer steps (default 100)")},
         {RUN_TRAIN, MS_INT("seed", "S", &seed, 0, 0x7fffffff,

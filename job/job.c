@@ -31,6 +31,8 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
         out->strat.schedule = (uint8_t)o->schedule;
         out->strat.virtual_stages = o->virtual_stages;
         out->strat.zero = o->zero;
+        out->strat.recompute = (uint8_t)o->recompute;
+        out->strat.bucket_mb = (float)o->bucket_mb;
     }
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_job_shape job = job_shape(o, out);

@@ -31,6 +31,8 @@ typedef struct run_opts {
     int schedule;       /* --schedule: an ms_schedule */
     int virtual_stages; /* --virtual-stages: model chunks per pipeline rank */
     int zero;           /* --zero: the ZeRO stage over dp */
+    int recompute;      /* --recompute: an ms_recompute */
+    double bucket_mb;   /* --bucket-mb: gradient buckets in MiB; 0: none */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;    /* BLAS threads per rank; 0 = cores / ranks */

@@ -128,6 +128,10 @@ expect "negative bucket" "\$.bucket_mb: expected a bucket size in MiB (> 0" "${r
   --data "$tmp/text.txt" --strategy "$tmp/bucket-neg.json"
 expect "ZeRO flag with dp 1" "give dp >= 2 or zero 0" "${run[@]}" --data "$tmp/text.txt" --zero 2
 expect "ZeRO flag stage 4" "bad value '4' for --zero" "${run[@]}" --data "$tmp/text.txt" --zero 4
+expect "recompute flag mode" "use none, full or selective" "${run[@]}" --data "$tmp/text.txt" \
+  --recompute some
+expect "negative bucket" "bad value '-1' for --bucket-mb" "${run[@]}" --data "$tmp/text.txt" \
+  --bucket-mb -1
 expect "sp without tp" "--sp" "${run[@]}" --data "$tmp/text.txt" --sp
 expect "unknown flag" "unknown option" "${run[@]}" --data "$tmp/text.txt" --frobnicate 3
 expect "bad number" "bad value" "${run[@]}" --data "$tmp/text.txt" --steps lots
@@ -247,14 +251,15 @@ help_lists() {
 }
 
 help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
-  --virtual-stages --zero --backend --steps --seed --batch \
+  --virtual-stages --zero --recompute --bucket-mb --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
   --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
   --advise-threshold --memory-cap --help
 help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
-  --micro-batches --schedule --virtual-stages --zero --strategy --backend --help
+  --micro-batches --schedule --virtual-stages --zero --recompute --bucket-mb --strategy --backend \
+  --help
 help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
-  --virtual-stages --zero --batch --seq --backend --help
+  --virtual-stages --zero --recompute --bucket-mb --batch --seq --backend --help
 help_lists "demo" --ranks --backend --help
 help_lists "bench comm" --json --ranks --min-bytes --max-bytes --step --iters --reps --ops \
   --backends --quick --mpi-default-malloc --help
