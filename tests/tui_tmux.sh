@@ -198,7 +198,8 @@ wait_for 'no pipeline in this run' 5 >/dev/null && ok "7 without a pipeline says
 keys 6
 if wait_for ' open ' 120 >/dev/null; then
   target=$(capture | grep -E '^ *> .* open ' | head -1 |
-    grep -oE 'dp[0-9]+ x tp[0-9]+( x cp[0-9]+)?( \+sp)?' | head -1)
+    grep -oE 'dp[0-9]+ x tp[0-9]+( \+sp)?( x cp[0-9]+)?( x pp[0-9]+)?( (zero[0-9]|recompute|selective-recompute|m[0-9]+|gpipe|interleaved|zb-h1|v[0-9]+))*' |
+    head -1)
   keys Enter
   if wait_for 'y: accept' 10 >/dev/null; then
     ok "suggestions: confirm box for $target"

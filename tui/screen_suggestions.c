@@ -78,8 +78,14 @@ static void draw_suggestions(ms_tui *t, const ms_snapshot *s, int y, int h, int 
         return;
     }
     const ms_suggestion *sel = ms_tui_selected_suggestion(t, s);
-    ms_tui_textf(p, y++, 2, w - 2, p->role[MS_ROLE_DIM], "%-4s %-10s %-20s %-8s %s", "id", "state",
-                 "target", "gain", "result");
+    /* the target column fits the longest name (pipelines and memory knobs make long ones) */
+    int tw = 20;
+    for (int i = 0; i < s->n_suggestions; i++) {
+        int len = (int)strlen(s->suggestions[i].target);
+        if (len > tw) tw = len < 48 ? len : 48;
+    }
+    ms_tui_textf(p, y++, 2, w - 2, p->role[MS_ROLE_DIM], "%-4s %-10s %-*s %-8s %s", "id", "state",
+                 tw, "target", "gain", "result");
     for (int i = 0; i < s->n_suggestions && y < end - 6; i++) {
         const ms_suggestion *g = &s->suggestions[i];
         bool on = g == sel;
@@ -92,7 +98,7 @@ static void draw_suggestions(ms_tui *t, const ms_snapshot *s, int y, int h, int 
                           state_name(g->state));
         char gain[32];
         snprintf(gain, sizeof gain, "%+.0f%%", 100 * g->predicted_gain);
-        ms_tui_textf(p, y, x, w - x, base, "%-20.20s %-8s %s", g->target, gain, g->result);
+        ms_tui_textf(p, y, x, w - x, base, "%-*.*s %-8s %s", tw, tw, g->target, gain, g->result);
         y++;
     }
     y++;
