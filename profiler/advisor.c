@@ -284,21 +284,21 @@ static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_pl
     ms_error err = {0};
     if (ms_plan_estimate_one(pb, s, scales, est, &err) != MS_OK) return false;
     if (est->mem_total <= cap) return true;
-    ms_strategy best = *s;
-    double best_step = -1;
-    for (int z = 0; z <= (s->dp > 1 ? 3 : 0); z++)
+    ms_strategy base = *s;
+    ms_plan_estimate trial;
+    bool found = false;
+    for (int z = 0; z <= (base.dp > 1 ? 3 : 0); z++)
         for (int r = MS_RECOMPUTE_NONE; r < MS_RECOMPUTE_COUNT; r++) {
-            ms_strategy v = *s;
+            ms_strategy v = base;
             v.zero = z, v.recompute = (uint8_t)r;
             if ((!z && r == MS_RECOMPUTE_NONE) ||
                 ms_strategy_validate(&v, &a->cfg, job, 0, NULL) != MS_OK ||
-                ms_plan_estimate_one(pb, &v, scales, est, &err) != MS_OK || est->mem_total > cap)
+                ms_plan_estimate_one(pb, &v, scales, &trial, &err) != MS_OK ||
+                trial.mem_total > cap || (found && trial.step_s >= est->step_s))
                 continue;
-            if (best_step < 0 || est->step_s < best_step) best = v, best_step = est->step_s;
+            *s = v, *est = trial, found = true;
         }
-    if (best_step < 0) return false;
-    *s = best;
-    return ms_plan_estimate_one(pb, s, scales, est, &err) == MS_OK;
+    return found;
 }
 
 /* The strategies weighed on this world: every dp x tp x cp mesh (with and without sp), alone
@@ -414,17 +414,16 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
                                       (a->cluster.cpu ? a->world : 1);
     ms_strategy *all = xmalloc(sizeof *all * 256);
     int nall = candidates(a, all, 256);
+    /* a current strategy over the cap takes any strategy that fits, faster or not */
+    bool over = cur_e->mem_total > cap;
     for (int k = 0; k < nall && nt < 64; k++) {
         ms_strategy s = all[k];
         if (ms_strategy_equal(&s, &cur) ||
             ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
             continue;
-        if (!fit_memory(a, &job, &pb, cap, &s, cand) || ms_strategy_equal(&s, &cur) ||
-            ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
-            continue;
+        /* its variants are validated where they are made */
+        if (!fit_memory(a, &job, &pb, cap, &s, cand) || ms_strategy_equal(&s, &cur)) continue;
         double gain = (measured_step_s - cand->step_s) / measured_step_s;
-        /* a current strategy over the cap takes any strategy that fits, faster or not */
-        bool over = cur_e->mem_total > cap;
         /* never a strategy the job's switch would refuse: the validator has the last word,
          * memory cap included (this compiles the program: only for winners) */
         if ((!over && gain < threshold) ||

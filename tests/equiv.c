@@ -15,25 +15,11 @@
 enum { B = 8, T = 8, STEPS = 3, MAX_PARAMS = 64 };
 
 ms_model_config mt_equiv_config(bool bert) {
-    return (ms_model_config){.model_type = bert ? MS_MODEL_BERT : MS_MODEL_GPT2,
-                             .n_layer = 4,
-                             .n_head = 4,
-                             .n_embd = 32,
-                             .vocab_size = 256,
-                             .n_positions = 16,
-                             .layer_norm_epsilon = 1e-5};
+    return mt_tiny_config(bert, 0);
 }
 
 ms_train_opts mt_equiv_opts(void) {
-    return (ms_train_opts){.batch = B,
-                           .seq = T,
-                           .steps = STEPS,
-                           .warmup = 1,
-                           .seed = 11,
-                           .lr = 3e-3,
-                           .min_lr = 3e-4,
-                           .weight_decay = 0.1,
-                           .clip = 0.5};
+    return mt_train_opts(B, T, STEPS);
 }
 
 ms_status mt_equiv_data(ms_text_data *d, ms_error *err) {

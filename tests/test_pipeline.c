@@ -160,8 +160,7 @@ static void bert_dp2_pp2_w4(void **state) {
 /* Dropout on (10% at every site): micro-batched and pipelined runs draw the masks of the
  * whole batch, as the one-rank run does. */
 static void check_dropout(bool bert, const char *strategy, int world) {
-    ms_model_config cfg = mt_equiv_config(bert);
-    cfg.embd_pdrop = cfg.resid_pdrop = cfg.attn_pdrop = 0.1;
+    ms_model_config cfg = mt_tiny_config(bert, 0.1);
     mt_equiv_check_model(&cfg, strategy, NULL, NULL, world);
 }
 static void gpt_dropout_micro_batches_4_w1(void **state) {
