@@ -90,6 +90,9 @@ double live_job_median(const double *v, int n) {
     return m;
 }
 
+/* Steps whose median is the current step time the advisor prices against. */
+#define ADVISE_STEPS 32
+
 /* The live thread's advisor round: recalibrate on the analysed window, if every step in it
  * ran the current strategy, and publish what is predicted to be faster. */
 static void advise(void *user, ms_live *l, const ms_snapshot *s) {
@@ -103,15 +106,16 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
     bool have = j->has_current;
     pthread_mutex_unlock(&j->mu);
     if (!have) return;
-    double times[64];
+    for (int i = 0; i < an->n_steps; i++)
+        if (an->steps[i].step < since) return; /* the window straddles a switch */
+    /* The step time every gain is taken against: the median of the last ADVISE_STEPS steps
+     * under this strategy, not of the analysed window alone. A short window on shared cores
+     * swung by half from one round to the next on two shared cores, and every gain with it. */
+    double times[ADVISE_STEPS];
     int n = 0;
-    for (int i = 0; i < an->n_steps && n < 64; i++) {
-        const ms_live_step *h = NULL;
-        for (int k = s->n_history - 1; k >= 0 && !h; k--)
-            if (s->history[k].step == an->steps[i].step) h = &s->history[k];
-        if (!h || h->step < since) return; /* the window straddles a switch */
-        times[n++] = h->step_s;
-    }
+    for (int k = s->n_history - 1; k >= 0 && n < ADVISE_STEPS && s->history[k].step >= since; k--)
+        times[n++] = s->history[k].step_s;
+    if (n < an->n_steps) return;
     double median = live_job_median(times, n);
     ms_suggestion out[MS_LIVE_MAX_SUGGESTIONS];
     int got = 0;

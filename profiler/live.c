@@ -252,6 +252,7 @@ static ms_suggestion as_open(const ms_suggestion *f) {
     g.state = MS_SUGG_OPEN;
     g.applied_step = -1;
     g.result[0] = '\0';
+    g.missed = 0;
     return g;
 }
 
@@ -267,8 +268,12 @@ int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion
             continue;
         }
         const ms_suggestion *f = find_sugg(fresh, n_fresh, cur[i].id);
-        if (!f || f->predicted_gain < keep_at) continue;
-        out[n++] = as_open(f);
+        if (f && f->predicted_gain >= keep_at) {
+            out[n++] = as_open(f);
+        } else if (cur[i].missed + 1 < MS_SUGG_GRACE_ROUNDS) {
+            out[n] = cur[i];
+            out[n++].missed++;
+        }
     }
     /* New targets, best first: appended while there is room, then each replaces the open
      * entry with the smallest gain if it predicts more (superseded). */

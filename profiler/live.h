@@ -116,6 +116,7 @@ typedef struct ms_suggestion {
     char diff[MS_LIVE_TEXT];         /* "dp 1 -> 2, tp 4 -> 2" */
     char result[MS_LIVE_TEXT]; /* after the switch: predicted vs measured gain, or why refused */
     int64_t applied_step;      /* the first step under the target, -1 until applied */
+    uint8_t missed;            /* open: consecutive rounds that did not price it good enough */
 } ms_suggestion;
 
 /* What the live model describes: fixed when the job starts. */
@@ -210,13 +211,18 @@ void ms_live_set_event(ms_live *l, const char *fmt, ...) __attribute__((format(p
  * updated in place under the same id (gain, step times, evidence), while it is predicted at
  * least open_at / 2 faster: the gap is hysteresis, so a gain wobbling around the threshold
  * does not make the suggestion vanish and come back. It closes when accepted or dismissed
- * (its state changes), when its gain falls below open_at / 2 or its target is no longer
- * suggested, or when the list is full and a better suggestion for another target takes its
- * place (superseded). Entries in other states are kept as they are, and their ids never
- * reopen. The order is stable: entries keep their places, new ones are appended best first.
- * Writes at most MS_LIVE_MAX_SUGGESTIONS to `out` and returns the count. Pure. */
+ * (its state changes), when for MS_SUGG_GRACE_ROUNDS rounds in a row its gain stays below
+ * open_at / 2 or its target is not suggested (until then it keeps its last priced values, so
+ * one noisy round cannot take away what a user is about to accept), or when the list is full and a
+ * better suggestion for another target takes its place (superseded). Entries in other states are
+ * kept as they are, and their ids never reopen. The order is stable: entries keep their places, new
+ * ones are appended best first. Writes at most MS_LIVE_MAX_SUGGESTIONS to `out` and returns the
+ * count. Pure. */
 int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion *fresh,
                         int n_fresh, double open_at, ms_suggestion *out);
+/* Rounds an open suggestion survives without being priced good enough (about 10 s at the
+ * advisor's 2 s period). */
+#define MS_SUGG_GRACE_ROUNDS 5
 
 /* The advisor's round: applies ms_suggestions_next to the shown list with its candidates
  * (predicted at least open_at / 2 faster, so that open ones can stay open). */

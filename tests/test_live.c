@@ -421,7 +421,8 @@ static void round_is(ms_suggestion *list, int *n, const ms_suggestion *fresh, in
                      w[i].gain, w[i].state);
         char ev[32];
         snprintf(ev, sizeof ev, "round %d", round);
-        if (out[i].state == MS_SUGG_OPEN) assert_string_equal(out[i].evidence, ev);
+        if (out[i].state == MS_SUGG_OPEN && !out[i].missed)
+            assert_string_equal(out[i].evidence, ev);
     }
     memcpy(list, out, sizeof out[0] * (size_t)got);
     *n = got;
@@ -444,26 +445,47 @@ static void test_suggestion_lifecycle(void **state) {
     /* 3: both move; the order is the list's, not the round's */
     ms_suggestion r3[] = {cand(2, 0.12, 3), cand(1, 0.06, 3)};
     round_is(list, &n, r3, 2, 3, (want[]){{1, 0.06, O}, {2, 0.12, O}}, 2);
-    /* 4: A is no longer suggested: closed */
-    ms_suggestion r4[] = {cand(2, 0.07, 4)};
-    round_is(list, &n, r4, 1, 4, (want[]){{2, 0.07, O}}, 1);
-    /* 5: B falls under 5%: closed; A at 8% does not reopen (under 10%) */
-    ms_suggestion r5[] = {cand(1, 0.08, 5), cand(2, 0.04, 5)};
-    round_is(list, &n, r5, 2, 5, NULL, 0);
+    /* 4..: A is no longer suggested: kept as last priced (round 3's values) for
+     * MS_SUGG_GRACE_ROUNDS - 1 rounds, then closed */
+    int r = 4;
+    for (int k = 1; k <= MS_SUGG_GRACE_ROUNDS; k++, r++) {
+        ms_suggestion f[] = {cand(2, 0.07, r)};
+        if (k < MS_SUGG_GRACE_ROUNDS) {
+            round_is(list, &n, f, 1, r, (want[]){{1, 0.06, O}, {2, 0.07, O}}, 2);
+            assert_string_equal(list[0].evidence, "round 3");
+            assert_int_equal(list[0].missed, k);
+        } else {
+            round_is(list, &n, f, 1, r, (want[]){{2, 0.07, O}}, 1);
+        }
+    }
+    /* B falls under 5% and is closed after the grace rounds; A at 8% does not reopen (under
+     * 10%) meanwhile */
+    for (int k = 1; k <= MS_SUGG_GRACE_ROUNDS; k++, r++) {
+        ms_suggestion f[] = {cand(1, 0.08, r), cand(2, 0.04, r)};
+        if (k < MS_SUGG_GRACE_ROUNDS)
+            round_is(list, &n, f, 2, r, (want[]){{2, 0.07, O}}, 1);
+        else
+            round_is(list, &n, f, 2, r, NULL, 0);
+    }
     /* 6: A crosses 10% again: the same id */
     ms_suggestion r6[] = {cand(1, 0.11, 6)};
     round_is(list, &n, r6, 1, 6, (want[]){{1, 0.11, O}}, 1);
+    /* one noisy round that misses A, then A priced again: open throughout, refreshed */
+    round_is(list, &n, NULL, 0, 60, (want[]){{1, 0.11, O}}, 1);
+    ms_suggestion r61[] = {cand(1, 0.13, 61)};
+    round_is(list, &n, r61, 1, 61, (want[]){{1, 0.13, O}}, 1);
+    assert_int_equal(list[0].missed, 0);
     /* 7: dismissed A stays dismissed and unchanged; C opens */
     list[0].state = MS_SUGG_DISMISSED;
     ms_suggestion r7[] = {cand(1, 0.30, 7), cand(3, 0.20, 7)};
-    round_is(list, &n, r7, 2, 7, (want[]){{1, 0.11, MS_SUGG_DISMISSED}, {3, 0.20, O}}, 2);
+    round_is(list, &n, r7, 2, 7, (want[]){{1, 0.13, MS_SUGG_DISMISSED}, {3, 0.20, O}}, 2);
     /* 8: accepted C stays pending when the round no longer has it */
     list[1].state = MS_SUGG_PENDING;
     round_is(list, &n, NULL, 0, 8,
-             (want[]){{1, 0.11, MS_SUGG_DISMISSED}, {3, 0.20, MS_SUGG_PENDING}}, 2);
+             (want[]){{1, 0.13, MS_SUGG_DISMISSED}, {3, 0.20, MS_SUGG_PENDING}}, 2);
     /* 9: six more fill the list */
     ms_suggestion r9[6];
-    want w9[8] = {{1, 0.11, MS_SUGG_DISMISSED}, {3, 0.20, MS_SUGG_PENDING}};
+    want w9[8] = {{1, 0.13, MS_SUGG_DISMISSED}, {3, 0.20, MS_SUGG_PENDING}};
     for (int i = 0; i < 6; i++) {
         r9[i] = cand(10 + i, 0.25 - 0.01 * i, 9);
         w9[2 + i] = (want){10 + i, 0.25 - 0.01 * i, O};

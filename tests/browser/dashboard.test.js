@@ -174,10 +174,23 @@ async function main() {
     await page.screenshot({ path: path.join(outDir, 'confirm.png') });
     ok(`confirm dialog for suggestion ${id}: ${sugg.current} -> ${sugg.target}`);
     await page.click('#cf-ok');
+    // Until the page shows the target; a refusal (on the page or in the job) fails at once
+    // with its reason, and a timeout says what the page and the job last said.
+    const explain = async () => {
+      const msg = await page.locator('#action-msg').innerText();
+      const s = await page.evaluate(async (sid) => {
+        const r = await fetch('/api/v1/suggestions', { credentials: 'same-origin' });
+        return (await r.json()).suggestions.find((x) => x.id === sid) || null;
+      }, id);
+      const where = s ? `suggestion ${s.state}${s.result ? ': ' + s.result : ''}` : 'suggestion gone';
+      return `page says "${msg}"; ${where}; strategy shown ${await page.locator('#st-strategy').innerText()}`;
+    };
     await until(`the job running ${sugg.target}`, 180, async () => {
       const shown = await page.locator('#st-strategy').innerText();
-      return norm(shown) === norm(sugg.target);
-    });
+      if (norm(shown) === norm(sugg.target)) return true;
+      if (/^Refused/.test(await page.locator('#action-msg').innerText())) fail(`accept refused: ${await explain()}`);
+      return false;
+    }).catch(async (e) => fail(/page says/.test(e.message) ? e.message : `${e.message}: ${await explain()}`));
     const state = await until('the suggestion marked applied', 30, async () => {
       const s = await page.evaluate(async (sid) => {
         const r = await fetch('/api/v1/suggestions', { credentials: 'same-origin' });
