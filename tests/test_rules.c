@@ -16,101 +16,8 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
 #include "engine/graph/eager.h"
+#include "tests/op_cases.h"
 #include "tests/testkit.h"
-
-typedef enum { IN_FLOAT, IN_IDS, IN_TARGETS } in_kind;
-
-typedef struct op_case {
-    const char *name;
-    int op;
-    ms_op_attrs a;
-    int n_in, n_out;
-    ms_shape in[3];
-    in_kind kind[3];
-    int vocab; /* for ids/targets */
-} op_case;
-
-#define S1(a)                                                                                      \
-    {                                                                                              \
-        1, {                                                                                       \
-            a                                                                                      \
-        }                                                                                          \
-    }
-#define S2(a, b)                                                                                   \
-    {                                                                                              \
-        2, {                                                                                       \
-            a, b                                                                                   \
-        }                                                                                          \
-    }
-#define S3(a, b, c)                                                                                \
-    {                                                                                              \
-        3, {                                                                                       \
-            a, b, c                                                                                \
-        }                                                                                          \
-    }
-#define S4(a, b, c, d)                                                                             \
-    {                                                                                              \
-        4, {                                                                                       \
-            a, b, c, d                                                                             \
-        }                                                                                          \
-    }
-
-static const op_case cases[] = {
-    {"matmul", MS_OP_MATMUL, {.i = {0}}, 2, 1, {S2(3, 5), S2(5, 4)}, {0}, 0},
-    {"matmul 3d x weight^T", MS_OP_MATMUL, {.i = {1}}, 2, 1, {S3(2, 3, 5), S2(4, 5)}, {0}, 0},
-    {"matmul weight [K,N1,N2]", MS_OP_MATMUL, {.i = {0}}, 2, 1, {S2(3, 5), S3(5, 2, 3)}, {0}, 0},
-    {"matmul batched", MS_OP_MATMUL, {.i = {0, 1}}, 2, 1, {S3(2, 3, 5), S3(2, 5, 4)}, {0}, 0},
-    {"matmul batched ta tb",
-     MS_OP_MATMUL,
-     {.i = {1, 1, 1}},
-     2,
-     1,
-     {S3(2, 5, 3), S3(2, 4, 5)},
-     {0},
-     0},
-    {"add", MS_OP_ADD, {.i = {0}}, 2, 1, {S2(3, 5), S2(3, 5)}, {0}, 0},
-    {"mul", MS_OP_MUL, {.i = {0}}, 2, 1, {S2(3, 5), S2(3, 5)}, {0}, 0},
-    {"scale", MS_OP_SCALE, {.f = {-1.5f}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"bias", MS_OP_BIAS, {.i = {0}}, 2, 1, {S3(2, 3, 5), S1(5)}, {0}, 0},
-    {"bias 2-d tail", MS_OP_BIAS, {.i = {0}}, 2, 1, {S3(3, 3, 4), S2(3, 4)}, {0}, 0},
-    {"gelu", MS_OP_GELU, {.i = {0}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"layernorm", MS_OP_LAYERNORM, {.f = {1e-5f}}, 3, 1, {S2(3, 5), S1(5), S1(5)}, {0}, 0},
-    {"softmax", MS_OP_SOFTMAX, {.i = {0}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"attention causal", MS_OP_ATTENTION, {.i = {2, 1}}, 1, 1, {S4(2, 3, 3, 8)}, {0}, 0},
-    {"attention bidirectional", MS_OP_ATTENTION, {.i = {2, 0}}, 1, 1, {S4(3, 2, 3, 4)}, {0}, 0},
-    {"embedding", MS_OP_EMBEDDING, {.i = {0}}, 2, 1, {S2(2, 3), S2(7, 4)}, {IN_IDS, IN_FLOAT}, 7},
-    {"cross_entropy",
-     MS_OP_XENT,
-     {.i = {0}},
-     2,
-     1,
-     {S3(2, 3, 7), S2(2, 3)},
-     {IN_FLOAT, IN_TARGETS},
-     7},
-    {"reshape", MS_OP_RESHAPE, {.i = {2, 3, 4}}, 1, 1, {S2(3, 4)}, {0}, 0},
-    {"reshape merge", MS_OP_RESHAPE, {.i = {2, 3, 8}}, 1, 1, {S3(3, 2, 4)}, {0}, 0},
-    {"transpose", MS_OP_TRANSPOSE, {.i = {0, 2}}, 1, 1, {S3(2, 3, 5)}, {0}, 0},
-    {"split", MS_OP_SPLIT, {.i = {1, 2}}, 1, 2, {S2(3, 6)}, {0}, 0},
-    {"concat", MS_OP_CONCAT, {.i = {1}}, 2, 1, {S2(3, 2), S2(3, 3)}, {0}, 0},
-    {"sum dim", MS_OP_SUM, {.i = {1}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"sum all", MS_OP_SUM, {.i = {-1}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"mean dim", MS_OP_MEAN, {.i = {0}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"mean all", MS_OP_MEAN, {.i = {-1}}, 1, 1, {S2(3, 5)}, {0}, 0},
-    {"dropout", MS_OP_DROPOUT, {.i = {3}, .f = {0.3f}}, 1, 1, {S2(4, 5)}, {0}, 0},
-};
-
-static void fill_input(const op_case *c, int i, ms_tensor *t) {
-    float *p = ms_tensor_f32(t);
-    for (int64_t k = 0; k < ms_tensor_numel(t); k++) {
-        float u = ms_philox_uniform(11, (uint64_t)i, (uint64_t)k);
-        if (c->kind[i] == IN_IDS)
-            p[k] = (float)(int)(u * c->vocab);
-        else if (c->kind[i] == IN_TARGETS)
-            p[k] = k == 1 ? -1.0f : (float)(int)(u * c->vocab);
-        else
-            p[k] = 2 * u - 1;
-    }
-}
 
 /* The op on the global inputs, on this rank alone: the reference. */
 static void reference(mt_rank *r, const op_case *c, ms_tensor *gin, ms_tensor *gout) {
@@ -187,12 +94,12 @@ static void brute_force(mt_rank *r, void *arg) {
     ms_placements *opts[3];
     for (int i = 0; i < 3; i++) opts[i] = xmalloc(sizeof(ms_placements) * 64);
     long checked = 0;
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases && r->failures < 3; ci++) {
-        const op_case *c = &cases[ci];
+    for (size_t ci = 0; ci < (size_t)ms_n_op_cases && r->failures < 3; ci++) {
+        const op_case *c = &ms_op_cases[ci];
         ms_tensor gin[3], gout[MS_OP_MAX_OUT];
         for (int i = 0; i < c->n_in; i++) {
             ms_tensor_alloc(r->ctx->device, MS_F32, c->in[i].ndim, c->in[i].d, &gin[i], &err);
-            fill_input(c, i, &gin[i]);
+            mt_op_case_fill(c, i, &gin[i]);
         }
         reference(r, c, gin, gout);
         int nopt[3] = {1, 1, 1}, total = 1;
@@ -241,7 +148,7 @@ static void brute_force(mt_rank *r, void *arg) {
     }
     if (r->ctx->rank == 0)
         print_message("  mesh %s: %ld placement combinations over %zu op cases\n", ra->mesh,
-                      checked, sizeof cases / sizeof *cases);
+                      checked, (size_t)ms_n_op_cases);
     for (int i = 0; i < 3; i++) free(opts[i]);
     ms_dmesh_destroy(dm);
     ms_mesh_free(&mesh);
@@ -268,8 +175,8 @@ static void strict(mt_rank *r, void *arg) {
     ms_mesh_parse(&mesh, "2", &err);
     ms_dmesh *dm;
     if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-        const op_case *c = &cases[ci];
+    for (size_t ci = 0; ci < (size_t)ms_n_op_cases; ci++) {
+        const op_case *c = &ms_op_cases[ci];
         const ms_op_def *def = ms_op_get(c->op);
         ms_rule_cand cands[MS_OP_MAX_CANDS];
         memset(cands, 0, sizeof cands);
@@ -277,7 +184,7 @@ static void strict(mt_rank *r, void *arg) {
         ms_tensor gin[3];
         for (int i = 0; i < c->n_in; i++) {
             ms_tensor_alloc(r->ctx->device, MS_F32, c->in[i].ndim, c->in[i].d, &gin[i], &err);
-            fill_input(c, i, &gin[i]);
+            mt_op_case_fill(c, i, &gin[i]);
         }
         for (int k = 0; k < nc; k++) {
             ms_dtensor din[3];

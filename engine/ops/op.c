@@ -8,13 +8,29 @@
 #include "engine/ops/op_defs.h"
 
 /* Positional, so adding an ms_op_kind without its row fails the static assert below. */
+// clang-format off
 static const ms_op_def *const builtin_ops[] = {
     &ms_op_matmul_def,    &ms_op_add_def,       &ms_op_mul_def,       &ms_op_scale_def,
     &ms_op_bias_def,      &ms_op_gelu_def,      &ms_op_layernorm_def, &ms_op_softmax_def,
     &ms_op_attention_def, &ms_op_embedding_def, &ms_op_xent_def,      &ms_op_reshape_def,
     &ms_op_transpose_def, &ms_op_split_def,     &ms_op_concat_def,    &ms_op_sum_def,
     &ms_op_mean_def,      &ms_op_dropout_def,
+    /* -- unary -- */
+    /* -- end unary -- */
+
+    /* -- binary -- */
+    /* -- end binary -- */
+
+    /* -- reduce -- */
+    /* -- end reduce -- */
+
+    /* -- index -- */
+    /* -- end index -- */
+
+    /* -- layers -- */
+    /* -- end layers -- */
 };
+// clang-format on
 _Static_assert(sizeof builtin_ops / sizeof builtin_ops[0] == MS_OP_BUILTIN_COUNT,
                "every ms_op_kind needs a row in builtin_ops");
 

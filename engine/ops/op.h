@@ -49,6 +49,23 @@ typedef enum ms_op_kind {
     MS_OP_SUM,       /* over dim i[0] (i[0] < 0: all dims, to a scalar) */
     MS_OP_MEAN,      /* over dim i[0] (i[0] < 0: all dims); divides by the GLOBAL count */
     MS_OP_DROPOUT,   /* f[0] p, i[0] stream; mask from Philox on global indices */
+    /* Families of operators, each in its own file; a family adds its kinds between its two
+     * marks (and its rows in op.c and op_defs.h in the same order). */
+    /* -- unary: elementwise unary (ops_unary.c) -- */
+    /* -- end unary -- */
+
+    /* -- binary: elementwise binary with broadcasting (ops_binary.c) -- */
+    /* -- end binary -- */
+
+    /* -- reduce: reductions (ops_reduce.c) -- */
+    /* -- end reduce -- */
+
+    /* -- index: indexing and layout (ops_index.c) -- */
+    /* -- end index -- */
+
+    /* -- layers: neural-network layers (ops_layers.c) -- */
+    /* -- end layers -- */
+
     MS_OP_BUILTIN_COUNT
 } ms_op_kind;
 

@@ -10,6 +10,24 @@ extern const ms_op_def ms_op_matmul_def, ms_op_add_def, ms_op_mul_def, ms_op_sca
     ms_op_embedding_def, ms_op_xent_def, ms_op_reshape_def, ms_op_transpose_def, ms_op_split_def,
     ms_op_concat_def, ms_op_sum_def, ms_op_mean_def, ms_op_dropout_def;
 
+/* The families' rows, one extern line per operator, in their ms_op_kind order. */
+// clang-format off
+/* -- unary -- */
+/* -- end unary -- */
+
+/* -- binary -- */
+/* -- end binary -- */
+
+/* -- reduce -- */
+/* -- end reduce -- */
+
+/* -- index -- */
+/* -- end index -- */
+
+/* -- layers -- */
+/* -- end layers -- */
+// clang-format on
+
 static inline int64_t shape_numel(const ms_shape *s) {
     int64_t n = 1;
     for (int d = 0; d < s->ndim; d++) n *= s->d[d];
