@@ -91,6 +91,16 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                            "clip the global gradient norm at C; 0: off (default 1)")},
         {RUN_TRAIN, MS_TEXT("log-jsonl", "FILE", &o->log_jsonl, "one JSON line per logged step")},
         {RUN_TRAIN, MS_TEXT("save", "FILE", &o->save, "write the trained weights (safetensors)")},
+        {RUN_TRAIN, MS_TEXT("save-dir", "DIR", &o->save_dir,
+                            "write resumable checkpoints (every rank its shards) into DIR")},
+        {RUN_TRAIN, MS_INT("save-every", "N", &o->save_every, 0, 100000000,
+                           "checkpoint every N steps, in the background; 0: at the end only "
+                           "(default 0)")},
+        {RUN_TRAIN, MS_INT("keep", "K", &o->keep, 1, 1000000,
+                           "checkpoints kept in --save-dir, newest first (default 3)")},
+        {RUN_TRAIN, MS_TEXT("resume", "DIR", &o->resume,
+                            "continue from the latest checkpoint in DIR, under any strategy "
+                            "(--steps stays the total)")},
         {RUN_TRAIN, MS_INT("sample", "N", &o->sample, 0, 100000,
                            "generate N bytes of text after training (default 0)")},
         {RUN_TRAIN,

@@ -14,6 +14,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 #include "engine/plan/validate.h"
+#include "engine/train/checkpoint.h"
 
 static ms_job_shape job_shape(const run_opts *o, const job_plan *plan) {
     return (ms_job_shape){.world = plan->world_size, .batch = o->batch, .seq = o->seq};
@@ -72,6 +73,18 @@ static ms_status check_output(const char *flag, const char *path, ms_error *err)
 
 ms_status job_check_outputs(const run_opts *o, ms_error *err) {
     MS_CHECK(check_output("--save", o->save, err));
+    if ((o->save_every || o->keep) && !o->save_dir)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--save-every and --keep need --save-dir DIR (where checkpoints go)");
+    if (o->resume) {
+        ms_ckpt_info info;
+        MS_CHECK(ms_ckpt_describe(o->resume, &info, NULL, err));
+        if (info.step >= o->steps)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "--resume %s: the checkpoint is at step %lld and --steps is %d, the "
+                           "total: nothing is left to run (raise --steps)",
+                           o->resume, (long long)info.step, o->steps);
+    }
     MS_CHECK(check_output("--trace", o->trace, err));
     return check_output("--log-jsonl", o->log_jsonl, err);
 }

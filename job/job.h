@@ -19,11 +19,13 @@
 
 typedef struct run_opts {
     const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint, *trace;
-    const char *web;         /* --web HOST:PORT: serve the dashboard */
-    const char *switch_spec; /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
-    bool tui;                /* --tui: the terminal view */
-    double advise_threshold; /* suggest strategies predicted at least this much faster */
-    double memory_cap_mib;   /* refuse switches needing more per rank; 0: the machine's share */
+    const char *save_dir, *resume; /* --save-dir, --resume: distributed checkpoints */
+    int save_every, keep;          /* --save-every (0: at the end), --keep (0: 3) */
+    const char *web;               /* --web HOST:PORT: serve the dashboard */
+    const char *switch_spec;       /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
+    bool tui;                      /* --tui: the terminal view */
+    double advise_threshold;       /* suggest strategies predicted at least this much faster */
+    double memory_cap_mib; /* refuse switches needing more per rank; 0: the machine's share */
     int dp, tp, cp;
     bool sp;
     int pp;             /* --pp: pipeline stages */

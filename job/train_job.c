@@ -16,6 +16,7 @@
 #include "engine/data/dataset.h"
 #include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/stages.h"
 #include "job/live_job.h"
 #include "job/tracer.h"
@@ -86,6 +87,62 @@ static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, m
     for (int i = 0; i < n; i++) ms_tensor_release(&full[i]);
     free(full), free(e);
     return st;
+}
+
+/* --resume: loads the checkpoint into t under the job's strategy (collective). */
+static ms_status resume(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_error *err) {
+    ms_ckpt_info info;
+    MS_CHECK(ms_ckpt_load(t, o->resume, &info, err));
+    if (ctx->rank == 0) {
+        char name[MS_STRATEGY_NAME_MAX];
+        printf("resumed %s at step %lld (saved by %d ranks under %s), running %s\n", info.path,
+               (long long)info.step, info.world, *info.strategy ? info.strategy : "-",
+               ms_strategy_name(ms_trainer_strategy(t), name, sizeof name));
+        fflush(stdout);
+    }
+    return MS_OK;
+}
+
+static ms_status open_saver(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_ckpt_saver **out,
+                            ms_error *err) {
+    char json[MS_STRATEGY_JSON_MAX];
+    ms_ckpt_opts co = {.dir = o->save_dir,
+                       .keep = o->keep,
+                       .strategy_json =
+                           ms_strategy_short_json(ms_trainer_strategy(t), json, sizeof json),
+                       .model = o->model};
+    return ms_ckpt_saver_create(ctx, &co, out, err);
+}
+
+/* What a checkpoint poll has to say: rank 0 the commit or why a save was abandoned, any rank
+ * its own failure. */
+static void ckpt_note(ms_ctx *ctx, const char *note, ms_strbuf *later) {
+    if (!*note) return;
+    if (!strncmp(note, "checkpoint at step", 18) && ctx->rank != 0)
+        fprintf(stderr, "rank %d: %s\n", ctx->rank, note);
+    else if (ctx->rank == 0)
+        say(later, "%s\n", note);
+}
+
+/* At a step boundary: commits a finished save, and starts one every --save-every steps (and
+ * after the last step). */
+static ms_status checkpoint_step(ms_ctx *ctx, ms_trainer *t, ms_ckpt_saver *saver,
+                                 const run_opts *o, bool last, ms_strbuf *later, ms_error *err) {
+    if (!saver) return MS_OK;
+    char note[MS_ERROR_MSG_MAX + 64];
+    MS_CHECK(ms_ckpt_saver_poll(saver, false, note, sizeof note, err));
+    ckpt_note(ctx, note, later);
+    int64_t next = ms_trainer_step_index(t);
+    if (!last && !(o->save_every && next % o->save_every == 0)) return MS_OK;
+    double stall = 0;
+    MS_CHECK(ms_ckpt_saver_save(saver, t, &stall, err));
+    if (ctx->rank == 0)
+        say(later, "step %5lld  checkpoint: state copied in %.1f ms, written in the background\n",
+            (long long)next - 1, stall * 1e3);
+    if (!last) return MS_OK;
+    MS_CHECK(ms_ckpt_saver_poll(saver, true, note, sizeof note, err));
+    ckpt_note(ctx, note, later);
+    return MS_OK;
 }
 
 /* After training with micro-batches or stages: per stage, the micro-batches held at once
@@ -174,7 +231,7 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
         fprintf(log,
                 "{\"step\": %lld, \"loss\": %s, \"step_ms\": %.3f, \"tokens_per_s\": %.1f, "
                 "\"lr\": %.6g, \"grad_norm\": %s, \"strategy\": \"%s\"%s}\n",
-                (long long)r->step, ms_json_number(r->loss, "%.6f", loss, sizeof loss), ms, tps,
+                (long long)r->step, ms_json_number(r->loss, "%.9g", loss, sizeof loss), ms, tps,
                 r->lr, ms_json_number(r->grad_norm, "%.5f", norm, sizeof norm),
                 ms_strategy_name(ms_trainer_strategy(t), name, sizeof name),
                 r->skipped ? ", \"skipped\": true" : "");
@@ -202,6 +259,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     bool quiet = o->tui; /* the TUI owns the terminal */
     float last_loss = NAN;
     char *sample = NULL;
+    ms_ckpt_saver *saver = NULL;
     ms_status st;
     if (live_on && o->backend == MS_BACKEND_MPI && ctx->rank == 0) {
         MS_CHECK_GOTO(live_job_open(&own, o, ta->plan, err), st, out);
@@ -225,7 +283,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                                     &data, &t, err),
                   st, out);
     if (ctx->rank == 0 && o->log_jsonl) {
-        log = fopen(o->log_jsonl, "w");
+        log = fopen(o->log_jsonl, o->resume ? "a" : "w"); /* a resumed run continues its log */
         if (!log) {
             st = ms_fail(err, MS_ERR_IO, "cannot write the log %s", o->log_jsonl);
             goto out;
@@ -235,7 +293,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     live_job *jl = ctx->rank == 0 ? job : NULL;
     ms_strbuf *later = quiet && job ? &job->epilogue : NULL;
     if (ctx->rank == 0 && !quiet) announce(ctx, o, t, &data);
-    for (int step = 0; step < o->steps; step++) {
+    if (o->resume) MS_CHECK_GOTO(resume(ctx, t, o, err), st, out);
+    if (o->save_dir) MS_CHECK_GOTO(open_saver(ctx, t, o, &saver, err), st, out);
+    for (int step = (int)ms_trainer_step_index(t); step < o->steps; step++) {
         if (live_on) {
             control c;
             MS_CHECK_GOTO(live_job_control(job, tr.comm, step, &c, err), st, out);
@@ -269,11 +329,21 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         }
         if (tr.rec && (o->trace || tr.live_mpi) && step % 10 == 9)
             MS_CHECK_GOTO(tracer_gather(ctx, &tr, err), st, out);
+        MS_CHECK_GOTO(checkpoint_step(ctx, t, saver, o, false, later, err), st, out);
         if (o->eval_every && step && step % o->eval_every == 0) {
             double vl;
             MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err), st, out);
             if (ctx->rank == 0 && !quiet) printf("step %5d  validation loss %.4f\n", step, vl);
         }
+    }
+    /* The run's end (or a stop): a last checkpoint unless one was just taken, then wait for it. */
+    if (saver && ms_trainer_step_index(t) > 0 &&
+        !(o->save_every && ms_trainer_step_index(t) % o->save_every == 0))
+        MS_CHECK_GOTO(checkpoint_step(ctx, t, saver, o, true, later, err), st, out);
+    if (saver) {
+        char note[MS_ERROR_MSG_MAX + 64];
+        MS_CHECK_GOTO(ms_ckpt_saver_poll(saver, true, note, sizeof note, err), st, out);
+        ckpt_note(ctx, note, later);
     }
     int mb_size = 0, mb_count = 1;
     ms_strategy_micro(ms_trainer_strategy(t), o->batch, &mb_size, &mb_count);
@@ -302,6 +372,7 @@ out:
     if (log && fclose(log) != 0 && st == MS_OK)
         st = ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);
     free(sample);
+    ms_ckpt_saver_destroy(saver);
     ms_trainer_destroy(t);
     ms_text_data_close(&data);
     if (job && job->live && tr.rec && o->backend == MS_BACKEND_THREADS)

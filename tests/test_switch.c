@@ -138,22 +138,7 @@ static int setup(void **state) {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/ms-switch-XXXXXX");
     if (!mkdtemp(dir)) return -1;
-    snprintf(text, sizeof text, "%s/text.txt", dir);
-    snprintf(model, sizeof model, "%s/model.json", dir);
-    FILE *f = fopen(text, "w");
-    for (int i = 0; f && i < 400; i++)
-        fprintf(f,
-                "And the earth was without form, and void; and darkness was upon the face of "
-                "the deep. Verse %d.\n",
-                i);
-    if (f) fclose(f);
-    f = fopen(model, "w");
-    if (f) {
-        fprintf(f, "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 32, \"vocab_size\": 256, "
-                   "\"n_positions\": 32}\n");
-        fclose(f);
-    }
-    return 0;
+    return mt_write_job_files(dir, 32, text, model);
 }
 
 static int teardown(void **state) {

@@ -151,6 +151,25 @@ ms_train_opts mt_train_opts(int batch, int seq, int steps) {
                            .clip = 0.5};
 }
 
+int mt_write_job_files(const char *dir, int n_embd, char *text, char *model) {
+    snprintf(text, 300, "%s/text.txt", dir);
+    snprintf(model, 300, "%s/model.json", dir);
+    FILE *f = fopen(text, "w");
+    for (int i = 0; f && i < 400; i++)
+        fprintf(f,
+                "And the earth was without form, and void; and darkness was upon the face of "
+                "the deep. Verse %d.\n",
+                i);
+    if (!f || fclose(f) != 0) return -1;
+    f = fopen(model, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": %d, \"vocab_size\": 256, "
+            "\"n_positions\": 32}\n",
+            n_embd);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error *err) {
     size_t len = strlen(line), n = 64 * len;
     uint8_t *bytes = xmalloc(n);

@@ -55,6 +55,12 @@ int mt_world_rank(void);
  * `seq` tokens with a tenth held out for validation. */
 ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error *err);
 
+/* For tests that run the meshscope binary: writes DIR/text.txt (400 verses of text) and
+ * DIR/model.json (a GPT of 2 layers, 4 heads, n_embd channels, 32 positions) and returns their
+ * paths in text and model (each at least 300 bytes). Returns 0, or -1 if a file cannot be
+ * written. */
+int mt_write_job_files(const char *dir, int n_embd, char *text, char *model);
+
 /* The small model the equivalence tests train: 4 layers, 4 heads, 32 channels, bytes as
  * tokens, 16 positions; pdrop at every dropout site. */
 ms_model_config mt_tiny_config(bool bert, double pdrop);

@@ -496,6 +496,10 @@ const ms_mesh *ms_trainer_mesh(const ms_trainer *t) {
 ms_program *ms_trainer_program(ms_trainer *t) {
     return ms_stages_program(t->c.st, 0);
 }
+ms_ctx *ms_trainer_ctx(const ms_trainer *t) {
+    return t->ctx;
+}
+
 int64_t ms_trainer_skipped(const ms_trainer *t) {
     return t->skipped;
 }

@@ -115,6 +115,7 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
                             ms_error *err);
 
 int64_t ms_trainer_step_index(const ms_trainer *t);
+ms_ctx *ms_trainer_ctx(const ms_trainer *t);
 /* Sets the next step to run (a resumed run). */
 void ms_trainer_set_step(ms_trainer *t, int64_t step);
 const ms_strategy *ms_trainer_strategy(const ms_trainer *t);

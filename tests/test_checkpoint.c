@@ -1,0 +1,401 @@
+/* test_checkpoint.c - distributed checkpoints: resume bit for bit under the same strategy,
+ * within 1e-5 under any other, refuse what is corrupt, survive a failed or killed save.
+ *
+ * The reference is a run that was never interrupted: it trains STEPS steps on dp2 x tp2 and
+ * checkpoints every HALF steps, so its step-HALF checkpoint is the interrupted run. Resumed
+ * runs continue from that checkpoint to STEPS; their losses (the JSONL log, float exact) and
+ * their final weights (--save) are compared with the reference's.
+ *
+ * Runs the real binary (argv[1]); with argv[2] = "mpi" the training runs under mpirun. The
+ * failed-save case runs in-process on one rank with an injected write fault.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/io/fileio.h"
+#include "engine/io/safetensors.h"
+#include "engine/train/checkpoint.h"
+#include "tests/testkit.h"
+
+#define STEPS 8
+#define HALF  4
+
+static const char *bin;
+static bool use_mpi;
+static char dir[256], text[300], model[300], other_model[300];
+
+static int run(const char *cmd_fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *cmd_fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, cmd_fmt);
+    vsnprintf(cmd, sizeof cmd, cmd_fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    if (getenv("MS_TEST_VERBOSE")) fprintf(stderr, "%s -> %d\n", cmd, rc);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* `meshscope train` on the test's text; output in dir/out.txt. */
+static int train(const char *flags) {
+    int np = strstr(flags, "--dp 1 ") && !strstr(flags, "--tp") ? 1 : 4;
+    char launcher[256] = "";
+    if (use_mpi)
+        snprintf(launcher, sizeof launcher,
+                 "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
+                 "-np %d ",
+                 np);
+    return run("%s%s train --model %s --data %s --steps %d --batch 8 --seq 16 --log-every 1 %s "
+               "%s > %s/out.txt 2>&1",
+               launcher, bin, model, text, STEPS, use_mpi ? "--backend mpi" : "", flags, dir);
+}
+
+static bool out_contains(const char *needle) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    ms_error err = {0};
+    if (ms_read_file(path, 1 << 20, &buf, &n, &err) != MS_OK) return false;
+    bool found = strstr((char *)buf, needle) != NULL;
+    if (!found) fprintf(stderr, "output lacks '%s':\n%s\n", needle, (char *)buf);
+    free(buf);
+    return found;
+}
+
+/* The "loss" fields of a JSONL log, as written (float exact: %.9g). */
+static int read_losses(const char *name, char losses[][32], int max) {
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"loss\": ");
+        assert_non_null(p);
+        p += 8;
+        size_t k = strcspn(p, ",");
+        snprintf(losses[n++], 32, "%.*s", (int)k, p);
+    }
+    fclose(f);
+    return n;
+}
+
+/* The reference: STEPS steps on dp2 x tp2, checkpointed every HALF (made once). */
+static void reference(void) {
+    static bool made;
+    if (made) return;
+    char flags[4096];
+    snprintf(flags, sizeof flags,
+             "--dp 2 --tp 2 --save-dir %s/ck --save-every %d --keep 5 --log-jsonl %s/full.jsonl "
+             "--save %s/full.safetensors",
+             dir, HALF, dir, dir);
+    assert_int_equal(train(flags), 0);
+    assert_true(out_contains("committed"));
+    made = true;
+}
+
+/* Resumes the reference's step-HALF checkpoint under `strategy` into res.jsonl and
+ * res.safetensors; returns the exit code. */
+static int resume(const char *strategy, const char *from) {
+    char flags[4096];
+    snprintf(flags, sizeof flags,
+             "%s --resume %s --log-jsonl %s/res.jsonl --save %s/res.safetensors", strategy, from,
+             dir, dir);
+    char path[512];
+    snprintf(path, sizeof path, "%s/res.jsonl", dir);
+    remove(path);
+    return train(flags);
+}
+
+/* Compares the resumed run with the reference: losses of steps HALF.. and final weights,
+ * exactly (tol 0) or within a relative tolerance. */
+static void compare(const char *what, double tol) {
+    char full[STEPS][32], res[STEPS][32];
+    assert_int_equal(read_losses("full.jsonl", full, STEPS), STEPS);
+    assert_int_equal(read_losses("res.jsonl", res, STEPS), STEPS - HALF);
+    for (int i = 0; i < STEPS - HALF; i++) {
+        double a = atof(full[HALF + i]), b = atof(res[i]);
+        if (tol == 0 ? strcmp(full[HALF + i], res[i]) != 0 : fabs(a - b) > tol * fabs(a))
+            fail_msg("%s: step %d loss %s, the uninterrupted run %s", what, HALF + i, res[i],
+                     full[HALF + i]);
+    }
+    ms_st_file a = {0}, b = {0};
+    ms_error err = {0};
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/full.safetensors", dir);
+    snprintf(pb, sizeof pb, "%s/res.safetensors", dir);
+    if (ms_safetensors_read(pa, &a, &err) != MS_OK || ms_safetensors_read(pb, &b, &err) != MS_OK)
+        fail_msg("%s: %s", what, err.msg);
+    /* Bit for bit (tol 0), or as the equivalence tests compare: ||x - ref|| / ||ref|| over
+     * all parameters within tol, and no element off by a tenth of an AdamW step (lr 1e-3). */
+    assert_int_equal(a.n, b.n);
+    double diff2 = 0, norm2 = 0;
+    for (int i = 0; i < a.n; i++) {
+        const ms_st_tensor *x = &a.tensors[i], *y = ms_safetensors_find(&b, x->name);
+        assert_non_null(y);
+        assert_int_equal(x->numel, y->numel);
+        for (int64_t k = 0; k < x->numel; k++) {
+            double u = x->data[k], v = y->data[k];
+            diff2 += (u - v) * (u - v), norm2 += u * u;
+            bool same = tol == 0 ? memcmp(&x->data[k], &y->data[k], sizeof(float)) == 0
+                                 : fabs(u - v) <= 1e-4;
+            if (!same)
+                fail_msg("%s: final %s[%lld] = %.9g, the uninterrupted run %.9g", what, x->name,
+                         (long long)k, v, u);
+        }
+    }
+    if (sqrt(diff2) > tol * sqrt(norm2))
+        fail_msg("%s: final parameters differ by %.3g relative", what, sqrt(diff2 / norm2));
+    ms_safetensors_free(&a);
+    ms_safetensors_free(&b);
+}
+
+static void half_ckpt(char *out, size_t len) {
+    snprintf(out, len, "%s/ck/step-%08d", dir, HALF);
+}
+
+static void resume_same_strategy_bit_exact(void **state) {
+    (void)state;
+    reference();
+    char from[512];
+    half_ckpt(from, sizeof from);
+    assert_int_equal(resume("--dp 2 --tp 2", from), 0);
+    assert_true(out_contains("resumed"));
+    compare("dp2 x tp2 resumed on dp2 x tp2", 0);
+}
+
+static void resume_other_strategies(void **state) {
+    (void)state;
+    reference();
+    char from[512];
+    half_ckpt(from, sizeof from);
+    static const char *const targets[] = {
+        "--dp 1 --tp 4",   "--dp 4", "--dp 2 --tp 2 --zero 2", "--dp 2 --pp 2 --micro-batches 2",
+        "--dp 4 --zero 3",
+    };
+    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
+        if (resume(targets[i], from) != 0) fail_msg("resume on %s failed", targets[i]);
+        compare(targets[i], 1e-5);
+    }
+    if (!use_mpi) { /* one rank: a world of another size */
+        assert_int_equal(resume("--dp 1 ", from), 0);
+        compare("one rank", 1e-5);
+    }
+}
+
+/* Saved under pp2 x dp2 with ZeRO-1, resumed on dp2 x tp2. */
+static void save_pipeline_zero_resume_elsewhere(void **state) {
+    (void)state;
+    reference();
+    char flags[4096];
+    snprintf(flags, sizeof flags,
+             "--dp 2 --pp 2 --micro-batches 2 --zero 1 --save-dir %s/ck_pp --save-every %d", dir,
+             HALF);
+    assert_int_equal(train(flags), 0);
+    char from[512];
+    snprintf(from, sizeof from, "%s/ck_pp/step-%08d", dir, HALF);
+    assert_int_equal(resume("--dp 2 --tp 2", from), 0);
+    compare("pp2 x dp2 zero1 resumed on dp2 x tp2", 1e-5);
+}
+
+/* A copy of the step-HALF checkpoint to damage. */
+static void fresh_copy(char *out, size_t len) {
+    snprintf(out, len, "%s/bad", dir);
+    assert_int_equal(run("rm -rf %s && cp -r %s/ck/step-%08d %s", out, dir, HALF, out), 0);
+}
+
+static void refused(const char *what, const char *flags, const char *needle) {
+    int rc = train(flags);
+    if (rc == 0) fail_msg("%s: resumed anyway", what);
+    if (!out_contains(needle)) fail_msg("%s: the error does not say '%s'", what, needle);
+    assert_false(out_contains("step     5  loss"));
+}
+
+static void corrupt_checkpoints_refused(void **state) {
+    (void)state;
+    reference();
+    char bad[512], flags[4096];
+    fresh_copy(bad, sizeof bad);
+    assert_int_equal(run("truncate -s -100 %s/rank-00001.safetensors", bad), 0);
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s", bad);
+    refused("truncated shard", flags, "truncated");
+    fresh_copy(bad, sizeof bad);
+    assert_int_equal(run("printf 'X' | dd of=%s/rank-00000.safetensors bs=1 seek=5000 "
+                         "conv=notrunc status=none",
+                         bad),
+                     0);
+    refused("flipped byte", flags, "CRC-32");
+    fresh_copy(bad, sizeof bad);
+    assert_int_equal(run("rm %s/rank-00001.safetensors", bad), 0);
+    refused("missing shard", flags, "is missing");
+    fresh_copy(bad, sizeof bad);
+    assert_int_equal(run("sed -i '0,/\"shape\":\\t\\[/s//\"shape\": [7, /' %s/meta.json", bad), 0);
+    refused("mismatched metadata", flags, "checkpoint");
+    fresh_copy(bad, sizeof bad);
+    assert_int_equal(run("echo '{\"format\": ' > %s/meta.json", bad), 0);
+    refused("broken meta.json", flags, "not valid JSON");
+    half_ckpt(bad, sizeof bad);
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s --model %s", bad, other_model);
+    refused("another model", flags, "another model");
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s --seed 7", bad);
+    refused("another data order", flags, "same data order");
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s/ck --steps %d", dir, STEPS);
+    refused("nothing left", flags, "nothing is left to run");
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s/nowhere", dir);
+    refused("no checkpoint", flags, "no checkpoint in");
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --save-every 2");
+    refused("--save-every alone", flags, "need --save-dir");
+}
+
+/* A save that fails (the disk fills up) is abandoned: the run goes on, `latest` still names
+ * the previous checkpoint, no temporary folder stays, and that checkpoint still loads. */
+static void failed_save(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_error err = {0};
+    ms_model_config cfg = mt_tiny_config(false, 0);
+    ms_train_opts o = mt_train_opts(4, 16, 4);
+    ms_text_data data;
+    ms_strategy s;
+    ms_strategy_init(&s, 1, 1, 1, false, &err);
+    ms_trainer *t = NULL;
+    ms_ckpt_saver *sv = NULL;
+    char ck[512], note[512];
+    snprintf(ck, sizeof ck, "%s/ck_fail", dir);
+    if (!MT_OK(r, mt_repeated_text("In the beginning. ", 16, &data, &err), &err)) return;
+    if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, NULL, &o, &data, &t, &err), &err)) return;
+    ms_ckpt_opts co = {.dir = ck, .keep = 3};
+    MT_OK(r, ms_ckpt_saver_create(r->ctx, &co, &sv, &err), &err);
+    ms_step_result res;
+    MT_OK(r, ms_trainer_step(t, &res, &err), &err);
+    MT_OK(r, ms_ckpt_saver_save(sv, t, NULL, &err), &err);
+    MT_OK(r, ms_ckpt_saver_poll(sv, true, note, sizeof note, &err), &err);
+    MT_CHECK(r, strstr(note, "committed"), "first save: %s", note);
+    MT_OK(r, ms_trainer_step(t, &res, &err), &err);
+    ms_io_inject_fault(MS_IO_FAULT_WRITE, 1000);
+    MT_OK(r, ms_ckpt_saver_save(sv, t, NULL, &err), &err);
+    MT_OK(r, ms_ckpt_saver_poll(sv, true, note, sizeof note, &err), &err);
+    ms_io_inject_fault(MS_IO_FAULT_NONE, 0);
+    MT_CHECK(r, strstr(note, "not saved") && strstr(note, "step 2"), "failed save: '%s'", note);
+    MT_OK(r, ms_trainer_step(t, &res, &err), &err); /* training goes on */
+    ms_ckpt_info info;
+    MT_OK(r, ms_ckpt_describe(ck, &info, NULL, &err), &err);
+    MT_CHECK(r, info.step == 1, "latest names step %lld, not the previous checkpoint (1)",
+             (long long)info.step);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-00000002", ck);
+    MT_CHECK(r, access(tmp, F_OK) != 0, "the failed save left %s", tmp);
+    MT_OK(r, ms_ckpt_load(t, ck, &info, &err), &err);
+    MT_CHECK(r, ms_trainer_step_index(t) == 1, "loaded step %lld",
+             (long long)ms_trainer_step_index(t));
+    ms_ckpt_saver_destroy(sv);
+    ms_trainer_destroy(t);
+    ms_text_data_close(&data);
+}
+
+static void failed_save_keeps_previous(void **state) {
+    (void)state;
+    mt_run_threads(1, failed_save, NULL);
+}
+
+/* SIGKILL while a save is being written: the previous checkpoint still loads and resumes. */
+static void killed_during_save(void **state) {
+    (void)state;
+    char ck[512], pidfile[512];
+    snprintf(ck, sizeof ck, "%s/ck_kill", dir);
+    snprintf(pidfile, sizeof pidfile, "%s/pid", dir);
+    assert_int_equal(run("%s train --model %s --data %s --steps 100000 --batch 8 --seq 16 --dp 2 "
+                         "--tp 2 --save-dir %s --save-every 1 > %s/kill.txt 2>&1 & echo $! > %s",
+                         bin, model, text, ck, dir, pidfile),
+                     0);
+    FILE *f = fopen(pidfile, "r");
+    assert_non_null(f);
+    int pid = 0;
+    assert_int_equal(fscanf(f, "%d", &pid), 1);
+    fclose(f);
+    /* Until a checkpoint is committed and the next one is being written. */
+    bool caught = false;
+    for (int i = 0; i < 3000 && !caught; i++) {
+        usleep(10000);
+        caught = run("test -f %s/latest && ls -d %s/.tmp-step-* >/dev/null 2>&1", ck, ck) == 0;
+    }
+    kill(pid, SIGKILL);
+    usleep(200000);
+    assert_true(caught);
+    ms_ckpt_info info;
+    ms_error err = {0};
+    if (ms_ckpt_describe(ck, &info, NULL, &err) != MS_OK) fail_msg("%s", err.msg);
+    char flags[4096];
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s --steps %lld", ck,
+             (long long)info.step + 1);
+    assert_int_equal(run("%s train --model %s --data %s --batch 8 --seq 16 --log-every 1 %s > "
+                         "%s/out.txt 2>&1",
+                         bin, model, text, flags, dir),
+                     0);
+    assert_true(out_contains("resumed"));
+}
+
+/* `checkpoint info` and `checkpoint export`: the export equals --save's file. */
+static void info_and_export(void **state) {
+    (void)state;
+    reference();
+    assert_int_equal(run("%s checkpoint info %s/ck > %s/out.txt 2>&1", bin, dir, dir), 0);
+    assert_true(out_contains("next step 8 of 8"));
+    assert_true(out_contains("exp_avg_sq"));
+    assert_int_equal(run("%s checkpoint export %s/ck -o %s/exp.safetensors > %s/out.txt 2>&1", bin,
+                         dir, dir, dir),
+                     0);
+    assert_int_equal(run("cmp -s %s/exp.safetensors %s/full.safetensors", dir, dir), 0);
+    assert_int_equal(run("%s checkpoint export %s/nowhere -o %s/x.safetensors > %s/out.txt 2>&1",
+                         bin, dir, dir, dir),
+                     1);
+    assert_true(out_contains("no checkpoint in"));
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/ms-ckpt-XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char other_dir[300];
+    snprintf(other_dir, sizeof other_dir, "%s/other", dir);
+    char other_text[300];
+    if (mkdir(other_dir, 0777) != 0 || mt_write_job_files(other_dir, 48, other_text, other_model))
+        return -1;
+    return mt_write_job_files(dir, 32, text, model);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return run("rm -rf %s", dir) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_checkpoint path/to/meshscope [mpi]\n");
+        return 2;
+    }
+    bin = argv[1];
+    use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
+    const struct CMUnitTest all[] = {
+        cmocka_unit_test(resume_same_strategy_bit_exact),
+        cmocka_unit_test(resume_other_strategies),
+        cmocka_unit_test(save_pipeline_zero_resume_elsewhere),
+        cmocka_unit_test(corrupt_checkpoints_refused),
+        cmocka_unit_test(failed_save_keeps_previous),
+        cmocka_unit_test(killed_during_save),
+        cmocka_unit_test(info_and_export),
+    };
+    const struct CMUnitTest mpi[] = {
+        cmocka_unit_test(resume_same_strategy_bit_exact),
+        cmocka_unit_test(resume_other_strategies),
+    };
+    if (use_mpi) return cmocka_run_group_tests_name("checkpoint (mpi)", mpi, setup, teardown);
+    return cmocka_run_group_tests_name("checkpoint (threads)", all, setup, teardown);
+}
