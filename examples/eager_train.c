@@ -100,34 +100,34 @@ static ms_status batch(ms_dmesh *dm, const layout *l, int step, ms_dtensor *x, m
     return st;
 }
 
+/* One call recorded on the tape; nothing once a call has failed (*st keeps the first). */
+static void call(ms_tape *t, int op, const ms_op_attrs *a, int n_in, const ms_dtensor *const *in,
+                 ms_dtensor *out, ms_status *st, ms_error *err) {
+    const ms_eager_opts eo = {.allow_reshard = true};
+    if (*st == MS_OK) *st = ms_tape_op(t, op, a, n_in, in, 1, out, &eo, err);
+}
+
+#define IN(...)                                                                                    \
+    (const ms_dtensor *[]) {                                                                       \
+        __VA_ARGS__                                                                                \
+    }
+
 /* The forward on the tape: loss = mean(xent(gelu(ln(x) @ W1 + b1) @ W2 + b2, y)). The
- * activations are released as soon as they are used: the tape holds what backward needs. */
+ * activations are released as soon as the forward is done: the tape holds what backward
+ * needs. */
 static ms_status forward(ms_tape *t, model *m, const ms_dtensor *x, const ms_dtensor *y,
                          ms_dtensor *loss, ms_error *err) {
-    const ms_eager_opts eo = {.allow_reshard = true};
     const ms_op_attrs eps = {.f = {1e-5f}}, all = {.i = {-1}};
     ms_dtensor h[7] = {0};
-    ms_status st = ms_tape_op(t, MS_OP_LAYERNORM, &eps, 3,
-                              (const ms_dtensor *[]){x, &m->ln_w, &m->ln_b}, 1, &h[0], &eo, err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_MATMUL, NULL, 2, (const ms_dtensor *[]){&h[0], &m->w1}, 1, &h[1],
-                        &eo, err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_BIAS, NULL, 2, (const ms_dtensor *[]){&h[1], &m->b1}, 1, &h[2],
-                        &eo, err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_GELU, NULL, 1, (const ms_dtensor *[]){&h[2]}, 1, &h[3], &eo, err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_MATMUL, NULL, 2, (const ms_dtensor *[]){&h[3], &m->w2}, 1, &h[4],
-                        &eo, err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_BIAS, NULL, 2, (const ms_dtensor *[]){&h[4], &m->b2}, 1, &h[5],
-                        &eo, err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_XENT, NULL, 2, (const ms_dtensor *[]){&h[5], y}, 1, &h[6], &eo,
-                        err);
-    if (st == MS_OK)
-        st = ms_tape_op(t, MS_OP_MEAN, &all, 1, (const ms_dtensor *[]){&h[6]}, 1, loss, &eo, err);
+    ms_status st = MS_OK;
+    call(t, MS_OP_LAYERNORM, &eps, 3, IN(x, &m->ln_w, &m->ln_b), &h[0], &st, err);
+    call(t, MS_OP_MATMUL, NULL, 2, IN(&h[0], &m->w1), &h[1], &st, err); /* column-parallel */
+    call(t, MS_OP_BIAS, NULL, 2, IN(&h[1], &m->b1), &h[2], &st, err);
+    call(t, MS_OP_GELU, NULL, 1, IN(&h[2]), &h[3], &st, err);
+    call(t, MS_OP_MATMUL, NULL, 2, IN(&h[3], &m->w2), &h[4], &st, err); /* row-parallel */
+    call(t, MS_OP_BIAS, NULL, 2, IN(&h[4], &m->b2), &h[5], &st, err);
+    call(t, MS_OP_XENT, NULL, 2, IN(&h[5], y), &h[6], &st, err);
+    call(t, MS_OP_MEAN, &all, 1, IN(&h[6]), loss, &st, err);
     for (int i = 0; i < 7; i++) ms_dtensor_release(&h[i]);
     return st;
 }
