@@ -139,13 +139,13 @@ static void record(ms_tape *t, int op, int n_in, const int *in_val, int n_out, m
 ms_status ms_tape_op(ms_tape *t, int op, const ms_op_attrs *attrs, int n_in,
                      const ms_dtensor *const *in, int n_out, ms_dtensor *out,
                      const ms_eager_opts *opts, ms_error *err) {
-    if (!t || n_in < 1 || n_in > MS_OP_MAX_IN || !ms_dmesh_is_member(in[0]->mesh))
+    if (!t || n_in < 1 || n_in > MS_OP_MAX_IN)
         return ms_eager(op, attrs, n_in, in, n_out, out, opts, err);
     const ms_op_def *def = ms_op_get(op);
+    for (int i = 0; i < n_in; i++) MS_CHECK(check_usable(t, in[i], def ? def->name : "op", err));
     int in_val[MS_OP_MAX_IN] = {-1, -1, -1, -1};
     bool tracked = false;
-    for (int i = 0; i < n_in; i++) {
-        MS_CHECK(check_usable(t, in[i], def ? def->name : "op", err));
+    for (int i = 0; i < n_in && ms_dmesh_is_member(in[0]->mesh); i++) {
         in_val[i] = find_val(t, in[i]);
         tracked |= in_val[i] >= 0;
     }
@@ -295,6 +295,8 @@ static ms_status check_loss(ms_tape *t, const ms_dtensor *loss, int *val, ms_err
                        "(MS_OP_MEAN or MS_OP_SUM with i[0] = -1)",
                        ms_shape_str(loss->gshape, loss->ndim, s, sizeof s));
     }
+    *val = -1;
+    if (!ms_dmesh_is_member(loss->mesh)) return MS_OK; /* nothing recorded here */
     *val = find_val(t, loss);
     if (*val < 0 || t->v[*val].leaf)
         return ms_fail(err, MS_ERR_INVALID,
@@ -321,10 +323,12 @@ static ms_status sync_leaves(ms_tape *t, ms_error *err) {
 }
 
 ms_status ms_tape_backward(ms_tape *t, const ms_dtensor *loss, ms_error *err) {
-    if (!ms_dmesh_is_member(loss->mesh) && !t->done && (!t->mesh || t->mesh == loss->mesh))
-        return MS_OK;
     int lv = -1;
     MS_CHECK(check_loss(t, loss, &lv, err));
+    if (lv < 0) { /* a rank outside the mesh */
+        t->done = true;
+        return MS_OK;
+    }
     /* d loss / d loss = 1, replicated: the dual of any partial placement (graph mode's seed) */
     tape_val *l = &t->v[lv];
     ms_placements r = ms_placements_replicated(t->mesh->mesh.ndim);

@@ -26,7 +26,8 @@
  * (ms_reshard) or written between its forward and the backward; watched leaves must stay
  * alive until the backward. All recorded tensors share one mesh (the first one the tape
  * sees). Every call is collective over that mesh and every member must make the same calls;
- * on ranks outside the mesh the calls do nothing.
+ * on ranks outside the mesh the calls record and compute nothing, but check their arguments
+ * as the members do, so that misuse fails on every rank.
  *
  * Ownership: the caller owns the tape, the leaves and every DistTensor ms_tape_op returns.
  * The tape holds references on what the backward reads (released by the backward or by
