@@ -30,8 +30,8 @@
 
 /* --- the builder: one model description, run in graph or in eager mode -------------------- */
 
+/* Graph mode: a parameter's initial values or an input's feed. */
 typedef struct leaf_data {
-    char pl[32]; /* placements text, one entry per mesh dim */
     ms_shape shape;
     float *full; /* global values (owned) */
 } leaf_data;
@@ -119,7 +119,7 @@ static int mb_param(mb *b, const char *name, int ndim, const int64_t *shape, con
     return id;
 }
 
-/* An input with values from `gen` for this step (targets: integers in [0, classes)). */
+/* An input with Philox values for this step (classes > 0: integer targets in [0, classes)). */
 static int mb_input(mb *b, const char *name, int ndim, const int64_t *shape, const char *pl,
                     int classes) {
     ms_shape s = {.ndim = ndim};
