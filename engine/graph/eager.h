@@ -7,12 +7,15 @@
  *
  * Collective over the inputs' mesh (all inputs must share one dmesh). Ownership: outputs
  * are new DistTensors the caller releases; inputs are not modified.
+ *
+ * Training in eager mode records these calls on a tape (graph/tape.h).
  */
 #ifndef MS_EAGER_H
 #define MS_EAGER_H
 
 #include "engine/dist/dtensor.h"
 #include "engine/ops/op.h"
+#include "engine/ops/select.h"
 
 typedef struct ms_eager_opts {
     bool allow_reshard;
@@ -21,5 +24,24 @@ typedef struct ms_eager_opts {
 
 ms_status ms_eager(int op, const ms_op_attrs *attrs, int n_in, const ms_dtensor *const *in,
                    int n_out, ms_dtensor *out, const ms_eager_opts *opts, ms_error *err);
+
+/* What one call ran with, as its backward needs it: the rule choice (per mesh dim
+ * candidates, the placements the inputs were resharded to and the outputs came out in), the
+ * global shapes, the inputs as the kernel read them and the buffers the forward saved. The
+ * tensors are owned (empty on non-members); ms_eager_run_release drops them. */
+typedef struct ms_eager_run {
+    ms_op_attrs attrs;
+    ms_rule_choice ch;
+    ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
+    ms_tensor in[MS_OP_MAX_IN];
+    ms_tensor saved[MS_OP_MAX_SAVED];
+    uint64_t seed;
+} ms_eager_run;
+
+/* ms_eager that hands back what ran in *run (zeroed on failure; caller releases it). */
+ms_status ms_eager_keep(int op, const ms_op_attrs *attrs, int n_in, const ms_dtensor *const *in,
+                        int n_out, ms_dtensor *out, const ms_eager_opts *opts, ms_eager_run *run,
+                        ms_error *err);
+void ms_eager_run_release(ms_eager_run *run);
 
 #endif

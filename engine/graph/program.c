@@ -654,12 +654,7 @@ static void recompute_region(ms_program *p, int k, int *last_region) {
 
 static ms_placements dual_placements(const pnode *pn, int m_ndim, int n_in, int n_out, int i,
                                      bool output) {
-    ms_placements pl = {.n = m_ndim};
-    for (int m = 0; m < m_ndim; m++)
-        pl.p[m] = output ? ms_rule_dual_out(pn->cand[m].out[i])
-                         : ms_rule_dual_in(&pn->cand[m], n_in, n_out, i);
-    ms_placements_default_order(&pl);
-    return pl;
+    return ms_rule_dual_placements(pn->cand, m_ndim, n_in, n_out, i, output);
 }
 
 /* Gives value v its gradient buffer in placement pl (zeroed where it is first written). */

@@ -52,6 +52,16 @@ static void accepted_str(const ms_rule_cand *c, int nc, int n_in, char *buf, siz
     }
 }
 
+ms_placements ms_rule_dual_placements(const ms_rule_cand *cand, int mesh_ndim, int n_in, int n_out,
+                                      int i, bool output) {
+    ms_placements pl = {.n = mesh_ndim};
+    for (int m = 0; m < mesh_ndim; m++)
+        pl.p[m] =
+            output ? ms_rule_dual_out(cand[m].out[i]) : ms_rule_dual_in(&cand[m], n_in, n_out, i);
+    ms_placements_default_order(&pl);
+    return pl;
+}
+
 ms_status ms_rule_select(struct ms_plan_cache *plans, const ms_mesh *mesh, const ms_rule_query *q,
                          ms_rule_choice *out, ms_error *err) {
     const ms_op_def *def = ms_op_get(q->op);

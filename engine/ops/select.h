@@ -41,6 +41,13 @@ typedef struct ms_rule_query {
 ms_status ms_rule_select(struct ms_plan_cache *plans, const ms_mesh *mesh, const ms_rule_query *q,
                          ms_rule_choice *out, ms_error *err);
 
+/* Backward placements of the choice `cand` (one candidate per mesh dim), by duality
+ * (ms_rule_dual_out / ms_rule_dual_in): with output true, the placement output i's gradient
+ * must have; otherwise the one input i's gradient comes out in. Graph autograd and the eager
+ * tape both read them here. */
+ms_placements ms_rule_dual_placements(const ms_rule_cand *cand, int mesh_ndim, int n_in, int n_out,
+                                      int i, bool output);
+
 /* pl with mesh dim m set to q (a new shard nests innermost); false if invalid. */
 bool ms_placements_with(const ms_placements *pl, int m, ms_placement q, int tensor_ndim,
                         ms_placements *out);
