@@ -33,6 +33,7 @@ static const command commands[] = {
      ms_cmd_trace},
     {"serve", "TRACE.json", "the web dashboard over a trace file (prints its URL)", ms_cmd_serve},
     {"top", "URL", "the terminal view of a running job's dashboard", ms_cmd_top},
+    {"ops", "[--json]", "every operator with its SPMD rule", ms_cmd_ops},
     {"checkpoint info", "DIR", "what a checkpoint (train --save-dir) holds",
      ms_cmd_checkpoint_info},
     {"checkpoint export", "DIR -o FILE", "a checkpoint's weights as one Hugging Face file",

@@ -314,4 +314,21 @@ expect_rc 2 "serve: one file" "unexpected argument 'b.json'" "$bin" serve a.json
 expect_rc 2 "bench comm: bad list" "bad value 'all_sum' for --ops" "$bin" bench comm --ops all_sum
 echo "ok   errors name the flag and exit 2"
 
+# ops: the table as JSON, one object per operator with a name and its rules.
+ops_json=$("$bin" ops --json)
+n_ops=$(grep -c '"name":' <<<"$ops_json")
+n_rules=$(grep -c '"rules":' <<<"$ops_json")
+if [ "$n_ops" -ge 18 ] && [ "$n_ops" -eq "$n_rules" ] && "$bin" ops | head -1 | grep -q "^$n_ops operators"; then
+  echo "ok   ops --json: $n_ops operators, each with its rules; ops prints the count"
+  pass=$((pass + 1))
+else
+  echo "FAIL ops: $n_ops names, $n_rules rule lists"
+  fail=$((fail + 1))
+fi
+expect_rc 2 "checkpoint export needs -o" "give the checkpoint and the output" \
+  "$bin" checkpoint export "$tmp"
+expect_rc 1 "checkpoint info: not a checkpoint" "no checkpoint in" "$bin" checkpoint info "$tmp"
+expect_rc 2 "train: --save-every alone" "need --save-dir" \
+  "${run[@]}" --data "$tmp/text.txt" --save-every 2
+
 finish

@@ -1,0 +1,122 @@
+/* cmd_ops.c - `meshscope ops [--json]`: every operator of the table with its SPMD rule.
+ *
+ * A rule lists, along one mesh dim, the placements each input must have and what each output
+ * then is. Rules depend on shapes and attributes, so each operator's rule is shown for the
+ * first probe of small input shapes that its shape function accepts with default attributes;
+ * operators that need attributes or integer inputs to be well-formed say so instead of showing a
+ * made-up rule.
+ *
+ * Exit codes: 0, 2 usage errors.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "engine/ops/op.h"
+
+/* One candidate as "S(0), R -> S(0)". */
+static void cand_text(const ms_rule_cand *c, int n_in, int n_out, char *out, size_t len) {
+    size_t k = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n_in + n_out && k < len; i++) {
+        char one[32];
+        ms_placement_str(i < n_in ? c->in[i] : c->out[i - n_in], one, sizeof one);
+        k += (size_t)snprintf(out + k, len - k, "%s%s",
+                              i == 0      ? ""
+                              : i == n_in ? " -> "
+                                          : ", ",
+                              one);
+    }
+}
+
+/* The op's candidates on a mesh dim of 2 for the first probe that its shape function accepts
+ * with default attributes: each input one of a few small shapes (so that a matmul finds
+ * [4, 6] @ [6, 4] and a norm [4, 6] with a [6] weight); returns how many (0: none fits), with
+ * the input shapes used in `shape`. */
+static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n_out, char *shape,
+                      size_t len) {
+    static const ms_shape probes[] = {{2, {4, 6}},    {2, {6, 4}},       {1, {6}},
+                                      {3, {2, 4, 6}}, {4, {2, 4, 2, 8}}, {4, {2, 4, 3, 8}}};
+    enum { NP = sizeof probes / sizeof *probes };
+    ms_op_attrs a = {0};
+    int ni = d->n_in > 0 ? d->n_in : 2, combos = 1;
+    for (int i = 0; i < ni; i++) combos *= NP;
+    for (int c = 0; c < combos; c++) {
+        ms_shape in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT];
+        for (int i = 0, rem = c; i < ni; i++, rem /= NP) in[i] = probes[rem % NP];
+        ms_error err = {0};
+        if (d->infer(&a, ni, in, out, &err) != MS_OK) continue;
+        memset(cands, 0, sizeof(ms_rule_cand) * MS_OP_MAX_CANDS);
+        int nc = d->rule(&a, ni, in, 2, cands);
+        if (nc <= 0) continue;
+        *n_in = ni;
+        *n_out = d->n_out > 0 ? d->n_out : 1;
+        size_t k = 0;
+        for (int i = 0; i < ni && k < len; i++) {
+            char one[48];
+            ms_shape_str(in[i].d, in[i].ndim, one, sizeof one);
+            k += (size_t)snprintf(shape + k, len - k, "%s%s", i ? " " : "", one);
+        }
+        return nc;
+    }
+    return 0;
+}
+
+int ms_cmd_ops(int argc, char **argv) {
+    bool json = false;
+    const ms_option opts[] = {
+        MS_FLAG("json", &json, "one JSON array: an object per operator (name, inputs, rules)"),
+    };
+    const ms_opts_cmd cmd = {.name = "ops",
+                             .synopsis = "[--json]",
+                             .about = "Every operator with its SPMD rule along one mesh dim: the "
+                                      "placements its inputs\nmust have and what its outputs "
+                                      "then are (R replicate, S(d) shard, P partial).",
+                             MS_OPTS_TABLE(opts)};
+    int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
+    if (rc != MS_OPTS_PROCEED) return rc;
+    cJSON *all = json ? cJSON_CreateArray() : NULL;
+    int n = ms_op_count();
+    if (!json) printf("%d operators (rules along one mesh dim of 2 ranks)\n", n);
+    ms_rule_cand *cands = calloc(MS_OP_MAX_CANDS, sizeof *cands);
+    for (int op = 0; op < n; op++) {
+        const ms_op_def *d = ms_op_get(op);
+        int ni = 0, no = 0;
+        char shape[160] = "", text[256];
+        int nc = probe_rule(d, cands, &ni, &no, shape, sizeof shape);
+        cJSON *o = NULL, *rules = NULL;
+        if (json) {
+            o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "name", d->name);
+            cJSON_AddNumberToObject(o, "inputs", d->n_in);
+            cJSON_AddNumberToObject(o, "outputs", d->n_out);
+            cJSON_AddBoolToObject(o, "builtin", op < MS_OP_BUILTIN_COUNT);
+            if (nc) cJSON_AddStringToObject(o, "probe_shape", shape);
+            rules = cJSON_AddArrayToObject(o, "rules");
+            cJSON_AddItemToArray(all, o);
+        } else if (nc) {
+            printf("%-22s %d rule%s at inputs %s\n", d->name, nc, nc == 1 ? "" : "s", shape);
+        } else {
+            printf("%-22s rules depend on its attributes or integer inputs (see engine/ops/op.h)\n",
+                   d->name);
+        }
+        for (int k = 0; k < nc; k++) {
+            cand_text(&cands[k], ni, no, text, sizeof text);
+            if (json)
+                cJSON_AddItemToArray(rules, cJSON_CreateString(text));
+            else
+                printf("    %s\n", text);
+        }
+    }
+    free(cands);
+    if (json) {
+        char *s = cJSON_Print(all);
+        puts(s);
+        cJSON_free(s);
+        cJSON_Delete(all);
+    }
+    return 0;
+}
