@@ -92,11 +92,13 @@ static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, m
 /* --resume: loads the checkpoint into t under the job's strategy (collective). */
 static ms_status resume(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_error *err) {
     ms_ckpt_info info;
+    int64_t t0 = ms_now_ns();
     MS_CHECK(ms_ckpt_load(t, o->resume, &info, err));
     if (ctx->rank == 0) {
         char name[MS_STRATEGY_NAME_MAX];
-        printf("resumed %s at step %lld (saved by %d ranks under %s), running %s\n", info.path,
-               (long long)info.step, info.world, *info.strategy ? info.strategy : "-",
+        printf("resumed %s at step %lld in %.1f ms (saved by %d ranks under %s), running %s\n",
+               info.path, (long long)info.step, (ms_now_ns() - t0) / 1e6, info.world,
+               *info.strategy ? info.strategy : "-",
                ms_strategy_name(ms_trainer_strategy(t), name, sizeof name));
         fflush(stdout);
     }

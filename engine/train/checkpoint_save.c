@@ -41,7 +41,8 @@ struct ms_ckpt_saver {
     int ne;
     char tmp[1100], final[1100];
     int64_t handed_ns;
-    double bytes;
+    double bytes;   /* rank 0 at commit: all files */
+    double write_s; /* rank 0 at commit: the slowest rank's write of its file */
 };
 
 /* --- folders ------------------------------------------------------------------------------- */
@@ -132,14 +133,15 @@ static ms_status write_shard(ms_ckpt_saver *s, ms_error *err) {
     ckpt_file_name(s->ctx->rank, name, sizeof name);
     snprintf(path, sizeof path, "%s/%s", s->tmp, name);
     ms_st_kv meta[1] = {{"producer", "meshscope"}};
+    int64_t t0 = ms_now_ns();
     MS_CHECK(ms_safetensors_write(path, s->e, s->ne, meta, 1, err));
+    double secs = (ms_now_ns() - t0) / 1e9;
     uint64_t bytes;
     uint32_t crc;
     MS_CHECK(ckpt_file_sum(path, &bytes, &crc, err));
-    char line[64];
-    snprintf(line, sizeof line, "%" PRIu64 " %u\n", bytes, crc);
+    char line[96];
+    snprintf(line, sizeof line, "%" PRIu64 " %u %.6f\n", bytes, crc, secs);
     snprintf(sum, sizeof sum, "%s/rank-%05d.sum", s->tmp, s->ctx->rank);
-    s->bytes = (double)bytes;
     return ms_write_file_durable(sum, write_sum, line, err);
 }
 
@@ -250,7 +252,7 @@ ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, m
     s->failed = made != MS_OK;
     if (made != MS_OK) snprintf(s->why, sizeof s->why, "%s", e.msg);
     s->handed = true;
-    s->bytes = 0;
+    s->bytes = s->write_s = 0;
     s->handed_ns = ms_now_ns();
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -275,9 +277,12 @@ static ms_status commit(ms_ckpt_saver *s, ms_error *err) {
         MS_CHECK(ms_read_file(path, 256, &text, &len, err));
         ckpt_file *f = &m->files[m->nfiles++];
         f->rank = r;
-        int got = sscanf((char *)text, "%" SCNu64 " %" SCNu32, &f->bytes, &f->crc);
+        double secs = 0;
+        int got = sscanf((char *)text, "%" SCNu64 " %" SCNu32 " %lf", &f->bytes, &f->crc, &secs);
         free(text);
-        if (got != 2) return ms_fail(err, MS_ERR_IO, "checkpoint: a corrupt %s", path);
+        if (got != 3) return ms_fail(err, MS_ERR_IO, "checkpoint: a corrupt %s", path);
+        s->bytes += (double)f->bytes;
+        if (secs > s->write_s) s->write_s = secs;
         unlink(path);
     }
     char meta[1200];
@@ -336,8 +341,12 @@ ms_status ms_ckpt_saver_poll(ms_ckpt_saver *s, bool wait, char *note, size_t not
     }
     if (st != MS_OK && s->ctx->rank == 0) remove_tree(s->tmp);
     if (st == MS_OK && s->ctx->rank == 0 && note)
-        snprintf(note, note_len, "checkpoint %s committed (%lld tensors, %.1f ms after the copy)",
-                 s->final, (long long)s->plan.nt, (ms_now_ns() - s->handed_ns) / 1e6);
+        snprintf(note, note_len,
+                 "checkpoint %s committed: %lld tensors, %.1f MiB written in %.1f ms by the "
+                 "slowest rank (%.0f MB/s in all), %.1f ms after the copy",
+                 s->final, (long long)s->plan.nt, s->bytes / 1048576.0, s->write_s * 1e3,
+                 s->write_s > 0 ? s->bytes / s->write_s / 1e6 : 0.0,
+                 (ms_now_ns() - s->handed_ns) / 1e6);
     drop_copies(s);
     return MS_OK;
 }
