@@ -18,6 +18,8 @@ int ms_cmd_serve(int argc, char **argv);
 int ms_cmd_top(int argc, char **argv);
 /* `meshscope plan`: strategies ranked by the cost model (cmd_plan.c). */
 int ms_cmd_plan(int argc, char **argv);
+/* `meshscope run -- COMMAND`: restarts a failed job from its checkpoint (cmd_run.c). */
+int ms_cmd_run(int argc, char **argv);
 /* `meshscope ops [--json]`: every operator with its SPMD rule (cmd_ops.c). */
 int ms_cmd_ops(int argc, char **argv);
 /* `meshscope checkpoint info|export`: distributed checkpoints (cmd_checkpoint.c). */

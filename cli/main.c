@@ -33,6 +33,8 @@ static const command commands[] = {
      ms_cmd_trace},
     {"serve", "TRACE.json", "the web dashboard over a trace file (prints its URL)", ms_cmd_serve},
     {"top", "URL", "the terminal view of a running job's dashboard", ms_cmd_top},
+    {"run", "[--max-restarts K] [--world N] -- meshscope train ... --save-dir DIR",
+     "restart a failed job from its latest checkpoint, replanned for the ranks left", ms_cmd_run},
     {"ops", "[--json]", "every operator with its SPMD rule", ms_cmd_ops},
     {"checkpoint info", "DIR", "what a checkpoint (train --save-dir) holds",
      ms_cmd_checkpoint_info},
