@@ -95,16 +95,26 @@ const ms_op_def ms_op_rmsnorm_def = {
 /* --- row-wise ops over the last dim: layernorm_plain, log_softmax ------------------------------
  */
 
-static ms_status rowwise_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
-                               ms_error *err) {
-    (void)a;
-    if (in[0].ndim < 1) return bad_shapes(err, "row-wise op", "input must have a last dim", 1, in);
+static ms_status same_shapes_infer(const char *op, int n_in, const ms_shape *in, ms_shape *out,
+                                   ms_error *err) {
+    if (in[0].ndim < 1) return bad_shapes(err, op, "the input needs a last dim", 1, in);
     for (int i = 1; i < n_in; i++)
         if (!same_shape(&in[i], &in[0]))
-            return bad_shapes(err, "row-wise op", "inputs must have the same shape", n_in, in);
+            return bad_shapes(err, op, "inputs must have the same shape", n_in, in);
     out[0] = in[0];
     return MS_OK;
 }
+/* infer of an op whose output has its inputs' (equal) shapes. */
+#define SAME_SHAPES_INFER(fn, NAME)                                                                \
+    static ms_status fn(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,         \
+                        ms_error *err) {                                                           \
+        (void)a;                                                                                   \
+        return same_shapes_infer(NAME, n_in, in, out, err);                                        \
+    }
+SAME_SHAPES_INFER(norm_plain_infer, "layernorm_plain")
+SAME_SHAPES_INFER(log_softmax_infer, "log_softmax")
+SAME_SHAPES_INFER(swiglu_infer, "swiglu")
+
 static int rowwise_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
                         ms_rule_cand *c) {
     (void)a, (void)n;
@@ -132,7 +142,7 @@ const ms_op_def ms_op_layernorm_plain_def = {
     .name = "layernorm_plain",
     .n_in = 1,
     .n_out = 1,
-    .infer = rowwise_infer,
+    .infer = norm_plain_infer,
     .rule = rowwise_rule,
     .saved_floats = saved_rows,
     .forward = norm_plain_forward,
@@ -157,7 +167,7 @@ const ms_op_def ms_op_log_softmax_def = {
     .name = "log_softmax",
     .n_in = 1,
     .n_out = 1,
-    .infer = rowwise_infer,
+    .infer = log_softmax_infer,
     .rule = rowwise_rule,
     .forward = log_softmax_forward,
     .backward = log_softmax_backward,
@@ -174,10 +184,7 @@ static ms_status masked_softmax_infer(const ms_op_attrs *a, int n_in, const ms_s
         return ms_fail(err, MS_ERR_INVALID,
                        "masked_softmax: temperature f[0] = %g must be > 0 (1 for a plain softmax)",
                        (double)a->f[0]);
-    if (!same_shape(&in[0], &in[1]) || in[0].ndim < 1)
-        return bad_shapes(err, "masked_softmax", "mask must have the input's shape", n_in, in);
-    out[0] = in[0];
-    return MS_OK;
+    return same_shapes_infer("masked_softmax", n_in, in, out, err);
 }
 static ms_status masked_softmax_forward(ms_op_call *c, ms_error *e) {
     (void)e;
@@ -230,7 +237,7 @@ const ms_op_def ms_op_swiglu_def = {
     .name = "swiglu",
     .n_in = 2,
     .n_out = 1,
-    .infer = rowwise_infer,
+    .infer = swiglu_infer,
     .rule = swiglu_rule,
     .forward = swiglu_forward,
     .backward = swiglu_backward,
@@ -735,20 +742,29 @@ const ms_op_def ms_op_nll_loss_def = {
  * mse_loss, l1_loss, huber_loss (f[0] delta). The mean divides by the GLOBAL count, so the
  * shards' results are partial sums of the mean. */
 
-static ms_status loss_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+static ms_status loss_infer(const char *op, int n_in, const ms_shape *in, ms_shape *out,
                             ms_error *err) {
-    (void)a;
     if (!same_shape(&in[0], &in[1]))
-        return bad_shapes(err, "pointwise loss", "both inputs must have the same shape", n_in, in);
+        return bad_shapes(err, op, "both inputs must have the same shape", n_in, in);
     out[0].ndim = 0;
     return MS_OK;
+}
+static ms_status mse_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                           ms_error *err) {
+    (void)a;
+    return loss_infer("mse_loss", n_in, in, out, err);
+}
+static ms_status l1_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                          ms_error *err) {
+    (void)a;
+    return loss_infer("l1_loss", n_in, in, out, err);
 }
 static ms_status huber_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
                              ms_error *err) {
     if (!(a->f[0] > 0.0f))
-        return ms_fail(err, MS_ERR_INVALID, "huber_loss: delta f[0] = %g must be > 0",
+        return ms_fail(err, MS_ERR_INVALID, "huber_loss: delta f[0] = %g must be > 0 (1 is usual)",
                        (double)a->f[0]);
-    return loss_infer(a, n_in, in, out, err);
+    return loss_infer("huber_loss", n_in, in, out, err);
 }
 static int loss_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
     (void)a, (void)n;
@@ -792,8 +808,8 @@ static ms_k_cost loss_cost(const ms_op_call *c, bool bw) {
         .cost = loss_cost,                                                                         \
         .grad_inputs = 3,                                                                          \
     };
-POINTWISE_LOSS(mse_loss, MS_K_LOSS_MSE, MSE_LOSS, loss_infer)
-POINTWISE_LOSS(l1_loss, MS_K_LOSS_L1, L1_LOSS, loss_infer)
+POINTWISE_LOSS(mse_loss, MS_K_LOSS_MSE, MSE_LOSS, mse_infer)
+POINTWISE_LOSS(l1_loss, MS_K_LOSS_L1, L1_LOSS, l1_infer)
 POINTWISE_LOSS(huber_loss, MS_K_LOSS_HUBER, HUBER_LOSS, huber_infer)
 
 /* --- cross-entropy with label smoothing: logits [..., V], targets [...] -> losses [...] -------
