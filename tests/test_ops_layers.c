@@ -12,6 +12,8 @@
 
 #include "engine/core/device.h"
 #include "engine/core/philox.h"
+#include "engine/dist/dtensor.h"
+#include "engine/graph/eager.h"
 #include "engine/ops/op.h"
 #include "tests/testkit.h"
 
@@ -27,6 +29,8 @@ typedef struct op_io {
     ms_shape lout; /* the local output, where inferring it from lin does not work */
     const float *x[MS_OP_MAX_IN];
     int64_t start[MS_OP_MAX_IN][MS_MAX_DIMS];
+    const float *dout; /* set: run backward too, input gradients (from zero) into dx */
+    float *dx[MS_OP_MAX_IN];
 } op_io;
 
 static int64_t numel(const ms_shape *s) {
@@ -72,6 +76,24 @@ static ms_status op_run(const op_io *io, float *out, int64_t *n_out, ms_error *e
             call.saved[k] = &saved[k];
         }
     ms_status st = def->forward(&call, err);
+    ms_tensor tdout = {0}, tdin[MS_OP_MAX_IN] = {0};
+    if (st == MS_OK && io->dout) {
+        ms_tensor_alloc(dev, MS_F32, lout[0].ndim, lout[0].d, &tdout, err);
+        memcpy(ms_tensor_f32(&tdout), io->dout, sizeof(float) * (size_t)numel(&lout[0]));
+        call.dout[0] = &tdout;
+        for (int i = 0; i < io->n_in; i++)
+            if (io->dx[i]) {
+                ms_tensor_alloc(dev, MS_F32, lin[i].ndim, lin[i].d, &tdin[i], err);
+                memset(ms_tensor_f32(&tdin[i]), 0, sizeof(float) * (size_t)numel(&lin[i]));
+                call.din[i] = &tdin[i];
+            }
+        st = def->backward(&call, err);
+        for (int i = 0; i < io->n_in; i++)
+            if (io->dx[i])
+                memcpy(io->dx[i], ms_tensor_f32(&tdin[i]), sizeof(float) * (size_t)numel(&lin[i]));
+    }
+    ms_tensor_release(&tdout);
+    for (int i = 0; i < io->n_in; i++) ms_tensor_release(&tdin[i]);
     *n_out = numel(&lout[0]);
     memcpy(out, ms_tensor_f32(&tout), sizeof(float) * (size_t)*n_out);
     for (int i = 0; i < io->n_in; i++) ms_tensor_release(&tin[i]);
@@ -266,13 +288,46 @@ static void ref_attention(const ref_attn *a, const float *q, const float *k, con
             }
 }
 
+/* The separate-k-and-v form: the same outputs and gradients as the packed form (whose
+ * backward test_op_grads checks against finite differences). */
+static void gqa_separate_kv(op_io *packed, const ms_shape *qs, int64_t nq) {
+    static float k[MAXN], v[MAXN], dout[MAXN], dq[2][MAXN], dkv[MAXN], dk[MAXN], dv[MAXN];
+    static float out[2][MAXN];
+    const ms_shape *kvs = &packed->gin[1];
+    const int64_t rows = kvs->d[0] * kvs->d[1], hd = kvs->d[3] * kvs->d[4];
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(k + r * hd, packed->x[1] + r * 2 * hd, sizeof(float) * (size_t)hd);
+        memcpy(v + r * hd, packed->x[1] + r * 2 * hd + hd, sizeof(float) * (size_t)hd);
+    }
+    fill(dout, nq, 20, -1, 1);
+    ms_shape ks = {4, {kvs->d[0], kvs->d[1], kvs->d[3], kvs->d[4]}};
+    op_io sep = {.op = MS_OP_GQA_ATTENTION, .a = packed->a, .n_in = 3, .gin = {*qs, ks, ks}};
+    sep.x[0] = packed->x[0], sep.x[1] = k, sep.x[2] = v;
+    sep.dout = packed->dout = dout;
+    packed->dx[0] = dq[0], packed->dx[1] = dkv;
+    sep.dx[0] = dq[1], sep.dx[1] = dk, sep.dx[2] = dv;
+    ms_error err = {0};
+    int64_t n0, n1;
+    if (op_run(packed, out[0], &n0, &err) || op_run(&sep, out[1], &n1, &err))
+        fail_msg("gqa_attention: %s", err.msg);
+    packed->dout = NULL;
+    for (int64_t i = 0; i < nq; i++)
+        if (out[0][i] != out[1][i] || dq[0][i] != dq[1][i])
+            fail_msg("gqa_attention: separate k, v differ from packed kv at %lld", (long long)i);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < hd; j++)
+            if (dk[r * hd + j] != dkv[r * 2 * hd + j] || dv[r * hd + j] != dkv[r * 2 * hd + hd + j])
+                fail_msg("gqa_attention: dk or dv differ from packed dkv in row %lld",
+                         (long long)r);
+}
+
 static void gqa_case(int b, int t, int h, int hkv, int d, bool causal) {
     static float q[MAXN], kv[MAXN];
     static double ref[MAXN];
-    const int64_t nq = (int64_t)b * t * h * d;
-    assert_true(nq <= MAXN && 2 * nq / (h / hkv) <= MAXN);
+    const int64_t nq = (int64_t)b * t * h * d, nkv = 2 * nq / (h / hkv);
+    assert_true(nq <= MAXN && nkv <= MAXN);
     fill(q, nq, 6, -2, 2);
-    fill(kv, 2 * nq / (h / hkv), 7, -2, 2);
+    fill(kv, nkv, 7, -2, 2);
     ref_attn ra = {b, t, t, h, hkv, d, 0, (int64_t)h * d, 2 * hkv * d, (int64_t)h * d, causal};
     ref_attention(&ra, q, kv, kv + hkv * d, NULL, ref);
     ms_shape qs = {4, {b, t, h, d}}, kvs = {5, {b, t, 2, hkv, d}};
@@ -282,6 +337,7 @@ static void gqa_case(int b, int t, int h, int hkv, int d, bool causal) {
     snprintf(what, sizeof what, "gqa_attention B%d T%d H%d Hkv%d D%d causal %d", b, t, h, hkv, d,
              causal);
     expect_op(what, &io, ref, nq, 1e-4);
+    gqa_separate_kv(&io, &qs, nq);
     if (!causal || b != 1) return;
     /* Queries [s0, T) against all keys: causal positions are global. */
     const int s0 = t / 3 + 1;
@@ -298,6 +354,91 @@ static void gqa_attention_op(void **state) {
     gqa_case(2, 5, 4, 2, 8, false);
     gqa_case(1, 70, 3, 1, 4, true); /* multi-query, more rows than one block of 64 */
     gqa_case(1, 9, 2, 2, 3, false); /* plain multi-head */
+}
+
+/* The separate-k-and-v form has no case in tests/op_cases (three 4-d inputs would multiply
+ * test_rules' placement combinations), so its rule is brute-forced here on a mesh of 2: every
+ * placement (R, S(d), P(sum)) of q, k and v against one rank, and every candidate of the rule
+ * in strict mode with its declared output placement. */
+static ms_placements one_dim(ms_placement p) {
+    ms_placements pl = {.n = 1, .p = {p}};
+    ms_placements_default_order(&pl);
+    return pl;
+}
+
+static bool gqa_eager(mt_rank *r, ms_dmesh *dm, const ms_tensor *g, const ms_placements *pl,
+                      const ms_op_attrs *a, bool reshard, const ms_tensor *want,
+                      const ms_placement *want_pl) {
+    ms_error err = {0};
+    ms_dtensor din[3], dout;
+    const ms_dtensor *pin[3];
+    for (int i = 0; i < 3; i++) {
+        MT_OK(r, ms_dtensor_shard(dm, &g[i], &pl[i], &din[i], &err), &err);
+        pin[i] = &din[i];
+    }
+    ms_eager_opts eo = {.allow_reshard = reshard};
+    bool ran = MT_OK(r, ms_eager(MS_OP_GQA_ATTENTION, a, 3, pin, 1, &dout, &eo, &err), &err);
+    bool ok = ran;
+    ms_tensor full = {0};
+    if (ok && MT_OK(r, ms_dtensor_full(&dout, &full, &err), &err)) {
+        for (int64_t k = 0; k < ms_tensor_numel(want); k++) {
+            double x = ms_tensor_f32(&full)[k], y = ms_tensor_f32(want)[k];
+            ok &= fabs(x - y) <= 1e-5 * (1 + fabs(y));
+        }
+        if (want_pl) ok &= ms_placement_same_kind(dout.pl.p[0], *want_pl);
+    }
+    ms_tensor_release(&full);
+    if (ran) ms_dtensor_release(&dout);
+    for (int i = 0; i < 3; i++) ms_dtensor_release(&din[i]);
+    return ok;
+}
+
+static void gqa_rule_mesh2(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_error err = {0};
+    ms_mesh mesh;
+    ms_mesh_parse(&mesh, "2", &err);
+    ms_dmesh *dm;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    const ms_shape in[3] = {{4, {2, 3, 4, 2}}, {4, {2, 3, 2, 2}}, {4, {2, 3, 2, 2}}};
+    ms_op_attrs a = {.i = {1}};
+    ms_tensor g[3], want;
+    for (int i = 0; i < 3; i++) {
+        ms_tensor_alloc(r->ctx->device, MS_F32, 4, in[i].d, &g[i], &err);
+        fill(ms_tensor_f32(&g[i]), ms_tensor_numel(&g[i]), 30 + (uint64_t)i, -2, 2);
+    }
+    ms_tensor_alloc(r->ctx->device, MS_F32, 4, in[0].d, &want, &err);
+    op_io io = {.op = MS_OP_GQA_ATTENTION, .a = a, .n_in = 3, .gin = {in[0], in[1], in[2]}};
+    for (int i = 0; i < 3; i++) io.x[i] = ms_tensor_f32(&g[i]);
+    int64_t n;
+    MT_OK(r, op_run(&io, ms_tensor_f32(&want), &n, &err), &err);
+    for (int combo = 0; combo < 6 * 6 * 6 && r->failures == 0; combo++) {
+        ms_placements pl[3];
+        for (int i = 0, rem = combo; i < 3; i++, rem /= 6) {
+            int o = rem % 6;
+            pl[i] = one_dim(o == 0 ? ms_R() : o == 5 ? ms_Psum() : ms_S(o - 1));
+        }
+        MT_CHECK(r, gqa_eager(r, dm, g, pl, &a, true, &want, NULL),
+                 "gqa_attention with separate k, v: placement combination %d differs", combo);
+    }
+    ms_rule_cand cands[MS_OP_MAX_CANDS];
+    int nc = ms_op_get(MS_OP_GQA_ATTENTION)->rule(&a, 3, in, 2, cands);
+    MT_CHECK(r, nc == 4, "gqa_attention: %d candidates, expected R, batch, sequence, heads", nc);
+    for (int c = 0; c < nc; c++) {
+        ms_placements pl[3];
+        for (int i = 0; i < 3; i++) pl[i] = one_dim(cands[c].in[i]);
+        MT_CHECK(r, gqa_eager(r, dm, g, pl, &a, false, &want, &cands[c].out[0]),
+                 "gqa_attention candidate %d in strict mode", c);
+    }
+    for (int i = 0; i < 3; i++) ms_tensor_release(&g[i]);
+    ms_tensor_release(&want);
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static void gqa_separate_kv_rules(void **state) {
+    (void)state;
+    mt_run(2, gqa_rule_mesh2, NULL);
 }
 
 static void padded_attention_op(void **state) {
@@ -539,6 +680,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(swiglu_op),
     cmocka_unit_test(rotary_op),
     cmocka_unit_test(gqa_attention_op),
+    cmocka_unit_test(gqa_separate_kv_rules),
     cmocka_unit_test(padded_attention_op),
     cmocka_unit_test(linear_op),
     cmocka_unit_test(bmm_op),

@@ -70,7 +70,7 @@ typedef enum ms_op_kind {
     MS_OP_MASKED_SOFTMAX,    /* x, mask [..., C] (0 drops) -> softmax(x / f[0]) over kept */
     MS_OP_SWIGLU,            /* gate, up (same shapes) -> silu(gate) * up */
     MS_OP_ROTARY,            /* x [B, T, ..., D]; f[0] theta; pairs (i, i + D/2), global T */
-    MS_OP_GQA_ATTENTION,     /* q [B, T, H, D], kv [B, T, 2, Hkv, D] -> [B, T, H, D]; i[0] causal */
+    MS_OP_GQA_ATTENTION,     /* q [B,T,H,D], k, v [B,T,Hkv,D] or kv [B,T,2,Hkv,D]; i[0] causal */
     MS_OP_PADDED_ATTENTION,  /* qkv [B, T, 3, C], mask [B, T] -> [B, T, C]; i[0] heads, i[1] causal
                               */
     MS_OP_LINEAR,            /* x [..., K], W [N, K], optional bias [N] -> x W^T + b */

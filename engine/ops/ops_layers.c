@@ -310,32 +310,42 @@ const ms_op_def ms_op_rotary_def = {
     .grad_inputs = 1,
 };
 
-/* --- grouped-query attention: q [B, T, H, D], kv [B, T, 2, Hkv, D] -> [B, T, H, D] -----------
- * i[0] causal. Keys and values come packed (one projection, as the fused qkv of GPT-2), so
- * a kv-head shard holds both. Heads shard when H and Hkv both divide by the mesh dim (query
- * head h then stays with its kv head h / (H / Hkv)); queries shard along T with the keys
- * whole (exact: causal positions come from the box start). */
+/* --- grouped-query attention: q [B, T, H, D] with k, v [B, T, Hkv, D] (3 inputs) or packed
+ * kv [B, T, 2, Hkv, D] (2 inputs: one projection, as GPT-2's fused qkv) -> [B, T, H, D] ----
+ * i[0] causal. Heads shard when H and Hkv both divide by the mesh dim (query head h then
+ * stays with its kv head h / (H / Hkv)); queries shard along T with the keys whole (exact:
+ * causal positions come from the box start). */
 
 static ms_status gqa_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
                            ms_error *err) {
     (void)a;
-    const ms_shape *q = &in[0], *kv = &in[1];
-    if (q->ndim != 4 || kv->ndim != 5 || kv->d[2] != 2 || kv->d[0] != q->d[0] ||
-        kv->d[1] != q->d[1] || kv->d[4] != q->d[3] || kv->d[3] < 1 || q->d[2] % kv->d[3])
+    const ms_shape *q = &in[0], *k = &in[1];
+    bool packed = n_in == 2, ok = n_in >= 2 && q->ndim == 4;
+    int hd = packed ? 3 : 2; /* the kv head dim of k (or kv) */
+    if (ok && packed) ok = k->ndim == 5 && k->d[2] == 2;
+    if (ok && !packed) ok = k->ndim == 4 && same_shape(k, &in[2]);
+    ok = ok && k->d[0] == q->d[0] && k->d[1] == q->d[1] && k->d[hd + 1] == q->d[3] &&
+         k->d[hd] >= 1 && q->d[2] % k->d[hd] == 0;
+    if (!ok)
         return bad_shapes(err, "gqa_attention",
-                          "q must be [B, T, H, D] and kv [B, T, 2, Hkv, D] with H a multiple of "
-                          "Hkv",
+                          "q must be [B, T, H, D] with k and v [B, T, Hkv, D] (or kv "
+                          "[B, T, 2, Hkv, D]), H a multiple of Hkv",
                           n_in, in);
     out[0] = *q;
     return MS_OK;
 }
+static void gqa_cand(ms_rule_cand *c, int n_in, ms_placement q, ms_placement kv, ms_placement out) {
+    c->in[0] = q, c->in[1] = kv, c->out[0] = out;
+    if (n_in == 3) c->in[2] = kv;
+}
 static int gqa_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
-    (void)a, (void)n_in;
-    int k = 0;
-    cand2(&c[k++], ms_R(), ms_R(), ms_R());
-    cand2(&c[k++], ms_S(0), ms_S(0), ms_S(0));
-    cand2(&c[k++], ms_S(1), ms_R(), ms_S(1));
-    if (in[0].d[2] % n == 0 && in[1].d[3] % n == 0) cand2(&c[k++], ms_S(2), ms_S(3), ms_S(2));
+    (void)a;
+    int k = 0, hd = n_in == 2 ? 3 : 2;
+    gqa_cand(&c[k++], n_in, ms_R(), ms_R(), ms_R());
+    gqa_cand(&c[k++], n_in, ms_S(0), ms_S(0), ms_S(0));
+    gqa_cand(&c[k++], n_in, ms_S(1), ms_R(), ms_S(1));
+    if (in[0].d[2] % n == 0 && in[1].d[hd] % n == 0)
+        gqa_cand(&c[k++], n_in, ms_S(2), ms_S(hd), ms_S(2));
     return k;
 }
 /* Ways the heads split over all mesh dims (from q's head dim `hdim`). */
@@ -347,24 +357,31 @@ static int64_t head_ways(const ms_placements *pl, int hdim, const int *mesh_shap
 }
 static bool gqa_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
                       const int *mesh_shape) {
-    (void)a, (void)n_in;
+    (void)a;
     int64_t w = head_ways(&pl[0], 2, mesh_shape);
-    return in[0].d[2] % w == 0 && in[1].d[3] % w == 0;
+    return in[0].d[2] % w == 0 && in[1].d[n_in == 2 ? 3 : 2] % w == 0;
 }
 static ms_k_gqa gqa_shape(const ms_op_call *c) {
-    const ms_tensor *q = c->in[0], *kv = c->in[1];
-    int64_t hkv = kv->shape[3], d = q->shape[3];
+    const ms_tensor *q = c->in[0], *k = c->in[1];
+    bool packed = c->n_in == 2;
+    int64_t hkv = k->shape[packed ? 3 : 2], d = q->shape[3];
     return (ms_k_gqa){.b = q->shape[0],
                       .tq = q->shape[1],
-                      .tk = kv->shape[1],
+                      .tk = k->shape[1],
                       .h = q->shape[2],
                       .hkv = hkv ? hkv : 1,
                       .d = d,
                       .q_stride = q->shape[2] * d,
-                      .kv_stride = 2 * hkv * d,
+                      .kv_stride = (packed ? 2 : 1) * hkv * d,
                       .out_stride = q->shape[2] * d,
                       .q_start = c->in_start[0][1],
                       .causal = c->attrs->i[0] != 0};
+}
+/* Where k and v (or their gradients, from t[1] and t[2]) start. */
+static void gqa_kv(const ms_op_call *c, const ms_k_gqa *g, ms_tensor *const *t, float **k,
+                   float **v) {
+    *k = F(t[1]);
+    *v = c->n_in == 3 ? F(t[2]) : *k ? *k + g->hkv * g->d : NULL;
 }
 static void gqa_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
     (void)a;
@@ -375,17 +392,19 @@ static void gqa_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes)
 static ms_status gqa_forward(ms_op_call *c, ms_error *e) {
     (void)e;
     ms_k_gqa g = gqa_shape(c);
-    const float *kv = F(c->in[1]);
-    ms_k_gqa_forward(&g, F(c->out[0]), F(c->saved[0]), F(c->in[0]), kv, kv + g.hkv * g.d, NULL);
+    float *k, *v;
+    gqa_kv(c, &g, c->in, &k, &v);
+    ms_k_gqa_forward(&g, F(c->out[0]), F(c->saved[0]), F(c->in[0]), k, v, NULL);
     return MS_OK;
 }
 static ms_status gqa_backward(ms_op_call *c, ms_error *e) {
     (void)e;
     ms_k_gqa g = gqa_shape(c);
-    const float *kv = F(c->in[1]);
-    float *dkv = F(c->din[1]);
-    ms_k_gqa_backward(&g, F(c->din[0]), dkv, dkv ? dkv + g.hkv * g.d : NULL, F(c->saved[1]),
-                      F(c->dout[0]), F(c->in[0]), kv, kv + g.hkv * g.d, F(c->saved[0]));
+    float *k, *v, *dk, *dv;
+    gqa_kv(c, &g, c->in, &k, &v);
+    gqa_kv(c, &g, c->din, &dk, &dv);
+    ms_k_gqa_backward(&g, F(c->din[0]), dk, dv, F(c->saved[1]), F(c->dout[0]), F(c->in[0]), k, v,
+                      F(c->saved[0]));
     return MS_OK;
 }
 static ms_k_cost gqa_cost(const ms_op_call *c, bool bw) {
@@ -395,7 +414,7 @@ static ms_k_cost gqa_cost(const ms_op_call *c, bool bw) {
 const ms_op_def ms_op_gqa_attention_def = {
     .kind = MS_OP_GQA_ATTENTION,
     .name = "gqa_attention",
-    .n_in = 2,
+    .n_in = -3,
     .n_out = 1,
     .infer = gqa_infer,
     .rule = gqa_rule,
@@ -404,7 +423,7 @@ const ms_op_def ms_op_gqa_attention_def = {
     .forward = gqa_forward,
     .backward = gqa_backward,
     .cost = gqa_cost,
-    .grad_inputs = 3,
+    .grad_inputs = 7,
 };
 
 /* --- padded attention: qkv [B, T, 3, C], mask [B, T] (0 = padding key) -> [B, T, C] ----------
