@@ -464,25 +464,48 @@ static void padded_attention_op(void **state) {
 
 /* --- linear, bmm ---------------------------------------------------------------------------- */
 
+/* x [..., K...] with kc K dims, W [N..., K...]: out[i][n] = sum_k x[i][k] W[n][k] (+ b[n]). */
+static void linear_case(const char *what, ms_shape xs, ms_shape ws, int kc, bool with_bias) {
+    static float x[MAXN], w[MAXN], bias[MAXN];
+    static double ref[MAXN];
+    int64_t kk = 1, nn = 1;
+    for (int d = xs.ndim - kc; d < xs.ndim; d++) kk *= xs.d[d];
+    for (int d = 0; d < ws.ndim - kc; d++) nn *= ws.d[d];
+    const int64_t m = numel(&xs) / kk;
+    fill(x, numel(&xs), 9, -1, 1);
+    fill(w, numel(&ws), 10, -1, 1);
+    fill(bias, nn, 11, -1, 1);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t n = 0; n < nn; n++) {
+            double acc = with_bias ? bias[n] : 0.0;
+            for (int64_t k = 0; k < kk; k++) acc += (double)x[i * kk + k] * w[n * kk + k];
+            ref[i * nn + n] = acc;
+        }
+    op_io io = io2(MS_OP_LINEAR, xs, x, ws, w);
+    io.a.i[0] = kc;
+    if (with_bias) {
+        io.n_in = 3, io.x[2] = bias;
+        io.gin[2] = (ms_shape){ws.ndim - kc, {0}};
+        memcpy(io.gin[2].d, ws.d, sizeof(int64_t) * (size_t)(ws.ndim - kc));
+    }
+    expect_op(what, &io, ref, m * nn, 1e-5);
+}
+
 static void linear_op(void **state) {
     (void)state;
-    enum { M = 6, K = 7, NO = 5 };
-    float x[M * K], w[NO * K], bias[NO];
-    double ref[M * NO];
-    fill(x, M * K, 9, -1, 1);
-    fill(w, NO * K, 10, -1, 1);
-    fill(bias, NO, 11, -1, 1);
-    for (int with_bias = 0; with_bias < 2; with_bias++) {
-        for (int i = 0; i < M; i++)
-            for (int n = 0; n < NO; n++) {
-                double acc = with_bias ? bias[n] : 0.0;
-                for (int k = 0; k < K; k++) acc += (double)x[i * K + k] * w[n * K + k];
-                ref[i * NO + n] = acc;
-            }
-        op_io io = io2(MS_OP_LINEAR, (ms_shape){3, {2, 3, K}}, x, (ms_shape){2, {NO, K}}, w);
-        if (with_bias) io.n_in = 3, io.gin[2] = (ms_shape){1, {NO}}, io.x[2] = bias;
-        expect_op(with_bias ? "linear with bias" : "linear", &io, ref, M * NO, 1e-5);
-    }
+    linear_case("linear", (ms_shape){3, {2, 3, 7}}, (ms_shape){2, {5, 7}}, 1, false);
+    linear_case("linear with bias", (ms_shape){3, {2, 3, 7}}, (ms_shape){2, {5, 7}}, 1, true);
+    /* A projection to heads, W [H, D, C], and back, W [C, H, D] with two K dims. */
+    linear_case("linear to heads", (ms_shape){3, {2, 3, 8}}, (ms_shape){3, {4, 3, 8}}, 1, true);
+    linear_case("linear from heads", (ms_shape){4, {2, 3, 4, 3}}, (ms_shape){3, {8, 4, 3}}, 2,
+                true);
+    ms_shape out;
+    ms_error err = {0};
+    ms_shape in[2] = {{4, {2, 3, 4, 3}}, {3, {8, 4, 3}}};
+    ms_op_attrs two = {.i = {2}};
+    assert_int_equal(ms_op_get(MS_OP_LINEAR)->infer(&two, 2, in, &out, &err), MS_OK);
+    assert_int_equal(out.ndim, 3);
+    assert_true(out.d[0] == 2 && out.d[1] == 3 && out.d[2] == 8);
 }
 
 /* Broadcast bmm by explicit index arithmetic: out batch index -> each operand's index. */
@@ -660,6 +683,8 @@ static void infer_rejects_bad_input(void **state) {
     expect_rejected(MS_OP_PADDED_ATTENTION, heads, 2, pad, "padded_attention", "4 heads");
     ms_shape lin[3] = {{2, {3, 4}}, {2, {5, 3}}, {1, {5}}};
     expect_rejected(MS_OP_LINEAR, none, 3, lin, "linear", "[5, 3]");
+    ms_shape lin2[2] = {{3, {2, 4, 3}}, {3, {8, 3, 4}}};
+    expect_rejected(MS_OP_LINEAR, (ms_op_attrs){.i = {2}}, 2, lin2, "linear", "[8, 3, 4]");
     ms_shape bmm[2] = {{3, {2, 3, 4}}, {3, {3, 4, 5}}};
     expect_rejected(MS_OP_BMM, none, 2, bmm, "bmm", "broadcastable");
     ms_shape nll[2] = {{2, {3, 5}}, {1, {4}}};

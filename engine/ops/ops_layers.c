@@ -517,21 +517,33 @@ const ms_op_def ms_op_padded_attention_def = {
     .grad_inputs = 1,
 };
 
-/* --- linear: x [..., K], W [N, K], optional bias [N] -> x W^T + b ------------------------------
- * Megatron's rules: W S(0) (column parallel) -> output S(last); x S(last) with W S(1) (row
- * parallel) -> P(sum), the bias then partial too so that it is added once in the sum. */
+/* --- linear: x [..., K...], W [N..., K...], optional bias [N...] -> x W^T + b [..., N...] ---
+ * i[0] the number of contracted (K) dims, 0 meaning 1. Several N dims let a projection
+ * produce heads directly (W [H, D, C]: x [B, T, C] -> [B, T, H, D]) and several K dims let
+ * one consume them (W [C, H, D]), so tensor parallelism needs no reshape around attention.
+ * Megatron's rules: W sharded on an N dim (column parallel) -> that output dim; x and W
+ * sharded on the same K dim (row parallel) -> P(sum), the bias then partial too so that it
+ * is added once in the sum. */
 
+static int linear_kdims(const ms_op_attrs *a) {
+    return a->i[0] > 0 ? (int)a->i[0] : 1;
+}
 static ms_status linear_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
                               ms_error *err) {
-    (void)a;
     const ms_shape *x = &in[0], *w = &in[1];
-    bool ok = n_in >= 2 && x->ndim >= 1 && w->ndim == 2 && w->d[1] == x->d[x->ndim - 1];
-    if (ok && n_in == 3) ok = in[2].ndim == 1 && in[2].d[0] == w->d[0];
+    int kc = linear_kdims(a), lead = x->ndim - kc, nn = w->ndim - kc;
+    bool ok = n_in >= 2 && lead >= 0 && nn >= 1 && lead + nn <= MS_MAX_DIMS;
+    for (int j = 0; ok && j < kc; j++) ok = x->d[lead + j] == w->d[nn + j];
+    if (ok && n_in == 3) ok = in[2].ndim == nn;
+    for (int j = 0; ok && n_in == 3 && j < nn; j++) ok = in[2].d[j] == w->d[j];
     if (!ok)
-        return bad_shapes(err, "linear", "x must be [..., K], W [N, K] and bias (optional) [N]",
+        return bad_shapes(err, "linear",
+                          "x must be [..., K...], W [N..., K...] with i[0] K dims (default 1) "
+                          "and the optional bias [N...]",
                           n_in, in);
-    out[0] = *x;
-    out[0].d[x->ndim - 1] = w->d[0];
+    out->ndim = lead + nn;
+    for (int d = 0; d < lead; d++) out->d[d] = x->d[d];
+    for (int j = 0; j < nn; j++) out->d[lead + j] = w->d[j];
     return MS_OK;
 }
 static void linear_cand(ms_rule_cand *c, int n_in, ms_placement x, ms_placement w, ms_placement b,
@@ -540,23 +552,25 @@ static void linear_cand(ms_rule_cand *c, int n_in, ms_placement x, ms_placement 
     if (n_in == 3) c->in[2] = b;
 }
 static int linear_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
-    (void)a, (void)n;
-    int last = in[0].ndim - 1;
-    int k = row_cands(last, n_in, 1, false, c);
-    linear_cand(&c[k++], n_in, ms_R(), ms_S(0), ms_S(0), ms_S(last));
-    linear_cand(&c[k++], n_in, ms_S(last), ms_S(1), ms_Psum(), ms_Psum());
+    (void)n;
+    int kc = linear_kdims(a), lead = in[0].ndim - kc, nn = in[1].ndim - kc;
+    int k = row_cands(lead, n_in, 1, false, c);
+    for (int j = 0; j < nn; j++)
+        linear_cand(&c[k++], n_in, ms_R(), ms_S(j), ms_S(j), ms_S(lead + j));
+    for (int j = 0; j < kc; j++)
+        linear_cand(&c[k++], n_in, ms_S(lead + j), ms_S(nn + j), ms_Psum(), ms_Psum());
     linear_cand(&c[k++], n_in, ms_Psum(), ms_R(), ms_Psum(), ms_Psum());
     linear_cand(&c[k++], n_in, ms_R(), ms_Psum(), ms_Psum(), ms_Psum());
     return k;
 }
+/* The local product, every dim flattened: [M, K] x [N, K]^T (K may be 0 on an empty shard). */
 static ms_k_gemm linear_gemm(const ms_op_call *c) {
-    int64_t kk = last_dim(c->in[0]);
-    return (ms_k_gemm){.batch = 1,
-                       .m = rows_of(c->in[0]),
-                       .n = c->in[1]->shape[0],
-                       .k = kk,
-                       .trans_b = true,
-                       .bcast_b = true};
+    const ms_tensor *x = c->in[0], *w = c->in[1];
+    int kc = linear_kdims(c->attrs), lead = x->ndim - kc;
+    ms_k_gemm g = {.batch = 1, .m = 1, .n = 1, .k = 1, .trans_b = true, .bcast_b = true};
+    for (int d = 0; d < x->ndim; d++) *(d < lead ? &g.m : &g.k) *= x->shape[d];
+    for (int d = 0; d < w->ndim - kc; d++) g.n *= w->shape[d];
+    return g;
 }
 static ms_status linear_forward(ms_op_call *c, ms_error *e) {
     (void)e;
