@@ -358,7 +358,9 @@ void ms_k_gqa_backward(const ms_k_gqa *g, float *dq, float *dk, float *dv, float
 
 ms_k_cost ms_k_gqa_cost(const ms_k_gqa *g, bool backward) {
     const double bh = (double)g->b * (double)g->h, tq = (double)g->tq, tk = (double)g->tk;
-    const double pairs = bh * (g->causal ? tq * (tq + 1) / 2 : tq * tk), d = (double)g->d;
+    double seen = 0; /* query-key pairs of one head: a causal shard of queries sees a prefix */
+    for (int64_t i = 0; i < g->tq; i++) seen += (double)gqa_keys(g, i);
+    const double pairs = bh * seen, d = (double)g->d;
     const double qo = 2.0 * bh * tq * d, kv = 2.0 * (double)g->b * (double)g->hkv * tk * d;
     const double att = bh * tq * tk;
     if (!backward) return (ms_k_cost){pairs * (4 * d + 4), 4.0 * (qo + kv + att)};

@@ -752,10 +752,9 @@ static ms_status nll_backward(ms_op_call *c, ms_error *e) {
     return MS_OK;
 }
 static ms_k_cost nll_cost(const ms_op_call *c, bool bw) {
-    /* a gather: one read and one write per row, a negation */
-    ms_k_cost k = ms_k_rowwise_cost(1, N(c->in[1]), 1, 3);
+    /* a gather (forward) or scatter (backward): a target, a value and a loss per row */
     (void)bw;
-    return k;
+    return ms_k_rowwise_cost(1, N(c->in[1]), 1, 3);
 }
 const ms_op_def ms_op_nll_loss_def = {
     .kind = MS_OP_NLL_LOSS,
