@@ -356,28 +356,36 @@ static void gqa_attention_op(void **state) {
     gqa_case(1, 9, 2, 2, 3, false); /* plain multi-head */
 }
 
-/* The separate-k-and-v form has no case in tests/op_cases (three 4-d inputs would multiply
- * test_rules' placement combinations), so its rule is brute-forced here on a mesh of 2: every
- * placement (R, S(d), P(sum)) of q, k and v against one rank, and every candidate of the rule
- * in strict mode with its declared output placement. */
+/* Variants whose inputs are too many or too large for tests/op_cases (test_rules runs every
+ * placement combination on a 2x2 mesh as well) are brute-forced here on a mesh of 2: every
+ * placement (R, S(d), P(sum)) of every input against one rank, and every candidate of the
+ * rule in strict mode with its declared output placement. */
+typedef struct mesh2_case {
+    const char *name;
+    int op;
+    ms_op_attrs a;
+    int n_in;
+    ms_shape in[3];
+} mesh2_case;
+
 static ms_placements one_dim(ms_placement p) {
     ms_placements pl = {.n = 1, .p = {p}};
     ms_placements_default_order(&pl);
     return pl;
 }
 
-static bool gqa_eager(mt_rank *r, ms_dmesh *dm, const ms_tensor *g, const ms_placements *pl,
-                      const ms_op_attrs *a, bool reshard, const ms_tensor *want,
-                      const ms_placement *want_pl) {
+static bool mesh2_eager(mt_rank *r, ms_dmesh *dm, const mesh2_case *mc, const ms_tensor *g,
+                        const ms_placements *pl, bool reshard, const ms_tensor *want,
+                        const ms_placement *want_pl) {
     ms_error err = {0};
     ms_dtensor din[3], dout;
     const ms_dtensor *pin[3];
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < mc->n_in; i++) {
         MT_OK(r, ms_dtensor_shard(dm, &g[i], &pl[i], &din[i], &err), &err);
         pin[i] = &din[i];
     }
     ms_eager_opts eo = {.allow_reshard = reshard};
-    bool ran = MT_OK(r, ms_eager(MS_OP_GQA_ATTENTION, a, 3, pin, 1, &dout, &eo, &err), &err);
+    bool ran = MT_OK(r, ms_eager(mc->op, &mc->a, mc->n_in, pin, 1, &dout, &eo, &err), &err);
     bool ok = ran;
     ms_tensor full = {0};
     if (ok && MT_OK(r, ms_dtensor_full(&dout, &full, &err), &err)) {
@@ -389,56 +397,108 @@ static bool gqa_eager(mt_rank *r, ms_dmesh *dm, const ms_tensor *g, const ms_pla
     }
     ms_tensor_release(&full);
     if (ran) ms_dtensor_release(&dout);
-    for (int i = 0; i < 3; i++) ms_dtensor_release(&din[i]);
+    for (int i = 0; i < mc->n_in; i++) ms_dtensor_release(&din[i]);
     return ok;
 }
 
-static void gqa_rule_mesh2(mt_rank *r, void *arg) {
-    (void)arg;
+/* Input i's placement number o: R, S(0..nd-1), P(sum). */
+static ms_placements option(const mesh2_case *mc, int i, int o) {
+    int nd = mc->in[i].ndim;
+    return one_dim(o == 0 ? ms_R() : o <= nd ? ms_S(o - 1) : ms_Psum());
+}
+
+static void mesh2_rules(mt_rank *r, void *arg) {
+    const mesh2_case *mc = arg;
     ms_error err = {0};
     ms_mesh mesh;
     ms_mesh_parse(&mesh, "2", &err);
     ms_dmesh *dm;
     if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
-    const ms_shape in[3] = {{4, {2, 3, 4, 2}}, {4, {2, 3, 2, 2}}, {4, {2, 3, 2, 2}}};
-    ms_op_attrs a = {.i = {1}};
     ms_tensor g[3], want;
-    for (int i = 0; i < 3; i++) {
-        ms_tensor_alloc(r->ctx->device, MS_F32, 4, in[i].d, &g[i], &err);
+    ms_shape out;
+    op_io io = {.op = mc->op, .a = mc->a, .n_in = mc->n_in};
+    MT_OK(r, ms_op_get(mc->op)->infer(&mc->a, mc->n_in, mc->in, &out, &err), &err);
+    int combos = 1;
+    for (int i = 0; i < mc->n_in; i++) {
+        ms_tensor_alloc(r->ctx->device, MS_F32, mc->in[i].ndim, mc->in[i].d, &g[i], &err);
         fill(ms_tensor_f32(&g[i]), ms_tensor_numel(&g[i]), 30 + (uint64_t)i, -2, 2);
+        io.gin[i] = mc->in[i], io.x[i] = ms_tensor_f32(&g[i]);
+        combos *= mc->in[i].ndim + 2;
     }
-    ms_tensor_alloc(r->ctx->device, MS_F32, 4, in[0].d, &want, &err);
-    op_io io = {.op = MS_OP_GQA_ATTENTION, .a = a, .n_in = 3, .gin = {in[0], in[1], in[2]}};
-    for (int i = 0; i < 3; i++) io.x[i] = ms_tensor_f32(&g[i]);
+    ms_tensor_alloc(r->ctx->device, MS_F32, out.ndim, out.d, &want, &err);
     int64_t n;
     MT_OK(r, op_run(&io, ms_tensor_f32(&want), &n, &err), &err);
-    for (int combo = 0; combo < 6 * 6 * 6 && r->failures == 0; combo++) {
+    for (int combo = 0; combo < combos && r->failures == 0; combo++) {
         ms_placements pl[3];
-        for (int i = 0, rem = combo; i < 3; i++, rem /= 6) {
-            int o = rem % 6;
-            pl[i] = one_dim(o == 0 ? ms_R() : o == 5 ? ms_Psum() : ms_S(o - 1));
-        }
-        MT_CHECK(r, gqa_eager(r, dm, g, pl, &a, true, &want, NULL),
-                 "gqa_attention with separate k, v: placement combination %d differs", combo);
+        for (int i = 0, rem = combo; i < mc->n_in; rem /= mc->in[i].ndim + 2, i++)
+            pl[i] = option(mc, i, rem % (mc->in[i].ndim + 2));
+        MT_CHECK(r, mesh2_eager(r, dm, mc, g, pl, true, &want, NULL),
+                 "%s: placement combination %d differs from one rank", mc->name, combo);
     }
     ms_rule_cand cands[MS_OP_MAX_CANDS];
-    int nc = ms_op_get(MS_OP_GQA_ATTENTION)->rule(&a, 3, in, 2, cands);
-    MT_CHECK(r, nc == 4, "gqa_attention: %d candidates, expected R, batch, sequence, heads", nc);
+    int nc = ms_op_get(mc->op)->rule(&mc->a, mc->n_in, mc->in, 2, cands);
     for (int c = 0; c < nc; c++) {
         ms_placements pl[3];
-        for (int i = 0; i < 3; i++) pl[i] = one_dim(cands[c].in[i]);
-        MT_CHECK(r, gqa_eager(r, dm, g, pl, &a, false, &want, &cands[c].out[0]),
-                 "gqa_attention candidate %d in strict mode", c);
+        for (int i = 0; i < mc->n_in; i++) pl[i] = one_dim(cands[c].in[i]);
+        MT_CHECK(r, mesh2_eager(r, dm, mc, g, pl, false, &want, &cands[c].out[0]),
+                 "%s: candidate %d in strict mode", mc->name, c);
     }
-    for (int i = 0; i < 3; i++) ms_tensor_release(&g[i]);
+    for (int i = 0; i < mc->n_in; i++) ms_tensor_release(&g[i]);
     ms_tensor_release(&want);
     ms_dmesh_destroy(dm);
     ms_mesh_free(&mesh);
 }
 
-static void gqa_separate_kv_rules(void **state) {
+static void variant_rules_on_mesh2(void **state) {
     (void)state;
-    mt_run(2, gqa_rule_mesh2, NULL);
+    static const mesh2_case cases[] = {
+        {"gqa_attention, separate k and v",
+         MS_OP_GQA_ATTENTION,
+         {.i = {1}},
+         3,
+         {{4, {2, 3, 4, 2}}, {4, {2, 3, 2, 2}}, {4, {2, 3, 2, 2}}}},
+        {"linear from heads with bias",
+         MS_OP_LINEAR,
+         {.i = {2}},
+         3,
+         {{3, {3, 2, 3}}, {3, {5, 2, 3}}, {1, {5}}}},
+        {"linear to heads with bias",
+         MS_OP_LINEAR,
+         {.i = {1}},
+         3,
+         {{2, {3, 4}}, {3, {2, 3, 4}}, {2, {2, 3}}}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        mt_run(2, mesh2_rules, (void *)&cases[k]);
+}
+
+/* Two contracted dims give the gradients of the same product with them flattened into one
+ * (whose backward test_op_grads checks against finite differences). */
+static void linear_two_k_dims_backward(void **state) {
+    (void)state;
+    static float x[120], w[60], b[5], dy[40], dx[2][120], dw[2][60], db[2][5], y[2][40];
+    fill(x, 120, 40, -1, 1), fill(w, 60, 41, -1, 1), fill(b, 5, 42, -1, 1), fill(dy, 40, 43, -1, 1);
+    op_io two = {.op = MS_OP_LINEAR,
+                 .a = {.i = {2}},
+                 .n_in = 3,
+                 .gin = {{4, {2, 4, 3, 4}}, {3, {5, 3, 4}}, {1, {5}}}};
+    op_io one = {.op = MS_OP_LINEAR,
+                 .a = {.i = {1}},
+                 .n_in = 3,
+                 .gin = {{3, {2, 4, 12}}, {2, {5, 12}}, {1, {5}}}};
+    op_io *ios[2] = {&two, &one};
+    for (int v = 0; v < 2; v++) {
+        ios[v]->x[0] = x, ios[v]->x[1] = w, ios[v]->x[2] = b, ios[v]->dout = dy;
+        ios[v]->dx[0] = dx[v], ios[v]->dx[1] = dw[v], ios[v]->dx[2] = db[v];
+        ms_error err = {0};
+        int64_t n;
+        if (op_run(ios[v], y[v], &n, &err) != MS_OK) fail_msg("linear: %s", err.msg);
+        assert_int_equal(n, 40);
+    }
+    assert_memory_equal(y[0], y[1], sizeof y[0]);
+    assert_memory_equal(dx[0], dx[1], sizeof dx[0]);
+    assert_memory_equal(dw[0], dw[1], sizeof dw[0]);
+    assert_memory_equal(db[0], db[1], sizeof db[0]);
 }
 
 static void padded_attention_op(void **state) {
@@ -463,6 +523,34 @@ static void padded_attention_op(void **state) {
 }
 
 /* --- linear, bmm ---------------------------------------------------------------------------- */
+
+/* Backward against its own loops: dx = dy W, dW = dy^T x, db = column sums of dy. */
+static void linear_grads(const char *what, op_io *io, int64_t m, int64_t kk, int64_t nn) {
+    static float dy[MAXN], dx[MAXN], dw[MAXN], db[MAXN], y[MAXN];
+    fill(dy, m * nn, 19, -1, 1);
+    io->dout = dy, io->dx[0] = dx, io->dx[1] = dw, io->dx[2] = io->n_in == 3 ? db : NULL;
+    ms_error err = {0};
+    int64_t n;
+    if (op_run(io, y, &n, &err) != MS_OK) fail_msg("%s backward: %s", what, err.msg);
+    io->dout = NULL;
+    const float *x = io->x[0], *w = io->x[1];
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t k = 0; k < kk; k++) {
+            double acc = 0;
+            for (int64_t j = 0; j < nn; j++) acc += (double)dy[i * nn + j] * w[j * kk + k];
+            if (fabs(dx[i * kk + k] - acc) > 1e-5 * fmax(1, fabs(acc))) fail_msg("%s: dx", what);
+        }
+    for (int64_t j = 0; j < nn; j++) {
+        double sb = 0;
+        for (int64_t i = 0; i < m; i++) sb += dy[i * nn + j];
+        if (io->n_in == 3 && fabs(db[j] - sb) > 1e-5 * fmax(1, fabs(sb))) fail_msg("%s: db", what);
+        for (int64_t k = 0; k < kk; k++) {
+            double acc = 0;
+            for (int64_t i = 0; i < m; i++) acc += (double)dy[i * nn + j] * x[i * kk + k];
+            if (fabs(dw[j * kk + k] - acc) > 1e-5 * fmax(1, fabs(acc))) fail_msg("%s: dW", what);
+        }
+    }
+}
 
 /* x [..., K...] with kc K dims, W [N..., K...]: out[i][n] = sum_k x[i][k] W[n][k] (+ b[n]). */
 static void linear_case(const char *what, ms_shape xs, ms_shape ws, int kc, bool with_bias) {
@@ -489,6 +577,7 @@ static void linear_case(const char *what, ms_shape xs, ms_shape ws, int kc, bool
         memcpy(io.gin[2].d, ws.d, sizeof(int64_t) * (size_t)(ws.ndim - kc));
     }
     expect_op(what, &io, ref, m * nn, 1e-5);
+    linear_grads(what, &io, m, kk, nn);
 }
 
 static void linear_op(void **state) {
@@ -705,9 +794,10 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(swiglu_op),
     cmocka_unit_test(rotary_op),
     cmocka_unit_test(gqa_attention_op),
-    cmocka_unit_test(gqa_separate_kv_rules),
+    cmocka_unit_test(variant_rules_on_mesh2),
     cmocka_unit_test(padded_attention_op),
     cmocka_unit_test(linear_op),
+    cmocka_unit_test(linear_two_k_dims_backward),
     cmocka_unit_test(bmm_op),
     cmocka_unit_test(nll_and_xent_smooth),
     cmocka_unit_test(pointwise_losses),
