@@ -207,12 +207,15 @@ void ms_k_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 
 void ms_k_rotary_tables(float *cosb, float *sinb, int64_t t, int64_t t0, int64_t d, float theta) {
     const int64_t half = d / 2;
+    const double two_pi = 6.283185307179586;
     for (int64_t i = 0; i < half; i++) {
         const double freq = pow((double)theta, -2.0 * (double)i / (double)d);
         for (int64_t p = 0; p < t; p++) {
-            const double ang = (double)(t0 + p) * freq;
-            cosb[p * half + i] = (float)cos(ang);
-            sinb[p * half + i] = (float)sin(ang);
+            /* The angle in double, reduced to [-pi, pi] there, so float sin and cos lose
+             * nothing at large positions (HF's float32 angle would). */
+            double ang = (double)(t0 + p) * freq;
+            ang -= two_pi * nearbyint(ang / two_pi);
+            sincosf((float)ang, &sinb[p * half + i], &cosb[p * half + i]);
         }
     }
 }

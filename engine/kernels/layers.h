@@ -65,9 +65,9 @@ void ms_k_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 /* ---- rotary position embedding ----------------------------------------------------------------
  */
 
-/* cos and sin of position (t0 + t) * theta^(-2i / D) for t < T, i < D/2, computed in double:
- * t0 is the GLOBAL position of the first local row, so a sequence shard rotates exactly as
- * the whole sequence does. cosb, sinb: [T, D/2] */
+/* cos and sin of position (t0 + t) * theta^(-2i / D) for t < T, i < D/2 (the angle in double,
+ * reduced to [-pi, pi] before a float sincos): t0 is the GLOBAL position of the first local
+ * row, so a sequence shard rotates exactly as the whole sequence does. cosb, sinb: [T, D/2] */
 void ms_k_rotary_tables(float *cosb, float *sinb, int64_t t, int64_t t0, int64_t d, float theta);
 /* LLaMA / Hugging Face rotate_half: pairs (i, i + D/2) of each head vector turn by the
  * angle of (t, i). inverse = true turns backwards (the backward of a rotation), and then
