@@ -246,6 +246,11 @@ static void rotary_op(void **state) {
     expect_op("rotary on a sequence shard", &io, pref, tl * H * D, 1e-5);
     /* ... which is the matching slice of the whole result. */
     expect_op("rotary shard vs whole", &io, ref + (int64_t)(1 * T + s0) * H * D, tl * H * D, 1e-5);
+    /* Far into a long sequence the angles reach 1e5 radians: still exact to float precision. */
+    const int far = 100000;
+    ref_rotary(part, pref, 1, tl, H, D, 10000.0, far);
+    io.start[0][1] = far;
+    expect_op("rotary at position 100000", &io, pref, tl * H * D, 2e-5);
 }
 
 /* --- attention ------------------------------------------------------------------------------- */
