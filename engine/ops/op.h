@@ -71,8 +71,7 @@ typedef enum ms_op_kind {
     MS_OP_SWIGLU,            /* gate, up (same shapes) -> silu(gate) * up */
     MS_OP_ROTARY,            /* x [B, T, ..., D]; f[0] theta; pairs (i, i + D/2), global T */
     MS_OP_GQA_ATTENTION,     /* q [B,T,H,D], k, v [B,T,Hkv,D] or kv [B,T,2,Hkv,D]; i[0] causal */
-    MS_OP_PADDED_ATTENTION,  /* qkv [B, T, 3, C], mask [B, T] -> [B, T, C]; i[0] heads, i[1] causal
-                              */
+    MS_OP_PADDED_ATTENTION,  /* qkv [B,T,3,C], mask [B,T] -> [B,T,C]; i[0] heads, i[1] causal */
     MS_OP_LINEAR,            /* x [..., K...], W [N..., K...], bias [N...]; i[0] K dims (0: 1) */
     MS_OP_BMM,               /* a [..., M, K] @ b [..., K, N], batch dims broadcast */
     MS_OP_NLL_LOSS,          /* log-probs [..., V], targets [...] -> [...]; target < 0 ignored */
