@@ -28,6 +28,22 @@ static const ms_op_def *const builtin_ops[] = {
     /* -- end index -- */
 
     /* -- layers -- */
+    &ms_op_rmsnorm_def,
+    &ms_op_layernorm_plain_def,
+    &ms_op_log_softmax_def,
+    &ms_op_masked_softmax_def,
+    &ms_op_swiglu_def,
+    &ms_op_rotary_def,
+    &ms_op_gqa_attention_def,
+    &ms_op_padded_attention_def,
+    &ms_op_linear_def,
+    &ms_op_bmm_def,
+    &ms_op_nll_loss_def,
+    &ms_op_mse_loss_def,
+    &ms_op_l1_loss_def,
+    &ms_op_huber_loss_def,
+    &ms_op_xent_smooth_def,
+    &ms_op_cosine_similarity_def,
     /* -- end layers -- */
 };
 // clang-format on

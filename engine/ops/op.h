@@ -64,6 +64,22 @@ typedef enum ms_op_kind {
     /* -- end index -- */
 
     /* -- layers: neural-network layers (ops_layers.c) -- */
+    MS_OP_RMSNORM,           /* x [..., C], weight [C] -> x / rms(x) * weight; f[0] eps */
+    MS_OP_LAYERNORM_PLAIN,   /* x [..., C] -> (x - mean) / std over the last dim; f[0] eps */
+    MS_OP_LOG_SOFTMAX,       /* over the last dim */
+    MS_OP_MASKED_SOFTMAX,    /* x, mask [..., C] (0 drops) -> softmax(x / f[0]) over kept */
+    MS_OP_SWIGLU,            /* gate, up (same shapes) -> silu(gate) * up */
+    MS_OP_ROTARY,            /* x [B, T, ..., D]; f[0] theta; pairs (i, i + D/2), global T */
+    MS_OP_GQA_ATTENTION,     /* q [B,T,H,D], k, v [B,T,Hkv,D] or kv [B,T,2,Hkv,D]; i[0] causal */
+    MS_OP_PADDED_ATTENTION,  /* qkv [B,T,3,C], mask [B,T] -> [B,T,C]; i[0] heads, i[1] causal */
+    MS_OP_LINEAR,            /* x [..., K...], W [N..., K...], bias [N...]; i[0] K dims (0: 1) */
+    MS_OP_BMM,               /* a [..., M, K] @ b [..., K, N], batch dims broadcast */
+    MS_OP_NLL_LOSS,          /* log-probs [..., V], targets [...] -> [...]; target < 0 ignored */
+    MS_OP_MSE_LOSS,          /* a, b -> scalar mean (a - b)^2 over every element */
+    MS_OP_L1_LOSS,           /* a, b -> scalar mean |a - b| */
+    MS_OP_HUBER_LOSS,        /* a, b -> scalar mean Huber(a - b); f[0] delta */
+    MS_OP_XENT_SMOOTH,       /* logits [..., V], targets [...] -> [...]; f[0] label smoothing */
+    MS_OP_COSINE_SIMILARITY, /* a, b [..., C] -> [...] over the last dim; f[0] eps */
     /* -- end layers -- */
 
     MS_OP_BUILTIN_COUNT

@@ -25,6 +25,22 @@ extern const ms_op_def ms_op_matmul_def, ms_op_add_def, ms_op_mul_def, ms_op_sca
 /* -- end index -- */
 
 /* -- layers -- */
+extern const ms_op_def ms_op_rmsnorm_def;
+extern const ms_op_def ms_op_layernorm_plain_def;
+extern const ms_op_def ms_op_log_softmax_def;
+extern const ms_op_def ms_op_masked_softmax_def;
+extern const ms_op_def ms_op_swiglu_def;
+extern const ms_op_def ms_op_rotary_def;
+extern const ms_op_def ms_op_gqa_attention_def;
+extern const ms_op_def ms_op_padded_attention_def;
+extern const ms_op_def ms_op_linear_def;
+extern const ms_op_def ms_op_bmm_def;
+extern const ms_op_def ms_op_nll_loss_def;
+extern const ms_op_def ms_op_mse_loss_def;
+extern const ms_op_def ms_op_l1_loss_def;
+extern const ms_op_def ms_op_huber_loss_def;
+extern const ms_op_def ms_op_xent_smooth_def;
+extern const ms_op_def ms_op_cosine_similarity_def;
 /* -- end layers -- */
 // clang-format on
 

@@ -1,0 +1,938 @@
+/* ops_layers.c - neural-network layers for LLaMA-style models: RMSNorm, LayerNorm without
+ * affine, log-softmax, masked softmax, SwiGLU, rotary embedding, grouped-query and padded
+ * attention, linear, broadcasting bmm, and the losses (NLL, MSE, L1, Huber, label-smoothed
+ * cross-entropy, cosine similarity). Kernels live in engine/kernels/layers.c.
+ *
+ * Rules only declare what is exact: row-wise ops shard rows, never the dim they normalise;
+ * ops linear in an input (rotary, NLL, linear, bmm) pass partial sums through; losses that
+ * average over every element give a partial sum of terms divided by the GLOBAL count.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/kernels/layers.h"
+#include "engine/ops/op_defs.h"
+
+static ms_status bad_shapes(ms_error *err, const char *op, const char *want, int n,
+                            const ms_shape *in) {
+    char buf[240];
+    return ms_fail(err, MS_ERR_INVALID, "%s: %s; got %s", op, want,
+                   ms_op_shapes_str(n, in, buf, sizeof buf));
+}
+
+static bool same_shape(const ms_shape *a, const ms_shape *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->d[d] != b->d[d]) return false;
+    return true;
+}
+
+/* R..R -> R, then for d < ndim: S(d) on the inputs in `sharded` (bit i), R on the others ->
+ * S(d) (S(d) -> P(sum) when reduce_all: a loss over every element). */
+static int row_cands(int ndim, int n_in, unsigned sharded, bool reduce_all, ms_rule_cand *c) {
+    int k = 0;
+    for (int d = -1; d < ndim; d++, k++) {
+        for (int i = 0; i < n_in; i++) c[k].in[i] = d >= 0 && (sharded >> i & 1) ? ms_S(d) : ms_R();
+        c[k].out[0] = d < 0 ? ms_R() : reduce_all ? ms_Psum() : ms_S(d);
+    }
+    return k;
+}
+
+static int64_t rows_of(const ms_tensor *t) {
+    int64_t c = last_dim(t);
+    return c ? N(t) / c : 0;
+}
+
+static void saved_rows(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
+    (void)a;
+    sizes[0] = rows_of(c->in[0]);
+}
+
+/* --- RMSNorm: x [..., C], weight [C]; f[0] eps ------------------------------------------------ */
+
+static ms_status rmsnorm_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                               ms_error *err) {
+    (void)a, (void)n_in;
+    if (in[0].ndim < 1 || in[1].ndim != 1 || in[1].d[0] != in[0].d[in[0].ndim - 1])
+        return bad_shapes(err, "rmsnorm", "weight must be [C] with C the last input dim", 2, in);
+    out[0] = in[0];
+    return MS_OK;
+}
+static int rmsnorm_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
+                        ms_rule_cand *c) {
+    (void)a, (void)n;
+    return row_cands(in[0].ndim - 1, n_in, 1, false, c);
+}
+static ms_status rmsnorm_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_rmsnorm_forward(F(c->out[0]), F(c->saved[0]), F(c->in[0]), F(c->in[1]), rows_of(c->in[0]),
+                         last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_status rmsnorm_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_rmsnorm_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
+                          F(c->saved[0]), rows_of(c->in[0]), last_dim(c->in[0]));
+    return MS_OK;
+}
+static ms_k_cost rmsnorm_cost(const ms_op_call *c, bool bw) {
+    return ms_k_rmsnorm_cost(rows_of(c->in[0]), last_dim(c->in[0]), bw);
+}
+const ms_op_def ms_op_rmsnorm_def = {
+    .kind = MS_OP_RMSNORM,
+    .name = "rmsnorm",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = rmsnorm_infer,
+    .rule = rmsnorm_rule,
+    .saved_floats = saved_rows,
+    .forward = rmsnorm_forward,
+    .backward = rmsnorm_backward,
+    .cost = rmsnorm_cost,
+    .grad_inputs = 3,
+};
+
+/* --- row-wise ops over the last dim: layernorm_plain, log_softmax ------------------------------
+ */
+
+static ms_status same_shapes_infer(const char *op, int n_in, const ms_shape *in, ms_shape *out,
+                                   ms_error *err) {
+    if (in[0].ndim < 1) return bad_shapes(err, op, "the input needs a last dim", 1, in);
+    for (int i = 1; i < n_in; i++)
+        if (!same_shape(&in[i], &in[0]))
+            return bad_shapes(err, op, "inputs must have the same shape", n_in, in);
+    out[0] = in[0];
+    return MS_OK;
+}
+/* infer of an op whose output has its inputs' (equal) shapes. */
+#define SAME_SHAPES_INFER(fn, NAME)                                                                \
+    static ms_status fn(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,         \
+                        ms_error *err) {                                                           \
+        (void)a;                                                                                   \
+        return same_shapes_infer(NAME, n_in, in, out, err);                                        \
+    }
+SAME_SHAPES_INFER(norm_plain_infer, "layernorm_plain")
+SAME_SHAPES_INFER(log_softmax_infer, "log_softmax")
+SAME_SHAPES_INFER(swiglu_infer, "swiglu")
+
+static int rowwise_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
+                        ms_rule_cand *c) {
+    (void)a, (void)n;
+    return row_cands(in[0].ndim - 1, n_in, (1u << n_in) - 1, false, c);
+}
+static ms_k_cost rowwise_cost(const ms_op_call *c, bool bw) {
+    return ms_k_rowwise_cost(rows_of(c->in[0]), last_dim(c->in[0]), bw ? 5 : 4, bw ? 4 : 2);
+}
+
+static ms_status norm_plain_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_norm_plain_forward(F(c->out[0]), F(c->saved[0]), F(c->in[0]), rows_of(c->in[0]),
+                            last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_status norm_plain_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    /* Backward reads the forward output, which the engine keeps for backward. */
+    ms_k_norm_plain_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), F(c->saved[0]),
+                             rows_of(c->in[0]), last_dim(c->in[0]));
+    return MS_OK;
+}
+const ms_op_def ms_op_layernorm_plain_def = {
+    .kind = MS_OP_LAYERNORM_PLAIN,
+    .name = "layernorm_plain",
+    .n_in = 1,
+    .n_out = 1,
+    .infer = norm_plain_infer,
+    .rule = rowwise_rule,
+    .saved_floats = saved_rows,
+    .forward = norm_plain_forward,
+    .backward = norm_plain_backward,
+    .cost = rowwise_cost,
+    .grad_inputs = 1,
+};
+
+static ms_status log_softmax_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_log_softmax_forward(F(c->out[0]), F(c->in[0]), rows_of(c->in[0]), last_dim(c->in[0]));
+    return MS_OK;
+}
+static ms_status log_softmax_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_log_softmax_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), rows_of(c->in[0]),
+                              last_dim(c->in[0]));
+    return MS_OK;
+}
+const ms_op_def ms_op_log_softmax_def = {
+    .kind = MS_OP_LOG_SOFTMAX,
+    .name = "log_softmax",
+    .n_in = 1,
+    .n_out = 1,
+    .infer = log_softmax_infer,
+    .rule = rowwise_rule,
+    .forward = log_softmax_forward,
+    .backward = log_softmax_backward,
+    .cost = rowwise_cost,
+    .grad_inputs = 1,
+};
+
+/* --- masked softmax: x [..., C], mask [..., C] (0 drops); f[0] temperature ----------------------
+ */
+
+static ms_status masked_softmax_infer(const ms_op_attrs *a, int n_in, const ms_shape *in,
+                                      ms_shape *out, ms_error *err) {
+    if (!(a->f[0] > 0.0f))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "masked_softmax: temperature f[0] = %g must be > 0 (1 for a plain softmax)",
+                       (double)a->f[0]);
+    return same_shapes_infer("masked_softmax", n_in, in, out, err);
+}
+static ms_status masked_softmax_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_masked_softmax_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), rows_of(c->in[0]),
+                                last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_status masked_softmax_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_masked_softmax_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), rows_of(c->in[0]),
+                                 last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+const ms_op_def ms_op_masked_softmax_def = {
+    .kind = MS_OP_MASKED_SOFTMAX,
+    .name = "masked_softmax",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = masked_softmax_infer,
+    .rule = rowwise_rule,
+    .forward = masked_softmax_forward,
+    .backward = masked_softmax_backward,
+    .cost = rowwise_cost,
+    .grad_inputs = 1,
+};
+
+/* --- SwiGLU: gate, up (same shapes) -> silu(gate) * up ---------------------------------------- */
+
+static int swiglu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)a, (void)n;
+    return row_cands(in[0].ndim, n_in, 3, false, c);
+}
+static ms_status swiglu_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_swiglu_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->in[0]));
+    return MS_OK;
+}
+static ms_status swiglu_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_swiglu_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
+                         N(c->in[0]));
+    return MS_OK;
+}
+static ms_k_cost swiglu_cost(const ms_op_call *c, bool bw) {
+    /* exp, add, divide, two multiplies; backward about twice that, 5 tensors */
+    return ms_k_rowwise_cost(1, N(c->in[0]), bw ? 10 : 5, bw ? 7 : 3);
+}
+const ms_op_def ms_op_swiglu_def = {
+    .kind = MS_OP_SWIGLU,
+    .name = "swiglu",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = swiglu_infer,
+    .rule = swiglu_rule,
+    .forward = swiglu_forward,
+    .backward = swiglu_backward,
+    .cost = swiglu_cost,
+    .grad_inputs = 3,
+};
+
+/* --- rotary: x [B, T, ..., D]; f[0] theta; positions are global indices along T ---------------
+ * Linear in x, so partial sums pass through; any dim but D shards (a T shard rotates by its
+ * global positions, from the box start). */
+
+static ms_status rotary_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                              ms_error *err) {
+    (void)n_in;
+    if (in[0].ndim < 3 || in[0].d[in[0].ndim - 1] % 2)
+        return bad_shapes(err, "rotary", "x must be [B, T, ..., D] with D even", 1, in);
+    if (!(a->f[0] > 1.0f))
+        return ms_fail(err, MS_ERR_INVALID, "rotary: theta f[0] = %g must be > 1 (LLaMA: 10000)",
+                       (double)a->f[0]);
+    out[0] = in[0];
+    return MS_OK;
+}
+static int rotary_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)a, (void)n;
+    int k = row_cands(in[0].ndim - 1, n_in, 1, false, c);
+    cand1(&c[k++], ms_Psum(), ms_Psum());
+    return k;
+}
+static void rotary_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
+    (void)a;
+    sizes[0] = sizes[1] = c->in[0]->shape[1] * (last_dim(c->in[0]) / 2);
+}
+static void rotary_dims(const ms_tensor *x, int64_t *b, int64_t *t, int64_t *h, int64_t *d) {
+    *b = x->shape[0], *t = x->shape[1], *d = last_dim(x);
+    int64_t btd = *b * *t * *d;
+    *h = btd > 0 ? N(x) / btd : 0;
+}
+static ms_status rotary_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    int64_t b, t, h, d;
+    rotary_dims(c->in[0], &b, &t, &h, &d);
+    ms_k_rotary_tables(F(c->saved[0]), F(c->saved[1]), t, c->in_start[0][1], d, c->attrs->f[0]);
+    ms_k_rotary_apply(F(c->out[0]), F(c->in[0]), F(c->saved[0]), F(c->saved[1]), b, t, h, d, false);
+    return MS_OK;
+}
+static ms_status rotary_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    if (!c->din[0]) return MS_OK;
+    int64_t b, t, h, d;
+    rotary_dims(c->in[0], &b, &t, &h, &d);
+    ms_k_rotary_apply(F(c->din[0]), F(c->dout[0]), F(c->saved[0]), F(c->saved[1]), b, t, h, d,
+                      true);
+    return MS_OK;
+}
+static ms_k_cost rotary_cost(const ms_op_call *c, bool bw) {
+    /* 6 flops per pair (3 per element); tables are per position, not counted */
+    return ms_k_rowwise_cost(1, N(c->in[0]), 3, bw ? 3 : 2);
+}
+const ms_op_def ms_op_rotary_def = {
+    .kind = MS_OP_ROTARY,
+    .name = "rotary",
+    .n_in = 1,
+    .n_out = 1,
+    .infer = rotary_infer,
+    .rule = rotary_rule,
+    .saved_floats = rotary_saved,
+    .forward = rotary_forward,
+    .backward = rotary_backward,
+    .cost = rotary_cost,
+    .grad_inputs = 1,
+};
+
+/* --- grouped-query attention: q [B, T, H, D] with k, v [B, T, Hkv, D] (3 inputs) or packed
+ * kv [B, T, 2, Hkv, D] (2 inputs: one projection, as GPT-2's fused qkv) -> [B, T, H, D] ----
+ * i[0] causal. Heads shard when H and Hkv both divide by the mesh dim (query head h then
+ * stays with its kv head h / (H / Hkv)); queries shard along T with the keys whole (exact:
+ * causal positions come from the box start). */
+
+static ms_status gqa_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                           ms_error *err) {
+    (void)a;
+    const ms_shape *q = &in[0], *k = &in[1];
+    bool packed = n_in == 2, ok = n_in >= 2 && q->ndim == 4;
+    int hd = packed ? 3 : 2; /* the kv head dim of k (or kv) */
+    if (ok && packed) ok = k->ndim == 5 && k->d[2] == 2;
+    if (ok && !packed) ok = k->ndim == 4 && same_shape(k, &in[2]);
+    ok = ok && k->d[0] == q->d[0] && k->d[1] == q->d[1] && k->d[hd + 1] == q->d[3] &&
+         k->d[hd] >= 1 && q->d[2] % k->d[hd] == 0;
+    if (!ok)
+        return bad_shapes(err, "gqa_attention",
+                          "q must be [B, T, H, D] with k and v [B, T, Hkv, D] (or kv "
+                          "[B, T, 2, Hkv, D]), H a multiple of Hkv",
+                          n_in, in);
+    out[0] = *q;
+    return MS_OK;
+}
+static void gqa_cand(ms_rule_cand *c, int n_in, ms_placement q, ms_placement kv, ms_placement out) {
+    c->in[0] = q, c->in[1] = kv, c->out[0] = out;
+    if (n_in == 3) c->in[2] = kv;
+}
+static int gqa_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)a;
+    int k = 0, hd = n_in == 2 ? 3 : 2;
+    gqa_cand(&c[k++], n_in, ms_R(), ms_R(), ms_R());
+    gqa_cand(&c[k++], n_in, ms_S(0), ms_S(0), ms_S(0));
+    gqa_cand(&c[k++], n_in, ms_S(1), ms_R(), ms_S(1));
+    if (in[0].d[2] % n == 0 && in[1].d[hd] % n == 0)
+        gqa_cand(&c[k++], n_in, ms_S(2), ms_S(hd), ms_S(2));
+    return k;
+}
+/* Ways the heads split over all mesh dims (from q's head dim `hdim`). */
+static int64_t head_ways(const ms_placements *pl, int hdim, const int *mesh_shape) {
+    int64_t ways = 1;
+    for (int m = 0; m < pl->n; m++)
+        if (pl->p[m].kind == MS_PL_SHARD && pl->p[m].dim == hdim) ways *= mesh_shape[m];
+    return ways;
+}
+static bool gqa_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
+                      const int *mesh_shape) {
+    (void)a;
+    int64_t w = head_ways(&pl[0], 2, mesh_shape);
+    return in[0].d[2] % w == 0 && in[1].d[n_in == 2 ? 3 : 2] % w == 0;
+}
+static ms_k_gqa gqa_shape(const ms_op_call *c) {
+    const ms_tensor *q = c->in[0], *k = c->in[1];
+    bool packed = c->n_in == 2;
+    int64_t hkv = k->shape[packed ? 3 : 2], d = q->shape[3];
+    return (ms_k_gqa){.b = q->shape[0],
+                      .tq = q->shape[1],
+                      .tk = k->shape[1],
+                      .h = q->shape[2],
+                      .hkv = hkv ? hkv : 1,
+                      .d = d,
+                      .q_stride = q->shape[2] * d,
+                      .kv_stride = (packed ? 2 : 1) * hkv * d,
+                      .out_stride = q->shape[2] * d,
+                      .q_start = c->in_start[0][1],
+                      .causal = c->attrs->i[0] != 0};
+}
+/* Where k and v (or their gradients, from t[1] and t[2]) start. */
+static void gqa_kv(const ms_op_call *c, const ms_k_gqa *g, ms_tensor *const *t, float **k,
+                   float **v) {
+    *k = F(t[1]);
+    *v = c->n_in == 3 ? F(t[2]) : *k ? *k + g->hkv * g->d : NULL;
+}
+static void gqa_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
+    (void)a;
+    ms_k_gqa g = gqa_shape(c);
+    sizes[0] = g.b * g.h * g.tq * g.tk;
+    sizes[1] = ms_k_gqa_scratch_floats(&g);
+}
+static ms_status gqa_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gqa g = gqa_shape(c);
+    float *k, *v;
+    gqa_kv(c, &g, c->in, &k, &v);
+    ms_k_gqa_forward(&g, F(c->out[0]), F(c->saved[0]), F(c->in[0]), k, v, NULL);
+    return MS_OK;
+}
+static ms_status gqa_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gqa g = gqa_shape(c);
+    float *k, *v, *dk, *dv;
+    gqa_kv(c, &g, c->in, &k, &v);
+    gqa_kv(c, &g, c->din, &dk, &dv);
+    ms_k_gqa_backward(&g, F(c->din[0]), dk, dv, F(c->saved[1]), F(c->dout[0]), F(c->in[0]), k, v,
+                      F(c->saved[0]));
+    return MS_OK;
+}
+static ms_k_cost gqa_cost(const ms_op_call *c, bool bw) {
+    ms_k_gqa g = gqa_shape(c);
+    return ms_k_gqa_cost(&g, bw);
+}
+const ms_op_def ms_op_gqa_attention_def = {
+    .kind = MS_OP_GQA_ATTENTION,
+    .name = "gqa_attention",
+    .n_in = -3,
+    .n_out = 1,
+    .infer = gqa_infer,
+    .rule = gqa_rule,
+    .valid = gqa_valid,
+    .saved_floats = gqa_saved,
+    .forward = gqa_forward,
+    .backward = gqa_backward,
+    .cost = gqa_cost,
+    .grad_inputs = 7,
+};
+
+/* --- padded attention: qkv [B, T, 3, C], mask [B, T] (0 = padding key) -> [B, T, C] ----------
+ * i[0] heads, i[1] causal; the layout of the built-in attention. The mask takes no gradient;
+ * a query with no visible key outputs zeros. */
+
+static ms_status pattn_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                             ms_error *err) {
+    const ms_shape *q = &in[0], *m = &in[1];
+    if (q->ndim != 4 || q->d[2] != 3 || m->ndim != 2 || m->d[0] != q->d[0] || m->d[1] != q->d[1])
+        return bad_shapes(err, "padded_attention", "qkv must be [B, T, 3, C] and mask [B, T]", n_in,
+                          in);
+    if (a->i[0] <= 0 || q->d[3] % a->i[0])
+        return ms_fail(err, MS_ERR_INVALID,
+                       "padded_attention: C = %lld is not divisible by %lld heads (i[0])",
+                       (long long)q->d[3], (long long)a->i[0]);
+    out[0].ndim = 3;
+    out[0].d[0] = q->d[0], out[0].d[1] = q->d[1], out[0].d[2] = q->d[3];
+    return MS_OK;
+}
+static int pattn_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)n_in;
+    int k = 0;
+    cand2(&c[k++], ms_R(), ms_R(), ms_R());
+    cand2(&c[k++], ms_S(0), ms_S(0), ms_S(0));
+    if (a->i[0] % n == 0 && in[0].d[3] % n == 0) cand2(&c[k++], ms_S(3), ms_R(), ms_S(2));
+    return k;
+}
+static bool pattn_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
+                        const int *mesh_shape) {
+    (void)n_in;
+    int64_t w = head_ways(&pl[0], 3, mesh_shape);
+    return a->i[0] % w == 0 && in[0].d[3] % w == 0;
+}
+static ms_k_gqa pattn_shape(const ms_op_call *c) {
+    const ms_tensor *q = c->in[0];
+    int64_t hs = c->gin[0].d[3] / c->attrs->i[0], cl = q->shape[3];
+    int64_t nh = cl / hs;
+    return (ms_k_gqa){.b = q->shape[0],
+                      .tq = q->shape[1],
+                      .tk = q->shape[1],
+                      .h = nh,
+                      .hkv = nh ? nh : 1,
+                      .d = hs,
+                      .q_stride = 3 * cl,
+                      .kv_stride = 3 * cl,
+                      .out_stride = cl,
+                      .causal = c->attrs->i[1] != 0};
+}
+static void pattn_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
+    (void)a;
+    ms_k_gqa g = pattn_shape(c);
+    sizes[0] = g.b * g.h * g.tq * g.tk;
+    sizes[1] = ms_k_gqa_scratch_floats(&g);
+}
+static ms_status pattn_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gqa g = pattn_shape(c);
+    const float *q = F(c->in[0]);
+    int64_t cl = c->in[0]->shape[3];
+    ms_k_gqa_forward(&g, F(c->out[0]), F(c->saved[0]), q, q + cl, q + 2 * cl, F(c->in[1]));
+    return MS_OK;
+}
+static ms_status pattn_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    if (!c->din[0]) return MS_OK;
+    ms_k_gqa g = pattn_shape(c);
+    const float *q = F(c->in[0]);
+    float *dq = F(c->din[0]);
+    int64_t cl = c->in[0]->shape[3];
+    ms_k_gqa_backward(&g, dq, dq + cl, dq + 2 * cl, F(c->saved[1]), F(c->dout[0]), q, q + cl,
+                      q + 2 * cl, F(c->saved[0]));
+    return MS_OK;
+}
+static ms_k_cost pattn_cost(const ms_op_call *c, bool bw) {
+    ms_k_gqa g = pattn_shape(c);
+    return ms_k_gqa_cost(&g, bw);
+}
+const ms_op_def ms_op_padded_attention_def = {
+    .kind = MS_OP_PADDED_ATTENTION,
+    .name = "padded_attention",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = pattn_infer,
+    .rule = pattn_rule,
+    .valid = pattn_valid,
+    .saved_floats = pattn_saved,
+    .forward = pattn_forward,
+    .backward = pattn_backward,
+    .cost = pattn_cost,
+    .grad_inputs = 1,
+};
+
+/* --- linear: x [..., K...], W [N..., K...], optional bias [N...] -> x W^T + b [..., N...] ---
+ * i[0] the number of contracted (K) dims, 0 meaning 1. Several N dims let a projection
+ * produce heads directly (W [H, D, C]: x [B, T, C] -> [B, T, H, D]) and several K dims let
+ * one consume them (W [C, H, D]), so tensor parallelism needs no reshape around attention.
+ * Megatron's rules: W sharded on an N dim (column parallel) -> that output dim; x and W
+ * sharded on the same K dim (row parallel) -> P(sum), the bias then partial too so that it
+ * is added once in the sum. */
+
+static int linear_kdims(const ms_op_attrs *a) {
+    return a->i[0] > 0 ? (int)a->i[0] : 1;
+}
+static ms_status linear_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                              ms_error *err) {
+    const ms_shape *x = &in[0], *w = &in[1];
+    int kc = linear_kdims(a), lead = x->ndim - kc, nn = w->ndim - kc;
+    bool ok = n_in >= 2 && lead >= 0 && nn >= 1 && lead + nn <= MS_MAX_DIMS;
+    for (int j = 0; ok && j < kc; j++) ok = x->d[lead + j] == w->d[nn + j];
+    if (ok && n_in == 3) ok = in[2].ndim == nn;
+    for (int j = 0; ok && n_in == 3 && j < nn; j++) ok = in[2].d[j] == w->d[j];
+    if (!ok)
+        return bad_shapes(err, "linear",
+                          "x must be [..., K...], W [N..., K...] with i[0] K dims (default 1) "
+                          "and the optional bias [N...]",
+                          n_in, in);
+    out->ndim = lead + nn;
+    for (int d = 0; d < lead; d++) out->d[d] = x->d[d];
+    for (int j = 0; j < nn; j++) out->d[lead + j] = w->d[j];
+    return MS_OK;
+}
+static void linear_cand(ms_rule_cand *c, int n_in, ms_placement x, ms_placement w, ms_placement b,
+                        ms_placement out) {
+    c->in[0] = x, c->in[1] = w, c->out[0] = out;
+    if (n_in == 3) c->in[2] = b;
+}
+static int linear_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)n;
+    int kc = linear_kdims(a), lead = in[0].ndim - kc, nn = in[1].ndim - kc;
+    int k = row_cands(lead, n_in, 1, false, c);
+    for (int j = 0; j < nn; j++)
+        linear_cand(&c[k++], n_in, ms_R(), ms_S(j), ms_S(j), ms_S(lead + j));
+    for (int j = 0; j < kc; j++)
+        linear_cand(&c[k++], n_in, ms_S(lead + j), ms_S(nn + j), ms_Psum(), ms_Psum());
+    linear_cand(&c[k++], n_in, ms_Psum(), ms_R(), ms_Psum(), ms_Psum());
+    linear_cand(&c[k++], n_in, ms_R(), ms_Psum(), ms_Psum(), ms_Psum());
+    return k;
+}
+/* The local product, every dim flattened: [M, K] x [N, K]^T (K may be 0 on an empty shard). */
+static ms_k_gemm linear_gemm(const ms_op_call *c) {
+    const ms_tensor *x = c->in[0], *w = c->in[1];
+    int kc = linear_kdims(c->attrs), lead = x->ndim - kc;
+    ms_k_gemm g = {.batch = 1, .m = 1, .n = 1, .k = 1, .trans_b = true, .bcast_b = true};
+    for (int d = 0; d < x->ndim; d++) *(d < lead ? &g.m : &g.k) *= x->shape[d];
+    for (int d = 0; d < w->ndim - kc; d++) g.n *= w->shape[d];
+    return g;
+}
+static ms_status linear_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gemm g = linear_gemm(c);
+    float *y = F(c->out[0]);
+    if (g.k == 0)
+        memset(y, 0, sizeof(float) * (size_t)N(c->out[0]));
+    else
+        ms_k_matmul_forward(&g, y, F(c->in[0]), F(c->in[1]), 1.0f, 0.0f);
+    if (c->n_in == 3) ms_k_bias_add_forward(y, y, F(c->in[2]), g.m, g.n);
+    return MS_OK;
+}
+static ms_status linear_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gemm g = linear_gemm(c);
+    if (g.k > 0 && (c->din[0] || c->din[1]))
+        ms_k_matmul_backward(&g, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]),
+                             F(c->in[1]), 1.0f, true);
+    if (c->n_in == 3 && c->din[2])
+        ms_k_bias_add_backward(NULL, F(c->din[2]), F(c->dout[0]), g.m, g.n);
+    return MS_OK;
+}
+static ms_k_cost linear_cost(const ms_op_call *c, bool bw) {
+    ms_k_gemm g = linear_gemm(c);
+    ms_k_cost k = ms_k_matmul_cost(&g, bw, false, true, true);
+    if (c->n_in == 3) {
+        ms_k_cost b = ms_k_elementwise_cost(MS_K_BIAS_ADD, g.m * g.n, g.n, bw);
+        k.flops += b.flops, k.bytes += b.bytes;
+    }
+    return k;
+}
+const ms_op_def ms_op_linear_def = {
+    .kind = MS_OP_LINEAR,
+    .name = "linear",
+    .n_in = -3,
+    .n_out = 1,
+    .infer = linear_infer,
+    .rule = linear_rule,
+    .forward = linear_forward,
+    .backward = linear_backward,
+    .cost = linear_cost,
+    .grad_inputs = 7,
+};
+
+/* --- bmm: a [..., M, K] @ b [..., K, N], batch dims broadcast (right-aligned, size 1 or
+ * missing dims broadcast) -> [batch..., M, N] ------------------------------------------------- */
+
+static ms_status bmm_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                           ms_error *err) {
+    (void)a;
+    const ms_shape *A = &in[0], *B = &in[1];
+    bool ok = A->ndim >= 2 && B->ndim >= 2 && A->d[A->ndim - 1] == B->d[B->ndim - 2];
+    int nba = ok ? A->ndim - 2 : 0, nbb = ok ? B->ndim - 2 : 0, nb = nba > nbb ? nba : nbb;
+    out->ndim = nb + 2;
+    for (int d = 0; ok && d < nb; d++) {
+        int da = d - (nb - nba), db = d - (nb - nbb);
+        int64_t x = da >= 0 ? A->d[da] : 1, y = db >= 0 ? B->d[db] : 1;
+        ok = x == y || x == 1 || y == 1;
+        out->d[d] = x == 1 ? y : x;
+    }
+    if (!ok)
+        return bad_shapes(err, "bmm",
+                          "a must be [..., M, K] and b [..., K, N] with broadcastable batch dims",
+                          n_in, in);
+    out->d[nb] = A->d[A->ndim - 2], out->d[nb + 1] = B->d[B->ndim - 1];
+    return MS_OK;
+}
+static int bmm_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)n_in, (void)n;
+    const ms_shape *A = &in[0], *B = &in[1];
+    ms_shape o;
+    bmm_infer(a, 2, in, &o, NULL);
+    int nb = o.ndim - 2, k = 0;
+    cand2(&c[k++], ms_R(), ms_R(), ms_R());
+    for (int d = 0; d < nb; d++) {
+        int da = d - (nb - (A->ndim - 2)), db = d - (nb - (B->ndim - 2));
+        /* An operand shards a batch dim it has at full size; one that broadcasts it stays R. */
+        bool ha = da >= 0 && A->d[da] == o.d[d], hb = db >= 0 && B->d[db] == o.d[d];
+        bool ra = da < 0 || A->d[da] == 1, rb = db < 0 || B->d[db] == 1;
+        if ((ha || ra) && (hb || rb) && (ha || hb))
+            cand2(&c[k++], ha ? ms_S(da) : ms_R(), hb ? ms_S(db) : ms_R(), ms_S(d));
+    }
+    cand2(&c[k++], ms_S(A->ndim - 2), ms_R(), ms_S(nb));
+    cand2(&c[k++], ms_R(), ms_S(B->ndim - 1), ms_S(nb + 1));
+    cand2(&c[k++], ms_S(A->ndim - 1), ms_S(B->ndim - 2), ms_Psum());
+    cand2(&c[k++], ms_Psum(), ms_R(), ms_Psum());
+    cand2(&c[k++], ms_R(), ms_Psum(), ms_Psum());
+    return k;
+}
+/* The local problem: output batch dims and each operand's item strides (0 = broadcast). */
+static ms_k_bmm bmm_shape(const ms_op_call *c) {
+    const ms_tensor *A = c->in[0], *B = c->in[1], *O = c->out[0];
+    ms_k_bmm g = {.nb = O->ndim - 2};
+    g.m = A->shape[A->ndim - 2], g.k = A->shape[A->ndim - 1], g.n = B->shape[B->ndim - 1];
+    int64_t sa = 1, sb = 1;
+    for (int d = g.nb - 1; d >= 0; d--) {
+        int da = d - (g.nb - (A->ndim - 2)), db = d - (g.nb - (B->ndim - 2));
+        int64_t xa = da >= 0 ? A->shape[da] : 1, xb = db >= 0 ? B->shape[db] : 1;
+        g.shape[d] = O->shape[d];
+        g.a_stride[d] = xa == 1 ? 0 : sa;
+        g.b_stride[d] = xb == 1 ? 0 : sb;
+        sa *= xa, sb *= xb;
+    }
+    return g;
+}
+static ms_status bmm_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_bmm g = bmm_shape(c);
+    ms_k_bmm_forward(&g, F(c->out[0]), F(c->in[0]), F(c->in[1]));
+    return MS_OK;
+}
+static ms_status bmm_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_bmm g = bmm_shape(c);
+    ms_k_bmm_backward(&g, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]));
+    return MS_OK;
+}
+static ms_k_cost bmm_cost(const ms_op_call *c, bool bw) {
+    ms_k_bmm g = bmm_shape(c);
+    return ms_k_bmm_cost(&g, bw);
+}
+const ms_op_def ms_op_bmm_def = {
+    .kind = MS_OP_BMM,
+    .name = "bmm",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = bmm_infer,
+    .rule = bmm_rule,
+    .forward = bmm_forward,
+    .backward = bmm_backward,
+    .cost = bmm_cost,
+    .grad_inputs = 3,
+};
+
+/* --- NLL: log-probs [..., V], targets [...] -> losses [...]; targets < 0 ignored -----------------
+ * Picking one entry is linear: a vocab shard gives a partial sum (0 off the slice). */
+
+static ms_status targets_infer(const char *op, int n_in, const ms_shape *in, ms_shape *out,
+                               ms_error *err) {
+    bool ok = in[0].ndim >= 1 && in[1].ndim == in[0].ndim - 1;
+    for (int d = 0; ok && d < in[1].ndim; d++) ok = in[0].d[d] == in[1].d[d];
+    if (!ok)
+        return bad_shapes(err, op, "targets must be the input's shape without the class dim", n_in,
+                          in);
+    out[0] = in[1];
+    return MS_OK;
+}
+static ms_status nll_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                           ms_error *err) {
+    (void)a;
+    return targets_infer("nll_loss", n_in, in, out, err);
+}
+static int nll_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)a, (void)n;
+    int nd = in[1].ndim, k = row_cands(nd, n_in, 3, false, c);
+    cand2(&c[k++], ms_S(nd), ms_R(), ms_Psum());
+    cand2(&c[k++], ms_Psum(), ms_R(), ms_Psum());
+    return k;
+}
+static void saved_targets(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
+    (void)a;
+    sizes[0] = sizes[1] = N(c->in[1]);
+}
+static ms_status nll_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    const ms_tensor *lp = c->in[0];
+    int32_t *tg = (int32_t *)F(c->saved[0]);
+    ms_op_ids_from_floats(tg, F(c->in[1]), N(c->in[1]));
+    ms_k_nll_forward(F(c->out[0]), F(lp), tg, N(c->in[1]), last_dim(lp),
+                     c->in_start[0][lp->ndim - 1]);
+    return MS_OK;
+}
+static ms_status nll_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    const ms_tensor *lp = c->in[0];
+    if (c->din[0])
+        ms_k_nll_backward(F(c->din[0]), F(c->dout[0]), (const int32_t *)F(c->saved[0]), N(c->in[1]),
+                          last_dim(lp), c->in_start[0][lp->ndim - 1]);
+    return MS_OK;
+}
+static ms_k_cost nll_cost(const ms_op_call *c, bool bw) {
+    /* a gather (forward) or scatter (backward): a target, a value and a loss per row */
+    (void)bw;
+    return ms_k_rowwise_cost(1, N(c->in[1]), 1, 3);
+}
+const ms_op_def ms_op_nll_loss_def = {
+    .kind = MS_OP_NLL_LOSS,
+    .name = "nll_loss",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = nll_infer,
+    .rule = nll_rule,
+    .saved_floats = saved_targets,
+    .forward = nll_forward,
+    .backward = nll_backward,
+    .cost = nll_cost,
+    .grad_inputs = 1,
+};
+
+/* --- pointwise losses: a, b (same shapes) -> scalar mean of loss(a - b) -------------------------
+ * mse_loss, l1_loss, huber_loss (f[0] delta). The mean divides by the GLOBAL count, so the
+ * shards' results are partial sums of the mean. */
+
+static ms_status loss_infer(const char *op, int n_in, const ms_shape *in, ms_shape *out,
+                            ms_error *err) {
+    if (!same_shape(&in[0], &in[1]))
+        return bad_shapes(err, op, "both inputs must have the same shape", n_in, in);
+    out[0].ndim = 0;
+    return MS_OK;
+}
+static ms_status mse_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                           ms_error *err) {
+    (void)a;
+    return loss_infer("mse_loss", n_in, in, out, err);
+}
+static ms_status l1_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                          ms_error *err) {
+    (void)a;
+    return loss_infer("l1_loss", n_in, in, out, err);
+}
+static ms_status huber_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                             ms_error *err) {
+    if (!(a->f[0] > 0.0f))
+        return ms_fail(err, MS_ERR_INVALID, "huber_loss: delta f[0] = %g must be > 0 (1 is usual)",
+                       (double)a->f[0]);
+    return loss_infer("huber_loss", n_in, in, out, err);
+}
+static int loss_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)a, (void)n;
+    return row_cands(in[0].ndim, n_in, 3, true, c);
+}
+static float loss_scale(const ms_op_call *c) {
+    int64_t cnt = shape_numel(&c->gin[0]);
+    return cnt ? 1.0f / (float)cnt : 0.0f;
+}
+static void loss_fwd(ms_op_call *c, ms_k_loss kind) {
+    double s = ms_k_pointwise_loss_sum(kind, F(c->in[0]), F(c->in[1]), N(c->in[0]), c->attrs->f[0]);
+    F(c->out[0])[0] = (float)(s * loss_scale(c));
+}
+static void loss_bwd(ms_op_call *c, ms_k_loss kind) {
+    ms_k_pointwise_loss_backward(kind, F(c->din[0]), F(c->din[1]), F(c->in[0]), F(c->in[1]),
+                                 N(c->in[0]), c->attrs->f[0], F(c->dout[0])[0] * loss_scale(c));
+}
+static ms_k_cost loss_cost(const ms_op_call *c, bool bw) {
+    return ms_k_rowwise_cost(1, N(c->in[0]), bw ? 4 : 3, bw ? 6 : 2);
+}
+#define POINTWISE_LOSS(fn, KIND, NAME, INFER)                                                      \
+    static ms_status fn##_forward(ms_op_call *c, ms_error *e) {                                    \
+        (void)e;                                                                                   \
+        loss_fwd(c, KIND);                                                                         \
+        return MS_OK;                                                                              \
+    }                                                                                              \
+    static ms_status fn##_backward(ms_op_call *c, ms_error *e) {                                   \
+        (void)e;                                                                                   \
+        loss_bwd(c, KIND);                                                                         \
+        return MS_OK;                                                                              \
+    }                                                                                              \
+    const ms_op_def ms_op_##fn##_def = {                                                           \
+        .kind = MS_OP_##NAME,                                                                      \
+        .name = #fn,                                                                               \
+        .n_in = 2,                                                                                 \
+        .n_out = 1,                                                                                \
+        .infer = INFER,                                                                            \
+        .rule = loss_rule,                                                                         \
+        .forward = fn##_forward,                                                                   \
+        .backward = fn##_backward,                                                                 \
+        .cost = loss_cost,                                                                         \
+        .grad_inputs = 3,                                                                          \
+    };
+POINTWISE_LOSS(mse_loss, MS_K_LOSS_MSE, MSE_LOSS, mse_infer)
+POINTWISE_LOSS(l1_loss, MS_K_LOSS_L1, L1_LOSS, l1_infer)
+POINTWISE_LOSS(huber_loss, MS_K_LOSS_HUBER, HUBER_LOSS, huber_infer)
+
+/* --- cross-entropy with label smoothing: logits [..., V], targets [...] -> losses [...] -------
+ * f[0] smoothing in [0, 1). Rows shard; the vocab does not (see cross_entropy for that). */
+
+static ms_status xent_smooth_infer(const ms_op_attrs *a, int n_in, const ms_shape *in,
+                                   ms_shape *out, ms_error *err) {
+    if (!(a->f[0] >= 0.0f && a->f[0] < 1.0f))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "cross_entropy_smooth: smoothing f[0] = %g must be in [0, 1)",
+                       (double)a->f[0]);
+    return targets_infer("cross_entropy_smooth", n_in, in, out, err);
+}
+static int xent_smooth_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
+                            ms_rule_cand *c) {
+    (void)a, (void)n;
+    return row_cands(in[1].ndim, n_in, 3, false, c);
+}
+static ms_status xent_smooth_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    int32_t *tg = (int32_t *)F(c->saved[0]);
+    int64_t rows = N(c->in[1]), v = last_dim(c->in[0]);
+    ms_op_ids_from_floats(tg, F(c->in[1]), rows);
+    ms_k_xent_check_targets(tg, rows, v);
+    ms_k_xent_smooth_forward(F(c->out[0]), F(c->saved[1]), F(c->in[0]), tg, rows, v,
+                             c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_status xent_smooth_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    if (c->din[0])
+        ms_k_xent_smooth_backward(F(c->din[0]), F(c->in[0]), F(c->saved[1]),
+                                  (const int32_t *)F(c->saved[0]), F(c->dout[0]), N(c->in[1]),
+                                  last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_k_cost xent_smooth_cost(const ms_op_call *c, bool bw) {
+    return ms_k_xent_cost(N(c->in[1]), last_dim(c->in[0]), bw);
+}
+const ms_op_def ms_op_xent_smooth_def = {
+    .kind = MS_OP_XENT_SMOOTH,
+    .name = "cross_entropy_smooth",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = xent_smooth_infer,
+    .rule = xent_smooth_rule,
+    .saved_floats = saved_targets,
+    .forward = xent_smooth_forward,
+    .backward = xent_smooth_backward,
+    .cost = xent_smooth_cost,
+    .grad_inputs = 1,
+};
+
+/* --- cosine similarity over the last dim: a, b [..., C] -> [...]; f[0] eps ------------------- */
+
+static ms_status cosine_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                              ms_error *err) {
+    if (!(a->f[0] > 0.0f))
+        return ms_fail(err, MS_ERR_INVALID, "cosine_similarity: eps f[0] = %g must be > 0 (1e-8)",
+                       (double)a->f[0]);
+    if (!same_shape(&in[0], &in[1]) || in[0].ndim < 1)
+        return bad_shapes(err, "cosine_similarity", "a and b must have the same shape [..., C]",
+                          n_in, in);
+    out[0] = in[0];
+    out[0].ndim--;
+    return MS_OK;
+}
+static ms_status cosine_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_cosine_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), rows_of(c->in[0]),
+                        last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_status cosine_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_cosine_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
+                         rows_of(c->in[0]), last_dim(c->in[0]), c->attrs->f[0]);
+    return MS_OK;
+}
+static ms_k_cost cosine_cost(const ms_op_call *c, bool bw) {
+    return ms_k_rowwise_cost(1, N(c->in[0]), bw ? 12 : 6, bw ? 6 : 2);
+}
+const ms_op_def ms_op_cosine_similarity_def = {
+    .kind = MS_OP_COSINE_SIMILARITY,
+    .name = "cosine_similarity",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = cosine_infer,
+    .rule = rowwise_rule,
+    .forward = cosine_forward,
+    .backward = cosine_backward,
+    .cost = cosine_cost,
+    .grad_inputs = 3,
+};
