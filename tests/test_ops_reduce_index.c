@@ -81,13 +81,15 @@ static void eval_open(op_eval *e, int op, const ms_op_attrs *a, int n_in, const 
         fail_msg("%s: forward: %s", e->def->name, err.msg);
 }
 
-/* Backward with dout = 1 for output 0 (0 for others), din from zero. */
-static float *eval_grad(op_eval *e, int input) {
+/* Backward with dout = 1 (ramp: 1, 2, 3, ...) for output 0 and 0 for others, din from zero;
+ * the other inputs' gradients are not wanted. */
+static float *eval_grad_with(op_eval *e, int input, bool ramp) {
     ms_error err = {0};
     for (int o = 0; o < e->n_out; o++) {
         ms_tensor_alloc(dev, MS_F32, e->gout[o].ndim, e->gout[o].d, &e->dout[o], &err);
         float *g = ms_tensor_f32(&e->dout[o]);
-        for (int64_t k = 0; k < numel(&e->gout[o]); k++) g[k] = o == 0 ? 1.0f : 0.0f;
+        for (int64_t k = 0; k < numel(&e->gout[o]); k++)
+            g[k] = o == 0 ? (ramp ? 1.0f + (float)k : 1.0f) : 0.0f;
         e->call.dout[o] = &e->dout[o];
     }
     ms_tensor_alloc(dev, MS_F32, e->gin[input].ndim, e->gin[input].d, &e->din[input], &err);
@@ -96,6 +98,10 @@ static float *eval_grad(op_eval *e, int input) {
     if (e->def->backward(&e->call, &err) != MS_OK)
         fail_msg("%s: backward: %s", e->def->name, err.msg);
     return ms_tensor_f32(&e->din[input]);
+}
+
+static float *eval_grad(op_eval *e, int input) {
+    return eval_grad_with(e, input, false);
 }
 
 static void eval_close(op_eval *e) {
@@ -517,6 +523,11 @@ static void stack_fill_one_hot_match_reference(void **state) {
         for (int j = 0; j < 2; j++)
             for (int c = 0; c < 3; c++) want[(r * 2 + j) * 3 + c] = (j ? b : a)[r * 3 + c];
     expect_close("stack", ms_tensor_f32(&e.out[0]), want, 12);
+    /* Only b wants a gradient: it gets its own slots of a ramp dout. */
+    float *g = eval_grad_with(&e, 1, true);
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 3; c++) want[r * 3 + c] = (r * 2 + 1) * 3 + c + 1;
+    expect_close("stack backward", g, want, 6);
     eval_close(&e);
 
     float *mf_in[2] = {a, mask};
@@ -524,7 +535,7 @@ static void stack_fill_one_hot_match_reference(void **state) {
     eval_open(&e, MS_OP_MASKED_FILL, &mf, 2, st_s, mf_in);
     for (int k = 0; k < 6; k++) want[k] = mask[k] != 0 ? -1e9 : a[k];
     expect_close("masked_fill", ms_tensor_f32(&e.out[0]), want, 6);
-    float *g = eval_grad(&e, 0);
+    g = eval_grad(&e, 0);
     for (int k = 0; k < 6; k++) want[k] = mask[k] != 0 ? 0 : 1;
     expect_close("masked_fill backward", g, want, 6);
     eval_close(&e);

@@ -83,6 +83,15 @@ void ms_k_scatter_add(float *x, const float *src, const float *ids, const ms_k_g
             }
 }
 
+void ms_k_unstack_add(float *dinp, const float *dout, int64_t o, int n, int p, int64_t i) {
+    for (int64_t a = 0; a < o; a++) {
+        const float *src = dout + (a * n + p) * i;
+        float *dst = dinp + a * i;
+#pragma omp simd
+        for (int64_t j = 0; j < i; j++) dst[j] += src[j];
+    }
+}
+
 /* Running sum or product along the middle dim of [O, D, I], accumulated in double. */
 static void scan(float *out, const float *inp, int64_t o, int64_t d, int64_t i, bool product) {
     for (int64_t a = 0; a < o; a++)

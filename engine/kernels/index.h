@@ -49,6 +49,9 @@ void ms_k_gather(float *out, const float *x, const float *ids, const ms_k_gather
                  bool accumulate);
 void ms_k_scatter_add(float *x, const float *src, const float *ids, const ms_k_gather_dims *g);
 
+/* Part p of n stacked [O, I] tensors: dinp[a, j] += dout[a, p, j] (dout is [O, n, I]). */
+void ms_k_unstack_add(float *dinp, const float *dout, int64_t o, int n, int p, int64_t i);
+
 /* Inclusive cumulative sum / product along the middle dim of [O, D, I], and their backward
  * (cumprod's without division, so zeros are exact). */
 void ms_k_cumsum_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i);

@@ -437,14 +437,10 @@ static ms_status stack_forward(ms_op_call *c, ms_error *e) {
 }
 static ms_status stack_backward(ms_op_call *c, ms_error *e) {
     (void)e;
-    int64_t o, i, sizes[MS_OP_MAX_IN];
-    float *parts[MS_OP_MAX_IN];
+    int64_t o, i;
     stack_dims(c, &o, &i);
-    for (int p = 0; p < c->n_in; p++) {
-        if (!c->din[p]) return MS_OK; /* ms_k_split writes every part */
-        sizes[p] = 1, parts[p] = F(c->din[p]);
-    }
-    ms_k_split(parts, F(c->dout[0]), sizes, c->n_in, o, i, true);
+    for (int p = 0; p < c->n_in; p++)
+        if (c->din[p]) ms_k_unstack_add(F(c->din[p]), F(c->dout[0]), o, c->n_in, p, i);
     return MS_OK;
 }
 const ms_op_def ms_op_stack_def = {
