@@ -365,7 +365,7 @@ static int unsqueeze_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, in
 }
 static ms_status same_memory_forward(ms_op_call *c, ms_error *e) {
     (void)e;
-    memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
+    if (N(c->in[0])) memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
     return MS_OK;
 }
 static ms_status same_memory_backward(ms_op_call *c, ms_error *e) {
@@ -737,7 +737,7 @@ static int scatter_add_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, 
 static ms_status scatter_add_forward(ms_op_call *c, ms_error *e) {
     (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], false);
-    memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
+    if (N(c->in[0])) memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
     ms_k_scatter_add(F(c->out[0]), F(c->in[2]), F(c->in[1]), &g);
     return MS_OK;
 }
@@ -883,7 +883,7 @@ static void sort_run(ms_op_call *c, bool descending) {
     int64_t cols = last_dim(c->in[0]), k = last_dim(c->out[0]);
     int64_t rows = cols ? N(c->in[0]) / cols : 0;
     ms_k_sort_rows(F(c->out[0]), F(c->out[1]), F(c->in[0]), rows, cols, k, descending);
-    memcpy(F(c->saved[0]), F(c->out[1]), sizeof(float) * (size_t)N(c->out[1]));
+    if (N(c->out[1])) memcpy(F(c->saved[0]), F(c->out[1]), sizeof(float) * (size_t)N(c->out[1]));
 }
 static ms_status topk_forward(ms_op_call *c, ms_error *e) {
     (void)e;

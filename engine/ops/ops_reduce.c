@@ -150,7 +150,7 @@ static ms_status rd_forward(rd_kind k, ms_op_call *c) {
         case RD_MAX:
         case RD_MIN:
             ms_k_rmax_forward(y, F(c->saved[0]), x, &g, k == RD_MAX ? 1 : -1);
-            memcpy(F(c->saved[1]), y, sizeof(float) * (size_t)g.n_out);
+            if (g.n_out) memcpy(F(c->saved[1]), y, sizeof(float) * (size_t)g.n_out);
             break;
         case RD_ARGMAX:
         case RD_ARGMIN:
@@ -209,8 +209,8 @@ static ms_status rd_max_backward(rd_kind k, ms_op_call *c, const ms_k_rgeom *g, 
         return MS_OK;
     }
     int64_t n = g->n_out;
-    float *best = F(c->saved[2]), *key = best + n;
-    memcpy(best, val, sizeof(float) * (size_t)n);
+    float *best = F(c->saved[2]), *key = n ? best + n : NULL;
+    if (n) memcpy(best, val, sizeof(float) * (size_t)n);
     MS_CHECK(rd_all_reduce(c, mask, best, n, k == RD_MAX ? MS_REDUCE_MAX : MS_REDUCE_MIN, e));
     for (int64_t o = 0; o < n; o++)
         key[o] = pos[o] >= 0 && (val[o] == best[o] || (isnan(val[o]) && isnan(best[o])))
