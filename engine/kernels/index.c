@@ -24,34 +24,66 @@ int64_t ms_k_view_numel(const ms_k_view *v) {
     return n;
 }
 
-/* Input offset of output element `flat`, or -1 when it falls in padding. */
-static int64_t view_source(const ms_k_view *v, int64_t flat) {
+/* The input offset that output dim k contributes at coordinate o, or -1 in padding. */
+static inline int64_t dim_source(const ms_k_view *v, int k, int64_t o) {
+    int64_t c = o - v->lo[k];
+    if (c < 0 || c >= v->ext[k]) return -1;
+    if (v->flip[k]) c = v->ext[k] - 1 - c;
+    if (v->mod[k] > 0) c = (c + v->shift[k]) % v->mod[k];
+    return (c + v->start[k]) * v->istride[k];
+}
+
+/* The input offset of output row `row` (every dim but the last), or -1 in padding. */
+static int64_t row_source(const ms_k_view *v, int64_t row) {
     int64_t off = 0;
-    for (int k = v->ndim - 1; k >= 0; k--) {
-        int64_t c = flat % v->oshape[k] - v->lo[k];
-        flat /= v->oshape[k];
-        if (c < 0 || c >= v->ext[k]) return -1;
-        if (v->flip[k]) c = v->ext[k] - 1 - c;
-        if (v->mod[k] > 0) c = (c + v->shift[k]) % v->mod[k];
-        off += (c + v->start[k]) * v->istride[k];
+    for (int k = v->ndim - 2; k >= 0; k--) {
+        int64_t s = dim_source(v, k, row % v->oshape[k]);
+        row /= v->oshape[k];
+        if (s < 0) return -1;
+        off += s;
     }
     return off;
 }
 
-void ms_k_view_forward(float *out, const float *inp, const ms_k_view *v, float fill) {
-    int64_t n = ms_k_view_numel(v);
-    for (int64_t o = 0; o < n; o++) {
-        int64_t s = view_source(v, o);
-        out[o] = s < 0 ? fill : inp[s];
+/* Forward: out = source or fill. Backward (dinp != NULL): dinp[source] += dout. The outer
+ * dims are resolved once per row, so the last dim costs no division. */
+static void view_walk(const ms_k_view *v, float *out, const float *inp, float fill, float *dinp) {
+    if (v->ndim == 0) {
+        if (dinp)
+            dinp[0] += inp[0];
+        else
+            out[0] = inp[0];
+        return;
+    }
+    int last = v->ndim - 1;
+    int64_t cols = v->oshape[last], n = ms_k_view_numel(v);
+    bool plain = !v->lo[last] && v->ext[last] == cols && !v->flip[last] && !v->mod[last];
+    for (int64_t row = 0; cols > 0 && row < n / cols; row++) {
+        int64_t base = row_source(v, row);
+        if (plain && base >= 0) { /* a strided run: no per-element mapping */
+            const int64_t st = v->istride[last], b = base + v->start[last] * st;
+            if (dinp)
+                for (int64_t j = 0; j < cols; j++) dinp[b + j * st] += inp[row * cols + j];
+            else
+                for (int64_t j = 0; j < cols; j++) out[row * cols + j] = inp[b + j * st];
+            continue;
+        }
+        for (int64_t j = 0; j < cols; j++) {
+            int64_t s = base < 0 ? -1 : dim_source(v, last, j);
+            if (dinp && s >= 0)
+                dinp[base + s] += inp[row * cols + j];
+            else if (!dinp)
+                out[row * cols + j] = s < 0 ? fill : inp[base + s];
+        }
     }
 }
 
+void ms_k_view_forward(float *out, const float *inp, const ms_k_view *v, float fill) {
+    view_walk(v, out, inp, fill, NULL);
+}
+
 void ms_k_view_backward(float *dinp, const float *dout, const ms_k_view *v) {
-    int64_t n = ms_k_view_numel(v);
-    for (int64_t o = 0; o < n; o++) {
-        int64_t s = view_source(v, o);
-        if (s >= 0) dinp[s] += dout[o];
-    }
+    view_walk(v, NULL, dout, 0.0f, dinp);
 }
 
 /* Local row of the id at (a, l, j), or -1 when another rank holds it. */

@@ -1,12 +1,17 @@
 /* reduce_ext.c - reductions over a set of dims (see reduce_ext.h).
  *
  * Each output element walks its reduced positions in row-major order, so the tie rule
- * ("first winner") and the summation order are the same whatever the memory layout.
+ * ("first winner") and the summation order are the same whatever the memory layout. When
+ * the reduced dims are adjacent, sum and max walk the input in memory order instead, with
+ * one accumulator per output: the same order per output, without index arithmetic.
  */
 #include "engine/kernels/reduce_ext.h"
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
+
+#include "engine/core/xalloc.h"
 
 void ms_k_rgeom_init(ms_k_rgeom *g, int ndim, const int64_t *shape, uint32_t mask) {
     int64_t stride = 1, st[MS_K_RED_MAX_DIMS];
@@ -22,9 +27,19 @@ void ms_k_rgeom_init(ms_k_rgeom *g, int ndim, const int64_t *shape, uint32_t mas
             g->n_out *= shape[d];
         }
     }
+    int first = ndim, last = -1;
+    for (int d = 0; d < ndim; d++)
+        if (mask >> d & 1) first = first < d ? first : d, last = d;
+    g->block = last >= 0 && last - first + 1 == g->nr;
+    g->bo = g->bi = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (d < first) g->bo *= shape[d];
+        if (d > last) g->bi *= shape[d];
+    }
 }
 
 static int64_t offset_of(int64_t flat, int n, const int64_t *shape, const int64_t *stride) {
+    if (n == 1) return flat * stride[0]; /* one dim: no division (the common case) */
     int64_t off = 0;
     for (int d = n - 1; d >= 0; d--) {
         off += (flat % shape[d]) * stride[d];
@@ -41,7 +56,35 @@ int64_t ms_k_rgeom_roff(const ms_k_rgeom *g, int64_t r) {
     return offset_of(r, g->nr, g->rshape, g->rstride);
 }
 
+/* Sum of a [bo, n_red, bi] block with bi double accumulators, in memory order. */
+static void block_sum(float *out, const float *inp, const ms_k_rgeom *g, float scale) {
+    if (g->bi == 1) { /* trailing dims: one contiguous row per output */
+        for (int64_t a = 0; a < g->bo; a++) {
+            const float *x = inp + a * g->n_red;
+            double acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t r = 0; r < g->n_red; r++) acc += x[r];
+            out[a] = (float)(acc * scale);
+        }
+        return;
+    }
+    double *acc = xmalloc(sizeof *acc * (size_t)(g->bi ? g->bi : 1));
+    for (int64_t a = 0; a < g->bo; a++) {
+        const float *x = inp + a * g->n_red * g->bi;
+        for (int64_t j = 0; j < g->bi; j++) acc[j] = 0;
+        for (int64_t r = 0; r < g->n_red; r++)
+#pragma omp simd
+            for (int64_t j = 0; j < g->bi; j++) acc[j] += x[r * g->bi + j];
+        for (int64_t j = 0; j < g->bi; j++) out[a * g->bi + j] = (float)(acc[j] * scale);
+    }
+    free(acc);
+}
+
 void ms_k_rsum_forward(float *out, const float *inp, const ms_k_rgeom *g, float scale) {
+    if (g->block) {
+        block_sum(out, inp, g, scale);
+        return;
+    }
     for (int64_t o = 0; o < g->n_out; o++) {
         const float *x = inp + ms_k_rgeom_base(g, o);
         double s = 0;
@@ -51,21 +94,51 @@ void ms_k_rsum_forward(float *out, const float *inp, const ms_k_rgeom *g, float 
 }
 
 void ms_k_rsum_backward(float *dinp, const float *dout, const ms_k_rgeom *g, float scale) {
+    for (int64_t a = 0; g->block && a < g->bo; a++)
+        for (int64_t r = 0; r < g->n_red; r++) {
+            float *dx = dinp + (a * g->n_red + r) * g->bi;
+            const float *dy = dout + a * g->bi;
+#pragma omp simd
+            for (int64_t j = 0; j < g->bi; j++) dx[j] += scale * dy[j];
+        }
+    if (g->block) return;
     for (int64_t o = 0; o < g->n_out; o++) {
         float *dx = dinp + ms_k_rgeom_base(g, o), d = scale * dout[o];
         for (int64_t r = 0; r < g->n_red; r++) dx[ms_k_rgeom_roff(g, r)] += d;
     }
 }
 
+/* Whether v replaces the current winner: the first element, a NaN, or a strictly better
+ * value (so ties keep the first). */
+static inline bool takes_over(float v, float best, bool none, int sign) {
+    return none || (!isnan(best) && (isnan(v) || (sign > 0 ? v > best : v < best)));
+}
+
+/* max/min of a [bo, n_red, bi] block in memory order; r ascends, so ties keep the first. */
+static void block_max(float *out, float *pos, const float *inp, const ms_k_rgeom *g, int sign) {
+    for (int64_t a = 0; a < g->bo; a++) {
+        float *y = out + a * g->bi, *p = pos + a * g->bi;
+        for (int64_t j = 0; j < g->bi; j++) y[j] = sign > 0 ? -INFINITY : INFINITY, p[j] = -1;
+        for (int64_t r = 0; r < g->n_red; r++) {
+            const float *x = inp + (a * g->n_red + r) * g->bi;
+            for (int64_t j = 0; j < g->bi; j++)
+                if (takes_over(x[j], y[j], p[j] < 0, sign)) y[j] = x[j], p[j] = (float)r;
+        }
+    }
+}
+
 void ms_k_rmax_forward(float *out, float *pos, const float *inp, const ms_k_rgeom *g, int sign) {
+    if (g->block) {
+        block_max(out, pos, inp, g, sign);
+        return;
+    }
     for (int64_t o = 0; o < g->n_out; o++) {
         const float *x = inp + ms_k_rgeom_base(g, o);
         float best = sign > 0 ? -INFINITY : INFINITY;
         int64_t at = -1;
         for (int64_t r = 0; r < g->n_red; r++) {
             float v = x[ms_k_rgeom_roff(g, r)];
-            bool better = isnan(v) || (sign > 0 ? v > best : v < best);
-            if (at < 0 || (!isnan(best) && better)) best = v, at = r;
+            if (takes_over(v, best, at < 0, sign)) best = v, at = r;
         }
         out[o] = best;
         pos[o] = (float)at;

@@ -12,6 +12,7 @@
 #ifndef MS_KERNELS_REDUCE_EXT_H
 #define MS_KERNELS_REDUCE_EXT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/kernels/kernels.h"
@@ -25,6 +26,10 @@ typedef struct ms_k_rgeom {
     int64_t rshape[MS_K_RED_MAX_DIMS];  /* reduced extents, in order */
     int64_t rstride[MS_K_RED_MAX_DIMS]; /* their input strides */
     int64_t n_out, n_red;               /* output elements; reduced elements per output */
+    /* When the reduced dims are one run of adjacent dims the input is [bo, n_red, bi] and
+     * sum and max walk it in memory order. */
+    bool block;
+    int64_t bo, bi;
 } ms_k_rgeom;
 
 /* Geometry of reducing the dims in mask (bit d = dim d) of a contiguous [shape]. */
