@@ -116,7 +116,15 @@ static inline bool takes_over(float v, float best, bool none, int sign) {
 
 /* max/min of a [bo, n_red, bi] block in memory order; r ascends, so ties keep the first. */
 static void block_max(float *out, float *pos, const float *inp, const ms_k_rgeom *g, int sign) {
-    for (int64_t a = 0; a < g->bo; a++) {
+    for (int64_t a = 0; g->bi == 1 && a < g->bo; a++) { /* trailing dims: a row per output */
+        const float *x = inp + a * g->n_red;
+        float best = sign > 0 ? -INFINITY : INFINITY;
+        int64_t at = -1;
+        for (int64_t r = 0; r < g->n_red; r++)
+            if (takes_over(x[r], best, at < 0, sign)) best = x[r], at = r;
+        out[a] = best, pos[a] = (float)at;
+    }
+    for (int64_t a = 0; g->bi > 1 && a < g->bo; a++) {
         float *y = out + a * g->bi, *p = pos + a * g->bi;
         for (int64_t j = 0; j < g->bi; j++) y[j] = sign > 0 ? -INFINITY : INFINITY, p[j] = -1;
         for (int64_t r = 0; r < g->n_red; r++) {
