@@ -58,9 +58,44 @@ typedef enum ms_op_kind {
     /* -- end binary -- */
 
     /* -- reduce: reductions (ops_reduce.c) -- */
+    /* x -> x reduced over the dims in mask i[0] (bit d = dim d); i[1] keepdim (0/1) */
+    MS_OP_SUM_DIMS,      /* sum; a sharded reduced dim gives P(sum) */
+    MS_OP_MEAN_DIMS,     /* mean, divided by the GLOBAL count */
+    MS_OP_MAX_DIMS,      /* max; gradient to the first max (row-major over reduced dims) */
+    MS_OP_MIN_DIMS,      /* min; gradient to the first min */
+    MS_OP_PROD,          /* product */
+    MS_OP_VAR,           /* variance; i[2] correction (0 population, 1 sample) */
+    MS_OP_STD,           /* standard deviation; i[2] correction */
+    MS_OP_LOGSUMEXP,     /* log(sum(exp(x))), max-shifted */
+    MS_OP_NORM,          /* L2 norm sqrt(sum(x^2)) */
+    MS_OP_ARGMAX,        /* index of the first max along dim i[0]; i[1] keepdim; no gradient */
+    MS_OP_ARGMIN,        /* index of the first min along dim i[0]; i[1] keepdim; no gradient */
+    MS_OP_COUNT_NONZERO, /* number of elements != 0; no gradient */
     /* -- end reduce -- */
 
     /* -- index: indexing and layout (ops_index.c) -- */
+    MS_OP_PERMUTE,      /* x -> x with its dims reordered: output dim k is input dim i[k] */
+    MS_OP_SLICE,        /* dim i[0], elements [i[1], i[2]) (step 1) */
+    MS_OP_NARROW,       /* dim i[0], i[2] elements from i[1] */
+    MS_OP_INDEX_SELECT, /* x, ids [L] (integer floats) -> x with dim i[0] = x[ids] */
+    MS_OP_GATHER,       /* x, ids (x's shape outside dim i[0]) -> x at ids along dim i[0] */
+    MS_OP_SCATTER_ADD,  /* x, ids, src -> x with src added at rows ids along dim i[0] */
+    MS_OP_CUMSUM,       /* inclusive cumulative sum along dim i[0] */
+    MS_OP_CUMPROD,      /* inclusive cumulative product along dim i[0] */
+    MS_OP_FLIP,         /* reverse the dims in mask i[0] (bit d = dim d) */
+    MS_OP_ROLL,         /* along dim i[0] by i[1]: out[j] = x[(j - i[1]) mod n] */
+    MS_OP_REPEAT,       /* tile: dim d repeated i[d] times (>= 1 each) */
+    MS_OP_EXPAND,       /* broadcast size-1 dims to i[d] (0 or equal: unchanged) */
+    MS_OP_SQUEEZE,      /* drop the size-1 dim i[0] */
+    MS_OP_UNSQUEEZE,    /* insert a size-1 dim at i[0] */
+    MS_OP_PAD,          /* constant f[0]; i[2d], i[2d+1] before / after dim d (rank <= 5) */
+    MS_OP_TRIL,         /* keep c - r <= i[0] of the last two dims, zero the rest */
+    MS_OP_TRIU,         /* keep c - r >= i[0] of the last two dims, zero the rest */
+    MS_OP_STACK,        /* n inputs of one shape along a new dim i[0] */
+    MS_OP_MASKED_FILL,  /* x, mask (0/1, x's shape) -> mask ? f[0] : x */
+    MS_OP_ONE_HOT,      /* ids [...] -> [..., i[0]] of 0/1; no gradient */
+    MS_OP_TOPK,         /* i[0] largest of the last dim -> values, indices; ties: lower index */
+    MS_OP_SORT,         /* the last dim sorted (i[0] descending) -> values, indices; stable */
     /* -- end index -- */
 
     /* -- layers: neural-network layers (ops_layers.c) -- */

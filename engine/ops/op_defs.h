@@ -19,9 +19,17 @@ extern const ms_op_def ms_op_matmul_def, ms_op_add_def, ms_op_mul_def, ms_op_sca
 /* -- end binary -- */
 
 /* -- reduce -- */
+extern const ms_op_def ms_op_sum_dims_def, ms_op_mean_dims_def, ms_op_max_dims_def, ms_op_min_dims_def,
+    ms_op_prod_def, ms_op_var_def, ms_op_std_def, ms_op_logsumexp_def, ms_op_norm_def,
+    ms_op_argmax_def, ms_op_argmin_def, ms_op_count_nonzero_def;
 /* -- end reduce -- */
 
 /* -- index -- */
+extern const ms_op_def ms_op_permute_def, ms_op_slice_def, ms_op_narrow_def,
+    ms_op_index_select_def, ms_op_gather_def, ms_op_scatter_add_def, ms_op_cumsum_def,
+    ms_op_cumprod_def, ms_op_flip_def, ms_op_roll_def, ms_op_repeat_def, ms_op_expand_def,
+    ms_op_squeeze_def, ms_op_unsqueeze_def, ms_op_pad_def, ms_op_tril_def, ms_op_triu_def,
+    ms_op_stack_def, ms_op_masked_fill_def, ms_op_one_hot_def, ms_op_topk_def, ms_op_sort_def;
 /* -- end index -- */
 
 /* -- layers -- */
