@@ -54,9 +54,10 @@ down() {
     rm -rf "$STATE"
 }
 
-# tbf on one interface: rate in Mbit/s, a burst of a few packets' worth per millisecond.
+# tbf on one interface: rate in Mbit/s, a burst of 10 ms at that rate (at least rate / HZ, or
+# the bucket cannot refill fast enough to reach the rate).
 shape() {
-    local ns=$1 dev=$2 burst=$((rate * 1000 / 8 / 4))
+    local ns=$1 dev=$2 burst=$((rate * 1000000 / 8 / 100))
     [ "$burst" -ge 16384 ] || burst=16384
     ${ns:+ip netns exec "$ns"} tc qdisc replace dev "$dev" root tbf rate "${rate}mbit" \
         burst "$burst" latency 10ms
