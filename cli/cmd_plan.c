@@ -2,7 +2,7 @@
  *
  *   meshscope plan --model CONFIG --cluster PRESET|FILE --devices N --global-batch B --seq T
  *                  [--dtype bf16|fp32] [--evaluate "tp=8,pp=2,dp=32"] [--top K] [--json]
- *                  [--executable-only] [--recalibrate]
+ *                  [--executable-only] [--recalibrate] [--topology FILE]
  *
  * The search and the cost model are engine/plan; this file parses flags, resolves the
  * cluster (cpu-local is measured once and cached), and prints a table or JSON. */
@@ -100,7 +100,7 @@ static cJSON *estimate_json(const ms_plan_estimate *e, int batch) {
 }
 
 int ms_cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *cluster = NULL, *evaluate = NULL;
+    const char *model = NULL, *cluster = NULL, *evaluate = NULL, *topology = NULL;
     int devices = 0, batch = 0, seq = 0, top = 5, dtype = -1; /* 0, -1: not given */
     bool json = false, recal = false, exe_only = false;
     static const char *const dtype_names[] = {"bf16", "fp32", NULL};
@@ -119,6 +119,8 @@ int ms_cmd_plan(int argc, char **argv) {
         MS_FLAG("executable-only", &exe_only, "only strategies this engine runs"),
         MS_FLAG("json", &json, "JSON instead of a table"),
         MS_FLAG("recalibrate", &recal, "measure cpu-local again"),
+        MS_TEXT("topology", "FILE", &topology,
+                "hosts, ranks per host, rank order and links (tests/cluster/netns.sh writes one)"),
     };
     const ms_opts_cmd cmd = {
         .name = "plan",
@@ -152,6 +154,10 @@ int ms_cmd_plan(int argc, char **argv) {
     ms_plan_memo *memo = NULL;
     if (ms_cluster_resolve(cluster, recal, stderr, cl, &err) != MS_OK) {
         rc = bad("%s", err.msg);
+        goto out;
+    }
+    if (topology && ms_cluster_load_topology(topology, cl, &err) != MS_OK) {
+        rc = bad("--topology: %s", err.msg);
         goto out;
     }
     long capacity = cl->nodes > 0 ? (long)cl->nodes * cl->devices_per_node : 0;

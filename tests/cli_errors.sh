@@ -202,6 +202,10 @@ expect "plan impossible knob" "does not divide the 4 attention heads" "${plan[@]
 expect "plan bad number" "bad value '0' for --devices" "${plan[@]}" --devices 0
 expect "plan sequence too long" "exceeds the model's n_positions" "${plan[@]}" --seq 64
 expect "plan bad dtype" "use bf16 or fp32" "${plan[@]}" --dtype fp8
+printf '{"hosts": 2, "ranks_per_host": 4}' >"$tmp/topo.json"
+expect "plan topology without a link" "missing required key \$.inter_node" "${plan[@]}" --topology "$tmp/topo.json"
+printf '{"hosts": 2, "ranks_per_host": 4, "rank_order": "zigzag", "inter_node": {"bw_gbps": 1}}' >"$tmp/topo.json"
+expect "plan topology bad rank order" "is not one of by-host, round-robin" "${plan[@]}" --topology "$tmp/topo.json"
 "${plan[@]}" --evaluate "tq=2" >/dev/null 2>&1
 rc=$?
 if [ "$rc" -eq 2 ]; then echo "ok   plan bad input exits 2"; pass=$((pass + 1)); else echo "FAIL plan bad input exits $rc, not 2"; fail=$((fail + 1)); fi

@@ -242,6 +242,92 @@ static void ring_and_tree(void **state) {
     assert_true(fabs(t2 - (2 * 15 * c.inter.latency + 2.0 * 15 / 16 * S / (4 * ib))) < 1e-12);
 }
 
+/* --- topology: hosts joined by a slow link ------------------------------------------------ */
+
+/* Two hosts of two thread ranks each, 100 Mbit/s between hosts per host (two ranks share
+ * it), as tests/cluster/netns.sh describes namespace hosts. */
+static ms_cluster two_hosts(const char *order) {
+    ms_cluster c = cpu_cluster();
+    char json[256];
+    snprintf(json, sizeof json,
+             "{\"hosts\": 2, \"ranks_per_host\": 2, \"rank_order\": \"%s\", "
+             "\"inter_node\": {\"bw_gbps\": 0.00625, \"latency_us\": 100, \"efficiency\": 1}}",
+             order);
+    ms_error err = {0};
+    assert_int_equal(ms_cluster_apply_topology(&c, json, strlen(json), "topo.json", &err), MS_OK);
+    return c;
+}
+
+static void topology_groups_and_links(void **state) {
+    (void)state;
+    ms_cluster one = cpu_cluster(), c = two_hosts("by-host"), rr = two_hosts("round-robin");
+    assert_int_equal(c.nodes, 2);
+    assert_int_equal(c.devices_per_node, 2);
+    /* by host: ranks 0,1 share host0, so a stride-1 pair stays, a stride-2 pair crosses */
+    assert_false(ms_cluster_group(&c, 2, 1).crosses_nodes);
+    ms_group_place across = ms_cluster_group(&c, 2, 2);
+    assert_true(across.crosses_nodes && across.per_node == 1);
+    /* round robin: rank r on host r % 2, the other way round */
+    assert_true(ms_cluster_group(&rr, 2, 1).crosses_nodes);
+    assert_false(ms_cluster_group(&rr, 2, 2).crosses_nodes);
+    ms_group_place all = ms_cluster_group(&rr, 4, 1);
+    assert_true(all.crosses_nodes && all.per_node == 2);
+    /* one host: nothing crosses */
+    assert_false(ms_cluster_group(&one, 4, 1).crosses_nodes);
+    /* a crossing group is priced by the inter-host link (a ring), not the shared memory
+     * points; a group inside a host keeps the measured points */
+    const double S = 1 << 20;
+    double t = ms_cluster_coll_time(&c, MS_COLL_ALL_REDUCE, across, S, 4, -1);
+    double want = 2 * 1 * c.inter.latency + 2.0 * 1 / 2 * S / c.inter.bw;
+    assert_true(fabs(t - want) < 1e-9 * want);
+    double inside =
+        ms_cluster_coll_time(&c, MS_COLL_ALL_REDUCE, ms_cluster_group(&c, 2, 1), S, 4, -1);
+    assert_true(inside == ms_cluster_coll_time(&one, MS_COLL_ALL_REDUCE,
+                                               ms_cluster_group(&one, 2, 1), S, 4, -1));
+    assert_true(t > 50 * inside);
+    /* bad topologies name the problem */
+    ms_error err = {0};
+    const char *bad = "{\"hosts\": 2, \"ranks_per_host\": 2}";
+    assert_int_equal(ms_cluster_apply_topology(&c, bad, strlen(bad), "t.json", &err),
+                     MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "inter_node"));
+    bad = "{\"hosts\": 2, \"ranks_per_host\": 2, \"rank_order\": \"zigzag\", \"inter_node\": {}}";
+    assert_int_equal(ms_cluster_apply_topology(&c, bad, strlen(bad), "t.json", &err),
+                     MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "rank_order"));
+    assert_int_equal(c.nodes, 2); /* untouched by a failed apply */
+}
+
+/* tp moves activations every layer, dp the gradients once a step: with more activation than
+ * gradient traffic the planner wants tp inside a host and dp across, and prices the same
+ * dp=2 x tp=2 higher when the rank order puts tp across the slow link. */
+static void topology_prefers_tp_within_host(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster byhost = two_hosts("by-host"), rr = two_hosts("round-robin"), one = cpu_cluster();
+    ms_strategy s = knobs(2, 2, 1, 1, false, 0, false, 1, false, MS_PLAN_FP32);
+    ms_plan_estimate e[3];
+    const ms_cluster *cs[3] = {&byhost, &rr, &one};
+    ms_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        ms_plan_problem pb = problem(&cfg, cs[i], 4, 16, 128, MS_PLAN_FP32);
+        assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e[i], &err), MS_OK);
+    }
+    /* by host: tp inside (as on one host), dp across; round robin the other way */
+    assert_true(fabs(e[0].comm_s[MS_PLAN_TP] - e[2].comm_s[MS_PLAN_TP]) < 1e-12);
+    assert_true(e[0].comm_s[MS_PLAN_DP] > e[2].comm_s[MS_PLAN_DP]);
+    assert_true(fabs(e[1].comm_s[MS_PLAN_DP] - e[2].comm_s[MS_PLAN_DP]) < 1e-12);
+    assert_true(e[1].comm_s[MS_PLAN_TP] > e[0].comm_s[MS_PLAN_DP]);
+    assert_true(e[0].step_s < e[1].step_s);
+    /* the search on the by-host cluster never puts a tp group across hosts */
+    ms_plan_problem pb = problem(&cfg, &byhost, 4, 16, 128, MS_PLAN_FP32);
+    ms_plan_search_opts so = {.keep = 500};
+    ms_plan_result res;
+    assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
+    assert_true(res.cands[0].s.tp <= byhost.devices_per_node);
+    ms_plan_result_free(&res);
+}
+
 /* --- the engine workload against the engine ------------------------------------------------- */
 
 typedef struct prog_arg {
@@ -848,6 +934,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(params_formula),
     cmocka_unit_test(activation_formula),
     cmocka_unit_test(ring_and_tree),
+    cmocka_unit_test(topology_groups_and_links),
+    cmocka_unit_test(topology_prefers_tp_within_host),
     cmocka_unit_test(engine_flops_match_program),
     cmocka_unit_test(search_matches_brute_force),
     cmocka_unit_test(evaluate_fixes_knobs),

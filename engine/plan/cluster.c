@@ -45,6 +45,7 @@ const char *ms_oprate_name(ms_oprate r) {
 }
 
 static const char *const algo_names[] = {"auto", "ring", "tree", "direct"};
+static const char *const order_names[] = {"by-host", "round-robin"};
 
 /* --- JSON in ------------------------------------------------------------------------------- */
 
@@ -120,6 +121,18 @@ static ms_status jlink(jctx *j, const cJSON *root, const char *key, bool require
     MS_CHECK(jnum(j, o, path, "efficiency", false, 0.01, 1, 0.8, &eff));
     *out = (ms_link){.bw = bw * 1e9, .latency = lat * 1e-6, .efficiency = eff};
     return MS_OK;
+}
+
+static ms_status jorder(jctx *j, const cJSON *obj, ms_rank_order *out) {
+    char text[16];
+    MS_CHECK(jstr(j, obj, "$", "rank_order", text, sizeof text, order_names[MS_RANKS_BY_HOST]));
+    for (int k = 0; k < 2; k++)
+        if (!strcmp(text, order_names[k])) {
+            *out = (ms_rank_order)k;
+            return MS_OK;
+        }
+    return ms_fail(j->err, MS_ERR_INVALID,
+                   "%s: $.rank_order: '%s' is not one of by-host, round-robin", j->name, text);
 }
 
 static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
@@ -261,6 +274,7 @@ static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
     c->step_overhead = v * 1e-3;
     MS_CHECK(jlink(j, root, "intra_node", !c->cpu, &c->intra));
     MS_CHECK(jlink(j, root, "inter_node", !c->cpu, &c->inter));
+    MS_CHECK(jorder(j, root, &c->rank_order));
     char algo[16];
     MS_CHECK(jstr(j, root, "$", "collective_algorithm", algo, sizeof algo, "auto"));
     int a = -1;
@@ -288,30 +302,80 @@ static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
     return parse_measurements(j, root, c);
 }
 
-ms_status ms_cluster_from_json(const char *json, size_t len, const char *name, ms_cluster *out,
-                               ms_error *err) {
+typedef ms_status (*json_parser)(jctx *j, const cJSON *root, ms_cluster *c);
+
+/* Parses json into a copy of *c; *c changes only when everything parsed. */
+static ms_status parse_into(const char *json, size_t len, const char *name, json_parser parse,
+                            ms_cluster *c, ms_error *err) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!root)
         return ms_fail(err, MS_ERR_INVALID, "%s: malformed JSON near byte %zu", name,
                        end ? (size_t)(end - json) : 0);
-    ms_cluster *c = xcalloc(1, sizeof *c);
+    ms_cluster *next = xmalloc(sizeof *next);
+    *next = *c;
     jctx j = {.name = name, .err = err};
-    ms_status st = parse_root(&j, root, c);
+    ms_status st = parse(&j, root, next);
     cJSON_Delete(root);
+    if (st == MS_OK) *c = *next;
+    free(next);
+    return st;
+}
+
+static ms_status load_into(const char *path, json_parser parse, ms_cluster *c, ms_error *err) {
+    uint8_t *buf;
+    size_t len;
+    MS_CHECK(ms_read_file(path, CLUSTER_MAX_BYTES, &buf, &len, err));
+    const char *base = strrchr(path, '/');
+    ms_status st = parse_into((const char *)buf, len, base ? base + 1 : path, parse, c, err);
+    free(buf);
+    return st;
+}
+
+ms_status ms_cluster_from_json(const char *json, size_t len, const char *name, ms_cluster *out,
+                               ms_error *err) {
+    ms_cluster *c = xcalloc(1, sizeof *c);
+    ms_status st = parse_into(json, len, name, parse_root, c, err);
     if (st == MS_OK) *out = *c;
     free(c);
     return st;
 }
 
 ms_status ms_cluster_load(const char *path, ms_cluster *out, ms_error *err) {
-    uint8_t *buf;
-    size_t len;
-    MS_CHECK(ms_read_file(path, CLUSTER_MAX_BYTES, &buf, &len, err));
-    const char *base = strrchr(path, '/');
-    ms_status st = ms_cluster_from_json((const char *)buf, len, base ? base + 1 : path, out, err);
-    free(buf);
+    ms_cluster *c = xcalloc(1, sizeof *c);
+    ms_status st = load_into(path, parse_root, c, err);
+    if (st == MS_OK) *out = *c;
+    free(c);
     return st;
+}
+
+static ms_status parse_topology(jctx *j, const cJSON *root, ms_cluster *c) {
+    if (!cJSON_IsObject(root))
+        return ms_fail(j->err, MS_ERR_INVALID, "%s: $: expected an object", j->name);
+    double hosts, per_host;
+    MS_CHECK(jnum(j, root, "$", "hosts", true, 1, 1 << 20, 0, &hosts));
+    MS_CHECK(jnum(j, root, "$", "ranks_per_host", true, 1, 1 << 20, 0, &per_host));
+    MS_CHECK(jorder(j, root, &c->rank_order));
+    if (!cJSON_GetObjectItemCaseSensitive(root, "inter_node"))
+        return ms_fail(j->err, MS_ERR_INVALID,
+                       "%s: missing required key $.inter_node (the link between hosts: "
+                       "{\"bw_gbps\": ..., \"latency_us\": ...})",
+                       j->name);
+    MS_CHECK(jlink(j, root, "inter_node", true, &c->inter));
+    if (cJSON_GetObjectItemCaseSensitive(root, "intra_node"))
+        MS_CHECK(jlink(j, root, "intra_node", true, &c->intra));
+    c->nodes = (int)hosts;
+    c->devices_per_node = (int)per_host;
+    return MS_OK;
+}
+
+ms_status ms_cluster_apply_topology(ms_cluster *c, const char *json, size_t len, const char *name,
+                                    ms_error *err) {
+    return parse_into(json, len, name, parse_topology, c, err);
+}
+
+ms_status ms_cluster_load_topology(const char *path, ms_cluster *c, ms_error *err) {
+    return load_into(path, parse_topology, c, err);
 }
 
 /* --- JSON out ------------------------------------------------------------------------------ */
@@ -348,6 +412,7 @@ char *ms_cluster_to_json(const ms_cluster *c) {
     if (c->intra.bw > 0) jlink_out(r, "intra_node", &c->intra);
     if (c->inter.bw > 0) jlink_out(r, "inter_node", &c->inter);
     cJSON_AddStringToObject(r, "collective_algorithm", algo_names[c->algo]);
+    cJSON_AddStringToObject(r, "rank_order", order_names[c->rank_order]);
     cJSON_AddNumberToObject(r, "dp_overlap", c->dp_overlap);
     cJSON_AddBoolToObject(r, "flash_attention", c->flash_attention);
     cJSON_AddBoolToObject(r, "causal_skip", c->causal_skip);
@@ -684,10 +749,16 @@ double ms_cluster_elementwise_time(const ms_cluster *c, ms_oprate cls, double fl
 
 ms_group_place ms_cluster_group(const ms_cluster *c, int n, int stride) {
     ms_group_place g = {.n = n, .per_node = n, .crosses_nodes = false};
-    if (c->cpu || n <= 1) return g;
-    int dpn = c->devices_per_node;
-    g.per_node = stride >= dpn ? 1 : dpn / stride;
-    if (g.per_node > n) g.per_node = n;
+    if (n <= 1 || (c->cpu && c->nodes <= 1)) return g;
+    if (c->rank_order == MS_RANKS_ROUND_ROBIN && c->nodes > 1) {
+        /* member i is rank i * stride, on node (i * stride) % nodes: count member 0's node */
+        g.per_node = 0;
+        for (int i = 0; i < n; i++) g.per_node += ((long)i * stride) % c->nodes == 0;
+    } else {
+        int dpn = c->devices_per_node;
+        g.per_node = stride >= dpn ? 1 : dpn / stride;
+        if (g.per_node > n) g.per_node = n;
+    }
     g.crosses_nodes = n > g.per_node;
     return g;
 }
@@ -740,7 +811,7 @@ double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_pla
                             int world, double gap_s) {
     int n = g.n;
     if (n <= 1 || kind == MS_COLL_SPLIT) return 0;
-    if (c->cpu && c->n_coll > 0) {
+    if (c->cpu && c->n_coll > 0 && !g.crosses_nodes) {
         ms_coll_kind k =
             kind == MS_COLL_P2P || kind == MS_COLL_BROADCAST ? MS_COLL_ALL_TO_ALL : kind;
         const ms_coll_point *p = coll_point(c, world, n, k);
@@ -759,10 +830,11 @@ double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_pla
     if (g.crosses_nodes) {
         /* every member on a node drives its own NIC; never faster than the node's links */
         double agg = bw * g.per_node, cap = c->intra.bw * c->intra.efficiency;
-        bw = agg < cap ? agg : cap;
+        bw = agg < cap || cap <= 0 ? agg : cap; /* cap 0: the node's links unknown */
     }
     double a = l.latency, dn = n;
     ms_coll_algo algo = c->algo;
+    if (g.crosses_nodes && algo == MS_ALGO_DIRECT) algo = MS_ALGO_RING; /* no shared memory */
     switch (kind) {
         case MS_COLL_ALL_REDUCE: {
             double ring = 2 * (dn - 1) * a + 2 * (dn - 1) / dn * bytes / bw;

@@ -98,6 +98,11 @@ typedef enum ms_oprate {
 
 const char *ms_oprate_name(ms_oprate r);
 
+/* How world ranks are dealt to nodes: by-host fills a node before the next (mpirun's default
+ * --map-by slot; rank r on node r / devices_per_node), round-robin deals one rank per node in
+ * turn (--map-by node; rank r on node r % nodes). */
+typedef enum ms_rank_order { MS_RANKS_BY_HOST, MS_RANKS_ROUND_ROBIN } ms_rank_order;
+
 typedef struct ms_cluster {
     char name[64];
     char device[96];
@@ -114,6 +119,7 @@ typedef struct ms_cluster {
     double kernel_overhead; /* seconds per kernel call */
     double step_overhead;   /* seconds per step outside kernels (data, launch, logging) */
     ms_link intra, inter;
+    ms_rank_order rank_order;
     ms_coll_algo algo;
     double dp_overlap;    /* share of the data-parallel gradient traffic that the schedule
                              hides behind backward compute (0: none, as in this engine) */
@@ -145,6 +151,18 @@ ms_status ms_cluster_from_json(const char *json, size_t len, const char *name, m
 ms_status ms_cluster_load(const char *path, ms_cluster *out, ms_error *err);
 /* The description as JSON (a malloc'd string the caller frees), measurements included. */
 char *ms_cluster_to_json(const ms_cluster *c);
+
+/* A topology over a cluster: hosts, ranks per host, the rank order and the links, as
+ * tests/cluster/netns.sh writes it for namespace hosts:
+ *   {"hosts": 2, "ranks_per_host": 2, "rank_order": "by-host",
+ *    "inter_node": {"bw_gbps": 0.0125, "latency_us": 60, "efficiency": 1},
+ *    "intra_node": {...}}   (optional; absent keeps the cluster's)
+ * It sets nodes, devices_per_node, rank_order and the links; on cpu-local, collectives of
+ * groups that cross hosts are then priced by the inter-host link instead of the measured
+ * shared-memory points (see ms_cluster_coll_time). */
+ms_status ms_cluster_apply_topology(ms_cluster *c, const char *json, size_t len, const char *name,
+                                    ms_error *err);
+ms_status ms_cluster_load_topology(const char *path, ms_cluster *c, ms_error *err);
 
 /* The directory of the shipped presets (configs/clusters of the source tree). */
 const char *ms_cluster_preset_dir(void);
@@ -186,7 +204,9 @@ double ms_cluster_sync_byte(const ms_cluster *c, int ranks);
 double ms_cluster_sync_phase(const ms_cluster *c, int ranks);
 
 /* Where a mesh dim's group lies. `stride` is the product of the sizes of the mesh dims laid
- * out inside it (the planner orders tp, cp, dp, pp from innermost to outermost). */
+ * out inside it (the planner orders tp, cp, dp, pp from innermost to outermost); which
+ * members share a node follows c->rank_order. A cpu cluster without a topology (one node)
+ * never crosses. */
 typedef struct ms_group_place {
     int n;        /* members */
     int per_node; /* members on one node */
@@ -199,7 +219,9 @@ ms_group_place ms_cluster_group(const ms_cluster *c, int n, int stride);
  * p2p what it sends) on a group placed as g. `world` is the total rank count running
  * (cpu-local looks its measurements up by it). gap_s >= 0: the ranks arrive after gap_s
  * seconds of compute, which on cpu-local adds ms_cluster_sync_call and ms_cluster_sync_byte
- * per bus byte; < 0: they arrive from another collective. */
+ * per bus byte; < 0: they arrive from another collective. A group that crosses nodes is
+ * priced by the inter-node link (the slowest it crosses), on cpu-local too, with a ring
+ * where shared memory would have read peers directly. */
 double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_place g, double bytes,
                             int world, double gap_s);
 
