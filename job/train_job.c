@@ -118,8 +118,9 @@ static ms_status open_saver(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_ck
 
 /* What a checkpoint poll has to say: rank 0 the commit or why a save was abandoned, any rank
  * its own failure. */
-static void ckpt_note(ms_ctx *ctx, const char *note, ms_strbuf *later) {
+static void ckpt_note(ms_ctx *ctx, live_job *jl, const char *note, ms_strbuf *later) {
     if (!*note) return;
+    if (ctx->rank == 0 && jl && jl->live) ms_live_set_event(jl->live, "%s", note);
     if (!strncmp(note, "checkpoint at step", 18) && ctx->rank != 0)
         fprintf(stderr, "rank %d: %s\n", ctx->rank, note);
     else if (ctx->rank == 0)
@@ -128,12 +129,12 @@ static void ckpt_note(ms_ctx *ctx, const char *note, ms_strbuf *later) {
 
 /* At a step boundary: commits a finished save, and starts one every --save-every steps (and
  * after the last step). */
-static ms_status checkpoint_step(ms_ctx *ctx, ms_trainer *t, ms_ckpt_saver *saver,
+static ms_status checkpoint_step(ms_ctx *ctx, live_job *jl, ms_trainer *t, ms_ckpt_saver *saver,
                                  const run_opts *o, bool last, ms_strbuf *later, ms_error *err) {
     if (!saver) return MS_OK;
     char note[MS_ERROR_MSG_MAX + 64];
     MS_CHECK(ms_ckpt_saver_poll(saver, false, note, sizeof note, err));
-    ckpt_note(ctx, note, later);
+    ckpt_note(ctx, jl, note, later);
     int64_t next = ms_trainer_step_index(t);
     if (!last && !(o->save_every && next % o->save_every == 0)) return MS_OK;
     double stall = 0;
@@ -143,7 +144,7 @@ static ms_status checkpoint_step(ms_ctx *ctx, ms_trainer *t, ms_ckpt_saver *save
             (long long)next - 1, stall * 1e3);
     if (!last) return MS_OK;
     MS_CHECK(ms_ckpt_saver_poll(saver, true, note, sizeof note, err));
-    ckpt_note(ctx, note, later);
+    ckpt_note(ctx, jl, note, later);
     return MS_OK;
 }
 
@@ -331,7 +332,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         }
         if (tr.rec && (o->trace || tr.live_mpi) && step % 10 == 9)
             MS_CHECK_GOTO(tracer_gather(ctx, &tr, err), st, out);
-        MS_CHECK_GOTO(checkpoint_step(ctx, t, saver, o, false, later, err), st, out);
+        MS_CHECK_GOTO(checkpoint_step(ctx, jl, t, saver, o, false, later, err), st, out);
         if (o->eval_every && step && step % o->eval_every == 0) {
             double vl;
             MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err), st, out);
@@ -341,11 +342,11 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     /* The run's end (or a stop): a last checkpoint unless one was just taken, then wait for it. */
     if (saver && ms_trainer_step_index(t) > 0 &&
         !(o->save_every && ms_trainer_step_index(t) % o->save_every == 0))
-        MS_CHECK_GOTO(checkpoint_step(ctx, t, saver, o, true, later, err), st, out);
+        MS_CHECK_GOTO(checkpoint_step(ctx, jl, t, saver, o, true, later, err), st, out);
     if (saver) {
         char note[MS_ERROR_MSG_MAX + 64];
         MS_CHECK_GOTO(ms_ckpt_saver_poll(saver, true, note, sizeof note, err), st, out);
-        ckpt_note(ctx, note, later);
+        ckpt_note(ctx, jl, note, later);
     }
     int mb_size = 0, mb_count = 1;
     ms_strategy_micro(ms_trainer_strategy(t), o->batch, &mb_size, &mb_count);
