@@ -1,15 +1,20 @@
 /* elementwise_ext.c - the unary and broadcasting binary/ternary families: one switch case per
  * op with its formula, around shared loops.
  *
- * Unary loops are contiguous. Broadcasting walks the output row by row (the last coalesced
- * dim), each input at its own offset with an inner stride of 1 or 0. Backward loops are
- * serial: an input broadcast along the row accumulates into one element (stride 0), which a
- * vectorised or threaded loop would race on.
+ * Unary loops are contiguous and split across the rank's threads. Broadcasting walks the output row
+ * by row (the last coalesced dim), each input at its own offset with an inner stride of 1 or 0.
+ * Backward loops are serial: an input broadcast along the row accumulates into one element (stride
+ * 0), which a vectorised or threaded loop would race on.
  */
 #include "engine/kernels/elementwise_ext.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "engine/kernels/parallel.h"
+
+/* Unary loops longer than this are split across the rank's threads (kernels/parallel.h). */
+#define GRAIN (1 << 14)
 
 #define SELU_ALPHA       1.67326324235437728f
 #define SELU_SCALE       1.05070098735548049f
@@ -46,15 +51,27 @@ static inline float mish_grad(float x) {
     return t + x * (1.0f - t * t) * sigmoidf(x);
 }
 
+/* One call's loop, split across the rank's threads in ranges [lo, hi). */
+typedef struct unary_job {
+    ms_k_unary op;
+    float *out, *dinp;
+    const float *inp, *y, *dout;
+    float p0, p1;
+} unary_job;
+
 #define FWD(EXPR)                                                                                  \
-    for (int64_t i = 0; i < n; i++) {                                                              \
+    for (int64_t i = lo; i < hi; i++) {                                                            \
         const float x = inp[i];                                                                    \
         out[i] = (EXPR);                                                                           \
     }                                                                                              \
     break
 
-void ms_k_unary_forward(ms_k_unary op, float *out, const float *inp, int64_t n, float p0,
-                        float p1) {
+static void unary_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    const unary_job *j = arg;
+    float *out = j->out;
+    const float *inp = j->inp;
+    const float p0 = j->p0, p1 = j->p1;
+    const ms_k_unary op = j->op;
     // clang-format off
     switch (op) {
         case MS_K_UN_NEG: FWD(-x);
@@ -95,17 +112,27 @@ void ms_k_unary_forward(ms_k_unary op, float *out, const float *inp, int64_t n, 
 }
 #undef FWD
 
+void ms_k_unary_forward(ms_k_unary op, float *out, const float *inp, int64_t n, float p0,
+                        float p1) {
+    unary_job j = {.op = op, .out = out, .inp = inp, .p0 = p0, .p1 = p1};
+    ms_parallel_for(n, GRAIN, unary_fwd_range, &j);
+}
+
 /* d is f'(x), from x = inp[i] and y = out[i]. */
 #define BWD(D)                                                                                     \
-    for (int64_t i = 0; i < n; i++) {                                                              \
+    for (int64_t i = lo; i < hi; i++) {                                                            \
         const float x = inp[i], y = out[i];                                                        \
         (void)x, (void)y;                                                                          \
         dinp[i] += (D)*dout[i];                                                                    \
     }                                                                                              \
     break
 
-void ms_k_unary_backward(ms_k_unary op, float *dinp, const float *inp, const float *out,
-                         const float *dout, int64_t n, float p0, float p1) {
+static void unary_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    const unary_job *j = arg;
+    float *dinp = j->dinp;
+    const float *inp = j->inp, *out = j->y, *dout = j->dout;
+    const float p0 = j->p0, p1 = j->p1;
+    const ms_k_unary op = j->op;
     // clang-format off
     switch (op) {
         case MS_K_UN_NEG: BWD(-1.0f);
@@ -146,6 +173,12 @@ void ms_k_unary_backward(ms_k_unary op, float *dinp, const float *inp, const flo
     (void)p1;
 }
 #undef BWD
+
+void ms_k_unary_backward(ms_k_unary op, float *dinp, const float *inp, const float *out,
+                         const float *dout, int64_t n, float p0, float p1) {
+    unary_job j = {.op = op, .dinp = dinp, .inp = inp, .y = out, .dout = dout, .p0 = p0, .p1 = p1};
+    ms_parallel_for(n, GRAIN, unary_bwd_range, &j);
+}
 
 static const uint8_t unary_flops[MS_K_UN_COUNT][2] = {
 #define UNARY_FLOPS(ID, name, ff, fb) [MS_K_UN_##ID] = {ff, fb},
@@ -234,10 +267,18 @@ typedef struct bin_row {
     int64_t sa, sb, n; /* inner strides (0 or 1) and length */
 } bin_row;
 
+/* Equal shapes coalesce to one contiguous row: a loop without strides, which vectorises. */
 #define BIN_FWD(EXPR)                                                                              \
-    for (int64_t i = 0; i < r->n; i++) {                                                           \
-        const float a = r->a[i * r->sa], b = r->b[i * r->sb];                                      \
-        out[i] = (EXPR);                                                                           \
+    if (r->sa == 1 && r->sb == 1) {                                                                \
+        for (int64_t i = 0; i < r->n; i++) {                                                       \
+            const float a = r->a[i], b = r->b[i];                                                  \
+            out[i] = (EXPR);                                                                       \
+        }                                                                                          \
+    } else {                                                                                       \
+        for (int64_t i = 0; i < r->n; i++) {                                                       \
+            const float a = r->a[i * r->sa], b = r->b[i * r->sb];                                  \
+            out[i] = (EXPR);                                                                       \
+        }                                                                                          \
     }                                                                                              \
     break
 
