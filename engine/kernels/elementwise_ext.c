@@ -32,6 +32,11 @@ static inline float softplusf(float x) {
 static inline float signf(float x) {
     return (float)((x > 0) - (x < 0));
 }
+/* d hypot(a, b) / da; 0 at the origin */
+static inline float hypot_partial(float a, float b) {
+    const float h = hypotf(a, b);
+    return h > 0 ? a / h : 0.0f;
+}
 static inline float relu6f(float x) {
     return fminf(fmaxf(x, 0.0f), 6.0f);
 }
@@ -308,59 +313,43 @@ static void binary_row_forward(ms_k_binary op, float *out, const bin_row *r) {
 }
 #undef BIN_FWD
 
-/* The two partial derivatives at (a, b): da, db. */
-static inline void binary_partials(ms_k_binary op, float a, float b, float *da, float *db) {
-    switch (op) {
-        case MS_K_BIN_ADD_BCAST:
-            *da = 1, *db = 1;
-            return;
-        case MS_K_BIN_SUB:
-            *da = 1, *db = -1;
-            return;
-        case MS_K_BIN_MUL_BCAST:
-            *da = b, *db = a;
-            return;
-        case MS_K_BIN_DIV:
-            *da = 1.0f / b, *db = -a / (b * b);
-            return;
-        case MS_K_BIN_MAXIMUM:
-            *da = a > b ? 1.0f : a == b ? 0.5f : 0.0f;
-            *db = b > a ? 1.0f : a == b ? 0.5f : 0.0f;
-            return;
-        case MS_K_BIN_MINIMUM:
-            *da = a < b ? 1.0f : a == b ? 0.5f : 0.0f;
-            *db = b < a ? 1.0f : a == b ? 0.5f : 0.0f;
-            return;
-        case MS_K_BIN_POW: {
-            const float y = powf(a, b);
-            *da = b == 0 ? 0.0f : b * powf(a, b - 1.0f);
-            *db = y * logf(a);
-            return;
-        }
-        case MS_K_BIN_ATAN2: {
-            const float r = a * a + b * b;
-            *da = b / r, *db = -a / r;
-            return;
-        }
-        case MS_K_BIN_HYPOT: {
-            const float h = hypotf(a, b);
-            *da = h > 0 ? a / h : 0.0f, *db = h > 0 ? b / h : 0.0f;
-            return;
-        }
-        case MS_K_BIN_SQUARED_DIFFERENCE:
-            *da = 2 * (a - b), *db = -2 * (a - b);
-            return;
-        case MS_K_BIN_EQ:
-        case MS_K_BIN_NE:
-        case MS_K_BIN_LT:
-        case MS_K_BIN_LE:
-        case MS_K_BIN_GT:
-        case MS_K_BIN_GE:
-        case MS_K_BIN_COUNT:
-            *da = 0, *db = 0;
-            return;
+/* One row of the backward: da += DA * g, then db += DB * g, each a pass of its own so the
+ * switch stays out of the loops. An input broadcast along the row (stride 0) accumulates
+ * into one element. */
+#define BIN_BWD_PASS(dst, stride, D)                                                               \
+    for (int64_t i = 0; i < r->n; i++) {                                                           \
+        const float a = r->a[i * r->sa], b = r->b[i * r->sb];                                      \
+        (void)a, (void)b;                                                                          \
+        dst[i * (stride)] += (D)*g[i];                                                             \
     }
+#define BIN_BWD(DA, DB)                                                                            \
+    if (da) BIN_BWD_PASS(da, r->sa, DA)                                                            \
+    if (db) BIN_BWD_PASS(db, r->sb, DB)                                                            \
+    break
+
+static void binary_row_backward(ms_k_binary op, float *da, float *db, const float *g,
+                                const bin_row *r) {
+    // clang-format off
+    switch (op) {
+        case MS_K_BIN_ADD_BCAST: BIN_BWD(1.0f, 1.0f);
+        case MS_K_BIN_SUB: BIN_BWD(1.0f, -1.0f);
+        case MS_K_BIN_MUL_BCAST: BIN_BWD(b, a);
+        case MS_K_BIN_DIV: BIN_BWD(1.0f / b, -a / (b * b));
+        case MS_K_BIN_MAXIMUM: /* a tie splits the gradient evenly */
+            BIN_BWD(a > b ? 1.0f : a == b ? 0.5f : 0.0f, b > a ? 1.0f : a == b ? 0.5f : 0.0f);
+        case MS_K_BIN_MINIMUM:
+            BIN_BWD(a < b ? 1.0f : a == b ? 0.5f : 0.0f, b < a ? 1.0f : a == b ? 0.5f : 0.0f);
+        case MS_K_BIN_POW: BIN_BWD(b == 0 ? 0.0f : b * powf(a, b - 1.0f), powf(a, b) * logf(a));
+        case MS_K_BIN_ATAN2: BIN_BWD(b / (a * a + b * b), -a / (a * a + b * b));
+        case MS_K_BIN_HYPOT: BIN_BWD(hypot_partial(a, b), hypot_partial(b, a));
+        case MS_K_BIN_SQUARED_DIFFERENCE: BIN_BWD(2.0f * (a - b), -2.0f * (a - b));
+        case MS_K_BIN_EQ: case MS_K_BIN_NE: case MS_K_BIN_LT: case MS_K_BIN_LE: case MS_K_BIN_GT:
+        case MS_K_BIN_GE: case MS_K_BIN_COUNT: break; /* no gradient */
+    }
+    // clang-format on
 }
+#undef BIN_BWD
+#undef BIN_BWD_PASS
 
 void ms_k_binary_forward(ms_k_binary op, float *out, const float *a, const float *b,
                          const ms_k_bcast *bc) {
@@ -384,13 +373,9 @@ void ms_k_binary_backward(ms_k_binary op, float *da, float *db, const float *dou
     for (int64_t r = 0; r < bc->numel / n; r++) {
         int64_t off[MS_K_BCAST_MAX_IN] = {0};
         row_offsets(bc, r, off);
-        const float *g = dout + r * n;
-        for (int64_t i = 0; i < n; i++) {
-            float pa = 0, pb = 0;
-            binary_partials(op, a[off[0] + i * sa], b[off[1] + i * sb], &pa, &pb);
-            if (da) da[off[0] + i * sa] += pa * g[i];
-            if (db) db[off[1] + i * sb] += pb * g[i];
-        }
+        bin_row row = {a + off[0], b + off[1], sa, sb, n};
+        binary_row_backward(op, da ? da + off[0] : NULL, db ? db + off[1] : NULL, dout + r * n,
+                            &row);
     }
 }
 
