@@ -530,7 +530,7 @@ static void graph_values(int v, int64_t n, float *out) {
     for (int64_t k = 0; k < n; k++) out[k] = 2 * ms_philox_uniform(5, (uint64_t)v, (uint64_t)k) - 1;
 }
 
-/* The full gradient of parameter i, on every rank. */
+/* The full gradient of parameter i (collective), into out on rank 0. */
 static void graph_grad(mt_rank *r, ms_program *p, ms_dmesh *dm, int i, float *out) {
     ms_error err = {0};
     ms_param_view pv;
@@ -539,7 +539,8 @@ static void graph_grad(mt_rank *r, ms_program *p, ms_dmesh *dm, int i, float *ou
     memcpy(t.gshape, pv.gshape.d, sizeof t.gshape);
     ms_tensor full;
     if (!MT_OK(r, ms_dtensor_full(&t, &full, &err), &err)) return;
-    memcpy(out, ms_tensor_f32(&full), sizeof(float) * (size_t)ms_tensor_numel(&full));
+    if (r->ctx->rank == 0)
+        memcpy(out, ms_tensor_f32(&full), sizeof(float) * (size_t)ms_tensor_numel(&full));
     ms_tensor_release(&full);
 }
 
