@@ -22,6 +22,7 @@
 #include "engine/core/philox.h"
 #include "engine/dist/reshard.h"
 #include "engine/graph/graph.h"
+#include "engine/kernels/parallel.h"
 #include "engine/ops/op.h"
 #include "tests/testkit.h"
 
@@ -489,6 +490,42 @@ static void costs_scale_with_size(void **state) {
     }
 }
 
+/* Long loops split across a rank's threads in chunks that start mid-row; the result must be
+ * the one-thread result, bit for bit. */
+static void threaded_matches_one_thread(void **state) {
+    (void)state;
+    const int64_t rows = 70, cols = 1001, n = rows * cols;
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    for (int64_t k = 0; k < n; k++) x[k] = (float)(k % 37) / 9 - 2, y[k] = (float)(k % 11) / 4;
+    const struct {
+        int op, n_in;
+        ms_shape in[2];
+    } cases[] = {
+        {MS_OP_SILU, 1, {SH(rows, cols)}},
+        {MS_OP_SUB, 2, {SH(rows, cols), SH(cols)}},
+        {MS_OP_MAXIMUM, 2, {SH(rows, 1), SH(rows, cols)}},
+        {MS_OP_DIV, 2, {SH(rows, cols), SH(rows, cols)}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        op_io io[2];
+        for (int t = 0; t < 2; t++) {
+            ms_parallel_set_threads(t ? 3 : 1);
+            io[t] = (op_io){.op = cases[c].op, .n_in = cases[c].n_in, .x = {x, y}, .dy = x};
+            memcpy(io[t].in, cases[c].in, sizeof cases[c].in);
+            op_io_run(&io[t]);
+        }
+        ms_parallel_set_threads(1);
+        const char *name = ms_op_get(cases[c].op)->name;
+        if (memcmp(io[0].y, io[1].y, sizeof(float) * (size_t)n))
+            fail_msg("%s: the forward on 3 threads differs from 1 thread", name);
+        for (int i = 0; i < cases[c].n_in; i++)
+            if (memcmp(io[0].dx[i], io[1].dx[i], sizeof(float) * (size_t)numel(&cases[c].in[i])))
+                fail_msg("%s: the backward on 3 threads differs from 1 thread", name);
+        op_io_free(&io[0]), op_io_free(&io[1]);
+    }
+    free(x), free(y);
+}
+
 /* ---- in a distributed graph: broadcast gradients come back as partial sums ------------- */
 
 /* loss = mean(where(mask, lerp(u, x, g), -u)) with u = silu(x * w - b) / exp(d), x [6, 5]
@@ -626,6 +663,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bad_shapes_and_attrs_are_refused),
     cmocka_unit_test(rules_shard_and_pass_partials_only_when_linear),
     cmocka_unit_test_setup_teardown(costs_scale_with_size, setup, teardown),
+    cmocka_unit_test_setup_teardown(threaded_matches_one_thread, setup, teardown),
     cmocka_unit_test(graph_matches_one_rank),
 };
 MT_MAIN("ops elementwise", tests)

@@ -1,10 +1,10 @@
 /* elementwise_ext.c - the unary and broadcasting binary/ternary families: one switch case per
  * op with its formula, around shared loops.
  *
- * Unary loops are contiguous and split across the rank's threads. Broadcasting walks the output row
- * by row (the last coalesced dim), each input at its own offset with an inner stride of 1 or 0.
- * Backward loops are serial: an input broadcast along the row accumulates into one element (stride
- * 0), which a vectorised or threaded loop would race on.
+ * Broadcasting walks the output row by row (the last coalesced dim), each input at its own
+ * offset with an inner stride of 1 or 0. Unary loops and the binary forward are split across
+ * the rank's threads; broadcasting backward loops are serial: an input broadcast along the
+ * output accumulates into shared elements, which a threaded loop would race on.
  */
 #include "engine/kernels/elementwise_ext.h"
 
@@ -13,7 +13,7 @@
 
 #include "engine/kernels/parallel.h"
 
-/* Unary loops longer than this are split across the rank's threads (kernels/parallel.h). */
+/* Forward loops longer than this are split across the rank's threads (kernels/parallel.h). */
 #define GRAIN (1 << 14)
 
 #define SELU_ALPHA       1.67326324235437728f
@@ -351,17 +351,34 @@ static void binary_row_backward(ms_k_binary op, float *da, float *db, const floa
 #undef BIN_BWD
 #undef BIN_BWD_PASS
 
-void ms_k_binary_forward(ms_k_binary op, float *out, const float *a, const float *b,
-                         const ms_k_bcast *bc) {
-    const int64_t n = row_len(bc);
-    if (bc->numel == 0) return;
-    const int last = bc->ndim - 1;
-    for (int64_t r = 0; r < bc->numel / n; r++) {
+typedef struct bin_job {
+    ms_k_binary op;
+    float *out;
+    const float *a, *b;
+    const ms_k_bcast *bc;
+} bin_job;
+
+/* Output elements [lo, hi): the tail of one row, whole rows, the head of another. */
+static void binary_fwd_range(void *arg, int64_t lo, int64_t hi) {
+    const bin_job *j = arg;
+    const ms_k_bcast *bc = j->bc;
+    const int64_t n = row_len(bc), sa = bc->stride[0][bc->ndim - 1],
+                  sb = bc->stride[1][bc->ndim - 1];
+    while (lo < hi) {
+        const int64_t r = lo / n, i0 = lo % n, len = n - i0 < hi - lo ? n - i0 : hi - lo;
         int64_t off[MS_K_BCAST_MAX_IN] = {0};
         row_offsets(bc, r, off);
-        bin_row row = {a + off[0], b + off[1], bc->stride[0][last], bc->stride[1][last], n};
-        binary_row_forward(op, out + r * n, &row);
+        bin_row row = {j->a + off[0] + i0 * sa, j->b + off[1] + i0 * sb, sa, sb, len};
+        binary_row_forward(j->op, j->out + lo, &row);
+        lo += len;
     }
+}
+
+void ms_k_binary_forward(ms_k_binary op, float *out, const float *a, const float *b,
+                         const ms_k_bcast *bc) {
+    if (bc->numel == 0) return;
+    bin_job j = {op, out, a, b, bc};
+    ms_parallel_for(bc->numel, GRAIN, binary_fwd_range, &j);
 }
 
 void ms_k_binary_backward(ms_k_binary op, float *da, float *db, const float *dout, const float *a,
