@@ -52,9 +52,61 @@ typedef enum ms_op_kind {
     /* Families of operators, each in its own file; a family adds its kinds between its two
      * marks (and its rows in op.c and op_defs.h in the same order). */
     /* -- unary: elementwise unary (ops_unary.c) -- */
+    /* x -> f(x), same shape; S(d) passes through, P(sum) only for the linear neg. */
+    MS_OP_NEG,         /* -x */
+    MS_OP_ABS,         /* |x|; gradient sign(x), 0 at 0 */
+    MS_OP_EXP,         /* e^x */
+    MS_OP_LOG,         /* ln x (x > 0) */
+    MS_OP_LOG1P,       /* ln(1 + x) (x > -1) */
+    MS_OP_EXPM1,       /* e^x - 1 */
+    MS_OP_SQRT,        /* sqrt x (x >= 0) */
+    MS_OP_RSQRT,       /* 1 / sqrt x (x > 0) */
+    MS_OP_SQUARE,      /* x^2 */
+    MS_OP_RECIPROCAL,  /* 1 / x */
+    MS_OP_SIN,         /* sin x */
+    MS_OP_COS,         /* cos x */
+    MS_OP_TANH,        /* tanh x */
+    MS_OP_SIGMOID,     /* 1 / (1 + e^-x) */
+    MS_OP_RELU,        /* max(x, 0) */
+    MS_OP_LEAKY_RELU,  /* x > 0 ? x : f[0] x */
+    MS_OP_ELU,         /* x > 0 ? x : f[0] (e^x - 1) */
+    MS_OP_SILU,        /* x sigmoid(x) */
+    MS_OP_GELU_ERF,    /* exact GELU: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
+    MS_OP_SOFTPLUS,    /* ln(1 + e^x) */
+    MS_OP_MISH,        /* x tanh(softplus x) */
+    MS_OP_HARDSWISH,   /* x relu6(x + 3) / 6 */
+    MS_OP_HARDSIGMOID, /* relu6(x + 3) / 6 */
+    MS_OP_CLAMP,       /* min(max(x, f[0]), f[1]); gradient 0 outside [f[0], f[1]] */
+    MS_OP_POW_SCALAR,  /* x^f[0] (x > 0 unless f[0] is an integer) */
+    MS_OP_SIGN,        /* -1, 0 or 1; gradient 0 */
+    MS_OP_SELU,        /* scale (x > 0 ? x : alpha (e^x - 1)), the SNN constants */
+    MS_OP_SOFTSIGN,    /* x / (1 + |x|) */
+    MS_OP_LOGSIGMOID,  /* ln sigmoid(x) = -softplus(-x) */
+    MS_OP_ERF,         /* erf x */
+    MS_OP_ATAN,        /* atan x */
     /* -- end unary -- */
 
     /* -- binary: elementwise binary with broadcasting (ops_binary.c) -- */
+    /* numpy broadcasting: shapes aligned from the right, size-1 or missing dims repeat; the
+     * gradient of a broadcast input is summed over the dims it repeats along. */
+    MS_OP_ADD_BCAST,          /* a + b */
+    MS_OP_SUB,                /* a - b */
+    MS_OP_MUL_BCAST,          /* a * b */
+    MS_OP_DIV,                /* a / b */
+    MS_OP_MAXIMUM,            /* max(a, b); a tie splits the gradient evenly */
+    MS_OP_MINIMUM,            /* min(a, b); a tie splits the gradient evenly */
+    MS_OP_POW,                /* a^b, a > 0 */
+    MS_OP_ATAN2,              /* atan2(a, b) */
+    MS_OP_HYPOT,              /* sqrt(a^2 + b^2) */
+    MS_OP_SQUARED_DIFFERENCE, /* (a - b)^2 */
+    MS_OP_EQ,                 /* a == b as 1 or 0; no gradient */
+    MS_OP_NE,                 /* a != b as 1 or 0; no gradient */
+    MS_OP_LT,                 /* a < b as 1 or 0; no gradient */
+    MS_OP_LE,                 /* a <= b as 1 or 0; no gradient */
+    MS_OP_GT,                 /* a > b as 1 or 0; no gradient */
+    MS_OP_GE,                 /* a >= b as 1 or 0; no gradient */
+    MS_OP_LERP,               /* a, b, w -> a + w (b - a) */
+    MS_OP_WHERE,              /* cond, a, b -> cond != 0 ? a : b; cond takes no gradient */
     /* -- end binary -- */
 
     /* -- reduce: reductions (ops_reduce.c) -- */

@@ -13,9 +13,58 @@ extern const ms_op_def ms_op_matmul_def, ms_op_add_def, ms_op_mul_def, ms_op_sca
 /* The families' rows, one extern line per operator, in their ms_op_kind order. */
 // clang-format off
 /* -- unary -- */
+extern const ms_op_def ms_op_neg_def;
+extern const ms_op_def ms_op_abs_def;
+extern const ms_op_def ms_op_exp_def;
+extern const ms_op_def ms_op_log_def;
+extern const ms_op_def ms_op_log1p_def;
+extern const ms_op_def ms_op_expm1_def;
+extern const ms_op_def ms_op_sqrt_def;
+extern const ms_op_def ms_op_rsqrt_def;
+extern const ms_op_def ms_op_square_def;
+extern const ms_op_def ms_op_reciprocal_def;
+extern const ms_op_def ms_op_sin_def;
+extern const ms_op_def ms_op_cos_def;
+extern const ms_op_def ms_op_tanh_def;
+extern const ms_op_def ms_op_sigmoid_def;
+extern const ms_op_def ms_op_relu_def;
+extern const ms_op_def ms_op_leaky_relu_def;
+extern const ms_op_def ms_op_elu_def;
+extern const ms_op_def ms_op_silu_def;
+extern const ms_op_def ms_op_gelu_erf_def;
+extern const ms_op_def ms_op_softplus_def;
+extern const ms_op_def ms_op_mish_def;
+extern const ms_op_def ms_op_hardswish_def;
+extern const ms_op_def ms_op_hardsigmoid_def;
+extern const ms_op_def ms_op_clamp_def;
+extern const ms_op_def ms_op_pow_scalar_def;
+extern const ms_op_def ms_op_sign_def;
+extern const ms_op_def ms_op_selu_def;
+extern const ms_op_def ms_op_softsign_def;
+extern const ms_op_def ms_op_logsigmoid_def;
+extern const ms_op_def ms_op_erf_def;
+extern const ms_op_def ms_op_atan_def;
 /* -- end unary -- */
 
 /* -- binary -- */
+extern const ms_op_def ms_op_add_bcast_def;
+extern const ms_op_def ms_op_sub_def;
+extern const ms_op_def ms_op_mul_bcast_def;
+extern const ms_op_def ms_op_div_def;
+extern const ms_op_def ms_op_maximum_def;
+extern const ms_op_def ms_op_minimum_def;
+extern const ms_op_def ms_op_pow_def;
+extern const ms_op_def ms_op_atan2_def;
+extern const ms_op_def ms_op_hypot_def;
+extern const ms_op_def ms_op_squared_difference_def;
+extern const ms_op_def ms_op_eq_def;
+extern const ms_op_def ms_op_ne_def;
+extern const ms_op_def ms_op_lt_def;
+extern const ms_op_def ms_op_le_def;
+extern const ms_op_def ms_op_gt_def;
+extern const ms_op_def ms_op_ge_def;
+extern const ms_op_def ms_op_lerp_def;
+extern const ms_op_def ms_op_where_def;
 /* -- end binary -- */
 
 /* -- reduce -- */

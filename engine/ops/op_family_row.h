@@ -1,0 +1,47 @@
+/* op_family_row.h - one macro that stamps out an operator of a table-driven family: thin
+ * wrappers binding the family's shared functions to the op's kernel id, and its table row.
+ * An ms_op_call does not carry its op, so each op needs functions of its own; the family
+ * writes them once, taking the id first:
+ *
+ *   FAM_infer(k, name, attrs, n_in, in, out, err)    FAM_rule(k, attrs, n_in, in, n, cands)
+ *   FAM_forward(k, call)    FAM_backward(k, call)    FAM_cost(k, call, backward)
+ */
+#ifndef MS_OP_FAMILY_ROW_H
+#define MS_OP_FAMILY_ROW_H
+
+#include "engine/ops/op_defs.h"
+
+#define MS_OP_FAMILY_ROW(fam, K, KIND, op, NIN, GRAD)                                              \
+    static ms_status op##_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out, \
+                                ms_error *err) {                                                   \
+        return fam##_infer(K, #op, a, n_in, in, out, err);                                         \
+    }                                                                                              \
+    static int op##_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,                \
+                         ms_rule_cand *c) {                                                        \
+        return fam##_rule(K, a, n_in, in, n, c);                                                   \
+    }                                                                                              \
+    static ms_status op##_forward(ms_op_call *c, ms_error *e) {                                    \
+        (void)e;                                                                                   \
+        return fam##_forward(K, c);                                                                \
+    }                                                                                              \
+    static ms_status op##_backward(ms_op_call *c, ms_error *e) {                                   \
+        (void)e;                                                                                   \
+        return fam##_backward(K, c);                                                               \
+    }                                                                                              \
+    static ms_k_cost op##_cost(const ms_op_call *c, bool bw) {                                     \
+        return fam##_cost(K, c, bw);                                                               \
+    }                                                                                              \
+    const ms_op_def ms_op_##op##_def = {                                                           \
+        .kind = KIND,                                                                              \
+        .name = #op,                                                                               \
+        .n_in = NIN,                                                                               \
+        .n_out = 1,                                                                                \
+        .infer = op##_infer,                                                                       \
+        .rule = op##_rule,                                                                         \
+        .forward = op##_forward,                                                                   \
+        .backward = op##_backward,                                                                 \
+        .cost = op##_cost,                                                                         \
+        .grad_inputs = GRAD,                                                                       \
+    };
+
+#endif
