@@ -208,7 +208,8 @@ int ms_cmd_run(int argc, char **argv) {
         bool shrink = world > 0 && world < was && !*strategy;
         if (shrink && replan(n, cmd, world, dir, strategy, sizeof strategy, name, sizeof name))
             return rc;
-        char from[1200] = "from the start (no checkpoint yet)", under[200] = "";
+        char from[1200] = "from the start (no checkpoint yet)",
+             under[MS_STRATEGY_NAME_MAX + 64] = "";
         if (have)
             snprintf(from, sizeof from, "from %s (step %lld)", info.path, (long long)info.step);
         if (*strategy)
