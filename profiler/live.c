@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "engine/comm/comm.h"
+#include "engine/comm/flight.h"
 #include "engine/core/device.h"
 #include "engine/core/xalloc.h"
 #include "traces/trace_write.h"
@@ -734,6 +735,9 @@ static void build_and_publish(ms_live *l) {
     s->n_suggestions = l->n_sugg;
     s->finished = l->finished || !l->o.info.live;
     s->taken_ns = ms_now_ns();
+    if (!s->finished)
+        ms_flight_hang_alert(s->taken_ns, MS_LIVE_HANG_FACTOR, (int64_t)(MS_LIVE_HANG_MIN_S * 1e9),
+                             s->hang_alert, sizeof s->hang_alert);
     s->version = ++l->version;
     const ms_snapshot *old = l->cur;
     l->cur = s;
