@@ -108,14 +108,14 @@ ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference
 
 #define MS_FLIGHT_MAX_LOCAL 256 /* dumps one process reports: its thread ranks */
 
-void job_report_flight(const char *cmd) {
+void job_report_flight(const char *cmd, bool mpi) {
     const char *paths[MS_FLIGHT_MAX_LOCAL];
     int n = 0;
     while (n < MS_FLIGHT_MAX_LOCAL && (paths[n] = ms_flight_dump_path(n))) n++;
     if (!n) return;
     ms_strbuf text = {0};
     ms_error err = {0};
-    if (ms_doctor_files(paths, n, &text, &err) == MS_OK)
+    if (ms_doctor_files(paths, n, mpi, &text, &err) == MS_OK)
         fprintf(stderr, "meshscope %s: flight recorder (meshscope doctor %s):\n%s", cmd,
                 ms_flight_dir(), text.p);
     else
@@ -156,7 +156,7 @@ ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, m
     if (o->backend == MS_BACKEND_MPI) {
         if (ms_mpi_failed()) {
             fprintf(stderr, "meshscope %s: %s\n", cmd, err->msg);
-            job_report_flight(cmd);
+            job_report_flight(cmd, true);
             ms_mpi_abort(1);
         }
         ms_mpi_finalize();

@@ -85,7 +85,8 @@ ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, m
 
 /* After a failed launch: when this process's ranks dumped their flight recorders (a
  * communicator timed out or broke), prints to stderr what `meshscope doctor` says of those
- * dumps. job_launch does it itself before an MPI abort. */
-void job_report_flight(const char *cmd);
+ * dumps (mpi: this process holds only its own rank's). job_launch does it itself before an MPI
+ * abort. */
+void job_report_flight(const char *cmd, bool mpi);
 
 #endif

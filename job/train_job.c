@@ -429,7 +429,7 @@ int train_job_run(const run_opts *o) {
     }
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
-        job_report_flight("train");
+        job_report_flight("train", o->backend == MS_BACKEND_MPI);
         return 1;
     }
     return 0;

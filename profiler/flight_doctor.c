@@ -170,50 +170,72 @@ static bool named_missing(const dump *d, int nd, int rank) {
     return false;
 }
 
-/* The findings about collective w (where some rank was stuck): who never entered it, who died
- * without a dump, who called something else, and who waited how long. */
-static void diagnose_collective(const dump *d, int nd, const ms_flight_entry *w, ms_strbuf *out) {
+/* What went wrong with member m of collective w (described in call), which it did not wait in
+ * with the others; false when nothing can be said (partial: m may have dumped elsewhere). */
+static bool member_finding(const dump *d, int nd, bool partial, int m, const ms_flight_entry *w,
+                           const char *call, ms_strbuf *out) {
+    const dump *dm = find_rank(d, nd, m);
+    if (!dm && partial && !named_missing(d, nd, m)) return false;
+    const ms_flight_entry *last = dm ? newest_on(dm, w->comm.id) : NULL;
+    const ms_flight_entry *same = dm ? at_seq(dm, w->comm.id, w->seq) : NULL;
+    if (!dm && partial)
+        ms_strbuf_printf(out, "rank %d never arrived in %s", m, call);
+    else if (!dm)
+        ms_strbuf_printf(out, "rank %d %s %s and left no flight dump (it died or was stopped)", m,
+                         named_missing(d, nd, m) ? "never arrived in" : "did not finish", call);
+    else if (!last || last->seq < w->seq)
+        ms_strbuf_printf(out, "rank %d never entered %s", m, call);
+    else if (same && same->kind != w->kind)
+        ms_strbuf_printf(out,
+                         "rank %d called %s as seq %lld there instead of %s: the ranks called "
+                         "collectives in different orders",
+                         m, ms_coll_name((ms_coll_kind)same->kind), (long long)w->seq,
+                         ms_coll_name((ms_coll_kind)w->kind));
+    else
+        ms_strbuf_printf(out, "rank %d finished %s while others did not", m, call);
+    return true;
+}
+
+/* The findings about collective w (where some rank was stuck): who never entered it, who came
+ * only after the others gave up on it, who died without a dump, who called something else, and
+ * how long the others waited. */
+static void diagnose_collective(const dump *d, int nd, bool partial, const ms_flight_entry *w,
+                                ms_strbuf *out) {
     char call[160], ranks[96];
     ms_flight_format_call(w, call, sizeof call);
-    int members[MS_COMM_MAX_RANKS], waiting[MS_COMM_MAX_RANKS], nw = 0;
-    int n = ms_flight_parse_ranks(w->comm.ranks, members, MS_COMM_MAX_RANKS);
+    int members[MS_COMM_MAX_RANKS], waiting[MS_COMM_MAX_RANKS], late[MS_COMM_MAX_RANKS];
+    int n = ms_flight_parse_ranks(w->comm.ranks, members, MS_COMM_MAX_RANKS), nw = 0, nl = 0;
     int64_t waited = 0;
     for (int i = 0; i < nd; i++) {
         const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
         if (!x || x->comm.id != w->comm.id || x->seq != w->seq) continue;
+        if (x->status != MS_ERR_TIMEOUT && named_missing(d, nd, d[i].rank)) {
+            late[nl++] = d[i].rank; /* the others timed out before it came */
+            continue;
+        }
         waiting[nw++] = d[i].rank;
         if (waited_ns(&d[i], x) > waited) waited = waited_ns(&d[i], x);
     }
     ms_flight_format_ranks(waiting, nw, ranks, sizeof ranks);
     int named = 0;
     for (int i = 0; i < n; i++) {
-        const dump *m = find_rank(d, nd, members[i]);
-        const ms_flight_entry *last = m ? newest_on(m, w->comm.id) : NULL;
-        const ms_flight_entry *same = m ? at_seq(m, w->comm.id, w->seq) : NULL;
-        bool is_waiting = false;
-        for (int k = 0; k < nw; k++) is_waiting |= waiting[k] == members[i];
-        if (is_waiting) continue;
+        bool seen = false;
+        for (int k = 0; k < nw; k++) seen |= waiting[k] == members[i];
+        for (int k = 0; k < nl; k++) seen |= late[k] == members[i];
+        if (seen) continue;
+        if (!member_finding(d, nd, partial, members[i], w, call, out)) continue;
         named++;
-        if (!m) {
-            ms_strbuf_printf(
-                out, "rank %d %s %s and left no flight dump (it died or was stopped)", members[i],
-                named_missing(d, nd, members[i]) ? "never arrived in" : "did not finish", call);
-        } else if (!last || last->seq < w->seq) {
-            ms_strbuf_printf(out, "rank %d never entered %s", members[i], call);
-        } else if (same && same->kind != w->kind) {
-            ms_strbuf_printf(out,
-                             "rank %d called %s as seq %lld there instead of %s: the ranks "
-                             "called collectives in different orders",
-                             members[i], ms_coll_name((ms_coll_kind)same->kind), (long long)w->seq,
-                             ms_coll_name((ms_coll_kind)w->kind));
-        } else {
-            ms_strbuf_printf(out, "rank %d finished %s while others did not", members[i], call);
-        }
         ms_strbuf_printf(out, "; rank%s %s waited ", nw > 1 ? "s" : "", ranks);
         put_duration(out, waited);
         ms_strbuf_printf(out, "\n");
     }
-    if (!named) {
+    for (int k = 0; k < nl && nw; k++, named++) {
+        ms_strbuf_printf(out, "rank %d came late to %s: rank%s %s waited ", late[k], call,
+                         nw > 1 ? "s" : "", ranks);
+        put_duration(out, waited);
+        ms_strbuf_printf(out, " for it and gave up first\n");
+    }
+    if (!named && !partial) {
         ms_strbuf_printf(out,
                          "every member entered %s and none finished: the transfer itself "
                          "stalled (waited ",
@@ -240,7 +262,18 @@ static int dump_cmp(const void *a, const void *b) {
     return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-static void diagnose(dump *d, int nd, ms_strbuf *out) {
+/* Whether every rank stuck in w's call was named missing by another: it is a culprit of a
+ * later call (e.g. stopped inside an MPI all-reduce that its peers completed), said there. */
+static bool only_culprits(const dump *d, int nd, const ms_flight_entry *w) {
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
+        if (x && x->comm.id == w->comm.id && x->seq == w->seq && !named_missing(d, nd, d[i].rank))
+            return false;
+    }
+    return true;
+}
+
+static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     qsort(d, (size_t)nd, sizeof *d, dump_cmp);
     bool fault = false;
     for (int i = 0; i < nd; i++) {
@@ -256,7 +289,7 @@ static void diagnose(dump *d, int nd, ms_strbuf *out) {
             const ms_flight_entry *x = ms_flight_where(d[j].e, d[j].n);
             seen = x && x->comm.id == w->comm.id && x->seq == w->seq;
         }
-        if (!seen) diagnose_collective(d, nd, w, out);
+        if (!seen && !only_culprits(d, nd, w)) diagnose_collective(d, nd, partial, w, out);
     }
     if (!fault)
         ms_strbuf_printf(out, "all ranks completed every collective: no communication fault\n");
@@ -268,11 +301,12 @@ static void diagnose(dump *d, int nd, ms_strbuf *out) {
     }
 }
 
-ms_status ms_doctor_files(const char *const *paths, int n, ms_strbuf *out, ms_error *err) {
+ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strbuf *out,
+                          ms_error *err) {
     dump *d = xcalloc((size_t)(n > 0 ? n : 1), sizeof *d);
     ms_status st = MS_OK;
     for (int i = 0; i < n && st == MS_OK; i++) st = read_dump(paths[i], &d[i], err);
-    if (st == MS_OK) diagnose(d, n, out);
+    if (st == MS_OK) diagnose(d, n, partial, out);
     for (int i = 0; i < n; i++) free(d[i].e);
     free(d);
     return st;
@@ -312,7 +346,7 @@ ms_status ms_doctor_dir(const char *dir, ms_strbuf *out, ms_error *err) {
                      dir);
     } else {
         qsort(paths, (size_t)n, sizeof *paths, str_cmp);
-        st = ms_doctor_files((const char *const *)paths, n, out, err);
+        st = ms_doctor_files((const char *const *)paths, n, false, out, err);
     }
     for (int i = 0; i < n; i++) free(paths[i]);
     free(paths);

@@ -8,6 +8,8 @@
 #ifndef MS_FLIGHT_DOCTOR_H
 #define MS_FLIGHT_DOCTOR_H
 
+#include <stdbool.h>
+
 #include "engine/core/status.h"
 #include "engine/core/xalloc.h"
 
@@ -16,7 +18,10 @@
  * file and line). */
 ms_status ms_doctor_dir(const char *dir, ms_strbuf *out, ms_error *err);
 
-/* The same over the dumps paths[0..n). */
-ms_status ms_doctor_files(const char *const *paths, int n, ms_strbuf *out, ms_error *err);
+/* The same over the dumps paths[0..n). partial: these are only some ranks' dumps (a process
+ * reporting its own under MPI), so a rank without one is not presumed dead: it is named only
+ * where a timeout named it as missing. */
+ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strbuf *out,
+                          ms_error *err);
 
 #endif
