@@ -9,6 +9,8 @@
 
 #include "engine/comm/flight.h"
 #include "profiler/flight_doctor.h"
+#include "profiler/live.h"
+#include "profiler/snapshot_json.h"
 #include "tests/testkit.h"
 
 static void make_dir(char *dir) {
@@ -227,7 +229,26 @@ static void test_doctor_errors(void **state) {
 typedef struct late_args {
     char alert[256];
     bool early_alert; /* an alert before anybody waited long */
+    ms_live *live;    /* when set: the alert as the live snapshot's JSON has it */
 } late_args;
+
+/* The live model's latest snapshot's "hang_alert", as its JSON says it. */
+static void snapshot_alert(ms_live *l, char *out, size_t len) {
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    cJSON *j = ms_snapshot_to_json(s);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "hang_alert");
+    snprintf(out, len, "%s", cJSON_IsString(v) ? v->valuestring : "(missing)");
+    cJSON_Delete(j);
+    ms_snapshot_release(s);
+}
+
+static void check_alert(char *out, size_t len, late_args *a) {
+    if (a->live)
+        snapshot_alert(a->live, out, len);
+    else
+        ms_flight_hang_alert(ms_now_ns(), 10, 1000000000, out, len);
+}
 
 static void late_rank(mt_rank *r, void *arg) {
     late_args *a = arg;
@@ -238,25 +259,44 @@ static void late_rank(mt_rank *r, void *arg) {
     char text[256];
     for (int i = 0; i < 3; i++) MT_OK(r, ms_all_reduce(w, x, x, 4, MS_REDUCE_SUM, &err), &err);
     if (r->ctx->rank == 1) {
-        a->early_alert = ms_flight_hang_alert(ms_now_ns(), 10, 1000000000, text, sizeof text);
-        usleep(1300000);
-        ms_flight_hang_alert(ms_now_ns(), 10, 1000000000, a->alert, sizeof a->alert);
+        usleep(200000);
+        check_alert(text, sizeof text, a);
+        a->early_alert = text[0] != '\0';
+        usleep(1100000); /* rank 0 now waits > 1 s, many times its usual all-reduce */
+        check_alert(a->alert, sizeof a->alert, a);
     }
     MT_OK(r, ms_all_reduce(w, x, x, 4, MS_REDUCE_SUM, &err), &err);
 }
 
-static void test_hang_alert_names_late_rank(void **state) {
-    (void)state;
+static void expect_late_alert(ms_live *live) {
     ms_flight_reset();
-    late_args a = {{0}, false};
+    late_args a = {{0}, false, live};
     mt_run_threads(2, late_rank, &a);
     assert_false(a.early_alert);
     if (!strstr(a.alert, "hang: all_reduce seq ") || !strstr(a.alert, "on 'world' (ranks 0-1)") ||
         !strstr(a.alert, "not arrived: rank 1"))
         fail_msg("unexpected alert: \"%s\"", a.alert);
     char text[256];
-    assert_false(ms_flight_hang_alert(ms_now_ns(), 10, 1000000000, text, sizeof text));
+    check_alert(text, sizeof text, &a);
+    assert_string_equal(text, ""); /* over once the call completed */
     ms_flight_reset();
+}
+
+static void test_hang_alert_names_late_rank(void **state) {
+    (void)state;
+    expect_late_alert(NULL);
+}
+
+/* The same alert reaches the live snapshot's JSON (the dashboard's banner, the TUI's status
+ * line) while the call waits, well before its 10 s timeout. */
+static void test_hang_alert_in_snapshot_json(void **state) {
+    (void)state;
+    ms_live_opts o = {.info = {.nranks = 2, .live = true, .tokens_per_step = 64}};
+    ms_live *l = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    expect_late_alert(l);
+    ms_live_destroy(l);
 }
 
 int main(void) {
@@ -267,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_doctor_no_fault),
         cmocka_unit_test(test_doctor_errors),
         cmocka_unit_test(test_hang_alert_names_late_rank),
+        cmocka_unit_test(test_hang_alert_in_snapshot_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
