@@ -18,6 +18,7 @@
 
 /* One rank's dump. */
 typedef struct dump {
+    const char *path;
     int rank;
     char reason[256];
     int64_t now_ns;
@@ -301,12 +302,36 @@ static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     }
 }
 
+/* Keeps one dump per rank, the newest (a folder may hold an earlier job's dumps too), first
+ * in d; returns how many. Those left out are named. */
+static int keep_newest(dump *d, int n, ms_strbuf *out) {
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < kept && d[k].rank != d[i].rank) k++;
+        bool newer = k == kept || d[i].now_ns > d[k].now_ns;
+        if (k < kept)
+            ms_strbuf_printf(out, "(left out %s: an older dump of rank %d)\n",
+                             newer ? d[k].path : d[i].path, d[i].rank);
+        if (!newer) continue;
+        dump t = d[k];
+        d[k] = d[i];
+        d[i] = t;
+        if (k == kept) kept++;
+    }
+    return kept;
+}
+
 ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strbuf *out,
                           ms_error *err) {
     dump *d = xcalloc((size_t)(n > 0 ? n : 1), sizeof *d);
     ms_status st = MS_OK;
-    for (int i = 0; i < n && st == MS_OK; i++) st = read_dump(paths[i], &d[i], err);
-    if (st == MS_OK) diagnose(d, n, partial, out);
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        d[i].path = paths[i];
+        st = read_dump(paths[i], &d[i], err);
+    }
+    int kept = st == MS_OK ? keep_newest(d, n, out) : 0;
+    if (st == MS_OK) diagnose(d, kept, partial, out);
     for (int i = 0; i < n; i++) free(d[i].e);
     free(d);
     return st;
