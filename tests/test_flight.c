@@ -177,6 +177,43 @@ static void test_dump_and_doctor_round_trip(void **state) {
     ms_flight_reset();
 }
 
+/* Rank 2 sends to rank 3, which never receives: rank 2 times out in its send. */
+static void unmatched_send_rank(mt_rank *r, void *arg) {
+    int64_t *seq = arg;
+    ms_comm *w = r->ctx->world;
+    ms_comm_set_timeout_ms(w, 300);
+    float x[4] = {1, 2, 3, 4};
+    ms_error err = {0};
+    if (r->ctx->rank != 2) return;
+    *seq = ms_comm_seq(w) + 1;
+    ms_status st = ms_send(w, x, 4, 3, 7, &err);
+    MT_CHECK(r, st == MS_ERR_TIMEOUT, "the send returned %s, not a timeout", ms_status_str(st));
+}
+
+static void test_doctor_names_stuck_send(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    ms_flight_reset();
+    ms_flight_set_dir(dir);
+    int64_t seq = 0;
+    mt_run_threads(4, unmatched_send_rank, &seq);
+    ms_flight_set_dir(NULL);
+    assert_int_equal(count_dumps(dir), 1);
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    char want[160];
+    snprintf(want, sizeof want, "rank 2 was last seen in send to rank 3 seq %lld on 'world'",
+             (long long)seq);
+    if (!strstr(out.p, want) ||
+        !strstr(out.p, "; rank 3 left no flight dump (it died or was stopped)"))
+        fail_msg("the diagnosis lacks \"%s\":\n%s", want, out.p);
+    free(out.p);
+    remove_dir(dir);
+    ms_flight_reset();
+}
+
 /* Dumps of ranks that completed everything: the doctor says there was no fault. */
 static void all_done_rank(mt_rank *r, void *arg) {
     (void)arg;
@@ -346,6 +383,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_ranks_format_round_trip),
         cmocka_unit_test(test_ring_and_states),
         cmocka_unit_test(test_dump_and_doctor_round_trip),
+        cmocka_unit_test(test_doctor_names_stuck_send),
         cmocka_unit_test(test_doctor_no_fault),
         cmocka_unit_test(test_doctor_errors),
         cmocka_unit_test(test_hang_alert_names_late_rank),
