@@ -270,20 +270,25 @@ typedef struct late_args {
     ms_live *live;    /* when set: the alert as the live snapshot's JSON has it */
 } late_args;
 
-/* The live model's latest snapshot's "hang_alert", as its JSON says it. */
-static void snapshot_alert(ms_live *l, char *out, size_t len) {
-    ms_live_publish_now(l);
-    const ms_snapshot *s = ms_live_acquire(l);
-    cJSON *j = ms_snapshot_to_json(s);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "hang_alert");
-    snprintf(out, len, "%s", cJSON_IsString(v) ? v->valuestring : "(missing)");
-    cJSON_Delete(j);
-    ms_snapshot_release(s);
+/* The live model's latest snapshot's "hang_alert", as its JSON says it: published by the live
+ * thread on its own (a hang brings no steps), so polled for up to 2 s until it is (want) or is
+ * not set. */
+static void snapshot_alert(ms_live *l, bool want, char *out, size_t len) {
+    for (int i = 0; i < 40; i++) {
+        const ms_snapshot *s = ms_live_acquire(l);
+        cJSON *j = ms_snapshot_to_json(s);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "hang_alert");
+        snprintf(out, len, "%s", cJSON_IsString(v) ? v->valuestring : "(missing)");
+        cJSON_Delete(j);
+        ms_snapshot_release(s);
+        if ((out[0] != '\0') == want) return;
+        usleep(50000);
+    }
 }
 
-static void check_alert(char *out, size_t len, late_args *a) {
+static void check_alert(char *out, size_t len, bool want, late_args *a) {
     if (a->live)
-        snapshot_alert(a->live, out, len);
+        snapshot_alert(a->live, want, out, len);
     else
         ms_flight_hang_alert(ms_now_ns(), 10, 1000000000, out, len);
 }
@@ -298,10 +303,10 @@ static void late_rank(mt_rank *r, void *arg) {
     for (int i = 0; i < 3; i++) MT_OK(r, ms_all_reduce(w, x, x, 4, MS_REDUCE_SUM, &err), &err);
     if (r->ctx->rank == 1) {
         usleep(200000);
-        check_alert(text, sizeof text, a);
+        check_alert(text, sizeof text, false, a);
         a->early_alert = text[0] != '\0';
         usleep(1100000); /* rank 0 now waits > 1 s, many times its usual all-reduce */
-        check_alert(a->alert, sizeof a->alert, a);
+        check_alert(a->alert, sizeof a->alert, true, a);
     }
     MT_OK(r, ms_all_reduce(w, x, x, 4, MS_REDUCE_SUM, &err), &err);
 }
@@ -315,7 +320,7 @@ static void expect_late_alert(ms_live *live) {
         !strstr(a.alert, "not arrived: rank 1"))
         fail_msg("unexpected alert: \"%s\"", a.alert);
     char text[256];
-    check_alert(text, sizeof text, &a);
+    check_alert(text, sizeof text, false, &a);
     assert_string_equal(text, ""); /* over once the call completed */
     ms_flight_reset();
 }
@@ -333,6 +338,7 @@ static void test_hang_alert_in_snapshot_json(void **state) {
     ms_live *l = NULL;
     ms_error err = {0};
     assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    assert_int_equal(ms_live_start(l, &err), MS_OK);
     expect_late_alert(l);
     ms_live_destroy(l);
 }
