@@ -25,6 +25,8 @@ int ms_cmd_ops(int argc, char **argv);
 /* `meshscope checkpoint info|export`: distributed checkpoints (cmd_checkpoint.c). */
 int ms_cmd_checkpoint_info(int argc, char **argv);
 int ms_cmd_checkpoint_export(int argc, char **argv);
+/* `meshscope doctor DIR`: what the flight recorder dumps of a failed job say (cmd_doctor.c). */
+int ms_cmd_doctor(int argc, char **argv);
 /* Internal: the raw-MPI side of `bench comm`, run under mpirun by the bench itself. */
 int ms_cmd_bench_comm_mpi_worker(int argc, char **argv);
 

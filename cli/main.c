@@ -40,6 +40,8 @@ static const command commands[] = {
      ms_cmd_checkpoint_info},
     {"checkpoint export", "DIR -o FILE", "a checkpoint's weights as one Hugging Face file",
      ms_cmd_checkpoint_export},
+    {"doctor", "DIR", "what a failed job's flight recorder dumps (train --flight-dir) say",
+     ms_cmd_doctor},
     {"plan", "--model CONFIG --cluster C --devices N --global-batch B --seq T",
      "rank parallel strategies by predicted step time and memory", ms_cmd_plan},
 };

@@ -113,6 +113,9 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                            "BLAS threads per rank; 0: cores / ranks (default 0)")},
         {RUN_TRAIN, MS_INT("timeout-s", "S", &o->timeout_s, 1, 86400,
                            "communicator timeout in seconds (default 60)")},
+        {RUN_TRAIN, MS_TEXT("flight-dir", "DIR", &o->flight_dir,
+                            "where ranks dump their flight recorders on a fault, for meshscope "
+                            "doctor (default ./meshscope-flight)")},
         {RUN_TRAIN,
          MS_TEXT("trace", "FILE", &o->trace, "write a Trace Event Format file of the run")},
         {RUN_TRAIN,

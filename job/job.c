@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include "engine/comm/comm_mpi.h"
+#include "engine/comm/flight.h"
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
 #include "engine/plan/validate.h"
 #include "engine/train/checkpoint.h"
+#include "profiler/flight_doctor.h"
 
 static ms_job_shape job_shape(const run_opts *o, const job_plan *plan) {
     return (ms_job_shape){.world = plan->world_size, .batch = o->batch, .seq = o->seq};
@@ -104,9 +106,37 @@ ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference
                            .on_nonfinite = o->on_nan};
 }
 
+#define MS_FLIGHT_MAX_LOCAL 256 /* dumps one process reports: its thread ranks */
+
+void job_report_flight(const char *cmd, bool mpi) {
+    const char *paths[MS_FLIGHT_MAX_LOCAL];
+    int n = 0;
+    while (n < MS_FLIGHT_MAX_LOCAL && (paths[n] = ms_flight_dump_path(n))) n++;
+    if (!n) return;
+    ms_strbuf text = {0};
+    ms_error err = {0};
+    if (ms_doctor_files(paths, n, mpi, &text, &err) == MS_OK)
+        fprintf(stderr, "meshscope %s: flight recorder (meshscope doctor %s):\n%s", cmd,
+                ms_flight_dir(), text.p);
+    else
+        fprintf(stderr, "meshscope %s: flight recorder: %s\n", cmd, err.msg);
+    free(text.p);
+}
+
+/* Flight recorder dumps go to --flight-dir, else $MS_FLIGHT_DIR, else ./meshscope-flight; a
+ * terminated rank dumps too. */
+static void arm_flight_recorder(const run_opts *o) {
+    if (o->flight_dir)
+        ms_flight_set_dir(o->flight_dir);
+    else if (!ms_flight_dir())
+        ms_flight_set_dir("meshscope-flight");
+    ms_flight_install_signals();
+}
+
 ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
                      void *arg, ms_error *err) {
     int nranks = plan->world_size;
+    arm_flight_recorder(o);
     if (o->backend == MS_BACKEND_MPI) {
         int argc = 0;
         char **argv = NULL;
@@ -126,6 +156,7 @@ ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, m
     if (o->backend == MS_BACKEND_MPI) {
         if (ms_mpi_failed()) {
             fprintf(stderr, "meshscope %s: %s\n", cmd, err->msg);
+            job_report_flight(cmd, true);
             ms_mpi_abort(1);
         }
         ms_mpi_finalize();

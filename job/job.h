@@ -37,9 +37,10 @@ typedef struct run_opts {
     double bucket_mb;   /* --bucket-mb: gradient buckets in MiB; 0: none */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
-    int threads;    /* BLAS threads per rank; 0 = cores / ranks */
-    int timeout_s;  /* --timeout-s: communicator timeout; 0 = the default (60 s) */
-    int trace_from; /* first traced step */
+    int threads;            /* BLAS threads per rank; 0 = cores / ranks */
+    int timeout_s;          /* --timeout-s: communicator timeout; 0 = the default (60 s) */
+    const char *flight_dir; /* --flight-dir: flight recorder dumps; NULL: ./meshscope-flight */
+    int trace_from;         /* first traced step */
     uint64_t seed;
     double lr, min_lr, weight_decay, clip, val_fraction;
     ms_on_nonfinite on_nan; /* --on-nan stop|skip */
@@ -81,5 +82,11 @@ ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference
  * failure, for the caller to print. */
 ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
                      void *arg, ms_error *err);
+
+/* After a failed launch: when this process's ranks dumped their flight recorders (a
+ * communicator timed out or broke), prints to stderr what `meshscope doctor` says of those
+ * dumps (mpi: this process holds only its own rank's). job_launch does it itself before an MPI
+ * abort. */
+void job_report_flight(const char *cmd, bool mpi);
 
 #endif

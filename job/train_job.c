@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/core/xalloc.h"
 #include "engine/data/dataset.h"
@@ -250,6 +251,16 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
     return MS_OK;
 }
 
+/* A fault for tests: MS_TEST_STALL=RANK:STEP makes that rank stop answering before STEP (it
+ * sleeps past the communicator timeout), as a hung thread rank would, so that the others'
+ * timeout, flight recorder dumps and diagnosis can be checked on the threads backend. */
+static void test_stall(const ms_ctx *ctx, int step, int timeout_s) {
+    const char *spec = getenv("MS_TEST_STALL");
+    int rank, at;
+    if (!spec || sscanf(spec, "%d:%d", &rank, &at) != 2 || rank != ctx->rank || at != step) return;
+    sleep((unsigned)(timeout_s > 0 ? timeout_s : 60) + 2);
+}
+
 static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const train_args *ta = arg;
     const run_opts *o = ta->o;
@@ -318,6 +329,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
             ctx->trace.recorder = step >= o->trace_from || live_on ? tr.rec : NULL;
             ms_recorder_set_step(tr.rec, step);
         }
+        test_stall(ctx, step, o->timeout_s);
         ms_step_result r;
         st = ms_trainer_step(t, &r, err);
         if (st == MS_ERR_DIVERGED && jl && jl->live) ms_live_set_event(jl->live, "%s", err->msg);
@@ -420,6 +432,7 @@ int train_job_run(const run_opts *o) {
     }
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
+        job_report_flight("train", o->backend == MS_BACKEND_MPI);
         return 1;
     }
     return 0;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "engine/comm/comm.h"
+#include "engine/comm/flight.h"
 #include "engine/core/device.h"
 #include "engine/core/xalloc.h"
 #include "traces/trace_write.h"
@@ -734,6 +735,9 @@ static void build_and_publish(ms_live *l) {
     s->n_suggestions = l->n_sugg;
     s->finished = l->finished || !l->o.info.live;
     s->taken_ns = ms_now_ns();
+    if (!s->finished)
+        ms_flight_hang_alert(s->taken_ns, MS_LIVE_HANG_FACTOR, (int64_t)(MS_LIVE_HANG_MIN_S * 1e9),
+                             s->hang_alert, sizeof s->hang_alert);
     s->version = ++l->version;
     const ms_snapshot *old = l->cur;
     l->cur = s;
@@ -750,11 +754,23 @@ void ms_live_publish_now(ms_live *l) {
 }
 
 /* True when something changed since the last snapshot: a step, suggestions, fed events. */
+/* Whether the flight recorder's hang alert differs from the latest snapshot's: a hang brings
+ * no steps and no events, yet the views must learn of it. */
+static bool hang_changed(ms_live *l) {
+    char alert[MS_LIVE_TEXT];
+    ms_flight_hang_alert(ms_now_ns(), MS_LIVE_HANG_FACTOR, (int64_t)(MS_LIVE_HANG_MIN_S * 1e9),
+                         alert, sizeof alert);
+    pthread_mutex_lock(&l->mu);
+    bool changed = l->cur && !l->cur->finished && strcmp(alert, l->cur->hang_alert) != 0;
+    pthread_mutex_unlock(&l->mu);
+    return changed;
+}
+
 static bool has_news(ms_live *l) {
     pthread_mutex_lock(&l->mu);
     bool news = l->dirty || l->n_fed > 0;
     pthread_mutex_unlock(&l->mu);
-    return news;
+    return news || hang_changed(l);
 }
 
 void ms_live_set_advisor(ms_live *l, ms_live_advise_fn fn, void *user, int period_ms) {

@@ -37,6 +37,8 @@
 
 #define MS_LIVE_MAX_SUGGESTIONS 8
 #define MS_LIVE_TEXT            256
+#define MS_LIVE_HANG_FACTOR     10.0
+#define MS_LIVE_HANG_MIN_S      1.0
 
 /* One training step as rank 0 saw it. */
 typedef struct ms_live_step {
@@ -158,6 +160,11 @@ typedef struct ms_snapshot {
     ms_suggestion suggestions[MS_LIVE_MAX_SUGGESTIONS];
     int n_suggestions;
     char last_event[MS_LIVE_TEXT]; /* e.g. "switched to dp2 x tp2 at step 120" */
+    /* A collective waiting far longer than usual, before its timeout fires: "hang: all_reduce
+     * seq 12 on 'dp' (ranks 0-3) has waited 3.1 s (usually 0.2 ms); not arrived: rank 3" from
+     * the flight recorder (engine/comm/flight.h: more than MS_LIVE_HANG_FACTOR times the median
+     * of its recent completions and more than MS_LIVE_HANG_MIN_S); "" when nothing hangs. */
+    char hang_alert[MS_LIVE_TEXT];
 
     int refs_; /* private */
 } ms_snapshot;

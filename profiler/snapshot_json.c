@@ -251,6 +251,7 @@ cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
          add_bool(info, "live", s->info.live);
     ok = ok && add_str(root, "strategy", s->strategy) && add_num(root, "step", (double)s->step) &&
          add_bool(root, "finished", s->finished) && add_str(root, "last_event", event) &&
+         add_str(root, "hang_alert", s->hang_alert) &&
          add_num(root, "achieved_flops_per_s", s->achieved_flops_per_s);
 
     cJSON *hist = ok ? cJSON_AddArrayToObject(root, "history") : NULL;
@@ -809,6 +810,7 @@ static ms_status rd_snapshot(rd *r, const cJSON *root, ms_snapshot *s) {
     FIELD(r, root, "step", rd_i64(r, v_, &s->step));
     FIELD(r, root, "finished", rd_bool(r, v_, &s->finished));
     FIELD(r, root, "last_event", rd_str(r, v_, s->last_event, sizeof s->last_event));
+    OPT_FIELD(r, root, "hang_alert", rd_str(r, v_, s->hang_alert, sizeof s->hang_alert));
     FIELD(r, root, "achieved_flops_per_s", rd_num(r, v_, &s->achieved_flops_per_s));
     MS_CHECK(
         ROWS(r, root, "history", ms_live_step, MAX_LIST, rd_history, &s->history, &s->n_history));

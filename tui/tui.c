@@ -210,6 +210,10 @@ static void draw_footer(ms_tui *t, int y, int w) {
         return;
     }
     t->msg[0] = '\0';
+    if (t->snap && t->snap->hang_alert[0]) { /* a collective hangs: say so before the keys */
+        ms_tui_text(p, y, 0, w, p->role[MS_ROLE_BAD], t->snap->hang_alert);
+        return;
+    }
     char keys[256];
     snprintf(keys, sizeof keys, "?:help  q:quit  p:%s  Tab:next  1-%d:screen  %s",
              t->paused ? "resume" : "pause", screens_shown(t->snap), screens[t->screen]->keys);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/comm/flight.h"
 #include "engine/core/xalloc.h"
 
 struct ms_comm {
@@ -23,6 +24,8 @@ struct ms_comm {
     int64_t timeout_ns;
     ms_comm_observer_fn observer;
     void *observer_user;
+    ms_flight *flight;    /* this rank's flight recorder */
+    ms_flight_comm fdesc; /* what its entries say about this communicator */
     /* Guarded by mu: the progress thread breaks the communicator and completes requests. */
     pthread_mutex_t mu;
     pthread_cond_t wake;      /* the progress thread: work queued, or stop */
@@ -117,6 +120,9 @@ ms_comm *ms_comm_wrap(const ms_comm_backend_ops *ops, void *ctx, int rank, int s
     memcpy(c->world_ranks, world_ranks, sizeof(int) * (size_t)size);
     snprintf(c->name, sizeof c->name, "%s", name ? name : "world");
     c->timeout_ns = (int64_t)MS_COMM_DEFAULT_TIMEOUT_MS * 1000000;
+    ms_flight_comm_init(&c->fdesc, c->name, world_ranks, size, rank);
+    c->fdesc.timeout_ns = c->timeout_ns;
+    c->flight = ms_flight_for_rank(world_ranks[rank]);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->wake, NULL);
     pthread_cond_init(&c->completed, NULL);
@@ -163,6 +169,7 @@ bool ms_comm_is_broken(const ms_comm *c) {
 }
 void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms) {
     c->timeout_ns = ms * 1000000;
+    c->fdesc.timeout_ns = c->timeout_ns;
 }
 int64_t ms_comm_timeout_ms(const ms_comm *c) {
     return c->timeout_ns / 1000000;
@@ -238,10 +245,42 @@ static ms_status refuse_if_broken(ms_comm *c, ms_coll_kind kind, bool report, ms
                    ms_coll_name(kind), g, why);
 }
 
+/* What the flight recorder keeps of a call besides its kind and sequence number. */
+typedef struct call_info {
+    size_t bytes;
+    int root; /* communicator rank, or -1 */
+    const ms_p2p_op *ops;
+    int nops;
+} call_info;
+
+/* Records call in the rank's flight recorder, as issued (and started unless queued). */
+static void flight_issue(ms_comm *c, ms_comm_call *call, call_info info, bool started) {
+    ms_flight_call fc = {.kind = call->kind,
+                         .dtype = call->dtype,
+                         .seq = call->seq,
+                         .bytes = info.bytes,
+                         .root = info.root >= 0 ? c->world_ranks[info.root] : -1,
+                         .peer = info.nops ? c->world_ranks[info.ops[0].peer] : -1,
+                         .p2p_send = info.nops && info.ops[0].kind == MS_P2P_SEND,
+                         .n_p2p = info.nops};
+    int64_t now = ms_now_ns();
+    call->flight = ms_flight_issue(c->flight, &c->fdesc, &fc, now);
+    if (started) ms_flight_start(c->flight, call->flight, now);
+}
+
+/* Records how call ended, with the world ranks a timeout named as missing. */
+static void flight_end(ms_comm *c, const ms_comm_call *call, ms_status st) {
+    int missing[MS_FLIGHT_MAX_MISSING];
+    int n = 0;
+    for (int i = 0; i < call->n_missing && n < MS_FLIGHT_MAX_MISSING; i++)
+        missing[n++] = ms_comm_world_rank(c, call->missing[i]);
+    ms_flight_end(c->flight, call->flight, st, missing, st == MS_ERR_TIMEOUT ? n : 0, ms_now_ns());
+}
+
 /* Starts a call on buffers of type dt: waits for the non-blocking calls before it, refuses on
- * a broken communicator, assigns seq and deadline. */
-static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, ms_comm_call *call,
-                               ms_error *err) {
+ * a broken communicator, assigns seq and deadline, and records it. */
+static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, call_info info,
+                               ms_comm_call *call, ms_error *err) {
     memset(call, 0, sizeof *call);
     call->kind = kind;
     call->dtype = dt;
@@ -250,12 +289,14 @@ static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, 
     call->seq = ++c->seq;
     call->timeout_ns = c->timeout_ns;
     call->deadline_ns = ms_now_ns() + c->timeout_ns;
+    flight_issue(c, call, info, true);
     return MS_OK;
 }
 
 /* A call on float32 buffers (every collective but broadcast and p2p). */
-static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_call *call, ms_error *err) {
-    return call_begin_as(c, kind, MS_COMM_F32, call, err);
+static ms_status call_begin(ms_comm *c, ms_coll_kind kind, size_t bytes, ms_comm_call *call,
+                            ms_error *err) {
+    return call_begin_as(c, kind, MS_COMM_F32, (call_info){bytes, -1, NULL, 0}, call, err);
 }
 
 /* Decorates a failure with op, group, seq and missing ranks, and marks the communicator
@@ -282,6 +323,7 @@ static ms_status call_fail(ms_comm *c, const ms_comm_call *call, ms_status st, b
                      ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name);
     }
     if (st == MS_ERR_TIMEOUT || st == MS_ERR_COMM) {
+        ms_flight_dump(c->flight, err ? err->msg : ms_status_str(st), NULL, 0);
         pthread_mutex_lock(&c->mu);
         c->broken = true;
         snprintf(c->broken_why, sizeof c->broken_why, "%s seq %lld failed (%s)",
@@ -328,6 +370,7 @@ static void call_report(ms_comm *c, const ms_comm_call *call, ms_status st, call
 static ms_status call_end(ms_comm *c, ms_comm_call *call, ms_status st, int64_t t0, size_t bytes,
                           ms_reduce_op op, int root, ms_error *err) {
     int64_t t1 = ms_now_ns();
+    flight_end(c, call, st);
     if (st != MS_OK) call_fail(c, call, st, false, err);
     call_report(c, call, st, (call_times){t0, t0, t1, false}, bytes, op, root);
     return st;
@@ -378,7 +421,7 @@ ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count
                         ms_error *err) {
     MS_CHECK(check_all_reduce(c, send, recv, count, op, err));
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, &call, err));
+    MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, count * sizeof(float), &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->all_reduce(c->ctx, send, recv, count, op, &call, err);
     return call_end(c, &call, st, t0, count * sizeof(float), op, -1, err);
@@ -388,10 +431,10 @@ ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv, const si
                             ms_reduce_op op, ms_error *err) {
     MS_CHECK(check_reduce_scatter(c, send, recv, recv_counts, op, err));
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, &call, err));
+    size_t total = sum_counts(recv_counts, c->size);
+    MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, total * sizeof(float), &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->reduce_scatter(c->ctx, send, recv, recv_counts, op, &call, err);
-    size_t total = sum_counts(recv_counts, c->size);
     return call_end(c, &call, st, t0, total * sizeof(float), op, -1, err);
 }
 
@@ -399,10 +442,10 @@ ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t
                         ms_error *err) {
     MS_CHECK(check_all_gather(c, send, recv, counts, err));
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, &call, err));
+    size_t total = sum_counts(counts, c->size);
+    MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, total * sizeof(float), &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->all_gather(c->ctx, send, recv, counts, &call, err);
-    size_t total = sum_counts(counts, c->size);
     return call_end(c, &call, st, t0, total * sizeof(float), MS_REDUCE_SUM, -1, err);
 }
 
@@ -414,8 +457,10 @@ static void execute(ms_comm_request *r) {
     ms_comm *c = r->c;
     ms_comm_call *call = &r->call;
     r->t0 = ms_now_ns();
+    ms_flight_start(c->flight, call->flight, r->t0);
     r->st = refuse_if_broken(c, call->kind, false, &r->err);
-    if (r->st == MS_OK) {
+    const bool ran = r->st == MS_OK; /* not refused: a failure is its own */
+    if (ran) {
         call->deadline_ns = r->t0 + call->timeout_ns;
         switch (call->kind) {
             case MS_COLL_ALL_REDUCE:
@@ -430,8 +475,9 @@ static void execute(ms_comm_request *r) {
                 r->st = c->ops->all_gather(c->ctx, r->send, r->recv, r->counts, call, &r->err);
                 break;
         }
-        if (r->st != MS_OK) call_fail(c, call, r->st, true, &r->err);
     }
+    flight_end(c, call, r->st);
+    if (ran && r->st != MS_OK) call_fail(c, call, r->st, true, &r->err);
     r->t1 = ms_now_ns();
 }
 
@@ -494,6 +540,7 @@ static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind,
     r->call.seq = ++c->seq;
     r->call.timeout_ns = c->timeout_ns;
     r->t_issue = ms_now_ns();
+    flight_issue(c, &r->call, (call_info){r->bytes, -1, NULL, 0}, false);
     pthread_mutex_lock(&c->mu);
     c->in_flight++;
     bool async = c->ops->async_ok && c->ops->async_ok(c->ctx);
@@ -631,7 +678,7 @@ ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts
     if (send && send == recv && c->size > 1)
         return bad(c, MS_COLL_ALL_TO_ALL, err, "in-place is not supported; use two buffers");
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_ALL_TO_ALL, &call, err));
+    MS_CHECK(call_begin(c, MS_COLL_ALL_TO_ALL, sent * sizeof(float), &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->all_to_all(c->ctx, send, send_counts, send_displs, recv, recv_counts,
                                       recv_displs, &call, err);
@@ -643,7 +690,8 @@ static ms_status broadcast_as(ms_comm *c, ms_comm_dtype dt, void *buf, size_t co
     if (root < 0 || root >= c->size) return bad(c, MS_COLL_BROADCAST, err, "root out of range");
     if (count && !buf) return bad(c, MS_COLL_BROADCAST, err, "NULL buffer");
     ms_comm_call call;
-    MS_CHECK(call_begin_as(c, MS_COLL_BROADCAST, dt, &call, err));
+    call_info info = {count * ms_comm_dtype_size(dt), root, NULL, 0};
+    MS_CHECK(call_begin_as(c, MS_COLL_BROADCAST, dt, info, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->broadcast(c->ctx, buf, count, root, &call, err);
     return call_end(c, &call, st, t0, count * ms_comm_dtype_size(dt), MS_REDUCE_SUM, root, err);
@@ -670,7 +718,7 @@ static ms_status p2p_as(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int 
         if (ops[i].kind == MS_P2P_SEND) bytes += ops[i].count * ms_comm_dtype_size(dt);
     }
     ms_comm_call call;
-    MS_CHECK(call_begin_as(c, MS_COLL_P2P, dt, &call, err));
+    MS_CHECK(call_begin_as(c, MS_COLL_P2P, dt, (call_info){bytes, -1, ops, nops}, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->p2p(c->ctx, ops, nops, &call, err);
     call.p2p_ops = ops;
@@ -758,7 +806,7 @@ ms_status ms_comm_bcast_msg(ms_comm *c, int root, void *buf, size_t *len, size_t
 
 ms_status ms_barrier(ms_comm *c, ms_error *err) {
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_BARRIER, &call, err));
+    MS_CHECK(call_begin(c, MS_COLL_BARRIER, 0, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->barrier(c->ctx, &call, err);
     return call_end(c, &call, st, t0, 0, MS_REDUCE_SUM, -1, err);
@@ -768,7 +816,7 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
                         ms_error *err) {
     *out = NULL;
     ms_comm_call call;
-    MS_CHECK(call_begin(parent, MS_COLL_SPLIT, &call, err));
+    MS_CHECK(call_begin(parent, MS_COLL_SPLIT, 0, &call, err));
     int64_t t0 = ms_now_ns();
     void *ctx = NULL;
     int size = 0, rank = -1;
@@ -780,7 +828,7 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
         /* Backends report members as parent ranks; translate to world ranks. */
         for (int i = 0; i < size; i++) world[i] = parent->world_ranks[members[i]];
         *out = ms_comm_wrap(parent->ops, ctx, rank, size, world, name);
-        (*out)->timeout_ns = parent->timeout_ns;
+        ms_comm_set_timeout_ms(*out, ms_comm_timeout_ms(parent));
     }
     free(world);
     free(members);

@@ -4,8 +4,10 @@
  * (threads, MPI, NCCL) implements the raw operations in comm_impl.h; the thin shared
  * layer in comm.c validates arguments, assigns sequence numbers, applies the timeout,
  * turns backend failures into errors that name the op, the group, the sequence number and
- * the ranks that did not arrive, and reports every call to an observer (the profiler) with
- * its bytes and peers. A new backend gets all of that for free.
+ * the ranks that did not arrive, reports every call to an observer (the profiler) with
+ * its bytes and peers, and records it in the rank's flight recorder (flight.h), dumped when a
+ * call fails so that `meshscope doctor` can say what happened. A new backend gets all of that
+ * for free.
  *
  * All calls are collective over the communicator unless noted, take float32 data (the
  * reductions, all_gather, all_to_all) or float32 or raw bytes (broadcast and point-to-point,

@@ -30,6 +30,7 @@ typedef struct ms_comm_call {
     const char *algo;         /* set by the backend: the algorithm it used */
     const ms_p2p_op *p2p_ops; /* MS_COLL_P2P: reported to the observer */
     int n_p2p;
+    uint64_t flight; /* the call's ticket in the rank's flight recorder (flight.h) */
 } ms_comm_call;
 
 typedef struct ms_comm_backend_ops {

@@ -658,6 +658,11 @@ function drawStatus() {
   $('st-loss').textContent = last ? fmtNum(last.loss, 4) : '-';
   $('st-ranks').textContent = String(s.info.nranks);
   $('st-event').textContent = s.last_event || '';
+  // A collective waiting far longer than usual (the flight recorder): a banner naming it and
+  // the ranks that have not arrived, before the communicator times out.
+  const alert = $('hang-alert');
+  alert.textContent = s.hang_alert || '';
+  alert.hidden = !s.hang_alert;
   document.title = `meshscope: step ${s.step} \u00b7 ${s.strategy}`;
   if (s.finished) setConn('finished', s.info.live ? 'finished' : 'trace file');
   $('btn-stop').disabled = s.finished;

@@ -1,0 +1,379 @@
+/* flight_doctor.c - reading flight recorder dumps and saying what happened (flight_doctor.h).
+ *
+ * Calls are matched across ranks by (communicator id, sequence number): every member numbers
+ * a communicator's collectives alike. Point-to-point batches are numbered only by the ranks
+ * that take part, so they are reported per rank (where it was last seen), not matched. */
+#include "profiler/flight_doctor.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/comm/comm_impl.h"
+#include "engine/comm/flight.h"
+
+/* One rank's dump. */
+typedef struct dump {
+    const char *path;
+    int rank;
+    char reason[256];
+    int64_t now_ns;
+    ms_flight_entry *e;
+    int n;
+} dump;
+
+static int64_t num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : 0;
+}
+
+static const char *str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static int lookup(const char *name, const char *(*name_of)(int), int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(name, name_of(i))) return i;
+    return -1;
+}
+static const char *coll_name(int i) {
+    return ms_coll_name((ms_coll_kind)i);
+}
+static const char *state_name(int i) {
+    return ms_flight_state_name((ms_flight_state)i);
+}
+static const char *status_name(int i) {
+    return ms_status_str((ms_status)i);
+}
+static const char *dtype_name(int i) {
+    return ms_comm_dtype_name((ms_comm_dtype)i);
+}
+
+/* One entry line into e; false when it is not one. */
+static bool parse_entry(const cJSON *o, ms_flight_entry *e) {
+    memset(e, 0, sizeof *e);
+    int kind = lookup(str(o, "op"), coll_name, MS_COLL_KIND_COUNT);
+    int state = lookup(str(o, "state"), state_name, MS_FLIGHT_STATE_COUNT);
+    if (kind < 0 || state < 0 || !cJSON_GetObjectItemCaseSensitive(o, "seq")) return false;
+    e->kind = (uint8_t)kind;
+    e->state = (uint8_t)state;
+    int dt = lookup(str(o, "dtype"), dtype_name, MS_COMM_DTYPE_COUNT);
+    e->dtype = (uint8_t)(dt < 0 ? 0 : dt);
+    int status = lookup(str(o, "status"), status_name, MS_STATUS_COUNT);
+    e->status = (int16_t)(status < 0 ? MS_OK : status);
+    e->seq = num(o, "seq");
+    e->bytes = (uint64_t)num(o, "bytes");
+    e->root = (int16_t)num(o, "root");
+    e->peer = (int16_t)num(o, "peer");
+    const char *p2p = str(o, "p2p");
+    e->n_p2p = *p2p != '\0';
+    e->p2p_send = !strcmp(p2p, "send");
+    e->t_issue_ns = num(o, "issue_ns");
+    e->t_start_ns = num(o, "start_ns");
+    e->t_end_ns = num(o, "end_ns");
+    snprintf(e->comm.name, sizeof e->comm.name, "%s", str(o, "comm"));
+    snprintf(e->comm.ranks, sizeof e->comm.ranks, "%s", str(o, "ranks"));
+    e->comm.id = (uint32_t)num(o, "comm_id");
+    e->comm.rank = (int32_t)num(o, "comm_rank");
+    e->comm.size = (int32_t)num(o, "comm_size");
+    e->comm.timeout_ns = num(o, "timeout_ms") * 1000000;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "missing"), *v;
+    cJSON_ArrayForEach(v, m) {
+        if (cJSON_IsNumber(v) && e->n_missing < MS_FLIGHT_MAX_MISSING)
+            e->missing[e->n_missing++] = (int16_t)v->valueint;
+    }
+    return true;
+}
+
+/* Reads one dump file: a header line, then entries. */
+static ms_status read_dump(const char *path, dump *d, ms_error *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return ms_fail(err, MS_ERR_IO, "cannot read %s (%s)", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0, cap_e = 0;
+    ms_status st = MS_OK;
+    while (st == MS_OK && getline(&line, &cap, f) > 0) {
+        lineno++;
+        cJSON *o = cJSON_Parse(line);
+        if (lineno == 1) {
+            if (!o || num(o, "flight") != 1)
+                st = ms_fail(err, MS_ERR_INVALID,
+                             "%s is not a flight recorder dump: its first line lacks "
+                             "\"flight\":1 (docs/formats.md); remove it from the folder",
+                             path);
+            d->rank = (int)num(o, "rank");
+            d->now_ns = num(o, "now_ns");
+            snprintf(d->reason, sizeof d->reason, "%s", str(o, "reason"));
+        } else {
+            if (d->n == cap_e)
+                d->e = xrealloc(d->e, sizeof *d->e * (size_t)(cap_e = cap_e * 2 + 64));
+            if (!o || !parse_entry(o, &d->e[d->n]))
+                st = ms_fail(err, MS_ERR_INVALID,
+                             "%s line %d is not a flight recorder entry (truncated dump?); "
+                             "remove the file or the line",
+                             path, lineno);
+            else
+                d->n++;
+        }
+        cJSON_Delete(o);
+    }
+    if (st == MS_OK && lineno == 0)
+        st = ms_fail(err, MS_ERR_INVALID, "%s is empty: the rank died while dumping", path);
+    free(line);
+    fclose(f);
+    return st;
+}
+
+static const dump *find_rank(const dump *d, int nd, int rank) {
+    for (int i = 0; i < nd; i++)
+        if (d[i].rank == rank) return &d[i];
+    return NULL;
+}
+
+/* How long a rank waited in e, as of its dump. */
+static int64_t waited_ns(const dump *d, const ms_flight_entry *e) {
+    int64_t end = e->t_end_ns ? e->t_end_ns : d->now_ns;
+    return end - (e->t_start_ns ? e->t_start_ns : e->t_issue_ns);
+}
+
+static void put_duration(ms_strbuf *out, int64_t ns) {
+    if (ns >= 1000000000)
+        ms_strbuf_printf(out, "%.1f s", (double)ns / 1e9);
+    else
+        ms_strbuf_printf(out, "%.1f ms", (double)ns / 1e6);
+}
+
+/* The newest entry of d on communicator id, or NULL. */
+static const ms_flight_entry *newest_on(const dump *d, uint32_t id) {
+    for (int i = d->n - 1; i >= 0; i--)
+        if (d->e[i].comm.id == id) return &d->e[i];
+    return NULL;
+}
+
+static const ms_flight_entry *at_seq(const dump *d, uint32_t id, int64_t seq) {
+    for (int i = d->n - 1; i >= 0; i--)
+        if (d->e[i].comm.id == id && d->e[i].seq == seq) return &d->e[i];
+    return NULL;
+}
+
+static bool named_missing(const dump *d, int nd, int rank) {
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
+        for (int k = 0; w && k < w->n_missing; k++)
+            if (w->missing[k] == rank) return true;
+    }
+    return false;
+}
+
+/* What went wrong with member m of collective w (described in call), which it did not wait in
+ * with the others; false when nothing can be said (partial: m may have dumped elsewhere). */
+static bool member_finding(const dump *d, int nd, bool partial, int m, const ms_flight_entry *w,
+                           const char *call, ms_strbuf *out) {
+    const dump *dm = find_rank(d, nd, m);
+    if (!dm && partial && !named_missing(d, nd, m)) return false;
+    const ms_flight_entry *last = dm ? newest_on(dm, w->comm.id) : NULL;
+    const ms_flight_entry *same = dm ? at_seq(dm, w->comm.id, w->seq) : NULL;
+    if (!dm && partial)
+        ms_strbuf_printf(out, "rank %d never arrived in %s", m, call);
+    else if (!dm)
+        ms_strbuf_printf(out, "rank %d %s %s and left no flight dump (it died or was stopped)", m,
+                         named_missing(d, nd, m) ? "never arrived in" : "did not finish", call);
+    else if (!last || last->seq < w->seq)
+        ms_strbuf_printf(out, "rank %d never entered %s", m, call);
+    else if (same && same->kind != w->kind)
+        ms_strbuf_printf(out,
+                         "rank %d called %s as seq %lld there instead of %s: the ranks called "
+                         "collectives in different orders",
+                         m, ms_coll_name((ms_coll_kind)same->kind), (long long)w->seq,
+                         ms_coll_name((ms_coll_kind)w->kind));
+    else
+        ms_strbuf_printf(out, "rank %d finished %s while others did not", m, call);
+    return true;
+}
+
+/* The findings about collective w (where some rank was stuck): who never entered it, who came
+ * only after the others gave up on it, who died without a dump, who called something else, and
+ * how long the others waited. */
+static void diagnose_collective(const dump *d, int nd, bool partial, const ms_flight_entry *w,
+                                ms_strbuf *out) {
+    char call[160], ranks[96];
+    ms_flight_format_call(w, call, sizeof call);
+    int members[MS_COMM_MAX_RANKS], waiting[MS_COMM_MAX_RANKS], late[MS_COMM_MAX_RANKS];
+    int n = ms_flight_parse_ranks(w->comm.ranks, members, MS_COMM_MAX_RANKS), nw = 0, nl = 0;
+    int64_t waited = 0;
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
+        if (!x || x->comm.id != w->comm.id || x->seq != w->seq) continue;
+        if (x->status != MS_ERR_TIMEOUT && named_missing(d, nd, d[i].rank)) {
+            late[nl++] = d[i].rank; /* the others timed out before it came */
+            continue;
+        }
+        waiting[nw++] = d[i].rank;
+        if (waited_ns(&d[i], x) > waited) waited = waited_ns(&d[i], x);
+    }
+    ms_flight_format_ranks(waiting, nw, ranks, sizeof ranks);
+    int named = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int k = 0; k < nw; k++) seen |= waiting[k] == members[i];
+        for (int k = 0; k < nl; k++) seen |= late[k] == members[i];
+        if (seen) continue;
+        if (!member_finding(d, nd, partial, members[i], w, call, out)) continue;
+        named++;
+        ms_strbuf_printf(out, "; rank%s %s waited ", nw > 1 ? "s" : "", ranks);
+        put_duration(out, waited);
+        ms_strbuf_printf(out, "\n");
+    }
+    for (int k = 0; k < nl && nw; k++, named++) {
+        ms_strbuf_printf(out, "rank %d came late to %s: rank%s %s waited ", late[k], call,
+                         nw > 1 ? "s" : "", ranks);
+        put_duration(out, waited);
+        ms_strbuf_printf(out, " for it and gave up first\n");
+    }
+    if (!named && !partial) {
+        ms_strbuf_printf(out,
+                         "every member entered %s and none finished: the transfer itself "
+                         "stalled (waited ",
+                         call);
+        put_duration(out, waited);
+        ms_strbuf_printf(out, ")\n");
+    }
+}
+
+/* A point-to-point batch a rank was stuck in. */
+static void diagnose_p2p(const dump *d, int nd, const dump *r, const ms_flight_entry *w,
+                         ms_strbuf *out) {
+    char call[160];
+    ms_flight_format_call(w, call, sizeof call);
+    ms_strbuf_printf(out, "rank %d was last seen in %s, for ", r->rank, call);
+    put_duration(out, waited_ns(r, w));
+    if (!find_rank(d, nd, w->peer))
+        ms_strbuf_printf(out, "; rank %d left no flight dump (it died or was stopped)", w->peer);
+    ms_strbuf_printf(out, "\n");
+}
+
+static int dump_cmp(const void *a, const void *b) {
+    const dump *x = a, *y = b;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Whether every rank stuck in w's call was named missing by another: it is a culprit of a
+ * later call (e.g. stopped inside an MPI all-reduce that its peers completed), said there. */
+static bool only_culprits(const dump *d, int nd, const ms_flight_entry *w) {
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
+        if (x && x->comm.id == w->comm.id && x->seq == w->seq && !named_missing(d, nd, d[i].rank))
+            return false;
+    }
+    return true;
+}
+
+static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
+    qsort(d, (size_t)nd, sizeof *d, dump_cmp);
+    bool fault = false;
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
+        if (!w) continue;
+        fault = true;
+        if (w->n_p2p) {
+            diagnose_p2p(d, nd, &d[i], w, out);
+            continue;
+        }
+        bool seen = false; /* diagnosed with an earlier rank */
+        for (int j = 0; j < i && !seen; j++) {
+            const ms_flight_entry *x = ms_flight_where(d[j].e, d[j].n);
+            seen = x && x->comm.id == w->comm.id && x->seq == w->seq;
+        }
+        if (!seen && !only_culprits(d, nd, w)) diagnose_collective(d, nd, partial, w, out);
+    }
+    if (!fault)
+        ms_strbuf_printf(out, "all ranks completed every collective: no communication fault\n");
+    ms_strbuf_printf(out, "per rank (%d dump%s):\n", nd, nd == 1 ? "" : "s");
+    for (int i = 0; i < nd; i++) {
+        char line[512];
+        ms_flight_describe(d[i].e, d[i].n, d[i].rank, d[i].now_ns, line, sizeof line);
+        ms_strbuf_printf(out, "  %s [dumped on: %.200s]\n", line, d[i].reason);
+    }
+}
+
+/* Keeps one dump per rank, the newest (a folder may hold an earlier job's dumps too), first
+ * in d; returns how many. Those left out are named. */
+static int keep_newest(dump *d, int n, ms_strbuf *out) {
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < kept && d[k].rank != d[i].rank) k++;
+        bool newer = k == kept || d[i].now_ns > d[k].now_ns;
+        if (k < kept)
+            ms_strbuf_printf(out, "(left out %s: an older dump of rank %d)\n",
+                             newer ? d[k].path : d[i].path, d[i].rank);
+        if (!newer) continue;
+        dump t = d[k];
+        d[k] = d[i];
+        d[i] = t;
+        if (k == kept) kept++;
+    }
+    return kept;
+}
+
+ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strbuf *out,
+                          ms_error *err) {
+    dump *d = xcalloc((size_t)(n > 0 ? n : 1), sizeof *d);
+    ms_status st = MS_OK;
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        d[i].path = paths[i];
+        st = read_dump(paths[i], &d[i], err);
+    }
+    int kept = st == MS_OK ? keep_newest(d, n, out) : 0;
+    if (st == MS_OK) diagnose(d, kept, partial, out);
+    for (int i = 0; i < n; i++) free(d[i].e);
+    free(d);
+    return st;
+}
+
+static bool is_dump_name(const char *name) {
+    size_t len = strlen(name);
+    return !strncmp(name, "flight-rank", 11) && len > 6 && !strcmp(name + len - 6, ".jsonl");
+}
+
+static int str_cmp(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+ms_status ms_doctor_dir(const char *dir, ms_strbuf *out, ms_error *err) {
+    DIR *dh = opendir(dir);
+    if (!dh)
+        return ms_fail(err, MS_ERR_IO,
+                       "cannot read the folder %s (%s); give the --flight-dir of "
+                       "the failed job",
+                       dir, strerror(errno));
+    char **paths = NULL;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(dh));) {
+        if (!is_dump_name(de->d_name)) continue;
+        paths = xrealloc(paths, sizeof *paths * (size_t)(n + 1));
+        size_t len = strlen(dir) + strlen(de->d_name) + 2;
+        paths[n] = xmalloc(len);
+        snprintf(paths[n++], len, "%s/%s", dir, de->d_name);
+    }
+    closedir(dh);
+    ms_status st;
+    if (!n) {
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "%s holds no flight recorder dumps (flight-rank<R>-pid<P>.jsonl): ranks dump "
+                     "there only when a collective times out or a rank is terminated",
+                     dir);
+    } else {
+        qsort(paths, (size_t)n, sizeof *paths, str_cmp);
+        st = ms_doctor_files((const char *const *)paths, n, false, out, err);
+    }
+    for (int i = 0; i < n; i++) free(paths[i]);
+    free(paths);
+    return st;
+}

@@ -1,0 +1,400 @@
+/* test_flight.c - the flight recorder (engine/comm/flight.h) and `meshscope doctor`
+ * (profiler/flight_doctor.h): the ring and its states, dumps written by a real timeout on the
+ * threads backend and read back by the doctor, its errors, and the hang alert. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/comm/flight.h"
+#include "profiler/flight_doctor.h"
+#include "profiler/live.h"
+#include "profiler/snapshot_json.h"
+#include "tests/testkit.h"
+
+static void make_dir(char *dir) {
+    strcpy(dir, "/tmp/ms-flight-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char path[512];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int count_dumps(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += !strncmp(e->d_name, "flight-rank", 11);
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_ranks_format_round_trip(void **state) {
+    (void)state;
+    const int ranks[] = {0, 2, 4, 5, 6, 9, 10};
+    char s[64];
+    ms_flight_format_ranks(ranks, 7, s, sizeof s);
+    assert_string_equal(s, "0,2,4-6,9-10");
+    int back[16];
+    assert_int_equal(ms_flight_parse_ranks(s, back, 16), 7);
+    assert_memory_equal(back, ranks, sizeof ranks);
+}
+
+/* Calls move issued -> started -> done or failed, with their times in order; the ring keeps
+ * the newest MS_FLIGHT_RING and ignores the end of a call it has dropped. */
+static void test_ring_and_states(void **state) {
+    (void)state;
+    ms_flight_reset();
+    ms_flight *f = ms_flight_for_rank(5);
+    assert_non_null(f);
+    assert_ptr_equal(f, ms_flight_for_rank(5));
+    assert_null(ms_flight_for_rank(-1));
+    const int members[] = {4, 5, 6, 7};
+    ms_flight_comm fc;
+    ms_flight_comm_init(&fc, "dp", members, 4, 1);
+    assert_string_equal(fc.ranks, "4-7");
+    ms_flight_call call = {
+        .kind = MS_COLL_ALL_REDUCE, .seq = 1, .bytes = 64, .root = -1, .peer = -1};
+    uint64_t a = ms_flight_issue(f, &fc, &call, 100);
+    call.seq = 2;
+    uint64_t b = ms_flight_issue(f, &fc, &call, 110);
+    ms_flight_start(f, a, 120);
+    ms_flight_end(f, a, MS_OK, NULL, 0, 130);
+    ms_flight_start(f, b, 140);
+    const int missing[] = {7};
+    ms_flight_end(f, b, MS_ERR_TIMEOUT, missing, 1, 150);
+    call.seq = 3;
+    ms_flight_issue(f, &fc, &call, 160);
+
+    ms_flight_entry *e = malloc(sizeof *e * MS_FLIGHT_RING);
+    assert_int_equal(ms_flight_snapshot(f, e, MS_FLIGHT_RING), 3);
+    assert_int_equal(e[0].state, MS_FLIGHT_DONE);
+    assert_true(e[0].t_issue_ns <= e[0].t_start_ns && e[0].t_start_ns <= e[0].t_end_ns);
+    assert_int_equal(e[1].state, MS_FLIGHT_FAILED);
+    assert_int_equal(e[1].n_missing, 1);
+    assert_int_equal(e[1].missing[0], 7);
+    assert_int_equal(e[2].state, MS_FLIGHT_ISSUED);
+    assert_int_equal(e[2].t_start_ns, 0);
+    assert_string_equal(ms_flight_where(e, 3) == &e[1] ? "failed" : "other", "failed");
+
+    for (int i = 0; i < MS_FLIGHT_RING + 10; i++) {
+        call.seq = 4 + i;
+        ms_flight_issue(f, &fc, &call, 200 + i);
+    }
+    ms_flight_end(f, a, MS_ERR_COMM, NULL, 0, 999); /* dropped: must not touch a live slot */
+    int n = ms_flight_snapshot(f, e, MS_FLIGHT_RING);
+    assert_int_equal(n, MS_FLIGHT_RING);
+    assert_int_equal(e[n - 1].seq, 3 + MS_FLIGHT_RING + 10);
+    assert_int_equal(e[0].seq, e[n - 1].seq - MS_FLIGHT_RING + 1);
+    for (int i = 0; i < n; i++) assert_int_equal(e[i].state, MS_FLIGHT_ISSUED);
+    free(e);
+    ms_flight_reset();
+}
+
+/* Every rank runs `calls` all-reduces on the world, except that rank `skip` leaves out the
+ * last one; the others must time out naming it. */
+typedef struct skip_args {
+    int calls, skip;
+    int64_t seq0; /* the world's sequence number before the calls (same on every rank) */
+} skip_args;
+
+static void skip_rank(mt_rank *r, void *arg) {
+    skip_args *a = arg;
+    ms_comm *w = r->ctx->world;
+    ms_comm_set_timeout_ms(w, 400);
+    if (r->ctx->rank == 0) a->seq0 = ms_comm_seq(w); /* the same on every rank */
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ms_error err = {0};
+    for (int i = 0; i < a->calls; i++) {
+        bool last = i == a->calls - 1;
+        if (last && r->ctx->rank == a->skip) {
+            /* Busy elsewhere, as a rank stuck in its compute would be when terminated. */
+            ms_flight_dump(ms_flight_for_rank(a->skip), "test: skipped the call", NULL, 0);
+            break;
+        }
+        ms_status st = ms_all_reduce(w, x, x, 8, MS_REDUCE_SUM, &err);
+        if (last)
+            MT_CHECK(r, st == MS_ERR_TIMEOUT, "rank %d: the last call returned %s, not a timeout",
+                     r->ctx->rank, ms_status_str(st));
+        else
+            MT_OK(r, st, &err);
+    }
+}
+
+static void test_dump_and_doctor_round_trip(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    ms_flight_reset();
+    ms_flight_set_dir(dir);
+    skip_args a = {.calls = 5, .skip = 3};
+    mt_run_threads(4, skip_rank, &a);
+    ms_flight_set_dir(NULL);
+    assert_int_equal(count_dumps(dir), 4);
+
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    char want[256];
+    long long seq = (long long)(a.seq0 + a.calls);
+    snprintf(want, sizeof want,
+             "rank 3 never entered all_reduce seq %lld on 'world' (ranks 0-3); ranks 0-2 waited ",
+             seq);
+    if (!strstr(out.p, want)) fail_msg("the diagnosis lacks \"%s\":\n%s", want, out.p);
+    assert_non_null(strstr(out.p, "per rank (4 dumps)"));
+    snprintf(want, sizeof want,
+             " ms in all_reduce seq %lld on 'world' (ranks 0-3) and gave up (timed out); not "
+             "arrived: rank 3",
+             seq);
+    /* About the timeout: each rank's own clock, from a little after its deadline was set. */
+    bool waited = strstr(out.p, "  rank 0 waited 3") || strstr(out.p, "  rank 0 waited 4");
+    if (!strstr(out.p, want) || !waited) fail_msg("the diagnosis lacks \"%s\":\n%s", want, out.p);
+    free(out.p);
+
+    /* Without rank 3's dump (killed), the timeouts' missing ranks still name it. */
+    char path[128];
+    snprintf(path, sizeof path, "%s/flight-rank3-pid%d.jsonl", dir, (int)getpid());
+    assert_int_equal(unlink(path), 0);
+    out = (ms_strbuf){0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    snprintf(want, sizeof want,
+             "rank 3 never arrived in all_reduce seq %lld on 'world' (ranks 0-3) and left no "
+             "flight dump (it died or was stopped); ranks 0-2 waited ",
+             seq);
+    if (!strstr(out.p, want)) fail_msg("the diagnosis lacks \"%s\":\n%s", want, out.p);
+    free(out.p);
+    remove_dir(dir);
+    ms_flight_reset();
+}
+
+/* Rank 2 sends to rank 3, which never receives: rank 2 times out in its send. */
+static void unmatched_send_rank(mt_rank *r, void *arg) {
+    int64_t *seq = arg;
+    ms_comm *w = r->ctx->world;
+    ms_comm_set_timeout_ms(w, 300);
+    float x[4] = {1, 2, 3, 4};
+    ms_error err = {0};
+    if (r->ctx->rank != 2) return;
+    *seq = ms_comm_seq(w) + 1;
+    ms_status st = ms_send(w, x, 4, 3, 7, &err);
+    MT_CHECK(r, st == MS_ERR_TIMEOUT, "the send returned %s, not a timeout", ms_status_str(st));
+}
+
+static void test_doctor_names_stuck_send(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    ms_flight_reset();
+    ms_flight_set_dir(dir);
+    int64_t seq = 0;
+    mt_run_threads(4, unmatched_send_rank, &seq);
+    ms_flight_set_dir(NULL);
+    assert_int_equal(count_dumps(dir), 1);
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    char want[160];
+    snprintf(want, sizeof want, "rank 2 was last seen in send to rank 3 seq %lld on 'world'",
+             (long long)seq);
+    if (!strstr(out.p, want) ||
+        !strstr(out.p, "; rank 3 left no flight dump (it died or was stopped)"))
+        fail_msg("the diagnosis lacks \"%s\":\n%s", want, out.p);
+    free(out.p);
+    remove_dir(dir);
+    ms_flight_reset();
+}
+
+/* Dumps of ranks that completed everything: the doctor says there was no fault. */
+static void all_done_rank(mt_rank *r, void *arg) {
+    (void)arg;
+    float x[4] = {1, 2, 3, 4};
+    ms_error err = {0};
+    for (int i = 0; i < 3; i++)
+        MT_OK(r, ms_all_reduce(r->ctx->world, x, x, 4, MS_REDUCE_MAX, &err), &err);
+}
+
+static void test_doctor_no_fault(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    ms_flight_reset();
+    ms_flight_set_dir(dir);
+    mt_run_threads(2, all_done_rank, NULL);
+    for (int r = 0; r < 2; r++) assert_true(ms_flight_dump(ms_flight_for_rank(r), "test", NULL, 0));
+    ms_flight_set_dir(NULL);
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    if (!strstr(out.p, "all ranks completed every collective: no communication fault"))
+        fail_msg("unexpected diagnosis:\n%s", out.p);
+    free(out.p);
+    remove_dir(dir);
+    ms_flight_reset();
+}
+
+static void test_doctor_errors(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "holds no flight recorder dumps"));
+    char path[128];
+    snprintf(path, sizeof path, "%s/flight-rank0-pid1.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fputs("not json\n", f);
+    fclose(f);
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "is not a flight recorder dump"));
+    remove_dir(dir);
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_ERR_IO);
+    assert_non_null(strstr(err.msg, "cannot read the folder"));
+    free(out.p);
+}
+
+/* Rank 1 arrives late at the fourth all-reduce; before it does, the alert names it. */
+typedef struct late_args {
+    char alert[256];
+    bool early_alert; /* an alert before anybody waited long */
+    ms_live *live;    /* when set: the alert as the live snapshot's JSON has it */
+} late_args;
+
+/* The live model's latest snapshot's "hang_alert", as its JSON says it: published by the live
+ * thread on its own (a hang brings no steps), so polled for up to 2 s until it is (want) or is
+ * not set. */
+static void snapshot_alert(ms_live *l, bool want, char *out, size_t len) {
+    for (int i = 0; i < 40; i++) {
+        const ms_snapshot *s = ms_live_acquire(l);
+        cJSON *j = ms_snapshot_to_json(s);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "hang_alert");
+        snprintf(out, len, "%s", cJSON_IsString(v) ? v->valuestring : "(missing)");
+        cJSON_Delete(j);
+        ms_snapshot_release(s);
+        if ((out[0] != '\0') == want) return;
+        usleep(50000);
+    }
+}
+
+static void check_alert(char *out, size_t len, bool want, late_args *a) {
+    if (a->live)
+        snapshot_alert(a->live, want, out, len);
+    else
+        ms_flight_hang_alert(ms_now_ns(), 10, 1000000000, out, len);
+}
+
+static void late_rank(mt_rank *r, void *arg) {
+    late_args *a = arg;
+    ms_comm *w = r->ctx->world;
+    ms_comm_set_timeout_ms(w, 10000);
+    float x[4] = {1, 2, 3, 4};
+    ms_error err = {0};
+    char text[256];
+    for (int i = 0; i < 3; i++) MT_OK(r, ms_all_reduce(w, x, x, 4, MS_REDUCE_SUM, &err), &err);
+    if (r->ctx->rank == 1) {
+        usleep(200000);
+        check_alert(text, sizeof text, false, a);
+        a->early_alert = text[0] != '\0';
+        usleep(1100000); /* rank 0 now waits > 1 s, many times its usual all-reduce */
+        check_alert(a->alert, sizeof a->alert, true, a);
+    }
+    MT_OK(r, ms_all_reduce(w, x, x, 4, MS_REDUCE_SUM, &err), &err);
+}
+
+static void expect_late_alert(ms_live *live) {
+    ms_flight_reset();
+    late_args a = {{0}, false, live};
+    mt_run_threads(2, late_rank, &a);
+    assert_false(a.early_alert);
+    if (!strstr(a.alert, "hang: all_reduce seq ") || !strstr(a.alert, "on 'world' (ranks 0-1)") ||
+        !strstr(a.alert, "not arrived: rank 1"))
+        fail_msg("unexpected alert: \"%s\"", a.alert);
+    char text[256];
+    check_alert(text, sizeof text, false, &a);
+    assert_string_equal(text, ""); /* over once the call completed */
+    ms_flight_reset();
+}
+
+static void test_hang_alert_names_late_rank(void **state) {
+    (void)state;
+    expect_late_alert(NULL);
+}
+
+/* The same alert reaches the live snapshot's JSON (the dashboard's banner, the TUI's status
+ * line) while the call waits, well before its 10 s timeout. */
+static void test_hang_alert_in_snapshot_json(void **state) {
+    (void)state;
+    ms_live_opts o = {.info = {.nranks = 2, .live = true, .tokens_per_step = 64}};
+    ms_live *l = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_live_create(&o, &l, &err), MS_OK);
+    assert_int_equal(ms_live_start(l, &err), MS_OK);
+    expect_late_alert(l);
+    ms_live_destroy(l);
+}
+
+/* What recording costs one call (issue, start, end: three short critical sections and a copy of
+ * the communicator's description), against a whole one-rank all-reduce of one float, which
+ * pays it. Printed for the record; bounded so that a slow recorder fails. */
+static void one_rank_all_reduces(mt_rank *r, void *arg) {
+    double *ns = arg;
+    float x = 1;
+    ms_error err = {0};
+    enum { N = 100000 };
+    int64_t t0 = ms_now_ns();
+    for (int i = 0; i < N; i++)
+        MT_OK(r, ms_all_reduce(r->ctx->world, &x, &x, 1, MS_REDUCE_SUM, &err), &err);
+    *ns = (double)(ms_now_ns() - t0) / N;
+}
+
+static void test_recorder_overhead(void **state) {
+    (void)state;
+    ms_flight_reset();
+    ms_flight *f = ms_flight_for_rank(0);
+    const int members[] = {0, 1, 2, 3};
+    ms_flight_comm fc;
+    ms_flight_comm_init(&fc, "dp", members, 4, 0);
+    enum { N = 1000000 };
+    ms_flight_call call = {.kind = MS_COLL_ALL_REDUCE, .bytes = 4, .root = -1, .peer = -1};
+    int64_t t0 = ms_now_ns();
+    for (int i = 0; i < N; i++) {
+        call.seq = i + 1;
+        uint64_t t = ms_flight_issue(f, &fc, &call, t0);
+        ms_flight_start(f, t, t0);
+        ms_flight_end(f, t, MS_OK, NULL, 0, t0);
+    }
+    double per_call = (double)(ms_now_ns() - t0) / N;
+    double all_reduce = 0;
+    mt_run_threads(1, one_rank_all_reduces, &all_reduce);
+    print_message("flight recorder: %.1f ns per call recorded; a one-rank all_reduce of one float "
+                  "(recorder included): %.1f ns\n",
+                  per_call, all_reduce);
+    assert_true(per_call < 10000); /* generous: sanitizers and shared cores slow it 10x */
+    ms_flight_reset();
+}
+
+int main(int argc, char **argv) {
+    mt_apply_filter(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ranks_format_round_trip),
+        cmocka_unit_test(test_ring_and_states),
+        cmocka_unit_test(test_dump_and_doctor_round_trip),
+        cmocka_unit_test(test_doctor_names_stuck_send),
+        cmocka_unit_test(test_doctor_no_fault),
+        cmocka_unit_test(test_doctor_errors),
+        cmocka_unit_test(test_hang_alert_names_late_rank),
+        cmocka_unit_test(test_hang_alert_in_snapshot_json),
+        cmocka_unit_test(test_recorder_overhead),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
