@@ -179,7 +179,8 @@ static void find_tied(ms_stages *st) {
             ms_param_view pv;
             ms_program_param(ch->prog, i, &pv);
             if (!strcmp(pv.name, "wte.weight") ||
-                !strcmp(pv.name, "embeddings.word_embeddings.weight"))
+                !strcmp(pv.name, "embeddings.word_embeddings.weight") ||
+                !strcmp(pv.name, "model.embed_tokens.weight"))
                 st->tie_param[last ? 1 : 0] = base + i;
         }
     }
@@ -346,7 +347,7 @@ static ms_status feed(ms_stages *st, chunk *c, int j, const int32_t *ids, const 
         for (int i = 0; i < n; i++) st->scratch[i] = (float)st->ids_mb[i];
         MS_CHECK(ms_program_feed(c->prog, md->ids, st->scratch, err));
         for (int i = 0; i < n; i++) st->scratch[i] = (float)(i % T);
-        MS_CHECK(ms_program_feed(c->prog, md->pos, st->scratch, err));
+        if (md->pos >= 0) MS_CHECK(ms_program_feed(c->prog, md->pos, st->scratch, err));
     }
     if (md->targets >= 0) {
         for (int i = 0; i < n; i++) st->scratch[i] = (float)st->tgt_mb[i];
