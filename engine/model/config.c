@@ -25,6 +25,10 @@ typedef struct field {
     const char *keys[3]; /* the canonical key first, then HF aliases; NULL-terminated */
 } field;
 
+bool ms_model_ties_embedding(const ms_model_config *c) {
+    return c->model_type != MS_MODEL_LLAMA || c->tie_word_embeddings;
+}
+
 const char *ms_model_type_name(ms_model_type t) {
     return t == MS_MODEL_BERT ? "bert" : t == MS_MODEL_LLAMA ? "llama" : "gpt2";
 }

@@ -53,6 +53,9 @@ ms_status ms_config_from_string(const char *json, size_t len, const char *name,
 /* Checks the invariants the parser enforces, for configs built in code. */
 ms_status ms_config_validate(const ms_model_config *c, const char *name, ms_error *err);
 
+/* Whether the output layer shares the token embedding (GPT-2, BERT; LLaMA when asked). */
+bool ms_model_ties_embedding(const ms_model_config *c);
+
 /* "gpt2", "bert" or "llama". */
 const char *ms_model_type_name(ms_model_type t);
 

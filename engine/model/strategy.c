@@ -508,8 +508,9 @@ static bool is_stream(const char *name) {
 }
 
 /* tp placement of a named value under the Megatron layout; false = no opinion. */
-static bool megatron(const ms_strategy *s, const char *name, const ms_shape *shape,
+static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *shape,
                      ms_placement *tp) {
+    const ms_strategy *s = sh->s;
     int ndim = shape->ndim;
     struct {
         const char *suffix;
@@ -533,9 +534,15 @@ static bool megatron(const ms_strategy *s, const char *name, const ms_shape *sha
         {"lm_head.weight", 0},
     };
     /* kv heads shard with the query heads when they divide tp; otherwise every rank keeps
-     * them all (GQA with fewer kv heads than tp ranks). */
+     * the whole attention (GQA with fewer kv heads than tp ranks). */
+    bool attn_whole = sh->kv_heads > 0 && sh->kv_heads % s->tp != 0;
     if (ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight")) {
-        *tp = shape->d[0] % s->tp == 0 ? ms_pl_shard(0) : ms_pl_replicate();
+        *tp = shape->d[0] % s->tp == 0 && !attn_whole ? ms_pl_shard(0) : ms_pl_replicate();
+        return true;
+    }
+    if (attn_whole && (ends_with(name, "self_attn.q_proj.weight") ||
+                       ends_with(name, "self_attn.o_proj.weight"))) {
+        *tp = ms_pl_replicate();
         return true;
     }
     for (size_t i = 0; i < sizeof shards / sizeof *shards; i++)
@@ -582,7 +589,7 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
         dp = ms_pl_shard(0);
         any = true;
     }
-    if (s->tp > 1 && megatron(s, name, shape, &tp)) any = true;
+    if (s->tp > 1 && megatron(sh, name, shape, &tp)) any = true;
     if ((is_input || is_residual) && s->cp > 1 && shape->ndim >= 2) {
         cp = ms_pl_shard(1);
         any = true;

@@ -128,7 +128,7 @@ static ms_status build_chunk(const ms_stages *st, int k, ms_model *md, ms_error 
 }
 
 static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
-    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules};
+    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules, .kv_heads = st->cfg.n_kv_head};
     return (ms_compile_opts){.shard = ms_strategy_shard,
                              .shard_user = sh,
                              .seed = st->o.seed,
@@ -262,7 +262,7 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         if (rc == MS_OK && ms_program_arena_bytes(st->ch[c].prog) > st->pool_bytes)
             st->pool_bytes = ms_program_arena_bytes(st->ch[c].prog);
     }
-    if (rc == MS_OK && st->p > 1) {
+    if (rc == MS_OK && st->p > 1 && ms_model_ties_embedding(&st->cfg)) {
         bool ends = st->stage == 0 || st->stage == st->p - 1;
         rc =
             ms_comm_split(ctx->world, ends ? st->index : -1, st->stage, "embedding", &st->tie, err);
