@@ -313,7 +313,6 @@ static void forward_tp2_kv1_w2(void **state) {
 
 static void check(int kv_heads, bool tied, const char *strategy, int world) {
     ms_model_config cfg = llama_config(kv_heads, tied);
-    cfg.n_positions = 16;
     mt_equiv_check_model(&cfg, strategy, NULL, NULL, world);
 }
 
