@@ -114,8 +114,8 @@ static void head(llama *m, ms_model *out, int x, int embed) {
     ms_graph_set_loss(m->g, out->loss);
 }
 
-ms_status ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
-                               ms_model *out) {
+void ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
+                          ms_model *out) {
     llama m = {.g = ms_graph_create(),
                .c = cfg,
                .B = B,
@@ -149,7 +149,6 @@ ms_status ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const m
     out->g = m.g;
     out->B = B;
     out->T = T;
-    return MS_OK;
 }
 
 bool ms_llama_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file) {

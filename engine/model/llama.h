@@ -12,9 +12,10 @@
 
 #include "engine/model/gpt.h"
 
-/* A chunk of the LLaMA model (see ms_model_build_chunk); cfg->model_type is MS_MODEL_LLAMA. */
-ms_status ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
-                               ms_model *out);
+/* A chunk of the LLaMA model into out->g (see ms_model_build_chunk, which checks the chunk and
+ * the sizes first and reports the graph's errors); cfg->model_type is MS_MODEL_LLAMA. */
+void ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
+                          ms_model *out);
 
 /* The checkpoint shape of a LLaMA projection weight; false when `name` is not one. */
 bool ms_llama_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file);
