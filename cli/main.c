@@ -19,7 +19,8 @@ typedef struct command {
 
 static const command commands[] = {
     {"train", "--model CONFIG --data FILE",
-     "train a GPT-2 or BERT model on a mesh of ranks; --web and --tui show it live", ms_cmd_train},
+     "train a GPT-2, BERT or LLaMA model on a mesh of ranks; --web and --tui show it live",
+     ms_cmd_train},
     {"eval", "--model CONFIG --checkpoint FILE --data FILE",
      "loss of a checkpoint on deterministic windows, as JSON", ms_cmd_eval},
     {"explain", "--model CONFIG", "every value's placements and every reshard with its bytes",

@@ -137,7 +137,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         const char *name, *synopsis, *about;
     } cmds[] = {
         {"train", "--model CONFIG --data FILE [options]",
-         "Trains a GPT-2 or BERT model on a mesh of ranks (--dp x --tp x --cp, or --strategy);\n"
+         "Trains a GPT-2, BERT or LLaMA model on a mesh of ranks (--dp x --tp x --cp, or "
+         "--strategy);\n"
          "--web and --tui show the job live and take strategy switches."},
         {"eval", "--model CONFIG --checkpoint FILE --data FILE [options]",
          "Prints the loss of a checkpoint on deterministic windows of the text, as JSON."},

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# checkpoint_eval.sh MESHSCOPE SRC_DIR: a checkpoint saved by a dp2 x tp2 run evaluates to the
+# checkpoint_eval.sh MESHSCOPE SRC_DIR [CONFIG]: a checkpoint saved by a dp2 x tp2 run evaluates to the
 # loss of one saved by the same training on one rank (so the save gathered every shard to its
 # place), and to the same loss on one rank, on tp4, on dp2 x tp2, on dp2 x cp2 and on two
 # pipelines (the file holds full tensors; each strategy shards them on load). A checkpoint
 # saved by a pp2 x dp2 run evaluates alike too (the save gathers every stage's layers).
+# CONFIG is the model (default configs/gpt-tiny.json).
 set -u
 bin=$1 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-model="$src/configs/gpt-tiny.json"
+model=${3:-"$src/configs/gpt-tiny.json"}
 printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 300) >"$tmp/text.txt"
 if ! "$bin" train --model "$model" --data "$tmp/text.txt" --dp 2 --tp 2 --steps 5 --batch 4 \
   --seq 32 --save "$tmp/ck.safetensors" >"$tmp/train.txt" 2>&1; then

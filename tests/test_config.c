@@ -155,8 +155,8 @@ static void value_errors(void **state) {
                  "\"n_positions\": 1, \"attn_pdrop\": \"0.1\"}",
                  "$.attn_pdrop: expected a probability in [0, 1), got \"0.1\"");
     expect_error("{\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 768, \"vocab_size\": 1, "
-                 "\"n_positions\": 1, \"model_type\": \"llama\"}",
-                 "$.model_type: expected \"gpt2\" or \"bert\", got \"llama\"");
+                 "\"n_positions\": 1, \"model_type\": \"t5\"}",
+                 "$.model_type: expected \"gpt2\", \"bert\" or \"llama\", got \"t5\"");
     expect_error("{\"n_layer\": 2, \"num_hidden_layers\": 3, \"n_head\": 4, \"n_embd\": 768, "
                  "\"vocab_size\": 1, \"n_positions\": 1}",
                  "$.n_layer is 2 but its alias $.num_hidden_layers is 3; remove one");

@@ -25,8 +25,12 @@ typedef struct field {
     const char *keys[3]; /* the canonical key first, then HF aliases; NULL-terminated */
 } field;
 
+bool ms_model_ties_embedding(const ms_model_config *c) {
+    return c->model_type != MS_MODEL_LLAMA || c->tie_word_embeddings;
+}
+
 const char *ms_model_type_name(ms_model_type t) {
-    return t == MS_MODEL_BERT ? "bert" : "gpt2";
+    return t == MS_MODEL_BERT ? "bert" : t == MS_MODEL_LLAMA ? "llama" : "gpt2";
 }
 
 /* The value of the first present (non-null) key among f's aliases, or NULL. Two aliases
@@ -146,6 +150,27 @@ static ms_status parse_error(const char *json, size_t len, size_t off, const cha
                    k ? near : "", k ? "'" : "");
 }
 
+/* LLaMA's own invariants: grouped kv heads, an even head size for the rotary pairs. */
+static ms_status validate_llama(const ms_model_config *c, const char *name, ms_error *err) {
+    if (c->n_kv_head < 1 || c->n_kv_head > c->n_head || c->n_head % c->n_kv_head)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: num_key_value_heads %d does not divide num_attention_heads %d (each "
+                       "kv head serves a whole group of query heads); pick a divisor of %d",
+                       name, c->n_kv_head, c->n_head, c->n_head);
+    if (c->n_embd % c->n_head == 0 && (c->n_embd / c->n_head) % 2)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: head size hidden_size / num_attention_heads = %d is odd; rotary "
+                       "embeddings rotate pairs, so pick sizes giving an even head size",
+                       name, c->n_embd / c->n_head);
+    if (c->intermediate_size < 1 || c->intermediate_size > MAX_EMBD * 8)
+        return ms_fail(err, MS_ERR_INVALID, "%s: intermediate_size %d must be in [1, %d]", name,
+                       c->intermediate_size, MAX_EMBD * 8);
+    if (!(c->rope_theta > 1))
+        return ms_fail(err, MS_ERR_INVALID, "%s: rope_theta %g must be above 1, typically 10000",
+                       name, c->rope_theta);
+    return MS_OK;
+}
+
 ms_status ms_config_validate(const ms_model_config *c, const char *name, ms_error *err) {
     if (!name) name = "config";
     struct {
@@ -161,9 +186,11 @@ ms_status ms_config_validate(const ms_model_config *c, const char *name, ms_erro
             return ms_fail(err, MS_ERR_INVALID, "%s: %s is %d; it must be in [1, %d]", name,
                            ints[i].key, ints[i].v, ints[i].max);
     }
-    if (c->model_type != MS_MODEL_GPT2 && c->model_type != MS_MODEL_BERT)
-        return ms_fail(err, MS_ERR_INVALID, "%s: model_type %d is not gpt2 or bert", name,
+    if (c->model_type != MS_MODEL_GPT2 && c->model_type != MS_MODEL_BERT &&
+        c->model_type != MS_MODEL_LLAMA)
+        return ms_fail(err, MS_ERR_INVALID, "%s: model_type %d is not gpt2, bert or llama", name,
                        (int)c->model_type);
+    if (c->model_type == MS_MODEL_LLAMA) MS_CHECK(validate_llama(c, name, err));
     if (!(c->layer_norm_epsilon > 0 && c->layer_norm_epsilon < 1))
         return ms_fail(err, MS_ERR_INVALID,
                        "%s: layer_norm_epsilon is %g; it must be in (0, 1), typically 1e-5", name,
@@ -304,9 +331,8 @@ static size_t known_keys(const char **out) {
     return n;
 }
 
-static ms_status refuse_unknown_keys(const cJSON *root, const char *name, ms_error *err) {
-    const char *known[1 + 3 * N_READ + N_CHECKED + N_IGNORED];
-    size_t n = known_keys(known);
+static ms_status refuse_keys_but(const cJSON *root, const char *name, const char *const *known,
+                                 size_t n, ms_error *err) {
     for (const cJSON *k = root->child; k; k = k->next) {
         bool found = false;
         for (size_t i = 0; i < n && !found; i++) found = !strcmp(k->string, known[i]);
@@ -322,17 +348,113 @@ static ms_status refuse_unknown_keys(const cJSON *root, const char *name, ms_err
     return MS_OK;
 }
 
-static ms_status check_fixed_values(const cJSON *root, const ms_model_config *c, const char *name,
-                                    ms_error *err) {
-    for (size_t i = 0; i < N_CHECKED; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, CHECKED_KEYS[i].key);
-        if (!v || cJSON_IsNull(v) || CHECKED_KEYS[i].ok(v, c)) continue;
+static ms_status refuse_unknown_keys(const cJSON *root, const char *name, ms_error *err) {
+    const char *known[1 + 3 * N_READ + N_CHECKED + N_IGNORED];
+    size_t n = known_keys(known);
+    return refuse_keys_but(root, name, known, n, err);
+}
+
+static ms_status check_values(const cJSON *root, const ms_model_config *c, const char *name,
+                              const checked_key *keys, size_t n, ms_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i].key);
+        if (!v || cJSON_IsNull(v) || (keys[i].ok && keys[i].ok(v, c))) continue;
         char got[64];
         ms_json_describe(v, got, sizeof got);
-        return ms_fail(err, MS_ERR_INVALID, "%s: $.%s is %s, but %s", name, CHECKED_KEYS[i].key,
-                       got, CHECKED_KEYS[i].why);
+        return ms_fail(err, MS_ERR_INVALID, "%s: $.%s is %s, but %s", name, keys[i].key, got,
+                       keys[i].why);
     }
     return MS_OK;
+}
+
+static ms_status check_fixed_values(const cJSON *root, const ms_model_config *c, const char *name,
+                                    ms_error *err) {
+    return check_values(root, c, name, CHECKED_KEYS, N_CHECKED, err);
+}
+
+/* --- LLaMA: Hugging Face LlamaConfig keys ---------------------------------------------------- */
+
+static const field L_LAYER = {{"num_hidden_layers", NULL, NULL}};
+static const field L_HEAD = {{"num_attention_heads", NULL, NULL}};
+static const field L_KV = {{"num_key_value_heads", NULL, NULL}};
+static const field L_EMBD = {{"hidden_size", NULL, NULL}};
+static const field L_INTER = {{"intermediate_size", NULL, NULL}};
+static const field L_POS = {{"max_position_embeddings", NULL, NULL}};
+static const field L_EPS = {{"rms_norm_eps", NULL, NULL}};
+static const field L_THETA = {{"rope_theta", NULL, NULL}};
+
+static bool is_silu(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsString(v) && !strcmp(v->valuestring, "silu");
+}
+static bool is_zero(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsNumber(v) && v->valuedouble == 0;
+}
+static bool is_one(const cJSON *v, const ms_model_config *c) {
+    (void)c;
+    return cJSON_IsNumber(v) && v->valuedouble == 1;
+}
+static bool is_head_dim(const cJSON *v, const ms_model_config *c) {
+    return cJSON_IsNumber(v) && c->n_head > 0 && v->valuedouble == c->n_embd / c->n_head;
+}
+
+static const checked_key LLAMA_CHECKED[] = {
+    {"hidden_act", is_silu, "LLaMA's MLP is SwiGLU (SiLU gate); set \"silu\" or remove the key"},
+    {"attention_bias", is_false,
+     "meshscope's LLaMA projections have no bias; set false or remove the key"},
+    {"mlp_bias", is_false, "meshscope's LLaMA MLP has no bias; set false or remove the key"},
+    {"attention_dropout", is_zero,
+     "meshscope's LLaMA has no attention dropout; set 0.0 or remove the key"},
+    {"pretraining_tp", is_one, "it only changes numerics of the reference code; set 1"},
+    {"head_dim", is_head_dim,
+     "meshscope's heads are hidden_size / num_attention_heads wide; set that or remove the key"},
+    {"rope_scaling", NULL, "meshscope's rotary embedding is unscaled; set null or remove the key"},
+    {"initializer_range", is_init_std,
+     "meshscope initialises weights with standard deviation 0.02; set 0.02 or remove the key"},
+};
+#define N_LLAMA_CHECKED (sizeof LLAMA_CHECKED / sizeof LLAMA_CHECKED[0])
+
+static ms_status llama_keys(const cJSON *root, const char *name, ms_error *err) {
+    static const field *const read[] = {&L_LAYER, &L_HEAD, &L_KV,    &L_EMBD, &L_INTER,
+                                        &L_POS,   &L_EPS,  &L_THETA, &F_VOCAB};
+    const char *known[2 + 9 + N_LLAMA_CHECKED + N_IGNORED];
+    size_t n = 0;
+    known[n++] = "model_type";
+    known[n++] = "tie_word_embeddings";
+    for (size_t i = 0; i < 9; i++) known[n++] = read[i]->keys[0];
+    for (size_t i = 0; i < N_LLAMA_CHECKED; i++) known[n++] = LLAMA_CHECKED[i].key;
+    for (size_t i = 0; i < N_IGNORED; i++) known[n++] = IGNORED_KEYS[i];
+    return refuse_keys_but(root, name, known, n, err);
+}
+
+static ms_status llama_from_tree(const cJSON *root, const char *name, ms_model_config *c,
+                                 ms_error *err) {
+    MS_CHECK(llama_keys(root, name, err));
+    MS_CHECK(get_int(root, &L_LAYER, MAX_LAYERS, name, &c->n_layer, err));
+    MS_CHECK(get_int(root, &L_HEAD, MAX_HEADS, name, &c->n_head, err));
+    MS_CHECK(get_int(root, &L_EMBD, MAX_EMBD, name, &c->n_embd, err));
+    MS_CHECK(get_int(root, &L_INTER, MAX_EMBD * 8, name, &c->intermediate_size, err));
+    MS_CHECK(get_int(root, &F_VOCAB, MAX_VOCAB, name, &c->vocab_size, err));
+    MS_CHECK(get_int(root, &L_POS, MAX_POSITIONS, name, &c->n_positions, err));
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads");
+    c->n_kv_head = c->n_head;
+    if (kv && !cJSON_IsNull(kv))
+        MS_CHECK(get_int(root, &L_KV, MAX_HEADS, name, &c->n_kv_head, err));
+    MS_CHECK(get_real(root, &L_EPS, 1e-6, 0, true, 1, "a number in (0, 1), e.g. 1e-6", name,
+                      &c->layer_norm_epsilon, err));
+    MS_CHECK(get_real(root, &L_THETA, 10000, 1, true, 1e12, "a number above 1, e.g. 10000", name,
+                      &c->rope_theta, err));
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (tie && !cJSON_IsNull(tie) && !cJSON_IsBool(tie)) {
+        char got[64];
+        ms_json_describe(tie, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $.tie_word_embeddings: expected true or false, got %s", name, got);
+    }
+    c->tie_word_embeddings = cJSON_IsTrue(tie);
+    MS_CHECK(check_values(root, c, name, LLAMA_CHECKED, N_LLAMA_CHECKED, err));
+    return ms_config_validate(c, name, err);
 }
 
 static ms_status from_tree(const cJSON *root, const char *name, ms_model_config *c, ms_error *err) {
@@ -342,10 +464,14 @@ static ms_status from_tree(const cJSON *root, const char *name, ms_model_config 
         return ms_fail(err, MS_ERR_INVALID,
                        "%s: $: expected a JSON object at the top level, got %s", name, got);
     }
-    MS_CHECK(refuse_unknown_keys(root, name, err));
     memset(c, 0, sizeof *c);
     c->model_type = MS_MODEL_GPT2;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "llama") == 0) {
+        c->model_type = MS_MODEL_LLAMA;
+        return llama_from_tree(root, name, c, err);
+    }
+    MS_CHECK(refuse_unknown_keys(root, name, err));
     if (mt && !cJSON_IsNull(mt)) {
         if (cJSON_IsString(mt) && strcmp(mt->valuestring, "gpt2") == 0) {
             c->model_type = MS_MODEL_GPT2;
@@ -355,7 +481,8 @@ static ms_status from_tree(const cJSON *root, const char *name, ms_model_config 
             char got[64];
             ms_json_describe(mt, got, sizeof got);
             return ms_fail(err, MS_ERR_INVALID,
-                           "%s: $.model_type: expected \"gpt2\" or \"bert\", got %s", name, got);
+                           "%s: $.model_type: expected \"gpt2\", \"bert\" or \"llama\", got %s",
+                           name, got);
         }
     }
     MS_CHECK(get_int(root, &F_LAYER, MAX_LAYERS, name, &c->n_layer, err));

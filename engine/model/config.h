@@ -1,5 +1,6 @@
 /* config.h - the model's shape and hyperparameters, from a Hugging Face-style config.json.
  *
+ * "model_type": "llama" reads Hugging Face LlamaConfig keys instead (listed in docs/configs.md).
  * Accepts GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions) and their generic HF
  * aliases (num_hidden_layers, num_attention_heads, hidden_size, max_position_embeddings;
  * n_ctx for n_positions). Keys that would change the model are checked against the model
@@ -12,6 +13,7 @@
 #ifndef MS_CONFIG_H
 #define MS_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,10 +22,10 @@
 /* config.json larger than this is certainly not a config (guards against passing weights). */
 #define MS_CONFIG_MAX_BYTES (1u << 20)
 
-typedef enum ms_model_type { MS_MODEL_GPT2, MS_MODEL_BERT } ms_model_type;
+typedef enum ms_model_type { MS_MODEL_GPT2, MS_MODEL_BERT, MS_MODEL_LLAMA } ms_model_type;
 
 typedef struct ms_model_config {
-    ms_model_type model_type; /* "model_type": "gpt2" (default) or "bert" */
+    ms_model_type model_type; /* "model_type": "gpt2" (default), "bert" or "llama" */
     int n_layer;
     int n_head;
     int n_embd; /* a multiple of n_head */
@@ -33,6 +35,11 @@ typedef struct ms_model_config {
     double resid_pdrop;        /* dropout probabilities in [0, 1), default 0 */
     double attn_pdrop;
     double embd_pdrop;
+    /* LLaMA only (Hugging Face LlamaConfig keys); layer_norm_epsilon holds rms_norm_eps */
+    int n_kv_head;            /* num_key_value_heads: divides n_head (default n_head) */
+    int intermediate_size;    /* the SwiGLU MLP's width */
+    double rope_theta;        /* default 10000 */
+    bool tie_word_embeddings; /* lm_head shares embed_tokens (default false) */
 } ms_model_config;
 
 /* Reads and validates `path` (at most MS_CONFIG_MAX_BYTES). *out is written only on success. */
@@ -46,7 +53,10 @@ ms_status ms_config_from_string(const char *json, size_t len, const char *name,
 /* Checks the invariants the parser enforces, for configs built in code. */
 ms_status ms_config_validate(const ms_model_config *c, const char *name, ms_error *err);
 
-/* "gpt2" or "bert". */
+/* Whether the output layer shares the token embedding (GPT-2, BERT; LLaMA when asked). */
+bool ms_model_ties_embedding(const ms_model_config *c);
+
+/* "gpt2", "bert" or "llama". */
 const char *ms_model_type_name(ms_model_type t);
 
 /* Parameter count of a GPT-2 with this config: token and position embeddings (the LM head is

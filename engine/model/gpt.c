@@ -3,6 +3,7 @@
 
 #include "engine/core/philox.h"
 #include "engine/core/xalloc.h"
+#include "engine/model/llama.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -206,6 +207,12 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
                        "model: chunk of layers [%d, %d) does not fit a model of %d layers, or "
                        "holds nothing",
                        ch->layer_lo, ch->layer_hi, cfg->n_layer);
+    if (cfg->model_type == MS_MODEL_LLAMA) {
+        ms_llama_build_chunk(cfg, B, T, ch, out);
+        ms_status st = ms_graph_error(out->g, err);
+        if (st != MS_OK) ms_model_free(out);
+        return st;
+    }
     builder b = {.g = ms_graph_create(),
                  .c = cfg,
                  .B = B,
@@ -255,6 +262,7 @@ void ms_model_free(ms_model *m) {
 
 void ms_model_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file) {
     *file = *internal;
+    if (ms_llama_checkpoint_shape(name, internal, file)) return;
     size_t n = strlen(name);
     const char *w = "attn.c_attn.weight", *bb = "attn.c_attn.bias";
     if (n >= strlen(w) && !strcmp(name + n - strlen(w), w) && internal->ndim == 3) {

@@ -503,19 +503,48 @@ static bool ends_with(const char *s, const char *suffix) {
 
 static bool is_stream(const char *name) {
     return ends_with(name, ".res1") || ends_with(name, ".res2") || !strcmp(name, "embed") ||
-           ends_with(name, ".attn.c_proj") || ends_with(name, ".mlp.c_proj");
+           ends_with(name, ".attn.c_proj") || ends_with(name, ".mlp.c_proj") ||
+           ends_with(name, ".self_attn.o_proj") || ends_with(name, ".mlp.down_proj");
 }
 
 /* tp placement of a named value under the Megatron layout; false = no opinion. */
-static bool megatron(const ms_strategy *s, const char *name, int ndim, ms_placement *tp) {
+static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *shape,
+                     ms_placement *tp) {
+    const ms_strategy *s = sh->s;
+    int ndim = shape->ndim;
     struct {
         const char *suffix;
         int dim;
     } shards[] = {
-        {"attn.c_attn.weight", 2}, {"attn.c_attn.bias", 1},       {"attn.c_proj.weight", 0},
-        {"mlp.c_fc.weight", 1},    {"mlp.c_fc.bias", 0},          {"mlp.c_proj.weight", 0},
-        {"wte.weight", 0},         {"word_embeddings.weight", 0},
+        {"attn.c_attn.weight", 2},
+        {"attn.c_attn.bias", 1},
+        {"attn.c_proj.weight", 0},
+        {"mlp.c_fc.weight", 1},
+        {"mlp.c_fc.bias", 0},
+        {"mlp.c_proj.weight", 0},
+        {"wte.weight", 0},
+        {"word_embeddings.weight", 0},
+        /* LLaMA: q heads, gate and up column-parallel; o and down row-parallel */
+        {"self_attn.q_proj.weight", 0},
+        {"self_attn.o_proj.weight", 1},
+        {"mlp.gate_proj.weight", 0},
+        {"mlp.up_proj.weight", 0},
+        {"mlp.down_proj.weight", 1},
+        {"embed_tokens.weight", 0},
+        {"lm_head.weight", 0},
     };
+    /* kv heads shard with the query heads when they divide tp; otherwise every rank keeps
+     * the whole attention (GQA with fewer kv heads than tp ranks). */
+    bool attn_whole = sh->kv_heads > 0 && sh->kv_heads % s->tp != 0;
+    if (ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight")) {
+        *tp = shape->d[0] % s->tp == 0 && !attn_whole ? ms_pl_shard(0) : ms_pl_replicate();
+        return true;
+    }
+    if (attn_whole && (ends_with(name, "self_attn.q_proj.weight") ||
+                       ends_with(name, "self_attn.o_proj.weight"))) {
+        *tp = ms_pl_replicate();
+        return true;
+    }
     for (size_t i = 0; i < sizeof shards / sizeof *shards; i++)
         if (ends_with(name, shards[i].suffix)) {
             *tp = ms_pl_shard(shards[i].dim);
@@ -560,7 +589,7 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
         dp = ms_pl_shard(0);
         any = true;
     }
-    if (s->tp > 1 && megatron(s, name, shape->ndim, &tp)) any = true;
+    if (s->tp > 1 && megatron(sh, name, shape, &tp)) any = true;
     if ((is_input || is_residual) && s->cp > 1 && shape->ndim >= 2) {
         cp = ms_pl_shard(1);
         any = true;

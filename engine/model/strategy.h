@@ -167,6 +167,9 @@ ms_status ms_strategy_mesh(const ms_strategy *s, ms_mesh *out, ms_error *err);
 typedef struct ms_sharding {
     const ms_strategy *s;
     const ms_placement_rules *rules; /* may be NULL: only the built-in rules */
+    /* LLaMA's kv heads (0: unknown). When they do not divide tp, attention runs replicated
+     * over tp (q, k, v, o whole on every rank): its operator shards heads only together. */
+    int kv_heads;
 } ms_sharding;
 
 /* The ms_shard_fn for ms_compile_opts (user = an ms_sharding). */

@@ -198,7 +198,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     MS_CHECK_GOTO(ms_stages_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
     int m = 0, size = 0;
     ms_strategy_micro(s, pb->global_batch, &size, &m);
-    ms_sharding sh = {.s = s};
+    ms_sharding sh = {.s = s, .kv_heads = pb->model.n_kv_head};
     ms_compile_opts co = {.shard = ms_strategy_shard,
                           .shard_user = &sh,
                           .micro_batched = m > 1 || s->pp > 1,

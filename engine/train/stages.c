@@ -128,7 +128,7 @@ static ms_status build_chunk(const ms_stages *st, int k, ms_model *md, ms_error 
 }
 
 static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
-    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules};
+    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules, .kv_heads = st->cfg.n_kv_head};
     return (ms_compile_opts){.shard = ms_strategy_shard,
                              .shard_user = sh,
                              .seed = st->o.seed,
@@ -179,7 +179,8 @@ static void find_tied(ms_stages *st) {
             ms_param_view pv;
             ms_program_param(ch->prog, i, &pv);
             if (!strcmp(pv.name, "wte.weight") ||
-                !strcmp(pv.name, "embeddings.word_embeddings.weight"))
+                !strcmp(pv.name, "embeddings.word_embeddings.weight") ||
+                !strcmp(pv.name, "model.embed_tokens.weight"))
                 st->tie_param[last ? 1 : 0] = base + i;
         }
     }
@@ -261,7 +262,7 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         if (rc == MS_OK && ms_program_arena_bytes(st->ch[c].prog) > st->pool_bytes)
             st->pool_bytes = ms_program_arena_bytes(st->ch[c].prog);
     }
-    if (rc == MS_OK && st->p > 1) {
+    if (rc == MS_OK && st->p > 1 && ms_model_ties_embedding(&st->cfg)) {
         bool ends = st->stage == 0 || st->stage == st->p - 1;
         rc =
             ms_comm_split(ctx->world, ends ? st->index : -1, st->stage, "embedding", &st->tie, err);
@@ -346,7 +347,7 @@ static ms_status feed(ms_stages *st, chunk *c, int j, const int32_t *ids, const 
         for (int i = 0; i < n; i++) st->scratch[i] = (float)st->ids_mb[i];
         MS_CHECK(ms_program_feed(c->prog, md->ids, st->scratch, err));
         for (int i = 0; i < n; i++) st->scratch[i] = (float)(i % T);
-        MS_CHECK(ms_program_feed(c->prog, md->pos, st->scratch, err));
+        if (md->pos >= 0) MS_CHECK(ms_program_feed(c->prog, md->pos, st->scratch, err));
     }
     if (md->targets >= 0) {
         for (int i = 0; i < n; i++) st->scratch[i] = (float)st->tgt_mb[i];
