@@ -33,34 +33,44 @@ static void cand_text(const ms_rule_cand *c, int n_in, int n_out, char *out, siz
 }
 
 /* The op's candidates on a mesh dim of 2 for the first probe that its shape function accepts
- * with default attributes: each input one of a few small shapes (so that a matmul finds
- * [4, 6] @ [6, 4] and a norm [4, 6] with a [6] weight); returns how many (0: none fits), with
- * the input shapes used in `shape`. */
+ * with default attributes, then with small ones: each input one of a few small shapes (so that a
+ * matmul finds [4, 6] @ [6, 4] and a norm [4, 6] with a [6] weight); returns how many (0: none
+ * fits), with the input shapes used in `shape`. */
 static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n_out, char *shape,
                       size_t len) {
-    static const ms_shape probes[] = {{2, {4, 6}},    {2, {6, 4}},       {1, {6}},
-                                      {3, {2, 4, 6}}, {4, {2, 4, 2, 8}}, {4, {2, 4, 3, 8}}};
+    static const ms_shape probes[] = {{2, {4, 6}},         {2, {6, 4}},       {1, {6}},
+                                      {3, {2, 4, 6}},      {4, {2, 4, 2, 8}}, {4, {2, 4, 3, 8}},
+                                      {5, {2, 4, 2, 2, 8}}};
     enum { NP = sizeof probes / sizeof *probes };
-    ms_op_attrs a = {0};
     int ni = d->n_in > 0 ? d->n_in : 2, combos = 1;
     for (int i = 0; i < ni; i++) combos *= NP;
-    for (int c = 0; c < combos; c++) {
-        ms_shape in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT];
-        for (int i = 0, rem = c; i < ni; i++, rem /= NP) in[i] = probes[rem % NP];
-        ms_error err = {0};
-        if (d->infer(&a, ni, in, out, &err) != MS_OK) continue;
-        memset(cands, 0, sizeof(ms_rule_cand) * MS_OP_MAX_CANDS);
-        int nc = d->rule(&a, ni, in, 2, cands);
-        if (nc <= 0) continue;
-        *n_in = ni;
-        *n_out = d->n_out > 0 ? d->n_out : 1;
-        size_t k = 0;
-        for (int i = 0; i < ni && k < len; i++) {
-            char one[48];
-            ms_shape_str(in[i].d, in[i].ndim, one, sizeof one);
-            k += (size_t)snprintf(shape + k, len - k, "%s%s", i ? " " : "", one);
+    /* Default attributes first, then small integer attributes (a dim, a count, a flag) with
+     * positive float ones (an epsilon, a rate, a theta). */
+    for (int v = 0; v < 19; v++) {
+        ms_op_attrs a = {0};
+        if (v > 0)
+            a = (ms_op_attrs){.i = {(v - 1) % 9 / 3, (v - 1) % 3},
+                              .f = {v < 10 ? 0.5f : 10000.0f, 1.0f}};
+        for (int c = 0; c < combos; c++) {
+            ms_shape in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT];
+            for (int i = 0, rem = c; i < ni; i++, rem /= NP) in[i] = probes[rem % NP];
+            ms_error err = {0};
+            if (d->infer(&a, ni, in, out, &err) != MS_OK) continue;
+            memset(cands, 0, sizeof(ms_rule_cand) * MS_OP_MAX_CANDS);
+            int nc = d->rule(&a, ni, in, 2, cands);
+            if (nc <= 0) continue;
+            *n_in = ni;
+            *n_out = d->n_out > 0 ? d->n_out : 1;
+            size_t k = 0;
+            for (int i = 0; i < ni && k < len; i++) {
+                char one[48];
+                ms_shape_str(in[i].d, in[i].ndim, one, sizeof one);
+                k += (size_t)snprintf(shape + k, len - k, "%s%s", i ? " " : "", one);
+            }
+            if (v > 0 && k < len)
+                snprintf(shape + k, len - k, " (i = %d, %d)", (int)a.i[0], (int)a.i[1]);
+            return nc;
         }
-        return nc;
     }
     return 0;
 }
