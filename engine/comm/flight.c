@@ -85,6 +85,7 @@ static void put_i(text *t, int64_t v) {
 
 /* A duration, e.g. "5.0 s" or "12.3 ms". */
 static void put_dur(text *t, int64_t ns) {
+    if (ns < 0) ns = 0; /* a call that started after the clock was read: just now */
     bool secs = ns >= 1000000000;
     int64_t tenths = ns / (secs ? 100000000 : 100000);
     put_i(t, tenths / 10);
