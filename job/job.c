@@ -81,10 +81,10 @@ ms_status job_check_outputs(const run_opts *o, ms_error *err) {
     if (o->resume) {
         ms_ckpt_info info;
         MS_CHECK(ms_ckpt_describe(o->resume, &info, NULL, err));
-        if (info.step >= o->steps)
+        if (info.step > o->steps)
             return ms_fail(err, MS_ERR_INVALID,
-                           "--resume %s: the checkpoint is at step %lld and --steps is %d, the "
-                           "total: nothing is left to run (raise --steps)",
+                           "--resume %s: the checkpoint is at step %lld, past --steps %d (the "
+                           "run's total): raise --steps",
                            o->resume, (long long)info.step, o->steps);
     }
     MS_CHECK(check_output("--trace", o->trace, err));

@@ -309,7 +309,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     if (ctx->rank == 0 && !quiet) announce(ctx, o, t, &data);
     if (o->resume) MS_CHECK_GOTO(resume(ctx, t, o, err), st, out);
     if (o->save_dir) MS_CHECK_GOTO(open_saver(ctx, t, o, &saver, err), st, out);
-    for (int step = (int)ms_trainer_step_index(t); step < o->steps; step++) {
+    /* A run resumed at its last step trains no more: it evaluates, samples and saves. */
+    const int64_t first_step = ms_trainer_step_index(t);
+    for (int step = (int)first_step; step < o->steps; step++) {
         if (live_on) {
             control c;
             MS_CHECK_GOTO(live_job_control(job, tr.comm, step, &c, err), st, out);
@@ -352,7 +354,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         }
     }
     /* The run's end (or a stop): a last checkpoint unless one was just taken, then wait for it. */
-    if (saver && ms_trainer_step_index(t) > 0 &&
+    if (saver && ms_trainer_step_index(t) > first_step &&
         !(o->save_every && ms_trainer_step_index(t) % o->save_every == 0))
         MS_CHECK_GOTO(checkpoint_step(ctx, jl, t, saver, o, true, later, err), st, out);
     if (saver) {
@@ -362,9 +364,10 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     }
     int mb_size = 0, mb_count = 1;
     ms_strategy_micro(ms_trainer_strategy(t), o->batch, &mb_size, &mb_count);
-    if (o->steps > 0 && (ms_trainer_strategy(t)->pp > 1 || mb_count > 1))
+    bool trained = ms_trainer_step_index(t) > first_step;
+    if (trained && (ms_trainer_strategy(t)->pp > 1 || mb_count > 1))
         MS_CHECK_GOTO(report_memory(ctx, t, base_in_use, later, err), st, out);
-    if (o->steps > 0 && ctx->rank == 0) report_state_memory(ctx, t, created_from, later);
+    if (trained && ctx->rank == 0) report_state_memory(ctx, t, created_from, later);
     if (o->trace) {
         ctx->trace.recorder = tr.rec;
         ms_recorder_set_step(tr.rec, -1);

@@ -14,7 +14,8 @@ ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 printf '{"n_layer": 2, "n_head": 4, "n_embd": 32, "vocab_size": 256, "n_positions": 32}\n' >"$tmp/m.json"
 for i in $(seq 400); do echo "And the earth was without form, and void. Verse $i."; done >"$tmp/t.txt"
-job=("$bin" train --model "$tmp/m.json" --data "$tmp/t.txt" --batch 8 --seq 16 --steps 30 --log-every 10)
+# Long enough that the kill, right after the first checkpoint, lands while it trains.
+job=("$bin" train --model "$tmp/m.json" --data "$tmp/t.txt" --batch 8 --seq 16 --steps 600 --log-every 100)
 
 # The uninterrupted reference.
 "${job[@]}" --dp 2 --tp 2 --save "$tmp/ref.safetensors" >"$tmp/ref.txt" 2>&1 || bad "reference run failed"
@@ -29,7 +30,7 @@ kill_after_checkpoint() {
   pkill -9 -n -f "save-dir $1"
 }
 
-"$bin" run --max-restarts 2 -- "${job[@]}" --dp 2 --tp 2 --save-dir "$tmp/ck" --save-every 3 \
+"$bin" run --max-restarts 2 -- "${job[@]}" --dp 2 --tp 2 --save-dir "$tmp/ck" --save-every 20 \
   --save "$tmp/res.safetensors" >"$tmp/run.txt" 2>&1 &
 sup=$!
 kill_after_checkpoint "$tmp/ck"
@@ -47,7 +48,7 @@ else
 fi
 
 "$bin" run --max-restarts 2 --world 2 -- "${job[@]}" --dp 2 --tp 2 --save-dir "$tmp/ck2" \
-  --save-every 3 >"$tmp/run2.txt" 2>&1 &
+  --save-every 20 >"$tmp/run2.txt" 2>&1 &
 sup=$!
 kill_after_checkpoint "$tmp/ck2"
 wait $sup

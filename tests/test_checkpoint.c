@@ -247,8 +247,8 @@ static void corrupt_checkpoints_refused(void **state) {
     refused("another model", flags, "another model");
     snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s --seed 7", bad);
     refused("another data order", flags, "same data order");
-    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s/ck --steps %d", dir, STEPS);
-    refused("nothing left", flags, "nothing is left to run");
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s/ck --steps %d", dir, HALF);
+    refused("past the run's total", flags, "raise --steps");
     snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s/nowhere", dir);
     refused("no checkpoint", flags, "no checkpoint in");
     snprintf(flags, sizeof flags, "--dp 2 --tp 2 --save-every 2");
