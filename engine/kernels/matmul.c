@@ -121,7 +121,14 @@ ms_k_cost ms_k_matmul_cost(const ms_k_gemm *g, bool backward, bool beta_nonzero,
 }
 
 void ms_k_blas_set_threads(int n) {
+#if defined(__SANITIZE_THREAD__)
+    /* OpenBLAS is not built with ThreadSanitizer: its pool's synchronisation is invisible to
+     * it, and a kernel reading what a BLAS worker wrote is reported as a race. A TSan build
+     * runs BLAS on the calling thread; the streaming kernels keep n threads. */
+    openblas_set_num_threads(1);
+#else
     openblas_set_num_threads(n > 0 ? n : 1);
+#endif
     ms_parallel_set_threads(n); /* the streaming kernels use the same cores */
 }
 int ms_k_blas_threads(void) {
