@@ -114,7 +114,9 @@ static ms_status open_saver(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_ck
                        .strategy_json =
                            ms_strategy_short_json(ms_trainer_strategy(t), json, sizeof json),
                        .model = o->model};
-    return ms_ckpt_saver_create(ctx, &co, out, err);
+    MS_CHECK(ms_ckpt_saver_create(ctx, &co, out, err));
+    ms_ckpt_saver_prepare(*out, t);
+    return MS_OK;
 }
 
 /* What a checkpoint poll has to say: rank 0 the commit or why a save was abandoned, any rank

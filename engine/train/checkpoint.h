@@ -38,13 +38,16 @@ typedef struct ms_ckpt_opts {
     const char *model;         /* the model's config path or name, recorded; may be NULL */
 } ms_ckpt_opts;
 
-/* One rank's saver: owns its background writer thread and the host copies in flight. */
+/* One rank's saver: owns its background writer thread and the host buffer of its copies. */
 typedef struct ms_ckpt_saver ms_ckpt_saver;
 
 /* Every rank. Checks that the folder can be written (creating it), and rank 0 removes
  * temporary folders that a killed save left. Copies the options' strings. */
 ms_status ms_ckpt_saver_create(ms_ctx *ctx, const ms_ckpt_opts *o, ms_ckpt_saver **out,
                                ms_error *err);
+/* Sizes and touches this rank's host buffer for t's state (once, before the first step), so
+ * that no save stalls on fresh memory. Optional; not collective. */
+void ms_ckpt_saver_prepare(ms_ckpt_saver *s, ms_trainer *t);
 /* Every rank, at the same step boundary: finishes a save still in flight (waiting for it),
  * then copies this rank's boxes of t's state into host buffers and hands them to the writer.
  * *stall_s receives the time the step stood still (waiting plus copying). */
