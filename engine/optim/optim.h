@@ -49,9 +49,16 @@ ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
 ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
                                const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err);
 
+/* The same with bf16 gradients (mixed precision): p, m and v are the fp32 master weights and
+ * moments; each gradient is widened to fp32 before use. */
+ms_status ms_adamw_step_bf16_grad(float *p, const uint16_t *g, float *m, float *v, size_t n,
+                                  const ms_adamw_opts *o, int64_t t, float grad_scale,
+                                  ms_error *err);
+
 /* Sum of squares of x in double precision: this rank's share of the squared global norm.
  * Summed in fixed blocks, so the result is the same whatever the number of threads. */
 double ms_sumsq_f32(const float *x, size_t n);
+double ms_sumsq_bf16(const uint16_t *x, size_t n); /* x: bf16 bit patterns */
 
 /* min(1, max_norm / (norm + 1e-6)), the factor to multiply every gradient by; 1 when
  * max_norm <= 0 (clipping off). A non-finite norm gives a non-finite or zero factor, as in
