@@ -181,6 +181,23 @@ typedef struct ms_plan_engine_stats {
 ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err);
 
+/* What one workload source makes of a strategy, per step, on the device the estimate prices
+ * (the busiest pipeline stage's rank at mesh coordinate 0): the figures the two sources are
+ * compared on (tests/test_plan_families.c). */
+typedef struct ms_plan_tally {
+    double flops; /* its kernels' FLOPs: forward, backward and recompute, every micro-batch */
+    double coll_bytes[MS_PLAN_DIM_COUNT][MS_COLL_KIND_COUNT]; /* by mesh dim and kind */
+    double mem_params, mem_grads, mem_optim, mem_act;         /* bytes */
+} ms_plan_tally;
+/* The tally of s from the engine's compiled program (closed_form false: the strategy must be
+ * one the engine runs, on a model small enough to compile) or from the closed form. */
+ms_status ms_plan_tally_get(const ms_plan_problem *pb, const ms_strategy *s, bool closed_form,
+                            ms_plan_tally *out, ms_error *err);
+
+/* Parameters of the model the engine builds for c (its family's closed form: every embedding,
+ * norm and head the builder makes, the tied head counted once). */
+double ms_plan_model_params(const ms_model_config *c);
+
 /* Compiled workloads kept across estimates (keyed by model, batch, sequence and strategy), so
  * that a search or the advisor compiles each strategy once, and simulated pipeline bubbles
  * (keyed by schedule, pp, micro-batches and virtual stages), so that each is simulated once.
