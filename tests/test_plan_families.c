@@ -3,12 +3,14 @@
  * configs.
  *
  * For configs/gpt-tiny.json, bert-tiny.json and llama-tiny.json under dp2, tp2, dp2 x tp2,
- * tp2 +sp, pp2, ZeRO 1 and 3 and full recompute, the closed form (what `meshscope plan` uses
- * for models too large to compile) and the engine's program (ms_plan_tally_get) must agree on
- * the device's FLOPs per step, its parameters, gradients and optimizer states, its collective
- * bytes per mesh dim and kind, and its activation memory, each within the tolerance below.
- * The engine side is the model the engine builds, compiled by the engine: nothing here is a
- * hand-written expectation.
+ * tp2 +sp, pp2, dp2 x pp2, ZeRO 1 and 3, full recompute and tp4 (LLaMA's attention whole), the
+ * closed form (what `meshscope plan` uses for models too large to compile) and the engine's program
+ * (ms_plan_tally_get) must agree on the device's FLOPs per step, its parameters, gradients and
+ * optimizer states, its collective bytes per mesh dim and kind, and its activation memory, each
+ * within the tolerance below. The engine side is the model the engine builds, compiled by the
+ * engine: nothing here is a hand-written expectation. sp is compared at tp2 only: the engine's
+ * completion lays sp out differently at tp4 (weights all-to-all'ed, linear outputs
+ * reduce-scattered), which the closed form does not price.
  */
 #include <math.h>
 #include <stdio.h>
@@ -27,15 +29,12 @@
 #define MS_SOURCE_DIR "."
 #endif
 
-/* Tolerances: relative, per metric (reached: FLOPs, state and collective bytes exact to
- * 0.1%; activations within 27%). */
+/* Tolerances: relative, per metric (reached: FLOPs, state and collective bytes within 0.1%,
+ * activations within 12%). */
 #define TOL_FLOPS 0.02
 #define TOL_STATE 0.02 /* parameters, gradients, optimizer states */
 #define TOL_BYTES 0.05 /* collective bytes per mesh dim and kind */
 #define TOL_ACT   0.30 /* activation memory: every kept value, not the arena's reuse */
-/* LLaMA under sp: the engine's queries stay sequence-sharded, and the causal keys each rank's
- * queries see depend on its shard in a way the closed form prices only approximately (8%). */
-#define TOL_FLOPS_SP 0.10
 
 static ms_model_config load(const char *name) {
     char path[512];
@@ -76,11 +75,17 @@ typedef struct family_case {
 } family_case;
 
 static const family_case cases[] = {
-    {"dp2", 2, 1, 1, 0, false, false},          {"tp2", 1, 2, 1, 0, false, false},
-    {"dp2 x tp2", 2, 2, 1, 0, false, false},    {"tp2 +sp", 1, 2, 1, 0, true, false},
-    {"pp2", 1, 1, 2, 0, false, false},          {"dp2 zero1", 2, 1, 1, 1, false, false},
-    {"dp2 zero3", 2, 1, 1, 3, false, false},    {"tp2 recompute", 1, 2, 1, 0, false, true},
+    {"dp2", 2, 1, 1, 0, false, false},
+    {"tp2", 1, 2, 1, 0, false, false},
+    {"dp2 x tp2", 2, 2, 1, 0, false, false},
+    {"tp2 +sp", 1, 2, 1, 0, true, false},
+    {"pp2", 1, 1, 2, 0, false, false},
+    {"dp2 zero1", 2, 1, 1, 1, false, false},
+    {"dp2 zero3", 2, 1, 1, 3, false, false},
+    {"tp2 recompute", 1, 2, 1, 0, false, true},
     {"dp2 x pp2 m2", 2, 1, 2, 0, false, false},
+    /* llama-tiny's 2 kv heads do not divide 4: its attention runs whole on every tp rank */
+    {"tp4", 1, 4, 1, 0, false, false},
 };
 
 static ms_strategy strategy_of(const family_case *fc) {
@@ -108,7 +113,8 @@ static void note(double *w, double r) {
 }
 
 /* One family under every case: prints the figures, returns the worst error per metric. */
-static worst compare_family(const char *config, const ms_cluster *c, bool verbose) {
+static worst compare_family(const char *config, const ms_cluster *c, int batch, int seq,
+                            bool verbose) {
     ms_model_config m = load(config);
     worst wr = {0};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -116,8 +122,8 @@ static worst compare_family(const char *config, const ms_cluster *c, bool verbos
         ms_strategy s = strategy_of(fc);
         ms_plan_problem pb = {.model = m,
                               .devices = fc->dp * fc->tp * fc->pp,
-                              .global_batch = 8,
-                              .seq = 64,
+                              .global_batch = batch,
+                              .seq = seq,
                               .dtype = MS_PLAN_FP32,
                               .cluster = c,
                               .engine_workloads = true};
@@ -129,13 +135,13 @@ static worst compare_family(const char *config, const ms_cluster *c, bool verbos
         double r_st = fmax(rel(a.mem_params, e.mem_params),
                            fmax(rel(a.mem_grads, e.mem_grads), rel(a.mem_optim, e.mem_optim)));
         double r_act = rel(a.mem_act, e.mem_act), r_by = 0;
-        note(&wr.flops, fc->sp ? r_fl * TOL_FLOPS / TOL_FLOPS_SP : r_fl);
-        note(&wr.state, r_st), note(&wr.act, r_act);
-        printf("%-16s %-14s flops %.4g/%.4g (%.2f%%) params %.4g/%.4g grads %.4g/%.4g optim "
-               "%.4g/%.4g (%.2f%%) act %.4g/%.4g (%.1f%%)\n",
-               config, fc->name, a.flops, e.flops, 100 * r_fl, a.mem_params, e.mem_params,
-               a.mem_grads, e.mem_grads, a.mem_optim, e.mem_optim, 100 * r_st, a.mem_act, e.mem_act,
-               100 * r_act);
+        note(&wr.flops, r_fl), note(&wr.state, r_st), note(&wr.act, r_act);
+        printf(
+            "%-16s %dx%-4d %-14s flops %.4g/%.4g (%.2f%%) params %.4g/%.4g grads %.4g/%.4g optim "
+            "%.4g/%.4g (%.2f%%) act %.4g/%.4g (%.1f%%)\n",
+            config, batch, seq, fc->name, a.flops, e.flops, 100 * r_fl, a.mem_params, e.mem_params,
+            a.mem_grads, e.mem_grads, a.mem_optim, e.mem_optim, 100 * r_st, a.mem_act, e.mem_act,
+            100 * r_act);
         for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
             for (int k = 0; k < MS_COLL_KIND_COUNT; k++) {
                 double x = a.coll_bytes[d][k], y = e.coll_bytes[d][k];
@@ -149,19 +155,23 @@ static worst compare_family(const char *config, const ms_cluster *c, bool verbos
             }
         note(&wr.bytes, r_by);
     }
-    printf("%-16s worst: flops %.2f%%, state %.2f%%, collective bytes %.2f%%, activations "
+    printf("%-16s %dx%d worst: flops %.2f%%, state %.2f%%, collective bytes %.2f%%, activations "
            "%.1f%%\n",
-           config, 100 * wr.flops, 100 * wr.state, 100 * wr.bytes, 100 * wr.act);
+           config, batch, seq, 100 * wr.flops, 100 * wr.state, 100 * wr.bytes, 100 * wr.act);
     return wr;
 }
 
+/* Two shapes of the job: the sequence and the batch change the activations' mix. */
 static void check_family(const char *config) {
     ms_cluster c = cpu_cluster();
-    worst w = compare_family(config, &c, true);
-    assert_true(w.flops <= TOL_FLOPS);
-    assert_true(w.state <= TOL_STATE);
-    assert_true(w.bytes <= TOL_BYTES);
-    assert_true(w.act <= TOL_ACT);
+    const int shapes[2][2] = {{8, 64}, {4, 128}};
+    for (int i = 0; i < 2; i++) {
+        worst w = compare_family(config, &c, shapes[i][0], shapes[i][1], i == 0);
+        assert_true(w.flops <= TOL_FLOPS);
+        assert_true(w.state <= TOL_STATE);
+        assert_true(w.bytes <= TOL_BYTES);
+        assert_true(w.act <= TOL_ACT);
+    }
 }
 
 static void gpt_against_engine(void **state) {
@@ -219,6 +229,13 @@ static void parameter_counts(void **state) {
     assert_true(fabs(pl / 6.74e9 - 1) < 0.01);
     /* and the engine's graph of BERT-Large (small enough to build from shapes) */
     assert_true(pb == engine_params(&bert));
+    /* model FLOPs: every LLaMA parameter but the embedding table and the norms is a linear
+     * weight, 6 FLOPs per token each, plus attention's 12 s h per token and layer */
+    ms_model_config lt = load("llama-tiny.json");
+    double h = lt.n_embd, l = lt.n_layer, s = 64;
+    double weights = engine_params(&lt) - lt.vocab_size * h - (2 * l + 1) * h;
+    double want = 8 * s * (6 * weights + 12 * s * h * l);
+    assert_true(fabs(ms_plan_model_flops(&lt, 8, s) / want - 1) < 1e-12);
 }
 
 static const struct CMUnitTest tests[] = {

@@ -79,10 +79,17 @@ static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
 /* --- closed-form quantities ------------------------------------------------------------------- */
 
 double ms_plan_model_flops(const ms_model_config *c, double batch, double seq) {
-    double h = c->n_embd, l = c->n_layer, V = c->vocab_size, s = seq;
-    /* per layer and token: 24 h^2 (qkv 6, projection 2, MLP 16) + 4 s h (scores and values),
-     * forward; backward twice that; the logits 2 h V forward, 6 h V in all */
-    return 72.0 * batch * s * l * h * h * (1 + s / (6 * h)) + 6.0 * batch * s * h * V;
+    /* per token: 6 FLOPs per weight of the layers' linears and the head (forward 2, backward
+     * 4), and the scores and weighted values, 4 s x (query heads x head size) forward, 3x that
+     * in all (GPT-2: 24 h^2 + 4 s h per layer forward, the logits 2 h V: the hand count
+     * 72 B s l h^2 (1 + s/(6h)) + 6 B s h V) */
+    ms_plan_family f;
+    ms_plan_family_of(c, 1, &f);
+    double lin = 0, s = seq, tokens = batch * seq;
+    for (int i = 0; i < f.n_lin; i++) lin += (double)f.lin[i].k * f.lin[i].n;
+    double head = (double)f.h * f.vocab + (f.head_transform ? (double)f.h * f.h : 0);
+    double attn = 12.0 * s * (double)f.heads * f.head_dim;
+    return tokens * (c->n_layer * (6 * lin + attn) + 6 * head);
 }
 
 double ms_plan_narayanan_flops(const ms_model_config *c, double batch, double seq, bool recompute) {
@@ -218,18 +225,22 @@ static double wk_flops(const ms_plan_workload *w) {
     return f;
 }
 
-/* A linear layer x[m, k] @ W[k, n] through the matmul op's own cost function. */
-static void add_gemm(ms_plan_workload *w, int64_t m, int64_t n, int64_t k, bool rc, double count) {
+/* A linear layer x[m, k] @ W[k, n] through the matmul op's own cost function (op: MATMUL, or
+ * LINEAR for families whose projections are that op). */
+static void add_gemm_op(ms_plan_workload *w, int op, int64_t m, int64_t n, int64_t k, bool rc,
+                        double count) {
     ms_k_gemm g = {.batch = 1, .m = m, .n = n, .k = k, .bcast_b = true};
     ms_k_cost f = ms_k_matmul_cost(&g, false, false, true, true);
     ms_k_cost b = ms_k_matmul_cost(&g, true, false, true, true);
-    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_FWD, MS_OP_MATMUL, m, n, k, f.flops, f.bytes,
-                  count);
-    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_BWD, MS_OP_MATMUL, m, n, k, b.flops, b.bytes,
-                  count);
+    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_FWD, op, m, n, k, f.flops, f.bytes, count);
+    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_BWD, op, m, n, k, b.flops, b.bytes, count);
     if (rc)
-        wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_RECOMPUTE, MS_OP_MATMUL, m, n, k, f.flops,
-                      f.bytes, count);
+        wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_RECOMPUTE, op, m, n, k, f.flops, f.bytes,
+                      count);
+}
+
+static void add_gemm(ms_plan_workload *w, int64_t m, int64_t n, int64_t k, bool rc, double count) {
+    add_gemm_op(w, MS_OP_MATMUL, m, n, k, rc, count);
 }
 
 static void add_elt(ms_plan_workload *w, ms_oprate rate, int op, ms_k_cost f, ms_k_cost b, bool rc,
@@ -254,13 +265,15 @@ typedef struct analytic {
     int64_t h, V, S, b, tok, tok_sp;
     double ab, L; /* activation bytes; layers on the busiest stage */
     double emb;   /* the embedding on the busiest stage: 1 when pp = 1 */
-    double f_layers, f_head, f_emb;
+    double f_layers, f_head;
 } analytic;
 
 /* A linear layer's local shape on one tp rank: rows x n, reduction k. */
 static void linear_local(const analytic *z, const fam_linear *l, int64_t *n, int64_t *k) {
     int64_t t = z->t;
-    *n = l->split == FAM_COLUMN ? l->n / t : l->n;
+    /* sp runs a gathered linear on a sequence shard: the FLOPs of a column-parallel one */
+    bool col = l->split == FAM_COLUMN || (l->split == FAM_GATHER && z->s->sp);
+    *n = col ? l->n / t : l->n;
     *k = l->split == FAM_ROW ? l->k / t : l->k;
 }
 
@@ -292,6 +305,7 @@ static void analytic_attention(analytic *z) {
     int64_t split = f->attn_whole ? z->cp : (int64_t)z->t * z->cp;
     int64_t lh = f->heads / split, lkv = f->kv_heads / split, hs = f->head_dim, b = z->b, S = z->S;
     bool causal = f->causal && cl->causal_skip;
+    int op = f->gqa ? MS_OP_GQA_ATTENTION : MS_OP_ATTENTION;
     ms_k_cost fw, bw;
     if (f->gqa) {
         /* under sp the queries stay sequence-sharded with every head: the rank at coordinate
@@ -320,13 +334,13 @@ static void analytic_attention(analytic *z) {
         fw.bytes = qkvo;
         bw.bytes = 2 * qkvo;
     }
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, MS_OP_ATTENTION, b * lh, S, hs,
-                  fw.flops, fw.bytes, z->L);
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, MS_OP_ATTENTION, b * lh, S, hs,
-                  bw.flops, bw.bytes, z->L);
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, b * lh, S, hs, fw.flops,
+                  fw.bytes, z->L);
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, b * lh, S, hs, bw.flops,
+                  bw.bytes, z->L);
     if (z->rc || z->sel)
-        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, MS_OP_ATTENTION,
-                      b * lh, S, hs, fw.flops, fw.bytes, z->L);
+        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, b * lh, S, hs,
+                      fw.flops, fw.bytes, z->L);
 }
 
 /* One layer's kernels, L times: norms, the family's linears (attention between the first
@@ -342,7 +356,7 @@ static void analytic_layers(analytic *z) {
         int64_t n, k;
         linear_local(z, l, &n, &k);
         if (i == f->attn_at) analytic_attention(z); /* the output projection reads it */
-        add_gemm(z->w, tok, n, k, rc, L);
+        add_gemm_op(z->w, f->linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, n, k, rc, L);
         if (l->bias) add_bias(z, l->split == FAM_COLUMN ? tok : tok_sp, n, rc, L);
     }
     int64_t act = tok * f->act_width / (z->t > 1 ? z->t : 1);
@@ -362,7 +376,9 @@ static void analytic_layers(analytic *z) {
 static double analytic_embedding(analytic *z, double count) {
     const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
     double lookups = z->f.pos_rows ? 2 : 1;
-    ms_k_cost ef = ms_k_embedding_cost(tok, h, false), eb = ms_k_embedding_cost(tok, h, true);
+    /* a gathered table is looked up on sp's sequence shard, a vocab-parallel one on every row */
+    int64_t rows = z->f.emb_gathered ? tok_sp : tok;
+    ms_k_cost ef = ms_k_embedding_cost(rows, h, false), eb = ms_k_embedding_cost(rows, h, true);
     add_elt(z->w, MS_OPRATE_EMBEDDING, MS_OP_EMBEDDING, ef, eb, false, lookups * count);
     double one = lookups * (ef.flops + eb.flops);
     if (z->f.pos_rows) {
@@ -391,7 +407,7 @@ static void analytic_head(analytic *z) {
         add_stream(z, MS_OP_GELU, MS_OPRATE_GELU, MS_K_GELU, tok_sp * h, false, 1);
         add_norm(z, tok_sp, false, 1);
     }
-    add_gemm(z->w, tok, vl, h, false, 1);
+    add_gemm_op(z->w, z->f.linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, vl, h, false, 1);
     add_elt(z->w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(tok, vl, false),
             ms_k_xent_cost(tok, vl, true), false, 1);
     z->f_head = wk_flops(z->w) - before;
@@ -565,47 +581,73 @@ static void analytic_state(const analytic *z) {
 /* Elements per token one layer's forward makes on a tp rank, every value kept for the
  * backward (this engine keeps them all): norms, linears and biases, attention's output, its
  * scores (heads x keys per query) unless flash or selective recompute drop them, rotary
- * outputs, the activation, the residual adds. */
+ * outputs, the activation, the residual adds. Without sp a row-parallel output is a whole
+ * partial sum and each tp all-reduce writes a second copy of the stream; with sp (the engine's
+ * layout) every linear runs on a sequence shard, and attention's inputs arrive as a second
+ * copy (all-to-all to heads, or k and v gathered). */
 static double layer_values(const analytic *z, bool scores) {
     const ms_plan_family *f = &z->f;
-    double t = z->t, h = (double)z->h, sp = z->s->sp ? t : 1;
+    const bool sp = z->s->sp && z->t > 1;
+    double t = z->t, h = (double)z->h, hsp = sp ? h / t : h;
     double split = f->attn_whole ? z->cp : t * z->cp;
     double lh = (double)f->heads / split, lkv = (double)f->kv_heads / split, hs = f->head_dim;
-    double v = f->norms * h / sp + 2 * h / sp + f->act_width / t + lh * hs;
+    double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
-        double n = l->split == FAM_COLUMN ? l->n / t : l->n;
-        v += n * (l->bias ? 2 : 1);
-        if (l->split == FAM_GATHER && t > 1) v += l->k; /* its gathered input */
+        bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
+        v += (shard ? l->n / t : l->n) * (l->bias ? 2 : 1);
+        if (l->split == FAM_GATHER && t > 1 && !sp) v += l->k; /* its gathered input */
+        if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
+            v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
     }
     if (f->gqa) v += (lh + lkv) * hs;
+    if (sp) v += f->gqa ? 2.0 * f->kv_heads * hs : (3 * h + h) / t;
     if (scores) v += lh * z->S;
-    if (t > 1 && !z->s->sp) /* each tp all-reduce writes a second copy of the stream */
-        for (int i = 0; i < f->n_lin; i++)
-            v += h * ((f->lin[i].split == FAM_ROW) +
-                      (f->lin[i].split == FAM_COLUMN && !f->lin[i].same_input));
     return v;
+}
+
+/* Elements of the tp-sharded weights one layer gathers under sp (kept for its backward). */
+static double sp_gathered_weights(const ms_plan_family *f) {
+    double e = 0;
+    for (int i = 0; i < f->n_lin; i++)
+        if (f->lin[i].split != FAM_WHOLE) e += (double)f->lin[i].k * f->lin[i].n;
+    return e;
 }
 
 /* Activations: the busiest stage's layers' values (only the layer inputs under full
  * recompute, plus one layer's values) times the most micro-batches the schedule holds on any
- * stage, and the logits with their gradient. */
+ * stage; the ends' values (embedding lookups, position add and norm on the first stage; the
+ * final norm or BERT's transform on the last) and the fp32 logits with their gradient (under
+ * full recompute, the larger of those and one layer's values); the
+ * backward's working gradients (the stream's and the widest activation's); the weights
+ * gathered and kept for the backward (sp: every layer's; ZeRO 3: a layer's and its whole
+ * gradient at a time). */
 static void analytic_activations(const analytic *z) {
     const ms_cluster *cl = z->pb->cluster;
     const ms_strategy *s = z->s;
-    bool scores = !(cl->flash_attention || z->sel);
-    double tok = (double)z->tok, ab = z->ab, sp = s->sp ? z->t : 1;
+    const ms_plan_family *f = &z->f;
+    bool scores = !(cl->flash_attention || z->sel), sp = s->sp && z->t > 1;
+    double tok = (double)z->tok, ab = z->ab, h = (double)z->h, hsp = sp ? h / z->t : h;
     double layer = layer_values(z, scores) * tok * ab;
-    double act = z->rc ? z->L * tok * z->h / sp * ab + layer : z->L * layer;
     int held = 1; /* the most any stage holds (the first, under 1F1B) */
     for (int q = 0; z->p > 1 && q < z->p; q++) {
         int b =
             ms_pp_inflight_bound((ms_schedule)s->schedule, z->p, z->n_micro, s->virtual_stages, q);
         if (b > held) held = b;
     }
+    double ends = (f->final_norm ? hsp : 0) + (f->head_transform ? 4 * hsp : 0);
+    if (z->emb > 0) ends += (f->pos_rows ? 3 : 1) * h + (f->emb_norm ? hsp : 0);
+    double work = hsp + f->act_width / z->t;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
-    double logits = 2.0 * tok * vl * 4; /* fp32 logits and their gradient */
-    z->w->mem_act = act * held + logits;
+    double logits = 2.0 * tok * vl * 4;
+    double gathered = 0;
+    if (sp) gathered += z->L * sp_gathered_weights(f) * ab;
+    if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_plan_family_layer_params(f, z->t) * ab;
+    /* at the start of the backward every value is alive; under full recompute the head's are
+     * freed before the layers' are made again, one layer at a time */
+    double head = ends * tok * ab + logits, work_b = work * tok * ab;
+    double act = z->rc ? z->L * tok * hsp * ab + fmax(head, layer) : z->L * layer + head;
+    z->w->mem_act = act * held + work_b + gathered;
 }
 
 void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
@@ -714,7 +756,7 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
             if (c->cpu) return ms_cluster_attention_time(c, e->m, e->n, e->k, bwd, r);
             /* per head: S = Q K^T and O = P V (four products backward) as batched GEMMs, and
              * the softmax and its traffic as an elementwise kernel */
-            double frac = c->causal_skip ? 0.5 : 1.0;
+            double frac = c->causal_skip && pb->model.model_type != MS_MODEL_BERT ? 0.5 : 1.0;
             double g = ms_cluster_gemm_time(c, pb->dtype, e->n, e->n, e->k, r) +
                        ms_cluster_gemm_time(c, pb->dtype, e->n, e->k, e->n, r);
             double gemm = (double)e->m * g * frac * (bwd ? 2 : 1);
@@ -854,8 +896,10 @@ void ms_plan_memo_destroy(ms_plan_memo *m) {
 static bool same_model(const ms_model_config *a, const ms_model_config *b) {
     return a->model_type == b->model_type && a->n_layer == b->n_layer && a->n_head == b->n_head &&
            a->n_embd == b->n_embd && a->vocab_size == b->vocab_size &&
-           a->n_positions == b->n_positions && a->resid_pdrop == b->resid_pdrop &&
-           a->attn_pdrop == b->attn_pdrop && a->embd_pdrop == b->embd_pdrop;
+           a->n_kv_head == b->n_kv_head && a->intermediate_size == b->intermediate_size &&
+           a->tie_word_embeddings == b->tie_word_embeddings && a->n_positions == b->n_positions &&
+           a->resid_pdrop == b->resid_pdrop && a->attn_pdrop == b->attn_pdrop &&
+           a->embd_pdrop == b->embd_pdrop;
 }
 
 /* The engine workload of s, compiled once per memo. */
