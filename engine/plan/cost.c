@@ -8,8 +8,11 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/kernels/kernels.h"
+#include "engine/kernels/layers.h"
 #include "engine/ops/op.h"
+#include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
+#include "engine/plan/family.h"
 #include "engine/plan/validate.h"
 #include "engine/plan/workload.h"
 
@@ -76,10 +79,17 @@ static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
 /* --- closed-form quantities ------------------------------------------------------------------- */
 
 double ms_plan_model_flops(const ms_model_config *c, double batch, double seq) {
-    double h = c->n_embd, l = c->n_layer, V = c->vocab_size, s = seq;
-    /* per layer and token: 24 h^2 (qkv 6, projection 2, MLP 16) + 4 s h (scores and values),
-     * forward; backward twice that; the logits 2 h V forward, 6 h V in all */
-    return 72.0 * batch * s * l * h * h * (1 + s / (6 * h)) + 6.0 * batch * s * h * V;
+    /* per token: 6 FLOPs per weight of the layers' linears and the head (forward 2, backward
+     * 4), and the scores and weighted values, 4 s x (query heads x head size) forward, 3x that
+     * in all (GPT-2: 24 h^2 + 4 s h per layer forward, the logits 2 h V: the hand count
+     * 72 B s l h^2 (1 + s/(6h)) + 6 B s h V) */
+    ms_plan_family f;
+    ms_plan_family_of(c, 1, &f);
+    double lin = 0, s = seq, tokens = batch * seq;
+    for (int i = 0; i < f.n_lin; i++) lin += (double)f.lin[i].k * f.lin[i].n;
+    double head = (double)f.h * f.vocab + (f.head_transform ? (double)f.h * f.h : 0);
+    double attn = 12.0 * s * (double)f.heads * f.head_dim;
+    return tokens * (c->n_layer * (6 * lin + attn) + 6 * head);
 }
 
 double ms_plan_narayanan_flops(const ms_model_config *c, double batch, double seq, bool recompute) {
@@ -215,18 +225,22 @@ static double wk_flops(const ms_plan_workload *w) {
     return f;
 }
 
-/* A linear layer x[m, k] @ W[k, n] through the matmul op's own cost function. */
-static void add_gemm(ms_plan_workload *w, int64_t m, int64_t n, int64_t k, bool rc, double count) {
+/* A linear layer x[m, k] @ W[k, n] through the matmul op's own cost function (op: MATMUL, or
+ * LINEAR for families whose projections are that op). */
+static void add_gemm_op(ms_plan_workload *w, int op, int64_t m, int64_t n, int64_t k, bool rc,
+                        double count) {
     ms_k_gemm g = {.batch = 1, .m = m, .n = n, .k = k, .bcast_b = true};
     ms_k_cost f = ms_k_matmul_cost(&g, false, false, true, true);
     ms_k_cost b = ms_k_matmul_cost(&g, true, false, true, true);
-    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_FWD, MS_OP_MATMUL, m, n, k, f.flops, f.bytes,
-                  count);
-    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_BWD, MS_OP_MATMUL, m, n, k, b.flops, b.bytes,
-                  count);
+    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_FWD, op, m, n, k, f.flops, f.bytes, count);
+    wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_BWD, op, m, n, k, b.flops, b.bytes, count);
     if (rc)
-        wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_RECOMPUTE, MS_OP_MATMUL, m, n, k, f.flops,
-                      f.bytes, count);
+        wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_RECOMPUTE, op, m, n, k, f.flops, f.bytes,
+                      count);
+}
+
+static void add_gemm(ms_plan_workload *w, int64_t m, int64_t n, int64_t k, bool rc, double count) {
+    add_gemm_op(w, MS_OP_MATMUL, m, n, k, rc, count);
 }
 
 static void add_elt(ms_plan_workload *w, ms_oprate rate, int op, ms_k_cost f, ms_k_cost b, bool rc,
@@ -238,121 +252,274 @@ static void add_elt(ms_plan_workload *w, ms_oprate rate, int op, ms_k_cost f, ms
                       count);
 }
 
-/* Local parameters of one transformer layer under tp (column-parallel qkv and fc with their
- * biases, row-parallel projections; norms and row-parallel biases replicated). */
-static double layer_params_local(double h, int t) {
-    return (12 * h * h + 7 * h) / t + 6 * h;
-}
-
-/* The Megatron-LM layout in closed form, one micro-batch on the busiest stage (its layers,
- * the head, and the embedding when pp = 1), with the same kernels the engine's GPT runs. */
-/* What the parts of the closed-form workload share: the strategy's shapes on one device. */
+/* The closed form, one micro-batch on the busiest stage (its layers, the head, and the
+ * embedding when pp = 1), with the kernels the engine runs for the model's family
+ * (family.h): each through its op's own cost function. */
 typedef struct analytic {
     const ms_plan_problem *pb;
     const ms_strategy *s;
     ms_plan_workload *w;
+    ms_plan_family f;
     int t, cp, p, mb, n_micro;
     bool rc, sel, vp; /* full recompute, selective recompute, vocab-parallel head */
-    int64_t h, a, V, S, b, tok, tok_sp;
+    int64_t h, V, S, b, tok, tok_sp;
     double ab, L; /* activation bytes; layers on the busiest stage */
     double emb;   /* the embedding on the busiest stage: 1 when pp = 1 */
     double f_layers, f_head;
 } analytic;
 
-/* One layer's kernels, L times. */
-static void analytic_layers(analytic *z) {
-    ms_plan_workload *w = z->w;
-    const ms_cluster *cl = z->pb->cluster;
-    const int64_t t = z->t, h = z->h, tok = z->tok, tok_sp = z->tok_sp, b = z->b, S = z->S;
-    const bool rc = z->rc;
-    const double L = z->L;
-    add_elt(w, MS_OPRATE_LAYERNORM, MS_OP_LAYERNORM, ms_k_layernorm_cost(tok_sp, h, false),
-            ms_k_layernorm_cost(tok_sp, h, true), rc, 2 * L);
-    add_gemm(w, tok, 3 * h / t, h, rc, L); /* c_attn */
-    add_elt(w, MS_OPRATE_BIAS, MS_OP_BIAS, /* its bias */
-            ms_k_elementwise_cost(MS_K_BIAS_ADD, tok * 3 * h / t, 3 * h / t, false),
-            ms_k_elementwise_cost(MS_K_BIAS_ADD, tok * 3 * h / t, 3 * h / t, true), rc, L);
-    {
-        /* attention over whole sequences on a / (t cp) heads (cp moves heads in) */
-        int64_t lh = z->a / (t * z->cp), cl_ch = h / (t * z->cp);
-        ms_k_cost f = ms_k_attention_cost(b, S, cl_ch, lh, cl->causal_skip, false);
-        ms_k_cost bw = ms_k_attention_cost(b, S, cl_ch, lh, cl->causal_skip, true);
-        if (cl->flash_attention) {
-            /* scores stay on chip: only q, k, v and the output move */
-            double qkvo = 4.0 * (double)b * S * (3.0 * cl_ch + cl_ch);
-            f.bytes = qkvo;
-            bw.bytes = 2 * qkvo;
-        }
-        int64_t hs = h / z->a;
-        wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, MS_OP_ATTENTION, b * lh, S, hs,
-                      f.flops, f.bytes, L);
-        wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, MS_OP_ATTENTION, b * lh, S, hs,
-                      bw.flops, bw.bytes, L);
-        if (rc || z->sel)
-            wk_kernel_add(w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, MS_OP_ATTENTION,
-                          b * lh, S, hs, f.flops, f.bytes, L);
-    }
-    add_gemm(w, tok, h, h / t, rc, L);     /* attn.c_proj */
-    add_gemm(w, tok, 4 * h / t, h, rc, L); /* mlp.c_fc */
-    add_gemm(w, tok, h, 4 * h / t, rc, L); /* mlp.c_proj */
-    add_elt(w, MS_OPRATE_BIAS, MS_OP_BIAS, /* c_fc bias */
-            ms_k_elementwise_cost(MS_K_BIAS_ADD, tok * 4 * h / t, 4 * h / t, false),
-            ms_k_elementwise_cost(MS_K_BIAS_ADD, tok * 4 * h / t, 4 * h / t, true), rc, L);
-    add_elt(w, MS_OPRATE_GELU, MS_OP_GELU,
-            ms_k_elementwise_cost(MS_K_GELU, tok * 4 * h / t, 0, false),
-            ms_k_elementwise_cost(MS_K_GELU, tok * 4 * h / t, 0, true), rc, L);
-    add_elt(w, MS_OPRATE_BIAS, MS_OP_BIAS, /* the two projection biases, on the stream */
-            ms_k_elementwise_cost(MS_K_BIAS_ADD, tok_sp * h, h, false),
-            ms_k_elementwise_cost(MS_K_BIAS_ADD, tok_sp * h, h, true), rc, 2 * L);
-    add_elt(w, MS_OPRATE_STREAM, MS_OP_ADD, ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false),
-            ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true), rc, 2 * L);
-    if (z->pb->model.resid_pdrop > 0)
-        add_elt(w, MS_OPRATE_DROPOUT, MS_OP_DROPOUT, ms_k_dropout_cost(tok_sp * h, false),
-                ms_k_dropout_cost(tok_sp * h, true), rc, 2 * L);
-    z->f_layers = wk_flops(w);
+/* A linear layer's local shape on one tp rank: rows x n, reduction k. */
+static void linear_local(const analytic *z, const fam_linear *l, int64_t *n, int64_t *k) {
+    int64_t t = z->t;
+    /* sp runs a gathered linear on a sequence shard: the FLOPs of a column-parallel one */
+    bool col = l->split == FAM_COLUMN || (l->split == FAM_GATHER && z->s->sp);
+    *n = col ? l->n / t : l->n;
+    *k = l->split == FAM_ROW ? l->k / t : l->k;
 }
 
-/* The head (last stage) and the embedding (first stage; on the busiest one only when pp = 1). */
-static void analytic_ends(analytic *z) {
-    ms_plan_workload *w = z->w;
+static void add_norm(analytic *z, int64_t rows, bool rc, double count) {
+    bool rms = z->f.norm_op == MS_OP_RMSNORM;
+    ms_k_cost f =
+        rms ? ms_k_rmsnorm_cost(rows, z->h, false) : ms_k_layernorm_cost(rows, z->h, false);
+    ms_k_cost b = rms ? ms_k_rmsnorm_cost(rows, z->h, true) : ms_k_layernorm_cost(rows, z->h, true);
+    add_elt(z->w, MS_OPRATE_LAYERNORM, z->f.norm_op, f, b, rc, count);
+}
+
+static void add_bias(analytic *z, int64_t rows, int64_t n, bool rc, double count) {
+    add_elt(z->w, MS_OPRATE_BIAS, MS_OP_BIAS,
+            ms_k_elementwise_cost(MS_K_BIAS_ADD, rows * n, n, false),
+            ms_k_elementwise_cost(MS_K_BIAS_ADD, rows * n, n, true), rc, count);
+}
+
+static void add_stream(analytic *z, int op, ms_oprate rate, ms_k_elt k, int64_t n, bool rc,
+                       double count) {
+    add_elt(z->w, rate, op, ms_k_elementwise_cost(k, n, 0, false),
+            ms_k_elementwise_cost(k, n, 0, true), rc, count);
+}
+
+/* Attention's core over whole sequences on the local heads (cp moves heads in; a kv-whole
+ * GQA runs every head on every tp rank). */
+static void analytic_attention(analytic *z) {
+    const ms_plan_family *f = &z->f;
+    const ms_cluster *cl = z->pb->cluster;
+    int64_t split = f->attn_whole ? z->cp : (int64_t)z->t * z->cp;
+    int64_t lh = f->heads / split, lkv = f->kv_heads / split, hs = f->head_dim, b = z->b, S = z->S;
+    bool causal = f->causal && cl->causal_skip;
+    int op = f->gqa ? MS_OP_GQA_ATTENTION : MS_OP_ATTENTION;
+    ms_k_cost fw, bw;
+    if (f->gqa) {
+        /* under sp the queries stay sequence-sharded with every head: the rank at coordinate
+         * 0 (the one priced) holds the first S / tp of them, which see the fewest keys */
+        bool sq = z->s->sp && z->t > 1;
+        ms_k_gqa g = {.b = b,
+                      .tq = sq ? S / z->t : S,
+                      .tk = S,
+                      .h = sq ? lh * z->t : lh,
+                      .hkv = sq ? f->kv_heads : lkv,
+                      .d = hs,
+                      .causal = causal};
+        fw = ms_k_gqa_cost(&g, false), bw = ms_k_gqa_cost(&g, true);
+        /* rotary on q and k */
+        int64_t nq = z->tok * lh * hs, nk = z->tok * lkv * hs;
+        for (int i = 0; i < 2; i++)
+            add_elt(z->w, MS_OPRATE_STREAM, MS_OP_ROTARY, ms_k_rowwise_cost(1, i ? nk : nq, 3, 2),
+                    ms_k_rowwise_cost(1, i ? nk : nq, 3, 3), z->rc, z->L);
+    } else {
+        fw = ms_k_attention_cost(b, S, lh * hs, lh, causal, false);
+        bw = ms_k_attention_cost(b, S, lh * hs, lh, causal, true);
+    }
+    if (cl->flash_attention) {
+        /* scores stay on chip: only q, k, v and the output move */
+        double qkvo = 4.0 * (double)b * S * (2.0 * lh + 2.0 * lkv) * hs;
+        fw.bytes = qkvo;
+        bw.bytes = 2 * qkvo;
+    }
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, b * lh, S, hs, fw.flops,
+                  fw.bytes, z->L);
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, b * lh, S, hs, bw.flops,
+                  bw.bytes, z->L);
+    if (z->rc || z->sel)
+        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, b * lh, S, hs,
+                      fw.flops, fw.bytes, z->L);
+}
+
+/* One layer's kernels, L times: norms, the family's linears (attention between the first
+ * linears and the output projection), the MLP activation, the residual adds. */
+static void analytic_layers(analytic *z) {
+    const ms_plan_family *f = &z->f;
+    const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
+    const bool rc = z->rc;
+    const double L = z->L;
+    add_norm(z, tok_sp, rc, f->norms * L);
+    for (int i = 0; i < f->n_lin; i++) {
+        const fam_linear *l = &f->lin[i];
+        int64_t n, k;
+        linear_local(z, l, &n, &k);
+        if (i == f->attn_at) analytic_attention(z); /* the output projection reads it */
+        add_gemm_op(z->w, f->linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, n, k, rc, L);
+        if (l->bias) add_bias(z, l->split == FAM_COLUMN ? tok : tok_sp, n, rc, L);
+    }
+    int64_t act = tok * f->act_width / (z->t > 1 ? z->t : 1);
+    if (f->act_op == MS_OP_SWIGLU)
+        add_elt(z->w, MS_OPRATE_STREAM, MS_OP_SWIGLU, ms_k_rowwise_cost(1, act, 5, 3),
+                ms_k_rowwise_cost(1, act, 10, 7), rc, L);
+    else
+        add_stream(z, MS_OP_GELU, MS_OPRATE_GELU, MS_K_GELU, act, rc, L);
+    add_stream(z, MS_OP_ADD, MS_OPRATE_STREAM, MS_K_ADD, tok_sp * h, rc, 2 * L);
+    if (f->dropout)
+        add_elt(z->w, MS_OPRATE_DROPOUT, MS_OP_DROPOUT, ms_k_dropout_cost(tok_sp * h, false),
+                ms_k_dropout_cost(tok_sp * h, true), rc, 2 * L);
+    z->f_layers = wk_flops(z->w);
+}
+
+/* The embedding's kernels, count times (0: none); returns one set's FLOPs. */
+static double analytic_embedding(analytic *z, double count) {
+    const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
+    double lookups = z->f.pos_rows ? 2 : 1;
+    /* a gathered table is looked up on sp's sequence shard, a vocab-parallel one on every row */
+    int64_t rows = z->f.emb_gathered ? tok_sp : tok;
+    ms_k_cost ef = ms_k_embedding_cost(rows, h, false), eb = ms_k_embedding_cost(rows, h, true);
+    add_elt(z->w, MS_OPRATE_EMBEDDING, MS_OP_EMBEDDING, ef, eb, false, lookups * count);
+    double one = lookups * (ef.flops + eb.flops);
+    if (z->f.pos_rows) {
+        ms_k_cost af = ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false),
+                  ab = ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true);
+        add_elt(z->w, MS_OPRATE_STREAM, MS_OP_ADD, af, ab, false, count);
+        one += af.flops + ab.flops;
+    }
+    if (z->f.emb_norm) {
+        add_norm(z, tok_sp, false, count);
+        one += ms_k_layernorm_cost(tok_sp, h, false).flops +
+               ms_k_layernorm_cost(tok_sp, h, true).flops;
+    }
+    return one;
+}
+
+/* The head (last stage): the final norm or BERT's MLM transform, the logits, the loss. */
+static void analytic_head(analytic *z) {
     const int64_t h = z->h, tok = z->tok, tok_sp = z->tok_sp;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
-    add_elt(w, MS_OPRATE_LAYERNORM, MS_OP_LAYERNORM, ms_k_layernorm_cost(tok_sp, h, false),
-            ms_k_layernorm_cost(tok_sp, h, true), false, 1);
-    add_gemm(w, tok, vl, h, false, 1);
-    add_elt(w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(tok, vl, false),
+    double before = wk_flops(z->w);
+    if (z->f.final_norm) add_norm(z, tok_sp, false, 1);
+    if (z->f.head_transform) { /* dense + GELU + LayerNorm, whole over tp (on sp's rows) */
+        add_gemm(z->w, tok_sp, h, h, false, 1);
+        add_bias(z, tok_sp, h, false, 1);
+        add_stream(z, MS_OP_GELU, MS_OPRATE_GELU, MS_K_GELU, tok_sp * h, false, 1);
+        add_norm(z, tok_sp, false, 1);
+    }
+    add_gemm_op(z->w, z->f.linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, vl, h, false, 1);
+    add_elt(z->w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(tok, vl, false),
             ms_k_xent_cost(tok, vl, true), false, 1);
-    z->f_head = wk_flops(w) - z->f_layers;
-    add_elt(w, MS_OPRATE_EMBEDDING, MS_OP_EMBEDDING, ms_k_embedding_cost(tok, h, false),
-            ms_k_embedding_cost(tok, h, true), false, 2 * z->emb);
-    add_elt(w, MS_OPRATE_STREAM, MS_OP_ADD, ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false),
-            ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true), false, z->emb);
+    z->f_head = wk_flops(z->w) - before;
+}
+
+/* tp without sp: the Megatron-LM layout as the engine completes it. Forward, an all-reduce
+ * after each row-parallel linear and, for a gathered one, its input and weight gathered;
+ * backward, an all-reduce of the input gradient of each column-parallel group; the
+ * embedding's reduction (or the gathered table), the head input's gradient, and the vocab-
+ * parallel cross-entropy's three row reductions. */
+static void analytic_tp(const analytic *z, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const int t = z->t;
+    const double L = z->L, x = (double)z->tok * z->h * z->ab;
+    double fwd = 0, bwd = 0;
+    for (int i = 0; i < f->n_lin; i++) {
+        const fam_linear *l = &f->lin[i];
+        fwd += l->split == FAM_ROW;
+        bwd += l->split == FAM_COLUMN && !l->same_input;
+        if (l->split == FAM_GATHER) {
+            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t,
+                        (double)z->tok * l->k * z->ab, L * passes_f);
+            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, (double)l->k * l->n * z->ab,
+                        L * passes_f);
+        }
+    }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, L * (fwd * passes_f + bwd));
+    if (!z->vp) return;
+    if (f->emb_gathered)
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, (double)z->V * z->h * z->ab,
+                    z->emb);
+    else
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, 1); /* the head's input */
+    /* row max, sum of exponentials, target logit */
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->tok * 4, 3);
+}
+
+/* A parameter of `elems` sharded over tp under sp: gathered for each forward, its gradient
+ * reduce-scattered once per step; count per micro-batch. */
+static void sp_gathered(const analytic *z, double elems, double fwd_count, double grads) {
+    double bytes = elems * z->ab;
+    wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, z->t, bytes, fwd_count);
+    wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_GRAD, z->t, bytes, grads);
+}
+
+/* tp with sp, as the engine completes it: the residual stream stays sequence-sharded and the
+ * tp-sharded weights are gathered for each forward (their gradients reduce-scattered);
+ * attention receives whole sequences (qkv all-to-all to heads and back; GQA gathers k and v
+ * instead); replicated parameters' gradients are all-reduced. */
+static void analytic_sp(const analytic *z, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const int t = z->t;
+    const double L = z->L, tok = (double)z->tok, h = (double)z->h, ab = z->ab;
+    double repl = (double)f->norms * f->norm_params * h;
+    for (int i = 0; i < f->n_lin; i++) {
+        const fam_linear *l = &f->lin[i];
+        if (l->split == FAM_WHOLE) continue;
+        double e = (double)l->k * l->n + (l->bias && l->split == FAM_COLUMN ? l->n : 0);
+        sp_gathered(z, e, L * passes_f, L);
+        if (l->bias && l->split != FAM_COLUMN) repl += (double)l->n;
+    }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, repl * ab, L);
+    double kv = tok * f->kv_heads * f->head_dim * ab;
+    if (f->gqa) {
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, kv, 2 * L * passes_f);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, kv, 2 * L);
+    } else {
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * 3 * h * ab,
+                    L * (passes_f + 1));
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * h * ab,
+                    L * (passes_f + 1));
+    }
+    /* the ends: the tables gathered; the tied one again for the head's backward */
+    double table = (double)z->V * h, first = z->emb, last = 1;
+    double ends_repl = (f->final_norm ? f->norm_params * h : 0) +
+                       (f->head_transform ? h * h + h + f->norm_params * h : 0);
+    if (first > 0) {
+        ends_repl += (double)f->pos_rows * h + (f->emb_norm ? f->norm_params * h : 0);
+        if (!f->emb_gathered) { /* the lookup reduce-scattered to the stream, ids gathered */
+            double x = tok * h * ab;
+            wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, first);
+            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, first);
+            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
+        }
+    }
+    bool shared = f->tied && first > 0; /* one table serves both ends */
+    if (first > 0) sp_gathered(z, table, first, 1);
+    if (!shared) sp_gathered(z, table, last, 1);
+    if (f->tied) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, table * ab, last);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, 1); /* the loss */
 }
 
 /* The collectives inside a micro-batch: tp's, cp's and the pipeline's transfers. */
 static void analytic_mb_collectives(const analytic *z) {
     ms_plan_workload *w = z->w;
     const int t = z->t, cp = z->cp;
-    const double L = z->L, emb = z->emb;
+    const double L = z->L;
     double x = (double)z->tok * z->h * z->ab; /* one tp-replicated activation */
     double passes_f = z->rc ? 2 : 1;          /* forward collectives run again under recompute */
-    if (t > 1) {
-        if (!z->s->sp) {
-            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, 2 * L * (passes_f + 1));
-            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1); /* emb, head */
-        } else {
-            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * L * (passes_f + 1));
-            wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x,
-                        2 * L * (passes_f + 1));
-            wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1);
-            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, emb + 1);
-        }
-        if (z->vp) /* row max, sum of exponentials, target logit */
-            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->tok * 4, 3);
-    }
+    if (t > 1 && z->s->sp)
+        analytic_sp(z, passes_f);
+    else if (t > 1)
+        analytic_tp(z, passes_f);
     if (cp > 1) {
         /* sequence-sharded qkv to head-sharded and back, forward and backward */
-        double qkv = (double)z->tok * 3 * z->h / t * z->ab, o = (double)z->tok * z->h / t * z->ab;
+        const ms_plan_family *f = &z->f;
+        double qkv = (double)z->tok * (f->heads + 2 * f->kv_heads) * f->head_dim / t * z->ab,
+               o = (double)z->tok * z->h / t * z->ab;
         wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
         wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L * (passes_f + 1));
     }
@@ -361,17 +528,18 @@ static void analytic_mb_collectives(const analytic *z) {
         wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, z->p, x / t, 2.0 * z->s->virtual_stages);
 }
 
-/* Parameters on the busiest stage, their gradients' collectives (by ZeRO stage) and the
- * state's memory. */
+/* Parameters on the busiest stage (the last on a tie, as the engine prices it), their
+ * gradients' collectives (by ZeRO stage) and the state's memory. */
 static void analytic_state(const analytic *z) {
     ms_plan_workload *w = z->w;
     const ms_plan_problem *pb = z->pb;
     const ms_strategy *s = z->s;
-    double lp = layer_params_local((double)z->h, z->t);
-    double wte = (double)z->V * z->h / (z->vp ? z->t : 1),
-           wpe = (double)pb->model.n_positions * z->h;
-    double first = z->L * lp + wte + wpe, last = z->L * lp + 2.0 * z->h + (z->p > 1 ? wte : 0);
-    double psi = first > last ? first : last;
+    const ms_plan_family *f = &z->f;
+    double layers = z->L * ms_plan_family_layer_params(f, z->t);
+    double first = ms_plan_family_first_params(f, z->t, z->vp),
+           last = ms_plan_family_last_params(f, z->t, z->vp);
+    double wte = (double)z->V * z->h / (z->vp ? z->t : 1);
+    double psi = z->p == 1 ? layers + first + last - (f->tied ? wte : 0) : layers + last;
     int nd = s->dp * s->cp, nz = s->dp; /* gradients reduce over dp x cp; ZeRO shards over dp */
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
     double m = z->n_micro;
@@ -381,21 +549,27 @@ static void analytic_state(const analytic *z) {
             case 0:
                 wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, nd, g, 1);
                 break;
-            case 1:
-                wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, 1);
+            case 1: /* the engine all-reduces the gradients, then gathers the updated shards */
+                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, nd, g, 1);
                 wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 1);
                 break;
             case 2:
                 wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, m);
                 wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 1);
                 break;
-            default: /* parameters gathered for forward and backward, every micro-batch */
+            default: /* parameters gathered for forward and backward, every micro-batch (a
+                      * tied table once more for the head); the loss reduced over dp */
                 wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, m);
                 wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 2 * m);
+                if (z->p == 1 && f->tied)
+                    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd,
+                                wte * wbytes / psi, /* its bytes */
+                                2 * m);
+                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_IN_MB, nd, 4, 1);
                 break;
         }
     }
-    if (z->p > 1) /* the tied embedding's gradient between the first and the last stage */
+    if (z->p > 1 && f->tied) /* the tied embedding's gradient between the first and last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);
     ms_plan_zero_memory(psi, nz, s->zero, pb->dtype, &w->mem_params, &w->mem_grads, &w->mem_optim);
@@ -404,35 +578,88 @@ static void analytic_state(const analytic *z) {
     w->zero_bytes = (s->zero >= 2 ? psi / nz : psi) * gb;
 }
 
-/* Activations in flight on the first (or, when larger, the last) stage. */
+/* Elements per token one layer's forward makes on a tp rank, every value kept for the
+ * backward (this engine keeps them all): norms, linears and biases, attention's output, its
+ * scores (heads x keys per query) unless flash or selective recompute drop them, rotary
+ * outputs, the activation, the residual adds. Without sp a row-parallel output is a whole
+ * partial sum and each tp all-reduce writes a second copy of the stream; with sp (the engine's
+ * layout) every linear runs on a sequence shard, and attention's inputs arrive as a second
+ * copy (all-to-all to heads, or k and v gathered). */
+static double layer_values(const analytic *z, bool scores) {
+    const ms_plan_family *f = &z->f;
+    const bool sp = z->s->sp && z->t > 1;
+    double t = z->t, h = (double)z->h, hsp = sp ? h / t : h;
+    double split = f->attn_whole ? z->cp : t * z->cp;
+    double lh = (double)f->heads / split, lkv = (double)f->kv_heads / split, hs = f->head_dim;
+    double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs;
+    for (int i = 0; i < f->n_lin; i++) {
+        const fam_linear *l = &f->lin[i];
+        bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
+        v += (shard ? l->n / t : l->n) * (l->bias ? 2 : 1);
+        if (l->split == FAM_GATHER && t > 1 && !sp) v += l->k; /* its gathered input */
+        if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
+            v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
+    }
+    if (f->gqa) v += (lh + lkv) * hs;
+    if (sp) v += f->gqa ? 2.0 * f->kv_heads * hs : (3 * h + h) / t;
+    if (scores) v += lh * z->S;
+    return v;
+}
+
+/* Elements of the tp-sharded weights one layer gathers under sp (kept for its backward). */
+static double sp_gathered_weights(const ms_plan_family *f) {
+    double e = 0;
+    for (int i = 0; i < f->n_lin; i++)
+        if (f->lin[i].split != FAM_WHOLE) e += (double)f->lin[i].k * f->lin[i].n;
+    return e;
+}
+
+/* Activations: the busiest stage's layers' values (only the layer inputs under full
+ * recompute, plus one layer's values) times the most micro-batches the schedule holds on any
+ * stage; the ends' values (embedding lookups, position add and norm on the first stage; the
+ * final norm or BERT's transform on the last) and the fp32 logits with their gradient (under
+ * full recompute, the larger of those and one layer's values); the
+ * backward's working gradients (the stream's and the widest activation's); the weights
+ * gathered and kept for the backward (sp: every layer's; ZeRO 3: a layer's and its whole
+ * gradient at a time). */
 static void analytic_activations(const analytic *z) {
     const ms_cluster *cl = z->pb->cluster;
     const ms_strategy *s = z->s;
-    double S = (double)z->S, b = (double)z->b, h = (double)z->h, a = (double)z->a;
-    double layer = ms_plan_layer_activation_bytes(S, b, h, a, z->t, s->sp, z->cp, z->rc,
-                                                  cl->flash_attention || z->sel, z->pb->dtype);
-    double in_flight = s->schedule == MS_SCHEDULE_GPIPE ? z->n_micro
-                       : z->p < z->n_micro              ? z->p
-                                                        : z->n_micro;
-    double act_first = z->L * layer * in_flight;
-    if (z->rc)
-        act_first += ms_plan_layer_activation_bytes(S, b, h, a, z->t, s->sp, z->cp, false,
-                                                    cl->flash_attention, z->pb->dtype);
+    const ms_plan_family *f = &z->f;
+    bool scores = !(cl->flash_attention || z->sel), sp = s->sp && z->t > 1;
+    double tok = (double)z->tok, ab = z->ab, h = (double)z->h, hsp = sp ? h / z->t : h;
+    double layer = layer_values(z, scores) * tok * ab;
+    int held = 1; /* the most any stage holds (the first, under 1F1B) */
+    for (int q = 0; z->p > 1 && q < z->p; q++) {
+        int b =
+            ms_pp_inflight_bound((ms_schedule)s->schedule, z->p, z->n_micro, s->virtual_stages, q);
+        if (b > held) held = b;
+    }
+    double ends = (f->final_norm ? hsp : 0) + (f->head_transform ? 4 * hsp : 0);
+    if (z->emb > 0) ends += (f->pos_rows ? 3 : 1) * h + (f->emb_norm ? hsp : 0);
+    double work = hsp + f->act_width / z->t;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
-    double logits = 2.0 * (double)z->tok * vl * 4; /* fp32 logits and their gradient */
-    double act_last = z->L * layer + logits;
-    z->w->mem_act = z->p == 1 ? act_first + logits : (act_first > act_last ? act_first : act_last);
+    double logits = 2.0 * tok * vl * 4;
+    double gathered = 0;
+    if (sp) gathered += z->L * sp_gathered_weights(f) * ab;
+    if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_plan_family_layer_params(f, z->t) * ab;
+    /* at the start of the backward every value is alive; under full recompute the head's are
+     * freed before the layers' are made again, one layer at a time */
+    double head = ends * tok * ab + logits, work_b = work * tok * ab;
+    double act = z->rc ? z->L * tok * hsp * ab + fmax(head, layer) : z->L * layer + head;
+    z->w->mem_act = act * held + work_b + gathered;
 }
 
-static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
+void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
     wk_reset(w);
     analytic z = {.pb = pb, .s = s, .w = w, .t = s->tp, .cp = s->cp, .p = s->pp};
+    ms_plan_family_of(&pb->model, s->tp, &z.f);
     z.rc = s->recompute == MS_RECOMPUTE_FULL;
     z.sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
     z.vp = z.t > 1 && !s->vocab_replicated;
     micro(pb, s, &z.mb, &z.n_micro);
     const ms_model_config *c = &pb->model;
-    z.h = c->n_embd, z.a = c->n_head, z.V = c->vocab_size, z.S = pb->seq;
+    z.h = c->n_embd, z.V = c->vocab_size, z.S = pb->seq;
     z.b = z.mb;
     z.tok = z.b * z.S / z.cp;                 /* rows of a tp-replicated activation */
     z.tok_sp = s->sp ? z.tok / z.t : z.tok;   /* rows of the residual stream */
@@ -441,17 +668,13 @@ static void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan
     z.emb = z.p == 1 ? 1 : 0;
     w->layers_per_stage = stage_layers(pb, s);
     analytic_layers(&z);
-    analytic_ends(&z);
+    analytic_head(&z);
+    double f_emb = analytic_embedding(&z, z.emb);
     analytic_mb_collectives(&z);
     analytic_state(&z);
     analytic_activations(&z);
     /* hardware FLOPs of the step over every device: layers on every stage, the head and the
      * embedding once per pipeline */
-    const int64_t tok = z.tok, tok_sp = z.tok_sp, h = z.h;
-    ms_k_cost ef = ms_k_embedding_cost(tok, h, false), eb = ms_k_embedding_cost(tok, h, true);
-    double f_emb = 2 * (ef.flops + eb.flops) +
-                   ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, false).flops +
-                   ms_k_elementwise_cost(MS_K_ADD, tok_sp * h, 0, true).flops;
     double per_device_mb = z.f_layers * ((double)c->n_layer / z.p / z.L) + (z.f_head + f_emb) / z.p;
     w->hw_flops_step = per_device_mb * z.n_micro * pb->devices;
 }
@@ -533,7 +756,7 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
             if (c->cpu) return ms_cluster_attention_time(c, e->m, e->n, e->k, bwd, r);
             /* per head: S = Q K^T and O = P V (four products backward) as batched GEMMs, and
              * the softmax and its traffic as an elementwise kernel */
-            double frac = c->causal_skip ? 0.5 : 1.0;
+            double frac = c->causal_skip && pb->model.model_type != MS_MODEL_BERT ? 0.5 : 1.0;
             double g = ms_cluster_gemm_time(c, pb->dtype, e->n, e->n, e->k, r) +
                        ms_cluster_gemm_time(c, pb->dtype, e->n, e->k, e->n, r);
             double gemm = (double)e->m * g * frac * (bwd ? 2 : 1);
@@ -673,8 +896,10 @@ void ms_plan_memo_destroy(ms_plan_memo *m) {
 static bool same_model(const ms_model_config *a, const ms_model_config *b) {
     return a->model_type == b->model_type && a->n_layer == b->n_layer && a->n_head == b->n_head &&
            a->n_embd == b->n_embd && a->vocab_size == b->vocab_size &&
-           a->n_positions == b->n_positions && a->resid_pdrop == b->resid_pdrop &&
-           a->attn_pdrop == b->attn_pdrop && a->embd_pdrop == b->embd_pdrop;
+           a->n_kv_head == b->n_kv_head && a->intermediate_size == b->intermediate_size &&
+           a->tie_word_embeddings == b->tie_word_embeddings && a->n_positions == b->n_positions &&
+           a->resid_pdrop == b->resid_pdrop && a->attn_pdrop == b->attn_pdrop &&
+           a->embd_pdrop == b->embd_pdrop;
 }
 
 /* The engine workload of s, compiled once per memo. */
@@ -715,7 +940,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
 
 /* Whether the engine's program may be compiled for this problem (small enough to build here). */
 static bool engine_sized(const ms_plan_problem *pb) {
-    double params = ms_plan_param_count(&pb->model);
+    double params = ms_plan_model_params(&pb->model);
     double act = (double)pb->global_batch * pb->seq * pb->model.n_embd * pb->model.n_layer * 40.0;
     return pb->engine_workloads && params * 4 < (1u << 30) && act < 4.0 * (1u << 30);
 }
@@ -784,4 +1009,41 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
     out->fits = out->mem_total <= out->mem_cap;
     free(w);
     return st;
+}
+
+ms_status ms_plan_tally_get(const ms_plan_problem *problem, const ms_strategy *s, bool closed_form,
+                            ms_plan_tally *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    ms_job_shape job = ms_plan_job(problem);
+    MS_CHECK(ms_strategy_check(s, &problem->model, &job, err));
+    ms_plan_problem pb = *problem;
+    pb.dtype = s->precision == MS_PRECISION_BF16 ? MS_PLAN_BF16 : MS_PLAN_FP32;
+    ms_plan_workload *w = xmalloc(sizeof *w);
+    ms_status st = MS_OK;
+    if (closed_form)
+        wk_analytic(&pb, s, w);
+    else
+        st = wk_from_engine(&pb, s, w, NULL, err);
+    if (st == MS_OK) {
+        int mb, m;
+        micro(&pb, s, &mb, &m);
+        out->flops = wk_flops(w) * m;
+        for (int i = 0; i < w->nc; i++) {
+            const wk_coll *e = &w->c[i];
+            out->coll_bytes[e->dim][e->kind] += e->bytes * e->count * (e->when == WK_IN_MB ? m : 1);
+        }
+        out->mem_params = w->mem_params, out->mem_grads = w->mem_grads;
+        out->mem_optim = w->mem_optim, out->mem_act = w->mem_act;
+    }
+    free(w);
+    return st;
+}
+
+double ms_plan_model_params(const ms_model_config *c) {
+    ms_plan_family f;
+    ms_plan_family_of(c, 1, &f);
+    double wte = (double)f.vocab * f.h;
+    return c->n_layer * ms_plan_family_layer_params(&f, 1) +
+           ms_plan_family_first_params(&f, 1, false) + ms_plan_family_last_params(&f, 1, false) -
+           (f.tied ? wte : 0);
 }

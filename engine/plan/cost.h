@@ -22,10 +22,11 @@
  *                the cluster's schedule hides behind backward (none in this engine); then the
  *                optimizer, the gradient norm and a fixed step overhead
  *   memory       ZeRO formulas (sharding over dp) for parameters, gradients and optimizer
- *                states; activations per layer after Korthikanti et al. 2022 (tp / sp / cp
- *                divided, full recompute keeps only layer inputs, selective drops the
- *                attention scores and recomputes attention), times the micro-batches in
- *                flight (pp under 1F1B, all of them under GPipe); gradient buckets are not
+ *                states; activations: every value a layer's forward makes, as this engine
+ *                keeps them (the family's description; tp / sp / cp divided, full recompute
+ *                keeps only layer inputs, selective drops the attention scores and
+ *                recomputes attention), times the most micro-batches any pipeline stage
+ *                holds (pp under 1F1B, all of them under GPipe); gradient buckets are not
  *                modelled
  *
  * Two workload sources, one pricing:
@@ -35,14 +36,17 @@
  *              function, the same one the profiler reports, and every reshard with the reshard
  *              planner's plan; memory is the program's arena, parameters and gradients as it
  *              stores them, plus AdamW's two moments over the optimizer's shards (ZeRO).
- *   analytic   everything else, and every model too large to compile here (GPT-3 175B): the
- *              same kernels per layer in closed form (the kernels' own cost functions over the
- *              Megatron-LM layout), so both sources agree where both apply (tested).
+ *   analytic   everything else, and every model too large to compile here (GPT-3 175B,
+ *              LLaMA-2 7B): the same kernels per layer in closed form, from the model family's
+ *              layer description (family.h: GPT-2, BERT, LLaMA), each through the kernel's own
+ *              cost function, with the collectives the engine's completion places for them, so
+ *              both sources agree where both apply (tests/test_plan_families.c).
  *
  * FLOPs reported: model FLOPs are the hand count of one forward and backward without
- * recompute, 72 B s l h^2 (1 + s/(6h)) + 6 B s h V (see docs/planner.md for how it relates
- * to Narayanan et al.'s formula); hardware FLOPs are what the devices execute (recompute and
- * work replicated over tp included).
+ * recompute, 6 per token per linear weight (layers and head) plus attention's 12 s (heads x
+ * head size) per token and layer; for GPT-2 72 B s l h^2 (1 + s/(6h)) + 6 B s h V (see
+ * docs/planner.md for how it relates to Narayanan et al.'s formula); hardware FLOPs are what
+ * the devices execute (recompute and work replicated over tp included).
  */
 #ifndef MS_PLAN_COST_H
 #define MS_PLAN_COST_H
@@ -142,12 +146,13 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_strategy *s,
 /* --- the pieces, exposed for tests and the advisor ---------------------------------------------
  */
 
-/* Model FLOPs of one step (forward + backward, no recompute): the hand count above. */
+/* Model FLOPs of one step (forward + backward, no recompute): the hand count above, for c's
+ * family. */
 double ms_plan_model_flops(const ms_model_config *c, double batch, double seq);
 /* Narayanan et al. 2021: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recompute, the same
  * with 72 without (their formula as printed; see docs/planner.md). */
 double ms_plan_narayanan_flops(const ms_model_config *c, double batch, double seq, bool recompute);
-/* Parameters of the GPT (tied head) by Narayanan et al.: 12 l h^2 (1 + 13/(12h) + (V + s)/
+/* Parameters of a GPT-2 (tied head) by Narayanan et al.: 12 l h^2 (1 + 13/(12h) + (V + s)/
  * (12 l h)) with s = n_positions; ms_gpt2_param_count has the final LayerNorm's 2h more. */
 double ms_plan_param_count(const ms_model_config *c);
 
@@ -180,6 +185,23 @@ typedef struct ms_plan_engine_stats {
 } ms_plan_engine_stats;
 ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err);
+
+/* What one workload source makes of a strategy, per step, on the device the estimate prices
+ * (the busiest pipeline stage's rank at mesh coordinate 0): the figures the two sources are
+ * compared on (tests/test_plan_families.c). */
+typedef struct ms_plan_tally {
+    double flops; /* its kernels' FLOPs: forward, backward and recompute, every micro-batch */
+    double coll_bytes[MS_PLAN_DIM_COUNT][MS_COLL_KIND_COUNT]; /* by mesh dim and kind */
+    double mem_params, mem_grads, mem_optim, mem_act;         /* bytes */
+} ms_plan_tally;
+/* The tally of s from the engine's compiled program (closed_form false: the strategy must be
+ * one the engine runs, on a model small enough to compile) or from the closed form. */
+ms_status ms_plan_tally_get(const ms_plan_problem *pb, const ms_strategy *s, bool closed_form,
+                            ms_plan_tally *out, ms_error *err);
+
+/* Parameters of the model the engine builds for c (its family's closed form: every embedding,
+ * norm and head the builder makes, the tied head counted once). */
+double ms_plan_model_params(const ms_model_config *c);
 
 /* Compiled workloads kept across estimates (keyed by model, batch, sequence and strategy), so
  * that a search or the advisor compiles each strategy once, and simulated pipeline bubbles

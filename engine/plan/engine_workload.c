@@ -35,6 +35,7 @@ static int64_t numel(const ms_shape *s) {
 static ms_oprate rate_of(int op) {
     switch (op) {
         case MS_OP_LAYERNORM:
+        case MS_OP_RMSNORM:
             return MS_OPRATE_LAYERNORM;
         case MS_OP_GELU:
             return MS_OPRATE_GELU;
@@ -61,11 +62,23 @@ static ms_plan_dim dim_of(const ms_mesh *mesh, int m) {
 /* One kernel (forward or backward) of the program into the workload. */
 static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
                        const ms_kernel_info *kn) {
-    ms_plan_class cls = kn->op == MS_OP_MATMUL      ? MS_PC_GEMM
-                        : kn->op == MS_OP_ATTENTION ? MS_PC_ATTENTION
-                                                    : MS_PC_ELEMENTWISE;
+    bool gqa = kn->op == MS_OP_GQA_ATTENTION;
+    ms_plan_class cls = kn->op == MS_OP_MATMUL || kn->op == MS_OP_LINEAR ? MS_PC_GEMM
+                        : kn->op == MS_OP_ATTENTION || gqa               ? MS_PC_ATTENTION
+                                                                         : MS_PC_ELEMENTWISE;
     int64_t m = 0, n = 0, kk = 0;
-    if (kn->op == MS_OP_MATMUL) {
+    if (kn->op == MS_OP_LINEAR) {
+        /* x [..., K...] W [N..., K...] over the attribute's K dims (default 1) */
+        const ms_shape *A = &kn->in_local[0], *B = &kn->in_local[1];
+        int kd = kn->attrs && kn->attrs->i[0] > 0 ? kn->attrs->i[0] : 1;
+        kk = 1;
+        for (int d = A->ndim - kd; d < A->ndim; d++) kk *= A->d[d];
+        m = kk ? numel(A) / kk : 0;
+        n = kk ? numel(B) / kk : 0;
+    } else if (gqa) { /* q [B, T, H, D] */
+        const ms_shape *q = &kn->in_local[0];
+        m = q->d[0] * q->d[2], n = q->d[1], kk = q->d[3];
+    } else if (kn->op == MS_OP_MATMUL) {
         const ms_shape *A = &kn->in_local[0], *B = &kn->in_local[1];
         kk = A->d[A->ndim - 1];
         m = kk ? numel(A) / kk : 0;
@@ -281,11 +294,18 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
         /* the tied embedding's gradients between the first and the last stage */
         double wte = (double)pb->model.vocab_size * pb->model.n_embd / s->tp;
         double gbytes = s->precision == MS_PRECISION_BF16 ? 2 : 4;
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, gbytes * wte, 1);
+        if (ms_model_ties_embedding(&pb->model))
+            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, gbytes * wte, 1);
     }
     /* the training loop: gradient norm over the world, AdamW on every local shard */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size * p, 8, 1);
-    int held = p > 1 ? ms_pp_inflight_bound((ms_schedule)s->schedule, p, m, v, stage) : 1;
+    /* the busiest stage's arena per micro-batch in flight, as many as any stage holds (the
+     * first, under 1F1B: its arena is within a layer of the busiest's) */
+    int held = 1;
+    for (int q = 0; p > 1 && q < p; q++) {
+        int b = ms_pp_inflight_bound((ms_schedule)s->schedule, p, m, v, q);
+        if (b > held) held = b;
+    }
     w->opt_elems = state[2];
     w->norm_elems = state[1];
     /* bf16: the parameters are the bf16 use copies, and the fp32 masters (state[0] elements,

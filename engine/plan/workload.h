@@ -59,6 +59,9 @@ void wk_kernel_add(ms_plan_workload *w, ms_plan_class cls, ms_oprate rate, wk_ph
 void wk_coll_add(ms_plan_workload *w, ms_coll_kind kind, ms_plan_dim dim, wk_when when, int group,
                  double bytes, double count);
 
+/* The closed form for any checked strategy (cost.c), from the model family's description. */
+void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w);
+
 /* The engine's program for an executable strategy (engine_workload.c). stats may be NULL. */
 ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
                          ms_plan_engine_stats *stats, ms_error *err);

@@ -1,0 +1,94 @@
+/* family.c - the per-family layer descriptions the closed form prices. */
+#include "engine/plan/family.h"
+
+#include <string.h>
+
+#include "engine/ops/op.h"
+
+static void add_linear(ms_plan_family *f, int64_t k, int64_t n, fam_split split, bool bias,
+                       bool same_input) {
+    f->lin[f->n_lin++] = (fam_linear){
+        .k = k, .n = n, .split = (uint8_t)split, .bias = bias, .same_input = same_input};
+}
+
+/* GPT-2 and BERT (gpt.c): c_attn [h, 3h] and c_fc [h, 4h] column-parallel, the two c_proj
+ * row-parallel, all with biases; LayerNorm; GELU. */
+static void gpt_layer(const ms_model_config *c, ms_plan_family *f) {
+    const int64_t h = c->n_embd;
+    add_linear(f, h, 3 * h, FAM_COLUMN, true, false); /* attn.c_attn */
+    add_linear(f, h, h, FAM_ROW, true, false);        /* attn.c_proj */
+    add_linear(f, h, 4 * h, FAM_COLUMN, true, false); /* mlp.c_fc */
+    add_linear(f, 4 * h, h, FAM_ROW, true, false);    /* mlp.c_proj */
+    f->attn_at = 1;
+    f->norm_op = MS_OP_LAYERNORM, f->norm_params = 2, f->norms = 2;
+    f->act_op = MS_OP_GELU, f->act_width = 4 * h;
+    f->pos_rows = c->n_positions;
+}
+
+/* LLaMA (llama.c): q [h, H d], k and v [h, Hkv d], o [H d, h], gate and up [h, I], down
+ * [I, h], no biases; RMSNorm; SwiGLU; rotary positions. k and v shard with the query heads
+ * when the kv heads divide tp; otherwise the whole attention is replicated (strategy.c). */
+static void llama_layer(const ms_model_config *c, int tp, ms_plan_family *f) {
+    const int64_t h = c->n_embd, qd = f->heads * f->head_dim, kvd = f->kv_heads * f->head_dim;
+    const int64_t I = c->intermediate_size;
+    f->attn_whole = tp > 1 && f->kv_heads % tp != 0;
+    fam_split col = f->attn_whole ? FAM_WHOLE : FAM_COLUMN;
+    add_linear(f, h, qd, col, false, false);                                    /* q_proj */
+    add_linear(f, h, kvd, col, false, true);                                    /* k_proj */
+    add_linear(f, h, kvd, col, false, true);                                    /* v_proj */
+    add_linear(f, qd, h, f->attn_whole ? FAM_WHOLE : FAM_GATHER, false, false); /* o_proj */
+    add_linear(f, h, I, FAM_COLUMN, false, false);                              /* gate_proj */
+    add_linear(f, h, I, FAM_COLUMN, false, true);                               /* up_proj */
+    add_linear(f, I, h, FAM_ROW, false, false);                                 /* down_proj */
+    f->attn_at = 3;
+    f->norm_op = MS_OP_RMSNORM, f->norm_params = 1, f->norms = 2;
+    f->act_op = MS_OP_SWIGLU, f->act_width = I;
+    f->gqa = f->linear_op = true;
+    f->final_norm = f->emb_gathered = true;
+}
+
+void ms_plan_family_of(const ms_model_config *c, int tp, ms_plan_family *f) {
+    memset(f, 0, sizeof *f);
+    f->type = c->model_type;
+    f->h = c->n_embd;
+    f->heads = c->n_head;
+    f->kv_heads = c->model_type == MS_MODEL_LLAMA && c->n_kv_head > 0 ? c->n_kv_head : c->n_head;
+    f->head_dim = c->n_embd / c->n_head;
+    f->vocab = c->vocab_size;
+    f->tied = ms_model_ties_embedding(c);
+    f->dropout = c->resid_pdrop > 0;
+    f->causal = c->model_type != MS_MODEL_BERT;
+    if (c->model_type == MS_MODEL_LLAMA) {
+        llama_layer(c, tp, f);
+        return;
+    }
+    gpt_layer(c, f);
+    bool bert = c->model_type == MS_MODEL_BERT;
+    f->emb_norm = f->head_transform = bert;
+    f->final_norm = !bert;
+}
+
+double ms_plan_family_layer_params(const ms_plan_family *f, int tp) {
+    double p = (double)f->norms * f->norm_params * f->h;
+    for (int i = 0; i < f->n_lin; i++) {
+        const fam_linear *l = &f->lin[i];
+        double t = l->split == FAM_WHOLE ? 1 : tp; /* FAM_GATHER stores a shard */
+        p += (double)l->k * l->n / t;
+        if (l->bias) p += l->split == FAM_COLUMN ? l->n / t : l->n;
+    }
+    return p;
+}
+
+double ms_plan_family_first_params(const ms_plan_family *f, int tp, bool vocab_parallel) {
+    double h = (double)f->h, p = (double)f->vocab * h / (vocab_parallel ? tp : 1);
+    p += (double)f->pos_rows * h;
+    if (f->emb_norm) p += f->norm_params * h;
+    return p;
+}
+
+double ms_plan_family_last_params(const ms_plan_family *f, int tp, bool vocab_parallel) {
+    double h = (double)f->h, p = (double)f->vocab * h / (vocab_parallel ? tp : 1);
+    if (f->final_norm) p += f->norm_params * h;
+    if (f->head_transform) p += h * h + h + f->norm_params * h;
+    return p;
+}

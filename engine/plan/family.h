@@ -1,0 +1,70 @@
+/* family.h - what the closed-form workload knows of a model family (private to engine/plan):
+ * one transformer layer and the model's two ends as data, read off the builders
+ * (engine/model/gpt.c for GPT-2 and BERT, engine/model/llama.c for LLaMA) and the tensor-
+ * parallel rules (engine/model/strategy.c). cost.c prices every family from this one
+ * description, so the differences between families are the fields below, not code paths.
+ */
+#ifndef MS_PLAN_FAMILY_H
+#define MS_PLAN_FAMILY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/model/config.h"
+
+/* How tensor parallelism splits a linear layer's weight: by output columns (its output, and
+ * its bias, sharded), by input rows (its output a partial sum, reduced over tp), or not at
+ * all (every tp rank computes it whole), or stored row-sharded but run whole after gathering
+ * its input and its weight (what the engine's completion picks for LLaMA's o_proj). */
+typedef enum fam_split { FAM_COLUMN, FAM_ROW, FAM_WHOLE, FAM_GATHER } fam_split;
+
+#define FAM_MAX_LINEAR 8
+
+/* x[tokens, k] @ W[k, n] (+ bias[n]), whole-model sizes. */
+typedef struct fam_linear {
+    int64_t k, n;
+    uint8_t split; /* fam_split under tp */
+    bool bias;
+    bool same_input; /* reads the previous linear's input (q, k, v; gate, up) */
+} fam_linear;
+
+typedef struct ms_plan_family {
+    ms_model_type type;
+    int64_t h, heads, kv_heads, head_dim;
+    /* per layer */
+    fam_linear lin[FAM_MAX_LINEAR];
+    int n_lin;
+    int attn_at;       /* attention runs before lin[attn_at], the output projection */
+    int norm_op;       /* MS_OP_LAYERNORM (weight and bias) or MS_OP_RMSNORM (weight) */
+    int norm_params;   /* per norm, in units of h: 2 or 1 */
+    int norms;         /* norms per layer */
+    int act_op;        /* MS_OP_GELU on the up projection, or MS_OP_SWIGLU on gate and up */
+    int64_t act_width; /* the activation's output width (4h, or intermediate_size) */
+    bool causal;       /* decoder attention; BERT's is bidirectional */
+    bool gqa;          /* q, k, v as separate projections (GQA op), rotary on q and k */
+    bool linear_op;    /* projections are the fused LINEAR op (bias inside), not MATMUL + BIAS */
+    bool attn_whole;   /* kv heads do not divide tp: attention runs whole on every tp rank */
+    bool dropout;      /* resid_pdrop > 0: two dropouts per layer */
+    /* the ends */
+    int64_t vocab, pos_rows; /* learned position embedding rows (0: rotary positions) */
+    bool emb_norm;           /* a norm after the embedding (BERT's embeddings.LayerNorm) */
+    bool head_transform; /* BERT's MLM transform: dense h x h + GELU + LayerNorm, whole over tp */
+    bool final_norm;     /* a norm before the head (GPT-2's ln_f, LLaMA's model.norm) */
+    bool tied;           /* the head reads the token embedding */
+    bool emb_gathered;   /* tp gathers the embedding table (LLaMA) instead of reducing the
+                          * vocab-parallel lookup (GPT-2, BERT) */
+} ms_plan_family;
+
+/* The description of c's family under tensor parallelism tp. */
+void ms_plan_family_of(const ms_model_config *c, int tp, ms_plan_family *f);
+
+/* Parameters of one layer: whole, and on one tp rank (sharded linears and their column
+ * biases divided by tp, norms and row-parallel biases whole). */
+double ms_plan_family_layer_params(const ms_plan_family *f, int tp);
+
+/* The embedding's and the head's parameters on one tp rank: the token embedding (vocab-
+ * parallel unless replicated), positions, norms, the MLM transform, an untied head. */
+double ms_plan_family_first_params(const ms_plan_family *f, int tp, bool vocab_parallel);
+double ms_plan_family_last_params(const ms_plan_family *f, int tp, bool vocab_parallel);
+
+#endif
