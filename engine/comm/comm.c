@@ -451,8 +451,8 @@ static ms_status check_all_gather(ms_comm *c, ms_comm_dtype dt, const void *send
     return MS_OK;
 }
 
-ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
-                           size_t count, ms_reduce_op op, ms_error *err) {
+ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv, size_t count,
+                           ms_reduce_op op, ms_error *err) {
     MS_CHECK(check_all_reduce(c, dt, send, recv, count, op, err));
     ms_comm_call call;
     const size_t bytes = count * ms_comm_dtype_size(dt);
@@ -809,8 +809,8 @@ static ms_status p2p_one(ms_comm *c, ms_comm_dtype dt, ms_p2p_kind kind, void *b
     return ms_p2p_dt(c, dt, &op, 1, err);
 }
 
-ms_status ms_send_dt(ms_comm *c, ms_comm_dtype dt, const void *buf, size_t count, int peer,
-                     int tag, ms_error *err) {
+ms_status ms_send_dt(ms_comm *c, ms_comm_dtype dt, const void *buf, size_t count, int peer, int tag,
+                     ms_error *err) {
     return p2p_one(c, dt, MS_P2P_SEND, (void *)buf, count, peer, tag, err);
 }
 

@@ -141,8 +141,8 @@ void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user);
 
 ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
                         ms_error *err);
-ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
-                           size_t count, ms_reduce_op op, ms_error *err);
+ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv, size_t count,
+                           ms_reduce_op op, ms_error *err);
 
 /* send holds sum(recv_counts) elements in rank order; member r receives the reduction of
  * block r (recv_counts[r] elements) into recv. */
@@ -183,8 +183,8 @@ ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_er
 /* The same for every op's buffer holding elements of dt (a send matches only a receive of
  * the same type on the threads backend). */
 ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops, ms_error *err);
-ms_status ms_send_dt(ms_comm *c, ms_comm_dtype dt, const void *buf, size_t count, int peer,
-                     int tag, ms_error *err);
+ms_status ms_send_dt(ms_comm *c, ms_comm_dtype dt, const void *buf, size_t count, int peer, int tag,
+                     ms_error *err);
 ms_status ms_recv_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int peer, int tag,
                      ms_error *err);
 /* The same with raw bytes: every op's count is in bytes. A byte send matches only a byte

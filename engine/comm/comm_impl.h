@@ -36,11 +36,10 @@ typedef struct ms_comm_call {
 
 typedef struct ms_comm_backend_ops {
     const char *name;
-    ms_status (*all_reduce)(void *ctx, const void *send, void *recv, size_t count,
-                            ms_reduce_op op, ms_comm_call *call, ms_error *err);
-    ms_status (*reduce_scatter)(void *ctx, const void *send, void *recv,
-                                const size_t *recv_counts, ms_reduce_op op, ms_comm_call *call,
-                                ms_error *err);
+    ms_status (*all_reduce)(void *ctx, const void *send, void *recv, size_t count, ms_reduce_op op,
+                            ms_comm_call *call, ms_error *err);
+    ms_status (*reduce_scatter)(void *ctx, const void *send, void *recv, const size_t *recv_counts,
+                                ms_reduce_op op, ms_comm_call *call, ms_error *err);
     ms_status (*all_gather)(void *ctx, const void *send, void *recv, const size_t *counts,
                             ms_comm_call *call, ms_error *err);
     ms_status (*all_to_all)(void *ctx, const void *send, const size_t *send_counts,

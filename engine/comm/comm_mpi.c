@@ -557,8 +557,9 @@ static void mpi_destroy(void *ctx) {
  * which a user MPI_Op cannot give: MPI reduces pairwise and would round at every step. So the
  * blocks travel raw and their owner reduces them: member p sends block q (sc[q] elements at
  * sd[q] of send) to member q and receives every member's block `mine` into scratch, which it
- * reduces into out; the caller checked that mine * size fits an int. The scratch is freed on success only: after a timeout MPI may still touch
- * it (the context is poisoned, see the top of this file). */
+ * reduces into out; the caller checked that mine * size fits an int. The scratch is freed on
+ * success only: after a timeout MPI may still touch it (the context is poisoned, see the top of
+ * this file). */
 static ms_status bf16_exchange_reduce(mpi_ctx *m, const void *send, const int *sc, const int *sd,
                                       int mine, uint16_t *out, ms_reduce_op op, ms_comm_call *call,
                                       ms_error *err) {
@@ -637,8 +638,8 @@ static ms_status mpi_reduce_scatter(void *ctx, const void *send, void *recv,
         return too_big(err, "a bf16 reduce_scatter block times the group size");
     MS_CHECK(coll_enter(m, call, err));
     if (call->dtype == MS_COMM_BF16)
-        return bf16_exchange_reduce(m, send, m->ibuf, m->ibuf + m->size, m->ibuf[m->rank], recv,
-                                    op, call, err);
+        return bf16_exchange_reduce(m, send, m->ibuf, m->ibuf + m->size, m->ibuf[m->rank], recv, op,
+                                    call, err);
     MPI_Request req;
     int rc = MPI_Ireduce_scatter(send, recv, m->ibuf, MPI_FLOAT, mpi_op(op), m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ireduce_scatter");

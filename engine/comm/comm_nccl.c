@@ -391,8 +391,7 @@ static ms_status nccl_all_gather(void *ctx, const void *send, void *recv, const 
     /* Unequal blocks: every rank sends its block to each peer (see the top of this file). */
     size_t off = 0, my_off = 0;
     for (int p = 0; p < me; p++) my_off += counts[p];
-    if (counts[me])
-        MS_CHECK(copy_async(c, elem(recv, my_off, elt), send, counts[me] * elt, err));
+    if (counts[me]) MS_CHECK(copy_async(c, elem(recv, my_off, elt), send, counts[me] * elt, err));
     ncclResult_t first = ncclSuccess;
     ncclGroupStart();
     for (int p = 0; p < n; p++) {

@@ -57,7 +57,7 @@
 #include "engine/comm/comm_impl.h"
 #include "engine/core/xalloc.h"
 
-#define LINE            64
+#define LINE 64
 /* Reductions run in sub-chunks that stay in L1 while every peer's input is added. */
 #define SUB_FLOATS 4096
 /* all_gather pushes its block in sub-chunks of SUB_FLOATS, or of BIG_SUB_FLOATS (a quarter
@@ -458,8 +458,8 @@ static void finish(float *acc, size_t n, ms_reduce_op op, int group_size) {
 
 /* dst[0..len) = reduction over members of src_p[off..off+len), mine first. dst may be my
  * own send (in place); sub-chunks keep dst in L1 while every peer's input is added. */
-static void reduce_block_f32(group *g, int me, float *dst, size_t off, size_t len,
-                             ms_reduce_op op, int push) {
+static void reduce_block_f32(group *g, int me, float *dst, size_t off, size_t len, ms_reduce_op op,
+                             int push) {
     const int n = g->n;
     for (size_t lo = 0; lo < len; lo += SUB_FLOATS) {
         size_t m = len - lo < SUB_FLOATS ? len - lo : SUB_FLOATS;
@@ -620,7 +620,8 @@ static ms_status threads_all_gather(void *ctx, const void *send, void *recv, con
     /* Push: our block goes into every member's recv, a sub-chunk at a time, so that it is read
      * once (from cache) however many members there are. */
     const size_t elt = ms_comm_dtype_size(call->dtype);
-    const size_t sub = (total * elt >= BIG_BYTES ? BIG_SUB_FLOATS : SUB_FLOATS) * sizeof(float) / elt;
+    const size_t sub =
+        (total * elt >= BIG_BYTES ? BIG_SUB_FLOATS : SUB_FLOATS) * sizeof(float) / elt;
     for (size_t lo = 0; st == MS_OK && lo < counts[me]; lo += sub) {
         size_t m = counts[me] - lo < sub ? counts[me] - lo : sub;
         for (int k = 0; k < n; k++) {

@@ -26,7 +26,7 @@ typedef struct step_io {
     int coord, n; /* this rank's coordinate along the mesh dim, and the dim's size */
     int ndim;
     int64_t blen[MS_MAX_DIMS], alen[MS_MAX_DIMS]; /* local box lengths before and after */
-    const void *in; /* elements of cdt */
+    const void *in;                               /* elements of cdt */
     void *out;
     ms_comm_dtype cdt;
     size_t elt;            /* bytes per element */
@@ -185,8 +185,8 @@ static ms_status run_all_to_all(step_io *io, ms_error *err) {
     MS_CHECK(ws_get(io, 3, got, (void **)&rbuf, err));
     for (int c = 0; c < io->n; c++)
         move_block(io, io->in, io->blen, b, c, sbuf + sdispls[c] * io->elt, true);
-    ms_status st = ms_all_to_all_dt(io->comm, io->cdt, sbuf, scounts, sdispls, rbuf, rcounts,
-                                    rdispls, err);
+    ms_status st =
+        ms_all_to_all_dt(io->comm, io->cdt, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err);
     if (st == MS_OK)
         for (int c = 0; c < io->n; c++)
             move_block(io, io->out, io->alen, a, c, rbuf + rdispls[c] * io->elt, false);
