@@ -18,6 +18,7 @@
 
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_threads.h"
+#include "engine/core/tensor.h"
 #include "tests/testkit.h"
 
 #define SENTINEL (-777.0f)
@@ -30,17 +31,16 @@ static float val(int r, size_t i, int salt) {
     return (float)((int)(h % 101) - 50) * 0.25f + (float)r * 0.125f;
 }
 
+/* acc (op) x; AVG accumulates as a sum. */
+static double fold(double acc, double x, ms_reduce_op op) {
+    if (op == MS_REDUCE_MAX) return x > acc ? x : acc;
+    if (op == MS_REDUCE_MIN) return x < acc ? x : acc;
+    return acc + x;
+}
+
 static double reduce_ref(int n, size_t i, int salt, ms_reduce_op op) {
     double acc = val(0, i, salt);
-    for (int p = 1; p < n; p++) {
-        double x = val(p, i, salt);
-        if (op == MS_REDUCE_MAX)
-            acc = x > acc ? x : acc;
-        else if (op == MS_REDUCE_MIN)
-            acc = x < acc ? x : acc;
-        else
-            acc += x;
-    }
+    for (int p = 1; p < n; p++) acc = fold(acc, val(p, i, salt), op);
     return op == MS_REDUCE_AVG ? acc / n : acc;
 }
 
@@ -117,6 +117,19 @@ static size_t pattern_count(int pattern, int r) {
     }
 }
 
+/* counts[p] = pattern_count(pat, p) for the n members; *off = where member me's block
+ * starts. Returns the sum. */
+static size_t pattern_layout(int pat, int n, int me, size_t *counts, size_t *off) {
+    size_t total = 0;
+    *off = 0;
+    for (int p = 0; p < n; p++) {
+        counts[p] = pattern_count(pat, p);
+        if (p < me) *off += counts[p];
+        total += counts[p];
+    }
+    return total;
+}
+
 static const size_t reduce_counts[] = {0, 1, 5, 16, 17, 63, 259, 12289, 100003};
 #define N_REDUCE_COUNTS (sizeof reduce_counts / sizeof reduce_counts[0])
 
@@ -161,12 +174,7 @@ static void body_reduce_scatter(mt_rank *r, void *arg) {
     for (int op = 0; op < MS_REDUCE_COUNT; op++)
         for (int pat = 0; pat < N_PATTERNS; pat++) {
             int salt = op * 17 + pat;
-            size_t total = 0, off = 0;
-            for (int p = 0; p < n; p++) {
-                counts[p] = pattern_count(pat, p);
-                if (p < me) off += counts[p];
-                total += counts[p];
-            }
+            size_t off, total = pattern_layout(pat, n, me, counts, &off);
             float *send = alloc_floats(total), *recv = alloc_floats(counts[me] + 1);
             for (size_t i = 0; i < total; i++) send[i] = val(me, i, salt);
             ms_error err;
@@ -1553,6 +1561,293 @@ static void test_async_timeout(void **state) {
     RUN_SIZES(body_async_timeout, 3);
 }
 
+/* --- bf16 ------------------------------------------------------------------------------------
+ *
+ * Every bf16 result must equal, bit for bit and on every rank, the reference computed here from
+ * the same inputs: widened, reduced in fp32 in rank order, rounded once (ms_bf16_from_f32). The
+ * inputs put one large value (256..768, whose bf16 ulp is 2..4) among small ones (0.75..1.5) on
+ * most elements: reduced pairwise in bf16 the small ones vanish into the large one, reduced in
+ * fp32 they add up, so a backend that rounds at every step fails (bf16_inputs_matter checks
+ * that the two references do differ). */
+
+static uint16_t hval(int r, int n, size_t i, int salt) {
+    size_t h = (size_t)r * 37 + i * 11 + (size_t)salt * 5;
+    if (i % 5 == 4) return ms_bf16_from_f32(val(r, i, salt)); /* exact in bf16 too */
+    if (r == (int)((i + (size_t)salt) % (size_t)n))
+        return ms_bf16_from_f32(256.0f * (float)(1 + (i + (size_t)salt) % 3));
+    return ms_bf16_from_f32((h / 4 % 3 ? 1.0f : -1.0f) * (0.75f + 0.25f * (float)(h % 4)));
+}
+
+static uint16_t bf16_ref(int n, size_t i, int salt, ms_reduce_op op, bool pairwise) {
+    float acc = ms_f32_from_bf16(hval(0, n, i, salt));
+    for (int p = 1; p < n; p++) {
+        /* A float sum computed in double and rounded to float is the float sum. */
+        acc = (float)fold(acc, ms_f32_from_bf16(hval(p, n, i, salt)), op);
+        if (pairwise) acc = ms_f32_from_bf16(ms_bf16_from_f32(acc));
+    }
+    if (op == MS_REDUCE_AVG) acc *= 1.0f / (float)n;
+    return ms_bf16_from_f32(acc);
+}
+
+static uint16_t *alloc_bf16(size_t n) {
+    uint16_t *p = malloc((n ? n : 1) * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = 0xdead;
+    return p;
+}
+
+/* got[0..count) must be the reduction of elements off.. of every rank's input, bit for bit. */
+static void check_bf16_reduced(mt_rank *r, const char *what, const uint16_t *got, size_t count,
+                               size_t off, int n, int salt, ms_reduce_op op) {
+    for (size_t i = 0; i < count; i++) {
+        uint16_t want = bf16_ref(n, off + i, salt, op, false);
+        if (got[i] != want) {
+            mt_failf(r, __FILE__, __LINE__,
+                     "%s: n=%d op=%s count=%zu: [%zu] = %g (0x%04x), want %g (0x%04x)", what, n,
+                     ms_reduce_op_name(op), count, i, (double)ms_f32_from_bf16(got[i]), got[i],
+                     (double)ms_f32_from_bf16(want), want);
+            return;
+        }
+    }
+}
+
+/* got[0..count) must be rank p's input from element off on, with salt. */
+static int check_bf16_block(mt_rank *r, const char *what, const uint16_t *got, size_t count, int p,
+                            int n, size_t off, int salt) {
+    for (size_t i = 0; i < count; i++)
+        if (got[i] != hval(p, n, off + i, salt)) {
+            mt_failf(r, __FILE__, __LINE__, "%s: n=%d: rank %d's [%zu] = 0x%04x, want 0x%04x", what,
+                     n, p, off + i, got[i], hval(p, n, off + i, salt));
+            return 0;
+        }
+    return 1;
+}
+
+static void test_bf16_inputs_matter(void **state) {
+    (void)state;
+    for (int n = 3; n <= 4; n++) {
+        int differ = 0;
+        for (size_t i = 0; i < 64; i++)
+            differ +=
+                bf16_ref(n, i, 1, MS_REDUCE_SUM, false) != bf16_ref(n, i, 1, MS_REDUCE_SUM, true);
+        assert_true(differ >= 8);
+    }
+}
+
+/* Every op: reduce_scatter of each uneven pattern, then all_reduce (in place on odd cases) of
+ * sizes from 0 to several reduction sub-chunks. */
+static void bf16_reductions(mt_rank *r, ms_comm *c) {
+    const int n = ms_comm_size(c), me = ms_comm_rank(c);
+    static const size_t sizes[N_PATTERNS] = {0, 1, 5, 17, 259, 12289};
+    size_t counts[8];
+    ms_error err;
+    for (int k = 0; k < MS_REDUCE_COUNT * N_PATTERNS; k++) {
+        const ms_reduce_op op = (ms_reduce_op)(k % MS_REDUCE_COUNT);
+        const int salt = 300 + k;
+        size_t off, total = pattern_layout(k / MS_REDUCE_COUNT, n, me, counts, &off);
+        size_t count = sizes[k / MS_REDUCE_COUNT], len = total > count ? total : count;
+        uint16_t *send = alloc_bf16(len + 1), *part = alloc_bf16(counts[me] + 1),
+                 *all = alloc_bf16(count + 1);
+        for (size_t i = 0; i < len; i++) send[i] = hval(me, n, i, salt);
+        if (MT_OK(r, ms_reduce_scatter_dt(c, MS_COMM_BF16, send, part, counts, op, &err), &err)) {
+            check_bf16_reduced(r, "bf16 reduce_scatter", part, counts[me], off, n, salt, op);
+            MT_CHECK(r, part[counts[me]] == 0xdead, "bf16 reduce_scatter wrote past its block");
+        }
+        uint16_t *out = k % 2 ? send : all;
+        if (MT_OK(r, ms_all_reduce_dt(c, MS_COMM_BF16, send, out, count, op, &err), &err)) {
+            check_bf16_reduced(r, k % 2 ? "bf16 all_reduce in place" : "bf16 all_reduce", out,
+                               count, 0, n, salt, op);
+            MT_CHECK(r, all[count] == 0xdead, "bf16 all_reduce wrote past the end");
+        }
+        free(send);
+        free(part);
+        free(all);
+    }
+}
+
+/* all_gather, all_to_all and broadcast of bf16 move exact bits, with uneven counts. */
+static void bf16_moves(mt_rank *r, ms_comm *c) {
+    const int n = ms_comm_size(c);
+    int me = ms_comm_rank(c);
+    size_t *counts = malloc(sizeof(size_t) * 5 * (size_t)n), *sc = counts + n, *sd = sc + n,
+           *rc = sd + n, *rd = rc + n;
+    ms_error err;
+    for (int pat = 0; pat < N_PATTERNS; pat++) {
+        size_t total = 0;
+        for (int p = 0; p < n; p++) total += counts[p] = pattern_count(pat, p);
+        uint16_t *send = alloc_bf16(counts[me]), *recv = alloc_bf16(total + 1);
+        for (size_t i = 0; i < counts[me]; i++) send[i] = hval(me, n, i, pat);
+        if (MT_OK(r, ms_all_gather_dt(c, MS_COMM_BF16, send, recv, counts, &err), &err)) {
+            size_t off = 0;
+            for (int p = 0; p < n; off += counts[p], p++)
+                if (!check_bf16_block(r, "bf16 all_gather", recv + off, counts[p], p, n, 0, pat))
+                    break;
+            MT_CHECK(r, recv[total] == 0xdead, "bf16 all_gather wrote past the end");
+        }
+        free(send);
+        free(recv);
+    }
+    size_t send_len = 0, recv_len = 0;
+    for (int p = 0; p < n; p++) {
+        sc[p] = a2a_count(me, p, 1), sd[p] = send_len, send_len += sc[p] + 1;
+        rc[p] = a2a_count(p, me, 1), rd[p] = recv_len, recv_len += rc[p] + 1;
+    }
+    uint16_t *send = alloc_bf16(send_len), *recv = alloc_bf16(recv_len);
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < sc[p]; i++) send[sd[p] + i] = hval(me, n, i, 50 + p);
+    if (MT_OK(r, ms_all_to_all_dt(c, MS_COMM_BF16, send, sc, sd, recv, rc, rd, &err), &err))
+        for (int p = 0; p < n; p++) {
+            check_bf16_block(r, "bf16 all_to_all", recv + rd[p], rc[p], p, n, 0, 50 + me);
+            MT_CHECK(r, recv[rd[p] + rc[p]] == 0xdead, "bf16 all_to_all wrote past a block");
+        }
+    for (int root = 0; root < n; root++) {
+        uint16_t *buf = alloc_bf16(5004);
+        if (me == root)
+            for (size_t i = 0; i < 5003; i++) buf[i] = hval(root, n, i, 70);
+        if (MT_OK(r, ms_broadcast_dt(c, MS_COMM_BF16, buf, 5003, root, &err), &err)) {
+            check_bf16_block(r, "bf16 broadcast", buf, 5003, root, n, 0, 70);
+            MT_CHECK(r, buf[5003] == 0xdead, "bf16 broadcast wrote past the end");
+        }
+        free(buf);
+    }
+    free(send);
+    free(recv);
+    free(counts);
+}
+
+/* A ring of bf16 messages (one batch each way), then single sends and receives. */
+static void bf16_p2p(mt_rank *r, ms_comm *c) {
+    const int n = ms_comm_size(c);
+    int me = ms_comm_rank(c), next = (me + 1) % n, prev = (me + n - 1) % n;
+    const size_t count = 3001;
+    uint16_t *out = alloc_bf16(count), *in = alloc_bf16(count + 1);
+    for (size_t i = 0; i < count; i++) out[i] = hval(me, n, i, 90 + next);
+    ms_error err;
+    ms_p2p_op ops[2] = {{MS_P2P_SEND, next, out, count, 7}, {MS_P2P_RECV, prev, in, count, 7}};
+    if (MT_OK(r, ms_p2p_dt(c, MS_COMM_BF16, ops, 2, &err), &err)) {
+        check_bf16_block(r, "bf16 p2p", in, count, prev, n, 0, 90 + me);
+        MT_CHECK(r, in[count] == 0xdead, "bf16 p2p wrote past the end");
+    }
+    memset(in, 0, count * sizeof *in);
+    if (me == 0) {
+        MT_OK(r, ms_send_dt(c, MS_COMM_BF16, out, count, next, 3, &err), &err);
+        if (MT_OK(r, ms_recv_dt(c, MS_COMM_BF16, in, count, prev, 3, &err), &err))
+            check_bf16_block(r, "bf16 send/recv", in, count, prev, n, 0, 90 + me);
+    } else {
+        if (MT_OK(r, ms_recv_dt(c, MS_COMM_BF16, in, count, prev, 3, &err), &err))
+            check_bf16_block(r, "bf16 send/recv", in, count, prev, n, 0, 90 + me);
+        MT_OK(r, ms_send_dt(c, MS_COMM_BF16, out, count, next, 3, &err), &err);
+    }
+    free(out);
+    free(in);
+}
+
+/* Non-blocking bf16 calls, several in flight, waited for in reverse order. */
+static void bf16_async(mt_rank *r, ms_comm *c) {
+    const int n = ms_comm_size(c);
+    int me = ms_comm_rank(c);
+    enum { K = 9 };
+    uint16_t *send[K], *recv[K];
+    ms_comm_request *req[K];
+    size_t counts[8], total = 0, off = 0;
+    for (int p = 0; p < n; p++) {
+        counts[p] = pattern_count(4, p);
+        if (p < me) off += counts[p];
+        total += counts[p];
+    }
+    ms_error err;
+    for (int k = 0; k < K; k++) {
+        ms_reduce_op op = (ms_reduce_op)(k % MS_REDUCE_COUNT);
+        send[k] = alloc_bf16(total + 1);
+        recv[k] = alloc_bf16(total + 1);
+        for (size_t i = 0; i < total; i++) send[k][i] = hval(me, n, i, 200 + k);
+        if (k % 3 == 0)
+            req[k] = ms_iall_reduce_dt(c, MS_COMM_BF16, send[k], send[k], total, op, &err);
+        else if (k % 3 == 1)
+            req[k] = ms_ireduce_scatter_dt(c, MS_COMM_BF16, send[k], recv[k], counts, op, &err);
+        else
+            req[k] = ms_iall_gather_dt(c, MS_COMM_BF16, send[k], recv[k], counts, &err);
+        MT_CHECK(r, req[k], "issuing bf16 call %d: %s", k, err.msg);
+    }
+    for (int k = K - 1; k >= 0; k--) {
+        ms_reduce_op op = (ms_reduce_op)(k % MS_REDUCE_COUNT);
+        if (req[k] && MT_OK(r, ms_comm_wait(req[k], &err), &err)) {
+            if (k % 3 == 0)
+                check_bf16_reduced(r, "bf16 iall_reduce", send[k], total, 0, n, 200 + k, op);
+            else if (k % 3 == 1)
+                check_bf16_reduced(r, "bf16 ireduce_scatter", recv[k], counts[me], off, n, 200 + k,
+                                   op);
+            else
+                for (int p = 0, at = 0; p < n; at += (int)counts[p], p++)
+                    check_bf16_block(r, "bf16 iall_gather", recv[k] + at, counts[p], p, n, 0,
+                                     200 + k);
+        }
+        free(send[k]);
+        free(recv[k]);
+    }
+}
+
+/* Every bf16 call reports half the bytes of the same float32 call, and its type; raw bytes
+ * are refused for reductions before anything starts. */
+static void bf16_observer(mt_rank *r, ms_comm *c) {
+    const int n = ms_comm_size(c), me = ms_comm_rank(c), next = (me + 1) % n;
+    event_log log = {0};
+    float buf[64] = {0}, out[64];
+    size_t counts[4] = {1, 2, 3, 4}, sc[4] = {2, 2, 2, 2}, sd[4] = {0, 2, 4, 6};
+    ms_error err = {0};
+    int64_t seq0 = ms_comm_seq(c);
+    MT_CHECK(r,
+             ms_all_reduce_dt(c, MS_COMM_BYTES, buf, out, 8, MS_REDUCE_SUM, &err) ==
+                     MS_ERR_INVALID &&
+                 strstr(err.msg, "cannot be reduced"),
+             "a bytes all_reduce was not refused: %s", err.msg);
+    MT_CHECK(r, !ms_ireduce_scatter_dt(c, MS_COMM_BYTES, buf, out, counts, MS_REDUCE_SUM, &err),
+             "a bytes reduce_scatter was not refused");
+    MT_CHECK(r, ms_comm_seq(c) == seq0, "a refused call took a sequence number");
+    ms_comm_set_observer(c, record, &log);
+    for (int bf = 0; bf < 2; bf++) {
+        ms_comm_dtype dt = bf ? MS_COMM_BF16 : MS_COMM_F32;
+        ms_p2p_op ops[2] = {{MS_P2P_SEND, next, buf, 5, 0},
+                            {MS_P2P_RECV, (me + n - 1) % n, out, 5, 0}};
+        MT_OK(r, ms_all_reduce_dt(c, dt, buf, out, 10, MS_REDUCE_SUM, &err), &err);
+        MT_OK(r, ms_reduce_scatter_dt(c, dt, buf, out, counts, MS_REDUCE_MAX, &err), &err);
+        MT_OK(r, ms_all_gather_dt(c, dt, buf, out, counts, &err), &err);
+        MT_OK(r, ms_all_to_all_dt(c, dt, buf, sc, sd, out, sc, sd, &err), &err);
+        MT_OK(r, ms_broadcast_dt(c, dt, buf, 7, 1, &err), &err);
+        MT_OK(r, ms_p2p_dt(c, dt, ops, 2, &err), &err);
+        MT_OK(r, ms_comm_wait(ms_iall_reduce_dt(c, dt, buf, buf, 9, MS_REDUCE_SUM, &err), &err),
+              &err);
+    }
+    ms_comm_set_observer(c, NULL, NULL);
+    MT_CHECK(r, log.n == 14, "observer saw %d events, want 14", log.n);
+    for (int i = 0; i < 7 && log.n == 14; i++) {
+        const ms_comm_event *f = &log.ev[i], *b = &log.ev[7 + i];
+        MT_CHECK(r, f->kind == b->kind && f->dtype == MS_COMM_F32 && b->dtype == MS_COMM_BF16,
+                 "event %d: %s/%s vs %s/%s", i, ms_coll_name(f->kind), ms_comm_dtype_name(f->dtype),
+                 ms_coll_name(b->kind), ms_comm_dtype_name(b->dtype));
+        MT_CHECK(r, f->bytes > 0 && b->bytes * 2 == f->bytes,
+                 "%s: bf16 reports %zu bytes, f32 %zu: want half", ms_coll_name(b->kind), b->bytes,
+                 f->bytes);
+    }
+}
+
+/* Every bf16 collective on groups of 1 to 4 (point-to-point and the observer from 2). */
+static void body_bf16(mt_rank *r, void *arg) {
+    int n = *(const int *)arg;
+    ms_comm *c = group_of(r, n, "bf16");
+    if (!c) return;
+    bf16_reductions(r, c);
+    bf16_moves(r, c);
+    if (n > 1) bf16_p2p(r, c);
+    if (n > 1) bf16_observer(r, c);
+    bf16_async(r, c);
+    group_done(r, c);
+}
+
+static void test_bf16(void **state) {
+    (void)state;
+    RUN_SIZES(body_bf16, 1, 2, 3, 4);
+}
+
 /* --- the threads world itself ------------------------------------------------------------------
  */
 
@@ -1601,6 +1896,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_async_progress),
     cmocka_unit_test(test_async_args),
     cmocka_unit_test(test_async_timeout),
+    cmocka_unit_test(test_bf16_inputs_matter),
+    cmocka_unit_test(test_bf16),
 };
 
 MT_MAIN("comm", tests)

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "engine/comm/flight.h"
+#include "engine/core/tensor.h"
 #include "engine/core/xalloc.h"
 
 struct ms_comm {
@@ -47,8 +48,8 @@ struct ms_comm {
 struct ms_comm_request {
     ms_comm *c;
     ms_comm_call call;
-    const float *send;
-    float *recv;
+    const void *send; /* elements of call.dtype */
+    void *recv;
     size_t count;   /* all_reduce */
     size_t *counts; /* reduce_scatter, all_gather: a copy, c->size entries */
     ms_reduce_op op;
@@ -68,8 +69,10 @@ static const char *const coll_names[MS_COLL_KIND_COUNT] = {
     [MS_COLL_BARRIER] = "barrier",       [MS_COLL_SPLIT] = "split",
 };
 
-static const char *const dtype_names[] = {[MS_COMM_F32] = "f32", [MS_COMM_BYTES] = "bytes"};
-static const size_t dtype_sizes[] = {[MS_COMM_F32] = sizeof(float), [MS_COMM_BYTES] = 1};
+static const char *const dtype_names[] = {
+    [MS_COMM_F32] = "f32", [MS_COMM_BYTES] = "bytes", [MS_COMM_BF16] = "bf16"};
+static const size_t dtype_sizes[] = {
+    [MS_COMM_F32] = sizeof(float), [MS_COMM_BYTES] = 1, [MS_COMM_BF16] = sizeof(uint16_t)};
 static_assert(sizeof dtype_names / sizeof dtype_names[0] == MS_COMM_DTYPE_COUNT, "dtype names");
 static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == MS_COMM_DTYPE_COUNT, "dtype sizes");
 
@@ -204,6 +207,24 @@ void ms_reduce_finish(float *acc, size_t n, ms_reduce_op op, int group_size) {
     for (size_t i = 0; i < n; i++) acc[i] *= inv;
 }
 
+/* Widens, reduces in fp32 a run that stays in L1, rounds once. */
+#define BF16_RUN 512
+
+void ms_reduce_bf16(uint16_t *dst, const uint16_t *const *src, int n, size_t count,
+                    ms_reduce_op op) {
+    float acc[BF16_RUN], x[BF16_RUN];
+    for (size_t lo = 0; lo < count; lo += BF16_RUN) {
+        const size_t m = count - lo < BF16_RUN ? count - lo : BF16_RUN;
+        for (size_t i = 0; i < m; i++) acc[i] = ms_f32_from_bf16(src[0][lo + i]);
+        for (int p = 1; p < n; p++) {
+            for (size_t i = 0; i < m; i++) x[i] = ms_f32_from_bf16(src[p][lo + i]);
+            ms_reduce_accumulate(acc, x, m, op);
+        }
+        ms_reduce_finish(acc, m, op, n);
+        for (size_t i = 0; i < m; i++) dst[lo + i] = ms_bf16_from_f32(acc[i]);
+    }
+}
+
 /* --- the wrapper ------------------------------------------------------------------------ */
 
 static void group_str(const ms_comm *c, char *buf, size_t len) {
@@ -293,10 +314,10 @@ static ms_status call_begin_as(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, 
     return MS_OK;
 }
 
-/* A call on float32 buffers (every collective but broadcast and p2p). */
-static ms_status call_begin(ms_comm *c, ms_coll_kind kind, size_t bytes, ms_comm_call *call,
-                            ms_error *err) {
-    return call_begin_as(c, kind, MS_COMM_F32, (call_info){bytes, -1, NULL, 0}, call, err);
+/* A call that moves `bytes` of dt (the collectives but broadcast and p2p). */
+static ms_status call_begin(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, size_t bytes,
+                            ms_comm_call *call, ms_error *err) {
+    return call_begin_as(c, kind, dt, (call_info){bytes, -1, NULL, 0}, call, err);
 }
 
 /* Decorates a failure with op, group, seq and missing ranks, and marks the communicator
@@ -387,17 +408,29 @@ static size_t sum_counts(const size_t *counts, int n) {
     return s;
 }
 
+/* The element type: known, and one that can be reduced when `reduce`. */
+static ms_status check_dtype(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, bool reduce,
+                             ms_error *err) {
+    if ((unsigned)dt >= MS_COMM_DTYPE_COUNT) return bad(c, kind, err, "unknown element type");
+    if (reduce && dt == MS_COMM_BYTES)
+        return bad(c, kind, err, "raw bytes cannot be reduced; pass MS_COMM_F32 or MS_COMM_BF16");
+    return MS_OK;
+}
+
 /* Argument checks shared by the blocking and non-blocking calls. */
-static ms_status check_all_reduce(ms_comm *c, const float *send, const float *recv, size_t count,
-                                  ms_reduce_op op, ms_error *err) {
+static ms_status check_all_reduce(ms_comm *c, ms_comm_dtype dt, const void *send, const void *recv,
+                                  size_t count, ms_reduce_op op, ms_error *err) {
+    MS_CHECK(check_dtype(c, MS_COLL_ALL_REDUCE, dt, true, err));
     if ((unsigned)op >= MS_REDUCE_COUNT)
         return bad(c, MS_COLL_ALL_REDUCE, err, "unknown reduce op");
     if (count && (!send || !recv)) return bad(c, MS_COLL_ALL_REDUCE, err, "NULL buffer");
     return MS_OK;
 }
 
-static ms_status check_reduce_scatter(ms_comm *c, const float *send, const float *recv,
-                                      const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+static ms_status check_reduce_scatter(ms_comm *c, ms_comm_dtype dt, const void *send,
+                                      const void *recv, const size_t *recv_counts, ms_reduce_op op,
+                                      ms_error *err) {
+    MS_CHECK(check_dtype(c, MS_COLL_REDUCE_SCATTER, dt, true, err));
     if ((unsigned)op >= MS_REDUCE_COUNT)
         return bad(c, MS_COLL_REDUCE_SCATTER, err, "unknown reduce op");
     if (!recv_counts) return bad(c, MS_COLL_REDUCE_SCATTER, err, "NULL recv_counts");
@@ -409,44 +442,61 @@ static ms_status check_reduce_scatter(ms_comm *c, const float *send, const float
     return MS_OK;
 }
 
-static ms_status check_all_gather(ms_comm *c, const float *send, const float *recv,
+static ms_status check_all_gather(ms_comm *c, ms_comm_dtype dt, const void *send, const void *recv,
                                   const size_t *counts, ms_error *err) {
+    MS_CHECK(check_dtype(c, MS_COLL_ALL_GATHER, dt, false, err));
     if (!counts) return bad(c, MS_COLL_ALL_GATHER, err, "NULL counts");
     if ((counts[c->rank] && !send) || (sum_counts(counts, c->size) && !recv))
         return bad(c, MS_COLL_ALL_GATHER, err, "NULL buffer");
     return MS_OK;
 }
 
-ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
-                        ms_error *err) {
-    MS_CHECK(check_all_reduce(c, send, recv, count, op, err));
+ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv, size_t count,
+                           ms_reduce_op op, ms_error *err) {
+    MS_CHECK(check_all_reduce(c, dt, send, recv, count, op, err));
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, count * sizeof(float), &call, err));
+    const size_t bytes = count * ms_comm_dtype_size(dt);
+    MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, dt, bytes, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->all_reduce(c->ctx, send, recv, count, op, &call, err);
-    return call_end(c, &call, st, t0, count * sizeof(float), op, -1, err);
+    return call_end(c, &call, st, t0, bytes, op, -1, err);
+}
+
+ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
+                        ms_error *err) {
+    return ms_all_reduce_dt(c, MS_COMM_F32, send, recv, count, op, err);
+}
+
+ms_status ms_reduce_scatter_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                               const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+    MS_CHECK(check_reduce_scatter(c, dt, send, recv, recv_counts, op, err));
+    ms_comm_call call;
+    const size_t bytes = sum_counts(recv_counts, c->size) * ms_comm_dtype_size(dt);
+    MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, dt, bytes, &call, err));
+    int64_t t0 = ms_now_ns();
+    ms_status st = c->ops->reduce_scatter(c->ctx, send, recv, recv_counts, op, &call, err);
+    return call_end(c, &call, st, t0, bytes, op, -1, err);
 }
 
 ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv, const size_t *recv_counts,
                             ms_reduce_op op, ms_error *err) {
-    MS_CHECK(check_reduce_scatter(c, send, recv, recv_counts, op, err));
+    return ms_reduce_scatter_dt(c, MS_COMM_F32, send, recv, recv_counts, op, err);
+}
+
+ms_status ms_all_gather_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                           const size_t *counts, ms_error *err) {
+    MS_CHECK(check_all_gather(c, dt, send, recv, counts, err));
     ms_comm_call call;
-    size_t total = sum_counts(recv_counts, c->size);
-    MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, total * sizeof(float), &call, err));
+    const size_t bytes = sum_counts(counts, c->size) * ms_comm_dtype_size(dt);
+    MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, dt, bytes, &call, err));
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->reduce_scatter(c->ctx, send, recv, recv_counts, op, &call, err);
-    return call_end(c, &call, st, t0, total * sizeof(float), op, -1, err);
+    ms_status st = c->ops->all_gather(c->ctx, send, recv, counts, &call, err);
+    return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
 
 ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
                         ms_error *err) {
-    MS_CHECK(check_all_gather(c, send, recv, counts, err));
-    ms_comm_call call;
-    size_t total = sum_counts(counts, c->size);
-    MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, total * sizeof(float), &call, err));
-    int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->all_gather(c->ctx, send, recv, counts, &call, err);
-    return call_end(c, &call, st, t0, total * sizeof(float), MS_REDUCE_SUM, -1, err);
+    return ms_all_gather_dt(c, MS_COMM_F32, send, recv, counts, err);
 }
 
 /* --- non-blocking calls ------------------------------------------------------------------ */
@@ -528,10 +578,11 @@ static void stop_progress(ms_comm *c) {
 
 /* Queues r (assigns its seq and issue time), or runs it here when the backend cannot run
  * calls off the caller's thread. */
-static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind, ms_error *err) {
+static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind, ms_comm_dtype dt,
+                              ms_error *err) {
     r->c = c;
     r->call.kind = kind;
-    r->call.dtype = MS_COMM_F32;
+    r->call.dtype = dt;
     if (refuse_if_broken(c, kind, true, err) != MS_OK) {
         free(r->counts);
         free(r);
@@ -573,33 +624,48 @@ static size_t *copy_counts(const ms_comm *c, const size_t *counts) {
     return out;
 }
 
-ms_comm_request *ms_iall_reduce(ms_comm *c, const float *send, float *recv, size_t count,
-                                ms_reduce_op op, ms_error *err) {
-    if (check_all_reduce(c, send, recv, count, op, err) != MS_OK) return NULL;
+ms_comm_request *ms_iall_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                                   size_t count, ms_reduce_op op, ms_error *err) {
+    if (check_all_reduce(c, dt, send, recv, count, op, err) != MS_OK) return NULL;
     ms_comm_request *r = xcalloc(1, sizeof *r);
     *r = (ms_comm_request){.send = send, .recv = recv, .count = count, .op = op};
-    r->bytes = count * sizeof(float);
-    return issue(c, r, MS_COLL_ALL_REDUCE, err);
+    r->bytes = count * ms_comm_dtype_size(dt);
+    return issue(c, r, MS_COLL_ALL_REDUCE, dt, err);
+}
+
+ms_comm_request *ms_iall_reduce(ms_comm *c, const float *send, float *recv, size_t count,
+                                ms_reduce_op op, ms_error *err) {
+    return ms_iall_reduce_dt(c, MS_COMM_F32, send, recv, count, op, err);
+}
+
+ms_comm_request *ms_ireduce_scatter_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                                       const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
+    if (check_reduce_scatter(c, dt, send, recv, recv_counts, op, err) != MS_OK) return NULL;
+    ms_comm_request *r = xcalloc(1, sizeof *r);
+    *r = (ms_comm_request){.send = send, .recv = recv, .op = op};
+    r->counts = copy_counts(c, recv_counts);
+    r->bytes = sum_counts(recv_counts, c->size) * ms_comm_dtype_size(dt);
+    return issue(c, r, MS_COLL_REDUCE_SCATTER, dt, err);
 }
 
 ms_comm_request *ms_ireduce_scatter(ms_comm *c, const float *send, float *recv,
                                     const size_t *recv_counts, ms_reduce_op op, ms_error *err) {
-    if (check_reduce_scatter(c, send, recv, recv_counts, op, err) != MS_OK) return NULL;
+    return ms_ireduce_scatter_dt(c, MS_COMM_F32, send, recv, recv_counts, op, err);
+}
+
+ms_comm_request *ms_iall_gather_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                                   const size_t *counts, ms_error *err) {
+    if (check_all_gather(c, dt, send, recv, counts, err) != MS_OK) return NULL;
     ms_comm_request *r = xcalloc(1, sizeof *r);
-    *r = (ms_comm_request){.send = send, .recv = recv, .op = op};
-    r->counts = copy_counts(c, recv_counts);
-    r->bytes = sum_counts(recv_counts, c->size) * sizeof(float);
-    return issue(c, r, MS_COLL_REDUCE_SCATTER, err);
+    *r = (ms_comm_request){.send = send, .recv = recv, .op = MS_REDUCE_SUM};
+    r->counts = copy_counts(c, counts);
+    r->bytes = sum_counts(counts, c->size) * ms_comm_dtype_size(dt);
+    return issue(c, r, MS_COLL_ALL_GATHER, dt, err);
 }
 
 ms_comm_request *ms_iall_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
                                 ms_error *err) {
-    if (check_all_gather(c, send, recv, counts, err) != MS_OK) return NULL;
-    ms_comm_request *r = xcalloc(1, sizeof *r);
-    *r = (ms_comm_request){.send = send, .recv = recv, .op = MS_REDUCE_SUM};
-    r->counts = copy_counts(c, counts);
-    r->bytes = sum_counts(counts, c->size) * sizeof(float);
-    return issue(c, r, MS_COLL_ALL_GATHER, err);
+    return ms_iall_gather_dt(c, MS_COMM_F32, send, recv, counts, err);
 }
 
 /* Reports an executed request to the observer (on this, the waiting thread) and frees it. */
@@ -667,9 +733,10 @@ int ms_comm_in_flight(ms_comm *c) {
     return n;
 }
 
-ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts,
-                        const size_t *send_displs, float *recv, const size_t *recv_counts,
-                        const size_t *recv_displs, ms_error *err) {
+ms_status ms_all_to_all_dt(ms_comm *c, ms_comm_dtype dt, const void *send,
+                           const size_t *send_counts, const size_t *send_displs, void *recv,
+                           const size_t *recv_counts, const size_t *recv_displs, ms_error *err) {
+    MS_CHECK(check_dtype(c, MS_COLL_ALL_TO_ALL, dt, false, err));
     if (!send_counts || !send_displs || !recv_counts || !recv_displs)
         return bad(c, MS_COLL_ALL_TO_ALL, err, "NULL counts or displacements");
     size_t sent = sum_counts(send_counts, c->size);
@@ -678,15 +745,24 @@ ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts
     if (send && send == recv && c->size > 1)
         return bad(c, MS_COLL_ALL_TO_ALL, err, "in-place is not supported; use two buffers");
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_ALL_TO_ALL, sent * sizeof(float), &call, err));
+    const size_t bytes = sent * ms_comm_dtype_size(dt);
+    MS_CHECK(call_begin(c, MS_COLL_ALL_TO_ALL, dt, bytes, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->all_to_all(c->ctx, send, send_counts, send_displs, recv, recv_counts,
                                       recv_displs, &call, err);
-    return call_end(c, &call, st, t0, sent * sizeof(float), MS_REDUCE_SUM, -1, err);
+    return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
 
-static ms_status broadcast_as(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int root,
-                              ms_error *err) {
+ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts,
+                        const size_t *send_displs, float *recv, const size_t *recv_counts,
+                        const size_t *recv_displs, ms_error *err) {
+    return ms_all_to_all_dt(c, MS_COMM_F32, send, send_counts, send_displs, recv, recv_counts,
+                            recv_displs, err);
+}
+
+ms_status ms_broadcast_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int root,
+                          ms_error *err) {
+    MS_CHECK(check_dtype(c, MS_COLL_BROADCAST, dt, false, err));
     if (root < 0 || root >= c->size) return bad(c, MS_COLL_BROADCAST, err, "root out of range");
     if (count && !buf) return bad(c, MS_COLL_BROADCAST, err, "NULL buffer");
     ms_comm_call call;
@@ -698,15 +774,15 @@ static ms_status broadcast_as(ms_comm *c, ms_comm_dtype dt, void *buf, size_t co
 }
 
 ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err) {
-    return broadcast_as(c, MS_COMM_F32, buf, count, root, err);
+    return ms_broadcast_dt(c, MS_COMM_F32, buf, count, root, err);
 }
 
 ms_status ms_broadcast_bytes(ms_comm *c, void *buf, size_t nbytes, int root, ms_error *err) {
-    return broadcast_as(c, MS_COMM_BYTES, buf, nbytes, root, err);
+    return ms_broadcast_dt(c, MS_COMM_BYTES, buf, nbytes, root, err);
 }
 
-static ms_status p2p_as(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops,
-                        ms_error *err) {
+ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops, ms_error *err) {
+    MS_CHECK(check_dtype(c, MS_COLL_P2P, dt, false, err));
     if (nops < 0 || (nops && !ops)) return bad(c, MS_COLL_P2P, err, "bad op list");
     size_t bytes = 0;
     for (int i = 0; i < nops; i++) {
@@ -730,11 +806,21 @@ static ms_status p2p_as(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int 
 static ms_status p2p_one(ms_comm *c, ms_comm_dtype dt, ms_p2p_kind kind, void *buf, size_t count,
                          int peer, int tag, ms_error *err) {
     ms_p2p_op op = {kind, peer, buf, count, tag};
-    return p2p_as(c, dt, &op, 1, err);
+    return ms_p2p_dt(c, dt, &op, 1, err);
+}
+
+ms_status ms_send_dt(ms_comm *c, ms_comm_dtype dt, const void *buf, size_t count, int peer, int tag,
+                     ms_error *err) {
+    return p2p_one(c, dt, MS_P2P_SEND, (void *)buf, count, peer, tag, err);
+}
+
+ms_status ms_recv_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int peer, int tag,
+                     ms_error *err) {
+    return p2p_one(c, dt, MS_P2P_RECV, buf, count, peer, tag, err);
 }
 
 ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
-    return p2p_as(c, MS_COMM_F32, ops, nops, err);
+    return ms_p2p_dt(c, MS_COMM_F32, ops, nops, err);
 }
 
 ms_status ms_send(ms_comm *c, const float *buf, size_t count, int peer, int tag, ms_error *err) {
@@ -746,7 +832,7 @@ ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_er
 }
 
 ms_status ms_p2p_bytes(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
-    return p2p_as(c, MS_COMM_BYTES, ops, nops, err);
+    return ms_p2p_dt(c, MS_COMM_BYTES, ops, nops, err);
 }
 
 ms_status ms_send_bytes(ms_comm *c, const void *buf, size_t nbytes, int peer, int tag,
@@ -806,7 +892,7 @@ ms_status ms_comm_bcast_msg(ms_comm *c, int root, void *buf, size_t *len, size_t
 
 ms_status ms_barrier(ms_comm *c, ms_error *err) {
     ms_comm_call call;
-    MS_CHECK(call_begin(c, MS_COLL_BARRIER, 0, &call, err));
+    MS_CHECK(call_begin(c, MS_COLL_BARRIER, MS_COMM_F32, 0, &call, err));
     int64_t t0 = ms_now_ns();
     ms_status st = c->ops->barrier(c->ctx, &call, err);
     return call_end(c, &call, st, t0, 0, MS_REDUCE_SUM, -1, err);
@@ -816,7 +902,7 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
                         ms_error *err) {
     *out = NULL;
     ms_comm_call call;
-    MS_CHECK(call_begin(parent, MS_COLL_SPLIT, 0, &call, err));
+    MS_CHECK(call_begin(parent, MS_COLL_SPLIT, MS_COMM_F32, 0, &call, err));
     int64_t t0 = ms_now_ns();
     void *ctx = NULL;
     int size = 0, rank = -1;

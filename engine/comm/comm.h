@@ -9,10 +9,15 @@
  * call fails so that `meshscope doctor` can say what happened. A new backend gets all of that
  * for free.
  *
- * All calls are collective over the communicator unless noted, take float32 data (the
- * reductions, all_gather, all_to_all) or float32 or raw bytes (broadcast and point-to-point,
- * each in two flavours: ms_broadcast / ms_broadcast_bytes, ms_p2p / ms_p2p_bytes), and must
- * be called by every member in the same order, with the same element type. A call never
+ * All calls are collective over the communicator unless noted and must be called by every
+ * member in the same order, with the same element type. Every call that carries data comes
+ * typed (the `_dt` suffix: an ms_comm_dtype and void buffers, counts in elements of that type)
+ * and as a float32 shorthand (ms_all_reduce is ms_all_reduce_dt with MS_COMM_F32); broadcast
+ * and point-to-point also take raw bytes (ms_broadcast_bytes, ms_p2p_bytes). Reductions refuse
+ * MS_COMM_BYTES. bf16 reductions widen every element to fp32, reduce in fp32 in rank order
+ * (member 0 first) and round once to bf16 (nearest even), so that every member, on the threads
+ * and MPI backends alike, gets bit-identical results; NCCL reduces bf16 its own way (ring
+ * steps in bf16), close to but not bit-equal with the CPU backends. A call never
  * hangs: it returns MS_ERR_TIMEOUT after the communicator's timeout. After a timeout the
  * communicator is broken and every later call fails fast with MS_ERR_COMM.
  *
@@ -68,12 +73,13 @@ double ms_coll_busbw_factor(ms_coll_kind kind, int n);
  * and byte order (every rank runs the same build on the same kind of machine). */
 typedef enum ms_comm_dtype {
     MS_COMM_F32,   /* float32 */
-    MS_COMM_BYTES, /* uint8: messages, packed records */
+    MS_COMM_BYTES, /* uint8: messages, packed records; never reduced */
+    MS_COMM_BF16,  /* bfloat16 as uint16 bits (engine/core/tensor.h); reduced in fp32 */
     MS_COMM_DTYPE_COUNT
 } ms_comm_dtype;
 
-const char *ms_comm_dtype_name(ms_comm_dtype dt); /* "f32", "bytes" */
-size_t ms_comm_dtype_size(ms_comm_dtype dt);      /* 4, 1 */
+const char *ms_comm_dtype_name(ms_comm_dtype dt); /* "f32", "bytes", "bf16" */
+size_t ms_comm_dtype_size(ms_comm_dtype dt);      /* 4, 1, 2 */
 
 typedef struct ms_comm ms_comm;
 
@@ -83,7 +89,7 @@ typedef struct ms_p2p_op {
     ms_p2p_kind kind;
     int peer;     /* rank within the communicator */
     void *buf;    /* read for SEND, written for RECV */
-    size_t count; /* elements: floats for ms_p2p, bytes for ms_p2p_bytes */
+    size_t count; /* elements of the batch's type: floats for ms_p2p, bytes for ms_p2p_bytes */
     int tag;      /* 0..32767; a SEND matches the RECV with the same (peer, tag) */
 } ms_p2p_op;
 
@@ -135,24 +141,35 @@ void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user);
 
 ms_status ms_all_reduce(ms_comm *c, const float *send, float *recv, size_t count, ms_reduce_op op,
                         ms_error *err);
+ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv, size_t count,
+                           ms_reduce_op op, ms_error *err);
 
 /* send holds sum(recv_counts) elements in rank order; member r receives the reduction of
  * block r (recv_counts[r] elements) into recv. */
 ms_status ms_reduce_scatter(ms_comm *c, const float *send, float *recv, const size_t *recv_counts,
                             ms_reduce_op op, ms_error *err);
+ms_status ms_reduce_scatter_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                               const size_t *recv_counts, ms_reduce_op op, ms_error *err);
 
 /* Member r contributes counts[r] elements (its `send`); recv receives all blocks in rank
  * order (sum(counts) elements). Counts may differ and may be zero. */
 ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
                         ms_error *err);
+ms_status ms_all_gather_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                           const size_t *counts, ms_error *err);
 
 /* Member r sends send_counts[p] elements from send + send_displs[p] to each member p and
  * receives recv_counts[p] elements from p at recv + recv_displs[p]. */
 ms_status ms_all_to_all(ms_comm *c, const float *send, const size_t *send_counts,
                         const size_t *send_displs, float *recv, const size_t *recv_counts,
                         const size_t *recv_displs, ms_error *err);
+ms_status ms_all_to_all_dt(ms_comm *c, ms_comm_dtype dt, const void *send,
+                           const size_t *send_counts, const size_t *send_displs, void *recv,
+                           const size_t *recv_counts, const size_t *recv_displs, ms_error *err);
 
 ms_status ms_broadcast(ms_comm *c, float *buf, size_t count, int root, ms_error *err);
+ms_status ms_broadcast_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int root,
+                          ms_error *err);
 /* The same with nbytes raw bytes (any length, including 0 and odd ones). */
 ms_status ms_broadcast_bytes(ms_comm *c, void *buf, size_t nbytes, int root, ms_error *err);
 
@@ -163,6 +180,13 @@ ms_status ms_broadcast_bytes(ms_comm *c, void *buf, size_t nbytes, int root, ms_
 ms_status ms_p2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
 ms_status ms_send(ms_comm *c, const float *buf, size_t count, int peer, int tag, ms_error *err);
 ms_status ms_recv(ms_comm *c, float *buf, size_t count, int peer, int tag, ms_error *err);
+/* The same for every op's buffer holding elements of dt (a send matches only a receive of
+ * the same type on the threads backend). */
+ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops, ms_error *err);
+ms_status ms_send_dt(ms_comm *c, ms_comm_dtype dt, const void *buf, size_t count, int peer, int tag,
+                     ms_error *err);
+ms_status ms_recv_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int peer, int tag,
+                     ms_error *err);
 /* The same with raw bytes: every op's count is in bytes. A byte send matches only a byte
  * receive (the threads backend refuses a mix; MPI and NCCL cannot tell). */
 ms_status ms_p2p_bytes(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
@@ -209,6 +233,12 @@ ms_comm_request *ms_ireduce_scatter(ms_comm *c, const float *send, float *recv,
                                     const size_t *recv_counts, ms_reduce_op op, ms_error *err);
 ms_comm_request *ms_iall_gather(ms_comm *c, const float *send, float *recv, const size_t *counts,
                                 ms_error *err);
+ms_comm_request *ms_iall_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                                   size_t count, ms_reduce_op op, ms_error *err);
+ms_comm_request *ms_ireduce_scatter_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                                       const size_t *recv_counts, ms_reduce_op op, ms_error *err);
+ms_comm_request *ms_iall_gather_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void *recv,
+                                   const size_t *counts, ms_error *err);
 /* Waits for r, reports it to the communicator's observer, frees it and returns its status
  * (the collective's error in err). NULL: MS_OK. */
 ms_status ms_comm_wait(ms_comm_request *r, ms_error *err);

@@ -6,9 +6,10 @@
  * and lists the members that had not arrived in call->missing; the shared layer formats
  * the error. Slots may assume count/counts fit the buffers.
  *
- * Element types: broadcast and p2p move call->dtype (float32 or raw bytes; counts are in
- * elements of that type, so a slot multiplies by ms_comm_dtype_size where it needs bytes).
- * The reductions, all_gather and all_to_all are float32 only.
+ * Element types: every slot moves call->dtype (counts are in elements of that type, so a slot
+ * multiplies by ms_comm_dtype_size where it needs bytes). The reductions get only MS_COMM_F32
+ * or MS_COMM_BF16 (the shared layer refuses bytes); a bf16 reduction must give the result of
+ * ms_reduce_bf16 (fp32 in rank order, rounded once), bit for bit, on every member.
  */
 #ifndef MS_COMM_IMPL_H
 #define MS_COMM_IMPL_H
@@ -35,15 +36,14 @@ typedef struct ms_comm_call {
 
 typedef struct ms_comm_backend_ops {
     const char *name;
-    ms_status (*all_reduce)(void *ctx, const float *send, float *recv, size_t count,
-                            ms_reduce_op op, ms_comm_call *call, ms_error *err);
-    ms_status (*reduce_scatter)(void *ctx, const float *send, float *recv,
-                                const size_t *recv_counts, ms_reduce_op op, ms_comm_call *call,
-                                ms_error *err);
-    ms_status (*all_gather)(void *ctx, const float *send, float *recv, const size_t *counts,
+    ms_status (*all_reduce)(void *ctx, const void *send, void *recv, size_t count, ms_reduce_op op,
                             ms_comm_call *call, ms_error *err);
-    ms_status (*all_to_all)(void *ctx, const float *send, const size_t *send_counts,
-                            const size_t *send_displs, float *recv, const size_t *recv_counts,
+    ms_status (*reduce_scatter)(void *ctx, const void *send, void *recv, const size_t *recv_counts,
+                                ms_reduce_op op, ms_comm_call *call, ms_error *err);
+    ms_status (*all_gather)(void *ctx, const void *send, void *recv, const size_t *counts,
+                            ms_comm_call *call, ms_error *err);
+    ms_status (*all_to_all)(void *ctx, const void *send, const size_t *send_counts,
+                            const size_t *send_displs, void *recv, const size_t *recv_counts,
                             const size_t *recv_displs, ms_comm_call *call, ms_error *err);
     ms_status (*broadcast)(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
                            ms_error *err);
@@ -76,6 +76,12 @@ ms_comm *ms_comm_wrap(const ms_comm_backend_ops *ops, void *ctx, int rank, int s
  * once by the group size via ms_reduce_finish. Shared by all CPU backends. */
 void ms_reduce_accumulate(float *acc, const float *x, size_t n, ms_reduce_op op);
 void ms_reduce_finish(float *acc, size_t n, ms_reduce_op op, int group_size);
+
+/* The bf16 reduction every CPU backend gives: dst[i] = bf16(reduce over p = 0..n-1 of
+ * fp32(src[p][i])), each element widened, reduced in fp32 in that order (AVG: the sum times
+ * 1/n), rounded once to nearest even. dst may be one of the src arrays. */
+void ms_reduce_bf16(uint16_t *dst, const uint16_t *const *src, int n, size_t count,
+                    ms_reduce_op op);
 
 /* The members of a split's group `color`, in the order every backend agrees on (key, then
  * parent rank, as MPI_Comm_split and ncclCommSplit order them). color_key holds each parent

@@ -248,7 +248,7 @@ static ms_status too_big(ms_error *err, const char *what) {
 }
 
 static MPI_Datatype mpi_type(ms_comm_dtype dt) {
-    return dt == MS_COMM_BYTES ? MPI_BYTE : MPI_FLOAT;
+    return dt == MS_COMM_BYTES ? MPI_BYTE : dt == MS_COMM_BF16 ? MPI_UINT16_T : MPI_FLOAT;
 }
 
 /* The payload of an arrival notice: what the rank entered, kind and element type. */
@@ -553,34 +553,93 @@ static void mpi_destroy(void *ctx) {
 /* MPI counts are int: larger single-count operations run in chunks of this many elements. */
 #define CHUNK ((size_t)1 << 30)
 
-static ms_status mpi_all_reduce(void *ctx, const float *send, float *recv, size_t count,
-                                ms_reduce_op op, ms_comm_call *call, ms_error *err) {
-    mpi_ctx *m = ctx;
-    MS_CHECK(coll_enter(m, call, err));
-    for (size_t off = 0; off < count; off += CHUNK) {
-        size_t n = count - off < CHUNK ? count - off : CHUNK;
-        MPI_Request req;
-        const void *s = send == recv ? MPI_IN_PLACE : (const void *)(send + off);
-        int rc = MPI_Iallreduce(s, recv + off, (int)n, MPI_FLOAT, mpi_op(op), m->comm, &req);
-        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallreduce");
-        MS_CHECK(wait_data(m, &req, 1, call, err));
-    }
-    ms_reduce_finish(recv, count, op, m->size);
+/* bf16 reductions must equal ms_reduce_bf16 bit for bit (fp32 in rank order, rounded once),
+ * which a user MPI_Op cannot give: MPI reduces pairwise and would round at every step. So the
+ * blocks travel raw and their owner reduces them: member p sends block q (sc[q] elements at
+ * sd[q] of send) to member q and receives every member's block `mine` into scratch, which it
+ * reduces into out; the caller checked that mine * size fits an int. The scratch is freed on
+ * success only: after a timeout MPI may still touch it (the context is poisoned, see the top of
+ * this file). */
+static ms_status bf16_exchange_reduce(mpi_ctx *m, const void *send, const int *sc, const int *sd,
+                                      int mine, uint16_t *out, ms_reduce_op op, ms_comm_call *call,
+                                      ms_error *err) {
+    const int n = m->size;
+    int *rcnt = m->ibuf + 2 * n, *rdsp = m->ibuf + 3 * n;
+    for (int p = 0; p < n; p++) rcnt[p] = mine, rdsp[p] = p * mine;
+    uint16_t *blocks = xmalloc(((size_t)mine * (size_t)n + 1) * sizeof *blocks);
+    MPI_Request req;
+    int rc =
+        MPI_Ialltoallv(send, sc, sd, MPI_UINT16_T, blocks, rcnt, rdsp, MPI_UINT16_T, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ialltoallv (bf16 reduction)");
+    MS_CHECK(wait_data(m, &req, 1, call, err));
+    const uint16_t **src = xmalloc((size_t)n * sizeof *src);
+    for (int p = 0; p < n; p++) src[p] = blocks + (size_t)p * (size_t)mine;
+    ms_reduce_bf16(out, src, n, (size_t)mine, op);
+    free(src);
+    free(blocks);
     return MS_OK;
 }
 
-static ms_status mpi_reduce_scatter(void *ctx, const float *send, float *recv,
+/* bf16: the chunks of the balanced split reduced by their owners, then gathered. */
+static ms_status bf16_all_reduce(mpi_ctx *m, const void *send, void *recv, size_t count,
+                                 ms_reduce_op op, ms_comm_call *call, ms_error *err) {
+    const int n = m->size;
+    if (!fits_int(count + (size_t)n)) return too_big(err, "a bf16 all_reduce");
+    int *sc = m->ibuf, *sd = m->ibuf + n;
+    for (int p = 0; p < n; p++) {
+        sc[p] = (int)(count / (size_t)n + ((size_t)p < count % (size_t)n));
+        sd[p] = p ? sd[p - 1] + sc[p - 1] : 0;
+    }
+    MS_CHECK(coll_enter(m, call, err));
+    const int mine = sc[m->rank];
+    uint16_t *chunk = xmalloc(((size_t)mine + 1) * sizeof *chunk);
+    MS_CHECK(bf16_exchange_reduce(m, send, sc, sd, mine, chunk, op, call, err));
+    MPI_Request req;
+    int rc = MPI_Iallgatherv(chunk, mine, MPI_UINT16_T, recv, sc, sd, MPI_UINT16_T, m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallgatherv (bf16 all_reduce)");
+    MS_CHECK(wait_data(m, &req, 1, call, err));
+    free(chunk);
+    return MS_OK;
+}
+
+static ms_status mpi_all_reduce(void *ctx, const void *send, void *recv, size_t count,
+                                ms_reduce_op op, ms_comm_call *call, ms_error *err) {
+    mpi_ctx *m = ctx;
+    if (call->dtype == MS_COMM_BF16) return bf16_all_reduce(m, send, recv, count, op, call, err);
+    MS_CHECK(coll_enter(m, call, err));
+    const float *fs = send;
+    float *fr = recv;
+    for (size_t off = 0; off < count; off += CHUNK) {
+        size_t n = count - off < CHUNK ? count - off : CHUNK;
+        MPI_Request req;
+        const void *s = fs == fr ? MPI_IN_PLACE : (const void *)(fs + off);
+        int rc = MPI_Iallreduce(s, fr + off, (int)n, MPI_FLOAT, mpi_op(op), m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallreduce");
+        MS_CHECK(wait_data(m, &req, 1, call, err));
+    }
+    ms_reduce_finish(fr, count, op, m->size);
+    return MS_OK;
+}
+
+static ms_status mpi_reduce_scatter(void *ctx, const void *send, void *recv,
                                     const size_t *recv_counts, ms_reduce_op op, ms_comm_call *call,
                                     ms_error *err) {
     mpi_ctx *m = ctx;
-    size_t total = 0;
+    size_t total = 0, most = 0; /* the same on every member, so all refuse alike */
     for (int p = 0; p < m->size; p++) {
         if (!fits_int(recv_counts[p])) return too_big(err, "a reduce_scatter block");
         m->ibuf[p] = (int)recv_counts[p];
+        m->ibuf[m->size + p] = (int)total; /* bf16: the block's displacement */
         total += recv_counts[p];
+        most = recv_counts[p] > most ? recv_counts[p] : most;
     }
     if (!fits_int(total)) return too_big(err, "the reduce_scatter input");
+    if (call->dtype == MS_COMM_BF16 && !fits_int(most * (size_t)m->size))
+        return too_big(err, "a bf16 reduce_scatter block times the group size");
     MS_CHECK(coll_enter(m, call, err));
+    if (call->dtype == MS_COMM_BF16)
+        return bf16_exchange_reduce(m, send, m->ibuf, m->ibuf + m->size, m->ibuf[m->rank], recv, op,
+                                    call, err);
     MPI_Request req;
     int rc = MPI_Ireduce_scatter(send, recv, m->ibuf, MPI_FLOAT, mpi_op(op), m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ireduce_scatter");
@@ -589,7 +648,7 @@ static ms_status mpi_reduce_scatter(void *ctx, const float *send, float *recv,
     return MS_OK;
 }
 
-static ms_status mpi_all_gather(void *ctx, const float *send, float *recv, const size_t *counts,
+static ms_status mpi_all_gather(void *ctx, const void *send, void *recv, const size_t *counts,
                                 ms_comm_call *call, ms_error *err) {
     mpi_ctx *m = ctx;
     int *cnt = m->ibuf, *displ = m->ibuf + m->size;
@@ -603,14 +662,14 @@ static ms_status mpi_all_gather(void *ctx, const float *send, float *recv, const
     }
     MS_CHECK(coll_enter(m, call, err));
     MPI_Request req;
-    int rc =
-        MPI_Iallgatherv(send, cnt[m->rank], MPI_FLOAT, recv, cnt, displ, MPI_FLOAT, m->comm, &req);
+    const MPI_Datatype type = mpi_type(call->dtype);
+    int rc = MPI_Iallgatherv(send, cnt[m->rank], type, recv, cnt, displ, type, m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Iallgatherv");
     return wait_data(m, &req, 1, call, err);
 }
 
-static ms_status mpi_all_to_all(void *ctx, const float *send, const size_t *send_counts,
-                                const size_t *send_displs, float *recv, const size_t *recv_counts,
+static ms_status mpi_all_to_all(void *ctx, const void *send, const size_t *send_counts,
+                                const size_t *send_displs, void *recv, const size_t *recv_counts,
                                 const size_t *recv_displs, ms_comm_call *call, ms_error *err) {
     mpi_ctx *m = ctx;
     int n = m->size;
@@ -626,7 +685,8 @@ static ms_status mpi_all_to_all(void *ctx, const float *send, const size_t *send
     }
     MS_CHECK(coll_enter(m, call, err));
     MPI_Request req;
-    int rc = MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rcn, rd, MPI_FLOAT, m->comm, &req);
+    const MPI_Datatype type = mpi_type(call->dtype);
+    int rc = MPI_Ialltoallv(send, sc, sd, type, recv, rcn, rd, type, m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Ialltoallv");
     return wait_data(m, &req, 1, call, err);
 }

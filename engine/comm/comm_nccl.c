@@ -96,9 +96,15 @@ static void backoff(int *spins) {
     nanosleep(&ts, NULL);
 }
 
-/* Broadcast and p2p move float32 or raw bytes (ncclUint8); everything else float32. */
+/* The NCCL type of a call's elements. NCCL reduces bf16 in its own order, rounding at its ring
+ * steps, so its bf16 results are close to, not bit-equal with, the CPU backends' (comm.h). */
 static ncclDataType_t nccl_type(ms_comm_dtype dt) {
-    return dt == MS_COMM_BYTES ? ncclUint8 : ncclFloat32;
+    return dt == MS_COMM_BYTES ? ncclUint8 : dt == MS_COMM_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+
+/* Element i of an array of `elt`-byte elements. */
+static inline char *elem(const void *base, size_t i, size_t elt) {
+    return (char *)base + i * elt;
 }
 
 static ncclRedOp_t nccl_op(ms_reduce_op op) {
@@ -298,19 +304,20 @@ static void nccl_destroy(void *ctx) {
 
 /* --- slots ----------------------------------------------------------------------------------- */
 
-static ms_status nccl_all_reduce(void *ctx, const float *send, float *recv, size_t count,
+static ms_status nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count,
                                  ms_reduce_op op, ms_comm_call *call, ms_error *err) {
     nccl_ctx *c = ctx;
     MS_CHECK(enter(c, call, err));
     if (!count) return MS_OK; /* count is the same on every member: all skip */
     MS_CHECK(check_buf(c, send, "all_reduce's send buffer", err));
     MS_CHECK(check_buf(c, recv, "all_reduce's receive buffer", err));
-    ncclResult_t r = ncclAllReduce(send, recv, count, ncclFloat32, nccl_op(op), c->comm, c->stream);
+    ncclResult_t r =
+        ncclAllReduce(send, recv, count, nccl_type(call->dtype), nccl_op(op), c->comm, c->stream);
     if (!nccl_ok(r)) return nccl_fail(c, r, "ncclAllReduce", err);
     return wait_done(c, "ncclAllReduce", call, err);
 }
 
-static ms_status nccl_reduce_scatter(void *ctx, const float *send, float *recv,
+static ms_status nccl_reduce_scatter(void *ctx, const void *send, void *recv,
                                      const size_t *recv_counts, ms_reduce_op op, ms_comm_call *call,
                                      ms_error *err) {
     nccl_ctx *c = ctx;
@@ -325,29 +332,29 @@ static ms_status nccl_reduce_scatter(void *ctx, const float *send, float *recv,
     }
     if (!total) return MS_OK;
     const size_t mine = recv_counts[c->rank];
+    const ncclDataType_t type = nccl_type(call->dtype);
+    const size_t elt = ms_comm_dtype_size(call->dtype);
     MS_CHECK(check_buf(c, send, "reduce_scatter's send buffer", err));
     if (mine) MS_CHECK(check_buf(c, recv, "reduce_scatter's receive buffer", err));
     if (equal) {
-        ncclResult_t r =
-            ncclReduceScatter(send, recv, mine, ncclFloat32, nccl_op(op), c->comm, c->stream);
+        ncclResult_t r = ncclReduceScatter(send, recv, mine, type, nccl_op(op), c->comm, c->stream);
         if (!nccl_ok(r)) return nccl_fail(c, r, "ncclReduceScatter", err);
         return wait_done(c, "ncclReduceScatter", call, err);
     }
     /* Unequal blocks: pad each to `max` in scratch (see the top of this file). What the
      * padding holds is never read back: it only reduces into other padding. */
-    MS_CHECK(ensure_scratch(c, ((size_t)n + 1) * max * sizeof(float), err));
-    float *padded = c->scratch, *out = padded + (size_t)n * max;
+    MS_CHECK(ensure_scratch(c, ((size_t)n + 1) * max * elt, err));
+    char *padded = c->scratch, *out = elem(padded, (size_t)n * max, elt);
     size_t off = 0;
     for (int p = 0; p < n; p++) {
-        MS_CHECK(copy_async(c, padded + (size_t)p * max, send + off, recv_counts[p] * sizeof(float),
-                            err));
+        MS_CHECK(copy_async(c, elem(padded, (size_t)p * max, elt), elem(send, off, elt),
+                            recv_counts[p] * elt, err));
         off += recv_counts[p];
     }
-    ncclResult_t r =
-        ncclReduceScatter(padded, out, max, ncclFloat32, nccl_op(op), c->comm, c->stream);
+    ncclResult_t r = ncclReduceScatter(padded, out, max, type, nccl_op(op), c->comm, c->stream);
     if (!nccl_ok(r)) return nccl_fail(c, r, "ncclReduceScatter (padded)", err);
     MS_CHECK(wait_enqueued(c, "ncclReduceScatter (padded)", call, err));
-    MS_CHECK(copy_async(c, recv, out, mine * sizeof(float), err));
+    MS_CHECK(copy_async(c, recv, out, mine * elt, err));
     return wait_done(c, "ncclReduceScatter (padded)", call, err);
 }
 
@@ -360,7 +367,7 @@ static ms_status group_end(nccl_ctx *c, ncclResult_t first_err, const char *what
     return MS_OK;
 }
 
-static ms_status nccl_all_gather(void *ctx, const float *send, float *recv, const size_t *counts,
+static ms_status nccl_all_gather(void *ctx, const void *send, void *recv, const size_t *counts,
                                  ms_comm_call *call, ms_error *err) {
     nccl_ctx *c = ctx;
     MS_CHECK(enter(c, call, err));
@@ -372,32 +379,34 @@ static ms_status nccl_all_gather(void *ctx, const float *send, float *recv, cons
         equal &= counts[p] == counts[0];
     }
     if (!total) return MS_OK;
+    const ncclDataType_t type = nccl_type(call->dtype);
+    const size_t elt = ms_comm_dtype_size(call->dtype);
     if (counts[me]) MS_CHECK(check_buf(c, send, "all_gather's send buffer", err));
     MS_CHECK(check_buf(c, recv, "all_gather's receive buffer", err));
     if (equal) {
-        ncclResult_t r = ncclAllGather(send, recv, counts[0], ncclFloat32, c->comm, c->stream);
+        ncclResult_t r = ncclAllGather(send, recv, counts[0], type, c->comm, c->stream);
         if (!nccl_ok(r)) return nccl_fail(c, r, "ncclAllGather", err);
         return wait_done(c, "ncclAllGather", call, err);
     }
     /* Unequal blocks: every rank sends its block to each peer (see the top of this file). */
     size_t off = 0, my_off = 0;
     for (int p = 0; p < me; p++) my_off += counts[p];
-    if (counts[me]) MS_CHECK(copy_async(c, recv + my_off, send, counts[me] * sizeof(float), err));
+    if (counts[me]) MS_CHECK(copy_async(c, elem(recv, my_off, elt), send, counts[me] * elt, err));
     ncclResult_t first = ncclSuccess;
     ncclGroupStart();
     for (int p = 0; p < n; p++) {
         if (p != me && counts[me] && nccl_ok(first))
-            first = ncclSend(send, counts[me], ncclFloat32, p, c->comm, c->stream);
+            first = ncclSend(send, counts[me], type, p, c->comm, c->stream);
         if (p != me && counts[p] && nccl_ok(first))
-            first = ncclRecv(recv + off, counts[p], ncclFloat32, p, c->comm, c->stream);
+            first = ncclRecv(elem(recv, off, elt), counts[p], type, p, c->comm, c->stream);
         off += counts[p];
     }
     MS_CHECK(group_end(c, first, "ncclSend/ncclRecv (all_gather of unequal blocks)", err));
     return wait_done(c, "ncclSend/ncclRecv (all_gather of unequal blocks)", call, err);
 }
 
-static ms_status nccl_all_to_all(void *ctx, const float *send, const size_t *send_counts,
-                                 const size_t *send_displs, float *recv, const size_t *recv_counts,
+static ms_status nccl_all_to_all(void *ctx, const void *send, const size_t *send_counts,
+                                 const size_t *send_displs, void *recv, const size_t *recv_counts,
                                  const size_t *recv_displs, ms_comm_call *call, ms_error *err) {
     nccl_ctx *c = ctx;
     MS_CHECK(enter(c, call, err));
@@ -406,19 +415,21 @@ static ms_status nccl_all_to_all(void *ctx, const float *send, const size_t *sen
     for (int p = 0; p < n; p++) sent += send_counts[p], received += recv_counts[p];
     if (sent) MS_CHECK(check_buf(c, send, "all_to_all's send buffer", err));
     if (received) MS_CHECK(check_buf(c, recv, "all_to_all's receive buffer", err));
+    const ncclDataType_t type = nccl_type(call->dtype);
+    const size_t elt = ms_comm_dtype_size(call->dtype);
     if (send_counts[me])
-        MS_CHECK(copy_async(c, recv + recv_displs[me], send + send_displs[me],
-                            send_counts[me] * sizeof(float), err));
+        MS_CHECK(copy_async(c, elem(recv, recv_displs[me], elt), elem(send, send_displs[me], elt),
+                            send_counts[me] * elt, err));
     ncclResult_t first = ncclSuccess;
     ncclGroupStart();
     for (int p = 0; p < n; p++) {
         if (p == me) continue;
         if (send_counts[p] && nccl_ok(first))
-            first =
-                ncclSend(send + send_displs[p], send_counts[p], ncclFloat32, p, c->comm, c->stream);
+            first = ncclSend(elem(send, send_displs[p], elt), send_counts[p], type, p, c->comm,
+                             c->stream);
         if (recv_counts[p] && nccl_ok(first))
-            first =
-                ncclRecv(recv + recv_displs[p], recv_counts[p], ncclFloat32, p, c->comm, c->stream);
+            first = ncclRecv(elem(recv, recv_displs[p], elt), recv_counts[p], type, p, c->comm,
+                             c->stream);
     }
     MS_CHECK(group_end(c, first, "ncclSend/ncclRecv (all_to_all)", err));
     return wait_done(c, "ncclSend/ncclRecv (all_to_all)", call, err);

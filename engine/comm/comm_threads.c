@@ -57,8 +57,7 @@
 #include "engine/comm/comm_impl.h"
 #include "engine/core/xalloc.h"
 
-#define LINE            64
-#define FLOATS_PER_LINE (LINE / (int)sizeof(float))
+#define LINE 64
 /* Reductions run in sub-chunks that stay in L1 while every peer's input is added. */
 #define SUB_FLOATS 4096
 /* all_gather pushes its block in sub-chunks of SUB_FLOATS, or of BIG_SUB_FLOATS (a quarter
@@ -83,15 +82,15 @@
 /* What a rank publishes for the current collective; written before barrier 1, read by
  * peers between barriers 1 and 2 (the split's new group: between 1 and 2, read after 2). */
 typedef struct slot {
-    alignas(LINE) const float *send;
-    float *recv;
-    void *buf;            /* broadcast: float32 or bytes */
+    alignas(LINE) const void *send; /* elements of dtype */
+    void *recv;
+    void *buf;            /* broadcast */
     const size_t *counts; /* all_gather / reduce_scatter counts, all_to_all send counts */
     const size_t *displs; /* all_to_all send displacements */
     size_t count;         /* all_reduce / broadcast count, all_gather own count */
     size_t total;         /* all_gather / reduce_scatter: sum of counts */
     int op, root, color, key;
-    int dtype;          /* broadcast: ms_comm_dtype */
+    int dtype;          /* ms_comm_dtype of the call's buffers */
     struct group *newg; /* split: the new group, set by its leader */
     /* Barriers this rank has entered; read by others to name the missing ranks. */
     _Atomic uint64_t arrived;
@@ -391,10 +390,12 @@ static ms_status barrier(tctx *t, int first, ms_comm_call *call, ms_error *err) 
 
 /* --- collectives ---------------------------------------------------------------------------- */
 
-/* [lo, hi) of chunk i when count floats are split over n ranks on cache-line boundaries. */
-static void chunk_range(size_t count, int n, int i, size_t *lo, size_t *hi) {
+/* [lo, hi) of chunk i when count elements of `elt` bytes are split over n ranks on cache-line
+ * boundaries. */
+static void chunk_range(size_t count, size_t elt, int n, int i, size_t *lo, size_t *hi) {
+    const size_t line = LINE / elt;
     size_t per = (count + (size_t)n - 1) / (size_t)n;
-    per = (per + FLOATS_PER_LINE - 1) / FLOATS_PER_LINE * FLOATS_PER_LINE;
+    per = (per + line - 1) / line * line;
     size_t a = per * (size_t)i, b = a + per;
     *lo = a < count ? a : count;
     *hi = b < count ? b : count;
@@ -417,6 +418,11 @@ static void copy_bytes(void *dst, const void *src, size_t bytes) {
 
 static void copy_floats(float *dst, const float *src, size_t n) {
     copy_bytes(dst, src, n * sizeof(float));
+}
+
+/* Element i of an array of `elt`-byte elements. */
+static inline char *elem(const void *base, size_t i, size_t elt) {
+    return (char *)base + i * elt;
 }
 
 /* acc (op)= x, and the AVG division, as ms_reduce_accumulate / ms_reduce_finish. Their loops
@@ -452,25 +458,50 @@ static void finish(float *acc, size_t n, ms_reduce_op op, int group_size) {
 
 /* dst[0..len) = reduction over members of src_p[off..off+len), mine first. dst may be my
  * own send (in place); sub-chunks keep dst in L1 while every peer's input is added. */
-static void reduce_block(group *g, int me, float *dst, size_t off, size_t len, ms_reduce_op op,
-                         int push) {
+static void reduce_block_f32(group *g, int me, float *dst, size_t off, size_t len, ms_reduce_op op,
+                             int push) {
     const int n = g->n;
     for (size_t lo = 0; lo < len; lo += SUB_FLOATS) {
         size_t m = len - lo < SUB_FLOATS ? len - lo : SUB_FLOATS;
         float *acc = dst + lo;
-        copy_floats(acc, g->slots[me].send + off + lo, m);
+        copy_floats(acc, (const float *)g->slots[me].send + off + lo, m);
         for (int k = 1; k < n; k++) {
             int p = (me + k) % n;
-            accumulate(acc, g->slots[p].send + off + lo, m, op);
+            accumulate(acc, (const float *)g->slots[p].send + off + lo, m, op);
         }
         finish(acc, m, op, n);
         /* all_reduce: store the result straight into every peer's recv. A peer's recv may be
          * its send (in place), but only we read this part of it, and we already have. */
         for (int k = 1; push && k < n; k++) {
             int p = (me + k) % n;
-            copy_floats(g->slots[p].recv + off + lo, acc, m);
+            copy_floats((float *)g->slots[p].recv + off + lo, acc, m);
         }
     }
+}
+
+/* The same for bf16: in rank order, not mine first (ms_reduce_bf16), so that the result does
+ * not depend on which member reduced the chunk, nor on the backend. */
+static void reduce_block_bf16(group *g, int me, uint16_t *dst, size_t off, size_t len,
+                              ms_reduce_op op, int push) {
+    const int n = g->n;
+    const uint16_t *src[MS_COMM_MAX_RANKS];
+    for (size_t lo = 0; lo < len; lo += SUB_FLOATS) {
+        size_t m = len - lo < SUB_FLOATS ? len - lo : SUB_FLOATS;
+        for (int p = 0; p < n; p++) src[p] = (const uint16_t *)g->slots[p].send + off + lo;
+        ms_reduce_bf16(dst + lo, src, n, m, op);
+        for (int k = 1; push && k < n; k++) {
+            int p = (me + k) % n;
+            copy_bytes((uint16_t *)g->slots[p].recv + off + lo, dst + lo, m * sizeof(uint16_t));
+        }
+    }
+}
+
+static void reduce_block(group *g, int me, ms_comm_dtype dt, void *dst, size_t off, size_t len,
+                         ms_reduce_op op, int push) {
+    if (dt == MS_COMM_BF16)
+        reduce_block_bf16(g, me, dst, off, len, op, push);
+    else
+        reduce_block_f32(g, me, dst, off, len, op, push);
 }
 
 static ms_status mismatch(ms_error *err, const char *what, int a, size_t va, int b, size_t vb) {
@@ -479,7 +510,19 @@ static ms_status mismatch(ms_error *err, const char *what, int a, size_t va, int
                    va, b, vb);
 }
 
-static ms_status threads_all_reduce(void *ctx, const float *send, float *recv, size_t count,
+/* Every member must pass the same element type (read after barrier 1). */
+static ms_status check_dtypes(const group *g, int me, ms_comm_dtype dt, ms_error *err) {
+    for (int p = 0; p < g->n; p++)
+        if (g->slots[p].dtype != (int)dt)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "rank %d passes %s elements but rank %d passes %s; every member must "
+                           "agree",
+                           p, ms_comm_dtype_name((ms_comm_dtype)g->slots[p].dtype), me,
+                           ms_comm_dtype_name(dt));
+    return MS_OK;
+}
+
+static ms_status threads_all_reduce(void *ctx, const void *send, void *recv, size_t count,
                                     ms_reduce_op op, ms_comm_call *call, ms_error *err) {
     tctx *t = ctx;
     group *g = t->g;
@@ -490,8 +533,9 @@ static ms_status threads_all_reduce(void *ctx, const float *send, float *recv, s
     s->recv = recv;
     s->count = count;
     s->op = (int)op;
+    s->dtype = (int)call->dtype;
     MS_CHECK(barrier(t, 1, call, err));
-    ms_status st = MS_OK;
+    ms_status st = check_dtypes(g, me, call->dtype, err);
     for (int p = 0; p < n && st == MS_OK; p++) {
         if (g->slots[p].count != count)
             st = mismatch(err, "count", p, g->slots[p].count, me, count);
@@ -501,15 +545,16 @@ static ms_status threads_all_reduce(void *ctx, const float *send, float *recv, s
                         ms_reduce_op_name((ms_reduce_op)g->slots[p].op), me, ms_reduce_op_name(op));
     }
     if (st == MS_OK) {
+        const size_t elt = ms_comm_dtype_size(call->dtype);
         size_t lo, hi;
-        chunk_range(count, n, me, &lo, &hi);
-        reduce_block(g, me, recv + lo, lo, hi - lo, op, 1);
+        chunk_range(count, elt, n, me, &lo, &hi);
+        reduce_block(g, me, call->dtype, elem(recv, lo, elt), lo, hi - lo, op, 1);
     }
     ms_status st2 = barrier(t, 0, call, err);
     return st2 != MS_OK ? st2 : st;
 }
 
-static ms_status threads_reduce_scatter(void *ctx, const float *send, float *recv,
+static ms_status threads_reduce_scatter(void *ctx, const void *send, void *recv,
                                         const size_t *recv_counts, ms_reduce_op op,
                                         ms_comm_call *call, ms_error *err) {
     tctx *t = ctx;
@@ -526,10 +571,11 @@ static ms_status threads_reduce_scatter(void *ctx, const float *send, float *rec
     s->counts = recv_counts;
     s->total = total;
     s->op = (int)op;
+    s->dtype = (int)call->dtype;
     MS_CHECK(barrier(t, 1, call, err));
-    /* Reading block `me` of every send is safe once each member agrees on its size and on
-     * the size of the whole send buffer. */
-    ms_status st = MS_OK;
+    /* Reading block `me` of every send is safe once each member agrees on its size, on the
+     * size of the whole send buffer and on the element type. */
+    ms_status st = check_dtypes(g, me, call->dtype, err);
     for (int p = 0; p < n && st == MS_OK; p++) {
         if (g->slots[p].counts[me] != recv_counts[me])
             st = mismatch(err, "recv_counts[me]", p, g->slots[p].counts[me], me, recv_counts[me]);
@@ -540,12 +586,12 @@ static ms_status threads_reduce_scatter(void *ctx, const float *send, float *rec
                 ms_fail(err, MS_ERR_INVALID, "rank %d reduces with %s but rank %d with %s", p,
                         ms_reduce_op_name((ms_reduce_op)g->slots[p].op), me, ms_reduce_op_name(op));
     }
-    if (st == MS_OK) reduce_block(g, me, recv, off, recv_counts[me], op, 0);
+    if (st == MS_OK) reduce_block(g, me, call->dtype, recv, off, recv_counts[me], op, 0);
     ms_status st2 = barrier(t, 0, call, err);
     return st2 != MS_OK ? st2 : st;
 }
 
-static ms_status threads_all_gather(void *ctx, const float *send, float *recv, const size_t *counts,
+static ms_status threads_all_gather(void *ctx, const void *send, void *recv, const size_t *counts,
                                     ms_comm_call *call, ms_error *err) {
     tctx *t = ctx;
     group *g = t->g;
@@ -560,10 +606,11 @@ static ms_status threads_all_gather(void *ctx, const float *send, float *recv, c
     s->recv = recv;
     s->count = counts[me];
     s->total = total;
+    s->dtype = (int)call->dtype;
     MS_CHECK(barrier(t, 1, call, err));
     /* Everybody passes the counts of everybody; writing into a peer's recv is safe once its
-     * own count and its total agree with ours. */
-    ms_status st = MS_OK;
+     * own count, its total and its element type agree with ours. */
+    ms_status st = check_dtypes(g, me, call->dtype, err);
     for (int p = 0; p < n && st == MS_OK; p++) {
         if (g->slots[p].count != counts[p])
             st = mismatch(err, "counts[r]", p, g->slots[p].count, me, counts[p]);
@@ -572,20 +619,22 @@ static ms_status threads_all_gather(void *ctx, const float *send, float *recv, c
     }
     /* Push: our block goes into every member's recv, a sub-chunk at a time, so that it is read
      * once (from cache) however many members there are. */
-    const size_t sub = total * sizeof(float) >= BIG_BYTES ? BIG_SUB_FLOATS : SUB_FLOATS;
+    const size_t elt = ms_comm_dtype_size(call->dtype);
+    const size_t sub =
+        (total * elt >= BIG_BYTES ? BIG_SUB_FLOATS : SUB_FLOATS) * sizeof(float) / elt;
     for (size_t lo = 0; st == MS_OK && lo < counts[me]; lo += sub) {
         size_t m = counts[me] - lo < sub ? counts[me] - lo : sub;
         for (int k = 0; k < n; k++) {
             int p = (me + k) % n;
-            copy_floats(g->slots[p].recv + my_off + lo, send + lo, m);
+            copy_bytes(elem(g->slots[p].recv, my_off + lo, elt), elem(send, lo, elt), m * elt);
         }
     }
     ms_status st2 = barrier(t, 0, call, err);
     return st2 != MS_OK ? st2 : st;
 }
 
-static ms_status threads_all_to_all(void *ctx, const float *send, const size_t *send_counts,
-                                    const size_t *send_displs, float *recv,
+static ms_status threads_all_to_all(void *ctx, const void *send, const size_t *send_counts,
+                                    const size_t *send_displs, void *recv,
                                     const size_t *recv_counts, const size_t *recv_displs,
                                     ms_comm_call *call, ms_error *err) {
     tctx *t = ctx;
@@ -596,23 +645,29 @@ static ms_status threads_all_to_all(void *ctx, const float *send, const size_t *
     s->send = send;
     s->counts = send_counts;
     s->displs = send_displs;
+    s->dtype = (int)call->dtype;
+    const size_t elt = ms_comm_dtype_size(call->dtype);
     uint64_t target;
     MS_CHECK(bar_arrive(t, &target, err));
     if (recv_counts[me] == send_counts[me])
-        copy_floats(recv + recv_displs[me], send + send_displs[me], recv_counts[me]);
+        copy_bytes(elem(recv, recv_displs[me], elt), elem(send, send_displs[me], elt),
+                   recv_counts[me] * elt);
     MS_CHECK(bar_wait(t, target, 1, call, err));
-    ms_status st = MS_OK;
-    for (int k = 0; k < n; k++) {
+    ms_status st = check_dtypes(g, me, call->dtype, err);
+    for (int k = 0; st == MS_OK && k < n; k++) {
         int p = (me + k) % n;
         const slot *ps = &g->slots[p];
-        if (ps->counts[me] != recv_counts[p]) {
-            if (st == MS_OK)
-                st = ms_fail(err, MS_ERR_INVALID,
-                             "rank %d sends %zu floats to rank %d, which expects %zu", p,
-                             ps->counts[me], me, recv_counts[p]);
-        } else if (p != me) {
-            copy_floats(recv + recv_displs[p], ps->send + ps->displs[me], recv_counts[p]);
-        }
+        if (ps->counts[me] != recv_counts[p])
+            st = ms_fail(err, MS_ERR_INVALID,
+                         "rank %d sends %zu elements to rank %d, which expects %zu", p,
+                         ps->counts[me], me, recv_counts[p]);
+    }
+    for (int k = 0; st == MS_OK && k < n; k++) {
+        int p = (me + k) % n;
+        const slot *ps = &g->slots[p];
+        if (p != me)
+            copy_bytes(elem(recv, recv_displs[p], elt), elem(ps->send, ps->displs[me], elt),
+                       recv_counts[p] * elt);
     }
     ms_status st2 = barrier(t, 0, call, err);
     return st2 != MS_OK ? st2 : st;
@@ -738,7 +793,7 @@ static p2p_entry *oldest_posted(p2p_block *b, int tag, uint64_t *state) {
 
 /* "floats" or "bytes": what a p2p count counts, for messages. */
 static const char *units(int dtype) {
-    return dtype == MS_COMM_BYTES ? "bytes" : "floats";
+    return dtype == MS_COMM_BYTES ? "bytes" : dtype == MS_COMM_BF16 ? "bf16 elements" : "floats";
 }
 
 /* Receives op (dtype elements) if its sender has posted it: claims the oldest matching

@@ -39,7 +39,8 @@ typedef struct ms_rstep {
     ms_placements before, after;
     /* Figures for the rank at mesh coordinate 0 in every dim, which holds the largest
      * shard under the balanced split: */
-    double coll_bytes; /* the collective's size, nccl-tests convention (0 for local) */
+    double coll_bytes; /* the collective's size for float32, nccl-tests convention (0 for
+                        * local); for other elements see ms_reshard_plan_bytes */
     double wire_bytes; /* bytes this rank sends: coll_bytes * busbw factor */
 } ms_rstep;
 
@@ -49,6 +50,11 @@ typedef struct ms_reshard_plan {
     ms_rstep steps[MS_RESHARD_MAX_STEPS];
     double wire_bytes; /* sum over steps */
 } ms_reshard_plan;
+
+/* The plan's collective bytes (the sum of its steps' coll_bytes) when it moves elements of
+ * elt_size bytes: 2 for bf16. The steps are costed for float32; every byte figure scales by
+ * elt_size / 4 alike, so the planner's choice does not depend on the element type. */
+double ms_reshard_plan_bytes(const ms_reshard_plan *plan, size_t elt_size);
 
 /* Pure planning. Fails with MS_ERR_INVALID for invalid placements. */
 ms_status ms_reshard_plan_make(const ms_mesh *mesh, const ms_placements *src,
@@ -85,16 +91,25 @@ typedef struct ms_reshard_report {
  * Collective over the mesh. */
 ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, const int64_t *gshape,
                          const float *in, float *out, ms_reshard_report *report, ms_error *err);
+/* The same for elements of type dt (MS_F32 or MS_BF16; others are refused with
+ * MS_ERR_UNSUPPORTED). In bf16 the partial sums are reduced in fp32 and rounded once per
+ * reducing step (the communicator's bf16 reductions), and report->coll_bytes counts 2-byte
+ * elements, equal to ms_reshard_plan_bytes(plan, 2) on the plan's rank. */
+ms_status ms_reshard_run_dt(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim,
+                            const int64_t *gshape, ms_dtype dt, const void *in, void *out,
+                            ms_reshard_report *report, ms_error *err);
 
-/* Reshards t to placements dst on the same mesh, replacing t's local tensor. Collective
- * over the mesh. report may be NULL. On failure t is unchanged. */
+/* Reshards t to placements dst on the same mesh, replacing t's local tensor with a float32 one
+ * (a bf16 local is widened; ms_reshard_run_dt keeps bf16). Collective over the mesh. report may
+ * be NULL. On failure t is unchanged. */
 ms_status ms_reshard(ms_dtensor *t, const ms_placements *dst, ms_reshard_report *report,
                      ms_error *err);
 
 /* Moves a DistTensor to another mesh (a different set of ranks, e.g. the next pipeline
  * stage) with placements dst, using send/recv on the world communicator. A Partial
  * source is first reduced on the source mesh. Collective over the world: every world rank
- * calls it (ranks in neither mesh return at once). *out is bound to dst_mesh. */
+ * calls it (ranks in neither mesh return at once). *out is bound to dst_mesh. float32 only: a
+ * bf16 source is widened and moved as float32, and *out is float32 (as with ms_reshard). */
 ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh, const ms_placements *dst,
                                 ms_dtensor *out, ms_reshard_report *report, ms_error *err);
 

@@ -4,6 +4,10 @@
  * so each step is: pack blocks along one tensor dim, run one collective on the mesh dim's
  * communicator, unpack. When the split dim is the outermost non-trivial dim the blocks are
  * already contiguous and the collective reads and writes the tensors directly.
+ *
+ * Elements are float32 or bf16 (ms_reshard_run_dt): packing copies elements of either size,
+ * and the bf16 partial sums go through the communicator's bf16 reductions (fp32 in rank order,
+ * rounded once), so a bf16 reshard moves half the bytes of a float32 one.
  */
 #include "engine/dist/reshard.h"
 
@@ -22,8 +26,10 @@ typedef struct step_io {
     int coord, n; /* this rank's coordinate along the mesh dim, and the dim's size */
     int ndim;
     int64_t blen[MS_MAX_DIMS], alen[MS_MAX_DIMS]; /* local box lengths before and after */
-    const float *in;
-    float *out;
+    const void *in;                               /* elements of cdt */
+    void *out;
+    ms_comm_dtype cdt;
+    size_t elt;            /* bytes per element */
     size_t coll_bytes;     /* exact, for the report */
     ms_ctx *ctx;           /* for workspace */
     const int64_t *gshape; /* [ndim] the global tensor's shape, for messages */
@@ -34,9 +40,9 @@ typedef struct step_io {
  * workspace is tensor-sized, so it comes from the rank's device (counted in the memory
  * views) and a failure is MS_ERR_NOMEM, not an abort; the slot is then empty and the rank
  * can go on (a smaller reshard, or the same one once memory is freed). */
-static ms_status ws_get(step_io *io, int slot, size_t nfloats, float **out, ms_error *err) {
+static ms_status ws_get(step_io *io, int slot, size_t count, void **out, ms_error *err) {
     ms_ctx *ctx = io->ctx;
-    size_t need = (nfloats + 16) * sizeof(float);
+    size_t need = (count + 16) * io->elt;
     if (ctx->ws_cap[slot] < need) {
         ms_device_free(ctx->device, ctx->ws[slot], ctx->ws_cap[slot]);
         ctx->ws[slot] = NULL;
@@ -85,27 +91,48 @@ static void block_layout(const int64_t *len, int ndim, int d, int64_t parent, in
     }
 }
 
+/* Copies the box [at, at + len) of a row-major array of shape `shape` and `elt`-byte elements
+ * to or from (pack: to) a contiguous array of shape `len` (ms_copy_box_f32 for any element). */
+static void copy_box(char *data, const int64_t *shape, const int64_t *at, char *box,
+                     const int64_t *len, int ndim, size_t elt, bool pack) {
+    for (int d = 0; d < ndim; d++)
+        if (len[d] == 0) return;
+    int64_t stride[MS_MAX_DIMS + 1], idx[MS_MAX_DIMS] = {0};
+    stride[ndim > 0 ? ndim - 1 : 0] = 1;
+    for (int d = ndim - 2; d >= 0; d--) stride[d] = stride[d + 1] * shape[d + 1];
+    const size_t run = ndim > 0 ? (size_t)len[ndim - 1] * elt : elt; /* innermost dim, at once */
+    for (char *b = box;; b += run) {
+        int64_t off = 0;
+        for (int d = 0; d < ndim; d++) off += (idx[d] + at[d]) * stride[d];
+        char *x = data + (size_t)off * elt;
+        memcpy(pack ? b : x, pack ? x : b, run);
+        int d = ndim - 2;
+        for (; d >= 0 && ++idx[d] == len[d]; d--) idx[d] = 0;
+        if (d < 0) break;
+    }
+}
+
 /* Copies between a tensor of lengths `full` and block c (all of `full` but dim d, which
  * holds chunk c of full[d]) stored contiguously at `block`. pack: full -> block. */
-static void move_block(float *full_data, const int64_t *full, int ndim, int d, int n, int c,
-                       float *block, bool pack) {
+static void move_block(const step_io *io, const void *full_data, const int64_t *full, int d, int c,
+                       void *block, bool pack) {
     int64_t off, l;
-    ms_split_part(full[d], n, c, &off, &l);
-    int64_t blen[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0}, at[MS_MAX_DIMS] = {0};
-    memcpy(blen, full, sizeof(int64_t) * (size_t)ndim);
+    ms_split_part(full[d], io->n, c, &off, &l);
+    int64_t blen[MS_MAX_DIMS], at[MS_MAX_DIMS] = {0};
+    memcpy(blen, full, sizeof(int64_t) * (size_t)io->ndim);
     blen[d] = l;
     at[d] = off;
-    if (pack)
-        ms_copy_box_f32(block, blen, zero, full_data, full, at, blen, ndim);
-    else
-        ms_copy_box_f32(full_data, full, at, block, blen, zero, blen, ndim);
+    copy_box((char *)full_data, full, at, block, blen, io->ndim, io->elt, pack);
+}
+
+static ms_reduce_op step_op(const step_io *io) {
+    return (ms_reduce_op)io->step->before.p[io->step->mesh_dim].reduce;
 }
 
 static ms_status run_all_reduce(step_io *io, ms_error *err) {
     size_t count = (size_t)prod(io->blen, 0, io->ndim);
-    io->coll_bytes = count * sizeof(float);
-    return ms_all_reduce(io->comm, io->in, io->out, count,
-                         (ms_reduce_op)io->step->before.p[io->step->mesh_dim].reduce, err);
+    io->coll_bytes = count * io->elt;
+    return ms_all_reduce_dt(io->comm, io->cdt, io->in, io->out, count, step_op(io), err);
 }
 
 static ms_status run_reduce_scatter(step_io *io, ms_error *err) {
@@ -113,19 +140,16 @@ static ms_status run_reduce_scatter(step_io *io, ms_error *err) {
     size_t counts[MS_COMM_MAX_GROUP], displs[MS_COMM_MAX_GROUP];
     block_layout(io->blen, io->ndim, d, io->blen[d], io->n, counts, displs);
     size_t total = (size_t)prod(io->blen, 0, io->ndim);
-    io->coll_bytes = total * sizeof(float);
-    const float *send = io->in;
-    float *staging = NULL;
+    io->coll_bytes = total * io->elt;
+    const void *send = io->in;
     if (prod(io->blen, 0, d) > 1) {
-        MS_CHECK(ws_get(io, 2, total, &staging, err));
+        char *staging;
+        MS_CHECK(ws_get(io, 2, total, (void **)&staging, err));
         for (int c = 0; c < io->n; c++)
-            move_block((float *)io->in, io->blen, io->ndim, d, io->n, c, staging + displs[c], true);
+            move_block(io, io->in, io->blen, d, c, staging + displs[c] * io->elt, true);
         send = staging;
     }
-    ms_status st =
-        ms_reduce_scatter(io->comm, send, io->out, counts,
-                          (ms_reduce_op)io->step->before.p[io->step->mesh_dim].reduce, err);
-    return st;
+    return ms_reduce_scatter_dt(io->comm, io->cdt, send, io->out, counts, step_op(io), err);
 }
 
 static ms_status run_all_gather(step_io *io, ms_error *err) {
@@ -133,14 +157,15 @@ static ms_status run_all_gather(step_io *io, ms_error *err) {
     size_t counts[MS_COMM_MAX_GROUP], displs[MS_COMM_MAX_GROUP];
     block_layout(io->alen, io->ndim, d, io->alen[d], io->n, counts, displs);
     size_t total = (size_t)prod(io->alen, 0, io->ndim);
-    io->coll_bytes = total * sizeof(float);
-    if (prod(io->alen, 0, d) == 1) return ms_all_gather(io->comm, io->in, io->out, counts, err);
-    float *staging;
-    MS_CHECK(ws_get(io, 2, total, &staging, err));
-    ms_status st = ms_all_gather(io->comm, io->in, staging, counts, err);
+    io->coll_bytes = total * io->elt;
+    if (prod(io->alen, 0, d) == 1)
+        return ms_all_gather_dt(io->comm, io->cdt, io->in, io->out, counts, err);
+    char *staging;
+    MS_CHECK(ws_get(io, 2, total, (void **)&staging, err));
+    ms_status st = ms_all_gather_dt(io->comm, io->cdt, io->in, staging, counts, err);
     if (st == MS_OK)
         for (int c = 0; c < io->n; c++)
-            move_block(io->out, io->alen, io->ndim, d, io->n, c, staging + displs[c], false);
+            move_block(io, io->out, io->alen, d, c, staging + displs[c] * io->elt, false);
     return st;
 }
 
@@ -154,33 +179,34 @@ static ms_status run_all_to_all(step_io *io, ms_error *err) {
     block_layout(io->blen, io->ndim, b, io->blen[b], io->n, scounts, sdispls);
     block_layout(io->alen, io->ndim, a, io->alen[a], io->n, rcounts, rdispls);
     size_t sent = (size_t)prod(io->blen, 0, io->ndim), got = (size_t)prod(io->alen, 0, io->ndim);
-    io->coll_bytes = sent * sizeof(float);
-    float *sbuf, *rbuf;
-    MS_CHECK(ws_get(io, 2, sent, &sbuf, err));
-    MS_CHECK(ws_get(io, 3, got, &rbuf, err));
+    io->coll_bytes = sent * io->elt;
+    char *sbuf, *rbuf;
+    MS_CHECK(ws_get(io, 2, sent, (void **)&sbuf, err));
+    MS_CHECK(ws_get(io, 3, got, (void **)&rbuf, err));
     for (int c = 0; c < io->n; c++)
-        move_block((float *)io->in, io->blen, io->ndim, b, io->n, c, sbuf + sdispls[c], true);
-    ms_status st = ms_all_to_all(io->comm, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err);
+        move_block(io, io->in, io->blen, b, c, sbuf + sdispls[c] * io->elt, true);
+    ms_status st =
+        ms_all_to_all_dt(io->comm, io->cdt, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err);
     if (st == MS_OK)
         for (int c = 0; c < io->n; c++)
-            move_block(io->out, io->alen, io->ndim, a, io->n, c, rbuf + rdispls[c], false);
+            move_block(io, io->out, io->alen, a, c, rbuf + rdispls[c] * io->elt, false);
     return st;
 }
 
 static ms_status run_slice(step_io *io) {
     int d = io->step->after.p[io->step->mesh_dim].dim;
-    move_block((float *)io->in, io->blen, io->ndim, d, io->n, io->coord, io->out, true);
+    move_block(io, io->in, io->blen, d, io->coord, io->out, true);
     return MS_OK;
 }
 
 static ms_status run_partialize(step_io *io) {
     ms_placement p = io->step->after.p[io->step->mesh_dim];
-    size_t count = (size_t)prod(io->blen, 0, io->ndim);
-    /* sum: the value lives on coordinate 0, the others hold zeros. */
+    size_t bytes = (size_t)prod(io->blen, 0, io->ndim) * io->elt;
+    /* sum: the value lives on coordinate 0, the others hold zeros (all-zero bits in bf16 too). */
     if (p.reduce != MS_REDUCE_SUM || io->coord == 0)
-        memcpy(io->out, io->in, count * sizeof(float));
+        memcpy(io->out, io->in, bytes);
     else
-        memset(io->out, 0, count * sizeof(float));
+        memset(io->out, 0, bytes);
     return MS_OK;
 }
 
@@ -203,24 +229,39 @@ static ms_status run_step(step_io *io, ms_error *err) {
     }
 }
 
-ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, const int64_t *gshape,
-                         const float *in, float *out, ms_reshard_report *report, ms_error *err) {
+double ms_reshard_plan_bytes(const ms_reshard_plan *plan, size_t elt_size) {
+    double bytes = 0;
+    for (int k = 0; k < plan->nsteps; k++) bytes += plan->steps[k].coll_bytes;
+    return bytes * (double)elt_size / sizeof(float);
+}
+
+ms_status ms_reshard_run_dt(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim,
+                            const int64_t *gshape, ms_dtype dt, const void *in, void *out,
+                            ms_reshard_report *report, ms_error *err) {
     if (report) memset(report, 0, sizeof *report);
+    if (dt != MS_F32 && dt != MS_BF16)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "reshard: element type %s is not supported; use f32 or bf16",
+                       ms_dtype_name(dt));
     if (!ms_dmesh_is_member(dm)) return MS_OK;
+    const ms_comm_dtype cdt = dt == MS_BF16 ? MS_COMM_BF16 : MS_COMM_F32;
+    const size_t elt = ms_comm_dtype_size(cdt);
     int64_t t_begin = ms_now_ns();
     if (plan->nsteps == 0) {
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
         (void)start;
         ms_local_box(&plan->src, &dm->mesh, dm->coords, ndim, gshape, start, len);
-        if (in != out) memcpy(out, in, sizeof(float) * (size_t)prod(len, 0, ndim));
+        if (in != out) memcpy(out, in, elt * (size_t)prod(len, 0, ndim));
         return MS_OK;
     }
-    const float *cur = in;
+    const void *cur = in;
     for (int k = 0; k < plan->nsteps; k++) {
         const ms_rstep *s = &plan->steps[k];
         step_io io = {.step = s,
                       .comm = dm->dim_comm[s->mesh_dim],
                       .ndim = ndim,
+                      .cdt = cdt,
+                      .elt = elt,
                       .ctx = dm->ctx,
                       .gshape = gshape};
         io.coord = dm->coords[s->mesh_dim];
@@ -258,6 +299,11 @@ ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, co
     }
     if (report) report->ns = ms_now_ns() - t_begin;
     return MS_OK;
+}
+
+ms_status ms_reshard_run(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim, const int64_t *gshape,
+                         const float *in, float *out, ms_reshard_report *report, ms_error *err) {
+    return ms_reshard_run_dt(dm, plan, ndim, gshape, MS_F32, in, out, report, err);
 }
 
 ms_status ms_reshard(ms_dtensor *t, const ms_placements *dst, ms_reshard_report *report,

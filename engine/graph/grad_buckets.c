@@ -1,4 +1,5 @@
-/* grad_buckets.c - gradient buckets (see grad_buckets.h). */
+/* grad_buckets.c - gradient buckets (see grad_buckets.h). Offsets into the storage are in
+ * bytes: buckets of float32 and of bf16 gradients share it, each aligned to its element. */
 #include "engine/graph/grad_buckets.h"
 
 #include <stdlib.h>
@@ -9,23 +10,25 @@
 
 typedef struct grad {
     int ready, bucket;
-    int64_t n;
-    int64_t rows;  /* reduce-scatter: the rows split over the group (n / rows floats each) */
-    size_t offset; /* all-reduce: floats into the storage */
+    int64_t n;     /* elements of its bucket's type */
+    int64_t rows;  /* reduce-scatter: the rows split over the group (n / rows elements each) */
+    size_t offset; /* all-reduce: bytes into the storage */
     size_t *part;  /* reduce-scatter: where its block c goes in the send buffer [parts] */
     size_t recv;   /* reduce-scatter: where its shard arrives in the receive buffer */
-    const float *src;
-    float *dst;
+    const void *src;
+    void *dst;
     int hits; /* runs of `ready` since the accumulation started */
 } grad;
 
 typedef struct bucket {
     int first, count; /* its gradients [first, first + count) */
-    size_t offset, floats;
-    size_t recv_offset, recv_floats; /* reduce-scatter: its receive buffer (upper bound) */
-    size_t *counts;                  /* reduce-scatter: each member's block [parts] */
-    int mesh_dim, parts;             /* parts 0: all-reduce */
+    size_t offset, bytes;
+    size_t recv_offset, recv_bytes; /* reduce-scatter: its receive buffer (upper bound) */
+    size_t *counts;                 /* reduce-scatter: each member's block in elements [parts] */
+    int mesh_dim, parts;            /* parts 0: all-reduce */
     ms_reduce_op op;
+    ms_comm_dtype dtype;
+    size_t elt; /* bytes per element */
     ms_comm *comm;
     int packed, finished; /* gradients copied in, and out, this step */
     ms_comm_request *req; /* in flight between the last pack and the first finish */
@@ -33,20 +36,20 @@ typedef struct bucket {
 } bucket;
 
 struct ms_grad_buckets {
-    size_t cap_floats;
+    size_t cap_bytes;
     int passes;
     grad *g;
     int ng, cg;
     bucket *b;
     int nb, cbk;
-    size_t floats, recv_floats;
-    float *storage;
+    size_t bytes, recv_bytes; /* the send buffers, then the receive buffers */
+    char *storage;
 };
 
 ms_grad_buckets *ms_gb_create(double bucket_mb, int passes) {
     ms_grad_buckets *gb = xcalloc(1, sizeof *gb);
-    double cap = bucket_mb * 1024.0 * 1024.0 / sizeof(float);
-    gb->cap_floats = cap < 1 ? 1 : (size_t)cap;
+    double cap = bucket_mb * 1024.0 * 1024.0;
+    gb->cap_bytes = cap < 1 ? 1 : (size_t)cap;
     gb->passes = passes < 1 ? 1 : passes;
     return gb;
 }
@@ -63,7 +66,7 @@ void ms_gb_destroy(ms_grad_buckets *gb) {
     free(gb);
 }
 
-/* Floats of block c of gradient g (rows split the balanced way, dim 0 outermost). */
+/* Elements of block c of gradient g (rows split the balanced way, dim 0 outermost). */
 static size_t block(const grad *g, int parts, int c, int64_t *row0) {
     int64_t off, len;
     ms_split_part(g->rows, parts, c, &off, &len);
@@ -71,48 +74,68 @@ static size_t block(const grad *g, int parts, int c, int64_t *row0) {
     return (size_t)(len * (g->n / g->rows));
 }
 
+static size_t align_up(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
+
+/* Where the receive buffers start: after the send buffers, float-aligned. */
+static size_t recv_base(const ms_grad_buckets *gb) {
+    return align_up(gb->bytes, sizeof(float));
+}
+
 /* The bucket gradient i joins: the open one if it matches and fits, else a new one. */
-static int place(ms_grad_buckets *gb, int i, int mesh_dim, int parts, ms_reduce_op op) {
+static int place(ms_grad_buckets *gb, int i, int mesh_dim, int parts, ms_reduce_op op,
+                 ms_comm_dtype dt) {
     bucket *last = gb->nb ? &gb->b[gb->nb - 1] : NULL;
-    size_t n = (size_t)gb->g[i].n;
-    size_t most = parts ? block(&gb->g[i], parts, 0, NULL) : 0; /* part 0 is the largest */
+    const size_t elt = ms_comm_dtype_size(dt);
+    size_t n = (size_t)gb->g[i].n * elt;
+    size_t most = parts ? block(&gb->g[i], parts, 0, NULL) * elt : 0; /* part 0 is the largest */
     if (last && last->mesh_dim == mesh_dim && last->parts == parts && last->op == op &&
-        last->floats + n <= gb->cap_floats) {
+        last->dtype == dt && last->bytes + n <= gb->cap_bytes) {
         last->count++;
-        last->floats += n;
-        last->recv_floats += most;
-        gb->recv_floats += most;
+        last->bytes += n;
+        last->recv_bytes += most;
+        gb->recv_bytes += most;
         return gb->nb - 1;
     }
     if (gb->nb == gb->cbk) {
         gb->cbk = gb->cbk ? 2 * gb->cbk : 16;
         gb->b = xrealloc(gb->b, sizeof *gb->b * (size_t)gb->cbk);
     }
+    gb->bytes = align_up(gb->bytes, elt);
+    gb->recv_bytes = align_up(gb->recv_bytes, elt);
     gb->b[gb->nb] = (bucket){.first = i,
                              .count = 1,
-                             .offset = gb->floats,
-                             .floats = n,
-                             .recv_offset = gb->recv_floats,
-                             .recv_floats = most,
+                             .offset = gb->bytes,
+                             .bytes = n,
+                             .recv_offset = gb->recv_bytes,
+                             .recv_bytes = most,
                              .mesh_dim = mesh_dim,
                              .parts = parts,
-                             .op = op};
-    gb->recv_floats += most;
+                             .op = op,
+                             .dtype = dt,
+                             .elt = elt};
+    gb->recv_bytes += most;
     return gb->nb++;
 }
 
-int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
-              ms_reduce_op op) {
+int ms_gb_add_dt(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
+                 ms_reduce_op op, ms_comm_dtype dt) {
     if (gb->ng == gb->cg) {
         gb->cg = gb->cg ? 2 * gb->cg : 64;
         gb->g = xrealloc(gb->g, sizeof *gb->g * (size_t)gb->cg);
     }
     int i = gb->ng++;
     gb->g[i] = (grad){.ready = ready, .n = n, .rows = rows > 0 ? rows : 1};
-    gb->g[i].bucket = place(gb, i, mesh_dim, parts > 1 ? parts : 0, op);
-    gb->g[i].offset = gb->floats;
-    gb->floats += (size_t)n;
+    gb->g[i].bucket = place(gb, i, mesh_dim, parts > 1 ? parts : 0, op, dt);
+    gb->g[i].offset = gb->bytes;
+    gb->bytes += (size_t)n * ms_comm_dtype_size(dt);
     return i;
+}
+
+int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
+              ms_reduce_op op) {
+    return ms_gb_add_dt(gb, ready, n, rows, parts, mesh_dim, op, MS_COMM_F32);
 }
 
 int ms_gb_count(const ms_grad_buckets *gb) {
@@ -124,11 +147,14 @@ int ms_gb_buckets(const ms_grad_buckets *gb) {
 int ms_gb_bucket_of(const ms_grad_buckets *gb, int i) {
     return gb->g[i].bucket;
 }
+size_t ms_gb_storage_bytes(const ms_grad_buckets *gb) {
+    return recv_base(gb) + align_up(gb->recv_bytes, sizeof(float));
+}
 size_t ms_gb_storage_floats(const ms_grad_buckets *gb) {
-    return gb->floats + gb->recv_floats;
+    return ms_gb_storage_bytes(gb) / sizeof(float);
 }
 
-void ms_gb_bind(ms_grad_buckets *gb, int i, const float *src, float *dst, ms_comm *comm) {
+void ms_gb_bind(ms_grad_buckets *gb, int i, const void *src, void *dst, ms_comm *comm) {
     gb->g[i].src = src;
     gb->g[i].dst = dst;
     gb->b[gb->g[i].bucket].comm = comm;
@@ -148,17 +174,17 @@ static void layout_scatter(ms_grad_buckets *gb, bucket *b) {
             grad *g = &gb->g[i];
             if (!g->part) g->part = xcalloc((size_t)b->parts, sizeof *g->part);
             g->part[c] = at;
-            at += block(g, b->parts, c, NULL);
+            at += block(g, b->parts, c, NULL) * b->elt;
             if (c == me) {
-                g->recv = gb->floats + recv;
-                recv += block(g, b->parts, c, NULL);
+                g->recv = recv_base(gb) + recv;
+                recv += block(g, b->parts, c, NULL) * b->elt;
             }
         }
-        region += b->counts[c];
+        region += b->counts[c] * b->elt;
     }
 }
 
-void ms_gb_bind_storage(ms_grad_buckets *gb, float *storage) {
+void ms_gb_bind_storage(ms_grad_buckets *gb, void *storage) {
     gb->storage = storage;
     for (int b = 0; b < gb->nb; b++)
         if (gb->b[b].parts) layout_scatter(gb, &gb->b[b]);
@@ -187,22 +213,23 @@ static void progress(ms_grad_buckets *gb) {
 /* Copies gradient g into its bucket's send buffer: whole, or block by block. */
 static void pack(ms_grad_buckets *gb, const grad *g, const bucket *b) {
     if (!b->parts) {
-        memcpy(gb->storage + g->offset, g->src, sizeof(float) * (size_t)g->n);
+        memcpy(gb->storage + g->offset, g->src, b->elt * (size_t)g->n);
         return;
     }
     const int64_t row = g->n / g->rows;
     for (int c = 0; c < b->parts; c++) {
         int64_t row0;
         size_t len = block(g, b->parts, c, &row0);
-        memcpy(gb->storage + g->part[c], g->src + row0 * row, sizeof(float) * len);
+        memcpy(gb->storage + g->part[c], (const char *)g->src + (size_t)(row0 * row) * b->elt,
+               b->elt * len);
     }
 }
 
 static ms_comm_request *issue(ms_grad_buckets *gb, bucket *b, ms_error *err) {
-    float *x = gb->storage + b->offset;
-    if (!b->parts) return ms_iall_reduce(b->comm, x, x, b->floats, b->op, err);
-    return ms_ireduce_scatter(b->comm, x, gb->storage + gb->floats + b->recv_offset, b->counts,
-                              b->op, err);
+    char *x = gb->storage + b->offset;
+    if (!b->parts) return ms_iall_reduce_dt(b->comm, b->dtype, x, x, b->bytes / b->elt, b->op, err);
+    return ms_ireduce_scatter_dt(b->comm, b->dtype, x, gb->storage + recv_base(gb) + b->recv_offset,
+                                 b->counts, b->op, err);
 }
 
 ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err) {
@@ -235,9 +262,9 @@ ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err) {
     }
     if (b->parts) {
         int me = ms_comm_rank(b->comm);
-        memcpy(g->dst, gb->storage + g->recv, sizeof(float) * block(g, b->parts, me, NULL));
+        memcpy(g->dst, gb->storage + g->recv, b->elt * block(g, b->parts, me, NULL));
     } else {
-        memcpy(g->dst, gb->storage + g->offset, sizeof(float) * (size_t)g->n);
+        memcpy(g->dst, gb->storage + g->offset, b->elt * (size_t)g->n);
     }
     if (++b->finished == b->count) { /* the bucket's step is over */
         b->packed = b->finished = 0;

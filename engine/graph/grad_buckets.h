@@ -16,6 +16,9 @@
  * Buckets never mix mesh dims, reduce ops or kinds (one communicator, op and collective per
  * call); a gradient larger than the bucket size gets a bucket of its own. A reduce-scatter
  * bucket (ZeRO 2 and 3) packs every member's blocks together, so each receives its shards.
+ * Gradients are float32 or bf16 (ms_gb_add_dt); a bucket holds one type, and bf16 buckets are
+ * reduced by the communicator's bf16 reductions (fp32 in rank order, rounded once), moving half
+ * the bytes. Sizes: the bucket cap is in bytes; gradient sizes are in elements of their type.
  * Ownership: the program owns the buckets; the storage is the program's (from its device);
  * ms_gb_destroy waits for any all-reduce still in flight, so nothing writes into freed memory.
  */
@@ -35,22 +38,29 @@ ms_grad_buckets *ms_gb_create(double bucket_mb, int passes);
 void ms_gb_destroy(ms_grad_buckets *gb);
 
 /* Appends a gradient final after instruction `ready` (not before the previous one's):
- * n floats reduced with op over mesh dim `mesh_dim`: all-reduced (parts 0), or
- * reduce-scattered over the dim's `parts` members, member c keeping block c of the `rows`
- * leading rows under the balanced split (ZeRO 2 and 3: the gradient sharded S(0) innermost).
- * Returns its index. */
+ * n elements of dt (MS_COMM_F32 or MS_COMM_BF16) reduced with op over mesh dim `mesh_dim`:
+ * all-reduced (parts 0), or reduce-scattered over the dim's `parts` members, member c keeping
+ * block c of the `rows` leading rows under the balanced split (ZeRO 2 and 3: the gradient
+ * sharded S(0) innermost). Returns its index. */
+int ms_gb_add_dt(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
+                 ms_reduce_op op, ms_comm_dtype dt);
+/* The same for n floats (MS_COMM_F32). */
 int ms_gb_add(ms_grad_buckets *gb, int ready, int64_t n, int64_t rows, int parts, int mesh_dim,
               ms_reduce_op op);
 int ms_gb_count(const ms_grad_buckets *gb);   /* gradients */
 int ms_gb_buckets(const ms_grad_buckets *gb); /* buckets */
 int ms_gb_bucket_of(const ms_grad_buckets *gb, int i);
-/* Floats of the contiguous buffer behind every bucket (and the reduce-scatters' results). */
+/* Bytes of the contiguous buffer behind every bucket (and the reduce-scatters' results), and
+ * the same in 4-byte units (exact: the size is a multiple of 4), for callers that size it in
+ * floats. The buffer must be at least float-aligned. */
+size_t ms_gb_storage_bytes(const ms_grad_buckets *gb);
 size_t ms_gb_storage_floats(const ms_grad_buckets *gb);
 
 /* Gradient i's accumulated gradient (src), the parameter's (dst: its shard when scattered),
- * and its communicator; then, once every gradient is bound, the storage. */
-void ms_gb_bind(ms_grad_buckets *gb, int i, const float *src, float *dst, ms_comm *comm);
-void ms_gb_bind_storage(ms_grad_buckets *gb, float *storage);
+ * both elements of the gradient's type, and its communicator; then, once every gradient is
+ * bound, the storage. */
+void ms_gb_bind(ms_grad_buckets *gb, int i, const void *src, void *dst, ms_comm *comm);
+void ms_gb_bind_storage(ms_grad_buckets *gb, void *storage);
 
 /* After instruction k ran: packs the gradients final at k and issues full buckets. */
 ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err);
