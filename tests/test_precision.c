@@ -1,8 +1,9 @@
 /* test_precision.c - bf16 mixed precision ("precision": "bf16") against fp32.
  *
  *   equivalence  GPT and BERT trained 3 steps in bf16 on one rank, dp2, dp4, tp2, tp2 + sp,
- *                cp2, pp2, ZeRO 1, 2 and 3 (with tp2 too), full and selective recompute, and
- *                through live switches fp32 <-> bf16, against one rank in fp32: every loss
+ *                cp2, pp2, ZeRO 1, 2 and 3 (with tp2 too), full and selective recompute, bf16
+ *                gradient buckets, and through live switches fp32 <-> bf16, against one rank
+ *                in fp32: every loss
  *                within 1e-2 relative (bf16 keeps 8 significant bits: 2^-8 = 0.4% per rounding,
  *                and the loss is an average, so its error stays near one rounding), the
  *                parameters (the fp32 masters) within 1e-2 relative as one vector (measured
@@ -78,6 +79,12 @@ BF16_CASE(gpt_dp4_zero3_bf16_w4, false, BF16("\"dp\": 4, \"zero\": 3"), 4)
 BF16_CASE(bert_dp2_tp2_zero1_bf16_w4, true, BF16("\"dp\": 2, \"tp\": 2, \"zero\": 1"), 4)
 BF16_CASE(gpt_dp2_tp2_zero3_bf16_w4, false, BF16("\"dp\": 2, \"tp\": 2, \"zero\": 3"), 4)
 BF16_CASE(gpt_tp2_sp_bf16_w2, false, BF16("\"tp\": 2, \"sp\": true"), 2)
+/* bf16 gradients in buckets (all-reduced, and reduce-scattered under ZeRO 2), issued during
+ * the backward; 2 KiB buckets hold several small gradients each */
+BF16_CASE(gpt_dp2_bucket_bf16_w2, false, BF16("\"dp\": 2, \"bucket_mb\": 0.002"), 2)
+BF16_CASE(bert_dp2_zero2_bucket_bf16_w2, true, BF16("\"dp\": 2, \"zero\": 2, \"bucket_mb\": 1"), 2)
+BF16_CASE(gpt_dp2_pp2_bucket_bf16_w4, false,
+          BF16("\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"bucket_mb\": 0.01"), 4)
 
 /* Live switches convert: fp32 into bf16 (the masters start from the fp32 parameters) under
  * another mesh and ZeRO stage, then back to fp32 (the masters become the parameters). */
@@ -224,6 +231,9 @@ static const struct CMUnitTest tests[] = {
     T(gpt_dp2_recompute_bf16_w2),
     T(bert_tp2_selective_bf16_w2),
     T(gpt_tp2_sp_bf16_w2),
+    T(gpt_dp2_bucket_bf16_w2),
+    T(bert_dp2_zero2_bucket_bf16_w2),
+    T(gpt_dp2_pp2_bucket_bf16_w4),
     T(gpt_dp4_bf16_w4),
     T(gpt_dp4_zero3_bf16_w4),
     T(bert_dp2_tp2_zero1_bf16_w4),

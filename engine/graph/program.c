@@ -953,7 +953,7 @@ static int64_t scatter_rows(const ms_program *p, const instr *in) {
         return 0;
     int64_t rows = src->lshape.d[0], off, len;
     ms_split_part(rows, p->mesh->shape[st->mesh_dim], p->coords[st->mesh_dim], &off, &len);
-    return len * (src->nfloats / rows) == dst->nfloats ? rows : 0;
+    return len * (src->numel / rows) == dst->numel ? rows : 0;
 }
 
 /* A grad-sync reshard that is one all-reduce of same-sized buffers (the data-parallel
@@ -961,10 +961,10 @@ static int64_t scatter_rows(const ms_program *p, const instr *in) {
  * (other shards, several steps) runs as a reshard at grad sync, as without buckets. */
 static bool bucketable(const ms_program *p, const instr *in) {
     if (in->kind != I_RESHARD || in->phase != MS_PROG_GRAD_SYNC || !in->plan) return false;
-    if (in->plan->nsteps != 1 || p->bufs[in->src].dtype != MS_F32) return false;
+    if (in->plan->nsteps != 1) return false;
     if (in->plan->steps[0].kind == MS_RSTEP_REDUCE_SCATTER) return scatter_rows(p, in) > 0;
     if (in->plan->steps[0].kind != MS_RSTEP_ALL_REDUCE) return false;
-    return p->bufs[in->src].nfloats == p->bufs[in->dst].nfloats;
+    return p->bufs[in->src].numel == p->bufs[in->dst].numel;
 }
 
 typedef struct ready_grad {
@@ -996,8 +996,9 @@ static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
         bool scatter = step->kind == MS_RSTEP_REDUCE_SCATTER;
         int64_t rows = scatter ? scatter_rows(p, in) : 0;
         int parts = scatter ? p->mesh->shape[step->mesh_dim] : 0;
-        int g = ms_gb_add(p->buckets, rg[i].ready, p->bufs[in->src].nfloats, rows, parts,
-                          step->mesh_dim, op);
+        ms_comm_dtype dt = p->bufs[in->src].dtype == MS_BF16 ? MS_COMM_BF16 : MS_COMM_F32;
+        int g = ms_gb_add_dt(p->buckets, rg[i].ready, p->bufs[in->src].numel, rows, parts,
+                             step->mesh_dim, op, dt);
         in->bucket_grad = g + 1;
     }
     free(rg);
@@ -1006,11 +1007,11 @@ static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
 /* The buckets' buffer, and each gradient's source, target and communicator. */
 static ms_status bind_grad_buckets(ms_program *p, ms_error *err) {
     if (!p->buckets) return MS_OK;
-    size_t floats = ms_gb_storage_floats(p->buckets);
-    p->bucket_storage = program_alloc(p, (floats + 16) * sizeof(float));
+    size_t bytes = ms_gb_storage_bytes(p->buckets);
+    p->bucket_storage = program_alloc(p, bytes + 64);
     if (!p->bucket_storage)
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu bytes of gradient buckets",
-                       floats * sizeof(float));
+                       bytes);
     for (int k = p->n_backward; k < p->ni; k++) {
         const instr *in = &p->ins[k];
         if (!in->bucket_grad) continue;
@@ -1193,7 +1194,7 @@ fail:
 void ms_program_destroy(ms_program *p) {
     if (!p) return;
     if (p->buckets) {
-        size_t bytes = (ms_gb_storage_floats(p->buckets) + 16) * sizeof(float);
+        size_t bytes = ms_gb_storage_bytes(p->buckets) + 64;
         ms_gb_destroy(p->buckets); /* first: it waits for what is in flight into the storage */
         program_free(p, p->bucket_storage, bytes);
     }
@@ -1244,9 +1245,8 @@ static ms_status run_reshard(ms_program *p, const instr *in, ms_error *err) {
     const ms_shape *g = &p->g->v[in->value].shape;
     const ms_reshard_plan *plan;
     MS_CHECK(ms_plan_cache_get(p->plans, p->mesh, &in->from, &in->to, g->ndim, g->d, &plan, err));
-    if (p->bufs[in->src].dtype == MS_BF16) return prog_reshard_bf16(p, in, plan, err);
-    return ms_reshard_run(p->dm, plan, g->ndim, g->d, p->bufs[in->src].ptr, p->bufs[in->dst].ptr,
-                          NULL, err);
+    return ms_reshard_run_dt(p->dm, plan, g->ndim, g->d, p->bufs[in->src].dtype,
+                             p->bufs[in->src].ptr, p->bufs[in->dst].ptr, NULL, err);
 }
 
 static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape *gin,

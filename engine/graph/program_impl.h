@@ -143,9 +143,6 @@ size_t prog_staging_floats(const ms_program *p);
 /* Runs kernel instruction `in` through call: bf16 operands are widened into the staging
  * area, the kernel runs in fp32, and what it wrote is rounded back once. */
 ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_error *err);
-/* Reshard of a bf16 buffer. */
-ms_status prog_reshard_bf16(ms_program *p, const instr *in, const ms_reshard_plan *plan,
-                            ms_error *err);
 /* Predicted collective bytes of a reshard instruction, for its buffer's element type. */
 double prog_reshard_bytes(const ms_program *p, const instr *in);
 

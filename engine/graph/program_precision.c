@@ -91,8 +91,6 @@ size_t prog_staging_floats(const ms_program *p) {
             stage_set set;
             stage_collect(p, in, &set);
             for (int i = 0; i < set.n; i++) need += padded(p->bufs[set.s[i].buf].numel);
-        } else if (in->kind == I_RESHARD && p->bufs[in->src].dtype == MS_BF16) {
-            need = padded(p->bufs[in->src].numel) + padded(p->bufs[in->dst].numel);
         }
         if (need > most) most = need;
     }
@@ -136,20 +134,6 @@ ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_e
     return st;
 }
 
-ms_status prog_reshard_bf16(ms_program *p, const instr *in, const ms_reshard_plan *plan,
-                            ms_error *err) {
-    const ms_shape *g = &p->g->v[in->value].shape;
-    buf *src = &p->bufs[in->src], *dst = &p->bufs[in->dst];
-    float *wsrc = p->staging, *wdst = p->staging + padded(src->numel);
-    ms_k_bf16_widen(wsrc, (const uint16_t *)src->ptr, src->numel);
-    MS_CHECK(ms_reshard_run(p->dm, plan, g->ndim, g->d, wsrc, wdst, NULL, err));
-    ms_k_bf16_round((uint16_t *)dst->ptr, wdst, dst->numel);
-    return MS_OK;
-}
-
 double prog_reshard_bytes(const ms_program *p, const instr *in) {
-    double bytes = 0;
-    for (int k = 0; in->plan && k < in->plan->nsteps; k++) bytes += in->plan->steps[k].coll_bytes;
-    /* plans count 4-byte elements */
-    return p->bufs[in->src].dtype == MS_BF16 ? bytes / 2 : bytes;
+    return in->plan ? ms_reshard_plan_bytes(in->plan, ms_dtype_size(p->bufs[in->src].dtype)) : 0;
 }

@@ -8,7 +8,6 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
 #include "engine/graph/program.h"
-#include "engine/kernels/kernels.h"
 #include "engine/pipeline/balance.h"
 #include "engine/pipeline/schedule.h"
 #include "profiler/record/hooks.h"
@@ -560,13 +559,8 @@ static ms_status sync_tied(ms_stages *st, ms_error *err) {
         float *g = ms_tensor_f32(&pv.grad);
         return ms_all_reduce(st->tie, g, g, n, MS_REDUCE_SUM, err);
     }
-    uint16_t *g16 = ms_tensor_data(&pv.grad);
-    float *g = xmalloc(sizeof(float) * (n + 1));
-    ms_k_bf16_widen(g, g16, (int64_t)n);
-    ms_status s = ms_all_reduce(st->tie, g, g, n, MS_REDUCE_SUM, err);
-    if (s == MS_OK) ms_k_bf16_round(g16, g, (int64_t)n);
-    free(g);
-    return s;
+    void *g16 = ms_tensor_data(&pv.grad);
+    return ms_all_reduce_dt(st->tie, MS_COMM_BF16, g16, g16, n, MS_REDUCE_SUM, err);
 }
 
 ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
