@@ -97,8 +97,9 @@ static void lanes_each(const std::function<void(int, int)> &f) {
 
 /* Central differences of a double-summed loss over `samples` random coordinates of x,
  * against the analytic gradient `an` of the same coordinates: |fd - an| <= tol * scale,
- * scale the largest |an| of the tensor (the finite difference of a float function carries
- * roundoff of about eps |L| / h). */
+ * scale the largest |an| of the tensor. The finite difference of a float function carries
+ * roundoff of about eps |L| / h and truncation of order h^2; each tol is a few times the error
+ * measured with the kernels as they are (printed), so a term wrong by a percent fails. */
 static bool fd_check(const char *what, fvec &x, const fvec &an, const std::function<double()> &loss,
                      double h, double tol, int samples) {
     double scale = 1e-30, worst = 0;
@@ -224,14 +225,14 @@ static void test_elementwise_fd(void **state) {
         for (int64_t i = 0; i < n; i++) ms_cu_gelu_fwd(y.data(), x.data(), i);
         return dot_loss(w, y);
     };
-    bool ok = fd_check("gelu backward vs finite differences", x, dx, gelu_loss, 1e-2, 2e-3, 64);
+    bool ok = fd_check("gelu backward vs finite differences", x, dx, gelu_loss, 1e-2, 2e-4, 64);
     std::fill(dx.begin(), dx.end(), 0.0f);
     for (int64_t i = 0; i < n; i++) ms_cu_mul_bwd(dx.data(), w.data(), other.data(), i);
     auto mul_loss = [&]() {
         for (int64_t i = 0; i < n; i++) ms_cu_mul_fwd(y.data(), x.data(), other.data(), i);
         return dot_loss(w, y);
     };
-    ok &= fd_check("mul backward vs finite differences", x, dx, mul_loss, 1e-2, 2e-3, 64);
+    ok &= fd_check("mul backward vs finite differences", x, dx, mul_loss, 1e-2, 1e-4, 64);
     assert_true(ok);
 }
 
@@ -377,9 +378,9 @@ static void test_layernorm_fd(void **state) {
     fvec dx(n * c, 0.0f), dw(c, 0.0f), db(c, 0.0f);
     ln_backward(dx.data(), dw.data(), db.data(), wo.data(), x.data(), w.data(), mean.data(),
                 rstd.data(), n, c);
-    bool ok = fd_check("layernorm dinp vs finite differences", x, dx, loss, 1e-2, 5e-3, 48);
-    ok &= fd_check("layernorm dweight vs finite differences", w, dw, loss, 1e-2, 5e-3, 32);
-    ok &= fd_check("layernorm dbias vs finite differences", b, db, loss, 1e-2, 5e-3, 32);
+    bool ok = fd_check("layernorm dinp vs finite differences", x, dx, loss, 1e-2, 1e-3, 48);
+    ok &= fd_check("layernorm dweight vs finite differences", w, dw, loss, 1e-2, 1e-4, 32);
+    ok &= fd_check("layernorm dbias vs finite differences", b, db, loss, 1e-2, 1e-4, 32);
     assert_true(ok);
 }
 
@@ -445,7 +446,7 @@ static void test_softmax(void **state) {
         softmax_forward(y.data(), x.data(), n, c);
         return dot_loss(w, y);
     };
-    ok &= fd_check("softmax backward vs finite differences", x, dx, loss, 1e-2, 5e-3, 48);
+    ok &= fd_check("softmax backward vs finite differences", x, dx, loss, 1e-2, 2e-4, 48);
     assert_true(ok);
 }
 
@@ -565,7 +566,7 @@ static void test_xent_fd(void **state) {
         return dot_loss(dl, l);
     };
     bool ok =
-        fd_check("xent backward (3 slices) vs finite diffs", x.logits, d, loss, 1e-2, 5e-3, 48);
+        fd_check("xent backward (3 slices) vs finite diffs", x.logits, d, loss, 1e-2, 2e-4, 48);
     /* The target logits carry the largest gradients: check each one. */
     fvec dt;
     for (int64_t r = 0; r < x.n; r++)
@@ -579,7 +580,7 @@ static void test_xent_fd(void **state) {
             x.logits[k] = x0;
             const double fd = (lp - lm) / 2e-2;
             printf("  xent target logit row %lld: fd %.6f backward %.6f\n", (long long)r, fd, d[k]);
-            ok &= fabs(fd - d[k]) <= 5e-3 * fabs(dl[r]);
+            ok &= fabs(fd - d[k]) <= 2e-4 * fabs(dl[r]);
         }
     assert_true(ok);
 }
@@ -805,7 +806,7 @@ static void test_attention_fd(void **state) {
         };
         ok &= fd_check(causal ? "attention dqkv causal vs finite differences"
                               : "attention dqkv masked vs finite differences",
-                       a.qkv, d, loss, 1e-2, 5e-3, 96);
+                       a.qkv, d, loss, 1e-2, 5e-4, 96);
     }
     assert_true(ok);
 }
