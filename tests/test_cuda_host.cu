@@ -32,53 +32,11 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/optim_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
+#include "tests/cuda_testkit.cuh"
 
-/* engine/core/tensor.h uses C11 atomics, which C++17 cannot include. */
-extern "C" uint16_t ms_bf16_from_f32(float f);
-extern "C" float ms_f32_from_bf16(uint16_t h);
-
-typedef std::vector<float> fvec;
 #define L MS_CU_ROW_LANES
 
 /* ---- helpers ---- */
-
-static uint64_t rng_state = 1;
-static double urand(void) { /* splitmix64 -> [0, 1) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static fvec frand(size_t n, double lo, double hi) {
-    fvec x(n);
-    for (float &v : x) v = (float)(lo + (hi - lo) * urand());
-    return x;
-}
-
-/* |got - want| <= atol + rtol |want| everywhere; prints the worst element. */
-static bool close(const char *what, const float *got, const float *want, size_t n, double atol,
-                  double rtol) {
-    double worst = 0, worst_err = 0;
-    size_t at = 0;
-    bool ok = true;
-    for (size_t i = 0; i < n; i++) {
-        const double e = fabs((double)got[i] - (double)want[i]);
-        const double lim = atol + rtol * fabs((double)want[i]);
-        const double ratio = lim > 0 ? e / lim : (e > 0 ? INFINITY : 0.0);
-        if (!(e <= lim)) ok = false;
-        if (!(ratio <= worst)) worst = ratio, worst_err = e, at = i;
-    }
-    printf("  %-44s n=%-8zu worst |err| %.3g (%.2f of tolerance) at %zu%s\n", what, n, worst_err,
-           worst, at, ok ? "" : "  FAIL");
-    if (!ok) printf("    got %.9g want %.9g\n", got[at], want[at]);
-    return ok;
-}
-static bool close(const char *what, const fvec &got, const fvec &want, double atol, double rtol) {
-    return got.size() == want.size() &&
-           close(what, got.data(), want.data(), got.size(), atol, rtol);
-}
 
 /* The lane split of a row kernel: part(lane, nlanes) per lane, then the block's tree. */
 static float lanes_sum(const std::function<float(int, int)> &part) {
@@ -130,20 +88,6 @@ static double dot_loss(const fvec &w, const fvec &y) {
     for (size_t i = 0; i < y.size(); i++) s += (double)w[i] * (double)y[i];
     return s;
 }
-
-/* bf16 tensors for the bf16 variants: x rounded, and the widened fp32 copy. */
-static std::vector<ms_bf16> to_bf16(const fvec &x) {
-    std::vector<ms_bf16> h(x.size());
-    for (size_t i = 0; i < x.size(); i++) h[i].bits = ms_bf16_from_f32(x[i]);
-    return h;
-}
-static fvec widen(const std::vector<ms_bf16> &h) {
-    fvec x(h.size());
-    for (size_t i = 0; i < h.size(); i++) x[i] = ms_f32_from_bf16(h[i].bits);
-    return x;
-}
-/* One bf16 ulp of the value: the result of a bf16 kernel against the fp32 one rounded. */
-static const double BF16_RTOL = 1.0 / 128;
 
 /* ---- bf16 rounding ---- */
 
@@ -239,8 +183,10 @@ static void test_elementwise_fd(void **state) {
 static void test_elementwise_bf16(void **state) {
     (void)state;
     const int64_t n = 256, c = 768, e = n * c;
-    std::vector<ms_bf16> a = to_bf16(frand(e, -4, 4)), b = to_bf16(frand(e, -2, 2));
-    std::vector<ms_bf16> g = to_bf16(frand(e, -1, 1)), d = to_bf16(frand(e, -1, 1)), out(e);
+    std::vector<ms_bf16> a = to_bf16<ms_bf16>(frand(e, -4, 4)),
+                         b = to_bf16<ms_bf16>(frand(e, -2, 2));
+    std::vector<ms_bf16> g = to_bf16<ms_bf16>(frand(e, -1, 1)),
+                         d = to_bf16<ms_bf16>(frand(e, -1, 1)), out(e);
     const fvec af = widen(a), bf = widen(b), gf = widen(g), bias = frand(c, -1, 1);
     fvec want(e), d32 = widen(d);
     bool ok = true;
@@ -387,7 +333,7 @@ static void test_layernorm_fd(void **state) {
 static void test_layernorm_bf16(void **state) {
     (void)state;
     const int64_t n = 64, c = 768;
-    std::vector<ms_bf16> x = to_bf16(frand(n * c, -3, 3)), out(n * c);
+    std::vector<ms_bf16> x = to_bf16<ms_bf16>(frand(n * c, -3, 3)), out(n * c);
     const fvec xf = widen(x), w = frand(c, 0.5, 1.5), b = frand(c, -0.5, 0.5);
     fvec mean(n), rstd(n), want(n * c), mean2(n), rstd2(n);
     ln_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c, 1e-5f);
@@ -608,7 +554,7 @@ static void test_adamw(void **state) {
     ok &= close("adamw v (1e-9 + 1e-6 rel)", v, v2, 1e-9, 1e-6);
     /* fp32 master with a bf16 gradient: the CPU step on the widened gradient, and the bf16
      * use-copy bit for bit the master rounded. */
-    std::vector<ms_bf16> g16 = to_bf16(frand(n, -2, 2)), w16(n);
+    std::vector<ms_bf16> g16 = to_bf16<ms_bf16>(frand(n, -2, 2)), w16(n);
     const fvec gw = widen(g16);
     const ms_cu_adamw_consts k = ms_cu_adamw_prepare(&o, 4, 1.0f);
     for (int64_t i = 0; i < n; i++)

@@ -24,13 +24,30 @@ __device__ static void stage_rows(float *dst, const float *src, int64_t ld, int6
         dst[e] = src[(r0 + e / hs) * ld + e % hs];
 }
 
+/* The key loop of the query-row kernels: every key tile this block's rows may see, staged in
+ * ks and vs; tile(j0, vis) runs for this thread's row i when it sees vis > 0 keys of it. */
+template <typename F>
+__device__ static void each_key_tile(const attn_dims &a, const float *k, const float *v, int64_t i,
+                                     float *ks, float *vs, F tile) {
+    const int64_t last = min((int64_t)(blockIdx.x + 1) * blockDim.x, a.t) - 1;
+    const int64_t kend = a.causal ? last + 1 : a.t;
+    for (int64_t j0 = 0; j0 < kend; j0 += MS_CU_ATTN_TILE) {
+        const int64_t nk = min((int64_t)MS_CU_ATTN_TILE, a.t - j0);
+        stage_rows(ks, k, 3 * a.c, j0, nk, a.hs);
+        stage_rows(vs, v, 3 * a.c, j0, nk, a.hs);
+        __syncthreads();
+        const int64_t vis = i < a.t ? ms_cu_attn_visible(i, j0, nk, a.causal) : 0;
+        if (vis > 0) tile(j0, vis);
+        __syncthreads();
+    }
+}
+
 __global__ static void attn_fwd_kernel(float *out, float *lse, const float *qkv, const float *mask,
                                        attn_dims a) {
     __shared__ float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
         vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
     const int64_t bi = blockIdx.z, h = blockIdx.y, c3 = 3 * a.c, hs = a.hs;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t last = min((int64_t)(blockIdx.x + 1) * blockDim.x, a.t) - 1;
     const float *q = qkv + bi * a.t * c3 + h * hs, *k = q + a.c, *v = q + 2 * a.c;
     const float *km = mask ? mask + bi * a.t : NULL;
     float qi[MS_CU_ATTN_MAX_HS], acc[MS_CU_ATTN_MAX_HS];
@@ -38,17 +55,9 @@ __global__ static void attn_fwd_kernel(float *out, float *lse, const float *qkv,
     ms_cu_attn_fwd_init(&st, acc, hs);
     if (i < a.t)
         for (int64_t d = 0; d < hs; d++) qi[d] = q[i * c3 + d];
-    const int64_t kend = a.causal ? last + 1 : a.t;
-    for (int64_t j0 = 0; j0 < kend; j0 += MS_CU_ATTN_TILE) {
-        const int64_t nk = min((int64_t)MS_CU_ATTN_TILE, a.t - j0);
-        stage_rows(ks, k, c3, j0, nk, hs);
-        stage_rows(vs, v, c3, j0, nk, hs);
-        __syncthreads();
-        const int64_t vis = i < a.t ? ms_cu_attn_visible(i, j0, nk, a.causal) : 0;
-        if (vis > 0)
-            ms_cu_attn_fwd_tile(&st, acc, qi, ks, vs, hs, km ? km + j0 : NULL, vis, hs, a.scale);
-        __syncthreads();
-    }
+    each_key_tile(a, k, v, i, ks, vs, [&](int64_t j0, int64_t vis) {
+        ms_cu_attn_fwd_tile(&st, acc, qi, ks, vs, hs, km ? km + j0 : NULL, vis, hs, a.scale);
+    });
     if (i < a.t)
         lse[(bi * a.nh + h) * a.t + i] =
             ms_cu_attn_fwd_finish(out + (bi * a.t + i) * a.c + h * hs, &st, acc, hs);
@@ -61,7 +70,6 @@ __global__ static void attn_dq_kernel(float *dqkv, const float *dout, const floa
         vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
     const int64_t bi = blockIdx.z, h = blockIdx.y, c3 = 3 * a.c, hs = a.hs;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t last = min((int64_t)(blockIdx.x + 1) * blockDim.x, a.t) - 1;
     const int64_t off = bi * a.t * c3 + h * hs, row = (bi * a.nh + h) * a.t + i;
     const float *q = qkv + off, *k = q + a.c, *v = q + 2 * a.c;
     const float *km = mask ? mask + bi * a.t : NULL;
@@ -71,18 +79,10 @@ __global__ static void attn_dq_kernel(float *dqkv, const float *dout, const floa
         gi[d] = i < a.t ? dout[(bi * a.t + i) * a.c + h * hs + d] : 0.0f;
         dq[d] = 0.0f;
     }
-    const int64_t kend = a.causal ? last + 1 : a.t;
-    for (int64_t j0 = 0; j0 < kend; j0 += MS_CU_ATTN_TILE) {
-        const int64_t nk = min((int64_t)MS_CU_ATTN_TILE, a.t - j0);
-        stage_rows(ks, k, c3, j0, nk, hs);
-        stage_rows(vs, v, c3, j0, nk, hs);
-        __syncthreads();
-        const int64_t vis = i < a.t ? ms_cu_attn_visible(i, j0, nk, a.causal) : 0;
-        if (vis > 0)
-            ms_cu_attn_dq_tile(dq, qi, gi, delta[row], lse[row], ks, vs, hs, km ? km + j0 : NULL,
-                               vis, hs, a.scale);
-        __syncthreads();
-    }
+    each_key_tile(a, k, v, i, ks, vs, [&](int64_t j0, int64_t vis) {
+        ms_cu_attn_dq_tile(dq, qi, gi, delta[row], lse[row], ks, vs, hs, km ? km + j0 : NULL, vis,
+                           hs, a.scale);
+    });
     if (i < a.t)
         for (int64_t d = 0; d < hs; d++) dqkv[off + i * c3 + d] += dq[d];
 }
