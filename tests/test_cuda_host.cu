@@ -449,21 +449,25 @@ static void xent_vp_backward(fvec &d, const xent_case &x, int parts, const fvec 
 
 static void test_xent(void **state) {
     (void)state;
-    const xent_case x = xent_make(24, 50257); /* GPT-2's vocabulary */
+    /* GPT-2's vocabulary. The CPU kernel sums the 50257 exps of a row in sequence when it is
+     * not vectorised (Debug builds), which puts its sum up to ~1e-5 relative off: hence 1e-4
+     * on a loss or lse of ~10-14, and 3e-8 on gradients whose terms reach 2.5e-4 (the
+     * optimised build agrees to 2e-6 and 3e-10; a wrong term of a percent is 1e-3 off). */
+    const xent_case x = xent_make(24, 50257);
     fvec want(x.n), lse(x.n), dl = frand(x.n, 0.1, 1), losses, gmax, gsum;
     ms_k_xent_forward(want.data(), lse.data(), x.logits.data(), x.targets.data(), x.n, x.v);
     bool ok = true;
     for (int parts : {1, 4, 7}) { /* whole, and uneven slices */
         xent_vp_forward(x, parts, losses, gmax, gsum);
         char what[64];
-        snprintf(what, sizeof what, "xent loss, %d vocab slice(s) (1e-5 + 1e-6 rel)", parts);
-        ok &= close(what, losses, want, 1e-5, 1e-6);
+        snprintf(what, sizeof what, "xent loss, %d vocab slice(s) (1e-4 + 1e-6 rel)", parts);
+        ok &= close(what, losses, want, 1e-4, 1e-6);
         fvec d1 = frand(x.n * x.v, -1e-4, 1e-4), d2 = d1;
         xent_vp_backward(d1, x, parts, gmax, gsum, dl);
         ms_k_xent_backward(d2.data(), x.logits.data(), lse.data(), x.targets.data(), dl.data(), x.n,
                            x.v);
-        snprintf(what, sizeof what, "xent backward, %d slice(s) (1e-9 + 1e-5 rel)", parts);
-        ok &= close(what, d1, d2, 1e-9, 1e-5);
+        snprintf(what, sizeof what, "xent backward, %d slice(s) (3e-8 + 1e-5 rel)", parts);
+        ok &= close(what, d1, d2, 3e-8, 1e-5);
     }
     /* The per-slice partials against the CPU's vocab-parallel pieces on one slice. */
     const int64_t v0 = 20000, vl = 12345;
@@ -482,20 +486,20 @@ static void test_xent(void **state) {
     ms_k_xent_vp_sumexp(ls2.data(), sub.data(), gmax.data(), x.n, vl);
     ms_k_xent_vp_target(lt2.data(), sub.data(), x.targets.data(), x.n, vl, v0);
     ok &= close("xent slice max (exact)", lm, lm2, 0, 0);
-    ok &= close("xent slice sum of exp (1e-5 rel)", ls, ls2, 1e-30, 1e-5);
+    ok &= close("xent slice sum of exp (3e-5 rel)", ls, ls2, 1e-30, 3e-5);
     ok &= close("xent slice target logit (exact)", lt, lt2, 0, 0);
     /* The whole-vocab GPU kernels: lse saved by the forward, ms_cu_xent_grad from it. */
     xent_vp_forward(x, 1, losses, gmax, gsum);
     fvec lse1(x.n), d1 = frand(x.n * x.v, -1e-4, 1e-4), d2 = d1;
     for (int64_t r = 0; r < x.n; r++) lse1[r] = ms_cu_xent_lse(gmax[r], gsum[r]);
-    ok &= close("xent lse (1e-6 rel)", lse1, lse, 0, 1e-6);
+    ok &= close("xent lse (1e-4 abs: lse ~ 14)", lse1, lse, 1e-4, 0);
     for (int64_t r = 0; r < x.n; r++)
         for (int64_t j = 0; j < x.v; j++)
             ms_cu_xent_grad(d1.data() + r * x.v, x.logits.data() + r * x.v, j, lse1[r],
                             x.targets[r], dl[r]);
     ms_k_xent_backward(d2.data(), x.logits.data(), lse.data(), x.targets.data(), dl.data(), x.n,
                        x.v);
-    ok &= close("xent backward from lse (1e-9 + 1e-5 rel)", d1, d2, 1e-9, 1e-5);
+    ok &= close("xent backward from lse (3e-8 + 1e-5 rel)", d1, d2, 3e-8, 1e-5);
     assert_true(ok);
 }
 

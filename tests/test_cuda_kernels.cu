@@ -233,10 +233,10 @@ static void test_xent(void **state) {
     int32_t *dt = dev(t);
     bool ok = true;
     LAUNCH(ms_cu_xent_forward(dloss, dlse, dlog, dt, n, v, NULL, ERR));
-    ok &= close("xent loss", back(dloss, n), loss, 1e-5, 1e-6);
-    ok &= close("xent lse", back(dlse, n), lse, 0, 1e-6);
+    ok &= close("xent loss", back(dloss, n), loss, 1e-4, 1e-6);
+    ok &= close("xent lse", back(dlse, n), lse, 1e-4, 0);
     LAUNCH(ms_cu_xent_backward(ddx, dlog, dlse, dt, ddl, n, v, NULL, ERR));
-    ok &= close("xent backward", back(ddx, n * v), dx, 1e-9, 1e-5);
+    ok &= close("xent backward", back(ddx, n * v), dx, 3e-8, 1e-5);
     /* One vocab slice: its partials against the CPU's pieces. */
     fvec sub(n * vl);
     for (int64_t r = 0; r < n; r++)
@@ -253,16 +253,16 @@ static void test_xent(void **state) {
     LAUNCH(ms_cu_xent_vp_rowmax(o1, dsub, n, vl, NULL, ERR));
     ok &= close("xent slice max", back(o1, n), lm, 0, 0);
     LAUNCH(ms_cu_xent_vp_sumexp(o1, dsub, dgmax, n, vl, NULL, ERR));
-    ok &= close("xent slice sum of exp", back(o1, n), ls, 1e-30, 1e-5);
+    ok &= close("xent slice sum of exp", back(o1, n), ls, 1e-30, 3e-5);
     LAUNCH(ms_cu_xent_vp_target(o1, dsub, dt, n, vl, v0, NULL, ERR));
     ok &= close("xent slice target", back(o1, n), lt, 0, 0);
     LAUNCH(ms_cu_xent_vp_backward(dds, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, NULL, ERR));
-    ok &= close("xent slice backward", back(dds, n * vl), ds, 1e-9, 1e-5);
+    ok &= close("xent slice backward", back(dds, n * vl), ds, 3e-8, 1e-5);
     /* The combine, from the whole-vocab partials (one slice). */
     float *dgt = dev(fvec(n));
     LAUNCH(ms_cu_xent_vp_target(dgt, dlog, dt, n, v, 0, NULL, ERR));
     LAUNCH(ms_cu_xent_vp_loss(o1, dgmax, dgsum, dgt, dt, n, NULL, ERR));
-    ok &= close("xent vocab-parallel loss", back(o1, n), vpl, 1e-6, 1e-6);
+    ok &= close("xent vocab-parallel loss", back(o1, n), vpl, 1e-4, 1e-6);
     assert_true(ok);
 }
 
