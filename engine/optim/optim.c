@@ -50,8 +50,7 @@ static void adamw_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
-                               const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
     if (t < 1)
         return ms_fail(err, MS_ERR_INVALID,
                        "adamw: step %lld; steps count from 1 (the bias correction divides by "
@@ -63,6 +62,12 @@ ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, siz
                        "adamw: lr %g, betas (%g, %g), eps %g, weight_decay %g, gradient scale %g; "
                        "need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, scale >= 0",
                        o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, grad_scale);
+    return MS_OK;
+}
+
+ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
+                               const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+    MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
     /* Bias corrections in double: for beta2 = 0.999 and small t, 1 - beta2^t in float loses
      * most of its digits. */
     const double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);
