@@ -2,7 +2,9 @@
 # The GPU checks in one go, for a machine with an NVIDIA GPU: show the GPU (nvidia-smi),
 # configure a CUDA build, build the GPU tests, and run every test labelled `cuda`
 # (test_cuda: the CUDA device; test_cupti: the CUPTI collector; test_nccl: the NCCL
-# communicator backend).
+# communicator backend; test_cuda_kernels: every CUDA kernel against the CPU kernels), and the
+# `cuda-host` test the label regex also picks (test_cuda_host: the kernels' arithmetic on the
+# CPU, which runs without a GPU too).
 #
 # Safe to run again and again: the build directory is reused (an incremental build) and
 # nothing outside it is written. Every step has a time limit, so a run ends within about
@@ -62,6 +64,7 @@ grep -qE "NCCL +ON" "$log" ||
 echo "=== build (-j$JOBS)"
 log="$BUILD_DIR/gpu-check.build.log"
 if ! timeout 240 cmake --build "$BUILD_DIR" -j "$JOBS" --target test_cuda test_cupti test_nccl \
+  test_cuda_kernels test_cuda_host \
   >"$log" 2>&1; then
   grep -E "error|warning" "$log" | head -40
   tail -20 "$log"

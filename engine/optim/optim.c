@@ -45,6 +45,21 @@ static inline void adamw_one(const adamw_job *j, int64_t i, float gi) {
     j->p[i] = j->p[i] * j->decay - j->step * mi / (sqrtf(vi) * j->inv_sqrt_bc2 + j->eps);
 }
 
+ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+    if (t < 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "adamw: step %lld; steps count from 1 (the bias correction divides by "
+                       "1 - beta^t)",
+                       (long long)t);
+    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
+        !(o->eps > 0) || !(o->weight_decay >= 0) || !(grad_scale >= 0))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "adamw: lr %g, betas (%g, %g), eps %g, weight_decay %g, gradient scale %g; "
+                       "need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, scale >= 0",
+                       o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, grad_scale);
+    return MS_OK;
+}
+
 static void adamw_range(void *arg, int64_t lo, int64_t hi) {
     const adamw_job *j = arg;
     const float *restrict g = j->g;
@@ -66,17 +81,7 @@ static void adamw_range_bf16(void *arg, int64_t lo, int64_t hi) {
 
 static ms_status adamw_run(adamw_job *j, size_t n, const ms_adamw_opts *o, int64_t t,
                            float grad_scale, ms_error *err) {
-    if (t < 1)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "adamw: step %lld; steps count from 1 (the bias correction divides by "
-                       "1 - beta^t)",
-                       (long long)t);
-    if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-        !(o->eps > 0) || !(o->weight_decay >= 0) || !(grad_scale >= 0))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "adamw: lr %g, betas (%g, %g), eps %g, weight_decay %g, gradient scale %g; "
-                       "need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, scale >= 0",
-                       o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, grad_scale);
+    MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
     /* Bias corrections in double: for beta2 = 0.999 and small t, 1 - beta2^t in float loses
      * most of its digits. */
     const double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);

@@ -55,6 +55,10 @@ ms_status ms_adamw_step_bf16_grad(float *p, const uint16_t *g, float *m, float *
                                   const ms_adamw_opts *o, int64_t t, float grad_scale,
                                   ms_error *err);
 
+/* The argument checks of the AdamW steps (here and on the GPU): MS_ERR_INVALID with a message
+ * naming the bad value. */
+ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err);
+
 /* Sum of squares of x in double precision: this rank's share of the squared global norm.
  * Summed in fixed blocks, so the result is the same whatever the number of threads. */
 double ms_sumsq_f32(const float *x, size_t n);

@@ -1,0 +1,158 @@
+/* cuda_kernels.h - the CUDA kernels: the GPU counterparts of engine/kernels/kernels.h (and of
+ * AdamW and the gradient norm of engine/optim/optim.h), callable from C.
+ *
+ * Every pointer is device memory; sizes and argument order are the CPU kernels', and the
+ * same conventions hold (backward kernels accumulate, forward kernels overwrite, shapes in the
+ * comments of kernels.h). Each launcher enqueues on `stream` (a cudaStream_t; NULL is the
+ * default stream), returns at once, and reports a launch error as MS_ERR_INTERNAL (or
+ * MS_ERR_INVALID for an argument it cannot handle) with the CUDA error string in err; it never
+ * aborts. The arithmetic of every kernel is a __host__ __device__ function in the *_math.cuh
+ * headers beside this one, checked on the CPU by tests/test_cuda_host.cu.
+ *
+ * bf16 buffers are uint16_t bit patterns (engine/core/tensor.h's ms_bf16_from_f32 rounding):
+ * those kernels read bf16, compute in fp32 and write bf16; statistics (mean, rstd, lse) and
+ * parameters of LayerNorm and bias stay fp32.
+ */
+#ifndef MS_CUDA_KERNELS_H
+#define MS_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+/* status.h is C17; the .cu files that implement this header include it as C++. */
+#ifndef _Noreturn
+#define _Noreturn [[noreturn]]
+#endif
+extern "C" {
+#endif
+
+#include "engine/core/status.h"
+#include "engine/kernels/kernels.h"
+#include "engine/optim/optim.h"
+
+/* ---- context: a device, a stream and the cuBLAS handle (created on the first GEMM) ---- */
+typedef struct ms_cu_ctx ms_cu_ctx;
+
+/* device: the CUDA ordinal; stream: a cudaStream_t the context uses but does not own. */
+ms_status ms_cu_ctx_create(int device, void *stream, ms_cu_ctx **out, ms_error *err);
+void ms_cu_ctx_destroy(ms_cu_ctx *ctx); /* NULL is a no-op */
+void *ms_cu_ctx_stream(const ms_cu_ctx *ctx);
+
+/* ---- GEMM (cuBLAS, fp32 accumulation) ---- */
+typedef enum ms_cu_dtype { MS_CU_F32, MS_CU_BF16 } ms_cu_dtype;
+
+/* ms_k_matmul_forward on the GPU: a and b in ab_type, c in c_type. */
+ms_status ms_cu_matmul_forward(ms_cu_ctx *ctx, const ms_k_gemm *g, void *c, ms_cu_dtype c_type,
+                               const void *a, const void *b, ms_cu_dtype ab_type, float alpha,
+                               float beta, ms_error *err);
+/* ms_k_matmul_backward on the GPU: dc, a, b in in_type; da, db (either may be NULL) in
+ * grad_type. */
+ms_status ms_cu_matmul_backward(ms_cu_ctx *ctx, const ms_k_gemm *g, void *da, void *db,
+                                ms_cu_dtype grad_type, const void *dc, const void *a, const void *b,
+                                ms_cu_dtype in_type, float alpha, bool accumulate, ms_error *err);
+
+/* ---- elementwise ---- */
+ms_status ms_cu_add_forward(float *out, const float *a, const float *b, int64_t n, void *stream,
+                            ms_error *err);
+ms_status ms_cu_add_backward(float *da, float *db, const float *dout, int64_t n, void *stream,
+                             ms_error *err);
+ms_status ms_cu_mul_forward(float *out, const float *a, const float *b, int64_t n, void *stream,
+                            ms_error *err);
+ms_status ms_cu_mul_backward(float *da, float *db, const float *dout, const float *a,
+                             const float *b, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_scale_forward(float *out, const float *x, float s, int64_t n, void *stream,
+                              ms_error *err);
+ms_status ms_cu_scale_backward(float *dx, const float *dout, float s, int64_t n, void *stream,
+                               ms_error *err);
+ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n,
+                                 int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n,
+                                  int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n,
+                              void *stream, ms_error *err);
+
+ms_status ms_cu_add_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n,
+                                 void *stream, ms_error *err);
+ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const float *bias,
+                                      int64_t n, int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
+                                  ms_error *err);
+ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
+                                   int64_t n, void *stream, ms_error *err);
+
+/* ---- LayerNorm and softmax (one block per row) ---- */
+ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int64_t n, int64_t c,
+                                  float eps, void *stream, ms_error *err);
+ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
+                                       const float *weight, const float *bias, int64_t n, int64_t c,
+                                       float eps, void *stream, ms_error *err);
+ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, const float *mean,
+                                   const float *rstd, int64_t n, int64_t c, void *stream,
+                                   ms_error *err);
+ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t c, void *stream,
+                                ms_error *err);
+ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n,
+                                 int64_t c, void *stream, ms_error *err);
+
+/* ---- cross-entropy: whole vocab, and the vocab-parallel pieces of kernels.h ---- */
+ms_status ms_cu_xent_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
+                             int64_t n, int64_t v, void *stream, ms_error *err);
+ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, const float *dlosses, int64_t n, int64_t v,
+                              void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
+                               void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
+                               int64_t vl, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
+                               int64_t vl, int64_t v0, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum, const float *gtgt,
+                             const int32_t *targets, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
+                                 const float *gsum, const int32_t *targets, const float *dlosses,
+                                 int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err);
+
+/* ---- embedding (the backward's scatter-add uses atomics: repeated ids add in any order) ---- */
+ms_status ms_cu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
+                                  int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
+ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const float *dout, int64_t n,
+                                   int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
+
+/* ---- optimizer ---- */
+/* ms_adamw_step_scaled on the GPU (the same argument checks). */
+ms_status ms_cu_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
+                           const ms_adamw_opts *o, int64_t t, float grad_scale, void *stream,
+                           ms_error *err);
+/* fp32 master weights with a bf16 gradient: p, m, v fp32, g bf16; p16 (the bf16 copy the
+ * forward reads) is rewritten from the updated p. */
+ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *v, uint16_t *p16,
+                                  size_t n, const ms_adamw_opts *o, int64_t t, float grad_scale,
+                                  void *stream, ms_error *err);
+/* *out (device) = sum of x^2 in double, in an order that depends on n alone.
+ * scratch: ms_cu_sumsq_scratch_doubles(n) doubles of device memory. */
+int64_t ms_cu_sumsq_scratch_doubles(int64_t n);
+ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, void *stream,
+                      ms_error *err);
+
+/* ---- attention: tiled and fused; saves lse [B, NH, T] instead of the probabilities ---- */
+/* out: [B, T, C]   lse: [B, NH, T]   qkv: [B, T, 3C]   mask: [B, T] or NULL. HS <= 128. */
+ms_status ms_cu_attention_forward(float *out, float *lse, const float *qkv, const float *mask,
+                                  int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                  void *stream, ms_error *err);
+int64_t ms_cu_attention_scratch_floats(int64_t b, int64_t t, int64_t nh);
+/* dqkv += gradient. out and lse: the forward's. scratch: ms_cu_attention_scratch_floats. */
+ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                   const float *out, const float *lse, const float *mask, int64_t b,
+                                   int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
+                                   ms_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

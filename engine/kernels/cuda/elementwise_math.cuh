@@ -1,0 +1,102 @@
+/* elementwise_math.cuh - per-element arithmetic of add, mul, scale, bias add, GELU and the
+ * embedding lookup, forward and backward, as engine/kernels/kernels.h defines them.
+ *
+ * Each function handles element i of a flattened tensor; backward functions accumulate (+=)
+ * like the CPU kernels. T is the storage type (float or ms_bf16; math_common.cuh).
+ */
+#ifndef MS_CUDA_ELEMENTWISE_MATH_CUH
+#define MS_CUDA_ELEMENTWISE_MATH_CUH
+
+#include "engine/kernels/cuda/math_common.cuh"
+
+#define MS_CU_GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+#define MS_CU_GELU_CUBE  0.044715f
+
+template <typename T> MS_HD void ms_cu_add_fwd(T *out, const T *a, const T *b, int64_t i) {
+    ms_cu_store(out + i, ms_cu_load(a + i) + ms_cu_load(b + i));
+}
+
+/* d += g (da and db of add, dinp of bias add and scale with s = 1). */
+template <typename T> MS_HD void ms_cu_acc(T *d, const T *g, int64_t i) {
+    ms_cu_store(d + i, ms_cu_load(d + i) + ms_cu_load(g + i));
+}
+
+template <typename T> MS_HD void ms_cu_mul_fwd(T *out, const T *a, const T *b, int64_t i) {
+    ms_cu_store(out + i, ms_cu_load(a + i) * ms_cu_load(b + i));
+}
+
+/* d += g * other (da = dout * b, db = dout * a). */
+template <typename T> MS_HD void ms_cu_mul_bwd(T *d, const T *g, const T *other, int64_t i) {
+    ms_cu_store(d + i, ms_cu_load(d + i) + ms_cu_load(g + i) * ms_cu_load(other + i));
+}
+
+template <typename T> MS_HD void ms_cu_scale_fwd(T *out, const T *x, float s, int64_t i) {
+    ms_cu_store(out + i, s * ms_cu_load(x + i));
+}
+
+template <typename T> MS_HD void ms_cu_scale_bwd(T *dx, const T *dout, float s, int64_t i) {
+    ms_cu_store(dx + i, ms_cu_load(dx + i) + s * ms_cu_load(dout + i));
+}
+
+/* out[i] = inp[i] + bias[i % c]; element i of [N, C]. */
+template <typename T, typename W>
+MS_HD void ms_cu_bias_add_fwd(T *out, const T *inp, const W *bias, int64_t c, int64_t i) {
+    ms_cu_store(out + i, ms_cu_load(inp + i) + ms_cu_load(bias + i % c));
+}
+
+/* dbias[j] += sum over rows of dout[r, j], rows in order: one column per call. */
+template <typename T, typename W>
+MS_HD void ms_cu_bias_dbias_col(W *dbias, const T *dout, int64_t n, int64_t c, int64_t j) {
+    float s = ms_cu_load(dbias + j);
+    for (int64_t r = 0; r < n; r++) s += ms_cu_load(dout + r * c + j);
+    ms_cu_store(dbias + j, s);
+}
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+MS_HD float ms_cu_gelu(float x) {
+    const float cube = MS_CU_GELU_CUBE * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(MS_CU_GELU_SCALE * (x + cube)));
+}
+
+/* gelu'(x), with sech^2 = 1 - tanh^2 (1/cosh^2 overflows coshf for large |x|). */
+MS_HD float ms_cu_gelu_grad(float x) {
+    const float cube = MS_CU_GELU_CUBE * x * x * x;
+    const float th = tanhf(MS_CU_GELU_SCALE * (x + cube));
+    const float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) +
+           x * 0.5f * sech2 * MS_CU_GELU_SCALE * (1.0f + 3.0f * MS_CU_GELU_CUBE * x * x);
+}
+
+template <typename T> MS_HD void ms_cu_gelu_fwd(T *out, const T *inp, int64_t i) {
+    ms_cu_store(out + i, ms_cu_gelu(ms_cu_load(inp + i)));
+}
+
+template <typename T> MS_HD void ms_cu_gelu_bwd(T *dinp, const T *inp, const T *dout, int64_t i) {
+    const float d = ms_cu_gelu_grad(ms_cu_load(inp + i)) * ms_cu_load(dout + i);
+    ms_cu_store(dinp + i, ms_cu_load(dinp + i) + d);
+}
+
+/* The table row of element i of out [N, C], or -1 when ids[i / c] is outside the slice
+ * [v0, v0 + Vl) this rank holds. */
+MS_HD int64_t ms_cu_embedding_row(const int32_t *ids, int64_t c, int64_t v0, int64_t vl,
+                                  int64_t i) {
+    const int64_t row = (int64_t)ids[i / c] - v0;
+    return row >= 0 && row < vl ? row : -1;
+}
+
+/* out[i] = the table entry, or 0 off-slice (the partial that vocab shards sum). */
+template <typename T>
+MS_HD void ms_cu_embedding_fwd(T *out, const int32_t *ids, const T *table, int64_t c, int64_t v0,
+                               int64_t vl, int64_t i) {
+    const int64_t row = ms_cu_embedding_row(ids, c, v0, vl, i);
+    ms_cu_store(out + i, row < 0 ? 0.0f : ms_cu_load(table + row * c + i % c));
+}
+
+/* Where dout[i] is added in dtable [Vl, C] (a scatter-add), or -1 to skip. */
+MS_HD int64_t ms_cu_embedding_bwd_index(const int32_t *ids, int64_t c, int64_t v0, int64_t vl,
+                                        int64_t i) {
+    const int64_t row = ms_cu_embedding_row(ids, c, v0, vl, i);
+    return row < 0 ? -1 : row * c + i % c;
+}
+
+#endif

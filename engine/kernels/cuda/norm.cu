@@ -1,0 +1,144 @@
+/* norm.cu - LayerNorm, softmax and cross-entropy: one block per row around the row functions
+ * of norm_math.cuh and xent_math.cuh, the lanes combined by the block's tree (launch.cuh). */
+#include "engine/kernels/cuda/launch.cuh"
+#include "engine/kernels/cuda/norm_math.cuh"
+#include "engine/kernels/cuda/xent_math.cuh"
+
+/* ---- LayerNorm ---- */
+
+template <typename T>
+static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *inp,
+                                   const float *weight, const float *bias, int64_t n, int64_t c,
+                                   float eps, void *stream, const char *what, ms_error *err) {
+    return ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int lane) {
+        const T *x = inp + r * c;
+        const float m = ms_cu_block_sum(ms_cu_row_sum_part(x, c, lane, MS_CU_ROW_LANES)) / (float)c;
+        const float sq = ms_cu_block_sum(ms_cu_ln_sqdev_part(x, c, m, lane, MS_CU_ROW_LANES));
+        const float s = ms_cu_ln_rstd(sq, c, eps);
+        ms_cu_ln_out_part(out + r * c, x, weight, bias, c, m, s, lane, MS_CU_ROW_LANES);
+        if (lane == 0) mean[r] = m, rstd[r] = s;
+    });
+}
+
+ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int64_t n, int64_t c,
+                                  float eps, void *stream, ms_error *err) {
+    return layernorm_forward(out, mean, rstd, inp, weight, bias, n, c, eps, stream,
+                             "layernorm forward", err);
+}
+
+ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
+                                       const float *weight, const float *bias, int64_t n, int64_t c,
+                                       float eps, void *stream, ms_error *err) {
+    return layernorm_forward(ms_cu_bf(out), mean, rstd, ms_cu_bf(inp), weight, bias, n, c, eps,
+                             stream, "layernorm forward (bf16)", err);
+}
+
+/* dinp one block per row; dweight and dbias one thread per column, rows in order. */
+ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, const float *mean,
+                                   const float *rstd, int64_t n, int64_t c, void *stream,
+                                   ms_error *err) {
+    if (dinp)
+        MS_CHECK(ms_cu_rows(n, stream, "layernorm backward", err, [=] __device__(int64_t r, int l) {
+            const float *g = dout + r * c, *x = inp + r * c;
+            float a, b;
+            ms_cu_ln_bwd_part(&a, &b, g, x, weight, c, mean[r], rstd[r], l, MS_CU_ROW_LANES);
+            a = ms_cu_block_sum(a);
+            b = ms_cu_block_sum(b);
+            ms_cu_ln_dinp_part(dinp + r * c, g, x, weight, c, mean[r], rstd[r], a, b, l,
+                               MS_CU_ROW_LANES);
+        }));
+    if (!dweight && !dbias) return MS_OK;
+    return ms_cu_each(c, stream, "layernorm backward (dweight, dbias)", err,
+                      [=] __device__(int64_t j) {
+                          ms_cu_ln_dparams_col(dweight, dbias, dout, inp, mean, rstd, n, c, j);
+                      });
+}
+
+/* ---- softmax ---- */
+
+ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t c, void *stream,
+                                ms_error *err) {
+    return ms_cu_rows(n, stream, "softmax forward", err, [=] __device__(int64_t r, int lane) {
+        const float *x = inp + r * c;
+        const float mx = ms_cu_block_max(ms_cu_row_max_part(x, c, lane, MS_CU_ROW_LANES));
+        const float sum = ms_cu_block_sum(ms_cu_row_sumexp_part(x, c, mx, lane, MS_CU_ROW_LANES));
+        ms_cu_softmax_out_part(out + r * c, x, c, mx, sum, lane, MS_CU_ROW_LANES);
+    });
+}
+
+ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n,
+                                 int64_t c, void *stream, ms_error *err) {
+    return ms_cu_rows(n, stream, "softmax backward", err, [=] __device__(int64_t r, int lane) {
+        const float *g = dout + r * c, *y = out + r * c;
+        const float dot = ms_cu_block_sum(ms_cu_row_dot_part(g, y, c, lane, MS_CU_ROW_LANES));
+        ms_cu_softmax_dinp_part(dinp + r * c, g, y, c, dot, lane, MS_CU_ROW_LANES);
+    });
+}
+
+/* ---- cross-entropy ---- */
+
+ms_status ms_cu_xent_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
+                             int64_t n, int64_t v, void *stream, ms_error *err) {
+    return ms_cu_rows(n, stream, "cross-entropy forward", err, [=] __device__(int64_t r, int l) {
+        const float *x = logits + r * v;
+        const float mx = ms_cu_block_max(ms_cu_row_max_part(x, v, l, MS_CU_ROW_LANES));
+        const float sum = ms_cu_block_sum(ms_cu_row_sumexp_part(x, v, mx, l, MS_CU_ROW_LANES));
+        if (l != 0) return;
+        lse[r] = ms_cu_xent_lse(mx, sum);
+        losses[r] = ms_cu_xent_loss(mx, sum, ms_cu_xent_target(x, targets[r], v, 0), targets[r]);
+    });
+}
+
+ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, const float *dlosses, int64_t n, int64_t v,
+                              void *stream, ms_error *err) {
+    return ms_cu_each(n * v, stream, "cross-entropy backward", err, [=] __device__(int64_t i) {
+        const int64_t r = i / v;
+        ms_cu_xent_grad(dlogits + r * v, logits + r * v, i % v, lse[r], targets[r], dlosses[r]);
+    });
+}
+
+ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
+                               void *stream, ms_error *err) {
+    return ms_cu_rows(n, stream, "cross-entropy row max", err, [=] __device__(int64_t r, int l) {
+        const float m =
+            ms_cu_block_max(ms_cu_row_max_part(logits + r * vl, vl, l, MS_CU_ROW_LANES));
+        if (l == 0) lmax[r] = m;
+    });
+}
+
+ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
+                               int64_t vl, void *stream, ms_error *err) {
+    return ms_cu_rows(n, stream, "cross-entropy sum of exp", err, [=] __device__(int64_t r, int l) {
+        const float s = ms_cu_block_sum(
+            ms_cu_row_sumexp_part(logits + r * vl, vl, gmax[r], l, MS_CU_ROW_LANES));
+        if (l == 0) lsum[r] = s;
+    });
+}
+
+ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
+                               int64_t vl, int64_t v0, void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "cross-entropy target", err, [=] __device__(int64_t r) {
+        ltgt[r] = ms_cu_xent_target(logits + r * vl, targets[r], vl, v0);
+    });
+}
+
+ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum, const float *gtgt,
+                             const int32_t *targets, int64_t n, void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "cross-entropy loss", err, [=] __device__(int64_t r) {
+        losses[r] = ms_cu_xent_loss(gmax[r], gsum[r], gtgt[r], targets[r]);
+    });
+}
+
+ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
+                                 const float *gsum, const int32_t *targets, const float *dlosses,
+                                 int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err) {
+    return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
+                      [=] __device__(int64_t i) {
+                          const int64_t r = i / vl;
+                          ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
+                                             gsum[r], targets[r], dlosses[r], v0);
+                      });
+}

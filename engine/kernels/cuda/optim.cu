@@ -1,0 +1,43 @@
+/* optim.cu - AdamW (fp32, and fp32 master weights with a bf16 gradient) one thread per element,
+ * and the sum of squares one block per fixed chunk (optim_math.cuh). */
+#include "engine/kernels/cuda/launch.cuh"
+#include "engine/kernels/cuda/optim_math.cuh"
+
+ms_status ms_cu_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
+                           const ms_adamw_opts *o, int64_t t, float grad_scale, void *stream,
+                           ms_error *err) {
+    MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
+    const ms_cu_adamw_consts k = ms_cu_adamw_prepare(o, t, grad_scale);
+    return ms_cu_each((int64_t)n, stream, "adamw", err,
+                      [=] __device__(int64_t i) { ms_cu_adamw_elem(p, g, m, v, i, k); });
+}
+
+ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *v, uint16_t *p16,
+                                  size_t n, const ms_adamw_opts *o, int64_t t, float grad_scale,
+                                  void *stream, ms_error *err) {
+    MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
+    const ms_cu_adamw_consts k = ms_cu_adamw_prepare(o, t, grad_scale);
+    const ms_bf16 *g16 = ms_cu_bf(g);
+    ms_bf16 *w16 = ms_cu_bf(p16);
+    return ms_cu_each(
+        (int64_t)n, stream, "adamw (fp32 master, bf16 gradient)", err,
+        [=] __device__(int64_t i) { ms_cu_adamw_master_elem(p, g16, m, v, w16, i, k); });
+}
+
+int64_t ms_cu_sumsq_scratch_doubles(int64_t n) {
+    return ms_cu_sumsq_chunks(n);
+}
+
+ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, void *stream,
+                      ms_error *err) {
+    const int64_t chunks = ms_cu_sumsq_chunks(n);
+    MS_CHECK(ms_cu_rows(chunks, stream, "sum of squares", err, [=] __device__(int64_t b, int l) {
+        const int64_t lo = b * MS_CU_SUMSQ_CHUNK;
+        const int64_t len = n - lo < MS_CU_SUMSQ_CHUNK ? n - lo : MS_CU_SUMSQ_CHUNK;
+        const double s = ms_cu_block_sum(ms_cu_sumsq_part(x + lo, len, l, MS_CU_ROW_LANES));
+        if (l == 0) scratch[b] = s;
+    }));
+    /* The chunk partials in chunk order: one thread, a few thousand additions at most. */
+    return ms_cu_each(1, stream, "sum of squares (combine)", err,
+                      [=] __device__(int64_t) { *out = ms_cu_sumsq_combine(scratch, chunks); });
+}

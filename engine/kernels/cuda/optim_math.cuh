@@ -1,0 +1,76 @@
+/* optim_math.cuh - the per-element AdamW update and the gradient's sum of squares, as
+ * engine/optim/optim.h defines them (PyTorch semantics, decoupled weight decay, the clipping
+ * factor fused in as grad_scale).
+ */
+#ifndef MS_CUDA_OPTIM_MATH_CUH
+#define MS_CUDA_OPTIM_MATH_CUH
+
+#include "engine/kernels/cuda/math_common.cuh"
+#include "engine/kernels/cuda/cuda_kernels.h"
+
+/* The step's constants, computed once on the host exactly as optim.c does (the bias
+ * corrections in double: 1 - beta2^t in float loses most of its digits for small t). */
+struct ms_cu_adamw_consts {
+    float gscale, step, inv_sqrt_bc2, b1, b2, eps, decay;
+};
+
+__host__ inline ms_cu_adamw_consts ms_cu_adamw_prepare(const ms_adamw_opts *o, int64_t t,
+                                                       float grad_scale) {
+    const double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);
+    ms_cu_adamw_consts k;
+    k.gscale = grad_scale;
+    k.step = (float)(o->lr / bc1);
+    k.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    k.b1 = o->beta1;
+    k.b2 = o->beta2;
+    k.eps = o->eps;
+    k.decay = 1.0f - o->lr * o->weight_decay;
+    return k;
+}
+
+/* Element i: g scaled by grad_scale, m and v updated, p decayed and stepped. G is the
+ * gradient's storage (float, or ms_bf16 for a bf16 gradient). */
+template <typename G>
+MS_HD void ms_cu_adamw_elem(float *p, const G *g, float *m, float *v, int64_t i,
+                            const ms_cu_adamw_consts &k) {
+    const float gi = ms_cu_load(g + i) * k.gscale;
+    const float mi = k.b1 * m[i] + (1.0f - k.b1) * gi;
+    const float vi = k.b2 * v[i] + (1.0f - k.b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * k.decay - k.step * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+}
+
+/* The fp32-master variant: a bf16 gradient updates the fp32 master p, and the bf16 copy the
+ * forward reads is rewritten from it. */
+MS_HD void ms_cu_adamw_master_elem(float *p, const ms_bf16 *g, float *m, float *v, ms_bf16 *p16,
+                                   int64_t i, const ms_cu_adamw_consts &k) {
+    ms_cu_adamw_elem(p, g, m, v, i, k);
+    ms_cu_store(p16 + i, p[i]);
+}
+
+/* Sum of squares in double over fixed chunks of MS_CU_SUMSQ_CHUNK elements (one block each),
+ * each chunk over MS_CU_ROW_LANES lanes and the lane tree, then the chunk partials added in
+ * chunk order: the result depends on n alone. */
+#define MS_CU_SUMSQ_CHUNK (1 << 16)
+
+template <typename T> MS_HD double ms_cu_sumsq_part(const T *x, int64_t len, int lane, int nlanes) {
+    double s = 0.0;
+    for (int64_t i = lane; i < len; i += nlanes) {
+        const double xi = (double)ms_cu_load(x + i);
+        s += xi * xi;
+    }
+    return s;
+}
+
+MS_HD int64_t ms_cu_sumsq_chunks(int64_t n) {
+    return (n + MS_CU_SUMSQ_CHUNK - 1) / MS_CU_SUMSQ_CHUNK;
+}
+
+MS_HD double ms_cu_sumsq_combine(const double *parts, int64_t nchunks) {
+    double s = 0.0;
+    for (int64_t b = 0; b < nchunks; b++) s += parts[b];
+    return s;
+}
+
+#endif

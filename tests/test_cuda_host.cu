@@ -1,0 +1,776 @@
+/* test_cuda_host.cu - the arithmetic of every CUDA kernel, run on the CPU (no GPU, no CUDA
+ * runtime call): the __host__ __device__ row and element functions of engine/kernels/cuda/
+ * are assembled over whole tensors with the lanes and tiles the kernels use, then compared
+ *   - with the CPU kernels of engine/kernels and engine/optim on real shapes (GPT-2 small rows
+ *     C = 768, the 50257 vocab whole and in uneven slices, T = 64..256, NH = 12), within the
+ *     tolerances stated at each check (fp32: sums in another order, the device's expf/tanhf
+ *     against the CPU's polynomials);
+ *   - backwards also with central finite differences of the same functions, the loss
+ *     L = sum(w * f(x)) summed in double, on small shapes;
+ *   - bf16 variants with the fp32 result rounded to bf16 (one bf16 ulp), and the rounding
+ *     itself bit for bit with engine/core/tensor.c over all 2^16 patterns and a sweep of fp32.
+ * Each check prints its worst error, so a drifting tolerance is visible in the log.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" { /* this cmocka.h has no C++ guards */
+#include <cmocka.h>
+}
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "engine/kernels/cuda/attention_math.cuh"
+#include "engine/kernels/cuda/cuda_kernels.h"
+#include "engine/kernels/cuda/elementwise_math.cuh"
+#include "engine/kernels/cuda/norm_math.cuh"
+#include "engine/kernels/cuda/optim_math.cuh"
+#include "engine/kernels/cuda/xent_math.cuh"
+#include "tests/cuda_testkit.cuh"
+
+#define L MS_CU_ROW_LANES
+
+/* ---- helpers ---- */
+
+/* The lane split of a row kernel: part(lane, nlanes) per lane, then the block's tree. */
+static float lanes_sum(const std::function<float(int, int)> &part) {
+    float v[L];
+    for (int l = 0; l < L; l++) v[l] = part(l, L);
+    return ms_cu_lanes_sum(v, L);
+}
+static float lanes_max(const std::function<float(int, int)> &part) {
+    float v[L];
+    for (int l = 0; l < L; l++) v[l] = part(l, L);
+    return ms_cu_lanes_max(v, L);
+}
+static void lanes_each(const std::function<void(int, int)> &f) {
+    for (int l = 0; l < L; l++) f(l, L);
+}
+
+/* Central differences of a double-summed loss over `samples` random coordinates of x,
+ * against the analytic gradient `an` of the same coordinates: |fd - an| <= tol * scale,
+ * scale the largest |an| of the tensor. The finite difference of a float function carries
+ * roundoff of about eps |L| / h and truncation of order h^2; each tol is a few times the error
+ * measured with the kernels as they are (printed), so a term wrong by a percent fails. */
+static bool fd_check(const char *what, fvec &x, const fvec &an, const std::function<double()> &loss,
+                     double h, double tol, int samples) {
+    double scale = 1e-30, worst = 0;
+    for (float g : an) scale = std::max(scale, (double)fabsf(g));
+    bool ok = true;
+    for (int s = 0; s < samples; s++) {
+        const size_t k = (size_t)(urand() * (double)x.size());
+        const float x0 = x[k];
+        x[k] = x0 + (float)h;
+        const double lp = loss();
+        x[k] = x0 - (float)h;
+        const double lm = loss();
+        x[k] = x0;
+        const double fd = (lp - lm) / (2 * h), e = fabs(fd - an[k]) / scale;
+        if (!(e <= tol)) {
+            ok = false;
+            printf("    %s[%zu]: finite difference %.7g, backward %.7g\n", what, k, fd, an[k]);
+        }
+        worst = std::max(worst, e);
+    }
+    printf("  %-44s %d samples, worst |fd - grad| / max|grad| %.3g%s\n", what, samples, worst,
+           ok ? "" : "  FAIL");
+    return ok;
+}
+
+static double dot_loss(const fvec &w, const fvec &y) {
+    double s = 0;
+    for (size_t i = 0; i < y.size(); i++) s += (double)w[i] * (double)y[i];
+    return s;
+}
+
+/* ---- bf16 rounding ---- */
+
+static void test_bf16_rounding(void **state) {
+    (void)state;
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float w = ms_f32_from_bf16((uint16_t)h);
+        bad += ms_cu_f32_bits(ms_cu_bf16_widen((uint16_t)h)) != ms_cu_f32_bits(w);
+        bad += ms_cu_bf16_round(w) != ms_bf16_from_f32(w);
+        /* The float just below, at and above the halfway point to the next pattern: the ties
+         * to even and the carries into the exponent. */
+        for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u, 0x0001u, 0xffffu}) {
+            const float f = ms_cu_bits_f32((h << 16) | low);
+            bad += ms_cu_bf16_round(f) != ms_bf16_from_f32(f);
+        }
+    }
+    for (uint64_t u = 0; u < (1ull << 32); u += 65521) { /* a prime stride over all fp32 */
+        const float f = ms_cu_bits_f32((uint32_t)u);
+        bad += ms_cu_bf16_round(f) != ms_bf16_from_f32(f);
+    }
+    printf("  bf16 round/widen: %d mismatches over 2^16 patterns x 6 and 65537 fp32 values\n", bad);
+    assert_int_equal(bad, 0);
+}
+
+/* ---- elementwise ---- */
+
+static void test_elementwise(void **state) {
+    (void)state;
+    const int64_t n = 8 * 64, c = 768, e = n * c; /* B*T rows of GPT-2 small */
+    fvec a = frand(e, -4, 4), b = frand(e, -2, 2), g = frand(e, -1, 1), bias = frand(c, -1, 1);
+    bool ok = true;
+    fvec got(e), want(e);
+    for (int64_t i = 0; i < e; i++) ms_cu_add_fwd(got.data(), a.data(), b.data(), i);
+    ms_k_add_forward(want.data(), a.data(), b.data(), e);
+    ok &= close("add forward (exact)", got, want, 0, 0);
+    for (int64_t i = 0; i < e; i++) ms_cu_mul_fwd(got.data(), a.data(), b.data(), i);
+    ms_k_mul_forward(want.data(), a.data(), b.data(), e);
+    ok &= close("mul forward (exact)", got, want, 0, 0);
+    fvec d0 = frand(e, -1, 1), d1 = d0, d2 = d0, d3 = d0;
+    for (int64_t i = 0; i < e; i++) ms_cu_mul_bwd(d1.data(), g.data(), b.data(), i);
+    ms_k_mul_backward(d2.data(), NULL, g.data(), a.data(), b.data(), e);
+    ok &= close("mul backward (FMA: 1e-7 + 1e-6 rel)", d1, d2, 1e-7, 1e-6);
+    for (int64_t i = 0; i < e; i++) ms_cu_scale_fwd(got.data(), a.data(), 0.37f, i);
+    ms_k_scale_forward(want.data(), a.data(), 0.37f, e);
+    ok &= close("scale forward (exact)", got, want, 0, 0);
+    d1 = d0, d2 = d0;
+    for (int64_t i = 0; i < e; i++) ms_cu_scale_bwd(d1.data(), g.data(), 0.37f, i);
+    ms_k_scale_backward(d2.data(), g.data(), 0.37f, e);
+    ok &= close("scale backward (FMA: 1e-7 + 1e-6 rel)", d1, d2, 1e-7, 1e-6);
+    for (int64_t i = 0; i < e; i++) ms_cu_bias_add_fwd(got.data(), a.data(), bias.data(), c, i);
+    ms_k_bias_add_forward(want.data(), a.data(), bias.data(), n, c);
+    ok &= close("bias add forward (exact)", got, want, 0, 0);
+    d1 = d0, d2 = d0;
+    fvec db1 = frand(c, -1, 1), db2 = db1;
+    for (int64_t i = 0; i < e; i++) ms_cu_acc(d1.data(), g.data(), i);
+    for (int64_t j = 0; j < c; j++) ms_cu_bias_dbias_col(db1.data(), g.data(), n, c, j);
+    ms_k_bias_add_backward(d2.data(), db2.data(), g.data(), n, c);
+    ok &= close("bias add backward dinp (exact)", d1, d2, 0, 0);
+    ok &= close("bias add backward dbias (rows in order: exact)", db1, db2, 0, 0);
+    for (int64_t i = 0; i < e; i++) ms_cu_gelu_fwd(got.data(), a.data(), i);
+    ms_k_gelu_forward(want.data(), a.data(), e);
+    ok &= close("gelu forward (tanhf vs poly: 1e-6 + 1e-6 rel)", got, want, 1e-6, 1e-6);
+    d1 = d0, d2 = d0;
+    for (int64_t i = 0; i < e; i++) ms_cu_gelu_bwd(d1.data(), a.data(), g.data(), i);
+    ms_k_gelu_backward(d2.data(), a.data(), g.data(), e);
+    ok &= close("gelu backward (1e-6 + 1e-6 rel)", d1, d2, 1e-6, 1e-6);
+    assert_true(ok);
+}
+
+/* GELU and mul backwards against finite differences of their forwards. */
+static void test_elementwise_fd(void **state) {
+    (void)state;
+    const int64_t n = 4096;
+    fvec x = frand(n, -5, 5), w = frand(n, -1, 1), other = frand(n, -2, 2), y(n);
+    fvec dx(n, 0.0f);
+    for (int64_t i = 0; i < n; i++) ms_cu_gelu_bwd(dx.data(), x.data(), w.data(), i);
+    auto gelu_loss = [&]() {
+        for (int64_t i = 0; i < n; i++) ms_cu_gelu_fwd(y.data(), x.data(), i);
+        return dot_loss(w, y);
+    };
+    bool ok = fd_check("gelu backward vs finite differences", x, dx, gelu_loss, 1e-2, 2e-4, 64);
+    std::fill(dx.begin(), dx.end(), 0.0f);
+    for (int64_t i = 0; i < n; i++) ms_cu_mul_bwd(dx.data(), w.data(), other.data(), i);
+    auto mul_loss = [&]() {
+        for (int64_t i = 0; i < n; i++) ms_cu_mul_fwd(y.data(), x.data(), other.data(), i);
+        return dot_loss(w, y);
+    };
+    ok &= fd_check("mul backward vs finite differences", x, dx, mul_loss, 1e-2, 1e-4, 64);
+    assert_true(ok);
+}
+
+static void test_elementwise_bf16(void **state) {
+    (void)state;
+    const int64_t n = 256, c = 768, e = n * c;
+    std::vector<ms_bf16> a = to_bf16<ms_bf16>(frand(e, -4, 4)),
+                         b = to_bf16<ms_bf16>(frand(e, -2, 2));
+    std::vector<ms_bf16> g = to_bf16<ms_bf16>(frand(e, -1, 1)),
+                         d = to_bf16<ms_bf16>(frand(e, -1, 1)), out(e);
+    const fvec af = widen(a), bf = widen(b), gf = widen(g), bias = frand(c, -1, 1);
+    fvec want(e), d32 = widen(d);
+    bool ok = true;
+    for (int64_t i = 0; i < e; i++) ms_cu_add_fwd(out.data(), a.data(), b.data(), i);
+    ms_k_add_forward(want.data(), af.data(), bf.data(), e);
+    ok &= close("add forward bf16 (1 ulp)", widen(out), want, 0, BF16_RTOL);
+    for (int64_t i = 0; i < e; i++) ms_cu_bias_add_fwd(out.data(), a.data(), bias.data(), c, i);
+    ms_k_bias_add_forward(want.data(), af.data(), bias.data(), n, c);
+    ok &= close("bias add forward bf16 (1 ulp)", widen(out), want, 0, BF16_RTOL);
+    for (int64_t i = 0; i < e; i++) ms_cu_gelu_fwd(out.data(), a.data(), i);
+    ms_k_gelu_forward(want.data(), af.data(), e);
+    ok &= close("gelu forward bf16 (1 ulp + 1e-6)", widen(out), want, 1e-6, BF16_RTOL);
+    for (int64_t i = 0; i < e; i++) ms_cu_gelu_bwd(d.data(), a.data(), g.data(), i);
+    ms_k_gelu_backward(d32.data(), af.data(), gf.data(), e);
+    ok &= close("gelu backward bf16 (1 ulp + 1e-6)", widen(d), d32, 1e-6, BF16_RTOL);
+    assert_true(ok);
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    const int64_t n = 4 * 64, c = 768, v = 1000;
+    std::vector<int32_t> ids(n);
+    for (auto &id : ids) id = (int32_t)(urand() * 40) * 25; /* repeats, some rows hit often */
+    const fvec table = frand(v * c, -1, 1), g = frand(n * c, -1, 1);
+    bool ok = true;
+    for (int64_t v0 : {0, 300}) { /* whole table, then the slice [300, 700) of a sharded one */
+        const int64_t vl = v0 ? 400 : v;
+        fvec got(n * c, 9.0f), want(n * c);
+        const float *tab = table.data() + v0 * c;
+        for (int64_t i = 0; i < n * c; i++)
+            ms_cu_embedding_fwd(got.data(), ids.data(), tab, c, v0, vl, i);
+        ms_k_embedding_forward(want.data(), ids.data(), tab, n, c, v0, vl);
+        ok &= close(v0 ? "embedding forward, vocab slice (exact)" : "embedding forward (exact)",
+                    got, want, 0, 0);
+        fvec d1 = frand(vl * c, -1, 1), d2 = d1;
+        for (int64_t i = 0; i < n * c; i++) {
+            const int64_t at = ms_cu_embedding_bwd_index(ids.data(), c, v0, vl, i);
+            if (at >= 0) d1[at] += g[i];
+        }
+        ms_k_embedding_backward(d2.data(), ids.data(), g.data(), n, c, v0, vl);
+        ok &= close(v0 ? "embedding backward, vocab slice (exact)" : "embedding backward (exact)",
+                    d1, d2, 0, 0);
+    }
+    assert_true(ok);
+}
+
+/* ---- LayerNorm ---- */
+
+/* The layernorm kernel's forward over all rows, lanes and tree as on the GPU. */
+template <typename T>
+static void ln_forward(T *out, float *mean, float *rstd, const T *inp, const float *w,
+                       const float *b, int64_t n, int64_t c, float eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const T *x = inp + r * c;
+        const float m =
+            lanes_sum([&](int l, int nl) { return ms_cu_row_sum_part(x, c, l, nl); }) / (float)c;
+        const float sq =
+            lanes_sum([&](int l, int nl) { return ms_cu_ln_sqdev_part(x, c, m, l, nl); });
+        const float s = ms_cu_ln_rstd(sq, c, eps);
+        lanes_each([&](int l, int nl) { ms_cu_ln_out_part(out + r * c, x, w, b, c, m, s, l, nl); });
+        mean[r] = m, rstd[r] = s;
+    }
+}
+
+static void ln_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int64_t n,
+                        int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = dout + r * c, *x = inp + r * c;
+        float pa[L], pb[L];
+        for (int l = 0; l < L; l++)
+            ms_cu_ln_bwd_part(&pa[l], &pb[l], g, x, w, c, mean[r], rstd[r], l, L);
+        const float a = ms_cu_lanes_sum(pa, L), b = ms_cu_lanes_sum(pb, L);
+        lanes_each([&](int l, int nl) {
+            ms_cu_ln_dinp_part(dinp + r * c, g, x, w, c, mean[r], rstd[r], a, b, l, nl);
+        });
+    }
+    for (int64_t j = 0; j < c; j++) ms_cu_ln_dparams_col(dw, db, dout, inp, mean, rstd, n, c, j);
+}
+
+static void test_layernorm(void **state) {
+    (void)state;
+    const int64_t n = 4 * 64, c = 768;
+    const float eps = 1e-5f;
+    /* |mean| >> std in some rows: the two-pass variance must not cancel. */
+    fvec x = frand(n * c, -1, 1), w = frand(c, 0.5, 1.5), b = frand(c, -0.5, 0.5);
+    for (int64_t r = 0; r < n; r += 3)
+        for (int64_t j = 0; j < c; j++) x[r * c + j] += 30.0f;
+    fvec out(n * c), mean(n), rstd(n), out2(n * c), mean2(n), rstd2(n);
+    ln_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c, eps);
+    ms_k_layernorm_forward(out2.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), n,
+                           c, eps);
+    /* The CPU sums a row of values near 30 in sequence, about 1e-6 relative off (3e-5
+     * absolute), which rstd ~ 1.7 carries into out; the lane tree is closer to float64. */
+    bool ok = close("layernorm mean vs CPU (1e-7 + 2e-6 rel)", mean, mean2, 1e-7, 2e-6);
+    ok &= close("layernorm rstd vs CPU (1e-5 rel)", rstd, rstd2, 0, 1e-5);
+    ok &= close("layernorm out vs CPU (1e-4 + 1e-5 rel)", out, out2, 1e-4, 1e-5);
+    fvec mean64(n), out64(n * c);
+    for (int64_t r = 0; r < n; r++) {
+        double m = 0, v = 0;
+        for (int64_t j = 0; j < c; j++) m += x[r * c + j];
+        m /= (double)c;
+        for (int64_t j = 0; j < c; j++) v += (x[r * c + j] - m) * (x[r * c + j] - m);
+        const double s = 1.0 / sqrt(v / (double)c + eps);
+        for (int64_t j = 0; j < c; j++)
+            out64[r * c + j] = (float)((x[r * c + j] - m) * s * w[j] + b[j]);
+        mean64[r] = (float)m;
+    }
+    ok &= close("layernorm mean vs float64 (1e-8 + 3e-7 rel: 2 ulps)", mean, mean64, 1e-8, 3e-7);
+    ok &= close("layernorm out vs float64 (2e-5 + 1e-5 rel)", out, out64, 2e-5, 1e-5);
+    const fvec g = frand(n * c, -1, 1);
+    fvec d1 = frand(n * c, -1, 1), d2 = d1, dw1 = frand(c, -1, 1), dw2 = dw1, db1 = frand(c, -1, 1),
+         db2 = db1;
+    ln_backward(d1.data(), dw1.data(), db1.data(), g.data(), x.data(), w.data(), mean.data(),
+                rstd.data(), n, c);
+    ms_k_layernorm_backward(d2.data(), dw2.data(), db2.data(), g.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), n, c);
+    ok &= close("layernorm dinp (1e-5 + 1e-5 rel)", d1, d2, 1e-5, 1e-5);
+    ok &= close("layernorm dweight (rows in order: 1e-5 rel)", dw1, dw2, 1e-6, 1e-5);
+    ok &= close("layernorm dbias (rows in order: exact)", db1, db2, 0, 0);
+    assert_true(ok);
+}
+
+static void test_layernorm_fd(void **state) {
+    (void)state;
+    const int64_t n = 6, c = 768;
+    fvec x = frand(n * c, -2, 3), w = frand(c, 0.5, 1.5), b = frand(c, -0.5, 0.5),
+         wo = frand(n * c, -1, 1);
+    fvec out(n * c), mean(n), rstd(n);
+    auto loss = [&]() {
+        ln_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c, 1e-5f);
+        return dot_loss(wo, out);
+    };
+    loss();
+    fvec dx(n * c, 0.0f), dw(c, 0.0f), db(c, 0.0f);
+    ln_backward(dx.data(), dw.data(), db.data(), wo.data(), x.data(), w.data(), mean.data(),
+                rstd.data(), n, c);
+    bool ok = fd_check("layernorm dinp vs finite differences", x, dx, loss, 1e-2, 1e-3, 48);
+    ok &= fd_check("layernorm dweight vs finite differences", w, dw, loss, 1e-2, 1e-4, 32);
+    ok &= fd_check("layernorm dbias vs finite differences", b, db, loss, 1e-2, 1e-4, 32);
+    assert_true(ok);
+}
+
+static void test_layernorm_bf16(void **state) {
+    (void)state;
+    const int64_t n = 64, c = 768;
+    std::vector<ms_bf16> x = to_bf16<ms_bf16>(frand(n * c, -3, 3)), out(n * c);
+    const fvec xf = widen(x), w = frand(c, 0.5, 1.5), b = frand(c, -0.5, 0.5);
+    fvec mean(n), rstd(n), want(n * c), mean2(n), rstd2(n);
+    ln_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c, 1e-5f);
+    ms_k_layernorm_forward(want.data(), mean2.data(), rstd2.data(), xf.data(), w.data(), b.data(),
+                           n, c, 1e-5f);
+    bool ok = close("layernorm forward bf16 out (1 ulp + 1e-5)", widen(out), want, 1e-5, BF16_RTOL);
+    ok &= close("layernorm forward bf16 rstd (fp32: 1e-5 rel)", rstd, rstd2, 0, 1e-5);
+    assert_true(ok);
+}
+
+/* ---- softmax ---- */
+
+static void softmax_forward(float *out, const float *inp, int64_t n, int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = inp + r * c;
+        const float mx = lanes_max([&](int l, int nl) { return ms_cu_row_max_part(x, c, l, nl); });
+        const float s =
+            lanes_sum([&](int l, int nl) { return ms_cu_row_sumexp_part(x, c, mx, l, nl); });
+        lanes_each([&](int l, int nl) { ms_cu_softmax_out_part(out + r * c, x, c, mx, s, l, nl); });
+    }
+}
+
+static void softmax_backward(float *dinp, const float *dout, const float *y, int64_t n, int64_t c) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = dout + r * c, *yr = y + r * c;
+        const float dot =
+            lanes_sum([&](int l, int nl) { return ms_cu_row_dot_part(g, yr, c, l, nl); });
+        lanes_each(
+            [&](int l, int nl) { ms_cu_softmax_dinp_part(dinp + r * c, g, yr, c, dot, l, nl); });
+    }
+}
+
+static void test_softmax(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t c : {256, 768, 1000}) {
+        const int64_t n = 96;
+        const fvec x = frand(n * c, -8, 8), g = frand(n * c, -1, 1);
+        fvec y(n * c), y2(n * c);
+        softmax_forward(y.data(), x.data(), n, c);
+        ms_k_softmax_forward(y2.data(), x.data(), n, c);
+        char what[64];
+        snprintf(what, sizeof what, "softmax forward C=%lld (1e-8 + 1e-5 rel)", (long long)c);
+        ok &= close(what, y, y2, 1e-8, 1e-5);
+        fvec d1 = frand(n * c, -1, 1), d2 = d1;
+        softmax_backward(d1.data(), g.data(), y.data(), n, c);
+        ms_k_softmax_backward(d2.data(), g.data(), y.data(), n, c);
+        snprintf(what, sizeof what, "softmax backward C=%lld (1e-7 + 1e-5 rel)", (long long)c);
+        ok &= close(what, d1, d2, 1e-7, 1e-5);
+    }
+    const int64_t n = 4, c = 300;
+    fvec x = frand(n * c, -3, 3), w = frand(n * c, -1, 1), y(n * c), dx(n * c, 0.0f);
+    softmax_forward(y.data(), x.data(), n, c);
+    softmax_backward(dx.data(), w.data(), y.data(), n, c);
+    auto loss = [&]() {
+        softmax_forward(y.data(), x.data(), n, c);
+        return dot_loss(w, y);
+    };
+    ok &= fd_check("softmax backward vs finite differences", x, dx, loss, 1e-2, 2e-4, 48);
+    assert_true(ok);
+}
+
+/* ---- cross-entropy ---- */
+
+struct xent_case {
+    int64_t n, v;
+    fvec logits;
+    std::vector<int32_t> targets;
+};
+
+static xent_case xent_make(int64_t n, int64_t v) {
+    xent_case x{n, v, frand(n * v, -6, 6), std::vector<int32_t>(n)};
+    for (int64_t r = 0; r < n; r++) x.targets[r] = (int32_t)(urand() * (double)v);
+    x.targets[1] = -1; /* an ignored (padding) row */
+    return x;
+}
+
+/* The vocab-parallel forward over `parts` slices, the all-reduces done by hand: the losses
+ * and the reduced gmax, gsum a sharded GPU run would hold. */
+static void xent_vp_forward(const xent_case &x, int parts, fvec &losses, fvec &gmax, fvec &gsum) {
+    losses.assign(x.n, 0.0f), gmax.assign(x.n, -INFINITY), gsum.assign(x.n, 0.0f);
+    fvec gtgt(x.n, 0.0f);
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = 0; p < parts; p++) {
+            const int64_t v0 = x.v * p / parts, vl = x.v * (p + 1) / parts - v0;
+            for (int64_t r = 0; r < x.n; r++) {
+                const float *row = x.logits.data() + r * x.v + v0;
+                if (pass == 0) { /* MAX all-reduce, then the SUM all-reduces below */
+                    gmax[r] = std::max(gmax[r], lanes_max([&](int l, int nl) {
+                                           return ms_cu_row_max_part(row, vl, l, nl);
+                                       }));
+                    continue;
+                }
+                gsum[r] += lanes_sum(
+                    [&](int l, int nl) { return ms_cu_row_sumexp_part(row, vl, gmax[r], l, nl); });
+                gtgt[r] += ms_cu_xent_target(row, x.targets[r], vl, v0);
+            }
+        }
+    for (int64_t r = 0; r < x.n; r++)
+        losses[r] = ms_cu_xent_loss(gmax[r], gsum[r], gtgt[r], x.targets[r]);
+}
+
+static void xent_vp_backward(fvec &d, const xent_case &x, int parts, const fvec &gmax,
+                             const fvec &gsum, const fvec &dl) {
+    for (int p = 0; p < parts; p++) {
+        const int64_t v0 = x.v * p / parts, vl = x.v * (p + 1) / parts - v0;
+        for (int64_t r = 0; r < x.n; r++)
+            for (int64_t j = 0; j < vl; j++)
+                ms_cu_xent_vp_grad(d.data() + r * x.v + v0, x.logits.data() + r * x.v + v0, j,
+                                   gmax[r], gsum[r], x.targets[r], dl[r], v0);
+    }
+}
+
+static void test_xent(void **state) {
+    (void)state;
+    /* GPT-2's vocabulary. The CPU kernel sums the 50257 exps of a row in sequence when it is
+     * not vectorised (Debug builds), which puts its sum up to ~1e-5 relative off: hence 1e-4
+     * on a loss or lse of ~10-14, and 3e-8 on gradients whose terms reach 2.5e-4 (the
+     * optimised build agrees to 2e-6 and 3e-10; a wrong term of a percent is 1e-3 off). */
+    const xent_case x = xent_make(24, 50257);
+    fvec want(x.n), lse(x.n), dl = frand(x.n, 0.1, 1), losses, gmax, gsum;
+    ms_k_xent_forward(want.data(), lse.data(), x.logits.data(), x.targets.data(), x.n, x.v);
+    bool ok = true;
+    for (int parts : {1, 4, 7}) { /* whole, and uneven slices */
+        xent_vp_forward(x, parts, losses, gmax, gsum);
+        char what[64];
+        snprintf(what, sizeof what, "xent loss, %d vocab slice(s) (1e-4 + 1e-6 rel)", parts);
+        ok &= close(what, losses, want, 1e-4, 1e-6);
+        fvec d1 = frand(x.n * x.v, -1e-4, 1e-4), d2 = d1;
+        xent_vp_backward(d1, x, parts, gmax, gsum, dl);
+        ms_k_xent_backward(d2.data(), x.logits.data(), lse.data(), x.targets.data(), dl.data(), x.n,
+                           x.v);
+        snprintf(what, sizeof what, "xent backward, %d slice(s) (3e-8 + 1e-5 rel)", parts);
+        ok &= close(what, d1, d2, 3e-8, 1e-5);
+    }
+    /* The per-slice partials against the CPU's vocab-parallel pieces on one slice. */
+    const int64_t v0 = 20000, vl = 12345;
+    fvec lm(x.n), lm2(x.n), ls(x.n), ls2(x.n), lt(x.n), lt2(x.n);
+    std::vector<float> sub(x.n * vl);
+    for (int64_t r = 0; r < x.n; r++)
+        std::copy_n(x.logits.data() + r * x.v + v0, vl, sub.data() + r * vl);
+    for (int64_t r = 0; r < x.n; r++) {
+        const float *row = sub.data() + r * vl;
+        lm[r] = lanes_max([&](int l, int nl) { return ms_cu_row_max_part(row, vl, l, nl); });
+        ls[r] = lanes_sum(
+            [&](int l, int nl) { return ms_cu_row_sumexp_part(row, vl, gmax[r], l, nl); });
+        lt[r] = ms_cu_xent_target(row, x.targets[r], vl, v0);
+    }
+    ms_k_xent_vp_rowmax(lm2.data(), sub.data(), x.n, vl);
+    ms_k_xent_vp_sumexp(ls2.data(), sub.data(), gmax.data(), x.n, vl);
+    ms_k_xent_vp_target(lt2.data(), sub.data(), x.targets.data(), x.n, vl, v0);
+    ok &= close("xent slice max (exact)", lm, lm2, 0, 0);
+    ok &= close("xent slice sum of exp (3e-5 rel)", ls, ls2, 1e-30, 3e-5);
+    ok &= close("xent slice target logit (exact)", lt, lt2, 0, 0);
+    /* The whole-vocab GPU kernels: lse saved by the forward, ms_cu_xent_grad from it. */
+    xent_vp_forward(x, 1, losses, gmax, gsum);
+    fvec lse1(x.n), d1 = frand(x.n * x.v, -1e-4, 1e-4), d2 = d1;
+    for (int64_t r = 0; r < x.n; r++) lse1[r] = ms_cu_xent_lse(gmax[r], gsum[r]);
+    ok &= close("xent lse (1e-4 abs: lse ~ 14)", lse1, lse, 1e-4, 0);
+    for (int64_t r = 0; r < x.n; r++)
+        for (int64_t j = 0; j < x.v; j++)
+            ms_cu_xent_grad(d1.data() + r * x.v, x.logits.data() + r * x.v, j, lse1[r],
+                            x.targets[r], dl[r]);
+    ms_k_xent_backward(d2.data(), x.logits.data(), lse.data(), x.targets.data(), dl.data(), x.n,
+                       x.v);
+    ok &= close("xent backward from lse (3e-8 + 1e-5 rel)", d1, d2, 3e-8, 1e-5);
+    assert_true(ok);
+}
+
+static void test_xent_fd(void **state) {
+    (void)state;
+    xent_case x = xent_make(5, 333);
+    const fvec dl = frand(x.n, 0.2, 1);
+    fvec losses, gmax, gsum, d(x.n * x.v, 0.0f);
+    xent_vp_forward(x, 3, losses, gmax, gsum);
+    xent_vp_backward(d, x, 3, gmax, gsum, dl);
+    auto loss = [&]() {
+        fvec l, m, s;
+        xent_vp_forward(x, 3, l, m, s);
+        return dot_loss(dl, l);
+    };
+    bool ok =
+        fd_check("xent backward (3 slices) vs finite diffs", x.logits, d, loss, 1e-2, 2e-4, 48);
+    /* The target logits carry the largest gradients: check each one. */
+    fvec dt;
+    for (int64_t r = 0; r < x.n; r++)
+        if (x.targets[r] >= 0) {
+            const int64_t k = r * x.v + x.targets[r];
+            const float x0 = x.logits[k];
+            x.logits[k] = x0 + 1e-2f;
+            const double lp = loss();
+            x.logits[k] = x0 - 1e-2f;
+            const double lm = loss();
+            x.logits[k] = x0;
+            const double fd = (lp - lm) / 2e-2;
+            printf("  xent target logit row %lld: fd %.6f backward %.6f\n", (long long)r, fd, d[k]);
+            ok &= fabs(fd - d[k]) <= 2e-4 * fabs(dl[r]);
+        }
+    assert_true(ok);
+}
+
+/* ---- optimizer ---- */
+
+static void test_adamw(void **state) {
+    (void)state;
+    const int64_t n = 100003;
+    const ms_adamw_opts o = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    fvec p = frand(n, -1, 1), m(n, 0.0f), v(n, 0.0f), p2 = p, m2 = m, v2 = v;
+    bool ok = true;
+    for (int64_t t = 1; t <= 3; t++) {
+        const fvec g = frand(n, -2, 2);
+        const ms_cu_adamw_consts k = ms_cu_adamw_prepare(&o, t, 0.5f);
+        for (int64_t i = 0; i < n; i++)
+            ms_cu_adamw_elem(p.data(), g.data(), m.data(), v.data(), i, k);
+        ms_error err = {};
+        assert_int_equal(
+            ms_adamw_step_scaled(p2.data(), g.data(), m2.data(), v2.data(), n, &o, t, 0.5f, &err),
+            MS_OK);
+    }
+    ok &= close("adamw p after 3 steps (FMA: 1e-7 + 1e-6 rel)", p, p2, 1e-7, 1e-6);
+    ok &= close("adamw m (1e-7 + 1e-6 rel)", m, m2, 1e-7, 1e-6);
+    ok &= close("adamw v (1e-9 + 1e-6 rel)", v, v2, 1e-9, 1e-6);
+    /* fp32 master with a bf16 gradient: the CPU step on the widened gradient, and the bf16
+     * use-copy bit for bit the master rounded. */
+    std::vector<ms_bf16> g16 = to_bf16<ms_bf16>(frand(n, -2, 2)), w16(n);
+    const fvec gw = widen(g16);
+    const ms_cu_adamw_consts k = ms_cu_adamw_prepare(&o, 4, 1.0f);
+    for (int64_t i = 0; i < n; i++)
+        ms_cu_adamw_master_elem(p.data(), g16.data(), m.data(), v.data(), w16.data(), i, k);
+    ms_error err = {};
+    assert_int_equal(ms_adamw_step(p2.data(), gw.data(), m2.data(), v2.data(), n, &o, 4, &err),
+                     MS_OK);
+    ok &= close("adamw master p, bf16 gradient (1e-7 + 1e-6 rel)", p, p2, 1e-7, 1e-6);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += w16[i].bits != ms_bf16_from_f32(p[i]);
+    printf("  adamw master bf16 copy: %d of %lld differ from the master rounded\n", bad,
+           (long long)n);
+    ok &= bad == 0;
+    assert_true(ok);
+}
+
+static void test_sumsq(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t n : {1, 1000, 3 * MS_CU_SUMSQ_CHUNK + 12345}) {
+        const fvec x = frand(n, -3, 3);
+        std::vector<double> parts(ms_cu_sumsq_chunks(n));
+        for (int64_t b = 0; b < (int64_t)parts.size(); b++) {
+            const int64_t lo = b * MS_CU_SUMSQ_CHUNK,
+                          len = std::min<int64_t>(n - lo, MS_CU_SUMSQ_CHUNK);
+            double v[L];
+            for (int l = 0; l < L; l++) v[l] = ms_cu_sumsq_part(x.data() + lo, len, l, L);
+            parts[b] = ms_cu_lanes_sum(v, L);
+        }
+        const double got = ms_cu_sumsq_combine(parts.data(), (int64_t)parts.size());
+        const double want = ms_sumsq_f32(x.data(), (size_t)n);
+        const double rel = fabs(got - want) / want;
+        printf("  sum of squares n=%-8lld rel err %.3g (tolerance 1e-12)\n", (long long)n, rel);
+        ok &= rel <= 1e-12;
+    }
+    assert_true(ok);
+}
+
+/* ---- attention ---- */
+
+struct attn_case {
+    int64_t b, t, c, nh;
+    bool causal;
+    fvec qkv, mask; /* mask empty: none */
+};
+
+static const float *mask_of(const attn_case &a, int64_t bi) {
+    return a.mask.empty() ? NULL : a.mask.data() + bi * a.t;
+}
+
+/* The forward kernel's work for every query row: key tiles in order, online softmax. */
+static void attn_forward(const attn_case &a, float *out, float *lse) {
+    const int64_t hs = a.c / a.nh, c3 = 3 * a.c;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int64_t bi = 0; bi < a.b; bi++)
+        for (int64_t h = 0; h < a.nh; h++)
+            for (int64_t i = 0; i < a.t; i++) {
+                const float *base = a.qkv.data() + bi * a.t * c3 + h * hs, *km = mask_of(a, bi);
+                float acc[MS_CU_ATTN_MAX_HS];
+                ms_cu_attn_state st;
+                ms_cu_attn_fwd_init(&st, acc, hs);
+                for (int64_t j0 = 0; j0 < a.t; j0 += MS_CU_ATTN_TILE) {
+                    const int64_t nk = std::min<int64_t>(MS_CU_ATTN_TILE, a.t - j0);
+                    const int64_t vis = ms_cu_attn_visible(i, j0, nk, a.causal);
+                    if (vis > 0)
+                        ms_cu_attn_fwd_tile(&st, acc, base + i * c3, base + a.c + j0 * c3,
+                                            base + 2 * a.c + j0 * c3, c3, km ? km + j0 : NULL, vis,
+                                            hs, scale);
+                }
+                lse[(bi * a.nh + h) * a.t + i] =
+                    ms_cu_attn_fwd_finish(out + (bi * a.t + i) * a.c + h * hs, &st, acc, hs);
+            }
+}
+
+/* The backward kernels' work: delta per query row, dQ per query row over key tiles, dK and
+ * dV per key row over query tiles. dqkv accumulates. */
+static void attn_backward(const attn_case &a, float *dqkv, const float *dout, const float *out,
+                          const float *lse) {
+    const int64_t hs = a.c / a.nh, c3 = 3 * a.c;
+    const float scale = 1.0f / sqrtf((float)hs);
+    fvec delta(a.b * a.nh * a.t);
+    for (int64_t bi = 0; bi < a.b; bi++)
+        for (int64_t h = 0; h < a.nh; h++) {
+            const int64_t off = bi * a.t * c3 + h * hs, rows = (bi * a.nh + h) * a.t;
+            const float *q = a.qkv.data() + off, *k = q + a.c, *v = q + 2 * a.c,
+                        *km = mask_of(a, bi);
+            const float *g = dout + bi * a.t * a.c + h * hs;
+            for (int64_t i = 0; i < a.t; i++)
+                delta[rows + i] = ms_cu_dot(g + i * a.c, out + (bi * a.t + i) * a.c + h * hs, hs);
+            for (int64_t i = 0; i < a.t; i++) {
+                float dq[MS_CU_ATTN_MAX_HS] = {};
+                for (int64_t j0 = 0; j0 < a.t; j0 += MS_CU_ATTN_TILE) {
+                    const int64_t nk = std::min<int64_t>(MS_CU_ATTN_TILE, a.t - j0);
+                    const int64_t vis = ms_cu_attn_visible(i, j0, nk, a.causal);
+                    if (vis > 0)
+                        ms_cu_attn_dq_tile(dq, q + i * c3, g + i * a.c, delta[rows + i],
+                                           lse[rows + i], k + j0 * c3, v + j0 * c3, c3,
+                                           km ? km + j0 : NULL, vis, hs, scale);
+                }
+                for (int64_t d = 0; d < hs; d++) dqkv[off + i * c3 + d] += dq[d];
+            }
+            for (int64_t j = 0; j < a.t; j++) {
+                float dk[MS_CU_ATTN_MAX_HS] = {}, dv[MS_CU_ATTN_MAX_HS] = {};
+                for (int64_t i0 = 0; i0 < a.t; i0 += MS_CU_ATTN_TILE) {
+                    const int64_t nq = std::min<int64_t>(MS_CU_ATTN_TILE, a.t - i0);
+                    ms_cu_attn_dkv_tile(dk, dv, k + j * c3, v + j * c3, j, km ? km[j] : 0.0f,
+                                        q + i0 * c3, c3, g + i0 * a.c, a.c, lse + rows + i0,
+                                        delta.data() + rows + i0, i0, nq, hs, scale, a.causal);
+                }
+                for (int64_t d = 0; d < hs; d++) {
+                    dqkv[off + j * c3 + a.c + d] += dk[d];
+                    dqkv[off + j * c3 + 2 * a.c + d] += dv[d];
+                }
+            }
+        }
+}
+
+static attn_case attn_make(int64_t b, int64_t t, int64_t c, int64_t nh, bool causal, bool masked) {
+    attn_case a{b, t, c, nh, causal, frand(b * t * 3 * c, -1.5, 1.5), fvec()};
+    if (masked) { /* padding at the end of each sequence, and a few dropped keys inside */
+        a.mask.assign(b * t, 0.0f);
+        for (int64_t bi = 0; bi < b; bi++)
+            for (int64_t j = 0; j < t; j++)
+                if (j >= t - 7 * (bi + 1) || (j % 11 == 5 && j > 0)) a.mask[bi * t + j] = -INFINITY;
+    }
+    return a;
+}
+
+static bool attn_against_cpu(const attn_case &a, const char *name) {
+    const int64_t n = a.b * a.t * a.c;
+    fvec out(n), lse(a.b * a.nh * a.t), out2(n), att(a.b * a.nh * a.t * a.t);
+    attn_forward(a, out.data(), lse.data());
+    ms_k_attention_forward(out2.data(), att.data(), a.qkv.data(),
+                           a.mask.empty() ? NULL : a.mask.data(), a.b, a.t, a.c, a.nh, a.causal);
+    char what[96];
+    snprintf(what, sizeof what, "attention out, %s (1e-5 + 1e-4 rel)", name);
+    bool ok = close(what, out, out2, 1e-5, 1e-4);
+    /* lse against float64 over the unmasked scores: an independent reference. */
+    const int64_t hs = a.c / a.nh, c3 = 3 * a.c;
+    fvec lse2(lse.size());
+    for (int64_t bi = 0; bi < a.b; bi++)
+        for (int64_t h = 0; h < a.nh; h++)
+            for (int64_t i = 0; i < a.t; i++) {
+                const float *q = a.qkv.data() + bi * a.t * c3 + h * hs + i * c3;
+                std::vector<double> s;
+                for (int64_t j = 0; j < (a.causal ? i + 1 : a.t); j++) {
+                    const double mk = a.mask.empty() ? 0.0 : a.mask[bi * a.t + j];
+                    if (mk == -INFINITY) continue;
+                    double d = 0;
+                    for (int64_t e = 0; e < hs; e++) d += (double)q[e] * q[a.c + (j - i) * c3 + e];
+                    s.push_back(d / sqrt((double)hs) + mk);
+                }
+                const double mx = *std::max_element(s.begin(), s.end());
+                double sum = 0;
+                for (double x : s) sum += exp(x - mx);
+                lse2[(bi * a.nh + h) * a.t + i] = (float)(mx + log(sum));
+            }
+    snprintf(what, sizeof what, "attention lse vs float64, %s (1e-5 + 1e-5 rel)", name);
+    ok &= close(what, lse, lse2, 1e-5, 1e-5);
+    const fvec g = frand(n, -1, 1);
+    fvec d1 = frand(a.qkv.size(), -1, 1), d2 = d1, scratch(ms_k_attention_scratch_floats(a.t));
+    attn_backward(a, d1.data(), g.data(), out.data(), lse.data());
+    ms_k_attention_backward(d2.data(), scratch.data(), g.data(), a.qkv.data(), att.data(), a.b, a.t,
+                            a.c, a.nh, a.causal);
+    snprintf(what, sizeof what, "attention dqkv, %s (1e-5 + 1e-4 rel)", name);
+    ok &= close(what, d1, d2, 1e-5, 1e-4);
+    return ok;
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    bool ok = true;
+    /* T = 100 and 77: not multiples of the 32-key tile (nor of the CPU's 64-row block). */
+    ok &= attn_against_cpu(attn_make(2, 100, 768, 12, true, false), "causal B=2 T=100 C=768 NH=12");
+    ok &= attn_against_cpu(attn_make(2, 77, 768, 12, false, true), "key mask B=2 T=77");
+    ok &= attn_against_cpu(attn_make(2, 100, 384, 6, true, true), "causal + mask B=2 T=100 HS=64");
+    ok &= attn_against_cpu(attn_make(1, 256, 768, 12, true, false), "causal B=1 T=256 C=768");
+    ok &= attn_against_cpu(attn_make(1, 64, 256, 2, false, false), "full B=1 T=64 HS=128");
+    assert_true(ok);
+}
+
+static void test_attention_fd(void **state) {
+    (void)state;
+    bool ok = true;
+    for (bool causal : {true, false}) {
+        attn_case a = attn_make(1, 37, 32, 2, causal, !causal);
+        const int64_t n = a.b * a.t * a.c;
+        const fvec w = frand(n, -1, 1);
+        fvec out(n), lse(a.b * a.nh * a.t), d(a.qkv.size(), 0.0f);
+        attn_forward(a, out.data(), lse.data());
+        attn_backward(a, d.data(), w.data(), out.data(), lse.data());
+        auto loss = [&]() {
+            attn_forward(a, out.data(), lse.data());
+            return dot_loss(w, out);
+        };
+        ok &= fd_check(causal ? "attention dqkv causal vs finite differences"
+                              : "attention dqkv masked vs finite differences",
+                       a.qkv, d, loss, 1e-2, 5e-4, 96);
+    }
+    assert_true(ok);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_rounding),  cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_elementwise_fd), cmocka_unit_test(test_elementwise_bf16),
+        cmocka_unit_test(test_embedding),      cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_layernorm_fd),   cmocka_unit_test(test_layernorm_bf16),
+        cmocka_unit_test(test_softmax),        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_xent_fd),        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_sumsq),          cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_fd),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

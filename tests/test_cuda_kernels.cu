@@ -1,0 +1,446 @@
+/* test_cuda_kernels.cu - every CUDA launcher of engine/kernels/cuda/cuda_kernels.h run on the
+ * GPU, small and real shapes, against the CPU kernels of engine/kernels (and AdamW and the
+ * sum of squares of engine/optim); the GEMMs in fp32 and bf16 against the CPU matmul.
+ * tests/test_cuda_host.cu already checks the arithmetic on the CPU, so what this adds is the
+ * launch configurations: grids, block reductions, shared-memory tiles, cuBLAS's operand order.
+ * Tolerances are the host test's, widened where the device's expf/tanhf or cuBLAS's
+ * summation order differs. Skips with 77 (and says why) without a usable GPU.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" { /* this cmocka.h has no C++ guards */
+#include <cmocka.h>
+}
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/kernels/cuda/cuda_kernels.h"
+#include "tests/cuda_testkit.cuh"
+
+typedef std::vector<uint16_t> hvec;
+
+/* ---- helpers ---- */
+
+/* Device buffers live until the end of the test case. */
+static std::vector<void *> allocs;
+template <typename T> static T *dev(const std::vector<T> &h) {
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)), cudaSuccess);
+    if (!h.empty())
+        assert_int_equal(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
+                         cudaSuccess);
+    allocs.push_back(p);
+    return (T *)p;
+}
+template <typename T> static std::vector<T> back(const T *d, size_t n) {
+    std::vector<T> h(n);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    if (n)
+        assert_int_equal(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+    return h;
+}
+static int free_all(void **state) {
+    (void)state;
+    for (void *p : allocs) cudaFree(p);
+    allocs.clear();
+    return 0;
+}
+
+#define LAUNCH(call)                                                                               \
+    do {                                                                                           \
+        ms_error err_ = {};                                                                        \
+        const ms_status st_ = (call);                                                              \
+        if (st_ != MS_OK) printf("  %s: %s\n", #call, err_.msg);                                   \
+        assert_int_equal(st_, MS_OK);                                                              \
+    } while (0)
+#define ERR (&err_)
+
+/* ---- elementwise, embedding ---- */
+
+static void test_elementwise(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t c : {7, 768}) {
+        const int64_t n = c == 7 ? 13 : 8 * 64, e = n * c;
+        const fvec a = frand(e, -4, 4), b = frand(e, -2, 2), g = frand(e, -1, 1),
+                   bias = frand(c, -1, 1);
+        const fvec d0 = frand(e, -1, 1), db0 = frand(c, -1, 1);
+        fvec want(e), w2 = d0, w3 = d0, wb = db0;
+        float *da = dev(a), *dbb = dev(b), *dg = dev(g), *dbias = dev(bias), *out = dev(fvec(e));
+        float *dd = dev(d0), *dd2 = dev(d0), *ddb = dev(db0);
+        LAUNCH(ms_cu_add_forward(out, da, dbb, e, NULL, ERR));
+        ms_k_add_forward(want.data(), a.data(), b.data(), e);
+        ok &= close("add forward", back(out, e), want, 0, 0);
+        LAUNCH(ms_cu_mul_forward(out, da, dbb, e, NULL, ERR));
+        ms_k_mul_forward(want.data(), a.data(), b.data(), e);
+        ok &= close("mul forward", back(out, e), want, 0, 0);
+        LAUNCH(ms_cu_mul_backward(dd, dd2, dg, da, dbb, e, NULL, ERR));
+        ms_k_mul_backward(w2.data(), w3.data(), g.data(), a.data(), b.data(), e);
+        ok &= close("mul backward da", back(dd, e), w2, 1e-7, 1e-6);
+        ok &= close("mul backward db", back(dd2, e), w3, 1e-7, 1e-6);
+        LAUNCH(ms_cu_add_backward(dd, dd2, dg, e, NULL, ERR));
+        ms_k_add_backward(w2.data(), w3.data(), g.data(), e);
+        ok &= close("add backward", back(dd, e), w2, 1e-7, 1e-6);
+        LAUNCH(ms_cu_scale_forward(out, da, 0.37f, e, NULL, ERR));
+        ms_k_scale_forward(want.data(), a.data(), 0.37f, e);
+        ok &= close("scale forward", back(out, e), want, 0, 0);
+        LAUNCH(ms_cu_scale_backward(dd, dg, 0.37f, e, NULL, ERR));
+        ms_k_scale_backward(w2.data(), g.data(), 0.37f, e);
+        ok &= close("scale backward", back(dd, e), w2, 1e-7, 1e-6);
+        LAUNCH(ms_cu_bias_add_forward(out, da, dbias, n, c, NULL, ERR));
+        ms_k_bias_add_forward(want.data(), a.data(), bias.data(), n, c);
+        ok &= close("bias add forward", back(out, e), want, 0, 0);
+        LAUNCH(ms_cu_bias_add_backward(dd, ddb, dg, n, c, NULL, ERR));
+        ms_k_bias_add_backward(w2.data(), wb.data(), g.data(), n, c);
+        ok &= close("bias add backward dinp", back(dd, e), w2, 1e-7, 1e-6);
+        ok &= close("bias add backward dbias", back(ddb, c), wb, 1e-6, 1e-6);
+        LAUNCH(ms_cu_gelu_forward(out, da, e, NULL, ERR));
+        ms_k_gelu_forward(want.data(), a.data(), e);
+        ok &= close("gelu forward (device tanhf: 2e-6)", back(out, e), want, 2e-6, 2e-6);
+        LAUNCH(ms_cu_gelu_backward(dd, da, dg, e, NULL, ERR));
+        ms_k_gelu_backward(w2.data(), a.data(), g.data(), e);
+        ok &= close("gelu backward (2e-6)", back(dd, e), w2, 2e-6, 2e-6);
+    }
+    assert_true(ok);
+}
+
+static void test_elementwise_bf16(void **state) {
+    (void)state;
+    const int64_t n = 256, c = 768, e = n * c;
+    const hvec a = to_bf16(frand(e, -4, 4)), b = to_bf16(frand(e, -2, 2)),
+               g = to_bf16(frand(e, -1, 1));
+    const hvec d0 = to_bf16(frand(e, -1, 1));
+    const fvec af = widen(a), bf = widen(b), gf = widen(g), bias = frand(c, -1, 1);
+    fvec want(e), dw = widen(d0);
+    uint16_t *da = dev(a), *db = dev(b), *dg = dev(g), *out = dev(hvec(e)), *dd = dev(d0);
+    float *dbias = dev(bias);
+    bool ok = true;
+    LAUNCH(ms_cu_add_forward_bf16(out, da, db, e, NULL, ERR));
+    ms_k_add_forward(want.data(), af.data(), bf.data(), e);
+    ok &= close("add forward bf16 (1 ulp)", widen(back(out, e)), want, 0, BF16_RTOL);
+    LAUNCH(ms_cu_bias_add_forward_bf16(out, da, dbias, n, c, NULL, ERR));
+    ms_k_bias_add_forward(want.data(), af.data(), bias.data(), n, c);
+    ok &= close("bias add forward bf16 (1 ulp)", widen(back(out, e)), want, 0, BF16_RTOL);
+    LAUNCH(ms_cu_gelu_forward_bf16(out, da, e, NULL, ERR));
+    ms_k_gelu_forward(want.data(), af.data(), e);
+    ok &= close("gelu forward bf16 (1 ulp)", widen(back(out, e)), want, 1e-6, BF16_RTOL);
+    LAUNCH(ms_cu_gelu_backward_bf16(dd, da, dg, e, NULL, ERR));
+    ms_k_gelu_backward(dw.data(), af.data(), gf.data(), e);
+    ok &= close("gelu backward bf16 (1 ulp)", widen(back(dd, e)), dw, 1e-6, BF16_RTOL);
+    assert_true(ok);
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    const int64_t n = 4 * 64, c = 768, v = 1000, v0 = 300, vl = 400;
+    std::vector<int32_t> ids(n);
+    for (auto &id : ids) id = (int32_t)(urand() * 40) * 25;
+    const fvec table = frand(vl * c, -1, 1), g = frand(n * c, -1, 1), d0 = frand(vl * c, -1, 1);
+    fvec want(n * c), dw = d0;
+    int32_t *did = dev(ids);
+    float *dt = dev(table), *dg = dev(g), *out = dev(fvec(n * c)), *dd = dev(d0);
+    LAUNCH(ms_cu_embedding_forward(out, did, dt, n, c, v0, vl, NULL, ERR));
+    ms_k_embedding_forward(want.data(), ids.data(), table.data(), n, c, v0, vl);
+    bool ok = close("embedding forward, vocab slice", back(out, n * c), want, 0, 0);
+    LAUNCH(ms_cu_embedding_backward(dd, did, dg, n, c, v0, vl, NULL, ERR));
+    ms_k_embedding_backward(dw.data(), ids.data(), g.data(), n, c, v0, vl);
+    ok &= close("embedding backward (atomics: 1e-6)", back(dd, vl * c), dw, 1e-6, 1e-6);
+    (void)v;
+    assert_true(ok);
+}
+
+/* ---- LayerNorm, softmax ---- */
+
+static void test_layernorm(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t c : {50, 768}) {
+        const int64_t n = c == 50 ? 3 : 256, e = n * c;
+        const fvec x = frand(e, -2, 3), w = frand(c, 0.5, 1.5), b = frand(c, -0.5, 0.5),
+                   g = frand(e, -1, 1);
+        const fvec d0 = frand(e, -1, 1), dw0 = frand(c, -1, 1), db0 = frand(c, -1, 1);
+        fvec out(e), mean(n), rstd(n), dx = d0, dw = dw0, db = db0;
+        ms_k_layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                               n, c, 1e-5f);
+        ms_k_layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                                mean.data(), rstd.data(), n, c);
+        float *dxin = dev(x), *dwt = dev(w), *dbs = dev(b), *dgo = dev(g), *dout = dev(fvec(e));
+        float *dmean = dev(fvec(n)), *drstd = dev(fvec(n)), *ddx = dev(d0), *ddw = dev(dw0),
+              *ddb = dev(db0);
+        LAUNCH(ms_cu_layernorm_forward(dout, dmean, drstd, dxin, dwt, dbs, n, c, 1e-5f, NULL, ERR));
+        ok &= close("layernorm out", back(dout, e), out, 2e-5, 2e-5);
+        ok &= close("layernorm mean", back(dmean, n), mean, 1e-6, 2e-6);
+        ok &= close("layernorm rstd", back(drstd, n), rstd, 0, 1e-5);
+        LAUNCH(
+            ms_cu_layernorm_backward(ddx, ddw, ddb, dgo, dxin, dwt, dmean, drstd, n, c, NULL, ERR));
+        ok &= close("layernorm dinp", back(ddx, e), dx, 1e-5, 1e-5);
+        ok &= close("layernorm dweight", back(ddw, c), dw, 1e-5, 1e-5);
+        ok &= close("layernorm dbias", back(ddb, c), db, 1e-6, 1e-6);
+        const hvec x16 = to_bf16(x);
+        const fvec x16f = widen(x16);
+        uint16_t *dx16 = dev(x16), *dout16 = dev(hvec(e));
+        ms_k_layernorm_forward(out.data(), mean.data(), rstd.data(), x16f.data(), w.data(),
+                               b.data(), n, c, 1e-5f);
+        LAUNCH(ms_cu_layernorm_forward_bf16(dout16, dmean, drstd, dx16, dwt, dbs, n, c, 1e-5f, NULL,
+                                            ERR));
+        ok &= close("layernorm out bf16 (1 ulp)", widen(back(dout16, e)), out, 1e-5, 1.0 / 128);
+    }
+    assert_true(ok);
+}
+
+static void test_softmax(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t c : {5, 256, 1000}) {
+        const int64_t n = 64, e = n * c;
+        const fvec x = frand(e, -8, 8), g = frand(e, -1, 1), d0 = frand(e, -1, 1);
+        fvec y(e), dx = d0;
+        ms_k_softmax_forward(y.data(), x.data(), n, c);
+        ms_k_softmax_backward(dx.data(), g.data(), y.data(), n, c);
+        float *dxin = dev(x), *dy = dev(fvec(e)), *dg = dev(g), *ddx = dev(d0);
+        LAUNCH(ms_cu_softmax_forward(dy, dxin, n, c, NULL, ERR));
+        ok &= close("softmax forward", back(dy, e), y, 1e-8, 1e-5);
+        LAUNCH(ms_cu_softmax_backward(ddx, dg, dy, n, c, NULL, ERR));
+        ok &= close("softmax backward", back(ddx, e), dx, 1e-7, 1e-5);
+    }
+    assert_true(ok);
+}
+
+/* ---- cross-entropy ---- */
+
+static void test_xent(void **state) {
+    (void)state;
+    const int64_t n = 16, v = 50257, v0 = 20000, vl = 12345;
+    const fvec logits = frand(n * v, -6, 6), dl = frand(n, 0.1, 1), d0 = frand(n * v, -1e-4, 1e-4);
+    std::vector<int32_t> t(n);
+    for (auto &x : t) x = (int32_t)(urand() * (double)v);
+    t[1] = -1;
+    t[2] = v0 + 7; /* a target inside the slice */
+    fvec loss(n), lse(n), dx = d0;
+    ms_k_xent_forward(loss.data(), lse.data(), logits.data(), t.data(), n, v);
+    ms_k_xent_backward(dx.data(), logits.data(), lse.data(), t.data(), dl.data(), n, v);
+    float *dlog = dev(logits), *ddl = dev(dl), *dloss = dev(fvec(n)), *dlse = dev(fvec(n)),
+          *ddx = dev(d0);
+    int32_t *dt = dev(t);
+    bool ok = true;
+    LAUNCH(ms_cu_xent_forward(dloss, dlse, dlog, dt, n, v, NULL, ERR));
+    ok &= close("xent loss", back(dloss, n), loss, 1e-4, 1e-6);
+    ok &= close("xent lse", back(dlse, n), lse, 1e-4, 0);
+    LAUNCH(ms_cu_xent_backward(ddx, dlog, dlse, dt, ddl, n, v, NULL, ERR));
+    ok &= close("xent backward", back(ddx, n * v), dx, 3e-8, 1e-5);
+    /* One vocab slice: its partials against the CPU's pieces. */
+    fvec sub(n * vl);
+    for (int64_t r = 0; r < n; r++)
+        std::copy_n(logits.data() + r * v + v0, vl, sub.data() + r * vl);
+    fvec lm(n), ls(n), lt(n), gmax(n), gsum(n), vpl(n), ds0 = frand(n * vl, -1e-4, 1e-4), ds = ds0;
+    ms_k_xent_vp_forward_local(vpl.data(), gmax.data(), gsum.data(), logits.data(), t.data(), n, v);
+    ms_k_xent_vp_rowmax(lm.data(), sub.data(), n, vl);
+    ms_k_xent_vp_sumexp(ls.data(), sub.data(), gmax.data(), n, vl);
+    ms_k_xent_vp_target(lt.data(), sub.data(), t.data(), n, vl, v0);
+    ms_k_xent_vp_backward(ds.data(), sub.data(), gmax.data(), gsum.data(), t.data(), dl.data(), n,
+                          vl, v0);
+    float *dsub = dev(sub), *o1 = dev(fvec(n)), *dgmax = dev(gmax), *dgsum = dev(gsum),
+          *dds = dev(ds0);
+    LAUNCH(ms_cu_xent_vp_rowmax(o1, dsub, n, vl, NULL, ERR));
+    ok &= close("xent slice max", back(o1, n), lm, 0, 0);
+    LAUNCH(ms_cu_xent_vp_sumexp(o1, dsub, dgmax, n, vl, NULL, ERR));
+    ok &= close("xent slice sum of exp", back(o1, n), ls, 1e-30, 3e-5);
+    LAUNCH(ms_cu_xent_vp_target(o1, dsub, dt, n, vl, v0, NULL, ERR));
+    ok &= close("xent slice target", back(o1, n), lt, 0, 0);
+    LAUNCH(ms_cu_xent_vp_backward(dds, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, NULL, ERR));
+    ok &= close("xent slice backward", back(dds, n * vl), ds, 3e-8, 1e-5);
+    /* The combine, from the whole-vocab partials (one slice). */
+    float *dgt = dev(fvec(n));
+    LAUNCH(ms_cu_xent_vp_target(dgt, dlog, dt, n, v, 0, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_loss(o1, dgmax, dgsum, dgt, dt, n, NULL, ERR));
+    ok &= close("xent vocab-parallel loss", back(o1, n), vpl, 1e-4, 1e-6);
+    assert_true(ok);
+}
+
+/* ---- optimizer ---- */
+
+static void test_optim(void **state) {
+    (void)state;
+    const int64_t n = 100003;
+    const ms_adamw_opts o = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    const fvec p0 = frand(n, -1, 1), g = frand(n, -2, 2);
+    fvec p = p0, m(n, 0.0f), v(n, 0.0f);
+    float *dp = dev(p0), *dg = dev(g), *dm = dev(m), *dv = dev(v);
+    bool ok = true;
+    for (int64_t t = 1; t <= 2; t++) {
+        ms_error e = {};
+        assert_int_equal(
+            ms_adamw_step_scaled(p.data(), g.data(), m.data(), v.data(), n, &o, t, 0.5f, &e),
+            MS_OK);
+        LAUNCH(ms_cu_adamw_step(dp, dg, dm, dv, n, &o, t, 0.5f, NULL, ERR));
+    }
+    ok &= close("adamw p", back(dp, n), p, 1e-7, 1e-6);
+    ok &= close("adamw m", back(dm, n), m, 1e-7, 1e-6);
+    ok &= close("adamw v", back(dv, n), v, 1e-9, 1e-6);
+    const hvec g16 = to_bf16(g);
+    const fvec gw = widen(g16);
+    uint16_t *dg16 = dev(g16), *dp16 = dev(hvec(n));
+    ms_error e = {};
+    assert_int_equal(ms_adamw_step(p.data(), gw.data(), m.data(), v.data(), n, &o, 3, &e), MS_OK);
+    LAUNCH(ms_cu_adamw_step_master(dp, dg16, dm, dv, dp16, n, &o, 3, 1.0f, NULL, ERR));
+    const fvec pm = back(dp, n);
+    ok &= close("adamw master p (bf16 gradient)", pm, p, 1e-7, 1e-6);
+    ok &= close("adamw master bf16 copy = master rounded", widen(back(dp16, n)), widen(to_bf16(pm)),
+                0, 0);
+    /* A bad step is refused before anything is launched. */
+    assert_int_equal(ms_cu_adamw_step(dp, dg, dm, dv, n, &o, 0, 1.0f, NULL, &e), MS_ERR_INVALID);
+    for (int64_t len : {1, 3 * 65536 + 12345}) {
+        const fvec x = frand(len, -3, 3);
+        float *dx = dev(x);
+        double *dout = dev(std::vector<double>(1)),
+               *scratch = dev(std::vector<double>(ms_cu_sumsq_scratch_doubles(len)));
+        LAUNCH(ms_cu_sumsq(dout, scratch, dx, len, NULL, ERR));
+        const double got = back(dout, 1)[0], want = ms_sumsq_f32(x.data(), (size_t)len);
+        printf("  sum of squares n=%lld rel err %.3g (tolerance 1e-12)\n", (long long)len,
+               fabs(got - want) / want);
+        ok &= fabs(got - want) <= 1e-12 * want;
+    }
+    assert_true(ok);
+}
+
+/* ---- attention ---- */
+
+static bool attention_case(int64_t b, int64_t t, int64_t c, int64_t nh, bool causal, bool masked) {
+    const int64_t n = b * t * c, n3 = 3 * n;
+    const fvec qkv = frand(n3, -1.5, 1.5), g = frand(n, -1, 1), d0 = frand(n3, -1, 1);
+    fvec mask;
+    if (masked) {
+        mask.assign(b * t, 0.0f);
+        for (int64_t bi = 0; bi < b; bi++)
+            for (int64_t j = 0; j < t; j++)
+                if (j >= t - 7 * (bi + 1) || (j % 11 == 5 && j > 0)) mask[bi * t + j] = -INFINITY;
+    }
+    fvec out(n), att(b * nh * t * t), dq = d0, scratch(ms_k_attention_scratch_floats(t));
+    ms_k_attention_forward(out.data(), att.data(), qkv.data(), masked ? mask.data() : NULL, b, t, c,
+                           nh, causal);
+    ms_k_attention_backward(dq.data(), scratch.data(), g.data(), qkv.data(), att.data(), b, t, c,
+                            nh, causal);
+    float *dqkv_in = dev(qkv), *dout = dev(fvec(n)), *dlse = dev(fvec(b * nh * t)), *dg = dev(g);
+    float *ddq = dev(d0), *dmask = masked ? dev(mask) : NULL;
+    float *dscr = dev(fvec(ms_cu_attention_scratch_floats(b, t, nh)));
+    LAUNCH(ms_cu_attention_forward(dout, dlse, dqkv_in, dmask, b, t, c, nh, causal, NULL, ERR));
+    char what[96];
+    snprintf(what, sizeof what, "attention out B=%lld T=%lld C=%lld NH=%lld%s%s", (long long)b,
+             (long long)t, (long long)c, (long long)nh, causal ? " causal" : "",
+             masked ? " mask" : "");
+    bool ok = close(what, back(dout, n), out, 1e-5, 1e-4);
+    LAUNCH(ms_cu_attention_backward(ddq, dscr, dg, dqkv_in, dout, dlse, dmask, b, t, c, nh, causal,
+                                    NULL, ERR));
+    ok &= close("  dqkv", back(ddq, n3), dq, 1e-5, 1e-4);
+    return ok;
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    bool ok = attention_case(1, 5, 16, 2, true, false); /* smaller than a tile */
+    ok &= attention_case(2, 100, 768, 12, true, false);
+    ok &= attention_case(2, 77, 768, 12, false, true);
+    ok &= attention_case(2, 100, 384, 6, true, true);
+    ok &= attention_case(1, 256, 768, 12, true, false);
+    ok &= attention_case(1, 64, 256, 2, false, false); /* HS = 128 */
+    float *p = dev(fvec(16));
+    ms_error e = {};
+    assert_int_equal(ms_cu_attention_forward(p, p, p, NULL, 1, 1, 258, 1, true, NULL, &e),
+                     MS_ERR_INVALID);
+    printf("  refused: %s\n", e.msg);
+    assert_true(ok);
+}
+
+/* ---- GEMM ---- */
+
+static size_t a_elems(const ms_k_gemm &g) {
+    return (size_t)(g.m * g.k * (g.bcast_a ? 1 : g.batch));
+}
+static size_t b_elems(const ms_k_gemm &g) {
+    return (size_t)(g.k * g.n * (g.bcast_b ? 1 : g.batch));
+}
+
+static bool gemm_case(ms_cu_ctx *ctx, ms_k_gemm g, bool bf16) {
+    const size_t na = a_elems(g), nb = b_elems(g), nc = (size_t)(g.batch * g.m * g.n);
+    fvec a = frand(na, -1, 1), b = frand(nb, -1, 1), dc = frand(nc, -1, 1), c0 = frand(nc, -1, 1);
+    if (bf16) a = widen(to_bf16(a)), b = widen(to_bf16(b)), dc = widen(to_bf16(dc));
+    fvec c = c0, da = frand(na, -1, 1), db = frand(nb, -1, 1);
+    const fvec da0 = da, db0 = db;
+    ms_k_matmul_forward(&g, c.data(), a.data(), b.data(), 0.5f, 1.0f);
+    ms_k_matmul_backward(&g, da.data(), db.data(), dc.data(), a.data(), b.data(), 0.5f, true);
+    const ms_cu_dtype in = bf16 ? MS_CU_BF16 : MS_CU_F32;
+    const void *pa = bf16 ? (void *)dev(to_bf16(a)) : (void *)dev(a);
+    const void *pb = bf16 ? (void *)dev(to_bf16(b)) : (void *)dev(b);
+    const void *pdc = bf16 ? (void *)dev(to_bf16(dc)) : (void *)dev(dc);
+    float *pc = dev(c0), *pda = dev(da0), *pdb = dev(db0);
+    LAUNCH(ms_cu_matmul_forward(ctx, &g, pc, MS_CU_F32, pa, pb, in, 0.5f, 1.0f, ERR));
+    LAUNCH(ms_cu_matmul_backward(ctx, &g, pda, pdb, MS_CU_F32, pdc, pa, pb, in, 0.5f, true, ERR));
+    char what[128];
+    snprintf(what, sizeof what, "%s gemm batch %lld %lldx%lldx%lld%s%s%s%s", bf16 ? "bf16" : "fp32",
+             (long long)g.batch, (long long)g.m, (long long)g.n, (long long)g.k,
+             g.trans_a ? " ta" : "", g.trans_b ? " tb" : "", g.bcast_a ? " bcast_a" : "",
+             g.bcast_b ? " bcast_b" : "");
+    /* fp32: cuBLAS sums k products in another order (and may use TF32 only if asked: it is
+     * not); 1e-5 of sqrt(k) unit-sized terms. bf16 inputs are exact in fp32, so the same. */
+    const double tol = 2e-6 * sqrt((double)std::max(g.k, std::max(g.m, g.n)) * (double)g.batch);
+    bool ok = close(what, back(pc, nc), c, tol, 1e-5);
+    ok &= close("  da", back(pda, na), da, tol, 1e-5);
+    ok &= close("  db", back(pdb, nb), db, tol, 1e-5);
+    if (!bf16) return ok;
+    /* bf16 output: the fp32 product rounded. */
+    uint16_t *pc16 = dev(hvec(nc));
+    fvec cw(nc);
+    ms_k_matmul_forward(&g, cw.data(), a.data(), b.data(), 1.0f, 0.0f);
+    LAUNCH(ms_cu_matmul_forward(ctx, &g, pc16, MS_CU_BF16, pa, pb, in, 1.0f, 0.0f, ERR));
+    ok &= close("  bf16 output (1 ulp)", widen(back(pc16, nc)), cw, tol, 1.0 / 128);
+    return ok;
+}
+
+static void test_gemm(void **state) {
+    (void)state;
+    ms_cu_ctx *ctx = NULL;
+    ms_error e = {};
+    assert_int_equal(ms_cu_ctx_create(0, NULL, &ctx, &e), MS_OK);
+    bool ok = true;
+    for (bool bf16 : {false, true}) {
+        ok &= gemm_case(ctx, ms_k_gemm{1, 3, 5, 7, false, false, false, false}, bf16);
+        ok &= gemm_case(ctx, ms_k_gemm{1, 512, 2304, 768, false, false, false, true},
+                        bf16); /* c_attn */
+        ok &= gemm_case(ctx, ms_k_gemm{4, 64, 768, 96, false, true, false, true}, bf16);
+        ok &= gemm_case(ctx, ms_k_gemm{3, 33, 17, 65, true, false, true, false}, bf16);
+        ok &= gemm_case(ctx, ms_k_gemm{5, 40, 24, 16, true, true, false, false}, bf16);
+    }
+    ms_cu_ctx_destroy(ctx);
+    assert_true(ok);
+}
+
+int main(void) {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        printf("SKIP: no usable CUDA device (%s)\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_elementwise, free_all),
+        cmocka_unit_test_teardown(test_elementwise_bf16, free_all),
+        cmocka_unit_test_teardown(test_embedding, free_all),
+        cmocka_unit_test_teardown(test_layernorm, free_all),
+        cmocka_unit_test_teardown(test_softmax, free_all),
+        cmocka_unit_test_teardown(test_xent, free_all),
+        cmocka_unit_test_teardown(test_optim, free_all),
+        cmocka_unit_test_teardown(test_attention, free_all),
+        cmocka_unit_test_teardown(test_gemm, free_all),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
