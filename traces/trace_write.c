@@ -785,7 +785,8 @@ static const char *coll_dtype_name(const ms_ev_coll *c) {
 
 static void coll_nelems(const ms_ev_coll *c, uint64_t *in, uint64_t *out) {
     size_t elt = ms_comm_dtype_size((ms_comm_dtype)c->dtype);
-    uint64_t total = c->bytes / (elt ? elt : 4), n = c->group_size > 0 ? (uint64_t)c->group_size : 1;
+    uint64_t total = c->bytes / (elt ? elt : 4),
+             n = c->group_size > 0 ? (uint64_t)c->group_size : 1;
     *in = *out = total;
     if (c->coll == MS_COLL_ALL_GATHER) *in = total / n;
     if (c->coll == MS_COLL_REDUCE_SCATTER) *out = total / n;
