@@ -141,6 +141,20 @@ static void measure(const ms_analysis *an, int world, const ms_plan_estimate *pr
     for (int i = 0; i < an->n_steps; i++) m->idle += an->steps[i].idle_s / steps;
 }
 
+/* The share of the dp gradient traffic the trace saw hidden under compute, over all ranks,
+ * when the job runs gradient buckets: what the cost model then takes as hidden (the traffic's
+ * total is rescaled with the dp dim's factor like any other collective). */
+static void measure_dp_overlap(ms_advisor *a, const ms_strategy *cur, const ms_analysis *an) {
+    if (!an || cur->bucket_mb <= 0 || cur->dp < 2) return;
+    double comm = 0, hidden = 0;
+    for (int r = 0; r < an->nranks && r < MS_AN_MAX_RANKS; r++)
+        comm += an->overlap[r].dp_comm_s, hidden += an->overlap[r].dp_hidden_s;
+    if (comm <= 0) return;
+    double share = hidden / comm;
+    a->scales.dp_overlap =
+        a->scales.dp_overlap < 0 ? share : 0.5 * a->scales.dp_overlap + 0.5 * share;
+}
+
 static double clampd(double x, double lo, double hi) {
     return x < lo ? lo : x > hi ? hi : x;
 }
@@ -396,6 +410,7 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         blend(&a->scales.compute[c], fresh.compute[c], a->updates);
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
         blend(&a->scales.comm[d], fresh.comm[d], a->updates);
+    measure_dp_overlap(a, &cur, an);
     /* what is left becomes a per-step constant */
     ms_plan_scales noover = a->scales;
     noover.overhead_s = 0;

@@ -30,6 +30,7 @@ void ms_plan_scales_identity(ms_plan_scales *s) {
     for (int i = 0; i < MS_PC_COUNT; i++) s->compute[i] = 1;
     for (int i = 0; i < MS_PLAN_DIM_COUNT; i++) s->comm[i] = 1;
     s->overhead_s = 0;
+    s->dp_overlap = -1;
 }
 
 /* --- strategies --------------------------------------------------------------------------------
@@ -840,11 +841,13 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     }
     double exposed_grad = 0;
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) {
-        /* gradients: the schedule hides up to dp_overlap of them behind the last backward,
-         * never the last layer's bucket */
+        /* gradients: the schedule hides up to dp_overlap of them behind the last backward
+         * (with buckets, the share measured on this job once the advisor has seen it), never
+         * the last layer's bucket */
         double total = grad[d], hidden = 0;
-        if (total > 0 && c->dp_overlap > 0) {
-            hidden = c->dp_overlap * total;
+        double overlap = s->bucket_mb > 0 && sc->dp_overlap >= 0 ? sc->dp_overlap : c->dp_overlap;
+        if (total > 0 && overlap > 0) {
+            hidden = overlap * total;
             if (hidden > bwd_mb) hidden = bwd_mb;
             double last = total / (w->layers_per_stage > 0 ? w->layers_per_stage : 1);
             if (total - hidden < last) hidden = total - last;
