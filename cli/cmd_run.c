@@ -36,6 +36,7 @@ static const char *const strategy_flags[] = {"--dp",
                                              "--virtual-stages",
                                              "--zero",
                                              "--recompute",
+                                             "--precision",
                                              "--strategy",
                                              "--bucket-mb"};
 

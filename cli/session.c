@@ -43,6 +43,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     for (int i = 0; i < MS_SCHEDULE_COUNT; i++) schedule_words[i] = ms_schedule_name(i);
     const char *recompute_words[MS_RECOMPUTE_COUNT + 1] = {NULL};
     for (int i = 0; i < MS_RECOMPUTE_COUNT; i++) recompute_words[i] = ms_recompute_name(i);
+    const char *precision_words[MS_PRECISION_COUNT + 1] = {NULL};
+    for (int i = 0; i < MS_PRECISION_COUNT; i++) precision_words[i] = ms_precision_name(i);
     const run_flag flags[] = {
         {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model, "the model's config JSON (required)")},
         {RUN_TRAIN | RUN_EVAL,
@@ -70,6 +72,9 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL, MS_ENUM("recompute", &o->recompute, recompute_words,
                           "activation recompute: full re-runs each layer's forward in backward, "
                           "selective attention's core only (default none)")},
+        {RUN_ALL, MS_ENUM("precision", &o->precision, precision_words,
+                          "bf16: bf16 activations, weights and gradients (collectives move half "
+                          "the bytes), fp32 master weights and optimizer state (default fp32)")},
         {RUN_ALL, MS_NUM("bucket-mb", "MIB", &o->bucket_mb, 0, 1e6,
                          "all-reduce gradients in buckets of this many MiB, issued during "
                          "backward; 0: one per gradient at the end (default 0)")},

@@ -35,6 +35,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
         out->strat.virtual_stages = o->virtual_stages;
         out->strat.zero = o->zero;
         out->strat.recompute = (uint8_t)o->recompute;
+        out->strat.precision = (uint8_t)o->precision;
         out->strat.bucket_mb = (float)o->bucket_mb;
     }
     out->world_size = ms_strategy_ranks(&out->strat);

@@ -34,6 +34,7 @@ typedef struct run_opts {
     int virtual_stages; /* --virtual-stages: model chunks per pipeline rank */
     int zero;           /* --zero: the ZeRO stage over dp */
     int recompute;      /* --recompute: an ms_recompute */
+    int precision;      /* --precision: an ms_precision */
     double bucket_mb;   /* --bucket-mb: gradient buckets in MiB; 0: none */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;

@@ -141,6 +141,20 @@ static void measure(const ms_analysis *an, int world, const ms_plan_estimate *pr
     for (int i = 0; i < an->n_steps; i++) m->idle += an->steps[i].idle_s / steps;
 }
 
+/* The share of the dp gradient traffic the trace saw hidden under compute, over all ranks,
+ * when the job runs gradient buckets: what the cost model then takes as hidden (the traffic's
+ * total is rescaled with the dp dim's factor like any other collective). */
+static void measure_dp_overlap(ms_advisor *a, const ms_strategy *cur, const ms_analysis *an) {
+    if (!an || cur->bucket_mb <= 0 || cur->dp < 2) return;
+    double comm = 0, hidden = 0;
+    for (int r = 0; r < an->nranks && r < MS_AN_MAX_RANKS; r++)
+        comm += an->overlap[r].dp_comm_s, hidden += an->overlap[r].dp_hidden_s;
+    if (comm <= 0) return;
+    double share = hidden / comm;
+    a->scales.dp_overlap =
+        a->scales.dp_overlap < 0 ? share : 0.5 * a->scales.dp_overlap + 0.5 * share;
+}
+
 static double clampd(double x, double lo, double hi) {
     return x < lo ? lo : x > hi ? hi : x;
 }
@@ -237,9 +251,13 @@ static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size
         k += (size_t)snprintf(buf + k, len - k, "%ssp %s -> %s", k ? ", " : "",
                               a->sp ? "on" : "off", b->sp ? "on" : "off");
     if (a->recompute != b->recompute && k < len)
-        snprintf(buf + k, len - k, "%srecompute %s -> %s", k ? ", " : "",
-                 ms_recompute_name((ms_recompute)a->recompute),
-                 ms_recompute_name((ms_recompute)b->recompute));
+        k += (size_t)snprintf(buf + k, len - k, "%srecompute %s -> %s", k ? ", " : "",
+                              ms_recompute_name((ms_recompute)a->recompute),
+                              ms_recompute_name((ms_recompute)b->recompute));
+    if (a->precision != b->precision && k < len)
+        snprintf(buf + k, len - k, "%sprecision %s -> %s", k ? ", " : "",
+                 ms_precision_name((ms_precision)a->precision),
+                 ms_precision_name((ms_precision)b->precision));
 }
 
 /* A suggestion's id: a hash of the whole strategy (FNV-1a over its short JSON), so two
@@ -276,8 +294,10 @@ static void fill_suggestion(ms_suggestion *g, const ms_strategy *current, const 
 }
 
 /* s, or the fastest variant of s with ZeRO (over dp) and activation recompute that fits the
- * memory cap: what the advisor suggests when a mesh alone does not fit. *est receives the
- * chosen strategy's estimate; false when nothing fits. */
+ * memory cap, in s's precision or, when none does, in bf16: what the advisor suggests when a
+ * mesh alone does not fit. bf16 only for memory: on cores without bf16 units its conversions
+ * cost time the cost model does not price. *est receives the chosen strategy's estimate;
+ * false when nothing fits. */
 static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_plan_problem *pb,
                        double cap, ms_strategy *s, ms_plan_estimate *est) {
     const ms_plan_scales *scales = &a->scales;
@@ -287,17 +307,18 @@ static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_pl
     ms_strategy base = *s;
     ms_plan_estimate trial;
     bool found = false;
-    for (int z = 0; z <= (base.dp > 1 ? 3 : 0); z++)
-        for (int r = MS_RECOMPUTE_NONE; r < MS_RECOMPUTE_COUNT; r++) {
-            ms_strategy v = base;
-            v.zero = z, v.recompute = (uint8_t)r;
-            if ((!z && r == MS_RECOMPUTE_NONE) ||
-                ms_strategy_validate(&v, &a->cfg, job, 0, NULL) != MS_OK ||
-                ms_plan_estimate_one(pb, &v, scales, &trial, &err) != MS_OK ||
-                trial.mem_total > cap || (found && trial.step_s >= est->step_s))
-                continue;
-            *s = v, *est = trial, found = true;
-        }
+    for (int p = base.precision; p < MS_PRECISION_COUNT && !found; p++)
+        for (int z = 0; z <= (base.dp > 1 ? 3 : 0); z++)
+            for (int r = MS_RECOMPUTE_NONE; r < MS_RECOMPUTE_COUNT; r++) {
+                ms_strategy v = base;
+                v.zero = z, v.recompute = (uint8_t)r, v.precision = (uint8_t)p;
+                if ((!z && r == MS_RECOMPUTE_NONE && p == base.precision) ||
+                    ms_strategy_validate(&v, &a->cfg, job, 0, NULL) != MS_OK ||
+                    ms_plan_estimate_one(pb, &v, scales, &trial, &err) != MS_OK ||
+                    trial.mem_total > cap || (found && trial.step_s >= est->step_s))
+                    continue;
+                *s = v, *est = trial, found = true;
+            }
     return found;
 }
 
@@ -389,6 +410,7 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         blend(&a->scales.compute[c], fresh.compute[c], a->updates);
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
         blend(&a->scales.comm[d], fresh.comm[d], a->updates);
+    measure_dp_overlap(a, &cur, an);
     /* what is left becomes a per-step constant */
     ms_plan_scales noover = a->scales;
     noover.overhead_s = 0;
@@ -418,9 +440,10 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     bool over = cur_e->mem_total > cap;
     for (int k = 0; k < nall && nt < 64; k++) {
         ms_strategy s = all[k];
-        if (ms_strategy_equal(&s, &cur) ||
-            ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK)
-            continue;
+        /* the job's precision stays unless memory asks for bf16 (fit_memory); the current
+         * mesh itself is weighed too, for a variant of it that fits */
+        s.precision = cur.precision;
+        if (ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK) continue;
         /* its variants are validated where they are made */
         if (!fit_memory(a, &job, &pb, cap, &s, cand) || ms_strategy_equal(&s, &cur)) continue;
         double gain = (measured_step_s - cand->step_s) / measured_step_s;

@@ -30,6 +30,19 @@ ms_status mt_equiv_data(ms_text_data *d, ms_error *err);
  * threads, or the MPI world). Fails the current cmocka test on a difference. */
 void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,
                     int world);
+/* What a run is checked against: the reference strategy (run on one rank) and tolerances. */
+typedef struct mt_equiv_tol {
+    const char *ref; /* JSON of the one-rank reference run */
+    double loss;     /* every step's loss and the validation loss, relative */
+    double params;   /* all parameters as one vector, relative */
+    double worst;    /* the largest single parameter difference, absolute */
+    bool differ;     /* the parameters must also differ from the reference's somewhere */
+} mt_equiv_tol;
+/* One rank in fp32, 1e-5 relative: what every strategy must reproduce. */
+mt_equiv_tol mt_equiv_exact(void);
+void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const char *then1,
+                        const char *then2, int world, const mt_equiv_tol *tol);
+
 /* The same for another model (the batch, steps and data stay). */
 void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
                           const char *then2, int world);

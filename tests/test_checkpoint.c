@@ -29,6 +29,7 @@
 
 static const char *bin;
 static bool use_mpi;
+static const char *ref_name = "full"; /* the uninterrupted run compare() reads */
 static char dir[256], text[300], model[300], other_model[300];
 
 static int run(const char *cmd_fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -124,7 +125,9 @@ static int resume(const char *strategy, const char *from) {
  * exactly (tol 0) or within a relative tolerance. */
 static void compare(const char *what, double tol) {
     char full[STEPS][32], res[STEPS][32];
-    assert_int_equal(read_losses("full.jsonl", full, STEPS), STEPS);
+    char ref_log[64];
+    snprintf(ref_log, sizeof ref_log, "%s.jsonl", ref_name);
+    assert_int_equal(read_losses(ref_log, full, STEPS), STEPS);
     assert_int_equal(read_losses("res.jsonl", res, STEPS), STEPS - HALF);
     for (int i = 0; i < STEPS - HALF; i++) {
         double a = atof(full[HALF + i]), b = atof(res[i]);
@@ -135,12 +138,14 @@ static void compare(const char *what, double tol) {
     ms_st_file a = {0}, b = {0};
     ms_error err = {0};
     char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/full.safetensors", dir);
+    snprintf(pa, sizeof pa, "%s/%s.safetensors", dir, ref_name);
     snprintf(pb, sizeof pb, "%s/res.safetensors", dir);
     if (ms_safetensors_read(pa, &a, &err) != MS_OK || ms_safetensors_read(pb, &b, &err) != MS_OK)
         fail_msg("%s: %s", what, err.msg);
     /* Bit for bit (tol 0), or as the equivalence tests compare: ||x - ref|| / ||ref|| over
-     * all parameters within tol, and no element off by a tenth of an AdamW step (lr 1e-3). */
+     * all parameters within tol, and no element off by a tenth of an AdamW step (lr 1e-3), or
+     * by four steps (worst 4e-3) across precisions, where AdamW moves an element whose
+     * gradient is near zero a whole step whichever its sign. */
     assert_int_equal(a.n, b.n);
     double diff2 = 0, norm2 = 0;
     for (int i = 0; i < a.n; i++) {
@@ -151,7 +156,7 @@ static void compare(const char *what, double tol) {
             double u = x->data[k], v = y->data[k];
             diff2 += (u - v) * (u - v), norm2 += u * u;
             bool same = tol == 0 ? memcmp(&x->data[k], &y->data[k], sizeof(float)) == 0
-                                 : fabs(u - v) <= 1e-4;
+                                 : fabs(u - v) <= (tol > 1e-4 ? 4e-3 : 1e-4);
             if (!same)
                 fail_msg("%s: final %s[%lld] = %.9g, the uninterrupted run %.9g", what, x->name,
                          (long long)k, v, u);
@@ -209,6 +214,32 @@ static void save_pipeline_zero_resume_elsewhere(void **state) {
     snprintf(from, sizeof from, "%s/ck_pp/step-%08d", dir, HALF);
     assert_int_equal(resume("--dp 2 --tp 2", from), 0);
     compare("pp2 x dp2 zero1 resumed on dp2 x tp2", 1e-5);
+}
+
+/* bf16 mixed precision: the checkpoint holds the fp32 master weights and moments, so a bf16
+ * run resumes bit for bit under its own strategy, and either precision resumes the other's
+ * checkpoint (within bf16's tolerance of the uninterrupted run: test_precision's 1e-2). */
+static void bf16_checkpoints(void **state) {
+    (void)state;
+    reference();
+    char flags[4096], from[512];
+    snprintf(flags, sizeof flags,
+             "--dp 2 --tp 2 --zero 1 --precision bf16 --save-dir %s/ck_bf16 --save-every %d "
+             "--keep 5 --log-jsonl %s/full_bf16.jsonl --save %s/full_bf16.safetensors",
+             dir, HALF, dir, dir);
+    assert_int_equal(train(flags), 0);
+    snprintf(from, sizeof from, "%s/ck_bf16/step-%08d", dir, HALF);
+    ref_name = "full_bf16";
+    assert_int_equal(resume("--dp 2 --tp 2 --zero 1 --precision bf16", from), 0);
+    compare("bf16 dp2 x tp2 zero1 resumed on itself", 0);
+    assert_int_equal(resume("--dp 4 --zero 3 --precision bf16", from), 0);
+    compare("bf16 dp2 x tp2 zero1 resumed on bf16 dp4 zero3", 1e-2);
+    assert_int_equal(resume("--dp 2 --tp 2", from), 0);
+    compare("bf16 checkpoint resumed in fp32", 1e-2);
+    ref_name = "full";
+    half_ckpt(from, sizeof from);
+    assert_int_equal(resume("--dp 2 --tp 2 --precision bf16", from), 0);
+    compare("fp32 checkpoint resumed in bf16", 1e-2);
 }
 
 /* A copy of the step-HALF checkpoint to damage. */
@@ -392,6 +423,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(resume_same_strategy_bit_exact),
         cmocka_unit_test(resume_other_strategies),
         cmocka_unit_test(save_pipeline_zero_resume_elsewhere),
+        cmocka_unit_test(bf16_checkpoints),
         cmocka_unit_test(corrupt_checkpoints_refused),
         cmocka_unit_test(failed_save_keeps_previous),
         cmocka_unit_test(killed_during_save),
@@ -400,6 +432,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest mpi[] = {
         cmocka_unit_test(resume_same_strategy_bit_exact),
         cmocka_unit_test(resume_other_strategies),
+        cmocka_unit_test(bf16_checkpoints),
     };
     if (use_mpi) return cmocka_run_group_tests_name("checkpoint (mpi)", mpi, setup, teardown);
     return cmocka_run_group_tests_name("checkpoint (threads)", all, setup, teardown);

@@ -848,6 +848,115 @@ static void advisor_fits_memory_with_zero(void **state) {
     ms_advisor_destroy(adv);
 }
 
+/* Memory that only bf16 fits: under a cap below dp4's leanest fp32 variant (ZeRO 3 and full
+ * recompute) the advisor suggests bf16 strategies, each within the cap and the precision
+ * named in the diff, and only where the mesh's leanest fp32 variant does not fit. */
+static void advisor_fits_memory_with_bf16(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster c = cpu_cluster();
+    ms_advisor *adv;
+    ms_error err = {0};
+    const int B = 8, T = 64;
+    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
+    ms_strategy lean = knobs(4, 1, 1, 1, false, 3, true, 1, true, MS_PLAN_FP32), half = lean;
+    lean.recompute = MS_RECOMPUTE_FULL;
+    half.recompute = MS_RECOMPUTE_FULL;
+    half.precision = MS_PRECISION_BF16;
+    ms_plan_estimate e32, e16, pred;
+    assert_int_equal(ms_advisor_predict(adv, &lean, &e32, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &half, &e16, &err), MS_OK);
+    printf("dp4 zero3 recompute: fp32 %.3g bytes per rank, bf16 %.3g\n", e32.mem_total,
+           e16.mem_total);
+    assert_true(e16.mem_total < 0.8 * e32.mem_total);
+    double cap = (e32.mem_total + e16.mem_total) / 2;
+    ms_advisor_set_memory_cap(adv, cap);
+    ms_strategy cur;
+    assert_int_equal(ms_strategy_init(&cur, 4, 1, 1, false, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &cur, &pred, &err), MS_OK);
+    ms_analysis an;
+    double step;
+    synthetic_analysis(&pred, 1.0, 4, 5, &an, &step);
+    ms_suggestion sg[64];
+    int n = 0;
+    assert_int_equal(ms_advisor_update(adv, &cur, &an, step, 0.10, sg, 64, &n, &err), MS_OK);
+    assert_true(n > 0);
+    int bf16 = 0;
+    for (int i = 0; i < n; i++) {
+        ms_strategy ps;
+        assert_int_equal(ms_strategy_parse_json(sg[i].target_json, strlen(sg[i].target_json),
+                                                "target", &ps, NULL, &err),
+                         MS_OK);
+        ms_plan_estimate e;
+        assert_int_equal(ms_advisor_predict(adv, &ps, &e, &err), MS_OK);
+        printf("  %s: %s; %s\n", sg[i].target, sg[i].memory_check, sg[i].diff);
+        assert_true(e.mem_total <= cap);
+        if (ps.precision != MS_PRECISION_BF16) continue;
+        bf16++;
+        assert_non_null(strstr(sg[i].diff, "precision fp32 -> bf16"));
+        ms_strategy lean32 = ps;
+        lean32.precision = MS_PRECISION_FP32;
+        lean32.zero = ps.dp > 1 ? 3 : 0;
+        lean32.recompute = MS_RECOMPUTE_FULL;
+        assert_int_equal(ms_advisor_predict(adv, &lean32, &e, &err), MS_OK);
+        assert_true(e.mem_total > cap);
+    }
+    assert_true(bf16 > 0);
+    free_analysis(&an);
+    ms_advisor_destroy(adv);
+}
+
+/* dp_overlap from measurement: a job with gradient buckets whose trace shows 60% of the dp
+ * traffic hidden under compute teaches the advisor that share; its estimate of the bucketed
+ * strategy then exposes 40% of the dp gradient traffic, while the same mesh without buckets
+ * (whose gradients run after the backward) still exposes all of it. Until measured, buckets
+ * hide what the cluster says (cpu-local: none). */
+static void advisor_learns_dp_overlap(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt_tiny();
+    ms_cluster c = cpu_cluster();
+    ms_advisor *adv;
+    ms_error err = {0};
+    assert_int_equal(ms_advisor_create(&cfg, 4, 8, 64, &c, &adv, &err), MS_OK);
+    ms_strategy plain, bucketed;
+    assert_int_equal(ms_strategy_init(&plain, 4, 1, 1, false, &err), MS_OK);
+    bucketed = plain;
+    bucketed.bucket_mb = 1;
+    ms_plan_scales sc;
+    ms_advisor_scales(adv, &sc);
+    assert_true(sc.dp_overlap < 0);
+    ms_plan_estimate before;
+    assert_int_equal(ms_advisor_predict(adv, &bucketed, &before, &err), MS_OK);
+    assert_true(before.comm_s[MS_PLAN_DP] == before.comm_total_s[MS_PLAN_DP]);
+    ms_analysis an;
+    double step;
+    synthetic_analysis(&before, 1.0, 4, 5, &an, &step);
+    for (int r = 0; r < 4; r++) {
+        an.overlap[r].dp_comm_s = 0.010 * (r + 1);
+        an.overlap[r].dp_hidden_s = 0.6 * an.overlap[r].dp_comm_s;
+    }
+    ms_suggestion sg[MS_LIVE_MAX_SUGGESTIONS];
+    int n = 0;
+    assert_int_equal(
+        ms_advisor_update(adv, &bucketed, &an, step, 0.10, sg, MS_LIVE_MAX_SUGGESTIONS, &n, &err),
+        MS_OK);
+    ms_advisor_scales(adv, &sc);
+    assert_true(fabs(sc.dp_overlap - 0.6) < 1e-9);
+    ms_plan_estimate b, p;
+    assert_int_equal(ms_advisor_predict(adv, &bucketed, &b, &err), MS_OK);
+    assert_int_equal(ms_advisor_predict(adv, &plain, &p, &err), MS_OK);
+    printf("dp4 gradients: %.3f ms in all; exposed %.3f ms with buckets, %.3f without\n",
+           b.comm_total_s[MS_PLAN_DP] * 1e3, b.comm_s[MS_PLAN_DP] * 1e3,
+           p.comm_s[MS_PLAN_DP] * 1e3);
+    assert_true(p.comm_s[MS_PLAN_DP] == p.comm_total_s[MS_PLAN_DP]);
+    /* 40% exposed, unless the last layer's share or the backward's length caps what hides */
+    double grad = b.comm_total_s[MS_PLAN_DP];
+    assert_true(b.comm_s[MS_PLAN_DP] >= 0.4 * grad - 1e-12);
+    assert_true(b.comm_s[MS_PLAN_DP] < grad);
+    free_analysis(&an);
+    ms_advisor_destroy(adv);
+}
+
 static void cluster_json(void **state) {
     (void)state;
     const char *presets[3] = {"dgx-a100-80gb", "h100", "h200"};
@@ -944,6 +1053,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(executable_check_reasons),
     cmocka_unit_test(schedules_and_knobs_priced),
     cmocka_unit_test(shared_cores_absorb_the_bubble),
+    cmocka_unit_test(advisor_fits_memory_with_bf16),
+    cmocka_unit_test(advisor_learns_dp_overlap),
     cmocka_unit_test(advisor_fits_memory_with_zero),
     cmocka_unit_test(advisor_moves_away_from_slow_tp),
     cmocka_unit_test(cluster_json),

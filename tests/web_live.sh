@@ -154,7 +154,7 @@ refuse() { # refuse NAME BODY WANTED-TEXT
 }
 refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "needs 2 ranks but the job runs on 4"
 refuse "ZeRO without dp" '{"dp": 1, "tp": 4, "zero": 1}' "ZeRO shards over data parallelism"
-refuse "bf16 not executable" '{"dp": 4, "precision": "bf16"}' "bf16 precision is predicted only"
+refuse "replicated head not executable" '{"dp": 4, "vocab_parallel": false}' "replicated head"
 refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"
 # --memory-cap 21.7 MiB: dp4 needs 21.1 MiB per rank here, tp4 +sp 22.4 MiB.
 refuse "over the memory cap" '{"dp": 1, "tp": 4, "sp": true}' "over memory"
@@ -174,6 +174,13 @@ for _ in $(seq 25); do
   sleep 0.2
 done
 [ "$snap_strategy" = '"strategy":"dp4 x tp1"' ] && ok "the snapshot shows $snap_strategy within 5 s of the log" || bad "snapshot strategy $snap_strategy 5 s after the log showed dp4 x tp1"
+# Mixed precision is a switch like any other: into bf16 under ZeRO 1.
+expect "switch to dp4 zero1 bf16" 202 "$(status POST /api/v1/strategy -H "$auth" --data '{"dp": 4, "zero": 1, "precision": "bf16"}')"
+for _ in $(seq 300); do
+  grep -q '"strategy": "dp4 x tp1 zero1 bf16"' "$tmp/log.jsonl" && break
+  sleep 0.2
+done
+grep -q '"strategy": "dp4 x tp1 zero1 bf16"' "$tmp/log.jsonl" && ok "the job switched to dp4 x tp1 zero1 bf16" || bad "no step ran dp4 x tp1 zero1 bf16 within 60 s: $(tail -c 300 "$tmp/log.jsonl")"
 
 # Server-sent events: new versions arrive.
 timeout 4 curl -s -N -H "$auth" "$base/api/v1/events" >"$tmp/sse" 2>/dev/null

@@ -303,6 +303,8 @@ static bool read_coll(rctx *r, ms_event *e, const tj_doc *d, int args) {
     c->root = (int32_t)arg_i64(d, args, "root", 0, INT32_MAX, 0); /* broadcast: position */
     c->seq = arg_i64(d, args, "seq", INT64_MIN, INT64_MAX,
                      arg_i64(d, args, "Seq", INT64_MIN, INT64_MAX, 0));
+    size_t elt = dtype_size(tj_str(d, tj_get(d, args, "dtype")));
+    c->dtype = elt == 2 ? MS_COMM_BF16 : elt == 1 ? MS_COMM_BYTES : MS_COMM_F32;
     if (tj_int(d, tj_get(d, args, "bytes"), 0, INT64_MAX, &v)) {
         c->bytes = (uint64_t)v;
     } else {
@@ -313,8 +315,7 @@ static bool read_coll(rctx *r, ms_event *e, const tj_doc *d, int args) {
                     : in > out                       ? in
                                                      : out;
         int64_t b;
-        size_t sz = dtype_size(tj_str(d, tj_get(d, args, "dtype")));
-        c->bytes = __builtin_mul_overflow(n, (int64_t)sz, &b) ? 0 : (uint64_t)b;
+        c->bytes = __builtin_mul_overflow(n, (int64_t)elt, &b) ? 0 : (uint64_t)b;
     }
     copy_str(c->algo, sizeof c->algo, tj_str(d, tj_get(d, args, "algorithm")));
     c->flow = (uint64_t)arg_i64(d, args, "flow", 0, INT64_MAX, 0);

@@ -778,8 +778,15 @@ static void put_step_phase(outbuf *o, const ms_event *e) {
 
 /* Input and output element counts for Kineto's args, from the nccl-tests byte convention
  * (comm.h): all-gather counts the gathered output, reduce-scatter the input. */
+/* Kineto's names for the element types (PyTorch's scalar type names). */
+static const char *coll_dtype_name(const ms_ev_coll *c) {
+    return c->dtype == MS_COMM_BF16 ? "BFloat16" : c->dtype == MS_COMM_BYTES ? "Byte" : "Float";
+}
+
 static void coll_nelems(const ms_ev_coll *c, uint64_t *in, uint64_t *out) {
-    uint64_t total = c->bytes / sizeof(float), n = c->group_size > 0 ? (uint64_t)c->group_size : 1;
+    size_t elt = ms_comm_dtype_size((ms_comm_dtype)c->dtype);
+    uint64_t total = c->bytes / (elt ? elt : 4),
+             n = c->group_size > 0 ? (uint64_t)c->group_size : 1;
     *in = *out = total;
     if (c->coll == MS_COLL_ALL_GATHER) *in = total / n;
     if (c->coll == MS_COLL_REDUCE_SCATTER) *out = total / n;
@@ -844,7 +851,9 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_u64(o, out);
             PUT_LIT(o, ",\"Group size\":");
             put_i64(o, c->group_size);
-            PUT_LIT(o, ",\"dtype\":\"Float\",\"Process Group Ranks\":");
+            PUT_LIT(o, ",\"dtype\":");
+            put_str(o, coll_dtype_name(c), 16);
+            PUT_LIT(o, ",\"Process Group Ranks\":");
             if (g)
                 put_group_ranks(o, g);
             else

@@ -122,6 +122,10 @@ typedef struct ms_compile_opts {
      * 0: one all-reduce per gradient at grad sync. */
     float bucket_mb;
     int micro_batches; /* backward passes per step (micro_batched); 0: 1 */
+    /* Mixed precision: activations, the parameters' use copies and gradients are bf16, and
+     * collectives move bf16; kernels compute in fp32 on widened operands and round their
+     * results once; the parameters' fp32 master weights live in the optimizer's placements. */
+    bool bf16;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -166,7 +170,8 @@ ms_status ms_program_backward_input(ms_program *p, ms_error *err);
 ms_status ms_program_backward_weight(ms_program *p, ms_error *err);
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
 /* After the optimizer updated every parameter's optimizer shard (ms_param_view): gathers the
- * shards into the stored parameters (ZeRO 1 and 2: an all-gather over dp; nothing otherwise).
+ * shards into the stored parameters (ZeRO 1 and 2: an all-gather over dp; nothing otherwise);
+ * under bf16 precision rounds the fp32 masters into the bf16 use copies (and gathers those).
  * Collective over the mesh; needs an arena (micro-batched: any bound one). */
 ms_status ms_program_param_sync(ms_program *p, ms_error *err);
 void ms_program_zero_grads(ms_program *p);
@@ -187,9 +192,15 @@ typedef struct ms_param_view {
     const char *name;
     int value;
     ms_shape gshape;
-    ms_placements pl; /* data's: where the parameter is stored (ZeRO 3: sharded over dp) */
-    ms_tensor data;   /* local shard (a view into the program; shapes only: no storage) */
-    ms_tensor grad;
+    /* data: the parameter's fp32 values, the ones the optimizer updates, in placements pl:
+     * where it is stored (ZeRO 3: sharded over dp), or under bf16 precision the master
+     * weights, in the optimizer's placements (opt_pl); a view into the program (shapes only:
+     * no storage). Whoever writes data other than the optimizer step must call
+     * ms_program_params_written before the next step. */
+    ms_placements pl;
+    ms_tensor data;
+    size_t use_bytes;      /* bf16: the bf16 copy the kernels read, besides data; else 0 */
+    ms_tensor grad;        /* MS_BF16 under bf16 precision */
     ms_placements grad_pl; /* grad's (ZeRO 2 and 3: sharded over dp) */
     ms_placements opt_pl;  /* the optimizer state's (ZeRO >= 1: sharded over dp) */
     ms_shape opt_shape;    /* its local box */
@@ -206,6 +217,10 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
  * receives a new tensor. Collective over the mesh. */
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err);
 ms_status ms_program_param(ms_program *p, int i, ms_param_view *out);
+/* The parameters' data were written (a checkpoint load, a strategy switch): under bf16
+ * precision, the use copies are refreshed before the next forward. Every member calls it
+ * alike (the refresh may gather). ms_program_load_param and ms_program_param_sync need none. */
+void ms_program_params_written(ms_program *p);
 
 /* Prints every value's completed placements and every reshard with its bytes per step. */
 void ms_program_explain(const ms_program *p, FILE *f);
@@ -221,8 +236,9 @@ typedef struct ms_program_stats {
     size_t activation_bytes;
     size_t unplanned_bytes; /* what the step-lived buffers would take without reuse */
     size_t param_bytes;
-    int grad_buckets;   /* bucket_mb > 0: buckets of grad-sync all-reduces */
-    int bucketed_grads; /* the gradients in them */
+    size_t staging_bytes; /* bf16: fp32 copies of one instruction's operands, reused by all */
+    int grad_buckets;     /* bucket_mb > 0: buckets of grad-sync all-reduces */
+    int bucketed_grads;   /* the gradients in them */
 } ms_program_stats;
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s);
 

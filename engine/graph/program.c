@@ -37,112 +37,7 @@
 #include "engine/ops/select.h"
 #include "profiler/record/recorder.h"
 
-typedef struct buf {
-    int64_t nfloats;
-    ms_shape lshape; /* local shape */
-    size_t offset;   /* floats into the arena (step-lived buffers) */
-    float *ptr;
-    int first, last; /* instruction lifetime; persistent buffers use -1 */
-    bool persistent;
-    ms_tensor t; /* wrapped view over ptr, made once */
-} buf;
-
-typedef struct pvalue {
-    ms_placements pl; /* placement the value is stored in */
-    int buf;
-    bool known, requires_grad;
-    bool has_hint;
-    ms_placements hint;
-    bool has_grad;
-    ms_placements gpl;
-    int gbuf;
-    int param_grad_buf; /* params: the persistent gradient in grad_pl */
-    /* params: storage, gradient and optimizer placements (all pl without ZeRO) */
-    ms_placements store_pl, grad_pl, opt_pl;
-} pvalue;
-
-/* The buffers one kernel instruction reads and writes besides gradients. */
-typedef struct kbufs {
-    int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT], saved[MS_OP_MAX_SAVED];
-} kbufs;
-
-typedef struct pnode {
-    ms_rule_cand cand[MS_MESH_MAX_DIMS];
-    ms_placements req_in[MS_OP_MAX_IN];
-    ms_placements out_pl[MS_OP_MAX_OUT];
-    int in_buf[MS_OP_MAX_IN];
-    int out_buf[MS_OP_MAX_OUT]; /* raw outputs in out_pl */
-    int saved_buf[MS_OP_MAX_SAVED];
-    bool gathered[MS_OP_MAX_IN]; /* ZeRO 3: input i is a parameter gathered for this use */
-    kbufs bw; /* what its backward reads: the forward's buffers, or its recompute's */
-} pnode;
-
-typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED, I_COPY } ikind;
-
-typedef struct instr {
-    ikind kind;
-    int node;
-    int value; /* RESHARD: whose global shape */
-    int src, dst;
-    ms_placements from, to;
-    int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
-    int64_t src_off;             /* COPY: floats into src */
-    bool gather;                 /* RESHARD: a ZeRO-3 parameter gathered for one use */
-    const ms_reshard_plan *plan; /* RESHARD: from the program's plan cache */
-    double coll_bytes;           /* RESHARD: predicted by the plan */
-    double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
-    kbufs kb;                    /* FWD/BWD: the node's inputs, outputs and saved buffers */
-    ms_program_phase phase;
-    int bucket_grad; /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
-} instr;
-
-struct ms_program {
-    ms_graph *g;
-    ms_dmesh *dm; /* NULL for a shapes-only program */
-    ms_ctx *ctx;  /* NULL for a shapes-only program */
-    const ms_mesh *mesh;
-    int coords[MS_MESH_MAX_DIMS];
-    struct ms_plan_cache *plans; /* the rank context's, or own_plans */
-    struct ms_plan_cache *own_plans;
-    ms_mesh own_mesh; /* shapes-only: the copy mesh points to */
-    bool shapes_only;
-    uint64_t seed;
-    ms_k_batch_window batch; /* ms_program_set_batch_window */
-    bool eval;               /* ms_program_set_dropout */
-    uint64_t draw;           /* dropout's key for the current step */
-    bool member;
-    pvalue *pv;
-    pnode *pn;
-    buf *bufs;
-    int nb, cb;
-    instr *ins;
-    int ni, ci;
-    int n_forward;  /* instructions [0, n_forward) are forward + loss report */
-    int n_weight;   /* [n_forward, n_weight) backward (input gradients when split_w) */
-    int n_backward; /* [n_weight, n_backward) weight gradients (split_w) */
-    int n_sync;     /* [n_backward, n_sync) gradient sync, [n_sync, ni) parameter sync */
-    int zero_stage, zero_dim;
-    bool split_w; /* ms_compile_opts.split_weight_grads */
-    int loss_buf; /* the loss replicated, for reporting; -1 without a loss */
-    bool micro;   /* micro-batched (ms_compile_opts.micro_batched) */
-    float loss_scale;
-    int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
-    int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
-    float *arena;
-    size_t arena_floats, unplanned_floats;
-    size_t activation_floats; /* peak_activations */
-    float *persist;
-    size_t persist_floats;
-    int *params;
-    int nparams;
-    uint64_t flow_counter;    /* reshard flow ids, for traces */
-    int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
-    int *reshards, nreshards; /* instruction index of each RESHARD, in step order */
-    ms_grad_buckets *buckets; /* bucket_mb > 0: the grad-sync all-reduces in buckets */
-    float *bucket_storage;
-    int *rc_first; /* [nn]: first node of the recomputed region holding it, or -1 */
-    int *rc_buf;   /* [nv]: a value's buffer while its region is recomputed, or -1 */
-};
+#include "engine/graph/program_impl.h"
 
 /* --- small helpers ----------------------------------------------------------------------- */
 
@@ -159,8 +54,8 @@ static int64_t shape_n(const ms_shape *s) {
     return n;
 }
 
-static int new_buf(ms_program *p, const ms_shape *gshape, const ms_placements *pl,
-                   bool persistent) {
+static int new_typed_buf(ms_program *p, const ms_shape *gshape, const ms_placements *pl,
+                         bool persistent, ms_dtype dtype) {
     if (p->nb == p->cb) {
         p->cb = p->cb ? p->cb * 2 : 256;
         p->bufs = xrealloc(p->bufs, sizeof *p->bufs * (size_t)p->cb);
@@ -168,20 +63,27 @@ static int new_buf(ms_program *p, const ms_shape *gshape, const ms_placements *p
     buf *b = &p->bufs[p->nb];
     memset(b, 0, sizeof *b);
     local_shape(p, gshape, pl, &b->lshape);
-    b->nfloats = shape_n(&b->lshape);
+    b->dtype = dtype;
+    b->numel = shape_n(&b->lshape);
+    b->nfloats = dtype == MS_BF16 ? (b->numel + 1) / 2 : b->numel;
     b->persistent = persistent;
     b->first = b->last = -1;
     /* shapes only until the memory plan wraps the arena (cost functions read shapes) */
-    b->t.dtype = MS_F32;
+    b->t.dtype = dtype;
     b->t.ndim = b->lshape.ndim;
     memcpy(b->t.shape, b->lshape.d, sizeof b->t.shape);
     return p->nb++;
 }
 
+/* A buffer for value v (or its gradient) in placements pl, in the value's element type. */
+static int new_buf(ms_program *p, int v, const ms_placements *pl, bool persistent) {
+    return new_typed_buf(p, &p->g->v[v].shape, pl, persistent, prog_value_dtype(p, v));
+}
+
 static int new_raw_buf(ms_program *p, int64_t nfloats) {
     ms_shape s = {.ndim = 1, .d = {nfloats}};
     ms_placements r = ms_placements_replicated(p->mesh->ndim);
-    return new_buf(p, &s, &r, false);
+    return new_typed_buf(p, &s, &r, false, MS_F32);
 }
 
 static instr *emit(ms_program *p, ikind kind, ms_program_phase phase) {
@@ -368,6 +270,14 @@ static void zero_placements(ms_program *p) {
     }
 }
 
+/* A parameter's fp32 values, the ones the optimizer updates and checkpoints hold: the
+ * master weights in the optimizer's placements under bf16, else the storage itself. */
+static int param_home(const ms_program *p, int v, ms_placements *pl) {
+    const pvalue *pv = &p->pv[v];
+    *pl = pv->master_buf >= 0 ? pv->opt_pl : pv->store_pl;
+    return pv->master_buf >= 0 ? pv->master_buf : pv->buf;
+}
+
 /* Where value v's buffer lies: a parameter's storage, or the value's placement. */
 static const ms_placements *held_pl(const ms_program *p, int v) {
     return p->g->v[v].kind == GV_PARAM ? &p->pv[v].store_pl : &p->pv[v].pl;
@@ -419,8 +329,7 @@ static void emit_reshard(ms_program *p, int value, int src, int dst, const ms_pl
     const ms_shape *g = &p->g->v[value].shape;
     if (ms_plan_cache_get(p->plans, p->mesh, from, to, g->ndim, g->d, &in->plan, NULL) != MS_OK)
         in->plan = NULL;
-    for (int k = 0; in->plan && k < in->plan->nsteps; k++)
-        in->coll_bytes += in->plan->steps[k].coll_bytes;
+    in->coll_bytes = prog_reshard_bytes(p, in);
 }
 
 /* --- ZeRO 3's gather order and ZeRO 1 and 2's parameter sync ------------------------------- */
@@ -490,14 +399,34 @@ static int64_t rows_offset(const ms_program *p, const ms_shape *g, const ms_plac
     return (sb[0] - sa[0]) * row;
 }
 
+/* bf16: the fp32 masters (the optimizer's shards) are rounded into the use copies: in place
+ * where they have the same placements, else into a shard that is all-gathered over dp (ZeRO 1
+ * and 2), which so moves bf16. */
+static void build_master_cast(ms_program *p) {
+    for (int v = 0; v < p->g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        if (p->g->v[v].kind != GV_PARAM) continue;
+        bool same = ms_placements_eq(&pv->opt_pl, &pv->store_pl);
+        instr *cast = emit(p, I_CAST, MS_PROG_PARAM_SYNC);
+        cast->src = pv->master_buf;
+        cast->dst = same ? pv->buf : new_buf(p, v, &pv->opt_pl, false);
+        if (!same)
+            emit_reshard(p, v, cast->dst, pv->buf, &pv->opt_pl, &pv->store_pl, MS_PROG_PARAM_SYNC);
+    }
+}
+
 /* ZeRO 1 and 2: the optimizer updated its shard of each stored parameter; the shard is copied
  * out (a gather must not read what it writes) and all-gathered back over dp. */
 static void build_param_sync(ms_program *p) {
+    if (p->bf16) {
+        build_master_cast(p);
+        return;
+    }
     for (int v = 0; v < p->g->nv; v++) {
         pvalue *pv = &p->pv[v];
         const ms_shape *gs = &p->g->v[v].shape;
         if (p->g->v[v].kind != GV_PARAM || ms_placements_eq(&pv->opt_pl, &pv->store_pl)) continue;
-        int shard = new_buf(p, gs, &pv->opt_pl, false);
+        int shard = new_buf(p, v, &pv->opt_pl, false);
         instr *cp = emit(p, I_COPY, MS_PROG_PARAM_SYNC);
         cp->src = pv->buf;
         cp->dst = shard;
@@ -509,10 +438,14 @@ static void build_param_sync(ms_program *p) {
 static void build_forward(ms_program *p) {
     ms_graph *g = p->g;
     /* Parameters persist; inputs too, except micro-batched, where each slot has its own. */
-    for (int v = 0; v < g->nv; v++)
+    for (int v = 0; v < g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        pv->master_buf = -1;
         if (g->v[v].kind != GV_ACT)
-            p->pv[v].buf =
-                new_buf(p, &g->v[v].shape, held_pl(p, v), g->v[v].kind == GV_PARAM || !p->micro);
+            pv->buf = new_buf(p, v, held_pl(p, v), g->v[v].kind == GV_PARAM || !p->micro);
+        if (g->v[v].kind == GV_PARAM && p->bf16)
+            pv->master_buf = new_typed_buf(p, &g->v[v].shape, &pv->opt_pl, true, MS_F32);
+    }
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
         pnode *pn = &p->pn[k];
@@ -522,7 +455,7 @@ static void build_forward(ms_program *p) {
             if (ms_placements_eq(held, &pn->req_in[i])) {
                 pn->in_buf[i] = iv->buf;
             } else {
-                pn->in_buf[i] = new_buf(p, &g->v[nd->in[i]].shape, &pn->req_in[i], false);
+                pn->in_buf[i] = new_buf(p, nd->in[i], &pn->req_in[i], false);
                 emit_reshard(p, nd->in[i], iv->buf, pn->in_buf[i], held, &pn->req_in[i],
                              MS_PROG_FORWARD);
                 /* a ZeRO-3 parameter: gathered for this use only, again for the backward */
@@ -540,7 +473,7 @@ static void build_forward(ms_program *p) {
         for (int s = 0; s < MS_OP_MAX_SAVED; s++)
             pn->saved_buf[s] = saved[s] ? new_raw_buf(p, saved[s]) : -1;
         for (int o = 0; o < nd->n_out; o++)
-            pn->out_buf[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
+            pn->out_buf[o] = new_buf(p, nd->out[o], &pn->out_pl[o], false);
         instr *in = emit(p, I_FWD, MS_PROG_FORWARD);
         in->node = k;
         memcpy(in->kb.in, pn->in_buf, sizeof in->kb.in);
@@ -553,7 +486,7 @@ static void build_forward(ms_program *p) {
                 ov->buf = pn->out_buf[o];
                 if (g->v[nd->out[o]].keep) p->bufs[ov->buf].persistent = true;
             } else {
-                ov->buf = new_buf(p, &g->v[nd->out[o]].shape, &ov->pl, g->v[nd->out[o]].keep);
+                ov->buf = new_buf(p, nd->out[o], &ov->pl, g->v[nd->out[o]].keep);
                 emit_reshard(p, nd->out[o], pn->out_buf[o], ov->buf, &pn->out_pl[o], &ov->pl,
                              MS_PROG_FORWARD);
             }
@@ -563,7 +496,7 @@ static void build_forward(ms_program *p) {
     if (g->loss >= 0) {
         pvalue *lv = &p->pv[g->loss];
         ms_placements r = ms_placements_replicated(p->mesh->ndim);
-        p->loss_buf = new_buf(p, &g->v[g->loss].shape, &r, false);
+        p->loss_buf = new_buf(p, g->loss, &r, false);
         emit_reshard(p, g->loss, lv->buf, p->loss_buf, &lv->pl, &r, MS_PROG_LOSS);
     }
     prefetch_gathers(p, 0, p->ni);
@@ -618,14 +551,13 @@ static void recompute_node(ms_program *p, int k) {
             b.in[i] = src;
             continue;
         }
-        b.in[i] = new_buf(p, &g->v[v].shape, &pn->req_in[i], false);
+        b.in[i] = new_buf(p, v, &pn->req_in[i], false);
         emit_reshard(p, v, src, b.in[i], held, &pn->req_in[i], MS_PROG_RECOMPUTE);
         p->ins[p->ni - 1].gather = !fresh && !ms_placements_eq(held, &iv->pl);
     }
     for (int s = 0; s < MS_OP_MAX_SAVED; s++)
         b.saved[s] = pn->saved_buf[s] >= 0 ? new_raw_buf(p, p->bufs[pn->saved_buf[s]].nfloats) : -1;
-    for (int o = 0; o < nd->n_out; o++)
-        b.out[o] = new_buf(p, &g->v[nd->out[o]].shape, &pn->out_pl[o], false);
+    for (int o = 0; o < nd->n_out; o++) b.out[o] = new_buf(p, nd->out[o], &pn->out_pl[o], false);
     instr *in = emit(p, I_FWD, MS_PROG_RECOMPUTE);
     in->node = k;
     in->kb = pn->bw = b;
@@ -636,7 +568,7 @@ static void recompute_node(ms_program *p, int k) {
             p->rc_buf[v] = b.out[o];
             continue;
         }
-        p->rc_buf[v] = new_buf(p, &g->v[v].shape, &ov->pl, false);
+        p->rc_buf[v] = new_buf(p, v, &ov->pl, false);
         emit_reshard(p, v, b.out[o], p->rc_buf[v], &pn->out_pl[o], &ov->pl, MS_PROG_RECOMPUTE);
     }
 }
@@ -666,7 +598,7 @@ static int grad_target(ms_program *p, int v, const ms_placements *pl) {
     if (param && ms_placements_eq(pl, &pv->grad_pl))
         pv->gbuf = pv->param_grad_buf;
     else
-        pv->gbuf = new_buf(p, &p->g->v[v].shape, pl, param && p->micro);
+        pv->gbuf = new_buf(p, v, pl, param && p->micro);
     /* Micro-batched, a parameter's gradient accumulates: ms_program_zero_grads clears it. */
     if (!(param && p->micro)) emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = pv->gbuf;
     return pv->gbuf;
@@ -692,7 +624,7 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
         if (!pn->gathered[i]) continue;
         /* ZeRO 3: the forward's gathered copy is gone; gather the parameter again */
         int v = nd->in[i];
-        again[i] = new_buf(p, &p->g->v[v].shape, &pn->req_in[i], false);
+        again[i] = new_buf(p, v, &pn->req_in[i], false);
         emit_reshard(p, v, p->pv[v].buf, again[i], &p->pv[v].store_pl, &pn->req_in[i],
                      MS_PROG_BACKWARD);
         p->ins[p->ni - 1].gather = true;
@@ -708,7 +640,7 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
         if (pending[i] < 0) continue;
         pvalue *iv = &p->pv[nd->in[i]];
         ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
-        int tmp = new_buf(p, &p->g->v[nd->in[i]].shape, &iv->gpl, false);
+        int tmp = new_buf(p, nd->in[i], &iv->gpl, false);
         emit_reshard(p, nd->in[i], pending[i], tmp, &got, &iv->gpl, MS_PROG_BACKWARD);
         instr *add = emit(p, I_ADD, MS_PROG_BACKWARD);
         add->src = tmp;
@@ -722,8 +654,7 @@ static void build_backward(ms_program *p) {
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
         p->pv[v].requires_grad = gv->kind == GV_PARAM || gv->grad_input;
-        if (gv->kind == GV_PARAM)
-            p->pv[v].param_grad_buf = new_buf(p, &gv->shape, &p->pv[v].grad_pl, true);
+        if (gv->kind == GV_PARAM) p->pv[v].param_grad_buf = new_buf(p, v, &p->pv[v].grad_pl, true);
     }
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
@@ -762,12 +693,12 @@ static void build_backward(ms_program *p) {
             pvalue *ov = &p->pv[nd->out[o]];
             ms_placements want = dual_placements(pn, md, nd->n_in, nd->n_out, o, true);
             if (!ov->has_grad) {
-                dout[o] = new_buf(p, &g->v[nd->out[o]].shape, &want, false);
+                dout[o] = new_buf(p, nd->out[o], &want, false);
                 emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = dout[o];
             } else if (ms_placements_eq(&ov->gpl, &want)) {
                 dout[o] = ov->gbuf;
             } else {
-                dout[o] = new_buf(p, &g->v[nd->out[o]].shape, &want, false);
+                dout[o] = new_buf(p, nd->out[o], &want, false);
                 emit_reshard(p, nd->out[o], ov->gbuf, dout[o], &ov->gpl, &want, MS_PROG_BACKWARD);
             }
         }
@@ -781,7 +712,7 @@ static void build_backward(ms_program *p) {
             } else if (ms_placements_eq(&iv->gpl, &got)) {
                 din[i] = iv->gbuf;
             } else {
-                din[i] = pending[i] = new_buf(p, &g->v[nd->in[i]].shape, &got, false);
+                din[i] = pending[i] = new_buf(p, nd->in[i], &got, false);
             }
         }
         if (p->split_w) {
@@ -813,7 +744,7 @@ static void build_backward(ms_program *p) {
             p->in_grad_buf[v] = pv->gbuf;
             continue;
         }
-        p->in_grad_buf[v] = new_buf(p, &g->v[v].shape, &pv->pl, false);
+        p->in_grad_buf[v] = new_buf(p, v, &pv->pl, false);
         if (pv->has_grad)
             emit_reshard(p, v, pv->gbuf, p->in_grad_buf[v], &pv->gpl, &pv->pl, MS_PROG_BACKWARD);
         else
@@ -974,16 +905,22 @@ static ms_status alloc_memory(ms_program *p, ms_error *err) {
     /* Micro-batched, the caller binds an arena per micro-batch (ms_program_bind_arena). */
     p->arena = p->micro ? NULL : program_alloc(p, (top + 16) * sizeof(float));
     p->persist = program_alloc(p, (p->persist_floats + 16) * sizeof(float));
-    if ((!p->arena && !p->micro) || !p->persist)
-        return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu bytes",
-                       top * sizeof(float), p->persist_floats * sizeof(float));
+    p->staging_floats = prog_staging_floats(p);
+    if (p->staging_floats) p->staging = program_alloc(p, (p->staging_floats + 16) * sizeof(float));
+    if ((!p->arena && !p->micro) || !p->persist || (p->staging_floats && !p->staging))
+        return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu + %zu bytes",
+                       top * sizeof(float), p->persist_floats * sizeof(float),
+                       p->staging_floats * sizeof(float));
     memset(p->persist, 0, (p->persist_floats + 16) * sizeof(float));
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
         bf->ptr = bf->persistent ? p->persist + bf->offset
                   : p->arena     ? p->arena + bf->offset
                                  : NULL;
-        MS_CHECK(ms_tensor_wrap(bf->ptr, MS_F32, bf->lshape.ndim, bf->lshape.d, &bf->t, err));
+        MS_CHECK(ms_tensor_wrap(bf->ptr, bf->dtype, bf->lshape.ndim, bf->lshape.d, &bf->t, err));
+        if (bf->dtype == MS_BF16)
+            MS_CHECK(
+                ms_tensor_wrap(p->staging, MS_F32, bf->lshape.ndim, bf->lshape.d, &bf->wide, err));
     }
     return MS_OK;
 }
@@ -1016,7 +953,7 @@ static int64_t scatter_rows(const ms_program *p, const instr *in) {
         return 0;
     int64_t rows = src->lshape.d[0], off, len;
     ms_split_part(rows, p->mesh->shape[st->mesh_dim], p->coords[st->mesh_dim], &off, &len);
-    return len * (src->nfloats / rows) == dst->nfloats ? rows : 0;
+    return len * (src->numel / rows) == dst->numel ? rows : 0;
 }
 
 /* A grad-sync reshard that is one all-reduce of same-sized buffers (the data-parallel
@@ -1027,7 +964,7 @@ static bool bucketable(const ms_program *p, const instr *in) {
     if (in->plan->nsteps != 1) return false;
     if (in->plan->steps[0].kind == MS_RSTEP_REDUCE_SCATTER) return scatter_rows(p, in) > 0;
     if (in->plan->steps[0].kind != MS_RSTEP_ALL_REDUCE) return false;
-    return p->bufs[in->src].nfloats == p->bufs[in->dst].nfloats;
+    return p->bufs[in->src].numel == p->bufs[in->dst].numel;
 }
 
 typedef struct ready_grad {
@@ -1059,8 +996,9 @@ static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
         bool scatter = step->kind == MS_RSTEP_REDUCE_SCATTER;
         int64_t rows = scatter ? scatter_rows(p, in) : 0;
         int parts = scatter ? p->mesh->shape[step->mesh_dim] : 0;
-        int g = ms_gb_add(p->buckets, rg[i].ready, p->bufs[in->src].nfloats, rows, parts,
-                          step->mesh_dim, op);
+        ms_comm_dtype dt = p->bufs[in->src].dtype == MS_BF16 ? MS_COMM_BF16 : MS_COMM_F32;
+        int g = ms_gb_add_dt(p->buckets, rg[i].ready, p->bufs[in->src].numel, rows, parts,
+                             step->mesh_dim, op, dt);
         in->bucket_grad = g + 1;
     }
     free(rg);
@@ -1069,11 +1007,11 @@ static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
 /* The buckets' buffer, and each gradient's source, target and communicator. */
 static ms_status bind_grad_buckets(ms_program *p, ms_error *err) {
     if (!p->buckets) return MS_OK;
-    size_t floats = ms_gb_storage_floats(p->buckets);
-    p->bucket_storage = program_alloc(p, (floats + 16) * sizeof(float));
+    size_t bytes = ms_gb_storage_bytes(p->buckets);
+    p->bucket_storage = program_alloc(p, bytes + 64);
     if (!p->bucket_storage)
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu bytes of gradient buckets",
-                       floats * sizeof(float));
+                       bytes);
     for (int k = p->n_backward; k < p->ni; k++) {
         const instr *in = &p->ins[k];
         if (!in->bucket_grad) continue;
@@ -1130,17 +1068,18 @@ static ms_status init_params(ms_program *p, ms_error *err) {
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
         if (gv->kind != GV_PARAM) continue;
-        buf *b = &p->bufs[p->pv[v].buf];
+        ms_placements pl;
+        buf *b = &p->bufs[param_home(p, v, &pl)];
         if (gv->init.kind == MS_INIT_CONST) {
-            for (int64_t i = 0; i < b->nfloats; i++) b->ptr[i] = gv->init.value;
+            for (int64_t i = 0; i < b->numel; i++) b->ptr[i] = gv->init.value;
             continue;
         }
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
-        ms_local_box(&p->pv[v].store_pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start,
-                     len);
+        ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
         MS_CHECK(ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start,
                                        0.0f, gv->init.value, err));
     }
+    p->params_dirty = p->bf16;
     return MS_OK;
 }
 
@@ -1178,8 +1117,10 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->in_grad_buf = xmalloc(sizeof(int) * (size_t)g->nv);
     for (int v = 0; v < g->nv; v++) p->in_grad_buf[v] = -1;
     p->zero_stage = opts ? opts->zero_stage : 0;
+    p->bf16 = opts && opts->bf16;
     p->zero_dim = opts ? opts->zero_dim : -1;
     MS_CHECK(complete(p, opts, err));
+    prog_assign_dtypes(p);
     zero_placements(p);
     build_forward(p);
     mark_recompute(p, opts ? opts->recompute : 0);
@@ -1253,11 +1194,15 @@ fail:
 void ms_program_destroy(ms_program *p) {
     if (!p) return;
     if (p->buckets) {
-        size_t bytes = (ms_gb_storage_floats(p->buckets) + 16) * sizeof(float);
+        size_t bytes = ms_gb_storage_bytes(p->buckets) + 64;
         ms_gb_destroy(p->buckets); /* first: it waits for what is in flight into the storage */
         program_free(p, p->bucket_storage, bytes);
     }
-    for (int b = 0; b < p->nb; b++) ms_tensor_release(&p->bufs[b].t);
+    for (int b = 0; b < p->nb; b++) {
+        ms_tensor_release(&p->bufs[b].t);
+        ms_tensor_release(&p->bufs[b].wide);
+    }
+    program_free(p, p->staging, (p->staging_floats + 16) * sizeof(float));
     free(p->bufs);
     free(p->ins);
     free(p->pv);
@@ -1270,6 +1215,7 @@ void ms_program_destroy(ms_program *p) {
     free(p->reshards);
     free(p->rc_first);
     free(p->rc_buf);
+    free(p->vdtype);
     ms_plan_cache_destroy(p->own_plans);
     ms_mesh_free(&p->own_mesh);
     free(p);
@@ -1299,8 +1245,8 @@ static ms_status run_reshard(ms_program *p, const instr *in, ms_error *err) {
     const ms_shape *g = &p->g->v[in->value].shape;
     const ms_reshard_plan *plan;
     MS_CHECK(ms_plan_cache_get(p->plans, p->mesh, &in->from, &in->to, g->ndim, g->d, &plan, err));
-    return ms_reshard_run(p->dm, plan, g->ndim, g->d, p->bufs[in->src].ptr, p->bufs[in->dst].ptr,
-                          NULL, err);
+    return ms_reshard_run_dt(p->dm, plan, g->ndim, g->d, p->bufs[in->src].dtype,
+                             p->bufs[in->src].ptr, p->bufs[in->dst].ptr, NULL, err);
 }
 
 static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape *gin,
@@ -1376,9 +1322,20 @@ static void zero_range(void *arg, int64_t lo, int64_t hi) {
     memset((float *)arg + lo, 0, sizeof(float) * (size_t)(hi - lo));
 }
 
+static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *err);
+
+/* bf16: the use copies follow the masters before anything reads them. Every member writes
+ * its masters through the same calls, so all agree on when this runs (it may gather). */
+static ms_status refresh_use_copies(ms_program *p, int from, ms_error *err) {
+    if (!p->params_dirty || from >= p->n_sync) return MS_OK;
+    p->params_dirty = false;
+    return run(p, p->n_sync, p->ni, NULL, err);
+}
+
 static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
     MS_CHECK(check_runnable(p, err));
+    MS_CHECK(refresh_use_copies(p, from, err));
     ms_recorder *rec = p->ctx->trace.recorder;
     for (int k = from; k < upto; k++) {
         instr *in = &p->ins[k];
@@ -1402,7 +1359,7 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
                                 p->bufs[in->dst].ptr);
                 break;
             case I_SEED:
-                for (int64_t i = 0; i < p->bufs[in->dst].nfloats; i++)
+                for (int64_t i = 0; i < p->bufs[in->dst].numel; i++)
                     p->bufs[in->dst].ptr[i] = p->loss_scale;
                 break;
             case I_COPY:
@@ -1411,16 +1368,22 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
                 break;
             case I_ADD: {
                 buf *s = &p->bufs[in->src], *d = &p->bufs[in->dst];
-                ms_k_add_backward(d->ptr, NULL, s->ptr, d->nfloats); /* d += s */
+                if (d->dtype == MS_BF16)
+                    ms_k_bf16_add_inplace((uint16_t *)d->ptr, (const uint16_t *)s->ptr, d->numel);
+                else
+                    ms_k_add_backward(d->ptr, NULL, s->ptr, d->numel); /* d += s */
                 break;
             }
+            case I_CAST:
+                ms_k_bf16_round((uint16_t *)p->bufs[in->dst].ptr, p->bufs[in->src].ptr,
+                                p->bufs[in->dst].numel);
+                break;
             case I_FWD:
             case I_BWD: {
                 ms_op_call call;
                 ms_shape gin[MS_OP_MAX_IN], gout[MS_OP_MAX_OUT];
                 make_call(p, in, &call, gin, gout);
-                const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
-                st = in->kind == I_FWD ? def->forward(&call, err) : def->backward(&call, err);
+                st = prog_run_kernel(p, in, &call, err);
                 if (st != MS_OK) st = ms_fail_wrap(err, st, "%s", p->g->n[in->node].name);
                 break;
             }
@@ -1462,7 +1425,12 @@ ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {
 }
 
 ms_status ms_program_param_sync(ms_program *p, ms_error *err) {
+    p->params_dirty = false;
     return run(p, p->n_sync, p->ni, NULL, err);
+}
+
+void ms_program_params_written(ms_program *p) {
+    if (p->member && !p->shapes_only) p->params_dirty = p->bf16;
 }
 
 void ms_program_zero_grads(ms_program *p) {
@@ -1551,14 +1519,14 @@ ms_status ms_program_param(ms_program *p, int i, ms_param_view *out) {
     out->name = p->g->v[v].name;
     out->value = v;
     out->gshape = p->g->v[v].shape;
-    out->pl = pv->store_pl;
-    out->data = p->bufs[pv->buf].t;
+    out->data = p->bufs[param_home(p, v, &out->pl)].t;
     out->grad = p->bufs[pv->param_grad_buf].t;
     out->grad_pl = pv->grad_pl;
     out->opt_pl = pv->opt_pl;
+    if (pv->master_buf >= 0) out->use_bytes = (size_t)p->bufs[pv->buf].numel * sizeof(uint16_t);
     local_shape(p, &out->gshape, &pv->opt_pl, &out->opt_shape);
     out->opt_n = shape_n(&out->opt_shape);
-    out->data_off = rows_offset(p, &out->gshape, &pv->store_pl, &pv->opt_pl);
+    out->data_off = rows_offset(p, &out->gshape, &out->pl, &pv->opt_pl);
     out->grad_off = rows_offset(p, &out->gshape, &pv->grad_pl, &pv->opt_pl);
     out->owner = true;
     for (int m = 0; m < pv->grad_pl.n; m++)
@@ -1635,6 +1603,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
     s->activation_bytes = p->activation_floats * sizeof(float);
     s->unplanned_bytes = p->unplanned_floats * sizeof(float);
     s->param_bytes = p->persist_floats * sizeof(float);
+    s->staging_bytes = prog_staging_floats(p) * sizeof(float);
     if (p->buckets) {
         s->grad_buckets = ms_gb_buckets(p->buckets);
         s->bucketed_grads = ms_gb_count(p->buckets);
@@ -1648,9 +1617,11 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     MS_CHECK(check_has_memory(p, err));
     int v = p->params[i];
     const gvalue *gv = &p->g->v[v];
-    buf *b = &p->bufs[p->pv[v].buf];
+    ms_placements pl;
+    buf *b = &p->bufs[param_home(p, v, &pl)];
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
-    ms_local_box(held_pl(p, v), p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
+    ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
+    p->params_dirty = p->bf16;
     if (gv->shape.ndim == 0)
         b->ptr[0] = full[0];
     else
@@ -1723,6 +1694,7 @@ ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out) {
                              .to = in->to,
                              .plan = in->plan,
                              .coll_bytes = in->coll_bytes,
-                             .param_gather = in->gather};
+                             .param_gather = in->gather,
+                             .dtype = p->bufs[in->src].dtype};
     return MS_OK;
 }

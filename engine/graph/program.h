@@ -78,6 +78,7 @@ typedef struct ms_reshard_info {
     const ms_reshard_plan *plan; /* the steps the executor runs, with their bytes */
     double coll_bytes;           /* this rank's collective bytes: the plan's steps summed */
     bool param_gather;           /* ZeRO 3: a parameter gathered for one use (not a gradient) */
+    ms_dtype dtype;              /* the elements it moves: MS_BF16 under bf16 precision */
 } ms_reshard_info;
 
 int ms_program_num_reshards(const ms_program *p);

@@ -91,6 +91,15 @@ ms_k_cost ms_k_matmul_cost(const ms_k_gemm *g, bool backward, bool beta_nonzero,
 void ms_k_blas_set_threads(int n);
 int ms_k_blas_threads(void);
 
+/* ---- precision conversion (convert.c) ----------------------------------------------------
+ * bf16 storage for mixed precision: kernels compute in fp32 on widened copies and their
+ * results are rounded once (round-to-nearest-even, as ms_bf16_from_f32).
+ * out, in: [N]; acc, x: [N] (bf16 bit patterns) */
+void ms_k_bf16_widen(float *out, const uint16_t *in, int64_t n);
+void ms_k_bf16_round(uint16_t *out, const float *in, int64_t n);
+/* acc = round(acc + x), the sum in fp32 */
+void ms_k_bf16_add_inplace(uint16_t *acc, const uint16_t *x, int64_t n);
+
 /* ---- elementwise (elementwise.c) ---------------------------------------------------------- */
 
 /* out = a + b, out = a * b, out = s * x; out may alias an input.

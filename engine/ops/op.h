@@ -232,6 +232,9 @@ typedef struct ms_op_def {
     ms_k_cost (*cost)(const ms_op_call *call, bool backward);
     /* Which inputs take gradients (bit i = input i). Integer inputs (ids, targets) do not. */
     unsigned grad_inputs;
+    /* Which outputs hold integers (bit o = output o: indices), kept fp32 under bf16 precision
+     * like every output of an op that passes no gradient. */
+    unsigned int_outputs;
 } ms_op_def;
 
 /* The table row of op id `op` (built-in or registered), or NULL. */

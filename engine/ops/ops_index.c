@@ -920,6 +920,7 @@ const ms_op_def ms_op_topk_def = {
     .backward = sort_backward,
     .cost = sort_cost,
     .grad_inputs = 1,
+    .int_outputs = 2,
 };
 const ms_op_def ms_op_sort_def = {
     .kind = MS_OP_SORT,
@@ -933,4 +934,5 @@ const ms_op_def ms_op_sort_def = {
     .backward = sort_backward,
     .cost = sort_cost,
     .grad_inputs = 1,
+    .int_outputs = 2,
 };

@@ -2,6 +2,7 @@
 #include "engine/optim/optim.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "engine/kernels/parallel.h"
 
@@ -31,23 +32,17 @@ ms_status ms_sgd_step(float *p, const float *g, float *buf, size_t n, const ms_s
 typedef struct adamw_job {
     float *p, *m, *v;
     const float *g;
+    const uint16_t *g16; /* bf16 gradients instead of g */
     float gscale, step, inv_sqrt_bc2, b1, b2, eps, decay;
 } adamw_job;
 
-static void adamw_range(void *arg, int64_t lo, int64_t hi) {
-    const adamw_job *j = arg;
-    float *restrict p = j->p, *restrict m = j->m, *restrict v = j->v;
-    const float *restrict g = j->g;
-    const float gs = j->gscale, step = j->step, ib = j->inv_sqrt_bc2, b1 = j->b1, b2 = j->b2,
-                eps = j->eps, decay = j->decay;
-    for (int64_t i = lo; i < hi; i++) {
-        const float gi = g[i] * gs;
-        const float mi = b1 * m[i] + (1.0f - b1) * gi;
-        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step * mi / (sqrtf(vi) * ib + eps);
-    }
+/* One element's update; gi is the (scaled) gradient. */
+static inline void adamw_one(const adamw_job *j, int64_t i, float gi) {
+    const float mi = j->b1 * j->m[i] + (1.0f - j->b1) * gi;
+    const float vi = j->b2 * j->v[i] + (1.0f - j->b2) * gi * gi;
+    j->m[i] = mi;
+    j->v[i] = vi;
+    j->p[i] = j->p[i] * j->decay - j->step * mi / (sqrtf(vi) * j->inv_sqrt_bc2 + j->eps);
 }
 
 ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
@@ -65,25 +60,53 @@ ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms
     return MS_OK;
 }
 
-ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
-                               const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+static void adamw_range(void *arg, int64_t lo, int64_t hi) {
+    const adamw_job *j = arg;
+    const float *restrict g = j->g;
+    for (int64_t i = lo; i < hi; i++) adamw_one(j, i, g[i] * j->gscale);
+}
+
+static inline float widen_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void adamw_range_bf16(void *arg, int64_t lo, int64_t hi) {
+    const adamw_job *j = arg;
+    const uint16_t *restrict g = j->g16;
+    for (int64_t i = lo; i < hi; i++) adamw_one(j, i, widen_bf16(g[i]) * j->gscale);
+}
+
+static ms_status adamw_run(adamw_job *j, size_t n, const ms_adamw_opts *o, int64_t t,
+                           float grad_scale, ms_error *err) {
     MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
     /* Bias corrections in double: for beta2 = 0.999 and small t, 1 - beta2^t in float loses
      * most of its digits. */
     const double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);
-    adamw_job j = {.p = p,
-                   .m = m,
-                   .v = v,
-                   .g = g,
-                   .gscale = grad_scale,
-                   .step = (float)(o->lr / bc1),
-                   .inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)),
-                   .b1 = o->beta1,
-                   .b2 = o->beta2,
-                   .eps = o->eps,
-                   .decay = 1.0f - o->lr * o->weight_decay};
-    ms_parallel_for((int64_t)n, 1 << 15, adamw_range, &j);
+    j->gscale = grad_scale;
+    j->step = (float)(o->lr / bc1);
+    j->inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    j->b1 = o->beta1;
+    j->b2 = o->beta2;
+    j->eps = o->eps;
+    j->decay = 1.0f - o->lr * o->weight_decay;
+    ms_parallel_for((int64_t)n, 1 << 15, j->g16 ? adamw_range_bf16 : adamw_range, j);
     return MS_OK;
+}
+
+ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
+                               const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+    adamw_job j = {.p = p, .m = m, .v = v, .g = g};
+    return adamw_run(&j, n, o, t, grad_scale, err);
+}
+
+ms_status ms_adamw_step_bf16_grad(float *p, const uint16_t *g, float *m, float *v, size_t n,
+                                  const ms_adamw_opts *o, int64_t t, float grad_scale,
+                                  ms_error *err) {
+    adamw_job j = {.p = p, .m = m, .v = v, .g16 = g};
+    return adamw_run(&j, n, o, t, grad_scale, err);
 }
 
 ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
@@ -96,6 +119,7 @@ ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
 #define SUMSQ_MAX_BLOCKS 4096
 typedef struct sumsq_job {
     const float *x;
+    const uint16_t *x16; /* bf16 instead of x */
     int64_t n, block;
     double part[SUMSQ_MAX_BLOCKS];
 } sumsq_job;
@@ -103,18 +127,24 @@ typedef struct sumsq_job {
 static void sumsq_range(void *arg, int64_t lo, int64_t hi) {
     sumsq_job *j = arg;
     for (int64_t b = lo; b < hi; b++) {
-        const float *x = j->x + b * j->block;
         int64_t len = j->n - b * j->block < j->block ? j->n - b * j->block : j->block;
         double s = 0;
+        if (j->x16) {
+            const uint16_t *x = j->x16 + b * j->block;
+            for (int64_t i = 0; i < len; i++) s += (double)widen_bf16(x[i]) * widen_bf16(x[i]);
+        } else {
+            const float *x = j->x + b * j->block;
 #pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < len; i++) s += (double)x[i] * (double)x[i];
+            for (int64_t i = 0; i < len; i++) s += (double)x[i] * (double)x[i];
+        }
         j->part[b] = s;
     }
 }
 
-double ms_sumsq_f32(const float *x, size_t n) {
+static double sumsq(const float *x, const uint16_t *x16, size_t n) {
     static _Thread_local sumsq_job j; /* 32 KiB: too big for every rank's stack frame */
     j.x = x;
+    j.x16 = x16;
     j.n = (int64_t)n;
     j.block = 1 << 16;
     if (j.n > j.block * SUMSQ_MAX_BLOCKS) j.block = (j.n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS;
@@ -123,6 +153,14 @@ double ms_sumsq_f32(const float *x, size_t n) {
     double s = 0;
     for (int64_t b = 0; b < blocks; b++) s += j.part[b];
     return s;
+}
+
+double ms_sumsq_f32(const float *x, size_t n) {
+    return sumsq(x, NULL, n);
+}
+
+double ms_sumsq_bf16(const uint16_t *x, size_t n) {
+    return sumsq(NULL, x, n);
 }
 
 float ms_clip_scale(double norm, double max_norm) {

@@ -49,6 +49,12 @@ ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
 ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
                                const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err);
 
+/* The same with bf16 gradients (mixed precision): p, m and v are the fp32 master weights and
+ * moments; each gradient is widened to fp32 before use. */
+ms_status ms_adamw_step_bf16_grad(float *p, const uint16_t *g, float *m, float *v, size_t n,
+                                  const ms_adamw_opts *o, int64_t t, float grad_scale,
+                                  ms_error *err);
+
 /* The argument checks of the AdamW steps (here and on the GPU): MS_ERR_INVALID with a message
  * naming the bad value. */
 ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err);
@@ -56,6 +62,7 @@ ms_status ms_adamw_check(const ms_adamw_opts *o, int64_t t, float grad_scale, ms
 /* Sum of squares of x in double precision: this rank's share of the squared global norm.
  * Summed in fixed blocks, so the result is the same whatever the number of threads. */
 double ms_sumsq_f32(const float *x, size_t n);
+double ms_sumsq_bf16(const uint16_t *x, size_t n); /* x: bf16 bit patterns */
 
 /* min(1, max_norm / (norm + 1e-6)), the factor to multiply every gradient by; 1 when
  * max_norm <= 0 (clipping off). A non-finite norm gives a non-finite or zero factor, as in

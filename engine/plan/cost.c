@@ -30,6 +30,7 @@ void ms_plan_scales_identity(ms_plan_scales *s) {
     for (int i = 0; i < MS_PC_COUNT; i++) s->compute[i] = 1;
     for (int i = 0; i < MS_PLAN_DIM_COUNT; i++) s->comm[i] = 1;
     s->overhead_s = 0;
+    s->dp_overlap = -1;
 }
 
 /* --- strategies --------------------------------------------------------------------------------
@@ -755,11 +756,16 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
             bool bwd = e->phase == WK_BWD;
             if (c->cpu) return ms_cluster_attention_time(c, e->m, e->n, e->k, bwd, r);
             /* per head: S = Q K^T and O = P V (four products backward) as batched GEMMs, and
-             * the softmax and its traffic as an elementwise kernel */
+             * the softmax and its traffic as an elementwise kernel. A batched GEMM over the
+             * batch x heads items runs like one GEMM with the items stacked on its rows (one
+             * launch, the tiles of all items in flight), not like that many small GEMMs: BERT's
+             * 128 x 128 x 64 heads would otherwise pay a launch and a small tile's efficiency
+             * each. */
             double frac = c->causal_skip && pb->model.model_type != MS_MODEL_BERT ? 0.5 : 1.0;
-            double g = ms_cluster_gemm_time(c, pb->dtype, e->n, e->n, e->k, r) +
-                       ms_cluster_gemm_time(c, pb->dtype, e->n, e->k, e->n, r);
-            double gemm = (double)e->m * g * frac * (bwd ? 2 : 1);
+            int64_t rows = e->m * e->n;
+            double g = ms_cluster_gemm_time(c, pb->dtype, rows, e->n, e->k, r) +
+                       ms_cluster_gemm_time(c, pb->dtype, rows, e->k, e->n, r);
+            double gemm = g * frac * (bwd ? 2 : 1);
             double soft = ms_cluster_elementwise_time(
                 c, MS_OPRATE_SOFTMAX, (double)e->m * e->n * e->n * frac * 4, e->bytes, r);
             return gemm + soft;
@@ -840,11 +846,13 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     }
     double exposed_grad = 0;
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) {
-        /* gradients: the schedule hides up to dp_overlap of them behind the last backward,
-         * never the last layer's bucket */
+        /* gradients: the schedule hides up to dp_overlap of them behind the last backward
+         * (with buckets, the share measured on this job once the advisor has seen it), never
+         * the last layer's bucket */
         double total = grad[d], hidden = 0;
-        if (total > 0 && c->dp_overlap > 0) {
-            hidden = c->dp_overlap * total;
+        double overlap = s->bucket_mb > 0 && sc->dp_overlap >= 0 ? sc->dp_overlap : c->dp_overlap;
+        if (total > 0 && overlap > 0) {
+            hidden = overlap * total;
             if (hidden > bwd_mb) hidden = bwd_mb;
             double last = total / (w->layers_per_stage > 0 ? w->layers_per_stage : 1);
             if (total - hidden < last) hidden = total - last;

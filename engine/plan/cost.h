@@ -105,6 +105,10 @@ typedef struct ms_plan_scales {
     double compute[MS_PC_COUNT];
     double comm[MS_PLAN_DIM_COUNT];
     double overhead_s;
+    /* The share of bucketed (bucket_mb > 0) data-parallel gradient traffic that runs hidden
+     * under the backward, as measured (the trace's dp hidden / dp communication); < 0: not
+     * measured, the cluster's dp_overlap applies. */
+    double dp_overlap;
 } ms_plan_scales;
 void ms_plan_scales_identity(ms_plan_scales *s);
 

@@ -203,8 +203,8 @@ static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
  * optimizer's shards: ZeRO divides them over dp by stage) and its arena into *arena. */
 static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, const ms_mesh *mesh,
                            int rows, int k, ms_plan_workload *w, ms_plan_engine_stats *stats,
-                           double state[3], double *arena, double *persist, double *boundary,
-                           ms_error *err) {
+                           double state[5], double *arena, double *staging, double *persist,
+                           double *boundary, ms_error *err) {
     ms_model model = {0};
     ms_program *prog = NULL;
     ms_status st;
@@ -218,7 +218,8 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1,
                           .zero_stage = s->zero,
                           .zero_dim = MS_STRATEGY_DP_DIM,
-                          .recompute = ms_strategy_recompute_regions(s)};
+                          .recompute = ms_strategy_recompute_regions(s),
+                          .bf16 = s->precision == MS_PRECISION_BF16};
     MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
     add_kernels(w, stats, model.g, mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);
@@ -228,10 +229,13 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
         state[0] += (double)ms_tensor_numel(&pv.data);
         state[1] += (double)ms_tensor_numel(&pv.grad);
         state[2] += (double)pv.opt_n;
+        state[3] += (double)pv.use_bytes;
+        state[4] += (double)ms_dtype_size(pv.grad.dtype) * (double)ms_tensor_numel(&pv.grad);
     }
     ms_program_stats ps;
     ms_program_stats_get(prog, &ps);
     if ((double)ps.arena_bytes > *arena) *arena = (double)ps.arena_bytes;
+    if ((double)ps.staging_bytes > *staging) *staging = (double)ps.staging_bytes;
     w->hw_flops_step += ps.flops;
     *persist += (double)ps.param_bytes;
     /* the residual stream crossing into this chunk: its local box, in bytes */
@@ -269,15 +273,16 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     int stage = busiest_stage(&pb->model, s);
     ms_mesh mesh = {0};
     MS_CHECK(ms_strategy_mesh(s, &mesh, err));
-    double state[3] = {0, 0, 0}, arena = 0, persist = 0, boundary = 0;
+    /* parameter, gradient and optimizer-shard elements; bf16 use-copy and gradient bytes */
+    double state[5] = {0, 0, 0, 0, 0}, arena = 0, staging = 0, persist = 0, boundary = 0;
     ms_status st = MS_OK;
     w->layers_per_stage = 0;
     for (int c = 0; c < v && st == MS_OK; c++) {
         int lo, hi;
         ms_stages_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
         w->layers_per_stage += hi - lo;
-        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, w, stats, state, &arena, &persist,
-                       &boundary, err);
+        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, w, stats, state, &arena, &staging,
+                       &persist, &boundary, err);
     }
     if (st != MS_OK) {
         ms_mesh_free(&mesh);
@@ -288,8 +293,9 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
         wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, p, boundary, 2.0 * v);
         /* the tied embedding's gradients between the first and the last stage */
         double wte = (double)pb->model.vocab_size * pb->model.n_embd / s->tp;
+        double gbytes = s->precision == MS_PRECISION_BF16 ? 2 : 4;
         if (ms_model_ties_embedding(&pb->model))
-            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, 4 * wte, 1);
+            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, gbytes * wte, 1);
     }
     /* the training loop: gradient norm over the world, AdamW on every local shard */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size * p, 8, 1);
@@ -302,15 +308,18 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     }
     w->opt_elems = state[2];
     w->norm_elems = state[1];
-    w->zero_bytes += 4 * state[1];
-    w->mem_params = 4 * state[0];
-    w->mem_grads = 4 * state[1];
-    w->mem_optim = 8 * state[2];
-    /* one arena per micro-batch unit in flight (the schedule's bound) */
-    w->mem_act = arena * held;
+    /* bf16: the parameters are the bf16 use copies, and the fp32 masters (state[0] elements,
+     * the optimizer's shards) count with the optimizer state, as Rajbhandari et al. count K */
+    bool bf16 = state[3] > 0;
+    w->zero_bytes += state[4];
+    w->mem_params = bf16 ? state[3] : 4 * state[0];
+    w->mem_grads = state[4];
+    w->mem_optim = 8 * state[2] + (bf16 ? 4 * state[0] : 0);
+    /* one arena per micro-batch unit in flight (the schedule's bound), and bf16's staging */
+    w->mem_act = arena * held + staging;
     /* inputs, kept values and, micro-batched under ZeRO 2 and 3, the gradients accumulating
      * whole before their reduce-scatter */
-    w->mem_other = persist - 4 * (state[0] + state[1]);
+    w->mem_other = persist - (4 * state[0] + state[3] + state[4]);
     if (w->mem_other < 0) w->mem_other = 0;
     w->hw_flops_step *= (double)m * mesh.size * p; /* one micro-batch's, on every device */
     if (stats) {

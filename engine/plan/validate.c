@@ -174,11 +174,6 @@ static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
 ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                                const ms_job_shape *job, double mem_cap_bytes, ms_error *err) {
     MS_CHECK(ms_strategy_check(s, cfg, job, err));
-    if (s->precision != MS_PRECISION_FP32)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "%s precision is predicted only; the engine trains in fp32 (\"precision\": "
-                       "\"fp32\")",
-                       ms_precision_name(s->precision));
     if (s->vocab_replicated)
         return ms_fail(err, MS_ERR_INVALID,
                        "a replicated head (\"vocab_parallel\": false) is predicted only; the "

@@ -180,6 +180,7 @@ ms_status ms_ckpt_load(ms_trainer *t, const char *dir, ms_ckpt_info *info, ms_er
     }
     free(bufs);
     if (st == MS_OK) {
+        ms_trainer_state_written(t);
         ms_trainer_set_step(t, m.info.step);
         if (info) *info = m.info;
     }

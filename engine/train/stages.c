@@ -139,7 +139,8 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .zero_stage = st->strat.zero,
                              .zero_dim = MS_STRATEGY_DP_DIM,
                              .bucket_mb = st->strat.bucket_mb,
-                             .micro_batches = st->m};
+                             .micro_batches = st->m,
+                             .bf16 = st->strat.precision == MS_PRECISION_BF16};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
@@ -553,8 +554,13 @@ static ms_status sync_tied(ms_stages *st, ms_error *err) {
     if (!st->tie || h < 0) return MS_OK;
     ms_param_view pv;
     ms_stages_param(st, h, &pv, NULL);
-    float *g = ms_tensor_f32(&pv.grad);
-    return ms_all_reduce(st->tie, g, g, (size_t)ms_tensor_numel(&pv.grad), MS_REDUCE_SUM, err);
+    size_t n = (size_t)ms_tensor_numel(&pv.grad);
+    if (pv.grad.dtype != MS_BF16) {
+        float *g = ms_tensor_f32(&pv.grad);
+        return ms_all_reduce(st->tie, g, g, n, MS_REDUCE_SUM, err);
+    }
+    void *g16 = ms_tensor_data(&pv.grad);
+    return ms_all_reduce_dt(st->tie, MS_COMM_BF16, g16, g16, n, MS_REDUCE_SUM, err);
 }
 
 ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
@@ -563,6 +569,10 @@ ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const
     MS_CHECK(run(st, st->acts, st->nacts, true, ids, targets, loss, err));
     for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_grad_sync(st->ch[c].prog, err));
     return sync_tied(st, err);
+}
+
+void ms_stages_params_written(ms_stages *st) {
+    for (int c = 0; c < st->nch; c++) ms_program_params_written(st->ch[c].prog);
 }
 
 ms_status ms_stages_param_sync(ms_stages *st, ms_error *err) {

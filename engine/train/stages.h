@@ -59,6 +59,9 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
                            ms_stages **out, ms_error *err);
 void ms_stages_destroy(ms_stages *st);
 
+/* Parameters written through their views (ms_program_params_written on every chunk). */
+void ms_stages_params_written(ms_stages *st);
+
 /* Training step `step`'s forwards and backwards over the global batch ids/targets ([batch,
  * seq] each, identical on every rank), then the gradient sync and the tied embedding's
  * all-reduce. *loss receives the batch's mean loss on every rank. Dropout draws the step's

@@ -190,8 +190,10 @@ static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
         ms_param_view v;
         bool counted = true;
         ms_stages_param(t->c.st, i, &v, &counted);
-        if (v.owner && counted)
-            local += ms_sumsq_f32(ms_tensor_f32(&v.grad), (size_t)ms_tensor_numel(&v.grad));
+        if (!v.owner || !counted) continue;
+        size_t n = (size_t)ms_tensor_numel(&v.grad);
+        local += v.grad.dtype == MS_BF16 ? ms_sumsq_bf16(ms_tensor_data(&v.grad), n)
+                                         : ms_sumsq_f32(ms_tensor_f32(&v.grad), n);
     }
     /* Two floats keep the sum's precision through a float all-reduce. */
     float parts[2] = {(float)local, (float)(local - (double)(float)local)}, sum[2];
@@ -209,9 +211,15 @@ static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err)
     for (int i = 0; i < t->mo.n; i++) {
         ms_param_view pv;
         ms_stages_param(t->c.st, i, &pv, NULL);
-        MS_CHECK(ms_adamw_step_scaled(ms_tensor_f32(&pv.data) + pv.data_off,
-                                      ms_tensor_f32(&pv.grad) + pv.grad_off, t->mo.m[i], t->mo.v[i],
-                                      (size_t)pv.opt_n, &aw, t->step + 1, scale, err));
+        float *master = ms_tensor_f32(&pv.data) + pv.data_off;
+        size_t n = (size_t)pv.opt_n;
+        if (pv.grad.dtype == MS_BF16)
+            MS_CHECK(ms_adamw_step_bf16_grad(
+                master, (const uint16_t *)ms_tensor_data(&pv.grad) + pv.grad_off, t->mo.m[i],
+                t->mo.v[i], n, &aw, t->step + 1, scale, err));
+        else
+            MS_CHECK(ms_adamw_step_scaled(master, ms_tensor_f32(&pv.grad) + pv.grad_off, t->mo.m[i],
+                                          t->mo.v[i], n, &aw, t->step + 1, scale, err));
     }
     /* ZeRO 1 and 2: every rank updated its shard; gather them back */
     return ms_stages_param_sync(t->c.st, err);
@@ -409,6 +417,7 @@ ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
     compiled_free(&t->c);
     t->c = nc;
     t->mo = nm;
+    ms_stages_params_written(t->c.st);
     return MS_OK;
 }
 
@@ -509,8 +518,11 @@ void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out) {
     for (int i = 0; i < ms_stages_num_params(t->c.st); i++) {
         ms_param_view pv;
         ms_stages_param(t->c.st, i, &pv, NULL);
-        out->params += 4.0 * (double)ms_tensor_numel(&pv.data);
-        out->grads += 4.0 * (double)ms_tensor_numel(&pv.grad);
+        /* bf16: the bf16 use copies are the parameters, the fp32 masters optimizer state */
+        double master = 4.0 * (double)ms_tensor_numel(&pv.data);
+        out->params += pv.use_bytes ? (double)pv.use_bytes : master;
+        out->optim += pv.use_bytes ? master : 0;
+        out->grads += (double)ms_dtype_size(pv.grad.dtype) * (double)ms_tensor_numel(&pv.grad);
     }
     for (int i = 0; i < t->mo.n; i++) out->optim += 2.0 * (double)t->mo.bytes[i];
 }
@@ -521,4 +533,8 @@ int ms_trainer_num_state(const ms_trainer *t) {
 
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out) {
     state_of(&t->c, &t->mo, t->o.inference, i, out);
+}
+
+void ms_trainer_state_written(ms_trainer *t) {
+    ms_stages_params_written(t->c.st);
 }

@@ -149,6 +149,10 @@ typedef struct ms_state_tensor {
 int ms_trainer_num_state(const ms_trainer *t);
 /* State tensor i, ordered parameter by parameter (param, m, v). */
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
+/* After writing state tensors through their local boxes (a checkpoint load): under bf16
+ * precision the parameters' bf16 use copies are rounded from the fp32 masters before the next
+ * step. Every rank calls it alike. */
+void ms_trainer_state_written(ms_trainer *t);
 /* The activation memory of this rank's micro-batch slots as the run used them
  * (engine/train/stages.h). */
 struct ms_stages_memory;
@@ -157,7 +161,9 @@ void ms_trainer_memory(const ms_trainer *t, struct ms_stages_memory *out);
 /* The bytes of this rank's state as allocated: parameters and gradients as the programs store
  * them (ZeRO 3: the dp shard; 2: the gradients' shard), and the optimizer state on its device
  * (ZeRO >= 1: the dp shard). Micro-batched under ZeRO 2 and 3 the gradients also accumulate
- * whole before their reduce-scatter; those buffers are not counted here. */
+ * whole before their reduce-scatter; those buffers are not counted here. Under bf16 precision
+ * the parameters are the bf16 use copies and the gradients bf16, and the fp32 master weights
+ * count with the optimizer state. */
 typedef struct ms_trainer_bytes {
     double params, grads, optim;
 } ms_trainer_bytes;

@@ -47,6 +47,7 @@ typedef struct ms_ev_coll {
     int32_t group_rank; /* this rank's position in the group */
     int64_t seq;        /* the communicator's sequence number */
     uint64_t bytes;     /* nccl-tests size convention (comm.h) */
+    uint8_t dtype;      /* ms_comm_dtype: f32, bf16 or bytes */
     char algo[16];      /* "shm-direct", "mpi", "ring", ... */
     uint64_t flow;      /* id of the reshard it belongs to, 0 if none */
     int32_t root;       /* broadcast: the root's position in the group; else unused */

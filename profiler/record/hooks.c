@@ -44,6 +44,7 @@ static void fill_coll(ms_event *e, const ms_comm_probe *p, const ms_comm_event *
     c->group_rank = ms_comm_rank(ev->comm);
     c->seq = ev->seq;
     c->bytes = ev->bytes;
+    c->dtype = (uint8_t)ev->dtype;
     ms_ev_strcpy(c->algo, sizeof c->algo, NULL, ev->algo);
     c->flow = ev->async ? 0 : p->ts->flow; /* a bucket serves several reshards, none alone */
     c->root = ev->root < 0 ? 0 : ev->root;

@@ -1,0 +1,149 @@
+/* program_impl.h - the compiled program's private structures, shared by the files that build
+ * and run it (program.c) and that handle its number formats (program_precision.c). Nothing
+ * outside engine/graph includes this. */
+#ifndef MS_PROGRAM_IMPL_H
+#define MS_PROGRAM_IMPL_H
+
+#include "engine/dist/reshard.h"
+#include "engine/graph/grad_buckets.h"
+#include "engine/graph/graph_impl.h"
+#include "engine/graph/program.h"
+#include "engine/core/xalloc.h"
+#include "engine/ops/select.h"
+
+typedef struct buf {
+    ms_dtype dtype;  /* MS_F32, or MS_BF16 for values and gradients under bf16 precision */
+    int64_t numel;   /* elements */
+    int64_t nfloats; /* storage in 4-byte units: numel, or numel / 2 rounded up for bf16 */
+    ms_shape lshape; /* local shape */
+    size_t offset;   /* floats into the arena (step-lived buffers) */
+    float *ptr;
+    int first, last; /* instruction lifetime; persistent buffers use -1 */
+    bool persistent;
+    ms_tensor t;    /* wrapped view over ptr, made once */
+    ms_tensor wide; /* bf16: an fp32 view that kernels read and write, over the staging area */
+} buf;
+
+typedef struct pvalue {
+    ms_placements pl; /* placement the value is stored in */
+    int buf;
+    bool known, requires_grad;
+    bool has_hint;
+    ms_placements hint;
+    bool has_grad;
+    ms_placements gpl;
+    int gbuf;
+    int param_grad_buf; /* params: the persistent gradient in grad_pl */
+    /* params: storage, gradient and optimizer placements (all pl without ZeRO) */
+    ms_placements store_pl, grad_pl, opt_pl;
+    int master_buf; /* bf16 precision: the fp32 master weights in opt_pl, else -1 */
+} pvalue;
+
+/* The buffers one kernel instruction reads and writes besides gradients. */
+typedef struct kbufs {
+    int in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT], saved[MS_OP_MAX_SAVED];
+} kbufs;
+
+typedef struct pnode {
+    ms_rule_cand cand[MS_MESH_MAX_DIMS];
+    ms_placements req_in[MS_OP_MAX_IN];
+    ms_placements out_pl[MS_OP_MAX_OUT];
+    int in_buf[MS_OP_MAX_IN];
+    int out_buf[MS_OP_MAX_OUT]; /* raw outputs in out_pl */
+    int saved_buf[MS_OP_MAX_SAVED];
+    bool gathered[MS_OP_MAX_IN]; /* ZeRO 3: input i is a parameter gathered for this use */
+    kbufs bw; /* what its backward reads: the forward's buffers, or its recompute's */
+} pnode;
+
+/* CAST rounds an fp32 buffer into a bf16 one (the master weights into the use copy). */
+typedef enum ikind { I_RESHARD, I_FWD, I_BWD, I_ZERO, I_ADD, I_SEED, I_COPY, I_CAST } ikind;
+
+typedef struct instr {
+    ikind kind;
+    int node;
+    int value; /* RESHARD: whose global shape */
+    int src, dst;
+    ms_placements from, to;
+    int dout_buf[MS_OP_MAX_OUT], din_buf[MS_OP_MAX_IN];
+    int64_t src_off;             /* COPY: floats into src */
+    bool gather;                 /* RESHARD: a ZeRO-3 parameter gathered for one use */
+    const ms_reshard_plan *plan; /* RESHARD: from the program's plan cache */
+    double coll_bytes;           /* RESHARD: predicted by the plan */
+    double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
+    kbufs kb;                    /* FWD/BWD: the node's inputs, outputs and saved buffers */
+    ms_program_phase phase;
+    int bucket_grad; /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
+} instr;
+
+struct ms_program {
+    ms_graph *g;
+    ms_dmesh *dm; /* NULL for a shapes-only program */
+    ms_ctx *ctx;  /* NULL for a shapes-only program */
+    const ms_mesh *mesh;
+    int coords[MS_MESH_MAX_DIMS];
+    struct ms_plan_cache *plans; /* the rank context's, or own_plans */
+    struct ms_plan_cache *own_plans;
+    ms_mesh own_mesh; /* shapes-only: the copy mesh points to */
+    bool shapes_only;
+    uint64_t seed;
+    ms_k_batch_window batch; /* ms_program_set_batch_window */
+    bool eval;               /* ms_program_set_dropout */
+    uint64_t draw;           /* dropout's key for the current step */
+    bool member;
+    pvalue *pv;
+    pnode *pn;
+    buf *bufs;
+    int nb, cb;
+    instr *ins;
+    int ni, ci;
+    int n_forward;  /* instructions [0, n_forward) are forward + loss report */
+    int n_weight;   /* [n_forward, n_weight) backward (input gradients when split_w) */
+    int n_backward; /* [n_weight, n_backward) weight gradients (split_w) */
+    int n_sync;     /* [n_backward, n_sync) gradient sync, [n_sync, ni) parameter sync */
+    int zero_stage, zero_dim;
+    bool split_w; /* ms_compile_opts.split_weight_grads */
+    int loss_buf; /* the loss replicated, for reporting; -1 without a loss */
+    bool micro;   /* micro-batched (ms_compile_opts.micro_batched) */
+    float loss_scale;
+    int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
+    int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
+    float *arena;
+    size_t arena_floats, unplanned_floats;
+    size_t activation_floats; /* peak_activations */
+    float *persist;
+    size_t persist_floats;
+    int *params;
+    int nparams;
+    uint64_t flow_counter;    /* reshard flow ids, for traces */
+    int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
+    int *reshards, nreshards; /* instruction index of each RESHARD, in step order */
+    ms_grad_buckets *buckets; /* bucket_mb > 0: the grad-sync all-reduces in buckets */
+    float *bucket_storage;
+    int *rc_first; /* [nn]: first node of the recomputed region holding it, or -1 */
+    int *rc_buf;   /* [nv]: a value's buffer while its region is recomputed, or -1 */
+    /* bf16 precision (program_precision.c) */
+    bool bf16;
+    uint8_t *vdtype;       /* [nv]: each value's ms_dtype (prog_assign_dtypes) */
+    bool params_dirty;     /* masters written since the last cast into the use copies */
+    float *staging;        /* fp32 copies of one instruction's bf16 operands */
+    size_t staging_floats; /* the most one instruction needs */
+};
+
+/* --- program_precision.c ------------------------------------------------------------------- */
+
+/* The element type of value v's buffers (and of its gradient's) under the program's
+ * precision: bf16 for activations and parameters' use copies under bf16, fp32 for inputs
+ * (token ids are exact integers), the loss, a chunk's output (what pipeline stages pass on) and
+ * kept values. */
+ms_dtype prog_value_dtype(const ms_program *p, int v);
+/* Decides every value's element type, once the graph is complete. */
+void prog_assign_dtypes(ms_program *p);
+/* Floats of staging the step needs, from the instruction list (after layout). */
+size_t prog_staging_floats(const ms_program *p);
+/* Runs kernel instruction `in` through call: bf16 operands are widened into the staging
+ * area, the kernel runs in fp32, and what it wrote is rounded back once. */
+ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_error *err);
+/* Predicted collective bytes of a reshard instruction, for its buffer's element type. */
+double prog_reshard_bytes(const ms_program *p, const instr *in);
+
+#endif
