@@ -43,6 +43,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     for (int i = 0; i < MS_SCHEDULE_COUNT; i++) schedule_words[i] = ms_schedule_name(i);
     const char *recompute_words[MS_RECOMPUTE_COUNT + 1] = {NULL};
     for (int i = 0; i < MS_RECOMPUTE_COUNT; i++) recompute_words[i] = ms_recompute_name(i);
+    const char *device_words[MS_DEVICE_CHOICE_COUNT + 1] = {NULL};
+    for (int i = 0; i < MS_DEVICE_CHOICE_COUNT; i++) device_words[i] = ms_device_choice_name(i);
     const char *precision_words[MS_PRECISION_COUNT + 1] = {NULL};
     for (int i = 0; i < MS_PRECISION_COUNT; i++) precision_words[i] = ms_precision_name(i);
     const run_flag flags[] = {
@@ -72,6 +74,11 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL, MS_ENUM("recompute", &o->recompute, recompute_words,
                           "activation recompute: full re-runs each layer's forward in backward, "
                           "selective attention's core only (default none)")},
+        {RUN_TRAIN | RUN_EVAL,
+         MS_ENUM("device", &o->device, device_words,
+                 "where the ranks compute: cpu; cuda (fails with the CUDA runtime's reason when "
+                 "no GPU is usable; training on CUDA is not built yet); auto: CUDA when usable, "
+                 "else the CPU, saying which (default cpu)")},
         {RUN_ALL, MS_ENUM("precision", &o->precision, precision_words,
                           "bf16: bf16 activations, weights and gradients (collectives move half "
                           "the bytes), fp32 master weights and optimizer state (default fp32)")},

@@ -43,9 +43,23 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
     return ms_strategy_check(&out->strat, &out->cfg, &job, err);
 }
 
+/* --device: where the ranks train, said once (by the first process under mpirun). */
+static ms_status resolve_device(const run_opts *o, ms_error *err) {
+    ms_device_kind kind;
+    char note[512];
+    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &kind, note, sizeof note, err));
+    const char *mpi_rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (note[0] && (!mpi_rank || !strcmp(mpi_rank, "0"))) {
+        printf("%s\n", note);
+        fflush(stdout);
+    }
+    return MS_OK;
+}
+
 ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err) {
     ms_job_shape job = job_shape(o, plan);
-    return ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err);
+    MS_CHECK(ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err));
+    return resolve_device(o, err);
 }
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {

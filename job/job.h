@@ -35,6 +35,7 @@ typedef struct run_opts {
     int zero;           /* --zero: the ZeRO stage over dp */
     int recompute;      /* --recompute: an ms_recompute */
     int precision;      /* --precision: an ms_precision */
+    int device;         /* --device: an ms_device_choice */
     double bucket_mb;   /* --bucket-mb: gradient buckets in MiB; 0: none */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;

@@ -117,6 +117,18 @@ expect "malformed config" "malformed" "$bin" train --model "$tmp/truncated.json"
 expect "missing config" "missing.json" "$bin" train --model "$tmp/missing.json" --data "$tmp/text.txt"
 expect "tp does not divide heads" "does not divide" "${run[@]}" --data "$tmp/text.txt" --tp 3
 expect "missing data" "nothere.txt" "${run[@]}" --data "$tmp/nothere.txt"
+# --device cuda fails at once with the CUDA runtime's reason (no GPU here) or, where one is
+# usable, says that training on CUDA is not built yet; auto falls back and says why.
+expect "--device cuda" "--device cuda: " "${run[@]}" --data "$tmp/text.txt" --device cuda
+expect "--device unknown" "tpu" "${run[@]}" --data "$tmp/text.txt" --device tpu
+out=$("${run[@]}" --data "$tmp/text.txt" --device auto 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "^device auto: .*; training on the CPU" <<<"$out"; then
+  echo "ok   --device auto: $(grep '^device auto' <<<"$out")"
+  pass=$((pass + 1))
+else
+  echo "FAIL --device auto (exit $rc)"; echo "$out" | head -3; fail=$((fail + 1))
+fi
 expect "empty data" "empty" "${run[@]}" --data "$tmp/empty.txt"
 expect "short data" "short.txt" "${run[@]}" --data "$tmp/short.txt"
 expect "strategy JSON path" '$.mesh.tp' "${run[@]}" --data "$tmp/text.txt" --strategy "$tmp/bad-strategy.json"

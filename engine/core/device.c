@@ -1,6 +1,7 @@
 /* device.c - the device interface's shared layer and its CPU backend. */
 #include "engine/core/device.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,32 @@ ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, cha
         }
     }
     return ms_device_cpu_create(out, err);
+}
+
+const char *ms_device_choice_name(ms_device_choice c) {
+    static const char *const names[] = {"cpu", "cuda", "auto"};
+    return c < MS_DEVICE_CHOICE_COUNT ? names[c] : "?";
+}
+
+ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *note,
+                            size_t note_len, ms_error *err) {
+    *out = MS_DEVICE_CPU;
+    if (note && note_len) note[0] = '\0';
+    if (choice == MS_DEVICE_CHOICE_CPU) return MS_OK;
+    ms_error probe_err = {0};
+    ms_device *gpu = NULL;
+    bool usable = ms_device_cuda_create(0, &gpu, &probe_err) == MS_OK;
+    ms_device_destroy(gpu);
+    const char *why = usable ? "a CUDA device is usable, but training on CUDA is not built yet "
+                               "(the CUDA kernels exist; the program does not call them)"
+                             : probe_err.msg;
+    if (choice == MS_DEVICE_CHOICE_CUDA)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "--device cuda: %s; use --device cpu, or --device auto to fall back to the "
+                       "CPU",
+                       why);
+    if (note && note_len) snprintf(note, note_len, "device auto: %s; training on the CPU", why);
+    return MS_OK;
 }
 
 /* --- shared layer ------------------------------------------------------------------------ */

@@ -66,6 +66,24 @@ ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, cha
 
 void ms_device_destroy(ms_device *dev);
 
+/* Where a job asks to train (`--device`). */
+typedef enum ms_device_choice {
+    MS_DEVICE_CHOICE_CPU,
+    MS_DEVICE_CHOICE_CUDA,
+    MS_DEVICE_CHOICE_AUTO, /* CUDA when it is usable for training, else the CPU */
+    MS_DEVICE_CHOICE_COUNT
+} ms_device_choice;
+const char *ms_device_choice_name(ms_device_choice c); /* "cpu", "cuda", "auto" */
+
+/* The device kind a job trains on for `choice`, decided once before any rank starts. CUDA is
+ * probed through the CUDA runtime (device 0). Training steps run on the CPU only so far: the
+ * CUDA kernels (engine/kernels/cuda) are built but the program does not call them yet. So
+ * `cuda` fails with MS_ERR_UNSUPPORTED naming the runtime's reason when no GPU is usable, or
+ * saying that CUDA training is not built when one is; `auto` falls back to the CPU and says
+ * why in `note` (also "" for `cpu`). */
+ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *note,
+                            size_t note_len, ms_error *err);
+
 /* A process-wide CPU device for memory that no rank's device owns (wrapped host buffers).
  * Stateless but for its byte counters; never destroyed. */
 ms_device *ms_device_host(void);
