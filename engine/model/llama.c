@@ -133,7 +133,7 @@ void ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_mod
     if (ch->first) {
         out->ids = ms_graph_input(m.g, "input_ids", 2, bt);
         int in[2] = {out->ids, embed};
-        x = ms_graph_op(m.g, MS_OP_EMBEDDING, NULL, 2, in, "embed");
+        x = ms_graph_op(m.g, MS_OP_EMBEDDING, NULL, 2, in, "model.embed_tokens");
     } else {
         const int64_t btc[3] = {B, T, cfg->n_embd};
         x = out->hidden_in = ms_graph_input(m.g, "hidden_in", 3, btc);
