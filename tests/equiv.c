@@ -158,15 +158,25 @@ static void run(mt_rank *r, void *arg) {
     ms_text_data_close(&d);
 }
 
-void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
-                          const char *then2, int world) {
+static void check_against(const ms_model_config *ref_cfg, const ms_model_config *cfg,
+                          const char *strategy, const char *then1, const char *then2, int world) {
     reference ref = {0};
-    run_arg ra = {.cfg = *cfg, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
+    run_arg ra = {.cfg = *ref_cfg, .strategy = "{\"dp\": 1}", .ref = &ref, .is_ref = true};
     mt_run_threads(1, run, &ra);
     assert_true(ref.n > 0);
     run_arg a = {.cfg = *cfg, .strategy = strategy, .then = {then1, then2}, .ref = &ref};
     mt_run(world, run, &a);
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
+}
+
+void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
+                          const char *then2, int world) {
+    check_against(cfg, cfg, strategy, then1, then2, world);
+}
+
+void mt_equiv_check_against(const ms_model_config *ref_cfg, const ms_model_config *cfg,
+                            const char *strategy, int world) {
+    check_against(ref_cfg, cfg, strategy, NULL, NULL, world);
 }
 
 void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,
