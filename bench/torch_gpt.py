@@ -62,6 +62,8 @@ import torch  # noqa: E402  (after the thread variables)
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from torch_env import blas_libraries  # noqa: E402
+
 
 class Block(nn.Module):
     def __init__(self, C, H, T_max):
@@ -121,20 +123,6 @@ class GPT(nn.Module):
         x = self.ln_f(x)
         logits = F.linear(x, self.wte.weight)  # tied: [B, T, V]
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
-def blas_libraries():
-    """The BLAS/OpenMP shared objects this process has mapped (which sgemm torch used)."""
-    libs = set()
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                name = os.path.basename(line.split()[-1]) if "/" in line else ""
-                if any(s in name for s in ("blas", "mkl", "dnnl", "gomp")):
-                    libs.add(name)
-    except OSError:
-        pass
-    return sorted(libs)
 
 
 def main():

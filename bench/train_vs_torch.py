@@ -1,12 +1,12 @@
 #!/usr/bin/python3
-"""train_vs_torch.py - single-rank GPT training speed, meshscope next to PyTorch in one run.
+"""train_vs_torch.py - single-rank GPT and LLaMA training speed, meshscope next to PyTorch.
 
 Called by bench/train_vs_torch.sh (which builds meshscope, prepares the data and installs
 python3-torch first); runs with Debian's /usr/bin/python3 and only the standard library (the
 PyTorch side is a child process, bench/torch_gpt.py).
 
 For each model and each thread count: `meshscope train` (one rank, --threads K) and
-bench/torch_gpt.py (torch.set_num_threads(K)) in two environments, "stock" (as installed) and
+bench/torch_gpt.py or bench/torch_llama.py (torch.set_num_threads(K)) in two environments, "stock" (as installed) and
 "tuned" (see TUNED_ENV), run one after the other, ROUNDS times with a rotating order; the
 measured steps of all rounds are pooled per side and their median is reported.
 Then `meshscope bench gemm --backward` times the model's own dense GEMM shapes, giving the
@@ -14,8 +14,9 @@ sgemm ceiling: the rate the step's dense GEMMs would run at if nothing else took
 
 FLOPs per training step, the same formula for both sides (PaLM appendix B, as nanoGPT's
 estimate_mfu): 6 * N * B * T + 12 * L * C * T * B * T, where N counts every parameter except
-the position embeddings (the tied wte counts once, as the logits matmul). The attention term
-counts the full T x T scores (no causal discount), whatever each implementation computes.
+the position embeddings (the tied wte counts once, as the logits matmul; LLaMA's untied
+embed_tokens is a lookup and does not count, its lm_head does). The attention term counts the
+full T x T scores (no causal discount), whatever each implementation computes.
 """
 
 import argparse
@@ -41,6 +42,18 @@ MODELS = {
         config="bench/configs/gpt2-small.json",
         L=12, H=12, C=768, V=50257, P=1024, B=4, T=64, warmup=1, steps=3, rounds=3,
     ),
+    # LLaMA (RMSNorm, rotary, SwiGLU, grouped kv heads, untied head): configs/llama-tiny.json,
+    # and the width of model A (bench/configs/llama-a.json).
+    "lt": dict(
+        name="LT: LLaMA L4 H4 KV2 C128 I352 V256", family="llama",
+        config="configs/llama-tiny.json",
+        L=4, H=4, KV=2, C=128, I=352, V=256, P=128, B=8, T=128, warmup=3, steps=5, rounds=3,
+    ),
+    "la": dict(
+        name="LA: LLaMA L4 H4 KV2 C256 I704 V256", family="llama",
+        config="bench/configs/llama-a.json",
+        L=4, H=4, KV=2, C=256, I=704, V=256, P=128, B=8, T=128, warmup=3, steps=5, rounds=3,
+    ),
 }
 
 
@@ -57,16 +70,25 @@ def loadavg():
         return float("nan")
 
 
+def is_llama(m):
+    return m.get("family") == "llama"
+
+
 def n_params(m):
-    """All parameters of the tied GPT-2 (as meshscope and torch_gpt.py build it)."""
+    """All parameters of the tied GPT-2 (as meshscope and torch_gpt.py build it), or of the
+    untied LLaMA (llama.c, torch_llama.py)."""
     L, C, V, P = m["L"], m["C"], m["V"], m["P"]
+    if is_llama(m):
+        kv = C // m["H"] * m["KV"]
+        per_layer = 2 * C + C * C + 2 * C * kv + C * C + 3 * C * m["I"]
+        return 2 * V * C + L * per_layer + C
     ln = 2 * 2 * C
     per_layer = ln + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
     return V * C + P * C + L * per_layer + 2 * C
 
 
 def step_flops(m):
-    N = n_params(m) - m["P"] * m["C"]
+    N = n_params(m) - (m["V"] if is_llama(m) else m["P"]) * m["C"]
     B, T, L, C = m["B"], m["T"], m["L"], m["C"]
     return 6.0 * N * B * T + 12.0 * L * C * T * B * T
 
@@ -76,6 +98,15 @@ def gemm_shapes(m):
     linear layer is C[BT, out] = A[BT, in] B[in, out]; the tied logits multiply by wte [V, C]
     transposed. Each runs forward, dA and dB (all three, as in training)."""
     BT, C, V, L = m["B"] * m["T"], m["C"], m["V"], m["L"]
+    if is_llama(m):  # LINEAR: x W^T with W [out, in]
+        kv, inter = C // m["H"] * m["KV"], m["I"]
+        return [
+            dict(name="q, o", m=BT, n=C, k=C, tb=True, count=2 * L),
+            dict(name="k, v", m=BT, n=kv, k=C, tb=True, count=2 * L),
+            dict(name="gate, up", m=BT, n=inter, k=C, tb=True, count=2 * L),
+            dict(name="down", m=BT, n=C, k=inter, tb=True, count=L),
+            dict(name="logits", m=BT, n=V, k=C, tb=True, count=1),
+        ]
     return [
         dict(name="qkv", m=BT, n=3 * C, k=C, tb=False, count=L),
         dict(name="attn proj", m=BT, n=C, k=C, tb=False, count=L),
@@ -142,11 +173,14 @@ def run_meshscope(exe, m, k, tmp, data):
 
 
 def run_torch(m, k, variant):
-    cmd = ["/usr/bin/python3", os.path.join("bench", "torch_gpt.py"),
+    script = "torch_llama.py" if is_llama(m) else "torch_gpt.py"
+    cmd = ["/usr/bin/python3", os.path.join("bench", script),
            "--layers", str(m["L"]), "--heads", str(m["H"]), "--embd", str(m["C"]),
            "--vocab", str(m["V"]), "--positions", str(m["P"]), "--batch", str(m["B"]),
            "--seq", str(m["T"]), "--threads", str(k), "--warmup", str(m["warmup"]),
            "--steps", str(m["steps"])]
+    if is_llama(m):
+        cmd += ["--kv-heads", str(m["KV"]), "--inter", str(m["I"])]
     extra = TUNED_ENV if variant == "tuned" else None
     out, wall = run(cmd, thread_env(k, extra), f"PyTorch {variant} ({m['name']}, {k} threads)")
     try:
@@ -178,7 +212,7 @@ def main():
     ap.add_argument("--meshscope", default=os.path.join(ROOT, "build", "meshscope"),
                     help="the meshscope binary (default build/meshscope)")
     ap.add_argument("--data", default="data/kjv.txt")
-    ap.add_argument("--models", default="a,b", help="subset of a,b (default a,b)")
+    ap.add_argument("--models", default="a,b", help="subset of a,b,lt,la (default a,b)")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     ap.add_argument("--rounds", type=int, default=0,
                     help="runs of each side per point, order rotating (default 3)")
@@ -198,7 +232,7 @@ def main():
     keys = [x.strip() for x in a.models.split(",") if x.strip()]
     for key in keys:
         if key not in MODELS:
-            die(f"--models: unknown model '{key}' (a, b)")
+            die(f"--models: unknown model '{key}' (a, b, lt, la)")
     try:
         threads = [int(x) for x in a.threads.split(",") if x.strip()]
     except ValueError:

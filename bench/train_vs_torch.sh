@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# train_vs_torch.sh - single-rank GPT training speed: `meshscope train` next to a PyTorch
-# reference (bench/torch_gpt.py) in the same run, plus `meshscope bench gemm` at the models'
-# own GEMM shapes. Builds meshscope, prepares data/kjv.txt and installs Debian's python3-torch
+# train_vs_torch.sh - single-rank GPT and LLaMA training speed: `meshscope train` next to a
+# PyTorch reference (bench/torch_gpt.py, bench/torch_llama.py) in the same run, plus `meshscope
+# bench gemm` at the models' own GEMM shapes. Builds meshscope, prepares data/kjv.txt and installs Debian's python3-torch
 # when missing, then hands over to bench/train_vs_torch.py (Debian's /usr/bin/python3).
 #
 #   bench/train_vs_torch.sh [--build-dir DIR] [--no-build] [options of train_vs_torch.py]
 #
 #   --build-dir DIR   CMake build directory (default: build, or $BUILD_DIR)
 #   --no-build        use DIR/meshscope as it is
-#   --models a,b  --threads 1,2  --rounds R  --gemm-reps R  --no-gemm  --json-out FILE
+#   --models a,b,lt,la  --threads 1,2  --rounds R  --gemm-reps R  --no-gemm  --json-out FILE
 #                     passed on; see /usr/bin/python3 bench/train_vs_torch.py --help
 #
 # Exits non-zero with a message when the build, the data, the PyTorch install or any

@@ -169,10 +169,12 @@ mt_equiv_tol mt_equiv_exact(void) {
         .ref = "{\"dp\": 1}", .loss = 1e-5, .params = 1e-5, .worst = 0.01 * mt_equiv_opts().lr};
 }
 
-void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const char *then1,
-                        const char *then2, int world, const mt_equiv_tol *tol) {
+/* The reference (ref_cfg under tol->ref, one rank), then cfg under strategy on world ranks. */
+static void check_against(const ms_model_config *ref_cfg, const ms_model_config *cfg,
+                          const char *strategy, const char *then1, const char *then2, int world,
+                          const mt_equiv_tol *tol) {
     reference ref = {0};
-    run_arg ra = {.cfg = *cfg, .tol = *tol, .strategy = tol->ref, .ref = &ref, .is_ref = true};
+    run_arg ra = {.cfg = *ref_cfg, .tol = *tol, .strategy = tol->ref, .ref = &ref, .is_ref = true};
     mt_run_threads(1, run, &ra);
     assert_true(ref.n > 0);
     run_arg a = {
@@ -181,10 +183,21 @@ void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const 
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
 }
 
+void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const char *then1,
+                        const char *then2, int world, const mt_equiv_tol *tol) {
+    check_against(cfg, cfg, strategy, then1, then2, world, tol);
+}
+
 void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
                           const char *then2, int world) {
     mt_equiv_tol tol = mt_equiv_exact();
-    mt_equiv_check_tol(cfg, strategy, then1, then2, world, &tol);
+    check_against(cfg, cfg, strategy, then1, then2, world, &tol);
+}
+
+void mt_equiv_check_against(const ms_model_config *ref_cfg, const ms_model_config *cfg,
+                            const char *strategy, int world) {
+    mt_equiv_tol tol = mt_equiv_exact();
+    check_against(ref_cfg, cfg, strategy, NULL, NULL, world, &tol);
 }
 
 void mt_equiv_check(bool bert, const char *strategy, const char *then1, const char *then2,

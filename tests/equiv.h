@@ -46,5 +46,9 @@ void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const 
 /* The same for another model (the batch, steps and data stay). */
 void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
                           const char *then2, int world);
+/* The run of `cfg` under strategy against a one-rank run of `ref_cfg`: a model that must train
+ * exactly as another (a user operator in place of a built-in one). */
+void mt_equiv_check_against(const ms_model_config *ref_cfg, const ms_model_config *cfg,
+                            const char *strategy, int world);
 
 #endif

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/graph/program.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
 #include "tests/equiv.h"
@@ -308,6 +309,162 @@ static void forward_tp2_kv1_w2(void **state) {
     check_forward(llama_config(1, false), "{\"tp\": 2}", 2);
 }
 
+/* --- the tp layout: placements and collectives of the compiled program ------------------------
+ * Compiled for mesh coordinate 0 without ranks (ms_program_compile_shapes): what the engine
+ * would run, read off its reshards. */
+
+typedef struct tp_counts {
+    int fwd[MS_RSTEP_KIND_COUNT], bwd[MS_RSTEP_KIND_COUNT], other; /* collectives only */
+} tp_counts;
+
+/* configs/llama-tiny.json's shapes (3 layers): the completion weighs bytes, so the layout is
+ * checked where activations outweigh the weights, as in training. */
+static ms_model_config layout_config(int kv_heads) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"llama\", \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+             "\"num_key_value_heads\": %d, \"hidden_size\": 128, \"intermediate_size\": 352, "
+             "\"vocab_size\": 256, \"max_position_embeddings\": 128}",
+             kv_heads);
+    ms_model_config c;
+    ms_error err = {0};
+    if (ms_config_from_string(json, strlen(json), "llama.json", &c, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    return c;
+}
+
+static ms_program *compile_layout(const ms_model_config *cfg, const char *strategy, ms_model *m) {
+    ms_error err = {0};
+    ms_strategy s;
+    if (ms_strategy_parse_json(strategy, strlen(strategy), "s", &s, NULL, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    ms_mesh mesh;
+    assert_int_equal(ms_strategy_mesh(&s, &mesh, &err), MS_OK);
+    if (ms_model_build(cfg, 8, 64, m, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_sharding sh = {.s = &s, .kv_heads = cfg->n_kv_head};
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 3};
+    const int coords[3] = {0};
+    ms_program *p;
+    if (ms_program_compile_shapes(m->g, &mesh, coords, &co, &p, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    ms_mesh_free(&mesh);
+    return p;
+}
+
+/* Collectives (steps that move bytes) of the reshards named `prefix`*, by phase and kind.
+ * Weights must never move in the forward or backward: Megatron keeps every shard local. */
+static tp_counts count_collectives(const ms_program *p, const char *prefix) {
+    tp_counts c = {0};
+    for (int i = 0; i < ms_program_num_reshards(p); i++) {
+        ms_reshard_info r;
+        assert_int_equal(ms_program_reshard(p, i, &r), MS_OK);
+        bool weight = strstr(r.name, ".weight") != NULL;
+        if (weight && r.phase != MS_PROG_GRAD_SYNC && r.coll_bytes > 0)
+            fail_msg("parameter %s is moved (%s) in the step", r.name,
+                     r.phase == MS_PROG_FORWARD ? "forward" : "backward");
+        if (strncmp(r.name, prefix, strlen(prefix)) || !r.plan) continue;
+        for (int k = 0; k < r.plan->nsteps; k++) {
+            const ms_rstep *st = &r.plan->steps[k];
+            if (st->coll_bytes <= 0) continue;
+            if (r.phase == MS_PROG_FORWARD)
+                c.fwd[st->kind]++;
+            else if (r.phase == MS_PROG_BACKWARD)
+                c.bwd[st->kind]++;
+            else
+                c.other++;
+        }
+    }
+    return c;
+}
+
+static void expect_counts(const tp_counts *c, const char *what, const int *fwd, const int *bwd) {
+    for (int k = 0; k < MS_RSTEP_KIND_COUNT; k++)
+        if (c->fwd[k] != fwd[k] || c->bwd[k] != bwd[k])
+            fail_msg("%s: %d forward and %d backward %s, expected %d and %d", what, c->fwd[k],
+                     c->bwd[k], ms_rstep_name((ms_rstep_kind)k), fwd[k], bwd[k]);
+    if (c->other) fail_msg("%s: %d collectives outside forward and backward", what, c->other);
+}
+
+/* Megatron-LM per layer: without sp one all-reduce after o_proj and after down_proj, and in
+ * the backward one per column-parallel group (q/k/v, gate/up); with sp each all-reduce is a
+ * reduce-scatter of the row-parallel output and an all-gather of the next norm's output (the
+ * backward: the duals). Layer 0 also reduces the vocab-parallel lookup. */
+static void check_layer_collectives(const char *strategy, bool sp) {
+    ms_model_config cfg = layout_config(2);
+    ms_model m;
+    ms_program *p = compile_layout(&cfg, strategy, &m);
+    int fwd[MS_RSTEP_KIND_COUNT] = {0}, bwd[MS_RSTEP_KIND_COUNT] = {0};
+    if (sp) {
+        fwd[MS_RSTEP_REDUCE_SCATTER] = 2, fwd[MS_RSTEP_ALL_GATHER] = 2;
+        bwd[MS_RSTEP_ALL_GATHER] = 2, bwd[MS_RSTEP_ALL_REDUCE] = 2;
+    } else {
+        fwd[MS_RSTEP_ALL_REDUCE] = 2, bwd[MS_RSTEP_ALL_REDUCE] = 2;
+    }
+    for (int l = 1; l < cfg.n_layer; l++) {
+        char prefix[64], what[96];
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        snprintf(what, sizeof what, "%s, layer %d", strategy, l);
+        tp_counts c = count_collectives(p, prefix);
+        expect_counts(&c, what, fwd, bwd);
+    }
+    /* the lookup: one all-reduce of its partial sums, nothing in the backward */
+    tp_counts e = count_collectives(p, "model.embed_tokens");
+    int efwd[MS_RSTEP_KIND_COUNT] = {[MS_RSTEP_ALL_REDUCE] = 1}, none[MS_RSTEP_KIND_COUNT] = {0};
+    expect_counts(&e, "the embedding", efwd, none);
+    ms_program_destroy(p);
+    ms_model_free(&m);
+}
+
+static void collectives_per_layer_tp2_w1(void **state) {
+    (void)state;
+    check_layer_collectives("{\"tp\": 2}", false);
+}
+static void collectives_per_layer_tp2_sp_w1(void **state) {
+    (void)state;
+    check_layer_collectives("{\"tp\": 2, \"sp\": true}", true);
+}
+
+/* Placements of the named parameters on the tp mesh dim. */
+static void expect_tp_placement(ms_program *p, const char *name, ms_placement want) {
+    for (int i = 0; i < ms_program_num_params(p); i++) {
+        ms_param_view pv;
+        ms_program_param(p, i, &pv);
+        if (strcmp(pv.name, name)) continue;
+        ms_placement got = pv.pl.p[1];
+        if (!ms_placement_same_kind(got, want) || (got.kind == MS_PL_SHARD && got.dim != want.dim))
+            fail_msg("%s: placement on tp is not the Megatron layout's", name);
+        return;
+    }
+    fail_msg("no parameter %s", name);
+}
+
+/* One kv head over tp 2: k and v replicated, the query heads and o_proj split, the MLP and
+ * both vocab ends sharded. */
+static void layout_tp2_kv1_w1(void **state) {
+    (void)state;
+    ms_model_config cfg = layout_config(1);
+    ms_model m;
+    ms_program *p = compile_layout(&cfg, "{\"tp\": 2}", &m);
+    expect_tp_placement(p, "model.layers.0.self_attn.q_proj.weight", ms_pl_shard(0));
+    expect_tp_placement(p, "model.layers.0.self_attn.k_proj.weight", ms_pl_replicate());
+    expect_tp_placement(p, "model.layers.0.self_attn.v_proj.weight", ms_pl_replicate());
+    expect_tp_placement(p, "model.layers.0.self_attn.o_proj.weight", ms_pl_shard(1));
+    expect_tp_placement(p, "model.layers.1.mlp.down_proj.weight", ms_pl_shard(1));
+    expect_tp_placement(p, "model.embed_tokens.weight", ms_pl_shard(0));
+    expect_tp_placement(p, "lm_head.weight", ms_pl_shard(0));
+    /* attention runs on the query-head shard: its output is head-sharded, not gathered */
+    bool core_split = false;
+    for (int i = 0; i < ms_program_num_kernels(p); i++) {
+        ms_kernel_info k;
+        assert_int_equal(ms_program_kernel(p, i, &k), MS_OK);
+        if (k.phase == MS_PROG_FORWARD && !strcmp(k.name, "model.layers.0.self_attn.core"))
+            core_split = k.out_pl[0].p[1].kind == MS_PL_SHARD && k.out_pl[0].p[1].dim == 2;
+    }
+    assert_true(core_split);
+    ms_program_destroy(p);
+    ms_model_free(&m);
+}
+
 /* --- training against one rank -----------------------------------------------------------------
  */
 
@@ -350,12 +507,21 @@ static void train_pp2_tied_w2(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(config_keys_w1),      cmocka_unit_test(forward_gqa_w1),
-    cmocka_unit_test(forward_mqa_tied_w1), cmocka_unit_test(forward_tp2_w2),
-    cmocka_unit_test(forward_tp2_kv1_w2),  cmocka_unit_test(train_dp2_w2),
-    cmocka_unit_test(train_tp2_w2),        cmocka_unit_test(train_tp2_kv1_w2),
-    cmocka_unit_test(train_dp2_tp2_w4),    cmocka_unit_test(train_tp2_sp_w2),
-    cmocka_unit_test(train_cp2_w2),        cmocka_unit_test(train_pp2_w2),
+    cmocka_unit_test(config_keys_w1),
+    cmocka_unit_test(forward_gqa_w1),
+    cmocka_unit_test(forward_mqa_tied_w1),
+    cmocka_unit_test(forward_tp2_w2),
+    cmocka_unit_test(forward_tp2_kv1_w2),
+    cmocka_unit_test(collectives_per_layer_tp2_w1),
+    cmocka_unit_test(collectives_per_layer_tp2_sp_w1),
+    cmocka_unit_test(layout_tp2_kv1_w1),
+    cmocka_unit_test(train_dp2_w2),
+    cmocka_unit_test(train_tp2_w2),
+    cmocka_unit_test(train_tp2_kv1_w2),
+    cmocka_unit_test(train_dp2_tp2_w4),
+    cmocka_unit_test(train_tp2_sp_w2),
+    cmocka_unit_test(train_cp2_w2),
+    cmocka_unit_test(train_pp2_w2),
     cmocka_unit_test(train_pp2_tied_w2),
 };
 MT_MAIN("llama", tests)

@@ -3,7 +3,7 @@
  * configs.
  *
  * For configs/gpt-tiny.json, bert-tiny.json and llama-tiny.json under dp2, tp2, dp2 x tp2,
- * tp2 +sp, pp2, dp2 x pp2, ZeRO 1 and 3, full recompute and tp4 (LLaMA's attention whole), the
+ * tp2 +sp, pp2, dp2 x pp2, ZeRO 1 and 3, full recompute and tp4 (LLaMA's kv heads whole), the
  * closed form (what `meshscope plan` uses for models too large to compile) and the engine's program
  * (ms_plan_tally_get) must agree on the device's FLOPs per step, its parameters, gradients and
  * optimizer states, its collective bytes per mesh dim and kind, and its activation memory, each
@@ -84,7 +84,7 @@ static const family_case cases[] = {
     {"dp2 zero3", 2, 1, 1, 3, false, false},
     {"tp2 recompute", 1, 2, 1, 0, false, true},
     {"dp2 x pp2 m2", 2, 1, 2, 0, false, false},
-    /* llama-tiny's 2 kv heads do not divide 4: its attention runs whole on every tp rank */
+    /* llama-tiny's 2 kv heads do not divide 4: every tp rank holds both, the query heads split */
     {"tp4", 1, 4, 1, 0, false, false},
 };
 

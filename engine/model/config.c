@@ -418,14 +418,33 @@ static const checked_key LLAMA_CHECKED[] = {
 static ms_status llama_keys(const cJSON *root, const char *name, ms_error *err) {
     static const field *const read[] = {&L_LAYER, &L_HEAD, &L_KV,    &L_EMBD, &L_INTER,
                                         &L_POS,   &L_EPS,  &L_THETA, &F_VOCAB};
-    const char *known[2 + 9 + N_LLAMA_CHECKED + N_IGNORED];
+    const char *known[3 + 9 + N_LLAMA_CHECKED + N_IGNORED];
     size_t n = 0;
     known[n++] = "model_type";
     known[n++] = "tie_word_embeddings";
+    known[n++] = "attention_op";
     for (size_t i = 0; i < 9; i++) known[n++] = read[i]->keys[0];
     for (size_t i = 0; i < N_LLAMA_CHECKED; i++) known[n++] = LLAMA_CHECKED[i].key;
     for (size_t i = 0; i < N_IGNORED; i++) known[n++] = IGNORED_KEYS[i];
     return refuse_keys_but(root, name, known, n, err);
+}
+
+/* "attention_op": the name of an operator registered before the model is built. */
+static ms_status get_attention_op(const cJSON *root, const char *name, ms_model_config *c,
+                                  ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "attention_op");
+    if (!v || cJSON_IsNull(v)) return MS_OK;
+    if (!cJSON_IsString(v) || !v->valuestring[0] ||
+        strlen(v->valuestring) >= sizeof c->attention_op) {
+        char got[64];
+        ms_json_describe(v, got, sizeof got);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $.attention_op: expected the name of a registered operator (1 to "
+                       "%zu characters), got %s",
+                       name, sizeof c->attention_op - 1, got);
+    }
+    snprintf(c->attention_op, sizeof c->attention_op, "%s", v->valuestring);
+    return MS_OK;
 }
 
 static ms_status llama_from_tree(const cJSON *root, const char *name, ms_model_config *c,
@@ -453,6 +472,7 @@ static ms_status llama_from_tree(const cJSON *root, const char *name, ms_model_c
                        "%s: $.tie_word_embeddings: expected true or false, got %s", name, got);
     }
     c->tie_word_embeddings = cJSON_IsTrue(tie);
+    MS_CHECK(get_attention_op(root, name, c, err));
     MS_CHECK(check_values(root, c, name, LLAMA_CHECKED, N_LLAMA_CHECKED, err));
     return ms_config_validate(c, name, err);
 }

@@ -20,7 +20,8 @@
 #include "engine/core/status.h"
 
 /* config.json larger than this is certainly not a config (guards against passing weights). */
-#define MS_CONFIG_MAX_BYTES (1u << 20)
+#define MS_CONFIG_MAX_BYTES   (1u << 20)
+#define MS_CONFIG_OP_NAME_MAX 48 /* "attention_op" and its NUL */
 
 typedef enum ms_model_type { MS_MODEL_GPT2, MS_MODEL_BERT, MS_MODEL_LLAMA } ms_model_type;
 
@@ -40,6 +41,10 @@ typedef struct ms_model_config {
     int intermediate_size;    /* the SwiGLU MLP's width */
     double rope_theta;        /* default 10000 */
     bool tie_word_embeddings; /* lm_head shares embed_tokens (default false) */
+    /* "attention_op": a registered operator (ms_op_register) that replaces the built-in
+     * gqa_attention: q [B, T, H, D], k, v [B, T, Hkv, D] -> [B, T, H, D], i[0] causal. Empty:
+     * the built-in. Resolved by name when the model is built. */
+    char attention_op[MS_CONFIG_OP_NAME_MAX];
 } ms_model_config;
 
 /* Reads and validates `path` (at most MS_CONFIG_MAX_BYTES). *out is written only on success. */

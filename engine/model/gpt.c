@@ -208,6 +208,7 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
                        "holds nothing",
                        ch->layer_lo, ch->layer_hi, cfg->n_layer);
     if (cfg->model_type == MS_MODEL_LLAMA) {
+        MS_CHECK(ms_llama_check(cfg, err));
         ms_llama_build_chunk(cfg, B, T, ch, out);
         ms_status st = ms_graph_error(out->g, err);
         if (st != MS_OK) ms_model_free(out);

@@ -9,6 +9,7 @@ typedef struct llama {
     ms_graph *g;
     const ms_model_config *c;
     int B, T, C, H, Hkv, D;
+    int attention_op; /* gqa_attention, or the config's registered "attention_op" */
 } llama;
 
 static int weight(llama *m, const char *name, int ndim, const int64_t *shape, float std) {
@@ -62,7 +63,7 @@ static int attention(llama *m, int x, int l) {
     ms_op_attrs causal = {.i = {1}};
     snprintf(n, sizeof n, "model.layers.%d.self_attn.core", l);
     ms_graph_region_begin(m->g, MS_REGION_ATTENTION);
-    int a = ms_graph_op(m->g, MS_OP_GQA_ATTENTION, &causal, 3, in, n);
+    int a = ms_graph_op(m->g, m->attention_op, &causal, 3, in, n);
     ms_graph_region_end(m->g, MS_REGION_ATTENTION);
     const int64_t wo[3] = {m->C, m->H, m->D};
     snprintf(p, sizeof p, "model.layers.%d.self_attn.o_proj", l);
@@ -123,7 +124,9 @@ void ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_mod
                .C = cfg->n_embd,
                .H = cfg->n_head,
                .Hkv = cfg->n_kv_head,
-               .D = cfg->n_embd / cfg->n_head};
+               .D = cfg->n_embd / cfg->n_head,
+               .attention_op =
+                   cfg->attention_op[0] ? ms_op_find(cfg->attention_op) : MS_OP_GQA_ATTENTION};
     const int64_t bt[2] = {B, T}, wv[2] = {cfg->vocab_size, cfg->n_embd};
     bool tied = cfg->tie_word_embeddings;
     int embed = ch->first || (ch->last && tied)
@@ -133,7 +136,7 @@ void ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_mod
     if (ch->first) {
         out->ids = ms_graph_input(m.g, "input_ids", 2, bt);
         int in[2] = {out->ids, embed};
-        x = ms_graph_op(m.g, MS_OP_EMBEDDING, NULL, 2, in, "embed");
+        x = ms_graph_op(m.g, MS_OP_EMBEDDING, NULL, 2, in, "model.embed_tokens");
     } else {
         const int64_t btc[3] = {B, T, cfg->n_embd};
         x = out->hidden_in = ms_graph_input(m.g, "hidden_in", 3, btc);
@@ -149,6 +152,23 @@ void ms_llama_build_chunk(const ms_model_config *cfg, int B, int T, const ms_mod
     out->g = m.g;
     out->B = B;
     out->T = T;
+}
+
+ms_status ms_llama_check(const ms_model_config *cfg, ms_error *err) {
+    if (!cfg->attention_op[0]) return MS_OK;
+    int op = ms_op_find(cfg->attention_op);
+    const ms_op_def *def = op >= 0 ? ms_op_get(op) : NULL;
+    if (!def)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "model: attention_op \"%s\" is not a registered operator; register it "
+                       "with ms_op_register before building the model, or remove the key",
+                       cfg->attention_op);
+    if (def->n_out != 1 || !(def->n_in == 3 || def->n_in <= -3))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "model: attention_op \"%s\" must take q, k and v and give one output "
+                       "(it takes %d inputs and gives %d outputs)",
+                       cfg->attention_op, def->n_in, def->n_out);
+    return MS_OK;
 }
 
 bool ms_llama_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file) {

@@ -503,8 +503,25 @@ static bool ends_with(const char *s, const char *suffix) {
 
 static bool is_stream(const char *name) {
     return ends_with(name, ".res1") || ends_with(name, ".res2") || !strcmp(name, "embed") ||
-           ends_with(name, ".attn.c_proj") || ends_with(name, ".mlp.c_proj") ||
-           ends_with(name, ".self_attn.o_proj") || ends_with(name, ".mlp.down_proj");
+           ends_with(name, ".attn.c_proj") || ends_with(name, ".mlp.c_proj");
+}
+
+/* LLaMA's row-parallel outputs: the vocab-parallel lookup and the o and down projections.
+ * Over tp they are partial sums, which the residual add reduces (all-reduce, or reduce-scatter
+ * onto the sequence shard under sp); over dp and cp they are placed as the stream. */
+static bool is_row_output(const char *name) {
+    return !strcmp(name, "model.embed_tokens") || ends_with(name, ".self_attn.o_proj") ||
+           ends_with(name, ".mlp.down_proj");
+}
+
+/* LLaMA's pre-attention, pre-MLP and final norms: their outputs, which the column-parallel
+ * q, k, v, gate, up and lm_head read, are replicated over tp (with sp: all-gathered from the
+ * sequence shard once, not once per projection; without sp: the first layer's norm all-reduces the
+ * vocab-parallel lookup rather than running on a reduce-scattered slice). */
+static bool is_norm_output(const ms_strategy *s, const char *name) {
+    return s->tp > 1 &&
+           (ends_with(name, ".input_layernorm") || ends_with(name, ".post_attention_layernorm") ||
+            !strcmp(name, "model.norm"));
 }
 
 /* tp placement of a named value under the Megatron layout; false = no opinion. */
@@ -533,16 +550,15 @@ static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *sh
         {"embed_tokens.weight", 0},
         {"lm_head.weight", 0},
     };
-    /* kv heads shard with the query heads when they divide tp; otherwise every rank keeps
-     * the whole attention (GQA with fewer kv heads than tp ranks). */
-    bool attn_whole = sh->kv_heads > 0 && sh->kv_heads % s->tp != 0;
+    /* kv heads shard with the query heads when they divide tp; otherwise every tp rank keeps
+     * them all and computes attention for its own query heads (the operator reads each query
+     * head's kv head from the whole set). */
     if (ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight")) {
-        *tp = shape->d[0] % s->tp == 0 && !attn_whole ? ms_pl_shard(0) : ms_pl_replicate();
+        *tp = shape->d[0] % s->tp == 0 ? ms_pl_shard(0) : ms_pl_replicate();
         return true;
     }
-    if (attn_whole && (ends_with(name, "self_attn.q_proj.weight") ||
-                       ends_with(name, "self_attn.o_proj.weight"))) {
-        *tp = ms_pl_replicate();
+    if (is_row_output(name)) {
+        *tp = ms_pl_partial(MS_REDUCE_SUM);
         return true;
     }
     for (size_t i = 0; i < sizeof shards / sizeof *shards; i++)
@@ -550,8 +566,12 @@ static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *sh
             *tp = ms_pl_shard(shards[i].dim);
             return true;
         }
-    /* The residual stream and the row-parallel outputs that join it: replicated (their
+    /* The residual stream and GPT-2's row-parallel outputs that join it: replicated (their
      * partial sums all-reduced), or sequence-sharded with sp (reduce-scattered). */
+    if (is_norm_output(s, name)) {
+        *tp = ms_pl_replicate();
+        return true;
+    }
     if (is_stream(name)) {
         *tp = s->sp && ndim >= 2 ? ms_pl_shard(1) : ms_pl_replicate();
         return true;
@@ -584,7 +604,7 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
     ms_placement dp = ms_pl_replicate(), tp = ms_pl_replicate(), cp = ms_pl_replicate();
     bool is_input =
         !strcmp(name, "input_ids") || !strcmp(name, "targets") || !strcmp(name, "position_ids");
-    bool is_residual = is_stream(name);
+    bool is_residual = is_stream(name) || is_row_output(name) || is_norm_output(s, name);
     if ((is_input || is_residual) && s->dp > 1 && shape->ndim >= 1) {
         dp = ms_pl_shard(0);
         any = true;

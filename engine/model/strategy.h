@@ -13,7 +13,11 @@
  * (row-parallel); MLP: c_fc column-parallel, c_proj row-parallel; the tied embedding
  * vocab-parallel. The residual stream is replicated over tp, or, with sp, sharded on the
  * sequence dim (so LayerNorm and dropout run on a slice of the sequence and the all-reduces
- * become reduce-scatter + all-gather pairs). Data parallelism shards the batch dim of inputs
+ * become reduce-scatter + all-gather pairs). LLaMA the same way: q, k, v (by heads), gate and up
+ * column-parallel, o and down row-parallel with their outputs annotated P(sum) so the residual
+ * add reduces them (one all-reduce each, a reduce-scatter under sp), the embedding lookup
+ * vocab-parallel (P(sum) likewise) and lm_head vocab-parallel; kv heads that do not divide tp
+ * are replicated while the query heads still split. Data parallelism shards the batch dim of inputs
  * and activations over dp. A third mesh dim, cp (context parallel), shards the sequence dim of
  * the inputs and the residual stream over its own group; the attention rule, which needs whole
  * sequences, makes the completion pass move qkv from sequence- to head-sharding with an
@@ -167,8 +171,9 @@ ms_status ms_strategy_mesh(const ms_strategy *s, ms_mesh *out, ms_error *err);
 typedef struct ms_sharding {
     const ms_strategy *s;
     const ms_placement_rules *rules; /* may be NULL: only the built-in rules */
-    /* LLaMA's kv heads (0: unknown). When they do not divide tp, attention runs replicated
-     * over tp (q, k, v, o whole on every rank): its operator shards heads only together. */
+    /* LLaMA's kv heads (0: unknown), for callers' bookkeeping: the rules read the kv heads
+     * off k_proj's shape (replicated over tp when they do not divide it, the query heads and
+     * o_proj still split). */
     int kv_heads;
 } ms_sharding;
 

@@ -313,8 +313,10 @@ const ms_op_def ms_op_rotary_def = {
 /* --- grouped-query attention: q [B, T, H, D] with k, v [B, T, Hkv, D] (3 inputs) or packed
  * kv [B, T, 2, Hkv, D] (2 inputs: one projection, as GPT-2's fused qkv) -> [B, T, H, D] ----
  * i[0] causal. Heads shard when H and Hkv both divide by the mesh dim (query head h then
- * stays with its kv head h / (H / Hkv)); queries shard along T with the keys whole (exact:
- * causal positions come from the box start). */
+ * stays with its kv head h / (H / Hkv)), or the query heads alone with every kv head on every
+ * rank (kv heads that do not divide tensor parallelism: each rank reads the kv heads of its
+ * own query heads, found from the box start, and the kv gradient is a partial sum); queries
+ * shard along T with the keys whole (exact: causal positions come from the box start). */
 
 static ms_status gqa_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
                            ms_error *err) {
@@ -346,6 +348,7 @@ static int gqa_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, m
     gqa_cand(&c[k++], n_in, ms_S(1), ms_R(), ms_S(1));
     if (in[0].d[2] % n == 0 && in[1].d[hd] % n == 0)
         gqa_cand(&c[k++], n_in, ms_S(2), ms_S(hd), ms_S(2));
+    if (in[0].d[2] % n == 0) gqa_cand(&c[k++], n_in, ms_S(2), ms_R(), ms_S(2));
     return k;
 }
 /* Ways the heads split over all mesh dims (from q's head dim `hdim`). */
@@ -358,8 +361,10 @@ static int64_t head_ways(const ms_placements *pl, int hdim, const int *mesh_shap
 static bool gqa_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
                       const int *mesh_shape) {
     (void)a;
-    int64_t w = head_ways(&pl[0], 2, mesh_shape);
-    return in[0].d[2] % w == 0 && in[1].d[n_in == 2 ? 3 : 2] % w == 0;
+    int hd = n_in == 2 ? 3 : 2;
+    int64_t w = head_ways(&pl[0], 2, mesh_shape), wkv = head_ways(&pl[1], hd, mesh_shape);
+    /* kv heads split as the query heads, or not at all */
+    return in[0].d[2] % w == 0 && (wkv == 1 || (wkv == w && in[1].d[hd] % w == 0));
 }
 static ms_k_gqa gqa_shape(const ms_op_call *c) {
     const ms_tensor *q = c->in[0], *k = c->in[1];
@@ -389,8 +394,40 @@ static void gqa_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes)
     sizes[0] = g.b * g.h * g.tq * g.tk;
     sizes[1] = ms_k_gqa_scratch_floats(&g);
 }
+/* The query heads split while every kv head is local: head h of the shard reads kv head
+ * (h0 + h) / group, h0 the shard's first query head. */
+static bool gqa_kv_whole(const ms_op_call *c) {
+    int hd = c->n_in == 2 ? 3 : 2;
+    return c->in[0]->shape[2] != c->gin[0].d[2] && c->in[1]->shape[hd] == c->gin[1].d[hd];
+}
+/* One query head at a time against its kv head (the kernel pairs heads by local index, which
+ * the shard's offset breaks); saved probabilities are laid out [h][B][Tq][Tk]. */
+static void gqa_per_head(const ms_op_call *c, bool backward) {
+    ms_k_gqa g = gqa_shape(c), one = g;
+    int64_t group = c->gin[0].d[2] / g.hkv, h0 = c->in_start[0][2], d = g.d;
+    one.h = one.hkv = 1;
+    float *k, *v, *dk = NULL, *dv = NULL, *dq = c->din[0] ? F(c->din[0]) : NULL;
+    gqa_kv(c, &g, c->in, &k, &v);
+    if (backward) gqa_kv(c, &g, c->din, &dk, &dv);
+    for (int64_t h = 0; h < g.h; h++) {
+        int64_t qo = h * d, kvo = ((h0 + h) / group) * d;
+        float *att = F(c->saved[0]) + h * g.b * g.tq * g.tk;
+        if (!backward) {
+            ms_k_gqa_forward(&one, F(c->out[0]) + qo, att, F(c->in[0]) + qo, k + kvo, v + kvo,
+                             NULL);
+            continue;
+        }
+        ms_k_gqa_backward(&one, dq ? dq + qo : NULL, dk ? dk + kvo : NULL, dv ? dv + kvo : NULL,
+                          F(c->saved[1]), F(c->dout[0]) + qo, F(c->in[0]) + qo, k + kvo, v + kvo,
+                          att);
+    }
+}
 static ms_status gqa_forward(ms_op_call *c, ms_error *e) {
     (void)e;
+    if (gqa_kv_whole(c)) {
+        gqa_per_head(c, false);
+        return MS_OK;
+    }
     ms_k_gqa g = gqa_shape(c);
     float *k, *v;
     gqa_kv(c, &g, c->in, &k, &v);
@@ -399,6 +436,10 @@ static ms_status gqa_forward(ms_op_call *c, ms_error *e) {
 }
 static ms_status gqa_backward(ms_op_call *c, ms_error *e) {
     (void)e;
+    if (gqa_kv_whole(c)) {
+        gqa_per_head(c, true);
+        return MS_OK;
+    }
     ms_k_gqa g = gqa_shape(c);
     float *k, *v, *dk, *dv;
     gqa_kv(c, &g, c->in, &k, &v);

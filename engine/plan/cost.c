@@ -272,9 +272,7 @@ typedef struct analytic {
 /* A linear layer's local shape on one tp rank: rows x n, reduction k. */
 static void linear_local(const analytic *z, const fam_linear *l, int64_t *n, int64_t *k) {
     int64_t t = z->t;
-    /* sp runs a gathered linear on a sequence shard: the FLOPs of a column-parallel one */
-    bool col = l->split == FAM_COLUMN || (l->split == FAM_GATHER && z->s->sp);
-    *n = col ? l->n / t : l->n;
+    *n = l->split == FAM_COLUMN ? l->n / t : l->n;
     *k = l->split == FAM_ROW ? l->k / t : l->k;
 }
 
@@ -298,27 +296,19 @@ static void add_stream(analytic *z, int op, ms_oprate rate, ms_k_elt k, int64_t 
             ms_k_elementwise_cost(k, n, 0, true), rc, count);
 }
 
-/* Attention's core over whole sequences on the local heads (cp moves heads in; a kv-whole
- * GQA runs every head on every tp rank). */
+/* Attention's core over whole sequences on the local heads (cp moves heads in; kv heads that
+ * do not divide tp are all on every tp rank, the query heads split). */
 static void analytic_attention(analytic *z) {
     const ms_plan_family *f = &z->f;
     const ms_cluster *cl = z->pb->cluster;
-    int64_t split = f->attn_whole ? z->cp : (int64_t)z->t * z->cp;
-    int64_t lh = f->heads / split, lkv = f->kv_heads / split, hs = f->head_dim, b = z->b, S = z->S;
+    int64_t split = (int64_t)z->t * z->cp, kv_split = f->kv_whole ? z->cp : split;
+    int64_t lh = f->heads / split, lkv = f->kv_heads / kv_split, hs = f->head_dim, b = z->b,
+            S = z->S;
     bool causal = f->causal && cl->causal_skip;
     int op = f->gqa ? MS_OP_GQA_ATTENTION : MS_OP_ATTENTION;
     ms_k_cost fw, bw;
     if (f->gqa) {
-        /* under sp the queries stay sequence-sharded with every head: the rank at coordinate
-         * 0 (the one priced) holds the first S / tp of them, which see the fewest keys */
-        bool sq = z->s->sp && z->t > 1;
-        ms_k_gqa g = {.b = b,
-                      .tq = sq ? S / z->t : S,
-                      .tk = S,
-                      .h = sq ? lh * z->t : lh,
-                      .hkv = sq ? f->kv_heads : lkv,
-                      .d = hs,
-                      .causal = causal};
+        ms_k_gqa g = {.b = b, .tq = S, .tk = S, .h = lh, .hkv = lkv, .d = hs, .causal = causal};
         fw = ms_k_gqa_cost(&g, false), bw = ms_k_gqa_cost(&g, true);
         /* rotary on q and k */
         int64_t nq = z->tok * lh * hs, nk = z->tok * lkv * hs;
@@ -377,9 +367,8 @@ static void analytic_layers(analytic *z) {
 static double analytic_embedding(analytic *z, double count) {
     const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
     double lookups = z->f.pos_rows ? 2 : 1;
-    /* a gathered table is looked up on sp's sequence shard, a vocab-parallel one on every row */
-    int64_t rows = z->f.emb_gathered ? tok_sp : tok;
-    ms_k_cost ef = ms_k_embedding_cost(rows, h, false), eb = ms_k_embedding_cost(rows, h, true);
+    /* the vocab-parallel lookup runs on every row */
+    ms_k_cost ef = ms_k_embedding_cost(tok, h, false), eb = ms_k_embedding_cost(tok, h, true);
     add_elt(z->w, MS_OPRATE_EMBEDDING, MS_OP_EMBEDDING, ef, eb, false, lookups * count);
     double one = lookups * (ef.flops + eb.flops);
     if (z->f.pos_rows) {
@@ -414,38 +403,56 @@ static void analytic_head(analytic *z) {
     z->f_head = wk_flops(z->w) - before;
 }
 
-/* tp without sp: the Megatron-LM layout as the engine completes it. Forward, an all-reduce
- * after each row-parallel linear and, for a gathered one, its input and weight gathered;
- * backward, an all-reduce of the input gradient of each column-parallel group; the
- * embedding's reduction (or the gathered table), the head input's gradient, and the vocab-
- * parallel cross-entropy's three row reductions. */
-static void analytic_tp(const analytic *z, double passes_f) {
+/* The tp collectives outside the layers' linears: whole kv heads' gradients (k and v's
+ * outputs, all-reduced in the backward), the vocab-parallel lookup's reduction, the head
+ * input's gradient, and the vocab-parallel cross-entropy's three row reductions. */
+static void analytic_tp_rest(const analytic *z) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
-    const double L = z->L, x = (double)z->tok * z->h * z->ab;
+    const double x = (double)z->tok * z->h * z->ab;
+    if (f->kv_whole)
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t,
+                    (double)z->tok * f->kv_heads * f->head_dim * z->ab, 2 * z->L);
+    if (!z->vp) return;
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, 1); /* the head's input */
+    /* row max, sum of exponentials, target logit */
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->tok * 4, 3);
+}
+
+/* tp without sp: the Megatron-LM layout. Forward, an all-reduce after each row-parallel
+ * linear; backward, an all-reduce of the input gradient of each column-parallel group. */
+static void analytic_tp(const analytic *z, double passes_f) {
+    const ms_plan_family *f = &z->f;
     double fwd = 0, bwd = 0;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         fwd += l->split == FAM_ROW;
         bwd += l->split == FAM_COLUMN && !l->same_input;
-        if (l->split == FAM_GATHER) {
-            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t,
-                        (double)z->tok * l->k * z->ab, L * passes_f);
-            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, (double)l->k * l->n * z->ab,
-                        L * passes_f);
-        }
     }
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, L * (fwd * passes_f + bwd));
-    if (!z->vp) return;
-    if (f->emb_gathered)
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, (double)z->V * z->h * z->ab,
-                    z->emb);
-    else
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, 1); /* the head's input */
-    /* row max, sum of exponentials, target logit */
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->tok * 4, 3);
+    wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, (double)z->tok * z->h * z->ab,
+                z->L * (fwd * passes_f + bwd));
+    analytic_tp_rest(z);
+}
+
+/* tp with sp as Megatron-LM lays it out (LLaMA): forward, each column-parallel group's input
+ * (a norm's output) all-gathered from the sequence shard, each row-parallel output reduce-
+ * scattered onto it; backward, the row outputs' gradients all-gathered and the groups' input
+ * gradients all-reduced (the engine runs the norms on whole sequences); then as without sp. */
+static void analytic_megatron_sp(const analytic *z, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    const double x = (double)z->tok * z->h * z->ab, L = z->L;
+    double rows = 0, groups = 0;
+    for (int i = 0; i < f->n_lin; i++) {
+        rows += f->lin[i].split == FAM_ROW;
+        groups += f->lin[i].split == FAM_COLUMN && !f->lin[i].same_input;
+    }
+    wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, z->t, x, L * rows * passes_f);
+    wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, z->t, x,
+                L * (groups * passes_f + rows));
+    wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, x, L * groups);
+    analytic_tp_rest(z);
 }
 
 /* A parameter of `elems` sharded over tp under sp: gathered for each forward, its gradient
@@ -490,12 +497,11 @@ static void analytic_sp(const analytic *z, double passes_f) {
                        (f->head_transform ? h * h + h + f->norm_params * h : 0);
     if (first > 0) {
         ends_repl += (double)f->pos_rows * h + (f->emb_norm ? f->norm_params * h : 0);
-        if (!f->emb_gathered) { /* the lookup reduce-scattered to the stream, ids gathered */
-            double x = tok * h * ab;
-            wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, first);
-            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, first);
-            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
-        }
+        /* the lookup reduce-scattered to the stream, ids gathered */
+        double x = tok * h * ab;
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, first);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, first);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
     }
     bool shared = f->tied && first > 0; /* one table serves both ends */
     if (first > 0) sp_gathered(z, table, first, 1);
@@ -512,7 +518,9 @@ static void analytic_mb_collectives(const analytic *z) {
     const double L = z->L;
     double x = (double)z->tok * z->h * z->ab; /* one tp-replicated activation */
     double passes_f = z->rc ? 2 : 1;          /* forward collectives run again under recompute */
-    if (t > 1 && z->s->sp)
+    if (t > 1 && z->s->sp && z->f.megatron_sp)
+        analytic_megatron_sp(z, passes_f);
+    else if (t > 1 && z->s->sp)
         analytic_sp(z, passes_f);
     else if (t > 1)
         analytic_tp(z, passes_f);
@@ -590,14 +598,13 @@ static double layer_values(const analytic *z, bool scores) {
     const ms_plan_family *f = &z->f;
     const bool sp = z->s->sp && z->t > 1;
     double t = z->t, h = (double)z->h, hsp = sp ? h / t : h;
-    double split = f->attn_whole ? z->cp : t * z->cp;
-    double lh = (double)f->heads / split, lkv = (double)f->kv_heads / split, hs = f->head_dim;
+    double split = t * z->cp, lh = (double)f->heads / split, hs = f->head_dim;
+    double lkv = (double)f->kv_heads / (f->kv_whole ? z->cp : split);
     double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
         v += (shard ? l->n / t : l->n) * (l->bias ? 2 : 1);
-        if (l->split == FAM_GATHER && t > 1 && !sp) v += l->k; /* its gathered input */
         if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
             v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
     }

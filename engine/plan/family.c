@@ -26,25 +26,26 @@ static void gpt_layer(const ms_model_config *c, ms_plan_family *f) {
 }
 
 /* LLaMA (llama.c): q [h, H d], k and v [h, Hkv d], o [H d, h], gate and up [h, I], down
- * [I, h], no biases; RMSNorm; SwiGLU; rotary positions. k and v shard with the query heads
- * when the kv heads divide tp; otherwise the whole attention is replicated (strategy.c). */
+ * [I, h], no biases; RMSNorm; SwiGLU; rotary positions. Under tp (strategy.c) q, gate and up
+ * are column-parallel, o and down row-parallel, the embedding and lm_head vocab-parallel; k
+ * and v shard with the query heads when the kv heads divide tp and are whole otherwise. */
 static void llama_layer(const ms_model_config *c, int tp, ms_plan_family *f) {
     const int64_t h = c->n_embd, qd = f->heads * f->head_dim, kvd = f->kv_heads * f->head_dim;
     const int64_t I = c->intermediate_size;
-    f->attn_whole = tp > 1 && f->kv_heads % tp != 0;
-    fam_split col = f->attn_whole ? FAM_WHOLE : FAM_COLUMN;
-    add_linear(f, h, qd, col, false, false);                                    /* q_proj */
-    add_linear(f, h, kvd, col, false, true);                                    /* k_proj */
-    add_linear(f, h, kvd, col, false, true);                                    /* v_proj */
-    add_linear(f, qd, h, f->attn_whole ? FAM_WHOLE : FAM_GATHER, false, false); /* o_proj */
-    add_linear(f, h, I, FAM_COLUMN, false, false);                              /* gate_proj */
-    add_linear(f, h, I, FAM_COLUMN, false, true);                               /* up_proj */
-    add_linear(f, I, h, FAM_ROW, false, false);                                 /* down_proj */
+    f->kv_whole = tp > 1 && f->kv_heads % tp != 0;
+    fam_split kv = f->kv_whole ? FAM_WHOLE : FAM_COLUMN;
+    add_linear(f, h, qd, FAM_COLUMN, false, false); /* q_proj */
+    add_linear(f, h, kvd, kv, false, true);         /* k_proj */
+    add_linear(f, h, kvd, kv, false, true);         /* v_proj */
+    add_linear(f, qd, h, FAM_ROW, false, false);    /* o_proj */
+    add_linear(f, h, I, FAM_COLUMN, false, false);  /* gate_proj */
+    add_linear(f, h, I, FAM_COLUMN, false, true);   /* up_proj */
+    add_linear(f, I, h, FAM_ROW, false, false);     /* down_proj */
     f->attn_at = 3;
     f->norm_op = MS_OP_RMSNORM, f->norm_params = 1, f->norms = 2;
     f->act_op = MS_OP_SWIGLU, f->act_width = I;
     f->gqa = f->linear_op = true;
-    f->final_norm = f->emb_gathered = true;
+    f->final_norm = f->megatron_sp = true;
 }
 
 void ms_plan_family_of(const ms_model_config *c, int tp, ms_plan_family *f) {
@@ -72,7 +73,7 @@ double ms_plan_family_layer_params(const ms_plan_family *f, int tp) {
     double p = (double)f->norms * f->norm_params * f->h;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
-        double t = l->split == FAM_WHOLE ? 1 : tp; /* FAM_GATHER stores a shard */
+        double t = l->split == FAM_WHOLE ? 1 : tp;
         p += (double)l->k * l->n / t;
         if (l->bias) p += l->split == FAM_COLUMN ? l->n / t : l->n;
     }

@@ -14,9 +14,8 @@
 
 /* How tensor parallelism splits a linear layer's weight: by output columns (its output, and
  * its bias, sharded), by input rows (its output a partial sum, reduced over tp), or not at
- * all (every tp rank computes it whole), or stored row-sharded but run whole after gathering
- * its input and its weight (what the engine's completion picks for LLaMA's o_proj). */
-typedef enum fam_split { FAM_COLUMN, FAM_ROW, FAM_WHOLE, FAM_GATHER } fam_split;
+ * all (every tp rank computes it whole: LLaMA's k and v when the kv heads do not divide tp). */
+typedef enum fam_split { FAM_COLUMN, FAM_ROW, FAM_WHOLE } fam_split;
 
 #define FAM_MAX_LINEAR 8
 
@@ -43,7 +42,8 @@ typedef struct ms_plan_family {
     bool causal;       /* decoder attention; BERT's is bidirectional */
     bool gqa;          /* q, k, v as separate projections (GQA op), rotary on q and k */
     bool linear_op;    /* projections are the fused LINEAR op (bias inside), not MATMUL + BIAS */
-    bool attn_whole;   /* kv heads do not divide tp: attention runs whole on every tp rank */
+    bool kv_whole;     /* kv heads do not divide tp: every tp rank holds them all (the query
+                        * heads still split), their gradients all-reduced */
     bool dropout;      /* resid_pdrop > 0: two dropouts per layer */
     /* the ends */
     int64_t vocab, pos_rows; /* learned position embedding rows (0: rotary positions) */
@@ -51,8 +51,9 @@ typedef struct ms_plan_family {
     bool head_transform; /* BERT's MLM transform: dense h x h + GELU + LayerNorm, whole over tp */
     bool final_norm;     /* a norm before the head (GPT-2's ln_f, LLaMA's model.norm) */
     bool tied;           /* the head reads the token embedding */
-    bool emb_gathered;   /* tp gathers the embedding table (LLaMA) instead of reducing the
-                          * vocab-parallel lookup (GPT-2, BERT) */
+    bool megatron_sp;    /* sp as Megatron-LM lays it out (LLaMA): each norm's output gathered
+                          * to the column-parallel linears, each row-parallel output reduce-
+                          * scattered; otherwise (GPT-2, BERT) the engine gathers the weights */
 } ms_plan_family;
 
 /* The description of c's family under tensor parallelism tp. */
