@@ -522,6 +522,37 @@ static void ip2p_posted_receives(mt_rank *r, ms_comm *c) {
     }
 }
 
+/* A send completed late, after the receiver took it and a later send was posted: rank 0
+ * waits for send A only after posting B, and rank 1 takes B only after C, which rank 0
+ * sends once A is complete. A is complete whatever came after it (were B's posting mistaken
+ * for A's, both ranks would wait for each other). */
+static void ip2p_late_completion(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    float a[8], b[8], x[8];
+    ms_error err;
+    ms_comm_request *qa = NULL, *qb = NULL;
+    if (me == 0) {
+        fill_msg(a, 8, 0, 1, 5);
+        fill_msg(b, 8, 0, 1, 6);
+        fill_msg(x, 8, 0, 1, 7);
+        ms_p2p_op op = {MS_P2P_SEND, 1, a, 8, 21};
+        qa = ms_ip2p(c, &op, 1, &err);
+    } else if (me == 1) {
+        if (MT_OK(r, ms_recv(c, a, 8, 0, 21, &err), &err)) check_msg(r, "late a", a, 8, 0, 1, 5);
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    if (me == 0) {
+        ms_p2p_op op = {MS_P2P_SEND, 1, b, 8, 22};
+        qb = ms_ip2p(c, &op, 1, &err);
+        MT_OK(r, ms_comm_wait(qa, &err), &err);
+        MT_OK(r, ms_send(c, x, 8, 1, 23, &err), &err);
+        MT_OK(r, ms_comm_wait(qb, &err), &err);
+    } else if (me == 1) {
+        if (MT_OK(r, ms_recv(c, x, 8, 0, 23, &err), &err)) check_msg(r, "late x", x, 8, 0, 1, 7);
+        if (MT_OK(r, ms_recv(c, b, 8, 0, 22, &err), &err)) check_msg(r, "late b", b, 8, 0, 1, 6);
+    }
+}
+
 static void body_p2p(mt_rank *r, void *arg) {
     int n = *(const int *)arg;
     ms_comm *c = group_of(r, n, "p2p");
@@ -532,6 +563,7 @@ static void body_p2p(mt_rank *r, void *arg) {
     p2p_cross_batches(r, c);
     ip2p_ring(r, c);
     ip2p_posted_receives(r, c);
+    ip2p_late_completion(r, c);
     collective_after_p2p(r, c);
     group_done(r, c);
 }

@@ -143,14 +143,23 @@ struct ms_threads_world {
     _Atomic int *claimed; /* [n]: ms_comm_threads_create was called for this rank */
 };
 
+/* Where one operation of a batch stands: a send's posted entry and the sequence number it was
+ * posted with (the entry is reused once the receiver freed it, so only a state with this
+ * number is still ours), or whether a receive is done. */
+typedef struct op_state {
+    struct p2p_entry *e;
+    uint64_t seq;
+    bool done;
+} op_state;
+
 /* One rank's view of a group: the backend context of a communicator. */
 typedef struct tctx {
     group *g;
     int rank;
-    uint64_t nbar;       /* barriers entered so far */
-    uint64_t *send_seq;  /* [n]: last sequence number posted to each peer */
-    int *mark;           /* [n]: scratch to list each missing peer once */
-    const void **op_ref; /* per p2p op: its posted entry (send) or non-NULL when done (recv) */
+    uint64_t nbar;      /* barriers entered so far */
+    uint64_t *send_seq; /* [n]: last sequence number posted to each peer */
+    int *mark;          /* [n]: scratch to list each missing peer once */
+    op_state *op;       /* per op of a blocking p2p batch */
     int op_cap;
 } tctx;
 
@@ -279,7 +288,7 @@ static void threads_destroy(void *ctx) {
     group_unref(t->g);
     free(t->send_seq);
     free(t->mark);
-    free(t->op_ref);
+    free(t->op);
     free(t);
 }
 
@@ -746,14 +755,12 @@ static ms_status threads_split(void *ctx, int color, int key, void **out_ctx, in
 
 /* --- point-to-point -------------------------------------------------------------------------- */
 
-static const char recv_done; /* op_ref marker of a completed receive */
-
 static void ring(group *g, int r) {
     word_wake(&g->bells[r].word, &g->bells[r].sleepers);
 }
 
-/* Posts one send of dtype elements into the mailbox (me -> peer); returns its entry. */
-static p2p_entry *post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype) {
+/* Posts one send of dtype elements into the mailbox (me -> peer): its entry and number. */
+static void post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype, op_state *os) {
     group *g = t->g;
     _Atomic(p2p_block *) *link = &g->mailbox[(size_t)t->rank * (size_t)g->n + (size_t)op->peer];
     for (;;) {
@@ -771,7 +778,8 @@ static p2p_entry *post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype) {
             e->dtype = (int)dtype;
             uint64_t seq = ++t->send_seq[op->peer];
             atomic_store_explicit(&e->state, E_MAKE(seq, op->tag, E_POSTED), memory_order_release);
-            return e;
+            *os = (op_state){.e = e, .seq = seq};
+            return;
         }
         link = &b->next;
     }
@@ -827,31 +835,32 @@ static int try_recv(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype, ms_status
     return 1;
 }
 
-/* Receives from one (peer, tag) complete in the order they were posted in the batch. ref[i]:
- * op i's posted entry (send), or non-NULL once received (receive). */
-static int earlier_recv_pending(const ms_p2p_op *ops, const void *const *ref, int i) {
+/* Receives from one (peer, tag) complete in the order they were posted in the batch. */
+static int earlier_recv_pending(const ms_p2p_op *ops, const op_state *os, int i) {
     for (int j = 0; j < i; j++)
-        if (ops[j].kind == MS_P2P_RECV && !ref[j] && ops[j].peer == ops[i].peer &&
+        if (ops[j].kind == MS_P2P_RECV && !os[j].done && ops[j].peer == ops[i].peer &&
             ops[j].tag == ops[i].tag)
             return 1;
     return 0;
 }
 
-static int send_pending(const void *ref) {
-    const p2p_entry *e = ref;
-    return E_ST(atomic_load_explicit(&e->state, memory_order_acquire)) != E_FREE;
+/* Whether a send's entry still holds it: not freed by the receiver (and, a non-blocking
+ * send being completed late, not reused since for a later send). */
+static int send_pending(const op_state *os) {
+    uint64_t v = atomic_load_explicit(&os->e->state, memory_order_acquire);
+    return E_ST(v) != E_FREE && E_SEQ(v) == os->seq;
 }
 
 /* One pass over the batch; returns how many operations are still incomplete. */
-static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, const void **ref,
-                        ms_comm_dtype dtype, ms_status *st, ms_error *err) {
+static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, op_state *os, ms_comm_dtype dtype,
+                        ms_status *st, ms_error *err) {
     int pending = 0;
     for (int i = 0; i < nops; i++) {
         if (ops[i].kind == MS_P2P_SEND) {
-            pending += send_pending(ref[i]);
-        } else if (!ref[i]) {
-            if (!earlier_recv_pending(ops, ref, i) && try_recv(t, &ops[i], dtype, st, err))
-                ref[i] = &recv_done;
+            pending += send_pending(&os[i]);
+        } else if (!os[i].done) {
+            if (!earlier_recv_pending(ops, os, i) && try_recv(t, &ops[i], dtype, st, err))
+                os[i].done = true;
             else
                 pending++;
         }
@@ -861,12 +870,12 @@ static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, const void **re
 
 /* After a failure: lists the peers of incomplete operations, then withdraws our posted
  * sends so that nobody reads our buffers after we return. */
-static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, const void **ref,
+static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, const op_state *os,
                         ms_comm_call *call) {
     memset(t->mark, 0, sizeof *t->mark * (size_t)t->g->n);
     call->n_missing = 0;
     for (int i = 0; i < nops; i++) {
-        int open = ops[i].kind == MS_P2P_SEND ? send_pending(ref[i]) : !ref[i];
+        int open = ops[i].kind == MS_P2P_SEND ? send_pending(&os[i]) : !os[i].done;
         int p = ops[i].peer;
         if (!open || t->mark[p]) continue;
         t->mark[p] = 1;
@@ -875,9 +884,9 @@ static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, const void **re
     }
     for (int i = 0; i < nops; i++) {
         if (ops[i].kind != MS_P2P_SEND) continue;
-        p2p_entry *e = (p2p_entry *)ref[i];
+        p2p_entry *e = os[i].e;
         uint64_t v = atomic_load_explicit(&e->state, memory_order_acquire);
-        while (E_ST(v) != E_FREE) {
+        while (E_ST(v) != E_FREE && E_SEQ(v) == os[i].seq) {
             if (E_ST(v) == E_POSTED) {
                 if (atomic_compare_exchange_weak_explicit(
                         &e->state, &v, E_FREE, memory_order_acq_rel, memory_order_acquire))
@@ -891,13 +900,13 @@ static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, const void **re
 }
 
 /* Posts every send of a batch (so that any pattern within it is deadlock-free). */
-static ms_status batch_post(tctx *t, const ms_p2p_op *ops, int nops, const void **ref,
+static ms_status batch_post(tctx *t, const ms_p2p_op *ops, int nops, op_state *os,
                             ms_comm_dtype dtype, ms_error *err) {
     if (is_poisoned(t->g)) return poisoned_error(err);
     for (int i = 0; i < nops; i++) {
-        ref[i] = NULL;
+        os[i] = (op_state){0};
         if (ops[i].kind == MS_P2P_SEND) {
-            ref[i] = post_send(t, &ops[i], dtype);
+            post_send(t, &ops[i], dtype, &os[i]);
             ring(t->g, ops[i].peer);
         }
     }
@@ -906,7 +915,7 @@ static ms_status batch_post(tctx *t, const ms_p2p_op *ops, int nops, const void 
 
 /* Advances a posted batch: one pass, or (wait) until done or the deadline. *st keeps a
  * mismatch found on the way (the batch still completes); it is returned once done. */
-static ms_status batch_poll(tctx *t, const ms_p2p_op *ops, int nops, const void **ref, bool wait,
+static ms_status batch_poll(tctx *t, const ms_p2p_op *ops, int nops, op_state *os, bool wait,
                             bool *done, ms_status *st, ms_comm_call *call, ms_error *err) {
     group *g = t->g;
     bell *b = &g->bells[t->rank];
@@ -915,7 +924,7 @@ static ms_status batch_poll(tctx *t, const ms_p2p_op *ops, int nops, const void 
     *done = false;
     for (;;) {
         uint32_t seen = atomic_load(&b->word);
-        if (!p2p_progress(t, ops, nops, ref, call->dtype, st, err)) {
+        if (!p2p_progress(t, ops, nops, os, call->dtype, st, err)) {
             *done = true;
             break;
         }
@@ -932,7 +941,7 @@ static ms_status batch_poll(tctx *t, const ms_p2p_op *ops, int nops, const void 
     }
     waiter_end(&w);
     if (fail == MS_OK) return *done ? *st : MS_OK;
-    p2p_abandon(t, ops, nops, ref, call);
+    p2p_abandon(t, ops, nops, os, call);
     if (fail == MS_ERR_COMM) return poisoned_error(err);
     /* Our peers would wait for us in vain: poison the group so they fail fast. */
     atomic_fetch_or(&g->bar, POISON);
@@ -945,13 +954,13 @@ static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_
     tctx *t = ctx;
     call->algo = "shm-mailbox";
     if (nops > t->op_cap) { /* grows only when a batch is bigger than any before */
-        t->op_ref = xrealloc(t->op_ref, sizeof *t->op_ref * (size_t)nops);
+        t->op = xrealloc(t->op, sizeof *t->op * (size_t)nops);
         t->op_cap = nops;
     }
     bool done;
     ms_status st = MS_OK;
-    MS_CHECK(batch_post(t, ops, nops, t->op_ref, call->dtype, err));
-    return batch_poll(t, ops, nops, t->op_ref, true, &done, &st, call, err);
+    MS_CHECK(batch_post(t, ops, nops, t->op, call->dtype, err));
+    return batch_poll(t, ops, nops, t->op, true, &done, &st, call, err);
 }
 
 /* A non-blocking batch: the caller's operations and each one's state. */
@@ -959,17 +968,17 @@ typedef struct tbatch {
     const ms_p2p_op *ops;
     int nops;
     ms_status st;
-    const void *ref[];
+    op_state os[];
 } tbatch;
 
 static ms_status threads_p2p_post(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
                                   void **req, ms_error *err) {
     tctx *t = ctx;
     call->algo = "shm-mailbox";
-    tbatch *b = xcalloc(1, sizeof *b + sizeof b->ref[0] * (size_t)nops);
+    tbatch *b = xcalloc(1, sizeof *b + sizeof b->os[0] * (size_t)nops);
     b->ops = ops;
     b->nops = nops;
-    ms_status st = batch_post(t, ops, nops, b->ref, call->dtype, err);
+    ms_status st = batch_post(t, ops, nops, b->os, call->dtype, err);
     if (st != MS_OK) {
         free(b);
         return st;
@@ -981,7 +990,7 @@ static ms_status threads_p2p_post(void *ctx, const ms_p2p_op *ops, int nops, ms_
 static ms_status threads_p2p_poll(void *ctx, void *req, bool wait, bool *done, ms_comm_call *call,
                                   ms_error *err) {
     tbatch *b = req;
-    ms_status st = batch_poll(ctx, b->ops, b->nops, b->ref, wait, done, &b->st, call, err);
+    ms_status st = batch_poll(ctx, b->ops, b->nops, b->os, wait, done, &b->st, call, err);
     if (*done || st != MS_OK) free(b);
     return st;
 }
