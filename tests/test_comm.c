@@ -499,7 +499,7 @@ static void ip2p_posted_receives(mt_rank *r, ms_comm *c) {
         fill_msg(a, 300, 1, 0, 3);
         fill_msg(b, 40, 1, 0, 4);
     }
-    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    MT_OK(r, ms_barrier(c, &err), &err);
     if (me == 1) {
         ms_p2p_op sb = {MS_P2P_SEND, 0, b, 40, 2}, sa = {MS_P2P_SEND, 0, a, 300, 1};
         q[1] = ms_ip2p(c, &sb, 1, &err);
@@ -540,7 +540,7 @@ static void ip2p_late_completion(mt_rank *r, ms_comm *c) {
     } else if (me == 1) {
         if (MT_OK(r, ms_recv(c, a, 8, 0, 21, &err), &err)) check_msg(r, "late a", a, 8, 0, 1, 5);
     }
-    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    MT_OK(r, ms_barrier(c, &err), &err);
     if (me == 0) {
         ms_p2p_op op = {MS_P2P_SEND, 1, b, 8, 22};
         qb = ms_ip2p(c, &op, 1, &err);
