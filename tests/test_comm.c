@@ -457,6 +457,102 @@ static void collective_after_p2p(mt_rank *r, ms_comm *c) {
         MT_CHECK(r, sum == (float)n, "all_reduce after p2p gave %g, want %d", (double)sum, n);
 }
 
+/* Non-blocking sends: every rank posts a send to the next, then receives from the previous
+ * with a blocking call, then completes its send. Under rendezvous (ms_send first) nobody
+ * would ever receive; the posted sends must let every receive complete. */
+static void ip2p_ring(mt_rank *r, ms_comm *c) {
+    int n = ms_comm_size(c), me = ms_comm_rank(c);
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    size_t ns = 500 + (size_t)me * 3, nr = 500 + (size_t)prev * 3;
+    float *send = alloc_floats(ns), *recv = alloc_floats(nr);
+    fill_msg(send, ns, me, next, 2);
+    ms_error err;
+    ms_p2p_op op = {MS_P2P_SEND, next, send, ns, 11};
+    ms_comm_request *q = ms_ip2p(c, &op, 1, &err);
+    MT_CHECK(r, q != NULL, "ms_ip2p: %s", err.msg);
+    op = (ms_p2p_op){0}; /* ops are copied: clearing ours must not matter */
+    if (MT_OK(r, ms_recv(c, recv, nr, prev, 11, &err), &err))
+        check_msg(r, "posted ring", recv, nr, prev, me, 2);
+    MT_OK(r, ms_comm_wait(q, &err), &err);
+    free(send);
+    free(recv);
+}
+
+/* Posted receives complete only once their sender has sent: rank 0 posts two receives and
+ * tests them before rank 1 sends anything (a barrier orders the two), then polls them with
+ * ms_comm_test until done; rank 1 sends them in the other order, as separate requests. */
+static void ip2p_posted_receives(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    float a[300], b[40];
+    ms_comm_request *q[2] = {NULL, NULL};
+    ms_error err;
+    if (me == 0) {
+        ms_p2p_op ra = {MS_P2P_RECV, 1, a, 300, 1}, rb = {MS_P2P_RECV, 1, b, 40, 2};
+        q[0] = ms_ip2p(c, &ra, 1, &err);
+        q[1] = ms_ip2p(c, &rb, 1, &err);
+        for (int i = 0; i < 2; i++) {
+            bool done = true;
+            MT_OK(r, ms_comm_test(q[i], &done, &err), &err);
+            MT_CHECK(r, !done, "receive %d completed before anything was sent", i);
+        }
+    } else if (me == 1) {
+        fill_msg(a, 300, 1, 0, 3);
+        fill_msg(b, 40, 1, 0, 4);
+    }
+    MT_OK(r, ms_barrier(c, &err), &err);
+    if (me == 1) {
+        ms_p2p_op sb = {MS_P2P_SEND, 0, b, 40, 2}, sa = {MS_P2P_SEND, 0, a, 300, 1};
+        q[1] = ms_ip2p(c, &sb, 1, &err);
+        q[0] = ms_ip2p(c, &sa, 1, &err);
+        MT_OK(r, ms_comm_wait(q[0], &err), &err);
+        MT_OK(r, ms_comm_wait(q[1], &err), &err);
+    } else if (me == 0) {
+        for (int left = 2; left;) {
+            left = 0;
+            for (int i = 0; i < 2; i++) {
+                bool done = true;
+                if (q[i] && !MT_OK(r, ms_comm_test(q[i], &done, &err), &err)) return;
+                if (done) q[i] = NULL;
+                left += !done;
+            }
+            sched_yield();
+        }
+        check_msg(r, "posted receive a", a, 300, 1, 0, 3);
+        check_msg(r, "posted receive b", b, 40, 1, 0, 4);
+    }
+}
+
+/* A send completed late, after the receiver took it and a later send was posted: rank 0
+ * waits for send A only after posting B, and rank 1 takes B only after C, which rank 0
+ * sends once A is complete. A is complete whatever came after it (were B's posting mistaken
+ * for A's, both ranks would wait for each other). */
+static void ip2p_late_completion(mt_rank *r, ms_comm *c) {
+    int me = ms_comm_rank(c);
+    float a[8], b[8], x[8];
+    ms_error err;
+    ms_comm_request *qa = NULL, *qb = NULL;
+    if (me == 0) {
+        fill_msg(a, 8, 0, 1, 5);
+        fill_msg(b, 8, 0, 1, 6);
+        fill_msg(x, 8, 0, 1, 7);
+        ms_p2p_op op = {MS_P2P_SEND, 1, a, 8, 21};
+        qa = ms_ip2p(c, &op, 1, &err);
+    } else if (me == 1) {
+        if (MT_OK(r, ms_recv(c, a, 8, 0, 21, &err), &err)) check_msg(r, "late a", a, 8, 0, 1, 5);
+    }
+    MT_OK(r, ms_barrier(c, &err), &err);
+    if (me == 0) {
+        ms_p2p_op op = {MS_P2P_SEND, 1, b, 8, 22};
+        qb = ms_ip2p(c, &op, 1, &err);
+        MT_OK(r, ms_comm_wait(qa, &err), &err);
+        MT_OK(r, ms_send(c, x, 8, 1, 23, &err), &err);
+        MT_OK(r, ms_comm_wait(qb, &err), &err);
+    } else if (me == 1) {
+        if (MT_OK(r, ms_recv(c, x, 8, 0, 23, &err), &err)) check_msg(r, "late x", x, 8, 0, 1, 7);
+        if (MT_OK(r, ms_recv(c, b, 8, 0, 22, &err), &err)) check_msg(r, "late b", b, 8, 0, 1, 6);
+    }
+}
+
 static void body_p2p(mt_rank *r, void *arg) {
     int n = *(const int *)arg;
     ms_comm *c = group_of(r, n, "p2p");
@@ -465,6 +561,9 @@ static void body_p2p(mt_rank *r, void *arg) {
     p2p_all_pairs(r, c);
     p2p_many(r, c);
     p2p_cross_batches(r, c);
+    ip2p_ring(r, c);
+    ip2p_posted_receives(r, c);
+    ip2p_late_completion(r, c);
     collective_after_p2p(r, c);
     group_done(r, c);
 }
@@ -802,10 +901,34 @@ static void p2p_timeout_as(mt_rank *r, ms_comm_dtype dt) {
     ms_comm_destroy(c);
 }
 
+/* A posted receive whose sender never sends: its wait times out naming the sender, within
+ * the timeout of its posting. */
+static void ip2p_timeout(mt_rank *r) {
+    ms_comm *c = fresh_group(r, 2, "ip2p_tmo");
+    ms_error err;
+    float buf[16];
+    if (c && ms_comm_rank(c) == 0) {
+        int64_t t0 = ms_now_ns();
+        ms_p2p_op op = {MS_P2P_RECV, 1, buf, 16, 0};
+        ms_comm_request *q = ms_ip2p(c, &op, 1, &err);
+        ms_status st = q ? ms_comm_wait(q, &err) : MS_ERR_INVALID;
+        MT_CHECK(r, st == MS_ERR_TIMEOUT, "unmatched posted receive gave %s, want timeout",
+                 ms_status_str(st));
+        MT_CHECK(r, ms_now_ns() - t0 < SHORT_TIMEOUT_MS * 1000000LL + SLACK_NS,
+                 "timed out late, after %lld ms", (long long)((ms_now_ns() - t0) / 1000000));
+        if (st == MS_ERR_TIMEOUT)
+            MT_CHECK(r, strstr(err.msg, "send_recv") && strstr(err.msg, "1 (world 1)"),
+                     "posted receive's timeout lacks op or peer: %s", err.msg);
+    }
+    MT_OK(r, ms_barrier(r->ctx->world, &err), &err);
+    ms_comm_destroy(c);
+}
+
 static void body_p2p_timeout(mt_rank *r, void *arg) {
     (void)arg;
     p2p_timeout_as(r, MS_COMM_F32);
     p2p_timeout_as(r, MS_COMM_BYTES);
+    ip2p_timeout(r);
 }
 
 static void test_p2p_timeout(void **state) {

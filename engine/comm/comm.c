@@ -59,6 +59,10 @@ struct ms_comm_request {
     bool done; /* guarded by c->mu */
     ms_error err;
     ms_comm_request *next;
+    /* A point-to-point batch (ms_ip2p): never queued, advanced by the waiting thread. */
+    bool p2p;
+    ms_p2p_op *ops; /* a copy, which the backend's handle reads */
+    void *handle;
 };
 
 static const char *const reduce_names[MS_REDUCE_COUNT] = {"sum", "avg", "max", "min"};
@@ -692,11 +696,17 @@ static ms_status finish(ms_comm_request *r, ms_error *err) {
     return st;
 }
 
+static ms_status p2p_advance(ms_comm_request *r, bool wait, bool *done, ms_error *err);
+
 /* A waiter with nothing else to do drives the backend's progress itself where it has a
  * progress hook (MPI: the transfer then moves at the waiter's pace, not at the progress
  * thread's polls); otherwise it sleeps until the progress thread completes the request. */
 ms_status ms_comm_wait(ms_comm_request *r, ms_error *err) {
     if (!r) return MS_OK;
+    if (r->p2p) {
+        bool done;
+        return p2p_advance(r, true, &done, err);
+    }
     ms_comm *c = r->c;
     pthread_mutex_lock(&c->mu);
     while (!r->done) {
@@ -716,6 +726,7 @@ ms_status ms_comm_wait(ms_comm_request *r, ms_error *err) {
 ms_status ms_comm_test(ms_comm_request *r, bool *done, ms_error *err) {
     *done = true;
     if (!r) return MS_OK;
+    if (r->p2p) return p2p_advance(r, false, done, err);
     pthread_mutex_lock(&r->c->mu);
     *done = r->done;
     pthread_mutex_unlock(&r->c->mu);
@@ -781,18 +792,26 @@ ms_status ms_broadcast_bytes(ms_comm *c, void *buf, size_t nbytes, int root, ms_
     return ms_broadcast_dt(c, MS_COMM_BYTES, buf, nbytes, root, err);
 }
 
-ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops, ms_error *err) {
+/* A batch's arguments; *bytes: what its sends carry. */
+static ms_status check_p2p(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops,
+                           size_t *bytes, ms_error *err) {
     MS_CHECK(check_dtype(c, MS_COLL_P2P, dt, false, err));
     if (nops < 0 || (nops && !ops)) return bad(c, MS_COLL_P2P, err, "bad op list");
-    size_t bytes = 0;
+    *bytes = 0;
     for (int i = 0; i < nops; i++) {
         if (ops[i].peer < 0 || ops[i].peer >= c->size || ops[i].peer == c->rank)
             return bad(c, MS_COLL_P2P, err, "peer out of range or self");
         if (ops[i].tag < 0 || ops[i].tag > 32767)
             return bad(c, MS_COLL_P2P, err, "tag outside 0..32767");
         if (ops[i].count && !ops[i].buf) return bad(c, MS_COLL_P2P, err, "NULL buffer");
-        if (ops[i].kind == MS_P2P_SEND) bytes += ops[i].count * ms_comm_dtype_size(dt);
+        if (ops[i].kind == MS_P2P_SEND) *bytes += ops[i].count * ms_comm_dtype_size(dt);
     }
+    return MS_OK;
+}
+
+ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops, ms_error *err) {
+    size_t bytes;
+    MS_CHECK(check_p2p(c, dt, ops, nops, &bytes, err));
     ms_comm_call call;
     MS_CHECK(call_begin_as(c, MS_COLL_P2P, dt, (call_info){bytes, -1, ops, nops}, &call, err));
     int64_t t0 = ms_now_ns();
@@ -800,6 +819,68 @@ ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops
     call.p2p_ops = ops;
     call.n_p2p = nops;
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
+}
+
+/* Ends a point-to-point request: flight record, failure, observer (on this, the caller's
+ * thread); frees it. */
+static ms_status p2p_end(ms_comm_request *r, ms_status st, ms_error *err) {
+    ms_comm *c = r->c;
+    r->t1 = ms_now_ns();
+    flight_end(c, &r->call, st);
+    if (st != MS_OK) call_fail(c, &r->call, st, false, &r->err);
+    call_report(c, &r->call, st, (call_times){r->t_issue, r->t0, r->t1, true}, r->bytes,
+                MS_REDUCE_SUM, -1);
+    if (st != MS_OK && err) *err = r->err;
+    free(r->ops);
+    free(r);
+    return st;
+}
+
+ms_comm_request *ms_ip2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops,
+                            ms_error *err) {
+    size_t bytes;
+    if (check_p2p(c, dt, ops, nops, &bytes, err) != MS_OK) return NULL;
+    if (!c->ops->p2p_post) {
+        ms_fail(err, MS_ERR_UNSUPPORTED,
+                "non-blocking send/recv on communicator '%s': the %s backend has none; use "
+                "ms_p2p",
+                c->name, c->ops->name);
+        return NULL;
+    }
+    if (refuse_if_broken(c, MS_COLL_P2P, true, err) != MS_OK) return NULL;
+    ms_comm_request *r = xcalloc(1, sizeof *r);
+    r->c = c;
+    r->p2p = true;
+    r->bytes = bytes;
+    r->ops = xmalloc(sizeof *r->ops * (size_t)(nops ? nops : 1));
+    if (nops) memcpy(r->ops, ops, sizeof *r->ops * (size_t)nops);
+    r->call = (ms_comm_call){.kind = MS_COLL_P2P,
+                             .dtype = dt,
+                             .seq = ++c->seq,
+                             .timeout_ns = c->timeout_ns,
+                             .p2p_ops = r->ops,
+                             .n_p2p = nops};
+    r->t_issue = r->t0 = ms_now_ns();
+    r->call.deadline_ns = r->t0 + c->timeout_ns;
+    flight_issue(c, &r->call, (call_info){bytes, -1, r->ops, nops}, true);
+    ms_status st = c->ops->p2p_post(c->ctx, r->ops, nops, &r->call, &r->handle, &r->err);
+    if (st != MS_OK) {
+        p2p_end(r, st, err);
+        return NULL;
+    }
+    return r;
+}
+
+ms_comm_request *ms_ip2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err) {
+    return ms_ip2p_dt(c, MS_COMM_F32, ops, nops, err);
+}
+
+/* Advances a point-to-point request (wait: to its end); ends it once done or failed. */
+static ms_status p2p_advance(ms_comm_request *r, bool wait, bool *done, ms_error *err) {
+    ms_status st = r->c->ops->p2p_poll(r->c->ctx, r->handle, wait, done, &r->call, &r->err);
+    if (!*done && st == MS_OK) return MS_OK;
+    *done = true;
+    return p2p_end(r, st, err);
 }
 
 /* A batch of one operation. */

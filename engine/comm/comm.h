@@ -25,7 +25,8 @@
  * non-blocking (ms_iall_reduce, ...: a request to ms_comm_wait or ms_comm_test for), executed
  * in issue order by a progress thread of the communicator while the caller computes; see
  * "non-blocking collectives" below. The gradient buckets (engine/graph/grad_buckets.h) use
- * them to reduce gradients during backward.
+ * them to reduce gradients during backward. Point-to-point batches come non-blocking too
+ * (ms_ip2p): posted at once, no progress thread; the pipeline's transfers use them.
  *
  * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only. They are
  * host memory on the threads and MPI backends and CUDA device memory on the NCCL backend.
@@ -82,6 +83,8 @@ const char *ms_comm_dtype_name(ms_comm_dtype dt); /* "f32", "bytes", "bf16" */
 size_t ms_comm_dtype_size(ms_comm_dtype dt);      /* 4, 1, 2 */
 
 typedef struct ms_comm ms_comm;
+/* A non-blocking call in flight (ms_iall_reduce, ms_ip2p, ...): see below. */
+typedef struct ms_comm_request ms_comm_request;
 
 /* One point-to-point operation of a batch. */
 typedef enum ms_p2p_kind { MS_P2P_SEND, MS_P2P_RECV } ms_p2p_kind;
@@ -190,6 +193,24 @@ ms_status ms_recv_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count, int 
 /* The same with raw bytes: every op's count is in bytes. A byte send matches only a byte
  * receive (the threads backend refuses a mix; MPI and NCCL cannot tell). */
 ms_status ms_p2p_bytes(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
+
+/* Non-blocking point-to-point: ms_ip2p checks and posts a batch as ms_p2p would and returns
+ * at once with a request for ms_comm_wait or ms_comm_test (NULL on failure, err set). Sends
+ * are posted, so a peer's matching receive can complete while this rank computes, and the
+ * batch's own operations never wait on each other. The request completes when every
+ * operation did: a receive when its data is in buf, a send when the receiver has its data.
+ * Until then the caller must not touch any op's buffer (ops itself is copied). Where data
+ * moves: on the threads backend the receiver copies from the sender's buffer when it waits
+ * for or tests its receive; on MPI (MPI_Issend / MPI_Irecv) MPI moves it within any call that
+ * makes progress. Requests are not ordered with the communicator's other calls (a batch is
+ * not collective, so nobody must agree on its place), need no progress thread, and must all
+ * complete before the communicator is destroyed. A request that has not completed within the
+ * communicator's timeout of its posting fails as ms_p2p does (MS_ERR_TIMEOUT naming the
+ * peers of the unfinished operations, which are withdrawn). The NCCL backend has none:
+ * MS_ERR_UNSUPPORTED. */
+ms_comm_request *ms_ip2p(ms_comm *c, const ms_p2p_op *ops, int nops, ms_error *err);
+ms_comm_request *ms_ip2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops,
+                            ms_error *err);
 ms_status ms_send_bytes(ms_comm *c, const void *buf, size_t nbytes, int peer, int tag,
                         ms_error *err);
 ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag, ms_error *err);
@@ -225,8 +246,6 @@ ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag,
  * begins to execute; a timeout names the missing ranks and breaks the communicator, and every
  * call queued behind it then fails at once with MS_ERR_COMM. The error is returned by the
  * request's ms_comm_wait. */
-typedef struct ms_comm_request ms_comm_request;
-
 ms_comm_request *ms_iall_reduce(ms_comm *c, const float *send, float *recv, size_t count,
                                 ms_reduce_op op, ms_error *err);
 ms_comm_request *ms_ireduce_scatter(ms_comm *c, const float *send, float *recv,

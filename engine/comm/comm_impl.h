@@ -48,6 +48,17 @@ typedef struct ms_comm_backend_ops {
     ms_status (*broadcast)(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
                            ms_error *err);
     ms_status (*p2p)(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call, ms_error *err);
+    /* Optional, non-blocking point-to-point (ms_ip2p): p2p_post starts the batch (sends
+     * posted, receives matched as they can) and returns at once with *req, its handle; ops
+     * stay valid until the handle is done. p2p_poll advances it: *done when every operation
+     * completed (the handle is then freed). With wait it returns only once done or past
+     * call->deadline_ns; then MS_ERR_TIMEOUT with the peers of the unfinished operations in
+     * call->missing, those operations withdrawn (no peer touches the buffers afterwards) and
+     * the handle freed, as after any failure. Without these slots ms_ip2p runs p2p at issue. */
+    ms_status (*p2p_post)(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call, void **req,
+                          ms_error *err);
+    ms_status (*p2p_poll)(void *ctx, void *req, bool wait, bool *done, ms_comm_call *call,
+                          ms_error *err);
     ms_status (*barrier)(void *ctx, ms_comm_call *call, ms_error *err);
     /* Creates the backend context of the new group. For color < 0 sets *out_ctx = NULL.
      * Otherwise fills *out_size, *out_rank, and out_members[0..size): the *parent* rank of

@@ -716,18 +716,11 @@ static ms_status mpi_barrier(void *ctx, ms_comm_call *call, ms_error *err) {
 /* A p2p batch is not collective (only the named peers take part), so it does not advance
  * coll_seq and sends no notices; on timeout the peers of the unfinished operations are
  * the missing ranks. User tags go on the data communicator, apart from the notices. */
-static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
-                         ms_error *err) {
-    mpi_ctx *m = ctx;
+static ms_status p2p_start(mpi_ctx *m, const ms_p2p_op *ops, int nops, MPI_Request *req,
+                           ms_comm_call *call, ms_error *err) {
     call->algo = "mpi";
     for (int i = 0; i < nops; i++)
         if (!fits_int(ops[i].count)) return too_big(err, "a send/recv count");
-    if (nops > m->p2p_cap) {
-        m->p2p_cap = nops > 2 * m->p2p_cap ? nops : 2 * m->p2p_cap;
-        free(m->p2p_req);
-        m->p2p_req = xmalloc((size_t)m->p2p_cap * sizeof *m->p2p_req);
-    }
-    MPI_Request *req = m->p2p_req;
     const MPI_Datatype type = mpi_type(call->dtype);
     for (int i = 0; i < nops; i++) {
         const ms_p2p_op *o = &ops[i];
@@ -739,13 +732,24 @@ static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call
                      : MPI_Irecv(o->buf, (int)o->count, type, o->peer, o->tag, m->comm, &req[i]);
         if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Issend/MPI_Irecv");
     }
+    return MS_OK;
+}
+
+/* Tests a started batch: once, or (wait) until done or the deadline. */
+static ms_status p2p_finish(mpi_ctx *m, const ms_p2p_op *ops, int nops, MPI_Request *req, bool wait,
+                            bool *done, ms_comm_call *call, ms_error *err) {
     int spins = 0;
+    *done = false;
     for (;;) {
         int flag = 0;
         int rc = MPI_Testall(nops, req, &flag, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) return mpi_fail(m, err, rc, "MPI_Testall");
-        if (flag) return MS_OK;
+        if (flag) {
+            *done = true;
+            return MS_OK;
+        }
         if (ms_now_ns() > call->deadline_ns) break;
+        if (!wait) return MS_OK;
         backoff(&spins);
     }
     /* Timeout: name the peers whose operations did not finish. Unfinished receives are
@@ -769,6 +773,49 @@ static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call
     }
     name_missing(m, call, false);
     return MS_ERR_TIMEOUT;
+}
+
+static ms_status mpi_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
+                         ms_error *err) {
+    mpi_ctx *m = ctx;
+    if (nops > m->p2p_cap) {
+        m->p2p_cap = nops > 2 * m->p2p_cap ? nops : 2 * m->p2p_cap;
+        free(m->p2p_req);
+        m->p2p_req = xmalloc((size_t)m->p2p_cap * sizeof *m->p2p_req);
+    }
+    bool done;
+    MS_CHECK(p2p_start(m, ops, nops, m->p2p_req, call, err));
+    return p2p_finish(m, ops, nops, m->p2p_req, true, &done, call, err);
+}
+
+/* A non-blocking batch: the caller's operations and their MPI requests. */
+typedef struct mbatch {
+    const ms_p2p_op *ops;
+    int nops;
+    MPI_Request req[];
+} mbatch;
+
+static ms_status mpi_p2p_post(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
+                              void **req, ms_error *err) {
+    mbatch *b = xcalloc(1, sizeof *b + sizeof b->req[0] * (size_t)nops);
+    b->ops = ops;
+    b->nops = nops;
+    for (int i = 0; i < nops; i++) b->req[i] = MPI_REQUEST_NULL;
+    ms_status st = p2p_start(ctx, ops, nops, b->req, call, err);
+    if (st != MS_OK) {
+        free(b); /* as in ms_p2p, operations started before the failure stay with MPI */
+        return st;
+    }
+    *req = b;
+    return MS_OK;
+}
+
+static ms_status mpi_p2p_poll(void *ctx, void *req, bool wait, bool *done, ms_comm_call *call,
+                              ms_error *err) {
+    mbatch *b = req;
+    ms_status st = p2p_finish(ctx, b->ops, b->nops, b->req, wait, done, call, err);
+    if (*done || st != MS_OK) free(b);
+    return st;
 }
 
 static ms_status mpi_split(void *ctx, int color, int key, void **out_ctx, int *out_size,
@@ -836,6 +883,8 @@ static const ms_comm_backend_ops mpi_ops = {
     .all_to_all = mpi_all_to_all,
     .broadcast = mpi_broadcast,
     .p2p = mpi_p2p,
+    .p2p_post = mpi_p2p_post,
+    .p2p_poll = mpi_p2p_poll,
     .barrier = mpi_barrier,
     .split = mpi_split,
     .destroy = mpi_destroy,

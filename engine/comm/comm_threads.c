@@ -143,14 +143,23 @@ struct ms_threads_world {
     _Atomic int *claimed; /* [n]: ms_comm_threads_create was called for this rank */
 };
 
+/* Where one operation of a batch stands: a send's posted entry and the sequence number it was
+ * posted with (the entry is reused once the receiver freed it, so only a state with this
+ * number is still ours), or whether a receive is done. */
+typedef struct op_state {
+    struct p2p_entry *e;
+    uint64_t seq;
+    bool done;
+} op_state;
+
 /* One rank's view of a group: the backend context of a communicator. */
 typedef struct tctx {
     group *g;
     int rank;
-    uint64_t nbar;       /* barriers entered so far */
-    uint64_t *send_seq;  /* [n]: last sequence number posted to each peer */
-    int *mark;           /* [n]: scratch to list each missing peer once */
-    const void **op_ref; /* per p2p op: its posted entry (send) or non-NULL when done (recv) */
+    uint64_t nbar;      /* barriers entered so far */
+    uint64_t *send_seq; /* [n]: last sequence number posted to each peer */
+    int *mark;          /* [n]: scratch to list each missing peer once */
+    op_state *op;       /* per op of a blocking p2p batch */
     int op_cap;
 } tctx;
 
@@ -279,7 +288,7 @@ static void threads_destroy(void *ctx) {
     group_unref(t->g);
     free(t->send_seq);
     free(t->mark);
-    free(t->op_ref);
+    free(t->op);
     free(t);
 }
 
@@ -746,14 +755,12 @@ static ms_status threads_split(void *ctx, int color, int key, void **out_ctx, in
 
 /* --- point-to-point -------------------------------------------------------------------------- */
 
-static const char recv_done; /* op_ref marker of a completed receive */
-
 static void ring(group *g, int r) {
     word_wake(&g->bells[r].word, &g->bells[r].sleepers);
 }
 
-/* Posts one send of dtype elements into the mailbox (me -> peer); returns its entry. */
-static p2p_entry *post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype) {
+/* Posts one send of dtype elements into the mailbox (me -> peer): its entry and number. */
+static void post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype, op_state *os) {
     group *g = t->g;
     _Atomic(p2p_block *) *link = &g->mailbox[(size_t)t->rank * (size_t)g->n + (size_t)op->peer];
     for (;;) {
@@ -771,7 +778,8 @@ static p2p_entry *post_send(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype) {
             e->dtype = (int)dtype;
             uint64_t seq = ++t->send_seq[op->peer];
             atomic_store_explicit(&e->state, E_MAKE(seq, op->tag, E_POSTED), memory_order_release);
-            return e;
+            *os = (op_state){.e = e, .seq = seq};
+            return;
         }
         link = &b->next;
     }
@@ -828,29 +836,31 @@ static int try_recv(tctx *t, const ms_p2p_op *op, ms_comm_dtype dtype, ms_status
 }
 
 /* Receives from one (peer, tag) complete in the order they were posted in the batch. */
-static int earlier_recv_pending(const tctx *t, const ms_p2p_op *ops, int i) {
+static int earlier_recv_pending(const ms_p2p_op *ops, const op_state *os, int i) {
     for (int j = 0; j < i; j++)
-        if (ops[j].kind == MS_P2P_RECV && !t->op_ref[j] && ops[j].peer == ops[i].peer &&
+        if (ops[j].kind == MS_P2P_RECV && !os[j].done && ops[j].peer == ops[i].peer &&
             ops[j].tag == ops[i].tag)
             return 1;
     return 0;
 }
 
-static int send_pending(const tctx *t, int i) {
-    const p2p_entry *e = t->op_ref[i];
-    return E_ST(atomic_load_explicit(&e->state, memory_order_acquire)) != E_FREE;
+/* Whether a send's entry still holds it: not freed by the receiver (and, a non-blocking
+ * send being completed late, not reused since for a later send). */
+static int send_pending(const op_state *os) {
+    uint64_t v = atomic_load_explicit(&os->e->state, memory_order_acquire);
+    return E_ST(v) != E_FREE && E_SEQ(v) == os->seq;
 }
 
 /* One pass over the batch; returns how many operations are still incomplete. */
-static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, ms_comm_dtype dtype, ms_status *st,
-                        ms_error *err) {
+static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, op_state *os, ms_comm_dtype dtype,
+                        ms_status *st, ms_error *err) {
     int pending = 0;
     for (int i = 0; i < nops; i++) {
         if (ops[i].kind == MS_P2P_SEND) {
-            pending += send_pending(t, i);
-        } else if (!t->op_ref[i]) {
-            if (!earlier_recv_pending(t, ops, i) && try_recv(t, &ops[i], dtype, st, err))
-                t->op_ref[i] = &recv_done;
+            pending += send_pending(&os[i]);
+        } else if (!os[i].done) {
+            if (!earlier_recv_pending(ops, os, i) && try_recv(t, &ops[i], dtype, st, err))
+                os[i].done = true;
             else
                 pending++;
         }
@@ -860,11 +870,12 @@ static int p2p_progress(tctx *t, const ms_p2p_op *ops, int nops, ms_comm_dtype d
 
 /* After a failure: lists the peers of incomplete operations, then withdraws our posted
  * sends so that nobody reads our buffers after we return. */
-static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, ms_comm_call *call) {
+static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, const op_state *os,
+                        ms_comm_call *call) {
     memset(t->mark, 0, sizeof *t->mark * (size_t)t->g->n);
     call->n_missing = 0;
     for (int i = 0; i < nops; i++) {
-        int open = ops[i].kind == MS_P2P_SEND ? send_pending(t, i) : !t->op_ref[i];
+        int open = ops[i].kind == MS_P2P_SEND ? send_pending(&os[i]) : !os[i].done;
         int p = ops[i].peer;
         if (!open || t->mark[p]) continue;
         t->mark[p] = 1;
@@ -873,9 +884,9 @@ static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, ms_comm_call *c
     }
     for (int i = 0; i < nops; i++) {
         if (ops[i].kind != MS_P2P_SEND) continue;
-        p2p_entry *e = (p2p_entry *)t->op_ref[i];
+        p2p_entry *e = os[i].e;
         uint64_t v = atomic_load_explicit(&e->state, memory_order_acquire);
-        while (E_ST(v) != E_FREE) {
+        while (E_ST(v) != E_FREE && E_SEQ(v) == os[i].seq) {
             if (E_ST(v) == E_POSTED) {
                 if (atomic_compare_exchange_weak_explicit(
                         &e->state, &v, E_FREE, memory_order_acq_rel, memory_order_acquire))
@@ -888,29 +899,35 @@ static void p2p_abandon(tctx *t, const ms_p2p_op *ops, int nops, ms_comm_call *c
     }
 }
 
-static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
-                             ms_error *err) {
-    tctx *t = ctx;
-    group *g = t->g;
-    call->algo = "shm-mailbox";
-    if (is_poisoned(g)) return poisoned_error(err);
-    if (nops > t->op_cap) { /* grows only when a batch is bigger than any before */
-        t->op_ref = xrealloc(t->op_ref, sizeof *t->op_ref * (size_t)nops);
-        t->op_cap = nops;
-    }
+/* Posts every send of a batch (so that any pattern within it is deadlock-free). */
+static ms_status batch_post(tctx *t, const ms_p2p_op *ops, int nops, op_state *os,
+                            ms_comm_dtype dtype, ms_error *err) {
+    if (is_poisoned(t->g)) return poisoned_error(err);
     for (int i = 0; i < nops; i++) {
-        t->op_ref[i] = NULL;
+        os[i] = (op_state){0};
         if (ops[i].kind == MS_P2P_SEND) {
-            t->op_ref[i] = post_send(t, &ops[i], call->dtype);
-            ring(g, ops[i].peer);
+            post_send(t, &ops[i], dtype, &os[i]);
+            ring(t->g, ops[i].peer);
         }
     }
+    return MS_OK;
+}
+
+/* Advances a posted batch: one pass, or (wait) until done or the deadline. *st keeps a
+ * mismatch found on the way (the batch still completes); it is returned once done. */
+static ms_status batch_poll(tctx *t, const ms_p2p_op *ops, int nops, op_state *os, bool wait,
+                            bool *done, ms_status *st, ms_comm_call *call, ms_error *err) {
+    group *g = t->g;
     bell *b = &g->bells[t->rank];
     waiter w = {.word = &b->word, .sleepers = &b->sleepers};
-    ms_status st = MS_OK, fail = MS_OK;
+    ms_status fail = MS_OK;
+    *done = false;
     for (;;) {
         uint32_t seen = atomic_load(&b->word);
-        if (!p2p_progress(t, ops, nops, call->dtype, &st, err)) break;
+        if (!p2p_progress(t, ops, nops, os, call->dtype, st, err)) {
+            *done = true;
+            break;
+        }
         if (is_poisoned(g)) {
             fail = MS_ERR_COMM;
             break;
@@ -919,16 +936,63 @@ static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_
             fail = MS_ERR_TIMEOUT;
             break;
         }
+        if (!wait) break;
         waiter_block(&w, seen, call->deadline_ns);
     }
     waiter_end(&w);
-    if (fail == MS_OK) return st;
-    p2p_abandon(t, ops, nops, call);
+    if (fail == MS_OK) return *done ? *st : MS_OK;
+    p2p_abandon(t, ops, nops, os, call);
     if (fail == MS_ERR_COMM) return poisoned_error(err);
     /* Our peers would wait for us in vain: poison the group so they fail fast. */
     atomic_fetch_or(&g->bar, POISON);
     wake_all(g);
     return ms_fail(err, MS_ERR_TIMEOUT, "timed out waiting for peers");
+}
+
+static ms_status threads_p2p(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
+                             ms_error *err) {
+    tctx *t = ctx;
+    call->algo = "shm-mailbox";
+    if (nops > t->op_cap) { /* grows only when a batch is bigger than any before */
+        t->op = xrealloc(t->op, sizeof *t->op * (size_t)nops);
+        t->op_cap = nops;
+    }
+    bool done;
+    ms_status st = MS_OK;
+    MS_CHECK(batch_post(t, ops, nops, t->op, call->dtype, err));
+    return batch_poll(t, ops, nops, t->op, true, &done, &st, call, err);
+}
+
+/* A non-blocking batch: the caller's operations and each one's state. */
+typedef struct tbatch {
+    const ms_p2p_op *ops;
+    int nops;
+    ms_status st;
+    op_state os[];
+} tbatch;
+
+static ms_status threads_p2p_post(void *ctx, const ms_p2p_op *ops, int nops, ms_comm_call *call,
+                                  void **req, ms_error *err) {
+    tctx *t = ctx;
+    call->algo = "shm-mailbox";
+    tbatch *b = xcalloc(1, sizeof *b + sizeof b->os[0] * (size_t)nops);
+    b->ops = ops;
+    b->nops = nops;
+    ms_status st = batch_post(t, ops, nops, b->os, call->dtype, err);
+    if (st != MS_OK) {
+        free(b);
+        return st;
+    }
+    *req = b;
+    return MS_OK;
+}
+
+static ms_status threads_p2p_poll(void *ctx, void *req, bool wait, bool *done, ms_comm_call *call,
+                                  ms_error *err) {
+    tbatch *b = req;
+    ms_status st = batch_poll(ctx, b->ops, b->nops, b->os, wait, done, &b->st, call, err);
+    if (*done || st != MS_OK) free(b);
+    return st;
 }
 
 /* --- construction -------------------------------------------------------------------------- */
@@ -947,6 +1011,8 @@ static const ms_comm_backend_ops threads_ops = {
     .all_to_all = threads_all_to_all,
     .broadcast = threads_broadcast,
     .p2p = threads_p2p,
+    .p2p_post = threads_p2p_post,
+    .p2p_poll = threads_p2p_poll,
     .barrier = threads_barrier,
     .split = threads_split,
     .destroy = threads_destroy,

@@ -20,16 +20,9 @@ typedef struct chunk {
     ms_program *prog;
     int *slot_of; /* [m]: the pool arena holding micro-batch j from its F to its B, or -1 */
     int *holds;   /* [m]: what micro-batch j's arena still waits for before it is free */
-    /* What leaves a chunk after its micro-batch's slot is free: the input gradient after B
-     * (chunks after the first), the output after a forward-only F (chunks before the last).
-     * One each: a chunk's next B or F comes after the batch that sends it. */
-    float *out_grad_stage, *out_act_stage;
-    size_t grad_bytes, act_bytes;
-    /* The input activation arrives here (chunks after the first) and moves into a slot when
-     * its forward starts: a schedule may receive before the step's backward frees a slot. */
-    float *in_act_stage;
-    size_t in_bytes;
-    int in_mb; /* the micro-batch waiting in it, or -1 */
+    /* [m]: transfers in flight (NULL: none): micro-batch j's output, sent from its slot
+     * (training), and its output gradient, received into its slot. */
+    ms_comm_request **act_out, **grad_in;
 } chunk;
 
 struct ms_stages {
@@ -59,7 +52,14 @@ struct ms_stages {
     int tie_param[2];         /* local parameter index (ms_stages_param) of each tied copy, or -1 */
     int32_t *ids_mb, *tgt_mb;
     float *scratch;
-    ms_p2p_op *ops;
+    /* The outbox: what leaves a chunk after its micro-batch's slot is free (the input
+     * gradient after B, the output after a forward-only F) is copied into one of these and
+     * sent from there, so that the slot is free at once. A buffer is reused once its send
+     * completed: there are as many as sends were in flight at once. */
+    float **outbox;
+    ms_comm_request **outbox_q; /* each buffer's send, NULL when free */
+    int noutbox;
+    size_t outbox_count; /* floats per buffer: the largest boundary of this rank's chunks */
     /* The catalog (ms_stages_entry), made on first use: every chunk's parameters, the other
      * stages' chunks compiled from shapes for their placements. */
     ms_stages_entry *cat;
@@ -150,20 +150,14 @@ static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
     MS_CHECK(ms_program_compile(c->model.g, st->dm[st->stage], &co, &c->prog, err));
     c->slot_of = xmalloc(sizeof(int) * (size_t)st->m);
     c->holds = xcalloc((size_t)st->m, sizeof(int));
+    c->act_out = xcalloc((size_t)st->m, sizeof *c->act_out);
+    c->grad_in = xcalloc((size_t)st->m, sizeof *c->grad_in);
     const ms_model *md = &c->model;
     ms_tensor *gin = ms_program_input_grad(c->prog, md->hidden_in);
     ms_tensor *out = ms_program_local(c->prog, md->hidden_out);
-    ms_tensor *in = ms_program_local(c->prog, md->hidden_in);
-    c->in_bytes = in ? sizeof(float) * (size_t)ms_tensor_numel(in) + 4 : 0;
-    c->in_mb = -1;
-    if (c->in_bytes)
-        MS_CHECK(ms_device_alloc(st->ctx->device, c->in_bytes, (void **)&c->in_act_stage, err));
-    c->grad_bytes = gin ? sizeof(float) * (size_t)ms_tensor_numel(gin) + 4 : 0;
-    c->act_bytes = out ? sizeof(float) * (size_t)ms_tensor_numel(out) + 4 : 0;
-    if (c->grad_bytes)
-        MS_CHECK(ms_device_alloc(st->ctx->device, c->grad_bytes, (void **)&c->out_grad_stage, err));
-    if (c->act_bytes)
-        MS_CHECK(ms_device_alloc(st->ctx->device, c->act_bytes, (void **)&c->out_act_stage, err));
+    size_t ng = gin ? (size_t)ms_tensor_numel(gin) : 0, na = out ? (size_t)ms_tensor_numel(out) : 0;
+    if (ng > st->outbox_count) st->outbox_count = ng;
+    if (na > st->outbox_count) st->outbox_count = na;
     for (int j = 0; j < st->m; j++) c->slot_of[j] = -1;
     return MS_OK;
 }
@@ -289,7 +283,6 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
     st->ids_mb = xmalloc(sizeof *st->ids_mb * n);
     st->tgt_mb = xmalloc(sizeof *st->tgt_mb * n);
     st->scratch = xmalloc(sizeof *st->scratch * n);
-    st->ops = xmalloc(sizeof *st->ops * (size_t)(st->nacts + st->nfwd + 1));
     *out = st;
     return MS_OK;
 }
@@ -301,13 +294,11 @@ void ms_stages_destroy(ms_stages *st) {
         ms_model_free(&st->ch[c].model);
         free(st->ch[c].slot_of);
         free(st->ch[c].holds);
-        if (st->ch[c].out_grad_stage)
-            ms_device_free(st->ctx->device, st->ch[c].out_grad_stage, st->ch[c].grad_bytes);
-        if (st->ch[c].out_act_stage)
-            ms_device_free(st->ctx->device, st->ch[c].out_act_stage, st->ch[c].act_bytes);
-        if (st->ch[c].in_act_stage)
-            ms_device_free(st->ctx->device, st->ch[c].in_act_stage, st->ch[c].in_bytes);
+        free(st->ch[c].act_out), free(st->ch[c].grad_in);
     }
+    for (int b = 0; b < st->noutbox; b++)
+        ms_device_free(st->ctx->device, st->outbox[b], sizeof(float) * st->outbox_count);
+    free(st->outbox), free(st->outbox_q);
     ms_comm_destroy(st->tie);
     for (int i = 0; i < st->npool; i++)
         ms_device_free(st->ctx->device, st->pool[i], st->pool_bytes);
@@ -319,7 +310,6 @@ void ms_stages_destroy(ms_stages *st) {
     free(st->acts);
     free(st->fwd_acts);
     free(st->ids_mb), free(st->tgt_mb), free(st->scratch);
-    free(st->ops);
     for (int i = 0; i < st->nforeign; i++) {
         ms_program_destroy(st->foreign_progs[i]);
         ms_model_free(&st->foreign_models[i]);
@@ -329,7 +319,7 @@ void ms_stages_destroy(ms_stages *st) {
     free(st);
 }
 
-/* --- running the schedule -------------------------------------------------------------------- */
+/* --- micro-batches: their data, their slots, their trace events ------------------------------ */
 
 /* Micro-batch j's rows of the global batch: on each replica r, rows j*b .. j*b + b-1 of its
  * share. Feeds ids and positions (first chunk) and targets (last chunk). */
@@ -394,72 +384,6 @@ static void release_slot(ms_stages *st, chunk *c, int j) {
     c->slot_of[j] = -1;
 }
 
-/* Where transfer a reads or writes on chunk c: the micro-batch's slot, or a staging buffer
- * for what leaves after the slot is free (*buf and *count in floats). */
-static ms_status transfer_buffer(ms_stages *st, chunk *c, const ms_pp_action *a, bool train,
-                                 float **buf, size_t *count, ms_error *err) {
-    const ms_model *md = &c->model;
-    if (a->op == MS_PP_SEND_GRAD || (a->op == MS_PP_SEND_ACT && !train)) {
-        bool grad = a->op == MS_PP_SEND_GRAD;
-        *buf = grad ? c->out_grad_stage : c->out_act_stage;
-        *count = ((grad ? c->grad_bytes : c->act_bytes) - 4) / sizeof(float);
-        return *buf ? MS_OK
-                    : ms_fail(err, MS_ERR_INTERNAL, "pipeline: chunk %d has nothing to send for %s",
-                              c->k, ms_pp_op_name((ms_pp_op)a->op));
-    }
-    if (a->op == MS_PP_RECV_ACT) {
-        if (!c->in_act_stage || c->in_mb >= 0)
-            return ms_fail(err, MS_ERR_INTERNAL,
-                           "pipeline: chunk %d receives micro-batch %d's input while %d's waits",
-                           c->k, a->mb, c->in_mb);
-        c->in_mb = a->mb;
-        *buf = c->in_act_stage;
-        *count = (c->in_bytes - 4) / sizeof(float);
-        return MS_OK;
-    }
-    MS_CHECK(take_slot(st, c, a->mb, train, err));
-    ms_tensor *t = a->op == MS_PP_SEND_ACT ? ms_program_local(c->prog, md->hidden_out)
-                                           : ms_program_output_grad(c->prog);
-    if (!t)
-        return ms_fail(err, MS_ERR_INTERNAL, "pipeline: chunk %d has no buffer for %s", c->k,
-                       ms_pp_op_name((ms_pp_op)a->op));
-    *buf = ms_tensor_f32(t);
-    *count = (size_t)ms_tensor_numel(t);
-    return MS_OK;
-}
-
-/* Copies what leaves chunk c after its slot is freed into the staging buffer. */
-static void stage_out(chunk *c, bool grad) {
-    const ms_model *md = &c->model;
-    ms_tensor *t = grad ? ms_program_input_grad(c->prog, md->hidden_in)
-                        : ms_program_local(c->prog, md->hidden_out);
-    if (t)
-        memcpy(grad ? c->out_grad_stage : c->out_act_stage, ms_tensor_f32(t),
-               sizeof(float) * (size_t)ms_tensor_numel(t));
-}
-
-/* A batch of consecutive transfers as one ms_p2p call. */
-static ms_status transfer(ms_stages *st, const ms_pp_action *a, int n, bool train, ms_error *err) {
-    for (int i = 0; i < n; i++) {
-        chunk *c = &st->ch[a[i].chunk];
-        float *buf = NULL;
-        size_t count = 0;
-        MS_CHECK(transfer_buffer(st, c, &a[i], train, &buf, &count, err));
-        bool send = a[i].op == MS_PP_SEND_ACT || a[i].op == MS_PP_SEND_GRAD;
-        /* Each boundary (model chunks lo -> lo + 1), direction and micro-batch has its own tag,
-         * so transfers of different chunks between the same two ranks never match. */
-        int grad = a[i].op == MS_PP_SEND_GRAD || a[i].op == MS_PP_RECV_GRAD;
-        int lo = a[i].op == MS_PP_SEND_ACT || a[i].op == MS_PP_RECV_GRAD ? c->k : c->k - 1;
-        int tag = 100 + (int)(((int64_t)a[i].mb * st->p * st->v + lo) * 2 + grad) % 30000;
-        st->ops[i] = (ms_p2p_op){.kind = send ? MS_P2P_SEND : MS_P2P_RECV,
-                                 .buf = buf,
-                                 .count = count,
-                                 .peer = a[i].peer * st->R + st->index,
-                                 .tag = tag};
-    }
-    return ms_p2p(st->ctx->world, st->ops, n, err);
-}
-
 /* One trace event per compute action of the training schedule, when the run is traced.
  * Forward-only runs (evaluation, sampling) are not the schedule: recording them would put
  * extra F's into the step that happens to be current, and into its measured bubble. */
@@ -480,58 +404,190 @@ static void record_action(const ms_stages *st, const ms_pp_action *a, const chun
     ms_record_pipe(&st->ctx->trace, &e, t0);
 }
 
+/* --- transfers ------------------------------------------------------------------------------
+ *
+ * The schedule's lists order the computes; the transfers run where the data flows rather than
+ * where a list batches them. A compute posts the send of what it made right after it
+ * (non-blocking: ms_ip2p), so the receiver can take it whenever it gets there and the sender
+ * never waits for it; a compute receives its input right before it, straight into its slot.
+ * An output gradient's receive is posted where the list receives it, into the slot that the
+ * micro-batch holds since its forward, and waited for before its B. No wait is longer than
+ * under the lists' rendezvous batches (a receive waits for the same send, a send for
+ * nothing), so every list that runs under rendezvous runs here, with less waiting. */
+
+/* Posts one transfer of chunk c's micro-batch mb with the neighbouring model chunk: the
+ * activation (grad false: chunk k -> k + 1) or the gradient (k + 1 -> k). */
+static ms_status post(ms_stages *st, const chunk *c, int mb, bool grad, bool send, float *buf,
+                      size_t count, ms_comm_request **q, ms_error *err) {
+    int lo = send != grad ? c->k : c->k - 1; /* the boundary: model chunks lo -> lo + 1 */
+    int peer = (lo == c->k ? c->k + 1 : c->k + st->p - 1) % st->p;
+    /* Each boundary, direction and micro-batch has its own tag, so transfers of different
+     * chunks between the same two ranks never match. */
+    int tag = 100 + (int)((((int64_t)mb * st->p * st->v + lo) * 2 + grad) % 30000);
+    ms_p2p_op op = {.kind = send ? MS_P2P_SEND : MS_P2P_RECV,
+                    .peer = peer * st->R + st->index,
+                    .buf = buf,
+                    .count = count,
+                    .tag = tag};
+    *q = ms_ip2p(st->ctx->world, &op, 1, err);
+    return *q ? MS_OK : err ? err->code : MS_ERR_COMM;
+}
+
+/* Waits for *q (none: nothing to do) and clears it. */
+static ms_status settle(ms_comm_request **q, ms_error *err) {
+    ms_comm_request *r = *q;
+    *q = NULL;
+    return ms_comm_wait(r, err);
+}
+
+/* Sends n floats from src through a free outbox buffer: one whose send completed, else a new
+ * one. */
+static ms_status send_from_outbox(ms_stages *st, const chunk *c, int mb, bool grad,
+                                  const float *src, size_t n, ms_error *err) {
+    int b = 0;
+    for (; b < st->noutbox; b++) {
+        bool done = true;
+        ms_status rc = ms_comm_test(st->outbox_q[b], &done, err);
+        if (done) st->outbox_q[b] = NULL;
+        MS_CHECK(rc);
+        if (done) break;
+    }
+    if (b == st->noutbox) {
+        st->outbox = xrealloc(st->outbox, sizeof *st->outbox * (size_t)(b + 1));
+        st->outbox_q = xrealloc(st->outbox_q, sizeof *st->outbox_q * (size_t)(b + 1));
+        st->outbox_q[b] = NULL;
+        MS_CHECK(ms_device_alloc(st->ctx->device, sizeof(float) * st->outbox_count,
+                                 (void **)&st->outbox[b], err));
+        st->noutbox++;
+    }
+    memcpy(st->outbox[b], src, sizeof(float) * n);
+    return post(st, c, mb, grad, true, st->outbox[b], n, &st->outbox_q[b], err);
+}
+
+/* Posts the receive of micro-batch mb's output gradient into its slot (held since its F). */
+static ms_status receive_grad(ms_stages *st, chunk *c, int mb, ms_error *err) {
+    if (c->grad_in[mb] || c->k == st->p * st->v - 1) return MS_OK;
+    if (c->slot_of[mb] < 0)
+        return ms_fail(err, MS_ERR_INTERNAL,
+                       "pipeline: chunk %d receives micro-batch %d's gradient before its forward",
+                       c->k, mb);
+    MS_CHECK(take_slot(st, c, mb, true, err));
+    ms_tensor *g = ms_program_output_grad(c->prog);
+    if (!g) return ms_fail(err, MS_ERR_INTERNAL, "pipeline: chunk %d has no output gradient", c->k);
+    return post(st, c, mb, true, false, ms_tensor_f32(g), (size_t)ms_tensor_numel(g),
+                &c->grad_in[mb], err);
+}
+
+/* Waits for every transfer still in flight; after a failure (err NULL) quietly, so that
+ * nothing stays posted. */
+static ms_status settle_all(ms_stages *st, ms_error *err) {
+    ms_status rc = MS_OK;
+    for (int c = 0; c < st->nch; c++)
+        for (int j = 0; j < st->m; j++) {
+            ms_status a = settle(&st->ch[c].act_out[j], rc == MS_OK ? err : NULL);
+            ms_status b = settle(&st->ch[c].grad_in[j], rc == MS_OK && a == MS_OK ? err : NULL);
+            if (rc == MS_OK) rc = a != MS_OK ? a : b;
+        }
+    for (int b = 0; b < st->noutbox; b++) {
+        ms_status a = settle(&st->outbox_q[b], rc == MS_OK ? err : NULL);
+        if (rc == MS_OK) rc = a;
+    }
+    return rc;
+}
+
+/* --- running the schedule ------------------------------------------------------------------ */
+
+/* F of micro-batch a->mb on chunk c: its input received into its slot, the forward, and its
+ * output sent (training: from the slot, which it holds until its B; forward only: from the
+ * outbox, as the slot is free at once). *sum collects the last chunk's loss. */
+static ms_status run_forward(ms_stages *st, chunk *c, const ms_pp_action *a, bool train,
+                             const int32_t *ids, const int32_t *tgt, double *sum, ms_error *err) {
+    const ms_model *md = &c->model;
+    int last = st->p * st->v - 1;
+    MS_CHECK(take_slot(st, c, a->mb, train, err));
+    if (c->k > 0) {
+        ms_tensor *in = ms_program_local(c->prog, md->hidden_in);
+        ms_comm_request *q;
+        MS_CHECK(post(st, c, a->mb, false, false, ms_tensor_f32(in), (size_t)ms_tensor_numel(in),
+                      &q, err));
+        MS_CHECK(ms_comm_wait(q, err));
+    }
+    int64_t t0 = ms_now_ns();
+    ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
+                                (int64_t)a->mb * st->rows_dp);
+    MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
+    float l = 0;
+    MS_CHECK(ms_program_forward(c->prog, &l, err));
+    if (c->k == last) *sum += l;
+    if (c->k < last) {
+        ms_tensor *out = ms_program_local(c->prog, md->hidden_out);
+        float *o = ms_tensor_f32(out);
+        size_t n = (size_t)ms_tensor_numel(out);
+        MS_CHECK(train ? post(st, c, a->mb, false, true, o, n, &c->act_out[a->mb], err)
+                       : send_from_outbox(st, c, a->mb, false, o, n, err));
+    }
+    if (train) record_action(st, a, c, t0);
+    if (!train) release_slot(st, c, a->mb);
+    return MS_OK;
+}
+
+/* B (the input gradients; all of the backward unless split) or W (the rest) of micro-batch
+ * a->mb on chunk c. B first completes the output's send (the next chunk had it before it
+ * could send this gradient, so that never waits) and the gradient's receive, and sends the
+ * input gradient from the outbox. */
+static ms_status run_backward(ms_stages *st, chunk *c, const ms_pp_action *a, ms_error *err) {
+    bool b = a->op == MS_PP_BACKWARD;
+    if (b) {
+        MS_CHECK(settle(&c->act_out[a->mb], err));
+        MS_CHECK(receive_grad(st, c, a->mb, err));
+        MS_CHECK(settle(&c->grad_in[a->mb], err));
+    }
+    MS_CHECK(take_slot(st, c, a->mb, true, err));
+    int64_t t0 = ms_now_ns();
+    ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
+                                (int64_t)a->mb * st->rows_dp);
+    MS_CHECK(b ? ms_program_backward_input(c->prog, err)
+               : ms_program_backward_weight(c->prog, err));
+    if (b && c->k > 0) {
+        ms_tensor *g = ms_program_input_grad(c->prog, c->model.hidden_in);
+        MS_CHECK(send_from_outbox(st, c, a->mb, true, ms_tensor_f32(g), (size_t)ms_tensor_numel(g),
+                                  err));
+    }
+    record_action(st, a, c, t0);
+    release_slot(st, c, a->mb);
+    return MS_OK;
+}
+
+static ms_status run_action(ms_stages *st, const ms_pp_action *a, bool train, const int32_t *ids,
+                            const int32_t *tgt, double *sum, ms_error *err) {
+    chunk *c = &st->ch[a->chunk];
+    switch (a->op) {
+        case MS_PP_FORWARD:
+            return run_forward(st, c, a, train, ids, tgt, sum, err);
+        case MS_PP_BACKWARD:
+        case MS_PP_WEIGHT:
+            return run_backward(st, c, a, err);
+        case MS_PP_RECV_GRAD:
+            return receive_grad(st, c, a->mb, err);
+        default: /* the other transfers go with their computes */
+            return MS_OK;
+    }
+}
+
 static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool train,
                      const int32_t *ids, const int32_t *tgt, float *loss, ms_error *err) {
     double sum = 0;
-    int last = st->p * st->v - 1;
     for (int c = 0; c < st->nch; c++) {
         for (int j = 0; j < st->m; j++) st->ch[c].slot_of[j] = -1;
         if (train) ms_program_zero_grads(st->ch[c].prog);
-        st->ch[c].in_mb = -1;
         memset(st->ch[c].holds, 0, sizeof(int) * (size_t)st->m);
     }
-    for (int i = 0; i < nacts;) {
-        const ms_pp_action *a = &acts[i];
-        if (ms_pp_is_comm(a->op)) {
-            int n = 1;
-            while (i + n < nacts && ms_pp_is_comm(acts[i + n].op)) n++;
-            MS_CHECK(transfer(st, a, n, train, err));
-            i += n;
-            continue;
-        }
-        chunk *c = &st->ch[a->chunk];
-        int64_t t0 = ms_now_ns();
-        MS_CHECK(take_slot(st, c, a->mb, train, err));
-        ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
-                                    (int64_t)a->mb * st->rows_dp);
-        if (a->op == MS_PP_FORWARD) {
-            if (c->in_act_stage) {
-                ms_tensor *in = ms_program_local(c->prog, c->model.hidden_in);
-                if (c->in_mb != a->mb)
-                    return ms_fail(err, MS_ERR_INTERNAL,
-                                   "pipeline: chunk %d runs micro-batch %d but received %d", c->k,
-                                   a->mb, c->in_mb);
-                memcpy(ms_tensor_f32(in), c->in_act_stage, c->in_bytes - 4);
-                c->in_mb = -1;
-            }
-            MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
-            float l = 0;
-            MS_CHECK(ms_program_forward(c->prog, &l, err));
-            if (c->k == last) sum += l;
-            if (!train) {
-                if (c->k != last) stage_out(c, false);
-                release_slot(st, c, a->mb);
-            }
-        } else {
-            /* B: the input gradients (all of the backward unless split); W: the rest. */
-            MS_CHECK(a->op == MS_PP_BACKWARD ? ms_program_backward_input(c->prog, err)
-                                             : ms_program_backward_weight(c->prog, err));
-            if (a->op == MS_PP_BACKWARD && c->k > 0) stage_out(c, true);
-            release_slot(st, c, a->mb);
-        }
-        if (train) record_action(st, a, c, t0);
-        i++;
-    }
+    ms_status rc = MS_OK;
+    for (int i = 0; i < nacts && rc == MS_OK; i++)
+        rc = run_action(st, &acts[i], train, ids, tgt, &sum, err);
+    /* Every send completes before the step ends: the next one reuses the tags and buffers. */
+    ms_status done = settle_all(st, rc == MS_OK ? err : NULL);
+    MS_CHECK(rc != MS_OK ? rc : done);
     /* The loss lives on the last stage; every rank reports it. */
     float l = (float)(sum / st->m);
     MS_CHECK(ms_stages_from_head(st, &l, 1, err));

@@ -10,9 +10,13 @@
  *
  * Transfers: the activation crossing a chunk boundary is the residual stream, placed alike on
  * every stage (the strategy's stream placement), so a transfer is one send of this rank's
- * local box to the rank at the same mesh position of the neighbouring stage, and the receiver
- * writes straight into its program's input buffer. Peers and sizes are fixed when compiling;
- * a step allocates nothing.
+ * local box to the rank at the same mesh position of the neighbouring stage. The schedule's
+ * lists order the computes; the transfers run where the data flows: a compute posts the send
+ * of what it made right after it (non-blocking, ms_ip2p) and receives its input right before
+ * it, straight into its micro-batch's arena, so no stage waits for a receiver to arrive
+ * (Megatron-LM's interleaved schedule overlaps its p2p the same way). What leaves after the
+ * arena is free (the input gradient after B) goes through a small outbox of boundary-sized
+ * buffers, reused as their sends complete. Peers and sizes are fixed when compiling.
  *
  * The tied word embedding: the first and the last chunk each hold a copy. After the gradient
  * sync, the two copies' gradients are summed by an all-reduce between the two stages
