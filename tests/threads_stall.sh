@@ -46,6 +46,7 @@ check_diagnosis() {
   local d=$tmp/$case
   [ "$rc" -ne 0 ] || fail "the job exited 0 although rank $stall stalled"
   [ "$rc" -ne 124 ] || fail "the job hung"
+  grep -q "Sanitizer" "$d/err" && fail "a sanitizer reported a problem"
   grep -q "ranks that did not arrive: $stall (world $stall)" "$d/err" ||
     fail "the error does not name rank $stall as missing"
   grep -q "flight recorder (meshscope doctor $d/flight):" "$d/err" ||

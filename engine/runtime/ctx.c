@@ -154,6 +154,11 @@ static _Noreturn void abandon_ranks(rank_thread *ts, int n, const ms_launch_opts
     err = ts[cause].err;
     ms_fail_wrap(&err, ts[cause].st, "rank %d", cause);
     pthread_mutex_unlock(&w->mu);
+    for (int r = 0, i = 0; r < n; r++) /* those that returned are done: joining is immediate */
+        if (i < n_stuck && stuck[i] == r)
+            i++;
+        else
+            pthread_join(ts[r].tid, NULL);
     char reason[128];
     snprintf(reason, sizeof reason, "abandoned: still running %.1f s after rank %d failed",
              (double)opts->abandon_after_ms / 1000, cause);
