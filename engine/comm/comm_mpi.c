@@ -353,10 +353,12 @@ static void add_world_rank(int *world, int *n, int w) {
     if (*n < 128) world[(*n)++] = w;
 }
 
-/* Adds the other ranks of world rank w's host to world[0..*n): queried with the suspects, so that
- * a host none of whose ranks answers is told from one stalled rank. */
+/* Adds the other ranks of world rank w's host, when it is not this rank's, to world[0..*n):
+ * queried with the suspects, so that a host none of whose ranks answers is told from one
+ * stalled rank. */
 static void add_host_ranks(int *world, int *n, int w) {
-    for (int v = 0; g_host_of && v < g_health_size; v++)
+    if (!g_host_of || !strcmp(g_host_of[w], g_host_of[g_health_rank])) return;
+    for (int v = 0; v < g_health_size; v++)
         if (v != g_health_rank && !strcmp(g_host_of[v], g_host_of[w])) add_world_rank(world, n, v);
 }
 
