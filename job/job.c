@@ -148,6 +148,20 @@ static void arm_flight_recorder(const run_opts *o) {
     ms_flight_install_signals();
 }
 
+/* Thread ranks still running after the others failed: say so, then what failed and what the
+ * flight recorder says, as a failed launch would; the launcher then exits. */
+static void report_abandoned(const ms_error *err, const int *stuck, int n_stuck, void *arg) {
+    const char *cmd = arg;
+    char ranks[128];
+    ms_flight_format_ranks(stuck, n_stuck, ranks, sizeof ranks);
+    fprintf(stderr,
+            "meshscope %s: rank%s %s still running after the others failed; exiting without "
+            "waiting for %s\n",
+            cmd, n_stuck > 1 ? "s" : "", ranks, n_stuck > 1 ? "them" : "it");
+    fprintf(stderr, "meshscope %s: %s\n", cmd, err->msg);
+    job_report_flight(cmd, false);
+}
+
 ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
                      void *arg, ms_error *err) {
     int nranks = plan->world_size;
@@ -166,7 +180,12 @@ ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, m
     ms_launch_opts lo = {.backend = o->backend,
                          .nranks = nranks,
                          .seed = o->seed,
-                         .timeout_ms = (int64_t)o->timeout_s * 1000};
+                         .timeout_ms = (int64_t)o->timeout_s * 1000,
+                         /* a live rank notices a broken job within one communicator timeout */
+                         .abandon_after_ms = o->timeout_s > 0 ? (int64_t)o->timeout_s * 1000
+                                                              : MS_COMM_DEFAULT_TIMEOUT_MS,
+                         .on_abandon = report_abandoned,
+                         .abandon_arg = (void *)cmd};
     ms_status st = ms_launch(&lo, fn, arg, err);
     if (o->backend == MS_BACKEND_MPI) {
         if (ms_mpi_failed()) {

@@ -80,8 +80,11 @@ ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference
 /* Runs fn on the job's ranks (threads: world_size of them; mpi: this process, checked against
  * the world mpirun started). Under MPI, once a communicator has failed (a rank timed out or
  * died) the error is printed as "meshscope CMD: message" and the whole job ends with
- * MPI_Abort: MPI_Finalize would wait forever for a stalled rank. Otherwise returns the first
- * failure, for the caller to print. */
+ * MPI_Abort: MPI_Finalize would wait forever for a stalled rank. Likewise on threads, when a
+ * rank has failed and the ranks still running have not returned one communicator timeout
+ * later (asleep, stuck in a kernel), it prints that, the error and the flight recorder's
+ * diagnosis and the process exits 1 without them. Otherwise returns the first failure, for
+ * the caller to print. */
 ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
                      void *arg, ms_error *err);
 

@@ -253,14 +253,17 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
     return MS_OK;
 }
 
-/* A fault for tests: MS_TEST_STALL=RANK:STEP makes that rank stop answering before STEP (it
- * sleeps past the communicator timeout), as a hung thread rank would, so that the others'
- * timeout, flight recorder dumps and diagnosis can be checked on the threads backend. */
+/* A fault for tests: MS_TEST_STALL=RANK:STEP[:SECONDS] makes that rank stop answering before
+ * STEP (it sleeps SECONDS, by default 2 s past the communicator timeout), as a hung thread
+ * rank would, so that the others' timeout, flight recorder dumps and diagnosis, and the
+ * process's exit without the sleeper, can be checked on the threads backend. */
 static void test_stall(const ms_ctx *ctx, int step, int timeout_s) {
     const char *spec = getenv("MS_TEST_STALL");
-    int rank, at;
-    if (!spec || sscanf(spec, "%d:%d", &rank, &at) != 2 || rank != ctx->rank || at != step) return;
-    sleep((unsigned)(timeout_s > 0 ? timeout_s : 60) + 2);
+    int rank, at, seconds = (timeout_s > 0 ? timeout_s : 60) + 2;
+    if (!spec || sscanf(spec, "%d:%d:%d", &rank, &at, &seconds) < 2 || rank != ctx->rank ||
+        at != step)
+        return;
+    sleep((unsigned)(seconds > 0 ? seconds : 0));
 }
 
 static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {

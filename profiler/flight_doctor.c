@@ -20,7 +20,8 @@
 typedef struct dump {
     const char *path;
     int rank;
-    char reason[256];
+    char host[64]; /* "" in dumps that predate it */
+    char reason[MS_ERROR_MSG_MAX];
     int64_t now_ns;
     ms_flight_entry *e;
     int n;
@@ -110,6 +111,7 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
             d->rank = (int)num(o, "rank");
             d->now_ns = num(o, "now_ns");
             snprintf(d->reason, sizeof d->reason, "%s", str(o, "reason"));
+            snprintf(d->host, sizeof d->host, "%s", str(o, "host"));
         } else {
             if (d->n == cap_e)
                 d->e = xrealloc(d->e, sizeof *d->e * (size_t)(cap_e = cap_e * 2 + 64));
@@ -274,9 +276,70 @@ static bool only_culprits(const dump *d, int nd, const ms_flight_entry *w) {
     return true;
 }
 
+/* The world ranks of host's dumps, as a compact list. */
+static void host_ranks(const dump *d, int nd, const char *host, char *out, size_t len) {
+    int ranks[MS_COMM_MAX_RANKS], n = 0;
+    for (int i = 0; i < nd && n < MS_COMM_MAX_RANKS; i++)
+        if (!strcmp(d[i].host, host)) ranks[n++] = d[i].rank;
+    ms_flight_format_ranks(ranks, n, out, len);
+}
+
+/* Whether ranks of host a named ranks of host b as missing. */
+static bool host_named(const dump *d, int nd, const char *a, const char *b) {
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
+        for (int k = 0; w && strcmp(d[i].host, a) == 0 && k < w->n_missing; k++) {
+            const dump *dm = find_rank(d, nd, w->missing[k]);
+            if (dm && !strcmp(dm->host, b)) return true;
+        }
+    }
+    return false;
+}
+
+/* Hosts that lost each other: every rank that timed out named as missing only ranks of other
+ * hosts, and those dumped too (alive, waiting themselves): not a rank but the link between
+ * the hosts failed. Says so for each pair of hosts that named each other; false when the
+ * dumps do not show that (one host, a missing rank of its own host, or one without a dump). */
+static bool diagnose_hosts(const dump *d, int nd, ms_strbuf *out) {
+    bool any = false;
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
+        if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing) continue;
+        for (int k = 0; k < w->n_missing; k++) {
+            const dump *dm = find_rank(d, nd, w->missing[k]);
+            if (!d[i].host[0] || !dm || !strcmp(dm->host, d[i].host)) return false;
+        }
+        any = true;
+    }
+    if (!any) return false;
+    const char *hosts[64]; /* distinct, in rank order */
+    int nh = 0;
+    for (int i = 0; i < nd; i++) {
+        bool seen = false;
+        for (int h = 0; h < nh; h++) seen |= !strcmp(hosts[h], d[i].host);
+        if (!seen && nh < 64) hosts[nh++] = d[i].host;
+    }
+    bool said = false;
+    for (int x = 0; x < nh; x++)
+        for (int y = x + 1; y < nh; y++) {
+            const char *a = hosts[x], *b = hosts[y];
+            if (!host_named(d, nd, a, b) || !host_named(d, nd, b, a)) continue;
+            char ra[96], rb[96];
+            host_ranks(d, nd, a, ra, sizeof ra);
+            host_ranks(d, nd, b, rb, sizeof rb);
+            ms_strbuf_printf(out,
+                             "hosts %s (ranks %s) and %s (ranks %s) lost each other: every rank "
+                             "that timed out waited only for ranks of another host, which were "
+                             "alive and waiting too; the link between %s and %s is down\n",
+                             a, ra, b, rb, a, b);
+            said = true;
+        }
+    return said;
+}
+
 static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     qsort(d, (size_t)nd, sizeof *d, dump_cmp);
-    bool fault = false;
+    bool fault = diagnose_hosts(d, nd, out);
     for (int i = 0; i < nd; i++) {
         const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
         if (!w) continue;
@@ -298,7 +361,7 @@ static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     for (int i = 0; i < nd; i++) {
         char line[512];
         ms_flight_describe(d[i].e, d[i].n, d[i].rank, d[i].now_ns, line, sizeof line);
-        ms_strbuf_printf(out, "  %s [dumped on: %.200s]\n", line, d[i].reason);
+        ms_strbuf_printf(out, "  %s [dumped on: %s]\n", line, d[i].reason);
     }
 }
 

@@ -263,6 +263,53 @@ static void test_doctor_errors(void **state) {
     free(out.p);
 }
 
+/* A dump of `rank` on `host` that timed out in an all-reduce on the pair {rank, peer},
+ * naming peer as missing, as every rank's is when the link between two hosts goes down. */
+static void write_pair_timeout(const char *dir, int rank, const char *host, int peer) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/flight-rank%d-pid%d.jsonl", dir, rank, 100 + rank);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    int lo = rank < peer ? rank : peer, hi = rank < peer ? peer : rank;
+    fprintf(f,
+            "{\"flight\":1,\"rank\":%d,\"pid\":%d,\"host\":\"%s\",\"reason\":\"timed out\","
+            "\"now_ns\":7000000000,\"entries\":1,\"dropped\":0}\n",
+            rank, 100 + rank, host);
+    fprintf(f,
+            "{\"seq\":5,\"op\":\"all_reduce\",\"comm\":\"dp\",\"comm_id\":%d,\"ranks\":"
+            "\"%d,%d\",\"comm_rank\":%d,\"comm_size\":2,\"state\":\"failed\",\"bytes\":4,"
+            "\"dtype\":\"f32\",\"root\":-1,\"peer\":-1,\"p2p\":\"\",\"issue_ns\":1000000000,"
+            "\"start_ns\":1000000000,\"end_ns\":6000000000,\"timeout_ms\":5000,\"status\":"
+            "\"%s\",\"missing\":[%d]}\n",
+            100 + lo, lo, hi, rank == lo ? 0 : 1, ms_status_str(MS_ERR_TIMEOUT), peer);
+    fclose(f);
+}
+
+/* Two hosts that lost each other: each rank of host0 timed out waiting for its dp partner on
+ * host1 and the other way round, all of them alive (dumped). The doctor names the link; when
+ * a rank names a peer of its own host, it does not. */
+static void test_doctor_names_link_between_hosts(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    const char *hosts[4] = {"host0", "host0", "host1", "host1"};
+    for (int r = 0; r < 4; r++) write_pair_timeout(dir, r, hosts[r], (r + 2) % 4);
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    assert_non_null(strstr(out.p, "hosts host0 (ranks 0-1) and host1 (ranks 2-3) lost each other"));
+    assert_non_null(strstr(out.p, "the link between host0 and host1 is down"));
+    free(out.p);
+    /* rank 3 on host0 after all: rank 1 waited for a rank of its own host */
+    write_pair_timeout(dir, 3, "host0", 1);
+    out = (ms_strbuf){0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    assert_null(strstr(out.p, "lost each other"));
+    assert_non_null(strstr(out.p, "all_reduce seq 5 on 'dp'"));
+    free(out.p);
+    remove_dir(dir);
+}
+
 /* Rank 1 arrives late at the fourth all-reduce; before it does, the alert names it. */
 typedef struct late_args {
     char alert[256];
@@ -392,6 +439,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_doctor_names_stuck_send),
         cmocka_unit_test(test_doctor_no_fault),
         cmocka_unit_test(test_doctor_errors),
+        cmocka_unit_test(test_doctor_names_link_between_hosts),
         cmocka_unit_test(test_hang_alert_names_late_rank),
         cmocka_unit_test(test_hang_alert_in_snapshot_json),
         cmocka_unit_test(test_recorder_overhead),

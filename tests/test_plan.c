@@ -298,6 +298,31 @@ static void topology_groups_and_links(void **state) {
     assert_int_equal(c.nodes, 2); /* untouched by a failed apply */
 }
 
+/* Ranks that oversubscribe the cores take turns at the link: the link carries both tp groups
+ * of a host (their shared time), but one group's compute between collectives runs while the
+ * other waits, so that compute comes off the wait, down to the group's own transfer on a free
+ * link. A gradient sync (every group enters it together) and ranks with cores of their own
+ * pay the shared time. */
+static void topology_groups_take_turns(void **state) {
+    (void)state;
+    ms_cluster c = two_hosts("round-robin");
+    ms_group_place tp = ms_cluster_group(&c, 2, 1); /* one member on each host */
+    const double S = 1 << 17, a = c.inter.latency;
+    double shared = 2 * a + S / c.inter.bw, alone = 2 * a + S / (2 * c.inter.bw);
+    double sync = ms_cluster_coll_time(&c, MS_COLL_ALL_REDUCE, tp, S, 4, -1);
+    assert_true(fabs(sync - shared) < 1e-9 * shared);
+    double short_gap = 0.001; /* the link is the bottleneck: the gap hides under it */
+    double t = ms_cluster_coll_time(&c, MS_COLL_ALL_REDUCE, tp, S, 4, short_gap);
+    assert_true(shared - short_gap > alone);
+    assert_true(fabs(t - (shared - short_gap)) < 1e-9 * shared);
+    double long_gap = shared; /* compute is: the wait is the group's own transfer */
+    t = ms_cluster_coll_time(&c, MS_COLL_ALL_REDUCE, tp, S, 4, long_gap);
+    assert_true(fabs(t - alone) < 1e-9 * alone);
+    c.cores = 4; /* a core per rank: the groups cross in lockstep */
+    t = ms_cluster_coll_time(&c, MS_COLL_ALL_REDUCE, tp, S, 4, short_gap);
+    assert_true(fabs(t - shared) < 1e-9 * shared);
+}
+
 /* tp moves activations every layer, dp the gradients once a step: with more activation than
  * gradient traffic the planner wants tp inside a host and dp across, and prices the same
  * dp=2 x tp=2 higher when the rank order puts tp across the slow link. */
@@ -1044,6 +1069,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(activation_formula),
     cmocka_unit_test(ring_and_tree),
     cmocka_unit_test(topology_groups_and_links),
+    cmocka_unit_test(topology_groups_take_turns),
     cmocka_unit_test(topology_prefers_tp_within_host),
     cmocka_unit_test(engine_flops_match_program),
     cmocka_unit_test(search_matches_brute_force),

@@ -340,9 +340,10 @@ static ms_status call_fail(ms_comm *c, const ms_comm_call *call, ms_status st, b
                                   call->missing[i], ms_comm_world_rank(c, call->missing[i]));
         ms_fail(err, MS_ERR_TIMEOUT,
                 "%s seq %lld on communicator %s (%s backend) timed out after %lld ms; "
-                "ranks that did not arrive: %s",
+                "ranks that did not arrive: %s%s%s",
                 ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name,
-                (long long)(call->timeout_ns / 1000000), call->n_missing ? miss : "unknown");
+                (long long)(call->timeout_ns / 1000000), call->n_missing ? miss : "unknown",
+                call->note[0] ? "; " : "", call->note);
     } else {
         ms_fail_wrap(err, st, "%s seq %lld on communicator %s (%s backend)",
                      ms_coll_name(call->kind), (long long)call->seq, g, c->ops->name);

@@ -28,6 +28,9 @@ typedef struct ms_comm_call {
     /* Filled by the backend on MS_ERR_TIMEOUT: members (communicator ranks) missing. */
     int n_missing;
     int missing[64];
+    /* Filled by the backend on MS_ERR_TIMEOUT when it knows more: e.g. a host that does not
+     * answer at all. Appended to the error. */
+    char note[192];
     const char *algo;         /* set by the backend: the algorithm it used */
     const ms_p2p_op *p2p_ops; /* MS_COLL_P2P: reported to the observer */
     int n_p2p;

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 
 #include "engine/comm/comm_impl.h"
+#include "engine/comm/flight.h"
 
 bool ms_mpi_launched(void) {
     /* OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; MPICH/Hydra sets PMI_SIZE; PMIx-based
@@ -120,7 +121,11 @@ static atomic_int g_health_nonce = 0; /* numbers this process's queries */
 /* After a timeout: the grace period of a health check, the timeout itself, and the world
  * ranks this process named as stalled. ms_mpi_abort lingers on these (see linger). */
 static int64_t g_grace_ns = 0, g_timeout_ns = 0;
-static bool *g_named = NULL;              /* [g_health_size] */
+static bool *g_named = NULL; /* [g_health_size] */
+/* Each world rank's host name (gathered with the health communicator), so that a timeout can
+ * tell a host that does not answer at all (a link or the host down) from a stalled rank. */
+#define HOST_NAME_CAP 64
+static char (*g_host_of)[HOST_NAME_CAP] = NULL; /* [g_health_size] */
 static MPI_Request *g_gave_up_req = NULL; /* [g_health_size] our announcements, kept to finish */
 enum {
     TAG_QUERY = 0,        /* "are you there?", payload: the query's nonce */
@@ -292,12 +297,11 @@ static void backoff(int *spins) {
     nanosleep(&ts, NULL);
 }
 
-/* Asks the members `suspects` of m (communicator ranks) whether they are alive, waiting a
- * grace period (a quarter of the communicator's timeout, 0.1 to 5 s) or until all answered.
- * state[i]: MS_PEER_ANSWERED, else MS_PEER_GAVE_UP when suspect i announced that it gave up
- * (possibly long ago: an answer is the better evidence, hence the wait), else MS_PEER_SILENT. */
-static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *suspects, int n,
-                         ms_peer_state *state) {
+/* Asks the world ranks `world[0..n)` whether they are alive, waiting a grace period (a
+ * quarter of the call's timeout, 0.1 to 5 s) or until all answered. state[i]:
+ * MS_PEER_ANSWERED, else MS_PEER_GAVE_UP when rank i announced that it gave up (possibly long
+ * ago: an answer is the better evidence, hence the wait), else MS_PEER_SILENT. */
+static void health_check(const ms_comm_call *call, const int *world, int n, ms_peer_state *state) {
     for (int i = 0; i < n; i++) state[i] = MS_PEER_SILENT;
     if (g_health == MPI_COMM_NULL || n == 0) return;
     int64_t grace = call->timeout_ns / 4;
@@ -311,7 +315,7 @@ static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *
     int *in = xmalloc((size_t)n * sizeof *in);
     MPI_Request *req = xmalloc((size_t)n * sizeof *req);
     for (int i = 0; i < n; i++) {
-        int w = m->world_of[suspects[i]];
+        int w = world[i];
         MPI_Request sreq;
         if (MPI_Isend(nonce, 1, MPI_INT, w, TAG_QUERY, g_health, &sreq) == MPI_SUCCESS)
             MPI_Request_free(&sreq);
@@ -336,19 +340,71 @@ static void health_check(const mpi_ctx *m, const ms_comm_call *call, const int *
             MPI_Cancel(&req[i]); /* local: the wait cannot hang */
             MPI_Wait(&req[i], MPI_STATUS_IGNORE);
         }
-        if (state[i] == MS_PEER_SILENT && gave_up(m->world_of[suspects[i]]))
-            state[i] = MS_PEER_GAVE_UP;
+        if (state[i] == MS_PEER_SILENT && gave_up(world[i])) state[i] = MS_PEER_GAVE_UP;
     }
     free(in);
     free(req);
 }
 
+/* Appends world rank w to world[0..*n) unless it is there (cap 128). */
+static void add_world_rank(int *world, int *n, int w) {
+    for (int i = 0; i < *n; i++)
+        if (world[i] == w) return;
+    if (*n < 128) world[(*n)++] = w;
+}
+
+/* Adds the other ranks of world rank w's host, when it is not this rank's, to world[0..*n):
+ * queried with the suspects, so that a host none of whose ranks answers is told from one
+ * stalled rank. */
+static void add_host_ranks(int *world, int *n, int w) {
+    if (!g_host_of || !strcmp(g_host_of[w], g_host_of[g_health_rank])) return;
+    for (int v = 0; v < g_health_size; v++)
+        if (v != g_health_rank && !strcmp(g_host_of[v], g_host_of[w])) add_world_rank(world, n, v);
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* call->note: the hosts, other than this rank's, of which a named rank is and none of whose
+ * ranks answered: unreachable, a link or the host down. */
+static void name_unreachable(ms_comm_call *call, const int *world, int n,
+                             const ms_peer_state *state, const int *named, int n_named) {
+    size_t len = 0;
+    call->note[0] = '\0';
+    for (int i = 0; g_host_of && i < n_named; i++) {
+        const char *host = g_host_of[named[i]];
+        bool seen = !strcmp(host, g_host_of[g_health_rank]), silent = true;
+        for (int k = 0; k < i; k++) seen |= !strcmp(g_host_of[named[k]], host);
+        if (seen) continue; /* this rank's own host, or one already said */
+        int ranks[128], nr = 0;
+        for (int j = 0; j < n; j++) {
+            if (strcmp(g_host_of[world[j]], host)) continue;
+            silent &= state[j] == MS_PEER_SILENT;
+            ranks[nr++] = world[j];
+        }
+        if (!silent) continue;
+        /* none of them hears this rank either: ms_mpi_abort need not linger for them */
+        for (int k = 0; g_named && k < nr; k++) g_named[ranks[k]] = true;
+        qsort(ranks, (size_t)nr, sizeof *ranks, cmp_int);
+        char list[64];
+        ms_flight_format_ranks(ranks, nr, list, sizeof list);
+        len += (size_t)snprintf(call->note + len, sizeof call->note - len,
+                                "%shost %s unreachable from host %s: none of its ranks (world %s) "
+                                "answers, a link or the host is down",
+                                len ? "; " : "", host, g_host_of[g_health_rank], list);
+        if (len >= sizeof call->note) break;
+    }
+}
+
 /* Narrows the suspects of a timeout (call->missing; every peer when all_arrived, i.e. the data
- * transfer stalled after every member entered) to the ranks to name, see ms_comm_blame. */
+ * transfer stalled after every member entered) to the ranks to name, see ms_comm_blame; and
+ * names the hosts that do not answer at all (name_unreachable). */
 static void name_missing(const mpi_ctx *m, ms_comm_call *call, bool all_arrived) {
-    int suspects[64];
-    ms_peer_state state[64];
-    int n = 0;
+    int suspects[64], world[128], named[64];
+    ms_peer_state state[128];
+    int n = 0, nw = 0;
     if (all_arrived) {
         for (int p = 0; p < m->size && n < 64; p++)
             if (p != m->rank) suspects[n++] = p;
@@ -356,11 +412,16 @@ static void name_missing(const mpi_ctx *m, ms_comm_call *call, bool all_arrived)
         n = call->n_missing;
         memcpy(suspects, call->missing, sizeof(int) * (size_t)n);
     }
-    health_check(m, call, suspects, n, state);
+    for (int i = 0; i < n; i++) world[nw++] = m->world_of[suspects[i]];
+    for (int i = 0; i < n; i++) add_host_ranks(world, &nw, m->world_of[suspects[i]]);
+    health_check(call, world, nw, state);
     call->n_missing = ms_comm_blame(suspects, state, n, all_arrived, call->missing);
     if (!g_named && g_health != MPI_COMM_NULL) g_named = xcalloc((size_t)g_health_size, 1);
-    for (int i = 0; g_named && i < call->n_missing; i++)
-        g_named[m->world_of[call->missing[i]]] = true;
+    for (int i = 0; i < call->n_missing; i++) {
+        named[i] = m->world_of[call->missing[i]];
+        if (g_named) g_named[named[i]] = true;
+    }
+    name_unreachable(call, world, nw, state, named, call->n_missing);
 }
 
 /* Notice payload sent after a timeout to the peers that had not arrived: "I gave up". */
@@ -503,6 +564,29 @@ static ms_status idup(MPI_Comm src, MPI_Comm *out, int64_t deadline_ns, ms_error
     return MS_OK;
 }
 
+/* Fills g_host_of from every rank of the health communicator (a non-blocking all-gather
+ * under the deadline: a rank that never arrives times out, as in idup). */
+static ms_status gather_host_names(int64_t deadline_ns, ms_error *err) {
+    char mine[HOST_NAME_CAP] = "";
+    if (gethostname(mine, sizeof mine - 1) != 0) snprintf(mine, sizeof mine, "?");
+    char(*all)[HOST_NAME_CAP] = xcalloc((size_t)g_health_size, sizeof *all);
+    MPI_Request req;
+    int rc =
+        MPI_Iallgather(mine, HOST_NAME_CAP, MPI_CHAR, all, HOST_NAME_CAP, MPI_CHAR, g_health, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(NULL, err, rc, "MPI_Iallgather of the host names");
+    for (int spins = 0, flag = 0; !flag;) {
+        rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(NULL, err, rc, "MPI_Iallgather of the host names");
+        if (!flag && ms_now_ns() > deadline_ns)
+            return ms_fail(err, MS_ERR_TIMEOUT,
+                           "gathering the ranks' host names timed out: not every rank arrived");
+        if (!flag) backoff(&spins);
+    }
+    for (int w = 0; w < g_health_size; w++) all[w][HOST_NAME_CAP - 1] = '\0';
+    g_host_of = all;
+    return MS_OK;
+}
+
 /* Builds the context of a group whose data communicator is `comm` (taken over). */
 static ms_status ctx_create(MPI_Comm comm, int64_t deadline_ns, mpi_ctx **out, ms_error *err) {
     *out = NULL;
@@ -551,7 +635,7 @@ static void mpi_destroy(void *ctx) {
 /* --- slots ----------------------------------------------------------------------------------- */
 
 /* MPI counts are int: larger single-count operations run in chunks of this many elements. */
-#define CHUNK ((size_t)1 << 30)
+#define CHUNK         ((size_t)1 << 30)
 
 /* bf16 reductions must equal ms_reduce_bf16 bit for bit (fp32 in rank order, rounded once),
  * which a user MPI_Op cannot give: MPI reduces pairwise and would round at every step. So the
@@ -950,6 +1034,7 @@ ms_status ms_comm_mpi_create_world(ms_comm **out, ms_error *err) {
         MPI_Comm_rank(health, &g_health_rank);
         MPI_Comm_size(health, &g_health_size);
         g_health = health;
+        MS_CHECK(gather_host_names(deadline, err));
     }
     MPI_Comm data;
     MS_CHECK(idup(MPI_COMM_WORLD, &data, deadline, err));

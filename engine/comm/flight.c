@@ -25,6 +25,7 @@ struct ms_flight {
     uint64_t next; /* tickets handed out */
     atomic_bool dumped;
     char path[512]; /* of the dump, once dumped */
+    char host[64];  /* the rank's host name, read at creation (dumps are signal-safe) */
     ms_flight_entry ring[MS_FLIGHT_RING];
 };
 
@@ -172,6 +173,7 @@ ms_flight *ms_flight_for_rank(int world_rank) {
         f = xcalloc(1, sizeof *f);
         pthread_mutex_init(&f->mu, NULL);
         f->rank = world_rank;
+        if (gethostname(f->host, sizeof f->host - 1) != 0) f->host[0] = '\0';
         atomic_store(&recorders[world_rank], f);
     }
     pthread_mutex_unlock(&create_mu);
@@ -418,6 +420,7 @@ static void dump_to_fd(const ms_flight *f, const char *reason, int fd) {
     put_s(&t, "{\"flight\":1,\"rank\":");
     put_i(&t, f->rank);
     field_i(&t, "pid", getpid());
+    field_s(&t, "host", f->host);
     field_s(&t, "reason", reason);
     field_i(&t, "now_ns", ms_now_ns());
     field_i(&t, "entries", (int64_t)n);

@@ -807,34 +807,10 @@ static int ceil_log2(int n) {
     return k;
 }
 
-double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_place g, double bytes,
-                            int world, double gap_s) {
-    int n = g.n;
-    if (n <= 1 || kind == MS_COLL_SPLIT) return 0;
-    if (c->cpu && c->n_coll > 0 && !g.crosses_nodes) {
-        ms_coll_kind k =
-            kind == MS_COLL_P2P || kind == MS_COLL_BROADCAST ? MS_COLL_ALL_TO_ALL : kind;
-        const ms_coll_point *p = coll_point(c, world, n, k);
-        if (p) {
-            double factor = kind == MS_COLL_P2P || kind == MS_COLL_BROADCAST
-                                ? 1.0
-                                : ms_coll_busbw_factor(kind, n);
-            double sync = gap_s >= 0 ? ms_cluster_sync_call(c, world) +
-                                           factor * bytes * ms_cluster_sync_byte(c, world)
-                                     : 0;
-            return p->alpha + factor * bytes / p->busbw + sync;
-        }
-    }
-    ms_link l = g.crosses_nodes ? c->inter : c->intra;
-    double bw = l.bw * l.efficiency;
-    if (g.crosses_nodes) {
-        /* every member on a node drives its own NIC; never faster than the node's links */
-        double agg = bw * g.per_node, cap = c->intra.bw * c->intra.efficiency;
-        bw = agg < cap || cap <= 0 ? agg : cap; /* cap 0: the node's links unknown */
-    }
-    double a = l.latency, dn = n;
-    ms_coll_algo algo = c->algo;
-    if (g.crosses_nodes && algo == MS_ALGO_DIRECT) algo = MS_ALGO_RING; /* no shared memory */
+/* The alpha-beta time of a collective over links of latency a and bandwidth bw. */
+static double link_time(ms_coll_kind kind, int n, double a, double bytes, double bw,
+                        ms_coll_algo algo) {
+    double dn = n;
     switch (kind) {
         case MS_COLL_ALL_REDUCE: {
             double ring = 2 * (dn - 1) * a + 2 * (dn - 1) / dn * bytes / bw;
@@ -856,4 +832,49 @@ double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_pla
         default:
             return a;
     }
+}
+
+/* A group that crosses nodes: by default a node's devices_per_node / per_node groups all
+ * cross together (a gradient sync, which they enter from other collectives; devices of their
+ * own, which run their groups in lockstep), so the link carries all of them and each gets
+ * its members' share of it. Ranks that oversubscribe a cpu's cores take turns instead: a
+ * group waiting on the link yields its cores, so the others' compute between collectives
+ * (gap_s) runs while it waits. The link still carries every group's bytes, so the wait is the
+ * shared time less that compute, but never less than the group's own transfer on a free link
+ * (measured on namespace hosts, docs/multihost.md). */
+static double crossing_time(const ms_cluster *c, ms_coll_kind kind, ms_group_place g, double bytes,
+                            int world, double gap_s) {
+    ms_coll_algo algo = c->algo == MS_ALGO_DIRECT ? MS_ALGO_RING : c->algo; /* no shared memory */
+    double bw = c->inter.bw * c->inter.efficiency * g.per_node;
+    double cap = c->intra.bw * c->intra.efficiency; /* never faster than the node's links */
+    if (cap > 0 && bw > cap) bw = cap;              /* cap 0: the node's links unknown */
+    double shared = link_time(kind, g.n, c->inter.latency, bytes, bw, algo);
+    double groups = (double)c->devices_per_node / (g.per_node > 0 ? g.per_node : 1);
+    if (gap_s < 0 || ms_cluster_share(c, world) <= 1 || groups <= 1) return shared;
+    double whole = bw * groups;
+    if (cap > 0 && whole > cap) whole = cap;
+    double alone = link_time(kind, g.n, c->inter.latency, bytes, whole, algo);
+    return shared - gap_s > alone ? shared - gap_s : alone;
+}
+
+double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_place g, double bytes,
+                            int world, double gap_s) {
+    int n = g.n;
+    if (n <= 1 || kind == MS_COLL_SPLIT) return 0;
+    if (c->cpu && c->n_coll > 0 && !g.crosses_nodes) {
+        ms_coll_kind k =
+            kind == MS_COLL_P2P || kind == MS_COLL_BROADCAST ? MS_COLL_ALL_TO_ALL : kind;
+        const ms_coll_point *p = coll_point(c, world, n, k);
+        if (p) {
+            double factor = kind == MS_COLL_P2P || kind == MS_COLL_BROADCAST
+                                ? 1.0
+                                : ms_coll_busbw_factor(kind, n);
+            double sync = gap_s >= 0 ? ms_cluster_sync_call(c, world) +
+                                           factor * bytes * ms_cluster_sync_byte(c, world)
+                                     : 0;
+            return p->alpha + factor * bytes / p->busbw + sync;
+        }
+    }
+    if (g.crosses_nodes) return crossing_time(c, kind, g, bytes, world, gap_s);
+    return link_time(kind, n, c->intra.latency, bytes, c->intra.bw * c->intra.efficiency, c->algo);
 }

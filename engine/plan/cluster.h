@@ -221,7 +221,10 @@ ms_group_place ms_cluster_group(const ms_cluster *c, int n, int stride);
  * seconds of compute, which on cpu-local adds ms_cluster_sync_call and ms_cluster_sync_byte
  * per bus byte; < 0: they arrive from another collective. A group that crosses nodes is
  * priced by the inter-node link (the slowest it crosses), on cpu-local too, with a ring
- * where shared memory would have read peers directly. */
+ * where shared memory would have read peers directly; it gets its members' share of the
+ * node's link, and when ranks that oversubscribe a cpu's cores take turns at it (gap_s >= 0,
+ * ranks > cores) the compute gap_s hides under that shared time, down to the group's own
+ * transfer on a free link. */
 double ms_cluster_coll_time(const ms_cluster *c, ms_coll_kind kind, ms_group_place g, double bytes,
                             int world, double gap_s);
 

@@ -43,11 +43,23 @@ typedef struct ms_ctx {
     size_t ws_cap[4];
 } ms_ctx;
 
+/* Called, threads backend only, when rank threads are abandoned (see ms_launch_opts): err is
+ * the failure ms_launch would have returned, stuck[0..n_stuck) the ranks still running. */
+typedef void (*ms_abandon_fn)(const ms_error *err, const int *stuck, int n_stuck, void *arg);
+
 typedef struct ms_launch_opts {
     ms_backend_kind backend;
     int nranks; /* threads: how many; mpi: 0 or the expected world size */
     uint64_t seed;
     int64_t timeout_ms; /* communicator timeout; 0 = default */
+    /* Threads: a rank thread that stays stuck (asleep, in a kernel, stopped) after the others
+     * failed would keep the process alive until it wakes. Once a rank has failed and no rank
+     * has returned for abandon_after_ms, the ranks still running are abandoned: their flight
+     * recorders are dumped, on_abandon reports (it may be NULL) and the process ends with
+     * _exit(1) without joining them. 0: wait for every thread however long. */
+    int64_t abandon_after_ms;
+    ms_abandon_fn on_abandon;
+    void *abandon_arg;
 } ms_launch_opts;
 
 /* A rank's entry point. Return MS_OK or a failure with err filled. */
