@@ -350,10 +350,16 @@ void ms_flight_set_dir(const char *dir) {
     atomic_store(&dir_set, dump_dir[0] != '\0');
 }
 
+/* The first dumps of a process may come from several rank threads at once: one of them
+ * reads MS_FLIGHT_DIR into dump_dir while the others wait (never from a signal handler: those
+ * dump through dump_unlocked, which only reads). */
 const char *ms_flight_dir(void) {
     if (!atomic_load(&dir_set)) {
+        static pthread_mutex_t env_mu = PTHREAD_MUTEX_INITIALIZER;
+        pthread_mutex_lock(&env_mu);
         const char *env = getenv("MS_FLIGHT_DIR");
-        if (env && *env) ms_flight_set_dir(env);
+        if (!atomic_load(&dir_set) && env && *env) ms_flight_set_dir(env);
+        pthread_mutex_unlock(&env_mu);
     }
     return atomic_load(&dir_set) ? dump_dir : NULL;
 }
