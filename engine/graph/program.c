@@ -905,7 +905,6 @@ static ms_status alloc_memory(ms_program *p, ms_error *err) {
     /* Micro-batched, the caller binds an arena per micro-batch (ms_program_bind_arena). */
     p->arena = p->micro ? NULL : program_alloc(p, (top + 16) * sizeof(float));
     p->persist = program_alloc(p, (p->persist_floats + 16) * sizeof(float));
-    p->staging_floats = prog_staging_floats(p);
     if (p->staging_floats) p->staging = program_alloc(p, (p->staging_floats + 16) * sizeof(float));
     if ((!p->arena && !p->micro) || !p->persist || (p->staging_floats && !p->staging))
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu + %zu bytes",
@@ -1127,6 +1126,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     build_backward(p);
     if (opts && opts->bucket_mb > 0 && !p->shapes_only) plan_grad_buckets(p, opts);
     layout_memory(p);
+    p->staging_floats = prog_staging_floats(p);
     compute_costs(p);
     index_instructions(p);
     p->params = xmalloc(sizeof(int) * (size_t)g->nv);
@@ -1603,7 +1603,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
     s->activation_bytes = p->activation_floats * sizeof(float);
     s->unplanned_bytes = p->unplanned_floats * sizeof(float);
     s->param_bytes = p->persist_floats * sizeof(float);
-    s->staging_bytes = prog_staging_floats(p) * sizeof(float);
+    s->staging_bytes = p->staging_floats * sizeof(float);
     if (p->buckets) {
         s->grad_buckets = ms_gb_buckets(p->buckets);
         s->bucketed_grads = ms_gb_count(p->buckets);

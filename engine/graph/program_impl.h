@@ -126,7 +126,7 @@ struct ms_program {
     uint8_t *vdtype;       /* [nv]: each value's ms_dtype (prog_assign_dtypes) */
     bool params_dirty;     /* masters written since the last cast into the use copies */
     float *staging;        /* fp32 copies of one instruction's bf16 operands */
-    size_t staging_floats; /* the most one instruction needs */
+    size_t staging_floats; /* the most one instruction needs, set with the memory plan */
 };
 
 /* --- program_precision.c ------------------------------------------------------------------- */
