@@ -44,10 +44,9 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
 }
 
 /* --device: where the ranks train, said once (by the first process under mpirun). */
-static ms_status resolve_device(const run_opts *o, ms_error *err) {
-    ms_device_kind kind;
+static ms_status resolve_device(const run_opts *o, ms_device_kind *kind, ms_error *err) {
     char note[512];
-    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &kind, note, sizeof note, err));
+    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, kind, note, sizeof note, err));
     const char *mpi_rank = getenv("OMPI_COMM_WORLD_RANK");
     if (note[0] && (!mpi_rank || !strcmp(mpi_rank, "0"))) {
         printf("%s\n", note);
@@ -59,7 +58,8 @@ static ms_status resolve_device(const run_opts *o, ms_error *err) {
 ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err) {
     ms_job_shape job = job_shape(o, plan);
     MS_CHECK(ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err));
-    return resolve_device(o, err);
+    ms_device_kind kind;
+    return resolve_device(o, &kind, err);
 }
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
@@ -177,7 +177,10 @@ ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, m
                    : o->backend == MS_BACKEND_THREADS ? (cores / nranks > 0 ? cores / nranks : 1)
                                                       : 1;
     ms_k_blas_set_threads(per_rank);
+    ms_device_kind device;
+    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &device, NULL, 0, err));
     ms_launch_opts lo = {.backend = o->backend,
+                         .device = device,
                          .nranks = nranks,
                          .seed = o->seed,
                          .timeout_ms = (int64_t)o->timeout_s * 1000,

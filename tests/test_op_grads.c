@@ -39,7 +39,8 @@ static void run_open(op_run *r, ms_device *dev, const op_case *c) {
     if (r->def->infer(&c->a, c->n_in, c->in, r->outs, &err) != MS_OK)
         fail_msg("%s: infer: %s", c->name, err.msg);
     static const ms_placements none[MS_OP_MAX_IN];
-    r->call = (ms_op_call){.attrs = &c->a,
+    r->call = (ms_op_call){.kc = ms_kctx_host(),
+                           .attrs = &c->a,
                            .n_in = c->n_in,
                            .n_out = c->n_out,
                            .gin = c->in,

@@ -71,7 +71,8 @@ static void op_io_run(op_io *io) {
     if (def->infer(&io->a, io->n_in, io->in, &io->out, &err) != MS_OK)
         fail_msg("%s: infer: %s", def->name, err.msg);
     static const ms_placements none[MS_OP_MAX_IN];
-    ms_op_call call = {.attrs = &io->a,
+    ms_op_call call = {.kc = ms_kctx_host(),
+                       .attrs = &io->a,
                        .n_in = io->n_in,
                        .n_out = 1,
                        .gin = io->in,
@@ -475,7 +476,8 @@ static void costs_scale_with_size(void **state) {
         ms_tensor t[2][MS_OP_MAX_IN + 1];
         ms_op_call call[2];
         for (int s = 0; s < 2; s++) {
-            call[s] = (ms_op_call){.attrs = &a, .n_in = def->n_in, .n_out = 1};
+            call[s] =
+                (ms_op_call){.kc = ms_kctx_host(), .attrs = &a, .n_in = def->n_in, .n_out = 1};
             for (int i = 0; i <= def->n_in; i++) t[s][i] = new_tensor(&shapes[s], NULL, 1);
             for (int i = 0; i < def->n_in; i++) call[s].in[i] = &t[s][i];
             call[s].out[0] = &t[s][def->n_in];

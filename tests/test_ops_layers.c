@@ -52,7 +52,8 @@ static ms_status op_run(const op_io *io, float *out, int64_t *n_out, ms_error *e
     ms_device *dev = NULL;
     MS_CHECK(ms_device_cpu_create(&dev, err));
     static const ms_placements none[MS_OP_MAX_IN];
-    ms_op_call call = {.attrs = &io->a,
+    ms_op_call call = {.kc = ms_kctx_host(),
+                       .attrs = &io->a,
                        .n_in = io->n_in,
                        .n_out = 1,
                        .gin = io->gin,

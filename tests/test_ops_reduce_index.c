@@ -52,7 +52,8 @@ static void eval_open(op_eval *e, int op, const ms_op_attrs *a, int n_in, const 
     memcpy(e->gin, shapes, sizeof(ms_shape) * (size_t)n_in);
     if (e->def->infer(&e->a, n_in, e->gin, e->gout, &err) != MS_OK)
         fail_msg("%s: infer: %s", e->def->name, err.msg);
-    e->call = (ms_op_call){.attrs = &e->a,
+    e->call = (ms_op_call){.kc = ms_kctx_host(),
+                           .attrs = &e->a,
                            .n_in = n_in,
                            .n_out = e->n_out,
                            .gin = e->gin,
@@ -617,7 +618,8 @@ static void sharded_winner_rank(mt_rank *r, void *arg) {
     ms_dtensor dx;
     MT_OK(r, ms_dtensor_shard(dm, &gx, &pl, &dx, &err), &err);
     ms_op_attrs a = {.i = {2, 0}};
-    ms_op_call call = {.attrs = &a,
+    ms_op_call call = {.kc = ms_kctx_host(),
+                       .attrs = &a,
                        .n_in = 1,
                        .n_out = 1,
                        .gin = &gin,

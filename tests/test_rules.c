@@ -27,7 +27,8 @@ static void reference(mt_rank *r, const op_case *c, ms_tensor *gin, ms_tensor *g
     def->infer(&c->a, c->n_in, c->in, outs, &err);
     ms_placements none[MS_OP_MAX_IN];
     memset(none, 0, sizeof none);
-    ms_op_call call = {.attrs = &c->a,
+    ms_op_call call = {.kc = ms_kctx_host(),
+                       .attrs = &c->a,
                        .n_in = c->n_in,
                        .n_out = c->n_out,
                        .gin = c->in,

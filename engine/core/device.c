@@ -36,6 +36,62 @@ static ms_status cpu_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *er
     return MS_OK;
 }
 
+ms_status ms_box_runs(const int64_t *dst_shape, const int64_t *dst_start, const int64_t *src_shape,
+                      const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
+                      ms_box_run_fn fn, void *arg, ms_error *err) {
+    if (ndim == 0) return fn(0, 0, elt, arg, err);
+    for (int d = 0; d < ndim; d++)
+        if (len[d] == 0) return MS_OK;
+    /* Row-major strides; the innermost dim is one run. */
+    int64_t dstride[MS_DEVICE_MAX_DIMS], sstride[MS_DEVICE_MAX_DIMS], idx[MS_DEVICE_MAX_DIMS] = {0};
+    dstride[ndim - 1] = sstride[ndim - 1] = 1;
+    for (int d = ndim - 2; d >= 0; d--) {
+        dstride[d] = dstride[d + 1] * dst_shape[d + 1];
+        sstride[d] = sstride[d + 1] * src_shape[d + 1];
+    }
+    const size_t run = (size_t)len[ndim - 1] * elt;
+    for (;;) {
+        int64_t doff = 0, soff = 0;
+        for (int d = 0; d < ndim; d++) {
+            doff += (idx[d] + dst_start[d]) * dstride[d];
+            soff += (idx[d] + src_start[d]) * sstride[d];
+        }
+        MS_CHECK(fn((size_t)doff * elt, (size_t)soff * elt, run, arg, err));
+        int d = ndim - 2;
+        for (; d >= 0 && ++idx[d] == len[d]; d--) idx[d] = 0;
+        if (d < 0) return MS_OK;
+    }
+}
+
+typedef struct host_box {
+    char *dst;
+    const char *src;
+} host_box;
+
+static ms_status host_run(size_t doff, size_t soff, size_t bytes, void *arg, ms_error *err) {
+    (void)err;
+    host_box *b = arg;
+    memmove(b->dst + doff, b->src + soff, bytes);
+    return MS_OK;
+}
+
+void ms_host_copy_box(void *dst, const int64_t *dst_shape, const int64_t *dst_start,
+                      const void *src, const int64_t *src_shape, const int64_t *src_start,
+                      const int64_t *len, int ndim, size_t elt) {
+    host_box b = {dst, src};
+    (void)ms_box_runs(dst_shape, dst_start, src_shape, src_start, len, ndim, elt, host_run, &b,
+                      NULL);
+}
+
+static ms_status cpu_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape,
+                              const int64_t *dst_start, const void *src, const int64_t *src_shape,
+                              const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
+                              ms_error *err) {
+    (void)dev, (void)err;
+    ms_host_copy_box(dst, dst_shape, dst_start, src, src_shape, src_start, len, ndim, elt);
+    return MS_OK;
+}
+
 static void cpu_destroy(ms_device *dev) {
     free(dev);
 }
@@ -47,6 +103,7 @@ static const ms_device_ops cpu_ops = {
     .free = cpu_free,
     .copy = cpu_copy,
     .memset_zero = cpu_zero,
+    .copy_box = cpu_copy_box,
     .destroy = cpu_destroy,
 };
 
@@ -69,6 +126,10 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
     return ms_fail(err, MS_ERR_UNSUPPORTED,
                    "this meshscope was built without CUDA (reconfigure with -DMS_ENABLE_CUDA=ON "
                    "on a machine with the CUDA toolkit)");
+}
+
+int ms_device_cuda_count(void) {
+    return 0;
 }
 #endif
 
@@ -94,7 +155,7 @@ ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, cha
 }
 
 const char *ms_device_choice_name(ms_device_choice c) {
-    static const char *const names[] = {"cpu", "cuda", "auto"};
+    static const char *const names[] = {"cpu", "cuda", "auto", "fenced"};
     return c < MS_DEVICE_CHOICE_COUNT ? names[c] : "?";
 }
 
@@ -103,6 +164,10 @@ ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *
     *out = MS_DEVICE_CPU;
     if (note && note_len) note[0] = '\0';
     if (choice == MS_DEVICE_CHOICE_CPU) return MS_OK;
+    if (choice == MS_DEVICE_CHOICE_FENCED) {
+        *out = MS_DEVICE_FENCED;
+        return MS_OK;
+    }
     ms_error probe_err = {0};
     ms_device *gpu = NULL;
     bool usable = ms_device_cuda_create(0, &gpu, &probe_err) == MS_OK;
@@ -120,6 +185,23 @@ ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *
 }
 
 /* --- shared layer ------------------------------------------------------------------------ */
+
+ms_status ms_device_create(ms_device_kind kind, int rank, ms_device **out, ms_error *err) {
+    switch (kind) {
+        case MS_DEVICE_CPU:
+            return ms_device_cpu_create(out, err);
+        case MS_DEVICE_FENCED:
+            return ms_device_fenced_create(out, err);
+        case MS_DEVICE_CUDA: {
+            int count = ms_device_cuda_count();
+            if (count <= 0)
+                return ms_fail(err, MS_ERR_UNSUPPORTED, "rank %d: no CUDA device to bind", rank);
+            return ms_device_cuda_create(rank % count, out, err);
+        }
+        default:
+            return ms_fail(err, MS_ERR_INVALID, "device kind %d unknown", (int)kind);
+    }
+}
 
 void ms_device_destroy(ms_device *dev) {
     if (dev) dev->ops->destroy(dev);
@@ -163,4 +245,12 @@ ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbyt
 
 ms_status ms_device_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
     return dev->ops->memset_zero(dev, dst, nbytes, err);
+}
+
+ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape,
+                             const int64_t *dst_start, const void *src, const int64_t *src_shape,
+                             const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
+                             ms_error *err) {
+    return dev->ops->copy_box(dev, dst, dst_shape, dst_start, src, src_shape, src_start, len, ndim,
+                              elt, err);
 }

@@ -18,9 +18,23 @@
 
 #include "engine/core/status.h"
 
-#define MS_TENSOR_ALIGN 64 /* bytes: one cache line, and what AVX-512 loads want */
+#define MS_TENSOR_ALIGN    64 /* bytes: one cache line, and what AVX-512 loads want */
+#define MS_DEVICE_MAX_DIMS 8  /* the most dims a box copy takes (MS_MAX_DIMS of tensor.h) */
 
-typedef enum ms_device_kind { MS_DEVICE_CPU, MS_DEVICE_CUDA, MS_DEVICE_KIND_COUNT } ms_device_kind;
+/* MS_DEVICE_FENCED is the CPU with its memory fenced off from host code: its addresses carry
+ * MS_DEVICE_FENCE_TAG, which makes them non-canonical, so host code that dereferences one
+ * faults at once, while its kernels (engine/kernels/backend.h) and copies remove the tag.
+ * A GPU's memory behaves the same way towards the host, so a run on the fenced device proves,
+ * on a machine without a GPU, that the host never touches device memory outside the kernel
+ * interface and the device's copies. */
+typedef enum ms_device_kind {
+    MS_DEVICE_CPU,
+    MS_DEVICE_CUDA,
+    MS_DEVICE_FENCED,
+    MS_DEVICE_KIND_COUNT
+} ms_device_kind;
+
+#define MS_DEVICE_FENCE_TAG ((uintptr_t)1 << 62)
 
 typedef enum ms_copy_dir {
     MS_COPY_HOST_TO_DEVICE,
@@ -40,6 +54,13 @@ typedef struct ms_device_ops {
     ms_status (*copy)(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,
                       ms_error *err);
     ms_status (*memset_zero)(ms_device *dev, void *dst, size_t nbytes, ms_error *err);
+    /* Copies the box [src_start, src_start + len) of a row-major array of shape src_shape
+     * into the array of shape dst_shape at dst_start; both arrays in this device's memory,
+     * elements of `elt` bytes, `ndim` dims (0: one element). Reshards pack and unpack with it. */
+    ms_status (*copy_box)(ms_device *dev, void *dst, const int64_t *dst_shape,
+                          const int64_t *dst_start, const void *src, const int64_t *src_shape,
+                          const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
+                          ms_error *err);
     void (*destroy)(ms_device *dev);
 } ms_device_ops;
 
@@ -47,6 +68,7 @@ struct ms_device {
     const ms_device_ops *ops;
     void *impl;           /* backend state */
     int ordinal;          /* CUDA device number; 0 for the CPU */
+    uintptr_t addr_tag;   /* MS_DEVICE_FENCE_TAG on the fenced device, else 0 */
     atomic_size_t in_use; /* bytes currently allocated through this device */
     atomic_size_t peak;   /* high-water mark of in_use */
     atomic_size_t limit;  /* 0, or the most in_use may reach (ms_device_set_limit) */
@@ -55,9 +77,23 @@ struct ms_device {
 /* A CPU device. Never fails except for memory. */
 ms_status ms_device_cpu_create(ms_device **out, ms_error *err);
 
+/* A fenced CPU device (see MS_DEVICE_FENCED). Never fails except for memory. */
+ms_status ms_device_fenced_create(ms_device **out, ms_error *err);
+
+/* Host code may not dereference memory of a device that is not host-addressable. */
+static inline bool ms_device_host_addressable(const ms_device *dev) {
+    return dev->ops->kind == MS_DEVICE_CPU;
+}
+
+/* How many CUDA devices answer (0 without a driver, a GPU or a CUDA build). */
+int ms_device_cuda_count(void);
+
 /* A CUDA device for `ordinal`. Returns MS_ERR_UNSUPPORTED with a message saying why (not
  * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. */
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
+
+/* A device of `kind` for world rank `rank` (CUDA: GPU rank mod the GPUs present). */
+ms_status ms_device_create(ms_device_kind kind, int rank, ms_device **out, ms_error *err);
 
 /* The best device available: CUDA when `want_gpu` and one exists, else the CPU. When it
  * falls back, `note` (if non-NULL) receives the reason; otherwise note is set to "". */
@@ -70,10 +106,11 @@ void ms_device_destroy(ms_device *dev);
 typedef enum ms_device_choice {
     MS_DEVICE_CHOICE_CPU,
     MS_DEVICE_CHOICE_CUDA,
-    MS_DEVICE_CHOICE_AUTO, /* CUDA when it is usable for training, else the CPU */
+    MS_DEVICE_CHOICE_AUTO,   /* CUDA when it is usable for training, else the CPU */
+    MS_DEVICE_CHOICE_FENCED, /* the fenced CPU device (MS_DEVICE_FENCED), for checking */
     MS_DEVICE_CHOICE_COUNT
 } ms_device_choice;
-const char *ms_device_choice_name(ms_device_choice c); /* "cpu", "cuda", "auto" */
+const char *ms_device_choice_name(ms_device_choice c); /* "cpu", "cuda", "auto", "fenced" */
 
 /* The device kind a job trains on for `choice`, decided once before any rank starts. CUDA is
  * probed through the CUDA runtime (device 0). Training steps run on the CPU only so far: the
@@ -99,6 +136,23 @@ void ms_device_free(ms_device *dev, void *ptr, size_t nbytes);
 ms_status ms_device_copy(ms_device *dev, void *dst, const void *src, size_t nbytes, ms_copy_dir dir,
                          ms_error *err);
 ms_status ms_device_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err);
+ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape,
+                             const int64_t *dst_start, const void *src, const int64_t *src_shape,
+                             const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
+                             ms_error *err);
+
+/* Calls fn once per contiguous run of a box copy (the innermost dim): the byte offsets of the
+ * run in the destination and the source, and its bytes. Stops at the first failure. */
+typedef ms_status (*ms_box_run_fn)(size_t dst_off, size_t src_off, size_t bytes, void *arg,
+                                   ms_error *err);
+ms_status ms_box_runs(const int64_t *dst_shape, const int64_t *dst_start, const int64_t *src_shape,
+                      const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
+                      ms_box_run_fn fn, void *arg, ms_error *err);
+
+/* The box copy on host memory (the CPU backend's copy_box; ms_copy_box_f32 for any element). */
+void ms_host_copy_box(void *dst, const int64_t *dst_shape, const int64_t *dst_start,
+                      const void *src, const int64_t *src_shape, const int64_t *src_start,
+                      const int64_t *len, int ndim, size_t elt);
 
 static inline const char *ms_device_name(const ms_device *dev) {
     return dev->ops->name;

@@ -283,35 +283,8 @@ ms_status ms_tensor_init_uniform(ms_tensor *t, uint64_t seed, uint64_t tensor_id
 void ms_copy_box_f32(float *dst, const int64_t *dst_shape, const int64_t *dst_start,
                      const float *src, const int64_t *src_shape, const int64_t *src_start,
                      const int64_t *len, int ndim) {
-    if (ndim == 0) {
-        dst[0] = src[0];
-        return;
-    }
-    for (int d = 0; d < ndim; d++)
-        if (len[d] == 0) return;
-    /* Row-major strides; the innermost dim is copied as one run. */
-    int64_t dstride[MS_MAX_DIMS], sstride[MS_MAX_DIMS];
-    dstride[ndim - 1] = sstride[ndim - 1] = 1;
-    for (int d = ndim - 2; d >= 0; d--) {
-        dstride[d] = dstride[d + 1] * dst_shape[d + 1];
-        sstride[d] = sstride[d + 1] * src_shape[d + 1];
-    }
-    int64_t idx[MS_MAX_DIMS] = {0};
-    const size_t run = (size_t)len[ndim - 1] * sizeof(float);
-    for (;;) {
-        int64_t doff = 0, soff = 0;
-        for (int d = 0; d < ndim; d++) {
-            doff += (idx[d] + dst_start[d]) * dstride[d];
-            soff += (idx[d] + src_start[d]) * sstride[d];
-        }
-        memcpy(dst + doff, src + soff, run);
-        int d = ndim - 2;
-        for (; d >= 0; d--) {
-            if (++idx[d] < len[d]) break;
-            idx[d] = 0;
-        }
-        if (d < 0) break;
-    }
+    ms_host_copy_box(dst, dst_shape, dst_start, src, src_shape, src_start, len, ndim,
+                     sizeof(float));
 }
 
 char *ms_shape_str(const int64_t *shape, int ndim, char *buf, size_t len) {

@@ -42,7 +42,8 @@ static ms_status run_local(const ms_op_def *def, ms_dmesh *dm, int n_in,
                            const ms_dtensor *const *in, int n_out, ms_dtensor *out,
                            ms_eager_run *run, ms_error *err) {
     const ms_rule_choice *ch = &run->ch;
-    ms_op_call call = {.attrs = &run->attrs,
+    ms_op_call call = {.kc = ms_kctx_host(),
+                       .attrs = &run->attrs,
                        .n_in = n_in,
                        .n_out = n_out,
                        .gin = run->gin,

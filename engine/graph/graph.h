@@ -174,7 +174,7 @@ ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
  * under bf16 precision rounds the fp32 masters into the bf16 use copies (and gathers those).
  * Collective over the mesh; needs an arena (micro-batched: any bound one). */
 ms_status ms_program_param_sync(ms_program *p, ms_error *err);
-void ms_program_zero_grads(ms_program *p);
+ms_status ms_program_zero_grads(ms_program *p, ms_error *err);
 /* This rank's local buffer of input or output v in the bound arena, in v's placements
  * (pipeline transfers read and write it directly); NULL if v is neither. */
 ms_tensor *ms_program_local(ms_program *p, int v);

@@ -294,6 +294,7 @@ static void fake_call(ms_program *p, int k, ms_op_call *call, ms_tensor *tin, ms
     call->attrs = &nd->attrs;
     call->n_in = nd->n_in;
     call->n_out = nd->n_out;
+    call->kc = p->kc;
     for (int i = 0; i < nd->n_in; i++) {
         gin[i] = p->g->v[nd->in[i]].shape;
         ms_shape ls;
@@ -795,20 +796,13 @@ static int cmp_size_desc(const void *a, const void *b, void *ctx) {
  * counters (the memory the views and traces report) include them. Without a device in the
  * rank context, plain aligned memory does. */
 static void *program_alloc(ms_program *p, size_t bytes) {
-    if (p->ctx && p->ctx->device) {
-        void *x = NULL;
-        ms_error e;
-        return ms_device_alloc(p->ctx->device, bytes, &x, &e) == MS_OK ? x : NULL;
-    }
-    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void *x = NULL;
+    ms_error e;
+    return ms_device_alloc(p->dev, bytes, &x, &e) == MS_OK ? x : NULL;
 }
 
 static void program_free(ms_program *p, void *x, size_t bytes) {
-    if (!x) return;
-    if (p->ctx && p->ctx->device)
-        ms_device_free(p->ctx->device, x, bytes);
-    else
-        free(x);
+    if (x) ms_device_free(p->dev, x, bytes);
 }
 
 /* The most floats of step-lived buffers live at once, parameter gradients waiting for the
@@ -910,7 +904,7 @@ static ms_status alloc_memory(ms_program *p, ms_error *err) {
         return ms_fail(err, MS_ERR_NOMEM, "program: cannot allocate %zu + %zu + %zu bytes",
                        top * sizeof(float), p->persist_floats * sizeof(float),
                        p->staging_floats * sizeof(float));
-    memset(p->persist, 0, (p->persist_floats + 16) * sizeof(float));
+    MS_CHECK(ms_device_zero(p->dev, p->persist, (p->persist_floats + 16) * sizeof(float), err));
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
         bf->ptr = bf->persistent ? p->persist + bf->offset
@@ -1062,6 +1056,23 @@ static uint64_t name_hash(const char *s) {
     return h;
 }
 
+/* Philox values for a parameter's box, generated on the host (then moved to the device). */
+static ms_status init_normal(ms_program *p, buf *b, const gvalue *gv, const int64_t *start,
+                             ms_error *err) {
+    if (ms_device_host_addressable(p->dev))
+        return ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start, 0.0f,
+                                     gv->init.value, err);
+    ms_tensor host;
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, b->lshape.ndim, b->lshape.d, &host, err));
+    ms_status st = ms_tensor_init_normal(&host, p->seed, name_hash(gv->name), gv->shape.d, start,
+                                         0.0f, gv->init.value, err);
+    if (st == MS_OK)
+        st = ms_device_copy(p->dev, b->ptr, ms_tensor_f32(&host), sizeof(float) * (size_t)b->numel,
+                            MS_COPY_HOST_TO_DEVICE, err);
+    ms_tensor_release(&host);
+    return st;
+}
+
 static ms_status init_params(ms_program *p, ms_error *err) {
     ms_graph *g = p->g;
     for (int v = 0; v < g->nv; v++) {
@@ -1070,13 +1081,12 @@ static ms_status init_params(ms_program *p, ms_error *err) {
         ms_placements pl;
         buf *b = &p->bufs[param_home(p, v, &pl)];
         if (gv->init.kind == MS_INIT_CONST) {
-            for (int64_t i = 0; i < b->numel; i++) b->ptr[i] = gv->init.value;
+            MS_CHECK(MS_CALL_K(p->kc, fill, b->ptr, gv->init.value, b->numel, err));
             continue;
         }
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
         ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
-        MS_CHECK(ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start,
-                                       0.0f, gv->init.value, err));
+        MS_CHECK(init_normal(p, b, gv, start, err));
     }
     p->params_dirty = p->bf16;
     return MS_OK;
@@ -1135,6 +1145,20 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     return MS_OK;
 }
 
+/* Every operator must have its kernels on the device; named, with the way out, if not. */
+static ms_status check_device_ops(const ms_program *p, ms_error *err) {
+    if (p->kc->k->kind == MS_DEVICE_CPU) return MS_OK;
+    for (int k = 0; k < p->g->nn; k++) {
+        const ms_op_def *def = ms_op_get(p->g->n[k].op);
+        if (!def->runs_on || !def->runs_on(p->kc->k))
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "operator '%s' (node '%s') has no %s kernels yet; train this model "
+                           "with --device cpu",
+                           def->name, p->g->n[k].name, p->kc->k->name);
+    }
+    return MS_OK;
+}
+
 ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts *opts,
                              ms_program **out, ms_error *err) {
     *out = NULL;
@@ -1149,10 +1173,13 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     p->seed = p->draw = opts ? opts->seed : 0;
     p->member = ms_dmesh_is_member(mesh);
     p->loss_buf = -1;
+    p->dev = p->ctx->device ? p->ctx->device : ms_device_host();
     *out = p;
     if (!p->member) return MS_OK;
     ms_status st;
+    MS_CHECK_GOTO(ms_kctx_create(p->dev, &p->kc, err), st, fail);
     MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
+    MS_CHECK_GOTO(check_device_ops(p, err), st, fail);
     MS_CHECK_GOTO(alloc_memory(p, err), st, fail);
     MS_CHECK_GOTO(bind_grad_buckets(p, err), st, fail);
     MS_CHECK_GOTO(init_params(p, err), st, fail);
@@ -1178,7 +1205,9 @@ ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int 
     p->seed = p->draw = opts ? opts->seed : 0;
     p->member = true;
     p->loss_buf = -1;
+    p->dev = ms_device_host();
     ms_status st;
+    MS_CHECK_GOTO(ms_kctx_create(p->dev, &p->kc, err), st, fail);
     MS_CHECK_GOTO(ms_mesh_copy(&p->own_mesh, mesh, err), st, fail);
     p->mesh = &p->own_mesh;
     if (coords) memcpy(p->coords, coords, sizeof(int) * (size_t)mesh->ndim);
@@ -1218,6 +1247,7 @@ void ms_program_destroy(ms_program *p) {
     free(p->vdtype);
     ms_plan_cache_destroy(p->own_plans);
     ms_mesh_free(&p->own_mesh);
+    ms_kctx_destroy(p->kc);
     free(p);
 }
 
@@ -1258,6 +1288,7 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     call->n_in = nd->n_in;
     call->n_out = nd->n_out;
     call->mesh = p->dm;
+    call->kc = p->kc;
     call->seed = p->draw;
     call->batch = p->batch;
     call->eval = p->eval;
@@ -1317,9 +1348,50 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
     ms_recorder_push(p->ctx->trace.recorder, &e);
 }
 
-/* Gradient zeroing on the rank's threads (kernels/parallel.h). */
+/* Zeroing on the rank's threads (kernels/parallel.h) on the host, by the device elsewhere. */
 static void zero_range(void *arg, int64_t lo, int64_t hi) {
     memset((float *)arg + lo, 0, sizeof(float) * (size_t)(hi - lo));
+}
+
+static ms_status zero_buf(ms_program *p, const buf *b, ms_error *err) {
+    if (ms_device_host_addressable(p->dev)) {
+        ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
+        return MS_OK;
+    }
+    return ms_device_zero(p->dev, b->ptr, sizeof(float) * (size_t)b->nfloats, err);
+}
+
+/* Instructions other than kernels and reshards, through the device and its kernel table. */
+static ms_status run_data_instr(ms_program *p, const instr *in, ms_error *err) {
+    buf *d = &p->bufs[in->dst];
+    const buf *s = in->src >= 0 ? &p->bufs[in->src] : NULL;
+    switch (in->kind) {
+        case I_ZERO:
+            return zero_buf(p, d, err);
+        case I_SEED:
+            return MS_CALL_K(p->kc, fill, d->ptr, p->loss_scale, d->numel, err);
+        case I_COPY:
+            return ms_device_copy(p->dev, d->ptr, s->ptr + in->src_off,
+                                  sizeof(float) * (size_t)d->nfloats, MS_COPY_DEVICE_TO_DEVICE,
+                                  err);
+        case I_ADD:
+            if (d->dtype == MS_BF16)
+                return MS_CALL_K(p->kc, bf16_accumulate, (uint16_t *)d->ptr,
+                                 (const uint16_t *)s->ptr, d->numel, err);
+            return MS_CALL_K(p->kc, accumulate, d->ptr, s->ptr, d->numel, err);
+        case I_CAST:
+            return MS_CALL_K(p->kc, bf16_round, (uint16_t *)d->ptr, s->ptr, d->numel, err);
+        default:
+            return ms_fail(err, MS_ERR_INTERNAL, "program: instruction %d is no data move",
+                           (int)in->kind);
+    }
+}
+
+/* The loss, read back to the host after the kernels that wrote it have finished. */
+static ms_status read_loss(ms_program *p, float *loss, ms_error *err) {
+    MS_CHECK(ms_kctx_sync(p->kc, err));
+    return ms_device_copy(p->dev, loss, p->bufs[p->loss_buf].ptr, sizeof(float),
+                          MS_COPY_DEVICE_TO_HOST, err);
 }
 
 static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *err);
@@ -1355,28 +1427,11 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
                                      : run_reshard(p, in, err);
                 break;
             case I_ZERO:
-                ms_parallel_for(p->bufs[in->dst].nfloats, 1 << 16, zero_range,
-                                p->bufs[in->dst].ptr);
-                break;
             case I_SEED:
-                for (int64_t i = 0; i < p->bufs[in->dst].numel; i++)
-                    p->bufs[in->dst].ptr[i] = p->loss_scale;
-                break;
             case I_COPY:
-                memcpy(p->bufs[in->dst].ptr, p->bufs[in->src].ptr + in->src_off,
-                       sizeof(float) * (size_t)p->bufs[in->dst].nfloats);
-                break;
-            case I_ADD: {
-                buf *s = &p->bufs[in->src], *d = &p->bufs[in->dst];
-                if (d->dtype == MS_BF16)
-                    ms_k_bf16_add_inplace((uint16_t *)d->ptr, (const uint16_t *)s->ptr, d->numel);
-                else
-                    ms_k_add_backward(d->ptr, NULL, s->ptr, d->numel); /* d += s */
-                break;
-            }
+            case I_ADD:
             case I_CAST:
-                ms_k_bf16_round((uint16_t *)p->bufs[in->dst].ptr, p->bufs[in->src].ptr,
-                                p->bufs[in->dst].numel);
+                st = run_data_instr(p, in, err);
                 break;
             case I_FWD:
             case I_BWD: {
@@ -1395,12 +1450,12 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
         if (st == MS_OK && p->buckets && k < p->n_backward) st = ms_gb_after(p->buckets, k, err);
         if (st != MS_OK) return st;
     }
-    if (loss && p->loss_buf >= 0 && upto >= p->n_forward) *loss = p->bufs[p->loss_buf].ptr[0];
+    if (loss && p->loss_buf >= 0 && upto >= p->n_forward) return read_loss(p, loss, err);
     return MS_OK;
 }
 
 ms_status ms_program_step(ms_program *p, float *loss, ms_error *err) {
-    if (p->member && p->micro) ms_program_zero_grads(p);
+    if (p->member && p->micro) MS_CHECK(ms_program_zero_grads(p, err));
     return run(p, 0, p->n_sync, loss, err);
 }
 
@@ -1433,19 +1488,17 @@ void ms_program_params_written(ms_program *p) {
     if (p->member && !p->shapes_only) p->params_dirty = p->bf16;
 }
 
-void ms_program_zero_grads(ms_program *p) {
-    if (!p->member || p->shapes_only) return;
+ms_status ms_program_zero_grads(ms_program *p, ms_error *err) {
+    if (!p->member || p->shapes_only) return MS_OK;
     ms_gb_reset(p->buckets);
     for (int v = 0; v < p->g->nv; v++) {
         pvalue *pv = &p->pv[v];
         if (p->g->v[v].kind != GV_PARAM) continue;
-        buf *b = &p->bufs[pv->param_grad_buf];
-        ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
-        if (pv->has_grad && pv->gbuf != pv->param_grad_buf) {
-            b = &p->bufs[pv->gbuf];
-            ms_parallel_for(b->nfloats, 1 << 16, zero_range, b->ptr);
-        }
+        MS_CHECK(zero_buf(p, &p->bufs[pv->param_grad_buf], err));
+        if (pv->has_grad && pv->gbuf != pv->param_grad_buf)
+            MS_CHECK(zero_buf(p, &p->bufs[pv->gbuf], err));
     }
+    return MS_OK;
 }
 
 void ms_program_set_dropout(ms_program *p, bool training, uint64_t step) {
@@ -1491,20 +1544,34 @@ ms_tensor *ms_program_input_grad(ms_program *p, int v) {
     return &p->bufs[p->in_grad_buf[v]].t;
 }
 
+/* Writes the box [start, start + len) of the host array `global` (shape gshape) into buffer
+ * b: straight on the host, through a packed host copy elsewhere. */
+static ms_status write_box(ms_program *p, buf *b, const float *global, const int64_t *gshape,
+                           const int64_t *start, const int64_t *len, int ndim, ms_error *err) {
+    int64_t zero[MS_MAX_DIMS] = {0}, n = 1;
+    for (int d = 0; d < ndim; d++) n *= len[d];
+    if (ms_device_host_addressable(p->dev)) {
+        ms_copy_box_f32(b->ptr, len, zero, global, gshape, start, len, ndim);
+        return MS_OK;
+    }
+    float *packed = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+    ms_copy_box_f32(packed, len, zero, global, gshape, start, len, ndim);
+    ms_status st = ms_device_copy(p->dev, b->ptr, packed, sizeof(float) * (size_t)n,
+                                  MS_COPY_HOST_TO_DEVICE, err);
+    free(packed);
+    return st;
+}
+
 ms_status ms_program_feed(ms_program *p, int v, const float *global, ms_error *err) {
     if (!p->member) return MS_OK;
     MS_CHECK(check_runnable(p, err));
     if (v < 0 || v >= p->g->nv || p->g->v[v].kind != GV_INPUT)
         return ms_fail(err, MS_ERR_INVALID, "feed: value %d is not an input", v);
     gvalue *gv = &p->g->v[v];
-    buf *b = &p->bufs[p->pv[v].buf];
-    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
     ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
-    if (gv->shape.ndim == 0)
-        b->ptr[0] = global[0];
-    else
-        ms_copy_box_f32(b->ptr, len, zero, global, gv->shape.d, start, len, gv->shape.ndim);
-    return MS_OK;
+    return write_box(p, &p->bufs[p->pv[v].buf], global, gv->shape.d, start, len, gv->shape.ndim,
+                     err);
 }
 
 int ms_program_num_params(const ms_program *p) {
@@ -1619,14 +1686,10 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     const gvalue *gv = &p->g->v[v];
     ms_placements pl;
     buf *b = &p->bufs[param_home(p, v, &pl)];
-    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS], zero[MS_MAX_DIMS] = {0};
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
     ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
     p->params_dirty = p->bf16;
-    if (gv->shape.ndim == 0)
-        b->ptr[0] = full[0];
-    else
-        ms_copy_box_f32(b->ptr, len, zero, full, gv->shape.d, start, len, gv->shape.ndim);
-    return MS_OK;
+    return write_box(p, b, full, gv->shape.d, start, len, gv->shape.ndim, err);
 }
 
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) {

@@ -77,8 +77,10 @@ typedef struct instr {
 
 struct ms_program {
     ms_graph *g;
-    ms_dmesh *dm; /* NULL for a shapes-only program */
-    ms_ctx *ctx;  /* NULL for a shapes-only program */
+    ms_dmesh *dm;   /* NULL for a shapes-only program */
+    ms_ctx *ctx;    /* NULL for a shapes-only program */
+    ms_kctx *kc;    /* owned: the rank device's kernels (a CPU table for shapes-only programs) */
+    ms_device *dev; /* borrowed: where every buffer lives (ctx->device, or the host device) */
     const ms_mesh *mesh;
     int coords[MS_MESH_MAX_DIMS];
     struct ms_plan_cache *plans; /* the rank context's, or own_plans */

@@ -114,8 +114,8 @@ ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_e
         b->wide.storage->data = p->staging + off;
         off += padded(b->numel);
         if (set.s[i].read)
-            ms_k_bf16_widen(p->staging + off - padded(b->numel), (const uint16_t *)b->ptr,
-                            b->numel);
+            MS_CHECK(MS_CALL_K(p->kc, bf16_widen, p->staging + off - padded(b->numel),
+                               (const uint16_t *)b->ptr, b->numel, err));
     }
     const gnode *nd = &p->g->n[in->node];
     for (int i = 0; i < nd->n_in; i++) {
@@ -129,7 +129,9 @@ ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_e
     ms_status st = fwd ? def->forward(call, err) : def->backward(call, err);
     for (int i = 0; st == MS_OK && i < set.n; i++) {
         buf *b = &p->bufs[set.s[i].buf];
-        if (set.s[i].write) ms_k_bf16_round((uint16_t *)b->ptr, ms_tensor_f32(&b->wide), b->numel);
+        if (set.s[i].write)
+            st = MS_CALL_K(p->kc, bf16_round, (uint16_t *)b->ptr, ms_tensor_f32(&b->wide), b->numel,
+                           err);
     }
     return st;
 }

@@ -207,7 +207,8 @@ static ms_status accumulate(tape_val *val, ms_dtensor *g, ms_error *err) {
 static void backward_call(const ms_tape *t, tape_rec *r, ms_op_call *call) {
     ms_dmesh *dm = t->mesh;
     const ms_rule_choice *ch = &r->run.ch;
-    *call = (ms_op_call){.attrs = &r->run.attrs,
+    *call = (ms_op_call){.kc = ms_kctx_host(),
+                         .attrs = &r->run.attrs,
                          .n_in = r->n_in,
                          .n_out = r->n_out,
                          .gin = r->run.gin,

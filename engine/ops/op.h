@@ -23,6 +23,7 @@
 #include "engine/core/status.h"
 #include "engine/core/tensor.h"
 #include "engine/dist/placement.h"
+#include "engine/kernels/backend.h"
 #include "engine/kernels/kernels.h"
 
 #define MS_OP_MAX_IN    4
@@ -209,6 +210,7 @@ typedef struct ms_op_call {
     uint64_t seed;           /* dropout's key: the run seed and the training step */
     ms_k_batch_window batch; /* where the program's rows sit in the step's batch (dropout) */
     bool eval;               /* evaluation: dropout passes values through */
+    ms_kctx *kc;             /* the rank's kernels: every tensor above is in kc->dev's memory */
 } ms_op_call;
 
 typedef struct ms_op_def {
@@ -230,6 +232,10 @@ typedef struct ms_op_def {
     ms_status (*backward)(ms_op_call *call, ms_error *err);
     /* Work of the local forward (backward = true: backward) for the call's local shapes. */
     ms_k_cost (*cost)(const ms_op_call *call, bool backward);
+    /* Whether every kernel the op calls exists in table k. NULL: the op calls the CPU kernels
+     * of kernels.h directly, so it runs on host memory only (the CPU device). An op that
+     * sets it calls kernels through call->kc only, and never reads tensor memory itself. */
+    bool (*runs_on)(const ms_kernels *k);
     /* Which inputs take gradients (bit i = input i). Integer inputs (ids, targets) do not. */
     unsigned grad_inputs;
     /* Which outputs hold integers (bit o = output o: indices), kept fp32 under bf16 precision

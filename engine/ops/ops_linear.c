@@ -107,23 +107,24 @@ static ms_k_gemm matmul_gemm(const ms_op_call *call) {
 }
 
 static ms_status matmul_forward(ms_op_call *call, ms_error *err) {
-    (void)err;
     ms_k_gemm g = matmul_gemm(call);
-    ms_k_matmul_forward(&g, F(call->out[0]), F(call->in[0]), F(call->in[1]), 1.0f, 0.0f);
-    return MS_OK;
+    return MS_CALL_K(call->kc, matmul_forward, &g, F(call->out[0]), F(call->in[0]), F(call->in[1]),
+                     1.0f, 0.0f, err);
 }
 
 static ms_status matmul_backward(ms_op_call *call, ms_error *err) {
-    (void)err;
     ms_k_gemm g = matmul_gemm(call);
-    ms_k_matmul_backward(&g, F(call->din[0]), F(call->din[1]), F(call->dout[0]), F(call->in[0]),
-                         F(call->in[1]), 1.0f, true);
-    return MS_OK;
+    return MS_CALL_K(call->kc, matmul_backward, &g, F(call->din[0]), F(call->din[1]),
+                     F(call->dout[0]), F(call->in[0]), F(call->in[1]), 1.0f, true, err);
 }
 
 static ms_k_cost matmul_cost(const ms_op_call *call, bool backward) {
     ms_k_gemm g = matmul_gemm(call);
     return ms_k_matmul_cost(&g, backward, false, true, true);
+}
+
+static bool matmul_runs_on(const ms_kernels *k) {
+    return k->matmul_forward && k->matmul_backward;
 }
 
 const ms_op_def ms_op_matmul_def = {
@@ -136,6 +137,7 @@ const ms_op_def ms_op_matmul_def = {
     .forward = matmul_forward,
     .backward = matmul_backward,
     .cost = matmul_cost,
+    .runs_on = matmul_runs_on,
     .grad_inputs = 3,
 };
 
@@ -191,35 +193,36 @@ static int scale_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
 }
 
 static ms_status add_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_add_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->out[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, add_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->out[0]), e);
 }
 static ms_status add_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_add_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), N(c->dout[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, add_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]), N(c->dout[0]),
+                     e);
 }
 static ms_status mul_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_mul_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->out[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, mul_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->out[0]), e);
 }
 static ms_status mul_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_mul_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
-                      N(c->dout[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, mul_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]),
+                     F(c->in[1]), N(c->dout[0]), e);
 }
 static ms_status scale_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_scale_forward(F(c->out[0]), F(c->in[0]), c->attrs->f[0], N(c->out[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, scale_forward, F(c->out[0]), F(c->in[0]), c->attrs->f[0], N(c->out[0]),
+                     e);
 }
 static ms_status scale_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (c->din[0]) ms_k_scale_backward(F(c->din[0]), F(c->dout[0]), c->attrs->f[0], N(c->dout[0]));
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, scale_backward, F(c->din[0]), F(c->dout[0]), c->attrs->f[0],
+                     N(c->dout[0]), e);
+}
+static bool add_runs_on(const ms_kernels *k) {
+    return k->add_forward && k->add_backward;
+}
+static bool mul_runs_on(const ms_kernels *k) {
+    return k->mul_forward && k->mul_backward;
+}
+static bool scale_runs_on(const ms_kernels *k) {
+    return k->scale_forward && k->scale_backward;
 }
 static ms_k_cost add_cost(const ms_op_call *c, bool bw) {
     return ms_k_elementwise_cost(MS_K_ADD, N(c->in[0]), 0, bw);
@@ -241,6 +244,7 @@ const ms_op_def ms_op_add_def = {
     .forward = add_forward,
     .backward = add_backward,
     .cost = add_cost,
+    .runs_on = add_runs_on,
     .grad_inputs = 3,
 };
 const ms_op_def ms_op_mul_def = {
@@ -253,6 +257,7 @@ const ms_op_def ms_op_mul_def = {
     .forward = mul_forward,
     .backward = mul_backward,
     .cost = mul_cost,
+    .runs_on = mul_runs_on,
     .grad_inputs = 3,
 };
 const ms_op_def ms_op_scale_def = {
@@ -265,6 +270,7 @@ const ms_op_def ms_op_scale_def = {
     .forward = scale_forward,
     .backward = scale_backward,
     .cost = scale_cost,
+    .runs_on = scale_runs_on,
     .grad_inputs = 1,
 };
 
@@ -299,17 +305,17 @@ static int bias_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
 /* The local bias may be a box of the global one when a trailing dim is sharded; with the
  * box contiguous in the input's local layout, bias_add over [rows, numel(bias)] is exact. */
 static ms_status bias_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t nb = N(c->in[1]);
-    ms_k_bias_add_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->out[0]) / (nb ? nb : 1), nb);
-    return MS_OK;
+    return MS_CALL_K(c->kc, bias_add_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]),
+                     N(c->out[0]) / (nb ? nb : 1), nb, e);
 }
 static ms_status bias_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t nb = N(c->in[1]);
-    ms_k_bias_add_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), N(c->dout[0]) / (nb ? nb : 1),
-                           nb);
-    return MS_OK;
+    return MS_CALL_K(c->kc, bias_add_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
+                     N(c->dout[0]) / (nb ? nb : 1), nb, e);
+}
+static bool bias_runs_on(const ms_kernels *k) {
+    return k->bias_add_forward && k->bias_add_backward;
 }
 static ms_k_cost bias_cost(const ms_op_call *c, bool bw) {
     int64_t nb = N(c->in[1]);
@@ -326,5 +332,6 @@ const ms_op_def ms_op_bias_def = {
     .forward = bias_forward,
     .backward = bias_backward,
     .cost = bias_cost,
+    .runs_on = bias_runs_on,
     .grad_inputs = 3,
 };

@@ -31,14 +31,14 @@ static int gelu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
     return rows_rule(in[0].ndim, 0, n_in, c);
 }
 static ms_status gelu_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_gelu_forward(F(c->out[0]), F(c->in[0]), N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, gelu_forward, F(c->out[0]), F(c->in[0]), N(c->in[0]), e);
 }
 static ms_status gelu_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_gelu_backward(F(c->din[0]), F(c->in[0]), F(c->dout[0]), N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, gelu_backward, F(c->din[0]), F(c->in[0]), F(c->dout[0]), N(c->in[0]),
+                     e);
+}
+static bool gelu_runs_on(const ms_kernels *k) {
+    return k->gelu_forward && k->gelu_backward;
 }
 static ms_k_cost gelu_cost(const ms_op_call *c, bool bw) {
     return ms_k_elementwise_cost(MS_K_GELU, N(c->in[0]), 0, bw);
@@ -53,6 +53,7 @@ const ms_op_def ms_op_gelu_def = {
     .forward = gelu_forward,
     .backward = gelu_backward,
     .cost = gelu_cost,
+    .runs_on = gelu_runs_on,
     .grad_inputs = 1,
 };
 
@@ -82,18 +83,18 @@ static void ln_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) 
     sizes[0] = sizes[1] = N(c->in[0]) / last_dim(c->in[0]);
 }
 static ms_status ln_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t C = last_dim(c->in[0]);
-    ms_k_layernorm_forward(F(c->out[0]), F(c->saved[0]), F(c->saved[1]), F(c->in[0]), F(c->in[1]),
-                           F(c->in[2]), N(c->in[0]) / C, C, c->attrs->f[0]);
-    return MS_OK;
+    return MS_CALL_K(c->kc, layernorm_forward, F(c->out[0]), F(c->saved[0]), F(c->saved[1]),
+                     F(c->in[0]), F(c->in[1]), F(c->in[2]), N(c->in[0]) / C, C, c->attrs->f[0], e);
 }
 static ms_status ln_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t C = last_dim(c->in[0]);
-    ms_k_layernorm_backward(F(c->din[0]), F(c->din[1]), F(c->din[2]), F(c->dout[0]), F(c->in[0]),
-                            F(c->in[1]), F(c->saved[0]), F(c->saved[1]), N(c->in[0]) / C, C);
-    return MS_OK;
+    return MS_CALL_K(c->kc, layernorm_backward, F(c->din[0]), F(c->din[1]), F(c->din[2]),
+                     F(c->dout[0]), F(c->in[0]), F(c->in[1]), F(c->saved[0]), F(c->saved[1]),
+                     N(c->in[0]) / C, C, e);
+}
+static bool ln_runs_on(const ms_kernels *k) {
+    return k->layernorm_forward && k->layernorm_backward;
 }
 static ms_k_cost ln_cost(const ms_op_call *c, bool bw) {
     int64_t C = last_dim(c->in[0]);
@@ -110,6 +111,7 @@ const ms_op_def ms_op_layernorm_def = {
     .forward = ln_forward,
     .backward = ln_backward,
     .cost = ln_cost,
+    .runs_on = ln_runs_on,
     .grad_inputs = 7,
 };
 
@@ -121,17 +123,17 @@ static int softmax_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
     return rows_rule(in[0].ndim, 1, n_in, c);
 }
 static ms_status softmax_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t C = last_dim(c->in[0]);
-    ms_k_softmax_forward(F(c->out[0]), F(c->in[0]), N(c->in[0]) / C, C);
-    return MS_OK;
+    return MS_CALL_K(c->kc, softmax_forward, F(c->out[0]), F(c->in[0]), N(c->in[0]) / C, C, e);
 }
 static ms_status softmax_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t C = last_dim(c->in[0]);
     /* Backward reads the forward output, which the engine keeps alive for this op. */
-    ms_k_softmax_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), N(c->in[0]) / C, C);
-    return MS_OK;
+    return MS_CALL_K(c->kc, softmax_backward, F(c->din[0]), F(c->dout[0]), F(c->out[0]),
+                     N(c->in[0]) / C, C, e);
+}
+static bool softmax_runs_on(const ms_kernels *k) {
+    return k->softmax_forward && k->softmax_backward;
 }
 static ms_k_cost softmax_cost(const ms_op_call *c, bool bw) {
     int64_t C = last_dim(c->in[0]);
@@ -147,6 +149,7 @@ const ms_op_def ms_op_softmax_def = {
     .forward = softmax_forward,
     .backward = softmax_backward,
     .cost = softmax_cost,
+    .runs_on = softmax_runs_on,
     .grad_inputs = 1,
 };
 
@@ -193,9 +196,9 @@ static int64_t attn_local_heads(const ms_op_call *c) {
 static void attn_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
     (void)a;
     const ms_tensor *q = c->in[0];
-    int64_t b = q->shape[0], t = q->shape[1];
-    sizes[0] = b * attn_local_heads(c) * t * t;
-    sizes[1] = ms_k_attention_scratch_floats(t);
+    int64_t b = q->shape[0], t = q->shape[1], nh = attn_local_heads(c);
+    sizes[0] = c->kc->k->attention_saved_floats(b, t, q->shape[3], nh);
+    sizes[1] = c->kc->k->attention_scratch_floats(b, t, nh);
 }
 static ms_status attn_check(const ms_op_call *c, ms_error *e) {
     int64_t hs = c->gin[0].d[3] / c->attrs->i[0];
@@ -210,17 +213,19 @@ static ms_status attn_check(const ms_op_call *c, ms_error *e) {
 static ms_status attn_forward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
-    ms_k_attention_forward(F(c->out[0]), F(c->saved[0]), F(q), NULL, q->shape[0], q->shape[1],
-                           q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0);
-    return MS_OK;
+    return MS_CALL_K(c->kc, attention_forward, F(c->out[0]), F(c->saved[0]), F(q), NULL,
+                     q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
+                     c->attrs->i[1] != 0, e);
 }
 static ms_status attn_backward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
-    ms_k_attention_backward(F(c->din[0]), F(c->saved[1]), F(c->dout[0]), F(q), F(c->saved[0]),
-                            q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
-                            c->attrs->i[1] != 0);
-    return MS_OK;
+    return MS_CALL_K(c->kc, attention_backward, F(c->din[0]), F(c->saved[1]), F(c->dout[0]), F(q),
+                     F(c->saved[0]), NULL, q->shape[0], q->shape[1], q->shape[3],
+                     attn_local_heads(c), c->attrs->i[1] != 0, e);
+}
+static bool attn_runs_on(const ms_kernels *k) {
+    return k->attention_forward && k->attention_backward;
 }
 static ms_k_cost attn_cost(const ms_op_call *c, bool bw) {
     const ms_tensor *q = c->in[0];
@@ -239,6 +244,7 @@ const ms_op_def ms_op_attention_def = {
     .forward = attn_forward,
     .backward = attn_backward,
     .cost = attn_cost,
+    .runs_on = attn_runs_on,
     .grad_inputs = 1,
 };
 
@@ -268,20 +274,19 @@ static void emb_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes)
     sizes[0] = N(c->in[0]); /* ids as int32 */
 }
 static ms_status emb_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int32_t *ids = (int32_t *)F(c->saved[0]);
-    ms_op_ids_from_floats(ids, F(c->in[0]), N(c->in[0]));
+    MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, ids, F(c->in[0]), N(c->in[0]), e));
     const ms_tensor *t = c->in[1];
-    ms_k_embedding_forward(F(c->out[0]), ids, F(t), N(c->in[0]), t->shape[1], c->in_start[1][0],
-                           t->shape[0]);
-    return MS_OK;
+    return MS_CALL_K(c->kc, embedding_forward, F(c->out[0]), ids, F(t), N(c->in[0]), t->shape[1],
+                     c->in_start[1][0], t->shape[0], e);
 }
 static ms_status emb_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     const ms_tensor *t = c->in[1];
-    ms_k_embedding_backward(F(c->din[1]), (const int32_t *)F(c->saved[0]), F(c->dout[0]),
-                            N(c->in[0]), t->shape[1], c->in_start[1][0], t->shape[0]);
-    return MS_OK;
+    return MS_CALL_K(c->kc, embedding_backward, F(c->din[1]), (const int32_t *)F(c->saved[0]),
+                     F(c->dout[0]), N(c->in[0]), t->shape[1], c->in_start[1][0], t->shape[0], e);
+}
+static bool emb_runs_on(const ms_kernels *k) {
+    return k->ids_from_floats && k->embedding_forward && k->embedding_backward;
 }
 static ms_k_cost emb_cost(const ms_op_call *c, bool bw) {
     return ms_k_embedding_cost(N(c->in[0]), c->in[1]->shape[1], bw);
@@ -297,6 +302,7 @@ const ms_op_def ms_op_embedding_def = {
     .forward = emb_forward,
     .backward = emb_backward,
     .cost = emb_cost,
+    .runs_on = emb_runs_on,
     .grad_inputs = 2,
 };
 
@@ -349,25 +355,27 @@ static ms_status xent_forward(ms_op_call *c, ms_error *e) {
     int64_t rows = N(c->in[1]), vl = last_dim(lg), v0 = c->in_start[0][lg->ndim - 1];
     int32_t *tg = (int32_t *)F(c->saved[0]);
     float *gmax = F(c->saved[1]), *gsum = F(c->saved[2]), *tgt = F(c->out[0]);
-    ms_op_ids_from_floats(tg, F(c->in[1]), rows);
-    ms_k_xent_check_targets(tg, rows, c->gin[0].d[lg->ndim - 1]);
-    ms_k_xent_vp_rowmax(gmax, F(lg), rows, vl);
+    MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, tg, F(c->in[1]), rows, e));
+    if (ms_device_host_addressable(c->kc->dev)) /* debug builds: a target past the vocabulary */
+        ms_k_xent_check_targets(tg, rows, c->gin[0].d[lg->ndim - 1]);
+    MS_CHECK(MS_CALL_K(c->kc, xent_vp_rowmax, gmax, F(lg), rows, vl, e));
     MS_CHECK(vocab_all_reduce(c, gmax, rows, MS_REDUCE_MAX, e));
-    ms_k_xent_vp_sumexp(gsum, F(lg), gmax, rows, vl);
+    MS_CHECK(MS_CALL_K(c->kc, xent_vp_sumexp, gsum, F(lg), gmax, rows, vl, e));
     MS_CHECK(vocab_all_reduce(c, gsum, rows, MS_REDUCE_SUM, e));
     /* The output buffer holds the target logits until the loss overwrites them. */
-    ms_k_xent_vp_target(tgt, F(lg), tg, rows, vl, v0);
+    MS_CHECK(MS_CALL_K(c->kc, xent_vp_target, tgt, F(lg), tg, rows, vl, v0, e));
     MS_CHECK(vocab_all_reduce(c, tgt, rows, MS_REDUCE_SUM, e));
-    ms_k_xent_vp_loss(tgt, gmax, gsum, tgt, tg, rows);
-    return MS_OK;
+    return MS_CALL_K(c->kc, xent_vp_loss, tgt, gmax, gsum, tgt, tg, rows, e);
 }
 static ms_status xent_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     const ms_tensor *lg = c->in[0];
     int64_t rows = N(c->in[1]), vl = last_dim(lg), v0 = c->in_start[0][lg->ndim - 1];
-    ms_k_xent_vp_backward(F(c->din[0]), F(lg), F(c->saved[1]), F(c->saved[2]),
-                          (const int32_t *)F(c->saved[0]), F(c->dout[0]), rows, vl, v0);
-    return MS_OK;
+    return MS_CALL_K(c->kc, xent_vp_backward, F(c->din[0]), F(lg), F(c->saved[1]), F(c->saved[2]),
+                     (const int32_t *)F(c->saved[0]), F(c->dout[0]), rows, vl, v0, e);
+}
+static bool xent_runs_on(const ms_kernels *k) {
+    return k->ids_from_floats && k->xent_vp_rowmax && k->xent_vp_sumexp && k->xent_vp_target &&
+           k->xent_vp_loss && k->xent_vp_backward;
 }
 static ms_k_cost xent_cost(const ms_op_call *c, bool bw) {
     return ms_k_xent_cost(N(c->in[1]), last_dim(c->in[0]), bw);
@@ -383,6 +391,7 @@ const ms_op_def ms_op_xent_def = {
     .forward = xent_forward,
     .backward = xent_backward,
     .cost = xent_cost,
+    .runs_on = xent_runs_on,
     .grad_inputs = 1,
 };
 
@@ -394,29 +403,25 @@ static int dropout_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
     return rows_rule(in[0].ndim, 0, n_in, c);
 }
 static ms_status dropout_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     const ms_tensor *x = c->in[0];
-    if (c->eval) {
-        if (F(c->out[0]) != F(x)) memcpy(F(c->out[0]), F(x), sizeof(float) * (size_t)N(x));
-        return MS_OK;
-    }
-    ms_k_dropout_forward(F(c->out[0]), F(x), c->attrs->f[0], c->seed, (uint64_t)c->attrs->i[0],
-                         x->ndim, x->shape, c->in_start[0], c->gin[0].d, &c->batch);
-    return MS_OK;
+    if (c->eval)
+        return F(c->out[0]) == F(x)
+                   ? MS_OK
+                   : ms_device_copy(c->kc->dev, F(c->out[0]), F(x), sizeof(float) * (size_t)N(x),
+                                    MS_COPY_DEVICE_TO_DEVICE, e);
+    return MS_CALL_K(c->kc, dropout_forward, F(c->out[0]), F(x), c->attrs->f[0], c->seed,
+                     (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
+                     &c->batch, e);
 }
 static ms_status dropout_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     const ms_tensor *x = c->in[0];
-    if (c->eval) {
-        float *dx = F(c->din[0]);
-        const float *dy = F(c->dout[0]);
-        for (int64_t i = 0; i < N(x); i++) dx[i] += dy[i];
-        return MS_OK;
-    }
-    ms_k_dropout_backward(F(c->din[0]), F(c->dout[0]), c->attrs->f[0], c->seed,
-                          (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
-                          &c->batch);
-    return MS_OK;
+    if (c->eval) return MS_CALL_K(c->kc, accumulate, F(c->din[0]), F(c->dout[0]), N(x), e);
+    return MS_CALL_K(c->kc, dropout_backward, F(c->din[0]), F(c->dout[0]), c->attrs->f[0], c->seed,
+                     (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
+                     &c->batch, e);
+}
+static bool dropout_runs_on(const ms_kernels *k) {
+    return k->dropout_forward && k->dropout_backward && k->accumulate;
 }
 static ms_k_cost dropout_cost(const ms_op_call *c, bool bw) {
     return ms_k_dropout_cost(N(c->in[0]), bw);
@@ -431,5 +436,6 @@ const ms_op_def ms_op_dropout_def = {
     .forward = dropout_forward,
     .backward = dropout_backward,
     .cost = dropout_cost,
+    .runs_on = dropout_runs_on,
     .grad_inputs = 1,
 };

@@ -297,39 +297,34 @@ static float reduce_factor(const ms_op_call *c, bool mean) {
     int64_t cnt = k < 0 ? shape_numel(&c->gin[0]) : c->gin[0].d[k];
     return cnt ? 1.0f / (float)cnt : 0.0f;
 }
-static ms_status reduce_fwd(ms_op_call *c, bool mean) {
+static ms_status reduce_fwd(ms_op_call *c, bool mean, ms_error *e) {
     int64_t o, d, i;
     reduce_dims(c, &o, &d, &i);
-    ms_k_sum_forward(F(c->out[0]), F(c->in[0]), o, d, i);
+    MS_CHECK(MS_CALL_K(c->kc, sum_forward, F(c->out[0]), F(c->in[0]), o, d, i, e));
     float f = reduce_factor(c, mean);
-    if (f != 1.0f) ms_k_scale_forward(F(c->out[0]), F(c->out[0]), f, N(c->out[0]));
-    return MS_OK;
+    if (f == 1.0f) return MS_OK;
+    return MS_CALL_K(c->kc, scale_forward, F(c->out[0]), F(c->out[0]), f, N(c->out[0]), e);
 }
-static ms_status reduce_bwd(ms_op_call *c, bool mean) {
+static ms_status reduce_bwd(ms_op_call *c, bool mean, ms_error *e) {
     int64_t o, d, i;
     reduce_dims(c, &o, &d, &i);
-    float f = reduce_factor(c, mean), *dx = F(c->din[0]);
-    const float *dy = F(c->dout[0]);
-    for (int64_t a = 0; a < o; a++)
-        for (int64_t b = 0; b < d; b++)
-            for (int64_t e = 0; e < i; e++) dx[(a * d + b) * i + e] += f * dy[a * i + e];
-    return MS_OK;
+    return MS_CALL_K(c->kc, sum_backward, F(c->din[0]), F(c->dout[0]), reduce_factor(c, mean), o, d,
+                     i, e);
 }
 static ms_status sum_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    return reduce_fwd(c, false);
+    return reduce_fwd(c, false, e);
 }
 static ms_status sum_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    return reduce_bwd(c, false);
+    return reduce_bwd(c, false, e);
 }
 static ms_status mean_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    return reduce_fwd(c, true);
+    return reduce_fwd(c, true, e);
 }
 static ms_status mean_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    return reduce_bwd(c, true);
+    return reduce_bwd(c, true, e);
+}
+static bool reduce_runs_on(const ms_kernels *k) {
+    return k->sum_forward && k->sum_backward && k->scale_forward;
 }
 static ms_k_cost sum_cost(const ms_op_call *c, bool bw) {
     int64_t o, d, i;
@@ -351,6 +346,7 @@ const ms_op_def ms_op_sum_def = {
     .forward = sum_forward,
     .backward = sum_backward,
     .cost = sum_cost,
+    .runs_on = reduce_runs_on,
     .grad_inputs = 1,
 };
 const ms_op_def ms_op_mean_def = {
@@ -363,5 +359,6 @@ const ms_op_def ms_op_mean_def = {
     .forward = mean_forward,
     .backward = mean_backward,
     .cost = mean_cost,
+    .runs_on = reduce_runs_on,
     .grad_inputs = 1,
 };

@@ -38,7 +38,7 @@ static ms_status ctx_init(ms_ctx *ctx, const ms_launch_opts *opts, ms_comm *worl
     ctx->backend = opts->backend;
     ctx->seed = opts->seed;
     if (opts->timeout_ms > 0) ms_comm_set_timeout_ms(world, opts->timeout_ms);
-    MS_CHECK(ms_device_cpu_create(&ctx->device, err));
+    MS_CHECK(ms_device_create(opts->device, ctx->rank, &ctx->device, err));
     ctx->plans = ms_plan_cache_create();
     return MS_OK;
 }

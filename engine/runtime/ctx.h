@@ -49,7 +49,8 @@ typedef void (*ms_abandon_fn)(const ms_error *err, const int *stuck, int n_stuck
 
 typedef struct ms_launch_opts {
     ms_backend_kind backend;
-    int nranks; /* threads: how many; mpi: 0 or the expected world size */
+    int nranks;            /* threads: how many; mpi: 0 or the expected world size */
+    ms_device_kind device; /* each rank's device (CUDA: GPU rank mod count); 0 is the CPU */
     uint64_t seed;
     int64_t timeout_ms; /* communicator timeout; 0 = default */
     /* Threads: a rank thread that stays stuck (asleep, in a kernel, stopped) after the others

@@ -579,7 +579,7 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
     double sum = 0;
     for (int c = 0; c < st->nch; c++) {
         for (int j = 0; j < st->m; j++) st->ch[c].slot_of[j] = -1;
-        if (train) ms_program_zero_grads(st->ch[c].prog);
+        if (train) MS_CHECK(ms_program_zero_grads(st->ch[c].prog, err));
         memset(st->ch[c].holds, 0, sizeof(int) * (size_t)st->m);
     }
     ms_status rc = MS_OK;

@@ -83,6 +83,23 @@ ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n,
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
                                    int64_t n, void *stream, ms_error *err);
 
+/* The program's instructions: dst = value; bf16 <-> fp32 (ms_bf16_from_f32's rounding);
+ * acc = round(acc + x) in fp32; integer ids from their float values; x *= s. */
+ms_status ms_cu_fill(float *dst, float value, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_bf16_widen(float *out, const uint16_t *in, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_bf16_round(uint16_t *out, const float *in, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_bf16_accumulate(uint16_t *acc, const uint16_t *x, int64_t n, void *stream,
+                                ms_error *err);
+ms_status ms_cu_ids_from_floats(int32_t *out, const float *in, int64_t n, void *stream,
+                                ms_error *err);
+ms_status ms_cu_scale_inplace(float *x, int64_t n, float s, void *stream, ms_error *err);
+/* Sum over the middle dim of [O, D, I], one thread per output in a fixed order; the backward
+ * dinp += f * dout broadcast, one thread per input element. */
+ms_status ms_cu_sum_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i,
+                            void *stream, ms_error *err);
+ms_status ms_cu_sum_backward(float *dinp, const float *dout, float f, int64_t o, int64_t d,
+                             int64_t i, void *stream, ms_error *err);
+
 /* ---- LayerNorm and softmax (one block per row) ---- */
 ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                   const float *weight, const float *bias, int64_t n, int64_t c,
@@ -129,7 +146,7 @@ ms_status ms_cu_adamw_step(float *p, const float *g, float *m, float *v, size_t 
                            const ms_adamw_opts *o, int64_t t, float grad_scale, void *stream,
                            ms_error *err);
 /* fp32 master weights with a bf16 gradient: p, m, v fp32, g bf16; p16 (the bf16 copy the
- * forward reads) is rewritten from the updated p. */
+ * forward reads) is rewritten from the updated p, unless it is NULL. */
 ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *v, uint16_t *p16,
                                   size_t n, const ms_adamw_opts *o, int64_t t, float grad_scale,
                                   void *stream, ms_error *err);
@@ -138,6 +155,8 @@ ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *
 int64_t ms_cu_sumsq_scratch_doubles(int64_t n);
 ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, void *stream,
                       ms_error *err);
+ms_status ms_cu_sumsq_bf16(double *out, double *scratch, const uint16_t *x, int64_t n, void *stream,
+                           ms_error *err);
 
 /* ---- attention: tiled and fused; saves lse [B, NH, T] instead of the probabilities ---- */
 /* out: [B, T, C]   lse: [B, NH, T]   qkv: [B, T, 3C]   mask: [B, T] or NULL. HS <= 128. */

@@ -121,3 +121,54 @@ ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const floa
         if (at >= 0) atomicAdd(dtable + at, dout[i]);
     });
 }
+
+/* ---- the program's own instructions: seeds, bf16 conversions, ids ---- */
+
+ms_status ms_cu_fill(float *dst, float value, int64_t n, void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "fill", err, [=] __device__(int64_t i) { dst[i] = value; });
+}
+
+ms_status ms_cu_bf16_widen(float *out, const uint16_t *in, int64_t n, void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "bf16 widen", err,
+                      [=] __device__(int64_t i) { out[i] = ms_cu_bf16_widen(in[i]); });
+}
+
+ms_status ms_cu_bf16_round(uint16_t *out, const float *in, int64_t n, void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "bf16 round", err,
+                      [=] __device__(int64_t i) { out[i] = ms_cu_bf16_round(in[i]); });
+}
+
+ms_status ms_cu_bf16_accumulate(uint16_t *acc, const uint16_t *x, int64_t n, void *stream,
+                                ms_error *err) {
+    return ms_cu_each(n, stream, "bf16 accumulate", err, [=] __device__(int64_t i) {
+        acc[i] = ms_cu_bf16_round(ms_cu_bf16_widen(acc[i]) + ms_cu_bf16_widen(x[i]));
+    });
+}
+
+ms_status ms_cu_ids_from_floats(int32_t *out, const float *in, int64_t n, void *stream,
+                                ms_error *err) {
+    return ms_cu_each(n, stream, "ids from floats", err,
+                      [=] __device__(int64_t i) { out[i] = (int32_t)in[i]; });
+}
+
+ms_status ms_cu_scale_inplace(float *x, int64_t n, float s, void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "scale in place", err, [=] __device__(int64_t i) { x[i] *= s; });
+}
+
+ms_status ms_cu_sum_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i,
+                            void *stream, ms_error *err) {
+    return ms_cu_each(o * i, stream, "sum forward", err, [=] __device__(int64_t k) {
+        const int64_t a = k / i, e = k % i;
+        float s = 0.0f;
+        for (int64_t b = 0; b < d; b++) s += inp[(a * d + b) * i + e];
+        out[k] = s;
+    });
+}
+
+ms_status ms_cu_sum_backward(float *dinp, const float *dout, float f, int64_t o, int64_t d,
+                             int64_t i, void *stream, ms_error *err) {
+    return ms_cu_each(o * d * i, stream, "sum backward", err, [=] __device__(int64_t k) {
+        const int64_t a = k / (d * i), e = k % i;
+        dinp[k] += f * dout[a * i + e];
+    });
+}

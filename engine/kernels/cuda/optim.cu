@@ -19,6 +19,9 @@ ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *
     const ms_cu_adamw_consts k = ms_cu_adamw_prepare(o, t, grad_scale);
     const ms_bf16 *g16 = ms_cu_bf(g);
     ms_bf16 *w16 = ms_cu_bf(p16);
+    if (!w16) /* the program casts the masters into the use copies itself */
+        return ms_cu_each((int64_t)n, stream, "adamw (fp32 master, bf16 gradient)", err,
+                          [=] __device__(int64_t i) { ms_cu_adamw_elem(p, g16, m, v, i, k); });
     return ms_cu_each(
         (int64_t)n, stream, "adamw (fp32 master, bf16 gradient)", err,
         [=] __device__(int64_t i) { ms_cu_adamw_master_elem(p, g16, m, v, w16, i, k); });
@@ -28,8 +31,9 @@ int64_t ms_cu_sumsq_scratch_doubles(int64_t n) {
     return ms_cu_sumsq_chunks(n);
 }
 
-ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, void *stream,
-                      ms_error *err) {
+template <typename T>
+static ms_status sumsq(double *out, double *scratch, const T *x, int64_t n, void *stream,
+                       ms_error *err) {
     const int64_t chunks = ms_cu_sumsq_chunks(n);
     MS_CHECK(ms_cu_rows(chunks, stream, "sum of squares", err, [=] __device__(int64_t b, int l) {
         const int64_t lo = b * MS_CU_SUMSQ_CHUNK;
@@ -40,4 +44,14 @@ ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, v
     /* The chunk partials in chunk order: one thread, a few thousand additions at most. */
     return ms_cu_each(1, stream, "sum of squares (combine)", err,
                       [=] __device__(int64_t) { *out = ms_cu_sumsq_combine(scratch, chunks); });
+}
+
+ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, void *stream,
+                      ms_error *err) {
+    return sumsq(out, scratch, x, n, stream, err);
+}
+
+ms_status ms_cu_sumsq_bf16(double *out, double *scratch, const uint16_t *x, int64_t n, void *stream,
+                           ms_error *err) {
+    return sumsq(out, scratch, ms_cu_bf(x), n, stream, err);
 }

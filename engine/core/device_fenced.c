@@ -1,0 +1,81 @@
+/* device_fenced.c - the fenced CPU device: host memory behind addresses the host cannot use.
+ *
+ * Every address it hands out is the real one plus MS_DEVICE_FENCE_TAG (bit 62), which no
+ * x86-64 or AArch64 process can dereference, so a host read or write of its memory faults at
+ * the spot. Pointer arithmetic keeps the tag (offsets stay far below 2^62), and the device's
+ * copies and the fenced kernel table (engine/kernels/backend.c) remove it. Tests train on it
+ * to show that only the kernel interface and the device's copies touch device memory, as a
+ * GPU requires. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/device.h"
+#include "engine/core/xalloc.h"
+
+static void *host_of(const void *p) {
+    return p ? (void *)((uintptr_t)p - MS_DEVICE_FENCE_TAG) : NULL;
+}
+
+static ms_status fenced_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
+    (void)dev;
+    size_t rounded = (nbytes + MS_TENSOR_ALIGN - 1) / MS_TENSOR_ALIGN * MS_TENSOR_ALIGN;
+    void *p = aligned_alloc(MS_TENSOR_ALIGN, rounded ? rounded : MS_TENSOR_ALIGN);
+    if (!p) return ms_fail(err, MS_ERR_NOMEM, "fenced: cannot allocate %zu bytes", nbytes);
+    *out = (void *)((uintptr_t)p + MS_DEVICE_FENCE_TAG);
+    return MS_OK;
+}
+
+static void fenced_free(ms_device *dev, void *ptr) {
+    (void)dev;
+    free(host_of(ptr));
+}
+
+static ms_status fenced_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
+                             ms_copy_dir dir, ms_error *err) {
+    (void)dev, (void)err;
+    if (!nbytes) return MS_OK;
+    void *d = dir == MS_COPY_DEVICE_TO_HOST ? dst : host_of(dst);
+    const void *s = dir == MS_COPY_HOST_TO_DEVICE ? src : host_of(src);
+    memmove(d, s, nbytes);
+    return MS_OK;
+}
+
+static ms_status fenced_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
+    (void)dev, (void)err;
+    if (nbytes) memset(host_of(dst), 0, nbytes);
+    return MS_OK;
+}
+
+static ms_status fenced_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape,
+                                 const int64_t *dst_start, const void *src,
+                                 const int64_t *src_shape, const int64_t *src_start,
+                                 const int64_t *len, int ndim, size_t elt, ms_error *err) {
+    (void)dev, (void)err;
+    ms_host_copy_box(host_of(dst), dst_shape, dst_start, host_of(src), src_shape, src_start, len,
+                     ndim, elt);
+    return MS_OK;
+}
+
+static void fenced_destroy(ms_device *dev) {
+    free(dev);
+}
+
+static const ms_device_ops fenced_ops = {
+    .name = "fenced",
+    .kind = MS_DEVICE_FENCED,
+    .alloc = fenced_alloc,
+    .free = fenced_free,
+    .copy = fenced_copy,
+    .memset_zero = fenced_zero,
+    .copy_box = fenced_copy_box,
+    .destroy = fenced_destroy,
+};
+
+ms_status ms_device_fenced_create(ms_device **out, ms_error *err) {
+    (void)err;
+    ms_device *dev = xcalloc(1, sizeof *dev);
+    dev->ops = &fenced_ops;
+    dev->addr_tag = MS_DEVICE_FENCE_TAG;
+    *out = dev;
+    return MS_OK;
+}

@@ -1,0 +1,370 @@
+/* backend.c - the CPU and fenced kernel tables, and the kernel contexts of every backend.
+ *
+ * One set of wrappers serves both tables: each turns the addresses it is given into host
+ * addresses (H: minus kc->tag, which is 0 on the CPU) and calls the kernel of kernels.h or
+ * optim.h. The cost is a subtraction per pointer per call. */
+#include "engine/kernels/backend.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "engine/core/xalloc.h"
+
+/* The host address of a device address; NULL stays NULL (an unwanted gradient). */
+#define H(p) ((void *)((p) ? (uintptr_t)(p)-kc->tag : (uintptr_t)0))
+#define OK   (void)err, MS_OK
+
+static ms_status host_sync(ms_kctx *kc, ms_error *err) {
+    (void)kc, (void)err;
+    return MS_OK;
+}
+
+/* ---- program instructions ---- */
+static ms_status h_fill(ms_kctx *kc, float *dst, float v, int64_t n, ms_error *err) {
+    float *d = H(dst);
+    for (int64_t i = 0; i < n; i++) d[i] = v;
+    return OK;
+}
+static ms_status h_accumulate(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
+    ms_k_add_backward(H(dst), NULL, H(src), n);
+    return OK;
+}
+static ms_status h_bf16_accumulate(ms_kctx *kc, uint16_t *dst, const uint16_t *src, int64_t n,
+                                   ms_error *err) {
+    ms_k_bf16_add_inplace(H(dst), H(src), n);
+    return OK;
+}
+static ms_status h_bf16_widen(ms_kctx *kc, float *out, const uint16_t *in, int64_t n,
+                              ms_error *err) {
+    ms_k_bf16_widen(H(out), H(in), n);
+    return OK;
+}
+static ms_status h_bf16_round(ms_kctx *kc, uint16_t *out, const float *in, int64_t n,
+                              ms_error *err) {
+    ms_k_bf16_round(H(out), H(in), n);
+    return OK;
+}
+static ms_status h_ids_from_floats(ms_kctx *kc, int32_t *out, const float *in, int64_t n,
+                                   ms_error *err) {
+    int32_t *o = H(out);
+    const float *x = H(in);
+    for (int64_t i = 0; i < n; i++) o[i] = (int32_t)x[i];
+    return OK;
+}
+
+/* ---- matmul ---- */
+static ms_status h_matmul_forward(ms_kctx *kc, const ms_k_gemm *g, float *c, const float *a,
+                                  const float *b, float alpha, float beta, ms_error *err) {
+    ms_k_matmul_forward(g, H(c), H(a), H(b), alpha, beta);
+    return OK;
+}
+static ms_status h_matmul_backward(ms_kctx *kc, const ms_k_gemm *g, float *da, float *db,
+                                   const float *dc, const float *a, const float *b, float alpha,
+                                   bool accumulate, ms_error *err) {
+    ms_k_matmul_backward(g, H(da), H(db), H(dc), H(a), H(b), alpha, accumulate);
+    return OK;
+}
+
+/* ---- elementwise ---- */
+static ms_status h_add_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
+                               ms_error *err) {
+    ms_k_add_forward(H(out), H(a), H(b), n);
+    return OK;
+}
+static ms_status h_add_backward(ms_kctx *kc, float *da, float *db, const float *dout, int64_t n,
+                                ms_error *err) {
+    ms_k_add_backward(H(da), H(db), H(dout), n);
+    return OK;
+}
+static ms_status h_mul_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
+                               ms_error *err) {
+    ms_k_mul_forward(H(out), H(a), H(b), n);
+    return OK;
+}
+static ms_status h_mul_backward(ms_kctx *kc, float *da, float *db, const float *dout,
+                                const float *a, const float *b, int64_t n, ms_error *err) {
+    ms_k_mul_backward(H(da), H(db), H(dout), H(a), H(b), n);
+    return OK;
+}
+static ms_status h_scale_forward(ms_kctx *kc, float *out, const float *x, float s, int64_t n,
+                                 ms_error *err) {
+    ms_k_scale_forward(H(out), H(x), s, n);
+    return OK;
+}
+static ms_status h_scale_backward(ms_kctx *kc, float *dx, const float *dout, float s, int64_t n,
+                                  ms_error *err) {
+    ms_k_scale_backward(H(dx), H(dout), s, n);
+    return OK;
+}
+static ms_status h_bias_add_forward(ms_kctx *kc, float *out, const float *inp, const float *bias,
+                                    int64_t n, int64_t c, ms_error *err) {
+    ms_k_bias_add_forward(H(out), H(inp), H(bias), n, c);
+    return OK;
+}
+static ms_status h_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
+                                     int64_t n, int64_t c, ms_error *err) {
+    ms_k_bias_add_backward(H(dinp), H(dbias), H(dout), n, c);
+    return OK;
+}
+static ms_status h_gelu_forward(ms_kctx *kc, float *out, const float *inp, int64_t n,
+                                ms_error *err) {
+    ms_k_gelu_forward(H(out), H(inp), n);
+    return OK;
+}
+static ms_status h_gelu_backward(ms_kctx *kc, float *dinp, const float *inp, const float *dout,
+                                 int64_t n, ms_error *err) {
+    ms_k_gelu_backward(H(dinp), H(inp), H(dout), n);
+    return OK;
+}
+
+/* ---- sum ---- */
+static ms_status h_sum_forward(ms_kctx *kc, float *out, const float *inp, int64_t o, int64_t d,
+                               int64_t i, ms_error *err) {
+    ms_k_sum_forward(H(out), H(inp), o, d, i);
+    return OK;
+}
+static ms_status h_sum_backward(ms_kctx *kc, float *dinp, const float *dout, float f, int64_t o,
+                                int64_t d, int64_t i, ms_error *err) {
+    float *dx = H(dinp);
+    const float *dy = H(dout);
+    for (int64_t a = 0; a < o; a++)
+        for (int64_t b = 0; b < d; b++)
+            for (int64_t e = 0; e < i; e++) dx[(a * d + b) * i + e] += f * dy[a * i + e];
+    return OK;
+}
+
+/* ---- normalisation and softmax ---- */
+static ms_status h_layernorm_forward(ms_kctx *kc, float *out, float *mean, float *rstd,
+                                     const float *inp, const float *weight, const float *bias,
+                                     int64_t n, int64_t c, float eps, ms_error *err) {
+    ms_k_layernorm_forward(H(out), H(mean), H(rstd), H(inp), H(weight), H(bias), n, c, eps);
+    return OK;
+}
+static ms_status h_layernorm_backward(ms_kctx *kc, float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const float *inp, const float *weight,
+                                      const float *mean, const float *rstd, int64_t n, int64_t c,
+                                      ms_error *err) {
+    ms_k_layernorm_backward(H(dinp), H(dweight), H(dbias), H(dout), H(inp), H(weight), H(mean),
+                            H(rstd), n, c);
+    return OK;
+}
+static ms_status h_softmax_forward(ms_kctx *kc, float *out, const float *inp, int64_t n, int64_t c,
+                                   ms_error *err) {
+    ms_k_softmax_forward(H(out), H(inp), n, c);
+    return OK;
+}
+static ms_status h_softmax_backward(ms_kctx *kc, float *dinp, const float *dout, const float *out,
+                                    int64_t n, int64_t c, ms_error *err) {
+    ms_k_softmax_backward(H(dinp), H(dout), H(out), n, c);
+    return OK;
+}
+
+/* ---- attention: the CPU kernel saves the probabilities ---- */
+static int64_t h_attention_saved_floats(int64_t b, int64_t t, int64_t c, int64_t nh) {
+    (void)c;
+    return b * nh * t * t;
+}
+static int64_t h_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
+    (void)b, (void)nh;
+    return ms_k_attention_scratch_floats(t);
+}
+static ms_status h_attention_forward(ms_kctx *kc, float *out, float *saved, const float *qkv,
+                                     const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
+                                     bool causal, ms_error *err) {
+    ms_k_attention_forward(H(out), H(saved), H(qkv), H(mask), b, t, c, nh, causal);
+    return OK;
+}
+static ms_status h_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *saved, const float *mask,
+                                      int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                      ms_error *err) {
+    (void)mask; /* its effect is in the saved probabilities */
+    ms_k_attention_backward(H(dqkv), H(scratch), H(dout), H(qkv), H(saved), b, t, c, nh, causal);
+    return OK;
+}
+
+/* ---- embedding and cross-entropy ---- */
+static ms_status h_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids,
+                                     const float *table, int64_t n, int64_t c, int64_t v0,
+                                     int64_t vl, ms_error *err) {
+    ms_k_embedding_forward(H(out), H(ids), H(table), n, c, v0, vl);
+    return OK;
+}
+static ms_status h_embedding_backward(ms_kctx *kc, float *dtable, const int32_t *ids,
+                                      const float *dout, int64_t n, int64_t c, int64_t v0,
+                                      int64_t vl, ms_error *err) {
+    ms_k_embedding_backward(H(dtable), H(ids), H(dout), n, c, v0, vl);
+    return OK;
+}
+static ms_status h_xent_vp_rowmax(ms_kctx *kc, float *lmax, const float *logits, int64_t n,
+                                  int64_t vl, ms_error *err) {
+    ms_k_xent_vp_rowmax(H(lmax), H(logits), n, vl);
+    return OK;
+}
+static ms_status h_xent_vp_sumexp(ms_kctx *kc, float *lsum, const float *logits, const float *gmax,
+                                  int64_t n, int64_t vl, ms_error *err) {
+    ms_k_xent_vp_sumexp(H(lsum), H(logits), H(gmax), n, vl);
+    return OK;
+}
+static ms_status h_xent_vp_target(ms_kctx *kc, float *ltgt, const float *logits,
+                                  const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                  ms_error *err) {
+    ms_k_xent_vp_target(H(ltgt), H(logits), H(targets), n, vl, v0);
+    return OK;
+}
+static ms_status h_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, const float *gsum,
+                                const float *gtgt, const int32_t *targets, int64_t n,
+                                ms_error *err) {
+    ms_k_xent_vp_loss(H(losses), H(gmax), H(gsum), H(gtgt), H(targets), n);
+    return OK;
+}
+static ms_status h_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
+                                    const float *gmax, const float *gsum, const int32_t *targets,
+                                    const float *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                    ms_error *err) {
+    ms_k_xent_vp_backward(H(dlogits), H(logits), H(gmax), H(gsum), H(targets), H(dlosses), n, vl,
+                          v0);
+    return OK;
+}
+
+/* ---- dropout ---- */
+static ms_status h_dropout_forward(ms_kctx *kc, float *out, const float *inp, float p,
+                                   uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
+                                   const int64_t *gstart, const int64_t *gshape,
+                                   const ms_k_batch_window *w, ms_error *err) {
+    ms_k_dropout_forward(H(out), H(inp), p, seed, stream, ndim, lshape, gstart, gshape, w);
+    return OK;
+}
+static ms_status h_dropout_backward(ms_kctx *kc, float *dinp, const float *dout, float p,
+                                    uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
+                                    const int64_t *gstart, const int64_t *gshape,
+                                    const ms_k_batch_window *w, ms_error *err) {
+    ms_k_dropout_backward(H(dinp), H(dout), p, seed, stream, ndim, lshape, gstart, gshape, w);
+    return OK;
+}
+
+/* ---- optimizer ---- */
+static ms_status h_adamw_step(ms_kctx *kc, float *p, const float *g, float *m, float *v, size_t n,
+                              const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+    return ms_adamw_step_scaled(H(p), H(g), H(m), H(v), n, o, t, grad_scale, err);
+}
+static ms_status h_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g, float *m,
+                                        float *v, size_t n, const ms_adamw_opts *o, int64_t t,
+                                        float grad_scale, ms_error *err) {
+    return ms_adamw_step_bf16_grad(H(p), H(g), H(m), H(v), n, o, t, grad_scale, err);
+}
+static ms_status h_sumsq(ms_kctx *kc, double *host_out, const float *x, size_t n, ms_error *err) {
+    *host_out = ms_sumsq_f32(H(x), n);
+    return OK;
+}
+static ms_status h_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, size_t n,
+                              ms_error *err) {
+    *host_out = ms_sumsq_bf16(H(x), n);
+    return OK;
+}
+static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
+    ms_scale_f32(H(x), n, s);
+    return OK;
+}
+
+#define HOST_SLOTS                                                                                 \
+    .sync = host_sync, .fill = h_fill, .accumulate = h_accumulate,                                 \
+    .bf16_accumulate = h_bf16_accumulate, .bf16_widen = h_bf16_widen, .bf16_round = h_bf16_round,  \
+    .ids_from_floats = h_ids_from_floats, .matmul_forward = h_matmul_forward,                      \
+    .matmul_backward = h_matmul_backward, .add_forward = h_add_forward,                            \
+    .add_backward = h_add_backward, .mul_forward = h_mul_forward, .mul_backward = h_mul_backward,  \
+    .scale_forward = h_scale_forward, .scale_backward = h_scale_backward,                          \
+    .bias_add_forward = h_bias_add_forward, .bias_add_backward = h_bias_add_backward,              \
+    .gelu_forward = h_gelu_forward, .gelu_backward = h_gelu_backward,                              \
+    .sum_forward = h_sum_forward, .sum_backward = h_sum_backward,                                  \
+    .layernorm_forward = h_layernorm_forward, .layernorm_backward = h_layernorm_backward,          \
+    .softmax_forward = h_softmax_forward, .softmax_backward = h_softmax_backward,                  \
+    .attention_saved_floats = h_attention_saved_floats,                                            \
+    .attention_scratch_floats = h_attention_scratch_floats,                                        \
+    .attention_forward = h_attention_forward, .attention_backward = h_attention_backward,          \
+    .embedding_forward = h_embedding_forward, .embedding_backward = h_embedding_backward,          \
+    .xent_vp_rowmax = h_xent_vp_rowmax, .xent_vp_sumexp = h_xent_vp_sumexp,                        \
+    .xent_vp_target = h_xent_vp_target, .xent_vp_loss = h_xent_vp_loss,                            \
+    .xent_vp_backward = h_xent_vp_backward, .dropout_forward = h_dropout_forward,                  \
+    .dropout_backward = h_dropout_backward, .adamw_step = h_adamw_step,                            \
+    .adamw_step_bf16_grad = h_adamw_step_bf16_grad, .sumsq = h_sumsq, .sumsq_bf16 = h_sumsq_bf16,  \
+    .scale_inplace = h_scale_inplace
+
+static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
+static const ms_kernels fenced_kernels = {.name = "fenced", .kind = MS_DEVICE_FENCED, HOST_SLOTS};
+
+/* The CUDA table and its context (kernels/cuda/backend_cuda.c), when CUDA is built. */
+#ifdef MS_HAVE_CUDA
+const ms_kernels *ms_kernels_cuda_table(void);
+ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err);
+void ms_kctx_cuda_fini(ms_kctx *kc);
+#else
+static const ms_kernels *ms_kernels_cuda_table(void) {
+    return NULL;
+}
+static ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
+    (void)kc;
+    return ms_fail(err, MS_ERR_UNSUPPORTED, "CUDA is not built");
+}
+static void ms_kctx_cuda_fini(ms_kctx *kc) {
+    (void)kc;
+}
+#endif
+
+const ms_kernels *ms_kernels_for(ms_device_kind kind) {
+    switch (kind) {
+        case MS_DEVICE_CPU:
+            return &cpu_kernels;
+        case MS_DEVICE_FENCED:
+            return &fenced_kernels;
+        case MS_DEVICE_CUDA:
+            return ms_kernels_cuda_table();
+        default:
+            return NULL;
+    }
+}
+
+ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err) {
+    *out = NULL;
+    const ms_kernels *k = ms_kernels_for(dev->ops->kind);
+    if (!k)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "no kernels for device '%s' in this build (configure with "
+                       "-DMS_ENABLE_CUDA=ON on a machine with the CUDA toolkit)",
+                       ms_device_name(dev));
+    ms_kctx *kc = xcalloc(1, sizeof *kc);
+    kc->k = k;
+    kc->dev = dev;
+    kc->tag = dev->addr_tag;
+    if (dev->ops->kind == MS_DEVICE_CUDA) {
+        ms_status st = ms_kctx_cuda_init(kc, err);
+        if (st != MS_OK) {
+            free(kc);
+            return st;
+        }
+    }
+    *out = kc;
+    return MS_OK;
+}
+
+void ms_kctx_destroy(ms_kctx *kc) {
+    if (!kc) return;
+    if (kc->dev->ops->kind == MS_DEVICE_CUDA) ms_kctx_cuda_fini(kc);
+    free(kc);
+}
+
+static ms_kctx host_kctx = {.k = &cpu_kernels};
+static pthread_once_t host_kctx_once = PTHREAD_ONCE_INIT;
+
+static void host_kctx_init(void) {
+    host_kctx.dev = ms_device_host();
+}
+
+ms_kctx *ms_kctx_host(void) {
+    pthread_once(&host_kctx_once, host_kctx_init);
+    return &host_kctx;
+}
+
+ms_status ms_kctx_sync(ms_kctx *kc, ms_error *err) {
+    return kc->k->sync(kc, err);
+}

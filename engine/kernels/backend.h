@@ -1,0 +1,155 @@
+/* backend.h - the kernel interface per device: one table of kernels for each device kind.
+ *
+ * The program, the operators and the optimizer call every kernel through a table, as ggml's
+ * backends do, and never dereference a tensor's memory themselves: on a GPU that memory is
+ * not the host's. Three tables exist:
+ *   - cpu:    the kernels of kernels.h and optim.h, on host memory;
+ *   - fenced: the same kernels on the fenced device's memory (core/device.h), removing the
+ *             address tag on the way in. Training on it proves on any machine that nothing
+ *             else touches device memory;
+ *   - cuda:   engine/kernels/cuda (cuBLAS GEMMs and the kernels of cuda_kernels.h), on one
+ *             stream per rank (built with CUDA only).
+ *
+ * Every slot has the argument order and the semantics of the CPU kernel it is named after
+ * (shapes in kernels.h; backward kernels accumulate, forward kernels overwrite) and returns a
+ * status: a GPU launch can fail. A NULL slot is a kernel the backend does not have yet; an
+ * operator says which slots it needs (ms_op_def.runs_on) so the program refuses, when it is
+ * compiled, a graph that the device cannot run, naming the operator.
+ *
+ * Ownership: tables are static. A kernel context (ms_kctx) is created per rank and device
+ * and destroyed by its creator; it borrows the device.
+ */
+#ifndef MS_KERNEL_BACKEND_H
+#define MS_KERNEL_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/device.h"
+#include "engine/core/status.h"
+#include "engine/kernels/kernels.h"
+#include "engine/optim/optim.h"
+
+typedef struct ms_kernels ms_kernels;
+
+/* A rank's handle on its device's kernels. */
+typedef struct ms_kctx {
+    const ms_kernels *k;
+    ms_device *dev; /* borrowed */
+    uintptr_t tag;  /* dev->addr_tag: subtracted from addresses by the fenced table */
+    void *impl;     /* the backend's state (CUDA: stream and cuBLAS handle); NULL on the CPU */
+} ms_kctx;
+
+/* The context for `dev`'s kind. MS_ERR_UNSUPPORTED when this build has no kernels for it
+ * (CUDA not built). */
+ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err);
+void ms_kctx_destroy(ms_kctx *kc); /* NULL is a no-op */
+/* The CPU kernels on host memory (ms_device_host()), for code that works on host tensors
+ * outside any rank's program: eager mode, tests. Process-wide; never destroyed. */
+ms_kctx *ms_kctx_host(void);
+/* Waits until every kernel enqueued on kc has finished (a no-op on the CPU). */
+ms_status ms_kctx_sync(ms_kctx *kc, ms_error *err);
+
+#define MS_KSLOT(name, ...) ms_status (*name)(ms_kctx * kc, __VA_ARGS__, ms_error * err)
+
+struct ms_kernels {
+    const char *name;
+    ms_device_kind kind;
+    ms_status (*sync)(ms_kctx *kc, ms_error *err);
+
+    /* ---- program instructions: seeds, accumulation, precision ---- */
+    MS_KSLOT(fill, float *dst, float value, int64_t n);
+    MS_KSLOT(accumulate, float *dst, const float *src, int64_t n); /* dst += src */
+    MS_KSLOT(bf16_accumulate, uint16_t *dst, const uint16_t *src, int64_t n);
+    MS_KSLOT(bf16_widen, float *out, const uint16_t *in, int64_t n);
+    MS_KSLOT(bf16_round, uint16_t *out, const float *in, int64_t n);
+    MS_KSLOT(ids_from_floats, int32_t *out, const float *in, int64_t n);
+
+    /* ---- matmul ---- */
+    MS_KSLOT(matmul_forward, const ms_k_gemm *g, float *c, const float *a, const float *b,
+             float alpha, float beta);
+    MS_KSLOT(matmul_backward, const ms_k_gemm *g, float *da, float *db, const float *dc,
+             const float *a, const float *b, float alpha, bool accumulate);
+
+    /* ---- elementwise ---- */
+    MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);
+    MS_KSLOT(add_backward, float *da, float *db, const float *dout, int64_t n);
+    MS_KSLOT(mul_forward, float *out, const float *a, const float *b, int64_t n);
+    MS_KSLOT(mul_backward, float *da, float *db, const float *dout, const float *a, const float *b,
+             int64_t n);
+    MS_KSLOT(scale_forward, float *out, const float *x, float s, int64_t n);
+    MS_KSLOT(scale_backward, float *dx, const float *dout, float s, int64_t n);
+    MS_KSLOT(bias_add_forward, float *out, const float *inp, const float *bias, int64_t n,
+             int64_t c);
+    MS_KSLOT(bias_add_backward, float *dinp, float *dbias, const float *dout, int64_t n, int64_t c);
+    MS_KSLOT(gelu_forward, float *out, const float *inp, int64_t n);
+    MS_KSLOT(gelu_backward, float *dinp, const float *inp, const float *dout, int64_t n);
+
+    /* ---- sum over the middle dim of [O, D, I] (kernels.h); backward: dinp += f * dout ---- */
+    MS_KSLOT(sum_forward, float *out, const float *inp, int64_t o, int64_t d, int64_t i);
+    MS_KSLOT(sum_backward, float *dinp, const float *dout, float f, int64_t o, int64_t d,
+             int64_t i);
+
+    /* ---- normalisation and softmax ---- */
+    MS_KSLOT(layernorm_forward, float *out, float *mean, float *rstd, const float *inp,
+             const float *weight, const float *bias, int64_t n, int64_t c, float eps);
+    MS_KSLOT(layernorm_backward, float *dinp, float *dweight, float *dbias, const float *dout,
+             const float *inp, const float *weight, const float *mean, const float *rstd, int64_t n,
+             int64_t c);
+    MS_KSLOT(softmax_forward, float *out, const float *inp, int64_t n, int64_t c);
+    MS_KSLOT(softmax_backward, float *dinp, const float *dout, const float *out, int64_t n,
+             int64_t c);
+
+    /* ---- attention: the forward saves what its backward reads (the CPU: the probabilities
+     * [B, NH, T, T]; CUDA: the log-sum-exps and the output), sized by attention_saved_floats;
+     * the backward's working memory is attention_scratch_floats. */
+    int64_t (*attention_saved_floats)(int64_t b, int64_t t, int64_t c, int64_t nh);
+    int64_t (*attention_scratch_floats)(int64_t b, int64_t t, int64_t nh);
+    MS_KSLOT(attention_forward, float *out, float *saved, const float *qkv, const float *mask,
+             int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
+    MS_KSLOT(attention_backward, float *dqkv, float *scratch, const float *dout, const float *qkv,
+             const float *saved, const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
+             bool causal);
+
+    /* ---- embedding and the vocab-parallel cross-entropy ---- */
+    MS_KSLOT(embedding_forward, float *out, const int32_t *ids, const float *table, int64_t n,
+             int64_t c, int64_t v0, int64_t vl);
+    MS_KSLOT(embedding_backward, float *dtable, const int32_t *ids, const float *dout, int64_t n,
+             int64_t c, int64_t v0, int64_t vl);
+    MS_KSLOT(xent_vp_rowmax, float *lmax, const float *logits, int64_t n, int64_t vl);
+    MS_KSLOT(xent_vp_sumexp, float *lsum, const float *logits, const float *gmax, int64_t n,
+             int64_t vl);
+    MS_KSLOT(xent_vp_target, float *ltgt, const float *logits, const int32_t *targets, int64_t n,
+             int64_t vl, int64_t v0);
+    MS_KSLOT(xent_vp_loss, float *losses, const float *gmax, const float *gsum, const float *gtgt,
+             const int32_t *targets, int64_t n);
+    MS_KSLOT(xent_vp_backward, float *dlogits, const float *logits, const float *gmax,
+             const float *gsum, const int32_t *targets, const float *dlosses, int64_t n, int64_t vl,
+             int64_t v0);
+
+    /* ---- dropout (Philox on global indices, kernels.h) ---- */
+    MS_KSLOT(dropout_forward, float *out, const float *inp, float p, uint64_t seed, uint64_t stream,
+             int ndim, const int64_t *lshape, const int64_t *gstart, const int64_t *gshape,
+             const ms_k_batch_window *w);
+    MS_KSLOT(dropout_backward, float *dinp, const float *dout, float p, uint64_t seed,
+             uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
+             const int64_t *gshape, const ms_k_batch_window *w);
+
+    /* ---- optimizer (optim.h): the sums of squares land on the host ---- */
+    MS_KSLOT(adamw_step, float *p, const float *g, float *m, float *v, size_t n,
+             const ms_adamw_opts *o, int64_t t, float grad_scale);
+    MS_KSLOT(adamw_step_bf16_grad, float *p, const uint16_t *g, float *m, float *v, size_t n,
+             const ms_adamw_opts *o, int64_t t, float grad_scale);
+    MS_KSLOT(sumsq, double *host_out, const float *x, size_t n);
+    MS_KSLOT(sumsq_bf16, double *host_out, const uint16_t *x, size_t n);
+    MS_KSLOT(scale_inplace, float *x, size_t n, float s);
+};
+
+/* The tables. ms_kernels_cuda is NULL when CUDA is not built. */
+const ms_kernels *ms_kernels_for(ms_device_kind kind);
+
+/* Calls slot `fn` of kc's table: MS_CALL_K(kc, gelu_forward, out, inp, n, err). */
+#define MS_CALL_K(kc, fn, ...) ((kc)->k->fn((kc), __VA_ARGS__))
+
+#endif

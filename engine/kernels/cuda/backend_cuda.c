@@ -1,0 +1,334 @@
+/* backend_cuda.c - the CUDA kernel table (built with CUDA only): engine/kernels/cuda's
+ * launchers on the rank's own stream, cuBLAS for the GEMMs.
+ *
+ * Every kernel is enqueued and returns at once on the rank's stream, a blocking one, so the
+ * device's copies (core/device_cuda.c, on the legacy default stream) wait for the kernels
+ * before them and the kernels after them wait for the copies. Not verified on a GPU
+ * yet: the arithmetic of each kernel is host-tested (tests/test_cuda_host.cu), the launches
+ * and this table run only where a GPU exists. */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+
+#include "engine/core/xalloc.h"
+#include "engine/kernels/backend.h"
+#include "engine/kernels/cuda/cuda_kernels.h"
+
+/* Defined here, declared by backend.c (the one caller). */
+const ms_kernels *ms_kernels_cuda_table(void);
+ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err);
+void ms_kctx_cuda_fini(ms_kctx *kc);
+
+typedef struct cuda_kctx {
+    cudaStream_t stream;
+    ms_cu_ctx *cu;
+    double *sumsq_scratch; /* device: partial sums, grown on demand, then the result */
+    int64_t sumsq_cap;
+} cuda_kctx;
+
+#define CU(kc)     ((cuda_kctx *)(kc)->impl)
+#define STREAM(kc) ((void *)CU(kc)->stream)
+
+static ms_status cuda_failed(cudaError_t e, const char *what, ms_error *err) {
+    if (e == cudaSuccess) return MS_OK;
+    return ms_fail(err, MS_ERR_INTERNAL, "cuda: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
+    cuda_kctx *x = xcalloc(1, sizeof *x);
+    kc->impl = x;
+    ms_status st = cuda_failed(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
+    if (st == MS_OK)
+        /* A blocking stream: the device's copies (core/device_cuda.c, on the legacy default
+         * stream) are ordered with its kernels both ways. */
+        st = cuda_failed(cudaStreamCreate(&x->stream), "cudaStreamCreate", err);
+    if (st == MS_OK) st = ms_cu_ctx_create(kc->dev->ordinal, x->stream, &x->cu, err);
+    if (st != MS_OK) ms_kctx_cuda_fini(kc);
+    return st;
+}
+
+void ms_kctx_cuda_fini(ms_kctx *kc) {
+    cuda_kctx *x = CU(kc);
+    if (!x) return;
+    ms_cu_ctx_destroy(x->cu);
+    if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
+    if (x->stream) cudaStreamDestroy(x->stream);
+    free(x);
+    kc->impl = NULL;
+}
+
+static ms_status c_sync(ms_kctx *kc, ms_error *err) {
+    return cuda_failed(cudaStreamSynchronize(CU(kc)->stream), "cudaStreamSynchronize", err);
+}
+
+/* ---- program instructions ---- */
+static ms_status c_fill(ms_kctx *kc, float *dst, float v, int64_t n, ms_error *err) {
+    return ms_cu_fill(dst, v, n, STREAM(kc), err);
+}
+static ms_status c_accumulate(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
+    return ms_cu_add_backward(dst, NULL, src, n, STREAM(kc), err);
+}
+static ms_status c_bf16_accumulate(ms_kctx *kc, uint16_t *dst, const uint16_t *src, int64_t n,
+                                   ms_error *err) {
+    return ms_cu_bf16_accumulate(dst, src, n, STREAM(kc), err);
+}
+static ms_status c_bf16_widen(ms_kctx *kc, float *out, const uint16_t *in, int64_t n,
+                              ms_error *err) {
+    return ms_cu_bf16_widen(out, in, n, STREAM(kc), err);
+}
+static ms_status c_bf16_round(ms_kctx *kc, uint16_t *out, const float *in, int64_t n,
+                              ms_error *err) {
+    return ms_cu_bf16_round(out, in, n, STREAM(kc), err);
+}
+static ms_status c_ids_from_floats(ms_kctx *kc, int32_t *out, const float *in, int64_t n,
+                                   ms_error *err) {
+    return ms_cu_ids_from_floats(out, in, n, STREAM(kc), err);
+}
+
+/* ---- matmul (cuBLAS, fp32) ---- */
+static ms_status c_matmul_forward(ms_kctx *kc, const ms_k_gemm *g, float *c, const float *a,
+                                  const float *b, float alpha, float beta, ms_error *err) {
+    return ms_cu_matmul_forward(CU(kc)->cu, g, c, MS_CU_F32, a, b, MS_CU_F32, alpha, beta, err);
+}
+static ms_status c_matmul_backward(ms_kctx *kc, const ms_k_gemm *g, float *da, float *db,
+                                   const float *dc, const float *a, const float *b, float alpha,
+                                   bool accumulate, ms_error *err) {
+    return ms_cu_matmul_backward(CU(kc)->cu, g, da, db, MS_CU_F32, dc, a, b, MS_CU_F32, alpha,
+                                 accumulate, err);
+}
+
+/* ---- elementwise ---- */
+static ms_status c_add_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
+                               ms_error *err) {
+    return ms_cu_add_forward(out, a, b, n, STREAM(kc), err);
+}
+static ms_status c_add_backward(ms_kctx *kc, float *da, float *db, const float *dout, int64_t n,
+                                ms_error *err) {
+    return ms_cu_add_backward(da, db, dout, n, STREAM(kc), err);
+}
+static ms_status c_mul_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
+                               ms_error *err) {
+    return ms_cu_mul_forward(out, a, b, n, STREAM(kc), err);
+}
+static ms_status c_mul_backward(ms_kctx *kc, float *da, float *db, const float *dout,
+                                const float *a, const float *b, int64_t n, ms_error *err) {
+    return ms_cu_mul_backward(da, db, dout, a, b, n, STREAM(kc), err);
+}
+static ms_status c_scale_forward(ms_kctx *kc, float *out, const float *x, float s, int64_t n,
+                                 ms_error *err) {
+    return ms_cu_scale_forward(out, x, s, n, STREAM(kc), err);
+}
+static ms_status c_scale_backward(ms_kctx *kc, float *dx, const float *dout, float s, int64_t n,
+                                  ms_error *err) {
+    return ms_cu_scale_backward(dx, dout, s, n, STREAM(kc), err);
+}
+static ms_status c_bias_add_forward(ms_kctx *kc, float *out, const float *inp, const float *bias,
+                                    int64_t n, int64_t c, ms_error *err) {
+    return ms_cu_bias_add_forward(out, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
+                                     int64_t n, int64_t c, ms_error *err) {
+    return ms_cu_bias_add_backward(dinp, dbias, dout, n, c, STREAM(kc), err);
+}
+static ms_status c_gelu_forward(ms_kctx *kc, float *out, const float *inp, int64_t n,
+                                ms_error *err) {
+    return ms_cu_gelu_forward(out, inp, n, STREAM(kc), err);
+}
+static ms_status c_gelu_backward(ms_kctx *kc, float *dinp, const float *inp, const float *dout,
+                                 int64_t n, ms_error *err) {
+    return ms_cu_gelu_backward(dinp, inp, dout, n, STREAM(kc), err);
+}
+
+/* ---- sum ---- */
+static ms_status c_sum_forward(ms_kctx *kc, float *out, const float *inp, int64_t o, int64_t d,
+                               int64_t i, ms_error *err) {
+    return ms_cu_sum_forward(out, inp, o, d, i, STREAM(kc), err);
+}
+static ms_status c_sum_backward(ms_kctx *kc, float *dinp, const float *dout, float f, int64_t o,
+                                int64_t d, int64_t i, ms_error *err) {
+    return ms_cu_sum_backward(dinp, dout, f, o, d, i, STREAM(kc), err);
+}
+
+/* ---- normalisation and softmax ---- */
+static ms_status c_layernorm_forward(ms_kctx *kc, float *out, float *mean, float *rstd,
+                                     const float *inp, const float *weight, const float *bias,
+                                     int64_t n, int64_t c, float eps, ms_error *err) {
+    return ms_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, n, c, eps, STREAM(kc), err);
+}
+static ms_status c_layernorm_backward(ms_kctx *kc, float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const float *inp, const float *weight,
+                                      const float *mean, const float *rstd, int64_t n, int64_t c,
+                                      ms_error *err) {
+    return ms_cu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+                                    STREAM(kc), err);
+}
+static ms_status c_softmax_forward(ms_kctx *kc, float *out, const float *inp, int64_t n, int64_t c,
+                                   ms_error *err) {
+    return ms_cu_softmax_forward(out, inp, n, c, STREAM(kc), err);
+}
+static ms_status c_softmax_backward(ms_kctx *kc, float *dinp, const float *dout, const float *out,
+                                    int64_t n, int64_t c, ms_error *err) {
+    return ms_cu_softmax_backward(dinp, dout, out, n, c, STREAM(kc), err);
+}
+
+/* ---- attention: saved = the log-sum-exps [B, NH, T], then a copy of the output [B, T, C]
+ * (the fused backward reads both; the program may reuse the output's buffer meanwhile). */
+static int64_t c_attention_saved_floats(int64_t b, int64_t t, int64_t c, int64_t nh) {
+    return b * nh * t + b * t * c;
+}
+static int64_t c_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
+    return ms_cu_attention_scratch_floats(b, t, nh);
+}
+static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, const float *qkv,
+                                     const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
+                                     bool causal, ms_error *err) {
+    MS_CHECK(ms_cu_attention_forward(out, saved, qkv, mask, b, t, c, nh, causal, STREAM(kc), err));
+    return cuda_failed(cudaMemcpyAsync(saved + b * nh * t, out, sizeof(float) * (size_t)(b * t * c),
+                                       cudaMemcpyDeviceToDevice, CU(kc)->stream),
+                       "cudaMemcpyAsync (attention output)", err);
+}
+static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *saved, const float *mask,
+                                      int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                      ms_error *err) {
+    return ms_cu_attention_backward(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask, b, t,
+                                    c, nh, causal, STREAM(kc), err);
+}
+
+/* ---- embedding and cross-entropy ---- */
+static ms_status c_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids,
+                                     const float *table, int64_t n, int64_t c, int64_t v0,
+                                     int64_t vl, ms_error *err) {
+    return ms_cu_embedding_forward(out, ids, table, n, c, v0, vl, STREAM(kc), err);
+}
+static ms_status c_embedding_backward(ms_kctx *kc, float *dtable, const int32_t *ids,
+                                      const float *dout, int64_t n, int64_t c, int64_t v0,
+                                      int64_t vl, ms_error *err) {
+    return ms_cu_embedding_backward(dtable, ids, dout, n, c, v0, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_rowmax(ms_kctx *kc, float *lmax, const float *logits, int64_t n,
+                                  int64_t vl, ms_error *err) {
+    return ms_cu_xent_vp_rowmax(lmax, logits, n, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_sumexp(ms_kctx *kc, float *lsum, const float *logits, const float *gmax,
+                                  int64_t n, int64_t vl, ms_error *err) {
+    return ms_cu_xent_vp_sumexp(lsum, logits, gmax, n, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_target(ms_kctx *kc, float *ltgt, const float *logits,
+                                  const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                  ms_error *err) {
+    return ms_cu_xent_vp_target(ltgt, logits, targets, n, vl, v0, STREAM(kc), err);
+}
+static ms_status c_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, const float *gsum,
+                                const float *gtgt, const int32_t *targets, int64_t n,
+                                ms_error *err) {
+    return ms_cu_xent_vp_loss(losses, gmax, gsum, gtgt, targets, n, STREAM(kc), err);
+}
+static ms_status c_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
+                                    const float *gmax, const float *gsum, const int32_t *targets,
+                                    const float *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                    ms_error *err) {
+    return ms_cu_xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0,
+                                  STREAM(kc), err);
+}
+
+/* ---- optimizer ---- */
+static ms_status c_adamw_step(ms_kctx *kc, float *p, const float *g, float *m, float *v, size_t n,
+                              const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
+    return ms_cu_adamw_step(p, g, m, v, n, o, t, grad_scale, STREAM(kc), err);
+}
+static ms_status c_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g, float *m,
+                                        float *v, size_t n, const ms_adamw_opts *o, int64_t t,
+                                        float grad_scale, ms_error *err) {
+    return ms_cu_adamw_step_master(p, g, m, v, NULL, n, o, t, grad_scale, STREAM(kc), err);
+}
+
+/* The partials and the result in one device buffer: [chunks partials..., result]. */
+static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
+    cuda_kctx *x = CU(kc);
+    int64_t need = ms_cu_sumsq_scratch_doubles((int64_t)n) + 1;
+    if (need <= x->sumsq_cap) return MS_OK;
+    if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
+    x->sumsq_scratch = NULL;
+    x->sumsq_cap = 0;
+    MS_CHECK(cuda_failed(cudaMalloc((void **)&x->sumsq_scratch, sizeof(double) * (size_t)need),
+                         "cudaMalloc (sum of squares)", err));
+    x->sumsq_cap = need;
+    return MS_OK;
+}
+static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
+    cuda_kctx *x = CU(kc);
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, x->sumsq_scratch + x->sumsq_cap - 1,
+                                         sizeof(double), cudaMemcpyDeviceToHost, x->stream),
+                         "cudaMemcpyAsync (sum of squares)", err));
+    return c_sync(kc, err);
+}
+static ms_status c_sumsq(ms_kctx *kc, double *host_out, const float *x, size_t n, ms_error *err) {
+    MS_CHECK(sumsq_scratch(kc, n, err));
+    cuda_kctx *c = CU(kc);
+    MS_CHECK(ms_cu_sumsq(c->sumsq_scratch + c->sumsq_cap - 1, c->sumsq_scratch, x, (int64_t)n,
+                         STREAM(kc), err));
+    return sumsq_result(kc, host_out, err);
+}
+static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, size_t n,
+                              ms_error *err) {
+    MS_CHECK(sumsq_scratch(kc, n, err));
+    cuda_kctx *c = CU(kc);
+    MS_CHECK(ms_cu_sumsq_bf16(c->sumsq_scratch + c->sumsq_cap - 1, c->sumsq_scratch, x, (int64_t)n,
+                              STREAM(kc), err));
+    return sumsq_result(kc, host_out, err);
+}
+static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
+    return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
+}
+
+/* Dropout has no CUDA kernel yet: its slots stay NULL and the program refuses dropout on CUDA
+ * when it compiles (a model with dropout 0 has no dropout operator). */
+static const ms_kernels cuda_kernels = {
+    .name = "cuda",
+    .kind = MS_DEVICE_CUDA,
+    .sync = c_sync,
+    .fill = c_fill,
+    .accumulate = c_accumulate,
+    .bf16_accumulate = c_bf16_accumulate,
+    .bf16_widen = c_bf16_widen,
+    .bf16_round = c_bf16_round,
+    .ids_from_floats = c_ids_from_floats,
+    .matmul_forward = c_matmul_forward,
+    .matmul_backward = c_matmul_backward,
+    .add_forward = c_add_forward,
+    .add_backward = c_add_backward,
+    .mul_forward = c_mul_forward,
+    .mul_backward = c_mul_backward,
+    .scale_forward = c_scale_forward,
+    .scale_backward = c_scale_backward,
+    .bias_add_forward = c_bias_add_forward,
+    .bias_add_backward = c_bias_add_backward,
+    .gelu_forward = c_gelu_forward,
+    .gelu_backward = c_gelu_backward,
+    .sum_forward = c_sum_forward,
+    .sum_backward = c_sum_backward,
+    .layernorm_forward = c_layernorm_forward,
+    .layernorm_backward = c_layernorm_backward,
+    .softmax_forward = c_softmax_forward,
+    .softmax_backward = c_softmax_backward,
+    .attention_saved_floats = c_attention_saved_floats,
+    .attention_scratch_floats = c_attention_scratch_floats,
+    .attention_forward = c_attention_forward,
+    .attention_backward = c_attention_backward,
+    .embedding_forward = c_embedding_forward,
+    .embedding_backward = c_embedding_backward,
+    .xent_vp_rowmax = c_xent_vp_rowmax,
+    .xent_vp_sumexp = c_xent_vp_sumexp,
+    .xent_vp_target = c_xent_vp_target,
+    .xent_vp_loss = c_xent_vp_loss,
+    .xent_vp_backward = c_xent_vp_backward,
+    .adamw_step = c_adamw_step,
+    .adamw_step_bf16_grad = c_adamw_step_bf16_grad,
+    .sumsq = c_sumsq,
+    .sumsq_bf16 = c_sumsq_bf16,
+    .scale_inplace = c_scale_inplace,
+};
+
+const ms_kernels *ms_kernels_cuda_table(void) {
+    return &cuda_kernels;
+}
