@@ -29,6 +29,10 @@ extern "C" { /* this cmocka.h has no C++ guards */
 
 #include "engine/kernels/cuda/attention_math.cuh"
 #include "engine/kernels/cuda/cuda_kernels.h"
+extern "C" { /* a C header without C++ guards */
+#include "engine/core/philox.h"
+}
+#include "engine/kernels/cuda/dropout_math.cuh"
 #include "engine/kernels/cuda/elementwise_math.cuh"
 #include "engine/kernels/cuda/llama_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
@@ -1138,18 +1142,77 @@ static void test_gqa_fd(void **state) {
     assert_true(ok);
 }
 
+/* ---- dropout: the same Philox words and the same mask as the CPU kernel, bit for bit ---- */
+static void test_dropout(void **state) {
+    (void)state;
+    for (uint64_t i = 0; i < 100000; i += 7) {
+        const uint64_t seed = 0x9E3779B97F4A7C15ull * (i + 1), stream = i % 5, idx = i * 977;
+        if (ms_cu_philox_uniform(seed, stream, idx) != ms_philox_uniform(seed, stream, idx))
+            fail_msg("philox uniform differs at index %llu", (unsigned long long)idx);
+    }
+    struct {
+        int ndim;
+        int64_t l[3], g0[3], gs[3];
+        ms_k_batch_window w;
+    } cases[] = {
+        {3, {3, 5, 7}, {2, 0, 3}, {8, 5, 16}, {0, 0, 0}},
+        {3, {4, 6, 8}, {0, 6, 0}, {12, 12, 8}, {2, 6, 1}}, /* a micro-batch's rows of a replica */
+        {2, {6, 9}, {1, 9}, {7, 18}, {3, 4, 1}},
+        {1, {33}, {5}, {40}, {0, 0, 0}},
+        {0, {0}, {0}, {0}, {0, 0, 0}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int nd = cases[c].ndim;
+        int64_t n = 1;
+        for (int d = 0; d < nd; d++) n *= cases[c].l[d];
+        std::vector<float> x(n), cpu(n, 0.5f), gpu(n, 0.5f), cpu_b(n, 0.25f), gpu_b(n, 0.25f);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 13) - 6.0f;
+        const ms_k_batch_window *w = cases[c].w.rows ? &cases[c].w : NULL;
+        ms_k_dropout_forward(cpu.data(), x.data(), 0.3f, 42, 3, nd, cases[c].l, cases[c].g0,
+                             cases[c].gs, w);
+        ms_k_dropout_backward(cpu_b.data(), x.data(), 0.3f, 42, 3, nd, cases[c].l, cases[c].g0,
+                              cases[c].gs, w);
+        const ms_cu_box b = ms_cu_box_make(nd, cases[c].l, cases[c].g0, cases[c].gs,
+                                           cases[c].w.rows, cases[c].w.stride, cases[c].w.offset);
+        for (int64_t i = 0; i < n; i++) {
+            ms_cu_dropout_elem(gpu.data(), x.data(), false, 0.3f, 42, 3, b, i);
+            ms_cu_dropout_elem(gpu_b.data(), x.data(), true, 0.3f, 42, 3, b, i);
+        }
+        int64_t dropped = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (memcmp(&cpu[i], &gpu[i], sizeof(float)) || memcmp(&cpu_b[i], &gpu_b[i], 4))
+                fail_msg("dropout case %zu element %lld: cpu %g/%g, cuda %g/%g", c, (long long)i,
+                         cpu[i], cpu_b[i], gpu[i], gpu_b[i]);
+            dropped += cpu[i] == 0.0f && x[i] != 0.0f;
+        }
+        printf("dropout case %zu: %lld elements, %lld dropped, identical\n", c, (long long)n,
+               (long long)dropped);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bf16_rounding),  cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_elementwise_fd), cmocka_unit_test(test_elementwise_bf16),
-        cmocka_unit_test(test_embedding),      cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_layernorm_fd),   cmocka_unit_test(test_layernorm_bf16),
-        cmocka_unit_test(test_softmax),        cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_xent_fd),        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_sumsq),          cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_fd),   cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rmsnorm_fd),     cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_rotary),         cmocka_unit_test(test_gqa),
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_elementwise_fd),
+        cmocka_unit_test(test_elementwise_bf16),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_layernorm_fd),
+        cmocka_unit_test(test_layernorm_bf16),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_xent_fd),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_fd),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_fd),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rotary),
+        cmocka_unit_test(test_gqa),
         cmocka_unit_test(test_gqa_fd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -324,8 +324,22 @@ static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
 }
 
-/* Dropout has no CUDA kernel yet: its slots stay NULL and the program refuses dropout on CUDA
- * when it compiles (a model with dropout 0 has no dropout operator). */
+/* ---- dropout ---- */
+static ms_status c_dropout_forward(ms_kctx *kc, float *out, const float *inp, float p,
+                                   uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
+                                   const int64_t *gstart, const int64_t *gshape,
+                                   const ms_k_batch_window *w, ms_error *err) {
+    return ms_cu_dropout_forward(out, inp, p, seed, stream, ndim, lshape, gstart, gshape, w,
+                                 STREAM(kc), err);
+}
+static ms_status c_dropout_backward(ms_kctx *kc, float *dinp, const float *dout, float p,
+                                    uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
+                                    const int64_t *gstart, const int64_t *gshape,
+                                    const ms_k_batch_window *w, ms_error *err) {
+    return ms_cu_dropout_backward(dinp, dout, p, seed, stream, ndim, lshape, gstart, gshape, w,
+                                  STREAM(kc), err);
+}
+
 static const ms_kernels cuda_kernels = {
     .name = "cuda",
     .kind = MS_DEVICE_CUDA,
@@ -375,6 +389,8 @@ static const ms_kernels cuda_kernels = {
     .xent_vp_target = c_xent_vp_target,
     .xent_vp_loss = c_xent_vp_loss,
     .xent_vp_backward = c_xent_vp_backward,
+    .dropout_forward = c_dropout_forward,
+    .dropout_backward = c_dropout_backward,
     .adamw_step = c_adamw_step,
     .adamw_step_bf16_grad = c_adamw_step_bf16_grad,
     .sumsq = c_sumsq,

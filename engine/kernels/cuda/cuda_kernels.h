@@ -141,6 +141,16 @@ ms_status ms_cu_embedding_forward(float *out, const int32_t *ids, const float *t
 ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const float *dout, int64_t n,
                                    int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
 
+/* ---- dropout: the CPU kernel's mask (Philox on global indices), one thread per element ---- */
+ms_status ms_cu_dropout_forward(float *out, const float *inp, float p, uint64_t seed,
+                                uint64_t stream_id, int ndim, const int64_t *lshape,
+                                const int64_t *gstart, const int64_t *gshape,
+                                const ms_k_batch_window *w, void *stream, ms_error *err);
+ms_status ms_cu_dropout_backward(float *dinp, const float *dout, float p, uint64_t seed,
+                                 uint64_t stream_id, int ndim, const int64_t *lshape,
+                                 const int64_t *gstart, const int64_t *gshape,
+                                 const ms_k_batch_window *w, void *stream, ms_error *err);
+
 /* ---- optimizer ---- */
 /* ms_adamw_step_scaled on the GPU (the same argument checks). */
 ms_status ms_cu_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
