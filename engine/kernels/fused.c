@@ -117,8 +117,8 @@ void ms_k_bias_dropout_add_forward(float *out, const float *inp, const float *bi
 
 void ms_k_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, const float *dout,
                                     int64_t nb, const ms_k_fused_dropout *d) {
-    bda_job j = {.dinp = dinp, .dbias = dbias, .dres = dres, .dout = dout, .nb = nb > 0 ? nb : 1,
-                 .d = d};
+    bda_job j = {
+        .dinp = dinp, .dbias = dbias, .dres = dres, .dout = dout, .nb = nb > 0 ? nb : 1, .d = d};
     ms_k_dropout_rows(&d->box, bda_row_backward, &j);
 }
 

@@ -13,8 +13,8 @@
 #include "engine/ops/op_defs.h"
 
 /* x [lead..., tail...], b [tail...], then `extra` inputs of x's shape. */
-static ms_status fused_infer(const char *op, int extra, int n_in, const ms_shape *in,
-                             ms_shape *out, ms_error *err) {
+static ms_status fused_infer(const char *op, int extra, int n_in, const ms_shape *in, ms_shape *out,
+                             ms_error *err) {
     int lead = in[0].ndim - in[1].ndim;
     bool ok = lead >= 0 && n_in == 2 + extra;
     for (int j = 0; ok && j < in[1].ndim; j++) ok = in[0].d[lead + j] == in[1].d[j];
