@@ -257,7 +257,7 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
      * chunk's masks are the whole model's. The first chunk numbers its embedding's itself. */
     if (!ch->first)
         b.stream = (cfg->embd_pdrop > 0 ? 1 : 0) + (cfg->resid_pdrop > 0 ? 2 : 0) * ch->layer_lo;
-    if (cfg->model_type == MS_MODEL_BERT) out->mlm_per_row = (int)ceil(0.15 * T);
+    out->mlm_per_row = ms_model_mlm_positions(cfg, T);
     int wte = ch->first || ch->last ? word_embedding(&b) : -1;
     int x;
     if (ch->first) {
@@ -285,6 +285,10 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
 ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out, ms_error *err) {
     ms_model_chunk whole = {.layer_hi = cfg->n_layer, .first = true, .last = true};
     return ms_model_build_chunk(cfg, B, T, &whole, out, err);
+}
+
+int ms_model_mlm_positions(const ms_model_config *c, int T) {
+    return c->model_type == MS_MODEL_BERT ? (int)ceil(0.15 * T) : 0;
 }
 
 void ms_model_free(ms_model *m) {

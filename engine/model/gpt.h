@@ -39,6 +39,10 @@ typedef struct ms_model_chunk {
     bool unfused;
 } ms_model_chunk;
 
+/* k, the positions BERT masks (and its head runs on) per sequence of T tokens: ceil(0.15 T);
+ * 0 for the other families. */
+int ms_model_mlm_positions(const ms_model_config *c, int T);
+
 /* BERT's mask token: byte 0, which text never contains. */
 #define MS_MLM_MASK_ID 0
 
