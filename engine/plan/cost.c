@@ -424,18 +424,20 @@ static double analytic_embedding(analytic *z, double count) {
 }
 
 /* The head (last stage): the final norm or BERT's MLM transform, the logits, the loss. BERT's
- * runs on its masked positions, gathered first: dense + bias_gelu + LayerNorm, whole over tp
- * (under sp the product's rows reduce-scattered over the batch for bias_gelu and the norm). */
+ * runs on its masked positions, gathered first: dense + bias_gelu + LayerNorm, whole over tp.
+ * The dense product's output is reduce-scattered over the batch: over cp for the rest of the
+ * head, under sp for bias_gelu and the norm (whose output the decoder reads whole). */
 static void analytic_head(analytic *z) {
-    const int64_t h = z->h, tok_sp = z->tok_sp, rows = z->head_rows;
+    const int64_t h = z->h, tok_sp = z->tok_sp, all = z->head_rows;
+    const int64_t rows = z->f.head_rows ? all / z->cp : all;
     const int64_t rows_sp = z->s->sp && z->t > 1 ? rows / z->t : rows;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
     double before = wk_flops(z->w);
     if (z->f.final_norm) add_norm(z, tok_sp, false, 1);
     if (z->f.head_transform) {
-        add_elt(z->w, MS_OPRATE_STREAM, MS_OP_BATCH_GATHER, ms_k_index_cost(rows * h, 0, false),
-                ms_k_index_cost(rows * h, 0, true), false, 1);
-        add_gemm(z->w, rows, h, h, false, 1);
+        add_elt(z->w, MS_OPRATE_STREAM, MS_OP_BATCH_GATHER, ms_k_index_cost(all * h, 0, false),
+                ms_k_index_cost(all * h, 0, true), false, 1);
+        add_gemm(z->w, all, h, h, false, 1);
         add_bias_gelu(z, rows_sp, h, false, 1);
         add_norm(z, rows_sp, false, 1);
     }
@@ -578,6 +580,14 @@ static void analytic_mb_collectives(const analytic *z) {
         analytic_sp(z, passes_f);
     else if (t > 1)
         analytic_tp(z, passes_f);
+    if (cp > 1 && z->f.head_rows) {
+        /* BERT's gathered head: the dense product's partial rows reduce-scattered over the
+         * batch, their gradient gathered back; the loss reduced */
+        double head = (double)z->head_rows * z->h * z->ab;
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_IN_MB, cp, 4, 1);
+    }
     if (cp > 1) {
         /* sequence-sharded qkv to head-sharded and back, forward and backward */
         const ms_plan_family *f = &z->f;
