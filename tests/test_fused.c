@@ -54,10 +54,16 @@ static void make_batch(const ms_model *m, uint64_t step, batch *bt) {
     ms_model_head_inputs(m, B, tgt, bt->targets, bt->mlm_pos);
 }
 
-/* Compiles g on the rank's one-rank mesh, runs training step `step` on the inputs given
- * (value, data) and copies out the loss and gradients. */
-static void run_step(mt_rank *r, ms_graph *g, int n_in, const int *vals, const float *const *data,
-                     uint64_t step, step_out *out) {
+/* A graph's inputs and what to feed them. */
+typedef struct feeds {
+    int n;
+    int vals[4];
+    const float *data[4];
+} feeds;
+
+/* Compiles g on the rank's one-rank mesh, runs training step `step` on the inputs and copies
+ * out the loss and gradients. */
+static void run_step(mt_rank *r, ms_graph *g, const feeds *in, uint64_t step, step_out *out) {
     ms_error err = {0};
     ms_mesh mesh;
     const int one = 1, zero = 0;
@@ -67,8 +73,8 @@ static void run_step(mt_rank *r, ms_graph *g, int n_in, const int *vals, const f
     if (MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) {
         ms_compile_opts co = {.seed = 42};
         if (MT_OK(r, ms_program_compile(g, dm, &co, &p, &err), &err)) {
-            for (int i = 0; i < n_in; i++)
-                MT_OK(r, ms_program_feed(p, vals[i], data[i], &err), &err);
+            for (int i = 0; i < in->n; i++)
+                MT_OK(r, ms_program_feed(p, in->vals[i], in->data[i], &err), &err);
             ms_program_set_dropout(p, true, step);
             MT_OK(r, ms_program_step(p, &out->loss, &err), &err);
             out->n = ms_program_num_params(p);
@@ -117,14 +123,22 @@ static ms_model_config config(bool bert) {
     return mt_tiny_config(bert, 0.1);
 }
 
-/* The model's inputs in the order run_step feeds them. */
-static int model_inputs(const ms_model *m, const batch *bt, int *vals, const float **data) {
-    int n = 0;
-    vals[n] = m->ids, data[n++] = bt->ids;
-    vals[n] = m->pos, data[n++] = bt->pos;
-    vals[n] = m->targets, data[n++] = bt->targets;
-    if (m->mlm_pos >= 0) vals[n] = m->mlm_pos, data[n++] = bt->mlm_pos;
-    return n;
+/* The model's inputs from a batch. */
+static feeds model_feeds(const ms_model *m, const batch *bt) {
+    feeds f = {
+        .n = 3, .vals = {m->ids, m->pos, m->targets}, .data = {bt->ids, bt->pos, bt->targets}};
+    if (m->mlm_pos >= 0) f.vals[f.n] = m->mlm_pos, f.data[f.n++] = bt->mlm_pos;
+    return f;
+}
+
+/* Training step `step` of graph g against the same step of graph want. */
+static void check_step(mt_rank *r, const char *what, ms_graph *g, const feeds *in, ms_graph *want,
+                       const feeds *want_in, uint64_t step) {
+    step_out a = {0}, b = {0};
+    run_step(r, g, in, step, &a);
+    run_step(r, want, want_in, step, &b);
+    compare(r, what, &a, &b);
+    out_free(&a), out_free(&b);
 }
 
 /* --- fused operators against the chains they replace --------------------------------------- */
@@ -146,15 +160,8 @@ static void fused_rank(mt_rank *r, void *arg) {
     for (uint64_t step = 0; step < STEPS && !r->failures; step++) {
         batch bt;
         make_batch(&fused, step, &bt);
-        int vals[4];
-        const float *data[4];
-        step_out a = {0}, b = {0};
-        int n = model_inputs(&fused, &bt, vals, data);
-        run_step(r, fused.g, n, vals, data, step, &a);
-        n = model_inputs(&chain, &bt, vals, data);
-        run_step(r, chain.g, n, vals, data, step, &b);
-        compare(r, bert ? "bert fused" : "gpt2 fused", &a, &b);
-        out_free(&a), out_free(&b);
+        feeds a = model_feeds(&fused, &bt), b = model_feeds(&chain, &bt);
+        check_step(r, bert ? "bert fused" : "gpt2 fused", fused.g, &a, chain.g, &b, step);
     }
     ms_model_free(&fused), ms_model_free(&chain);
 }
@@ -226,16 +233,11 @@ static void gathered_rank(mt_rank *r, void *arg) {
     for (uint64_t step = 0; step < STEPS && !r->failures; step++) {
         batch bt;
         make_batch(&gathered, step, &bt);
-        int vals[4];
-        const float *data[4];
-        step_out a = {0}, b = {0};
-        int n = model_inputs(&gathered, &bt, vals, data);
-        run_step(r, gathered.g, n, vals, data, step, &a);
-        const int full_vals[3] = {trunk.ids, trunk.pos, targets};
-        const float *full_data[3] = {bt.ids, bt.pos, bt.full_targets};
-        run_step(r, trunk.g, 3, full_vals, full_data, step, &b);
-        compare(r, "gathered head", &a, &b);
-        out_free(&a), out_free(&b);
+        feeds a = model_feeds(&gathered, &bt);
+        feeds b = {.n = 3,
+                   .vals = {trunk.ids, trunk.pos, targets},
+                   .data = {bt.ids, bt.pos, bt.full_targets}};
+        check_step(r, "gathered head", gathered.g, &a, trunk.g, &b, step);
     }
     ms_model_free(&gathered), ms_model_free(&trunk);
 }
