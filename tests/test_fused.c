@@ -4,6 +4,9 @@
  *                     bias_dropout_add against the same models built op by op (bias, GELU,
  *                     dropout, add): over 3 training steps' masks, the losses within 1e-5
  *                     relative and every parameter's gradient within 1e-5 of its largest.
+ *   kernels_*         the fused kernels bit for bit against the unfused kernels in sequence
+ *                     (bias add, GELU, dropout, add; forward and backward), on one thread and
+ *                     split over three (rows forward, bias columns backward).
  *   gathered_head     BERT's masked-LM head on the gathered masked positions against the head
  *                     it replaces, built here on the same trunk: dense + GELU + LayerNorm and
  *                     the tied decoder on all T positions, cross-entropy with -1 at the
@@ -17,6 +20,8 @@
 
 #include "engine/core/philox.h"
 #include "engine/dist/reshard.h"
+#include "engine/kernels/fused.h"
+#include "engine/kernels/parallel.h"
 #include "engine/model/gpt.h"
 #include "tests/testkit.h"
 
@@ -178,6 +183,108 @@ static void fused_bert(void **state) {
     mt_run_threads(1, fused_rank, &bert);
 }
 
+/* --- the kernels against the unfused ones, on any number of threads ----------------------- */
+
+enum { KR = 1024, KC = 96 }; /* enough rows and columns for several chunks per thread */
+
+static float *kfill(uint64_t stream, int64_t n) {
+    float *p = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) p[i] = 2 * ms_philox_uniform(9, stream, (uint64_t)i) - 1;
+    return p;
+}
+
+static void expect_same(const char *what, int threads, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)))
+            fail_msg("%s on %d threads: element %lld is %.9g, the unfused kernels give %.9g", what,
+                     threads, (long long)i, a[i], b[i]);
+}
+
+/* The unfused reference: bias add then GELU, and their backward into (dx, db). */
+static void bias_gelu_chain(float *y, float *dx, float *db, const float *x, const float *b,
+                            const float *dy) {
+    float *h = malloc(sizeof(float) * KR * KC), *dh = calloc(KR * KC, sizeof(float));
+    ms_k_bias_add_forward(h, x, b, KR, KC);
+    ms_k_gelu_forward(y, h, (int64_t)KR * KC);
+    ms_k_gelu_backward(dh, h, dy, (int64_t)KR * KC);
+    ms_k_bias_add_backward(dx, db, dh, KR, KC);
+    free(h), free(dh);
+}
+
+/* The unfused reference: res + dropout(x + b) and its backward into (dx, db, dres). */
+static void bda_chain(float *y, float *dx, float *db, float *dres, const float *x, const float *b,
+                      const float *res, const float *dy, const ms_k_fused_dropout *d) {
+    const int64_t n = (int64_t)KR * KC;
+    float *h = malloc(sizeof(float) * n), *dh = calloc((size_t)n, sizeof(float));
+    ms_k_bias_add_forward(h, x, b, KR, KC);
+    const ms_k_dropout_box *bx = &d->box;
+    if (d->p > 0)
+        ms_k_dropout_forward(h, h, d->p, d->seed, d->stream, bx->ndim, bx->lshape, bx->gstart,
+                             bx->gshape, bx->w);
+    ms_k_add_forward(y, res, h, n);
+    ms_k_add_backward(dres, dh, dy, n);
+    float *dd = calloc((size_t)n, sizeof(float));
+    if (d->p > 0)
+        ms_k_dropout_backward(dd, dh, d->p, d->seed, d->stream, bx->ndim, bx->lshape, bx->gstart,
+                              bx->gshape, bx->w);
+    ms_k_bias_add_backward(dx, db, d->p > 0 ? dd : dh, KR, KC);
+    free(h), free(dh), free(dd);
+}
+
+/* A kernel's results: output and gradients, zeroed. */
+typedef struct kout {
+    float *y, *dx, *db, *dres;
+} kout;
+
+static kout kalloc(void) {
+    const size_t n = (size_t)KR * KC;
+    return (kout){calloc(n, 4), calloc(n, 4), calloc(KC, 4), calloc(n, 4)};
+}
+
+static void kcheck(const char *what, int threads, kout *got, kout *want, bool res) {
+    const int64_t n = (int64_t)KR * KC;
+    expect_same(what, threads, got->y, want->y, n);
+    expect_same(what, threads, got->dx, want->dx, n);
+    expect_same(what, threads, got->db, want->db, KC);
+    if (res) expect_same(what, threads, got->dres, want->dres, n);
+    free(got->y), free(got->dx), free(got->db), free(got->dres);
+}
+
+static void kernels_match_chains(void **state) {
+    (void)state;
+    const int64_t n = (int64_t)KR * KC, shape[2] = {KR, KC}, start[2] = {0, 0};
+    float *x = kfill(1, n), *b = kfill(2, KC), *res = kfill(3, n), *dy = kfill(4, n);
+    const int threads[2] = {1, 3};
+    kout want = kalloc();
+    bias_gelu_chain(want.y, want.dx, want.db, x, b, dy);
+    for (int t = 0; t < 2; t++) {
+        ms_parallel_set_threads(threads[t]);
+        kout got = kalloc();
+        ms_k_bias_gelu_forward(got.y, x, b, KR, KC);
+        ms_k_bias_gelu_backward(got.dx, got.db, dy, x, b, KR, KC);
+        kcheck("bias_gelu", threads[t], &got, &want, false);
+    }
+    ms_parallel_set_threads(1);
+    free(want.y), free(want.dx), free(want.db), free(want.dres);
+    for (int drop = 0; drop < 2; drop++) {
+        ms_k_fused_dropout d = {
+            .p = drop ? 0.1f : 0.0f, .seed = 5, .stream = 2, .box = {2, shape, start, shape, NULL}};
+        want = kalloc();
+        bda_chain(want.y, want.dx, want.db, want.dres, x, b, res, dy, &d);
+        for (int t = 0; t < 2; t++) {
+            ms_parallel_set_threads(threads[t]);
+            kout got = kalloc();
+            ms_k_bias_dropout_add_forward(got.y, x, b, res, KC, &d);
+            ms_k_bias_dropout_add_backward(got.dx, got.db, got.dres, dy, KC, &d);
+            kcheck(drop ? "bias_dropout_add" : "bias_dropout_add p 0", threads[t], &got, &want,
+                   true);
+        }
+        ms_parallel_set_threads(1);
+        free(want.y), free(want.dx), free(want.db), free(want.dres);
+    }
+    free(x), free(b), free(res), free(dy);
+}
+
 /* --- BERT's gathered head against the head on every position ------------------------------- */
 
 static int param(ms_graph *g, const char *name, int64_t c, int ndim, ms_init init) {
@@ -251,5 +358,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(fused_gpt2),
     cmocka_unit_test(fused_bert),
     cmocka_unit_test(gathered_head),
+    cmocka_unit_test(kernels_match_chains),
 };
 MT_MAIN("fused", tests)

@@ -9,12 +9,20 @@
 /* Rows per thread chunk: at least this many elements, as the streaming kernels split. */
 #define GRAIN (1 << 14)
 
+/* Backward kernels that sum a bias gradient over rows split the columns instead: each thread
+ * owns its columns of dinp and dbias, and every column sums its rows in order (as one thread
+ * would). At least 16 columns per chunk, and about GRAIN elements. */
+static int64_t column_grain(int64_t rows) {
+    int64_t g = GRAIN / (rows > 0 ? rows : 1);
+    return g > 16 ? g : 16;
+}
+
 /* --- bias + GELU ---------------------------------------------------------------------------- */
 
 typedef struct bias_gelu_job {
-    float *out;
-    const float *inp, *bias;
-    int64_t c;
+    float *out, *dinp, *dbias;
+    const float *inp, *bias, *dout;
+    int64_t n, c;
 } bias_gelu_job;
 
 static void bias_gelu_rows(void *arg, int64_t lo, int64_t hi) {
@@ -32,17 +40,24 @@ void ms_k_bias_gelu_forward(float *out, const float *inp, const float *bias, int
     ms_parallel_for(n, c > 0 ? GRAIN / c + 1 : n, bias_gelu_rows, &j);
 }
 
-void ms_k_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
-                             const float *bias, int64_t n, int64_t c) {
-    /* Row by row, so dbias's update stays contiguous (as the bias kernel's backward). */
-    for (int64_t r = 0; r < n; r++) {
-        const float *x = inp + r * c, *dy = dout + r * c;
-        for (int64_t k = 0; k < c; k++) {
-            const float g = ms_gelu_grad(x[k] + bias[k]) * dy[k];
-            if (dinp) dinp[r * c + k] += g;
-            if (dbias) dbias[k] += g;
+static void bias_gelu_bwd_cols(void *arg, int64_t lo, int64_t hi) {
+    const bias_gelu_job *j = arg;
+    const int64_t c = j->c;
+    for (int64_t r = 0; r < j->n; r++) {
+        const float *x = j->inp + r * c, *dy = j->dout + r * c;
+        for (int64_t k = lo; k < hi; k++) {
+            const float g = ms_gelu_grad(x[k] + j->bias[k]) * dy[k];
+            if (j->dinp) j->dinp[r * c + k] += g;
+            if (j->dbias) j->dbias[k] += g;
         }
     }
+}
+
+void ms_k_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
+                             const float *bias, int64_t n, int64_t c) {
+    bias_gelu_job j = {
+        .dinp = dinp, .dbias = dbias, .inp = inp, .bias = bias, .dout = dout, .n = n, .c = c};
+    ms_parallel_for(c, column_grain(n), bias_gelu_bwd_cols, &j);
 }
 
 ms_k_cost ms_k_bias_gelu_cost(int64_t n, int64_t c, bool backward) {
@@ -71,6 +86,19 @@ static int64_t box_numel(const ms_k_dropout_box *b) {
     int64_t n = 1;
     for (int k = 0; k < b->ndim; k++) n *= b->lshape[k];
     return n;
+}
+
+/* Columns [lo, hi) of the [N / nb, nb] view without dropout: the gradients pass through. */
+static void bda_plain_bwd_cols(void *arg, int64_t lo, int64_t hi) {
+    const bda_job *j = arg;
+    const int64_t nb = j->nb, rows = box_numel(&j->d->box) / nb;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = lo; k < hi; k++) {
+            const float dy = j->dout[r * nb + k];
+            if (j->dres) j->dres[r * nb + k] += dy;
+            if (j->dinp) j->dinp[r * nb + k] += dy;
+            if (j->dbias) j->dbias[k] += dy;
+        }
 }
 
 /* Elements [lo, hi) without dropout: the add chain alone. */
@@ -119,7 +147,10 @@ void ms_k_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, cons
                                     int64_t nb, const ms_k_fused_dropout *d) {
     bda_job j = {
         .dinp = dinp, .dbias = dbias, .dres = dres, .dout = dout, .nb = nb > 0 ? nb : 1, .d = d};
-    ms_k_dropout_rows(&d->box, bda_row_backward, &j);
+    if (d->p > 0)
+        ms_k_dropout_rows(&d->box, bda_row_backward, &j);
+    else
+        ms_parallel_for(j.nb, column_grain(box_numel(&d->box) / j.nb), bda_plain_bwd_cols, &j);
 }
 
 ms_k_cost ms_k_bias_dropout_add_cost(int64_t n, int64_t nb, bool drop, bool backward) {
