@@ -43,12 +43,23 @@ void ms_k_bias_gelu_forward(float *out, const float *inp, const float *bias, int
 static void bias_gelu_bwd_cols(void *arg, int64_t lo, int64_t hi) {
     const bias_gelu_job *j = arg;
     const int64_t c = j->c;
+    const float *restrict b = j->bias;
+    float *restrict db = j->dbias;
     for (int64_t r = 0; r < j->n; r++) {
-        const float *x = j->inp + r * c, *dy = j->dout + r * c;
+        const float *restrict x = j->inp + r * c, *restrict dy = j->dout + r * c;
+        float *restrict dx = j->dinp ? j->dinp + r * c : NULL;
+        if (dx && db) { /* the usual case, branch-free so that it vectorises */
+            for (int64_t k = lo; k < hi; k++) {
+                const float g = ms_gelu_grad(x[k] + b[k]) * dy[k];
+                dx[k] += g;
+                db[k] += g;
+            }
+            continue;
+        }
         for (int64_t k = lo; k < hi; k++) {
-            const float g = ms_gelu_grad(x[k] + j->bias[k]) * dy[k];
-            if (j->dinp) j->dinp[r * c + k] += g;
-            if (j->dbias) j->dbias[k] += g;
+            const float g = ms_gelu_grad(x[k] + b[k]) * dy[k];
+            if (dx) dx[k] += g;
+            if (db) db[k] += g;
         }
     }
 }
