@@ -267,7 +267,8 @@ typedef struct analytic {
     int t, cp, p, mb, n_micro;
     bool rc, sel, vp; /* full recompute, selective recompute, vocab-parallel head */
     int64_t h, V, S, b, tok, tok_sp;
-    int64_t head_rows; /* rows the head's decoder and loss run on (BERT: b x k, whole over cp) */
+    /* rows the head's decoder and loss run on (BERT: b x k, whole over cp) */
+    int64_t head_rows;
     double ab, L; /* activation bytes; layers on the busiest stage */
     double emb;   /* the embedding on the busiest stage: 1 when pp = 1 */
     double f_layers, f_head;
@@ -738,10 +739,10 @@ void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_worklo
     z.b = z.mb;
     z.tok = z.b * z.S / z.cp;                 /* rows of a tp-replicated activation */
     z.tok_sp = s->sp ? z.tok / z.t : z.tok;   /* rows of the residual stream */
-    z.head_rows = z.f.head_rows ? z.b * z.f.head_rows : z.tok;
     z.ab = pb->dtype == MS_PLAN_BF16 ? 2 : 4; /* activation bytes */
     z.L = stage_layers(pb, s);
     z.emb = z.p == 1 ? 1 : 0;
+    z.head_rows = z.f.head_rows ? z.b * z.f.head_rows : z.tok;
     w->layers_per_stage = stage_layers(pb, s);
     analytic_layers(&z);
     analytic_head(&z);
