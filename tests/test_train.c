@@ -77,7 +77,7 @@ static void train(mt_rank *r, void *p) {
     ms_sharding sh = {.s = &s};
     ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 42};
     if (!MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err)) return;
-    float ids[B * T], tgt[B * T], pos[B * T];
+    float ids[B * T], tgt[B * T], pos[B * T], mlm_pos[B * T];
     ms_sgd_opts sgd = {.lr = a->bert ? 0.1f : 0.5f};
     for (int step = 0; step < STEPS && r->failures == 0; step++) {
         batch(step, ids, tgt, pos);
@@ -85,7 +85,9 @@ static void train(mt_rank *r, void *p) {
             int32_t iid[B * T], itg[B * T];
             for (int i = 0; i < B * T; i++) iid[i] = (int32_t)ids[i];
             ms_model_mlm_mask(&m, 5, (uint64_t)step, iid, itg);
-            for (int i = 0; i < B * T; i++) ids[i] = (float)iid[i], tgt[i] = (float)itg[i];
+            for (int i = 0; i < B * T; i++) ids[i] = (float)iid[i];
+            ms_model_head_inputs(&m, B, itg, tgt, mlm_pos);
+            ms_program_feed(prog, m.mlm_pos, mlm_pos, &err);
         }
         ms_program_feed(prog, m.ids, ids, &err);
         ms_program_feed(prog, m.targets, tgt, &err);

@@ -9,21 +9,16 @@
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h" /* MS_MAX_DIMS */
 
-/* Walks the local box row by row (a row = the innermost dim, contiguous both locally and in
- * the global index space) and applies y = keep ? x * scale : 0, accumulating into y if acc. */
 int64_t ms_k_batch_row(const ms_k_batch_window *w, int64_t r) {
     if (!w || w->rows <= 0) return r;
     return (r / w->rows) * w->stride + w->offset + r % w->rows;
 }
 
-static void apply(float *y, const float *x, bool acc, float p, uint64_t seed, uint64_t stream,
-                  int ndim, const int64_t *lshape, const int64_t *gstart, const int64_t *gshape,
-                  const ms_k_batch_window *w) {
-    const bool none = p >= 1.0f;
-    const float scale = none ? 0.0f : 1.0f / (1.0f - p);
+void ms_k_dropout_rows(const ms_k_dropout_box *box, ms_k_dropout_row_fn fn, void *arg) {
+    const int ndim = box->ndim;
+    const int64_t *lshape = box->lshape, *gstart = box->gstart, *gshape = box->gshape;
     if (ndim == 0) {
-        const float v = (!none && ms_philox_uniform(seed, stream, 0) >= p) ? x[0] * scale : 0.0f;
-        y[0] = acc ? y[0] + v : v;
+        fn(arg, 0, 0, 1);
         return;
     }
     int64_t gstride[MS_MAX_DIMS];
@@ -39,20 +34,47 @@ static void apply(float *y, const float *x, bool acc, float p, uint64_t seed, ui
         uint64_t g = (uint64_t)(gstart ? gstart[ndim - 1] : 0);
         for (int d = 0; d < ndim - 1; d++) {
             int64_t at = idx[d] + (gstart ? gstart[d] : 0);
-            g += (uint64_t)((d == 0 ? ms_k_batch_row(w, at) : at) * gstride[d]);
+            g += (uint64_t)((d == 0 ? ms_k_batch_row(box->w, at) : at) * gstride[d]);
         }
-        float *yr = y + r * len;
-        const float *xr = x + r * len;
-        for (int64_t j = 0; j < len; j++) {
-            const bool keep = !none && ms_philox_uniform(seed, stream, g + (uint64_t)j) >= p;
-            const float v = keep ? xr[j] * scale : 0.0f;
-            yr[j] = acc ? yr[j] + v : v;
-        }
+        fn(arg, r, g, len);
         for (int d = ndim - 2; d >= 0; d--) {
             if (++idx[d] < lshape[d]) break;
             idx[d] = 0;
         }
     }
+}
+
+bool ms_k_dropout_keep(float p, uint64_t seed, uint64_t stream, uint64_t g) {
+    return p < 1.0f && ms_philox_uniform(seed, stream, g) >= p;
+}
+
+/* y = keep ? x * scale : 0 over one row, accumulating into y if acc. */
+typedef struct apply_job {
+    float *y;
+    const float *x;
+    bool acc;
+    float p;
+    uint64_t seed, stream;
+} apply_job;
+
+static void apply_row(void *arg, int64_t r, uint64_t g, int64_t len) {
+    const apply_job *a = arg;
+    const float scale = ms_k_dropout_scale(a->p);
+    float *yr = a->y + r * len;
+    const float *xr = a->x + r * len;
+    for (int64_t j = 0; j < len; j++) {
+        const float v =
+            ms_k_dropout_keep(a->p, a->seed, a->stream, g + (uint64_t)j) ? xr[j] * scale : 0.0f;
+        yr[j] = a->acc ? yr[j] + v : v;
+    }
+}
+
+static void apply(float *y, const float *x, bool acc, float p, uint64_t seed, uint64_t stream,
+                  int ndim, const int64_t *lshape, const int64_t *gstart, const int64_t *gshape,
+                  const ms_k_batch_window *w) {
+    apply_job a = {.y = y, .x = x, .acc = acc, .p = p, .seed = seed, .stream = stream};
+    ms_k_dropout_box box = {ndim, lshape, gstart, gshape, w};
+    ms_k_dropout_rows(&box, apply_row, &a);
 }
 
 void ms_k_dropout_forward(float *out, const float *inp, float p, uint64_t seed, uint64_t stream,

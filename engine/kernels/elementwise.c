@@ -4,6 +4,7 @@
  * The long ones are split across the rank's threads (kernels/parallel.h).
  */
 #include "engine/kernels/kernels.h"
+#include "engine/kernels/fastmath.h"
 #include "engine/kernels/parallel.h"
 
 #include <math.h>
@@ -91,49 +92,11 @@ void ms_k_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_
     }
 }
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_CUBE  0.044715f
-
-/* tanh without libm, written so the compiler vectorises the loops that call it:
- * tanh(u) = sign(u) (1 - 2 / (e^{2|u|} + 1)), with e^y = 2^k e^r, |r| <= ln2/2, e^r a
- * degree-6 polynomial and 2^k built in the exponent bits. Relative error below 3e-7 on the
- * range that matters; |u| > 9 saturates to +-1 exactly as tanhf does in float. */
-static inline float fast_tanh(float u) {
-    /* Sign, absolute value and the clamp at 9 as integer operations on the bits: float
-     * min/max and branches keep GCC from vectorising the loop. */
-    uint32_t ub, sign, ab, tb;
-    memcpy(&ub, &u, 4);
-    sign = ub & 0x80000000u;
-    ab = ub & 0x7fffffffu;
-    ab = ab < 0x41100000u ? ab : 0x41100000u; /* 9.0f */
-    float a;
-    memcpy(&a, &ab, 4);
-    a *= 2.0f;
-    float t = a * 1.44269504088896341f; /* log2(e) */
-    int32_t k = (int32_t)(t + 0.5f);    /* a >= 0: round to nearest */
-    float r = a - (float)k * 0.693145751953125f - (float)k * 1.428606765330187e-06f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f +
-                                                  r * (0.0416666642f + r * (0.00833336543f +
-                                                                            r * 0.00138888892f)))));
-    int32_t bits = (k + 127) << 23;
-    float two_k;
-    memcpy(&two_k, &bits, 4);
-    float th = 1.0f - 2.0f / (p * two_k + 1.0f);
-    memcpy(&tb, &th, 4);
-    tb |= sign;
-    memcpy(&th, &tb, 4);
-    return th;
-}
-
 static void gelu_fwd_range(void *arg, int64_t lo, int64_t hi) {
     const elt_job *j = arg;
     float *restrict out = j->out;
     const float *restrict inp = j->a;
-    for (int64_t i = lo; i < hi; i++) {
-        const float x = inp[i];
-        const float cube = GELU_CUBE * x * x * x;
-        out[i] = 0.5f * x * (1.0f + fast_tanh(GELU_SCALE * (x + cube)));
-    }
+    for (int64_t i = lo; i < hi; i++) out[i] = ms_gelu(inp[i]);
 }
 
 void ms_k_gelu_forward(float *out, const float *inp, int64_t n) {
@@ -145,16 +108,7 @@ static void gelu_bwd_range(void *arg, int64_t lo, int64_t hi) {
     const elt_job *j = arg;
     float *restrict dinp = j->out;
     const float *restrict inp = j->a, *restrict dout = j->b;
-    for (int64_t i = lo; i < hi; i++) {
-        const float x = inp[i];
-        const float cube = GELU_CUBE * x * x * x;
-        const float th = fast_tanh(GELU_SCALE * (x + cube));
-        /* sech^2 = 1 - tanh^2: llm.c's 1/cosh^2 overflows coshf for |x| beyond ~10. */
-        const float sech2 = 1.0f - th * th;
-        const float local =
-            0.5f * (1.0f + th) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
-        dinp[i] += local * dout[i];
-    }
+    for (int64_t i = lo; i < hi; i++) dinp[i] += ms_gelu_grad(inp[i]) * dout[i];
 }
 
 void ms_k_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n) {

@@ -89,7 +89,9 @@ void ms_k_view_backward(float *dinp, const float *dout, const ms_k_view *v) {
 /* Local row of the id at (a, l, j), or -1 when another rank holds it. */
 static int64_t gather_row(const float *ids, const ms_k_gather_dims *g, int64_t a, int64_t l,
                           int64_t j) {
-    float id = g->ids_per_row ? ids[l] : ids[(a * g->l + l) * g->i + j];
+    float id = g->ids_per_row     ? ids[l]
+               : g->ids_per_outer ? ids[a * g->l + l]
+                                  : ids[(a * g->l + l) * g->i + j];
     int64_t r = (int64_t)id - g->d0;
     return r >= 0 && r < g->d ? r : -1;
 }

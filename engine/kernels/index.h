@@ -39,11 +39,12 @@ int64_t ms_k_view_numel(const ms_k_view *v);
 
 /* Along a dim viewed as [O, D, I] (x) and [O, L, I] (ids, out): out[a, l, j] =
  * x[a, ids[a, l, j] - d0, j] when that id falls in the local rows [d0, d0 + D), else 0.
- * ids_per_row: ids is [L] shared by every (a, j) (index_select) instead of [O, L, I].
+ * ids_per_row: ids is [L] shared by every (a, j) (index_select) instead of [O, L, I];
+ * ids_per_outer: ids is [O, L] shared by every j (batch_gather).
  * accumulate adds into out. The same walk scatters: dx[a, id - d0, j] += src[a, l, j]. */
 typedef struct ms_k_gather_dims {
     int64_t o, d, l, i, d0;
-    bool ids_per_row;
+    bool ids_per_row, ids_per_outer;
 } ms_k_gather_dims;
 void ms_k_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
                  bool accumulate);

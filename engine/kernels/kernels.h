@@ -292,6 +292,20 @@ void ms_k_dropout_backward(float *dinp, const float *dout, float p, uint64_t see
                            int ndim, const int64_t *lshape, const int64_t *gstart,
                            const int64_t *gshape, const ms_k_batch_window *w);
 ms_k_cost ms_k_dropout_cost(int64_t n, bool backward);
+/* The pieces of the above for kernels that drop inside a fused pass: the local box, a walk
+ * over its rows (the innermost dim) that hands each row's first global index (batch window
+ * applied) to fn, and the keep decision of the element at global index g. */
+typedef struct ms_k_dropout_box {
+    int ndim;
+    const int64_t *lshape, *gstart, *gshape; /* as ms_k_dropout_forward's */
+    const ms_k_batch_window *w;
+} ms_k_dropout_box;
+typedef void (*ms_k_dropout_row_fn)(void *arg, int64_t row, uint64_t g, int64_t len);
+void ms_k_dropout_rows(const ms_k_dropout_box *box, ms_k_dropout_row_fn fn, void *arg);
+bool ms_k_dropout_keep(float p, uint64_t seed, uint64_t stream, uint64_t g);
+static inline float ms_k_dropout_scale(float p) {
+    return p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
+}
 
 /* ---- shape copies (shape.c) --------------------------------------------------------------- */
 

@@ -14,7 +14,8 @@ typedef struct builder {
     ms_graph *g;
     const ms_model_config *c;
     int B, T, C, H, V;
-    int stream; /* dropout stream counter: one Philox stream per dropout site */
+    int stream;   /* dropout stream counter: one Philox stream per dropout site */
+    bool unfused; /* the fused operators' reference: each elementwise step its own op */
 } builder;
 
 static int param(builder *b, const char *name, int ndim, const int64_t *shape, ms_init init) {
@@ -42,17 +43,33 @@ static int layernorm(builder *b, int x, const char *prefix) {
     return ms_graph_op(b->g, MS_OP_LAYERNORM, &a, 3, in, prefix);
 }
 
-/* x @ W + bias, W [in, out...], bias [out...]. */
-static int linear(builder *b, int x, const char *prefix, int wnd, const int64_t *wshape,
-                  float std) {
+/* x @ W, W [in, out...]; the layer's bias [out...] in *bias, for the caller to add (alone or
+ * fused with what follows). */
+static int matmul_of(builder *b, int x, const char *prefix, int wnd, const int64_t *wshape,
+                     float std, int *bias) {
     char n[96], on[96];
     snprintf(n, sizeof n, "%s.weight", prefix);
     int w = param(b, n, wnd, wshape, (ms_init){MS_INIT_NORMAL, std});
     snprintf(n, sizeof n, "%s.bias", prefix);
-    int bias = param(b, n, wnd - 1, wshape + 1, (ms_init){MS_INIT_CONST, 0.0f});
+    *bias = param(b, n, wnd - 1, wshape + 1, (ms_init){MS_INIT_CONST, 0.0f});
     snprintf(on, sizeof on, "%s.mm", prefix);
-    int y = op2(b, MS_OP_MATMUL, NULL, x, w, on);
+    return op2(b, MS_OP_MATMUL, NULL, x, w, on);
+}
+
+/* x @ W + bias. */
+static int linear(builder *b, int x, const char *prefix, int wnd, const int64_t *wshape,
+                  float std) {
+    int bias, y = matmul_of(b, x, prefix, wnd, wshape, std, &bias);
     return op2(b, MS_OP_BIAS, NULL, y, bias, prefix);
+}
+
+/* gelu(x @ W + bias): the bias inside bias_gelu. */
+static int linear_gelu(builder *b, int x, const char *prefix, int wnd, const int64_t *wshape,
+                       float std, const char *gelu_name) {
+    int bias, y = matmul_of(b, x, prefix, wnd, wshape, std, &bias);
+    if (!b->unfused) return op2(b, MS_OP_BIAS_GELU, NULL, y, bias, gelu_name);
+    y = op2(b, MS_OP_BIAS, NULL, y, bias, prefix);
+    return op1(b, MS_OP_GELU, NULL, y, gelu_name);
 }
 
 static int dropout(builder *b, int x, double p, const char *name) {
@@ -61,8 +78,25 @@ static int dropout(builder *b, int x, double p, const char *name) {
     return op1(b, MS_OP_DROPOUT, &a, x, name);
 }
 
-static int attention_block(builder *b, int x, int l, bool causal) {
-    char p[64], n[96];
+/* res + dropout(x @ W + bias), the output projection joining the residual stream: one
+ * bias_dropout_add named `add_name` (a stream name, placed as the residual), or the chain. */
+static int linear_dropout_add(builder *b, int x, int res, const char *prefix, int wnd,
+                              const int64_t *wshape, float std, const char *drop_name,
+                              const char *add_name) {
+    int bias, y = matmul_of(b, x, prefix, wnd, wshape, std, &bias);
+    double p = b->c->resid_pdrop;
+    if (b->unfused) {
+        y = dropout(b, op2(b, MS_OP_BIAS, NULL, y, bias, prefix), p, drop_name);
+        return op2(b, MS_OP_ADD, NULL, res, y, add_name);
+    }
+    ms_op_attrs a = {.i = {p > 0 ? b->stream++ : 0}, .f = {p > 0 ? (float)p : 0.0f}};
+    int in[3] = {y, bias, res};
+    return ms_graph_op(b->g, MS_OP_BIAS_DROPOUT_ADD, &a, 3, in, add_name);
+}
+
+/* Attention with its output projection, dropout and the residual add: res + attn(x). */
+static int attention_block(builder *b, int x, int res, int l, bool causal) {
+    char p[64], n[96], r[64];
     const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)b->c->n_layer);
     snprintf(p, sizeof p, "h.%d.attn.c_attn", l);
     const int64_t wqkv[3] = {b->C, 3, b->C};
@@ -74,24 +108,24 @@ static int attention_block(builder *b, int x, int l, bool causal) {
     ms_graph_region_end(b->g, MS_REGION_ATTENTION);
     snprintf(p, sizeof p, "h.%d.attn.c_proj", l);
     const int64_t wo[2] = {b->C, b->C};
-    a = linear(b, a, p, 2, wo, proj_std);
     snprintf(n, sizeof n, "h.%d.attn.dropout", l);
-    return dropout(b, a, b->c->resid_pdrop, n);
+    snprintf(r, sizeof r, "h.%d.res1", l);
+    return linear_dropout_add(b, a, res, p, 2, wo, proj_std, n, r);
 }
 
-static int mlp_block(builder *b, int x, int l) {
-    char p[64], n[96];
+/* The MLP with its dropout and the residual add: res + mlp(x). */
+static int mlp_block(builder *b, int x, int res, int l) {
+    char p[64], n[96], r[64];
     const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)b->c->n_layer);
     snprintf(p, sizeof p, "h.%d.mlp.c_fc", l);
     const int64_t w1[2] = {b->C, 4 * (int64_t)b->C};
-    int h = linear(b, x, p, 2, w1, std);
     snprintf(n, sizeof n, "h.%d.mlp.gelu", l);
-    h = op1(b, MS_OP_GELU, NULL, h, n);
+    int h = linear_gelu(b, x, p, 2, w1, std, n);
     snprintf(p, sizeof p, "h.%d.mlp.c_proj", l);
     const int64_t w2[2] = {4 * (int64_t)b->C, b->C};
-    h = linear(b, h, p, 2, w2, proj_std);
     snprintf(n, sizeof n, "h.%d.mlp.dropout", l);
-    return dropout(b, h, b->c->resid_pdrop, n);
+    snprintf(r, sizeof r, "h.%d.res2", l);
+    return linear_dropout_add(b, h, res, p, 2, w2, proj_std, n, r);
 }
 
 static ms_status check_dims(const ms_model_config *c, int B, int T, ms_error *err) {
@@ -137,26 +171,18 @@ static int embed(builder *b, ms_model *out, int wte) {
 static int gpt2_block(builder *b, int x, int l) {
     char n[64];
     snprintf(n, sizeof n, "h.%d.ln_1", l);
-    int a = attention_block(b, layernorm(b, x, n), l, true);
-    snprintf(n, sizeof n, "h.%d.res1", l);
-    x = op2(b, MS_OP_ADD, NULL, x, a, n);
+    x = attention_block(b, layernorm(b, x, n), x, l, true);
     snprintf(n, sizeof n, "h.%d.ln_2", l);
-    int m = mlp_block(b, layernorm(b, x, n), l);
-    snprintf(n, sizeof n, "h.%d.res2", l);
-    return op2(b, MS_OP_ADD, NULL, x, m, n);
+    return mlp_block(b, layernorm(b, x, n), x, l);
 }
 
 /* BERT: post-LayerNorm, bidirectional attention. */
 static int bert_block(builder *b, int x, int l) {
     char n[64];
-    int a = attention_block(b, x, l, false);
-    snprintf(n, sizeof n, "h.%d.res1", l);
-    x = op2(b, MS_OP_ADD, NULL, x, a, n);
+    x = attention_block(b, x, x, l, false);
     snprintf(n, sizeof n, "h.%d.ln_1", l);
     x = layernorm(b, x, n);
-    int m = mlp_block(b, x, l);
-    snprintf(n, sizeof n, "h.%d.res2", l);
-    x = op2(b, MS_OP_ADD, NULL, x, m, n);
+    x = mlp_block(b, x, x, l);
     snprintf(n, sizeof n, "h.%d.ln_2", l);
     return layernorm(b, x, n);
 }
@@ -169,29 +195,34 @@ static int block(builder *b, int x, int l) {
     return y;
 }
 
+/* BERT's masked-LM head on the masked positions only, gathered first (as the reference
+ * implementations' masked_lm_positions): [B, T, C] -> [B, k, C], then dense + GELU +
+ * LayerNorm and the tied decoder on B x k rows instead of B x T. */
+static int mlm_transform(builder *b, ms_model *out, int x) {
+    const int64_t bk[2] = {b->B, out->mlm_per_row};
+    out->targets = ms_graph_input(b->g, "masked_lm_labels", 2, bk);
+    out->mlm_pos = ms_graph_input(b->g, "masked_lm_positions", 2, bk);
+    ms_op_attrs along_t = {.i = {1}};
+    x = op2(b, MS_OP_BATCH_GATHER, &along_t, x, out->mlm_pos, "masked_hidden");
+    const int64_t wd[2] = {b->C, b->C};
+    x = linear_gelu(b, x, "cls.predictions.transform.dense", 2, wd, 0.02f,
+                    "cls.predictions.transform.gelu");
+    return layernorm(b, x, "cls.predictions.transform.LayerNorm");
+}
+
 static void head(builder *b, ms_model *out, int x, int wte) {
-    bool bert = b->c->model_type == MS_MODEL_BERT;
-    const int64_t bt[2] = {b->B, b->T};
-    out->targets = ms_graph_input(b->g, "targets", 2, bt);
-    if (!bert) {
-        x = layernorm(b, x, "ln_f");
+    if (b->c->model_type == MS_MODEL_BERT) {
+        x = mlm_transform(b, out, x);
     } else {
-        /* Masked-LM head: dense + GELU + LayerNorm, then the tied decoder. */
-        const int64_t wd[2] = {b->C, b->C};
-        x = linear(b, x, "cls.predictions.transform.dense", 2, wd, 0.02f);
-        x = op1(b, MS_OP_GELU, NULL, x, "cls.predictions.transform.gelu");
-        x = layernorm(b, x, "cls.predictions.transform.LayerNorm");
+        const int64_t bt[2] = {b->B, b->T};
+        out->targets = ms_graph_input(b->g, "targets", 2, bt);
+        x = layernorm(b, x, "ln_f");
     }
     ms_op_attrs tb = {.i = {1}};
     out->logits = op2(b, MS_OP_MATMUL, &tb, x, wte, "logits");
     int losses = op2(b, MS_OP_XENT, NULL, out->logits, out->targets, "losses");
     ms_op_attrs all = {.i = {-1}};
-    out->loss = op1(b, MS_OP_MEAN, &all, losses, bert ? "loss_all" : "loss");
-    if (bert) {
-        /* The mean over masked positions only: ignored positions contribute 0. */
-        ms_op_attrs sc = {.f = {(float)b->T / (float)out->mlm_per_row}};
-        out->loss = op1(b, MS_OP_SCALE, &sc, out->loss, "loss");
-    }
+    out->loss = op1(b, MS_OP_MEAN, &all, losses, "loss");
     ms_graph_set_loss(b->g, out->loss);
 }
 
@@ -199,7 +230,7 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
                                ms_model *out, ms_error *err) {
     memset(out, 0, sizeof *out);
     out->ids = out->targets = out->pos = out->loss = out->logits = -1;
-    out->hidden_in = out->hidden_out = -1;
+    out->hidden_in = out->hidden_out = out->mlm_pos = -1;
     MS_CHECK(check_dims(cfg, B, T, err));
     if (ch->layer_lo < 0 || ch->layer_hi < ch->layer_lo || ch->layer_hi > cfg->n_layer ||
         (!ch->first && !ch->last && ch->layer_hi == ch->layer_lo))
@@ -220,12 +251,13 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
                  .T = T,
                  .C = cfg->n_embd,
                  .H = cfg->n_head,
-                 .V = cfg->vocab_size};
+                 .V = cfg->vocab_size,
+                 .unfused = ch->unfused};
     /* Dropout streams are numbered model-wide (the embedding's, then two per layer), so a
      * chunk's masks are the whole model's. The first chunk numbers its embedding's itself. */
     if (!ch->first)
         b.stream = (cfg->embd_pdrop > 0 ? 1 : 0) + (cfg->resid_pdrop > 0 ? 2 : 0) * ch->layer_lo;
-    if (cfg->model_type == MS_MODEL_BERT) out->mlm_per_row = (int)ceil(0.15 * T);
+    out->mlm_per_row = ms_model_mlm_positions(cfg, T);
     int wte = ch->first || ch->last ? word_embedding(&b) : -1;
     int x;
     if (ch->first) {
@@ -251,8 +283,12 @@ ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const m
 }
 
 ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out, ms_error *err) {
-    ms_model_chunk whole = {0, cfg->n_layer, true, true};
+    ms_model_chunk whole = {.layer_hi = cfg->n_layer, .first = true, .last = true};
     return ms_model_build_chunk(cfg, B, T, &whole, out, err);
+}
+
+int ms_model_mlm_positions(const ms_model_config *c, int T) {
+    return c->model_type == MS_MODEL_BERT ? (int)ceil(0.15 * T) : 0;
 }
 
 void ms_model_free(ms_model *m) {
@@ -295,4 +331,28 @@ void ms_model_mlm_mask(const ms_model *m, uint64_t seed, uint64_t batch, int32_t
         }
     }
     free(perm);
+}
+
+void ms_model_head_inputs(const ms_model *m, int rows, const int32_t *targets, float *targets_out,
+                          float *positions_out) {
+    int T = m->T, k = m->mlm_per_row;
+    if (!k) {
+        for (int64_t i = 0; targets_out && i < (int64_t)rows * T; i++)
+            targets_out[i] = (float)targets[i];
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        const int32_t *tg = targets + (size_t)r * T;
+        int j = 0;
+        for (int t = 0; t < T && j < k; t++) {
+            if (tg[t] < 0) continue;
+            if (targets_out) targets_out[(size_t)r * k + j] = (float)tg[t];
+            if (positions_out) positions_out[(size_t)r * k + j] = (float)t;
+            j++;
+        }
+        for (; j < k; j++) {
+            if (targets_out) targets_out[(size_t)r * k + j] = -1.0f;
+            if (positions_out) positions_out[(size_t)r * k + j] = 0.0f;
+        }
+    }
 }

@@ -13,12 +13,16 @@
 
 typedef struct ms_model {
     ms_graph *g;
-    int ids, targets, pos; /* inputs: token ids [B, T], targets [B, T], positions [B, T] */
+    int ids, targets, pos; /* inputs: token ids [B, T], targets [B, T] (BERT: [B, k]),
+                            * positions [B, T] */
     int loss;              /* mean cross-entropy, a scalar */
-    int logits;            /* [B, T, V] */
+    int logits;            /* [B, T, V] (BERT: [B, k, V]) */
     int B, T;
-    /* BERT: positions masked per row; the loss is the mean over them (0 for GPT-2) */
+    /* BERT: k, the positions masked per row; 0 for GPT-2. The masked-LM head runs on those
+     * positions only, gathered before it (mlm_pos, an input [B, k] of positions within the
+     * row), and the loss is the mean over the B x k of them. -1 without BERT's head. */
     int mlm_per_row;
+    int mlm_pos;
     /* A pipeline chunk: the activation input [B, T, C] (chunks after the first) and output
      * (chunks before the last); -1 otherwise. A chunk without the head has no loss, logits
      * or targets (-1), one without the embedding no ids or positions. */
@@ -30,7 +34,14 @@ typedef struct ms_model {
 typedef struct ms_model_chunk {
     int layer_lo, layer_hi;
     bool first, last;
+    /* The reference the fused operators are checked against: every bias add, GELU, dropout and
+     * residual add its own operator (false: bias_gelu and bias_dropout_add). */
+    bool unfused;
 } ms_model_chunk;
+
+/* k, the positions BERT masks (and its head runs on) per sequence of T tokens: ceil(0.15 T);
+ * 0 for the other families. */
+int ms_model_mlm_positions(const ms_model_config *c, int T);
 
 /* BERT's mask token: byte 0, which text never contains. */
 #define MS_MLM_MASK_ID 0
@@ -41,6 +52,14 @@ typedef struct ms_model_chunk {
  * [B, T]; targets is written, ids rewritten in place. */
 void ms_model_mlm_mask(const ms_model *m, uint64_t seed, uint64_t batch, int32_t *ids,
                        int32_t *targets);
+
+/* The head's inputs for `rows` rows of full-length targets [rows, T] (-1: not predicted), as
+ * floats to feed: GPT-2's targets as they are; for BERT each row's masked positions (the
+ * targets >= 0, in order; a row with fewer than k pads with position 0 and target -1, which
+ * the loss counts as 0) and their targets, [rows, k] each. targets_out or positions_out may
+ * be NULL to skip it; positions_out is left alone for GPT-2. */
+void ms_model_head_inputs(const ms_model *m, int rows, const int32_t *targets, float *targets_out,
+                          float *positions_out);
 
 /* Builds the model for batch B and sequence T. Errors name the problem (T > n_positions,
  * heads not dividing channels, ...). The model owns its graph. */

@@ -604,8 +604,11 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
     ms_placement dp = ms_pl_replicate(), tp = ms_pl_replicate(), cp = ms_pl_replicate();
     bool is_input =
         !strcmp(name, "input_ids") || !strcmp(name, "targets") || !strcmp(name, "position_ids");
+    /* BERT's masked positions and their labels [B, k]: split over dp with the batch, whole
+     * over cp (k is not a sequence dim; the head runs on all of them) */
+    bool is_mlm_input = !strcmp(name, "masked_lm_positions") || !strcmp(name, "masked_lm_labels");
     bool is_residual = is_stream(name) || is_row_output(name) || is_norm_output(s, name);
-    if ((is_input || is_residual) && s->dp > 1 && shape->ndim >= 1) {
+    if ((is_input || is_mlm_input || is_residual) && s->dp > 1 && shape->ndim >= 1) {
         dp = ms_pl_shard(0);
         any = true;
     }

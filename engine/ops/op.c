@@ -84,7 +84,7 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_squeeze_def, &ms_op_unsqueeze_def, &ms_op_pad_def,
     &ms_op_tril_def, &ms_op_triu_def, &ms_op_stack_def,
     &ms_op_masked_fill_def, &ms_op_one_hot_def, &ms_op_topk_def,
-    &ms_op_sort_def,
+    &ms_op_sort_def, &ms_op_batch_gather_def,
     /* -- end index -- */
 
     /* -- layers -- */
@@ -105,6 +105,11 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_xent_smooth_def,
     &ms_op_cosine_similarity_def,
     /* -- end layers -- */
+
+    /* -- fused -- */
+    &ms_op_bias_gelu_def,
+    &ms_op_bias_dropout_add_def,
+    /* -- end fused -- */
 };
 // clang-format on
 _Static_assert(sizeof builtin_ops / sizeof builtin_ops[0] == MS_OP_BUILTIN_COUNT,

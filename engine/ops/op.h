@@ -149,6 +149,7 @@ typedef enum ms_op_kind {
     MS_OP_ONE_HOT,      /* ids [...] -> [..., i[0]] of 0/1; no gradient */
     MS_OP_TOPK,         /* i[0] largest of the last dim -> values, indices; ties: lower index */
     MS_OP_SORT,         /* the last dim sorted (i[0] descending) -> values, indices; stable */
+    MS_OP_BATCH_GATHER, /* x, ids [x's dims before i[0], L] -> x with dim i[0] = its ids' rows */
     /* -- end index -- */
 
     /* -- layers: neural-network layers (ops_layers.c) -- */
@@ -169,6 +170,11 @@ typedef enum ms_op_kind {
     MS_OP_XENT_SMOOTH,       /* logits [..., V], targets [...] -> [...]; f[0] label smoothing */
     MS_OP_COSINE_SIMILARITY, /* a, b [..., C] -> [...] over the last dim; f[0] eps */
     /* -- end layers -- */
+
+    /* -- fused: elementwise chains in one pass (ops_fused.c) -- */
+    MS_OP_BIAS_GELU,        /* x [..., tail...], b [tail...] -> gelu(x + b) */
+    MS_OP_BIAS_DROPOUT_ADD, /* x, b [tail...], res -> res + dropout(x + b); f[0] p, i[0] stream */
+    /* -- end fused -- */
 
     MS_OP_BUILTIN_COUNT
 } ms_op_kind;

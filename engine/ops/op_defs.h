@@ -78,7 +78,8 @@ extern const ms_op_def ms_op_permute_def, ms_op_slice_def, ms_op_narrow_def,
     ms_op_index_select_def, ms_op_gather_def, ms_op_scatter_add_def, ms_op_cumsum_def,
     ms_op_cumprod_def, ms_op_flip_def, ms_op_roll_def, ms_op_repeat_def, ms_op_expand_def,
     ms_op_squeeze_def, ms_op_unsqueeze_def, ms_op_pad_def, ms_op_tril_def, ms_op_triu_def,
-    ms_op_stack_def, ms_op_masked_fill_def, ms_op_one_hot_def, ms_op_topk_def, ms_op_sort_def;
+    ms_op_stack_def, ms_op_masked_fill_def, ms_op_one_hot_def, ms_op_topk_def, ms_op_sort_def,
+    ms_op_batch_gather_def;
 /* -- end index -- */
 
 /* -- layers -- */
@@ -99,6 +100,11 @@ extern const ms_op_def ms_op_huber_loss_def;
 extern const ms_op_def ms_op_xent_smooth_def;
 extern const ms_op_def ms_op_cosine_similarity_def;
 /* -- end layers -- */
+
+/* -- fused -- */
+extern const ms_op_def ms_op_bias_gelu_def;
+extern const ms_op_def ms_op_bias_dropout_add_def;
+/* -- end fused -- */
 // clang-format on
 
 static inline int64_t shape_numel(const ms_shape *s) {

@@ -1,6 +1,6 @@
 /* ops_index.c - indexing and layout: permute, slice, narrow, flip, roll, repeat, expand,
  * squeeze, unsqueeze, pad, stack, tril/triu, cumsum/cumprod, index_select, gather,
- * scatter_add, masked_fill, one_hot, topk and sort.
+ * batch_gather, scatter_add, masked_fill, one_hot, topk and sort.
  *
  * Rules: a dim may stay sharded only where it survives with the same global extent and
  * meaning, since then a rank's local slice of the output is computed from its local slice of
@@ -704,6 +704,66 @@ const ms_op_def ms_op_gather_def = {
     .rule = gather_rule,
     .forward = gather_forward,
     .backward = gather_backward,
+    .cost = out_cost,
+    .grad_inputs = 1,
+};
+
+/* --- batch_gather (x, ids [x's dims before i[0], L]): each leading index its own rows ---
+ * out[b..., l, tail...] = x[b..., ids[b..., l], tail...]: the rows of each sequence at its own
+ * positions (BERT's masked positions). The leading dims shard with ids, the tail dims with
+ * x; rows split across ranks give a partial sum, as gather's. */
+
+static ms_status batch_gather_infer(const ms_op_attrs *a, int n_in, const ms_shape *in,
+                                    ms_shape *out, ms_error *err) {
+    (void)n_in;
+    int k = (int)a->i[0];
+    bool ok = dim_ok(k, in[0].ndim) && in[1].ndim == k + 1;
+    for (int d = 0; ok && d < k; d++) ok = in[0].d[d] == in[1].d[d];
+    if (!ok) return bad(err, "batch_gather", in, 2, "ids must be x's dims before i[0], then L");
+    *out = in[0];
+    out->d[k] = in[1].d[k];
+    return MS_OK;
+}
+static int batch_gather_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
+                             ms_rule_cand *c) {
+    (void)n_in, (void)n;
+    int j = 0, k = (int)a->i[0];
+    cand2(&c[j++], ms_R(), ms_R(), ms_R());
+    for (int d = 0; d < in[0].ndim; d++)
+        if (d != k) cand2(&c[j++], ms_S(d), d < k ? ms_S(d) : ms_R(), ms_S(d));
+    cand2(&c[j++], ms_S(k), ms_R(), ms_Psum());
+    cand2(&c[j++], ms_R(), ms_S(k), ms_S(k));
+    cand2(&c[j++], ms_Psum(), ms_R(), ms_Psum());
+    return j;
+}
+static ms_k_gather_dims batch_gather_dims(const ms_op_call *c) {
+    int k = (int)c->attrs->i[0];
+    ms_k_gather_dims g = {.d0 = c->in_start[0][k], .ids_per_outer = true};
+    ms_k_dim_split(c->in[0]->ndim, c->in[0]->shape, k, &g.o, &g.d, &g.i);
+    g.l = c->in[1]->shape[k];
+    return g;
+}
+static ms_status batch_gather_forward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gather_dims g = batch_gather_dims(c);
+    ms_k_gather(F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false);
+    return MS_OK;
+}
+static ms_status batch_gather_backward(ms_op_call *c, ms_error *e) {
+    (void)e;
+    ms_k_gather_dims g = batch_gather_dims(c);
+    if (c->din[0]) ms_k_scatter_add(F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g);
+    return MS_OK;
+}
+const ms_op_def ms_op_batch_gather_def = {
+    .kind = MS_OP_BATCH_GATHER,
+    .name = "batch_gather",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = batch_gather_infer,
+    .rule = batch_gather_rule,
+    .forward = batch_gather_forward,
+    .backward = batch_gather_backward,
     .cost = out_cost,
     .grad_inputs = 1,
 };

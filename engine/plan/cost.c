@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/kernels/fused.h"
+#include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
 #include "engine/ops/op.h"
@@ -83,14 +85,15 @@ double ms_plan_model_flops(const ms_model_config *c, double batch, double seq) {
     /* per token: 6 FLOPs per weight of the layers' linears and the head (forward 2, backward
      * 4), and the scores and weighted values, 4 s x (query heads x head size) forward, 3x that
      * in all (GPT-2: 24 h^2 + 4 s h per layer forward, the logits 2 h V: the hand count
-     * 72 B s l h^2 (1 + s/(6h)) + 6 B s h V) */
+     * 72 B s l h^2 (1 + s/(6h)) + 6 B s h V); BERT's head only on its masked positions */
     ms_plan_family f;
-    ms_plan_family_of(c, 1, &f);
+    ms_plan_family_of(c, 1, (int)seq, &f);
     double lin = 0, s = seq, tokens = batch * seq;
+    double head_tokens = f.head_rows ? batch * (double)f.head_rows : tokens;
     for (int i = 0; i < f.n_lin; i++) lin += (double)f.lin[i].k * f.lin[i].n;
     double head = (double)f.h * f.vocab + (f.head_transform ? (double)f.h * f.h : 0);
     double attn = 12.0 * s * (double)f.heads * f.head_dim;
-    return tokens * (c->n_layer * (6 * lin + attn) + 6 * head);
+    return tokens * c->n_layer * (6 * lin + attn) + head_tokens * 6 * head;
 }
 
 double ms_plan_narayanan_flops(const ms_model_config *c, double batch, double seq, bool recompute) {
@@ -264,6 +267,8 @@ typedef struct analytic {
     int t, cp, p, mb, n_micro;
     bool rc, sel, vp; /* full recompute, selective recompute, vocab-parallel head */
     int64_t h, V, S, b, tok, tok_sp;
+    /* rows the head's decoder and loss run on (BERT: b x k, whole over cp) */
+    int64_t head_rows;
     double ab, L; /* activation bytes; layers on the busiest stage */
     double emb;   /* the embedding on the busiest stage: 1 when pp = 1 */
     double f_layers, f_head;
@@ -294,6 +299,34 @@ static void add_stream(analytic *z, int op, ms_oprate rate, ms_k_elt k, int64_t 
                        double count) {
     add_elt(z->w, rate, op, ms_k_elementwise_cost(k, n, 0, false),
             ms_k_elementwise_cost(k, n, 0, true), rc, count);
+}
+
+/* gelu(x + bias) over rows x n, one pass. */
+static void add_bias_gelu(analytic *z, int64_t rows, int64_t n, bool rc, double count) {
+    add_elt(z->w, MS_OPRATE_GELU, MS_OP_BIAS_GELU, ms_k_bias_gelu_cost(rows, n, false),
+            ms_k_bias_gelu_cost(rows, n, true), rc, count);
+}
+
+/* res + dropout(x + bias) over rows x n, one pass (Philox-bound when the layer drops). */
+static void add_bias_dropout_add(analytic *z, int64_t rows, int64_t n, bool rc, double count) {
+    bool drop = z->f.dropout;
+    add_elt(z->w, drop ? MS_OPRATE_DROPOUT : MS_OPRATE_STREAM, MS_OP_BIAS_DROPOUT_ADD,
+            ms_k_bias_dropout_add_cost(rows * n, n, drop, false),
+            ms_k_bias_dropout_add_cost(rows * n, n, drop, true), rc, count);
+}
+
+/* A linear layer's bias as the builder adds it: its own op, inside bias_dropout_add (with a
+ * residual add and dropout), or inside bias_gelu (priced with the activation). Returns
+ * whether it took a residual add. */
+static bool add_linear_bias(analytic *z, const fam_linear *l, int64_t n, double count) {
+    int64_t rows = l->split == FAM_COLUMN ? z->tok : z->tok_sp;
+    if (!l->bias || l->fuse == FAM_FUSE_GELU) return false;
+    if (l->fuse == FAM_FUSE_RESIDUAL) {
+        add_bias_dropout_add(z, rows, n, z->rc, count);
+        return true;
+    }
+    add_bias(z, rows, n, z->rc, count);
+    return false;
 }
 
 /* Attention's core over whole sequences on the local heads (cp moves heads in; kv heads that
@@ -335,12 +368,15 @@ static void analytic_attention(analytic *z) {
 }
 
 /* One layer's kernels, L times: norms, the family's linears (attention between the first
- * linears and the output projection), the MLP activation, the residual adds. */
+ * linears and the output projection) and their biases, the MLP activation, the residual adds
+ * and dropouts that no fused operator took. */
 static void analytic_layers(analytic *z) {
     const ms_plan_family *f = &z->f;
     const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
     const bool rc = z->rc;
     const double L = z->L;
+    double adds = 2; /* residual adds (each after a dropout when the layer drops) */
+    bool act_fused = false;
     add_norm(z, tok_sp, rc, f->norms * L);
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
@@ -348,18 +384,21 @@ static void analytic_layers(analytic *z) {
         linear_local(z, l, &n, &k);
         if (i == f->attn_at) analytic_attention(z); /* the output projection reads it */
         add_gemm_op(z->w, f->linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, n, k, rc, L);
-        if (l->bias) add_bias(z, l->split == FAM_COLUMN ? tok : tok_sp, n, rc, L);
+        adds -= add_linear_bias(z, l, n, L);
+        act_fused |= l->bias && l->fuse == FAM_FUSE_GELU;
     }
-    int64_t act = tok * f->act_width / (z->t > 1 ? z->t : 1);
+    int64_t width = f->act_width / (z->t > 1 ? z->t : 1), act = tok * width;
     if (f->act_op == MS_OP_SWIGLU)
         add_elt(z->w, MS_OPRATE_STREAM, MS_OP_SWIGLU, ms_k_rowwise_cost(1, act, 5, 3),
                 ms_k_rowwise_cost(1, act, 10, 7), rc, L);
+    else if (act_fused)
+        add_bias_gelu(z, tok, width, rc, L);
     else
         add_stream(z, MS_OP_GELU, MS_OPRATE_GELU, MS_K_GELU, act, rc, L);
-    add_stream(z, MS_OP_ADD, MS_OPRATE_STREAM, MS_K_ADD, tok_sp * h, rc, 2 * L);
+    add_stream(z, MS_OP_ADD, MS_OPRATE_STREAM, MS_K_ADD, tok_sp * h, rc, adds * L);
     if (f->dropout)
         add_elt(z->w, MS_OPRATE_DROPOUT, MS_OP_DROPOUT, ms_k_dropout_cost(tok_sp * h, false),
-                ms_k_dropout_cost(tok_sp * h, true), rc, 2 * L);
+                ms_k_dropout_cost(tok_sp * h, true), rc, adds * L);
     z->f_layers = wk_flops(z->w);
 }
 
@@ -385,21 +424,27 @@ static double analytic_embedding(analytic *z, double count) {
     return one;
 }
 
-/* The head (last stage): the final norm or BERT's MLM transform, the logits, the loss. */
+/* The head (last stage): the final norm or BERT's MLM transform, the logits, the loss. BERT's
+ * runs on its masked positions, gathered first: dense + bias_gelu + LayerNorm, whole over tp.
+ * The dense product's output is reduce-scattered over the batch: over cp for the rest of the
+ * head, under sp for bias_gelu and the norm (whose output the decoder reads whole). */
 static void analytic_head(analytic *z) {
-    const int64_t h = z->h, tok = z->tok, tok_sp = z->tok_sp;
+    const int64_t h = z->h, tok_sp = z->tok_sp, all = z->head_rows;
+    const int64_t rows = z->f.head_rows ? all / z->cp : all;
+    const int64_t rows_sp = z->s->sp && z->t > 1 ? rows / z->t : rows;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
     double before = wk_flops(z->w);
     if (z->f.final_norm) add_norm(z, tok_sp, false, 1);
-    if (z->f.head_transform) { /* dense + GELU + LayerNorm, whole over tp (on sp's rows) */
-        add_gemm(z->w, tok_sp, h, h, false, 1);
-        add_bias(z, tok_sp, h, false, 1);
-        add_stream(z, MS_OP_GELU, MS_OPRATE_GELU, MS_K_GELU, tok_sp * h, false, 1);
-        add_norm(z, tok_sp, false, 1);
+    if (z->f.head_transform) {
+        add_elt(z->w, MS_OPRATE_STREAM, MS_OP_BATCH_GATHER, ms_k_index_cost(all * h, 0, false),
+                ms_k_index_cost(all * h, 0, true), false, 1);
+        add_gemm(z->w, all, h, h, false, 1);
+        add_bias_gelu(z, rows_sp, h, false, 1);
+        add_norm(z, rows_sp, false, 1);
     }
-    add_gemm_op(z->w, z->f.linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, vl, h, false, 1);
-    add_elt(z->w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(tok, vl, false),
-            ms_k_xent_cost(tok, vl, true), false, 1);
+    add_gemm_op(z->w, z->f.linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, rows, vl, h, false, 1);
+    add_elt(z->w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(rows, vl, false),
+            ms_k_xent_cost(rows, vl, true), false, 1);
     z->f_head = wk_flops(z->w) - before;
 }
 
@@ -410,15 +455,15 @@ static void analytic_tp_rest(const analytic *z) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
-    const double x = (double)z->tok * z->h * z->ab;
+    const double x = (double)z->tok * z->h * z->ab, head = (double)z->head_rows * z->h * z->ab;
     if (f->kv_whole)
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t,
                     (double)z->tok * f->kv_heads * f->head_dim * z->ab, 2 * z->L);
     if (!z->vp) return;
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, 1); /* the head's input */
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, head, 1); /* the head's input */
     /* row max, sum of exponentials, target logit */
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->tok * 4, 3);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4, 3);
 }
 
 /* tp without sp: the Megatron-LM layout. Forward, an all-reduce after each row-parallel
@@ -503,11 +548,23 @@ static void analytic_sp(const analytic *z, double passes_f) {
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, first);
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
     }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
+    if (f->head_rows) {
+        /* BERT's gathered head: its rows arrive as a partial sum (each rank gathers from its
+         * sequence shard); the dense product is reduce-scattered over the batch, the
+         * LayerNorm's output all-gathered to the vocab-parallel decoder (the table stays
+         * sharded), the reverse in the backward; the loss's three row reductions */
+        double x = (double)z->head_rows * h * ab;
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4,
+                    3 * last);
+        return;
+    }
     bool shared = f->tied && first > 0; /* one table serves both ends */
     if (first > 0) sp_gathered(z, table, first, 1);
     if (!shared) sp_gathered(z, table, last, 1);
     if (f->tied) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, table * ab, last);
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, 1); /* the loss */
 }
 
@@ -524,6 +581,14 @@ static void analytic_mb_collectives(const analytic *z) {
         analytic_sp(z, passes_f);
     else if (t > 1)
         analytic_tp(z, passes_f);
+    if (cp > 1 && z->f.head_rows) {
+        /* BERT's gathered head: the dense product's partial rows reduce-scattered over the
+         * batch, their gradient gathered back; the loss reduced */
+        double head = (double)z->head_rows * z->h * z->ab;
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_IN_MB, cp, 4, 1);
+    }
     if (cp > 1) {
         /* sequence-sharded qkv to head-sharded and back, forward and backward */
         const ms_plan_family *f = &z->f;
@@ -604,7 +669,8 @@ static double layer_values(const analytic *z, bool scores) {
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
-        v += (shard ? l->n / t : l->n) * (l->bias ? 2 : 1);
+        /* a fused bias's output is the activation's or the residual's, counted with them */
+        v += (shard ? l->n / t : l->n) * (l->bias && l->fuse == FAM_FUSE_NONE ? 2 : 1);
         if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
             v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
     }
@@ -643,17 +709,19 @@ static void analytic_activations(const analytic *z) {
             ms_pp_inflight_bound((ms_schedule)s->schedule, z->p, z->n_micro, s->virtual_stages, q);
         if (b > held) held = b;
     }
-    double ends = (f->final_norm ? hsp : 0) + (f->head_transform ? 4 * hsp : 0);
+    double ends = f->final_norm ? hsp : 0;
     if (z->emb > 0) ends += (f->pos_rows ? 3 : 1) * h + (f->emb_norm ? hsp : 0);
     double work = hsp + f->act_width / z->t;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
-    double logits = 2.0 * tok * vl * 4;
+    /* BERT's head: the gathered rows, the dense product, bias_gelu and LayerNorm per row */
+    double rows = (double)z->head_rows, transform = f->head_transform ? 4 * h * rows * ab : 0;
+    double logits = 2.0 * rows * vl * 4;
     double gathered = 0;
     if (sp) gathered += z->L * sp_gathered_weights(f) * ab;
     if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_plan_family_layer_params(f, z->t) * ab;
     /* at the start of the backward every value is alive; under full recompute the head's are
      * freed before the layers' are made again, one layer at a time */
-    double head = ends * tok * ab + logits, work_b = work * tok * ab;
+    double head = ends * tok * ab + transform + logits, work_b = work * tok * ab;
     double act = z->rc ? z->L * tok * hsp * ab + fmax(head, layer) : z->L * layer + head;
     z->w->mem_act = act * held + work_b + gathered;
 }
@@ -661,7 +729,7 @@ static void analytic_activations(const analytic *z) {
 void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
     wk_reset(w);
     analytic z = {.pb = pb, .s = s, .w = w, .t = s->tp, .cp = s->cp, .p = s->pp};
-    ms_plan_family_of(&pb->model, s->tp, &z.f);
+    ms_plan_family_of(&pb->model, s->tp, pb->seq, &z.f);
     z.rc = s->recompute == MS_RECOMPUTE_FULL;
     z.sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
     z.vp = z.t > 1 && !s->vocab_replicated;
@@ -674,6 +742,7 @@ void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_worklo
     z.ab = pb->dtype == MS_PLAN_BF16 ? 2 : 4; /* activation bytes */
     z.L = stage_layers(pb, s);
     z.emb = z.p == 1 ? 1 : 0;
+    z.head_rows = z.f.head_rows ? z.b * z.f.head_rows : z.tok;
     w->layers_per_stage = stage_layers(pb, s);
     analytic_layers(&z);
     analytic_head(&z);
@@ -1056,7 +1125,7 @@ ms_status ms_plan_tally_get(const ms_plan_problem *problem, const ms_strategy *s
 
 double ms_plan_model_params(const ms_model_config *c) {
     ms_plan_family f;
-    ms_plan_family_of(c, 1, &f);
+    ms_plan_family_of(c, 1, 0, &f);
     double wte = (double)f.vocab * f.h;
     return c->n_layer * ms_plan_family_layer_params(&f, 1) +
            ms_plan_family_first_params(&f, 1, false) + ms_plan_family_last_params(&f, 1, false) -

@@ -32,13 +32,18 @@ static int64_t numel(const ms_shape *s) {
     return n;
 }
 
-static ms_oprate rate_of(int op) {
-    switch (op) {
+/* The measured rate a kernel runs at (cpu-local): its own op's, or for a fused op the one of
+ * the step that bounds it (GELU; dropout's Philox, when it drops). */
+static ms_oprate rate_of(const ms_kernel_info *kn) {
+    switch (kn->op) {
         case MS_OP_LAYERNORM:
         case MS_OP_RMSNORM:
             return MS_OPRATE_LAYERNORM;
         case MS_OP_GELU:
+        case MS_OP_BIAS_GELU:
             return MS_OPRATE_GELU;
+        case MS_OP_BIAS_DROPOUT_ADD:
+            return kn->attrs && kn->attrs->f[0] > 0 ? MS_OPRATE_DROPOUT : MS_OPRATE_STREAM;
         case MS_OP_BIAS:
             return MS_OPRATE_BIAS;
         case MS_OP_SOFTMAX:
@@ -92,7 +97,7 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
     }
     bool bwd = kn->phase == MS_PROG_BACKWARD;
     wk_phase ph = bwd ? WK_BWD : kn->phase == MS_PROG_RECOMPUTE ? WK_RECOMPUTE : WK_FWD;
-    wk_kernel_add(w, cls, rate_of(kn->op), ph, kn->op, m, n, kk, kn->flops, kn->bytes, 1);
+    wk_kernel_add(w, cls, rate_of(kn), ph, kn->op, m, n, kk, kn->flops, kn->bytes, 1);
     if (st) {
         st->flops += kn->flops;
         if (kn->op < 32) st->op_flops[kn->op] += kn->flops;

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "engine/model/gpt.h"
 #include "engine/ops/op.h"
 
 static void add_linear(ms_plan_family *f, int64_t k, int64_t n, fam_split split, bool bias,
@@ -12,13 +13,16 @@ static void add_linear(ms_plan_family *f, int64_t k, int64_t n, fam_split split,
 }
 
 /* GPT-2 and BERT (gpt.c): c_attn [h, 3h] and c_fc [h, 4h] column-parallel, the two c_proj
- * row-parallel, all with biases; LayerNorm; GELU. */
+ * row-parallel, all with biases; LayerNorm; GELU. c_fc's bias is inside bias_gelu, the
+ * c_proj's inside bias_dropout_add. */
 static void gpt_layer(const ms_model_config *c, ms_plan_family *f) {
     const int64_t h = c->n_embd;
     add_linear(f, h, 3 * h, FAM_COLUMN, true, false); /* attn.c_attn */
     add_linear(f, h, h, FAM_ROW, true, false);        /* attn.c_proj */
     add_linear(f, h, 4 * h, FAM_COLUMN, true, false); /* mlp.c_fc */
     add_linear(f, 4 * h, h, FAM_ROW, true, false);    /* mlp.c_proj */
+    f->lin[1].fuse = f->lin[3].fuse = FAM_FUSE_RESIDUAL;
+    f->lin[2].fuse = FAM_FUSE_GELU;
     f->attn_at = 1;
     f->norm_op = MS_OP_LAYERNORM, f->norm_params = 2, f->norms = 2;
     f->act_op = MS_OP_GELU, f->act_width = 4 * h;
@@ -48,7 +52,7 @@ static void llama_layer(const ms_model_config *c, int tp, ms_plan_family *f) {
     f->final_norm = f->megatron_sp = true;
 }
 
-void ms_plan_family_of(const ms_model_config *c, int tp, ms_plan_family *f) {
+void ms_plan_family_of(const ms_model_config *c, int tp, int seq, ms_plan_family *f) {
     memset(f, 0, sizeof *f);
     f->type = c->model_type;
     f->h = c->n_embd;
@@ -66,6 +70,7 @@ void ms_plan_family_of(const ms_model_config *c, int tp, ms_plan_family *f) {
     gpt_layer(c, f);
     bool bert = c->model_type == MS_MODEL_BERT;
     f->emb_norm = f->head_transform = bert;
+    f->head_rows = ms_model_mlm_positions(c, seq);
     f->final_norm = !bert;
 }
 

@@ -19,10 +19,16 @@ typedef enum fam_split { FAM_COLUMN, FAM_ROW, FAM_WHOLE } fam_split;
 
 #define FAM_MAX_LINEAR 8
 
+/* What follows a linear layer's product, as the builder runs it: its own bias op, or the bias
+ * inside a fused operator: bias_gelu (the MLP's activation) or bias_dropout_add (dropout and
+ * the residual add after an output projection). */
+typedef enum fam_fuse { FAM_FUSE_NONE, FAM_FUSE_GELU, FAM_FUSE_RESIDUAL } fam_fuse;
+
 /* x[tokens, k] @ W[k, n] (+ bias[n]), whole-model sizes. */
 typedef struct fam_linear {
     int64_t k, n;
     uint8_t split; /* fam_split under tp */
+    uint8_t fuse;  /* fam_fuse: where the bias is added */
     bool bias;
     bool same_input; /* reads the previous linear's input (q, k, v; gate, up) */
 } fam_linear;
@@ -49,6 +55,8 @@ typedef struct ms_plan_family {
     int64_t vocab, pos_rows; /* learned position embedding rows (0: rotary positions) */
     bool emb_norm;           /* a norm after the embedding (BERT's embeddings.LayerNorm) */
     bool head_transform; /* BERT's MLM transform: dense h x h + GELU + LayerNorm, whole over tp */
+    int64_t head_rows;   /* positions per sequence the head runs on: BERT's masked ones
+                          * (gathered before it), else every one (0) */
     bool final_norm;     /* a norm before the head (GPT-2's ln_f, LLaMA's model.norm) */
     bool tied;           /* the head reads the token embedding */
     bool megatron_sp;    /* sp as Megatron-LM lays it out (LLaMA): each norm's output gathered
@@ -56,8 +64,8 @@ typedef struct ms_plan_family {
                           * scattered; otherwise (GPT-2, BERT) the engine gathers the weights */
 } ms_plan_family;
 
-/* The description of c's family under tensor parallelism tp. */
-void ms_plan_family_of(const ms_model_config *c, int tp, ms_plan_family *f);
+/* The description of c's family under tensor parallelism tp, for sequences of seq tokens. */
+void ms_plan_family_of(const ms_model_config *c, int tp, int seq, ms_plan_family *f);
 
 /* Parameters of one layer: whole, and on one tp rank (sharded linears and their column
  * biases divided by tp, norms and row-parallel biases whole). */

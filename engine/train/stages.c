@@ -340,9 +340,13 @@ static ms_status feed(ms_stages *st, chunk *c, int j, const int32_t *ids, const 
         for (int i = 0; i < n; i++) st->scratch[i] = (float)(i % T);
         if (md->pos >= 0) MS_CHECK(ms_program_feed(c->prog, md->pos, st->scratch, err));
     }
-    if (md->targets >= 0) {
-        for (int i = 0; i < n; i++) st->scratch[i] = (float)st->tgt_mb[i];
+    if (md->targets >= 0) { /* BERT's: the masked positions and their labels */
+        ms_model_head_inputs(md, st->rows_mb, st->tgt_mb, st->scratch, NULL);
         MS_CHECK(ms_program_feed(c->prog, md->targets, st->scratch, err));
+    }
+    if (md->mlm_pos >= 0) {
+        ms_model_head_inputs(md, st->rows_mb, st->tgt_mb, NULL, st->scratch);
+        MS_CHECK(ms_program_feed(c->prog, md->mlm_pos, st->scratch, err));
     }
     return MS_OK;
 }
