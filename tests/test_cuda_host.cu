@@ -34,6 +34,7 @@ extern "C" { /* a C header without C++ guards */
 }
 #include "engine/kernels/cuda/dropout_math.cuh"
 #include "engine/kernels/cuda/elementwise_math.cuh"
+#include "engine/kernels/cuda/fused_math.cuh"
 #include "engine/kernels/cuda/llama_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/optim_math.cuh"
@@ -1190,29 +1191,94 @@ static void test_dropout(void **state) {
     }
 }
 
+/* ---- the fused chains and gather: against engine/kernels/fused.c and index.c ---- */
+static float worst_rel(const std::vector<float> &a, const std::vector<float> &b) {
+    float w = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        const float d = fabsf(a[i] - b[i]) / (fabsf(b[i]) + 1e-3f);
+        w = d > w ? d : w;
+    }
+    return w;
+}
+
+static void test_fused(void **state) {
+    (void)state;
+    const int64_t n = 24, c = 96; /* rows [B, T] = [4, 6] of a [8, 6, 96] tensor, replica 1 */
+    std::vector<float> x(n * c), b(c), r(n * c), dy(n * c);
+    for (int64_t i = 0; i < n * c; i++) {
+        x[i] = sinf((float)i * 0.37f) * 3.0f;
+        r[i] = cosf((float)i * 0.11f);
+        dy[i] = sinf((float)i * 0.05f + 1.0f);
+    }
+    for (int64_t k = 0; k < c; k++) b[k] = 0.01f * (float)(k % 17) - 0.08f;
+    /* bias + GELU */
+    std::vector<float> cpu(n * c), gpu(n * c), dcx(n * c, 0.1f), dgx(n * c, 0.1f), dcb(c, 0.2f),
+        dgb(c, 0.2f);
+    ms_k_bias_gelu_forward(cpu.data(), x.data(), b.data(), n, c);
+    for (int64_t i = 0; i < n * c; i++) ms_cu_bias_gelu_fwd(gpu.data(), x.data(), b.data(), c, i);
+    ms_k_bias_gelu_backward(dcx.data(), dcb.data(), dy.data(), x.data(), b.data(), n, c);
+    for (int64_t k = 0; k < c; k++)
+        ms_cu_bias_gelu_bwd_col(dgx.data(), dgb.data(), dy.data(), x.data(), b.data(), n, c, k);
+    float w1 = worst_rel(gpu, cpu), w2 = worst_rel(dgx, dcx), w3 = worst_rel(dgb, dcb);
+    printf("bias_gelu: forward %.2g, dinp %.2g, dbias %.2g (relative)\n", w1, w2, w3);
+    assert_true(w1 < 5e-5f && w2 < 5e-5f &&
+                w3 < 5e-5f); /* tanhf: CUDA's against the CPU's polynomial */
+    /* bias + dropout + residual, with a dropout box that has an offset and a batch window */
+    const int64_t lshape[3] = {4, 6, 96}, gstart[3] = {2, 0, 0}, gshape[3] = {8, 6, 96};
+    const ms_k_batch_window win = {2, 4, 1};
+    for (float p : {0.0f, 0.25f}) {
+        ms_k_fused_dropout d = {p, 1234, 5, {3, lshape, gstart, gshape, &win}};
+        std::vector<float> co(n * c), go(n * c);
+        std::vector<float> cdi(n * c, 0.1f), gdi(n * c, 0.1f), cdr(n * c, 0.3f), gdr(n * c, 0.3f);
+        std::vector<float> cdb(c, 0.2f), gdb(c, 0.2f);
+        ms_k_bias_dropout_add_forward(co.data(), x.data(), b.data(), r.data(), c, &d);
+        ms_k_bias_dropout_add_backward(cdi.data(), cdb.data(), cdr.data(), dy.data(), c, &d);
+        const ms_cu_box box = ms_cu_box_make(3, lshape, gstart, gshape, 2, 4, 1);
+        for (int64_t i = 0; i < n * c; i++)
+            ms_cu_bda_fwd(go.data(), x.data(), b.data(), r.data(), c, p, 1234, 5, box, i);
+        for (int64_t k = 0; k < c; k++)
+            ms_cu_bda_bwd_col(gdi.data(), gdb.data(), gdr.data(), dy.data(), n, c, p, 1234, 5, box,
+                              k);
+        int64_t dropped = 0;
+        for (int64_t i = 0; i < n * c; i++) dropped += (co[i] == r[i]) && p > 0;
+        const float v1 = worst_rel(go, co), v2 = worst_rel(gdi, cdi), v3 = worst_rel(gdb, cdb),
+                    v4 = worst_rel(gdr, cdr);
+        printf("bias_dropout_add p %.2f: %lld dropped; forward %.2g, dinp %.2g, dbias %.2g, dres "
+               "%.2g\n",
+               p, (long long)dropped, v1, v2, v3, v4);
+        assert_true(v1 < 1e-6f && v2 < 1e-6f && v3 < 1e-5f && v4 == 0.0f);
+        if (p > 0) assert_true(dropped > n * c / 8 && dropped < n * c / 2);
+    }
+    /* gather and scatter-add per outer index (batch_gather): [O, D, I] rows d0.. */
+    ms_k_gather_dims g = {3, 10, 4, 5, 2, false, true}; /* o, d, l, i, d0, per row, per outer */
+    std::vector<float> xs(3 * 10 * 5), ids = {2, 5, 11, 9, 3, 3, 12, 0, 6, 7, 8, 2};
+    for (size_t i = 0; i < xs.size(); i++) xs[i] = (float)i * 0.5f;
+    std::vector<float> co(3 * 4 * 5), go(3 * 4 * 5), cs(xs.size(), 1.0f), gs(xs.size(), 1.0f);
+    ms_k_gather(co.data(), xs.data(), ids.data(), &g, false);
+    ms_k_scatter_add(cs.data(), co.data(), ids.data(), &g);
+    for (int64_t e = 0; e < g.o * g.l * g.i; e++) {
+        const int64_t j = e % g.i, li = (e / g.i) % g.l, a = e / (g.i * g.l);
+        const int64_t row =
+            ms_cu_gather_row(ids.data(), g.o, g.d, g.l, g.i, g.d0, false, true, a, li, j);
+        go[e] = row < 0 ? 0.0f : xs[(a * g.d + row) * g.i + j];
+        if (row >= 0) gs[(a * g.d + row) * g.i + j] += co[e];
+    }
+    assert_true(worst_rel(go, co) == 0.0f && worst_rel(gs, cs) == 0.0f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bf16_rounding),
-        cmocka_unit_test(test_dropout),
-        cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_elementwise_fd),
-        cmocka_unit_test(test_elementwise_bf16),
-        cmocka_unit_test(test_embedding),
-        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_layernorm_fd),
-        cmocka_unit_test(test_layernorm_bf16),
-        cmocka_unit_test(test_softmax),
-        cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_xent_fd),
-        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_sumsq),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_fd),
-        cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rmsnorm_fd),
-        cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_rotary),
-        cmocka_unit_test(test_gqa),
+        cmocka_unit_test(test_bf16_rounding),  cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_fused),          cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_elementwise_fd), cmocka_unit_test(test_elementwise_bf16),
+        cmocka_unit_test(test_embedding),      cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_layernorm_fd),   cmocka_unit_test(test_layernorm_bf16),
+        cmocka_unit_test(test_softmax),        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_xent_fd),        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_sumsq),          cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_fd),   cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_fd),     cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rotary),         cmocka_unit_test(test_gqa),
         cmocka_unit_test(test_gqa_fd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

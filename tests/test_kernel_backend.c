@@ -178,6 +178,18 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     K(sumsq, &p->sums[0], f[5], (size_t)n);
     K(sumsq_bf16, &p->sums[1], (const uint16_t *)f[3], (size_t)n);
     K(scale_inplace, f[12], (size_t)n, 0.75f);
+    K(bias_gelu_forward, f[13], f[1], f[2], rows, C);
+    K(bias_gelu_backward, f[14], f[15], f[13], f[1], f[2], rows, C);
+    const int64_t bshape[3] = {B, T, C}, bstart[3] = {0, 0, 0};
+    ms_k_fused_dropout fd = {0.25f, 7, 3, {3, bshape, bstart, bshape, &w}};
+    K(bias_dropout_add_forward, f[6], f[1], f[2], f[3], C, &fd);
+    K(bias_dropout_add_backward, f[7], f[8], f[9], f[6], C, &fd);
+    /* gather rows by per-sequence positions (integer floats in f[0]'s first 4 slots) */
+    K(fill, f[0], 3.0f, 2);
+    K(fill, f[0] + 2, 6.0f, 2);
+    ms_k_gather_dims gd = {B, T, 2, C, 0, false, true};
+    K(gather, f[10], f[1], f[0], &gd, false);
+    K(scatter_add, f[11], f[10], f[0], &gd);
 #undef K
 }
 

@@ -133,6 +133,41 @@ static ms_status h_sum_backward(ms_kctx *kc, float *dinp, const float *dout, flo
     return OK;
 }
 
+/* ---- fused chains, gather ---- */
+static ms_status h_bias_gelu_forward(ms_kctx *kc, float *out, const float *inp, const float *bias,
+                                     int64_t n, int64_t c, ms_error *err) {
+    ms_k_bias_gelu_forward(H(out), H(inp), H(bias), n, c);
+    return OK;
+}
+static ms_status h_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
+                                      const float *inp, const float *bias, int64_t n, int64_t c,
+                                      ms_error *err) {
+    ms_k_bias_gelu_backward(H(dinp), H(dbias), H(dout), H(inp), H(bias), n, c);
+    return OK;
+}
+static ms_status h_bias_dropout_add_forward(ms_kctx *kc, float *out, const float *inp,
+                                            const float *bias, const float *res, int64_t nb,
+                                            const ms_k_fused_dropout *d, ms_error *err) {
+    ms_k_bias_dropout_add_forward(H(out), H(inp), H(bias), H(res), nb, d);
+    return OK;
+}
+static ms_status h_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
+                                             const float *dout, int64_t nb,
+                                             const ms_k_fused_dropout *d, ms_error *err) {
+    ms_k_bias_dropout_add_backward(H(dinp), H(dbias), H(dres), H(dout), nb, d);
+    return OK;
+}
+static ms_status h_gather(ms_kctx *kc, float *out, const float *x, const float *ids,
+                          const ms_k_gather_dims *g, bool accumulate, ms_error *err) {
+    ms_k_gather(H(out), H(x), H(ids), g, accumulate);
+    return OK;
+}
+static ms_status h_scatter_add(ms_kctx *kc, float *x, const float *src, const float *ids,
+                               const ms_k_gather_dims *g, ms_error *err) {
+    ms_k_scatter_add(H(x), H(src), H(ids), g);
+    return OK;
+}
+
 /* ---- normalisation and softmax ---- */
 static ms_status h_layernorm_forward(ms_kctx *kc, float *out, float *mean, float *rstd,
                                      const float *inp, const float *weight, const float *bias,
@@ -324,35 +359,70 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     return OK;
 }
 
-#define HOST_SLOTS                                                                                 \
-    .sync = host_sync, .fill = h_fill, .accumulate = h_accumulate,                                 \
-    .bf16_accumulate = h_bf16_accumulate, .bf16_widen = h_bf16_widen, .bf16_round = h_bf16_round,  \
-    .ids_from_floats = h_ids_from_floats, .matmul_forward = h_matmul_forward,                      \
-    .matmul_backward = h_matmul_backward, .add_forward = h_add_forward,                            \
-    .add_backward = h_add_backward, .mul_forward = h_mul_forward, .mul_backward = h_mul_backward,  \
-    .scale_forward = h_scale_forward, .scale_backward = h_scale_backward,                          \
-    .bias_add_forward = h_bias_add_forward, .bias_add_backward = h_bias_add_backward,              \
-    .gelu_forward = h_gelu_forward, .gelu_backward = h_gelu_backward,                              \
-    .sum_forward = h_sum_forward, .sum_backward = h_sum_backward,                                  \
-    .layernorm_forward = h_layernorm_forward, .layernorm_backward = h_layernorm_backward,          \
-    .softmax_forward = h_softmax_forward, .softmax_backward = h_softmax_backward,                  \
-    .attention_saved_floats = h_attention_saved_floats,                                            \
-    .attention_scratch_floats = h_attention_scratch_floats,                                        \
-    .attention_forward = h_attention_forward, .attention_backward = h_attention_backward,          \
-    .rmsnorm_forward = h_rmsnorm_forward, .rmsnorm_backward = h_rmsnorm_backward,                  \
-    .swiglu_forward = h_swiglu_forward, .swiglu_backward = h_swiglu_backward,                      \
-    .rotary_tables = h_rotary_tables, .rotary_apply = h_rotary_apply,                              \
-    .gqa_saved_floats = h_gqa_saved_floats, .gqa_scratch_floats = h_gqa_scratch_floats,            \
-    .gqa_forward = h_gqa_forward, .gqa_backward = h_gqa_backward,                                  \
-    .embedding_forward = h_embedding_forward, .embedding_backward = h_embedding_backward,          \
-    .xent_vp_rowmax = h_xent_vp_rowmax, .xent_vp_sumexp = h_xent_vp_sumexp,                        \
-    .xent_vp_target = h_xent_vp_target, .xent_vp_loss = h_xent_vp_loss,                            \
-    .xent_vp_backward = h_xent_vp_backward, .dropout_forward = h_dropout_forward,                  \
-    .dropout_backward = h_dropout_backward, .adamw_step = h_adamw_step,                            \
-    .adamw_step_bf16_grad = h_adamw_step_bf16_grad, .sumsq = h_sumsq, .sumsq_bf16 = h_sumsq_bf16,  \
+/* clang-format off */
+#define HOST_SLOTS                                            \
+    .sync = host_sync,                                        \
+    .fill = h_fill,                                           \
+    .accumulate = h_accumulate,                               \
+    .bf16_accumulate = h_bf16_accumulate,                     \
+    .bf16_widen = h_bf16_widen,                               \
+    .bf16_round = h_bf16_round,                               \
+    .ids_from_floats = h_ids_from_floats,                     \
+    .matmul_forward = h_matmul_forward,                       \
+    .matmul_backward = h_matmul_backward,                     \
+    .add_forward = h_add_forward,                             \
+    .add_backward = h_add_backward,                           \
+    .mul_forward = h_mul_forward,                             \
+    .mul_backward = h_mul_backward,                           \
+    .scale_forward = h_scale_forward,                         \
+    .scale_backward = h_scale_backward,                       \
+    .bias_add_forward = h_bias_add_forward,                   \
+    .bias_add_backward = h_bias_add_backward,                 \
+    .gelu_forward = h_gelu_forward,                           \
+    .gelu_backward = h_gelu_backward,                         \
+    .sum_forward = h_sum_forward,                             \
+    .sum_backward = h_sum_backward,                           \
+    .bias_gelu_forward = h_bias_gelu_forward,                 \
+    .bias_gelu_backward = h_bias_gelu_backward,               \
+    .bias_dropout_add_forward = h_bias_dropout_add_forward,   \
+    .bias_dropout_add_backward = h_bias_dropout_add_backward, \
+    .gather = h_gather,                                       \
+    .scatter_add = h_scatter_add,                             \
+    .layernorm_forward = h_layernorm_forward,                 \
+    .layernorm_backward = h_layernorm_backward,               \
+    .softmax_forward = h_softmax_forward,                     \
+    .softmax_backward = h_softmax_backward,                   \
+    .attention_saved_floats = h_attention_saved_floats,       \
+    .attention_scratch_floats = h_attention_scratch_floats,   \
+    .attention_forward = h_attention_forward,                 \
+    .attention_backward = h_attention_backward,               \
+    .rmsnorm_forward = h_rmsnorm_forward,                     \
+    .rmsnorm_backward = h_rmsnorm_backward,                   \
+    .swiglu_forward = h_swiglu_forward,                       \
+    .swiglu_backward = h_swiglu_backward,                     \
+    .rotary_tables = h_rotary_tables,                         \
+    .rotary_apply = h_rotary_apply,                           \
+    .gqa_saved_floats = h_gqa_saved_floats,                   \
+    .gqa_scratch_floats = h_gqa_scratch_floats,               \
+    .gqa_forward = h_gqa_forward,                             \
+    .gqa_backward = h_gqa_backward,                           \
+    .embedding_forward = h_embedding_forward,                 \
+    .embedding_backward = h_embedding_backward,               \
+    .xent_vp_rowmax = h_xent_vp_rowmax,                       \
+    .xent_vp_sumexp = h_xent_vp_sumexp,                       \
+    .xent_vp_target = h_xent_vp_target,                       \
+    .xent_vp_loss = h_xent_vp_loss,                           \
+    .xent_vp_backward = h_xent_vp_backward,                   \
+    .dropout_forward = h_dropout_forward,                     \
+    .dropout_backward = h_dropout_backward,                   \
+    .adamw_step = h_adamw_step,                               \
+    .adamw_step_bf16_grad = h_adamw_step_bf16_grad,           \
+    .sumsq = h_sumsq,                                         \
+    .sumsq_bf16 = h_sumsq_bf16,                               \
     .scale_inplace = h_scale_inplace
+/* clang-format on */
 
-static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
+    static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
 static const ms_kernels fenced_kernels = {.name = "fenced", .kind = MS_DEVICE_FENCED, HOST_SLOTS};
 
 /* The CUDA table and its context (kernels/cuda/backend_cuda.c), when CUDA is built. */

@@ -28,6 +28,8 @@
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
+#include "engine/kernels/fused.h"
+#include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
 #include "engine/optim/optim.h"
@@ -91,6 +93,21 @@ struct ms_kernels {
     MS_KSLOT(sum_forward, float *out, const float *inp, int64_t o, int64_t d, int64_t i);
     MS_KSLOT(sum_backward, float *dinp, const float *dout, float f, int64_t o, int64_t d,
              int64_t i);
+
+    /* ---- fused elementwise chains (fused.h) ---- */
+    MS_KSLOT(bias_gelu_forward, float *out, const float *inp, const float *bias, int64_t n,
+             int64_t c);
+    MS_KSLOT(bias_gelu_backward, float *dinp, float *dbias, const float *dout, const float *inp,
+             const float *bias, int64_t n, int64_t c);
+    MS_KSLOT(bias_dropout_add_forward, float *out, const float *inp, const float *bias,
+             const float *res, int64_t nb, const ms_k_fused_dropout *d);
+    MS_KSLOT(bias_dropout_add_backward, float *dinp, float *dbias, float *dres, const float *dout,
+             int64_t nb, const ms_k_fused_dropout *d);
+
+    /* ---- gather and its scatter-add (index.h) ---- */
+    MS_KSLOT(gather, float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
+             bool accumulate);
+    MS_KSLOT(scatter_add, float *x, const float *src, const float *ids, const ms_k_gather_dims *g);
 
     /* ---- normalisation and softmax ---- */
     MS_KSLOT(layernorm_forward, float *out, float *mean, float *rstd, const float *inp,

@@ -744,16 +744,16 @@ static ms_k_gather_dims batch_gather_dims(const ms_op_call *c) {
     return g;
 }
 static ms_status batch_gather_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = batch_gather_dims(c);
-    ms_k_gather(F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false);
-    return MS_OK;
+    return MS_CALL_K(c->kc, gather, F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false, e);
 }
 static ms_status batch_gather_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = batch_gather_dims(c);
-    if (c->din[0]) ms_k_scatter_add(F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, scatter_add, F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g, e);
+}
+static bool batch_gather_runs_on(const ms_kernels *k) {
+    return k->gather && k->scatter_add;
 }
 const ms_op_def ms_op_batch_gather_def = {
     .kind = MS_OP_BATCH_GATHER,
@@ -765,6 +765,7 @@ const ms_op_def ms_op_batch_gather_def = {
     .forward = batch_gather_forward,
     .backward = batch_gather_backward,
     .cost = out_cost,
+    .runs_on = batch_gather_runs_on,
     .grad_inputs = 1,
 };
 

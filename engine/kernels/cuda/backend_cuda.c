@@ -324,6 +324,35 @@ static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
 }
 
+/* ---- fused chains, gather ---- */
+static ms_status c_bias_gelu_forward(ms_kctx *kc, float *out, const float *inp, const float *bias,
+                                     int64_t n, int64_t c, ms_error *err) {
+    return ms_cu_bias_gelu_forward(out, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
+                                      const float *inp, const float *bias, int64_t n, int64_t c,
+                                      ms_error *err) {
+    return ms_cu_bias_gelu_backward(dinp, dbias, dout, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_dropout_add_forward(ms_kctx *kc, float *out, const float *inp,
+                                            const float *bias, const float *res, int64_t nb,
+                                            const ms_k_fused_dropout *d, ms_error *err) {
+    return ms_cu_bias_dropout_add_forward(out, inp, bias, res, nb, d, STREAM(kc), err);
+}
+static ms_status c_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
+                                             const float *dout, int64_t nb,
+                                             const ms_k_fused_dropout *d, ms_error *err) {
+    return ms_cu_bias_dropout_add_backward(dinp, dbias, dres, dout, nb, d, STREAM(kc), err);
+}
+static ms_status c_gather(ms_kctx *kc, float *out, const float *x, const float *ids,
+                          const ms_k_gather_dims *g, bool accumulate, ms_error *err) {
+    return ms_cu_gather(out, x, ids, g, accumulate, STREAM(kc), err);
+}
+static ms_status c_scatter_add(ms_kctx *kc, float *x, const float *src, const float *ids,
+                               const ms_k_gather_dims *g, ms_error *err) {
+    return ms_cu_scatter_add(x, src, ids, g, STREAM(kc), err);
+}
+
 /* ---- dropout ---- */
 static ms_status c_dropout_forward(ms_kctx *kc, float *out, const float *inp, float p,
                                    uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
@@ -389,6 +418,12 @@ static const ms_kernels cuda_kernels = {
     .xent_vp_target = c_xent_vp_target,
     .xent_vp_loss = c_xent_vp_loss,
     .xent_vp_backward = c_xent_vp_backward,
+    .bias_gelu_forward = c_bias_gelu_forward,
+    .bias_gelu_backward = c_bias_gelu_backward,
+    .bias_dropout_add_forward = c_bias_dropout_add_forward,
+    .bias_dropout_add_backward = c_bias_dropout_add_backward,
+    .gather = c_gather,
+    .scatter_add = c_scatter_add,
     .dropout_forward = c_dropout_forward,
     .dropout_backward = c_dropout_backward,
     .adamw_step = c_adamw_step,

@@ -29,6 +29,8 @@ extern "C" {
 #endif
 
 #include "engine/core/status.h"
+#include "engine/kernels/fused.h"
+#include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
 #include "engine/optim/optim.h"
@@ -140,6 +142,23 @@ ms_status ms_cu_embedding_forward(float *out, const int32_t *ids, const float *t
                                   int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
 ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const float *dout, int64_t n,
                                    int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
+
+/* ---- fused chains (fused.h) and gather / scatter-add (index.h) ---- */
+ms_status ms_cu_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t n,
+                                  int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
+                                   const float *bias, int64_t n, int64_t c, void *stream,
+                                   ms_error *err);
+ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const float *bias,
+                                         const float *res, int64_t nb, const ms_k_fused_dropout *d,
+                                         void *stream, ms_error *err);
+ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, const float *dout,
+                                          int64_t nb, const ms_k_fused_dropout *d, void *stream,
+                                          ms_error *err);
+ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
+                       bool accumulate, void *stream, ms_error *err);
+ms_status ms_cu_scatter_add(float *x, const float *src, const float *ids, const ms_k_gather_dims *g,
+                            void *stream, ms_error *err);
 
 /* ---- dropout: the CPU kernel's mask (Philox on global indices), one thread per element ---- */
 ms_status ms_cu_dropout_forward(float *out, const float *inp, float p, uint64_t seed,

@@ -1,0 +1,74 @@
+/* fused_math.cuh - bias + GELU and bias + dropout + residual add per element, and the gather
+ * of index.h per output element: the float operations of engine/kernels/fused.c and index.c
+ * in the same order, the dropout mask of dropout_math.cuh. */
+#ifndef MS_CUDA_FUSED_MATH_CUH
+#define MS_CUDA_FUSED_MATH_CUH
+
+#include "engine/kernels/cuda/dropout_math.cuh"
+#include "engine/kernels/cuda/elementwise_math.cuh"
+
+/* out[i] = gelu(inp[i] + bias[i % c]) */
+MS_HD void ms_cu_bias_gelu_fwd(float *out, const float *inp, const float *bias, int64_t c,
+                               int64_t i) {
+    out[i] = ms_cu_gelu(inp[i] + bias[i % c]);
+}
+
+/* Column k: dinp[r, k] += g and dbias[k] += g over the rows in order, g = gelu'(x + b) dout. */
+MS_HD void ms_cu_bias_gelu_bwd_col(float *dinp, float *dbias, const float *dout, const float *inp,
+                                   const float *bias, int64_t n, int64_t c, int64_t k) {
+    float db = dbias ? dbias[k] : 0.0f;
+    for (int64_t r = 0; r < n; r++) {
+        const float g = ms_cu_gelu_grad(inp[r * c + k] + bias[k]) * dout[r * c + k];
+        if (dinp) dinp[r * c + k] += g;
+        db += g;
+    }
+    if (dbias) dbias[k] = db;
+}
+
+/* Whether element i survives (p <= 0: no dropout, every element does). */
+MS_HD bool ms_cu_bda_keep(float p, uint64_t seed, uint64_t stream, const ms_cu_box &b, int64_t i) {
+    if (p <= 0.0f) return true;
+    return p < 1.0f && ms_cu_philox_uniform(seed, stream, b.ndim ? ms_cu_box_global(b, i) : 0) >= p;
+}
+
+/* out[i] = res[i] + dropout(inp[i] + bias[i % nb]) */
+MS_HD void ms_cu_bda_fwd(float *out, const float *inp, const float *bias, const float *res,
+                         int64_t nb, float p, uint64_t seed, uint64_t stream, const ms_cu_box &b,
+                         int64_t i) {
+    const float v = inp[i] + bias[i % nb];
+    if (p <= 0.0f) {
+        out[i] = res[i] + v;
+        return;
+    }
+    const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
+    out[i] = res[i] + (ms_cu_bda_keep(p, seed, stream, b, i) ? v * scale : 0.0f);
+}
+
+/* Column k of the [n / nb, nb] view: dres += dout, dinp += g, dbias[k] += g over the rows in
+ * order, g = mask * dout / (1 - p). */
+MS_HD void ms_cu_bda_bwd_col(float *dinp, float *dbias, float *dres, const float *dout,
+                             int64_t rows, int64_t nb, float p, uint64_t seed, uint64_t stream,
+                             const ms_cu_box &b, int64_t k) {
+    const float scale = p > 0.0f ? (p >= 1.0f ? 0.0f : 1.0f / (1.0f - p)) : 1.0f;
+    float db = dbias ? dbias[k] : 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t i = r * nb + k;
+        const float dy = dout[i], gx = ms_cu_bda_keep(p, seed, stream, b, i) ? dy * scale : 0.0f;
+        if (dres) dres[i] += dy;
+        if (dinp) dinp[i] += gx;
+        db += gx;
+    }
+    if (dbias) dbias[k] = db;
+}
+
+/* The local row of output element (a, l, j) in x, or -1 outside [d0, d0 + d). */
+MS_HD int64_t ms_cu_gather_row(const float *ids, int64_t o, int64_t d, int64_t l, int64_t in,
+                               int64_t d0, bool per_row, bool per_outer, int64_t a, int64_t li,
+                               int64_t j) {
+    (void)o;
+    const float id = per_row ? ids[li] : per_outer ? ids[a * l + li] : ids[(a * l + li) * in + j];
+    const int64_t r = (int64_t)id - d0;
+    return r >= 0 && r < d ? r : -1;
+}
+
+#endif
