@@ -76,10 +76,10 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                           "selective attention's core only (default none)")},
         {RUN_TRAIN | RUN_EVAL,
          MS_ENUM("device", &o->device, device_words,
-                 "where the ranks compute: cpu; cuda (fails with the CUDA runtime's reason when "
-                 "no GPU is usable; training on CUDA is not built yet); auto: CUDA when usable, "
-                 "else the CPU, saying which; fenced: the CPU with its memory fenced off from "
-                 "host code as a GPU's is, to check the device path (default cpu)")},
+                 "where the ranks compute: cpu; cuda (rank r on GPU r mod the GPUs present; "
+                 "fails with the CUDA runtime's reason when none is usable); auto: CUDA when "
+                 "usable, else the CPU, saying which; fenced: the CPU with its memory fenced off "
+                 "from host code as a GPU's is, to check the device path (default cpu)")},
         {RUN_ALL, MS_ENUM("precision", &o->precision, precision_words,
                           "bf16: bf16 activations, weights and gradients (collectives move half "
                           "the bytes), fp32 master weights and optimizer state (default fp32)")},

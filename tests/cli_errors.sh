@@ -117,8 +117,8 @@ expect "malformed config" "malformed" "$bin" train --model "$tmp/truncated.json"
 expect "missing config" "missing.json" "$bin" train --model "$tmp/missing.json" --data "$tmp/text.txt"
 expect "tp does not divide heads" "does not divide" "${run[@]}" --data "$tmp/text.txt" --tp 3
 expect "missing data" "nothere.txt" "${run[@]}" --data "$tmp/nothere.txt"
-# --device cuda fails at once with the CUDA runtime's reason (no GPU here) or, where one is
-# usable, says that training on CUDA is not built yet; auto falls back and says why.
+# --device cuda fails at once with the CUDA runtime's reason (this check runs without a GPU);
+# auto falls back and says why.
 expect "--device cuda" "--device cuda: " "${run[@]}" --data "$tmp/text.txt" --device cuda
 expect "--device unknown" "tpu" "${run[@]}" --data "$tmp/text.txt" --device tpu
 out=$("${run[@]}" --data "$tmp/text.txt" --device auto 2>&1)

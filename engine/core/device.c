@@ -172,15 +172,22 @@ ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *
     ms_device *gpu = NULL;
     bool usable = ms_device_cuda_create(0, &gpu, &probe_err) == MS_OK;
     ms_device_destroy(gpu);
-    const char *why = usable ? "a CUDA device is usable, but training on CUDA is not built yet "
-                               "(the CUDA kernels exist; the program does not call them)"
-                             : probe_err.msg;
+    if (usable) {
+        *out = MS_DEVICE_CUDA;
+        if (note && note_len)
+            snprintf(note, note_len,
+                     "device %s: training on CUDA (%d GPU%s; rank r binds GPU r mod that)",
+                     ms_device_choice_name(choice), ms_device_cuda_count(),
+                     ms_device_cuda_count() == 1 ? "" : "s");
+        return MS_OK;
+    }
     if (choice == MS_DEVICE_CHOICE_CUDA)
         return ms_fail(err, MS_ERR_UNSUPPORTED,
                        "--device cuda: %s; use --device cpu, or --device auto to fall back to the "
                        "CPU",
-                       why);
-    if (note && note_len) snprintf(note, note_len, "device auto: %s; training on the CPU", why);
+                       probe_err.msg);
+    if (note && note_len)
+        snprintf(note, note_len, "device auto: %s; training on the CPU", probe_err.msg);
     return MS_OK;
 }
 

@@ -113,11 +113,9 @@ typedef enum ms_device_choice {
 const char *ms_device_choice_name(ms_device_choice c); /* "cpu", "cuda", "auto", "fenced" */
 
 /* The device kind a job trains on for `choice`, decided once before any rank starts. CUDA is
- * probed through the CUDA runtime (device 0). Training steps run on the CPU only so far: the
- * CUDA kernels (engine/kernels/cuda) are built but the program does not call them yet. So
- * `cuda` fails with MS_ERR_UNSUPPORTED naming the runtime's reason when no GPU is usable, or
- * saying that CUDA training is not built when one is; `auto` falls back to the CPU and says
- * why in `note` (also "" for `cpu`). */
+ * probed through the CUDA runtime (device 0): `cuda` fails with MS_ERR_UNSUPPORTED naming the
+ * runtime's reason when no GPU is usable; `auto` then falls back to the CPU. `note` says what
+ * was chosen and why ("" for `cpu` and `fenced`). */
 ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *note,
                             size_t note_len, ms_error *err);
 
