@@ -45,6 +45,10 @@ int mt_ok_at(mt_rank *r, ms_status st, const ms_error *err, const char *file, in
 /* Runs fn on nranks ranks (see above). Fails the current cmocka test on error. */
 void mt_run(int nranks, mt_rank_fn fn, void *arg);
 
+/* mt_run with every rank's ctx->device of `device` (MS_DEVICE_FENCED: memory the host
+ * cannot touch, engine/core/device.h). */
+void mt_run_device(int nranks, ms_device_kind device, mt_rank_fn fn, void *arg);
+
 /* Runs fn on nranks threads even when the binary runs under mpirun (for references). */
 void mt_run_threads(int nranks, mt_rank_fn fn, void *arg);
 

@@ -61,6 +61,10 @@ typedef struct ms_device_ops {
                           const int64_t *dst_start, const void *src, const int64_t *src_shape,
                           const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                           ms_error *err);
+    /* Whether ptr is memory of this device that the host cannot dereference: the
+     * communicators stage exactly such buffers through host memory (comm.h). The CPU: never;
+     * the fenced device: the tag is set; CUDA: the runtime says device memory. */
+    bool (*owns)(const ms_device *dev, const void *ptr);
     void (*destroy)(ms_device *dev);
 } ms_device_ops;
 
@@ -140,6 +144,18 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
                              const int64_t *dst_start, const void *src, const int64_t *src_shape,
                              const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                              ms_error *err);
+
+/* Whether ptr is memory of dev that host code may not touch (the owns slot; false for NULL). */
+bool ms_device_owns(const ms_device *dev, const void *ptr);
+
+/* Copies nbytes from src, memory of dev or of the host, into host memory dst (read), or from
+ * host memory src into dst, memory of dev or of the host (write): a device copy where dev owns
+ * the device side, else a host copy. For state that may live on the rank's device or on a host
+ * device beside it (optimizer offload), e.g. a checkpoint's copies. dev may be NULL (host). */
+ms_status ms_device_read(const ms_device *dev, void *dst, const void *src, size_t nbytes,
+                         ms_error *err);
+ms_status ms_device_write(const ms_device *dev, void *dst, const void *src, size_t nbytes,
+                          ms_error *err);
 
 /* Calls fn once per contiguous run of a box copy (the innermost dim): the byte offsets of the
  * run in the destination and the source, and its bytes. Stops at the first failure. */

@@ -43,8 +43,9 @@ ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_pla
     }
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
     ms_local_box(pl, &mesh->mesh, mesh->coords, t.ndim, t.gshape, start, len);
-    /* A strided view of the box, then a contiguous f32 copy of it. */
-    ms_tensor view = ms_tensor_share(global), tmp;
+    /* A strided view of the box, a contiguous f32 copy of it on the host (global is host
+     * memory), then that copy onto the rank's device. */
+    ms_tensor view = ms_tensor_share(global), tmp, host = {0};
     ms_status st = MS_OK;
     for (int d = 0; d < t.ndim && st == MS_OK; d++) {
         st = ms_tensor_slice(&view, d, start[d], len[d], &tmp, err);
@@ -53,20 +54,23 @@ ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_pla
             view = tmp;
         }
     }
+    if (st == MS_OK) st = ms_tensor_contiguous(&view, MS_F32, &host, err);
     if (st == MS_OK) st = ms_tensor_alloc(mesh->ctx->device, MS_F32, t.ndim, len, &t.local, err);
-    if (st == MS_OK) st = ms_tensor_copy(&t.local, &view, err);
+    const size_t bytes = (size_t)ms_tensor_numel(&t.local) * sizeof(float);
+    /* R -> P for partial mesh dims: sum keeps the value on coordinate 0 only (alloc zeroed). */
+    bool zero = false;
+    for (int m = 0; m < pl->n; m++)
+        zero |= pl->p[m].kind == MS_PL_PARTIAL && pl->p[m].reduce == MS_REDUCE_SUM &&
+                mesh->coords[m] != 0;
+    if (st == MS_OK && !zero)
+        st = ms_device_copy(mesh->ctx->device, ms_tensor_data(&t.local), ms_tensor_data(&host),
+                            bytes, MS_COPY_HOST_TO_DEVICE, err);
     ms_tensor_release(&view);
+    ms_tensor_release(&host);
     if (st != MS_OK) {
         ms_tensor_release(&t.local);
         return st;
     }
-    /* R -> P for partial mesh dims: sum keeps the value on coordinate 0 only. */
-    for (int m = 0; m < pl->n; m++)
-        if (pl->p[m].kind == MS_PL_PARTIAL && pl->p[m].reduce == MS_REDUCE_SUM &&
-            mesh->coords[m] != 0) {
-            memset(ms_tensor_f32(&t.local), 0, (size_t)ms_tensor_numel(&t.local) * sizeof(float));
-            break;
-        }
     *out = t;
     return MS_OK;
 }
@@ -80,12 +84,24 @@ ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err)
     ms_placements all_r = {.n = t->pl.n};
     for (int m = 0; m < all_r.n; m++) all_r.p[m] = ms_pl_replicate();
     ms_status st = ms_reshard(&tmp, &all_r, NULL, err);
-    if (st != MS_OK) {
+    if (st != MS_OK || !tmp.local.storage) {
         ms_tensor_release(&tmp.local);
         return st;
     }
-    *global = tmp.local;
-    return MS_OK;
+    /* The replicated value is on the rank's device; the caller gets it in host memory. */
+    ms_device *dev = tmp.local.storage->dev;
+    if (!dev || ms_device_host_addressable(dev)) {
+        *global = tmp.local;
+        return MS_OK;
+    }
+    st = ms_tensor_alloc(ms_device_host(), MS_F32, t->ndim, t->gshape, global, err);
+    if (st == MS_OK)
+        st = ms_device_copy(dev, ms_tensor_data(global), ms_tensor_data(&tmp.local),
+                            (size_t)ms_tensor_numel(global) * sizeof(float), MS_COPY_DEVICE_TO_HOST,
+                            err);
+    ms_tensor_release(&tmp.local);
+    if (st != MS_OK) ms_tensor_release(global);
+    return st;
 }
 
 /* Exact float encoding of a size for exchange through float collectives: two 24-bit

@@ -23,15 +23,16 @@ typedef struct ms_dtensor {
     ms_tensor local; /* owned; contiguous f32; empty on non-members */
 } ms_dtensor;
 
-/* Global -> local: every member passes the same global tensor (any device/dtype/strides)
- * and keeps its box. Partial mesh dims get the R->P rule: sum keeps the value on
- * coordinate 0 and zeros elsewhere; avg, max and min keep the value everywhere.
- * Not collective (no communication). */
+/* Global -> local: every member passes the same global tensor (host memory, any dtype and
+ * strides) and keeps its box, on the rank's device. Partial mesh dims get the R->P rule: sum keeps
+ * the value on coordinate 0 and zeros elsewhere; avg, max and min keep the value everywhere. Not
+ * collective (no communication). */
 ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_placements *pl,
                            ms_dtensor *out, ms_error *err);
 
 /* Local -> global: every member receives the whole tensor in *global (a new contiguous
- * f32 tensor). Collective. */
+ * f32 tensor in host memory: gathered on the rank's device, then copied to the host when the
+ * host cannot address that device). Collective. */
 ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err);
 
 /* Local shards -> DistTensor. The local tensor's ownership moves into *out on success
