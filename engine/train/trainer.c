@@ -9,6 +9,7 @@
 #include "engine/core/philox.h"
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
+#include "engine/kernels/backend.h"
 #include "engine/optim/optim.h"
 #include "engine/plan/validate.h"
 #include "engine/train/stages.h"
@@ -40,6 +41,7 @@ struct ms_trainer {
     const ms_text_data *data; /* borrowed */
     compiled c;
     moments mo;
+    ms_kctx *okc; /* owned: the kernels of the optimizer's device (AdamW, the norms) */
     int64_t step; /* the next step to run: also the data cursor and the schedule's clock */
     int64_t skipped;
     int32_t *ids, *tgt; /* one batch of token ids and targets */
@@ -87,6 +89,18 @@ static ms_device *optim_device(const ms_trainer *t) {
     return t->o.optim_device ? t->o.optim_device : t->ctx->device;
 }
 
+/* The optimizer reads the gradients and writes the parameters in place, so it runs where they
+ * live; a host optimizer for device parameters is offload, which moves them explicitly. */
+static ms_status check_optim_device(const ms_trainer *t, ms_error *err) {
+    ms_device *od = optim_device(t), *pd = t->ctx->device;
+    if (od == pd || (ms_device_host_addressable(od) && ms_device_host_addressable(pd)))
+        return MS_OK;
+    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                   "trainer: the optimizer's device (%s) cannot read the parameters on %s; keep "
+                   "the optimizer on the parameters' device",
+                   ms_device_name(od), ms_device_name(pd));
+}
+
 static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules,
                              compiled *c, ms_error *err) {
     memset(c, 0, sizeof *c);
@@ -124,8 +138,12 @@ static ms_status moments_init(ms_device *dev, ms_stages *p, moments *mo, ms_erro
             moments_free(mo);
             return st;
         }
-        memset(mo->m[i], 0, mo->bytes[i]);
-        memset(mo->v[i], 0, mo->bytes[i]);
+        if (st == MS_OK) st = ms_device_zero(dev, mo->m[i], mo->bytes[i], err);
+        if (st == MS_OK) st = ms_device_zero(dev, mo->v[i], mo->bytes[i], err);
+        if (st != MS_OK) {
+            moments_free(mo);
+            return st;
+        }
     }
     return MS_OK;
 }
@@ -153,6 +171,8 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     ms_status st = ms_mesh_init(&root, 1, &one, NULL, &zero, err);
     if (st == MS_OK) st = ms_dmesh_create(ctx, &root, &t->root, err);
     ms_mesh_free(&root);
+    if (st == MS_OK) st = check_optim_device(t, err);
+    if (st == MS_OK) st = ms_kctx_create(optim_device(t), &t->okc, err);
     if (st == MS_OK) st = compile_for(t, s, rules, &t->c, err);
     if (st == MS_OK && !o->inference) st = moments_init(optim_device(t), t->c.st, &t->mo, err);
     if (st != MS_OK) {
@@ -167,6 +187,7 @@ void ms_trainer_destroy(ms_trainer *t) {
     if (!t) return;
     moments_free(&t->mo);
     compiled_free(&t->c);
+    ms_kctx_destroy(t->okc);
     ms_dmesh_destroy(t->root);
     free(t->ids), free(t->tgt);
     free(t);
@@ -192,8 +213,12 @@ static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
         ms_stages_param(t->c.st, i, &v, &counted);
         if (!v.owner || !counted) continue;
         size_t n = (size_t)ms_tensor_numel(&v.grad);
-        local += v.grad.dtype == MS_BF16 ? ms_sumsq_bf16(ms_tensor_data(&v.grad), n)
-                                         : ms_sumsq_f32(ms_tensor_f32(&v.grad), n);
+        double part;
+        if (v.grad.dtype == MS_BF16)
+            MS_CHECK(MS_CALL_K(t->okc, sumsq_bf16, &part, ms_tensor_data(&v.grad), n, err));
+        else
+            MS_CHECK(MS_CALL_K(t->okc, sumsq, &part, ms_tensor_f32(&v.grad), n, err));
+        local += part;
     }
     /* Two floats keep the sum's precision through a float all-reduce. */
     float parts[2] = {(float)local, (float)(local - (double)(float)local)}, sum[2];
@@ -214,12 +239,12 @@ static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err)
         float *master = ms_tensor_f32(&pv.data) + pv.data_off;
         size_t n = (size_t)pv.opt_n;
         if (pv.grad.dtype == MS_BF16)
-            MS_CHECK(ms_adamw_step_bf16_grad(
-                master, (const uint16_t *)ms_tensor_data(&pv.grad) + pv.grad_off, t->mo.m[i],
-                t->mo.v[i], n, &aw, t->step + 1, scale, err));
+            MS_CHECK(MS_CALL_K(t->okc, adamw_step_bf16_grad, master,
+                               (const uint16_t *)ms_tensor_data(&pv.grad) + pv.grad_off, t->mo.m[i],
+                               t->mo.v[i], n, &aw, t->step + 1, scale, err));
         else
-            MS_CHECK(ms_adamw_step_scaled(master, ms_tensor_f32(&pv.grad) + pv.grad_off, t->mo.m[i],
-                                          t->mo.v[i], n, &aw, t->step + 1, scale, err));
+            MS_CHECK(MS_CALL_K(t->okc, adamw_step, master, ms_tensor_f32(&pv.grad) + pv.grad_off,
+                               t->mo.m[i], t->mo.v[i], n, &aw, t->step + 1, scale, err));
     }
     /* ZeRO 1 and 2: every rank updated its shard; gather them back */
     return ms_stages_param_sync(t->c.st, err);
@@ -317,7 +342,8 @@ ms_status ms_trainer_state_full(ms_trainer *t, int i, ms_tensor *out, ms_error *
 }
 
 /* Moves one state tensor's box to its box on another mesh (collective over the world). */
-static ms_status move_state(const ms_state_tensor *from, const ms_state_tensor *to, ms_error *err) {
+static ms_status move_state(ms_device *dev, const ms_state_tensor *from, const ms_state_tensor *to,
+                            ms_error *err) {
     ms_dtensor a = {0}, b = {0};
     MS_CHECK(state_dtensor(from, &a, err));
     ms_status st = ms_reshard_cross_mesh(&a, to->mesh, &to->pl, &b, NULL, err);
@@ -330,7 +356,8 @@ static ms_status move_state(const ms_state_tensor *from, const ms_state_tensor *
         st = ms_fail(err, MS_ERR_INTERNAL, "switch: %s moved %lld elements into a box of %zu",
                      to->param, (long long)ms_tensor_numel(&b.local), to->n);
     else
-        memcpy(to->local, ms_tensor_f32(&b.local), sizeof(float) * to->n);
+        st = ms_device_copy(dev, to->local, ms_tensor_f32(&b.local), sizeof(float) * to->n,
+                            MS_COPY_DEVICE_TO_DEVICE, err);
     ms_dtensor_release(&b);
     return st;
 }
@@ -406,7 +433,7 @@ ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
             break;
         }
         state_of(&t->c, &t->mo, t->o.inference, from, &a);
-        st = move_state(&a, &b, err);
+        st = move_state(t->ctx->device, &a, &b, err);
     }
     if (st != MS_OK) {
         moments_free(&nm);

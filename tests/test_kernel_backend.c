@@ -1,0 +1,278 @@
+/* test_kernel_backend.c - the kernel interface per device (engine/kernels/backend.h) and the
+ * fenced device:
+ *   - the fenced device's memory faults when host code reads it (in a child process), and its
+ *     copies move bytes exactly;
+ *   - every slot of the fenced table, run on fenced memory, writes bit for bit what the CPU
+ *     table writes on host memory from the same inputs (a slot that forgot to remove the tag
+ *     from one of its pointers would fault instead);
+ *   - the CPU and fenced tables fill every slot; an operator that declares its kernels runs
+ *     on both; a program for the fenced device refuses an operator without kernels, naming it.
+ */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/core/device.h"
+#include "engine/core/xalloc.h"
+#include "engine/dist/dmesh.h"
+#include "engine/graph/graph.h"
+#include "engine/kernels/backend.h"
+#include "engine/ops/op.h"
+#include "engine/runtime/ctx.h"
+#include "tests/testkit.h"
+
+/* --- the fenced device ------------------------------------------------------------------- */
+
+static void fenced_memory_faults_on_host_access(void **state) {
+    (void)state;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* the test runner's handler would carry on */
+        signal(SIGBUS, SIG_DFL);
+        ms_device *dev;
+        ms_error err = {0};
+        if (ms_device_fenced_create(&dev, &err) != MS_OK) _exit(3);
+        float *x;
+        if (ms_device_alloc(dev, 64, (void **)&x, &err) != MS_OK) _exit(4);
+        volatile float v = x[0]; /* must fault here */
+        (void)v;
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    /* Killed by the fault, or (under a sanitiser) reported and exited non-zero. */
+    assert_true(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+                                        WEXITSTATUS(status) != 3 && WEXITSTATUS(status) != 4));
+}
+
+static void fenced_copies_move_bytes(void **state) {
+    (void)state;
+    ms_device *dev;
+    ms_error err = {0};
+    assert_int_equal(ms_device_fenced_create(&dev, &err), MS_OK);
+    assert_false(ms_device_host_addressable(dev));
+    enum { R = 5, C = 7 };
+    float host[R * C], back[R * C] = {0};
+    for (int i = 0; i < R * C; i++) host[i] = (float)i * 0.5f - 3;
+    float *a, *b;
+    assert_int_equal(ms_device_alloc(dev, sizeof host, (void **)&a, &err), MS_OK);
+    assert_int_equal(ms_device_alloc(dev, sizeof host, (void **)&b, &err), MS_OK);
+    assert_true(((uintptr_t)a & MS_DEVICE_FENCE_TAG) != 0);
+    assert_int_equal(ms_device_copy(dev, a, host, sizeof host, MS_COPY_HOST_TO_DEVICE, &err),
+                     MS_OK);
+    assert_int_equal(ms_device_zero(dev, b, sizeof host, &err), MS_OK);
+    /* The box rows 1..3, columns 2..5 of a into the same place of b; the rest stays 0. */
+    const int64_t shape[2] = {R, C}, at[2] = {1, 2}, len[2] = {3, 4};
+    assert_int_equal(
+        ms_device_copy_box(dev, b, shape, at, a, shape, at, len, 2, sizeof(float), &err), MS_OK);
+    assert_int_equal(ms_device_copy(dev, back, b, sizeof back, MS_COPY_DEVICE_TO_HOST, &err),
+                     MS_OK);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            bool in = r >= 1 && r < 4 && c >= 2 && c < 6;
+            assert_true(back[r * C + c] == (in ? host[r * C + c] : 0.0f));
+        }
+    ms_device_free(dev, a, sizeof host);
+    ms_device_free(dev, b, sizeof host);
+    ms_device_destroy(dev);
+}
+
+/* --- every slot, fenced against the CPU -------------------------------------------------- */
+
+enum { NBUF = 16, BUF_FLOATS = 4096, B = 2, T = 8, C = 16, NH = 2, V = 32 };
+
+/* The buffers every slot reads and writes: f[k] floats, ids / targets, doubles land on the
+ * host. */
+typedef struct pool {
+    float *f[NBUF];
+    int32_t *ids, *tgt;
+    double sums[2];
+} pool;
+
+static void run_every_slot(ms_kctx *kc, pool *p) {
+    ms_error err = {0};
+    float **f = p->f;
+    const int64_t n = B * T * C, rows = B * T;
+#define K(fn, ...) assert_int_equal(MS_CALL_K(kc, fn, __VA_ARGS__, &err), MS_OK)
+    K(fill, f[0], 0.25f, 7);
+    K(accumulate, f[1], f[2], n);
+    K(bf16_round, (uint16_t *)f[3], f[4], n);
+    K(bf16_widen, f[5], (const uint16_t *)f[3], n);
+    K(bf16_accumulate, (uint16_t *)f[3], (const uint16_t *)f[3], n);
+    K(ids_from_floats, p->tgt + 0, f[6], 0); /* no rows: the ids stay */
+    ms_k_gemm g = {.batch = 1, .m = rows, .n = C, .k = C, .bcast_b = true};
+    K(matmul_forward, &g, f[7], f[1], f[2], 1.0f, 0.0f);
+    K(matmul_backward, &g, f[8], f[9], f[7], f[1], f[2], 1.0f, true);
+    K(add_forward, f[10], f[1], f[2], n);
+    K(add_backward, f[10], f[11], f[2], n);
+    K(mul_forward, f[11], f[1], f[2], n);
+    K(mul_backward, f[12], f[13], f[11], f[1], f[2], n);
+    K(scale_forward, f[12], f[1], 0.5f, n);
+    K(scale_backward, f[13], f[12], 0.5f, n);
+    K(bias_add_forward, f[14], f[1], f[2], rows, C);
+    K(bias_add_backward, f[14], f[15], f[1], rows, C);
+    K(gelu_forward, f[6], f[1], n);
+    K(gelu_backward, f[7], f[1], f[6], n);
+    K(sum_forward, f[8], f[1], B, T, C);
+    K(sum_backward, f[9], f[8], 0.5f, B, T, C);
+    K(layernorm_forward, f[10], f[11], f[12], f[1], f[2], f[4], rows, C, 1e-5f);
+    K(layernorm_backward, f[13], f[14], f[15], f[10], f[1], f[2], f[11], f[12], rows, C);
+    K(softmax_forward, f[6], f[1], rows, C);
+    K(softmax_backward, f[7], f[9], f[6], rows, C);
+    /* attention: qkv [B, T, 3C] in f[1]; out f[6]; saved f[8]; dqkv f[9]; scratch f[10] */
+    assert_true(kc->k->attention_saved_floats(B, T, C, NH) <= BUF_FLOATS);
+    assert_true(kc->k->attention_scratch_floats(B, T, NH) <= BUF_FLOATS);
+    K(attention_forward, f[6], f[8], f[1], NULL, B, T, C, NH, true);
+    K(attention_backward, f[9], f[10], f[7], f[1], f[8], NULL, B, T, C, NH, true);
+    K(embedding_forward, f[11], p->ids, f[2], rows, C, 0, V);
+    K(embedding_backward, f[12], p->ids, f[11], rows, C, 0, V);
+    /* vocab-parallel cross-entropy over logits [rows, V] in f[1] */
+    K(xent_vp_rowmax, f[13], f[1], rows, V);
+    K(xent_vp_sumexp, f[14], f[1], f[13], rows, V);
+    K(xent_vp_target, f[15], f[1], p->tgt, rows, V, 0);
+    K(xent_vp_loss, f[0] + 8, f[13], f[14], f[15], p->tgt, rows);
+    K(xent_vp_backward, f[2], f[1], f[13], f[14], p->tgt, f[0] + 8, rows, V, 0);
+    ms_k_batch_window w = {.rows = B, .stride = B, .offset = 0};
+    const int64_t shape[3] = {B, T, C}, start[3] = {0, 0, 0};
+    K(dropout_forward, f[3], f[1], 0.25f, 11, 2, 3, shape, start, shape, &w);
+    K(dropout_backward, f[4], f[3], 0.25f, 11, 2, 3, shape, start, shape, &w);
+    ms_adamw_opts o = {
+        .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    K(adamw_step, f[5], f[6], f[7], f[8], (size_t)n, &o, 3, 0.5f);
+    K(adamw_step_bf16_grad, f[9], (const uint16_t *)f[3], f[10], f[11], (size_t)n, &o, 3, 1.0f);
+    K(sumsq, &p->sums[0], f[5], (size_t)n);
+    K(sumsq_bf16, &p->sums[1], (const uint16_t *)f[3], (size_t)n);
+    K(scale_inplace, f[12], (size_t)n, 0.75f);
+#undef K
+}
+
+static void fenced_table_matches_cpu(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_device *cpu, *fen;
+    assert_int_equal(ms_device_cpu_create(&cpu, &err), MS_OK);
+    assert_int_equal(ms_device_fenced_create(&fen, &err), MS_OK);
+    ms_kctx *kc_cpu, *kc_fen;
+    assert_int_equal(ms_kctx_create(cpu, &kc_cpu, &err), MS_OK);
+    assert_int_equal(ms_kctx_create(fen, &kc_fen, &err), MS_OK);
+    pool h = {0}, d = {0};
+    const size_t fb = BUF_FLOATS * sizeof(float), ib = (size_t)B * T * sizeof(int32_t);
+    uint64_t x = 12345;
+    for (int k = 0; k < NBUF; k++) {
+        h.f[k] = xmalloc(fb);
+        for (int i = 0; i < BUF_FLOATS; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            h.f[k][i] = (float)((double)(x >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+        }
+        assert_int_equal(ms_device_alloc(fen, fb, (void **)&d.f[k], &err), MS_OK);
+        assert_int_equal(ms_device_copy(fen, d.f[k], h.f[k], fb, MS_COPY_HOST_TO_DEVICE, &err),
+                         MS_OK);
+    }
+    h.ids = xmalloc(ib), h.tgt = xmalloc(ib);
+    for (int i = 0; i < B * T; i++)
+        h.ids[i] = (i * 7) % V, h.tgt[i] = i % 5 == 0 ? -1 : (i * 3) % V;
+    assert_int_equal(ms_device_alloc(fen, ib, (void **)&d.ids, &err), MS_OK);
+    assert_int_equal(ms_device_alloc(fen, ib, (void **)&d.tgt, &err), MS_OK);
+    ms_device_copy(fen, d.ids, h.ids, ib, MS_COPY_HOST_TO_DEVICE, &err);
+    ms_device_copy(fen, d.tgt, h.tgt, ib, MS_COPY_HOST_TO_DEVICE, &err);
+
+    run_every_slot(kc_cpu, &h);
+    run_every_slot(kc_fen, &d);
+
+    float *back = xmalloc(fb);
+    for (int k = 0; k < NBUF; k++) {
+        assert_int_equal(ms_device_copy(fen, back, d.f[k], fb, MS_COPY_DEVICE_TO_HOST, &err),
+                         MS_OK);
+        if (memcmp(back, h.f[k], fb)) fail_msg("buffer %d differs between the cpu and fenced", k);
+        ms_device_free(fen, d.f[k], fb);
+        free(h.f[k]);
+    }
+    assert_true(memcmp(d.sums, h.sums, sizeof h.sums) == 0);
+    free(back);
+    ms_device_free(fen, d.ids, ib), ms_device_free(fen, d.tgt, ib);
+    free(h.ids), free(h.tgt);
+    ms_kctx_destroy(kc_cpu), ms_kctx_destroy(kc_fen);
+    ms_device_destroy(cpu), ms_device_destroy(fen);
+}
+
+/* --- tables and operators ---------------------------------------------------------------- */
+
+static void host_tables_fill_every_slot(void **state) {
+    (void)state;
+    const ms_device_kind kinds[2] = {MS_DEVICE_CPU, MS_DEVICE_FENCED};
+    for (int t = 0; t < 2; t++) {
+        const ms_kernels *k = ms_kernels_for(kinds[t]);
+        assert_non_null(k);
+        /* The slots are the pointers after the name and the kind. */
+        const char *base = (const char *)k + offsetof(ms_kernels, sync);
+        size_t nslots = (sizeof *k - offsetof(ms_kernels, sync)) / sizeof(void *);
+        for (size_t i = 0; i < nslots; i++) {
+            void *slot;
+            memcpy(&slot, base + i * sizeof(void *), sizeof slot);
+            if (!slot) fail_msg("table %s: slot %zu is empty", k->name, i);
+        }
+    }
+#ifndef MS_HAVE_CUDA
+    assert_null(ms_kernels_for(MS_DEVICE_CUDA));
+#endif
+    /* The operators with kernels declared run on both host tables; the transformer's all do. */
+    const int transformer[] = {MS_OP_MATMUL,    MS_OP_ADD,       MS_OP_BIAS,      MS_OP_GELU,
+                               MS_OP_LAYERNORM, MS_OP_ATTENTION, MS_OP_EMBEDDING, MS_OP_XENT,
+                               MS_OP_MEAN,      MS_OP_DROPOUT,   MS_OP_SCALE};
+    for (size_t i = 0; i < sizeof transformer / sizeof *transformer; i++) {
+        const ms_op_def *d = ms_op_get(transformer[i]);
+        assert_non_null(d->runs_on);
+        assert_true(d->runs_on(ms_kernels_for(MS_DEVICE_CPU)));
+        assert_true(d->runs_on(ms_kernels_for(MS_DEVICE_FENCED)));
+    }
+}
+
+/* A graph with an operator that has no kernels in the fenced table is refused by name. */
+static ms_status refuse_rank(ms_ctx *ctx, void *arg, ms_error *err) {
+    (void)arg;
+    ms_graph *g = ms_graph_create();
+    int x = ms_graph_input(g, "x", 2, (int64_t[]){4, 8});
+    int y = ms_graph_op(g, MS_OP_NEG, NULL, 1, &x, "flip");
+    ms_op_attrs all = {.i = {-1}};
+    ms_graph_set_loss(g, ms_graph_op(g, MS_OP_MEAN, &all, 1, &y, "loss"));
+    ms_mesh mesh;
+    ms_dmesh *dm = NULL;
+    ms_program *p = NULL;
+    ms_status st = ms_mesh_init(&mesh, 1, (int[]){1}, (const char *[]){"dp"}, NULL, err);
+    if (st == MS_OK) st = ms_dmesh_create(ctx, &mesh, &dm, err);
+    if (st == MS_OK) st = ms_program_compile(g, dm, NULL, &p, err);
+    ms_program_destroy(p);
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+    ms_graph_destroy(g);
+    return st;
+}
+
+static void fenced_program_refuses_ops_without_kernels(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = 1, .device = MS_DEVICE_FENCED};
+    ms_status st = ms_launch(&lo, refuse_rank, NULL, &err);
+    if (st != MS_ERR_UNSUPPORTED) fail_msg("status %d: %s", (int)st, err.msg);
+    assert_non_null(strstr(err.msg, "'neg'"));
+    assert_non_null(strstr(err.msg, "'flip'"));
+    assert_non_null(strstr(err.msg, "fenced"));
+    assert_non_null(strstr(err.msg, "--device cpu"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fenced_memory_faults_on_host_access),
+        cmocka_unit_test(fenced_copies_move_bytes),
+        cmocka_unit_test(fenced_table_matches_cpu),
+        cmocka_unit_test(host_tables_fill_every_slot),
+        cmocka_unit_test(fenced_program_refuses_ops_without_kernels),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
