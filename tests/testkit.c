@@ -107,6 +107,7 @@ void mt_expect_escaped(const char *msg, const char *want) {
 
 void mt_apply_filter(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--filter")) cmocka_set_test_filter(argv[2]);
+    if (argc >= 3 && !strcmp(argv[1], "--skip")) cmocka_set_skip_filter(argv[2]);
 }
 
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n) {

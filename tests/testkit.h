@@ -84,7 +84,8 @@ void mt_expect_escaped(const char *msg, const char *want);
 
 /* "--filter PATTERN" in argv[1..2] runs only the tests whose names match PATTERN (cmocka's
  * wildcards * and ?), so that one binary can also serve as a ctest entry for a subset, such as
- * the hardening_* regression tests. mt_main applies it; a binary with its own main calls it. */
+ * the hardening_* regression tests; "--skip PATTERN" runs all but those. mt_main applies it; a
+ * binary with its own main calls it. */
 void mt_apply_filter(int argc, char **argv);
 
 /* main() for test binaries: sets up MPI when launched by mpirun, runs the group. */

@@ -265,22 +265,15 @@ bool ms_device_owns(const ms_device *dev, const void *ptr) {
     return dev && ptr && dev->ops->owns(dev, ptr);
 }
 
-/* A device copy in direction dir where dev owns `side` (the device's end of it), else a host
- * copy. */
-static ms_status copy_either(const ms_device *dev, void *dst, const void *src, size_t nbytes,
-                             ms_copy_dir dir, const void *side, ms_error *err) {
-    if (ms_device_owns(dev, side))
-        return dev->ops->copy((ms_device *)dev, dst, src, nbytes, dir, err);
-    if (nbytes) memmove(dst, src, nbytes);
-    return MS_OK;
-}
-
-ms_status ms_device_read(const ms_device *dev, void *dst, const void *src, size_t nbytes,
+ms_status ms_device_move(const ms_device *dev, void *dst, const void *src, size_t nbytes,
                          ms_error *err) {
-    return copy_either(dev, dst, src, nbytes, MS_COPY_DEVICE_TO_HOST, src, err);
-}
-
-ms_status ms_device_write(const ms_device *dev, void *dst, const void *src, size_t nbytes,
-                          ms_error *err) {
-    return copy_either(dev, dst, src, nbytes, MS_COPY_HOST_TO_DEVICE, dst, err);
+    const bool d = ms_device_owns(dev, dst), s = ms_device_owns(dev, src);
+    if (!d && !s) {
+        if (nbytes) memmove(dst, src, nbytes);
+        return MS_OK;
+    }
+    ms_copy_dir dir = d && s ? MS_COPY_DEVICE_TO_DEVICE
+                      : d    ? MS_COPY_HOST_TO_DEVICE
+                             : MS_COPY_DEVICE_TO_HOST;
+    return dev->ops->copy((ms_device *)dev, dst, src, nbytes, dir, err);
 }

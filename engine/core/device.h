@@ -148,14 +148,12 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
 /* Whether ptr is memory of dev that host code may not touch (the owns slot; false for NULL). */
 bool ms_device_owns(const ms_device *dev, const void *ptr);
 
-/* Copies nbytes from src, memory of dev or of the host, into host memory dst (read), or from
- * host memory src into dst, memory of dev or of the host (write): a device copy where dev owns
- * the device side, else a host copy. For state that may live on the rank's device or on a host
- * device beside it (optimizer offload), e.g. a checkpoint's copies. dev may be NULL (host). */
-ms_status ms_device_read(const ms_device *dev, void *dst, const void *src, size_t nbytes,
+/* Copies nbytes between any mix of dev's memory and host memory, the direction told by
+ * ms_device_owns of each end (neither: a host copy). For memory whose device the caller does
+ * not know for sure: wrapped buffers, state that lives on the rank's device or on a host
+ * device beside it (optimizer offload). dev may be NULL (host only). */
+ms_status ms_device_move(const ms_device *dev, void *dst, const void *src, size_t nbytes,
                          ms_error *err);
-ms_status ms_device_write(const ms_device *dev, void *dst, const void *src, size_t nbytes,
-                          ms_error *err);
 
 /* Calls fn once per contiguous run of a box copy (the innermost dim): the byte offsets of the
  * run in the destination and the source, and its bytes. Stops at the first failure. */

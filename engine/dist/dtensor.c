@@ -75,12 +75,24 @@ ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_pla
     return MS_OK;
 }
 
+ms_status ms_dtensor_local_copy(const ms_dmesh *mesh, const ms_tensor *local, bool to_host,
+                                ms_tensor *out, ms_error *err) {
+    if (!ms_tensor_is_contiguous(local) || local->dtype != MS_F32)
+        return ms_tensor_contiguous(local, MS_F32, out, err);
+    ms_device *dev = mesh->ctx->device;
+    MS_CHECK(ms_tensor_alloc(to_host ? ms_device_host() : dev, MS_F32, local->ndim, local->shape,
+                             out, err));
+    ms_status st = ms_device_move(dev, ms_tensor_data(out), ms_tensor_data(local),
+                                  sizeof(float) * (size_t)ms_tensor_numel(local), err);
+    if (st != MS_OK) ms_tensor_release(out);
+    return st;
+}
+
 ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err) {
     memset(global, 0, sizeof *global);
     ms_dtensor tmp = *t;
-    if (ms_dmesh_is_member(t->mesh)) {
-        MS_CHECK(ms_tensor_contiguous(&t->local, MS_F32, &tmp.local, err));
-    }
+    if (ms_dmesh_is_member(t->mesh))
+        MS_CHECK(ms_dtensor_local_copy(t->mesh, &t->local, false, &tmp.local, err));
     ms_placements all_r = {.n = t->pl.n};
     for (int m = 0; m < all_r.n; m++) all_r.p[m] = ms_pl_replicate();
     ms_status st = ms_reshard(&tmp, &all_r, NULL, err);
@@ -89,18 +101,12 @@ ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err)
         return st;
     }
     /* The replicated value is on the rank's device; the caller gets it in host memory. */
-    ms_device *dev = tmp.local.storage->dev;
-    if (!dev || ms_device_host_addressable(dev)) {
+    if (ms_device_host_addressable(t->mesh->ctx->device)) {
         *global = tmp.local;
         return MS_OK;
     }
-    st = ms_tensor_alloc(ms_device_host(), MS_F32, t->ndim, t->gshape, global, err);
-    if (st == MS_OK)
-        st = ms_device_copy(dev, ms_tensor_data(global), ms_tensor_data(&tmp.local),
-                            (size_t)ms_tensor_numel(global) * sizeof(float), MS_COPY_DEVICE_TO_HOST,
-                            err);
+    st = ms_dtensor_local_copy(t->mesh, &tmp.local, true, global, err);
     ms_tensor_release(&tmp.local);
-    if (st != MS_OK) ms_tensor_release(global);
     return st;
 }
 

@@ -35,6 +35,13 @@ ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_pla
  * host cannot address that device). Collective. */
 ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err);
 
+/* A new contiguous f32 copy of local, a local part on mesh (memory of the rank's device or of
+ * the host, wrapped or not: the device's owns slot tells): on the rank's device (to_host
+ * false) or in host memory (to_host true). A strided or bf16 local is converted on its own
+ * device (ms_tensor_contiguous), which must be the host's. */
+ms_status ms_dtensor_local_copy(const ms_dmesh *mesh, const ms_tensor *local, bool to_host,
+                                ms_tensor *out, ms_error *err);
+
 /* Local shards -> DistTensor. The local tensor's ownership moves into *out on success
  * (on failure the caller still owns it). With gshape NULL the global shape is inferred
  * by exchanging local sizes; in both cases every rank's local size is checked against

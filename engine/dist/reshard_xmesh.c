@@ -129,7 +129,7 @@ ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh, const
     all_replicate(dst, &dpl);
     ms_dtensor s = *src;
     s.local = (ms_tensor){0};
-    if (in_src) MS_CHECK(ms_tensor_contiguous(&src->local, MS_F32, &s.local, err));
+    if (in_src) MS_CHECK(ms_dtensor_local_copy(sdm, &src->local, false, &s.local, err));
     ms_status st = ms_reshard(&s, &spl, NULL, err);
     if (st != MS_OK) {
         ms_tensor_release(&s.local);

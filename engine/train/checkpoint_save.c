@@ -253,7 +253,7 @@ static ms_status copy_pieces(ms_ckpt_saver *s, ms_trainer *t, ms_error *err) {
             ms_state_tensor st;
             ms_trainer_state(t, c->state_index, &st);
             float *copy = s->pool + at;
-            MS_CHECK(ms_device_read(s->ctx->device, copy, st.local, sizeof(float) * st.n, err));
+            MS_CHECK(ms_device_move(s->ctx->device, copy, st.local, sizeof(float) * st.n, err));
             at += st.n;
             ms_st_entry *e = &s->e[s->ne++];
             *e = (ms_st_entry){
