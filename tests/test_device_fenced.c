@@ -14,7 +14,9 @@
  *     the slice of an independently built global tensor;
  *   - training on the fenced device equals training on the CPU bit for bit (losses, validation
  *     loss, every final parameter): one rank, dp2, tp2, dp2 x tp2, tp2 + sp, cp2, ZeRO 1, 2
- *     (bucketed) and 3 on dp2, bf16 on dp2 (bucketed), pp2 (1f1b), and a save + resume.
+ *     (bucketed) and 3 on dp2, bf16 on dp2 (bucketed), dp2 x tp2 + sp with ZeRO 3, bf16 dp4
+ *     with ZeRO 2, pp2 (1f1b), and a save + resume. The cases of 4 ranks end in _w4 (what an
+ *     mpirun of 4 processes runs).
  * The same file runs on the threads backend and under mpirun.
  */
 #include <math.h>
@@ -71,7 +73,7 @@ static void device_is_fenced(mt_rank *r, void *arg) {
     dev_free(r, p, 64);
 }
 
-static void test_fenced_world(void **state) {
+static void test_fenced_world_w4(void **state) {
     (void)state;
     mt_run_device(WORLD, MS_DEVICE_FENCED, device_is_fenced, NULL);
 }
@@ -260,7 +262,7 @@ static void run_collectives(mt_rank *r, void *arg) {
     ms_comm_destroy(pair);
 }
 
-static void test_collectives(void **state) {
+static void test_collectives_w4(void **state) {
     (void)state;
     mt_run_device(WORLD, MS_DEVICE_FENCED, run_collectives, NULL);
 }
@@ -441,7 +443,7 @@ static void run_reshards(mt_rank *r, void *arg) {
                      ms_rstep_name(need[k]));
 }
 
-static void test_reshards(void **state) {
+static void test_reshards_w4(void **state) {
     (void)state;
     mt_run_device(WORLD, MS_DEVICE_FENCED, run_reshards, NULL);
 }
@@ -500,7 +502,7 @@ static void run_cross_mesh(mt_rank *r, void *arg) {
     ms_mesh_free(&mb);
 }
 
-static void test_cross_mesh(void **state) {
+static void test_cross_mesh_w4(void **state) {
     (void)state;
     mt_run_device(WORLD, MS_DEVICE_FENCED, run_cross_mesh, NULL);
 }
@@ -536,7 +538,7 @@ static void run_full(mt_rank *r, void *arg) {
     ms_mesh_free(&mesh);
 }
 
-static void test_dtensor_full(void **state) {
+static void test_dtensor_full_w4(void **state) {
     (void)state;
     mt_run_device(WORLD, MS_DEVICE_FENCED, run_full, NULL);
 }
@@ -559,12 +561,18 @@ static const train_case trains[] = {
     {"{\"dp\": 2, \"zero\": 2, \"bucket_mb\": 0.01}", 2},
     {"{\"dp\": 2, \"zero\": 3}", 2},
     {"{\"dp\": 2, \"precision\": \"bf16\", \"bucket_mb\": 0.01}", 2},
+    {"{\"dp\": 2, \"tp\": 2, \"sp\": true, \"zero\": 3}", 4},
+    {"{\"dp\": 4, \"precision\": \"bf16\", \"zero\": 2}", 4},
 };
 
 static void train_equal(void **state) {
     const train_case *tc = *state;
     mt_equiv_check_device(tc->strategy, tc->world, MS_DEVICE_FENCED);
 }
+/* Named by world size, so that an mpirun of n processes runs the cases of n ranks. */
+#define train_equal_w1 train_equal
+#define train_equal_w2 train_equal
+#define train_equal_w4 train_equal
 
 /* pp2 under 1f1b: the stage boundary's outbox (engine/train/stages.c) is filled with a host
  * memcpy of device memory; enabled in CMake once that is a device copy. */
@@ -663,7 +671,7 @@ static void run_save_resume(mt_rank *r, void *arg) {
     }
 }
 
-static void save_resume_equal(void **state) {
+static void save_resume_w4(void **state) {
     (void)state;
     const char *strategy = "{\"dp\": 2, \"tp\": 2, \"zero\": 1}";
     resume_arg cpu = {.strategy = strategy}, fenced = {.strategy = strategy};
@@ -678,22 +686,24 @@ static void save_resume_equal(void **state) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_fenced_world),
-    cmocka_unit_test(test_collectives),
-    cmocka_unit_test(test_reshards),
-    cmocka_unit_test(test_cross_mesh),
-    cmocka_unit_test(test_dtensor_full),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[0]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[1]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[2]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[3]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[4]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[5]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[6]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[7]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[8]),
-    cmocka_unit_test_prestate(train_equal, (void *)&trains[9]),
-    cmocka_unit_test(save_resume_equal),
+    cmocka_unit_test(test_fenced_world_w4),
+    cmocka_unit_test(test_collectives_w4),
+    cmocka_unit_test(test_reshards_w4),
+    cmocka_unit_test(test_cross_mesh_w4),
+    cmocka_unit_test(test_dtensor_full_w4),
+    cmocka_unit_test_prestate(train_equal_w1, (void *)&trains[0]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[1]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[2]),
+    cmocka_unit_test_prestate(train_equal_w4, (void *)&trains[3]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[4]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[5]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[6]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[7]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[8]),
+    cmocka_unit_test_prestate(train_equal_w2, (void *)&trains[9]),
+    cmocka_unit_test_prestate(train_equal_w4, (void *)&trains[10]),
+    cmocka_unit_test_prestate(train_equal_w4, (void *)&trains[11]),
+    cmocka_unit_test(save_resume_w4),
     cmocka_unit_test(pp_train_equal),
 };
 MT_MAIN("device_fenced", tests)
