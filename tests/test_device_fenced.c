@@ -204,8 +204,20 @@ static void fill(int rank, ms_comm_dtype dt, uint8_t *send, uint8_t *recv) {
     }
 }
 
+/* What the observer saw of a run: calls and their bytes (the probes' view). */
+typedef struct seen {
+    int calls;
+    size_t bytes;
+} seen;
+
+static void observe(void *user, const ms_comm_event *ev) {
+    seen *s = user;
+    s->calls++;
+    s->bytes += ev->bytes;
+}
+
 /* One case on one communicator: on host buffers, then on device buffers; the bytes of recv
- * must be equal. */
+ * must be equal, and so must what the observer was told. */
 static void check_coll(mt_rank *r, ms_comm *c, const coll_case *cc, ms_comm_dtype dt) {
     const size_t bytes = BUF_ELTS * ms_comm_dtype_size(dt);
     uint8_t *hs = xmalloc(bytes), *hr = xmalloc(bytes), *got = xmalloc(bytes);
@@ -214,8 +226,15 @@ static void check_coll(mt_rank *r, ms_comm *c, const coll_case *cc, ms_comm_dtyp
     to_dev(r, ds, hs, bytes);
     to_dev(r, dr, hr, bytes);
     ms_error err = {0};
+    seen host = {0}, dev = {0};
+    ms_comm_set_observer(c, observe, &host);
     MT_OK(r, cc->fn(c, dt, hs, hr, &err), &err);
+    ms_comm_set_observer(c, observe, &dev);
     MT_OK(r, cc->fn(c, dt, ds, dr, &err), &err);
+    ms_comm_set_observer(c, NULL, NULL);
+    MT_CHECK(r, host.calls > 0 && host.calls == dev.calls && host.bytes == dev.bytes,
+             "%s: the observer saw %d calls, %zu bytes on the host, %d, %zu on the device",
+             cc->name, host.calls, host.bytes, dev.calls, dev.bytes);
     from_dev(r, got, dr, bytes);
     size_t at = 0;
     while (at < bytes && got[at] == hr[at]) at++;
