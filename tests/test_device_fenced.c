@@ -526,7 +526,31 @@ static void test_cross_mesh_w4(void **state) {
     mt_run_device(WORLD, MS_DEVICE_FENCED, run_cross_mesh, NULL);
 }
 
-/* ms_dtensor_full hands back host memory gathered from the device. */
+/* ms_dtensor_from_local takes a local part in host memory onto the rank's device. */
+static void check_from_host(mt_rank *r, ms_dmesh *dm, const ms_tensor *g) {
+    ms_error err = {0};
+    ms_placements pl = {.n = 2, .p = {ms_pl_shard(0), ms_pl_shard(1)}};
+    int64_t start[2], len[2];
+    ms_local_box(&pl, &dm->mesh, dm->coords, 2, g->shape, start, len);
+    ms_tensor local, full = {0};
+    if (!MT_OK(r, ms_tensor_alloc(ms_device_host(), MS_F32, 2, len, &local, &err), &err)) return;
+    global_box(g->shape, start, len, false, ms_tensor_data(&local));
+    ms_dtensor t;
+    if (!MT_OK(r, ms_dtensor_from_local(dm, &local, &pl, 2, NULL, &t, &err), &err)) {
+        ms_tensor_release(&local);
+        return;
+    }
+    MT_CHECK(r, ms_device_owns(r->ctx->device, ms_tensor_data(&t.local)),
+             "from_local left the local part in host memory");
+    if (MT_OK(r, ms_dtensor_full(&t, &full, &err), &err))
+        MT_CHECK(r, !memcmp(ms_tensor_data(&full), ms_tensor_data(g), 7 * 5 * 4),
+                 "from_local then full differs from the global tensor");
+    ms_tensor_release(&full);
+    ms_dtensor_release(&t);
+}
+
+/* ms_dtensor_full hands back host memory gathered from the device; from_local takes host
+ * memory onto it. */
 static void run_full(mt_rank *r, void *arg) {
     (void)arg;
     ms_error err = {0};
@@ -551,6 +575,7 @@ static void run_full(mt_rank *r, void *arg) {
             ms_dtensor_release(&t);
         }
         ms_tensor_release(&full);
+        check_from_host(r, dm, &g);
         ms_tensor_release(&g);
         ms_dmesh_destroy(dm);
     }

@@ -210,7 +210,7 @@ ms_status ms_dtensor_from_local(ms_dmesh *mesh, ms_tensor *local, const ms_place
                        "balanced split of placements %s (see its error for the sizes)",
                        (int)any - 1, ms_placements_str(pl, (char[96]){0}, 96));
     }
-    ms_status st = ms_tensor_contiguous(local, MS_F32, &t.local, err);
+    ms_status st = ms_dtensor_local_copy(mesh, local, false, &t.local, err);
     if (st != MS_OK) return st;
     ms_tensor_release(local);
     *out = t;
