@@ -682,11 +682,12 @@ static void run_save_resume(mt_rank *r, void *arg) {
     char dir[256] = "";
     if (!MT_OK(r, mt_equiv_data(&d, &err), &err) || !shared_dir(r, dir, sizeof dir)) return;
     ms_trainer *t = make_trainer(r, a->strategy, &d);
+    resume_out got = {0};
     ms_ckpt_saver *sv = NULL;
     ms_ckpt_opts co = {.dir = dir, .strategy_json = a->strategy};
     if (t && MT_OK(r, ms_ckpt_saver_create(r->ctx, &co, &sv, &err), &err)) {
-        step_into(r, t, &a->out.loss[0]);
-        step_into(r, t, &a->out.loss[1]);
+        step_into(r, t, &got.loss[0]);
+        step_into(r, t, &got.loss[1]);
         MT_OK(r, ms_ckpt_saver_save(sv, t, NULL, &err), &err);
         MT_OK(r, ms_ckpt_saver_poll(sv, true, NULL, 0, &err), &err);
         ms_ckpt_saver_destroy(sv);
@@ -694,8 +695,8 @@ static void run_save_resume(mt_rank *r, void *arg) {
     ms_trainer_destroy(t);
     t = make_trainer(r, a->strategy, &d);
     if (t && MT_OK(r, ms_ckpt_load(t, dir, NULL, &err), &err)) {
-        step_into(r, t, &a->out.loss[2]);
-        MT_OK(r, ms_trainer_evaluate(t, MS_SPLIT_VAL, 2, &a->out.val, &err), &err);
+        step_into(r, t, &got.loss[2]);
+        MT_OK(r, ms_trainer_evaluate(t, MS_SPLIT_VAL, 2, &got.val, &err), &err);
         uint64_t h = 0xcbf29ce484222325ULL;
         for (int i = 0; i < ms_trainer_num_state(t); i++) {
             ms_tensor full = {0};
@@ -704,11 +705,12 @@ static void run_save_resume(mt_rank *r, void *arg) {
                 h = fnv(h, ms_tensor_data(&full), sizeof(float) * (size_t)ms_tensor_numel(&full));
             ms_tensor_release(&full);
         }
-        if (r->ctx->rank == 0) a->out.hash = h;
+        got.hash = h;
     }
     ms_trainer_destroy(t);
     ms_text_data_close(&d);
     if (r->ctx->rank == 0) {
+        a->out = got; /* the other ranks' threads leave it alone */
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         MT_CHECK(r, system(cmd) == 0, "cannot remove %s", dir);
