@@ -6,12 +6,52 @@
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "profiler/cupti.h"
+#include "profiler/gpu_attribute.h"
 #include "profiler/record/clock.h"
 #include "profiler/record/gather.h"
 #include "traces/trace_write.h"
 
 #define TRACE_RING       (1u << 16)
 #define TRACE_GATHER_MAX (1u << 15)
+
+/* Every rank on a CUDA device brackets its operators' launches with correlation ids; the first
+ * rank of the process (one CUPTI collector per process) collects. */
+static void gpu_start(ms_ctx *ctx, tracer *t) {
+    if (ctx->device->ops->kind != MS_DEVICE_CUDA) return;
+    ctx->trace.gpu_push = ms_cupti_push_correlation;
+    ctx->trace.gpu_pop = ms_cupti_pop_correlation;
+    if (ctx->backend != MS_BACKEND_MPI && ctx->rank != 0) return;
+    ms_error e = {0};
+    ms_status st = ms_recorder_create(ctx->rank, TRACE_RING, &t->gpu_rec, &e);
+    if (st == MS_OK) st = ms_cupti_start(t->gpu_rec, 100, &e);
+    if (st == MS_OK) return;
+    fprintf(stderr, "trace: rank %d: no GPU activity (%s); tracing the host side only\n", ctx->rank,
+            e.msg);
+    ms_recorder_destroy(t->gpu_rec);
+    t->gpu_rec = NULL;
+}
+
+/* GPU activity collected so far goes into this rank's ring (this is the ring's writer), with
+ * the rank and step it was stamped with; rank 0 attributes it to its operators later. */
+static void gpu_pass_on(tracer *t) {
+    if (!t->gpu_rec) return;
+    ms_error e = {0};
+    (void)ms_cupti_flush(&e);
+    ms_event buf[256];
+    uint64_t missed = 0;
+    size_t got;
+    while ((got = ms_recorder_read(t->gpu_rec, &t->gpu_cursor, buf, 256, &missed)) > 0)
+        for (size_t i = 0; i < got; i++) ms_recorder_push_as(t->rec, &buf[i]);
+}
+
+static void gpu_stop(ms_ctx *ctx, tracer *t) {
+    ctx->trace.gpu_push = NULL;
+    ctx->trace.gpu_pop = NULL;
+    if (!t->gpu_rec) return;
+    ms_cupti_stop();
+    gpu_pass_on(t);
+}
 
 ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
     memset(t, 0, sizeof *t);
@@ -20,10 +60,12 @@ ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
     MS_CHECK(ms_clock_align(t->comm, 8, &t->clock_offset, &unc, err));
     MS_CHECK(ms_recorder_create(ctx->rank, TRACE_RING, &t->rec, err));
     ms_ctx_set_recorder(ctx, t->rec);
+    gpu_start(ctx, t);
     return MS_OK;
 }
 
 ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
+    gpu_pass_on(t);
     for (;;) {
         if (ctx->rank == 0 && t->cap - t->n < (size_t)ctx->world_size * TRACE_GATHER_MAX) {
             t->cap = t->cap * 2 + (size_t)ctx->world_size * TRACE_GATHER_MAX;
@@ -51,11 +93,13 @@ ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
 }
 
 ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, ms_error *err) {
+    gpu_stop(ctx, t);
     MS_CHECK(tracer_gather(ctx, t, err));
     ms_group groups[512];
     int ng = 0;
     MS_CHECK(ms_gather_groups(t->comm, t->rec, groups, 512, &ng, err));
     if (ctx->rank != 0) return MS_OK;
+    ms_gpu_attribute(t->all, t->n); /* before the step filter: GPU activity's steps come late */
     /* Recording starts at step 0 when the live views need it; the file keeps --trace-from on
      * (and what follows the last step: the final gather, memory). */
     size_t w = 0;
@@ -71,6 +115,8 @@ ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, 
 }
 
 void tracer_free(ms_ctx *ctx, tracer *t) {
+    if (t->gpu_rec) gpu_stop(ctx, t);
+    ms_recorder_destroy(t->gpu_rec);
     if (t->rec) ms_ctx_set_recorder(ctx, NULL);
     ms_recorder_destroy(t->rec);
     ms_comm_destroy(t->comm);

@@ -27,9 +27,14 @@ typedef struct tracer {
     ms_live *feed; /* rank 0 under MPI: gathered events go to the live model */
     ms_event *all; /* rank 0 */
     size_t n, cap;
+    /* GPU activity (CUDA devices): the first rank of each process runs the CUPTI collector
+     * into gpu_rec and passes its events on into rec at every gather. */
+    ms_recorder *gpu_rec;
+    uint64_t gpu_cursor;
 } tracer;
 
-/* Collective: splits the private communicator, aligns clocks, attaches a recorder. */
+/* Collective: splits the private communicator, aligns clocks, attaches a recorder; on a CUDA
+ * device also starts collecting GPU activity (or says why it cannot, and traces the host). */
 ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err);
 /* Collective: gathers every rank's new events to rank 0. */
 ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err);

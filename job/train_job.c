@@ -293,6 +293,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                 tr.feed = job->live;
             else
                 ms_live_attach_recorder(job->live, tr.rec);
+            /* threads: the views read the GPU collector's ring as it fills */
+            if (o->backend != MS_BACKEND_MPI && tr.gpu_rec)
+                ms_live_attach_recorder(job->live, tr.gpu_rec);
         }
     }
     MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, o->val_fraction, &data, err), st, out);
@@ -400,6 +403,8 @@ out:
     ms_text_data_close(&data);
     if (job && job->live && tr.rec && o->backend == MS_BACKEND_THREADS)
         ms_live_detach_recorder(job->live, tr.rec);
+    if (job && job->live && tr.gpu_rec && o->backend == MS_BACKEND_THREADS)
+        ms_live_detach_recorder(job->live, tr.gpu_rec);
     tracer_free(ctx, &tr);
     if (own.live) {
         live_job_finish(&own);

@@ -166,12 +166,23 @@ static bool on_dim(const ms_event *e, int dim) {
     return e->kind == MS_EV_COLL && dim >= 0 && e->u.coll.mesh_dim == dim;
 }
 
+/* A rank's compute: its GPU kernels when it ran on a GPU (the engine's op spans are then only
+ * the launches), else its operators. NCCL's kernels are communication, as in HTA. */
+static bool is_compute(const ms_event *e, bool gpu_rank) {
+    if (e->kind != MS_EV_OP) return false;
+    if (!gpu_rank) return e->u.op.gpu == MS_GPU_NONE;
+    return e->u.op.gpu == MS_GPU_KERNEL && !strstr(e->u.op.name, "nccl");
+}
+
 /* dp_dim: the data-parallel mesh dim, or -1. */
 static rank_ivs *build_rank_ivs(const ms_event *const *w, size_t nw, int nranks, int dp_dim) {
     size_t *n_op = xcalloc((size_t)nranks * 3, sizeof(size_t)), *n_comm = n_op + nranks;
     size_t *n_dp = n_comm + nranks;
+    bool *gpu = xcalloc((size_t)nranks, sizeof(bool));
+    for (size_t i = 0; i < nw; i++)
+        if (w[i]->kind == MS_EV_OP && w[i]->u.op.gpu == MS_GPU_KERNEL) gpu[w[i]->rank] = true;
     for (size_t i = 0; i < nw; i++) {
-        if (w[i]->kind == MS_EV_OP) n_op[w[i]->rank]++;
+        if (is_compute(w[i], gpu[w[i]->rank])) n_op[w[i]->rank]++;
         if (w[i]->kind == MS_EV_COLL) n_comm[w[i]->rank]++;
         if (on_dim(w[i], dp_dim)) n_dp[w[i]->rank]++;
     }
@@ -184,9 +195,9 @@ static rank_ivs *build_rank_ivs(const ms_event *const *w, size_t nw, int nranks,
     }
     for (size_t i = 0; i < nw; i++) {
         const ms_event *e = w[i];
-        ivset *s = e->kind == MS_EV_OP     ? &r[e->rank].op
-                   : e->kind == MS_EV_COLL ? &r[e->rank].comm
-                                           : NULL;
+        ivset *s = is_compute(e, gpu[e->rank]) ? &r[e->rank].op
+                   : e->kind == MS_EV_COLL     ? &r[e->rank].comm
+                                               : NULL;
         if (s) s->v[s->n++] = (iv){e->t0_ns, e->t1_ns};
         if (on_dim(e, dp_dim)) r[e->rank].dp.v[r[e->rank].dp.n++] = (iv){e->t0_ns, e->t1_ns};
     }
@@ -198,6 +209,7 @@ static rank_ivs *build_rank_ivs(const ms_event *const *w, size_t nw, int nranks,
         ivset_intersect(&r[k].op, &r[k].dp, &r[k].dp_both);
     }
     free(n_op);
+    free(gpu);
     return r;
 }
 

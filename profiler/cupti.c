@@ -193,18 +193,8 @@ static uint64_t corr_lookup(uint32_t corr) {
     return corr && s->corr == corr ? s->ext : 0;
 }
 
-/* "base#corr=N", base truncated so that the suffix survives whole. */
-static void name_with_corr(char *dst, const char *base, uint64_t ext) {
-    char suffix[32] = "";
-    if (ext) snprintf(suffix, sizeof suffix, "#corr=%" PRIu64, ext);
-    size_t keep = MS_EV_NAME_MAX - 1 - strlen(suffix);
-    size_t n = base ? strnlen(base, keep) : 0;
-    if (n) memcpy(dst, base, n);
-    memcpy(dst + n, suffix, strlen(suffix) + 1);
-}
-
-static void push_op(const char *opname, const char *name, uint64_t ext, uint64_t start,
-                    uint64_t end, double bytes) {
+static void push_op(ms_ev_gpu kind, const char *opname, const char *name, uint64_t ext,
+                    uint64_t start, uint64_t end, double bytes, uint32_t device, uint32_t stream) {
     if (start == 0 && end == 0) { /* CUPTI's "no timestamps": still running at a forced flush */
         atomic_fetch_add(&g.incomplete, 1);
         return;
@@ -216,10 +206,14 @@ static void push_op(const char *opname, const char *name, uint64_t ext, uint64_t
     e.phase = MS_PHASE_OTHER;
     e.t0_ns = (int64_t)start + off;
     e.t1_ns = end >= start ? (int64_t)end + off : e.t0_ns;
-    e.u.op.op = -1; /* not an engine op: the GPU work is tied to one through #corr */
-    name_with_corr(e.u.op.name, name, ext);
+    e.u.op.op = -1; /* not an engine op: the GPU work is tied to one through corr */
+    ms_ev_strcpy(e.u.op.name, sizeof e.u.op.name, NULL, name);
     ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, opname);
     e.u.op.bytes = bytes;
+    e.u.op.corr = ext;
+    e.u.op.gpu = (uint8_t)kind;
+    e.u.op.device = device;
+    e.u.op.stream = stream;
     ms_recorder_push(g.rec, &e);
     atomic_fetch_add(&g.events, 1);
 }
@@ -285,22 +279,22 @@ static void convert(const CUpti_Activity *r) {
         case CUPTI_ACTIVITY_KIND_KERNEL: {
             /* The fields read here sit in the prefix that every Kernel record version shares. */
             const CUpti_ActivityKernel10 *k = (const void *)r;
-            push_op("cuda_kernel", k->name ? k->name : "kernel", corr_lookup(k->correlationId),
-                    k->start, k->end, 0.0);
+            push_op(MS_GPU_KERNEL, "cuda_kernel", k->name ? k->name : "kernel",
+                    corr_lookup(k->correlationId), k->start, k->end, 0.0, k->deviceId, k->streamId);
             break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
             const CUpti_ActivityMemcpy6 *m = (const void *)r;
             uint64_t ext = corr_lookup(m->correlationId);
             if (!ext) ext = corr_lookup(m->runtimeCorrelationId);
-            push_op("cuda_memcpy", memcpy_name(m->copyKind), ext, m->start, m->end,
-                    (double)m->bytes);
+            push_op(MS_GPU_MEMCPY, "cuda_memcpy", memcpy_name(m->copyKind), ext, m->start, m->end,
+                    (double)m->bytes, m->deviceId, m->streamId);
             break;
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
             const CUpti_ActivityMemset4 *m = (const void *)r;
-            push_op("cuda_memset", "memset", corr_lookup(m->correlationId), m->start, m->end,
-                    (double)m->bytes);
+            push_op(MS_GPU_MEMSET, "cuda_memset", "memset", corr_lookup(m->correlationId), m->start,
+                    m->end, (double)m->bytes, m->deviceId, m->streamId);
             break;
         }
         case CUPTI_ACTIVITY_KIND_RUNTIME:
@@ -310,14 +304,14 @@ static void convert(const CUpti_Activity *r) {
             char name[MS_EV_NAME_MAX];
             api_name(rt ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, name,
                      sizeof name);
-            push_op(rt ? "cuda_runtime" : "cuda_driver", name, corr_lookup(a->correlationId),
-                    a->start, a->end, 0.0);
+            push_op(MS_GPU_API, rt ? "cuda_runtime" : "cuda_driver", name,
+                    corr_lookup(a->correlationId), a->start, a->end, 0.0, 0, 0);
             break;
         }
         case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
             const CUpti_ActivitySynchronization2 *s = (const void *)r;
-            push_op("cuda_sync", sync_name(s->type), corr_lookup(s->correlationId), s->start,
-                    s->end, 0.0);
+            push_op(MS_GPU_API, "cuda_sync", sync_name(s->type), corr_lookup(s->correlationId),
+                    s->start, s->end, 0.0, 0, 0);
             break;
         }
         default: /* external correlation (read in the first pass) and kinds we did not enable */

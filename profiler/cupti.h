@@ -14,9 +14,8 @@
  * Correlation. The engine brackets the GPU work of one operator with
  * ms_cupti_push_correlation(op id) / ms_cupti_pop_correlation(); CUPTI tags every API call
  * made in between (and, through its correlation id, the kernel or copy it launched) with
- * that id. ms_event has no field for it yet, so the id travels as a "#corr=N" suffix of the
- * event name (the name is truncated first so the suffix always survives). Ids must be
- * non-zero: 0 means "not launched inside a pushed region".
+ * that id, which the event carries in ms_ev_op.corr, with the GPU activity's kind, device and
+ * stream. Ids must be non-zero: 0 means "not launched inside a pushed region".
  *
  * Time. CUPTI timestamps are nanoseconds on CUPTI's own clock. The collector measures the
  * offset to ms_now_ns at start (the tightest of 16 bracketed reads, Cristian style) and

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "profiler/gpu_attribute.h"
 #include "engine/comm/comm.h"
 #include "engine/comm/flight.h"
 #include "engine/core/device.h"
@@ -714,6 +715,8 @@ static void build_and_publish(ms_live *l) {
         pthread_mutex_unlock(&l->mu);
         ms_error err = {0};
         int64_t lo = complete - l->o.window_steps + 1;
+        /* GPU activity arrives late and unattributed: give it its operator's rank and step. */
+        ms_gpu_attribute(l->win, l->n_win);
         if (ms_analyze(l->win, l->n_win, groups, ng, lo < 0 ? 0 : lo, complete, &s->analysis,
                        &err) != MS_OK)
             ms_analysis_free(&s->analysis);

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine with an NVIDIA GPU: show the GPU (nvidia-smi),
-# configure a CUDA build, build the GPU tests, and run every test labelled `cuda`
-# (test_cuda: the CUDA device; test_cupti: the CUPTI collector; test_nccl: the NCCL
-# communicator backend; test_cuda_kernels: every CUDA kernel against the CPU kernels), and the
-# `cuda-host` test the label regex also picks (test_cuda_host: the kernels' arithmetic on the
-# CPU, which runs without a GPU too).
+# configure a CUDA build, build, and run every test labelled `cuda` (test_cuda: the CUDA
+# device; test_cupti: the CUPTI collector; test_nccl: the NCCL communicator backend;
+# test_cuda_kernels: every CUDA kernel against the CPU kernels; test_cuda_host: the kernels'
+# arithmetic on the CPU). Then training on the GPU, each step recorded under $OUT_DIR:
+#   - gpt-tiny, 50 steps, on the GPU and on the CPU: losses within 1e-4 (fp32) and within
+#     2e-2 relative (bf16, whose rounding differs between the two kernel sets);
+#   - dp2 x tp2 on four thread ranks sharing the one GPU (collectives staged through the host)
+#     against one CPU rank;
+#   - GPT-2 124M, 20 steps in bf16: step time, tokens/s and model FLOP utilisation against
+#     the GPU's bf16 peak (GPU_PEAK_TFLOPS, default 989 for an H100/H200);
+#   - a traced GPU run (CUPTI) and `meshscope trace check` on it;
+#   - `meshscope bench gemm` at 4096^3.
 #
 # Safe to run again and again: the build directory is reused (an incremental build) and
 # nothing outside it is written. Every step has a time limit, so a run ends within about
@@ -13,6 +20,7 @@
 #
 #   BUILD_DIR  the build directory (default: build-gpu)
 #   JOBS       parallel build jobs (default: nproc)
+#   OUT_DIR    where the results go (default: $BUILD_DIR/gpu-check)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -63,8 +71,8 @@ grep -qE "NCCL +ON" "$log" ||
 
 echo "=== build (-j$JOBS)"
 log="$BUILD_DIR/gpu-check.build.log"
-if ! timeout 240 cmake --build "$BUILD_DIR" -j "$JOBS" --target test_cuda test_cupti test_nccl \
-  test_cuda_kernels test_cuda_host \
+if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target test_cuda test_cupti test_nccl \
+  test_cuda_kernels test_cuda_host meshscope \
   >"$log" 2>&1; then
   grep -E "error|warning" "$log" | head -40
   tail -20 "$log"
@@ -78,12 +86,90 @@ out="$BUILD_DIR/gpu-check.ctest.log"
 (cd "$BUILD_DIR" && timeout 150 ctest -L cuda --output-on-failure --timeout 140) 2>&1 |
   tee "$out"
 rc=${PIPESTATUS[0]}
+failed=0
 if [ "$rc" -ne 0 ]; then
   echo "cuda tests failed (rc $rc)"
-  exit 1
+  failed=1
 fi
 if [ "$have_gpu" -eq 1 ] && grep -q "(Skipped)" "$out"; then
   echo "a cuda test skipped although nvidia-smi lists a GPU: read its SKIP line above"
-  exit 1
+  failed=1
 fi
-echo "=== all cuda tests passed"
+[ "$failed" -eq 0 ] && echo "=== all cuda tests passed"
+if [ "$have_gpu" -ne 1 ]; then
+  echo "no GPU: the training checks need one"
+  exit "$failed"
+fi
+
+OUT_DIR=${OUT_DIR:-$BUILD_DIR/gpu-check}
+mkdir -p "$OUT_DIR"
+ms="$BUILD_DIR/meshscope"
+data=data/kjv.txt
+[ -s "$data" ] || scripts/prepare-data.sh >/dev/null
+# step_check NAME TIMEOUT ARGS...: one training run, its log in $OUT_DIR/NAME.{out,jsonl}
+run_train() {
+  local name=$1 limit=$2
+  shift 2
+  if timeout "$limit" "$ms" train --data "$data" --log-every 1 --log-jsonl "$OUT_DIR/$name.jsonl" \
+    "$@" >"$OUT_DIR/$name.out" 2>&1; then
+    return 0
+  fi
+  echo "$name: failed (rc $?); last lines:"
+  tail -5 "$OUT_DIR/$name.out"
+  failed=1
+  return 1
+}
+# compare A B TOL: the losses of two logs agree within TOL (relative) at every step
+compare() {
+  python3 - "$OUT_DIR/$1.jsonl" "$OUT_DIR/$2.jsonl" "$3" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
+print(f"  {len(a)} steps, worst relative loss difference {worst:.3g} (tolerance {tol:g}): "
+      + ("ok" if worst <= tol else "FAILED"))
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+echo "=== gpt-tiny, 50 steps, GPU against CPU (fp32, then bf16)"
+tiny=(--model configs/gpt-tiny.json --steps 50 --batch 8 --seq 64)
+for prec in fp32 bf16; do
+  tol=1e-4
+  [ "$prec" = bf16 ] && tol=2e-2
+  run_train "tiny-$prec-cuda" 120 "${tiny[@]}" --precision "$prec" --device cuda &&
+    run_train "tiny-$prec-cpu" 120 "${tiny[@]}" --precision "$prec" --device cpu &&
+    { compare "tiny-$prec-cuda" "tiny-$prec-cpu" "$tol" || failed=1; }
+done
+
+echo "=== dp2 x tp2 on one GPU (four ranks, host-staged collectives) against one CPU rank"
+run_train dp2tp2-cuda 180 "${tiny[@]}" --steps 20 --dp 2 --tp 2 --device cuda &&
+  run_train one-cpu 120 "${tiny[@]}" --steps 20 --device cpu &&
+  { compare dp2tp2-cuda one-cpu 1e-4 || failed=1; }
+
+echo "=== GPT-2 124M, 20 steps, bf16: step time, tokens/s, MFU"
+if run_train gpt2-124m 240 --model bench/configs/gpt2-small.json --steps 20 --batch 8 --seq 1024 \
+  --precision bf16 --device cuda; then
+  python3 - "$OUT_DIR/gpt2-124m.jsonl" "${GPU_PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT_DIR/mfu.txt"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][5:]  # after warm-up
+ms = statistics.median(r["step_ms"] for r in rows)
+tokens = 8 * 1024
+n = 124.44e6  # parameters of GPT-2 small, tied embedding counted once
+flops = 6 * n * tokens + 12 * 12 * 1024 * 768 * tokens  # weights, then attention (as Megatron)
+print(f"  step {ms:.1f} ms, {tokens / ms * 1e3:.0f} tokens/s, "
+      f"MFU {flops / (ms / 1e3) / (float(sys.argv[2]) * 1e12) * 100:.1f}% of {sys.argv[2]} TFLOP/s")
+PY
+fi
+
+echo "=== a traced GPU run (CUPTI) and the trace's check"
+run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trace.json" &&
+  { timeout 60 "$ms" trace check "$OUT_DIR/trace.json" | tee "$OUT_DIR/trace-check.txt" || failed=1; } &&
+  { grep -c '"cat":"kernel"' "$OUT_DIR/trace.json" | sed 's/^/  kernel slices: /'; }
+
+echo "=== bench gemm 4096^3 (host BLAS; the GPU GEMM rate is in test_cuda_kernels' output)"
+timeout 120 "$ms" bench gemm --m 4096 --n 4096 --k 4096 | tee "$OUT_DIR/gemm.txt" || failed=1
+
+echo "=== results in $OUT_DIR"
+exit "$failed"

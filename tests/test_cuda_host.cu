@@ -2,7 +2,8 @@
  * runtime call): the __host__ __device__ row and element functions of engine/kernels/cuda/
  * are assembled over whole tensors with the lanes and tiles the kernels use, then compared
  *   - with the CPU kernels of engine/kernels and engine/optim on real shapes (GPT-2 small rows
- *     C = 768, the 50257 vocab whole and in uneven slices, T = 64..256, NH = 12), within the
+ *     C = 768, the 50257 vocab whole and in uneven slices, T = 64..256, NH = 12; LLaMA rows
+ *     C = 64..4096, grouped-query heads with T up to 128 and D up to 128), within the
  *     tolerances stated at each check (fp32: sums in another order, the device's expf/tanhf
  *     against the CPU's polynomials);
  *   - backwards also with central finite differences of the same functions, the loss
@@ -29,6 +30,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include "engine/kernels/cuda/attention_math.cuh"
 #include "engine/kernels/cuda/cuda_kernels.h"
 #include "engine/kernels/cuda/elementwise_math.cuh"
+#include "engine/kernels/cuda/llama_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/optim_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
@@ -761,6 +763,381 @@ static void test_attention_fd(void **state) {
     assert_true(ok);
 }
 
+/* ---- the LLaMA layers ---- */
+
+/* The RMSNorm kernels' work: a row per block (lanes and tree), dweight a column per thread. */
+static void rms_forward(float *out, float *rstd, const float *inp, const float *w, int64_t n,
+                        int64_t c, float eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = inp + r * c;
+        const float ss =
+            lanes_sum([&](int l, int nl) { return ms_cu_rms_sumsq_part(x, c, l, nl); });
+        rstd[r] = ms_cu_ln_rstd(ss, c, eps);
+        lanes_each(
+            [&](int l, int nl) { ms_cu_rms_out_part(out + r * c, x, w, c, rstd[r], l, nl); });
+    }
+}
+static void rms_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                         const float *w, const float *rstd, int64_t n, int64_t c) {
+    for (int64_t j = 0; j < c; j++) ms_cu_rms_dweight_col(dw, dout, inp, rstd, n, c, j);
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = dout + r * c, *x = inp + r * c;
+        const float wgx =
+            lanes_sum([&](int l, int nl) { return ms_cu_rms_wgx_part(g, x, w, c, l, nl); });
+        lanes_each([&](int l, int nl) {
+            ms_cu_rms_dinp_part(dinp + r * c, g, x, w, c, rstd[r], wgx, l, nl);
+        });
+    }
+}
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t c : {64, 128, 256, 4096}) { /* LLaMA-tiny to LLaMA-7B rows */
+        const int64_t n = 4 * 128, e = n * c;
+        const fvec x = frand(e, -3, 3), w = frand(c, 0.5, 1.5), g = frand(e, -1, 1);
+        fvec out(e), rstd(n), out2(e), rstd2(n);
+        rms_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6f);
+        ms_k_rmsnorm_forward(out2.data(), rstd2.data(), x.data(), w.data(), n, c, 1e-6f);
+        char what[80];
+        snprintf(what, sizeof what, "rmsnorm out C=%lld (1e-6 + 1e-5 rel)", (long long)c);
+        ok &= close(what, out, out2, 1e-6, 1e-5);
+        snprintf(what, sizeof what, "rmsnorm rstd C=%lld (1e-5 rel)", (long long)c);
+        ok &= close(what, rstd, rstd2, 0, 1e-5);
+        fvec d1 = frand(e, -1, 1), d2 = d1, dw1 = frand(c, -1, 1), dw2 = dw1;
+        rms_backward(d1.data(), dw1.data(), g.data(), x.data(), w.data(), rstd2.data(), n, c);
+        ms_k_rmsnorm_backward(d2.data(), dw2.data(), g.data(), x.data(), w.data(), rstd2.data(), n,
+                              c);
+        snprintf(what, sizeof what, "rmsnorm dinp C=%lld (1e-6 + 1e-5 rel)", (long long)c);
+        ok &= close(what, d1, d2, 1e-6, 1e-5);
+        /* dweight sums 512 rows in the CPU's order: only FMA contraction differs */
+        snprintf(what, sizeof what, "rmsnorm dweight C=%lld (1e-5 + 1e-5 rel)", (long long)c);
+        ok &= close(what, dw1, dw2, 1e-5, 1e-5);
+    }
+    assert_true(ok);
+}
+
+static void test_rmsnorm_fd(void **state) {
+    (void)state;
+    const int64_t n = 6, c = 96, e = n * c;
+    fvec x = frand(e, -2, 2), w = frand(c, 0.5, 1.5);
+    const fvec lw = frand(e, -1, 1);
+    fvec out(e), rstd(n), dx(e, 0.0f), dw(c, 0.0f);
+    rms_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6f);
+    rms_backward(dx.data(), dw.data(), lw.data(), x.data(), w.data(), rstd.data(), n, c);
+    auto loss = [&]() {
+        rms_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6f);
+        return dot_loss(lw, out);
+    };
+    bool ok = fd_check("rmsnorm dinp vs finite differences", x, dx, loss, 1e-2, 5e-4, 64);
+    ok &= fd_check("rmsnorm dweight vs finite differences", w, dw, loss, 1e-2, 5e-4, 48);
+    assert_true(ok);
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    const int64_t e = 4 * 128 * 352; /* B*T rows of LLaMA-tiny's intermediate size */
+    fvec gate = frand(e, -6, 6), up = frand(e, -2, 2), g = frand(e, -1, 1);
+    fvec out(e), out2(e);
+    for (int64_t i = 0; i < e; i++) ms_cu_swiglu_fwd(out.data(), gate.data(), up.data(), i);
+    ms_k_swiglu_forward(out2.data(), gate.data(), up.data(), e);
+    /* the CPU's expf may be a vector polynomial: a few ulps */
+    bool ok = close("swiglu forward (1e-7 + 1e-6 rel)", out, out2, 1e-7, 1e-6);
+    fvec dg1 = frand(e, -1, 1), dg2 = dg1, du1 = frand(e, -1, 1), du2 = du1;
+    for (int64_t i = 0; i < e; i++)
+        ms_cu_swiglu_bwd(dg1.data(), du1.data(), g.data(), gate.data(), up.data(), i);
+    ms_k_swiglu_backward(dg2.data(), du2.data(), g.data(), gate.data(), up.data(), e);
+    ok &= close("swiglu dgate (1e-6 + 1e-5 rel)", dg1, dg2, 1e-6, 1e-5);
+    ok &= close("swiglu dup (1e-6 + 1e-5 rel)", du1, du2, 1e-6, 1e-5);
+    /* finite differences on a slice: the loss sum(w * silu(gate) * up) */
+    const int64_t m = 2000;
+    gate.resize(m), up.resize(m), g.resize(m), out.resize(m);
+    fvec dg(m, 0.0f), du(m, 0.0f);
+    for (int64_t i = 0; i < m; i++)
+        ms_cu_swiglu_bwd(dg.data(), du.data(), g.data(), gate.data(), up.data(), i);
+    auto loss = [&]() {
+        for (int64_t i = 0; i < m; i++) ms_cu_swiglu_fwd(out.data(), gate.data(), up.data(), i);
+        return dot_loss(g, out);
+    };
+    ok &= fd_check("swiglu dgate vs finite differences", gate, dg, loss, 1e-2, 2e-4, 64);
+    ok &= fd_check("swiglu dup vs finite differences", up, du, loss, 1e-2, 2e-4, 64);
+    assert_true(ok);
+}
+
+static void rotary_apply_host(float *out, const float *inp, const fvec &cs, const fvec &sn,
+                              int64_t b, int64_t t, int64_t h, int64_t d, bool inverse) {
+    for (int64_t e = 0; e < b * t * h * (d / 2); e++)
+        ms_cu_rotary_pair(out, inp, cs.data(), sn.data(), t, h, d, inverse, e);
+}
+
+static void test_rotary(void **state) {
+    (void)state;
+    bool ok = true;
+    /* A sequence shard starting at position 4000: the reduced angle keeps the tables exact. */
+    const int64_t b = 2, t = 128, h = 6, d = 64, half = d / 2, t0 = 4000, e = b * t * h * d;
+    fvec cs(t * half), sn(t * half), cs2(t * half), sn2(t * half);
+    for (int64_t k = 0; k < t * half; k++)
+        ms_cu_rotary_entry(cs.data(), sn.data(), t0, d, 10000.0f, k);
+    ms_k_rotary_tables(cs2.data(), sn2.data(), t, t0, d, 10000.0f);
+    ok &= close("rotary cos table, t0=4000 (exact on the host)", cs, cs2, 0, 0);
+    ok &= close("rotary sin table, t0=4000 (exact on the host)", sn, sn2, 0, 0);
+    /* The tables against float64 trigonometry: an independent reference. */
+    fvec csd(t * half), snd(t * half);
+    for (int64_t p = 0; p < t; p++)
+        for (int64_t i = 0; i < half; i++) {
+            const double ang = (double)(t0 + p) * pow(10000.0, -2.0 * (double)i / (double)d);
+            csd[p * half + i] = (float)cos(ang), snd[p * half + i] = (float)sin(ang);
+        }
+    ok &= close("rotary cos vs float64 (1e-6 abs)", cs, csd, 1e-6, 0);
+    ok &= close("rotary sin vs float64 (1e-6 abs)", sn, snd, 1e-6, 0);
+    fvec x = frand(e, -2, 2), out(e), out2(e);
+    rotary_apply_host(out.data(), x.data(), cs, sn, b, t, h, d, false);
+    ms_k_rotary_apply(out2.data(), x.data(), cs.data(), sn.data(), b, t, h, d, false);
+    ok &= close("rotary forward (FMA: 1e-7 + 1e-6 rel)", out, out2, 1e-7, 1e-6);
+    fvec d1 = frand(e, -1, 1), d2 = d1;
+    const fvec g = frand(e, -1, 1);
+    rotary_apply_host(d1.data(), g.data(), cs, sn, b, t, h, d, true);
+    ms_k_rotary_apply(d2.data(), g.data(), cs.data(), sn.data(), b, t, h, d, true);
+    ok &= close("rotary backward (FMA: 1e-6 + 1e-6 rel)", d1, d2, 1e-6, 1e-6);
+    /* The backward is the forward's transpose: <R x, g> = <x, R^T g> in float64. */
+    fvec rt(e, 0.0f);
+    rotary_apply_host(rt.data(), g.data(), cs, sn, b, t, h, d, true);
+    const double lhs = dot_loss(g, out), rhs = dot_loss(x, rt);
+    printf("  rotary <Rx, g> %.9g, <x, R^T g> %.9g\n", lhs, rhs);
+    ok &= fabs(lhs - rhs) <= 1e-5 * fabs(lhs) + 1e-3;
+    assert_true(ok);
+}
+
+/* Grouped-query attention on layers.h's strided layout: q [B, Tq, H, D]; k, v [B, Tk, Hkv, D]
+ * apart, or packed kv [B, Tk, 2, Hkv, D]; mask [B, Tk] of keep flags, or empty. */
+struct gqa_case {
+    ms_k_gqa g;
+    fvec q, kb, vb, mask; /* vb empty: packed in kb */
+    const float *k() const { return kb.data(); }
+    const float *v() const { return vb.empty() ? kb.data() + g.hkv * g.d : vb.data(); }
+    float *k() { return kb.data(); }
+    float *v() { return vb.empty() ? kb.data() + g.hkv * g.d : vb.data(); }
+    const float *km(int64_t bi) const { return mask.empty() ? NULL : mask.data() + bi * g.tk; }
+    const float *mask_or_null() const { return mask.empty() ? NULL : mask.data(); }
+};
+
+static gqa_case gqa_make(int64_t b, int64_t tq, int64_t tk, int64_t q_start, int64_t h, int64_t hkv,
+                         int64_t d, bool causal, bool packed, bool masked) {
+    gqa_case c;
+    c.g = ms_k_gqa{b, tq, tk, h, hkv, d, h * d, (packed ? 2 : 1) * hkv * d, h * d, q_start, causal};
+    c.q = frand(b * tq * h * d, -1.5, 1.5);
+    c.kb = frand(b * tk * (packed ? 2 : 1) * hkv * d, -1.5, 1.5);
+    if (!packed) c.vb = frand(b * tk * hkv * d, -1.5, 1.5);
+    if (masked) { /* padding at the end, a few dropped keys inside; batch item 2 drops all */
+        c.mask.assign(b * tk, 1.0f);
+        for (int64_t bi = 0; bi < b; bi++)
+            for (int64_t j = 0; j < tk; j++)
+                if (bi == 2 || j >= tk - 5 * (bi + 1) || (j % 13 == 6)) c.mask[bi * tk + j] = 0.0f;
+    }
+    return c;
+}
+
+/* The key tiles query row i of (bi, h) sees, as the forward and dq kernels walk them:
+ * tile(j0, vis, mt) with the tile's mask terms mt (NULL without a mask). */
+static void gqa_key_tiles(const gqa_case &c, int64_t bi, int64_t i,
+                          const std::function<void(int64_t, int64_t, const float *)> &tile) {
+    const ms_k_gqa &g = c.g;
+    float mt[MS_CU_ATTN_TILE];
+    for (int64_t j0 = 0; j0 < g.tk; j0 += MS_CU_ATTN_TILE) {
+        const int64_t nk = std::min<int64_t>(MS_CU_ATTN_TILE, g.tk - j0);
+        const int64_t vis = ms_cu_attn_visible(g.q_start + i, j0, nk, g.causal);
+        for (int64_t e = 0; e < nk; e++) mt[e] = ms_cu_attn_mask_term(c.km(bi), j0 + e, true);
+        if (vis > 0) tile(j0, vis, c.mask.empty() ? NULL : mt);
+    }
+}
+
+/* The forward kernel's work: saved = lse [B, H, Tq], then the output [B, Tq, H, D]. */
+static void gqa_forward_host(const gqa_case &c, float *out, float *saved) {
+    const ms_k_gqa &g = c.g;
+    const float scale = 1.0f / sqrtf((float)g.d);
+    float *ocopy = saved + g.b * g.h * g.tq;
+    for (int64_t bi = 0; bi < g.b; bi++)
+        for (int64_t h = 0; h < g.h; h++)
+            for (int64_t i = 0; i < g.tq; i++) {
+                const int64_t kvo = bi * g.tk * g.kv_stride + (h / (g.h / g.hkv)) * g.d;
+                const float *qi = c.q.data() + (bi * g.tq + i) * g.q_stride + h * g.d;
+                float acc[MS_CU_ATTN_MAX_HS];
+                ms_cu_attn_state st;
+                ms_cu_attn_fwd_init(&st, acc, g.d);
+                gqa_key_tiles(c, bi, i, [&](int64_t j0, int64_t vis, const float *mt) {
+                    ms_cu_attn_fwd_tile(&st, acc, qi, c.k() + kvo + j0 * g.kv_stride,
+                                        c.v() + kvo + j0 * g.kv_stride, g.kv_stride, mt, vis, g.d,
+                                        scale);
+                });
+                float *o = out + (bi * g.tq + i) * g.out_stride + h * g.d;
+                saved[(bi * g.h + h) * g.tq + i] = ms_cu_attn_fwd_finish(o, &st, acc, g.d);
+                std::copy_n(o, g.d, ocopy + ((bi * g.tq + i) * g.h + h) * g.d);
+            }
+}
+
+/* The backward kernels' work: delta per query row, dQ per query row over key tiles, dK and
+ * dV per key row of a kv head over the query tiles of each query head of its group. */
+static void gqa_backward_host(const gqa_case &c, float *dq, float *dk, float *dv, const float *dout,
+                              const float *saved) {
+    const ms_k_gqa &g = c.g;
+    const int64_t grp = g.h / g.hkv, qs = g.q_stride, ks = g.kv_stride, os = g.out_stride;
+    const float scale = 1.0f / sqrtf((float)g.d), *lse = saved, *oc = saved + g.b * g.h * g.tq;
+    fvec delta(g.b * g.h * g.tq);
+    for (int64_t bi = 0; bi < g.b; bi++)
+        for (int64_t h = 0; h < g.h; h++)
+            for (int64_t i = 0; i < g.tq; i++)
+                delta[(bi * g.h + h) * g.tq + i] =
+                    ms_cu_dot(dout + (bi * g.tq + i) * os + h * g.d,
+                              oc + ((bi * g.tq + i) * g.h + h) * g.d, g.d);
+    for (int64_t bi = 0; bi < g.b; bi++)
+        for (int64_t h = 0; h < g.h; h++)
+            for (int64_t i = 0; i < g.tq; i++) {
+                const int64_t kvo = bi * g.tk * ks + (h / grp) * g.d, r = (bi * g.h + h) * g.tq + i;
+                const int64_t qo = (bi * g.tq + i) * qs + h * g.d;
+                float dqi[MS_CU_ATTN_MAX_HS] = {};
+                gqa_key_tiles(c, bi, i, [&](int64_t j0, int64_t vis, const float *mt) {
+                    ms_cu_attn_dq_tile(dqi, c.q.data() + qo, dout + (bi * g.tq + i) * os + h * g.d,
+                                       delta[r], lse[r], c.k() + kvo + j0 * ks,
+                                       c.v() + kvo + j0 * ks, ks, mt, vis, g.d, scale);
+                });
+                for (int64_t d = 0; d < g.d; d++) dq[qo + d] += dqi[d];
+            }
+    for (int64_t bi = 0; bi < g.b; bi++)
+        for (int64_t kh = 0; kh < g.hkv; kh++)
+            for (int64_t j = 0; j < g.tk; j++) {
+                const int64_t kvo = (bi * g.tk + j) * ks + kh * g.d;
+                float dkj[MS_CU_ATTN_MAX_HS] = {}, dvj[MS_CU_ATTN_MAX_HS] = {};
+                const float mj = ms_cu_attn_mask_term(c.km(bi), j, true);
+                for (int64_t h = kh * grp; h < (kh + 1) * grp; h++)
+                    for (int64_t i0 = 0; i0 < g.tq; i0 += MS_CU_ATTN_TILE) {
+                        const int64_t nq = std::min<int64_t>(MS_CU_ATTN_TILE, g.tq - i0);
+                        const int64_t r = (bi * g.h + h) * g.tq + i0;
+                        ms_cu_attn_dkv_tile(dkj, dvj, c.k() + kvo, c.v() + kvo, j, mj,
+                                            c.q.data() + (bi * g.tq + i0) * qs + h * g.d, qs,
+                                            dout + (bi * g.tq + i0) * os + h * g.d, os, lse + r,
+                                            delta.data() + r, g.q_start + i0, nq, g.d, scale,
+                                            g.causal);
+                    }
+                for (int64_t d = 0; d < g.d; d++) dk[kvo + d] += dkj[d], dv[kvo + d] += dvj[d];
+            }
+}
+
+/* lse of every query row in float64 over the keys it sees (-inf where none): an independent
+ * reference for the forward. */
+static fvec gqa_lse_f64(const gqa_case &c) {
+    const ms_k_gqa &g = c.g;
+    fvec lse(g.b * g.h * g.tq);
+    for (int64_t bi = 0; bi < g.b; bi++)
+        for (int64_t h = 0; h < g.h; h++)
+            for (int64_t i = 0; i < g.tq; i++) {
+                const float *qi = c.q.data() + (bi * g.tq + i) * g.q_stride + h * g.d;
+                const int64_t nk = g.causal ? std::min(g.tk, g.q_start + i + 1) : g.tk;
+                std::vector<double> s;
+                for (int64_t j = 0; j < nk; j++) {
+                    if (c.km(bi) && c.km(bi)[j] == 0.0f) continue;
+                    const float *kj =
+                        c.k() + (bi * g.tk + j) * g.kv_stride + h / (g.h / g.hkv) * g.d;
+                    double dd = 0;
+                    for (int64_t e = 0; e < g.d; e++) dd += (double)qi[e] * kj[e];
+                    s.push_back(dd / sqrt((double)g.d));
+                }
+                double mx = -INFINITY, sum = 0;
+                for (double x : s) mx = std::max(mx, x);
+                for (double x : s) sum += exp(x - mx);
+                lse[(bi * g.h + h) * g.tq + i] = s.empty() ? -INFINITY : (float)(mx + log(sum));
+            }
+    return lse;
+}
+
+static bool gqa_against_cpu(const gqa_case &c, const char *name) {
+    const ms_k_gqa &g = c.g;
+    const int64_t no = g.b * g.tq * g.h * g.d, nl = g.b * g.h * g.tq;
+    fvec out(no), saved(nl + no), out2(no), att(g.b * g.h * g.tq * g.tk);
+    gqa_forward_host(c, out.data(), saved.data());
+    ms_k_gqa_forward(&g, out2.data(), att.data(), c.q.data(), c.k(), c.v(), c.mask_or_null());
+    char what[112];
+    snprintf(what, sizeof what, "gqa out, %s (1e-5 + 1e-4 rel)", name);
+    bool ok = close(what, out, out2, 1e-5, 1e-4);
+    const fvec lse(saved.begin(), saved.begin() + nl), lse2 = gqa_lse_f64(c);
+    bool same_inf = true;
+    for (int64_t r = 0; r < nl; r++) same_inf &= std::isinf(lse[r]) == std::isinf(lse2[r]);
+    fvec lf(lse), lf2(lse2); /* rows without keys: -inf on both sides, compared as 0 */
+    for (int64_t r = 0; r < nl; r++)
+        if (std::isinf(lf[r]) && std::isinf(lf2[r])) lf[r] = lf2[r] = 0.0f;
+    snprintf(what, sizeof what, "gqa lse vs float64, %s (1e-5 + 1e-5 rel)", name);
+    ok &= close(what, lf, lf2, 1e-5, 1e-5) && same_inf;
+    const fvec dout = frand(no, -1, 1);
+    gqa_case d1 = c, d2 = c; /* gradient buffers shaped as q, k and v, random to accumulate on */
+    d1.q = d2.q = frand(c.q.size(), -1, 1);
+    d1.kb = d2.kb = frand(c.kb.size(), -1, 1);
+    d1.vb = d2.vb = frand(c.vb.size(), -1, 1);
+    fvec scratch(ms_k_gqa_scratch_floats(&g));
+    gqa_backward_host(c, d1.q.data(), d1.k(), d1.v(), dout.data(), saved.data());
+    ms_k_gqa_backward(&g, d2.q.data(), d2.k(), d2.v(), scratch.data(), dout.data(), c.q.data(),
+                      c.k(), c.v(), att.data());
+    snprintf(what, sizeof what, "gqa dq, %s (1e-5 + 1e-4 rel)", name);
+    ok &= close(what, d1.q, d2.q, 1e-5, 1e-4);
+    snprintf(what, sizeof what, "gqa dk%s, %s (1e-5 + 1e-4 rel)", c.vb.empty() ? " dv" : "", name);
+    ok &= close(what, d1.kb, d2.kb, 1e-5, 1e-4);
+    if (!c.vb.empty()) {
+        snprintf(what, sizeof what, "gqa dv, %s (1e-5 + 1e-4 rel)", name);
+        ok &= close(what, d1.vb, d2.vb, 1e-5, 1e-4);
+    }
+    return ok;
+}
+
+static void test_gqa(void **state) {
+    (void)state;
+    bool ok = true;
+    /* LLaMA-tiny's heads (4 over 2 kv heads, D = 32) and wider groups; T = 100 and 77 are not
+     * multiples of the 32-key tile. */
+    ok &= gqa_against_cpu(gqa_make(2, 128, 128, 0, 4, 2, 32, true, true, false),
+                          "causal packed kv B=2 T=128 H=4 Hkv=2 D=32");
+    ok &= gqa_against_cpu(gqa_make(2, 100, 100, 0, 8, 2, 64, true, false, false),
+                          "causal k, v B=2 T=100 H=8 Hkv=2 D=64");
+    ok &= gqa_against_cpu(gqa_make(3, 77, 77, 0, 6, 3, 64, false, false, true),
+                          "key mask (item 3 all dropped) B=3 T=77 H=6 Hkv=3");
+    ok &= gqa_against_cpu(gqa_make(1, 128, 128, 0, 4, 1, 128, true, true, true),
+                          "causal + mask, multi-query B=1 T=128 H=4 Hkv=1 D=128");
+    /* A sequence shard: queries 60..99 of 100, every key (the T-sharded rule). */
+    ok &= gqa_against_cpu(gqa_make(2, 40, 100, 60, 4, 2, 64, true, false, false),
+                          "causal query shard Tq=40 of Tk=100 from 60");
+    assert_true(ok);
+}
+
+static void test_gqa_fd(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int variant = 0; variant < 2; variant++) {
+        const bool causal = variant == 0;
+        gqa_case c = causal ? gqa_make(1, 21, 37, 16, 4, 2, 16, true, false, false)
+                            : gqa_make(2, 37, 37, 0, 4, 2, 16, false, true, true);
+        const ms_k_gqa &g = c.g;
+        const int64_t no = g.b * g.tq * g.h * g.d;
+        const fvec w = frand(no, -1, 1);
+        fvec out(no), saved(g.b * g.h * g.tq + no);
+        gqa_case d = c;
+        std::fill(d.q.begin(), d.q.end(), 0.0f), std::fill(d.kb.begin(), d.kb.end(), 0.0f);
+        std::fill(d.vb.begin(), d.vb.end(), 0.0f);
+        gqa_forward_host(c, out.data(), saved.data());
+        gqa_backward_host(c, d.q.data(), d.k(), d.v(), w.data(), saved.data());
+        auto loss = [&]() {
+            gqa_forward_host(c, out.data(), saved.data());
+            return dot_loss(w, out);
+        };
+        ok &= fd_check(causal ? "gqa dq, causal query shard, vs finite diffs"
+                              : "gqa dq, masked packed kv, vs finite diffs",
+                       c.q, d.q, loss, 1e-2, 5e-4, 64);
+        ok &= fd_check(causal ? "gqa dk, causal query shard, vs finite diffs"
+                              : "gqa dk dv, masked packed kv, vs finite diffs",
+                       c.kb, d.kb, loss, 1e-2, 5e-4, 64);
+        if (causal)
+            ok &= fd_check("gqa dv, causal query shard, vs finite diffs", c.vb, d.vb, loss, 1e-2,
+                           5e-4, 64);
+    }
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_rounding),  cmocka_unit_test(test_elementwise),
@@ -770,7 +1147,10 @@ int main(void) {
         cmocka_unit_test(test_softmax),        cmocka_unit_test(test_xent),
         cmocka_unit_test(test_xent_fd),        cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sumsq),          cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_fd),
+        cmocka_unit_test(test_attention_fd),   cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_fd),     cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rotary),         cmocka_unit_test(test_gqa),
+        cmocka_unit_test(test_gqa_fd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* test_cuda_kernels.cu - every CUDA launcher of engine/kernels/cuda/cuda_kernels.h run on the
- * GPU, small and real shapes, against the CPU kernels of engine/kernels (and AdamW and the
- * sum of squares of engine/optim); the GEMMs in fp32 and bf16 against the CPU matmul.
+ * GPU, small and real shapes, against the CPU kernels of engine/kernels (those of the LLaMA
+ * layers in layers.c among them; AdamW and the sum of squares of engine/optim); the GEMMs in
+ * fp32 and bf16 against the CPU matmul.
  * tests/test_cuda_host.cu already checks the arithmetic on the CPU, so what this adds is the
  * launch configurations: grids, block reductions, shared-memory tiles, cuBLAS's operand order.
  * Tolerances are the host test's, widened where the device's expf/tanhf or cuBLAS's
@@ -23,6 +24,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include <vector>
 
 #include "engine/kernels/cuda/cuda_kernels.h"
+#include "engine/kernels/layers.h"
 #include "tests/cuda_testkit.cuh"
 
 typedef std::vector<uint16_t> hvec;
@@ -360,6 +362,120 @@ static void test_attention(void **state) {
     assert_true(ok);
 }
 
+/* ---- the LLaMA layers ---- */
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    bool ok = true;
+    for (int64_t c : {7, 128, 4096}) {
+        const int64_t n = c == 7 ? 13 : 4 * 128, e = n * c;
+        const fvec x = frand(e, -3, 3), w = frand(c, 0.5, 1.5), g = frand(e, -1, 1);
+        const fvec d0 = frand(e, -1, 1), dw0 = frand(c, -1, 1);
+        fvec out(e), rstd(n), dx = d0, dw = dw0;
+        ms_k_rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-6f);
+        ms_k_rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), n,
+                              c);
+        float *dxin = dev(x), *dwt = dev(w), *dg = dev(g), *dout = dev(fvec(e)),
+              *drstd = dev(fvec(n)), *ddx = dev(d0), *ddw = dev(dw0);
+        LAUNCH(ms_cu_rmsnorm_forward(dout, drstd, dxin, dwt, n, c, 1e-6f, NULL, ERR));
+        char what[64];
+        snprintf(what, sizeof what, "rmsnorm out C=%lld", (long long)c);
+        ok &= close(what, back(dout, e), out, 1e-6, 1e-5);
+        ok &= close("  rstd", back(drstd, n), rstd, 0, 1e-5);
+        LAUNCH(ms_cu_rmsnorm_backward(ddx, ddw, dg, dxin, dwt, drstd, n, c, NULL, ERR));
+        ok &= close("  dinp", back(ddx, e), dx, 1e-6, 1e-5);
+        ok &= close("  dweight", back(ddw, c), dw, 1e-5, 1e-5);
+    }
+    assert_true(ok);
+}
+
+static void test_swiglu_rotary(void **state) {
+    (void)state;
+    const int64_t e = 4 * 128 * 352;
+    const fvec gate = frand(e, -6, 6), up = frand(e, -2, 2), g = frand(e, -1, 1);
+    const fvec d0 = frand(e, -1, 1), d1 = frand(e, -1, 1);
+    fvec out(e), dg = d0, du = d1;
+    ms_k_swiglu_forward(out.data(), gate.data(), up.data(), e);
+    ms_k_swiglu_backward(dg.data(), du.data(), g.data(), gate.data(), up.data(), e);
+    float *dgate = dev(gate), *dup = dev(up), *dgr = dev(g), *dout = dev(fvec(e));
+    float *ddg = dev(d0), *ddu = dev(d1);
+    LAUNCH(ms_cu_swiglu_forward(dout, dgate, dup, e, NULL, ERR));
+    bool ok = close("swiglu forward (device expf: 2e-6)", back(dout, e), out, 1e-6, 2e-6);
+    LAUNCH(ms_cu_swiglu_backward(ddg, ddu, dgr, dgate, dup, e, NULL, ERR));
+    ok &= close("swiglu dgate", back(ddg, e), dg, 2e-6, 1e-5);
+    ok &= close("swiglu dup", back(ddu, e), du, 2e-6, 1e-5);
+    /* rotary: a sequence shard from position 4000 */
+    const int64_t b = 2, t = 128, h = 6, d = 64, half = d / 2, t0 = 4000, n = b * t * h * d;
+    fvec cs(t * half), sn(t * half);
+    ms_k_rotary_tables(cs.data(), sn.data(), t, t0, d, 10000.0f);
+    float *dcs = dev(fvec(t * half)), *dsn = dev(fvec(t * half));
+    LAUNCH(ms_cu_rotary_tables(dcs, dsn, t, t0, d, 10000.0f, NULL, ERR));
+    ok &= close("rotary cos table (device sincosf: 1e-6)", back(dcs, t * half), cs, 1e-6, 0);
+    ok &= close("rotary sin table (device sincosf: 1e-6)", back(dsn, t * half), sn, 1e-6, 0);
+    const fvec x = frand(n, -2, 2), r0 = frand(n, -1, 1);
+    fvec rx(n), rb = r0;
+    ms_k_rotary_apply(rx.data(), x.data(), cs.data(), sn.data(), b, t, h, d, false);
+    ms_k_rotary_apply(rb.data(), x.data(), cs.data(), sn.data(), b, t, h, d, true);
+    float *dx = dev(x), *drx = dev(fvec(n)), *drb = dev(r0), *hcs = dev(cs), *hsn = dev(sn);
+    LAUNCH(ms_cu_rotary_apply(drx, dx, hcs, hsn, b, t, h, d, false, NULL, ERR));
+    LAUNCH(ms_cu_rotary_apply(drb, dx, hcs, hsn, b, t, h, d, true, NULL, ERR));
+    ok &= close("rotary forward", back(drx, n), rx, 1e-6, 1e-6);
+    ok &= close("rotary backward", back(drb, n), rb, 1e-6, 1e-6);
+    assert_true(ok);
+}
+
+/* q [B, Tq, H, D], packed kv [B, Tk, 2, Hkv, D]; queries from q_start; mask of keep flags. */
+static bool gqa_case(int64_t b, int64_t tq, int64_t tk, int64_t q_start, int64_t h, int64_t hkv,
+                     int64_t d, bool causal, bool masked) {
+    const ms_k_gqa g = {b, tq, tk, h, hkv, d, h * d, 2 * hkv * d, h * d, q_start, causal};
+    const int64_t nq = b * tq * h * d, nkv = b * tk * 2 * hkv * d;
+    const fvec q = frand(nq, -1.5, 1.5), kv = frand(nkv, -1.5, 1.5), dout = frand(nq, -1, 1);
+    const fvec dq0 = frand(nq, -1, 1), dkv0 = frand(nkv, -1, 1);
+    fvec mask;
+    if (masked) {
+        mask.assign(b * tk, 1.0f);
+        for (int64_t bi = 0; bi < b; bi++)
+            for (int64_t j = 0; j < tk; j++)
+                if (j >= tk - 5 * (bi + 1) || j % 13 == 6) mask[bi * tk + j] = 0.0f;
+    }
+    const float *m = masked ? mask.data() : NULL;
+    fvec out(nq), att(b * h * tq * tk), dq = dq0, dkv = dkv0, scratch(ms_k_gqa_scratch_floats(&g));
+    ms_k_gqa_forward(&g, out.data(), att.data(), q.data(), kv.data(), kv.data() + hkv * d, m);
+    ms_k_gqa_backward(&g, dq.data(), dkv.data(), dkv.data() + hkv * d, scratch.data(), dout.data(),
+                      q.data(), kv.data(), kv.data() + hkv * d, att.data());
+    float *dqin = dev(q), *dkv_in = dev(kv), *dgo = dev(dout), *dmask = masked ? dev(mask) : NULL;
+    float *dout_ = dev(fvec(nq)), *dsaved = dev(fvec(ms_cu_gqa_saved_floats(&g)));
+    float *ddq = dev(dq0), *ddkv = dev(dkv0), *dscr = dev(fvec(ms_cu_gqa_scratch_floats(&g)));
+    LAUNCH(ms_cu_gqa_forward(&g, dout_, dsaved, dqin, dkv_in, dkv_in + hkv * d, dmask, NULL, ERR));
+    char what[112];
+    snprintf(what, sizeof what,
+             "gqa out B=%lld Tq=%lld Tk=%lld from %lld H=%lld Hkv=%lld D=%lld%s%s", (long long)b,
+             (long long)tq, (long long)tk, (long long)q_start, (long long)h, (long long)hkv,
+             (long long)d, causal ? " causal" : "", masked ? " mask" : "");
+    bool ok = close(what, back(dout_, nq), out, 1e-5, 1e-4);
+    LAUNCH(ms_cu_gqa_backward(&g, ddq, ddkv, ddkv + hkv * d, dscr, dgo, dqin, dkv_in,
+                              dkv_in + hkv * d, dsaved, dmask, NULL, ERR));
+    ok &= close("  dq", back(ddq, nq), dq, 1e-5, 1e-4);
+    ok &= close("  dk dv", back(ddkv, nkv), dkv, 1e-5, 1e-4);
+    return ok;
+}
+
+static void test_gqa(void **state) {
+    (void)state;
+    bool ok = gqa_case(1, 5, 5, 0, 2, 1, 16, true, false); /* smaller than a tile */
+    ok &= gqa_case(4, 64, 64, 0, 4, 2, 32, true, false);   /* LLaMA-tiny */
+    ok &= gqa_case(2, 100, 100, 0, 8, 2, 64, true, true);
+    ok &= gqa_case(2, 77, 77, 0, 6, 3, 64, false, true);
+    ok &= gqa_case(1, 128, 128, 0, 4, 1, 128, true, false); /* multi-query, D = 128 */
+    ok &= gqa_case(2, 40, 100, 60, 4, 2, 64, true, false);  /* a sequence shard */
+    float *p = dev(fvec(16));
+    const ms_k_gqa bad = {1, 1, 1, 3, 2, 64, 192, 128, 192, 0, true};
+    ms_error e = {};
+    assert_int_equal(ms_cu_gqa_forward(&bad, p, p, p, p, p, NULL, NULL, &e), MS_ERR_INVALID);
+    printf("  refused: %s\n", e.msg);
+    assert_true(ok);
+}
+
 /* ---- GEMM ---- */
 
 static size_t a_elems(const ms_k_gemm &g) {
@@ -440,6 +556,9 @@ int main(void) {
         cmocka_unit_test_teardown(test_xent, free_all),
         cmocka_unit_test_teardown(test_optim, free_all),
         cmocka_unit_test_teardown(test_attention, free_all),
+        cmocka_unit_test_teardown(test_rmsnorm, free_all),
+        cmocka_unit_test_teardown(test_swiglu_rotary, free_all),
+        cmocka_unit_test_teardown(test_gqa, free_all),
         cmocka_unit_test_teardown(test_gemm, free_all),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -259,11 +259,13 @@ static void test_nccl_plugin(void) {
 
 /* --- CUPTI on a GPU ----------------------------------------------------------------------- */
 
+/* The first op event of this kind whose name contains name_part and, unless corr is 0,
+ * whose correlation id is corr. */
 static const ms_event *find_op(const ms_event *ev, size_t n, const char *opname,
-                               const char *name_part) {
+                               const char *name_part, uint64_t corr) {
     for (size_t i = 0; i < n; i++)
         if (ev[i].kind == MS_EV_OP && !strcmp(ev[i].u.op.opname, opname) &&
-            strstr(ev[i].u.op.name, name_part))
+            strstr(ev[i].u.op.name, name_part) && (!corr || ev[i].u.op.corr == corr))
             return &ev[i];
     return NULL;
 }
@@ -318,7 +320,7 @@ static int test_cupti_gpu(void) {
     ms_event *ev = calloc(MAX_EV, sizeof *ev);
     uint64_t cursor = 0, missed = 0;
     size_t n = ms_recorder_read(rec, &cursor, ev, MAX_EV, &missed);
-    CHECK(find_op(ev, n, "cuda_memcpy", "HtoD") != NULL, "memcpy visible after a live flush");
+    CHECK(find_op(ev, n, "cuda_memcpy", "HtoD", 0) != NULL, "memcpy visible after a live flush");
 
     cudaFree(dev);
     cudaFreeHost(host);
@@ -335,27 +337,28 @@ static int test_cupti_gpu(void) {
     /* GPU clocks are mapped onto ours within the measured uncertainty; allow a little more
      * for CUPTI's own normalisation of device timestamps. */
     const int64_t slack = cs.clock_uncertainty_ns + 200000;
-    const ms_event *cp = find_op(ev, n, "cuda_memcpy", "HtoD#corr=4242");
-    CHECK(cp != NULL, "memcpy HtoD with #corr=4242");
+    const ms_event *cp = find_op(ev, n, "cuda_memcpy", "HtoD", 4242);
+    CHECK(cp != NULL, "memcpy HtoD with correlation 4242");
     if (cp) {
+        CHECK(cp->u.op.gpu == MS_GPU_MEMCPY, "memcpy kind %d", (int)cp->u.op.gpu);
         CHECK(cp->u.op.bytes == (double)BYTES, "memcpy bytes %.0f", cp->u.op.bytes);
         CHECK(cp->t0_ns <= cp->t1_ns && cp->t0_ns >= w0 - slack && cp->t1_ns <= w1 + slack,
               "memcpy [%" PRId64 ", %" PRId64 "] outside the test window [%" PRId64 ", %" PRId64
               "]",
               cp->t0_ns, cp->t1_ns, w0, w1);
     }
-    const ms_event *ms = find_op(ev, n, "cuda_memset", "#corr=4343");
-    CHECK(ms != NULL, "memset with #corr=4343");
+    const ms_event *ms = find_op(ev, n, "cuda_memset", "memset", 4343);
+    CHECK(ms != NULL, "memset with correlation 4343");
     if (ms) {
         CHECK(ms->u.op.bytes == (double)BYTES, "memset bytes %.0f", ms->u.op.bytes);
         CHECK(ms->t0_ns <= ms->t1_ns && ms->t0_ns >= w0 - slack && ms->t1_ns <= w1 + slack,
               "memset [%" PRId64 ", %" PRId64 "] outside the test window", ms->t0_ns, ms->t1_ns);
         if (cp) CHECK(cp->t1_ns <= ms->t0_ns + slack, "memcpy ends before the memset starts");
     }
-    CHECK(find_op(ev, n, "cuda_runtime", "#corr=4242") != NULL,
-          "the runtime call that launched the memcpy carries #corr=4242");
-    CHECK(find_op(ev, n, "cuda_runtime", "#corr=4343") != NULL,
-          "the runtime call that launched the memset carries #corr=4343");
+    CHECK(find_op(ev, n, "cuda_runtime", "", 4242) != NULL,
+          "the runtime call that launched the memcpy carries correlation 4242");
+    CHECK(find_op(ev, n, "cuda_runtime", "", 4343) != NULL,
+          "the runtime call that launched the memset carries correlation 4343");
 
     /* After stop nothing writes the recorder any more. */
     const uint64_t pushed = ms_recorder_pushed(rec);

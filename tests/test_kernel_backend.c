@@ -130,6 +130,35 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     assert_true(kc->k->attention_scratch_floats(B, T, NH) <= BUF_FLOATS);
     K(attention_forward, f[6], f[8], f[1], NULL, B, T, C, NH, true);
     K(attention_backward, f[9], f[10], f[7], f[1], f[8], NULL, B, T, C, NH, true);
+    /* the LLaMA layers: x [B, T, NH, C / NH] in f[1] */
+    K(rmsnorm_forward, f[3], f[4], f[1], f[2], rows, C, 1e-6f);
+    K(rmsnorm_backward, f[5], f[13], f[7], f[1], f[2], f[4], rows, C);
+    K(swiglu_forward, f[14], f[1], f[2], n);
+    K(swiglu_backward, f[15], f[0] + 64, f[14], f[1], f[2], n);
+    K(rotary_tables, f[3], f[4], T, 5, C / NH, 10000.0f);
+    K(rotary_apply, f[5], f[1], f[3], f[4], B, T, NH, C / NH, false);
+    K(rotary_apply, f[6], f[5], f[3], f[4], B, T, NH, C / NH, true);
+    /* grouped-query attention, NH query heads over one kv head, a sequence shard from 3 with
+     * a key mask: q [B, T, NH, D] in f[1], packed kv [B, T, 2, 1, D] in f[2], mask [B, T] */
+    const int64_t hd = C / NH;
+    const ms_k_gqa gq = {.b = B,
+                         .tq = T - 3,
+                         .tk = T,
+                         .h = NH,
+                         .hkv = 1,
+                         .d = hd,
+                         .q_stride = C,
+                         .kv_stride = 2 * hd,
+                         .out_stride = C,
+                         .q_start = 3,
+                         .causal = true};
+    float *mask = f[0] + 32; /* B * T entries of 0 or 1 */
+    K(fill, mask, 1.0f, B * T);
+    K(fill, mask + T + 2, 0.0f, 3);
+    assert_true(kc->k->gqa_saved_floats(&gq) <= BUF_FLOATS);
+    assert_true(kc->k->gqa_scratch_floats(&gq) <= BUF_FLOATS);
+    K(gqa_forward, &gq, f[7], f[8], f[1], f[2], f[2] + hd, mask);
+    K(gqa_backward, &gq, f[9], f[10], f[10] + hd, f[11], f[12], f[1], f[2], f[2] + hd, f[8], mask);
     K(embedding_forward, f[11], p->ids, f[2], rows, C, 0, V);
     K(embedding_backward, f[12], p->ids, f[11], rows, C, 0, V);
     /* vocab-parallel cross-entropy over logits [rows, V] in f[1] */
@@ -221,10 +250,14 @@ static void host_tables_fill_every_slot(void **state) {
 #ifndef MS_HAVE_CUDA
     assert_null(ms_kernels_for(MS_DEVICE_CUDA));
 #endif
-    /* The operators with kernels declared run on both host tables; the transformer's all do. */
-    const int transformer[] = {MS_OP_MATMUL,    MS_OP_ADD,       MS_OP_BIAS,      MS_OP_GELU,
-                               MS_OP_LAYERNORM, MS_OP_ATTENTION, MS_OP_EMBEDDING, MS_OP_XENT,
-                               MS_OP_MEAN,      MS_OP_DROPOUT,   MS_OP_SCALE};
+    /* The operators with kernels declared run on both host tables; GPT-2's and LLaMA's all do. */
+    // clang-format off
+    const int transformer[] = {
+        MS_OP_MATMUL, MS_OP_ADD, MS_OP_BIAS, MS_OP_GELU, MS_OP_LAYERNORM, MS_OP_ATTENTION,
+        MS_OP_EMBEDDING, MS_OP_XENT, MS_OP_MEAN, MS_OP_DROPOUT, MS_OP_SCALE,
+        MS_OP_RMSNORM, MS_OP_ROTARY, MS_OP_SWIGLU, MS_OP_GQA_ATTENTION, MS_OP_LINEAR,
+        MS_OP_PADDED_ATTENTION};
+    // clang-format on
     for (size_t i = 0; i < sizeof transformer / sizeof *transformer; i++) {
         const ms_op_def *d = ms_op_get(transformer[i]);
         assert_non_null(d->runs_on);

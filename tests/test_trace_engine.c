@@ -43,6 +43,7 @@ enum { B = 4, T = 8, CAP = 1 << 16 };
 typedef struct shared {
     int ranks_seen[8];
     float bucket_mb; /* > 0: the gradient all-reduces run in buckets */
+    bool gpu_hooks;  /* bracket launches with fake correlation hooks and check the ids */
 } shared;
 
 /* Buckets: the non-blocking all-reduces moved exactly the bytes of the grad-sync reshards they
@@ -67,6 +68,37 @@ static void check_buckets(mt_rank *r, const ms_event *ev, size_t n, uint64_t buc
     MT_CHECK(r, first_issue < last_bwd,
              "rank %d: the first bucket was issued %lld ns after backward's last kernel started",
              r->ctx->rank, (long long)(first_issue - last_bwd));
+}
+
+/* Stand-ins for the CUPTI bracket (ms_trace_state.gpu_push/pop), per rank thread. */
+static _Thread_local uint64_t g_pushed[4096];
+static _Thread_local int g_npush, g_npop, g_depth, g_max_depth;
+static void fake_push(uint64_t corr) {
+    if (g_npush < 4096) g_pushed[g_npush] = corr;
+    g_npush++;
+    if (++g_depth > g_max_depth) g_max_depth = g_depth;
+}
+static void fake_pop(void) {
+    g_npop++;
+    g_depth--;
+}
+
+/* Every kernel was bracketed once, unnested, with an id of this rank's that its event carries
+ * (in launch order); reshards carry none. */
+static void check_correlation(mt_rank *r, const ms_event *ev, size_t n) {
+    int k = 0;
+    MT_CHECK(r, g_npush == g_npop && g_depth == 0 && g_max_depth == 1,
+             "rank %d: %d pushes, %d pops, depth %d (max %d)", r->ctx->rank, g_npush, g_npop,
+             g_depth, g_max_depth);
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].kind != MS_EV_OP) continue;
+        uint64_t c = ev[i].u.op.corr;
+        MT_CHECK(r, k < g_npush && c == g_pushed[k] && MS_EV_CORR_RANK(c) == r->ctx->rank,
+                 "rank %d: op %zu carries correlation %llu, pushed %llu", r->ctx->rank, i,
+                 (unsigned long long)c, (unsigned long long)(k < g_npush ? g_pushed[k] : 0));
+        k++;
+    }
+    MT_CHECK(r, k == g_npush && k > 0, "rank %d: %d ops for %d brackets", r->ctx->rank, k, g_npush);
 }
 
 static void body(mt_rank *r, void *arg) {
@@ -102,13 +134,21 @@ static void body(mt_rank *r, void *arg) {
     ms_program_feed(p, m.targets, ids, &err);
     ms_program_feed(p, m.pos, pos, &err);
     ms_recorder_set_step(rec, 0);
+    if (sh->gpu_hooks) {
+        ctx->trace.gpu_push = fake_push;
+        ctx->trace.gpu_pop = fake_pop;
+        g_npush = g_npop = g_depth = g_max_depth = 0;
+    }
     float loss;
     MT_OK(r, ms_program_step(p, &loss, &err), &err);
+    ctx->trace.gpu_push = NULL;
+    ctx->trace.gpu_pop = NULL;
     ms_recorder_set_step(rec, -1);
 
     uint64_t cursor = 0;
     ms_event *ev = xmalloc(sizeof *ev * CAP);
     size_t n = ms_recorder_read(rec, &cursor, ev, CAP, NULL);
+    if (sh->gpu_hooks) check_correlation(r, ev, n);
     int nres = ms_program_num_reshards(p);
     MT_CHECK(r, nres > 0, "dp2 x tp2 plans no reshards");
     bool *used = xcalloc(n + 1, 1);
@@ -207,8 +247,8 @@ static void body(mt_rank *r, void *arg) {
     ms_recorder_destroy(rec);
 }
 
-static void traced_step_as(float bucket_mb) {
-    shared sh = {{0}, bucket_mb};
+static void traced_step_as(float bucket_mb, bool gpu_hooks) {
+    shared sh = {{0}, bucket_mb, gpu_hooks};
     mt_run(4, body, &sh);
     if (mt_world_rank() == 0)
         for (int r = 0; r < 4; r++)
@@ -217,13 +257,19 @@ static void traced_step_as(float bucket_mb) {
 
 static void traced_step(void **state) {
     (void)state;
-    traced_step_as(0);
+    traced_step_as(0, false);
+}
+
+/* The same step with the GPU correlation hooks set: each kernel's event carries its id. */
+static void traced_step_correlated(void **state) {
+    (void)state;
+    traced_step_as(0, true);
 }
 
 /* The same step with gradient buckets of 256 bytes (several per layer). */
 static void traced_step_buckets(void **state) {
     (void)state;
-    traced_step_as(0.000244140625f);
+    traced_step_as(0.000244140625f, false);
 }
 
 /* --- a traced pipeline ------------------------------------------------------------------------ */
@@ -410,7 +456,7 @@ static void traced_pipeline(void **state) {
     mt_run(2, pipe_body, NULL);
 }
 
-static const struct CMUnitTest tests[] = {cmocka_unit_test(traced_step),
-                                          cmocka_unit_test(traced_step_buckets),
-                                          cmocka_unit_test(traced_pipeline)};
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(traced_step), cmocka_unit_test(traced_step_correlated),
+    cmocka_unit_test(traced_step_buckets), cmocka_unit_test(traced_pipeline)};
 MT_MAIN("trace_engine", tests)

@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "engine/io/fileio.h"
 #include "profiler/analysis.h"
+#include "profiler/gpu_attribute.h"
 #include "tests/testkit.h"
 #include "traces/trace_check.h"
 #include "traces/trace_read.h"
@@ -1255,9 +1256,135 @@ static void cli(void **state) {
     assert_int_equal(run_cmd(4, u7), 2);
 }
 
+/* GPU activity as CUPTI delivers it: kernels and a copy on two streams of one GPU, runtime
+ * calls on the host, correlated with the engine ops that launched them; one copy launched
+ * outside any op; all stamped with the collector's rank (0) and a late step (9). */
+static size_t synth_gpu(ms_event *ev) {
+    size_t n = 0;
+    for (int r = 0; r < 2; r++) {
+        ev[n++] = (ms_event){.kind = MS_EV_STEP,
+                             .rank = r,
+                             .step = 4,
+                             .t0_ns = BASE_NS,
+                             .t1_ns = BASE_NS + 10000000};
+        for (int k = 0; k < 2; k++) {
+            uint64_t corr = ((uint64_t)r << 40) | (uint64_t)(k + 1);
+            ms_event op = {.kind = MS_EV_OP,
+                           .rank = r,
+                           .step = 4,
+                           .t0_ns = BASE_NS + 1000000 * (k + 1),
+                           .t1_ns = BASE_NS + 1000000 * (k + 1) + 20000};
+            op.u.op.op = k ? MS_OP_GELU : MS_OP_MATMUL;
+            snprintf(op.u.op.name, sizeof op.u.op.name, "h.0.op%d", k);
+            snprintf(op.u.op.opname, sizeof op.u.op.opname, k ? "gelu" : "matmul");
+            op.u.op.corr = corr;
+            ev[n++] = op;
+            ms_event api = op;
+            api.rank = 0, api.step = 9, api.t1_ns = api.t0_ns + 5000;
+            api.u.op = (ms_ev_op){.op = -1, .corr = corr, .gpu = MS_GPU_API};
+            snprintf(api.u.op.name, sizeof api.u.op.name, "cudaLaunchKernel");
+            snprintf(api.u.op.opname, sizeof api.u.op.opname, "cuda_runtime");
+            ev[n++] = api;
+            ms_event kern = api;
+            kern.t0_ns = op.t0_ns + 30000, kern.t1_ns = op.t0_ns + 400000;
+            kern.u.op.gpu = MS_GPU_KERNEL, kern.u.op.device = 0, kern.u.op.stream = 7 + r;
+            snprintf(kern.u.op.name, sizeof kern.u.op.name, k ? "gelu_fwd" : "sgemm_128x64");
+            snprintf(kern.u.op.opname, sizeof kern.u.op.opname, "cuda_kernel");
+            ev[n++] = kern;
+        }
+    }
+    ms_event cp = {.kind = MS_EV_OP,
+                   .rank = 0,
+                   .step = 9,
+                   .t0_ns = BASE_NS + 5000000,
+                   .t1_ns = BASE_NS + 5100000};
+    cp.u.op = (ms_ev_op){.op = -1, .gpu = MS_GPU_MEMCPY, .device = 0, .stream = 7, .bytes = 4096};
+    snprintf(cp.u.op.name, sizeof cp.u.op.name, "HtoD");
+    snprintf(cp.u.op.opname, sizeof cp.u.op.opname, "cuda_memcpy");
+    ev[n++] = cp;
+    return n;
+}
+
+/* The collector's events take the rank and step of the op that launched them (or, without a
+ * correlation, the step whose span holds them); the trace puts kernels and copies on a thread
+ * per GPU stream in Kineto's categories, links each op to its kernel with an "ac2g" flow, and
+ * passes the validator; the reader gives every field back; analysis counts the kernels, not
+ * the launches, as the GPU ranks' compute. */
+static void gpu_activity(void **state) {
+    (void)state;
+    ms_event ev[32];
+    size_t n = synth_gpu(ev);
+    assert_int_equal(ms_gpu_attribute(ev, n), 9); /* every GPU event but none of the ops */
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].kind != MS_EV_OP || ev[i].u.op.gpu == MS_GPU_NONE) continue;
+        assert_int_equal(ev[i].step, 4);
+        if (ev[i].u.op.corr) assert_int_equal(ev[i].rank, MS_EV_CORR_RANK(ev[i].u.op.corr));
+    }
+    char path[128];
+    path_in(path, sizeof path, "gpu.json");
+    ms_error err = {0};
+    ms_trace_meta meta = {.world_size = 2};
+    assert_int_equal(ms_trace_write(path, ev, n, NULL, 0, &meta, &err), MS_OK);
+    if (ms_trace_check(path, NULL, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_trace t;
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, n);
+    for (size_t i = 0; i < n; i++) {
+        assert_same_event(&ev[i], &t.events[i], i);
+        if (ev[i].kind != MS_EV_OP) continue;
+        assert_int_equal(t.events[i].u.op.gpu, ev[i].u.op.gpu);
+        assert_true(t.events[i].u.op.corr == ev[i].u.op.corr);
+        if (ev[i].u.op.gpu == MS_GPU_KERNEL)
+            assert_int_equal(t.events[i].u.op.stream, ev[i].u.op.stream);
+    }
+    ms_trace_free(&t);
+
+    size_t len;
+    char *text = slurp(path, &len);
+    cJSON *root = parse_whole(text, len);
+    const cJSON *evs = cJSON_GetObjectItemCaseSensitive(root, "traceEvents"), *e;
+    int kernels = 0, copies = 0, starts = 0, ends = 0;
+    cJSON_ArrayForEach(e, evs) {
+        const char *cat = jstr(e, "cat"), *ph = jstr(e, "ph");
+        if (!cat) continue;
+        int pid = (int)jnum(e, "pid"), tid = (int)jnum(e, "tid");
+        if (!strcmp(ph, "X") && (!strcmp(cat, "kernel") || !strcmp(cat, "gpu_memcpy"))) {
+            char want[48];
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "args");
+            snprintf(want, sizeof want, "GPU 0 stream %d", (int)jnum(a, "stream"));
+            assert_string_equal(thread_name_of(evs, pid, tid), want);
+            kernels += !strcmp(cat, "kernel");
+            copies += !strcmp(cat, "gpu_memcpy");
+        }
+        /* host calls: the rank's compute lane (a track of its own where they nest in an op) */
+        if (!strcmp(cat, "cuda_runtime"))
+            assert_true(!strncmp(thread_name_of(evs, pid, tid), "compute", 7));
+        if (!strcmp(cat, "ac2g")) {
+            starts += !strcmp(ph, "s");
+            ends += !strcmp(ph, "f");
+            if (!strcmp(ph, "s")) assert_string_equal(thread_name_of(evs, pid, tid), "compute");
+        }
+    }
+    assert_int_equal(kernels, 4);
+    assert_int_equal(copies, 1);
+    assert_int_equal(starts, 4); /* one per correlated kernel; the copy has no op */
+    assert_int_equal(ends, 4);
+    cJSON_Delete(root);
+    free(text);
+
+    /* Compute on a GPU rank is its kernels' time (4 x 370 us over two ranks), not the ops'. */
+    ms_analysis an;
+    if (ms_analyze(ev, n, NULL, 0, 0, -1, &an, &err) != MS_OK) fail_msg("%s", err.msg);
+    double compute = 0;
+    for (int r = 0; r < an.nranks; r++) compute += an.overlap[r].compute_s;
+    assert_true(fabs(compute - 4 * 370e-6) < 1e-9);
+    ms_analysis_free(&an);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(roundtrip),
     cmocka_unit_test(pipeline_slices),
+    cmocka_unit_test(gpu_activity),
     cmocka_unit_test(kineto_layout),
     cmocka_unit_test(strings_and_utf8),
     cmocka_unit_test(heavy_overlap),

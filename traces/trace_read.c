@@ -258,13 +258,23 @@ static bool starts_with(const char *s, const char *prefix) {
     return s && !strncmp(s, prefix, strlen(prefix));
 }
 
+/* The GPU activity a category names (the writer's put_gpu_event), or MS_GPU_NONE. */
+static ms_ev_gpu gpu_kind(const char *cat) {
+    if (!cat) return MS_GPU_NONE;
+    if (!strcmp(cat, "kernel")) return MS_GPU_KERNEL;
+    if (!strcmp(cat, "gpu_memcpy")) return MS_GPU_MEMCPY;
+    if (!strcmp(cat, "gpu_memset")) return MS_GPU_MEMSET;
+    if (!strcmp(cat, "cuda_runtime") || !strcmp(cat, "cuda_driver")) return MS_GPU_API;
+    return MS_GPU_NONE;
+}
+
 /* The kind an X event becomes, or -1 to ignore it. */
 static int x_kind(const rctx *r, const char *cat, const char *name, const tj_doc *d, int args) {
     if (r->t->meshscope) {
         if (!cat) return -1;
         if (!strcmp(cat, "user_annotation"))
             return starts_with(name, "ProfilerStep#") ? MS_EV_STEP : -1;
-        if (!strcmp(cat, "cpu_op")) return MS_EV_OP;
+        if (!strcmp(cat, "cpu_op") || gpu_kind(cat) != MS_GPU_NONE) return MS_EV_OP;
         if (!strcmp(cat, "data")) return MS_EV_DATA;
         if (!strcmp(cat, "optimizer")) return MS_EV_OPTIM;
         if (!strcmp(cat, "comm")) return MS_EV_COLL;
@@ -383,6 +393,12 @@ static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
             op->op = (int32_t)arg_i64(d, args, "op id", INT32_MIN, INT32_MAX, -1);
             op->flops = arg_count(d, args, "flops");
             op->bytes = arg_count(d, args, "bytes");
+            if (t->meshscope && kind == MS_EV_OP) {
+                op->gpu = (uint8_t)gpu_kind(cat);
+                op->corr = (uint64_t)arg_i64(d, args, "correlation", 0, INT64_MAX, 0);
+                op->device = (uint32_t)arg_i64(d, args, "device", 0, UINT32_MAX, 0);
+                op->stream = (uint32_t)arg_i64(d, args, "stream", 0, UINT32_MAX, 0);
+            }
             step_phase(e, d, args, infer);
             break;
         }

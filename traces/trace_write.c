@@ -241,7 +241,16 @@ static void put_str(outbuf *o, const char *s, size_t max) {
 
 /* --- thread assignment ------------------------------------------------------------------ */
 
-enum { LANE_STEP, LANE_PIPE, LANE_COMPUTE, LANE_RESHARD, LANE_COMM, LANE_NONE };
+enum { LANE_STEP, LANE_PIPE, LANE_COMPUTE, LANE_RESHARD, LANE_COMM, LANE_GPU, LANE_NONE };
+
+/* GPU activity on a stream: a lane per (device, stream), as Kineto's "stream N" threads. */
+static bool on_gpu_stream(const ms_event *e) {
+    return e->kind == MS_EV_OP && (e->u.op.gpu == MS_GPU_KERNEL || e->u.op.gpu == MS_GPU_MEMCPY ||
+                                   e->u.op.gpu == MS_GPU_MEMSET);
+}
+static int32_t gpu_lane_key(const ms_event *e) {
+    return (int32_t)((e->u.op.device & 0x7f) << 24 | (e->u.op.stream & 0xffffff));
+}
 
 typedef struct item {
     int32_t rank, lane, group;
@@ -260,6 +269,7 @@ static int lane_of(const ms_event *e) {
         case MS_EV_PIPE:
             return LANE_PIPE;
         case MS_EV_OP:
+            return on_gpu_stream(e) ? LANE_GPU : LANE_COMPUTE;
         case MS_EV_DATA:
         case MS_EV_OPTIM:
             return LANE_COMPUTE;
@@ -278,7 +288,8 @@ static int cmp_item(const void *a, const void *b) {
     if (x->lane != y->lane) return x->lane < y->lane ? -1 : 1;
     if (x->group != y->group) return x->group < y->group ? -1 : 1;
     if (x->t0 != y->t0) return x->t0 < y->t0 ? -1 : 1;
-    if (x->t1 != y->t1) return x->t1 < y->t1 ? -1 : 1;
+    /* the enclosing span first, so a call nested in an op spills, not the op */
+    if (x->t1 != y->t1) return x->t1 > y->t1 ? -1 : 1;
     return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
@@ -556,7 +567,9 @@ static ms_status layout(wctx *w, ms_error *err) {
         nres += ev[i].kind == MS_EV_RESHARD;
         it[k++] = (item){.rank = ev[i].rank,
                          .lane = lane,
-                         .group = lane == LANE_COMM ? ev[i].u.coll.group : 0,
+                         .group = lane == LANE_COMM  ? ev[i].u.coll.group
+                                  : lane == LANE_GPU ? gpu_lane_key(&ev[i])
+                                                     : 0,
                          .idx = (uint32_t)i,
                          .t0 = ev[i].t0_ns,
                          .t1 = ev[i].t1_ns};
@@ -703,7 +716,10 @@ static void put_header(outbuf *o, const wctx *w) {
 static void thread_name(const wctx *w, const thread_info *t, char *out, size_t len) {
     static const char *const lane_names[] = {"steps", "pipeline", "compute", "reshard"};
     char base[48];
-    if (t->lane == LANE_COMM) {
+    if (t->lane == LANE_GPU) {
+        snprintf(base, sizeof base, "GPU %d stream %d", (int)((uint32_t)t->group >> 24),
+                 (int)(t->group & 0xffffff));
+    } else if (t->lane == LANE_COMM) {
         const ms_group *g = find_group(w, t->group);
         if (g && g->name[0])
             snprintf(base, sizeof base, "comm: %.*s", (int)sizeof g->name, g->name);
@@ -792,6 +808,41 @@ static void coll_nelems(const ms_ev_coll *c, uint64_t *in, uint64_t *out) {
     if (c->coll == MS_COLL_REDUCE_SCATTER) *out = total / n;
 }
 
+/* GPU activity in Kineto's categories: kernels, copies and memsets on their stream's thread,
+ * runtime and driver calls on the host's; the correlation id in args (and in the flows). */
+static void put_gpu_event(outbuf *o, const wctx *w, size_t i) {
+    const ms_event *e = &w->ev[i];
+    const ms_ev_op *op = &e->u.op;
+    static const char *const cats[] = {[MS_GPU_KERNEL] = "kernel",
+                                       [MS_GPU_MEMCPY] = "gpu_memcpy",
+                                       [MS_GPU_MEMSET] = "gpu_memset",
+                                       [MS_GPU_API] = "cuda_runtime"};
+    const char *cat =
+        op->gpu < sizeof cats / sizeof *cats && cats[op->gpu] ? cats[op->gpu] : "cuda_runtime";
+    if (op->gpu == MS_GPU_API && !strcmp(op->opname, "cuda_driver")) cat = "cuda_driver";
+    PUT_LIT(o, "{\"ph\":\"X\",\"cat\":");
+    put_str(o, cat, 16);
+    PUT_LIT(o, ",\"name\":");
+    put_str(o, op->name[0] ? op->name : op->opname,
+            op->name[0] ? sizeof op->name : sizeof op->opname);
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"op\":");
+    put_str(o, op->opname, sizeof op->opname);
+    PUT_LIT(o, ",\"correlation\":");
+    put_u64(o, op->corr);
+    if (on_gpu_stream(e)) {
+        PUT_LIT(o, ",\"device\":");
+        put_u64(o, op->device);
+        PUT_LIT(o, ",\"stream\":");
+        put_u64(o, op->stream);
+    }
+    if (op->bytes > 0) {
+        PUT_LIT(o, ",\"bytes\":");
+        put_double(o, op->bytes);
+    }
+    put_step_phase(o, e);
+}
+
 static void put_event(outbuf *o, const wctx *w, size_t i) {
     const ms_event *e = &w->ev[i];
     switch (e->kind) {
@@ -807,6 +858,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
         case MS_EV_DATA:
         case MS_EV_OPTIM: {
             const ms_ev_op *op = &e->u.op;
+            if (e->kind == MS_EV_OP && op->gpu != MS_GPU_NONE) {
+                put_gpu_event(o, w, i);
+                return;
+            }
             if (e->kind == MS_EV_OP)
                 PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":");
             else if (e->kind == MS_EV_DATA)
@@ -831,6 +886,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_double(o, op->flops);
             PUT_LIT(o, ",\"bytes\":");
             put_double(o, op->bytes);
+            if (op->corr) {
+                PUT_LIT(o, ",\"correlation\":");
+                put_u64(o, op->corr);
+            }
             put_step_phase(o, e);
             return;
         }
@@ -964,8 +1023,37 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
     }
 }
 
-/* One flow per (reshard, collective) pair: "s" at the reshard's start on its thread, "f" with
- * "bp": "e" binding the collective's slice. */
+/* One end of a flow arrow at slice k's start: "s" (the source) or "f" with "bp": "e" (binding
+ * the destination slice); cat is also the flow's name. */
+static void put_flow_end(outbuf *o, const wctx *w, bool start, const char *cat, uint64_t id,
+                         size_t k) {
+    const ms_event *e = &w->ev[k];
+    if (start)
+        PUT_LIT(o, "{\"ph\":\"s\",\"cat\":");
+    else
+        PUT_LIT(o, "{\"ph\":\"f\",\"bp\":\"e\",\"cat\":");
+    put_str(o, cat, 16);
+    PUT_LIT(o, ",\"name\":");
+    put_str(o, cat, 16);
+    PUT_LIT(o, ",\"id\":");
+    put_u64(o, id);
+    PUT_LIT(o, ",\"pid\":");
+    put_i64(o, e->rank);
+    PUT_LIT(o, ",\"tid\":");
+    put_i64(o, w->tid[k]);
+    PUT_LIT(o, ",\"ts\":");
+    put_us(o, e->t0_ns - w->base);
+    PUT_LIT(o, "}");
+}
+
+static void put_flow(outbuf *o, const wctx *w, const char *cat, uint64_t id, size_t src,
+                     size_t dst) {
+    put_flow_end(o, w, true, cat, id, src);
+    PUT_LIT(o, ",\n");
+    put_flow_end(o, w, false, cat, id, dst);
+}
+
+/* One flow per (reshard, collective) pair: from the reshard's start to the collective. */
 static void put_flows(outbuf *o, const wctx *w, bool *first) {
     uint64_t id = 0;
     for (size_t i = 0; i < w->n; i++) {
@@ -973,29 +1061,50 @@ static void put_flows(outbuf *o, const wctx *w, bool *first) {
         if (c->kind != MS_EV_COLL || c->u.coll.flow == 0) continue;
         long r = find_reshard(w, c->rank, c->u.coll.flow);
         if (r < 0) continue; /* the reshard was not recorded (dropped from the ring) */
-        const ms_event *re = &w->ev[r];
-        id++;
         if (!*first) PUT_LIT(o, ",\n");
         *first = false;
-        PUT_LIT(o, "{\"ph\":\"s\",\"cat\":\"reshard\",\"name\":\"reshard\",\"id\":");
-        put_u64(o, id);
-        PUT_LIT(o, ",\"pid\":");
-        put_i64(o, re->rank);
-        PUT_LIT(o, ",\"tid\":");
-        put_i64(o, w->tid[r]);
-        PUT_LIT(o, ",\"ts\":");
-        put_us(o, re->t0_ns - w->base);
-        PUT_LIT(o,
-                "},\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"reshard\",\"name\":\"reshard\",\"id\":");
-        put_u64(o, id);
-        PUT_LIT(o, ",\"pid\":");
-        put_i64(o, c->rank);
-        PUT_LIT(o, ",\"tid\":");
-        put_i64(o, w->tid[i]);
-        PUT_LIT(o, ",\"ts\":");
-        put_us(o, c->t0_ns - w->base);
-        PUT_LIT(o, "}");
+        put_flow(o, w, "reshard", ++id, (size_t)r, i);
     }
+}
+
+/* Engine ops that launched GPU work, by (rank, correlation id): t0 holds the id, idx the event. */
+static int cmp_corr(const void *a, const void *b) {
+    const item *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+
+/* Flow ids are shared by every flow of a file: the reshard flows count from 1, these are the
+ * correlation ids (below 2^48) moved above them, still exact in a double. */
+#define AC2G_ID(corr) ((corr) + ((uint64_t)1 << 52))
+
+/* One "ac2g" flow (Kineto's launch-to-GPU arrow) from each engine op to each piece of GPU work
+ * it launched: "s" at the op's start, "f" binding the kernel's slice. */
+static void put_gpu_flows(outbuf *o, const wctx *w, bool *first) {
+    size_t n = 0;
+    for (size_t i = 0; i < w->n; i++)
+        n += w->ev[i].kind == MS_EV_OP && w->ev[i].u.op.gpu == MS_GPU_NONE && w->ev[i].u.op.corr;
+    if (!n) return;
+    item *ops = malloc(sizeof *ops * n);
+    if (!ops) return; /* the trace stays valid without the arrows */
+    size_t k = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        const ms_event *e = &w->ev[i];
+        if (e->kind == MS_EV_OP && e->u.op.gpu == MS_GPU_NONE && e->u.op.corr)
+            ops[k++] = (item){.rank = e->rank, .idx = (uint32_t)i, .t0 = (int64_t)e->u.op.corr};
+    }
+    qsort(ops, n, sizeof *ops, cmp_corr);
+    for (size_t i = 0; i < w->n; i++) {
+        const ms_event *g = &w->ev[i];
+        if (!on_gpu_stream(g) || !g->u.op.corr) continue;
+        item key = {.rank = MS_EV_CORR_RANK(g->u.op.corr), .t0 = (int64_t)g->u.op.corr};
+        const item *hit = bsearch(&key, ops, n, sizeof *ops, cmp_corr);
+        if (!hit) continue; /* the op was not recorded (dropped from its ring) */
+        if (!*first) PUT_LIT(o, ",\n");
+        *first = false;
+        put_flow(o, w, "ac2g", AC2G_ID(g->u.op.corr), hit->idx, i);
+    }
+    free(ops);
 }
 
 static ms_status write_body(FILE *f, void *arg, ms_error *err) {
@@ -1012,6 +1121,7 @@ static ms_status write_body(FILE *f, void *arg, ms_error *err) {
         put_event(&o, w, i);
     }
     put_flows(&o, w, &first);
+    put_gpu_flows(&o, w, &first);
     PUT_LIT(&o, "\n]}\n");
     ob_flush(&o);
     free(o.buf);

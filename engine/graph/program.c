@@ -1318,7 +1318,7 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
 
 /* One event per kernel and per reshard; reshards carry a flow id that the communicator
  * probes stamp on the collectives they run. */
-static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
+static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow, uint64_t corr) {
     ms_event e;
     memset(&e, 0, sizeof e);
     e.t0_ns = t0;
@@ -1332,6 +1332,7 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow) {
         ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, ms_op_get(nd->op)->name);
         e.u.op.flops = in->flops;
         e.u.op.bytes = in->bytes;
+        e.u.op.corr = corr;
     } else {
         e.kind = MS_EV_RESHARD;
         e.phase = in->phase == MS_PROG_FORWARD || in->phase == MS_PROG_RECOMPUTE ? MS_PHASE_FORWARD
@@ -1413,12 +1414,17 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
         instr *in = &p->ins[k];
         ms_status st = MS_OK;
         int64_t t0 = 0;
-        uint64_t flow = 0;
+        uint64_t flow = 0, corr = 0;
         if (rec && (in->kind == I_RESHARD || in->kind == I_FWD || in->kind == I_BWD)) {
             t0 = ms_now_ns();
+            /* Reshards link to their collectives (flow), kernels to their GPU work (corr). */
+            uint64_t id = ((uint64_t)p->ctx->rank << 40) | ++p->flow_counter;
             if (in->kind == I_RESHARD) {
-                flow = ((uint64_t)p->ctx->rank << 40) | ++p->flow_counter;
+                flow = id;
                 p->ctx->trace.flow = flow;
+            } else if (p->ctx->trace.gpu_push) {
+                corr = id;
+                p->ctx->trace.gpu_push(corr);
             }
         }
         switch (in->kind) {
@@ -1445,7 +1451,8 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
         }
         if (rec && t0) {
             p->ctx->trace.flow = 0;
-            record(p, in, t0, flow);
+            if (corr) p->ctx->trace.gpu_pop();
+            record(p, in, t0, flow, corr);
         }
         if (st == MS_OK && p->buckets && k < p->n_backward) st = ms_gb_after(p->buckets, k, err);
         if (st != MS_OK) return st;

@@ -183,6 +183,63 @@ static ms_status h_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, 
     return OK;
 }
 
+/* ---- the LLaMA layers ---- */
+static ms_status h_rmsnorm_forward(ms_kctx *kc, float *out, float *rstd, const float *inp,
+                                   const float *weight, int64_t n, int64_t c, float eps,
+                                   ms_error *err) {
+    ms_k_rmsnorm_forward(H(out), H(rstd), H(inp), H(weight), n, c, eps);
+    return OK;
+}
+static ms_status h_rmsnorm_backward(ms_kctx *kc, float *dinp, float *dweight, const float *dout,
+                                    const float *inp, const float *weight, const float *rstd,
+                                    int64_t n, int64_t c, ms_error *err) {
+    ms_k_rmsnorm_backward(H(dinp), H(dweight), H(dout), H(inp), H(weight), H(rstd), n, c);
+    return OK;
+}
+static ms_status h_swiglu_forward(ms_kctx *kc, float *out, const float *gate, const float *up,
+                                  int64_t n, ms_error *err) {
+    ms_k_swiglu_forward(H(out), H(gate), H(up), n);
+    return OK;
+}
+static ms_status h_swiglu_backward(ms_kctx *kc, float *dgate, float *dup, const float *dout,
+                                   const float *gate, const float *up, int64_t n, ms_error *err) {
+    ms_k_swiglu_backward(H(dgate), H(dup), H(dout), H(gate), H(up), n);
+    return OK;
+}
+static ms_status h_rotary_tables(ms_kctx *kc, float *cosb, float *sinb, int64_t t, int64_t t0,
+                                 int64_t d, float theta, ms_error *err) {
+    ms_k_rotary_tables(H(cosb), H(sinb), t, t0, d, theta);
+    return OK;
+}
+static ms_status h_rotary_apply(ms_kctx *kc, float *out, const float *inp, const float *cosb,
+                                const float *sinb, int64_t b, int64_t t, int64_t h, int64_t d,
+                                bool inverse, ms_error *err) {
+    ms_k_rotary_apply(H(out), H(inp), H(cosb), H(sinb), b, t, h, d, inverse);
+    return OK;
+}
+
+/* ---- grouped-query attention: the CPU kernel saves the probabilities ---- */
+static int64_t h_gqa_saved_floats(const ms_k_gqa *g) {
+    return g->b * g->h * g->tq * g->tk;
+}
+static int64_t h_gqa_scratch_floats(const ms_k_gqa *g) {
+    return ms_k_gqa_scratch_floats(g);
+}
+static ms_status h_gqa_forward(ms_kctx *kc, const ms_k_gqa *g, float *out, float *saved,
+                               const float *q, const float *k, const float *v, const float *mask,
+                               ms_error *err) {
+    ms_k_gqa_forward(g, H(out), H(saved), H(q), H(k), H(v), H(mask));
+    return OK;
+}
+static ms_status h_gqa_backward(ms_kctx *kc, const ms_k_gqa *g, float *dq, float *dk, float *dv,
+                                float *scratch, const float *dout, const float *q, const float *k,
+                                const float *v, const float *saved, const float *mask,
+                                ms_error *err) {
+    (void)mask; /* its effect is in the saved probabilities */
+    ms_k_gqa_backward(g, H(dq), H(dk), H(dv), H(scratch), H(dout), H(q), H(k), H(v), H(saved));
+    return OK;
+}
+
 /* ---- embedding and cross-entropy ---- */
 static ms_status h_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids,
                                      const float *table, int64_t n, int64_t c, int64_t v0,
@@ -282,6 +339,11 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .attention_saved_floats = h_attention_saved_floats,                                            \
     .attention_scratch_floats = h_attention_scratch_floats,                                        \
     .attention_forward = h_attention_forward, .attention_backward = h_attention_backward,          \
+    .rmsnorm_forward = h_rmsnorm_forward, .rmsnorm_backward = h_rmsnorm_backward,                  \
+    .swiglu_forward = h_swiglu_forward, .swiglu_backward = h_swiglu_backward,                      \
+    .rotary_tables = h_rotary_tables, .rotary_apply = h_rotary_apply,                              \
+    .gqa_saved_floats = h_gqa_saved_floats, .gqa_scratch_floats = h_gqa_scratch_floats,            \
+    .gqa_forward = h_gqa_forward, .gqa_backward = h_gqa_backward,                                  \
     .embedding_forward = h_embedding_forward, .embedding_backward = h_embedding_backward,          \
     .xent_vp_rowmax = h_xent_vp_rowmax, .xent_vp_sumexp = h_xent_vp_sumexp,                        \
     .xent_vp_target = h_xent_vp_target, .xent_vp_loss = h_xent_vp_loss,                            \

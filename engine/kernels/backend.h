@@ -29,6 +29,7 @@
 #include "engine/core/device.h"
 #include "engine/core/status.h"
 #include "engine/kernels/kernels.h"
+#include "engine/kernels/layers.h"
 #include "engine/optim/optim.h"
 
 typedef struct ms_kernels ms_kernels;
@@ -111,6 +112,30 @@ struct ms_kernels {
     MS_KSLOT(attention_backward, float *dqkv, float *scratch, const float *dout, const float *qkv,
              const float *saved, const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
              bool causal);
+
+    /* ---- the LLaMA layers (layers.h): RMSNorm, SwiGLU, rotary, grouped-query attention ---- */
+    MS_KSLOT(rmsnorm_forward, float *out, float *rstd, const float *inp, const float *weight,
+             int64_t n, int64_t c, float eps);
+    MS_KSLOT(rmsnorm_backward, float *dinp, float *dweight, const float *dout, const float *inp,
+             const float *weight, const float *rstd, int64_t n, int64_t c);
+    MS_KSLOT(swiglu_forward, float *out, const float *gate, const float *up, int64_t n);
+    MS_KSLOT(swiglu_backward, float *dgate, float *dup, const float *dout, const float *gate,
+             const float *up, int64_t n);
+    MS_KSLOT(rotary_tables, float *cosb, float *sinb, int64_t t, int64_t t0, int64_t d,
+             float theta);
+    MS_KSLOT(rotary_apply, float *out, const float *inp, const float *cosb, const float *sinb,
+             int64_t b, int64_t t, int64_t h, int64_t d, bool inverse);
+    /* The forward saves what its backward reads (the CPU: the probabilities [B, H, Tq, Tk];
+     * CUDA: the log-sum-exps [B, H, Tq], then a copy of the output [B, Tq, H, D]), sized by
+     * gqa_saved_floats; the backward's working memory is gqa_scratch_floats. mask [B, Tk]:
+     * 0 drops a key (layers.h), or NULL. */
+    int64_t (*gqa_saved_floats)(const ms_k_gqa *g);
+    int64_t (*gqa_scratch_floats)(const ms_k_gqa *g);
+    MS_KSLOT(gqa_forward, const ms_k_gqa *g, float *out, float *saved, const float *q,
+             const float *k, const float *v, const float *mask);
+    MS_KSLOT(gqa_backward, const ms_k_gqa *g, float *dq, float *dk, float *dv, float *scratch,
+             const float *dout, const float *q, const float *k, const float *v, const float *saved,
+             const float *mask);
 
     /* ---- embedding and the vocab-parallel cross-entropy ---- */
     MS_KSLOT(embedding_forward, float *out, const int32_t *ids, const float *table, int64_t n,

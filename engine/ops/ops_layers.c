@@ -1,14 +1,16 @@
 /* ops_layers.c - neural-network layers for LLaMA-style models: RMSNorm, LayerNorm without
  * affine, log-softmax, masked softmax, SwiGLU, rotary embedding, grouped-query and padded
  * attention, linear, broadcasting bmm, and the losses (NLL, MSE, L1, Huber, label-smoothed
- * cross-entropy, cosine similarity). Kernels live in engine/kernels/layers.c.
+ * cross-entropy, cosine similarity). Kernels live in engine/kernels/layers.c; the LLaMA ops
+ * (RMSNorm, SwiGLU, rotary, grouped-query attention, linear) and padded attention call them
+ * through the rank's kernel table (call->kc), so they run on every device that fills those
+ * slots; the others call the CPU kernels directly and run on the CPU device only.
  *
  * Rules only declare what is exact: row-wise ops shard rows, never the dim they normalise;
  * ops linear in an input (rotary, NLL, linear, bmm) pass partial sums through; losses that
  * average over every element give a partial sum of terms divided by the GLOBAL count.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "engine/kernels/layers.h"
 #include "engine/ops/op_defs.h"
@@ -64,16 +66,16 @@ static int rmsnorm_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
     return row_cands(in[0].ndim - 1, n_in, 1, false, c);
 }
 static ms_status rmsnorm_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_rmsnorm_forward(F(c->out[0]), F(c->saved[0]), F(c->in[0]), F(c->in[1]), rows_of(c->in[0]),
-                         last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    return MS_CALL_K(c->kc, rmsnorm_forward, F(c->out[0]), F(c->saved[0]), F(c->in[0]), F(c->in[1]),
+                     rows_of(c->in[0]), last_dim(c->in[0]), c->attrs->f[0], e);
 }
 static ms_status rmsnorm_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_rmsnorm_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
-                          F(c->saved[0]), rows_of(c->in[0]), last_dim(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, rmsnorm_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
+                     F(c->in[0]), F(c->in[1]), F(c->saved[0]), rows_of(c->in[0]),
+                     last_dim(c->in[0]), e);
+}
+static bool rmsnorm_runs_on(const ms_kernels *k) {
+    return k->rmsnorm_forward && k->rmsnorm_backward;
 }
 static ms_k_cost rmsnorm_cost(const ms_op_call *c, bool bw) {
     return ms_k_rmsnorm_cost(rows_of(c->in[0]), last_dim(c->in[0]), bw);
@@ -89,6 +91,7 @@ const ms_op_def ms_op_rmsnorm_def = {
     .forward = rmsnorm_forward,
     .backward = rmsnorm_backward,
     .cost = rmsnorm_cost,
+    .runs_on = rmsnorm_runs_on,
     .grad_inputs = 3,
 };
 
@@ -218,15 +221,14 @@ static int swiglu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n
     return row_cands(in[0].ndim, n_in, 3, false, c);
 }
 static ms_status swiglu_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_swiglu_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, swiglu_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->in[0]), e);
 }
 static ms_status swiglu_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_swiglu_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
-                         N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, swiglu_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]),
+                     F(c->in[1]), N(c->in[0]), e);
+}
+static bool swiglu_runs_on(const ms_kernels *k) {
+    return k->swiglu_forward && k->swiglu_backward;
 }
 static ms_k_cost swiglu_cost(const ms_op_call *c, bool bw) {
     /* exp, add, divide, two multiplies; backward about twice that, 5 tensors */
@@ -242,6 +244,7 @@ const ms_op_def ms_op_swiglu_def = {
     .forward = swiglu_forward,
     .backward = swiglu_backward,
     .cost = swiglu_cost,
+    .runs_on = swiglu_runs_on,
     .grad_inputs = 3,
 };
 
@@ -276,21 +279,22 @@ static void rotary_dims(const ms_tensor *x, int64_t *b, int64_t *t, int64_t *h, 
     *h = btd > 0 ? N(x) / btd : 0;
 }
 static ms_status rotary_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t b, t, h, d;
     rotary_dims(c->in[0], &b, &t, &h, &d);
-    ms_k_rotary_tables(F(c->saved[0]), F(c->saved[1]), t, c->in_start[0][1], d, c->attrs->f[0]);
-    ms_k_rotary_apply(F(c->out[0]), F(c->in[0]), F(c->saved[0]), F(c->saved[1]), b, t, h, d, false);
-    return MS_OK;
+    MS_CHECK(MS_CALL_K(c->kc, rotary_tables, F(c->saved[0]), F(c->saved[1]), t, c->in_start[0][1],
+                       d, c->attrs->f[0], e));
+    return MS_CALL_K(c->kc, rotary_apply, F(c->out[0]), F(c->in[0]), F(c->saved[0]), F(c->saved[1]),
+                     b, t, h, d, false, e);
 }
 static ms_status rotary_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     if (!c->din[0]) return MS_OK;
     int64_t b, t, h, d;
     rotary_dims(c->in[0], &b, &t, &h, &d);
-    ms_k_rotary_apply(F(c->din[0]), F(c->dout[0]), F(c->saved[0]), F(c->saved[1]), b, t, h, d,
-                      true);
-    return MS_OK;
+    return MS_CALL_K(c->kc, rotary_apply, F(c->din[0]), F(c->dout[0]), F(c->saved[0]),
+                     F(c->saved[1]), b, t, h, d, true, e);
+}
+static bool rotary_runs_on(const ms_kernels *k) {
+    return k->rotary_tables && k->rotary_apply;
 }
 static ms_k_cost rotary_cost(const ms_op_call *c, bool bw) {
     /* 6 flops per pair (3 per element); tables are per position, not counted */
@@ -307,6 +311,7 @@ const ms_op_def ms_op_rotary_def = {
     .forward = rotary_forward,
     .backward = rotary_backward,
     .cost = rotary_cost,
+    .runs_on = rotary_runs_on,
     .grad_inputs = 1,
 };
 
@@ -388,65 +393,69 @@ static void gqa_kv(const ms_op_call *c, const ms_k_gqa *g, ms_tensor *const *t, 
     *k = F(t[1]);
     *v = c->n_in == 3 ? F(t[2]) : *k ? *k + g->hkv * g->d : NULL;
 }
-static void gqa_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
-    (void)a;
-    ms_k_gqa g = gqa_shape(c);
-    sizes[0] = g.b * g.h * g.tq * g.tk;
-    sizes[1] = ms_k_gqa_scratch_floats(&g);
-}
 /* The query heads split while every kv head is local: head h of the shard reads kv head
  * (h0 + h) / group, h0 the shard's first query head. */
 static bool gqa_kv_whole(const ms_op_call *c) {
     int hd = c->n_in == 2 ? 3 : 2;
     return c->in[0]->shape[2] != c->gin[0].d[2] && c->in[1]->shape[hd] == c->gin[1].d[hd];
 }
-/* One query head at a time against its kv head (the kernel pairs heads by local index, which
- * the shard's offset breaks); saved probabilities are laid out [h][B][Tq][Tk]. */
-static void gqa_per_head(const ms_op_call *c, bool backward) {
-    ms_k_gqa g = gqa_shape(c), one = g;
-    int64_t group = c->gin[0].d[2] / g.hkv, h0 = c->in_start[0][2], d = g.d;
+/* One query head of the call's shape (the per-head path of gqa_kv_whole). */
+static ms_k_gqa gqa_one_head(const ms_op_call *c) {
+    ms_k_gqa one = gqa_shape(c);
     one.h = one.hkv = 1;
-    float *k, *v, *dk = NULL, *dv = NULL, *dq = c->din[0] ? F(c->din[0]) : NULL;
+    return one;
+}
+/* saved[0]: what the backend's forward saves (per query head on the per-head path);
+ * saved[1]: the backward's scratch. */
+static void gqa_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
+    (void)a;
+    const ms_kernels *k = c->kc->k;
+    ms_k_gqa g = gqa_shape(c), one = gqa_one_head(c);
+    sizes[0] = gqa_kv_whole(c) ? g.h * k->gqa_saved_floats(&one) : k->gqa_saved_floats(&g);
+    sizes[1] = k->gqa_scratch_floats(&g);
+}
+/* One query head at a time against its kv head (the kernel pairs heads by local index, which
+ * the shard's offset breaks); what each head saves follows the previous head's. */
+static ms_status gqa_per_head(ms_op_call *c, bool backward, ms_error *e) {
+    ms_k_gqa g = gqa_shape(c), one = gqa_one_head(c);
+    int64_t group = c->gin[0].d[2] / g.hkv, h0 = c->in_start[0][2], d = g.d;
+    int64_t per_head = c->kc->k->gqa_saved_floats(&one);
+    float *k, *v, *dk = NULL, *dv = NULL, *dq = F(c->din[0]);
     gqa_kv(c, &g, c->in, &k, &v);
     if (backward) gqa_kv(c, &g, c->din, &dk, &dv);
     for (int64_t h = 0; h < g.h; h++) {
         int64_t qo = h * d, kvo = ((h0 + h) / group) * d;
-        float *att = F(c->saved[0]) + h * g.b * g.tq * g.tk;
+        float *saved = F(c->saved[0]) + h * per_head;
         if (!backward) {
-            ms_k_gqa_forward(&one, F(c->out[0]) + qo, att, F(c->in[0]) + qo, k + kvo, v + kvo,
-                             NULL);
+            MS_CHECK(MS_CALL_K(c->kc, gqa_forward, &one, F(c->out[0]) + qo, saved, F(c->in[0]) + qo,
+                               k + kvo, v + kvo, NULL, e));
             continue;
         }
-        ms_k_gqa_backward(&one, dq ? dq + qo : NULL, dk ? dk + kvo : NULL, dv ? dv + kvo : NULL,
-                          F(c->saved[1]), F(c->dout[0]) + qo, F(c->in[0]) + qo, k + kvo, v + kvo,
-                          att);
+        MS_CHECK(MS_CALL_K(c->kc, gqa_backward, &one, dq ? dq + qo : NULL, dk ? dk + kvo : NULL,
+                           dv ? dv + kvo : NULL, F(c->saved[1]), F(c->dout[0]) + qo,
+                           F(c->in[0]) + qo, k + kvo, v + kvo, saved, NULL, e));
     }
+    return MS_OK;
 }
 static ms_status gqa_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (gqa_kv_whole(c)) {
-        gqa_per_head(c, false);
-        return MS_OK;
-    }
+    if (gqa_kv_whole(c)) return gqa_per_head(c, false, e);
     ms_k_gqa g = gqa_shape(c);
     float *k, *v;
     gqa_kv(c, &g, c->in, &k, &v);
-    ms_k_gqa_forward(&g, F(c->out[0]), F(c->saved[0]), F(c->in[0]), k, v, NULL);
-    return MS_OK;
+    return MS_CALL_K(c->kc, gqa_forward, &g, F(c->out[0]), F(c->saved[0]), F(c->in[0]), k, v, NULL,
+                     e);
 }
 static ms_status gqa_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (gqa_kv_whole(c)) {
-        gqa_per_head(c, true);
-        return MS_OK;
-    }
+    if (gqa_kv_whole(c)) return gqa_per_head(c, true, e);
     ms_k_gqa g = gqa_shape(c);
     float *k, *v, *dk, *dv;
     gqa_kv(c, &g, c->in, &k, &v);
     gqa_kv(c, &g, c->din, &dk, &dv);
-    ms_k_gqa_backward(&g, F(c->din[0]), dk, dv, F(c->saved[1]), F(c->dout[0]), F(c->in[0]), k, v,
-                      F(c->saved[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, gqa_backward, &g, F(c->din[0]), dk, dv, F(c->saved[1]), F(c->dout[0]),
+                     F(c->in[0]), k, v, F(c->saved[0]), NULL, e);
+}
+static bool gqa_runs_on(const ms_kernels *k) {
+    return k->gqa_saved_floats && k->gqa_scratch_floats && k->gqa_forward && k->gqa_backward;
 }
 static ms_k_cost gqa_cost(const ms_op_call *c, bool bw) {
     ms_k_gqa g = gqa_shape(c);
@@ -464,6 +473,7 @@ const ms_op_def ms_op_gqa_attention_def = {
     .forward = gqa_forward,
     .backward = gqa_backward,
     .cost = gqa_cost,
+    .runs_on = gqa_runs_on,
     .grad_inputs = 7,
 };
 
@@ -517,27 +527,24 @@ static ms_k_gqa pattn_shape(const ms_op_call *c) {
 static void pattn_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
     (void)a;
     ms_k_gqa g = pattn_shape(c);
-    sizes[0] = g.b * g.h * g.tq * g.tk;
-    sizes[1] = ms_k_gqa_scratch_floats(&g);
+    sizes[0] = c->kc->k->gqa_saved_floats(&g);
+    sizes[1] = c->kc->k->gqa_scratch_floats(&g);
 }
 static ms_status pattn_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gqa g = pattn_shape(c);
     const float *q = F(c->in[0]);
     int64_t cl = c->in[0]->shape[3];
-    ms_k_gqa_forward(&g, F(c->out[0]), F(c->saved[0]), q, q + cl, q + 2 * cl, F(c->in[1]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, gqa_forward, &g, F(c->out[0]), F(c->saved[0]), q, q + cl, q + 2 * cl,
+                     F(c->in[1]), e);
 }
 static ms_status pattn_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     if (!c->din[0]) return MS_OK;
     ms_k_gqa g = pattn_shape(c);
     const float *q = F(c->in[0]);
     float *dq = F(c->din[0]);
     int64_t cl = c->in[0]->shape[3];
-    ms_k_gqa_backward(&g, dq, dq + cl, dq + 2 * cl, F(c->saved[1]), F(c->dout[0]), q, q + cl,
-                      q + 2 * cl, F(c->saved[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, gqa_backward, &g, dq, dq + cl, dq + 2 * cl, F(c->saved[1]),
+                     F(c->dout[0]), q, q + cl, q + 2 * cl, F(c->saved[0]), F(c->in[1]), e);
 }
 static ms_k_cost pattn_cost(const ms_op_call *c, bool bw) {
     ms_k_gqa g = pattn_shape(c);
@@ -555,6 +562,7 @@ const ms_op_def ms_op_padded_attention_def = {
     .forward = pattn_forward,
     .backward = pattn_backward,
     .cost = pattn_cost,
+    .runs_on = gqa_runs_on,
     .grad_inputs = 1,
 };
 
@@ -614,25 +622,28 @@ static ms_k_gemm linear_gemm(const ms_op_call *c) {
     return g;
 }
 static ms_status linear_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gemm g = linear_gemm(c);
     float *y = F(c->out[0]);
     if (g.k == 0)
-        memset(y, 0, sizeof(float) * (size_t)N(c->out[0]));
+        MS_CHECK(MS_CALL_K(c->kc, fill, y, 0.0f, N(c->out[0]), e));
     else
-        ms_k_matmul_forward(&g, y, F(c->in[0]), F(c->in[1]), 1.0f, 0.0f);
-    if (c->n_in == 3) ms_k_bias_add_forward(y, y, F(c->in[2]), g.m, g.n);
+        MS_CHECK(MS_CALL_K(c->kc, matmul_forward, &g, y, F(c->in[0]), F(c->in[1]), 1.0f, 0.0f, e));
+    if (c->n_in == 3) MS_CHECK(MS_CALL_K(c->kc, bias_add_forward, y, y, F(c->in[2]), g.m, g.n, e));
     return MS_OK;
 }
 static ms_status linear_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gemm g = linear_gemm(c);
     if (g.k > 0 && (c->din[0] || c->din[1]))
-        ms_k_matmul_backward(&g, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]),
-                             F(c->in[1]), 1.0f, true);
+        MS_CHECK(MS_CALL_K(c->kc, matmul_backward, &g, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
+                           F(c->in[0]), F(c->in[1]), 1.0f, true, e));
     if (c->n_in == 3 && c->din[2])
-        ms_k_bias_add_backward(NULL, F(c->din[2]), F(c->dout[0]), g.m, g.n);
+        MS_CHECK(
+            MS_CALL_K(c->kc, bias_add_backward, NULL, F(c->din[2]), F(c->dout[0]), g.m, g.n, e));
     return MS_OK;
+}
+static bool linear_runs_on(const ms_kernels *k) {
+    return k->fill && k->matmul_forward && k->matmul_backward && k->bias_add_forward &&
+           k->bias_add_backward;
 }
 static ms_k_cost linear_cost(const ms_op_call *c, bool bw) {
     ms_k_gemm g = linear_gemm(c);
@@ -653,6 +664,7 @@ const ms_op_def ms_op_linear_def = {
     .forward = linear_forward,
     .backward = linear_backward,
     .cost = linear_cost,
+    .runs_on = linear_runs_on,
     .grad_inputs = 7,
 };
 

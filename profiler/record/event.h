@@ -31,12 +31,31 @@ typedef enum ms_ev_kind {
 
 typedef enum ms_ev_phase { MS_PHASE_FORWARD, MS_PHASE_BACKWARD, MS_PHASE_OTHER } ms_ev_phase;
 
+/* GPU activity (from CUPTI) is recorded as ops too, marked by kind. */
+typedef enum ms_ev_gpu {
+    MS_GPU_NONE,   /* an engine operator (or data, optimizer) on the rank's thread */
+    MS_GPU_KERNEL, /* a kernel on a GPU stream */
+    MS_GPU_MEMCPY, /* a copy on a GPU stream */
+    MS_GPU_MEMSET, /* a memset on a GPU stream */
+    MS_GPU_API,    /* a CUDA runtime or driver call, or a synchronisation, on a host thread */
+} ms_ev_gpu;
+
 typedef struct ms_ev_op {
-    int32_t op;                /* ms_op_kind or a registered op id */
-    char name[MS_EV_NAME_MAX]; /* node name, e.g. "h.0.attn.c_attn.mm" */
-    char opname[24];           /* "matmul" */
+    int32_t op;                /* ms_op_kind or a registered op id; -1 for GPU activity */
+    char name[MS_EV_NAME_MAX]; /* node name, e.g. "h.0.attn.c_attn.mm"; a kernel's name */
+    char opname[24];           /* "matmul"; "cuda_kernel", "cuda_memcpy", ... */
     double flops, bytes;       /* from the op's cost function, this rank's local work */
+    /* Correlation: an engine op that launched GPU work carries the id it bracketed that work
+     * with (ms_trace_state.gpu_push); the GPU activity carries the same id. 0: none. The id's
+     * top bits are the launching rank (MS_EV_CORR_RANK). */
+    uint64_t corr;
+    uint8_t gpu;             /* ms_ev_gpu */
+    uint32_t device, stream; /* GPU activity on a stream: the CUDA device and stream ids */
 } ms_ev_op;
+
+/* Correlation ids are (rank << 40) | a per-rank counter, so GPU activity can be attributed to
+ * the rank whose operator launched it even when ranks share a GPU and a collector. */
+#define MS_EV_CORR_RANK(id) ((int32_t)((id) >> 40))
 
 typedef struct ms_ev_coll {
     uint8_t coll;     /* ms_coll_kind */

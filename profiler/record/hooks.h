@@ -20,6 +20,11 @@
 typedef struct ms_trace_state {
     ms_recorder *recorder;
     uint64_t flow; /* id of the reshard running now, 0 outside reshards */
+    /* Set while GPU activity is collected (CUPTI): the program brackets each operator's
+     * launches with gpu_push(its correlation id) / gpu_pop(), so the activity links back to
+     * the operator. NULL otherwise. */
+    void (*gpu_push)(uint64_t corr);
+    void (*gpu_pop)(void);
 } ms_trace_state;
 
 typedef struct ms_comm_probe ms_comm_probe;

@@ -97,11 +97,24 @@ void ms_recorder_destroy(ms_recorder *r) {
     free(r);
 }
 
+static void push_words(ms_recorder *r, const ev_words *e);
+
 void ms_recorder_push(ms_recorder *r, const ms_event *ev) {
     ev_words e;
     e.ev = *ev;
     e.ev.rank = r->rank;
     e.ev.step = atomic_load_explicit(&r->step, memory_order_relaxed);
+    push_words(r, &e);
+}
+
+void ms_recorder_push_as(ms_recorder *r, const ms_event *ev) {
+    ev_words e;
+    e.ev = *ev;
+    push_words(r, &e);
+}
+
+static void push_words(ms_recorder *r, const ev_words *ew) {
+    ev_words e = *ew;
     /* Only this thread writes head, so a relaxed load reads our own last store. */
     uint64_t i = atomic_load_explicit(&r->head, memory_order_relaxed);
     slot *s = &r->slots[i & r->mask];

@@ -33,6 +33,9 @@ static inline bool ms_recorder_on(const ms_recorder *r) {
 
 /* Appends ev (its rank and step fields are filled from the recorder). Writer thread only. */
 void ms_recorder_push(ms_recorder *r, const ms_event *ev);
+/* The same, keeping ev's own rank and step: for events recorded elsewhere (GPU activity from
+ * another recorder) that this writer passes on. */
+void ms_recorder_push_as(ms_recorder *r, const ms_event *ev);
 
 /* The training step stamped on later events. Writer thread only. */
 void ms_recorder_set_step(ms_recorder *r, int64_t step);

@@ -1,23 +1,31 @@
-/* attention.cu - tiled fused attention around attention_math.cuh. A block owns
- * ATTN_ROWS consecutive query rows (or key rows) of one (batch, head), one thread per row; the
- * block stages each tile of keys and values (or queries and output gradients) in shared
- * memory and every thread runs the row function over it. The forward writes out and the
- * per-row logsumexp; the backward is three kernels: delta_i = dO_i . O_i, dQ per query row,
- * dK and dV per key row (each output row has one owner: no atomics).
+/* attention.cu - tiled fused attention around attention_math.cuh, for GPT-2's packed qkv and
+ * for grouped-query attention over layers.h's strided q, k, v (one set of kernels: the packed
+ * layout is the strided one with row strides 3C and as many kv heads as query heads).
+ *
+ * A block owns ATTN_ROWS consecutive query rows (or key rows) of one (batch, head), one thread
+ * per row; the block stages each tile of keys and values (or queries and output gradients) in
+ * shared memory and every thread runs the row function over it. The forward writes out and
+ * the per-row logsumexp; the backward is three kernels: delta_i = dO_i . O_i, dQ per query row,
+ * dK and dV per key row of a kv head, over the query rows of every query head that reads it
+ * (each output row has one owner: no atomics).
  */
 #include "engine/kernels/cuda/attention_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
 #define ATTN_ROWS 64
 
+/* One attention call: sizes, row strides (floats between consecutive rows of q, of k and v,
+ * of out and dout), the global position of query row 0 and the mask's kind. */
 struct attn_dims {
-    int64_t t, c, nh, hs;
-    bool causal;
+    int64_t tq, tk, h, hkv, hs;
+    int64_t q_ld, kv_ld, out_ld;
+    int64_t q_start;
+    bool causal, keep_mask; /* keep_mask: 0 drops a key (layers.h); else additive */
     float scale;
 };
 
-/* Rows [r0, r0 + n) of one part (column offset col) of qkv, head columns only, into a shared
- * [n, HS] tile. Called by every thread of the block. */
+/* Rows [r0, r0 + n) of a head (ld apart) into a shared [n, HS] tile. Called by every thread
+ * of the block. */
 __device__ static void stage_rows(float *dst, const float *src, int64_t ld, int64_t r0, int64_t n,
                                   int64_t hs) {
     for (int64_t e = threadIdx.x; e < n * hs; e += blockDim.x)
@@ -25,135 +33,186 @@ __device__ static void stage_rows(float *dst, const float *src, int64_t ld, int6
 }
 
 /* The key loop of the query-row kernels: every key tile this block's rows may see, staged in
- * ks and vs; tile(j0, vis) runs for this thread's row i when it sees vis > 0 keys of it. */
+ * ks, vs and (with a mask) its additive terms in mt; tile(j0, vis) runs for this thread's
+ * row i when it sees vis > 0 keys of it. km: the batch item's mask or NULL. */
 template <typename F>
-__device__ static void each_key_tile(const attn_dims &a, const float *k, const float *v, int64_t i,
-                                     float *ks, float *vs, F tile) {
-    const int64_t last = min((int64_t)(blockIdx.x + 1) * blockDim.x, a.t) - 1;
-    const int64_t kend = a.causal ? last + 1 : a.t;
+__device__ static void each_key_tile(const attn_dims &a, const float *k, const float *v,
+                                     const float *km, int64_t i, float *ks, float *vs, float *mt,
+                                     F tile) {
+    const int64_t last = min((int64_t)(blockIdx.x + 1) * blockDim.x, a.tq) - 1;
+    const int64_t kend = a.causal ? min(a.q_start + last + 1, a.tk) : a.tk;
     for (int64_t j0 = 0; j0 < kend; j0 += MS_CU_ATTN_TILE) {
-        const int64_t nk = min((int64_t)MS_CU_ATTN_TILE, a.t - j0);
-        stage_rows(ks, k, 3 * a.c, j0, nk, a.hs);
-        stage_rows(vs, v, 3 * a.c, j0, nk, a.hs);
+        const int64_t nk = min((int64_t)MS_CU_ATTN_TILE, a.tk - j0);
+        stage_rows(ks, k, a.kv_ld, j0, nk, a.hs);
+        stage_rows(vs, v, a.kv_ld, j0, nk, a.hs);
+        if (km)
+            for (int64_t e = threadIdx.x; e < nk; e += blockDim.x)
+                mt[e] = ms_cu_attn_mask_term(km, j0 + e, a.keep_mask);
         __syncthreads();
-        const int64_t vis = i < a.t ? ms_cu_attn_visible(i, j0, nk, a.causal) : 0;
+        const int64_t vis = i < a.tq ? ms_cu_attn_visible(a.q_start + i, j0, nk, a.causal) : 0;
         if (vis > 0) tile(j0, vis);
         __syncthreads();
     }
 }
 
-__global__ static void attn_fwd_kernel(float *out, float *lse, const float *qkv, const float *mask,
+/* The kv head that query head h reads. */
+__device__ static int64_t kv_head(const attn_dims &a, int64_t h) {
+    return h / (a.h / a.hkv);
+}
+
+/* out and lse, and o_copy [B, Tq, H, HS] (the output again, contiguous, for the backward's
+ * delta) unless it is NULL. */
+__global__ static void attn_fwd_kernel(float *out, float *lse, float *o_copy, const float *q,
+                                       const float *k, const float *v, const float *mask,
                                        attn_dims a) {
     __shared__ float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
-        vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
-    const int64_t bi = blockIdx.z, h = blockIdx.y, c3 = 3 * a.c, hs = a.hs;
+        vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS], mt[MS_CU_ATTN_TILE];
+    const int64_t bi = blockIdx.z, h = blockIdx.y, hs = a.hs;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const float *q = qkv + bi * a.t * c3 + h * hs, *k = q + a.c, *v = q + 2 * a.c;
-    const float *km = mask ? mask + bi * a.t : NULL;
+    const int64_t kvo = bi * a.tk * a.kv_ld + kv_head(a, h) * hs;
+    const float *qb = q + bi * a.tq * a.q_ld + h * hs, *km = mask ? mask + bi * a.tk : NULL;
     float qi[MS_CU_ATTN_MAX_HS], acc[MS_CU_ATTN_MAX_HS];
     ms_cu_attn_state st;
     ms_cu_attn_fwd_init(&st, acc, hs);
-    if (i < a.t)
-        for (int64_t d = 0; d < hs; d++) qi[d] = q[i * c3 + d];
-    each_key_tile(a, k, v, i, ks, vs, [&](int64_t j0, int64_t vis) {
-        ms_cu_attn_fwd_tile(&st, acc, qi, ks, vs, hs, km ? km + j0 : NULL, vis, hs, a.scale);
+    if (i < a.tq)
+        for (int64_t d = 0; d < hs; d++) qi[d] = qb[i * a.q_ld + d];
+    each_key_tile(a, k + kvo, v + kvo, km, i, ks, vs, mt, [&](int64_t j0, int64_t vis) {
+        ms_cu_attn_fwd_tile(&st, acc, qi, ks, vs, hs, km ? mt : NULL, vis, hs, a.scale);
     });
-    if (i < a.t)
-        lse[(bi * a.nh + h) * a.t + i] =
-            ms_cu_attn_fwd_finish(out + (bi * a.t + i) * a.c + h * hs, &st, acc, hs);
+    if (i >= a.tq) return;
+    float *o = out + (bi * a.tq + i) * a.out_ld + h * hs;
+    lse[(bi * a.h + h) * a.tq + i] = ms_cu_attn_fwd_finish(o, &st, acc, hs);
+    if (o_copy)
+        for (int64_t d = 0; d < hs; d++) o_copy[((bi * a.tq + i) * a.h + h) * hs + d] = o[d];
 }
 
-__global__ static void attn_dq_kernel(float *dqkv, const float *dout, const float *qkv,
-                                      const float *lse, const float *delta, const float *mask,
-                                      attn_dims a) {
+__global__ static void attn_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
+                                      const float *v, const float *lse, const float *delta,
+                                      const float *mask, attn_dims a) {
     __shared__ float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
-        vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
-    const int64_t bi = blockIdx.z, h = blockIdx.y, c3 = 3 * a.c, hs = a.hs;
+        vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS], mt[MS_CU_ATTN_TILE];
+    const int64_t bi = blockIdx.z, h = blockIdx.y, hs = a.hs;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t off = bi * a.t * c3 + h * hs, row = (bi * a.nh + h) * a.t + i;
-    const float *q = qkv + off, *k = q + a.c, *v = q + 2 * a.c;
-    const float *km = mask ? mask + bi * a.t : NULL;
-    float qi[MS_CU_ATTN_MAX_HS], gi[MS_CU_ATTN_MAX_HS], dq[MS_CU_ATTN_MAX_HS];
+    const int64_t qo = bi * a.tq * a.q_ld + h * hs, row = (bi * a.h + h) * a.tq + i;
+    const int64_t kvo = bi * a.tk * a.kv_ld + kv_head(a, h) * hs;
+    const float *km = mask ? mask + bi * a.tk : NULL;
+    const float *g = dout + bi * a.tq * a.out_ld + h * hs;
+    float qi[MS_CU_ATTN_MAX_HS], gi[MS_CU_ATTN_MAX_HS], dqi[MS_CU_ATTN_MAX_HS];
     for (int64_t d = 0; d < hs; d++) {
-        qi[d] = i < a.t ? q[i * c3 + d] : 0.0f;
-        gi[d] = i < a.t ? dout[(bi * a.t + i) * a.c + h * hs + d] : 0.0f;
-        dq[d] = 0.0f;
+        qi[d] = i < a.tq ? q[qo + i * a.q_ld + d] : 0.0f;
+        gi[d] = i < a.tq ? g[i * a.out_ld + d] : 0.0f;
+        dqi[d] = 0.0f;
     }
-    each_key_tile(a, k, v, i, ks, vs, [&](int64_t j0, int64_t vis) {
-        ms_cu_attn_dq_tile(dq, qi, gi, delta[row], lse[row], ks, vs, hs, km ? km + j0 : NULL, vis,
-                           hs, a.scale);
+    const float dl = i < a.tq ? delta[row] : 0.0f, ls = i < a.tq ? lse[row] : 0.0f;
+    each_key_tile(a, k + kvo, v + kvo, km, i, ks, vs, mt, [&](int64_t j0, int64_t vis) {
+        ms_cu_attn_dq_tile(dqi, qi, gi, dl, ls, ks, vs, hs, km ? mt : NULL, vis, hs, a.scale);
     });
-    if (i < a.t)
-        for (int64_t d = 0; d < hs; d++) dqkv[off + i * c3 + d] += dq[d];
+    if (i < a.tq)
+        for (int64_t d = 0; d < hs; d++) dq[qo + i * a.q_ld + d] += dqi[d];
 }
 
-__global__ static void attn_dkv_kernel(float *dqkv, const float *dout, const float *qkv,
-                                       const float *lse, const float *delta, const float *mask,
-                                       attn_dims a) {
+/* Key rows of kv head blockIdx.y: the query rows of each query head of its group in turn. */
+__global__ static void attn_dkv_kernel(float *dk, float *dv, const float *dout, const float *q,
+                                       const float *k, const float *v, const float *lse,
+                                       const float *delta, const float *mask, attn_dims a) {
     __shared__ float qs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
         gs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
     __shared__ float ls[MS_CU_ATTN_TILE], ds[MS_CU_ATTN_TILE];
-    const int64_t bi = blockIdx.z, h = blockIdx.y, c3 = 3 * a.c, hs = a.hs;
+    const int64_t bi = blockIdx.z, kvh = blockIdx.y, hs = a.hs, group = a.h / a.hkv;
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t first = (int64_t)blockIdx.x * blockDim.x;
-    const int64_t off = bi * a.t * c3 + h * hs, rows = (bi * a.nh + h) * a.t;
-    const float *q = qkv + off, *k = q + a.c, *v = q + 2 * a.c;
-    const float *g = dout + bi * a.t * a.c + h * hs;
-    float kj[MS_CU_ATTN_MAX_HS], vj[MS_CU_ATTN_MAX_HS], dk[MS_CU_ATTN_MAX_HS],
-        dv[MS_CU_ATTN_MAX_HS];
+    const int64_t kvo = bi * a.tk * a.kv_ld + kvh * hs + j * a.kv_ld;
+    float kj[MS_CU_ATTN_MAX_HS], vj[MS_CU_ATTN_MAX_HS], dkj[MS_CU_ATTN_MAX_HS],
+        dvj[MS_CU_ATTN_MAX_HS];
     for (int64_t d = 0; d < hs; d++) {
-        kj[d] = j < a.t ? k[j * c3 + d] : 0.0f;
-        vj[d] = j < a.t ? v[j * c3 + d] : 0.0f;
-        dk[d] = dv[d] = 0.0f;
+        kj[d] = j < a.tk ? k[kvo + d] : 0.0f;
+        vj[d] = j < a.tk ? v[kvo + d] : 0.0f;
+        dkj[d] = dvj[d] = 0.0f;
     }
-    const float maskj = mask && j < a.t ? mask[bi * a.t + j] : 0.0f;
+    const float maskj =
+        mask && j < a.tk ? ms_cu_attn_mask_term(mask + bi * a.tk, j, a.keep_mask) : 0.0f;
     /* Causal: queries before the block's first key see none of its keys. */
-    const int64_t i_start = a.causal ? first / MS_CU_ATTN_TILE * MS_CU_ATTN_TILE : 0;
-    for (int64_t i0 = i_start; i0 < a.t; i0 += MS_CU_ATTN_TILE) {
-        const int64_t nq = min((int64_t)MS_CU_ATTN_TILE, a.t - i0);
-        stage_rows(qs, q, c3, i0, nq, hs);
-        stage_rows(gs, g, a.c, i0, nq, hs);
-        for (int64_t e = threadIdx.x; e < nq; e += blockDim.x) {
-            ls[e] = lse[rows + i0 + e];
-            ds[e] = delta[rows + i0 + e];
+    const int64_t skip = a.causal ? max(first - a.q_start, (int64_t)0) : 0;
+    const int64_t i_start = skip / MS_CU_ATTN_TILE * MS_CU_ATTN_TILE;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+        const float *qb = q + bi * a.tq * a.q_ld + h * hs;
+        const float *gb = dout + bi * a.tq * a.out_ld + h * hs;
+        const int64_t rows = (bi * a.h + h) * a.tq;
+        for (int64_t i0 = i_start; i0 < a.tq; i0 += MS_CU_ATTN_TILE) {
+            const int64_t nq = min((int64_t)MS_CU_ATTN_TILE, a.tq - i0);
+            stage_rows(qs, qb, a.q_ld, i0, nq, hs);
+            stage_rows(gs, gb, a.out_ld, i0, nq, hs);
+            for (int64_t e = threadIdx.x; e < nq; e += blockDim.x) {
+                ls[e] = lse[rows + i0 + e];
+                ds[e] = delta[rows + i0 + e];
+            }
+            __syncthreads();
+            if (j < a.tk)
+                ms_cu_attn_dkv_tile(dkj, dvj, kj, vj, j, maskj, qs, hs, gs, hs, ls, ds,
+                                    a.q_start + i0, nq, hs, a.scale, a.causal);
+            __syncthreads();
         }
-        __syncthreads();
-        if (j < a.t)
-            ms_cu_attn_dkv_tile(dk, dv, kj, vj, j, maskj, qs, hs, gs, hs, ls, ds, i0, nq, hs,
-                                a.scale, a.causal);
-        __syncthreads();
     }
-    if (j < a.t)
-        for (int64_t d = 0; d < hs; d++) {
-            dqkv[off + j * c3 + a.c + d] += dk[d];
-            dqkv[off + j * c3 + 2 * a.c + d] += dv[d];
-        }
+    if (j >= a.tk) return;
+    for (int64_t d = 0; d < hs; d++) {
+        if (dk) dk[kvo + d] += dkj[d];
+        if (dv) dv[kvo + d] += dvj[d];
+    }
 }
 
-static ms_status attn_dims_of(attn_dims *a, int64_t t, int64_t c, int64_t nh, bool causal,
-                              ms_error *err) {
+static dim3 attn_grid(int64_t b, int64_t rows, int64_t heads) {
+    return dim3((unsigned)((rows + ATTN_ROWS - 1) / ATTN_ROWS), (unsigned)heads, (unsigned)b);
+}
+
+/* The three backward kernels. o_copy: the output, contiguous [B, Tq, H, HS]; delta: scratch
+ * [B, H, Tq]. */
+static ms_status attn_backward(const attn_dims &a, int64_t b, float *dq, float *dk, float *dv,
+                               float *delta, const float *dout, const float *q, const float *k,
+                               const float *v, const float *o_copy, const float *lse,
+                               const float *mask, void *stream, ms_error *err) {
+    const int64_t tq = a.tq, nh = a.h, hs = a.hs, ld = a.out_ld;
+    MS_CHECK(ms_cu_each(b * nh * tq, stream, "attention backward (delta)", err,
+                        [=] __device__(int64_t r) {
+                            const int64_t i = r % tq, bh = r / tq, h = bh % nh, bi = bh / nh;
+                            const float *o = o_copy + ((bi * tq + i) * nh + h) * hs;
+                            delta[r] = ms_cu_dot(dout + (bi * tq + i) * ld + h * hs, o, hs);
+                        }));
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dq) {
+        attn_dq_kernel<<<attn_grid(b, tq, nh), ATTN_ROWS, 0, s>>>(dq, dout, q, k, v, lse, delta,
+                                                                  mask, a);
+        MS_CHECK(ms_cu_launched("attention backward (dq)", err));
+    }
+    if ((!dk && !dv) || a.tk <= 0) return MS_OK;
+    attn_dkv_kernel<<<attn_grid(b, a.tk, a.hkv), ATTN_ROWS, 0, s>>>(dk, dv, dout, q, k, v, lse,
+                                                                    delta, mask, a);
+    return ms_cu_launched("attention backward (dk, dv)", err);
+}
+
+/* ---- GPT-2's packed qkv ---- */
+
+static ms_status packed_dims(attn_dims *a, int64_t t, int64_t c, int64_t nh, bool causal,
+                             ms_error *err) {
     if (nh <= 0 || c % nh != 0 || c / nh > MS_CU_ATTN_MAX_HS)
         return ms_fail(err, MS_ERR_INVALID,
                        "cuda attention: C = %lld over %lld heads; need C divisible by the heads "
                        "and a head size of at most %d",
                        (long long)c, (long long)nh, MS_CU_ATTN_MAX_HS);
-    a->t = t, a->c = c, a->nh = nh, a->hs = c / nh, a->causal = causal;
+    *a = attn_dims{};
+    a->tq = a->tk = t, a->h = a->hkv = nh, a->hs = c / nh;
+    a->q_ld = a->kv_ld = 3 * c, a->out_ld = c, a->causal = causal;
     a->scale = 1.0f / sqrtf((float)a->hs);
     return MS_OK;
-}
-
-static dim3 attn_grid(int64_t b, int64_t t, int64_t nh) {
-    return dim3((unsigned)((t + ATTN_ROWS - 1) / ATTN_ROWS), (unsigned)nh, (unsigned)b);
 }
 
 ms_status ms_cu_attention_forward(float *out, float *lse, const float *qkv, const float *mask,
                                   int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
                                   void *stream, ms_error *err) {
     attn_dims a;
-    MS_CHECK(attn_dims_of(&a, t, c, nh, causal, err));
+    MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
-    attn_fwd_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)stream>>>(out, lse, qkv,
-                                                                                 mask, a);
+    attn_fwd_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
+        out, lse, NULL, qkv, qkv + c, qkv + 2 * c, mask, a);
     return ms_cu_launched("attention forward", err);
 }
 
@@ -166,20 +225,55 @@ ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dou
                                    int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
                                    ms_error *err) {
     attn_dims a;
-    MS_CHECK(attn_dims_of(&a, t, c, nh, causal, err));
+    MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
-    float *delta = scratch; /* [B, NH, T] */
-    const int64_t hs = a.hs;
-    MS_CHECK(ms_cu_each(b * nh * t, stream, "attention backward (delta)", err,
-                        [=] __device__(int64_t r) {
-                            const int64_t i = r % t, bh = r / t, h = bh % nh, bi = bh / nh;
-                            const float *o = out + (bi * t + i) * c + h * hs;
-                            delta[r] = ms_cu_dot(dout + (bi * t + i) * c + h * hs, o, hs);
-                        }));
-    attn_dq_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
-        dqkv, dout, qkv, lse, delta, mask, a);
-    MS_CHECK(ms_cu_launched("attention backward (dq)", err));
-    attn_dkv_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
-        dqkv, dout, qkv, lse, delta, mask, a);
-    return ms_cu_launched("attention backward (dk, dv)", err);
+    /* out [B, T, C] is the contiguous [B, T, NH, HS] the backward reads. */
+    return attn_backward(a, b, dqkv, dqkv + c, dqkv + 2 * c, scratch, dout, qkv, qkv + c,
+                         qkv + 2 * c, out, lse, mask, stream, err);
+}
+
+/* ---- grouped-query attention over strided heads (layers.h) ---- */
+
+static ms_status gqa_dims(attn_dims *a, const ms_k_gqa *g, ms_error *err) {
+    if (g->hkv <= 0 || g->h % g->hkv != 0 || g->d <= 0 || g->d > MS_CU_ATTN_MAX_HS)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "cuda gqa attention: %lld query heads over %lld kv heads of size %lld; "
+                       "need the query heads a multiple of the kv heads and a head size of at "
+                       "most %d",
+                       (long long)g->h, (long long)g->hkv, (long long)g->d, MS_CU_ATTN_MAX_HS);
+    *a = attn_dims{};
+    a->tq = g->tq, a->tk = g->tk, a->h = g->h, a->hkv = g->hkv, a->hs = g->d;
+    a->q_ld = g->q_stride, a->kv_ld = g->kv_stride, a->out_ld = g->out_stride;
+    a->q_start = g->q_start, a->causal = g->causal, a->keep_mask = true;
+    a->scale = 1.0f / sqrtf((float)g->d);
+    return MS_OK;
+}
+
+int64_t ms_cu_gqa_saved_floats(const ms_k_gqa *g) {
+    return g->b * g->h * g->tq + g->b * g->tq * g->h * g->d;
+}
+
+int64_t ms_cu_gqa_scratch_floats(const ms_k_gqa *g) {
+    return g->b * g->h * g->tq;
+}
+
+ms_status ms_cu_gqa_forward(const ms_k_gqa *g, float *out, float *saved, const float *q,
+                            const float *k, const float *v, const float *mask, void *stream,
+                            ms_error *err) {
+    attn_dims a;
+    MS_CHECK(gqa_dims(&a, g, err));
+    if (g->b <= 0 || g->tq <= 0 || g->h <= 0) return MS_OK;
+    attn_fwd_kernel<<<attn_grid(g->b, g->tq, g->h), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
+        out, saved, saved + g->b * g->h * g->tq, q, k, v, mask, a);
+    return ms_cu_launched("gqa attention forward", err);
+}
+
+ms_status ms_cu_gqa_backward(const ms_k_gqa *g, float *dq, float *dk, float *dv, float *scratch,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *saved, const float *mask, void *stream, ms_error *err) {
+    attn_dims a;
+    MS_CHECK(gqa_dims(&a, g, err));
+    if (g->b <= 0 || g->tq <= 0 || g->h <= 0) return MS_OK;
+    return attn_backward(a, g->b, dq, dk, dv, scratch, dout, q, k, v, saved + g->b * g->h * g->tq,
+                         saved, mask, stream, err);
 }

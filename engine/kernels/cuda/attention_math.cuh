@@ -1,10 +1,13 @@
-/* attention_math.cuh - fused multi-head attention, one query (or key) row per call and one
- * tile of keys (or queries) at a time, so no T x T matrix ever exists in memory.
+/* attention_math.cuh - fused attention, one query (or key) row per call and one tile of keys
+ * (or queries) at a time, so no T x T matrix ever exists in memory.
  *
- * Layout as engine/kernels/attention.c: qkv [B, T, 3C] with head h's q, k, v at columns
- * h*HS, C + h*HS, 2C + h*HS; out [B, T, C]; an optional additive key mask [B, T] (0 keep,
- * -INFINITY drop); causal excludes keys j > query i. Instead of the probabilities the forward
- * saves lse [B, NH, T], each query row's logsumexp of its scores.
+ * The functions see one head's rows: a query row, and tiles of key and value rows (of the
+ * query head's kv head under grouped-query attention), wherever the layout puts them
+ * (attention.cu: GPT-2's packed qkv [B, T, 3C], or layers.h's strided q, k, v). The key mask
+ * is additive (0 keep, -INFINITY drop; ms_cu_attn_mask_term turns layers.h's keep flags into
+ * that); causal excludes keys j > the query's global position. Instead of the probabilities
+ * the forward saves each query row's logsumexp of its scores; a row that sees no key outputs
+ * zeros and saves lse = -INFINITY, and takes no gradient.
  *
  * Forward (online softmax): a query row's state is its running max m, running sum l and an
  * output accumulator acc [HS]; each key tile rescales them once by exp(m_old - m_new) and adds
@@ -79,19 +82,33 @@ MS_HD void ms_cu_attn_fwd_tile(ms_cu_attn_state *st, float *acc, const float *q,
     st->m = m;
 }
 
-/* out [HS] = acc / l; returns the row's logsumexp. */
+/* The additive mask term of key j: mask[j] itself, or with keep flags (0 drops the key) 0 or
+ * -INFINITY. No mask: 0. */
+MS_HD float ms_cu_attn_mask_term(const float *mask, int64_t j, bool keep_flags) {
+    if (!mask) return 0.0f;
+    if (keep_flags) return mask[j] != 0.0f ? 0.0f : -INFINITY;
+    return mask[j];
+}
+
+/* out [HS] = acc / l; returns the row's logsumexp (-INFINITY, and zeros out, for a row that
+ * saw no key). */
 template <typename T>
 MS_HD float ms_cu_attn_fwd_finish(T *out, const ms_cu_attn_state *st, const float *acc,
                                   int64_t hs) {
+    if (st->l == 0.0f) {
+        for (int64_t d = 0; d < hs; d++) ms_cu_store(out + d, 0.0f);
+        return -INFINITY;
+    }
     const float inv = 1.0f / st->l;
     for (int64_t d = 0; d < hs; d++) ms_cu_store(out + d, acc[d] * inv);
     return st->m + logf(st->l);
 }
 
-/* p_ij recomputed from the saved logsumexp (0 for a masked key). */
+/* p_ij recomputed from the saved logsumexp (0 for a masked key, and in a row that saw none). */
 template <typename A, typename B>
 MS_HD float ms_cu_attn_prob(const A *q, const B *k, int64_t hs, float scale, float maskj,
                             float lse) {
+    if (lse == -INFINITY || maskj == -INFINITY) return 0.0f;
     return expf(scale * ms_cu_dot(q, k, hs) + maskj - lse);
 }
 
@@ -109,10 +126,10 @@ MS_HD void ms_cu_attn_dq_tile(float *dq, const float *q, const float *dout, floa
     }
 }
 
-/* Key row j's dK and dV [HS] (fp32, +=) from the query tile starting at query i0 with nq
- * rows. k, v: the key row (fp32); maskj: its mask entry; q, dout: the tile's first q and dO
- * rows (ldq, ldo apart); lse, delta: the tile's per-query values. Causal: queries i < j are
- * skipped. */
+/* Key row j's dK and dV [HS] (fp32, +=) from the query tile starting at query i0 (its global
+ * position) with nq rows. k, v: the key row (fp32); maskj: its mask term; q, dout: the tile's
+ * first q and dO rows (ldq, ldo apart); lse, delta: the tile's per-query values. Causal:
+ * queries before key j are skipped. */
 template <typename T>
 MS_HD void ms_cu_attn_dkv_tile(float *dk, float *dv, const float *k, const float *v, int64_t j,
                                float maskj, const T *q, int64_t ldq, const T *dout, int64_t ldo,

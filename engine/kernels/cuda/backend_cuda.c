@@ -194,6 +194,49 @@ static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, 
                                     c, nh, causal, STREAM(kc), err);
 }
 
+/* ---- the LLaMA layers ---- */
+static ms_status c_rmsnorm_forward(ms_kctx *kc, float *out, float *rstd, const float *inp,
+                                   const float *weight, int64_t n, int64_t c, float eps,
+                                   ms_error *err) {
+    return ms_cu_rmsnorm_forward(out, rstd, inp, weight, n, c, eps, STREAM(kc), err);
+}
+static ms_status c_rmsnorm_backward(ms_kctx *kc, float *dinp, float *dweight, const float *dout,
+                                    const float *inp, const float *weight, const float *rstd,
+                                    int64_t n, int64_t c, ms_error *err) {
+    return ms_cu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, n, c, STREAM(kc), err);
+}
+static ms_status c_swiglu_forward(ms_kctx *kc, float *out, const float *gate, const float *up,
+                                  int64_t n, ms_error *err) {
+    return ms_cu_swiglu_forward(out, gate, up, n, STREAM(kc), err);
+}
+static ms_status c_swiglu_backward(ms_kctx *kc, float *dgate, float *dup, const float *dout,
+                                   const float *gate, const float *up, int64_t n, ms_error *err) {
+    return ms_cu_swiglu_backward(dgate, dup, dout, gate, up, n, STREAM(kc), err);
+}
+static ms_status c_rotary_tables(ms_kctx *kc, float *cosb, float *sinb, int64_t t, int64_t t0,
+                                 int64_t d, float theta, ms_error *err) {
+    return ms_cu_rotary_tables(cosb, sinb, t, t0, d, theta, STREAM(kc), err);
+}
+static ms_status c_rotary_apply(ms_kctx *kc, float *out, const float *inp, const float *cosb,
+                                const float *sinb, int64_t b, int64_t t, int64_t h, int64_t d,
+                                bool inverse, ms_error *err) {
+    return ms_cu_rotary_apply(out, inp, cosb, sinb, b, t, h, d, inverse, STREAM(kc), err);
+}
+
+/* ---- grouped-query attention: saved = lse [B, H, Tq], then the output [B, Tq, H, D] that
+ * the forward kernel writes a second time (the fused backward reads both). */
+static ms_status c_gqa_forward(ms_kctx *kc, const ms_k_gqa *g, float *out, float *saved,
+                               const float *q, const float *k, const float *v, const float *mask,
+                               ms_error *err) {
+    return ms_cu_gqa_forward(g, out, saved, q, k, v, mask, STREAM(kc), err);
+}
+static ms_status c_gqa_backward(ms_kctx *kc, const ms_k_gqa *g, float *dq, float *dk, float *dv,
+                                float *scratch, const float *dout, const float *q, const float *k,
+                                const float *v, const float *saved, const float *mask,
+                                ms_error *err) {
+    return ms_cu_gqa_backward(g, dq, dk, dv, scratch, dout, q, k, v, saved, mask, STREAM(kc), err);
+}
+
 /* ---- embedding and cross-entropy ---- */
 static ms_status c_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids,
                                      const float *table, int64_t n, int64_t c, int64_t v0,
@@ -315,6 +358,16 @@ static const ms_kernels cuda_kernels = {
     .attention_scratch_floats = c_attention_scratch_floats,
     .attention_forward = c_attention_forward,
     .attention_backward = c_attention_backward,
+    .rmsnorm_forward = c_rmsnorm_forward,
+    .rmsnorm_backward = c_rmsnorm_backward,
+    .swiglu_forward = c_swiglu_forward,
+    .swiglu_backward = c_swiglu_backward,
+    .rotary_tables = c_rotary_tables,
+    .rotary_apply = c_rotary_apply,
+    .gqa_saved_floats = ms_cu_gqa_saved_floats,
+    .gqa_scratch_floats = ms_cu_gqa_scratch_floats,
+    .gqa_forward = c_gqa_forward,
+    .gqa_backward = c_gqa_backward,
     .embedding_forward = c_embedding_forward,
     .embedding_backward = c_embedding_backward,
     .xent_vp_rowmax = c_xent_vp_rowmax,

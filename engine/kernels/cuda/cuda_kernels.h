@@ -30,6 +30,7 @@ extern "C" {
 
 #include "engine/core/status.h"
 #include "engine/kernels/kernels.h"
+#include "engine/kernels/layers.h"
 #include "engine/optim/optim.h"
 
 /* ---- context: a device, a stream and the cuBLAS handle (created on the first GEMM) ---- */
@@ -169,6 +170,38 @@ ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dou
                                    const float *out, const float *lse, const float *mask, int64_t b,
                                    int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
                                    ms_error *err);
+
+/* ---- grouped-query attention (layers.h's ms_k_gqa: strided heads, query head h reads kv
+ * head h / (H / Hkv), causal from the global position q_start, mask [B, Tk] with 0 dropping a
+ * key): the kernels above. D <= 128. saved: lse [B, H, Tq], then a copy of the output
+ * [B, Tq, H, D]; scratch: delta [B, H, Tq]. A query that sees no key outputs zeros. */
+int64_t ms_cu_gqa_saved_floats(const ms_k_gqa *g);
+int64_t ms_cu_gqa_scratch_floats(const ms_k_gqa *g);
+ms_status ms_cu_gqa_forward(const ms_k_gqa *g, float *out, float *saved, const float *q,
+                            const float *k, const float *v, const float *mask, void *stream,
+                            ms_error *err);
+/* dq, dk, dv (any may be NULL) += gradients. */
+ms_status ms_cu_gqa_backward(const ms_k_gqa *g, float *dq, float *dk, float *dv, float *scratch,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *saved, const float *mask, void *stream, ms_error *err);
+
+/* ---- the LLaMA layers (llama.cu; shapes in layers.h) ---- */
+/* RMSNorm: one block per row; dweight one thread per column, rows in order. */
+ms_status ms_cu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                                int64_t n, int64_t c, float eps, void *stream, ms_error *err);
+ms_status ms_cu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int64_t n, int64_t c,
+                                 void *stream, ms_error *err);
+ms_status ms_cu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n,
+                               void *stream, ms_error *err);
+ms_status ms_cu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, int64_t n, void *stream, ms_error *err);
+/* The tables: one thread per (position, frequency); the rotation: one per pair. */
+ms_status ms_cu_rotary_tables(float *cosb, float *sinb, int64_t t, int64_t t0, int64_t d,
+                              float theta, void *stream, ms_error *err);
+ms_status ms_cu_rotary_apply(float *out, const float *inp, const float *cosb, const float *sinb,
+                             int64_t b, int64_t t, int64_t h, int64_t d, bool inverse, void *stream,
+                             ms_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,66 @@
+/* llama.cu - RMSNorm, SwiGLU and rotary embedding around llama_math.cuh: RMSNorm one block per
+ * row (the lanes combined by the block's tree, launch.cuh), its dweight one thread per column;
+ * SwiGLU one thread per element; rotary one thread per table entry or per rotated pair. */
+#include "engine/kernels/cuda/launch.cuh"
+#include "engine/kernels/cuda/llama_math.cuh"
+
+ms_status ms_cu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                                int64_t n, int64_t c, float eps, void *stream, ms_error *err) {
+    return ms_cu_rows(n, stream, "rmsnorm forward", err, [=] __device__(int64_t r, int lane) {
+        const float *x = inp + r * c;
+        const float ss = ms_cu_block_sum(ms_cu_rms_sumsq_part(x, c, lane, MS_CU_ROW_LANES));
+        const float s = ms_cu_ln_rstd(ss, c, eps);
+        ms_cu_rms_out_part(out + r * c, x, weight, c, s, lane, MS_CU_ROW_LANES);
+        if (lane == 0) rstd[r] = s;
+    });
+}
+
+ms_status ms_cu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int64_t n, int64_t c,
+                                 void *stream, ms_error *err) {
+    if (dweight)
+        MS_CHECK(
+            ms_cu_each(c, stream, "rmsnorm backward (dweight)", err, [=] __device__(int64_t j) {
+                ms_cu_rms_dweight_col(dweight, dout, inp, rstd, n, c, j);
+            }));
+    if (!dinp) return MS_OK;
+    return ms_cu_rows(n, stream, "rmsnorm backward", err, [=] __device__(int64_t r, int lane) {
+        const float *g = dout + r * c, *x = inp + r * c;
+        const float wgx =
+            ms_cu_block_sum(ms_cu_rms_wgx_part(g, x, weight, c, lane, MS_CU_ROW_LANES));
+        ms_cu_rms_dinp_part(dinp + r * c, g, x, weight, c, rstd[r], wgx, lane, MS_CU_ROW_LANES);
+    });
+}
+
+ms_status ms_cu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n,
+                               void *stream, ms_error *err) {
+    return ms_cu_each(n, stream, "swiglu forward", err,
+                      [=] __device__(int64_t i) { ms_cu_swiglu_fwd(out, gate, up, i); });
+}
+
+ms_status ms_cu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, int64_t n, void *stream, ms_error *err) {
+    if (!dgate && !dup) return MS_OK;
+    return ms_cu_each(n, stream, "swiglu backward", err, [=] __device__(int64_t i) {
+        ms_cu_swiglu_bwd(dgate, dup, dout, gate, up, i);
+    });
+}
+
+ms_status ms_cu_rotary_tables(float *cosb, float *sinb, int64_t t, int64_t t0, int64_t d,
+                              float theta, void *stream, ms_error *err) {
+    if (d % 2)
+        return ms_fail(err, MS_ERR_INVALID, "cuda rotary: head size %lld is odd", (long long)d);
+    return ms_cu_each(t * (d / 2), stream, "rotary tables", err, [=] __device__(int64_t e) {
+        ms_cu_rotary_entry(cosb, sinb, t0, d, theta, e);
+    });
+}
+
+ms_status ms_cu_rotary_apply(float *out, const float *inp, const float *cosb, const float *sinb,
+                             int64_t b, int64_t t, int64_t h, int64_t d, bool inverse, void *stream,
+                             ms_error *err) {
+    if (d % 2)
+        return ms_fail(err, MS_ERR_INVALID, "cuda rotary: head size %lld is odd", (long long)d);
+    return ms_cu_each(b * t * h * (d / 2), stream, "rotary apply", err, [=] __device__(int64_t e) {
+        ms_cu_rotary_pair(out, inp, cosb, sinb, t, h, d, inverse, e);
+    });
+}
