@@ -43,6 +43,7 @@ typedef struct run_arg {
     const char *then[2];  /* strategies switched to before steps 1 and 2 (live switches) */
     reference *ref;       /* filled by the reference run, read by the others */
     bool is_ref;
+    bool root_only; /* a reference of many ranks: world rank 0 fills it and compares */
 } run_arg;
 
 /* Adds parameter `name`'s squared difference from the one-rank run and its squared norm to
@@ -93,6 +94,9 @@ static void run(mt_rank *r, void *arg) {
         return;
     }
     reference *ref = a->ref;
+    /* Who fills the reference, and who compares with it. */
+    const bool root = r->ctx->rank == 0, fills = a->is_ref && (root || !a->root_only),
+               checks = !a->is_ref && (root || !a->root_only);
     for (int step = 0; step < STEPS; step++) {
         if (step >= 1 && a->then[step - 1]) {
             ms_strategy to;
@@ -103,9 +107,9 @@ static void run(mt_rank *r, void *arg) {
         }
         ms_step_result res;
         if (!MT_OK(r, ms_trainer_step(tr, &res, &err), &err)) break;
-        if (a->is_ref)
+        if (fills)
             ref->losses[step] = res.loss;
-        else
+        else if (checks)
             MT_CHECK(r,
                      fabsf(res.loss - ref->losses[step]) <= a->tol.loss * fabsf(ref->losses[step]),
                      "%s, step %d: loss %.7f, one rank %.7f", a->strategy, step, res.loss,
@@ -120,15 +124,15 @@ static void run(mt_rank *r, void *arg) {
                  a->strategy, mem.stage, mem.held, mem.bound);
     double val = 0;
     MT_OK(r, ms_trainer_evaluate(tr, MS_SPLIT_VAL, 2, &val, &err), &err);
-    if (a->is_ref)
+    if (fills)
         ref->val = val;
-    else
+    else if (checks)
         MT_CHECK(r, fabs(val - ref->val) <= a->tol.loss * fabs(ref->val),
                  "%s: validation loss %.7f, one rank %.7f", a->strategy, val, ref->val);
     /* Every parameter as each chunk holds it (both copies of the tied embedding under pp),
      * gathered on world rank 0. */
     double sums[2] = {0, 0};
-    int ns = ms_trainer_num_state(tr), root = r->ctx->rank == 0;
+    int ns = ms_trainer_num_state(tr);
     for (int i = 0; i < ns; i++) {
         ms_state_tensor st;
         ms_trainer_state(tr, i, &st);
@@ -136,7 +140,7 @@ static void run(mt_rank *r, void *arg) {
         ms_tensor full = {0};
         if (!MT_OK(r, ms_trainer_state_full(tr, i, &full, &err), &err)) break;
         int64_t len = ms_tensor_numel(&full);
-        if (a->is_ref && ref->n < MAX_PARAMS) {
+        if (fills && root && ref->n < MAX_PARAMS) {
             snprintf(ref->names[ref->n], sizeof ref->names[0], "%s", st.param);
             ref->len[ref->n] = len;
             ref->data[ref->n] = xmalloc(sizeof(float) * (size_t)len);
@@ -167,6 +171,23 @@ static void run(mt_rank *r, void *arg) {
 mt_equiv_tol mt_equiv_exact(void) {
     return (mt_equiv_tol){
         .ref = "{\"dp\": 1}", .loss = 1e-5, .params = 1e-5, .worst = 0.01 * mt_equiv_opts().lr};
+}
+
+void mt_equiv_check_device(const char *strategy, int world, ms_device_kind device) {
+    const ms_model_config cfg = mt_equiv_config(false);
+    const mt_equiv_tol exact = {.ref = strategy}; /* every tolerance 0: bit for bit */
+    reference ref = {0};
+    run_arg ra = {.cfg = cfg,
+                  .tol = exact,
+                  .strategy = strategy,
+                  .ref = &ref,
+                  .is_ref = true,
+                  .root_only = true};
+    mt_run(world, run, &ra);
+    run_arg a = {.cfg = cfg, .tol = exact, .strategy = strategy, .ref = &ref, .root_only = true};
+    mt_run_device(world, device, run, &a);
+    if (mt_world_rank() == 0) assert_true(ref.n > 0);
+    for (int i = 0; i < ref.n; i++) free(ref.data[i]);
 }
 
 /* The reference (ref_cfg under tol->ref, one rank), then cfg under strategy on world ranks. */

@@ -43,6 +43,11 @@ mt_equiv_tol mt_equiv_exact(void);
 void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const char *then1,
                         const char *then2, int world, const mt_equiv_tol *tol);
 
+/* The GPT under strategy on world ranks whose devices are of kind `device` (the fenced device:
+ * memory the host cannot touch) against the same strategy and world on the CPU, bit for bit:
+ * every step's loss, the validation loss and every final parameter, compared on world rank 0. */
+void mt_equiv_check_device(const char *strategy, int world, ms_device_kind device);
+
 /* The same for another model (the batch, steps and data stay). */
 void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
                           const char *then2, int world);

@@ -65,10 +65,12 @@ static ms_status rank_main(ms_ctx *ctx, void *p, ms_error *err) {
     return MS_OK;
 }
 
-static void run_on(ms_backend_kind backend, int nranks, mt_rank_fn fn, void *arg) {
+static void run_on(ms_backend_kind backend, int nranks, ms_device_kind device, mt_rank_fn fn,
+                   void *arg) {
     run_arg ra = {fn, arg, backend};
     ms_launch_opts opts = {.backend = backend,
                            .nranks = backend == MS_BACKEND_MPI ? 0 : nranks,
+                           .device = device,
                            .seed = 1234,
                            .timeout_ms = MT_TIMEOUT_MS};
     ms_error err = {0};
@@ -79,16 +81,20 @@ static void run_on(ms_backend_kind backend, int nranks, mt_rank_fn fn, void *arg
     }
 }
 
-void mt_run(int nranks, mt_rank_fn fn, void *arg) {
+void mt_run_device(int nranks, ms_device_kind device, mt_rank_fn fn, void *arg) {
     if (g_backend == MS_BACKEND_MPI && g_mpi_world < nranks) {
         print_error("this test needs %d ranks but mpirun started %d\n", nranks, g_mpi_world);
         fail();
     }
-    run_on(g_backend, nranks, fn, arg);
+    run_on(g_backend, nranks, device, fn, arg);
+}
+
+void mt_run(int nranks, mt_rank_fn fn, void *arg) {
+    mt_run_device(nranks, MS_DEVICE_CPU, fn, arg);
 }
 
 void mt_run_threads(int nranks, mt_rank_fn fn, void *arg) {
-    run_on(MS_BACKEND_THREADS, nranks, fn, arg);
+    run_on(MS_BACKEND_THREADS, nranks, MS_DEVICE_CPU, fn, arg);
 }
 
 void mt_expect_escaped(const char *msg, const char *want) {
@@ -101,6 +107,7 @@ void mt_expect_escaped(const char *msg, const char *want) {
 
 void mt_apply_filter(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--filter")) cmocka_set_test_filter(argv[2]);
+    if (argc >= 3 && !strcmp(argv[1], "--skip")) cmocka_set_skip_filter(argv[2]);
 }
 
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n) {

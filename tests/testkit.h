@@ -45,6 +45,10 @@ int mt_ok_at(mt_rank *r, ms_status st, const ms_error *err, const char *file, in
 /* Runs fn on nranks ranks (see above). Fails the current cmocka test on error. */
 void mt_run(int nranks, mt_rank_fn fn, void *arg);
 
+/* mt_run with every rank's ctx->device of `device` (MS_DEVICE_FENCED: memory the host
+ * cannot touch, engine/core/device.h). */
+void mt_run_device(int nranks, ms_device_kind device, mt_rank_fn fn, void *arg);
+
 /* Runs fn on nranks threads even when the binary runs under mpirun (for references). */
 void mt_run_threads(int nranks, mt_rank_fn fn, void *arg);
 
@@ -80,7 +84,8 @@ void mt_expect_escaped(const char *msg, const char *want);
 
 /* "--filter PATTERN" in argv[1..2] runs only the tests whose names match PATTERN (cmocka's
  * wildcards * and ?), so that one binary can also serve as a ctest entry for a subset, such as
- * the hardening_* regression tests. mt_main applies it; a binary with its own main calls it. */
+ * the hardening_* regression tests; "--skip PATTERN" runs all but those. mt_main applies it; a
+ * binary with its own main calls it. */
 void mt_apply_filter(int argc, char **argv);
 
 /* main() for test binaries: sets up MPI when launched by mpirun, runs the group. */

@@ -42,7 +42,34 @@ struct ms_comm {
     int in_flight;                    /* issued, not yet executed */
     bool has_thread, stopping;
     pthread_t thread;
+    ms_device *device;      /* the rank's device: its buffers are staged (NULL: none) */
+    struct stage_buf *pool; /* host staging buffers, grown on demand; guarded by mu */
+    int npool;
 };
+
+/* A host staging buffer of a communicator, held by one call at a time. */
+typedef struct stage_buf {
+    char *p;
+    size_t cap;
+    bool busy;
+} stage_buf;
+
+/* One device buffer of a call and its stand-in in host memory. */
+typedef struct stage_region {
+    void *dev;
+    size_t bytes;
+    bool in, out; /* copied to the host before the call / back to the device after it */
+    size_t off;   /* its place in the staging buffer */
+} stage_region;
+
+/* The device buffers of one call, staged through one pool buffer of its communicator. */
+typedef struct stage {
+    ms_comm *c;
+    int slot; /* the pool buffer held, or -1 */
+    char *host;
+    int n;
+    stage_region *r;
+} stage;
 
 /* A non-blocking call: its arguments, then what the progress thread found. */
 struct ms_comm_request {
@@ -63,6 +90,7 @@ struct ms_comm_request {
     bool p2p;
     ms_p2p_op *ops; /* a copy, which the backend's handle reads */
     void *handle;
+    stage stage; /* device buffers staged through the host until completion */
 };
 
 static const char *const reduce_names[MS_REDUCE_COUNT] = {"sum", "avg", "max", "min"};
@@ -144,6 +172,8 @@ void ms_comm_destroy(ms_comm *c) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->completed);
+    for (int i = 0; i < c->npool; i++) free(c->pool[i].p);
+    free(c->pool);
     c->ops->destroy(c->ctx);
     free(c->world_ranks);
     free(c);
@@ -184,6 +214,128 @@ int64_t ms_comm_timeout_ms(const ms_comm *c) {
 void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user) {
     c->observer = fn;
     c->observer_user = user;
+}
+void ms_comm_set_device(ms_comm *c, ms_device *dev) {
+    c->device = dev;
+}
+ms_device *ms_comm_device(const ms_comm *c) {
+    return c->device;
+}
+
+/* --- staging device memory through the host ------------------------------------------- *
+ *
+ * The threads and MPI backends move data with the CPU. A call's buffers that are memory of
+ * the communicator's device (ms_device_owns) are swapped for host stand-ins carved from one
+ * staging buffer of the communicator: what the call reads is copied in before it runs, what
+ * it writes is copied back once it completed (non-blocking calls: on the thread that waits).
+ * Host buffers pass straight through, and a communicator without a device stages nothing. */
+
+/* A free pool buffer of at least `bytes`: the smallest that fits, else the largest grown. */
+static int pool_take(ms_comm *c, size_t bytes, char **out) {
+    pthread_mutex_lock(&c->mu);
+    int fit = -1, big = -1;
+    for (int i = 0; i < c->npool; i++) {
+        const stage_buf *b = &c->pool[i];
+        if (b->busy) continue;
+        if (b->cap >= bytes && (fit < 0 || b->cap < c->pool[fit].cap)) fit = i;
+        if (big < 0 || b->cap > c->pool[big].cap) big = i;
+    }
+    int pick = fit >= 0 ? fit : big;
+    if (pick < 0) {
+        c->pool = xrealloc(c->pool, sizeof *c->pool * (size_t)(c->npool + 1));
+        c->pool[pick = c->npool++] = (stage_buf){0};
+    }
+    stage_buf *b = &c->pool[pick];
+    if (b->cap < bytes) {
+        free(b->p);
+        b->p = xmalloc(bytes);
+        b->cap = bytes;
+    }
+    b->busy = true;
+    *out = b->p;
+    pthread_mutex_unlock(&c->mu);
+    return pick;
+}
+
+static void pool_give(ms_comm *c, int slot) {
+    pthread_mutex_lock(&c->mu);
+    c->pool[slot].busy = false;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void stage_init(stage *s, ms_comm *c) {
+    *s = (stage){.c = c, .slot = -1};
+}
+
+/* Adds buf (bytes long; read by the call when `in`, written when `out`) if it is device
+ * memory. The same buffer twice (in place) is one region. */
+static void stage_add(stage *s, const void *buf, size_t bytes, bool in, bool out) {
+    if (!bytes || !ms_device_owns(s->c->device, buf)) return;
+    for (int i = 0; i < s->n; i++)
+        if (s->r[i].dev == buf) {
+            stage_region *r = &s->r[i];
+            r->bytes = bytes > r->bytes ? bytes : r->bytes;
+            r->in |= in, r->out |= out;
+            return;
+        }
+    s->r = xrealloc(s->r, sizeof *s->r * (size_t)(s->n + 1));
+    s->r[s->n++] = (stage_region){(void *)buf, bytes, in, out, 0};
+}
+
+/* Takes a staging buffer and copies in what the call reads. */
+static ms_status stage_begin(stage *s, ms_error *err) {
+    if (!s->n) return MS_OK;
+    size_t total = 0;
+    for (int i = 0; i < s->n; i++) {
+        s->r[i].off = total;
+        total += (s->r[i].bytes + MS_TENSOR_ALIGN - 1) / MS_TENSOR_ALIGN * MS_TENSOR_ALIGN;
+    }
+    s->slot = pool_take(s->c, total, &s->host);
+    for (int i = 0; i < s->n; i++) {
+        const stage_region *r = &s->r[i];
+        if (r->in)
+            MS_CHECK(ms_device_copy(s->c->device, s->host + r->off, r->dev, r->bytes,
+                                    MS_COPY_DEVICE_TO_HOST, err));
+    }
+    return MS_OK;
+}
+
+/* The buffer the backend gets for buf: its host stand-in, or buf itself. */
+static void *stage_ptr(const stage *s, const void *buf) {
+    for (int i = 0; i < s->n; i++)
+        if (s->r[i].dev == buf) return s->host + s->r[i].off;
+    return (void *)buf;
+}
+
+/* Copies back what the call wrote (when st is MS_OK) and gives the buffer back. Returns st, or
+ * the copy's failure. */
+static ms_status stage_end(stage *s, ms_status st, ms_error *err) {
+    for (int i = 0; i < s->n && st == MS_OK && s->slot >= 0; i++) {
+        const stage_region *r = &s->r[i];
+        if (r->out)
+            st = ms_device_copy(s->c->device, r->dev, s->host + r->off, r->bytes,
+                                MS_COPY_HOST_TO_DEVICE, err);
+    }
+    if (s->slot >= 0) pool_give(s->c, s->slot);
+    free(s->r);
+    stage_init(s, s->c);
+    return st;
+}
+
+/* The buffers of a collective of `kind` (not p2p, not broadcast): all_reduce moves count
+ * elements, reduce_scatter and all_gather the blocks of counts[]. */
+static void stage_coll(stage *s, ms_coll_kind kind, ms_comm_dtype dt, const void *send, void *recv,
+                       size_t count, const size_t *counts) {
+    const size_t elt = ms_comm_dtype_size(dt);
+    size_t mine = count, total = count;
+    if (kind != MS_COLL_ALL_REDUCE) {
+        total = 0;
+        for (int r = 0; r < s->c->size; r++) total += counts[r];
+        mine = counts[s->c->rank];
+    }
+    const bool gather = kind == MS_COLL_ALL_GATHER, scatter = kind == MS_COLL_REDUCE_SCATTER;
+    stage_add(s, send, (gather ? mine : total) * elt, true, false);
+    stage_add(s, recv, (scatter ? mine : total) * elt, false, true);
 }
 
 /* --- reductions shared by the CPU backends ------------------------------------------- */
@@ -413,6 +565,14 @@ static size_t sum_counts(const size_t *counts, int n) {
     return s;
 }
 
+/* Elements an all_to_all's buffer spans: the end of its furthest block. */
+static size_t extent(const size_t *counts, const size_t *displs, int n) {
+    size_t end = 0;
+    for (int i = 0; i < n; i++)
+        if (counts[i] && displs[i] + counts[i] > end) end = displs[i] + counts[i];
+    return end;
+}
+
 /* The element type: known, and one that can be reduced when `reduce`. */
 static ms_status check_dtype(ms_comm *c, ms_coll_kind kind, ms_comm_dtype dt, bool reduce,
                              ms_error *err) {
@@ -462,8 +622,15 @@ ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void 
     ms_comm_call call;
     const size_t bytes = count * ms_comm_dtype_size(dt);
     MS_CHECK(call_begin(c, MS_COLL_ALL_REDUCE, dt, bytes, &call, err));
+    stage s;
+    stage_init(&s, c);
+    stage_coll(&s, MS_COLL_ALL_REDUCE, dt, send, recv, count, NULL);
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->all_reduce(c->ctx, send, recv, count, op, &call, err);
+    ms_status st = stage_begin(&s, err);
+    if (st == MS_OK)
+        st = c->ops->all_reduce(c->ctx, stage_ptr(&s, send), stage_ptr(&s, recv), count, op, &call,
+                                err);
+    st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, op, -1, err);
 }
 
@@ -478,8 +645,15 @@ ms_status ms_reduce_scatter_dt(ms_comm *c, ms_comm_dtype dt, const void *send, v
     ms_comm_call call;
     const size_t bytes = sum_counts(recv_counts, c->size) * ms_comm_dtype_size(dt);
     MS_CHECK(call_begin(c, MS_COLL_REDUCE_SCATTER, dt, bytes, &call, err));
+    stage s;
+    stage_init(&s, c);
+    stage_coll(&s, MS_COLL_REDUCE_SCATTER, dt, send, recv, 0, recv_counts);
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->reduce_scatter(c->ctx, send, recv, recv_counts, op, &call, err);
+    ms_status st = stage_begin(&s, err);
+    if (st == MS_OK)
+        st = c->ops->reduce_scatter(c->ctx, stage_ptr(&s, send), stage_ptr(&s, recv), recv_counts,
+                                    op, &call, err);
+    st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, op, -1, err);
 }
 
@@ -494,8 +668,15 @@ ms_status ms_all_gather_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void 
     ms_comm_call call;
     const size_t bytes = sum_counts(counts, c->size) * ms_comm_dtype_size(dt);
     MS_CHECK(call_begin(c, MS_COLL_ALL_GATHER, dt, bytes, &call, err));
+    stage s;
+    stage_init(&s, c);
+    stage_coll(&s, MS_COLL_ALL_GATHER, dt, send, recv, 0, counts);
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->all_gather(c->ctx, send, recv, counts, &call, err);
+    ms_status st = stage_begin(&s, err);
+    if (st == MS_OK)
+        st = c->ops->all_gather(c->ctx, stage_ptr(&s, send), stage_ptr(&s, recv), counts, &call,
+                                err);
+    st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
 
@@ -588,11 +769,18 @@ static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind,
     r->c = c;
     r->call.kind = kind;
     r->call.dtype = dt;
-    if (refuse_if_broken(c, kind, true, err) != MS_OK) {
+    stage_init(&r->stage, c);
+    stage_coll(&r->stage, kind, dt, r->send, r->recv, r->count, r->counts);
+    ms_status st = refuse_if_broken(c, kind, true, err);
+    if (st == MS_OK) st = stage_begin(&r->stage, err); /* what it reads, copied at issue */
+    if (st != MS_OK) {
+        stage_end(&r->stage, st, NULL);
         free(r->counts);
         free(r);
         return NULL;
     }
+    void *send = stage_ptr(&r->stage, r->send), *recv = stage_ptr(&r->stage, r->recv);
+    r->send = send, r->recv = recv;
     r->call.seq = ++c->seq;
     r->call.timeout_ns = c->timeout_ns;
     r->t_issue = ms_now_ns();
@@ -676,6 +864,7 @@ ms_comm_request *ms_iall_gather(ms_comm *c, const float *send, float *recv, cons
 /* Reports an executed request to the observer (on this, the waiting thread) and frees it. */
 static ms_status finish(ms_comm_request *r, ms_error *err) {
     ms_comm *c = r->c;
+    r->st = stage_end(&r->stage, r->st, &r->err); /* what it wrote, back on the device */
     ms_status st = r->st;
     if (st != MS_OK) {
         /* The first failure reported is the one that broke the communicator, even when the
@@ -759,9 +948,19 @@ ms_status ms_all_to_all_dt(ms_comm *c, ms_comm_dtype dt, const void *send,
     ms_comm_call call;
     const size_t bytes = sent * ms_comm_dtype_size(dt);
     MS_CHECK(call_begin(c, MS_COLL_ALL_TO_ALL, dt, bytes, &call, err));
+    stage s;
+    stage_init(&s, c);
+    const size_t elt = ms_comm_dtype_size(dt);
+    stage_add(&s, send, extent(send_counts, send_displs, c->size) * elt, true, false);
+    /* Gaps between the blocks received keep what they held: copied in, too, if any. */
+    const size_t span = extent(recv_counts, recv_displs, c->size);
+    stage_add(&s, recv, span * elt, span != sum_counts(recv_counts, c->size), true);
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->all_to_all(c->ctx, send, send_counts, send_displs, recv, recv_counts,
-                                      recv_displs, &call, err);
+    ms_status st = stage_begin(&s, err);
+    if (st == MS_OK)
+        st = c->ops->all_to_all(c->ctx, stage_ptr(&s, send), send_counts, send_displs,
+                                stage_ptr(&s, recv), recv_counts, recv_displs, &call, err);
+    st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
 
@@ -780,8 +979,13 @@ ms_status ms_broadcast_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count,
     ms_comm_call call;
     call_info info = {count * ms_comm_dtype_size(dt), root, NULL, 0};
     MS_CHECK(call_begin_as(c, MS_COLL_BROADCAST, dt, info, &call, err));
+    stage s;
+    stage_init(&s, c);
+    stage_add(&s, buf, info.bytes, c->rank == root, c->rank != root);
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->broadcast(c->ctx, buf, count, root, &call, err);
+    ms_status st = stage_begin(&s, err);
+    if (st == MS_OK) st = c->ops->broadcast(c->ctx, stage_ptr(&s, buf), count, root, &call, err);
+    st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, count * ms_comm_dtype_size(dt), MS_REDUCE_SUM, root, err);
 }
 
@@ -810,13 +1014,40 @@ static ms_status check_p2p(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, i
     return MS_OK;
 }
 
+/* The device buffers of a batch staged into s; a copy of ops for the host stand-ins (see
+ * stage_ops), or NULL when none is device memory. */
+static ms_p2p_op *stage_p2p(stage *s, ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops,
+                            int nops) {
+    stage_init(s, c);
+    for (int i = 0; i < nops; i++)
+        stage_add(s, ops[i].buf, ops[i].count * ms_comm_dtype_size(dt), ops[i].kind == MS_P2P_SEND,
+                  ops[i].kind == MS_P2P_RECV);
+    if (!s->n) return NULL;
+    ms_p2p_op *copy = xmalloc(sizeof *copy * (size_t)nops);
+    memcpy(copy, ops, sizeof *copy * (size_t)nops);
+    return copy;
+}
+
+/* After stage_begin: the batch the backend runs, the copy pointed at the stand-ins, or ops
+ * itself when nothing is staged (copy NULL). */
+static const ms_p2p_op *stage_ops(const stage *s, ms_p2p_op *copy, const ms_p2p_op *ops, int nops) {
+    if (!copy) return ops;
+    for (int i = 0; i < nops; i++) copy[i].buf = stage_ptr(s, copy[i].buf);
+    return copy;
+}
+
 ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops, ms_error *err) {
     size_t bytes;
     MS_CHECK(check_p2p(c, dt, ops, nops, &bytes, err));
     ms_comm_call call;
     MS_CHECK(call_begin_as(c, MS_COLL_P2P, dt, (call_info){bytes, -1, ops, nops}, &call, err));
+    stage s;
+    ms_p2p_op *host_ops = stage_p2p(&s, c, dt, ops, nops);
     int64_t t0 = ms_now_ns();
-    ms_status st = c->ops->p2p(c->ctx, ops, nops, &call, err);
+    ms_status st = stage_begin(&s, err);
+    if (st == MS_OK) st = c->ops->p2p(c->ctx, stage_ops(&s, host_ops, ops, nops), nops, &call, err);
+    st = stage_end(&s, st, err);
+    free(host_ops);
     call.p2p_ops = ops;
     call.n_p2p = nops;
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
@@ -826,6 +1057,7 @@ ms_status ms_p2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, int nops
  * thread); frees it. */
 static ms_status p2p_end(ms_comm_request *r, ms_status st, ms_error *err) {
     ms_comm *c = r->c;
+    st = stage_end(&r->stage, st, &r->err); /* the receives, back on the device */
     r->t1 = ms_now_ns();
     flight_end(c, &r->call, st);
     if (st != MS_OK) call_fail(c, &r->call, st, false, &r->err);
@@ -853,8 +1085,11 @@ ms_comm_request *ms_ip2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, 
     r->c = c;
     r->p2p = true;
     r->bytes = bytes;
-    r->ops = xmalloc(sizeof *r->ops * (size_t)(nops ? nops : 1));
-    if (nops) memcpy(r->ops, ops, sizeof *r->ops * (size_t)nops);
+    r->ops = stage_p2p(&r->stage, c, dt, ops, nops);
+    if (!r->ops) {
+        r->ops = xmalloc(sizeof *r->ops * (size_t)(nops ? nops : 1));
+        if (nops) memcpy(r->ops, ops, sizeof *r->ops * (size_t)nops);
+    }
     r->call = (ms_comm_call){.kind = MS_COLL_P2P,
                              .dtype = dt,
                              .seq = ++c->seq,
@@ -864,7 +1099,9 @@ ms_comm_request *ms_ip2p_dt(ms_comm *c, ms_comm_dtype dt, const ms_p2p_op *ops, 
     r->t_issue = r->t0 = ms_now_ns();
     r->call.deadline_ns = r->t0 + c->timeout_ns;
     flight_issue(c, &r->call, (call_info){bytes, -1, r->ops, nops}, true);
-    ms_status st = c->ops->p2p_post(c->ctx, r->ops, nops, &r->call, &r->handle, &r->err);
+    ms_status st = stage_begin(&r->stage, &r->err); /* the sends, copied at posting */
+    stage_ops(&r->stage, r->ops, r->ops, nops);
+    if (st == MS_OK) st = c->ops->p2p_post(c->ctx, r->ops, nops, &r->call, &r->handle, &r->err);
     if (st != MS_OK) {
         p2p_end(r, st, err);
         return NULL;
@@ -997,6 +1234,7 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
         for (int i = 0; i < size; i++) world[i] = parent->world_ranks[members[i]];
         *out = ms_comm_wrap(parent->ops, ctx, rank, size, world, name);
         ms_comm_set_timeout_ms(*out, ms_comm_timeout_ms(parent));
+        ms_comm_set_device(*out, parent->device);
     }
     free(world);
     free(members);

@@ -29,7 +29,13 @@
  * (ms_ip2p): posted at once, no progress thread; the pipeline's transfers use them.
  *
  * Buffers: `send` and `recv` may be the same pointer (in place) for all_reduce only. They are
- * host memory on the threads and MPI backends and CUDA device memory on the NCCL backend.
+ * CUDA device memory on the NCCL backend. The threads and MPI backends move data with the CPU:
+ * they take host memory, and memory of the communicator's device (ms_comm_set_device) that
+ * the host cannot address, which the shared layer stages through host buffers of the
+ * communicator (copied in before the call, back after it completes; non-blocking calls: in at
+ * issue, back when ms_comm_wait or ms_comm_test completes them), so that ranks on a device
+ * without a device transport (a GPU shared by several ranks, the fenced device) run the same
+ * calls on device memory. Host buffers pass straight through.
  * Ownership: the caller owns all buffers; a communicator is freed with ms_comm_destroy,
  * and communicators made by ms_comm_split must be destroyed before their parent.
  */
@@ -40,6 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/core/device.h"
 #include "engine/core/status.h"
 
 typedef enum ms_reduce_op {
@@ -139,6 +146,12 @@ bool ms_comm_is_broken(const ms_comm *c);
 void ms_comm_set_timeout_ms(ms_comm *c, int64_t ms);
 int64_t ms_comm_timeout_ms(const ms_comm *c);
 void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user);
+/* The rank's device, whose memory the threads and MPI backends stage through the host (see
+ * "Buffers" above); borrowed, must outlive c. NULL (the default): nothing is staged. Children
+ * of ms_comm_split take their parent's. Not for NCCL communicators, which take device memory
+ * directly. */
+void ms_comm_set_device(ms_comm *c, ms_device *dev);
+ms_device *ms_comm_device(const ms_comm *c);
 
 /* --- collectives ---------------------------------------------------------------------- */
 

@@ -92,6 +92,11 @@ static ms_status cpu_copy_box(ms_device *dev, void *dst, const int64_t *dst_shap
     return MS_OK;
 }
 
+static bool cpu_owns(const ms_device *dev, const void *ptr) {
+    (void)dev, (void)ptr;
+    return false; /* the host addresses all of it */
+}
+
 static void cpu_destroy(ms_device *dev) {
     free(dev);
 }
@@ -104,6 +109,7 @@ static const ms_device_ops cpu_ops = {
     .copy = cpu_copy,
     .memset_zero = cpu_zero,
     .copy_box = cpu_copy_box,
+    .owns = cpu_owns,
     .destroy = cpu_destroy,
 };
 
@@ -260,4 +266,21 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
                              ms_error *err) {
     return dev->ops->copy_box(dev, dst, dst_shape, dst_start, src, src_shape, src_start, len, ndim,
                               elt, err);
+}
+
+bool ms_device_owns(const ms_device *dev, const void *ptr) {
+    return dev && ptr && dev->ops->owns(dev, ptr);
+}
+
+ms_status ms_device_move(const ms_device *dev, void *dst, const void *src, size_t nbytes,
+                         ms_error *err) {
+    const bool d = ms_device_owns(dev, dst), s = ms_device_owns(dev, src);
+    if (!d && !s) {
+        if (nbytes) memmove(dst, src, nbytes);
+        return MS_OK;
+    }
+    ms_copy_dir dir = d && s ? MS_COPY_DEVICE_TO_DEVICE
+                      : d    ? MS_COPY_HOST_TO_DEVICE
+                             : MS_COPY_DEVICE_TO_HOST;
+    return dev->ops->copy((ms_device *)dev, dst, src, nbytes, dir, err);
 }

@@ -61,6 +61,10 @@ typedef struct ms_device_ops {
                           const int64_t *dst_start, const void *src, const int64_t *src_shape,
                           const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                           ms_error *err);
+    /* Whether ptr is memory of this device that the host cannot dereference: the
+     * communicators stage exactly such buffers through host memory (comm.h). The CPU: never;
+     * the fenced device: the tag is set; CUDA: the runtime says device memory. */
+    bool (*owns)(const ms_device *dev, const void *ptr);
     void (*destroy)(ms_device *dev);
 } ms_device_ops;
 
@@ -138,6 +142,16 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
                              const int64_t *dst_start, const void *src, const int64_t *src_shape,
                              const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                              ms_error *err);
+
+/* Whether ptr is memory of dev that host code may not touch (the owns slot; false for NULL). */
+bool ms_device_owns(const ms_device *dev, const void *ptr);
+
+/* Copies nbytes between any mix of dev's memory and host memory, the direction told by
+ * ms_device_owns of each end (neither: a host copy). For memory whose device the caller does
+ * not know for sure: wrapped buffers, state that lives on the rank's device or on a host
+ * device beside it (optimizer offload). dev may be NULL (host only). */
+ms_status ms_device_move(const ms_device *dev, void *dst, const void *src, size_t nbytes,
+                         ms_error *err);
 
 /* Calls fn once per contiguous run of a box copy (the innermost dim): the byte offsets of the
  * run in the destination and the source, and its bytes. Stops at the first failure. */

@@ -71,6 +71,17 @@ static ms_status cuda_copy_box(ms_device *dev, void *dst, const int64_t *dst_sha
                        err);
 }
 
+/* Device memory only: managed and registered host memory are addressable by the host. */
+static bool cuda_owns(const ms_device *dev, const void *ptr) {
+    (void)dev;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        (void)cudaGetLastError(); /* plain host memory on old runtimes: clear the error */
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice;
+}
+
 static void cuda_destroy(ms_device *dev) {
     free(dev->impl);
     free(dev);
@@ -84,6 +95,7 @@ static const ms_device_ops cuda_ops = {
     .copy = cuda_copy,
     .memset_zero = cuda_zero,
     .copy_box = cuda_copy_box,
+    .owns = cuda_owns,
     .destroy = cuda_destroy,
 };
 

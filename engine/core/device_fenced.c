@@ -56,6 +56,11 @@ static ms_status fenced_copy_box(ms_device *dev, void *dst, const int64_t *dst_s
     return MS_OK;
 }
 
+static bool fenced_owns(const ms_device *dev, const void *ptr) {
+    (void)dev;
+    return ((uintptr_t)ptr & MS_DEVICE_FENCE_TAG) != 0;
+}
+
 static void fenced_destroy(ms_device *dev) {
     free(dev);
 }
@@ -68,6 +73,7 @@ static const ms_device_ops fenced_ops = {
     .copy = fenced_copy,
     .memset_zero = fenced_zero,
     .copy_box = fenced_copy_box,
+    .owns = fenced_owns,
     .destroy = fenced_destroy,
 };
 

@@ -43,8 +43,9 @@ ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_pla
     }
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
     ms_local_box(pl, &mesh->mesh, mesh->coords, t.ndim, t.gshape, start, len);
-    /* A strided view of the box, then a contiguous f32 copy of it. */
-    ms_tensor view = ms_tensor_share(global), tmp;
+    /* A strided view of the box, a contiguous f32 copy of it on the host (global is host
+     * memory), then that copy onto the rank's device. */
+    ms_tensor view = ms_tensor_share(global), tmp, host = {0};
     ms_status st = MS_OK;
     for (int d = 0; d < t.ndim && st == MS_OK; d++) {
         st = ms_tensor_slice(&view, d, start[d], len[d], &tmp, err);
@@ -53,39 +54,60 @@ ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_pla
             view = tmp;
         }
     }
+    if (st == MS_OK) st = ms_tensor_contiguous(&view, MS_F32, &host, err);
     if (st == MS_OK) st = ms_tensor_alloc(mesh->ctx->device, MS_F32, t.ndim, len, &t.local, err);
-    if (st == MS_OK) st = ms_tensor_copy(&t.local, &view, err);
+    const size_t bytes = (size_t)ms_tensor_numel(&t.local) * sizeof(float);
+    /* R -> P for partial mesh dims: sum keeps the value on coordinate 0 only (alloc zeroed). */
+    bool zero = false;
+    for (int m = 0; m < pl->n; m++)
+        zero |= pl->p[m].kind == MS_PL_PARTIAL && pl->p[m].reduce == MS_REDUCE_SUM &&
+                mesh->coords[m] != 0;
+    if (st == MS_OK && !zero)
+        st = ms_device_copy(mesh->ctx->device, ms_tensor_data(&t.local), ms_tensor_data(&host),
+                            bytes, MS_COPY_HOST_TO_DEVICE, err);
     ms_tensor_release(&view);
+    ms_tensor_release(&host);
     if (st != MS_OK) {
         ms_tensor_release(&t.local);
         return st;
     }
-    /* R -> P for partial mesh dims: sum keeps the value on coordinate 0 only. */
-    for (int m = 0; m < pl->n; m++)
-        if (pl->p[m].kind == MS_PL_PARTIAL && pl->p[m].reduce == MS_REDUCE_SUM &&
-            mesh->coords[m] != 0) {
-            memset(ms_tensor_f32(&t.local), 0, (size_t)ms_tensor_numel(&t.local) * sizeof(float));
-            break;
-        }
     *out = t;
     return MS_OK;
+}
+
+ms_status ms_dtensor_local_copy(const ms_dmesh *mesh, const ms_tensor *local, bool to_host,
+                                ms_tensor *out, ms_error *err) {
+    if (!ms_tensor_is_contiguous(local) || local->dtype != MS_F32)
+        return ms_tensor_contiguous(local, MS_F32, out, err);
+    ms_device *dev = mesh->ctx->device;
+    MS_CHECK(ms_tensor_alloc(to_host ? ms_device_host() : dev, MS_F32, local->ndim, local->shape,
+                             out, err));
+    ms_status st = ms_device_move(dev, ms_tensor_data(out), ms_tensor_data(local),
+                                  sizeof(float) * (size_t)ms_tensor_numel(local), err);
+    if (st != MS_OK) ms_tensor_release(out);
+    return st;
 }
 
 ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err) {
     memset(global, 0, sizeof *global);
     ms_dtensor tmp = *t;
-    if (ms_dmesh_is_member(t->mesh)) {
-        MS_CHECK(ms_tensor_contiguous(&t->local, MS_F32, &tmp.local, err));
-    }
+    if (ms_dmesh_is_member(t->mesh))
+        MS_CHECK(ms_dtensor_local_copy(t->mesh, &t->local, false, &tmp.local, err));
     ms_placements all_r = {.n = t->pl.n};
     for (int m = 0; m < all_r.n; m++) all_r.p[m] = ms_pl_replicate();
     ms_status st = ms_reshard(&tmp, &all_r, NULL, err);
-    if (st != MS_OK) {
+    if (st != MS_OK || !tmp.local.storage) {
         ms_tensor_release(&tmp.local);
         return st;
     }
-    *global = tmp.local;
-    return MS_OK;
+    /* The replicated value is on the rank's device; the caller gets it in host memory. */
+    if (ms_device_host_addressable(t->mesh->ctx->device)) {
+        *global = tmp.local;
+        return MS_OK;
+    }
+    st = ms_dtensor_local_copy(t->mesh, &tmp.local, true, global, err);
+    ms_tensor_release(&tmp.local);
+    return st;
 }
 
 /* Exact float encoding of a size for exchange through float collectives: two 24-bit
@@ -188,7 +210,7 @@ ms_status ms_dtensor_from_local(ms_dmesh *mesh, ms_tensor *local, const ms_place
                        "balanced split of placements %s (see its error for the sizes)",
                        (int)any - 1, ms_placements_str(pl, (char[96]){0}, 96));
     }
-    ms_status st = ms_tensor_contiguous(local, MS_F32, &t.local, err);
+    ms_status st = ms_dtensor_local_copy(mesh, local, false, &t.local, err);
     if (st != MS_OK) return st;
     ms_tensor_release(local);
     *out = t;

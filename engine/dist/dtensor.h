@@ -23,16 +23,24 @@ typedef struct ms_dtensor {
     ms_tensor local; /* owned; contiguous f32; empty on non-members */
 } ms_dtensor;
 
-/* Global -> local: every member passes the same global tensor (any device/dtype/strides)
- * and keeps its box. Partial mesh dims get the R->P rule: sum keeps the value on
- * coordinate 0 and zeros elsewhere; avg, max and min keep the value everywhere.
- * Not collective (no communication). */
+/* Global -> local: every member passes the same global tensor (host memory, any dtype and
+ * strides) and keeps its box, on the rank's device. Partial mesh dims get the R->P rule: sum keeps
+ * the value on coordinate 0 and zeros elsewhere; avg, max and min keep the value everywhere. Not
+ * collective (no communication). */
 ms_status ms_dtensor_shard(ms_dmesh *mesh, const ms_tensor *global, const ms_placements *pl,
                            ms_dtensor *out, ms_error *err);
 
 /* Local -> global: every member receives the whole tensor in *global (a new contiguous
- * f32 tensor). Collective. */
+ * f32 tensor in host memory: gathered on the rank's device, then copied to the host when the
+ * host cannot address that device). Collective. */
 ms_status ms_dtensor_full(const ms_dtensor *t, ms_tensor *global, ms_error *err);
+
+/* A new contiguous f32 copy of local, a local part on mesh (memory of the rank's device or of
+ * the host, wrapped or not: the device's owns slot tells): on the rank's device (to_host
+ * false) or in host memory (to_host true). A strided or bf16 local is converted on its own
+ * device (ms_tensor_contiguous), which must be the host's. */
+ms_status ms_dtensor_local_copy(const ms_dmesh *mesh, const ms_tensor *local, bool to_host,
+                                ms_tensor *out, ms_error *err);
 
 /* Local shards -> DistTensor. The local tensor's ownership moves into *out on success
  * (on failure the caller still owns it). With gshape NULL the global shape is inferred

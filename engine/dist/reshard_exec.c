@@ -5,6 +5,10 @@
  * communicator, unpack. When the split dim is the outermost non-trivial dim the blocks are
  * already contiguous and the collective reads and writes the tensors directly.
  *
+ * Local tensors and the workspace are memory of the rank's device: packing and unpacking are
+ * the device's box copies, and the collectives stage device memory where their backend needs
+ * it (comm.h), so the host never reads a tensor here.
+ *
  * Elements are float32 or bf16 (ms_reshard_run_dt): packing copies elements of either size,
  * and the bf16 partial sums go through the communicator's bf16 reductions (fp32 in rank order,
  * rounded once), so a bf16 reshard moves half the bytes of a float32 one.
@@ -91,38 +95,32 @@ static void block_layout(const int64_t *len, int ndim, int d, int64_t parent, in
     }
 }
 
-/* Copies the box [at, at + len) of a row-major array of shape `shape` and `elt`-byte elements
- * to or from (pack: to) a contiguous array of shape `len` (ms_copy_box_f32 for any element). */
-static void copy_box(char *data, const int64_t *shape, const int64_t *at, char *box,
-                     const int64_t *len, int ndim, size_t elt, bool pack) {
-    for (int d = 0; d < ndim; d++)
-        if (len[d] == 0) return;
-    int64_t stride[MS_MAX_DIMS + 1], idx[MS_MAX_DIMS] = {0};
-    stride[ndim > 0 ? ndim - 1 : 0] = 1;
-    for (int d = ndim - 2; d >= 0; d--) stride[d] = stride[d + 1] * shape[d + 1];
-    const size_t run = ndim > 0 ? (size_t)len[ndim - 1] * elt : elt; /* innermost dim, at once */
-    for (char *b = box;; b += run) {
-        int64_t off = 0;
-        for (int d = 0; d < ndim; d++) off += (idx[d] + at[d]) * stride[d];
-        char *x = data + (size_t)off * elt;
-        memcpy(pack ? b : x, pack ? x : b, run);
-        int d = ndim - 2;
-        for (; d >= 0 && ++idx[d] == len[d]; d--) idx[d] = 0;
-        if (d < 0) break;
-    }
-}
-
 /* Copies between a tensor of lengths `full` and block c (all of `full` but dim d, which
- * holds chunk c of full[d]) stored contiguously at `block`. pack: full -> block. */
-static void move_block(const step_io *io, const void *full_data, const int64_t *full, int d, int c,
-                       void *block, bool pack) {
+ * holds chunk c of full[d]) stored contiguously at `block`. pack: full -> block. Both are
+ * memory of the rank's device, so the device copies the box. */
+static ms_status move_block(const step_io *io, const void *full_data, const int64_t *full, int d,
+                            int c, void *block, bool pack, ms_error *err) {
     int64_t off, l;
     ms_split_part(full[d], io->n, c, &off, &l);
     int64_t blen[MS_MAX_DIMS], at[MS_MAX_DIMS] = {0};
+    const int64_t zero[MS_MAX_DIMS] = {0};
     memcpy(blen, full, sizeof(int64_t) * (size_t)io->ndim);
     blen[d] = l;
     at[d] = off;
-    copy_box((char *)full_data, full, at, block, blen, io->ndim, io->elt, pack);
+    ms_device *dev = io->ctx->device;
+    if (pack)
+        return ms_device_copy_box(dev, block, blen, zero, full_data, full, at, blen, io->ndim,
+                                  io->elt, err);
+    return ms_device_copy_box(dev, (void *)full_data, full, at, block, blen, zero, blen, io->ndim,
+                              io->elt, err);
+}
+
+/* Every block c of `full` along dim d to or from its place in `packed` (displs in elements). */
+static ms_status move_blocks(const step_io *io, const void *full_data, const int64_t *full, int d,
+                             char *packed, const size_t *displs, bool pack, ms_error *err) {
+    for (int c = 0; c < io->n; c++)
+        MS_CHECK(move_block(io, full_data, full, d, c, packed + displs[c] * io->elt, pack, err));
+    return MS_OK;
 }
 
 static ms_reduce_op step_op(const step_io *io) {
@@ -145,8 +143,7 @@ static ms_status run_reduce_scatter(step_io *io, ms_error *err) {
     if (prod(io->blen, 0, d) > 1) {
         char *staging;
         MS_CHECK(ws_get(io, 2, total, (void **)&staging, err));
-        for (int c = 0; c < io->n; c++)
-            move_block(io, io->in, io->blen, d, c, staging + displs[c] * io->elt, true);
+        MS_CHECK(move_blocks(io, io->in, io->blen, d, staging, displs, true, err));
         send = staging;
     }
     return ms_reduce_scatter_dt(io->comm, io->cdt, send, io->out, counts, step_op(io), err);
@@ -162,11 +159,8 @@ static ms_status run_all_gather(step_io *io, ms_error *err) {
         return ms_all_gather_dt(io->comm, io->cdt, io->in, io->out, counts, err);
     char *staging;
     MS_CHECK(ws_get(io, 2, total, (void **)&staging, err));
-    ms_status st = ms_all_gather_dt(io->comm, io->cdt, io->in, staging, counts, err);
-    if (st == MS_OK)
-        for (int c = 0; c < io->n; c++)
-            move_block(io, io->out, io->alen, d, c, staging + displs[c] * io->elt, false);
-    return st;
+    MS_CHECK(ms_all_gather_dt(io->comm, io->cdt, io->in, staging, counts, err));
+    return move_blocks(io, io->out, io->alen, d, staging, displs, false, err);
 }
 
 static ms_status run_all_to_all(step_io *io, ms_error *err) {
@@ -183,31 +177,25 @@ static ms_status run_all_to_all(step_io *io, ms_error *err) {
     char *sbuf, *rbuf;
     MS_CHECK(ws_get(io, 2, sent, (void **)&sbuf, err));
     MS_CHECK(ws_get(io, 3, got, (void **)&rbuf, err));
-    for (int c = 0; c < io->n; c++)
-        move_block(io, io->in, io->blen, b, c, sbuf + sdispls[c] * io->elt, true);
-    ms_status st =
-        ms_all_to_all_dt(io->comm, io->cdt, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err);
-    if (st == MS_OK)
-        for (int c = 0; c < io->n; c++)
-            move_block(io, io->out, io->alen, a, c, rbuf + rdispls[c] * io->elt, false);
-    return st;
+    MS_CHECK(move_blocks(io, io->in, io->blen, b, sbuf, sdispls, true, err));
+    MS_CHECK(
+        ms_all_to_all_dt(io->comm, io->cdt, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, err));
+    return move_blocks(io, io->out, io->alen, a, rbuf, rdispls, false, err);
 }
 
-static ms_status run_slice(step_io *io) {
+static ms_status run_slice(step_io *io, ms_error *err) {
     int d = io->step->after.p[io->step->mesh_dim].dim;
-    move_block(io, io->in, io->blen, d, io->coord, io->out, true);
-    return MS_OK;
+    return move_block(io, io->in, io->blen, d, io->coord, io->out, true, err);
 }
 
-static ms_status run_partialize(step_io *io) {
+static ms_status run_partialize(step_io *io, ms_error *err) {
     ms_placement p = io->step->after.p[io->step->mesh_dim];
     size_t bytes = (size_t)prod(io->blen, 0, io->ndim) * io->elt;
     /* sum: the value lives on coordinate 0, the others hold zeros (all-zero bits in bf16 too). */
     if (p.reduce != MS_REDUCE_SUM || io->coord == 0)
-        memcpy(io->out, io->in, bytes);
-    else
-        memset(io->out, 0, bytes);
-    return MS_OK;
+        return ms_device_copy(io->ctx->device, io->out, io->in, bytes, MS_COPY_DEVICE_TO_DEVICE,
+                              err);
+    return ms_device_zero(io->ctx->device, io->out, bytes, err);
 }
 
 static ms_status run_step(step_io *io, ms_error *err) {
@@ -221,9 +209,9 @@ static ms_status run_step(step_io *io, ms_error *err) {
         case MS_RSTEP_ALL_TO_ALL:
             return run_all_to_all(io, err);
         case MS_RSTEP_SLICE:
-            return run_slice(io);
+            return run_slice(io, err);
         case MS_RSTEP_PARTIALIZE:
-            return run_partialize(io);
+            return run_partialize(io, err);
         default:
             return ms_fail(err, MS_ERR_INTERNAL, "reshard: unknown step kind %d", io->step->kind);
     }
@@ -251,8 +239,9 @@ ms_status ms_reshard_run_dt(ms_dmesh *dm, const ms_reshard_plan *plan, int ndim,
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
         (void)start;
         ms_local_box(&plan->src, &dm->mesh, dm->coords, ndim, gshape, start, len);
-        if (in != out) memcpy(out, in, elt * (size_t)prod(len, 0, ndim));
-        return MS_OK;
+        if (in == out) return MS_OK;
+        return ms_device_copy(dm->ctx->device, out, in, elt * (size_t)prod(len, 0, ndim),
+                              MS_COPY_DEVICE_TO_DEVICE, err);
     }
     const void *cur = in;
     for (int k = 0; k < plan->nsteps; k++) {

@@ -51,6 +51,19 @@ static int64_t box_numel(const box *b, int ndim) {
     return n;
 }
 
+/* Copies `region` (global coordinates) out of src, a contiguous f32 array holding the box
+ * `from`, into dst, one holding the box `to`; both memory of the rank's device. */
+static ms_status copy_region(ms_device *dev, float *dst, const box *to, const float *src,
+                             const box *from, const box *region, int ndim, ms_error *err) {
+    int64_t at_dst[MS_MAX_DIMS], at_src[MS_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) {
+        at_dst[d] = region->start[d] - to->start[d];
+        at_src[d] = region->start[d] - from->start[d];
+    }
+    return ms_device_copy_box(dev, dst, to->len, at_dst, src, from->len, at_src, region->len, ndim,
+                              sizeof(float), err);
+}
+
 /* One transfer of the schedule: source mesh index -> target mesh index, region. */
 typedef struct transfer {
     int src, dst;
@@ -116,7 +129,7 @@ ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh, const
     all_replicate(dst, &dpl);
     ms_dtensor s = *src;
     s.local = (ms_tensor){0};
-    if (in_src) MS_CHECK(ms_tensor_contiguous(&src->local, MS_F32, &s.local, err));
+    if (in_src) MS_CHECK(ms_dtensor_local_copy(sdm, &src->local, false, &s.local, err));
     ms_status st = ms_reshard(&s, &spl, NULL, err);
     if (st != MS_OK) {
         ms_tensor_release(&s.local);
@@ -143,44 +156,43 @@ ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh, const
     int nops = 0;
     ms_p2p_op *ops = xmalloc(sizeof *ops * (size_t)(nt + 1));
     float **bufs = xcalloc((size_t)nt + 1, sizeof *bufs);
+    size_t *buf_bytes = xcalloc((size_t)nt + 1, sizeof *buf_bytes);
     size_t sent = 0;
-    const int64_t zero[MS_MAX_DIMS] = {0};
-    for (int k = 0; k < nt; k++) {
+    for (int k = 0; k < nt && st == MS_OK; k++) {
         transfer *tr = &sched[k];
         int from = sdm->mesh.ranks[tr->src], to = dst_mesh->mesh.ranks[tr->dst];
-        int64_t n = box_numel(&tr->region, ndim);
-        int64_t at_src[MS_MAX_DIMS], at_dst[MS_MAX_DIMS];
-        for (int d = 0; d < ndim; d++) {
-            at_src[d] = tr->region.start[d] - mysrc.start[d];
-            at_dst[d] = tr->region.start[d] - mydst.start[d];
-        }
+        size_t n = (size_t)box_numel(&tr->region, ndim);
+        if (from != ctx->rank && to != ctx->rank) continue;
         if (from == ctx->rank && to == ctx->rank) {
-            ms_copy_box_f32(ms_tensor_f32(&t.local), mydst.len, at_dst, ms_tensor_f32(&s.local),
-                            mysrc.len, at_src, tr->region.len, ndim);
-        } else if (from == ctx->rank) {
-            bufs[k] = xmalloc(sizeof(float) * (size_t)n + 1);
-            ms_copy_box_f32(bufs[k], tr->region.len, zero, ms_tensor_f32(&s.local), mysrc.len,
-                            at_src, tr->region.len, ndim);
-            ops[nops++] = (ms_p2p_op){MS_P2P_SEND, to, bufs[k], (size_t)n, 0};
-            sent += (size_t)n * sizeof(float);
-        } else if (to == ctx->rank) {
-            bufs[k] = xmalloc(sizeof(float) * (size_t)n + 1);
-            ops[nops++] = (ms_p2p_op){MS_P2P_RECV, from, bufs[k], (size_t)n, 0};
+            st = copy_region(ctx->device, ms_tensor_f32(&t.local), &mydst, ms_tensor_f32(&s.local),
+                             &mysrc, &tr->region, ndim, err);
+            continue;
+        }
+        /* A message buffer on the device (its box is the region); the communicator stages it
+         * where its backend needs host memory. */
+        buf_bytes[k] = sizeof(float) * n + 1;
+        st = ms_device_alloc(ctx->device, buf_bytes[k], (void **)&bufs[k], err);
+        if (st != MS_OK) break;
+        if (from == ctx->rank) {
+            st = copy_region(ctx->device, bufs[k], &tr->region, ms_tensor_f32(&s.local), &mysrc,
+                             &tr->region, ndim, err);
+            ops[nops++] = (ms_p2p_op){MS_P2P_SEND, to, bufs[k], n, 0};
+            sent += n * sizeof(float);
+        } else {
+            ops[nops++] = (ms_p2p_op){MS_P2P_RECV, from, bufs[k], n, 0};
         }
     }
-    st = nops ? ms_p2p(ctx->world, ops, nops, err) : MS_OK;
+    if (st == MS_OK && nops) st = ms_p2p(ctx->world, ops, nops, err);
     /* Unpack what arrived. */
     for (int k = 0; k < nt && st == MS_OK; k++) {
         transfer *tr = &sched[k];
         if (dst_mesh->mesh.ranks[tr->dst] != ctx->rank || sdm->mesh.ranks[tr->src] == ctx->rank)
             continue;
-        int64_t at_dst[MS_MAX_DIMS];
-        for (int d = 0; d < ndim; d++) at_dst[d] = tr->region.start[d] - mydst.start[d];
-        ms_copy_box_f32(ms_tensor_f32(&t.local), mydst.len, at_dst, bufs[k], tr->region.len, zero,
-                        tr->region.len, ndim);
+        st = copy_region(ctx->device, ms_tensor_f32(&t.local), &mydst, bufs[k], &tr->region,
+                         &tr->region, ndim, err);
     }
-    for (int k = 0; k < nt; k++) free(bufs[k]);
-    free(bufs), free(ops);
+    for (int k = 0; k < nt; k++) ms_device_free(ctx->device, bufs[k], buf_bytes[k]);
+    free(bufs), free(buf_bytes), free(ops);
     if (nt) free(sched);
     ms_tensor_release(&s.local);
     if (st != MS_OK) {
@@ -192,10 +204,14 @@ ms_status ms_reshard_cross_mesh(const ms_dtensor *src, ms_dmesh *dst_mesh, const
         for (int m = 0; m < dst->n; m++)
             if (dst->p[m].kind == MS_PL_PARTIAL && dst->p[m].reduce == MS_REDUCE_SUM &&
                 dst_mesh->coords[m] != 0) {
-                memset(ms_tensor_f32(&t.local), 0,
-                       sizeof(float) * (size_t)ms_tensor_numel(&t.local));
+                st = ms_device_zero(ctx->device, ms_tensor_data(&t.local),
+                                    sizeof(float) * (size_t)ms_tensor_numel(&t.local), err);
                 break;
             }
+    if (st != MS_OK) {
+        ms_tensor_release(&t.local);
+        return st;
+    }
     if (report) {
         report->nsteps = 1;
         report->steps[0].kind = MS_RSTEP_SEND_RECV;

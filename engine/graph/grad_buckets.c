@@ -210,19 +210,28 @@ static void progress(ms_grad_buckets *gb) {
         if (gb->b[b].req && gb->b[b].comm != last) ms_comm_progress(last = gb->b[b].comm);
 }
 
+/* The device that holds the gradients and the storage: the rank's, which the bucket's
+ * communicator was given (comm.h); a communicator without one is on host memory. */
+static ms_device *bucket_device(const bucket *b) {
+    ms_device *dev = b->comm ? ms_comm_device(b->comm) : NULL;
+    return dev ? dev : ms_device_host();
+}
+
+static ms_status dcopy(const bucket *b, void *dst, const void *src, size_t bytes, ms_error *err) {
+    return ms_device_copy(bucket_device(b), dst, src, bytes, MS_COPY_DEVICE_TO_DEVICE, err);
+}
+
 /* Copies gradient g into its bucket's send buffer: whole, or block by block. */
-static void pack(ms_grad_buckets *gb, const grad *g, const bucket *b) {
-    if (!b->parts) {
-        memcpy(gb->storage + g->offset, g->src, b->elt * (size_t)g->n);
-        return;
-    }
+static ms_status pack(ms_grad_buckets *gb, const grad *g, const bucket *b, ms_error *err) {
+    if (!b->parts) return dcopy(b, gb->storage + g->offset, g->src, b->elt * (size_t)g->n, err);
     const int64_t row = g->n / g->rows;
     for (int c = 0; c < b->parts; c++) {
         int64_t row0;
         size_t len = block(g, b->parts, c, &row0);
-        memcpy(gb->storage + g->part[c], (const char *)g->src + (size_t)(row0 * row) * b->elt,
-               b->elt * len);
+        MS_CHECK(dcopy(b, gb->storage + g->part[c],
+                       (const char *)g->src + (size_t)(row0 * row) * b->elt, b->elt * len, err));
     }
+    return MS_OK;
 }
 
 static ms_comm_request *issue(ms_grad_buckets *gb, bucket *b, ms_error *err) {
@@ -238,7 +247,7 @@ ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err) {
         grad *g = &gb->g[i];
         if (++g->hits < gb->passes) continue;
         bucket *b = &gb->b[g->bucket];
-        pack(gb, g, b);
+        MS_CHECK(pack(gb, g, b, err));
         if (++b->packed < b->count) continue;
         b->req = issue(gb, b, err);
         if (!b->req) return err ? err->code : MS_ERR_COMM;
@@ -262,9 +271,10 @@ ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err) {
     }
     if (b->parts) {
         int me = ms_comm_rank(b->comm);
-        memcpy(g->dst, gb->storage + g->recv, b->elt * block(g, b->parts, me, NULL));
+        MS_CHECK(
+            dcopy(b, g->dst, gb->storage + g->recv, b->elt * block(g, b->parts, me, NULL), err));
     } else {
-        memcpy(g->dst, gb->storage + g->offset, b->elt * (size_t)g->n);
+        MS_CHECK(dcopy(b, g->dst, gb->storage + g->offset, b->elt * (size_t)g->n, err));
     }
     if (++b->finished == b->count) { /* the bucket's step is over */
         b->packed = b->finished = 0;

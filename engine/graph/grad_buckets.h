@@ -19,6 +19,10 @@
  * Gradients are float32 or bf16 (ms_gb_add_dt); a bucket holds one type, and bf16 buckets are
  * reduced by the communicator's bf16 reductions (fp32 in rank order, rounded once), moving half
  * the bytes. Sizes: the bucket cap is in bytes; gradient sizes are in elements of their type.
+ * Device memory: the gradients and the storage are on the rank's device, the one its
+ * communicators were given (ms_comm_set_device): packing and unpacking are that device's copies
+ * (the host's when a communicator has none), and the collectives stage what their backend
+ * cannot address (comm.h).
  * Ownership: the program owns the buckets; the storage is the program's (from its device);
  * ms_gb_destroy waits for any all-reduce still in flight, so nothing writes into freed memory.
  */

@@ -39,6 +39,9 @@ static ms_status ctx_init(ms_ctx *ctx, const ms_launch_opts *opts, ms_comm *worl
     ctx->seed = opts->seed;
     if (opts->timeout_ms > 0) ms_comm_set_timeout_ms(world, opts->timeout_ms);
     MS_CHECK(ms_device_create(opts->device, ctx->rank, &ctx->device, err));
+    /* Collectives on the device's memory stage through the host (comm.h); the dmesh's and
+     * every other split of the world inherit it. */
+    ms_comm_set_device(world, ctx->device);
     ctx->plans = ms_plan_cache_create();
     return MS_OK;
 }

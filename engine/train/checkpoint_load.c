@@ -174,7 +174,8 @@ ms_status ms_ckpt_load(ms_trainer *t, const char *dir, ms_ckpt_info *info, ms_er
         if (st == MS_OK && bufs[i]) {
             ms_state_tensor s;
             ms_trainer_state(t, i, &s);
-            memcpy(s.local, bufs[i], sizeof(float) * s.n);
+            /* onto the rank's device where the state lives there */
+            st = ms_device_move(ctx->device, s.local, bufs[i], sizeof(float) * s.n, err);
         }
         free(bufs[i]);
     }

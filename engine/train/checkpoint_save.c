@@ -238,8 +238,9 @@ void ms_ckpt_saver_prepare(ms_ckpt_saver *s, ms_trainer *t) {
     ckpt_meta_free(&m);
 }
 
-/* This rank's pieces of the plan, copied out of the trainer into the host buffer. */
-static void copy_pieces(ms_ckpt_saver *s, ms_trainer *t) {
+/* This rank's pieces of the plan, copied out of the trainer into the host buffer (from the
+ * rank's device where the state lives there). */
+static ms_status copy_pieces(ms_ckpt_saver *s, ms_trainer *t, ms_error *err) {
     int cap = 0;
     for (int i = 0; i < s->plan.nt; i++) cap += s->plan.t[i].np;
     s->e = xcalloc((size_t)(cap ? cap : 1), sizeof *s->e);
@@ -252,7 +253,7 @@ static void copy_pieces(ms_ckpt_saver *s, ms_trainer *t) {
             ms_state_tensor st;
             ms_trainer_state(t, c->state_index, &st);
             float *copy = s->pool + at;
-            memcpy(copy, st.local, sizeof(float) * st.n);
+            MS_CHECK(ms_device_move(s->ctx->device, copy, st.local, sizeof(float) * st.n, err));
             at += st.n;
             ms_st_entry *e = &s->e[s->ne++];
             *e = (ms_st_entry){
@@ -260,6 +261,7 @@ static void copy_pieces(ms_ckpt_saver *s, ms_trainer *t) {
             memcpy(e->shape, c->pieces[k].shape, sizeof e->shape);
         }
     }
+    return MS_OK;
 }
 
 ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, ms_error *err) {
@@ -277,12 +279,13 @@ ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, m
     snprintf(in->model, sizeof in->model, "%s", s->model);
     snprintf(s->tmp, sizeof s->tmp, "%s/.tmp-step-%08lld", s->dir, (long long)in->step);
     snprintf(s->final, sizeof s->final, "%s/step-%08lld", s->dir, (long long)in->step);
-    copy_pieces(s, t);
     ms_error e = {0};
-    ms_status made = make_dir(s->tmp, &e);
+    /* A copy that fails fails this rank's part, as a folder that cannot be made does. */
+    ms_status made = copy_pieces(s, t, &e);
+    if (made == MS_OK) made = make_dir(s->tmp, &e);
     pthread_mutex_lock(&s->mu);
     s->in_flight = true;
-    s->done = made != MS_OK; /* a folder that cannot be made fails this rank's part at once */
+    s->done = made != MS_OK; /* this rank's part failed at once */
     s->failed = made != MS_OK;
     if (made != MS_OK) snprintf(s->why, sizeof s->why, "%s", e.msg);
     s->handed = true;

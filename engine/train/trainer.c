@@ -334,10 +334,15 @@ ms_status ms_trainer_state_full(ms_trainer *t, int i, ms_tensor *out, ms_error *
     ms_placements r = ms_placements_replicated(1);
     ms_status st = ms_reshard_cross_mesh(&a, t->root, &r, &b, NULL, err);
     ms_tensor_release(&a.local);
-    if (st == MS_OK && t->ctx->rank == 0)
-        *out = b.local;
-    else
-        ms_dtensor_release(&b);
+    if (st == MS_OK && t->ctx->rank == 0) {
+        /* gathered on the device; handed back in host memory */
+        if (ms_device_host_addressable(t->ctx->device)) {
+            *out = b.local;
+            return MS_OK;
+        }
+        st = ms_dtensor_local_copy(t->root, &b.local, true, out, err);
+    }
+    ms_dtensor_release(&b);
     return st;
 }
 
