@@ -464,7 +464,8 @@ static ms_status send_from_outbox(ms_stages *st, const chunk *c, int mb, bool gr
                                  (void **)&st->outbox[b], err));
         st->noutbox++;
     }
-    memcpy(st->outbox[b], src, sizeof(float) * n);
+    MS_CHECK(ms_device_copy(st->ctx->device, st->outbox[b], src, sizeof(float) * n,
+                            MS_COPY_DEVICE_TO_DEVICE, err));
     return post(st, c, mb, grad, true, st->outbox[b], n, &st->outbox_q[b], err);
 }
 
