@@ -16,6 +16,8 @@ i.e. the planner's simulator, with the actions' durations taken four ways:
   per-chunk  each model chunk's mean F, B and W (unequal stages, e.g. the head on the last)
   per-rank   each rank's mean F, B and W
   actual     every action's own duration
+  cpu        every action's thread CPU time (`cpu ns`, when the trace has it): what the step
+             would take with a core per rank and free transfers
 The differences between measured, actual, per-chunk and uniform say how much of the bubble
 comes from transfers and scheduling (measured - actual), from jitter (actual - per-chunk),
 from unequal chunks (per-chunk - uniform) and from the schedule itself (uniform). Last, the
@@ -87,6 +89,7 @@ def main():
     measured = []
     late_ran, late_woke = [], []
     crowd = collections.defaultdict(lambda: collections.defaultdict(list))
+    cpu = collections.defaultdict(list)
     nranks = 0
     for s, es in sorted(steps.items()):
         made = {key(e): e['ts'] + e['dur'] for e in es}
@@ -108,6 +111,10 @@ def main():
         for name, (mn, keyf) in means.items():
             replays[name].append(replay(order, lambda r, e, mn=mn, keyf=keyf: mn[keyf(r, e)]))
         replays['actual'].append(replay(order, lambda r, e: e['dur']))
+        if all('cpu ns' in e['args'] for e in es):
+            replays['cpu'].append(replay(order, lambda r, e: e['args']['cpu ns'] / 1e3))
+            for e in es:
+                cpu[e['args']['action']].append((e['args']['cpu ns'] / 1e6, e['dur'] / 1e3))
         busy = {r: sum(e['dur'] for e in x) for r, x in order.items()}
         measured.append(st.mean(1 - busy[r] / (hi - lo) for r in order))
         for r, x in order.items():
@@ -140,6 +147,8 @@ def main():
               + (f"median {st.median(late_woke):.3f} ms (n {len(late_woke)})" if late_woke else "-"))
     print(f"  bubble measured {100 * st.mean(measured):.2f}%; replayed with instant posted "
           "transfers: " + ", ".join(f"{k} {100 * st.mean(x):.2f}%" for k, x in replays.items()))
+    for op, x in sorted(cpu.items()):
+        print(f"  {op} mean ms: cpu {st.mean(c for c, _ in x):.2f}, wall {st.mean(w for _, w in x):.2f}")
     for op, bins in sorted(crowd.items()):
         print(f"  {op} ms by ranks inside an action at once: "
               + ", ".join(f"{b}: {st.mean(x):.1f} (n {len(x)})" for b, x in sorted(bins.items())))
