@@ -16,6 +16,8 @@
 
 #include "engine/comm/comm.h"
 #include "engine/core/xalloc.h"
+#include "engine/model/strategy.h"
+#include "engine/pipeline/simulate.h"
 
 /* --- bytes per peer ------------------------------------------------------------------- */
 
@@ -617,6 +619,36 @@ static bool same_schedule(const ms_ev_pipe *a, const ms_ev_pipe *b) {
            !strncmp(a->schedule, b->schedule, sizeof a->schedule);
 }
 
+/* The window's mean F, B and W of the reported schedule, and the planner's simulated bubble
+ * with them. */
+static void pipe_simulate(ms_pipe_stats *ps, const ms_ev_pipe *rp, const ms_event *const *w,
+                          size_t nw) {
+    double sum[3] = {0};
+    int n[3] = {0};
+    for (size_t i = 0; i < nw; i++) {
+        const ms_event *e = w[i];
+        if (e->kind != MS_EV_PIPE || !same_schedule(&e->u.pipe, rp) || e->t1_ns < e->t0_ns ||
+            e->u.pipe.action > MS_PIPE_W)
+            continue;
+        sum[e->u.pipe.action] += secs(e->t1_ns - e->t0_ns);
+        n[e->u.pipe.action]++;
+    }
+    ps->mean_f_s = n[0] ? sum[0] / n[0] : NAN;
+    ps->mean_b_s = n[1] ? sum[1] / n[1] : NAN;
+    ps->mean_w_s = n[2] ? sum[2] / n[2] : 0;
+    ps->simulated = NAN;
+    int kind = -1;
+    for (int k = 0; k < MS_SCHEDULE_COUNT; k++)
+        if (!strcmp(ps->schedule, ms_schedule_name((ms_schedule)k))) kind = k;
+    if (kind < 0 || !n[0] || !n[1]) return;
+    /* per action is per chunk: the simulator takes a whole stage's times (v chunks) */
+    double v = ps->virtual_stages, frac;
+    if (ms_pp_bubble_fraction((ms_schedule)kind, ps->stages, ps->micro_batches, ps->virtual_stages,
+                              v * ps->mean_f_s, v * ps->mean_b_s, v * ps->mean_w_s, &frac,
+                              NULL) == MS_OK)
+        ps->simulated = frac;
+}
+
 /* Length of the union of k[0..n), sorted by t0. */
 static int64_t union_ns(const pipe_key *k, size_t n) {
     int64_t total = 0, lo = 0, hi = INT64_MIN;
@@ -660,6 +692,7 @@ static void build_pipe(ms_analysis *a, const ms_event *const *w, size_t nw) {
     fixed_str(ps->schedule, sizeof ps->schedule, rp->schedule, sizeof rp->schedule);
     ps->formula =
         ms_pipe_formula_bubble(ps->schedule, ps->stages, ps->micro_batches, ps->virtual_stages);
+    pipe_simulate(ps, rp, w, nw);
     double sum[MS_AN_MAX_STAGES] = {0}, all = 0;
     int cnt[MS_AN_MAX_STAGES] = {0}, n_all = 0;
     for (size_t i = 0; i < m;) {
@@ -879,6 +912,12 @@ static void print_pipe(FILE *f, const ms_pipe_stats *p) {
         fprintf(f, "  formula (p-1)/(v*m+p-1) = %s\n", a);
     else if (isfinite(p->formula))
         fprintf(f, "  formula (p-1)/(m+p-1) = %s\n", a);
+    if (isfinite(p->simulated)) {
+        pct(a, sizeof a, p->simulated);
+        fprintf(
+            f, "  simulated (the planner's: posted transfers, mean F %.2f B %.2f W %.2f ms) = %s\n",
+            p->mean_f_s * 1e3, p->mean_b_s * 1e3, p->mean_w_s * 1e3, a);
+    }
 }
 
 void ms_analysis_print(const ms_analysis *a, void *file) {

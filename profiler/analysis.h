@@ -148,8 +148,14 @@ typedef struct ms_pipe_stats {
     int64_t last_step; /* the latest of them */
     double bubble, last_bubble;
     double formula; /* the schedule's textbook bubble (ms_pipe_formula_bubble), NaN if none */
-    int stage_ranks[MS_AN_MAX_STAGES];          /* ranks seen per stage */
-    double stage_bubble[MS_AN_MAX_STAGES];      /* [s] for s < stages */
+    /* The planner's prediction: its pipeline simulator (ms_pp_bubble_fraction: posted
+     * transfers, as the executor runs them) with the window's mean F, B and W per action;
+     * NaN without both F and B. Equal stages and instant transfers: what the measured bubble
+     * adds to it is unequal stages, transfers, scheduling and noise. */
+    double simulated;
+    double mean_f_s, mean_b_s, mean_w_s;   /* those means (W: zb-h1's weight gradient, else 0) */
+    int stage_ranks[MS_AN_MAX_STAGES];     /* ranks seen per stage */
+    double stage_bubble[MS_AN_MAX_STAGES]; /* [s] for s < stages */
     double last_stage_bubble[MS_AN_MAX_STAGES]; /* the latest step only */
     double last_window_s;                       /* the latest step's window */
 } ms_pipe_stats;

@@ -94,6 +94,8 @@ static bool pipe_stats_to_json(cJSON *o, const ms_pipe_stats *p) {
            add_num(e, "micro_batches", p->micro_batches) && add_num(e, "steps", p->n_steps) &&
            add_num(e, "last_step", (double)p->last_step) && add_num(e, "bubble", p->bubble) &&
            add_num(e, "last_bubble", p->last_bubble) && add_num(e, "formula", p->formula) &&
+           add_num(e, "simulated", p->simulated) && add_num(e, "mean_f_s", p->mean_f_s) &&
+           add_num(e, "mean_b_s", p->mean_b_s) && add_num(e, "mean_w_s", p->mean_w_s) &&
            add_num(e, "last_window_s", p->last_window_s) && add_nums(e, "stage_ranks", ranks, n) &&
            add_nums(e, "stage_bubble", p->stage_bubble, n) &&
            add_nums(e, "last_stage_bubble", p->last_stage_bubble, n);
@@ -587,6 +589,10 @@ static ms_status rd_pipe_stats(rd *r, const cJSON *o, ms_pipe_stats *p) {
     FIELD(r, o, "bubble", rd_num(r, v_, &p->bubble));
     FIELD(r, o, "last_bubble", rd_num(r, v_, &p->last_bubble));
     FIELD(r, o, "formula", rd_num(r, v_, &p->formula));
+    FIELD(r, o, "simulated", rd_num(r, v_, &p->simulated));
+    FIELD(r, o, "mean_f_s", rd_num(r, v_, &p->mean_f_s));
+    FIELD(r, o, "mean_b_s", rd_num(r, v_, &p->mean_b_s));
+    FIELD(r, o, "mean_w_s", rd_num(r, v_, &p->mean_w_s));
     FIELD(r, o, "last_window_s", rd_num(r, v_, &p->last_window_s));
     double ranks[MS_AN_MAX_STAGES];
     FIELD(r, o, "stage_ranks", rd_stage_nums(r, v_, (size_t)stages, ranks));

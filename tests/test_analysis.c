@@ -10,6 +10,7 @@
 
 #include "tests/testkit.h"
 
+#include "engine/pipeline/simulate.h"
 #include "profiler/analysis.h"
 
 #define MS(x)      ((int64_t)((x)*1000000.0)) /* milliseconds -> ns */
@@ -637,6 +638,34 @@ static void test_pipe_formula(void **state) {
  * Stage 0: step 0 4/14, step 1 1/2; stage 1: step 0 (4/14 + 6/14) / 2 = 5/14, step 1 1/2.
  * The step slices (wider than the actions), ops and a stray action of another schedule
  * change nothing. */
+/* zb-h1 has no formula here, but a simulated bubble: with F = B = W (each 1 ms, spans in
+ * any place) Qi et al.'s (p-1)/(3m+p-1) over p 2 and m 2; with W twice as long, less. */
+static void test_pipe_simulated_zb(void **state) {
+    (void)state;
+    for (int longer_w = 0; longer_w < 2; longer_w++) {
+        trace *t = calloc(1, sizeof *t);
+        for (int r = 0; r < 4; r += 2)
+            for (int j = 0; j < 2; j++) {
+                double at = 10 * r + 5 * j;
+                pipe_ev(t, r, 0, MS_PIPE_F, j, at, at + 1, 2, 2, "zb-h1");
+                pipe_ev(t, r, 0, MS_PIPE_B, j, at + 1, at + 2, 2, 2, "zb-h1");
+                pipe_ev(t, r, 0, MS_PIPE_W, j, at + 2, at + 3 + longer_w, 2, 2, "zb-h1");
+            }
+        ms_analysis a;
+        analyze(t, 0, -1, &a);
+        assert_true(isnan(a.pipe.formula));
+        assert_true(NEAR(a.pipe.mean_w_s, 0.001 * (1 + longer_w)));
+        double want = 1.0 / 7;
+        if (longer_w) /* the planner's simulator, independently: (p-1) F idle at most */
+            assert_int_equal(
+                ms_pp_bubble_fraction(MS_SCHEDULE_ZB_H1, 2, 2, 1, 1, 1, 2, &want, NULL), MS_OK);
+        assert_true(NEAR(a.pipe.simulated, want));
+        assert_true(longer_w ? want < 1.0 / 7 : true);
+        ms_analysis_free(&a);
+        free(t);
+    }
+}
+
 static void test_pipe_bubble(void **state) {
     (void)state;
     trace *t = calloc(1, sizeof *t);
@@ -674,6 +703,11 @@ static void test_pipe_bubble(void **state) {
     assert_true(NEAR(p->last_window_s, 0.010));
     assert_int_equal(p->stage_ranks[0], 2);
     assert_int_equal(p->stage_ranks[1], 2);
+    /* the window's mean action times (the gpipe stray left out): F 25 ms over 12, B 34 over
+     * 12; with them the planner's simulator gives 1F1B's formula (it holds for any split) */
+    assert_true(NEAR(p->mean_f_s, 0.025 / 12) && NEAR(p->mean_b_s, 0.034 / 12));
+    assert_true(p->mean_w_s == 0);
+    assert_true(NEAR(p->simulated, 1.0 / 3));
     ms_analysis_free(&a);
 
     /* Step 0 alone: its window [0, 14). */
@@ -692,6 +726,8 @@ static void test_pipe_bubble(void **state) {
     if (!sec) fail_msg("no pipeline section in:\n%s", rep);
     assert_non_null(strstr(sec, "     1      2     42.9%      50.0%"));
     assert_non_null(strstr(sec, "formula (p-1)/(m+p-1) = 33.3%"));
+    assert_non_null(strstr(sec, "simulated (the planner's: posted transfers, mean F 2.08 B 2.83 "
+                                "W 0.00 ms) = 33.3%"));
     free(rep);
 
     /* One stage (gradient accumulation): measured, but no pipeline section in the report. */
@@ -727,6 +763,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_print),
     cmocka_unit_test(test_pipe_formula),
     cmocka_unit_test(test_pipe_bubble),
+    cmocka_unit_test(test_pipe_simulated_zb),
+    cmocka_unit_test(test_pipe_simulated_zb),
 };
 
 MT_MAIN("analysis", tests)

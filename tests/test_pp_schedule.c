@@ -194,9 +194,10 @@ static void transfers_pair_up(void **state) {
 /* --- the simulator ---------------------------------------------------------------------------- */
 
 /* Unit times; no deadlock; data dependencies across stages hold on the timeline; the peak in
- * flight is the formula's. */
-static void check_simulation(ms_schedule k, int p, int m, int v, const ms_pp_plan *pl) {
-    ms_pp_times t = {.f = 1, .b = 1, .w = 1};
+ * flight is the formula's. Under both transfer semantics; returns the timeline. */
+static ms_pp_timeline simulate_checked(ms_schedule k, int p, int m, int v, const ms_pp_plan *pl,
+                                       bool posted) {
+    ms_pp_times t = {.f = 1, .b = 1, .w = 1, .posted = posted};
     ms_pp_timeline tl;
     ms_error err = {0};
     if (ms_pp_simulate(pl, &t, &tl, &err) != MS_OK)
@@ -220,9 +221,9 @@ static void check_simulation(ms_schedule k, int p, int m, int v, const ms_pp_pla
                           : a->op == MS_PP_BACKWARD                    ? fend[mc * m + a->mb]
                                                                        : 0;
             if (!ms_pp_is_comm(a->op) && tl.start[s][i] < need)
-                fail_msg("%s stage %d: %s mb %d chunk %d starts at %g, its input at %g",
-                         case_name(k, p, m, v), s, ms_pp_op_name((ms_pp_op)a->op), a->mb, a->chunk,
-                         tl.start[s][i], need);
+                fail_msg("%s stage %d (%s): %s mb %d chunk %d starts at %g, its input at %g",
+                         case_name(k, p, m, v), s, posted ? "posted" : "rendezvous",
+                         ms_pp_op_name((ms_pp_op)a->op), a->mb, a->chunk, tl.start[s][i], need);
         }
     for (int s = 0; s < p; s++)
         if (tl.stage[s].peak_inflight != ms_pp_inflight_bound(k, p, m, v, s))
@@ -230,7 +231,23 @@ static void check_simulation(ms_schedule k, int p, int m, int v, const ms_pp_pla
                      tl.stage[s].peak_inflight, ms_pp_inflight_bound(k, p, m, v, s));
     free(fend);
     free(bend);
-    ms_pp_timeline_free(&tl);
+    return tl;
+}
+
+/* Both semantics, and posted transfers (the executor's) never start a compute later than
+ * rendezvous ones: a receive waits for the same send, a send for nothing. */
+static void check_simulation(ms_schedule k, int p, int m, int v, const ms_pp_plan *pl) {
+    ms_pp_timeline rv = simulate_checked(k, p, m, v, pl, false);
+    ms_pp_timeline po = simulate_checked(k, p, m, v, pl, true);
+    for (int s = 0; s < p; s++)
+        for (int i = 0; i < pl->n[s]; i++)
+            if (!ms_pp_is_comm(pl->act[s][i].op) && po.start[s][i] > rv.start[s][i] + 1e-9)
+                fail_msg("%s stage %d action %d: posted at %g, rendezvous at %g",
+                         case_name(k, p, m, v), s, i, po.start[s][i], rv.start[s][i]);
+    if (po.step > rv.step + 1e-9)
+        fail_msg("%s: posted step %g, rendezvous %g", case_name(k, p, m, v), po.step, rv.step);
+    ms_pp_timeline_free(&rv);
+    ms_pp_timeline_free(&po);
 }
 
 static void simulates_without_deadlock(void **state) {
@@ -238,8 +255,8 @@ static void simulates_without_deadlock(void **state) {
     each_case(check_simulation);
 }
 
-static double simulated_bubble(const ms_pp_plan *pl, double f, double b, double w) {
-    ms_pp_times t = {.f = f, .b = b, .w = w};
+static double simulated_bubble(const ms_pp_plan *pl, double f, double b, double w, bool posted) {
+    ms_pp_times t = {.f = f, .b = b, .w = w, .posted = posted};
     ms_pp_timeline tl;
     ms_error err = {0};
     if (ms_pp_simulate(pl, &t, &tl, &err) != MS_OK) fail_msg("%s", err.msg);
@@ -251,27 +268,32 @@ static double simulated_bubble(const ms_pp_plan *pl, double f, double b, double 
     return bubble;
 }
 
+/* The formulas hold under both transfer semantics. */
 static void check_bubble(ms_schedule k, int p, int m, int v, const ms_pp_plan *pl) {
-    if (k == MS_SCHEDULE_ZB_H1) {
-        double zb = simulated_bubble(pl, 1, 1, 1);
-        if (m < p) return; /* the pipeline never fills: the formula does not apply */
-        ms_pp_plan ref;    /* 1F1B doing the same work: F 1, B (input and weight) 2 */
-        assert_int_equal(ms_pp_plan_make(MS_SCHEDULE_1F1B, p, m, 1, &ref, NULL), MS_OK);
-        double one = simulated_bubble(&ref, 1, 1, 1);
-        ms_pp_plan_free(&ref);
-        double want = (double)(p - 1) / (3 * m + p - 1);
-        if (fabs(zb - want) > 1e-12 || (p > 1 && !(zb < one)))
-            fail_msg("%s: bubble %.6f, formula %.6f, 1f1b %.6f", case_name(k, p, m, v), zb, want,
-                     one);
-        return;
-    }
-    double want = (double)(p - 1) / (v * m + p - 1); /* v = 1: 1f1b and gpipe */
-    const double ratios[][3] = {{1, 1, 0}, {1, 2, 0}, {1, 1, 1}, {2, 1, 0}};
-    for (size_t r = 0; r < sizeof ratios / sizeof *ratios; r++) {
-        double got = simulated_bubble(pl, ratios[r][0], ratios[r][1], ratios[r][2]);
-        if (fabs(got - want) > 1e-12)
-            fail_msg("%s, f %g b %g w %g: bubble %.6f, formula %.6f", case_name(k, p, m, v),
-                     ratios[r][0], ratios[r][1], ratios[r][2], got, want);
+    for (int posted = 0; posted < 2; posted++) {
+        const char *how = posted ? "posted" : "rendezvous";
+        if (k == MS_SCHEDULE_ZB_H1) {
+            double zb = simulated_bubble(pl, 1, 1, 1, posted);
+            if (m < p) continue; /* the pipeline never fills: the formula does not apply */
+            ms_pp_plan ref;      /* 1F1B doing the same work: F 1, B (input and weight) 2 */
+            assert_int_equal(ms_pp_plan_make(MS_SCHEDULE_1F1B, p, m, 1, &ref, NULL), MS_OK);
+            double one = simulated_bubble(&ref, 1, 1, 1, posted);
+            ms_pp_plan_free(&ref);
+            double want = (double)(p - 1) / (3 * m + p - 1);
+            if (fabs(zb - want) > 1e-12 || (p > 1 && !(zb < one)))
+                fail_msg("%s (%s): bubble %.6f, formula %.6f, 1f1b %.6f", case_name(k, p, m, v),
+                         how, zb, want, one);
+            continue;
+        }
+        double want = (double)(p - 1) / (v * m + p - 1); /* v = 1: 1f1b and gpipe */
+        const double ratios[][3] = {{1, 1, 0}, {1, 2, 0}, {1, 1, 1}, {2, 1, 0}};
+        for (size_t r = 0; r < sizeof ratios / sizeof *ratios; r++) {
+            double got = simulated_bubble(pl, ratios[r][0], ratios[r][1], ratios[r][2], posted);
+            if (fabs(got - want) > 1e-12)
+                fail_msg("%s (%s), f %g b %g w %g: bubble %.6f, formula %.6f",
+                         case_name(k, p, m, v), how, ratios[r][0], ratios[r][1], ratios[r][2], got,
+                         want);
+        }
     }
 }
 
@@ -403,6 +425,18 @@ static void deadlock_is_named(void **state) {
     printf("%s\n", err.msg);
     assert_string_equal(err.msg, "deadlock: stage 0 waits in [recv-grad mb 0 chunk 0 from stage "
                                  "1]; stage 1 waits in [recv-act mb 0 chunk 0 from stage 0]");
+    /* posted, the same lists run: a receive waits only for its send, which comes */
+    t.posted = true;
+    assert_int_equal(ms_pp_simulate(&pl, &t, &tl, &err), MS_OK);
+    assert_true(tl.step == 4); /* s0 F, s1 F and B, s0 B */
+    ms_pp_timeline_free(&tl);
+    /* but no semantics runs a backward before the forward that feeds its gradient */
+    s0[1] = (ms_pp_action)A(BACKWARD, 0, -1), s0[3] = (ms_pp_action)A(FORWARD, 0, -1);
+    assert_int_equal(ms_pp_simulate(&pl, &t, &tl, &err), MS_ERR_INVALID);
+    printf("%s\n", err.msg);
+    assert_string_equal(err.msg, "deadlock: stage 0 waits for B mb 0 chunk 0's input; stage 1 "
+                                 "waits for F mb 0 chunk 0's input");
+    t.posted = false;
     /* a send nobody receives */
     s1[0] = (ms_pp_action)A(FORWARD, 0, -1);
     s1[1] = (ms_pp_action)A(BACKWARD, 0, -1);
@@ -449,7 +483,7 @@ static void bubble_fraction_extrapolates(void **state) {
                 ms_pp_plan pl;
                 assert_int_equal(ms_pp_plan_make(c[i].k, p[a], m[b], c[i].v, &pl, &err), MS_OK);
                 double full =
-                    simulated_bubble(&pl, c[i].f / c[i].v, c[i].b / c[i].v, c[i].w / c[i].v);
+                    simulated_bubble(&pl, c[i].f / c[i].v, c[i].b / c[i].v, c[i].w / c[i].v, true);
                 ms_pp_plan_free(&pl);
                 if (m[b] == 2056)
                     printf("%-11s p%d v%d f %g b %g w %g: bubble %.6f, extrapolated %.6f\n",

@@ -135,6 +135,8 @@ static ms_snapshot *full_snapshot(void) {
     ps->bubble = 0.25;
     ps->last_bubble = 1.0 / 3;
     ps->formula = 1.0 / 9;
+    ps->simulated = 0.125;
+    ps->mean_f_s = 0.002, ps->mean_b_s = 0.004, ps->mean_w_s = 0;
     ps->last_window_s = 0.045;
     for (int k = 0; k < 2; k++) {
         ps->stage_ranks[k] = 1 + k;
@@ -311,6 +313,10 @@ static void test_round_trip(void **state) {
     assert_same(pb->bubble, pa->bubble);
     assert_same(pb->last_bubble, pa->last_bubble);
     assert_same(pb->formula, pa->formula);
+    assert_same(pb->simulated, pa->simulated);
+    assert_same(pb->mean_f_s, pa->mean_f_s);
+    assert_same(pb->mean_b_s, pa->mean_b_s);
+    assert_same(pb->mean_w_s, pa->mean_w_s);
     assert_same(pb->last_window_s, pa->last_window_s);
     for (int k = 0; k < pa->stages; k++) {
         assert_int_equal(pb->stage_ranks[k], pa->stage_ranks[k]);

@@ -345,6 +345,12 @@ static void pipe_body(mt_rank *r, void *arg) {
                      ev[k].step < PSTEPS,
                  "rank %d: action %d mb %d stage %d of %d, step %lld, schedule %s", ctx->rank,
                  p->action, p->mb, p->stage, p->stages, (long long)ev[k].step, p->schedule);
+        /* the thread's CPU time inside the action: some, and no more than its wall span
+         * (read inside it; 0.1 ms for the clocks' different sources) */
+        int64_t wall = ev[k].t1_ns - ev[k].t0_ns;
+        MT_CHECK(r, p->cpu_ns > 0 && p->cpu_ns <= wall + 100000,
+                 "rank %d: action %d mb %d: cpu %lld ns in a span of %lld ns", ctx->rank, p->action,
+                 p->mb, (long long)p->cpu_ns, (long long)wall);
     }
     MT_CHECK(r, nf == PM * PSTEPS && nb == PM * PSTEPS, "rank %d: %d F and %d B recorded",
              ctx->rank, nf, nb);

@@ -348,6 +348,7 @@ static bool read_pipe(ms_event *e, const tj_doc *d, int args) {
     p->virtual_stages = (int16_t)arg_i64(d, args, "virtual stages", INT16_MIN, INT16_MAX, 1);
     p->micro_batches = (int32_t)arg_i64(d, args, "micro-batches", INT32_MIN, INT32_MAX, 1);
     copy_str(p->schedule, sizeof p->schedule, tj_str(d, tj_get(d, args, "schedule")));
+    p->cpu_ns = arg_i64(d, args, "cpu ns", 0, INT64_MAX, 0);
     return true;
 }
 

@@ -986,6 +986,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_i64(o, pp->chunk);
             PUT_LIT(o, ",\"model chunk\":");
             put_i64(o, pp->model_chunk);
+            if (pp->cpu_ns > 0) {
+                PUT_LIT(o, ",\"cpu ns\":");
+                put_i64(o, pp->cpu_ns);
+            }
             PUT_LIT(o, ",\"stages\":");
             put_i64(o, pp->stages);
             PUT_LIT(o, ",\"virtual stages\":");

@@ -11,11 +11,12 @@
  * SEND_ACT, no RECV_GRAD).
  *
  * Transfers: consecutive comm actions in a list form ONE batch, posted together and returning
- * when all of them completed. Semantics are rendezvous (what the simulator times; the trainer's
- * executor, engine/train/stages.c, posts each send right after its compute without waiting
- * and receives right before the compute that needs it, which waits no longer than this and
- * so runs every list that runs here): a send completes when the receiver's
- * batch holding the matching receive is posted, a receive when the matching send's batch is.
+ * when all of them completed. Semantics are rendezvous (what a list must run under; the
+ * trainer's executor, engine/train/stages.c, posts each send right after its compute without
+ * waiting and receives right before the compute that needs it, which waits no longer than
+ * this and so runs every list that runs here; the simulator times both): a send completes
+ * when the receiver's batch holding the matching receive is posted, a receive when the
+ * matching send's batch is.
  * A send comes right after the compute that produced it; where a receive goes is what keeps
  * every list free of deadlock (every accepted (kind, p, m, v) is simulated without one in
  * tests/test_pp_schedule.c, and whether a deadlock exists depends on the order alone):

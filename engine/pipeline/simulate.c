@@ -1,4 +1,4 @@
-/* simulate.c - the rendezvous simulator of pipeline schedules (simulate.h). */
+/* simulate.c - the simulator of pipeline schedules, rendezvous or posted (simulate.h). */
 #include "engine/pipeline/simulate.h"
 
 #include <math.h>
@@ -130,6 +130,142 @@ static double duration(const ms_pp_plan *pl, const ms_pp_times *t, int op) {
     }
 }
 
+/* Runs compute action i of stage s from `at`: its span, the stage's busy time and clock, and
+ * the units it holds (an F takes one; the B, or under zb-h1 the W, gives it back). */
+static void compute(const ms_pp_plan *pl, const ms_pp_times *t, ms_pp_timeline *tl, int *held,
+                    double *clock, int s, int i, double at) {
+    const ms_pp_action *a = &pl->act[s][i];
+    ms_pp_stage_time *me = &tl->stage[s];
+    double d = duration(pl, t, a->op);
+    tl->start[s][i] = at;
+    tl->end[s][i] = clock[s] = at + d;
+    me->busy += d;
+    bool release = a->op == (pl->kind == MS_SCHEDULE_ZB_H1 ? MS_PP_WEIGHT : MS_PP_BACKWARD);
+    held[s] += a->op == MS_PP_FORWARD ? 1 : release ? -1 : 0;
+    if (held[s] > me->peak_inflight) me->peak_inflight = held[s];
+}
+
+/* Rendezvous: a stage runs until it waits in a batch; posting a batch wakes the stages it
+ * pairs with. Leaves pos[s] < n[s] on the stages that never finish. */
+static void run_rendezvous(sim *S, const ms_pp_times *t, ms_pp_timeline *tl, int *pos, int *held,
+                           double *clock) {
+    const ms_pp_plan *pl = S->pl;
+    const int p = pl->p;
+    int *stack = xmalloc((size_t)p * sizeof(int)), top = 0;
+    bool *queued = xcalloc((size_t)p, sizeof(bool));
+    for (int s = p - 1; s >= 0; s--) stack[top++] = s, queued[s] = true;
+    while (top > 0) {
+        int s = stack[--top];
+        queued[s] = false;
+        while (pos[s] < pl->n[s]) {
+            int i = pos[s];
+            if (!ms_pp_is_comm(pl->act[s][i].op)) {
+                compute(pl, t, tl, held, clock, s, i, clock[s]);
+                pos[s]++;
+                continue;
+            }
+            int j = i;
+            while (j < pl->n[s] && ms_pp_is_comm(pl->act[s][j].op)) j++;
+            if (S->posted[s][i] < 0) {
+                S->posted[s][i] = clock[s];
+                for (int k = i; k < j; k++) {
+                    int q = S->partner[s][k].stage;
+                    if (!queued[q]) stack[top++] = q, queued[q] = true;
+                }
+            }
+            double done = clock[s];
+            bool ready = true;
+            for (int k = i; k < j && ready; k++) {
+                where q = S->partner[s][k];
+                double theirs = S->posted[q.stage][S->first[q.stage][q.at]];
+                if (theirs < 0) ready = false;
+                double met = (theirs > S->posted[s][i] ? theirs : S->posted[s][i]) + t->comm;
+                if (met > done) done = met;
+            }
+            if (!ready) break;
+            for (int k = i; k < j; k++) tl->start[s][k] = S->posted[s][i], tl->end[s][k] = done;
+            clock[s] = done;
+            pos[s] = j;
+        }
+        tl->stage[s].end = clock[s];
+    }
+    free(stack), free(queued);
+}
+
+/* Posted: when unit (model chunk k, micro-batch j)'s input exists on its stage -- F of k-1's
+ * output or B of k+1's gradient, sent the moment it was made -- or -1 while it does not.
+ * made[0] holds the F's ends, made[1] the B's, per model chunk and micro-batch. */
+static double input_ready(const ms_pp_plan *pl, const ms_pp_times *t, double *const made[2], int s,
+                          const ms_pp_action *a) {
+    int k = a->chunk * pl->p + s, last = pl->p * pl->v - 1;
+    double from;
+    if (a->op == MS_PP_FORWARD && k > 0)
+        from = made[0][(size_t)(k - 1) * pl->m + a->mb];
+    else if (a->op == MS_PP_BACKWARD && k < last)
+        from = made[1][(size_t)(k + 1) * pl->m + a->mb];
+    else
+        return 0; /* the data, its own F (the last chunk's B) or its own B (W): in order */
+    return from < 0 ? -1 : from + t->comm;
+}
+
+/* Posted: every stage runs its computes in order, each once its input exists; sweeps until
+ * none moves. Leaves pos[s] < n[s] on the stages that never finish. */
+static void run_posted(const ms_pp_plan *pl, const ms_pp_times *t, ms_pp_timeline *tl, int *pos,
+                       int *held, double *clock) {
+    size_t units = (size_t)pl->p * pl->v * pl->m;
+    double *made[2] = {xmalloc(units * sizeof(double)), xmalloc(units * sizeof(double))};
+    for (size_t u = 0; u < units; u++) made[0][u] = made[1][u] = -1;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < pl->p; s++) {
+            for (; pos[s] < pl->n[s]; pos[s]++, moved = true) {
+                int i = pos[s];
+                const ms_pp_action *a = &pl->act[s][i];
+                if (ms_pp_is_comm(a->op)) {
+                    tl->start[s][i] = tl->end[s][i] = clock[s];
+                    continue;
+                }
+                double ready = input_ready(pl, t, made, s, a);
+                if (ready < 0) break;
+                compute(pl, t, tl, held, clock, s, i, ready > clock[s] ? ready : clock[s]);
+                if (a->op != MS_PP_WEIGHT)
+                    made[a->op == MS_PP_BACKWARD][(size_t)(a->chunk * pl->p + s) * pl->m + a->mb] =
+                        clock[s];
+            }
+            tl->stage[s].end = clock[s];
+        }
+    }
+    free(made[0]), free(made[1]);
+}
+
+/* Posted: why the stuck stages wait -- the compute each one cannot start. */
+static ms_status deadlock_posted(const ms_pp_plan *pl, const int *pos, ms_error *err) {
+    char msg[MS_ERROR_MSG_MAX];
+    size_t len = (size_t)snprintf(msg, sizeof msg, "deadlock:");
+    const char *sep = " ";
+    for (int s = 0; s < pl->p && len < sizeof msg; s++) {
+        if (pos[s] >= pl->n[s]) continue;
+        const ms_pp_action *a = &pl->act[s][pos[s]];
+        len += (size_t)snprintf(msg + len, sizeof msg - len,
+                                "%sstage %d waits for %s mb %d chunk "
+                                "%d's input",
+                                sep, s, ms_pp_op_name((ms_pp_op)a->op), a->mb, a->chunk);
+        sep = "; ";
+    }
+    return ms_fail(err, MS_ERR_INVALID, "%s", msg);
+}
+
+/* The step, and each stage's bubble against it and the mean. */
+static void finish(ms_pp_timeline *tl) {
+    for (int s = 0; s < tl->p; s++)
+        if (tl->stage[s].end > tl->step) tl->step = tl->stage[s].end;
+    for (int s = 0; s < tl->p; s++) {
+        ms_pp_stage_time *x = &tl->stage[s];
+        x->bubble = tl->step > 0 ? (tl->step - x->busy) / tl->step : 0;
+        tl->bubble += x->bubble / tl->p;
+    }
+}
+
 ms_status ms_pp_simulate(const ms_pp_plan *pl, const ms_pp_times *t, ms_pp_timeline *out,
                          ms_error *err) {
     const double tv[4] = {t->f, t->b, t->w, t->comm};
@@ -161,79 +297,26 @@ ms_status ms_pp_simulate(const ms_pp_plan *pl, const ms_pp_times *t, ms_pp_timel
             S.posted[s][i] = -1;
         }
     }
+    /* paired under either semantics: a list whose transfers do not match is refused */
     ms_status st = pair(&S, err);
-    int *pos = xcalloc((size_t)p, sizeof(int)), *stack = xmalloc((size_t)p * sizeof(int));
-    int *held = xcalloc((size_t)p, sizeof(int));
+    int *pos = xcalloc((size_t)p, sizeof(int)), *held = xcalloc((size_t)p, sizeof(int));
     double *clock = xcalloc((size_t)p, sizeof(double));
-    bool *queued = xcalloc((size_t)p, sizeof(bool));
-    int top = 0;
-    for (int s = p - 1; s >= 0; s--) stack[top++] = s, queued[s] = true;
-    /* A stage runs until it waits in a batch; posting a batch wakes the stages it pairs with. */
-    while (st == MS_OK && top > 0) {
-        int s = stack[--top];
-        queued[s] = false;
-        ms_pp_stage_time *me = &tl.stage[s];
-        while (pos[s] < pl->n[s]) {
-            int i = pos[s];
-            const ms_pp_action *a = &pl->act[s][i];
-            if (!ms_pp_is_comm(a->op)) {
-                double d = duration(pl, t, a->op);
-                tl.start[s][i] = clock[s];
-                tl.end[s][i] = clock[s] += d;
-                me->busy += d;
-                bool release =
-                    a->op == (pl->kind == MS_SCHEDULE_ZB_H1 ? MS_PP_WEIGHT : MS_PP_BACKWARD);
-                held[s] += a->op == MS_PP_FORWARD ? 1 : release ? -1 : 0;
-                if (held[s] > me->peak_inflight) me->peak_inflight = held[s];
-                pos[s]++;
-                continue;
-            }
-            int j = i;
-            while (j < pl->n[s] && ms_pp_is_comm(pl->act[s][j].op)) j++;
-            if (S.posted[s][i] < 0) {
-                S.posted[s][i] = clock[s];
-                for (int k = i; k < j; k++) {
-                    int q = S.partner[s][k].stage;
-                    if (!queued[q]) stack[top++] = q, queued[q] = true;
-                }
-            }
-            double done = clock[s];
-            bool ready = true;
-            for (int k = i; k < j && ready; k++) {
-                where q = S.partner[s][k];
-                double theirs = S.posted[q.stage][S.first[q.stage][q.at]];
-                if (theirs < 0) ready = false;
-                double met = (theirs > S.posted[s][i] ? theirs : S.posted[s][i]) + t->comm;
-                if (met > done) done = met;
-            }
-            if (!ready) break;
-            for (int k = i; k < j; k++) tl.start[s][k] = S.posted[s][i], tl.end[s][k] = done;
-            clock[s] = done;
-            pos[s] = j;
-        }
-        me->end = clock[s];
-    }
-    if (st == MS_OK)
-        for (int s = 0; s < p; s++)
-            if (pos[s] < pl->n[s]) {
-                st = deadlock(&S, pos, err);
-                break;
-            }
+    if (st == MS_OK && t->posted)
+        run_posted(pl, t, &tl, pos, held, clock);
+    else if (st == MS_OK)
+        run_rendezvous(&S, t, &tl, pos, held, clock);
+    for (int s = 0; s < p && st == MS_OK; s++)
+        if (pos[s] < pl->n[s])
+            st = t->posted ? deadlock_posted(pl, pos, err) : deadlock(&S, pos, err);
     if (st == MS_OK) {
-        for (int s = 0; s < p; s++)
-            if (tl.stage[s].end > tl.step) tl.step = tl.stage[s].end;
-        for (int s = 0; s < p; s++) {
-            ms_pp_stage_time *x = &tl.stage[s];
-            x->bubble = tl.step > 0 ? (tl.step - x->busy) / tl.step : 0;
-            tl.bubble += x->bubble / p;
-        }
+        finish(&tl);
         *out = tl;
     } else {
         ms_pp_timeline_free(&tl);
     }
     for (int s = 0; s < p; s++) free(S.first[s]), free(S.partner[s]), free(S.posted[s]);
     free(S.first), free(S.partner), free(S.posted);
-    free(pos), free(stack), free(held), free(clock), free(queued);
+    free(pos), free(held), free(clock);
     return st;
 }
 
@@ -272,14 +355,15 @@ ms_status ms_pp_bubble_fraction(ms_schedule kind, int p, int m, int v, double t_
                        "pipeline durations must be finite, >= 0 and not all 0 (f %g, b %g, w %g)",
                        t_f, t_b, t_w);
     if (p == 1) return MS_OK;
-    ms_pp_times t = {.f = t_f / v, .b = t_b / v, .w = t_w / v}; /* a chunk: 1/v of the layers */
+    /* a chunk: 1/v of the layers; transfers as the executor runs them */
+    ms_pp_times t = {.f = t_f / v, .b = t_b / v, .w = t_w / v, .posted = true};
     double idle;
     if (m <= 3 * p) {
         MS_CHECK(idle_time(kind, p, m, v, &t, &idle, err));
     } else {
         /* past the warm-up every p micro-batches repeat the same pattern, so the idle time is
-         * affine in m: constant for 1f1b, gpipe and interleaved; zb-h1's lists, aligned for
-         * F = B = W, wait |F - W| per micro-batch otherwise. Two short runs give the line. */
+         * affine in m (constant, with posted transfers, for every schedule; rendezvous zb-h1
+         * lists would wait |F - W| per micro-batch). Two short runs give the line. */
         double hi, lo;
         MS_CHECK(idle_time(kind, p, 3 * p, v, &t, &hi, err));
         MS_CHECK(idle_time(kind, p, 2 * p, v, &t, &lo, err));

@@ -767,8 +767,8 @@ typedef struct memo_entry {
     struct memo_entry *next;
 } memo_entry;
 
-/* A simulated bubble fraction. 1f1b, gpipe and interleaved pair their transfer batches so
- * that the fraction does not depend on how a micro-batch splits into F, B and W
+/* A simulated bubble fraction, with the executor's posted transfers. Under 1f1b, gpipe and
+ * interleaved it does not depend on how a micro-batch splits into F, B and W
  * (test_pp_schedule checks four splits): they are keyed by (schedule, pp, m, v) alone, so a
  * search simulates each once; zb-h1 is keyed by its split too. */
 typedef struct bubble_entry {

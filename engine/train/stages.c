@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
@@ -388,10 +389,21 @@ static void release_slot(ms_stages *st, chunk *c, int j) {
     c->slot_of[j] = -1;
 }
 
-/* One trace event per compute action of the training schedule, when the run is traced.
- * Forward-only runs (evaluation, sampling) are not the schedule: recording them would put
- * extra F's into the step that happens to be current, and into its measured bubble. */
-static void record_action(const ms_stages *st, const ms_pp_action *a, const chunk *c, int64_t t0) {
+/* The calling thread's CPU time, read when the run is traced (0 otherwise): beside an
+ * action's wall span it tells the time the rank computed from the time it waited for a
+ * core. */
+static int64_t traced_cpu_ns(const ms_stages *st) {
+    struct timespec ts;
+    if (!st->ctx->trace.recorder || clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One trace event per compute action of the training schedule, when the run is traced, from
+ * wall time t0 and thread CPU time cpu0. Forward-only runs (evaluation, sampling) are not the
+ * schedule: recording them would put extra F's into the step that happens to be current, and
+ * into its measured bubble. */
+static void record_action(const ms_stages *st, const ms_pp_action *a, const chunk *c, int64_t t0,
+                          int64_t cpu0) {
     if (!st->ctx->trace.recorder) return;
     ms_ev_pipe e = {.action = a->op == MS_PP_FORWARD    ? MS_PIPE_F
                               : a->op == MS_PP_BACKWARD ? MS_PIPE_B
@@ -402,7 +414,8 @@ static void record_action(const ms_stages *st, const ms_pp_action *a, const chun
                     .model_chunk = c->k,
                     .stages = (int16_t)st->p,
                     .virtual_stages = (int16_t)st->v,
-                    .micro_batches = st->m};
+                    .micro_batches = st->m,
+                    .cpu_ns = cpu0 > 0 ? traced_cpu_ns(st) - cpu0 : 0};
     ms_ev_strcpy(e.schedule, sizeof e.schedule, NULL,
                  ms_schedule_name((ms_schedule)st->strat.schedule));
     ms_record_pipe(&st->ctx->trace, &e, t0);
@@ -517,13 +530,14 @@ static ms_status run_forward(ms_stages *st, chunk *c, const ms_pp_action *a, boo
                       &q, err));
         MS_CHECK(ms_comm_wait(q, err));
     }
-    int64_t t0 = ms_now_ns();
+    int64_t t0 = ms_now_ns(), cpu0 = traced_cpu_ns(st);
     ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
                                 (int64_t)a->mb * st->rows_dp);
     MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
     float l = 0;
     MS_CHECK(ms_program_forward(c->prog, &l, err));
     if (c->k == last) *sum += l;
+    if (train) record_action(st, a, c, t0, cpu0); /* the compute's span, without the send */
     if (c->k < last) {
         ms_tensor *out = ms_program_local(c->prog, md->hidden_out);
         float *o = ms_tensor_f32(out);
@@ -531,7 +545,6 @@ static ms_status run_forward(ms_stages *st, chunk *c, const ms_pp_action *a, boo
         MS_CHECK(train ? post(st, c, a->mb, false, true, o, n, &c->act_out[a->mb], err)
                        : send_from_outbox(st, c, a->mb, false, o, n, err));
     }
-    if (train) record_action(st, a, c, t0);
     if (!train) release_slot(st, c, a->mb);
     return MS_OK;
 }
@@ -548,17 +561,17 @@ static ms_status run_backward(ms_stages *st, chunk *c, const ms_pp_action *a, ms
         MS_CHECK(settle(&c->grad_in[a->mb], err));
     }
     MS_CHECK(take_slot(st, c, a->mb, true, err));
-    int64_t t0 = ms_now_ns();
+    int64_t t0 = ms_now_ns(), cpu0 = traced_cpu_ns(st);
     ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
                                 (int64_t)a->mb * st->rows_dp);
     MS_CHECK(b ? ms_program_backward_input(c->prog, err)
                : ms_program_backward_weight(c->prog, err));
+    record_action(st, a, c, t0, cpu0);
     if (b && c->k > 0) {
         ms_tensor *g = ms_program_input_grad(c->prog, c->model.hidden_in);
         MS_CHECK(send_from_outbox(st, c, a->mb, true, ms_tensor_f32(g), (size_t)ms_tensor_numel(g),
                                   err));
     }
-    record_action(st, a, c, t0);
     release_slot(st, c, a->mb);
     return MS_OK;
 }

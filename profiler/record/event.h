@@ -106,6 +106,9 @@ typedef struct ms_ev_pipe {
     int16_t stages, virtual_stages;
     int32_t micro_batches;
     char schedule[12]; /* "1f1b", "gpipe", "interleaved", "zb-h1" */
+    /* The rank thread's CPU time inside the action; 0: not measured. Below the span's length
+     * by the time the thread waited for a core (or for its kernels' other threads). */
+    int64_t cpu_ns;
 } ms_ev_pipe;
 
 typedef struct ms_event {
