@@ -38,11 +38,13 @@ static int64_t step_at(const key *spans, size_t n, int32_t rank, int64_t t) {
 }
 
 long ms_gpu_attribute(ms_event *ev, size_t n) {
-    size_t nops = 0, nsteps = 0;
+    size_t nops = 0, nsteps = 0, ngpu = 0;
     for (size_t i = 0; i < n; i++) {
         nops += ev[i].kind == MS_EV_OP && ev[i].u.op.gpu == MS_GPU_NONE && ev[i].u.op.corr;
         nsteps += ev[i].kind == MS_EV_STEP;
+        ngpu += ev[i].kind == MS_EV_OP && ev[i].u.op.gpu != MS_GPU_NONE;
     }
+    if (!ngpu) return 0; /* a CPU run: nothing to attribute, no scratch (the live window's case) */
     key *ops = malloc(sizeof *ops * (nops + 1)), *spans = malloc(sizeof *spans * (nsteps + 1));
     if (!ops || !spans) {
         free(ops), free(spans);

@@ -422,7 +422,7 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .scale_inplace = h_scale_inplace
 /* clang-format on */
 
-    static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
+static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
 static const ms_kernels fenced_kernels = {.name = "fenced", .kind = MS_DEVICE_FENCED, HOST_SLOTS};
 
 /* The CUDA table and its context (kernels/cuda/backend_cuda.c), when CUDA is built. */
