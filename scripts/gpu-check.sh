@@ -11,7 +11,9 @@
 #   - GPT-2 124M, 20 steps in bf16: step time, tokens/s and model FLOP utilisation against
 #     the GPU's bf16 peak (GPU_PEAK_TFLOPS, default 989 for an H100/H200);
 #   - a traced GPU run (CUPTI) and `meshscope trace check` on it;
-#   - `meshscope bench gemm` at 4096^3.
+#   - `meshscope bench gemm` at 4096^3;
+#   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
+#     development machine has 2 cores for pp 4's 4 ranks).
 #
 # Safe to run again and again: the build directory is reused (an incremental build) and
 # nothing outside it is written. Every step has a time limit, so a run ends within about
@@ -170,6 +172,16 @@ run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trac
 
 echo "=== bench gemm 4096^3 (host BLAS; the GPU GEMM rate is in test_cuda_kernels' output)"
 timeout 120 "$ms" bench gemm --m 4096 --n 4096 --k 4096 | tee "$OUT_DIR/gemm.txt" || failed=1
+
+echo "=== pipeline bubbles with a core per rank (this machine's CPUs; thread ranks, no GPU)"
+# The 2-core development machine time-shares pp 4's four ranks; here each gets its own core.
+if [ "$(nproc)" -ge 8 ]; then
+  timeout 150 bash bench/pipeline.sh --bin "$ms" --rounds 2 \
+    --cases "4:8:interleaved:2 4:4:interleaved:2 4:8:1f1b 4:8:zb-h1" \
+    2>&1 | tee "$OUT_DIR/pipeline.txt" || echo "  pipeline bench failed or timed out (not a GPU check)"
+else
+  echo "  skipped: $(nproc) cores, fewer than 8"
+fi
 
 echo "=== results in $OUT_DIR"
 exit "$failed"
