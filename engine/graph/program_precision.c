@@ -8,7 +8,9 @@
  * program's staging area, runs the fp32 kernel there (so every kernel accumulates in fp32),
  * and rounds what it wrote back once: the bf16 buffers hold exactly what a bf16 kernel with
  * fp32 accumulation would store. The staging area is sized for the largest instruction and
- * reused by all. */
+ * reused by all. An op whose kernels on the rank's device take bf16 as it is (runs_bf16_on:
+ * matmul on CUDA's tensor cores, and on the fenced device to check that path) gets its bf16
+ * buffers unstaged, with the same result. */
 #include <string.h>
 
 #include "engine/graph/program_impl.h"
@@ -102,12 +104,30 @@ static void point_at_wide(ms_program *p, ms_tensor **slot, int b) {
     if (b >= 0 && p->bufs[b].dtype == MS_BF16) *slot = &p->bufs[b].wide;
 }
 
+/* Whether the instruction hands its bf16 buffers to the op as they are: the op has bf16
+ * kernels on this device, and every operand is bf16 and a buffer of its own (the staged path
+ * shares one fp32 copy between aliases, which per-operand bf16 kernels cannot). */
+static bool runs_unstaged(const ms_program *p, const instr *in, const ms_op_def *def,
+                          const stage_set *set) {
+    if (!def->runs_bf16_on || !def->runs_bf16_on(p->kc->k)) return false;
+    const gnode *nd = &p->g->n[in->node];
+    bool bwd = in->kind == I_BWD;
+    int operands = 0;
+    for (int i = 0; i < nd->n_in; i++) operands += in->kb.in[i] >= 0;
+    for (int o = 0; o < nd->n_out; o++) operands += in->kb.out[o] >= 0;
+    for (int o = 0; bwd && o < MS_OP_MAX_OUT; o++) operands += in->dout_buf[o] >= 0;
+    for (int i = 0; bwd && i < MS_OP_MAX_IN; i++) operands += in->din_buf[i] >= 0;
+    return operands == set->n;
+}
+
 ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_error *err) {
     const ms_op_def *def = ms_op_get(p->g->n[in->node].op);
     bool fwd = in->kind == I_FWD;
     if (!p->bf16) return fwd ? def->forward(call, err) : def->backward(call, err);
     stage_set set;
     stage_collect(p, in, &set);
+    if (set.n > 0 && runs_unstaged(p, in, def, &set))
+        return fwd ? def->forward(call, err) : def->backward(call, err);
     size_t off = 0;
     for (int i = 0; i < set.n; i++) {
         buf *b = &p->bufs[set.s[i].buf];

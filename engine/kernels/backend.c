@@ -422,8 +422,54 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .scale_inplace = h_scale_inplace
 /* clang-format on */
 
+/* ---- the fenced device's bf16 products ----
+ * Widened into host scratch, the fp32 kernel, rounded back: what the program's staging does,
+ * so the program's unstaged bf16 path (taken where a table has these slots, as CUDA's does)
+ * is checked against the staged one bit for bit without a GPU. The CPU table leaves them out:
+ * without bf16 arithmetic in its cores, staging once per instruction is the cheaper way. */
+static float *widened(const uint16_t *x, int64_t n, bool read) {
+    float *w = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *w);
+    if (read && x) ms_k_bf16_widen(w, x, n);
+    return w;
+}
+static int64_t gemm_a_numel(const ms_k_gemm *g) {
+    return (g->bcast_a ? 1 : g->batch) * g->m * g->k;
+}
+static int64_t gemm_b_numel(const ms_k_gemm *g) {
+    return (g->bcast_b ? 1 : g->batch) * g->k * g->n;
+}
+static ms_status f_matmul_forward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *c,
+                                       const uint16_t *a, const uint16_t *b, float alpha,
+                                       float beta, ms_error *err) {
+    int64_t na = gemm_a_numel(g), nb = gemm_b_numel(g), nc = g->batch * g->m * g->n;
+    float *wa = widened(H(a), na, true), *wb = widened(H(b), nb, true);
+    float *wc = widened(H(c), nc, beta != 0);
+    ms_k_matmul_forward(g, wc, wa, wb, alpha, beta);
+    ms_k_bf16_round(H(c), wc, nc);
+    free(wa), free(wb), free(wc);
+    return OK;
+}
+static ms_status f_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *da, uint16_t *db,
+                                        const uint16_t *dc, const uint16_t *a, const uint16_t *b,
+                                        float alpha, bool accumulate, ms_error *err) {
+    int64_t na = gemm_a_numel(g), nb = gemm_b_numel(g), nc = g->batch * g->m * g->n;
+    float *wa = widened(H(a), na, true), *wb = widened(H(b), nb, true);
+    float *wdc = widened(H(dc), nc, true);
+    float *wda = da ? widened(H(da), na, accumulate) : NULL;
+    float *wdb = db ? widened(H(db), nb, accumulate) : NULL;
+    ms_k_matmul_backward(g, wda, wdb, wdc, wa, wb, alpha, accumulate);
+    if (da) ms_k_bf16_round(H(da), wda, na);
+    if (db) ms_k_bf16_round(H(db), wdb, nb);
+    free(wa), free(wb), free(wdc), free(wda), free(wdb);
+    return OK;
+}
+
 static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
-static const ms_kernels fenced_kernels = {.name = "fenced", .kind = MS_DEVICE_FENCED, HOST_SLOTS};
+static const ms_kernels fenced_kernels = {.name = "fenced",
+                                          .kind = MS_DEVICE_FENCED,
+                                          HOST_SLOTS,
+                                          .matmul_forward_bf16 = f_matmul_forward_bf16,
+                                          .matmul_backward_bf16 = f_matmul_backward_bf16};
 
 /* The CUDA table and its context (kernels/cuda/backend_cuda.c), when CUDA is built. */
 #ifdef MS_HAVE_CUDA

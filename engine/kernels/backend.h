@@ -74,6 +74,15 @@ struct ms_kernels {
              float alpha, float beta);
     MS_KSLOT(matmul_backward, const ms_k_gemm *g, float *da, float *db, const float *dc,
              const float *a, const float *b, float alpha, bool accumulate);
+    /* Optional (NULL: a bf16 program widens the operands to fp32, calls the two above and
+     * rounds what they wrote): the same products on bf16 buffers, accumulating in fp32 and
+     * rounding each output once. With beta or accumulate the bf16 output is widened, added to
+     * in fp32 and rounded, so the result is bit for bit the staged one's. */
+    MS_KSLOT(matmul_forward_bf16, const ms_k_gemm *g, uint16_t *c, const uint16_t *a,
+             const uint16_t *b, float alpha, float beta);
+    MS_KSLOT(matmul_backward_bf16, const ms_k_gemm *g, uint16_t *da, uint16_t *db,
+             const uint16_t *dc, const uint16_t *a, const uint16_t *b, float alpha,
+             bool accumulate);
 
     /* ---- elementwise ---- */
     MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);

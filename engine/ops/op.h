@@ -242,6 +242,10 @@ typedef struct ms_op_def {
      * of kernels.h directly, so it runs on host memory only (the CPU device). An op that
      * sets it calls kernels through call->kc only, and never reads tensor memory itself. */
     bool (*runs_on)(const ms_kernels *k);
+    /* Whether the op's kernels in table k take bf16 operands as they are (fp32 accumulation,
+     * each output rounded once), so that a bf16 program hands its buffers over instead of
+     * staging them through fp32. NULL: never. */
+    bool (*runs_bf16_on)(const ms_kernels *k);
     /* Which inputs take gradients (bit i = input i). Integer inputs (ids, targets) do not. */
     unsigned grad_inputs;
     /* Which outputs hold integers (bit o = output o: indices), kept fp32 under bf16 precision

@@ -106,14 +106,25 @@ static ms_k_gemm matmul_gemm(const ms_op_call *call) {
     return g;
 }
 
+/* bf16 operands reach the op only from a table with bf16 products (runs_bf16_on). */
+static inline uint16_t *U16(const ms_tensor *t) {
+    return t ? (uint16_t *)ms_tensor_data(t) : NULL;
+}
+
 static ms_status matmul_forward(ms_op_call *call, ms_error *err) {
     ms_k_gemm g = matmul_gemm(call);
+    if (call->in[0]->dtype == MS_BF16)
+        return MS_CALL_K(call->kc, matmul_forward_bf16, &g, U16(call->out[0]), U16(call->in[0]),
+                         U16(call->in[1]), 1.0f, 0.0f, err);
     return MS_CALL_K(call->kc, matmul_forward, &g, F(call->out[0]), F(call->in[0]), F(call->in[1]),
                      1.0f, 0.0f, err);
 }
 
 static ms_status matmul_backward(ms_op_call *call, ms_error *err) {
     ms_k_gemm g = matmul_gemm(call);
+    if (call->in[0]->dtype == MS_BF16)
+        return MS_CALL_K(call->kc, matmul_backward_bf16, &g, U16(call->din[0]), U16(call->din[1]),
+                         U16(call->dout[0]), U16(call->in[0]), U16(call->in[1]), 1.0f, true, err);
     return MS_CALL_K(call->kc, matmul_backward, &g, F(call->din[0]), F(call->din[1]),
                      F(call->dout[0]), F(call->in[0]), F(call->in[1]), 1.0f, true, err);
 }
@@ -127,6 +138,10 @@ static bool matmul_runs_on(const ms_kernels *k) {
     return k->matmul_forward && k->matmul_backward;
 }
 
+static bool matmul_runs_bf16_on(const ms_kernels *k) {
+    return k->matmul_forward_bf16 && k->matmul_backward_bf16;
+}
+
 const ms_op_def ms_op_matmul_def = {
     .kind = MS_OP_MATMUL,
     .name = "matmul",
@@ -138,6 +153,7 @@ const ms_op_def ms_op_matmul_def = {
     .backward = matmul_backward,
     .cost = matmul_cost,
     .runs_on = matmul_runs_on,
+    .runs_bf16_on = matmul_runs_bf16_on,
     .grad_inputs = 3,
 };
 

@@ -96,6 +96,21 @@ static ms_status c_matmul_backward(ms_kctx *kc, const ms_k_gemm *g, float *da, f
                                  accumulate, err);
 }
 
+/* bf16 operands straight into cuBLAS (tensor cores), fp32 accumulation, each output rounded
+ * once; a broadcast operand's gradient over a batch of several items is rounded after each
+ * item (cuBLAS accumulates into the bf16 output), where the staged path rounds once. */
+static ms_status c_matmul_forward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *c,
+                                       const uint16_t *a, const uint16_t *b, float alpha,
+                                       float beta, ms_error *err) {
+    return ms_cu_matmul_forward(CU(kc)->cu, g, c, MS_CU_BF16, a, b, MS_CU_BF16, alpha, beta, err);
+}
+static ms_status c_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *da, uint16_t *db,
+                                        const uint16_t *dc, const uint16_t *a, const uint16_t *b,
+                                        float alpha, bool accumulate, ms_error *err) {
+    return ms_cu_matmul_backward(CU(kc)->cu, g, da, db, MS_CU_BF16, dc, a, b, MS_CU_BF16, alpha,
+                                 accumulate, err);
+}
+
 /* ---- elementwise ---- */
 static ms_status c_add_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
                                ms_error *err) {
@@ -381,6 +396,8 @@ static const ms_kernels cuda_kernels = {
     .ids_from_floats = c_ids_from_floats,
     .matmul_forward = c_matmul_forward,
     .matmul_backward = c_matmul_backward,
+    .matmul_forward_bf16 = c_matmul_forward_bf16,
+    .matmul_backward_bf16 = c_matmul_backward_bf16,
     .add_forward = c_add_forward,
     .add_backward = c_add_backward,
     .mul_forward = c_mul_forward,
