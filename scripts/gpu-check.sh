@@ -11,7 +11,8 @@
 #   - GPT-2 124M, 20 steps in bf16: step time, tokens/s and model FLOP utilisation against
 #     the GPU's bf16 peak (GPU_PEAK_TFLOPS, default 989 for an H100/H200);
 #   - a traced GPU run (CUPTI) and `meshscope trace check` on it;
-#   - `meshscope bench gemm` at 4096^3;
+#   - bench_gemm_cuda (bench/gemm_cuda.c): bf16 GEMMs through the kernel table against
+#     cublasGemmEx at 4096^3 and GPT-2 124M's shapes;
 #   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
 #     development machine has 2 cores for pp 4's 4 ranks).
 #
@@ -74,7 +75,7 @@ grep -qE "NCCL +ON" "$log" ||
 echo "=== build (-j$JOBS)"
 log="$BUILD_DIR/gpu-check.build.log"
 if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target test_cuda test_cupti test_nccl \
-  test_cuda_kernels test_cuda_host meshscope \
+  test_cuda_kernels test_cuda_host meshscope bench_gemm_cuda \
   >"$log" 2>&1; then
   grep -E "error|warning" "$log" | head -40
   tail -20 "$log"
@@ -170,8 +171,12 @@ run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trac
   { timeout 60 "$ms" trace check "$OUT_DIR/trace.json" | tee "$OUT_DIR/trace-check.txt" || failed=1; } &&
   { grep -c '"cat":"kernel"' "$OUT_DIR/trace.json" | sed 's/^/  kernel slices: /'; }
 
-echo "=== bench gemm 4096^3 (host BLAS; the GPU GEMM rate is in test_cuda_kernels' output)"
-timeout 120 "$ms" bench gemm --m 4096 --n 4096 --k 4096 | tee "$OUT_DIR/gemm.txt" || failed=1
+echo "=== bf16 GEMM through the kernel table against cuBLAS called directly (goal: 0.9 or more)"
+for shape in "4096 4096 4096" "8192 2304 768" "8192 3072 768" "8192 768 3072"; do
+  read -r m n k <<<"$shape"
+  timeout 60 "$BUILD_DIR/bench_gemm_cuda" --m "$m" --n "$n" --k "$k" --dtype bf16 |
+    tee -a "$OUT_DIR/gemm-cuda.txt" || failed=1
+done
 
 echo "=== pipeline bubbles with a core per rank (this machine's CPUs; thread ranks, no GPU)"
 # The 2-core development machine time-shares pp 4's four ranks; here each gets its own core.
