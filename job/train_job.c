@@ -224,6 +224,12 @@ static void announce(ms_ctx *ctx, const run_opts *o, ms_trainer *t, const ms_tex
     printf("mesh %s; %d reshards per step (%.1f KiB on rank 0); data %s (%zu bytes)\n",
            ms_mesh_str(ms_trainer_mesh(t), m, sizeof m), stats.n_reshards,
            stats.reshard_bytes / 1024, o->data, data->nbytes);
+    ms_device *dev = ctx->device;
+    if (dev->ops->kind != MS_DEVICE_CPU) {
+        char paths[256];
+        printf("device %s (rank 0 on #%d); collectives on device memory: %s\n", ms_device_name(dev),
+               dev->ordinal, ms_dmesh_paths_str(ms_trainer_dmesh(t), paths, sizeof paths));
+    }
     fflush(stdout);
 }
 

@@ -45,6 +45,10 @@ struct ms_comm {
     ms_device *device;      /* the rank's device: its buffers are staged (NULL: none) */
     struct stage_buf *pool; /* host staging buffers, grown on demand; guarded by mu */
     int npool;
+    /* Owned, or NULL: a communicator with the same members whose backend moves the device's
+     * memory itself (NCCL); collectives on device buffers only run on its backend. */
+    ms_comm *direct;
+    _Atomic int64_t direct_calls;
 };
 
 /* A host staging buffer of a communicator, held by one call at a time. */
@@ -69,6 +73,8 @@ typedef struct stage {
     char *host;
     int n;
     stage_region *r;
+    int host_bufs; /* the call's non-empty buffers in host memory */
+    bool direct;   /* every buffer is device memory and runs on c->direct's backend */
 } stage;
 
 /* A non-blocking call: its arguments, then what the progress thread found. */
@@ -175,6 +181,7 @@ void ms_comm_destroy(ms_comm *c) {
     for (int i = 0; i < c->npool; i++) free(c->pool[i].p);
     free(c->pool);
     c->ops->destroy(c->ctx);
+    ms_comm_destroy(c->direct);
     free(c->world_ranks);
     free(c);
 }
@@ -217,6 +224,24 @@ void ms_comm_set_observer(ms_comm *c, ms_comm_observer_fn fn, void *user) {
 }
 void ms_comm_set_device(ms_comm *c, ms_device *dev) {
     c->device = dev;
+}
+
+ms_status ms_comm_adopt_direct(ms_comm *c, ms_comm *direct, ms_error *err) {
+    if (!direct || direct->size != c->size || direct->rank != c->rank || c->direct) {
+        ms_comm_destroy(direct);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "communicator '%s': a direct path needs the same members in the same "
+                       "order, and only one",
+                       c->name);
+    }
+    c->direct = direct;
+    return MS_OK;
+}
+const char *ms_comm_direct_name(const ms_comm *c) {
+    return c->direct ? c->direct->ops->name : NULL;
+}
+int64_t ms_comm_direct_calls(const ms_comm *c) {
+    return c->direct_calls;
 }
 ms_device *ms_comm_device(const ms_comm *c) {
     return c->device;
@@ -270,7 +295,11 @@ static void stage_init(stage *s, ms_comm *c) {
 /* Adds buf (bytes long; read by the call when `in`, written when `out`) if it is device
  * memory. The same buffer twice (in place) is one region. */
 static void stage_add(stage *s, const void *buf, size_t bytes, bool in, bool out) {
-    if (!bytes || !ms_device_owns(s->c->device, buf)) return;
+    if (!bytes) return;
+    if (!ms_device_owns(s->c->device, buf)) {
+        s->host_bufs++;
+        return;
+    }
     for (int i = 0; i < s->n; i++)
         if (s->r[i].dev == buf) {
             stage_region *r = &s->r[i];
@@ -300,8 +329,29 @@ static ms_status stage_begin(stage *s, ms_error *err) {
     return MS_OK;
 }
 
+/* stage_begin for a collective that may take the direct path: when every buffer of the call
+ * is device memory and the communicator has one, nothing is staged. */
+static ms_status stage_begin_routed(stage *s, ms_comm_call *call, ms_error *err) {
+    if (s->c->direct && s->n > 0 && s->host_bufs == 0) {
+        s->direct = true;
+        s->c->direct_calls++;
+        call->algo = s->c->direct->ops->name; /* the backend may name its algorithm instead */
+        return MS_OK;
+    }
+    return stage_begin(s, err);
+}
+
+/* The backend that moves the staged call's data, and its context. */
+static const ms_comm_backend_ops *stage_ops_of(const stage *s) {
+    return s->direct ? s->c->direct->ops : s->c->ops;
+}
+static void *stage_ctx_of(const stage *s) {
+    return s->direct ? s->c->direct->ctx : s->c->ctx;
+}
+
 /* The buffer the backend gets for buf: its host stand-in, or buf itself. */
 static void *stage_ptr(const stage *s, const void *buf) {
+    if (s->direct) return (void *)buf;
     for (int i = 0; i < s->n; i++)
         if (s->r[i].dev == buf) return s->host + s->r[i].off;
     return (void *)buf;
@@ -310,7 +360,7 @@ static void *stage_ptr(const stage *s, const void *buf) {
 /* Copies back what the call wrote (when st is MS_OK) and gives the buffer back. Returns st, or
  * the copy's failure. */
 static ms_status stage_end(stage *s, ms_status st, ms_error *err) {
-    for (int i = 0; i < s->n && st == MS_OK && s->slot >= 0; i++) {
+    for (int i = 0; i < s->n && st == MS_OK && s->slot >= 0 && !s->direct; i++) {
         const stage_region *r = &s->r[i];
         if (r->out)
             st = ms_device_copy(s->c->device, r->dev, s->host + r->off, r->bytes,
@@ -626,10 +676,10 @@ ms_status ms_all_reduce_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void 
     stage_init(&s, c);
     stage_coll(&s, MS_COLL_ALL_REDUCE, dt, send, recv, count, NULL);
     int64_t t0 = ms_now_ns();
-    ms_status st = stage_begin(&s, err);
+    ms_status st = stage_begin_routed(&s, &call, err);
     if (st == MS_OK)
-        st = c->ops->all_reduce(c->ctx, stage_ptr(&s, send), stage_ptr(&s, recv), count, op, &call,
-                                err);
+        st = stage_ops_of(&s)->all_reduce(stage_ctx_of(&s), stage_ptr(&s, send),
+                                          stage_ptr(&s, recv), count, op, &call, err);
     st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, op, -1, err);
 }
@@ -649,10 +699,10 @@ ms_status ms_reduce_scatter_dt(ms_comm *c, ms_comm_dtype dt, const void *send, v
     stage_init(&s, c);
     stage_coll(&s, MS_COLL_REDUCE_SCATTER, dt, send, recv, 0, recv_counts);
     int64_t t0 = ms_now_ns();
-    ms_status st = stage_begin(&s, err);
+    ms_status st = stage_begin_routed(&s, &call, err);
     if (st == MS_OK)
-        st = c->ops->reduce_scatter(c->ctx, stage_ptr(&s, send), stage_ptr(&s, recv), recv_counts,
-                                    op, &call, err);
+        st = stage_ops_of(&s)->reduce_scatter(stage_ctx_of(&s), stage_ptr(&s, send),
+                                              stage_ptr(&s, recv), recv_counts, op, &call, err);
     st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, op, -1, err);
 }
@@ -672,10 +722,10 @@ ms_status ms_all_gather_dt(ms_comm *c, ms_comm_dtype dt, const void *send, void 
     stage_init(&s, c);
     stage_coll(&s, MS_COLL_ALL_GATHER, dt, send, recv, 0, counts);
     int64_t t0 = ms_now_ns();
-    ms_status st = stage_begin(&s, err);
+    ms_status st = stage_begin_routed(&s, &call, err);
     if (st == MS_OK)
-        st = c->ops->all_gather(c->ctx, stage_ptr(&s, send), stage_ptr(&s, recv), counts, &call,
-                                err);
+        st = stage_ops_of(&s)->all_gather(stage_ctx_of(&s), stage_ptr(&s, send),
+                                          stage_ptr(&s, recv), counts, &call, err);
     st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
@@ -692,6 +742,8 @@ ms_status ms_all_gather(ms_comm *c, const float *send, float *recv, const size_t
 static void execute(ms_comm_request *r) {
     ms_comm *c = r->c;
     ms_comm_call *call = &r->call;
+    const ms_comm_backend_ops *ops = stage_ops_of(&r->stage);
+    void *ctx = stage_ctx_of(&r->stage);
     r->t0 = ms_now_ns();
     ms_flight_start(c->flight, call->flight, r->t0);
     r->st = refuse_if_broken(c, call->kind, false, &r->err);
@@ -700,15 +752,13 @@ static void execute(ms_comm_request *r) {
         call->deadline_ns = r->t0 + call->timeout_ns;
         switch (call->kind) {
             case MS_COLL_ALL_REDUCE:
-                r->st =
-                    c->ops->all_reduce(c->ctx, r->send, r->recv, r->count, r->op, call, &r->err);
+                r->st = ops->all_reduce(ctx, r->send, r->recv, r->count, r->op, call, &r->err);
                 break;
             case MS_COLL_REDUCE_SCATTER:
-                r->st = c->ops->reduce_scatter(c->ctx, r->send, r->recv, r->counts, r->op, call,
-                                               &r->err);
+                r->st = ops->reduce_scatter(ctx, r->send, r->recv, r->counts, r->op, call, &r->err);
                 break;
             default: /* MS_COLL_ALL_GATHER */
-                r->st = c->ops->all_gather(c->ctx, r->send, r->recv, r->counts, call, &r->err);
+                r->st = ops->all_gather(ctx, r->send, r->recv, r->counts, call, &r->err);
                 break;
         }
     }
@@ -772,7 +822,8 @@ static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind,
     stage_init(&r->stage, c);
     stage_coll(&r->stage, kind, dt, r->send, r->recv, r->count, r->counts);
     ms_status st = refuse_if_broken(c, kind, true, err);
-    if (st == MS_OK) st = stage_begin(&r->stage, err); /* what it reads, copied at issue */
+    if (st == MS_OK)
+        st = stage_begin_routed(&r->stage, &r->call, err); /* what it reads, copied at issue */
     if (st != MS_OK) {
         stage_end(&r->stage, st, NULL);
         free(r->counts);
@@ -787,7 +838,8 @@ static ms_comm_request *issue(ms_comm *c, ms_comm_request *r, ms_coll_kind kind,
     flight_issue(c, &r->call, (call_info){r->bytes, -1, NULL, 0}, false);
     pthread_mutex_lock(&c->mu);
     c->in_flight++;
-    bool async = c->ops->async_ok && c->ops->async_ok(c->ctx);
+    const ms_comm_backend_ops *ops = stage_ops_of(&r->stage);
+    bool async = ops->async_ok && ops->async_ok(stage_ctx_of(&r->stage));
     if (async) {
         if (!c->has_thread) {
             if (pthread_create(&c->thread, NULL, progress_main, c) != 0)
@@ -956,10 +1008,11 @@ ms_status ms_all_to_all_dt(ms_comm *c, ms_comm_dtype dt, const void *send,
     const size_t span = extent(recv_counts, recv_displs, c->size);
     stage_add(&s, recv, span * elt, span != sum_counts(recv_counts, c->size), true);
     int64_t t0 = ms_now_ns();
-    ms_status st = stage_begin(&s, err);
+    ms_status st = stage_begin_routed(&s, &call, err);
     if (st == MS_OK)
-        st = c->ops->all_to_all(c->ctx, stage_ptr(&s, send), send_counts, send_displs,
-                                stage_ptr(&s, recv), recv_counts, recv_displs, &call, err);
+        st = stage_ops_of(&s)->all_to_all(stage_ctx_of(&s), stage_ptr(&s, send), send_counts,
+                                          send_displs, stage_ptr(&s, recv), recv_counts,
+                                          recv_displs, &call, err);
     st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, bytes, MS_REDUCE_SUM, -1, err);
 }
@@ -983,8 +1036,10 @@ ms_status ms_broadcast_dt(ms_comm *c, ms_comm_dtype dt, void *buf, size_t count,
     stage_init(&s, c);
     stage_add(&s, buf, info.bytes, c->rank == root, c->rank != root);
     int64_t t0 = ms_now_ns();
-    ms_status st = stage_begin(&s, err);
-    if (st == MS_OK) st = c->ops->broadcast(c->ctx, stage_ptr(&s, buf), count, root, &call, err);
+    ms_status st = stage_begin_routed(&s, &call, err);
+    if (st == MS_OK)
+        st = stage_ops_of(&s)->broadcast(stage_ctx_of(&s), stage_ptr(&s, buf), count, root, &call,
+                                         err);
     st = stage_end(&s, st, err);
     return call_end(c, &call, st, t0, count * ms_comm_dtype_size(dt), MS_REDUCE_SUM, root, err);
 }

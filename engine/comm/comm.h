@@ -308,6 +308,21 @@ ms_status ms_comm_split(ms_comm *parent, int color, int key, const char *name, m
 
 void ms_comm_destroy(ms_comm *c);
 
+/* --- a direct path for device memory --------------------------------------------------- */
+
+/* Lets c move its device's memory (ms_comm_set_device) through `direct`: a communicator with
+ * the same members in the same order whose backend reads and writes that memory itself
+ * (NCCL). A collective whose buffers are all memory of c's device then runs on direct's
+ * backend with nothing staged through the host; collectives on host buffers (or a mix), and
+ * point-to-point, stay on c's own backend. Sequence numbers, the flight recorder, the
+ * observer, the timeout and the failure handling stay c's. Every member must adopt alike and
+ * pass device memory alike (a rank with no data in a call goes the host way). Takes ownership
+ * of direct (destroyed with c, also on failure: a mismatched size or rank, or a second one). */
+ms_status ms_comm_adopt_direct(ms_comm *c, ms_comm *direct, ms_error *err);
+/* The direct path's backend name ("nccl"), or NULL; and how many calls took it. */
+const char *ms_comm_direct_name(const ms_comm *c);
+int64_t ms_comm_direct_calls(const ms_comm *c);
+
 /* --- the NCCL backend ------------------------------------------------------------------- */
 
 /* A communicator over NCCL with the same members, in the same order, as `bootstrap` (any

@@ -1,10 +1,51 @@
 /* dmesh.c - binding a mesh to per-dim communicators by splitting the world. */
 #include "engine/dist/dmesh.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "engine/core/xalloc.h"
 #include "profiler/record/hooks.h"
+
+/* An id of this host, the same for every process on it (its name hashed, FNV-1a). */
+static uint32_t host_id(void) {
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    uint32_t h = 2166136261u;
+    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+    return h;
+}
+
+/* With a GPU of its own for every member, a mesh dim's collectives on device memory go
+ * straight over NCCL (ms_comm_adopt_direct); members that share a GPU (NCCL cannot put two
+ * ranks on one device) keep staging through the host. The members compare their (host, GPU)
+ * pairs, so all decide alike; so does NCCL's own failure to start, which then leaves the
+ * host path and a note. */
+static ms_status adopt_nccl(ms_ctx *ctx, ms_comm *c, ms_error *err) {
+    const int n = ms_comm_size(c);
+    if (ctx->device->ops->kind != MS_DEVICE_CUDA || n < 2) return MS_OK;
+    uint32_t mine[2] = {host_id(), (uint32_t)ctx->device->ordinal};
+    uint32_t *all = xmalloc(sizeof mine * (size_t)n);
+    size_t *counts = xmalloc(sizeof *counts * (size_t)n);
+    for (int r = 0; r < n; r++) counts[r] = sizeof mine;
+    ms_status st = ms_all_gather_dt(c, MS_COMM_BYTES, mine, all, counts, err);
+    bool distinct = true;
+    for (int i = 0; st == MS_OK && i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            distinct &= all[2 * i] != all[2 * j] || all[2 * i + 1] != all[2 * j + 1];
+    free(all), free(counts);
+    if (st != MS_OK || !distinct) return st;
+    ms_comm *nccl = NULL;
+    ms_error why = {0};
+    if (ms_comm_nccl_create(c, ctx->device->ordinal, &nccl, &why) != MS_OK) {
+        if (ms_comm_rank(c) == 0)
+            fprintf(stderr, "note: mesh dim '%s' stages its collectives through the host: %s\n",
+                    ms_comm_name(c), why.msg);
+        return MS_OK;
+    }
+    return ms_comm_adopt_direct(c, nccl, err);
+}
 
 ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_error *err) {
     *out = NULL;
@@ -29,6 +70,7 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
             key = dm->coords[d];
         }
         st = ms_comm_split(ctx->world, color, key, mesh->names[d], &dm->dim_comm[d], err);
+        if (st == MS_OK && dm->dim_comm[d]) st = adopt_nccl(ctx, dm->dim_comm[d], err);
         if (st != MS_OK) {
             ms_dmesh_destroy(dm);
             return st;
@@ -37,6 +79,19 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
     }
     *out = dm;
     return MS_OK;
+}
+
+const char *ms_dmesh_paths_str(const ms_dmesh *dm, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < dm->mesh.ndim && k < cap; d++) {
+        const ms_comm *c = dm->dim_comm[d];
+        const char *path = !c                       ? "-"
+                           : ms_comm_direct_name(c) ? ms_comm_direct_name(c)
+                                                    : "host-staged";
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s %s", d ? ", " : "", dm->mesh.names[d], path);
+    }
+    return buf;
 }
 
 void ms_dmesh_destroy(ms_dmesh *dm) {

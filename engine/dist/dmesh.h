@@ -21,6 +21,10 @@ typedef struct ms_dmesh {
 } ms_dmesh;
 
 ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_error *err);
+/* Writes how each mesh dim moves device memory, e.g. "dp nccl, tp host-staged" (a dim this
+ * rank is not a member of: "-"), for the run's first lines. Returns buf. */
+const char *ms_dmesh_paths_str(const ms_dmesh *dm, char *buf, size_t cap);
+
 void ms_dmesh_destroy(ms_dmesh *dm);
 
 static inline bool ms_dmesh_is_member(const ms_dmesh *dm) {

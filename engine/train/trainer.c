@@ -534,6 +534,9 @@ const ms_model *ms_trainer_model(const ms_trainer *t) {
 const ms_mesh *ms_trainer_mesh(const ms_trainer *t) {
     return ms_stages_mesh(t->c.st);
 }
+ms_dmesh *ms_trainer_dmesh(ms_trainer *t) {
+    return ms_stages_dmesh(t->c.st);
+}
 ms_program *ms_trainer_program(ms_trainer *t) {
     return ms_stages_program(t->c.st, 0);
 }

@@ -123,6 +123,7 @@ const ms_model_config *ms_trainer_config(const ms_trainer *t);
 const ms_train_opts *ms_trainer_opts(const ms_trainer *t);
 const ms_model *ms_trainer_model(const ms_trainer *t);
 const ms_mesh *ms_trainer_mesh(const ms_trainer *t);
+ms_dmesh *ms_trainer_dmesh(ms_trainer *t); /* the communicators of this rank's (stage) mesh */
 ms_program *ms_trainer_program(ms_trainer *t);
 int64_t ms_trainer_skipped(const ms_trainer *t);
 

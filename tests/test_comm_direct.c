@@ -1,0 +1,217 @@
+/* test_comm_direct.c - a communicator's direct path for device memory (ms_comm_adopt_direct).
+ *
+ * Where a communicator has a backend that moves device memory itself (NCCL on a GPU), the
+ * collectives on device buffers run on it and nothing is staged through the host. Without a
+ * GPU the same routing is checked with the fenced device and a stand-in direct backend that
+ * removes the fence's tag and hands the host addresses to a second threads communicator with
+ * the same members: a call on fenced memory that went the staged way would copy through the
+ * host (and still be right), so each case checks both the values (against sums computed
+ * here) and which way the call went (ms_comm_direct_calls, the observer's algorithm name).
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm/comm.h"
+#include "engine/comm/comm_impl.h"
+#include "engine/core/device.h"
+#include "tests/testkit.h"
+
+enum { NRANKS = 4, N = 24 };
+
+/* --- the stand-in direct backend: untag, then the inner communicator ---------------------- */
+
+typedef struct untag_ctx {
+    ms_comm *inner; /* owned: threads communicator with the same members */
+} untag_ctx;
+
+#define U(p) ((void *)((p) ? (uintptr_t)(p) & ~MS_DEVICE_FENCE_TAG : (uintptr_t)0))
+
+static ms_status u_all_reduce(void *ctx, const void *send, void *recv, size_t count,
+                              ms_reduce_op op, ms_comm_call *call, ms_error *err) {
+    return ms_all_reduce_dt(((untag_ctx *)ctx)->inner, call->dtype, U(send), U(recv), count, op,
+                            err);
+}
+static ms_status u_reduce_scatter(void *ctx, const void *send, void *recv, const size_t *counts,
+                                  ms_reduce_op op, ms_comm_call *call, ms_error *err) {
+    return ms_reduce_scatter_dt(((untag_ctx *)ctx)->inner, call->dtype, U(send), U(recv), counts,
+                                op, err);
+}
+static ms_status u_all_gather(void *ctx, const void *send, void *recv, const size_t *counts,
+                              ms_comm_call *call, ms_error *err) {
+    return ms_all_gather_dt(((untag_ctx *)ctx)->inner, call->dtype, U(send), U(recv), counts, err);
+}
+static ms_status u_all_to_all(void *ctx, const void *send, const size_t *sc, const size_t *sd,
+                              void *recv, const size_t *rc, const size_t *rd, ms_comm_call *call,
+                              ms_error *err) {
+    return ms_all_to_all_dt(((untag_ctx *)ctx)->inner, call->dtype, U(send), sc, sd, U(recv), rc,
+                            rd, err);
+}
+static ms_status u_broadcast(void *ctx, void *buf, size_t count, int root, ms_comm_call *call,
+                             ms_error *err) {
+    return ms_broadcast_dt(((untag_ctx *)ctx)->inner, call->dtype, U(buf), count, root, err);
+}
+static ms_status u_barrier(void *ctx, ms_comm_call *call, ms_error *err) {
+    (void)call;
+    return ms_barrier(((untag_ctx *)ctx)->inner, err);
+}
+static void u_destroy(void *ctx) {
+    ms_comm_destroy(((untag_ctx *)ctx)->inner);
+    free(ctx);
+}
+static const ms_comm_backend_ops untag_ops = {.name = "untag",
+                                              .all_reduce = u_all_reduce,
+                                              .reduce_scatter = u_reduce_scatter,
+                                              .all_gather = u_all_gather,
+                                              .all_to_all = u_all_to_all,
+                                              .broadcast = u_broadcast,
+                                              .barrier = u_barrier,
+                                              .destroy = u_destroy};
+
+/* The algorithm names the observer saw, per rank (the last call). */
+static char seen_algo[NRANKS][16];
+
+static void observe(void *user, const ms_comm_event *ev) {
+    snprintf(seen_algo[*(int *)user], sizeof seen_algo[0], "%s", ev->algo ? ev->algo : "");
+}
+
+/* --- one rank ------------------------------------------------------------------------------- */
+
+typedef struct rank_bufs {
+    ms_device *dev;
+    float *d_send, *d_recv; /* fenced */
+    float host_send[NRANKS * N], host_recv[NRANKS * N], back[NRANKS * N];
+} rank_bufs;
+
+static void fill(float *x, int n, int rank) {
+    for (int i = 0; i < n; i++) x[i] = (float)(rank * 1000 + i);
+}
+
+static void to_dev(mt_rank *R, rank_bufs *b, const float *h, float *d, size_t n) {
+    ms_error err = {0};
+    MT_OK(R, ms_device_copy(b->dev, d, h, n * sizeof(float), MS_COPY_HOST_TO_DEVICE, &err), &err);
+}
+static const float *from_dev(mt_rank *R, rank_bufs *b, const float *d, size_t n) {
+    ms_error err = {0};
+    MT_OK(R, ms_device_copy(b->dev, b->back, d, n * sizeof(float), MS_COPY_DEVICE_TO_HOST, &err),
+          &err);
+    return b->back;
+}
+
+/* got[i] == sum over ranks of (rank * 1000 + i) */
+static void expect_sum(mt_rank *R, const char *what, const float *got, int n, int size) {
+    for (int i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < size; r++) want += (float)(r * 1000 + i);
+        MT_CHECK(R, got[i] == want, "%s: element %d is %g, want %g", what, i, (double)got[i],
+                 (double)want);
+    }
+}
+
+/* got[r * N + i] == r * 1000 + i: every rank's block in rank order */
+static void expect_blocks(mt_rank *R, const char *what, const float *got, int size) {
+    for (int r = 0; r < size; r++)
+        for (int i = 0; i < N; i++)
+            MT_CHECK(R, got[r * N + i] == (float)(r * 1000 + i), "%s: block %d element %d is %g",
+                     what, r, i, (double)got[r * N + i]);
+}
+
+static ms_comm *untag_over(ms_comm *inner) {
+    const int P = ms_comm_size(inner);
+    int world[NRANKS];
+    for (int r = 0; r < P; r++) world[r] = ms_comm_world_rank(inner, r);
+    untag_ctx *uc = calloc(1, sizeof *uc);
+    uc->inner = inner;
+    return ms_comm_wrap(&untag_ops, uc, ms_comm_rank(inner), P, world, "untag");
+}
+
+static void rank_main(mt_rank *R, void *arg) {
+    (void)arg;
+    ms_ctx *ctx = R->ctx;
+    const int me = ctx->rank, P = ctx->world_size;
+    ms_error err = {0};
+    ms_comm *a = NULL, *inner = NULL;
+    rank_bufs b = {0};
+    if (!MT_OK(R, ms_comm_split(ctx->world, 0, me, "a", &a, &err), &err) ||
+        !MT_OK(R, ms_comm_split(ctx->world, 0, me, "inner", &inner, &err), &err) ||
+        !MT_OK(R, ms_device_fenced_create(&b.dev, &err), &err))
+        return;
+    ms_comm_set_device(a, b.dev);
+    MT_CHECK(R, ms_comm_direct_name(a) == NULL, "a direct path before adopting one");
+    if (!MT_OK(R, ms_comm_adopt_direct(a, untag_over(inner), &err), &err)) return;
+    MT_CHECK(R, !strcmp(ms_comm_direct_name(a), "untag"), "direct path %s", ms_comm_direct_name(a));
+    int who = me;
+    ms_comm_set_observer(a, observe, &who);
+    const size_t bytes = sizeof(float) * NRANKS * N;
+    MT_OK(R, ms_device_alloc(b.dev, bytes, (void **)&b.d_send, &err), &err);
+    MT_OK(R, ms_device_alloc(b.dev, bytes, (void **)&b.d_recv, &err), &err);
+
+    /* all-reduce on device memory: direct */
+    fill(b.host_send, N, me);
+    to_dev(R, &b, b.host_send, b.d_send, N);
+    MT_OK(R, ms_all_reduce(a, b.d_send, b.d_recv, N, MS_REDUCE_SUM, &err), &err);
+    expect_sum(R, "all-reduce (device)", from_dev(R, &b, b.d_recv, N), N, P);
+    MT_CHECK(R, ms_comm_direct_calls(a) == 1, "direct calls %lld",
+             (long long)ms_comm_direct_calls(a));
+    MT_CHECK(R, !strcmp(seen_algo[me], "untag"), "observer saw '%s'", seen_algo[me]);
+
+    /* on host memory, and a mix: a's own backend (the mix staged) */
+    MT_OK(R, ms_all_reduce(a, b.host_send, b.host_recv, N, MS_REDUCE_SUM, &err), &err);
+    expect_sum(R, "all-reduce (host)", b.host_recv, N, P);
+    MT_CHECK(R, strcmp(seen_algo[me], "untag"), "a host all-reduce went the direct way");
+    memset(b.host_recv, 0, sizeof b.host_recv);
+    MT_OK(R, ms_all_reduce(a, b.d_send, b.host_recv, N, MS_REDUCE_SUM, &err), &err);
+    expect_sum(R, "all-reduce (device to host)", b.host_recv, N, P);
+    MT_CHECK(R, ms_comm_direct_calls(a) == 1, "a mixed call went the direct way");
+
+    /* all-gather, reduce-scatter, all-to-all, broadcast on device memory: direct */
+    size_t counts[NRANKS], displs[NRANKS];
+    for (int r = 0; r < P; r++) counts[r] = N, displs[r] = (size_t)r * N;
+    MT_OK(R, ms_all_gather(a, b.d_send, b.d_recv, counts, &err), &err);
+    expect_blocks(R, "all-gather", from_dev(R, &b, b.d_recv, (size_t)P * N), P);
+    for (int r = 0; r < P; r++) fill(b.host_send + r * N, N, me);
+    to_dev(R, &b, b.host_send, b.d_send, (size_t)P * N);
+    MT_OK(R, ms_reduce_scatter(a, b.d_send, b.d_recv, counts, MS_REDUCE_SUM, &err), &err);
+    expect_sum(R, "reduce-scatter", from_dev(R, &b, b.d_recv, N), N, P);
+    MT_OK(R, ms_all_to_all(a, b.d_send, counts, displs, b.d_recv, counts, displs, &err), &err);
+    expect_blocks(R, "all-to-all", from_dev(R, &b, b.d_recv, (size_t)P * N), P);
+    if (me == 1) to_dev(R, &b, b.host_send, b.d_recv, N);
+    MT_OK(R, ms_broadcast(a, b.d_recv, N, 1, &err), &err);
+    const float *g = from_dev(R, &b, b.d_recv, N);
+    for (int i = 0; i < N; i++)
+        MT_CHECK(R, g[i] == (float)(1000 + i), "broadcast: element %d is %g", i, (double)g[i]);
+    MT_CHECK(R, ms_comm_direct_calls(a) == 5, "direct calls %lld, want 5",
+             (long long)ms_comm_direct_calls(a));
+
+    /* non-blocking on device memory: direct, and the values are there by the wait */
+    fill(b.host_send, N, me);
+    to_dev(R, &b, b.host_send, b.d_send, N);
+    ms_comm_request *req = ms_iall_reduce(a, b.d_send, b.d_recv, N, MS_REDUCE_SUM, &err);
+    MT_CHECK(R, req != NULL, "iall_reduce: %s", err.msg);
+    MT_OK(R, ms_comm_wait(req, &err), &err);
+    expect_sum(R, "iall-reduce", from_dev(R, &b, b.d_recv, N), N, P);
+    MT_CHECK(R, ms_comm_direct_calls(a) == 6, "direct calls %lld, want 6",
+             (long long)ms_comm_direct_calls(a));
+
+    /* a second direct path is refused (and freed) */
+    ms_comm *again = NULL;
+    MT_OK(R, ms_comm_split(ctx->world, 0, me, "again", &again, &err), &err);
+    ms_error e2 = {0};
+    MT_CHECK(R, ms_comm_adopt_direct(a, again, &e2) == MS_ERR_INVALID, "a second path adopted");
+    MT_CHECK(R, strstr(e2.msg, "same members") != NULL, "message: %s", e2.msg);
+
+    ms_device_free(b.dev, b.d_send, bytes), ms_device_free(b.dev, b.d_recv, bytes);
+    ms_comm_destroy(a); /* and the direct path with its inner communicator */
+    ms_device_destroy(b.dev);
+}
+
+static void collectives_on_device_memory_take_the_direct_path(void **state) {
+    (void)state;
+    mt_run(NRANKS, rank_main, NULL);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(collectives_on_device_memory_take_the_direct_path),
+};
+MT_MAIN("test_comm_direct", tests)
