@@ -333,6 +333,9 @@ static ms_status stage_begin(stage *s, ms_error *err) {
  * is device memory and the communicator has one, nothing is staged. */
 static ms_status stage_begin_routed(stage *s, ms_comm_call *call, ms_error *err) {
     if (s->c->direct && s->n > 0 && s->host_bufs == 0) {
+        /* The direct backend reads on its own stream: what the compute stream wrote must be
+         * there first. (Events between the two streams would let the host run ahead.) */
+        MS_CHECK(ms_device_sync(s->c->device, err));
         s->direct = true;
         s->c->direct_calls++;
         call->algo = s->c->direct->ops->name; /* the backend may name its algorithm instead */

@@ -268,6 +268,10 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
                               elt, err);
 }
 
+ms_status ms_device_sync(ms_device *dev, ms_error *err) {
+    return dev && dev->ops->sync ? dev->ops->sync(dev, err) : MS_OK;
+}
+
 bool ms_device_owns(const ms_device *dev, const void *ptr) {
     return dev && ptr && dev->ops->owns(dev, ptr);
 }

@@ -65,6 +65,9 @@ typedef struct ms_device_ops {
      * communicators stage exactly such buffers through host memory (comm.h). The CPU: never;
      * the fenced device: the tag is set; CUDA: the runtime says device memory. */
     bool (*owns)(const ms_device *dev, const void *ptr);
+    /* Optional (NULL: the device runs nothing asynchronously): waits until all work queued on
+     * the device, on any stream, has finished. */
+    ms_status (*sync)(ms_device *dev, ms_error *err);
     void (*destroy)(ms_device *dev);
 } ms_device_ops;
 
@@ -145,6 +148,10 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
 
 /* Whether ptr is memory of dev that host code may not touch (the owns slot; false for NULL). */
 bool ms_device_owns(const ms_device *dev, const void *ptr);
+/* Waits for everything queued on dev (the sync slot; at once where there is none). A backend
+ * that reads device memory on a stream of its own (NCCL) calls it first, so that it reads
+ * what the compute stream's kernels wrote. */
+ms_status ms_device_sync(ms_device *dev, ms_error *err);
 
 /* Copies nbytes between any mix of dev's memory and host memory, the direction told by
  * ms_device_owns of each end (neither: a host copy). For memory whose device the caller does

@@ -87,6 +87,11 @@ static void cuda_destroy(ms_device *dev) {
     free(dev);
 }
 
+static ms_status cuda_sync(ms_device *dev, ms_error *err) {
+    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize", err);
+}
+
 static const ms_device_ops cuda_ops = {
     .name = "cuda",
     .kind = MS_DEVICE_CUDA,
@@ -96,6 +101,7 @@ static const ms_device_ops cuda_ops = {
     .memset_zero = cuda_zero,
     .copy_box = cuda_copy_box,
     .owns = cuda_owns,
+    .sync = cuda_sync,
     .destroy = cuda_destroy,
 };
 
