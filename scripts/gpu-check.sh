@@ -10,6 +10,7 @@
 #     against one CPU rank;
 #   - GPT-2 124M, 20 steps in bf16: step time, tokens/s and model FLOP utilisation against
 #     the GPU's bf16 peak (GPU_PEAK_TFLOPS, default 989 for an H100/H200);
+#   - the same run traced (CUPTI): the tracing overhead;
 #   - a traced GPU run (CUPTI) and `meshscope trace check` on it;
 #   - bench_gemm_cuda (bench/gemm_cuda.c): bf16 GEMMs through the kernel table against
 #     cublasGemmEx at 4096^3 and GPT-2 124M's shapes;
@@ -164,6 +165,19 @@ flops = 6 * n * tokens + 12 * 12 * 1024 * 768 * tokens  # weights, then attentio
 print(f"  step {ms:.1f} ms, {tokens / ms * 1e3:.0f} tokens/s, "
       f"MFU {flops / (ms / 1e3) / (float(sys.argv[2]) * 1e12) * 100:.1f}% of {sys.argv[2]} TFLOP/s")
 PY
+fi
+
+echo "=== CUPTI tracing overhead: GPT-2 124M traced against the run above (goal: at most 3%)"
+if [ -s "$OUT_DIR/gpt2-124m.jsonl" ] &&
+  run_train gpt2-124m-traced 240 --model bench/configs/gpt2-small.json --steps 20 --batch 8 \
+    --seq 1024 --precision bf16 --device cuda --trace "$OUT_DIR/gpt2-124m-trace.json"; then
+  python3 - "$OUT_DIR/gpt2-124m.jsonl" "$OUT_DIR/gpt2-124m-traced.jsonl" <<'PY' |
+import json, statistics, sys
+ms = [statistics.median(json.loads(l)["step_ms"] for l in list(open(f))[5:]) for f in sys.argv[1:]]
+print(f"  step {ms[0]:.1f} ms untraced, {ms[1]:.1f} ms traced: overhead {(ms[1] / ms[0] - 1) * 100:+.1f}%")
+PY
+    tee "$OUT_DIR/cupti-overhead.txt"
+  rm -f "$OUT_DIR/gpt2-124m-trace.json" # large; the small traced run below is kept
 fi
 
 echo "=== a traced GPU run (CUPTI) and the trace's check"
