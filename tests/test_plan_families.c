@@ -70,28 +70,33 @@ static ms_cluster cpu_cluster(void) {
 
 typedef struct family_case {
     const char *name;
-    int dp, tp, pp, zero;
+    int dp, tp, pp, cp, zero;
     bool sp, recompute;
 } family_case;
 
 static const family_case cases[] = {
-    {"dp2", 2, 1, 1, 0, false, false},
-    {"tp2", 1, 2, 1, 0, false, false},
-    {"dp2 x tp2", 2, 2, 1, 0, false, false},
-    {"tp2 +sp", 1, 2, 1, 0, true, false},
-    {"pp2", 1, 1, 2, 0, false, false},
-    {"dp2 zero1", 2, 1, 1, 1, false, false},
-    {"dp2 zero3", 2, 1, 1, 3, false, false},
-    {"tp2 recompute", 1, 2, 1, 0, false, true},
-    {"dp2 x pp2 m2", 2, 1, 2, 0, false, false},
+    {"dp2", 2, 1, 1, 1, 0, false, false},
+    {"tp2", 1, 2, 1, 1, 0, false, false},
+    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false},
+    {"tp2 +sp", 1, 2, 1, 1, 0, true, false},
+    {"pp2", 1, 1, 2, 1, 0, false, false},
+    {"dp2 zero1", 2, 1, 1, 1, 1, false, false},
+    {"dp2 zero3", 2, 1, 1, 1, 3, false, false},
+    {"tp2 recompute", 1, 2, 1, 1, 0, false, true},
+    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false},
     /* llama-tiny's 2 kv heads do not divide 4: every tp rank holds both, the query heads split */
-    {"tp4", 1, 4, 1, 0, false, false},
+    {"tp4", 1, 4, 1, 1, 0, false, false},
+    {"tp4 +sp", 1, 4, 1, 1, 0, true, false},
+    {"cp2", 1, 1, 1, 2, 0, false, false},
+    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false},
+    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false},
 };
 
 static ms_strategy strategy_of(const family_case *fc) {
     ms_strategy s;
     ms_strategy_defaults(&s);
     s.dp = fc->dp, s.tp = fc->tp, s.pp = fc->pp, s.zero = fc->zero, s.sp = fc->sp;
+    s.cp = fc->cp;
     s.recompute = fc->recompute ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
     if (fc->pp > 1) s.micro_batches = 2;
     return s;
@@ -121,7 +126,7 @@ static worst compare_family(const char *config, const ms_cluster *c, int batch, 
         const family_case *fc = &cases[i];
         ms_strategy s = strategy_of(fc);
         ms_plan_problem pb = {.model = m,
-                              .devices = fc->dp * fc->tp * fc->pp,
+                              .devices = s.dp * s.tp * s.pp * s.cp,
                               .global_batch = batch,
                               .seq = seq,
                               .dtype = MS_PLAN_FP32,

@@ -329,21 +329,37 @@ static bool add_linear_bias(analytic *z, const fam_linear *l, int64_t n, double 
     return false;
 }
 
-/* Attention's core over whole sequences on the local heads (cp moves heads in; kv heads that
- * do not divide tp are all on every tp rank, the query heads split). */
+/* The cp rank the step waits for: the last, whose queries see the longest causal prefix (the
+ * engine workload compiles that rank too); every cp rank is alike without a causal mask. */
+static int64_t cp_q_start(const analytic *z) {
+    return z->cp > 1 && z->f.causal ? z->S - z->S / z->cp : 0;
+}
+
+/* Attention's core on the local heads. GPT-2 and BERT (qkv packed) move heads in over cp and
+ * attend over whole sequences; LLaMA's GQA keeps its queries on the cp sequence shard and
+ * gathers k and v whole (the last shard's queries see every key before them). kv heads that
+ * do not divide tp are all on every tp rank, the query heads split. */
 static void analytic_attention(analytic *z) {
     const ms_plan_family *f = &z->f;
     const ms_cluster *cl = z->pb->cluster;
-    int64_t split = (int64_t)z->t * z->cp, kv_split = f->kv_whole ? z->cp : split;
+    const int64_t cp_heads = f->gqa ? 1 : z->cp; /* cp splits packed heads, not GQA's */
+    int64_t split = (int64_t)z->t * cp_heads, kv_split = f->kv_whole ? cp_heads : split;
     int64_t lh = f->heads / split, lkv = f->kv_heads / kv_split, hs = f->head_dim, b = z->b,
             S = z->S;
     bool causal = f->causal && cl->causal_skip;
     int op = f->gqa ? MS_OP_GQA_ATTENTION : MS_OP_ATTENTION;
     ms_k_cost fw, bw;
     if (f->gqa) {
-        ms_k_gqa g = {.b = b, .tq = S, .tk = S, .h = lh, .hkv = lkv, .d = hs, .causal = causal};
+        ms_k_gqa g = {.b = b,
+                      .tq = S / z->cp,
+                      .tk = S,
+                      .h = lh,
+                      .hkv = lkv,
+                      .d = hs,
+                      .q_start = cp_q_start(z),
+                      .causal = causal};
         fw = ms_k_gqa_cost(&g, false), bw = ms_k_gqa_cost(&g, true);
-        /* rotary on q and k */
+        /* rotary on q and k, on the sequence shard */
         int64_t nq = z->tok * lh * hs, nk = z->tok * lkv * hs;
         for (int i = 0; i < 2; i++)
             add_elt(z->w, MS_OPRATE_STREAM, MS_OP_ROTARY, ms_k_rowwise_cost(1, i ? nk : nq, 3, 2),
@@ -352,18 +368,19 @@ static void analytic_attention(analytic *z) {
         fw = ms_k_attention_cost(b, S, lh * hs, lh, causal, false);
         bw = ms_k_attention_cost(b, S, lh * hs, lh, causal, true);
     }
+    const int64_t tq = f->gqa ? S / z->cp : S; /* local query rows per sequence */
     if (cl->flash_attention) {
         /* scores stay on chip: only q, k, v and the output move */
-        double qkvo = 4.0 * (double)b * S * (2.0 * lh + 2.0 * lkv) * hs;
+        double qkvo = 4.0 * (double)b * (2.0 * tq * lh + 2.0 * S * lkv) * hs;
         fw.bytes = qkvo;
         bw.bytes = 2 * qkvo;
     }
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, b * lh, S, hs, fw.flops,
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, b * lh, tq, hs, fw.flops,
                   fw.bytes, z->L);
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, b * lh, S, hs, bw.flops,
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, b * lh, tq, hs, bw.flops,
                   bw.bytes, z->L);
     if (z->rc || z->sel)
-        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, b * lh, S, hs,
+        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, b * lh, tq, hs,
                       fw.flops, fw.bytes, z->L);
 }
 
@@ -455,7 +472,9 @@ static void analytic_tp_rest(const analytic *z) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
-    const double x = (double)z->tok * z->h * z->ab, head = (double)z->head_rows * z->h * z->ab;
+    /* the head's rows on this rank (BERT's gathered ones split over cp) */
+    const double rows = (double)(z->f.head_rows ? z->head_rows / z->cp : z->head_rows);
+    const double x = (double)z->tok * z->h * z->ab, head = rows * z->h * z->ab;
     if (f->kv_whole)
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t,
                     (double)z->tok * f->kv_heads * f->head_dim * z->ab, 2 * z->L);
@@ -463,21 +482,27 @@ static void analytic_tp_rest(const analytic *z) {
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, head, 1); /* the head's input */
     /* row max, sum of exponentials, target logit */
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4, 3);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, rows * 4, 3);
 }
 
 /* tp without sp: the Megatron-LM layout. Forward, an all-reduce after each row-parallel
- * linear; backward, an all-reduce of the input gradient of each column-parallel group. */
+ * linear; backward, an all-reduce of the input gradient of each column-parallel group. Under
+ * cp, GPT-2's and BERT's attention output projection sums on the cp head shard: its partial
+ * sum is reduce-scattered over tp, moved back to the sequence shard and all-gathered. */
 static void analytic_tp(const analytic *z, double passes_f) {
     const ms_plan_family *f = &z->f;
-    double fwd = 0, bwd = 0;
+    const double x = (double)z->tok * z->h * z->ab;
+    double fwd = 0, bwd = 0, split = z->cp > 1 && !f->gqa ? 1 : 0;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         fwd += l->split == FAM_ROW;
         bwd += l->split == FAM_COLUMN && !l->same_input;
     }
-    wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, (double)z->tok * z->h * z->ab,
-                z->L * (fwd * passes_f + bwd));
+    wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, x,
+                z->L * ((fwd - split) * passes_f + bwd));
+    wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, z->t, x,
+                z->L * split * passes_f);
+    wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, z->t, x, z->L * split * passes_f);
     analytic_tp_rest(z);
 }
 
@@ -568,11 +593,31 @@ static void analytic_sp(const analytic *z, double passes_f) {
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, 1); /* the loss */
 }
 
+/* cp: GPT-2's and BERT's packed qkv go from the sequence shard to a head shard and the
+ * attention output back (all-to-all; its gradient, replicated over tp, moves whole); LLaMA's
+ * queries stay on the sequence shard while k and v are gathered whole (their gradients
+ * reduce-scattered back). */
+static void analytic_cp(const analytic *z, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    const int t = z->t, cp = z->cp;
+    const double L = z->L, tok = (double)z->tok, ab = z->ab;
+    if (f->gqa) {
+        double lkv = (double)f->kv_heads / (f->kv_whole ? 1 : t);
+        double kv = (double)z->b * z->S * lkv * f->head_dim * ab;
+        wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_CP, WK_IN_MB, cp, kv, 2 * L * passes_f);
+        wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_CP, WK_IN_MB, cp, kv, 2 * L);
+        return;
+    }
+    double qkv = tok * (f->heads + 2 * f->kv_heads) * f->head_dim / t * ab, o = tok * z->h * ab;
+    wk_coll_add(z->w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
+    wk_coll_add(z->w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o / t, L * passes_f);
+    wk_coll_add(z->w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L);
+}
+
 /* The collectives inside a micro-batch: tp's, cp's and the pipeline's transfers. */
 static void analytic_mb_collectives(const analytic *z) {
     ms_plan_workload *w = z->w;
     const int t = z->t, cp = z->cp;
-    const double L = z->L;
     double x = (double)z->tok * z->h * z->ab; /* one tp-replicated activation */
     double passes_f = z->rc ? 2 : 1;          /* forward collectives run again under recompute */
     if (t > 1 && z->s->sp && z->f.megatron_sp)
@@ -583,23 +628,47 @@ static void analytic_mb_collectives(const analytic *z) {
         analytic_tp(z, passes_f);
     if (cp > 1 && z->f.head_rows) {
         /* BERT's gathered head: the dense product's partial rows reduce-scattered over the
-         * batch, their gradient gathered back; the loss reduced */
+         * batch, their gradient gathered back */
         double head = (double)z->head_rows * z->h * z->ab;
         wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_IN_MB, cp, 4, 1);
     }
-    if (cp > 1) {
-        /* sequence-sharded qkv to head-sharded and back, forward and backward */
-        const ms_plan_family *f = &z->f;
-        double qkv = (double)z->tok * (f->heads + 2 * f->kv_heads) * f->head_dim / t * z->ab,
-               o = (double)z->tok * z->h / t * z->ab;
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L * (passes_f + 1));
-    }
+    if (cp > 1) analytic_cp(z, passes_f);
+    /* the loss, reduced over the ranks that split the batch and the sequence */
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_IN_MB, cp, 4, 1);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_IN_MB, z->s->dp, 4, 1);
     if (z->p > 1) /* activations forward and gradients backward, scatter-gathered over tp; once
                    * per model chunk with virtual stages */
         wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, z->p, x / t, 2.0 * z->s->virtual_stages);
+}
+
+/* The gradients' reduction, as the engine plans it over every dim the parameters are
+ * replicated on: dp by ZeRO stage, and cp. With both, each gradient is reduce-scattered over
+ * dp, its shard all-reduced over cp and (ZeRO 0 and 1) gathered back over dp. */
+static void analytic_grad_sync(const analytic *z, double psi, double wte) {
+    ms_plan_workload *w = z->w;
+    const ms_strategy *s = z->s;
+    const int dp = s->dp, cp = s->cp;
+    double wb = z->pb->dtype == MS_PLAN_BF16 ? 2 : 4, g = psi * wb, m = z->n_micro;
+    /* ZeRO 2 and 3 reduce every micro-batch's gradients (accumulated whole before) */
+    double per = s->zero >= 2 ? m : 1;
+    if (dp > 1 && (cp > 1 || s->zero >= 2)) {
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, dp, g, per);
+        if (s->zero < 2) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, 1);
+    } else if (dp > 1) {
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, dp, g, 1);
+    }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_GRAD, cp, g / dp, per);
+    if (dp < 2) return;
+    if (s->zero == 1 || s->zero == 2) /* the updated shards gathered after the optimizer */
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, psi * wb, 1);
+    if (s->zero >= 3) {
+        /* parameters gathered for forward and backward, every micro-batch (a tied table once
+         * more for the head) */
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, psi * wb, 2 * m);
+        if (z->p == 1 && z->f.tied)
+            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, wte * wb, 2 * m);
+    }
 }
 
 /* Parameters on the busiest stage (the last on a tie, as the engine prices it), their
@@ -614,35 +683,9 @@ static void analytic_state(const analytic *z) {
            last = ms_plan_family_last_params(f, z->t, z->vp);
     double wte = (double)z->V * z->h / (z->vp ? z->t : 1);
     double psi = z->p == 1 ? layers + first + last - (f->tied ? wte : 0) : layers + last;
-    int nd = s->dp * s->cp, nz = s->dp; /* gradients reduce over dp x cp; ZeRO shards over dp */
+    int nz = s->dp; /* ZeRO shards over dp */
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
-    double m = z->n_micro;
-    if (nd > 1) {
-        double g = psi * gb, wbytes = psi * (pb->dtype == MS_PLAN_BF16 ? 2 : 4);
-        switch (s->zero) {
-            case 0:
-                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, nd, g, 1);
-                break;
-            case 1: /* the engine all-reduces the gradients, then gathers the updated shards */
-                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, nd, g, 1);
-                wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 1);
-                break;
-            case 2:
-                wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, m);
-                wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 1);
-                break;
-            default: /* parameters gathered for forward and backward, every micro-batch (a
-                      * tied table once more for the head); the loss reduced over dp */
-                wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, m);
-                wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 2 * m);
-                if (z->p == 1 && f->tied)
-                    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd,
-                                wte * wbytes / psi, /* its bytes */
-                                2 * m);
-                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_IN_MB, nd, 4, 1);
-                break;
-        }
-    }
+    analytic_grad_sync(z, psi, wte);
     if (z->p > 1 && f->tied) /* the tied embedding's gradient between the first and last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);

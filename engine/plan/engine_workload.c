@@ -225,7 +225,13 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .zero_dim = MS_STRATEGY_DP_DIM,
                           .recompute = ms_strategy_recompute_regions(s),
                           .bf16 = s->precision == MS_PRECISION_BF16};
-    MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
+    /* the rank at coordinate 0 holds the largest shards; over cp, the last rank: its queries
+     * see the longest causal prefix (LLaMA's GQA keeps queries on the sequence shard), and
+     * every cp shard is alike otherwise */
+    int coords[3] = {0, 0, s->cp - 1};
+    MS_CHECK_GOTO(
+        ms_program_compile_shapes(model.g, mesh, s->cp > 1 ? coords : NULL, &co, &prog, err), st,
+        out);
     add_kernels(w, stats, model.g, mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);
     for (int i = 0; i < ms_program_num_params(prog); i++) {
