@@ -18,11 +18,14 @@
 #include <string.h>
 
 #include "engine/graph/graph.h"
+#include "engine/graph/program.h"
 #include "engine/model/config.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
+#include "engine/pipeline/balance.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/cost.h"
+#include "engine/train/stages.h"
 #include "tests/testkit.h"
 
 #ifndef MS_SOURCE_DIR
@@ -243,11 +246,65 @@ static void parameter_counts(void **state) {
     assert_true(fabs(ms_plan_model_flops(&lt, 8, s) / want - 1) < 1e-12);
 }
 
+/* Forward and backward FLOPs of the matmuls and attention of pipeline chunk k of cfg under s
+ * (what ms_pp_model_costs counts), compiled by the engine from shapes for B x T tokens, per
+ * token. */
+static double chunk_matmul_flops(const ms_model_config *cfg, const ms_strategy *s, int k, int B,
+                                 int T) {
+    ms_model m;
+    ms_error err = {0};
+    if (ms_stages_chunk_model(cfg, s, B, T, k, &m, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_strategy one;
+    ms_strategy_defaults(&one);
+    ms_sharding sh = {.s = &one};
+    ms_mesh mesh;
+    if (ms_strategy_mesh(&one, &mesh, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh};
+    ms_program *prog = NULL;
+    if (ms_program_compile_shapes(m.g, &mesh, NULL, &co, &prog, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    double flops = 0;
+    ms_kernel_info kn;
+    for (int i = 0; i < ms_program_num_kernels(prog); i++)
+        if (ms_program_kernel(prog, i, &kn) == MS_OK &&
+            (kn.op == MS_OP_MATMUL || kn.op == MS_OP_LINEAR || kn.op == MS_OP_ATTENTION ||
+             kn.op == MS_OP_GQA_ATTENTION))
+            flops += kn.flops;
+    ms_program_destroy(prog);
+    ms_mesh_free(&mesh);
+    ms_model_free(&m);
+    return flops / ((double)B * T);
+}
+
+/* The pipeline balancer prices each stage as the engine runs it: BERT-Large's last stage under
+ * pp2 (its layers, the MLM transform and the tied decoder on the ceil(0.15 T) masked positions
+ * gathered before them, the loss) against the compiled chunk's matmul and attention FLOPs.
+ * Priced over all T positions, the head weighs 2.5 layers instead of 0.4 and the last stage
+ * is 16% off. */
+static void balancer_prices_bert_head(void **state) {
+    (void)state;
+    ms_model_config bert = load("bert-large.json");
+    const int B = 2, T = 128;
+    ms_strategy s;
+    ms_strategy_defaults(&s);
+    s.pp = 2;
+    ms_pp_costs c = ms_pp_model_costs(&bert, T);
+    int lo[2], hi[2];
+    for (int k = 0; k < 2; k++) ms_stages_chunk_layers(&bert, &s, k, &lo[k], &hi[k]);
+    double priced[2] = {(hi[0] - lo[0]) * c.layer + c.first, (hi[1] - lo[1]) * c.layer + c.last};
+    for (int k = 0; k < 2; k++) {
+        double engine = chunk_matmul_flops(&bert, &s, k, B, T);
+        printf("bert-large pp2 stage %d (layers %d..%d): balancer %.4g, engine %.4g FLOPs per "
+               "token (%.2f%%); the head weighs %.2f layers\n",
+               k, lo[k], hi[k], priced[k], engine, 100 * rel(priced[k], engine), c.last / c.layer);
+        assert_true(rel(priced[k], engine) < 0.02);
+    }
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(parameter_counts),
-    cmocka_unit_test(gpt_against_engine),
-    cmocka_unit_test(bert_against_engine),
-    cmocka_unit_test(llama_against_engine),
+    cmocka_unit_test(parameter_counts),          cmocka_unit_test(gpt_against_engine),
+    cmocka_unit_test(bert_against_engine),       cmocka_unit_test(llama_against_engine),
+    cmocka_unit_test(balancer_prices_bert_head),
 };
 
 MT_MAIN("plan_families", tests)

@@ -12,6 +12,7 @@
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
 #include "engine/ops/op.h"
+#include "engine/pipeline/balance.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/plan/family.h"
@@ -71,12 +72,25 @@ static void micro(const ms_plan_problem *pb, const ms_strategy *s, int *size, in
     if (!ms_strategy_micro(s, pb->global_batch, size, count)) *size = *count = 1;
 }
 
-/* Layers on the busiest pipeline stage. */
+/* Layers on the busiest pipeline stage, the stages split as the engine splits them
+ * (ms_stages_chunk_layers: pp_layers, else pp x virtual_stages chunks balanced by cost at the
+ * model's context length), balanced once here rather than once per chunk. */
 static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
-    int most = 0;
-    for (int i = 0; i < MS_STRATEGY_MAX_STAGES && s->pp_layers[i]; i++)
-        most = s->pp_layers[i] > most ? s->pp_layers[i] : most;
-    return most ? most : pb->model.n_layer / s->pp;
+    int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1, most = 0;
+    if (s->pp_layers[0] && v == 1) {
+        for (int q = 0; q < p; q++) most = s->pp_layers[q] > most ? s->pp_layers[q] : most;
+        return most;
+    }
+    int *counts = xmalloc(sizeof *counts * (size_t)(p * v));
+    ms_pp_costs costs = ms_pp_model_costs(&pb->model, pb->model.n_positions);
+    ms_pp_balance_layers(pb->model.n_layer, p * v, &costs, counts);
+    for (int q = 0; q < p; q++) {
+        int layers = 0;
+        for (int c = 0; c < v; c++) layers += counts[c * p + q];
+        most = layers > most ? layers : most;
+    }
+    free(counts);
+    return most;
 }
 
 /* --- closed-form quantities ------------------------------------------------------------------- */
