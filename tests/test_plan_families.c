@@ -1,16 +1,17 @@
 /* test_plan_families.c - the planner's closed form against the engine's compiled program for
- * each model family (GPT-2, BERT, LLaMA), and the parameter counts of the shipped large
- * configs.
+ * each model family (GPT-2, BERT, LLaMA), the parameter counts of the shipped large configs,
+ * and the pipeline balancer's stage costs against the compiled stages.
  *
  * For configs/gpt-tiny.json, bert-tiny.json and llama-tiny.json under dp2, tp2, dp2 x tp2,
- * tp2 +sp, pp2, dp2 x pp2, ZeRO 1 and 3, full recompute and tp4 (LLaMA's kv heads whole), the
- * closed form (what `meshscope plan` uses for models too large to compile) and the engine's program
- * (ms_plan_tally_get) must agree on the device's FLOPs per step, its parameters, gradients and
- * optimizer states, its collective bytes per mesh dim and kind, and its activation memory, each
- * within the tolerance below. The engine side is the model the engine builds, compiled by the
- * engine: nothing here is a hand-written expectation. sp is compared at tp2 only: the engine's
- * completion lays sp out differently at tp4 (weights all-to-all'ed, linear outputs
- * reduce-scattered), which the closed form does not price.
+ * tp2 +sp, pp2, dp2 x pp2, ZeRO 1 and 3, full recompute, tp4 (LLaMA's kv heads whole), tp4 +sp,
+ * cp2, dp2 x cp2 and tp2 x cp2, the closed form (what `meshscope plan` uses for models too large
+ * to compile) and the engine's program (ms_plan_tally_get) must agree on the device's FLOPs per
+ * step, its parameters, gradients and optimizer states, its collective bytes per mesh dim and
+ * kind, and its activation memory, each within the tolerance below. The engine side is the
+ * model the engine builds, compiled by the engine: nothing here is a hand-written expectation.
+ * Three shapes: 512 tokens per sequence group (8 x 64, 4 x 128), where the engine's completion
+ * gathers GPT-2's and BERT's weights under tp2 +sp and splits the linears' reduction under
+ * tp4 +sp, and 4 x 32, where it gathers the inputs (Megatron-LM's sp) at both.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,12 +33,13 @@
 #define MS_SOURCE_DIR "."
 #endif
 
-/* Tolerances: relative, per metric (reached: FLOPs, state and collective bytes within 0.1%,
- * activations within 12%). */
-#define TOL_FLOPS 0.02
-#define TOL_STATE 0.02 /* parameters, gradients, optimizer states */
-#define TOL_BYTES 0.05 /* collective bytes per mesh dim and kind */
-#define TOL_ACT   0.30 /* activation memory: every kept value, not the arena's reuse */
+/* Tolerances: relative, per metric (reached: FLOPs within 0.9% (LLaMA's tp4 +sp), state
+ * within 0.06%, collective bytes within 3.7% (LLaMA's tp2 recompute; every other case within
+ * 0.01%), activations within 24% (the 4 x 32 shapes; 14% at 512 tokens)). */
+#define TOL_FLOPS 0.01
+#define TOL_STATE 0.001 /* parameters, gradients, optimizer states */
+#define TOL_BYTES 0.05  /* collective bytes per mesh dim and kind */
+#define TOL_ACT   0.25  /* activation memory: every kept value, not the arena's reuse */
 
 static ms_model_config load(const char *name) {
     char path[512];
@@ -172,8 +174,8 @@ static worst compare_family(const char *config, const ms_cluster *c, int batch, 
 /* Two shapes of the job: the sequence and the batch change the activations' mix. */
 static void check_family(const char *config) {
     ms_cluster c = cpu_cluster();
-    const int shapes[2][2] = {{8, 64}, {4, 128}};
-    for (int i = 0; i < 2; i++) {
+    const int shapes[3][2] = {{8, 64}, {4, 128}, {4, 32}};
+    for (int i = 0; i < 3; i++) {
         worst w = compare_family(config, &c, shapes[i][0], shapes[i][1], i == 0);
         assert_true(w.flops <= TOL_FLOPS);
         assert_true(w.state <= TOL_STATE);

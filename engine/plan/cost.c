@@ -547,36 +547,114 @@ static void sp_gathered(const analytic *z, double elems, double fwd_count, doubl
     wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_GRAD, z->t, bytes, grads);
 }
 
-/* tp with sp, as the engine completes it: the residual stream stays sequence-sharded and the
- * tp-sharded weights are gathered for each forward (their gradients reduce-scattered);
- * attention receives whole sequences (qkv all-to-all to heads and back; GQA gathers k and v
- * instead); replicated parameters' gradients are all-reduced. */
+/* How the engine's completion lays out a column-parallel linear whose input is the sequence-
+ * sharded stream under sp. It takes, for each op, the placements whose input reshards move the
+ * fewest bytes (ops/select.h), ties in this order: gather the weight (its bytes w), gather the
+ * input (x, Megatron-LM's sp), or split the reduction (input and weight all-to-all'ed to the
+ * k dim, (x + w) / tp, the output a partial sum reduce-scattered onto its columns). Gathering
+ * the weight wins while the weights are small next to the tokens (tp2 on the tiny configs),
+ * the split at larger tp, although its reduce-scatter then moves the whole output. */
+typedef enum sp_layout { SP_GATHER_WEIGHT, SP_GATHER_INPUT, SP_SPLIT_K } sp_layout;
+
+static sp_layout sp_layout_of(double x, double w, int t) {
+    double split = (x + w) / t;
+    if (w <= x && w <= split) return SP_GATHER_WEIGHT;
+    return x <= split ? SP_GATHER_INPUT : SP_SPLIT_K;
+}
+
+/* One column-parallel linear (lin[c]) and the row-parallel one after it (lin[r]) under sp in
+ * `layout`, L layers. Returns the replicated parameters whose gradients are all-reduced. */
+static double sp_group(const analytic *z, int c, int r, sp_layout layout, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const fam_linear *col = &f->lin[c], *row = &f->lin[r];
+    const int t = z->t;
+    const double L = z->L, tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
+    double repl = row->bias ? (double)row->n : 0;
+    if (layout == SP_GATHER_WEIGHT) {
+        /* both weights (and the column bias) gathered every forward, reduce-scattered once;
+         * attention runs on a batch shard: qkv all-to-all'ed there and its output back */
+        sp_gathered(z, (double)col->k * col->n + (col->bias ? col->n : 0), L * passes_f, L);
+        sp_gathered(z, (double)row->k * row->n, L * passes_f, L);
+        if (r == f->attn_at) {
+            wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * col->n * ab,
+                        L * (passes_f + 1));
+            wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, L * (passes_f + 1));
+        }
+        return repl;
+    }
+    if (layout == SP_GATHER_INPUT) {
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, L * passes_f);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, L);
+    } else {
+        /* input and weight to the k dim (the weight's gradient back once per step); the
+         * output's partial sum reduce-scattered onto its columns, gathered in the backward */
+        double wb = (double)col->k * col->n * ab / t, out = tok * col->n * ab;
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, L * (passes_f + 1));
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, wb, L * passes_f);
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_GRAD, t, wb, L);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, out, L * passes_f);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, out, L);
+    }
+    /* the row-parallel output reduce-scattered onto the sequence shard, gathered backward */
+    wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, L * passes_f);
+    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, L);
+    return repl;
+}
+
+/* The tied head under sp (GPT-2), laid out like a column-parallel linear over the vocabulary:
+ * the table gathered (and again for the backward; the loss reduced), or the final norm's
+ * output gathered, or both all-to-all'ed and the logits reduce-scattered over the vocabulary;
+ * the vocab-parallel loss's three row reductions then. */
+static void sp_head(const analytic *z, double last) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const int t = z->t;
+    const double tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
+    const double table = (double)z->V * z->h, first = z->emb;
+    sp_layout layout = sp_layout_of(x, table * ab, t);
+    if (layout == SP_GATHER_WEIGHT) {
+        bool shared = f->tied && first > 0; /* one table serves both ends */
+        if (first > 0) sp_gathered(z, table, first, 1);
+        if (!shared) sp_gathered(z, table, last, 1);
+        if (f->tied) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, table * ab, last);
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, last); /* the loss */
+        return;
+    }
+    if (layout == SP_GATHER_INPUT) {
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, last);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, last);
+    } else {
+        double logits = tok * z->V * ab;
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, 2 * last);
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, table * ab / t, 2 * last);
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_GRAD, t, table * ab / t, last);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, logits, last);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, logits, last);
+    }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, tok * 4, 3 * last);
+}
+
+/* tp with sp, as the engine completes it (GPT-2, BERT): the residual stream stays sequence-
+ * sharded, each column-parallel linear in the layout sp_layout_of picks for it; replicated
+ * parameters' gradients are all-reduced. */
 static void analytic_sp(const analytic *z, double passes_f) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
     const double L = z->L, tok = (double)z->tok, h = (double)z->h, ab = z->ab;
     double repl = (double)f->norms * f->norm_params * h;
-    for (int i = 0; i < f->n_lin; i++) {
-        const fam_linear *l = &f->lin[i];
-        if (l->split == FAM_WHOLE) continue;
-        double e = (double)l->k * l->n + (l->bias && l->split == FAM_COLUMN ? l->n : 0);
-        sp_gathered(z, e, L * passes_f, L);
-        if (l->bias && l->split != FAM_COLUMN) repl += (double)l->n;
+    for (int c = 0; c < f->n_lin; c++) {
+        if (f->lin[c].split != FAM_COLUMN) continue;
+        int r = c + 1;
+        while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
+        if (r == f->n_lin) break;
+        double wbytes = (double)f->lin[c].k * f->lin[c].n * ab;
+        repl += sp_group(z, c, r, sp_layout_of(tok * h * ab, wbytes, t), passes_f);
     }
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, repl * ab, L);
-    double kv = tok * f->kv_heads * f->head_dim * ab;
-    if (f->gqa) {
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, kv, 2 * L * passes_f);
-        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, kv, 2 * L);
-    } else {
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * 3 * h * ab,
-                    L * (passes_f + 1));
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * h * ab,
-                    L * (passes_f + 1));
-    }
-    /* the ends: the tables gathered; the tied one again for the head's backward */
-    double table = (double)z->V * h, first = z->emb, last = 1;
+    /* the ends */
+    double first = z->emb, last = 1;
     double ends_repl = (f->final_norm ? f->norm_params * h : 0) +
                        (f->head_transform ? h * h + h + f->norm_params * h : 0);
     if (first > 0) {
@@ -588,23 +666,18 @@ static void analytic_sp(const analytic *z, double passes_f) {
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
     }
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
-    if (f->head_rows) {
-        /* BERT's gathered head: its rows arrive as a partial sum (each rank gathers from its
-         * sequence shard); the dense product is reduce-scattered over the batch, the
-         * LayerNorm's output all-gathered to the vocab-parallel decoder (the table stays
-         * sharded), the reverse in the backward; the loss's three row reductions */
-        double x = (double)z->head_rows * h * ab;
-        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4,
-                    3 * last);
+    if (!f->head_rows) {
+        sp_head(z, last);
         return;
     }
-    bool shared = f->tied && first > 0; /* one table serves both ends */
-    if (first > 0) sp_gathered(z, table, first, 1);
-    if (!shared) sp_gathered(z, table, last, 1);
-    if (f->tied) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, table * ab, last);
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, 1); /* the loss */
+    /* BERT's gathered head: its rows arrive as a partial sum (each rank gathers from its
+     * sequence shard); the dense product is reduce-scattered over the batch, the LayerNorm's
+     * output all-gathered to the vocab-parallel decoder (the table stays sharded), the reverse
+     * in the backward; the loss's three row reductions */
+    double x = (double)z->head_rows * h * ab;
+    wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
+    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4, 3 * last);
 }
 
 /* cp: GPT-2's and BERT's packed qkv go from the sequence shard to a head shard and the
@@ -709,6 +782,49 @@ static void analytic_state(const analytic *z) {
     w->zero_bytes = (s->zero >= 2 ? psi / nz : psi) * gb;
 }
 
+/* The column-parallel groups of a layer under sp (GPT-2, BERT): lin[c] and the row-parallel
+ * lin[r] after it, each in its layout; fn receives each. */
+typedef double (*sp_group_fn)(const analytic *z, const fam_linear *col, bool attention,
+                              sp_layout layout);
+static double sp_groups_sum(const analytic *z, sp_group_fn fn) {
+    const ms_plan_family *f = &z->f;
+    double sum = 0, x = (double)z->tok * z->h * z->ab;
+    for (int c = 0; c < f->n_lin; c++) {
+        if (f->lin[c].split != FAM_COLUMN) continue;
+        int r = c + 1;
+        while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
+        if (r == f->n_lin) break;
+        double w = (double)f->lin[c].k * f->lin[c].n * z->ab;
+        sum += fn(z, &f->lin[c], r == f->attn_at, sp_layout_of(x, w, z->t));
+    }
+    return sum;
+}
+
+/* Values per token a group keeps beyond its sharded outputs: the copies its reshards make
+ * (attention's inputs and output moved to a batch shard; a gathered input; an input moved to
+ * the k dim) and the partial sums before their reduce-scatter. */
+static double sp_group_values(const analytic *z, const fam_linear *col, bool attention,
+                              sp_layout layout) {
+    double t = z->t, h = (double)z->h;
+    if (layout == SP_GATHER_WEIGHT) return attention ? ((double)col->n + h) / t : 0;
+    if (layout == SP_GATHER_INPUT) return h + h;
+    return h / t + (double)col->n + h;
+}
+
+/* Elements of the weights a group keeps for its backward: gathered whole, or moved to the k
+ * dim (its shard). */
+static double sp_group_weights(const analytic *z, const fam_linear *col, bool attention,
+                               sp_layout layout) {
+    (void)attention;
+    double wc = (double)col->k * col->n, wr = wc * z->h / col->n; /* the row linear: n x h */
+    if (layout == SP_GATHER_WEIGHT) return wc + wr;
+    return layout == SP_SPLIT_K ? wc / z->t : 0;
+}
+
+static double sp_values(const analytic *z) {
+    return sp_groups_sum(z, sp_group_values);
+}
+
 /* Elements per token one layer's forward makes on a tp rank, every value kept for the
  * backward (this engine keeps them all): norms, linears and biases, attention's output, its
  * scores (heads x keys per query) unless flash or selective recompute drop them, rotary
@@ -719,10 +835,12 @@ static void analytic_state(const analytic *z) {
 static double layer_values(const analytic *z, bool scores) {
     const ms_plan_family *f = &z->f;
     const bool sp = z->s->sp && z->t > 1;
-    double t = z->t, h = (double)z->h, hsp = sp ? h / t : h;
-    double split = t * z->cp, lh = (double)f->heads / split, hs = f->head_dim;
-    double lkv = (double)f->kv_heads / (f->kv_whole ? z->cp : split);
-    double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs;
+    double t = z->t, h = (double)z->h, hsp = sp ? h / t : h, hs = f->head_dim;
+    /* packed attention runs on whole sequences of heads / (tp x cp) (cp rows per local token);
+     * GQA on the local tokens' queries against k and v gathered whole over cp */
+    double rows = f->gqa ? 1 : z->cp, lh = (double)f->heads / t / rows;
+    double lkv = (double)f->kv_heads / (f->kv_whole ? 1 : t);
+    double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs * rows;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
@@ -731,18 +849,16 @@ static double layer_values(const analytic *z, bool scores) {
         if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
             v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
     }
-    if (f->gqa) v += (lh + lkv) * hs;
-    if (sp) v += f->gqa ? 2.0 * f->kv_heads * hs : (3 * h + h) / t;
-    if (scores) v += lh * z->S;
+    if (f->gqa) v += (lh + lkv) * hs + (z->cp > 1 ? 2 * lkv * hs * z->cp : 0);
+    if (!f->gqa && z->cp > 1) v += (3 * h + h) / t; /* qkv and the output, moved over cp */
+    if (sp && f->gqa) v += 2.0 * f->kv_heads * hs;
+    if (sp && f->megatron_sp) /* each group's gathered input, each row output's partial sum */
+        for (int i = 0; i < f->n_lin; i++)
+            v += h * ((f->lin[i].split == FAM_ROW) +
+                      (f->lin[i].split == FAM_COLUMN && !f->lin[i].same_input));
+    if (sp && !f->megatron_sp) v += sp_values(z);
+    if (scores) v += lh * z->S * rows;
     return v;
-}
-
-/* Elements of the tp-sharded weights one layer gathers under sp (kept for its backward). */
-static double sp_gathered_weights(const ms_plan_family *f) {
-    double e = 0;
-    for (int i = 0; i < f->n_lin; i++)
-        if (f->lin[i].split != FAM_WHOLE) e += (double)f->lin[i].k * f->lin[i].n;
-    return e;
 }
 
 /* Activations: the busiest stage's layers' values (only the layer inputs under full
@@ -774,13 +890,17 @@ static void analytic_activations(const analytic *z) {
     double rows = (double)z->head_rows, transform = f->head_transform ? 4 * h * rows * ab : 0;
     double logits = 2.0 * rows * vl * 4;
     double gathered = 0;
-    if (sp) gathered += z->L * sp_gathered_weights(f) * ab;
+    if (sp) gathered += z->L * ab * (f->megatron_sp ? 0 : sp_groups_sum(z, sp_group_weights));
     if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_plan_family_layer_params(f, z->t) * ab;
     /* at the start of the backward every value is alive; under full recompute the head's are
      * freed before the layers' are made again, one layer at a time */
     double head = ends * tok * ab + transform + logits, work_b = work * tok * ab;
     double act = z->rc ? z->L * tok * hsp * ab + fmax(head, layer) : z->L * layer + head;
     z->w->mem_act = act * held + work_b + gathered;
+    /* over dp and cp, each gradient's reduction runs in steps (reduce-scatter, all-reduce,
+     * all-gather) through buffers the arena lends at grad sync, when the activations are gone:
+     * the arena is at least the gradients' bytes */
+    if (s->dp > 1 && s->cp > 1 && s->zero < 2) z->w->mem_act = fmax(z->w->mem_act, z->w->mem_grads);
 }
 
 void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
