@@ -72,18 +72,26 @@ static void micro(const ms_plan_problem *pb, const ms_strategy *s, int *size, in
     if (!ms_strategy_micro(s, pb->global_batch, size, count)) *size = *count = 1;
 }
 
+static int memo_stage_layers(ms_plan_memo *memo, const ms_model_config *c, int p, int v);
+
 /* Layers on the busiest pipeline stage, the stages split as the engine splits them
  * (ms_stages_chunk_layers: pp_layers, else pp x virtual_stages chunks balanced by cost at the
- * model's context length), balanced once here rather than once per chunk. */
+ * model's context length), balanced once per model and split (memo) rather than per chunk. */
 static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
     int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1, most = 0;
     if (s->pp_layers[0] && v == 1) {
         for (int q = 0; q < p; q++) most = s->pp_layers[q] > most ? s->pp_layers[q] : most;
         return most;
     }
-    int *counts = xmalloc(sizeof *counts * (size_t)(p * v));
-    ms_pp_costs costs = ms_pp_model_costs(&pb->model, pb->model.n_positions);
-    ms_pp_balance_layers(pb->model.n_layer, p * v, &costs, counts);
+    return memo_stage_layers(pb->memo, &pb->model, p, v);
+}
+
+/* The busiest stage's layers of cfg split into p x v balanced chunks (stage q holds chunks q,
+ * q + p, ...). */
+static int balanced_stage_layers(const ms_model_config *cfg, int p, int v) {
+    int *counts = xmalloc(sizeof *counts * (size_t)(p * v)), most = 0;
+    ms_pp_costs costs = ms_pp_model_costs(cfg, cfg->n_positions);
+    ms_pp_balance_layers(cfg->n_layer, p * v, &costs, counts);
     for (int q = 0; q < p; q++) {
         int layers = 0;
         for (int c = 0; c < v; c++) layers += counts[c * p + q];
@@ -383,18 +391,19 @@ static void analytic_attention(analytic *z) {
         bw = ms_k_attention_cost(b, S, lh * hs, lh, causal, true);
     }
     const int64_t tq = f->gqa ? S / z->cp : S; /* local query rows per sequence */
+    const int64_t m = b * lh * tq / S;         /* as the engine source: n keys, m x n queries */
     if (cl->flash_attention) {
         /* scores stay on chip: only q, k, v and the output move */
         double qkvo = 4.0 * (double)b * (2.0 * tq * lh + 2.0 * S * lkv) * hs;
         fw.bytes = qkvo;
         bw.bytes = 2 * qkvo;
     }
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, b * lh, tq, hs, fw.flops,
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, m, S, hs, fw.flops,
                   fw.bytes, z->L);
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, b * lh, tq, hs, bw.flops,
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, m, S, hs, bw.flops,
                   bw.bytes, z->L);
     if (z->rc || z->sel)
-        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, b * lh, tq, hs,
+        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, m, S, hs,
                       fw.flops, fw.bytes, z->L);
 }
 
@@ -957,9 +966,17 @@ typedef struct bubble_entry {
 
 #define BUBBLE_BUCKETS 256
 
+/* The busiest stage's layers under a balanced split, per model and (pp, virtual stages). */
+typedef struct stage_entry {
+    ms_model_config model;
+    int p, v, most;
+    struct stage_entry *next;
+} stage_entry;
+
 struct ms_plan_memo {
     memo_entry *head;
     bubble_entry *bubbles[BUBBLE_BUCKETS];
+    stage_entry *stages;
 };
 
 /* The bubble fraction of s's schedule over m micro-batches of forward f, input-gradient b and
@@ -1015,6 +1032,11 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
              * 128 x 128 x 64 heads would otherwise pay a launch and a small tile's efficiency
              * each. */
             double frac = c->causal_skip && pb->model.model_type != MS_MODEL_BERT ? 0.5 : 1.0;
+            if (e->op == MS_OP_GQA_ATTENTION && c->causal_skip && e->m * e->n > 0)
+                /* the pairs its cost function counts (a causal cp shard sees a prefix of keys)
+                 * over the m n x n it would without the mask */
+                frac = e->flops /
+                       ((double)e->m * e->n * e->n * (bwd ? 8.0 * e->k + 4 : 4.0 * e->k + 4));
             int64_t rows = e->m * e->n;
             double g = ms_cluster_gemm_time(c, pb->dtype, rows, e->n, e->k, r) +
                        ms_cluster_gemm_time(c, pb->dtype, rows, e->k, e->n, r);
@@ -1151,6 +1173,10 @@ void ms_plan_memo_destroy(ms_plan_memo *m) {
             n = e->next;
             free(e);
         }
+    for (stage_entry *e = m->stages, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
     free(m);
 }
 
@@ -1161,6 +1187,18 @@ static bool same_model(const ms_model_config *a, const ms_model_config *b) {
            a->tie_word_embeddings == b->tie_word_embeddings && a->n_positions == b->n_positions &&
            a->resid_pdrop == b->resid_pdrop && a->attn_pdrop == b->attn_pdrop &&
            a->embd_pdrop == b->embd_pdrop;
+}
+
+static int memo_stage_layers(ms_plan_memo *memo, const ms_model_config *c, int p, int v) {
+    for (stage_entry *e = memo ? memo->stages : NULL; e; e = e->next)
+        if (e->p == p && e->v == v && same_model(&e->model, c)) return e->most;
+    int most = balanced_stage_layers(c, p, v);
+    if (memo) {
+        stage_entry *e = xmalloc(sizeof *e);
+        *e = (stage_entry){.model = *c, .p = p, .v = v, .most = most, .next = memo->stages};
+        memo->stages = e;
+    }
+    return most;
 }
 
 /* The engine workload of s, compiled once per memo. */

@@ -80,9 +80,10 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
         for (int d = A->ndim - kd; d < A->ndim; d++) kk *= A->d[d];
         m = kk ? numel(A) / kk : 0;
         n = kk ? numel(B) / kk : 0;
-    } else if (gqa) { /* q [B, T, H, D] */
-        const ms_shape *q = &kn->in_local[0];
-        m = q->d[0] * q->d[2], n = q->d[1], kk = q->d[3];
+    } else if (gqa) { /* q [B, Tq, H, D] against k [B, Tk, Hkv, D]: n keys, m x n query rows */
+        const ms_shape *q = &kn->in_local[0], *k = &kn->in_local[1];
+        n = k->d[1], kk = q->d[3];
+        m = n ? q->d[0] * q->d[2] * q->d[1] / n : 0;
     } else if (kn->op == MS_OP_MATMUL) {
         const ms_shape *A = &kn->in_local[0], *B = &kn->in_local[1];
         kk = A->d[A->ndim - 1];
