@@ -417,7 +417,11 @@ static void analytic_layers(analytic *z) {
     const double L = z->L;
     double adds = 2; /* residual adds (each after a dropout when the layer drops) */
     bool act_fused = false;
-    add_norm(z, tok_sp, rc, f->norms * L);
+    /* Megatron-LM's sp in this engine (LLaMA): the norms run on whole sequences, and so does
+     * the attention block's residual add (the MLP's is reduce-scattered onto the shard) */
+    const bool whole = f->megatron_sp && z->s->sp && z->t > 1;
+    add_norm(z, whole ? tok : tok_sp, rc, f->norms * L);
+    if (whole) add_stream(z, MS_OP_ADD, MS_OPRATE_STREAM, MS_K_ADD, tok * h, rc, L), adds--;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         int64_t n, k;
@@ -474,7 +478,7 @@ static void analytic_head(analytic *z) {
     const int64_t rows_sp = z->s->sp && z->t > 1 ? rows / z->t : rows;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
     double before = wk_flops(z->w);
-    if (z->f.final_norm) add_norm(z, tok_sp, false, 1);
+    if (z->f.final_norm) add_norm(z, z->f.megatron_sp ? z->tok : tok_sp, false, 1);
     if (z->f.head_transform) {
         add_elt(z->w, MS_OPRATE_STREAM, MS_OP_BATCH_GATHER, ms_k_index_cost(all * h, 0, false),
                 ms_k_index_cost(all * h, 0, true), false, 1);
@@ -502,7 +506,10 @@ static void analytic_tp_rest(const analytic *z) {
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t,
                     (double)z->tok * f->kv_heads * f->head_dim * z->ab, 2 * z->L);
     if (!z->vp) return;
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
+    /* LLaMA's first norm all-reduces the lookup (its output is replicated over tp): under full
+     * recompute that runs again with the first layer */
+    double again = z->rc && f->megatron_sp ? 2 : 1;
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb * again);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, head, 1); /* the head's input */
     /* row max, sum of exponentials, target logit */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, rows * 4, 3);
@@ -849,7 +856,9 @@ static double layer_values(const analytic *z, bool scores) {
      * GQA on the local tokens' queries against k and v gathered whole over cp */
     double rows = f->gqa ? 1 : z->cp, lh = (double)f->heads / t / rows;
     double lkv = (double)f->kv_heads / (f->kv_whole ? 1 : t);
-    double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs * rows;
+    /* Megatron-LM's sp (LLaMA): norms and the first residual add on whole sequences */
+    double whole = sp && f->megatron_sp ? h : hsp;
+    double v = f->norms * whole + whole + hsp + f->act_width / t + lh * hs * rows;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
