@@ -136,6 +136,9 @@ static worst compare_family(const char *config, const ms_cluster *c, int batch, 
                               .dtype = MS_PLAN_FP32,
                               .cluster = c,
                               .engine_workloads = true};
+        char why[256]; /* every case is one the engine runs: the validator passes it */
+        if (!ms_plan_executable(&pb, &s, why, sizeof why))
+            fail_msg("%s %s at %d x %d: %s", config, fc->name, batch, seq, why);
         ms_plan_tally e, a;
         ms_error err = {0};
         if (ms_plan_tally_get(&pb, &s, false, &e, &err) != MS_OK) fail_msg("%s", err.msg);
