@@ -2,8 +2,9 @@
  *
  * The model is built exactly as `meshscope train` builds it (model/gpt.c, model/strategy.c)
  * and compiled from shapes alone (graph/program.h) for the rank at mesh coordinate 0, which
- * holds the largest shard under the balanced split: the same completion, autograd and
- * partition as a training run, without communicators or memory. Then, from the program:
+ * holds the largest shard under the balanced split (over cp the last rank, the busiest under a
+ * causal mask): the same completion, autograd and partition as a training run, without
+ * communicators or memory. Then, from the program:
  *
  *   kernels      every forward and backward kernel with the op's cost for its local shapes
  *                (the figures the profiler stamps on every kernel event), and the forward
