@@ -18,7 +18,9 @@ typedef struct ms_pp_costs {
 } ms_pp_costs;
 
 /* Forward + backward flops per token of cfg's pieces at sequence length seq: the kernels'
- * matmuls and attention (the elementwise rest is a few percent and scales alike). */
+ * matmuls and attention (the elementwise rest is a few percent and scales alike). BERT's head
+ * runs on the ceil(0.15 seq) masked positions of each sequence (ms_model_mlm_positions), so
+ * `last` is its cost on those rows spread over the sequence's tokens. */
 ms_pp_costs ms_pp_model_costs(const ms_model_config *cfg, int seq);
 
 /* Splits n_layer layers into `chunks` contiguous chunks (1 <= chunks <= n_layer) of at least

@@ -12,6 +12,7 @@
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
 #include "engine/ops/op.h"
+#include "engine/pipeline/balance.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
 #include "engine/plan/family.h"
@@ -71,12 +72,33 @@ static void micro(const ms_plan_problem *pb, const ms_strategy *s, int *size, in
     if (!ms_strategy_micro(s, pb->global_batch, size, count)) *size = *count = 1;
 }
 
-/* Layers on the busiest pipeline stage. */
+static int memo_stage_layers(ms_plan_memo *memo, const ms_model_config *c, int p, int v);
+
+/* Layers on the busiest pipeline stage, the stages split as the engine splits them
+ * (ms_stages_chunk_layers: pp_layers, else pp x virtual_stages chunks balanced by cost at the
+ * model's context length), balanced once per model and split (memo) rather than per chunk. */
 static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
-    int most = 0;
-    for (int i = 0; i < MS_STRATEGY_MAX_STAGES && s->pp_layers[i]; i++)
-        most = s->pp_layers[i] > most ? s->pp_layers[i] : most;
-    return most ? most : pb->model.n_layer / s->pp;
+    int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1, most = 0;
+    if (s->pp_layers[0] && v == 1) {
+        for (int q = 0; q < p; q++) most = s->pp_layers[q] > most ? s->pp_layers[q] : most;
+        return most;
+    }
+    return memo_stage_layers(pb->memo, &pb->model, p, v);
+}
+
+/* The busiest stage's layers of cfg split into p x v balanced chunks (stage q holds chunks q,
+ * q + p, ...). */
+static int balanced_stage_layers(const ms_model_config *cfg, int p, int v) {
+    int *counts = xmalloc(sizeof *counts * (size_t)(p * v)), most = 0;
+    ms_pp_costs costs = ms_pp_model_costs(cfg, cfg->n_positions);
+    ms_pp_balance_layers(cfg->n_layer, p * v, &costs, counts);
+    for (int q = 0; q < p; q++) {
+        int layers = 0;
+        for (int c = 0; c < v; c++) layers += counts[c * p + q];
+        most = layers > most ? layers : most;
+    }
+    free(counts);
+    return most;
 }
 
 /* --- closed-form quantities ------------------------------------------------------------------- */
@@ -329,21 +351,37 @@ static bool add_linear_bias(analytic *z, const fam_linear *l, int64_t n, double 
     return false;
 }
 
-/* Attention's core over whole sequences on the local heads (cp moves heads in; kv heads that
- * do not divide tp are all on every tp rank, the query heads split). */
+/* The cp rank the step waits for: the last, whose queries see the longest causal prefix (the
+ * engine workload compiles that rank too); every cp rank is alike without a causal mask. */
+static int64_t cp_q_start(const analytic *z) {
+    return z->cp > 1 && z->f.causal ? z->S - z->S / z->cp : 0;
+}
+
+/* Attention's core on the local heads. GPT-2 and BERT (qkv packed) move heads in over cp and
+ * attend over whole sequences; LLaMA's GQA keeps its queries on the cp sequence shard and
+ * gathers k and v whole (the last shard's queries see every key before them). kv heads that
+ * do not divide tp are all on every tp rank, the query heads split. */
 static void analytic_attention(analytic *z) {
     const ms_plan_family *f = &z->f;
     const ms_cluster *cl = z->pb->cluster;
-    int64_t split = (int64_t)z->t * z->cp, kv_split = f->kv_whole ? z->cp : split;
+    const int64_t cp_heads = f->gqa ? 1 : z->cp; /* cp splits packed heads, not GQA's */
+    int64_t split = (int64_t)z->t * cp_heads, kv_split = f->kv_whole ? cp_heads : split;
     int64_t lh = f->heads / split, lkv = f->kv_heads / kv_split, hs = f->head_dim, b = z->b,
             S = z->S;
     bool causal = f->causal && cl->causal_skip;
     int op = f->gqa ? MS_OP_GQA_ATTENTION : MS_OP_ATTENTION;
     ms_k_cost fw, bw;
     if (f->gqa) {
-        ms_k_gqa g = {.b = b, .tq = S, .tk = S, .h = lh, .hkv = lkv, .d = hs, .causal = causal};
+        ms_k_gqa g = {.b = b,
+                      .tq = S / z->cp,
+                      .tk = S,
+                      .h = lh,
+                      .hkv = lkv,
+                      .d = hs,
+                      .q_start = cp_q_start(z),
+                      .causal = causal};
         fw = ms_k_gqa_cost(&g, false), bw = ms_k_gqa_cost(&g, true);
-        /* rotary on q and k */
+        /* rotary on q and k, on the sequence shard */
         int64_t nq = z->tok * lh * hs, nk = z->tok * lkv * hs;
         for (int i = 0; i < 2; i++)
             add_elt(z->w, MS_OPRATE_STREAM, MS_OP_ROTARY, ms_k_rowwise_cost(1, i ? nk : nq, 3, 2),
@@ -352,18 +390,20 @@ static void analytic_attention(analytic *z) {
         fw = ms_k_attention_cost(b, S, lh * hs, lh, causal, false);
         bw = ms_k_attention_cost(b, S, lh * hs, lh, causal, true);
     }
+    const int64_t tq = f->gqa ? S / z->cp : S; /* local query rows per sequence */
+    const int64_t m = b * lh * tq / S;         /* as the engine source: n keys, m x n queries */
     if (cl->flash_attention) {
         /* scores stay on chip: only q, k, v and the output move */
-        double qkvo = 4.0 * (double)b * S * (2.0 * lh + 2.0 * lkv) * hs;
+        double qkvo = 4.0 * (double)b * (2.0 * tq * lh + 2.0 * S * lkv) * hs;
         fw.bytes = qkvo;
         bw.bytes = 2 * qkvo;
     }
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, b * lh, S, hs, fw.flops,
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_FWD, op, m, S, hs, fw.flops,
                   fw.bytes, z->L);
-    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, b * lh, S, hs, bw.flops,
+    wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, m, S, hs, bw.flops,
                   bw.bytes, z->L);
     if (z->rc || z->sel)
-        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, b * lh, S, hs,
+        wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, m, S, hs,
                       fw.flops, fw.bytes, z->L);
 }
 
@@ -377,7 +417,11 @@ static void analytic_layers(analytic *z) {
     const double L = z->L;
     double adds = 2; /* residual adds (each after a dropout when the layer drops) */
     bool act_fused = false;
-    add_norm(z, tok_sp, rc, f->norms * L);
+    /* Megatron-LM's sp in this engine (LLaMA): the norms run on whole sequences, and so does
+     * the attention block's residual add (the MLP's is reduce-scattered onto the shard) */
+    const bool whole = f->megatron_sp && z->s->sp && z->t > 1;
+    add_norm(z, whole ? tok : tok_sp, rc, f->norms * L);
+    if (whole) add_stream(z, MS_OP_ADD, MS_OPRATE_STREAM, MS_K_ADD, tok * h, rc, L), adds--;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         int64_t n, k;
@@ -434,7 +478,7 @@ static void analytic_head(analytic *z) {
     const int64_t rows_sp = z->s->sp && z->t > 1 ? rows / z->t : rows;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
     double before = wk_flops(z->w);
-    if (z->f.final_norm) add_norm(z, tok_sp, false, 1);
+    if (z->f.final_norm) add_norm(z, z->f.megatron_sp ? z->tok : tok_sp, false, 1);
     if (z->f.head_transform) {
         add_elt(z->w, MS_OPRATE_STREAM, MS_OP_BATCH_GATHER, ms_k_index_cost(all * h, 0, false),
                 ms_k_index_cost(all * h, 0, true), false, 1);
@@ -455,29 +499,40 @@ static void analytic_tp_rest(const analytic *z) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
-    const double x = (double)z->tok * z->h * z->ab, head = (double)z->head_rows * z->h * z->ab;
+    /* the head's rows on this rank (BERT's gathered ones split over cp) */
+    const double rows = (double)(z->f.head_rows ? z->head_rows / z->cp : z->head_rows);
+    const double x = (double)z->tok * z->h * z->ab, head = rows * z->h * z->ab;
     if (f->kv_whole)
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t,
                     (double)z->tok * f->kv_heads * f->head_dim * z->ab, 2 * z->L);
     if (!z->vp) return;
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
+    /* LLaMA's first norm all-reduces the lookup (its output is replicated over tp): under full
+     * recompute that runs again with the first layer */
+    double again = z->rc && f->megatron_sp ? 2 : 1;
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb * again);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, head, 1); /* the head's input */
     /* row max, sum of exponentials, target logit */
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4, 3);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, rows * 4, 3);
 }
 
 /* tp without sp: the Megatron-LM layout. Forward, an all-reduce after each row-parallel
- * linear; backward, an all-reduce of the input gradient of each column-parallel group. */
+ * linear; backward, an all-reduce of the input gradient of each column-parallel group. Under
+ * cp, GPT-2's and BERT's attention output projection sums on the cp head shard: its partial
+ * sum is reduce-scattered over tp, moved back to the sequence shard and all-gathered. */
 static void analytic_tp(const analytic *z, double passes_f) {
     const ms_plan_family *f = &z->f;
-    double fwd = 0, bwd = 0;
+    const double x = (double)z->tok * z->h * z->ab;
+    double fwd = 0, bwd = 0, split = z->cp > 1 && !f->gqa ? 1 : 0;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         fwd += l->split == FAM_ROW;
         bwd += l->split == FAM_COLUMN && !l->same_input;
     }
-    wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, (double)z->tok * z->h * z->ab,
-                z->L * (fwd * passes_f + bwd));
+    wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, x,
+                z->L * ((fwd - split) * passes_f + bwd));
+    wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, z->t, x,
+                z->L * split * passes_f);
+    wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, z->t, x, z->L * split * passes_f);
     analytic_tp_rest(z);
 }
 
@@ -508,36 +563,114 @@ static void sp_gathered(const analytic *z, double elems, double fwd_count, doubl
     wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_GRAD, z->t, bytes, grads);
 }
 
-/* tp with sp, as the engine completes it: the residual stream stays sequence-sharded and the
- * tp-sharded weights are gathered for each forward (their gradients reduce-scattered);
- * attention receives whole sequences (qkv all-to-all to heads and back; GQA gathers k and v
- * instead); replicated parameters' gradients are all-reduced. */
+/* How the engine's completion lays out a column-parallel linear whose input is the sequence-
+ * sharded stream under sp. It takes, for each op, the placements whose input reshards move the
+ * fewest bytes (ops/select.h), ties in this order: gather the weight (its bytes w), gather the
+ * input (x, Megatron-LM's sp), or split the reduction (input and weight all-to-all'ed to the
+ * k dim, (x + w) / tp, the output a partial sum reduce-scattered onto its columns). Gathering
+ * the weight wins while the weights are small next to the tokens (tp2 on the tiny configs),
+ * the split at larger tp, although its reduce-scatter then moves the whole output. */
+typedef enum sp_layout { SP_GATHER_WEIGHT, SP_GATHER_INPUT, SP_SPLIT_K } sp_layout;
+
+static sp_layout sp_layout_of(double x, double w, int t) {
+    double split = (x + w) / t;
+    if (w <= x && w <= split) return SP_GATHER_WEIGHT;
+    return x <= split ? SP_GATHER_INPUT : SP_SPLIT_K;
+}
+
+/* One column-parallel linear (lin[c]) and the row-parallel one after it (lin[r]) under sp in
+ * `layout`, L layers. Returns the replicated parameters whose gradients are all-reduced. */
+static double sp_group(const analytic *z, int c, int r, sp_layout layout, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const fam_linear *col = &f->lin[c], *row = &f->lin[r];
+    const int t = z->t;
+    const double L = z->L, tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
+    double repl = row->bias ? (double)row->n : 0;
+    if (layout == SP_GATHER_WEIGHT) {
+        /* both weights (and the column bias) gathered every forward, reduce-scattered once;
+         * attention runs on a batch shard: qkv all-to-all'ed there and its output back */
+        sp_gathered(z, (double)col->k * col->n + (col->bias ? col->n : 0), L * passes_f, L);
+        sp_gathered(z, (double)row->k * row->n, L * passes_f, L);
+        if (r == f->attn_at) {
+            wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * col->n * ab,
+                        L * (passes_f + 1));
+            wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, L * (passes_f + 1));
+        }
+        return repl;
+    }
+    if (layout == SP_GATHER_INPUT) {
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, L * passes_f);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, L);
+    } else {
+        /* input and weight to the k dim (the weight's gradient back once per step); the
+         * output's partial sum reduce-scattered onto its columns, gathered in the backward */
+        double wb = (double)col->k * col->n * ab / t, out = tok * col->n * ab;
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, L * (passes_f + 1));
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, wb, L * passes_f);
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_GRAD, t, wb, L);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, out, L * passes_f);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, out, L);
+    }
+    /* the row-parallel output reduce-scattered onto the sequence shard, gathered backward */
+    wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, L * passes_f);
+    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, L);
+    return repl;
+}
+
+/* The tied head under sp (GPT-2), laid out like a column-parallel linear over the vocabulary:
+ * the table gathered (and again for the backward; the loss reduced), or the final norm's
+ * output gathered, or both all-to-all'ed and the logits reduce-scattered over the vocabulary;
+ * the vocab-parallel loss's three row reductions then. */
+static void sp_head(const analytic *z, double last) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const int t = z->t;
+    const double tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
+    const double table = (double)z->V * z->h, first = z->emb;
+    sp_layout layout = sp_layout_of(x, table * ab, t);
+    if (layout == SP_GATHER_WEIGHT) {
+        bool shared = f->tied && first > 0; /* one table serves both ends */
+        if (first > 0) sp_gathered(z, table, first, 1);
+        if (!shared) sp_gathered(z, table, last, 1);
+        if (f->tied) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, table * ab, last);
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, last); /* the loss */
+        return;
+    }
+    if (layout == SP_GATHER_INPUT) {
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, last);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, last);
+    } else {
+        double logits = tok * z->V * ab;
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, 2 * last);
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, table * ab / t, 2 * last);
+        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_GRAD, t, table * ab / t, last);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, logits, last);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, logits, last);
+    }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, tok * 4, 3 * last);
+}
+
+/* tp with sp, as the engine completes it (GPT-2, BERT): the residual stream stays sequence-
+ * sharded, each column-parallel linear in the layout sp_layout_of picks for it; replicated
+ * parameters' gradients are all-reduced. */
 static void analytic_sp(const analytic *z, double passes_f) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
     const double L = z->L, tok = (double)z->tok, h = (double)z->h, ab = z->ab;
     double repl = (double)f->norms * f->norm_params * h;
-    for (int i = 0; i < f->n_lin; i++) {
-        const fam_linear *l = &f->lin[i];
-        if (l->split == FAM_WHOLE) continue;
-        double e = (double)l->k * l->n + (l->bias && l->split == FAM_COLUMN ? l->n : 0);
-        sp_gathered(z, e, L * passes_f, L);
-        if (l->bias && l->split != FAM_COLUMN) repl += (double)l->n;
+    for (int c = 0; c < f->n_lin; c++) {
+        if (f->lin[c].split != FAM_COLUMN) continue;
+        int r = c + 1;
+        while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
+        if (r == f->n_lin) break;
+        double wbytes = (double)f->lin[c].k * f->lin[c].n * ab;
+        repl += sp_group(z, c, r, sp_layout_of(tok * h * ab, wbytes, t), passes_f);
     }
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, repl * ab, L);
-    double kv = tok * f->kv_heads * f->head_dim * ab;
-    if (f->gqa) {
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, kv, 2 * L * passes_f);
-        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, kv, 2 * L);
-    } else {
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * 3 * h * ab,
-                    L * (passes_f + 1));
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, tok / t * h * ab,
-                    L * (passes_f + 1));
-    }
-    /* the ends: the tables gathered; the tied one again for the head's backward */
-    double table = (double)z->V * h, first = z->emb, last = 1;
+    /* the ends */
+    double first = z->emb, last = 1;
     double ends_repl = (f->final_norm ? f->norm_params * h : 0) +
                        (f->head_transform ? h * h + h + f->norm_params * h : 0);
     if (first > 0) {
@@ -549,30 +682,45 @@ static void analytic_sp(const analytic *z, double passes_f) {
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
     }
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
-    if (f->head_rows) {
-        /* BERT's gathered head: its rows arrive as a partial sum (each rank gathers from its
-         * sequence shard); the dense product is reduce-scattered over the batch, the
-         * LayerNorm's output all-gathered to the vocab-parallel decoder (the table stays
-         * sharded), the reverse in the backward; the loss's three row reductions */
-        double x = (double)z->head_rows * h * ab;
-        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4,
-                    3 * last);
+    if (!f->head_rows) {
+        sp_head(z, last);
         return;
     }
-    bool shared = f->tied && first > 0; /* one table serves both ends */
-    if (first > 0) sp_gathered(z, table, first, 1);
-    if (!shared) sp_gathered(z, table, last, 1);
-    if (f->tied) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, table * ab, last);
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, 1); /* the loss */
+    /* BERT's gathered head: its rows arrive as a partial sum (each rank gathers from its
+     * sequence shard); the dense product is reduce-scattered over the batch, the LayerNorm's
+     * output all-gathered to the vocab-parallel decoder (the table stays sharded), the reverse
+     * in the backward; the loss's three row reductions */
+    double x = (double)z->head_rows * h * ab;
+    wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
+    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4, 3 * last);
+}
+
+/* cp: GPT-2's and BERT's packed qkv go from the sequence shard to a head shard and the
+ * attention output back (all-to-all; its gradient, replicated over tp, moves whole); LLaMA's
+ * queries stay on the sequence shard while k and v are gathered whole (their gradients
+ * reduce-scattered back). */
+static void analytic_cp(const analytic *z, double passes_f) {
+    const ms_plan_family *f = &z->f;
+    const int t = z->t, cp = z->cp;
+    const double L = z->L, tok = (double)z->tok, ab = z->ab;
+    if (f->gqa) {
+        double lkv = (double)f->kv_heads / (f->kv_whole ? 1 : t);
+        double kv = (double)z->b * z->S * lkv * f->head_dim * ab;
+        wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_CP, WK_IN_MB, cp, kv, 2 * L * passes_f);
+        wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_CP, WK_IN_MB, cp, kv, 2 * L);
+        return;
+    }
+    double qkv = tok * (f->heads + 2 * f->kv_heads) * f->head_dim / t * ab, o = tok * z->h * ab;
+    wk_coll_add(z->w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
+    wk_coll_add(z->w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o / t, L * passes_f);
+    wk_coll_add(z->w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L);
 }
 
 /* The collectives inside a micro-batch: tp's, cp's and the pipeline's transfers. */
 static void analytic_mb_collectives(const analytic *z) {
     ms_plan_workload *w = z->w;
     const int t = z->t, cp = z->cp;
-    const double L = z->L;
     double x = (double)z->tok * z->h * z->ab; /* one tp-replicated activation */
     double passes_f = z->rc ? 2 : 1;          /* forward collectives run again under recompute */
     if (t > 1 && z->s->sp && z->f.megatron_sp)
@@ -583,23 +731,47 @@ static void analytic_mb_collectives(const analytic *z) {
         analytic_tp(z, passes_f);
     if (cp > 1 && z->f.head_rows) {
         /* BERT's gathered head: the dense product's partial rows reduce-scattered over the
-         * batch, their gradient gathered back; the loss reduced */
+         * batch, their gradient gathered back */
         double head = (double)z->head_rows * z->h * z->ab;
         wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_CP, WK_IN_MB, cp, head, 1);
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_IN_MB, cp, 4, 1);
     }
-    if (cp > 1) {
-        /* sequence-sharded qkv to head-sharded and back, forward and backward */
-        const ms_plan_family *f = &z->f;
-        double qkv = (double)z->tok * (f->heads + 2 * f->kv_heads) * f->head_dim / t * z->ab,
-               o = (double)z->tok * z->h / t * z->ab;
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, qkv, L * (passes_f + 1));
-        wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_CP, WK_IN_MB, cp, o, L * (passes_f + 1));
-    }
+    if (cp > 1) analytic_cp(z, passes_f);
+    /* the loss, reduced over the ranks that split the batch and the sequence */
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_IN_MB, cp, 4, 1);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_IN_MB, z->s->dp, 4, 1);
     if (z->p > 1) /* activations forward and gradients backward, scatter-gathered over tp; once
                    * per model chunk with virtual stages */
         wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, z->p, x / t, 2.0 * z->s->virtual_stages);
+}
+
+/* The gradients' reduction, as the engine plans it over every dim the parameters are
+ * replicated on: dp by ZeRO stage, and cp. With both, each gradient is reduce-scattered over
+ * dp, its shard all-reduced over cp and (ZeRO 0 and 1) gathered back over dp. */
+static void analytic_grad_sync(const analytic *z, double psi, double wte) {
+    ms_plan_workload *w = z->w;
+    const ms_strategy *s = z->s;
+    const int dp = s->dp, cp = s->cp;
+    double wb = z->pb->dtype == MS_PLAN_BF16 ? 2 : 4, g = psi * wb, m = z->n_micro;
+    /* ZeRO 2 and 3 reduce every micro-batch's gradients (accumulated whole before) */
+    double per = s->zero >= 2 ? m : 1;
+    if (dp > 1 && (cp > 1 || s->zero >= 2)) {
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, dp, g, per);
+        if (s->zero < 2) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, 1);
+    } else if (dp > 1) {
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, dp, g, 1);
+    }
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_GRAD, cp, g / dp, per);
+    if (dp < 2) return;
+    if (s->zero == 1 || s->zero == 2) /* the updated shards gathered after the optimizer */
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, psi * wb, 1);
+    if (s->zero >= 3) {
+        /* parameters gathered for forward and backward, every micro-batch (a tied table once
+         * more for the head) */
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, psi * wb, 2 * m);
+        if (z->p == 1 && z->f.tied)
+            wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, wte * wb, 2 * m);
+    }
 }
 
 /* Parameters on the busiest stage (the last on a tie, as the engine prices it), their
@@ -614,35 +786,9 @@ static void analytic_state(const analytic *z) {
            last = ms_plan_family_last_params(f, z->t, z->vp);
     double wte = (double)z->V * z->h / (z->vp ? z->t : 1);
     double psi = z->p == 1 ? layers + first + last - (f->tied ? wte : 0) : layers + last;
-    int nd = s->dp * s->cp, nz = s->dp; /* gradients reduce over dp x cp; ZeRO shards over dp */
+    int nz = s->dp; /* ZeRO shards over dp */
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
-    double m = z->n_micro;
-    if (nd > 1) {
-        double g = psi * gb, wbytes = psi * (pb->dtype == MS_PLAN_BF16 ? 2 : 4);
-        switch (s->zero) {
-            case 0:
-                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, nd, g, 1);
-                break;
-            case 1: /* the engine all-reduces the gradients, then gathers the updated shards */
-                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, nd, g, 1);
-                wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 1);
-                break;
-            case 2:
-                wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, m);
-                wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 1);
-                break;
-            default: /* parameters gathered for forward and backward, every micro-batch (a
-                      * tied table once more for the head); the loss reduced over dp */
-                wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, nd, g, m);
-                wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd, wbytes, 2 * m);
-                if (z->p == 1 && f->tied)
-                    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, nd,
-                                wte * wbytes / psi, /* its bytes */
-                                2 * m);
-                wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_IN_MB, nd, 4, 1);
-                break;
-        }
-    }
+    analytic_grad_sync(z, psi, wte);
     if (z->p > 1 && f->tied) /* the tied embedding's gradient between the first and last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);
@@ -650,6 +796,49 @@ static void analytic_state(const analytic *z) {
     w->opt_elems = s->zero >= 1 ? psi / nz : psi;
     w->norm_elems = s->zero >= 2 ? psi / nz : psi;
     w->zero_bytes = (s->zero >= 2 ? psi / nz : psi) * gb;
+}
+
+/* The column-parallel groups of a layer under sp (GPT-2, BERT): lin[c] and the row-parallel
+ * lin[r] after it, each in its layout; fn receives each. */
+typedef double (*sp_group_fn)(const analytic *z, const fam_linear *col, bool attention,
+                              sp_layout layout);
+static double sp_groups_sum(const analytic *z, sp_group_fn fn) {
+    const ms_plan_family *f = &z->f;
+    double sum = 0, x = (double)z->tok * z->h * z->ab;
+    for (int c = 0; c < f->n_lin; c++) {
+        if (f->lin[c].split != FAM_COLUMN) continue;
+        int r = c + 1;
+        while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
+        if (r == f->n_lin) break;
+        double w = (double)f->lin[c].k * f->lin[c].n * z->ab;
+        sum += fn(z, &f->lin[c], r == f->attn_at, sp_layout_of(x, w, z->t));
+    }
+    return sum;
+}
+
+/* Values per token a group keeps beyond its sharded outputs: the copies its reshards make
+ * (attention's inputs and output moved to a batch shard; a gathered input; an input moved to
+ * the k dim) and the partial sums before their reduce-scatter. */
+static double sp_group_values(const analytic *z, const fam_linear *col, bool attention,
+                              sp_layout layout) {
+    double t = z->t, h = (double)z->h;
+    if (layout == SP_GATHER_WEIGHT) return attention ? ((double)col->n + h) / t : 0;
+    if (layout == SP_GATHER_INPUT) return h + h;
+    return h / t + (double)col->n + h;
+}
+
+/* Elements of the weights a group keeps for its backward: gathered whole, or moved to the k
+ * dim (its shard). */
+static double sp_group_weights(const analytic *z, const fam_linear *col, bool attention,
+                               sp_layout layout) {
+    (void)attention;
+    double wc = (double)col->k * col->n, wr = wc * z->h / col->n; /* the row linear: n x h */
+    if (layout == SP_GATHER_WEIGHT) return wc + wr;
+    return layout == SP_SPLIT_K ? wc / z->t : 0;
+}
+
+static double sp_values(const analytic *z) {
+    return sp_groups_sum(z, sp_group_values);
 }
 
 /* Elements per token one layer's forward makes on a tp rank, every value kept for the
@@ -662,10 +851,14 @@ static void analytic_state(const analytic *z) {
 static double layer_values(const analytic *z, bool scores) {
     const ms_plan_family *f = &z->f;
     const bool sp = z->s->sp && z->t > 1;
-    double t = z->t, h = (double)z->h, hsp = sp ? h / t : h;
-    double split = t * z->cp, lh = (double)f->heads / split, hs = f->head_dim;
-    double lkv = (double)f->kv_heads / (f->kv_whole ? z->cp : split);
-    double v = f->norms * hsp + 2 * hsp + f->act_width / t + lh * hs;
+    double t = z->t, h = (double)z->h, hsp = sp ? h / t : h, hs = f->head_dim;
+    /* packed attention runs on whole sequences of heads / (tp x cp) (cp rows per local token);
+     * GQA on the local tokens' queries against k and v gathered whole over cp */
+    double rows = f->gqa ? 1 : z->cp, lh = (double)f->heads / t / rows;
+    double lkv = (double)f->kv_heads / (f->kv_whole ? 1 : t);
+    /* Megatron-LM's sp (LLaMA): norms and the first residual add on whole sequences */
+    double whole = sp && f->megatron_sp ? h : hsp;
+    double v = f->norms * whole + whole + hsp + f->act_width / t + lh * hs * rows;
     for (int i = 0; i < f->n_lin; i++) {
         const fam_linear *l = &f->lin[i];
         bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
@@ -674,18 +867,16 @@ static double layer_values(const analytic *z, bool scores) {
         if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
             v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
     }
-    if (f->gqa) v += (lh + lkv) * hs;
-    if (sp) v += f->gqa ? 2.0 * f->kv_heads * hs : (3 * h + h) / t;
-    if (scores) v += lh * z->S;
+    if (f->gqa) v += (lh + lkv) * hs + (z->cp > 1 ? 2 * lkv * hs * z->cp : 0);
+    if (!f->gqa && z->cp > 1) v += (3 * h + h) / t; /* qkv and the output, moved over cp */
+    if (sp && f->gqa) v += 2.0 * f->kv_heads * hs;
+    if (sp && f->megatron_sp) /* each group's gathered input, each row output's partial sum */
+        for (int i = 0; i < f->n_lin; i++)
+            v += h * ((f->lin[i].split == FAM_ROW) +
+                      (f->lin[i].split == FAM_COLUMN && !f->lin[i].same_input));
+    if (sp && !f->megatron_sp) v += sp_values(z);
+    if (scores) v += lh * z->S * rows;
     return v;
-}
-
-/* Elements of the tp-sharded weights one layer gathers under sp (kept for its backward). */
-static double sp_gathered_weights(const ms_plan_family *f) {
-    double e = 0;
-    for (int i = 0; i < f->n_lin; i++)
-        if (f->lin[i].split != FAM_WHOLE) e += (double)f->lin[i].k * f->lin[i].n;
-    return e;
 }
 
 /* Activations: the busiest stage's layers' values (only the layer inputs under full
@@ -717,13 +908,17 @@ static void analytic_activations(const analytic *z) {
     double rows = (double)z->head_rows, transform = f->head_transform ? 4 * h * rows * ab : 0;
     double logits = 2.0 * rows * vl * 4;
     double gathered = 0;
-    if (sp) gathered += z->L * sp_gathered_weights(f) * ab;
+    if (sp) gathered += z->L * ab * (f->megatron_sp ? 0 : sp_groups_sum(z, sp_group_weights));
     if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_plan_family_layer_params(f, z->t) * ab;
     /* at the start of the backward every value is alive; under full recompute the head's are
      * freed before the layers' are made again, one layer at a time */
     double head = ends * tok * ab + transform + logits, work_b = work * tok * ab;
     double act = z->rc ? z->L * tok * hsp * ab + fmax(head, layer) : z->L * layer + head;
     z->w->mem_act = act * held + work_b + gathered;
+    /* over dp and cp, each gradient's reduction runs in steps (reduce-scatter, all-reduce,
+     * all-gather) through buffers the arena lends at grad sync, when the activations are gone:
+     * the arena is at least the gradients' bytes */
+    if (s->dp > 1 && s->cp > 1 && s->zero < 2) z->w->mem_act = fmax(z->w->mem_act, z->w->mem_grads);
 }
 
 void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
@@ -780,9 +975,17 @@ typedef struct bubble_entry {
 
 #define BUBBLE_BUCKETS 256
 
+/* The busiest stage's layers under a balanced split, per model and (pp, virtual stages). */
+typedef struct stage_entry {
+    ms_model_config model;
+    int p, v, most;
+    struct stage_entry *next;
+} stage_entry;
+
 struct ms_plan_memo {
     memo_entry *head;
     bubble_entry *bubbles[BUBBLE_BUCKETS];
+    stage_entry *stages;
 };
 
 /* The bubble fraction of s's schedule over m micro-batches of forward f, input-gradient b and
@@ -838,6 +1041,11 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
              * 128 x 128 x 64 heads would otherwise pay a launch and a small tile's efficiency
              * each. */
             double frac = c->causal_skip && pb->model.model_type != MS_MODEL_BERT ? 0.5 : 1.0;
+            if (e->op == MS_OP_GQA_ATTENTION && c->causal_skip && e->m * e->n > 0)
+                /* the pairs its cost function counts (a causal cp shard sees a prefix of keys)
+                 * over the m n x n it would without the mask */
+                frac = e->flops /
+                       ((double)e->m * e->n * e->n * (bwd ? 8.0 * e->k + 4 : 4.0 * e->k + 4));
             int64_t rows = e->m * e->n;
             double g = ms_cluster_gemm_time(c, pb->dtype, rows, e->n, e->k, r) +
                        ms_cluster_gemm_time(c, pb->dtype, rows, e->k, e->n, r);
@@ -974,6 +1182,10 @@ void ms_plan_memo_destroy(ms_plan_memo *m) {
             n = e->next;
             free(e);
         }
+    for (stage_entry *e = m->stages, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
     free(m);
 }
 
@@ -984,6 +1196,18 @@ static bool same_model(const ms_model_config *a, const ms_model_config *b) {
            a->tie_word_embeddings == b->tie_word_embeddings && a->n_positions == b->n_positions &&
            a->resid_pdrop == b->resid_pdrop && a->attn_pdrop == b->attn_pdrop &&
            a->embd_pdrop == b->embd_pdrop;
+}
+
+static int memo_stage_layers(ms_plan_memo *memo, const ms_model_config *c, int p, int v) {
+    for (stage_entry *e = memo ? memo->stages : NULL; e; e = e->next)
+        if (e->p == p && e->v == v && same_model(&e->model, c)) return e->most;
+    int most = balanced_stage_layers(c, p, v);
+    if (memo) {
+        stage_entry *e = xmalloc(sizeof *e);
+        *e = (stage_entry){.model = *c, .p = p, .v = v, .most = most, .next = memo->stages};
+        memo->stages = e;
+    }
+    return most;
 }
 
 /* The engine workload of s, compiled once per memo. */

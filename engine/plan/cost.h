@@ -32,10 +32,11 @@
  * Two workload sources, one pricing:
  *   engine     strategies this engine runs (any pp and micro-batches, ZeRO 0-3, no recompute,
  *              fp32, on thread ranks): the engine's own program is compiled (no communicators:
- *              the rank at mesh coordinate 0), every kernel is costed with its op's cost
- *              function, the same one the profiler reports, and every reshard with the reshard
- *              planner's plan; memory is the program's arena, parameters and gradients as it
- *              stores them, plus AdamW's two moments over the optimizer's shards (ZeRO).
+ *              the rank at mesh coordinate 0, over cp the last), every kernel is costed with
+ *              its op's cost function, the same one the profiler reports, and every reshard
+ *              with the reshard planner's plan; memory is the program's arena, parameters and
+ *              gradients as it stores them, plus AdamW's two moments over the optimizer's
+ *              shards (ZeRO).
  *   analytic   everything else, and every model too large to compile here (GPT-3 175B,
  *              LLaMA-2 7B): the same kernels per layer in closed form, from the model family's
  *              layer description (family.h: GPT-2, BERT, LLaMA), each through the kernel's own
@@ -177,8 +178,8 @@ double ms_plan_layer_activation_bytes(double s, double b, double h, double a, in
 double ms_plan_coll_time(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_dim dim,
                          ms_coll_kind kind, double bytes, double gap_s);
 
-/* What the engine's compiled program does per step on the rank at mesh coordinate 0,
- * aggregated by op and phase (for tests and the advisor's per-op comparison). */
+/* What the engine's compiled program does per step on the rank at mesh coordinate 0 (over cp
+ * the last), aggregated by op and phase (for tests and the advisor's per-op comparison). */
 typedef struct ms_plan_engine_stats {
     double flops;        /* sum of the op cost functions, forward + backward */
     double op_flops[32]; /* by ms_op_kind */
@@ -191,8 +192,8 @@ ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy 
                                    ms_plan_engine_stats *out, ms_error *err);
 
 /* What one workload source makes of a strategy, per step, on the device the estimate prices
- * (the busiest pipeline stage's rank at mesh coordinate 0): the figures the two sources are
- * compared on (tests/test_plan_families.c). */
+ * (the busiest pipeline stage's rank at mesh coordinate 0, the last over cp): the figures the
+ * two sources are compared on (tests/test_plan_families.c). */
 typedef struct ms_plan_tally {
     double flops; /* its kernels' FLOPs: forward, backward and recompute, every micro-batch */
     double coll_bytes[MS_PLAN_DIM_COUNT][MS_COLL_KIND_COUNT]; /* by mesh dim and kind */

@@ -2,8 +2,9 @@
  *
  * The model is built exactly as `meshscope train` builds it (model/gpt.c, model/strategy.c)
  * and compiled from shapes alone (graph/program.h) for the rank at mesh coordinate 0, which
- * holds the largest shard under the balanced split: the same completion, autograd and
- * partition as a training run, without communicators or memory. Then, from the program:
+ * holds the largest shard under the balanced split (over cp the last rank, the busiest under a
+ * causal mask): the same completion, autograd and partition as a training run, without
+ * communicators or memory. Then, from the program:
  *
  *   kernels      every forward and backward kernel with the op's cost for its local shapes
  *                (the figures the profiler stamps on every kernel event), and the forward
@@ -80,9 +81,10 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
         for (int d = A->ndim - kd; d < A->ndim; d++) kk *= A->d[d];
         m = kk ? numel(A) / kk : 0;
         n = kk ? numel(B) / kk : 0;
-    } else if (gqa) { /* q [B, T, H, D] */
-        const ms_shape *q = &kn->in_local[0];
-        m = q->d[0] * q->d[2], n = q->d[1], kk = q->d[3];
+    } else if (gqa) { /* q [B, Tq, H, D] against k [B, Tk, Hkv, D]: n keys, m x n query rows */
+        const ms_shape *q = &kn->in_local[0], *k = &kn->in_local[1];
+        n = k->d[1], kk = q->d[3];
+        m = n ? q->d[0] * q->d[2] * q->d[1] / n : 0;
     } else if (kn->op == MS_OP_MATMUL) {
         const ms_shape *A = &kn->in_local[0], *B = &kn->in_local[1];
         kk = A->d[A->ndim - 1];
@@ -225,7 +227,13 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .zero_dim = MS_STRATEGY_DP_DIM,
                           .recompute = ms_strategy_recompute_regions(s),
                           .bf16 = s->precision == MS_PRECISION_BF16};
-    MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
+    /* the rank at coordinate 0 holds the largest shards; over cp, the last rank: its queries
+     * see the longest causal prefix (LLaMA's GQA keeps queries on the sequence shard), and
+     * every cp shard is alike otherwise */
+    int coords[3] = {0, 0, s->cp - 1};
+    MS_CHECK_GOTO(
+        ms_program_compile_shapes(model.g, mesh, s->cp > 1 ? coords : NULL, &co, &prog, err), st,
+        out);
     add_kernels(w, stats, model.g, mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);
     for (int i = 0; i < ms_program_num_params(prog); i++) {

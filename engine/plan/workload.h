@@ -21,7 +21,8 @@ typedef struct wk_kernel {
     uint8_t phase; /* wk_phase */
     int16_t op;    /* ms_op_kind, -1 for closed-form entries without one */
     /* GEMM: C[m, n] = A[m, k] B[k, n] (backward prices dA and dB); attention: m = batch x
-     * local heads, n = sequence, k = head size */
+     * local heads, n = sequence, k = head size (GQA: n keys, m x n query rows: queries on a cp
+     * shard see the whole sequence) */
     int64_t m, n, k;
     double flops, bytes; /* one call, from the op's cost function */
     double count;        /* calls per micro-batch */
