@@ -189,6 +189,7 @@ typedef struct device_arg {
     long n, cap;    /* combos seen */
     bool record;    /* the CPU run: record; the device run: compare */
     long backwards; /* combos whose backward ran */
+    bool seen_bw[MS_OP_BUILTIN_COUNT]; /* ops whose backward ran at least once */
 } device_arg;
 
 /* The gathered value of t folded into *h (collective). */
@@ -314,6 +315,7 @@ static void device_sweep(mt_rank *r, void *arg) {
             bool bw;
             uint64_t h = fwd_bwd(r, dm, c, din, &bw);
             backwards += bw;
+            if (bw && r->ctx->rank == 0) da->seen_bw[c->op] = true;
             if (r->ctx->rank == 0 && da->record) {
                 if (n == da->cap) {
                     da->cap = da->cap ? 2 * da->cap : 4096;
@@ -335,6 +337,9 @@ static void device_sweep(mt_rank *r, void *arg) {
         MT_CHECK(r, da->record || n == da->n, "the device run saw %ld combinations, the CPU %ld", n,
                  da->n);
         da->backwards = backwards;
+        for (int op = 0; op < MS_OP_BUILTIN_COUNT && !da->record; op++)
+            MT_CHECK(r, da->seen_bw[op] || !ms_op_get(op)->grad_inputs,
+                     "%s: no case ran its backward on mesh %s", ms_op_get(op)->name, da->mesh);
         if (!da->record)
             print_message("  mesh %s on the fenced device: %ld placement combinations, %ld with "
                           "a backward, equal to the CPU's bit for bit\n",
