@@ -1,4 +1,5 @@
-/* cmd_ops.c - `meshscope ops [--json]`: every operator of the table with its SPMD rule.
+/* cmd_ops.c - `meshscope ops [--json]`: every operator of the table with the devices whose
+ * kernel tables run it (ms_op_def.runs_on) and its SPMD rule.
  *
  * A rule lists, along one mesh dim, the placements each input must have and what each output
  * then is. Rules depend on shapes and attributes, so each operator's rule is shown for the
@@ -16,6 +17,19 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "engine/ops/op.h"
+
+/* The devices whose kernel tables hold every kernel the op calls ("cpu" always: an op without
+ * runs_on calls the CPU kernels directly). Writes names separated by sep; returns how many. */
+static int op_devices(const ms_op_def *d, const char **names, int cap) {
+    static const ms_device_kind kinds[] = {MS_DEVICE_CPU, MS_DEVICE_FENCED, MS_DEVICE_CUDA};
+    int n = 0;
+    for (size_t j = 0; j < sizeof kinds / sizeof *kinds && n < cap; j++) {
+        const ms_kernels *k = ms_kernels_for(kinds[j]);
+        if (!k) continue;
+        if (kinds[j] == MS_DEVICE_CPU || (d->runs_on && d->runs_on(k))) names[n++] = k->name;
+    }
+    return n;
+}
 
 /* One candidate as "S(0), R -> S(0)". */
 static void cand_text(const ms_rule_cand *c, int n_in, int n_out, char *out, size_t len) {
@@ -78,19 +92,28 @@ static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n
 int ms_cmd_ops(int argc, char **argv) {
     bool json = false;
     const ms_option opts[] = {
-        MS_FLAG("json", &json, "one JSON array: an object per operator (name, inputs, rules)"),
+        MS_FLAG("json", &json,
+                "one JSON array: an object per operator (name, inputs, devices, rules)"),
     };
     const ms_opts_cmd cmd = {.name = "ops",
                              .synopsis = "[--json]",
-                             .about = "Every operator with its SPMD rule along one mesh dim: the "
-                                      "placements its inputs\nmust have and what its outputs "
-                                      "then are (R replicate, S(d) shard, P partial).",
+                             .about = "Every operator with the devices it runs on and its SPMD "
+                                      "rule along one mesh dim:\nthe placements its inputs must "
+                                      "have and what its outputs then are (R replicate,\nS(d) "
+                                      "shard, P partial).",
                              MS_OPTS_TABLE(opts)};
     int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
     if (rc != MS_OPTS_PROCEED) return rc;
     cJSON *all = json ? cJSON_CreateArray() : NULL;
     int n = ms_op_count();
-    if (!json) printf("%d operators (rules along one mesh dim of 2 ranks)\n", n);
+    int host_only = 0;
+    for (int op = 0; op < n; op++) {
+        const char *names[4];
+        host_only += op_devices(ms_op_get(op), names, 4) == 1;
+    }
+    if (!json)
+        printf("%d operators (rules along one mesh dim of 2 ranks); %d run on the host only\n", n,
+               host_only);
     ms_rule_cand *cands = calloc(MS_OP_MAX_CANDS, sizeof *cands);
     for (int op = 0; op < n; op++) {
         const ms_op_def *d = ms_op_get(op);
@@ -98,20 +121,30 @@ int ms_cmd_ops(int argc, char **argv) {
         char shape[160] = "", text[256];
         int nc = probe_rule(d, cands, &ni, &no, shape, sizeof shape);
         cJSON *o = NULL, *rules = NULL;
+        const char *devs[4];
+        int nd = op_devices(d, devs, 4);
+        char dev_text[64] = "";
+        for (int j = 0; j < nd; j++)
+            snprintf(dev_text + strlen(dev_text), sizeof dev_text - strlen(dev_text), "%s%s",
+                     j ? ", " : "", devs[j]);
         if (json) {
             o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "name", d->name);
             cJSON_AddNumberToObject(o, "inputs", d->n_in);
             cJSON_AddNumberToObject(o, "outputs", d->n_out);
             cJSON_AddBoolToObject(o, "builtin", op < MS_OP_BUILTIN_COUNT);
+            cJSON *devices = cJSON_AddArrayToObject(o, "devices");
+            for (int j = 0; j < nd; j++) cJSON_AddItemToArray(devices, cJSON_CreateString(devs[j]));
             if (nc) cJSON_AddStringToObject(o, "probe_shape", shape);
             rules = cJSON_AddArrayToObject(o, "rules");
             cJSON_AddItemToArray(all, o);
         } else if (nc) {
-            printf("%-22s %d rule%s at inputs %s\n", d->name, nc, nc == 1 ? "" : "s", shape);
+            printf("%-22s [%s] %d rule%s at inputs %s\n", d->name, dev_text, nc, nc == 1 ? "" : "s",
+                   shape);
         } else {
-            printf("%-22s rules depend on its attributes or integer inputs (see engine/ops/op.h)\n",
-                   d->name);
+            printf("%-22s [%s] rules depend on its attributes or integer inputs (see "
+                   "engine/ops/op.h)\n",
+                   d->name, dev_text);
         }
         for (int k = 0; k < nc; k++) {
             cand_text(&cands[k], ni, no, text, sizeof text);

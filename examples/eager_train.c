@@ -1,6 +1,6 @@
 /* eager_train.c - a training loop written in eager mode, on any mesh of thread ranks.
  *
- *   eager_train --mesh 2x2 --steps 20
+ *   eager_train --mesh 2x2 --steps 20 [--device cpu|fenced|cuda|auto]
  *
  * A 2-layer MLP (layer norm, W1, GELU, W2, cross-entropy) learns to classify random vectors
  * by a fixed random linear teacher. On a 2-d mesh, dim 0 is data parallel (the batch is
@@ -8,6 +8,8 @@
  * so the hidden activations never move and the output is one all-reduce. On a 1-d mesh,
  * --parallel picks dp or tp. Each step is the loop of docs/eager.md: eager calls recorded on
  * a tape, ms_tape_backward, AdamW on each rank's shards. Every mesh prints the same losses.
+ * The tensors live on the rank's device (--device): batches and initial weights are made on
+ * the host and moved there; the kernels run there.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@ typedef struct options {
     int steps;
     float lr;
     bool tp_1d; /* a 1-d mesh is tensor parallel */
+    ms_device_choice device;
 } options;
 
 /* Placements: dp on mesh dim 0 and tp on dim 1 (2-d), or one of them (1-d). */
@@ -50,8 +53,13 @@ static ms_status param(ms_dmesh *dm, int ndim, const int64_t *shape, const char 
     MS_CHECK(ms_placements_parse(pl, &out->pl, err));
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
     ms_local_box(&out->pl, &dm->mesh, dm->coords, ndim, shape, start, len);
-    MS_CHECK(ms_tensor_alloc(dm->ctx->device, MS_F32, ndim, len, &out->local, err));
-    return ms_tensor_init_normal(&out->local, 7, id, shape, start, mean, std, err);
+    ms_tensor host; /* made on the host, then moved to the rank's device */
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, ndim, len, &host, err));
+    ms_status st = ms_tensor_init_normal(&host, 7, id, shape, start, mean, std, err);
+    ms_placements where = out->pl; /* from_local rewrites *out */
+    if (st == MS_OK) st = ms_dtensor_from_local(dm, &host, &where, ndim, shape, out, err);
+    if (st != MS_OK) ms_tensor_release(&host);
+    return st;
 }
 
 static ms_status model_init(ms_dmesh *dm, const layout *l, model *m, ms_error *err) {
@@ -76,9 +84,9 @@ static ms_status batch(ms_dmesh *dm, const layout *l, int step, ms_dtensor *x, m
                        ms_error *err) {
     const int64_t xs[2] = {BATCH, DIM}, ts[2] = {DIM, CLASSES}, ys[1] = {BATCH};
     ms_tensor gx, teacher, gy;
-    MS_CHECK(ms_tensor_alloc(dm->ctx->device, MS_F32, 2, xs, &gx, err));
-    MS_CHECK(ms_tensor_alloc(dm->ctx->device, MS_F32, 2, ts, &teacher, err));
-    MS_CHECK(ms_tensor_alloc(dm->ctx->device, MS_F32, 1, ys, &gy, err));
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 2, xs, &gx, err));
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 2, ts, &teacher, err));
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 1, ys, &gy, err));
     ms_tensor_init_normal(&gx, 7, 1000 + (uint64_t)step, xs, NULL, 0.0f, 1.0f, err);
     ms_tensor_init_normal(&teacher, 7, 999, ts, NULL, 0.0f, 1.0f, err);
     const float *px = ms_tensor_f32(&gx), *pt = ms_tensor_f32(&teacher);
@@ -190,10 +198,12 @@ static ms_status rank_main(ms_ctx *ctx, void *arg, ms_error *err) {
 
 static int usage(FILE *f, int rc) {
     fprintf(f, "usage: eager_train [--mesh AxB] [--steps N] [--lr X] [--parallel dp|tp]\n"
+               "                   [--device cpu|fenced|cuda|auto]\n"
                "  --mesh      ranks per mesh dim: 2-d is dp x tp, 1-d is --parallel (default 2x2)\n"
                "  --steps     training steps (default 20)\n"
                "  --lr        AdamW learning rate (default 0.01)\n"
-               "  --parallel  what a 1-d mesh splits: dp (the batch) or tp (the layers)\n");
+               "  --parallel  what a 1-d mesh splits: dp (the batch) or tp (the layers)\n"
+               "  --device    where each rank's tensors and kernels are (default cpu)\n");
     return rc;
 }
 
@@ -229,6 +239,14 @@ static int parse(int argc, char **argv, options *o) {
                 return 2;
             }
             o->tp_1d = !strcmp(v, "tp");
+        } else if (!strcmp(f, "--device")) {
+            int c = 0;
+            while (c < MS_DEVICE_CHOICE_COUNT && strcmp(v, ms_device_choice_name(c))) c++;
+            if (c == MS_DEVICE_CHOICE_COUNT) {
+                fprintf(stderr, "eager_train: --device %s: give cpu, fenced, cuda or auto\n", v);
+                return 2;
+            }
+            o->device = (ms_device_choice)c;
         } else {
             fprintf(stderr, "eager_train: unknown option %s %s (see --help)\n", f, v);
             return 2;
@@ -255,7 +273,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "eager_train: --mesh %s: give 1 or 2 dims and at most 64 ranks\n", o.mesh);
         return 2;
     }
-    ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = ranks, .seed = 7};
+    ms_device_kind kind;
+    char note[200] = "";
+    if (ms_device_resolve(o.device, &kind, note, sizeof note, &err) != MS_OK) {
+        fprintf(stderr, "eager_train: %s\n", err.msg);
+        return 2;
+    }
+    if (note[0]) fprintf(stderr, "eager_train: %s\n", note);
+    ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = ranks, .seed = 7, .device = kind};
     if (ms_launch(&lo, rank_main, &o, &err) != MS_OK) {
         fprintf(stderr, "eager_train: %s\n", err.msg);
         return 1;

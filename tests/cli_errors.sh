@@ -341,6 +341,15 @@ else
   echo "FAIL ops: $n_ops names, $n_rules rule lists"
   fail=$((fail + 1))
 fi
+# ops: every operator lists the devices it runs on, and none runs on the host only.
+n_fenced=$(tr -d ' \t\n' <<<"$ops_json" | grep -o '"devices":\[[^]]*\]' | grep -c '"fenced"')
+if [ "$n_fenced" -eq "$n_ops" ] && "$bin" ops | head -1 | grep -q "; 0 run on the host only$"; then
+  echo "ok   ops: all $n_ops operators run on the fenced device; none on the host only"
+  pass=$((pass + 1))
+else
+  echo "FAIL ops devices: $n_fenced of $n_ops operators run on the fenced device"
+  fail=$((fail + 1))
+fi
 expect_rc 2 "checkpoint export needs -o" "give the checkpoint and the output" \
   "$bin" checkpoint export "$tmp"
 expect_rc 1 "checkpoint info: not a checkpoint" "no checkpoint in" "$bin" checkpoint info "$tmp"

@@ -1,6 +1,6 @@
-/* cuda_testkit.cuh - what the two CUDA tests share (C++, compiled by nvcc): random data, the
- * tolerance check that prints its worst element, and bf16 conversions through
- * engine/core/tensor.c's rounding. */
+/* cuda_testkit.cuh - what the CUDA tests share (C++, compiled by nvcc): random data, the
+ * tolerance check that prints its worst element, bf16 conversions through
+ * engine/core/tensor.c's rounding, and the finite-difference check of a backward. */
 #ifndef MS_TESTS_CUDA_TESTKIT_CUH
 #define MS_TESTS_CUDA_TESTKIT_CUH
 
@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <algorithm>
+#include <functional>
 #include <vector>
 
 /* engine/core/tensor.h uses C11 atomics, which C++17 cannot include. */
@@ -78,6 +80,43 @@ template <typename H> static fvec widen(const std::vector<H> &h) {
         x[i] = ms_f32_from_bf16(b);
     }
     return x;
+}
+
+/* Central differences of a double-summed loss over `samples` random coordinates of x,
+ * against the analytic gradient `an` of the same coordinates: |fd - an| <= tol * scale,
+ * scale the largest |an| of the tensor. The finite difference of a float function carries
+ * roundoff of about eps |L| / h and truncation of order h^2; each tol is a few times the error
+ * measured with the kernels as they are (printed), so a term wrong by a percent fails. */
+static inline bool fd_check(const char *what, fvec &x, const fvec &an,
+                            const std::function<double()> &loss, double h, double tol,
+                            int samples) {
+    double scale = 1e-30, worst = 0;
+    for (float g : an) scale = std::max(scale, (double)fabsf(g));
+    bool ok = true;
+    for (int s = 0; s < samples; s++) {
+        const size_t k = (size_t)(urand() * (double)x.size());
+        const float x0 = x[k];
+        x[k] = x0 + (float)h;
+        const double lp = loss();
+        x[k] = x0 - (float)h;
+        const double lm = loss();
+        x[k] = x0;
+        const double fd = (lp - lm) / (2 * h), e = fabs(fd - an[k]) / scale;
+        if (!(e <= tol)) {
+            ok = false;
+            printf("    %s[%zu]: finite difference %.7g, backward %.7g\n", what, k, fd, an[k]);
+        }
+        worst = std::max(worst, e);
+    }
+    printf("  %-44s %d samples, worst |fd - grad| / max|grad| %.3g%s\n", what, samples, worst,
+           ok ? "" : "  FAIL");
+    return ok;
+}
+
+static inline double dot_loss(const fvec &w, const fvec &y) {
+    double s = 0;
+    for (size_t i = 0; i < y.size(); i++) s += (double)w[i] * (double)y[i];
+    return s;
 }
 
 #endif

@@ -60,42 +60,6 @@ static void lanes_each(const std::function<void(int, int)> &f) {
     for (int l = 0; l < L; l++) f(l, L);
 }
 
-/* Central differences of a double-summed loss over `samples` random coordinates of x,
- * against the analytic gradient `an` of the same coordinates: |fd - an| <= tol * scale,
- * scale the largest |an| of the tensor. The finite difference of a float function carries
- * roundoff of about eps |L| / h and truncation of order h^2; each tol is a few times the error
- * measured with the kernels as they are (printed), so a term wrong by a percent fails. */
-static bool fd_check(const char *what, fvec &x, const fvec &an, const std::function<double()> &loss,
-                     double h, double tol, int samples) {
-    double scale = 1e-30, worst = 0;
-    for (float g : an) scale = std::max(scale, (double)fabsf(g));
-    bool ok = true;
-    for (int s = 0; s < samples; s++) {
-        const size_t k = (size_t)(urand() * (double)x.size());
-        const float x0 = x[k];
-        x[k] = x0 + (float)h;
-        const double lp = loss();
-        x[k] = x0 - (float)h;
-        const double lm = loss();
-        x[k] = x0;
-        const double fd = (lp - lm) / (2 * h), e = fabs(fd - an[k]) / scale;
-        if (!(e <= tol)) {
-            ok = false;
-            printf("    %s[%zu]: finite difference %.7g, backward %.7g\n", what, k, fd, an[k]);
-        }
-        worst = std::max(worst, e);
-    }
-    printf("  %-44s %d samples, worst |fd - grad| / max|grad| %.3g%s\n", what, samples, worst,
-           ok ? "" : "  FAIL");
-    return ok;
-}
-
-static double dot_loss(const fvec &w, const fvec &y) {
-    double s = 0;
-    for (size_t i = 0; i < y.size(); i++) s += (double)w[i] * (double)y[i];
-    return s;
-}
-
 /* ---- bf16 rounding ---- */
 
 static void test_bf16_rounding(void **state) {

@@ -70,6 +70,25 @@ static void device_is_fenced(mt_rank *r, void *arg) {
              "owns: the device's buffer and a host variable are told apart");
     MT_CHECK(r, ms_comm_device(r->ctx->world) == r->ctx->device,
              "the world communicator stages through the rank's device");
+    /* A tensor wrapped over device memory (ms_tensor_wrap_on): its copies are made on the
+     * device, and releasing it leaves the caller's buffer alone. */
+    const float vals[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    float back[16] = {0};
+    to_dev(r, p, vals, sizeof vals);
+    ms_error err = {0};
+    ms_tensor w = {0}, c = {0};
+    if (MT_OK(r, ms_tensor_wrap_on(r->ctx->device, p, MS_F32, 2, (int64_t[]){4, 4}, &w, &err),
+              &err) &&
+        MT_OK(r, ms_tensor_contiguous(&w, MS_F32, &c, &err), &err)) {
+        MT_CHECK(r, ms_device_owns(r->ctx->device, ms_tensor_data(&c)),
+                 "a copy of a device-wrapped tensor left the device");
+        from_dev(r, back, ms_tensor_data(&c), sizeof back);
+        MT_CHECK(r, !memcmp(back, vals, sizeof vals), "the copy differs from the wrapped data");
+    }
+    ms_tensor_release(&c);
+    ms_tensor_release(&w);
+    from_dev(r, back, p, sizeof back); /* still the caller's, still readable */
+    MT_CHECK(r, !memcmp(back, vals, sizeof vals), "releasing the wrap touched the buffer");
     dev_free(r, p, 64);
 }
 

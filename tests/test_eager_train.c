@@ -10,6 +10,8 @@
  *                column-, W2 row-parallel), trained a few AdamW steps on [1], [2] and [2, 2]:
  *                losses and final parameters equal graph mode's on the same strategy and the
  *                one-rank run's, within 1e-5 relative
+ *   fenced       the training loop on the fenced device (thread ranks) on [1] and dp2 x tp2:
+ *                losses and final parameters equal the CPU device's bit for bit
  *   errors       backward twice, a loss that is not a scalar, a tensor from another mesh
  */
 #include <math.h>
@@ -259,6 +261,7 @@ typedef struct run_spec {
     strategy s;
     int steps;       /* 0: one forward + backward, gradients into the result */
     bool graph_mode; /* else eager */
+    ms_device_kind device;
     result out;
 } run_spec;
 
@@ -426,6 +429,13 @@ static run_spec run_model(model_fn model, const strategy *s, int steps, bool gra
     return rs;
 }
 
+/* Eager mode with every rank's tensors on `device` (thread ranks). */
+static run_spec run_eager_on(model_fn model, const strategy *s, int steps, ms_device_kind device) {
+    run_spec rs = {.model = model, .s = *s, .steps = steps, .device = device};
+    mt_run_device(mesh_ranks(s->mesh), device, run_body, &rs);
+    return rs;
+}
+
 /* ||x - ref|| / ||ref|| over each tensor, and each loss, within 1e-5. */
 static void compare(const result *x, const result *ref, int steps, const char *what) {
     if (mt_world_rank() != 0) return;
@@ -520,6 +530,41 @@ static void train_matches_graph_and_one_rank(void **state) {
     result_free(&one.out);
 }
 
+/* --- (a') the training loop on the fenced device: every kernel through the device's table ---
+ * The fenced device faults on any host access to its memory, so the tape, the operators and
+ * the optimizer must run through the device's kernels and copies; its kernels are the CPU's,
+ * so the losses and parameters must equal the CPU device's bit for bit. */
+
+static void same_bits(const result *x, const result *ref, int steps, const char *what) {
+    if (mt_world_rank() != 0) return;
+    for (int k = 0; k < steps; k++)
+        if (memcmp(&x->loss[k], &ref->loss[k], sizeof(float)))
+            fail_msg("%s: fenced loss at step %d is %.9g, the CPU's %.9g", what, k, x->loss[k],
+                     ref->loss[k]);
+    assert_int_equal(x->np, ref->np);
+    assert_true(ref->np > 0);
+    for (int i = 0; i < ref->np; i++) {
+        assert_int_equal(x->n[i], ref->n[i]);
+        if (memcmp(x->param[i], ref->param[i], sizeof(float) * (size_t)ref->n[i]))
+            fail_msg("%s: fenced parameter %d (%s) differs from the CPU's", what, i, ref->name[i]);
+    }
+}
+
+static void train_on_fenced_device(void **state) {
+    (void)state;
+    const strategy *cases[] = {&train_cases[0], &train_cases[3]}; /* 1 rank; dp2 x tp2 */
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char what[160];
+        snprintf(what, sizeof what, "mesh %s, x %s, w1 %s", cases[c]->mesh, cases[c]->x,
+                 cases[c]->w1);
+        run_spec cpu = run_eager_on(mlp, cases[c], TRAIN_STEPS, MS_DEVICE_CPU);
+        run_spec fen = run_eager_on(mlp, cases[c], TRAIN_STEPS, MS_DEVICE_FENCED);
+        same_bits(&fen.out, &cpu.out, TRAIN_STEPS, what);
+        if (mt_world_rank() == 0) assert_true(cpu.out.loss[TRAIN_STEPS - 1] < cpu.out.loss[0]);
+        result_free(&cpu.out), result_free(&fen.out);
+    }
+}
+
 /* --- (c) bad use gets clear errors --------------------------------------------------------- */
 
 static void expect_error(mt_rank *r, ms_status st, const ms_error *err, const char *want) {
@@ -600,5 +645,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bad_use_errors),
     cmocka_unit_test(single_op_grads),
     cmocka_unit_test(train_matches_graph_and_one_rank),
+    cmocka_unit_test(train_on_fenced_device),
 };
 MT_MAIN("eager_train", tests)

@@ -6,6 +6,12 @@
  * global inputs on one rank. Then every candidate of every rule runs without resharding
  * (strict mode) and must produce exactly its declared output placement, and inputs that
  * fit no rule get an error naming the op and what it accepts.
+ *
+ * On the fenced device (host memory the host may not touch: every access must go through
+ * the device's kernel table and copies) every op case runs again, forward and backward,
+ * under every input placement on [2] and [2, 2], and its outputs and input gradients must
+ * equal the CPU device's bit for bit: the fenced table runs the CPU kernels in the same
+ * order, so any difference is a wrong table entry or a host access that the fence let by.
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +21,7 @@
 #include "engine/core/philox.h"
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
-#include "engine/graph/eager.h"
+#include "engine/graph/tape.h"
 #include "tests/op_cases.h"
 #include "tests/testkit.h"
 
@@ -167,6 +173,201 @@ static void rules_mesh2x2(void **s) {
     mt_run(4, brute_force, &a);
 }
 
+/* --- forward and backward on a device against the CPU device, bit for bit ---------------- */
+
+/* FNV-1a over the bytes of a host tensor, chained. */
+static uint64_t fnv(uint64_t h, const ms_tensor *t) {
+    const unsigned char *p = (const unsigned char *)ms_tensor_f32(t);
+    for (size_t k = 0; k < sizeof(float) * (size_t)ms_tensor_numel(t); k++)
+        h = (h ^ p[k]) * 1099511628211ull;
+    return h;
+}
+
+typedef struct device_arg {
+    const char *mesh;
+    uint64_t *hash; /* [combo]: the CPU run's (record) or checked against (compare) */
+    long n, cap;    /* combos seen */
+    bool record;    /* the CPU run: record; the device run: compare */
+    long backwards; /* combos whose backward ran */
+    bool seen_bw[MS_OP_BUILTIN_COUNT]; /* ops whose backward ran at least once */
+} device_arg;
+
+/* The gathered value of t folded into *h (collective). */
+static void fold(mt_rank *r, const ms_dtensor *t, uint64_t *h) {
+    ms_error err = {0};
+    ms_tensor full = {0};
+    if (MT_OK(r, ms_dtensor_full(t, &full, &err), &err) && full.storage) *h = fnv(*h, &full);
+    ms_tensor_release(&full);
+}
+
+/* A replicated DistTensor of the global shape s, from host values (stream picks them). */
+static void host_leaf(mt_rank *r, ms_dmesh *dm, const ms_shape *s, uint64_t stream,
+                      ms_dtensor *out) {
+    ms_error err = {0};
+    ms_tensor g;
+    MT_OK(r, ms_tensor_alloc(ms_device_host(), MS_F32, s->ndim, s->d, &g, &err), &err);
+    for (int64_t k = 0; k < ms_tensor_numel(&g); k++)
+        ms_tensor_f32(&g)[k] = 2 * (float)ms_philox_uniform(23, stream, (uint64_t)k) - 1;
+    ms_placements rr = ms_placements_replicated(dm->mesh.ndim);
+    MT_OK(r, ms_dtensor_shard(dm, &g, &rr, out, &err), &err);
+    ms_tensor_release(&g);
+}
+
+/* loss = sum over the float outputs of sum(out * w), w fixed random weights: every output
+ * element gets its own gradient. Returns false when no output takes a gradient. */
+static bool weighted_loss(mt_rank *r, ms_tape *t, ms_dmesh *dm, const op_case *c, ms_dtensor *out,
+                          ms_dtensor *loss) {
+    const ms_op_def *def = ms_op_get(c->op);
+    ms_error err = {0};
+    bool any = false;
+    for (int o = 0; o < c->n_out; o++) {
+        if (def->int_outputs >> o & 1) continue;
+        ms_shape s = {.ndim = out[o].ndim};
+        memcpy(s.d, out[o].gshape, sizeof s.d);
+        ms_dtensor w, prod, part, sum;
+        host_leaf(r, dm, &s, 50 + (uint64_t)o, &w);
+        const ms_dtensor *pw[2] = {&out[o], &w};
+        ms_op_attrs all = {.i = {-1}};
+        MT_OK(r, ms_tape_op(t, MS_OP_MUL_BCAST, NULL, 2, pw, 1, &prod, NULL, &err), &err);
+        const ms_dtensor *pp[1] = {&prod};
+        MT_OK(r, ms_tape_op(t, MS_OP_SUM, &all, 1, pp, 1, &part, NULL, &err), &err);
+        if (any) {
+            const ms_dtensor *pl[2] = {loss, &part};
+            MT_OK(r, ms_tape_op(t, MS_OP_ADD, NULL, 2, pl, 1, &sum, NULL, &err), &err);
+            ms_dtensor_release(loss), ms_dtensor_release(&part);
+            *loss = sum;
+        } else {
+            *loss = part;
+        }
+        any = true;
+        ms_dtensor_release(&w), ms_dtensor_release(&prod);
+    }
+    return any;
+}
+
+/* One placement combination: the op's outputs and, for every input that can be watched (a
+ * leaf taking a gradient, without partial placements), its gradient, hashed. */
+static uint64_t fwd_bwd(mt_rank *r, ms_dmesh *dm, const op_case *c, const ms_dtensor *din,
+                        bool *backward) {
+    const ms_op_def *def = ms_op_get(c->op);
+    ms_error err = {0};
+    ms_tape *t = ms_tape_create();
+    const ms_dtensor *pin[3];
+    bool watched[3] = {false};
+    for (int i = 0; i < c->n_in; i++) {
+        pin[i] = &din[i];
+        bool partial = false;
+        for (int m = 0; m < din[i].pl.n; m++) partial |= din[i].pl.p[m].kind == MS_PL_PARTIAL;
+        watched[i] = (def->grad_inputs >> i & 1) && !partial;
+        if (watched[i]) MT_OK(r, ms_tape_watch(t, &din[i], &err), &err);
+    }
+    ms_dtensor dout[MS_OP_MAX_OUT], loss;
+    ms_eager_opts eo = {.allow_reshard = true};
+    uint64_t h = 1469598103934665603ull;
+    *backward = false;
+    if (!MT_OK(r, ms_tape_op(t, c->op, &c->a, c->n_in, pin, c->n_out, dout, &eo, &err), &err)) {
+        ms_tape_destroy(t);
+        return 0;
+    }
+    for (int o = 0; o < c->n_out; o++) fold(r, &dout[o], &h);
+    if (ms_tape_size(t) > 0 && weighted_loss(r, t, dm, c, dout, &loss)) {
+        *backward = MT_OK(r, ms_tape_backward(t, &loss, &err), &err);
+        for (int i = 0; i < c->n_in && *backward; i++)
+            if (watched[i] && ms_tape_grad(t, &din[i])) fold(r, ms_tape_grad(t, &din[i]), &h);
+        ms_dtensor_release(&loss);
+    }
+    for (int o = 0; o < c->n_out; o++) ms_dtensor_release(&dout[o]);
+    ms_tape_destroy(t);
+    return h;
+}
+
+static void device_sweep(mt_rank *r, void *arg) {
+    device_arg *da = arg;
+    ms_error err = {0};
+    ms_mesh mesh;
+    ms_mesh_parse(&mesh, da->mesh, &err);
+    ms_dmesh *dm;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    ms_placements *opts[3];
+    for (int i = 0; i < 3; i++) opts[i] = xmalloc(sizeof(ms_placements) * 64);
+    long n = 0, backwards = 0;
+    for (size_t ci = 0; ci < (size_t)ms_n_op_cases && r->failures < 3; ci++) {
+        const op_case *c = &ms_op_cases[ci];
+        ms_tensor gin[3];
+        int nopt[3] = {1, 1, 1}, total = 1;
+        for (int i = 0; i < c->n_in; i++) {
+            ms_tensor_alloc(ms_device_host(), MS_F32, c->in[i].ndim, c->in[i].d, &gin[i], &err);
+            mt_op_case_fill(c, i, &gin[i]);
+            nopt[i] = tensor_options(mesh.ndim, c->in[i].ndim, opts[i]);
+            total *= nopt[i];
+        }
+        for (int combo = 0; combo < total && r->failures < 3; combo++, n++) {
+            ms_dtensor din[3];
+            char desc[256] = "";
+            for (int i = 0, rem = combo; i < c->n_in; i++, rem /= nopt[i - 1]) {
+                const ms_placements *pl = &opts[i][rem % nopt[i]];
+                MT_OK(r, ms_dtensor_shard(dm, &gin[i], pl, &din[i], &err), &err);
+                char one[64];
+                strncat(desc, ms_placements_str(pl, one, sizeof one),
+                        sizeof desc - strlen(desc) - 2);
+                strcat(desc, " ");
+            }
+            bool bw;
+            uint64_t h = fwd_bwd(r, dm, c, din, &bw);
+            backwards += bw;
+            if (bw && r->ctx->rank == 0) da->seen_bw[c->op] = true;
+            if (r->ctx->rank == 0 && da->record) {
+                if (n == da->cap) {
+                    da->cap = da->cap ? 2 * da->cap : 4096;
+                    da->hash = xrealloc(da->hash, sizeof *da->hash * (size_t)da->cap);
+                }
+                da->hash[n] = h;
+            } else if (r->ctx->rank == 0) {
+                MT_CHECK(r, n < da->n && da->hash[n] == h,
+                         "%s on mesh %s with inputs %s: forward or backward on the device "
+                         "differs from the CPU's",
+                         c->name, da->mesh, desc);
+            }
+            for (int i = 0; i < c->n_in; i++) ms_dtensor_release(&din[i]);
+        }
+        for (int i = 0; i < c->n_in; i++) ms_tensor_release(&gin[i]);
+    }
+    if (r->ctx->rank == 0) {
+        if (da->record) da->n = n;
+        MT_CHECK(r, da->record || n == da->n, "the device run saw %ld combinations, the CPU %ld", n,
+                 da->n);
+        da->backwards = backwards;
+        for (int op = 0; op < MS_OP_BUILTIN_COUNT && !da->record; op++)
+            MT_CHECK(r, da->seen_bw[op] || !ms_op_get(op)->grad_inputs,
+                     "%s: no case ran its backward on mesh %s", ms_op_get(op)->name, da->mesh);
+        if (!da->record)
+            print_message("  mesh %s on the fenced device: %ld placement combinations, %ld with "
+                          "a backward, equal to the CPU's bit for bit\n",
+                          da->mesh, n, backwards);
+    }
+    for (int i = 0; i < 3; i++) free(opts[i]);
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static void device_equals_cpu(const char *mesh, int ranks) {
+    device_arg a = {.mesh = mesh, .record = true};
+    mt_run_device(ranks, MS_DEVICE_CPU, device_sweep, &a);
+    a.record = false;
+    mt_run_device(ranks, MS_DEVICE_FENCED, device_sweep, &a);
+    free(a.hash);
+}
+
+static void fenced_mesh2(void **s) {
+    (void)s;
+    device_equals_cpu("2", 2);
+}
+
+static void fenced_mesh2x2(void **s) {
+    (void)s;
+    device_equals_cpu("2x2", 4);
+}
+
 /* Every candidate of every rule, given exactly its inputs, runs without resharding and
  * yields its declared output; inputs that fit no rule fail with a useful error. */
 static void strict(mt_rank *r, void *arg) {
@@ -251,9 +452,8 @@ static void table_complete(void **s) {
 }
 
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(table_complete),
-    cmocka_unit_test(rules_strict),
-    cmocka_unit_test(rules_mesh2),
-    cmocka_unit_test(rules_mesh2x2),
+    cmocka_unit_test(table_complete), cmocka_unit_test(rules_strict),
+    cmocka_unit_test(rules_mesh2),    cmocka_unit_test(rules_mesh2x2),
+    cmocka_unit_test(fenced_mesh2),   cmocka_unit_test(fenced_mesh2x2),
 };
 MT_MAIN("rules", tests)

@@ -57,6 +57,7 @@ ms_status ms_tensor_alloc(ms_device *dev, ms_dtype dtype, int ndim, const int64_
     s->data = data;
     s->nbytes = nbytes;
     s->dev = dev;
+    s->wrapped = false;
     atomic_init(&s->refs, 1);
     t.storage = s;
     *out = t;
@@ -65,6 +66,11 @@ ms_status ms_tensor_alloc(ms_device *dev, ms_dtype dtype, int ndim, const int64_
 
 ms_status ms_tensor_wrap(void *data, ms_dtype dtype, int ndim, const int64_t *shape, ms_tensor *out,
                          ms_error *err) {
+    return ms_tensor_wrap_on(NULL, data, dtype, ndim, shape, out, err);
+}
+
+ms_status ms_tensor_wrap_on(ms_device *dev, void *data, ms_dtype dtype, int ndim,
+                            const int64_t *shape, ms_tensor *out, ms_error *err) {
     memset(out, 0, sizeof *out);
     MS_CHECK(check_shape(ndim, shape, err));
     ms_tensor t = {.dtype = dtype, .ndim = ndim};
@@ -73,7 +79,8 @@ ms_status ms_tensor_wrap(void *data, ms_dtype dtype, int ndim, const int64_t *sh
     ms_storage *s = xmalloc(sizeof *s);
     s->data = data;
     s->nbytes = (size_t)ms_tensor_numel(&t) * ms_dtype_size(dtype);
-    s->dev = NULL;
+    s->dev = dev;
+    s->wrapped = true;
     atomic_init(&s->refs, 1);
     t.storage = s;
     *out = t;
@@ -84,7 +91,7 @@ void ms_tensor_release(ms_tensor *t) {
     if (!t || !t->storage) return;
     ms_storage *s = t->storage;
     if (atomic_fetch_sub(&s->refs, 1) == 1) {
-        if (s->dev) ms_device_free(s->dev, s->data, s->nbytes);
+        if (s->dev && !s->wrapped) ms_device_free(s->dev, s->data, s->nbytes);
         free(s);
     }
     memset(t, 0, sizeof *t);

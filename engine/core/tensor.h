@@ -32,7 +32,8 @@ const char *ms_dtype_name(ms_dtype dt);
 typedef struct ms_storage {
     void *data;
     size_t nbytes;
-    ms_device *dev; /* borrowed: must outlive the storage; NULL = wrapped, not owned */
+    ms_device *dev; /* borrowed: must outlive the storage; NULL = host memory, wrapped */
+    bool wrapped;   /* the caller's memory: released storage never frees it */
     atomic_int refs;
 } ms_storage;
 
@@ -53,6 +54,10 @@ ms_status ms_tensor_alloc(ms_device *dev, ms_dtype dtype, int ndim, const int64_
  * release never frees the data. The memory must outlive every handle. */
 ms_status ms_tensor_wrap(void *data, ms_dtype dtype, int ndim, const int64_t *shape, ms_tensor *out,
                          ms_error *err);
+/* The same over memory of device dev (NULL: the host, as ms_tensor_wrap): copies made from
+ * the tensor (ms_tensor_contiguous) are made on dev. */
+ms_status ms_tensor_wrap_on(ms_device *dev, void *data, ms_dtype dtype, int ndim,
+                            const int64_t *shape, ms_tensor *out, ms_error *err);
 
 /* Drops this handle's reference; frees the storage with the last one. Safe on empty. */
 void ms_tensor_release(ms_tensor *t);

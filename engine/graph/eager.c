@@ -38,11 +38,11 @@ static ms_status choose(const ms_op_def *def, int op, int n_in, const ms_dtensor
 
 /* This rank's part: inputs resharded (copies: the caller's tensors stay as they are),
  * outputs and saved buffers allocated, the forward kernel. */
-static ms_status run_local(const ms_op_def *def, ms_dmesh *dm, int n_in,
+static ms_status run_local(const ms_op_def *def, ms_dmesh *dm, ms_kctx *kc, int n_in,
                            const ms_dtensor *const *in, int n_out, ms_dtensor *out,
                            ms_eager_run *run, ms_error *err) {
     const ms_rule_choice *ch = &run->ch;
-    ms_op_call call = {.kc = ms_kctx_host(),
+    ms_op_call call = {.kc = kc,
                        .attrs = &run->attrs,
                        .n_in = n_in,
                        .n_out = n_out,
@@ -97,7 +97,15 @@ ms_status ms_eager_keep(int op, const ms_op_attrs *attrs, int n_in, const ms_dte
         memcpy(out[o].gshape, run->gout[o].d, sizeof out[o].gshape);
     }
     if (!ms_dmesh_is_member(dm)) return MS_OK;
-    ms_status st = run_local(def, dm, n_in, in, n_out, out, run, err);
+    ms_kctx *kc = opts ? opts->kc : NULL, *own = NULL;
+    ms_status st = MS_OK;
+    if (!kc) st = ms_kctx_create(dm->ctx->device, &own, err), kc = own;
+    if (st == MS_OK && !(def->runs_on ? def->runs_on(kc->k) : kc->k->kind == MS_DEVICE_CPU))
+        st = ms_fail(err, MS_ERR_UNSUPPORTED,
+                     "eager %s: the operator has no %s kernels; run it with --device cpu",
+                     def->name, kc->k->name);
+    if (st == MS_OK) st = run_local(def, dm, kc, n_in, in, n_out, out, run, err);
+    ms_kctx_destroy(own);
     if (st != MS_OK) {
         for (int o = 0; o < n_out; o++) ms_dtensor_release(&out[o]);
         ms_eager_run_release(run);

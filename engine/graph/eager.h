@@ -20,6 +20,10 @@
 typedef struct ms_eager_opts {
     bool allow_reshard;
     uint64_t seed; /* dropout */
+    /* The kernels of the mesh's device (borrowed; its device must be the rank's), or NULL:
+     * the call makes a context for the device and drops it afterwards. Kernels run where the
+     * tensors live, so eager mode runs on any device that has the op's kernels. */
+    ms_kctx *kc;
 } ms_eager_opts;
 
 ms_status ms_eager(int op, const ms_op_attrs *attrs, int n_in, const ms_dtensor *const *in,

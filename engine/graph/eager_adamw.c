@@ -6,6 +6,7 @@
 #include "engine/core/xalloc.h"
 
 struct ms_eager_adamw {
+    ms_kctx *kc;      /* the kernels of the parameters' device, made at the first step */
     ms_tensor *m, *v; /* [n] moments, shaped like each local shard */
     int n;
     int64_t t; /* steps taken */
@@ -18,12 +19,14 @@ ms_eager_adamw *ms_eager_adamw_create(void) {
 void ms_eager_adamw_destroy(ms_eager_adamw *a) {
     if (!a) return;
     for (int i = 0; i < a->n; i++) ms_tensor_release(&a->m[i]), ms_tensor_release(&a->v[i]);
+    ms_kctx_destroy(a->kc);
     free(a->m);
     free(a->v);
     free(a);
 }
 
 static ms_status alloc_moments(ms_eager_adamw *a, int n, ms_dtensor *const *params, ms_error *err) {
+    MS_CHECK(ms_kctx_create(params[0]->mesh->ctx->device, &a->kc, err));
     a->m = xcalloc((size_t)n, sizeof *a->m);
     a->v = xcalloc((size_t)n, sizeof *a->v);
     a->n = n;
@@ -63,9 +66,9 @@ ms_status ms_eager_adamw_step(ms_eager_adamw *a, const ms_tape *tape, int n,
         const ms_tensor *g = &ms_tape_grad(tape, params[i])->local;
         ms_adamw_opts oi = *o;
         if (decay && !decay[i]) oi.weight_decay = 0;
-        MS_CHECK(ms_adamw_step(ms_tensor_f32(&params[i]->local), ms_tensor_f32(g),
-                               ms_tensor_f32(&a->m[i]), ms_tensor_f32(&a->v[i]),
-                               (size_t)ms_tensor_numel(g), &oi, a->t, err));
+        MS_CHECK(MS_CALL_K(a->kc, adamw_step, ms_tensor_f32(&params[i]->local), ms_tensor_f32(g),
+                           ms_tensor_f32(&a->m[i]), ms_tensor_f32(&a->v[i]),
+                           (size_t)ms_tensor_numel(g), &oi, a->t, 1.0f, err));
     }
     return MS_OK;
 }

@@ -4,7 +4,8 @@
  * Every rank updates its own shard with its own gradient shard, which the tape has already
  * put in the parameter's placements (replicated over dp: all-reduced), so replicas stay equal
  * and a sharded parameter updates as the whole tensor would. The moments live here, one pair
- * per parameter slot, allocated at the first step on the rank's device.
+ * per parameter slot, allocated at the first step on the rank's device, and the step runs the
+ * AdamW kernel of that device's table.
  *
  * Ownership: the caller owns the optimizer (ms_eager_adamw_destroy) and the parameters; the
  * parameters must be passed in the same order, with the same shapes, every step.

@@ -29,6 +29,7 @@ typedef struct tape_rec {
 
 struct ms_tape {
     ms_dmesh *mesh; /* bound by the first tensor seen; NULL until then */
+    ms_kctx *kc;    /* the kernels of the mesh's device: made when a mesh binds, owned */
     tape_val *v;
     int nv, cv;
     tape_rec *r;
@@ -55,6 +56,7 @@ void ms_tape_clear(ms_tape *t) {
 void ms_tape_destroy(ms_tape *t) {
     if (!t) return;
     ms_tape_clear(t);
+    ms_kctx_destroy(t->kc);
     free(t->v);
     free(t->r);
     free(t);
@@ -101,7 +103,12 @@ static ms_status check_usable(ms_tape *t, const ms_dtensor *x, const char *what,
                        ms_mesh_str(&t->mesh->mesh, b, sizeof b));
     }
     t->mesh = x->mesh;
-    return MS_OK;
+    ms_device *dev = x->mesh->ctx->device;
+    if (t->kc && t->kc->dev != dev) { /* a new mesh after ms_tape_clear, on another device */
+        ms_kctx_destroy(t->kc);
+        t->kc = NULL;
+    }
+    return t->kc ? MS_OK : ms_kctx_create(dev, &t->kc, err);
 }
 
 ms_status ms_tape_watch(ms_tape *t, const ms_dtensor *leaf, ms_error *err) {
@@ -138,11 +145,14 @@ static void record(ms_tape *t, int op, int n_in, const int *in_val, int n_out, m
 
 ms_status ms_tape_op(ms_tape *t, int op, const ms_op_attrs *attrs, int n_in,
                      const ms_dtensor *const *in, int n_out, ms_dtensor *out,
-                     const ms_eager_opts *opts, ms_error *err) {
+                     const ms_eager_opts *opts_in, ms_error *err) {
     if (!t || n_in < 1 || n_in > MS_OP_MAX_IN)
-        return ms_eager(op, attrs, n_in, in, n_out, out, opts, err);
+        return ms_eager(op, attrs, n_in, in, n_out, out, opts_in, err);
     const ms_op_def *def = ms_op_get(op);
     for (int i = 0; i < n_in; i++) MS_CHECK(check_usable(t, in[i], def ? def->name : "op", err));
+    ms_eager_opts o = opts_in ? *opts_in : (ms_eager_opts){.allow_reshard = true};
+    o.kc = t->kc; /* the tape's device kernels, made for the mesh's device */
+    const ms_eager_opts *opts = &o;
     int in_val[MS_OP_MAX_IN] = {-1, -1, -1, -1};
     bool tracked = false;
     for (int i = 0; i < n_in && ms_dmesh_is_member(in[0]->mesh); i++) {
@@ -194,11 +204,11 @@ static ms_status output_grad(ms_tape *t, const tape_rec *r, int o, ms_tensor *do
 
 /* A gradient that arrived in another placement than the one val keeps: resharded there and
  * added. Consumes g. */
-static ms_status accumulate(tape_val *val, ms_dtensor *g, ms_error *err) {
+static ms_status accumulate(ms_tape *t, tape_val *val, ms_dtensor *g, ms_error *err) {
     ms_status st = ms_reshard(g, &val->grad.pl, NULL, err);
-    if (st == MS_OK)
-        ms_k_add_backward(ms_tensor_f32(&val->grad.local), NULL, ms_tensor_f32(&g->local),
-                          ms_tensor_numel(&g->local)); /* grad += g */
+    if (st == MS_OK) /* grad += g */
+        st = MS_CALL_K(t->kc, accumulate, ms_tensor_f32(&val->grad.local), ms_tensor_f32(&g->local),
+                       ms_tensor_numel(&g->local), err);
     ms_dtensor_release(g);
     return st;
 }
@@ -207,7 +217,7 @@ static ms_status accumulate(tape_val *val, ms_dtensor *g, ms_error *err) {
 static void backward_call(const ms_tape *t, tape_rec *r, ms_op_call *call) {
     ms_dmesh *dm = t->mesh;
     const ms_rule_choice *ch = &r->run.ch;
-    *call = (ms_op_call){.kc = ms_kctx_host(),
+    *call = (ms_op_call){.kc = t->kc,
                          .attrs = &r->run.attrs,
                          .n_in = r->n_in,
                          .n_out = r->n_out,
@@ -277,7 +287,7 @@ static ms_status backward_rec(ms_tape *t, tape_rec *r, ms_error *err) {
     for (int i = 0; i < r->n_in; i++) {
         if (!pending[i].local.storage) continue;
         if (st == MS_OK)
-            st = accumulate(&t->v[r->in_val[i]], &pending[i], err);
+            st = accumulate(t, &t->v[r->in_val[i]], &pending[i], err);
         else
             ms_dtensor_release(&pending[i]);
     }
@@ -335,7 +345,7 @@ ms_status ms_tape_backward(ms_tape *t, const ms_dtensor *loss, ms_error *err) {
     ms_placements r = ms_placements_replicated(t->mesh->mesh.ndim);
     MS_CHECK(zeros(t, l, &r, &l->grad, err));
     l->has_grad = true;
-    ms_tensor_f32(&l->grad.local)[0] = 1.0f;
+    MS_CHECK(MS_CALL_K(t->kc, fill, ms_tensor_f32(&l->grad.local), 1.0f, 1, err));
     t->done = true;
     ms_status st = MS_OK;
     for (int k = t->nr - 1; k >= 0 && st == MS_OK; k--) st = backward_rec(t, &t->r[k], err);

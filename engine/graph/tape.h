@@ -29,6 +29,9 @@
  * on ranks outside the mesh the calls record and compute nothing, but check their arguments
  * as the members do, so that misuse fails on every rank.
  *
+ * Kernels run on the mesh's device: the tape makes a kernel context for it when a mesh binds
+ * and passes it to every call, and seeds and adds gradients with that device's kernels.
+ *
  * Ownership: the caller owns the tape, the leaves and every DistTensor ms_tape_op returns.
  * The tape holds references on what the backward reads (released by the backward or by
  * ms_tape_clear) and owns the gradients ms_tape_grad returns (valid until ms_tape_clear or

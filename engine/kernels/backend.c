@@ -117,6 +117,194 @@ static ms_status h_gelu_backward(ms_kctx *kc, float *dinp, const float *inp, con
     return OK;
 }
 
+/* ---- the elementwise families ---- */
+static ms_status h_copy(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
+    float *d = H(dst);
+    const float *x = H(src);
+    for (int64_t k = 0; k < n; k++) d[k] = x[k];
+    return OK;
+}
+static ms_status h_unary_forward(ms_kctx *kc, ms_k_unary op, float *out, const float *inp,
+                                 int64_t n, float p0, float p1, ms_error *err) {
+    ms_k_unary_forward(op, H(out), H(inp), n, p0, p1);
+    return OK;
+}
+static ms_status h_unary_backward(ms_kctx *kc, ms_k_unary op, float *dinp, const float *inp,
+                                  const float *out, const float *dout, int64_t n, float p0,
+                                  float p1, ms_error *err) {
+    ms_k_unary_backward(op, H(dinp), H(inp), H(out), H(dout), n, p0, p1);
+    return OK;
+}
+static ms_status h_binary_forward(ms_kctx *kc, ms_k_binary op, float *out, const float *a,
+                                  const float *b, const ms_k_bcast *bc, ms_error *err) {
+    ms_k_binary_forward(op, H(out), H(a), H(b), bc);
+    return OK;
+}
+static ms_status h_binary_backward(ms_kctx *kc, ms_k_binary op, float *da, float *db,
+                                   const float *dout, const float *a, const float *b,
+                                   const ms_k_bcast *bc, ms_error *err) {
+    ms_k_binary_backward(op, H(da), H(db), H(dout), H(a), H(b), bc);
+    return OK;
+}
+static ms_status h_ternary_forward(ms_kctx *kc, ms_k_ternary op, float *out, const float *x,
+                                   const float *y, const float *z, const ms_k_bcast *bc,
+                                   ms_error *err) {
+    if (op == MS_K_TER_LERP)
+        ms_k_lerp_forward(H(out), H(x), H(y), H(z), bc);
+    else
+        ms_k_where_forward(H(out), H(x), H(y), H(z), bc);
+    return OK;
+}
+static ms_status h_ternary_backward(ms_kctx *kc, ms_k_ternary op, float *dx, float *dy, float *dz,
+                                    const float *dout, const float *x, const float *y,
+                                    const float *z, const ms_k_bcast *bc, ms_error *err) {
+    if (op == MS_K_TER_LERP)
+        ms_k_lerp_backward(H(dx), H(dy), H(dz), H(dout), H(x), H(y), H(z), bc);
+    else
+        ms_k_where_backward(H(dy), H(dz), H(dout), H(x), bc);
+    return OK;
+}
+
+/* ---- reductions ---- */
+static ms_status h_reduce_forward(ms_kctx *kc, ms_k_reduce op, float *out, float *pos,
+                                  const float *inp, const ms_k_rgeom *g, float scale,
+                                  int correction, ms_error *err) {
+    ms_k_reduce_forward(op, H(out), H(pos), H(inp), g, scale, correction);
+    return OK;
+}
+static ms_status h_reduce_backward(ms_kctx *kc, ms_k_reduce op, float *dinp, const float *dout,
+                                   const float *inp, const float *pos, const ms_k_rgeom *g,
+                                   float scale, int correction, ms_error *err) {
+    ms_k_reduce_backward(op, H(dinp), H(dout), H(inp), H(pos), g, scale, correction);
+    return OK;
+}
+
+/* ---- layout and indexing ---- */
+static ms_status h_view_forward(ms_kctx *kc, float *out, const float *inp, const ms_k_view *v,
+                                float fill, ms_error *err) {
+    ms_k_view_forward(H(out), H(inp), v, fill);
+    return OK;
+}
+static ms_status h_view_backward(ms_kctx *kc, float *dinp, const float *dout, const ms_k_view *v,
+                                 ms_error *err) {
+    ms_k_view_backward(H(dinp), H(dout), v);
+    return OK;
+}
+static ms_status h_block_copy(ms_kctx *kc, float *dst, const float *src, int64_t rows, int64_t cols,
+                              int64_t dst_ld, int64_t src_ld, bool accumulate, ms_error *err) {
+    ms_k_block_copy(H(dst), H(src), rows, cols, dst_ld, src_ld, accumulate);
+    return OK;
+}
+static ms_status h_scan_forward(ms_kctx *kc, ms_k_scan op, float *out, const float *inp, int64_t o,
+                                int64_t d, int64_t i, ms_error *err) {
+    if (op == MS_K_SCAN_SUM)
+        ms_k_cumsum_forward(H(out), H(inp), o, d, i);
+    else
+        ms_k_cumprod_forward(H(out), H(inp), o, d, i);
+    return OK;
+}
+static ms_status h_scan_backward(ms_kctx *kc, ms_k_scan op, float *dinp, const float *dout,
+                                 const float *inp, int64_t o, int64_t d, int64_t i, ms_error *err) {
+    if (op == MS_K_SCAN_SUM)
+        ms_k_cumsum_backward(H(dinp), H(dout), o, d, i);
+    else
+        ms_k_cumprod_backward(H(dinp), H(dout), H(inp), o, d, i);
+    return OK;
+}
+static ms_status h_triangle(ms_kctx *kc, float *out, const float *inp, int64_t batch, int64_t rows,
+                            int64_t cols, int64_t r0, int64_t c0, int64_t diag, bool upper,
+                            bool accumulate, ms_error *err) {
+    ms_k_triangle(H(out), H(inp), batch, rows, cols, r0, c0, diag, upper, accumulate);
+    return OK;
+}
+static ms_status h_masked_fill_forward(ms_kctx *kc, float *out, const float *x, const float *mask,
+                                       float value, int64_t n, ms_error *err) {
+    ms_k_masked_fill_forward(H(out), H(x), H(mask), value, n);
+    return OK;
+}
+static ms_status h_masked_fill_backward(ms_kctx *kc, float *dinp, const float *dout,
+                                        const float *mask, int64_t n, ms_error *err) {
+    ms_k_masked_fill_backward(H(dinp), H(dout), H(mask), n);
+    return OK;
+}
+static ms_status h_one_hot(ms_kctx *kc, float *out, const float *ids, int64_t n, int64_t v,
+                           int64_t v0, ms_error *err) {
+    ms_k_one_hot(H(out), H(ids), n, v, v0);
+    return OK;
+}
+static ms_status h_sort_rows(ms_kctx *kc, float *values, float *indices, const float *inp,
+                             int64_t rows, int64_t c, int64_t k, bool descending, ms_error *err) {
+    ms_k_sort_rows(H(values), H(indices), H(inp), rows, c, k, descending);
+    return OK;
+}
+static ms_status h_sort_rows_backward(ms_kctx *kc, float *dinp, const float *dout,
+                                      const float *indices, int64_t rows, int64_t c, int64_t k,
+                                      ms_error *err) {
+    ms_k_sort_rows_backward(H(dinp), H(dout), H(indices), rows, c, k);
+    return OK;
+}
+
+/* ---- per-row ops, batched matmul, losses ---- */
+static ms_status h_rows_forward(ms_kctx *kc, ms_k_row_op op, float *out, float *aux, const float *x,
+                                const float *y, int64_t n, int64_t c, float p, ms_error *err) {
+    ms_k_rows_forward(op, H(out), H(aux), H(x), H(y), n, c, p);
+    return OK;
+}
+static ms_status h_rows_backward(ms_kctx *kc, ms_k_row_op op, float *dx, float *dy,
+                                 const float *dout, const float *x, const float *y,
+                                 const float *out, const float *aux, int64_t n, int64_t c, float p,
+                                 ms_error *err) {
+    ms_k_rows_backward(op, H(dx), H(dy), H(dout), H(x), H(y), H(out), H(aux), n, c, p);
+    return OK;
+}
+static ms_status h_bmm_forward(ms_kctx *kc, const ms_k_bmm *g, float *c, const float *a,
+                               const float *b, ms_error *err) {
+    ms_k_bmm_forward(g, H(c), H(a), H(b));
+    return OK;
+}
+static ms_status h_bmm_backward(ms_kctx *kc, const ms_k_bmm *g, float *da, float *db,
+                                const float *dc, const float *a, const float *b, ms_error *err) {
+    ms_k_bmm_backward(g, H(da), H(db), H(dc), H(a), H(b));
+    return OK;
+}
+static ms_status h_pointwise_loss_forward(ms_kctx *kc, ms_k_loss kind, float *out, const float *a,
+                                          const float *b, int64_t n, float delta, float scale,
+                                          ms_error *err) {
+    ms_k_pointwise_loss_forward(kind, H(out), H(a), H(b), n, delta, scale);
+    return OK;
+}
+static ms_status h_pointwise_loss_backward(ms_kctx *kc, ms_k_loss kind, float *da, float *db,
+                                           const float *a, const float *b, const float *dout,
+                                           int64_t n, float delta, float scale, ms_error *err) {
+    ms_k_pointwise_loss_backward_dev(kind, H(da), H(db), H(a), H(b), H(dout), n, delta, scale);
+    return OK;
+}
+static ms_status h_nll_forward(ms_kctx *kc, float *losses, const float *logp,
+                               const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                               ms_error *err) {
+    ms_k_nll_forward(H(losses), H(logp), H(targets), n, vl, v0);
+    return OK;
+}
+static ms_status h_nll_backward(ms_kctx *kc, float *dlogp, const float *dlosses,
+                                const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                ms_error *err) {
+    ms_k_nll_backward(H(dlogp), H(dlosses), H(targets), n, vl, v0);
+    return OK;
+}
+static ms_status h_xent_smooth_forward(ms_kctx *kc, float *losses, float *lse, const float *logits,
+                                       const int32_t *targets, int64_t n, int64_t v, float s,
+                                       ms_error *err) {
+    ms_k_xent_smooth_forward(H(losses), H(lse), H(logits), H(targets), n, v, s);
+    return OK;
+}
+static ms_status h_xent_smooth_backward(ms_kctx *kc, float *dlogits, const float *logits,
+                                        const float *lse, const int32_t *targets,
+                                        const float *dlosses, int64_t n, int64_t v, float s,
+                                        ms_error *err) {
+    ms_k_xent_smooth_backward(H(dlogits), H(logits), H(lse), H(targets), H(dlosses), n, v, s);
+    return OK;
+}
+
 /* ---- sum ---- */
 static ms_status h_sum_forward(ms_kctx *kc, float *out, const float *inp, int64_t o, int64_t d,
                                int64_t i, ms_error *err) {
@@ -380,6 +568,36 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .bias_add_backward = h_bias_add_backward,                 \
     .gelu_forward = h_gelu_forward,                           \
     .gelu_backward = h_gelu_backward,                         \
+    .copy = h_copy,                                           \
+    .unary_forward = h_unary_forward,                         \
+    .unary_backward = h_unary_backward,                       \
+    .binary_forward = h_binary_forward,                       \
+    .binary_backward = h_binary_backward,                     \
+    .ternary_forward = h_ternary_forward,                     \
+    .ternary_backward = h_ternary_backward,                   \
+    .reduce_forward = h_reduce_forward,                       \
+    .reduce_backward = h_reduce_backward,                     \
+    .view_forward = h_view_forward,                           \
+    .view_backward = h_view_backward,                         \
+    .block_copy = h_block_copy,                               \
+    .scan_forward = h_scan_forward,                           \
+    .scan_backward = h_scan_backward,                         \
+    .triangle = h_triangle,                                   \
+    .masked_fill_forward = h_masked_fill_forward,             \
+    .masked_fill_backward = h_masked_fill_backward,           \
+    .one_hot = h_one_hot,                                     \
+    .sort_rows = h_sort_rows,                                 \
+    .sort_rows_backward = h_sort_rows_backward,               \
+    .rows_forward = h_rows_forward,                           \
+    .rows_backward = h_rows_backward,                         \
+    .bmm_forward = h_bmm_forward,                             \
+    .bmm_backward = h_bmm_backward,                           \
+    .pointwise_loss_forward = h_pointwise_loss_forward,       \
+    .pointwise_loss_backward = h_pointwise_loss_backward,     \
+    .nll_forward = h_nll_forward,                             \
+    .nll_backward = h_nll_backward,                           \
+    .xent_smooth_forward = h_xent_smooth_forward,             \
+    .xent_smooth_backward = h_xent_smooth_backward,           \
     .sum_forward = h_sum_forward,                             \
     .sum_backward = h_sum_backward,                           \
     .bias_gelu_forward = h_bias_gelu_forward,                 \

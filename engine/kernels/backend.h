@@ -28,10 +28,12 @@
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
+#include "engine/kernels/elementwise_ext.h"
 #include "engine/kernels/fused.h"
 #include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
+#include "engine/kernels/reduce_ext.h"
 #include "engine/optim/optim.h"
 
 typedef struct ms_kernels ms_kernels;
@@ -97,6 +99,74 @@ struct ms_kernels {
     MS_KSLOT(bias_add_backward, float *dinp, float *dbias, const float *dout, int64_t n, int64_t c);
     MS_KSLOT(gelu_forward, float *out, const float *inp, int64_t n);
     MS_KSLOT(gelu_backward, float *dinp, const float *inp, const float *dout, int64_t n);
+
+    /* ---- the elementwise families (elementwise_ext.h): unary by op code, binary and ternary
+     * by op code over a broadcasting layout; copy is dst = src (reshape, squeeze) ---- */
+    MS_KSLOT(copy, float *dst, const float *src, int64_t n);
+    MS_KSLOT(unary_forward, ms_k_unary op, float *out, const float *inp, int64_t n, float p0,
+             float p1);
+    MS_KSLOT(unary_backward, ms_k_unary op, float *dinp, const float *inp, const float *out,
+             const float *dout, int64_t n, float p0, float p1);
+    MS_KSLOT(binary_forward, ms_k_binary op, float *out, const float *a, const float *b,
+             const ms_k_bcast *bc);
+    MS_KSLOT(binary_backward, ms_k_binary op, float *da, float *db, const float *dout,
+             const float *a, const float *b, const ms_k_bcast *bc);
+    MS_KSLOT(ternary_forward, ms_k_ternary op, float *out, const float *x, const float *y,
+             const float *z, const ms_k_bcast *bc);
+    /* lerp (a, b, w): dx, dy, dz = da, db, dw; where (cond, a, b): dx is unused */
+    MS_KSLOT(ternary_backward, ms_k_ternary op, float *dx, float *dy, float *dz, const float *dout,
+             const float *x, const float *y, const float *z, const ms_k_bcast *bc);
+
+    /* ---- reductions over a dims mask (reduce_ext.h): scale multiplies sums, correction is
+     * var/std's; pos holds max/min's winners (written forward, read backward) ---- */
+    MS_KSLOT(reduce_forward, ms_k_reduce op, float *out, float *pos, const float *inp,
+             const ms_k_rgeom *g, float scale, int correction);
+    MS_KSLOT(reduce_backward, ms_k_reduce op, float *dinp, const float *dout, const float *inp,
+             const float *pos, const ms_k_rgeom *g, float scale, int correction);
+
+    /* ---- layout and indexing (index.h): strided views (permute, transpose, slice, flip,
+     * roll, repeat, expand, pad), block copies (concat, split, stack: dst[r * dst_ld + c]
+     * (+)= src[r * src_ld + c] for r < rows, c < cols), scans, triangles, masks, sorting ---- */
+    MS_KSLOT(view_forward, float *out, const float *inp, const ms_k_view *v, float fill);
+    MS_KSLOT(view_backward, float *dinp, const float *dout, const ms_k_view *v);
+    MS_KSLOT(block_copy, float *dst, const float *src, int64_t rows, int64_t cols, int64_t dst_ld,
+             int64_t src_ld, bool accumulate);
+    MS_KSLOT(scan_forward, ms_k_scan op, float *out, const float *inp, int64_t o, int64_t d,
+             int64_t i);
+    MS_KSLOT(scan_backward, ms_k_scan op, float *dinp, const float *dout, const float *inp,
+             int64_t o, int64_t d, int64_t i);
+    MS_KSLOT(triangle, float *out, const float *inp, int64_t batch, int64_t rows, int64_t cols,
+             int64_t r0, int64_t c0, int64_t diag, bool upper, bool accumulate);
+    MS_KSLOT(masked_fill_forward, float *out, const float *x, const float *mask, float value,
+             int64_t n);
+    MS_KSLOT(masked_fill_backward, float *dinp, const float *dout, const float *mask, int64_t n);
+    MS_KSLOT(one_hot, float *out, const float *ids, int64_t n, int64_t v, int64_t v0);
+    MS_KSLOT(sort_rows, float *values, float *indices, const float *inp, int64_t rows, int64_t c,
+             int64_t k, bool descending);
+    MS_KSLOT(sort_rows_backward, float *dinp, const float *dout, const float *indices, int64_t rows,
+             int64_t c, int64_t k);
+
+    /* ---- per-row ops, batched matmul and losses (layers.h) ---- */
+    MS_KSLOT(rows_forward, ms_k_row_op op, float *out, float *aux, const float *x, const float *y,
+             int64_t n, int64_t c, float p);
+    MS_KSLOT(rows_backward, ms_k_row_op op, float *dx, float *dy, const float *dout, const float *x,
+             const float *y, const float *out, const float *aux, int64_t n, int64_t c, float p);
+    MS_KSLOT(bmm_forward, const ms_k_bmm *g, float *c, const float *a, const float *b);
+    MS_KSLOT(bmm_backward, const ms_k_bmm *g, float *da, float *db, const float *dc, const float *a,
+             const float *b);
+    /* out[0] = scale * sum of loss(a - b); backward reads dout[0] on the device */
+    MS_KSLOT(pointwise_loss_forward, ms_k_loss kind, float *out, const float *a, const float *b,
+             int64_t n, float delta, float scale);
+    MS_KSLOT(pointwise_loss_backward, ms_k_loss kind, float *da, float *db, const float *a,
+             const float *b, const float *dout, int64_t n, float delta, float scale);
+    MS_KSLOT(nll_forward, float *losses, const float *logp, const int32_t *targets, int64_t n,
+             int64_t vl, int64_t v0);
+    MS_KSLOT(nll_backward, float *dlogp, const float *dlosses, const int32_t *targets, int64_t n,
+             int64_t vl, int64_t v0);
+    MS_KSLOT(xent_smooth_forward, float *losses, float *lse, const float *logits,
+             const int32_t *targets, int64_t n, int64_t v, float s);
+    MS_KSLOT(xent_smooth_backward, float *dlogits, const float *logits, const float *lse,
+             const int32_t *targets, const float *dlosses, int64_t n, int64_t v, float s);
 
     /* ---- sum over the middle dim of [O, D, I] (kernels.h); backward: dinp += f * dout ---- */
     MS_KSLOT(sum_forward, float *out, const float *inp, int64_t o, int64_t d, int64_t i);

@@ -122,6 +122,9 @@ ms_k_cost ms_k_binary_cost(ms_k_binary op, int64_t n_out, int64_t n_a, int64_t n
 
 /* ---- ternary: lerp and where, inputs 0..2 of a three-input layout ------------------------ */
 
+/* The two ternary ops, as the kernel tables name them. */
+typedef enum ms_k_ternary { MS_K_TER_LERP, MS_K_TER_WHERE } ms_k_ternary;
+
 /* out = a + w * (b - a) */
 void ms_k_lerp_forward(float *out, const float *a, const float *b, const float *w,
                        const ms_k_bcast *bc);

@@ -252,3 +252,15 @@ ms_k_cost ms_k_index_cost(int64_t n, double extra, bool backward) {
     k.bytes = 4.0 * (double)n * (2 + extra + (backward ? 1 : 0));
     return k;
 }
+
+void ms_k_block_copy(float *dst, const float *src, int64_t rows, int64_t cols, int64_t dst_ld,
+                     int64_t src_ld, bool accumulate) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = dst + r * dst_ld;
+        const float *s = src + r * src_ld;
+        if (accumulate)
+            for (int64_t c = 0; c < cols; c++) d[c] += s[c];
+        else
+            for (int64_t c = 0; c < cols; c++) d[c] = s[c];
+    }
+}

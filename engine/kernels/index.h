@@ -53,6 +53,9 @@ void ms_k_scatter_add(float *x, const float *src, const float *ids, const ms_k_g
 /* Part p of n stacked [O, I] tensors: dinp[a, j] += dout[a, p, j] (dout is [O, n, I]). */
 void ms_k_unstack_add(float *dinp, const float *dout, int64_t o, int n, int p, int64_t i);
 
+/* The scans by op code, as the kernel tables run them. */
+typedef enum ms_k_scan { MS_K_SCAN_SUM, MS_K_SCAN_PROD } ms_k_scan;
+
 /* Inclusive cumulative sum / product along the middle dim of [O, D, I], and their backward
  * (cumprod's without division, so zeros are exact). */
 void ms_k_cumsum_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i);
@@ -60,6 +63,11 @@ void ms_k_cumsum_backward(float *dinp, const float *dout, int64_t o, int64_t d, 
 void ms_k_cumprod_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i);
 void ms_k_cumprod_backward(float *dinp, const float *dout, const float *inp, int64_t o, int64_t d,
                            int64_t i);
+
+/* dst[r * dst_ld + c] = src[r * src_ld + c] (accumulate: +=) for r < rows, c < cols: one
+ * part of a concat, split, stack or unstack. */
+void ms_k_block_copy(float *dst, const float *src, int64_t rows, int64_t cols, int64_t dst_ld,
+                     int64_t src_ld, bool accumulate);
 
 /* Keeps element (r, c) of each [rows, cols] matrix when c - r <= diag (lower) or
  * c - r >= diag (upper), zero elsewhere; r0, c0 are the block's global row and column

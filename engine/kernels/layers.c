@@ -548,3 +548,51 @@ void ms_k_cosine_backward(float *da, float *db, const float *dout, const float *
         }
     }
 }
+
+void ms_k_rows_forward(ms_k_row_op op, float *out, float *aux, const float *x, const float *y,
+                       int64_t n, int64_t c, float p) {
+    switch (op) {
+        case MS_K_ROW_NORM_PLAIN:
+            ms_k_norm_plain_forward(out, aux, x, n, c, p);
+            break;
+        case MS_K_ROW_LOG_SOFTMAX:
+            ms_k_log_softmax_forward(out, x, n, c);
+            break;
+        case MS_K_ROW_MASKED_SOFTMAX:
+            ms_k_masked_softmax_forward(out, x, y, n, c, p);
+            break;
+        case MS_K_ROW_COSINE:
+            ms_k_cosine_forward(out, x, y, n, c, p);
+            break;
+    }
+}
+
+void ms_k_rows_backward(ms_k_row_op op, float *dx, float *dy, const float *dout, const float *x,
+                        const float *y, const float *out, const float *aux, int64_t n, int64_t c,
+                        float p) {
+    switch (op) {
+        case MS_K_ROW_NORM_PLAIN:
+            if (dx) ms_k_norm_plain_backward(dx, dout, out, aux, n, c);
+            break;
+        case MS_K_ROW_LOG_SOFTMAX:
+            if (dx) ms_k_log_softmax_backward(dx, dout, out, n, c);
+            break;
+        case MS_K_ROW_MASKED_SOFTMAX:
+            if (dx) ms_k_masked_softmax_backward(dx, dout, out, n, c, p);
+            break;
+        case MS_K_ROW_COSINE:
+            ms_k_cosine_backward(dx, dy, dout, x, y, n, c, p);
+            break;
+    }
+}
+
+void ms_k_pointwise_loss_forward(ms_k_loss kind, float *out, const float *a, const float *b,
+                                 int64_t n, float delta, float scale) {
+    out[0] = (float)(ms_k_pointwise_loss_sum(kind, a, b, n, delta) * scale);
+}
+
+void ms_k_pointwise_loss_backward_dev(ms_k_loss kind, float *da, float *db, const float *a,
+                                      const float *b, const float *dout, int64_t n, float delta,
+                                      float scale) {
+    ms_k_pointwise_loss_backward(kind, da, db, a, b, n, delta, dout[0] * scale);
+}

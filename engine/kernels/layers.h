@@ -34,6 +34,22 @@ void ms_k_norm_plain_forward(float *out, float *rstd, const float *inp, int64_t 
 void ms_k_norm_plain_backward(float *dinp, const float *dout, const float *out, const float *rstd,
                               int64_t n, int64_t c);
 
+/* The per-row ops by op code, as the kernel tables run them (kernels/backend.h rows_*):
+ * NORM_PLAIN (aux: rstd, p: eps), LOG_SOFTMAX, MASKED_SOFTMAX (y: mask, p: temperature) and
+ * COSINE (x, y: a, b; p: eps). */
+typedef enum ms_k_row_op {
+    MS_K_ROW_NORM_PLAIN,
+    MS_K_ROW_LOG_SOFTMAX,
+    MS_K_ROW_MASKED_SOFTMAX,
+    MS_K_ROW_COSINE,
+} ms_k_row_op;
+void ms_k_rows_forward(ms_k_row_op op, float *out, float *aux, const float *x, const float *y,
+                       int64_t n, int64_t c, float p);
+/* dx (and dy: cosine's db) += the gradient; out and aux are the forward's. */
+void ms_k_rows_backward(ms_k_row_op op, float *dx, float *dy, const float *dout, const float *x,
+                        const float *y, const float *out, const float *aux, int64_t n, int64_t c,
+                        float p);
+
 /* ---- softmax family ------------------------------------------------------------------------- */
 
 /* out = inp - max - log(sum(exp(inp - max))) per row. out, inp: [N, C] */
@@ -134,6 +150,15 @@ double ms_k_pointwise_loss_sum(ms_k_loss kind, const float *a, const float *b, i
 /* da += scale * loss'(a - b), db -= the same; either may be NULL. */
 void ms_k_pointwise_loss_backward(ms_k_loss kind, float *da, float *db, const float *a,
                                   const float *b, int64_t n, float delta, float scale);
+
+/* out[0] = scale * the sum above; and its backward reading the output gradient dout[0]:
+ * da += (dout[0] * scale) loss'(a - b), db -= the same. For tables whose memory the host
+ * cannot read. */
+void ms_k_pointwise_loss_forward(ms_k_loss kind, float *out, const float *a, const float *b,
+                                 int64_t n, float delta, float scale);
+void ms_k_pointwise_loss_backward_dev(ms_k_loss kind, float *da, float *db, const float *a,
+                                      const float *b, const float *dout, int64_t n, float delta,
+                                      float scale);
 
 /* Negative log-likelihood of log-probabilities over a vocabulary slice [v0, v0 + Vl): losses[i]
  * = -logp[i][targets[i] - v0] when the target lies in the slice, else 0 (and for targets < 0).

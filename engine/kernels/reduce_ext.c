@@ -317,3 +317,60 @@ ms_k_cost ms_k_rgeom_cost(const ms_k_rgeom *g, double flops_per, int passes, boo
     k.bytes = 4.0 * (e * (backward ? passes + 1 : passes) + r);
     return k;
 }
+
+void ms_k_reduce_forward(ms_k_reduce op, float *out, float *pos, const float *inp,
+                         const ms_k_rgeom *g, float scale, int correction) {
+    switch (op) {
+        case MS_K_RED_SUM:
+            ms_k_rsum_forward(out, inp, g, scale);
+            break;
+        case MS_K_RED_MAX:
+        case MS_K_RED_MIN:
+            ms_k_rmax_forward(out, pos, inp, g, op == MS_K_RED_MAX ? 1 : -1);
+            break;
+        case MS_K_RED_PROD:
+            ms_k_rprod_forward(out, inp, g);
+            break;
+        case MS_K_RED_VAR:
+        case MS_K_RED_STD:
+            ms_k_rvar_forward(out, inp, g, correction, op == MS_K_RED_STD);
+            break;
+        case MS_K_RED_LSE:
+            ms_k_rlse_forward(out, inp, g);
+            break;
+        case MS_K_RED_NORM:
+            ms_k_rnorm_forward(out, inp, g);
+            break;
+        case MS_K_RED_COUNT:
+            ms_k_rcount_forward(out, inp, g);
+            break;
+    }
+}
+
+void ms_k_reduce_backward(ms_k_reduce op, float *dinp, const float *dout, const float *inp,
+                          const float *pos, const ms_k_rgeom *g, float scale, int correction) {
+    switch (op) {
+        case MS_K_RED_SUM:
+            ms_k_rsum_backward(dinp, dout, g, scale);
+            break;
+        case MS_K_RED_MAX:
+        case MS_K_RED_MIN:
+            ms_k_rmax_backward(dinp, dout, pos, g);
+            break;
+        case MS_K_RED_PROD:
+            ms_k_rprod_backward(dinp, dout, inp, g);
+            break;
+        case MS_K_RED_VAR:
+        case MS_K_RED_STD:
+            ms_k_rvar_backward(dinp, dout, inp, g, correction, op == MS_K_RED_STD);
+            break;
+        case MS_K_RED_LSE:
+            ms_k_rlse_backward(dinp, dout, inp, g);
+            break;
+        case MS_K_RED_NORM:
+            ms_k_rnorm_backward(dinp, dout, inp, g);
+            break;
+        case MS_K_RED_COUNT:
+            break;
+    }
+}

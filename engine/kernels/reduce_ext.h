@@ -70,6 +70,28 @@ void ms_k_rnorm_backward(float *dinp, const float *dout, const float *inp, const
 /* Number of elements != 0. */
 void ms_k_rcount_forward(float *out, const float *inp, const ms_k_rgeom *g);
 
+/* The reductions by op code, as the kernel tables run them (kernels/backend.h): SUM is
+ * rsum with a scale, MAX and MIN rmax with their sign, VAR and STD rvar, COUNT has no
+ * backward. */
+typedef enum ms_k_reduce {
+    MS_K_RED_SUM,
+    MS_K_RED_MAX,
+    MS_K_RED_MIN,
+    MS_K_RED_PROD,
+    MS_K_RED_VAR,
+    MS_K_RED_STD,
+    MS_K_RED_LSE,
+    MS_K_RED_NORM,
+    MS_K_RED_COUNT,
+} ms_k_reduce;
+
+/* Dispatch by op code. scale multiplies SUM; pos is MAX/MIN's winners (-1: none); correction
+ * is VAR/STD's. The backward of COUNT does nothing. */
+void ms_k_reduce_forward(ms_k_reduce op, float *out, float *pos, const float *inp,
+                         const ms_k_rgeom *g, float scale, int correction);
+void ms_k_reduce_backward(ms_k_reduce op, float *dinp, const float *dout, const float *inp,
+                          const float *pos, const ms_k_rgeom *g, float scale, int correction);
+
 /* Work of a reduction that touches every input element `passes` times with `flops_per` each. */
 ms_k_cost ms_k_rgeom_cost(const ms_k_rgeom *g, double flops_per, int passes, bool backward);
 

@@ -4,7 +4,8 @@
  * writes them once, taking the id first:
  *
  *   FAM_infer(k, name, attrs, n_in, in, out, err)    FAM_rule(k, attrs, n_in, in, n, cands)
- *   FAM_forward(k, call)    FAM_backward(k, call)    FAM_cost(k, call, backward)
+ *   FAM_forward(k, call, err)    FAM_backward(k, call, err)    FAM_cost(k, call, backward)
+ *   FAM_runs_on(kernels)    (every op of a family calls the same kernel slots)
  */
 #ifndef MS_OP_FAMILY_ROW_H
 #define MS_OP_FAMILY_ROW_H
@@ -21,12 +22,10 @@
         return fam##_rule(K, a, n_in, in, n, c);                                                   \
     }                                                                                              \
     static ms_status op##_forward(ms_op_call *c, ms_error *e) {                                    \
-        (void)e;                                                                                   \
-        return fam##_forward(K, c);                                                                \
+        return fam##_forward(K, c, e);                                                             \
     }                                                                                              \
     static ms_status op##_backward(ms_op_call *c, ms_error *e) {                                   \
-        (void)e;                                                                                   \
-        return fam##_backward(K, c);                                                               \
+        return fam##_backward(K, c, e);                                                            \
     }                                                                                              \
     static ms_k_cost op##_cost(const ms_op_call *c, bool bw) {                                     \
         return fam##_cost(K, c, bw);                                                               \
@@ -41,6 +40,7 @@
         .forward = op##_forward,                                                                   \
         .backward = op##_backward,                                                                 \
         .cost = op##_cost,                                                                         \
+        .runs_on = fam##_runs_on,                                                                  \
         .grad_inputs = GRAD,                                                                       \
     };
 

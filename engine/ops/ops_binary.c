@@ -99,20 +99,22 @@ static int binary_rule(ms_k_binary k, const ms_op_attrs *a, int n_in, const ms_s
     return n;
 }
 
-static ms_status binary_forward(ms_k_binary k, ms_op_call *c) {
+static ms_status binary_forward(ms_k_binary k, ms_op_call *c, ms_error *e) {
     ms_k_bcast bc;
     local_layout(c, &bc);
-    ms_k_binary_forward(k, F(c->out[0]), F(c->in[0]), F(c->in[1]), &bc);
-    return MS_OK;
+    return MS_CALL_K(c->kc, binary_forward, k, F(c->out[0]), F(c->in[0]), F(c->in[1]), &bc, e);
 }
 
-static ms_status binary_backward(ms_k_binary k, ms_op_call *c) {
+static ms_status binary_backward(ms_k_binary k, ms_op_call *c, ms_error *e) {
     if (BINARY_COMPARES(k)) return MS_OK; /* no gradient */
     ms_k_bcast bc;
     local_layout(c, &bc);
-    ms_k_binary_backward(k, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
-                         &bc);
-    return MS_OK;
+    return MS_CALL_K(c->kc, binary_backward, k, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
+                     F(c->in[0]), F(c->in[1]), &bc, e);
+}
+
+static bool binary_runs_on(const ms_kernels *k) {
+    return k->binary_forward && k->binary_backward;
 }
 
 static ms_k_cost binary_cost(ms_k_binary k, const ms_op_call *c, bool bw) {
@@ -126,7 +128,9 @@ MS_K_BINARY_OPS(BINARY_ROW)
 
 /* --- ternary: lerp (a, b, w) and where (cond, a, b) ------------------------------------- */
 
-typedef enum ternary_kind { TERNARY_LERP, TERNARY_WHERE } ternary_kind;
+typedef ms_k_ternary ternary_kind;
+#define TERNARY_LERP  MS_K_TER_LERP
+#define TERNARY_WHERE MS_K_TER_WHERE
 
 #define ternary_infer bcast_infer
 
@@ -139,26 +143,23 @@ static int ternary_rule(ternary_kind k, const ms_op_attrs *a, int n_in, const ms
     return n;
 }
 
-static ms_status ternary_forward(ternary_kind k, ms_op_call *c) {
+static ms_status ternary_forward(ternary_kind k, ms_op_call *c, ms_error *e) {
     ms_k_bcast bc;
     local_layout(c, &bc);
-    float *out = F(c->out[0]), *x = F(c->in[0]), *y = F(c->in[1]), *z = F(c->in[2]);
-    if (k == TERNARY_LERP)
-        ms_k_lerp_forward(out, x, y, z, &bc);
-    else
-        ms_k_where_forward(out, x, y, z, &bc);
-    return MS_OK;
+    return MS_CALL_K(c->kc, ternary_forward, k, F(c->out[0]), F(c->in[0]), F(c->in[1]), F(c->in[2]),
+                     &bc, e);
 }
 
-static ms_status ternary_backward(ternary_kind k, ms_op_call *c) {
+static ms_status ternary_backward(ternary_kind k, ms_op_call *c, ms_error *e) {
     ms_k_bcast bc;
     local_layout(c, &bc);
-    float *g = F(c->dout[0]), *x = F(c->in[0]), *y = F(c->in[1]), *z = F(c->in[2]);
-    if (k == TERNARY_LERP)
-        ms_k_lerp_backward(F(c->din[0]), F(c->din[1]), F(c->din[2]), g, x, y, z, &bc);
-    else
-        ms_k_where_backward(F(c->din[1]), F(c->din[2]), g, x, &bc);
-    return MS_OK;
+    float *dx = k == TERNARY_LERP ? F(c->din[0]) : NULL; /* where's cond takes no gradient */
+    return MS_CALL_K(c->kc, ternary_backward, k, dx, F(c->din[1]), F(c->din[2]), F(c->dout[0]),
+                     F(c->in[0]), F(c->in[1]), F(c->in[2]), &bc, e);
+}
+
+static bool ternary_runs_on(const ms_kernels *k) {
+    return k->ternary_forward && k->ternary_backward;
 }
 
 /* lerp: sub, mul, add forward; three products and (1 - w) backward. where: selects. */

@@ -68,29 +68,57 @@ static void view_base(const int64_t *is, int ind, const int64_t *os, int ond, ms
     for (int d = ind - 1; d >= 0; d--) in_stride[d] = s, s *= is[d];
 }
 
-static ms_status view_forward(ms_op_call *c, view_fn fn, float fill) {
+static ms_status view_forward(ms_op_call *c, view_fn fn, float fill, ms_error *e) {
     ms_k_view v;
     fn(c->attrs, c->in[0]->shape, c->in[0]->ndim, c->out[0]->shape, c->out[0]->ndim, &v);
-    ms_k_view_forward(F(c->out[0]), F(c->in[0]), &v, fill);
-    return MS_OK;
+    return MS_CALL_K(c->kc, view_forward, F(c->out[0]), F(c->in[0]), &v, fill, e);
 }
 
-static ms_status view_backward(ms_op_call *c, view_fn fn) {
+static ms_status view_backward(ms_op_call *c, view_fn fn, ms_error *e) {
     if (!c->din[0]) return MS_OK;
     ms_k_view v;
     fn(c->attrs, c->in[0]->shape, c->in[0]->ndim, c->dout[0]->shape, c->dout[0]->ndim, &v);
-    ms_k_view_backward(F(c->din[0]), F(c->dout[0]), &v);
-    return MS_OK;
+    return MS_CALL_K(c->kc, view_backward, F(c->din[0]), F(c->dout[0]), &v, e);
+}
+
+/* Which kernel slots each group of ops below calls. */
+static bool view_runs_on(const ms_kernels *k) {
+    return k->view_forward && k->view_backward;
+}
+static bool copy_runs_on(const ms_kernels *k) {
+    return k->copy && k->accumulate;
+}
+static bool block_runs_on(const ms_kernels *k) {
+    return k->block_copy != NULL;
+}
+static bool triangle_runs_on(const ms_kernels *k) {
+    return k->triangle != NULL;
+}
+static bool scan_runs_on(const ms_kernels *k) {
+    return k->scan_forward && k->scan_backward;
+}
+static bool gather_runs_on(const ms_kernels *k) {
+    return k->gather && k->scatter_add;
+}
+static bool scatter_runs_on(const ms_kernels *k) {
+    return k->gather && k->scatter_add && k->copy && k->accumulate;
+}
+static bool masked_fill_runs_on(const ms_kernels *k) {
+    return k->masked_fill_forward && k->masked_fill_backward;
+}
+static bool one_hot_runs_on(const ms_kernels *k) {
+    return k->one_hot != NULL;
+}
+static bool sort_runs_on(const ms_kernels *k) {
+    return k->sort_rows && k->sort_rows_backward && k->copy;
 }
 
 #define VIEW_OP(lower, OPKIND, fill)                                                               \
     static ms_status lower##_forward(ms_op_call *c, ms_error *e) {                                 \
-        (void)e;                                                                                   \
-        return view_forward(c, lower##_view, fill);                                                \
+        return view_forward(c, lower##_view, fill, e);                                             \
     }                                                                                              \
     static ms_status lower##_backward(ms_op_call *c, ms_error *e) {                                \
-        (void)e;                                                                                   \
-        return view_backward(c, lower##_view);                                                     \
+        return view_backward(c, lower##_view, e);                                                  \
     }                                                                                              \
     const ms_op_def ms_op_##lower##_def = {                                                        \
         .kind = OPKIND,                                                                            \
@@ -102,6 +130,7 @@ static ms_status view_backward(ms_op_call *c, view_fn fn) {
         .forward = lower##_forward,                                                                \
         .backward = lower##_backward,                                                              \
         .cost = out_cost,                                                                          \
+        .runs_on = view_runs_on,                                                                   \
         .grad_inputs = 1,                                                                          \
     }
 
@@ -306,12 +335,10 @@ static void pad_view(const ms_op_attrs *a, const int64_t *is, int ind, const int
     for (int k = 0; k < ond; k++) v->istride[k] = st[k], v->lo[k] = a->i[2 * k], v->ext[k] = is[k];
 }
 static ms_status pad_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    return view_forward(c, pad_view, c->attrs->f[0]);
+    return view_forward(c, pad_view, c->attrs->f[0], e);
 }
 static ms_status pad_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    return view_backward(c, pad_view);
+    return view_backward(c, pad_view, e);
 }
 const ms_op_def ms_op_pad_def = {
     .kind = MS_OP_PAD,
@@ -323,6 +350,7 @@ const ms_op_def ms_op_pad_def = {
     .forward = pad_forward,
     .backward = pad_backward,
     .cost = out_cost,
+    .runs_on = view_runs_on,
     .grad_inputs = 1,
 };
 
@@ -364,14 +392,11 @@ static int unsqueeze_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, in
     return survive_rule(in[0].ndim, map, 1, 1, true, c);
 }
 static ms_status same_memory_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (N(c->in[0])) memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, copy, F(c->out[0]), F(c->in[0]), N(c->in[0]), e);
 }
 static ms_status same_memory_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (c->din[0]) ms_k_add_backward(F(c->din[0]), NULL, F(c->dout[0]), N(c->dout[0]));
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, accumulate, F(c->din[0]), F(c->dout[0]), N(c->dout[0]), e);
 }
 const ms_op_def ms_op_squeeze_def = {
     .kind = MS_OP_SQUEEZE,
@@ -383,6 +408,7 @@ const ms_op_def ms_op_squeeze_def = {
     .forward = same_memory_forward,
     .backward = same_memory_backward,
     .cost = out_cost,
+    .runs_on = copy_runs_on,
     .grad_inputs = 1,
 };
 const ms_op_def ms_op_unsqueeze_def = {
@@ -395,6 +421,7 @@ const ms_op_def ms_op_unsqueeze_def = {
     .forward = same_memory_forward,
     .backward = same_memory_backward,
     .cost = out_cost,
+    .runs_on = copy_runs_on,
     .grad_inputs = 1,
 };
 
@@ -426,21 +453,22 @@ static void stack_dims(const ms_op_call *c, int64_t *o, int64_t *i) {
     *o = *i = 1;
     for (int d = 0; d < x->ndim; d++) *(d < c->attrs->i[0] ? o : i) *= x->shape[d];
 }
+/* Part p is rows [O] of I floats at column p * I of the [O, n * I] output. */
 static ms_status stack_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    int64_t o, i, sizes[MS_OP_MAX_IN];
-    const float *parts[MS_OP_MAX_IN];
+    int64_t o, i, n = c->n_in;
     stack_dims(c, &o, &i);
-    for (int p = 0; p < c->n_in; p++) sizes[p] = 1, parts[p] = F(c->in[p]);
-    ms_k_concat(F(c->out[0]), parts, sizes, c->n_in, o, i, false);
+    for (int p = 0; p < c->n_in; p++)
+        MS_CHECK(MS_CALL_K(c->kc, block_copy, F(c->out[0]) + p * i, F(c->in[p]), o, i, n * i, i,
+                           false, e));
     return MS_OK;
 }
 static ms_status stack_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    int64_t o, i;
+    int64_t o, i, n = c->n_in;
     stack_dims(c, &o, &i);
     for (int p = 0; p < c->n_in; p++)
-        if (c->din[p]) ms_k_unstack_add(F(c->din[p]), F(c->dout[0]), o, c->n_in, p, i);
+        if (c->din[p])
+            MS_CHECK(MS_CALL_K(c->kc, block_copy, F(c->din[p]), F(c->dout[0]) + p * i, o, i, i,
+                               n * i, true, e));
     return MS_OK;
 }
 const ms_op_def ms_op_stack_def = {
@@ -453,6 +481,7 @@ const ms_op_def ms_op_stack_def = {
     .forward = stack_forward,
     .backward = stack_backward,
     .cost = out_cost,
+    .runs_on = block_runs_on,
     .grad_inputs = 15,
 };
 
@@ -472,33 +501,27 @@ static int tri_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, m
     keep_map(in[0].ndim, 0, map);
     return survive_rule(in[0].ndim, map, 1, 1, true, c);
 }
-static void tri_run(ms_op_call *c, float *dst, const float *src, bool upper, bool acc) {
+static ms_status tri_run(ms_op_call *c, float *dst, const float *src, bool upper, bool acc,
+                         ms_error *e) {
     const ms_tensor *x = c->in[0];
     int nd = x->ndim;
     int64_t rows = x->shape[nd - 2], cols = x->shape[nd - 1];
     int64_t batch = rows > 0 && cols > 0 ? N(x) / (rows * cols) : 0;
-    ms_k_triangle(dst, src, batch, rows, cols, c->in_start[0][nd - 2], c->in_start[0][nd - 1],
-                  c->attrs->i[0], upper, acc);
+    if (!dst) return MS_OK; /* an unwanted gradient */
+    return MS_CALL_K(c->kc, triangle, dst, src, batch, rows, cols, c->in_start[0][nd - 2],
+                     c->in_start[0][nd - 1], c->attrs->i[0], upper, acc, e);
 }
 static ms_status tril_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    tri_run(c, F(c->out[0]), F(c->in[0]), false, false);
-    return MS_OK;
+    return tri_run(c, F(c->out[0]), F(c->in[0]), false, false, e);
 }
 static ms_status tril_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (c->din[0]) tri_run(c, F(c->din[0]), F(c->dout[0]), false, true);
-    return MS_OK;
+    return tri_run(c, F(c->din[0]), F(c->dout[0]), false, true, e);
 }
 static ms_status triu_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    tri_run(c, F(c->out[0]), F(c->in[0]), true, false);
-    return MS_OK;
+    return tri_run(c, F(c->out[0]), F(c->in[0]), true, false, e);
 }
 static ms_status triu_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (c->din[0]) tri_run(c, F(c->din[0]), F(c->dout[0]), true, true);
-    return MS_OK;
+    return tri_run(c, F(c->din[0]), F(c->dout[0]), true, true, e);
 }
 const ms_op_def ms_op_tril_def = {
     .kind = MS_OP_TRIL,
@@ -510,6 +533,7 @@ const ms_op_def ms_op_tril_def = {
     .forward = tril_forward,
     .backward = tril_backward,
     .cost = out_cost,
+    .runs_on = triangle_runs_on,
     .grad_inputs = 1,
 };
 const ms_op_def ms_op_triu_def = {
@@ -522,6 +546,7 @@ const ms_op_def ms_op_triu_def = {
     .forward = triu_forward,
     .backward = triu_backward,
     .cost = out_cost,
+    .runs_on = triangle_runs_on,
     .grad_inputs = 1,
 };
 
@@ -544,33 +569,29 @@ static int cumprod_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
 static void scan_dims(const ms_op_call *c, int64_t *o, int64_t *d, int64_t *i) {
     ms_k_dim_split(c->in[0]->ndim, c->in[0]->shape, (int)c->attrs->i[0], o, d, i);
 }
-static ms_status cumsum_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
+static ms_status scan_forward(ms_k_scan op, ms_op_call *c, ms_error *e) {
     int64_t o, d, i;
     scan_dims(c, &o, &d, &i);
-    ms_k_cumsum_forward(F(c->out[0]), F(c->in[0]), o, d, i);
-    return MS_OK;
+    return MS_CALL_K(c->kc, scan_forward, op, F(c->out[0]), F(c->in[0]), o, d, i, e);
+}
+static ms_status scan_backward(ms_k_scan op, ms_op_call *c, ms_error *e) {
+    int64_t o, d, i;
+    scan_dims(c, &o, &d, &i);
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, scan_backward, op, F(c->din[0]), F(c->dout[0]), F(c->in[0]), o, d, i,
+                     e);
+}
+static ms_status cumsum_forward(ms_op_call *c, ms_error *e) {
+    return scan_forward(MS_K_SCAN_SUM, c, e);
 }
 static ms_status cumsum_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    int64_t o, d, i;
-    scan_dims(c, &o, &d, &i);
-    if (c->din[0]) ms_k_cumsum_backward(F(c->din[0]), F(c->dout[0]), o, d, i);
-    return MS_OK;
+    return scan_backward(MS_K_SCAN_SUM, c, e);
 }
 static ms_status cumprod_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    int64_t o, d, i;
-    scan_dims(c, &o, &d, &i);
-    ms_k_cumprod_forward(F(c->out[0]), F(c->in[0]), o, d, i);
-    return MS_OK;
+    return scan_forward(MS_K_SCAN_PROD, c, e);
 }
 static ms_status cumprod_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    int64_t o, d, i;
-    scan_dims(c, &o, &d, &i);
-    if (c->din[0]) ms_k_cumprod_backward(F(c->din[0]), F(c->dout[0]), F(c->in[0]), o, d, i);
-    return MS_OK;
+    return scan_backward(MS_K_SCAN_PROD, c, e);
 }
 const ms_op_def ms_op_cumsum_def = {
     .kind = MS_OP_CUMSUM,
@@ -582,6 +603,7 @@ const ms_op_def ms_op_cumsum_def = {
     .forward = cumsum_forward,
     .backward = cumsum_backward,
     .cost = out_cost,
+    .runs_on = scan_runs_on,
     .grad_inputs = 1,
 };
 const ms_op_def ms_op_cumprod_def = {
@@ -594,6 +616,7 @@ const ms_op_def ms_op_cumprod_def = {
     .forward = cumprod_forward,
     .backward = cumprod_backward,
     .cost = out_cost,
+    .runs_on = scan_runs_on,
     .grad_inputs = 1,
 };
 
@@ -634,16 +657,13 @@ static ms_k_gather_dims gather_dims(const ms_op_call *c, const ms_tensor *like, 
     return g;
 }
 static ms_status index_select_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], true);
-    ms_k_gather(F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false);
-    return MS_OK;
+    return MS_CALL_K(c->kc, gather, F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false, e);
 }
 static ms_status index_select_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], true);
-    if (c->din[0]) ms_k_scatter_add(F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, scatter_add, F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g, e);
 }
 const ms_op_def ms_op_index_select_def = {
     .kind = MS_OP_INDEX_SELECT,
@@ -655,6 +675,7 @@ const ms_op_def ms_op_index_select_def = {
     .forward = index_select_forward,
     .backward = index_select_backward,
     .cost = out_cost,
+    .runs_on = gather_runs_on,
     .grad_inputs = 1,
 };
 
@@ -684,16 +705,13 @@ static int gather_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n
     return j;
 }
 static ms_status gather_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], false);
-    ms_k_gather(F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false);
-    return MS_OK;
+    return MS_CALL_K(c->kc, gather, F(c->out[0]), F(c->in[0]), F(c->in[1]), &g, false, e);
 }
 static ms_status gather_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], false);
-    if (c->din[0]) ms_k_scatter_add(F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, scatter_add, F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g, e);
 }
 const ms_op_def ms_op_gather_def = {
     .kind = MS_OP_GATHER,
@@ -705,6 +723,7 @@ const ms_op_def ms_op_gather_def = {
     .forward = gather_forward,
     .backward = gather_backward,
     .cost = out_cost,
+    .runs_on = gather_runs_on,
     .grad_inputs = 1,
 };
 
@@ -752,9 +771,6 @@ static ms_status batch_gather_backward(ms_op_call *c, ms_error *e) {
     if (!c->din[0]) return MS_OK;
     return MS_CALL_K(c->kc, scatter_add, F(c->din[0]), F(c->dout[0]), F(c->in[1]), &g, e);
 }
-static bool batch_gather_runs_on(const ms_kernels *k) {
-    return k->gather && k->scatter_add;
-}
 const ms_op_def ms_op_batch_gather_def = {
     .kind = MS_OP_BATCH_GATHER,
     .name = "batch_gather",
@@ -765,7 +781,7 @@ const ms_op_def ms_op_batch_gather_def = {
     .forward = batch_gather_forward,
     .backward = batch_gather_backward,
     .cost = out_cost,
-    .runs_on = batch_gather_runs_on,
+    .runs_on = gather_runs_on,
     .grad_inputs = 1,
 };
 
@@ -796,18 +812,16 @@ static int scatter_add_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, 
     return j;
 }
 static ms_status scatter_add_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], false);
-    if (N(c->in[0])) memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
-    ms_k_scatter_add(F(c->out[0]), F(c->in[2]), F(c->in[1]), &g);
-    return MS_OK;
+    MS_CHECK(MS_CALL_K(c->kc, copy, F(c->out[0]), F(c->in[0]), N(c->in[0]), e));
+    return MS_CALL_K(c->kc, scatter_add, F(c->out[0]), F(c->in[2]), F(c->in[1]), &g, e);
 }
 static ms_status scatter_add_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_gather_dims g = gather_dims(c, c->in[1], false);
-    if (c->din[0]) ms_k_add_backward(F(c->din[0]), NULL, F(c->dout[0]), N(c->dout[0]));
-    if (c->din[2]) ms_k_gather(F(c->din[2]), F(c->dout[0]), F(c->in[1]), &g, true);
-    return MS_OK;
+    if (c->din[0])
+        MS_CHECK(MS_CALL_K(c->kc, accumulate, F(c->din[0]), F(c->dout[0]), N(c->dout[0]), e));
+    if (!c->din[2]) return MS_OK;
+    return MS_CALL_K(c->kc, gather, F(c->din[2]), F(c->dout[0]), F(c->in[1]), &g, true, e);
 }
 const ms_op_def ms_op_scatter_add_def = {
     .kind = MS_OP_SCATTER_ADD,
@@ -819,6 +833,7 @@ const ms_op_def ms_op_scatter_add_def = {
     .forward = scatter_add_forward,
     .backward = scatter_add_backward,
     .cost = out_cost,
+    .runs_on = scatter_runs_on,
     .grad_inputs = 5,
 };
 
@@ -842,14 +857,13 @@ static int masked_fill_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, 
     return j;
 }
 static ms_status masked_fill_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_masked_fill_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), c->attrs->f[0], N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, masked_fill_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]),
+                     c->attrs->f[0], N(c->in[0]), e);
 }
 static ms_status masked_fill_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (c->din[0]) ms_k_masked_fill_backward(F(c->din[0]), F(c->dout[0]), F(c->in[1]), N(c->in[0]));
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, masked_fill_backward, F(c->din[0]), F(c->dout[0]), F(c->in[1]),
+                     N(c->in[0]), e);
 }
 static ms_k_cost masked_fill_cost(const ms_op_call *c, bool bw) {
     return ms_k_index_cost(N(c->out[0]), 1, bw);
@@ -864,6 +878,7 @@ const ms_op_def ms_op_masked_fill_def = {
     .forward = masked_fill_forward,
     .backward = masked_fill_backward,
     .cost = masked_fill_cost,
+    .runs_on = masked_fill_runs_on,
     .grad_inputs = 1,
 };
 
@@ -886,10 +901,9 @@ static int one_hot_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
     return survive_rule(in[0].ndim, map, 1, 1, false, c);
 }
 static ms_status one_hot_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int cd = c->out[0]->ndim - 1;
-    ms_k_one_hot(F(c->out[0]), F(c->in[0]), N(c->in[0]), c->out[0]->shape[cd], c->out_start[0][cd]);
-    return MS_OK;
+    return MS_CALL_K(c->kc, one_hot, F(c->out[0]), F(c->in[0]), N(c->in[0]), c->out[0]->shape[cd],
+                     c->out_start[0][cd], e);
 }
 static ms_status no_gradient(ms_op_call *c, ms_error *e) {
     (void)c, (void)e;
@@ -905,6 +919,7 @@ const ms_op_def ms_op_one_hot_def = {
     .forward = one_hot_forward,
     .backward = no_gradient,
     .cost = out_cost,
+    .runs_on = one_hot_runs_on,
     .grad_inputs = 0,
 };
 
@@ -940,29 +955,26 @@ static void sort_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes
     (void)a;
     sizes[0] = N(c->out[1]); /* the chosen indices, for backward */
 }
-static void sort_run(ms_op_call *c, bool descending) {
+static ms_status sort_run(ms_op_call *c, bool descending, ms_error *e) {
     int64_t cols = last_dim(c->in[0]), k = last_dim(c->out[0]);
     int64_t rows = cols ? N(c->in[0]) / cols : 0;
-    ms_k_sort_rows(F(c->out[0]), F(c->out[1]), F(c->in[0]), rows, cols, k, descending);
-    if (N(c->out[1])) memcpy(F(c->saved[0]), F(c->out[1]), sizeof(float) * (size_t)N(c->out[1]));
+    MS_CHECK(MS_CALL_K(c->kc, sort_rows, F(c->out[0]), F(c->out[1]), F(c->in[0]), rows, cols, k,
+                       descending, e));
+    if (!N(c->out[1])) return MS_OK;
+    return MS_CALL_K(c->kc, copy, F(c->saved[0]), F(c->out[1]), N(c->out[1]), e);
 }
 static ms_status topk_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    sort_run(c, true);
-    return MS_OK;
+    return sort_run(c, true, e);
 }
 static ms_status sort_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    sort_run(c, c->attrs->i[0] == 1);
-    return MS_OK;
+    return sort_run(c, c->attrs->i[0] == 1, e);
 }
 static ms_status sort_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t cols = last_dim(c->in[0]), k = last_dim(c->dout[0]);
     int64_t rows = cols ? N(c->in[0]) / cols : 0;
-    if (c->din[0])
-        ms_k_sort_rows_backward(F(c->din[0]), F(c->dout[0]), F(c->saved[0]), rows, cols, k);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, sort_rows_backward, F(c->din[0]), F(c->dout[0]), F(c->saved[0]), rows,
+                     cols, k, e);
 }
 static ms_k_cost sort_cost(const ms_op_call *c, bool bw) {
     ms_k_cost k = ms_k_index_cost(N(c->in[0]), 1, bw);
@@ -980,6 +992,7 @@ const ms_op_def ms_op_topk_def = {
     .forward = topk_forward,
     .backward = sort_backward,
     .cost = sort_cost,
+    .runs_on = sort_runs_on,
     .grad_inputs = 1,
     .int_outputs = 2,
 };
@@ -994,6 +1007,7 @@ const ms_op_def ms_op_sort_def = {
     .forward = sort_forward,
     .backward = sort_backward,
     .cost = sort_cost,
+    .runs_on = sort_runs_on,
     .grad_inputs = 1,
     .int_outputs = 2,
 };

@@ -127,18 +127,31 @@ static ms_k_cost rowwise_cost(const ms_op_call *c, bool bw) {
     return ms_k_rowwise_cost(rows_of(c->in[0]), last_dim(c->in[0]), bw ? 5 : 4, bw ? 4 : 2);
 }
 
+/* The per-row ops share one kernel slot pair: x = input 0, y = input 1 (a mask or cosine's
+ * b), aux = saved 0 (the plain norm's rstd). Backwards read the forward output. */
+static ms_status rows_fwd(ms_op_call *c, ms_k_row_op op, ms_error *e) {
+    const float *y = c->n_in > 1 ? F(c->in[1]) : NULL;
+    float *aux = c->saved[0] ? F(c->saved[0]) : NULL;
+    return MS_CALL_K(c->kc, rows_forward, op, F(c->out[0]), aux, F(c->in[0]), y, rows_of(c->in[0]),
+                     last_dim(c->in[0]), c->attrs->f[0], e);
+}
+static ms_status rows_bwd(ms_op_call *c, ms_k_row_op op, ms_error *e) {
+    const float *y = c->n_in > 1 ? F(c->in[1]) : NULL;
+    float *dy = c->n_in > 1 ? F(c->din[1]) : NULL;
+    const float *aux = c->saved[0] ? F(c->saved[0]) : NULL;
+    if (op == MS_K_ROW_MASKED_SOFTMAX) dy = NULL; /* the mask takes no gradient */
+    return MS_CALL_K(c->kc, rows_backward, op, F(c->din[0]), dy, F(c->dout[0]), F(c->in[0]), y,
+                     F(c->out[0]), aux, rows_of(c->in[0]), last_dim(c->in[0]), c->attrs->f[0], e);
+}
+static bool rows_runs_on(const ms_kernels *k) {
+    return k->rows_forward && k->rows_backward;
+}
+
 static ms_status norm_plain_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_norm_plain_forward(F(c->out[0]), F(c->saved[0]), F(c->in[0]), rows_of(c->in[0]),
-                            last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    return rows_fwd(c, MS_K_ROW_NORM_PLAIN, e);
 }
 static ms_status norm_plain_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    /* Backward reads the forward output, which the engine keeps for backward. */
-    ms_k_norm_plain_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), F(c->saved[0]),
-                             rows_of(c->in[0]), last_dim(c->in[0]));
-    return MS_OK;
+    return rows_bwd(c, MS_K_ROW_NORM_PLAIN, e);
 }
 const ms_op_def ms_op_layernorm_plain_def = {
     .kind = MS_OP_LAYERNORM_PLAIN,
@@ -151,19 +164,15 @@ const ms_op_def ms_op_layernorm_plain_def = {
     .forward = norm_plain_forward,
     .backward = norm_plain_backward,
     .cost = rowwise_cost,
+    .runs_on = rows_runs_on,
     .grad_inputs = 1,
 };
 
 static ms_status log_softmax_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_log_softmax_forward(F(c->out[0]), F(c->in[0]), rows_of(c->in[0]), last_dim(c->in[0]));
-    return MS_OK;
+    return rows_fwd(c, MS_K_ROW_LOG_SOFTMAX, e);
 }
 static ms_status log_softmax_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_log_softmax_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), rows_of(c->in[0]),
-                              last_dim(c->in[0]));
-    return MS_OK;
+    return rows_bwd(c, MS_K_ROW_LOG_SOFTMAX, e);
 }
 const ms_op_def ms_op_log_softmax_def = {
     .kind = MS_OP_LOG_SOFTMAX,
@@ -175,6 +184,7 @@ const ms_op_def ms_op_log_softmax_def = {
     .forward = log_softmax_forward,
     .backward = log_softmax_backward,
     .cost = rowwise_cost,
+    .runs_on = rows_runs_on,
     .grad_inputs = 1,
 };
 
@@ -190,16 +200,10 @@ static ms_status masked_softmax_infer(const ms_op_attrs *a, int n_in, const ms_s
     return same_shapes_infer("masked_softmax", n_in, in, out, err);
 }
 static ms_status masked_softmax_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_masked_softmax_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), rows_of(c->in[0]),
-                                last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    return rows_fwd(c, MS_K_ROW_MASKED_SOFTMAX, e);
 }
 static ms_status masked_softmax_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_masked_softmax_backward(F(c->din[0]), F(c->dout[0]), F(c->out[0]), rows_of(c->in[0]),
-                                 last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    return rows_bwd(c, MS_K_ROW_MASKED_SOFTMAX, e);
 }
 const ms_op_def ms_op_masked_softmax_def = {
     .kind = MS_OP_MASKED_SOFTMAX,
@@ -211,6 +215,7 @@ const ms_op_def ms_op_masked_softmax_def = {
     .forward = masked_softmax_forward,
     .backward = masked_softmax_backward,
     .cost = rowwise_cost,
+    .runs_on = rows_runs_on,
     .grad_inputs = 1,
 };
 
@@ -730,16 +735,16 @@ static ms_k_bmm bmm_shape(const ms_op_call *c) {
     return g;
 }
 static ms_status bmm_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_bmm g = bmm_shape(c);
-    ms_k_bmm_forward(&g, F(c->out[0]), F(c->in[0]), F(c->in[1]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, bmm_forward, &g, F(c->out[0]), F(c->in[0]), F(c->in[1]), e);
 }
 static ms_status bmm_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     ms_k_bmm g = bmm_shape(c);
-    ms_k_bmm_backward(&g, F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, bmm_backward, &g, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
+                     F(c->in[0]), F(c->in[1]), e);
+}
+static bool bmm_runs_on(const ms_kernels *k) {
+    return k->bmm_forward && k->bmm_backward;
 }
 static ms_k_cost bmm_cost(const ms_op_call *c, bool bw) {
     ms_k_bmm g = bmm_shape(c);
@@ -755,6 +760,7 @@ const ms_op_def ms_op_bmm_def = {
     .forward = bmm_forward,
     .backward = bmm_backward,
     .cost = bmm_cost,
+    .runs_on = bmm_runs_on,
     .grad_inputs = 3,
 };
 
@@ -788,21 +794,21 @@ static void saved_targets(const ms_op_attrs *a, const ms_op_call *c, int64_t *si
     sizes[0] = sizes[1] = N(c->in[1]);
 }
 static ms_status nll_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     const ms_tensor *lp = c->in[0];
     int32_t *tg = (int32_t *)F(c->saved[0]);
-    ms_op_ids_from_floats(tg, F(c->in[1]), N(c->in[1]));
-    ms_k_nll_forward(F(c->out[0]), F(lp), tg, N(c->in[1]), last_dim(lp),
-                     c->in_start[0][lp->ndim - 1]);
-    return MS_OK;
+    MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, tg, F(c->in[1]), N(c->in[1]), e));
+    return MS_CALL_K(c->kc, nll_forward, F(c->out[0]), F(lp), tg, N(c->in[1]), last_dim(lp),
+                     c->in_start[0][lp->ndim - 1], e);
 }
 static ms_status nll_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     const ms_tensor *lp = c->in[0];
-    if (c->din[0])
-        ms_k_nll_backward(F(c->din[0]), F(c->dout[0]), (const int32_t *)F(c->saved[0]), N(c->in[1]),
-                          last_dim(lp), c->in_start[0][lp->ndim - 1]);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, nll_backward, F(c->din[0]), F(c->dout[0]),
+                     (const int32_t *)F(c->saved[0]), N(c->in[1]), last_dim(lp),
+                     c->in_start[0][lp->ndim - 1], e);
+}
+static bool nll_runs_on(const ms_kernels *k) {
+    return k->ids_from_floats && k->nll_forward && k->nll_backward;
 }
 static ms_k_cost nll_cost(const ms_op_call *c, bool bw) {
     /* a gather (forward) or scatter (backward): a target, a value and a loss per row */
@@ -820,6 +826,7 @@ const ms_op_def ms_op_nll_loss_def = {
     .forward = nll_forward,
     .backward = nll_backward,
     .cost = nll_cost,
+    .runs_on = nll_runs_on,
     .grad_inputs = 1,
 };
 
@@ -859,27 +866,26 @@ static float loss_scale(const ms_op_call *c) {
     int64_t cnt = shape_numel(&c->gin[0]);
     return cnt ? 1.0f / (float)cnt : 0.0f;
 }
-static void loss_fwd(ms_op_call *c, ms_k_loss kind) {
-    double s = ms_k_pointwise_loss_sum(kind, F(c->in[0]), F(c->in[1]), N(c->in[0]), c->attrs->f[0]);
-    F(c->out[0])[0] = (float)(s * loss_scale(c));
+static ms_status loss_fwd(ms_op_call *c, ms_k_loss kind, ms_error *e) {
+    return MS_CALL_K(c->kc, pointwise_loss_forward, kind, F(c->out[0]), F(c->in[0]), F(c->in[1]),
+                     N(c->in[0]), c->attrs->f[0], loss_scale(c), e);
 }
-static void loss_bwd(ms_op_call *c, ms_k_loss kind) {
-    ms_k_pointwise_loss_backward(kind, F(c->din[0]), F(c->din[1]), F(c->in[0]), F(c->in[1]),
-                                 N(c->in[0]), c->attrs->f[0], F(c->dout[0])[0] * loss_scale(c));
+static ms_status loss_bwd(ms_op_call *c, ms_k_loss kind, ms_error *e) {
+    return MS_CALL_K(c->kc, pointwise_loss_backward, kind, F(c->din[0]), F(c->din[1]), F(c->in[0]),
+                     F(c->in[1]), F(c->dout[0]), N(c->in[0]), c->attrs->f[0], loss_scale(c), e);
+}
+static bool loss_runs_on(const ms_kernels *k) {
+    return k->pointwise_loss_forward && k->pointwise_loss_backward;
 }
 static ms_k_cost loss_cost(const ms_op_call *c, bool bw) {
     return ms_k_rowwise_cost(1, N(c->in[0]), bw ? 4 : 3, bw ? 6 : 2);
 }
 #define POINTWISE_LOSS(fn, KIND, NAME, INFER)                                                      \
     static ms_status fn##_forward(ms_op_call *c, ms_error *e) {                                    \
-        (void)e;                                                                                   \
-        loss_fwd(c, KIND);                                                                         \
-        return MS_OK;                                                                              \
+        return loss_fwd(c, KIND, e);                                                               \
     }                                                                                              \
     static ms_status fn##_backward(ms_op_call *c, ms_error *e) {                                   \
-        (void)e;                                                                                   \
-        loss_bwd(c, KIND);                                                                         \
-        return MS_OK;                                                                              \
+        return loss_bwd(c, KIND, e);                                                               \
     }                                                                                              \
     const ms_op_def ms_op_##fn##_def = {                                                           \
         .kind = MS_OP_##NAME,                                                                      \
@@ -891,6 +897,7 @@ static ms_k_cost loss_cost(const ms_op_call *c, bool bw) {
         .forward = fn##_forward,                                                                   \
         .backward = fn##_backward,                                                                 \
         .cost = loss_cost,                                                                         \
+        .runs_on = loss_runs_on,                                                                   \
         .grad_inputs = 3,                                                                          \
     };
 POINTWISE_LOSS(mse_loss, MS_K_LOSS_MSE, MSE_LOSS, mse_infer)
@@ -914,22 +921,22 @@ static int xent_smooth_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, 
     return row_cands(in[1].ndim, n_in, 3, false, c);
 }
 static ms_status xent_smooth_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int32_t *tg = (int32_t *)F(c->saved[0]);
     int64_t rows = N(c->in[1]), v = last_dim(c->in[0]);
-    ms_op_ids_from_floats(tg, F(c->in[1]), rows);
-    ms_k_xent_check_targets(tg, rows, v);
-    ms_k_xent_smooth_forward(F(c->out[0]), F(c->saved[1]), F(c->in[0]), tg, rows, v,
-                             c->attrs->f[0]);
-    return MS_OK;
+    MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, tg, F(c->in[1]), rows, e));
+    if (ms_device_host_addressable(c->kc->dev)) /* debug builds: a target past the vocabulary */
+        ms_k_xent_check_targets(tg, rows, v);
+    return MS_CALL_K(c->kc, xent_smooth_forward, F(c->out[0]), F(c->saved[1]), F(c->in[0]), tg,
+                     rows, v, c->attrs->f[0], e);
 }
 static ms_status xent_smooth_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    if (c->din[0])
-        ms_k_xent_smooth_backward(F(c->din[0]), F(c->in[0]), F(c->saved[1]),
-                                  (const int32_t *)F(c->saved[0]), F(c->dout[0]), N(c->in[1]),
-                                  last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, xent_smooth_backward, F(c->din[0]), F(c->in[0]), F(c->saved[1]),
+                     (const int32_t *)F(c->saved[0]), F(c->dout[0]), N(c->in[1]),
+                     last_dim(c->in[0]), c->attrs->f[0], e);
+}
+static bool xent_smooth_runs_on(const ms_kernels *k) {
+    return k->ids_from_floats && k->xent_smooth_forward && k->xent_smooth_backward;
 }
 static ms_k_cost xent_smooth_cost(const ms_op_call *c, bool bw) {
     return ms_k_xent_cost(N(c->in[1]), last_dim(c->in[0]), bw);
@@ -945,6 +952,7 @@ const ms_op_def ms_op_xent_smooth_def = {
     .forward = xent_smooth_forward,
     .backward = xent_smooth_backward,
     .cost = xent_smooth_cost,
+    .runs_on = xent_smooth_runs_on,
     .grad_inputs = 1,
 };
 
@@ -963,16 +971,10 @@ static ms_status cosine_infer(const ms_op_attrs *a, int n_in, const ms_shape *in
     return MS_OK;
 }
 static ms_status cosine_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_cosine_forward(F(c->out[0]), F(c->in[0]), F(c->in[1]), rows_of(c->in[0]),
-                        last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    return rows_fwd(c, MS_K_ROW_COSINE, e);
 }
 static ms_status cosine_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_cosine_backward(F(c->din[0]), F(c->din[1]), F(c->dout[0]), F(c->in[0]), F(c->in[1]),
-                         rows_of(c->in[0]), last_dim(c->in[0]), c->attrs->f[0]);
-    return MS_OK;
+    return rows_bwd(c, MS_K_ROW_COSINE, e);
 }
 static ms_k_cost cosine_cost(const ms_op_call *c, bool bw) {
     return ms_k_rowwise_cost(1, N(c->in[0]), bw ? 12 : 6, bw ? 6 : 2);
@@ -987,5 +989,6 @@ const ms_op_def ms_op_cosine_similarity_def = {
     .forward = cosine_forward,
     .backward = cosine_backward,
     .cost = cosine_cost,
+    .runs_on = rows_runs_on,
     .grad_inputs = 3,
 };

@@ -13,8 +13,10 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
 #include "engine/kernels/reduce_ext.h"
 #include "engine/ops/op_defs.h"
@@ -134,45 +136,31 @@ static float rd_mean_scale(const ms_op_call *c) {
     return cnt ? 1.0f / (float)cnt : NAN;
 }
 
-static ms_status rd_forward(rd_kind k, ms_op_call *c) {
+/* The kernel op code of each reduction (argmax/argmin: max/min with the outputs swapped). */
+static ms_k_reduce rd_kernel(rd_kind k) {
+    static const ms_k_reduce code[] = {
+        [RD_SUM] = MS_K_RED_SUM,    [RD_MEAN] = MS_K_RED_SUM,   [RD_MAX] = MS_K_RED_MAX,
+        [RD_MIN] = MS_K_RED_MIN,    [RD_PROD] = MS_K_RED_PROD,  [RD_VAR] = MS_K_RED_VAR,
+        [RD_STD] = MS_K_RED_STD,    [RD_LSE] = MS_K_RED_LSE,    [RD_NORM] = MS_K_RED_NORM,
+        [RD_ARGMAX] = MS_K_RED_MAX, [RD_ARGMIN] = MS_K_RED_MIN, [RD_COUNT] = MS_K_RED_COUNT,
+    };
+    return code[k];
+}
+
+static ms_status rd_forward(rd_kind k, ms_op_call *c, ms_error *e) {
     ms_k_rgeom g;
     rd_geom(k, c, &g);
     const float *x = F(c->in[0]);
-    float *y = F(c->out[0]);
+    float *y = F(c->out[0]), *pos = c->saved[0] ? F(c->saved[0]) : NULL;
+    float scale = k == RD_MEAN ? rd_mean_scale(c) : 1.0f;
     int corr = (int)c->attrs->i[2];
-    switch (k) {
-        case RD_SUM:
-            ms_k_rsum_forward(y, x, &g, 1.0f);
-            break;
-        case RD_MEAN:
-            ms_k_rsum_forward(y, x, &g, rd_mean_scale(c));
-            break;
-        case RD_MAX:
-        case RD_MIN:
-            ms_k_rmax_forward(y, F(c->saved[0]), x, &g, k == RD_MAX ? 1 : -1);
-            if (g.n_out) memcpy(F(c->saved[1]), y, sizeof(float) * (size_t)g.n_out);
-            break;
-        case RD_ARGMAX:
-        case RD_ARGMIN:
-            ms_k_rmax_forward(F(c->saved[0]), y, x, &g, k == RD_ARGMAX ? 1 : -1);
-            break;
-        case RD_PROD:
-            ms_k_rprod_forward(y, x, &g);
-            break;
-        case RD_VAR:
-        case RD_STD:
-            ms_k_rvar_forward(y, x, &g, corr, k == RD_STD);
-            break;
-        case RD_LSE:
-            ms_k_rlse_forward(y, x, &g);
-            break;
-        case RD_NORM:
-            ms_k_rnorm_forward(y, x, &g);
-            break;
-        case RD_COUNT:
-            ms_k_rcount_forward(y, x, &g);
-            break;
+    if (rd_is_arg(k)) { /* the positions are the output, the values are not kept */
+        float *t = pos;
+        pos = y, y = t;
     }
+    MS_CHECK(MS_CALL_K(c->kc, reduce_forward, rd_kernel(k), y, pos, x, &g, scale, corr, e));
+    if ((k == RD_MAX || k == RD_MIN) && g.n_out)
+        return MS_CALL_K(c->kc, copy, F(c->saved[1]), y, g.n_out, e);
     return MS_OK;
 }
 
@@ -198,68 +186,68 @@ static ms_status rd_all_reduce(ms_op_call *c, uint32_t mask, float *buf, int64_t
     return MS_OK;
 }
 
-static ms_status rd_max_backward(rd_kind k, ms_op_call *c, const ms_k_rgeom *g, ms_error *e) {
+/* Copies n floats between the device and the host (to_host: device -> host). */
+static ms_status rd_move(ms_op_call *c, float *dst, const float *src, int64_t n, bool to_host,
+                         ms_error *e) {
+    if (!n) return MS_OK;
+    return ms_device_copy(c->kc->dev, dst, src, sizeof(float) * (size_t)n,
+                          to_host ? MS_COPY_DEVICE_TO_HOST : MS_COPY_HOST_TO_DEVICE, e);
+}
+
+/* A reduced dim split across ranks: each rank knows its local winner only, so the ranks
+ * agree on the global one (max of the values, then min of the global positions), computed
+ * on the host from the device's per-output values (n_out floats, not the input), and the
+ * winners' positions go back to the device with -1 where another rank holds the winner. */
+static ms_status rd_max_split_backward(rd_kind k, ms_op_call *c, const ms_k_rgeom *g, ms_error *e) {
     uint32_t mask = rd_mask(k, c->attrs);
-    const float *pos = F(c->saved[0]), *val = F(c->saved[1]), *dy = F(c->dout[0]);
-    bool split = false;
-    for (int m = 0; m < c->in_pl[0].n; m++)
-        split |= c->in_pl[0].p[m].kind == MS_PL_SHARD && (mask >> c->in_pl[0].p[m].dim & 1);
-    if (!split) {
-        ms_k_rmax_backward(F(c->din[0]), dy, pos, g);
-        return MS_OK;
-    }
     int64_t n = g->n_out;
-    float *best = F(c->saved[2]), *key = n ? best + n : NULL;
-    if (n) memcpy(best, val, sizeof(float) * (size_t)n);
-    MS_CHECK(rd_all_reduce(c, mask, best, n, k == RD_MAX ? MS_REDUCE_MAX : MS_REDUCE_MIN, e));
-    for (int64_t o = 0; o < n; o++)
-        key[o] = pos[o] >= 0 && (val[o] == best[o] || (isnan(val[o]) && isnan(best[o])))
-                     ? rd_global_pos(c, mask, (int64_t)pos[o])
-                     : FLT_MAX;
-    MS_CHECK(rd_all_reduce(c, mask, key, n, MS_REDUCE_MIN, e));
-    float *dx = F(c->din[0]);
-    for (int64_t o = 0; o < n; o++)
-        if (pos[o] >= 0 && key[o] != FLT_MAX && key[o] == rd_global_pos(c, mask, (int64_t)pos[o]))
-            dx[ms_k_rgeom_base(g, o) + ms_k_rgeom_roff(g, (int64_t)pos[o])] += dy[o];
-    return MS_OK;
+    float *best = F(c->saved[2]), *key = best + n; /* device scratch, 2 n floats */
+    float *h = xmalloc(sizeof(float) * (size_t)(4 * n + 1));
+    float *hpos = h, *hval = h + n, *hbest = h + 2 * n, *hkey = h + 3 * n;
+    ms_status st = MS_CALL_K(c->kc, copy, best, F(c->saved[1]), n, e);
+    if (st == MS_OK)
+        st = rd_all_reduce(c, mask, best, n, k == RD_MAX ? MS_REDUCE_MAX : MS_REDUCE_MIN, e);
+    if (st == MS_OK) st = rd_move(c, hpos, F(c->saved[0]), n, true, e);
+    if (st == MS_OK) st = rd_move(c, hval, F(c->saved[1]), n, true, e);
+    if (st == MS_OK) st = rd_move(c, hbest, best, n, true, e);
+    for (int64_t o = 0; o < n && st == MS_OK; o++) {
+        bool won = hval[o] == hbest[o] || (isnan(hval[o]) && isnan(hbest[o]));
+        hkey[o] = hpos[o] >= 0 && won ? rd_global_pos(c, mask, (int64_t)hpos[o]) : FLT_MAX;
+    }
+    if (st == MS_OK) st = rd_move(c, key, hkey, n, false, e);
+    if (st == MS_OK) st = rd_all_reduce(c, mask, key, n, MS_REDUCE_MIN, e);
+    if (st == MS_OK) st = rd_move(c, hkey, key, n, true, e);
+    for (int64_t o = 0; o < n && st == MS_OK; o++) {
+        bool mine = hpos[o] >= 0 && hkey[o] != FLT_MAX &&
+                    hkey[o] == rd_global_pos(c, mask, (int64_t)hpos[o]);
+        hbest[o] = mine ? hpos[o] : -1.0f;
+    }
+    if (st == MS_OK) st = rd_move(c, best, hbest, n, false, e);
+    if (st == MS_OK)
+        st = MS_CALL_K(c->kc, reduce_backward, rd_kernel(k), F(c->din[0]), F(c->dout[0]), NULL,
+                       best, g, 1.0f, 0, e);
+    free(h);
+    return st;
 }
 
 static ms_status rd_backward(rd_kind k, ms_op_call *c, ms_error *e) {
-    if (!c->din[0]) return MS_OK;
+    if (!c->din[0] || rd_is_arg(k) || k == RD_COUNT) return MS_OK; /* integer outputs */
     ms_k_rgeom g;
     rd_geom(k, c, &g);
-    const float *x = F(c->in[0]), *dy = F(c->dout[0]);
-    float *dx = F(c->din[0]);
-    int corr = (int)c->attrs->i[2];
-    switch (k) {
-        case RD_SUM:
-            ms_k_rsum_backward(dx, dy, &g, 1.0f);
-            break;
-        case RD_MEAN:
-            ms_k_rsum_backward(dx, dy, &g, rd_mean_scale(c));
-            break;
-        case RD_MAX:
-        case RD_MIN:
-            return rd_max_backward(k, c, &g, e);
-        case RD_PROD:
-            ms_k_rprod_backward(dx, dy, x, &g);
-            break;
-        case RD_VAR:
-        case RD_STD:
-            ms_k_rvar_backward(dx, dy, x, &g, corr, k == RD_STD);
-            break;
-        case RD_LSE:
-            ms_k_rlse_backward(dx, dy, x, &g);
-            break;
-        case RD_NORM:
-            ms_k_rnorm_backward(dx, dy, x, &g);
-            break;
-        case RD_ARGMAX:
-        case RD_ARGMIN:
-        case RD_COUNT:
-            break; /* integer-valued outputs take no gradient */
+    if (k == RD_MAX || k == RD_MIN) {
+        uint32_t mask = rd_mask(k, c->attrs);
+        for (int m = 0; m < c->in_pl[0].n; m++)
+            if (c->in_pl[0].p[m].kind == MS_PL_SHARD && (mask >> c->in_pl[0].p[m].dim & 1))
+                return rd_max_split_backward(k, c, &g, e);
     }
-    return MS_OK;
+    float scale = k == RD_MEAN ? rd_mean_scale(c) : 1.0f;
+    const float *pos = c->saved[0] ? F(c->saved[0]) : NULL;
+    return MS_CALL_K(c->kc, reduce_backward, rd_kernel(k), F(c->din[0]), F(c->dout[0]), F(c->in[0]),
+                     pos, &g, scale, (int)c->attrs->i[2], e);
+}
+
+static bool rd_runs_on(const ms_kernels *k) {
+    return k->reduce_forward && k->reduce_backward && k->copy;
 }
 
 static ms_k_cost rd_cost(rd_kind k, const ms_op_call *c, bool bw) {
@@ -287,8 +275,7 @@ static ms_k_cost rd_cost(rd_kind k, const ms_op_call *c, bool bw) {
         rd_saved(KIND, c, sizes);                                                                  \
     }                                                                                              \
     static ms_status lower##_forward(ms_op_call *c, ms_error *e) {                                 \
-        (void)e;                                                                                   \
-        return rd_forward(KIND, c);                                                                \
+        return rd_forward(KIND, c, e);                                                             \
     }                                                                                              \
     static ms_status lower##_backward(ms_op_call *c, ms_error *e) {                                \
         return rd_backward(KIND, c, e);                                                            \
@@ -307,6 +294,7 @@ static ms_k_cost rd_cost(rd_kind k, const ms_op_call *c, bool bw) {
         .forward = lower##_forward,                                                                \
         .backward = lower##_backward,                                                              \
         .cost = lower##_cost,                                                                      \
+        .runs_on = rd_runs_on,                                                                     \
         .grad_inputs = grads,                                                                      \
     }
 

@@ -66,14 +66,14 @@ static int reshape_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
     return mapped_rule(in[0].ndim, map, 1, 1, true, c);
 }
 static ms_status reshape_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    memcpy(F(c->out[0]), F(c->in[0]), sizeof(float) * (size_t)N(c->in[0]));
-    return MS_OK;
+    return MS_CALL_K(c->kc, copy, F(c->out[0]), F(c->in[0]), N(c->in[0]), e);
 }
 static ms_status reshape_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_add_backward(F(c->din[0]), NULL, F(c->dout[0]), N(c->dout[0]));
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    return MS_CALL_K(c->kc, accumulate, F(c->din[0]), F(c->dout[0]), N(c->dout[0]), e);
+}
+static bool reshape_runs_on(const ms_kernels *k) {
+    return k->copy && k->accumulate;
 }
 static ms_k_cost copy_cost(const ms_op_call *c, bool bw) {
     return ms_k_copy_cost(N(c->in[0]), bw);
@@ -88,6 +88,7 @@ const ms_op_def ms_op_reshape_def = {
     .forward = reshape_forward,
     .backward = reshape_backward,
     .cost = copy_cost,
+    .runs_on = reshape_runs_on,
     .grad_inputs = 1,
 };
 
@@ -113,17 +114,29 @@ static int transpose_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, in
         map[d] = d == a->i[0] ? (int)a->i[1] : d == a->i[1] ? (int)a->i[0] : d;
     return mapped_rule(in[0].ndim, map, 1, 1, true, c);
 }
+/* The transpose of a contiguous x as a strided view: output dim a reads x's dim b. */
+static void transpose_view(const ms_op_call *c, ms_k_view *v) {
+    const ms_tensor *x = c->in[0];
+    int a = (int)c->attrs->i[0], b = (int)c->attrs->i[1];
+    int64_t oshape[MS_MAX_DIMS], istride[MS_MAX_DIMS], s = 1;
+    for (int d = x->ndim - 1; d >= 0; d--) istride[d] = s, s *= x->shape[d];
+    for (int d = 0; d < x->ndim; d++) oshape[d] = x->shape[d == a ? b : d == b ? a : d];
+    ms_k_view_identity(v, x->ndim, oshape);
+    for (int d = 0; d < x->ndim; d++) v->istride[d] = istride[d == a ? b : d == b ? a : d];
+}
 static ms_status transpose_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_transpose(F(c->out[0]), F(c->in[0]), c->in[0]->ndim, c->in[0]->shape, (int)c->attrs->i[0],
-                   (int)c->attrs->i[1], false);
-    return MS_OK;
+    ms_k_view v;
+    transpose_view(c, &v);
+    return MS_CALL_K(c->kc, view_forward, F(c->out[0]), F(c->in[0]), &v, 0.0f, e);
 }
 static ms_status transpose_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
-    ms_k_transpose(F(c->din[0]), F(c->dout[0]), c->dout[0]->ndim, c->dout[0]->shape,
-                   (int)c->attrs->i[0], (int)c->attrs->i[1], true);
-    return MS_OK;
+    if (!c->din[0]) return MS_OK;
+    ms_k_view v;
+    transpose_view(c, &v);
+    return MS_CALL_K(c->kc, view_backward, F(c->din[0]), F(c->dout[0]), &v, e);
+}
+static bool transpose_runs_on(const ms_kernels *k) {
+    return k->view_forward && k->view_backward;
 }
 const ms_op_def ms_op_transpose_def = {
     .kind = MS_OP_TRANSPOSE,
@@ -135,6 +148,7 @@ const ms_op_def ms_op_transpose_def = {
     .forward = transpose_forward,
     .backward = transpose_backward,
     .cost = copy_cost,
+    .runs_on = transpose_runs_on,
     .grad_inputs = 1,
 };
 
@@ -163,23 +177,43 @@ static int split_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
     for (int d = 0; d < in[0].ndim; d++) map[d] = d == a->i[0] ? -1 : d;
     return mapped_rule(in[0].ndim, map, 1, (int)a->i[1], true, c);
 }
+/* Parts along a dim of the whole viewed as [O, D, I] move as blocks: part p is O rows of
+ * sizes[p] * I floats at column (sizes before p) * I of the whole's rows of D * I. to_whole:
+ * part -> whole (concat), else whole -> part (split). NULL parts are skipped (unwanted
+ * gradients). */
+static ms_status move_parts(ms_op_call *c, float *whole, float *const *parts, const int64_t *sizes,
+                            int n, int64_t o, int64_t i, bool to_whole, bool acc, ms_error *e) {
+    int64_t total = 0, col = 0;
+    for (int p = 0; p < n; p++) total += sizes[p];
+    for (int p = 0; p < n; col += sizes[p] * i, p++) {
+        if (!parts[p] || !sizes[p] || !i) continue;
+        float *w = whole + col;
+        if (to_whole)
+            MS_CHECK(MS_CALL_K(c->kc, block_copy, w, parts[p], o, sizes[p] * i, total * i,
+                               sizes[p] * i, acc, e));
+        else
+            MS_CHECK(MS_CALL_K(c->kc, block_copy, parts[p], w, o, sizes[p] * i, sizes[p] * i,
+                               total * i, acc, e));
+    }
+    return MS_OK;
+}
 static ms_status split_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t o, d, i, sizes[MS_OP_MAX_OUT];
     ms_k_dim_split(c->in[0]->ndim, c->in[0]->shape, (int)c->attrs->i[0], &o, &d, &i);
     float *parts[MS_OP_MAX_OUT];
     for (int p = 0; p < c->n_out; p++) sizes[p] = d / c->n_out, parts[p] = F(c->out[p]);
-    ms_k_split(parts, F(c->in[0]), sizes, c->n_out, o, i, false);
-    return MS_OK;
+    return move_parts(c, F(c->in[0]), parts, sizes, c->n_out, o, i, false, false, e);
 }
 static ms_status split_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t o, d, i, sizes[MS_OP_MAX_OUT];
+    if (!c->din[0]) return MS_OK;
     ms_k_dim_split(c->in[0]->ndim, c->in[0]->shape, (int)c->attrs->i[0], &o, &d, &i);
-    const float *parts[MS_OP_MAX_OUT];
+    float *parts[MS_OP_MAX_OUT];
     for (int p = 0; p < c->n_out; p++) sizes[p] = d / c->n_out, parts[p] = F(c->dout[p]);
-    ms_k_concat(F(c->din[0]), parts, sizes, c->n_out, o, i, true);
-    return MS_OK;
+    return move_parts(c, F(c->din[0]), parts, sizes, c->n_out, o, i, true, true, e);
+}
+static bool parts_runs_on(const ms_kernels *k) {
+    return k->block_copy != NULL;
 }
 const ms_op_def ms_op_split_def = {
     .kind = MS_OP_SPLIT,
@@ -191,6 +225,7 @@ const ms_op_def ms_op_split_def = {
     .forward = split_forward,
     .backward = split_backward,
     .cost = copy_cost,
+    .runs_on = parts_runs_on,
     .grad_inputs = 1,
 };
 
@@ -220,26 +255,22 @@ static int concat_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n
     return mapped_rule(in[0].ndim, map, n_in, 1, true, c);
 }
 static ms_status concat_forward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t o, d, i, sizes[MS_OP_MAX_IN];
-    const float *parts[MS_OP_MAX_IN];
+    float *parts[MS_OP_MAX_IN];
     for (int p = 0; p < c->n_in; p++) {
         ms_k_dim_split(c->in[p]->ndim, c->in[p]->shape, (int)c->attrs->i[0], &o, &d, &i);
         sizes[p] = d, parts[p] = F(c->in[p]);
     }
-    ms_k_concat(F(c->out[0]), parts, sizes, c->n_in, o, i, false);
-    return MS_OK;
+    return move_parts(c, F(c->out[0]), parts, sizes, c->n_in, o, i, true, false, e);
 }
 static ms_status concat_backward(ms_op_call *c, ms_error *e) {
-    (void)e;
     int64_t o, d, i, sizes[MS_OP_MAX_IN];
     float *parts[MS_OP_MAX_IN];
     for (int p = 0; p < c->n_in; p++) {
         ms_k_dim_split(c->in[p]->ndim, c->in[p]->shape, (int)c->attrs->i[0], &o, &d, &i);
         sizes[p] = d, parts[p] = F(c->din[p]);
     }
-    ms_k_split(parts, F(c->dout[0]), sizes, c->n_in, o, i, true);
-    return MS_OK;
+    return move_parts(c, F(c->dout[0]), parts, sizes, c->n_in, o, i, false, true, e);
 }
 const ms_op_def ms_op_concat_def = {
     .kind = MS_OP_CONCAT,
@@ -251,6 +282,7 @@ const ms_op_def ms_op_concat_def = {
     .forward = concat_forward,
     .backward = concat_backward,
     .cost = copy_cost,
+    .runs_on = parts_runs_on,
     .grad_inputs = 15,
 };
 

@@ -47,17 +47,20 @@ static int unary_rule(ms_k_unary k, const ms_op_attrs *a, int n_in, const ms_sha
     return n;
 }
 
-static ms_status unary_forward(ms_k_unary k, ms_op_call *c) {
-    ms_k_unary_forward(k, F(c->out[0]), F(c->in[0]), N(c->in[0]), c->attrs->f[0], c->attrs->f[1]);
-    return MS_OK;
+static ms_status unary_forward(ms_k_unary k, ms_op_call *c, ms_error *e) {
+    return MS_CALL_K(c->kc, unary_forward, k, F(c->out[0]), F(c->in[0]), N(c->in[0]),
+                     c->attrs->f[0], c->attrs->f[1], e);
 }
 
 /* Derivatives may read the forward's output, which the engine keeps for the backward. */
-static ms_status unary_backward(ms_k_unary k, ms_op_call *c) {
+static ms_status unary_backward(ms_k_unary k, ms_op_call *c, ms_error *e) {
     if (!c->din[0]) return MS_OK;
-    ms_k_unary_backward(k, F(c->din[0]), F(c->in[0]), F(c->out[0]), F(c->dout[0]), N(c->in[0]),
-                        c->attrs->f[0], c->attrs->f[1]);
-    return MS_OK;
+    return MS_CALL_K(c->kc, unary_backward, k, F(c->din[0]), F(c->in[0]), F(c->out[0]),
+                     F(c->dout[0]), N(c->in[0]), c->attrs->f[0], c->attrs->f[1], e);
+}
+
+static bool unary_runs_on(const ms_kernels *k) {
+    return k->unary_forward && k->unary_backward;
 }
 
 static ms_k_cost unary_cost(ms_k_unary k, const ms_op_call *c, bool bw) {

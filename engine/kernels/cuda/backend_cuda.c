@@ -384,6 +384,147 @@ static ms_status c_dropout_backward(ms_kctx *kc, float *dinp, const float *dout,
                                   STREAM(kc), err);
 }
 
+/* ---- every other operator (ops_ext.cu): one launcher per slot ---- */
+static ms_status c_copy(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
+    return ms_cu_copy(dst, src, n, STREAM(kc), err);
+}
+static ms_status c_unary_forward(ms_kctx *kc, ms_k_unary op, float *out, const float *inp,
+                                 int64_t n, float p0, float p1, ms_error *err) {
+    return ms_cu_unary_forward(op, out, inp, n, p0, p1, STREAM(kc), err);
+}
+static ms_status c_unary_backward(ms_kctx *kc, ms_k_unary op, float *dinp, const float *inp,
+                                  const float *out, const float *dout, int64_t n, float p0,
+                                  float p1, ms_error *err) {
+    return ms_cu_unary_backward(op, dinp, inp, out, dout, n, p0, p1, STREAM(kc), err);
+}
+static ms_status c_binary_forward(ms_kctx *kc, ms_k_binary op, float *out, const float *a,
+                                  const float *b, const ms_k_bcast *bc, ms_error *err) {
+    return ms_cu_binary_forward(op, out, a, b, bc, STREAM(kc), err);
+}
+static ms_status c_binary_backward(ms_kctx *kc, ms_k_binary op, float *da, float *db,
+                                   const float *dout, const float *a, const float *b,
+                                   const ms_k_bcast *bc, ms_error *err) {
+    return ms_cu_binary_backward(op, da, db, dout, a, b, bc, STREAM(kc), err);
+}
+static ms_status c_ternary_forward(ms_kctx *kc, ms_k_ternary op, float *out, const float *x,
+                                   const float *y, const float *z, const ms_k_bcast *bc,
+                                   ms_error *err) {
+    return ms_cu_ternary_forward(op, out, x, y, z, bc, STREAM(kc), err);
+}
+static ms_status c_ternary_backward(ms_kctx *kc, ms_k_ternary op, float *dx, float *dy, float *dz,
+                                    const float *dout, const float *x, const float *y,
+                                    const float *z, const ms_k_bcast *bc, ms_error *err) {
+    return ms_cu_ternary_backward(op, dx, dy, dz, dout, x, y, z, bc, STREAM(kc), err);
+}
+static ms_status c_reduce_forward(ms_kctx *kc, ms_k_reduce op, float *out, float *pos,
+                                  const float *inp, const ms_k_rgeom *g, float scale,
+                                  int correction, ms_error *err) {
+    return ms_cu_reduce_forward(op, out, pos, inp, g, scale, correction, STREAM(kc), err);
+}
+static ms_status c_reduce_backward(ms_kctx *kc, ms_k_reduce op, float *dinp, const float *dout,
+                                   const float *inp, const float *pos, const ms_k_rgeom *g,
+                                   float scale, int correction, ms_error *err) {
+    return ms_cu_reduce_backward(op, dinp, dout, inp, pos, g, scale, correction, STREAM(kc), err);
+}
+static ms_status c_view_forward(ms_kctx *kc, float *out, const float *inp, const ms_k_view *v,
+                                float fill, ms_error *err) {
+    return ms_cu_view_forward(out, inp, v, fill, STREAM(kc), err);
+}
+static ms_status c_view_backward(ms_kctx *kc, float *dinp, const float *dout, const ms_k_view *v,
+                                 ms_error *err) {
+    return ms_cu_view_backward(dinp, dout, v, STREAM(kc), err);
+}
+static ms_status c_block_copy(ms_kctx *kc, float *dst, const float *src, int64_t rows, int64_t cols,
+                              int64_t dst_ld, int64_t src_ld, bool accumulate, ms_error *err) {
+    return ms_cu_block_copy(dst, src, rows, cols, dst_ld, src_ld, accumulate, STREAM(kc), err);
+}
+static ms_status c_scan_forward(ms_kctx *kc, ms_k_scan op, float *out, const float *inp, int64_t o,
+                                int64_t d, int64_t i, ms_error *err) {
+    return ms_cu_scan_forward(op, out, inp, o, d, i, STREAM(kc), err);
+}
+static ms_status c_scan_backward(ms_kctx *kc, ms_k_scan op, float *dinp, const float *dout,
+                                 const float *inp, int64_t o, int64_t d, int64_t i, ms_error *err) {
+    return ms_cu_scan_backward(op, dinp, dout, inp, o, d, i, STREAM(kc), err);
+}
+static ms_status c_triangle(ms_kctx *kc, float *out, const float *inp, int64_t batch, int64_t rows,
+                            int64_t cols, int64_t r0, int64_t c0, int64_t diag, bool upper,
+                            bool accumulate, ms_error *err) {
+    return ms_cu_triangle(out, inp, batch, rows, cols, r0, c0, diag, upper, accumulate, STREAM(kc),
+                          err);
+}
+static ms_status c_masked_fill_forward(ms_kctx *kc, float *out, const float *x, const float *mask,
+                                       float value, int64_t n, ms_error *err) {
+    return ms_cu_masked_fill_forward(out, x, mask, value, n, STREAM(kc), err);
+}
+static ms_status c_masked_fill_backward(ms_kctx *kc, float *dinp, const float *dout,
+                                        const float *mask, int64_t n, ms_error *err) {
+    return ms_cu_masked_fill_backward(dinp, dout, mask, n, STREAM(kc), err);
+}
+static ms_status c_one_hot(ms_kctx *kc, float *out, const float *ids, int64_t n, int64_t v,
+                           int64_t v0, ms_error *err) {
+    return ms_cu_one_hot(out, ids, n, v, v0, STREAM(kc), err);
+}
+static ms_status c_sort_rows(ms_kctx *kc, float *values, float *indices, const float *inp,
+                             int64_t rows, int64_t c, int64_t k, bool descending, ms_error *err) {
+    return ms_cu_sort_rows(values, indices, inp, rows, c, k, descending, STREAM(kc), err);
+}
+static ms_status c_sort_rows_backward(ms_kctx *kc, float *dinp, const float *dout,
+                                      const float *indices, int64_t rows, int64_t c, int64_t k,
+                                      ms_error *err) {
+    return ms_cu_sort_rows_backward(dinp, dout, indices, rows, c, k, STREAM(kc), err);
+}
+static ms_status c_rows_forward(ms_kctx *kc, ms_k_row_op op, float *out, float *aux, const float *x,
+                                const float *y, int64_t n, int64_t c, float p, ms_error *err) {
+    return ms_cu_rows_forward(op, out, aux, x, y, n, c, p, STREAM(kc), err);
+}
+static ms_status c_rows_backward(ms_kctx *kc, ms_k_row_op op, float *dx, float *dy,
+                                 const float *dout, const float *x, const float *y,
+                                 const float *out, const float *aux, int64_t n, int64_t c, float p,
+                                 ms_error *err) {
+    return ms_cu_rows_backward(op, dx, dy, dout, x, y, out, aux, n, c, p, STREAM(kc), err);
+}
+static ms_status c_bmm_forward(ms_kctx *kc, const ms_k_bmm *g, float *c, const float *a,
+                               const float *b, ms_error *err) {
+    return ms_cu_bmm_forward(g, c, a, b, STREAM(kc), err);
+}
+static ms_status c_bmm_backward(ms_kctx *kc, const ms_k_bmm *g, float *da, float *db,
+                                const float *dc, const float *a, const float *b, ms_error *err) {
+    return ms_cu_bmm_backward(g, da, db, dc, a, b, STREAM(kc), err);
+}
+static ms_status c_pointwise_loss_forward(ms_kctx *kc, ms_k_loss kind, float *out, const float *a,
+                                          const float *b, int64_t n, float delta, float scale,
+                                          ms_error *err) {
+    return ms_cu_pointwise_loss_forward(kind, out, a, b, n, delta, scale, STREAM(kc), err);
+}
+static ms_status c_pointwise_loss_backward(ms_kctx *kc, ms_k_loss kind, float *da, float *db,
+                                           const float *a, const float *b, const float *dout,
+                                           int64_t n, float delta, float scale, ms_error *err) {
+    return ms_cu_pointwise_loss_backward(kind, da, db, a, b, dout, n, delta, scale, STREAM(kc),
+                                         err);
+}
+static ms_status c_nll_forward(ms_kctx *kc, float *losses, const float *logp,
+                               const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                               ms_error *err) {
+    return ms_cu_nll_forward(losses, logp, targets, n, vl, v0, STREAM(kc), err);
+}
+static ms_status c_nll_backward(ms_kctx *kc, float *dlogp, const float *dlosses,
+                                const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                ms_error *err) {
+    return ms_cu_nll_backward(dlogp, dlosses, targets, n, vl, v0, STREAM(kc), err);
+}
+static ms_status c_xent_smooth_forward(ms_kctx *kc, float *losses, float *lse, const float *logits,
+                                       const int32_t *targets, int64_t n, int64_t v, float s,
+                                       ms_error *err) {
+    return ms_cu_xent_smooth_forward(losses, lse, logits, targets, n, v, s, STREAM(kc), err);
+}
+static ms_status c_xent_smooth_backward(ms_kctx *kc, float *dlogits, const float *logits,
+                                        const float *lse, const int32_t *targets,
+                                        const float *dlosses, int64_t n, int64_t v, float s,
+                                        ms_error *err) {
+    return ms_cu_xent_smooth_backward(dlogits, logits, lse, targets, dlosses, n, v, s, STREAM(kc),
+                                      err);
+}
+
 static const ms_kernels cuda_kernels = {
     .name = "cuda",
     .kind = MS_DEVICE_CUDA,
@@ -448,6 +589,36 @@ static const ms_kernels cuda_kernels = {
     .sumsq = c_sumsq,
     .sumsq_bf16 = c_sumsq_bf16,
     .scale_inplace = c_scale_inplace,
+    .copy = c_copy,
+    .unary_forward = c_unary_forward,
+    .unary_backward = c_unary_backward,
+    .binary_forward = c_binary_forward,
+    .binary_backward = c_binary_backward,
+    .ternary_forward = c_ternary_forward,
+    .ternary_backward = c_ternary_backward,
+    .reduce_forward = c_reduce_forward,
+    .reduce_backward = c_reduce_backward,
+    .view_forward = c_view_forward,
+    .view_backward = c_view_backward,
+    .block_copy = c_block_copy,
+    .scan_forward = c_scan_forward,
+    .scan_backward = c_scan_backward,
+    .triangle = c_triangle,
+    .masked_fill_forward = c_masked_fill_forward,
+    .masked_fill_backward = c_masked_fill_backward,
+    .one_hot = c_one_hot,
+    .sort_rows = c_sort_rows,
+    .sort_rows_backward = c_sort_rows_backward,
+    .rows_forward = c_rows_forward,
+    .rows_backward = c_rows_backward,
+    .bmm_forward = c_bmm_forward,
+    .bmm_backward = c_bmm_backward,
+    .pointwise_loss_forward = c_pointwise_loss_forward,
+    .pointwise_loss_backward = c_pointwise_loss_backward,
+    .nll_forward = c_nll_forward,
+    .nll_backward = c_nll_backward,
+    .xent_smooth_forward = c_xent_smooth_forward,
+    .xent_smooth_backward = c_xent_smooth_backward,
 };
 
 const ms_kernels *ms_kernels_cuda_table(void) {

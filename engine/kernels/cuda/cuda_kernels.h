@@ -29,10 +29,12 @@ extern "C" {
 #endif
 
 #include "engine/core/status.h"
+#include "engine/kernels/elementwise_ext.h"
 #include "engine/kernels/fused.h"
 #include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
+#include "engine/kernels/reduce_ext.h"
 #include "engine/optim/optim.h"
 
 /* ---- context: a device, a stream and the cuBLAS handle (created on the first GEMM) ---- */
@@ -231,6 +233,85 @@ ms_status ms_cu_rotary_tables(float *cosb, float *sinb, int64_t t, int64_t t0, i
 ms_status ms_cu_rotary_apply(float *out, const float *inp, const float *cosb, const float *sinb,
                              int64_t b, int64_t t, int64_t h, int64_t d, bool inverse, void *stream,
                              ms_error *err);
+
+/* ---- every other operator (ops_ext.cu): the slots of kernels/backend.h by op code ----
+ * Elementwise, broadcasting and reductions: one thread per output element (a broadcasting
+ * backward: per input element, summing its readers in order); views, block copies, scans,
+ * triangles, masks, one-hot: one per element; sorting: one per element, by rank; the row
+ * ops, NLL and smoothed cross-entropy: one per row; the batched matmul: one per element of
+ * the output or of each operand's gradient; the pointwise losses' forward: one thread. The
+ * backward of a view that reads an input element more than once (expand, repeat) adds with
+ * atomics, in any order. */
+ms_status ms_cu_copy(float *dst, const float *src, int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_unary_forward(ms_k_unary op, float *out, const float *inp, int64_t n, float p0,
+                              float p1, void *stream, ms_error *err);
+ms_status ms_cu_unary_backward(ms_k_unary op, float *dinp, const float *inp, const float *out,
+                               const float *dout, int64_t n, float p0, float p1, void *stream,
+                               ms_error *err);
+ms_status ms_cu_binary_forward(ms_k_binary op, float *out, const float *a, const float *b,
+                               const ms_k_bcast *bc, void *stream, ms_error *err);
+ms_status ms_cu_binary_backward(ms_k_binary op, float *da, float *db, const float *dout,
+                                const float *a, const float *b, const ms_k_bcast *bc, void *stream,
+                                ms_error *err);
+ms_status ms_cu_ternary_forward(ms_k_ternary op, float *out, const float *x, const float *y,
+                                const float *z, const ms_k_bcast *bc, void *stream, ms_error *err);
+ms_status ms_cu_ternary_backward(ms_k_ternary op, float *dx, float *dy, float *dz,
+                                 const float *dout, const float *x, const float *y, const float *z,
+                                 const ms_k_bcast *bc, void *stream, ms_error *err);
+ms_status ms_cu_reduce_forward(ms_k_reduce op, float *out, float *pos, const float *inp,
+                               const ms_k_rgeom *g, float scale, int correction, void *stream,
+                               ms_error *err);
+ms_status ms_cu_reduce_backward(ms_k_reduce op, float *dinp, const float *dout, const float *inp,
+                                const float *pos, const ms_k_rgeom *g, float scale, int correction,
+                                void *stream, ms_error *err);
+ms_status ms_cu_view_forward(float *out, const float *inp, const ms_k_view *v, float fill,
+                             void *stream, ms_error *err);
+ms_status ms_cu_view_backward(float *dinp, const float *dout, const ms_k_view *v, void *stream,
+                              ms_error *err);
+ms_status ms_cu_block_copy(float *dst, const float *src, int64_t rows, int64_t cols, int64_t dst_ld,
+                           int64_t src_ld, bool accumulate, void *stream, ms_error *err);
+ms_status ms_cu_scan_forward(ms_k_scan op, float *out, const float *inp, int64_t o, int64_t d,
+                             int64_t i, void *stream, ms_error *err);
+ms_status ms_cu_scan_backward(ms_k_scan op, float *dinp, const float *dout, const float *inp,
+                              int64_t o, int64_t d, int64_t i, void *stream, ms_error *err);
+ms_status ms_cu_triangle(float *out, const float *inp, int64_t batch, int64_t rows, int64_t cols,
+                         int64_t r0, int64_t c0, int64_t diag, bool upper, bool accumulate,
+                         void *stream, ms_error *err);
+ms_status ms_cu_masked_fill_forward(float *out, const float *x, const float *mask, float value,
+                                    int64_t n, void *stream, ms_error *err);
+ms_status ms_cu_masked_fill_backward(float *dinp, const float *dout, const float *mask, int64_t n,
+                                     void *stream, ms_error *err);
+ms_status ms_cu_one_hot(float *out, const float *ids, int64_t n, int64_t v, int64_t v0,
+                        void *stream, ms_error *err);
+ms_status ms_cu_sort_rows(float *values, float *indices, const float *inp, int64_t rows, int64_t c,
+                          int64_t k, bool descending, void *stream, ms_error *err);
+ms_status ms_cu_sort_rows_backward(float *dinp, const float *dout, const float *indices,
+                                   int64_t rows, int64_t c, int64_t k, void *stream, ms_error *err);
+ms_status ms_cu_rows_forward(ms_k_row_op op, float *out, float *aux, const float *x, const float *y,
+                             int64_t n, int64_t c, float p, void *stream, ms_error *err);
+ms_status ms_cu_rows_backward(ms_k_row_op op, float *dx, float *dy, const float *dout,
+                              const float *x, const float *y, const float *out, const float *aux,
+                              int64_t n, int64_t c, float p, void *stream, ms_error *err);
+ms_status ms_cu_bmm_forward(const ms_k_bmm *g, float *c, const float *a, const float *b,
+                            void *stream, ms_error *err);
+ms_status ms_cu_bmm_backward(const ms_k_bmm *g, float *da, float *db, const float *dc,
+                             const float *a, const float *b, void *stream, ms_error *err);
+ms_status ms_cu_pointwise_loss_forward(ms_k_loss kind, float *out, const float *a, const float *b,
+                                       int64_t n, float delta, float scale, void *stream,
+                                       ms_error *err);
+ms_status ms_cu_pointwise_loss_backward(ms_k_loss kind, float *da, float *db, const float *a,
+                                        const float *b, const float *dout, int64_t n, float delta,
+                                        float scale, void *stream, ms_error *err);
+ms_status ms_cu_nll_forward(float *losses, const float *logp, const int32_t *targets, int64_t n,
+                            int64_t vl, int64_t v0, void *stream, ms_error *err);
+ms_status ms_cu_nll_backward(float *dlogp, const float *dlosses, const int32_t *targets, int64_t n,
+                             int64_t vl, int64_t v0, void *stream, ms_error *err);
+ms_status ms_cu_xent_smooth_forward(float *losses, float *lse, const float *logits,
+                                    const int32_t *targets, int64_t n, int64_t v, float s,
+                                    void *stream, ms_error *err);
+ms_status ms_cu_xent_smooth_backward(float *dlogits, const float *logits, const float *lse,
+                                     const int32_t *targets, const float *dlosses, int64_t n,
+                                     int64_t v, float s, void *stream, ms_error *err);
 
 #ifdef __cplusplus
 }
