@@ -394,6 +394,7 @@ static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
             op->op = (int32_t)arg_i64(d, args, "op id", INT32_MIN, INT32_MAX, -1);
             op->flops = arg_count(d, args, "flops");
             op->bytes = arg_count(d, args, "bytes");
+            if (kind == MS_EV_OPTIM) op->host_optim = arg_i64(d, args, "host", 0, 1, 0) == 1;
             if (t->meshscope && kind == MS_EV_OP) {
                 op->gpu = (uint8_t)gpu_kind(cat);
                 op->corr = (uint64_t)arg_i64(d, args, "correlation", 0, INT64_MAX, 0);

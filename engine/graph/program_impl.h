@@ -116,6 +116,9 @@ struct ms_program {
     size_t persist_floats;
     int *params;
     int nparams;
+    int *param_first; /* [nparams]: first training instruction reading it, made on demand */
+    ms_param_use_fn param_use; /* ms_program_on_param_use */
+    void *param_use_arg;
     uint64_t flow_counter;    /* reshard flow ids, for traces */
     int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
     int *reshards, nreshards; /* instruction index of each RESHARD, in step order */

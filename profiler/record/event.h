@@ -50,6 +50,7 @@ typedef struct ms_ev_op {
      * top bits are the launching rank (MS_EV_CORR_RANK). */
     uint64_t corr;
     uint8_t gpu;             /* ms_ev_gpu */
+    uint8_t host_optim;      /* MS_EV_OPTIM: ran on the rank's host optimizer thread (offload) */
     uint32_t device, stream; /* GPU activity on a stream: the CUDA device and stream ids */
 } ms_ev_op;
 
