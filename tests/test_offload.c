@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/plan/search.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
 #include "tests/equiv.h"
@@ -287,6 +288,82 @@ static void optim_device_refused_w1(void **state) {
     mt_run(1, optim_device_and_offload, NULL);
 }
 
+/* --- the planner ---------------------------------------------------------------------------- */
+
+/* A 1.3B GPT on one 16 GB A100 in fp32: 16 bytes a parameter (weights, gradients, moments) do
+ * not fit, with or without recompute and micro-batches; offload moves 8 of them to the host. */
+static ms_plan_problem big_on_small(ms_cluster *c) {
+    ms_error err = {0};
+    assert_int_equal(ms_cluster_load(MS_SOURCE_DIR "/configs/clusters/dgx-a100-80gb.json", c, &err),
+                     MS_OK);
+    c->mem_bytes = 16e9;
+    ms_model_config m = {.model_type = MS_MODEL_GPT2,
+                         .n_layer = 24,
+                         .n_head = 16,
+                         .n_embd = 2048,
+                         .vocab_size = 50257,
+                         .n_positions = 1024,
+                         .layer_norm_epsilon = 1e-5};
+    return (ms_plan_problem){.model = m,
+                             .devices = 1,
+                             .global_batch = 4,
+                             .seq = 512,
+                             .dtype = MS_PLAN_FP32,
+                             .cluster = c};
+}
+
+static void planner_chooses_offload_when_nothing_else_fits(void **state) {
+    (void)state;
+    ms_cluster c;
+    ms_plan_problem pb = big_on_small(&c);
+    ms_plan_search_opts so = {.keep = 20};
+    ms_plan_result res;
+    ms_error err = {0};
+    assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
+    assert_true(res.n_cands > 0 && res.cands[0].fits && res.cands[0].s.offload);
+    for (int i = 0; i < res.n_cands; i++) {
+        const ms_plan_estimate *e = &res.cands[i];
+        ms_strategy plain = e->s;
+        plain.offload = false;
+        ms_plan_estimate p;
+        assert_int_equal(ms_plan_estimate_one(&pb, &plain, NULL, &p, &err), MS_OK);
+        assert_false(p.fits); /* fits only with offload */
+        assert_true(e->fits == (e->mem_total <= e->mem_cap && e->mem_host <= e->mem_host_cap));
+        /* the moments leave the device: 8 bytes a parameter; the host holds 16 */
+        double psi = ms_plan_model_params(&pb.model);
+        assert_true(fabs(p.mem_total - e->mem_total - 8 * psi) < 1e-6 * p.mem_total);
+        assert_true(e->mem_optim == 0 && fabs(e->mem_host - 16 * psi) < 1e-3 * e->mem_host);
+        /* the copies at the link's 25 GB/s: 4 bytes down, 4 up a parameter */
+        assert_true(fabs(e->offload_copy_s - 8 * psi / 25e9) < 1e-3 * e->offload_copy_s);
+        assert_true(e->offload_hidden_s > 0 && e->offload_hidden_s < e->offload_host_s);
+        assert_true(e->step_s > p.step_s);
+        char name[MS_STRATEGY_NAME_MAX];
+        assert_non_null(strstr(ms_strategy_name(&e->s, name, sizeof name), "offload"));
+    }
+    ms_plan_result_free(&res);
+}
+
+static void planner_evaluates_fixed_offload(void **state) {
+    (void)state;
+    ms_cluster c;
+    ms_plan_problem pb = big_on_small(&c);
+    c.mem_bytes = 80e9; /* everything fits: offload only when fixed */
+    ms_plan_fixed f;
+    ms_error err = {0};
+    assert_int_equal(ms_plan_fixed_parse("dp=1,offload=1", &f, &err), MS_OK);
+    ms_plan_search_opts so = {.keep = 20, .fixed = &f};
+    ms_plan_result res;
+    assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
+    for (int i = 0; i < res.n_cands; i++) assert_true(res.cands[i].s.offload);
+    ms_plan_result_free(&res);
+    so.fixed = NULL;
+    assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
+    for (int i = 0; i < res.n_cands; i++) assert_false(res.cands[i].s.offload);
+    ms_plan_result_free(&res);
+    assert_int_not_equal(ms_plan_fixed_parse("offload=2", &f, &err), MS_OK);
+    mt_expect_escaped(err.msg, "offload=2");
+}
+
 #define BOTH(name)  cmocka_unit_test(name##_cpu_w1), cmocka_unit_test(name##_fenced_w1)
 #define BOTH2(name) cmocka_unit_test(name##_cpu_w2), cmocka_unit_test(name##_fenced_w2)
 
@@ -312,6 +389,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(inference_ignores_offload_w1),
     cmocka_unit_test(optim_device_refused_w1),
     cmocka_unit_test(bad_input_refused),
+    cmocka_unit_test(planner_chooses_offload_when_nothing_else_fits),
+    cmocka_unit_test(planner_evaluates_fixed_offload),
 };
 
 MT_MAIN("test_offload", tests)
