@@ -1034,6 +1034,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
                 PUT_LIT(o, ",\"activations_MiB\":");
                 put_mib(o, e->u.mem.acts);
             }
+            if (e->u.mem.host_optim) { /* offload: host memory, apart from the device's */
+                PUT_LIT(o, ",\"host_optimizer_MiB\":");
+                put_mib(o, e->u.mem.host_optim);
+            }
             PUT_LIT(o, "}}");
             return;
         default:

@@ -93,6 +93,8 @@ typedef struct ms_ev_mem {
     /* what the training state holds of in_use: parameters, gradients, optimizer state and
      * activations (the micro-batch arenas); all 0 when the sample has no split */
     uint64_t params, grads, optim, acts;
+    /* offload: the optimizer's host memory (masters, moments, staged gradients), not in in_use */
+    uint64_t host_optim;
 } ms_ev_mem;
 
 /* A pipeline action. Its kernels and transfers are recorded too, inside or next to its span;
