@@ -192,9 +192,10 @@ void mt_equiv_check_device(const char *strategy, int world, ms_device_kind devic
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
 }
 
-void mt_equiv_check_pair(const char *ref, const char *strategy, const char *then1,
-                         const char *then2, int world, ms_device_kind device, bool serial) {
-    const ms_model_config cfg = mt_equiv_config(false);
+void mt_equiv_check_pair(const ms_model_config *model, const char *ref, const char *strategy,
+                         const char *then1, const char *then2, int world, ms_device_kind device,
+                         bool serial) {
+    const ms_model_config cfg = model ? *model : mt_equiv_config(false);
     const mt_equiv_tol exact = {.ref = ref}; /* every tolerance 0: bit for bit */
     reference r = {0};
     run_arg ra = {

@@ -126,6 +126,11 @@ typedef struct ms_compile_opts {
      * collectives move bf16; kernels compute in fp32 on widened operands and round their
      * results once; the parameters' fp32 master weights live in the optimizer's placements. */
     bool bf16;
+    /* The parameter sync may run parameter by parameter inside the next step, before each
+     * one's first use (ms_program_param_sync_one from ms_program_on_param_use: ZeRO-Offload's
+     * overlap): its temporaries then get arena space of their own for the whole step instead
+     * of sharing it with the step's buffers. */
+    bool deferred_param_sync;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;

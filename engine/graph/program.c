@@ -855,6 +855,9 @@ static void layout_memory(ms_program *p) {
     }
     if (p->g->output >= 0) touch(p, p->pv[p->g->output].buf, p->n_forward);
     touch(p, p->out_grad_buf, p->n_forward);
+    /* A deferred parameter sync runs between any two of the step's instructions. */
+    for (int b = 0; b < p->nb && p->deferred_sync; b++)
+        if (!p->bufs[b].persistent && p->bufs[b].first >= p->n_sync) p->bufs[b].first = 0;
     /* Greedy by size: each buffer takes the lowest offset free during its lifetime. */
     int *order = xmalloc(sizeof(int) * (size_t)p->nb);
     int n = 0;
@@ -1123,6 +1126,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
     p->micro = opts && opts->micro_batched;
     p->split_w = p->micro && opts->split_weight_grads;
+    p->deferred_sync = opts && opts->deferred_param_sync;
     p->loss_scale = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0f;
     p->out_grad_buf = -1;
     p->in_grad_buf = xmalloc(sizeof(int) * (size_t)g->nv);

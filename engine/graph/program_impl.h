@@ -103,9 +103,10 @@ struct ms_program {
     int n_backward; /* [n_weight, n_backward) weight gradients (split_w) */
     int n_sync;     /* [n_backward, n_sync) gradient sync, [n_sync, ni) parameter sync */
     int zero_stage, zero_dim;
-    bool split_w; /* ms_compile_opts.split_weight_grads */
-    int loss_buf; /* the loss replicated, for reporting; -1 without a loss */
-    bool micro;   /* micro-batched (ms_compile_opts.micro_batched) */
+    bool split_w;       /* ms_compile_opts.split_weight_grads */
+    bool deferred_sync; /* ms_compile_opts.deferred_param_sync */
+    int loss_buf;       /* the loss replicated, for reporting; -1 without a loss */
+    bool micro;         /* micro-batched (ms_compile_opts.micro_batched) */
     float loss_scale;
     int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */

@@ -224,7 +224,8 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .zero_stage = s->zero,
                           .zero_dim = MS_STRATEGY_DP_DIM,
                           .recompute = ms_strategy_recompute_regions(s),
-                          .bf16 = s->precision == MS_PRECISION_BF16};
+                          .bf16 = s->precision == MS_PRECISION_BF16,
+                          .deferred_param_sync = s->offload};
     MS_CHECK_GOTO(ms_program_compile_shapes(model.g, mesh, NULL, &co, &prog, err), st, out);
     add_kernels(w, stats, model.g, mesh, prog);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);

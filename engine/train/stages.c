@@ -148,7 +148,8 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .zero_dim = MS_STRATEGY_DP_DIM,
                              .bucket_mb = st->strat.bucket_mb,
                              .micro_batches = st->m,
-                             .bf16 = st->strat.precision == MS_PRECISION_BF16};
+                             .bf16 = st->strat.precision == MS_PRECISION_BF16,
+                             .deferred_param_sync = st->strat.offload};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
