@@ -21,8 +21,10 @@ struct ms_offload {
     float **master;          /* [n]: fp32 master of the optimizer shard, opt_n floats */
     void **grad;             /* [n]: the staged gradient shard (fp32 or bf16 elements) */
     size_t *mbytes, *gbytes; /* [n]: their allocations */
-    int *order;              /* [n]: update order, the next step's first uses */
-    bool stale;              /* masters to be read from the device before the next update */
+    size_t *len;     /* [n]: the shard's elements (the worker reads these, never the program) */
+    bool *bf16_grad; /* [n]: the gradient is bf16 */
+    int *order;      /* [n]: update order, the next step's first uses */
+    bool stale;      /* masters to be read from the device before the next update */
     bool overlap;
     /* The worker (overlap). Guarded by mu: posted, done, ready, span, quit, failed. */
     pthread_t worker;
@@ -49,10 +51,8 @@ static ms_status view(const ms_offload *o, int i, ms_param_view *pv) {
 
 static ms_status host_adamw(ms_offload *o, int i, const ms_adamw_opts *aw, int64_t t, float scale,
                             ms_error *err) {
-    ms_param_view pv;
-    view(o, i, &pv);
-    size_t n = (size_t)pv.opt_n;
-    if (pv.grad.dtype == MS_BF16)
+    size_t n = o->len[i];
+    if (o->bf16_grad[i])
         return MS_CALL_K(o->hkc, adamw_step_bf16_grad, o->master[i], (const uint16_t *)o->grad[i],
                          o->m[i], o->v[i], n, aw, t, scale, err);
     return MS_CALL_K(o->hkc, adamw_step, o->master[i], (const float *)o->grad[i], o->m[i], o->v[i],
@@ -216,6 +216,8 @@ static ms_status alloc_buffers(ms_offload *o, ms_error *err) {
         ms_param_view pv;
         view(o, i, &pv);
         /* one spare element: an empty shard (uneven splits) still gets a valid pointer */
+        o->len[i] = (size_t)pv.opt_n;
+        o->bf16_grad[i] = pv.grad.dtype == MS_BF16;
         o->mbytes[i] = sizeof(float) * ((size_t)pv.opt_n + 1);
         o->gbytes[i] = ms_dtype_size(pv.grad.dtype) * ((size_t)pv.opt_n + 1);
         MS_CHECK(ms_device_alloc(o->host, o->mbytes[i], (void **)&o->master[i], err));
@@ -235,6 +237,8 @@ ms_status ms_offload_create(ms_ctx *ctx, ms_device *host, ms_stages *st, float *
     o->mbytes = xcalloc(n, sizeof *o->mbytes);
     o->gbytes = xcalloc(n, sizeof *o->gbytes);
     o->order = xcalloc(n, sizeof *o->order);
+    o->len = xcalloc(n, sizeof *o->len);
+    o->bf16_grad = xcalloc(n, sizeof *o->bf16_grad);
     o->ready = xcalloc(n, sizeof *o->ready);
     o->span = xcalloc(n, sizeof *o->span);
     o->pending = xcalloc(n, sizeof *o->pending);
@@ -278,7 +282,7 @@ void ms_offload_destroy(ms_offload *o) {
     pthread_cond_destroy(&o->cv);
     ms_kctx_destroy(o->hkc);
     free(o->master), free(o->grad), free(o->mbytes), free(o->gbytes), free(o->order);
-    free(o->ready), free(o->span), free(o->pending);
+    free(o->ready), free(o->span), free(o->pending), free(o->len), free(o->bf16_grad);
     free(o);
 }
 
