@@ -6,7 +6,11 @@
 #
 # Usage: bench/offload.sh [--bin build/meshscope] [--model configs/gpt-bench.json]
 #          [--batch 2] [--seq 32] [--steps 20] [--skip 4] [--rounds 5] [--device cpu]
-#          [--max-wait 60]
+#          [--threads 0] [--max-wait 60]
+#
+# --threads N gives the rank's kernels N BLAS threads (0: the cores / ranks default); on a CPU
+# "device" the host AdamW's worker competes with them for the same cores, so --threads 1 on a
+# 2-core machine leaves it a core, as ZeRO-Offload leaves the CPU to the optimizer.
 #
 # Each round runs the three modes once, interleaved, each traced (`train --trace`). Per run:
 # the median step_ms over steps >= --skip (the JSONL log); from the trace, per step, the
@@ -24,6 +28,7 @@ steps=20
 skip=4
 rounds=5
 device=cpu
+threads=0
 max_wait=60
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -42,7 +47,7 @@ for r in $(seq 1 "$rounds"); do
     wait_quiet
     # shellcheck disable=SC2046
     "$bin" train --model "$model" --data "$data" --device "$device" --steps "$steps" \
-      --batch "$batch" --seq "$seq" --log-every 1000 $(flags $mode) \
+      --batch "$batch" --seq "$seq" --log-every 1000 --threads "$threads" $(flags $mode) \
       --log-jsonl "$tmp/$mode.$r.jsonl" --trace "$tmp/$mode.$r.trace.json" >"$tmp/$mode.$r.out" 2>&1 ||
       { cat "$tmp/$mode.$r.out"; exit 1; }
   done

@@ -86,7 +86,7 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL, MS_NUM("bucket-mb", "MIB", &o->bucket_mb, 0, 1e6,
                          "all-reduce gradients in buckets of this many MiB, issued during "
                          "backward; 0: one per gradient at the end (default 0)")},
-        {RUN_TRAIN | RUN_EXPLAIN,
+        {RUN_ALL,
          MS_FLAG("offload", &o->offload,
                  "ZeRO-Offload: fp32 master weights and Adam moments in host memory (pinned "
                  "beside a GPU), AdamW on the host's cores, overlapped with the next step's "
@@ -183,6 +183,12 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     o->on_nan = on_nan ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
     if (!o->model) {
         fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", c.name);
+        return 2;
+    }
+    if (cmd == RUN_EVAL && o->offload) {
+        fprintf(stderr,
+                "meshscope eval: --offload moves training's optimizer to the host; eval has no "
+                "optimizer: leave --offload out\n");
         return 2;
     }
     ms_error e;
