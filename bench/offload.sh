@@ -5,8 +5,8 @@
 # small batch, so that the optimizer is a visible share of the step.
 #
 # Usage: bench/offload.sh [--bin build/meshscope] [--model configs/gpt-bench.json]
-#          [--batch 2] [--seq 32] [--steps 20] [--skip 4] [--rounds 5] [--device cpu]
-#          [--threads 0] [--max-wait 60]
+#          [--batch 4] [--seq 64] [--steps 20] [--skip 4] [--rounds 5] [--device cpu]
+#          [--threads 1] [--max-wait 60]
 #
 # --threads N gives the rank's kernels N BLAS threads (0: the cores / ranks default); on a CPU
 # "device" the host AdamW's worker competes with them for the same cores, so --threads 1 on a
@@ -22,13 +22,13 @@
 set -euo pipefail
 bin=build/meshscope
 model=configs/gpt-bench.json
-batch=2
-seq=32
+batch=4
+seq=64
 steps=20
 skip=4
 rounds=5
 device=cpu
-threads=0
+threads=1
 max_wait=60
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
