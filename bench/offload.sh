@@ -92,4 +92,5 @@ for m, (s, e, h) in rows.items():
     print(f"| {label[m]} | {s:.2f} | {e:.2f} | {h:.2f} |" if m != "none" else
           f"| {label[m]} | {s:.2f} | {e:.2f} | - |")
 PY
+echo "CPU idle before the runs: $(sort -n "$tmp/idle" | head -1)-$(sort -n "$tmp/idle" | tail -1)%"
 echo "load after: $(cat /proc/loadavg)"
