@@ -63,6 +63,7 @@ static cJSON *strategy_json(const ms_strategy *s, int batch) {
     cJSON_AddNumberToObject(o, "micro_batch", mb);
     cJSON_AddNumberToObject(o, "n_micro", m);
     cJSON_AddBoolToObject(o, "vocab_parallel", s->tp > 1 && !s->vocab_replicated);
+    cJSON_AddBoolToObject(o, "offload", s->offload);
     return o;
 }
 
@@ -96,6 +97,14 @@ static cJSON *estimate_json(const ms_plan_estimate *e, int batch) {
     cJSON_AddNumberToObject(m, "optimizer", e->mem_optim);
     cJSON_AddNumberToObject(m, "activations", e->mem_act);
     cJSON_AddNumberToObject(m, "other", e->mem_other);
+    if (e->s.offload) {
+        /* the host side of offload, apart from the device's memory */
+        cJSON_AddNumberToObject(m, "host_optimizer", e->mem_host);
+        cJSON_AddNumberToObject(m, "host_cap", e->mem_host_cap);
+        cJSON_AddNumberToObject(b, "offload_copies", e->offload_copy_s);
+        cJSON_AddNumberToObject(b, "offload_host_adamw", e->offload_host_s);
+        cJSON_AddNumberToObject(b, "offload_hidden", e->offload_hidden_s);
+    }
     return o;
 }
 
@@ -114,7 +123,7 @@ int ms_cmd_plan(int argc, char **argv) {
         MS_ENUM("dtype", &dtype, dtype_names,
                 "number format (default bf16 on GPUs, fp32 on cpu-local)"),
         MS_TEXT("evaluate", "K=V,..", &evaluate,
-                "fix knobs, search the rest: dp tp pp cp sp zero recompute mb micro vp"),
+                "fix knobs, search the rest: dp tp pp cp sp zero recompute mb micro vp offload"),
         MS_INT("top", "K", &top, 1, 1000, "how many strategies to show (default 5)"),
         MS_FLAG("executable-only", &exe_only, "only strategies this engine runs"),
         MS_FLAG("json", &json, "JSON instead of a table"),
@@ -221,6 +230,14 @@ int ms_cmd_plan(int argc, char **argv) {
                human_s(e->step_s, st, sizeof st), e->tokens_per_s, e->model_tflops_per_device,
                e->hw_tflops_per_device, human_b(e->mem_total, mem, sizeof mem),
                e->fits ? "yes" : "NO", e->executable ? "yes" : "no");
+        if (e->s.offload) {
+            char h[32], cp[32], ha[32], hid[32];
+            printf("    offload: host %s per device; copies %s, host AdamW %s (%s hidden by the "
+                   "next forward)\n",
+                   human_b(e->mem_host, h, sizeof h), human_s(e->offload_copy_s, cp, sizeof cp),
+                   human_s(e->offload_host_s, ha, sizeof ha),
+                   human_s(e->offload_hidden_s, hid, sizeof hid));
+        }
     }
     printf("\nwhy: %s\n", res.reason);
 out:

@@ -26,7 +26,8 @@
 #include "engine/plan/search.h"
 #include "engine/train/checkpoint.h"
 
-/* The strategy flags a replanned restart replaces (with their values; --sp has none). */
+/* The strategy flags a replanned restart replaces (with their values; --sp and --offload have
+ * none). */
 static const char *const strategy_flags[] = {"--dp",
                                              "--tp",
                                              "--pp",
@@ -121,7 +122,7 @@ static char **restart_line(int n, char **cmd, const char *resume, const char *st
             i++;
             continue;
         }
-        if (strategy && (!strcmp(cmd[i], "--sp"))) continue;
+        if (strategy && (!strcmp(cmd[i], "--sp") || !strcmp(cmd[i], "--offload"))) continue;
         if (strategy && is_strategy_flag(cmd[i]) && i + 1 < n) {
             i++;
             continue;

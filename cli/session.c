@@ -86,6 +86,14 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL, MS_NUM("bucket-mb", "MIB", &o->bucket_mb, 0, 1e6,
                          "all-reduce gradients in buckets of this many MiB, issued during "
                          "backward; 0: one per gradient at the end (default 0)")},
+        {RUN_ALL,
+         MS_FLAG("offload", &o->offload,
+                 "ZeRO-Offload: fp32 master weights and Adam moments in host memory (pinned "
+                 "beside a GPU), AdamW on the host's cores, overlapped with the next step's "
+                 "forward")},
+        {RUN_TRAIN, MS_FLAG("offload-serial", &o->offload_serial,
+                            "with --offload: run the host AdamW inside the step (no overlap; "
+                            "for comparison)")},
         {RUN_ALL, MS_ENUM_BACKEND(&backend)},
         {RUN_TRAIN, MS_INT("steps", "N", &o->steps, 0, 100000000, "optimizer steps (default 100)")},
         {RUN_TRAIN, MS_INT("seed", "S", &seed, 0, 0x7fffffff,
@@ -175,6 +183,12 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     o->on_nan = on_nan ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
     if (!o->model) {
         fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", c.name);
+        return 2;
+    }
+    if (cmd == RUN_EVAL && o->offload) {
+        fprintf(stderr,
+                "meshscope eval: --offload moves training's optimizer to the host; eval has no "
+                "optimizer: leave --offload out\n");
         return 2;
     }
     ms_error e;

@@ -37,6 +37,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
         out->strat.recompute = (uint8_t)o->recompute;
         out->strat.precision = (uint8_t)o->precision;
         out->strat.bucket_mb = (float)o->bucket_mb;
+        out->strat.offload = o->offload;
     }
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_job_shape job = job_shape(o, out);
@@ -58,6 +59,10 @@ static ms_status resolve_device(const run_opts *o, ms_device_kind *kind, ms_erro
 ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err) {
     ms_job_shape job = job_shape(o, plan);
     MS_CHECK(ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err));
+    if (o->offload_serial && !plan->strat.offload)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--offload-serial orders the host optimizer of offload; add --offload (or "
+                       "\"offload\": true in the strategy)");
     ms_device_kind kind;
     return resolve_device(o, &kind, err);
 }
@@ -118,7 +123,8 @@ ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference
                            .clip = o->clip,
                            .keep_logits = keep_logits,
                            .inference = inference,
-                           .on_nonfinite = o->on_nan};
+                           .on_nonfinite = o->on_nan,
+                           .offload_serial = o->offload_serial};
 }
 
 #define MS_FLIGHT_MAX_LOCAL 256 /* dumps one process reports: its thread ranks */

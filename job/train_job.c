@@ -38,7 +38,8 @@ static void record_memory(ms_ctx *ctx, ms_trainer *t) {
     ms_ev_mem split = {.params = (uint64_t)b.params,
                        .grads = (uint64_t)b.grads,
                        .optim = (uint64_t)b.optim,
-                       .acts = (uint64_t)acts};
+                       .acts = (uint64_t)acts,
+                       .host_optim = (uint64_t)b.host_optim};
     ms_record_memory(&ctx->trace, ctx->device, &split);
 }
 
@@ -202,6 +203,11 @@ static void report_state_memory(ms_ctx *ctx, ms_trainer *t, double created_from,
         "activations and the rest %.2f MiB (device peak grew %.2f MiB)\n",
         b.params / mib, b.grads / mib, b.optim / mib, (peak - b.params - b.grads - b.optim) / mib,
         peak / mib);
+    if (b.host_optim > 0)
+        say(later,
+            "host memory on rank 0 (offload): fp32 master weights, Adam moments and staged "
+            "gradients %.2f MiB, not on the device\n",
+            b.host_optim / mib);
 }
 
 typedef struct train_args {

@@ -539,7 +539,8 @@ static int64_t collect(ms_live *l, ms_recorder **recs, int n_recs) {
                                             .params = e->u.mem.params,
                                             .grads = e->u.mem.grads,
                                             .optim = e->u.mem.optim,
-                                            .acts = e->u.mem.acts};
+                                            .acts = e->u.mem.acts,
+                                            .host_optim = e->u.mem.host_optim};
         }
     }
     /* Forget what falls out of the window (keeps order); win_reserve caps its size. */

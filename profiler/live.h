@@ -90,6 +90,7 @@ typedef struct ms_live_mem {
     uint64_t in_use, peak; /* bytes on the rank's device, latest sample */
     /* of in_use: parameters, gradients, optimizer state, activations (0: not split) */
     uint64_t params, grads, optim, acts;
+    uint64_t host_optim; /* offload: the optimizer's host memory, apart from the device's */
 } ms_live_mem;
 
 typedef enum ms_suggestion_state {

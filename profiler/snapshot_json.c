@@ -292,7 +292,8 @@ cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
         ok = e && add_num(e, "in_use", (double)m->in_use) && add_num(e, "peak", (double)m->peak) &&
              add_num(e, "params", (double)m->params) && add_num(e, "grads", (double)m->grads) &&
              add_num(e, "optimizer", (double)m->optim) &&
-             add_num(e, "activations", (double)m->acts);
+             add_num(e, "activations", (double)m->acts) &&
+             add_num(e, "host_optimizer", (double)m->host_optim);
     }
 
     cJSON *sug = ok ? cJSON_AddArrayToObject(root, "suggestions") : NULL;
@@ -769,6 +770,7 @@ static ms_status rd_mem(rd *r, const cJSON *e, ms_live_mem *x) {
     OPT_FIELD(r, e, "grads", rd_u64(r, v_, &x->grads));
     OPT_FIELD(r, e, "optimizer", rd_u64(r, v_, &x->optim));
     OPT_FIELD(r, e, "activations", rd_u64(r, v_, &x->acts));
+    OPT_FIELD(r, e, "host_optimizer", rd_u64(r, v_, &x->host_optim));
     return MS_OK;
 }
 

@@ -206,6 +206,11 @@ expect "checkpoint shape mismatch" "the model expects" "$bin" eval --model "$tmp
 printf 'garbage' >"$tmp/bad.safetensors"
 expect "corrupt checkpoint" "bad.safetensors" "$bin" eval --model "$tmp/ok.json" \
   --checkpoint "$tmp/bad.safetensors" --data "$tmp/text.txt" --batch 2 --seq 16 --batches 1
+expect "eval with offload" "eval has no optimizer: leave --offload out" "$bin" eval \
+  --model "$tmp/ok.json" --checkpoint "$tmp/ck.safetensors" --data "$tmp/text.txt" --offload
+expect "offload-serial without offload" "add --offload" "${run[@]}" --data "$tmp/text.txt" \
+  --offload-serial
+expect "offload not a bool" "offload" "${run[@]}" --data "$tmp/text.txt" --switch '1:{"dp": 1, "offload": 2}'
 plan=("$bin" plan --model "$tmp/ok.json" --cluster dgx-a100-80gb --devices 8 --global-batch 8 --seq 16)
 expect "plan without a model" "--model CONFIG.json is required" "$bin" plan --cluster h100 --devices 8 --global-batch 8 --seq 16
 expect "plan unknown cluster" "unknown cluster 'dgx-z9'" "$bin" plan --model "$tmp/ok.json" --cluster dgx-z9 --devices 8 --global-batch 8 --seq 16
@@ -270,7 +275,7 @@ help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --micro-ba
   --virtual-stages --zero --recompute --bucket-mb --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
   --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
-  --advise-threshold --memory-cap --help
+  --advise-threshold --memory-cap --offload --offload-serial --help
 help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
   --micro-batches --schedule --virtual-stages --zero --recompute --bucket-mb --strategy --backend \
   --help

@@ -43,7 +43,8 @@ typedef struct run_arg {
     const char *then[2];  /* strategies switched to before steps 1 and 2 (live switches) */
     reference *ref;       /* filled by the reference run, read by the others */
     bool is_ref;
-    bool root_only; /* a reference of many ranks: world rank 0 fills it and compares */
+    bool root_only;      /* a reference of many ranks: world rank 0 fills it and compares */
+    bool offload_serial; /* ms_train_opts.offload_serial */
 } run_arg;
 
 /* Adds parameter `name`'s squared difference from the one-rank run and its squared norm to
@@ -80,6 +81,7 @@ static void run(mt_rank *r, void *arg) {
     if (!MT_OK(r, mt_equiv_data(&d, &err), &err)) return;
     ms_model_config cfg = a->cfg;
     ms_train_opts o = mt_equiv_opts();
+    o.offload_serial = a->offload_serial;
     ms_strategy s;
     ms_placement_rules rules;
     if (!MT_OK(r,
@@ -188,6 +190,38 @@ void mt_equiv_check_device(const char *strategy, int world, ms_device_kind devic
     mt_run_device(world, device, run, &a);
     if (mt_world_rank() == 0) assert_true(ref.n > 0);
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
+}
+
+void mt_equiv_check_pair(const ms_model_config *model, const char *ref, const char *strategy,
+                         const char *then1, const char *then2, int world, ms_device_kind device,
+                         bool serial) {
+    const ms_model_config cfg = model ? *model : mt_equiv_config(false);
+    const mt_equiv_tol exact = {.ref = ref}; /* every tolerance 0: bit for bit */
+    reference r = {0};
+    run_arg ra = {
+        .cfg = cfg, .tol = exact, .strategy = ref, .ref = &r, .is_ref = true, .root_only = true};
+    mt_run_device(world, device, run, &ra);
+    run_arg a = {.cfg = cfg,
+                 .tol = exact,
+                 .strategy = strategy,
+                 .then = {then1, then2},
+                 .ref = &r,
+                 .root_only = true,
+                 .offload_serial = serial};
+    mt_run_device(world, device, run, &a);
+    if (mt_world_rank() == 0) assert_true(r.n > 0);
+    for (int i = 0; i < r.n; i++) free(r.data[i]);
+}
+
+ms_trainer *mt_equiv_trainer(mt_rank *r, const char *strategy, const ms_train_opts *o,
+                             const ms_text_data *d, ms_error *err) {
+    ms_model_config cfg = mt_equiv_config(false);
+    ms_train_opts dflt = mt_equiv_opts();
+    ms_strategy s;
+    ms_trainer *t = NULL;
+    if (MT_OK(r, ms_strategy_parse_json(strategy, strlen(strategy), "case", &s, NULL, err), err))
+        MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, NULL, o ? o : &dflt, d, &t, err), err);
+    return t;
 }
 
 /* The reference (ref_cfg under tol->ref, one rank), then cfg under strategy on world ranks. */

@@ -48,6 +48,19 @@ void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const 
  * every step's loss, the validation loss and every final parameter, compared on world rank 0. */
 void mt_equiv_check_device(const char *strategy, int world, ms_device_kind device);
 
+/* cfg (NULL: the GPT of mt_equiv_config) under strategy (with live switches to then1, then2
+ * as in mt_equiv_check) against strategy ref, both on world ranks of `device`, bit for bit: two
+ * strategies that must compute the same numbers (offload against none). serial:
+ * ms_train_opts.offload_serial. */
+void mt_equiv_check_pair(const ms_model_config *cfg, const char *ref, const char *strategy,
+                         const char *then1, const char *then2, int world, ms_device_kind device,
+                         bool serial);
+
+/* A trainer of the GPT (mt_equiv_config) under strategy JSON with options o (NULL:
+ * mt_equiv_opts) over data d; NULL after recording the failure on r. */
+ms_trainer *mt_equiv_trainer(mt_rank *r, const char *strategy, const ms_train_opts *o,
+                             const ms_text_data *d, ms_error *err);
+
 /* The same for another model (the batch, steps and data stay). */
 void mt_equiv_check_model(const ms_model_config *cfg, const char *strategy, const char *then1,
                           const char *then2, int world);

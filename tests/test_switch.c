@@ -119,6 +119,15 @@ static void test_cp_to_dp(void **state) {
     check_switch("--tp 2 --cp 2", "--dp 4", "{\"mesh\": {\"dp\": 4}}", 2, "dp4 x tp1");
 }
 
+/* Into offload (masters and moments to the host, AdamW there) across meshes, through --switch:
+ * the control path every view's switch takes. */
+static void test_dp_to_tp_offload(void **state) {
+    (void)state;
+    check_switch("--dp 4", "--dp 2 --tp 2 --zero 1 --offload",
+                 "{\"dp\": 2, \"tp\": 2, \"zero\": 1, \"offload\": true}", 3,
+                 "dp2 x tp2 zero1 offload");
+}
+
 /* Targets the job cannot take: refused before training starts, with the reason. */
 static void test_refusals(void **state) {
     (void)state;
@@ -156,9 +165,8 @@ int main(int argc, char **argv) {
     bin = argv[1];
     use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dp_to_dp_tp),
-        cmocka_unit_test(test_dp_tp_to_tp_sp),
-        cmocka_unit_test(test_cp_to_dp),
+        cmocka_unit_test(test_dp_to_dp_tp), cmocka_unit_test(test_dp_tp_to_tp_sp),
+        cmocka_unit_test(test_cp_to_dp),    cmocka_unit_test(test_dp_to_tp_offload),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests_name(use_mpi ? "switch (mpi)" : "switch (threads)", tests, setup,

@@ -676,6 +676,15 @@ static void test_bodies(void **state) {
     resp_free(&r);
     assert_true(ms_live_take(g_live, &q));
     assert_non_null(strstr(q.strategy_json, "\"mesh\""));
+    /* the switch into offload (the knob every other view and flag takes) */
+    r = http("POST", "/api/v1/strategy", NULL, extra, "{\"dp\": 4, \"offload\": true}");
+    expect_status(r, 202);
+    resp_free(&r);
+    assert_true(ms_live_take(g_live, &q));
+    assert_int_equal(
+        ms_strategy_parse_json(q.strategy_json, strlen(q.strategy_json), "q", &s, NULL, &err),
+        MS_OK);
+    assert_true(s.offload && s.dp == 4);
 }
 
 static void test_suggestions(void **state) {

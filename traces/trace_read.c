@@ -394,6 +394,7 @@ static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
             op->op = (int32_t)arg_i64(d, args, "op id", INT32_MIN, INT32_MAX, -1);
             op->flops = arg_count(d, args, "flops");
             op->bytes = arg_count(d, args, "bytes");
+            if (kind == MS_EV_OPTIM) op->host_optim = arg_i64(d, args, "host", 0, 1, 0) == 1;
             if (t->meshscope && kind == MS_EV_OP) {
                 op->gpu = (uint8_t)gpu_kind(cat);
                 op->corr = (uint64_t)arg_i64(d, args, "correlation", 0, INT64_MAX, 0);
@@ -460,9 +461,11 @@ static ms_status handle_counter(rctx *r, const tj_doc *d, int root, ms_error *er
     e->u.mem.in_use = in_use;
     e->u.mem.peak = peak;
     /* the training state's split, when the sample has one */
-    const char *split[4] = {"params_MiB", "grads_MiB", "optimizer_MiB", "activations_MiB"};
-    uint64_t *to[4] = {&e->u.mem.params, &e->u.mem.grads, &e->u.mem.optim, &e->u.mem.acts};
-    for (int k = 0; k < 4; k++)
+    const char *split[5] = {"params_MiB", "grads_MiB", "optimizer_MiB", "activations_MiB",
+                            "host_optimizer_MiB"};
+    uint64_t *to[5] = {&e->u.mem.params, &e->u.mem.grads, &e->u.mem.optim, &e->u.mem.acts,
+                       &e->u.mem.host_optim};
+    for (int k = 0; k < 5; k++)
         if (!mib_bytes(d, tj_get(d, args, split[k]), to[k])) *to[k] = 0;
     t->n_events++;
     return MS_OK;

@@ -241,7 +241,17 @@ static void put_str(outbuf *o, const char *s, size_t max) {
 
 /* --- thread assignment ------------------------------------------------------------------ */
 
-enum { LANE_STEP, LANE_PIPE, LANE_COMPUTE, LANE_RESHARD, LANE_COMM, LANE_GPU, LANE_NONE };
+/* LANE_HOST: the rank's host optimizer thread (offload), "optimizer (host)" */
+enum {
+    LANE_STEP,
+    LANE_PIPE,
+    LANE_COMPUTE,
+    LANE_RESHARD,
+    LANE_COMM,
+    LANE_GPU,
+    LANE_HOST,
+    LANE_NONE
+};
 
 /* GPU activity on a stream: a lane per (device, stream), as Kineto's "stream N" threads. */
 static bool on_gpu_stream(const ms_event *e) {
@@ -270,8 +280,9 @@ static int lane_of(const ms_event *e) {
             return LANE_PIPE;
         case MS_EV_OP:
             return on_gpu_stream(e) ? LANE_GPU : LANE_COMPUTE;
-        case MS_EV_DATA:
         case MS_EV_OPTIM:
+            return e->u.op.host_optim ? LANE_HOST : LANE_COMPUTE;
+        case MS_EV_DATA:
             return LANE_COMPUTE;
         case MS_EV_RESHARD:
             return LANE_RESHARD;
@@ -719,6 +730,8 @@ static void thread_name(const wctx *w, const thread_info *t, char *out, size_t l
     if (t->lane == LANE_GPU) {
         snprintf(base, sizeof base, "GPU %d stream %d", (int)((uint32_t)t->group >> 24),
                  (int)(t->group & 0xffffff));
+    } else if (t->lane == LANE_HOST) {
+        snprintf(base, sizeof base, "optimizer (host)");
     } else if (t->lane == LANE_COMM) {
         const ms_group *g = find_group(w, t->group);
         if (g && g->name[0])
@@ -890,6 +903,7 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
                 PUT_LIT(o, ",\"correlation\":");
                 put_u64(o, op->corr);
             }
+            if (op->host_optim) PUT_LIT(o, ",\"host\":1");
             put_step_phase(o, e);
             return;
         }
@@ -1019,6 +1033,10 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
                 put_mib(o, e->u.mem.optim);
                 PUT_LIT(o, ",\"activations_MiB\":");
                 put_mib(o, e->u.mem.acts);
+            }
+            if (e->u.mem.host_optim) { /* offload: host memory, apart from the device's */
+                PUT_LIT(o, ",\"host_optimizer_MiB\":");
+                put_mib(o, e->u.mem.host_optim);
             }
             PUT_LIT(o, "}}");
             return;

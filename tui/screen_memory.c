@@ -1,7 +1,7 @@
 /* screen_memory.c - screen 5: device memory per rank, the bytes in use and the peak, as bars
  * on one scale (the largest peak), and what the training state holds of it: parameters,
  * gradients, optimizer state and activations (ZeRO shards the first three over dp, recompute
- * and pipelines change the last). */
+ * and pipelines change the last); under offload the optimizer's host memory on a line apart. */
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -29,6 +29,14 @@ static void draw_memory(ms_tui *t, const ms_snapshot *s, int y, int h, int w) {
     ms_tui_textf(p, y++, 2, w - 2, p->role[MS_ROLE_DIM], "all ranks: %s in use, %s peak",
                  ms_tui_fmt_bytes(total_use, a, sizeof a),
                  ms_tui_fmt_bytes(total_peak, b, sizeof b));
+    double host = 0;
+    for (int r = 0; r < n; r++) host += (double)s->mem[r].host_optim;
+    if (host > 0) /* offload: host memory, not in the bars */
+        ms_tui_textf(p, y++, 2, w - 2, p->role[MS_ROLE_DIM],
+                     "offload: %s in host memory (fp32 masters, Adam moments, staged gradients; "
+                     "rank 0: %s)",
+                     ms_tui_fmt_bytes(host, a, sizeof a),
+                     ms_tui_fmt_bytes((double)s->mem[0].host_optim, b, sizeof b));
     y++;
     bool split = false;
     for (int r = 0; r < n; r++) split |= (s->mem[r].params | s->mem[r].optim | s->mem[r].acts) > 0;

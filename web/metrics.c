@@ -54,17 +54,28 @@ static double sum(const double *v, size_t n) {
     return s;
 }
 
-static void per_rank(ms_strbuf *b, const char *name, const char *help, int n, const void *base,
-                     size_t stride, size_t off) {
+/* A gauge per rank read from an array of structs: a double, or a uint64_t when u64. */
+static void per_rank_as(ms_strbuf *b, const char *name, const char *help, int n, const void *base,
+                        size_t stride, size_t off, bool u64) {
     header(b, name, help);
     for (int r = 0; r < n; r++) {
         char rk[16];
         snprintf(rk, sizeof rk, "%d", r);
         const char *lab[] = {"rank", rk, NULL};
+        const char *at = (const char *)base + (size_t)r * stride + off;
         double v;
-        memcpy(&v, (const char *)base + (size_t)r * stride + off, sizeof v);
+        uint64_t x;
+        if (u64)
+            memcpy(&x, at, sizeof x), v = (double)x;
+        else
+            memcpy(&v, at, sizeof v);
         sample(b, name, v, lab);
     }
+}
+
+static void per_rank(ms_strbuf *b, const char *name, const char *help, int n, const void *base,
+                     size_t stride, size_t off) {
+    per_rank_as(b, name, help, n, base, stride, off, false);
 }
 
 char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
@@ -208,6 +219,11 @@ char *ms_web_metrics_text(const ms_snapshot *s, size_t *len) {
                 sample(&b, "meshscope_memory_state_bytes", v[k], lab);
             }
         }
+        per_rank_as(&b, "meshscope_memory_host_optimizer_bytes",
+                    "Offload: the optimizer's host memory on the rank (masters, moments, staged "
+                    "gradients), apart from the device's.",
+                    s->info.nranks, s->mem, sizeof *s->mem, offsetof(ms_live_mem, host_optim),
+                    true);
     }
     header(&b, "meshscope_suggestions", "Strategy suggestions by state.");
     for (int k = 0; k < MS_SUGG_STATE_COUNT; k++) {

@@ -137,7 +137,18 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
 int ms_device_cuda_count(void) {
     return 0;
 }
+
+ms_status ms_device_cuda_pinned_create(int ordinal, ms_device **out, ms_error *err) {
+    (void)ordinal;
+    return ms_device_cpu_create(out, err);
+}
 #endif
+
+ms_status ms_device_host_beside(const ms_device *dev, ms_device **out, ms_error *err) {
+    if (dev && dev->ops->kind == MS_DEVICE_CUDA)
+        return ms_device_cuda_pinned_create(dev->ordinal, out, err);
+    return ms_device_cpu_create(out, err);
+}
 
 ms_status ms_device_auto_create(bool want_gpu, int ordinal, ms_device **out, char *note,
                                 size_t note_len, ms_error *err) {

@@ -126,6 +126,14 @@ const char *ms_device_choice_name(ms_device_choice c); /* "cpu", "cuda", "auto",
 ms_status ms_device_resolve(ms_device_choice choice, ms_device_kind *out, char *note,
                             size_t note_len, ms_error *err);
 
+/* A host device for state kept in host memory beside dev (optimizer offload): pinned memory
+ * (cudaHostAlloc, so copies to and from the GPU run at the link's full speed) when dev is a
+ * CUDA device, plain host memory otherwise. Host-addressable, with its own byte counters (the
+ * memory views report it apart from dev's). The caller destroys it. */
+ms_status ms_device_host_beside(const ms_device *dev, ms_device **out, ms_error *err);
+/* The CUDA build's pinned host device (ms_device_host_beside). */
+ms_status ms_device_cuda_pinned_create(int ordinal, ms_device **out, ms_error *err);
+
 /* A process-wide CPU device for memory that no rank's device owns (wrapped host buffers).
  * Stateless but for its byte counters; never destroyed. */
 ms_device *ms_device_host(void);

@@ -5,6 +5,7 @@
 #include "engine/core/device.h"
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "engine/core/xalloc.h"
@@ -126,5 +127,39 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
     dev->impl = impl;
     dev->ordinal = ordinal;
     *out = dev;
+    return MS_OK;
+}
+
+/* --- pinned host memory (optimizer offload beside a GPU) ------------------------------------ */
+
+static ms_status pinned_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
+    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    /* page-aligned, more than MS_TENSOR_ALIGN */
+    return cuda_status(cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable),
+                       "cudaHostAlloc", err);
+}
+
+static void pinned_free(ms_device *dev, void *ptr) {
+    (void)dev;
+    cudaFreeHost(ptr);
+}
+
+/* The CPU backend's slots (host memory: copies, zeroing, boxes, ownership), with the pinned
+ * allocator. */
+static ms_device_ops pinned_ops;
+static pthread_once_t pinned_once = PTHREAD_ONCE_INIT;
+
+static void pinned_ops_init(void) {
+    pinned_ops = *ms_device_host()->ops;
+    pinned_ops.name = "cuda-pinned";
+    pinned_ops.alloc = pinned_alloc;
+    pinned_ops.free = pinned_free;
+}
+
+ms_status ms_device_cuda_pinned_create(int ordinal, ms_device **out, ms_error *err) {
+    MS_CHECK(ms_device_cpu_create(out, err)); /* the CPU's destroy frees it */
+    pthread_once(&pinned_once, pinned_ops_init);
+    (*out)->ops = &pinned_ops;
+    (*out)->ordinal = ordinal;
     return MS_OK;
 }

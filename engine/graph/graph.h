@@ -126,6 +126,11 @@ typedef struct ms_compile_opts {
      * collectives move bf16; kernels compute in fp32 on widened operands and round their
      * results once; the parameters' fp32 master weights live in the optimizer's placements. */
     bool bf16;
+    /* The parameter sync may run parameter by parameter inside the next step, before each
+     * one's first use (ms_program_param_sync_one from ms_program_on_param_use: ZeRO-Offload's
+     * overlap): its temporaries then get arena space of their own for the whole step instead
+     * of sharing it with the step's buffers. */
+    bool deferred_param_sync;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -174,6 +179,17 @@ ms_status ms_program_grad_sync(ms_program *p, ms_error *err);
  * under bf16 precision rounds the fp32 masters into the bf16 use copies (and gathers those).
  * Collective over the mesh; needs an arena (micro-batched: any bound one). */
 ms_status ms_program_param_sync(ms_program *p, ms_error *err);
+/* ms_program_param_sync for parameter i alone (its gather, its bf16 cast): what a deferred
+ * update (ZeRO-Offload's overlap) runs right before the parameter's first use. Collective over
+ * the mesh, in the same order on every member. */
+ms_status ms_program_param_sync_one(ms_program *p, int i, ms_error *err);
+/* Called by a training step (ms_program_step and the passes) right before the first instruction
+ * that reads parameter i's stored values (its first use: a gather under ZeRO 3, else its first
+ * kernel), at most once per instruction run; a failure fails the step. NULL removes it. */
+typedef ms_status (*ms_param_use_fn)(void *arg, int param, ms_error *err);
+void ms_program_on_param_use(ms_program *p, ms_param_use_fn fn, void *arg);
+/* The index of that first instruction in the step (a step's order of first uses). */
+int ms_program_param_first_use(ms_program *p, int i);
 ms_status ms_program_zero_grads(ms_program *p, ms_error *err);
 /* This rank's local buffer of input or output v in the bound arena, in v's placements
  * (pipeline transfers read and write it directly); NULL if v is neither. */

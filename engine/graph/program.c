@@ -409,6 +409,7 @@ static void build_master_cast(ms_program *p) {
         if (p->g->v[v].kind != GV_PARAM) continue;
         bool same = ms_placements_eq(&pv->opt_pl, &pv->store_pl);
         instr *cast = emit(p, I_CAST, MS_PROG_PARAM_SYNC);
+        cast->value = v;
         cast->src = pv->master_buf;
         cast->dst = same ? pv->buf : new_buf(p, v, &pv->opt_pl, false);
         if (!same)
@@ -429,6 +430,7 @@ static void build_param_sync(ms_program *p) {
         if (p->g->v[v].kind != GV_PARAM || ms_placements_eq(&pv->opt_pl, &pv->store_pl)) continue;
         int shard = new_buf(p, v, &pv->opt_pl, false);
         instr *cp = emit(p, I_COPY, MS_PROG_PARAM_SYNC);
+        cp->value = v;
         cp->src = pv->buf;
         cp->dst = shard;
         cp->src_off = rows_offset(p, gs, &pv->store_pl, &pv->opt_pl);
@@ -853,6 +855,9 @@ static void layout_memory(ms_program *p) {
     }
     if (p->g->output >= 0) touch(p, p->pv[p->g->output].buf, p->n_forward);
     touch(p, p->out_grad_buf, p->n_forward);
+    /* A deferred parameter sync runs between any two of the step's instructions. */
+    for (int b = 0; b < p->nb && p->deferred_sync; b++)
+        if (!p->bufs[b].persistent && p->bufs[b].first >= p->n_sync) p->bufs[b].first = 0;
     /* Greedy by size: each buffer takes the lowest offset free during its lifetime. */
     int *order = xmalloc(sizeof(int) * (size_t)p->nb);
     int n = 0;
@@ -1121,6 +1126,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
     p->micro = opts && opts->micro_batched;
     p->split_w = p->micro && opts->split_weight_grads;
+    p->deferred_sync = opts && opts->deferred_param_sync;
     p->loss_scale = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0f;
     p->out_grad_buf = -1;
     p->in_grad_buf = xmalloc(sizeof(int) * (size_t)g->nv);
@@ -1240,6 +1246,7 @@ void ms_program_destroy(ms_program *p) {
     free(p->in_grad_buf);
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     free(p->params);
+    free(p->param_first);
     free(p->kernels);
     free(p->reshards);
     free(p->rc_first);
@@ -1405,6 +1412,35 @@ static ms_status refresh_use_copies(ms_program *p, int from, ms_error *err) {
     return run(p, p->n_sync, p->ni, NULL, err);
 }
 
+/* Whether instruction in reads buffer b (kernel inputs and saved values, a copy's source). */
+static bool reads_buf(const instr *in, int b) {
+    if (in->src == b) return true;
+    if (in->kind != I_FWD && in->kind != I_BWD) return false;
+    for (int j = 0; j < MS_OP_MAX_IN; j++)
+        if (in->kb.in[j] == b) return true;
+    for (int j = 0; j < MS_OP_MAX_SAVED; j++)
+        if (in->kb.saved[j] == b) return true;
+    return false;
+}
+
+static void find_first_uses(ms_program *p) {
+    if (p->param_first) return;
+    p->param_first = xmalloc(sizeof *p->param_first * (size_t)(p->nparams ? p->nparams : 1));
+    for (int i = 0; i < p->nparams; i++) {
+        int b = p->pv[p->params[i]].buf, k = 0;
+        while (k < p->n_sync && !reads_buf(&p->ins[k], b)) k++;
+        p->param_first[i] = k;
+    }
+}
+
+/* Tells the hook about every parameter first read by instruction k. */
+static ms_status announce_uses(ms_program *p, int k, ms_error *err) {
+    /* the hook may remove itself once every parameter is in */
+    for (int i = 0; i < p->nparams && p->param_use; i++)
+        if (p->param_first[i] == k) MS_CHECK(p->param_use(p->param_use_arg, i, err));
+    return MS_OK;
+}
+
 static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
     MS_CHECK(check_runnable(p, err));
@@ -1415,6 +1451,7 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
         ms_status st = MS_OK;
         int64_t t0 = 0;
         uint64_t flow = 0, corr = 0;
+        if (p->param_use && k < p->n_sync) MS_CHECK(announce_uses(p, k, err));
         if (rec && (in->kind == I_RESHARD || in->kind == I_FWD || in->kind == I_BWD)) {
             t0 = ms_now_ns();
             /* Reshards link to their collectives (flow), kernels to their GPU work (corr). */
@@ -1489,6 +1526,24 @@ ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {
 ms_status ms_program_param_sync(ms_program *p, ms_error *err) {
     p->params_dirty = false;
     return run(p, p->n_sync, p->ni, NULL, err);
+}
+
+ms_status ms_program_param_sync_one(ms_program *p, int i, ms_error *err) {
+    if (!p->member || p->shapes_only || i < 0 || i >= p->nparams) return MS_OK;
+    for (int k = p->n_sync; k < p->ni; k++)
+        if (p->ins[k].value == p->params[i]) MS_CHECK(run(p, k, k + 1, NULL, err));
+    return MS_OK;
+}
+
+void ms_program_on_param_use(ms_program *p, ms_param_use_fn fn, void *arg) {
+    if (fn) find_first_uses(p);
+    p->param_use = fn;
+    p->param_use_arg = arg;
+}
+
+int ms_program_param_first_use(ms_program *p, int i) {
+    find_first_uses(p);
+    return i >= 0 && i < p->nparams ? p->param_first[i] : 0;
 }
 
 void ms_program_params_written(ms_program *p) {

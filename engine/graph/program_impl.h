@@ -103,9 +103,10 @@ struct ms_program {
     int n_backward; /* [n_weight, n_backward) weight gradients (split_w) */
     int n_sync;     /* [n_backward, n_sync) gradient sync, [n_sync, ni) parameter sync */
     int zero_stage, zero_dim;
-    bool split_w; /* ms_compile_opts.split_weight_grads */
-    int loss_buf; /* the loss replicated, for reporting; -1 without a loss */
-    bool micro;   /* micro-batched (ms_compile_opts.micro_batched) */
+    bool split_w;       /* ms_compile_opts.split_weight_grads */
+    bool deferred_sync; /* ms_compile_opts.deferred_param_sync */
+    int loss_buf;       /* the loss replicated, for reporting; -1 without a loss */
+    bool micro;         /* micro-batched (ms_compile_opts.micro_batched) */
     float loss_scale;
     int out_grad_buf; /* the output's gradient (graphs with an output), else -1 */
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
@@ -116,6 +117,9 @@ struct ms_program {
     size_t persist_floats;
     int *params;
     int nparams;
+    int *param_first; /* [nparams]: first training instruction reading it, made on demand */
+    ms_param_use_fn param_use; /* ms_program_on_param_use */
+    void *param_use_arg;
     uint64_t flow_counter;    /* reshard flow ids, for traces */
     int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
     int *reshards, nreshards; /* instruction index of each RESHARD, in step order */

@@ -120,7 +120,7 @@ bool ms_strategy_equal(const ms_strategy *a, const ms_strategy *b) {
            a->micro_batches == b->micro_batches && a->micro_batch == b->micro_batch &&
            a->schedule == b->schedule && a->virtual_stages == b->virtual_stages &&
            a->bucket_mb == b->bucket_mb && a->vocab_replicated == b->vocab_replicated &&
-           !memcmp(a->pp_layers, b->pp_layers, sizeof a->pp_layers);
+           a->offload == b->offload && !memcmp(a->pp_layers, b->pp_layers, sizeof a->pp_layers);
 }
 
 /* Appends to a fixed buffer, truncating (always terminated). */
@@ -169,6 +169,7 @@ char *ms_strategy_name(const ms_strategy *s, char *buf, size_t n) {
         put(&o, "%s%d", i ? "," : " layers=", s->pp_layers[i]);
     if (s->bucket_mb != 0) put(&o, " bucket%gMB", (double)s->bucket_mb);
     if (s->vocab_replicated) put(&o, " head-replicated");
+    if (s->offload) put(&o, " offload");
     return buf;
 }
 
@@ -193,6 +194,7 @@ char *ms_strategy_short_json(const ms_strategy *s, char *buf, size_t n) {
         put(&o, "%s%d%s", i ? ", " : ", \"pp_layers\": [", s->pp_layers[i], i == k - 1 ? "]" : "");
     if (s->bucket_mb != 0) put(&o, ", \"bucket_mb\": %.9g", (double)s->bucket_mb);
     if (s->vocab_replicated) put(&o, ", \"vocab_parallel\": false");
+    if (s->offload) put(&o, ", \"offload\": true");
     put(&o, "}");
     return buf;
 }
@@ -215,6 +217,7 @@ static const char *const top_keys[] = {"mesh",
                                        "pp_layers",
                                        "bucket_mb",
                                        "vocab_parallel",
+                                       "offload",
                                        "placements"};
 static const char *const mesh_keys[] = {"dp", "tp", "pp", "cp"};
 
@@ -431,6 +434,7 @@ static ms_status parse_root(const cJSON *root, const char *name, ms_strategy *s,
     bool vocab_parallel = true;
     MS_CHECK(get_bool(root, "vocab_parallel", &vocab_parallel, name, err));
     s->vocab_replicated = !vocab_parallel;
+    MS_CHECK(get_bool(root, "offload", &s->offload, name, err));
     const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "pp_layers");
     if (layers) {
         int n = cJSON_GetArraySize(layers);

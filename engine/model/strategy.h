@@ -79,6 +79,8 @@ typedef struct ms_strategy {
     uint8_t schedule;       /* ms_schedule */
     bool sp;                /* sequence parallelism over the tp group */
     bool vocab_replicated;  /* the tied embedding / LM head replicated over tp (default: sharded) */
+    bool offload; /* ZeRO-Offload: fp32 master weights and Adam moments in host memory, AdamW
+                   * on the host's cores (engine/train/offload.h) */
     uint16_t pp_layers[MS_STRATEGY_MAX_STAGES]; /* layers per stage; all 0: balanced by cost */
 } ms_strategy;
 
@@ -110,14 +112,14 @@ bool ms_strategy_equal(const ms_strategy *a, const ms_strategy *b);
  * dashboard show), "dp2 x tp2 +sp x cp2"; then every other non-default knob in a fixed order,
  * space separated: " x pp4", " zero1", " recompute" / " selective-recompute", " bf16",
  * " m8" (micro-batches), " mb2" (micro-batch size), " gpipe" / " interleaved" / " zb-h1",
- * " v2" (virtual stages), " layers=7,7,5,5", " bucket25MB", " head-replicated". Writes at most
- * n bytes (MS_STRATEGY_NAME_MAX always suffices) and returns buf. */
+ * " v2" (virtual stages), " layers=7,7,5,5", " bucket25MB", " head-replicated", " offload". Writes
+ * at most n bytes (MS_STRATEGY_NAME_MAX always suffices) and returns buf. */
 char *ms_strategy_name(const ms_strategy *s, char *buf, size_t n);
 
 /* The control API's short form: {"dp": 2, "tp": 2, "sp": false}, "cp" and "pp" when > 1, then
  * every non-default knob ("zero", "recompute", "precision", "micro_batches", "micro_batch",
- * "schedule", "virtual_stages", "pp_layers", "bucket_mb", "vocab_parallel"). Parsing it gives
- * back an equal strategy. MS_STRATEGY_JSON_MAX bytes always suffice; returns buf. */
+ * "schedule", "virtual_stages", "pp_layers", "bucket_mb", "vocab_parallel", "offload"). Parsing it
+ * gives back an equal strategy. MS_STRATEGY_JSON_MAX bytes always suffice; returns buf. */
 char *ms_strategy_short_json(const ms_strategy *s, char *buf, size_t n);
 
 /* --- placement rules: explicit annotations from a strategy file ------------------------------ */
@@ -144,7 +146,7 @@ typedef struct ms_placement_rules {
  * / none), precision ("fp32", "bf16"), micro_batches (>= 1), micro_batch (>= 1; alone it sets
  * the size and the count follows from the batch), schedule ("1f1b", "gpipe", "interleaved",
  * "zb-h1"), virtual_stages (>= 1), pp_layers (one positive count per stage), bucket_mb (> 0),
- * vocab_parallel (bool). Unset knobs take their defaults.
+ * vocab_parallel (bool), offload (bool). Unset knobs take their defaults.
  * Refused, each naming `name` and the JSON path: malformed JSON, text after the value, a
  * duplicate key, an unknown key (with the closest known one), a wrong type or value, degrees
  * outside 1..65536 or multiplying past MS_STRATEGY_MAX_RANKS, degrees both in "mesh" and at

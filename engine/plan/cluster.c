@@ -268,6 +268,12 @@ static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
     MS_CHECK(jnum(j, root, "$", "memory_bw_gbps", true, 1e-6, 1e6, 0, &v));
     c->mem_bw = v * 1e9;
     MS_CHECK(jnum(j, root, "$", "memory_efficiency", false, 0.01, 1, 0.8, &c->mem_efficiency));
+    MS_CHECK(jnum(j, root, "$", "host_link_gbps", false, 0, 1e6, 0, &v));
+    c->host_link_bw = v * 1e9;
+    MS_CHECK(jnum(j, root, "$", "host_memory_bw_gbps", false, 0, 1e6, 0, &v));
+    c->host_mem_bw = v * 1e9;
+    MS_CHECK(jnum(j, root, "$", "host_memory_gb", false, 0, 1e9, 0, &v));
+    c->host_mem_bytes = v * 1e9;
     MS_CHECK(jnum(j, root, "$", "kernel_overhead_us", false, 0, 1e6, 0, &v));
     c->kernel_overhead = v * 1e-6;
     MS_CHECK(jnum(j, root, "$", "step_overhead_ms", false, 0, 1e9, 0, &v));
@@ -407,6 +413,10 @@ char *ms_cluster_to_json(const ms_cluster *c) {
     cJSON_AddNumberToObject(r, "usable_memory_fraction", c->usable_memory_fraction);
     cJSON_AddNumberToObject(r, "memory_bw_gbps", c->mem_bw / 1e9);
     cJSON_AddNumberToObject(r, "memory_efficiency", c->mem_efficiency);
+    if (c->host_link_bw > 0) cJSON_AddNumberToObject(r, "host_link_gbps", c->host_link_bw / 1e9);
+    if (c->host_mem_bw > 0) cJSON_AddNumberToObject(r, "host_memory_bw_gbps", c->host_mem_bw / 1e9);
+    if (c->host_mem_bytes > 0)
+        cJSON_AddNumberToObject(r, "host_memory_gb", c->host_mem_bytes / 1e9);
     cJSON_AddNumberToObject(r, "kernel_overhead_us", c->kernel_overhead * 1e6);
     cJSON_AddNumberToObject(r, "step_overhead_ms", c->step_overhead * 1e3);
     if (c->intra.bw > 0) jlink_out(r, "intra_node", &c->intra);

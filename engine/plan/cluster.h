@@ -116,6 +116,10 @@ typedef struct ms_cluster {
     double mem_bytes;     /* per device (cpu-local: the machine's, shared by the ranks) */
     double usable_memory_fraction;
     double mem_bw, mem_efficiency;
+    /* ZeRO-Offload's side, per device (engine/plan/cost_offload.c): the device-host link in
+     * one direction (PCIe), the host memory's bandwidth and bytes as the devices share them;
+     * 0: the defaults there (cpu: the machine's memory; GPUs: PCIe Gen4 x16) */
+    double host_link_bw, host_mem_bw, host_mem_bytes;
     double kernel_overhead; /* seconds per kernel call */
     double step_overhead;   /* seconds per step outside kernels (data, launch, logging) */
     ms_link intra, inter;

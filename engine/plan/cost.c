@@ -1301,6 +1301,7 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
         wk_analytic(pb, s, w);
     }
     price(pb, s, w, scales, out);
+    if (s->offload) ms_plan_offload_price(pb, s, w, scales, out);
     out->tokens_per_s = (double)pb->global_batch * pb->seq / out->step_s;
     out->model_flops = ms_plan_model_flops(&pb->model, pb->global_batch, pb->seq);
     out->hw_flops = w->hw_flops_step;
@@ -1314,7 +1315,7 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
     out->mem_total = w->mem_params + w->mem_grads + w->mem_optim + w->mem_act + w->mem_other;
     const ms_cluster *c = pb->cluster;
     out->mem_cap = c->mem_bytes * c->usable_memory_fraction / (c->cpu ? pb->devices : 1);
-    out->fits = out->mem_total <= out->mem_cap;
+    out->fits = out->mem_total <= out->mem_cap && out->mem_host <= out->mem_host_cap;
     free(w);
     return st;
 }

@@ -134,7 +134,28 @@ typedef struct ms_plan_estimate {
     double model_tflops_per_device, hw_tflops_per_device;
     double mem_params, mem_grads, mem_optim, mem_act, mem_other, mem_total; /* bytes per device */
     double mem_cap;                                                         /* bytes per device */
+    /* Offload (engine/plan/cost_offload.c): host bytes per device (fp32 masters, both moments,
+     * the staged gradients; mem_optim then counts what stays on the device), the host's share
+     * for them, and per step the D2H gradient and H2D parameter copies, the host AdamW and how
+     * much of it the next step's forward hides (all 0 without offload). */
+    double mem_host, mem_host_cap;
+    double offload_copy_s, offload_host_s, offload_hidden_s;
 } ms_plan_estimate;
+
+/* Offload's part of an estimate (cost_offload.c), applied by ms_plan_estimate_one to a
+ * strategy with offload after pricing it without: moves the optimizer state's memory to the
+ * host, replaces the device AdamW time by the exposed copies and host AdamW. w is the priced
+ * workload (internal; engine/plan/workload.h). */
+struct ms_plan_workload;
+void ms_plan_offload_price(const ms_plan_problem *pb, const ms_strategy *s,
+                           struct ms_plan_workload *w, const ms_plan_scales *sc,
+                           ms_plan_estimate *out);
+/* Offload's device memory for the optimizer (w->mem_optim): the validator's memory cap. */
+void ms_plan_offload_memory(const ms_strategy *s, struct ms_plan_workload *w);
+/* The device-host link, host memory bandwidth and host bytes per device of cluster c (its
+ * host_* fields, or their defaults). */
+void ms_plan_host_side(const ms_cluster *c, int devices, double *link_bw, double *mem_bw,
+                       double *mem_bytes);
 
 /* The job the problem describes (world = devices), for the validator. */
 ms_job_shape ms_plan_job(const ms_plan_problem *pb);

@@ -10,7 +10,7 @@
 #include "engine/core/xalloc.h"
 
 void ms_plan_fixed_none(ms_plan_fixed *f) {
-    *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
 }
 
 static bool parse_bool(const char *v, int *out) {
@@ -51,7 +51,8 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
                     {"recompute", &f->recompute, true, 0, 1},
                     {"mb", &f->micro_batch, false, 1, 1 << 24},
                     {"micro", &f->n_micro, false, 1, 1 << 24},
-                    {"vp", &f->vocab_parallel, true, 0, 1}};
+                    {"vp", &f->vocab_parallel, true, 0, 1},
+                    {"offload", &f->offload, true, 0, 1}};
         int hit = -1;
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
             if (!strcmp(k, keys[i].key)) hit = (int)i;
@@ -59,7 +60,7 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
             return ms_fail(err, MS_ERR_INVALID,
                            "--evaluate: unknown knob '%s'; valid: dp, tp, pp, cp, sp, zero, "
                            "recompute, mb (micro-batch size), micro (micro-batch count), vp "
-                           "(vocab-parallel head)",
+                           "(vocab-parallel head), offload",
                            k);
         int val;
         if (keys[hit].slot == &f->recompute && !strcmp(v, "selective")) {
@@ -96,7 +97,17 @@ bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int globa
            (f->sp < 0 || f->sp == (int)s->sp) && (f->zero < 0 || f->zero == s->zero) &&
            (f->recompute < 0 || f->recompute == recompute_knob(s)) &&
            (f->micro_batch < 0 || f->micro_batch == mb) && (f->n_micro < 0 || f->n_micro == m) &&
-           (f->vocab_parallel < 0 || f->vocab_parallel == (s->tp > 1 && !s->vocab_replicated));
+           (f->vocab_parallel < 0 || f->vocab_parallel == (s->tp > 1 && !s->vocab_replicated)) &&
+           (f->offload < 0 || f->offload == (int)s->offload);
+}
+
+/* Whether s fits the devices' memory as it is (without offload). */
+static bool fits_device(const ms_plan_problem *pb, const ms_strategy *s, const ms_plan_scales *sc) {
+    ms_plan_estimate *e = xmalloc(sizeof *e);
+    ms_error err = {0};
+    bool fits = ms_plan_estimate_one(pb, s, sc, e, &err) != MS_OK || e->fits;
+    free(e);
+    return fits;
 }
 
 /* --- explaining ------------------------------------------------------------------------------ */
@@ -315,7 +326,11 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
                                     s.micro_batches = per / mb;
                                     s.vocab_replicated = tp > 1 && !vp;
                                     s.precision = precision;
+                                    s.offload = f->offload == 1;
                                     if (!ms_plan_fixed_match(f, &s, B)) continue;
+                                    /* offload where the strategy does not fit without it */
+                                    if (f->offload < 0 && !fits_device(pb, &s, sc))
+                                        s.offload = true;
                                     if (exe_only && !ms_plan_executable(pb, &s, NULL, 0)) continue;
                                     ms_error e2 = {0};
                                     ms_status s2 = ms_plan_estimate_one(pb, &s, sc, e, &e2);

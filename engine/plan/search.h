@@ -3,7 +3,8 @@
  * The space: mesh factorisations dp x tp x pp x cp of the device count (tp and tp x cp dividing
  * the heads, pp the layers, cp the sequence, dp the global batch), sp on or off (tp > 1), the
  * LM head vocab-parallel or replicated (tp > 1), ZeRO stage 0-3 (dp > 1), full recompute
- * on or off, and every micro-batch size dividing the per-rank batch, at the problem's precision
+ * on or off, and every micro-batch size dividing the per-rank batch, at the problem's precision;
+ * offload (ZeRO-Offload) where a strategy does not fit the device without it, or when fixed
  * (1F1B, no buckets, no uneven stages: those are priced when given). Each point is priced by
  * the cost model (plan/cost.h); strategies whose memory exceeds the device's are pruned;
  * the rest are ranked by predicted step time. Knobs can be fixed (`--evaluate "tp=8,pp=2"`),
@@ -16,12 +17,12 @@
 
 /* Fixed knobs; -1 = searched. */
 typedef struct ms_plan_fixed {
-    int dp, tp, pp, cp, sp, zero, recompute, micro_batch, n_micro, vocab_parallel;
+    int dp, tp, pp, cp, sp, zero, recompute, micro_batch, n_micro, vocab_parallel, offload;
 } ms_plan_fixed;
 
 void ms_plan_fixed_none(ms_plan_fixed *f);
 /* Parses "tp=8,pp=2,dp=32": keys dp, tp, pp, cp, sp, zero, recompute, mb (micro-batch size),
- * micro (micro-batch count), vp (vocab-parallel head); booleans as 0/1/true/false/on/off;
+ * micro (micro-batch count), vp (vocab-parallel head), offload; booleans as 0/1/true/false/on/off;
  * recompute also "selective" (2; 1 is full; the search tries selective only when fixed to it).
  * Errors name the key and list the valid ones. */
 ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err);

@@ -165,6 +165,7 @@ static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
                           .cluster = c,
                           .engine_workloads = true};
     ms_status st = wk_from_engine(&pb, s, w, NULL, err);
+    if (s->offload) ms_plan_offload_memory(s, w); /* the moments live on the host */
     *need = w->mem_params + w->mem_grads + w->mem_optim + w->mem_act + w->mem_other;
     free(c);
     free(w);

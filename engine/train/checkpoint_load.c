@@ -153,7 +153,9 @@ ms_status ms_ckpt_load(ms_trainer *t, const char *dir, ms_ckpt_info *info, ms_er
     ckpt_meta m = {0};
     int n = ms_trainer_num_state(t);
     float **bufs = xcalloc((size_t)(n ? n : 1), sizeof *bufs);
-    ms_status st = ckpt_resolve(dir, step_dir, sizeof step_dir, err);
+    /* offload: nothing in flight may land on the device after the load */
+    ms_status st = ms_trainer_settle(t, err);
+    if (st == MS_OK) st = ckpt_resolve(dir, step_dir, sizeof step_dir, err);
     if (st == MS_OK) st = ckpt_meta_read(step_dir, &m, err);
     if (st == MS_OK) st = read_boxes(t, &m, step_dir, bufs, err);
     /* Every rank loads, or none does; all of them report the first failing rank's reason. */

@@ -267,6 +267,7 @@ static ms_status copy_pieces(ms_ckpt_saver *s, ms_trainer *t, ms_error *err) {
 ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, ms_error *err) {
     int64_t t0 = ms_now_ns();
     MS_CHECK(ms_ckpt_saver_poll(s, true, NULL, 0, err));
+    MS_CHECK(ms_trainer_settle(t, err)); /* offload: the last host update onto the device */
     ckpt_plan(t, &s->plan);
     const ms_train_opts *o = ms_trainer_opts(t);
     ms_ckpt_info *in = &s->plan.info;

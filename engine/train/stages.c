@@ -51,6 +51,13 @@ struct ms_stages {
     size_t pool_bytes;
     ms_comm_probe *tie_probe; /* its trace probe, when the run is traced */
     int tie_param[2];         /* local parameter index (ms_stages_param) of each tied copy, or -1 */
+    /* ms_stages_on_param_use: the caller's hook, and each chunk's adapter to it */
+    ms_param_use_fn use_fn;
+    void *use_arg;
+    struct use_adapter {
+        struct ms_stages *st;
+        int base; /* the chunk's first local parameter index */
+    } use_at[MAX_CHUNKS];
     int32_t *ids_mb, *tgt_mb;
     float *scratch;
     /* The outbox: what leaves a chunk after its micro-batch's slot is free (the input
@@ -141,7 +148,8 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .zero_dim = MS_STRATEGY_DP_DIM,
                              .bucket_mb = st->strat.bucket_mb,
                              .micro_batches = st->m,
-                             .bf16 = st->strat.precision == MS_PRECISION_BF16};
+                             .bf16 = st->strat.precision == MS_PRECISION_BF16,
+                             .deferred_param_sync = st->strat.offload};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
@@ -652,6 +660,45 @@ void ms_stages_params_written(ms_stages *st) {
 ms_status ms_stages_param_sync(ms_stages *st, ms_error *err) {
     for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_param_sync(st->ch[c].prog, err));
     return MS_OK;
+}
+
+ms_status ms_stages_param_sync_one(ms_stages *st, int i, ms_error *err) {
+    int at = 0;
+    ms_program *p = local_param(st, i, &at);
+    return p ? ms_program_param_sync_one(p, at, err) : MS_OK;
+}
+
+static ms_status use_adapter_call(void *arg, int param, ms_error *err) {
+    struct use_adapter *a = arg;
+    return a->st->use_fn(a->st->use_arg, a->base + param, err);
+}
+
+void ms_stages_on_param_use(ms_stages *st, ms_param_use_fn fn, void *arg) {
+    st->use_fn = fn;
+    st->use_arg = arg;
+    for (int c = 0, base = 0; c < st->nch; c++) {
+        st->use_at[c] = (struct use_adapter){st, base};
+        ms_program_on_param_use(st->ch[c].prog, fn ? use_adapter_call : NULL, &st->use_at[c]);
+        base += ms_program_num_params(st->ch[c].prog);
+    }
+}
+
+void ms_stages_param_use_order(ms_stages *st, int *order) {
+    int at = 0;
+    for (int c = 0; c < st->nch; c++) {
+        ms_program *p = st->ch[c].prog;
+        int n = ms_program_num_params(p);
+        /* insertion sort by first use: a chunk holds tens of parameters */
+        for (int i = 0; i < n; i++) {
+            int k = at + i, first = ms_program_param_first_use(p, i);
+            while (k > at && ms_program_param_first_use(p, order[k - 1] - at) > first) {
+                order[k] = order[k - 1];
+                k--;
+            }
+            order[k] = at + i;
+        }
+        at += n;
+    }
 }
 
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,

@@ -75,6 +75,14 @@ ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const
 /* After the optimizer updated each parameter's optimizer shard: ZeRO 1 and 2 gather the
  * shards back into every chunk's parameters (ms_program_param_sync). */
 ms_status ms_stages_param_sync(ms_stages *st, ms_error *err);
+/* ms_stages_param_sync for local parameter i alone (ms_program_param_sync_one). */
+ms_status ms_stages_param_sync_one(ms_stages *st, int i, ms_error *err);
+/* fn(arg, i) runs before a training step's first read of local parameter i
+ * (ms_program_on_param_use on every chunk; NULL removes it). */
+void ms_stages_on_param_use(ms_stages *st, ms_param_use_fn fn, void *arg);
+/* This rank's parameters in the order a training step first reads them: chunk by chunk in
+ * model order, within a chunk by first use. order receives ms_stages_num_params indices. */
+void ms_stages_param_use_order(ms_stages *st, int *order);
 /* Forward only (evaluation, sampling; dropout off): *loss as above. */
 ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
                             ms_error *err);

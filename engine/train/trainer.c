@@ -12,6 +12,7 @@
 #include "engine/kernels/backend.h"
 #include "engine/optim/optim.h"
 #include "engine/plan/validate.h"
+#include "engine/train/offload.h"
 #include "engine/train/stages.h"
 #include "profiler/record/hooks.h"
 
@@ -41,8 +42,10 @@ struct ms_trainer {
     const ms_text_data *data; /* borrowed */
     compiled c;
     moments mo;
-    ms_kctx *okc; /* owned: the kernels of the optimizer's device (AdamW, the norms) */
-    int64_t step; /* the next step to run: also the data cursor and the schedule's clock */
+    ms_device *host; /* owned: host memory beside the device, for offload (NULL: inference) */
+    ms_offload *off; /* the compiled strategy's offload, else NULL */
+    ms_kctx *okc;    /* owned: the kernels of the optimizer's device (AdamW, the norms) */
+    int64_t step;    /* the next step to run: also the data cursor and the schedule's clock */
     int64_t skipped;
     int32_t *ids, *tgt; /* one batch of token ids and targets */
 };
@@ -89,10 +92,19 @@ static ms_device *optim_device(const ms_trainer *t) {
     return t->o.optim_device ? t->o.optim_device : t->ctx->device;
 }
 
+/* Where strategy s keeps the moments: host memory under offload. */
+static ms_device *moments_device(const ms_trainer *t, const ms_strategy *s) {
+    return s->offload ? t->host : optim_device(t);
+}
+
 /* The optimizer reads the gradients and writes the parameters in place, so it runs where they
  * live; a host optimizer for device parameters is offload, which moves them explicitly. */
 static ms_status check_optim_device(const ms_trainer *t, ms_error *err) {
     ms_device *od = optim_device(t), *pd = t->ctx->device;
+    if (t->o.optim_device && !t->o.inference && t->c.strat.offload)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "trainer: offload puts the optimizer in host memory itself; leave "
+                       "optim_device unset or turn offload off");
     if (od == pd || (ms_device_host_addressable(od) && ms_device_host_addressable(pd)))
         return MS_OK;
     return ms_fail(err, MS_ERR_UNSUPPORTED,
@@ -148,6 +160,18 @@ static ms_status moments_init(ms_device *dev, ms_stages *p, moments *mo, ms_erro
     return MS_OK;
 }
 
+/* The host optimizer of compiled model c (its moments mo), when its strategy offloads. */
+static ms_status offload_for(ms_trainer *t, compiled *c, moments *mo, ms_offload **out,
+                             ms_error *err) {
+    *out = NULL;
+    if (t->o.inference || !c->strat.offload) return MS_OK;
+    return ms_offload_create(t->ctx, t->host, c->st, mo->m, mo->v, !t->o.offload_serial, out, err);
+}
+
+ms_status ms_trainer_settle(ms_trainer *t, ms_error *err) {
+    return ms_offload_settle(t->off, err);
+}
+
 ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
                             const ms_placement_rules *rules, const ms_train_opts *o,
                             const ms_text_data *data, ms_trainer **out, ms_error *err) {
@@ -171,10 +195,13 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
     ms_status st = ms_mesh_init(&root, 1, &one, NULL, &zero, err);
     if (st == MS_OK) st = ms_dmesh_create(ctx, &root, &t->root, err);
     ms_mesh_free(&root);
+    t->c.strat = *s;
     if (st == MS_OK) st = check_optim_device(t, err);
+    if (st == MS_OK && !o->inference) st = ms_device_host_beside(ctx->device, &t->host, err);
     if (st == MS_OK) st = ms_kctx_create(optim_device(t), &t->okc, err);
     if (st == MS_OK) st = compile_for(t, s, rules, &t->c, err);
-    if (st == MS_OK && !o->inference) st = moments_init(optim_device(t), t->c.st, &t->mo, err);
+    if (st == MS_OK && !o->inference) st = moments_init(moments_device(t, s), t->c.st, &t->mo, err);
+    if (st == MS_OK) st = offload_for(t, &t->c, &t->mo, &t->off, err);
     if (st != MS_OK) {
         ms_trainer_destroy(t);
         return st;
@@ -185,10 +212,12 @@ ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_st
 
 void ms_trainer_destroy(ms_trainer *t) {
     if (!t) return;
+    ms_offload_destroy(t->off); /* first: its worker writes the moments */
     moments_free(&t->mo);
     compiled_free(&t->c);
     ms_kctx_destroy(t->okc);
     ms_dmesh_destroy(t->root);
+    if (t->host) ms_device_destroy(t->host);
     free(t->ids), free(t->tgt);
     free(t);
 }
@@ -233,6 +262,7 @@ static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err)
                         .beta2 = (float)t->o.beta2,
                         .eps = (float)t->o.eps,
                         .weight_decay = (float)t->o.weight_decay};
+    if (t->off) return ms_offload_update(t->off, &aw, t->step + 1, scale, err);
     for (int i = 0; i < t->mo.n; i++) {
         ms_param_view pv;
         ms_stages_param(t->c.st, i, &pv, NULL);
@@ -294,6 +324,7 @@ ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double
     const ms_text_data *d = t->data;
     int B = t->o.batch, T = t->o.seq;
     if (!d) return ms_fail(err, MS_ERR_INVALID, "trainer: created without data");
+    MS_CHECK(ms_trainer_settle(t, err));
     uint64_t have = ms_text_data_eval_batches(d, split, B);
     if ((uint64_t)batches > have) batches = (int)have;
     if (batches < 1)
@@ -315,25 +346,43 @@ ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double
 /* --- switching strategy ---------------------------------------------------------------------- */
 
 /* A state tensor as a DistTensor on its mesh; its local tensor wraps the state's box (left
- * empty on ranks outside the mesh). */
-static ms_status state_dtensor(const ms_state_tensor *s, ms_dtensor *d, ms_error *err) {
+ * empty on ranks outside the mesh). A box in host memory (offloaded moments) on a device the
+ * host cannot address is staged onto the device first, in *stage (free it with
+ * ms_device_free(dev, *stage, sizeof(float) * s->n) after the reshard). */
+static ms_status state_dtensor(ms_device *dev, const ms_state_tensor *s, ms_dtensor *d,
+                               float **stage, ms_error *err) {
     *d = (ms_dtensor){.ndim = s->gshape.ndim, .mesh = s->mesh, .pl = s->pl};
+    *stage = NULL;
     memcpy(d->gshape, s->gshape.d, sizeof d->gshape);
     if (!ms_dmesh_is_member(s->mesh)) return MS_OK;
+    float *box = s->local;
+    if (!ms_device_host_addressable(dev) && !ms_device_owns(dev, box)) {
+        MS_CHECK(ms_device_alloc(dev, sizeof(float) * s->n, (void **)stage, err));
+        box = *stage;
+        MS_CHECK(
+            ms_device_copy(dev, box, s->local, sizeof(float) * s->n, MS_COPY_HOST_TO_DEVICE, err));
+    }
     int64_t shape[MS_MAX_DIMS];
     for (int k = 0; k < s->lndim; k++) shape[k] = s->lshape[k];
-    return ms_tensor_wrap(s->local, MS_F32, s->lndim, shape, &d->local, err);
+    return ms_tensor_wrap(box, MS_F32, s->lndim, shape, &d->local, err);
+}
+
+static void unstage(ms_device *dev, const ms_state_tensor *s, float *stage) {
+    if (stage) ms_device_free(dev, stage, sizeof(float) * s->n);
 }
 
 ms_status ms_trainer_state_full(ms_trainer *t, int i, ms_tensor *out, ms_error *err) {
     *out = (ms_tensor){0};
+    MS_CHECK(ms_trainer_settle(t, err));
     ms_state_tensor s;
     ms_trainer_state(t, i, &s);
     ms_dtensor a = {0}, b = {0};
-    MS_CHECK(state_dtensor(&s, &a, err));
+    float *stage = NULL;
+    ms_status st = state_dtensor(t->ctx->device, &s, &a, &stage, err);
     ms_placements r = ms_placements_replicated(1);
-    ms_status st = ms_reshard_cross_mesh(&a, t->root, &r, &b, NULL, err);
+    if (st == MS_OK) st = ms_reshard_cross_mesh(&a, t->root, &r, &b, NULL, err);
     ms_tensor_release(&a.local);
+    unstage(t->ctx->device, &s, stage);
     if (st == MS_OK && t->ctx->rank == 0) {
         /* gathered on the device; handed back in host memory */
         if (ms_device_host_addressable(t->ctx->device)) {
@@ -350,9 +399,11 @@ ms_status ms_trainer_state_full(ms_trainer *t, int i, ms_tensor *out, ms_error *
 static ms_status move_state(ms_device *dev, const ms_state_tensor *from, const ms_state_tensor *to,
                             ms_error *err) {
     ms_dtensor a = {0}, b = {0};
-    MS_CHECK(state_dtensor(from, &a, err));
-    ms_status st = ms_reshard_cross_mesh(&a, to->mesh, &to->pl, &b, NULL, err);
+    float *stage = NULL;
+    ms_status st = state_dtensor(dev, from, &a, &stage, err);
+    if (st == MS_OK) st = ms_reshard_cross_mesh(&a, to->mesh, &to->pl, &b, NULL, err);
     ms_tensor_release(&a.local);
+    unstage(dev, from, stage);
     if (st != MS_OK || !ms_dmesh_is_member(to->mesh)) {
         ms_dtensor_release(&b);
         return st;
@@ -360,9 +411,8 @@ static ms_status move_state(ms_device *dev, const ms_state_tensor *from, const m
     if ((size_t)ms_tensor_numel(&b.local) != to->n)
         st = ms_fail(err, MS_ERR_INTERNAL, "switch: %s moved %lld elements into a box of %zu",
                      to->param, (long long)ms_tensor_numel(&b.local), to->n);
-    else
-        st = ms_device_copy(dev, to->local, ms_tensor_f32(&b.local), sizeof(float) * to->n,
-                            MS_COPY_DEVICE_TO_DEVICE, err);
+    else /* into the device, or host memory under offload */
+        st = ms_device_move(dev, to->local, ms_tensor_f32(&b.local), sizeof(float) * to->n, err);
     ms_dtensor_release(&b);
     return st;
 }
@@ -400,6 +450,7 @@ ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_erro
     if (i < 0 || i / per >= n || i % per != MS_STATE_PARAM)
         return ms_fail(err, MS_ERR_INVALID, "trainer: state tensor %d is not a parameter", i);
     int local = cat[i / per].local_index;
+    ms_offload_params_written(t->off);
     return local < 0 ? MS_OK : ms_stages_load_param(t->c.st, local, full, err);
 }
 
@@ -422,10 +473,18 @@ static int find_state(compiled *c, moments *mo, bool inference, const char *para
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err) {
     MS_CHECK(check_strategy(t->ctx, &t->cfg, &t->o, target, err));
+    if (target->offload && t->o.optim_device && !t->o.inference)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "switch: offload puts the optimizer in host memory itself; this run keeps "
+                       "it on %s (optim_device)",
+                       ms_device_name(t->o.optim_device));
+    MS_CHECK(ms_trainer_settle(t, err));
     compiled nc;
     moments nm = {0};
+    ms_offload *noff = NULL;
     MS_CHECK(compile_for(t, target, rules, &nc, err));
-    ms_status st = t->o.inference ? MS_OK : moments_init(optim_device(t), nc.st, &nm, err);
+    ms_status st =
+        t->o.inference ? MS_OK : moments_init(moments_device(t, target), nc.st, &nm, err);
     /* Every state tensor of the target (the tied embedding once per holder) from the first
      * holder of the same parameter and kind here. */
     int n = num_state(&nc, t->o.inference);
@@ -440,15 +499,18 @@ ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
         state_of(&t->c, &t->mo, t->o.inference, from, &a);
         st = move_state(t->ctx->device, &a, &b, err);
     }
+    if (st == MS_OK) st = offload_for(t, &nc, &nm, &noff, err);
     if (st != MS_OK) {
         moments_free(&nm);
         compiled_free(&nc);
         return st;
     }
+    ms_offload_destroy(t->off);
     moments_free(&t->mo);
     compiled_free(&t->c);
     t->c = nc;
     t->mo = nm;
+    t->off = noff; /* its masters are read from the moved parameters at the first update */
     ms_stages_params_written(t->c.st);
     return MS_OK;
 }
@@ -472,6 +534,7 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
                             ms_error *err) {
     if (!t->o.keep_logits)
         return ms_fail(err, MS_ERR_INVALID, "trainer: sampling needs keep_logits");
+    MS_CHECK(ms_trainer_settle(t, err));
     int T = t->o.seq, V = t->cfg.vocab_size;
     int len = (int)strlen(prompt);
     if (len > T) len = T;
@@ -559,7 +622,9 @@ void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out) {
         out->optim += pv.use_bytes ? master : 0;
         out->grads += (double)ms_dtype_size(pv.grad.dtype) * (double)ms_tensor_numel(&pv.grad);
     }
-    for (int i = 0; i < t->mo.n; i++) out->optim += 2.0 * (double)t->mo.bytes[i];
+    double *adam = t->off ? &out->host_optim : &out->optim;
+    for (int i = 0; i < t->mo.n; i++) *adam += 2.0 * (double)t->mo.bytes[i];
+    out->host_optim += ms_offload_master_bytes(t->off) + ms_offload_staging_bytes(t->off);
 }
 
 int ms_trainer_num_state(const ms_trainer *t) {
@@ -571,5 +636,6 @@ void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out) {
 }
 
 void ms_trainer_state_written(ms_trainer *t) {
+    ms_offload_params_written(t->off);
     ms_stages_params_written(t->c.st);
 }

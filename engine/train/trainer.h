@@ -10,6 +10,11 @@
  * with its global shape, placements and local buffer. A switch compiles the model for the
  * new mesh and moves every state tensor from the old boxes to the new ones.
  *
+ * Offload (the strategy's offload, engine/train/offload.h): the moments and the fp32 master weights
+ * of each optimizer shard live in host memory and AdamW runs on the host, overlapped with the next
+ * step's forward unless the options say otherwise; the state tensors' moment boxes are then host
+ * memory, the parameters' boxes stay on the device.
+ *
  * ZeRO (the strategy's zero stage) is placements over dp: the moments of a parameter
  * replicated over dp are sharded there (S(0), nested innermost), each rank updates its shard
  * of the parameter and the shards are gathered back (stage 1); the gradients are
@@ -63,6 +68,9 @@ typedef struct ms_train_opts {
     /* Where the optimizer state lives (borrowed; must outlive the trainer): NULL is the
      * rank's device; a host device is CPU offload, the same placements on another device. */
     ms_device *optim_device;
+    /* Under the strategy's offload: run the host AdamW inside the step instead of overlapping
+     * it with the next step's forward (engine/train/offload.h); the results are the same. */
+    bool offload_serial;
 } ms_train_opts;
 
 /* Checks the options: positive sizes, lr >= min_lr >= 0, betas in [0, 1).
@@ -143,6 +151,13 @@ typedef struct ms_state_tensor {
     int lndim;
 } ms_state_tensor;
 
+/* Offload with overlap leaves the last step's host update in flight, the parameters following
+ * at their next use: this finishes it and brings every parameter onto the device (gathered).
+ * Evaluation, sampling, switching, the state's full values and checkpoints call it themselves;
+ * whoever reads state tensors' boxes directly calls it first. Collective; a no-op without
+ * offload. */
+ms_status ms_trainer_settle(ms_trainer *t, ms_error *err);
+
 /* The number of state tensors: 3 per parameter (1 with `inference`). The list is the same on
  * every rank: every parameter of the model as each pipeline chunk holds it (the tied word
  * embedding once per holder under pp), on its stage's mesh; a rank outside that mesh gets no
@@ -167,6 +182,10 @@ void ms_trainer_memory(const ms_trainer *t, struct ms_stages_memory *out);
  * count with the optimizer state. */
 typedef struct ms_trainer_bytes {
     double params, grads, optim;
+    /* Offload (the strategy's offload): the optimizer's host memory, apart from the device's:
+     * the fp32 master weights, both Adam moments and the staged gradient shards. optim then
+     * counts what stays on the device (under bf16 the fp32 copy the bf16 cast reads). */
+    double host_optim;
 } ms_trainer_bytes;
 void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out);
 

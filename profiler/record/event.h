@@ -50,6 +50,7 @@ typedef struct ms_ev_op {
      * top bits are the launching rank (MS_EV_CORR_RANK). */
     uint64_t corr;
     uint8_t gpu;             /* ms_ev_gpu */
+    uint8_t host_optim;      /* MS_EV_OPTIM: ran on the rank's host optimizer thread (offload) */
     uint32_t device, stream; /* GPU activity on a stream: the CUDA device and stream ids */
 } ms_ev_op;
 
@@ -92,6 +93,8 @@ typedef struct ms_ev_mem {
     /* what the training state holds of in_use: parameters, gradients, optimizer state and
      * activations (the micro-batch arenas); all 0 when the sample has no split */
     uint64_t params, grads, optim, acts;
+    /* offload: the optimizer's host memory (masters, moments, staged gradients), not in in_use */
+    uint64_t host_optim;
 } ms_ev_mem;
 
 /* A pipeline action. Its kernels and transfers are recorded too, inside or next to its span;

@@ -132,6 +132,16 @@ void ms_record_pipe(const ms_trace_state *ts, const ms_ev_pipe *pipe, int64_t t0
     ms_recorder_push(ts->recorder, &e);
 }
 
+void ms_record_optim(const ms_trace_state *ts, const char *name, const char *what, int64_t t0,
+                     int64_t t1, bool on_host) {
+    if (!ts->recorder) return;
+    ms_event e = {.kind = MS_EV_OPTIM, .phase = MS_PHASE_OTHER, .t0_ns = t0, .t1_ns = t1};
+    ms_ev_strcpy(e.u.op.name, sizeof e.u.op.name, NULL, name);
+    ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, what);
+    e.u.op.host_optim = on_host;
+    ms_recorder_push(ts->recorder, &e);
+}
+
 void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0) {
     if (!ts->recorder) return;
     ms_event e = {

@@ -42,6 +42,13 @@ void ms_record_memory(const ms_trace_state *ts, const ms_device *dev, const ms_e
 /* A span [t0, now) of kind DATA, OPTIM or STEP. */
 void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0);
 
+/* A named optimizer span [t0, t1) (MS_EV_OPTIM; name: the parameter or the step's part, what:
+ * "adamw (host)", "memcpy H2D", ...). on_host: the work ran on the rank's host optimizer thread
+ * (offload), so the trace gives it its own lane; the rank thread records it for that thread once
+ * it is done (a recorder has one writer). */
+void ms_record_optim(const ms_trace_state *ts, const char *name, const char *what, int64_t t0,
+                     int64_t t1, bool on_host);
+
 /* A pipeline action's span [t0, now) (phase: F forward, B and W backward). */
 void ms_record_pipe(const ms_trace_state *ts, const ms_ev_pipe *pipe, int64_t t0);
 

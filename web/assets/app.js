@@ -465,7 +465,8 @@ function drawTables() {
   for (const m of s.mem) peak = Math.max(peak, m.peak);
   fillTable('memory', s.mem.map((m, r) =>
     [String(r), fmtBytes(m.in_use), fmtBytes(m.peak), fmtBytes(m.params), fmtBytes(m.grads),
-      fmtBytes(m.optimizer), fmtBytes(m.activations), bar(peak ? m.in_use / peak : 0)]));
+      fmtBytes(m.optimizer), fmtBytes(m.activations), m.host_optimizer ? fmtBytes(m.host_optimizer) : '-',
+      bar(peak ? m.in_use / peak : 0)]));
   fillTable('overlap', a.overlap.map((o, r) => [String(r), fmtSeconds(o.compute_s),
     fmtSeconds(o.comm_s), fmtSeconds(o.exposed_comm_s), (o.overlap_ratio * 100).toFixed(0) + '%',
     fmtSeconds(o.exposed_comm_step_s || 0),

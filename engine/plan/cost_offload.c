@@ -1,0 +1,64 @@
+/* cost_offload.c - the planner's price of ZeRO-Offload (the strategy's offload,
+ * engine/train/offload.h).
+ *
+ * Memory: the optimizer shard's Adam moments (8 bytes an element) and its fp32 masters leave
+ * the device for the host; under bf16 the engine keeps an fp32 copy on the device for the
+ * bf16 cast (4 bytes an element), which stays counted there. The host holds masters, moments
+ * and the staged gradients (4 + 8 + 4 bytes an element, 2 for bf16 gradients) and must fit the
+ * devices' share of host memory.
+ * Time: the device AdamW leaves the step; the gradient shard crosses the device-host link
+ * once down and the updated fp32 shard once up (the link's bandwidth, one direction each);
+ * the host AdamW streams its 28 bytes an element (gradient, master, m and v read; master, m
+ * and v written) at the host's memory bandwidth. With the overlap the host update of step s
+ * runs while step s+1 loads its data and runs its forward, parameter by parameter in the order
+ * of first use: the forward hides up to its own length of it, never the first layer's share,
+ * which the forward waits for before it can start. The copies stay on the critical path (the
+ * gradients are copied after the norm, the parameters right before their first use).
+ *
+ * Host figures per device: the cluster's host_* fields; when absent the machine's own memory
+ * for cpu-local (the host is the device), else PCIe Gen4 x16 (25 GB/s achieved of 32), 50 GB/s
+ * of host memory bandwidth and 256 GB of host memory per device (a DGX A100's 2 TB and two
+ * EPYC 7742 sockets over 8 GPUs). See docs/planner.md.
+ */
+#include "engine/plan/cost.h"
+#include "engine/plan/workload.h"
+
+void ms_plan_host_side(const ms_cluster *c, int devices, double *link_bw, double *mem_bw,
+                       double *mem_bytes) {
+    /* cpu-local: device and host are one memory, shared by the thread ranks */
+    double share = c->cpu && devices > 0 ? devices : 1;
+    *link_bw = c->host_link_bw > 0 ? c->host_link_bw : c->cpu ? c->mem_bw / share : 25e9;
+    *mem_bw = c->host_mem_bw > 0 ? c->host_mem_bw : c->cpu ? c->mem_bw / share : 50e9;
+    *mem_bytes = c->host_mem_bytes > 0 ? c->host_mem_bytes : c->cpu ? c->mem_bytes / share : 256e9;
+}
+
+void ms_plan_offload_memory(const ms_strategy *s, ms_plan_workload *w) {
+    /* only the bf16 cast's fp32 copy stays on the device */
+    w->mem_optim = s->precision == MS_PRECISION_BF16 ? 4 * w->opt_elems : 0;
+}
+
+void ms_plan_offload_price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
+                           const ms_plan_scales *sc, ms_plan_estimate *out) {
+    const ms_cluster *c = pb->cluster;
+    bool bf16 = s->precision == MS_PRECISION_BF16;
+    double n = w->opt_elems, grad_b = bf16 ? 2 : 4;
+    double link, host_bw, host_bytes;
+    ms_plan_host_side(c, pb->devices, &link, &host_bw, &host_bytes);
+    ms_plan_offload_memory(s, w);
+    out->mem_host = n * (4 + 8 + grad_b);
+    out->mem_host_cap = host_bytes * c->usable_memory_fraction;
+    /* time: the device's AdamW out (priced as cost.c prices it), the host's in */
+    double device_adamw =
+        ms_cluster_elementwise_time(c, MS_OPRATE_ADAMW, 12 * n, 28 * n, pb->devices) *
+        sc->compute[MS_PC_OPTIMIZER];
+    out->offload_copy_s = n * (grad_b + 4) / link;
+    out->offload_host_s = 28 * n / host_bw * sc->compute[MS_PC_OPTIMIZER];
+    /* the forward is about half the backward (one GEMM per weight against two) */
+    double forward = w->bwd_mb_s / 2 + c->step_overhead;
+    double first = out->offload_host_s / (w->layers_per_stage > 0 ? w->layers_per_stage : 1);
+    double hidden = out->offload_host_s - first < forward ? out->offload_host_s - first : forward;
+    out->offload_hidden_s = hidden > 0 ? hidden : 0;
+    double exposed = out->offload_copy_s + out->offload_host_s - out->offload_hidden_s;
+    out->compute_s[MS_PC_OPTIMIZER] += exposed - device_adamw;
+    out->step_s += exposed - device_adamw;
+}
