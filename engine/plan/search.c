@@ -101,13 +101,15 @@ bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int globa
            (f->offload < 0 || f->offload == (int)s->offload);
 }
 
-/* Whether s fits the devices' memory as it is (without offload). */
-static bool fits_device(const ms_plan_problem *pb, const ms_strategy *s, const ms_plan_scales *sc) {
-    ms_plan_estimate *e = xmalloc(sizeof *e);
-    ms_error err = {0};
-    bool fits = ms_plan_estimate_one(pb, s, sc, e, &err) != MS_OK || e->fits;
-    free(e);
-    return fits;
+/* Estimates s; when it does not fit the devices' memory and `may_offload`, estimates it again
+ * with the optimizer offloaded and keeps that (s updated). One estimate for a strategy that
+ * fits: the estimate compiles the engine's program for the strategy, which is what costs. */
+static ms_status estimate_or_offload(const ms_plan_problem *pb, ms_strategy *s, bool may_offload,
+                                     const ms_plan_scales *sc, ms_plan_estimate *e, ms_error *err) {
+    ms_status st = ms_plan_estimate_one(pb, s, sc, e, err);
+    if (st != MS_OK || e->fits || !may_offload || s->offload) return st;
+    s->offload = true;
+    return ms_plan_estimate_one(pb, s, sc, e, err);
 }
 
 /* --- explaining ------------------------------------------------------------------------------ */
@@ -328,12 +330,10 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
                                     s.precision = precision;
                                     s.offload = f->offload == 1;
                                     if (!ms_plan_fixed_match(f, &s, B)) continue;
-                                    /* offload where the strategy does not fit without it */
-                                    if (f->offload < 0 && !fits_device(pb, &s, sc))
-                                        s.offload = true;
                                     if (exe_only && !ms_plan_executable(pb, &s, NULL, 0)) continue;
                                     ms_error e2 = {0};
-                                    ms_status s2 = ms_plan_estimate_one(pb, &s, sc, e, &e2);
+                                    ms_status s2 =
+                                        estimate_or_offload(pb, &s, f->offload < 0, sc, e, &e2);
                                     if (s2 != MS_OK) {
                                         if (!first.msg[0]) first = e2;
                                         if (s2 != MS_ERR_INVALID) {
