@@ -251,14 +251,14 @@ static void collectives_on_device_memory_take_the_direct_path(void **state) {
 
 /* Each rank's device, its slots (the fenced ones with a counting sync, with or without marks)
  * and how often that sync ran. */
-static ms_device *rank_dev[NRANKS];
+static _Atomic(ms_device *) rank_dev[NRANKS]; /* read by every rank's sync */
 static ms_device_ops rank_ops[NRANKS];
 static atomic_int rank_syncs[NRANKS];
 
 static ms_status counting_sync(ms_device *dev, ms_error *err) {
     (void)err;
     for (int r = 0; r < NRANKS; r++)
-        if (rank_dev[r] == dev) atomic_fetch_add(&rank_syncs[r], 1);
+        if (atomic_load(&rank_dev[r]) == dev) atomic_fetch_add(&rank_syncs[r], 1);
     return MS_OK;
 }
 
@@ -271,7 +271,7 @@ static void install_slots(ms_device *dev, int me, bool marks) {
         rank_ops[me].mark_release = NULL;
     }
     dev->ops = &rank_ops[me];
-    rank_dev[me] = dev;
+    atomic_store(&rank_dev[me], dev);
     atomic_store(&rank_syncs[me], 0);
 }
 
@@ -352,6 +352,7 @@ static void ordering_rank(mt_rank *R, void *arg) {
     ms_device_free(b.dev, d_other, bytes);
     ms_comm_destroy(a);
     ms_kctx_destroy(kc);
+    atomic_store(&rank_dev[me], NULL);
     ms_device_destroy(b.dev);
 }
 

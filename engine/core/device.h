@@ -126,12 +126,12 @@ static inline bool ms_device_host_addressable(const ms_device *dev) {
 int ms_device_cuda_count(void);
 
 /* A CUDA device for `ordinal`. Returns MS_ERR_UNSUPPORTED with a message saying why (not
- * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. It creates
- * the device's compute stream and owns it and its pool of marks (events). */
+ * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. The device
+ * owns its compute stream (made on first use) and its pool of marks (events). */
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
-/* The CUDA build: a CUDA device's compute stream (a cudaStream_t), borrowed by its kernel
- * contexts for as long as the device lives. */
-void *ms_device_cuda_stream(const ms_device *dev);
+/* The CUDA build: a CUDA device's compute stream (a cudaStream_t, made on first use), borrowed
+ * by its kernel contexts for as long as the device lives. */
+ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err);
 
 /* A device of `kind` for world rank `rank` (CUDA: GPU rank mod the GPUs present). */
 ms_status ms_device_create(ms_device_kind kind, int rank, ms_device **out, ms_error *err);

@@ -3,7 +3,8 @@
  * Created only when a driver and a GPU answer; otherwise ms_device_cuda_create returns
  * MS_ERR_UNSUPPORTED with the CUDA runtime's reason so the caller can fall back.
  *
- * Each device object (one rank's) owns a blocking compute stream. Its kernel contexts launch
+ * Each device object (one rank's) owns a blocking compute stream, made on first use (so a
+ * device made only to probe the GPU creates no CUDA context). Its kernel contexts launch
  * there (kernels/cuda/backend_cuda.c) and its copies run there, in the order the rank issued
  * them; a copy that touches host memory returns once it is done, as cudaMemcpy did. Blocking,
  * so work on the legacy default stream (anything outside the device) stays ordered with it.
@@ -25,17 +26,33 @@ typedef struct cuda_mark {
 } cuda_mark;
 
 typedef struct cuda_impl {
-    cudaStream_t stream; /* the compute stream: kernels and copies */
-    pthread_mutex_t mu;  /* guards pool: marks are recorded and released on any thread */
-    cuda_mark *pool;     /* released marks, their events ready to record again */
+    _Atomic(cudaStream_t) stream; /* the compute stream (kernels and copies), or NULL yet */
+    pthread_mutex_t mu; /* guards making the stream and pool: any thread may use the device */
+    cuda_mark *pool;    /* released marks, their events ready to record again */
 } cuda_impl;
-
-#define STREAM_OF(dev) (((cuda_impl *)(dev)->impl)->stream)
 
 static ms_status cuda_status(cudaError_t e, const char *what, ms_error *err) {
     if (e == cudaSuccess) return MS_OK;
     return ms_fail(err, e == cudaErrorMemoryAllocation ? MS_ERR_NOMEM : MS_ERR_INTERNAL,
                    "cuda: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+/* The compute stream, made on first use; blocking, so ordered with the legacy default stream
+ * both ways (see the top of the file). */
+static ms_status stream_of(ms_device *dev, cudaStream_t *out, ms_error *err) {
+    cuda_impl *impl = dev->impl;
+    *out = atomic_load_explicit(&impl->stream, memory_order_acquire);
+    if (*out) return MS_OK;
+    pthread_mutex_lock(&impl->mu);
+    ms_status st = MS_OK;
+    *out = atomic_load_explicit(&impl->stream, memory_order_relaxed);
+    if (!*out) {
+        st = cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err);
+        if (st == MS_OK) st = cuda_status(cudaStreamCreate(out), "cudaStreamCreate", err);
+        if (st == MS_OK) atomic_store_explicit(&impl->stream, *out, memory_order_release);
+    }
+    pthread_mutex_unlock(&impl->mu);
+    return st;
 }
 
 static ms_status cuda_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
@@ -58,14 +75,17 @@ static ms_status cuda_copy(ms_device *dev, void *dst, const void *src, size_t nb
         [MS_COPY_DEVICE_TO_HOST] = cudaMemcpyDeviceToHost,
         [MS_COPY_DEVICE_TO_DEVICE] = cudaMemcpyDeviceToDevice,
     };
-    cudaStream_t s = STREAM_OF(dev);
+    cudaStream_t s;
+    MS_CHECK(stream_of(dev, &s, err));
     MS_CHECK(cuda_status(cudaMemcpyAsync(dst, src, nbytes, kinds[dir], s), "cudaMemcpyAsync", err));
     if (dir == MS_COPY_DEVICE_TO_DEVICE) return MS_OK;
     return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", err);
 }
 
 static ms_status cuda_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
-    return cuda_status(cudaMemsetAsync(dst, 0, nbytes, STREAM_OF(dev)), "cudaMemsetAsync", err);
+    cudaStream_t s;
+    MS_CHECK(stream_of(dev, &s, err));
+    return cuda_status(cudaMemsetAsync(dst, 0, nbytes, s), "cudaMemsetAsync", err);
 }
 
 typedef struct cuda_box {
@@ -87,7 +107,8 @@ static ms_status cuda_copy_box(ms_device *dev, void *dst, const int64_t *dst_sha
                                const int64_t *dst_start, const void *src, const int64_t *src_shape,
                                const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                                ms_error *err) {
-    cuda_box b = {dst, src, STREAM_OF(dev)};
+    cuda_box b = {dst, src, NULL};
+    MS_CHECK(stream_of(dev, &b.stream, err));
     return ms_box_runs(dst_shape, dst_start, src_shape, src_start, len, ndim, elt, cuda_run, &b,
                        err);
 }
@@ -112,7 +133,8 @@ static void cuda_destroy(ms_device *dev) {
             cudaEventDestroy(m->event);
             free(m);
         }
-        if (impl->stream) cudaStreamDestroy(impl->stream); /* released once its work is done */
+        cudaStream_t s = atomic_load(&impl->stream);
+        if (s) cudaStreamDestroy(s); /* released once its work is done */
         pthread_mutex_destroy(&impl->mu);
         free(impl);
     }
@@ -147,6 +169,8 @@ static void cuda_mark_release(ms_device *dev, ms_device_mark *mark) {
  * flight at once. */
 static ms_status cuda_mark_record(ms_device *dev, ms_device_mark **out, ms_error *err) {
     cuda_impl *impl = dev->impl;
+    cudaStream_t s;
+    MS_CHECK(stream_of(dev, &s, err));
     MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
     cuda_mark *m = pool_pop(impl);
     if (!m) {
@@ -158,7 +182,7 @@ static ms_status cuda_mark_record(ms_device *dev, ms_device_mark **out, ms_error
             return st;
         }
     }
-    ms_status st = cuda_status(cudaEventRecord(m->event, impl->stream), "cudaEventRecord", err);
+    ms_status st = cuda_status(cudaEventRecord(m->event, s), "cudaEventRecord", err);
     if (st != MS_OK) {
         cuda_mark_release(dev, (ms_device_mark *)m);
         return st;
@@ -175,8 +199,11 @@ static ms_status cuda_mark_wait(ms_device *dev, const ms_device_mark *mark, void
                        "cudaStreamWaitEvent", err);
 }
 
-void *ms_device_cuda_stream(const ms_device *dev) {
-    return (void *)STREAM_OF(dev);
+ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err) {
+    cudaStream_t s = NULL;
+    ms_status st = stream_of(dev, &s, err);
+    *out = (void *)s;
+    return st;
 }
 
 static const ms_device_ops cuda_ops = {
@@ -215,14 +242,6 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
     dev->ops = &cuda_ops;
     dev->impl = impl;
     dev->ordinal = ordinal;
-    e = cudaSetDevice(ordinal);
-    /* Blocking: ordered with the legacy default stream both ways (see the top of the file). */
-    if (e == cudaSuccess) e = cudaStreamCreate(&impl->stream);
-    if (e != cudaSuccess) {
-        cuda_destroy(dev);
-        return ms_fail(err, MS_ERR_UNSUPPORTED, "CUDA device %d cannot make a stream (%s)", ordinal,
-                       cudaGetErrorString(e));
-    }
     *out = dev;
     return MS_OK;
 }

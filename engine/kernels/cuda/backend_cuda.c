@@ -36,8 +36,10 @@ static ms_status cuda_failed(cudaError_t e, const char *what, ms_error *err) {
 ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
     cuda_kctx *x = xcalloc(1, sizeof *x);
     kc->impl = x;
-    x->stream = (cudaStream_t)ms_device_cuda_stream(kc->dev);
-    ms_status st = cuda_failed(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
+    void *stream = NULL;
+    ms_status st = ms_device_cuda_stream(kc->dev, &stream, err);
+    x->stream = (cudaStream_t)stream;
+    if (st == MS_OK) st = cuda_failed(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
     if (st == MS_OK) st = ms_cu_ctx_create(kc->dev->ordinal, x->stream, &x->cu, err);
     if (st != MS_OK) ms_kctx_cuda_fini(kc);
     return st;
