@@ -36,9 +36,9 @@ enum { NRANKS = 4, N = 24 };
 typedef struct untag_ctx {
     ms_comm *inner;   /* owned: threads communicator with the same members */
     ms_device *dev;   /* the rank's fenced device, whose marks the calls bring */
-    atomic_bool held; /* all_reduce waits while set (the rank launches kernels meanwhile) */
-    /* What the last all_reduce found, written where it ran (the progress thread for
-     * non-blocking calls), read after the call or its wait returned. */
+    atomic_bool held; /* a call waits while set (the rank launches kernels meanwhile) */
+    /* What the last call found, written where it ran (the progress thread for non-blocking
+     * calls), read after the call or its wait returned. */
     bool had_mark;
     uint64_t mark_work;   /* the work its mark covers */
     uint64_t work_at_run; /* the work queued on the device when it ran */
@@ -46,28 +46,38 @@ typedef struct untag_ctx {
 
 #define U(p) ((void *)((p) ? (uintptr_t)(p) & ~MS_DEVICE_FENCE_TAG : (uintptr_t)0))
 
-static ms_status u_all_reduce(void *ctx, const void *send, void *recv, size_t count,
-                              ms_reduce_op op, ms_comm_call *call, ms_error *err) {
-    untag_ctx *u = ctx;
+/* Where every slot that may be direct starts, as NCCL's enter(): waits while held, then for
+ * the call's mark, and notes what it found. */
+static ms_status u_enter(untag_ctx *u, const ms_comm_call *call, ms_error *err) {
     for (int64_t t0 = ms_now_ns(); atomic_load(&u->held);) {
         if (ms_now_ns() - t0 > 10000000000LL)
-            return ms_fail(err, MS_ERR_TIMEOUT, "the rank never let the all-reduce run");
+            return ms_fail(err, MS_ERR_TIMEOUT, "the rank never let the call run");
         sched_yield();
     }
     MS_CHECK(ms_comm_call_wait_ready(call, NULL, err)); /* as NCCL's stream would */
     u->had_mark = call->ready != NULL;
     u->mark_work = u->had_mark ? ms_device_fenced_mark_work(call->ready) : 0;
     u->work_at_run = u->dev ? atomic_load(&u->dev->work) : 0;
+    return MS_OK;
+}
+
+static ms_status u_all_reduce(void *ctx, const void *send, void *recv, size_t count,
+                              ms_reduce_op op, ms_comm_call *call, ms_error *err) {
+    untag_ctx *u = ctx;
+    MS_CHECK(u_enter(u, call, err));
     return ms_all_reduce_dt(u->inner, call->dtype, U(send), U(recv), count, op, err);
 }
 static ms_status u_reduce_scatter(void *ctx, const void *send, void *recv, const size_t *counts,
                                   ms_reduce_op op, ms_comm_call *call, ms_error *err) {
-    return ms_reduce_scatter_dt(((untag_ctx *)ctx)->inner, call->dtype, U(send), U(recv), counts,
-                                op, err);
+    untag_ctx *u = ctx;
+    MS_CHECK(u_enter(u, call, err));
+    return ms_reduce_scatter_dt(u->inner, call->dtype, U(send), U(recv), counts, op, err);
 }
 static ms_status u_all_gather(void *ctx, const void *send, void *recv, const size_t *counts,
                               ms_comm_call *call, ms_error *err) {
-    return ms_all_gather_dt(((untag_ctx *)ctx)->inner, call->dtype, U(send), U(recv), counts, err);
+    untag_ctx *u = ctx;
+    MS_CHECK(u_enter(u, call, err));
+    return ms_all_gather_dt(u->inner, call->dtype, U(send), U(recv), counts, err);
 }
 static ms_status u_all_to_all(void *ctx, const void *send, const size_t *sc, const size_t *sd,
                               void *recv, const size_t *rc, const size_t *rd, ms_comm_call *call,
@@ -315,9 +325,11 @@ static void ordering_rank(mt_rank *R, void *arg) {
     ms_comm_set_device(a, b.dev);
     MT_OK(R, ms_comm_adopt_direct(a, untag_over(inner, b.dev, &u), &err), &err);
     const size_t bytes = sizeof(float) * N;
-    MT_OK(R, ms_device_alloc(b.dev, bytes, (void **)&b.d_send, &err), &err);
-    MT_OK(R, ms_device_alloc(b.dev, bytes, (void **)&b.d_recv, &err), &err);
+    MT_OK(R, ms_device_alloc(b.dev, bytes * P, (void **)&b.d_send, &err), &err);
+    MT_OK(R, ms_device_alloc(b.dev, bytes * P, (void **)&b.d_recv, &err), &err);
     MT_OK(R, ms_device_alloc(b.dev, bytes, (void **)&d_other, &err), &err);
+    size_t counts[NRANKS];
+    for (int r = 0; r < P; r++) counts[r] = N;
 
     /* blocking: a kernel writes the send buffer, then the call */
     MT_OK(R, MS_CALL_K(kc, fill, b.d_send, (float)(me + 1), N, &err), &err);
@@ -325,6 +337,10 @@ static void ordering_rank(mt_rank *R, void *arg) {
     MT_OK(R, ms_all_reduce(a, b.d_send, b.d_recv, N, MS_REDUCE_SUM, &err), &err);
     expect_all(R, &b, "all-reduce", b.d_recv, (float)(P * (P + 1) / 2));
     expect_mark(R, u, marks, before, "all-reduce");
+    before = atomic_load(&b.dev->work);
+    MT_OK(R, ms_all_gather(a, b.d_send, b.d_recv, counts, &err), &err);
+    expect_all(R, &b, "all-gather (rank 0's block)", b.d_recv, 1.0f);
+    expect_mark(R, u, marks, before, "all-gather");
 
     /* non-blocking: held on the progress thread until three more kernels are launched */
     MT_OK(R, MS_CALL_K(kc, fill, b.d_send, (float)(2 * (me + 1)), N, &err), &err);
@@ -342,13 +358,28 @@ static void ordering_rank(mt_rank *R, void *arg) {
              "the iall-reduce ran with %llu units of work queued, before the %llu after it",
              (unsigned long long)u->work_at_run, (unsigned long long)after);
 
-    /* the device-wide sync: never with marks, once per direct call without */
-    MT_CHECK(R, ms_comm_direct_calls(a) == 2, "direct calls %lld, want 2",
-             (long long)ms_comm_direct_calls(a));
-    MT_CHECK(R, atomic_load(&rank_syncs[me]) == (marks ? 0 : 2), "device syncs %d, want %d",
-             atomic_load(&rank_syncs[me]), marks ? 0 : 2);
+    /* a non-blocking reduce-scatter the same way; its send buffer is written by P kernels */
+    for (int r = 0; r < P; r++)
+        MT_OK(R, MS_CALL_K(kc, fill, b.d_send + r * N, (float)(r + 1), N, &err), &err);
+    before = atomic_load(&b.dev->work);
+    atomic_store(&u->held, true);
+    req = ms_ireduce_scatter(a, b.d_send, b.d_recv, counts, MS_REDUCE_SUM, &err);
+    MT_CHECK(R, req != NULL, "ireduce_scatter: %s", err.msg);
+    MT_OK(R, MS_CALL_K(kc, fill, d_other, -1.0f, N, &err), &err); /* after: not covered */
+    const uint64_t after_rs = atomic_load(&b.dev->work);
+    atomic_store(&u->held, false);
+    MT_OK(R, ms_comm_wait(req, &err), &err);
+    expect_all(R, &b, "ireduce-scatter", b.d_recv, (float)(P * (me + 1)));
+    expect_mark(R, u, marks, before, "ireduce-scatter");
+    MT_CHECK(R, u->work_at_run >= after_rs, "the ireduce-scatter ran before the kernel after it");
 
-    ms_device_free(b.dev, b.d_send, bytes), ms_device_free(b.dev, b.d_recv, bytes);
+    /* the device-wide sync: never with marks, once per direct call without */
+    MT_CHECK(R, ms_comm_direct_calls(a) == 4, "direct calls %lld, want 4",
+             (long long)ms_comm_direct_calls(a));
+    MT_CHECK(R, atomic_load(&rank_syncs[me]) == (marks ? 0 : 4), "device syncs %d, want %d",
+             atomic_load(&rank_syncs[me]), marks ? 0 : 4);
+
+    ms_device_free(b.dev, b.d_send, bytes * P), ms_device_free(b.dev, b.d_recv, bytes * P);
     ms_device_free(b.dev, d_other, bytes);
     ms_comm_destroy(a);
     ms_kctx_destroy(kc);
@@ -368,7 +399,28 @@ static void a_device_without_marks_is_synced_before_direct_calls(void **state) {
     mt_run(NRANKS, ordering_rank, &marks);
 }
 
+/* The fenced device refuses to wait for another device's mark (a caller's bug on a GPU). */
+static void a_mark_is_waited_for_on_the_device_that_recorded_it(void **state) {
+    (void)state;
+    ms_device *one = NULL, *two = NULL;
+    ms_device_mark *m = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_device_fenced_create(&one, &err), MS_OK);
+    assert_int_equal(ms_device_fenced_create(&two, &err), MS_OK);
+    assert_true(ms_device_has_marks(one));
+    assert_int_equal(ms_device_zero(one, NULL, 0, &err), MS_OK); /* one unit of work */
+    assert_int_equal(ms_device_mark_record(one, &m, &err), MS_OK);
+    assert_non_null(m);
+    assert_int_equal(ms_device_fenced_mark_work(m), 1);
+    assert_int_equal(ms_device_mark_wait(one, m, NULL, &err), MS_OK);
+    assert_int_equal(ms_device_mark_wait(two, m, NULL, &err), MS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "another device"));
+    ms_device_mark_release(one, m);
+    ms_device_destroy(one), ms_device_destroy(two);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(a_mark_is_waited_for_on_the_device_that_recorded_it),
     cmocka_unit_test(collectives_on_device_memory_take_the_direct_path),
     cmocka_unit_test(direct_calls_wait_for_a_mark_of_the_work_issued_before_them),
     cmocka_unit_test(a_device_without_marks_is_synced_before_direct_calls),
