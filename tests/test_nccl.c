@@ -6,7 +6,8 @@
  *   - every build: ms_comm_nccl_create's refusals on two thread ranks. Without NCCL it says
  *     the build has none; without a GPU it says there is no CUDA device, on every rank; and
  *     the bootstrap communicator still works afterwards (no rank was left waiting).
- *   - one GPU: a one-rank NCCL communicator runs every collective (no p2p: there is no peer).
+ *   - one GPU: a one-rank NCCL communicator runs every collective (no p2p: there is no peer),
+ *     and as a host communicator's direct path it waits for the compute stream's mark.
  *   - two or more GPUs: also thread ranks with one device each (up to 4), which exercise
  *     the unequal-count paths (padded reduce_scatter, send/recv all_gather), p2p with tags
  *     and a split with a non-member; and two timeouts.
@@ -25,6 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine/core/device.h"
+#include "engine/kernels/backend.h"
 #include "profiler/record/hooks.h"
 #include "profiler/record/recorder.h"
 #endif
@@ -512,6 +514,74 @@ static void rank_collectives(mt_rank *r, void *arg) {
     ms_device_destroy(g.gpu);
 }
 
+/* The direct path's ordering (docs/ARCHITECTURE.md, streams and events), on one GPU: a kernel
+ * queued behind long GEMMs on the compute stream writes the send buffer, then a non-blocking
+ * all-reduce is issued. NCCL's stream waits for the mark recorded at issue, so it reduces what
+ * the kernel wrote; without that wait it would run at once and read the buffer before the
+ * kernel. The way back keeps the host's completion: a kernel queued after the wait reads the
+ * result. */
+static void rank_direct_order(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_ctx *ctx = r->ctx;
+    ms_error err = {0};
+    ms_device *gpu = NULL;
+    ms_kctx *kc = NULL;
+    ms_comm *host = NULL, *nc = NULL;
+    enum { M = 2048, GEMMS = 16 };
+    const int64_t n = (int64_t)1 << 20;
+    float *send = NULL, *recv = NULL, *a = NULL, *b = NULL, *c = NULL;
+    const size_t vb = (size_t)n * sizeof(float), mb = (size_t)M * M * sizeof(float);
+    if (!MT_OK(r, ms_device_cuda_create(0, &gpu, &err), &err) ||
+        !MT_OK(r, ms_kctx_create(gpu, &kc, &err), &err) ||
+        !MT_OK(r, ms_comm_split(ctx->world, 0, 0, "host", &host, &err), &err) ||
+        !MT_OK(r, ms_comm_nccl_create(ctx->world, 0, &nc, &err), &err))
+        goto out;
+    ms_comm_set_device(host, gpu);
+    if (!MT_OK(r, ms_comm_adopt_direct(host, nc, &err), &err)) goto out;
+    MT_OK(r, ms_device_alloc(gpu, vb, (void **)&send, &err), &err);
+    MT_OK(r, ms_device_alloc(gpu, vb, (void **)&recv, &err), &err);
+    MT_OK(r, ms_device_alloc(gpu, mb, (void **)&a, &err), &err);
+    MT_OK(r, ms_device_alloc(gpu, mb, (void **)&b, &err), &err);
+    MT_OK(r, ms_device_alloc(gpu, mb, (void **)&c, &err), &err);
+    if (r->failures) goto out;
+    MT_OK(r, ms_device_zero(gpu, send, vb, &err), &err);
+    MT_OK(r, ms_device_zero(gpu, a, mb, &err), &err);
+    MT_OK(r, ms_device_zero(gpu, b, mb, &err), &err);
+    const ms_k_gemm g = {.batch = 1, .m = M, .n = M, .k = M};
+    for (int i = 0; i < GEMMS; i++)
+        MT_OK(r, MS_CALL_K(kc, matmul_forward, &g, c, a, b, 1.0f, 0.0f, &err), &err);
+    MT_OK(r, MS_CALL_K(kc, fill, send, 7.0f, n, &err), &err);
+    ms_comm_request *req = ms_iall_reduce(host, send, recv, (size_t)n, MS_REDUCE_SUM, &err);
+    MT_CHECK(r, req != NULL, "iall_reduce: %s", err.msg);
+    MT_OK(r, ms_comm_wait(req, &err), &err);
+    MT_CHECK(r, ms_comm_direct_calls(host) == 1, "the all-reduce did not go the direct way");
+    MT_OK(r, MS_CALL_K(kc, scale_forward, send, recv, 2.0f, n, &err), &err);
+    float *back = malloc(2 * vb);
+    MT_OK(r, ms_device_copy(gpu, back, recv, vb, MS_COPY_DEVICE_TO_HOST, &err), &err);
+    MT_OK(r, ms_device_copy(gpu, back + n, send, vb, MS_COPY_DEVICE_TO_HOST, &err), &err);
+    int64_t bad_recv = 0, bad_after = 0;
+    for (int64_t i = 0; i < n; i++) bad_recv += back[i] != 7.0f, bad_after += back[n + i] != 14.0f;
+    MT_CHECK(r, bad_recv == 0,
+             "%lld of %lld results are not the 7 the kernel wrote before the "
+             "all-reduce (NCCL did not wait for it); first %g",
+             (long long)bad_recv, (long long)n, (double)back[0]);
+    MT_CHECK(r, bad_after == 0, "%lld of %lld values read after the wait are not 14",
+             (long long)bad_after, (long long)n);
+    free(back);
+out:
+    ms_device_free(gpu, send, vb), ms_device_free(gpu, recv, vb);
+    ms_device_free(gpu, a, mb), ms_device_free(gpu, b, mb), ms_device_free(gpu, c, mb);
+    ms_comm_destroy(host); /* and the NCCL communicator it adopted */
+    if (!host) ms_comm_destroy(nc);
+    ms_kctx_destroy(kc);
+    ms_device_destroy(gpu);
+}
+
+static void test_direct_order(void **state) {
+    (void)state;
+    mt_run_threads(1, rank_direct_order, NULL);
+}
+
 static void test_one_rank(void **state) {
     (void)state;
     mt_run_threads(1, rank_collectives, NULL);
@@ -593,9 +663,8 @@ int main(int argc, char **argv) {
     g_ngpu = gpu_count();
     if (g_ngpu > 0) {
         const struct CMUnitTest tests[] = {
-            cmocka_unit_test(test_refusals),
-            cmocka_unit_test(test_one_rank),
-            cmocka_unit_test(test_ranks),
+            cmocka_unit_test(test_refusals),     cmocka_unit_test(test_one_rank),
+            cmocka_unit_test(test_direct_order), cmocka_unit_test(test_ranks),
             cmocka_unit_test(test_timeout),
         };
         return mt_main(argc, argv, "nccl", tests, sizeof tests / sizeof tests[0]);

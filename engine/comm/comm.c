@@ -73,8 +73,9 @@ typedef struct stage {
     char *host;
     int n;
     stage_region *r;
-    int host_bufs; /* the call's non-empty buffers in host memory */
-    bool direct;   /* every buffer is device memory and runs on c->direct's backend */
+    int host_bufs;         /* the call's non-empty buffers in host memory */
+    bool direct;           /* every buffer is device memory and runs on c->direct's backend */
+    ms_device_mark *ready; /* direct: the caller's work up to the call's issue (owned) */
 } stage;
 
 /* A non-blocking call: its arguments, then what the progress thread found. */
@@ -330,12 +331,17 @@ static ms_status stage_begin(stage *s, ms_error *err) {
 }
 
 /* stage_begin for a collective that may take the direct path: when every buffer of the call
- * is device memory and the communicator has one, nothing is staged. */
+ * is device memory and the communicator has one, nothing is staged. Called on the caller's
+ * thread when the call is issued, non-blocking calls too. */
 static ms_status stage_begin_routed(stage *s, ms_comm_call *call, ms_error *err) {
     if (s->c->direct && s->n > 0 && s->host_bufs == 0) {
-        /* The direct backend reads on its own stream: what the compute stream wrote must be
-         * there first. (Events between the two streams would let the host run ahead.) */
-        MS_CHECK(ms_device_sync(s->c->device, err));
+        /* The direct backend works on its own stream: it waits there for a mark after what
+         * the caller has queued so far (the kernels that wrote the buffers), and for nothing
+         * the caller queues later, so compute issued after a non-blocking call overlaps it.
+         * A device without marks is synced here instead. */
+        MS_CHECK(ms_device_mark_record(s->c->device, &s->ready, err));
+        call->ready_dev = s->c->device;
+        call->ready = s->ready;
         s->direct = true;
         s->c->direct_calls++;
         call->algo = s->c->direct->ops->name; /* the backend may name its algorithm instead */
@@ -370,6 +376,7 @@ static ms_status stage_end(stage *s, ms_status st, ms_error *err) {
                                 MS_COPY_HOST_TO_DEVICE, err);
     }
     if (s->slot >= 0) pool_give(s->c, s->slot);
+    ms_device_mark_release(s->c->device, s->ready); /* the backend's wait is queued by now */
     free(s->r);
     stage_init(s, s->c);
     return st;

@@ -247,9 +247,11 @@ ms_status ms_recv_bytes(ms_comm *c, void *buf, size_t nbytes, int peer, int tag,
  * overlap. Under MPI the progress thread is also what makes MPI progress while the caller
  * computes (OpenMPI's shared-memory transport advances only inside MPI calls), which needs
  * MPI_THREAD_MULTIPLE; it polls gently, so the caller helps: ms_comm_progress between its
- * kernels, and ms_comm_wait drives progress itself while it waits. With less than MULTIPLE,
- * and on NCCL (its stream is bound to the caller's device), the call runs to completion
- * before it returns its request (still correct, no overlap).
+ * kernels, and ms_comm_wait drives progress itself while it waits. With less than MULTIPLE
+ * the call runs to completion before it returns its request (still correct, no overlap). On
+ * NCCL (and any direct path) the caller's compute is ordered by a device mark recorded at
+ * issue on the caller's thread, which the backend's stream waits for: the collective reads
+ * what was queued before it, while kernels queued after it run beside it.
  *
  * A blocking call on a communicator first waits until every non-blocking call issued before
  * it on that communicator has executed (not been waited for), so blocking and non-blocking

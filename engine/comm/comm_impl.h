@@ -35,7 +35,20 @@ typedef struct ms_comm_call {
     const ms_p2p_op *p2p_ops; /* MS_COLL_P2P: reported to the observer */
     int n_p2p;
     uint64_t flight; /* the call's ticket in the rank's flight recorder (flight.h) */
+    /* A direct call (device memory on a backend with a stream of its own, comm.h): the point
+     * in the caller's work on ready_dev up to which the call's buffers are final, recorded on
+     * the caller's thread when the call was issued. The backend makes its stream wait for it
+     * before touching them (ms_comm_call_wait_ready). NULL: nothing to wait for (not direct,
+     * or a device without marks, synced at issue instead). Owned by the shared layer. */
+    ms_device *ready_dev;
+    const ms_device_mark *ready;
 } ms_comm_call;
+
+/* Makes the backend's `stream` wait for call->ready; the host does not wait. */
+static inline ms_status ms_comm_call_wait_ready(const ms_comm_call *call, void *stream,
+                                                ms_error *err) {
+    return ms_device_mark_wait(call->ready_dev, call->ready, stream, err);
+}
 
 typedef struct ms_comm_backend_ops {
     const char *name;

@@ -16,6 +16,16 @@
  *     ncclGetErrorString's text and NCCL's last error message; the communicator is aborted,
  *     since NCCL leaves it unusable after an asynchronous error.
  *
+ * Streams: on a communicator's direct path (ms_comm_adopt_direct) the buffers are written by
+ * the rank's compute stream (core/device_cuda.c). The shared layer records a mark (an event on
+ * that stream) on the caller's thread when the call is issued, and enter() makes this stream
+ * wait for it (cudaStreamWaitEvent): NCCL reads what the kernels before the call wrote, and
+ * nothing waits for the kernels queued after it. The other way, compute after a collective,
+ * keeps the host's completion: a call, or the wait for a non-blocking one, returns once this
+ * stream is done (the deadline needs the host to watch it anyway), and only then does the
+ * caller queue the kernels that read the result. Non-blocking calls run on the communicator's
+ * progress thread (async_ok). None of this has run on a GPU yet.
+ *
  * Profiling: the events do not come from here but from comm.c. A communicator made by
  * ms_comm_nccl_create (or split from one) is an ordinary ms_comm around these slots, so
  * ms_comm_probe_attach installs the profiler's observer on it as on a threads or MPI
@@ -199,14 +209,16 @@ static ms_status wait_done(nccl_ctx *c, const char *what, ms_comm_call *call, ms
     }
 }
 
-/* Every slot starts here: the calling thread's current device may be another one. */
+/* Every slot starts here: the calling thread's current device may be another one (a progress
+ * thread runs non-blocking calls). On the direct path the stream first waits for the caller's
+ * mark (call->ready: its compute up to the call's issue), on the GPU, not the host. */
 static ms_status enter(nccl_ctx *c, ms_comm_call *call, ms_error *err) {
     call->algo = "nccl";
     if (!c->comm)
         return ms_fail(err, MS_ERR_COMM, "the NCCL communicator was aborted; recreate it");
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) return cuda_fail(NULL, e, "cudaSetDevice", err);
-    return MS_OK;
+    return ms_comm_call_wait_ready(call, c->stream, err);
 }
 
 /* NCCL moves device memory of the communicator's device. A host pointer would fault inside
@@ -586,6 +598,14 @@ static ms_status nccl_split(void *ctx, int color, int key, void **out_ctx, int *
     return MS_OK;
 }
 
+/* Non-blocking calls run on the communicator's progress thread: every slot binds the device
+ * (enter), and the caller's compute is ordered by its mark, recorded at issue, so kernels the
+ * caller queues after the call overlap it. */
+static bool nccl_async_ok(void *ctx) {
+    (void)ctx;
+    return true;
+}
+
 static const ms_comm_backend_ops nccl_ops = {
     .name = "nccl",
     .all_reduce = nccl_all_reduce,
@@ -597,6 +617,7 @@ static const ms_comm_backend_ops nccl_ops = {
     .barrier = nccl_barrier,
     .split = nccl_split,
     .destroy = nccl_destroy,
+    .async_ok = nccl_async_ok,
 };
 
 /* --- creation -------------------------------------------------------------------------------- */

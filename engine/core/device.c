@@ -283,6 +283,26 @@ ms_status ms_device_sync(ms_device *dev, ms_error *err) {
     return dev && dev->ops->sync ? dev->ops->sync(dev, err) : MS_OK;
 }
 
+bool ms_device_has_marks(const ms_device *dev) {
+    return dev && dev->ops->mark_record;
+}
+
+ms_status ms_device_mark_record(ms_device *dev, ms_device_mark **out, ms_error *err) {
+    *out = NULL;
+    if (!dev) return MS_OK;
+    if (!ms_device_has_marks(dev)) return ms_device_sync(dev, err);
+    return dev->ops->mark_record(dev, out, err);
+}
+
+ms_status ms_device_mark_wait(ms_device *dev, const ms_device_mark *mark, void *stream,
+                              ms_error *err) {
+    return mark ? dev->ops->mark_wait(dev, mark, stream, err) : MS_OK;
+}
+
+void ms_device_mark_release(ms_device *dev, ms_device_mark *mark) {
+    if (mark) dev->ops->mark_release(dev, mark);
+}
+
 bool ms_device_owns(const ms_device *dev, const void *ptr) {
     return dev && ptr && dev->ops->owns(dev, ptr);
 }

@@ -7,6 +7,14 @@
  * Ownership: ms_device_alloc returns memory owned by the caller, released with
  * ms_device_free on the same device. Devices themselves are created per rank and freed
  * with ms_device_destroy.
+ *
+ * Streams and marks: a device object is one rank's queue of work. On CUDA it owns one
+ * blocking compute stream: every kernel context made on it (engine/kernels/backend.h) launches
+ * there, and the device's own copies, zeroing and box copies run there too, so kernels and
+ * copies keep the order the rank issued them in. A mark (ms_device_mark_record) is a point in
+ * that queue, an event; a consumer with a stream of its own (NCCL) waits for it on that stream
+ * (ms_device_mark_wait) without blocking the host. Marks belong to the device that recorded
+ * them and go back to it (ms_device_mark_release), before the device is destroyed.
  */
 #ifndef MS_DEVICE_H
 #define MS_DEVICE_H
@@ -43,8 +51,11 @@ typedef enum ms_copy_dir {
 } ms_copy_dir;
 
 typedef struct ms_device ms_device;
+/* A point in a device's queue of work (CUDA: an event on its compute stream). Opaque: each
+ * backend casts its own type. */
+typedef struct ms_device_mark ms_device_mark;
 
-/* Backend slots. All are required. */
+/* Backend slots. All are required but sync and the three mark slots. */
 typedef struct ms_device_ops {
     const char *name;
     ms_device_kind kind;
@@ -68,6 +79,18 @@ typedef struct ms_device_ops {
     /* Optional (NULL: the device runs nothing asynchronously): waits until all work queued on
      * the device, on any stream, has finished. */
     ms_status (*sync)(ms_device *dev, ms_error *err);
+    /* Optional, all three or none (none: ms_device_mark_record syncs instead). mark_record:
+     * a mark after every kernel and copy queued on this device object so far, by any thread.
+     * mark_wait: makes `stream`, a queue of the device's native kind that is not the device's
+     * own (CUDA: a cudaStream_t), wait for the mark's work before whatever it runs next; the
+     * host does not wait. mark_release: the mark goes back to the device (its pool); a mark
+     * may be released as soon as the waits for it are queued. */
+    ms_status (*mark_record)(ms_device *dev, ms_device_mark **out, ms_error *err);
+    ms_status (*mark_wait)(ms_device *dev, const ms_device_mark *mark, void *stream, ms_error *err);
+    void (*mark_release)(ms_device *dev, ms_device_mark *mark);
+    /* Whether the kernel contexts made on this device add their launches to `work` (the
+     * fenced device, whose marks are counts of work: see ms_device_fenced_mark_work). */
+    bool counts_work;
     void (*destroy)(ms_device *dev);
 } ms_device_ops;
 
@@ -79,13 +102,20 @@ struct ms_device {
     atomic_size_t in_use; /* bytes currently allocated through this device */
     atomic_size_t peak;   /* high-water mark of in_use */
     atomic_size_t limit;  /* 0, or the most in_use may reach (ms_device_set_limit) */
+    /* Where ops->counts_work: kernel launches and copies queued on this device so far. */
+    _Atomic uint64_t work;
 };
 
 /* A CPU device. Never fails except for memory. */
 ms_status ms_device_cpu_create(ms_device **out, ms_error *err);
 
-/* A fenced CPU device (see MS_DEVICE_FENCED). Never fails except for memory. */
+/* A fenced CPU device (see MS_DEVICE_FENCED). Never fails except for memory. Its marks let
+ * the host check the ordering a GPU needs: a mark holds the device's `work` count when it was
+ * recorded, so a consumer can tell which launches and copies it covers; waiting for one checks
+ * that it is this device's and covers no work that was never queued. */
 ms_status ms_device_fenced_create(ms_device **out, ms_error *err);
+/* The work count a fenced device's mark covers (mark from ms_device_mark_record on it). */
+uint64_t ms_device_fenced_mark_work(const ms_device_mark *mark);
 
 /* Host code may not dereference memory of a device that is not host-addressable. */
 static inline bool ms_device_host_addressable(const ms_device *dev) {
@@ -96,8 +126,12 @@ static inline bool ms_device_host_addressable(const ms_device *dev) {
 int ms_device_cuda_count(void);
 
 /* A CUDA device for `ordinal`. Returns MS_ERR_UNSUPPORTED with a message saying why (not
- * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. */
+ * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. The device
+ * owns its compute stream (made on first use) and its pool of marks (events). */
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
+/* The CUDA build: a CUDA device's compute stream (a cudaStream_t, made on first use), borrowed
+ * by its kernel contexts for as long as the device lives. */
+ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err);
 
 /* A device of `kind` for world rank `rank` (CUDA: GPU rank mod the GPUs present). */
 ms_status ms_device_create(ms_device_kind kind, int rank, ms_device **out, ms_error *err);
@@ -156,10 +190,23 @@ ms_status ms_device_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape
 
 /* Whether ptr is memory of dev that host code may not touch (the owns slot; false for NULL). */
 bool ms_device_owns(const ms_device *dev, const void *ptr);
-/* Waits for everything queued on dev (the sync slot; at once where there is none). A backend
- * that reads device memory on a stream of its own (NCCL) calls it first, so that it reads
- * what the compute stream's kernels wrote. */
+/* Waits for everything queued on dev (the sync slot; at once where there is none): what
+ * ms_device_mark_record falls back to on a device without marks. */
 ms_status ms_device_sync(ms_device *dev, ms_error *err);
+
+/* A mark after all the work this device object has queued so far (the mark_record slot), for
+ * a consumer on another stream: the communicators' direct path (NCCL) records one on the
+ * caller's thread when a call is issued and has its stream wait for it. On a device without
+ * marks it waits for the device instead (ms_device_sync) and gives NULL: nothing is left to
+ * wait for. NULL dev: *out = NULL. */
+ms_status ms_device_mark_record(ms_device *dev, ms_device_mark **out, ms_error *err);
+/* Makes `stream` (the device's native kind) wait for mark; a NULL mark is ready. */
+ms_status ms_device_mark_wait(ms_device *dev, const ms_device_mark *mark, void *stream,
+                              ms_error *err);
+/* Gives mark back to dev; NULL is a no-op. */
+void ms_device_mark_release(ms_device *dev, ms_device_mark *mark);
+/* Whether dev has the mark slots. */
+bool ms_device_has_marks(const ms_device *dev);
 
 /* Copies nbytes between any mix of dev's memory and host memory, the direction told by
  * ms_device_owns of each end (neither: a host copy). For memory whose device the caller does

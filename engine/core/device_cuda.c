@@ -1,7 +1,16 @@
 /* device_cuda.c - the CUDA backend of the device interface (built when CUDA is enabled).
  *
  * Created only when a driver and a GPU answer; otherwise ms_device_cuda_create returns
- * MS_ERR_UNSUPPORTED with the CUDA runtime's reason so the caller can fall back. */
+ * MS_ERR_UNSUPPORTED with the CUDA runtime's reason so the caller can fall back.
+ *
+ * Each device object (one rank's) owns a blocking compute stream, made on first use (so a
+ * device made only to probe the GPU creates no CUDA context). Its kernel contexts launch
+ * there (kernels/cuda/backend_cuda.c) and its copies run there, in the order the rank issued
+ * them; a copy that touches host memory returns once it is done, as cudaMemcpy did. Blocking,
+ * so work on the legacy default stream (anything outside the device) stays ordered with it.
+ * A mark is an event recorded on that stream, taken from a pool of the device's events
+ * (created once, without timing); NCCL's stream waits for it with cudaStreamWaitEvent. Not yet
+ * run on a GPU. */
 #include "engine/core/device.h"
 
 #include <cuda_runtime_api.h>
@@ -10,14 +19,40 @@
 
 #include "engine/core/xalloc.h"
 
+/* A mark: one pooled event. */
+typedef struct cuda_mark {
+    cudaEvent_t event;
+    struct cuda_mark *next; /* in the pool */
+} cuda_mark;
+
 typedef struct cuda_impl {
-    int ordinal;
+    _Atomic(cudaStream_t) stream; /* the compute stream (kernels and copies), or NULL yet */
+    pthread_mutex_t mu; /* guards making the stream and pool: any thread may use the device */
+    cuda_mark *pool;    /* released marks, their events ready to record again */
 } cuda_impl;
 
 static ms_status cuda_status(cudaError_t e, const char *what, ms_error *err) {
     if (e == cudaSuccess) return MS_OK;
     return ms_fail(err, e == cudaErrorMemoryAllocation ? MS_ERR_NOMEM : MS_ERR_INTERNAL,
                    "cuda: %s failed: %s", what, cudaGetErrorString(e));
+}
+
+/* The compute stream, made on first use; blocking, so ordered with the legacy default stream
+ * both ways (see the top of the file). */
+static ms_status stream_of(ms_device *dev, cudaStream_t *out, ms_error *err) {
+    cuda_impl *impl = dev->impl;
+    *out = atomic_load_explicit(&impl->stream, memory_order_acquire);
+    if (*out) return MS_OK;
+    pthread_mutex_lock(&impl->mu);
+    ms_status st = MS_OK;
+    *out = atomic_load_explicit(&impl->stream, memory_order_relaxed);
+    if (!*out) {
+        st = cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err);
+        if (st == MS_OK) st = cuda_status(cudaStreamCreate(out), "cudaStreamCreate", err);
+        if (st == MS_OK) atomic_store_explicit(&impl->stream, *out, memory_order_release);
+    }
+    pthread_mutex_unlock(&impl->mu);
+    return st;
 }
 
 static ms_status cuda_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
@@ -31,43 +66,49 @@ static void cuda_free(ms_device *dev, void *ptr) {
     cudaFree(ptr);
 }
 
+/* On the compute stream; one that reads or writes host memory returns once it is done (the
+ * host may reuse or read its buffer at once), one between device buffers at once. */
 static ms_status cuda_copy(ms_device *dev, void *dst, const void *src, size_t nbytes,
                            ms_copy_dir dir, ms_error *err) {
-    (void)dev;
     static const enum cudaMemcpyKind kinds[] = {
         [MS_COPY_HOST_TO_DEVICE] = cudaMemcpyHostToDevice,
         [MS_COPY_DEVICE_TO_HOST] = cudaMemcpyDeviceToHost,
         [MS_COPY_DEVICE_TO_DEVICE] = cudaMemcpyDeviceToDevice,
     };
-    return cuda_status(cudaMemcpy(dst, src, nbytes, kinds[dir]), "cudaMemcpy", err);
+    cudaStream_t s;
+    MS_CHECK(stream_of(dev, &s, err));
+    MS_CHECK(cuda_status(cudaMemcpyAsync(dst, src, nbytes, kinds[dir], s), "cudaMemcpyAsync", err));
+    if (dir == MS_COPY_DEVICE_TO_DEVICE) return MS_OK;
+    return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", err);
 }
 
 static ms_status cuda_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
-    (void)dev;
-    return cuda_status(cudaMemset(dst, 0, nbytes), "cudaMemset", err);
+    cudaStream_t s;
+    MS_CHECK(stream_of(dev, &s, err));
+    return cuda_status(cudaMemsetAsync(dst, 0, nbytes, s), "cudaMemsetAsync", err);
 }
 
 typedef struct cuda_box {
     char *dst;
     const char *src;
+    cudaStream_t stream;
 } cuda_box;
 
 static ms_status cuda_run(size_t doff, size_t soff, size_t bytes, void *arg, ms_error *err) {
     cuda_box *b = arg;
     return cuda_status(
-        cudaMemcpyAsync(b->dst + doff, b->src + soff, bytes, cudaMemcpyDeviceToDevice, 0),
+        cudaMemcpyAsync(b->dst + doff, b->src + soff, bytes, cudaMemcpyDeviceToDevice, b->stream),
         "cudaMemcpyAsync", err);
 }
 
-/* One cudaMemcpyAsync per innermost run on the default stream (ordered before the synchronous
- * copies that follow): reshards move few, large boxes; a strided-copy kernel is the step
- * after. */
+/* One cudaMemcpyAsync per innermost run on the compute stream: reshards move few, large
+ * boxes; a strided-copy kernel is the step after. */
 static ms_status cuda_copy_box(ms_device *dev, void *dst, const int64_t *dst_shape,
                                const int64_t *dst_start, const void *src, const int64_t *src_shape,
                                const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                                ms_error *err) {
-    (void)dev;
-    cuda_box b = {dst, src};
+    cuda_box b = {dst, src, NULL};
+    MS_CHECK(stream_of(dev, &b.stream, err));
     return ms_box_runs(dst_shape, dst_start, src_shape, src_start, len, ndim, elt, cuda_run, &b,
                        err);
 }
@@ -83,14 +124,86 @@ static bool cuda_owns(const ms_device *dev, const void *ptr) {
     return a.type == cudaMemoryTypeDevice;
 }
 
+/* Every mark must have been released: the pool holds them all. */
 static void cuda_destroy(ms_device *dev) {
-    free(dev->impl);
+    cuda_impl *impl = dev->impl;
+    if (impl) {
+        for (cuda_mark *m = impl->pool, *next; m; m = next) {
+            next = m->next;
+            cudaEventDestroy(m->event);
+            free(m);
+        }
+        cudaStream_t s = atomic_load(&impl->stream);
+        if (s) cudaStreamDestroy(s); /* released once its work is done */
+        pthread_mutex_destroy(&impl->mu);
+        free(impl);
+    }
     free(dev);
 }
 
 static ms_status cuda_sync(ms_device *dev, ms_error *err) {
     MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
     return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize", err);
+}
+
+/* --- marks: pooled events on the compute stream ------------------------------------------ */
+
+static cuda_mark *pool_pop(cuda_impl *impl) {
+    pthread_mutex_lock(&impl->mu);
+    cuda_mark *m = impl->pool;
+    if (m) impl->pool = m->next;
+    pthread_mutex_unlock(&impl->mu);
+    return m;
+}
+
+static void cuda_mark_release(ms_device *dev, ms_device_mark *mark) {
+    cuda_impl *impl = dev->impl;
+    cuda_mark *m = (cuda_mark *)mark;
+    pthread_mutex_lock(&impl->mu);
+    m->next = impl->pool;
+    impl->pool = m;
+    pthread_mutex_unlock(&impl->mu);
+}
+
+/* An event is created only when the pool is empty: in steady state, as many as calls in
+ * flight at once. */
+static ms_status cuda_mark_record(ms_device *dev, ms_device_mark **out, ms_error *err) {
+    cuda_impl *impl = dev->impl;
+    cudaStream_t s;
+    MS_CHECK(stream_of(dev, &s, err));
+    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    cuda_mark *m = pool_pop(impl);
+    if (!m) {
+        m = xcalloc(1, sizeof *m);
+        ms_status st = cuda_status(cudaEventCreateWithFlags(&m->event, cudaEventDisableTiming),
+                                   "cudaEventCreateWithFlags", err);
+        if (st != MS_OK) {
+            free(m);
+            return st;
+        }
+    }
+    ms_status st = cuda_status(cudaEventRecord(m->event, s), "cudaEventRecord", err);
+    if (st != MS_OK) {
+        cuda_mark_release(dev, (ms_device_mark *)m);
+        return st;
+    }
+    *out = (ms_device_mark *)m;
+    return MS_OK;
+}
+
+static ms_status cuda_mark_wait(ms_device *dev, const ms_device_mark *mark, void *stream,
+                                ms_error *err) {
+    (void)dev;
+    const cuda_mark *m = (const cuda_mark *)mark;
+    return cuda_status(cudaStreamWaitEvent((cudaStream_t)stream, m->event, 0),
+                       "cudaStreamWaitEvent", err);
+}
+
+ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err) {
+    cudaStream_t s = NULL;
+    ms_status st = stream_of(dev, &s, err);
+    *out = (void *)s;
+    return st;
 }
 
 static const ms_device_ops cuda_ops = {
@@ -103,6 +216,9 @@ static const ms_device_ops cuda_ops = {
     .copy_box = cuda_copy_box,
     .owns = cuda_owns,
     .sync = cuda_sync,
+    .mark_record = cuda_mark_record,
+    .mark_wait = cuda_mark_wait,
+    .mark_release = cuda_mark_release,
     .destroy = cuda_destroy,
 };
 
@@ -122,7 +238,7 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
                        count);
     ms_device *dev = xcalloc(1, sizeof *dev);
     cuda_impl *impl = xcalloc(1, sizeof *impl);
-    impl->ordinal = ordinal;
+    pthread_mutex_init(&impl->mu, NULL);
     dev->ops = &cuda_ops;
     dev->impl = impl;
     dev->ordinal = ordinal;

@@ -732,6 +732,7 @@ ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err) {
     kc->k = k;
     kc->dev = dev;
     kc->tag = dev->addr_tag;
+    kc->work = dev->ops->counts_work ? &dev->work : NULL;
     if (dev->ops->kind == MS_DEVICE_CUDA) {
         ms_status st = ms_kctx_cuda_init(kc, err);
         if (st != MS_OK) {

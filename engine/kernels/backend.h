@@ -17,11 +17,14 @@
  * compiled, a graph that the device cannot run, naming the operator.
  *
  * Ownership: tables are static. A kernel context (ms_kctx) is created per rank and device
- * and destroyed by its creator; it borrows the device.
+ * and destroyed by its creator; it borrows the device. All the contexts of one device launch
+ * on the device's queue (CUDA: its compute stream, core/device.h), so a device mark covers
+ * the kernels of every context of the rank.
  */
 #ifndef MS_KERNEL_BACKEND_H
 #define MS_KERNEL_BACKEND_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,7 +46,8 @@ typedef struct ms_kctx {
     const ms_kernels *k;
     ms_device *dev; /* borrowed */
     uintptr_t tag;  /* dev->addr_tag: subtracted from addresses by the fenced table */
-    void *impl;     /* the backend's state (CUDA: stream and cuBLAS handle); NULL on the CPU */
+    void *impl;     /* the backend's state (CUDA: cuBLAS handle, the device's stream); or NULL */
+    _Atomic uint64_t *work; /* &dev->work where the device counts launches (fenced), else NULL */
 } ms_kctx;
 
 /* The context for `dev`'s kind. MS_ERR_UNSUPPORTED when this build has no kernels for it
@@ -53,7 +57,8 @@ void ms_kctx_destroy(ms_kctx *kc); /* NULL is a no-op */
 /* The CPU kernels on host memory (ms_device_host()), for code that works on host tensors
  * outside any rank's program: eager mode, tests. Process-wide; never destroyed. */
 ms_kctx *ms_kctx_host(void);
-/* Waits until every kernel enqueued on kc has finished (a no-op on the CPU). */
+/* Waits until every kernel enqueued on kc has finished (a no-op on the CPU; CUDA: the device's
+ * compute stream, so every context's kernels and the device's copies). */
 ms_status ms_kctx_sync(ms_kctx *kc, ms_error *err);
 
 #define MS_KSLOT(name, ...) ms_status (*name)(ms_kctx * kc, __VA_ARGS__, ms_error * err)
@@ -271,6 +276,11 @@ struct ms_kernels {
 const ms_kernels *ms_kernels_for(ms_device_kind kind);
 
 /* Calls slot `fn` of kc's table: MS_CALL_K(kc, gelu_forward, out, inp, n, err). */
-#define MS_CALL_K(kc, fn, ...) ((kc)->k->fn((kc), __VA_ARGS__))
+#define MS_CALL_K(kc, fn, ...) (ms_kctx_count_launch(kc), (kc)->k->fn((kc), __VA_ARGS__))
+
+/* Adds a launch to the device's work count where it keeps one (the fenced device's marks). */
+static inline void ms_kctx_count_launch(ms_kctx *kc) {
+    if (kc->work) atomic_fetch_add_explicit(kc->work, 1, memory_order_relaxed);
+}
 
 #endif

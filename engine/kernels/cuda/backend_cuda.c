@@ -1,11 +1,11 @@
 /* backend_cuda.c - the CUDA kernel table (built with CUDA only): engine/kernels/cuda's
- * launchers on the rank's own stream, cuBLAS for the GEMMs.
+ * launchers on the rank's compute stream, cuBLAS for the GEMMs.
  *
- * Every kernel is enqueued and returns at once on the rank's stream, a blocking one, so the
- * device's copies (core/device_cuda.c, on the legacy default stream) wait for the kernels
- * before them and the kernels after them wait for the copies. Not verified on a GPU
- * yet: the arithmetic of each kernel is host-tested (tests/test_cuda_host.cu), the launches
- * and this table run only where a GPU exists. */
+ * Every kernel is enqueued and returns at once on the device's compute stream
+ * (core/device_cuda.c), which every kernel context of the device shares and the device's
+ * copies run on, so kernels and copies keep the rank's order and a device mark covers them
+ * all. Not verified on a GPU yet: the arithmetic of each kernel is host-tested
+ * (tests/test_cuda_host.cu), the launches and this table run only where a GPU exists. */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
@@ -19,7 +19,7 @@ ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err);
 void ms_kctx_cuda_fini(ms_kctx *kc);
 
 typedef struct cuda_kctx {
-    cudaStream_t stream;
+    cudaStream_t stream; /* the device's, borrowed */
     ms_cu_ctx *cu;
     double *sumsq_scratch; /* device: partial sums, grown on demand, then the result */
     int64_t sumsq_cap;
@@ -36,11 +36,10 @@ static ms_status cuda_failed(cudaError_t e, const char *what, ms_error *err) {
 ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
     cuda_kctx *x = xcalloc(1, sizeof *x);
     kc->impl = x;
-    ms_status st = cuda_failed(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
-    if (st == MS_OK)
-        /* A blocking stream: the device's copies (core/device_cuda.c, on the legacy default
-         * stream) are ordered with its kernels both ways. */
-        st = cuda_failed(cudaStreamCreate(&x->stream), "cudaStreamCreate", err);
+    void *stream = NULL;
+    ms_status st = ms_device_cuda_stream(kc->dev, &stream, err);
+    x->stream = (cudaStream_t)stream;
+    if (st == MS_OK) st = cuda_failed(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
     if (st == MS_OK) st = ms_cu_ctx_create(kc->dev->ordinal, x->stream, &x->cu, err);
     if (st != MS_OK) ms_kctx_cuda_fini(kc);
     return st;
@@ -51,7 +50,6 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     if (!x) return;
     ms_cu_ctx_destroy(x->cu);
     if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
-    if (x->stream) cudaStreamDestroy(x->stream);
     free(x);
     kc->impl = NULL;
 }
