@@ -351,6 +351,11 @@ static size_t link_case(ms_event *ev) {
     ev[2].u.nccl.timing = ev[17].u.nccl.timing = MS_NCCL_T_GPU;
     ev[2].u.nccl.gpu_t0 = GPU_BASE + 2000, ev[2].u.nccl.gpu_t1 = GPU_BASE + 3500;
     ev[17].u.nccl.gpu_t0 = GPU_BASE + 21000, ev[17].u.nccl.gpu_t1 = GPU_BASE + 25000;
+    /* rank 1 also receives (another pair, group 10) while it sends: the send belongs to the
+     * sending side's event, the receive to the receiving side's */
+    ev[n] = coll_ev(1, 10, 2, 1, 5, 60050, 61000, MS_COLL_P2P);
+    ev[n++].u.coll.recv = 1;
+    ev[n++] = nccl_ev(0, COMM_A, 1, "Recv", 60060, 60500); /* 19 */
     return n;
 }
 
@@ -378,13 +383,14 @@ static void link_threads_layout(void **state) {
     assert_linked(&ev[11], 1, 8, 2);
     assert_linked(&ev[15], 1, 9, 3);
     assert_linked(&ev[17], 0, 5, 11);
+    assert_linked(&ev[19], 1, 10, 5);
     assert_int_equal(ev[12].u.nccl.linked, 0);
     assert_int_equal(ev[12].rank, 1);
     assert_int_equal(ev[13].u.nccl.linked, 0);
     assert_int_equal(ev[13].rank, 1);
     assert_int_equal(ev[13].step, -1);
     assert_int_equal(ev[13].u.nccl.ms_group, -1);
-    assert_int_equal(st.linked, 8);
+    assert_int_equal(st.linked, 9);
     assert_int_equal(st.unlinked, 2);
 
     /* GPU placement: offset bracket [max(host start - GPU start), min(host end - GPU end)] =
@@ -509,7 +515,7 @@ static void trace_lane(void **state) {
             break;
         }
     }
-    assert_int_equal(found, 10);
+    assert_int_equal(found, 11);
     ms_trace_free(&t);
     unlink(path);
 }
