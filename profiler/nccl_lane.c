@@ -34,9 +34,13 @@ bool ms_nccl_plugin_resolve(const char *env_value, const char *exe_path, char *o
             snprintf(why, why_cap, "NCCL_PROFILER_PLUGIN=none turns NCCL's profiler plugin off");
             return false;
         }
-        /* NCCL's rule: a path as given, a bare name as libnccl-profiler-NAME.so. */
-        int k = strchr(env_value, '/') ? snprintf(out, cap, "%s", env_value)
-                                       : snprintf(out, cap, "libnccl-profiler-%s.so", env_value);
+        /* As NCCL reads it: a path or a library's file name as given, a bare name as
+         * libnccl-profiler-NAME.so. */
+        const size_t len = strlen(env_value);
+        const bool as_is =
+            strchr(env_value, '/') || (len > 3 && !strcmp(env_value + len - 3, ".so"));
+        int k = as_is ? snprintf(out, cap, "%s", env_value)
+                      : snprintf(out, cap, "libnccl-profiler-%s.so", env_value);
         if (k > 0 && (size_t)k < cap) return true;
         snprintf(why, why_cap, "NCCL_PROFILER_PLUGIN is longer than %zu bytes", cap);
         return false;
@@ -102,9 +106,11 @@ static void open_once(void) {
         exe[k > 0 ? k : 0] = '\0';
         lane.exe_path = k > 0 ? exe : NULL;
     }
+    const bool was_set = getenv("NCCL_PROFILER_PLUGIN") != NULL;
     lane.ok = load(why, sizeof why) == NULL;
     lane.exe_path = NULL; /* exe is on this stack */
     if (lane.ok) return;
+    if (!was_set) unsetenv("NCCL_PROFILER_PLUGIN"); /* NCCL would fail on it as well */
     lane.path[0] = '\0';
     fprintf(stderr, "trace: no NCCL profiler plugin (%s); tracing without NCCL's view\n", why);
 }

@@ -7,8 +7,9 @@
  * NCCL_PROFILER_PLUGIN, and meshscope dlopen()s the same path, which gives the copy NCCL has
  * (or will get: the loader keeps one copy per file), so both see one buffer. The path:
  *   1. NCCL_PROFILER_PLUGIN when the user set it (respected as is; "none" turns NCCL's
- *      plugin, and with it this lane, off). NCCL reads a name without a slash as
- *      libnccl-profiler-NAME.so on the loader path, and so does ms_nccl_plugin_resolve.
+ *      plugin, and with it this lane, off). A path or a file name ending in .so is
+ *      taken as is; NCCL reads a bare name as libnccl-profiler-NAME.so on the loader path,
+ *      and so does ms_nccl_plugin_resolve.
  *   2. else libnccl-profiler-meshscope.so next to the executable (the build directory, where
  *      CMake puts both), then in ../lib beside the executable's directory (an installed
  *      layout: bin/meshscope, lib/libnccl-profiler-meshscope.so); the first that exists is

@@ -65,6 +65,9 @@ static void resolve_paths(void **state) {
     assert_string_equal(p, "/opt/x/libmine.so");
     assert_true(ms_nccl_plugin_resolve("inspector", exe, p, sizeof p, &env, why, sizeof why));
     assert_string_equal(p, "libnccl-profiler-inspector.so");
+    assert_true(
+        ms_nccl_plugin_resolve(MS_NCCL_PLUGIN_FILE, exe, p, sizeof p, &env, why, sizeof why));
+    assert_string_equal(p, MS_NCCL_PLUGIN_FILE);
     assert_false(ms_nccl_plugin_resolve("none", exe, p, sizeof p, &env, why, sizeof why));
     assert_non_null(strstr(why, "none"));
 
@@ -124,6 +127,19 @@ static void open_missing_says_so_once(void **state) {
     assert_int_equal(count_lines(text), 1);
     assert_non_null(strstr(text, "no NCCL profiler plugin"));
     assert_non_null(strstr(text, "tracing without NCCL's view"));
+
+    /* Found but not loadable (an empty file): said once, and the variable is left unset,
+     * so that NCCL does not trip over it either. */
+    char dir[] = "/tmp/ms_nccl_lane_XXXXXX", p[600];
+    assert_non_null(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/" MS_NCCL_PLUGIN_FILE, dir);
+    touch(p);
+    snprintf(p, sizeof p, "%s/meshscope", dir);
+    open_in_child(NULL, p, text, sizeof text);
+    assert_int_equal(count_lines(text), 1);
+    assert_non_null(strstr(text, "cannot load"));
+    snprintf(p, sizeof p, "rm -rf '%s'", dir);
+    assert_int_equal(system(p), 0);
 
     /* The user's path is kept, and its failure to load is the one message. */
     open_in_child("/nonexistent/libnccl-profiler-x.so", MS_TEST_PLUGIN_DIR "/meshscope", text,
