@@ -136,9 +136,9 @@ typedef struct ms_ev_nccl {
     uint8_t timing; /* 0 enqueue, 1 host, 2 gpu (ms_nccl_timing) */
     uint8_t linked; /* 1: ms_group/ms_seq name meshscope's event for this call */
     uint8_t coll;   /* the ms_coll_kind NCCL's function is (Send/Recv: p2p); 255: none */
-    char func[14];  /* "AllReduce", "Send", ... */
-    char dtype[14]; /* "ncclFloat32", ... */
-    char algo[12];  /* "RING", "TREE", ... */
+    char func[16];  /* "AllReduce", "Send", ... */
+    char dtype[16]; /* "ncclFloat32", ... */
+    char algo[16];  /* "RING", "TREE", "COLLNET_DIRECT", ... */
     char proto[8];  /* "LL", "LL128", "Simple" */
 } ms_ev_nccl;
 
