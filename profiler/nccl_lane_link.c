@@ -167,9 +167,9 @@ static void place_gpu(linker *l, size_t n, ms_nccl_link_stats *st) {
         if (lo > m->off_lo) m->off_lo = lo;
     }
     for (size_t i = 0; i < l->n_m; i++) {
+        if (!l->m[i].gpu) continue; /* its bounds are still the sentinels */
         const int64_t w = l->m[i].off_hi - l->m[i].off_lo;
-        if (l->m[i].gpu && (w < 0 ? -w : w) > st->gpu_uncertainty_ns)
-            st->gpu_uncertainty_ns = w < 0 ? -w : w;
+        if ((w < 0 ? -w : w) > st->gpu_uncertainty_ns) st->gpu_uncertainty_ns = w < 0 ? -w : w;
     }
     for (size_t i = 0; i < n; i++) {
         ms_event *x = &l->ev[i];
