@@ -4,7 +4,8 @@
  * fed NCCL's v5 call sequence by hand, its records drained into a rank's ring, linked to
  * meshscope's collectives (threads and MPI layouts, ambiguity, unlinked records), GPU spans
  * placed against the truth, and the trace file: the "NCCL (plugin)" lane with its args,
- * accepted by the validator and read back field for field. */
+ * accepted by the validator and read back field for field; then the tracer end to end on two
+ * thread ranks whose device claims to be a GPU (start, drain at the gathers, link, file). */
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine/comm/comm.h"
+#include "job/tracer.h"
 #include "profiler/nccl_lane.h"
 #include "tests/testkit.h"
 #include "traces/trace_check.h"
@@ -536,11 +538,91 @@ static void trace_lane(void **state) {
     unlink(path);
 }
 
+/* --- the tracer: two thread ranks, end to end ------------------------------------------- */
+
+/* Each rank plays its own NCCL: a communicator member that makes one all-reduce inside the
+ * meshscope collective it records. The rank's device claims to be a GPU (the lane is for
+ * CUDA runs; the CUPTI half then says it has no GPU and traces the host). Rank 0 drains the
+ * process's plugin, so rank 1's record reaches the file only through linking. */
+static ms_status tracer_rank(ms_ctx *ctx, void *arg, ms_error *err) {
+    const char *path = arg;
+    static ms_device_ops gpu_ops[2];
+    const ms_device_ops *cpu_ops = ctx->device->ops;
+    gpu_ops[ctx->rank] = *cpu_ops;
+    gpu_ops[ctx->rank].kind = MS_DEVICE_CUDA;
+    ctx->device->ops = &gpu_ops[ctx->rank];
+    tracer t;
+    ms_status st = tracer_start(ctx, &t, err);
+    if (st == MS_OK) {
+        t.keep = true; /* as train --trace sets it */
+        tracer_nccl_start(ctx, &t);
+        void *h = dlopen(getenv("NCCL_PROFILER_PLUGIN"), RTLD_NOW | RTLD_LOCAL);
+        const ms_nccl_profiler_v5 *p = h ? dlsym(h, "ncclProfiler_v5") : NULL;
+        void *pctx = NULL, *coll = NULL;
+        int mask = 0;
+        if (!p || p->init(&pctx, 0x77, &mask, "world", 1, 2, ctx->rank, NULL) != 0)
+            return ms_fail(err, MS_ERR_INVALID, "the plugin does not load");
+        ms_event e = {.kind = MS_EV_COLL, .phase = MS_PHASE_FORWARD};
+        e.t0_ns = ms_now_ns();
+        ms_nccl_event_descr_v5 d = coll_descr(3, "AllReduce", 0);
+        p->startEvent(pctx, &coll, &d);
+        p->stopEvent(coll);
+        e.t1_ns = ms_now_ns();
+        e.u.coll = (ms_ev_coll){.coll = MS_COLL_ALL_REDUCE,
+                                .group = 0,
+                                .group_size = 2,
+                                .group_rank = ctx->rank,
+                                .seq = 42,
+                                .mesh_dim = -1};
+        ms_recorder_push(t.rec, &e);
+        st = tracer_gather(ctx, &t, err);
+        if (st == MS_OK) st = tracer_finish(ctx, &t, path, 0, err);
+        p->finalize(pctx);
+        dlclose(h);
+    }
+    tracer_free(ctx, &t);
+    ctx->device->ops = cpu_ops;
+    return st;
+}
+
+static void tracer_end_to_end(void **state) {
+    (void)state;
+    assert_true(ms_nccl_lane_open(NULL)); /* opened by plugin_drains_into_ring */
+    char path[] = "/tmp/ms_nccl_lane_job_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = 2};
+    ms_error err = {0};
+    assert_int_equal(ms_launch(&lo, tracer_rank, path, &err), MS_OK);
+    assert_int_equal(ms_trace_check(path, NULL, &err), MS_OK);
+    ms_trace t;
+    assert_int_equal(ms_trace_read(path, &t, &err), MS_OK);
+    int seen[2] = {0, 0};
+    for (size_t i = 0; i < t.n_events; i++) {
+        const ms_event *e = &t.events[i];
+        if (e->kind != MS_EV_NCCL) continue;
+        assert_true(e->rank == 0 || e->rank == 1);
+        assert_int_equal(e->u.nccl.comm_rank, e->rank); /* on its own rank, not the drainer's */
+        assert_int_equal(e->u.nccl.linked, 1);
+        assert_int_equal(e->u.nccl.ms_seq, 42);
+        assert_int_equal(e->u.nccl.seq, 3);
+        assert_int_equal(e->u.nccl.comm_id, 0x77);
+        assert_int_equal(e->phase, MS_PHASE_FORWARD);
+        seen[e->rank]++;
+    }
+    assert_int_equal(seen[0], 1);
+    assert_int_equal(seen[1], 1);
+    ms_trace_free(&t);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resolve_paths),           cmocka_unit_test(open_missing_says_so_once),
         cmocka_unit_test(plugin_drains_into_ring), cmocka_unit_test(link_threads_layout),
         cmocka_unit_test(link_mpi_layout),         cmocka_unit_test(trace_lane),
+        cmocka_unit_test(tracer_end_to_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
