@@ -45,6 +45,38 @@ static void gpu_pass_on(tracer *t) {
         for (size_t i = 0; i < got; i++) ms_recorder_push_as(t->rec, &buf[i]);
 }
 
+void tracer_nccl_start(ms_ctx *ctx, tracer *t) {
+#ifdef MS_HAVE_NCCL
+    if (ctx->device->ops->kind != MS_DEVICE_CUDA) return;
+    /* Every rank opens (once per process), so none makes a communicator before the variable
+     * is set; one rank per process drains. */
+    const bool open = ms_nccl_lane_open(NULL);
+    t->nccl_drain = open && (ctx->backend == MS_BACKEND_MPI || ctx->rank == 0);
+#else
+    (void)ctx, (void)t; /* no NCCL communicators in this build */
+#endif
+}
+
+/* NCCL's records so far go into this rank's ring (this is the ring's writer); rank 0 links
+ * them to their collectives at the end. */
+static void nccl_pass_on(ms_ctx *ctx, tracer *t) {
+    if (t->nccl_drain) ms_nccl_lane_drain(t->rec, ctx->rank, &t->nccl_counts);
+}
+
+/* Rank 0, before the step filter (linking gives NCCL's records their steps). */
+static void nccl_link(ms_ctx *ctx, tracer *t) {
+    ms_nccl_link_stats ls;
+    if (ms_nccl_lane_link(t->all, t->n, ctx->backend != MS_BACKEND_MPI, &ls) != 0) {
+        fprintf(stderr, "trace: out of memory linking NCCL's records; kept unlinked\n");
+        return;
+    }
+    if (ls.linked + ls.unlinked == 0) return;
+    printf("trace: NCCL plugin: %zu calls, %zu linked to meshscope's collectives, %zu on GPU time "
+           "(clock offset within %.1f us); %llu proxy ops on rank 0's process\n",
+           ls.linked + ls.unlinked, ls.linked, ls.gpu_placed, (double)ls.gpu_uncertainty_ns / 1e3,
+           (unsigned long long)t->nccl_counts.proxy_ops);
+}
+
 static void gpu_stop(ms_ctx *ctx, tracer *t) {
     ctx->trace.gpu_push = NULL;
     ctx->trace.gpu_pop = NULL;
@@ -66,6 +98,7 @@ ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
 
 ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
     gpu_pass_on(t);
+    nccl_pass_on(ctx, t);
     for (;;) {
         if (ctx->rank == 0 && t->cap - t->n < (size_t)ctx->world_size * TRACE_GATHER_MAX) {
             t->cap = t->cap * 2 + (size_t)ctx->world_size * TRACE_GATHER_MAX;
@@ -100,6 +133,7 @@ ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, 
     MS_CHECK(ms_gather_groups(t->comm, t->rec, groups, 512, &ng, err));
     if (ctx->rank != 0) return MS_OK;
     ms_gpu_attribute(t->all, t->n); /* before the step filter: GPU activity's steps come late */
+    nccl_link(ctx, t);
     /* Recording starts at step 0 when the live views need it; the file keeps --trace-from on
      * (and what follows the last step: the final gather, memory). */
     size_t w = 0;

@@ -15,6 +15,7 @@
 
 #include "engine/runtime/ctx.h"
 #include "profiler/live.h"
+#include "profiler/nccl_lane.h"
 #include "profiler/record/recorder.h"
 
 typedef struct tracer {
@@ -31,11 +32,20 @@ typedef struct tracer {
      * into gpu_rec and passes its events on into rec at every gather. */
     ms_recorder *gpu_rec;
     uint64_t gpu_cursor;
+    /* NCCL's view of the collectives (profiler/nccl_lane.h): the first rank of each process
+     * drains the NCCL profiler plugin into rec at every gather. */
+    bool nccl_drain;
+    ms_nccl_lane_counts nccl_counts;
 } tracer;
 
 /* Collective: splits the private communicator, aligns clocks, attaches a recorder; on a CUDA
  * device also starts collecting GPU activity (or says why it cannot, and traces the host). */
 ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err);
+/* --trace on a CUDA device of a build with NCCL: makes NCCL load meshscope's profiler plugin
+ * (NCCL_PROFILER_PLUGIN, unless the user set it) and drains it into the trace. Call after
+ * tracer_start and before the first NCCL communicator (the trainer's); every rank calls it.
+ * Without the plugin it says why once and the trace goes on without NCCL's view. */
+void tracer_nccl_start(ms_ctx *ctx, tracer *t);
 /* Collective: gathers every rank's new events to rank 0. */
 ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err);
 /* Collective: a last gather, then rank 0 writes the trace file with the events from step

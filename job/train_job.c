@@ -299,6 +299,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     if (o->trace || live_on) {
         MS_CHECK_GOTO(tracer_start(ctx, &tr, err), st, out);
         tr.keep = o->trace != NULL;
+        if (tr.keep) tracer_nccl_start(ctx, &tr);
         tr.live_mpi = live_on && o->backend == MS_BACKEND_MPI;
         if (job && job->live) {
             if (o->backend == MS_BACKEND_MPI)

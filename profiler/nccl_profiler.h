@@ -9,7 +9,9 @@
  * asks for). The library state is process-wide, so meshscope reaches the same buffer by
  * dlopen()ing the same path (the loader returns the already-loaded copy) and dlsym()ing
  * ms_nccl_profiler_drain, or by linking the library directly. It does not link
- * meshscope_core: a plugin must not drag an engine into every NCCL program.
+ * meshscope_core: a plugin must not drag an engine into every NCCL program. `train --trace`
+ * does the dlopen side (profiler/nccl_lane.h: where the library is looked for, the lane it
+ * feeds).
  *
  * Events NCCL delivers and what becomes of them (activation mask Coll | P2p | KernelCh, plus
  * ProxyOp unless MS_NCCL_PROFILER_PROXY=0 is set in the environment):

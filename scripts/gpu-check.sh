@@ -12,6 +12,9 @@
 #     the GPU's bf16 peak (GPU_PEAK_TFLOPS, default 989 for an H100/H200);
 #   - the same run traced (CUPTI): the tracing overhead;
 #   - a traced GPU run (CUPTI) and `meshscope trace check` on it;
+#   - with 2 GPUs or more and NCCL: dp 2 on two GPUs (the dp dim on NCCL), traced: NCCL loads
+#     meshscope's profiler plugin, and the trace has its calls on the "NCCL (plugin)" lane,
+#     linked to meshscope's collectives (skipped, and said so, with fewer GPUs);
 #   - bench_gemm_cuda (bench/gemm_cuda.c): bf16 GEMMs through the kernel table against
 #     cublasGemmEx at 4096^3 and GPT-2 124M's shapes;
 #   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
@@ -70,13 +73,19 @@ if ! grep -qE "CUDA \(cudart\) +ON" "$log"; then
   echo "the CUDA toolkit was not found: nothing to check (install it, or set CUDAToolkit_ROOT)"
   exit 2
 fi
-grep -qE "NCCL +ON" "$log" ||
+have_nccl=0
+if grep -qE "NCCL +ON" "$log"; then
+  have_nccl=1
+else
   echo "warning: NCCL was not found; test_nccl only checks that the build says so"
+fi
+nccl_targets=()
+[ "$have_nccl" -eq 1 ] && nccl_targets=(meshscope-nccl-profiler test_nccl_lane)
 
 echo "=== build (-j$JOBS)"
 log="$BUILD_DIR/gpu-check.build.log"
 if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target test_cuda test_cupti test_nccl \
-  test_cuda_kernels test_cuda_host meshscope bench_gemm_cuda \
+  test_cuda_kernels test_cuda_host meshscope bench_gemm_cuda "${nccl_targets[@]}" \
   >"$log" 2>&1; then
   grep -E "error|warning" "$log" | head -40
   tail -20 "$log"
@@ -184,6 +193,34 @@ echo "=== a traced GPU run (CUPTI) and the trace's check"
 run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trace.json" &&
   { timeout 60 "$ms" trace check "$OUT_DIR/trace.json" | tee "$OUT_DIR/trace-check.txt" || failed=1; } &&
   { grep -c '"cat":"kernel"' "$OUT_DIR/trace.json" | sed 's/^/  kernel slices: /'; }
+
+echo "=== NCCL's view in a trace: dp 2 on two GPUs over NCCL, traced (the NCCL profiler plugin)"
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$have_nccl" -ne 1 ] || [ "$ngpu" -lt 2 ]; then
+  echo "  skipped: needs NCCL and 2 GPUs (NCCL: $have_nccl, GPUs: $ngpu)"
+elif run_train nccl-traced 180 "${tiny[@]}" --steps 6 --dp 2 --device cuda \
+  --trace "$OUT_DIR/nccl-trace.json"; then
+  grep -E "mesh|NCCL plugin|no NCCL profiler plugin" "$OUT_DIR/nccl-traced.out" | sed 's/^/  /'
+  timeout 60 "$ms" trace check "$OUT_DIR/nccl-trace.json" | tee "$OUT_DIR/nccl-trace-check.txt" ||
+    failed=1
+  python3 - "$OUT_DIR/nccl-trace.json" <<'PY' | tee "$OUT_DIR/nccl-lane.txt" || failed=1
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = t["traceEvents"]
+lane = {(e["pid"], e["tid"]) for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"
+        and e["args"]["name"].startswith("NCCL (plugin)")}
+nccl = [e for e in ev if e.get("ph") == "X" and e.get("cat") == "nccl"]
+linked = [e for e in nccl if e["args"].get("linked") == 1]
+gpu = [e for e in nccl if e["args"].get("timing") == "gpu"]
+ranks = sorted({e["pid"] for e in nccl})
+print(f"  {len(nccl)} NCCL plugin slices on ranks {ranks}, {len(linked)} linked, {len(gpu)} GPU-timed; "
+      f"algorithms {sorted({e['args']['algorithm'] for e in nccl})}")
+ok = (nccl and len(ranks) == 2 and linked and all((e["pid"], e["tid"]) in lane for e in nccl)
+      and all(e["args"]["algorithm"] and e["args"]["count"] >= 0 for e in nccl))
+print("  ok" if ok else "  FAILED: no NCCL plugin records on both ranks (or none linked)")
+sys.exit(0 if ok else 1)
+PY
+fi
 
 echo "=== bf16 GEMM through the kernel table against cuBLAS called directly (goal: 0.9 or more)"
 for shape in "4096 4096 4096" "8192 2304 768" "8192 3072 768" "8192 768 3072"; do

@@ -280,6 +280,7 @@ static int x_kind(const rctx *r, const char *cat, const char *name, const tj_doc
         if (!strcmp(cat, "comm")) return MS_EV_COLL;
         if (!strcmp(cat, "reshard")) return MS_EV_RESHARD;
         if (!strcmp(cat, "pipeline")) return MS_EV_PIPE;
+        if (!strcmp(cat, "nccl")) return MS_EV_NCCL;
         return -1;
     }
     /* Kineto also marks steps on the GPU timeline (gpu_user_annotation) and records each
@@ -352,6 +353,44 @@ static bool read_pipe(ms_event *e, const tj_doc *d, int args) {
     return true;
 }
 
+/* NCCL's view of a call (trace_write's put_nccl_event); host times come back absolute. */
+static void read_nccl(ms_event *e, const tj_doc *d, int args) {
+    static const char *const timings[] = {"enqueue", "host", "gpu"};
+    ms_ev_nccl *c = &e->u.nccl;
+    copy_str(c->func, sizeof c->func, tj_str(d, tj_get(d, args, "func")));
+    copy_str(c->algo, sizeof c->algo, tj_str(d, tj_get(d, args, "algorithm")));
+    copy_str(c->proto, sizeof c->proto, tj_str(d, tj_get(d, args, "protocol")));
+    copy_str(c->dtype, sizeof c->dtype, tj_str(d, tj_get(d, args, "dtype")));
+    c->channels = (int16_t)arg_i64(d, args, "channels", 0, INT16_MAX, 0);
+    c->count = (uint64_t)arg_i64(d, args, "count", 0, INT64_MAX, 0);
+    c->peer = (int32_t)arg_i64(d, args, "peer", INT32_MIN, INT32_MAX, -1);
+    c->seq = (uint64_t)arg_i64(d, args, "seq", 0, INT64_MAX, 0);
+    const char *p2p = tj_str(d, tj_get(d, args, "p2p"));
+    c->p2p = p2p != NULL;
+    c->is_send = p2p && !strcmp(p2p, "send");
+    const char *timing = tj_str(d, tj_get(d, args, "timing"));
+    for (uint8_t k = 0; timing && k < 3; k++)
+        if (!strcmp(timing, timings[k])) c->timing = k;
+    const char *id = tj_str(d, tj_get(d, args, "comm id"));
+    c->comm_id = id ? strtoull(id, NULL, 16) : 0;
+    c->comm_rank = (int32_t)arg_i64(d, args, "comm rank", INT32_MIN, INT32_MAX, 0);
+    c->nranks = (int32_t)arg_i64(d, args, "nranks", INT32_MIN, INT32_MAX, 0);
+    c->enqueued_ns = arg_i64(d, args, "enqueued ns", INT64_MIN, INT64_MAX, 0);
+    c->gpu_t0 = (uint64_t)arg_i64(d, args, "gpu start ns", 0, INT64_MAX, 0);
+    c->gpu_t1 = (uint64_t)arg_i64(d, args, "gpu end ns", 0, INT64_MAX, 0);
+    int64_t h0, h1;
+    if (tj_scaled(d, tj_get(d, args, "host start us"), 3, &h0, NULL) &&
+        tj_scaled(d, tj_get(d, args, "host end us"), 3, &h1, NULL)) {
+        c->host_t0 = h0; /* relative, like t0/t1, until finish adds the base */
+        c->host_t1 = h1;
+    }
+    c->linked = arg_i64(d, args, "linked", 0, 1, 0) == 1;
+    c->ms_group = (int32_t)arg_i64(d, args, "ms group id", INT32_MIN, INT32_MAX, -1);
+    c->ms_seq = arg_i64(d, args, "ms seq", INT64_MIN, INT64_MAX, -1);
+    const int coll = ms_trace_coll_parse(tj_str(d, tj_get(d, args, "collective")));
+    c->coll = coll < 0 ? UINT8_MAX : (uint8_t)coll;
+}
+
 static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
     ms_trace *t = r->t;
     int64_t ts, dur, pid = 0, t1;
@@ -410,6 +449,10 @@ static ms_status handle_x(rctx *r, const tj_doc *d, int root, ms_error *err) {
             break;
         case MS_EV_PIPE:
             if (!read_pipe(e, d, args)) return MS_OK;
+            step_phase(e, d, args, infer);
+            break;
+        case MS_EV_NCCL:
+            read_nccl(e, d, args);
             step_phase(e, d, args, infer);
             break;
         default: { /* MS_EV_RESHARD */
@@ -548,6 +591,10 @@ static ms_status finish(rctx *r, ms_error *err) {
             return ms_fail(err, MS_ERR_INVALID,
                            "%s: baseTimeNanoseconds plus the times of event %zu overflow 64 bits",
                            r->name, i);
+        if (e->kind == MS_EV_NCCL && e->u.nccl.host_t1) {
+            e->u.nccl.host_t0 += t->base_ns;
+            e->u.nccl.host_t1 += t->base_ns;
+        }
         if (e->kind == MS_EV_COLL && e->u.coll.group_rank < 0) {
             e->u.coll.group_rank = 0;
             for (int g = 0; g < t->n_groups; g++) {

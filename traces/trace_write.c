@@ -248,6 +248,7 @@ enum {
     LANE_COMPUTE,
     LANE_RESHARD,
     LANE_COMM,
+    LANE_NCCL,
     LANE_GPU,
     LANE_HOST,
     LANE_NONE
@@ -288,6 +289,8 @@ static int lane_of(const ms_event *e) {
             return LANE_RESHARD;
         case MS_EV_COLL:
             return LANE_COMM;
+        case MS_EV_NCCL:
+            return LANE_NCCL;
         default:
             return LANE_NONE;
     }
@@ -732,6 +735,8 @@ static void thread_name(const wctx *w, const thread_info *t, char *out, size_t l
                  (int)(t->group & 0xffffff));
     } else if (t->lane == LANE_HOST) {
         snprintf(base, sizeof base, "optimizer (host)");
+    } else if (t->lane == LANE_NCCL) {
+        snprintf(base, sizeof base, "NCCL (plugin)");
     } else if (t->lane == LANE_COMM) {
         const ms_group *g = find_group(w, t->group);
         if (g && g->name[0])
@@ -852,6 +857,71 @@ static void put_gpu_event(outbuf *o, const wctx *w, size_t i) {
     if (op->bytes > 0) {
         PUT_LIT(o, ",\"bytes\":");
         put_double(o, op->bytes);
+    }
+    put_step_phase(o, e);
+}
+
+/* NCCL's view of a call (its profiler plugin): cat "nccl", named by NCCL's function. */
+static void put_nccl_event(outbuf *o, const wctx *w, size_t i) {
+    static const char *const timings[] = {"enqueue", "host", "gpu"};
+    const ms_event *e = &w->ev[i];
+    const ms_ev_nccl *c = &e->u.nccl;
+    char hex[24];
+    snprintf(hex, sizeof hex, "0x%016llx", (unsigned long long)c->comm_id);
+    PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"nccl\",\"name\":");
+    put_str(o, c->func[0] ? c->func : "nccl", sizeof c->func);
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"func\":");
+    put_str(o, c->func, sizeof c->func);
+    PUT_LIT(o, ",\"algorithm\":");
+    put_str(o, c->algo, sizeof c->algo);
+    PUT_LIT(o, ",\"protocol\":");
+    put_str(o, c->proto, sizeof c->proto);
+    PUT_LIT(o, ",\"channels\":");
+    put_i64(o, c->channels);
+    PUT_LIT(o, ",\"count\":");
+    put_u64(o, c->count);
+    PUT_LIT(o, ",\"dtype\":");
+    put_str(o, c->dtype, sizeof c->dtype);
+    PUT_LIT(o, ",\"peer\":");
+    put_i64(o, c->peer);
+    PUT_LIT(o, ",\"seq\":");
+    put_u64(o, c->seq);
+    if (c->p2p && c->is_send) PUT_LIT(o, ",\"p2p\":\"send\"");
+    if (c->p2p && !c->is_send) PUT_LIT(o, ",\"p2p\":\"recv\"");
+    if (c->coll != UINT8_MAX) {
+        PUT_LIT(o, ",\"collective\":");
+        put_str(o, ms_coll_name((ms_coll_kind)c->coll), 32);
+    }
+    PUT_LIT(o, ",\"timing\":");
+    put_str(o, timings[c->timing < 3 ? c->timing : 0], 8);
+    PUT_LIT(o, ",\"comm id\":");
+    put_str(o, hex, sizeof hex);
+    PUT_LIT(o, ",\"comm rank\":");
+    put_i64(o, c->comm_rank);
+    PUT_LIT(o, ",\"nranks\":");
+    put_i64(o, c->nranks);
+    PUT_LIT(o, ",\"enqueued ns\":");
+    put_i64(o, c->enqueued_ns);
+    if (c->timing == 2) {
+        PUT_LIT(o, ",\"gpu start ns\":");
+        put_u64(o, c->gpu_t0);
+        PUT_LIT(o, ",\"gpu end ns\":");
+        put_u64(o, c->gpu_t1);
+    }
+    if (c->host_t1) {
+        PUT_LIT(o, ",\"host start us\":");
+        put_us(o, c->host_t0 - w->base);
+        PUT_LIT(o, ",\"host end us\":");
+        put_us(o, c->host_t1 - w->base);
+    }
+    PUT_LIT(o, ",\"linked\":");
+    put_i64(o, c->linked);
+    if (c->linked) {
+        PUT_LIT(o, ",\"ms group id\":");
+        put_i64(o, c->ms_group);
+        PUT_LIT(o, ",\"ms seq\":");
+        put_i64(o, c->ms_seq);
     }
     put_step_phase(o, e);
 }
@@ -1015,6 +1085,9 @@ static void put_event(outbuf *o, const wctx *w, size_t i) {
             put_step_phase(o, e);
             return;
         }
+        case MS_EV_NCCL:
+            put_nccl_event(o, w, i);
+            return;
         case MS_EV_MEM:
             PUT_LIT(o, "{\"ph\":\"C\",\"cat\":\"memory\",\"name\":\"memory\",\"pid\":");
             put_i64(o, e->rank);

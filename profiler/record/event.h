@@ -26,6 +26,7 @@ typedef enum ms_ev_kind {
     MS_EV_DATA,    /* data loading */
     MS_EV_OPTIM,   /* the optimizer update */
     MS_EV_PIPE,    /* a pipeline action: one micro-batch's F, B or W on one model chunk */
+    MS_EV_NCCL,    /* NCCL's own view of a collective or send/recv (its profiler plugin) */
     MS_EV_KIND_COUNT
 } ms_ev_kind;
 
@@ -114,6 +115,33 @@ typedef struct ms_ev_pipe {
     int64_t cpu_ns;
 } ms_ev_pipe;
 
+/* A collective or point-to-point call as NCCL's profiler plugin saw it (profiler/nccl_lane.h).
+ * t0..t1 is the host span as drained (start of NCCL's enqueue to the end it observed); rank 0
+ * later links it to meshscope's own MS_EV_COLL for the same call and, for GPU-timed records,
+ * moves t0..t1 onto the GPU's span (host_t0/host_t1 then keep the host span). */
+typedef struct ms_ev_nccl {
+    uint64_t comm_id;         /* NCCL's communicator id (commHash), the same on every member */
+    uint64_t seq;             /* NCCL's seqNumber (per communicator and function); p2p: 0 */
+    uint64_t count;           /* elements as passed to NCCL */
+    uint64_t gpu_t0, gpu_t1;  /* timing GPU: the kernel's channels on the GPU globaltimer */
+    int64_t enqueued_ns;      /* NCCL's stopEvent (work enqueued), relative to the host start */
+    int64_t host_t0, host_t1; /* the host span once t0..t1 holds the GPU's; else 0 */
+    int64_t ms_seq;           /* the linked MS_EV_COLL's seq; -1: not linked */
+    int32_t ms_group;         /* the linked MS_EV_COLL's group; -1: not linked */
+    int32_t comm_rank, nranks;
+    int32_t peer;     /* send/recv: the remote rank in the communicator; collectives: root */
+    int16_t channels; /* channels NCCL announced */
+    uint8_t p2p;      /* 1: ncclSend/ncclRecv (is_send says which) */
+    uint8_t is_send;
+    uint8_t timing; /* 0 enqueue, 1 host, 2 gpu (ms_nccl_timing) */
+    uint8_t linked; /* 1: ms_group/ms_seq name meshscope's event for this call */
+    uint8_t coll;   /* the ms_coll_kind NCCL's function is (Send/Recv: p2p); 255: none */
+    char func[16];  /* "AllReduce", "Send", ... */
+    char dtype[16]; /* "ncclFloat32", ... */
+    char algo[16];  /* "RING", "TREE", "COLLNET_DIRECT", ... */
+    char proto[8];  /* "LL", "LL128", "Simple" */
+} ms_ev_nccl;
+
 typedef struct ms_event {
     uint8_t kind;  /* ms_ev_kind */
     uint8_t phase; /* ms_ev_phase */
@@ -127,6 +155,7 @@ typedef struct ms_event {
         ms_ev_reshard reshard;
         ms_ev_mem mem;
         ms_ev_pipe pipe;
+        ms_ev_nccl nccl;
     } u;
 } ms_event;
 
