@@ -86,6 +86,35 @@ struct ms_kernels {
              const uint16_t *dc, const uint16_t *a, const uint16_t *b, float alpha,
              bool accumulate);
 
+    /* ---- optional bf16 kernels of the slots below (the same name without _bf16), every
+     * tensor operand bf16, the statistics saved for backward (mean, rstd) fp32. The contract
+     * is the program's staging (program_precision.c): each reads bf16, computes in fp32
+     * exactly as the fp32 slot of the same table does, and rounds each output once to nearest
+     * even; a backward widens the gradient it accumulates into, adds in fp32 and rounds once.
+     * So the result is bit for bit the staged one on the same device. A NULL slot stages. ---- */
+    MS_KSLOT(add_forward_bf16, uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n);
+    MS_KSLOT(add_backward_bf16, uint16_t *da, uint16_t *db, const uint16_t *dout, int64_t n);
+    MS_KSLOT(bias_add_forward_bf16, uint16_t *out, const uint16_t *inp, const uint16_t *bias,
+             int64_t n, int64_t c);
+    MS_KSLOT(bias_add_backward_bf16, uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+             int64_t n, int64_t c);
+    MS_KSLOT(gelu_forward_bf16, uint16_t *out, const uint16_t *inp, int64_t n);
+    MS_KSLOT(gelu_backward_bf16, uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
+             int64_t n);
+    MS_KSLOT(bias_gelu_forward_bf16, uint16_t *out, const uint16_t *inp, const uint16_t *bias,
+             int64_t n, int64_t c);
+    MS_KSLOT(bias_gelu_backward_bf16, uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+             const uint16_t *inp, const uint16_t *bias, int64_t n, int64_t c);
+    MS_KSLOT(bias_dropout_add_forward_bf16, uint16_t *out, const uint16_t *inp,
+             const uint16_t *bias, const uint16_t *res, int64_t nb, const ms_k_fused_dropout *d);
+    MS_KSLOT(bias_dropout_add_backward_bf16, uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
+             const uint16_t *dout, int64_t nb, const ms_k_fused_dropout *d);
+    MS_KSLOT(layernorm_forward_bf16, uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
+             const uint16_t *weight, const uint16_t *bias, int64_t n, int64_t c, float eps);
+    MS_KSLOT(layernorm_backward_bf16, uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
+             const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, const float *mean,
+             const float *rstd, int64_t n, int64_t c);
+
     /* ---- elementwise ---- */
     MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);
     MS_KSLOT(add_backward, float *da, float *db, const float *dout, int64_t n);

@@ -31,14 +31,22 @@ static int gelu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
     return rows_rule(in[0].ndim, 0, n_in, c);
 }
 static ms_status gelu_forward(ms_op_call *c, ms_error *e) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, gelu_forward_bf16, U16(c->out[0]), U16(c->in[0]), N(c->in[0]), e);
     return MS_CALL_K(c->kc, gelu_forward, F(c->out[0]), F(c->in[0]), N(c->in[0]), e);
 }
 static ms_status gelu_backward(ms_op_call *c, ms_error *e) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, gelu_backward_bf16, U16(c->din[0]), U16(c->in[0]), U16(c->dout[0]),
+                         N(c->in[0]), e);
     return MS_CALL_K(c->kc, gelu_backward, F(c->din[0]), F(c->in[0]), F(c->dout[0]), N(c->in[0]),
                      e);
 }
 static bool gelu_runs_on(const ms_kernels *k) {
     return k->gelu_forward && k->gelu_backward;
+}
+static bool gelu_runs_bf16_on(const ms_kernels *k) {
+    return k->gelu_forward_bf16 && k->gelu_backward_bf16;
 }
 static ms_k_cost gelu_cost(const ms_op_call *c, bool bw) {
     return ms_k_elementwise_cost(MS_K_GELU, N(c->in[0]), 0, bw);
@@ -54,6 +62,7 @@ const ms_op_def ms_op_gelu_def = {
     .backward = gelu_backward,
     .cost = gelu_cost,
     .runs_on = gelu_runs_on,
+    .runs_bf16_on = gelu_runs_bf16_on,
     .grad_inputs = 1,
 };
 
@@ -84,17 +93,28 @@ static void ln_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) 
 }
 static ms_status ln_forward(ms_op_call *c, ms_error *e) {
     int64_t C = last_dim(c->in[0]);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, layernorm_forward_bf16, U16(c->out[0]), F(c->saved[0]),
+                         F(c->saved[1]), U16(c->in[0]), U16(c->in[1]), U16(c->in[2]),
+                         N(c->in[0]) / C, C, c->attrs->f[0], e);
     return MS_CALL_K(c->kc, layernorm_forward, F(c->out[0]), F(c->saved[0]), F(c->saved[1]),
                      F(c->in[0]), F(c->in[1]), F(c->in[2]), N(c->in[0]) / C, C, c->attrs->f[0], e);
 }
 static ms_status ln_backward(ms_op_call *c, ms_error *e) {
     int64_t C = last_dim(c->in[0]);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, layernorm_backward_bf16, U16(c->din[0]), U16(c->din[1]),
+                         U16(c->din[2]), U16(c->dout[0]), U16(c->in[0]), U16(c->in[1]),
+                         F(c->saved[0]), F(c->saved[1]), N(c->in[0]) / C, C, e);
     return MS_CALL_K(c->kc, layernorm_backward, F(c->din[0]), F(c->din[1]), F(c->din[2]),
                      F(c->dout[0]), F(c->in[0]), F(c->in[1]), F(c->saved[0]), F(c->saved[1]),
                      N(c->in[0]) / C, C, e);
 }
 static bool ln_runs_on(const ms_kernels *k) {
     return k->layernorm_forward && k->layernorm_backward;
+}
+static bool ln_runs_bf16_on(const ms_kernels *k) {
+    return k->layernorm_forward_bf16 && k->layernorm_backward_bf16;
 }
 static ms_k_cost ln_cost(const ms_op_call *c, bool bw) {
     int64_t C = last_dim(c->in[0]);
@@ -112,6 +132,7 @@ const ms_op_def ms_op_layernorm_def = {
     .backward = ln_backward,
     .cost = ln_cost,
     .runs_on = ln_runs_on,
+    .runs_bf16_on = ln_runs_bf16_on,
     .grad_inputs = 7,
 };
 

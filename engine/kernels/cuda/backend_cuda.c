@@ -111,6 +111,71 @@ static ms_status c_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_
                                  accumulate, err);
 }
 
+/* ---- bf16 kernels: the fp32 launchers' templates on bf16 storage (cuda_kernels.h) ---- */
+static ms_status c_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *a,
+                                    const uint16_t *b, int64_t n, ms_error *err) {
+    return ms_cu_add_forward_bf16(out, a, b, n, STREAM(kc), err);
+}
+static ms_status c_add_backward_bf16(ms_kctx *kc, uint16_t *da, uint16_t *db, const uint16_t *dout,
+                                     int64_t n, ms_error *err) {
+    return ms_cu_add_backward_bf16(da, db, dout, n, STREAM(kc), err);
+}
+static ms_status c_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                         const uint16_t *bias, int64_t n, int64_t c,
+                                         ms_error *err) {
+    return ms_cu_bias_add_forward_bf16(out, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                          const uint16_t *dout, int64_t n, int64_t c,
+                                          ms_error *err) {
+    return ms_cu_bias_add_backward_bf16(dinp, dbias, dout, n, c, STREAM(kc), err);
+}
+static ms_status c_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, int64_t n,
+                                     ms_error *err) {
+    return ms_cu_gelu_forward_bf16(out, inp, n, STREAM(kc), err);
+}
+static ms_status c_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *inp,
+                                      const uint16_t *dout, int64_t n, ms_error *err) {
+    return ms_cu_gelu_backward_bf16(dinp, inp, dout, n, STREAM(kc), err);
+}
+static ms_status c_bias_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                          const uint16_t *bias, int64_t n, int64_t c,
+                                          ms_error *err) {
+    return ms_cu_bias_gelu_forward_bf16(out, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                           const uint16_t *dout, const uint16_t *inp,
+                                           const uint16_t *bias, int64_t n, int64_t c,
+                                           ms_error *err) {
+    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, dout, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                                 const uint16_t *bias, const uint16_t *res,
+                                                 int64_t nb, const ms_k_fused_dropout *d,
+                                                 ms_error *err) {
+    return ms_cu_bias_dropout_add_forward_bf16(out, inp, bias, res, nb, d, STREAM(kc), err);
+}
+static ms_status c_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                                  uint16_t *dres, const uint16_t *dout, int64_t nb,
+                                                  const ms_k_fused_dropout *d, ms_error *err) {
+    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, dout, nb, d, STREAM(kc), err);
+}
+static ms_status c_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
+                                          const uint16_t *inp, const uint16_t *weight,
+                                          const uint16_t *bias, int64_t n, int64_t c, float eps,
+                                          ms_error *err) {
+    return ms_cu_layernorm_forward_bf16(out, mean, rstd, inp, weight, bias, n, c, eps, STREAM(kc),
+                                        err);
+}
+static ms_status c_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dweight,
+                                           uint16_t *dbias, const uint16_t *dout,
+                                           const uint16_t *inp, const uint16_t *weight,
+                                           const float *mean, const float *rstd, int64_t n,
+                                           int64_t c, ms_error *err) {
+    return ms_cu_layernorm_backward_bf16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+                                         STREAM(kc), err);
+}
+
 /* ---- elementwise ---- */
 static ms_status c_add_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
                                ms_error *err) {
@@ -539,6 +604,18 @@ static const ms_kernels cuda_kernels = {
     .matmul_backward = c_matmul_backward,
     .matmul_forward_bf16 = c_matmul_forward_bf16,
     .matmul_backward_bf16 = c_matmul_backward_bf16,
+    .add_forward_bf16 = c_add_forward_bf16,
+    .add_backward_bf16 = c_add_backward_bf16,
+    .bias_add_forward_bf16 = c_bias_add_forward_bf16,
+    .bias_add_backward_bf16 = c_bias_add_backward_bf16,
+    .gelu_forward_bf16 = c_gelu_forward_bf16,
+    .gelu_backward_bf16 = c_gelu_backward_bf16,
+    .bias_gelu_forward_bf16 = c_bias_gelu_forward_bf16,
+    .bias_gelu_backward_bf16 = c_bias_gelu_backward_bf16,
+    .bias_dropout_add_forward_bf16 = c_bias_dropout_add_forward_bf16,
+    .bias_dropout_add_backward_bf16 = c_bias_dropout_add_backward_bf16,
+    .layernorm_forward_bf16 = c_layernorm_forward_bf16,
+    .layernorm_backward_bf16 = c_layernorm_backward_bf16,
     .add_forward = c_add_forward,
     .add_backward = c_add_backward,
     .mul_forward = c_mul_forward,

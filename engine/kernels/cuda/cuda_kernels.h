@@ -10,8 +10,9 @@
  * headers beside this one, checked on the CPU by tests/test_cuda_host.cu.
  *
  * bf16 buffers are uint16_t bit patterns (engine/core/tensor.h's ms_bf16_from_f32 rounding):
- * those kernels read bf16, compute in fp32 and write bf16; statistics (mean, rstd, lse) and
- * parameters of LayerNorm and bias stay fp32.
+ * the *_bf16 launchers take every tensor operand (parameters included) in bf16 and share the
+ * fp32 launcher's template, so they compute exactly what it computes on widened values and
+ * round each output once; statistics (mean, rstd, lse) stay fp32.
  */
 #ifndef MS_CUDA_KERNELS_H
 #define MS_CUDA_KERNELS_H
@@ -81,8 +82,12 @@ ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, 
 
 ms_status ms_cu_add_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n,
                                  void *stream, ms_error *err);
-ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const float *bias,
+ms_status ms_cu_add_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *dout, int64_t n,
+                                  void *stream, ms_error *err);
+ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                       int64_t n, int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+                                       int64_t n, int64_t c, void *stream, ms_error *err);
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
                                   ms_error *err);
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
@@ -110,12 +115,17 @@ ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const fl
                                   const float *weight, const float *bias, int64_t n, int64_t c,
                                   float eps, void *stream, ms_error *err);
 ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
-                                       const float *weight, const float *bias, int64_t n, int64_t c,
-                                       float eps, void *stream, ms_error *err);
+                                       const uint16_t *weight, const uint16_t *bias, int64_t n,
+                                       int64_t c, float eps, void *stream, ms_error *err);
 ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *weight, const float *mean,
                                    const float *rstd, int64_t n, int64_t c, void *stream,
                                    ms_error *err);
+ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
+                                        const uint16_t *dout, const uint16_t *inp,
+                                        const uint16_t *weight, const float *mean,
+                                        const float *rstd, int64_t n, int64_t c, void *stream,
+                                        ms_error *err);
 ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t c, void *stream,
                                 ms_error *err);
 ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n,
@@ -157,6 +167,19 @@ ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const flo
 ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, const float *dout,
                                           int64_t nb, const ms_k_fused_dropout *d, void *stream,
                                           ms_error *err);
+ms_status ms_cu_bias_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
+                                       int64_t n, int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+                                        const uint16_t *inp, const uint16_t *bias, int64_t n,
+                                        int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp,
+                                              const uint16_t *bias, const uint16_t *res, int64_t nb,
+                                              const ms_k_fused_dropout *d, void *stream,
+                                              ms_error *err);
+ms_status ms_cu_bias_dropout_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
+                                               const uint16_t *dout, int64_t nb,
+                                               const ms_k_fused_dropout *d, void *stream,
+                                               ms_error *err);
 ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
                        bool accumulate, void *stream, ms_error *err);
 ms_status ms_cu_scatter_add(float *x, const float *src, const float *ids, const ms_k_gather_dims *g,

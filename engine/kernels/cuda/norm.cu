@@ -4,12 +4,12 @@
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
 
-/* ---- LayerNorm ---- */
+/* ---- LayerNorm: T the activations' storage, W the parameters'; mean and rstd fp32 ---- */
 
-template <typename T>
-static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *inp,
-                                   const float *weight, const float *bias, int64_t n, int64_t c,
-                                   float eps, void *stream, const char *what, ms_error *err) {
+template <typename T, typename W>
+static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *inp, const W *weight,
+                                   const W *bias, int64_t n, int64_t c, float eps, void *stream,
+                                   const char *what, ms_error *err) {
     return ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int lane) {
         const T *x = inp + r * c;
         const float m = ms_cu_block_sum(ms_cu_row_sum_part(x, c, lane, MS_CU_ROW_LANES)) / (float)c;
@@ -17,6 +17,28 @@ static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *in
         const float s = ms_cu_ln_rstd(sq, c, eps);
         ms_cu_ln_out_part(out + r * c, x, weight, bias, c, m, s, lane, MS_CU_ROW_LANES);
         if (lane == 0) mean[r] = m, rstd[r] = s;
+    });
+}
+
+/* dinp one block per row; dweight and dbias one thread per column, rows in order. */
+template <typename T, typename W>
+static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, const T *dout, const T *inp,
+                                    const W *weight, const float *mean, const float *rstd,
+                                    int64_t n, int64_t c, void *stream, const char *what,
+                                    ms_error *err) {
+    if (dinp)
+        MS_CHECK(ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int l) {
+            const T *g = dout + r * c, *x = inp + r * c;
+            float a, b;
+            ms_cu_ln_bwd_part(&a, &b, g, x, weight, c, mean[r], rstd[r], l, MS_CU_ROW_LANES);
+            a = ms_cu_block_sum(a);
+            b = ms_cu_block_sum(b);
+            ms_cu_ln_dinp_part(dinp + r * c, g, x, weight, c, mean[r], rstd[r], a, b, l,
+                               MS_CU_ROW_LANES);
+        }));
+    if (!dweight && !dbias) return MS_OK;
+    return ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
+        ms_cu_ln_dparams_col(dweight, dbias, dout, inp, mean, rstd, n, c, j);
     });
 }
 
@@ -28,32 +50,28 @@ ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const fl
 }
 
 ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
-                                       const float *weight, const float *bias, int64_t n, int64_t c,
-                                       float eps, void *stream, ms_error *err) {
-    return layernorm_forward(ms_cu_bf(out), mean, rstd, ms_cu_bf(inp), weight, bias, n, c, eps,
-                             stream, "layernorm forward (bf16)", err);
+                                       const uint16_t *weight, const uint16_t *bias, int64_t n,
+                                       int64_t c, float eps, void *stream, ms_error *err) {
+    return layernorm_forward(ms_cu_bf(out), mean, rstd, ms_cu_bf(inp), ms_cu_bf(weight),
+                             ms_cu_bf(bias), n, c, eps, stream, "layernorm forward (bf16)", err);
 }
 
-/* dinp one block per row; dweight and dbias one thread per column, rows in order. */
 ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *weight, const float *mean,
                                    const float *rstd, int64_t n, int64_t c, void *stream,
                                    ms_error *err) {
-    if (dinp)
-        MS_CHECK(ms_cu_rows(n, stream, "layernorm backward", err, [=] __device__(int64_t r, int l) {
-            const float *g = dout + r * c, *x = inp + r * c;
-            float a, b;
-            ms_cu_ln_bwd_part(&a, &b, g, x, weight, c, mean[r], rstd[r], l, MS_CU_ROW_LANES);
-            a = ms_cu_block_sum(a);
-            b = ms_cu_block_sum(b);
-            ms_cu_ln_dinp_part(dinp + r * c, g, x, weight, c, mean[r], rstd[r], a, b, l,
-                               MS_CU_ROW_LANES);
-        }));
-    if (!dweight && !dbias) return MS_OK;
-    return ms_cu_each(c, stream, "layernorm backward (dweight, dbias)", err,
-                      [=] __device__(int64_t j) {
-                          ms_cu_ln_dparams_col(dweight, dbias, dout, inp, mean, rstd, n, c, j);
-                      });
+    return layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, stream,
+                              "layernorm backward", err);
+}
+
+ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
+                                        const uint16_t *dout, const uint16_t *inp,
+                                        const uint16_t *weight, const float *mean,
+                                        const float *rstd, int64_t n, int64_t c, void *stream,
+                                        ms_error *err) {
+    return layernorm_backward(ms_cu_bf(dinp), ms_cu_bf(dweight), ms_cu_bf(dbias), ms_cu_bf(dout),
+                              ms_cu_bf(inp), ms_cu_bf(weight), mean, rstd, n, c, stream,
+                              "layernorm backward (bf16)", err);
 }
 
 /* ---- softmax ---- */
