@@ -4,9 +4,10 @@
  * A bf16 program hands an op its bf16 buffers unstaged only if the op's bf16 kernel writes
  * exactly what staging writes: widen every operand, run the fp32 kernel, round each output once
  * (engine/graph/program_precision.c). The CUDA kernels of add, bias add, GELU, bias + GELU,
- * bias + dropout + residual add and LayerNorm are one template over the storage type
- * (elementwise_math.cuh, fused_math.cuh, norm_math.cuh), so the check is on the templates as
- * the launchers call them (per element, per column, per row over MS_CU_ROW_LANES lanes):
+ * bias + dropout + residual add, LayerNorm and attention are one template over the storage type
+ * (elementwise_math.cuh, fused_math.cuh, norm_math.cuh; attention.cu widens as it stages
+ * tiles), so the check is on the templates as the launchers call them (per element, per
+ * column, per row over MS_CU_ROW_LANES lanes, attention's tiles of attention.cu):
  * the ms_bf16 instantiation on bf16 operands equals, bit for bit, the float instantiation on
  * the widened operands, rounded once - accumulated gradients included. The float
  * instantiations themselves are checked against the CPU kernels and finite differences by
@@ -25,6 +26,9 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include <cmocka.h>
 }
 
+#include <algorithm>
+
+#include "engine/kernels/cuda/attention_math.cuh"
 #include "engine/kernels/cuda/cuda_kernels.h" /* the CPU kernels' headers, with C linkage */
 #include "engine/kernels/cuda/fused_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
@@ -230,11 +234,133 @@ static void test_layernorm(void **state) {
     assert_true(ok);
 }
 
+/* ---- attention over GPT-2's packed qkv: attention.cu's kernels, thread by thread ---- */
+
+struct attn_geom {
+    int64_t b, t, c, nh;
+};
+
+/* Rows [r0, r0 + n) of a head into an fp32 tile, widened: attention.cu's stage_rows. */
+template <typename T>
+static void stage(float *dst, const T *src, int64_t ld, int64_t r0, int64_t n, int64_t hs) {
+    for (int64_t e = 0; e < n * hs; e++) dst[e] = ms_cu_load(src + (r0 + e / hs) * ld + e % hs);
+}
+
+/* attn_fwd_kernel, causal, with the fp32 output copy the bf16 path saves. */
+template <typename T>
+static void attn_fwd(const attn_geom &a, T *out, float *lse, float *o_copy, const T *qkv) {
+    const int64_t hs = a.c / a.nh, c3 = 3 * a.c;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS], vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
+    for (int64_t bi = 0; bi < a.b; bi++)
+        for (int64_t h = 0; h < a.nh; h++)
+            for (int64_t i = 0; i < a.t; i++) {
+                const T *q = qkv + bi * a.t * c3 + h * hs;
+                float qi[MS_CU_ATTN_MAX_HS], acc[MS_CU_ATTN_MAX_HS];
+                for (int64_t d = 0; d < hs; d++) qi[d] = ms_cu_load(q + i * c3 + d);
+                ms_cu_attn_state st;
+                ms_cu_attn_fwd_init(&st, acc, hs);
+                for (int64_t j0 = 0; j0 <= i; j0 += MS_CU_ATTN_TILE) {
+                    const int64_t nk = std::min<int64_t>(MS_CU_ATTN_TILE, a.t - j0);
+                    stage(ks, q + a.c, c3, j0, nk, hs);
+                    stage(vs, q + 2 * a.c, c3, j0, nk, hs);
+                    const int64_t vis = ms_cu_attn_visible(i, j0, nk, true);
+                    ms_cu_attn_fwd_tile(&st, acc, qi, ks, vs, hs, (const float *)NULL, vis, hs,
+                                        scale);
+                }
+                const int64_t o = (bi * a.t + i) * a.c + h * hs;
+                lse[(bi * a.nh + h) * a.t + i] = ms_cu_attn_fwd_finish(out + o, &st, acc, hs);
+                ms_cu_attn_fwd_finish(o_copy + o, &st, acc, hs);
+            }
+}
+
+/* The delta, dq and dk/dv kernels; dqkv accumulates, each element stored once. */
+template <typename T>
+static void attn_bwd(const attn_geom &a, T *dqkv, const T *dout, const T *qkv, const float *o_copy,
+                     const float *lse) {
+    const int64_t hs = a.c / a.nh, c3 = 3 * a.c;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS], vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
+    fvec delta(a.b * a.nh * a.t);
+    for (int64_t bi = 0; bi < a.b; bi++)
+        for (int64_t h = 0; h < a.nh; h++) {
+            const int64_t off = bi * a.t * c3 + h * hs, rows = (bi * a.nh + h) * a.t;
+            const T *q = qkv + off, *g = dout + bi * a.t * a.c + h * hs;
+            for (int64_t i = 0; i < a.t; i++)
+                delta[rows + i] =
+                    ms_cu_dot(g + i * a.c, o_copy + (bi * a.t + i) * a.c + h * hs, hs);
+            for (int64_t i = 0; i < a.t; i++) {
+                float qi[MS_CU_ATTN_MAX_HS], gi[MS_CU_ATTN_MAX_HS], dq[MS_CU_ATTN_MAX_HS] = {};
+                for (int64_t d = 0; d < hs; d++)
+                    qi[d] = ms_cu_load(q + i * c3 + d), gi[d] = ms_cu_load(g + i * a.c + d);
+                for (int64_t j0 = 0; j0 <= i; j0 += MS_CU_ATTN_TILE) {
+                    const int64_t nk = std::min<int64_t>(MS_CU_ATTN_TILE, a.t - j0);
+                    stage(ks, q + a.c, c3, j0, nk, hs);
+                    stage(vs, q + 2 * a.c, c3, j0, nk, hs);
+                    ms_cu_attn_dq_tile(dq, qi, gi, delta[rows + i], lse[rows + i], ks, vs, hs,
+                                       (const float *)NULL, ms_cu_attn_visible(i, j0, nk, true), hs,
+                                       scale);
+                }
+                for (int64_t d = 0; d < hs; d++)
+                    ms_cu_store(dqkv + off + i * c3 + d,
+                                ms_cu_load(dqkv + off + i * c3 + d) + dq[d]);
+            }
+            for (int64_t j = 0; j < a.t; j++) {
+                float kj[MS_CU_ATTN_MAX_HS], vj[MS_CU_ATTN_MAX_HS];
+                float dk[MS_CU_ATTN_MAX_HS] = {}, dv[MS_CU_ATTN_MAX_HS] = {};
+                for (int64_t d = 0; d < hs; d++)
+                    kj[d] = ms_cu_load(q + j * c3 + a.c + d),
+                    vj[d] = ms_cu_load(q + j * c3 + 2 * a.c + d);
+                for (int64_t i0 = j / MS_CU_ATTN_TILE * MS_CU_ATTN_TILE; i0 < a.t;
+                     i0 += MS_CU_ATTN_TILE) {
+                    const int64_t nq = std::min<int64_t>(MS_CU_ATTN_TILE, a.t - i0);
+                    stage(ks, q, c3, i0, nq, hs);  /* the query tile */
+                    stage(vs, g, a.c, i0, nq, hs); /* and its output gradients */
+                    ms_cu_attn_dkv_tile(dk, dv, kj, vj, j, 0.0f, ks, hs, vs, hs, lse + rows + i0,
+                                        delta.data() + rows + i0, i0, nq, hs, scale, true);
+                }
+                T *dkr = dqkv + off + j * c3 + a.c, *dvr = dkr + a.c;
+                for (int64_t d = 0; d < hs; d++) {
+                    ms_cu_store(dkr + d, ms_cu_load(dkr + d) + dk[d]);
+                    ms_cu_store(dvr + d, ms_cu_load(dvr + d) + dv[d]);
+                }
+            }
+        }
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    const attn_geom a = {2, 100, 768, 12}; /* T = 100: not a multiple of the 32-row tile */
+    const int64_t n = a.b * a.t * a.c, n3 = 3 * n, nl = a.b * a.nh * a.t;
+    const bvec qkv = brand(n3, -1.5, 1.5), g = brand(n, -1, 1), d0 = brand(n3, -1, 1);
+    const fvec qkvf = widen(qkv), gf = widen(g);
+    bvec out(n), dqkv = d0;
+    fvec lse(nl), copy(n), outw(n), lsew(nl), copyw(n), dw = widen(d0);
+    attn_fwd(a, out.data(), lse.data(), copy.data(), qkv.data());
+    attn_fwd(a, outw.data(), lsew.data(), copyw.data(), qkvf.data());
+    fvec outc(n), att(nl * a.t), dc = widen(d0), scratch(ms_k_attention_scratch_floats(a.t));
+    ms_k_attention_forward(outc.data(), att.data(), qkvf.data(), NULL, a.b, a.t, a.c, a.nh, true);
+    bool ok = same_bits("attention forward == staged", out, outw);
+    ok &= close("attention forward vs the CPU kernel (1 ulp + 1e-5)", widen(out), outc, 1e-5,
+                BF16_RTOL);
+    ok &= close("attention lse (fp32) == staged", lse, lsew, 0, 0);
+    ok &= close("attention saved output (fp32) == staged", copy, copyw, 0, 0);
+    attn_bwd(a, dqkv.data(), g.data(), qkv.data(), copy.data(), lse.data());
+    attn_bwd(a, dw.data(), gf.data(), qkvf.data(), copyw.data(), lsew.data());
+    ms_k_attention_backward(dc.data(), scratch.data(), gf.data(), qkvf.data(), att.data(), a.b, a.t,
+                            a.c, a.nh, true);
+    ok &= same_bits("attention backward dqkv (accumulated) == staged", dqkv, dw);
+    ok &= close("attention backward dqkv vs the CPU kernel (1 ulp + 1e-5)", widen(dqkv), dc, 1e-5,
+                BF16_RTOL);
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_bias_gelu),
         cmocka_unit_test(test_fused),
         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_attention),
     };
     return cmocka_run_group_tests_name("cuda_host_bf16", tests, NULL, NULL);
 }

@@ -811,6 +811,28 @@ static ms_status f_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
     wide_done(&ws);
     return OK;
 }
+static ms_status f_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
+                                          const uint16_t *qkv, const float *mask, int64_t b,
+                                          int64_t t, int64_t c, int64_t nh, bool causal,
+                                          ms_error *err) {
+    wide_set ws = {0};
+    ms_k_attention_forward(WOUT(out, b * t * c), H(saved), WIN(qkv, b * t * 3 * c), H(mask), b, t,
+                           c, nh, causal);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
+                                           const uint16_t *dout, const uint16_t *qkv,
+                                           const float *saved, const float *mask, int64_t b,
+                                           int64_t t, int64_t c, int64_t nh, bool causal,
+                                           ms_error *err) {
+    (void)mask; /* its effect is in the saved probabilities */
+    wide_set ws = {0};
+    ms_k_attention_backward(WACC(dqkv, b * t * 3 * c), H(scratch), WIN(dout, b * t * c),
+                            WIN(qkv, b * t * 3 * c), H(saved), b, t, c, nh, causal);
+    wide_done(&ws);
+    return OK;
+}
 
 /* clang-format off */
 #define BF16_SLOTS                                                      \
@@ -827,7 +849,9 @@ static ms_status f_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
     .bias_dropout_add_forward_bf16 = f_bias_dropout_add_forward_bf16,   \
     .bias_dropout_add_backward_bf16 = f_bias_dropout_add_backward_bf16, \
     .layernorm_forward_bf16 = f_layernorm_forward_bf16,                 \
-    .layernorm_backward_bf16 = f_layernorm_backward_bf16
+    .layernorm_backward_bf16 = f_layernorm_backward_bf16,               \
+    .attention_forward_bf16 = f_attention_forward_bf16,                 \
+    .attention_backward_bf16 = f_attention_backward_bf16
 /* clang-format on */
 
 static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};

@@ -114,6 +114,12 @@ struct ms_kernels {
     MS_KSLOT(layernorm_backward_bf16, uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
              const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, const float *mean,
              const float *rstd, int64_t n, int64_t c);
+    /* saved and scratch as attention_forward's (attention_saved_floats, fp32) */
+    MS_KSLOT(attention_forward_bf16, uint16_t *out, float *saved, const uint16_t *qkv,
+             const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
+    MS_KSLOT(attention_backward_bf16, uint16_t *dqkv, float *scratch, const uint16_t *dout,
+             const uint16_t *qkv, const float *saved, const float *mask, int64_t b, int64_t t,
+             int64_t c, int64_t nh, bool causal);
 
     /* ---- elementwise ---- */
     MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);

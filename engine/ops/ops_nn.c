@@ -234,6 +234,10 @@ static ms_status attn_check(const ms_op_call *c, ms_error *e) {
 static ms_status attn_forward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, attention_forward_bf16, U16(c->out[0]), F(c->saved[0]), U16(q),
+                         NULL, q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
+                         c->attrs->i[1] != 0, e);
     return MS_CALL_K(c->kc, attention_forward, F(c->out[0]), F(c->saved[0]), F(q), NULL,
                      q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
                      c->attrs->i[1] != 0, e);
@@ -241,12 +245,19 @@ static ms_status attn_forward(ms_op_call *c, ms_error *e) {
 static ms_status attn_backward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, attention_backward_bf16, U16(c->din[0]), F(c->saved[1]),
+                         U16(c->dout[0]), U16(q), F(c->saved[0]), NULL, q->shape[0], q->shape[1],
+                         q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0, e);
     return MS_CALL_K(c->kc, attention_backward, F(c->din[0]), F(c->saved[1]), F(c->dout[0]), F(q),
                      F(c->saved[0]), NULL, q->shape[0], q->shape[1], q->shape[3],
                      attn_local_heads(c), c->attrs->i[1] != 0, e);
 }
 static bool attn_runs_on(const ms_kernels *k) {
     return k->attention_forward && k->attention_backward;
+}
+static bool attn_runs_bf16_on(const ms_kernels *k) {
+    return k->attention_forward_bf16 && k->attention_backward_bf16;
 }
 static ms_k_cost attn_cost(const ms_op_call *c, bool bw) {
     const ms_tensor *q = c->in[0];
@@ -266,6 +277,7 @@ const ms_op_def ms_op_attention_def = {
     .backward = attn_backward,
     .cost = attn_cost,
     .runs_on = attn_runs_on,
+    .runs_bf16_on = attn_runs_bf16_on,
     .grad_inputs = 1,
 };
 

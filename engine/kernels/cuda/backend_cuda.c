@@ -266,6 +266,22 @@ static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, cons
                                        cudaMemcpyDeviceToDevice, CU(kc)->stream),
                        "cudaMemcpyAsync (attention output)", err);
 }
+/* bf16: the output before rounding goes straight into the saved copy (no memcpy). */
+static ms_status c_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
+                                          const uint16_t *qkv, const float *mask, int64_t b,
+                                          int64_t t, int64_t c, int64_t nh, bool causal,
+                                          ms_error *err) {
+    return ms_cu_attention_forward_bf16(out, saved, saved + b * nh * t, qkv, mask, b, t, c, nh,
+                                        causal, STREAM(kc), err);
+}
+static ms_status c_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
+                                           const uint16_t *dout, const uint16_t *qkv,
+                                           const float *saved, const float *mask, int64_t b,
+                                           int64_t t, int64_t c, int64_t nh, bool causal,
+                                           ms_error *err) {
+    return ms_cu_attention_backward_bf16(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask,
+                                         b, t, c, nh, causal, STREAM(kc), err);
+}
 static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *saved, const float *mask,
                                       int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
@@ -616,6 +632,8 @@ static const ms_kernels cuda_kernels = {
     .bias_dropout_add_backward_bf16 = c_bias_dropout_add_backward_bf16,
     .layernorm_forward_bf16 = c_layernorm_forward_bf16,
     .layernorm_backward_bf16 = c_layernorm_backward_bf16,
+    .attention_forward_bf16 = c_attention_forward_bf16,
+    .attention_backward_bf16 = c_attention_backward_bf16,
     .add_forward = c_add_forward,
     .add_backward = c_add_backward,
     .mul_forward = c_mul_forward,

@@ -224,6 +224,16 @@ ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dou
                                    const float *out, const float *lse, const float *mask, int64_t b,
                                    int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
                                    ms_error *err);
+/* bf16 qkv, out, dout and dqkv; lse fp32, and out_f32 [B, T, C] the output before rounding,
+ * which the backward reads (as the fp32 path reads its saved copy of the output). */
+ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32,
+                                       const uint16_t *qkv, const float *mask, int64_t b, int64_t t,
+                                       int64_t c, int64_t nh, bool causal, void *stream,
+                                       ms_error *err);
+ms_status ms_cu_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
+                                        const uint16_t *qkv, const float *out_f32, const float *lse,
+                                        const float *mask, int64_t b, int64_t t, int64_t c,
+                                        int64_t nh, bool causal, void *stream, ms_error *err);
 
 /* ---- grouped-query attention (layers.h's ms_k_gqa: strided heads, query head h reads kv
  * head h / (H / Hkv), causal from the global position q_start, mask [B, Tk] with 0 dropping a
