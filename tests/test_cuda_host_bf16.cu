@@ -4,8 +4,8 @@
  * A bf16 program hands an op its bf16 buffers unstaged only if the op's bf16 kernel writes
  * exactly what staging writes: widen every operand, run the fp32 kernel, round each output once
  * (engine/graph/program_precision.c). The CUDA kernels of add, bias add, GELU, bias + GELU,
- * bias + dropout + residual add, LayerNorm and attention are one template over the storage type
- * (elementwise_math.cuh, fused_math.cuh, norm_math.cuh; attention.cu widens as it stages
+ * bias + dropout + residual add, dropout, LayerNorm and attention are one template over the storage
+ * type (elementwise_math.cuh, fused_math.cuh, norm_math.cuh; attention.cu widens as it stages
  * tiles), so the check is on the templates as the launchers call them (per element, per
  * column, per row over MS_CU_ROW_LANES lanes, attention's tiles of attention.cu):
  * the ms_bf16 instantiation on bf16 operands equals, bit for bit, the float instantiation on
@@ -163,6 +163,23 @@ static void test_fused(void **state) {
     ok &= staged_and_cpu("bias dropout add backward dinp", dinp, dinpw, dinpc);
     ok &= staged_and_cpu("bias dropout add backward dbias", dbb, dbbw, dbbc);
     ok &= staged_and_cpu("bias dropout add backward dres", dres, dresw, dresc);
+
+    /* dropout alone (the embeddings' dropout), p = 0.1, forward and accumulated backward */
+    bvec yd(eb), dd(xb);
+    fvec ydw(eb), ydc(eb), ddw = xbf, ddc = xbf;
+    for (int64_t i = 0; i < eb; i++)
+        ms_cu_dropout_elem(yd.data(), r.data(), false, p, seed, sid, box, i);
+    for (int64_t i = 0; i < eb; i++)
+        ms_cu_dropout_elem(ydw.data(), rf.data(), false, p, seed, sid, box, i);
+    ms_k_dropout_forward(ydc.data(), rf.data(), p, seed, sid, 2, lshape, gstart, gshape, no_window);
+    ok &= staged_and_cpu("dropout forward", yd, ydw, ydc);
+    for (int64_t i = 0; i < eb; i++)
+        ms_cu_dropout_elem(dd.data(), gb.data(), true, p, seed, sid, box, i);
+    for (int64_t i = 0; i < eb; i++)
+        ms_cu_dropout_elem(ddw.data(), gbf.data(), true, p, seed, sid, box, i);
+    ms_k_dropout_backward(ddc.data(), gbf.data(), p, seed, sid, 2, lshape, gstart, gshape,
+                          no_window);
+    ok &= staged_and_cpu("dropout backward (accumulated)", dd, ddw, ddc);
     assert_true(ok);
 }
 

@@ -765,9 +765,9 @@ static ms_status f_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
     wide_done(&ws);
     return OK;
 }
-static int64_t box_numel(const ms_k_fused_dropout *d) {
+static int64_t numel_of(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    for (int k = 0; k < d->box.ndim; k++) n *= d->box.lshape[k];
+    for (int d = 0; d < ndim; d++) n *= shape[d];
     return n;
 }
 static ms_status f_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
@@ -775,7 +775,7 @@ static ms_status f_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, con
                                                  int64_t nb, const ms_k_fused_dropout *d,
                                                  ms_error *err) {
     wide_set ws = {0};
-    int64_t n = box_numel(d);
+    int64_t n = numel_of(d->box.ndim, d->box.lshape);
     ms_k_bias_dropout_add_forward(WOUT(out, n), WIN(inp, n), WIN(bias, nb), WIN(res, n), nb, d);
     wide_done(&ws);
     return OK;
@@ -784,7 +784,7 @@ static ms_status f_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, u
                                                   uint16_t *dres, const uint16_t *dout, int64_t nb,
                                                   const ms_k_fused_dropout *d, ms_error *err) {
     wide_set ws = {0};
-    int64_t n = box_numel(d);
+    int64_t n = numel_of(d->box.ndim, d->box.lshape);
     ms_k_bias_dropout_add_backward(WACC(dinp, n), WACC(dbias, nb), WACC(dres, n), WIN(dout, n), nb,
                                    d);
     wide_done(&ws);
@@ -833,6 +833,30 @@ static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *s
     wide_done(&ws);
     return OK;
 }
+static ms_status f_dropout_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, float p,
+                                        uint64_t seed, uint64_t stream, int ndim,
+                                        const int64_t *lshape, const int64_t *gstart,
+                                        const int64_t *gshape, const ms_k_batch_window *w,
+                                        ms_error *err) {
+    wide_set ws = {0};
+    int64_t n = numel_of(ndim, lshape);
+    ms_k_dropout_forward(WOUT(out, n), WIN(inp, n), p, seed, stream, ndim, lshape, gstart, gshape,
+                         w);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *dout, float p,
+                                         uint64_t seed, uint64_t stream, int ndim,
+                                         const int64_t *lshape, const int64_t *gstart,
+                                         const int64_t *gshape, const ms_k_batch_window *w,
+                                         ms_error *err) {
+    wide_set ws = {0};
+    int64_t n = numel_of(ndim, lshape);
+    ms_k_dropout_backward(WACC(dinp, n), WIN(dout, n), p, seed, stream, ndim, lshape, gstart,
+                          gshape, w);
+    wide_done(&ws);
+    return OK;
+}
 
 /* clang-format off */
 #define BF16_SLOTS                                                      \
@@ -851,7 +875,9 @@ static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *s
     .layernorm_forward_bf16 = f_layernorm_forward_bf16,                 \
     .layernorm_backward_bf16 = f_layernorm_backward_bf16,               \
     .attention_forward_bf16 = f_attention_forward_bf16,                 \
-    .attention_backward_bf16 = f_attention_backward_bf16
+    .attention_backward_bf16 = f_attention_backward_bf16,               \
+    .dropout_forward_bf16 = f_dropout_forward_bf16,                     \
+    .dropout_backward_bf16 = f_dropout_backward_bf16
 /* clang-format on */
 
 static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};

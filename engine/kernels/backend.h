@@ -120,6 +120,12 @@ struct ms_kernels {
     MS_KSLOT(attention_backward_bf16, uint16_t *dqkv, float *scratch, const uint16_t *dout,
              const uint16_t *qkv, const float *saved, const float *mask, int64_t b, int64_t t,
              int64_t c, int64_t nh, bool causal);
+    MS_KSLOT(dropout_forward_bf16, uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
+             uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
+             const int64_t *gshape, const ms_k_batch_window *w);
+    MS_KSLOT(dropout_backward_bf16, uint16_t *dinp, const uint16_t *dout, float p, uint64_t seed,
+             uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
+             const int64_t *gshape, const ms_k_batch_window *w);
 
     /* ---- elementwise ---- */
     MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);

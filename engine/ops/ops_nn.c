@@ -438,23 +438,36 @@ static int dropout_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
 static ms_status dropout_forward(ms_op_call *c, ms_error *e) {
     const ms_tensor *x = c->in[0];
     if (c->eval)
-        return F(c->out[0]) == F(x)
-                   ? MS_OK
-                   : ms_device_copy(c->kc->dev, F(c->out[0]), F(x), sizeof(float) * (size_t)N(x),
-                                    MS_COPY_DEVICE_TO_DEVICE, e);
+        return F(c->out[0]) == F(x) ? MS_OK
+                                    : ms_device_copy(c->kc->dev, F(c->out[0]), F(x),
+                                                     ms_dtype_size(x->dtype) * (size_t)N(x),
+                                                     MS_COPY_DEVICE_TO_DEVICE, e);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, dropout_forward_bf16, U16(c->out[0]), U16(x), c->attrs->f[0],
+                         c->seed, (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0],
+                         c->gin[0].d, &c->batch, e);
     return MS_CALL_K(c->kc, dropout_forward, F(c->out[0]), F(x), c->attrs->f[0], c->seed,
                      (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
                      &c->batch, e);
 }
 static ms_status dropout_backward(ms_op_call *c, ms_error *e) {
     const ms_tensor *x = c->in[0];
+    if (c->eval && bf16_call(c))
+        return MS_CALL_K(c->kc, bf16_accumulate, U16(c->din[0]), U16(c->dout[0]), N(x), e);
     if (c->eval) return MS_CALL_K(c->kc, accumulate, F(c->din[0]), F(c->dout[0]), N(x), e);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, dropout_backward_bf16, U16(c->din[0]), U16(c->dout[0]),
+                         c->attrs->f[0], c->seed, (uint64_t)c->attrs->i[0], x->ndim, x->shape,
+                         c->in_start[0], c->gin[0].d, &c->batch, e);
     return MS_CALL_K(c->kc, dropout_backward, F(c->din[0]), F(c->dout[0]), c->attrs->f[0], c->seed,
                      (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
                      &c->batch, e);
 }
 static bool dropout_runs_on(const ms_kernels *k) {
     return k->dropout_forward && k->dropout_backward && k->accumulate;
+}
+static bool dropout_runs_bf16_on(const ms_kernels *k) {
+    return k->dropout_forward_bf16 && k->dropout_backward_bf16 && k->bf16_accumulate;
 }
 static ms_k_cost dropout_cost(const ms_op_call *c, bool bw) {
     return ms_k_dropout_cost(N(c->in[0]), bw);
@@ -470,5 +483,6 @@ const ms_op_def ms_op_dropout_def = {
     .backward = dropout_backward,
     .cost = dropout_cost,
     .runs_on = dropout_runs_on,
+    .runs_bf16_on = dropout_runs_bf16_on,
     .grad_inputs = 1,
 };

@@ -465,6 +465,23 @@ static ms_status c_dropout_backward(ms_kctx *kc, float *dinp, const float *dout,
                                   STREAM(kc), err);
 }
 
+static ms_status c_dropout_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, float p,
+                                        uint64_t seed, uint64_t stream, int ndim,
+                                        const int64_t *lshape, const int64_t *gstart,
+                                        const int64_t *gshape, const ms_k_batch_window *w,
+                                        ms_error *err) {
+    return ms_cu_dropout_forward_bf16(out, inp, p, seed, stream, ndim, lshape, gstart, gshape, w,
+                                      STREAM(kc), err);
+}
+static ms_status c_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *dout, float p,
+                                         uint64_t seed, uint64_t stream, int ndim,
+                                         const int64_t *lshape, const int64_t *gstart,
+                                         const int64_t *gshape, const ms_k_batch_window *w,
+                                         ms_error *err) {
+    return ms_cu_dropout_backward_bf16(dinp, dout, p, seed, stream, ndim, lshape, gstart, gshape, w,
+                                       STREAM(kc), err);
+}
+
 /* ---- every other operator (ops_ext.cu): one launcher per slot ---- */
 static ms_status c_copy(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
     return ms_cu_copy(dst, src, n, STREAM(kc), err);
@@ -634,6 +651,8 @@ static const ms_kernels cuda_kernels = {
     .layernorm_backward_bf16 = c_layernorm_backward_bf16,
     .attention_forward_bf16 = c_attention_forward_bf16,
     .attention_backward_bf16 = c_attention_backward_bf16,
+    .dropout_forward_bf16 = c_dropout_forward_bf16,
+    .dropout_backward_bf16 = c_dropout_backward_bf16,
     .add_forward = c_add_forward,
     .add_backward = c_add_backward,
     .mul_forward = c_mul_forward,

@@ -194,6 +194,14 @@ ms_status ms_cu_dropout_backward(float *dinp, const float *dout, float p, uint64
                                  uint64_t stream_id, int ndim, const int64_t *lshape,
                                  const int64_t *gstart, const int64_t *gshape,
                                  const ms_k_batch_window *w, void *stream, ms_error *err);
+ms_status ms_cu_dropout_forward_bf16(uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
+                                     uint64_t stream_id, int ndim, const int64_t *lshape,
+                                     const int64_t *gstart, const int64_t *gshape,
+                                     const ms_k_batch_window *w, void *stream, ms_error *err);
+ms_status ms_cu_dropout_backward_bf16(uint16_t *dinp, const uint16_t *dout, float p, uint64_t seed,
+                                      uint64_t stream_id, int ndim, const int64_t *lshape,
+                                      const int64_t *gstart, const int64_t *gshape,
+                                      const ms_k_batch_window *w, void *stream, ms_error *err);
 
 /* ---- optimizer ---- */
 /* ms_adamw_step_scaled on the GPU (the same argument checks). */
