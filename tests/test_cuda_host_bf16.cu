@@ -4,7 +4,8 @@
  * A bf16 program hands an op its bf16 buffers unstaged only if the op's bf16 kernel writes
  * exactly what staging writes: widen every operand, run the fp32 kernel, round each output once
  * (engine/graph/program_precision.c). The CUDA kernels of add, bias add, GELU, bias + GELU,
- * bias + dropout + residual add, dropout, LayerNorm and attention are one template over the storage
+ * bias + dropout + residual add, dropout, LayerNorm, attention and the vocab-parallel
+ * cross-entropy are one template over the storage
  * type (elementwise_math.cuh, fused_math.cuh, norm_math.cuh; attention.cu widens as it stages
  * tiles), so the check is on the templates as the launchers call them (per element, per
  * column, per row over MS_CU_ROW_LANES lanes, attention's tiles of attention.cu):
@@ -32,6 +33,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include "engine/kernels/cuda/cuda_kernels.h" /* the CPU kernels' headers, with C linkage */
 #include "engine/kernels/cuda/fused_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
+#include "engine/kernels/cuda/xent_math.cuh"
 #include "tests/cuda_testkit.cuh"
 
 typedef std::vector<ms_bf16> bvec;
@@ -372,12 +374,64 @@ static void test_attention(void **state) {
     assert_true(ok);
 }
 
+/* ---- the vocab-parallel cross-entropy on bf16 logits: GPT-2's vocabulary in two slices ---- */
+
+/* Row statistics of one slice over the lanes, as norm.cu's row kernels. */
+template <typename T>
+static void xent_stats(float *mx, float *se, float *tg, const T *x, const int32_t *t, int64_t n,
+                       int64_t vl, int64_t v0) {
+    for (int64_t r = 0; r < n; r++) {
+        float v[MS_CU_ROW_LANES];
+        for (int l = 0; l < MS_CU_ROW_LANES; l++)
+            v[l] = ms_cu_row_max_part(x + r * vl, vl, l, MS_CU_ROW_LANES);
+        mx[r] = ms_cu_lanes_max(v, MS_CU_ROW_LANES);
+        se[r] = lanes_sum([&](int l) {
+            return ms_cu_row_sumexp_part(x + r * vl, vl, mx[r], l, MS_CU_ROW_LANES);
+        });
+        tg[r] = ms_cu_xent_target(x + r * vl, t[r], vl, v0);
+    }
+}
+
+static void test_xent(void **state) {
+    (void)state;
+    const int64_t n = 8, v = 50257, vl = 25129, v0 = 25128; /* the second slice */
+    const bvec x = brand(n * vl, -6, 6), dl = brand(n, 0, 1), d0 = brand(n * vl, -1e-3, 1e-3);
+    const fvec xf = widen(x), dlf = widen(dl);
+    std::vector<int32_t> t(n);
+    for (int64_t r = 0; r < n; r++) t[r] = (int32_t)(r % 2 ? v0 + 37 * r : 11 * r); /* in, out */
+    t[3] = -1; /* an ignored row */
+    fvec mx(n), se(n), tg(n), mxw(n), sew(n), tgw(n), mxc(n), sec(n), tgc(n);
+    xent_stats(mx.data(), se.data(), tg.data(), x.data(), t.data(), n, vl, v0);
+    xent_stats(mxw.data(), sew.data(), tgw.data(), xf.data(), t.data(), n, vl, v0);
+    ms_k_xent_vp_rowmax(mxc.data(), xf.data(), n, vl);
+    ms_k_xent_vp_sumexp(sec.data(), xf.data(), mxc.data(), n, vl);
+    ms_k_xent_vp_target(tgc.data(), xf.data(), t.data(), n, vl, v0);
+    bool ok = close("xent row max (fp32) == staged", mx, mxw, 0, 0);
+    ok &= close("xent sum of exps (fp32) == staged", se, sew, 0, 0);
+    ok &= close("xent target logit (fp32) == staged", tg, tgw, 0, 0);
+    ok &= close("xent row max vs the CPU kernel", mx, mxc, 0, 0);
+    ok &= close("xent sum of exps vs the CPU kernel (1e-5)", se, sec, 0, 1e-5);
+    ok &= close("xent target logit vs the CPU kernel", tg, tgc, 0, 0);
+    bvec d = d0;
+    fvec dw = widen(d0), dc = widen(d0);
+    for (int64_t i = 0; i < n * vl; i++)
+        ms_cu_xent_vp_grad(d.data() + i / vl * vl, x.data() + i / vl * vl, i % vl, mx[i / vl],
+                           se[i / vl], t[i / vl], ms_cu_load(dl.data() + i / vl), v0);
+    for (int64_t i = 0; i < n * vl; i++)
+        ms_cu_xent_vp_grad(dw.data() + i / vl * vl, xf.data() + i / vl * vl, i % vl, mxw[i / vl],
+                           sew[i / vl], t[i / vl], dlf[i / vl], v0);
+    ms_k_xent_vp_backward(dc.data(), xf.data(), mxc.data(), sec.data(), t.data(), dlf.data(), n, vl,
+                          v0);
+    ok &= staged_and_cpu("xent backward dlogits (accumulated)", d, dw, dc);
+    (void)v;
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_bias_gelu),
-        cmocka_unit_test(test_fused),
-        cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_add_bias_gelu), cmocka_unit_test(test_fused),
+        cmocka_unit_test(test_layernorm),     cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_xent),
     };
     return cmocka_run_group_tests_name("cuda_host_bf16", tests, NULL, NULL);
 }

@@ -115,14 +115,15 @@ static void point_at_wide(ms_program *p, ms_tensor **slot, int b) {
 
 /* Whether the instruction hands its bf16 buffers to the op as they are: the op has bf16
  * kernels on this device, and every operand is bf16 and a buffer of its own (the staged path
- * shares one fp32 copy between aliases, which per-operand bf16 kernels cannot). */
+ * shares one fp32 copy between aliases, which per-operand bf16 kernels cannot) - but for the
+ * inputs that take no gradient (token ids, targets), which the op reads as integers in fp32. */
 static bool runs_unstaged(const ms_program *p, const instr *in, const ms_op_def *def,
                           const stage_set *set) {
     if (!def->runs_bf16_on || !def->runs_bf16_on(p->kc->k)) return false;
     const gnode *nd = &p->g->n[in->node];
     bool bwd = in->kind == I_BWD;
     int operands = 0;
-    for (int i = 0; i < nd->n_in; i++) operands += in->kb.in[i] >= 0;
+    for (int i = 0; i < nd->n_in; i++) operands += in->kb.in[i] >= 0 && (def->grad_inputs >> i & 1);
     for (int o = 0; o < nd->n_out; o++) operands += in->kb.out[o] >= 0;
     for (int o = 0; bwd && o < MS_OP_MAX_OUT; o++) operands += in->dout_buf[o] >= 0;
     for (int i = 0; bwd && i < MS_OP_MAX_IN; i++) operands += in->din_buf[i] >= 0;

@@ -833,6 +833,38 @@ static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *s
     wide_done(&ws);
     return OK;
 }
+static ms_status f_xent_vp_rowmax_bf16(ms_kctx *kc, float *lmax, const uint16_t *logits, int64_t n,
+                                       int64_t vl, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_rowmax(H(lmax), WIN(logits, n * vl), n, vl);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_sumexp_bf16(ms_kctx *kc, float *lsum, const uint16_t *logits,
+                                       const float *gmax, int64_t n, int64_t vl, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_sumexp(H(lsum), WIN(logits, n * vl), H(gmax), n, vl);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t *logits,
+                                       const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                       ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_target(H(ltgt), WIN(logits, n * vl), H(targets), n, vl, v0);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
+                                         const float *gmax, const float *gsum,
+                                         const int32_t *targets, const uint16_t *dlosses, int64_t n,
+                                         int64_t vl, int64_t v0, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_backward(WACC(dlogits, n * vl), WIN(logits, n * vl), H(gmax), H(gsum), H(targets),
+                          WIN(dlosses, n), n, vl, v0);
+    wide_done(&ws);
+    return OK;
+}
 static ms_status f_dropout_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, float p,
                                         uint64_t seed, uint64_t stream, int ndim,
                                         const int64_t *lshape, const int64_t *gstart,
@@ -876,6 +908,10 @@ static ms_status f_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint
     .layernorm_backward_bf16 = f_layernorm_backward_bf16,               \
     .attention_forward_bf16 = f_attention_forward_bf16,                 \
     .attention_backward_bf16 = f_attention_backward_bf16,               \
+    .xent_vp_rowmax_bf16 = f_xent_vp_rowmax_bf16,                       \
+    .xent_vp_sumexp_bf16 = f_xent_vp_sumexp_bf16,                       \
+    .xent_vp_target_bf16 = f_xent_vp_target_bf16,                       \
+    .xent_vp_backward_bf16 = f_xent_vp_backward_bf16,                   \
     .dropout_forward_bf16 = f_dropout_forward_bf16,                     \
     .dropout_backward_bf16 = f_dropout_backward_bf16
 /* clang-format on */

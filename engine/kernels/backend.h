@@ -120,6 +120,16 @@ struct ms_kernels {
     MS_KSLOT(attention_backward_bf16, uint16_t *dqkv, float *scratch, const uint16_t *dout,
              const uint16_t *qkv, const float *saved, const float *mask, int64_t b, int64_t t,
              int64_t c, int64_t nh, bool causal);
+    /* the vocab-parallel cross-entropy's pieces on bf16 logits; the losses are computed fp32
+     * (xent_vp_loss) and rounded by bf16_round */
+    MS_KSLOT(xent_vp_rowmax_bf16, float *lmax, const uint16_t *logits, int64_t n, int64_t vl);
+    MS_KSLOT(xent_vp_sumexp_bf16, float *lsum, const uint16_t *logits, const float *gmax, int64_t n,
+             int64_t vl);
+    MS_KSLOT(xent_vp_target_bf16, float *ltgt, const uint16_t *logits, const int32_t *targets,
+             int64_t n, int64_t vl, int64_t v0);
+    MS_KSLOT(xent_vp_backward_bf16, uint16_t *dlogits, const uint16_t *logits, const float *gmax,
+             const float *gsum, const int32_t *targets, const uint16_t *dlosses, int64_t n,
+             int64_t vl, int64_t v0);
     MS_KSLOT(dropout_forward_bf16, uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
              uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
              const int64_t *gshape, const ms_k_batch_window *w);

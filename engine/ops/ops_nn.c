@@ -366,9 +366,12 @@ static int xent_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
     cand2(&c[k++], ms_S(nd), ms_R(), ms_R());
     return k;
 }
+/* [0] the targets as int32, then the fp32 target logits and losses of a bf16 call (which
+ * rounds them into its bf16 output once); [1], [2] the row max and sum of exps. */
 static void xent_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
     (void)a;
-    sizes[0] = sizes[1] = sizes[2] = N(c->in[1]);
+    sizes[0] = 2 * N(c->in[1]);
+    sizes[1] = sizes[2] = N(c->in[1]);
 }
 
 /* All-reduces over the mesh dims along which the logits' vocab dim is sharded. */
@@ -387,28 +390,43 @@ static ms_status xent_forward(ms_op_call *c, ms_error *e) {
     const ms_tensor *lg = c->in[0];
     int64_t rows = N(c->in[1]), vl = last_dim(lg), v0 = c->in_start[0][lg->ndim - 1];
     int32_t *tg = (int32_t *)F(c->saved[0]);
-    float *gmax = F(c->saved[1]), *gsum = F(c->saved[2]), *tgt = F(c->out[0]);
+    bool bf = bf16_call(c);
+    /* tgt holds the target logits until the loss overwrites them: the fp32 output, or under
+     * bf16 the scratch after the targets, rounded into the output at the end. */
+    float *gmax = F(c->saved[1]), *gsum = F(c->saved[2]);
+    float *tgt = bf ? F(c->saved[0]) + rows : F(c->out[0]);
     MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, tg, F(c->in[1]), rows, e));
     if (ms_device_host_addressable(c->kc->dev)) /* debug builds: a target past the vocabulary */
         ms_k_xent_check_targets(tg, rows, c->gin[0].d[lg->ndim - 1]);
-    MS_CHECK(MS_CALL_K(c->kc, xent_vp_rowmax, gmax, F(lg), rows, vl, e));
+    MS_CHECK(bf ? MS_CALL_K(c->kc, xent_vp_rowmax_bf16, gmax, U16(lg), rows, vl, e)
+                : MS_CALL_K(c->kc, xent_vp_rowmax, gmax, F(lg), rows, vl, e));
     MS_CHECK(vocab_all_reduce(c, gmax, rows, MS_REDUCE_MAX, e));
-    MS_CHECK(MS_CALL_K(c->kc, xent_vp_sumexp, gsum, F(lg), gmax, rows, vl, e));
+    MS_CHECK(bf ? MS_CALL_K(c->kc, xent_vp_sumexp_bf16, gsum, U16(lg), gmax, rows, vl, e)
+                : MS_CALL_K(c->kc, xent_vp_sumexp, gsum, F(lg), gmax, rows, vl, e));
     MS_CHECK(vocab_all_reduce(c, gsum, rows, MS_REDUCE_SUM, e));
-    /* The output buffer holds the target logits until the loss overwrites them. */
-    MS_CHECK(MS_CALL_K(c->kc, xent_vp_target, tgt, F(lg), tg, rows, vl, v0, e));
+    MS_CHECK(bf ? MS_CALL_K(c->kc, xent_vp_target_bf16, tgt, U16(lg), tg, rows, vl, v0, e)
+                : MS_CALL_K(c->kc, xent_vp_target, tgt, F(lg), tg, rows, vl, v0, e));
     MS_CHECK(vocab_all_reduce(c, tgt, rows, MS_REDUCE_SUM, e));
-    return MS_CALL_K(c->kc, xent_vp_loss, tgt, gmax, gsum, tgt, tg, rows, e);
+    MS_CHECK(MS_CALL_K(c->kc, xent_vp_loss, tgt, gmax, gsum, tgt, tg, rows, e));
+    return bf ? MS_CALL_K(c->kc, bf16_round, U16(c->out[0]), tgt, rows, e) : MS_OK;
 }
 static ms_status xent_backward(ms_op_call *c, ms_error *e) {
     const ms_tensor *lg = c->in[0];
     int64_t rows = N(c->in[1]), vl = last_dim(lg), v0 = c->in_start[0][lg->ndim - 1];
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, xent_vp_backward_bf16, U16(c->din[0]), U16(lg), F(c->saved[1]),
+                         F(c->saved[2]), (const int32_t *)F(c->saved[0]), U16(c->dout[0]), rows, vl,
+                         v0, e);
     return MS_CALL_K(c->kc, xent_vp_backward, F(c->din[0]), F(lg), F(c->saved[1]), F(c->saved[2]),
                      (const int32_t *)F(c->saved[0]), F(c->dout[0]), rows, vl, v0, e);
 }
 static bool xent_runs_on(const ms_kernels *k) {
     return k->ids_from_floats && k->xent_vp_rowmax && k->xent_vp_sumexp && k->xent_vp_target &&
            k->xent_vp_loss && k->xent_vp_backward;
+}
+static bool xent_runs_bf16_on(const ms_kernels *k) {
+    return k->xent_vp_rowmax_bf16 && k->xent_vp_sumexp_bf16 && k->xent_vp_target_bf16 &&
+           k->xent_vp_backward_bf16 && k->bf16_round;
 }
 static ms_k_cost xent_cost(const ms_op_call *c, bool bw) {
     return ms_k_xent_cost(N(c->in[1]), last_dim(c->in[0]), bw);
@@ -425,6 +443,7 @@ const ms_op_def ms_op_xent_def = {
     .backward = xent_backward,
     .cost = xent_cost,
     .runs_on = xent_runs_on,
+    .runs_bf16_on = xent_runs_bf16_on,
     .grad_inputs = 1,
 };
 

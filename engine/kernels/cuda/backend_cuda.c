@@ -362,6 +362,26 @@ static ms_status c_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, c
                                 ms_error *err) {
     return ms_cu_xent_vp_loss(losses, gmax, gsum, gtgt, targets, n, STREAM(kc), err);
 }
+static ms_status c_xent_vp_rowmax_bf16(ms_kctx *kc, float *lmax, const uint16_t *logits, int64_t n,
+                                       int64_t vl, ms_error *err) {
+    return ms_cu_xent_vp_rowmax_bf16(lmax, logits, n, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_sumexp_bf16(ms_kctx *kc, float *lsum, const uint16_t *logits,
+                                       const float *gmax, int64_t n, int64_t vl, ms_error *err) {
+    return ms_cu_xent_vp_sumexp_bf16(lsum, logits, gmax, n, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t *logits,
+                                       const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                       ms_error *err) {
+    return ms_cu_xent_vp_target_bf16(ltgt, logits, targets, n, vl, v0, STREAM(kc), err);
+}
+static ms_status c_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
+                                         const float *gmax, const float *gsum,
+                                         const int32_t *targets, const uint16_t *dlosses, int64_t n,
+                                         int64_t vl, int64_t v0, ms_error *err) {
+    return ms_cu_xent_vp_backward_bf16(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0,
+                                       STREAM(kc), err);
+}
 static ms_status c_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
                                     const float *gmax, const float *gsum, const int32_t *targets,
                                     const float *dlosses, int64_t n, int64_t vl, int64_t v0,
@@ -651,6 +671,10 @@ static const ms_kernels cuda_kernels = {
     .layernorm_backward_bf16 = c_layernorm_backward_bf16,
     .attention_forward_bf16 = c_attention_forward_bf16,
     .attention_backward_bf16 = c_attention_backward_bf16,
+    .xent_vp_rowmax_bf16 = c_xent_vp_rowmax_bf16,
+    .xent_vp_sumexp_bf16 = c_xent_vp_sumexp_bf16,
+    .xent_vp_target_bf16 = c_xent_vp_target_bf16,
+    .xent_vp_backward_bf16 = c_xent_vp_backward_bf16,
     .dropout_forward_bf16 = c_dropout_forward_bf16,
     .dropout_backward_bf16 = c_dropout_backward_bf16,
     .add_forward = c_add_forward,

@@ -137,6 +137,17 @@ ms_status ms_cu_xent_forward(float *losses, float *lse, const float *logits, con
 ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, const float *dlosses, int64_t n, int64_t v,
                               void *stream, ms_error *err);
+/* bf16 logits (and their gradient, and the losses' gradient); the row statistics fp32. */
+ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
+                                    void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_sumexp_bf16(float *lsum, const uint16_t *logits, const float *gmax,
+                                    int64_t n, int64_t vl, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const int32_t *targets,
+                                    int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
+                                      const float *gsum, const int32_t *targets,
+                                      const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                      void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
                                void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,

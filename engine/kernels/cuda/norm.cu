@@ -118,8 +118,10 @@ ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *
     });
 }
 
-ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
-                               void *stream, ms_error *err) {
+/* The vocab-parallel pieces over logits of storage T (float, or ms_bf16 unstaged). */
+template <typename T>
+static ms_status xent_vp_rowmax(float *lmax, const T *logits, int64_t n, int64_t vl, void *stream,
+                                ms_error *err) {
     return ms_cu_rows(n, stream, "cross-entropy row max", err, [=] __device__(int64_t r, int l) {
         const float m =
             ms_cu_block_max(ms_cu_row_max_part(logits + r * vl, vl, l, MS_CU_ROW_LANES));
@@ -127,8 +129,9 @@ ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int6
     });
 }
 
-ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
-                               int64_t vl, void *stream, ms_error *err) {
+template <typename T>
+static ms_status xent_vp_sumexp(float *lsum, const T *logits, const float *gmax, int64_t n,
+                                int64_t vl, void *stream, ms_error *err) {
     return ms_cu_rows(n, stream, "cross-entropy sum of exp", err, [=] __device__(int64_t r, int l) {
         const float s = ms_cu_block_sum(
             ms_cu_row_sumexp_part(logits + r * vl, vl, gmax[r], l, MS_CU_ROW_LANES));
@@ -136,11 +139,39 @@ ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gm
     });
 }
 
-ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
-                               int64_t vl, int64_t v0, void *stream, ms_error *err) {
+template <typename T>
+static ms_status xent_vp_target(float *ltgt, const T *logits, const int32_t *targets, int64_t n,
+                                int64_t vl, int64_t v0, void *stream, ms_error *err) {
     return ms_cu_each(n, stream, "cross-entropy target", err, [=] __device__(int64_t r) {
         ltgt[r] = ms_cu_xent_target(logits + r * vl, targets[r], vl, v0);
     });
+}
+
+template <typename T>
+static ms_status xent_vp_backward(T *dlogits, const T *logits, const float *gmax, const float *gsum,
+                                  const int32_t *targets, const T *dlosses, int64_t n, int64_t vl,
+                                  int64_t v0, void *stream, ms_error *err) {
+    return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
+                      [=] __device__(int64_t i) {
+                          const int64_t r = i / vl;
+                          ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
+                                             gsum[r], targets[r], ms_cu_load(dlosses + r), v0);
+                      });
+}
+
+ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
+                               void *stream, ms_error *err) {
+    return xent_vp_rowmax(lmax, logits, n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
+                               int64_t vl, void *stream, ms_error *err) {
+    return xent_vp_sumexp(lsum, logits, gmax, n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
+                               int64_t vl, int64_t v0, void *stream, ms_error *err) {
+    return xent_vp_target(ltgt, logits, targets, n, vl, v0, stream, err);
 }
 
 ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum, const float *gtgt,
@@ -153,10 +184,29 @@ ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum
 ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
                                  const float *gsum, const int32_t *targets, const float *dlosses,
                                  int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err) {
-    return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
-                      [=] __device__(int64_t i) {
-                          const int64_t r = i / vl;
-                          ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
-                                             gsum[r], targets[r], dlosses[r], v0);
-                      });
+    return xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, stream, err);
+}
+
+ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
+                                    void *stream, ms_error *err) {
+    return xent_vp_rowmax(lmax, ms_cu_bf(logits), n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_sumexp_bf16(float *lsum, const uint16_t *logits, const float *gmax,
+                                    int64_t n, int64_t vl, void *stream, ms_error *err) {
+    return xent_vp_sumexp(lsum, ms_cu_bf(logits), gmax, n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const int32_t *targets,
+                                    int64_t n, int64_t vl, int64_t v0, void *stream,
+                                    ms_error *err) {
+    return xent_vp_target(ltgt, ms_cu_bf(logits), targets, n, vl, v0, stream, err);
+}
+
+ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
+                                      const float *gsum, const int32_t *targets,
+                                      const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                      void *stream, ms_error *err) {
+    return xent_vp_backward(ms_cu_bf(dlogits), ms_cu_bf(logits), gmax, gsum, targets,
+                            ms_cu_bf(dlosses), n, vl, v0, stream, err);
 }
