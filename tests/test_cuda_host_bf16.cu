@@ -410,7 +410,7 @@ static void test_xent(void **state) {
     ok &= close("xent sum of exps (fp32) == staged", se, sew, 0, 0);
     ok &= close("xent target logit (fp32) == staged", tg, tgw, 0, 0);
     ok &= close("xent row max vs the CPU kernel", mx, mxc, 0, 0);
-    ok &= close("xent sum of exps vs the CPU kernel (1e-5)", se, sec, 0, 1e-5);
+    ok &= close("xent sum of exps vs the CPU kernel (1e-4: another order)", se, sec, 0, 1e-4);
     ok &= close("xent target logit vs the CPU kernel", tg, tgc, 0, 0);
     bvec d = d0;
     fvec dw = widen(d0), dc = widen(d0);
