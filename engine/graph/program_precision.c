@@ -14,10 +14,10 @@
  * itself on a GPU. So an op may declare bf16 kernels on a device (ms_op_def.runs_bf16_on:
  * the optional *_bf16 slots of kernels/backend.h - CUDA's matmul, LayerNorm, attention, GELU,
  * the bias and add ops, dropout, cross-entropy; the fenced device has them all to check this
- * path on the host); the instruction then hands it the bf16 buffers as they are. Their contract is this
- * file's: read bf16, compute in fp32 exactly as that device's fp32 kernel does, round each
- * output once (an accumulated gradient: widen, add, round once), which is what staging
- * stores, so the result is bit for bit the same (tests/test_cuda_host_bf16.cu, and the
+ * path on the host); the instruction then hands it the bf16 buffers as they are. Their
+ * contract is this file's: read bf16, compute in fp32 exactly as that device's fp32 kernel
+ * does, round each output once (an accumulated gradient: widen, add, round once), which is
+ * what staging stores, so the result is bit for bit the same (tests/test_cuda_host_bf16.cu, and the
  * fenced training cases of tests/test_device_fenced.c against the staged CPU run). Saved
  * statistics are not operands and stay fp32. */
 #include <string.h>
