@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "engine/core/panic.h"
 #include "engine/core/xalloc.h"
 
 /* The host address of a device address; NULL stays NULL (an unwanted gradient). */
@@ -647,10 +648,11 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
  * without bf16 arithmetic in its cores, staging once per instruction is the cheaper way. */
 
 /* One call's bf16 operands as fp32 host copies; wide_done rounds the written ones back once. */
+#define WIDE_MAX 6 /* the most bf16 operands of one slot: layernorm_backward_bf16's */
 typedef struct wide_set {
-    float *w[6];
-    uint16_t *back[6]; /* host address to round into, or NULL for an operand only read */
-    int64_t n[6];
+    float *w[WIDE_MAX];
+    uint16_t *back[WIDE_MAX]; /* host address to round into, or NULL for an operand only read */
+    int64_t n[WIDE_MAX];
     int k;
 } wide_set;
 
@@ -658,6 +660,7 @@ typedef struct wide_set {
  * its values (else the kernel overwrites them); write: round back in wide_done. */
 static float *wide(wide_set *s, const uint16_t *x, int64_t n, bool read, bool write) {
     if (!x) return NULL;
+    if (s->k == WIDE_MAX) ms_panic("fenced bf16 kernel: more than %d bf16 operands", WIDE_MAX);
     float *w = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *w);
     if (read) ms_k_bf16_widen(w, x, n);
     s->w[s->k] = w, s->back[s->k] = write ? (uint16_t *)x : NULL, s->n[s->k++] = n;
