@@ -175,8 +175,9 @@ mt_equiv_tol mt_equiv_exact(void) {
         .ref = "{\"dp\": 1}", .loss = 1e-5, .params = 1e-5, .worst = 0.01 * mt_equiv_opts().lr};
 }
 
-void mt_equiv_check_device(const char *strategy, int world, ms_device_kind device) {
-    const ms_model_config cfg = mt_equiv_config(false);
+void mt_equiv_check_device(const ms_model_config *model, const char *strategy, int world,
+                           ms_device_kind device) {
+    const ms_model_config cfg = model ? *model : mt_equiv_config(false);
     const mt_equiv_tol exact = {.ref = strategy}; /* every tolerance 0: bit for bit */
     reference ref = {0};
     run_arg ra = {.cfg = cfg,

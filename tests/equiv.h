@@ -45,8 +45,10 @@ void mt_equiv_check_tol(const ms_model_config *cfg, const char *strategy, const 
 
 /* The GPT under strategy on world ranks whose devices are of kind `device` (the fenced device:
  * memory the host cannot touch) against the same strategy and world on the CPU, bit for bit:
- * every step's loss, the validation loss and every final parameter, compared on world rank 0. */
-void mt_equiv_check_device(const char *strategy, int world, ms_device_kind device);
+ * every step's loss, the validation loss and every final parameter, compared on world rank 0.
+ * model: NULL for mt_equiv_config(false). */
+void mt_equiv_check_device(const ms_model_config *model, const char *strategy, int world,
+                           ms_device_kind device);
 
 /* cfg (NULL: the GPT of mt_equiv_config) under strategy (with live switches to then1, then2
  * as in mt_equiv_check) against strategy ref, both on world ranks of `device`, bit for bit: two

@@ -121,10 +121,11 @@ static void test_elementwise_bf16(void **state) {
     const hvec a = to_bf16(frand(e, -4, 4)), b = to_bf16(frand(e, -2, 2)),
                g = to_bf16(frand(e, -1, 1));
     const hvec d0 = to_bf16(frand(e, -1, 1));
-    const fvec af = widen(a), bf = widen(b), gf = widen(g), bias = frand(c, -1, 1);
+    const hvec bias16 = to_bf16(frand(c, -1, 1));
+    const fvec af = widen(a), bf = widen(b), gf = widen(g), bias = widen(bias16);
     fvec want(e), dw = widen(d0);
     uint16_t *da = dev(a), *db = dev(b), *dg = dev(g), *out = dev(hvec(e)), *dd = dev(d0);
-    float *dbias = dev(bias);
+    uint16_t *dbias = dev(bias16);
     bool ok = true;
     LAUNCH(ms_cu_add_forward_bf16(out, da, db, e, NULL, ERR));
     ms_k_add_forward(want.data(), af.data(), bf.data(), e);
@@ -187,13 +188,13 @@ static void test_layernorm(void **state) {
         ok &= close("layernorm dinp", back(ddx, e), dx, 1e-5, 1e-5);
         ok &= close("layernorm dweight", back(ddw, c), dw, 1e-5, 1e-5);
         ok &= close("layernorm dbias", back(ddb, c), db, 1e-6, 1e-6);
-        const hvec x16 = to_bf16(x);
-        const fvec x16f = widen(x16);
-        uint16_t *dx16 = dev(x16), *dout16 = dev(hvec(e));
-        ms_k_layernorm_forward(out.data(), mean.data(), rstd.data(), x16f.data(), w.data(),
-                               b.data(), n, c, 1e-5f);
-        LAUNCH(ms_cu_layernorm_forward_bf16(dout16, dmean, drstd, dx16, dwt, dbs, n, c, 1e-5f, NULL,
-                                            ERR));
+        const hvec x16 = to_bf16(x), w16 = to_bf16(w), b16 = to_bf16(b);
+        const fvec x16f = widen(x16), w16f = widen(w16), b16f = widen(b16);
+        uint16_t *dx16 = dev(x16), *dout16 = dev(hvec(e)), *dw16 = dev(w16), *db16 = dev(b16);
+        ms_k_layernorm_forward(out.data(), mean.data(), rstd.data(), x16f.data(), w16f.data(),
+                               b16f.data(), n, c, 1e-5f);
+        LAUNCH(ms_cu_layernorm_forward_bf16(dout16, dmean, drstd, dx16, dw16, db16, n, c, 1e-5f,
+                                            NULL, ERR));
         ok &= close("layernorm out bf16 (1 ulp)", widen(back(dout16, e)), out, 1e-5, 1.0 / 128);
     }
     assert_true(ok);

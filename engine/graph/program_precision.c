@@ -8,9 +8,18 @@
  * program's staging area, runs the fp32 kernel there (so every kernel accumulates in fp32),
  * and rounds what it wrote back once: the bf16 buffers hold exactly what a bf16 kernel with
  * fp32 accumulation would store. The staging area is sized for the largest instruction and
- * reused by all. An op whose kernels on the rank's device take bf16 as it is (runs_bf16_on:
- * matmul on CUDA's tensor cores, and on the fenced device to check that path) gets its bf16
- * buffers unstaged, with the same result. */
+ * reused by all.
+ *
+ * Staging costs two or three extra passes over memory per op, more than an elementwise op
+ * itself on a GPU. So an op may declare bf16 kernels on a device (ms_op_def.runs_bf16_on:
+ * the optional *_bf16 slots of kernels/backend.h - CUDA's matmul, LayerNorm, attention, GELU,
+ * the bias and add ops, dropout, cross-entropy; the fenced device has them all to check this
+ * path on the host); the instruction then hands it the bf16 buffers as they are. Their
+ * contract is this file's: read bf16, compute in fp32 exactly as that device's fp32 kernel
+ * does, round each output once (an accumulated gradient: widen, add, round once), which is
+ * what staging stores, so the result is bit for bit the same (tests/test_cuda_host_bf16.cu, and the
+ * fenced training cases of tests/test_device_fenced.c against the staged CPU run). Saved
+ * statistics are not operands and stay fp32. */
 #include <string.h>
 
 #include "engine/graph/program_impl.h"
@@ -106,14 +115,15 @@ static void point_at_wide(ms_program *p, ms_tensor **slot, int b) {
 
 /* Whether the instruction hands its bf16 buffers to the op as they are: the op has bf16
  * kernels on this device, and every operand is bf16 and a buffer of its own (the staged path
- * shares one fp32 copy between aliases, which per-operand bf16 kernels cannot). */
+ * shares one fp32 copy between aliases, which per-operand bf16 kernels cannot) - but for the
+ * inputs that take no gradient (token ids, targets), which the op reads as integers in fp32. */
 static bool runs_unstaged(const ms_program *p, const instr *in, const ms_op_def *def,
                           const stage_set *set) {
     if (!def->runs_bf16_on || !def->runs_bf16_on(p->kc->k)) return false;
     const gnode *nd = &p->g->n[in->node];
     bool bwd = in->kind == I_BWD;
     int operands = 0;
-    for (int i = 0; i < nd->n_in; i++) operands += in->kb.in[i] >= 0;
+    for (int i = 0; i < nd->n_in; i++) operands += in->kb.in[i] >= 0 && (def->grad_inputs >> i & 1);
     for (int o = 0; o < nd->n_out; o++) operands += in->kb.out[o] >= 0;
     for (int o = 0; bwd && o < MS_OP_MAX_OUT; o++) operands += in->dout_buf[o] >= 0;
     for (int i = 0; bwd && i < MS_OP_MAX_IN; i++) operands += in->din_buf[i] >= 0;

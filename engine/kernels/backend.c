@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "engine/core/panic.h"
 #include "engine/core/xalloc.h"
 
 /* The host address of a device address; NULL stays NULL (an unwanted gradient). */
@@ -640,16 +641,42 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .scale_inplace = h_scale_inplace
 /* clang-format on */
 
-/* ---- the fenced device's bf16 products ----
+/* ---- the fenced device's bf16 kernels ----
  * Widened into host scratch, the fp32 kernel, rounded back: what the program's staging does,
  * so the program's unstaged bf16 path (taken where a table has these slots, as CUDA's does)
  * is checked against the staged one bit for bit without a GPU. The CPU table leaves them out:
  * without bf16 arithmetic in its cores, staging once per instruction is the cheaper way. */
-static float *widened(const uint16_t *x, int64_t n, bool read) {
+
+/* One call's bf16 operands as fp32 host copies; wide_done rounds the written ones back once. */
+#define WIDE_MAX 6 /* the most bf16 operands of one slot: layernorm_backward_bf16's */
+typedef struct wide_set {
+    float *w[WIDE_MAX];
+    uint16_t *back[WIDE_MAX]; /* host address to round into, or NULL for an operand only read */
+    int64_t n[WIDE_MAX];
+    int k;
+} wide_set;
+
+/* x (host address, or NULL: the operand is absent and so is its copy) as fp32; read: widen
+ * its values (else the kernel overwrites them); write: round back in wide_done. */
+static float *wide(wide_set *s, const uint16_t *x, int64_t n, bool read, bool write) {
+    if (!x) return NULL;
+    if (s->k == WIDE_MAX) ms_panic("fenced bf16 kernel: more than %d bf16 operands", WIDE_MAX);
     float *w = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *w);
-    if (read && x) ms_k_bf16_widen(w, x, n);
+    if (read) ms_k_bf16_widen(w, x, n);
+    s->w[s->k] = w, s->back[s->k] = write ? (uint16_t *)x : NULL, s->n[s->k++] = n;
     return w;
 }
+#define WIN(x, n)  wide(&ws, H(x), (n), true, false) /* read */
+#define WOUT(x, n) wide(&ws, H(x), (n), false, true) /* overwritten */
+#define WACC(x, n) wide(&ws, H(x), (n), true, true)  /* accumulated into */
+
+static void wide_done(wide_set *s) {
+    for (int i = 0; i < s->k; i++) {
+        if (s->back[i]) ms_k_bf16_round(s->back[i], s->w[i], s->n[i]);
+        free(s->w[i]);
+    }
+}
+
 static int64_t gemm_a_numel(const ms_k_gemm *g) {
     return (g->bcast_a ? 1 : g->batch) * g->m * g->k;
 }
@@ -659,35 +686,242 @@ static int64_t gemm_b_numel(const ms_k_gemm *g) {
 static ms_status f_matmul_forward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *c,
                                        const uint16_t *a, const uint16_t *b, float alpha,
                                        float beta, ms_error *err) {
-    int64_t na = gemm_a_numel(g), nb = gemm_b_numel(g), nc = g->batch * g->m * g->n;
-    float *wa = widened(H(a), na, true), *wb = widened(H(b), nb, true);
-    float *wc = widened(H(c), nc, beta != 0);
+    wide_set ws = {0};
+    int64_t nc = g->batch * g->m * g->n;
+    float *wa = WIN(a, gemm_a_numel(g)), *wb = WIN(b, gemm_b_numel(g));
+    float *wc = beta != 0 ? WACC(c, nc) : WOUT(c, nc);
     ms_k_matmul_forward(g, wc, wa, wb, alpha, beta);
-    ms_k_bf16_round(H(c), wc, nc);
-    free(wa), free(wb), free(wc);
+    wide_done(&ws);
     return OK;
 }
 static ms_status f_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *da, uint16_t *db,
                                         const uint16_t *dc, const uint16_t *a, const uint16_t *b,
                                         float alpha, bool accumulate, ms_error *err) {
-    int64_t na = gemm_a_numel(g), nb = gemm_b_numel(g), nc = g->batch * g->m * g->n;
-    float *wa = widened(H(a), na, true), *wb = widened(H(b), nb, true);
-    float *wdc = widened(H(dc), nc, true);
-    float *wda = da ? widened(H(da), na, accumulate) : NULL;
-    float *wdb = db ? widened(H(db), nb, accumulate) : NULL;
+    wide_set ws = {0};
+    int64_t na = gemm_a_numel(g), nb = gemm_b_numel(g);
+    float *wa = WIN(a, na), *wb = WIN(b, nb), *wdc = WIN(dc, g->batch * g->m * g->n);
+    float *wda = accumulate ? WACC(da, na) : WOUT(da, na);
+    float *wdb = accumulate ? WACC(db, nb) : WOUT(db, nb);
     ms_k_matmul_backward(g, wda, wdb, wdc, wa, wb, alpha, accumulate);
-    if (da) ms_k_bf16_round(H(da), wda, na);
-    if (db) ms_k_bf16_round(H(db), wdb, nb);
-    free(wa), free(wb), free(wdc), free(wda), free(wdb);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *a,
+                                    const uint16_t *b, int64_t n, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_add_forward(WOUT(out, n), WIN(a, n), WIN(b, n), n);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_add_backward_bf16(ms_kctx *kc, uint16_t *da, uint16_t *db, const uint16_t *dout,
+                                     int64_t n, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_add_backward(WACC(da, n), WACC(db, n), WIN(dout, n), n);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                         const uint16_t *bias, int64_t n, int64_t c,
+                                         ms_error *err) {
+    wide_set ws = {0};
+    ms_k_bias_add_forward(WOUT(out, n * c), WIN(inp, n * c), WIN(bias, c), n, c);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                          const uint16_t *dout, int64_t n, int64_t c,
+                                          ms_error *err) {
+    wide_set ws = {0};
+    ms_k_bias_add_backward(WACC(dinp, n * c), WACC(dbias, c), WIN(dout, n * c), n, c);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, int64_t n,
+                                     ms_error *err) {
+    wide_set ws = {0};
+    ms_k_gelu_forward(WOUT(out, n), WIN(inp, n), n);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *inp,
+                                      const uint16_t *dout, int64_t n, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_gelu_backward(WACC(dinp, n), WIN(inp, n), WIN(dout, n), n);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_bias_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                          const uint16_t *bias, int64_t n, int64_t c,
+                                          ms_error *err) {
+    wide_set ws = {0};
+    ms_k_bias_gelu_forward(WOUT(out, n * c), WIN(inp, n * c), WIN(bias, c), n, c);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                           const uint16_t *dout, const uint16_t *inp,
+                                           const uint16_t *bias, int64_t n, int64_t c,
+                                           ms_error *err) {
+    wide_set ws = {0};
+    ms_k_bias_gelu_backward(WACC(dinp, n * c), WACC(dbias, c), WIN(dout, n * c), WIN(inp, n * c),
+                            WIN(bias, c), n, c);
+    wide_done(&ws);
+    return OK;
+}
+static int64_t numel_of(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+static ms_status f_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                                 const uint16_t *bias, const uint16_t *res,
+                                                 int64_t nb, const ms_k_fused_dropout *d,
+                                                 ms_error *err) {
+    wide_set ws = {0};
+    int64_t n = numel_of(d->box.ndim, d->box.lshape);
+    ms_k_bias_dropout_add_forward(WOUT(out, n), WIN(inp, n), WIN(bias, nb), WIN(res, n), nb, d);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                                  uint16_t *dres, const uint16_t *dout, int64_t nb,
+                                                  const ms_k_fused_dropout *d, ms_error *err) {
+    wide_set ws = {0};
+    int64_t n = numel_of(d->box.ndim, d->box.lshape);
+    ms_k_bias_dropout_add_backward(WACC(dinp, n), WACC(dbias, nb), WACC(dres, n), WIN(dout, n), nb,
+                                   d);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
+                                          const uint16_t *inp, const uint16_t *weight,
+                                          const uint16_t *bias, int64_t n, int64_t c, float eps,
+                                          ms_error *err) {
+    wide_set ws = {0};
+    ms_k_layernorm_forward(WOUT(out, n * c), H(mean), H(rstd), WIN(inp, n * c), WIN(weight, c),
+                           WIN(bias, c), n, c, eps);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dweight,
+                                           uint16_t *dbias, const uint16_t *dout,
+                                           const uint16_t *inp, const uint16_t *weight,
+                                           const float *mean, const float *rstd, int64_t n,
+                                           int64_t c, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_layernorm_backward(WACC(dinp, n * c), WACC(dweight, c), WACC(dbias, c), WIN(dout, n * c),
+                            WIN(inp, n * c), WIN(weight, c), H(mean), H(rstd), n, c);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
+                                          const uint16_t *qkv, const float *mask, int64_t b,
+                                          int64_t t, int64_t c, int64_t nh, bool causal,
+                                          ms_error *err) {
+    wide_set ws = {0};
+    ms_k_attention_forward(WOUT(out, b * t * c), H(saved), WIN(qkv, b * t * 3 * c), H(mask), b, t,
+                           c, nh, causal);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
+                                           const uint16_t *dout, const uint16_t *qkv,
+                                           const float *saved, const float *mask, int64_t b,
+                                           int64_t t, int64_t c, int64_t nh, bool causal,
+                                           ms_error *err) {
+    (void)mask; /* its effect is in the saved probabilities */
+    wide_set ws = {0};
+    ms_k_attention_backward(WACC(dqkv, b * t * 3 * c), H(scratch), WIN(dout, b * t * c),
+                            WIN(qkv, b * t * 3 * c), H(saved), b, t, c, nh, causal);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_rowmax_bf16(ms_kctx *kc, float *lmax, const uint16_t *logits, int64_t n,
+                                       int64_t vl, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_rowmax(H(lmax), WIN(logits, n * vl), n, vl);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_sumexp_bf16(ms_kctx *kc, float *lsum, const uint16_t *logits,
+                                       const float *gmax, int64_t n, int64_t vl, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_sumexp(H(lsum), WIN(logits, n * vl), H(gmax), n, vl);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t *logits,
+                                       const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                       ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_target(H(ltgt), WIN(logits, n * vl), H(targets), n, vl, v0);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
+                                         const float *gmax, const float *gsum,
+                                         const int32_t *targets, const uint16_t *dlosses, int64_t n,
+                                         int64_t vl, int64_t v0, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_xent_vp_backward(WACC(dlogits, n * vl), WIN(logits, n * vl), H(gmax), H(gsum), H(targets),
+                          WIN(dlosses, n), n, vl, v0);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_dropout_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, float p,
+                                        uint64_t seed, uint64_t stream, int ndim,
+                                        const int64_t *lshape, const int64_t *gstart,
+                                        const int64_t *gshape, const ms_k_batch_window *w,
+                                        ms_error *err) {
+    wide_set ws = {0};
+    int64_t n = numel_of(ndim, lshape);
+    ms_k_dropout_forward(WOUT(out, n), WIN(inp, n), p, seed, stream, ndim, lshape, gstart, gshape,
+                         w);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *dout, float p,
+                                         uint64_t seed, uint64_t stream, int ndim,
+                                         const int64_t *lshape, const int64_t *gstart,
+                                         const int64_t *gshape, const ms_k_batch_window *w,
+                                         ms_error *err) {
+    wide_set ws = {0};
+    int64_t n = numel_of(ndim, lshape);
+    ms_k_dropout_backward(WACC(dinp, n), WIN(dout, n), p, seed, stream, ndim, lshape, gstart,
+                          gshape, w);
+    wide_done(&ws);
     return OK;
 }
 
+/* clang-format off */
+#define BF16_SLOTS                                                      \
+    .matmul_forward_bf16 = f_matmul_forward_bf16,                       \
+    .matmul_backward_bf16 = f_matmul_backward_bf16,                     \
+    .add_forward_bf16 = f_add_forward_bf16,                             \
+    .add_backward_bf16 = f_add_backward_bf16,                           \
+    .bias_add_forward_bf16 = f_bias_add_forward_bf16,                   \
+    .bias_add_backward_bf16 = f_bias_add_backward_bf16,                 \
+    .gelu_forward_bf16 = f_gelu_forward_bf16,                           \
+    .gelu_backward_bf16 = f_gelu_backward_bf16,                         \
+    .bias_gelu_forward_bf16 = f_bias_gelu_forward_bf16,                 \
+    .bias_gelu_backward_bf16 = f_bias_gelu_backward_bf16,               \
+    .bias_dropout_add_forward_bf16 = f_bias_dropout_add_forward_bf16,   \
+    .bias_dropout_add_backward_bf16 = f_bias_dropout_add_backward_bf16, \
+    .layernorm_forward_bf16 = f_layernorm_forward_bf16,                 \
+    .layernorm_backward_bf16 = f_layernorm_backward_bf16,               \
+    .attention_forward_bf16 = f_attention_forward_bf16,                 \
+    .attention_backward_bf16 = f_attention_backward_bf16,               \
+    .xent_vp_rowmax_bf16 = f_xent_vp_rowmax_bf16,                       \
+    .xent_vp_sumexp_bf16 = f_xent_vp_sumexp_bf16,                       \
+    .xent_vp_target_bf16 = f_xent_vp_target_bf16,                       \
+    .xent_vp_backward_bf16 = f_xent_vp_backward_bf16,                   \
+    .dropout_forward_bf16 = f_dropout_forward_bf16,                     \
+    .dropout_backward_bf16 = f_dropout_backward_bf16
+/* clang-format on */
+
 static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};
-static const ms_kernels fenced_kernels = {.name = "fenced",
-                                          .kind = MS_DEVICE_FENCED,
-                                          HOST_SLOTS,
-                                          .matmul_forward_bf16 = f_matmul_forward_bf16,
-                                          .matmul_backward_bf16 = f_matmul_backward_bf16};
+static const ms_kernels fenced_kernels = {
+    .name = "fenced", .kind = MS_DEVICE_FENCED, HOST_SLOTS, BF16_SLOTS};
 
 /* The CUDA table and its context (kernels/cuda/backend_cuda.c), when CUDA is built. */
 #ifdef MS_HAVE_CUDA

@@ -91,6 +91,57 @@ struct ms_kernels {
              const uint16_t *dc, const uint16_t *a, const uint16_t *b, float alpha,
              bool accumulate);
 
+    /* ---- optional bf16 kernels of the slots below (the same name without _bf16), every
+     * tensor operand bf16, the statistics saved for backward (mean, rstd) fp32. The contract
+     * is the program's staging (program_precision.c): each reads bf16, computes in fp32
+     * exactly as the fp32 slot of the same table does, and rounds each output once to nearest
+     * even; a backward widens the gradient it accumulates into, adds in fp32 and rounds once.
+     * So the result is bit for bit the staged one on the same device. A NULL slot stages. ---- */
+    MS_KSLOT(add_forward_bf16, uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n);
+    MS_KSLOT(add_backward_bf16, uint16_t *da, uint16_t *db, const uint16_t *dout, int64_t n);
+    MS_KSLOT(bias_add_forward_bf16, uint16_t *out, const uint16_t *inp, const uint16_t *bias,
+             int64_t n, int64_t c);
+    MS_KSLOT(bias_add_backward_bf16, uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+             int64_t n, int64_t c);
+    MS_KSLOT(gelu_forward_bf16, uint16_t *out, const uint16_t *inp, int64_t n);
+    MS_KSLOT(gelu_backward_bf16, uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
+             int64_t n);
+    MS_KSLOT(bias_gelu_forward_bf16, uint16_t *out, const uint16_t *inp, const uint16_t *bias,
+             int64_t n, int64_t c);
+    MS_KSLOT(bias_gelu_backward_bf16, uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+             const uint16_t *inp, const uint16_t *bias, int64_t n, int64_t c);
+    MS_KSLOT(bias_dropout_add_forward_bf16, uint16_t *out, const uint16_t *inp,
+             const uint16_t *bias, const uint16_t *res, int64_t nb, const ms_k_fused_dropout *d);
+    MS_KSLOT(bias_dropout_add_backward_bf16, uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
+             const uint16_t *dout, int64_t nb, const ms_k_fused_dropout *d);
+    MS_KSLOT(layernorm_forward_bf16, uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
+             const uint16_t *weight, const uint16_t *bias, int64_t n, int64_t c, float eps);
+    MS_KSLOT(layernorm_backward_bf16, uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
+             const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, const float *mean,
+             const float *rstd, int64_t n, int64_t c);
+    /* saved and scratch as attention_forward's (attention_saved_floats, fp32) */
+    MS_KSLOT(attention_forward_bf16, uint16_t *out, float *saved, const uint16_t *qkv,
+             const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
+    MS_KSLOT(attention_backward_bf16, uint16_t *dqkv, float *scratch, const uint16_t *dout,
+             const uint16_t *qkv, const float *saved, const float *mask, int64_t b, int64_t t,
+             int64_t c, int64_t nh, bool causal);
+    /* the vocab-parallel cross-entropy's pieces on bf16 logits; the losses are computed fp32
+     * (xent_vp_loss) and rounded by bf16_round */
+    MS_KSLOT(xent_vp_rowmax_bf16, float *lmax, const uint16_t *logits, int64_t n, int64_t vl);
+    MS_KSLOT(xent_vp_sumexp_bf16, float *lsum, const uint16_t *logits, const float *gmax, int64_t n,
+             int64_t vl);
+    MS_KSLOT(xent_vp_target_bf16, float *ltgt, const uint16_t *logits, const int32_t *targets,
+             int64_t n, int64_t vl, int64_t v0);
+    MS_KSLOT(xent_vp_backward_bf16, uint16_t *dlogits, const uint16_t *logits, const float *gmax,
+             const float *gsum, const int32_t *targets, const uint16_t *dlosses, int64_t n,
+             int64_t vl, int64_t v0);
+    MS_KSLOT(dropout_forward_bf16, uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
+             uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
+             const int64_t *gshape, const ms_k_batch_window *w);
+    MS_KSLOT(dropout_backward_bf16, uint16_t *dinp, const uint16_t *dout, float p, uint64_t seed,
+             uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
+             const int64_t *gshape, const ms_k_batch_window *w);
+
     /* ---- elementwise ---- */
     MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);
     MS_KSLOT(add_backward, float *da, float *db, const float *dout, int64_t n);

@@ -116,6 +116,15 @@ static inline int64_t shape_numel(const ms_shape *s) {
 static inline float *F(const ms_tensor *t) {
     return t ? ms_tensor_f32(t) : NULL;
 }
+/* A bf16 operand's bits. bf16 operands reach an op only when the rank's table has the op's
+ * bf16 kernels (ms_op_def.runs_bf16_on); otherwise the program stages them through fp32. */
+static inline uint16_t *U16(const ms_tensor *t) {
+    return t ? (uint16_t *)ms_tensor_data(t) : NULL;
+}
+/* Whether the program handed the call its bf16 buffers as they are. */
+static inline bool bf16_call(const ms_op_call *c) {
+    return c->in[0]->dtype == MS_BF16;
+}
 static inline int64_t N(const ms_tensor *t) {
     return ms_tensor_numel(t);
 }

@@ -65,16 +65,25 @@ static int bias_gelu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, in
  * input's local layout, so [rows, numel(bias)] is exact (as the bias op). */
 static ms_status bias_gelu_forward(ms_op_call *c, ms_error *e) {
     int64_t nb = bias_numel(c);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, bias_gelu_forward_bf16, U16(c->out[0]), U16(c->in[0]),
+                         U16(c->in[1]), N(c->in[0]) / nb, nb, e);
     return MS_CALL_K(c->kc, bias_gelu_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]),
                      N(c->in[0]) / nb, nb, e);
 }
 static ms_status bias_gelu_backward(ms_op_call *c, ms_error *e) {
     int64_t nb = bias_numel(c);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, bias_gelu_backward_bf16, U16(c->din[0]), U16(c->din[1]),
+                         U16(c->dout[0]), U16(c->in[0]), U16(c->in[1]), N(c->in[0]) / nb, nb, e);
     return MS_CALL_K(c->kc, bias_gelu_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
                      F(c->in[0]), F(c->in[1]), N(c->in[0]) / nb, nb, e);
 }
 static bool bias_gelu_runs_on(const ms_kernels *k) {
     return k->bias_gelu_forward && k->bias_gelu_backward;
+}
+static bool bias_gelu_runs_bf16_on(const ms_kernels *k) {
+    return k->bias_gelu_forward_bf16 && k->bias_gelu_backward_bf16;
 }
 static ms_k_cost bias_gelu_cost(const ms_op_call *c, bool bw) {
     int64_t nb = bias_numel(c);
@@ -91,6 +100,7 @@ const ms_op_def ms_op_bias_gelu_def = {
     .backward = bias_gelu_backward,
     .cost = bias_gelu_cost,
     .runs_on = bias_gelu_runs_on,
+    .runs_bf16_on = bias_gelu_runs_bf16_on,
     .grad_inputs = 3,
 };
 
@@ -118,16 +128,25 @@ static ms_k_fused_dropout bda_dropout(const ms_op_call *c) {
 }
 static ms_status bda_forward(ms_op_call *c, ms_error *e) {
     ms_k_fused_dropout d = bda_dropout(c);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, bias_dropout_add_forward_bf16, U16(c->out[0]), U16(c->in[0]),
+                         U16(c->in[1]), U16(c->in[2]), bias_numel(c), &d, e);
     return MS_CALL_K(c->kc, bias_dropout_add_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]),
                      F(c->in[2]), bias_numel(c), &d, e);
 }
 static ms_status bda_backward(ms_op_call *c, ms_error *e) {
     ms_k_fused_dropout d = bda_dropout(c);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, bias_dropout_add_backward_bf16, U16(c->din[0]), U16(c->din[1]),
+                         U16(c->din[2]), U16(c->dout[0]), bias_numel(c), &d, e);
     return MS_CALL_K(c->kc, bias_dropout_add_backward, F(c->din[0]), F(c->din[1]), F(c->din[2]),
                      F(c->dout[0]), bias_numel(c), &d, e);
 }
 static bool bda_runs_on(const ms_kernels *k) {
     return k->bias_dropout_add_forward && k->bias_dropout_add_backward;
+}
+static bool bda_runs_bf16_on(const ms_kernels *k) {
+    return k->bias_dropout_add_forward_bf16 && k->bias_dropout_add_backward_bf16;
 }
 static ms_k_cost bda_cost(const ms_op_call *c, bool bw) {
     return ms_k_bias_dropout_add_cost(N(c->in[0]), bias_numel(c), c->attrs->f[0] > 0, bw);
@@ -143,5 +162,6 @@ const ms_op_def ms_op_bias_dropout_add_def = {
     .backward = bda_backward,
     .cost = bda_cost,
     .runs_on = bda_runs_on,
+    .runs_bf16_on = bda_runs_bf16_on,
     .grad_inputs = 7,
 };

@@ -106,14 +106,9 @@ static ms_k_gemm matmul_gemm(const ms_op_call *call) {
     return g;
 }
 
-/* bf16 operands reach the op only from a table with bf16 products (runs_bf16_on). */
-static inline uint16_t *U16(const ms_tensor *t) {
-    return t ? (uint16_t *)ms_tensor_data(t) : NULL;
-}
-
 static ms_status matmul_forward(ms_op_call *call, ms_error *err) {
     ms_k_gemm g = matmul_gemm(call);
-    if (call->in[0]->dtype == MS_BF16)
+    if (bf16_call(call))
         return MS_CALL_K(call->kc, matmul_forward_bf16, &g, U16(call->out[0]), U16(call->in[0]),
                          U16(call->in[1]), 1.0f, 0.0f, err);
     return MS_CALL_K(call->kc, matmul_forward, &g, F(call->out[0]), F(call->in[0]), F(call->in[1]),
@@ -122,7 +117,7 @@ static ms_status matmul_forward(ms_op_call *call, ms_error *err) {
 
 static ms_status matmul_backward(ms_op_call *call, ms_error *err) {
     ms_k_gemm g = matmul_gemm(call);
-    if (call->in[0]->dtype == MS_BF16)
+    if (bf16_call(call))
         return MS_CALL_K(call->kc, matmul_backward_bf16, &g, U16(call->din[0]), U16(call->din[1]),
                          U16(call->dout[0]), U16(call->in[0]), U16(call->in[1]), 1.0f, true, err);
     return MS_CALL_K(call->kc, matmul_backward, &g, F(call->din[0]), F(call->din[1]),
@@ -209,9 +204,15 @@ static int scale_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
 }
 
 static ms_status add_forward(ms_op_call *c, ms_error *e) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, add_forward_bf16, U16(c->out[0]), U16(c->in[0]), U16(c->in[1]),
+                         N(c->out[0]), e);
     return MS_CALL_K(c->kc, add_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]), N(c->out[0]), e);
 }
 static ms_status add_backward(ms_op_call *c, ms_error *e) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, add_backward_bf16, U16(c->din[0]), U16(c->din[1]), U16(c->dout[0]),
+                         N(c->dout[0]), e);
     return MS_CALL_K(c->kc, add_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]), N(c->dout[0]),
                      e);
 }
@@ -233,6 +234,9 @@ static ms_status scale_backward(ms_op_call *c, ms_error *e) {
 }
 static bool add_runs_on(const ms_kernels *k) {
     return k->add_forward && k->add_backward;
+}
+static bool add_runs_bf16_on(const ms_kernels *k) {
+    return k->add_forward_bf16 && k->add_backward_bf16;
 }
 static bool mul_runs_on(const ms_kernels *k) {
     return k->mul_forward && k->mul_backward;
@@ -261,6 +265,7 @@ const ms_op_def ms_op_add_def = {
     .backward = add_backward,
     .cost = add_cost,
     .runs_on = add_runs_on,
+    .runs_bf16_on = add_runs_bf16_on,
     .grad_inputs = 3,
 };
 const ms_op_def ms_op_mul_def = {
@@ -322,16 +327,25 @@ static int bias_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
  * box contiguous in the input's local layout, bias_add over [rows, numel(bias)] is exact. */
 static ms_status bias_forward(ms_op_call *c, ms_error *e) {
     int64_t nb = N(c->in[1]);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, bias_add_forward_bf16, U16(c->out[0]), U16(c->in[0]), U16(c->in[1]),
+                         N(c->out[0]) / (nb ? nb : 1), nb, e);
     return MS_CALL_K(c->kc, bias_add_forward, F(c->out[0]), F(c->in[0]), F(c->in[1]),
                      N(c->out[0]) / (nb ? nb : 1), nb, e);
 }
 static ms_status bias_backward(ms_op_call *c, ms_error *e) {
     int64_t nb = N(c->in[1]);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, bias_add_backward_bf16, U16(c->din[0]), U16(c->din[1]),
+                         U16(c->dout[0]), N(c->dout[0]) / (nb ? nb : 1), nb, e);
     return MS_CALL_K(c->kc, bias_add_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
                      N(c->dout[0]) / (nb ? nb : 1), nb, e);
 }
 static bool bias_runs_on(const ms_kernels *k) {
     return k->bias_add_forward && k->bias_add_backward;
+}
+static bool bias_runs_bf16_on(const ms_kernels *k) {
+    return k->bias_add_forward_bf16 && k->bias_add_backward_bf16;
 }
 static ms_k_cost bias_cost(const ms_op_call *c, bool bw) {
     int64_t nb = N(c->in[1]);
@@ -349,5 +363,6 @@ const ms_op_def ms_op_bias_def = {
     .backward = bias_backward,
     .cost = bias_cost,
     .runs_on = bias_runs_on,
+    .runs_bf16_on = bias_runs_bf16_on,
     .grad_inputs = 3,
 };

@@ -31,14 +31,22 @@ static int gelu_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
     return rows_rule(in[0].ndim, 0, n_in, c);
 }
 static ms_status gelu_forward(ms_op_call *c, ms_error *e) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, gelu_forward_bf16, U16(c->out[0]), U16(c->in[0]), N(c->in[0]), e);
     return MS_CALL_K(c->kc, gelu_forward, F(c->out[0]), F(c->in[0]), N(c->in[0]), e);
 }
 static ms_status gelu_backward(ms_op_call *c, ms_error *e) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, gelu_backward_bf16, U16(c->din[0]), U16(c->in[0]), U16(c->dout[0]),
+                         N(c->in[0]), e);
     return MS_CALL_K(c->kc, gelu_backward, F(c->din[0]), F(c->in[0]), F(c->dout[0]), N(c->in[0]),
                      e);
 }
 static bool gelu_runs_on(const ms_kernels *k) {
     return k->gelu_forward && k->gelu_backward;
+}
+static bool gelu_runs_bf16_on(const ms_kernels *k) {
+    return k->gelu_forward_bf16 && k->gelu_backward_bf16;
 }
 static ms_k_cost gelu_cost(const ms_op_call *c, bool bw) {
     return ms_k_elementwise_cost(MS_K_GELU, N(c->in[0]), 0, bw);
@@ -54,6 +62,7 @@ const ms_op_def ms_op_gelu_def = {
     .backward = gelu_backward,
     .cost = gelu_cost,
     .runs_on = gelu_runs_on,
+    .runs_bf16_on = gelu_runs_bf16_on,
     .grad_inputs = 1,
 };
 
@@ -84,17 +93,28 @@ static void ln_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) 
 }
 static ms_status ln_forward(ms_op_call *c, ms_error *e) {
     int64_t C = last_dim(c->in[0]);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, layernorm_forward_bf16, U16(c->out[0]), F(c->saved[0]),
+                         F(c->saved[1]), U16(c->in[0]), U16(c->in[1]), U16(c->in[2]),
+                         N(c->in[0]) / C, C, c->attrs->f[0], e);
     return MS_CALL_K(c->kc, layernorm_forward, F(c->out[0]), F(c->saved[0]), F(c->saved[1]),
                      F(c->in[0]), F(c->in[1]), F(c->in[2]), N(c->in[0]) / C, C, c->attrs->f[0], e);
 }
 static ms_status ln_backward(ms_op_call *c, ms_error *e) {
     int64_t C = last_dim(c->in[0]);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, layernorm_backward_bf16, U16(c->din[0]), U16(c->din[1]),
+                         U16(c->din[2]), U16(c->dout[0]), U16(c->in[0]), U16(c->in[1]),
+                         F(c->saved[0]), F(c->saved[1]), N(c->in[0]) / C, C, e);
     return MS_CALL_K(c->kc, layernorm_backward, F(c->din[0]), F(c->din[1]), F(c->din[2]),
                      F(c->dout[0]), F(c->in[0]), F(c->in[1]), F(c->saved[0]), F(c->saved[1]),
                      N(c->in[0]) / C, C, e);
 }
 static bool ln_runs_on(const ms_kernels *k) {
     return k->layernorm_forward && k->layernorm_backward;
+}
+static bool ln_runs_bf16_on(const ms_kernels *k) {
+    return k->layernorm_forward_bf16 && k->layernorm_backward_bf16;
 }
 static ms_k_cost ln_cost(const ms_op_call *c, bool bw) {
     int64_t C = last_dim(c->in[0]);
@@ -112,6 +132,7 @@ const ms_op_def ms_op_layernorm_def = {
     .backward = ln_backward,
     .cost = ln_cost,
     .runs_on = ln_runs_on,
+    .runs_bf16_on = ln_runs_bf16_on,
     .grad_inputs = 7,
 };
 
@@ -213,6 +234,10 @@ static ms_status attn_check(const ms_op_call *c, ms_error *e) {
 static ms_status attn_forward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, attention_forward_bf16, U16(c->out[0]), F(c->saved[0]), U16(q),
+                         NULL, q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
+                         c->attrs->i[1] != 0, e);
     return MS_CALL_K(c->kc, attention_forward, F(c->out[0]), F(c->saved[0]), F(q), NULL,
                      q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
                      c->attrs->i[1] != 0, e);
@@ -220,12 +245,19 @@ static ms_status attn_forward(ms_op_call *c, ms_error *e) {
 static ms_status attn_backward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, attention_backward_bf16, U16(c->din[0]), F(c->saved[1]),
+                         U16(c->dout[0]), U16(q), F(c->saved[0]), NULL, q->shape[0], q->shape[1],
+                         q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0, e);
     return MS_CALL_K(c->kc, attention_backward, F(c->din[0]), F(c->saved[1]), F(c->dout[0]), F(q),
                      F(c->saved[0]), NULL, q->shape[0], q->shape[1], q->shape[3],
                      attn_local_heads(c), c->attrs->i[1] != 0, e);
 }
 static bool attn_runs_on(const ms_kernels *k) {
     return k->attention_forward && k->attention_backward;
+}
+static bool attn_runs_bf16_on(const ms_kernels *k) {
+    return k->attention_forward_bf16 && k->attention_backward_bf16;
 }
 static ms_k_cost attn_cost(const ms_op_call *c, bool bw) {
     const ms_tensor *q = c->in[0];
@@ -245,6 +277,7 @@ const ms_op_def ms_op_attention_def = {
     .backward = attn_backward,
     .cost = attn_cost,
     .runs_on = attn_runs_on,
+    .runs_bf16_on = attn_runs_bf16_on,
     .grad_inputs = 1,
 };
 
@@ -333,9 +366,12 @@ static int xent_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
     cand2(&c[k++], ms_S(nd), ms_R(), ms_R());
     return k;
 }
+/* [0] the targets as int32, then the fp32 target logits and losses of a bf16 call (which
+ * rounds them into its bf16 output once); [1], [2] the row max and sum of exps. */
 static void xent_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {
     (void)a;
-    sizes[0] = sizes[1] = sizes[2] = N(c->in[1]);
+    sizes[0] = 2 * N(c->in[1]);
+    sizes[1] = sizes[2] = N(c->in[1]);
 }
 
 /* All-reduces over the mesh dims along which the logits' vocab dim is sharded. */
@@ -354,28 +390,43 @@ static ms_status xent_forward(ms_op_call *c, ms_error *e) {
     const ms_tensor *lg = c->in[0];
     int64_t rows = N(c->in[1]), vl = last_dim(lg), v0 = c->in_start[0][lg->ndim - 1];
     int32_t *tg = (int32_t *)F(c->saved[0]);
-    float *gmax = F(c->saved[1]), *gsum = F(c->saved[2]), *tgt = F(c->out[0]);
+    bool bf = bf16_call(c);
+    /* tgt holds the target logits until the loss overwrites them: the fp32 output, or under
+     * bf16 the scratch after the targets, rounded into the output at the end. */
+    float *gmax = F(c->saved[1]), *gsum = F(c->saved[2]);
+    float *tgt = bf ? F(c->saved[0]) + rows : F(c->out[0]);
     MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, tg, F(c->in[1]), rows, e));
     if (ms_device_host_addressable(c->kc->dev)) /* debug builds: a target past the vocabulary */
         ms_k_xent_check_targets(tg, rows, c->gin[0].d[lg->ndim - 1]);
-    MS_CHECK(MS_CALL_K(c->kc, xent_vp_rowmax, gmax, F(lg), rows, vl, e));
+    MS_CHECK(bf ? MS_CALL_K(c->kc, xent_vp_rowmax_bf16, gmax, U16(lg), rows, vl, e)
+                : MS_CALL_K(c->kc, xent_vp_rowmax, gmax, F(lg), rows, vl, e));
     MS_CHECK(vocab_all_reduce(c, gmax, rows, MS_REDUCE_MAX, e));
-    MS_CHECK(MS_CALL_K(c->kc, xent_vp_sumexp, gsum, F(lg), gmax, rows, vl, e));
+    MS_CHECK(bf ? MS_CALL_K(c->kc, xent_vp_sumexp_bf16, gsum, U16(lg), gmax, rows, vl, e)
+                : MS_CALL_K(c->kc, xent_vp_sumexp, gsum, F(lg), gmax, rows, vl, e));
     MS_CHECK(vocab_all_reduce(c, gsum, rows, MS_REDUCE_SUM, e));
-    /* The output buffer holds the target logits until the loss overwrites them. */
-    MS_CHECK(MS_CALL_K(c->kc, xent_vp_target, tgt, F(lg), tg, rows, vl, v0, e));
+    MS_CHECK(bf ? MS_CALL_K(c->kc, xent_vp_target_bf16, tgt, U16(lg), tg, rows, vl, v0, e)
+                : MS_CALL_K(c->kc, xent_vp_target, tgt, F(lg), tg, rows, vl, v0, e));
     MS_CHECK(vocab_all_reduce(c, tgt, rows, MS_REDUCE_SUM, e));
-    return MS_CALL_K(c->kc, xent_vp_loss, tgt, gmax, gsum, tgt, tg, rows, e);
+    MS_CHECK(MS_CALL_K(c->kc, xent_vp_loss, tgt, gmax, gsum, tgt, tg, rows, e));
+    return bf ? MS_CALL_K(c->kc, bf16_round, U16(c->out[0]), tgt, rows, e) : MS_OK;
 }
 static ms_status xent_backward(ms_op_call *c, ms_error *e) {
     const ms_tensor *lg = c->in[0];
     int64_t rows = N(c->in[1]), vl = last_dim(lg), v0 = c->in_start[0][lg->ndim - 1];
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, xent_vp_backward_bf16, U16(c->din[0]), U16(lg), F(c->saved[1]),
+                         F(c->saved[2]), (const int32_t *)F(c->saved[0]), U16(c->dout[0]), rows, vl,
+                         v0, e);
     return MS_CALL_K(c->kc, xent_vp_backward, F(c->din[0]), F(lg), F(c->saved[1]), F(c->saved[2]),
                      (const int32_t *)F(c->saved[0]), F(c->dout[0]), rows, vl, v0, e);
 }
 static bool xent_runs_on(const ms_kernels *k) {
     return k->ids_from_floats && k->xent_vp_rowmax && k->xent_vp_sumexp && k->xent_vp_target &&
            k->xent_vp_loss && k->xent_vp_backward;
+}
+static bool xent_runs_bf16_on(const ms_kernels *k) {
+    return k->xent_vp_rowmax_bf16 && k->xent_vp_sumexp_bf16 && k->xent_vp_target_bf16 &&
+           k->xent_vp_backward_bf16 && k->bf16_round;
 }
 static ms_k_cost xent_cost(const ms_op_call *c, bool bw) {
     return ms_k_xent_cost(N(c->in[1]), last_dim(c->in[0]), bw);
@@ -392,6 +443,7 @@ const ms_op_def ms_op_xent_def = {
     .backward = xent_backward,
     .cost = xent_cost,
     .runs_on = xent_runs_on,
+    .runs_bf16_on = xent_runs_bf16_on,
     .grad_inputs = 1,
 };
 
@@ -405,23 +457,36 @@ static int dropout_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int 
 static ms_status dropout_forward(ms_op_call *c, ms_error *e) {
     const ms_tensor *x = c->in[0];
     if (c->eval)
-        return F(c->out[0]) == F(x)
-                   ? MS_OK
-                   : ms_device_copy(c->kc->dev, F(c->out[0]), F(x), sizeof(float) * (size_t)N(x),
-                                    MS_COPY_DEVICE_TO_DEVICE, e);
+        return F(c->out[0]) == F(x) ? MS_OK
+                                    : ms_device_copy(c->kc->dev, F(c->out[0]), F(x),
+                                                     ms_dtype_size(x->dtype) * (size_t)N(x),
+                                                     MS_COPY_DEVICE_TO_DEVICE, e);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, dropout_forward_bf16, U16(c->out[0]), U16(x), c->attrs->f[0],
+                         c->seed, (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0],
+                         c->gin[0].d, &c->batch, e);
     return MS_CALL_K(c->kc, dropout_forward, F(c->out[0]), F(x), c->attrs->f[0], c->seed,
                      (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
                      &c->batch, e);
 }
 static ms_status dropout_backward(ms_op_call *c, ms_error *e) {
     const ms_tensor *x = c->in[0];
+    if (c->eval && bf16_call(c))
+        return MS_CALL_K(c->kc, bf16_accumulate, U16(c->din[0]), U16(c->dout[0]), N(x), e);
     if (c->eval) return MS_CALL_K(c->kc, accumulate, F(c->din[0]), F(c->dout[0]), N(x), e);
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, dropout_backward_bf16, U16(c->din[0]), U16(c->dout[0]),
+                         c->attrs->f[0], c->seed, (uint64_t)c->attrs->i[0], x->ndim, x->shape,
+                         c->in_start[0], c->gin[0].d, &c->batch, e);
     return MS_CALL_K(c->kc, dropout_backward, F(c->din[0]), F(c->dout[0]), c->attrs->f[0], c->seed,
                      (uint64_t)c->attrs->i[0], x->ndim, x->shape, c->in_start[0], c->gin[0].d,
                      &c->batch, e);
 }
 static bool dropout_runs_on(const ms_kernels *k) {
     return k->dropout_forward && k->dropout_backward && k->accumulate;
+}
+static bool dropout_runs_bf16_on(const ms_kernels *k) {
+    return k->dropout_forward_bf16 && k->dropout_backward_bf16 && k->bf16_accumulate;
 }
 static ms_k_cost dropout_cost(const ms_op_call *c, bool bw) {
     return ms_k_dropout_cost(N(c->in[0]), bw);
@@ -437,5 +502,6 @@ const ms_op_def ms_op_dropout_def = {
     .backward = dropout_backward,
     .cost = dropout_cost,
     .runs_on = dropout_runs_on,
+    .runs_bf16_on = dropout_runs_bf16_on,
     .grad_inputs = 1,
 };

@@ -8,6 +8,11 @@
  * the per-row logsumexp; the backward is three kernels: delta_i = dO_i . O_i, dQ per query row,
  * dK and dV per key row of a kv head, over the query rows of every query head that reads it
  * (each output row has one owner: no atomics).
+ *
+ * T is the storage of q, k, v, out, dout and the gradients (float, or ms_bf16 for a bf16
+ * program's unstaged buffers): tiles are widened as they are staged, every sum is fp32, each
+ * output is rounded once when stored. The logsumexps and the saved output copy stay fp32, so
+ * the bf16 kernels compute exactly what the fp32 ones do on widened operands.
  */
 #include "engine/kernels/cuda/attention_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
@@ -26,19 +31,19 @@ struct attn_dims {
 
 /* Rows [r0, r0 + n) of a head (ld apart) into a shared [n, HS] tile. Called by every thread
  * of the block. */
-__device__ static void stage_rows(float *dst, const float *src, int64_t ld, int64_t r0, int64_t n,
+template <typename T>
+__device__ static void stage_rows(float *dst, const T *src, int64_t ld, int64_t r0, int64_t n,
                                   int64_t hs) {
     for (int64_t e = threadIdx.x; e < n * hs; e += blockDim.x)
-        dst[e] = src[(r0 + e / hs) * ld + e % hs];
+        dst[e] = ms_cu_load(src + (r0 + e / hs) * ld + e % hs);
 }
 
 /* The key loop of the query-row kernels: every key tile this block's rows may see, staged in
  * ks, vs and (with a mask) its additive terms in mt; tile(j0, vis) runs for this thread's
  * row i when it sees vis > 0 keys of it. km: the batch item's mask or NULL. */
-template <typename F>
-__device__ static void each_key_tile(const attn_dims &a, const float *k, const float *v,
-                                     const float *km, int64_t i, float *ks, float *vs, float *mt,
-                                     F tile) {
+template <typename T, typename F>
+__device__ static void each_key_tile(const attn_dims &a, const T *k, const T *v, const float *km,
+                                     int64_t i, float *ks, float *vs, float *mt, F tile) {
     const int64_t last = min((int64_t)(blockIdx.x + 1) * blockDim.x, a.tq) - 1;
     const int64_t kend = a.causal ? min(a.q_start + last + 1, a.tk) : a.tk;
     for (int64_t j0 = 0; j0 < kend; j0 += MS_CU_ATTN_TILE) {
@@ -60,35 +65,36 @@ __device__ static int64_t kv_head(const attn_dims &a, int64_t h) {
     return h / (a.h / a.hkv);
 }
 
-/* out and lse, and o_copy [B, Tq, H, HS] (the output again, contiguous, for the backward's
- * delta) unless it is NULL. */
-__global__ static void attn_fwd_kernel(float *out, float *lse, float *o_copy, const float *q,
-                                       const float *k, const float *v, const float *mask,
-                                       attn_dims a) {
+/* out and lse, and o_copy [B, Tq, H, HS] (the output again, contiguous and fp32 - unrounded
+ * under bf16 - for the backward's delta) unless it is NULL. */
+template <typename T>
+__global__ static void attn_fwd_kernel(T *out, float *lse, float *o_copy, const T *q, const T *k,
+                                       const T *v, const float *mask, attn_dims a) {
     __shared__ float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
         vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS], mt[MS_CU_ATTN_TILE];
     const int64_t bi = blockIdx.z, h = blockIdx.y, hs = a.hs;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t kvo = bi * a.tk * a.kv_ld + kv_head(a, h) * hs;
-    const float *qb = q + bi * a.tq * a.q_ld + h * hs, *km = mask ? mask + bi * a.tk : NULL;
+    const T *qb = q + bi * a.tq * a.q_ld + h * hs;
+    const float *km = mask ? mask + bi * a.tk : NULL;
     float qi[MS_CU_ATTN_MAX_HS], acc[MS_CU_ATTN_MAX_HS];
     ms_cu_attn_state st;
     ms_cu_attn_fwd_init(&st, acc, hs);
     if (i < a.tq)
-        for (int64_t d = 0; d < hs; d++) qi[d] = qb[i * a.q_ld + d];
+        for (int64_t d = 0; d < hs; d++) qi[d] = ms_cu_load(qb + i * a.q_ld + d);
     each_key_tile(a, k + kvo, v + kvo, km, i, ks, vs, mt, [&](int64_t j0, int64_t vis) {
         ms_cu_attn_fwd_tile(&st, acc, qi, ks, vs, hs, km ? mt : NULL, vis, hs, a.scale);
     });
     if (i >= a.tq) return;
-    float *o = out + (bi * a.tq + i) * a.out_ld + h * hs;
-    lse[(bi * a.h + h) * a.tq + i] = ms_cu_attn_fwd_finish(o, &st, acc, hs);
-    if (o_copy)
-        for (int64_t d = 0; d < hs; d++) o_copy[((bi * a.tq + i) * a.h + h) * hs + d] = o[d];
+    lse[(bi * a.h + h) * a.tq + i] =
+        ms_cu_attn_fwd_finish(out + (bi * a.tq + i) * a.out_ld + h * hs, &st, acc, hs);
+    if (o_copy) ms_cu_attn_fwd_finish(o_copy + ((bi * a.tq + i) * a.h + h) * hs, &st, acc, hs);
 }
 
-__global__ static void attn_dq_kernel(float *dq, const float *dout, const float *q, const float *k,
-                                      const float *v, const float *lse, const float *delta,
-                                      const float *mask, attn_dims a) {
+template <typename T>
+__global__ static void attn_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                                      const float *lse, const float *delta, const float *mask,
+                                      attn_dims a) {
     __shared__ float ks[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
         vs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS], mt[MS_CU_ATTN_TILE];
     const int64_t bi = blockIdx.z, h = blockIdx.y, hs = a.hs;
@@ -96,11 +102,11 @@ __global__ static void attn_dq_kernel(float *dq, const float *dout, const float 
     const int64_t qo = bi * a.tq * a.q_ld + h * hs, row = (bi * a.h + h) * a.tq + i;
     const int64_t kvo = bi * a.tk * a.kv_ld + kv_head(a, h) * hs;
     const float *km = mask ? mask + bi * a.tk : NULL;
-    const float *g = dout + bi * a.tq * a.out_ld + h * hs;
+    const T *g = dout + bi * a.tq * a.out_ld + h * hs;
     float qi[MS_CU_ATTN_MAX_HS], gi[MS_CU_ATTN_MAX_HS], dqi[MS_CU_ATTN_MAX_HS];
     for (int64_t d = 0; d < hs; d++) {
-        qi[d] = i < a.tq ? q[qo + i * a.q_ld + d] : 0.0f;
-        gi[d] = i < a.tq ? g[i * a.out_ld + d] : 0.0f;
+        qi[d] = i < a.tq ? ms_cu_load(q + qo + i * a.q_ld + d) : 0.0f;
+        gi[d] = i < a.tq ? ms_cu_load(g + i * a.out_ld + d) : 0.0f;
         dqi[d] = 0.0f;
     }
     const float dl = i < a.tq ? delta[row] : 0.0f, ls = i < a.tq ? lse[row] : 0.0f;
@@ -108,13 +114,17 @@ __global__ static void attn_dq_kernel(float *dq, const float *dout, const float 
         ms_cu_attn_dq_tile(dqi, qi, gi, dl, ls, ks, vs, hs, km ? mt : NULL, vis, hs, a.scale);
     });
     if (i < a.tq)
-        for (int64_t d = 0; d < hs; d++) dq[qo + i * a.q_ld + d] += dqi[d];
+        for (int64_t d = 0; d < hs; d++) {
+            T *at = dq + qo + i * a.q_ld + d;
+            ms_cu_store(at, ms_cu_load(at) + dqi[d]);
+        }
 }
 
 /* Key rows of kv head blockIdx.y: the query rows of each query head of its group in turn. */
-__global__ static void attn_dkv_kernel(float *dk, float *dv, const float *dout, const float *q,
-                                       const float *k, const float *v, const float *lse,
-                                       const float *delta, const float *mask, attn_dims a) {
+template <typename T>
+__global__ static void attn_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k,
+                                       const T *v, const float *lse, const float *delta,
+                                       const float *mask, attn_dims a) {
     __shared__ float qs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS],
         gs[MS_CU_ATTN_TILE * MS_CU_ATTN_MAX_HS];
     __shared__ float ls[MS_CU_ATTN_TILE], ds[MS_CU_ATTN_TILE];
@@ -125,8 +135,8 @@ __global__ static void attn_dkv_kernel(float *dk, float *dv, const float *dout, 
     float kj[MS_CU_ATTN_MAX_HS], vj[MS_CU_ATTN_MAX_HS], dkj[MS_CU_ATTN_MAX_HS],
         dvj[MS_CU_ATTN_MAX_HS];
     for (int64_t d = 0; d < hs; d++) {
-        kj[d] = j < a.tk ? k[kvo + d] : 0.0f;
-        vj[d] = j < a.tk ? v[kvo + d] : 0.0f;
+        kj[d] = j < a.tk ? ms_cu_load(k + kvo + d) : 0.0f;
+        vj[d] = j < a.tk ? ms_cu_load(v + kvo + d) : 0.0f;
         dkj[d] = dvj[d] = 0.0f;
     }
     const float maskj =
@@ -135,8 +145,8 @@ __global__ static void attn_dkv_kernel(float *dk, float *dv, const float *dout, 
     const int64_t skip = a.causal ? max(first - a.q_start, (int64_t)0) : 0;
     const int64_t i_start = skip / MS_CU_ATTN_TILE * MS_CU_ATTN_TILE;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-        const float *qb = q + bi * a.tq * a.q_ld + h * hs;
-        const float *gb = dout + bi * a.tq * a.out_ld + h * hs;
+        const T *qb = q + bi * a.tq * a.q_ld + h * hs;
+        const T *gb = dout + bi * a.tq * a.out_ld + h * hs;
         const int64_t rows = (bi * a.h + h) * a.tq;
         for (int64_t i0 = i_start; i0 < a.tq; i0 += MS_CU_ATTN_TILE) {
             const int64_t nq = min((int64_t)MS_CU_ATTN_TILE, a.tq - i0);
@@ -155,8 +165,8 @@ __global__ static void attn_dkv_kernel(float *dk, float *dv, const float *dout, 
     }
     if (j >= a.tk) return;
     for (int64_t d = 0; d < hs; d++) {
-        if (dk) dk[kvo + d] += dkj[d];
-        if (dv) dv[kvo + d] += dvj[d];
+        if (dk) ms_cu_store(dk + kvo + d, ms_cu_load(dk + kvo + d) + dkj[d]);
+        if (dv) ms_cu_store(dv + kvo + d, ms_cu_load(dv + kvo + d) + dvj[d]);
     }
 }
 
@@ -166,10 +176,11 @@ static dim3 attn_grid(int64_t b, int64_t rows, int64_t heads) {
 
 /* The three backward kernels. o_copy: the output, contiguous [B, Tq, H, HS]; delta: scratch
  * [B, H, Tq]. */
-static ms_status attn_backward(const attn_dims &a, int64_t b, float *dq, float *dk, float *dv,
-                               float *delta, const float *dout, const float *q, const float *k,
-                               const float *v, const float *o_copy, const float *lse,
-                               const float *mask, void *stream, ms_error *err) {
+template <typename T>
+static ms_status attn_backward(const attn_dims &a, int64_t b, T *dq, T *dk, T *dv, float *delta,
+                               const T *dout, const T *q, const T *k, const T *v,
+                               const float *o_copy, const float *lse, const float *mask,
+                               void *stream, ms_error *err) {
     const int64_t tq = a.tq, nh = a.h, hs = a.hs, ld = a.out_ld;
     MS_CHECK(ms_cu_each(b * nh * tq, stream, "attention backward (delta)", err,
                         [=] __device__(int64_t r) {
@@ -205,15 +216,36 @@ static ms_status packed_dims(attn_dims *a, int64_t t, int64_t c, int64_t nh, boo
     return MS_OK;
 }
 
-ms_status ms_cu_attention_forward(float *out, float *lse, const float *qkv, const float *mask,
-                                  int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                  void *stream, ms_error *err) {
+template <typename T>
+static ms_status packed_forward(T *out, float *lse, float *o_copy, const T *qkv, const float *mask,
+                                int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                void *stream, const char *what, ms_error *err) {
     attn_dims a;
     MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
     attn_fwd_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
-        out, lse, NULL, qkv, qkv + c, qkv + 2 * c, mask, a);
-    return ms_cu_launched("attention forward", err);
+        out, lse, o_copy, qkv, qkv + c, qkv + 2 * c, mask, a);
+    return ms_cu_launched(what, err);
+}
+
+/* out [B, T, C] (or its fp32 copy) is the contiguous [B, T, NH, HS] the backward reads. */
+template <typename T>
+static ms_status packed_backward(T *dqkv, float *scratch, const T *dout, const T *qkv,
+                                 const float *out, const float *lse, const float *mask, int64_t b,
+                                 int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
+                                 ms_error *err) {
+    attn_dims a;
+    MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
+    if (b <= 0 || t <= 0) return MS_OK;
+    return attn_backward(a, b, dqkv, dqkv + c, dqkv + 2 * c, scratch, dout, qkv, qkv + c,
+                         qkv + 2 * c, out, lse, mask, stream, err);
+}
+
+ms_status ms_cu_attention_forward(float *out, float *lse, const float *qkv, const float *mask,
+                                  int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                  void *stream, ms_error *err) {
+    return packed_forward(out, lse, (float *)NULL, qkv, mask, b, t, c, nh, causal, stream,
+                          "attention forward", err);
 }
 
 int64_t ms_cu_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
@@ -224,12 +256,24 @@ ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dou
                                    const float *out, const float *lse, const float *mask, int64_t b,
                                    int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
                                    ms_error *err) {
-    attn_dims a;
-    MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
-    if (b <= 0 || t <= 0) return MS_OK;
-    /* out [B, T, C] is the contiguous [B, T, NH, HS] the backward reads. */
-    return attn_backward(a, b, dqkv, dqkv + c, dqkv + 2 * c, scratch, dout, qkv, qkv + c,
-                         qkv + 2 * c, out, lse, mask, stream, err);
+    return packed_backward(dqkv, scratch, dout, qkv, out, lse, mask, b, t, c, nh, causal, stream,
+                           err);
+}
+
+ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32,
+                                       const uint16_t *qkv, const float *mask, int64_t b, int64_t t,
+                                       int64_t c, int64_t nh, bool causal, void *stream,
+                                       ms_error *err) {
+    return packed_forward(ms_cu_bf(out), lse, out_f32, ms_cu_bf(qkv), mask, b, t, c, nh, causal,
+                          stream, "attention forward (bf16)", err);
+}
+
+ms_status ms_cu_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
+                                        const uint16_t *qkv, const float *out_f32, const float *lse,
+                                        const float *mask, int64_t b, int64_t t, int64_t c,
+                                        int64_t nh, bool causal, void *stream, ms_error *err) {
+    return packed_backward(ms_cu_bf(dqkv), scratch, ms_cu_bf(dout), ms_cu_bf(qkv), out_f32, lse,
+                           mask, b, t, c, nh, causal, stream, err);
 }
 
 /* ---- grouped-query attention over strided heads (layers.h) ---- */

@@ -109,6 +109,71 @@ static ms_status c_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_
                                  accumulate, err);
 }
 
+/* ---- bf16 kernels: the fp32 launchers' templates on bf16 storage (cuda_kernels.h) ---- */
+static ms_status c_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *a,
+                                    const uint16_t *b, int64_t n, ms_error *err) {
+    return ms_cu_add_forward_bf16(out, a, b, n, STREAM(kc), err);
+}
+static ms_status c_add_backward_bf16(ms_kctx *kc, uint16_t *da, uint16_t *db, const uint16_t *dout,
+                                     int64_t n, ms_error *err) {
+    return ms_cu_add_backward_bf16(da, db, dout, n, STREAM(kc), err);
+}
+static ms_status c_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                         const uint16_t *bias, int64_t n, int64_t c,
+                                         ms_error *err) {
+    return ms_cu_bias_add_forward_bf16(out, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                          const uint16_t *dout, int64_t n, int64_t c,
+                                          ms_error *err) {
+    return ms_cu_bias_add_backward_bf16(dinp, dbias, dout, n, c, STREAM(kc), err);
+}
+static ms_status c_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, int64_t n,
+                                     ms_error *err) {
+    return ms_cu_gelu_forward_bf16(out, inp, n, STREAM(kc), err);
+}
+static ms_status c_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *inp,
+                                      const uint16_t *dout, int64_t n, ms_error *err) {
+    return ms_cu_gelu_backward_bf16(dinp, inp, dout, n, STREAM(kc), err);
+}
+static ms_status c_bias_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                          const uint16_t *bias, int64_t n, int64_t c,
+                                          ms_error *err) {
+    return ms_cu_bias_gelu_forward_bf16(out, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                           const uint16_t *dout, const uint16_t *inp,
+                                           const uint16_t *bias, int64_t n, int64_t c,
+                                           ms_error *err) {
+    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, dout, inp, bias, n, c, STREAM(kc), err);
+}
+static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
+                                                 const uint16_t *bias, const uint16_t *res,
+                                                 int64_t nb, const ms_k_fused_dropout *d,
+                                                 ms_error *err) {
+    return ms_cu_bias_dropout_add_forward_bf16(out, inp, bias, res, nb, d, STREAM(kc), err);
+}
+static ms_status c_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
+                                                  uint16_t *dres, const uint16_t *dout, int64_t nb,
+                                                  const ms_k_fused_dropout *d, ms_error *err) {
+    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, dout, nb, d, STREAM(kc), err);
+}
+static ms_status c_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
+                                          const uint16_t *inp, const uint16_t *weight,
+                                          const uint16_t *bias, int64_t n, int64_t c, float eps,
+                                          ms_error *err) {
+    return ms_cu_layernorm_forward_bf16(out, mean, rstd, inp, weight, bias, n, c, eps, STREAM(kc),
+                                        err);
+}
+static ms_status c_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dweight,
+                                           uint16_t *dbias, const uint16_t *dout,
+                                           const uint16_t *inp, const uint16_t *weight,
+                                           const float *mean, const float *rstd, int64_t n,
+                                           int64_t c, ms_error *err) {
+    return ms_cu_layernorm_backward_bf16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+                                         STREAM(kc), err);
+}
+
 /* ---- elementwise ---- */
 static ms_status c_add_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
                                ms_error *err) {
@@ -199,6 +264,22 @@ static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, cons
                                        cudaMemcpyDeviceToDevice, CU(kc)->stream),
                        "cudaMemcpyAsync (attention output)", err);
 }
+/* bf16: the output before rounding goes straight into the saved copy (no memcpy). */
+static ms_status c_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
+                                          const uint16_t *qkv, const float *mask, int64_t b,
+                                          int64_t t, int64_t c, int64_t nh, bool causal,
+                                          ms_error *err) {
+    return ms_cu_attention_forward_bf16(out, saved, saved + b * nh * t, qkv, mask, b, t, c, nh,
+                                        causal, STREAM(kc), err);
+}
+static ms_status c_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
+                                           const uint16_t *dout, const uint16_t *qkv,
+                                           const float *saved, const float *mask, int64_t b,
+                                           int64_t t, int64_t c, int64_t nh, bool causal,
+                                           ms_error *err) {
+    return ms_cu_attention_backward_bf16(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask,
+                                         b, t, c, nh, causal, STREAM(kc), err);
+}
 static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *saved, const float *mask,
                                       int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
@@ -278,6 +359,26 @@ static ms_status c_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, c
                                 const float *gtgt, const int32_t *targets, int64_t n,
                                 ms_error *err) {
     return ms_cu_xent_vp_loss(losses, gmax, gsum, gtgt, targets, n, STREAM(kc), err);
+}
+static ms_status c_xent_vp_rowmax_bf16(ms_kctx *kc, float *lmax, const uint16_t *logits, int64_t n,
+                                       int64_t vl, ms_error *err) {
+    return ms_cu_xent_vp_rowmax_bf16(lmax, logits, n, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_sumexp_bf16(ms_kctx *kc, float *lsum, const uint16_t *logits,
+                                       const float *gmax, int64_t n, int64_t vl, ms_error *err) {
+    return ms_cu_xent_vp_sumexp_bf16(lsum, logits, gmax, n, vl, STREAM(kc), err);
+}
+static ms_status c_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t *logits,
+                                       const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                                       ms_error *err) {
+    return ms_cu_xent_vp_target_bf16(ltgt, logits, targets, n, vl, v0, STREAM(kc), err);
+}
+static ms_status c_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
+                                         const float *gmax, const float *gsum,
+                                         const int32_t *targets, const uint16_t *dlosses, int64_t n,
+                                         int64_t vl, int64_t v0, ms_error *err) {
+    return ms_cu_xent_vp_backward_bf16(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0,
+                                       STREAM(kc), err);
 }
 static ms_status c_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
                                     const float *gmax, const float *gsum, const int32_t *targets,
@@ -380,6 +481,23 @@ static ms_status c_dropout_backward(ms_kctx *kc, float *dinp, const float *dout,
                                     const ms_k_batch_window *w, ms_error *err) {
     return ms_cu_dropout_backward(dinp, dout, p, seed, stream, ndim, lshape, gstart, gshape, w,
                                   STREAM(kc), err);
+}
+
+static ms_status c_dropout_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, float p,
+                                        uint64_t seed, uint64_t stream, int ndim,
+                                        const int64_t *lshape, const int64_t *gstart,
+                                        const int64_t *gshape, const ms_k_batch_window *w,
+                                        ms_error *err) {
+    return ms_cu_dropout_forward_bf16(out, inp, p, seed, stream, ndim, lshape, gstart, gshape, w,
+                                      STREAM(kc), err);
+}
+static ms_status c_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *dout, float p,
+                                         uint64_t seed, uint64_t stream, int ndim,
+                                         const int64_t *lshape, const int64_t *gstart,
+                                         const int64_t *gshape, const ms_k_batch_window *w,
+                                         ms_error *err) {
+    return ms_cu_dropout_backward_bf16(dinp, dout, p, seed, stream, ndim, lshape, gstart, gshape, w,
+                                       STREAM(kc), err);
 }
 
 /* ---- every other operator (ops_ext.cu): one launcher per slot ---- */
@@ -537,6 +655,26 @@ static const ms_kernels cuda_kernels = {
     .matmul_backward = c_matmul_backward,
     .matmul_forward_bf16 = c_matmul_forward_bf16,
     .matmul_backward_bf16 = c_matmul_backward_bf16,
+    .add_forward_bf16 = c_add_forward_bf16,
+    .add_backward_bf16 = c_add_backward_bf16,
+    .bias_add_forward_bf16 = c_bias_add_forward_bf16,
+    .bias_add_backward_bf16 = c_bias_add_backward_bf16,
+    .gelu_forward_bf16 = c_gelu_forward_bf16,
+    .gelu_backward_bf16 = c_gelu_backward_bf16,
+    .bias_gelu_forward_bf16 = c_bias_gelu_forward_bf16,
+    .bias_gelu_backward_bf16 = c_bias_gelu_backward_bf16,
+    .bias_dropout_add_forward_bf16 = c_bias_dropout_add_forward_bf16,
+    .bias_dropout_add_backward_bf16 = c_bias_dropout_add_backward_bf16,
+    .layernorm_forward_bf16 = c_layernorm_forward_bf16,
+    .layernorm_backward_bf16 = c_layernorm_backward_bf16,
+    .attention_forward_bf16 = c_attention_forward_bf16,
+    .attention_backward_bf16 = c_attention_backward_bf16,
+    .xent_vp_rowmax_bf16 = c_xent_vp_rowmax_bf16,
+    .xent_vp_sumexp_bf16 = c_xent_vp_sumexp_bf16,
+    .xent_vp_target_bf16 = c_xent_vp_target_bf16,
+    .xent_vp_backward_bf16 = c_xent_vp_backward_bf16,
+    .dropout_forward_bf16 = c_dropout_forward_bf16,
+    .dropout_backward_bf16 = c_dropout_backward_bf16,
     .add_forward = c_add_forward,
     .add_backward = c_add_backward,
     .mul_forward = c_mul_forward,

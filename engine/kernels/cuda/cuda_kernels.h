@@ -10,8 +10,9 @@
  * headers beside this one, checked on the CPU by tests/test_cuda_host.cu.
  *
  * bf16 buffers are uint16_t bit patterns (engine/core/tensor.h's ms_bf16_from_f32 rounding):
- * those kernels read bf16, compute in fp32 and write bf16; statistics (mean, rstd, lse) and
- * parameters of LayerNorm and bias stay fp32.
+ * the *_bf16 launchers take every tensor operand (parameters included) in bf16 and share the
+ * fp32 launcher's template, so they compute exactly what it computes on widened values and
+ * round each output once; statistics (mean, rstd, lse) stay fp32.
  */
 #ifndef MS_CUDA_KERNELS_H
 #define MS_CUDA_KERNELS_H
@@ -81,8 +82,12 @@ ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, 
 
 ms_status ms_cu_add_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n,
                                  void *stream, ms_error *err);
-ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const float *bias,
+ms_status ms_cu_add_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *dout, int64_t n,
+                                  void *stream, ms_error *err);
+ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                       int64_t n, int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+                                       int64_t n, int64_t c, void *stream, ms_error *err);
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
                                   ms_error *err);
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
@@ -110,12 +115,17 @@ ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const fl
                                   const float *weight, const float *bias, int64_t n, int64_t c,
                                   float eps, void *stream, ms_error *err);
 ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
-                                       const float *weight, const float *bias, int64_t n, int64_t c,
-                                       float eps, void *stream, ms_error *err);
+                                       const uint16_t *weight, const uint16_t *bias, int64_t n,
+                                       int64_t c, float eps, void *stream, ms_error *err);
 ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *weight, const float *mean,
                                    const float *rstd, int64_t n, int64_t c, void *stream,
                                    ms_error *err);
+ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
+                                        const uint16_t *dout, const uint16_t *inp,
+                                        const uint16_t *weight, const float *mean,
+                                        const float *rstd, int64_t n, int64_t c, void *stream,
+                                        ms_error *err);
 ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t c, void *stream,
                                 ms_error *err);
 ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n,
@@ -127,6 +137,17 @@ ms_status ms_cu_xent_forward(float *losses, float *lse, const float *logits, con
 ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, const float *dlosses, int64_t n, int64_t v,
                               void *stream, ms_error *err);
+/* bf16 logits (and their gradient, and the losses' gradient); the row statistics fp32. */
+ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
+                                    void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_sumexp_bf16(float *lsum, const uint16_t *logits, const float *gmax,
+                                    int64_t n, int64_t vl, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const int32_t *targets,
+                                    int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err);
+ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
+                                      const float *gsum, const int32_t *targets,
+                                      const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                      void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
                                void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
@@ -157,6 +178,19 @@ ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const flo
 ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, const float *dout,
                                           int64_t nb, const ms_k_fused_dropout *d, void *stream,
                                           ms_error *err);
+ms_status ms_cu_bias_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
+                                       int64_t n, int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+                                        const uint16_t *inp, const uint16_t *bias, int64_t n,
+                                        int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp,
+                                              const uint16_t *bias, const uint16_t *res, int64_t nb,
+                                              const ms_k_fused_dropout *d, void *stream,
+                                              ms_error *err);
+ms_status ms_cu_bias_dropout_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
+                                               const uint16_t *dout, int64_t nb,
+                                               const ms_k_fused_dropout *d, void *stream,
+                                               ms_error *err);
 ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
                        bool accumulate, void *stream, ms_error *err);
 ms_status ms_cu_scatter_add(float *x, const float *src, const float *ids, const ms_k_gather_dims *g,
@@ -171,6 +205,14 @@ ms_status ms_cu_dropout_backward(float *dinp, const float *dout, float p, uint64
                                  uint64_t stream_id, int ndim, const int64_t *lshape,
                                  const int64_t *gstart, const int64_t *gshape,
                                  const ms_k_batch_window *w, void *stream, ms_error *err);
+ms_status ms_cu_dropout_forward_bf16(uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
+                                     uint64_t stream_id, int ndim, const int64_t *lshape,
+                                     const int64_t *gstart, const int64_t *gshape,
+                                     const ms_k_batch_window *w, void *stream, ms_error *err);
+ms_status ms_cu_dropout_backward_bf16(uint16_t *dinp, const uint16_t *dout, float p, uint64_t seed,
+                                      uint64_t stream_id, int ndim, const int64_t *lshape,
+                                      const int64_t *gstart, const int64_t *gshape,
+                                      const ms_k_batch_window *w, void *stream, ms_error *err);
 
 /* ---- optimizer ---- */
 /* ms_adamw_step_scaled on the GPU (the same argument checks). */
@@ -201,6 +243,16 @@ ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dou
                                    const float *out, const float *lse, const float *mask, int64_t b,
                                    int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
                                    ms_error *err);
+/* bf16 qkv, out, dout and dqkv; lse fp32, and out_f32 [B, T, C] the output before rounding,
+ * which the backward reads (as the fp32 path reads its saved copy of the output). */
+ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32,
+                                       const uint16_t *qkv, const float *mask, int64_t b, int64_t t,
+                                       int64_t c, int64_t nh, bool causal, void *stream,
+                                       ms_error *err);
+ms_status ms_cu_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
+                                        const uint16_t *qkv, const float *out_f32, const float *lse,
+                                        const float *mask, int64_t b, int64_t t, int64_t c,
+                                        int64_t nh, bool causal, void *stream, ms_error *err);
 
 /* ---- grouped-query attention (layers.h's ms_k_gqa: strided heads, query head h reads kv
  * head h / (H / Hkv), causal from the global position q_start, mask [B, Tk] with 0 dropping a

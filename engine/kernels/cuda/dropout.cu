@@ -2,8 +2,9 @@
 #include "engine/kernels/cuda/dropout_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
-static ms_status dropout(float *y, const float *x, bool acc, float p, uint64_t seed,
-                         uint64_t stream_id, int ndim, const int64_t *lshape, const int64_t *gstart,
+template <typename T>
+static ms_status dropout(T *y, const T *x, bool acc, float p, uint64_t seed, uint64_t stream_id,
+                         int ndim, const int64_t *lshape, const int64_t *gstart,
                          const int64_t *gshape, const ms_k_batch_window *w, void *stream,
                          ms_error *err) {
     if (ndim > 8) return ms_fail(err, MS_ERR_INVALID, "dropout: %d dims, at most 8", ndim);
@@ -30,4 +31,20 @@ ms_status ms_cu_dropout_backward(float *dinp, const float *dout, float p, uint64
                                  const ms_k_batch_window *w, void *stream, ms_error *err) {
     return dropout(dinp, dout, true, p, seed, stream_id, ndim, lshape, gstart, gshape, w, stream,
                    err);
+}
+
+ms_status ms_cu_dropout_forward_bf16(uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
+                                     uint64_t stream_id, int ndim, const int64_t *lshape,
+                                     const int64_t *gstart, const int64_t *gshape,
+                                     const ms_k_batch_window *w, void *stream, ms_error *err) {
+    return dropout(ms_cu_bf(out), ms_cu_bf(inp), false, p, seed, stream_id, ndim, lshape, gstart,
+                   gshape, w, stream, err);
+}
+
+ms_status ms_cu_dropout_backward_bf16(uint16_t *dinp, const uint16_t *dout, float p, uint64_t seed,
+                                      uint64_t stream_id, int ndim, const int64_t *lshape,
+                                      const int64_t *gstart, const int64_t *gshape,
+                                      const ms_k_batch_window *w, void *stream, ms_error *err) {
+    return dropout(ms_cu_bf(dinp), ms_cu_bf(dout), true, p, seed, stream_id, ndim, lshape, gstart,
+                   gshape, w, stream, err);
 }

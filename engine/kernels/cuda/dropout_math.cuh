@@ -48,15 +48,16 @@ MS_HD uint64_t ms_cu_box_global(const ms_cu_box &b, int64_t i) {
     return g;
 }
 
-/* y[i] = keep ? x[i] / (1 - p) : 0 (acc: y[i] += that). */
-MS_HD void ms_cu_dropout_elem(float *y, const float *x, bool acc, float p, uint64_t seed,
-                              uint64_t stream, const ms_cu_box &b, int64_t i) {
+/* y[i] = keep ? x[i] / (1 - p) : 0 (acc: y[i] += that); T float or ms_bf16. */
+template <typename T>
+MS_HD void ms_cu_dropout_elem(T *y, const T *x, bool acc, float p, uint64_t seed, uint64_t stream,
+                              const ms_cu_box &b, int64_t i) {
     const bool none = p >= 1.0f;
     const float scale = none ? 0.0f : 1.0f / (1.0f - p);
     const uint64_t g = b.ndim ? ms_cu_box_global(b, i) : 0;
     const bool keep = !none && ms_cu_philox_uniform(seed, stream, g) >= p;
-    const float v = keep ? x[i] * scale : 0.0f;
-    y[i] = acc ? y[i] + v : v;
+    const float v = keep ? ms_cu_load(x + i) * scale : 0.0f;
+    ms_cu_store(y + i, acc ? ms_cu_load(y + i) + v : v);
 }
 
 /* The box for the CPU kernel's arguments (gshape NULL: the local shape is the global one). */

@@ -3,18 +3,33 @@
 #include "engine/kernels/cuda/elementwise_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
+/* The fp32 and bf16 launchers share one template per kernel (T: float or ms_bf16), so the
+ * bf16 kernel does the fp32 kernel's arithmetic on widened values and rounds on each store. */
+
+template <typename T>
+static ms_status add_forward(T *out, const T *a, const T *b, int64_t n, void *stream,
+                             const char *what, ms_error *err) {
+    return ms_cu_each(n, stream, what, err,
+                      [=] __device__(int64_t i) { ms_cu_add_fwd(out, a, b, i); });
+}
+
+template <typename T>
+static ms_status add_backward(T *da, T *db, const T *dout, int64_t n, void *stream,
+                              const char *what, ms_error *err) {
+    return ms_cu_each(n, stream, what, err, [=] __device__(int64_t i) {
+        if (da) ms_cu_acc(da, dout, i);
+        if (db) ms_cu_acc(db, dout, i);
+    });
+}
+
 ms_status ms_cu_add_forward(float *out, const float *a, const float *b, int64_t n, void *stream,
                             ms_error *err) {
-    return ms_cu_each(n, stream, "add forward", err,
-                      [=] __device__(int64_t i) { ms_cu_add_fwd(out, a, b, i); });
+    return add_forward(out, a, b, n, stream, "add forward", err);
 }
 
 ms_status ms_cu_add_backward(float *da, float *db, const float *dout, int64_t n, void *stream,
                              ms_error *err) {
-    return ms_cu_each(n, stream, "add backward", err, [=] __device__(int64_t i) {
-        if (da) ms_cu_acc(da, dout, i);
-        if (db) ms_cu_acc(db, dout, i);
-    });
+    return add_backward(da, db, dout, n, stream, "add backward", err);
 }
 
 ms_status ms_cu_mul_forward(float *out, const float *a, const float *b, int64_t n, void *stream,
@@ -43,15 +58,17 @@ ms_status ms_cu_scale_backward(float *dx, const float *dout, float s, int64_t n,
                       [=] __device__(int64_t i) { ms_cu_scale_bwd(dx, dout, s, i); });
 }
 
-ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n,
-                                 int64_t c, void *stream, ms_error *err) {
+template <typename T>
+static ms_status bias_add_forward(T *out, const T *inp, const T *bias, int64_t n, int64_t c,
+                                  void *stream, ms_error *err) {
     return ms_cu_each(n * c, stream, "bias add forward", err,
                       [=] __device__(int64_t i) { ms_cu_bias_add_fwd(out, inp, bias, c, i); });
 }
 
 /* dinp one thread per element; dbias one thread per column, rows in order. */
-ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n,
-                                  int64_t c, void *stream, ms_error *err) {
+template <typename T>
+static ms_status bias_add_backward(T *dinp, T *dbias, const T *dout, int64_t n, int64_t c,
+                                   void *stream, ms_error *err) {
     if (dinp)
         MS_CHECK(ms_cu_each(n * c, stream, "bias add backward", err,
                             [=] __device__(int64_t i) { ms_cu_acc(dinp, dout, i); }));
@@ -60,49 +77,70 @@ ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, const float *dout, 
                       [=] __device__(int64_t j) { ms_cu_bias_dbias_col(dbias, dout, n, c, j); });
 }
 
-ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err) {
+template <typename T>
+static ms_status gelu_forward(T *out, const T *inp, int64_t n, void *stream, ms_error *err) {
     return ms_cu_each(n, stream, "gelu forward", err,
                       [=] __device__(int64_t i) { ms_cu_gelu_fwd(out, inp, i); });
 }
 
-ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n,
-                              void *stream, ms_error *err) {
+template <typename T>
+static ms_status gelu_backward(T *dinp, const T *inp, const T *dout, int64_t n, void *stream,
+                               ms_error *err) {
     return ms_cu_each(n, stream, "gelu backward", err,
                       [=] __device__(int64_t i) { ms_cu_gelu_bwd(dinp, inp, dout, i); });
 }
 
-/* ---- bf16 storage ---- */
+ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n,
+                                 int64_t c, void *stream, ms_error *err) {
+    return bias_add_forward(out, inp, bias, n, c, stream, err);
+}
+
+ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n,
+                                  int64_t c, void *stream, ms_error *err) {
+    return bias_add_backward(dinp, dbias, dout, n, c, stream, err);
+}
+
+ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err) {
+    return gelu_forward(out, inp, n, stream, err);
+}
+
+ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n,
+                              void *stream, ms_error *err) {
+    return gelu_backward(dinp, inp, dout, n, stream, err);
+}
+
+/* ---- bf16 storage (every operand bf16) ---- */
 
 ms_status ms_cu_add_forward_bf16(uint16_t *out, const uint16_t *a, const uint16_t *b, int64_t n,
                                  void *stream, ms_error *err) {
-    ms_bf16 *o = ms_cu_bf(out);
-    const ms_bf16 *x = ms_cu_bf(a), *y = ms_cu_bf(b);
-    return ms_cu_each(n, stream, "add forward (bf16)", err,
-                      [=] __device__(int64_t i) { ms_cu_add_fwd(o, x, y, i); });
+    return add_forward(ms_cu_bf(out), ms_cu_bf(a), ms_cu_bf(b), n, stream, "add forward (bf16)",
+                       err);
 }
 
-ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const float *bias,
+ms_status ms_cu_add_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *dout, int64_t n,
+                                  void *stream, ms_error *err) {
+    return add_backward(ms_cu_bf(da), ms_cu_bf(db), ms_cu_bf(dout), n, stream,
+                        "add backward (bf16)", err);
+}
+
+ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                       int64_t n, int64_t c, void *stream, ms_error *err) {
-    ms_bf16 *o = ms_cu_bf(out);
-    const ms_bf16 *x = ms_cu_bf(inp);
-    return ms_cu_each(n * c, stream, "bias add forward (bf16)", err,
-                      [=] __device__(int64_t i) { ms_cu_bias_add_fwd(o, x, bias, c, i); });
+    return bias_add_forward(ms_cu_bf(out), ms_cu_bf(inp), ms_cu_bf(bias), n, c, stream, err);
+}
+
+ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
+                                       int64_t n, int64_t c, void *stream, ms_error *err) {
+    return bias_add_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), ms_cu_bf(dout), n, c, stream, err);
 }
 
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
                                   ms_error *err) {
-    ms_bf16 *o = ms_cu_bf(out);
-    const ms_bf16 *x = ms_cu_bf(inp);
-    return ms_cu_each(n, stream, "gelu forward (bf16)", err,
-                      [=] __device__(int64_t i) { ms_cu_gelu_fwd(o, x, i); });
+    return gelu_forward(ms_cu_bf(out), ms_cu_bf(inp), n, stream, err);
 }
 
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
                                    int64_t n, void *stream, ms_error *err) {
-    ms_bf16 *d = ms_cu_bf(dinp);
-    const ms_bf16 *x = ms_cu_bf(inp), *g = ms_cu_bf(dout);
-    return ms_cu_each(n, stream, "gelu backward (bf16)", err,
-                      [=] __device__(int64_t i) { ms_cu_gelu_bwd(d, x, g, i); });
+    return gelu_backward(ms_cu_bf(dinp), ms_cu_bf(inp), ms_cu_bf(dout), n, stream, err);
 }
 
 /* ---- embedding ---- */

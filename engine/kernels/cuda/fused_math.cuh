@@ -1,6 +1,7 @@
 /* fused_math.cuh - bias + GELU and bias + dropout + residual add per element, and the gather
  * of index.h per output element: the float operations of engine/kernels/fused.c and index.c
- * in the same order, the dropout mask of dropout_math.cuh. */
+ * in the same order, the dropout mask of dropout_math.cuh. T is the storage type (float or
+ * ms_bf16; math_common.cuh): loads widen, stores round. */
 #ifndef MS_CUDA_FUSED_MATH_CUH
 #define MS_CUDA_FUSED_MATH_CUH
 
@@ -8,21 +9,24 @@
 #include "engine/kernels/cuda/elementwise_math.cuh"
 
 /* out[i] = gelu(inp[i] + bias[i % c]) */
-MS_HD void ms_cu_bias_gelu_fwd(float *out, const float *inp, const float *bias, int64_t c,
-                               int64_t i) {
-    out[i] = ms_cu_gelu(inp[i] + bias[i % c]);
+template <typename T>
+MS_HD void ms_cu_bias_gelu_fwd(T *out, const T *inp, const T *bias, int64_t c, int64_t i) {
+    ms_cu_store(out + i, ms_cu_gelu(ms_cu_load(inp + i) + ms_cu_load(bias + i % c)));
 }
 
 /* Column k: dinp[r, k] += g and dbias[k] += g over the rows in order, g = gelu'(x + b) dout. */
-MS_HD void ms_cu_bias_gelu_bwd_col(float *dinp, float *dbias, const float *dout, const float *inp,
-                                   const float *bias, int64_t n, int64_t c, int64_t k) {
-    float db = dbias ? dbias[k] : 0.0f;
+template <typename T>
+MS_HD void ms_cu_bias_gelu_bwd_col(T *dinp, T *dbias, const T *dout, const T *inp, const T *bias,
+                                   int64_t n, int64_t c, int64_t k) {
+    float db = dbias ? ms_cu_load(dbias + k) : 0.0f;
+    const float b = ms_cu_load(bias + k);
     for (int64_t r = 0; r < n; r++) {
-        const float g = ms_cu_gelu_grad(inp[r * c + k] + bias[k]) * dout[r * c + k];
-        if (dinp) dinp[r * c + k] += g;
+        const int64_t i = r * c + k;
+        const float g = ms_cu_gelu_grad(ms_cu_load(inp + i) + b) * ms_cu_load(dout + i);
+        if (dinp) ms_cu_store(dinp + i, ms_cu_load(dinp + i) + g);
         db += g;
     }
-    if (dbias) dbias[k] = db;
+    if (dbias) ms_cu_store(dbias + k, db);
 }
 
 /* Whether element i survives (p <= 0: no dropout, every element does). */
@@ -32,33 +36,35 @@ MS_HD bool ms_cu_bda_keep(float p, uint64_t seed, uint64_t stream, const ms_cu_b
 }
 
 /* out[i] = res[i] + dropout(inp[i] + bias[i % nb]) */
-MS_HD void ms_cu_bda_fwd(float *out, const float *inp, const float *bias, const float *res,
-                         int64_t nb, float p, uint64_t seed, uint64_t stream, const ms_cu_box &b,
-                         int64_t i) {
-    const float v = inp[i] + bias[i % nb];
+template <typename T>
+MS_HD void ms_cu_bda_fwd(T *out, const T *inp, const T *bias, const T *res, int64_t nb, float p,
+                         uint64_t seed, uint64_t stream, const ms_cu_box &b, int64_t i) {
+    const float v = ms_cu_load(inp + i) + ms_cu_load(bias + i % nb), r = ms_cu_load(res + i);
     if (p <= 0.0f) {
-        out[i] = res[i] + v;
+        ms_cu_store(out + i, r + v);
         return;
     }
     const float scale = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
-    out[i] = res[i] + (ms_cu_bda_keep(p, seed, stream, b, i) ? v * scale : 0.0f);
+    ms_cu_store(out + i, r + (ms_cu_bda_keep(p, seed, stream, b, i) ? v * scale : 0.0f));
 }
 
 /* Column k of the [n / nb, nb] view: dres += dout, dinp += g, dbias[k] += g over the rows in
  * order, g = mask * dout / (1 - p). */
-MS_HD void ms_cu_bda_bwd_col(float *dinp, float *dbias, float *dres, const float *dout,
-                             int64_t rows, int64_t nb, float p, uint64_t seed, uint64_t stream,
-                             const ms_cu_box &b, int64_t k) {
+template <typename T>
+MS_HD void ms_cu_bda_bwd_col(T *dinp, T *dbias, T *dres, const T *dout, int64_t rows, int64_t nb,
+                             float p, uint64_t seed, uint64_t stream, const ms_cu_box &b,
+                             int64_t k) {
     const float scale = p > 0.0f ? (p >= 1.0f ? 0.0f : 1.0f / (1.0f - p)) : 1.0f;
-    float db = dbias ? dbias[k] : 0.0f;
+    float db = dbias ? ms_cu_load(dbias + k) : 0.0f;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i = r * nb + k;
-        const float dy = dout[i], gx = ms_cu_bda_keep(p, seed, stream, b, i) ? dy * scale : 0.0f;
-        if (dres) dres[i] += dy;
-        if (dinp) dinp[i] += gx;
+        const float dy = ms_cu_load(dout + i);
+        const float gx = ms_cu_bda_keep(p, seed, stream, b, i) ? dy * scale : 0.0f;
+        if (dres) ms_cu_store(dres + i, ms_cu_load(dres + i) + dy);
+        if (dinp) ms_cu_store(dinp + i, ms_cu_load(dinp + i) + gx);
         db += gx;
     }
-    if (dbias) dbias[k] = db;
+    if (dbias) ms_cu_store(dbias + k, db);
 }
 
 /* The local row of output element (a, l, j) in x, or -1 outside [d0, d0 + d). */

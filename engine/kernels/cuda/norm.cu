@@ -4,12 +4,12 @@
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
 
-/* ---- LayerNorm ---- */
+/* ---- LayerNorm: T the activations' storage, W the parameters'; mean and rstd fp32 ---- */
 
-template <typename T>
-static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *inp,
-                                   const float *weight, const float *bias, int64_t n, int64_t c,
-                                   float eps, void *stream, const char *what, ms_error *err) {
+template <typename T, typename W>
+static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *inp, const W *weight,
+                                   const W *bias, int64_t n, int64_t c, float eps, void *stream,
+                                   const char *what, ms_error *err) {
     return ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int lane) {
         const T *x = inp + r * c;
         const float m = ms_cu_block_sum(ms_cu_row_sum_part(x, c, lane, MS_CU_ROW_LANES)) / (float)c;
@@ -17,6 +17,28 @@ static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *in
         const float s = ms_cu_ln_rstd(sq, c, eps);
         ms_cu_ln_out_part(out + r * c, x, weight, bias, c, m, s, lane, MS_CU_ROW_LANES);
         if (lane == 0) mean[r] = m, rstd[r] = s;
+    });
+}
+
+/* dinp one block per row; dweight and dbias one thread per column, rows in order. */
+template <typename T, typename W>
+static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, const T *dout, const T *inp,
+                                    const W *weight, const float *mean, const float *rstd,
+                                    int64_t n, int64_t c, void *stream, const char *what,
+                                    ms_error *err) {
+    if (dinp)
+        MS_CHECK(ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int l) {
+            const T *g = dout + r * c, *x = inp + r * c;
+            float a, b;
+            ms_cu_ln_bwd_part(&a, &b, g, x, weight, c, mean[r], rstd[r], l, MS_CU_ROW_LANES);
+            a = ms_cu_block_sum(a);
+            b = ms_cu_block_sum(b);
+            ms_cu_ln_dinp_part(dinp + r * c, g, x, weight, c, mean[r], rstd[r], a, b, l,
+                               MS_CU_ROW_LANES);
+        }));
+    if (!dweight && !dbias) return MS_OK;
+    return ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
+        ms_cu_ln_dparams_col(dweight, dbias, dout, inp, mean, rstd, n, c, j);
     });
 }
 
@@ -28,32 +50,28 @@ ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const fl
 }
 
 ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
-                                       const float *weight, const float *bias, int64_t n, int64_t c,
-                                       float eps, void *stream, ms_error *err) {
-    return layernorm_forward(ms_cu_bf(out), mean, rstd, ms_cu_bf(inp), weight, bias, n, c, eps,
-                             stream, "layernorm forward (bf16)", err);
+                                       const uint16_t *weight, const uint16_t *bias, int64_t n,
+                                       int64_t c, float eps, void *stream, ms_error *err) {
+    return layernorm_forward(ms_cu_bf(out), mean, rstd, ms_cu_bf(inp), ms_cu_bf(weight),
+                             ms_cu_bf(bias), n, c, eps, stream, "layernorm forward (bf16)", err);
 }
 
-/* dinp one block per row; dweight and dbias one thread per column, rows in order. */
 ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *weight, const float *mean,
                                    const float *rstd, int64_t n, int64_t c, void *stream,
                                    ms_error *err) {
-    if (dinp)
-        MS_CHECK(ms_cu_rows(n, stream, "layernorm backward", err, [=] __device__(int64_t r, int l) {
-            const float *g = dout + r * c, *x = inp + r * c;
-            float a, b;
-            ms_cu_ln_bwd_part(&a, &b, g, x, weight, c, mean[r], rstd[r], l, MS_CU_ROW_LANES);
-            a = ms_cu_block_sum(a);
-            b = ms_cu_block_sum(b);
-            ms_cu_ln_dinp_part(dinp + r * c, g, x, weight, c, mean[r], rstd[r], a, b, l,
-                               MS_CU_ROW_LANES);
-        }));
-    if (!dweight && !dbias) return MS_OK;
-    return ms_cu_each(c, stream, "layernorm backward (dweight, dbias)", err,
-                      [=] __device__(int64_t j) {
-                          ms_cu_ln_dparams_col(dweight, dbias, dout, inp, mean, rstd, n, c, j);
-                      });
+    return layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, stream,
+                              "layernorm backward", err);
+}
+
+ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
+                                        const uint16_t *dout, const uint16_t *inp,
+                                        const uint16_t *weight, const float *mean,
+                                        const float *rstd, int64_t n, int64_t c, void *stream,
+                                        ms_error *err) {
+    return layernorm_backward(ms_cu_bf(dinp), ms_cu_bf(dweight), ms_cu_bf(dbias), ms_cu_bf(dout),
+                              ms_cu_bf(inp), ms_cu_bf(weight), mean, rstd, n, c, stream,
+                              "layernorm backward (bf16)", err);
 }
 
 /* ---- softmax ---- */
@@ -100,8 +118,10 @@ ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *
     });
 }
 
-ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
-                               void *stream, ms_error *err) {
+/* The vocab-parallel pieces over logits of storage T (float, or ms_bf16 unstaged). */
+template <typename T>
+static ms_status xent_vp_rowmax(float *lmax, const T *logits, int64_t n, int64_t vl, void *stream,
+                                ms_error *err) {
     return ms_cu_rows(n, stream, "cross-entropy row max", err, [=] __device__(int64_t r, int l) {
         const float m =
             ms_cu_block_max(ms_cu_row_max_part(logits + r * vl, vl, l, MS_CU_ROW_LANES));
@@ -109,8 +129,9 @@ ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int6
     });
 }
 
-ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
-                               int64_t vl, void *stream, ms_error *err) {
+template <typename T>
+static ms_status xent_vp_sumexp(float *lsum, const T *logits, const float *gmax, int64_t n,
+                                int64_t vl, void *stream, ms_error *err) {
     return ms_cu_rows(n, stream, "cross-entropy sum of exp", err, [=] __device__(int64_t r, int l) {
         const float s = ms_cu_block_sum(
             ms_cu_row_sumexp_part(logits + r * vl, vl, gmax[r], l, MS_CU_ROW_LANES));
@@ -118,11 +139,39 @@ ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gm
     });
 }
 
-ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
-                               int64_t vl, int64_t v0, void *stream, ms_error *err) {
+template <typename T>
+static ms_status xent_vp_target(float *ltgt, const T *logits, const int32_t *targets, int64_t n,
+                                int64_t vl, int64_t v0, void *stream, ms_error *err) {
     return ms_cu_each(n, stream, "cross-entropy target", err, [=] __device__(int64_t r) {
         ltgt[r] = ms_cu_xent_target(logits + r * vl, targets[r], vl, v0);
     });
+}
+
+template <typename T>
+static ms_status xent_vp_backward(T *dlogits, const T *logits, const float *gmax, const float *gsum,
+                                  const int32_t *targets, const T *dlosses, int64_t n, int64_t vl,
+                                  int64_t v0, void *stream, ms_error *err) {
+    return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
+                      [=] __device__(int64_t i) {
+                          const int64_t r = i / vl;
+                          ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
+                                             gsum[r], targets[r], ms_cu_load(dlosses + r), v0);
+                      });
+}
+
+ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
+                               void *stream, ms_error *err) {
+    return xent_vp_rowmax(lmax, logits, n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
+                               int64_t vl, void *stream, ms_error *err) {
+    return xent_vp_sumexp(lsum, logits, gmax, n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
+                               int64_t vl, int64_t v0, void *stream, ms_error *err) {
+    return xent_vp_target(ltgt, logits, targets, n, vl, v0, stream, err);
 }
 
 ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum, const float *gtgt,
@@ -135,10 +184,29 @@ ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum
 ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
                                  const float *gsum, const int32_t *targets, const float *dlosses,
                                  int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err) {
-    return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
-                      [=] __device__(int64_t i) {
-                          const int64_t r = i / vl;
-                          ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
-                                             gsum[r], targets[r], dlosses[r], v0);
-                      });
+    return xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, stream, err);
+}
+
+ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
+                                    void *stream, ms_error *err) {
+    return xent_vp_rowmax(lmax, ms_cu_bf(logits), n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_sumexp_bf16(float *lsum, const uint16_t *logits, const float *gmax,
+                                    int64_t n, int64_t vl, void *stream, ms_error *err) {
+    return xent_vp_sumexp(lsum, ms_cu_bf(logits), gmax, n, vl, stream, err);
+}
+
+ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const int32_t *targets,
+                                    int64_t n, int64_t vl, int64_t v0, void *stream,
+                                    ms_error *err) {
+    return xent_vp_target(ltgt, ms_cu_bf(logits), targets, n, vl, v0, stream, err);
+}
+
+ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
+                                      const float *gsum, const int32_t *targets,
+                                      const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                      void *stream, ms_error *err) {
+    return xent_vp_backward(ms_cu_bf(dlogits), ms_cu_bf(logits), gmax, gsum, targets,
+                            ms_cu_bf(dlosses), n, vl, v0, stream, err);
 }
