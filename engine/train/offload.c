@@ -238,7 +238,11 @@ static ms_status on_grad_final(void *arg, int i, ms_error *err) {
     if (!o->in_step || o->handed[i]) return MS_OK;
     MS_CHECK(take(o, i, err));
     MS_CHECK(read_masters(o, err));
-    job j = {.i = i, .copy = true, .update = o->eager, .gen = o->gen};
+    /* A device that runs asynchronously (CUDA) orders the copy after the kernels that wrote
+     * the gradient only on the rank thread's stream: there the rank thread copies. */
+    bool worker_copies = o->dev->ops->sync == NULL;
+    if (!worker_copies) MS_CHECK(copy_grad(o, i, err));
+    job j = {.i = i, .copy = worker_copies, .update = o->eager, .gen = o->gen};
     j.aw = o->eager_aw, j.t = o->eager_t, j.scale = 1.0f;
     pthread_mutex_lock(&o->mu);
     push(o, &j);

@@ -18,11 +18,13 @@
  * The gradients leave during backward (ZeRO-Offload's overlap of the copies with backward):
  * as soon as a parameter's owned gradient shard is final (after its bucket's collective,
  * ms_stages_on_grad_final) the rank thread hands it to the worker, which copies it to the host
- * while backward goes on. When nothing global stands between the gradients and the update (no
- * clipping by the global norm, no skipping of non-finite steps: ms_offload_begin_step given the
- * step's AdamW options) the worker runs the parameter's AdamW right after its copy, during
- * backward too; otherwise the updates start at ms_offload_update, once the norm is known. The
- * copies and updates are on the "optimizer (host)" lane at the times they ran.
+ * while backward goes on (on a device that runs asynchronously, CUDA, the rank thread makes the
+ * copy itself, ordered after the kernels that wrote the gradient). When nothing global stands
+ * between the gradients and the update (no clipping by the global norm, no skipping of non-finite
+ * steps: ms_offload_begin_step given the step's AdamW options) the worker runs the parameter's
+ * AdamW right after its copy, during backward too; otherwise the updates start at
+ * ms_offload_update, once the norm is known. The copies and updates are on the "optimizer (host)"
+ * lane at the times they ran.
  *
  * Collective: ms_offload_update and ms_offload_settle are called by every rank of the world at
  * the same point (the gathers are collectives over dp).
