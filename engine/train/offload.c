@@ -274,6 +274,12 @@ ms_status ms_offload_begin_step(ms_offload *o, const ms_adamw_opts *aw, int64_t 
 static ms_status post_updates(ms_offload *o, const ms_adamw_opts *aw, int64_t t, float scale,
                               ms_error *err) {
     bool eager = o->in_step && o->eager;
+    if (!o->in_step) o->gen++, memset(o->handed, 0, sizeof *o->handed * (size_t)o->n);
+    o->in_step = false; /* the step's gradients are all in: later calls are not its */
+    if (eager && (scale != 1.0f || t != o->eager_t || aw->lr != o->eager_aw.lr))
+        return ms_fail(err, MS_ERR_INTERNAL,
+                       "offload: step %lld's update differs from the one begun during backward",
+                       (long long)t);
     pthread_mutex_lock(&o->mu);
     ms_status failed = o->failed;
     if (failed != MS_OK) *err = o->werr;
