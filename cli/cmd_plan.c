@@ -232,11 +232,12 @@ int ms_cmd_plan(int argc, char **argv) {
                e->fits ? "yes" : "NO", e->executable ? "yes" : "no");
         if (e->s.offload) {
             char h[32], cp[32], ha[32], hid[32];
-            printf("    offload: host %s per device; copies %s, host AdamW %s (%s hidden by the "
-                   "next forward)\n",
-                   human_b(e->mem_host, h, sizeof h), human_s(e->offload_copy_s, cp, sizeof cp),
-                   human_s(e->offload_host_s, ha, sizeof ha),
-                   human_s(e->offload_hidden_s, hid, sizeof hid));
+            printf(
+                "    offload: host %s per device; copies %s, host AdamW %s (%s of both hidden by "
+                "the backward and the next forward)\n",
+                human_b(e->mem_host, h, sizeof h), human_s(e->offload_copy_s, cp, sizeof cp),
+                human_s(e->offload_host_s, ha, sizeof ha),
+                human_s(e->offload_hidden_s, hid, sizeof hid));
         }
     }
     printf("\nwhy: %s\n", res.reason);

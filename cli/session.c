@@ -89,8 +89,9 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL,
          MS_FLAG("offload", &o->offload,
                  "ZeRO-Offload: fp32 master weights and Adam moments in host memory (pinned "
-                 "beside a GPU), AdamW on the host's cores, overlapped with the next step's "
-                 "forward")},
+                 "beside a GPU), AdamW on the host's cores; the gradients go to the host "
+                 "during backward, the host AdamW overlaps the next step's forward (without "
+                 "--clip: the backward)")},
         {RUN_TRAIN, MS_FLAG("offload-serial", &o->offload_serial,
                             "with --offload: run the host AdamW inside the step (no overlap; "
                             "for comparison)")},

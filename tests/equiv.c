@@ -45,6 +45,7 @@ typedef struct run_arg {
     bool is_ref;
     bool root_only;      /* a reference of many ranks: world rank 0 fills it and compares */
     bool offload_serial; /* ms_train_opts.offload_serial */
+    bool no_clip;        /* ms_train_opts.clip 0 */
 } run_arg;
 
 /* Adds parameter `name`'s squared difference from the one-rank run and its squared norm to
@@ -82,6 +83,7 @@ static void run(mt_rank *r, void *arg) {
     ms_model_config cfg = a->cfg;
     ms_train_opts o = mt_equiv_opts();
     o.offload_serial = a->offload_serial;
+    if (a->no_clip) o.clip = 0;
     ms_strategy s;
     ms_placement_rules rules;
     if (!MT_OK(r,
@@ -193,14 +195,19 @@ void mt_equiv_check_device(const ms_model_config *model, const char *strategy, i
     for (int i = 0; i < ref.n; i++) free(ref.data[i]);
 }
 
-void mt_equiv_check_pair(const ms_model_config *model, const char *ref, const char *strategy,
-                         const char *then1, const char *then2, int world, ms_device_kind device,
-                         bool serial) {
+static void check_pair(const ms_model_config *model, const char *ref, const char *strategy,
+                       const char *then1, const char *then2, int world, ms_device_kind device,
+                       bool serial, bool no_clip) {
     const ms_model_config cfg = model ? *model : mt_equiv_config(false);
     const mt_equiv_tol exact = {.ref = ref}; /* every tolerance 0: bit for bit */
     reference r = {0};
-    run_arg ra = {
-        .cfg = cfg, .tol = exact, .strategy = ref, .ref = &r, .is_ref = true, .root_only = true};
+    run_arg ra = {.cfg = cfg,
+                  .tol = exact,
+                  .strategy = ref,
+                  .ref = &r,
+                  .is_ref = true,
+                  .root_only = true,
+                  .no_clip = no_clip};
     mt_run_device(world, device, run, &ra);
     run_arg a = {.cfg = cfg,
                  .tol = exact,
@@ -208,10 +215,22 @@ void mt_equiv_check_pair(const ms_model_config *model, const char *ref, const ch
                  .then = {then1, then2},
                  .ref = &r,
                  .root_only = true,
-                 .offload_serial = serial};
+                 .offload_serial = serial,
+                 .no_clip = no_clip};
     mt_run_device(world, device, run, &a);
     if (mt_world_rank() == 0) assert_true(r.n > 0);
     for (int i = 0; i < r.n; i++) free(r.data[i]);
+}
+
+void mt_equiv_check_pair(const ms_model_config *model, const char *ref, const char *strategy,
+                         const char *then1, const char *then2, int world, ms_device_kind device,
+                         bool serial) {
+    check_pair(model, ref, strategy, then1, then2, world, device, serial, false);
+}
+
+void mt_equiv_check_pair_noclip(const ms_model_config *model, const char *ref, const char *strategy,
+                                int world, ms_device_kind device) {
+    check_pair(model, ref, strategy, NULL, NULL, world, device, false, true);
 }
 
 ms_trainer *mt_equiv_trainer(mt_rank *r, const char *strategy, const ms_train_opts *o,

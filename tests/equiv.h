@@ -57,6 +57,9 @@ void mt_equiv_check_device(const ms_model_config *model, const char *strategy, i
 void mt_equiv_check_pair(const ms_model_config *cfg, const char *ref, const char *strategy,
                          const char *then1, const char *then2, int world, ms_device_kind device,
                          bool serial);
+/* The same without gradient clipping (ms_train_opts.clip 0) in both runs, no switches. */
+void mt_equiv_check_pair_noclip(const ms_model_config *cfg, const char *ref, const char *strategy,
+                                int world, ms_device_kind device);
 
 /* A trainer of the GPT (mt_equiv_config) under strategy JSON with options o (NULL:
  * mt_equiv_opts) over data d; NULL after recording the failure on r. */

@@ -5,11 +5,14 @@
  * Every bucketed result must equal, bit for bit, the same gradient reduced on its own with the
  * blocking call (the unbucketed path), and that in turn the reference computed here from the
  * inputs: bf16 widened, summed in fp32 in rank order and rounded once; float32 inputs are small
- * multiples of 1/8, so their sums are exact in any order. Runs on the threads backend and under
+ * multiples of 1/8, so their sums are exact in any order. Polled (ms_gb_poll, as backward polls
+ * for the host optimizer), each gradient is told once, its result already in dst, and a
+ * second step reuses the buckets. Runs on the threads backend and under
  * mpirun, on a 1-d mesh of n ranks (its communicator is what the program binds).
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/core/tensor.h"
 #include "engine/core/xalloc.h"
@@ -89,41 +92,44 @@ static ms_status unbucketed(ms_comm *c, int g, const void *src, void *dst, ms_er
 typedef struct bucket_run {
     int n;
     double bucket_mb;
+    bool poll; /* two steps, each collecting the results by ms_gb_poll before ms_gb_finish */
 } bucket_run;
 
-static void body_buckets(mt_rank *r, void *arg) {
-    const bucket_run *run = arg;
-    const int n = run->n;
-    int ids[8];
-    for (int i = 0; i < n; i++) ids[i] = i;
-    ms_mesh mesh;
-    ms_dmesh *dm;
+static ms_status count_told(void *arg, int i, ms_error *err) {
+    (void)err;
+    ((int *)arg)[i]++;
+    return MS_OK;
+}
+
+/* ms_gb_poll until every gradient was told (each once), the way backward polls between its
+ * instructions; then dst holds the results, which ms_gb_finish leaves as they are. */
+static void poll_all(mt_rank *r, ms_grad_buckets *gb, void **dst, void **seen) {
     ms_error err = {0};
-    if (!MT_OK(r, ms_mesh_init(&mesh, 1, &n, NULL, ids, &err), &err)) return;
-    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
-    if (!ms_dmesh_is_member(dm)) goto out;
-    ms_comm *c = dm->dim_comm[0];
-    const int me = ms_comm_rank(c);
-    ms_grad_buckets *gb = ms_gb_create(run->bucket_mb, 1);
-    void *src[N_GRADS], *dst[N_GRADS], *want[N_GRADS];
-    for (int g = 0; g < N_GRADS; g++) {
-        size_t bytes = (size_t)grads[g].n * ms_comm_dtype_size(grads[g].dt) + 4;
-        src[g] = xcalloc(1, bytes), dst[g] = xcalloc(1, bytes), want[g] = xcalloc(1, bytes);
-        for (int64_t i = 0; i < grads[g].n; i++) put(src[g], grads[g].dt, i, input(me, n, g, i));
-        int i = ms_gb_add_dt(gb, g, grads[g].n, grads[g].scatter ? grads[g].rows : 0,
-                             grads[g].scatter ? n : 0, 0, MS_REDUCE_SUM, grads[g].dt);
-        MT_CHECK(r, i == g, "gradient %d got index %d", g, i);
-        ms_gb_bind(gb, g, src[g], dst[g], c);
-        MT_OK(r, unbucketed(c, g, src[g], want[g], &err), &err);
+    int told[N_GRADS] = {0}, ntold = 0;
+    for (int spin = 0; ntold < N_GRADS && spin < 200000; spin++) {
+        if (!MT_OK(r, ms_gb_poll(gb, count_told, told, &err), &err)) return;
+        ntold = 0;
+        for (int g = 0; g < N_GRADS; g++) ntold += told[g] > 0;
+        if (ntold < N_GRADS) usleep(50);
     }
-    size_t bytes = ms_gb_storage_bytes(gb);
-    MT_CHECK(r, bytes % sizeof(float) == 0 && ms_gb_storage_floats(gb) * sizeof(float) == bytes,
-             "storage of %zu bytes is not whole floats", bytes);
-    void *storage = xaligned_alloc(64, (bytes + 63) / 64 * 64);
-    ms_gb_bind_storage(gb, storage);
-    for (int k = 0; k < N_GRADS; k++) MT_OK(r, ms_gb_after(gb, k, &err), &err);
+    for (int g = 0; g < N_GRADS; g++) {
+        MT_CHECK(r, told[g] == 1, "gradient %d told %d times by ms_gb_poll", g, told[g]);
+        size_t bytes = (size_t)grads[g].n * ms_comm_dtype_size(grads[g].dt);
+        memcpy(seen[g], dst[g], bytes);
+    }
+}
+
+/* ms_gb_finish of every gradient: each result equals the unbucketed one and the reference
+ * (and, polled, what dst held before). */
+static void check_finished(mt_rank *r, const bucket_run *run, int me, ms_grad_buckets *gb,
+                           void **dst, void **want, void **seen) {
+    const int n = run->n;
+    ms_error err = {0};
     for (int g = 0; g < N_GRADS; g++) {
         if (!MT_OK(r, ms_gb_finish(gb, g, &err), &err)) continue;
+        size_t bytes = (size_t)grads[g].n * ms_comm_dtype_size(grads[g].dt);
+        MT_CHECK(r, !seen || !memcmp(seen[g], dst[g], bytes),
+                 "gradient %d: ms_gb_finish changed what ms_gb_poll put in dst", g);
         int64_t first, count;
         shard(g, n, me, &first, &count);
         for (int64_t i = 0; i < count; i++) {
@@ -139,12 +145,52 @@ static void body_buckets(mt_rank *r, void *arg) {
             }
         }
     }
+}
+
+static void body_buckets(mt_rank *r, void *arg) {
+    const bucket_run *run = arg;
+    const int n = run->n;
+    int ids[8];
+    for (int i = 0; i < n; i++) ids[i] = i;
+    ms_mesh mesh;
+    ms_dmesh *dm;
+    ms_error err = {0};
+    if (!MT_OK(r, ms_mesh_init(&mesh, 1, &n, NULL, ids, &err), &err)) return;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    if (!ms_dmesh_is_member(dm)) goto out;
+    ms_comm *c = dm->dim_comm[0];
+    const int me = ms_comm_rank(c);
+    ms_grad_buckets *gb = ms_gb_create(run->bucket_mb, 1);
+    void *src[N_GRADS], *dst[N_GRADS], *want[N_GRADS], *seen[N_GRADS];
+    for (int g = 0; g < N_GRADS; g++) {
+        size_t bytes = (size_t)grads[g].n * ms_comm_dtype_size(grads[g].dt) + 4;
+        src[g] = xcalloc(1, bytes), dst[g] = xcalloc(1, bytes), want[g] = xcalloc(1, bytes);
+        seen[g] = xcalloc(1, bytes);
+        for (int64_t i = 0; i < grads[g].n; i++) put(src[g], grads[g].dt, i, input(me, n, g, i));
+        int i = ms_gb_add_dt(gb, g, grads[g].n, grads[g].scatter ? grads[g].rows : 0,
+                             grads[g].scatter ? n : 0, 0, MS_REDUCE_SUM, grads[g].dt);
+        MT_CHECK(r, i == g, "gradient %d got index %d", g, i);
+        ms_gb_bind(gb, g, src[g], dst[g], c);
+        MT_OK(r, unbucketed(c, g, src[g], want[g], &err), &err);
+    }
+    size_t bytes = ms_gb_storage_bytes(gb);
+    MT_CHECK(r, bytes % sizeof(float) == 0 && ms_gb_storage_floats(gb) * sizeof(float) == bytes,
+             "storage of %zu bytes is not whole floats", bytes);
+    void *storage = xaligned_alloc(64, (bytes + 63) / 64 * 64);
+    ms_gb_bind_storage(gb, storage);
+    for (int step = 0; step < (run->poll ? 2 : 1); step++) {
+        for (int g = 0; g < N_GRADS; g++)
+            memset(dst[g], 0, (size_t)grads[g].n * ms_comm_dtype_size(grads[g].dt));
+        for (int k = 0; k < N_GRADS; k++) MT_OK(r, ms_gb_after(gb, k, &err), &err);
+        if (run->poll) poll_all(r, gb, dst, seen);
+        check_finished(r, run, me, gb, dst, want, run->poll ? seen : NULL);
+    }
     const int nb = run->bucket_mb > 1 ? 6 : N_GRADS;
     MT_CHECK(r, ms_gb_buckets(gb) == nb, "%d buckets; want %d (types and kinds never mix)",
              ms_gb_buckets(gb), nb);
     ms_gb_destroy(gb);
     free(storage);
-    for (int g = 0; g < N_GRADS; g++) free(src[g]), free(dst[g]), free(want[g]);
+    for (int g = 0; g < N_GRADS; g++) free(src[g]), free(dst[g]), free(want[g]), free(seen[g]);
 out:
     ms_dmesh_destroy(dm);
     ms_mesh_free(&mesh);
@@ -155,8 +201,10 @@ static void test_buckets(void **state) {
     for (int n = 2; n <= 4; n++)
         for (int big = 0; big < 2; big++) {
             if (mt_backend() == MS_BACKEND_MPI && mt_mpi_world() < n) continue;
-            bucket_run run = {n, big ? 64.0 : 0.001};
-            mt_run(n, body_buckets, &run);
+            for (int poll = 0; poll < 2; poll++) {
+                bucket_run run = {n, big ? 64.0 : 0.001, poll};
+                mt_run(n, body_buckets, &run);
+            }
         }
 }
 

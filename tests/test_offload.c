@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/graph/graph.h"
 #include "engine/plan/search.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/trainer.h"
@@ -57,7 +58,131 @@ OFFLOAD_CASE(tp2, "{\"dp\": 1, \"tp\": 2", 2)
 OFFLOAD_CASE(pp2, "{\"dp\": 1, \"pp\": 2, \"micro_batches\": 2", 2)
 OFFLOAD_CASE(bf16_dp2_zero1, "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\"", 2)
 OFFLOAD_CASE(bf16_dp2_zero3, "{\"dp\": 2, \"zero\": 3, \"precision\": \"bf16\"", 2)
+/* Gradients bucketed: with clipping their copies start as each bucket completes in backward. */
+OFFLOAD_CASE(bucketed_dp2_zero1, "{\"dp\": 2, \"zero\": 1, \"bucket_mb\": 0.01", 2)
 OFFLOAD_CASE(dp2_pp2_zero3, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"zero\": 3", 4)
+
+/* Without clipping the host AdamW of each parameter runs during backward, right after its
+ * gradient's copy (with clipping, above, the copies overlap and the updates wait for the
+ * norm): the same bits. Small buckets complete while backward goes on; micro-batches make a
+ * gradient final only on the last pass. */
+#define NOCLIP_CASE(name, base, world, device)                                                     \
+    static void noclip_##name##_w##world(void **state) {                                           \
+        (void)state;                                                                               \
+        char ref[256], off[256];                                                                   \
+        snprintf(ref, sizeof ref, "%s}", base);                                                    \
+        snprintf(off, sizeof off, "%s, \"offload\": true}", base);                                 \
+        mt_equiv_check_pair_noclip(NULL, ref, off, world, device);                                 \
+    }
+
+NOCLIP_CASE(one_rank_cpu, "{\"dp\": 1", 1, MS_DEVICE_CPU)
+NOCLIP_CASE(dp2_zero0_fenced, "{\"dp\": 2, \"bucket_mb\": 0.01", 2, MS_DEVICE_FENCED)
+NOCLIP_CASE(dp2_zero1_cpu, "{\"dp\": 2, \"zero\": 1", 2, MS_DEVICE_CPU)
+NOCLIP_CASE(dp2_zero2_fenced, "{\"dp\": 2, \"zero\": 2", 2, MS_DEVICE_FENCED)
+NOCLIP_CASE(dp2_zero3_cpu, "{\"dp\": 2, \"zero\": 3, \"bucket_mb\": 0.01", 2, MS_DEVICE_CPU)
+NOCLIP_CASE(small_buckets_dp2_zero2_micro_cpu,
+            "{\"dp\": 2, \"zero\": 2, \"micro_batches\": 2, \"bucket_mb\": 0.002", 2, MS_DEVICE_CPU)
+NOCLIP_CASE(tp2_cpu, "{\"dp\": 1, \"tp\": 2", 2, MS_DEVICE_CPU)
+NOCLIP_CASE(pp2_fenced, "{\"dp\": 1, \"pp\": 2, \"micro_batches\": 2", 2, MS_DEVICE_FENCED)
+NOCLIP_CASE(bf16_dp2_zero1_cpu, "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\"", 2,
+            MS_DEVICE_CPU)
+NOCLIP_CASE(bf16_dp2_zero3_fenced,
+            "{\"dp\": 2, \"zero\": 3, \"bucket_mb\": 0.01, \"precision\": \"bf16\"", 2,
+            MS_DEVICE_FENCED)
+NOCLIP_CASE(dp2_pp2_zero3_cpu, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"zero\": 3", 4,
+            MS_DEVICE_CPU)
+
+/* --- gradients final during backward ------------------------------------------------------- */
+
+/* ms_program_on_grad_final tells of each gradient once per step, once it is final (its values
+ * then equal the step's end's). A gradient that needs no grad sync is told right after its last
+ * write, while backward still runs: at the first call some other gradient still differs from
+ * its value at the step's end. (A bucket's gradients are told when its collective is seen
+ * complete, which depends on timing; tests/test_grad_buckets.c polls them.) */
+#define FINAL_MAX 64
+typedef struct final_arg {
+    const char *strategy;
+    bool early; /* the first call must come while backward still runs */
+    ms_program *p;
+    float *at_call[FINAL_MAX], *at_first[FINAL_MAX]; /* each gradient when told; all at the first */
+    int64_t len[FINAL_MAX];
+    int calls;
+} final_arg;
+
+static const float *grad_of(ms_program *p, int i, int64_t *len) {
+    ms_param_view pv;
+    ms_program_param(p, i, &pv);
+    *len = ms_tensor_numel(&pv.grad);
+    return ms_tensor_f32(&pv.grad);
+}
+
+static ms_status on_final(void *arg, int i, ms_error *err) {
+    (void)err;
+    final_arg *a = arg;
+    int n = ms_program_num_params(a->p);
+    for (int j = 0; j < n && a->calls == 0; j++) {
+        const float *g = grad_of(a->p, j, &a->len[j]);
+        a->at_first[j] = xrealloc(a->at_first[j], sizeof(float) * (size_t)(a->len[j] + 1));
+        memcpy(a->at_first[j], g, sizeof(float) * (size_t)a->len[j]);
+    }
+    const float *g = grad_of(a->p, i, &a->len[i]);
+    a->at_call[i] = xrealloc(a->at_call[i], sizeof(float) * (size_t)(a->len[i] + 1));
+    memcpy(a->at_call[i], g, sizeof(float) * (size_t)a->len[i]);
+    a->calls++;
+    return MS_OK;
+}
+
+static void final_run(mt_rank *r, void *arg) {
+    final_arg *all = arg, *a = &all[r->ctx->rank];
+    ms_error err = {0};
+    ms_text_data d;
+    if (!MT_OK(r, mt_equiv_data(&d, &err), &err)) return;
+    ms_trainer *t = mt_equiv_trainer(r, all[0].strategy, NULL, &d, &err);
+    if (t) {
+        a->p = ms_trainer_program(t);
+        int n = ms_program_num_params(a->p);
+        MT_CHECK(r, n <= FINAL_MAX, "%d parameters", n);
+        ms_program_on_grad_final(a->p, on_final, a);
+        for (int step = 0; step < 2 && n <= FINAL_MAX; step++) {
+            ms_step_result res;
+            a->calls = 0;
+            if (!MT_OK(r, ms_trainer_step(t, &res, &err), &err)) break;
+            MT_CHECK(r, a->calls == n, "step %d: %d of %d gradients told", step, a->calls, n);
+            bool early = false;
+            for (int i = 0; i < n && a->calls == n; i++) {
+                int64_t len;
+                const float *g = grad_of(a->p, i, &len);
+                MT_CHECK(r, !memcmp(a->at_call[i], g, sizeof(float) * (size_t)len),
+                         "step %d: parameter %d's gradient changed after it was told final", step,
+                         i);
+                early |= memcmp(a->at_first[i], g, sizeof(float) * (size_t)len) != 0;
+            }
+            MT_CHECK(r, early || !all[0].early,
+                     "%s: every gradient was final before the first was told", all[0].strategy);
+        }
+        ms_program_on_grad_final(a->p, NULL, NULL);
+    }
+    ms_trainer_destroy(t);
+    ms_text_data_close(&d);
+    for (int i = 0; i < FINAL_MAX; i++) free(a->at_call[i]), free(a->at_first[i]);
+}
+
+static void grads_told_final(const char *strategy, int world, bool early) {
+    final_arg a[4] = {{.strategy = strategy, .early = early}};
+    mt_run(world, final_run, a);
+}
+static void grads_final_in_backward_w1(void **state) {
+    (void)state;
+    grads_told_final("{\"dp\": 1}", 1, true);
+}
+static void grads_final_buckets_w2(void **state) {
+    (void)state;
+    grads_told_final("{\"dp\": 2, \"zero\": 2, \"bucket_mb\": 0.01}", 2, false);
+}
+static void grads_final_tp2_w2(void **state) {
+    (void)state;
+    grads_told_final("{\"dp\": 1, \"tp\": 2}", 2, false);
+}
 
 /* Wider layers (gpt-bench's 256 channels): a parameter's deferred gather and bf16 cast run in
  * the middle of the forward, so their temporaries must not share arena space with the step's
@@ -364,12 +489,41 @@ static void planner_chooses_offload_when_nothing_else_fits(void **state) {
         assert_true(e->mem_optim == 0 && fabs(e->mem_host - 16 * psi) < 1e-3 * e->mem_host);
         /* the copies at the link's 25 GB/s: 4 bytes down, 4 up a parameter */
         assert_true(fabs(e->offload_copy_s - 8 * psi / 25e9) < 1e-3 * e->offload_copy_s);
-        assert_true(e->offload_hidden_s > 0 && e->offload_hidden_s < e->offload_host_s);
+        /* hidden: the down copies but the last layer's share, the host AdamW but the first's */
+        double down = 4 * psi / 25e9, layers = pb.model.n_layer / (double)e->s.pp;
+        assert_true(e->offload_hidden_s > 0);
+        assert_true(e->offload_hidden_s <=
+                    down * (1 - 1 / layers) + e->offload_host_s * (1 - 1 / layers) + 1e-12);
         assert_true(e->step_s > p.step_s);
         char name[MS_STRATEGY_NAME_MAX];
         assert_non_null(strstr(ms_strategy_name(&e->s, name, sizeof name), "offload"));
     }
     ms_plan_result_free(&res);
+}
+
+/* Without clipping the host AdamW also starts during backward: never slower, more hidden, and
+ * still never the parts nothing can hide (the up copies, the last gradients' copy, the first
+ * layer's update). */
+static void planner_prices_updates_in_backward_without_clip(void **state) {
+    (void)state;
+    ms_cluster c;
+    ms_plan_problem pb = big_on_small(&c);
+    ms_strategy s;
+    ms_error err = {0};
+    const char *j = "{\"dp\": 1, \"offload\": true}";
+    assert_int_equal(ms_strategy_parse_json(j, strlen(j), "s", &s, NULL, &err), MS_OK);
+    ms_plan_estimate clip, noclip;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &clip, &err), MS_OK);
+    pb.no_clip = true;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &noclip, &err), MS_OK);
+    assert_true(noclip.offload_hidden_s > clip.offload_hidden_s);
+    assert_true(noclip.step_s < clip.step_s);
+    assert_true(fabs((clip.step_s - noclip.step_s) -
+                     (noclip.offload_hidden_s - clip.offload_hidden_s)) < 1e-9 * clip.step_s);
+    double psi = ms_plan_model_params(&pb.model), layers = pb.model.n_layer;
+    double floor = 4 * psi / 25e9 * (1 + 1 / layers) + noclip.offload_host_s / layers;
+    assert_true(noclip.offload_copy_s + noclip.offload_host_s - noclip.offload_hidden_s >=
+                floor * (1 - 1e-9));
 }
 
 static void planner_evaluates_fixed_offload(void **state) {
@@ -406,8 +560,23 @@ static const struct CMUnitTest tests[] = {
     BOTH2(pp2),
     BOTH2(bf16_dp2_zero1),
     BOTH2(bf16_dp2_zero3),
+    BOTH2(bucketed_dp2_zero1),
     cmocka_unit_test(dp2_pp2_zero3_cpu_w4),
     cmocka_unit_test(dp2_pp2_zero3_fenced_w4),
+    cmocka_unit_test(noclip_one_rank_cpu_w1),
+    cmocka_unit_test(noclip_dp2_zero0_fenced_w2),
+    cmocka_unit_test(noclip_dp2_zero1_cpu_w2),
+    cmocka_unit_test(noclip_dp2_zero2_fenced_w2),
+    cmocka_unit_test(noclip_dp2_zero3_cpu_w2),
+    cmocka_unit_test(noclip_small_buckets_dp2_zero2_micro_cpu_w2),
+    cmocka_unit_test(noclip_tp2_cpu_w2),
+    cmocka_unit_test(noclip_pp2_fenced_w2),
+    cmocka_unit_test(noclip_bf16_dp2_zero1_cpu_w2),
+    cmocka_unit_test(noclip_bf16_dp2_zero3_fenced_w2),
+    cmocka_unit_test(noclip_dp2_pp2_zero3_cpu_w4),
+    cmocka_unit_test(grads_final_in_backward_w1),
+    cmocka_unit_test(grads_final_buckets_w2),
+    cmocka_unit_test(grads_final_tp2_w2),
     cmocka_unit_test(wide_bf16_dp2_zero1_w2),
     cmocka_unit_test(wide_dp2_zero2_w2),
     cmocka_unit_test(serial_dp2_zero2_cpu_w2),
@@ -422,6 +591,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bad_input_refused),
     cmocka_unit_test(planner_chooses_offload_when_nothing_else_fits),
     cmocka_unit_test(planner_evaluates_fixed_offload),
+    cmocka_unit_test(planner_prices_updates_in_backward_without_clip),
 };
 
 MT_MAIN("test_offload", tests)

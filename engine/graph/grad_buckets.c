@@ -17,7 +17,8 @@ typedef struct grad {
     size_t recv;   /* reduce-scatter: where its shard arrives in the receive buffer */
     const void *src;
     void *dst;
-    int hits; /* runs of `ready` since the accumulation started */
+    int hits;      /* runs of `ready` since the accumulation started */
+    bool unpacked; /* its reduced values are in dst this step (ms_gb_poll or ms_gb_finish) */
 } grad;
 
 typedef struct bucket {
@@ -255,6 +256,14 @@ ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err) {
     return MS_OK;
 }
 
+/* Copies gradient g's reduced values (its shard, when scattered) into its dst. */
+static ms_status unpack(ms_grad_buckets *gb, grad *g, const bucket *b, ms_error *err) {
+    g->unpacked = true;
+    if (!b->parts) return dcopy(b, g->dst, gb->storage + g->offset, b->elt * (size_t)g->n, err);
+    int me = ms_comm_rank(b->comm);
+    return dcopy(b, g->dst, gb->storage + g->recv, b->elt * block(g, b->parts, me, NULL), err);
+}
+
 ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err) {
     grad *g = &gb->g[i];
     bucket *b = &gb->b[g->bucket];
@@ -269,24 +278,36 @@ ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err) {
         b->reduced = true;
         MS_CHECK(ms_comm_wait(req, err));
     }
-    if (b->parts) {
-        int me = ms_comm_rank(b->comm);
-        MS_CHECK(
-            dcopy(b, g->dst, gb->storage + g->recv, b->elt * block(g, b->parts, me, NULL), err));
-    } else {
-        MS_CHECK(dcopy(b, g->dst, gb->storage + g->offset, b->elt * (size_t)g->n, err));
-    }
+    if (!g->unpacked) MS_CHECK(unpack(gb, g, b, err));
     if (++b->finished == b->count) { /* the bucket's step is over */
         b->packed = b->finished = 0;
         b->reduced = false;
-        for (int j = b->first; j < b->first + b->count; j++) gb->g[j].hits = 0;
+        for (int j = b->first; j < b->first + b->count; j++)
+            gb->g[j].hits = 0, gb->g[j].unpacked = false;
+    }
+    return MS_OK;
+}
+
+ms_status ms_gb_poll(ms_grad_buckets *gb, ms_gb_done_fn done, void *arg, ms_error *err) {
+    for (int k = 0; gb && k < gb->nb; k++) {
+        bucket *b = &gb->b[k];
+        bool over = false;
+        if (!b->req || b->reduced) continue;
+        MS_CHECK(ms_comm_test(b->req, &over, err));
+        if (!over) continue;
+        b->req = NULL; /* ms_comm_test freed it */
+        b->reduced = true;
+        for (int i = b->first; i < b->first + b->count; i++) {
+            MS_CHECK(unpack(gb, &gb->g[i], b, err));
+            MS_CHECK(done(arg, i, err));
+        }
     }
     return MS_OK;
 }
 
 void ms_gb_reset(ms_grad_buckets *gb) {
     if (!gb) return;
-    for (int i = 0; i < gb->ng; i++) gb->g[i].hits = 0;
+    for (int i = 0; i < gb->ng; i++) gb->g[i].hits = 0, gb->g[i].unpacked = false;
     for (int b = 0; b < gb->nb; b++) {
         bucket *x = &gb->b[b];
         ms_comm_wait(x->req, NULL); /* an abandoned step's: its result is dropped */

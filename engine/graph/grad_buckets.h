@@ -70,6 +70,14 @@ void ms_gb_bind_storage(ms_grad_buckets *gb, void *storage);
 ms_status ms_gb_after(ms_grad_buckets *gb, int k, ms_error *err);
 /* At grad sync: waits for gradient i's bucket and copies its reduced values to dst. */
 ms_status ms_gb_finish(ms_grad_buckets *gb, int i, ms_error *err);
+/* Gradient i's reduced values are in its dst: final for this step. */
+typedef ms_status (*ms_gb_done_fn)(void *arg, int i, ms_error *err);
+/* During backward: completes every bucket whose collective is over (ms_comm_test), copies its
+ * gradients' reduced values to their dst at once and calls done for each, so that a consumer
+ * (the host optimizer) takes them while backward goes on. ms_gb_finish then only counts them.
+ * The dst must not be written by anything else before grad sync (the parameters' gradients:
+ * persistent, written only there). */
+ms_status ms_gb_poll(ms_grad_buckets *gb, ms_gb_done_fn done, void *arg, ms_error *err);
 /* A new step's accumulation (ms_program_zero_grads): counts start again. */
 void ms_gb_reset(ms_grad_buckets *gb);
 

@@ -188,6 +188,13 @@ ms_status ms_program_param_sync_one(ms_program *p, int i, ms_error *err);
  * kernel), at most once per instruction run; a failure fails the step. NULL removes it. */
 typedef ms_status (*ms_param_use_fn)(void *arg, int param, ms_error *err);
 void ms_program_on_param_use(ms_program *p, ms_param_use_fn fn, void *arg);
+/* Called during a training step as soon as parameter i's gradient (its stored shard, what
+ * ms_program_param's grad views) is final: after the last pass of the backward instruction
+ * that finishes it when no grad sync moves it; when its bucket's collective is seen complete
+ * during backward (the bucket's values are then copied out at once, see ms_gb_poll); else at
+ * the end of ms_program_grad_sync. Once per parameter and step (ms_program_zero_grads starts a
+ * step); from the rank thread, between instructions. NULL removes it. */
+void ms_program_on_grad_final(ms_program *p, ms_param_use_fn fn, void *arg);
 /* The index of that first instruction in the step (a step's order of first uses). */
 int ms_program_param_first_use(ms_program *p, int i);
 ms_status ms_program_zero_grads(ms_program *p, ms_error *err);

@@ -985,7 +985,7 @@ static void plan_grad_buckets(ms_program *p, const ms_compile_opts *opts) {
     for (int k = p->n_backward; k < p->ni; k++)
         if (bucketable(p, &p->ins[k])) rg[n++] = (ready_grad){final_write(p, p->ins[k].src), k};
     qsort(rg, (size_t)n, sizeof *rg, cmp_ready);
-    int passes = p->micro && opts->micro_batches > 1 ? opts->micro_batches : 1;
+    int passes = p->passes;
     p->buckets = n ? ms_gb_create(opts->bucket_mb, passes) : NULL;
     for (int i = 0; i < n; i++) {
         instr *in = &p->ins[rg[i].ins];
@@ -1126,6 +1126,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
     p->micro = opts && opts->micro_batched;
     p->split_w = p->micro && opts->split_weight_grads;
+    p->passes = p->micro && opts->micro_batches > 1 ? opts->micro_batches : 1;
     p->deferred_sync = opts && opts->deferred_param_sync;
     p->loss_scale = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0f;
     p->out_grad_buf = -1;
@@ -1247,6 +1248,7 @@ void ms_program_destroy(ms_program *p) {
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     free(p->params);
     free(p->param_first);
+    free(p->gf_last), free(p->gf_hits), free(p->gf_bucket_param), free(p->gf_told);
     free(p->kernels);
     free(p->reshards);
     free(p->rc_first);
@@ -1441,6 +1443,60 @@ static ms_status announce_uses(ms_program *p, int k, ms_error *err) {
     return MS_OK;
 }
 
+/* --- gradients final during backward (ms_program_on_grad_final) ----------------------------- */
+
+static ms_status tell_grad_final(ms_program *p, int i, ms_error *err) {
+    if (p->gf_told[i] || !p->grad_final) return MS_OK;
+    p->gf_told[i] = true;
+    return p->grad_final(p->grad_final_arg, i, err);
+}
+
+static ms_status bucket_grad_done(void *arg, int g, ms_error *err) {
+    ms_program *p = arg;
+    return tell_grad_final(p, p->gf_bucket_param[g], err);
+}
+
+/* After backward instruction k: the gradients it finished on its step's last pass, and those
+ * whose bucket's collective is over. */
+static ms_status grads_final_after(ms_program *p, int k, ms_error *err) {
+    for (int i = 0; i < p->nparams; i++)
+        if (p->gf_last[i] == k && ++p->gf_hits[i] == p->passes)
+            MS_CHECK(tell_grad_final(p, i, err));
+    return ms_gb_poll(p->buckets, bucket_grad_done, p, err);
+}
+
+static int param_index(const ms_program *p, int v) {
+    for (int i = 0; i < p->nparams; i++)
+        if (p->params[i] == v) return i;
+    return -1;
+}
+
+/* Where each parameter's gradient becomes final: its last backward write when it is already
+ * in its stored placement, else its grad sync (bucketed or not). */
+static void find_grad_finals(ms_program *p) {
+    if (p->gf_last) return;
+    size_t n = (size_t)(p->nparams ? p->nparams : 1);
+    p->gf_last = xmalloc(sizeof *p->gf_last * n);
+    p->gf_hits = xcalloc(n, sizeof *p->gf_hits);
+    p->gf_told = xcalloc(n, sizeof *p->gf_told);
+    for (int i = 0; i < p->nparams; i++) {
+        const pvalue *pv = &p->pv[p->params[i]];
+        bool direct = pv->has_grad && pv->gbuf == pv->param_grad_buf;
+        p->gf_last[i] = direct ? final_write(p, pv->param_grad_buf) : -1;
+    }
+    int nb = p->buckets ? ms_gb_count(p->buckets) : 0;
+    p->gf_bucket_param = xcalloc((size_t)(nb ? nb : 1), sizeof *p->gf_bucket_param);
+    for (int k = p->n_backward; k < p->n_sync; k++)
+        if (p->ins[k].bucket_grad)
+            p->gf_bucket_param[p->ins[k].bucket_grad - 1] = param_index(p, p->ins[k].value);
+}
+
+void ms_program_on_grad_final(ms_program *p, ms_param_use_fn fn, void *arg) {
+    if (fn && p->member && !p->shapes_only) find_grad_finals(p);
+    p->grad_final = p->gf_last ? fn : NULL;
+    p->grad_final_arg = arg;
+}
+
 static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *err) {
     if (!p->member) return MS_OK;
     MS_CHECK(check_runnable(p, err));
@@ -1492,6 +1548,8 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
             record(p, in, t0, flow, corr);
         }
         if (st == MS_OK && p->buckets && k < p->n_backward) st = ms_gb_after(p->buckets, k, err);
+        if (st == MS_OK && p->grad_final && k >= p->n_forward && k < p->n_backward)
+            st = grads_final_after(p, k, err);
         if (st != MS_OK) return st;
     }
     if (loss && p->loss_buf >= 0 && upto >= p->n_forward) return read_loss(p, loss, err);
@@ -1520,7 +1578,11 @@ ms_status ms_program_backward_weight(ms_program *p, ms_error *err) {
 }
 
 ms_status ms_program_grad_sync(ms_program *p, ms_error *err) {
-    return run(p, p->n_backward, p->n_sync, NULL, err);
+    MS_CHECK(run(p, p->n_backward, p->n_sync, NULL, err));
+    /* every gradient is final now: the rest are told (once each) */
+    for (int i = 0; p->member && p->grad_final && i < p->nparams; i++)
+        MS_CHECK(tell_grad_final(p, i, err));
+    return MS_OK;
 }
 
 ms_status ms_program_param_sync(ms_program *p, ms_error *err) {
@@ -1553,6 +1615,7 @@ void ms_program_params_written(ms_program *p) {
 ms_status ms_program_zero_grads(ms_program *p, ms_error *err) {
     if (!p->member || p->shapes_only) return MS_OK;
     ms_gb_reset(p->buckets);
+    for (int i = 0; p->gf_last && i < p->nparams; i++) p->gf_hits[i] = 0, p->gf_told[i] = false;
     for (int v = 0; v < p->g->nv; v++) {
         pvalue *pv = &p->pv[v];
         if (p->g->v[v].kind != GV_PARAM) continue;

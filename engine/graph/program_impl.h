@@ -120,6 +120,14 @@ struct ms_program {
     int *param_first; /* [nparams]: first training instruction reading it, made on demand */
     ms_param_use_fn param_use; /* ms_program_on_param_use */
     void *param_use_arg;
+    /* ms_program_on_grad_final: the hook, and per parameter the backward instruction that
+     * finishes its gradient when no grad sync moves it (else -1), that instruction's runs this
+     * step, and whether the hook heard of it; the parameter of each bucketed gradient. */
+    ms_param_use_fn grad_final;
+    void *grad_final_arg;
+    int *gf_last, *gf_hits, *gf_bucket_param;
+    bool *gf_told;
+    int passes;               /* backward runs per step */
     uint64_t flow_counter;    /* reshard flow ids, for traces */
     int *kernels, nkernels;   /* instruction index of each FWD/BWD, in step order */
     int *reshards, nreshards; /* instruction index of each RESHARD, in step order */

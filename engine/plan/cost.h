@@ -98,6 +98,9 @@ typedef struct ms_plan_problem {
      * (parameters x 4 bytes under 1 GiB); otherwise everything is analytic. */
     bool engine_workloads;
     ms_plan_memo *memo; /* borrowed, may be NULL: compile every time */
+    /* The run neither clips the gradient norm nor skips non-finite steps: under offload the
+     * host AdamW starts during backward, as each gradient reaches the host. */
+    bool no_clip;
 } ms_plan_problem;
 
 /* Learned corrections (the advisor's recalibration): each compute class and each mesh dim's
@@ -137,7 +140,7 @@ typedef struct ms_plan_estimate {
     /* Offload (engine/plan/cost_offload.c): host bytes per device (fp32 masters, both moments,
      * the staged gradients; mem_optim then counts what stays on the device), the host's share
      * for them, and per step the D2H gradient and H2D parameter copies, the host AdamW and how
-     * much of it the next step's forward hides (all 0 without offload). */
+     * much of both the backward and the next step's forward hide (all 0 without offload). */
     double mem_host, mem_host_cap;
     double offload_copy_s, offload_host_s, offload_hidden_s;
 } ms_plan_estimate;

@@ -9,11 +9,15 @@
  * Time: the device AdamW leaves the step; the gradient shard crosses the device-host link
  * once down and the updated fp32 shard once up (the link's bandwidth, one direction each);
  * the host AdamW streams its 28 bytes an element (gradient, master, m and v read; master, m
- * and v written) at the host's memory bandwidth. With the overlap the host update of step s
- * runs while step s+1 loads its data and runs its forward, parameter by parameter in the order
- * of first use: the forward hides up to its own length of it, never the first layer's share,
- * which the forward waits for before it can start. The copies stay on the critical path (the
- * gradients are copied after the norm, the parameters right before their first use).
+ * and v written) at the host's memory bandwidth. With the overlap each gradient goes down as
+ * soon as backward (its last micro-batch) finished it: the backward hides the copies but for
+ * the last layer's share (the first layer's gradients, final last). The host updates of step
+ * s then run while step s+1 loads its data and runs its forward, parameter by parameter in the
+ * order of first use: the forward hides up to its own length of them, never the first layer's
+ * share, which the forward waits for before it can start. Without clipping (no_clip) nothing
+ * global stands before an update, so each also starts right after its gradient's copy: what
+ * is left of the backward hides them first. The parameters' copies up stay on the critical
+ * path (right before their first use).
  *
  * Host figures per device: the cluster's host_* fields; when absent the machine's own memory
  * for cpu-local (the host is the device), else PCIe Gen4 x16 (25 GB/s achieved of 32), 50 GB/s
@@ -30,6 +34,12 @@ void ms_plan_host_side(const ms_cluster *c, int devices, double *link_bw, double
     *link_bw = c->host_link_bw > 0 ? c->host_link_bw : c->cpu ? c->mem_bw / share : 25e9;
     *mem_bw = c->host_mem_bw > 0 ? c->host_mem_bw : c->cpu ? c->mem_bw / share : 50e9;
     *mem_bytes = c->host_mem_bytes > 0 ? c->host_mem_bytes : c->cpu ? c->mem_bytes / share : 256e9;
+}
+
+/* min(a, b), never below 0 */
+static double min_pos(double a, double b) {
+    double m = a < b ? a : b;
+    return m > 0 ? m : 0;
 }
 
 void ms_plan_offload_memory(const ms_strategy *s, ms_plan_workload *w) {
@@ -55,10 +65,13 @@ void ms_plan_offload_price(const ms_plan_problem *pb, const ms_strategy *s, ms_p
     out->offload_host_s = 28 * n / host_bw * sc->compute[MS_PC_OPTIMIZER];
     /* the forward is about half the backward (one GEMM per weight against two) */
     double forward = w->bwd_mb_s / 2 + c->step_overhead;
-    double first = out->offload_host_s / (w->layers_per_stage > 0 ? w->layers_per_stage : 1);
-    double hidden = out->offload_host_s - first < forward ? out->offload_host_s - first : forward;
-    out->offload_hidden_s = hidden > 0 ? hidden : 0;
-    double exposed = out->offload_copy_s + out->offload_host_s - out->offload_hidden_s;
+    double layers = w->layers_per_stage > 0 ? w->layers_per_stage : 1;
+    double down = n * grad_b / link, host = out->offload_host_s, first = host / layers;
+    double hidden_down = min_pos(down - down / layers, w->bwd_mb_s);
+    double hidden_bwd = pb->no_clip ? min_pos(host - first, w->bwd_mb_s - hidden_down) : 0;
+    double hidden_fwd = min_pos(host - first - hidden_bwd, forward);
+    out->offload_hidden_s = hidden_down + hidden_bwd + hidden_fwd;
+    double exposed = out->offload_copy_s + host - out->offload_hidden_s;
     out->compute_s[MS_PC_OPTIMIZER] += exposed - device_adamw;
     out->step_s += exposed - device_adamw;
 }

@@ -10,6 +10,15 @@
 #include "engine/kernels/backend.h"
 #include "profiler/record/hooks.h"
 
+/* A piece of work for the worker: parameter i's gradient to the host, its AdamW, or both. */
+typedef struct job {
+    int i;
+    bool copy, update;
+    ms_adamw_opts aw;
+    int64_t t, gen;
+    float scale;
+} job;
+
 struct ms_offload {
     ms_ctx *ctx;
     ms_device *dev;  /* borrowed: the rank's device (parameters, gradients) */
@@ -20,25 +29,33 @@ struct ms_offload {
     float **m, **v;          /* borrowed: the moments */
     float **master;          /* [n]: fp32 master of the optimizer shard, opt_n floats */
     void **grad;             /* [n]: the staged gradient shard (fp32 or bf16 elements) */
+    const void **dgrad;      /* [n]: the owned gradient shard on the device (stable) */
     size_t *mbytes, *gbytes; /* [n]: their allocations */
     size_t *len;     /* [n]: the shard's elements (the worker reads these, never the program) */
     bool *bf16_grad; /* [n]: the gradient is bf16 */
     int *order;      /* [n]: update order, the next step's first uses */
     bool stale;      /* masters to be read from the device before the next update */
     bool overlap;
-    /* The worker (overlap). Guarded by mu: posted, done, ready, span, quit, failed. */
+    /* A step (ms_offload_begin_step .. ms_offload_update), rank thread only: */
+    bool in_step, eager; /* eager: updates start with the copies, with aw and t below */
+    ms_adamw_opts eager_aw;
+    int64_t eager_t, gen; /* gen: the step's number among the updates */
+    bool *handed;         /* [n]: handed to the worker this step */
+    /* The worker (overlap). Guarded by mu: the queue, copies, ready, spans, quit, failed. */
     pthread_t worker;
-    bool started, quit;
+    bool started, quit, busy;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int64_t posted, done; /* updates posted, finished */
-    int64_t *ready;       /* [n]: the last update that finished parameter i */
-    int64_t (*span)[2];   /* [n]: when that update ran */
-    ms_status failed;     /* the worker's first failure, its message in werr */
+    job *q; /* ring of qcap jobs: [qhead, qhead + qlen) */
+    int qcap, qhead, qlen;
+    int copies;          /* copies queued or running */
+    int64_t posted;      /* the last update posted (its gen) */
+    int64_t *ready;      /* [n]: the last update that finished parameter i */
+    int64_t (*span)[2];  /* [n]: when that update ran */
+    int64_t (*cspan)[2]; /* [n]: when its last gradient copy ran */
+    bool *copied;        /* [n]: a copy ran whose span is not yet on the trace */
+    ms_status failed;    /* the worker's first failure, its message in werr */
     ms_error werr;
-    ms_adamw_opts aw; /* the posted update */
-    int64_t t;
-    float scale;
     bool *pending; /* [n]: rank thread only: updated, not yet on the device */
     int npending;
 };
@@ -68,17 +85,16 @@ static ms_status copy_up(ms_offload *o, int i, ms_error *err) {
                           MS_COPY_HOST_TO_DEVICE, err);
 }
 
+/* Parameter i's owned gradient shard device -> host (the worker or the rank thread). */
+static ms_status copy_grad(ms_offload *o, int i, ms_error *err) {
+    size_t bytes = o->len[i] * (o->bf16_grad[i] ? sizeof(uint16_t) : sizeof(float));
+    return ms_device_copy(o->dev, o->grad[i], o->dgrad[i], bytes, MS_COPY_DEVICE_TO_HOST, err);
+}
+
 /* Every owned gradient shard device -> host, one copy per parameter. */
 static ms_status copy_grads_down(ms_offload *o, ms_error *err) {
     int64_t t0 = ms_now_ns();
-    for (int i = 0; i < o->n; i++) {
-        ms_param_view pv;
-        view(o, i, &pv);
-        size_t elt = ms_dtype_size(pv.grad.dtype);
-        const char *src = (const char *)ms_tensor_data(&pv.grad) + elt * (size_t)pv.grad_off;
-        MS_CHECK(ms_device_copy(o->dev, o->grad[i], src, elt * (size_t)pv.opt_n,
-                                MS_COPY_DEVICE_TO_HOST, err));
-    }
+    for (int i = 0; i < o->n; i++) MS_CHECK(copy_grad(o, i, err));
     ms_record_optim(&o->ctx->trace, "offload: gradients to host", "memcpy D2H", t0, ms_now_ns(),
                     false);
     return MS_OK;
@@ -98,37 +114,67 @@ static ms_status read_masters(ms_offload *o, ms_error *err) {
 
 /* --- the worker ----------------------------------------------------------------------------- */
 
+/* Runs one job outside the lock and publishes what it did. Called and returns with mu held. */
+static void run_job(ms_offload *o, const job *j) {
+    bool ok = o->failed == MS_OK;
+    pthread_mutex_unlock(&o->mu);
+    ms_error e = {0};
+    ms_status st = MS_OK;
+    int64_t c0 = ms_now_ns(), c1 = c0;
+    if (ok && j->copy) st = copy_grad(o, j->i, &e), c1 = ms_now_ns();
+    if (st == MS_OK && ok && j->update) st = host_adamw(o, j->i, &j->aw, j->t, j->scale, &e);
+    int64_t t1 = ms_now_ns();
+    pthread_mutex_lock(&o->mu);
+    if (st != MS_OK && o->failed == MS_OK) o->failed = st, o->werr = e;
+    if (j->copy) {
+        o->copies--;
+        o->cspan[j->i][0] = c0, o->cspan[j->i][1] = c1;
+        o->copied[j->i] = true;
+    }
+    if (j->update) {
+        o->ready[j->i] = j->gen;
+        o->span[j->i][0] = c1, o->span[j->i][1] = t1;
+    }
+    pthread_cond_broadcast(&o->cv);
+}
+
 static void *worker_main(void *arg) {
     ms_offload *o = arg;
     pthread_mutex_lock(&o->mu);
     for (;;) {
-        while (!o->quit && o->done == o->posted) pthread_cond_wait(&o->cv, &o->mu);
-        if (o->quit) break;
-        int64_t gen = o->posted, t = o->t;
-        ms_adamw_opts aw = o->aw;
-        float scale = o->scale;
-        bool ok = o->failed == MS_OK;
-        pthread_mutex_unlock(&o->mu);
-        for (int k = 0; k < o->n; k++) {
-            int i = o->order[k];
-            ms_error e = {0};
-            int64_t t0 = ms_now_ns();
-            ms_status st = ok ? host_adamw(o, i, &aw, t, scale, &e) : MS_OK;
-            int64_t t1 = ms_now_ns();
-            pthread_mutex_lock(&o->mu);
-            if (st != MS_OK && o->failed == MS_OK) o->failed = st, o->werr = e;
-            ok = o->failed == MS_OK;
-            o->ready[i] = gen;
-            o->span[i][0] = t0, o->span[i][1] = t1;
-            pthread_cond_broadcast(&o->cv);
-            pthread_mutex_unlock(&o->mu);
-        }
-        pthread_mutex_lock(&o->mu);
-        o->done = gen;
+        while (!o->quit && !o->qlen) pthread_cond_wait(&o->cv, &o->mu);
+        if (!o->qlen) break; /* quit, and nothing left */
+        job j = o->q[o->qhead];
+        o->qhead = (o->qhead + 1) % o->qcap;
+        o->qlen--;
+        o->busy = true;
+        run_job(o, &j);
+        o->busy = false;
         pthread_cond_broadcast(&o->cv);
     }
     pthread_mutex_unlock(&o->mu);
     return NULL;
+}
+
+/* Queues j for the worker (mu held); waits while the ring is full. */
+static void push(ms_offload *o, const job *j) {
+    while (o->qlen == o->qcap) pthread_cond_wait(&o->cv, &o->mu);
+    o->q[(o->qhead + o->qlen++) % o->qcap] = *j;
+    if (j->copy) o->copies++;
+    pthread_cond_broadcast(&o->cv);
+}
+
+/* The worker's copy spans not yet on the trace, there on the "optimizer (host)" lane: recorded
+ * by the rank thread (the recorder has one writer). mu held. */
+static void record_copies(ms_offload *o) {
+    for (int i = 0; i < o->n; i++) {
+        if (!o->copied[i]) continue;
+        o->copied[i] = false;
+        ms_param_view pv;
+        view(o, i, &pv);
+        ms_record_optim(&o->ctx->trace, pv.name, "gradient D2H (host)", o->cspan[i][0],
+                        o->cspan[i][1], true);
+    }
 }
 
 /* Parameter i's update in flight: wait for it, put it on the device, gather it. The host
@@ -138,7 +184,7 @@ static ms_status take(ms_offload *o, int i, ms_error *err) {
     if (!o->pending[i]) return MS_OK;
     int64_t t0 = ms_now_ns(), span[2];
     pthread_mutex_lock(&o->mu);
-    while (o->ready[i] < o->posted) pthread_cond_wait(&o->cv, &o->mu);
+    while (o->ready[i] < o->posted && o->failed == MS_OK) pthread_cond_wait(&o->cv, &o->mu);
     ms_status failed = o->failed;
     if (failed != MS_OK) *err = o->werr;
     span[0] = o->span[i][0], span[1] = o->span[i][1];
@@ -185,20 +231,79 @@ static ms_status update_now(ms_offload *o, const ms_adamw_opts *aw, int64_t t, f
     return ms_stages_param_sync(o->st, err);
 }
 
+/* Parameter i's gradient is final (during backward): the worker copies it to the host and,
+ * eager, updates it at once. Its previous update must be on the device first. */
+static ms_status on_grad_final(void *arg, int i, ms_error *err) {
+    ms_offload *o = arg;
+    if (!o->in_step || o->handed[i]) return MS_OK;
+    MS_CHECK(take(o, i, err));
+    MS_CHECK(read_masters(o, err));
+    /* A device that runs asynchronously (CUDA) orders the copy after the kernels that wrote
+     * the gradient only on the rank thread's stream: there the rank thread copies. */
+    bool worker_copies = o->dev->ops->sync == NULL;
+    if (!worker_copies) MS_CHECK(copy_grad(o, i, err));
+    job j = {.i = i, .copy = worker_copies, .update = o->eager, .gen = o->gen};
+    j.aw = o->eager_aw, j.t = o->eager_t, j.scale = 1.0f;
+    pthread_mutex_lock(&o->mu);
+    push(o, &j);
+    pthread_mutex_unlock(&o->mu);
+    o->handed[i] = true;
+    return MS_OK;
+}
+
+ms_status ms_offload_begin_step(ms_offload *o, const ms_adamw_opts *aw, int64_t t, ms_error *err) {
+    if (!o || !o->overlap) return MS_OK;
+    /* the last step's copies read the gradients this step zeroes first */
+    pthread_mutex_lock(&o->mu);
+    while (o->copies && o->failed == MS_OK) pthread_cond_wait(&o->cv, &o->mu);
+    ms_status failed = o->failed;
+    if (failed != MS_OK) *err = o->werr;
+    record_copies(o);
+    pthread_mutex_unlock(&o->mu);
+    if (failed != MS_OK) return failed;
+    o->in_step = true;
+    o->eager = aw != NULL;
+    if (aw) o->eager_aw = *aw, o->eager_t = t;
+    o->gen++;
+    memset(o->handed, 0, sizeof *o->handed * (size_t)o->n);
+    return MS_OK;
+}
+
+/* Overlapped: posts the updates of every parameter (with the copies of those not handed over
+ * during backward), in the next step's order of first use. */
+static ms_status post_updates(ms_offload *o, const ms_adamw_opts *aw, int64_t t, float scale,
+                              ms_error *err) {
+    bool eager = o->in_step && o->eager;
+    if (!o->in_step) o->gen++, memset(o->handed, 0, sizeof *o->handed * (size_t)o->n);
+    o->in_step = false; /* the step's gradients are all in: later calls are not its */
+    if (eager && (scale != 1.0f || t != o->eager_t || aw->lr != o->eager_aw.lr))
+        return ms_fail(err, MS_ERR_INTERNAL,
+                       "offload: step %lld's update differs from the one begun during backward",
+                       (long long)t);
+    pthread_mutex_lock(&o->mu);
+    ms_status failed = o->failed;
+    if (failed != MS_OK) *err = o->werr;
+    for (int k = 0; k < o->n && failed == MS_OK; k++) {
+        int i = o->order[k];
+        if (eager && o->handed[i]) continue;
+        job j = {.i = i, .copy = !o->handed[i], .update = true, .gen = o->gen};
+        j.aw = *aw, j.t = t, j.scale = scale;
+        push(o, &j);
+    }
+    if (failed == MS_OK) o->posted = o->gen;
+    pthread_mutex_unlock(&o->mu);
+    return failed;
+}
+
 ms_status ms_offload_update(ms_offload *o, const ms_adamw_opts *aw, int64_t t, float scale,
                             ms_error *err) {
     MS_CHECK(ms_offload_settle(o, err));
     MS_CHECK(read_masters(o, err));
-    MS_CHECK(copy_grads_down(o, err));
-    if (!o->overlap) return update_now(o, aw, t, scale, err);
-    pthread_mutex_lock(&o->mu);
-    ms_status failed = o->failed;
-    if (failed != MS_OK) *err = o->werr;
-    o->aw = *aw, o->t = t, o->scale = scale;
-    if (failed == MS_OK) o->posted++;
-    pthread_cond_broadcast(&o->cv);
-    pthread_mutex_unlock(&o->mu);
-    if (failed != MS_OK) return failed;
+    if (!o->overlap) {
+        MS_CHECK(copy_grads_down(o, err));
+        return update_now(o, aw, t, scale, err);
+    }
+    MS_CHECK(post_updates(o, aw, t, scale, err));
     for (int i = 0; i < o->n; i++) o->pending[i] = true;
     o->npending = o->n;
     if (o->n) ms_stages_on_param_use(o->st, on_use, o);
@@ -222,6 +327,8 @@ static ms_status alloc_buffers(ms_offload *o, ms_error *err) {
         o->gbytes[i] = ms_dtype_size(pv.grad.dtype) * ((size_t)pv.opt_n + 1);
         MS_CHECK(ms_device_alloc(o->host, o->mbytes[i], (void **)&o->master[i], err));
         MS_CHECK(ms_device_alloc(o->host, o->gbytes[i], &o->grad[i], err));
+        o->dgrad[i] = (const char *)ms_tensor_data(&pv.grad) +
+                      ms_dtype_size(pv.grad.dtype) * (size_t)pv.grad_off;
     }
     return MS_OK;
 }
@@ -242,6 +349,12 @@ ms_status ms_offload_create(ms_ctx *ctx, ms_device *host, ms_stages *st, float *
     o->ready = xcalloc(n, sizeof *o->ready);
     o->span = xcalloc(n, sizeof *o->span);
     o->pending = xcalloc(n, sizeof *o->pending);
+    o->dgrad = xcalloc(n, sizeof *o->dgrad);
+    o->handed = xcalloc(n, sizeof *o->handed);
+    o->cspan = xcalloc(n, sizeof *o->cspan);
+    o->copied = xcalloc(n, sizeof *o->copied);
+    o->qcap = 4 * (int)n + 4; /* a step's copies and updates, and the last step's updates */
+    o->q = xcalloc((size_t)o->qcap, sizeof *o->q);
     o->stale = true;
     ms_stages_param_use_order(st, o->order);
     pthread_mutex_init(&o->mu, NULL);
@@ -253,6 +366,7 @@ ms_status ms_offload_create(ms_ctx *ctx, ms_device *host, ms_stages *st, float *
             s = ms_fail(err, MS_ERR_INTERNAL, "offload: cannot start the host optimizer thread");
         o->started = s == MS_OK;
         o->overlap = o->started;
+        if (o->overlap) ms_stages_on_grad_final(st, on_grad_final, o);
     }
     if (s != MS_OK) {
         ms_offload_destroy(o);
@@ -266,14 +380,14 @@ void ms_offload_destroy(ms_offload *o) {
     if (!o) return;
     if (o->started) {
         pthread_mutex_lock(&o->mu);
-        /* let the update in flight finish: it writes the moments the trainer frees next */
-        while (o->done != o->posted) pthread_cond_wait(&o->cv, &o->mu);
+        /* the worker drains its queue first: it writes the moments the trainer frees next */
         o->quit = true;
         pthread_cond_broadcast(&o->cv);
         pthread_mutex_unlock(&o->mu);
         pthread_join(o->worker, NULL);
     }
     if (o->npending) ms_stages_on_param_use(o->st, NULL, NULL);
+    if (o->overlap) ms_stages_on_grad_final(o->st, NULL, NULL);
     for (int i = 0; i < o->n; i++) {
         if (o->master[i]) ms_device_free(o->host, o->master[i], o->mbytes[i]);
         if (o->grad[i]) ms_device_free(o->host, o->grad[i], o->gbytes[i]);
@@ -283,6 +397,7 @@ void ms_offload_destroy(ms_offload *o) {
     ms_kctx_destroy(o->hkc);
     free(o->master), free(o->grad), free(o->mbytes), free(o->gbytes), free(o->order);
     free(o->ready), free(o->span), free(o->pending), free(o->len), free(o->bf16_grad);
+    free(o->dgrad), free(o->handed), free(o->cspan), free(o->copied), free(o->q);
     free(o);
 }
 

@@ -15,6 +15,17 @@
  * onto the device and runs its own gather, so the host AdamW hides behind the next step's data
  * loading and forward. Nothing is read early: exact, not delayed.
  *
+ * The gradients leave during backward (ZeRO-Offload's overlap of the copies with backward):
+ * as soon as a parameter's owned gradient shard is final (after its bucket's collective,
+ * ms_stages_on_grad_final) the rank thread hands it to the worker, which copies it to the host
+ * while backward goes on (on a device that runs asynchronously, CUDA, the rank thread makes the
+ * copy itself, ordered after the kernels that wrote the gradient). When nothing global stands
+ * between the gradients and the update (no clipping by the global norm, no skipping of non-finite
+ * steps: ms_offload_begin_step given the step's AdamW options) the worker runs the parameter's
+ * AdamW right after its copy, during backward too; otherwise the updates start at
+ * ms_offload_update, once the norm is known. The copies and updates are on the "optimizer (host)"
+ * lane at the times they ran.
+ *
  * Collective: ms_offload_update and ms_offload_settle are called by every rank of the world at
  * the same point (the gathers are collectives over dp).
  * Ownership: the offload owns the masters, the staged gradients, its host kernel context and
@@ -40,9 +51,15 @@ ms_status ms_offload_create(ms_ctx *ctx, ms_device *host, ms_stages *st, float *
 /* Joins the worker (after the update it runs, if any). NULL is a no-op. */
 void ms_offload_destroy(ms_offload *o);
 
+/* A training step begins (before its forward): aw, when not NULL, is its AdamW (gradient scale
+ * 1), which the worker may then run as each gradient arrives; NULL: the update waits for
+ * ms_offload_update. Waits for the last step's gradient copies (the step zeroes the gradients).
+ * Without overlap nothing happens during backward and this does nothing. */
+ms_status ms_offload_begin_step(ms_offload *o, const ms_adamw_opts *aw, int64_t t, ms_error *err);
 /* Step t's update of every owned shard with AdamW options aw and gradient scale `scale`: the
  * gradients are on the host when it returns; without overlap so are the updated parameters
- * (gathered), with overlap they follow by ms_offload_settle or their next use. */
+ * (gathered), with overlap they follow by ms_offload_settle or their next use. After an eager
+ * ms_offload_begin_step, aw, t must be the ones given there and scale 1. */
 ms_status ms_offload_update(ms_offload *o, const ms_adamw_opts *aw, int64_t t, float scale,
                             ms_error *err);
 /* Waits for the update in flight and brings every parameter it changed onto the device (and

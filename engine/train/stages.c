@@ -58,6 +58,9 @@ struct ms_stages {
         struct ms_stages *st;
         int base; /* the chunk's first local parameter index */
     } use_at[MAX_CHUNKS];
+    /* ms_stages_on_grad_final: the caller's hook (chunks call it through use_at) */
+    ms_param_use_fn final_fn;
+    void *final_arg;
     int32_t *ids_mb, *tgt_mb;
     float *scratch;
     /* The outbox: what leaves a chunk after its micro-batch's slot is free (the input
@@ -645,12 +648,43 @@ static ms_status sync_tied(ms_stages *st, ms_error *err) {
     return ms_all_reduce_dt(st->tie, MS_COMM_BF16, g16, g16, n, MS_REDUCE_SUM, err);
 }
 
+static bool is_tied(const ms_stages *st, int i) {
+    return st->tie && (i == st->tie_param[0] || i == st->tie_param[1]);
+}
+
 ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
                           float *loss, ms_error *err) {
     for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, true, (uint64_t)step);
     MS_CHECK(run(st, st->acts, st->nacts, true, ids, targets, loss, err));
     for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_grad_sync(st->ch[c].prog, err));
-    return sync_tied(st, err);
+    MS_CHECK(sync_tied(st, err));
+    for (int k = 0; k < 2 && st->final_fn; k++) /* final only after the embedding's all-reduce */
+        if (st->tie && st->tie_param[k] >= 0)
+            MS_CHECK(st->final_fn(st->final_arg, st->tie_param[k], err));
+    return MS_OK;
+}
+
+static ms_status final_adapter_call(void *arg, int param, ms_error *err) {
+    struct use_adapter *a = arg;
+    int i = a->base + param;
+    return is_tied(a->st, i) ? MS_OK : a->st->final_fn(a->st->final_arg, i, err);
+}
+
+/* Sets every chunk's hook (set: ms_program_on_param_use or _on_grad_final) to adapter, which
+ * turns the chunk's parameter index into the local one (use_at). */
+static void set_chunk_hooks(ms_stages *st, void (*set)(ms_program *, ms_param_use_fn, void *),
+                            ms_param_use_fn adapter) {
+    for (int c = 0, base = 0; c < st->nch; c++) {
+        st->use_at[c] = (struct use_adapter){st, base};
+        set(st->ch[c].prog, adapter, &st->use_at[c]);
+        base += ms_program_num_params(st->ch[c].prog);
+    }
+}
+
+void ms_stages_on_grad_final(ms_stages *st, ms_param_use_fn fn, void *arg) {
+    st->final_fn = fn;
+    st->final_arg = arg;
+    set_chunk_hooks(st, ms_program_on_grad_final, fn ? final_adapter_call : NULL);
 }
 
 void ms_stages_params_written(ms_stages *st) {
@@ -676,11 +710,7 @@ static ms_status use_adapter_call(void *arg, int param, ms_error *err) {
 void ms_stages_on_param_use(ms_stages *st, ms_param_use_fn fn, void *arg) {
     st->use_fn = fn;
     st->use_arg = arg;
-    for (int c = 0, base = 0; c < st->nch; c++) {
-        st->use_at[c] = (struct use_adapter){st, base};
-        ms_program_on_param_use(st->ch[c].prog, fn ? use_adapter_call : NULL, &st->use_at[c]);
-        base += ms_program_num_params(st->ch[c].prog);
-    }
+    set_chunk_hooks(st, ms_program_on_param_use, fn ? use_adapter_call : NULL);
 }
 
 void ms_stages_param_use_order(ms_stages *st, int *order) {

@@ -80,6 +80,10 @@ ms_status ms_stages_param_sync_one(ms_stages *st, int i, ms_error *err);
 /* fn(arg, i) runs before a training step's first read of local parameter i
  * (ms_program_on_param_use on every chunk; NULL removes it). */
 void ms_stages_on_param_use(ms_stages *st, ms_param_use_fn fn, void *arg);
+/* fn(arg, i) runs during a training step as soon as local parameter i's gradient is final
+ * (ms_program_on_grad_final on every chunk; the tied embedding's copies after their
+ * all-reduce, at the step's end). NULL removes it. */
+void ms_stages_on_grad_final(ms_stages *st, ms_param_use_fn fn, void *arg);
 /* This rank's parameters in the order a training step first reads them: chunk by chunk in
  * model order, within a chunk by first use. order receives ms_stages_num_params indices. */
 void ms_stages_param_use_order(ms_stages *st, int *order);

@@ -256,12 +256,25 @@ static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
     return MS_OK;
 }
 
+static ms_adamw_opts adamw_opts(const ms_trainer *t, double lr) {
+    return (ms_adamw_opts){.lr = (float)lr,
+                           .beta1 = (float)t->o.beta1,
+                           .beta2 = (float)t->o.beta2,
+                           .eps = (float)t->o.eps,
+                           .weight_decay = (float)t->o.weight_decay};
+}
+
+/* Offload: the step begins; without clipping and without skipping the host may update each
+ * parameter as soon as its gradient is on the host (nothing global to wait for). */
+static ms_status offload_begin(ms_trainer *t, double lr, ms_error *err) {
+    if (!t->off) return MS_OK;
+    ms_adamw_opts aw = adamw_opts(t, lr);
+    bool eager = !(t->o.clip > 0) && t->o.on_nonfinite != MS_NONFINITE_SKIP;
+    return ms_offload_begin_step(t->off, eager ? &aw : NULL, t->step + 1, err);
+}
+
 static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err) {
-    ms_adamw_opts aw = {.lr = (float)lr,
-                        .beta1 = (float)t->o.beta1,
-                        .beta2 = (float)t->o.beta2,
-                        .eps = (float)t->o.eps,
-                        .weight_decay = (float)t->o.weight_decay};
+    ms_adamw_opts aw = adamw_opts(t, lr);
     if (t->off) return ms_offload_update(t->off, &aw, t->step + 1, scale, err);
     for (int i = 0; i < t->mo.n; i++) {
         ms_param_view pv;
@@ -291,13 +304,14 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
                                  t->ids, t->tgt, err));
     mask(t, t->o.seed, (uint64_t)t->step);
     ms_record_span(&t->ctx->trace, MS_EV_DATA, out->t_data_ns);
-    MS_CHECK(ms_stages_train(t->c.st, t->step, t->ids, t->tgt, &out->loss, err));
-    MS_CHECK(grad_norm(t, &out->grad_norm, err));
     ms_lr_schedule sched = {.lr_max = t->o.lr,
                             .lr_min = t->o.min_lr,
                             .warmup_steps = t->o.warmup,
                             .total_steps = t->o.steps};
     out->lr = ms_lr_at(&sched, t->step);
+    MS_CHECK(offload_begin(t, out->lr, err));
+    MS_CHECK(ms_stages_train(t->c.st, t->step, t->ids, t->tgt, &out->loss, err));
+    MS_CHECK(grad_norm(t, &out->grad_norm, err));
     out->t_optim_ns = ms_now_ns();
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
         /* Every rank sees the same loss and norm (both are reduced), so all decide alike. */
