@@ -54,7 +54,8 @@ void ms_ckpt_saver_prepare(ms_ckpt_saver *s, ms_trainer *t);
 ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, ms_error *err);
 /* Every rank, at every step boundary while a save is in flight (a no-op otherwise), and with
  * wait = true at the end of the run: when every rank's writer is done, rank 0 commits the
- * checkpoint. Collective over the world while a save is in flight. A save that could not be
+ * checkpoint (with wait, every rank returns only after that commit, so a load that follows
+ * finds it). Collective over the world while a save is in flight. A save that could not be
  * written (a full disk, a read-only folder) is abandoned: the previous checkpoint stays, the
  * run goes on, and *note (if not NULL) tells why (rank 0: what happened; every rank: its own
  * failure); *note is empty when there is nothing to say. Fails only if the world does. */

@@ -368,6 +368,13 @@ ms_status ms_ckpt_saver_poll(ms_ckpt_saver *s, bool wait, char *note, size_t not
     ms_error e = {0};
     ms_status st = all[1] > 0 ? MS_ERR_IO : MS_OK;
     if (st == MS_OK && s->ctx->rank == 0) st = commit(s, &e);
+    /* At the end of a run every rank returns after the commit, so that whatever follows (a
+     * load, another process reading `latest`) finds it; mid-run the others need not wait. */
+    if (wait && all[1] == 0) {
+        float failed = st != MS_OK ? 1.0f : 0.0f, any;
+        MS_CHECK(ms_all_reduce(s->ctx->world, &failed, &any, 1, MS_REDUCE_MAX, err));
+        if (any > 0 && st == MS_OK) st = MS_ERR_IO;
+    }
     if (st != MS_OK && note) {
         if (mine[1] > 0)
             snprintf(note, note_len, "checkpoint at step %lld not saved: %s",
