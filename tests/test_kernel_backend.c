@@ -367,6 +367,16 @@ static void host_tables_fill_every_slot(void **state) {
                 fail_msg("operator '%s' lacks kernels in table %s", d->name,
                          ms_kernels_for(kind)->name);
     }
+    /* A GPU's bf16 kernels are priced by the fenced table where CUDA is not built (the
+     * planner's staging area, program.c shapes_kernels): the two cover the same operators. */
+    const ms_kernels *cuda = ms_kernels_for(MS_DEVICE_CUDA);
+    for (int op = 0; cuda && op < MS_OP_BUILTIN_COUNT; op++) {
+        const ms_op_def *d = ms_op_get(op);
+        if (d->runs_bf16_on &&
+            d->runs_bf16_on(cuda) != d->runs_bf16_on(ms_kernels_for(MS_DEVICE_FENCED)))
+            fail_msg("operator '%s': bf16 kernels on %s but not on the other table", d->name,
+                     d->runs_bf16_on(cuda) ? "cuda" : "fenced");
+    }
     // clang-format off
     const int transformer[] = {
         MS_OP_MATMUL, MS_OP_ADD, MS_OP_BIAS, MS_OP_GELU, MS_OP_LAYERNORM, MS_OP_ATTENTION,

@@ -29,6 +29,7 @@
 #include "engine/graph/program.h"
 #include "engine/model/config.h"
 #include "engine/model/strategy.h"
+#include "engine/train/stages.h"
 #include "engine/train/trainer.h"
 #include "tests/equiv.h"
 #include "tests/testkit.h"
@@ -188,6 +189,58 @@ static void memory_gpt_bench_w1(void **state) {
     assert_true(act16 < 0.7 * act32);
 }
 
+/* gpt-bench's bf16 staging area compiled from shapes (the planner's view) for the kernels
+ * of `like`, one rank, batch 8 x 128. */
+static size_t shapes_staging(const ms_model_config *cfg, ms_device_kind like) {
+    ms_strategy s;
+    ms_strategy_defaults(&s);
+    s.precision = MS_PRECISION_BF16;
+    ms_model m;
+    ms_error err = {0};
+    if (ms_stages_chunk_model(cfg, &s, 8, 128, 0, &m, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_sharding sh = {.s = &s};
+    ms_mesh mesh;
+    if (ms_strategy_mesh(&s, &mesh, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_compile_opts co = {
+        .shard = ms_strategy_shard, .shard_user = &sh, .bf16 = true, .kernels_like = like};
+    ms_program *prog = NULL;
+    if (ms_program_compile_shapes(m.g, &mesh, NULL, &co, &prog, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    ms_program_stats st;
+    ms_program_stats_get(prog, &st);
+    ms_program_destroy(prog);
+    ms_mesh_free(&mesh);
+    ms_model_free(&m);
+    return st.staging_bytes;
+}
+
+/* Instructions whose operator has bf16 kernels on the device need no staging: on the fenced
+ * device (CUDA's bf16 kernels) gpt-bench's staging area is what the operators still staged
+ * need (the embedding's backward among them), far below the CPU's, where the logits' cross-
+ * entropy is the largest; the planner's shapes-only compile for a GPU finds the same size. */
+static void staging_only_for_staged_ops_w1(void **state) {
+    (void)state;
+    ms_model_config cfg;
+    ms_error err = {0};
+    if (ms_config_load(MS_SOURCE_DIR "/configs/gpt-bench.json", &cfg, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    compiled_pair cpu = {.strategy = "{\"dp\": 1}", .cfg = &cfg, .batch = 8, .seq = 128};
+    compiled_pair fenced = cpu;
+    mt_run_threads(1, compile_both, &cpu);
+    mt_run_device(1, MS_DEVICE_FENCED, compile_both, &fenced);
+    size_t on_cpu = cpu.st[1].staging_bytes, on_fenced = fenced.st[1].staging_bytes;
+    printf("gpt-bench bf16 staging: cpu %.2f MiB, fenced %.2f MiB\n", on_cpu / 1048576.0,
+           on_fenced / 1048576.0);
+    assert_true(on_fenced > 0);
+    assert_true(on_fenced < on_cpu / 4);
+    /* the embedding's backward: its output gradient (8 x 128 x n_embd) and the table's */
+    size_t emb =
+        sizeof(float) * ((size_t)8 * 128 * cfg.n_embd + (size_t)cfg.vocab_size * cfg.n_embd);
+    assert_true(on_fenced >= emb);
+    assert_true(shapes_staging(&cfg, MS_DEVICE_CPU) == on_cpu);
+    assert_true(shapes_staging(&cfg, MS_DEVICE_CUDA) == on_fenced);
+}
+
 static void memory_dp2_w2(void **state) {
     (void)state;
     compiled_pair cp = {.strategy = "{\"dp\": 2}"};
@@ -243,6 +296,7 @@ static const struct CMUnitTest tests[] = {
     T(memory_dp2_zero1_w2),
     T(memory_dp2_w2),
     T(memory_gpt_bench_w1),
+    T(staging_only_for_staged_ops_w1),
     T(bytes_tp2_w2),
     T(bytes_dp2_tp2_zero3_w4),
 };

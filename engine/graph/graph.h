@@ -131,6 +131,11 @@ typedef struct ms_compile_opts {
      * overlap): its temporaries then get arena space of their own for the whole step instead
      * of sharing it with the step's buffers. */
     bool deferred_param_sync;
+    /* Shapes-only programs (ms_program_compile_shapes), under bf16: the device whose kernels
+     * decide which instructions take their bf16 buffers unstaged, and so the staging area's
+     * size (MS_DEVICE_CPU, the default: every instruction staged). MS_DEVICE_CUDA prices a GPU
+     * whether or not this build has CUDA. A compiled program always asks its own device. */
+    ms_device_kind kernels_like;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;

@@ -1185,6 +1185,7 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     if (!p->member) return MS_OK;
     ms_status st;
     MS_CHECK_GOTO(ms_kctx_create(p->dev, &p->kc, err), st, fail);
+    p->bf16_kernels = p->kc->k;
     MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
     MS_CHECK_GOTO(check_device_ops(p, err), st, fail);
     MS_CHECK_GOTO(alloc_memory(p, err), st, fail);
@@ -1195,6 +1196,16 @@ fail:
     ms_program_destroy(p);
     *out = NULL;
     return st;
+}
+
+/* The bf16 kernels a shapes-only program prices (ms_compile_opts.kernels_like). Without CUDA
+ * in this build the fenced device's table stands in for a GPU's: it has the same bf16 kernels
+ * (test_kernel_backend checks that where CUDA is built). */
+static const ms_kernels *shapes_kernels(const ms_program *p, const ms_compile_opts *opts) {
+    ms_device_kind kind = opts ? opts->kernels_like : MS_DEVICE_CPU;
+    const ms_kernels *k = kind == MS_DEVICE_CPU ? NULL : ms_kernels_for(kind);
+    if (!k && kind == MS_DEVICE_CUDA) k = ms_kernels_for(MS_DEVICE_FENCED);
+    return k ? k : p->kc->k;
 }
 
 ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int *coords,
@@ -1215,6 +1226,7 @@ ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int 
     p->dev = ms_device_host();
     ms_status st;
     MS_CHECK_GOTO(ms_kctx_create(p->dev, &p->kc, err), st, fail);
+    p->bf16_kernels = shapes_kernels(p, opts);
     MS_CHECK_GOTO(ms_mesh_copy(&p->own_mesh, mesh, err), st, fail);
     p->mesh = &p->own_mesh;
     if (coords) memcpy(p->coords, coords, sizeof(int) * (size_t)mesh->ndim);

@@ -77,9 +77,12 @@ typedef struct instr {
 
 struct ms_program {
     ms_graph *g;
-    ms_dmesh *dm;   /* NULL for a shapes-only program */
-    ms_ctx *ctx;    /* NULL for a shapes-only program */
-    ms_kctx *kc;    /* owned: the rank device's kernels (a CPU table for shapes-only programs) */
+    ms_dmesh *dm; /* NULL for a shapes-only program */
+    ms_ctx *ctx;  /* NULL for a shapes-only program */
+    ms_kctx *kc;  /* owned: the rank device's kernels (a CPU table for shapes-only programs) */
+    /* The table whose bf16 kernels decide what runs unstaged: kc's, or for a shapes-only
+     * program the one ms_compile_opts.kernels_like names. */
+    const ms_kernels *bf16_kernels;
     ms_device *dev; /* borrowed: where every buffer lives (ctx->device, or the host device) */
     const ms_mesh *mesh;
     int coords[MS_MESH_MAX_DIMS];

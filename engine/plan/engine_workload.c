@@ -227,7 +227,10 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .zero_dim = MS_STRATEGY_DP_DIM,
                           .recompute = ms_strategy_recompute_regions(s),
                           .bf16 = s->precision == MS_PRECISION_BF16,
-                          .deferred_param_sync = s->offload};
+                          .deferred_param_sync = s->offload,
+                          /* a GPU's bf16 kernels leave most instructions unstaged */
+                          .kernels_like =
+                              pb->cluster && !pb->cluster->cpu ? MS_DEVICE_CUDA : MS_DEVICE_CPU};
     /* the rank at coordinate 0 holds the largest shards; over cp, the last rank: its queries
      * see the longest causal prefix (LLaMA's GQA keeps queries on the sequence shard), and
      * every cp shard is alike otherwise */
