@@ -41,12 +41,7 @@
 #define TOL_ACT   0.25  /* activation memory: every kept value, not the arena's reuse */
 
 static ms_model_config load(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/configs/%s", MS_SOURCE_DIR, name);
-    ms_model_config c;
-    ms_error err = {0};
-    if (ms_config_load(path, &c, &err) != MS_OK) fail_msg("%s", err.msg);
-    return c;
+    return mt_source_config(name);
 }
 
 /* Thread ranks on 2 cores: the engine source applies only to the threads backend. */

@@ -173,10 +173,7 @@ static void memory_dp2_zero1_w2(void **state) {
  * staging area adds the largest instruction's operands in fp32. */
 static void memory_gpt_bench_w1(void **state) {
     (void)state;
-    ms_model_config cfg;
-    ms_error err = {0};
-    if (ms_config_load(MS_SOURCE_DIR "/configs/gpt-bench.json", &cfg, &err) != MS_OK)
-        fail_msg("%s", err.msg);
+    ms_model_config cfg = mt_source_config("gpt-bench.json");
     compiled_pair cp = {.strategy = "{\"dp\": 1}", .cfg = &cfg, .batch = 8, .seq = 128};
     mt_run_threads(1, compile_both, &cp);
     double act32 = (double)cp.st[0].arena_bytes, arena16 = (double)cp.st[1].arena_bytes,
@@ -220,10 +217,7 @@ static size_t shapes_staging(const ms_model_config *cfg, ms_device_kind like) {
  * entropy is the largest; the planner's shapes-only compile for a GPU finds the same size. */
 static void staging_only_for_staged_ops_w1(void **state) {
     (void)state;
-    ms_model_config cfg;
-    ms_error err = {0};
-    if (ms_config_load(MS_SOURCE_DIR "/configs/gpt-bench.json", &cfg, &err) != MS_OK)
-        fail_msg("%s", err.msg);
+    ms_model_config cfg = mt_source_config("gpt-bench.json");
     compiled_pair cpu = {.strategy = "{\"dp\": 1}", .cfg = &cfg, .batch = 8, .seq = 128};
     compiled_pair fenced = cpu;
     mt_run_threads(1, compile_both, &cpu);

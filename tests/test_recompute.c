@@ -406,10 +406,7 @@ static ms_plan_engine_stats planner_of(const ms_model_config *cfg, const char *j
  * The planner reads the same arena and FLOPs off the same programs. */
 static void gpt_bench_arena(void **state) {
     (void)state;
-    ms_model_config cfg;
-    ms_error err = {0};
-    if (ms_config_load(MS_SOURCE_DIR "/configs/gpt-bench.json", &cfg, &err) != MS_OK)
-        fail_msg("%s", err.msg);
+    ms_model_config cfg = mt_source_config("gpt-bench.json");
     const char *meshes[] = {"{\"dp\": 1", "{\"dp\": 2, \"tp\": 2", "{\"dp\": 4"};
     const char *modes[] = {"}", ", \"recompute\": \"full\"}", ", \"recompute\": \"selective\"}"};
     for (int m = 0; m < 3; m++) {

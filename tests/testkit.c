@@ -7,6 +7,7 @@
 
 #include "engine/comm/comm_mpi.h"
 #include "engine/core/xalloc.h"
+#include "engine/model/config.h"
 
 static ms_backend_kind g_backend = MS_BACKEND_THREADS;
 static int g_mpi_world = 0, g_world_rank = 0;
@@ -131,6 +132,15 @@ int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *te
     int rc = _cmocka_run_group_tests(name, tests, n, NULL, NULL);
     if (g_backend == MS_BACKEND_MPI) ms_mpi_finalize();
     return rc;
+}
+
+ms_model_config mt_source_config(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/configs/%s", MS_SOURCE_DIR, name);
+    ms_model_config c;
+    ms_error err = {0};
+    if (ms_config_load(path, &c, &err) != MS_OK) fail_msg("%s", err.msg);
+    return c;
 }
 
 ms_model_config mt_tiny_config(bool bert, double pdrop) {

@@ -68,6 +68,8 @@ int mt_write_job_files(const char *dir, int n_embd, char *text, char *model);
 /* The small model the equivalence tests train: 4 layers, 4 heads, 32 channels, bytes as
  * tokens, 16 positions; pdrop at every dropout site. */
 ms_model_config mt_tiny_config(bool bert, double pdrop);
+/* configs/NAME of the source tree ("gpt-bench.json"); fails the test if it does not load. */
+ms_model_config mt_source_config(const char *name);
 
 /* What the equivalence tests train with: `steps` AdamW steps on batch x seq (warmup, cosine
  * decay, weight decay and clipping all on, seed 11), so the comparisons exercise all of them. */
