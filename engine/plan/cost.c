@@ -55,9 +55,14 @@ bool ms_plan_executable(const ms_plan_problem *pb, const ms_strategy *s, char *w
     char dummy[8];
     if (!why) why = dummy, len = sizeof dummy;
     why[0] = '\0';
-    if (strcmp(pb->cluster->backend, "threads")) {
-        snprintf(why, len, "this engine trains on thread ranks (cpu-local) only, not on %s",
-                 pb->cluster->name);
+    /* threads: cpu-local's thread ranks; nccl: CUDA devices, a rank per GPU (ranks share GPUs
+     * when there are fewer), NCCL per mesh dim, MPI processes across nodes */
+    const char *b = pb->cluster->backend;
+    if (strcmp(b, "threads") && strcmp(b, "nccl")) {
+        snprintf(why, len,
+                 "this engine runs on the threads (cpu-local) and nccl (CUDA) backends, "
+                 "not on %s's '%s'",
+                 pb->cluster->name, b);
         return false;
     }
     ms_error e = {0};
