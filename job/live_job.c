@@ -13,14 +13,36 @@ bool live_job_wanted(const run_opts *o) {
     return o->web || o->tui || o->switch_spec;
 }
 
-/* Bytes per rank a target may need: --memory-cap, else this machine's usable memory shared by
- * the ranks (once the cluster is known), else no limit (0). */
+/* Bytes per rank a target may need: --memory-cap, else the usable memory of this machine or
+ * of a GPU, shared by the ranks that share it (once the cluster is known), else no limit (0). */
 static double memory_cap(const live_job *j) {
     if (j->o->memory_cap_mib > 0) return j->o->memory_cap_mib * 1048576.0;
     if (!j->advisor) return 0;
     double cap = j->cluster.mem_bytes * j->cluster.usable_memory_fraction;
     int world = j->plan->world_size;
-    return j->cluster.cpu && world > 0 ? cap / world : cap;
+    int sharing = j->cluster.cpu ? world : (world + j->gpus - 1) / (j->gpus > 0 ? j->gpus : 1);
+    return sharing > 1 ? cap / sharing : cap;
+}
+
+/* The cluster the advisor prices: this machine's thread ranks, or on CUDA the local GPUs'
+ * preset (every rank priced as a GPU of its own; ranks that share one are said to). */
+static ms_status advisor_cluster(live_job *j, const run_opts *o, int world, ms_error *err) {
+    ms_device_kind kind = MS_DEVICE_CPU;
+    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &kind, NULL, 0, err));
+    char name[256];
+    double mem = 0;
+    if (kind != MS_DEVICE_CUDA || !ms_device_cuda_describe(0, name, sizeof name, &mem))
+        return ms_cluster_resolve("cpu-local", false, NULL, &j->cluster, err);
+    j->gpus = ms_device_cuda_count();
+    char note[320];
+    MS_CHECK(ms_cluster_for_gpu(name, mem, world, &j->cluster, note, sizeof note, err));
+    if (note[0]) fprintf(stderr, "note: %s\n", note);
+    if (world > j->gpus)
+        fprintf(stderr,
+                "note: %d ranks share %d GPU%s; the advisor prices each rank as a GPU of its "
+                "own\n",
+                world, j->gpus, j->gpus == 1 ? "" : "s");
+    return MS_OK;
 }
 
 ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
@@ -218,8 +240,8 @@ ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms
     ms_status st = MS_OK;
     if ((o->web || o->tui) && o->backend == MS_BACKEND_THREADS) {
         /* The advisor prices strategies for this machine's thread ranks (measured once, a few
-         * seconds, then cached). */
-        st = ms_cluster_resolve("cpu-local", false, NULL, &j->cluster, err);
+         * seconds, then cached), or for its GPUs. */
+        st = advisor_cluster(j, o, world_size, err);
         if (st == MS_OK)
             st = ms_advisor_create(&plan->cfg, world_size, o->batch, o->seq, &j->cluster,
                                    &j->advisor, err);

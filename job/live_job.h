@@ -49,8 +49,9 @@ typedef struct live_job {
     int switch_step;     /* --switch: the step, -1 if none */
     char *switch_json;   /* --switch: the target (owned) */
     ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
-    ms_cluster cluster;
-    pthread_mutex_t mu; /* guards current, current_since, has_current and the verdicts */
+    ms_cluster cluster;  /* what the advisor prices: cpu-local, or the GPUs' preset */
+    int gpus;            /* CUDA devices the ranks share (0: a CPU job) */
+    pthread_mutex_t mu;  /* guards current, current_since, has_current and the verdicts */
     ms_strategy current;
     int64_t current_since; /* the first step that ran `current` */
     bool has_current;

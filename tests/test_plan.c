@@ -576,6 +576,33 @@ static void non_executable_flagged(void **state) {
     ms_plan_result_free(&res);
 }
 
+/* A CUDA job's advisor prices the local GPUs' preset, with the device's own memory. */
+static void cluster_for_gpu(void **state) {
+    (void)state;
+    ms_cluster c, preset;
+    ms_error err = {0};
+    char note[320];
+    assert_int_equal(ms_cluster_for_gpu("NVIDIA H200", 143.7e9, 4, &c, note, sizeof note, &err),
+                     MS_OK);
+    assert_int_equal(ms_cluster_resolve("h200", false, NULL, &preset, &err), MS_OK);
+    assert_string_equal(note, "");
+    assert_string_equal(c.device, "NVIDIA H200");
+    assert_true(c.peak_flops[MS_PLAN_BF16] == preset.peak_flops[MS_PLAN_BF16]);
+    assert_true(c.mem_bytes == 143.7e9 && c.devices_per_node == 4 && c.nodes == 1 && !c.cpu);
+    assert_string_equal(c.backend, "nccl");
+    assert_int_equal(
+        ms_cluster_for_gpu("NVIDIA A100-SXM4-40GB", 40e9, 2, &c, note, sizeof note, &err), MS_OK);
+    assert_int_equal(ms_cluster_resolve("dgx-a100-80gb", false, NULL, &preset, &err), MS_OK);
+    assert_true(c.peak_flops[MS_PLAN_BF16] == preset.peak_flops[MS_PLAN_BF16] &&
+                c.mem_bytes == 40e9);
+    /* no preset: the h100's rates, said */
+    assert_int_equal(
+        ms_cluster_for_gpu("NVIDIA GeForce RTX 4090", 24e9, 1, &c, note, sizeof note, &err), MS_OK);
+    assert_non_null(strstr(note, "'NVIDIA GeForce RTX 4090'"));
+    assert_non_null(strstr(note, "h100"));
+    assert_true(c.mem_bytes == 24e9);
+}
+
 static void executable_check_reasons(void **state) {
     (void)state;
     ms_model_config cfg = gpt_tiny();
@@ -1080,6 +1107,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(evaluate_fixes_knobs),
     cmocka_unit_test(memory_pruning),
     cmocka_unit_test(non_executable_flagged),
+    cmocka_unit_test(cluster_for_gpu),
     cmocka_unit_test(executable_check_reasons),
     cmocka_unit_test(schedules_and_knobs_priced),
     cmocka_unit_test(shared_cores_absorb_the_bubble),

@@ -138,6 +138,11 @@ int ms_device_cuda_count(void) {
     return 0;
 }
 
+bool ms_device_cuda_describe(int ordinal, char *name, size_t len, double *mem_bytes) {
+    (void)ordinal, (void)name, (void)len, (void)mem_bytes;
+    return false;
+}
+
 ms_status ms_device_cuda_pinned_create(int ordinal, ms_device **out, ms_error *err) {
     (void)ordinal;
     return ms_device_cpu_create(out, err);

@@ -124,6 +124,9 @@ static inline bool ms_device_host_addressable(const ms_device *dev) {
 
 /* How many CUDA devices answer (0 without a driver, a GPU or a CUDA build). */
 int ms_device_cuda_count(void);
+/* CUDA device `ordinal`'s name ("NVIDIA H200") and memory in bytes; false (and nothing
+ * written) when it does not answer. */
+bool ms_device_cuda_describe(int ordinal, char *name, size_t len, double *mem_bytes);
 
 /* A CUDA device for `ordinal`. Returns MS_ERR_UNSUPPORTED with a message saying why (not
  * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. The device

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "engine/core/xalloc.h"
@@ -225,6 +226,14 @@ static const ms_device_ops cuda_ops = {
 int ms_device_cuda_count(void) {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+bool ms_device_cuda_describe(int ordinal, char *name, size_t len, double *mem_bytes) {
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) return false;
+    snprintf(name, len, "%s", prop.name);
+    *mem_bytes = (double)prop.totalGlobalMem;
+    return true;
 }
 
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {

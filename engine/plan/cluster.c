@@ -614,6 +614,41 @@ ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_c
     return ms_cluster_load(path, out, err);
 }
 
+/* A preset device's model token: its second word up to the first '-' ("NVIDIA H200-SXM-141GB
+ * (HGX H200)" -> "H200"). */
+static void model_token(const char *device, char *out, size_t len) {
+    const char *w = strchr(device, ' ');
+    w = w ? w + 1 : device;
+    size_t n = strcspn(w, "- (");
+    snprintf(out, len, "%.*s", (int)(n < len ? n : len - 1), w);
+}
+
+ms_status ms_cluster_for_gpu(const char *gpu_name, double mem_bytes, int gpus, ms_cluster *out,
+                             char *note, size_t note_len, ms_error *err) {
+    static const char *const presets[] = {"h200", "h100", "dgx-a100-80gb"};
+    if (note_len) note[0] = '\0';
+    bool found = false;
+    for (size_t i = 0; i < sizeof presets / sizeof *presets && !found; i++) {
+        MS_CHECK(ms_cluster_resolve(presets[i], false, NULL, out, err));
+        char token[32];
+        model_token(out->device, token, sizeof token);
+        found = token[0] && strstr(gpu_name, token);
+    }
+    if (!found) {
+        MS_CHECK(ms_cluster_resolve("h100", false, NULL, out, err));
+        if (note_len)
+            snprintf(note, note_len,
+                     "no cluster preset describes '%s'; the advisor prices it at the h100 "
+                     "preset's rates with its own %.0f GB",
+                     gpu_name, mem_bytes / 1e9);
+    }
+    snprintf(out->device, sizeof out->device, "%s", gpu_name);
+    out->mem_bytes = mem_bytes;
+    out->devices_per_node = gpus > 0 ? gpus : 1;
+    out->nodes = 1;
+    return MS_OK;
+}
+
 /* --- rates --------------------------------------------------------------------------------------
  */
 

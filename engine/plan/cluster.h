@@ -177,6 +177,14 @@ const char *ms_cluster_preset_dir(void);
 ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_cluster *out,
                              ms_error *err);
 
+/* The cluster a job on `gpus` local GPUs named gpu_name ("NVIDIA H200"), mem_bytes each, is
+ * priced on: the preset of the same GPU model (its device's model token, "H200" of "NVIDIA
+ * H200-SXM-141GB (HGX H200)", found in gpu_name), one node of `gpus` devices with the device's
+ * own memory. A GPU no preset describes gets the h100 preset's rates with its own memory, and
+ * `note` says so (otherwise note is ""). */
+ms_status ms_cluster_for_gpu(const char *gpu_name, double mem_bytes, int gpus, ms_cluster *out,
+                             char *note, size_t note_len, ms_error *err);
+
 /* Measures this machine as a cpu-local cluster (a few seconds). max_ranks bounds the rank
  * counts whose collectives are measured (2, 4, ... up to it). */
 ms_status ms_cluster_calibrate_cpu(int max_ranks, void *log, ms_cluster *out, ms_error *err);
