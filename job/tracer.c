@@ -126,6 +126,14 @@ ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
 }
 
 ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, ms_error *err) {
+    /* Every rank's queued work has run before the last drain (a sync, then all agree), so
+     * NCCL's records of the last step's collectives, kept by the plugin once their kernels
+     * end, are complete when the process's draining rank reads them */
+    if (ctx->device->ops->kind == MS_DEVICE_CUDA) {
+        float done = 1, all = 0;
+        MS_CHECK(ms_device_sync(ctx->device, err));
+        MS_CHECK(ms_all_reduce(t->comm, &done, &all, 1, MS_REDUCE_MIN, err));
+    }
     gpu_stop(ctx, t);
     MS_CHECK(tracer_gather(ctx, t, err));
     ms_group groups[512];
