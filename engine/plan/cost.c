@@ -752,31 +752,43 @@ static void analytic_mb_collectives(const analytic *z) {
 
 /* The gradients' reduction, as the engine plans it over every dim the parameters are
  * replicated on: dp by ZeRO stage, and cp. With both, each gradient is reduce-scattered over
- * dp, its shard all-reduced over cp and (ZeRO 0 and 1) gathered back over dp. */
-static void analytic_grad_sync(const analytic *z, double psi, double wte) {
+ * dp, its shard all-reduced over cp and (ZeRO 0 and 1) gathered back over dp. Each of the
+ * `calls` collectives of a pass (one per parameter tensor, or per gradient bucket) pays its
+ * latency; psi elements in all. */
+static void analytic_grad_sync(const analytic *z, double psi, double wte, double calls) {
     ms_plan_workload *w = z->w;
     const ms_strategy *s = z->s;
     const int dp = s->dp, cp = s->cp;
-    double wb = z->pb->dtype == MS_PLAN_BF16 ? 2 : 4, g = psi * wb, m = z->n_micro;
+    const double n = calls > 1 ? calls : 1;
+    double wb = z->pb->dtype == MS_PLAN_BF16 ? 2 : 4, g = psi * wb / n, m = z->n_micro;
     /* ZeRO 2 and 3 reduce every micro-batch's gradients (accumulated whole before) */
     double per = s->zero >= 2 ? m : 1;
     if (dp > 1 && (cp > 1 || s->zero >= 2)) {
-        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, dp, g, per);
-        if (s->zero < 2) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, 1);
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_DP, WK_GRAD, dp, g, per * n);
+        if (s->zero < 2) wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, n);
     } else if (dp > 1) {
-        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, dp, g, 1);
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_DP, WK_GRAD, dp, g, n);
     }
-    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_GRAD, cp, g / dp, per);
+    wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_GRAD, cp, g / dp, per * n);
     if (dp < 2) return;
     if (s->zero == 1 || s->zero == 2) /* the updated shards gathered after the optimizer */
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, psi * wb, 1);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, n);
     if (s->zero >= 3) {
         /* parameters gathered for forward and backward, every micro-batch (a tied table once
          * more for the head) */
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, psi * wb, 2 * m);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, 2 * m * n);
         if (z->p == 1 && z->f.tied)
             wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, wte * wb, 2 * m);
     }
+}
+
+/* The gradient collectives of one pass over psi elements in `tensors` tensors: one per tensor,
+ * or with buckets one per bucket_mb MiB. */
+static double grad_calls(const analytic *z, double psi, int tensors) {
+    const ms_strategy *s = z->s;
+    if (s->bucket_mb <= 0) return tensors;
+    double bytes = psi * (z->pb->dtype == MS_PLAN_BF16 ? 2 : 4);
+    return ceil(bytes / (s->bucket_mb * 1048576.0));
 }
 
 /* Parameters on the busiest stage (the last on a tie, as the engine prices it), their
@@ -793,7 +805,9 @@ static void analytic_state(const analytic *z) {
     double psi = z->p == 1 ? layers + first + last - (f->tied ? wte : 0) : layers + last;
     int nz = s->dp; /* ZeRO shards over dp */
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
-    analytic_grad_sync(z, psi, wte);
+    int tensors = (int)z->L * ms_plan_family_layer_tensors(f) + ms_plan_family_last_tensors(f);
+    if (z->p == 1) tensors += ms_plan_family_first_tensors(f) - (f->tied ? 1 : 0);
+    analytic_grad_sync(z, psi, wte, grad_calls(z, psi, tensors));
     if (z->p > 1 && f->tied) /* the tied embedding's gradient between the first and last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);
@@ -1344,7 +1358,9 @@ ms_status ms_plan_tally_get(const ms_plan_problem *problem, const ms_strategy *s
         out->flops = wk_flops(w) * m;
         for (int i = 0; i < w->nc; i++) {
             const wk_coll *e = &w->c[i];
-            out->coll_bytes[e->dim][e->kind] += e->bytes * e->count * (e->when == WK_IN_MB ? m : 1);
+            double calls = e->count * (e->when == WK_IN_MB ? m : 1);
+            out->coll_bytes[e->dim][e->kind] += e->bytes * calls;
+            out->coll_calls[e->dim][e->kind] += calls;
         }
         out->mem_params = w->mem_params, out->mem_grads = w->mem_grads;
         out->mem_optim = w->mem_optim, out->mem_act = w->mem_act;

@@ -221,6 +221,7 @@ ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy 
 typedef struct ms_plan_tally {
     double flops; /* its kernels' FLOPs: forward, backward and recompute, every micro-batch */
     double coll_bytes[MS_PLAN_DIM_COUNT][MS_COLL_KIND_COUNT]; /* by mesh dim and kind */
+    double coll_calls[MS_PLAN_DIM_COUNT][MS_COLL_KIND_COUNT]; /* each pays its latency */
     double mem_params, mem_grads, mem_optim, mem_act;         /* bytes */
 } ms_plan_tally;
 /* The tally of s from the engine's compiled program (closed_form false: the strategy must be

@@ -85,6 +85,20 @@ double ms_plan_family_layer_params(const ms_plan_family *f, int tp) {
     return p;
 }
 
+int ms_plan_family_layer_tensors(const ms_plan_family *f) {
+    int n = f->norms * f->norm_params; /* weight, and bias for LayerNorm */
+    for (int i = 0; i < f->n_lin; i++) n += 1 + f->lin[i].bias;
+    return n;
+}
+
+int ms_plan_family_first_tensors(const ms_plan_family *f) {
+    return 1 + (f->pos_rows > 0) + (f->emb_norm ? f->norm_params : 0);
+}
+
+int ms_plan_family_last_tensors(const ms_plan_family *f) {
+    return 1 + (f->final_norm ? f->norm_params : 0) + (f->head_transform ? 2 + f->norm_params : 0);
+}
+
 double ms_plan_family_first_params(const ms_plan_family *f, int tp, bool vocab_parallel) {
     double h = (double)f->h, p = (double)f->vocab * h / (vocab_parallel ? tp : 1);
     p += (double)f->pos_rows * h;

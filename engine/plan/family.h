@@ -71,6 +71,12 @@ void ms_plan_family_of(const ms_model_config *c, int tp, int seq, ms_plan_family
  * biases divided by tp, norms and row-parallel biases whole). */
 double ms_plan_family_layer_params(const ms_plan_family *f, int tp);
 
+/* Parameter tensors (each its own gradient collective without buckets): of one layer, of the
+ * embedding's end and of the head's end (a tied head's table counted there too). */
+int ms_plan_family_layer_tensors(const ms_plan_family *f);
+int ms_plan_family_first_tensors(const ms_plan_family *f);
+int ms_plan_family_last_tensors(const ms_plan_family *f);
+
 /* The embedding's and the head's parameters on one tp rank: the token embedding (vocab-
  * parallel unless replicated), positions, norms, the MLM transform, an untied head. */
 double ms_plan_family_first_params(const ms_plan_family *f, int tp, bool vocab_parallel);
