@@ -64,6 +64,7 @@ static cJSON *strategy_json(const ms_strategy *s, int batch) {
     cJSON_AddNumberToObject(o, "n_micro", m);
     cJSON_AddBoolToObject(o, "vocab_parallel", s->tp > 1 && !s->vocab_replicated);
     cJSON_AddBoolToObject(o, "offload", s->offload);
+    cJSON_AddNumberToObject(o, "bucket_mb", s->bucket_mb);
     return o;
 }
 
@@ -138,7 +139,7 @@ int ms_cmd_plan(int argc, char **argv) {
         .about = "Ranks parallel strategies (dp x tp x pp x cp, sp, ZeRO 0-3, recompute, "
                  "micro-batches)\nby predicted step time, with memory per device and throughput. "
                  "--evaluate \"tp=8,pp=2,dp=32\"\nfixes some knobs (mb: micro-batch size, micro: "
-                 "their count, vp: vocab-parallel head).",
+                 "their count, vp: vocab-parallel head, bucket: gradient buckets in MiB).",
         MS_OPTS_TABLE(opts)};
     int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
     if (rc != MS_OPTS_PROCEED) return rc;

@@ -341,6 +341,12 @@ static int candidates(const ms_advisor *a, ms_strategy *out, int cap) {
                         s.pp = pp;
                         if (pp > 1) s.micro_batches = pp << mi;
                         out[n++] = s;
+                        /* on GPUs each gradient's NCCL call costs microseconds: 25 MiB
+                         * buckets, as PyTorch DDP's, too */
+                        if (!a->cluster.cpu && (s.dp > 1) != (s.cp > 1) && n < cap) {
+                            s.bucket_mb = 25;
+                            out[n++] = s;
+                        }
                     }
             }
     }

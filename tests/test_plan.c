@@ -466,18 +466,23 @@ static void search_matches_brute_force(void **state) {
                         for (int vp = 0; vp <= 1; vp++)
                             for (int z = 0; z <= 3; z++)
                                 for (int rc = 0; rc <= 1; rc++)
-                                    for (int mb = 1; mb <= 16; mb++) {
-                                        if (16 % dp || (16 / dp) % mb) continue;
-                                        if (tp == 1 && vp) continue; /* no head to shard */
-                                        ms_strategy s = knobs(dp, tp, pp, cp, sp, z, rc,
-                                                              16 / dp / mb, vp, MS_PLAN_BF16);
-                                        ms_plan_estimate e;
-                                        ms_error e2 = {0};
-                                        if (ms_plan_estimate_one(&pb, &s, NULL, &e, &e2) != MS_OK)
-                                            continue;
-                                        n++;
-                                        if (e.fits && e.step_s < best) best = e.step_s;
-                                    }
+                                    for (int bk = 0; bk <= 25; bk += 25)
+                                        for (int mb = 1; mb <= 16; mb++) {
+                                            if (16 % dp || (16 / dp) % mb) continue;
+                                            if (tp == 1 && vp) continue; /* no head to shard */
+                                            /* buckets where one collective reduces them */
+                                            if (bk && (dp > 1) == (cp > 1)) continue;
+                                            ms_strategy s = knobs(dp, tp, pp, cp, sp, z, rc,
+                                                                  16 / dp / mb, vp, MS_PLAN_BF16);
+                                            s.bucket_mb = (float)bk;
+                                            ms_plan_estimate e;
+                                            ms_error e2 = {0};
+                                            if (ms_plan_estimate_one(&pb, &s, NULL, &e, &e2) !=
+                                                MS_OK)
+                                                continue;
+                                            n++;
+                                            if (e.fits && e.step_s < best) best = e.step_s;
+                                        }
                 }
     printf("search: %ld strategies, best %.6g s (%s); brute force: %ld, best %.6g s\n",
            res.evaluated, res.cands[0].step_s, res.cands[0].text, n, best);

@@ -71,24 +71,29 @@ typedef struct family_case {
     const char *name;
     int dp, tp, pp, cp, zero;
     bool sp, recompute;
+    float bucket_mb; /* gradient buckets: one call each */
 } family_case;
 
 static const family_case cases[] = {
-    {"dp2", 2, 1, 1, 1, 0, false, false},
-    {"tp2", 1, 2, 1, 1, 0, false, false},
-    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false},
-    {"tp2 +sp", 1, 2, 1, 1, 0, true, false},
-    {"pp2", 1, 1, 2, 1, 0, false, false},
-    {"dp2 zero1", 2, 1, 1, 1, 1, false, false},
-    {"dp2 zero3", 2, 1, 1, 1, 3, false, false},
-    {"tp2 recompute", 1, 2, 1, 1, 0, false, true},
-    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false},
+    {"dp2", 2, 1, 1, 1, 0, false, false, 0},
+    {"tp2", 1, 2, 1, 1, 0, false, false, 0},
+    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false, 0},
+    {"tp2 +sp", 1, 2, 1, 1, 0, true, false, 0},
+    {"pp2", 1, 1, 2, 1, 0, false, false, 0},
+    {"dp2 zero1", 2, 1, 1, 1, 1, false, false, 0},
+    {"dp2 zero3", 2, 1, 1, 1, 3, false, false, 0},
+    {"tp2 recompute", 1, 2, 1, 1, 0, false, true, 0},
+    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false, 0},
     /* llama-tiny's 2 kv heads do not divide 4: every tp rank holds both, the query heads split */
-    {"tp4", 1, 4, 1, 1, 0, false, false},
-    {"tp4 +sp", 1, 4, 1, 1, 0, true, false},
-    {"cp2", 1, 1, 1, 2, 0, false, false},
-    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false},
-    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false},
+    {"tp4", 1, 4, 1, 1, 0, false, false, 0},
+    {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0},
+    {"cp2", 1, 1, 1, 2, 0, false, false, 0},
+    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false, 0},
+    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false, 0},
+    {"dp2 bucket1MB", 2, 1, 1, 1, 0, false, false, 1},
+    {"dp2 zero2 b1MB", 2, 1, 1, 1, 2, false, false, 1},
+    {"cp2 b1MB", 1, 1, 1, 2, 0, false, false, 1},
+    {"dp2 x cp2 b1MB", 2, 1, 1, 2, 0, false, false, 1},
 };
 
 static ms_strategy strategy_of(const family_case *fc) {
@@ -96,6 +101,7 @@ static ms_strategy strategy_of(const family_case *fc) {
     ms_strategy_defaults(&s);
     s.dp = fc->dp, s.tp = fc->tp, s.pp = fc->pp, s.zero = fc->zero, s.sp = fc->sp;
     s.cp = fc->cp;
+    s.bucket_mb = fc->bucket_mb;
     s.recompute = fc->recompute ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
     if (fc->pp > 1) s.micro_batches = 2;
     return s;

@@ -267,6 +267,7 @@ typedef struct ms_program_stats {
     size_t staging_bytes; /* bf16: fp32 copies of one instruction's operands, reused by all */
     int grad_buckets;     /* bucket_mb > 0: buckets of grad-sync all-reduces */
     int bucketed_grads;   /* the gradients in them */
+    size_t bucket_bytes;  /* their one buffer (and the reduce-scatters' results), device memory */
 } ms_program_stats;
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s);
 

@@ -1141,7 +1141,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     build_forward(p);
     mark_recompute(p, opts ? opts->recompute : 0);
     build_backward(p);
-    if (opts && opts->bucket_mb > 0 && !p->shapes_only) plan_grad_buckets(p, opts);
+    if (opts && opts->bucket_mb > 0) plan_grad_buckets(p, opts); /* shapes-only: the planner's */
     layout_memory(p);
     p->staging_floats = prog_staging_floats(p);
     compute_costs(p);
@@ -1811,6 +1811,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
     if (p->buckets) {
         s->grad_buckets = ms_gb_buckets(p->buckets);
         s->bucketed_grads = ms_gb_count(p->buckets);
+        s->bucket_bytes = ms_gb_storage_bytes(p->buckets);
     }
 }
 
@@ -1886,15 +1887,17 @@ ms_status ms_program_reshard(const ms_program *p, int i, ms_reshard_info *out) {
     if (i < 0 || i >= p->nreshards) return MS_ERR_INVALID;
     const instr *in = &p->ins[p->reshards[i]];
     if (!in->plan) return MS_ERR_INTERNAL;
-    *out = (ms_reshard_info){.value = in->value,
-                             .name = p->g->v[in->value].name,
-                             .phase = in->phase,
-                             .gshape = p->g->v[in->value].shape,
-                             .from = in->from,
-                             .to = in->to,
-                             .plan = in->plan,
-                             .coll_bytes = in->coll_bytes,
-                             .param_gather = in->gather,
-                             .dtype = p->bufs[in->src].dtype};
+    *out = (ms_reshard_info){
+        .value = in->value,
+        .name = p->g->v[in->value].name,
+        .phase = in->phase,
+        .gshape = p->g->v[in->value].shape,
+        .from = in->from,
+        .to = in->to,
+        .plan = in->plan,
+        .coll_bytes = in->coll_bytes,
+        .param_gather = in->gather,
+        .dtype = p->bufs[in->src].dtype,
+        .bucket = in->bucket_grad ? ms_gb_bucket_of(p->buckets, in->bucket_grad - 1) : -1};
     return MS_OK;
 }

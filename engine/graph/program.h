@@ -79,6 +79,8 @@ typedef struct ms_reshard_info {
     double coll_bytes;           /* this rank's collective bytes: the plan's steps summed */
     bool param_gather;           /* ZeRO 3: a parameter gathered for one use (not a gradient) */
     ms_dtype dtype;              /* the elements it moves: MS_BF16 under bf16 precision */
+    int bucket; /* the gradient bucket that reduces it, one call for all its members (its plan
+                 * says what each member moves); -1: a call of its own */
 } ms_reshard_info;
 
 int ms_program_num_reshards(const ms_program *p);

@@ -753,14 +753,17 @@ static void analytic_mb_collectives(const analytic *z) {
 /* The gradients' reduction, as the engine plans it over every dim the parameters are
  * replicated on: dp by ZeRO stage, and cp. With both, each gradient is reduce-scattered over
  * dp, its shard all-reduced over cp and (ZeRO 0 and 1) gathered back over dp. Each of the
- * `calls` collectives of a pass (one per parameter tensor, or per gradient bucket) pays its
- * latency; psi elements in all. */
-static void analytic_grad_sync(const analytic *z, double psi, double wte, double calls) {
+ * `calls` reductions of a pass (one per parameter tensor, or per gradient bucket) pays its
+ * latency, as does each of the parameter gathers (one per tensor); psi elements in `tensors`
+ * tensors. */
+static void analytic_grad_sync(const analytic *z, double psi, double wte, double calls,
+                               double tensors) {
     ms_plan_workload *w = z->w;
     const ms_strategy *s = z->s;
     const int dp = s->dp, cp = s->cp;
-    const double n = calls > 1 ? calls : 1;
+    const double n = calls > 1 ? calls : 1, nt = tensors > 1 ? tensors : 1;
     double wb = z->pb->dtype == MS_PLAN_BF16 ? 2 : 4, g = psi * wb / n, m = z->n_micro;
+    double pt = psi * wb / nt; /* a parameter tensor's bytes: gathers are never bucketed */
     /* ZeRO 2 and 3 reduce every micro-batch's gradients (accumulated whole before) */
     double per = s->zero >= 2 ? m : 1;
     if (dp > 1 && (cp > 1 || s->zero >= 2)) {
@@ -772,21 +775,23 @@ static void analytic_grad_sync(const analytic *z, double psi, double wte, double
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_CP, WK_GRAD, cp, g / dp, per * n);
     if (dp < 2) return;
     if (s->zero == 1 || s->zero == 2) /* the updated shards gathered after the optimizer */
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, n);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, pt, nt);
     if (s->zero >= 3) {
         /* parameters gathered for forward and backward, every micro-batch (a tied table once
          * more for the head) */
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, g, 2 * m * n);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, pt, 2 * m * nt);
         if (z->p == 1 && z->f.tied)
             wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, dp, wte * wb, 2 * m);
     }
 }
 
 /* The gradient collectives of one pass over psi elements in `tensors` tensors: one per tensor,
- * or with buckets one per bucket_mb MiB. */
+ * or with buckets one per bucket_mb MiB (a greedy fill in backward's order, which the engine's
+ * compiled buckets equal on the families tested). */
 static double grad_calls(const analytic *z, double psi, int tensors) {
     const ms_strategy *s = z->s;
-    if (s->bucket_mb <= 0) return tensors;
+    /* a bucket holds one collective: over dp and cp each gradient's reduction has three */
+    if (s->bucket_mb <= 0 || (s->dp > 1 && s->cp > 1)) return tensors;
     double bytes = psi * (z->pb->dtype == MS_PLAN_BF16 ? 2 : 4);
     return ceil(bytes / (s->bucket_mb * 1048576.0));
 }
@@ -807,7 +812,9 @@ static void analytic_state(const analytic *z) {
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
     int tensors = (int)z->L * ms_plan_family_layer_tensors(f) + ms_plan_family_last_tensors(f);
     if (z->p == 1) tensors += ms_plan_family_first_tensors(f) - (f->tied ? 1 : 0);
-    analytic_grad_sync(z, psi, wte, grad_calls(z, psi, tensors));
+    analytic_grad_sync(z, psi, wte, grad_calls(z, psi, tensors), tensors);
+    if (s->bucket_mb > 0 && (s->dp > 1) != (s->cp > 1)) /* the buckets' buffer, ZeRO's shards */
+        w->mem_other += psi * gb * (1 + (s->zero >= 2 ? 1.0 / s->dp : 0));
     if (z->p > 1 && f->tied) /* the tied embedding's gradient between the first and last stage */
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, wte * gb, 1);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, pb->devices, 8, 1);

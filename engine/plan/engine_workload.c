@@ -151,13 +151,25 @@ static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_
             add_kernel(w, st, g, &kn);
 }
 
+/* A gradient bucket: its members' one collective (buckets never mix dims or kinds). */
+typedef struct bucket_call {
+    ms_coll_kind kind;
+    int dim, group;
+    double bytes;
+} bucket_call;
+
 static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_mesh *mesh,
                               const ms_program *prog, ms_error *err) {
-    for (int i = 0; i < ms_program_num_reshards(prog); i++) {
+    const int nr = ms_program_num_reshards(prog);
+    bucket_call *buckets = xcalloc((size_t)nr + 1, sizeof *buckets);
+    int nb = 0;
+    for (int i = 0; i < nr; i++) {
         ms_reshard_info ri;
-        if (ms_program_reshard(prog, i, &ri) != MS_OK)
+        if (ms_program_reshard(prog, i, &ri) != MS_OK) {
+            free(buckets);
             return ms_fail(err, MS_ERR_INTERNAL, "planner: reshard %d of the program has no plan",
                            i);
+        }
         /* once per step: the gradient sync, and ZeRO 1 and 2's gather after the optimizer */
         bool grad = ri.phase == MS_PROG_GRAD_SYNC || ri.phase == MS_PROG_PARAM_SYNC;
         for (int s = 0; s < ri.plan->nsteps; s++) {
@@ -179,12 +191,24 @@ static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, con
                 default:
                     continue; /* local slices and partial markers move nothing */
             }
+            if (st) st->reshard_bytes += rs->coll_bytes;
+            if (ri.bucket >= 0 && ri.bucket < nr) { /* one step: the bucket's reduction */
+                bucket_call *b = &buckets[ri.bucket];
+                *b = (bucket_call){kind, dim_of(mesh, rs->mesh_dim), mesh->shape[rs->mesh_dim],
+                                   b->bytes + rs->coll_bytes};
+                nb = ri.bucket + 1 > nb ? ri.bucket + 1 : nb;
+                continue;
+            }
             wk_coll_add(w, kind, dim_of(mesh, rs->mesh_dim), grad ? WK_GRAD : WK_IN_MB,
                         mesh->shape[rs->mesh_dim], rs->coll_bytes, 1);
-            if (st) st->reshard_bytes += rs->coll_bytes;
         }
         if (st) st->n_reshards++;
     }
+    for (int b = 0; b < nb; b++)
+        if (buckets[b].bytes > 0)
+            wk_coll_add(w, buckets[b].kind, (ms_plan_dim)buckets[b].dim, WK_GRAD, buckets[b].group,
+                        buckets[b].bytes, 1);
+    free(buckets);
     return MS_OK;
 }
 
@@ -228,6 +252,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .recompute = ms_strategy_recompute_regions(s),
                           .bf16 = s->precision == MS_PRECISION_BF16,
                           .deferred_param_sync = s->offload,
+                          .bucket_mb = s->bucket_mb, /* one call per bucket */
                           /* a GPU's bf16 kernels leave most instructions unstaged */
                           .kernels_like =
                               pb->cluster && !pb->cluster->cpu ? MS_DEVICE_CUDA : MS_DEVICE_CPU};
@@ -254,7 +279,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     if ((double)ps.arena_bytes > *arena) *arena = (double)ps.arena_bytes;
     if ((double)ps.staging_bytes > *staging) *staging = (double)ps.staging_bytes;
     w->hw_flops_step += ps.flops;
-    *persist += (double)ps.param_bytes;
+    *persist += (double)ps.param_bytes + (double)ps.bucket_bytes; /* buckets: beside them */
     /* the residual stream crossing into this chunk: its local box, in bytes */
     if (model.hidden_in >= 0) {
         const ms_shape *g = ms_graph_value_shape(model.g, model.hidden_in);

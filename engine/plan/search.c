@@ -10,7 +10,7 @@
 #include "engine/core/xalloc.h"
 
 void ms_plan_fixed_none(ms_plan_fixed *f) {
-    *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
 }
 
 static bool parse_bool(const char *v, int *out) {
@@ -52,7 +52,8 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
                     {"mb", &f->micro_batch, false, 1, 1 << 24},
                     {"micro", &f->n_micro, false, 1, 1 << 24},
                     {"vp", &f->vocab_parallel, true, 0, 1},
-                    {"offload", &f->offload, true, 0, 1}};
+                    {"offload", &f->offload, true, 0, 1},
+                    {"bucket", &f->bucket_mb, false, 0, 1 << 16}};
         int hit = -1;
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
             if (!strcmp(k, keys[i].key)) hit = (int)i;
@@ -60,7 +61,7 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
             return ms_fail(err, MS_ERR_INVALID,
                            "--evaluate: unknown knob '%s'; valid: dp, tp, pp, cp, sp, zero, "
                            "recompute, mb (micro-batch size), micro (micro-batch count), vp "
-                           "(vocab-parallel head), offload",
+                           "(vocab-parallel head), offload, bucket (gradient bucket MiB, 0: none)",
                            k);
         int val;
         if (keys[hit].slot == &f->recompute && !strcmp(v, "selective")) {
@@ -98,7 +99,8 @@ bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int globa
            (f->recompute < 0 || f->recompute == recompute_knob(s)) &&
            (f->micro_batch < 0 || f->micro_batch == mb) && (f->n_micro < 0 || f->n_micro == m) &&
            (f->vocab_parallel < 0 || f->vocab_parallel == (s->tp > 1 && !s->vocab_replicated)) &&
-           (f->offload < 0 || f->offload == (int)s->offload);
+           (f->offload < 0 || f->offload == (int)s->offload) &&
+           (f->bucket_mb < 0 || f->bucket_mb == (int)s->bucket_mb);
 }
 
 /* Estimates s; when it does not fit the devices' memory and `may_offload`, estimates it again
@@ -312,53 +314,60 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
                 int dp = D / (tp * cp * pp);
                 if (B % dp || (f->dp >= 0 && f->dp != dp)) continue;
                 int per = B / dp;
+                /* gradient buckets: none, or on GPUs (where each NCCL call costs microseconds)
+                 * PyTorch DDP's 25 MiB too where the engine buckets (over dp or cp, not both) */
+                int bks[2] = {f->bucket_mb > 0 ? f->bucket_mb : 0, 25};
+                int nbk = f->bucket_mb < 0 && !pb->cluster->cpu && (dp > 1) != (cp > 1) ? 2 : 1;
                 for (int sp = 0; sp <= (tp > 1); sp++)
                     for (int vp = tp > 1; vp >= 0; vp--)
                         for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
                             for (int rc = 0; rc <= (f->recompute == 2 ? 2 : 1); rc++)
-                                for (int mb = 1; mb <= per; mb++) {
-                                    if (per % mb) continue;
-                                    ms_strategy s;
-                                    ms_strategy_defaults(&s);
-                                    s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp;
-                                    s.zero = z;
-                                    s.recompute = rc == 2   ? MS_RECOMPUTE_SELECTIVE
-                                                  : rc == 1 ? MS_RECOMPUTE_FULL
-                                                            : MS_RECOMPUTE_NONE;
-                                    s.micro_batches = per / mb;
-                                    s.vocab_replicated = tp > 1 && !vp;
-                                    s.precision = precision;
-                                    s.offload = f->offload == 1;
-                                    if (!ms_plan_fixed_match(f, &s, B)) continue;
-                                    if (exe_only && !ms_plan_executable(pb, &s, NULL, 0)) continue;
-                                    ms_error e2 = {0};
-                                    ms_status s2 =
-                                        estimate_or_offload(pb, &s, f->offload < 0, sc, e, &e2);
-                                    if (s2 != MS_OK) {
-                                        if (!first.msg[0]) first = e2;
-                                        if (s2 != MS_ERR_INVALID) {
-                                            st = s2;
-                                            if (err) *err = e2;
-                                            goto done;
+                                for (int bk = 0; bk < nbk; bk++)
+                                    for (int mb = 1; mb <= per; mb++) {
+                                        if (per % mb) continue;
+                                        ms_strategy s;
+                                        ms_strategy_defaults(&s);
+                                        s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp;
+                                        s.zero = z;
+                                        s.recompute = rc == 2   ? MS_RECOMPUTE_SELECTIVE
+                                                      : rc == 1 ? MS_RECOMPUTE_FULL
+                                                                : MS_RECOMPUTE_NONE;
+                                        s.micro_batches = per / mb;
+                                        s.vocab_replicated = tp > 1 && !vp;
+                                        s.precision = precision;
+                                        s.offload = f->offload == 1;
+                                        s.bucket_mb = (float)bks[bk];
+                                        if (!ms_plan_fixed_match(f, &s, B)) continue;
+                                        if (exe_only && !ms_plan_executable(pb, &s, NULL, 0))
+                                            continue;
+                                        ms_error e2 = {0};
+                                        ms_status s2 =
+                                            estimate_or_offload(pb, &s, f->offload < 0, sc, e, &e2);
+                                        if (s2 != MS_OK) {
+                                            if (!first.msg[0]) first = e2;
+                                            if (s2 != MS_ERR_INVALID) {
+                                                st = s2;
+                                                if (err) *err = e2;
+                                                goto done;
+                                            }
+                                            continue;
                                         }
-                                        continue;
+                                        any_valid = true;
+                                        out->evaluated++;
+                                        if (e->fits) {
+                                            keep_top(fit, &nfit, keep, e);
+                                        } else {
+                                            out->pruned_memory++;
+                                            keep_top(nofit, &nnofit, keep, e);
+                                        }
+                                        if (e->executable &&
+                                            (!out->have_best_executable ||
+                                             (e->fits && (!out->best_executable.fits ||
+                                                          better(e, &out->best_executable))))) {
+                                            out->best_executable = *e;
+                                            out->have_best_executable = true;
+                                        }
                                     }
-                                    any_valid = true;
-                                    out->evaluated++;
-                                    if (e->fits) {
-                                        keep_top(fit, &nfit, keep, e);
-                                    } else {
-                                        out->pruned_memory++;
-                                        keep_top(nofit, &nnofit, keep, e);
-                                    }
-                                    if (e->executable &&
-                                        (!out->have_best_executable ||
-                                         (e->fits && (!out->best_executable.fits ||
-                                                      better(e, &out->best_executable))))) {
-                                        out->best_executable = *e;
-                                        out->have_best_executable = true;
-                                    }
-                                }
             }
         }
     }

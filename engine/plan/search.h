@@ -18,13 +18,14 @@
 /* Fixed knobs; -1 = searched. */
 typedef struct ms_plan_fixed {
     int dp, tp, pp, cp, sp, zero, recompute, micro_batch, n_micro, vocab_parallel, offload;
+    int bucket_mb; /* gradient buckets in MiB, 0 none; -1 any (GPU clusters try 0 and 25) */
 } ms_plan_fixed;
 
 void ms_plan_fixed_none(ms_plan_fixed *f);
 /* Parses "tp=8,pp=2,dp=32": keys dp, tp, pp, cp, sp, zero, recompute, mb (micro-batch size),
- * micro (micro-batch count), vp (vocab-parallel head), offload; booleans as 0/1/true/false/on/off;
- * recompute also "selective" (2; 1 is full; the search tries selective only when fixed to it).
- * Errors name the key and list the valid ones. */
+ * micro (micro-batch count), vp (vocab-parallel head), offload, bucket (MiB); booleans as
+ * 0/1/true/false/on/off; recompute also "selective" (2; 1 is full; the search tries selective only
+ * when fixed to it). Errors name the key and list the valid ones. */
 ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err);
 /* Whether s agrees with every fixed knob (micro-batch size and count for this global batch). */
 bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int global_batch);
