@@ -117,7 +117,8 @@ int ms_cmd_plan(int argc, char **argv) {
     const ms_option opts[] = {
         MS_TEXT("model", "CONFIG", &model, "the model's config JSON (required)"),
         MS_TEXT("cluster", "C", &cluster,
-                "cpu-local (measured, cached), dgx-a100-80gb, h100, h200 or a cluster JSON file"),
+                "cpu-local (measured, cached), gpu-local (this machine's GPUs), dgx-a100-80gb, "
+                "h100, h200 or a cluster JSON file"),
         MS_INT("devices", "N", &devices, 1, 1 << 20, "devices or thread ranks (required)"),
         MS_INT("global-batch", "B", &batch, 1, 1 << 24, "sequences per step (required)"),
         MS_INT("seq", "T", &seq, 1, 1 << 24, "tokens per sequence (required)"),
@@ -146,7 +147,8 @@ int ms_cmd_plan(int argc, char **argv) {
     rc = 0;
     if (!model) return bad("--model CONFIG.json is required");
     if (!cluster)
-        return bad("--cluster is required: cpu-local, dgx-a100-80gb, h100, h200 or a JSON file");
+        return bad("--cluster is required: cpu-local, gpu-local, dgx-a100-80gb, h100, h200 or a "
+                   "JSON file");
     if (!devices) return bad("--devices N is required (how many devices or thread ranks)");
     if (!batch) return bad("--global-batch B is required (sequences per step)");
     if (!seq) return bad("--seq T is required (tokens per sequence)");

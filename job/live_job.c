@@ -24,19 +24,16 @@ static double memory_cap(const live_job *j) {
     return sharing > 1 ? cap / sharing : cap;
 }
 
-/* The cluster the advisor prices: this machine's thread ranks, or on CUDA the local GPUs'
- * preset (every rank priced as a GPU of its own; ranks that share one are said to). */
+/* The cluster the advisor prices: this machine's thread ranks, or on CUDA its GPUs
+ * (gpu-local; every rank priced as a GPU of its own, ranks that share one are told). */
 static ms_status advisor_cluster(live_job *j, const run_opts *o, int world, ms_error *err) {
     ms_device_kind kind = MS_DEVICE_CPU;
     MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &kind, NULL, 0, err));
-    char name[256];
-    double mem = 0;
-    if (kind != MS_DEVICE_CUDA || !ms_device_cuda_describe(0, name, sizeof name, &mem))
+    if (kind != MS_DEVICE_CUDA)
         return ms_cluster_resolve("cpu-local", false, NULL, &j->cluster, err);
-    j->gpus = ms_device_cuda_count();
-    char note[320];
-    MS_CHECK(ms_cluster_for_gpu(name, mem, world, &j->cluster, note, sizeof note, err));
-    if (note[0]) fprintf(stderr, "note: %s\n", note);
+    MS_CHECK(ms_cluster_resolve("gpu-local", false, stderr, &j->cluster, err));
+    j->gpus = j->cluster.devices_per_node;
+    j->cluster.devices_per_node = world > j->gpus ? world : j->gpus;
     if (world > j->gpus)
         fprintf(stderr,
                 "note: %d ranks share %d GPU%s; the advisor prices each rank as a GPU of its "

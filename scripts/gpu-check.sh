@@ -10,6 +10,7 @@
 #     against one CPU rank;
 #   - GPT-2 124M, 20 steps in bf16: step time, tokens/s and model FLOP utilisation against
 #     the GPU's bf16 peak (GPU_PEAK_TFLOPS, default 989 for an H100/H200);
+#   - the planner's prediction for that run on this machine's GPU (--cluster gpu-local);
 #   - the same run traced (CUPTI): the tracing overhead;
 #   - a traced GPU run (CUPTI) and `meshscope trace check` on it;
 #   - with 2 GPUs or more and NCCL: dp 2 on two GPUs (the dp dim on NCCL), traced: NCCL loads
@@ -174,6 +175,22 @@ flops = 6 * n * tokens + 12 * 12 * 1024 * 768 * tokens  # weights, then attentio
 print(f"  step {ms:.1f} ms, {tokens / ms * 1e3:.0f} tokens/s, "
       f"MFU {flops / (ms / 1e3) / (float(sys.argv[2]) * 1e12) * 100:.1f}% of {sys.argv[2]} TFLOP/s")
 PY
+fi
+
+echo "=== the planner on this machine's GPUs (gpu-local) against the GPT-2 124M run above"
+if [ ! -s "$OUT_DIR/gpt2-124m.jsonl" ]; then
+  echo "  skipped: the GPT-2 124M run did not finish"
+elif timeout 60 "$ms" plan --model bench/configs/gpt2-small.json --cluster gpu-local --devices 1 \
+    --global-batch 8 --seq 1024 --dtype bf16 --evaluate "dp=1,tp=1,pp=1,cp=1,micro=1,offload=0" \
+    --json >"$OUT_DIR/plan-gpu-local.json" 2>"$OUT_DIR/plan-gpu-local.err"; then
+  python3 - "$OUT_DIR/plan-gpu-local.json" "$OUT_DIR/gpt2-124m.jsonl" <<'PY' | tee "$OUT_DIR/plan-vs-measured.txt"
+import json, statistics, sys
+pred = json.load(open(sys.argv[1]))["candidates"][0]["step_time_s"] * 1e3
+ms = statistics.median(json.loads(l)["step_ms"] for l in list(open(sys.argv[2]))[5:])
+print(f"  predicted {pred:.1f} ms per step, measured {ms:.1f} ms ({(pred / ms - 1) * 100:+.1f}%)")
+PY
+else
+  echo "  the planner failed on gpu-local:"; tail -3 "$OUT_DIR/plan-gpu-local.err"; failed=1
 fi
 
 echo "=== CUPTI tracing overhead: GPT-2 124M traced against the run above (goal: at most 3%)"

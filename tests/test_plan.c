@@ -15,6 +15,7 @@
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
 #include "profiler/advisor.h"
+#include "engine/core/device.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/search.h"
@@ -606,6 +607,16 @@ static void cluster_for_gpu(void **state) {
     assert_non_null(strstr(note, "'NVIDIA GeForce RTX 4090'"));
     assert_non_null(strstr(note, "h100"));
     assert_true(c.mem_bytes == 24e9);
+    /* this machine's GPUs, or the reason there are none */
+    ms_status st = ms_cluster_resolve("gpu-local", false, NULL, &c, &err);
+    if (ms_device_cuda_count() == 0) {
+        assert_int_equal(st, MS_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, "no usable CUDA device"));
+    } else {
+        assert_int_equal(st, MS_OK);
+        assert_false(c.cpu);
+        assert_int_equal(c.devices_per_node, ms_device_cuda_count());
+    }
 }
 
 static void executable_check_reasons(void **state) {

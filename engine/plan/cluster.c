@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/core/device.h"
 #include "engine/core/xalloc.h"
 #include "engine/io/fileio.h"
 #include "engine/io/json_text.h"
@@ -564,9 +565,10 @@ static ms_status write_text(FILE *f, void *arg, ms_error *err) {
 ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_cluster *out,
                              ms_error *err) {
     if (!what || !*what)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "--cluster is required: cpu-local, dgx-a100-80gb, h100, h200 or a JSON "
-                       "file");
+        return ms_fail(
+            err, MS_ERR_INVALID,
+            "--cluster is required: cpu-local, gpu-local, dgx-a100-80gb, h100, h200 or a JSON "
+            "file");
     if (!strcmp(what, "cpu-local")) {
         char path[600];
         MS_CHECK(ms_cluster_cache_path(path, sizeof path, err));
@@ -599,6 +601,19 @@ ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_c
         free(text);
         return MS_OK;
     }
+    if (!strcmp(what, "gpu-local")) {
+        char name[256], note[320];
+        double mem = 0;
+        if (!ms_device_cuda_describe(0, name, sizeof name, &mem))
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "gpu-local: no usable CUDA device here; name a preset (h200, h100, "
+                           "dgx-a100-80gb) or a cluster JSON file");
+        MS_CHECK(
+            ms_cluster_for_gpu(name, mem, ms_device_cuda_count(), out, note, sizeof note, err));
+        snprintf(out->name, sizeof out->name, "gpu-local");
+        if (log && note[0]) fprintf(log, "gpu-local: %s\n", note);
+        return MS_OK;
+    }
     if (strchr(what, '/') || strstr(what, ".json")) return ms_cluster_load(what, out, err);
     char path[600];
     snprintf(path, sizeof path, "%s/%s.json", ms_cluster_preset_dir(), what);
@@ -606,10 +621,11 @@ ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_c
         /* Relative to the working directory too (a source checkout). */
         snprintf(path, sizeof path, "configs/clusters/%s.json", what);
         if (access(path, R_OK) != 0)
-            return ms_fail(err, MS_ERR_INVALID,
-                           "unknown cluster '%s'; use cpu-local, dgx-a100-80gb, h100, h200 (files "
-                           "in %s) or the path of a cluster JSON file",
-                           what, ms_cluster_preset_dir());
+            return ms_fail(
+                err, MS_ERR_INVALID,
+                "unknown cluster '%s'; use cpu-local, gpu-local, dgx-a100-80gb, h100, h200 (files "
+                "in %s) or the path of a cluster JSON file",
+                what, ms_cluster_preset_dir());
     }
     return ms_cluster_load(path, out, err);
 }

@@ -171,8 +171,10 @@ ms_status ms_cluster_load_topology(const char *path, ms_cluster *c, ms_error *er
 /* The directory of the shipped presets (configs/clusters of the source tree). */
 const char *ms_cluster_preset_dir(void);
 
-/* "cpu-local" (cached or measured; recalibrate forces a new measurement), a preset name
- * (configs/clusters/NAME.json) or a path to a JSON file. `log` (a FILE *, may be NULL) gets
+/* "cpu-local" (cached or measured; recalibrate forces a new measurement), "gpu-local" (this
+ * machine's GPUs: ms_cluster_for_gpu of GPU 0's name and memory, as many as answer;
+ * MS_ERR_UNSUPPORTED without one), a preset name (configs/clusters/NAME.json) or a path to a
+ * JSON file. `log` (a FILE *, may be NULL) gets
  * one line per calibration stage. Errors list the presets. */
 ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_cluster *out,
                              ms_error *err);
