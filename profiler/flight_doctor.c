@@ -25,6 +25,7 @@ typedef struct dump {
     int64_t now_ns;
     ms_flight_entry *e;
     int n;
+    bool cut; /* its last line was cut off (the rank was killed while dumping) */
 } dump;
 
 static int64_t num(const cJSON *o, const char *key) {
@@ -99,8 +100,12 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
     size_t cap = 0;
     int lineno = 0, cap_e = 0;
     ms_status st = MS_OK;
-    while (st == MS_OK && getline(&line, &cap, f) > 0) {
+    ssize_t len;
+    while (st == MS_OK && !d->cut && (len = getline(&line, &cap, f)) > 0) {
         lineno++;
+        /* a last line without its newline: the dump stopped mid-entry (killed while writing,
+         * as the launcher does to a stopped rank); the complete entries before it stand */
+        bool whole = line[len - 1] == '\n';
         cJSON *o = cJSON_Parse(line);
         if (lineno == 1) {
             if (!o || num(o, "flight") != 1)
@@ -115,13 +120,15 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
         } else {
             if (d->n == cap_e)
                 d->e = xrealloc(d->e, sizeof *d->e * (size_t)(cap_e = cap_e * 2 + 64));
-            if (!o || !parse_entry(o, &d->e[d->n]))
-                st = ms_fail(err, MS_ERR_INVALID,
-                             "%s line %d is not a flight recorder entry (truncated dump?); "
-                             "remove the file or the line",
-                             path, lineno);
-            else
+            if (o && parse_entry(o, &d->e[d->n]))
                 d->n++;
+            else if (!whole)
+                d->cut = true;
+            else
+                st = ms_fail(err, MS_ERR_INVALID,
+                             "%s line %d is not a flight recorder entry; remove the file or the "
+                             "line",
+                             path, lineno);
         }
         cJSON_Delete(o);
     }
@@ -361,7 +368,10 @@ static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     for (int i = 0; i < nd; i++) {
         char line[512];
         ms_flight_describe(d[i].e, d[i].n, d[i].rank, d[i].now_ns, line, sizeof line);
-        ms_strbuf_printf(out, "  %s [dumped on: %s]\n", line, d[i].reason);
+        ms_strbuf_printf(out, "  %s [dumped on: %s]%s\n", line, d[i].reason,
+                         d[i].cut ? " (the dump was cut short: the rank was killed while "
+                                    "writing it; its complete entries are read)"
+                                  : "");
     }
 }
 

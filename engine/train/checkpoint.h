@@ -41,8 +41,9 @@ typedef struct ms_ckpt_opts {
 /* One rank's saver: owns its background writer thread and the host buffer of its copies. */
 typedef struct ms_ckpt_saver ms_ckpt_saver;
 
-/* Every rank. Checks that the folder can be written (creating it), and rank 0 removes
- * temporary folders that a killed save left. Copies the options' strings. */
+/* Collective: every rank of the world. Checks that the folder can be written (creating it),
+ * and rank 0 removes temporary folders that a killed save left, before any rank returns;
+ * fails on every rank when one cannot write. Copies the options' strings. */
 ms_status ms_ckpt_saver_create(ms_ctx *ctx, const ms_ckpt_opts *o, ms_ckpt_saver **out,
                                ms_error *err);
 /* Sizes and touches this rank's host buffer for t's state (once, before the first step), so

@@ -172,17 +172,29 @@ ms_status ms_ckpt_saver_create(ms_ctx *ctx, const ms_ckpt_opts *o, ms_ckpt_saver
                                ms_error *err) {
     *out = NULL;
     if (!o->dir || !*o->dir) return ms_fail(err, MS_ERR_INVALID, "checkpoint: no folder given");
-    MS_CHECK(make_dir(o->dir, err));
-    char probe[1200];
-    snprintf(probe, sizeof probe, "%s/.probe-%d-%d", o->dir, (int)getpid(), ctx->rank);
-    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0)
+    ms_status mine = make_dir(o->dir, err);
+    if (mine == MS_OK) {
+        char probe[1200];
+        snprintf(probe, sizeof probe, "%s/.probe-%d-%d", o->dir, (int)getpid(), ctx->rank);
+        int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        if (fd < 0)
+            mine = ms_fail(err, MS_ERR_IO,
+                           "checkpoint: cannot write in %s: %s (choose another --save-dir)", o->dir,
+                           strerror(errno));
+        else
+            close(fd), unlink(probe);
+    }
+    if (mine == MS_OK && ctx->rank == 0) remove_stale(o->dir);
+    /* Every rank waits for that removal (a rank that saved at once could lose its fresh
+     * shard to it) and learns whether all can write, so none goes on alone. */
+    float bad = mine != MS_OK ? 1.0f : 0.0f, any = 0;
+    MS_CHECK(ms_all_reduce(ctx->world, &bad, &any, 1, MS_REDUCE_MAX, err));
+    if (mine != MS_OK) return mine;
+    if (any > 0)
         return ms_fail(err, MS_ERR_IO,
-                       "checkpoint: cannot write in %s: %s (choose another --save-dir)", o->dir,
-                       strerror(errno));
-    close(fd);
-    unlink(probe);
-    if (ctx->rank == 0) remove_stale(o->dir);
+                       "checkpoint: another rank cannot write in %s (see its message; choose "
+                       "another --save-dir)",
+                       o->dir);
     ms_ckpt_saver *s = xcalloc(1, sizeof *s);
     s->ctx = ctx;
     s->dir = xstrdup(o->dir);
