@@ -10,8 +10,8 @@
  * kind, and its activation memory, each within the tolerance below. The engine side is the
  * model the engine builds, compiled by the engine: nothing here is a hand-written expectation.
  * Three shapes: 512 tokens per sequence group (8 x 64, 4 x 128), where the engine's completion
- * gathers GPT-2's and BERT's weights under tp2 +sp and splits the linears' reduction under
- * tp4 +sp, and 4 x 32, where it gathers the inputs (Megatron-LM's sp) at both.
+ * gathers GPT-2's and BERT's weights under tp2 +sp and tp4 +sp, and 4 x 32, where it gathers
+ * the inputs (Megatron-LM's sp) at both.
  */
 #include <math.h>
 #include <stdio.h>
@@ -212,6 +212,45 @@ static void llama_against_engine(void **state) {
     check_family("llama-tiny.json");
 }
 
+/* The tp collective bytes (every kind, forward, backward and gradients) of the program the
+ * engine compiles for cfg with `layers` layers under tp4 +sp at 8 x 64, one micro-batch. */
+static double tp4_sp_bytes(ms_model_config cfg, int layers) {
+    cfg.n_layer = layers;
+    ms_cluster c = cpu_cluster();
+    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false};
+    ms_strategy s = strategy_of(&fc);
+    ms_plan_problem pb = {.model = cfg,
+                          .devices = 4,
+                          .global_batch = 8,
+                          .seq = 64,
+                          .dtype = MS_PLAN_FP32,
+                          .cluster = &c,
+                          .engine_workloads = true};
+    ms_plan_tally e;
+    ms_error err = {0};
+    if (ms_plan_tally_get(&pb, &s, false, &e, &err) != MS_OK) fail_msg("%s", err.msg);
+    double bytes = 0;
+    for (int k = 0; k < MS_COLL_KIND_COUNT; k++) bytes += e.coll_bytes[MS_PLAN_TP][k];
+    return bytes;
+}
+
+/* gpt-tiny under tp4 +sp at 8 x 64 moves at most Megatron-LM's bytes per layer: for each
+ * sublayer the input all-gathered and the output reduce-scattered forward, the duals backward
+ * (four collectives of tokens x h x 4 bytes), plus each bias and norm parameter moved at most
+ * twice (gathered for the forward, its gradient reduced; c_attn's 3h, c_fc's 4h, two row
+ * biases and two LayerNorms: 13h). A layer's bytes are the difference of the programs with 4
+ * and 2 layers. Splitting the column linears' reduction, whose partial sums are reduce-
+ * scattered whole, moved 5,213,184 (2.47x). */
+static void sp_moves_at_most_megatron(void **state) {
+    (void)state;
+    ms_model_config m = load("gpt-tiny.json");
+    double layer = (tp4_sp_bytes(m, 4) - tp4_sp_bytes(m, 2)) / 2;
+    double h = m.n_embd, x = 8 * 64 * h * 4;
+    double megatron = 2 * 4 * x + 2 * 13 * h * 4;
+    printf("gpt-tiny tp4 +sp 8 x 64: %.0f tp bytes per layer, Megatron-LM %.0f\n", layer, megatron);
+    assert_true(layer <= megatron);
+}
+
 /* The parameters the engine's model holds: every parameter of its graph (built from shapes). */
 static double engine_params(const ms_model_config *c) {
     ms_model m;
@@ -319,7 +358,7 @@ static void balancer_prices_bert_head(void **state) {
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(parameter_counts),          cmocka_unit_test(gpt_against_engine),
     cmocka_unit_test(bert_against_engine),       cmocka_unit_test(llama_against_engine),
-    cmocka_unit_test(balancer_prices_bert_head),
+    cmocka_unit_test(balancer_prices_bert_head), cmocka_unit_test(sp_moves_at_most_megatron),
 };
 
 MT_MAIN("plan_families", tests)

@@ -37,6 +37,58 @@ static double move_cost(struct ms_plan_cache *plans, const ms_mesh *mesh, const 
     return plan->wire_bytes + plan->nsteps;
 }
 
+/* Whether candidate c keeps a partial sum the op's input i already is along mesh dim m (a
+ * linear op passing it through): that sum's reduction is priced where it was made. */
+static bool passes_partial(const ms_rule_query *q, const ms_placements *req_in,
+                           const ms_rule_cand *c, int m) {
+    for (int i = 0; i < q->n_in; i++)
+        if (req_in[i].p[m].kind == MS_PL_PARTIAL && c->in[i].kind == MS_PL_PARTIAL) return true;
+    return false;
+}
+
+/* The bytes of reducing output o, a partial sum `sum` along mesh dim m: to the hinted
+ * placement when there is one the planner can reach, else the cheapest of the all-reduce and
+ * a reduce-scatter onto each of its dims (the reshard planner's figures). */
+static double reduction_cost(struct ms_plan_cache *plans, const ms_mesh *mesh,
+                             const ms_rule_query *q, int o, int m, ms_placement sum) {
+    const ms_shape *g = &q->out_shapes[o];
+    ms_placements from = ms_placements_replicated(mesh->ndim),
+                  to = ms_placements_replicated(mesh->ndim);
+    from.p[m] = sum;
+    from.p[m].order = 0;
+    if (q->want_out && q->want_kind[o] == 1 && q->want_out[o].p[m].kind != MS_PL_PARTIAL) {
+        to.p[m] = q->want_out[o].p[m];
+        to.p[m].order = 0;
+        double hinted = move_cost(plans, mesh, g, &from, &to);
+        if (isfinite(hinted)) return hinted;
+    }
+    to.p[m] = ms_R();
+    double best = move_cost(plans, mesh, g, &from, &to);
+    for (int d = 0; d < g->ndim; d++) {
+        to.p[m] = ms_S(d);
+        best = fmin(best, move_cost(plans, mesh, g, &from, &to));
+    }
+    return best;
+}
+
+/* A partial sum the candidate makes after moving its inputs (the split of a contraction:
+ * operands all-to-all'ed onto its k dim) will be reduced downstream, so its reduction counts.
+ * One made where the inputs already lie on the contraction dim (Megatron-LM's row-parallel
+ * linear after a column-parallel one) is what that layout planned: charging it there would
+ * trade the reduction for gathering the weight op by op, which the layers around it do not
+ * follow. Annotated outputs are priced by their move instead. */
+static double made_partial_cost(struct ms_plan_cache *plans, const ms_mesh *mesh,
+                                const ms_rule_query *q, const ms_placements *req_in,
+                                const ms_rule_cand *c, int m, double in_cost) {
+    if (in_cost == 0 || passes_partial(q, req_in, c, m)) return 0;
+    double cost = 0;
+    for (int o = 0; o < q->n_out; o++) {
+        if (c->out[o].kind != MS_PL_PARTIAL || (q->want_out && q->want_kind[o] == 2)) continue;
+        cost += reduction_cost(plans, mesh, q, o, m, c->out[o]);
+    }
+    return cost;
+}
+
 /* "(R, R), (S(0), R), ..." : what the op accepts along one mesh dim. */
 static void accepted_str(const ms_rule_cand *c, int nc, int n_in, char *buf, size_t len) {
     size_t k = 0;
@@ -92,6 +144,8 @@ ms_status ms_rule_select(struct ms_plan_cache *plans, const ms_mesh *mesh, const
                                        &trial[i]);
                 if (!def->valid(q->attrs, q->n_in, q->in_shapes, trial, mesh->shape)) continue;
             }
+            if (isfinite(cost))
+                cost += made_partial_cost(plans, mesh, q, out->req_in, &cands[c], m, cost);
             /* A wanted output placement: add what moving the output there would cost. */
             for (int o = 0; o < q->n_out && isfinite(cost); o++) {
                 if (!q->want_out || !q->want_kind[o] ||

@@ -2,10 +2,12 @@
  * placements are decided, used by graph completion and by eager mode alike.
  *
  * For each mesh dim the op's candidates are scored by the bytes their input reshards move
- * (the reshard planner's own figures, so the cost model and the engine agree), plus, when
- * an output placement is annotated, the bytes of moving the output there. Hints from reverse
- * propagation only break ties. The cheapest wins; remaining ties go to the candidate listed
- * first.
+ * (the reshard planner's own figures, so the cost model and the engine agree), plus the
+ * cheapest reduction of a partial-sum output the candidate makes by moving its inputs (the
+ * next op pays it; a partial made where the inputs already lie, or passed through, is not
+ * charged), plus, when an output placement is annotated, the bytes of moving the output there.
+ * Hints from reverse propagation only break ties. The cheapest wins; remaining ties go to the
+ * candidate listed first.
  */
 #ifndef MS_SELECT_H
 #define MS_SELECT_H
@@ -19,7 +21,7 @@ typedef struct ms_rule_choice {
     ms_rule_cand cand[MS_MESH_MAX_DIMS];
     ms_placements req_in[MS_OP_MAX_IN];  /* what each input must be resharded to */
     ms_placements out_pl[MS_OP_MAX_OUT]; /* what each output comes out as */
-    double cost;                         /* predicted input reshard bytes (+1 per step) */
+    double cost; /* predicted input reshard and partial-sum reduction bytes (+1 per step) */
 } ms_rule_choice;
 
 typedef struct ms_rule_query {

@@ -570,17 +570,24 @@ static void sp_gathered(const analytic *z, double elems, double fwd_count, doubl
 
 /* How the engine's completion lays out a column-parallel linear whose input is the sequence-
  * sharded stream under sp. It takes, for each op, the placements whose input reshards move the
- * fewest bytes (ops/select.h), ties in this order: gather the weight (its bytes w), gather the
- * input (x, Megatron-LM's sp), or split the reduction (input and weight all-to-all'ed to the
- * k dim, (x + w) / tp, the output a partial sum reduce-scattered onto its columns). Gathering
- * the weight wins while the weights are small next to the tokens (tp2 on the tiny configs),
- * the split at larger tp, although its reduce-scatter then moves the whole output. */
+ * fewest bytes, plus the reduction of a partial sum the op makes by moving its inputs
+ * (ops/select.h), ties in this order: gather the weight (its bytes w), gather the input (x,
+ * Megatron-LM's sp), or split the reduction (input and weight all-to-all'ed to the k dim,
+ * (x + w) / tp, and the output's partial sum, `out` bytes, reduce-scattered). Gathering the
+ * weight wins while the weights are small next to the tokens (tp2 on the tiny configs); the
+ * split only when the output is much smaller than the gathered input. */
 typedef enum sp_layout { SP_GATHER_WEIGHT, SP_GATHER_INPUT, SP_SPLIT_K } sp_layout;
 
-static sp_layout sp_layout_of(double x, double w, int t) {
-    double split = (x + w) / t;
+static sp_layout sp_layout_of(double x, double w, double out, int t) {
+    double split = (x + w) / t + out;
     if (w <= x && w <= split) return SP_GATHER_WEIGHT;
     return x <= split ? SP_GATHER_INPUT : SP_SPLIT_K;
+}
+
+/* The layout of the column-parallel linear `col`, its input the gathered stream. */
+static sp_layout sp_column_layout(const analytic *z, const fam_linear *col) {
+    const double tok = (double)z->tok, ab = z->ab;
+    return sp_layout_of(tok * z->h * ab, (double)col->k * col->n * ab, tok * col->n * ab, z->t);
 }
 
 /* One column-parallel linear (lin[c]) and the row-parallel one after it (lin[r]) under sp in
@@ -623,6 +630,37 @@ static double sp_group(const analytic *z, int c, int r, sp_layout layout, double
     return repl;
 }
 
+/* The layout of GPT-2's tied head under sp: a column-parallel linear over the vocabulary. */
+static sp_layout sp_head_layout(const analytic *z) {
+    const double tok = (double)z->tok, ab = z->ab, table = (double)z->V * z->h * ab;
+    return sp_layout_of(tok * z->h * ab, table, tok * z->V * ab, z->t);
+}
+
+/* The token lookup under sp, its ids gathered from the sequence shard. The completion prices
+ * the vocab-parallel lookup's partial sum by its reduce-scatter onto the stream (x bytes) and
+ * takes instead, when that moves fewer bytes (table / tp < x), the table all-to-all'ed onto
+ * its columns and the looked-up rows all-to-all'ed to the sequence shard (the duals in the
+ * backward; the table's gradient back to the vocabulary shard unless the tied head gathers
+ * the table and sums its gradient whole). Gathering the table (when its bytes are within the
+ * ids') is not modelled. */
+static void sp_lookup(const analytic *z, double first) {
+    const ms_plan_family *f = &z->f;
+    ms_plan_workload *w = z->w;
+    const int t = z->t;
+    const double tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
+    const double table_shard = (double)z->V * z->h * ab / t;
+    wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
+    if (x <= table_shard) {
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, first);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, first);
+        return;
+    }
+    bool head_sums_whole = f->tied && !f->head_rows && sp_head_layout(z) == SP_GATHER_WEIGHT;
+    wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, x / t, 2 * first);
+    wk_coll_add(w, MS_COLL_ALL_TO_ALL, MS_PLAN_TP, WK_IN_MB, t, table_shard,
+                (head_sums_whole ? 1 : 2) * first);
+}
+
 /* The tied head under sp (GPT-2), laid out like a column-parallel linear over the vocabulary:
  * the table gathered (and again for the backward; the loss reduced), or the final norm's
  * output gathered, or both all-to-all'ed and the logits reduce-scattered over the vocabulary;
@@ -633,7 +671,7 @@ static void sp_head(const analytic *z, double last) {
     const int t = z->t;
     const double tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
     const double table = (double)z->V * z->h, first = z->emb;
-    sp_layout layout = sp_layout_of(x, table * ab, t);
+    sp_layout layout = sp_head_layout(z);
     if (layout == SP_GATHER_WEIGHT) {
         bool shared = f->tied && first > 0; /* one table serves both ends */
         if (first > 0) sp_gathered(z, table, first, 1);
@@ -663,15 +701,14 @@ static void analytic_sp(const analytic *z, double passes_f) {
     const ms_plan_family *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
-    const double L = z->L, tok = (double)z->tok, h = (double)z->h, ab = z->ab;
+    const double L = z->L, h = (double)z->h, ab = z->ab;
     double repl = (double)f->norms * f->norm_params * h;
     for (int c = 0; c < f->n_lin; c++) {
         if (f->lin[c].split != FAM_COLUMN) continue;
         int r = c + 1;
         while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
         if (r == f->n_lin) break;
-        double wbytes = (double)f->lin[c].k * f->lin[c].n * ab;
-        repl += sp_group(z, c, r, sp_layout_of(tok * h * ab, wbytes, t), passes_f);
+        repl += sp_group(z, c, r, sp_column_layout(z, &f->lin[c]), passes_f);
     }
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, repl * ab, L);
     /* the ends */
@@ -680,11 +717,7 @@ static void analytic_sp(const analytic *z, double passes_f) {
                        (f->head_transform ? h * h + h + f->norm_params * h : 0);
     if (first > 0) {
         ends_repl += (double)f->pos_rows * h + (f->emb_norm ? f->norm_params * h : 0);
-        /* the lookup reduce-scattered to the stream, ids gathered */
-        double x = tok * h * ab;
-        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, first);
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, first);
-        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, tok * 4, first);
+        sp_lookup(z, first);
     }
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
     if (!f->head_rows) {
@@ -830,14 +863,13 @@ typedef double (*sp_group_fn)(const analytic *z, const fam_linear *col, bool att
                               sp_layout layout);
 static double sp_groups_sum(const analytic *z, sp_group_fn fn) {
     const ms_plan_family *f = &z->f;
-    double sum = 0, x = (double)z->tok * z->h * z->ab;
+    double sum = 0;
     for (int c = 0; c < f->n_lin; c++) {
         if (f->lin[c].split != FAM_COLUMN) continue;
         int r = c + 1;
         while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
         if (r == f->n_lin) break;
-        double w = (double)f->lin[c].k * f->lin[c].n * z->ab;
-        sum += fn(z, &f->lin[c], r == f->attn_at, sp_layout_of(x, w, z->t));
+        sum += fn(z, &f->lin[c], r == f->attn_at, sp_column_layout(z, &f->lin[c]));
     }
     return sum;
 }
