@@ -4,8 +4,8 @@
  * A bf16 program hands an op its bf16 buffers unstaged only if the op's bf16 kernel writes
  * exactly what staging writes: widen every operand, run the fp32 kernel, round each output once
  * (engine/graph/program_precision.c). The CUDA kernels of add, bias add, GELU, bias + GELU,
- * bias + dropout + residual add, dropout, LayerNorm, attention and the vocab-parallel
- * cross-entropy are one template over the storage
+ * bias + dropout + residual add, dropout, LayerNorm, attention, the vocab-parallel
+ * cross-entropy and the embedding (lookup and sorted scatter-add) are one template over the storage
  * type (elementwise_math.cuh, fused_math.cuh, norm_math.cuh; attention.cu widens as it stages
  * tiles), so the check is on the templates as the launchers call them (per element, per
  * column, per row over MS_CU_ROW_LANES lanes, attention's tiles of attention.cu):
@@ -34,6 +34,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include "engine/kernels/cuda/fused_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
+#include "tests/cuda_embedding_ref.cuh"
 #include "tests/cuda_testkit.cuh"
 
 typedef std::vector<ms_bf16> bvec;
@@ -427,11 +428,62 @@ static void test_xent(void **state) {
     assert_true(ok);
 }
 
+/* ---- embedding: lookup and the sorted, deterministic scatter-add of embedding.cu ---- */
+
+/* Values in [-1, 1) scaled by 2^-k, k in [0, 24): sums of a few of them need more bits than
+ * fp32 has, even from bf16 values, so a different summation order changes the result. */
+static fvec wide_range(size_t n) {
+    fvec x = frand(n, -1, 1);
+    for (float &v : x) v = ldexpf(v, -(int)(urand() * 24));
+    return x;
+}
+
+/* GPT-2's width, 2 x 100 tokens over 40 ids that repeat in shuffled positions; the whole
+ * table, then the vocab slice [300, 700) with ids on and off it. The fp32 instantiation must
+ * equal the CPU kernel bit for bit (same per-row order), and the bf16 one the CPU kernel on
+ * widened operands rounded once - the staged result on every device. */
+static void test_embedding(void **state) {
+    (void)state;
+    const int64_t n = 2 * 100, c = 768, v = 1000;
+    std::vector<int32_t> ids(n);
+    for (auto &id : ids) id = (int32_t)(urand() * 40) * 25;
+    const bvec table = brand(v * c, -1, 1), g = to_bf16<ms_bf16>(wide_range(n * c));
+    const fvec gf = widen(g), g32 = wide_range(n * c);
+    bool ok = true;
+    for (int64_t v0 : {0, 300}) {
+        const int64_t vl = v0 ? 400 : v;
+        const bvec tab(table.begin() + v0 * c, table.begin() + (v0 + vl) * c);
+        const fvec tabf = widen(tab);
+        bvec out(n * c);
+        fvec cpu(n * c);
+        for (int64_t i = 0; i < n * c; i++)
+            ms_cu_embedding_fwd(out.data(), ids.data(), tab.data(), c, v0, vl, i);
+        ms_k_embedding_forward(cpu.data(), ids.data(), tabf.data(), n, c, v0, vl);
+        ok &= same_bits(v0 ? "embedding forward, vocab slice == CPU" : "embedding forward == CPU",
+                        out, cpu);
+        fvec dw = wide_range(vl * c), dc = dw;
+        emb_sorted_backward(dw.data(), ids.data(), g32.data(), n, c, v0, vl);
+        ms_k_embedding_backward(dc.data(), ids.data(), g32.data(), n, c, v0, vl);
+        ok &= close(v0 ? "embedding backward fp32, vocab slice == CPU"
+                       : "embedding backward fp32 == CPU",
+                    dw, dc, 0, 0);
+        const bvec d0 = to_bf16<ms_bf16>(wide_range(vl * c));
+        bvec d = d0;
+        dc = widen(d0);
+        emb_sorted_backward(d.data(), ids.data(), g.data(), n, c, v0, vl);
+        ms_k_embedding_backward(dc.data(), ids.data(), gf.data(), n, c, v0, vl);
+        ok &= same_bits(v0 ? "embedding backward bf16, vocab slice == CPU rounded once"
+                           : "embedding backward bf16 == CPU rounded once",
+                        d, dc);
+    }
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_bias_gelu), cmocka_unit_test(test_fused),
         cmocka_unit_test(test_layernorm),     cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_xent),          cmocka_unit_test(test_embedding),
     };
     return cmocka_run_group_tests_name("cuda_host_bf16", tests, NULL, NULL);
 }

@@ -154,9 +154,33 @@ static void test_embedding(void **state) {
     LAUNCH(ms_cu_embedding_forward(out, did, dt, n, c, v0, vl, NULL, ERR));
     ms_k_embedding_forward(want.data(), ids.data(), table.data(), n, c, v0, vl);
     bool ok = close("embedding forward, vocab slice", back(out, n * c), want, 0, 0);
-    LAUNCH(ms_cu_embedding_backward(dd, did, dg, n, c, v0, vl, NULL, ERR));
+    /* the backward is deterministic: two runs bit for bit alike and equal to the CPU kernel's
+     * sequential order, repeated ids in shuffled positions (ids off the slice included) */
+    const size_t sb = ms_cu_embedding_scratch_bytes(n, vl);
+    void *scratch = dev(std::vector<char>(sb));
+    float *dd2 = dev(d0);
+    LAUNCH(ms_cu_embedding_backward(dd, did, dg, n, c, v0, vl, scratch, sb, NULL, ERR));
+    LAUNCH(ms_cu_embedding_backward(dd2, did, dg, n, c, v0, vl, scratch, sb, NULL, ERR));
     ms_k_embedding_backward(dw.data(), ids.data(), g.data(), n, c, v0, vl);
-    ok &= close("embedding backward (atomics: 1e-6)", back(dd, vl * c), dw, 1e-6, 1e-6);
+    const fvec run1 = back(dd, vl * c);
+    ok &= close("embedding backward, two runs (bitwise)", back(dd2, vl * c), run1, 0, 0);
+    ok &= close("embedding backward == CPU (bitwise)", run1, dw, 0, 0);
+    /* bf16: the CPU kernel on widened operands, rounded once */
+    const hvec tb = to_bf16(table), gb = to_bf16(g), db0 = to_bf16(d0);
+    const fvec tbf = widen(tb), gbf = widen(gb);
+    uint16_t *ob = dev(hvec(n * c)), *ddb = dev(db0);
+    LAUNCH(ms_cu_embedding_forward_bf16(ob, did, dev(tb), n, c, v0, vl, NULL, ERR));
+    ms_k_embedding_forward(want.data(), ids.data(), tbf.data(), n, c, v0, vl);
+    ok &= close("embedding forward bf16 (exact)", widen(back(ob, n * c)), want, 0, 0);
+    LAUNCH(ms_cu_embedding_backward_bf16(ddb, did, dev(gb), n, c, v0, vl, scratch, sb, NULL, ERR));
+    fvec dwb = widen(db0);
+    ms_k_embedding_backward(dwb.data(), ids.data(), gbf.data(), n, c, v0, vl);
+    ok &= close("embedding backward bf16 == CPU rounded once", widen(back(ddb, vl * c)),
+                widen(to_bf16(dwb)), 0, 0);
+    /* too little scratch is refused, named */
+    ms_error e = {};
+    assert_int_not_equal(
+        ms_cu_embedding_backward(dd, did, dg, n, c, v0, vl, scratch, sb - 1, NULL, &e), MS_OK);
     (void)v;
     assert_true(ok);
 }

@@ -628,8 +628,8 @@ static const train_case trains[] = {
     {"{\"dp\": 2, \"tp\": 2, \"sp\": true, \"zero\": 3}", 4, 0},
     {"{\"dp\": 4, \"precision\": \"bf16\", \"zero\": 2}", 4, 0},
     /* bf16 on one rank and with tp + sp: the fenced table's bf16 kernels (matmul, layernorm,
-     * the bias ops, bias_gelu, bias_dropout_add with and without dropout, add) take their
-     * buffers unstaged, the CPU stages them: the same bits. */
+     * the bias ops, bias_gelu, bias_dropout_add with and without dropout, add, the embedding,
+     * vocab-sliced under tp) take their buffers unstaged, the CPU stages them: the same bits. */
     {"{\"dp\": 1, \"precision\": \"bf16\"}", 1, 0.1},
     {"{\"tp\": 2, \"sp\": true, \"precision\": \"bf16\"}", 2, 0.1},
 };

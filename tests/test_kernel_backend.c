@@ -344,7 +344,7 @@ static void host_tables_fill_every_slot(void **state) {
         const size_t bf16_first =
                          (offsetof(ms_kernels, matmul_forward_bf16) - offsetof(ms_kernels, sync)) /
                          sizeof(void *),
-                     bf16_last = (offsetof(ms_kernels, dropout_backward_bf16) -
+                     bf16_last = (offsetof(ms_kernels, embedding_backward_bf16) -
                                   offsetof(ms_kernels, sync)) /
                                  sizeof(void *);
         for (size_t i = 0; i < nslots; i++) {

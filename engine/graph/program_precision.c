@@ -13,17 +13,18 @@
  * Staging costs two or three extra passes over memory per op, more than an elementwise op
  * itself on a GPU. So an op may declare bf16 kernels on a device (ms_op_def.runs_bf16_on:
  * the optional *_bf16 slots of kernels/backend.h - CUDA's matmul, LayerNorm, attention, GELU,
- * the bias and add ops, dropout, cross-entropy; the fenced device has them all to check this
- * path on the host); the instruction then hands it the bf16 buffers as they are. Their
- * contract is this file's: read bf16, compute in fp32 exactly as that device's fp32 kernel
+ * the bias and add ops, dropout, cross-entropy, the embedding; the fenced device has them all
+ * to check this path on the host); the instruction then hands it the bf16 buffers as they are.
+ * Their contract is this file's: read bf16, compute in fp32 exactly as that device's fp32 kernel
  * does, round each output once (an accumulated gradient: widen, add, round once), which is
  * what staging stores, so the result is bit for bit the same (tests/test_cuda_host_bf16.cu, and the
  * fenced training cases of tests/test_device_fenced.c against the staged CPU run). Saved
  * statistics are not operands and stay fp32. Such instructions need no staging, so on those
  * devices the area shrinks to what the ops still staged need (gpt-bench bf16, batch 8 x 128:
- * 16.0 MiB on the CPU, 2.5 MiB on the fenced device and CUDA; the logits' cross-entropy was the
- * largest); a shapes-only program sizes it for the table ms_compile_opts.kernels_like names, so
- * the planner prices a GPU's. */
+ * 16.0 MiB on the CPU, 8 KiB on the fenced device and CUDA - the loss's mean, as every GPT-2
+ * op has bf16 kernels there; the embedding's backward, which staged the table's whole
+ * gradient, took 2.5 MiB); a shapes-only program sizes it for the table
+ * ms_compile_opts.kernels_like names, so the planner prices a GPU's. */
 #include <string.h>
 
 #include "engine/graph/program_impl.h"

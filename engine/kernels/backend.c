@@ -892,6 +892,22 @@ static ms_status f_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint
     wide_done(&ws);
     return OK;
 }
+static ms_status f_embedding_forward_bf16(ms_kctx *kc, uint16_t *out, const int32_t *ids,
+                                          const uint16_t *table, int64_t n, int64_t c, int64_t v0,
+                                          int64_t vl, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_embedding_forward(WOUT(out, n * c), H(ids), WIN(table, vl * c), n, c, v0, vl);
+    wide_done(&ws);
+    return OK;
+}
+static ms_status f_embedding_backward_bf16(ms_kctx *kc, uint16_t *dtable, const int32_t *ids,
+                                           const uint16_t *dout, int64_t n, int64_t c, int64_t v0,
+                                           int64_t vl, ms_error *err) {
+    wide_set ws = {0};
+    ms_k_embedding_backward(WACC(dtable, vl * c), H(ids), WIN(dout, n * c), n, c, v0, vl);
+    wide_done(&ws);
+    return OK;
+}
 
 /* clang-format off */
 #define BF16_SLOTS                                                      \
@@ -916,7 +932,9 @@ static ms_status f_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint
     .xent_vp_target_bf16 = f_xent_vp_target_bf16,                       \
     .xent_vp_backward_bf16 = f_xent_vp_backward_bf16,                   \
     .dropout_forward_bf16 = f_dropout_forward_bf16,                     \
-    .dropout_backward_bf16 = f_dropout_backward_bf16
+    .dropout_backward_bf16 = f_dropout_backward_bf16,                   \
+    .embedding_forward_bf16 = f_embedding_forward_bf16,                 \
+    .embedding_backward_bf16 = f_embedding_backward_bf16
 /* clang-format on */
 
 static const ms_kernels cpu_kernels = {.name = "cpu", .kind = MS_DEVICE_CPU, HOST_SLOTS};

@@ -141,6 +141,12 @@ struct ms_kernels {
     MS_KSLOT(dropout_backward_bf16, uint16_t *dinp, const uint16_t *dout, float p, uint64_t seed,
              uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
              const int64_t *gshape, const ms_k_batch_window *w);
+    /* the table and out bf16, the ids int32; the backward adds each row's contributions in
+     * ascending token order in fp32 and rounds the row once */
+    MS_KSLOT(embedding_forward_bf16, uint16_t *out, const int32_t *ids, const uint16_t *table,
+             int64_t n, int64_t c, int64_t v0, int64_t vl);
+    MS_KSLOT(embedding_backward_bf16, uint16_t *dtable, const int32_t *ids, const uint16_t *dout,
+             int64_t n, int64_t c, int64_t v0, int64_t vl);
 
     /* ---- elementwise ---- */
     MS_KSLOT(add_forward, float *out, const float *a, const float *b, int64_t n);

@@ -306,20 +306,34 @@ static void emb_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes)
     (void)a;
     sizes[0] = N(c->in[0]); /* ids as int32 */
 }
+/* The table is the operand a bf16 program makes bf16 (the ids stay fp32). */
+static bool emb_bf16_call(const ms_op_call *c) {
+    return c->in[1]->dtype == MS_BF16;
+}
 static ms_status emb_forward(ms_op_call *c, ms_error *e) {
     int32_t *ids = (int32_t *)F(c->saved[0]);
     MS_CHECK(MS_CALL_K(c->kc, ids_from_floats, ids, F(c->in[0]), N(c->in[0]), e));
     const ms_tensor *t = c->in[1];
+    if (emb_bf16_call(c))
+        return MS_CALL_K(c->kc, embedding_forward_bf16, U16(c->out[0]), ids, U16(t), N(c->in[0]),
+                         t->shape[1], c->in_start[1][0], t->shape[0], e);
     return MS_CALL_K(c->kc, embedding_forward, F(c->out[0]), ids, F(t), N(c->in[0]), t->shape[1],
                      c->in_start[1][0], t->shape[0], e);
 }
 static ms_status emb_backward(ms_op_call *c, ms_error *e) {
     const ms_tensor *t = c->in[1];
-    return MS_CALL_K(c->kc, embedding_backward, F(c->din[1]), (const int32_t *)F(c->saved[0]),
-                     F(c->dout[0]), N(c->in[0]), t->shape[1], c->in_start[1][0], t->shape[0], e);
+    const int32_t *ids = (const int32_t *)F(c->saved[0]);
+    if (emb_bf16_call(c))
+        return MS_CALL_K(c->kc, embedding_backward_bf16, U16(c->din[1]), ids, U16(c->dout[0]),
+                         N(c->in[0]), t->shape[1], c->in_start[1][0], t->shape[0], e);
+    return MS_CALL_K(c->kc, embedding_backward, F(c->din[1]), ids, F(c->dout[0]), N(c->in[0]),
+                     t->shape[1], c->in_start[1][0], t->shape[0], e);
 }
 static bool emb_runs_on(const ms_kernels *k) {
     return k->ids_from_floats && k->embedding_forward && k->embedding_backward;
+}
+static bool emb_runs_bf16_on(const ms_kernels *k) {
+    return k->ids_from_floats && k->embedding_forward_bf16 && k->embedding_backward_bf16;
 }
 static ms_k_cost emb_cost(const ms_op_call *c, bool bw) {
     return ms_k_embedding_cost(N(c->in[0]), c->in[1]->shape[1], bw);
@@ -336,6 +350,7 @@ const ms_op_def ms_op_embedding_def = {
     .backward = emb_backward,
     .cost = emb_cost,
     .runs_on = emb_runs_on,
+    .runs_bf16_on = emb_runs_bf16_on,
     .grad_inputs = 2,
 };
 

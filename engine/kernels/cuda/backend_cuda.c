@@ -23,6 +23,8 @@ typedef struct cuda_kctx {
     ms_cu_ctx *cu;
     double *sumsq_scratch; /* device: partial sums, grown on demand, then the result */
     int64_t sumsq_cap;
+    void *emb_scratch; /* device: the embedding backward's sort, grown on demand */
+    size_t emb_cap;
 } cuda_kctx;
 
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
@@ -50,6 +52,7 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     if (!x) return;
     ms_cu_ctx_destroy(x->cu);
     if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
+    if (x->emb_scratch) cudaFree(x->emb_scratch);
     free(x);
     kc->impl = NULL;
 }
@@ -337,10 +340,42 @@ static ms_status c_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids
                                      int64_t vl, ms_error *err) {
     return ms_cu_embedding_forward(out, ids, table, n, c, v0, vl, STREAM(kc), err);
 }
+/* The embedding backward's sort scratch for n tokens over vl rows: kept by the context and
+ * grown (after the stream drains, as a launch may still read the old one), so a training
+ * step allocates nothing once its largest batch has run. */
+static ms_status emb_scratch(ms_kctx *kc, int64_t n, int64_t vl, ms_error *err) {
+    cuda_kctx *x = CU(kc);
+    size_t need = ms_cu_embedding_scratch_bytes(n, vl);
+    if (need <= x->emb_cap) return MS_OK;
+    if (x->emb_scratch) {
+        MS_CHECK(c_sync(kc, err));
+        cudaFree(x->emb_scratch);
+    }
+    x->emb_scratch = NULL;
+    x->emb_cap = 0;
+    MS_CHECK(
+        cuda_failed(cudaMalloc(&x->emb_scratch, need), "cudaMalloc (embedding backward)", err));
+    x->emb_cap = need;
+    return MS_OK;
+}
 static ms_status c_embedding_backward(ms_kctx *kc, float *dtable, const int32_t *ids,
                                       const float *dout, int64_t n, int64_t c, int64_t v0,
                                       int64_t vl, ms_error *err) {
-    return ms_cu_embedding_backward(dtable, ids, dout, n, c, v0, vl, STREAM(kc), err);
+    MS_CHECK(emb_scratch(kc, n, vl, err));
+    return ms_cu_embedding_backward(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb_scratch,
+                                    CU(kc)->emb_cap, STREAM(kc), err);
+}
+static ms_status c_embedding_forward_bf16(ms_kctx *kc, uint16_t *out, const int32_t *ids,
+                                          const uint16_t *table, int64_t n, int64_t c, int64_t v0,
+                                          int64_t vl, ms_error *err) {
+    return ms_cu_embedding_forward_bf16(out, ids, table, n, c, v0, vl, STREAM(kc), err);
+}
+static ms_status c_embedding_backward_bf16(ms_kctx *kc, uint16_t *dtable, const int32_t *ids,
+                                           const uint16_t *dout, int64_t n, int64_t c, int64_t v0,
+                                           int64_t vl, ms_error *err) {
+    MS_CHECK(emb_scratch(kc, n, vl, err));
+    return ms_cu_embedding_backward_bf16(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb_scratch,
+                                         CU(kc)->emb_cap, STREAM(kc), err);
 }
 static ms_status c_xent_vp_rowmax(ms_kctx *kc, float *lmax, const float *logits, int64_t n,
                                   int64_t vl, ms_error *err) {
@@ -675,6 +710,8 @@ static const ms_kernels cuda_kernels = {
     .xent_vp_backward_bf16 = c_xent_vp_backward_bf16,
     .dropout_forward_bf16 = c_dropout_forward_bf16,
     .dropout_backward_bf16 = c_dropout_backward_bf16,
+    .embedding_forward_bf16 = c_embedding_forward_bf16,
+    .embedding_backward_bf16 = c_embedding_backward_bf16,
     .add_forward = c_add_forward,
     .add_backward = c_add_backward,
     .mul_forward = c_mul_forward,

@@ -160,11 +160,22 @@ ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const floa
                                  const float *gsum, const int32_t *targets, const float *dlosses,
                                  int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err);
 
-/* ---- embedding (the backward's scatter-add uses atomics: repeated ids add in any order) ---- */
+/* ---- embedding (embedding.cu). The backward is deterministic: each table row's
+ * contributions are summed in ascending token order, the CPU kernel's, with no atomics; it
+ * needs ms_cu_embedding_scratch_bytes(n, vl) bytes of device scratch, which the caller owns
+ * and which must not be in use by another launch until this one is done (stream order). ---- */
+size_t ms_cu_embedding_scratch_bytes(int64_t n, int64_t vl);
 ms_status ms_cu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
                                   int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
 ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                                   int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err);
+                                   int64_t c, int64_t v0, int64_t vl, void *scratch,
+                                   size_t scratch_bytes, void *stream, ms_error *err);
+ms_status ms_cu_embedding_forward_bf16(uint16_t *out, const int32_t *ids, const uint16_t *table,
+                                       int64_t n, int64_t c, int64_t v0, int64_t vl, void *stream,
+                                       ms_error *err);
+ms_status ms_cu_embedding_backward_bf16(uint16_t *dtable, const int32_t *ids, const uint16_t *dout,
+                                        int64_t n, int64_t c, int64_t v0, int64_t vl, void *scratch,
+                                        size_t scratch_bytes, void *stream, ms_error *err);
 
 /* ---- fused chains (fused.h) and gather / scatter-add (index.h) ---- */
 ms_status ms_cu_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t n,

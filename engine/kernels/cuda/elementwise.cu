@@ -1,5 +1,6 @@
-/* elementwise.cu - add, mul, scale, bias add, GELU and the embedding lookup: one thread per
- * element around the functions of elementwise_math.cuh. */
+/* elementwise.cu - add, mul, scale, bias add, GELU and the program's own instructions: one
+ * thread per element around the functions of elementwise_math.cuh (the embedding lookup's
+ * launchers are embedding.cu's). */
 #include "engine/kernels/cuda/elementwise_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
@@ -141,23 +142,6 @@ ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n,
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
                                    int64_t n, void *stream, ms_error *err) {
     return gelu_backward(ms_cu_bf(dinp), ms_cu_bf(inp), ms_cu_bf(dout), n, stream, err);
-}
-
-/* ---- embedding ---- */
-
-ms_status ms_cu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
-                                  int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err) {
-    return ms_cu_each(n * c, stream, "embedding forward", err, [=] __device__(int64_t i) {
-        ms_cu_embedding_fwd(out, ids, table, c, v0, vl, i);
-    });
-}
-
-ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                                   int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err) {
-    return ms_cu_each(n * c, stream, "embedding backward", err, [=] __device__(int64_t i) {
-        const int64_t at = ms_cu_embedding_bwd_index(ids, c, v0, vl, i);
-        if (at >= 0) atomicAdd(dtable + at, dout[i]);
-    });
 }
 
 /* ---- the program's own instructions: seeds, bf16 conversions, ids ---- */

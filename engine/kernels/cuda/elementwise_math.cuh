@@ -92,11 +92,30 @@ MS_HD void ms_cu_embedding_fwd(T *out, const int32_t *ids, const T *table, int64
     ms_cu_store(out + i, row < 0 ? 0.0f : ms_cu_load(table + row * c + i % c));
 }
 
-/* Where dout[i] is added in dtable [Vl, C] (a scatter-add), or -1 to skip. */
-MS_HD int64_t ms_cu_embedding_bwd_index(const int32_t *ids, int64_t c, int64_t v0, int64_t vl,
-                                        int64_t i) {
-    const int64_t row = ms_cu_embedding_row(ids, c, v0, vl, i);
-    return row < 0 ? -1 : row * c + i % c;
+/* The backward's sort key of token r: its row in the slice, or vl when off-slice (sorted
+ * after every row, that run is skipped). */
+MS_HD uint32_t ms_cu_embedding_key(const int32_t *ids, int64_t v0, int64_t vl, int64_t r) {
+    const int64_t row = (int64_t)ids[r] - v0;
+    return (uint32_t)(row >= 0 && row < vl ? row : vl);
+}
+
+/* The backward's scatter-add without atomics, element i = p * C + j over the tokens stably
+ * sorted by key (keys[p], the token tokens[p]): the first position of each run of equal keys
+ * adds the run's dout[token, j] into dtable[row, j] in ascending token order - the CPU
+ * kernel's order - widening the gradient once and rounding once; other positions and the
+ * off-slice run do nothing. So each element of dtable has one writer and a fixed sum order. */
+template <typename T>
+MS_HD void ms_cu_embedding_bwd_run(T *dtable, const T *dout, const uint32_t *keys,
+                                   const int32_t *tokens, int64_t n, int64_t c, int64_t vl,
+                                   int64_t i) {
+    const int64_t p = i / c, j = i % c;
+    const uint32_t key = keys[p];
+    if ((int64_t)key >= vl || (p > 0 && keys[p - 1] == key)) return;
+    T *d = dtable + (int64_t)key * c + j;
+    float s = ms_cu_load(d);
+    for (int64_t q = p; q < n && keys[q] == key; q++)
+        s += ms_cu_load(dout + (int64_t)tokens[q] * c + j);
+    ms_cu_store(d, s);
 }
 
 #endif
