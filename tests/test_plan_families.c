@@ -217,7 +217,7 @@ static void llama_against_engine(void **state) {
 static double tp4_sp_bytes(ms_model_config cfg, int layers) {
     cfg.n_layer = layers;
     ms_cluster c = cpu_cluster();
-    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false};
+    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0};
     ms_strategy s = strategy_of(&fc);
     ms_plan_problem pb = {.model = cfg,
                           .devices = 4,
