@@ -58,6 +58,11 @@ OFFLOAD_CASE(tp2, "{\"dp\": 1, \"tp\": 2", 2)
 OFFLOAD_CASE(pp2, "{\"dp\": 1, \"pp\": 2, \"micro_batches\": 2", 2)
 OFFLOAD_CASE(bf16_dp2_zero1, "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\"", 2)
 OFFLOAD_CASE(bf16_dp2_zero3, "{\"dp\": 2, \"zero\": 3, \"precision\": \"bf16\"", 2)
+/* bf16's masters on the host: cast where they are stored (one rank, tp), through a shard (ZeRO 1
+ * above) and per pipeline chunk */
+OFFLOAD_CASE(bf16_one_rank, "{\"dp\": 1, \"precision\": \"bf16\"", 1)
+OFFLOAD_CASE(bf16_tp2, "{\"dp\": 1, \"tp\": 2, \"sp\": true, \"precision\": \"bf16\"", 2)
+OFFLOAD_CASE(bf16_pp2, "{\"dp\": 1, \"pp\": 2, \"micro_batches\": 2, \"precision\": \"bf16\"", 2)
 /* Gradients bucketed: with clipping their copies start as each bucket completes in backward. */
 OFFLOAD_CASE(bucketed_dp2_zero1, "{\"dp\": 2, \"zero\": 1, \"bucket_mb\": 0.01", 2)
 OFFLOAD_CASE(dp2_pp2_zero3, "{\"dp\": 2, \"pp\": 2, \"micro_batches\": 2, \"zero\": 3", 4)
@@ -208,6 +213,10 @@ static void serial_dp2_zero2_cpu_w2(void **state) {
     (void)state;
     pair_on("{\"dp\": 2, \"zero\": 2", 2, MS_DEVICE_CPU, true);
 }
+static void serial_bf16_dp2_zero2_fenced_w2(void **state) {
+    (void)state;
+    pair_on("{\"dp\": 2, \"zero\": 2, \"precision\": \"bf16\"", 2, MS_DEVICE_FENCED, true);
+}
 static void serial_pp2_fenced_w2(void **state) {
     (void)state;
     pair_on("{\"dp\": 1, \"pp\": 2, \"micro_batches\": 2", 2, MS_DEVICE_FENCED, true);
@@ -222,6 +231,14 @@ static void switch_in_and_out_fenced_w2(void **state) {
     mt_equiv_check_pair(NULL, "{\"dp\": 2, \"zero\": 1}", "{\"dp\": 2, \"zero\": 1}",
                         "{\"dp\": 2, \"zero\": 1, \"offload\": true}", "{\"dp\": 2, \"zero\": 1}",
                         2, MS_DEVICE_FENCED, false);
+}
+/* The same under bf16, where offload moves the masters to the host and back. */
+static void switch_bf16_in_and_out_fenced_w2(void **state) {
+    (void)state;
+    const char *plain = "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\"}";
+    mt_equiv_check_pair(NULL, plain, plain,
+                        "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\", \"offload\": true}",
+                        plain, 2, MS_DEVICE_FENCED, false);
 }
 /* Out of offload and back, across meshes and ZeRO stages: each step's loss that of the one-rank
  * run (which every target equals within 1e-5). */
@@ -337,6 +354,18 @@ static void resume_offload_to_none_w2(void **state) {
     resume_check("from_offload", "{\"dp\": 2, \"zero\": 2, \"offload\": true}",
                  "{\"dp\": 2, \"zero\": 2}", 2, MS_DEVICE_FENCED);
 }
+static void resume_bf16_offload_to_none_w2(void **state) {
+    (void)state;
+    resume_check("bf16_from_offload",
+                 "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\", \"offload\": true}",
+                 "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\"}", 2, MS_DEVICE_FENCED);
+}
+static void resume_bf16_none_to_offload_w2(void **state) {
+    (void)state;
+    resume_check("bf16_to_offload", "{\"dp\": 2, \"zero\": 2, \"precision\": \"bf16\"}",
+                 "{\"dp\": 2, \"zero\": 2, \"precision\": \"bf16\", \"offload\": true}", 2,
+                 MS_DEVICE_CPU);
+}
 static void resume_none_to_offload_w2(void **state) {
     (void)state;
     resume_check("to_offload", "{\"dp\": 2, \"zero\": 1}",
@@ -388,6 +417,29 @@ static void memory_moves_to_host_w2(void **state) {
     assert_true(off.bytes.optim == 0);
     assert_true(off.bytes.params == none.bytes.params && off.bytes.grads == none.bytes.grads);
     assert_true(off.bytes.host_optim == 2 * none.bytes.optim);
+    double grown = (double)off.arena - (double)none.arena;
+    assert_true(grown >= 0 && grown <= none.bytes.params / 2 + 64 * 64);
+    assert_true((double)none.device_bytes - (double)off.device_bytes == none.bytes.optim - grown);
+}
+
+/* bf16: the device keeps the bf16 use copies and gradients alone; the fp32 masters (4 bytes an
+ * element, optimizer state on the device without offload) and the moments leave it. The host
+ * holds the moments, the masters with their bf16 rounding (6 bytes) and the bf16 gradients
+ * (2): 16 bytes where the device had 12. */
+static void bf16_masters_leave_the_device_w2(void **state) {
+    (void)state;
+    mem_arg none = {.strategy = "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\"}"};
+    mem_arg off = {.strategy =
+                       "{\"dp\": 2, \"zero\": 1, \"precision\": \"bf16\", \"offload\": true}"};
+    mt_run_device(2, MS_DEVICE_FENCED, mem_run, &none);
+    mt_run_device(2, MS_DEVICE_FENCED, mem_run, &off);
+    if (mt_world_rank() != 0) return;
+    assert_true(none.bytes.optim > 0 && none.bytes.host_optim == 0);
+    assert_true(off.bytes.optim == 0);
+    assert_true(off.bytes.params == none.bytes.params && off.bytes.grads == none.bytes.grads);
+    /* the moments' spare float per parameter aside, 16 bytes an element against 12 */
+    double ratio = off.bytes.host_optim / none.bytes.optim;
+    assert_true(ratio > 4.0 / 3 - 0.01 && ratio < 4.0 / 3 + 0.01);
     double grown = (double)off.arena - (double)none.arena;
     assert_true(grown >= 0 && grown <= none.bytes.params / 2 + 64 * 64);
     assert_true((double)none.device_bytes - (double)off.device_bytes == none.bytes.optim - grown);
@@ -526,6 +578,29 @@ static void planner_prices_updates_in_backward_without_clip(void **state) {
                 floor * (1 - 1e-9));
 }
 
+/* bf16: the masters leave the device with the moments (12 bytes an element), the host holds 16
+ * (masters, their rounding, moments, bf16 gradients), and the link moves 2 bytes down and 2 up. */
+static void planner_bf16_offload_moves_masters(void **state) {
+    (void)state;
+    ms_cluster c;
+    ms_plan_problem pb = big_on_small(&c);
+    pb.dtype = MS_PLAN_BF16;
+    ms_strategy s;
+    ms_error err = {0};
+    const char *j = "{\"dp\": 1, \"precision\": \"bf16\", \"offload\": true}";
+    assert_int_equal(ms_strategy_parse_json(j, strlen(j), "s", &s, NULL, &err), MS_OK);
+    ms_strategy plain = s;
+    plain.offload = false;
+    ms_plan_estimate off, none;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &off, &err), MS_OK);
+    assert_int_equal(ms_plan_estimate_one(&pb, &plain, NULL, &none, &err), MS_OK);
+    double psi = ms_plan_model_params(&pb.model);
+    assert_true(off.mem_optim == 0);
+    assert_true(fabs(none.mem_total - off.mem_total - 12 * psi) < 1e-6 * none.mem_total);
+    assert_true(fabs(off.mem_host - 16 * psi) < 1e-3 * off.mem_host);
+    assert_true(fabs(off.offload_copy_s - 4 * psi / 25e9) < 1e-3 * off.offload_copy_s);
+}
+
 static void planner_evaluates_fixed_offload(void **state) {
     (void)state;
     ms_cluster c;
@@ -560,6 +635,9 @@ static const struct CMUnitTest tests[] = {
     BOTH2(pp2),
     BOTH2(bf16_dp2_zero1),
     BOTH2(bf16_dp2_zero3),
+    BOTH(bf16_one_rank),
+    BOTH2(bf16_tp2),
+    BOTH2(bf16_pp2),
     BOTH2(bucketed_dp2_zero1),
     cmocka_unit_test(dp2_pp2_zero3_cpu_w4),
     cmocka_unit_test(dp2_pp2_zero3_fenced_w4),
@@ -581,6 +659,11 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(wide_dp2_zero2_w2),
     cmocka_unit_test(serial_dp2_zero2_cpu_w2),
     cmocka_unit_test(serial_pp2_fenced_w2),
+    cmocka_unit_test(serial_bf16_dp2_zero2_fenced_w2),
+    cmocka_unit_test(switch_bf16_in_and_out_fenced_w2),
+    cmocka_unit_test(resume_bf16_offload_to_none_w2),
+    cmocka_unit_test(resume_bf16_none_to_offload_w2),
+    cmocka_unit_test(bf16_masters_leave_the_device_w2),
     cmocka_unit_test(switch_in_and_out_fenced_w2),
     cmocka_unit_test(switch_across_meshes_w4),
     cmocka_unit_test(resume_offload_to_none_w2),
@@ -591,6 +674,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(bad_input_refused),
     cmocka_unit_test(planner_chooses_offload_when_nothing_else_fits),
     cmocka_unit_test(planner_evaluates_fixed_offload),
+    cmocka_unit_test(planner_bf16_offload_moves_masters),
     cmocka_unit_test(planner_prices_updates_in_backward_without_clip),
 };
 

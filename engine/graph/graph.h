@@ -136,6 +136,12 @@ typedef struct ms_compile_opts {
      * size (MS_DEVICE_CPU, the default: every instruction staged). MS_DEVICE_CUDA prices a GPU
      * whether or not this build has CUDA. A compiled program always asks its own device. */
     ms_device_kind kernels_like;
+    /* bf16 with ZeRO-Offload: the fp32 master weights live in this host device's memory, where
+     * the host optimizer updates them, and not on the rank's device. The parameter sync copies
+     * up their bf16 rounding, made on the host (ms_program_round_master) - half the bytes of
+     * the fp32 shard. NULL: the masters are on the rank's device. Borrowed: it outlives the
+     * program. Ignored without bf16; a shapes-only program only lays its memory out so. */
+    ms_device *master_host;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -188,6 +194,12 @@ ms_status ms_program_param_sync(ms_program *p, ms_error *err);
  * update (ZeRO-Offload's overlap) runs right before the parameter's first use. Collective over
  * the mesh, in the same order on every member. */
 ms_status ms_program_param_sync_one(ms_program *p, int i, ms_error *err);
+/* Host masters (ms_compile_opts.master_host): rounds parameter i's master shard into the host
+ * bf16 shard that its next sync copies up, with kc, a kernel context on the host. The host
+ * optimizer calls it right after each update, on its own thread while no sync of i runs, so
+ * that the rounding leaves the sync (which otherwise rounds a master written since). */
+struct ms_kctx;
+ms_status ms_program_round_master(ms_program *p, int i, struct ms_kctx *kc, ms_error *err);
 /* Called by a training step (ms_program_step and the passes) right before the first instruction
  * that reads parameter i's stored values (its first use: a gather under ZeRO 3, else its first
  * kernel), at most once per instruction run; a failure fails the step. NULL removes it. */
@@ -228,6 +240,7 @@ typedef struct ms_param_view {
     ms_placements pl;
     ms_tensor data;
     size_t use_bytes;      /* bf16: the bf16 copy the kernels read, besides data; else 0 */
+    bool host_master;      /* data is in host memory (ms_compile_opts.master_host) */
     ms_tensor grad;        /* MS_BF16 under bf16 precision */
     ms_placements grad_pl; /* grad's (ZeRO 2 and 3: sharded over dp) */
     ms_placements opt_pl;  /* the optimizer state's (ZeRO >= 1: sharded over dp) */

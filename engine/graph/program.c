@@ -443,11 +443,19 @@ static void build_forward(ms_program *p) {
     /* Parameters persist; inputs too, except micro-batched, where each slot has its own. */
     for (int v = 0; v < g->nv; v++) {
         pvalue *pv = &p->pv[v];
-        pv->master_buf = -1;
+        pv->master_buf = pv->up_buf = -1;
         if (g->v[v].kind != GV_ACT)
             pv->buf = new_buf(p, v, held_pl(p, v), g->v[v].kind == GV_PARAM || !p->micro);
-        if (g->v[v].kind == GV_PARAM && p->bf16)
+        if (g->v[v].kind == GV_PARAM && p->bf16) {
             pv->master_buf = new_typed_buf(p, &g->v[v].shape, &pv->opt_pl, true, MS_F32);
+            if (p->master_host) {
+                /* the master and its rounding in host memory; the device keeps the bf16 use
+                 * copy alone */
+                pv->up_buf = new_typed_buf(p, &g->v[v].shape, &pv->opt_pl, true, MS_BF16);
+                p->bufs[pv->master_buf].on_host = p->bufs[pv->up_buf].on_host = true;
+                pv->up_stale = true;
+            }
+        }
     }
     for (int k = 0; k < g->nn; k++) {
         gnode *nd = &g->n[k];
@@ -865,7 +873,10 @@ static void layout_memory(ms_program *p) {
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
         size_t padded = ((size_t)bf->nfloats + 15) / 16 * 16; /* 64-byte aligned */
-        if (bf->persistent) {
+        if (bf->on_host) {
+            bf->offset = p->host_floats;
+            p->host_floats += padded;
+        } else if (bf->persistent) {
             bf->offset = p->persist_floats;
             p->persist_floats += padded;
         } else if (bf->first >= 0) {
@@ -910,11 +921,17 @@ static ms_status alloc_memory(ms_program *p, ms_error *err) {
                        top * sizeof(float), p->persist_floats * sizeof(float),
                        p->staging_floats * sizeof(float));
     MS_CHECK(ms_device_zero(p->dev, p->persist, (p->persist_floats + 16) * sizeof(float), err));
+    if (p->master_host) {
+        size_t bytes = (p->host_floats + 16) * sizeof(float);
+        MS_CHECK(ms_device_alloc(p->master_host, bytes, (void **)&p->host_persist, err));
+        memset(p->host_persist, 0, bytes);
+    }
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
-        bf->ptr = bf->persistent ? p->persist + bf->offset
-                  : p->arena     ? p->arena + bf->offset
-                                 : NULL;
+        bf->ptr = bf->on_host      ? p->host_persist + bf->offset
+                  : bf->persistent ? p->persist + bf->offset
+                  : p->arena       ? p->arena + bf->offset
+                                   : NULL;
         MS_CHECK(ms_tensor_wrap(bf->ptr, bf->dtype, bf->lshape.ndim, bf->lshape.d, &bf->t, err));
         if (bf->dtype == MS_BF16)
             MS_CHECK(
@@ -1061,10 +1078,27 @@ static uint64_t name_hash(const char *s) {
     return h;
 }
 
+/* Whether the host reads and writes buffer b in place: a host master, or any buffer of a
+ * host-addressable device. */
+static bool host_reachable(const ms_program *p, const buf *b) {
+    return b->on_host || ms_device_host_addressable(p->dev);
+}
+
+/* The kernels that run on buffer b: the host's for host masters, else the rank device's. */
+static ms_kctx *kernels_of(const ms_program *p, const buf *b) {
+    return b->on_host ? p->hkc : p->kc;
+}
+
+/* The masters were written: under host masters their roundings are stale too. */
+static void masters_written(ms_program *p) {
+    p->params_dirty = p->bf16;
+    for (int v = 0; p->master_host && v < p->g->nv; v++) p->pv[v].up_stale = true;
+}
+
 /* Philox values for a parameter's box, generated on the host (then moved to the device). */
 static ms_status init_normal(ms_program *p, buf *b, const gvalue *gv, const int64_t *start,
                              ms_error *err) {
-    if (ms_device_host_addressable(p->dev))
+    if (host_reachable(p, b))
         return ms_tensor_init_normal(&b->t, p->seed, name_hash(gv->name), gv->shape.d, start, 0.0f,
                                      gv->init.value, err);
     ms_tensor host;
@@ -1086,14 +1120,14 @@ static ms_status init_params(ms_program *p, ms_error *err) {
         ms_placements pl;
         buf *b = &p->bufs[param_home(p, v, &pl)];
         if (gv->init.kind == MS_INIT_CONST) {
-            MS_CHECK(MS_CALL_K(p->kc, fill, b->ptr, gv->init.value, b->numel, err));
+            MS_CHECK(MS_CALL_K(kernels_of(p, b), fill, b->ptr, gv->init.value, b->numel, err));
             continue;
         }
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
         ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
         MS_CHECK(init_normal(p, b, gv, start, err));
     }
-    p->params_dirty = p->bf16;
+    masters_written(p);
     return MS_OK;
 }
 
@@ -1134,6 +1168,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     for (int v = 0; v < g->nv; v++) p->in_grad_buf[v] = -1;
     p->zero_stage = opts ? opts->zero_stage : 0;
     p->bf16 = opts && opts->bf16;
+    p->master_host = p->bf16 ? opts->master_host : NULL;
     p->zero_dim = opts ? opts->zero_dim : -1;
     MS_CHECK(complete(p, opts, err));
     prog_assign_dtypes(p);
@@ -1187,6 +1222,7 @@ ms_status ms_program_compile(ms_graph *g, ms_dmesh *mesh, const ms_compile_opts 
     MS_CHECK_GOTO(ms_kctx_create(p->dev, &p->kc, err), st, fail);
     p->bf16_kernels = p->kc->k;
     MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
+    if (p->master_host) MS_CHECK_GOTO(ms_kctx_create(p->master_host, &p->hkc, err), st, fail);
     MS_CHECK_GOTO(check_device_ops(p, err), st, fail);
     MS_CHECK_GOTO(alloc_memory(p, err), st, fail);
     MS_CHECK_GOTO(bind_grad_buckets(p, err), st, fail);
@@ -1258,6 +1294,9 @@ void ms_program_destroy(ms_program *p) {
     if (!p->micro) program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
     free(p->in_grad_buf);
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
+    if (p->host_persist)
+        ms_device_free(p->master_host, p->host_persist, (p->host_floats + 16) * sizeof(float));
+    ms_kctx_destroy(p->hkc);
     free(p->params);
     free(p->param_first);
     free(p->gf_last), free(p->gf_hits), free(p->gf_bucket_param), free(p->gf_told);
@@ -1383,6 +1422,31 @@ static ms_status zero_buf(ms_program *p, const buf *b, ms_error *err) {
     return ms_device_zero(p->dev, b->ptr, sizeof(float) * (size_t)b->nfloats, err);
 }
 
+/* Parameter v's host master into its host rounding, with kc (a host kernel context). */
+static ms_status round_master(ms_program *p, int v, ms_kctx *kc, ms_error *err) {
+    pvalue *pv = &p->pv[v];
+    const buf *m = &p->bufs[pv->master_buf];
+    MS_CHECK(MS_CALL_K(kc, bf16_round, (uint16_t *)p->bufs[pv->up_buf].ptr, m->ptr, m->numel, err));
+    pv->up_stale = false;
+    return MS_OK;
+}
+
+/* A host master's cast: its rounding (made now if the master changed since) copied up into
+ * the use copy, or into the shard its gather reads. */
+static ms_status cast_from_host(ms_program *p, const instr *in, ms_error *err) {
+    const pvalue *pv = &p->pv[in->value];
+    if (pv->up_stale) MS_CHECK(round_master(p, in->value, p->hkc, err));
+    const buf *d = &p->bufs[in->dst];
+    return ms_device_copy(p->dev, d->ptr, p->bufs[pv->up_buf].ptr,
+                          sizeof(uint16_t) * (size_t)d->numel, MS_COPY_HOST_TO_DEVICE, err);
+}
+
+ms_status ms_program_round_master(ms_program *p, int i, ms_kctx *kc, ms_error *err) {
+    if (!p->member || p->shapes_only || i < 0 || i >= p->nparams) return MS_OK;
+    int v = p->params[i];
+    return p->pv[v].up_buf >= 0 ? round_master(p, v, kc, err) : MS_OK;
+}
+
 /* Instructions other than kernels and reshards, through the device and its kernel table. */
 static ms_status run_data_instr(ms_program *p, const instr *in, ms_error *err) {
     buf *d = &p->bufs[in->dst];
@@ -1402,6 +1466,7 @@ static ms_status run_data_instr(ms_program *p, const instr *in, ms_error *err) {
                                  (const uint16_t *)s->ptr, d->numel, err);
             return MS_CALL_K(p->kc, accumulate, d->ptr, s->ptr, d->numel, err);
         case I_CAST:
+            if (s->on_host) return cast_from_host(p, in, err);
             return MS_CALL_K(p->kc, bf16_round, (uint16_t *)d->ptr, s->ptr, d->numel, err);
         default:
             return ms_fail(err, MS_ERR_INTERNAL, "program: instruction %d is no data move",
@@ -1621,7 +1686,7 @@ int ms_program_param_first_use(ms_program *p, int i) {
 }
 
 void ms_program_params_written(ms_program *p) {
-    if (p->member && !p->shapes_only) p->params_dirty = p->bf16;
+    if (p->member && !p->shapes_only) masters_written(p);
 }
 
 ms_status ms_program_zero_grads(ms_program *p, ms_error *err) {
@@ -1687,7 +1752,7 @@ static ms_status write_box(ms_program *p, buf *b, const float *global, const int
                            const int64_t *start, const int64_t *len, int ndim, ms_error *err) {
     int64_t zero[MS_MAX_DIMS] = {0}, n = 1;
     for (int d = 0; d < ndim; d++) n *= len[d];
-    if (ms_device_host_addressable(p->dev)) {
+    if (host_reachable(p, b)) {
         ms_copy_box_f32(b->ptr, len, zero, global, gshape, start, len, ndim);
         return MS_OK;
     }
@@ -1728,6 +1793,7 @@ ms_status ms_program_param(ms_program *p, int i, ms_param_view *out) {
     out->grad_pl = pv->grad_pl;
     out->opt_pl = pv->opt_pl;
     if (pv->master_buf >= 0) out->use_bytes = (size_t)p->bufs[pv->buf].numel * sizeof(uint16_t);
+    out->host_master = pv->up_buf >= 0;
     local_shape(p, &out->gshape, &pv->opt_pl, &out->opt_shape);
     out->opt_n = shape_n(&out->opt_shape);
     out->data_off = rows_offset(p, &out->gshape, &out->pl, &pv->opt_pl);
@@ -1826,7 +1892,7 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     buf *b = &p->bufs[param_home(p, v, &pl)];
     int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
     ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
-    p->params_dirty = p->bf16;
+    masters_written(p);
     return write_box(p, b, full, gv->shape.d, start, len, gv->shape.ndim, err);
 }
 

@@ -20,6 +20,7 @@ typedef struct buf {
     float *ptr;
     int first, last; /* instruction lifetime; persistent buffers use -1 */
     bool persistent;
+    bool on_host;   /* persistent in the master host's memory (ms_compile_opts.master_host) */
     ms_tensor t;    /* wrapped view over ptr, made once */
     ms_tensor wide; /* bf16: an fp32 view that kernels read and write, over the staging area */
 } buf;
@@ -37,6 +38,10 @@ typedef struct pvalue {
     /* params: storage, gradient and optimizer placements (all pl without ZeRO) */
     ms_placements store_pl, grad_pl, opt_pl;
     int master_buf; /* bf16 precision: the fp32 master weights in opt_pl, else -1 */
+    /* host masters: the master's bf16 rounding on the host, what the cast copies up, and
+     * whether the master was written since it was made (the cast then rounds first) */
+    int up_buf;
+    bool up_stale;
 } pvalue;
 
 /* The buffers one kernel instruction reads and writes besides gradients. */
@@ -118,6 +123,12 @@ struct ms_program {
     size_t activation_floats; /* peak_activations */
     float *persist;
     size_t persist_floats;
+    /* host masters (ms_compile_opts.master_host, borrowed): their storage there, and the
+     * host's kernels that fill, round and load them (owned) */
+    ms_device *master_host;
+    ms_kctx *hkc;
+    float *host_persist;
+    size_t host_floats;
     int *params;
     int nparams;
     int *param_first; /* [nparams]: first training instruction reading it, made on demand */

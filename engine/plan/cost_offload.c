@@ -1,15 +1,16 @@
 /* cost_offload.c - the planner's price of ZeRO-Offload (the strategy's offload,
  * engine/train/offload.h).
  *
- * Memory: the optimizer shard's Adam moments (8 bytes an element) and its fp32 masters leave
- * the device for the host; under bf16 the engine keeps an fp32 copy on the device for the
- * bf16 cast (4 bytes an element), which stays counted there. The host holds masters, moments
- * and the staged gradients (4 + 8 + 4 bytes an element, 2 for bf16 gradients) and must fit the
- * devices' share of host memory.
+ * Memory: the optimizer shard's Adam moments (8 bytes an element) and its fp32 masters (4,
+ * under bf16 the device's only fp32 copy) leave the device for the host. The host holds
+ * masters, moments and the staged gradients (4 + 8 + 4 bytes an element; under bf16 2 for the
+ * gradients and 2 for the masters' bf16 rounding) and must fit the devices' share of host
+ * memory.
  * Time: the device AdamW leaves the step; the gradient shard crosses the device-host link
- * once down and the updated fp32 shard once up (the link's bandwidth, one direction each);
- * the host AdamW streams its 28 bytes an element (gradient, master, m and v read; master, m
- * and v written) at the host's memory bandwidth. With the overlap each gradient goes down as
+ * once down and the updated shard once up (fp32, or under bf16 its rounding: 2 bytes; the
+ * link's bandwidth, one direction each); the host AdamW streams its 28 bytes an element
+ * (gradient, master, m and v read; master, m and v written), under bf16 6 more for the
+ * rounding, at the host's memory bandwidth. With the overlap each gradient goes down as
  * soon as backward (its last micro-batch) finished it: the backward hides the copies but for
  * the last layer's share (the first layer's gradients, final last). The host updates of step
  * s then run while step s+1 loads its data and runs its forward, parameter by parameter in the
@@ -43,26 +44,26 @@ static double min_pos(double a, double b) {
 }
 
 void ms_plan_offload_memory(const ms_strategy *s, ms_plan_workload *w) {
-    /* only the bf16 cast's fp32 copy stays on the device */
-    w->mem_optim = s->precision == MS_PRECISION_BF16 ? 4 * w->opt_elems : 0;
+    (void)s; /* no optimizer state stays on the device, bf16's masters included */
+    w->mem_optim = 0;
 }
 
 void ms_plan_offload_price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
                            const ms_plan_scales *sc, ms_plan_estimate *out) {
     const ms_cluster *c = pb->cluster;
     bool bf16 = s->precision == MS_PRECISION_BF16;
-    double n = w->opt_elems, grad_b = bf16 ? 2 : 4;
+    double n = w->opt_elems, grad_b = bf16 ? 2 : 4, up_b = bf16 ? 2 : 4;
     double link, host_bw, host_bytes;
     ms_plan_host_side(c, pb->devices, &link, &host_bw, &host_bytes);
     ms_plan_offload_memory(s, w);
-    out->mem_host = n * (4 + 8 + grad_b);
+    out->mem_host = n * (4 + 8 + grad_b + (bf16 ? 2 : 0));
     out->mem_host_cap = host_bytes * c->usable_memory_fraction;
     /* time: the device's AdamW out (priced as cost.c prices it), the host's in */
     double device_adamw =
         ms_cluster_elementwise_time(c, MS_OPRATE_ADAMW, 12 * n, 28 * n, pb->devices) *
         sc->compute[MS_PC_OPTIMIZER];
-    out->offload_copy_s = n * (grad_b + 4) / link;
-    out->offload_host_s = 28 * n / host_bw * sc->compute[MS_PC_OPTIMIZER];
+    out->offload_copy_s = n * (grad_b + up_b) / link;
+    out->offload_host_s = (28 + (bf16 ? 6 : 0)) * n / host_bw * sc->compute[MS_PC_OPTIMIZER];
     /* the forward is about half the backward (one GEMM per weight against two) */
     double forward = w->bwd_mb_s / 2 + c->step_overhead;
     double layers = w->layers_per_stage > 0 ? w->layers_per_stage : 1;

@@ -26,8 +26,12 @@ struct ms_offload {
     ms_kctx *hkc;    /* owned: the CPU kernels on host memory */
     ms_stages *st;   /* borrowed */
     int n;
-    float **m, **v;          /* borrowed: the moments */
-    float **master;          /* [n]: fp32 master of the optimizer shard, opt_n floats */
+    float **m, **v; /* borrowed: the moments */
+    float **master; /* [n]: fp32 master of the optimizer shard, opt_n floats */
+    /* the program holds the masters in host memory (bf16: ms_compile_opts.master_host): master
+     * points into it, nothing is copied between them and the device, and each update ends by
+     * rounding its master for the parameter sync to copy up */
+    bool host_masters;
     void **grad;             /* [n]: the staged gradient shard (fp32 or bf16 elements) */
     const void **dgrad;      /* [n]: the owned gradient shard on the device (stable) */
     size_t *mbytes, *gbytes; /* [n]: their allocations */
@@ -70,14 +74,18 @@ static ms_status host_adamw(ms_offload *o, int i, const ms_adamw_opts *aw, int64
                             ms_error *err) {
     size_t n = o->len[i];
     if (o->bf16_grad[i])
-        return MS_CALL_K(o->hkc, adamw_step_bf16_grad, o->master[i], (const uint16_t *)o->grad[i],
-                         o->m[i], o->v[i], n, aw, t, scale, err);
-    return MS_CALL_K(o->hkc, adamw_step, o->master[i], (const float *)o->grad[i], o->m[i], o->v[i],
-                     n, aw, t, scale, err);
+        MS_CHECK(MS_CALL_K(o->hkc, adamw_step_bf16_grad, o->master[i], (const uint16_t *)o->grad[i],
+                           o->m[i], o->v[i], n, aw, t, scale, err));
+    else
+        MS_CHECK(MS_CALL_K(o->hkc, adamw_step, o->master[i], (const float *)o->grad[i], o->m[i],
+                           o->v[i], n, aw, t, scale, err));
+    /* host masters: the bf16 rounding now, off the next forward's path */
+    return o->host_masters ? ms_stages_round_master(o->st, i, o->hkc, err) : MS_OK;
 }
 
 /* The updated master shard into the parameter on the device. */
 static ms_status copy_up(ms_offload *o, int i, ms_error *err) {
+    if (o->host_masters) return MS_OK; /* the parameter sync copies the rounding up */
     ms_param_view pv;
     view(o, i, &pv);
     float *dst = ms_tensor_f32(&pv.data) + pv.data_off;
@@ -101,7 +109,7 @@ static ms_status copy_grads_down(ms_offload *o, ms_error *err) {
 }
 
 static ms_status read_masters(ms_offload *o, ms_error *err) {
-    for (int i = 0; i < o->n && o->stale; i++) {
+    for (int i = 0; i < o->n && o->stale && !o->host_masters; i++) {
         ms_param_view pv;
         view(o, i, &pv);
         const float *src = ms_tensor_f32(&pv.data) + pv.data_off;
@@ -323,9 +331,14 @@ static ms_status alloc_buffers(ms_offload *o, ms_error *err) {
         /* one spare element: an empty shard (uneven splits) still gets a valid pointer */
         o->len[i] = (size_t)pv.opt_n;
         o->bf16_grad[i] = pv.grad.dtype == MS_BF16;
-        o->mbytes[i] = sizeof(float) * ((size_t)pv.opt_n + 1);
         o->gbytes[i] = ms_dtype_size(pv.grad.dtype) * ((size_t)pv.opt_n + 1);
-        MS_CHECK(ms_device_alloc(o->host, o->mbytes[i], (void **)&o->master[i], err));
+        o->host_masters = pv.host_master;
+        if (pv.host_master) {
+            o->master[i] = ms_tensor_f32(&pv.data) + pv.data_off; /* the program's */
+        } else {
+            o->mbytes[i] = sizeof(float) * ((size_t)pv.opt_n + 1);
+            MS_CHECK(ms_device_alloc(o->host, o->mbytes[i], (void **)&o->master[i], err));
+        }
         MS_CHECK(ms_device_alloc(o->host, o->gbytes[i], &o->grad[i], err));
         o->dgrad[i] = (const char *)ms_tensor_data(&pv.grad) +
                       ms_dtype_size(pv.grad.dtype) * (size_t)pv.grad_off;
@@ -389,7 +402,7 @@ void ms_offload_destroy(ms_offload *o) {
     if (o->npending) ms_stages_on_param_use(o->st, NULL, NULL);
     if (o->overlap) ms_stages_on_grad_final(o->st, NULL, NULL);
     for (int i = 0; i < o->n; i++) {
-        if (o->master[i]) ms_device_free(o->host, o->master[i], o->mbytes[i]);
+        if (o->master[i] && o->mbytes[i]) ms_device_free(o->host, o->master[i], o->mbytes[i]);
         if (o->grad[i]) ms_device_free(o->host, o->grad[i], o->gbytes[i]);
     }
     pthread_mutex_destroy(&o->mu);

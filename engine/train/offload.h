@@ -28,6 +28,10 @@
  *
  * Collective: ms_offload_update and ms_offload_settle are called by every rank of the world at
  * the same point (the gathers are collectives over dp).
+ *
+ * Under bf16 the program holds the masters in host memory itself (ms_param_view.host_master,
+ * ms_compile_opts.master_host): the host AdamW updates them in place and rounds each into its
+ * bf16 shard at once, and the parameter sync copies that up; nothing fp32 stays on the device.
  * Ownership: the offload owns the masters, the staged gradients, its host kernel context and
  * its worker thread; it borrows the device, the host device, the stages and the moments, which
  * outlive it (the trainer destroys it first).
@@ -69,8 +73,8 @@ ms_status ms_offload_settle(ms_offload *o, ms_error *err);
  * read again before the next update. Call it settled. */
 void ms_offload_params_written(ms_offload *o);
 
-/* Host bytes it holds: the fp32 master weights and the staged gradients (the moments are the
- * trainer's, on the same host device). */
+/* Host bytes it holds: the fp32 master weights it allocated (not the program's host masters)
+ * and the staged gradients (the moments are the trainer's, on the same host device). */
 double ms_offload_master_bytes(const ms_offload *o);
 double ms_offload_staging_bytes(const ms_offload *o);
 

@@ -152,7 +152,8 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .bucket_mb = st->strat.bucket_mb,
                              .micro_batches = st->m,
                              .bf16 = st->strat.precision == MS_PRECISION_BF16,
-                             .deferred_param_sync = st->strat.offload};
+                             .deferred_param_sync = st->strat.offload,
+                             .master_host = st->o.master_host};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
@@ -700,6 +701,12 @@ ms_status ms_stages_param_sync_one(ms_stages *st, int i, ms_error *err) {
     int at = 0;
     ms_program *p = local_param(st, i, &at);
     return p ? ms_program_param_sync_one(p, at, err) : MS_OK;
+}
+
+ms_status ms_stages_round_master(ms_stages *st, int i, struct ms_kctx *kc, ms_error *err) {
+    int at = 0;
+    ms_program *p = local_param(st, i, &at);
+    return p ? ms_program_round_master(p, at, kc, err) : MS_OK;
 }
 
 static ms_status use_adapter_call(void *arg, int param, ms_error *err) {

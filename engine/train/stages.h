@@ -55,6 +55,9 @@ typedef struct ms_stages_opts {
     int batch, seq; /* global rows per step and tokens per row */
     uint64_t seed;  /* parameter init and dropout */
     bool keep_logits;
+    /* bf16 with offload: the host device the fp32 masters live on (ms_compile_opts.master_host,
+     * borrowed), else NULL */
+    ms_device *master_host;
 } ms_stages_opts;
 
 /* Splits cfg by strategy s (which must pass the validator) and compiles this rank's chunks. */
@@ -77,6 +80,8 @@ ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const
 ms_status ms_stages_param_sync(ms_stages *st, ms_error *err);
 /* ms_stages_param_sync for local parameter i alone (ms_program_param_sync_one). */
 ms_status ms_stages_param_sync_one(ms_stages *st, int i, ms_error *err);
+/* Host masters: parameter i's master rounded for its next sync (ms_program_round_master). */
+ms_status ms_stages_round_master(ms_stages *st, int i, struct ms_kctx *kc, ms_error *err);
 /* fn(arg, i) runs before a training step's first read of local parameter i
  * (ms_program_on_param_use on every chunk; NULL removes it). */
 void ms_stages_on_param_use(ms_stages *st, ms_param_use_fn fn, void *arg);

@@ -120,6 +120,10 @@ static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_place
     if (rules) c->rules = *rules;
     ms_stages_opts so = {
         .batch = t->o.batch, .seq = t->o.seq, .seed = t->o.seed, .keep_logits = t->o.keep_logits};
+    /* ZeRO-Offload under bf16: the masters live on the host beside the moments; the device
+     * keeps the bf16 use copies alone */
+    if (s->offload && s->precision == MS_PRECISION_BF16 && !t->o.inference)
+        so.master_host = t->host;
     return ms_stages_create(t->ctx, &t->cfg, &c->strat, &c->rules, &so, &c->st, err);
 }
 
@@ -633,7 +637,11 @@ void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out) {
         /* bf16: the bf16 use copies are the parameters, the fp32 masters optimizer state */
         double master = 4.0 * (double)ms_tensor_numel(&pv.data);
         out->params += pv.use_bytes ? (double)pv.use_bytes : master;
-        out->optim += pv.use_bytes ? master : 0;
+        /* host masters: the master and its bf16 rounding on the host */
+        if (pv.host_master)
+            out->host_optim += master * 1.5;
+        else
+            out->optim += pv.use_bytes ? master : 0;
         out->grads += (double)ms_dtype_size(pv.grad.dtype) * (double)ms_tensor_numel(&pv.grad);
     }
     double *adam = t->off ? &out->host_optim : &out->optim;
