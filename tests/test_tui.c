@@ -1,7 +1,8 @@
 /* test_tui.c - the terminal view's pure drawing helpers against hand-computed answers: the
  * colour scale, sparkline glyphs in UTF-8 and ASCII, bars, the timeline's lane layout and the
  * pipeline's (blocks, labels, fill glyphs), axis steps, number formatting, glyph and colour
- * choices from the environment, and the dashboard URL split. (The screens themselves run
+ * choices from the environment, the dashboard URL split, and the suggestion highlight that
+ * follows its suggestion when the list re-sorts. (The screens themselves run
  * under tmux: tests/tui_tmux.sh.)
  */
 #include <math.h>
@@ -12,6 +13,7 @@
 
 #include "tui/draw.h"
 #include "tui/source.h"
+#include "tui/tui_impl.h"
 
 static void test_scale_level(void **state) {
     (void)state;
@@ -368,13 +370,42 @@ static void test_parse_url(void **state) {
         MS_ERR_INVALID);
 }
 
+/* The highlight follows its suggestion, not its row: an advisor round re-sorts the list (the
+ * gains move as it learns) and Enter must accept what the user is looking at. */
+static void test_selection_follows_id(void **state) {
+    (void)state;
+    static ms_snapshot s; /* large: the suggestion table */
+    ms_tui t;
+    memset(&t, 0, sizeof t);
+    const int32_t order1[3] = {5, 7, 9}, order2[3] = {9, 5, 7};
+    s.n_suggestions = 3;
+    for (int i = 0; i < 3; i++) s.suggestions[i].id = order1[i];
+    assert_int_equal(ms_tui_selected_suggestion(&t, &s)->id, 5); /* none yet: the first row */
+    t.selected = 2, t.selected_id = 9;                           /* the user moved down twice */
+    for (int i = 0; i < 3; i++) s.suggestions[i].id = order2[i];
+    assert_int_equal(ms_tui_selected_suggestion(&t, &s)->id, 9); /* now row 0, still 9 */
+    assert_int_equal(t.selected, 0);
+    t.selected_id = 5;
+    assert_int_equal(ms_tui_selected_suggestion(&t, &s)->id, 5);
+    assert_int_equal(t.selected, 1);
+    /* it left the list: the highlight stays on its row, on the suggestion now there */
+    s.suggestions[1].id = 11;
+    assert_int_equal(ms_tui_selected_suggestion(&t, &s)->id, 11);
+    s.n_suggestions = 1;
+    t.selected_id = 99;
+    t.selected = 2;
+    assert_int_equal(ms_tui_selected_suggestion(&t, &s)->id, 9);
+    s.n_suggestions = 0;
+    assert_null(ms_tui_selected_suggestion(&t, &s));
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_scale_level), cmocka_unit_test(test_spark_index),
     cmocka_unit_test(test_sparkline),   cmocka_unit_test(test_hbar),
     cmocka_unit_test(test_lane_layout), cmocka_unit_test(test_pipe_layout),
     cmocka_unit_test(test_nice_step),   cmocka_unit_test(test_format),
     cmocka_unit_test(test_environment), cmocka_unit_test(test_redact),
-    cmocka_unit_test(test_parse_url),
+    cmocka_unit_test(test_parse_url),   cmocka_unit_test(test_selection_follows_id),
 };
 
 MT_MAIN("tui", tests)

@@ -27,10 +27,20 @@ static const char *state_name(int state) {
     return state < MS_SUGG_STATE_COUNT ? ms_suggestion_state_name((ms_suggestion_state)state) : "?";
 }
 
+/* Highlights the suggestion in row i of s (clamped). */
+static void select_row(ms_tui *t, const ms_snapshot *s, int i) {
+    if (i >= s->n_suggestions) i = s->n_suggestions - 1;
+    if (i < 0) i = 0;
+    t->selected = i;
+    t->selected_id = s->suggestions[i].id;
+}
+
 const ms_suggestion *ms_tui_selected_suggestion(ms_tui *t, const ms_snapshot *s) {
     if (s->n_suggestions <= 0) return NULL;
-    if (t->selected >= s->n_suggestions) t->selected = s->n_suggestions - 1;
-    if (t->selected < 0) t->selected = 0;
+    int row = t->selected; /* the same row when the highlighted one has left the list */
+    for (int i = 0; i < s->n_suggestions; i++)
+        if (s->suggestions[i].id == t->selected_id) row = i;
+    select_row(t, s, row);
     return &s->suggestions[t->selected];
 }
 
@@ -155,10 +165,8 @@ static ms_tui_key_result suggestions_key(ms_tui *t, const ms_snapshot *s, int ch
     const ms_suggestion *g = ms_tui_selected_suggestion(t, s);
     switch (ch) {
         case KEY_UP:
-            t->selected--;
-            return MS_KEY_HANDLED;
         case KEY_DOWN:
-            t->selected++;
+            if (g) select_row(t, s, t->selected + (ch == KEY_UP ? -1 : 1));
             return MS_KEY_HANDLED;
         case '\n':
         case '\r':

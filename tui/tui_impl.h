@@ -49,7 +49,10 @@ struct ms_tui {
     int hscroll;                 /* heatmap: first column shown */
     ms_tui_heat_mode heat_mode;
     int heat_dim; /* -1 = all traffic, else a mesh dim */
-    int selected; /* suggestions: the highlighted row */
+    /* suggestions: the highlighted one. Kept by id, since each advisor round may re-sort the
+     * list: a row index would move the highlight, and Enter, onto another suggestion. */
+    int32_t selected_id; /* 0: none yet, the first row */
+    int selected;        /* its row in the latest snapshot */
 
     char msg[512]; /* a transient message in the footer */
     ms_tui_role msg_role;
