@@ -385,14 +385,25 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
      * the prediction by about what the collectives gained. Those parts are taken off the
      * measured collective time (pro rata over the mesh dims) before the dims are rescaled, and
      * the compute classes keep their measured mix but never drop below the predicted total. */
-    double pred_comp = 0, meas_comp = 0, meas_comm = 0;
+    double pred_comp = 0, meas_comp = 0, meas_comm = 0, pred_comm = 0;
     for (int c = 0; c < MS_PC_OPTIMIZER; c++)
         pred_comp += pred->compute_s[c], meas_comp += m.cls[c];
-    for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) meas_comm += m.dim[d];
+    for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
+        meas_comm += m.dim[d], pred_comm += pred->comm_total_s[d];
+    /* The phase-boundary synchronisation is a residual of whole calibration steps, so it is
+     * the noisiest figure of the calibration (a busy machine then inflates it many times); the
+     * collectives' own transfers were measured alone. Those waits are spent inside
+     * collectives, so the sync can take at most the measured collective time beyond the
+     * predicted transfers: when it would exceed that, it shrinks first. */
+    if (m.have_dims && pred->sync_s > 1e-9) {
+        double room = meas_comm - pred_comm;
+        fresh.sync = room >= pred->sync_s ? 1 : room > 0 ? room / pred->sync_s : 0;
+    }
+    double sync_s = pred->sync_s * fresh.sync;
     bool shared = a->cluster.cpu && a->world > a->cluster.cores;
     double lift =
         shared && m.have_ops && meas_comp > 0 && meas_comp < pred_comp ? pred_comp / meas_comp : 1;
-    double shift = pred->sync_s + (lift > 1 ? pred_comp - meas_comp : 0);
+    double shift = sync_s + (lift > 1 ? pred_comp - meas_comp : 0);
     if (m.have_ops) {
         for (int c = 0; c < MS_PC_OPTIMIZER; c++)
             if (pred->compute_s[c] > 1e-9 && m.cls[c] > 0)
@@ -411,11 +422,13 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         double r = clampd(measured_step_s / pred->step_s, 0.2, 8);
         for (int c = 0; c < MS_PC_COUNT; c++) fresh.compute[c] = r;
         for (int d = 0; d < MS_PLAN_DIM_COUNT; d++) fresh.comm[d] = r;
+        fresh.sync = r;
     }
     for (int c = 0; c < MS_PC_COUNT; c++)
         blend(&a->scales.compute[c], fresh.compute[c], a->updates);
     for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
         blend(&a->scales.comm[d], fresh.comm[d], a->updates);
+    blend(&a->scales.sync, fresh.sync, a->updates);
     measure_dp_overlap(a, &cur, an);
     /* what is left becomes a per-step constant */
     ms_plan_scales noover = a->scales;

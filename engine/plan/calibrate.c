@@ -412,8 +412,10 @@ static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         MS_CHECK_GOTO(world_max(ctx, now_s() - t0, &t, err), st, out);
         if (i >= 2) times[i - 2] = t;
     }
+    /* the fastest of five: another process on the machine only ever adds time, and the
+     * synchronisation solved from these steps is a small difference of large figures */
     qsort(times, 5, sizeof(double), cmp_d);
-    if (ctx->rank == 0) r->step_s = times[2];
+    if (ctx->rank == 0) r->step_s = times[0];
     st = MS_OK;
 out:
     free(buf);

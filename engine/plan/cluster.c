@@ -560,7 +560,7 @@ static ms_status write_text(FILE *f, void *arg, ms_error *err) {
     return ms_durable_fwrite(f, s, strlen(s), "cluster cache", err);
 }
 
-#define CALIBRATION_VERSION "meshscope-cpu-local-6"
+#define CALIBRATION_VERSION "meshscope-cpu-local-7"
 
 ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_cluster *out,
                              ms_error *err) {

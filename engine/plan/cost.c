@@ -33,6 +33,7 @@ void ms_plan_scales_identity(ms_plan_scales *s) {
     for (int i = 0; i < MS_PC_COUNT; i++) s->compute[i] = 1;
     for (int i = 0; i < MS_PLAN_DIM_COUNT; i++) s->comm[i] = 1;
     s->overhead_s = 0;
+    s->sync = 1;
     s->dp_overlap = -1;
 }
 
@@ -1215,7 +1216,7 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     out->compute_s[MS_PC_OPTIMIZER] += opt;
     /* oversubscribed thread ranks meet at the end of each forward, at the start of each
      * gradient reduction and at the gradient norm */
-    out->sync_s = (2 * m + 1) * ms_cluster_sync_phase(c, pb->devices);
+    out->sync_s = (2 * m + 1) * ms_cluster_sync_phase(c, pb->devices) * sc->sync;
     out->mb_coll_calls = calls_mb * m;
     out->mb_coll_bus_bytes = bus_mb * m;
     out->overhead_s = c->step_overhead + out->sync_s + sc->overhead_s;

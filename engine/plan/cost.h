@@ -109,6 +109,10 @@ typedef struct ms_plan_scales {
     double compute[MS_PC_COUNT];
     double comm[MS_PLAN_DIM_COUNT];
     double overhead_s;
+    /* Multiplies the cluster's phase-boundary synchronisation (sync_s below): the calibration
+     * measured it once, as a residual of whole steps, so the advisor takes it down when the
+     * job's collectives took less time than it alone would (1: as calibrated). */
+    double sync;
     /* The share of bucketed (bucket_mb > 0) data-parallel gradient traffic that runs hidden
      * under the backward, as measured (the trace's dp hidden / dp communication); < 0: not
      * measured, the cluster's dp_overlap applies. */
