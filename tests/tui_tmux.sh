@@ -212,7 +212,9 @@ if wait_for ' open ' 120 >/dev/null; then
     keys y
     if wait_for ' applied ' 90 >/dev/null; then
       ok "accepted suggestion applied"
-      [ -n "$target" ] && wait_for "  $target  " 30 >/dev/null && ok "status line shows $target" ||
+      # the target is text, not a pattern: "+sp" must not read as " +" (one or more spaces)
+      target_re=$(sed 's/[][\.*^$+?(){}|]/\\&/g' <<<"$target")
+      [ -n "$target" ] && wait_for "  $target_re  " 30 >/dev/null && ok "status line shows $target" ||
         fail "status line does not show '$target'"
     else
       fail "accepted suggestion never applied"
