@@ -163,13 +163,16 @@ static ms_status report_memory(ms_ctx *ctx, ms_trainer *t, double base_in_use, m
     double peak = (double)atomic_load(&ctx->device->peak);
     /* Without micro-batches the program's own arena was allocated with it, before
      * base_in_use; micro-batched arenas come from the pool during the steps. */
-    float mine[5] = {(float)m.stage, (float)m.held, (float)m.bound,
-                     (float)(m.activation_bytes / 1048576.0),
-                     (float)((peak - base_in_use + m.own_arena_bytes) / 1048576.0)};
+    float mine[6] = {(float)m.stage,
+                     (float)m.held,
+                     (float)m.bound,
+                     (float)((m.activation_bytes - m.scratch_bytes) / 1048576.0),
+                     (float)((peak - base_in_use + m.own_arena_bytes) / 1048576.0),
+                     (float)(m.scratch_bytes / 1048576.0)};
     int n = ctx->world_size;
-    float *all = xmalloc(sizeof *all * 5 * (size_t)n);
+    float *all = xmalloc(sizeof *all * 6 * (size_t)n);
     size_t *counts = xmalloc(sizeof *counts * (size_t)n);
-    for (int r = 0; r < n; r++) counts[r] = 5;
+    for (int r = 0; r < n; r++) counts[r] = 6;
     ms_status st = ms_all_gather(ctx->world, mine, all, counts, err);
     if (st == MS_OK && ctx->rank == 0) {
         char name[MS_STRATEGY_NAME_MAX];
@@ -179,12 +182,15 @@ static ms_status report_memory(ms_ctx *ctx, ms_trainer *t, double base_in_use, m
             ms_strategy_name(s, name, sizeof name));
         int last = -1;
         for (int r = 0; r < n; r++) {
-            const float *x = all + 5 * r;
+            const float *x = all + 6 * r;
             if ((int)x[0] == last) continue; /* a stage's first rank speaks for it */
             last = (int)x[0];
+            char shared[64] = "";
+            if (x[5] > 0)
+                snprintf(shared, sizeof shared, " + %.1f MiB shared scratch", (double)x[5]);
             say(later,
-                "  stage %d: held %d (bound %d), %.1f MiB in slots, device peak grew %.1f MiB\n",
-                last, (int)x[1], (int)x[2], (double)x[3], (double)x[4]);
+                "  stage %d: held %d (bound %d), %.1f MiB in slots%s, device peak grew %.1f MiB\n",
+                last, (int)x[1], (int)x[2], (double)x[3], shared, (double)x[4]);
         }
     }
     free(all), free(counts);

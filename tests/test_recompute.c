@@ -431,6 +431,131 @@ static void gpt_bench_arena(void **state) {
     }
 }
 
+/* --- the pipeline's shared scratch ---------------------------------------------------------
+ *
+ * A micro-batched program told that SCR_MB micro-batches are in flight at once
+ * (ms_compile_opts.inflight) moves what lives within one pass into a scratch all of them share.
+ * Run as a gpipe stage runs it (every forward, then every backward, each micro-batch on its own
+ * arena), with the scratch filled with NaN after every pass, it must give the losses and
+ * gradients, bit for bit, of the same program laid out with one arena per micro-batch: nothing
+ * a pass leaves in the scratch is read by a later one. And it must take less memory in all. */
+
+enum { SCR_MB = 4, SCR_B = 2, SCR_T = 16 };
+
+static float *scratch_alloc(size_t bytes) {
+    float *x = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    assert_non_null(x);
+    return x;
+}
+
+static void poison(float *x, size_t bytes) {
+    for (size_t i = 0; x && i < bytes / sizeof(float); i++) x[i] = NAN;
+}
+
+/* Micro-batch j's ids, positions and targets, fed to p. */
+static void feed_micro(mt_rank *r, ms_program *p, const ms_model *md, int vocab, int j) {
+    ms_error err = {0};
+    float v[SCR_B * SCR_T];
+    for (int i = 0; i < SCR_B * SCR_T; i++) v[i] = (float)((i * 7 + j * 13 + i / 5) % vocab);
+    MT_OK(r, ms_program_feed(p, md->ids, v, &err), &err);
+    for (int i = 0; i < SCR_B * SCR_T; i++) v[i] = (float)((i * 7 + j * 13 + i / 5 + 1) % vocab);
+    MT_OK(r, ms_program_feed(p, md->targets, v, &err), &err);
+    if (md->pos >= 0) {
+        for (int i = 0; i < SCR_B * SCR_T; i++) v[i] = (float)(i % SCR_T);
+        MT_OK(r, ms_program_feed(p, md->pos, v, &err), &err);
+    }
+}
+
+/* SCR_MB forwards, then their backwards in reverse, then the grad sync; losses into loss. */
+static void run_gpipe(mt_rank *r, ms_program *p, const ms_model *md, int vocab, float *loss) {
+    ms_error err = {0};
+    size_t ab = ms_program_arena_bytes(p), sb = ms_program_scratch_bytes(p);
+    float *arena[SCR_MB], *scr = sb ? scratch_alloc(sb) : NULL;
+    for (int j = 0; j < SCR_MB; j++) arena[j] = scratch_alloc(ab);
+    if (scr) ms_program_bind_scratch(p, scr);
+    MT_OK(r, ms_program_zero_grads(p, &err), &err);
+    for (int j = 0; j < SCR_MB; j++) {
+        ms_program_bind_arena(p, arena[j]);
+        feed_micro(r, p, md, vocab, j);
+        MT_OK(r, ms_program_forward(p, &loss[j], &err), &err);
+        poison(scr, sb);
+    }
+    for (int j = SCR_MB - 1; j >= 0; j--) {
+        ms_program_bind_arena(p, arena[j]);
+        MT_OK(r, ms_program_backward(p, &err), &err);
+        poison(scr, sb);
+    }
+    MT_OK(r, ms_program_grad_sync(p, &err), &err);
+    for (int j = 0; j < SCR_MB; j++) free(arena[j]);
+    free(scr);
+}
+
+static void scratch_rank(mt_rank *r, void *arg) {
+    const char *mode = arg;
+    ms_error err = {0};
+    ms_model_config cfg = config(false, false);
+    ms_mesh mesh = {0};
+    ms_dmesh *dm = NULL;
+    int shape[1] = {1};
+    if (!MT_OK(r, ms_mesh_init(&mesh, 1, shape, NULL, NULL, &err), &err)) return;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    ms_model md[2];
+    ms_program *p[2] = {NULL, NULL};
+    float loss[2][SCR_MB];
+    for (int k = 0; k < 2; k++) {
+        MT_OK(r, ms_model_build(&cfg, SCR_B, SCR_T, &md[k], &err), &err);
+        ms_compile_opts co = {.seed = 5,
+                              .micro_batched = true,
+                              .micro_batches = SCR_MB,
+                              .loss_scale = 1.0f / SCR_MB,
+                              .recompute = !strcmp(mode, "full") ? 1u << MS_REGION_BLOCK : 0,
+                              .inflight = k ? SCR_MB : 1};
+        if (!MT_OK(r, ms_program_compile(md[k].g, dm, &co, &p[k], &err), &err)) return;
+        run_gpipe(r, p[k], &md[k], cfg.vocab_size, loss[k]);
+    }
+    ms_program_stats one, shared;
+    ms_program_stats_get(p[0], &one);
+    ms_program_stats_get(p[1], &shared);
+    printf("recompute %-5s %d in flight: one arena each %.0f B (%.0f B in all); micro-batch arena "
+           "%.0f B + shared scratch %.0f B (%.0f B in all)\n",
+           mode, SCR_MB, (double)one.arena_bytes, (double)SCR_MB * one.arena_bytes,
+           (double)shared.arena_bytes, (double)shared.scratch_bytes,
+           (double)SCR_MB * shared.arena_bytes + shared.scratch_bytes);
+    assert_int_equal(one.scratch_bytes, 0);
+    assert_true(shared.scratch_bytes > 0 && shared.arena_bytes < one.arena_bytes);
+    assert_true((double)SCR_MB * shared.arena_bytes + shared.scratch_bytes <
+                (double)SCR_MB * one.arena_bytes);
+    assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
+    for (int j = 0; j < SCR_MB; j++) assert_true(isfinite(loss[1][j]));
+    assert_int_equal(ms_program_num_params(p[0]), ms_program_num_params(p[1]));
+    for (int i = 0; i < ms_program_num_params(p[0]); i++) {
+        ms_param_view a, b;
+        MT_OK(r, ms_program_param(p[0], i, &a), NULL);
+        MT_OK(r, ms_program_param(p[1], i, &b), NULL);
+        int64_t n = ms_tensor_numel(&a.grad);
+        assert_int_equal(n, ms_tensor_numel(&b.grad));
+        assert_memory_equal(ms_tensor_f32(&a.grad), ms_tensor_f32(&b.grad),
+                            sizeof(float) * (size_t)n);
+    }
+    /* without its scratch, the program refuses to run and names the call that binds one */
+    float *arena = scratch_alloc(ms_program_arena_bytes(p[1])), l = 0;
+    ms_program_bind_scratch(p[1], NULL);
+    ms_program_bind_arena(p[1], arena);
+    assert_int_equal(ms_program_forward(p[1], &l, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "ms_program_bind_scratch"));
+    free(arena);
+    for (int k = 0; k < 2; k++) {
+        ms_program_destroy(p[k]);
+        ms_model_free(&md[k]);
+    }
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static void shared_scratch(void **state) {
+    mt_run_threads(1, scratch_rank, *state);
+}
+
 /* Test names end in _wN, the world size they need (the MPI entry filters on it). */
 // clang-format off
 #define BITWISE(name, bert, dropout) \
@@ -446,6 +571,8 @@ static void gpt_bench_arena(void **state) {
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(program_recomputes_regions),
     cmocka_unit_test(gpt_bench_arena),
+    {"shared_scratch_full", shared_scratch, NULL, NULL, (void *)"full"},
+    {"shared_scratch_none", shared_scratch, NULL, NULL, (void *)"none"},
     BITWISE(gpt_bitwise_w1, false, false),
     BITWISE(bert_bitwise_w1, true, false),
     BITWISE(gpt_dropout_bitwise_w1, false, true),

@@ -142,6 +142,14 @@ typedef struct ms_compile_opts {
      * the fp32 shard. NULL: the masters are on the rank's device. Borrowed: it outlives the
      * program. Ignored without bf16; a shapes-only program only lays its memory out so. */
     ms_device *master_host;
+    /* Micro-batched: the most micro-batches whose arenas the caller holds at once (a pipeline
+     * stage's in-flight bound). Above 1, the buffers that live within one pass (a forward's
+     * temporaries, a backward's working gradients, recompute's values made again) move to a
+     * scratch arena that every micro-batch shares, when that takes less memory in all
+     * (inflight x the micro-batch arena + the scratch, against inflight x one arena): the
+     * micro-batch arena then keeps only what crosses from its forward to its backward, which
+     * under full recompute is the layers' inputs. 0 or 1: one arena holds everything. */
+    int inflight;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;
@@ -169,6 +177,12 @@ ms_status ms_program_forward(ms_program *p, float *loss, ms_error *err);
  * arena of its own. */
 size_t ms_program_arena_bytes(const ms_program *p);
 void ms_program_bind_arena(ms_program *p, float *arena);
+/* With ms_compile_opts.inflight > 1: the scratch arena's bytes (0 when the program kept one
+ * arena), and binding it. One scratch may serve every micro-batch of every program the caller
+ * runs one pass at a time, as long as each is bound before the program runs: a pass leaves
+ * nothing in it that a later pass reads. The caller owns it. */
+size_t ms_program_scratch_bytes(const ms_program *p);
+void ms_program_bind_scratch(ms_program *p, float *scratch);
 ms_status ms_program_backward(ms_program *p, ms_error *err);
 /* Where the bound micro-batch's rows sit in the step's batch: on each data-parallel replica,
  * `rows` rows starting at `offset` of the replica's `stride` rows (0, 0, 0: the program's rows
@@ -271,7 +285,8 @@ typedef struct ms_program_stats {
     int n_reshards;
     double reshard_bytes; /* collective sizes per step, this rank */
     double flops;         /* forward + backward, this rank */
-    size_t arena_bytes;   /* the memory planner's arena */
+    size_t arena_bytes;   /* the memory planner's arena (micro-batched: one micro-batch's) */
+    size_t scratch_bytes; /* the scratch all micro-batches share (ms_program_scratch_bytes) */
     /* the most arena bytes live at once without the parameter gradients that wait in it for
      * the grad sync (one-micro-batch programs): activations, their gradients, temporaries */
     size_t activation_bytes;

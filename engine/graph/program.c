@@ -839,7 +839,90 @@ static size_t peak_activations(const ms_program *p) {
     return (size_t)peak;
 }
 
-/* Offsets of every buffer: step-lived ones in the arena, the rest in persistent storage. */
+static size_t padded_floats(const buf *bf) {
+    return ((size_t)bf->nfloats + 15) / 16 * 16; /* 64-byte aligned */
+}
+
+/* Greedy by size: each of the buffers order[0..n) takes the lowest offset free during its
+ * lifetime. Returns the floats the layout spans. */
+static size_t place_buffers(buf *bufs, int *order, int n) {
+    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, bufs);
+    size_t top = 0;
+    for (int a = 0; a < n; a++) {
+        buf *bf = &bufs[order[a]];
+        size_t need = padded_floats(bf), off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int c = 0; c < a; c++) {
+                buf *o = &bufs[order[c]];
+                size_t oneed = padded_floats(o);
+                bool live = !(o->last < bf->first || bf->last < o->first);
+                if (live && off < o->offset + oneed && o->offset < off + need) {
+                    off = o->offset + oneed;
+                    moved = true;
+                }
+            }
+        }
+        bf->offset = off;
+        if (off + need > top) top = off + need;
+    }
+    return top;
+}
+
+/* The pass, one call of a micro-batched program's caller, that instruction k runs in: the
+ * forward, the backward (its input gradients), the weight gradients, the grad sync, the
+ * parameter sync; ni is after the step. */
+static int pass_of(const ms_program *p, int k) {
+    return k < p->n_forward    ? 0
+           : k < p->n_weight   ? 1
+           : k < p->n_backward ? 2
+           : k < p->n_sync     ? 3
+           : k < p->ni         ? 4
+                               : 5;
+}
+
+/* With a shared scratch (ms_compile_opts.inflight > 1): the step-lived buffers order[0..n)
+ * that live within one pass go to the scratch, the rest (and what the caller moves in or out
+ * of the micro-batch's arena between passes: its inputs, output, their gradients and the
+ * loss) stay in the arena. Kept when inflight arenas and one scratch take less than inflight
+ * arenas of the single layout (top floats); else every buffer goes back to that layout. */
+static void split_scratch(ms_program *p, int *order, int n, size_t top) {
+    bool *held = xcalloc((size_t)p->nb + 1, sizeof(bool));
+    for (int v = 0; v < p->g->nv; v++) {
+        if (p->g->v[v].kind == GV_INPUT) held[p->pv[v].buf] = true;
+        if (p->in_grad_buf[v] >= 0) held[p->in_grad_buf[v]] = true;
+    }
+    if (p->g->output >= 0) held[p->pv[p->g->output].buf] = true;
+    if (p->out_grad_buf >= 0) held[p->out_grad_buf] = true;
+    if (p->loss_buf >= 0) held[p->loss_buf] = true;
+    size_t *joint = xmalloc(sizeof(size_t) * (size_t)(n + 1));
+    int *keep = xmalloc(sizeof(int) * (size_t)(n + 1)), nk = 0;
+    int *scr = xmalloc(sizeof(int) * (size_t)(n + 1)), ns = 0;
+    for (int a = 0; a < n; a++) {
+        buf *bf = &p->bufs[order[a]];
+        joint[a] = bf->offset;
+        if (held[order[a]] || pass_of(p, bf->first) != pass_of(p, bf->last))
+            keep[nk++] = order[a];
+        else
+            scr[ns++] = order[a];
+    }
+    size_t arena = place_buffers(p->bufs, keep, nk), scratch = place_buffers(p->bufs, scr, ns);
+    double in = (double)p->inflight;
+    if (ns > 0 && in * (double)arena + (double)scratch < in * (double)top) {
+        for (int a = 0; a < ns; a++) p->bufs[scr[a]].scratch = true;
+        p->arena_floats = arena;
+        p->scratch_floats = scratch;
+    } else {
+        for (int a = 0; a < n; a++) p->bufs[order[a]].offset = joint[a];
+    }
+    free(scr);
+    free(keep);
+    free(joint);
+    free(held);
+}
+
+/* Offsets of every buffer: step-lived ones in the arena (and the scratch), the rest in
+ * persistent storage. */
 static void layout_memory(ms_program *p) {
     for (int k = 0; k < p->ni; k++) {
         instr *in = &p->ins[k];
@@ -866,13 +949,12 @@ static void layout_memory(ms_program *p) {
     /* A deferred parameter sync runs between any two of the step's instructions. */
     for (int b = 0; b < p->nb && p->deferred_sync; b++)
         if (!p->bufs[b].persistent && p->bufs[b].first >= p->n_sync) p->bufs[b].first = 0;
-    /* Greedy by size: each buffer takes the lowest offset free during its lifetime. */
     int *order = xmalloc(sizeof(int) * (size_t)p->nb);
     int n = 0;
     p->persist_floats = 0;
     for (int b = 0; b < p->nb; b++) {
         buf *bf = &p->bufs[b];
-        size_t padded = ((size_t)bf->nfloats + 15) / 16 * 16; /* 64-byte aligned */
+        size_t padded = padded_floats(bf);
         if (bf->on_host) {
             bf->offset = p->host_floats;
             p->host_floats += padded;
@@ -884,28 +966,9 @@ static void layout_memory(ms_program *p) {
             p->unplanned_floats += padded;
         }
     }
-    qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, p->bufs);
-    size_t top = 0;
-    for (int a = 0; a < n; a++) {
-        buf *bf = &p->bufs[order[a]];
-        size_t need = ((size_t)bf->nfloats + 15) / 16 * 16, off = 0;
-        for (bool moved = true; moved;) {
-            moved = false;
-            for (int c = 0; c < a; c++) {
-                buf *o = &p->bufs[order[c]];
-                size_t oneed = ((size_t)o->nfloats + 15) / 16 * 16;
-                bool live = !(o->last < bf->first || bf->last < o->first);
-                if (live && off < o->offset + oneed && o->offset < off + need) {
-                    off = o->offset + oneed;
-                    moved = true;
-                }
-            }
-        }
-        bf->offset = off;
-        if (off + need > top) top = off + need;
-    }
+    p->arena_floats = place_buffers(p->bufs, order, n);
+    if (p->micro && p->inflight > 1) split_scratch(p, order, n, p->arena_floats);
     free(order);
-    p->arena_floats = top;
     p->activation_floats = peak_activations(p);
 }
 
@@ -930,6 +993,7 @@ static ms_status alloc_memory(ms_program *p, ms_error *err) {
         buf *bf = &p->bufs[b];
         bf->ptr = bf->on_host      ? p->host_persist + bf->offset
                   : bf->persistent ? p->persist + bf->offset
+                  : bf->scratch    ? NULL /* the caller binds it (micro-batched) */
                   : p->arena       ? p->arena + bf->offset
                                    : NULL;
         MS_CHECK(ms_tensor_wrap(bf->ptr, bf->dtype, bf->lshape.ndim, bf->lshape.d, &bf->t, err));
@@ -1159,6 +1223,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     p->pv = xcalloc((size_t)g->nv, sizeof *p->pv);
     p->pn = xcalloc((size_t)g->nn, sizeof *p->pn);
     p->micro = opts && opts->micro_batched;
+    p->inflight = p->micro ? opts->inflight : 0;
     p->split_w = p->micro && opts->split_weight_grads;
     p->passes = p->micro && opts->micro_batches > 1 ? opts->micro_batches : 1;
     p->deferred_sync = opts && opts->deferred_param_sync;
@@ -1326,6 +1391,10 @@ static ms_status check_runnable(const ms_program *p, ms_error *err) {
     if (!p->arena)
         return ms_fail(err, MS_ERR_INVALID,
                        "program: micro-batched, it needs an arena (ms_program_bind_arena) first");
+    if (p->scratch_floats && !p->scratch)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "program: its pass-lived buffers need a scratch (ms_program_bind_scratch) "
+                       "first");
     return MS_OK;
 }
 
@@ -1718,15 +1787,31 @@ size_t ms_program_arena_bytes(const ms_program *p) {
     return (p->arena_floats + 16) * sizeof(float);
 }
 
+/* Points the step-lived buffers in the arena (scratch false) or in the scratch at base (NULL:
+ * unbound). */
+static void bind_buffers(ms_program *p, float *base, bool scratch) {
+    for (int b = 0; b < p->nb; b++) {
+        buf *bf = &p->bufs[b];
+        if (bf->persistent || bf->scratch != scratch) continue;
+        bf->ptr = base ? base + bf->offset : NULL;
+        bf->t.storage->data = bf->ptr;
+    }
+}
+
 void ms_program_bind_arena(ms_program *p, float *arena) {
     if (!p->member || p->shapes_only || !p->micro || p->arena == arena) return;
     p->arena = arena;
-    for (int b = 0; b < p->nb; b++) {
-        buf *bf = &p->bufs[b];
-        if (bf->persistent) continue;
-        bf->ptr = p->arena + bf->offset;
-        bf->t.storage->data = bf->ptr;
-    }
+    bind_buffers(p, arena, false);
+}
+
+size_t ms_program_scratch_bytes(const ms_program *p) {
+    return p->scratch_floats ? (p->scratch_floats + 16) * sizeof(float) : 0;
+}
+
+void ms_program_bind_scratch(ms_program *p, float *scratch) {
+    if (!p->member || p->shapes_only || !p->scratch_floats || p->scratch == scratch) return;
+    p->scratch = scratch;
+    bind_buffers(p, scratch, true);
 }
 
 ms_tensor *ms_program_local(ms_program *p, int v) {
@@ -1850,11 +1935,17 @@ void ms_program_explain(const ms_program *p, FILE *f) {
     human((double)st.unplanned_bytes, un, sizeof un);
     human((double)st.param_bytes, pb, sizeof pb);
     human((double)st.activation_bytes, ac, sizeof ac);
+    char sc[80] = "";
+    if (st.scratch_bytes) {
+        char h[32];
+        human((double)st.scratch_bytes, h, sizeof h);
+        snprintf(sc, sizeof sc, " a micro-batch, + %s shared scratch", h);
+    }
     fprintf(f,
-            "\n%d reshards, %s per step on this rank; %.3g GFLOP per step; activation arena %s "
+            "\n%d reshards, %s per step on this rank; %.3g GFLOP per step; activation arena %s%s "
             "(%s without reuse; activations %s besides the gradients awaiting the grad sync); "
             "parameters and gradients %s\n",
-            n, t, st.flops / 1e9, ar, un, ac, pb);
+            n, t, st.flops / 1e9, ar, sc, un, ac, pb);
 }
 
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
@@ -1870,6 +1961,7 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
         }
     }
     s->arena_bytes = p->arena_floats * sizeof(float);
+    s->scratch_bytes = p->scratch_floats * sizeof(float);
     s->activation_bytes = p->activation_floats * sizeof(float);
     s->unplanned_bytes = p->unplanned_floats * sizeof(float);
     s->param_bytes = p->persist_floats * sizeof(float);

@@ -16,11 +16,12 @@ typedef struct buf {
     int64_t numel;   /* elements */
     int64_t nfloats; /* storage in 4-byte units: numel, or numel / 2 rounded up for bf16 */
     ms_shape lshape; /* local shape */
-    size_t offset;   /* floats into the arena (step-lived buffers) */
+    size_t offset;   /* floats into the arena, or into the scratch (step-lived buffers) */
     float *ptr;
     int first, last; /* instruction lifetime; persistent buffers use -1 */
     bool persistent;
     bool on_host;   /* persistent in the master host's memory (ms_compile_opts.master_host) */
+    bool scratch;   /* lives within one pass, in the shared scratch (ms_compile_opts.inflight) */
     ms_tensor t;    /* wrapped view over ptr, made once */
     ms_tensor wide; /* bf16: an fp32 view that kernels read and write, over the staging area */
 } buf;
@@ -120,6 +121,9 @@ struct ms_program {
     int *in_grad_buf; /* [nv]: an input's gradient in its placements, else -1 */
     float *arena;
     size_t arena_floats, unplanned_floats;
+    int inflight;             /* ms_compile_opts.inflight */
+    float *scratch;           /* micro-batched: the caller's (ms_program_bind_scratch) */
+    size_t scratch_floats;    /* 0: no buffer is in a scratch */
     size_t activation_floats; /* peak_activations */
     float *persist;
     size_t persist_floats;

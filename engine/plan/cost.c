@@ -939,8 +939,8 @@ static double layer_values(const analytic *z, bool scores) {
 }
 
 /* Activations: the busiest stage's layers' values (only the layer inputs under full
- * recompute, plus one layer's values) times the most micro-batches the schedule holds on any
- * stage; the ends' values (embedding lookups, position add and norm on the first stage; the
+ * recompute, plus one layer's values once) times the most micro-batches the schedule holds on
+ * any stage; the ends' values (embedding lookups, position add and norm on the first stage; the
  * final norm or BERT's transform on the last) and the fp32 logits with their gradient (under
  * full recompute, the larger of those and one layer's values); the
  * backward's working gradients (the stream's and the widest activation's); the weights
@@ -972,8 +972,12 @@ static void analytic_activations(const analytic *z) {
     /* at the start of the backward every value is alive; under full recompute the head's are
      * freed before the layers' are made again, one layer at a time */
     double head = ends * tok * ab + transform + logits, work_b = work * tok * ab;
-    double act = z->rc ? z->L * tok * hsp * ab + fmax(head, layer) : z->L * layer + head;
-    z->w->mem_act = act * held + work_b + gathered;
+    /* under full recompute a micro-batch in flight holds its layers' inputs only: what is made
+     * again, and the head's values, live within one pass, in the scratch the micro-batches
+     * share (engine/graph/graph.h, ms_compile_opts.inflight) */
+    double act =
+        z->rc ? z->L * tok * hsp * ab * held + fmax(head, layer) : (z->L * layer + head) * held;
+    z->w->mem_act = act + work_b + gathered;
     /* over dp and cp, each gradient's reduction runs in steps (reduce-scatter, all-reduce,
      * all-gather) through buffers the arena lends at grad sync, when the activations are gone:
      * the arena is at least the gradients' bytes */

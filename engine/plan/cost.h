@@ -215,6 +215,7 @@ typedef struct ms_plan_engine_stats {
     double reshard_bytes; /* sum of the plans' collective bytes */
     double local_params;  /* floats */
     double arena_bytes, persist_bytes;
+    double scratch_bytes; /* pipelines: the pass-lived buffers' arena, shared (graph.h) */
 } ms_plan_engine_stats;
 ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err);

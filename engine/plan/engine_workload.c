@@ -231,11 +231,14 @@ static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
 
 /* One chunk of the busiest stage, compiled from shapes for one micro-batch: its kernels and
  * reshards into w, its state's elements into state (parameters as stored, gradients, the
- * optimizer's shards: ZeRO divides them over dp by stage) and its arena into *arena. */
+ * optimizer's shards: ZeRO divides them over dp by stage), its micro-batch arena into *arena
+ * and the scratch it shares with the stage's other micro-batches (inflight of them held at
+ * once) into *scratch. */
 static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, const ms_mesh *mesh,
-                           int rows, int k, ms_plan_workload *w, ms_plan_engine_stats *stats,
-                           double state[5], double *arena, double *staging, double *persist,
-                           double *boundary, ms_error *err) {
+                           int rows, int k, int inflight, ms_plan_workload *w,
+                           ms_plan_engine_stats *stats, double state[5], double *arena,
+                           double *scratch, double *staging, double *persist, double *boundary,
+                           ms_error *err) {
     ms_model model = {0};
     ms_program *prog = NULL;
     ms_status st;
@@ -253,6 +256,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
                           .bf16 = s->precision == MS_PRECISION_BF16,
                           .deferred_param_sync = s->offload,
                           .bucket_mb = s->bucket_mb, /* one call per bucket */
+                          .inflight = inflight,
                           /* a GPU's bf16 kernels leave most instructions unstaged */
                           .kernels_like =
                               pb->cluster && !pb->cluster->cpu ? MS_DEVICE_CUDA : MS_DEVICE_CPU};
@@ -277,6 +281,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     ms_program_stats ps;
     ms_program_stats_get(prog, &ps);
     if ((double)ps.arena_bytes > *arena) *arena = (double)ps.arena_bytes;
+    if ((double)ps.scratch_bytes > *scratch) *scratch = (double)ps.scratch_bytes;
     if ((double)ps.staging_bytes > *staging) *staging = (double)ps.staging_bytes;
     w->hw_flops_step += ps.flops;
     *persist += (double)ps.param_bytes + (double)ps.bucket_bytes; /* buckets: beside them */
@@ -316,15 +321,23 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     ms_mesh mesh = {0};
     MS_CHECK(ms_strategy_mesh(s, &mesh, err));
     /* parameter, gradient and optimizer-shard elements; bf16 use-copy and gradient bytes */
-    double state[5] = {0, 0, 0, 0, 0}, arena = 0, staging = 0, persist = 0, boundary = 0;
+    double state[5] = {0, 0, 0, 0, 0}, arena = 0, scratch = 0, staging = 0, persist = 0;
+    double boundary = 0;
+    /* the busiest stage's arena per micro-batch in flight, as many as any stage holds (the
+     * first, under 1F1B: its arena is within a layer of the busiest's) */
+    int held = 1;
+    for (int q = 0; p > 1 && q < p; q++) {
+        int b = ms_pp_inflight_bound((ms_schedule)s->schedule, p, m, v, q);
+        if (b > held) held = b;
+    }
     ms_status st = MS_OK;
     w->layers_per_stage = 0;
     for (int c = 0; c < v && st == MS_OK; c++) {
         int lo, hi;
         ms_stages_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
         w->layers_per_stage += hi - lo;
-        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, w, stats, state, &arena, &staging,
-                       &persist, &boundary, err);
+        st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, held, w, stats, state, &arena,
+                       &scratch, &staging, &persist, &boundary, err);
     }
     if (st != MS_OK) {
         ms_mesh_free(&mesh);
@@ -341,13 +354,6 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     }
     /* the training loop: gradient norm over the world, AdamW on every local shard */
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_WORLD, WK_STEP, mesh.size * p, 8, 1);
-    /* the busiest stage's arena per micro-batch in flight, as many as any stage holds (the
-     * first, under 1F1B: its arena is within a layer of the busiest's) */
-    int held = 1;
-    for (int q = 0; p > 1 && q < p; q++) {
-        int b = ms_pp_inflight_bound((ms_schedule)s->schedule, p, m, v, q);
-        if (b > held) held = b;
-    }
     w->opt_elems = state[2];
     w->norm_elems = state[1];
     /* bf16: the parameters are the bf16 use copies, and the fp32 masters (state[0] elements,
@@ -357,8 +363,9 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     w->mem_params = bf16 ? state[3] : 4 * state[0];
     w->mem_grads = state[4];
     w->mem_optim = 8 * state[2] + (bf16 ? 4 * state[0] : 0);
-    /* one arena per micro-batch unit in flight (the schedule's bound), and bf16's staging */
-    w->mem_act = arena * held + staging;
+    /* one arena per micro-batch unit in flight (the schedule's bound), the scratch they share,
+     * and bf16's staging */
+    w->mem_act = arena * held + scratch + staging;
     /* inputs, kept values and, micro-batched under ZeRO 2 and 3, the gradients accumulating
      * whole before their reduce-scatter */
     w->mem_other = persist - (4 * state[0] + state[3] + state[4]);
@@ -367,6 +374,7 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     if (stats) {
         stats->local_params = state[0];
         stats->arena_bytes = arena;
+        stats->scratch_bytes = scratch;
         stats->persist_bytes = persist;
     }
     ms_mesh_free(&mesh);

@@ -49,6 +49,10 @@ struct ms_stages {
     int *pool_free;
     int npool, nfree, pool_cap;
     size_t pool_bytes;
+    /* ... and one scratch for what lives within a pass (ms_program_bind_scratch), as large as
+     * the largest chunk's, allocated at the first micro-batch; NULL while none needs one. */
+    float *pass_scratch;
+    size_t pass_scratch_bytes;
     ms_comm_probe *tie_probe; /* its trace probe, when the run is traced */
     int tie_param[2];         /* local parameter index (ms_stages_param) of each tied copy, or -1 */
     /* ms_stages_on_param_use: the caller's hook, and each chunk's adapter to it */
@@ -138,6 +142,13 @@ static ms_status build_chunk(const ms_stages *st, int k, ms_model *md, ms_error 
     return MS_OK;
 }
 
+/* The most micro-batch units this stage holds at once (1 without a pipeline). */
+static int inflight_bound(const ms_stages *st) {
+    return st->p > 1 ? ms_pp_inflight_bound((ms_schedule)st->strat.schedule, st->p, st->m, st->v,
+                                            st->stage)
+                     : 1;
+}
+
 static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
     *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules, .kv_heads = st->cfg.n_kv_head};
     return (ms_compile_opts){.shard = ms_strategy_shard,
@@ -153,7 +164,8 @@ static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
                              .micro_batches = st->m,
                              .bf16 = st->strat.precision == MS_PRECISION_BF16,
                              .deferred_param_sync = st->strat.offload,
-                             .master_host = st->o.master_host};
+                             .master_host = st->o.master_host,
+                             .inflight = inflight_bound(st)};
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
@@ -269,6 +281,8 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         rc = compile_chunk(st, &st->ch[c], err);
         if (rc == MS_OK && ms_program_arena_bytes(st->ch[c].prog) > st->pool_bytes)
             st->pool_bytes = ms_program_arena_bytes(st->ch[c].prog);
+        if (rc == MS_OK && ms_program_scratch_bytes(st->ch[c].prog) > st->pass_scratch_bytes)
+            st->pass_scratch_bytes = ms_program_scratch_bytes(st->ch[c].prog);
     }
     if (rc == MS_OK && st->p > 1 && ms_model_ties_embedding(&st->cfg)) {
         bool ends = st->stage == 0 || st->stage == st->p - 1;
@@ -315,6 +329,7 @@ void ms_stages_destroy(ms_stages *st) {
     ms_comm_destroy(st->tie);
     for (int i = 0; i < st->npool; i++)
         ms_device_free(st->ctx->device, st->pool[i], st->pool_bytes);
+    if (st->pass_scratch) ms_device_free(st->ctx->device, st->pass_scratch, st->pass_scratch_bytes);
     free(st->pool), free(st->pool_free);
     ms_comm_probe_free(st->tie_probe);
     for (int q = 0; st->dm && q < st->p; q++) ms_dmesh_destroy(st->dm[q]);
@@ -375,6 +390,11 @@ static int holds_of(const ms_stages *st, bool train) {
  * new one) at the micro-batch's first use on the chunk. */
 static ms_status take_slot(ms_stages *st, chunk *c, int j, bool train, ms_error *err) {
     if (!st->micro) return MS_OK; /* one micro-batch: the program's own arena */
+    if (st->pass_scratch_bytes && !st->pass_scratch) {
+        MS_CHECK(ms_device_alloc(st->ctx->device, st->pass_scratch_bytes,
+                                 (void **)&st->pass_scratch, err));
+        for (int k = 0; k < st->nch; k++) ms_program_bind_scratch(st->ch[k].prog, st->pass_scratch);
+    }
     if (c->slot_of[j] < 0) {
         if (!st->nfree) {
             if (st->npool == st->pool_cap) {
@@ -832,13 +852,12 @@ ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error
 void ms_stages_memory_get(const ms_stages *st, ms_stages_memory *out) {
     memset(out, 0, sizeof *out);
     out->stage = st->stage;
-    out->bound = st->p > 1 ? ms_pp_inflight_bound((ms_schedule)st->strat.schedule, st->p, st->m,
-                                                  st->v, st->stage)
-                           : 1;
+    out->bound = inflight_bound(st);
     out->held = st->micro ? st->npool : 1;
     out->slot_bytes =
         st->micro ? (double)st->pool_bytes : (double)ms_program_arena_bytes(st->ch[0].prog);
-    out->activation_bytes = out->held * out->slot_bytes;
+    out->scratch_bytes = st->pass_scratch ? (double)st->pass_scratch_bytes : 0;
+    out->activation_bytes = out->held * out->slot_bytes + out->scratch_bytes;
     out->own_arena_bytes = st->micro ? 0 : out->slot_bytes;
 }
 

@@ -128,12 +128,16 @@ ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error
 /* Activation memory as run: the arenas in this rank's pool (one per micro-batch unit held;
  * free ones are reused, so this is the most units held at once, a unit being one micro-batch
  * on one chunk), the schedule's bound for this stage, and the bytes of one arena (the largest
- * chunk's inputs, activations and temporaries). */
+ * chunk's inputs, activations and temporaries). With a pipeline, what lives within one pass
+ * (a forward's temporaries, a backward's working gradients, recompute's values made again)
+ * may sit instead in one scratch that all micro-batches share (ms_compile_opts.inflight): an
+ * arena then holds what crosses from a micro-batch's forward to its backward. */
 typedef struct ms_stages_memory {
     int stage;
     int held, bound;
     double slot_bytes;       /* one arena */
-    double activation_bytes; /* the arenas allocated */
+    double scratch_bytes;    /* the shared scratch (0: none) */
+    double activation_bytes; /* the arenas and the scratch allocated */
     double own_arena_bytes;  /* one micro-batch: the program's own arena, allocated with it */
 } ms_stages_memory;
 void ms_stages_memory_get(const ms_stages *st, ms_stages_memory *out);
