@@ -50,7 +50,7 @@ typedef struct ms_cupti_stats {
     int64_t clock_uncertainty_ns; /* half the best bracketing round trip */
 } ms_cupti_stats;
 
-#ifdef MS_HAVE_CUDA
+#ifdef MS_HAVE_CUPTI
 
 /* Starts collecting into gpu_rec (see "Threads" above: a recorder of its own) and flushes
  * every flush_ms milliseconds (1 .. 60000; ~100 keeps live views current at little cost).
@@ -75,11 +75,19 @@ void ms_cupti_pop_correlation(void);
 
 void ms_cupti_get_stats(ms_cupti_stats *out);
 
-#else /* !MS_HAVE_CUDA: the same API, so that callers need no #ifdef of their own */
+#else /* !MS_HAVE_CUPTI: the same API, so that callers need no #ifdef of their own */
+
+#ifdef MS_HAVE_CUDA
+#define MS_CUPTI_MISSING "CUDA, but its toolkit had no CUPTI when it was configured"
+#else
+#define MS_CUPTI_MISSING "no CUDA"
+#endif
 
 static inline ms_status ms_cupti_start(ms_recorder *gpu_rec, int flush_ms, ms_error *err) {
     (void)gpu_rec, (void)flush_ms;
-    return ms_fail(err, MS_ERR_UNSUPPORTED, "GPU tracing needs a build with CUDA (CUPTI)");
+    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                   "GPU tracing needs a build with CUDA and CUPTI (this build has %s)",
+                   MS_CUPTI_MISSING);
 }
 static inline ms_status ms_cupti_flush(ms_error *err) {
     (void)err;

@@ -23,20 +23,33 @@
 #   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
 #     development machine has 2 cores for pp 4's 4 ranks).
 #
+# A machine without the build dependencies and without package access (a bare GPU image):
+# make .gpu-bundle on a Debian 12 machine with scripts/gpu-bundle.sh and copy it into this
+# checkout; the check unpacks what the machine lacks into $BUILD_DIR/deps, and takes the
+# training text from it.
+#
 # Safe to run again and again: the build directory is reused (an incremental build) and
-# nothing outside it is written. Every step has a time limit, so a run ends within about
+# nothing outside it and data/ is written. Every step has a time limit, so a run ends within about
 # 8 minutes whatever happens. Exits non-zero when something failed, and also when a cuda
 # test skipped although nvidia-smi saw a GPU (a skip there means the GPU was not usable).
 #
 #   BUILD_DIR  the build directory (default: build-gpu)
 #   JOBS       parallel build jobs (default: nproc)
-#   OUT_DIR    where the results go (default: $BUILD_DIR/gpu-check)
+#   OUT_DIR    where the results and logs go (default: $BUILD_DIR/gpu-check)
+#   ARCHIVE    also pack them into this .tar.gz when the script ends (optional)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
+OUT_DIR=${OUT_DIR:-$BUILD_DIR/gpu-check}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
-mkdir -p "$BUILD_DIR"
+mkdir -p "$BUILD_DIR" "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+# ARCHIVE: every result and log of this run packed into one file when the script ends, however
+# it ends (for a machine whose results come back as a few files).
+if [ -n "${ARCHIVE:-}" ]; then
+  trap 'tar -czf "$ARCHIVE" -C "$OUT_DIR" . && echo "=== results packed into $ARCHIVE"' EXIT
+fi
 
 echo "=== nvidia-smi"
 have_gpu=0
@@ -51,45 +64,104 @@ else
 fi
 
 echo "=== prerequisites"
-missing=""
-for tool in cmake cc pkg-config; do
-  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
-done
-for mod in cmocka openblas libcjson ncursesw libcurl libmicrohttpd; do
-  pkg-config --exists "$mod" 2>/dev/null || missing="$missing $mod"
-done
-if [ -n "$missing" ]; then
-  echo "missing:$missing (Debian: scripts/install-deps.sh installs them)"
-  exit 2
+have_prereqs() { # sets missing
+  missing=""
+  for tool in cmake cc pkg-config python3; do
+    command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
+  done
+  for mod in cmocka openblas libcjson zlib ncursesw libcurl libmicrohttpd; do
+    pkg-config --exists "$mod" 2>/dev/null || missing="$missing $mod"
+  done
+  [ -z "$missing" ]
+}
+if ! have_prereqs; then
+  echo "missing:$missing"
+  # A machine without package access: the packages of .gpu-bundle (scripts/gpu-bundle.sh,
+  # made on a machine that has Debian's archive), unpacked into the build directory.
+  if [ ! -d .gpu-bundle ]; then
+    echo "Debian: scripts/install-deps.sh installs them. Without package access: run" \
+      "scripts/gpu-bundle.sh on a Debian 12 machine and copy its .gpu-bundle here"
+    exit 2
+  fi
+  echo "unpacking what this machine lacks from .gpu-bundle"
+  # shellcheck source=scripts/gpu-bundle-env.sh
+  . scripts/gpu-bundle-env.sh
+  bundle_env .gpu-bundle "$PWD/$BUILD_DIR/deps" || exit 2
+  if ! have_prereqs; then
+    echo "still missing after unpacking:$missing"
+    exit 2
+  fi
 fi
 echo "ok"
 
+echo "=== the CUDA toolkit"
+# nvcc where CMake looks (PATH, /usr/local/cuda), else in a Python environment's CUDA wheels;
+# NCCL next to the toolkit, else in the nvidia-nccl wheel. Both only hints: the configure
+# summary below says what was found.
+py_nvidia=$(python3 -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null)
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  nvcc_path=$(find $py_nvidia -name nvcc -type f -path '*/bin/*' 2>/dev/null | head -1)
+  [ -n "$nvcc_path" ] && export PATH="$PATH:$(dirname "$nvcc_path")"
+fi
+command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -2
+cuda_args=()
+if [ ! -e /usr/local/cuda/include/nccl.h ] && [ -n "$py_nvidia" ]; then
+  nccl_h=$(find $py_nvidia -name nccl.h 2>/dev/null | head -1)
+  if [ -n "$nccl_h" ]; then
+    cuda_args+=("-DNCCL_ROOT=$(dirname "$(dirname "$nccl_h")")")
+    echo "NCCL: $(dirname "$(dirname "$nccl_h")")"
+  fi
+fi
+# Device code for this machine's GPU only (a shorter build than every architecture).
+if [ "$have_gpu" -eq 1 ]; then
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+  if [ -n "$cap" ]; then
+    cuda_args+=("-DCMAKE_CUDA_ARCHITECTURES=$cap")
+    echo "building device code for compute capability $cap"
+  fi
+fi
+
 echo "=== configure ($BUILD_DIR)"
-log="$BUILD_DIR/gpu-check.configure.log"
-if ! timeout 90 cmake -S . -B "$BUILD_DIR" -DMS_ENABLE_CUDA=ON -DMS_WERROR=ON >"$log" 2>&1; then
+log="$OUT_DIR/configure.log"
+if ! timeout 90 cmake -S . -B "$BUILD_DIR" -DMS_ENABLE_CUDA=ON -DMS_WERROR=ON "${cuda_args[@]}" \
+  >"$log" 2>&1; then
   tail -40 "$log"
   echo "configure failed (full log: $log)"
   exit 1
 fi
-grep -E "CUDA \(cudart\)|NCCL  " "$log"
+grep -E "CUDA \(cudart\)|CUPTI  |NCCL  " "$log"
 if ! grep -qE "CUDA \(cudart\) +ON" "$log"; then
   echo "the CUDA toolkit was not found: nothing to check (install it, or set CUDAToolkit_ROOT)"
   exit 2
 fi
+# The loader must find the CUDA libraries the build links (a toolkit outside the loader's
+# paths, NCCL from a wheel): each one's folder that ldconfig does not list, appended.
+for var in CUDA_cudart_LIBRARY CUDA_cublas_LIBRARY CUDA_cublasLt_LIBRARY CUDA_cupti_LIBRARY \
+  NCCL_LIBRARY; do
+  lib=$(sed -n "s/^$var:FILEPATH=//p" "$BUILD_DIR/CMakeCache.txt")
+  [ -n "$lib" ] && [ -e "$lib" ] || continue
+  dir=$(dirname "$(readlink -f "$lib")")
+  ldconfig -p 2>/dev/null | grep -q " => $dir/" && continue
+  case ":${LD_LIBRARY_PATH:-}:" in
+  *":$dir:"*) ;;
+  *) export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir" && echo "loader path += $dir" ;;
+  esac
+done
 have_nccl=0
 if grep -qE "NCCL +ON" "$log"; then
   have_nccl=1
 else
   echo "warning: NCCL was not found; test_nccl only checks that the build says so"
 fi
-nccl_targets=()
-[ "$have_nccl" -eq 1 ] && nccl_targets=(meshscope-nccl-profiler test_nccl_lane)
+# Every executable the cuda labels run (test names are target names), the CLI and the GEMM
+# benchmark; the NCCL profiler plugin with NCCL.
+mapfile -t cuda_targets < <(cd "$BUILD_DIR" && ctest -N -L cuda | awk '/Test +#/ { print $3 }')
+[ "$have_nccl" -eq 1 ] && cuda_targets+=(meshscope-nccl-profiler)
 
-echo "=== build (-j$JOBS)"
-log="$BUILD_DIR/gpu-check.build.log"
-if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target test_cuda test_cupti test_nccl \
-  test_cuda_kernels test_cuda_host meshscope bench_gemm_cuda "${nccl_targets[@]}" \
-  >"$log" 2>&1; then
+echo "=== build (-j$JOBS): ${cuda_targets[*]} meshscope bench_gemm_cuda"
+log="$OUT_DIR/build.log"
+if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${cuda_targets[@]}" meshscope \
+  bench_gemm_cuda >"$log" 2>&1; then
   grep -E "error|warning" "$log" | head -40
   tail -20 "$log"
   echo "build failed (full log: $log)"
@@ -98,7 +170,7 @@ fi
 echo "ok"
 
 echo "=== ctest -L cuda"
-out="$BUILD_DIR/gpu-check.ctest.log"
+out="$OUT_DIR/ctest-cuda.log"
 (cd "$BUILD_DIR" && timeout 150 ctest -L cuda --output-on-failure --timeout 140) 2>&1 |
   tee "$out"
 rc=${PIPESTATUS[0]}
@@ -117,8 +189,6 @@ if [ "$have_gpu" -ne 1 ]; then
   exit "$failed"
 fi
 
-OUT_DIR=${OUT_DIR:-$BUILD_DIR/gpu-check}
-mkdir -p "$OUT_DIR"
 ms="$BUILD_DIR/meshscope"
 data=data/kjv.txt
 [ -s "$data" ] || scripts/prepare-data.sh >/dev/null
@@ -220,7 +290,9 @@ fi
 echo "=== a traced GPU run (CUPTI) and the trace's check"
 run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trace.json" &&
   { timeout 60 "$ms" trace check "$OUT_DIR/trace.json" | tee "$OUT_DIR/trace-check.txt" || failed=1; } &&
-  { grep -c '"cat":"kernel"' "$OUT_DIR/trace.json" | sed 's/^/  kernel slices: /'; }
+  { kernels=$(grep -o '"cat":"kernel"' "$OUT_DIR/trace.json" | wc -l)
+    echo "  kernel slices: $kernels"
+    [ "$kernels" -gt 0 ] || { echo "  FAILED: a CUDA run's trace holds no kernel (CUPTI recorded nothing)"; failed=1; }; }
 
 echo "=== NCCL's view in a trace: dp 2 on two GPUs over NCCL, traced (the NCCL profiler plugin)"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
