@@ -92,7 +92,7 @@ enum { NBUF = 16, BUF_FLOATS = 4096, B = 2, T = 8, C = 16, NH = 2, V = 32 };
 typedef struct pool {
     float *f[NBUF];
     int32_t *ids, *tgt;
-    double sums[2];
+    double sums[5]; /* sumsq, sumsq_bf16, then sumsq_list of three */
 } pool;
 
 static void run_every_slot(ms_kctx *kc, pool *p) {
@@ -177,6 +177,15 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     K(adamw_step_bf16_grad, f[9], (const uint16_t *)f[3], f[10], f[11], (size_t)n, &o, 3, 1.0f);
     K(sumsq, &p->sums[0], f[5], (size_t)n);
     K(sumsq_bf16, &p->sums[1], (const uint16_t *)f[3], (size_t)n);
+    /* the list: the same two tensors and a third, each its own sum as the calls above give */
+    const ms_k_span spans[3] = {{f[5], (size_t)n, false},
+                                {(const uint16_t *)f[3], (size_t)n, true},
+                                {f[6], (size_t)n / 2, false}};
+    K(sumsq_list, &p->sums[2], spans, 3);
+    assert_memory_equal(&p->sums[2], &p->sums[0], 2 * sizeof(double));
+    double half;
+    K(sumsq, &half, f[6], (size_t)n / 2);
+    assert_memory_equal(&p->sums[4], &half, sizeof half);
     K(scale_inplace, f[12], (size_t)n, 0.75f);
     K(bias_gelu_forward, f[13], f[1], f[2], rows, C);
     K(bias_gelu_backward, f[14], f[15], f[13], f[1], f[2], rows, C);

@@ -543,6 +543,13 @@ static ms_status h_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, 
     *host_out = ms_sumsq_bf16(H(x), n);
     return OK;
 }
+static ms_status h_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x, int n,
+                              ms_error *err) {
+    for (int i = 0; i < n; i++)
+        host_out[i] =
+            x[i].bf16 ? ms_sumsq_bf16(H(x[i].data), x[i].n) : ms_sumsq_f32(H(x[i].data), x[i].n);
+    return OK;
+}
 static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
     ms_scale_f32(H(x), n, s);
     return OK;
@@ -638,6 +645,7 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .adamw_step_bf16_grad = h_adamw_step_bf16_grad,           \
     .sumsq = h_sumsq,                                         \
     .sumsq_bf16 = h_sumsq_bf16,                               \
+    .sumsq_list = h_sumsq_list,                               \
     .scale_inplace = h_scale_inplace
 /* clang-format on */
 

@@ -41,6 +41,14 @@
 
 typedef struct ms_kernels ms_kernels;
 
+/* One tensor of a list the kernels read whole: its data on the device, its element count and
+ * its number format. */
+typedef struct ms_k_span {
+    const void *data;
+    size_t n;
+    bool bf16; /* uint16_t bf16 values, else float */
+} ms_k_span;
+
 /* A rank's handle on its device's kernels. */
 typedef struct ms_kctx {
     const ms_kernels *k;
@@ -326,6 +334,9 @@ struct ms_kernels {
              const ms_adamw_opts *o, int64_t t, float grad_scale);
     MS_KSLOT(sumsq, double *host_out, const float *x, size_t n);
     MS_KSLOT(sumsq_bf16, double *host_out, const uint16_t *x, size_t n);
+    /* The sums of squares of n tensors, host_out[i] as sumsq (sumsq_bf16) gives x[i]'s, with
+     * one wait for the device for all of them (the gradient norm: one per parameter tensor). */
+    MS_KSLOT(sumsq_list, double *host_out, const ms_k_span *x, int n);
     MS_KSLOT(scale_inplace, float *x, size_t n, float s);
 };
 

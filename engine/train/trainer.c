@@ -48,6 +48,10 @@ struct ms_trainer {
     int64_t step;    /* the next step to run: also the data cursor and the schedule's clock */
     int64_t skipped;
     int32_t *ids, *tgt; /* one batch of token ids and targets */
+    /* The gradient norm's list of gradients and their sums of squares (grown, never per step) */
+    ms_k_span *norm_spans;
+    double *norm_parts;
+    int norm_cap;
 };
 
 /* --- checks ---------------------------------------------------------------------------------- */
@@ -223,6 +227,7 @@ void ms_trainer_destroy(ms_trainer *t) {
     ms_dmesh_destroy(t->root);
     if (t->host) ms_device_destroy(t->host);
     free(t->ids), free(t->tgt);
+    free(t->norm_spans), free(t->norm_parts);
     free(t);
 }
 
@@ -237,22 +242,30 @@ static void mask(ms_trainer *t, uint64_t seed, uint64_t batch) {
     ms_model_mlm_mask(&whole, seed, batch, t->ids, t->tgt);
 }
 
-/* Global gradient norm: each shard counted once (owners), summed over the world. */
+/* Global gradient norm: each shard counted once (owners), summed over the world. The sums of
+ * squares of all of this rank's gradients come back in one list (one wait for the device),
+ * and are added in parameter order. */
 static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
-    double local = 0;
-    for (int i = 0; i < ms_stages_num_params(t->c.st); i++) {
+    const int np = ms_stages_num_params(t->c.st);
+    if (np > t->norm_cap) {
+        free(t->norm_spans), free(t->norm_parts);
+        t->norm_spans = xmalloc(sizeof *t->norm_spans * (size_t)np);
+        t->norm_parts = xmalloc(sizeof *t->norm_parts * (size_t)np);
+        t->norm_cap = np;
+    }
+    int n = 0;
+    for (int i = 0; i < np; i++) {
         ms_param_view v;
         bool counted = true;
         ms_stages_param(t->c.st, i, &v, &counted);
         if (!v.owner || !counted) continue;
-        size_t n = (size_t)ms_tensor_numel(&v.grad);
-        double part;
-        if (v.grad.dtype == MS_BF16)
-            MS_CHECK(MS_CALL_K(t->okc, sumsq_bf16, &part, ms_tensor_data(&v.grad), n, err));
-        else
-            MS_CHECK(MS_CALL_K(t->okc, sumsq, &part, ms_tensor_f32(&v.grad), n, err));
-        local += part;
+        t->norm_spans[n++] = (ms_k_span){.data = ms_tensor_data(&v.grad),
+                                         .n = (size_t)ms_tensor_numel(&v.grad),
+                                         .bf16 = v.grad.dtype == MS_BF16};
     }
+    MS_CHECK(MS_CALL_K(t->okc, sumsq_list, t->norm_parts, t->norm_spans, n, err));
+    double local = 0;
+    for (int i = 0; i < n; i++) local += t->norm_parts[i];
     /* Two floats keep the sum's precision through a float all-reduce. */
     float parts[2] = {(float)local, (float)(local - (double)(float)local)}, sum[2];
     MS_CHECK(ms_all_reduce(t->ctx->world, parts, sum, 2, MS_REDUCE_SUM, err));

@@ -435,9 +435,10 @@ static ms_status c_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g
 }
 
 /* The partials and the result in one device buffer: [chunks partials..., result]. */
-static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
+/* Room for the reduction of n elements and `outs` results after it. */
+static ms_status sumsq_scratch_for(ms_kctx *kc, size_t n, int outs, ms_error *err) {
     cuda_kctx *x = CU(kc);
-    int64_t need = ms_cu_sumsq_scratch_doubles((int64_t)n) + 1;
+    int64_t need = ms_cu_sumsq_scratch_doubles((int64_t)n) + outs;
     if (need <= x->sumsq_cap) return MS_OK;
     if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
     x->sumsq_scratch = NULL;
@@ -446,6 +447,9 @@ static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
                          "cudaMalloc (sum of squares)", err));
     x->sumsq_cap = need;
     return MS_OK;
+}
+static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
+    return sumsq_scratch_for(kc, n, 1, err);
 }
 static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
     cuda_kctx *x = CU(kc);
@@ -468,6 +472,26 @@ static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, 
     MS_CHECK(ms_cu_sumsq_bf16(c->sumsq_scratch + c->sumsq_cap - 1, c->sumsq_scratch, x, (int64_t)n,
                               STREAM(kc), err));
     return sumsq_result(kc, host_out, err);
+}
+/* Every reduction queued on the stream, each into its own slot at the end of the scratch,
+ * then one copy to the host and one wait (not one per tensor). */
+static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x, int n,
+                              ms_error *err) {
+    if (n <= 0) return MS_OK;
+    size_t most = 0;
+    for (int i = 0; i < n; i++) most = x[i].n > most ? x[i].n : most;
+    MS_CHECK(sumsq_scratch_for(kc, most, n, err));
+    cuda_kctx *c = CU(kc);
+    double *outs = c->sumsq_scratch + c->sumsq_cap - n;
+    for (int i = 0; i < n; i++)
+        MS_CHECK(x[i].bf16 ? ms_cu_sumsq_bf16(outs + i, c->sumsq_scratch, x[i].data,
+                                              (int64_t)x[i].n, STREAM(kc), err)
+                           : ms_cu_sumsq(outs + i, c->sumsq_scratch, x[i].data, (int64_t)x[i].n,
+                                         STREAM(kc), err));
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, outs, sizeof(double) * (size_t)n,
+                                         cudaMemcpyDeviceToHost, c->stream),
+                         "cudaMemcpyAsync (sums of squares)", err));
+    return c_sync(kc, err);
 }
 static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
     return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
@@ -761,6 +785,7 @@ static const ms_kernels cuda_kernels = {
     .adamw_step_bf16_grad = c_adamw_step_bf16_grad,
     .sumsq = c_sumsq,
     .sumsq_bf16 = c_sumsq_bf16,
+    .sumsq_list = c_sumsq_list,
     .scale_inplace = c_scale_inplace,
     .copy = c_copy,
     .unary_forward = c_unary_forward,
