@@ -20,6 +20,8 @@
 #     linked to meshscope's collectives (skipped, and said so, with fewer GPUs);
 #   - bench_gemm_cuda (bench/gemm_cuda.c): bf16 GEMMs through the kernel table against
 #     cublasGemmEx at 4096^3 and GPT-2 124M's shapes;
+#   - bench/attention_cuda.sh: GPT-2 124M's bf16 attention (forward + backward) through the
+#     kernel table, tensor-core flash kernels and row kernels, and PyTorch's SDPA beside them;
 #   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
 #     development machine has 2 cores for pp 4's 4 ranks).
 #
@@ -30,13 +32,15 @@
 #
 # Safe to run again and again: the build directory is reused (an incremental build) and
 # nothing outside it and data/ is written. Every step has a time limit, so a run ends within about
-# 8 minutes whatever happens. Exits non-zero when something failed, and also when a cuda
+# 9 minutes (BUDGET_S) whatever happens. Exits non-zero when something failed, and also when a cuda
 # test skipped although nvidia-smi saw a GPU (a skip there means the GPU was not usable).
 #
 #   BUILD_DIR  the build directory (default: build-gpu)
 #   JOBS       parallel build jobs (default: nproc)
 #   OUT_DIR    where the results and logs go (default: $BUILD_DIR/gpu-check)
-#   ARCHIVE    also pack them into this .tar.gz when the script ends (optional)
+#   ARCHIVE    also pack them into this .tar.gz, after each section and at the end (optional)
+#   BUDGET_S   seconds the whole check may take (default 540); the sections run most
+#              important first, and one that would not fit in what is left is skipped
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -45,10 +49,18 @@ OUT_DIR=${OUT_DIR:-$BUILD_DIR/gpu-check}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 mkdir -p "$BUILD_DIR" "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
-# ARCHIVE: every result and log of this run packed into one file when the script ends, however
-# it ends (for a machine whose results come back as a few files).
+BUDGET_S=${BUDGET_S:-540}
+# ARCHIVE: every result and log of this run packed into one file, after each section and when
+# the script ends (for a machine whose results come back as a few files, and whose command
+# may be stopped before the end).
+pack_results() {
+  if [ -n "${ARCHIVE:-}" ]; then
+    tar -czf "$ARCHIVE.tmp" -C "$OUT_DIR" . && mv "$ARCHIVE.tmp" "$ARCHIVE"
+  fi
+}
 if [ -n "${ARCHIVE:-}" ]; then
-  trap 'tar -czf "$ARCHIVE" -C "$OUT_DIR" . && echo "=== results packed into $ARCHIVE"' EXIT
+  trap 'pack_results && echo "=== results packed into $ARCHIVE"' EXIT
+  trap 'exit 143' TERM INT
 fi
 
 echo "=== nvidia-smi"
@@ -158,10 +170,10 @@ fi
 mapfile -t cuda_targets < <(cd "$BUILD_DIR" && ctest -N -L cuda | awk '/Test +#/ { print $3 }')
 [ "$have_nccl" -eq 1 ] && cuda_targets+=(meshscope-nccl-profiler)
 
-echo "=== build (-j$JOBS): ${cuda_targets[*]} meshscope bench_gemm_cuda"
+echo "=== build (-j$JOBS): ${cuda_targets[*]} meshscope bench_gemm_cuda bench_attention_cuda"
 log="$OUT_DIR/build.log"
 if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${cuda_targets[@]}" meshscope \
-  bench_gemm_cuda >"$log" 2>&1; then
+  bench_gemm_cuda bench_attention_cuda >"$log" 2>&1; then
   grep -E "error|warning" "$log" | head -40
   tail -20 "$log"
   echo "build failed (full log: $log)"
@@ -214,39 +226,37 @@ b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
 tol = float(sys.argv[3])
 worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
 print(f"  {len(a)} steps, worst relative loss difference {worst:.3g} (tolerance {tol:g}): "
-      + ("ok" if worst <= tol else "FAILED"))
+    + ("ok" if worst <= tol else "FAILED"))
 sys.exit(0 if worst <= tol else 1)
 PY
 }
 
-echo "=== gpt-tiny, 50 steps, GPU against CPU (fp32, then bf16)"
+# section TITLE NEED_S: starts a section when the time budget leaves NEED_S seconds for it,
+# after packing what the earlier ones wrote (so a run cut short still returns its results).
+section() {
+  pack_results
+  if [ $((SECONDS + $2)) -gt "$BUDGET_S" ]; then
+    echo "=== $1: skipped, ${BUDGET_S} s budget ($SECONDS s used)"
+    return 1
+  fi
+  echo "=== $1"
+}
+
 tiny=(--model configs/gpt-tiny.json --steps 50 --batch 8 --seq 64)
-for prec in fp32 bf16; do
-  tol=1e-4
-  [ "$prec" = bf16 ] && tol=2e-2
-  run_train "tiny-$prec-cuda" 120 "${tiny[@]}" --precision "$prec" --device cuda &&
-    run_train "tiny-$prec-cpu" 120 "${tiny[@]}" --precision "$prec" --device cpu &&
-    { compare "tiny-$prec-cuda" "tiny-$prec-cpu" "$tol" || failed=1; }
-done
+if section "gpt-tiny, 50 steps, GPU against CPU (fp32, then bf16)" 60; then
+  for prec in fp32 bf16; do
+    tol=1e-4
+    [ "$prec" = bf16 ] && tol=2e-2
+    run_train "tiny-$prec-cuda" 120 "${tiny[@]}" --precision "$prec" --device cuda &&
+      run_train "tiny-$prec-cpu" 120 "${tiny[@]}" --precision "$prec" --device cpu &&
+      { compare "tiny-$prec-cuda" "tiny-$prec-cpu" "$tol" || failed=1; }
+  done
+fi
 
-echo "=== dp2 x tp2 on one GPU (four ranks, host-staged collectives) against one CPU rank"
-run_train dp2tp2-cuda 180 "${tiny[@]}" --steps 20 --dp 2 --tp 2 --device cuda &&
-  run_train one-cpu 120 "${tiny[@]}" --steps 20 --device cpu &&
-  { compare dp2tp2-cuda one-cpu 1e-4 || failed=1; }
-
-echo "=== ZeRO-Offload on the GPU, bf16: pinned host masters and AdamW against the device's"
-# The host AdamW (CPU kernels) and the device's differ in the last bits, which bf16 rounding
-# can carry into a weight: the bf16 tolerance of GPU against CPU.
-run_train tiny-bf16-offload 120 "${tiny[@]}" --steps 20 --precision bf16 --device cuda --offload &&
-  run_train tiny-bf16-nooffload 120 "${tiny[@]}" --steps 20 --precision bf16 --device cuda &&
-  { compare tiny-bf16-offload tiny-bf16-nooffload 2e-2 || failed=1; } &&
-  grep -h "^memory on rank 0" "$OUT_DIR/tiny-bf16-nooffload.out" "$OUT_DIR/tiny-bf16-offload.out" |
-  sed 's/^/  /'
-
-echo "=== GPT-2 124M, 20 steps, bf16: step time, tokens/s, MFU"
-if run_train gpt2-124m 240 --model bench/configs/gpt2-small.json --steps 20 --batch 8 --seq 1024 \
-  --precision bf16 --device cuda; then
-  python3 - "$OUT_DIR/gpt2-124m.jsonl" "${GPU_PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT_DIR/mfu.txt"
+if section "GPT-2 124M, 20 steps, bf16: step time, tokens/s, MFU" 90; then
+  if run_train gpt2-124m 240 --model bench/configs/gpt2-small.json --steps 20 --batch 8 --seq 1024 \
+    --precision bf16 --device cuda; then
+    python3 - "$OUT_DIR/gpt2-124m.jsonl" "${GPU_PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT_DIR/mfu.txt"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][5:]  # after warm-up
 ms = statistics.median(r["step_ms"] for r in rows)
@@ -256,54 +266,87 @@ flops = 6 * n * tokens + 12 * 12 * 1024 * 768 * tokens  # weights, then attentio
 print(f"  step {ms:.1f} ms, {tokens / ms * 1e3:.0f} tokens/s, "
       f"MFU {flops / (ms / 1e3) / (float(sys.argv[2]) * 1e12) * 100:.1f}% of {sys.argv[2]} TFLOP/s")
 PY
+  fi
 fi
 
-echo "=== the planner on this machine's GPUs (gpu-local) against the GPT-2 124M run above"
-if [ ! -s "$OUT_DIR/gpt2-124m.jsonl" ]; then
-  echo "  skipped: the GPT-2 124M run did not finish"
-elif timeout 60 "$ms" plan --model bench/configs/gpt2-small.json --cluster gpu-local --devices 1 \
-    --global-batch 8 --seq 1024 --dtype bf16 --evaluate "dp=1,tp=1,pp=1,cp=1,micro=1,offload=0" \
-    --json >"$OUT_DIR/plan-gpu-local.json" 2>"$OUT_DIR/plan-gpu-local.err"; then
-  python3 - "$OUT_DIR/plan-gpu-local.json" "$OUT_DIR/gpt2-124m.jsonl" <<'PY' | tee "$OUT_DIR/plan-vs-measured.txt"
+if section "bf16 attention, forward + backward: tensor-core flash, row kernels, PyTorch SDPA" 60; then
+  timeout 120 bash bench/attention_cuda.sh --bin "$BUILD_DIR/bench_attention_cuda" |
+    tee "$OUT_DIR/attention-cuda.txt" || failed=1
+fi
+
+if section "bf16 GEMM through the kernel table against cuBLAS called directly (goal: 0.9 or more)" 60; then
+  for shape in "4096 4096 4096" "8192 2304 768" "8192 3072 768" "8192 768 3072"; do
+    read -r m n k <<<"$shape"
+    timeout 60 "$BUILD_DIR/bench_gemm_cuda" --m "$m" --n "$n" --k "$k" --dtype bf16 |
+      tee -a "$OUT_DIR/gemm-cuda.txt" || failed=1
+  done
+fi
+
+if section "the planner on this machine's GPUs (gpu-local) against the GPT-2 124M run above" 20; then
+  if [ ! -s "$OUT_DIR/gpt2-124m.jsonl" ]; then
+    echo "  skipped: the GPT-2 124M run did not finish"
+  elif timeout 60 "$ms" plan --model bench/configs/gpt2-small.json --cluster gpu-local --devices 1 \
+      --global-batch 8 --seq 1024 --dtype bf16 --evaluate "dp=1,tp=1,pp=1,cp=1,micro=1,offload=0" \
+      --json >"$OUT_DIR/plan-gpu-local.json" 2>"$OUT_DIR/plan-gpu-local.err"; then
+    python3 - "$OUT_DIR/plan-gpu-local.json" "$OUT_DIR/gpt2-124m.jsonl" <<'PY' | tee "$OUT_DIR/plan-vs-measured.txt"
 import json, statistics, sys
 pred = json.load(open(sys.argv[1]))["candidates"][0]["step_time_s"] * 1e3
 ms = statistics.median(json.loads(l)["step_ms"] for l in list(open(sys.argv[2]))[5:])
 print(f"  predicted {pred:.1f} ms per step, measured {ms:.1f} ms ({(pred / ms - 1) * 100:+.1f}%)")
 PY
-else
-  echo "  the planner failed on gpu-local:"; tail -3 "$OUT_DIR/plan-gpu-local.err"; failed=1
+  else
+    echo "  the planner failed on gpu-local:"; tail -3 "$OUT_DIR/plan-gpu-local.err"; failed=1
+  fi
 fi
 
-echo "=== CUPTI tracing overhead: GPT-2 124M traced against the run above (goal: at most 3%)"
-if [ -s "$OUT_DIR/gpt2-124m.jsonl" ] &&
-  run_train gpt2-124m-traced 240 --model bench/configs/gpt2-small.json --steps 20 --batch 8 \
-    --seq 1024 --precision bf16 --device cuda --trace "$OUT_DIR/gpt2-124m-trace.json"; then
-  python3 - "$OUT_DIR/gpt2-124m.jsonl" "$OUT_DIR/gpt2-124m-traced.jsonl" <<'PY' |
+if section "CUPTI tracing overhead: GPT-2 124M traced against the run above (goal: at most 3%)" 90; then
+  if [ -s "$OUT_DIR/gpt2-124m.jsonl" ] &&
+    run_train gpt2-124m-traced 240 --model bench/configs/gpt2-small.json --steps 20 --batch 8 \
+      --seq 1024 --precision bf16 --device cuda --trace "$OUT_DIR/gpt2-124m-trace.json"; then
+    python3 - "$OUT_DIR/gpt2-124m.jsonl" "$OUT_DIR/gpt2-124m-traced.jsonl" <<'PY' |
 import json, statistics, sys
 ms = [statistics.median(json.loads(l)["step_ms"] for l in list(open(f))[5:]) for f in sys.argv[1:]]
 print(f"  step {ms[0]:.1f} ms untraced, {ms[1]:.1f} ms traced: overhead {(ms[1] / ms[0] - 1) * 100:+.1f}%")
 PY
-    tee "$OUT_DIR/cupti-overhead.txt"
-  rm -f "$OUT_DIR/gpt2-124m-trace.json" # large; the small traced run below is kept
+      tee "$OUT_DIR/cupti-overhead.txt"
+    rm -f "$OUT_DIR/gpt2-124m-trace.json" # large; the small traced run below is kept
+  fi
 fi
 
-echo "=== a traced GPU run (CUPTI) and the trace's check"
-run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trace.json" &&
-  { timeout 60 "$ms" trace check "$OUT_DIR/trace.json" | tee "$OUT_DIR/trace-check.txt" || failed=1; } &&
-  { kernels=$(grep -o '"cat":"kernel"' "$OUT_DIR/trace.json" | wc -l)
-    echo "  kernel slices: $kernels"
-    [ "$kernels" -gt 0 ] || { echo "  FAILED: a CUDA run's trace holds no kernel (CUPTI recorded nothing)"; failed=1; }; }
+if section "a traced GPU run (CUPTI) and the trace's check" 40; then
+  run_train traced 120 "${tiny[@]}" --steps 4 --device cuda --trace "$OUT_DIR/trace.json" &&
+    { timeout 60 "$ms" trace check "$OUT_DIR/trace.json" | tee "$OUT_DIR/trace-check.txt" || failed=1; } &&
+    { kernels=$(grep -o '"cat":"kernel"' "$OUT_DIR/trace.json" | wc -l)
+      echo "  kernel slices: $kernels"
+      [ "$kernels" -gt 0 ] || { echo "  FAILED: a CUDA run's trace holds no kernel (CUPTI recorded nothing)"; failed=1; }; }
+fi
 
-echo "=== NCCL's view in a trace: dp 2 on two GPUs over NCCL, traced (the NCCL profiler plugin)"
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "$have_nccl" -ne 1 ] || [ "$ngpu" -lt 2 ]; then
-  echo "  skipped: needs NCCL and 2 GPUs (NCCL: $have_nccl, GPUs: $ngpu)"
-elif run_train nccl-traced 180 "${tiny[@]}" --steps 6 --dp 2 --device cuda \
-  --trace "$OUT_DIR/nccl-trace.json"; then
-  grep -E "mesh|NCCL plugin|no NCCL profiler plugin" "$OUT_DIR/nccl-traced.out" | sed 's/^/  /'
-  timeout 60 "$ms" trace check "$OUT_DIR/nccl-trace.json" | tee "$OUT_DIR/nccl-trace-check.txt" ||
-    failed=1
-  python3 - "$OUT_DIR/nccl-trace.json" <<'PY' | tee "$OUT_DIR/nccl-lane.txt" || failed=1
+if section "dp2 x tp2 on one GPU (four ranks, host-staged collectives) against one CPU rank" 60; then
+  run_train dp2tp2-cuda 180 "${tiny[@]}" --steps 20 --dp 2 --tp 2 --device cuda &&
+    run_train one-cpu 120 "${tiny[@]}" --steps 20 --device cpu &&
+    { compare dp2tp2-cuda one-cpu 1e-4 || failed=1; }
+fi
+
+if section "ZeRO-Offload on the GPU, bf16: pinned host masters and AdamW against the device's" 60; then
+  # The host AdamW (CPU kernels) and the device's differ in the last bits, which bf16 rounding
+  # can carry into a weight: the bf16 tolerance of GPU against CPU.
+  run_train tiny-bf16-offload 120 "${tiny[@]}" --steps 20 --precision bf16 --device cuda --offload &&
+    run_train tiny-bf16-nooffload 120 "${tiny[@]}" --steps 20 --precision bf16 --device cuda &&
+    { compare tiny-bf16-offload tiny-bf16-nooffload 2e-2 || failed=1; } &&
+    grep -h "^memory on rank 0" "$OUT_DIR/tiny-bf16-nooffload.out" "$OUT_DIR/tiny-bf16-offload.out" |
+    sed 's/^/  /'
+fi
+
+if section "NCCL's view in a trace: dp 2 on two GPUs over NCCL, traced (the NCCL profiler plugin)" 60; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$have_nccl" -ne 1 ] || [ "$ngpu" -lt 2 ]; then
+    echo "  skipped: needs NCCL and 2 GPUs (NCCL: $have_nccl, GPUs: $ngpu)"
+  elif run_train nccl-traced 180 "${tiny[@]}" --steps 6 --dp 2 --device cuda \
+    --trace "$OUT_DIR/nccl-trace.json"; then
+    grep -E "mesh|NCCL plugin|no NCCL profiler plugin" "$OUT_DIR/nccl-traced.out" | sed 's/^/  /'
+    timeout 60 "$ms" trace check "$OUT_DIR/nccl-trace.json" | tee "$OUT_DIR/nccl-trace-check.txt" ||
+      failed=1
+    python3 - "$OUT_DIR/nccl-trace.json" <<'PY' | tee "$OUT_DIR/nccl-lane.txt" || failed=1
 import json, sys
 t = json.load(open(sys.argv[1]))
 ev = t["traceEvents"]
@@ -320,23 +363,18 @@ ok = (nccl and len(ranks) == 2 and linked and all((e["pid"], e["tid"]) in lane f
 print("  ok" if ok else "  FAILED: no NCCL plugin records on both ranks (or none linked)")
 sys.exit(0 if ok else 1)
 PY
+  fi
 fi
 
-echo "=== bf16 GEMM through the kernel table against cuBLAS called directly (goal: 0.9 or more)"
-for shape in "4096 4096 4096" "8192 2304 768" "8192 3072 768" "8192 768 3072"; do
-  read -r m n k <<<"$shape"
-  timeout 60 "$BUILD_DIR/bench_gemm_cuda" --m "$m" --n "$n" --k "$k" --dtype bf16 |
-    tee -a "$OUT_DIR/gemm-cuda.txt" || failed=1
-done
-
-echo "=== pipeline bubbles with a core per rank (this machine's CPUs; thread ranks, no GPU)"
-# The 2-core development machine time-shares pp 4's four ranks; here each gets its own core.
-if [ "$(nproc)" -ge 8 ]; then
-  timeout 150 bash bench/pipeline.sh --bin "$ms" --rounds 2 \
-    --cases "4:8:interleaved:2 4:4:interleaved:2 4:8:1f1b 4:8:zb-h1" \
-    2>&1 | tee "$OUT_DIR/pipeline.txt" || echo "  pipeline bench failed or timed out (not a GPU check)"
-else
-  echo "  skipped: $(nproc) cores, fewer than 8"
+if section "pipeline bubbles with a core per rank (this machine's CPUs; thread ranks, no GPU)" 150; then
+  # The 2-core development machine time-shares pp 4's four ranks; here each gets its own core.
+  if [ "$(nproc)" -ge 8 ]; then
+    timeout 150 bash bench/pipeline.sh --bin "$ms" --rounds 2 \
+      --cases "4:8:interleaved:2 4:4:interleaved:2 4:8:1f1b 4:8:zb-h1" \
+      2>&1 | tee "$OUT_DIR/pipeline.txt" || echo "  pipeline bench failed or timed out (not a GPU check)"
+  else
+    echo "  skipped: $(nproc) cores, fewer than 8"
+  fi
 fi
 
 echo "=== results in $OUT_DIR"

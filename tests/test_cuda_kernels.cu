@@ -341,16 +341,19 @@ static void test_optim(void **state) {
 
 /* ---- attention ---- */
 
+/* An additive key mask [B, T]: the last 7 (bi + 1) keys of item bi and every 11th key dropped. */
+static fvec attention_mask(int64_t b, int64_t t) {
+    fvec mask(b * t, 0.0f);
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t j = 0; j < t; j++)
+            if (j >= t - 7 * (bi + 1) || (j % 11 == 5 && j > 0)) mask[bi * t + j] = -INFINITY;
+    return mask;
+}
+
 static bool attention_case(int64_t b, int64_t t, int64_t c, int64_t nh, bool causal, bool masked) {
     const int64_t n = b * t * c, n3 = 3 * n;
     const fvec qkv = frand(n3, -1.5, 1.5), g = frand(n, -1, 1), d0 = frand(n3, -1, 1);
-    fvec mask;
-    if (masked) {
-        mask.assign(b * t, 0.0f);
-        for (int64_t bi = 0; bi < b; bi++)
-            for (int64_t j = 0; j < t; j++)
-                if (j >= t - 7 * (bi + 1) || (j % 11 == 5 && j > 0)) mask[bi * t + j] = -INFINITY;
-    }
+    const fvec mask = masked ? attention_mask(b, t) : fvec();
     fvec out(n), att(b * nh * t * t), dq = d0, scratch(ms_k_attention_scratch_floats(t));
     ms_k_attention_forward(out.data(), att.data(), qkv.data(), masked ? mask.data() : NULL, b, t, c,
                            nh, causal);
@@ -384,6 +387,71 @@ static void test_attention(void **state) {
     assert_int_equal(ms_cu_attention_forward(p, p, p, NULL, 1, 1, 258, 1, true, NULL, &e),
                      MS_ERR_INVALID);
     printf("  refused: %s\n", e.msg);
+    assert_true(ok);
+}
+
+/* ---- bf16 attention: the tensor-core flash kernels (flash.cu) where the call fits them, the
+ * row kernels otherwise (and with MS_CUDA_ATTENTION=rows), against the CPU's fp32 kernel on
+ * the widened operands. Tolerances: the flash kernels round the probabilities and dS to bf16
+ * before their second product (test_cuda_host_flash has the same bounds against a double
+ * reference); each output is rounded once. The flash backward is run twice and must give the
+ * same bits (one owner per output row: no atomics). ---- */
+
+static double max_abs(const fvec &x) {
+    double m = 0;
+    for (float v : x) m = std::max(m, (double)fabsf(v));
+    return m;
+}
+
+static bool attention_bf16_case(int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                bool masked, bool rows) {
+    const int64_t n = b * t * c, n3 = 3 * n;
+    const hvec qkv = to_bf16(frand(n3, -1.5, 1.5)), g = to_bf16(frand(n, -1, 1)),
+               d0 = to_bf16(frand(n3, -0.5, 0.5));
+    const fvec mask = masked ? attention_mask(b, t) : fvec();
+    const fvec qf = widen(qkv), gf = widen(g), d0f = widen(d0);
+    fvec out(n), att(b * nh * t * t), dq = d0f, scratch(ms_k_attention_scratch_floats(t));
+    ms_k_attention_forward(out.data(), att.data(), qf.data(), masked ? mask.data() : NULL, b, t, c,
+                           nh, causal);
+    ms_k_attention_backward(dq.data(), scratch.data(), gf.data(), qf.data(), att.data(), b, t, c,
+                            nh, causal);
+    fvec grad(n3);
+    for (int64_t i = 0; i < n3; i++) grad[i] = dq[i] - d0f[i];
+    if (rows) setenv("MS_CUDA_ATTENTION", "rows", 1);
+    uint16_t *dqkv = dev(qkv), *dout = dev(hvec(n)), *dg = dev(g), *ddq = dev(d0);
+    float *dsaved = dev(fvec(b * nh * t + n)), *dmask = masked ? dev(mask) : NULL;
+    float *dscr = dev(fvec(ms_cu_attention_scratch_floats(b, t, nh)));
+    LAUNCH(ms_cu_attention_forward_bf16(dout, dsaved, dsaved + b * nh * t, dqkv, dmask, b, t, c, nh,
+                                        causal, NULL, ERR));
+    char what[128];
+    snprintf(what, sizeof what, "attention bf16 (%s) out B=%lld T=%lld C=%lld NH=%lld%s%s",
+             rows ? "rows" : "flash", (long long)b, (long long)t, (long long)c, (long long)nh,
+             causal ? " causal" : "", masked ? " mask" : "");
+    bool ok = close(what, widen(back(dout, n)), out, 8e-3 * max_abs(out), BF16_RTOL);
+    LAUNCH(ms_cu_attention_backward_bf16(ddq, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask, b,
+                                         t, c, nh, causal, NULL, ERR));
+    const hvec first = back(ddq, n3);
+    fvec got(n3);
+    for (int64_t i = 0; i < n3; i++) got[i] = ms_f32_from_bf16(first[i]) - d0f[i];
+    ok &= close("  dqkv (what was added)", got, grad, 2e-2 * max_abs(grad), BF16_RTOL);
+    uint16_t *ddq2 = dev(d0);
+    LAUNCH(ms_cu_attention_backward_bf16(ddq2, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask,
+                                         b, t, c, nh, causal, NULL, ERR));
+    const bool same = back(ddq2, n3) == first;
+    printf("  dqkv of a second backward: %s\n", same ? "the same bits" : "DIFFERENT  FAIL");
+    if (rows) unsetenv("MS_CUDA_ATTENTION");
+    return ok && same;
+}
+
+static void test_attention_bf16(void **state) {
+    (void)state;
+    bool ok = true;
+    for (bool rows : {false, true}) {
+        ok &= attention_bf16_case(2, 100, 768, 12, true, false, rows);
+        ok &= attention_bf16_case(2, 77, 768, 12, false, true, rows);
+        ok &= attention_bf16_case(1, 1024, 768, 12, true, false, rows);
+        ok &= attention_bf16_case(1, 64, 256, 2, true, false, rows); /* HS 128: always rows */
+    }
     assert_true(ok);
 }
 
@@ -581,6 +649,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_xent, free_all),
         cmocka_unit_test_teardown(test_optim, free_all),
         cmocka_unit_test_teardown(test_attention, free_all),
+        cmocka_unit_test_teardown(test_attention_bf16, free_all),
         cmocka_unit_test_teardown(test_rmsnorm, free_all),
         cmocka_unit_test_teardown(test_swiglu_rotary, free_all),
         cmocka_unit_test_teardown(test_gqa, free_all),

@@ -1,0 +1,146 @@
+/* flash.cu - bf16 flash attention on the tensor cores: flash_math.cuh's block bodies launched
+ * with the GPU's block context (mma.sync for the products, __shfl_xor_sync, __syncthreads).
+ *
+ * attention.cu asks ms_cu_flash_usable first and falls back to its row kernels when the call
+ * does not fit (flash_math.cuh says which calls do), or when MS_CUDA_ATTENTION=rows is set in
+ * the environment (to compare the two on a GPU).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kernels/cuda/flash.cuh"
+#include "engine/kernels/cuda/launch.cuh"
+
+/* The block context of flash_math.cuh on a GPU. Its functions compile for the host too (as
+ * traps) only so that the __host__ __device__ bodies instantiate cleanly. */
+struct ms_fa_gpu {
+    MS_HD int tid() const {
+#ifdef __CUDA_ARCH__
+        return (int)threadIdx.x;
+#else
+        return 0;
+#endif
+    }
+    MS_HD int lane() const {
+        return tid() % 32;
+    }
+    MS_HD int warp() const {
+        return tid() / 32;
+    }
+    MS_HD void sync() {
+#ifdef __CUDA_ARCH__
+        __syncthreads();
+#endif
+    }
+    MS_HD float shfl_xor(float v, int mask) {
+#ifdef __CUDA_ARCH__
+        return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+        (void)mask;
+        return v;
+#endif
+    }
+    MS_HD void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+        __trap(); /* ms_cu_flash_usable refuses devices before sm_80 */
+#else
+        (void)d, (void)a, (void)b;
+#endif
+    }
+};
+
+template <int HS> __global__ void __launch_bounds__(MS_FA_THREADS) fa_forward_kernel(ms_fa_args a) {
+    __shared__ __align__(16) uint16_t smem[MS_FA_SMEM_BF16(HS)];
+    __shared__ float fsmem[MS_FA_SMEM_FLOATS];
+    ms_fa_gpu cx;
+    ms_fa_forward_block<HS>(cx, a, blockIdx.x, blockIdx.y, blockIdx.z, smem, fsmem);
+}
+
+template <int HS> __global__ void __launch_bounds__(MS_FA_THREADS) fa_dq_kernel(ms_fa_args a) {
+    __shared__ __align__(16) uint16_t smem[MS_FA_SMEM_BF16(HS)];
+    __shared__ float fsmem[MS_FA_SMEM_FLOATS];
+    ms_fa_gpu cx;
+    ms_fa_dq_block<HS>(cx, a, blockIdx.x, blockIdx.y, blockIdx.z, smem, fsmem);
+}
+
+template <int HS> __global__ void __launch_bounds__(MS_FA_THREADS) fa_dkv_kernel(ms_fa_args a) {
+    __shared__ __align__(16) uint16_t smem[MS_FA_SMEM_BF16(HS)];
+    __shared__ float fsmem[MS_FA_SMEM_FLOATS];
+    ms_fa_gpu cx;
+    ms_fa_dkv_block<HS>(cx, a, blockIdx.x, blockIdx.y, blockIdx.z, smem, fsmem);
+}
+
+static bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* The device's compute capability is at least 8.0 (mma.sync with bf16), read once per
+ * device ordinal. */
+static bool device_has_bf16_mma(void) {
+    static int major[64]; /* 0: not read yet; benign race: every reader writes the same */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (major[dev] == 0) {
+        int m = 0;
+        if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            return false;
+        major[dev] = m > 0 ? m : -1;
+    }
+    return major[dev] >= 8;
+}
+
+bool ms_cu_flash_usable(const ms_fa_args *a) {
+    const char *only = getenv("MS_CUDA_ATTENTION"); /* read each call: a benchmark flips it */
+    if (only && strcmp(only, "rows") == 0) return false;
+    const bool heads_ok = a->h > 0 && a->hkv > 0 && a->h % a->hkv == 0;
+    const bool hs_ok = a->hs > 0 && a->hs % 16 == 0 && a->hs <= MS_FA_MAX_HS;
+    return heads_ok && hs_ok && a->q_ld % 8 == 0 && a->kv_ld % 8 == 0 && a->out_ld % 8 == 0 &&
+           aligned16(a->q) && aligned16(a->k) && aligned16(a->v) &&
+           (!a->dout || aligned16(a->dout)) && device_has_bf16_mma();
+}
+
+/* Launches kernel template K for the head size. */
+#define FA_LAUNCH(K, grid, stream, a)                                                              \
+    do {                                                                                           \
+        switch ((a).hs) {                                                                          \
+            case 16:                                                                               \
+                K<16><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
+                break;                                                                             \
+            case 32:                                                                               \
+                K<32><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
+                break;                                                                             \
+            case 48:                                                                               \
+                K<48><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
+                break;                                                                             \
+            default:                                                                               \
+                K<64><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
+                break;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static dim3 fa_grid(int64_t b, int64_t rows, int64_t heads) {
+    return dim3((unsigned)((rows + MS_FA_ROWS - 1) / MS_FA_ROWS), (unsigned)heads, (unsigned)b);
+}
+
+ms_status ms_cu_flash_forward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err) {
+    if (b <= 0 || a->tq <= 0) return MS_OK;
+    FA_LAUNCH(fa_forward_kernel, fa_grid(b, a->tq, a->h), (cudaStream_t)stream, *a);
+    return ms_cu_launched("flash attention forward (bf16)", err);
+}
+
+ms_status ms_cu_flash_backward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err) {
+    if (b <= 0 || a->tq <= 0) return MS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a->dq) {
+        FA_LAUNCH(fa_dq_kernel, fa_grid(b, a->tq, a->h), s, *a);
+        MS_CHECK(ms_cu_launched("flash attention backward dq (bf16)", err));
+    }
+    if ((!a->dk && !a->dv) || a->tk <= 0) return MS_OK;
+    FA_LAUNCH(fa_dkv_kernel, fa_grid(b, a->tk, a->hkv), s, *a);
+    return ms_cu_launched("flash attention backward dk, dv (bf16)", err);
+}

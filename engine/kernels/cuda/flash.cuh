@@ -1,0 +1,21 @@
+/* flash.cuh - the launchers of flash.cu (bf16 flash attention on the tensor cores) for the
+ * other .cu files of this folder; flash_math.cuh has the arguments and the arithmetic.
+ */
+#ifndef MS_CUDA_FLASH_CUH
+#define MS_CUDA_FLASH_CUH
+
+#include "engine/kernels/cuda/cuda_kernels.h" /* ms_status, C++-safe */
+#include "engine/kernels/cuda/flash_math.cuh"
+
+/* Whether the call fits the tensor-core kernels: head size a multiple of 16 up to
+ * MS_FA_MAX_HS, whole kv groups, row strides multiples of 8 elements, 16-byte aligned
+ * operands, a device of compute capability 8.0 or later, and MS_CUDA_ATTENTION not "rows". */
+bool ms_cu_flash_usable(const ms_fa_args *a);
+
+/* out, lse and (when not NULL) o_f32 of every query row of b batch items. */
+ms_status ms_cu_flash_forward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err);
+
+/* dq, dk, dv += the gradients; a->delta: dO_i . O_i per query row, computed before. */
+ms_status ms_cu_flash_backward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err);
+
+#endif
