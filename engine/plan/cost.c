@@ -1085,6 +1085,14 @@ static double bubble_fraction(ms_plan_memo *memo, const ms_strategy *s, int m, d
 
 /* --- pricing ---------------------------------------------------------------------------------- */
 
+/* The bytes a kernel moves: its cost function counts fp32 elements; on a GPU a bf16 program's
+ * elementwise and attention kernels read and write bf16 (the CUDA table's bf16 kernels, fp32
+ * statistics aside), half of that. A CPU's bf16 program widens its operands instead, and its
+ * per-operator rates are measured. */
+static double kernel_bytes(const ms_plan_problem *pb, const wk_kernel *e) {
+    return !pb->cluster->cpu && pb->dtype == MS_PLAN_BF16 ? 0.5 * e->bytes : e->bytes;
+}
+
 static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
     const ms_cluster *c = pb->cluster;
     int r = pb->devices;
@@ -1113,12 +1121,14 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
             double g = ms_cluster_gemm_time(c, pb->dtype, rows, e->n, e->k, r) +
                        ms_cluster_gemm_time(c, pb->dtype, rows, e->k, e->n, r);
             double gemm = g * frac * (bwd ? 2 : 1);
-            double soft = ms_cluster_elementwise_time(
-                c, MS_OPRATE_SOFTMAX, (double)e->m * e->n * e->n * frac * 4, e->bytes, r);
+            double soft = ms_cluster_elementwise_time(c, MS_OPRATE_SOFTMAX,
+                                                      (double)e->m * e->n * e->n * frac * 4,
+                                                      kernel_bytes(pb, e), r);
             return gemm + soft;
         }
         default:
-            return ms_cluster_elementwise_time(c, (ms_oprate)e->rate, e->flops, e->bytes, r);
+            return ms_cluster_elementwise_time(c, (ms_oprate)e->rate, e->flops, kernel_bytes(pb, e),
+                                               r);
     }
 }
 
