@@ -135,7 +135,9 @@ fi
 
 echo "=== configure ($BUILD_DIR)"
 log="$OUT_DIR/configure.log"
-if ! timeout 90 cmake -S . -B "$BUILD_DIR" -DMS_ENABLE_CUDA=ON -DMS_WERROR=ON "${cuda_args[@]}" \
+# Warnings are not errors here: the GPU machine's compilers may be newer than CI's, whose
+# -Werror build keeps the code clean; a new warning must not cost the GPU run.
+if ! timeout 90 cmake -S . -B "$BUILD_DIR" -DMS_ENABLE_CUDA=ON -DMS_WERROR=OFF "${cuda_args[@]}" \
   >"$log" 2>&1; then
   tail -40 "$log"
   echo "configure failed (full log: $log)"
@@ -179,7 +181,7 @@ if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${cuda_targets[
   echo "build failed (full log: $log)"
   exit 1
 fi
-echo "ok"
+echo "ok ($(grep -c 'warning' "$log") warning lines in $log)"
 
 echo "=== ctest -L cuda"
 out="$OUT_DIR/ctest-cuda.log"
