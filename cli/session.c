@@ -36,7 +36,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                     .batches = 4,
                     .log_every = 10,
                     .eval_every = 0,
-                    .advise_threshold = 0.10};
+                    .advise_threshold = 0.10,
+                    .bucket_mb = -1}; /* the default: see job.h */
     int backend = (int)o->backend, seed = (int)o->seed, on_nan = 0;
     static const char *const on_nan_words[] = {"stop", "skip", NULL};
     const char *schedule_words[MS_SCHEDULE_COUNT + 1] = {NULL}; /* strategy.h's names */
@@ -85,7 +86,8 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                           "the bytes), fp32 master weights and optimizer state (default fp32)")},
         {RUN_ALL, MS_NUM("bucket-mb", "MIB", &o->bucket_mb, 0, 1e6,
                          "all-reduce gradients in buckets of this many MiB, issued during "
-                         "backward; 0: one per gradient at the end (default 0)")},
+                         "backward; 0: one per gradient at the end (default: 25 on a CUDA "
+                         "device when gradients are reduced over dp or cp, else 0)")},
         {RUN_ALL,
          MS_FLAG("offload", &o->offload,
                  "ZeRO-Offload: fp32 master weights and Adam moments in host memory (pinned "

@@ -36,7 +36,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
         out->strat.zero = o->zero;
         out->strat.recompute = (uint8_t)o->recompute;
         out->strat.precision = (uint8_t)o->precision;
-        out->strat.bucket_mb = (float)o->bucket_mb;
+        out->strat.bucket_mb = o->bucket_mb > 0 ? (float)o->bucket_mb : 0.0f;
         out->strat.offload = o->offload;
     }
     out->world_size = ms_strategy_ranks(&out->strat);
@@ -67,9 +67,33 @@ ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *e
     return resolve_device(o, &kind, err);
 }
 
+double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_device_kind kind) {
+    if (from_file) return s->bucket_mb;
+    if (flag >= 0) return flag;
+    return kind == MS_DEVICE_CUDA && s->dp * s->cp > 1 ? JOB_CUDA_BUCKET_MB : 0;
+}
+
+/* --bucket-mb left at its default on a CUDA device: buckets, said once (as the device note). */
+static ms_status default_buckets(const run_opts *o, job_plan *plan, ms_error *err) {
+    if (o->bucket_mb >= 0 || o->strategy_file) return MS_OK;
+    ms_device_kind kind;
+    char note[512];
+    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &kind, note, sizeof note, err));
+    plan->strat.bucket_mb = (float)job_bucket_mb(o->bucket_mb, false, &plan->strat, kind);
+    const char *mpi_rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (plan->strat.bucket_mb > 0 && (!mpi_rank || !strcmp(mpi_rank, "0"))) {
+        printf("gradient buckets: %g MiB, issued during backward (the default on CUDA; "
+               "--bucket-mb 0 turns them off)\n",
+               (double)plan->strat.bucket_mb);
+        fflush(stdout);
+    }
+    return MS_OK;
+}
+
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
     MS_CHECK(job_plan_read(o, out, err));
-    return job_plan_validate(o, out, err);
+    MS_CHECK(job_plan_validate(o, out, err));
+    return default_buckets(o, out, err);
 }
 
 /* One output path: not a directory, and its directory takes a new file. */

@@ -36,7 +36,9 @@ typedef struct run_opts {
     int recompute;       /* --recompute: an ms_recompute */
     int precision;       /* --precision: an ms_precision */
     int device;          /* --device: an ms_device_choice */
-    double bucket_mb;    /* --bucket-mb: gradient buckets in MiB; 0: none */
+    double bucket_mb;    /* --bucket-mb: gradient buckets in MiB; 0: none; < 0: the default
+                          * (JOB_CUDA_BUCKET_MB on a CUDA device where gradients are reduced
+                          * over dp or cp, else none) */
     bool offload;        /* --offload: masters and moments in host memory, AdamW on the host */
     bool offload_serial; /* --offload-serial: that AdamW inside the step, not overlapped */
     ms_backend_kind backend;
@@ -62,7 +64,17 @@ typedef struct job_plan {
     int world_size;
 } job_plan;
 
+/* The gradient bucket a CUDA job takes when --bucket-mb is left at its default: NCCL calls
+ * cost microseconds each, and one per parameter tensor after the backward would neither
+ * overlap with it nor amortise that (the planner prices 25 MiB on GPU clusters too). */
+#define JOB_CUDA_BUCKET_MB 25
+
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
+
+/* The gradient bucket of a job in MiB (0: none): a strategy file's own (from_file), else the
+ * --bucket-mb flag, else at its default (flag < 0) JOB_CUDA_BUCKET_MB on a CUDA device where
+ * strategy s reduces gradients over dp or cp, and none elsewhere. */
+double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_device_kind kind);
 
 /* job_plan_resolve in two halves. Read: the config and the strategy, well-formed for the job
  * (ms_strategy_check: what the planner can price, such as a pipeline explain can draw).
