@@ -9,7 +9,10 @@
  *   - backwards also with central finite differences of the same functions, the loss
  *     L = sum(w * f(x)) summed in double, on small shapes;
  *   - bf16 variants with the fp32 result rounded to bf16 (one bf16 ulp), and the rounding
- *     itself bit for bit with engine/core/tensor.c over all 2^16 patterns and a sweep of fp32.
+ *     itself bit for bit with engine/core/tensor.c over all 2^16 patterns and a sweep of fp32;
+ *   - the column sums (dbias, the norms' dweight: colsum_math.cuh's two passes) within fp32
+ *     summation bounds of float64 and of the CPU kernels, bit for bit with the documented chunk
+ *     order and across thread orders (test_colsum, tests/cuda_colsum_ref.cuh).
  * Each check prints its worst error, so a drifting tolerance is visible in the log.
  */
 #include <setjmp.h>
@@ -39,6 +42,7 @@ extern "C" { /* a C header without C++ guards */
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/optim_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
+#include "tests/cuda_colsum_ref.cuh"
 #include "tests/cuda_embedding_ref.cuh"
 #include "tests/cuda_testkit.cuh"
 
@@ -113,13 +117,18 @@ static void test_elementwise(void **state) {
     for (int64_t i = 0; i < e; i++) ms_cu_bias_add_fwd(got.data(), a.data(), bias.data(), c, i);
     ms_k_bias_add_forward(want.data(), a.data(), bias.data(), n, c);
     ok &= close("bias add forward (exact)", got, want, 0, 0);
-    d1 = d0, d2 = d0;
-    fvec db1 = frand(c, -1, 1), db2 = db1;
-    for (int64_t i = 0; i < e; i++) ms_cu_acc(d1.data(), g.data(), i);
-    for (int64_t j = 0; j < c; j++) ms_cu_bias_dbias_col(db1.data(), g.data(), n, c, j);
+    d1 = d0, d2 = d0, d3 = d0;
+    const fvec db0 = frand(c, -1, 1);
+    fvec db1 = db0, db2 = db0;
+    ok &= colsum_bias_add_bwd(d1.data(), db1.data(), g.data(), n, c, false);
+    for (int64_t i = 0; i < e; i++) ms_cu_acc(d3.data(), g.data(), i); /* the path without dbias */
     ms_k_bias_add_backward(d2.data(), db2.data(), g.data(), n, c);
     ok &= close("bias add backward dinp (exact)", d1, d2, 0, 0);
-    ok &= close("bias add backward dbias (rows in order: exact)", db1, db2, 0, 0);
+    ok &= close("bias add backward dinp, no dbias (exact)", d3, d2, 0, 0);
+    const colsum_want wb =
+        colsum_reference(n, c, db0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
+    ok &= close_colsum("bias add backward dbias vs CPU (summation bound)", db1, to_dvec(db2),
+                       wb.mag, colsum_units_cpu(n));
     for (int64_t i = 0; i < e; i++) ms_cu_gelu_fwd(got.data(), a.data(), i);
     ms_k_gelu_forward(want.data(), a.data(), e);
     ok &= close("gelu forward (tanhf vs poly: 1e-6 + 1e-6 rel)", got, want, 1e-6, 1e-6);
@@ -233,7 +242,7 @@ static void ln_backward(float *dinp, float *dw, float *db, const float *dout, co
             ms_cu_ln_dinp_part(dinp + r * c, g, x, w, c, mean[r], rstd[r], a, b, l, nl);
         });
     }
-    for (int64_t j = 0; j < c; j++) ms_cu_ln_dparams_col(dw, db, dout, inp, mean, rstd, n, c, j);
+    assert_true(colsum_layernorm_bwd(dw, db, dout, inp, mean, rstd, n, c, false));
 }
 
 static void test_layernorm(void **state) {
@@ -266,16 +275,22 @@ static void test_layernorm(void **state) {
     }
     ok &= close("layernorm mean vs float64 (1e-8 + 3e-7 rel: 2 ulps)", mean, mean64, 1e-8, 3e-7);
     ok &= close("layernorm out vs float64 (2e-5 + 1e-5 rel)", out, out64, 2e-5, 1e-5);
-    const fvec g = frand(n * c, -1, 1);
-    fvec d1 = frand(n * c, -1, 1), d2 = d1, dw1 = frand(c, -1, 1), dw2 = dw1, db1 = frand(c, -1, 1),
-         db2 = db1;
+    const fvec g = frand(n * c, -1, 1), dw0 = frand(c, -1, 1), db0 = frand(c, -1, 1);
+    fvec d1 = frand(n * c, -1, 1), d2 = d1, dw1 = dw0, dw2 = dw0, db1 = db0, db2 = db0;
     ln_backward(d1.data(), dw1.data(), db1.data(), g.data(), x.data(), w.data(), mean.data(),
                 rstd.data(), n, c);
     ms_k_layernorm_backward(d2.data(), dw2.data(), db2.data(), g.data(), x.data(), w.data(),
                             mean.data(), rstd.data(), n, c);
     ok &= close("layernorm dinp (1e-5 + 1e-5 rel)", d1, d2, 1e-5, 1e-5);
-    ok &= close("layernorm dweight (rows in order: 1e-5 rel)", dw1, dw2, 1e-6, 1e-5);
-    ok &= close("layernorm dbias (rows in order: exact)", db1, db2, 0, 0);
+    const colsum_want ww = colsum_reference(n, c, dw0, [&](int64_t r, int64_t j) {
+        return (x[r * c + j] - mean[r]) * rstd[r] * g[r * c + j];
+    });
+    const colsum_want wb =
+        colsum_reference(n, c, db0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
+    ok &= close_colsum("layernorm dweight vs CPU (summation bound)", dw1, to_dvec(dw2), ww.mag,
+                       colsum_units_cpu(n));
+    ok &= close_colsum("layernorm dbias vs CPU (summation bound)", db1, to_dvec(db2), wb.mag,
+                       colsum_units_cpu(n));
     assert_true(ok);
 }
 
@@ -732,7 +747,7 @@ static void test_attention_fd(void **state) {
 
 /* ---- the LLaMA layers ---- */
 
-/* The RMSNorm kernels' work: a row per block (lanes and tree), dweight a column per thread. */
+/* The RMSNorm kernels' work: a row per block (lanes and tree), dweight the column reduction. */
 static void rms_forward(float *out, float *rstd, const float *inp, const float *w, int64_t n,
                         int64_t c, float eps) {
     for (int64_t r = 0; r < n; r++) {
@@ -746,7 +761,7 @@ static void rms_forward(float *out, float *rstd, const float *inp, const float *
 }
 static void rms_backward(float *dinp, float *dw, const float *dout, const float *inp,
                          const float *w, const float *rstd, int64_t n, int64_t c) {
-    for (int64_t j = 0; j < c; j++) ms_cu_rms_dweight_col(dw, dout, inp, rstd, n, c, j);
+    assert_true(colsum_rms_bwd(dw, dout, inp, rstd, n, c, false));
     for (int64_t r = 0; r < n; r++) {
         const float *g = dout + r * c, *x = inp + r * c;
         const float wgx =
@@ -771,15 +786,19 @@ static void test_rmsnorm(void **state) {
         ok &= close(what, out, out2, 1e-6, 1e-5);
         snprintf(what, sizeof what, "rmsnorm rstd C=%lld (1e-5 rel)", (long long)c);
         ok &= close(what, rstd, rstd2, 0, 1e-5);
-        fvec d1 = frand(e, -1, 1), d2 = d1, dw1 = frand(c, -1, 1), dw2 = dw1;
+        const fvec dw0 = frand(c, -1, 1);
+        fvec d1 = frand(e, -1, 1), d2 = d1, dw1 = dw0, dw2 = dw0;
         rms_backward(d1.data(), dw1.data(), g.data(), x.data(), w.data(), rstd2.data(), n, c);
         ms_k_rmsnorm_backward(d2.data(), dw2.data(), g.data(), x.data(), w.data(), rstd2.data(), n,
                               c);
         snprintf(what, sizeof what, "rmsnorm dinp C=%lld (1e-6 + 1e-5 rel)", (long long)c);
         ok &= close(what, d1, d2, 1e-6, 1e-5);
-        /* dweight sums 512 rows in the CPU's order: only FMA contraction differs */
-        snprintf(what, sizeof what, "rmsnorm dweight C=%lld (1e-5 + 1e-5 rel)", (long long)c);
-        ok &= close(what, dw1, dw2, 1e-5, 1e-5);
+        const colsum_want ww = colsum_reference(n, c, dw0, [&](int64_t r, int64_t j) {
+            return g[r * c + j] * x[r * c + j] * rstd2[r];
+        });
+        snprintf(what, sizeof what, "rmsnorm dweight C=%lld vs CPU (summation bound)",
+                 (long long)c);
+        ok &= close_colsum(what, dw1, to_dvec(dw2), ww.mag, colsum_units_cpu(n));
     }
     assert_true(ok);
 }
@@ -1179,12 +1198,22 @@ static void test_fused(void **state) {
     ms_k_bias_gelu_forward(cpu.data(), x.data(), b.data(), n, c);
     for (int64_t i = 0; i < n * c; i++) ms_cu_bias_gelu_fwd(gpu.data(), x.data(), b.data(), c, i);
     ms_k_bias_gelu_backward(dcx.data(), dcb.data(), dy.data(), x.data(), b.data(), n, c);
-    for (int64_t k = 0; k < c; k++)
-        ms_cu_bias_gelu_bwd_col(dgx.data(), dgb.data(), dy.data(), x.data(), b.data(), n, c, k);
+    assert_true(
+        colsum_bias_gelu_bwd(dgx.data(), dgb.data(), dy.data(), x.data(), b.data(), n, c, false));
     float w1 = worst_rel(gpu, cpu), w2 = worst_rel(dgx, dcx), w3 = worst_rel(dgb, dcb);
     printf("bias_gelu: forward %.2g, dinp %.2g, dbias %.2g (relative)\n", w1, w2, w3);
-    assert_true(w1 < 5e-5f && w2 < 5e-5f &&
-                w3 < 5e-5f); /* tanhf: CUDA's against the CPU's polynomial */
+    /* tanhf: CUDA's against the CPU's polynomial */
+    assert_true(w1 < 5e-5f && w2 < 5e-5f);
+    /* dbias sums in another order (colsum_math.cuh) terms that differ by tanhf's: each side's
+     * terms are its dinp from zero */
+    fvec tg(n * c, 0.0f), tc(n * c, 0.0f);
+    for (int64_t i = 0; i < n * c; i++) tg[i] += ms_cu_gelu_grad(x[i] + b[i % c]) * dy[i];
+    ms_k_bias_gelu_backward(tc.data(), NULL, dy.data(), x.data(), b.data(), n, c);
+    const dvec gelu_terms_diff = column_absdiff(tg, tc, n, c);
+    const colsum_want wg = colsum_reference(n, c, fvec(c, 0.2f),
+                                            [&](int64_t r0, int64_t k) { return tg[r0 * c + k]; });
+    assert_true(close_colsum("bias_gelu dbias vs CPU (summation bound + the terms' difference)",
+                             dgb, to_dvec(dcb), wg.mag, colsum_units_cpu(n), 0, &gelu_terms_diff));
     /* bias + dropout + residual, with a dropout box that has an offset and a batch window */
     const int64_t lshape[3] = {4, 6, 96}, gstart[3] = {2, 0, 0}, gshape[3] = {8, 6, 96};
     const ms_k_batch_window win = {2, 4, 1};
@@ -1198,9 +1227,8 @@ static void test_fused(void **state) {
         const ms_cu_box box = ms_cu_box_make(3, lshape, gstart, gshape, 2, 4, 1);
         for (int64_t i = 0; i < n * c; i++)
             ms_cu_bda_fwd(go.data(), x.data(), b.data(), r.data(), c, p, 1234, 5, box, i);
-        for (int64_t k = 0; k < c; k++)
-            ms_cu_bda_bwd_col(gdi.data(), gdb.data(), gdr.data(), dy.data(), n, c, p, 1234, 5, box,
-                              k);
+        assert_true(colsum_bda_bwd(gdi.data(), gdb.data(), gdr.data(), dy.data(), n, c, p, 1234, 5,
+                                   box, false));
         int64_t dropped = 0;
         for (int64_t i = 0; i < n * c; i++) dropped += (co[i] == r[i]) && p > 0;
         const float v1 = worst_rel(go, co), v2 = worst_rel(gdi, cdi), v3 = worst_rel(gdb, cdb),
@@ -1208,7 +1236,14 @@ static void test_fused(void **state) {
         printf("bias_dropout_add p %.2f: %lld dropped; forward %.2g, dinp %.2g, dbias %.2g, dres "
                "%.2g\n",
                p, (long long)dropped, v1, v2, v3, v4);
-        assert_true(v1 < 1e-6f && v2 < 1e-6f && v3 < 1e-5f && v4 == 0.0f);
+        const float scale = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
+        const colsum_want wb = colsum_reference(n, c, fvec(c, 0.2f), [&](int64_t r0, int64_t k) {
+            const int64_t i = r0 * c + k;
+            return ms_cu_bda_keep(p, 1234, 5, box, i) ? dy[i] * scale : 0.0f;
+        });
+        const bool okb = close_colsum("bias_dropout_add dbias vs CPU (summation bound)", gdb,
+                                      to_dvec(cdb), wb.mag, colsum_units_cpu(n));
+        assert_true(v1 < 1e-6f && v2 < 1e-6f && v4 == 0.0f && okb);
         if (p > 0) assert_true(dropped > n * c / 8 && dropped < n * c / 2);
     }
     /* gather and scatter-add per outer index (batch_gather): [O, D, I] rows d0.. */
@@ -1228,20 +1263,228 @@ static void test_fused(void **state) {
     assert_true(worst_rel(go, co) == 0.0f && worst_rel(gs, cs) == 0.0f);
 }
 
+/* ---- the column reductions (colsum_math.cuh) and the sum ---- */
+
+/* What every column sum is held to: the same bits from a run in order and from one in a
+ * shuffled thread order, the documented order's fp32 result bit for bit, float64 within the
+ * two-pass order's bound (64 + chunks + 1 roundings: a chunk left out or added twice is far
+ * outside it), and the CPU kernel within both orders' bounds (+ n), plus the terms' own
+ * difference where the CPU computes them otherwise (extra). */
+static bool colsum_checks(const char *what, int64_t n, const fvec &got, const fvec &again,
+                          const colsum_want &w, const fvec &cpu, const dvec *extra = NULL) {
+    char name[128];
+    snprintf(name, sizeof name, "%s n=%lld: 2 runs, any order == documented order", what,
+             (long long)n);
+    bool ok = same_floats(name, got, w.order, &again);
+    snprintf(name, sizeof name, "%s n=%lld vs float64", what, (long long)n);
+    ok &= close_colsum(name, got, w.exact, w.mag, colsum_units(n));
+    snprintf(name, sizeof name, "%s n=%lld vs the CPU kernel", what, (long long)n);
+    ok &= close_colsum(name, got, to_dvec(cpu), w.mag, colsum_units_cpu(n), 0, extra);
+    return ok;
+}
+
+static bool colsum_case_bias_add(int64_t n, int64_t c) {
+    const fvec g = colsum_binades(n * c), d0 = frand(n * c, -1, 1), db0 = frand(c, -1, 1);
+    fvec d1 = d0, d2 = d0, dc = d0, db1 = db0, db2 = db0, dbc = db0;
+    bool ok = colsum_bias_add_bwd(d1.data(), db1.data(), g.data(), n, c, false);
+    ok &= colsum_bias_add_bwd(d2.data(), db2.data(), g.data(), n, c, true);
+    ms_k_bias_add_backward(dc.data(), dbc.data(), g.data(), n, c);
+    ok &= same_floats("bias add dinp: 2 runs == CPU", d1, dc, &d2);
+    const colsum_want w =
+        colsum_reference(n, c, db0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
+    return ok & colsum_checks("bias add dbias (many binades)", n, db1, db2, w, dbc);
+}
+
+static bool colsum_case_layernorm(int64_t n, int64_t c) {
+    const fvec x = frand(n * c, -2, 3), g = frand(n * c, -1, 1), mean = frand(n, -0.5, 0.5),
+               rstd = frand(n, 0.5, 2), dw0 = frand(c, -1, 1), db0 = frand(c, -1, 1);
+    fvec dw1 = dw0, db1 = db0, dw2 = dw0, db2 = db0, dwc = dw0, dbc = db0;
+    bool ok = colsum_layernorm_bwd(dw1.data(), db1.data(), g.data(), x.data(), mean.data(),
+                                   rstd.data(), n, c, false);
+    ok &= colsum_layernorm_bwd(dw2.data(), db2.data(), g.data(), x.data(), mean.data(), rstd.data(),
+                               n, c, true);
+    ms_k_layernorm_backward(NULL, dwc.data(), dbc.data(), g.data(), x.data(), NULL, mean.data(),
+                            rstd.data(), n, c);
+    const colsum_want ww = colsum_reference(n, c, dw0, [&](int64_t r, int64_t j) {
+        return (x[r * c + j] - mean[r]) * rstd[r] * g[r * c + j];
+    });
+    const colsum_want wb =
+        colsum_reference(n, c, db0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
+    ok &= colsum_checks("layernorm dweight", n, dw1, dw2, ww, dwc);
+    return ok & colsum_checks("layernorm dbias", n, db1, db2, wb, dbc);
+}
+
+static bool colsum_case_bias_gelu(int64_t n, int64_t c) {
+    const fvec x = frand(n * c, -5, 5), b = frand(c, -1, 1), g = frand(n * c, -1, 1),
+               db0 = frand(c, -1, 1), zero(n * c, 0.0f);
+    fvec d1 = zero, d2 = zero, dc = zero, db1 = db0, db2 = db0, dbc = db0;
+    bool ok =
+        colsum_bias_gelu_bwd(d1.data(), db1.data(), g.data(), x.data(), b.data(), n, c, false);
+    ok &= colsum_bias_gelu_bwd(d2.data(), db2.data(), g.data(), x.data(), b.data(), n, c, true);
+    ms_k_bias_gelu_backward(dc.data(), dbc.data(), g.data(), x.data(), b.data(), n, c);
+    auto term = [&](int64_t r, int64_t j) {
+        return 0.0f + ms_cu_gelu_grad(x[r * c + j] + b[j]) * g[r * c + j]; /* dinp's 0 + t */
+    };
+    fvec terms(n * c);
+    for (int64_t i = 0; i < n * c; i++) terms[i] = term(i / c, i % c);
+    /* dinp from zero is the terms: bitwise the kernel's, within tanhf's ulps of the CPU's */
+    ok &= same_floats("bias gelu dinp: 2 runs == the terms", d1, terms, &d2);
+    ok &= close("bias gelu dinp vs CPU (tanhf vs poly: 2e-6 + 1e-6 rel)", d1, dc, 2e-6, 1e-6);
+    const dvec extra = column_absdiff(d1, dc, n, c);
+    return ok & colsum_checks("bias gelu dbias", n, db1, db2, colsum_reference(n, c, db0, term),
+                              dbc, &extra);
+}
+
+/* Over an [n, c] box at row n of a [2n + 3, c] global tensor, p = 0.1. */
+static bool colsum_case_bda(int64_t n, int64_t c) {
+    const int64_t lshape[2] = {n, c}, gstart[2] = {n, 0}, gshape[2] = {2 * n + 3, c};
+    const ms_cu_box box = ms_cu_box_make(2, lshape, gstart, gshape, 0, 0, 0);
+    const float p = 0.1f;
+    const ms_k_fused_dropout fd = {p, 99, 4, {2, lshape, gstart, gshape, NULL}};
+    const fvec g = frand(n * c, -1, 1), r0 = frand(n * c, -1, 1), db0 = frand(c, -1, 1),
+               zero(n * c, 0.0f);
+    fvec d1 = zero, d2 = zero, dc = zero, r1 = r0, r2 = r0, rc = r0, db1 = db0, db2 = db0,
+         dbc = db0;
+    bool ok =
+        colsum_bda_bwd(d1.data(), db1.data(), r1.data(), g.data(), n, c, p, 99, 4, box, false);
+    ok &= colsum_bda_bwd(d2.data(), db2.data(), r2.data(), g.data(), n, c, p, 99, 4, box, true);
+    ms_k_bias_dropout_add_backward(dc.data(), dbc.data(), rc.data(), g.data(), c, &fd);
+    ok &= same_floats("bias dropout add dres: 2 runs == CPU", r1, rc, &r2);
+    ok &= same_floats("bias dropout add dinp: 2 runs == CPU", d1, dc, &d2);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n * c; i++) kept += d1[i] != 0.0f;
+    const float scale = 1.0f / (1.0f - p);
+    const colsum_want w = colsum_reference(n, c, db0, [&](int64_t r, int64_t j) {
+        const int64_t i = r * c + j;
+        return ms_cu_bda_keep(p, 99, 4, box, i) ? g[i] * scale : 0.0f;
+    });
+    printf("  bias dropout add n=%lld: %lld of %lld kept\n", (long long)n, (long long)kept,
+           (long long)(n * c));
+    ok &= n * c < 1000 || (kept > n * c * 8 / 10 && kept < n * c * 97 / 100);
+    return ok & colsum_checks("bias dropout add dbias", n, db1, db2, w, dbc);
+}
+
+static bool colsum_case_rmsnorm(int64_t n, int64_t c) {
+    const fvec x = frand(n * c, -3, 3), g = frand(n * c, -1, 1), rstd = frand(n, 0.3, 3),
+               dw0 = frand(c, -1, 1);
+    fvec dw1 = dw0, dw2 = dw0, dwc = dw0;
+    bool ok = colsum_rms_bwd(dw1.data(), g.data(), x.data(), rstd.data(), n, c, false);
+    ok &= colsum_rms_bwd(dw2.data(), g.data(), x.data(), rstd.data(), n, c, true);
+    ms_k_rmsnorm_backward(NULL, dwc.data(), g.data(), x.data(), NULL, rstd.data(), n, c);
+    const colsum_want w = colsum_reference(
+        n, c, dw0, [&](int64_t r, int64_t j) { return g[r * c + j] * x[r * c + j] * rstd[r]; });
+    return ok & colsum_checks("rmsnorm dweight", n, dw1, dw2, w, dwc);
+}
+
+/* Every backward's column reduction on rows around the chunk (fewer, one chunk, one more, not
+ * a multiple) and on GPT-2 small's (B*T up to 8192 rows of 768, the MLP's 3072). */
+static void test_colsum(void **state) {
+    (void)state;
+    struct {
+        int64_t n, c;
+    } const shapes[] = {{1, 768},    {37, 768},   {64, 768},   {65, 96},
+                        {1000, 768}, {8192, 768}, {512, 3072}, {2048, 3072}};
+    bool ok = true;
+    for (const auto &sh : shapes) {
+        printf(" n=%lld c=%lld\n", (long long)sh.n, (long long)sh.c);
+        ok &= colsum_tiles(sh.n, sh.c, 2);
+        ok &= colsum_case_bias_add(sh.n, sh.c);
+        ok &= colsum_case_layernorm(sh.n, sh.c);
+        ok &= colsum_case_bias_gelu(sh.n, sh.c);
+        ok &= colsum_case_bda(sh.n, sh.c);
+        ok &= colsum_case_rmsnorm(sh.n, sh.c);
+    }
+    for (int64_t n : {0, 63, 127, 128, 129, 100000}) ok &= colsum_tiles(n, 5, 1);
+    assert_true(ok);
+}
+
+/* The sum over the middle dim of [O, D, I] as elementwise.cu runs it: a block per output
+ * (lanes, then the tree) or one thread per output, as ms_cu_sum_by_blocks picks. */
+static fvec sum_forward(const fvec &x, int64_t o, int64_t d, int64_t i) {
+    fvec out(o * i);
+    for (int64_t k = 0; k < o * i; k++) {
+        if (!ms_cu_sum_by_blocks(o, d, i)) {
+            out[k] = ms_cu_sum_part(x.data(), d, i, k, 0, 1);
+            continue;
+        }
+        float v[L];
+        for (int l = 0; l < L; l++) v[l] = ms_cu_sum_part(x.data(), d, i, k, l, L);
+        out[k] = ms_cu_lanes_sum(v, L);
+    }
+    return out;
+}
+
+static void test_sum(void **state) {
+    (void)state;
+    bool ok = ms_cu_sum_by_blocks(1, 8192, 1) && !ms_cu_sum_by_blocks(8192, 512, 1) &&
+              !ms_cu_sum_by_blocks(1, 100, 1);
+    printf("  GPT-2's loss mean (o 1, d 8192, i 1) by blocks: %d; 8192 outputs by threads: %d\n",
+           ms_cu_sum_by_blocks(1, 8192, 1), !ms_cu_sum_by_blocks(8192, 512, 1));
+    struct {
+        int64_t o, d, i;
+    } const shapes[] = {{1, 8192, 1}, {3, 1000, 5}, {2, 257, 7}, {64, 100, 80}, {8, 512, 1024}};
+    for (const auto &sh : shapes) {
+        const int64_t o = sh.o, d = sh.d, i = sh.i;
+        const fvec x = colsum_binades(o * d * i);
+        fvec got = sum_forward(x, o, d, i), cpu(o * i);
+        ms_k_sum_forward(cpu.data(), x.data(), o, d, i);
+        dvec exact(o * i, 0.0), mag(o * i, 0.0);
+        for (int64_t a = 0; a < o; a++)
+            for (int64_t b = 0; b < d; b++)
+                for (int64_t e = 0; e < i; e++) {
+                    exact[a * i + e] += x[(a * d + b) * i + e];
+                    mag[a * i + e] += fabs((double)x[(a * d + b) * i + e]);
+                }
+        char name[96];
+        const bool blocks = ms_cu_sum_by_blocks(o, d, i);
+        if (!blocks) { /* one thread per output: the CPU's order */
+            snprintf(name, sizeof name, "sum o=%lld d=%lld i=%lld by threads == CPU", (long long)o,
+                     (long long)d, (long long)i);
+            ok &= same_floats(name, got, cpu);
+            continue;
+        }
+        /* a lane sums ceil(d / L) terms, then the tree's log2(L) levels */
+        int lv = 0;
+        for (int s = L; s > 1; s /= 2) lv++;
+        const double units = (double)((d + L - 1) / L + lv + 1);
+        snprintf(name, sizeof name, "sum o=%lld d=%lld i=%lld by blocks vs float64", (long long)o,
+                 (long long)d, (long long)i);
+        ok &= close_colsum(name, got, exact, mag, units);
+        snprintf(name, sizeof name, "sum o=%lld d=%lld i=%lld by blocks vs CPU", (long long)o,
+                 (long long)d, (long long)i);
+        ok &= close_colsum(name, got, to_dvec(cpu), mag, units + (double)d);
+        ok &= same_floats("  run again (bitwise)", sum_forward(x, o, d, i), got);
+    }
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bf16_rounding),  cmocka_unit_test(test_dropout),
-        cmocka_unit_test(test_fused),          cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_elementwise_fd), cmocka_unit_test(test_elementwise_bf16),
-        cmocka_unit_test(test_embedding),      cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_layernorm_fd),   cmocka_unit_test(test_layernorm_bf16),
-        cmocka_unit_test(test_softmax),        cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_xent_fd),        cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_sumsq),          cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_attention_fd),   cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rmsnorm_fd),     cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_rotary),         cmocka_unit_test(test_gqa),
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_fused),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_elementwise_fd),
+        cmocka_unit_test(test_elementwise_bf16),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_layernorm_fd),
+        cmocka_unit_test(test_layernorm_bf16),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_xent_fd),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_fd),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_fd),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rotary),
+        cmocka_unit_test(test_gqa),
         cmocka_unit_test(test_gqa_fd),
+        cmocka_unit_test(test_colsum),
+        cmocka_unit_test(test_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,12 +8,14 @@
  * cross-entropy and the embedding (lookup and sorted scatter-add) are one template over the storage
  * type (elementwise_math.cuh, fused_math.cuh, norm_math.cuh; attention.cu widens as it stages
  * tiles), so the check is on the templates as the launchers call them (per element, per
- * column, per row over MS_CU_ROW_LANES lanes, attention's tiles of attention.cu):
+ * (row chunk, column) and per column, per row over MS_CU_ROW_LANES lanes, attention's tiles of
+ * attention.cu):
  * the ms_bf16 instantiation on bf16 operands equals, bit for bit, the float instantiation on
  * the widened operands, rounded once - accumulated gradients included. The float
  * instantiations themselves are checked against the CPU kernels and finite differences by
  * test_cuda_host.cu; here the bf16 results are also held against the CPU kernels (one bf16
- * ulp), so a kernel that rounded twice or read a parameter in the wrong type fails either way.
+ * ulp; column sums, which add in another order, one ulp plus both orders' summation bound), so
+ * a kernel that rounded twice or read a parameter in the wrong type fails either way.
  * Shapes are GPT-2 small's: rows of 768, the MLP's 3072.
  */
 #include <setjmp.h>
@@ -34,6 +36,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include "engine/kernels/cuda/fused_math.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
 #include "engine/kernels/cuda/xent_math.cuh"
+#include "tests/cuda_colsum_ref.cuh"
 #include "tests/cuda_embedding_ref.cuh"
 #include "tests/cuda_testkit.cuh"
 
@@ -64,11 +67,23 @@ static bool staged_and_cpu(const char *what, const bvec &got, const fvec &staged
     return ok & close(name, widen(got), cpu, 1e-5, BF16_RTOL);
 }
 
+/* A column sum (colsum_math.cuh): the staging rule bit for bit, and against the CPU kernel,
+ * which sums the rows in order, within both orders' summation bounds plus one bf16 ulp; mag
+ * from colsum_reference on the widened operands. */
+static bool colsum_staged_and_cpu(const char *what, const bvec &got, const fvec &staged,
+                                  const fvec &cpu, const dvec &mag, int64_t n) {
+    char name[96];
+    snprintf(name, sizeof name, "%s == staged", what);
+    bool ok = same_bits(name, got, staged);
+    snprintf(name, sizeof name, "%s vs the CPU kernel (1 ulp + sums)", what);
+    return ok & close_colsum(name, widen(got), to_dvec(cpu), mag, colsum_units_cpu(n), BF16_RTOL);
+}
+
 /* ---- elementwise: add, bias add, GELU ---- */
 
 static void test_add_bias_gelu(void **state) {
     (void)state;
-    const int64_t n = 64, c = 768, e = n * c, eg = n * 3072;
+    const int64_t n = 37, c = 768, e = n * c, eg = n * 3072; /* fewer rows than a chunk */
     const bvec a = brand(e, -4, 4), b = brand(e, -2, 2), g = brand(e, -1, 1),
                bias = brand(c, -1, 1);
     const bvec d0 = brand(e, -1, 1), db0 = brand(c, -1, 1);
@@ -91,11 +106,15 @@ static void test_add_bias_gelu(void **state) {
     for (int64_t i = 0; i < e; i++) ms_cu_bias_add_fwd(want.data(), af.data(), biasf.data(), c, i);
     ms_k_bias_add_forward(cpu.data(), af.data(), biasf.data(), n, c);
     ok &= staged_and_cpu("bias add forward", out, want, cpu);
-    bvec db = db0;
-    for (int64_t j = 0; j < c; j++) ms_cu_bias_dbias_col(db.data(), g.data(), n, c, j);
-    for (int64_t j = 0; j < c; j++) ms_cu_bias_dbias_col(dbw.data(), gf.data(), n, c, j);
+    bvec db = db0, dx0 = d0;
+    fvec dx0w = widen(d0);
+    ok &= colsum_bias_add_bwd(dx0.data(), db.data(), g.data(), n, c, false);
+    ok &= colsum_bias_add_bwd(dx0w.data(), dbw.data(), gf.data(), n, c, false);
     ms_k_bias_add_backward(NULL, dbc.data(), gf.data(), n, c);
-    ok &= staged_and_cpu("bias add backward dbias", db, dbw, dbc);
+    ok &= same_bits("bias add backward dinp == staged", dx0, dx0w);
+    const colsum_want wb =
+        colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
+    ok &= colsum_staged_and_cpu("bias add backward dbias", db, dbw, dbc, wb.mag, n);
     /* GELU over the MLP's width */
     const bvec x = brand(eg, -5, 5), gg = brand(eg, -1, 1), dg0 = brand(eg, -1, 1);
     const fvec xf = widen(x), ggf = widen(gg);
@@ -116,7 +135,7 @@ static void test_add_bias_gelu(void **state) {
 
 static void test_fused(void **state) {
     (void)state;
-    const int64_t n = 64, c = 3072, e = n * c;
+    const int64_t n = 100, c = 3072, e = n * c; /* a chunk and a part */
     const bvec x = brand(e, -4, 4), bias = brand(c, -1, 1), g = brand(e, -1, 1);
     const bvec d0 = brand(e, -1, 1), db0 = brand(c, -1, 1);
     const fvec xf = widen(x), biasf = widen(bias), gf = widen(g);
@@ -127,14 +146,21 @@ static void test_fused(void **state) {
     for (int64_t i = 0; i < e; i++) ms_cu_bias_gelu_fwd(yw.data(), xf.data(), biasf.data(), c, i);
     ms_k_bias_gelu_forward(yc.data(), xf.data(), biasf.data(), n, c);
     ok &= staged_and_cpu("bias gelu forward", y, yw, yc);
-    for (int64_t k = 0; k < c; k++)
-        ms_cu_bias_gelu_bwd_col(dx.data(), db.data(), g.data(), x.data(), bias.data(), n, c, k);
-    for (int64_t k = 0; k < c; k++)
-        ms_cu_bias_gelu_bwd_col(dxw.data(), dbw.data(), gf.data(), xf.data(), biasf.data(), n, c,
-                                k);
+    ok &= colsum_bias_gelu_bwd(dx.data(), db.data(), g.data(), x.data(), bias.data(), n, c, false);
+    ok &= colsum_bias_gelu_bwd(dxw.data(), dbw.data(), gf.data(), xf.data(), biasf.data(), n, c,
+                               false);
     ms_k_bias_gelu_backward(dxc.data(), dbc.data(), gf.data(), xf.data(), biasf.data(), n, c);
     ok &= staged_and_cpu("bias gelu backward dinp", dx, dxw, dxc);
-    ok &= staged_and_cpu("bias gelu backward dbias", db, dbw, dbc);
+    /* the terms differ from the CPU's by tanhf's ulps: each side's from zero */
+    fvec tg(e, 0.0f), tc(e, 0.0f);
+    for (int64_t i = 0; i < e; i++) tg[i] += ms_cu_gelu_grad(xf[i] + biasf[i % c]) * gf[i];
+    ms_k_bias_gelu_backward(tc.data(), NULL, gf.data(), xf.data(), biasf.data(), n, c);
+    const dvec tdiff = column_absdiff(tg, tc, n, c);
+    const colsum_want wg =
+        colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t k) { return tg[r * c + k]; });
+    ok &= same_bits("bias gelu backward dbias == staged", db, dbw);
+    ok &= close_colsum("bias gelu backward dbias vs the CPU kernel (1 ulp + sums + terms)",
+                       widen(db), to_dvec(dbc), wg.mag, colsum_units_cpu(n), BF16_RTOL, &tdiff);
 
     /* bias_dropout_add over [n, 768] with p = 0.1, on the box of a [2n, 768] global tensor */
     const int64_t cb = 768, eb = n * cb;
@@ -156,15 +182,18 @@ static void test_fused(void **state) {
         ms_cu_bda_fwd(ow.data(), xbf.data(), bbf.data(), rf.data(), cb, p, seed, sid, box, i);
     ms_k_bias_dropout_add_forward(oc.data(), xbf.data(), bbf.data(), rf.data(), cb, &fd);
     ok &= staged_and_cpu("bias dropout add forward", o, ow, oc);
-    for (int64_t k = 0; k < cb; k++)
-        ms_cu_bda_bwd_col(dinp.data(), dbb.data(), dres.data(), gb.data(), n, cb, p, seed, sid, box,
-                          k);
-    for (int64_t k = 0; k < cb; k++)
-        ms_cu_bda_bwd_col(dinpw.data(), dbbw.data(), dresw.data(), gbf.data(), n, cb, p, seed, sid,
-                          box, k);
+    ok &= colsum_bda_bwd(dinp.data(), dbb.data(), dres.data(), gb.data(), n, cb, p, seed, sid, box,
+                         false);
+    ok &= colsum_bda_bwd(dinpw.data(), dbbw.data(), dresw.data(), gbf.data(), n, cb, p, seed, sid,
+                         box, false);
     ms_k_bias_dropout_add_backward(dinpc.data(), dbbc.data(), dresc.data(), gbf.data(), cb, &fd);
     ok &= staged_and_cpu("bias dropout add backward dinp", dinp, dinpw, dinpc);
-    ok &= staged_and_cpu("bias dropout add backward dbias", dbb, dbbw, dbbc);
+    const float keep_scale = 1.0f / (1.0f - p);
+    const colsum_want wd = colsum_reference(n, cb, bbf, [&](int64_t r0, int64_t k) {
+        const int64_t i = r0 * cb + k;
+        return ms_cu_bda_keep(p, seed, sid, box, i) ? gbf[i] * keep_scale : 0.0f;
+    });
+    ok &= colsum_staged_and_cpu("bias dropout add backward dbias", dbb, dbbw, dbbc, wd.mag, n);
     ok &= staged_and_cpu("bias dropout add backward dres", dres, dresw, dresc);
 
     /* dropout alone (the embeddings' dropout), p = 0.1, forward and accumulated backward */
@@ -221,12 +250,12 @@ static void ln_backward(T *dinp, T *dw, T *db, const T *dout, const T *inp, cons
         for (int l = 0; l < L; l++)
             ms_cu_ln_dinp_part(dinp + r * c, g, x, w, c, mean[r], rstd[r], sa, sb, l, L);
     }
-    for (int64_t j = 0; j < c; j++) ms_cu_ln_dparams_col(dw, db, dout, inp, mean, rstd, n, c, j);
+    assert_true(colsum_layernorm_bwd(dw, db, dout, inp, mean, rstd, n, c, false));
 }
 
 static void test_layernorm(void **state) {
     (void)state;
-    const int64_t n = 64, c = 768, e = n * c;
+    const int64_t n = 200, c = 768, e = n * c; /* 3 chunks and a part */
     const bvec x = brand(e, -3, 3), w = brand(c, 0.5, 1.5), b = brand(c, -0.5, 0.5);
     const bvec g = brand(e, -1, 1), d0 = brand(e, -1, 1), dw0 = brand(c, -1, 1),
                db0 = brand(c, -1, 1);
@@ -246,11 +275,17 @@ static void test_layernorm(void **state) {
                 s16.data(), n, c);
     ln_backward(dxw.data(), dww.data(), dbw.data(), gf.data(), xf.data(), wf.data(), mw.data(),
                 sw.data(), n, c);
+    /* from the statistics the kernel saved, so that both sides add the same terms */
     ms_k_layernorm_backward(dxc.data(), dwc.data(), dbc.data(), gf.data(), xf.data(), wf.data(),
-                            mc.data(), sc.data(), n, c);
+                            m16.data(), s16.data(), n, c);
     ok &= staged_and_cpu("layernorm backward dinp", dx, dxw, dxc);
-    ok &= staged_and_cpu("layernorm backward dweight", dw, dww, dwc);
-    ok &= staged_and_cpu("layernorm backward dbias", db, dbw, dbc);
+    const colsum_want ww = colsum_reference(n, c, widen(dw0), [&](int64_t r, int64_t j) {
+        return (xf[r * c + j] - m16[r]) * s16[r] * gf[r * c + j];
+    });
+    const colsum_want wb =
+        colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
+    ok &= colsum_staged_and_cpu("layernorm backward dweight", dw, dww, dwc, ww.mag, n);
+    ok &= colsum_staged_and_cpu("layernorm backward dbias", db, dbw, dbc, wb.mag, n);
     assert_true(ok);
 }
 
@@ -479,11 +514,112 @@ static void test_embedding(void **state) {
     assert_true(ok);
 }
 
+/* ---- the column sums at GPT-2's sizes: B*T = 8192 rows of 768, 2048 of the MLP's 3072 ---- */
+
+/* A bf16 column sum twice (in order, then in a shuffled thread order: the same bits), the fp32
+ * instantiation on the widened operands (staged), and the CPU kernel. */
+static void test_colsum_bf16(void **state) {
+    (void)state;
+    bool ok = true;
+    ms_bf16 *no_dinp = NULL;
+    float *no_dinp32 = NULL;
+    {
+        const int64_t n = 8192, c = 768;
+        const bvec g = to_bf16<ms_bf16>(colsum_binades(n * c)), db0 = brand(c, -1, 1);
+        const fvec gf = widen(g);
+        bvec db1 = db0, db2 = db0;
+        fvec dbw = widen(db0), dbc = dbw;
+        ok &= colsum_bias_add_bwd(no_dinp, db1.data(), g.data(), n, c, false);
+        ok &= colsum_bias_add_bwd(no_dinp, db2.data(), g.data(), n, c, true);
+        ok &= colsum_bias_add_bwd(no_dinp32, dbw.data(), gf.data(), n, c, false);
+        ms_k_bias_add_backward(NULL, dbc.data(), gf.data(), n, c);
+        const colsum_want w =
+            colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
+        ok &= same_bits("bias add dbias n=8192 (binades): run 2, another order", db2, widen(db1));
+        ok &= colsum_staged_and_cpu("bias add dbias n=8192 (binades)", db1, dbw, dbc, w.mag, n);
+    }
+    {
+        const int64_t n = 2048, c = 3072, e = n * c;
+        const bvec x = brand(e, -4, 4), bias = brand(c, -1, 1), g = brand(e, -1, 1),
+                   db0 = brand(c, -1, 1);
+        const fvec xf = widen(x), biasf = widen(bias), gf = widen(g);
+        bvec db1 = db0, db2 = db0;
+        fvec dbw = widen(db0), dbc = dbw, tg(e, 0.0f), tc(e, 0.0f);
+        ok &=
+            colsum_bias_gelu_bwd(no_dinp, db1.data(), g.data(), x.data(), bias.data(), n, c, false);
+        ok &=
+            colsum_bias_gelu_bwd(no_dinp, db2.data(), g.data(), x.data(), bias.data(), n, c, true);
+        ok &= colsum_bias_gelu_bwd(no_dinp32, dbw.data(), gf.data(), xf.data(), biasf.data(), n, c,
+                                   false);
+        ms_k_bias_gelu_backward(NULL, dbc.data(), gf.data(), xf.data(), biasf.data(), n, c);
+        for (int64_t i = 0; i < e; i++) tg[i] += ms_cu_gelu_grad(xf[i] + biasf[i % c]) * gf[i];
+        ms_k_bias_gelu_backward(tc.data(), NULL, gf.data(), xf.data(), biasf.data(), n, c);
+        const dvec tdiff = column_absdiff(tg, tc, n, c);
+        const colsum_want w =
+            colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t k) { return tg[r * c + k]; });
+        ok &= same_bits("bias gelu dbias n=2048: run 2, another order", db2, widen(db1));
+        ok &= same_bits("bias gelu dbias n=2048 == staged", db1, dbw);
+        ok &= close_colsum("bias gelu dbias n=2048 vs the CPU kernel (1 ulp + sums + terms)",
+                           widen(db1), to_dvec(dbc), w.mag, colsum_units_cpu(n), BF16_RTOL, &tdiff);
+    }
+    {
+        const int64_t n = 8192, c = 768, e = n * c;
+        const bvec x = brand(e, -3, 3), g = brand(e, -1, 1), dw0 = brand(c, -1, 1),
+                   db0 = brand(c, -1, 1);
+        const fvec xf = widen(x), gf = widen(g), mean = frand(n, -0.3, 0.3),
+                   rstd = frand(n, 0.5, 2);
+        bvec dw1 = dw0, db1 = db0, dw2 = dw0, db2 = db0;
+        fvec dww = widen(dw0), dbw = widen(db0), dwc = dww, dbc = dbw;
+        ok &= colsum_layernorm_bwd(dw1.data(), db1.data(), g.data(), x.data(), mean.data(),
+                                   rstd.data(), n, c, false);
+        ok &= colsum_layernorm_bwd(dw2.data(), db2.data(), g.data(), x.data(), mean.data(),
+                                   rstd.data(), n, c, true);
+        ok &= colsum_layernorm_bwd(dww.data(), dbw.data(), gf.data(), xf.data(), mean.data(),
+                                   rstd.data(), n, c, false);
+        ms_k_layernorm_backward(NULL, dwc.data(), dbc.data(), gf.data(), xf.data(), NULL,
+                                mean.data(), rstd.data(), n, c);
+        const colsum_want ww = colsum_reference(n, c, widen(dw0), [&](int64_t r, int64_t j) {
+            return (xf[r * c + j] - mean[r]) * rstd[r] * gf[r * c + j];
+        });
+        const colsum_want wb =
+            colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
+        ok &= same_bits("layernorm dweight n=8192: run 2, another order", dw2, widen(dw1));
+        ok &= same_bits("layernorm dbias n=8192: run 2, another order", db2, widen(db1));
+        ok &= colsum_staged_and_cpu("layernorm dweight n=8192", dw1, dww, dwc, ww.mag, n);
+        ok &= colsum_staged_and_cpu("layernorm dbias n=8192", db1, dbw, dbc, wb.mag, n);
+    }
+    {
+        const int64_t n = 1000, c = 768, e = n * c;
+        const int64_t lshape[2] = {n, c}, gstart[2] = {0, 0};
+        const ms_cu_box box = ms_cu_box_make(2, lshape, gstart, NULL, 0, 0, 0);
+        const float p = 0.1f;
+        const ms_k_fused_dropout fd = {p, 5, 6, {2, lshape, gstart, NULL, NULL}};
+        const bvec g = brand(e, -1, 1), db0 = brand(c, -1, 1);
+        const fvec gf = widen(g);
+        bvec db1 = db0, db2 = db0;
+        fvec dbw = widen(db0), dbc = dbw;
+        ok &= colsum_bda_bwd(no_dinp, db1.data(), no_dinp, g.data(), n, c, p, 5, 6, box, false);
+        ok &= colsum_bda_bwd(no_dinp, db2.data(), no_dinp, g.data(), n, c, p, 5, 6, box, true);
+        ok &=
+            colsum_bda_bwd(no_dinp32, dbw.data(), no_dinp32, gf.data(), n, c, p, 5, 6, box, false);
+        ms_k_bias_dropout_add_backward(NULL, dbc.data(), NULL, gf.data(), c, &fd);
+        const float scale = 1.0f / (1.0f - p);
+        const colsum_want w = colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t k) {
+            const int64_t i = r * c + k;
+            return ms_cu_bda_keep(p, 5, 6, box, i) ? gf[i] * scale : 0.0f;
+        });
+        ok &= same_bits("bias dropout add dbias n=1000: run 2, another order", db2, widen(db1));
+        ok &= colsum_staged_and_cpu("bias dropout add dbias n=1000", db1, dbw, dbc, w.mag, n);
+    }
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_bias_gelu), cmocka_unit_test(test_fused),
         cmocka_unit_test(test_layernorm),     cmocka_unit_test(test_attention),
         cmocka_unit_test(test_xent),          cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_colsum_bf16),
     };
     return cmocka_run_group_tests_name("cuda_host_bf16", tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  * tests/test_cuda_host.cu already checks the arithmetic on the CPU, so what this adds is the
  * launch configurations: grids, block reductions, shared-memory tiles, cuBLAS's operand order.
  * Tolerances are the host test's, widened where the device's expf/tanhf or cuBLAS's
- * summation order differs. Skips with 77 (and says why) without a usable GPU.
+ * summation order differs; column sums (dbias, dweight) are held to the summation bound of
+ * tests/cuda_colsum_ref.cuh. Skips with 77 (and says why) without a usable GPU.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +26,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 
 #include "engine/kernels/cuda/cuda_kernels.h"
 #include "engine/kernels/layers.h"
+#include "tests/cuda_colsum_ref.cuh"
 #include "tests/cuda_testkit.cuh"
 
 typedef std::vector<uint16_t> hvec;
@@ -66,6 +68,17 @@ static int free_all(void **state) {
     } while (0)
 #define ERR (&err_)
 
+/* A column reduction's scratch for [n, c] and `terms` sums (cuda_kernels.h). */
+static float *colsum_scratch(int64_t n, int64_t c, int terms) {
+    return dev(fvec((size_t)ms_cu_colsum_scratch_floats(n, c, terms)));
+}
+
+/* A column sum against the CPU kernel: both orders' roundings (colsum_units_cpu), one more
+ * for the device's FMA contraction of a term into its sum. */
+static double gpu_colsum_units(int64_t n) {
+    return colsum_units_cpu(n) + 1;
+}
+
 /* ---- elementwise, embedding ---- */
 
 static void test_elementwise(void **state) {
@@ -101,10 +114,14 @@ static void test_elementwise(void **state) {
         LAUNCH(ms_cu_bias_add_forward(out, da, dbias, n, c, NULL, ERR));
         ms_k_bias_add_forward(want.data(), a.data(), bias.data(), n, c);
         ok &= close("bias add forward", back(out, e), want, 0, 0);
-        LAUNCH(ms_cu_bias_add_backward(dd, ddb, dg, n, c, NULL, ERR));
+        const fvec wb0 = wb;
+        LAUNCH(ms_cu_bias_add_backward(dd, ddb, colsum_scratch(n, c, 1), dg, n, c, NULL, ERR));
         ms_k_bias_add_backward(w2.data(), wb.data(), g.data(), n, c);
         ok &= close("bias add backward dinp", back(dd, e), w2, 1e-7, 1e-6);
-        ok &= close("bias add backward dbias", back(ddb, c), wb, 1e-6, 1e-6);
+        const colsum_want cw =
+            colsum_reference(n, c, wb0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
+        ok &= close_colsum("bias add backward dbias (summation bound)", back(ddb, c), to_dvec(wb),
+                           cw.mag, gpu_colsum_units(n));
         LAUNCH(ms_cu_gelu_forward(out, da, e, NULL, ERR));
         ms_k_gelu_forward(want.data(), a.data(), e);
         ok &= close("gelu forward (device tanhf: 2e-6)", back(out, e), want, 2e-6, 2e-6);
@@ -207,11 +224,19 @@ static void test_layernorm(void **state) {
         ok &= close("layernorm out", back(dout, e), out, 2e-5, 2e-5);
         ok &= close("layernorm mean", back(dmean, n), mean, 1e-6, 2e-6);
         ok &= close("layernorm rstd", back(drstd, n), rstd, 0, 1e-5);
-        LAUNCH(
-            ms_cu_layernorm_backward(ddx, ddw, ddb, dgo, dxin, dwt, dmean, drstd, n, c, NULL, ERR));
+        /* the backward from the CPU's statistics, so that both add the same terms */
+        LAUNCH(ms_cu_layernorm_backward(ddx, ddw, ddb, colsum_scratch(n, c, 2), dgo, dxin, dwt,
+                                        dev(mean), dev(rstd), n, c, NULL, ERR));
         ok &= close("layernorm dinp", back(ddx, e), dx, 1e-5, 1e-5);
-        ok &= close("layernorm dweight", back(ddw, c), dw, 1e-5, 1e-5);
-        ok &= close("layernorm dbias", back(ddb, c), db, 1e-6, 1e-6);
+        const colsum_want ww = colsum_reference(n, c, dw0, [&](int64_t r, int64_t j) {
+            return (x[r * c + j] - mean[r]) * rstd[r] * g[r * c + j];
+        });
+        const colsum_want wb =
+            colsum_reference(n, c, db0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
+        ok &= close_colsum("layernorm dweight (summation bound)", back(ddw, c), to_dvec(dw), ww.mag,
+                           gpu_colsum_units(n));
+        ok &= close_colsum("layernorm dbias (summation bound)", back(ddb, c), to_dvec(db), wb.mag,
+                           gpu_colsum_units(n));
         const hvec x16 = to_bf16(x), w16 = to_bf16(w), b16 = to_bf16(b);
         const fvec x16f = widen(x16), w16f = widen(w16), b16f = widen(b16);
         uint16_t *dx16 = dev(x16), *dout16 = dev(hvec(e)), *dw16 = dev(w16), *db16 = dev(b16);
@@ -475,9 +500,106 @@ static void test_rmsnorm(void **state) {
         snprintf(what, sizeof what, "rmsnorm out C=%lld", (long long)c);
         ok &= close(what, back(dout, e), out, 1e-6, 1e-5);
         ok &= close("  rstd", back(drstd, n), rstd, 0, 1e-5);
-        LAUNCH(ms_cu_rmsnorm_backward(ddx, ddw, dg, dxin, dwt, drstd, n, c, NULL, ERR));
+        /* the backward from the CPU's rstd, so that both add the same terms */
+        LAUNCH(ms_cu_rmsnorm_backward(ddx, ddw, colsum_scratch(n, c, 1), dg, dxin, dwt, dev(rstd),
+                                      n, c, NULL, ERR));
         ok &= close("  dinp", back(ddx, e), dx, 1e-6, 1e-5);
-        ok &= close("  dweight", back(ddw, c), dw, 1e-5, 1e-5);
+        const colsum_want ww = colsum_reference(
+            n, c, dw0, [&](int64_t r, int64_t j) { return g[r * c + j] * x[r * c + j] * rstd[r]; });
+        ok &= close_colsum("  dweight (summation bound)", back(ddw, c), to_dvec(dw), ww.mag,
+                           gpu_colsum_units(n));
+    }
+    assert_true(ok);
+}
+
+/* ---- the column reductions and the sum at GPT-2's sizes ---- */
+
+/* Two launches give the same bits; the CPU kernel within the summation bound (plus the terms'
+ * own difference where the device's tanhf makes them: each side's dinp from zero); a missing
+ * scratch is refused by name. */
+static void test_colsum(void **state) {
+    (void)state;
+    bool ok = true;
+    { /* bias + GELU over the MLP's width, rows not a multiple of the chunk */
+        const int64_t n = 2048 + 37, c = 3072, e = n * c;
+        const fvec x = frand(e, -5, 5), b = frand(c, -1, 1), g = frand(e, -1, 1),
+                   db0 = frand(c, -1, 1), zero(e, 0.0f);
+        fvec dxc = zero, dbc = db0;
+        ms_k_bias_gelu_backward(dxc.data(), dbc.data(), g.data(), x.data(), b.data(), n, c);
+        float *px = dev(x), *pb = dev(b), *pg = dev(g), *scr = colsum_scratch(n, c, 1);
+        float *pdx1 = dev(zero), *pdb1 = dev(db0), *pdx2 = dev(zero), *pdb2 = dev(db0);
+        LAUNCH(ms_cu_bias_gelu_backward(pdx1, pdb1, scr, pg, px, pb, n, c, NULL, ERR));
+        LAUNCH(ms_cu_bias_gelu_backward(pdx2, pdb2, scr, pg, px, pb, n, c, NULL, ERR));
+        const fvec dx1 = back(pdx1, e), db1 = back(pdb1, c);
+        ok &= same_floats("bias gelu backward: launched twice, dinp", dx1, back(pdx2, e));
+        ok &= same_floats("bias gelu backward: launched twice, dbias", db1, back(pdb2, c));
+        ok &= close("bias gelu backward dinp (device tanhf: 2e-6)", dx1, dxc, 2e-6, 2e-6);
+        const dvec tdiff = column_absdiff(dx1, dxc, n, c);
+        const colsum_want w =
+            colsum_reference(n, c, db0, [&](int64_t r, int64_t k) { return dxc[r * c + k]; });
+        ok &= close_colsum("bias gelu backward dbias (summation bound + terms)", db1, to_dvec(dbc),
+                           w.mag, gpu_colsum_units(n), 0, &tdiff);
+        ms_error e2 = {};
+        ok &= ms_cu_bias_gelu_backward(pdx1, pdb1, NULL, pg, px, pb, n, c, NULL, &e2) ==
+              MS_ERR_INVALID;
+        printf("  no scratch: %s\n", e2.msg);
+    }
+    { /* bias + dropout + residual over B*T = 8192 rows of 768, p = 0.1 */
+        const int64_t n = 8192, c = 768, e = n * c;
+        const int64_t lshape[2] = {n, c}, gstart[2] = {0, 0};
+        const ms_k_fused_dropout fd = {0.1f, 77, 3, {2, lshape, gstart, NULL, NULL}};
+        const fvec g = frand(e, -1, 1), d0 = frand(e, -1, 1), r0 = frand(e, -1, 1),
+                   db0 = frand(c, -1, 1);
+        fvec dxc = d0, drc = r0, dbc = db0;
+        ms_k_bias_dropout_add_backward(dxc.data(), dbc.data(), drc.data(), g.data(), c, &fd);
+        float *pg = dev(g), *scr = colsum_scratch(n, c, 1);
+        float *pdx1 = dev(d0), *pdr1 = dev(r0), *pdb1 = dev(db0);
+        float *pdx2 = dev(d0), *pdr2 = dev(r0), *pdb2 = dev(db0);
+        LAUNCH(ms_cu_bias_dropout_add_backward(pdx1, pdb1, pdr1, scr, pg, c, &fd, NULL, ERR));
+        LAUNCH(ms_cu_bias_dropout_add_backward(pdx2, pdb2, pdr2, scr, pg, c, &fd, NULL, ERR));
+        const fvec db1 = back(pdb1, c);
+        ok &= same_floats("bias dropout add backward: launched twice, dbias", db1, back(pdb2, c));
+        ok &= close("bias dropout add backward dinp", back(pdx1, e), dxc, 1e-7, 1e-6);
+        ok &= close("bias dropout add backward dres (exact)", back(pdr1, e), drc, 0, 0);
+        const ms_cu_box box = ms_cu_box_make(2, lshape, gstart, NULL, 0, 0, 0);
+        const float scale = 1.0f / (1.0f - fd.p);
+        const colsum_want w = colsum_reference(n, c, db0, [&](int64_t r, int64_t k) {
+            const int64_t i = r * c + k;
+            return ms_cu_bda_keep(fd.p, 77, 3, box, i) ? g[i] * scale : 0.0f;
+        });
+        ok &= close_colsum("bias dropout add backward dbias (summation bound)", db1, to_dvec(dbc),
+                           w.mag, gpu_colsum_units(n));
+    }
+    { /* bf16 bias add over 8192 rows: the CPU's result rounded, within the bound */
+        const int64_t n = 8192, c = 768, e = n * c;
+        const hvec g = to_bf16(frand(e, -1, 1)), db0 = to_bf16(frand(c, -1, 1));
+        const fvec gf = widen(g);
+        fvec dbc = widen(db0);
+        ms_k_bias_add_backward(NULL, dbc.data(), gf.data(), n, c);
+        uint16_t *pg = dev(g), *pdb = dev(db0);
+        LAUNCH(
+            ms_cu_bias_add_backward_bf16(NULL, pdb, colsum_scratch(n, c, 1), pg, n, c, NULL, ERR));
+        const colsum_want w =
+            colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
+        ok &=
+            close_colsum("bias add backward bf16 dbias (1 ulp + summation bound)",
+                         widen(back(pdb, c)), to_dvec(dbc), w.mag, gpu_colsum_units(n), BF16_RTOL);
+    }
+    { /* GPT-2's loss mean: one output of 8192 terms, a block of lanes */
+        const int64_t d = 8192;
+        const fvec x = frand(d, 0, 11);
+        fvec cpu(1);
+        ms_k_sum_forward(cpu.data(), x.data(), 1, d, 1);
+        float *px = dev(x), *po1 = dev(fvec(1)), *po2 = dev(fvec(1));
+        LAUNCH(ms_cu_sum_forward(po1, px, 1, d, 1, NULL, ERR));
+        LAUNCH(ms_cu_sum_forward(po2, px, 1, d, 1, NULL, ERR));
+        const fvec s1 = back(po1, 1);
+        ok &= same_floats("sum forward o=1 d=8192: launched twice", s1, back(po2, 1));
+        double mag = 0;
+        for (float v : x) mag += fabs((double)v);
+        /* a lane's 32 terms, the tree's 8 levels, and the CPU's d */
+        ok &= close_colsum("sum forward o=1 d=8192 (summation bound)", s1, to_dvec(cpu),
+                           dvec(1, mag), 32 + 8 + 1 + (double)d);
     }
     assert_true(ok);
 }
@@ -651,6 +773,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_attention, free_all),
         cmocka_unit_test_teardown(test_attention_bf16, free_all),
         cmocka_unit_test_teardown(test_rmsnorm, free_all),
+        cmocka_unit_test_teardown(test_colsum, free_all),
         cmocka_unit_test_teardown(test_swiglu_rotary, free_all),
         cmocka_unit_test_teardown(test_gqa, free_all),
         cmocka_unit_test_teardown(test_gemm, free_all),

@@ -25,6 +25,8 @@ typedef struct cuda_kctx {
     int64_t sumsq_cap;
     void *emb_scratch; /* device: the embedding backward's sort, grown on demand */
     size_t emb_cap;
+    float *colsum_scratch; /* device: the column reductions' chunk sums, grown on demand */
+    int64_t colsum_cap;
 } cuda_kctx;
 
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
@@ -53,12 +55,45 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     ms_cu_ctx_destroy(x->cu);
     if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
     if (x->emb_scratch) cudaFree(x->emb_scratch);
+    if (x->colsum_scratch) cudaFree(x->colsum_scratch);
     free(x);
     kc->impl = NULL;
 }
 
 static ms_status c_sync(ms_kctx *kc, ms_error *err) {
     return cuda_failed(cudaStreamSynchronize(CU(kc)->stream), "cudaStreamSynchronize", err);
+}
+
+/* The chunk sums of a column reduction over [n, c] with `terms` sums (cuda_kernels.h), when
+ * the call wants one (else *out = NULL): kept by the context and grown (after the stream
+ * drains, as a launch may still use the old one), so a training step allocates nothing once
+ * its largest reduction has run. */
+static ms_status colsum_scratch(ms_kctx *kc, bool want, int64_t n, int64_t c, int terms,
+                                float **out, ms_error *err) {
+    cuda_kctx *x = CU(kc);
+    *out = NULL;
+    const int64_t need = want ? ms_cu_colsum_scratch_floats(n, c, terms) : 0;
+    if (need <= 0) return MS_OK;
+    if (need > x->colsum_cap) {
+        if (x->colsum_scratch) {
+            MS_CHECK(c_sync(kc, err));
+            cudaFree(x->colsum_scratch);
+        }
+        x->colsum_scratch = NULL;
+        x->colsum_cap = 0;
+        MS_CHECK(cuda_failed(cudaMalloc((void **)&x->colsum_scratch, sizeof(float) * (size_t)need),
+                             "cudaMalloc (column sums)", err));
+        x->colsum_cap = need;
+    }
+    *out = x->colsum_scratch;
+    return MS_OK;
+}
+
+/* The rows of bias + dropout + residual add's [numel / nb, nb] view (fused.cu's). */
+static int64_t bda_rows(const ms_k_fused_dropout *d, int64_t nb) {
+    int64_t n = 1;
+    for (int k = 0; k < d->box.ndim; k++) n *= d->box.lshape[k];
+    return n / (nb > 0 ? nb : 1);
 }
 
 /* ---- program instructions ---- */
@@ -129,7 +164,9 @@ static ms_status c_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint1
 static ms_status c_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                           const uint16_t *dout, int64_t n, int64_t c,
                                           ms_error *err) {
-    return ms_cu_bias_add_backward_bf16(dinp, dbias, dout, n, c, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
+    return ms_cu_bias_add_backward_bf16(dinp, dbias, s, dout, n, c, STREAM(kc), err);
 }
 static ms_status c_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, int64_t n,
                                      ms_error *err) {
@@ -148,7 +185,9 @@ static ms_status c_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
                                            const uint16_t *dout, const uint16_t *inp,
                                            const uint16_t *bias, int64_t n, int64_t c,
                                            ms_error *err) {
-    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, dout, inp, bias, n, c, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
+    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, s, dout, inp, bias, n, c, STREAM(kc), err);
 }
 static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
                                                  const uint16_t *bias, const uint16_t *res,
@@ -159,7 +198,9 @@ static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, con
 static ms_status c_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                                   uint16_t *dres, const uint16_t *dout, int64_t nb,
                                                   const ms_k_fused_dropout *d, ms_error *err) {
-    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, dout, nb, d, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
+    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, s, dout, nb, d, STREAM(kc), err);
 }
 static ms_status c_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
                                           const uint16_t *inp, const uint16_t *weight,
@@ -173,8 +214,10 @@ static ms_status c_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
                                            const uint16_t *inp, const uint16_t *weight,
                                            const float *mean, const float *rstd, int64_t n,
                                            int64_t c, ms_error *err) {
-    return ms_cu_layernorm_backward_bf16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
-                                         STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dweight || dbias, n, c, 2, &s, err));
+    return ms_cu_layernorm_backward_bf16(dinp, dweight, dbias, s, dout, inp, weight, mean, rstd, n,
+                                         c, STREAM(kc), err);
 }
 
 /* ---- elementwise ---- */
@@ -208,7 +251,9 @@ static ms_status c_bias_add_forward(ms_kctx *kc, float *out, const float *inp, c
 }
 static ms_status c_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
                                      int64_t n, int64_t c, ms_error *err) {
-    return ms_cu_bias_add_backward(dinp, dbias, dout, n, c, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
+    return ms_cu_bias_add_backward(dinp, dbias, s, dout, n, c, STREAM(kc), err);
 }
 static ms_status c_gelu_forward(ms_kctx *kc, float *out, const float *inp, int64_t n,
                                 ms_error *err) {
@@ -239,7 +284,9 @@ static ms_status c_layernorm_backward(ms_kctx *kc, float *dinp, float *dweight, 
                                       const float *dout, const float *inp, const float *weight,
                                       const float *mean, const float *rstd, int64_t n, int64_t c,
                                       ms_error *err) {
-    return ms_cu_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dweight || dbias, n, c, 2, &s, err));
+    return ms_cu_layernorm_backward(dinp, dweight, dbias, s, dout, inp, weight, mean, rstd, n, c,
                                     STREAM(kc), err);
 }
 static ms_status c_softmax_forward(ms_kctx *kc, float *out, const float *inp, int64_t n, int64_t c,
@@ -300,7 +347,9 @@ static ms_status c_rmsnorm_forward(ms_kctx *kc, float *out, float *rstd, const f
 static ms_status c_rmsnorm_backward(ms_kctx *kc, float *dinp, float *dweight, const float *dout,
                                     const float *inp, const float *weight, const float *rstd,
                                     int64_t n, int64_t c, ms_error *err) {
-    return ms_cu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, n, c, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dweight != NULL, n, c, 1, &s, err));
+    return ms_cu_rmsnorm_backward(dinp, dweight, s, dout, inp, weight, rstd, n, c, STREAM(kc), err);
 }
 static ms_status c_swiglu_forward(ms_kctx *kc, float *out, const float *gate, const float *up,
                                   int64_t n, ms_error *err) {
@@ -505,7 +554,9 @@ static ms_status c_bias_gelu_forward(ms_kctx *kc, float *out, const float *inp, 
 static ms_status c_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
                                       const float *inp, const float *bias, int64_t n, int64_t c,
                                       ms_error *err) {
-    return ms_cu_bias_gelu_backward(dinp, dbias, dout, inp, bias, n, c, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
+    return ms_cu_bias_gelu_backward(dinp, dbias, s, dout, inp, bias, n, c, STREAM(kc), err);
 }
 static ms_status c_bias_dropout_add_forward(ms_kctx *kc, float *out, const float *inp,
                                             const float *bias, const float *res, int64_t nb,
@@ -515,7 +566,9 @@ static ms_status c_bias_dropout_add_forward(ms_kctx *kc, float *out, const float
 static ms_status c_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
                                              const float *dout, int64_t nb,
                                              const ms_k_fused_dropout *d, ms_error *err) {
-    return ms_cu_bias_dropout_add_backward(dinp, dbias, dres, dout, nb, d, STREAM(kc), err);
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
+    return ms_cu_bias_dropout_add_backward(dinp, dbias, dres, s, dout, nb, d, STREAM(kc), err);
 }
 static ms_status c_gather(ms_kctx *kc, float *out, const float *x, const float *ids,
                           const ms_k_gather_dims *g, bool accumulate, ms_error *err) {

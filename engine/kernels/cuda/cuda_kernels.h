@@ -59,6 +59,18 @@ ms_status ms_cu_matmul_backward(ms_cu_ctx *ctx, const ms_k_gemm *g, void *da, vo
                                 ms_cu_dtype grad_type, const void *dc, const void *a, const void *b,
                                 ms_cu_dtype in_type, float alpha, bool accumulate, ms_error *err);
 
+/* ---- column reductions: the scratch of the backwards that sum over rows ----
+ * dbias of bias add, bias + GELU and bias + dropout + residual add, LayerNorm's dweight and
+ * dbias, RMSNorm's dweight sum an [n, c] tensor over its rows in two passes: one thread per
+ * (chunk of 64 rows, column) writes each chunk's fp32 column sums to `scratch`, then one thread
+ * per column adds them in chunk order onto the output. The order depends on n alone, so the
+ * result is the same every run (it is not the CPU kernel's row order: fp32 results differ
+ * from the CPU's by summation rounding). The caller owns the scratch, of
+ * ms_cu_colsum_scratch_floats(n, c, terms) floats (terms: the sums the kernel makes, 2 for
+ * LayerNorm, else 1), which no other launch may use until this one is done (stream order);
+ * it may be NULL when the call has no such output. */
+int64_t ms_cu_colsum_scratch_floats(int64_t n, int64_t c, int terms);
+
 /* ---- elementwise ---- */
 ms_status ms_cu_add_forward(float *out, const float *a, const float *b, int64_t n, void *stream,
                             ms_error *err);
@@ -74,8 +86,10 @@ ms_status ms_cu_scale_backward(float *dx, const float *dout, float s, int64_t n,
                                ms_error *err);
 ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias, int64_t n,
                                  int64_t c, void *stream, ms_error *err);
-ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n,
-                                  int64_t c, void *stream, ms_error *err);
+/* dinp += dout, dbias += the column sums (the column reduction above, dinp done in its first
+ * pass; without dbias one thread per element). */
+ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, float *scratch, const float *dout,
+                                  int64_t n, int64_t c, void *stream, ms_error *err);
 ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err);
 ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n,
                               void *stream, ms_error *err);
@@ -86,8 +100,9 @@ ms_status ms_cu_add_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *do
                                   void *stream, ms_error *err);
 ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                       int64_t n, int64_t c, void *stream, ms_error *err);
-ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
-                                       int64_t n, int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
+                                       const uint16_t *dout, int64_t n, int64_t c, void *stream,
+                                       ms_error *err);
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
                                   ms_error *err);
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
@@ -103,8 +118,10 @@ ms_status ms_cu_bf16_accumulate(uint16_t *acc, const uint16_t *x, int64_t n, voi
 ms_status ms_cu_ids_from_floats(int32_t *out, const float *in, int64_t n, void *stream,
                                 ms_error *err);
 ms_status ms_cu_scale_inplace(float *x, int64_t n, float s, void *stream, ms_error *err);
-/* Sum over the middle dim of [O, D, I], one thread per output in a fixed order; the backward
- * dinp += f * dout broadcast, one thread per input element. */
+/* Sum over the middle dim of [O, D, I] in a fixed order: a block per output, the D terms over
+ * its lanes and the lane tree, when there are few outputs (GPT-2's loss mean: one of 8192), else
+ * one thread per output in order; the backward dinp += f * dout broadcast, one thread per input
+ * element. */
 ms_status ms_cu_sum_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i,
                             void *stream, ms_error *err);
 ms_status ms_cu_sum_backward(float *dinp, const float *dout, float f, int64_t o, int64_t d,
@@ -117,12 +134,13 @@ ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const fl
 ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
                                        const uint16_t *weight, const uint16_t *bias, int64_t n,
                                        int64_t c, float eps, void *stream, ms_error *err);
-ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                   const float *inp, const float *weight, const float *mean,
-                                   const float *rstd, int64_t n, int64_t c, void *stream,
-                                   ms_error *err);
+/* dinp one block per row; dweight and dbias the column reduction above (terms 2). */
+ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, float *scratch,
+                                   const float *dout, const float *inp, const float *weight,
+                                   const float *mean, const float *rstd, int64_t n, int64_t c,
+                                   void *stream, ms_error *err);
 ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
-                                        const uint16_t *dout, const uint16_t *inp,
+                                        float *scratch, const uint16_t *dout, const uint16_t *inp,
                                         const uint16_t *weight, const float *mean,
                                         const float *rstd, int64_t n, int64_t c, void *stream,
                                         ms_error *err);
@@ -180,26 +198,30 @@ ms_status ms_cu_embedding_backward_bf16(uint16_t *dtable, const int32_t *ids, co
 /* ---- fused chains (fused.h) and gather / scatter-add (index.h) ---- */
 ms_status ms_cu_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t n,
                                   int64_t c, void *stream, ms_error *err);
-ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
-                                   const float *bias, int64_t n, int64_t c, void *stream,
-                                   ms_error *err);
+/* The backwards: the column reduction above over [n, c] (bias + dropout + residual add: over
+ * [numel / nb, nb]), whose first pass also does dinp (and dres) for its elements; without
+ * dbias that pass alone. */
+ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, float *scratch, const float *dout,
+                                   const float *inp, const float *bias, int64_t n, int64_t c,
+                                   void *stream, ms_error *err);
 ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const float *bias,
                                          const float *res, int64_t nb, const ms_k_fused_dropout *d,
                                          void *stream, ms_error *err);
-ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, const float *dout,
-                                          int64_t nb, const ms_k_fused_dropout *d, void *stream,
-                                          ms_error *err);
+ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, float *scratch,
+                                          const float *dout, int64_t nb,
+                                          const ms_k_fused_dropout *d, void *stream, ms_error *err);
 ms_status ms_cu_bias_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                        int64_t n, int64_t c, void *stream, ms_error *err);
-ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
-                                        const uint16_t *inp, const uint16_t *bias, int64_t n,
-                                        int64_t c, void *stream, ms_error *err);
+ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
+                                        const uint16_t *dout, const uint16_t *inp,
+                                        const uint16_t *bias, int64_t n, int64_t c, void *stream,
+                                        ms_error *err);
 ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp,
                                               const uint16_t *bias, const uint16_t *res, int64_t nb,
                                               const ms_k_fused_dropout *d, void *stream,
                                               ms_error *err);
 ms_status ms_cu_bias_dropout_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
-                                               const uint16_t *dout, int64_t nb,
+                                               float *scratch, const uint16_t *dout, int64_t nb,
                                                const ms_k_fused_dropout *d, void *stream,
                                                ms_error *err);
 ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
@@ -280,12 +302,12 @@ ms_status ms_cu_gqa_backward(const ms_k_gqa *g, float *dq, float *dk, float *dv,
                              const float *saved, const float *mask, void *stream, ms_error *err);
 
 /* ---- the LLaMA layers (llama.cu; shapes in layers.h) ---- */
-/* RMSNorm: one block per row; dweight one thread per column, rows in order. */
+/* RMSNorm: one block per row; dweight the column reduction above (terms 1). */
 ms_status ms_cu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
                                 int64_t n, int64_t c, float eps, void *stream, ms_error *err);
-ms_status ms_cu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                                 const float *weight, const float *rstd, int64_t n, int64_t c,
-                                 void *stream, ms_error *err);
+ms_status ms_cu_rmsnorm_backward(float *dinp, float *dweight, float *scratch, const float *dout,
+                                 const float *inp, const float *weight, const float *rstd,
+                                 int64_t n, int64_t c, void *stream, ms_error *err);
 ms_status ms_cu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n,
                                void *stream, ms_error *err);
 ms_status ms_cu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,

@@ -1,6 +1,7 @@
 /* elementwise.cu - add, mul, scale, bias add, GELU and the program's own instructions: one
  * thread per element around the functions of elementwise_math.cuh (the embedding lookup's
- * launchers are embedding.cu's). */
+ * launchers are embedding.cu's); bias add's dbias is a column reduction (colsum_math.cuh),
+ * the sum a block per output when its outputs are few. */
 #include "engine/kernels/cuda/elementwise_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
@@ -66,16 +67,28 @@ static ms_status bias_add_forward(T *out, const T *inp, const T *bias, int64_t n
                       [=] __device__(int64_t i) { ms_cu_bias_add_fwd(out, inp, bias, c, i); });
 }
 
-/* dinp one thread per element; dbias one thread per column, rows in order. */
+int64_t ms_cu_colsum_scratch_floats(int64_t n, int64_t c, int terms) {
+    return (int64_t)terms * ms_cu_colsum_chunks(n) * c;
+}
+
+/* Without dbias, dinp one thread per element; with it, the two passes of colsum_math.cuh,
+ * dinp in pass 1 as it reads dout for the chunk sums. */
 template <typename T>
-static ms_status bias_add_backward(T *dinp, T *dbias, const T *dout, int64_t n, int64_t c,
-                                   void *stream, ms_error *err) {
-    if (dinp)
-        MS_CHECK(ms_cu_each(n * c, stream, "bias add backward", err,
-                            [=] __device__(int64_t i) { ms_cu_acc(dinp, dout, i); }));
-    if (!dbias) return MS_OK;
-    return ms_cu_each(c, stream, "bias add backward (dbias)", err,
-                      [=] __device__(int64_t j) { ms_cu_bias_dbias_col(dbias, dout, n, c, j); });
+static ms_status bias_add_backward(T *dinp, T *dbias, float *scratch, const T *dout, int64_t n,
+                                   int64_t c, void *stream, const char *what, ms_error *err) {
+    if (!dbias)
+        return dinp ? ms_cu_each(n * c, stream, what, err,
+                                 [=] __device__(int64_t i) { ms_cu_acc(dinp, dout, i); })
+                    : MS_OK;
+    if (n <= 0 || c <= 0) return MS_OK;
+    MS_CHECK(ms_cu_colsum_scratch(scratch, what, err));
+    MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t j) {
+        ms_cu_bias_add_bwd_part(dinp, scratch, dout, n, c, b, j);
+    }));
+    const int64_t chunks = ms_cu_colsum_chunks(n);
+    return ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
+        ms_cu_colsum_finish(dbias, scratch, chunks, c, j);
+    });
 }
 
 template <typename T>
@@ -96,9 +109,9 @@ ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias
     return bias_add_forward(out, inp, bias, n, c, stream, err);
 }
 
-ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, const float *dout, int64_t n,
-                                  int64_t c, void *stream, ms_error *err) {
-    return bias_add_backward(dinp, dbias, dout, n, c, stream, err);
+ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, float *scratch, const float *dout,
+                                  int64_t n, int64_t c, void *stream, ms_error *err) {
+    return bias_add_backward(dinp, dbias, scratch, dout, n, c, stream, "bias add backward", err);
 }
 
 ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err) {
@@ -129,9 +142,11 @@ ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const 
     return bias_add_forward(ms_cu_bf(out), ms_cu_bf(inp), ms_cu_bf(bias), n, c, stream, err);
 }
 
-ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
-                                       int64_t n, int64_t c, void *stream, ms_error *err) {
-    return bias_add_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), ms_cu_bf(dout), n, c, stream, err);
+ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
+                                       const uint16_t *dout, int64_t n, int64_t c, void *stream,
+                                       ms_error *err) {
+    return bias_add_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), scratch, ms_cu_bf(dout), n, c, stream,
+                             "bias add backward (bf16)", err);
 }
 
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
@@ -177,13 +192,16 @@ ms_status ms_cu_scale_inplace(float *x, int64_t n, float s, void *stream, ms_err
     return ms_cu_each(n, stream, "scale in place", err, [=] __device__(int64_t i) { x[i] *= s; });
 }
 
+/* A block per output when the outputs are few (ms_cu_sum_by_blocks), else one thread each. */
 ms_status ms_cu_sum_forward(float *out, const float *inp, int64_t o, int64_t d, int64_t i,
                             void *stream, ms_error *err) {
-    return ms_cu_each(o * i, stream, "sum forward", err, [=] __device__(int64_t k) {
-        const int64_t a = k / i, e = k % i;
-        float s = 0.0f;
-        for (int64_t b = 0; b < d; b++) s += inp[(a * d + b) * i + e];
-        out[k] = s;
+    if (!ms_cu_sum_by_blocks(o, d, i))
+        return ms_cu_each(o * i, stream, "sum forward", err, [=] __device__(int64_t k) {
+            out[k] = ms_cu_sum_part(inp, d, i, k, 0, 1);
+        });
+    return ms_cu_rows(o * i, stream, "sum forward", err, [=] __device__(int64_t k, int lane) {
+        const float s = ms_cu_block_sum(ms_cu_sum_part(inp, d, i, k, lane, MS_CU_ROW_LANES));
+        if (lane == 0) out[k] = s;
     });
 }
 

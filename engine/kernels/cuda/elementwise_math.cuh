@@ -1,12 +1,16 @@
 /* elementwise_math.cuh - per-element arithmetic of add, mul, scale, bias add, GELU and the
- * embedding lookup, forward and backward, as engine/kernels/kernels.h defines them.
+ * embedding lookup, forward and backward, as engine/kernels/kernels.h defines them, and the
+ * sum over a dim.
  *
- * Each function handles element i of a flattened tensor; backward functions accumulate (+=)
- * like the CPU kernels. T is the storage type (float or ms_bf16; math_common.cuh).
+ * Each function handles element i of a flattened tensor, except bias add's dbias (one row chunk
+ * of a column: colsum_math.cuh) and the sum (one lane of an output); backward functions
+ * accumulate (+=) like the CPU kernels. T is the storage type (float or ms_bf16;
+ * math_common.cuh).
  */
 #ifndef MS_CUDA_ELEMENTWISE_MATH_CUH
 #define MS_CUDA_ELEMENTWISE_MATH_CUH
 
+#include "engine/kernels/cuda/colsum_math.cuh"
 #include "engine/kernels/cuda/math_common.cuh"
 
 #define MS_CU_GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
@@ -44,12 +48,20 @@ MS_HD void ms_cu_bias_add_fwd(T *out, const T *inp, const W *bias, int64_t c, in
     ms_cu_store(out + i, ms_cu_load(inp + i) + ms_cu_load(bias + i % c));
 }
 
-/* dbias[j] += sum over rows of dout[r, j], rows in order: one column per call. */
-template <typename T, typename W>
-MS_HD void ms_cu_bias_dbias_col(W *dbias, const T *dout, int64_t n, int64_t c, int64_t j) {
-    float s = ms_cu_load(dbias + j);
-    for (int64_t r = 0; r < n; r++) s += ms_cu_load(dout + r * c + j);
-    ms_cu_store(dbias + j, s);
+/* Pass 1 of dbias (colsum_math.cuh) for chunk b, column j: dinp[r, j] += dout[r, j] (dinp may
+ * be NULL) and part[b * c + j] = the sum of dout[r, j] over the chunk's rows in order. */
+template <typename T>
+MS_HD void ms_cu_bias_add_bwd_part(T *dinp, float *part, const T *dout, int64_t n, int64_t c,
+                                   int64_t b, int64_t j) {
+    int64_t lo, hi;
+    ms_cu_colsum_rows(n, b, &lo, &hi);
+    float s = 0.0f;
+    for (int64_t r = lo; r < hi; r++) {
+        const float g = ms_cu_load(dout + r * c + j);
+        if (dinp) ms_cu_store(dinp + r * c + j, ms_cu_load(dinp + r * c + j) + g); /* ms_cu_acc */
+        s += g;
+    }
+    part[b * c + j] = s;
 }
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
@@ -116,6 +128,27 @@ MS_HD void ms_cu_embedding_bwd_run(T *dtable, const T *dout, const uint32_t *key
     for (int64_t q = p; q < n && keys[q] == key; q++)
         s += ms_cu_load(dout + (int64_t)tokens[q] * c + j);
     ms_cu_store(d, s);
+}
+
+/* The sum over the middle dim of [O, D, I] for output k = a * I + e: one lane's part, the
+ * terms b = lane, lane + nlanes, ... < D in order (nlanes = 1: the whole sum in order). */
+MS_HD float ms_cu_sum_part(const float *inp, int64_t d, int64_t i, int64_t k, int lane,
+                           int nlanes) {
+    const int64_t a = k / i, e = k % i;
+    float s = 0.0f;
+    for (int64_t b = lane; b < d; b += nlanes) s += inp[(a * d + b) * i + e];
+    return s;
+}
+
+/* The most outputs the sum reduces a block per output (ms_cu_sum_by_blocks). */
+#define MS_CU_SUM_BLOCK_OUTPUTS 4096
+
+/* Whether the sum runs a block of MS_CU_ROW_LANES lanes per output (the lane parts combined by
+ * the tree) rather than one thread per output: when the outputs are too few to fill a GPU
+ * (GPT-2's loss mean is one output of 8192 terms) and each has a lane's worth of terms. With
+ * many outputs one thread each fills it, and its loads coalesce across outputs when I > 1. */
+MS_HD bool ms_cu_sum_by_blocks(int64_t o, int64_t d, int64_t i) {
+    return o * i <= MS_CU_SUM_BLOCK_OUTPUTS && d >= MS_CU_ROW_LANES;
 }
 
 #endif

@@ -1,6 +1,8 @@
-/* fused.cu - bias + GELU, bias + dropout + residual add (one thread per element forward, one
- * per column backward, rows in order, as the CPU), and gather / scatter-add (one thread per
- * output element; the scatter adds with atomics, so repeated rows add in any order). */
+/* fused.cu - bias + GELU, bias + dropout + residual add (one thread per element forward; the
+ * backward one thread per (row chunk, column) doing the elementwise gradients and the chunk's
+ * dbias partial, then one per column adding the partials: colsum_math.cuh), and gather /
+ * scatter-add (one thread per output element; the scatter adds with atomics, so repeated rows
+ * add in any order). */
 #include "engine/kernels/cuda/fused_math.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
@@ -11,11 +13,27 @@ static ms_status bias_gelu_forward(T *out, const T *inp, const T *bias, int64_t 
                       [=] __device__(int64_t i) { ms_cu_bias_gelu_fwd(out, inp, bias, c, i); });
 }
 
+/* The dbias partials of a fused backward in scratch [chunks, c], added up by pass 2; without
+ * dbias pass 1 alone does the elementwise gradients. */
+static ms_status fused_colsum_check(void *dbias, float *scratch, const char *what, ms_error *err) {
+    return dbias ? ms_cu_colsum_scratch(scratch, what, err) : MS_OK;
+}
+
 template <typename T>
-static ms_status bias_gelu_backward(T *dinp, T *dbias, const T *dout, const T *inp, const T *bias,
-                                    int64_t n, int64_t c, void *stream, ms_error *err) {
-    return ms_cu_each(c, stream, "bias gelu backward", err, [=] __device__(int64_t k) {
-        ms_cu_bias_gelu_bwd_col(dinp, dbias, dout, inp, bias, n, c, k);
+static ms_status bias_gelu_backward(T *dinp, T *dbias, float *scratch, const T *dout, const T *inp,
+                                    const T *bias, int64_t n, int64_t c, void *stream,
+                                    ms_error *err) {
+    const char *what = "bias gelu backward";
+    if ((!dinp && !dbias) || n <= 0 || c <= 0) return MS_OK;
+    MS_CHECK(fused_colsum_check(dbias, scratch, what, err));
+    float *part = dbias ? scratch : NULL;
+    MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t k) {
+        ms_cu_bias_gelu_bwd_part(dinp, part, dout, inp, bias, n, c, b, k);
+    }));
+    if (!dbias) return MS_OK;
+    const int64_t chunks = ms_cu_colsum_chunks(n);
+    return ms_cu_each(c, stream, what, err, [=] __device__(int64_t k) {
+        ms_cu_colsum_finish(dbias, part, chunks, c, k);
     });
 }
 
@@ -45,15 +63,24 @@ static ms_status bda_forward(T *out, const T *inp, const T *bias, const T *res, 
 }
 
 template <typename T>
-static ms_status bda_backward(T *dinp, T *dbias, T *dres, const T *dout, int64_t nb,
+static ms_status bda_backward(T *dinp, T *dbias, T *dres, float *scratch, const T *dout, int64_t nb,
                               const ms_k_fused_dropout *d, void *stream, ms_error *err) {
+    const char *what = "bias dropout add backward";
     if (d->box.ndim > 8) return ms_fail(err, MS_ERR_INVALID, "bias_dropout_add: over 8 dims");
     const ms_cu_box b = bda_box(d);
     const float p = d->p;
     const uint64_t seed = d->seed, sid = d->stream;
     const int64_t nbv = nb > 0 ? nb : 1, rows = bda_numel(d) / nbv;
-    return ms_cu_each(nbv, stream, "bias dropout add backward", err, [=] __device__(int64_t k) {
-        ms_cu_bda_bwd_col(dinp, dbias, dres, dout, rows, nbv, p, seed, sid, b, k);
+    if ((!dinp && !dbias && !dres) || rows <= 0) return MS_OK;
+    MS_CHECK(fused_colsum_check(dbias, scratch, what, err));
+    float *part = dbias ? scratch : NULL;
+    MS_CHECK(ms_cu_chunks(rows, nbv, stream, what, err, [=] __device__(int64_t ch, int64_t k) {
+        ms_cu_bda_bwd_part(dinp, part, dres, dout, rows, nbv, p, seed, sid, b, ch, k);
+    }));
+    if (!dbias) return MS_OK;
+    const int64_t chunks = ms_cu_colsum_chunks(rows);
+    return ms_cu_each(nbv, stream, what, err, [=] __device__(int64_t k) {
+        ms_cu_colsum_finish(dbias, part, chunks, nbv, k);
     });
 }
 
@@ -62,10 +89,10 @@ ms_status ms_cu_bias_gelu_forward(float *out, const float *inp, const float *bia
     return bias_gelu_forward(out, inp, bias, n, c, stream, err);
 }
 
-ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
-                                   const float *bias, int64_t n, int64_t c, void *stream,
-                                   ms_error *err) {
-    return bias_gelu_backward(dinp, dbias, dout, inp, bias, n, c, stream, err);
+ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, float *scratch, const float *dout,
+                                   const float *inp, const float *bias, int64_t n, int64_t c,
+                                   void *stream, ms_error *err) {
+    return bias_gelu_backward(dinp, dbias, scratch, dout, inp, bias, n, c, stream, err);
 }
 
 ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const float *bias,
@@ -74,10 +101,11 @@ ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const flo
     return bda_forward(out, inp, bias, res, nb, d, stream, err);
 }
 
-ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, const float *dout,
-                                          int64_t nb, const ms_k_fused_dropout *d, void *stream,
+ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, float *scratch,
+                                          const float *dout, int64_t nb,
+                                          const ms_k_fused_dropout *d, void *stream,
                                           ms_error *err) {
-    return bda_backward(dinp, dbias, dres, dout, nb, d, stream, err);
+    return bda_backward(dinp, dbias, dres, scratch, dout, nb, d, stream, err);
 }
 
 /* bf16 storage: the same templates, every operand bf16. */
@@ -86,11 +114,12 @@ ms_status ms_cu_bias_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, const
     return bias_gelu_forward(ms_cu_bf(out), ms_cu_bf(inp), ms_cu_bf(bias), n, c, stream, err);
 }
 
-ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
-                                        const uint16_t *inp, const uint16_t *bias, int64_t n,
-                                        int64_t c, void *stream, ms_error *err) {
-    return bias_gelu_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), ms_cu_bf(dout), ms_cu_bf(inp),
-                              ms_cu_bf(bias), n, c, stream, err);
+ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
+                                        const uint16_t *dout, const uint16_t *inp,
+                                        const uint16_t *bias, int64_t n, int64_t c, void *stream,
+                                        ms_error *err) {
+    return bias_gelu_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), scratch, ms_cu_bf(dout),
+                              ms_cu_bf(inp), ms_cu_bf(bias), n, c, stream, err);
 }
 
 ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp,
@@ -102,11 +131,11 @@ ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp
 }
 
 ms_status ms_cu_bias_dropout_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
-                                               const uint16_t *dout, int64_t nb,
+                                               float *scratch, const uint16_t *dout, int64_t nb,
                                                const ms_k_fused_dropout *d, void *stream,
                                                ms_error *err) {
-    return bda_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), ms_cu_bf(dres), ms_cu_bf(dout), nb, d,
-                        stream, err);
+    return bda_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), ms_cu_bf(dres), scratch, ms_cu_bf(dout),
+                        nb, d, stream, err);
 }
 
 ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,

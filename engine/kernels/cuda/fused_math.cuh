@@ -1,10 +1,12 @@
-/* fused_math.cuh - bias + GELU and bias + dropout + residual add per element, and the gather
- * of index.h per output element: the float operations of engine/kernels/fused.c and index.c
- * in the same order, the dropout mask of dropout_math.cuh. T is the storage type (float or
+/* fused_math.cuh - bias + GELU and bias + dropout + residual add per element (their backwards
+ * per (row chunk, column), dbias a column reduction: colsum_math.cuh), and the gather of
+ * index.h per output element: the float operations of engine/kernels/fused.c and index.c in
+ * the same order, the dropout mask of dropout_math.cuh. T is the storage type (float or
  * ms_bf16; math_common.cuh): loads widen, stores round. */
 #ifndef MS_CUDA_FUSED_MATH_CUH
 #define MS_CUDA_FUSED_MATH_CUH
 
+#include "engine/kernels/cuda/colsum_math.cuh"
 #include "engine/kernels/cuda/dropout_math.cuh"
 #include "engine/kernels/cuda/elementwise_math.cuh"
 
@@ -14,19 +16,23 @@ MS_HD void ms_cu_bias_gelu_fwd(T *out, const T *inp, const T *bias, int64_t c, i
     ms_cu_store(out + i, ms_cu_gelu(ms_cu_load(inp + i) + ms_cu_load(bias + i % c)));
 }
 
-/* Column k: dinp[r, k] += g and dbias[k] += g over the rows in order, g = gelu'(x + b) dout. */
+/* Pass 1 of bias + GELU backward (colsum_math.cuh) for chunk b, column k: over the chunk's
+ * rows in order, g = gelu'(x + b) dout, dinp[r, k] += g (dinp may be NULL) and
+ * part[b * c + k] = the sum of g (part NULL: no dbias). */
 template <typename T>
-MS_HD void ms_cu_bias_gelu_bwd_col(T *dinp, T *dbias, const T *dout, const T *inp, const T *bias,
-                                   int64_t n, int64_t c, int64_t k) {
-    float db = dbias ? ms_cu_load(dbias + k) : 0.0f;
-    const float b = ms_cu_load(bias + k);
-    for (int64_t r = 0; r < n; r++) {
+MS_HD void ms_cu_bias_gelu_bwd_part(T *dinp, float *part, const T *dout, const T *inp,
+                                    const T *bias, int64_t n, int64_t c, int64_t b, int64_t k) {
+    int64_t lo, hi;
+    ms_cu_colsum_rows(n, b, &lo, &hi);
+    float db = 0.0f;
+    const float bk = ms_cu_load(bias + k);
+    for (int64_t r = lo; r < hi; r++) {
         const int64_t i = r * c + k;
-        const float g = ms_cu_gelu_grad(ms_cu_load(inp + i) + b) * ms_cu_load(dout + i);
+        const float g = ms_cu_gelu_grad(ms_cu_load(inp + i) + bk) * ms_cu_load(dout + i);
         if (dinp) ms_cu_store(dinp + i, ms_cu_load(dinp + i) + g);
         db += g;
     }
-    if (dbias) ms_cu_store(dbias + k, db);
+    if (part) part[b * c + k] = db;
 }
 
 /* Whether element i survives (p <= 0: no dropout, every element does). */
@@ -48,23 +54,27 @@ MS_HD void ms_cu_bda_fwd(T *out, const T *inp, const T *bias, const T *res, int6
     ms_cu_store(out + i, r + (ms_cu_bda_keep(p, seed, stream, b, i) ? v * scale : 0.0f));
 }
 
-/* Column k of the [n / nb, nb] view: dres += dout, dinp += g, dbias[k] += g over the rows in
- * order, g = mask * dout / (1 - p). */
+/* Pass 1 of bias + dropout + residual add backward (colsum_math.cuh) for chunk b, column k of
+ * the [rows, nb] view: over the chunk's rows in order, g = mask * dout / (1 - p),
+ * dres += dout, dinp += g (either may be NULL) and part[b * nb + k] = the sum of g (part NULL:
+ * no dbias). */
 template <typename T>
-MS_HD void ms_cu_bda_bwd_col(T *dinp, T *dbias, T *dres, const T *dout, int64_t rows, int64_t nb,
-                             float p, uint64_t seed, uint64_t stream, const ms_cu_box &b,
-                             int64_t k) {
+MS_HD void ms_cu_bda_bwd_part(T *dinp, float *part, T *dres, const T *dout, int64_t rows,
+                              int64_t nb, float p, uint64_t seed, uint64_t stream,
+                              const ms_cu_box &box, int64_t b, int64_t k) {
+    int64_t lo, hi;
+    ms_cu_colsum_rows(rows, b, &lo, &hi);
     const float scale = p > 0.0f ? (p >= 1.0f ? 0.0f : 1.0f / (1.0f - p)) : 1.0f;
-    float db = dbias ? ms_cu_load(dbias + k) : 0.0f;
-    for (int64_t r = 0; r < rows; r++) {
+    float db = 0.0f;
+    for (int64_t r = lo; r < hi; r++) {
         const int64_t i = r * nb + k;
         const float dy = ms_cu_load(dout + i);
-        const float gx = ms_cu_bda_keep(p, seed, stream, b, i) ? dy * scale : 0.0f;
+        const float gx = ms_cu_bda_keep(p, seed, stream, box, i) ? dy * scale : 0.0f;
         if (dres) ms_cu_store(dres + i, ms_cu_load(dres + i) + dy);
         if (dinp) ms_cu_store(dinp + i, ms_cu_load(dinp + i) + gx);
         db += gx;
     }
-    if (dbias) ms_cu_store(dbias + k, db);
+    if (part) part[b * nb + k] = db;
 }
 
 /* The local row of output element (a, l, j) in x, or -1 outside [d0, d0 + d). */

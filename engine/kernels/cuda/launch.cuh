@@ -1,12 +1,14 @@
 /* launch.cuh - the launch shapes every .cu file here uses (device code only): one thread per
  * element (grid-stride), one block of MS_CU_ROW_LANES threads per row, the block's lane tree,
- * and the conversion of a launch error into an ms_status.
+ * one thread per (chunk, column) of a column reduction, and the conversion of a launch error
+ * into an ms_status.
  */
 #ifndef MS_CUDA_LAUNCH_CUH
 #define MS_CUDA_LAUNCH_CUH
 
 #include <cuda_runtime.h>
 
+#include "engine/kernels/cuda/colsum_math.cuh"
 #include "engine/kernels/cuda/cuda_kernels.h"
 #include "engine/kernels/cuda/math_common.cuh"
 
@@ -20,6 +22,12 @@ template <typename F> __global__ void ms_cu_each_kernel(int64_t n, F f) {
 
 template <typename F> __global__ void ms_cu_rows_kernel(int64_t n, F f) {
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) f(r, (int)threadIdx.x);
+}
+
+template <typename F> __global__ void ms_cu_chunks_kernel(int64_t n, int64_t c, F f) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        f(i / c, i % c);
 }
 
 /* The C header's uint16_t bf16 buffers as the math headers' storage type. */
@@ -57,6 +65,25 @@ static ms_status ms_cu_rows(int64_t n, void *stream, const char *what, ms_error 
     if (n <= 0) return MS_OK;
     ms_cu_rows_kernel<<<ms_cu_blocks(n, 1), MS_CU_ROW_LANES, 0, (cudaStream_t)stream>>>(n, f);
     return ms_cu_launched(what, err);
+}
+
+/* f(chunk, j) for every row chunk of n rows (colsum_math.cuh) and column j of c, one thread
+ * each; consecutive threads take consecutive columns of a chunk, so their loads coalesce. */
+template <typename F>
+static ms_status ms_cu_chunks(int64_t n, int64_t c, void *stream, const char *what, ms_error *err,
+                              F f) {
+    const int64_t total = ms_cu_colsum_chunks(n) * c;
+    if (total <= 0) return MS_OK;
+    ms_cu_chunks_kernel<<<ms_cu_blocks(total, MS_CU_EACH_THREADS), MS_CU_EACH_THREADS, 0,
+                          (cudaStream_t)stream>>>(total, c, f);
+    return ms_cu_launched(what, err);
+}
+
+/* A column reduction's partials: the caller's scratch of ms_cu_colsum_scratch_floats floats. */
+static inline ms_status ms_cu_colsum_scratch(const float *scratch, const char *what,
+                                             ms_error *err) {
+    if (scratch) return MS_OK;
+    return ms_fail(err, MS_ERR_INVALID, "%s: no column-sum scratch", what);
 }
 
 /* The lane tree of math_common.cuh (ms_cu_lanes_sum) across the block, in shared memory;

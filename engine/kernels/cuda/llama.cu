@@ -1,6 +1,7 @@
 /* llama.cu - RMSNorm, SwiGLU and rotary embedding around llama_math.cuh: RMSNorm one block per
- * row (the lanes combined by the block's tree, launch.cuh), its dweight one thread per column;
- * SwiGLU one thread per element; rotary one thread per table entry or per rotated pair. */
+ * row (the lanes combined by the block's tree, launch.cuh), its dweight the two passes of
+ * colsum_math.cuh; SwiGLU one thread per element; rotary one thread per table entry or per
+ * rotated pair. */
 #include "engine/kernels/cuda/launch.cuh"
 #include "engine/kernels/cuda/llama_math.cuh"
 
@@ -15,14 +16,20 @@ ms_status ms_cu_rmsnorm_forward(float *out, float *rstd, const float *inp, const
     });
 }
 
-ms_status ms_cu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                                 const float *weight, const float *rstd, int64_t n, int64_t c,
-                                 void *stream, ms_error *err) {
-    if (dweight)
-        MS_CHECK(
-            ms_cu_each(c, stream, "rmsnorm backward (dweight)", err, [=] __device__(int64_t j) {
-                ms_cu_rms_dweight_col(dweight, dout, inp, rstd, n, c, j);
-            }));
+ms_status ms_cu_rmsnorm_backward(float *dinp, float *dweight, float *scratch, const float *dout,
+                                 const float *inp, const float *weight, const float *rstd,
+                                 int64_t n, int64_t c, void *stream, ms_error *err) {
+    if (dweight && n > 0 && c > 0) {
+        const char *what = "rmsnorm backward (dweight)";
+        MS_CHECK(ms_cu_colsum_scratch(scratch, what, err));
+        MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t j) {
+            ms_cu_rms_dweight_part(scratch, dout, inp, rstd, n, c, b, j);
+        }));
+        const int64_t chunks = ms_cu_colsum_chunks(n);
+        MS_CHECK(ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
+            ms_cu_colsum_finish(dweight, scratch, chunks, c, j);
+        }));
+    }
     if (!dinp) return MS_OK;
     return ms_cu_rows(n, stream, "rmsnorm backward", err, [=] __device__(int64_t r, int lane) {
         const float *g = dout + r * c, *x = inp + r * c;

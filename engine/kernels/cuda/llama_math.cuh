@@ -1,14 +1,16 @@
 /* llama_math.cuh - the arithmetic of the LLaMA layers, as engine/kernels/layers.c defines it:
- * RMSNorm per row (forward and backward, split over lanes as norm_math.cuh's rows), SwiGLU
- * per element, rotary embedding per table entry and per rotated pair.
+ * RMSNorm per row (forward and backward, split over lanes as norm_math.cuh's rows; dweight per
+ * (row chunk, column) of a column reduction, colsum_math.cuh), SwiGLU per element, rotary
+ * embedding per table entry and per rotated pair.
  *
  * Each expression keeps the CPU kernel's order of operations, so the host test
- * (tests/test_cuda_host.cu) agrees with layers.c up to the lane sums' order, FMA contraction
- * and the device's expf / sincosf.
+ * (tests/test_cuda_host.cu) agrees with layers.c up to the lane sums' and chunk sums' order,
+ * FMA contraction and the device's expf / sincosf.
  */
 #ifndef MS_CUDA_LLAMA_MATH_CUH
 #define MS_CUDA_LLAMA_MATH_CUH
 
+#include "engine/kernels/cuda/colsum_math.cuh"
 #include "engine/kernels/cuda/math_common.cuh"
 #include "engine/kernels/cuda/norm_math.cuh"
 
@@ -54,14 +56,17 @@ MS_HD void ms_cu_rms_dinp_part(T *dinp, const T *dout, const T *x, const float *
     }
 }
 
-/* dweight[j] += sum_r dout[r, j] x[r, j] rstd[r]: column j, rows in order (the CPU's order). */
+/* Pass 1 of dweight (colsum_math.cuh) for chunk b, column j: part[b * c + j] = the sum of
+ * dout[r, j] x[r, j] rstd[r] over the chunk's rows in order. */
 template <typename T>
-MS_HD void ms_cu_rms_dweight_col(float *dweight, const T *dout, const T *inp, const float *rstd,
-                                 int64_t n, int64_t c, int64_t j) {
-    float dw = dweight[j];
-    for (int64_t r = 0; r < n; r++)
+MS_HD void ms_cu_rms_dweight_part(float *part, const T *dout, const T *inp, const float *rstd,
+                                  int64_t n, int64_t c, int64_t b, int64_t j) {
+    int64_t lo, hi;
+    ms_cu_colsum_rows(n, b, &lo, &hi);
+    float dw = 0.0f;
+    for (int64_t r = lo; r < hi; r++)
         dw += ms_cu_load(dout + r * c + j) * ms_cu_load(inp + r * c + j) * rstd[r];
-    dweight[j] = dw;
+    part[b * c + j] = dw;
 }
 
 /* ---- SwiGLU: out = silu(gate) * up, silu(g) = g sigmoid(g) ---- */

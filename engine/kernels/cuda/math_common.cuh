@@ -2,10 +2,10 @@
  * qualifier, bf16 load/store and the fixed-order lane reductions.
  *
  * The rule of this folder: a kernel's arithmetic lives in a __host__ __device__ function over
- * one element or one row (the *_math.cuh headers), and the __global__ kernels in the .cu files
- * only pick the element or row and call it. tests/test_cuda_host.cu runs the same functions on
- * the CPU over whole tensors and compares them with engine/kernels, so only launch
- * configurations are left for a GPU to check.
+ * one element or one row (or one row chunk of a column: colsum_math.cuh) in the *_math.cuh
+ * headers, and the __global__ kernels in the .cu files only pick the index and call it.
+ * tests/test_cuda_host.cu runs the same functions on the CPU over whole tensors and compares them
+ * with engine/kernels, so only launch configurations are left for a GPU to check.
  *
  * Rows are split over `nlanes` lanes (the threads of a block): lane l handles the elements
  * l, l + nlanes, ... and the lane partials are combined by a pairwise tree in a fixed order

@@ -20,12 +20,13 @@ static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *in
     });
 }
 
-/* dinp one block per row; dweight and dbias one thread per column, rows in order. */
+/* dinp one block per row; dweight and dbias the two passes of colsum_math.cuh, their partials
+ * in scratch [2, chunks, c] (dweight's, then dbias's). */
 template <typename T, typename W>
-static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, const T *dout, const T *inp,
-                                    const W *weight, const float *mean, const float *rstd,
-                                    int64_t n, int64_t c, void *stream, const char *what,
-                                    ms_error *err) {
+static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, float *scratch, const T *dout,
+                                    const T *inp, const W *weight, const float *mean,
+                                    const float *rstd, int64_t n, int64_t c, void *stream,
+                                    const char *what, ms_error *err) {
     if (dinp)
         MS_CHECK(ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int l) {
             const T *g = dout + r * c, *x = inp + r * c;
@@ -36,9 +37,16 @@ static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, const T *dout
             ms_cu_ln_dinp_part(dinp + r * c, g, x, weight, c, mean[r], rstd[r], a, b, l,
                                MS_CU_ROW_LANES);
         }));
-    if (!dweight && !dbias) return MS_OK;
+    if ((!dweight && !dbias) || n <= 0 || c <= 0) return MS_OK;
+    MS_CHECK(ms_cu_colsum_scratch(scratch, what, err));
+    const int64_t chunks = ms_cu_colsum_chunks(n);
+    float *pw = dweight ? scratch : NULL, *pb = dbias ? scratch + chunks * c : NULL;
+    MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t j) {
+        ms_cu_ln_dparams_part(pw, pb, dout, inp, mean, rstd, n, c, b, j);
+    }));
     return ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
-        ms_cu_ln_dparams_col(dweight, dbias, dout, inp, mean, rstd, n, c, j);
+        if (dweight) ms_cu_colsum_finish(dweight, pw, chunks, c, j);
+        if (dbias) ms_cu_colsum_finish(dbias, pb, chunks, c, j);
     });
 }
 
@@ -56,22 +64,22 @@ ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, 
                              ms_cu_bf(bias), n, c, eps, stream, "layernorm forward (bf16)", err);
 }
 
-ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                   const float *inp, const float *weight, const float *mean,
-                                   const float *rstd, int64_t n, int64_t c, void *stream,
-                                   ms_error *err) {
-    return layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, stream,
-                              "layernorm backward", err);
+ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, float *scratch,
+                                   const float *dout, const float *inp, const float *weight,
+                                   const float *mean, const float *rstd, int64_t n, int64_t c,
+                                   void *stream, ms_error *err) {
+    return layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, n, c,
+                              stream, "layernorm backward", err);
 }
 
 ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
-                                        const uint16_t *dout, const uint16_t *inp,
+                                        float *scratch, const uint16_t *dout, const uint16_t *inp,
                                         const uint16_t *weight, const float *mean,
                                         const float *rstd, int64_t n, int64_t c, void *stream,
                                         ms_error *err) {
-    return layernorm_backward(ms_cu_bf(dinp), ms_cu_bf(dweight), ms_cu_bf(dbias), ms_cu_bf(dout),
-                              ms_cu_bf(inp), ms_cu_bf(weight), mean, rstd, n, c, stream,
-                              "layernorm backward (bf16)", err);
+    return layernorm_backward(ms_cu_bf(dinp), ms_cu_bf(dweight), ms_cu_bf(dbias), scratch,
+                              ms_cu_bf(dout), ms_cu_bf(inp), ms_cu_bf(weight), mean, rstd, n, c,
+                              stream, "layernorm backward (bf16)", err);
 }
 
 /* ---- softmax ---- */

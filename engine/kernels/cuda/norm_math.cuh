@@ -1,5 +1,6 @@
 /* norm_math.cuh - the row arithmetic of LayerNorm and softmax (and the row max / sum of exps
- * that cross-entropy shares), forward and backward, as engine/kernels/norm.c defines them.
+ * that cross-entropy shares), forward and backward, as engine/kernels/norm.c defines them, and
+ * LayerNorm's dweight and dbias per (row chunk, column) of a column reduction (colsum_math.cuh).
  *
  * A row [C] is split over nlanes lanes (math_common.cuh): the *_part functions return one
  * lane's partial, the caller combines the lanes with ms_cu_lanes_sum / ms_cu_lanes_max and
@@ -9,6 +10,7 @@
 #ifndef MS_CUDA_NORM_MATH_CUH
 #define MS_CUDA_NORM_MATH_CUH
 
+#include "engine/kernels/cuda/colsum_math.cuh"
 #include "engine/kernels/cuda/math_common.cuh"
 
 /* ---- LayerNorm ---- */
@@ -76,20 +78,23 @@ MS_HD void ms_cu_ln_dinp_part(T *dinp, const T *dout, const T *x, const W *weigh
     }
 }
 
-/* dweight[j] += sum_r xhat[r, j] dout[r, j], dbias[j] += sum_r dout[r, j]: column j, rows in
- * order (the CPU kernel's order). Either output may be NULL. */
-template <typename T, typename W>
-MS_HD void ms_cu_ln_dparams_col(W *dweight, W *dbias, const T *dout, const T *inp,
-                                const float *mean, const float *rstd, int64_t n, int64_t c,
-                                int64_t j) {
-    float dw = dweight ? ms_cu_load(dweight + j) : 0.0f, db = dbias ? ms_cu_load(dbias + j) : 0.0f;
-    for (int64_t r = 0; r < n; r++) {
+/* Pass 1 of dweight and dbias (colsum_math.cuh) for chunk b, column j: pw[b * c + j] = the sum
+ * of xhat[r, j] dout[r, j] and pb[b * c + j] = the sum of dout[r, j] over the chunk's rows in
+ * order. Either part may be NULL (its output is not wanted). */
+template <typename T>
+MS_HD void ms_cu_ln_dparams_part(float *pw, float *pb, const T *dout, const T *inp,
+                                 const float *mean, const float *rstd, int64_t n, int64_t c,
+                                 int64_t b, int64_t j) {
+    int64_t lo, hi;
+    ms_cu_colsum_rows(n, b, &lo, &hi);
+    float dw = 0.0f, db = 0.0f;
+    for (int64_t r = lo; r < hi; r++) {
         const float g = ms_cu_load(dout + r * c + j);
         db += g;
         dw += (ms_cu_load(inp + r * c + j) - mean[r]) * rstd[r] * g;
     }
-    if (dweight) ms_cu_store(dweight + j, dw);
-    if (dbias) ms_cu_store(dbias + j, db);
+    if (pw) pw[b * c + j] = dw;
+    if (pb) pb[b * c + j] = db;
 }
 
 /* ---- softmax, and the row pieces cross-entropy shares ---- */
