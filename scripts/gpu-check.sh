@@ -19,7 +19,7 @@
 #     meshscope's profiler plugin, and the trace has its calls on the "NCCL (plugin)" lane,
 #     linked to meshscope's collectives (skipped, and said so, with fewer GPUs);
 #   - bench_gemm_cuda (bench/gemm_cuda.c): bf16 GEMMs through the kernel table against
-#     cublasGemmEx at 4096^3 and GPT-2 124M's shapes;
+#     cublasGemmEx at 4096^3 and GPT-2 124M's shapes (the 50257-wide head among them);
 #   - bench/attention_cuda.sh: GPT-2 124M's bf16 attention (forward + backward) through the
 #     kernel table, tensor-core flash kernels and row kernels, and PyTorch's SDPA beside them;
 #   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
@@ -277,7 +277,7 @@ if section "bf16 attention, forward + backward: tensor-core flash, row kernels, 
 fi
 
 if section "bf16 GEMM through the kernel table against cuBLAS called directly (goal: 0.9 or more)" 60; then
-  for shape in "4096 4096 4096" "8192 2304 768" "8192 3072 768" "8192 768 3072"; do
+  for shape in "4096 4096 4096" "8192 2304 768" "8192 3072 768" "8192 768 3072" "8192 50257 768"; do
     read -r m n k <<<"$shape"
     timeout 60 "$BUILD_DIR/bench_gemm_cuda" --m "$m" --n "$n" --k "$k" --dtype bf16 |
       tee -a "$OUT_DIR/gemm-cuda.txt" || failed=1
