@@ -311,6 +311,24 @@ ms = [statistics.median(json.loads(l)["step_ms"] for l in list(open(f))[5:]) for
 print(f"  step {ms[0]:.1f} ms untraced, {ms[1]:.1f} ms traced: overhead {(ms[1] / ms[0] - 1) * 100:+.1f}%")
 PY
       tee "$OUT_DIR/cupti-overhead.txt"
+    # Where a step's GPU time goes, before the trace is removed: the trace's own summary, and
+    # the kernels by total GPU time with the operator that launched them.
+    timeout 120 "$ms" trace summary "$OUT_DIR/gpt2-124m-trace.json" --steps 5: \
+      >"$OUT_DIR/gpt2-124m-trace-summary.txt" 2>&1
+    python3 - "$OUT_DIR/gpt2-124m-trace.json" <<'PY' | tee "$OUT_DIR/gpt2-124m-kernels.txt"
+import collections, json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"]
+      if e.get("ph") == "X" and e.get("cat") == "kernel"]
+tot = collections.defaultdict(lambda: [0.0, 0])
+for e in ev:
+    k = (e["args"].get("op", "?"), e["name"][:60])
+    tot[k][0] += e["dur"]
+    tot[k][1] += 1
+busy = sum(v[0] for v in tot.values())
+print(f"  {len(ev)} kernels, {busy / 1e3:.1f} ms of GPU time in all; the top 25:")
+for (op, name), (us, n) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:25]:
+    print(f"  {us / 1e3:9.2f} ms {100 * us / busy:5.1f}% {n:6d}x  {op:18s} {name}")
+PY
     rm -f "$OUT_DIR/gpt2-124m-trace.json" # large; the small traced run below is kept
   fi
 fi
