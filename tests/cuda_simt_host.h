@@ -1,10 +1,12 @@
 /* cuda_simt_host.h - runs a GPU thread block's body on the CPU: one host thread per GPU
  * thread, for kernel bodies written against a block context (engine/kernels/cuda/
  * flash_math.cuh). The block's barrier is a pthread barrier over all its threads; a warp's
- * collective operations (shfl_xor, and mma, the tensor cores' m16n8k16 bf16 product) meet at
- * a barrier of the warp's 32 threads, where each lane deposits its registers and reads what
- * the operation gives it. mma assembles A and B from every lane's registers with the fragment
- * layouts of engine/kernels/cuda/mma_math.cuh, which are the PTX ISA's, and sums in double.
+ * collective operations (shfl_xor; ldsm, the matrix load from shared memory; mma, the tensor
+ * cores' m16n8k16 bf16 product) meet at a barrier of the warp's 32 threads, where each lane
+ * deposits its registers (or its row address) and reads what the operation gives it. mma
+ * assembles A and B from every lane's registers with the fragment layouts of
+ * engine/kernels/cuda/mma_math.cuh, which are the PTX ISA's, and sums in double; ldsm reads
+ * the rows the lanes name with the matrix load's layout from the same header.
  *
  * So the body's own indexing - which lane loads which element, how C fragments become A
  * operands, the shared-memory tiles and the barriers between them - is what runs here, and
@@ -30,6 +32,7 @@ struct simt_block {
     pthread_barrier_t warp[SIMT_MAX_WARPS];
     uint32_t xa[SIMT_MAX_WARPS][32][4], xb[SIMT_MAX_WARPS][32][2];
     float xf[SIMT_MAX_WARPS][32];
+    const uint16_t *xp[SIMT_MAX_WARPS][32];
 };
 
 /* The block context of one host thread. Its functions are host code (empty in device
@@ -57,6 +60,23 @@ struct simt_cx {
         const float r = blk->xf[warp()][lane() ^ mask];
         warp_sync(); /* nobody deposits again before every lane has read */
         return r;
+    }
+    /* ldmatrix .m8n8.x{count}: lane 8 i + r gives row r of matrix i; lane l receives in
+     * register i the two elements ms_cu_ldsm_at names of matrix i. */
+    MS_HD void ldsm(uint32_t *r, int count, bool trans, const uint16_t *row) {
+        const int w = warp();
+        blk->xp[w][lane()] = row;
+        warp_sync();
+        for (int i = 0; i < count; i++) {
+            uint16_t h[2];
+            for (int half = 0; half < 2; half++) {
+                int rr, cc;
+                ms_cu_ldsm_at(lane(), half, trans, &rr, &cc);
+                h[half] = blk->xp[w][8 * i + rr][cc];
+            }
+            r[i] = ms_cu_pack_bits(h[0], h[1]);
+        }
+        warp_sync();
     }
     MS_HD void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
         const int w = warp();

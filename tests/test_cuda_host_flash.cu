@@ -244,6 +244,42 @@ static bool check(const char *name, int64_t b, int64_t tq, int64_t tk, int64_t h
     return ok;
 }
 
+/* The matrix loads the kernel bodies make (ms_fa_scores: plain, two k-steps of K's rows;
+ * ms_fa_times_tile: transposed, two 8-column groups of V's rows) give, register for register,
+ * the B fragments that the product's layout asks for, loaded lane by lane: the ldmatrix and
+ * mma layouts of mma_math.cuh agree for the addresses the bodies give. */
+static void test_matrix_loads(void **state) {
+    (void)state;
+    const int ldt = MS_FA_LDT(64);
+    std::vector<uint16_t> tile(MS_FA_TILE * ldt);
+    for (size_t i = 0; i < tile.size(); i++) tile[i] = (uint16_t)(i * 2654435761u >> 7);
+    int bad = 0;
+    simt_run_block(32, [&](simt_cx &cx) {
+        const int lane = cx.lane(), i = lane / 8;
+        for (int n0 = 0; n0 < MS_FA_TILE; n0 += 8)
+            for (int k0 = 0; k0 < 64; k0 += 32) {
+                uint32_t b[4], want[2];
+                cx.ldsm(b, 4, false, tile.data() + (n0 + lane % 8) * ldt + k0 + 8 * i);
+                for (int step = 0; step < 2; step++) {
+                    ms_cu_mma_load_b_rows(want, lane, tile.data(), ldt, n0, k0 + 16 * step);
+                    if (b[2 * step] != want[0] || b[2 * step + 1] != want[1]) bad++;
+                }
+            }
+        for (int k0 = 0; k0 < MS_FA_TILE; k0 += 16)
+            for (int n0 = 0; n0 < 64; n0 += 16) {
+                uint32_t b[4], want[2];
+                cx.ldsm(b, 4, true,
+                        tile.data() + (k0 + lane % 8 + 8 * (i % 2)) * ldt + n0 + 8 * (i / 2));
+                for (int grp = 0; grp < 2; grp++) {
+                    ms_cu_mma_load_b_cols(want, lane, tile.data(), ldt, k0, n0 + 8 * grp);
+                    if (b[2 * grp] != want[0] || b[2 * grp + 1] != want[1]) bad++;
+                }
+            }
+    });
+    printf("matrix loads against lane-by-lane B fragments: %d registers differ\n", bad);
+    assert_int_equal(bad, 0);
+}
+
 static void test_packed_causal(void **state) {
     (void)state;
     /* GPT-2's layout, 2 heads of 64, 100 positions: two row blocks, the second partial. */
@@ -275,9 +311,8 @@ static void test_gqa_offset(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_packed_causal),
-        cmocka_unit_test(test_masked),
-        cmocka_unit_test(test_head_sizes),
+        cmocka_unit_test(test_matrix_loads), cmocka_unit_test(test_packed_causal),
+        cmocka_unit_test(test_masked),       cmocka_unit_test(test_head_sizes),
         cmocka_unit_test(test_gqa_offset),
     };
     return cmocka_run_group_tests_name("cuda_host_flash", tests, NULL, NULL);

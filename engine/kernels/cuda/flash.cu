@@ -40,6 +40,30 @@ struct ms_fa_gpu {
         return v;
 #endif
     }
+    /* count 2 or 4 (a compile-time constant where the bodies call it) */
+    MS_HD void ldsm(uint32_t *r, int count, bool trans, const uint16_t *row) {
+#if defined(__CUDA_ARCH__)
+        const unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+        if (count == 4 && trans)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"(addr));
+        else if (count == 4)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"(addr));
+        else if (trans)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                         : "=r"(r[0]), "=r"(r[1])
+                         : "r"(addr));
+        else
+            asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                         : "=r"(r[0]), "=r"(r[1])
+                         : "r"(addr));
+#else
+        (void)r, (void)count, (void)trans, (void)row;
+#endif
+    }
     MS_HD void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "

@@ -5,7 +5,8 @@
  *
  * The block context Cx offers: tid() (0 .. MS_FA_THREADS - 1), lane() and warp(); sync(), the
  * block's barrier; shfl_xor(v, mask) within a warp; mma(d, a, b): d += A B, one warp's bf16
- * m16n8k16 product with fp32 accumulators (mma_math.cuh has the fragment layouts).
+ * m16n8k16 product with fp32 accumulators; ldsm(r, count, trans, row): the warp's matrix load
+ * from shared memory, this lane giving the address of one row (mma_math.cuh has the layouts).
  *
  * The arithmetic is attention_math.cuh's (online softmax forward saving each row's
  * logsumexp, a backward that recomputes the probabilities from it; every output row has one
@@ -86,35 +87,47 @@ MS_HD void ms_fa_stage(Cx &cx, uint16_t *tile, const uint16_t *src, int64_t ld, 
     }
 }
 
-/* s[nt] = rows(a) . rows(tile)^T for the tile's 8-row groups nt: a warp's 16 x 64 scores. */
+/* s[nt] = rows(a) . rows(tile)^T for the tile's 8-row groups nt: a warp's 16 x 64 scores. The
+ * B fragments of two k-steps come in one matrix load: lane 8 i + r gives row nt * 8 + r, at
+ * column ks * 16 + 8 i (i = 0..3; 0..1 for a last, odd k-step). */
 template <int HS, class Cx>
 MS_HD void ms_fa_scores(Cx &cx, float s[MS_FA_TILE / 8][4], const uint32_t a[HS / 16][4],
                         const uint16_t *tile) {
+    const int lane = cx.lane();
     MS_UNROLL
     for (int nt = 0; nt < MS_FA_TILE / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        const uint16_t *row = tile + (nt * 8 + lane % 8) * MS_FA_LDT(HS) + 8 * (lane / 8);
         MS_UNROLL
-        for (int ks = 0; ks < HS / 16; ks++) {
-            uint32_t b[2];
-            ms_cu_mma_load_b_rows(b, cx.lane(), tile, MS_FA_LDT(HS), nt * 8, ks * 16);
+        for (int ks = 0; ks < HS / 16; ks += 2) {
+            uint32_t b[4];
+            const int pair = ks + 1 < HS / 16;
+            cx.ldsm(b, pair ? 4 : 2, false, row + ks * 16);
             cx.mma(s[nt], a[ks], b);
+            if (pair) cx.mma(s[nt], a[ks + 1], b + 2);
         }
     }
 }
 
-/* acc[dt] += P tile, with p the 16 x 64 C fragments of this warp (rounded to bf16 here). */
+/* acc[dt] += P tile, with p the 16 x 64 C fragments of this warp (rounded to bf16 here). The
+ * B fragments of two 8-column groups come in one transposed matrix load: lane 8 i + r gives
+ * row kk * 16 + r + 8 (i % 2), at column dt * 8 + 8 (i / 2). */
 template <int HS, class Cx>
 MS_HD void ms_fa_times_tile(Cx &cx, float acc[HS / 8][4], const float p[MS_FA_TILE / 8][4],
                             const uint16_t *tile) {
+    const int lane = cx.lane(), i = lane / 8;
     MS_UNROLL
     for (int kk = 0; kk < MS_FA_TILE / 16; kk++) {
         uint32_t a[4];
         ms_cu_mma_a_from_c(a, p[2 * kk], p[2 * kk + 1]);
+        const uint16_t *row =
+            tile + (kk * 16 + lane % 8 + 8 * (i % 2)) * MS_FA_LDT(HS) + 8 * (i / 2);
         MS_UNROLL
-        for (int dt = 0; dt < HS / 8; dt++) {
-            uint32_t b[2];
-            ms_cu_mma_load_b_cols(b, cx.lane(), tile, MS_FA_LDT(HS), kk * 16, dt * 8);
+        for (int dt = 0; dt < HS / 8; dt += 2) { /* HS / 8 is even: HS is a multiple of 16 */
+            uint32_t b[4];
+            cx.ldsm(b, 4, true, row + dt * 8);
             cx.mma(acc[dt], a, b);
+            cx.mma(acc[dt + 1], a, b + 2);
         }
     }
 }
@@ -129,9 +142,24 @@ template <class Cx> MS_HD float ms_fa_row_sum(Cx &cx, float v) {
     return v + cx.shfl_xor(v, 2);
 }
 
-/* May query row `row` of this call see key `key`? (Both exist, and causal order allows it.) */
-MS_HD bool ms_fa_visible(const ms_fa_args &a, int64_t row, int64_t key) {
-    return key < a.tk && row < a.tq && !(a.causal && key > a.q_start + row);
+/* The last column of the key tile starting at j0 that query row `row` sees (keys past the end
+ * and, causally, past the row's position are not seen): a score is kept where its column is
+ * at most this, -1 when the row sees none of the tile. Rows past the queries' end are never
+ * stored, so what they see does not matter. */
+MS_HD int ms_fa_last_seen(const ms_fa_args &a, int64_t row, int64_t j0) {
+    int64_t end = a.tk;
+    if (a.causal && a.q_start + row + 1 < end) end = a.q_start + row + 1;
+    const int64_t last = end - 1 - j0;
+    return last < -1 ? -1 : last > MS_FA_TILE ? MS_FA_TILE : (int)last;
+}
+
+/* The first column of the query tile starting at i0 that sees key `key` (causally, queries
+ * before the key's position do not): 0 without a causal mask. Queries past the end have
+ * lse -inf (probability 0), keys past the end are never stored. */
+MS_HD int ms_fa_first_seeing(const ms_fa_args &a, int64_t key, int64_t i0) {
+    if (!a.causal) return 0;
+    const int64_t first = key - a.q_start - i0;
+    return first < 0 ? 0 : first > MS_FA_TILE ? MS_FA_TILE : (int)first;
 }
 
 /* Loads the additive mask terms (base 2) of keys [j0, j0 + MS_FA_TILE) into mt. */
@@ -192,13 +220,14 @@ MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t 
         ms_fa_scores<HS>(cx, s, qf, ks);
         /* Base-2 scores, -inf where a key is not seen; the tile's max per row. */
         float mx[2] = {-INFINITY, -INFINITY};
+        const int last[2] = {ms_fa_last_seen(a, row[0], j0), ms_fa_last_seen(a, row[1], j0)};
         MS_UNROLL
         for (int nt = 0; nt < NT; nt++) {
             MS_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * t + e % 2;
                 float x = s[nt][e] * sl2 + (km ? fsmem[col] : 0.0f);
-                if (!ms_fa_visible(a, row[e / 2], j0 + col)) x = -INFINITY;
+                if (col > last[e / 2]) x = -INFINITY;
                 s[nt][e] = x;
                 mx[e / 2] = ms_cu_maxf(mx[e / 2], x);
             }
@@ -305,14 +334,14 @@ MS_HD void ms_fa_dq_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, in
         float s[NT][4], dp[NT][4];
         ms_fa_scores<HS>(cx, s, qf, ks);  /* S = Q K^T */
         ms_fa_scores<HS>(cx, dp, gf, vs); /* dP = dO V^T */
+        const int last[2] = {ms_fa_last_seen(a, row[0], j0), ms_fa_last_seen(a, row[1], j0)};
         MS_UNROLL
         for (int nt = 0; nt < NT; nt++) {
             MS_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * t + e % 2;
-                const float x = ms_fa_visible(a, row[e / 2], j0 + col)
-                                    ? s[nt][e] * sl2 + (km ? fsmem[col] : 0.0f)
-                                    : -INFINITY;
+                const float x =
+                    col <= last[e / 2] ? s[nt][e] * sl2 + (km ? fsmem[col] : 0.0f) : -INFINITY;
                 s[nt][e] = ms_fa_prob(x, lse2[e / 2]) * (dp[nt][e] - dl[e / 2]); /* dS */
             }
         }
@@ -373,14 +402,15 @@ MS_HD void ms_fa_dkv_block(Cx &cx, const ms_fa_args &a, int64_t kb, int64_t kvh,
             float p[NT][4], ds[NT][4];
             ms_fa_scores<HS>(cx, p, kf, qs);  /* S^T = K Q^T */
             ms_fa_scores<HS>(cx, ds, vf, gs); /* dP^T = V dO^T */
+            const int seen_from[2] = {ms_fa_first_seeing(a, key[0], i0),
+                                      ms_fa_first_seeing(a, key[1], i0)};
             MS_UNROLL
             for (int nt = 0; nt < NT; nt++) {
                 MS_UNROLL
                 for (int e = 0; e < 4; e++) {
                     const int col = nt * 8 + 2 * t + e % 2;
-                    const float x = ms_fa_visible(a, i0 + col, key[e / 2])
-                                        ? p[nt][e] * sl2 + mk[e / 2]
-                                        : -INFINITY;
+                    const float x =
+                        col >= seen_from[e / 2] ? p[nt][e] * sl2 + mk[e / 2] : -INFINITY;
                     p[nt][e] = ms_fa_prob(x, lse2s[col]);
                     ds[nt][e] = p[nt][e] * (ds[nt][e] - dls[col]);
                 }

@@ -20,6 +20,15 @@
  *
  * A packed pair holds its lower-indexed element (the smaller column of A and C, the smaller
  * k of B) in the low 16 bits.
+ *
+ * B fragments come out of shared memory through the warp's matrix load (PTX ldmatrix
+ * .m8n8.b16, `ldsm` of the block context): count (2 or 4) 8 x 8 bf16 matrices, each of 8 rows
+ * of 16 contiguous bytes whose addresses lanes 8 i .. 8 i + 7 give (lane 8 i + r: row r of
+ * matrix i); lane l = 4 g + t receives register i = row g, elements 2t and 2t + 1 of matrix i,
+ * or with .trans the transposed matrix's: elements (2t, g) and (2t + 1, g). That is a B
+ * fragment's register straight from rows of K (B[k][n] = K[n][k], plain) or of V
+ * (B[k][n] = V[k][n], transposed): one instruction where lane-by-lane loads take two (four
+ * 16-bit ones for V).
  */
 #ifndef MS_CUDA_MMA_MATH_CUH
 #define MS_CUDA_MMA_MATH_CUH
@@ -33,6 +42,14 @@
 #else
 #define MS_UNROLL
 #endif
+
+/* The element of matrix i that lane l receives in the low (half 0) or high (half 1) 16 bits
+ * of its register i from a matrix load (ldmatrix), as (row, column) of the matrix as stored. */
+MS_HD void ms_cu_ldsm_at(int lane, int half, bool trans, int *row, int *col) {
+    const int g = lane / 4, e = 2 * (lane % 4) + half;
+    *row = trans ? e : g;
+    *col = trans ? g : e;
+}
 
 /* The coordinates of element i of a lane's fragment (see the layouts above). */
 MS_HD void ms_cu_mma_a_at(int lane, int i, int *row, int *col) {
@@ -108,6 +125,9 @@ MS_HD void ms_cu_mma_load_a(uint32_t a[4], int lane, const uint16_t *m, int64_t 
         a[reg] = r0 + row < nrows ? ms_cu_ld_pair(m + (r0 + row) * ld + k0 + col) : 0u;
     }
 }
+
+/* The same B fragments lane by lane, without a matrix load: what the matrix loads of the
+ * kernels must give (tests/test_cuda_host_flash.cu compares them). */
 
 /* B with B[k][n] = m[n0 + n][k0 + k]: the rows of m are B's columns (K in Q K^T). */
 MS_HD void ms_cu_mma_load_b_rows(uint32_t b[2], int lane, const uint16_t *m, int64_t ld, int64_t n0,
