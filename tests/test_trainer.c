@@ -297,9 +297,12 @@ static void check_switch(const int from[4], const int to[4]) {
             scale = fmax(scale, fabs(ref.data[i][k]));
             diff = fmax(diff, fabs(sw.data[i][k] - ref.data[i][k]));
         }
-        /* Reduction order differs between meshes; an Adam step moves a weight by about lr
-         * whatever its gradient, so a moved-but-misplaced shard is off by far more. */
-        if (diff > 1e-4 * scale + 1e-3 * tiny_opts().lr)
+        /* Reduction order differs between meshes, and Adam amplifies it: m / sqrt(v) is the
+         * same size whatever the gradient's, so where a gradient is all rounding noise the
+         * update differs by a fraction of lr (a Debug build, whose sums contract differently,
+         * measured 0.004 lr on one weight). A shard moved to the wrong place is off by the
+         * weights' own scale, and an update lost or doubled by lr: both far above 5% of a step. */
+        if (diff > 1e-4 * scale + 0.05 * tiny_opts().lr)
             fail_msg("state tensor %d (%s of parameter %d): max difference %g at scale %g", i,
                      kind[i % 3], i / 3, diff, scale);
     }
