@@ -265,8 +265,24 @@ static void test_reduce(void **state) {
 
 /* ---- views, copies, scans, masks, sorting ---- */
 
-static bool view_case(const char *what, const ms_k_view &v, const fvec &x, int64_t n_in) {
+/* injective: whether ms_cu_view_injective must say the outputs read distinct sources (the
+ * launcher then adds without atomics); checked against a count of each source's readers. */
+static bool view_case(const char *what, const ms_k_view &v, const fvec &x, int64_t n_in,
+                      bool injective) {
     const int64_t n = ms_k_view_numel(&v);
+    std::vector<int> readers(n_in, 0);
+    for (int64_t o = 0; o < n; o++) {
+        const int64_t s = ms_cu_view_source(&v, o);
+        if (s >= 0) readers[s]++;
+    }
+    const bool shared = *std::max_element(readers.begin(), readers.end()) > 1;
+    const bool says = ms_cu_view_injective(&v);
+    printf("  %-50s injective: %s (sources read twice: %s)\n", what, says ? "yes" : "no",
+           shared ? "yes" : "no");
+    if (says != injective || (says && shared)) {
+        printf("    FAIL: expected %s\n", injective ? "injective" : "not injective");
+        return false;
+    }
     fvec got(n), want(n), g = frand(n, -1, 1), d1(n_in, 0.5f), d2 = d1;
     for (int64_t o = 0; o < n; o++) ms_cu_view_fwd(got.data(), x.data(), &v, 9.0f, o);
     ms_k_view_forward(want.data(), x.data(), &v, 9.0f);
@@ -288,23 +304,33 @@ static void test_views(void **state) {
     const int64_t ps[3] = {48, 12, 64}; /* permute (2, 0, 1) */
     ms_k_view_identity(&v, 3, ps);
     v.istride[0] = 1, v.istride[1] = 64 * 48, v.istride[2] = 48;
-    ok &= view_case("permute forward (exact)", v, x, n);
+    ok &= view_case("permute forward (exact)", v, x, n, true);
     const int64_t ss[3] = {12, 20, 48}; /* slice dim 1 [30, 50), flipped */
     ms_k_view_identity(&v, 3, ss);
     v.istride[0] = 64 * 48, v.istride[1] = 48, v.start[1] = 30, v.flip[1] = true;
-    ok &= view_case("slice + flip forward (exact)", v, x, n);
+    ok &= view_case("slice + flip forward (exact)", v, x, n, true);
     ms_k_view_identity(&v, 3, is); /* roll dim 2 by 7 */
     v.mod[2] = 48, v.shift[2] = 48 - 7;
-    ok &= view_case("roll forward (exact)", v, x, n);
+    ok &= view_case("roll forward (exact)", v, x, n, true);
     const int64_t pad[3] = {14, 64, 52}; /* pad 1 + 1 rows, 3 + 1 columns */
     ms_k_view_identity(&v, 3, pad);
     v.istride[0] = 64 * 48, v.istride[1] = 48, v.istride[2] = 1;
     v.lo[0] = 1, v.ext[0] = 12, v.lo[2] = 3, v.ext[2] = 48;
-    ok &= view_case("pad forward (exact)", v, x, n);
+    ok &= view_case("pad forward (exact)", v, x, n, true);
     const int64_t ex[3] = {12, 64, 48}; /* expand a [12, 1, 48] over dim 1: shared sources */
     ms_k_view_identity(&v, 3, ex);
     v.istride[0] = 48, v.istride[1] = 0, v.istride[2] = 1;
-    ok &= view_case("expand forward (exact)", v, x, 12 * 48);
+    ok &= view_case("expand forward (exact)", v, x, 12 * 48, false);
+    /* a roll longer than its period repeats sources (tile); strides that overlap (a view
+     * whose dims step over the same elements) do too */
+    const int64_t tl[3] = {12, 64, 96}; /* dim 2 read twice round 48 */
+    ms_k_view_identity(&v, 3, tl);
+    v.istride[0] = 64 * 48, v.istride[1] = 48, v.istride[2] = 1, v.mod[2] = 48;
+    ok &= view_case("tile forward (exact)", v, x, n, false);
+    const int64_t ov[2] = {40, 40}; /* row stride 20 over rows of 40: windows overlap */
+    ms_k_view_identity(&v, 2, ov);
+    v.istride[0] = 20, v.istride[1] = 1;
+    ok &= view_case("overlapping windows forward (exact)", v, x, n, false);
     /* block copies: one part of a concat and its split-back, accumulating */
     const int64_t rows = 64, cols = 48, ld = 160;
     fvec whole = frand(rows * ld, -1, 1), w2 = whole, part = frand(rows * cols, -1, 1);

@@ -27,6 +27,30 @@ MS_HD int64_t ms_cu_view_source(const ms_k_view *v, int64_t o) {
     return off;
 }
 
+/* Whether no two outputs of the view read the same source element: no dim broadcasts (a
+ * stride 0 over more than one index) or wraps around (a roll longer than its period), and the
+ * dims' source ranges do not overlap (sorted by stride, each dim's span of source elements
+ * fits below the next stride). Then the backward adds each output's gradient to its own
+ * source with no other thread touching it: no atomics, and the CPU's result bit for bit. */
+MS_HD bool ms_cu_view_injective(const ms_k_view *v) {
+    int order[MS_K_VIEW_MAX_DIMS], n = 0;
+    for (int k = 0; k < v->ndim; k++) {
+        const int64_t used = v->ext[k] < v->oshape[k] ? v->ext[k] : v->oshape[k];
+        if (used <= 1) continue; /* one index: no two outputs differ along this dim */
+        if (v->istride[k] <= 0 || (v->mod[k] > 0 && used > v->mod[k])) return false;
+        int at = n++;
+        while (at > 0 && v->istride[order[at - 1]] > v->istride[k]) order[at] = order[at - 1], at--;
+        order[at] = k;
+    }
+    for (int i = 0; i + 1 < n; i++) {
+        const int k = order[i];
+        const int64_t used = v->ext[k] < v->oshape[k] ? v->ext[k] : v->oshape[k];
+        const int64_t coords = v->mod[k] > 0 ? v->mod[k] : used; /* source indices reached */
+        if (v->istride[order[i + 1]] < v->istride[k] * (v->start[k] + coords)) return false;
+    }
+    return true;
+}
+
 MS_HD void ms_cu_view_fwd(float *out, const float *inp, const ms_k_view *v, float fill, int64_t o) {
     const int64_t s = ms_cu_view_source(v, o);
     out[o] = s < 0 ? fill : inp[s];

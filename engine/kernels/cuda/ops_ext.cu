@@ -104,13 +104,22 @@ ms_status ms_cu_view_forward(float *out, const float *inp, const ms_k_view *v, f
                       [=] __device__(int64_t o) { ms_cu_view_fwd(out, inp, &w, fill, o); });
 }
 
+/* An injective view (permute, slice, flip, roll, pad) adds each gradient to its own source;
+ * one whose outputs share sources (expand, repeat) adds with atomics, in any order. */
 ms_status ms_cu_view_backward(float *dinp, const float *dout, const ms_k_view *v, void *stream,
                               ms_error *err) {
     const ms_k_view w = *v;
-    return ms_cu_each(ms_k_view_numel(&w), stream, "view backward", err, [=] __device__(int64_t o) {
-        const int64_t s = ms_cu_view_source(&w, o);
-        if (s >= 0) atomicAdd(&dinp[s], dout[o]);
-    });
+    if (ms_cu_view_injective(&w))
+        return ms_cu_each(ms_k_view_numel(&w), stream, "view backward", err,
+                          [=] __device__(int64_t o) {
+                              const int64_t s = ms_cu_view_source(&w, o);
+                              if (s >= 0) dinp[s] += dout[o];
+                          });
+    return ms_cu_each(ms_k_view_numel(&w), stream, "view backward (shared sources)", err,
+                      [=] __device__(int64_t o) {
+                          const int64_t s = ms_cu_view_source(&w, o);
+                          if (s >= 0) atomicAdd(&dinp[s], dout[o]);
+                      });
 }
 
 ms_status ms_cu_block_copy(float *dst, const float *src, int64_t rows, int64_t cols, int64_t dst_ld,
