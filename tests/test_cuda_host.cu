@@ -559,26 +559,70 @@ static void test_adamw(void **state) {
     assert_true(ok);
 }
 
+/* ms_cu_sumsq's work for one fp32 tensor: its chunks' lane trees, then the chunks in order. */
+static double sumsq_one(const fvec &x) {
+    const int64_t n = (int64_t)x.size();
+    std::vector<double> parts(ms_cu_sumsq_chunks(n));
+    for (int64_t b = 0; b < (int64_t)parts.size(); b++) {
+        const int64_t lo = b * MS_CU_SUMSQ_CHUNK,
+                      len = std::min<int64_t>(n - lo, MS_CU_SUMSQ_CHUNK);
+        double v[L];
+        for (int l = 0; l < L; l++) v[l] = ms_cu_sumsq_part(x.data() + lo, len, l, L);
+        parts[b] = ms_cu_lanes_sum(v, L);
+    }
+    return ms_cu_sumsq_combine(parts.data(), (int64_t)parts.size());
+}
+
 static void test_sumsq(void **state) {
     (void)state;
     bool ok = true;
     for (int64_t n : {1, 1000, 3 * MS_CU_SUMSQ_CHUNK + 12345}) {
         const fvec x = frand(n, -3, 3);
-        std::vector<double> parts(ms_cu_sumsq_chunks(n));
-        for (int64_t b = 0; b < (int64_t)parts.size(); b++) {
-            const int64_t lo = b * MS_CU_SUMSQ_CHUNK,
-                          len = std::min<int64_t>(n - lo, MS_CU_SUMSQ_CHUNK);
-            double v[L];
-            for (int l = 0; l < L; l++) v[l] = ms_cu_sumsq_part(x.data() + lo, len, l, L);
-            parts[b] = ms_cu_lanes_sum(v, L);
-        }
-        const double got = ms_cu_sumsq_combine(parts.data(), (int64_t)parts.size());
+        const double got = sumsq_one(x);
         const double want = ms_sumsq_f32(x.data(), (size_t)n);
         const double rel = fabs(got - want) / want;
         printf("  sum of squares n=%-8lld rel err %.3g (tolerance 1e-12)\n", (long long)n, rel);
         ok &= rel <= 1e-12;
     }
     assert_true(ok);
+}
+
+/* ms_cu_sumsq_list: the chunks of every tensor in one grid (each block finds its tensor), then
+ * each tensor's chunks in order: every sum has the bits ms_cu_sumsq gives that tensor alone
+ * (bf16 ones: those of the widened values), an empty tensor sums to 0. */
+static void test_sumsq_list(void **state) {
+    (void)state;
+    const int64_t sizes[6] = {MS_CU_SUMSQ_CHUNK, 5, 0, 2 * MS_CU_SUMSQ_CHUNK + 7, 768, 1};
+    std::vector<fvec> xs;
+    std::vector<std::vector<ms_bf16>> hs;
+    std::vector<ms_cu_sumsq_item> items(6);
+    for (int i = 0; i < 6; i++) {
+        xs.push_back(frand(sizes[i], -3, 3));
+        hs.push_back(to_bf16<ms_bf16>(xs.back()));
+        const bool bf = i % 2 == 1;
+        items[i] = {bf ? (const void *)hs[i].data() : (const void *)xs[i].data(), sizes[i], 0, bf};
+    }
+    const int64_t chunks = ms_cu_sumsq_list_plan(items.data(), 6);
+    std::vector<double> parts(chunks), got(6);
+    for (int64_t b = 0; b < chunks; b++) { /* a block each, as the grid runs them */
+        const ms_cu_sumsq_item &it = items[ms_cu_sumsq_item_of(items.data(), 6, b)];
+        double v[L];
+        for (int l = 0; l < L; l++)
+            v[l] = it.bf16 ? ms_cu_sumsq_list_part<ms_bf16>(it, b, l, L)
+                           : ms_cu_sumsq_list_part<float>(it, b, l, L);
+        parts[b] = ms_cu_lanes_sum(v, L);
+    }
+    int differ = 0;
+    for (int i = 0; i < 6; i++) {
+        const int64_t end = i + 1 < 6 ? items[i + 1].chunk0 : chunks;
+        got[i] = ms_cu_sumsq_combine(parts.data() + items[i].chunk0, end - items[i].chunk0);
+        const double alone = sumsq_one(i % 2 ? widen(hs[i]) : xs[i]);
+        differ += memcmp(&got[i], &alone, sizeof alone) != 0;
+    }
+    printf("  sums of squares of a list of 6 (%lld chunks): %d differ from the sums alone\n",
+           (long long)chunks, differ);
+    assert_int_equal(differ, 0);
+    assert_true(got[2] == 0.0);
 }
 
 /* ---- attention ---- */
@@ -1475,6 +1519,7 @@ int main(void) {
         cmocka_unit_test(test_xent_fd),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_sumsq),
+        cmocka_unit_test(test_sumsq_list),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_fd),
         cmocka_unit_test(test_rmsnorm),

@@ -361,6 +361,30 @@ static void test_optim(void **state) {
                fabs(got - want) / want);
         ok &= fabs(got - want) <= 1e-12 * want;
     }
+    /* The list of tensors in one grid: each sum has the bits of its own ms_cu_sumsq. */
+    {
+        const int64_t sizes[4] = {3 * 65536 + 12345, 768, 0, 65536};
+        std::vector<ms_cu_sumsq_item> items(4);
+        std::vector<double> alone(4);
+        for (int i = 0; i < 4; i++) {
+            const fvec x = frand(sizes[i] ? sizes[i] : 1, -3, 3);
+            float *dx = dev(x);
+            items[i] = {dx, sizes[i], 0, 0};
+            double *d1 = dev(std::vector<double>(1)),
+                   *s1 = dev(std::vector<double>(ms_cu_sumsq_scratch_doubles(sizes[i]) + 1));
+            LAUNCH(ms_cu_sumsq(d1, s1, dx, sizes[i], NULL, ERR));
+            alone[i] = sizes[i] ? back(d1, 1)[0] : 0.0;
+        }
+        const int64_t chunks = ms_cu_sumsq_list_plan(items.data(), 4);
+        ms_cu_sumsq_item *ditems = dev(items);
+        double *dsums = dev(std::vector<double>(4)), *dscr = dev(std::vector<double>(chunks));
+        LAUNCH(ms_cu_sumsq_list(dsums, dscr, ditems, 4, chunks, NULL, ERR));
+        const std::vector<double> sums = back(dsums, 4);
+        const bool same = memcmp(sums.data(), alone.data(), sizeof(double) * 4) == 0;
+        printf("  sums of squares of a list of 4: %s\n",
+               same ? "the bits of each alone" : "DIFFERENT  FAIL");
+        ok &= same;
+    }
     assert_true(ok);
 }
 

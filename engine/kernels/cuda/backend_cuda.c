@@ -27,6 +27,11 @@ typedef struct cuda_kctx {
     size_t emb_cap;
     float *colsum_scratch; /* device: the column reductions' chunk sums, grown on demand */
     int64_t colsum_cap;
+    /* the gradient norm's list of tensors: pinned host staging and its device copy, and the
+     * device sums they come back through; grown on demand */
+    ms_cu_sumsq_item *list_host, *list_dev;
+    double *list_out;
+    int list_cap;
 } cuda_kctx;
 
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
@@ -56,6 +61,9 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
     if (x->emb_scratch) cudaFree(x->emb_scratch);
     if (x->colsum_scratch) cudaFree(x->colsum_scratch);
+    if (x->list_host) cudaFreeHost(x->list_host);
+    if (x->list_dev) cudaFree(x->list_dev);
+    if (x->list_out) cudaFree(x->list_out);
     free(x);
     kc->impl = NULL;
 }
@@ -483,13 +491,16 @@ static ms_status c_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g
     return ms_cu_adamw_step_master(p, g, m, v, NULL, n, o, t, grad_scale, STREAM(kc), err);
 }
 
-/* The partials and the result in one device buffer: [chunks partials..., result]. */
-/* Room for the reduction of n elements and `outs` results after it. */
-static ms_status sumsq_scratch_for(ms_kctx *kc, size_t n, int outs, ms_error *err) {
+/* The sums of squares' device doubles, `need` of them at least: grown after the stream
+ * drains (a reduction in flight may still use the old buffer). A single sum keeps its chunk
+ * partials first and its result in the last double. */
+static ms_status sumsq_room(ms_kctx *kc, int64_t need, ms_error *err) {
     cuda_kctx *x = CU(kc);
-    int64_t need = ms_cu_sumsq_scratch_doubles((int64_t)n) + outs;
     if (need <= x->sumsq_cap) return MS_OK;
-    if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
+    if (x->sumsq_scratch) {
+        MS_CHECK(c_sync(kc, err));
+        cudaFree(x->sumsq_scratch);
+    }
     x->sumsq_scratch = NULL;
     x->sumsq_cap = 0;
     MS_CHECK(cuda_failed(cudaMalloc((void **)&x->sumsq_scratch, sizeof(double) * (size_t)need),
@@ -498,7 +509,7 @@ static ms_status sumsq_scratch_for(ms_kctx *kc, size_t n, int outs, ms_error *er
     return MS_OK;
 }
 static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
-    return sumsq_scratch_for(kc, n, 1, err);
+    return sumsq_room(kc, ms_cu_sumsq_scratch_doubles((int64_t)n) + 1, err);
 }
 static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
     cuda_kctx *x = CU(kc);
@@ -522,22 +533,47 @@ static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, 
                               STREAM(kc), err));
     return sumsq_result(kc, host_out, err);
 }
-/* Every reduction queued on the stream, each into its own slot at the end of the scratch,
- * then one copy to the host and one wait (not one per tensor). */
+/* Room for a list of n tensors (c_sumsq_list); growing waits for the stream first, since a
+ * list in flight may still read the old buffers. */
+static ms_status sumsq_list_room(ms_kctx *kc, int n, ms_error *err) {
+    cuda_kctx *x = CU(kc);
+    if (n <= x->list_cap) return MS_OK;
+    MS_CHECK(c_sync(kc, err));
+    if (x->list_host) cudaFreeHost(x->list_host);
+    if (x->list_dev) cudaFree(x->list_dev);
+    if (x->list_out) cudaFree(x->list_out);
+    x->list_host = NULL, x->list_dev = NULL, x->list_out = NULL, x->list_cap = 0;
+    const size_t items = sizeof(ms_cu_sumsq_item) * (size_t)n;
+    MS_CHECK(cuda_failed(cudaHostAlloc((void **)&x->list_host, items, cudaHostAllocDefault),
+                         "cudaHostAlloc (sum of squares list)", err));
+    MS_CHECK(cuda_failed(cudaMalloc((void **)&x->list_dev, items),
+                         "cudaMalloc (sum of squares list)", err));
+    MS_CHECK(cuda_failed(cudaMalloc((void **)&x->list_out, sizeof(double) * (size_t)n),
+                         "cudaMalloc (sums of squares)", err));
+    x->list_cap = n;
+    return MS_OK;
+}
+
+/* The whole list in two launches (ms_cu_sumsq_list: each tensor's sum has the bits a call of
+ * its own gives), its descriptors copied up from pinned memory, the sums copied back, one
+ * wait for the device. */
 static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x, int n,
                               ms_error *err) {
     if (n <= 0) return MS_OK;
-    size_t most = 0;
-    for (int i = 0; i < n; i++) most = x[i].n > most ? x[i].n : most;
-    MS_CHECK(sumsq_scratch_for(kc, most, n, err));
+    MS_CHECK(sumsq_list_room(kc, n, err));
     cuda_kctx *c = CU(kc);
-    double *outs = c->sumsq_scratch + c->sumsq_cap - n;
     for (int i = 0; i < n; i++)
-        MS_CHECK(x[i].bf16 ? ms_cu_sumsq_bf16(outs + i, c->sumsq_scratch, x[i].data,
-                                              (int64_t)x[i].n, STREAM(kc), err)
-                           : ms_cu_sumsq(outs + i, c->sumsq_scratch, x[i].data, (int64_t)x[i].n,
-                                         STREAM(kc), err));
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, outs, sizeof(double) * (size_t)n,
+        c->list_host[i] =
+            (ms_cu_sumsq_item){.x = x[i].data, .n = (int64_t)x[i].n, .bf16 = x[i].bf16 ? 1 : 0};
+    const int64_t chunks = ms_cu_sumsq_list_plan(c->list_host, n);
+    MS_CHECK(sumsq_room(kc, chunks, err)); /* one partial a chunk */
+    MS_CHECK(
+        cuda_failed(cudaMemcpyAsync(c->list_dev, c->list_host, sizeof *c->list_host * (size_t)n,
+                                    cudaMemcpyHostToDevice, c->stream),
+                    "cudaMemcpyAsync (sum of squares list)", err));
+    MS_CHECK(
+        ms_cu_sumsq_list(c->list_out, c->sumsq_scratch, c->list_dev, n, chunks, STREAM(kc), err));
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, c->list_out, sizeof(double) * (size_t)n,
                                          cudaMemcpyDeviceToHost, c->stream),
                          "cudaMemcpyAsync (sums of squares)", err));
     return c_sync(kc, err);

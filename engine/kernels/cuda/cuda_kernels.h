@@ -264,6 +264,20 @@ ms_status ms_cu_sumsq(double *out, double *scratch, const float *x, int64_t n, v
                       ms_error *err);
 ms_status ms_cu_sumsq_bf16(double *out, double *scratch, const uint16_t *x, int64_t n, void *stream,
                            ms_error *err);
+/* The sums of squares of a list of tensors in two launches (one block per chunk of every
+ * tensor, then one thread per tensor adding its chunks in order): out[i] (device) has the bits
+ * ms_cu_sumsq gives tensor i. items: a device copy of the list, each with chunk0, the index of
+ * its first chunk among all the list's (ms_cu_sumsq_list_plan fills them and returns the total);
+ * scratch: that many doubles of device memory. */
+typedef struct ms_cu_sumsq_item {
+    const void *x;  /* device data: float, or bf16 bits */
+    int64_t n;      /* elements */
+    int64_t chunk0; /* its first chunk in the list's scratch */
+    int32_t bf16;
+} ms_cu_sumsq_item;
+int64_t ms_cu_sumsq_list_plan(ms_cu_sumsq_item *items, int n);
+ms_status ms_cu_sumsq_list(double *out, double *scratch, const ms_cu_sumsq_item *items, int n,
+                           int64_t chunks, void *stream, ms_error *err);
 
 /* ---- attention: tiled and fused; saves lse [B, NH, T] instead of the probabilities ---- */
 /* out: [B, T, C]   lse: [B, NH, T]   qkv: [B, T, 3C]   mask: [B, T] or NULL. HS <= 128. */

@@ -55,3 +55,29 @@ ms_status ms_cu_sumsq_bf16(double *out, double *scratch, const uint16_t *x, int6
                            ms_error *err) {
     return sumsq(out, scratch, ms_cu_bf(x), n, stream, err);
 }
+
+int64_t ms_cu_sumsq_list_plan(ms_cu_sumsq_item *items, int n) {
+    int64_t chunks = 0;
+    for (int i = 0; i < n; i++) {
+        items[i].chunk0 = chunks;
+        chunks += items[i].n > 0 ? ms_cu_sumsq_chunks(items[i].n) : 1; /* an empty one: 0 */
+    }
+    return chunks;
+}
+
+ms_status ms_cu_sumsq_list(double *out, double *scratch, const ms_cu_sumsq_item *items, int n,
+                           int64_t chunks, void *stream, ms_error *err) {
+    if (n <= 0) return MS_OK;
+    MS_CHECK(
+        ms_cu_rows(chunks, stream, "sum of squares (list)", err, [=] __device__(int64_t b, int l) {
+            const ms_cu_sumsq_item it = items[ms_cu_sumsq_item_of(items, n, b)];
+            const double part = it.bf16 ? ms_cu_sumsq_list_part<ms_bf16>(it, b, l, MS_CU_ROW_LANES)
+                                        : ms_cu_sumsq_list_part<float>(it, b, l, MS_CU_ROW_LANES);
+            const double s = ms_cu_block_sum(part);
+            if (l == 0) scratch[b] = s;
+        }));
+    return ms_cu_each(n, stream, "sum of squares (list, combine)", err, [=] __device__(int64_t i) {
+        const int64_t end = i + 1 < n ? items[i + 1].chunk0 : chunks;
+        out[i] = ms_cu_sumsq_combine(scratch + items[i].chunk0, end - items[i].chunk0);
+    });
+}

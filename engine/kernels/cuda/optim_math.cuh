@@ -67,6 +67,28 @@ MS_HD int64_t ms_cu_sumsq_chunks(int64_t n) {
     return (n + MS_CU_SUMSQ_CHUNK - 1) / MS_CU_SUMSQ_CHUNK;
 }
 
+/* The item of a list (ms_cu_sumsq_list) that chunk b of all the list's chunks belongs to: the
+ * last whose chunk0 is at most b (items in chunk0 order, every one with a chunk or more). */
+MS_HD int ms_cu_sumsq_item_of(const ms_cu_sumsq_item *items, int n, int64_t b) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (items[mid].chunk0 <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Chunk b of a list's chunks, as a block of ms_cu_sumsq takes it: (lane's part, via T). */
+template <typename T>
+MS_HD double ms_cu_sumsq_list_part(const ms_cu_sumsq_item &it, int64_t b, int lane, int nlanes) {
+    const int64_t lo = (b - it.chunk0) * MS_CU_SUMSQ_CHUNK;
+    const int64_t len = it.n - lo < MS_CU_SUMSQ_CHUNK ? it.n - lo : MS_CU_SUMSQ_CHUNK;
+    return ms_cu_sumsq_part((const T *)it.x + lo, len, lane, nlanes);
+}
+
 MS_HD double ms_cu_sumsq_combine(const double *parts, int64_t nchunks) {
     double s = 0.0;
     for (int64_t b = 0; b < nchunks; b++) s += parts[b];
