@@ -15,8 +15,9 @@
  *   - a block owns 64 rows (4 warps x 16): query rows for the forward and dQ, key rows for
  *     dK and dV; the rows it multiplies by stay in registers as A fragments;
  *   - the other side streams through shared memory in tiles of 64 rows (keys and values, or
- *     queries and output gradients), padded by 8 elements a row so that the fragment loads
- *     of a warp hit 32 different banks;
+ *     queries and output gradients; 32 queries for dK and dV from head size 48, whose
+ *     registers hold four fragment sets already), padded by 8 elements a row so that the
+ *     matrix loads of a warp hit 32 different banks;
  *   - scores S = Q K^T (or K Q^T) are C fragments; the softmax works on them in registers,
  *     the row max and sum over the 4 lanes that share a row (shfl_xor 1, 2); the
  *     probabilities, rounded to bf16, are the A operand of the next product (P V, P^T dO,
@@ -71,13 +72,13 @@ struct ms_fa_args {
 #define MS_FA_SMEM_BF16(hs) (2 * MS_FA_TILE * MS_FA_LDT(hs))
 #define MS_FA_SMEM_FLOATS   (2 * MS_FA_TILE)
 
-/* Rows [r0, r0 + MS_FA_TILE) of one head (ld apart) into a padded tile, 16 bytes a copy;
+/* Rows [r0, r0 + ROWS) of one head (ld apart) into a padded tile, 16 bytes a copy;
  * rows >= n are zeros. Called by every thread of the block. */
-template <int HS, class Cx>
+template <int HS, int ROWS = MS_FA_TILE, class Cx>
 MS_HD void ms_fa_stage(Cx &cx, uint16_t *tile, const uint16_t *src, int64_t ld, int64_t r0,
                        int64_t n) {
     constexpr int chunks = HS / 8;
-    for (int e = cx.tid(); e < MS_FA_TILE * chunks; e += MS_FA_THREADS) {
+    for (int e = cx.tid(); e < ROWS * chunks; e += MS_FA_THREADS) {
         const int r = e / chunks, c = e % chunks;
         uint16_t *d = tile + r * MS_FA_LDT(HS) + c * 8;
         if (r0 + r < n)
@@ -90,12 +91,12 @@ MS_HD void ms_fa_stage(Cx &cx, uint16_t *tile, const uint16_t *src, int64_t ld, 
 /* s[nt] = rows(a) . rows(tile)^T for the tile's 8-row groups nt: a warp's 16 x 64 scores. The
  * B fragments of two k-steps come in one matrix load: lane 8 i + r gives row nt * 8 + r, at
  * column ks * 16 + 8 i (i = 0..3; 0..1 for a last, odd k-step). */
-template <int HS, class Cx>
-MS_HD void ms_fa_scores(Cx &cx, float s[MS_FA_TILE / 8][4], const uint32_t a[HS / 16][4],
+template <int HS, int COLS = MS_FA_TILE, class Cx>
+MS_HD void ms_fa_scores(Cx &cx, float s[COLS / 8][4], const uint32_t a[HS / 16][4],
                         const uint16_t *tile) {
     const int lane = cx.lane();
     MS_UNROLL
-    for (int nt = 0; nt < MS_FA_TILE / 8; nt++) {
+    for (int nt = 0; nt < COLS / 8; nt++) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
         const uint16_t *row = tile + (nt * 8 + lane % 8) * MS_FA_LDT(HS) + 8 * (lane / 8);
         MS_UNROLL
@@ -112,12 +113,12 @@ MS_HD void ms_fa_scores(Cx &cx, float s[MS_FA_TILE / 8][4], const uint32_t a[HS 
 /* acc[dt] += P tile, with p the 16 x 64 C fragments of this warp (rounded to bf16 here). The
  * B fragments of two 8-column groups come in one transposed matrix load: lane 8 i + r gives
  * row kk * 16 + r + 8 (i % 2), at column dt * 8 + 8 (i / 2). */
-template <int HS, class Cx>
-MS_HD void ms_fa_times_tile(Cx &cx, float acc[HS / 8][4], const float p[MS_FA_TILE / 8][4],
+template <int HS, int COLS = MS_FA_TILE, class Cx>
+MS_HD void ms_fa_times_tile(Cx &cx, float acc[HS / 8][4], const float p[COLS / 8][4],
                             const uint16_t *tile) {
     const int lane = cx.lane(), i = lane / 8;
     MS_UNROLL
-    for (int kk = 0; kk < MS_FA_TILE / 16; kk++) {
+    for (int kk = 0; kk < COLS / 16; kk++) {
         uint32_t a[4];
         ms_cu_mma_a_from_c(a, p[2 * kk], p[2 * kk + 1]);
         const uint16_t *row =
@@ -359,7 +360,9 @@ MS_HD void ms_fa_dq_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, in
 template <int HS, class Cx>
 MS_HD void ms_fa_dkv_block(Cx &cx, const ms_fa_args &a, int64_t kb, int64_t kvh, int64_t bi,
                            uint16_t *smem, float *fsmem) {
-    constexpr int NT = MS_FA_TILE / 8, DT = HS / 8;
+    /* Query tiles of 32 for head sizes from 48: two fewer 16 x 32 fragment pairs in
+     * registers, which this block's K, V, dK and dV fragments already crowd. */
+    constexpr int QT = HS >= 48 ? 32 : MS_FA_TILE, NT = QT / 8, DT = HS / 8;
     uint16_t *qs = smem, *gs = smem + MS_FA_TILE * MS_FA_LDT(HS);
     float *lse2s = fsmem, *dls = fsmem + MS_FA_TILE;
     const int lane = cx.lane(), t = lane % 4;
@@ -385,23 +388,23 @@ MS_HD void ms_fa_dkv_block(Cx &cx, const ms_fa_args &a, int64_t kb, int64_t kvh,
 
     /* Causal: queries before the block's first key see none of its keys. */
     const int64_t first = kb * MS_FA_ROWS - a.q_start;
-    const int64_t i_start = a.causal && first > 0 ? first / MS_FA_TILE * MS_FA_TILE : 0;
+    const int64_t i_start = a.causal && first > 0 ? first / QT * QT : 0;
     const int64_t group = a.h / a.hkv;
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
         const uint16_t *qh = a.q + bi * a.tq * a.q_ld + h * HS;
         const uint16_t *gh = a.dout + bi * a.tq * a.out_ld + h * HS;
         const int64_t rows = (bi * a.h + h) * a.tq;
-        for (int64_t i0 = i_start; i0 < a.tq; i0 += MS_FA_TILE) {
-            ms_fa_stage<HS>(cx, qs, qh, a.q_ld, i0, a.tq);
-            ms_fa_stage<HS>(cx, gs, gh, a.out_ld, i0, a.tq);
-            for (int e = cx.tid(); e < MS_FA_TILE; e += MS_FA_THREADS) {
+        for (int64_t i0 = i_start; i0 < a.tq; i0 += QT) {
+            ms_fa_stage<HS, QT>(cx, qs, qh, a.q_ld, i0, a.tq);
+            ms_fa_stage<HS, QT>(cx, gs, gh, a.out_ld, i0, a.tq);
+            for (int e = cx.tid(); e < QT; e += MS_FA_THREADS) {
                 lse2s[e] = i0 + e < a.tq ? a.lse[rows + i0 + e] * MS_FA_LOG2E : -INFINITY;
                 dls[e] = i0 + e < a.tq ? a.delta[rows + i0 + e] : 0.0f;
             }
             cx.sync();
             float p[NT][4], ds[NT][4];
-            ms_fa_scores<HS>(cx, p, kf, qs);  /* S^T = K Q^T */
-            ms_fa_scores<HS>(cx, ds, vf, gs); /* dP^T = V dO^T */
+            ms_fa_scores<HS, QT>(cx, p, kf, qs);  /* S^T = K Q^T */
+            ms_fa_scores<HS, QT>(cx, ds, vf, gs); /* dP^T = V dO^T */
             const int seen_from[2] = {ms_fa_first_seeing(a, key[0], i0),
                                       ms_fa_first_seeing(a, key[1], i0)};
             MS_UNROLL
@@ -415,8 +418,8 @@ MS_HD void ms_fa_dkv_block(Cx &cx, const ms_fa_args &a, int64_t kb, int64_t kvh,
                     ds[nt][e] = p[nt][e] * (ds[nt][e] - dls[col]);
                 }
             }
-            ms_fa_times_tile<HS>(cx, dv, p, gs);  /* dV += P^T dO */
-            ms_fa_times_tile<HS>(cx, dk, ds, qs); /* dK += dS^T Q */
+            ms_fa_times_tile<HS, QT>(cx, dv, p, gs);  /* dV += P^T dO */
+            ms_fa_times_tile<HS, QT>(cx, dk, ds, qs); /* dK += dS^T Q */
             cx.sync();
         }
     }
