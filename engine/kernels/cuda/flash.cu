@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
+
 #include "engine/kernels/cuda/flash.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
@@ -104,18 +106,19 @@ static bool aligned16(const void *p) {
 }
 
 /* The device's compute capability is at least 8.0 (mma.sync with bf16), read once per
- * device ordinal. */
+ * device ordinal (rank threads may ask at once: each would store the same value). */
 static bool device_has_bf16_mma(void) {
-    static int major[64]; /* 0: not read yet; benign race: every reader writes the same */
+    static std::atomic<int> major[64]; /* 0: not read yet */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (major[dev] == 0) {
-        int m = 0;
+    int m = major[dev].load(std::memory_order_relaxed);
+    if (m == 0) {
         if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
             return false;
-        major[dev] = m > 0 ? m : -1;
+        m = m > 0 ? m : -1;
+        major[dev].store(m, std::memory_order_relaxed);
     }
-    return major[dev] >= 8;
+    return m >= 8;
 }
 
 bool ms_cu_flash_usable(const ms_fa_args *a) {
