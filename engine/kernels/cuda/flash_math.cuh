@@ -194,6 +194,17 @@ MS_HD ms_fa_qblock ms_fa_qblock_of(Cx &cx, const ms_fa_args &a, int64_t qb, int6
     return q;
 }
 
+/* Key tile j0 of a query block into shared memory: its keys, its values and (with a mask)
+ * their mask terms; returns once every thread's copies are done. */
+template <int HS, class Cx>
+MS_HD void ms_fa_stage_keys(Cx &cx, const ms_fa_args &a, const ms_fa_qblock &blk, int64_t j0,
+                            uint16_t *ks, uint16_t *vs, float *mt) {
+    ms_fa_stage<HS>(cx, ks, blk.kh, a.kv_ld, j0, a.tk);
+    ms_fa_stage<HS>(cx, vs, blk.vh, a.kv_ld, j0, a.tk);
+    if (blk.km) ms_fa_stage_mask(cx, mt, blk.km, j0, a);
+    cx.sync();
+}
+
 /* ---- forward: a block of MS_FA_ROWS query rows of head h of batch item bi ---- */
 template <int HS, class Cx>
 MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, int64_t bi,
@@ -213,10 +224,7 @@ MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t 
     float o[DT][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int64_t j0 = 0; j0 < blk.kend; j0 += MS_FA_TILE) {
-        ms_fa_stage<HS>(cx, ks, blk.kh, a.kv_ld, j0, a.tk);
-        ms_fa_stage<HS>(cx, vs, blk.vh, a.kv_ld, j0, a.tk);
-        if (km) ms_fa_stage_mask(cx, fsmem, km, j0, a);
-        cx.sync();
+        ms_fa_stage_keys<HS>(cx, a, blk, j0, ks, vs, fsmem);
         float s[NT][4];
         ms_fa_scores<HS>(cx, s, qf, ks);
         /* Base-2 scores, -inf where a key is not seen; the tile's max per row. */
@@ -328,10 +336,7 @@ MS_HD void ms_fa_dq_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, in
     float dq[DT][4] = {};
 
     for (int64_t j0 = 0; j0 < blk.kend; j0 += MS_FA_TILE) {
-        ms_fa_stage<HS>(cx, ks, blk.kh, a.kv_ld, j0, a.tk);
-        ms_fa_stage<HS>(cx, vs, blk.vh, a.kv_ld, j0, a.tk);
-        if (km) ms_fa_stage_mask(cx, fsmem, km, j0, a);
-        cx.sync();
+        ms_fa_stage_keys<HS>(cx, a, blk, j0, ks, vs, fsmem);
         float s[NT][4], dp[NT][4];
         ms_fa_scores<HS>(cx, s, qf, ks);  /* S = Q K^T */
         ms_fa_scores<HS>(cx, dp, gf, vs); /* dP = dO V^T */
