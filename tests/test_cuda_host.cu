@@ -573,6 +573,50 @@ static double sumsq_one(const fvec &x) {
     return ms_cu_sumsq_combine(parts.data(), (int64_t)parts.size());
 }
 
+/* ms_cu_adamw_list: a block per chunk of every parameter, each finding its parameter, its
+ * lanes striding the chunk: every element updated exactly once, with the bits of the elements
+ * of ms_cu_adamw_elem one by one (fp32 and bf16 gradients, an empty parameter among them). */
+static void test_adamw_list(void **state) {
+    (void)state;
+    const ms_adamw_opts o = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    const int64_t sizes[5] = {MS_CU_ADAMW_CHUNK + 3, 768, 0, 3 * MS_CU_ADAMW_CHUNK, 1};
+    std::vector<fvec> p(5), m(5), v(5), g(5);
+    std::vector<std::vector<ms_bf16>> g16(5);
+    std::vector<ms_cu_adamw_item> items(5);
+    for (int i = 0; i < 5; i++) {
+        p[i] = frand(sizes[i], -1, 1), m[i] = frand(sizes[i], -0.1, 0.1);
+        v[i] = frand(sizes[i], 0, 0.1), g[i] = frand(sizes[i], -2, 2);
+        g16[i] = to_bf16<ms_bf16>(g[i]);
+        const bool bf = i % 2 == 1;
+        items[i] = {p[i].data(), bf ? (const void *)g16[i].data() : (const void *)g[i].data(),
+                    m[i].data(), v[i].data(),
+                    sizes[i],    0,
+                    bf};
+    }
+    std::vector<fvec> p2 = p, m2 = m, v2 = v;
+    const ms_cu_adamw_consts k = ms_cu_adamw_prepare(&o, 3, 0.5f);
+    const int64_t chunks = ms_cu_adamw_list_plan(items.data(), 5);
+    for (int64_t b = 0; b < chunks; b++) /* the grid's blocks, each with L lanes */
+        for (int l = 0; l < L; l++)
+            ms_cu_adamw_list_part(items[ms_cu_list_item_of(items.data(), 5, b)], b, l, L, k);
+    int differ = 0;
+    for (int i = 0; i < 5; i++) {
+        for (int64_t e = 0; e < sizes[i]; e++) {
+            if (i % 2)
+                ms_cu_adamw_elem(p2[i].data(), g16[i].data(), m2[i].data(), v2[i].data(), e, k);
+            else
+                ms_cu_adamw_elem(p2[i].data(), g[i].data(), m2[i].data(), v2[i].data(), e, k);
+        }
+        const size_t bytes = sizeof(float) * (size_t)sizes[i];
+        differ += memcmp(p[i].data(), p2[i].data(), bytes) ||
+                  memcmp(m[i].data(), m2[i].data(), bytes) ||
+                  memcmp(v[i].data(), v2[i].data(), bytes);
+    }
+    printf("  adamw over a list of 5 (%lld chunks): %d parameters differ from their own updates\n",
+           (long long)chunks, differ);
+    assert_int_equal(differ, 0);
+}
+
 static void test_sumsq(void **state) {
     (void)state;
     bool ok = true;
@@ -605,7 +649,7 @@ static void test_sumsq_list(void **state) {
     const int64_t chunks = ms_cu_sumsq_list_plan(items.data(), 6);
     std::vector<double> parts(chunks), got(6);
     for (int64_t b = 0; b < chunks; b++) { /* a block each, as the grid runs them */
-        const ms_cu_sumsq_item &it = items[ms_cu_sumsq_item_of(items.data(), 6, b)];
+        const ms_cu_sumsq_item &it = items[ms_cu_list_item_of(items.data(), 6, b)];
         double v[L];
         for (int l = 0; l < L; l++)
             v[l] = it.bf16 ? ms_cu_sumsq_list_part<ms_bf16>(it, b, l, L)
@@ -1518,6 +1562,7 @@ int main(void) {
         cmocka_unit_test(test_xent),
         cmocka_unit_test(test_xent_fd),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_adamw_list),
         cmocka_unit_test(test_sumsq),
         cmocka_unit_test(test_sumsq_list),
         cmocka_unit_test(test_attention),

@@ -361,6 +361,36 @@ static void test_optim(void **state) {
                fabs(got - want) / want);
         ok &= fabs(got - want) <= 1e-12 * want;
     }
+    /* AdamW over a list in one grid: every parameter's bits as its own launch gives them. */
+    {
+        const int64_t sizes[3] = {5000, 768, 3 * 4096 + 1};
+        std::vector<ms_cu_adamw_item> items(3);
+        std::vector<float *> ps(3), alone(3);
+        for (int i = 0; i < 3; i++) {
+            const fvec pi = frand(sizes[i], -1, 1), mi = frand(sizes[i], -0.1, 0.1),
+                       vi = frand(sizes[i], 0, 0.1);
+            const hvec gi = to_bf16(frand(sizes[i], -2, 2));
+            uint16_t *lg = dev(gi);
+            float *dgf = dev(widen(gi));
+            ps[i] = dev(pi), alone[i] = dev(pi);
+            float *m1 = dev(mi), *v1 = dev(vi), *m2 = dev(mi), *v2 = dev(vi);
+            const bool bf = i != 1;
+            items[i] = {ps[i], bf ? (const void *)lg : (const void *)dgf, m1, v1, sizes[i], 0, bf};
+            if (bf)
+                LAUNCH(ms_cu_adamw_step_master(alone[i], lg, m2, v2, NULL, (size_t)sizes[i], &o, 5,
+                                               0.5f, NULL, ERR));
+            else
+                LAUNCH(ms_cu_adamw_step(alone[i], dgf, m2, v2, (size_t)sizes[i], &o, 5, 0.5f, NULL,
+                                        ERR));
+        }
+        const int64_t chunks = ms_cu_adamw_list_plan(items.data(), 3);
+        LAUNCH(ms_cu_adamw_list(dev(items), 3, chunks, &o, 5, 0.5f, NULL, ERR));
+        bool same = true;
+        for (int i = 0; i < 3; i++) same &= back(ps[i], sizes[i]) == back(alone[i], sizes[i]);
+        printf("  adamw over a list of 3: %s\n",
+               same ? "the bits of each alone" : "DIFFERENT  FAIL");
+        ok &= same;
+    }
     /* The list of tensors in one grid: each sum has the bits of its own ms_cu_sumsq. */
     {
         const int64_t sizes[4] = {3 * 65536 + 12345, 768, 0, 65536};

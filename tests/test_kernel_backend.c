@@ -175,6 +175,10 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
         .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     K(adamw_step, f[5], f[6], f[7], f[8], (size_t)n, &o, 3, 0.5f);
     K(adamw_step_bf16_grad, f[9], (const uint16_t *)f[3], f[10], f[11], (size_t)n, &o, 3, 1.0f);
+    /* the list: a parameter of each kind, as the two calls above would update them */
+    const ms_k_adamw_item items[2] = {{f[13], f[14], f[15], f[0] + 96, (size_t)n / 4, false},
+                                      {f[12], f[3], f[2], f[1], (size_t)n / 2, true}};
+    K(adamw_list, items, 2, &o, 4, 0.75f);
     K(sumsq, &p->sums[0], f[5], (size_t)n);
     K(sumsq_bf16, &p->sums[1], (const uint16_t *)f[3], (size_t)n);
     /* the list: the same two tensors and a third, each its own sum as the calls above give */

@@ -534,6 +534,15 @@ static ms_status h_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g
                                         float grad_scale, ms_error *err) {
     return ms_adamw_step_bf16_grad(H(p), H(g), H(m), H(v), n, o, t, grad_scale, err);
 }
+static ms_status h_adamw_list(ms_kctx *kc, const ms_k_adamw_item *x, int n, const ms_adamw_opts *o,
+                              int64_t t, float grad_scale, ms_error *err) {
+    for (int i = 0; i < n; i++)
+        MS_CHECK(x[i].g_bf16 ? ms_adamw_step_bf16_grad(H(x[i].p), H(x[i].g), H(x[i].m), H(x[i].v),
+                                                       x[i].n, o, t, grad_scale, err)
+                             : ms_adamw_step_scaled(H(x[i].p), H(x[i].g), H(x[i].m), H(x[i].v),
+                                                    x[i].n, o, t, grad_scale, err));
+    return MS_OK;
+}
 static ms_status h_sumsq(ms_kctx *kc, double *host_out, const float *x, size_t n, ms_error *err) {
     *host_out = ms_sumsq_f32(H(x), n);
     return OK;
@@ -643,6 +652,7 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .dropout_backward = h_dropout_backward,                   \
     .adamw_step = h_adamw_step,                               \
     .adamw_step_bf16_grad = h_adamw_step_bf16_grad,           \
+    .adamw_list = h_adamw_list,                               \
     .sumsq = h_sumsq,                                         \
     .sumsq_bf16 = h_sumsq_bf16,                               \
     .sumsq_list = h_sumsq_list,                               \

@@ -41,6 +41,17 @@
 
 typedef struct ms_kernels ms_kernels;
 
+/* One parameter of a list AdamW updates at once (adamw_list): its fp32 values (or master
+ * weights), its gradient (fp32, or bf16 bits), its two moments and its element count, all on
+ * the device. */
+typedef struct ms_k_adamw_item {
+    float *p;
+    const void *g;
+    float *m, *v;
+    size_t n;
+    bool g_bf16;
+} ms_k_adamw_item;
+
 /* One tensor of a list the kernels read whole: its data on the device, its element count and
  * its number format. */
 typedef struct ms_k_span {
@@ -332,6 +343,10 @@ struct ms_kernels {
              const ms_adamw_opts *o, int64_t t, float grad_scale);
     MS_KSLOT(adamw_step_bf16_grad, float *p, const uint16_t *g, float *m, float *v, size_t n,
              const ms_adamw_opts *o, int64_t t, float grad_scale);
+    /* Every item's adamw_step (adamw_step_bf16_grad for a bf16 gradient), the same values,
+     * in as few launches as the device allows (a training step: one per parameter tensor). */
+    MS_KSLOT(adamw_list, const ms_k_adamw_item *x, int n, const ms_adamw_opts *o, int64_t t,
+             float grad_scale);
     MS_KSLOT(sumsq, double *host_out, const float *x, size_t n);
     MS_KSLOT(sumsq_bf16, double *host_out, const uint16_t *x, size_t n);
     /* The sums of squares of n tensors, host_out[i] as sumsq (sumsq_bf16) gives x[i]'s, with

@@ -52,6 +52,8 @@ struct ms_trainer {
     ms_k_span *norm_spans;
     double *norm_parts;
     int norm_cap;
+    ms_k_adamw_item *adamw_items; /* AdamW's list of parameters, grown like the norm's */
+    int adamw_cap;
 };
 
 /* --- checks ---------------------------------------------------------------------------------- */
@@ -227,7 +229,7 @@ void ms_trainer_destroy(ms_trainer *t) {
     ms_dmesh_destroy(t->root);
     if (t->host) ms_device_destroy(t->host);
     free(t->ids), free(t->tgt);
-    free(t->norm_spans), free(t->norm_parts);
+    free(t->norm_spans), free(t->norm_parts), free(t->adamw_items);
     free(t);
 }
 
@@ -248,7 +250,7 @@ static void mask(ms_trainer *t, uint64_t seed, uint64_t batch) {
 static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
     const int np = ms_stages_num_params(t->c.st);
     if (np > t->norm_cap) {
-        free(t->norm_spans), free(t->norm_parts);
+        free(t->norm_spans), free(t->norm_parts), free(t->adamw_items);
         t->norm_spans = xmalloc(sizeof *t->norm_spans * (size_t)np);
         t->norm_parts = xmalloc(sizeof *t->norm_parts * (size_t)np);
         t->norm_cap = np;
@@ -293,19 +295,26 @@ static ms_status offload_begin(ms_trainer *t, double lr, ms_error *err) {
 static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err) {
     ms_adamw_opts aw = adamw_opts(t, lr);
     if (t->off) return ms_offload_update(t->off, &aw, t->step + 1, scale, err);
+    /* Every parameter's update in one list (one launch on a GPU, not one per tensor). */
+    if (t->mo.n > t->adamw_cap) {
+        free(t->adamw_items);
+        t->adamw_items = xmalloc(sizeof *t->adamw_items * (size_t)t->mo.n);
+        t->adamw_cap = t->mo.n;
+    }
     for (int i = 0; i < t->mo.n; i++) {
         ms_param_view pv;
         ms_stages_param(t->c.st, i, &pv, NULL);
-        float *master = ms_tensor_f32(&pv.data) + pv.data_off;
-        size_t n = (size_t)pv.opt_n;
-        if (pv.grad.dtype == MS_BF16)
-            MS_CHECK(MS_CALL_K(t->okc, adamw_step_bf16_grad, master,
-                               (const uint16_t *)ms_tensor_data(&pv.grad) + pv.grad_off, t->mo.m[i],
-                               t->mo.v[i], n, &aw, t->step + 1, scale, err));
-        else
-            MS_CHECK(MS_CALL_K(t->okc, adamw_step, master, ms_tensor_f32(&pv.grad) + pv.grad_off,
-                               t->mo.m[i], t->mo.v[i], n, &aw, t->step + 1, scale, err));
+        const bool bf16 = pv.grad.dtype == MS_BF16;
+        t->adamw_items[i] = (ms_k_adamw_item){
+            .p = ms_tensor_f32(&pv.data) + pv.data_off,
+            .g = bf16 ? (const void *)((const uint16_t *)ms_tensor_data(&pv.grad) + pv.grad_off)
+                      : (const void *)(ms_tensor_f32(&pv.grad) + pv.grad_off),
+            .m = t->mo.m[i],
+            .v = t->mo.v[i],
+            .n = (size_t)pv.opt_n,
+            .g_bf16 = bf16};
     }
+    MS_CHECK(MS_CALL_K(t->okc, adamw_list, t->adamw_items, t->mo.n, &aw, t->step + 1, scale, err));
     /* ZeRO 1 and 2: every rank updated its shard; gather them back */
     return ms_stages_param_sync(t->c.st, err);
 }

@@ -18,6 +18,15 @@ const ms_kernels *ms_kernels_cuda_table(void);
 ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err);
 void ms_kctx_cuda_fini(ms_kctx *kc);
 
+/* A list of items a launch reads (tensors, parameters), copied up from pinned host memory:
+ * the host side is refilled only once the last copy from it has run (`copied`), so a caller
+ * may queue list after list without waiting for the device. Grown on demand. */
+typedef struct list_stage {
+    void *host, *dev;
+    size_t cap;
+    cudaEvent_t copied; /* recorded after the last copy up; NULL before the first */
+} list_stage;
+
 typedef struct cuda_kctx {
     cudaStream_t stream; /* the device's, borrowed */
     ms_cu_ctx *cu;
@@ -27,11 +36,9 @@ typedef struct cuda_kctx {
     size_t emb_cap;
     float *colsum_scratch; /* device: the column reductions' chunk sums, grown on demand */
     int64_t colsum_cap;
-    /* the gradient norm's list of tensors: pinned host staging and its device copy, and the
-     * device sums they come back through; grown on demand */
-    ms_cu_sumsq_item *list_host, *list_dev;
-    double *list_out;
-    int list_cap;
+    list_stage sumsq_list, adamw_list; /* the gradient norm's tensors, AdamW's parameters */
+    double *sums;                      /* device: the list's sums of squares, sums_cap of them */
+    int sums_cap;
 } cuda_kctx;
 
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
@@ -61,9 +68,13 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
     if (x->emb_scratch) cudaFree(x->emb_scratch);
     if (x->colsum_scratch) cudaFree(x->colsum_scratch);
-    if (x->list_host) cudaFreeHost(x->list_host);
-    if (x->list_dev) cudaFree(x->list_dev);
-    if (x->list_out) cudaFree(x->list_out);
+    list_stage *lists[2] = {&x->sumsq_list, &x->adamw_list};
+    for (int i = 0; i < 2; i++) {
+        if (lists[i]->host) cudaFreeHost(lists[i]->host);
+        if (lists[i]->dev) cudaFree(lists[i]->dev);
+        if (lists[i]->copied) cudaEventDestroy(lists[i]->copied);
+    }
+    if (x->sums) cudaFree(x->sums);
     free(x);
     kc->impl = NULL;
 }
@@ -533,25 +544,32 @@ static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, 
                               STREAM(kc), err));
     return sumsq_result(kc, host_out, err);
 }
-/* Room for a list of n tensors (c_sumsq_list); growing waits for the stream first, since a
- * list in flight may still read the old buffers. */
-static ms_status sumsq_list_room(ms_kctx *kc, int n, ms_error *err) {
-    cuda_kctx *x = CU(kc);
-    if (n <= x->list_cap) return MS_OK;
+/* The host side of a list, room for `bytes`, free to fill: waits for its last copy up (and,
+ * to grow it, for the stream: a launch in flight may still read the device side). */
+static ms_status list_fill(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
+    if (ls->copied)
+        MS_CHECK(cuda_failed(cudaEventSynchronize(ls->copied), "cudaEventSynchronize", err));
+    if (bytes <= ls->cap) return MS_OK;
     MS_CHECK(c_sync(kc, err));
-    if (x->list_host) cudaFreeHost(x->list_host);
-    if (x->list_dev) cudaFree(x->list_dev);
-    if (x->list_out) cudaFree(x->list_out);
-    x->list_host = NULL, x->list_dev = NULL, x->list_out = NULL, x->list_cap = 0;
-    const size_t items = sizeof(ms_cu_sumsq_item) * (size_t)n;
-    MS_CHECK(cuda_failed(cudaHostAlloc((void **)&x->list_host, items, cudaHostAllocDefault),
-                         "cudaHostAlloc (sum of squares list)", err));
-    MS_CHECK(cuda_failed(cudaMalloc((void **)&x->list_dev, items),
-                         "cudaMalloc (sum of squares list)", err));
-    MS_CHECK(cuda_failed(cudaMalloc((void **)&x->list_out, sizeof(double) * (size_t)n),
-                         "cudaMalloc (sums of squares)", err));
-    x->list_cap = n;
+    if (ls->host) cudaFreeHost(ls->host);
+    if (ls->dev) cudaFree(ls->dev);
+    ls->host = ls->dev = NULL, ls->cap = 0;
+    if (!ls->copied)
+        MS_CHECK(cuda_failed(cudaEventCreateWithFlags(&ls->copied, cudaEventDisableTiming),
+                             "cudaEventCreate (list)", err));
+    MS_CHECK(cuda_failed(cudaHostAlloc(&ls->host, bytes, cudaHostAllocDefault),
+                         "cudaHostAlloc (list)", err));
+    MS_CHECK(cuda_failed(cudaMalloc(&ls->dev, bytes), "cudaMalloc (list)", err));
+    ls->cap = bytes;
     return MS_OK;
+}
+
+/* The filled host side up to the device, on the stream, before what is launched next. */
+static ms_status list_send(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
+    cudaStream_t s = CU(kc)->stream;
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(ls->dev, ls->host, bytes, cudaMemcpyHostToDevice, s),
+                         "cudaMemcpyAsync (list)", err));
+    return cuda_failed(cudaEventRecord(ls->copied, s), "cudaEventRecord (list)", err);
 }
 
 /* The whole list in two launches (ms_cu_sumsq_list: each tensor's sum has the bits a call of
@@ -560,23 +578,51 @@ static ms_status sumsq_list_room(ms_kctx *kc, int n, ms_error *err) {
 static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x, int n,
                               ms_error *err) {
     if (n <= 0) return MS_OK;
-    MS_CHECK(sumsq_list_room(kc, n, err));
     cuda_kctx *c = CU(kc);
+    const size_t bytes = sizeof(ms_cu_sumsq_item) * (size_t)n;
+    MS_CHECK(list_fill(kc, &c->sumsq_list, bytes, err));
+    if (n > c->sums_cap) {
+        MS_CHECK(c_sync(kc, err));
+        if (c->sums) cudaFree(c->sums);
+        c->sums = NULL, c->sums_cap = 0;
+        MS_CHECK(cuda_failed(cudaMalloc((void **)&c->sums, sizeof(double) * (size_t)n),
+                             "cudaMalloc (sums of squares)", err));
+        c->sums_cap = n;
+    }
+    ms_cu_sumsq_item *items = c->sumsq_list.host;
     for (int i = 0; i < n; i++)
-        c->list_host[i] =
-            (ms_cu_sumsq_item){.x = x[i].data, .n = (int64_t)x[i].n, .bf16 = x[i].bf16 ? 1 : 0};
-    const int64_t chunks = ms_cu_sumsq_list_plan(c->list_host, n);
+        items[i] = (ms_cu_sumsq_item){.x = x[i].data, .n = (int64_t)x[i].n, .bf16 = x[i].bf16};
+    const int64_t chunks = ms_cu_sumsq_list_plan(items, n);
     MS_CHECK(sumsq_room(kc, chunks, err)); /* one partial a chunk */
+    MS_CHECK(list_send(kc, &c->sumsq_list, bytes, err));
     MS_CHECK(
-        cuda_failed(cudaMemcpyAsync(c->list_dev, c->list_host, sizeof *c->list_host * (size_t)n,
-                                    cudaMemcpyHostToDevice, c->stream),
-                    "cudaMemcpyAsync (sum of squares list)", err));
-    MS_CHECK(
-        ms_cu_sumsq_list(c->list_out, c->sumsq_scratch, c->list_dev, n, chunks, STREAM(kc), err));
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, c->list_out, sizeof(double) * (size_t)n,
+        ms_cu_sumsq_list(c->sums, c->sumsq_scratch, c->sumsq_list.dev, n, chunks, STREAM(kc), err));
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, c->sums, sizeof(double) * (size_t)n,
                                          cudaMemcpyDeviceToHost, c->stream),
                          "cudaMemcpyAsync (sums of squares)", err));
     return c_sync(kc, err);
+}
+
+/* Every parameter's AdamW in one launch, the list copied up from pinned memory; nothing waits
+ * for the device. */
+static ms_status c_adamw_list(ms_kctx *kc, const ms_k_adamw_item *x, int n, const ms_adamw_opts *o,
+                              int64_t t, float grad_scale, ms_error *err) {
+    MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
+    if (n <= 0) return MS_OK;
+    cuda_kctx *c = CU(kc);
+    const size_t bytes = sizeof(ms_cu_adamw_item) * (size_t)n;
+    MS_CHECK(list_fill(kc, &c->adamw_list, bytes, err));
+    ms_cu_adamw_item *items = c->adamw_list.host;
+    for (int i = 0; i < n; i++)
+        items[i] = (ms_cu_adamw_item){.p = x[i].p,
+                                      .g = x[i].g,
+                                      .m = x[i].m,
+                                      .v = x[i].v,
+                                      .n = (int64_t)x[i].n,
+                                      .g_bf16 = x[i].g_bf16};
+    const int64_t chunks = ms_cu_adamw_list_plan(items, n);
+    MS_CHECK(list_send(kc, &c->adamw_list, bytes, err));
+    return ms_cu_adamw_list(c->adamw_list.dev, n, chunks, o, t, grad_scale, STREAM(kc), err);
 }
 static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
     return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
@@ -874,6 +920,7 @@ static const ms_kernels cuda_kernels = {
     .adamw_step_bf16_grad = c_adamw_step_bf16_grad,
     .sumsq = c_sumsq,
     .sumsq_bf16 = c_sumsq_bf16,
+    .adamw_list = c_adamw_list,
     .sumsq_list = c_sumsq_list,
     .scale_inplace = c_scale_inplace,
     .copy = c_copy,

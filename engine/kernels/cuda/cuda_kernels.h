@@ -257,6 +257,22 @@ ms_status ms_cu_adamw_step(float *p, const float *g, float *m, float *v, size_t 
 ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *v, uint16_t *p16,
                                   size_t n, const ms_adamw_opts *o, int64_t t, float grad_scale,
                                   void *stream, ms_error *err);
+/* AdamW over a list of parameters in one launch (a block per chunk of every parameter, each
+ * finding its parameter): each element updated as ms_cu_adamw_step (ms_cu_adamw_step_master
+ * without a bf16 copy, for a bf16 gradient) updates it. items: a device copy of the list,
+ * chunk0 filled by ms_cu_adamw_list_plan, which returns the chunks in all. */
+typedef struct ms_cu_adamw_item {
+    float *p;
+    const void *g; /* float, or bf16 bits with g_bf16 */
+    float *m, *v;
+    int64_t n;
+    int64_t chunk0;
+    int32_t g_bf16;
+} ms_cu_adamw_item;
+int64_t ms_cu_adamw_list_plan(ms_cu_adamw_item *items, int n);
+ms_status ms_cu_adamw_list(const ms_cu_adamw_item *items, int n, int64_t chunks,
+                           const ms_adamw_opts *o, int64_t t, float grad_scale, void *stream,
+                           ms_error *err);
 /* *out (device) = sum of x^2 in double, in an order that depends on n alone.
  * scratch: ms_cu_sumsq_scratch_doubles(n) doubles of device memory. */
 int64_t ms_cu_sumsq_scratch_doubles(int64_t n);

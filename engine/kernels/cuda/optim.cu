@@ -27,6 +27,26 @@ ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *
         [=] __device__(int64_t i) { ms_cu_adamw_master_elem(p, g16, m, v, w16, i, k); });
 }
 
+int64_t ms_cu_adamw_list_plan(ms_cu_adamw_item *items, int n) {
+    int64_t chunks = 0;
+    for (int i = 0; i < n; i++) {
+        items[i].chunk0 = chunks;
+        chunks += items[i].n > 0 ? (items[i].n + MS_CU_ADAMW_CHUNK - 1) / MS_CU_ADAMW_CHUNK : 1;
+    }
+    return chunks;
+}
+
+ms_status ms_cu_adamw_list(const ms_cu_adamw_item *items, int n, int64_t chunks,
+                           const ms_adamw_opts *o, int64_t t, float grad_scale, void *stream,
+                           ms_error *err) {
+    MS_CHECK(ms_adamw_check(o, t, grad_scale, err));
+    if (n <= 0) return MS_OK;
+    const ms_cu_adamw_consts k = ms_cu_adamw_prepare(o, t, grad_scale);
+    return ms_cu_rows(chunks, stream, "adamw (list)", err, [=] __device__(int64_t b, int l) {
+        ms_cu_adamw_list_part(items[ms_cu_list_item_of(items, n, b)], b, l, MS_CU_ROW_LANES, k);
+    });
+}
+
 int64_t ms_cu_sumsq_scratch_doubles(int64_t n) {
     return ms_cu_sumsq_chunks(n);
 }
@@ -70,7 +90,7 @@ ms_status ms_cu_sumsq_list(double *out, double *scratch, const ms_cu_sumsq_item 
     if (n <= 0) return MS_OK;
     MS_CHECK(
         ms_cu_rows(chunks, stream, "sum of squares (list)", err, [=] __device__(int64_t b, int l) {
-            const ms_cu_sumsq_item it = items[ms_cu_sumsq_item_of(items, n, b)];
+            const ms_cu_sumsq_item it = items[ms_cu_list_item_of(items, n, b)];
             const double part = it.bf16 ? ms_cu_sumsq_list_part<ms_bf16>(it, b, l, MS_CU_ROW_LANES)
                                         : ms_cu_sumsq_list_part<float>(it, b, l, MS_CU_ROW_LANES);
             const double s = ms_cu_block_sum(part);

@@ -67,9 +67,10 @@ MS_HD int64_t ms_cu_sumsq_chunks(int64_t n) {
     return (n + MS_CU_SUMSQ_CHUNK - 1) / MS_CU_SUMSQ_CHUNK;
 }
 
-/* The item of a list (ms_cu_sumsq_list) that chunk b of all the list's chunks belongs to: the
- * last whose chunk0 is at most b (items in chunk0 order, every one with a chunk or more). */
-MS_HD int ms_cu_sumsq_item_of(const ms_cu_sumsq_item *items, int n, int64_t b) {
+/* The item of a list (ms_cu_sumsq_list, ms_cu_adamw_list) that chunk b of all the list's
+ * chunks belongs to: the last whose chunk0 is at most b (items in chunk0 order, every one with
+ * a chunk or more). */
+template <typename I> MS_HD int ms_cu_list_item_of(const I *items, int n, int64_t b) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
@@ -87,6 +88,23 @@ MS_HD double ms_cu_sumsq_list_part(const ms_cu_sumsq_item &it, int64_t b, int la
     const int64_t lo = (b - it.chunk0) * MS_CU_SUMSQ_CHUNK;
     const int64_t len = it.n - lo < MS_CU_SUMSQ_CHUNK ? it.n - lo : MS_CU_SUMSQ_CHUNK;
     return ms_cu_sumsq_part((const T *)it.x + lo, len, lane, nlanes);
+}
+
+/* Elements an AdamW list's block updates: a chunk of each parameter. */
+#define MS_CU_ADAMW_CHUNK 4096
+
+/* Lane l's share of chunk b of an AdamW list: elements lo + l, lo + l + nlanes, ... of its
+ * parameter, each as ms_cu_adamw_elem updates it. */
+MS_HD void ms_cu_adamw_list_part(const ms_cu_adamw_item &it, int64_t b, int lane, int nlanes,
+                                 const ms_cu_adamw_consts &k) {
+    const int64_t lo = (b - it.chunk0) * MS_CU_ADAMW_CHUNK;
+    const int64_t hi = it.n - lo < MS_CU_ADAMW_CHUNK ? it.n : lo + MS_CU_ADAMW_CHUNK;
+    for (int64_t i = lo + lane; i < hi; i += nlanes) {
+        if (it.g_bf16)
+            ms_cu_adamw_elem(it.p, (const ms_bf16 *)it.g, it.m, it.v, i, k);
+        else
+            ms_cu_adamw_elem(it.p, (const float *)it.g, it.m, it.v, i, k);
+    }
 }
 
 MS_HD double ms_cu_sumsq_combine(const double *parts, int64_t nchunks) {
