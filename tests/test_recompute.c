@@ -521,28 +521,81 @@ static void scratch_rank(mt_rank *r, void *arg) {
            mode, SCR_MB, (double)one.arena_bytes, (double)SCR_MB * one.arena_bytes,
            (double)shared.arena_bytes, (double)shared.scratch_bytes,
            (double)SCR_MB * shared.arena_bytes + shared.scratch_bytes);
-    assert_int_equal(one.scratch_bytes, 0);
-    assert_true(shared.scratch_bytes > 0 && shared.arena_bytes < one.arena_bytes);
-    assert_true((double)SCR_MB * shared.arena_bytes + shared.scratch_bytes <
-                (double)SCR_MB * one.arena_bytes);
-    assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
-    for (int j = 0; j < SCR_MB; j++) assert_true(isfinite(loss[1][j]));
-    assert_int_equal(ms_program_num_params(p[0]), ms_program_num_params(p[1]));
+    MT_CHECK(r, one.scratch_bytes == 0, "one arena each, yet a scratch of %zu B",
+             (size_t)one.scratch_bytes);
+    MT_CHECK(r, shared.scratch_bytes > 0 && shared.arena_bytes < one.arena_bytes,
+             "the shared scratch takes nothing out of the micro-batch arena");
+    MT_CHECK(r,
+             (double)SCR_MB * shared.arena_bytes + shared.scratch_bytes <
+                 (double)SCR_MB * one.arena_bytes,
+             "the shared scratch takes no less memory in all");
+    MT_CHECK(r, !memcmp(loss[0], loss[1], sizeof loss[0]), "losses differ with the scratch");
+    for (int j = 0; j < SCR_MB; j++) MT_CHECK(r, isfinite(loss[1][j]), "loss %d not finite", j);
+    MT_CHECK(r, ms_program_num_params(p[0]) == ms_program_num_params(p[1]),
+             "the two layouts have different parameters");
     for (int i = 0; i < ms_program_num_params(p[0]); i++) {
         ms_param_view a, b;
         MT_OK(r, ms_program_param(p[0], i, &a), NULL);
         MT_OK(r, ms_program_param(p[1], i, &b), NULL);
         int64_t n = ms_tensor_numel(&a.grad);
-        assert_int_equal(n, ms_tensor_numel(&b.grad));
-        assert_memory_equal(ms_tensor_f32(&a.grad), ms_tensor_f32(&b.grad),
-                            sizeof(float) * (size_t)n);
+        MT_CHECK(
+            r,
+            n == ms_tensor_numel(&b.grad) &&
+                !memcmp(ms_tensor_f32(&a.grad), ms_tensor_f32(&b.grad), sizeof(float) * (size_t)n),
+            "parameter %d's gradient differs with the scratch", i);
+    }
+    /* Zeroing the gradients clears every one (the micro-batch accumulators too) and touches
+     * no parameter: the gradient buffers go in merged ranges, which must cover them all and
+     * reach nothing beside them. So zeroing leaves only zeros, and the same step again (it
+     * zeroes first) gives the same gradients and losses, bit for bit. */
+    for (int k = 0; k < 2; k++) {
+        const int np = ms_program_num_params(p[k]);
+        float **data = xmalloc(sizeof *data * (size_t)np),
+              **grad = xmalloc(sizeof *grad * (size_t)np);
+        for (int i = 0; i < np; i++) {
+            ms_param_view v;
+            MT_OK(r, ms_program_param(p[k], i, &v), NULL);
+            const size_t nd = sizeof(float) * (size_t)ms_tensor_numel(&v.data),
+                         ng = sizeof(float) * (size_t)ms_tensor_numel(&v.grad);
+            data[i] = memcpy(xmalloc(nd), ms_tensor_f32(&v.data), nd);
+            grad[i] = memcpy(xmalloc(ng), ms_tensor_f32(&v.grad), ng);
+        }
+        MT_OK(r, ms_program_zero_grads(p[k], &err), &err);
+        for (int i = 0; i < np; i++) {
+            ms_param_view v;
+            MT_OK(r, ms_program_param(p[k], i, &v), NULL);
+            int64_t left = 0;
+            for (int64_t e = 0; e < ms_tensor_numel(&v.grad); e++)
+                left += ms_tensor_f32(&v.grad)[e] != 0.0f;
+            MT_CHECK(r, left == 0, "layout %d: %lld of parameter %d's gradient left after zeroing",
+                     k, (long long)left, i);
+            MT_CHECK(r,
+                     !memcmp(data[i], ms_tensor_f32(&v.data),
+                             sizeof(float) * (size_t)ms_tensor_numel(&v.data)),
+                     "layout %d: zeroing the gradients changed parameter %d", k, i);
+        }
+        float again[SCR_MB];
+        run_gpipe(r, p[k], &md[k], cfg.vocab_size, again);
+        MT_CHECK(r, !memcmp(again, loss[k], sizeof again), "layout %d: the step again differs", k);
+        for (int i = 0; i < np; i++) {
+            ms_param_view v;
+            MT_OK(r, ms_program_param(p[k], i, &v), NULL);
+            MT_CHECK(r,
+                     !memcmp(grad[i], ms_tensor_f32(&v.grad),
+                             sizeof(float) * (size_t)ms_tensor_numel(&v.grad)),
+                     "layout %d: parameter %d's gradient differs the second time", k, i);
+            free(data[i]), free(grad[i]);
+        }
+        free(data), free(grad);
     }
     /* without its scratch, the program refuses to run and names the call that binds one */
     float *arena = scratch_alloc(ms_program_arena_bytes(p[1])), l = 0;
     ms_program_bind_scratch(p[1], NULL);
     ms_program_bind_arena(p[1], arena);
-    assert_int_equal(ms_program_forward(p[1], &l, &err), MS_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "ms_program_bind_scratch"));
+    MT_CHECK(r, ms_program_forward(p[1], &l, &err) == MS_ERR_INVALID,
+             "a forward without its scratch ran");
+    MT_CHECK(r, strstr(err.msg, "ms_program_bind_scratch"),
+             "the refusal does not name the call: %s", err.msg);
     free(arena);
     for (int k = 0; k < 2; k++) {
         ms_program_destroy(p[k]);

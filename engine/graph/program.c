@@ -1358,6 +1358,7 @@ void ms_program_destroy(ms_program *p) {
     free(p->pn);
     if (!p->micro) program_free(p, p->arena, (p->arena_floats + 16) * sizeof(float));
     free(p->in_grad_buf);
+    free(p->zero_off), free(p->zero_len), free(p->zero_other);
     program_free(p, p->persist, (p->persist_floats + 16) * sizeof(float));
     if (p->host_persist)
         ms_device_free(p->master_host, p->host_persist, (p->host_floats + 16) * sizeof(float));
@@ -1758,17 +1759,62 @@ void ms_program_params_written(ms_program *p) {
     if (p->member && !p->shapes_only) masters_written(p);
 }
 
+static int cmp_size(const void *a, const void *b) {
+    const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The parameters' gradient buffers as few ranges as they allow: the persistent ones (created
+ * side by side, laid out side by side) merged where one ends, padding included, where the next
+ * begins; the rest listed one by one. */
+static void plan_zero_ranges(ms_program *p) {
+    const int cap = 2 * p->nparams + 2;
+    size_t *span = xmalloc(sizeof *span * 2 * (size_t)cap); /* (offset, padded floats) pairs */
+    int ns = 0;
+    p->zero_other = xmalloc(sizeof *p->zero_other * (size_t)cap);
+    p->zero_n_other = 0;
+    for (int v = 0; v < p->g->nv; v++) {
+        const pvalue *pv = &p->pv[v];
+        if (p->g->v[v].kind != GV_PARAM) continue;
+        const int bufs[2] = {pv->param_grad_buf,
+                             pv->has_grad && pv->gbuf != pv->param_grad_buf ? pv->gbuf : -1};
+        for (int k = 0; k < 2 && ns < cap; k++) {
+            if (bufs[k] < 0) continue;
+            const buf *bf = &p->bufs[bufs[k]];
+            if (bf->persistent && !bf->on_host && bf->ptr == p->persist + bf->offset)
+                span[2 * ns] = bf->offset, span[2 * ns + 1] = padded_floats(bf), ns++;
+            else
+                p->zero_other[p->zero_n_other++] = bufs[k];
+        }
+    }
+    qsort(span, (size_t)ns, 2 * sizeof *span, cmp_size);
+    p->zero_off = xmalloc(sizeof *p->zero_off * (size_t)(ns + 1));
+    p->zero_len = xmalloc(sizeof *p->zero_len * (size_t)(ns + 1));
+    p->zero_n = 0;
+    for (int i = 0; i < ns; i++) {
+        const size_t off = span[2 * i], len = span[2 * i + 1];
+        const int last = p->zero_n - 1;
+        if (last >= 0 && p->zero_off[last] + p->zero_len[last] == off)
+            p->zero_len[last] += len;
+        else if (last < 0 || p->zero_off[last] + p->zero_len[last] < off)
+            p->zero_off[p->zero_n] = off, p->zero_len[p->zero_n++] = len;
+        /* else: a buffer already inside the last range (one shared by two values) */
+    }
+    free(span);
+    p->zero_ready = true;
+}
+
 ms_status ms_program_zero_grads(ms_program *p, ms_error *err) {
     if (!p->member || p->shapes_only) return MS_OK;
     ms_gb_reset(p->buckets);
     for (int i = 0; p->gf_last && i < p->nparams; i++) p->gf_hits[i] = 0, p->gf_told[i] = false;
-    for (int v = 0; v < p->g->nv; v++) {
-        pvalue *pv = &p->pv[v];
-        if (p->g->v[v].kind != GV_PARAM) continue;
-        MS_CHECK(zero_buf(p, &p->bufs[pv->param_grad_buf], err));
-        if (pv->has_grad && pv->gbuf != pv->param_grad_buf)
-            MS_CHECK(zero_buf(p, &p->bufs[pv->gbuf], err));
+    if (!p->zero_ready) plan_zero_ranges(p);
+    for (int i = 0; i < p->zero_n; i++) {
+        const buf range = {.ptr = p->persist + p->zero_off[i], .nfloats = (int64_t)p->zero_len[i]};
+        MS_CHECK(zero_buf(p, &range, err));
     }
+    for (int i = 0; i < p->zero_n_other; i++)
+        MS_CHECK(zero_buf(p, &p->bufs[p->zero_other[i]], err));
     return MS_OK;
 }
 

@@ -127,6 +127,12 @@ struct ms_program {
     size_t activation_floats; /* peak_activations */
     float *persist;
     size_t persist_floats;
+    /* The gradients zeroed at each step as ranges of adjacent buffers (built on first use):
+     * the persistent ones [zero_off[i], + zero_len[i]) floats of persist; zero_other: those
+     * zeroed one by one (outside persist), zero_n_other of them. */
+    size_t *zero_off, *zero_len;
+    int zero_n, *zero_other, zero_n_other;
+    bool zero_ready;
     /* host masters (ms_compile_opts.master_host, borrowed): their storage there, and the
      * host's kernels that fill, round and load them (owned) */
     ms_device *master_host;
