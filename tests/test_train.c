@@ -238,19 +238,22 @@ static void dropout_draws(mt_rank *r, void *p) {
     ms_strategy s;
     ms_mesh mesh;
     ms_dmesh *dm;
-    assert_int_equal(ms_strategy_init(&s, 1, 1, 1, false, &err), MS_OK);
+    if (!MT_OK(r, ms_strategy_init(&s, 1, 1, 1, false, &err), &err)) return;
     ms_strategy_mesh(&s, &mesh, &err);
-    assert_int_equal(ms_dmesh_create(r->ctx, &mesh, &dm, &err), MS_OK);
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
     float plain = 0;
     for (int drop = 1; drop >= 0; drop--) {
         ms_model_config cfg = tiny_config(false);
         cfg.embd_pdrop = cfg.resid_pdrop = drop ? 0.3 : 0;
         ms_model m;
         ms_program *prog;
-        assert_int_equal(ms_model_build(&cfg, B, T, &m, &err), MS_OK);
+        if (!MT_OK(r, ms_model_build(&cfg, B, T, &m, &err), &err)) break;
         ms_sharding sh = {.s = &s};
         ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 42};
-        assert_int_equal(ms_program_compile(m.g, dm, &co, &prog, &err), MS_OK);
+        if (!MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err)) {
+            ms_model_free(&m);
+            break;
+        }
         if (drop) {
             float s0 = forward_loss(prog, &m, true, 0), again = forward_loss(prog, &m, true, 0);
             float s1 = forward_loss(prog, &m, true, 1);
