@@ -609,6 +609,80 @@ static void shared_scratch(void **state) {
     mt_run_threads(1, scratch_rank, *state);
 }
 
+/* ---- gradients written whole by the kernel that writes them first ----
+ * A program that drops the zeroing of a gradient whose first writer writes it whole
+ * (ms_op_def.fresh_ok: the products' dA and dB) gives the losses and gradients of the same
+ * program zeroing every gradient (ms_compile_opts.zero_all_grads), equal as numbers (a product
+ * written whole keeps a -0 that 0 + -0 would make +0), and each zeroing it dropped is one
+ * buffer written whole instead. */
+static void fresh_rank(mt_rank *r, void *arg) {
+    const bool bf16 = arg != NULL;
+    ms_error err = {0};
+    ms_model_config cfg = config(false, false);
+    ms_mesh mesh = {0};
+    ms_dmesh *dm = NULL;
+    int shape[1] = {1};
+    if (!MT_OK(r, ms_mesh_init(&mesh, 1, shape, NULL, NULL, &err), &err)) return;
+    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    ms_model md[2];
+    ms_program *p[2] = {NULL, NULL};
+    float loss[2] = {0, 0};
+    ms_program_stats st[2];
+    for (int k = 0; k < 2; k++) {
+        MT_OK(r, ms_model_build(&cfg, SCR_B, SCR_T, &md[k], &err), &err);
+        ms_compile_opts co = {.seed = 5, .bf16 = bf16, .zero_all_grads = k == 1};
+        if (!MT_OK(r, ms_program_compile(md[k].g, dm, &co, &p[k], &err), &err)) return;
+        feed_micro(r, p[k], &md[k], cfg.vocab_size, 0);
+        MT_OK(r, ms_program_step(p[k], &loss[k], &err), &err);
+        ms_program_stats_get(p[k], &st[k]);
+    }
+    printf("%s: %d gradients zeroed (%.0f B) and %d written whole (%.0f B); zeroing them all: %d "
+           "(%.0f B)\n",
+           bf16 ? "bf16" : "fp32", st[0].zeroed_grads, st[0].zeroed_bytes, st[0].fresh_grads,
+           st[0].fresh_bytes, st[1].zeroed_grads, st[1].zeroed_bytes);
+    MT_CHECK(r, st[0].fresh_grads > 0 && st[1].fresh_grads == 0, "written whole: %d and %d",
+             st[0].fresh_grads, st[1].fresh_grads);
+    MT_CHECK(r,
+             st[0].zeroed_grads + st[0].fresh_grads == st[1].zeroed_grads &&
+                 st[0].zeroed_bytes + st[0].fresh_bytes == st[1].zeroed_bytes,
+             "the zeroings dropped are not the buffers written whole");
+    MT_CHECK(r, loss[0] == loss[1] && isfinite(loss[0]), "loss %.9g, zeroing all %.9g", loss[0],
+             loss[1]);
+    for (int i = 0; i < ms_program_num_params(p[0]); i++) {
+        ms_param_view a, b;
+        MT_OK(r, ms_program_param(p[0], i, &a), NULL);
+        MT_OK(r, ms_program_param(p[1], i, &b), NULL);
+        const int64_t n = ms_tensor_numel(&a.grad);
+        int64_t differ = 0;
+        for (int64_t e = 0; e < n; e++) {
+            const float x = a.grad.dtype == MS_BF16
+                                ? ms_f32_from_bf16(((const uint16_t *)ms_tensor_data(&a.grad))[e])
+                                : ms_tensor_f32(&a.grad)[e];
+            const float y = b.grad.dtype == MS_BF16
+                                ? ms_f32_from_bf16(((const uint16_t *)ms_tensor_data(&b.grad))[e])
+                                : ms_tensor_f32(&b.grad)[e];
+            differ += x != y;
+        }
+        MT_CHECK(r, differ == 0, "parameter %d: %lld of its gradient differ", i, (long long)differ);
+    }
+    for (int k = 0; k < 2; k++) {
+        ms_program_destroy(p[k]);
+        ms_model_free(&md[k]);
+    }
+    ms_dmesh_destroy(dm);
+    ms_mesh_free(&mesh);
+}
+
+static void fresh_gradients_fp32(void **state) {
+    (void)state;
+    mt_run_threads(1, fresh_rank, NULL);
+}
+
+static void fresh_gradients_bf16(void **state) {
+    (void)state;
+    mt_run_threads(1, fresh_rank, (void *)1);
+}
+
 /* Test names end in _wN, the world size they need (the MPI entry filters on it). */
 // clang-format off
 #define BITWISE(name, bert, dropout) \
@@ -625,6 +699,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(program_recomputes_regions),
     cmocka_unit_test(gpt_bench_arena),
     {"shared_scratch_full", shared_scratch, NULL, NULL, (void *)"full"},
+    cmocka_unit_test(fresh_gradients_fp32),
+    cmocka_unit_test(fresh_gradients_bf16),
     {"shared_scratch_none", shared_scratch, NULL, NULL, (void *)"none"},
     BITWISE(gpt_bitwise_w1, false, false),
     BITWISE(bert_bitwise_w1, true, false),

@@ -131,6 +131,10 @@ typedef struct ms_compile_opts {
      * overlap): its temporaries then get arena space of their own for the whole step instead
      * of sharing it with the step's buffers. */
     bool deferred_param_sync;
+    /* Zero every gradient before its first kernel adds into it, even where that kernel could
+     * write it whole (ms_op_def.fresh_ok): the program as it was before it skipped those
+     * zeroings, for comparing the two. */
+    bool zero_all_grads;
     /* Shapes-only programs (ms_program_compile_shapes), under bf16: the device whose kernels
      * decide which instructions take their bf16 buffers unstaged, and so the staging area's
      * size (MS_DEVICE_CPU, the default: every instruction staged). MS_DEVICE_CUDA prices a GPU
@@ -296,6 +300,10 @@ typedef struct ms_program_stats {
     int grad_buckets;     /* bucket_mb > 0: buckets of grad-sync all-reduces */
     int bucketed_grads;   /* the gradients in them */
     size_t bucket_bytes;  /* their one buffer (and the reduce-scatters' results), device memory */
+    /* gradients zeroed in a step before kernels add into them (ms_program_zero_grads' aside),
+     * and those a kernel writes whole first instead (ms_op_def.fresh_ok): buffers and bytes */
+    int zeroed_grads, fresh_grads;
+    double zeroed_bytes, fresh_bytes;
 } ms_program_stats;
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s);
 

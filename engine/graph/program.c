@@ -787,6 +787,55 @@ static void build_backward(ms_program *p) {
     build_param_sync(p);
 }
 
+/* Whether instruction in reads or writes buffer b. */
+static bool uses_buf(const ms_program *p, const instr *in, int b) {
+    if (in->src == b || in->dst == b) return true;
+    if (in->node < 0) return false;
+    const gnode *nd = &p->g->n[in->node];
+    for (int i = 0; i < nd->n_in; i++)
+        if (in->kb.in[i] == b) return true;
+    for (int o = 0; o < nd->n_out; o++)
+        if (in->kb.out[o] == b) return true;
+    for (int s = 0; s < MS_OP_MAX_SAVED; s++)
+        if (in->kb.saved[s] == b) return true;
+    for (int o = 0; o < MS_OP_MAX_OUT; o++)
+        if (in->dout_buf[o] == b) return true;
+    for (int i = 0; i < MS_OP_MAX_IN; i++)
+        if (in->din_buf[i] == b) return true;
+    return false;
+}
+
+/* A gradient zeroed only for a backward kernel to add into it: when that kernel's op can write
+ * the gradient whole (fresh_ok) and the buffer is nothing else of that call, the kernel writes
+ * it (din_fresh) and the zeroing is dropped. The zeroings of the step's gradients moved about
+ * as many bytes as the activations (4.3 GB for GPT-2 124M at 8 x 1024 under bf16); the kernels
+ * that now write instead of add (the products' dA and dB) also read nothing back. */
+static void fresh_gradients(ms_program *p) {
+    for (int z = 0; z < p->ni; z++) {
+        instr *zi = &p->ins[z];
+        if (zi->kind != I_ZERO || zi->phase != MS_PROG_BACKWARD) continue;
+        const int b = zi->dst;
+        int k = z + 1;
+        while (k < p->ni && !uses_buf(p, &p->ins[k], b)) k++;
+        if (k == p->ni || p->ins[k].kind != I_BWD) continue;
+        instr *w = &p->ins[k];
+        const ms_op_def *def = ms_op_get(p->g->n[w->node].op);
+        int slot = -1, uses = 0;
+        for (int i = 0; i < MS_OP_MAX_IN; i++)
+            if (w->din_buf[i] == b) slot = i, uses++;
+        if (slot < 0 || uses != 1 || !(def->fresh_ok >> slot & 1u)) continue;
+        bool other = w->src == b || w->dst == b;
+        for (int o = 0; o < MS_OP_MAX_OUT; o++) other |= w->dout_buf[o] == b;
+        const gnode *nd = &p->g->n[w->node];
+        for (int i = 0; i < nd->n_in; i++) other |= w->kb.in[i] == b;
+        for (int o = 0; o < nd->n_out; o++) other |= w->kb.out[o] == b;
+        for (int s = 0; s < MS_OP_MAX_SAVED; s++) other |= w->kb.saved[s] == b;
+        if (other) continue;
+        w->din_fresh |= 1u << slot;
+        zi->dropped = true;
+    }
+}
+
 /* --- memory plan ---------------------------------------------------------------------------- */
 
 static void touch(ms_program *p, int b, int at) {
@@ -1241,6 +1290,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     build_forward(p);
     mark_recompute(p, opts ? opts->recompute : 0);
     build_backward(p);
+    if (!(opts && opts->zero_all_grads)) fresh_gradients(p);
     if (opts && opts->bucket_mb > 0) plan_grad_buckets(p, opts); /* shapes-only: the planner's */
     layout_memory(p);
     p->staging_floats = prog_staging_floats(p);
@@ -1442,6 +1492,7 @@ static void make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape
     }
     for (int s = 0; s < MS_OP_MAX_SAVED; s++)
         if (in->kb.saved[s] >= 0) call->saved[s] = &p->bufs[in->kb.saved[s]].t;
+    call->din_fresh = in->din_fresh;
     call->gin = gin;
     call->gout = gout;
 }
@@ -1673,6 +1724,9 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
                                      : run_reshard(p, in, err);
                 break;
             case I_ZERO:
+                if (in->dropped) break;
+                st = run_data_instr(p, in, err);
+                break;
             case I_SEED:
             case I_COPY:
             case I_ADD:
@@ -1992,6 +2046,13 @@ void ms_program_explain(const ms_program *p, FILE *f) {
             "(%s without reuse; activations %s besides the gradients awaiting the grad sync); "
             "parameters and gradients %s\n",
             n, t, st.flops / 1e9, ar, sc, un, ac, pb);
+    char zb[32], fb[32];
+    human(st.zeroed_bytes, zb, sizeof zb);
+    human(st.fresh_bytes, fb, sizeof fb);
+    fprintf(f,
+            "gradients: %d zeroed before kernels add into them (%s), %d written whole by the "
+            "kernel that writes them first (%s)\n",
+            st.zeroed_grads, zb, st.fresh_grads, fb);
 }
 
 void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
@@ -2004,6 +2065,14 @@ void ms_program_stats_get(const ms_program *p, ms_program_stats *s) {
             s->reshard_bytes += in->coll_bytes;
         } else if (in->kind == I_FWD || in->kind == I_BWD) {
             s->flops += in->flops;
+            for (int i = 0; in->kind == I_BWD && i < MS_OP_MAX_IN; i++)
+                if (in->din_fresh >> i & 1u) {
+                    s->fresh_grads++;
+                    s->fresh_bytes += 4.0 * (double)p->bufs[in->din_buf[i]].nfloats;
+                }
+        } else if (in->kind == I_ZERO && !in->dropped && in->dst >= 0) {
+            s->zeroed_grads++;
+            s->zeroed_bytes += 4.0 * (double)p->bufs[in->dst].nfloats;
         }
     }
     s->arena_bytes = p->arena_floats * sizeof(float);

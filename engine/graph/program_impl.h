@@ -78,7 +78,9 @@ typedef struct instr {
     double flops, bytes;         /* FWD/BWD: the op's cost for this rank's local shapes */
     kbufs kb;                    /* FWD/BWD: the node's inputs, outputs and saved buffers */
     ms_program_phase phase;
-    int bucket_grad; /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
+    int bucket_grad;    /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
+    unsigned din_fresh; /* BWD: the ms_op_call.din_fresh it runs with */
+    bool dropped;       /* ZERO: skipped, the next writer writes the buffer whole */
 } instr;
 
 struct ms_program {

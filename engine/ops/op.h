@@ -213,6 +213,10 @@ typedef struct ms_op_call {
     /* backward only: gradients of outputs (read) and inputs (accumulated; NULL = not wanted) */
     ms_tensor *dout[MS_OP_MAX_OUT];
     ms_tensor *din[MS_OP_MAX_IN];
+    /* backward only: bit i set when din[i] holds nothing yet (the program left it unzeroed):
+     * the backward writes every element of din[i] instead of adding to it. Set only for the
+     * inputs the op's fresh_ok names. */
+    unsigned din_fresh;
     uint64_t seed;           /* dropout's key: the run seed and the training step */
     ms_k_batch_window batch; /* where the program's rows sit in the step's batch (dropout) */
     bool eval;               /* evaluation: dropout passes values through */
@@ -251,6 +255,10 @@ typedef struct ms_op_def {
     /* Which outputs hold integers (bit o = output o: indices), kept fp32 under bf16 precision
      * like every output of an op that passes no gradient. */
     unsigned int_outputs;
+    /* Which inputs' gradients the backward can write whole instead of adding to (bit i =
+     * input i; ms_op_call.din_fresh): the program then need not zero a gradient that this op
+     * writes first. 0: the backward always adds. */
+    unsigned fresh_ok;
 } ms_op_def;
 
 /* The table row of op id `op` (built-in or registered), or NULL. */

@@ -125,6 +125,38 @@ static inline uint16_t *U16(const ms_tensor *t) {
 static inline bool bf16_call(const ms_op_call *c) {
     return c->in[0]->dtype == MS_BF16;
 }
+/* One call of the product's backward kernel: dA into da and dB into db (tensors, or NULL),
+ * added to what they hold (acc) or written whole. */
+static inline ms_status matmul_grads_call(ms_op_call *c, const ms_k_gemm *g, ms_tensor *da,
+                                          ms_tensor *db, bool acc, ms_error *err) {
+    if (bf16_call(c))
+        return MS_CALL_K(c->kc, matmul_backward_bf16, g, U16(da), U16(db), U16(c->dout[0]),
+                         U16(c->in[0]), U16(c->in[1]), 1.0f, acc, err);
+    return MS_CALL_K(c->kc, matmul_backward, g, F(da), F(db), F(c->dout[0]), F(c->in[0]),
+                     F(c->in[1]), 1.0f, acc, err);
+}
+
+/* A product's gradients into din[0] (dA) and din[1] (dB), either NULL when not wanted: each
+ * added to what it holds, or written whole where the call's din_fresh says it holds nothing
+ * yet; one kernel call when the two are alike, else one each. */
+static inline ms_status matmul_grads(ms_op_call *c, const ms_k_gemm *g, ms_error *err) {
+    ms_tensor *da = c->din[0], *db = c->din[1];
+    const bool fa = c->din_fresh & 1u, fb = (c->din_fresh >> 1) & 1u;
+    if (g->k <= 0 || g->batch <= 0) { /* no product: a fresh gradient is zeros (bits 0) */
+        ms_tensor *fresh[2] = {fa ? da : NULL, fb ? db : NULL};
+        for (int i = 0; i < 2; i++)
+            if (fresh[i])
+                MS_CHECK(MS_CALL_K(
+                    c->kc, fill, ms_tensor_data(fresh[i]), 0.0f,
+                    (ms_tensor_numel(fresh[i]) * (int64_t)ms_dtype_size(fresh[i]->dtype) + 3) / 4,
+                    err));
+        return MS_OK;
+    }
+    if (!da || !db || fa == fb) return matmul_grads_call(c, g, da, db, da ? !fa : !fb, err);
+    MS_CHECK(matmul_grads_call(c, g, da, NULL, !fa, err));
+    return matmul_grads_call(c, g, NULL, db, !fb, err);
+}
+
 static inline int64_t N(const ms_tensor *t) {
     return ms_tensor_numel(t);
 }

@@ -638,9 +638,7 @@ static ms_status linear_forward(ms_op_call *c, ms_error *e) {
 }
 static ms_status linear_backward(ms_op_call *c, ms_error *e) {
     ms_k_gemm g = linear_gemm(c);
-    if (g.k > 0 && (c->din[0] || c->din[1]))
-        MS_CHECK(MS_CALL_K(c->kc, matmul_backward, &g, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
-                           F(c->in[0]), F(c->in[1]), 1.0f, true, e));
+    if (c->din[0] || c->din[1]) MS_CHECK(matmul_grads(c, &g, e));
     if (c->n_in == 3 && c->din[2])
         MS_CHECK(
             MS_CALL_K(c->kc, bias_add_backward, NULL, F(c->din[2]), F(c->dout[0]), g.m, g.n, e));
@@ -671,6 +669,7 @@ const ms_op_def ms_op_linear_def = {
     .cost = linear_cost,
     .runs_on = linear_runs_on,
     .grad_inputs = 7,
+    .fresh_ok = 3, /* x and W (products); the bias's gradient is a column sum, added */
 };
 
 /* --- bmm: a [..., M, K] @ b [..., K, N], batch dims broadcast (right-aligned, size 1 or

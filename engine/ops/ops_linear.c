@@ -117,11 +117,7 @@ static ms_status matmul_forward(ms_op_call *call, ms_error *err) {
 
 static ms_status matmul_backward(ms_op_call *call, ms_error *err) {
     ms_k_gemm g = matmul_gemm(call);
-    if (bf16_call(call))
-        return MS_CALL_K(call->kc, matmul_backward_bf16, &g, U16(call->din[0]), U16(call->din[1]),
-                         U16(call->dout[0]), U16(call->in[0]), U16(call->in[1]), 1.0f, true, err);
-    return MS_CALL_K(call->kc, matmul_backward, &g, F(call->din[0]), F(call->din[1]),
-                     F(call->dout[0]), F(call->in[0]), F(call->in[1]), 1.0f, true, err);
+    return matmul_grads(call, &g, err);
 }
 
 static ms_k_cost matmul_cost(const ms_op_call *call, bool backward) {
@@ -147,6 +143,7 @@ const ms_op_def ms_op_matmul_def = {
     .forward = matmul_forward,
     .backward = matmul_backward,
     .cost = matmul_cost,
+    .fresh_ok = 3, /* both gradients are products: beta 0 writes them whole */
     .runs_on = matmul_runs_on,
     .runs_bf16_on = matmul_runs_bf16_on,
     .grad_inputs = 3,
