@@ -2140,6 +2140,7 @@ ms_status ms_program_kernel(const ms_program *p, int i, ms_kernel_info *out) {
         out->in_pl[k] = pn->req_in[k];
         out->in_local[k] = p->bufs[in->kb.in[k]].lshape;
         out->grad_in[k] = in->din_buf[k] >= 0;
+        out->fresh_in[k] = in->din_fresh >> k & 1u;
     }
     for (int k = 0; k < nd->n_out; k++) {
         out->out[k] = nd->out[k];

@@ -61,7 +61,10 @@ typedef struct ms_kernel_info {
     ms_placements in_pl[MS_OP_MAX_IN], out_pl[MS_OP_MAX_OUT];
     ms_shape in_local[MS_OP_MAX_IN], out_local[MS_OP_MAX_OUT]; /* this rank's shapes */
     bool grad_in[MS_OP_MAX_IN]; /* backward: writes input i's gradient */
-    double flops, bytes;        /* the op's cost function on these shapes; 0 without one */
+    /* backward: writes input i's gradient whole, the program having left it unzeroed (the
+     * kernel writes first: ms_op_def.fresh_ok) */
+    bool fresh_in[MS_OP_MAX_IN];
+    double flops, bytes; /* the op's cost function on these shapes; 0 without one */
 } ms_kernel_info;
 
 int ms_program_num_kernels(const ms_program *p);

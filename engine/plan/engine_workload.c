@@ -104,9 +104,10 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
         st->flops += kn->flops;
         if (kn->op < 32) st->op_flops[kn->op] += kn->flops;
     }
-    /* gradient buffers the backward writes (zeroed every step) */
+    /* gradient buffers the backward adds into (zeroed every step; not those it writes whole) */
     for (int i = 0; bwd && i < kn->n_in; i++)
-        if (kn->grad_in[i]) w->zero_bytes += 4.0 * (double)numel(&kn->in_local[i]);
+        if (kn->grad_in[i] && !kn->fresh_in[i])
+            w->zero_bytes += 4.0 * (double)numel(&kn->in_local[i]);
 }
 
 /* The vocab-parallel cross-entropy all-reduces inside its forward kernel. */
