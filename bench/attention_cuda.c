@@ -7,7 +7,8 @@
  *
  * Defaults: GPT-2 124M's attention at batch 8 (B 8, T 1024, C 768, 12 heads). One call is
  * attention_forward_bf16 then attention_backward_bf16 on the rank's kernel context, as the
- * program calls them; the row kernels are selected with MS_CUDA_ATTENTION=rows. Each side: 3
+ * program calls them (the gradient written whole, as a training step's first writer of dqkv
+ * does); the row kernels are selected with MS_CUDA_ATTENTION=rows. Each side: 3
  * warm-up calls, then R repetitions of enough calls to take ~100 ms, timed on the host
  * around a device synchronisation; the median repetition. FLOPs: the causal half of
  * 4 B NH T^2 HS forward and 2.5 times that backward (FlashAttention's convention).
@@ -74,7 +75,7 @@ static int run(attn_ctx *x, int calls) {
         if (MS_CALL_K(x->kc, attention_forward_bf16, x->out, x->saved, x->qkv, NULL, o->b, o->t,
                       o->c, o->nh, true, &err) != MS_OK ||
             MS_CALL_K(x->kc, attention_backward_bf16, x->dqkv, x->scratch, x->dout, x->qkv,
-                      x->saved, NULL, o->b, o->t, o->c, o->nh, true, &err) != MS_OK)
+                      x->saved, NULL, o->b, o->t, o->c, o->nh, true, 1u, &err) != MS_OK)
             return fprintf(stderr, "meshscope: %s\n", err.msg), 1;
     }
     if (ms_kctx_sync(x->kc, &err) != MS_OK) return fprintf(stderr, "meshscope: %s\n", err.msg), 1;

@@ -608,6 +608,7 @@ static void test_adamw_list(void **state) {
                 ms_cu_adamw_elem(p2[i].data(), g[i].data(), m2[i].data(), v2[i].data(), e, k);
         }
         const size_t bytes = sizeof(float) * (size_t)sizes[i];
+        if (bytes == 0) continue; /* the empty parameter: memcmp may not see its null data */
         differ += memcmp(p[i].data(), p2[i].data(), bytes) ||
                   memcmp(m[i].data(), m2[i].data(), bytes) ||
                   memcmp(v[i].data(), v2[i].data(), bytes);

@@ -308,8 +308,15 @@ static void test_xent(void **state) {
     ok &= close("xent slice sum of exp", back(o1, n), ls, 1e-30, 3e-5);
     LAUNCH(ms_cu_xent_vp_target(o1, dsub, dt, n, vl, v0, NULL, ERR));
     ok &= close("xent slice target", back(o1, n), lt, 0, 0);
-    LAUNCH(ms_cu_xent_vp_backward(dds, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_backward(dds, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, 0u, NULL, ERR));
     ok &= close("xent slice backward", back(dds, n * vl), ds, 3e-8, 1e-5);
+    /* fresh: written whole over NaNs (ignored rows as zeros), the gradient alone */
+    fvec alone = fvec(n * vl, 0.0f);
+    ms_k_xent_vp_backward(alone.data(), sub.data(), gmax.data(), gsum.data(), t.data(), dl.data(),
+                          n, vl, v0);
+    float *dfresh = dev(fvec(n * vl, NAN));
+    LAUNCH(ms_cu_xent_vp_backward(dfresh, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, 1u, NULL, ERR));
+    ok &= close("xent slice backward, fresh (over NaNs)", back(dfresh, n * vl), alone, 3e-8, 1e-5);
     /* The combine, from the whole-vocab partials (one slice). */
     float *dgt = dev(fvec(n));
     LAUNCH(ms_cu_xent_vp_target(dgt, dlog, dt, n, v, 0, NULL, ERR));
@@ -448,7 +455,7 @@ static bool attention_case(int64_t b, int64_t t, int64_t c, int64_t nh, bool cau
              masked ? " mask" : "");
     bool ok = close(what, back(dout, n), out, 1e-5, 1e-4);
     LAUNCH(ms_cu_attention_backward(ddq, dscr, dg, dqkv_in, dout, dlse, dmask, b, t, c, nh, causal,
-                                    NULL, ERR));
+                                    0u, NULL, ERR));
     ok &= close("  dqkv", back(ddq, n3), dq, 1e-5, 1e-4);
     return ok;
 }
@@ -508,16 +515,22 @@ static bool attention_bf16_case(int64_t b, int64_t t, int64_t c, int64_t nh, boo
              causal ? " causal" : "", masked ? " mask" : "");
     bool ok = close(what, widen(back(dout, n)), out, 8e-3 * max_abs(out), BF16_RTOL);
     LAUNCH(ms_cu_attention_backward_bf16(ddq, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask, b,
-                                         t, c, nh, causal, NULL, ERR));
+                                         t, c, nh, causal, 0u, NULL, ERR));
     const hvec first = back(ddq, n3);
     fvec got(n3);
     for (int64_t i = 0; i < n3; i++) got[i] = ms_f32_from_bf16(first[i]) - d0f[i];
     ok &= close("  dqkv (what was added)", got, grad, 2e-2 * max_abs(grad), BF16_RTOL);
     uint16_t *ddq2 = dev(d0);
     LAUNCH(ms_cu_attention_backward_bf16(ddq2, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask,
-                                         b, t, c, nh, causal, NULL, ERR));
+                                         b, t, c, nh, causal, 0u, NULL, ERR));
     const bool same = back(ddq2, n3) == first;
     printf("  dqkv of a second backward: %s\n", same ? "the same bits" : "DIFFERENT  FAIL");
+    /* fresh: dqkv written whole over NaNs, every element once: the gradient alone */
+    uint16_t *dfresh = dev(to_bf16(fvec(n3, NAN)));
+    LAUNCH(ms_cu_attention_backward_bf16(dfresh, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask,
+                                         b, t, c, nh, causal, 1u, NULL, ERR));
+    ok &= close("  dqkv fresh (over NaNs)", widen(back(dfresh, n3)), grad, 2e-2 * max_abs(grad),
+                BF16_RTOL);
     if (rows) unsetenv("MS_CUDA_ATTENTION");
     return ok && same;
 }

@@ -129,7 +129,7 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     assert_true(kc->k->attention_saved_floats(B, T, C, NH) <= BUF_FLOATS);
     assert_true(kc->k->attention_scratch_floats(B, T, NH) <= BUF_FLOATS);
     K(attention_forward, f[6], f[8], f[1], NULL, B, T, C, NH, true);
-    K(attention_backward, f[9], f[10], f[7], f[1], f[8], NULL, B, T, C, NH, true);
+    K(attention_backward, f[9], f[10], f[7], f[1], f[8], NULL, B, T, C, NH, true, 0u);
     /* the LLaMA layers: x [B, T, NH, C / NH] in f[1] */
     K(rmsnorm_forward, f[3], f[4], f[1], f[2], rows, C, 1e-6f);
     K(rmsnorm_backward, f[5], f[13], f[7], f[1], f[2], f[4], rows, C);
@@ -166,7 +166,7 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     K(xent_vp_sumexp, f[14], f[1], f[13], rows, V);
     K(xent_vp_target, f[15], f[1], p->tgt, rows, V, 0);
     K(xent_vp_loss, f[0] + 8, f[13], f[14], f[15], p->tgt, rows);
-    K(xent_vp_backward, f[2], f[1], f[13], f[14], p->tgt, f[0] + 8, rows, V, 0);
+    K(xent_vp_backward, f[2], f[1], f[13], f[14], p->tgt, f[0] + 8, rows, V, 0, 1u); /* fresh */
     ms_k_batch_window w = {.rows = B, .stride = B, .offset = 0};
     const int64_t shape[3] = {B, T, C}, start[3] = {0, 0, 0};
     K(dropout_forward, f[3], f[1], 0.25f, 11, 2, 3, shape, start, shape, &w);

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/core/panic.h"
 #include "engine/core/xalloc.h"
@@ -14,6 +15,11 @@
 /* The host address of a device address; NULL stays NULL (an unwanted gradient). */
 #define H(p) ((void *)((p) ? (uintptr_t)(p)-kc->tag : (uintptr_t)0))
 #define OK   (void)err, MS_OK
+
+/* A fresh gradient (backend.h) on host memory: the CPU kernels add, so it starts at zero. */
+static void zero_floats(float *x, int64_t n) {
+    if (x && n > 0) memset(x, 0, sizeof(float) * (size_t)n);
+}
 
 static ms_status host_sync(ms_kctx *kc, ms_error *err) {
     (void)kc, (void)err;
@@ -401,8 +407,9 @@ static ms_status h_attention_forward(ms_kctx *kc, float *out, float *saved, cons
 static ms_status h_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *saved, const float *mask,
                                       int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                      ms_error *err) {
+                                      unsigned fresh, ms_error *err) {
     (void)mask; /* its effect is in the saved probabilities */
+    if (fresh & 1u) zero_floats(H(dqkv), 3 * b * t * c);
     ms_k_attention_backward(H(dqkv), H(scratch), H(dout), H(qkv), H(saved), b, t, c, nh, causal);
     return OK;
 }
@@ -502,7 +509,8 @@ static ms_status h_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, c
 static ms_status h_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
                                     const float *gmax, const float *gsum, const int32_t *targets,
                                     const float *dlosses, int64_t n, int64_t vl, int64_t v0,
-                                    ms_error *err) {
+                                    unsigned fresh, ms_error *err) {
+    if (fresh & 1u) zero_floats(H(dlogits), n * vl);
     ms_k_xent_vp_backward(H(dlogits), H(logits), H(gmax), H(gsum), H(targets), H(dlosses), n, vl,
                           v0);
     return OK;
@@ -687,6 +695,14 @@ static float *wide(wide_set *s, const uint16_t *x, int64_t n, bool read, bool wr
 #define WIN(x, n)  wide(&ws, H(x), (n), true, false) /* read */
 #define WOUT(x, n) wide(&ws, H(x), (n), false, true) /* overwritten */
 #define WACC(x, n) wide(&ws, H(x), (n), true, true)  /* accumulated into */
+/* a gradient accumulated into, or when fresh (backend.h) written whole: zeros to add to */
+#define WGRAD(x, n, fresh) ((fresh) ? wide_zeros(&ws, H(x), (n)) : WACC(x, n))
+
+static float *wide_zeros(wide_set *s, uint16_t *x, int64_t n) {
+    float *w = wide(s, x, n, false, true);
+    if (w && n > 0) memset(w, 0, sizeof *w * (size_t)n);
+    return w;
+}
 
 static void wide_done(wide_set *s) {
     for (int i = 0; i < s->k; i++) {
@@ -846,11 +862,12 @@ static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *s
                                            const uint16_t *dout, const uint16_t *qkv,
                                            const float *saved, const float *mask, int64_t b,
                                            int64_t t, int64_t c, int64_t nh, bool causal,
-                                           ms_error *err) {
+                                           unsigned fresh, ms_error *err) {
     (void)mask; /* its effect is in the saved probabilities */
     wide_set ws = {0};
-    ms_k_attention_backward(WACC(dqkv, b * t * 3 * c), H(scratch), WIN(dout, b * t * c),
-                            WIN(qkv, b * t * 3 * c), H(saved), b, t, c, nh, causal);
+    ms_k_attention_backward(WGRAD(dqkv, b * t * 3 * c, fresh & 1u), H(scratch),
+                            WIN(dout, b * t * c), WIN(qkv, b * t * 3 * c), H(saved), b, t, c, nh,
+                            causal);
     wide_done(&ws);
     return OK;
 }
@@ -879,10 +896,10 @@ static ms_status f_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t 
 static ms_status f_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
                                          const float *gmax, const float *gsum,
                                          const int32_t *targets, const uint16_t *dlosses, int64_t n,
-                                         int64_t vl, int64_t v0, ms_error *err) {
+                                         int64_t vl, int64_t v0, unsigned fresh, ms_error *err) {
     wide_set ws = {0};
-    ms_k_xent_vp_backward(WACC(dlogits, n * vl), WIN(logits, n * vl), H(gmax), H(gsum), H(targets),
-                          WIN(dlosses, n), n, vl, v0);
+    ms_k_xent_vp_backward(WGRAD(dlogits, n * vl, fresh & 1u), WIN(logits, n * vl), H(gmax), H(gsum),
+                          H(targets), WIN(dlosses, n), n, vl, v0);
     wide_done(&ws);
     return OK;
 }

@@ -12,7 +12,11 @@
  *
  * Every slot has the argument order and the semantics of the CPU kernel it is named after
  * (shapes in kernels.h; backward kernels accumulate, forward kernels overwrite) and returns a
- * status: a GPU launch can fail. A NULL slot is a kernel the backend does not have yet; an
+ * status: a GPU launch can fail. A backward slot with a `fresh` argument may instead write a
+ * gradient whole: bit i set says its i-th gradient output (in argument order) holds nothing
+ * yet, so the kernel writes it rather than adding to it (ms_op_call.din_fresh: the program
+ * then skips zeroing it; the CPU tables zero and add, a GPU's writes). A NULL slot is a kernel
+ * the backend does not have yet; an
  * operator says which slots it needs (ms_op_def.runs_on) so the program refuses, when it is
  * compiled, a graph that the device cannot run, naming the operator.
  *
@@ -143,7 +147,7 @@ struct ms_kernels {
              const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
     MS_KSLOT(attention_backward_bf16, uint16_t *dqkv, float *scratch, const uint16_t *dout,
              const uint16_t *qkv, const float *saved, const float *mask, int64_t b, int64_t t,
-             int64_t c, int64_t nh, bool causal);
+             int64_t c, int64_t nh, bool causal, unsigned fresh);
     /* the vocab-parallel cross-entropy's pieces on bf16 logits; the losses are computed fp32
      * (xent_vp_loss) and rounded by bf16_round */
     MS_KSLOT(xent_vp_rowmax_bf16, float *lmax, const uint16_t *logits, int64_t n, int64_t vl);
@@ -153,7 +157,7 @@ struct ms_kernels {
              int64_t n, int64_t vl, int64_t v0);
     MS_KSLOT(xent_vp_backward_bf16, uint16_t *dlogits, const uint16_t *logits, const float *gmax,
              const float *gsum, const int32_t *targets, const uint16_t *dlosses, int64_t n,
-             int64_t vl, int64_t v0);
+             int64_t vl, int64_t v0, unsigned fresh);
     MS_KSLOT(dropout_forward_bf16, uint16_t *out, const uint16_t *inp, float p, uint64_t seed,
              uint64_t stream, int ndim, const int64_t *lshape, const int64_t *gstart,
              const int64_t *gshape, const ms_k_batch_window *w);
@@ -288,7 +292,7 @@ struct ms_kernels {
              int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
     MS_KSLOT(attention_backward, float *dqkv, float *scratch, const float *dout, const float *qkv,
              const float *saved, const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
-             bool causal);
+             bool causal, unsigned fresh);
 
     /* ---- the LLaMA layers (layers.h): RMSNorm, SwiGLU, rotary, grouped-query attention ---- */
     MS_KSLOT(rmsnorm_forward, float *out, float *rstd, const float *inp, const float *weight,
@@ -328,7 +332,7 @@ struct ms_kernels {
              const int32_t *targets, int64_t n);
     MS_KSLOT(xent_vp_backward, float *dlogits, const float *logits, const float *gmax,
              const float *gsum, const int32_t *targets, const float *dlosses, int64_t n, int64_t vl,
-             int64_t v0);
+             int64_t v0, unsigned fresh);
 
     /* ---- dropout (Philox on global indices, kernels.h) ---- */
     MS_KSLOT(dropout_forward, float *out, const float *inp, float p, uint64_t seed, uint64_t stream,

@@ -248,10 +248,10 @@ static ms_status attn_backward(ms_op_call *c, ms_error *e) {
     if (bf16_call(c))
         return MS_CALL_K(c->kc, attention_backward_bf16, U16(c->din[0]), F(c->saved[1]),
                          U16(c->dout[0]), U16(q), F(c->saved[0]), NULL, q->shape[0], q->shape[1],
-                         q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0, e);
+                         q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0, c->din_fresh, e);
     return MS_CALL_K(c->kc, attention_backward, F(c->din[0]), F(c->saved[1]), F(c->dout[0]), F(q),
                      F(c->saved[0]), NULL, q->shape[0], q->shape[1], q->shape[3],
-                     attn_local_heads(c), c->attrs->i[1] != 0, e);
+                     attn_local_heads(c), c->attrs->i[1] != 0, c->din_fresh, e);
 }
 static bool attn_runs_on(const ms_kernels *k) {
     return k->attention_forward && k->attention_backward;
@@ -279,6 +279,7 @@ const ms_op_def ms_op_attention_def = {
     .runs_on = attn_runs_on,
     .runs_bf16_on = attn_runs_bf16_on,
     .grad_inputs = 1,
+    .fresh_ok = 1, /* every element of dqkv has one writer (dq, or dk and dv, rows) */
 };
 
 /* --- embedding: ids [...], table [V, C] -> [..., C] --------------------------------------
@@ -431,9 +432,9 @@ static ms_status xent_backward(ms_op_call *c, ms_error *e) {
     if (bf16_call(c))
         return MS_CALL_K(c->kc, xent_vp_backward_bf16, U16(c->din[0]), U16(lg), F(c->saved[1]),
                          F(c->saved[2]), (const int32_t *)F(c->saved[0]), U16(c->dout[0]), rows, vl,
-                         v0, e);
+                         v0, c->din_fresh, e);
     return MS_CALL_K(c->kc, xent_vp_backward, F(c->din[0]), F(lg), F(c->saved[1]), F(c->saved[2]),
-                     (const int32_t *)F(c->saved[0]), F(c->dout[0]), rows, vl, v0, e);
+                     (const int32_t *)F(c->saved[0]), F(c->dout[0]), rows, vl, v0, c->din_fresh, e);
 }
 static bool xent_runs_on(const ms_kernels *k) {
     return k->ids_from_floats && k->xent_vp_rowmax && k->xent_vp_sumexp && k->xent_vp_target &&
@@ -460,6 +461,7 @@ const ms_op_def ms_op_xent_def = {
     .runs_on = xent_runs_on,
     .runs_bf16_on = xent_runs_bf16_on,
     .grad_inputs = 1,
+    .fresh_ok = 1, /* every logit's gradient, ignored rows' zeros included */
 };
 
 /* --- dropout: f[0] p, i[0] stream -------------------------------------------------------- */

@@ -31,6 +31,7 @@ struct attn_dims {
     int64_t q_ld, kv_ld, out_ld;
     int64_t q_start;
     bool causal, keep_mask; /* keep_mask: 0 drops a key (layers.h); else additive */
+    bool fresh;             /* backward: the gradients hold nothing yet: written, not added */
     float scale;
 };
 
@@ -121,7 +122,7 @@ __global__ static void attn_dq_kernel(T *dq, const T *dout, const T *q, const T 
     if (i < a.tq)
         for (int64_t d = 0; d < hs; d++) {
             T *at = dq + qo + i * a.q_ld + d;
-            ms_cu_store(at, ms_cu_load(at) + dqi[d]);
+            ms_cu_store(at, (a.fresh ? 0.0f : ms_cu_load(at)) + dqi[d]);
         }
 }
 
@@ -170,8 +171,8 @@ __global__ static void attn_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, 
     }
     if (j >= a.tk) return;
     for (int64_t d = 0; d < hs; d++) {
-        if (dk) ms_cu_store(dk + kvo + d, ms_cu_load(dk + kvo + d) + dkj[d]);
-        if (dv) ms_cu_store(dv + kvo + d, ms_cu_load(dv + kvo + d) + dvj[d]);
+        if (dk) ms_cu_store(dk + kvo + d, (a.fresh ? 0.0f : ms_cu_load(dk + kvo + d)) + dkj[d]);
+        if (dv) ms_cu_store(dv + kvo + d, (a.fresh ? 0.0f : ms_cu_load(dv + kvo + d)) + dvj[d]);
     }
 }
 
@@ -188,7 +189,7 @@ static bool flash_args(ms_fa_args *f, const attn_dims &a, const ms_bf16 *q, cons
     f->mask = mask;
     f->tq = a.tq, f->tk = a.tk, f->h = a.h, f->hkv = a.hkv, f->hs = a.hs;
     f->q_ld = a.q_ld, f->kv_ld = a.kv_ld, f->out_ld = a.out_ld, f->q_start = a.q_start;
-    f->causal = a.causal, f->keep_mask = a.keep_mask, f->scale = a.scale;
+    f->causal = a.causal, f->keep_mask = a.keep_mask, f->fresh = a.fresh, f->scale = a.scale;
     return ms_cu_flash_usable(f);
 }
 
@@ -265,11 +266,12 @@ static ms_status packed_forward(T *out, float *lse, float *o_copy, const T *qkv,
 template <typename T>
 static ms_status packed_backward(T *dqkv, float *scratch, const T *dout, const T *qkv,
                                  const float *out, const float *lse, const float *mask, int64_t b,
-                                 int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
-                                 ms_error *err) {
+                                 int64_t t, int64_t c, int64_t nh, bool causal, unsigned fresh,
+                                 void *stream, ms_error *err) {
     attn_dims a;
     MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
+    a.fresh = fresh & 1u; /* dqkv whole: dq, then dk and dv, every row written once */
     return attn_backward(a, b, dqkv, dqkv + c, dqkv + 2 * c, scratch, dout, qkv, qkv + c,
                          qkv + 2 * c, out, lse, mask, stream, err);
 }
@@ -287,10 +289,10 @@ int64_t ms_cu_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
 
 ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                    const float *out, const float *lse, const float *mask, int64_t b,
-                                   int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
-                                   ms_error *err) {
-    return packed_backward(dqkv, scratch, dout, qkv, out, lse, mask, b, t, c, nh, causal, stream,
-                           err);
+                                   int64_t t, int64_t c, int64_t nh, bool causal, unsigned fresh,
+                                   void *stream, ms_error *err) {
+    return packed_backward(dqkv, scratch, dout, qkv, out, lse, mask, b, t, c, nh, causal, fresh,
+                           stream, err);
 }
 
 ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32,
@@ -304,9 +306,10 @@ ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32
 ms_status ms_cu_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
                                         const uint16_t *qkv, const float *out_f32, const float *lse,
                                         const float *mask, int64_t b, int64_t t, int64_t c,
-                                        int64_t nh, bool causal, void *stream, ms_error *err) {
+                                        int64_t nh, bool causal, unsigned fresh, void *stream,
+                                        ms_error *err) {
     return packed_backward(ms_cu_bf(dqkv), scratch, ms_cu_bf(dout), ms_cu_bf(qkv), out_f32, lse,
-                           mask, b, t, c, nh, causal, stream, err);
+                           mask, b, t, c, nh, causal, fresh, stream, err);
 }
 
 /* ---- grouped-query attention over strided heads (layers.h) ---- */

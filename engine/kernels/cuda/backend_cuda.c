@@ -345,16 +345,16 @@ static ms_status c_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *s
                                            const uint16_t *dout, const uint16_t *qkv,
                                            const float *saved, const float *mask, int64_t b,
                                            int64_t t, int64_t c, int64_t nh, bool causal,
-                                           ms_error *err) {
+                                           unsigned fresh, ms_error *err) {
     return ms_cu_attention_backward_bf16(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask,
-                                         b, t, c, nh, causal, STREAM(kc), err);
+                                         b, t, c, nh, causal, fresh, STREAM(kc), err);
 }
 static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *saved, const float *mask,
                                       int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                      ms_error *err) {
+                                      unsigned fresh, ms_error *err) {
     return ms_cu_attention_backward(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask, b, t,
-                                    c, nh, causal, STREAM(kc), err);
+                                    c, nh, causal, fresh, STREAM(kc), err);
 }
 
 /* ---- the LLaMA layers ---- */
@@ -479,15 +479,15 @@ static ms_status c_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t 
 static ms_status c_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
                                          const float *gmax, const float *gsum,
                                          const int32_t *targets, const uint16_t *dlosses, int64_t n,
-                                         int64_t vl, int64_t v0, ms_error *err) {
+                                         int64_t vl, int64_t v0, unsigned fresh, ms_error *err) {
     return ms_cu_xent_vp_backward_bf16(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0,
-                                       STREAM(kc), err);
+                                       fresh, STREAM(kc), err);
 }
 static ms_status c_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
                                     const float *gmax, const float *gsum, const int32_t *targets,
                                     const float *dlosses, int64_t n, int64_t vl, int64_t v0,
-                                    ms_error *err) {
-    return ms_cu_xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0,
+                                    unsigned fresh, ms_error *err) {
+    return ms_cu_xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, fresh,
                                   STREAM(kc), err);
 }
 

@@ -165,7 +165,7 @@ ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const i
 ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
                                       const float *gsum, const int32_t *targets,
                                       const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
-                                      void *stream, ms_error *err);
+                                      unsigned fresh, void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
                                void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
@@ -176,7 +176,8 @@ ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum
                              const int32_t *targets, int64_t n, void *stream, ms_error *err);
 ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
                                  const float *gsum, const int32_t *targets, const float *dlosses,
-                                 int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err);
+                                 int64_t n, int64_t vl, int64_t v0, unsigned fresh, void *stream,
+                                 ms_error *err);
 
 /* ---- embedding (embedding.cu). The backward is deterministic: each table row's
  * contributions are summed in ascending token order, the CPU kernel's, with no atomics; it
@@ -301,11 +302,12 @@ ms_status ms_cu_attention_forward(float *out, float *lse, const float *qkv, cons
                                   int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
                                   void *stream, ms_error *err);
 int64_t ms_cu_attention_scratch_floats(int64_t b, int64_t t, int64_t nh);
-/* dqkv += gradient. out and lse: the forward's. scratch: ms_cu_attention_scratch_floats. */
+/* dqkv += gradient (fresh bit 0: dqkv = gradient). out and lse: the forward's. scratch:
+ * ms_cu_attention_scratch_floats. */
 ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                    const float *out, const float *lse, const float *mask, int64_t b,
-                                   int64_t t, int64_t c, int64_t nh, bool causal, void *stream,
-                                   ms_error *err);
+                                   int64_t t, int64_t c, int64_t nh, bool causal, unsigned fresh,
+                                   void *stream, ms_error *err);
 /* bf16 qkv, out, dout and dqkv; lse fp32, and out_f32 [B, T, C] the output before rounding,
  * which the backward reads (as the fp32 path reads its saved copy of the output). */
 ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32,
@@ -315,7 +317,8 @@ ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32
 ms_status ms_cu_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
                                         const uint16_t *qkv, const float *out_f32, const float *lse,
                                         const float *mask, int64_t b, int64_t t, int64_t c,
-                                        int64_t nh, bool causal, void *stream, ms_error *err);
+                                        int64_t nh, bool causal, unsigned fresh, void *stream,
+                                        ms_error *err);
 
 /* ---- grouped-query attention (layers.h's ms_k_gqa: strided heads, query head h reads kv
  * head h / (H / Hkv), causal from the global position q_start, mask [B, Tk] with 0 dropping a

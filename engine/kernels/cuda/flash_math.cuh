@@ -64,6 +64,7 @@ struct ms_fa_args {
     int64_t q_ld, kv_ld, out_ld;
     int64_t q_start; /* the global position of query row 0 (key 0 is position 0) */
     bool causal, keep_mask;
+    bool fresh; /* backward: dq, dk, dv hold nothing yet: written, not added to */
     float scale;
 };
 
@@ -289,15 +290,18 @@ MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t 
     }
 }
 
-/* dst[d] += scale * acc, rounded once: one row's 2 x HS / 8 values of a C fragment row. */
+/* dst[d] += scale * acc (or, fresh, dst[d] = scale * acc), rounded once: one row's 2 x HS / 8
+ * values of a C fragment row. */
 template <int HS>
-MS_HD void ms_fa_add_row(uint16_t *dst, const float acc[HS / 8][4], int r, int t, float scale) {
+MS_HD void ms_fa_add_row(uint16_t *dst, const float acc[HS / 8][4], int r, int t, float scale,
+                         bool fresh) {
     MS_UNROLL
     for (int dt = 0; dt < HS / 8; dt++) {
         MS_UNROLL
         for (int e = 0; e < 2; e++) {
             const int d = dt * 8 + 2 * t + e;
-            dst[d] = ms_cu_bf16_round(ms_cu_bf16_widen(dst[d]) + scale * acc[dt][2 * r + e]);
+            dst[d] = ms_cu_bf16_round((fresh ? 0.0f : ms_cu_bf16_widen(dst[d])) +
+                                      scale * acc[dt][2 * r + e]);
         }
     }
 }
@@ -357,7 +361,8 @@ MS_HD void ms_fa_dq_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, in
     MS_UNROLL
     for (int r = 0; r < 2; r++)
         if (row[r] < a.tq && a.dq)
-            ms_fa_add_row<HS>(a.dq + (bi * a.tq + row[r]) * a.q_ld + h * HS, dq, r, t, a.scale);
+            ms_fa_add_row<HS>(a.dq + (bi * a.tq + row[r]) * a.q_ld + h * HS, dq, r, t, a.scale,
+                              a.fresh);
 }
 
 /* ---- backward, dK and dV: a block of MS_FA_ROWS key rows of kv head kvh, over the query
@@ -432,9 +437,11 @@ MS_HD void ms_fa_dkv_block(Cx &cx, const ms_fa_args &a, int64_t kb, int64_t kvh,
     for (int r = 0; r < 2; r++) {
         if (key[r] >= a.tk) continue;
         if (a.dk)
-            ms_fa_add_row<HS>(a.dk + (bi * a.tk + key[r]) * a.kv_ld + kvh * HS, dk, r, t, a.scale);
+            ms_fa_add_row<HS>(a.dk + (bi * a.tk + key[r]) * a.kv_ld + kvh * HS, dk, r, t, a.scale,
+                              a.fresh);
         if (a.dv)
-            ms_fa_add_row<HS>(a.dv + (bi * a.tk + key[r]) * a.kv_ld + kvh * HS, dv, r, t, 1.0f);
+            ms_fa_add_row<HS>(a.dv + (bi * a.tk + key[r]) * a.kv_ld + kvh * HS, dv, r, t, 1.0f,
+                              a.fresh);
     }
 }
 

@@ -158,12 +158,13 @@ static ms_status xent_vp_target(float *ltgt, const T *logits, const int32_t *tar
 template <typename T>
 static ms_status xent_vp_backward(T *dlogits, const T *logits, const float *gmax, const float *gsum,
                                   const int32_t *targets, const T *dlosses, int64_t n, int64_t vl,
-                                  int64_t v0, void *stream, ms_error *err) {
+                                  int64_t v0, unsigned fresh, void *stream, ms_error *err) {
+    const bool f = fresh & 1u;
     return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
                       [=] __device__(int64_t i) {
                           const int64_t r = i / vl;
                           ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
-                                             gsum[r], targets[r], ms_cu_load(dlosses + r), v0);
+                                             gsum[r], targets[r], ms_cu_load(dlosses + r), v0, f);
                       });
 }
 
@@ -191,8 +192,10 @@ ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum
 
 ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
                                  const float *gsum, const int32_t *targets, const float *dlosses,
-                                 int64_t n, int64_t vl, int64_t v0, void *stream, ms_error *err) {
-    return xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, stream, err);
+                                 int64_t n, int64_t vl, int64_t v0, unsigned fresh, void *stream,
+                                 ms_error *err) {
+    return xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, fresh, stream,
+                            err);
 }
 
 ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
@@ -214,7 +217,7 @@ ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const i
 ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
                                       const float *gsum, const int32_t *targets,
                                       const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
-                                      void *stream, ms_error *err) {
+                                      unsigned fresh, void *stream, ms_error *err) {
     return xent_vp_backward(ms_cu_bf(dlogits), ms_cu_bf(logits), gmax, gsum, targets,
-                            ms_cu_bf(dlosses), n, vl, v0, stream, err);
+                            ms_cu_bf(dlosses), n, vl, v0, fresh, stream, err);
 }

@@ -33,9 +33,13 @@ MS_HD float ms_cu_xent_lse(float gmax, float gsum) {
  * The two terms are added in the CPU kernel's order (the softmax part, then the one-hot). */
 template <typename T>
 MS_HD void ms_cu_xent_vp_grad(T *drow, const T *row, int64_t j, float gmax, float gsum,
-                              int32_t target, float dloss, int64_t v0) {
-    if (target < 0) return;
-    float d = ms_cu_load(drow + j) + expf(ms_cu_load(row + j) - gmax) * (dloss / gsum);
+                              int32_t target, float dloss, int64_t v0, bool fresh = false) {
+    if (target < 0) { /* an ignored row adds nothing; a fresh gradient is written as zeros */
+        if (fresh) ms_cu_store(drow + j, 0.0f);
+        return;
+    }
+    float d =
+        (fresh ? 0.0f : ms_cu_load(drow + j)) + expf(ms_cu_load(row + j) - gmax) * (dloss / gsum);
     if (v0 + j == (int64_t)target) d -= dloss;
     ms_cu_store(drow + j, d);
 }
