@@ -250,7 +250,7 @@ static void mask(ms_trainer *t, uint64_t seed, uint64_t batch) {
 static ms_status grad_norm(ms_trainer *t, double *norm, ms_error *err) {
     const int np = ms_stages_num_params(t->c.st);
     if (np > t->norm_cap) {
-        free(t->norm_spans), free(t->norm_parts), free(t->adamw_items);
+        free(t->norm_spans), free(t->norm_parts);
         t->norm_spans = xmalloc(sizeof *t->norm_spans * (size_t)np);
         t->norm_parts = xmalloc(sizeof *t->norm_parts * (size_t)np);
         t->norm_cap = np;
