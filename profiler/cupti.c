@@ -1,4 +1,4 @@
-/* cupti.c - the CUPTI activity collector (see cupti.h). Built only when MS_HAVE_CUPTI (CUDA with CUPTI).
+/* cupti.c - the CUPTI activity collector (see cupti.h). Built only with CUPTI (MS_HAVE_CUPTI).
  *
  * Buffers. Each buffer is one allocation: a small header of ours (queue link, valid size,
  * context and stream) followed by the BUF_BYTES that CUPTI fills. The completion callback

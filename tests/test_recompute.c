@@ -490,15 +490,20 @@ static void run_gpipe(mt_rank *r, ms_program *p, const ms_model *md, int vocab, 
     free(scr);
 }
 
+/* A mesh of this one rank and its communicators. */
+static bool one_rank_mesh(mt_rank *r, ms_mesh *mesh, ms_dmesh **dm, ms_error *err) {
+    int shape[1] = {1};
+    return MT_OK(r, ms_mesh_init(mesh, 1, shape, NULL, NULL, err), err) &&
+           MT_OK(r, ms_dmesh_create(r->ctx, mesh, dm, err), err);
+}
+
 static void scratch_rank(mt_rank *r, void *arg) {
     const char *mode = arg;
     ms_error err = {0};
     ms_model_config cfg = config(false, false);
     ms_mesh mesh = {0};
     ms_dmesh *dm = NULL;
-    int shape[1] = {1};
-    if (!MT_OK(r, ms_mesh_init(&mesh, 1, shape, NULL, NULL, &err), &err)) return;
-    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    if (!one_rank_mesh(r, &mesh, &dm, &err)) return;
     ms_model md[2];
     ms_program *p[2] = {NULL, NULL};
     float loss[2][SCR_MB];
@@ -615,15 +620,19 @@ static void shared_scratch(void **state) {
  * program zeroing every gradient (ms_compile_opts.zero_all_grads), equal as numbers (a product
  * written whole keeps a -0 that 0 + -0 would make +0), and each zeroing it dropped is one
  * buffer written whole instead. */
+/* Element e of a contiguous fp32 or bf16 tensor, as a float. */
+static float elem_f32(const ms_tensor *t, int64_t e) {
+    return t->dtype == MS_BF16 ? ms_f32_from_bf16(((const uint16_t *)ms_tensor_data(t))[e])
+                               : ms_tensor_f32(t)[e];
+}
+
 static void fresh_rank(mt_rank *r, void *arg) {
     const bool bf16 = arg != NULL;
     ms_error err = {0};
     ms_model_config cfg = config(false, false);
     ms_mesh mesh = {0};
     ms_dmesh *dm = NULL;
-    int shape[1] = {1};
-    if (!MT_OK(r, ms_mesh_init(&mesh, 1, shape, NULL, NULL, &err), &err)) return;
-    if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
+    if (!one_rank_mesh(r, &mesh, &dm, &err)) return;
     ms_model md[2];
     ms_program *p[2] = {NULL, NULL};
     float loss[2] = {0, 0};
@@ -655,13 +664,7 @@ static void fresh_rank(mt_rank *r, void *arg) {
         const int64_t n = ms_tensor_numel(&a.grad);
         int64_t differ = 0;
         for (int64_t e = 0; e < n; e++) {
-            const float x = a.grad.dtype == MS_BF16
-                                ? ms_f32_from_bf16(((const uint16_t *)ms_tensor_data(&a.grad))[e])
-                                : ms_tensor_f32(&a.grad)[e];
-            const float y = b.grad.dtype == MS_BF16
-                                ? ms_f32_from_bf16(((const uint16_t *)ms_tensor_data(&b.grad))[e])
-                                : ms_tensor_f32(&b.grad)[e];
-            differ += x != y;
+            differ += elem_f32(&a.grad, e) != elem_f32(&b.grad, e);
         }
         MT_CHECK(r, differ == 0, "parameter %d: %lld of its gradient differ", i, (long long)differ);
     }

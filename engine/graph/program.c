@@ -787,8 +787,8 @@ static void build_backward(ms_program *p) {
     build_param_sync(p);
 }
 
-/* Whether instruction in reads or writes buffer b. */
-static bool uses_buf(const ms_program *p, const instr *in, int b) {
+/* Whether instruction in reads or writes buffer b other than as an input's gradient. */
+static bool uses_buf_besides_din(const ms_program *p, const instr *in, int b) {
     if (in->src == b || in->dst == b) return true;
     if (in->node < 0) return false;
     const gnode *nd = &p->g->n[in->node];
@@ -800,6 +800,12 @@ static bool uses_buf(const ms_program *p, const instr *in, int b) {
         if (in->kb.saved[s] == b) return true;
     for (int o = 0; o < MS_OP_MAX_OUT; o++)
         if (in->dout_buf[o] == b) return true;
+    return false;
+}
+
+/* Whether instruction in reads or writes buffer b. */
+static bool uses_buf(const ms_program *p, const instr *in, int b) {
+    if (uses_buf_besides_din(p, in, b)) return true;
     for (int i = 0; i < MS_OP_MAX_IN; i++)
         if (in->din_buf[i] == b) return true;
     return false;
@@ -824,13 +830,7 @@ static void fresh_gradients(ms_program *p) {
         for (int i = 0; i < MS_OP_MAX_IN; i++)
             if (w->din_buf[i] == b) slot = i, uses++;
         if (slot < 0 || uses != 1 || !(def->fresh_ok >> slot & 1u)) continue;
-        bool other = w->src == b || w->dst == b;
-        for (int o = 0; o < MS_OP_MAX_OUT; o++) other |= w->dout_buf[o] == b;
-        const gnode *nd = &p->g->n[w->node];
-        for (int i = 0; i < nd->n_in; i++) other |= w->kb.in[i] == b;
-        for (int o = 0; o < nd->n_out; o++) other |= w->kb.out[o] == b;
-        for (int s = 0; s < MS_OP_MAX_SAVED; s++) other |= w->kb.saved[s] == b;
-        if (other) continue;
+        if (uses_buf_besides_din(p, w, b)) continue;
         w->din_fresh |= 1u << slot;
         zi->dropped = true;
     }

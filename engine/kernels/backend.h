@@ -16,9 +16,9 @@
  * gradient whole: bit i set says its i-th gradient output (in argument order) holds nothing
  * yet, so the kernel writes it rather than adding to it (ms_op_call.din_fresh: the program
  * then skips zeroing it; the CPU tables zero and add, a GPU's writes). A NULL slot is a kernel
- * the backend does not have yet; an
- * operator says which slots it needs (ms_op_def.runs_on) so the program refuses, when it is
- * compiled, a graph that the device cannot run, naming the operator.
+ * the backend does not have yet; an operator says which slots it needs (ms_op_def.runs_on),
+ * so the program refuses, when it is compiled, a graph that the device cannot run, naming
+ * the operator.
  *
  * Ownership: tables are static. A kernel context (ms_kctx) is created per rank and device
  * and destroyed by its creator; it borrows the device. All the contexts of one device launch

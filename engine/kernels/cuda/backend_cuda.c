@@ -27,18 +27,21 @@ typedef struct list_stage {
     cudaEvent_t copied; /* recorded after the last copy up; NULL before the first */
 } list_stage;
 
+/* A device buffer the context keeps and grows on demand (scratch_room), so a training step
+ * allocates nothing once its largest call has run. */
+typedef struct dev_scratch {
+    void *p;
+    size_t cap; /* bytes */
+} dev_scratch;
+
 typedef struct cuda_kctx {
     cudaStream_t stream; /* the device's, borrowed */
     ms_cu_ctx *cu;
-    double *sumsq_scratch; /* device: partial sums, grown on demand, then the result */
-    int64_t sumsq_cap;
-    void *emb_scratch; /* device: the embedding backward's sort, grown on demand */
-    size_t emb_cap;
-    float *colsum_scratch; /* device: the column reductions' chunk sums, grown on demand */
-    int64_t colsum_cap;
+    dev_scratch sumsq;                 /* doubles: partial sums, then the result in the last one */
+    dev_scratch emb;                   /* the embedding backward's sort */
+    dev_scratch colsum;                /* floats: the column reductions' chunk sums */
     list_stage sumsq_list, adamw_list; /* the gradient norm's tensors, AdamW's parameters */
-    double *sums;                      /* device: the list's sums of squares, sums_cap of them */
-    int sums_cap;
+    dev_scratch sums;                  /* doubles: the list's sums of squares */
 } cuda_kctx;
 
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
@@ -65,16 +68,15 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     cuda_kctx *x = CU(kc);
     if (!x) return;
     ms_cu_ctx_destroy(x->cu);
-    if (x->sumsq_scratch) cudaFree(x->sumsq_scratch);
-    if (x->emb_scratch) cudaFree(x->emb_scratch);
-    if (x->colsum_scratch) cudaFree(x->colsum_scratch);
+    dev_scratch *scratch[4] = {&x->sumsq, &x->emb, &x->colsum, &x->sums};
+    for (int i = 0; i < 4; i++)
+        if (scratch[i]->p) cudaFree(scratch[i]->p);
     list_stage *lists[2] = {&x->sumsq_list, &x->adamw_list};
     for (int i = 0; i < 2; i++) {
         if (lists[i]->host) cudaFreeHost(lists[i]->host);
         if (lists[i]->dev) cudaFree(lists[i]->dev);
         if (lists[i]->copied) cudaEventDestroy(lists[i]->copied);
     }
-    if (x->sums) cudaFree(x->sums);
     free(x);
     kc->impl = NULL;
 }
@@ -83,28 +85,32 @@ static ms_status c_sync(ms_kctx *kc, ms_error *err) {
     return cuda_failed(cudaStreamSynchronize(CU(kc)->stream), "cudaStreamSynchronize", err);
 }
 
+/* Grows s to at least `bytes` (what: the cudaMalloc named in an error), after the stream
+ * drains: a launch in flight may still use the old buffer. */
+static ms_status scratch_room(ms_kctx *kc, dev_scratch *s, size_t bytes, const char *what,
+                              ms_error *err) {
+    if (bytes <= s->cap) return MS_OK;
+    if (s->p) {
+        MS_CHECK(c_sync(kc, err));
+        cudaFree(s->p);
+    }
+    s->p = NULL;
+    s->cap = 0;
+    MS_CHECK(cuda_failed(cudaMalloc(&s->p, bytes), what, err));
+    s->cap = bytes;
+    return MS_OK;
+}
+
 /* The chunk sums of a column reduction over [n, c] with `terms` sums (cuda_kernels.h), when
- * the call wants one (else *out = NULL): kept by the context and grown (after the stream
- * drains, as a launch may still use the old one), so a training step allocates nothing once
- * its largest reduction has run. */
+ * the call wants one (else *out = NULL). */
 static ms_status colsum_scratch(ms_kctx *kc, bool want, int64_t n, int64_t c, int terms,
                                 float **out, ms_error *err) {
-    cuda_kctx *x = CU(kc);
     *out = NULL;
     const int64_t need = want ? ms_cu_colsum_scratch_floats(n, c, terms) : 0;
     if (need <= 0) return MS_OK;
-    if (need > x->colsum_cap) {
-        if (x->colsum_scratch) {
-            MS_CHECK(c_sync(kc, err));
-            cudaFree(x->colsum_scratch);
-        }
-        x->colsum_scratch = NULL;
-        x->colsum_cap = 0;
-        MS_CHECK(cuda_failed(cudaMalloc((void **)&x->colsum_scratch, sizeof(float) * (size_t)need),
-                             "cudaMalloc (column sums)", err));
-        x->colsum_cap = need;
-    }
-    *out = x->colsum_scratch;
+    dev_scratch *s = &CU(kc)->colsum;
+    MS_CHECK(scratch_room(kc, s, sizeof(float) * (size_t)need, "cudaMalloc (column sums)", err));
+    *out = s->p;
     return MS_OK;
 }
 
@@ -408,30 +414,17 @@ static ms_status c_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids
                                      int64_t vl, ms_error *err) {
     return ms_cu_embedding_forward(out, ids, table, n, c, v0, vl, STREAM(kc), err);
 }
-/* The embedding backward's sort scratch for n tokens over vl rows: kept by the context and
- * grown (after the stream drains, as a launch may still read the old one), so a training
- * step allocates nothing once its largest batch has run. */
+/* The embedding backward's sort scratch for n tokens over vl rows. */
 static ms_status emb_scratch(ms_kctx *kc, int64_t n, int64_t vl, ms_error *err) {
-    cuda_kctx *x = CU(kc);
-    size_t need = ms_cu_embedding_scratch_bytes(n, vl);
-    if (need <= x->emb_cap) return MS_OK;
-    if (x->emb_scratch) {
-        MS_CHECK(c_sync(kc, err));
-        cudaFree(x->emb_scratch);
-    }
-    x->emb_scratch = NULL;
-    x->emb_cap = 0;
-    MS_CHECK(
-        cuda_failed(cudaMalloc(&x->emb_scratch, need), "cudaMalloc (embedding backward)", err));
-    x->emb_cap = need;
-    return MS_OK;
+    return scratch_room(kc, &CU(kc)->emb, ms_cu_embedding_scratch_bytes(n, vl),
+                        "cudaMalloc (embedding backward)", err);
 }
 static ms_status c_embedding_backward(ms_kctx *kc, float *dtable, const int32_t *ids,
                                       const float *dout, int64_t n, int64_t c, int64_t v0,
                                       int64_t vl, ms_error *err) {
     MS_CHECK(emb_scratch(kc, n, vl, err));
-    return ms_cu_embedding_backward(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb_scratch,
-                                    CU(kc)->emb_cap, STREAM(kc), err);
+    return ms_cu_embedding_backward(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb.p, CU(kc)->emb.cap,
+                                    STREAM(kc), err);
 }
 static ms_status c_embedding_forward_bf16(ms_kctx *kc, uint16_t *out, const int32_t *ids,
                                           const uint16_t *table, int64_t n, int64_t c, int64_t v0,
@@ -442,8 +435,8 @@ static ms_status c_embedding_backward_bf16(ms_kctx *kc, uint16_t *dtable, const 
                                            const uint16_t *dout, int64_t n, int64_t c, int64_t v0,
                                            int64_t vl, ms_error *err) {
     MS_CHECK(emb_scratch(kc, n, vl, err));
-    return ms_cu_embedding_backward_bf16(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb_scratch,
-                                         CU(kc)->emb_cap, STREAM(kc), err);
+    return ms_cu_embedding_backward_bf16(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb.p,
+                                         CU(kc)->emb.cap, STREAM(kc), err);
 }
 static ms_status c_xent_vp_rowmax(ms_kctx *kc, float *lmax, const float *logits, int64_t n,
                                   int64_t vl, ms_error *err) {
@@ -502,46 +495,37 @@ static ms_status c_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g
     return ms_cu_adamw_step_master(p, g, m, v, NULL, n, o, t, grad_scale, STREAM(kc), err);
 }
 
-/* The sums of squares' device doubles, `need` of them at least: grown after the stream
- * drains (a reduction in flight may still use the old buffer). A single sum keeps its chunk
- * partials first and its result in the last double. */
+/* The sums of squares' device doubles, `need` of them at least. A single sum keeps its chunk
+ * partials first and its result in the last double (sumsq_last). */
 static ms_status sumsq_room(ms_kctx *kc, int64_t need, ms_error *err) {
-    cuda_kctx *x = CU(kc);
-    if (need <= x->sumsq_cap) return MS_OK;
-    if (x->sumsq_scratch) {
-        MS_CHECK(c_sync(kc, err));
-        cudaFree(x->sumsq_scratch);
-    }
-    x->sumsq_scratch = NULL;
-    x->sumsq_cap = 0;
-    MS_CHECK(cuda_failed(cudaMalloc((void **)&x->sumsq_scratch, sizeof(double) * (size_t)need),
-                         "cudaMalloc (sum of squares)", err));
-    x->sumsq_cap = need;
-    return MS_OK;
+    return scratch_room(kc, &CU(kc)->sumsq, sizeof(double) * (size_t)need,
+                        "cudaMalloc (sum of squares)", err);
+}
+static double *sumsq_last(ms_kctx *kc) {
+    const dev_scratch *s = &CU(kc)->sumsq;
+    return (double *)s->p + s->cap / sizeof(double) - 1;
 }
 static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
     return sumsq_room(kc, ms_cu_sumsq_scratch_doubles((int64_t)n) + 1, err);
 }
 static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
     cuda_kctx *x = CU(kc);
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, x->sumsq_scratch + x->sumsq_cap - 1,
-                                         sizeof(double), cudaMemcpyDeviceToHost, x->stream),
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, sumsq_last(kc), sizeof(double),
+                                         cudaMemcpyDeviceToHost, x->stream),
                          "cudaMemcpyAsync (sum of squares)", err));
     return c_sync(kc, err);
 }
 static ms_status c_sumsq(ms_kctx *kc, double *host_out, const float *x, size_t n, ms_error *err) {
     MS_CHECK(sumsq_scratch(kc, n, err));
     cuda_kctx *c = CU(kc);
-    MS_CHECK(ms_cu_sumsq(c->sumsq_scratch + c->sumsq_cap - 1, c->sumsq_scratch, x, (int64_t)n,
-                         STREAM(kc), err));
+    MS_CHECK(ms_cu_sumsq(sumsq_last(kc), c->sumsq.p, x, (int64_t)n, STREAM(kc), err));
     return sumsq_result(kc, host_out, err);
 }
 static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, size_t n,
                               ms_error *err) {
     MS_CHECK(sumsq_scratch(kc, n, err));
     cuda_kctx *c = CU(kc);
-    MS_CHECK(ms_cu_sumsq_bf16(c->sumsq_scratch + c->sumsq_cap - 1, c->sumsq_scratch, x, (int64_t)n,
-                              STREAM(kc), err));
+    MS_CHECK(ms_cu_sumsq_bf16(sumsq_last(kc), c->sumsq.p, x, (int64_t)n, STREAM(kc), err));
     return sumsq_result(kc, host_out, err);
 }
 /* The host side of a list, room for `bytes`, free to fill: waits for its last copy up (and,
@@ -581,14 +565,8 @@ static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x,
     cuda_kctx *c = CU(kc);
     const size_t bytes = sizeof(ms_cu_sumsq_item) * (size_t)n;
     MS_CHECK(list_fill(kc, &c->sumsq_list, bytes, err));
-    if (n > c->sums_cap) {
-        MS_CHECK(c_sync(kc, err));
-        if (c->sums) cudaFree(c->sums);
-        c->sums = NULL, c->sums_cap = 0;
-        MS_CHECK(cuda_failed(cudaMalloc((void **)&c->sums, sizeof(double) * (size_t)n),
-                             "cudaMalloc (sums of squares)", err));
-        c->sums_cap = n;
-    }
+    MS_CHECK(scratch_room(kc, &c->sums, sizeof(double) * (size_t)n, "cudaMalloc (sums of squares)",
+                          err));
     ms_cu_sumsq_item *items = c->sumsq_list.host;
     for (int i = 0; i < n; i++)
         items[i] = (ms_cu_sumsq_item){.x = x[i].data, .n = (int64_t)x[i].n, .bf16 = x[i].bf16};
@@ -596,8 +574,8 @@ static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x,
     MS_CHECK(sumsq_room(kc, chunks, err)); /* one partial a chunk */
     MS_CHECK(list_send(kc, &c->sumsq_list, bytes, err));
     MS_CHECK(
-        ms_cu_sumsq_list(c->sums, c->sumsq_scratch, c->sumsq_list.dev, n, chunks, STREAM(kc), err));
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, c->sums, sizeof(double) * (size_t)n,
+        ms_cu_sumsq_list(c->sums.p, c->sumsq.p, c->sumsq_list.dev, n, chunks, STREAM(kc), err));
+    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, c->sums.p, sizeof(double) * (size_t)n,
                                          cudaMemcpyDeviceToHost, c->stream),
                          "cudaMemcpyAsync (sums of squares)", err));
     return c_sync(kc, err);

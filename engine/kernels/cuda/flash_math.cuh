@@ -206,6 +206,12 @@ MS_HD void ms_fa_stage_keys(Cx &cx, const ms_fa_args &a, const ms_fa_qblock &blk
     cx.sync();
 }
 
+/* A query row's base-2 score for column col of the staged key tile, plus its mask term (mt:
+ * the staged terms, or NULL); -inf past the last key the row sees. */
+MS_HD float ms_fa_score2(float s, float sl2, const float *mt, int col, int last) {
+    return col <= last ? s * sl2 + (mt ? mt[col] : 0.0f) : -INFINITY;
+}
+
 /* ---- forward: a block of MS_FA_ROWS query rows of head h of batch item bi ---- */
 template <int HS, class Cx>
 MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, int64_t bi,
@@ -215,7 +221,7 @@ MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t 
     const int lane = cx.lane(), t = lane % 4;
     const ms_fa_qblock blk = ms_fa_qblock_of<HS>(cx, a, qb, h, bi);
     const int64_t *row = blk.row;
-    const float *km = blk.km;
+    const float *mt = blk.km ? fsmem : NULL; /* the tile's staged mask terms */
     const float sl2 = a.scale * MS_FA_LOG2E;
 
     uint32_t qf[HS / 16][4];
@@ -235,9 +241,8 @@ MS_HD void ms_fa_forward_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t 
         for (int nt = 0; nt < NT; nt++) {
             MS_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int col = nt * 8 + 2 * t + e % 2;
-                float x = s[nt][e] * sl2 + (km ? fsmem[col] : 0.0f);
-                if (col > last[e / 2]) x = -INFINITY;
+                const float x =
+                    ms_fa_score2(s[nt][e], sl2, mt, nt * 8 + 2 * t + e % 2, last[e / 2]);
                 s[nt][e] = x;
                 mx[e / 2] = ms_cu_maxf(mx[e / 2], x);
             }
@@ -320,7 +325,7 @@ MS_HD void ms_fa_dq_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, in
     const int lane = cx.lane(), t = lane % 4;
     const ms_fa_qblock blk = ms_fa_qblock_of<HS>(cx, a, qb, h, bi);
     const int64_t *row = blk.row;
-    const float *km = blk.km;
+    const float *mt = blk.km ? fsmem : NULL; /* the tile's staged mask terms */
     const uint16_t *gh = a.dout + bi * a.tq * a.out_ld + h * HS;
     const float sl2 = a.scale * MS_FA_LOG2E;
 
@@ -349,9 +354,8 @@ MS_HD void ms_fa_dq_block(Cx &cx, const ms_fa_args &a, int64_t qb, int64_t h, in
         for (int nt = 0; nt < NT; nt++) {
             MS_UNROLL
             for (int e = 0; e < 4; e++) {
-                const int col = nt * 8 + 2 * t + e % 2;
                 const float x =
-                    col <= last[e / 2] ? s[nt][e] * sl2 + (km ? fsmem[col] : 0.0f) : -INFINITY;
+                    ms_fa_score2(s[nt][e], sl2, mt, nt * 8 + 2 * t + e % 2, last[e / 2]);
                 s[nt][e] = ms_fa_prob(x, lse2[e / 2]) * (dp[nt][e] - dl[e / 2]); /* dS */
             }
         }
