@@ -35,7 +35,7 @@ typedef struct rank_arg {
 } rank_arg;
 
 /* Validates a read job and runs fn on its ranks; 2 for bad input, 1 for a failed run. */
-static int launch_plan(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn) {
+static int launch_plan(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn fn) {
     ms_error err = {0};
     if (job_plan_validate(o, plan, &err) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);

@@ -44,27 +44,21 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
     return ms_strategy_check(&out->strat, &out->cfg, &job, err);
 }
 
-/* --device: where the ranks train, said once (by the first process under mpirun). */
+/* Whether this process says what the job decided: the only one, or the first under mpirun. */
+static bool says_notes(void) {
+    const char *mpi_rank = getenv("OMPI_COMM_WORLD_RANK");
+    return !mpi_rank || !strcmp(mpi_rank, "0");
+}
+
+/* --device: where the ranks train, said once. */
 static ms_status resolve_device(const run_opts *o, ms_device_kind *kind, ms_error *err) {
     char note[512];
     MS_CHECK(ms_device_resolve((ms_device_choice)o->device, kind, note, sizeof note, err));
-    const char *mpi_rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (note[0] && (!mpi_rank || !strcmp(mpi_rank, "0"))) {
+    if (note[0] && says_notes()) {
         printf("%s\n", note);
         fflush(stdout);
     }
     return MS_OK;
-}
-
-ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err) {
-    ms_job_shape job = job_shape(o, plan);
-    MS_CHECK(ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err));
-    if (o->offload_serial && !plan->strat.offload)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "--offload-serial orders the host optimizer of offload; add --offload (or "
-                       "\"offload\": true in the strategy)");
-    ms_device_kind kind;
-    return resolve_device(o, &kind, err);
 }
 
 double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_device_kind kind) {
@@ -74,26 +68,33 @@ double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_devic
 }
 
 /* --bucket-mb left at its default on a CUDA device: buckets, said once (as the device note). */
-static ms_status default_buckets(const run_opts *o, job_plan *plan, ms_error *err) {
-    if (o->bucket_mb >= 0 || o->strategy_file) return MS_OK;
-    ms_device_kind kind;
-    char note[512];
-    MS_CHECK(ms_device_resolve((ms_device_choice)o->device, &kind, note, sizeof note, err));
+static void default_buckets(const run_opts *o, job_plan *plan, ms_device_kind kind) {
+    if (o->bucket_mb >= 0 || o->strategy_file) return;
     plan->strat.bucket_mb = (float)job_bucket_mb(o->bucket_mb, false, &plan->strat, kind);
-    const char *mpi_rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (plan->strat.bucket_mb > 0 && (!mpi_rank || !strcmp(mpi_rank, "0"))) {
+    if (plan->strat.bucket_mb > 0 && says_notes()) {
         printf("gradient buckets: %g MiB, issued during backward (the default on CUDA; "
                "--bucket-mb 0 turns them off)\n",
                (double)plan->strat.bucket_mb);
         fflush(stdout);
     }
+}
+
+ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err) {
+    ms_job_shape job = job_shape(o, plan);
+    MS_CHECK(ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err));
+    if (o->offload_serial && !plan->strat.offload)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--offload-serial orders the host optimizer of offload; add --offload (or "
+                       "\"offload\": true in the strategy)");
+    ms_device_kind kind;
+    MS_CHECK(resolve_device(o, &kind, err));
+    default_buckets(o, plan, kind);
     return MS_OK;
 }
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {
     MS_CHECK(job_plan_read(o, out, err));
-    MS_CHECK(job_plan_validate(o, out, err));
-    return default_buckets(o, out, err);
+    return job_plan_validate(o, out, err);
 }
 
 /* One output path: not a directory, and its directory takes a new file. */

@@ -78,9 +78,10 @@ double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_devic
 
 /* job_plan_resolve in two halves. Read: the config and the strategy, well-formed for the job
  * (ms_strategy_check: what the planner can price, such as a pipeline explain can draw).
- * Validate: whether this engine runs it (ms_strategy_validate). */
+ * Validate: whether this engine runs it (ms_strategy_validate), on which device; a
+ * --bucket-mb left at its default then takes that device's (job_bucket_mb). */
 ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err);
-ms_status job_plan_validate(const run_opts *o, const job_plan *plan, ms_error *err);
+ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err);
 
 /* Checks before the first step that every output can be written: --save, --trace and
  * --log-jsonl must not name a directory, and their directory must take a new file (a probe

@@ -27,13 +27,21 @@ ms_status ms_cu_adamw_step_master(float *p, const uint16_t *g, float *m, float *
         [=] __device__(int64_t i) { ms_cu_adamw_master_elem(p, g16, m, v, w16, i, k); });
 }
 
-int64_t ms_cu_adamw_list_plan(ms_cu_adamw_item *items, int n) {
+/* Numbers each item's first chunk and returns the list's chunks: chunks_of(n) for an item of
+ * n elements, and one for an empty item, so that every item owns a block. */
+template <typename Item, typename Chunks>
+static int64_t list_plan(Item *items, int n, Chunks chunks_of) {
     int64_t chunks = 0;
     for (int i = 0; i < n; i++) {
         items[i].chunk0 = chunks;
-        chunks += items[i].n > 0 ? (items[i].n + MS_CU_ADAMW_CHUNK - 1) / MS_CU_ADAMW_CHUNK : 1;
+        chunks += items[i].n > 0 ? chunks_of(items[i].n) : 1;
     }
     return chunks;
+}
+
+int64_t ms_cu_adamw_list_plan(ms_cu_adamw_item *items, int n) {
+    return list_plan(items, n,
+                     [](int64_t e) { return (e + MS_CU_ADAMW_CHUNK - 1) / MS_CU_ADAMW_CHUNK; });
 }
 
 ms_status ms_cu_adamw_list(const ms_cu_adamw_item *items, int n, int64_t chunks,
@@ -77,12 +85,7 @@ ms_status ms_cu_sumsq_bf16(double *out, double *scratch, const uint16_t *x, int6
 }
 
 int64_t ms_cu_sumsq_list_plan(ms_cu_sumsq_item *items, int n) {
-    int64_t chunks = 0;
-    for (int i = 0; i < n; i++) {
-        items[i].chunk0 = chunks;
-        chunks += items[i].n > 0 ? ms_cu_sumsq_chunks(items[i].n) : 1; /* an empty one: 0 */
-    }
-    return chunks;
+    return list_plan(items, n, ms_cu_sumsq_chunks); /* an empty item's chunk sums to 0 */
 }
 
 ms_status ms_cu_sumsq_list(double *out, double *scratch, const ms_cu_sumsq_item *items, int n,
