@@ -25,7 +25,9 @@ typedef struct dump {
     int64_t now_ns;
     ms_flight_entry *e;
     int n;
-    bool cut; /* its last line was cut off (the rank was killed while dumping) */
+    bool cut;     /* its last line was cut off (the rank was killed while dumping) */
+    bool no_head; /* empty, or its header line cut off: killed before it wrote any entry */
+    bool empty;
 } dump;
 
 static int64_t num(const cJSON *o, const char *key) {
@@ -92,6 +94,13 @@ static bool parse_entry(const cJSON *o, ms_flight_entry *e) {
     return true;
 }
 
+/* Whether line, cut off, begins as a dump's header does. */
+static bool is_head_start(const char *line) {
+    static const char head[] = "{\"flight\":1,";
+    size_t n = strlen(line);
+    return !strncmp(line, head, n < sizeof head - 1 ? n : sizeof head - 1);
+}
+
 /* Reads one dump file: a header line, then entries. */
 static ms_status read_dump(const char *path, dump *d, ms_error *err) {
     FILE *f = fopen(path, "r");
@@ -107,7 +116,9 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
          * as the launcher does to a stopped rank); the complete entries before it stand */
         bool whole = line[len - 1] == '\n';
         cJSON *o = cJSON_Parse(line);
-        if (lineno == 1) {
+        if (lineno == 1 && !whole && is_head_start(line)) {
+            d->no_head = true; /* killed mid-header: nothing to read, not a foreign file */
+        } else if (lineno == 1) {
             if (!o || num(o, "flight") != 1)
                 st = ms_fail(err, MS_ERR_INVALID,
                              "%s is not a flight recorder dump: its first line lacks "
@@ -132,8 +143,8 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
         }
         cJSON_Delete(o);
     }
-    if (st == MS_OK && lineno == 0)
-        st = ms_fail(err, MS_ERR_INVALID, "%s is empty: the rank died while dumping", path);
+    d->empty = lineno == 0;
+    d->no_head |= d->empty;
     free(line);
     fclose(f);
     return st;
@@ -403,7 +414,24 @@ ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strb
         d[i].path = paths[i];
         st = read_dump(paths[i], &d[i], err);
     }
-    int kept = st == MS_OK ? keep_newest(d, n, out) : 0;
+    /* a rank killed before it wrote its header (as the launcher may kill a stopped rank while
+     * it dumps) left nothing to read: the others' dumps still tell what happened */
+    int usable = 0;
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        if (d[i].no_head) {
+            ms_strbuf_printf(out, "(left out %s: %s; the rank was killed while dumping)\n",
+                             d[i].path, d[i].empty ? "empty" : "its first line is cut short");
+            continue;
+        }
+        dump t = d[usable];
+        d[usable++] = d[i];
+        d[i] = t;
+    }
+    if (st == MS_OK && !usable)
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "no flight recorder dump could be read: each is empty or cut off in its "
+                     "first line (the ranks were killed while dumping)");
+    int kept = st == MS_OK ? keep_newest(d, usable, out) : 0;
     if (st == MS_OK) diagnose(d, kept, partial, out);
     for (int i = 0; i < n; i++) free(d[i].e);
     free(d);

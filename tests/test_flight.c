@@ -276,6 +276,24 @@ static void test_doctor_errors(void **state) {
     out.len = 0;
     assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
     if (!strstr(out.p, "cut short")) fail_msg("no note of the cut dump:\n%s", out.p);
+    /* ranks killed before they wrote a header (an empty file, a header cut off) are left out,
+     * named, and the others' dumps are still read; with nothing else, the doctor refuses */
+    char empty[128], no_head[128];
+    snprintf(empty, sizeof empty, "%s/flight-rank2-pid3.jsonl", dir);
+    snprintf(no_head, sizeof no_head, "%s/flight-rank3-pid4.jsonl", dir);
+    fclose(fopen(empty, "w"));
+    f = fopen(no_head, "w");
+    fputs("{\"flight\":1,\"rank\":3,\"pi", f);
+    fclose(f);
+    out.len = 0;
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    if (!strstr(out.p, "flight-rank2-pid3.jsonl: empty; the rank was killed while dumping") ||
+        !strstr(out.p, "flight-rank3-pid4.jsonl: its first line is cut short") ||
+        !strstr(out.p, "per rank (1 dump):"))
+        fail_msg("the unreadable dumps are not left out by name:\n%s", out.p);
+    remove(path);
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no flight recorder dump could be read"));
     remove_dir(dir);
     assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_ERR_IO);
     assert_non_null(strstr(err.msg, "cannot read the folder"));
