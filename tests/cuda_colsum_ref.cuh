@@ -147,15 +147,16 @@ static inline bool close_colsum(const char *what, const fvec &got, const dvec &w
 
 /* ---- the backwards' column reductions as their launchers run them (T the activations'
  * storage, W the parameters'); false if colsum_run found a partial unwritten or out of
- * bounds. Every output is wanted (the launchers pass NULL parts for the others). ---- */
+ * bounds. Every output is wanted (the launchers pass NULL parts for the others). fresh: the
+ * elementwise gradients are written, not added to (the slots' fresh bits). ---- */
 
 template <typename T, typename W>
 static bool colsum_bias_add_bwd(T *dinp, W *dbias, const T *dout, int64_t n, int64_t c,
-                                bool shuffled) {
+                                bool shuffled, bool fresh = false) {
     return colsum_run(
         n, c, 1, shuffled,
         [&](float *part, int64_t b, int64_t j) {
-            ms_cu_bias_add_bwd_part(dinp, part, dout, n, c, b, j);
+            ms_cu_bias_add_bwd_part(dinp, part, dout, n, c, b, j, fresh);
         },
         [&](const float *part, int64_t chunks, int64_t j) {
             ms_cu_colsum_finish(dbias, part, chunks, c, j);
@@ -181,11 +182,11 @@ static bool colsum_layernorm_bwd(W *dweight, W *dbias, const T *dout, const T *i
 
 template <typename T>
 static bool colsum_bias_gelu_bwd(T *dinp, T *dbias, const T *dout, const T *inp, const T *bias,
-                                 int64_t n, int64_t c, bool shuffled) {
+                                 int64_t n, int64_t c, bool shuffled, bool fresh = false) {
     return colsum_run(
         n, c, 1, shuffled,
         [&](float *part, int64_t b, int64_t k) {
-            ms_cu_bias_gelu_bwd_part(dinp, part, dout, inp, bias, n, c, b, k);
+            ms_cu_bias_gelu_bwd_part(dinp, part, dout, inp, bias, n, c, b, k, fresh);
         },
         [&](const float *part, int64_t chunks, int64_t k) {
             ms_cu_colsum_finish(dbias, part, chunks, c, k);
@@ -196,11 +197,11 @@ static bool colsum_bias_gelu_bwd(T *dinp, T *dbias, const T *dout, const T *inp,
 template <typename T>
 static bool colsum_bda_bwd(T *dinp, T *dbias, T *dres, const T *dout, int64_t rows, int64_t nb,
                            float p, uint64_t seed, uint64_t sid, const ms_cu_box &box,
-                           bool shuffled) {
+                           bool shuffled, unsigned fresh = 0) {
     return colsum_run(
         rows, nb, 1, shuffled,
         [&](float *part, int64_t b, int64_t k) {
-            ms_cu_bda_bwd_part(dinp, part, dres, dout, rows, nb, p, seed, sid, box, b, k);
+            ms_cu_bda_bwd_part(dinp, part, dres, dout, rows, nb, p, seed, sid, box, b, k, fresh);
         },
         [&](const float *part, int64_t chunks, int64_t k) {
             ms_cu_colsum_finish(dbias, part, chunks, nb, k);

@@ -1379,6 +1379,11 @@ static bool colsum_case_bias_add(int64_t n, int64_t c) {
     ok &= colsum_bias_add_bwd(d2.data(), db2.data(), g.data(), n, c, true);
     ms_k_bias_add_backward(dc.data(), dbc.data(), g.data(), n, c);
     ok &= same_floats("bias add dinp: 2 runs == CPU", d1, dc, &d2);
+    /* fresh: dinp over NaNs is dout itself, and dbias is unchanged by it */
+    fvec df(n * c, NAN), dbf = db0;
+    ok &= colsum_bias_add_bwd(df.data(), dbf.data(), g.data(), n, c, true, true);
+    ok &= same_floats("bias add fresh dinp (over NaN) == dout", df, g);
+    ok &= same_floats("bias add fresh dbias == added dbias", dbf, db1);
     const colsum_want w =
         colsum_reference(n, c, db0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
     return ok & colsum_checks("bias add dbias (many binades)", n, db1, db2, w, dbc);
@@ -1418,6 +1423,13 @@ static bool colsum_case_bias_gelu(int64_t n, int64_t c) {
     for (int64_t i = 0; i < n * c; i++) terms[i] = term(i / c, i % c);
     /* dinp from zero is the terms: bitwise the kernel's, within tanhf's ulps of the CPU's */
     ok &= same_floats("bias gelu dinp: 2 runs == the terms", d1, terms, &d2);
+    /* fresh: written over NaNs, the terms themselves (a -0 term stays -0, not 0 + -0) */
+    fvec df(n * c, NAN), dbf = db0, bare(n * c);
+    for (int64_t i = 0; i < n * c; i++) bare[i] = ms_cu_gelu_grad(x[i] + b[i % c]) * g[i];
+    ok &=
+        colsum_bias_gelu_bwd(df.data(), dbf.data(), g.data(), x.data(), b.data(), n, c, true, true);
+    ok &= same_floats("bias gelu fresh dinp (over NaN) == the bare terms", df, bare);
+    ok &= same_floats("bias gelu fresh dbias == added dbias", dbf, db1);
     ok &= close("bias gelu dinp vs CPU (tanhf vs poly: 2e-6 + 1e-6 rel)", d1, dc, 2e-6, 1e-6);
     const dvec extra = column_absdiff(d1, dc, n, c);
     return ok & colsum_checks("bias gelu dbias", n, db1, db2, colsum_reference(n, c, db0, term),
@@ -1440,6 +1452,12 @@ static bool colsum_case_bda(int64_t n, int64_t c) {
     ms_k_bias_dropout_add_backward(dc.data(), dbc.data(), rc.data(), g.data(), c, &fd);
     ok &= same_floats("bias dropout add dres: 2 runs == CPU", r1, rc, &r2);
     ok &= same_floats("bias dropout add dinp: 2 runs == CPU", d1, dc, &d2);
+    /* fresh dinp and dres (bits 0 and 2) over NaNs: dinp as added to zeros, dres = dout */
+    fvec df(n * c, NAN), rf(n * c, NAN), dbf = db0;
+    ok &= colsum_bda_bwd(df.data(), dbf.data(), rf.data(), g.data(), n, c, p, 99, 4, box, true, 5u);
+    ok &= same_floats("bias dropout add fresh dinp (over NaN) == from zeros", df, d1);
+    ok &= same_floats("bias dropout add fresh dres (over NaN) == dout", rf, g);
+    ok &= same_floats("bias dropout add fresh dbias == added dbias", dbf, db1);
     int64_t kept = 0;
     for (int64_t i = 0; i < n * c; i++) kept += d1[i] != 0.0f;
     const float scale = 1.0f / (1.0f - p);

@@ -115,7 +115,7 @@ static void test_elementwise(void **state) {
         ms_k_bias_add_forward(want.data(), a.data(), bias.data(), n, c);
         ok &= close("bias add forward", back(out, e), want, 0, 0);
         const fvec wb0 = wb;
-        LAUNCH(ms_cu_bias_add_backward(dd, ddb, colsum_scratch(n, c, 1), dg, n, c, NULL, ERR));
+        LAUNCH(ms_cu_bias_add_backward(dd, ddb, colsum_scratch(n, c, 1), dg, n, c, 0u, NULL, ERR));
         ms_k_bias_add_backward(w2.data(), wb.data(), g.data(), n, c);
         ok &= close("bias add backward dinp", back(dd, e), w2, 1e-7, 1e-6);
         const colsum_want cw =
@@ -595,11 +595,16 @@ static void test_colsum(void **state) {
         ms_k_bias_gelu_backward(dxc.data(), dbc.data(), g.data(), x.data(), b.data(), n, c);
         float *px = dev(x), *pb = dev(b), *pg = dev(g), *scr = colsum_scratch(n, c, 1);
         float *pdx1 = dev(zero), *pdb1 = dev(db0), *pdx2 = dev(zero), *pdb2 = dev(db0);
-        LAUNCH(ms_cu_bias_gelu_backward(pdx1, pdb1, scr, pg, px, pb, n, c, NULL, ERR));
-        LAUNCH(ms_cu_bias_gelu_backward(pdx2, pdb2, scr, pg, px, pb, n, c, NULL, ERR));
+        LAUNCH(ms_cu_bias_gelu_backward(pdx1, pdb1, scr, pg, px, pb, n, c, 0u, NULL, ERR));
+        LAUNCH(ms_cu_bias_gelu_backward(pdx2, pdb2, scr, pg, px, pb, n, c, 0u, NULL, ERR));
         const fvec dx1 = back(pdx1, e), db1 = back(pdb1, c);
         ok &= same_floats("bias gelu backward: launched twice, dinp", dx1, back(pdx2, e));
         ok &= same_floats("bias gelu backward: launched twice, dbias", db1, back(pdb2, c));
+        /* fresh (bit 0): dinp written over NaNs, the bits of adding to zeros */
+        float *pdxf = dev(fvec(e, NAN)), *pdbf = dev(db0);
+        LAUNCH(ms_cu_bias_gelu_backward(pdxf, pdbf, scr, pg, px, pb, n, c, 1u, NULL, ERR));
+        ok &= same_floats("bias gelu backward fresh: dinp over NaN", back(pdxf, e), dx1);
+        ok &= same_floats("bias gelu backward fresh: dbias", back(pdbf, c), db1);
         ok &= close("bias gelu backward dinp (device tanhf: 2e-6)", dx1, dxc, 2e-6, 2e-6);
         const dvec tdiff = column_absdiff(dx1, dxc, n, c);
         const colsum_want w =
@@ -607,7 +612,7 @@ static void test_colsum(void **state) {
         ok &= close_colsum("bias gelu backward dbias (summation bound + terms)", db1, to_dvec(dbc),
                            w.mag, gpu_colsum_units(n), 0, &tdiff);
         ms_error e2 = {};
-        ok &= ms_cu_bias_gelu_backward(pdx1, pdb1, NULL, pg, px, pb, n, c, NULL, &e2) ==
+        ok &= ms_cu_bias_gelu_backward(pdx1, pdb1, NULL, pg, px, pb, n, c, 0u, NULL, &e2) ==
               MS_ERR_INVALID;
         printf("  no scratch: %s\n", e2.msg);
     }
@@ -622,9 +627,19 @@ static void test_colsum(void **state) {
         float *pg = dev(g), *scr = colsum_scratch(n, c, 1);
         float *pdx1 = dev(d0), *pdr1 = dev(r0), *pdb1 = dev(db0);
         float *pdx2 = dev(d0), *pdr2 = dev(r0), *pdb2 = dev(db0);
-        LAUNCH(ms_cu_bias_dropout_add_backward(pdx1, pdb1, pdr1, scr, pg, c, &fd, NULL, ERR));
-        LAUNCH(ms_cu_bias_dropout_add_backward(pdx2, pdb2, pdr2, scr, pg, c, &fd, NULL, ERR));
+        LAUNCH(ms_cu_bias_dropout_add_backward(pdx1, pdb1, pdr1, scr, pg, c, &fd, 0u, NULL, ERR));
+        LAUNCH(ms_cu_bias_dropout_add_backward(pdx2, pdb2, pdr2, scr, pg, c, &fd, 0u, NULL, ERR));
         const fvec db1 = back(pdb1, c);
+        /* fresh dinp and dres (bits 0 and 2) over NaNs: as added to zeros, dres = dout */
+        fvec dxz(e, 0.0f), drz(e, 0.0f), dbz = db0;
+        ms_k_bias_dropout_add_backward(dxz.data(), dbz.data(), drz.data(), g.data(), c, &fd);
+        float *pdxf = dev(fvec(e, NAN)), *pdrf = dev(fvec(e, NAN)), *pdbf = dev(db0);
+        LAUNCH(ms_cu_bias_dropout_add_backward(pdxf, pdbf, pdrf, scr, pg, c, &fd, 5u, NULL, ERR));
+        ok &= close("bias dropout add backward fresh dinp (over NaN)", back(pdxf, e), dxz, 1e-7,
+                    1e-6);
+        ok &= same_floats("bias dropout add backward fresh dres (over NaN) == dout", back(pdrf, e),
+                          g);
+        ok &= same_floats("bias dropout add backward fresh dbias", back(pdbf, c), db1);
         ok &= same_floats("bias dropout add backward: launched twice, dbias", db1, back(pdb2, c));
         ok &= close("bias dropout add backward dinp", back(pdx1, e), dxc, 1e-7, 1e-6);
         ok &= close("bias dropout add backward dres (exact)", back(pdr1, e), drc, 0, 0);
@@ -644,8 +659,8 @@ static void test_colsum(void **state) {
         fvec dbc = widen(db0);
         ms_k_bias_add_backward(NULL, dbc.data(), gf.data(), n, c);
         uint16_t *pg = dev(g), *pdb = dev(db0);
-        LAUNCH(
-            ms_cu_bias_add_backward_bf16(NULL, pdb, colsum_scratch(n, c, 1), pg, n, c, NULL, ERR));
+        LAUNCH(ms_cu_bias_add_backward_bf16(NULL, pdb, colsum_scratch(n, c, 1), pg, n, c, 0u, NULL,
+                                            ERR));
         const colsum_want w =
             colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
         ok &=

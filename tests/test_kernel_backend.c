@@ -116,7 +116,7 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     K(scale_forward, f[12], f[1], 0.5f, n);
     K(scale_backward, f[13], f[12], 0.5f, n);
     K(bias_add_forward, f[14], f[1], f[2], rows, C);
-    K(bias_add_backward, f[14], f[15], f[1], rows, C);
+    K(bias_add_backward, f[14], f[15], f[1], rows, C, 1u); /* dinp fresh: written */
     K(gelu_forward, f[6], f[1], n);
     K(gelu_backward, f[7], f[1], f[6], n);
     K(sum_forward, f[8], f[1], B, T, C);
@@ -192,11 +192,11 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     assert_memory_equal(&p->sums[4], &half, sizeof half);
     K(scale_inplace, f[12], (size_t)n, 0.75f);
     K(bias_gelu_forward, f[13], f[1], f[2], rows, C);
-    K(bias_gelu_backward, f[14], f[15], f[13], f[1], f[2], rows, C);
+    K(bias_gelu_backward, f[14], f[15], f[13], f[1], f[2], rows, C, 0u); /* added to */
     const int64_t bshape[3] = {B, T, C}, bstart[3] = {0, 0, 0};
     ms_k_fused_dropout fd = {0.25f, 7, 3, {3, bshape, bstart, bshape, &w}};
     K(bias_dropout_add_forward, f[6], f[1], f[2], f[3], C, &fd);
-    K(bias_dropout_add_backward, f[7], f[8], f[9], f[6], C, &fd);
+    K(bias_dropout_add_backward, f[7], f[8], f[9], f[6], C, &fd, 5u); /* dinp, dres fresh */
     /* gather rows by per-sequence positions (integer floats in f[0]'s first 4 slots) */
     K(fill, f[0], 3.0f, 2);
     K(fill, f[0] + 2, 6.0f, 2);

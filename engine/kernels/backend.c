@@ -21,6 +21,12 @@ static void zero_floats(float *x, int64_t n) {
     if (x && n > 0) memset(x, 0, sizeof(float) * (size_t)n);
 }
 
+static int64_t numel_of(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
 static ms_status host_sync(ms_kctx *kc, ms_error *err) {
     (void)kc, (void)err;
     return MS_OK;
@@ -109,7 +115,8 @@ static ms_status h_bias_add_forward(ms_kctx *kc, float *out, const float *inp, c
     return OK;
 }
 static ms_status h_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
-                                     int64_t n, int64_t c, ms_error *err) {
+                                     int64_t n, int64_t c, unsigned fresh, ms_error *err) {
+    if (fresh & 1u) zero_floats(H(dinp), n * c);
     ms_k_bias_add_backward(H(dinp), H(dbias), H(dout), n, c);
     return OK;
 }
@@ -336,7 +343,8 @@ static ms_status h_bias_gelu_forward(ms_kctx *kc, float *out, const float *inp, 
 }
 static ms_status h_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
                                       const float *inp, const float *bias, int64_t n, int64_t c,
-                                      ms_error *err) {
+                                      unsigned fresh, ms_error *err) {
+    if (fresh & 1u) zero_floats(H(dinp), n * c);
     ms_k_bias_gelu_backward(H(dinp), H(dbias), H(dout), H(inp), H(bias), n, c);
     return OK;
 }
@@ -348,7 +356,11 @@ static ms_status h_bias_dropout_add_forward(ms_kctx *kc, float *out, const float
 }
 static ms_status h_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
                                              const float *dout, int64_t nb,
-                                             const ms_k_fused_dropout *d, ms_error *err) {
+                                             const ms_k_fused_dropout *d, unsigned fresh,
+                                             ms_error *err) {
+    const int64_t n = numel_of(d->box.ndim, d->box.lshape);
+    if (fresh & 1u) zero_floats(H(dinp), n);
+    if (fresh & 4u) zero_floats(H(dres), n);
     ms_k_bias_dropout_add_backward(H(dinp), H(dbias), H(dres), H(dout), nb, d);
     return OK;
 }
@@ -764,9 +776,9 @@ static ms_status f_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint1
 }
 static ms_status f_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                           const uint16_t *dout, int64_t n, int64_t c,
-                                          ms_error *err) {
+                                          unsigned fresh, ms_error *err) {
     wide_set ws = {0};
-    ms_k_bias_add_backward(WACC(dinp, n * c), WACC(dbias, c), WIN(dout, n * c), n, c);
+    ms_k_bias_add_backward(WGRAD(dinp, n * c, fresh & 1u), WACC(dbias, c), WIN(dout, n * c), n, c);
     wide_done(&ws);
     return OK;
 }
@@ -795,17 +807,12 @@ static ms_status f_bias_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint
 static ms_status f_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                            const uint16_t *dout, const uint16_t *inp,
                                            const uint16_t *bias, int64_t n, int64_t c,
-                                           ms_error *err) {
+                                           unsigned fresh, ms_error *err) {
     wide_set ws = {0};
-    ms_k_bias_gelu_backward(WACC(dinp, n * c), WACC(dbias, c), WIN(dout, n * c), WIN(inp, n * c),
-                            WIN(bias, c), n, c);
+    ms_k_bias_gelu_backward(WGRAD(dinp, n * c, fresh & 1u), WACC(dbias, c), WIN(dout, n * c),
+                            WIN(inp, n * c), WIN(bias, c), n, c);
     wide_done(&ws);
     return OK;
-}
-static int64_t numel_of(int ndim, const int64_t *shape) {
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= shape[d];
-    return n;
 }
 static ms_status f_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
                                                  const uint16_t *bias, const uint16_t *res,
@@ -819,11 +826,12 @@ static ms_status f_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, con
 }
 static ms_status f_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                                   uint16_t *dres, const uint16_t *dout, int64_t nb,
-                                                  const ms_k_fused_dropout *d, ms_error *err) {
+                                                  const ms_k_fused_dropout *d, unsigned fresh,
+                                                  ms_error *err) {
     wide_set ws = {0};
     int64_t n = numel_of(d->box.ndim, d->box.lshape);
-    ms_k_bias_dropout_add_backward(WACC(dinp, n), WACC(dbias, nb), WACC(dres, n), WIN(dout, n), nb,
-                                   d);
+    ms_k_bias_dropout_add_backward(WGRAD(dinp, n, fresh & 1u), WACC(dbias, nb),
+                                   WGRAD(dres, n, fresh & 4u), WIN(dout, n), nb, d);
     wide_done(&ws);
     return OK;
 }

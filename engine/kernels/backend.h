@@ -125,18 +125,18 @@ struct ms_kernels {
     MS_KSLOT(bias_add_forward_bf16, uint16_t *out, const uint16_t *inp, const uint16_t *bias,
              int64_t n, int64_t c);
     MS_KSLOT(bias_add_backward_bf16, uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
-             int64_t n, int64_t c);
+             int64_t n, int64_t c, unsigned fresh);
     MS_KSLOT(gelu_forward_bf16, uint16_t *out, const uint16_t *inp, int64_t n);
     MS_KSLOT(gelu_backward_bf16, uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
              int64_t n);
     MS_KSLOT(bias_gelu_forward_bf16, uint16_t *out, const uint16_t *inp, const uint16_t *bias,
              int64_t n, int64_t c);
     MS_KSLOT(bias_gelu_backward_bf16, uint16_t *dinp, uint16_t *dbias, const uint16_t *dout,
-             const uint16_t *inp, const uint16_t *bias, int64_t n, int64_t c);
+             const uint16_t *inp, const uint16_t *bias, int64_t n, int64_t c, unsigned fresh);
     MS_KSLOT(bias_dropout_add_forward_bf16, uint16_t *out, const uint16_t *inp,
              const uint16_t *bias, const uint16_t *res, int64_t nb, const ms_k_fused_dropout *d);
     MS_KSLOT(bias_dropout_add_backward_bf16, uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
-             const uint16_t *dout, int64_t nb, const ms_k_fused_dropout *d);
+             const uint16_t *dout, int64_t nb, const ms_k_fused_dropout *d, unsigned fresh);
     MS_KSLOT(layernorm_forward_bf16, uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
              const uint16_t *weight, const uint16_t *bias, int64_t n, int64_t c, float eps);
     MS_KSLOT(layernorm_backward_bf16, uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
@@ -181,7 +181,8 @@ struct ms_kernels {
     MS_KSLOT(scale_backward, float *dx, const float *dout, float s, int64_t n);
     MS_KSLOT(bias_add_forward, float *out, const float *inp, const float *bias, int64_t n,
              int64_t c);
-    MS_KSLOT(bias_add_backward, float *dinp, float *dbias, const float *dout, int64_t n, int64_t c);
+    MS_KSLOT(bias_add_backward, float *dinp, float *dbias, const float *dout, int64_t n, int64_t c,
+             unsigned fresh);
     MS_KSLOT(gelu_forward, float *out, const float *inp, int64_t n);
     MS_KSLOT(gelu_backward, float *dinp, const float *inp, const float *dout, int64_t n);
 
@@ -262,11 +263,11 @@ struct ms_kernels {
     MS_KSLOT(bias_gelu_forward, float *out, const float *inp, const float *bias, int64_t n,
              int64_t c);
     MS_KSLOT(bias_gelu_backward, float *dinp, float *dbias, const float *dout, const float *inp,
-             const float *bias, int64_t n, int64_t c);
+             const float *bias, int64_t n, int64_t c, unsigned fresh);
     MS_KSLOT(bias_dropout_add_forward, float *out, const float *inp, const float *bias,
              const float *res, int64_t nb, const ms_k_fused_dropout *d);
     MS_KSLOT(bias_dropout_add_backward, float *dinp, float *dbias, float *dres, const float *dout,
-             int64_t nb, const ms_k_fused_dropout *d);
+             int64_t nb, const ms_k_fused_dropout *d, unsigned fresh);
 
     /* ---- gather and its scatter-add (index.h) ---- */
     MS_KSLOT(gather, float *out, const float *x, const float *ids, const ms_k_gather_dims *g,

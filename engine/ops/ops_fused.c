@@ -75,9 +75,10 @@ static ms_status bias_gelu_backward(ms_op_call *c, ms_error *e) {
     int64_t nb = bias_numel(c);
     if (bf16_call(c))
         return MS_CALL_K(c->kc, bias_gelu_backward_bf16, U16(c->din[0]), U16(c->din[1]),
-                         U16(c->dout[0]), U16(c->in[0]), U16(c->in[1]), N(c->in[0]) / nb, nb, e);
+                         U16(c->dout[0]), U16(c->in[0]), U16(c->in[1]), N(c->in[0]) / nb, nb,
+                         c->din_fresh, e);
     return MS_CALL_K(c->kc, bias_gelu_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
-                     F(c->in[0]), F(c->in[1]), N(c->in[0]) / nb, nb, e);
+                     F(c->in[0]), F(c->in[1]), N(c->in[0]) / nb, nb, c->din_fresh, e);
 }
 static bool bias_gelu_runs_on(const ms_kernels *k) {
     return k->bias_gelu_forward && k->bias_gelu_backward;
@@ -102,6 +103,7 @@ const ms_op_def ms_op_bias_gelu_def = {
     .runs_on = bias_gelu_runs_on,
     .runs_bf16_on = bias_gelu_runs_bf16_on,
     .grad_inputs = 3,
+    .fresh_ok = 1, /* dx elementwise; dbias a column sum, added */
 };
 
 /* --- bias_dropout_add: x, b, res -> res + dropout(x + b); f[0] p, i[0] stream --------------
@@ -138,9 +140,9 @@ static ms_status bda_backward(ms_op_call *c, ms_error *e) {
     ms_k_fused_dropout d = bda_dropout(c);
     if (bf16_call(c))
         return MS_CALL_K(c->kc, bias_dropout_add_backward_bf16, U16(c->din[0]), U16(c->din[1]),
-                         U16(c->din[2]), U16(c->dout[0]), bias_numel(c), &d, e);
+                         U16(c->din[2]), U16(c->dout[0]), bias_numel(c), &d, c->din_fresh, e);
     return MS_CALL_K(c->kc, bias_dropout_add_backward, F(c->din[0]), F(c->din[1]), F(c->din[2]),
-                     F(c->dout[0]), bias_numel(c), &d, e);
+                     F(c->dout[0]), bias_numel(c), &d, c->din_fresh, e);
 }
 static bool bda_runs_on(const ms_kernels *k) {
     return k->bias_dropout_add_forward && k->bias_dropout_add_backward;
@@ -164,4 +166,5 @@ const ms_op_def ms_op_bias_dropout_add_def = {
     .runs_on = bda_runs_on,
     .runs_bf16_on = bda_runs_bf16_on,
     .grad_inputs = 7,
+    .fresh_ok = 5, /* dx and dres elementwise; dbias a column sum, added */
 };

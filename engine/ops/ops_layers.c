@@ -641,7 +641,7 @@ static ms_status linear_backward(ms_op_call *c, ms_error *e) {
     if (c->din[0] || c->din[1]) MS_CHECK(matmul_grads(c, &g, e));
     if (c->n_in == 3 && c->din[2])
         MS_CHECK(
-            MS_CALL_K(c->kc, bias_add_backward, NULL, F(c->din[2]), F(c->dout[0]), g.m, g.n, e));
+            MS_CALL_K(c->kc, bias_add_backward, NULL, F(c->din[2]), F(c->dout[0]), g.m, g.n, 0, e));
     return MS_OK;
 }
 static bool linear_runs_on(const ms_kernels *k) {

@@ -334,9 +334,9 @@ static ms_status bias_backward(ms_op_call *c, ms_error *e) {
     int64_t nb = N(c->in[1]);
     if (bf16_call(c))
         return MS_CALL_K(c->kc, bias_add_backward_bf16, U16(c->din[0]), U16(c->din[1]),
-                         U16(c->dout[0]), N(c->dout[0]) / (nb ? nb : 1), nb, e);
+                         U16(c->dout[0]), N(c->dout[0]) / (nb ? nb : 1), nb, c->din_fresh & 1u, e);
     return MS_CALL_K(c->kc, bias_add_backward, F(c->din[0]), F(c->din[1]), F(c->dout[0]),
-                     N(c->dout[0]) / (nb ? nb : 1), nb, e);
+                     N(c->dout[0]) / (nb ? nb : 1), nb, c->din_fresh & 1u, e);
 }
 static bool bias_runs_on(const ms_kernels *k) {
     return k->bias_add_forward && k->bias_add_backward;
@@ -362,4 +362,5 @@ const ms_op_def ms_op_bias_def = {
     .runs_on = bias_runs_on,
     .runs_bf16_on = bias_runs_bf16_on,
     .grad_inputs = 3,
+    .fresh_ok = 1, /* dx is dout: written whole; the bias's gradient is a column sum, added */
 };

@@ -188,10 +188,10 @@ static ms_status c_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint1
 }
 static ms_status c_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                           const uint16_t *dout, int64_t n, int64_t c,
-                                          ms_error *err) {
+                                          unsigned fresh, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_add_backward_bf16(dinp, dbias, s, dout, n, c, STREAM(kc), err);
+    return ms_cu_bias_add_backward_bf16(dinp, dbias, s, dout, n, c, fresh, STREAM(kc), err);
 }
 static ms_status c_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, int64_t n,
                                      ms_error *err) {
@@ -209,10 +209,11 @@ static ms_status c_bias_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint
 static ms_status c_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                            const uint16_t *dout, const uint16_t *inp,
                                            const uint16_t *bias, int64_t n, int64_t c,
-                                           ms_error *err) {
+                                           unsigned fresh, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, s, dout, inp, bias, n, c, STREAM(kc), err);
+    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, s, dout, inp, bias, n, c, fresh, STREAM(kc),
+                                         err);
 }
 static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
                                                  const uint16_t *bias, const uint16_t *res,
@@ -222,10 +223,12 @@ static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, con
 }
 static ms_status c_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                                   uint16_t *dres, const uint16_t *dout, int64_t nb,
-                                                  const ms_k_fused_dropout *d, ms_error *err) {
+                                                  const ms_k_fused_dropout *d, unsigned fresh,
+                                                  ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
-    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, s, dout, nb, d, STREAM(kc), err);
+    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, s, dout, nb, d, fresh,
+                                                STREAM(kc), err);
 }
 static ms_status c_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
                                           const uint16_t *inp, const uint16_t *weight,
@@ -275,10 +278,10 @@ static ms_status c_bias_add_forward(ms_kctx *kc, float *out, const float *inp, c
     return ms_cu_bias_add_forward(out, inp, bias, n, c, STREAM(kc), err);
 }
 static ms_status c_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
-                                     int64_t n, int64_t c, ms_error *err) {
+                                     int64_t n, int64_t c, unsigned fresh, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_add_backward(dinp, dbias, s, dout, n, c, STREAM(kc), err);
+    return ms_cu_bias_add_backward(dinp, dbias, s, dout, n, c, fresh, STREAM(kc), err);
 }
 static ms_status c_gelu_forward(ms_kctx *kc, float *out, const float *inp, int64_t n,
                                 ms_error *err) {
@@ -613,10 +616,10 @@ static ms_status c_bias_gelu_forward(ms_kctx *kc, float *out, const float *inp, 
 }
 static ms_status c_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
                                       const float *inp, const float *bias, int64_t n, int64_t c,
-                                      ms_error *err) {
+                                      unsigned fresh, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_gelu_backward(dinp, dbias, s, dout, inp, bias, n, c, STREAM(kc), err);
+    return ms_cu_bias_gelu_backward(dinp, dbias, s, dout, inp, bias, n, c, fresh, STREAM(kc), err);
 }
 static ms_status c_bias_dropout_add_forward(ms_kctx *kc, float *out, const float *inp,
                                             const float *bias, const float *res, int64_t nb,
@@ -625,10 +628,12 @@ static ms_status c_bias_dropout_add_forward(ms_kctx *kc, float *out, const float
 }
 static ms_status c_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
                                              const float *dout, int64_t nb,
-                                             const ms_k_fused_dropout *d, ms_error *err) {
+                                             const ms_k_fused_dropout *d, unsigned fresh,
+                                             ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
-    return ms_cu_bias_dropout_add_backward(dinp, dbias, dres, s, dout, nb, d, STREAM(kc), err);
+    return ms_cu_bias_dropout_add_backward(dinp, dbias, dres, s, dout, nb, d, fresh, STREAM(kc),
+                                           err);
 }
 static ms_status c_gather(ms_kctx *kc, float *out, const float *x, const float *ids,
                           const ms_k_gather_dims *g, bool accumulate, ms_error *err) {

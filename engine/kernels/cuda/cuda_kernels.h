@@ -89,7 +89,8 @@ ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias
 /* dinp += dout, dbias += the column sums (the column reduction above, dinp done in its first
  * pass; without dbias one thread per element). */
 ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, float *scratch, const float *dout,
-                                  int64_t n, int64_t c, void *stream, ms_error *err);
+                                  int64_t n, int64_t c, unsigned fresh, void *stream,
+                                  ms_error *err);
 ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err);
 ms_status ms_cu_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n,
                               void *stream, ms_error *err);
@@ -101,8 +102,8 @@ ms_status ms_cu_add_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *do
 ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                       int64_t n, int64_t c, void *stream, ms_error *err);
 ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
-                                       const uint16_t *dout, int64_t n, int64_t c, void *stream,
-                                       ms_error *err);
+                                       const uint16_t *dout, int64_t n, int64_t c, unsigned fresh,
+                                       void *stream, ms_error *err);
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,
                                   ms_error *err);
 ms_status ms_cu_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp, const uint16_t *dout,
@@ -204,27 +205,28 @@ ms_status ms_cu_bias_gelu_forward(float *out, const float *inp, const float *bia
  * dbias that pass alone. */
 ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, float *scratch, const float *dout,
                                    const float *inp, const float *bias, int64_t n, int64_t c,
-                                   void *stream, ms_error *err);
+                                   unsigned fresh, void *stream, ms_error *err);
 ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const float *bias,
                                          const float *res, int64_t nb, const ms_k_fused_dropout *d,
                                          void *stream, ms_error *err);
 ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, float *scratch,
                                           const float *dout, int64_t nb,
-                                          const ms_k_fused_dropout *d, void *stream, ms_error *err);
+                                          const ms_k_fused_dropout *d, unsigned fresh, void *stream,
+                                          ms_error *err);
 ms_status ms_cu_bias_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, const uint16_t *bias,
                                        int64_t n, int64_t c, void *stream, ms_error *err);
 ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
                                         const uint16_t *dout, const uint16_t *inp,
-                                        const uint16_t *bias, int64_t n, int64_t c, void *stream,
-                                        ms_error *err);
+                                        const uint16_t *bias, int64_t n, int64_t c, unsigned fresh,
+                                        void *stream, ms_error *err);
 ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp,
                                               const uint16_t *bias, const uint16_t *res, int64_t nb,
                                               const ms_k_fused_dropout *d, void *stream,
                                               ms_error *err);
 ms_status ms_cu_bias_dropout_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
                                                float *scratch, const uint16_t *dout, int64_t nb,
-                                               const ms_k_fused_dropout *d, void *stream,
-                                               ms_error *err);
+                                               const ms_k_fused_dropout *d, unsigned fresh,
+                                               void *stream, ms_error *err);
 ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,
                        bool accumulate, void *stream, ms_error *err);
 ms_status ms_cu_scatter_add(float *x, const float *src, const float *ids, const ms_k_gather_dims *g,

@@ -75,15 +75,19 @@ int64_t ms_cu_colsum_scratch_floats(int64_t n, int64_t c, int terms) {
  * dinp in pass 1 as it reads dout for the chunk sums. */
 template <typename T>
 static ms_status bias_add_backward(T *dinp, T *dbias, float *scratch, const T *dout, int64_t n,
-                                   int64_t c, void *stream, const char *what, ms_error *err) {
+                                   int64_t c, unsigned fresh, void *stream, const char *what,
+                                   ms_error *err) {
+    const bool fx = fresh & 1u;
     if (!dbias)
         return dinp ? ms_cu_each(n * c, stream, what, err,
-                                 [=] __device__(int64_t i) { ms_cu_acc(dinp, dout, i); })
+                                 [=] __device__(int64_t i) {
+                                     ms_cu_grad_put(dinp + i, ms_cu_load(dout + i), fx);
+                                 })
                     : MS_OK;
     if (n <= 0 || c <= 0) return MS_OK;
     MS_CHECK(ms_cu_colsum_scratch(scratch, what, err));
     MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t j) {
-        ms_cu_bias_add_bwd_part(dinp, scratch, dout, n, c, b, j);
+        ms_cu_bias_add_bwd_part(dinp, scratch, dout, n, c, b, j, fx);
     }));
     const int64_t chunks = ms_cu_colsum_chunks(n);
     return ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
@@ -110,8 +114,10 @@ ms_status ms_cu_bias_add_forward(float *out, const float *inp, const float *bias
 }
 
 ms_status ms_cu_bias_add_backward(float *dinp, float *dbias, float *scratch, const float *dout,
-                                  int64_t n, int64_t c, void *stream, ms_error *err) {
-    return bias_add_backward(dinp, dbias, scratch, dout, n, c, stream, "bias add backward", err);
+                                  int64_t n, int64_t c, unsigned fresh, void *stream,
+                                  ms_error *err) {
+    return bias_add_backward(dinp, dbias, scratch, dout, n, c, fresh, stream, "bias add backward",
+                             err);
 }
 
 ms_status ms_cu_gelu_forward(float *out, const float *inp, int64_t n, void *stream, ms_error *err) {
@@ -143,10 +149,10 @@ ms_status ms_cu_bias_add_forward_bf16(uint16_t *out, const uint16_t *inp, const 
 }
 
 ms_status ms_cu_bias_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
-                                       const uint16_t *dout, int64_t n, int64_t c, void *stream,
-                                       ms_error *err) {
-    return bias_add_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), scratch, ms_cu_bf(dout), n, c, stream,
-                             "bias add backward (bf16)", err);
+                                       const uint16_t *dout, int64_t n, int64_t c, unsigned fresh,
+                                       void *stream, ms_error *err) {
+    return bias_add_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), scratch, ms_cu_bf(dout), n, c, fresh,
+                             stream, "bias add backward (bf16)", err);
 }
 
 ms_status ms_cu_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, int64_t n, void *stream,

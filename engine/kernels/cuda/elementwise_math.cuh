@@ -49,16 +49,17 @@ MS_HD void ms_cu_bias_add_fwd(T *out, const T *inp, const W *bias, int64_t c, in
 }
 
 /* Pass 1 of dbias (colsum_math.cuh) for chunk b, column j: dinp[r, j] += dout[r, j] (dinp may
- * be NULL) and part[b * c + j] = the sum of dout[r, j] over the chunk's rows in order. */
+ * be NULL; fresh: written, not added to) and part[b * c + j] = the sum of dout[r, j] over the
+ * chunk's rows in order. */
 template <typename T>
 MS_HD void ms_cu_bias_add_bwd_part(T *dinp, float *part, const T *dout, int64_t n, int64_t c,
-                                   int64_t b, int64_t j) {
+                                   int64_t b, int64_t j, bool fresh) {
     int64_t lo, hi;
     ms_cu_colsum_rows(n, b, &lo, &hi);
     float s = 0.0f;
     for (int64_t r = lo; r < hi; r++) {
         const float g = ms_cu_load(dout + r * c + j);
-        if (dinp) ms_cu_store(dinp + r * c + j, ms_cu_load(dinp + r * c + j) + g); /* ms_cu_acc */
+        if (dinp) ms_cu_grad_put(dinp + r * c + j, g, fresh);
         s += g;
     }
     part[b * c + j] = s;

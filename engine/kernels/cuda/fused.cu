@@ -21,14 +21,15 @@ static ms_status fused_colsum_check(void *dbias, float *scratch, const char *wha
 
 template <typename T>
 static ms_status bias_gelu_backward(T *dinp, T *dbias, float *scratch, const T *dout, const T *inp,
-                                    const T *bias, int64_t n, int64_t c, void *stream,
-                                    ms_error *err) {
+                                    const T *bias, int64_t n, int64_t c, unsigned fresh,
+                                    void *stream, ms_error *err) {
     const char *what = "bias gelu backward";
+    const bool fx = fresh & 1u;
     if ((!dinp && !dbias) || n <= 0 || c <= 0) return MS_OK;
     MS_CHECK(fused_colsum_check(dbias, scratch, what, err));
     float *part = dbias ? scratch : NULL;
     MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t k) {
-        ms_cu_bias_gelu_bwd_part(dinp, part, dout, inp, bias, n, c, b, k);
+        ms_cu_bias_gelu_bwd_part(dinp, part, dout, inp, bias, n, c, b, k, fx);
     }));
     if (!dbias) return MS_OK;
     const int64_t chunks = ms_cu_colsum_chunks(n);
@@ -64,7 +65,8 @@ static ms_status bda_forward(T *out, const T *inp, const T *bias, const T *res, 
 
 template <typename T>
 static ms_status bda_backward(T *dinp, T *dbias, T *dres, float *scratch, const T *dout, int64_t nb,
-                              const ms_k_fused_dropout *d, void *stream, ms_error *err) {
+                              const ms_k_fused_dropout *d, unsigned fresh, void *stream,
+                              ms_error *err) {
     const char *what = "bias dropout add backward";
     if (d->box.ndim > 8) return ms_fail(err, MS_ERR_INVALID, "bias_dropout_add: over 8 dims");
     const ms_cu_box b = bda_box(d);
@@ -75,7 +77,7 @@ static ms_status bda_backward(T *dinp, T *dbias, T *dres, float *scratch, const 
     MS_CHECK(fused_colsum_check(dbias, scratch, what, err));
     float *part = dbias ? scratch : NULL;
     MS_CHECK(ms_cu_chunks(rows, nbv, stream, what, err, [=] __device__(int64_t ch, int64_t k) {
-        ms_cu_bda_bwd_part(dinp, part, dres, dout, rows, nbv, p, seed, sid, b, ch, k);
+        ms_cu_bda_bwd_part(dinp, part, dres, dout, rows, nbv, p, seed, sid, b, ch, k, fresh);
     }));
     if (!dbias) return MS_OK;
     const int64_t chunks = ms_cu_colsum_chunks(rows);
@@ -91,8 +93,8 @@ ms_status ms_cu_bias_gelu_forward(float *out, const float *inp, const float *bia
 
 ms_status ms_cu_bias_gelu_backward(float *dinp, float *dbias, float *scratch, const float *dout,
                                    const float *inp, const float *bias, int64_t n, int64_t c,
-                                   void *stream, ms_error *err) {
-    return bias_gelu_backward(dinp, dbias, scratch, dout, inp, bias, n, c, stream, err);
+                                   unsigned fresh, void *stream, ms_error *err) {
+    return bias_gelu_backward(dinp, dbias, scratch, dout, inp, bias, n, c, fresh, stream, err);
 }
 
 ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const float *bias,
@@ -103,9 +105,9 @@ ms_status ms_cu_bias_dropout_add_forward(float *out, const float *inp, const flo
 
 ms_status ms_cu_bias_dropout_add_backward(float *dinp, float *dbias, float *dres, float *scratch,
                                           const float *dout, int64_t nb,
-                                          const ms_k_fused_dropout *d, void *stream,
+                                          const ms_k_fused_dropout *d, unsigned fresh, void *stream,
                                           ms_error *err) {
-    return bda_backward(dinp, dbias, dres, scratch, dout, nb, d, stream, err);
+    return bda_backward(dinp, dbias, dres, scratch, dout, nb, d, fresh, stream, err);
 }
 
 /* bf16 storage: the same templates, every operand bf16. */
@@ -116,10 +118,10 @@ ms_status ms_cu_bias_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, const
 
 ms_status ms_cu_bias_gelu_backward_bf16(uint16_t *dinp, uint16_t *dbias, float *scratch,
                                         const uint16_t *dout, const uint16_t *inp,
-                                        const uint16_t *bias, int64_t n, int64_t c, void *stream,
-                                        ms_error *err) {
+                                        const uint16_t *bias, int64_t n, int64_t c, unsigned fresh,
+                                        void *stream, ms_error *err) {
     return bias_gelu_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), scratch, ms_cu_bf(dout),
-                              ms_cu_bf(inp), ms_cu_bf(bias), n, c, stream, err);
+                              ms_cu_bf(inp), ms_cu_bf(bias), n, c, fresh, stream, err);
 }
 
 ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp,
@@ -132,10 +134,10 @@ ms_status ms_cu_bias_dropout_add_forward_bf16(uint16_t *out, const uint16_t *inp
 
 ms_status ms_cu_bias_dropout_add_backward_bf16(uint16_t *dinp, uint16_t *dbias, uint16_t *dres,
                                                float *scratch, const uint16_t *dout, int64_t nb,
-                                               const ms_k_fused_dropout *d, void *stream,
-                                               ms_error *err) {
+                                               const ms_k_fused_dropout *d, unsigned fresh,
+                                               void *stream, ms_error *err) {
     return bda_backward(ms_cu_bf(dinp), ms_cu_bf(dbias), ms_cu_bf(dres), scratch, ms_cu_bf(dout),
-                        nb, d, stream, err);
+                        nb, d, fresh, stream, err);
 }
 
 ms_status ms_cu_gather(float *out, const float *x, const float *ids, const ms_k_gather_dims *g,

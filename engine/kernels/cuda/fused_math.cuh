@@ -17,11 +17,12 @@ MS_HD void ms_cu_bias_gelu_fwd(T *out, const T *inp, const T *bias, int64_t c, i
 }
 
 /* Pass 1 of bias + GELU backward (colsum_math.cuh) for chunk b, column k: over the chunk's
- * rows in order, g = gelu'(x + b) dout, dinp[r, k] += g (dinp may be NULL) and
- * part[b * c + k] = the sum of g (part NULL: no dbias). */
+ * rows in order, g = gelu'(x + b) dout, dinp[r, k] += g (dinp may be NULL; fresh: written,
+ * not added to) and part[b * c + k] = the sum of g (part NULL: no dbias). */
 template <typename T>
 MS_HD void ms_cu_bias_gelu_bwd_part(T *dinp, float *part, const T *dout, const T *inp,
-                                    const T *bias, int64_t n, int64_t c, int64_t b, int64_t k) {
+                                    const T *bias, int64_t n, int64_t c, int64_t b, int64_t k,
+                                    bool fresh) {
     int64_t lo, hi;
     ms_cu_colsum_rows(n, b, &lo, &hi);
     float db = 0.0f;
@@ -29,7 +30,7 @@ MS_HD void ms_cu_bias_gelu_bwd_part(T *dinp, float *part, const T *dout, const T
     for (int64_t r = lo; r < hi; r++) {
         const int64_t i = r * c + k;
         const float g = ms_cu_gelu_grad(ms_cu_load(inp + i) + bk) * ms_cu_load(dout + i);
-        if (dinp) ms_cu_store(dinp + i, ms_cu_load(dinp + i) + g);
+        if (dinp) ms_cu_grad_put(dinp + i, g, fresh);
         db += g;
     }
     if (part) part[b * c + k] = db;
@@ -56,12 +57,13 @@ MS_HD void ms_cu_bda_fwd(T *out, const T *inp, const T *bias, const T *res, int6
 
 /* Pass 1 of bias + dropout + residual add backward (colsum_math.cuh) for chunk b, column k of
  * the [rows, nb] view: over the chunk's rows in order, g = mask * dout / (1 - p),
- * dres += dout, dinp += g (either may be NULL) and part[b * nb + k] = the sum of g (part NULL:
- * no dbias). */
+ * dres += dout, dinp += g (either may be NULL; fresh bit 0: dinp written, not added to, bit 2:
+ * dres, as the slot's gradient order) and part[b * nb + k] = the sum of g (part NULL: no
+ * dbias). */
 template <typename T>
 MS_HD void ms_cu_bda_bwd_part(T *dinp, float *part, T *dres, const T *dout, int64_t rows,
                               int64_t nb, float p, uint64_t seed, uint64_t stream,
-                              const ms_cu_box &box, int64_t b, int64_t k) {
+                              const ms_cu_box &box, int64_t b, int64_t k, unsigned fresh) {
     int64_t lo, hi;
     ms_cu_colsum_rows(rows, b, &lo, &hi);
     const float scale = p > 0.0f ? (p >= 1.0f ? 0.0f : 1.0f / (1.0f - p)) : 1.0f;
@@ -70,8 +72,8 @@ MS_HD void ms_cu_bda_bwd_part(T *dinp, float *part, T *dres, const T *dout, int6
         const int64_t i = r * nb + k;
         const float dy = ms_cu_load(dout + i);
         const float gx = ms_cu_bda_keep(p, seed, stream, box, i) ? dy * scale : 0.0f;
-        if (dres) ms_cu_store(dres + i, ms_cu_load(dres + i) + dy);
-        if (dinp) ms_cu_store(dinp + i, ms_cu_load(dinp + i) + gx);
+        if (dres) ms_cu_grad_put(dres + i, dy, fresh & 4u);
+        if (dinp) ms_cu_grad_put(dinp + i, gx, fresh & 1u);
         db += gx;
     }
     if (part) part[b * nb + k] = db;

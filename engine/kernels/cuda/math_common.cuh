@@ -83,6 +83,12 @@ MS_HD void ms_cu_store(ms_bf16 *p, float v) {
     p->bits = ms_cu_bf16_round(v);
 }
 
+/* A backward's gradient element: *p += g, or, where the buffer holds nothing yet (fresh:
+ * backend.h), *p = g without reading it. */
+template <typename T> MS_HD void ms_cu_grad_put(T *p, float g, bool fresh) {
+    ms_cu_store(p, fresh ? g : ms_cu_load(p) + g);
+}
+
 MS_HD float ms_cu_maxf(float a, float b) {
     return a > b ? a : b; /* NaN in b is dropped, as the CPU's max loops do */
 }
