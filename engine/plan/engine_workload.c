@@ -66,8 +66,9 @@ static ms_plan_dim dim_of(const ms_mesh *mesh, int m) {
 }
 
 /* One kernel (forward or backward) of the program into the workload. */
+/* grad_bytes: bytes per element of an activation's gradient (2 in a bf16 program). */
 static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
-                       const ms_kernel_info *kn) {
+                       const ms_kernel_info *kn, double grad_bytes) {
     bool gqa = kn->op == MS_OP_GQA_ATTENTION;
     ms_plan_class cls = kn->op == MS_OP_MATMUL || kn->op == MS_OP_LINEAR ? MS_PC_GEMM
                         : kn->op == MS_OP_ATTENTION || gqa               ? MS_PC_ATTENTION
@@ -107,7 +108,7 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
     /* gradient buffers the backward adds into (zeroed every step; not those it writes whole) */
     for (int i = 0; bwd && i < kn->n_in; i++)
         if (kn->grad_in[i] && !kn->fresh_in[i])
-            w->zero_bytes += 4.0 * (double)numel(&kn->in_local[i]);
+            w->zero_bytes += grad_bytes * (double)numel(&kn->in_local[i]);
 }
 
 /* The vocab-parallel cross-entropy all-reduces inside its forward kernel. */
@@ -123,7 +124,7 @@ static void add_xent(ms_plan_workload *w, const ms_mesh *mesh, const ms_kernel_i
 /* Kernels node by node, each forward followed by its backward (the order the workload's
  * entries have always had, which merging and folding in wk_kernel_add depend on). */
 static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
-                        const ms_mesh *mesh, const ms_program *prog) {
+                        const ms_mesh *mesh, const ms_program *prog, double grad_bytes) {
     int nk = ms_program_num_kernels(prog);
     int *bwd_of = xmalloc(sizeof(int) * (size_t)(nk + 1)); /* by node: its backward kernel */
     for (int i = 0; i < nk; i++) bwd_of[i] = -1;
@@ -135,12 +136,12 @@ static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_
     for (int i = 0; i < nk; i++) {
         if (ms_program_kernel(prog, i, &kn) != MS_OK || kn.phase != MS_PROG_FORWARD) continue;
         if (!ms_op_get(kn.op)->cost) continue; /* a user op without one: not priced */
-        add_kernel(w, st, g, &kn);
+        add_kernel(w, st, g, &kn, grad_bytes);
         int b = bwd_of[kn.node];
         if (b >= 0) {
             ms_kernel_info bk;
             ms_program_kernel(prog, b, &bk);
-            add_kernel(w, st, g, &bk);
+            add_kernel(w, st, g, &bk, grad_bytes);
         }
         if (kn.op == MS_OP_XENT) add_xent(w, mesh, &kn);
     }
@@ -149,7 +150,7 @@ static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_
     for (int i = 0; i < nk; i++)
         if (ms_program_kernel(prog, i, &kn) == MS_OK && kn.phase == MS_PROG_RECOMPUTE &&
             ms_op_get(kn.op)->cost)
-            add_kernel(w, st, g, &kn);
+            add_kernel(w, st, g, &kn, grad_bytes);
 }
 
 /* A gradient bucket: its members' one collective (buckets never mix dims or kinds). */
@@ -268,7 +269,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     MS_CHECK_GOTO(
         ms_program_compile_shapes(model.g, mesh, s->cp > 1 ? coords : NULL, &co, &prog, err), st,
         out);
-    add_kernels(w, stats, model.g, mesh, prog);
+    add_kernels(w, stats, model.g, mesh, prog, co.bf16 ? 2.0 : 4.0);
     MS_CHECK_GOTO(add_reshards(w, stats, mesh, prog, err), st, out);
     for (int i = 0; i < ms_program_num_params(prog); i++) {
         ms_param_view pv;
