@@ -618,6 +618,37 @@ static void test_adamw_list(void **state) {
     assert_int_equal(differ, 0);
 }
 
+/* ms_cu_cast_list: a block per chunk of every tensor, each finding its tensor, its lanes
+ * striding the chunk: every element rounded exactly once, with the bits of the CPU's
+ * ms_k_bf16_round of that tensor alone (an empty tensor among them, the values spanning
+ * rounding ties, NaN and infinities); nothing past a tensor's end is written. */
+static void test_cast_list(void **state) {
+    (void)state;
+    const int64_t sizes[5] = {MS_CU_CAST_CHUNK + 5, 768, 0, 2 * MS_CU_CAST_CHUNK, 3};
+    std::vector<fvec> src(5);
+    std::vector<std::vector<uint16_t>> dst(5), want(5);
+    std::vector<ms_cu_cast_item> items(5);
+    for (int i = 0; i < 5; i++) {
+        src[i] = frand(sizes[i], -1e4, 1e4);
+        for (int64_t e = 0; e < sizes[i]; e += 97)
+            src[i][e] = ms_cu_bits_f32(0x3f808000u); /* tie */
+        if (sizes[i] > 2) src[i][1] = NAN, src[i][2] = -INFINITY;
+        dst[i].assign((size_t)sizes[i] + 1, 0xBEEF); /* one past the end, watched */
+        want[i].assign((size_t)sizes[i] + 1, 0xBEEF);
+        ms_k_bf16_round(want[i].data(), src[i].data(), sizes[i]);
+        items[i] = {dst[i].data(), src[i].data(), sizes[i], 0};
+    }
+    const int64_t chunks = ms_cu_cast_list_plan(items.data(), 5);
+    for (int64_t b = 0; b < chunks; b++) /* the grid's blocks, each with L lanes */
+        for (int l = 0; l < L; l++)
+            ms_cu_cast_list_part(items[ms_cu_list_item_of(items.data(), 5, b)], b, l, L);
+    int differ = 0;
+    for (int i = 0; i < 5; i++) differ += dst[i] != want[i];
+    printf("  bf16 round over a list of 5 (%lld chunks): %d tensors differ from the CPU's\n",
+           (long long)chunks, differ);
+    assert_int_equal(differ, 0);
+}
+
 static void test_sumsq(void **state) {
     (void)state;
     bool ok = true;
@@ -1582,6 +1613,7 @@ int main(void) {
         cmocka_unit_test(test_xent_fd),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_adamw_list),
+        cmocka_unit_test(test_cast_list),
         cmocka_unit_test(test_sumsq),
         cmocka_unit_test(test_sumsq_list),
         cmocka_unit_test(test_attention),

@@ -398,6 +398,28 @@ static void test_optim(void **state) {
                same ? "the bits of each alone" : "DIFFERENT  FAIL");
         ok &= same;
     }
+    /* Masters into their use copies in one grid: each tensor the bits of its own round. */
+    {
+        const int64_t sizes[4] = {3 * 8192 + 77, 768, 0, 8192};
+        std::vector<ms_cu_cast_item> items(4);
+        std::vector<uint16_t *> lists(4), alone(4);
+        for (int i = 0; i < 4; i++) {
+            const fvec x = frand(sizes[i] ? sizes[i] : 1, -1e3, 1e3);
+            float *dx = dev(x);
+            lists[i] = dev(std::vector<uint16_t>((size_t)sizes[i] + 1, 0xBEEF));
+            alone[i] = dev(std::vector<uint16_t>((size_t)sizes[i] + 1, 0xBEEF));
+            items[i] = {lists[i], dx, sizes[i], 0};
+            LAUNCH(ms_cu_bf16_round(alone[i], dx, sizes[i], NULL, ERR));
+        }
+        const int64_t chunks = ms_cu_cast_list_plan(items.data(), 4);
+        LAUNCH(ms_cu_cast_list(dev(items), 4, chunks, NULL, ERR));
+        bool same = true;
+        for (int i = 0; i < 4; i++)
+            same &= back(lists[i], sizes[i] + 1) == back(alone[i], sizes[i] + 1);
+        printf("  bf16 round over a list of 4: %s\n",
+               same ? "the bits of each alone" : "DIFFERENT  FAIL");
+        ok &= same;
+    }
     /* The list of tensors in one grid: each sum has the bits of its own ms_cu_sumsq. */
     {
         const int64_t sizes[4] = {3 * 65536 + 12345, 768, 0, 65536};

@@ -179,6 +179,11 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     const ms_k_adamw_item items[2] = {{f[13], f[14], f[15], f[0] + 96, (size_t)n / 4, false},
                                       {f[12], f[3], f[2], f[1], (size_t)n / 2, true}};
     K(adamw_list, items, 2, &o, 4, 0.75f);
+    /* masters into bf16 use copies: two tensors and an empty one */
+    const ms_k_cast_item casts[3] = {{(uint16_t *)f[4], f[9], (size_t)n / 2},
+                                     {(uint16_t *)f[4] + n / 2 + 8, f[13], (size_t)n / 3},
+                                     {(uint16_t *)f[4], f[9], 0}};
+    K(bf16_round_list, casts, 3);
     K(sumsq, &p->sums[0], f[5], (size_t)n);
     K(sumsq_bf16, &p->sums[1], (const uint16_t *)f[3], (size_t)n);
     /* the list: the same two tensors and a third, each its own sum as the calls above give */

@@ -134,6 +134,9 @@ struct ms_program {
      * zeroed one by one (outside persist), zero_n_other of them. */
     size_t *zero_off, *zero_len;
     int zero_n, *zero_other, zero_n_other;
+    /* bf16: a run of consecutive casts on the device, as one list (grown on demand) */
+    ms_k_cast_item *cast_items;
+    int cast_cap;
     bool zero_ready;
     /* host masters (ms_compile_opts.master_host, borrowed): their storage there, and the
      * host's kernels that fill, round and load them (owned) */

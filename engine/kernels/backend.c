@@ -57,6 +57,10 @@ static ms_status h_bf16_round(ms_kctx *kc, uint16_t *out, const float *in, int64
     ms_k_bf16_round(H(out), H(in), n);
     return OK;
 }
+static ms_status h_bf16_round_list(ms_kctx *kc, const ms_k_cast_item *x, int n, ms_error *err) {
+    for (int i = 0; i < n; i++) ms_k_bf16_round(H(x[i].dst), H(x[i].src), (int64_t)x[i].n);
+    return OK;
+}
 static ms_status h_ids_from_floats(ms_kctx *kc, int32_t *out, const float *in, int64_t n,
                                    ms_error *err) {
     int32_t *o = H(out);
@@ -592,6 +596,7 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .bf16_accumulate = h_bf16_accumulate,                     \
     .bf16_widen = h_bf16_widen,                               \
     .bf16_round = h_bf16_round,                               \
+    .bf16_round_list = h_bf16_round_list,                     \
     .ids_from_floats = h_ids_from_floats,                     \
     .matmul_forward = h_matmul_forward,                       \
     .matmul_backward = h_matmul_backward,                     \

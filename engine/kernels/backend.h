@@ -56,6 +56,14 @@ typedef struct ms_k_adamw_item {
     bool g_bf16;
 } ms_k_adamw_item;
 
+/* One tensor of a list bf16_round_list rounds: n fp32 values (a master) into n bf16 values (its
+ * use copy), both on the device. */
+typedef struct ms_k_cast_item {
+    uint16_t *dst;
+    const float *src;
+    size_t n;
+} ms_k_cast_item;
+
 /* One tensor of a list the kernels read whole: its data on the device, its element count and
  * its number format. */
 typedef struct ms_k_span {
@@ -97,6 +105,9 @@ struct ms_kernels {
     MS_KSLOT(bf16_accumulate, uint16_t *dst, const uint16_t *src, int64_t n);
     MS_KSLOT(bf16_widen, float *out, const uint16_t *in, int64_t n);
     MS_KSLOT(bf16_round, uint16_t *out, const float *in, int64_t n);
+    /* Every item's bf16_round, the same bits, in as few launches as the device allows (the
+     * bf16 use copies after the optimizer: one per parameter tensor). */
+    MS_KSLOT(bf16_round_list, const ms_k_cast_item *x, int n);
     MS_KSLOT(ids_from_floats, int32_t *out, const float *in, int64_t n);
 
     /* ---- matmul ---- */

@@ -41,6 +41,7 @@ typedef struct cuda_kctx {
     dev_scratch emb;                   /* the embedding backward's sort */
     dev_scratch colsum;                /* floats: the column reductions' chunk sums */
     list_stage sumsq_list, adamw_list; /* the gradient norm's tensors, AdamW's parameters */
+    list_stage cast_list;              /* the masters rounded into their bf16 use copies */
     dev_scratch sums;                  /* doubles: the list's sums of squares */
 } cuda_kctx;
 
@@ -71,8 +72,8 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     dev_scratch *scratch[4] = {&x->sumsq, &x->emb, &x->colsum, &x->sums};
     for (int i = 0; i < 4; i++)
         if (scratch[i]->p) cudaFree(scratch[i]->p);
-    list_stage *lists[2] = {&x->sumsq_list, &x->adamw_list};
-    for (int i = 0; i < 2; i++) {
+    list_stage *lists[3] = {&x->sumsq_list, &x->adamw_list, &x->cast_list};
+    for (int i = 0; i < 3; i++) {
         if (lists[i]->host) cudaFreeHost(lists[i]->host);
         if (lists[i]->dev) cudaFree(lists[i]->dev);
         if (lists[i]->copied) cudaEventDestroy(lists[i]->copied);
@@ -605,6 +606,20 @@ static ms_status c_adamw_list(ms_kctx *kc, const ms_k_adamw_item *x, int n, cons
     MS_CHECK(list_send(kc, &c->adamw_list, bytes, err));
     return ms_cu_adamw_list(c->adamw_list.dev, n, chunks, o, t, grad_scale, STREAM(kc), err);
 }
+/* Every master's rounding into its use copy in one launch, the list copied up from pinned
+ * memory; nothing waits for the device. */
+static ms_status c_bf16_round_list(ms_kctx *kc, const ms_k_cast_item *x, int n, ms_error *err) {
+    if (n <= 0) return MS_OK;
+    cuda_kctx *c = CU(kc);
+    const size_t bytes = sizeof(ms_cu_cast_item) * (size_t)n;
+    MS_CHECK(list_fill(kc, &c->cast_list, bytes, err));
+    ms_cu_cast_item *items = c->cast_list.host;
+    for (int i = 0; i < n; i++)
+        items[i] = (ms_cu_cast_item){.dst = x[i].dst, .src = x[i].src, .n = (int64_t)x[i].n};
+    const int64_t chunks = ms_cu_cast_list_plan(items, n);
+    MS_CHECK(list_send(kc, &c->cast_list, bytes, err));
+    return ms_cu_cast_list(c->cast_list.dev, n, chunks, STREAM(kc), err);
+}
 static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
     return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
 }
@@ -827,6 +842,7 @@ static const ms_kernels cuda_kernels = {
     .bf16_accumulate = c_bf16_accumulate,
     .bf16_widen = c_bf16_widen,
     .bf16_round = c_bf16_round,
+    .bf16_round_list = c_bf16_round_list,
     .ids_from_floats = c_ids_from_floats,
     .matmul_forward = c_matmul_forward,
     .matmul_backward = c_matmul_backward,

@@ -276,6 +276,18 @@ int64_t ms_cu_adamw_list_plan(ms_cu_adamw_item *items, int n);
 ms_status ms_cu_adamw_list(const ms_cu_adamw_item *items, int n, int64_t chunks,
                            const ms_adamw_opts *o, int64_t t, float grad_scale, void *stream,
                            ms_error *err);
+/* bf16_round over a list of tensors in one launch (a block per chunk of every tensor, each
+ * finding its tensor): each element rounded as ms_cu_bf16_round rounds it. items: a device copy
+ * of the list, chunk0 filled by ms_cu_cast_list_plan, which returns the chunks in all. */
+typedef struct ms_cu_cast_item {
+    uint16_t *dst;
+    const float *src;
+    int64_t n;
+    int64_t chunk0;
+} ms_cu_cast_item;
+int64_t ms_cu_cast_list_plan(ms_cu_cast_item *items, int n);
+ms_status ms_cu_cast_list(const ms_cu_cast_item *items, int n, int64_t chunks, void *stream,
+                          ms_error *err);
 /* *out (device) = sum of x^2 in double, in an order that depends on n alone.
  * scratch: ms_cu_sumsq_scratch_doubles(n) doubles of device memory. */
 int64_t ms_cu_sumsq_scratch_doubles(int64_t n);

@@ -1,5 +1,7 @@
 /* optim.cu - AdamW (fp32, and fp32 master weights with a bf16 gradient) one thread per element,
- * and the sum of squares one block per fixed chunk (optim_math.cuh). */
+ * the sum of squares one block per fixed chunk, and the lists of a training step's tensors
+ * (AdamW's, the gradient norm's, the masters' casts into their bf16 use copies) one launch for
+ * all (optim_math.cuh). */
 #include "engine/kernels/cuda/launch.cuh"
 #include "engine/kernels/cuda/optim_math.cuh"
 
@@ -52,6 +54,19 @@ ms_status ms_cu_adamw_list(const ms_cu_adamw_item *items, int n, int64_t chunks,
     const ms_cu_adamw_consts k = ms_cu_adamw_prepare(o, t, grad_scale);
     return ms_cu_rows(chunks, stream, "adamw (list)", err, [=] __device__(int64_t b, int l) {
         ms_cu_adamw_list_part(items[ms_cu_list_item_of(items, n, b)], b, l, MS_CU_ROW_LANES, k);
+    });
+}
+
+int64_t ms_cu_cast_list_plan(ms_cu_cast_item *items, int n) {
+    return list_plan(items, n,
+                     [](int64_t e) { return (e + MS_CU_CAST_CHUNK - 1) / MS_CU_CAST_CHUNK; });
+}
+
+ms_status ms_cu_cast_list(const ms_cu_cast_item *items, int n, int64_t chunks, void *stream,
+                          ms_error *err) {
+    if (n <= 0) return MS_OK;
+    return ms_cu_rows(chunks, stream, "bf16 round (list)", err, [=] __device__(int64_t b, int l) {
+        ms_cu_cast_list_part(items[ms_cu_list_item_of(items, n, b)], b, l, MS_CU_ROW_LANES);
     });
 }
 

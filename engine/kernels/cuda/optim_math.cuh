@@ -107,6 +107,17 @@ MS_HD void ms_cu_adamw_list_part(const ms_cu_adamw_item &it, int64_t b, int lane
     }
 }
 
+/* Elements a cast list's block rounds: a chunk of each tensor. */
+#define MS_CU_CAST_CHUNK 8192
+
+/* Lane l's share of chunk b of a cast list: elements lo + l, lo + l + nlanes, ... of its
+ * tensor, each rounded to bf16 as ms_cu_bf16_round rounds it. */
+MS_HD void ms_cu_cast_list_part(const ms_cu_cast_item &it, int64_t b, int lane, int nlanes) {
+    const int64_t lo = (b - it.chunk0) * MS_CU_CAST_CHUNK;
+    const int64_t hi = it.n - lo < MS_CU_CAST_CHUNK ? it.n : lo + MS_CU_CAST_CHUNK;
+    for (int64_t i = lo + lane; i < hi; i += nlanes) it.dst[i] = ms_cu_bf16_round(it.src[i]);
+}
+
 MS_HD double ms_cu_sumsq_combine(const double *parts, int64_t nchunks) {
     double s = 0.0;
     for (int64_t b = 0; b < nchunks; b++) s += parts[b];
