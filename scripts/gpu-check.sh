@@ -22,6 +22,7 @@
 #     cublasGemmEx at 4096^3 and GPT-2 124M's shapes (the 50257-wide head among them);
 #   - bench/attention_cuda.sh: GPT-2 124M's bf16 attention (forward + backward) through the
 #     kernel table, tensor-core flash kernels and row kernels, and PyTorch's SDPA beside them;
+#     then the same at LLaMA's head size 128;
 #   - bench/pipeline.sh's pp 4 cases on thread ranks with a core each (not a GPU check: the
 #     development machine has 2 cores for pp 4's 4 ranks).
 #
@@ -271,9 +272,13 @@ PY
   fi
 fi
 
-if section "bf16 attention, forward + backward: tensor-core flash, row kernels, PyTorch SDPA" 60; then
+if section "bf16 attention, forward + backward: tensor-core flash, row kernels, PyTorch SDPA" 90; then
   timeout 120 bash bench/attention_cuda.sh --bin "$BUILD_DIR/bench_attention_cuda" |
     tee "$OUT_DIR/attention-cuda.txt" || failed=1
+  # LLaMA's head size 128 (32 heads of a 4096-wide model, 2 x 2048 tokens): flash at its
+  # largest instantiation, whose backward spills a few dozen bytes
+  timeout 120 bash bench/attention_cuda.sh --bin "$BUILD_DIR/bench_attention_cuda" --b 2 \
+    --t 2048 --c 4096 --nh 32 --reps 3 | tee -a "$OUT_DIR/attention-cuda.txt" || failed=1
 fi
 
 if section "bf16 GEMM through the kernel table against cuBLAS called directly (goal: 0.9 or more)" 60; then

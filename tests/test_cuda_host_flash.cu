@@ -313,6 +313,10 @@ static void test_head_sizes(void **state) {
     (void)state;
     bool ok = check<16>("head size 16", 1, 130, 130, 2, 2, 0, true, false, false);
     ok &= check<48>("head size 48", 1, 65, 65, 1, 1, 0, true, false, false);
+    ok &= check<80>("head size 80, masked", 1, 70, 70, 1, 1, 0, false, true, false);
+    ok &= check<96>("head size 96", 1, 66, 66, 1, 1, 0, true, false, false);
+    /* LLaMA's: 4 query heads over 2 kv heads of 128, queries from position 30 */
+    ok &= check<128>("head size 128, gqa", 1, 70, 100, 4, 2, 30, true, false, false);
     assert_true(ok);
 }
 

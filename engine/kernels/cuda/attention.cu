@@ -14,7 +14,7 @@
  * output is rounded once when stored. The logsumexps and the saved output copy stay fp32, so
  * the bf16 kernels compute exactly what the fp32 ones do on widened operands.
  *
- * A bf16 call that fits the tensor cores (flash.cuh: GPT-2's head sizes, aligned rows) runs
+ * A bf16 call that fits the tensor cores (flash.cuh: head sizes 16 to 128, aligned rows) runs
  * flash.cu's kernels instead, which round the probabilities to bf16 for their products; these
  * row kernels stay the fp32 path and the fallback.
  */

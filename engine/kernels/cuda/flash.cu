@@ -125,29 +125,32 @@ bool ms_cu_flash_usable(const ms_fa_args *a) {
     const char *only = getenv("MS_CUDA_ATTENTION"); /* read each call: a benchmark flips it */
     if (only && strcmp(only, "rows") == 0) return false;
     const bool heads_ok = a->h > 0 && a->hkv > 0 && a->h % a->hkv == 0;
-    const bool hs_ok = a->hs > 0 && a->hs % 16 == 0 && a->hs <= MS_FA_MAX_HS;
-    return heads_ok && hs_ok && a->q_ld % 8 == 0 && a->kv_ld % 8 == 0 && a->out_ld % 8 == 0 &&
-           aligned16(a->q) && aligned16(a->k) && aligned16(a->v) &&
+    return heads_ok && ms_fa_head_size_ok(a->hs) && a->q_ld % 8 == 0 && a->kv_ld % 8 == 0 &&
+           a->out_ld % 8 == 0 && aligned16(a->q) && aligned16(a->k) && aligned16(a->v) &&
            (!a->dout || aligned16(a->dout)) && device_has_bf16_mma();
 }
 
-/* Launches kernel template K for the head size. */
-#define FA_LAUNCH(K, grid, stream, a)                                                              \
+/* Launches kernel template K for the head size (one of ms_fa_head_size_ok's: the callers
+ * checked with ms_cu_flash_usable); another is refused, launching nothing. */
+#define FA_CASE(K, HS, grid, stream, a)                                                            \
+    case HS:                                                                                       \
+        K<HS><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                              \
+        break
+#define FA_LAUNCH(K, grid, stream, a, what, err)                                                   \
     do {                                                                                           \
         switch ((a).hs) {                                                                          \
-            case 16:                                                                               \
-                K<16><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
-                break;                                                                             \
-            case 32:                                                                               \
-                K<32><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
-                break;                                                                             \
-            case 48:                                                                               \
-                K<48><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
-                break;                                                                             \
+            FA_CASE(K, 16, grid, stream, a);                                                       \
+            FA_CASE(K, 32, grid, stream, a);                                                       \
+            FA_CASE(K, 48, grid, stream, a);                                                       \
+            FA_CASE(K, 64, grid, stream, a);                                                       \
+            FA_CASE(K, 80, grid, stream, a);                                                       \
+            FA_CASE(K, 96, grid, stream, a);                                                       \
+            FA_CASE(K, 128, grid, stream, a);                                                      \
             default:                                                                               \
-                K<64><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                      \
-                break;                                                                             \
+                return ms_fail(err, MS_ERR_INVALID, "%s: no kernel for head size %lld", what,      \
+                               (long long)(a).hs);                                                 \
         }                                                                                          \
+        MS_CHECK(ms_cu_launched(what, err));                                                       \
     } while (0)
 
 static dim3 fa_grid(int64_t b, int64_t rows, int64_t heads) {
@@ -156,18 +159,19 @@ static dim3 fa_grid(int64_t b, int64_t rows, int64_t heads) {
 
 ms_status ms_cu_flash_forward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err) {
     if (b <= 0 || a->tq <= 0) return MS_OK;
-    FA_LAUNCH(fa_forward_kernel, fa_grid(b, a->tq, a->h), (cudaStream_t)stream, *a);
-    return ms_cu_launched("flash attention forward (bf16)", err);
+    FA_LAUNCH(fa_forward_kernel, fa_grid(b, a->tq, a->h), (cudaStream_t)stream, *a,
+              "flash attention forward (bf16)", err);
+    return MS_OK;
 }
 
 ms_status ms_cu_flash_backward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err) {
     if (b <= 0 || a->tq <= 0) return MS_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    if (a->dq) {
-        FA_LAUNCH(fa_dq_kernel, fa_grid(b, a->tq, a->h), s, *a);
-        MS_CHECK(ms_cu_launched("flash attention backward dq (bf16)", err));
-    }
+    if (a->dq)
+        FA_LAUNCH(fa_dq_kernel, fa_grid(b, a->tq, a->h), s, *a,
+                  "flash attention backward dq (bf16)", err);
     if ((!a->dk && !a->dv) || a->tk <= 0) return MS_OK;
-    FA_LAUNCH(fa_dkv_kernel, fa_grid(b, a->tk, a->hkv), s, *a);
-    return ms_cu_launched("flash attention backward dk, dv (bf16)", err);
+    FA_LAUNCH(fa_dkv_kernel, fa_grid(b, a->tk, a->hkv), s, *a,
+              "flash attention backward dk, dv (bf16)", err);
+    return MS_OK;
 }

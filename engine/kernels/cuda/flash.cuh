@@ -7,8 +7,8 @@
 #include "engine/kernels/cuda/cuda_kernels.h" /* ms_status, C++-safe */
 #include "engine/kernels/cuda/flash_math.cuh"
 
-/* Whether the call fits the tensor-core kernels: head size a multiple of 16 up to
- * MS_FA_MAX_HS, whole kv groups, row strides multiples of 8 elements, 16-byte aligned
+/* Whether the call fits the tensor-core kernels: a head size they are built for
+ * (ms_fa_head_size_ok), whole kv groups, row strides multiples of 8 elements, 16-byte aligned
  * operands, a device of compute capability 8.0 or later, and MS_CUDA_ATTENTION not "rows". */
 bool ms_cu_flash_usable(const ms_fa_args *a);
 

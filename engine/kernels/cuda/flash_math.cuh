@@ -30,9 +30,10 @@
  * scale; the forward's normaliser sums the rounded probabilities it multiplied by. dQ, dK
  * and dV are added to what the buffers hold and rounded once.
  *
- * Which calls take this path (flash.cu): bf16 storage, a head size that is a multiple of 16
- * and at most 64, every row stride a multiple of 8 elements and 16-byte aligned pointers;
- * the rest run the row kernels of attention.cu.
+ * Which calls take this path (flash.cu): bf16 storage, a head size the bodies are built for
+ * (ms_fa_head_size_ok: 16 to 64 in steps of 16, 80, 96 and 128: GPT-2's, BERT's and LLaMA's),
+ * every row stride a multiple of 8 elements and 16-byte aligned pointers; the rest run the row
+ * kernels of attention.cu.
  */
 #ifndef MS_CUDA_FLASH_MATH_CUH
 #define MS_CUDA_FLASH_MATH_CUH
@@ -44,7 +45,6 @@
 #define MS_FA_THREADS (32 * MS_FA_WARPS)
 #define MS_FA_ROWS    (16 * MS_FA_WARPS) /* rows a block owns */
 #define MS_FA_TILE    64                 /* rows of a staged tile */
-#define MS_FA_MAX_HS  64
 
 #define MS_FA_LOG2E 1.4426950408889634f
 #define MS_FA_LN2   0.6931471805599453f
@@ -67,6 +67,14 @@ struct ms_fa_args {
     bool fresh; /* backward: dq, dk, dv hold nothing yet: written, not added to */
     float scale;
 };
+
+/* The head sizes flash.cu instantiates its kernels for. At 96 and 128 the dQ kernel keeps its
+ * accumulators and operand fragments in 255 registers and spills 36-104 bytes a thread (ptxas,
+ * sm_80 and sm_90), dK/dV at 128 16-20 bytes: a little local memory per thread, against the
+ * row kernels' rereading of every key and value row per query. */
+MS_HD bool ms_fa_head_size_ok(int64_t hs) {
+    return hs == 16 || hs == 32 || hs == 48 || hs == 64 || hs == 80 || hs == 96 || hs == 128;
+}
 
 /* Shared memory of a block, in bf16 elements (two padded tiles) and floats (per-row terms). */
 #define MS_FA_LDT(hs)       ((hs) + 8)
