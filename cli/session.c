@@ -63,6 +63,10 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                          "pipeline stages (default 1; explain draws the schedule)")},
         {RUN_ALL, MS_INT("cp", "N", &o->cp, 1, 4096, "context-parallel ranks (default 1)")},
         {RUN_ALL, MS_FLAG("sp", &o->sp, "sequence parallelism in the tensor-parallel group")},
+        {RUN_ALL, MS_FLAG("replicated-head", &o->replicated_head,
+                          "keep the word embedding and the head whole on every tp rank (the "
+                          "strategy file's \"vocab_parallel\": false) instead of sharding "
+                          "their vocabulary over tp; needs --tp 2 or more")},
         {RUN_ALL, MS_INT("micro-batches", "M", &o->micro_batches, 1, 1 << 20,
                          "micro-batches per step; they divide each dp rank's batch (default 1)")},
         {RUN_ALL,

@@ -38,6 +38,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
         out->strat.precision = (uint8_t)o->precision;
         out->strat.bucket_mb = o->bucket_mb > 0 ? (float)o->bucket_mb : 0.0f;
         out->strat.offload = o->offload;
+        out->strat.vocab_replicated = o->replicated_head;
     }
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_job_shape job = job_shape(o, out);

@@ -28,19 +28,20 @@ typedef struct run_opts {
     double memory_cap_mib; /* refuse switches needing more per rank; 0: the machine's share */
     int dp, tp, cp;
     bool sp;
-    int pp;              /* --pp: pipeline stages */
-    int micro_batches;   /* --micro-batches: per step */
-    int schedule;        /* --schedule: an ms_schedule */
-    int virtual_stages;  /* --virtual-stages: model chunks per pipeline rank */
-    int zero;            /* --zero: the ZeRO stage over dp */
-    int recompute;       /* --recompute: an ms_recompute */
-    int precision;       /* --precision: an ms_precision */
-    int device;          /* --device: an ms_device_choice */
-    double bucket_mb;    /* --bucket-mb: gradient buckets in MiB; 0: none; < 0: the default
-                          * (JOB_CUDA_BUCKET_MB on a CUDA device where gradients are reduced
-                          * over dp or cp, else none) */
-    bool offload;        /* --offload: masters and moments in host memory, AdamW on the host */
-    bool offload_serial; /* --offload-serial: that AdamW inside the step, not overlapped */
+    bool replicated_head; /* --replicated-head: the word embedding / head whole on every tp rank */
+    int pp;               /* --pp: pipeline stages */
+    int micro_batches;    /* --micro-batches: per step */
+    int schedule;         /* --schedule: an ms_schedule */
+    int virtual_stages;   /* --virtual-stages: model chunks per pipeline rank */
+    int zero;             /* --zero: the ZeRO stage over dp */
+    int recompute;        /* --recompute: an ms_recompute */
+    int precision;        /* --precision: an ms_precision */
+    int device;           /* --device: an ms_device_choice */
+    double bucket_mb;     /* --bucket-mb: gradient buckets in MiB; 0: none; < 0: the default
+                           * (JOB_CUDA_BUCKET_MB on a CUDA device where gradients are reduced
+                           * over dp or cp, else none) */
+    bool offload;         /* --offload: masters and moments in host memory, AdamW on the host */
+    bool offload_serial;  /* --offload-serial: that AdamW inside the step, not overlapped */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;            /* BLAS threads per rank; 0 = cores / ranks */

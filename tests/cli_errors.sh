@@ -210,6 +210,8 @@ expect "eval with offload" "eval has no optimizer: leave --offload out" "$bin" e
   --model "$tmp/ok.json" --checkpoint "$tmp/ck.safetensors" --data "$tmp/text.txt" --offload
 expect "offload-serial without offload" "add --offload" "${run[@]}" --data "$tmp/text.txt" \
   --offload-serial
+expect "replicated head without tp" "needs tp 2 or more" "${run[@]}" --data "$tmp/text.txt" \
+  --replicated-head
 expect "offload not a bool" "offload" "${run[@]}" --data "$tmp/text.txt" --switch '1:{"dp": 1, "offload": 2}'
 plan=("$bin" plan --model "$tmp/ok.json" --cluster dgx-a100-80gb --devices 8 --global-batch 8 --seq 16)
 expect "plan without a model" "--model CONFIG.json is required" "$bin" plan --cluster h100 --devices 8 --global-batch 8 --seq 16
@@ -271,7 +273,8 @@ help_lists() {
   echo "ok   ${cmd[*]} --help and -h list $# flags"
 }
 
-help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
+help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --replicated-head \
+  --micro-batches --schedule \
   --virtual-stages --zero --recompute --bucket-mb --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
   --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
@@ -279,7 +282,8 @@ help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --micro-ba
 help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
   --micro-batches --schedule --virtual-stages --zero --recompute --bucket-mb --strategy --backend \
   --help
-help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --micro-batches --schedule \
+help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --replicated-head \
+  --micro-batches --schedule \
   --virtual-stages --zero --recompute --bucket-mb --batch --seq --backend --help
 help_lists "demo" --ranks --backend --help
 help_lists "bench comm" --json --ranks --min-bytes --max-bytes --step --iters --reps --ops \

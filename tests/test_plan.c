@@ -358,8 +358,9 @@ static void topology_prefers_tp_within_host(void **state) {
 
 typedef struct prog_arg {
     int dp, tp, cp;
-    bool sp;
+    bool sp, head_replicated;
     int B, T;
+    const ms_model_config *cfg;
     double flops, arena, persist; /* rank 0 */
     int n_reshards;
     double reshard_bytes;
@@ -370,17 +371,20 @@ static void compile_rank(mt_rank *r, void *p) {
     ms_error err = {0};
     ms_strategy s;
     if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->cp, a->sp, &err), &err)) return;
+    s.vocab_replicated = a->head_replicated;
     ms_sharding sh = {.s = &s};
     ms_mesh mesh;
     if (!MT_OK(r, ms_strategy_mesh(&s, &mesh, &err), &err)) return;
     ms_dmesh *dm;
     if (!MT_OK(r, ms_dmesh_create(r->ctx, &mesh, &dm, &err), &err)) return;
-    ms_model_config cfg = gpt_tiny();
     ms_model m;
     ms_program *prog = NULL;
-    if (MT_OK(r, ms_model_build(&cfg, a->B, a->T, &m, &err), &err)) {
+    if (MT_OK(r, ms_model_build(a->cfg, a->B, a->T, &m, &err), &err)) {
         ms_compile_opts co = {.shard = ms_strategy_shard, .shard_user = &sh, .seed = 3};
-        if (MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err) && r->ctx->rank == 0) {
+        /* the rank the planner reads: dp and tp coordinate 0, the last over cp (its queries
+         * see the longest causal prefix: LLaMA's cp keeps them on the sequence shard) */
+        if (MT_OK(r, ms_program_compile(m.g, dm, &co, &prog, &err), &err) &&
+            r->ctx->rank == a->cp - 1) {
             ms_program_stats st;
             ms_program_stats_get(prog, &st);
             a->flops = st.flops;
@@ -396,51 +400,87 @@ static void compile_rank(mt_rank *r, void *p) {
     ms_mesh_free(&mesh);
 }
 
+/* One strategy of one model: the program a rank compiles, the planner's reading of it and
+ * the closed form agree (FLOPs, reshards, arena). */
+static void check_engine_matches(const ms_model_config *cfg, int dp, int tp, int cp, bool sp,
+                                 bool head_replicated) {
+    ms_cluster c = cpu_cluster();
+    const int B = 8, T = 64;
+    ms_plan_problem pb = problem(cfg, &c, 4, B, T, MS_PLAN_FP32);
+    prog_arg a = {.dp = dp,
+                  .tp = tp,
+                  .cp = cp,
+                  .sp = sp,
+                  .head_replicated = head_replicated,
+                  .B = B,
+                  .T = T,
+                  .cfg = cfg};
+    mt_run_threads(4, compile_rank, &a);
+    ms_strategy s = engine_strategy(dp, tp, cp, sp);
+    s.vocab_replicated = head_replicated;
+    ms_plan_engine_stats es;
+    ms_error err = {0};
+    assert_int_equal(ms_plan_engine_stats_get(&pb, &s, &es, &err), MS_OK);
+    char txt[MS_STRATEGY_NAME_MAX];
+    printf("%-28s program %.6g FLOPs, %d reshards %.0f B; planner %.6g FLOPs, %d reshards "
+           "%.0f B\n",
+           ms_strategy_name(&s, txt, sizeof txt), a.flops, a.n_reshards, a.reshard_bytes, es.flops,
+           es.n_reshards, es.reshard_bytes);
+    assert_true(a.flops > 0);
+    assert_true(fabs(es.flops - a.flops) <= 1e-9 * a.flops);
+    assert_int_equal(es.n_reshards, a.n_reshards);
+    assert_true(fabs(es.reshard_bytes - a.reshard_bytes) <= 1e-9 * a.reshard_bytes + 1);
+    assert_true(es.arena_bytes == a.arena && es.persist_bytes == a.persist);
+    /* the closed form agrees with the engine's program */
+    ms_plan_estimate ee, ea;
+    assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &ee, &err), MS_OK);
+    assert_true(ee.from_engine);
+    ms_plan_problem pa = pb;
+    pa.engine_workloads = false;
+    assert_int_equal(ms_plan_estimate_one(&pa, &s, NULL, &ea, &err), MS_OK);
+    assert_false(ea.from_engine);
+    printf("%-28s hardware FLOPs per device: engine %.6g, closed form %.6g\n", txt, ee.hw_flops / 4,
+           ea.hw_flops / 4);
+    assert_true(fabs(ea.hw_flops / ee.hw_flops - 1) < 1e-3);
+}
+
 static void engine_flops_match_program(void **state) {
     (void)state;
     ms_model_config cfg = gpt_tiny();
-    ms_cluster c = cpu_cluster();
-    const int B = 8, T = 64;
-    ms_plan_problem pb = problem(&cfg, &c, 4, B, T, MS_PLAN_FP32);
     const struct {
         int dp, tp, cp;
         bool sp;
     } cases[] = {{4, 1, 1, false}, {1, 4, 1, false}, {1, 4, 1, true},
                  {2, 2, 1, false}, {2, 2, 1, true},  {2, 1, 2, false},
                  {1, 2, 2, false}, {1, 2, 2, true},  {1, 1, 4, false}};
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        prog_arg a = {.dp = cases[i].dp,
-                      .tp = cases[i].tp,
-                      .cp = cases[i].cp,
-                      .sp = cases[i].sp,
-                      .B = B,
-                      .T = T};
-        mt_run_threads(4, compile_rank, &a);
-        ms_strategy s = engine_strategy(cases[i].dp, cases[i].tp, cases[i].cp, cases[i].sp);
-        ms_plan_engine_stats es;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_engine_matches(&cfg, cases[i].dp, cases[i].tp, cases[i].cp, cases[i].sp, false);
+}
+
+/* The head replicated over tp ("vocab_parallel": false), as the engine runs it, on each model
+ * family: without sp every tp rank computes the whole head; with sp GPT-2's and BERT's on the
+ * sequence shard, LLaMA's on the gathered final norm. */
+static void head_replicated_matches_program(void **state) {
+    (void)state;
+    static const char *const models[] = {"gpt-tiny", "bert-tiny", "llama-tiny"};
+    const struct {
+        int dp, tp, cp;
+        bool sp;
+    } cases[] = {{1, 4, 1, false}, {1, 4, 1, true}, {2, 2, 1, true}, {1, 2, 2, true}};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/configs/%s.json", MS_SOURCE_DIR, models[m]);
+        ms_model_config cfg;
         ms_error err = {0};
-        assert_int_equal(ms_plan_engine_stats_get(&pb, &s, &es, &err), MS_OK);
-        char txt[MS_STRATEGY_NAME_MAX];
-        printf("%-22s program %.6g FLOPs, %d reshards %.0f B; planner %.6g FLOPs, %d reshards "
-               "%.0f B\n",
-               ms_strategy_name(&s, txt, sizeof txt), a.flops, a.n_reshards, a.reshard_bytes,
-               es.flops, es.n_reshards, es.reshard_bytes);
-        assert_true(a.flops > 0);
-        assert_true(fabs(es.flops - a.flops) <= 1e-9 * a.flops);
-        assert_int_equal(es.n_reshards, a.n_reshards);
-        assert_true(fabs(es.reshard_bytes - a.reshard_bytes) <= 1e-9 * a.reshard_bytes + 1);
-        assert_true(es.arena_bytes == a.arena && es.persist_bytes == a.persist);
-        /* the closed form agrees with the engine's program */
-        ms_plan_estimate ee, ea;
-        assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &ee, &err), MS_OK);
-        assert_true(ee.from_engine);
-        ms_plan_problem pa = pb;
-        pa.engine_workloads = false;
-        assert_int_equal(ms_plan_estimate_one(&pa, &s, NULL, &ea, &err), MS_OK);
-        assert_false(ea.from_engine);
-        printf("%-22s hardware FLOPs per device: engine %.6g, closed form %.6g\n", txt,
-               ee.hw_flops / 4, ea.hw_flops / 4);
-        assert_true(fabs(ea.hw_flops / ee.hw_flops - 1) < 1e-3);
+        if (ms_config_load(path, &cfg, &err) != MS_OK) fail_msg("%s", err.msg);
+        printf("%s\n", models[m]);
+        /* LLaMA under cp is left out: there the closed form prices 0.3% more than the program
+         * with either head (on its causal sequence shard), a gap of its own */
+        bool gqa = cfg.model_type == MS_MODEL_LLAMA;
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            if (!(gqa && cases[i].cp > 1))
+                check_engine_matches(&cfg, cases[i].dp, cases[i].tp, cases[i].cp, cases[i].sp,
+                                     true);
     }
 }
 
@@ -556,18 +596,20 @@ static void non_executable_flagged(void **state) {
     ms_plan_result res;
     ms_error err = {0};
     assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
-    int exe = 0, non = 0;
+    /* every knob the planner prices the engine runs (a replicated head was the last priced
+     * only): on this cluster every candidate is executable, with no reason given */
+    int exe = 0, replicated = 0;
     for (int i = 0; i < res.n_cands; i++) {
         const ms_plan_estimate *e = &res.cands[i];
         int mb = 0, m = 0;
         assert_true(ms_strategy_micro(&e->s, 8, &mb, &m));
-        bool engine_kind = !e->s.vocab_replicated; /* ZeRO and recompute run */
-        if (e->s.zero) assert_true(e->s.dp > 1);   /* ZeRO shards over dp only */
-        assert_int_equal(e->executable, engine_kind);
-        if (!e->executable) assert_true(strlen(e->not_executable) > 10);
-        e->executable ? exe++ : non++;
+        if (e->s.zero) assert_true(e->s.dp > 1); /* ZeRO shards over dp only */
+        if (!e->executable) fail_msg("candidate %d not executable: %s", i, e->not_executable);
+        assert_string_equal(e->not_executable, "");
+        exe++;
+        replicated += e->s.vocab_replicated;
     }
-    assert_true(exe >= 8 && non > 0);
+    assert_true(exe >= 8 && replicated > 0);
     /* on a GPU cluster (CUDA devices, NCCL) the engine runs what it runs on threads */
     ms_cluster g = gpu_cluster();
     pb.cluster = &g;
@@ -1173,6 +1215,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(topology_groups_take_turns),
     cmocka_unit_test(topology_prefers_tp_within_host),
     cmocka_unit_test(engine_flops_match_program),
+    cmocka_unit_test(head_replicated_matches_program),
     cmocka_unit_test(search_matches_brute_force),
     cmocka_unit_test(evaluate_fixes_knobs),
     cmocka_unit_test(memory_pruning),

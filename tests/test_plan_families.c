@@ -71,29 +71,34 @@ typedef struct family_case {
     const char *name;
     int dp, tp, pp, cp, zero;
     bool sp, recompute;
-    float bucket_mb; /* gradient buckets: one call each */
+    float bucket_mb;      /* gradient buckets: one call each */
+    bool head_replicated; /* the word embedding / head whole on every tp rank */
 } family_case;
 
 static const family_case cases[] = {
-    {"dp2", 2, 1, 1, 1, 0, false, false, 0},
-    {"tp2", 1, 2, 1, 1, 0, false, false, 0},
-    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false, 0},
-    {"tp2 +sp", 1, 2, 1, 1, 0, true, false, 0},
-    {"pp2", 1, 1, 2, 1, 0, false, false, 0},
-    {"dp2 zero1", 2, 1, 1, 1, 1, false, false, 0},
-    {"dp2 zero3", 2, 1, 1, 1, 3, false, false, 0},
-    {"tp2 recompute", 1, 2, 1, 1, 0, false, true, 0},
-    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false, 0},
+    {"dp2", 2, 1, 1, 1, 0, false, false, 0, false},
+    {"tp2", 1, 2, 1, 1, 0, false, false, 0, false},
+    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false, 0, false},
+    {"tp2 +sp", 1, 2, 1, 1, 0, true, false, 0, false},
+    {"pp2", 1, 1, 2, 1, 0, false, false, 0, false},
+    {"dp2 zero1", 2, 1, 1, 1, 1, false, false, 0, false},
+    {"dp2 zero3", 2, 1, 1, 1, 3, false, false, 0, false},
+    {"tp2 recompute", 1, 2, 1, 1, 0, false, true, 0, false},
+    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false, 0, false},
     /* llama-tiny's 2 kv heads do not divide 4: every tp rank holds both, the query heads split */
-    {"tp4", 1, 4, 1, 1, 0, false, false, 0},
-    {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0},
-    {"cp2", 1, 1, 1, 2, 0, false, false, 0},
-    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false, 0},
-    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false, 0},
-    {"dp2 bucket1MB", 2, 1, 1, 1, 0, false, false, 1},
-    {"dp2 zero2 b1MB", 2, 1, 1, 1, 2, false, false, 1},
-    {"cp2 b1MB", 1, 1, 1, 2, 0, false, false, 1},
-    {"dp2 x cp2 b1MB", 2, 1, 1, 2, 0, false, false, 1},
+    {"tp4", 1, 4, 1, 1, 0, false, false, 0, false},
+    {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0, false},
+    {"cp2", 1, 1, 1, 2, 0, false, false, 0, false},
+    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false, 0, false},
+    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false, 0, false},
+    {"dp2 bucket1MB", 2, 1, 1, 1, 0, false, false, 1, false},
+    {"dp2 zero2 b1MB", 2, 1, 1, 1, 2, false, false, 1, false},
+    {"cp2 b1MB", 1, 1, 1, 2, 0, false, false, 1, false},
+    {"dp2 x cp2 b1MB", 2, 1, 1, 2, 0, false, false, 1, false},
+    /* the head replicated over tp: the lookup whole, the head on the rank's own rows */
+    {"tp2 head-rep", 1, 2, 1, 1, 0, false, false, 0, true},
+    {"tp2 +sp head-rep", 1, 2, 1, 1, 0, true, false, 0, true},
+    {"dp2 x tp2 head-rep", 2, 2, 1, 1, 0, false, false, 0, true},
 };
 
 static ms_strategy strategy_of(const family_case *fc) {
@@ -104,6 +109,7 @@ static ms_strategy strategy_of(const family_case *fc) {
     s.bucket_mb = fc->bucket_mb;
     s.recompute = fc->recompute ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
     if (fc->pp > 1) s.micro_batches = 2;
+    s.vocab_replicated = fc->head_replicated;
     return s;
 }
 
@@ -217,7 +223,7 @@ static void llama_against_engine(void **state) {
 static double tp4_sp_bytes(ms_model_config cfg, int layers) {
     cfg.n_layer = layers;
     ms_cluster c = cpu_cluster();
-    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0};
+    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0, false};
     ms_strategy s = strategy_of(&fc);
     ms_plan_problem pb = {.model = cfg,
                           .devices = 4,

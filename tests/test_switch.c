@@ -119,6 +119,14 @@ static void test_cp_to_dp(void **state) {
     check_switch("--tp 2 --cp 2", "--dp 4", "{\"mesh\": {\"dp\": 4}}", 2, "dp4 x tp1");
 }
 
+/* Into a head replicated over tp (the vocabulary tables resharded from rows to whole). */
+static void test_tp_to_replicated_head(void **state) {
+    (void)state;
+    check_switch("--dp 2 --tp 2 --sp", "--dp 2 --tp 2 --sp --replicated-head",
+                 "{\"dp\": 2, \"tp\": 2, \"sp\": true, \"vocab_parallel\": false}", 3,
+                 "dp2 x tp2 +sp head-replicated");
+}
+
 /* Out of a pipeline with clipping: each rank's stage goes from half the parameters to all of
  * them, so the gradient norm's and AdamW's lists grow on the step after the switch (growing one
  * once freed the other: a double free). */
@@ -173,9 +181,13 @@ int main(int argc, char **argv) {
     bin = argv[1];
     use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dp_to_dp_tp),      cmocka_unit_test(test_dp_tp_to_tp_sp),
-        cmocka_unit_test(test_cp_to_dp),         cmocka_unit_test(test_pp_to_dp_clip),
-        cmocka_unit_test(test_dp_to_tp_offload), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_dp_to_dp_tp),
+        cmocka_unit_test(test_dp_tp_to_tp_sp),
+        cmocka_unit_test(test_cp_to_dp),
+        cmocka_unit_test(test_pp_to_dp_clip),
+        cmocka_unit_test(test_tp_to_replicated_head),
+        cmocka_unit_test(test_dp_to_tp_offload),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests_name(use_mpi ? "switch (mpi)" : "switch (threads)", tests, setup,
                                        teardown);

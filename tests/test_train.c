@@ -1,9 +1,10 @@
 /* test_train.c - a small GPT trained on several meshes gives the numbers of one rank.
  *
  * The reference is the same model and data on a single rank. Each strategy (dp2, tp2,
- * tp2+sp, dp2xtp2, dp4, tp4, dp2xtp2+sp on 8 ranks) runs the same steps; losses must
- * match within 1e-5 relative and the final parameters, gathered to full tensors, within
- * 1e-5. Runs on the threads backend, and under mpirun for the strategies that fit.
+ * tp2+sp, dp2xtp2, dp4, tp4, dp2xtp2+sp on 8 ranks, cp, BERT, and the head replicated over tp)
+ * runs the same steps; losses must match within 1e-5 relative and the final parameters,
+ * gathered to full tensors, within 1e-5. Runs on the threads backend, and under mpirun for the
+ * strategies that fit.
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +37,7 @@ typedef struct run_arg {
     bool sp;
     run_out *out; /* written by world rank 0 */
     bool bert;
+    bool head_replicated; /* the word embedding / head whole on every tp rank */
 } run_arg;
 
 static ms_model_config tiny_config(bool bert) {
@@ -66,6 +68,7 @@ static void train(mt_rank *r, void *p) {
     ms_error err = {0};
     ms_strategy s;
     if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->cp, a->sp, &err), &err)) return;
+    s.vocab_replicated = a->head_replicated;
     ms_mesh mesh;
     ms_strategy_mesh(&s, &mesh, &err);
     ms_dmesh *dm;
@@ -133,7 +136,7 @@ static void free_out(run_out *o) {
 static run_out references[2];
 static bool have_reference[2];
 
-static void compare_model(int dp, int tp, int cp, bool sp, bool bert) {
+static void compare_run(int dp, int tp, int cp, bool sp, bool bert, bool head_replicated) {
     run_out *ref = &references[bert];
     if (!have_reference[bert]) {
         /* The reference: one rank on the threads backend, in every process. */
@@ -142,7 +145,13 @@ static void compare_model(int dp, int tp, int cp, bool sp, bool bert) {
         have_reference[bert] = true;
     }
     run_out got = {0};
-    run_arg a = {.dp = dp, .tp = tp, .cp = cp, .sp = sp, .out = &got, .bert = bert};
+    run_arg a = {.dp = dp,
+                 .tp = tp,
+                 .cp = cp,
+                 .sp = sp,
+                 .out = &got,
+                 .bert = bert,
+                 .head_replicated = head_replicated};
     mt_run(dp * tp * cp, train, &a);
     if (mt_backend() == MS_BACKEND_MPI && mt_world_rank() != 0) {
         free_out(&got);
@@ -170,6 +179,10 @@ static void compare_model(int dp, int tp, int cp, bool sp, bool bert) {
         fail_msg("the one-rank run did not learn: loss %.4f -> %.4f", ref->losses[0],
                  ref->losses[STEPS - 1]);
     free_out(&got);
+}
+
+static void compare_model(int dp, int tp, int cp, bool sp, bool bert) {
+    compare_run(dp, tp, cp, sp, bert, false);
 }
 
 static void compare(int dp, int tp, bool sp) {
@@ -215,6 +228,20 @@ static void tp2_sp_cp2(void **s) {
 static void bert_dp2_tp2(void **s) {
     (void)s;
     compare_model(2, 2, 1, false, true);
+}
+/* The head replicated over tp ("vocab_parallel": false): the lookup whole on every tp rank,
+ * the logits and loss of each rank's own rows (under sp its sequence shard) */
+static void tp2_head_replicated(void **s) {
+    (void)s;
+    compare_run(1, 2, 1, false, false, true);
+}
+static void dp2_tp2_sp_head_replicated(void **s) {
+    (void)s;
+    compare_run(2, 2, 1, true, false, true);
+}
+static void bert_tp2_sp_head_replicated(void **s) {
+    (void)s;
+    compare_run(1, 2, 1, true, true, true);
 }
 
 /* Dropout's draws: a step's masks are a function of the run seed and the step (the same step
@@ -286,6 +313,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(tp4),
     cmocka_unit_test(dp2_tp2_sp_8),
     cmocka_unit_test(bert_dp2_tp2),
+    cmocka_unit_test(tp2_head_replicated),
+    cmocka_unit_test(dp2_tp2_sp_head_replicated),
+    cmocka_unit_test(bert_tp2_sp_head_replicated),
     cmocka_unit_test(dp2_tp2_cp2),
     cmocka_unit_test(tp2_sp_cp2),
     cmocka_unit_test(dropout_steps_and_evaluation),

@@ -513,9 +513,18 @@ static bool is_stream(const char *name) {
 /* LLaMA's row-parallel outputs: the vocab-parallel lookup and the o and down projections.
  * Over tp they are partial sums, which the residual add reduces (all-reduce, or reduce-scatter
  * onto the sequence shard under sp); over dp and cp they are placed as the stream. */
-static bool is_row_output(const char *name) {
-    return !strcmp(name, "model.embed_tokens") || ends_with(name, ".self_attn.o_proj") ||
-           ends_with(name, ".mlp.down_proj");
+static bool is_row_output(const ms_strategy *s, const char *name) {
+    return (!strcmp(name, "model.embed_tokens") && !s->vocab_replicated) ||
+           ends_with(name, ".self_attn.o_proj") || ends_with(name, ".mlp.down_proj");
+}
+
+/* The vocabulary's tables: the (tied) word embedding and LLaMA's untied head. Sharded over tp
+ * by vocabulary rows (the lookup a partial sum, the logits vocab-parallel), or with
+ * vocab_replicated whole on every tp rank (the lookup whole, the head's logits and loss
+ * computed on the ranks' own rows of the stream). */
+static bool is_vocab_table(const char *name) {
+    return ends_with(name, "wte.weight") || ends_with(name, "word_embeddings.weight") ||
+           ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight");
 }
 
 /* LLaMA's pre-attention, pre-MLP and final norms: their outputs, which the column-parallel
@@ -561,8 +570,12 @@ static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *sh
         *tp = shape->d[0] % s->tp == 0 ? ms_pl_shard(0) : ms_pl_replicate();
         return true;
     }
-    if (is_row_output(name)) {
+    if (is_row_output(s, name)) {
         *tp = ms_pl_partial(MS_REDUCE_SUM);
+        return true;
+    }
+    if (s->vocab_replicated && is_vocab_table(name)) {
+        *tp = ms_pl_replicate();
         return true;
     }
     for (size_t i = 0; i < sizeof shards / sizeof *shards; i++)
@@ -611,7 +624,7 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
     /* BERT's masked positions and their labels [B, k]: split over dp with the batch, whole
      * over cp (k is not a sequence dim; the head runs on all of them) */
     bool is_mlm_input = !strcmp(name, "masked_lm_positions") || !strcmp(name, "masked_lm_labels");
-    bool is_residual = is_stream(name) || is_row_output(name) || is_norm_output(s, name);
+    bool is_residual = is_stream(name) || is_row_output(s, name) || is_norm_output(s, name);
     if ((is_input || is_mlm_input || is_residual) && s->dp > 1 && shape->ndim >= 1) {
         dp = ms_pl_shard(0);
         any = true;

@@ -483,6 +483,9 @@ static void analytic_head(analytic *z) {
     const int64_t rows = z->f.head_rows ? all / z->cp : all;
     const int64_t rows_sp = z->s->sp && z->t > 1 ? rows / z->t : rows;
     const int64_t vl = z->vp ? z->V / z->t : z->V;
+    /* a replicated head under GPT-2's and BERT's sp reads its input where it lies, split over
+     * tp (the final norm's sequence shard, BERT's transform's rows): its own rows */
+    const int64_t head_rows = !z->vp && !z->f.megatron_sp ? rows_sp : rows;
     double before = wk_flops(z->w);
     if (z->f.final_norm) add_norm(z, z->f.megatron_sp ? z->tok : tok_sp, false, 1);
     if (z->f.head_transform) {
@@ -492,9 +495,9 @@ static void analytic_head(analytic *z) {
         add_bias_gelu(z, rows_sp, h, false, 1);
         add_norm(z, rows_sp, false, 1);
     }
-    add_gemm_op(z->w, z->f.linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, rows, vl, h, false, 1);
-    add_elt(z->w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(rows, vl, false),
-            ms_k_xent_cost(rows, vl, true), false, 1);
+    add_gemm_op(z->w, z->f.linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, head_rows, vl, h, false, 1);
+    add_elt(z->w, MS_OPRATE_XENT, MS_OP_XENT, ms_k_xent_cost(head_rows, vl, false),
+            ms_k_xent_cost(head_rows, vl, true), false, 1);
     z->f_head = wk_flops(z->w) - before;
 }
 
@@ -511,6 +514,15 @@ static void analytic_tp_rest(const analytic *z) {
     if (f->kv_whole)
         wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t,
                     (double)z->tok * f->kv_heads * f->head_dim * z->ab, 2 * z->L);
+    if (!z->vp && z->s->sp && f->megatron_sp) {
+        /* a replicated table under LLaMA's sp: the whole lookup meets the first layer's
+         * sequence-sharded residual, gathered once; the table's gradient, from the rank's
+         * rows, all-reduced (the head runs on the gathered final norm: its gradient whole) */
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
+        if (z->emb > 0)
+            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t,
+                        (double)z->V * z->h * z->ab, 1);
+    }
     if (!z->vp) return;
     /* LLaMA's first norm all-reduces the lookup (its output is replicated over tp): under full
      * recompute that runs again with the first layer */
@@ -718,11 +730,16 @@ static void analytic_sp(const analytic *z, double passes_f) {
                        (f->head_transform ? h * h + h + f->norm_params * h : 0);
     if (first > 0) {
         ends_repl += (double)f->pos_rows * h + (f->emb_norm ? f->norm_params * h : 0);
-        sp_lookup(z, first);
+        if (z->vp) sp_lookup(z, first);
     }
+    /* a replicated table: looked up and multiplied where the rows lie, no collective; its
+     * gradient, made from the rank's rows, all-reduced with the other replicated parameters */
+    if (!z->vp) ends_repl += (double)z->V * h;
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, ends_repl * ab, 1);
+    if (!z->vp) /* the loss: each rank's rows' sum */
+        wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, 4, last);
     if (!f->head_rows) {
-        sp_head(z, last);
+        if (z->vp) sp_head(z, last);
         return;
     }
     /* BERT's gathered head: its rows arrive as a partial sum (each rank gathers from its
@@ -730,6 +747,11 @@ static void analytic_sp(const analytic *z, double passes_f) {
      * output all-gathered to the vocab-parallel decoder (the table stays sharded), the reverse
      * in the backward; the loss's three row reductions */
     double x = (double)z->head_rows * h * ab;
+    if (!z->vp) { /* the replicated decoder reads the norm's rows where they lie */
+        wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, last);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, last);
+        return;
+    }
     wk_coll_add(w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
     wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, 2 * last);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, (double)z->head_rows * 4, 3 * last);

@@ -139,7 +139,8 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        (double)s->bucket_mb);
     if (s->vocab_replicated && s->tp < 2)
         return ms_fail(err, MS_ERR_INVALID,
-                       "a replicated head (\"vocab_parallel\": false) needs tp 2 or more; "
+                       "a replicated head (--replicated-head, \"vocab_parallel\": false) needs "
+                       "tp 2 or more; "
                        "without tp the head is whole anyway");
     return MS_OK;
 }
@@ -175,10 +176,6 @@ static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
 ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                                const ms_job_shape *job, double mem_cap_bytes, ms_error *err) {
     MS_CHECK(ms_strategy_check(s, cfg, job, err));
-    if (s->vocab_replicated)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "a replicated head (\"vocab_parallel\": false) is predicted only; the "
-                       "engine shards the tied embedding over tp");
     if (mem_cap_bytes > 0) {
         double need = 0;
         MS_CHECK(engine_memory(s, cfg, job, &need, err));
