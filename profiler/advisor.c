@@ -255,9 +255,17 @@ static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size
                               ms_recompute_name((ms_recompute)a->recompute),
                               ms_recompute_name((ms_recompute)b->recompute));
     if (a->precision != b->precision && k < len)
-        snprintf(buf + k, len - k, "%sprecision %s -> %s", k ? ", " : "",
-                 ms_precision_name((ms_precision)a->precision),
-                 ms_precision_name((ms_precision)b->precision));
+        k += (size_t)snprintf(buf + k, len - k, "%sprecision %s -> %s", k ? ", " : "",
+                              ms_precision_name((ms_precision)a->precision),
+                              ms_precision_name((ms_precision)b->precision));
+    const bool ha = a->vocab_replicated && a->tp > 1, hb = b->vocab_replicated && b->tp > 1;
+    if (ha != hb && k < len)
+        k += (size_t)snprintf(buf + k, len - k, "%shead %s -> %s", k ? ", " : "",
+                              ha ? "replicated" : "vocab-parallel",
+                              hb ? "replicated" : "vocab-parallel");
+    if (a->offload != b->offload && k < len)
+        snprintf(buf + k, len - k, "%soffload %s -> %s", k ? ", " : "", a->offload ? "on" : "off",
+                 b->offload ? "on" : "off");
 }
 
 /* A suggestion's id: a hash of the whole strategy (FNV-1a over its short JSON), so two

@@ -882,6 +882,9 @@ static void advisor_moves_away_from_slow_tp(void **state) {
                          MS_OK);
         ms_job_shape job = {.world = 4, .batch = B, .seq = T};
         assert_int_equal(ms_strategy_validate(&ps, &cfg, &job, 0, &err), MS_OK);
+        /* the change says what moves, the head too (tp4's is vocab-parallel) */
+        bool head = ps.vocab_replicated && ps.tp > 1;
+        assert_true(!head == !strstr(sg[i].diff, "head vocab-parallel -> replicated"));
     }
     /* the best suggestion leaves tp4 and its evidence names the tp all-reduce */
     assert_non_null(strstr(sg[0].target_json, "\"tp\": 1")
