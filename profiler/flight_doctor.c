@@ -314,19 +314,35 @@ static bool host_named(const dump *d, int nd, const char *a, const char *b) {
     return false;
 }
 
-/* Hosts that lost each other: every rank that timed out named as missing only ranks of other
- * hosts, and those dumped too (alive, waiting themselves): not a rank but the link between
- * the hosts failed. Says so for each pair of hosts that named each other; false when the
- * dumps do not show that (one host, a missing rank of its own host, or one without a dump). */
+/* Whether the timed-out wait of x comes down only to ranks of hosts other than `host` that
+ * dumped (alive): each missing rank of another host, or of `host` when it timed out waiting
+ * itself and its wait comes down to other hosts (a rank waiting in a tp collective for a peer
+ * of its host that was still in a dp collective with the cut-off host). depth bounds a cycle
+ * of waits within the host, which is no link's fault. */
+static bool waits_on_other_hosts(const dump *d, int nd, const dump *x, const char *host,
+                                 int depth) {
+    const ms_flight_entry *w = ms_flight_where(x->e, x->n);
+    if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing || depth > nd) return false;
+    for (int k = 0; k < w->n_missing; k++) {
+        const dump *dm = find_rank(d, nd, w->missing[k]);
+        if (!dm) return false;
+        if (strcmp(dm->host, host) && dm->host[0]) continue;
+        if (!waits_on_other_hosts(d, nd, dm, host, depth + 1)) return false;
+    }
+    return true;
+}
+
+/* Hosts that lost each other: every rank that timed out waited, directly or behind a peer of
+ * its own host, only for ranks of other hosts, and those dumped too (alive, waiting
+ * themselves): not a rank but the link between the hosts failed. Says so for each pair of
+ * hosts that named each other; false when the dumps do not show that (one host, a stalled
+ * rank of its own host, or one without a dump). */
 static bool diagnose_hosts(const dump *d, int nd, ms_strbuf *out) {
     bool any = false;
     for (int i = 0; i < nd; i++) {
         const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
         if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing) continue;
-        for (int k = 0; k < w->n_missing; k++) {
-            const dump *dm = find_rank(d, nd, w->missing[k]);
-            if (!d[i].host[0] || !dm || !strcmp(dm->host, d[i].host)) return false;
-        }
+        if (!d[i].host[0] || !waits_on_other_hosts(d, nd, &d[i], d[i].host, 0)) return false;
         any = true;
     }
     if (!any) return false;
@@ -347,8 +363,9 @@ static bool diagnose_hosts(const dump *d, int nd, ms_strbuf *out) {
             host_ranks(d, nd, b, rb, sizeof rb);
             ms_strbuf_printf(out,
                              "hosts %s (ranks %s) and %s (ranks %s) lost each other: every rank "
-                             "that timed out waited only for ranks of another host, which were "
-                             "alive and waiting too; the link between %s and %s is down\n",
+                             "that timed out waited only for ranks of another host (or behind a "
+                             "peer of its own host that did), which were alive and waiting too; "
+                             "the link between %s and %s is down\n",
                              a, ra, b, rb, a, b);
             said = true;
         }
