@@ -25,9 +25,9 @@ typedef struct dump {
     int64_t now_ns;
     ms_flight_entry *e;
     int n;
-    bool cut;     /* its last line was cut off (the rank was killed while dumping) */
-    bool no_head; /* empty, or its header line cut off: killed before it wrote any entry */
-    bool empty;
+    bool cut; /* its last line was cut off (the rank was killed while dumping) */
+    /* nothing to read: killed before it wrote a byte, or in the middle of its header */
+    bool empty, head_cut;
 } dump;
 
 static int64_t num(const cJSON *o, const char *key) {
@@ -117,7 +117,7 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
         bool whole = line[len - 1] == '\n';
         cJSON *o = cJSON_Parse(line);
         if (lineno == 1 && !whole && is_head_start(line)) {
-            d->no_head = true; /* killed mid-header: nothing to read, not a foreign file */
+            d->head_cut = true; /* killed mid-header: nothing to read, not a foreign file */
         } else if (lineno == 1) {
             if (!o || num(o, "flight") != 1)
                 st = ms_fail(err, MS_ERR_INVALID,
@@ -144,7 +144,6 @@ static ms_status read_dump(const char *path, dump *d, ms_error *err) {
         cJSON_Delete(o);
     }
     d->empty = lineno == 0;
-    d->no_head |= d->empty;
     free(line);
     fclose(f);
     return st;
@@ -435,7 +434,7 @@ ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strb
      * it dumps) left nothing to read: the others' dumps still tell what happened */
     int usable = 0;
     for (int i = 0; i < n && st == MS_OK; i++) {
-        if (d[i].no_head) {
+        if (d[i].empty || d[i].head_cut) {
             ms_strbuf_printf(out, "(left out %s: %s; the rank was killed while dumping)\n",
                              d[i].path, d[i].empty ? "empty" : "its first line is cut short");
             continue;

@@ -1595,15 +1595,16 @@ static ms_status run_data_instr(ms_program *p, const instr *in, ms_error *err) {
     }
 }
 
-/* Casts k, k + 1, ... before upto whose masters are on the device (each parameter's, one after
- * another in the parameter sync: 148 for GPT-2; under ZeRO 1 and 2 each is followed by its
- * gather) as one list, one launch on a GPU; returns how many it ran in *ran. */
-static ms_status run_cast_list(ms_program *p, int k, int upto, int *ran, ms_error *err) {
+/* Cast k and the casts after it before upto whose masters are on the device (each parameter's,
+ * one after another in the parameter sync: 148 for GPT-2; under ZeRO 1 and 2 each is followed
+ * by its gather) as one list, one launch on a GPU; a cast alone, or from a host master, by
+ * itself. Returns how many it ran in *ran. */
+static ms_status run_casts(ms_program *p, int k, int upto, int *ran, ms_error *err) {
     int n = 0;
     for (int j = k; j < upto && p->ins[j].kind == I_CAST && !p->bufs[p->ins[j].src].on_host; j++)
         n++;
-    *ran = n;
-    if (n == 1) return run_data_instr(p, &p->ins[k], err);
+    *ran = n > 1 ? n : 1;
+    if (n <= 1) return run_data_instr(p, &p->ins[k], err);
     if (n > p->cast_cap) {
         free(p->cast_items);
         p->cast_items = xmalloc(sizeof *p->cast_items * (size_t)n);
@@ -1750,15 +1751,12 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
                 if (in->dropped) break;
                 st = run_data_instr(p, in, err);
                 break;
-            case I_CAST:
-                if (!p->bufs[in->src].on_host) {
-                    int ran = 1;
-                    st = run_cast_list(p, k, upto, &ran, err);
-                    k += ran - 1; /* the run's other casts are done: nothing else to record */
-                    break;
-                }
-                st = run_data_instr(p, in, err);
+            case I_CAST: {
+                int ran = 1;
+                st = run_casts(p, k, upto, &ran, err);
+                k += ran - 1; /* the run's other casts are done: nothing else to record */
                 break;
+            }
             case I_SEED:
             case I_COPY:
             case I_ADD:

@@ -520,8 +520,8 @@ static void analytic_tp_rest(const analytic *z) {
          * rows, all-reduced (the head runs on the gathered final norm: its gradient whole) */
         wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, t, x, z->emb);
         if (z->emb > 0)
-            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t,
-                        (double)z->V * z->h * z->ab, 1);
+            wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_GRAD, t, (double)z->V * z->h * z->ab,
+                        1);
     }
     if (!z->vp) return;
     /* LLaMA's first norm all-reduces the lookup (its output is replicated over tp): under full

@@ -65,8 +65,8 @@ static ms_plan_dim dim_of(const ms_mesh *mesh, int m) {
     return !strcmp(n, "tp") ? MS_PLAN_TP : !strcmp(n, "cp") ? MS_PLAN_CP : MS_PLAN_DP;
 }
 
-/* One kernel (forward or backward) of the program into the workload. */
-/* grad_bytes: bytes per element of an activation's gradient (2 in a bf16 program). */
+/* One kernel (forward or backward) of the program into the workload; grad_bytes: bytes per
+ * element of an activation's gradient (2 in a bf16 program). */
 static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
                        const ms_kernel_info *kn, double grad_bytes) {
     bool gqa = kn->op == MS_OP_GQA_ATTENTION;

@@ -122,7 +122,7 @@ __global__ static void attn_dq_kernel(T *dq, const T *dout, const T *q, const T 
     if (i < a.tq)
         for (int64_t d = 0; d < hs; d++) {
             T *at = dq + qo + i * a.q_ld + d;
-            ms_cu_store(at, (a.fresh ? 0.0f : ms_cu_load(at)) + dqi[d]);
+            ms_cu_grad_put(at, dqi[d], a.fresh);
         }
 }
 
@@ -171,8 +171,8 @@ __global__ static void attn_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, 
     }
     if (j >= a.tk) return;
     for (int64_t d = 0; d < hs; d++) {
-        if (dk) ms_cu_store(dk + kvo + d, (a.fresh ? 0.0f : ms_cu_load(dk + kvo + d)) + dkj[d]);
-        if (dv) ms_cu_store(dv + kvo + d, (a.fresh ? 0.0f : ms_cu_load(dv + kvo + d)) + dvj[d]);
+        if (dk) ms_cu_grad_put(dk + kvo + d, dkj[d], a.fresh);
+        if (dv) ms_cu_grad_put(dv + kvo + d, dvj[d], a.fresh);
     }
 }
 
