@@ -100,7 +100,7 @@ static int replan(int n, char **cmd, int world, const char *dir, char *path, siz
             if (f && fprintf(f, "%s\n", json) > 0 && fclose(f) == 0)
                 rc = 0;
             else
-                snprintf(err.msg, sizeof err.msg, "cannot write %s", path);
+                snprintf(err.msg, sizeof err.msg, "cannot write %.700s", path);
         }
     }
     if (rc != 0) fprintf(stderr, "meshscope run: cannot replan on %d ranks: %s\n", world, err.msg);

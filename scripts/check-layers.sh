@@ -29,6 +29,17 @@ tops=$(for t in $tops; do [ -d "$t" ] && echo "$t"; done)
 # shellcheck disable=SC2086
 files=$(find $tops -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 
+# OpenBLAS has one door, engine/kernels/blas.c: it alone decides the process's BLAS threads
+# (engine/kernels/blas.h), so no other file may include cblas.h or call openblas_*.
+# shellcheck disable=SC2086
+blas_bad=$(grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<cblas\.h>|openblas_[a-z_]+[[:space:]]*\(' $files |
+  grep -v '^engine/kernels/blas\.c:' || true)
+if [ -n "$blas_bad" ]; then
+  printf '%s: OpenBLAS used outside engine/kernels/blas.c; call ms_blas_sgemm or ms_k_blas_set_threads (engine/kernels/blas.h)\n' \
+    $(cut -d: -f1,2 <<<"$blas_bad")
+  exit 1
+fi
+
 # One awk pass over "FILE<TAB>LINE<TAB>HEADER<TAB>EXISTS" for every include (and one
 # "FILE<TAB>0" line per file, so a file without includes is still placed in a layer).
 {

@@ -1,34 +1,62 @@
 #!/usr/bin/env bash
 # The whole test suite: a warnings-as-errors build, the same suite under ASan+UBSan, and
-# the threads-backend tests under TSan. Prints one summary line per configuration and a
-# final "N passed, N failed" line; exits non-zero if anything failed.
+# the threads-backend tests under TSan. Prints one summary line per configuration with its
+# build and test times, and a final "N passed, N failed" line; exits non-zero if anything
+# failed.
+#
+# Where each property is checked:
+#   release     every test, the CUDA kernels compiled for the GPU and their arithmetic run on
+#               the host (label cuda-host);
+#   asan+ubsan  every test except cuda-host (host-side arithmetic, checked above), so the
+#               build leaves out nvcc, the slowest part of a build; the brute-force sweeps
+#               (test_rules, test_reshard) on every 2nd case (MS_SWEEP_STRIDE): each operator,
+#               mesh and shape still runs, with even and uneven shards;
+#   tsan        the tests that run thread ranks (label threads), the sweeps on every 7th case.
+#   The release configuration runs every case of every sweep.
+# Sanitizer builds are Debug (assertions on) at -O1, as the sanitizers' authors advise.
+#
+# MS_TEST_BLAS_THREADS=N starts OpenBLAS's pool with N threads in every test process
+# (OPENBLAS_NUM_THREADS), so GEMMs split across workers whatever the CPU's thresholds; the
+# suite must stay green, TSan included, because the BLAS policy (engine/kernels/blas.h) pins a
+# TSan build to one thread.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ -n "${MS_TEST_BLAS_THREADS:-}" ]; then
+  case $MS_TEST_BLAS_THREADS in
+    '' | *[!0-9]* | 0) echo "run-tests: MS_TEST_BLAS_THREADS must be a thread count (got '$MS_TEST_BLAS_THREADS')" >&2; exit 2 ;;
+  esac
+  export OPENBLAS_NUM_THREADS=$MS_TEST_BLAS_THREADS MS_BLAS_THREADS=$MS_TEST_BLAS_THREADS
+  echo "=== OpenBLAS's pool forced to $MS_TEST_BLAS_THREADS threads in every test process"
+fi
 
 passed=0
 failed=0
+summary=()
+suite_start=$SECONDS
 run_config() { # name build-dir ctest-args cmake-args...
-  local name=$1 dir=$2 ctest_args=$3
+  local name=$1 dir=$2 ctest_args=$3 t0=$SECONDS t_build result
   shift 3
   echo "=== $name: configure and build ($dir)"
   if ! cmake -S . -B "$dir" -DMS_WERROR=ON "$@" >"$dir.configure.log" 2>&1; then
-    cat "$dir.configure.log"; failed=$((failed + 1)); return
+    cat "$dir.configure.log"; failed=$((failed + 1)); summary+=("$name: configure failed"); return
   fi
   if ! cmake --build "$dir" -j "$JOBS" >"$dir.build.log" 2>&1; then
-    tail -50 "$dir.build.log"; failed=$((failed + 1)); return
+    tail -50 "$dir.build.log"; failed=$((failed + 1)); summary+=("$name: build failed"); return
   fi
   if [ ! -d "$XDG_CACHE_HOME" ] && ! calibrate "$dir"; then
-    failed=$((failed + 1)); return
+    failed=$((failed + 1)); summary+=("$name: calibration failed"); return
   fi
+  t_build=$((SECONDS - t0))
   echo "=== $name: ctest $ctest_args"
   # shellcheck disable=SC2086
   if (cd "$dir" && ctest --output-on-failure -j "$JOBS" $ctest_args); then
-    passed=$((passed + 1))
+    passed=$((passed + 1)); result=passed
   else
-    failed=$((failed + 1))
+    failed=$((failed + 1)); result=FAILED
   fi
+  summary+=("$(printf '%-24s %s: build %4d s, tests %4d s' "$name" "$result" "$t_build" $((SECONDS - t0 - t_build)))")
 }
 
 # The planner's cpu-local calibration (per-core GEMM rates, collectives, the synchronisation of
@@ -46,12 +74,16 @@ calibrate() { # build-dir
   grep -E '^cpu-local: ([0-9]+ ranks:|calibrated in)' "$1.calibrate.log"
 }
 
+sanitized=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-g -O1")
 mkdir -p build
 run_config "release" build "" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMS_SANITIZE=
-run_config "asan+ubsan" build-asan "" -DCMAKE_BUILD_TYPE=Debug -DMS_SANITIZE=address
-run_config "tsan (threads backend)" build-tsan "-L threads" -DCMAKE_BUILD_TYPE=Debug \
+MS_SWEEP_STRIDE=2 run_config "asan+ubsan" build-asan "-LE cuda-host" "${sanitized[@]}" -DMS_SANITIZE=address \
+  -DMS_ENABLE_CUDA=OFF
+MS_SWEEP_STRIDE=7 run_config "tsan (threads backend)" build-tsan "-L threads" "${sanitized[@]}" \
   -DMS_SANITIZE=thread -DMS_ENABLE_MPI=OFF -DMS_ENABLE_CUDA=OFF
 
 echo
+printf '%s\n' "${summary[@]}"
+echo "whole suite: $((SECONDS - suite_start)) s"
 echo "test configurations: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -38,6 +38,10 @@ expect_violation "old include root" engine/graph/program.c '#include "core/statu
   'does not resolve from the include root'
 expect_violation "unowned folder" engine/newlayer/x.c '/* empty */' \
   'engine/newlayer/x.c: no layer owns this folder'
+expect_violation "OpenBLAS outside its door" engine/kernels/norm.c '#include <cblas.h>' \
+  'engine/kernels/norm.c:.*OpenBLAS used outside engine/kernels/blas.c'
+expect_violation "BLAS threads set behind the policy" engine/ops/ops_layers.c \
+  'static void f(void) { openblas_set_num_threads(2); }' 'OpenBLAS used outside engine/kernels/blas.c'
 
 [ "$fail" -eq 0 ] && echo "layer check: all cases passed"
 exit "$fail"

@@ -601,7 +601,7 @@ static void embedding(void **state) {
     const int64_t starts[4] = {0, 0, 4, 7}, lens[4] = {10, 4, 3, 3};
     float *whole = NULL;
     for (int s = 0; s < 4; s++) {
-        char what[64];
+        char what[96];
         snprintf(what, sizeof what, "embedding v0=%lld Vl=%lld", (long long)starts[s],
                  (long long)lens[s]);
         const float *tab = table + starts[s] * c;
@@ -699,7 +699,7 @@ static void xent(void **state) {
             for (int p = 0; p < np; p++) asum[r] += lsum[p * N + r], atgt[r] += ltgt[p * N + r];
         float *lossp = fnew(N);
         ms_k_xent_vp_loss(lossp, amax, asum, atgt, targets, N);
-        char what[64];
+        char what[96];
         snprintf(what, sizeof what, "xent vocab-parallel %d slices loss", np);
         expect_close(what, lossp, want, N, RTOL, ATOL);
         expect_close(what, lossp, todouble(loss, N), N, 1e-5, 1e-6);
@@ -755,7 +755,7 @@ static void reductions(void **state) {
     double *in[1] = {todouble(x, n)};
     for (int mean = 0; mean < 2; mean++)
         for (int dim = 0; dim < 3; dim++) {
-            char what[64];
+            char what[96];
             snprintf(what, sizeof what, "%s over dim %d", mean ? "mean" : "sum", dim);
             int64_t o, d, i;
             ms_k_dim_split(3, shape, dim, &o, &d, &i);
@@ -822,7 +822,7 @@ static void dropout(void **state) {
                              (long long)j, (double)(dx[j] - dx0[j]), (double)inc);
             }
         }
-        char what[64];
+        char what[96];
         snprintf(what, sizeof what, "dropout boxes along dim %d", dim);
         expect_equal(what, got, whole, n);
     }
@@ -840,7 +840,7 @@ static void dropout(void **state) {
         }
         ms_k_dropout_forward(ym, xm, p, seed, stream, 3, ms, NULL, ms, &w);
         for (int64_t q = 0; q < 2; q++) {
-            char what[64];
+            char what[96];
             snprintf(what, sizeof what, "dropout micro-batch %lld row %lld", (long long)j,
                      (long long)q);
             expect_equal(what, ym + q * row, whole + (q * 3 + j) * row, row);

@@ -386,12 +386,14 @@ static void run_case_as(mt_rank *r, const case_set *cs, bool bf16) {
         pc.gshape = cs->shapes[s];
         if (cs->sample == 0) {
             for (int a = 0; a < ns; a++)
-                for (int b = 0; b < ns; b++) check(&pc, &states[a], &states[b]);
+                for (int b = 0; b < ns; b++)
+                    if (mt_sweep_take((long)a * ns + b, (long)ns * ns, s))
+                        check(&pc, &states[a], &states[b]);
         } else {
             uint64_t seed = 12345 + (uint64_t)s;
             for (int k = 0; k < cs->sample; k++) {
                 int a = (int)(lcg(&seed) % (uint64_t)ns), b = (int)(lcg(&seed) % (uint64_t)ns);
-                check(&pc, &states[a], &states[b]);
+                if (mt_sweep_take(k, cs->sample, s)) check(&pc, &states[a], &states[b]);
             }
         }
     }

@@ -565,7 +565,7 @@ static void kineto_layout(void **state) {
             const char *name = jstr(e, "name");
             if (!strcmp(jstr(e, "ph"), "M") && !strcmp(name, "process_name") &&
                 jnum(e, "pid") == r) {
-                char want[16];
+                char want[24];
                 snprintf(want, sizeof want, "rank %d", r);
                 assert_string_equal(jstr(cJSON_GetObjectItemCaseSensitive(e, "args"), "name"),
                                     want);

@@ -1,12 +1,14 @@
 /* testkit.c - the rank-function test harness (see testkit.h). */
 #include "tests/testkit.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/comm/comm_mpi.h"
 #include "engine/core/xalloc.h"
+#include "engine/kernels/blas.h"
 #include "engine/model/config.h"
 
 static ms_backend_kind g_backend = MS_BACKEND_THREADS;
@@ -68,6 +70,14 @@ static ms_status rank_main(ms_ctx *ctx, void *p, ms_error *err) {
 
 static void run_on(ms_backend_kind backend, int nranks, ms_device_kind device, mt_rank_fn fn,
                    void *arg) {
+    /* The BLAS policy is decided before any rank multiplies; a TSan build must find it at one
+     * thread, or TSan would report OpenBLAS's unseen synchronisation as races (blas.h). */
+    if (ms_blas_pinned_for_tsan() && ms_blas_policy() != 1) {
+        print_error("ThreadSanitizer build with OpenBLAS's pool at %d threads: the BLAS policy "
+                    "(engine/kernels/blas.h) was bypassed\n",
+                    ms_blas_policy());
+        fail();
+    }
     run_arg ra = {fn, arg, backend};
     ms_launch_opts opts = {.backend = backend,
                            .nranks = backend == MS_BACKEND_MPI ? 0 : nranks,
@@ -104,6 +114,33 @@ void mt_expect_escaped(const char *msg, const char *want) {
         if (*c < 0x20 || *c == 0x7f || (c[0] == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f))
             fail_msg("message '%s' holds control byte 0x%02x at %zu", msg, *c,
                      (size_t)(c - (const unsigned char *)msg));
+}
+
+static long sweep_stride(void) {
+    static _Atomic long cached; /* rank threads may ask first at once: all compute the same */
+    long stride = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!stride) {
+        const char *s = getenv("MS_SWEEP_STRIDE");
+        long k = s ? strtol(s, NULL, 10) : 1;
+        stride = k > 1 ? k : 1;
+        atomic_store_explicit(&cached, stride, memory_order_relaxed);
+    }
+    return stride;
+}
+
+bool mt_sweep_full(void) {
+    return sweep_stride() == 1;
+}
+
+bool mt_sweep_take(long i, long n, long salt) {
+    long stride = sweep_stride();
+    if (stride == 1) return true;
+    if (n > 0 && i == salt % n) return true; /* every sweep keeps at least one case */
+    /* A mixing hash, not (i + salt) % stride: a plain stride over a pair index a * n + b
+     * would, for even n, only ever pair a with b of one parity. */
+    uint64_t h = ((uint64_t)i + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)salt * 0xC2B2AE3D27D4EB4Full;
+    h ^= h >> 29;
+    return h % (uint64_t)stride == 0;
 }
 
 void mt_apply_filter(int argc, char **argv) {

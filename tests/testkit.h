@@ -12,6 +12,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 // clang-format off
@@ -89,6 +90,16 @@ void mt_expect_escaped(const char *msg, const char *want);
  * the hardening_* regression tests; "--skip PATTERN" runs all but those. mt_main applies it; a
  * binary with its own main calls it. */
 void mt_apply_filter(int argc, char **argv);
+
+/* The brute-force sweeps (every placement pair of test_reshard, every rule combination of
+ * test_rules) take every case unless MS_SWEEP_STRIDE=K is set: run-tests.sh sets it for the
+ * sanitizers, which look for memory errors and races in the machinery every case drives, not
+ * for wrong arithmetic, which the release configuration checks on every case. Then a sweep
+ * takes about one case in K, chosen by a hash of (i, salt), and always its case salt % n, so
+ * every operator, mesh and shape keeps at least one case. All ranks decide alike. */
+bool mt_sweep_take(long i, long n, long salt);
+/* True when the sweeps take every case (no MS_SWEEP_STRIDE). */
+bool mt_sweep_full(void);
 
 /* main() for test binaries: sets up MPI when launched by mpirun, runs the group. */
 int mt_main(int argc, char **argv, const char *name, const struct CMUnitTest *tests, size_t n);

@@ -7,21 +7,13 @@
  * about half, as the mask would otherwise throw that work away.
  */
 #include "engine/kernels/kernels.h"
+#include "engine/kernels/blas.h"
 #include "engine/kernels/fastmath.h"
 
-#include <cblas.h>
 #include <math.h>
 
 static inline int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
-}
-
-/* C[m, n] (ldc) = alpha * op(A) op(B) + beta * C with explicit leading dims. */
-static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
-                c, (blasint)ldc);
 }
 
 void ms_k_attention_forward(float *out, float *att, const float *qkv, const float *mask, int64_t b,
@@ -38,8 +30,8 @@ void ms_k_attention_forward(float *out, float *att, const float *qkv, const floa
                 const int64_t r1 = min64(t, r0 + MS_K_ATTN_ROW_BLOCK);
                 const int64_t nk = causal ? r1 : t; /* keys this block can see */
                 /* S[r0:r1, 0:nk] = scale * Q[r0:r1] K[0:nk]^T, written into att */
-                sgemm(false, true, r1 - r0, nk, hs, scale, q + r0 * c3, c3, k, c3, 0.0f, p + r0 * t,
-                      t);
+                ms_blas_sgemm(false, true, r1 - r0, nk, hs, scale, q + r0 * c3, c3, k, c3, 0.0f,
+                              p + r0 * t, t);
                 for (int64_t i = r0; i < r1; i++) {
                     float *row = p + i * t;
                     const int64_t nv = causal ? i + 1 : t;
@@ -51,8 +43,8 @@ void ms_k_attention_forward(float *out, float *att, const float *qkv, const floa
                     for (int64_t j = nv; j < t; j++) row[j] = 0.0f;
                 }
                 /* O[r0:r1] = P[r0:r1, 0:nk] V[0:nk] */
-                sgemm(false, false, r1 - r0, hs, nk, 1.0f, p + r0 * t, t, v, c3, 0.0f, o + r0 * c,
-                      c);
+                ms_blas_sgemm(false, false, r1 - r0, hs, nk, 1.0f, p + r0 * t, t, v, c3, 0.0f,
+                              o + r0 * c, c);
             }
         }
     }
@@ -80,9 +72,9 @@ void ms_k_attention_backward(float *dqkv, float *scratch, const float *dout, con
                 const float *pb = p + r0 * t;
                 float *ds = scratch; /* [m, nk] */
                 /* dP = dO V^T */
-                sgemm(false, true, m, nk, hs, 1.0f, g + r0 * c, c, v, c3, 0.0f, ds, nk);
+                ms_blas_sgemm(false, true, m, nk, hs, 1.0f, g + r0 * c, c, v, c3, 0.0f, ds, nk);
                 /* dV[0:nk] += P^T dO */
-                sgemm(true, false, nk, hs, m, 1.0f, pb, t, g + r0 * c, c, 1.0f, dv, c3);
+                ms_blas_sgemm(true, false, nk, hs, m, 1.0f, pb, t, g + r0 * c, c, 1.0f, dv, c3);
                 /* dS = P * (dP - rowsum(P * dP)); entries with P = 0 (excluded keys) become 0,
                  * so the causal and masked cases need no special handling. */
                 for (int64_t i = 0; i < m; i++) {
@@ -93,8 +85,9 @@ void ms_k_attention_backward(float *dqkv, float *scratch, const float *dout, con
                     for (int64_t j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - dot);
                 }
                 /* S = scale Q K^T:  dQ[r0:r1] += scale dS K,  dK[0:nk] += scale dS^T Q */
-                sgemm(false, false, m, hs, nk, scale, ds, nk, k, c3, 1.0f, dq + r0 * c3, c3);
-                sgemm(true, false, nk, hs, m, scale, ds, nk, q + r0 * c3, c3, 1.0f, dk, c3);
+                ms_blas_sgemm(false, false, m, hs, nk, scale, ds, nk, k, c3, 1.0f, dq + r0 * c3,
+                              c3);
+                ms_blas_sgemm(true, false, nk, hs, m, scale, ds, nk, q + r0 * c3, c3, 1.0f, dk, c3);
             }
         }
     }

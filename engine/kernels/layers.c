@@ -6,8 +6,8 @@
  * structure over strided head vectors, so grouped-query heads need no copies.
  */
 #include "engine/kernels/layers.h"
+#include "engine/kernels/blas.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -252,15 +252,6 @@ void ms_k_rotary_apply(float *out, const float *inp, const float *cosb, const fl
 /* ---- attention --------------------------------------------------------------------------------
  */
 
-/* C = alpha op(A) op(B) + beta C, row-major with explicit leading dims. */
-static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    if (m <= 0 || n <= 0) return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta,
-                c, (blasint)ldc);
-}
-
 /* Keys query i can see: all, or up to its global position when causal. */
 static inline int64_t gqa_keys(const ms_k_gqa *g, int64_t i) {
     return g->causal ? clamp64(g->q_start + i + 1, 0, g->tk) : g->tk;
@@ -273,8 +264,8 @@ static void gqa_head_forward(const ms_k_gqa *g, float *o, float *p, const float 
     for (int64_t r0 = 0; r0 < g->tq; r0 += MS_K_ATTN_ROW_BLOCK) {
         const int64_t r1 = min64(g->tq, r0 + MS_K_ATTN_ROW_BLOCK), nk = gqa_keys(g, r1 - 1);
         /* S[r0:r1, 0:nk] = scale Q K^T, written into att */
-        sgemm(false, true, r1 - r0, nk, g->d, scale, q + r0 * g->q_stride, g->q_stride, k,
-              g->kv_stride, 0.0f, p + r0 * g->tk, g->tk);
+        ms_blas_sgemm(false, true, r1 - r0, nk, g->d, scale, q + r0 * g->q_stride, g->q_stride, k,
+                      g->kv_stride, 0.0f, p + r0 * g->tk, g->tk);
         for (int64_t i = r0; i < r1; i++) {
             float *row = p + i * g->tk;
             const int64_t nv = gqa_keys(g, i);
@@ -282,8 +273,8 @@ static void gqa_head_forward(const ms_k_gqa *g, float *o, float *p, const float 
             for (int64_t j = nv; j < g->tk; j++) row[j] = 0.0f;
         }
         if (nk > 0)
-            sgemm(false, false, r1 - r0, g->d, nk, 1.0f, p + r0 * g->tk, g->tk, v, g->kv_stride,
-                  0.0f, o + r0 * g->out_stride, g->out_stride);
+            ms_blas_sgemm(false, false, r1 - r0, g->d, nk, 1.0f, p + r0 * g->tk, g->tk, v,
+                          g->kv_stride, 0.0f, o + r0 * g->out_stride, g->out_stride);
         else
             for (int64_t i = r0; i < r1; i++)
                 memset(o + i * g->out_stride, 0, sizeof(float) * (size_t)g->d);
@@ -320,9 +311,11 @@ static void gqa_head_backward(const ms_k_gqa *g, const gqa_head *hd, float *scra
         const int64_t nk = gqa_keys(g, r1 - 1);
         if (nk == 0) continue;
         const float *pb = hd->p + r0 * g->tk, *gb = hd->dout + r0 * os;
-        float *ds = scratch;                                                    /* [m, nk] */
-        sgemm(false, true, m, nk, g->d, 1.0f, gb, os, hd->v, ks, 0.0f, ds, nk); /* dP = dO V^T */
-        if (hd->dv) sgemm(true, false, nk, g->d, m, 1.0f, pb, g->tk, gb, os, 1.0f, hd->dv, ks);
+        float *ds = scratch; /* [m, nk] */
+        ms_blas_sgemm(false, true, m, nk, g->d, 1.0f, gb, os, hd->v, ks, 0.0f, ds,
+                      nk); /* dP = dO V^T */
+        if (hd->dv)
+            ms_blas_sgemm(true, false, nk, g->d, m, 1.0f, pb, g->tk, gb, os, 1.0f, hd->dv, ks);
         /* dS = P (dP - rowsum(P dP)); excluded keys have P = 0 and get none. */
         for (int64_t i = 0; i < m; i++) {
             const float *pr = pb + i * g->tk;
@@ -333,9 +326,11 @@ static void gqa_head_backward(const ms_k_gqa *g, const gqa_head *hd, float *scra
             for (int64_t j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - dot);
         }
         if (hd->dq)
-            sgemm(false, false, m, g->d, nk, scale, ds, nk, hd->k, ks, 1.0f, hd->dq + r0 * qs, qs);
+            ms_blas_sgemm(false, false, m, g->d, nk, scale, ds, nk, hd->k, ks, 1.0f,
+                          hd->dq + r0 * qs, qs);
         if (hd->dk)
-            sgemm(true, false, nk, g->d, m, scale, ds, nk, hd->q + r0 * qs, qs, 1.0f, hd->dk, ks);
+            ms_blas_sgemm(true, false, nk, g->d, m, scale, ds, nk, hd->q + r0 * qs, qs, 1.0f,
+                          hd->dk, ks);
     }
 }
 
@@ -398,8 +393,8 @@ void ms_k_bmm_forward(const ms_k_bmm *g, float *c, const float *a, const float *
         if (k == 0)
             memset(c + it * m * n, 0, sizeof(float) * (size_t)(m * n));
         else
-            sgemm(false, false, m, n, k, 1.0f, a + ia * m * k, k, b + ib * k * n, n, 0.0f,
-                  c + it * m * n, n);
+            ms_blas_sgemm(false, false, m, n, k, 1.0f, a + ia * m * k, k, b + ib * k * n, n, 0.0f,
+                          c + it * m * n, n);
     }
 }
 
@@ -412,9 +407,11 @@ void ms_k_bmm_backward(const ms_k_bmm *g, float *da, float *db, const float *dc,
         bmm_item(g, it, &ia, &ib);
         const float *g_it = dc + it * m * n;
         if (da)
-            sgemm(false, true, m, k, n, 1.0f, g_it, n, b + ib * k * n, n, 1.0f, da + ia * m * k, k);
+            ms_blas_sgemm(false, true, m, k, n, 1.0f, g_it, n, b + ib * k * n, n, 1.0f,
+                          da + ia * m * k, k);
         if (db)
-            sgemm(true, false, k, n, m, 1.0f, a + ia * m * k, k, g_it, n, 1.0f, db + ib * k * n, n);
+            ms_blas_sgemm(true, false, k, n, m, 1.0f, a + ia * m * k, k, g_it, n, 1.0f,
+                          db + ib * k * n, n);
     }
 }
 

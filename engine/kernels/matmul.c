@@ -1,27 +1,17 @@
-/* matmul.c - batched matrix products and their gradients, all through cblas_sgemm.
+/* matmul.c - batched matrix products and their gradients, all through ms_blas_sgemm (blas.h).
  *
  * Transposes are sgemm flags, never copies. A product whose B is a shared weight and whose A is
  * not transposed is one sgemm over batch * m rows (the linear-layer case), so OpenBLAS sees one
  * large problem instead of many small ones.
  */
+#include "engine/kernels/blas.h"
 #include "engine/kernels/kernels.h"
-#include "engine/kernels/parallel.h"
-
-#include <cblas.h>
-
-static inline CBLAS_TRANSPOSE tr(bool t) {
-    return t ? CblasTrans : CblasNoTrans;
-}
 
 /* C[m, n] = alpha * op(A) op(B) + beta * C with row-major leading dims implied by the storage
  * shapes: A is [m, k] or [k, m], B is [k, n] or [n, k]. */
 static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                  const float *b, float beta, float *c) {
-    if (m == 0 || n == 0) return;
-    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-    cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), (blasint)m, (blasint)n, (blasint)k, alpha, a,
-                (blasint)(lda > 0 ? lda : 1), b, (blasint)(ldb > 0 ? ldb : 1), beta, c,
-                (blasint)(n > 0 ? n : 1));
+    ms_blas_sgemm(ta, tb, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
 }
 
 /* The linear-layer shape: many A's against one B, A stored untransposed. */
@@ -118,19 +108,4 @@ ms_k_cost ms_k_matmul_cost(const ms_k_gemm *g, bool backward, bool beta_nonzero,
         cost.bytes += 4.0 * (nc + na + nb);
     }
     return cost;
-}
-
-void ms_k_blas_set_threads(int n) {
-#if defined(__SANITIZE_THREAD__)
-    /* OpenBLAS is not built with ThreadSanitizer: its pool's synchronisation is invisible to
-     * it, and a kernel reading what a BLAS worker wrote is reported as a race. A TSan build
-     * runs BLAS on the calling thread; the streaming kernels keep n threads. */
-    openblas_set_num_threads(1);
-#else
-    openblas_set_num_threads(n > 0 ? n : 1);
-#endif
-    ms_parallel_set_threads(n); /* the streaming kernels use the same cores */
-}
-int ms_k_blas_threads(void) {
-    return openblas_get_num_threads();
 }
