@@ -7,8 +7,8 @@
 # Usage: bench/plan_validate.sh [--bin build/meshscope] [--model configs/gpt-bench.json]
 #          [--ranks 4] [--batch 8] [--seq 128] [--steps 10] [--skip 3] [--rounds 3]
 #          [--tolerance 0.15] [--recalibrate] [--max-wait 600]
-#          [--strategies "dp=4 tp=4 tp=4,sp=1 pp=2,m=4 tp=4,vp=0 ..."]   (m: micro-batches;
-#          vp=0: the head replicated over tp)
+#          [--strategies "dp=4 tp=4 tp=4,sp=1 pp=2,micro_batches=4 tp=4,head_replicated=1 ..."]
+#          (each a list of strategy settings by their names)
 #
 # Each round runs every strategy once (rounds interleave, so slow spells of a shared machine
 # spread over all strategies); a strategy's measured time is the median step_ms over steps
@@ -28,7 +28,7 @@ tol=0.15
 recal=""
 max_wait=600
 strategies="dp=4 tp=4 tp=4,sp=1 dp=2,tp=2 dp=2,tp=2,sp=1 dp=2,cp=2 tp=2,cp=2 tp=2,cp=2,sp=1 cp=4
-  tp=4,vp=0 dp=2,tp=2,sp=1,vp=0"
+  tp=4,head_replicated=1 dp=2,tp=2,sp=1,head_replicated=1"
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -57,29 +57,29 @@ trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 degrees() { # the missing degree makes dp x tp x cp x pp = ranks; then sp, pp, micro-batches,
-  # and vp (0: the head replicated over tp)
+  # and hr (1: the head replicated over tp)
   local dp tp cp pp
   dp=$(knob "$1" dp 0); tp=$(knob "$1" tp 1); cp=$(knob "$1" cp 1); pp=$(knob "$1" pp 1)
   [ "$dp" = 0 ] && dp=$((ranks / (tp * cp * pp)))
-  echo "$dp $tp $cp $(knob "$1" sp 0) $pp $(knob "$1" m 1) $(($(knob "$1" vp 1) && tp > 1))"
+  echo "$dp $tp $cp $(knob "$1" sp 0) $pp $(knob "$1" micro_batches 1) $(($(knob "$1" head_replicated 0) && tp > 1))"
 }
 
 echo "load before: $(cat /proc/loadavg)"
 # The prediction first (calibrates cpu-local once if there is no cached measurement).
 for s in $strategies; do
-  read -r dp tp cp sp pp m vp <<<"$(degrees "$s")"
+  read -r dp tp cp sp pp m hr <<<"$(degrees "$s")"
   "$bin" plan --model "$model" --cluster cpu-local --devices "$ranks" --global-batch "$batch" \
     --seq "$seq" --json --top 1 $recal \
-    --evaluate "dp=$dp,tp=$tp,cp=$cp,sp=$sp,pp=$pp,zero=0,recompute=0,micro=$m,vp=$vp" \
+    --evaluate "dp=$dp,tp=$tp,cp=$cp,sp=$sp,pp=$pp,zero=0,recompute=0,micro_batches=$m,head_replicated=$hr" \
     >"$tmp/plan.$s.json" 2>"$tmp/plan.$s.err" || { cat "$tmp/plan.$s.err" >&2; exit 1; }
   recal=""
 done
 for r in $(seq "$rounds"); do
   for s in $strategies; do
-    read -r dp tp cp sp pp m vp <<<"$(degrees "$s")"
+    read -r dp tp cp sp pp m hr <<<"$(degrees "$s")"
     flags="--dp $dp --tp $tp --cp $cp --pp $pp --micro-batches $m"
     [ "$sp" = 1 ] && flags="$flags --sp"
-    [ "$vp" = 0 ] && [ "$tp" -gt 1 ] && flags="$flags --replicated-head"
+    [ "$hr" = 1 ] && flags="$flags --head-replicated"
     wait_quiet
     # shellcheck disable=SC2086
     "$bin" train --model "$model" --data "$data" --steps "$steps" --batch "$batch" --seq "$seq" \

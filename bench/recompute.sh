@@ -66,7 +66,7 @@ for m in $meshes; do
     tp=$(knob "$m" tp 1)
     "$bin" plan --model "$model" --cluster cpu-local --devices "$(ranks "$m")" \
       --global-batch "$batch" --seq "$seq" --json --top 1 \
-      --evaluate "dp=$(knob "$m" dp 1),tp=$tp,cp=1,sp=0,pp=1,zero=0,recompute=$(evaluate_knob "$mode"),micro=1,vp=$((tp > 1))" \
+      --evaluate "dp=$(knob "$m" dp 1),tp=$tp,cp=1,sp=0,pp=1,zero=0,recompute=$(evaluate_knob "$mode"),micro_batches=1,head_replicated=0" \
       >"$tmp/plan.$m.$mode.json" 2>"$tmp/plan.err" || { cat "$tmp/plan.err" >&2; exit 1; }
   done
 done

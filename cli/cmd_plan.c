@@ -47,24 +47,32 @@ static const char *human_b(double b, char *buf, size_t len) {
     return buf;
 }
 
-/* Every knob resolved for the batch (the report's form; the control API takes the short form,
- * ms_strategy_short_json). */
+/* Every setting under its name, the micro-batching resolved for the batch (the report's form;
+ * the control API takes the short form, ms_strategy_short_json). */
 static cJSON *strategy_json(const ms_strategy *s, int batch) {
+    ms_strategy r = *s;
     int mb = 0, m = 0;
-    ms_strategy_micro(s, batch, &mb, &m);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "dp", s->dp);
-    cJSON_AddNumberToObject(o, "tp", s->tp);
-    cJSON_AddNumberToObject(o, "pp", s->pp);
-    cJSON_AddNumberToObject(o, "cp", s->cp);
-    cJSON_AddBoolToObject(o, "sp", s->sp);
-    cJSON_AddNumberToObject(o, "zero", s->zero);
-    cJSON_AddBoolToObject(o, "recompute", s->recompute != MS_RECOMPUTE_NONE);
-    cJSON_AddNumberToObject(o, "micro_batch", mb);
-    cJSON_AddNumberToObject(o, "n_micro", m);
-    cJSON_AddBoolToObject(o, "vocab_parallel", s->tp > 1 && !s->vocab_replicated);
-    cJSON_AddBoolToObject(o, "offload", s->offload);
-    cJSON_AddNumberToObject(o, "bucket_mb", s->bucket_mb);
+    if (ms_strategy_micro(s, batch, &mb, &m)) r.micro_batch = mb, r.micro_batches = m;
+    char json[MS_STRATEGY_JSON_MAX];
+    cJSON *o = cJSON_Parse(ms_strategy_short_json(&r, json, sizeof json));
+    for (int i = 0; o && i < MS_SET_COUNT; i++) { /* the short form leaves defaults out */
+        const ms_setting *st = &ms_settings[i];
+        if (cJSON_GetObjectItemCaseSensitive(o, st->name)) continue;
+        const double d = st->dflt;
+        switch (st->kind) {
+            case MS_SET_KIND_BOOL:
+                cJSON_AddBoolToObject(o, st->name, d != 0);
+                break;
+            case MS_SET_KIND_ENUM:
+                cJSON_AddStringToObject(o, st->name, st->words[(int)d]);
+                break;
+            case MS_SET_KIND_LAYERS:
+                cJSON_AddArrayToObject(o, st->name);
+                break;
+            default:
+                cJSON_AddNumberToObject(o, st->name, d);
+        }
+    }
     return o;
 }
 
@@ -139,8 +147,8 @@ int ms_cmd_plan(int argc, char **argv) {
                     "[options]",
         .about = "Ranks parallel strategies (dp x tp x pp x cp, sp, ZeRO 0-3, recompute, "
                  "micro-batches)\nby predicted step time, with memory per device and throughput. "
-                 "--evaluate \"tp=8,pp=2,dp=32\"\nfixes some knobs (mb: micro-batch size, micro: "
-                 "their count, vp: vocab-parallel head, bucket: gradient buckets in MiB).",
+                 "--evaluate \"tp=8,pp=2,dp=32\"\nfixes some settings, each by its name "
+                 "(docs/configs.md lists them: micro_batches, head_replicated, bucket_mb, ...).",
         MS_OPTS_TABLE(opts)};
     int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
     if (rc != MS_OPTS_PROCEED) return rc;

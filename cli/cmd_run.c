@@ -26,24 +26,18 @@
 #include "engine/plan/search.h"
 #include "engine/train/checkpoint.h"
 
-/* The strategy flags a replanned restart replaces (with their values; --sp and --offload have
- * none). */
-static const char *const strategy_flags[] = {"--dp",
-                                             "--tp",
-                                             "--pp",
-                                             "--cp",
-                                             "--micro-batches",
-                                             "--schedule",
-                                             "--virtual-stages",
-                                             "--zero",
-                                             "--recompute",
-                                             "--precision",
-                                             "--strategy",
-                                             "--bucket-mb"};
-
-static bool is_strategy_flag(const char *a) {
-    for (size_t i = 0; i < sizeof strategy_flags / sizeof *strategy_flags; i++)
-        if (!strcmp(a, strategy_flags[i])) return true;
+/* Whether a is a strategy flag a replanned restart replaces: --strategy, or the flag of a
+ * setting (MS_STRATEGY_SETTINGS); *takes_value says whether a value follows it. */
+static bool is_strategy_flag(const char *a, bool *takes_value) {
+    *takes_value = true;
+    if (!strcmp(a, "--strategy")) return true;
+    char flag[48];
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        const ms_setting *st = &ms_settings[i];
+        if (strncmp(a, "--", 2) || strcmp(a + 2, ms_setting_flag(st, flag, sizeof flag))) continue;
+        *takes_value = st->kind != MS_SET_KIND_BOOL;
+        return true;
+    }
     return false;
 }
 
@@ -122,9 +116,9 @@ static char **restart_line(int n, char **cmd, const char *resume, const char *st
             i++;
             continue;
         }
-        if (strategy && (!strcmp(cmd[i], "--sp") || !strcmp(cmd[i], "--offload"))) continue;
-        if (strategy && is_strategy_flag(cmd[i]) && i + 1 < n) {
-            i++;
+        bool takes_value;
+        if (strategy && is_strategy_flag(cmd[i], &takes_value)) {
+            if (takes_value && i + 1 < n) i++;
             continue;
         }
         out[k++] = cmd[i];

@@ -14,15 +14,45 @@ typedef struct run_flag {
     ms_option opt;
 } run_flag;
 
+/* A strategy flag's destination: the run's strategy and which setting. */
+typedef struct setting_dest {
+    run_opts *o;
+    const ms_setting *st;
+} setting_dest;
+
+static bool set_setting(const char *value, void *dest, char *msg, size_t cap) {
+    setting_dest *d = dest;
+    if (!ms_setting_set_text(&d->o->strat, d->st, value, msg, cap)) return false;
+    d->o->strat_given |= 1u << (d->st - ms_settings);
+    return true;
+}
+
+/* The flags of the strategy settings, one per row of MS_STRATEGY_SETTINGS. */
+typedef struct setting_flags {
+    setting_dest dest[MS_SET_COUNT];
+    char name[MS_SET_COUNT][32];
+    char metavar[MS_SET_COUNT][64];
+    run_flag flag[MS_SET_COUNT];
+} setting_flags;
+
+static void make_setting_flags(run_opts *o, setting_flags *f) {
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        const ms_setting *st = &ms_settings[i];
+        f->dest[i] = (setting_dest){o, st};
+        ms_setting_flag(st, f->name[i], sizeof f->name[i]);
+        const char *metavar = ms_setting_metavar(st, f->metavar[i], sizeof f->metavar[i]);
+        f->flag[i] = (run_flag){RUN_ALL,
+                                {.name = f->name[i],
+                                 .kind = st->kind == MS_SET_KIND_BOOL ? MS_OPT_FLAG : MS_OPT_STRING,
+                                 .metavar = metavar,
+                                 .help = st->help,
+                                 .dest = &f->dest[i],
+                                 .fn = set_setting}};
+    }
+}
+
 int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.dp = 1,
-                    .tp = 1,
-                    .cp = 1,
-                    .pp = 1,
-                    .micro_batches = 1,
-                    .schedule = MS_SCHEDULE_1F1B,
-                    .virtual_stages = 1,
-                    .backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS,
+    *o = (run_opts){.backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS,
                     .steps = 100,
                     .batch = 8,
                     .seq = 64,
@@ -36,18 +66,14 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                     .batches = 4,
                     .log_every = 10,
                     .eval_every = 0,
-                    .advise_threshold = 0.10,
-                    .bucket_mb = -1}; /* the default: see job.h */
+                    .advise_threshold = 0.10};
+    ms_strategy_defaults(&o->strat);
+    static setting_flags sf; /* the options table points into it while it parses */
+    make_setting_flags(o, &sf);
     int backend = (int)o->backend, seed = (int)o->seed, on_nan = 0;
     static const char *const on_nan_words[] = {"stop", "skip", NULL};
-    const char *schedule_words[MS_SCHEDULE_COUNT + 1] = {NULL}; /* strategy.h's names */
-    for (int i = 0; i < MS_SCHEDULE_COUNT; i++) schedule_words[i] = ms_schedule_name(i);
-    const char *recompute_words[MS_RECOMPUTE_COUNT + 1] = {NULL};
-    for (int i = 0; i < MS_RECOMPUTE_COUNT; i++) recompute_words[i] = ms_recompute_name(i);
     const char *device_words[MS_DEVICE_CHOICE_COUNT + 1] = {NULL};
     for (int i = 0; i < MS_DEVICE_CHOICE_COUNT; i++) device_words[i] = ms_device_choice_name(i);
-    const char *precision_words[MS_PRECISION_COUNT + 1] = {NULL};
-    for (int i = 0; i < MS_PRECISION_COUNT; i++) precision_words[i] = ms_precision_name(i);
     const run_flag flags[] = {
         {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model, "the model's config JSON (required)")},
         {RUN_TRAIN | RUN_EVAL,
@@ -57,47 +83,12 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {RUN_ALL, MS_TEXT("strategy", "FILE", &o->strategy_file,
                           "strategy JSON: mesh, knobs and placements (instead of --dp/--tp/"
                           "--pp/--cp/--sp and the pipeline flags)")},
-        {RUN_ALL, MS_INT("dp", "N", &o->dp, 1, 4096, "data-parallel ranks (default 1)")},
-        {RUN_ALL, MS_INT("tp", "N", &o->tp, 1, 4096, "tensor-parallel ranks (default 1)")},
-        {RUN_ALL, MS_INT("pp", "N", &o->pp, 1, 4096,
-                         "pipeline stages (default 1; explain draws the schedule)")},
-        {RUN_ALL, MS_INT("cp", "N", &o->cp, 1, 4096, "context-parallel ranks (default 1)")},
-        {RUN_ALL, MS_FLAG("sp", &o->sp, "sequence parallelism in the tensor-parallel group")},
-        {RUN_ALL, MS_FLAG("replicated-head", &o->replicated_head,
-                          "keep the word embedding and the head whole on every tp rank (the "
-                          "strategy file's \"vocab_parallel\": false) instead of sharding "
-                          "their vocabulary over tp; needs --tp 2 or more")},
-        {RUN_ALL, MS_INT("micro-batches", "M", &o->micro_batches, 1, 1 << 20,
-                         "micro-batches per step; they divide each dp rank's batch (default 1)")},
-        {RUN_ALL,
-         MS_ENUM("schedule", &o->schedule, schedule_words, "pipeline schedule (default 1f1b)")},
-        {RUN_ALL, MS_INT("virtual-stages", "V", &o->virtual_stages, 1, MS_PP_MAX_VIRTUAL,
-                         "model chunks per pipeline rank, for --schedule interleaved (default 1)")},
-        {RUN_ALL, MS_INT("zero", "K", &o->zero, 0, 3,
-                         "ZeRO stage over dp: 1 shards the optimizer state, 2 also the gradients, "
-                         "3 also the parameters (default 0)")},
-        {RUN_ALL, MS_ENUM("recompute", &o->recompute, recompute_words,
-                          "activation recompute: full re-runs each layer's forward in backward, "
-                          "selective attention's core only (default none)")},
         {RUN_TRAIN | RUN_EVAL,
          MS_ENUM("device", &o->device, device_words,
                  "where the ranks compute: cpu; cuda (rank r on GPU r mod the GPUs present; "
                  "fails with the CUDA runtime's reason when none is usable); auto: CUDA when "
                  "usable, else the CPU, saying which; fenced: the CPU with its memory fenced off "
                  "from host code as a GPU's is, to check the device path (default cpu)")},
-        {RUN_ALL, MS_ENUM("precision", &o->precision, precision_words,
-                          "bf16: bf16 activations, weights and gradients (collectives move half "
-                          "the bytes), fp32 master weights and optimizer state (default fp32)")},
-        {RUN_ALL, MS_NUM("bucket-mb", "MIB", &o->bucket_mb, 0, 1e6,
-                         "all-reduce gradients in buckets of this many MiB, issued during "
-                         "backward; 0: one per gradient at the end (default: 25 on a CUDA "
-                         "device when gradients are reduced over dp or cp, else 0)")},
-        {RUN_ALL,
-         MS_FLAG("offload", &o->offload,
-                 "ZeRO-Offload: fp32 master weights and Adam moments in host memory (pinned "
-                 "beside a GPU), AdamW on the host's cores; the gradients go to the host "
-                 "during backward, the host AdamW overlaps the next step's forward (without "
-                 "--clip: the backward)")},
         {RUN_TRAIN, MS_FLAG("offload-serial", &o->offload_serial,
                             "with --offload: run the host AdamW inside the step (no overlap; "
                             "for comparison)")},
@@ -173,10 +164,14 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         {"explain", "--model CONFIG [options]",
          "Prints every value's placements and every reshard with its bytes."},
     };
-    ms_option opts[sizeof flags / sizeof flags[0]];
+    /* the strategy's settings right after --strategy, in the table's order */
+    ms_option opts[sizeof flags / sizeof flags[0] + MS_SET_COUNT];
     int n = 0;
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         if (flags[i].cmds & cmd) opts[n++] = flags[i].opt;
+        if (flags[i].opt.dest == (void *)&o->strategy_file)
+            for (int k = 0; k < MS_SET_COUNT; k++) opts[n++] = sf.flag[k].opt;
+    }
     const int which = cmd == RUN_TRAIN ? 0 : cmd == RUN_EVAL ? 1 : 2;
     ms_opts_cmd c = {.name = cmds[which].name,
                      .synopsis = cmds[which].synopsis,
@@ -192,7 +187,9 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
         fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", c.name);
         return 2;
     }
-    if (cmd == RUN_EVAL && o->offload) {
+    ms_strategy_settle(&o->strat, o->strat_given);
+    const ms_strategy *st = &o->strat;
+    if (cmd == RUN_EVAL && st->offload) {
         fprintf(stderr,
                 "meshscope eval: --offload moves training's optimizer to the host; eval has no "
                 "optimizer: leave --offload out\n");
@@ -200,15 +197,15 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     }
     ms_error e;
     int ranks = 0;
-    if (ms_strategy_check_degrees(o->dp, o->tp, o->cp, 0, &ranks, &e) != MS_OK) {
+    if (ms_strategy_check_degrees(st->dp, st->tp, st->cp, 0, &ranks, &e) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", c.name, e.msg);
         return 2;
     }
-    if ((long long)ranks * o->pp > MS_MESH_MAX_RANKS) {
+    if ((long long)ranks * st->pp > MS_MESH_MAX_RANKS) {
         fprintf(stderr,
                 "meshscope %s: dp %d x tp %d x pp %d x cp %d needs more than %d ranks; pick "
                 "degrees whose product is at most %d\n",
-                c.name, o->dp, o->tp, o->pp, o->cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
+                c.name, st->dp, st->tp, st->pp, st->cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
         return 2;
     }
     if (o->min_lr > o->lr) o->min_lr = o->lr;

@@ -28,17 +28,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
     if (o->strategy_file) {
         MS_CHECK(ms_strategy_load(o->strategy_file, &out->strat, &out->rules, err));
     } else {
-        MS_CHECK(ms_strategy_init(&out->strat, o->dp, o->tp, o->cp, o->sp, err));
-        out->strat.pp = o->pp;
-        out->strat.micro_batches = o->micro_batches;
-        out->strat.schedule = (uint8_t)o->schedule;
-        out->strat.virtual_stages = o->virtual_stages;
-        out->strat.zero = o->zero;
-        out->strat.recompute = (uint8_t)o->recompute;
-        out->strat.precision = (uint8_t)o->precision;
-        out->strat.bucket_mb = o->bucket_mb > 0 ? (float)o->bucket_mb : 0.0f;
-        out->strat.offload = o->offload;
-        out->strat.vocab_replicated = o->replicated_head;
+        out->strat = o->strat;
     }
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_job_shape job = job_shape(o, out);
@@ -70,8 +60,8 @@ double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_devic
 
 /* --bucket-mb left at its default on a CUDA device: buckets, said once (as the device note). */
 static void default_buckets(const run_opts *o, job_plan *plan, ms_device_kind kind) {
-    if (o->bucket_mb >= 0 || o->strategy_file) return;
-    plan->strat.bucket_mb = (float)job_bucket_mb(o->bucket_mb, false, &plan->strat, kind);
+    if (o->strat_given >> MS_SET_bucket_mb & 1 || o->strategy_file) return;
+    plan->strat.bucket_mb = (float)job_bucket_mb(-1, false, &plan->strat, kind);
     if (plan->strat.bucket_mb > 0 && says_notes()) {
         printf("gradient buckets: %g MiB, issued during backward (the default on CUDA; "
                "--bucket-mb 0 turns them off)\n",

@@ -26,22 +26,10 @@ typedef struct run_opts {
     bool tui;                      /* --tui: the terminal view */
     double advise_threshold;       /* suggest strategies predicted at least this much faster */
     double memory_cap_mib; /* refuse switches needing more per rank; 0: the machine's share */
-    int dp, tp, cp;
-    bool sp;
-    bool replicated_head; /* --replicated-head: the word embedding / head whole on every tp rank */
-    int pp;               /* --pp: pipeline stages */
-    int micro_batches;    /* --micro-batches: per step */
-    int schedule;         /* --schedule: an ms_schedule */
-    int virtual_stages;   /* --virtual-stages: model chunks per pipeline rank */
-    int zero;             /* --zero: the ZeRO stage over dp */
-    int recompute;        /* --recompute: an ms_recompute */
-    int precision;        /* --precision: an ms_precision */
-    int device;           /* --device: an ms_device_choice */
-    double bucket_mb;     /* --bucket-mb: gradient buckets in MiB; 0: none; < 0: the default
-                           * (JOB_CUDA_BUCKET_MB on a CUDA device where gradients are reduced
-                           * over dp or cp, else none) */
-    bool offload;         /* --offload: masters and moments in host memory, AdamW on the host */
-    bool offload_serial;  /* --offload-serial: that AdamW inside the step, not overlapped */
+    ms_strategy strat;     /* the strategy flags (MS_STRATEGY_SETTINGS), over the defaults */
+    uint32_t strat_given;  /* bit MS_SET_x: that setting's flag was given */
+    int device;            /* --device: an ms_device_choice */
+    bool offload_serial;   /* --offload-serial: that AdamW inside the step, not overlapped */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;            /* BLAS threads per rank; 0 = cores / ranks */
@@ -55,8 +43,8 @@ typedef struct run_opts {
 
 /* The job's model and strategy, resolved once before any rank starts: the config is read
  * here and nowhere else; the strategy comes from --strategy FILE (with its placement rules;
- * the strategy flags are then not read) or the flags (--dp --tp --pp --cp --sp
- * --micro-batches --schedule --virtual-stages --zero --offload) and passes the validator
+ * the strategy flags are then not read) or the strategy flags (one per setting of
+ * MS_STRATEGY_SETTINGS: --dp, --tp, --zero, ...) and passes the validator
  * (engine/plan/validate.h) for the model, the batch, the sequence and its own world size. */
 typedef struct job_plan {
     ms_model_config cfg;

@@ -258,7 +258,7 @@ static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size
         k += (size_t)snprintf(buf + k, len - k, "%sprecision %s -> %s", k ? ", " : "",
                               ms_precision_name((ms_precision)a->precision),
                               ms_precision_name((ms_precision)b->precision));
-    const bool ha = a->vocab_replicated && a->tp > 1, hb = b->vocab_replicated && b->tp > 1;
+    const bool ha = a->head_replicated && a->tp > 1, hb = b->head_replicated && b->tp > 1;
     if (ha != hb && k < len)
         k += (size_t)snprintf(buf + k, len - k, "%shead %s -> %s", k ? ", " : "",
                               ha ? "replicated" : "vocab-parallel",

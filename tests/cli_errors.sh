@@ -136,11 +136,11 @@ expect "placements no rule accepts" "S(7)" "${run[@]}" --data "$tmp/text.txt" --
 expect "ZeRO with dp 1" "ZeRO shards over data parallelism: give dp >= 2 or zero 0" "${run[@]}" \
   --data "$tmp/text.txt" --strategy "$tmp/zero-dp1.json"
 expect "ZeRO stage 4" "0..3" "${run[@]}" --data "$tmp/text.txt" --strategy "$tmp/zero4.json"
-expect "negative bucket" "\$.bucket_mb: expected a bucket size in MiB (> 0" "${run[@]}" \
+expect "negative bucket" "\$.bucket_mb: expected a bucket size in MiB (0 to 1048576; 0: none), got -1" "${run[@]}" \
   --data "$tmp/text.txt" --strategy "$tmp/bucket-neg.json"
 expect "ZeRO flag with dp 1" "give dp >= 2 or zero 0" "${run[@]}" --data "$tmp/text.txt" --zero 2
 expect "ZeRO flag stage 4" "bad value '4' for --zero" "${run[@]}" --data "$tmp/text.txt" --zero 4
-expect "recompute flag mode" "use none, full or selective" "${run[@]}" --data "$tmp/text.txt" \
+expect "recompute flag mode" 'a recompute mode: "none", "full" or "selective"' "${run[@]}" --data "$tmp/text.txt" \
   --recompute some
 expect "negative bucket" "bad value '-1' for --bucket-mb" "${run[@]}" --data "$tmp/text.txt" \
   --bucket-mb -1
@@ -181,7 +181,7 @@ expect_rc_pipe() { # NAME WANTED-TEXT FLAGS...: exit 2, the text in the output
   local rc=$?
   [ "$rc" -eq 2 ] || { echo "FAIL $name exits $rc, not 2"; fail=$((fail + 1)); }
 }
-expect_rc_pipe "unknown schedule" "bad value 'zigzag' for --schedule: use 1f1b, gpipe, interleaved or zb-h1" \
+expect_rc_pipe "unknown schedule" "bad value 'zigzag' for --schedule: a pipeline schedule: \"1f1b\", \"gpipe\", \"interleaved\" or \"zb-h1\"" \
   --pp 2 --schedule zigzag
 expect_rc_pipe "virtual stages splitting layers" "cannot be cut into 3 chunks; use virtual_stages 2" \
   --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 3
@@ -211,12 +211,12 @@ expect "eval with offload" "eval has no optimizer: leave --offload out" "$bin" e
 expect "offload-serial without offload" "add --offload" "${run[@]}" --data "$tmp/text.txt" \
   --offload-serial
 expect "replicated head without tp" "needs tp 2 or more" "${run[@]}" --data "$tmp/text.txt" \
-  --replicated-head
+  --head-replicated
 expect "offload not a bool" "offload" "${run[@]}" --data "$tmp/text.txt" --switch '1:{"dp": 1, "offload": 2}'
 plan=("$bin" plan --model "$tmp/ok.json" --cluster dgx-a100-80gb --devices 8 --global-batch 8 --seq 16)
 expect "plan without a model" "--model CONFIG.json is required" "$bin" plan --cluster h100 --devices 8 --global-batch 8 --seq 16
 expect "plan unknown cluster" "unknown cluster 'dgx-z9'" "$bin" plan --model "$tmp/ok.json" --cluster dgx-z9 --devices 8 --global-batch 8 --seq 16
-expect "plan bad knob" "unknown knob 'tq'" "${plan[@]}" --evaluate "tq=2"
+expect "plan bad knob" "unknown setting 'tq'; did you mean 'tp'" "${plan[@]}" --evaluate "tq=2"
 expect "plan impossible knob" "does not divide the 4 attention heads" "${plan[@]}" --evaluate "tp=8"
 expect "plan bad number" "bad value '0' for --devices" "${plan[@]}" --devices 0
 expect "plan sequence too long" "exceeds the model's n_positions" "${plan[@]}" --seq 64
@@ -273,7 +273,7 @@ help_lists() {
   echo "ok   ${cmd[*]} --help and -h list $# flags"
 }
 
-help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --replicated-head \
+help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --head-replicated --micro-batch --pp-layers --precision \
   --micro-batches --schedule \
   --virtual-stages --zero --recompute --bucket-mb --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
@@ -282,7 +282,7 @@ help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --replicat
 help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
   --micro-batches --schedule --virtual-stages --zero --recompute --bucket-mb --strategy --backend \
   --help
-help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --replicated-head \
+help_lists "explain" --model --strategy --dp --tp --pp --cp --sp --head-replicated \
   --micro-batches --schedule \
   --virtual-stages --zero --recompute --bucket-mb --batch --seq --backend --help
 help_lists "demo" --ranks --backend --help

@@ -46,7 +46,7 @@ static ms_strategy knobs(int dp, int tp, int pp, int cp, bool sp, int zero, bool
     s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp, s.zero = zero;
     s.recompute = recompute ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
     s.micro_batches = micro_batches;
-    s.vocab_replicated = tp > 1 && !vp;
+    s.head_replicated = tp > 1 && !vp;
     s.precision = dt == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32;
     return s;
 }
@@ -371,7 +371,7 @@ static void compile_rank(mt_rank *r, void *p) {
     ms_error err = {0};
     ms_strategy s;
     if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->cp, a->sp, &err), &err)) return;
-    s.vocab_replicated = a->head_replicated;
+    s.head_replicated = a->head_replicated;
     ms_sharding sh = {.s = &s};
     ms_mesh mesh;
     if (!MT_OK(r, ms_strategy_mesh(&s, &mesh, &err), &err)) return;
@@ -417,7 +417,7 @@ static void check_engine_matches(const ms_model_config *cfg, int dp, int tp, int
                   .cfg = cfg};
     mt_run_threads(4, compile_rank, &a);
     ms_strategy s = engine_strategy(dp, tp, cp, sp);
-    s.vocab_replicated = head_replicated;
+    s.head_replicated = head_replicated;
     ms_plan_engine_stats es;
     ms_error err = {0};
     assert_int_equal(ms_plan_engine_stats_get(&pb, &s, &es, &err), MS_OK);
@@ -457,7 +457,7 @@ static void engine_flops_match_program(void **state) {
         check_engine_matches(&cfg, cases[i].dp, cases[i].tp, cases[i].cp, cases[i].sp, false);
 }
 
-/* The head replicated over tp ("vocab_parallel": false), as the engine runs it, on each model
+/* The head replicated over tp ("head_replicated": true), as the engine runs it, on each model
  * family: without sp every tp rank computes the whole head; with sp GPT-2's and BERT's on the
  * sequence shard, LLaMA's on the gathered final norm. */
 static void head_replicated_matches_program(void **state) {
@@ -558,6 +558,27 @@ static void evaluate_fixes_knobs(void **state) {
     assert_non_null(strstr(err.msg, "bogus"));
     assert_int_equal(ms_plan_fixed_parse("tp=eight", &f, &err), MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "tp=eight"));
+    /* each setting by its one name; a former key gets its new name */
+    assert_int_equal(ms_plan_fixed_parse("tp=8,micro_batches=16,head_replicated=1", &f, &err),
+                     MS_OK);
+    assert_true(ms_plan_fixed_has(&f, MS_SET_micro_batches) && f.s.micro_batches == 16);
+    assert_true(ms_plan_fixed_has(&f, MS_SET_head_replicated) && f.s.head_replicated);
+    assert_false(ms_plan_fixed_has(&f, MS_SET_dp));
+    assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
+    for (int i = 0; i < res.n_cands; i++) {
+        int mb, m;
+        assert_true(ms_strategy_micro(&res.cands[i].s, pb.global_batch, &mb, &m) && m == 16);
+        assert_true(res.cands[i].s.head_replicated);
+    }
+    ms_plan_result_free(&res);
+    assert_int_equal(ms_plan_fixed_parse("vp=0", &f, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "did you mean 'head_replicated"));
+    /* a setting the search does not enumerate is applied to every candidate */
+    assert_int_equal(ms_plan_fixed_parse("pp=4,micro_batches=8,schedule=gpipe", &f, &err), MS_OK);
+    assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_OK);
+    for (int i = 0; i < res.n_cands; i++)
+        assert_int_equal(res.cands[i].s.schedule, MS_SCHEDULE_GPIPE);
+    ms_plan_result_free(&res);
     /* a knob nothing can satisfy: the error says so */
     assert_int_equal(ms_plan_fixed_parse("tp=5", &f, &err), MS_OK);
     assert_int_equal(ms_plan_search(&pb, &so, &res, &err), MS_ERR_INVALID);
@@ -607,7 +628,7 @@ static void non_executable_flagged(void **state) {
         if (!e->executable) fail_msg("candidate %d not executable: %s", i, e->not_executable);
         assert_string_equal(e->not_executable, "");
         exe++;
-        replicated += e->s.vocab_replicated;
+        replicated += e->s.head_replicated;
     }
     assert_true(exe >= 8 && replicated > 0);
     /* on a GPU cluster (CUDA devices, NCCL) the engine runs what it runs on threads */
@@ -883,7 +904,7 @@ static void advisor_moves_away_from_slow_tp(void **state) {
         ms_job_shape job = {.world = 4, .batch = B, .seq = T};
         assert_int_equal(ms_strategy_validate(&ps, &cfg, &job, 0, &err), MS_OK);
         /* the change says what moves, the head too (tp4's is vocab-parallel) */
-        bool head = ps.vocab_replicated && ps.tp > 1;
+        bool head = ps.head_replicated && ps.tp > 1;
         assert_true(!head == !strstr(sg[i].diff, "head vocab-parallel -> replicated"));
     }
     /* the best suggestion leaves tp4 and its evidence names the tp all-reduce */

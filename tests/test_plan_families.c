@@ -109,7 +109,7 @@ static ms_strategy strategy_of(const family_case *fc) {
     s.bucket_mb = fc->bucket_mb;
     s.recompute = fc->recompute ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
     if (fc->pp > 1) s.micro_batches = 2;
-    s.vocab_replicated = fc->head_replicated;
+    s.head_replicated = fc->head_replicated;
     return s;
 }
 

@@ -122,8 +122,8 @@ static void test_cp_to_dp(void **state) {
 /* Into a head replicated over tp (the vocabulary tables resharded from rows to whole). */
 static void test_tp_to_replicated_head(void **state) {
     (void)state;
-    check_switch("--dp 2 --tp 2 --sp", "--dp 2 --tp 2 --sp --replicated-head",
-                 "{\"dp\": 2, \"tp\": 2, \"sp\": true, \"vocab_parallel\": false}", 3,
+    check_switch("--dp 2 --tp 2 --sp", "--dp 2 --tp 2 --sp --head-replicated",
+                 "{\"dp\": 2, \"tp\": 2, \"sp\": true, \"head_replicated\": true}", 3,
                  "dp2 x tp2 +sp head-replicated");
 }
 

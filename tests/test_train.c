@@ -68,7 +68,7 @@ static void train(mt_rank *r, void *p) {
     ms_error err = {0};
     ms_strategy s;
     if (!MT_OK(r, ms_strategy_init(&s, a->dp, a->tp, a->cp, a->sp, &err), &err)) return;
-    s.vocab_replicated = a->head_replicated;
+    s.head_replicated = a->head_replicated;
     ms_mesh mesh;
     ms_strategy_mesh(&s, &mesh, &err);
     ms_dmesh *dm;
@@ -229,7 +229,7 @@ static void bert_dp2_tp2(void **s) {
     (void)s;
     compare_model(2, 2, 1, false, true);
 }
-/* The head replicated over tp ("vocab_parallel": false): the lookup whole on every tp rank,
+/* The head replicated over tp ("head_replicated": true): the lookup whole on every tp rank,
  * the logits and loss of each rank's own rows (under sp its sequence shard) */
 static void tp2_head_replicated(void **s) {
     (void)s;

@@ -154,7 +154,7 @@ refuse() { # refuse NAME BODY WANTED-TEXT
 }
 refuse "mesh does not match the world" '{"dp": 2, "tp": 1}' "needs 2 ranks but the job runs on 4"
 refuse "ZeRO without dp" '{"dp": 1, "tp": 4, "zero": 1}' "ZeRO shards over data parallelism"
-refuse "replicated head not executable" '{"dp": 4, "vocab_parallel": false}' "replicated head"
+refuse "replicated head not executable" '{"dp": 4, "head_replicated": true}' "replicated head"
 refuse "sp without tp" '{"mesh": {"dp": 1, "tp": 1, "cp": 4}, "sp": true}' "sp"
 # --memory-cap 20.3 MiB: dp4 needs 19.7 MiB per rank here, cp4 20.7 MiB (tp4 +sp 14.3 MiB since
 # its linears gather the weights instead of splitting the reduction).

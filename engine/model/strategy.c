@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,24 +14,269 @@
 #include "engine/io/fileio.h"
 #include "engine/io/json_text.h"
 
-static const char *const recompute_names[] = {"none", "full", "selective"};
-static const char *const precision_names[] = {"fp32", "bf16"};
-static const char *const schedule_names[] = {"1f1b", "gpipe", "interleaved", "zb-h1"};
-_Static_assert(sizeof recompute_names / sizeof *recompute_names == MS_RECOMPUTE_COUNT,
-               "one name per recompute mode");
-_Static_assert(sizeof precision_names / sizeof *precision_names == MS_PRECISION_COUNT,
-               "one name per precision");
-_Static_assert(sizeof schedule_names / sizeof *schedule_names == MS_SCHEDULE_COUNT,
-               "one name per schedule");
+const char *const ms_recompute_names[] = {"none", "full", "selective"};
+const char *const ms_recompute_name_parts[] = {"", "recompute", "selective-recompute"};
+const char *const ms_precision_names[] = {"fp32", "bf16"};
+const char *const ms_schedule_names[] = {"1f1b", "gpipe", "interleaved", "zb-h1"};
 
 const char *ms_recompute_name(ms_recompute r) {
-    return r < MS_RECOMPUTE_COUNT ? recompute_names[r] : "?";
+    return r < MS_RECOMPUTE_COUNT ? ms_recompute_names[r] : "?";
 }
 const char *ms_precision_name(ms_precision p) {
-    return p < MS_PRECISION_COUNT ? precision_names[p] : "?";
+    return p < MS_PRECISION_COUNT ? ms_precision_names[p] : "?";
 }
 const char *ms_schedule_name(ms_schedule s) {
-    return s < MS_SCHEDULE_COUNT ? schedule_names[s] : "?";
+    return s < MS_SCHEDULE_COUNT ? ms_schedule_names[s] : "?";
+}
+
+/* --- the settings table ------------------------------------------------------------------------
+ */
+
+#define MS_SET_ROW(field_, kind_, dflt_, lo_, hi_, words_, fmt_, name_words_, flags_, what_,       \
+                   help_)                                                                          \
+    [MS_SET_##field_] = {.name = #field_,                                                          \
+                         .kind = MS_SET_KIND_##kind_,                                              \
+                         .offset = offsetof(ms_strategy, field_),                                  \
+                         .dflt = (dflt_),                                                          \
+                         .lo = (lo_),                                                              \
+                         .hi = (hi_),                                                              \
+                         .words = (words_),                                                        \
+                         .name_fmt = (fmt_),                                                       \
+                         .name_words = (name_words_),                                              \
+                         .flags = (flags_),                                                        \
+                         .what = (what_),                                                          \
+                         .help = (help_)},
+const ms_setting ms_settings[MS_SET_COUNT] = {MS_STRATEGY_SETTINGS(MS_SET_ROW)};
+#undef MS_SET_ROW
+
+const ms_setting *ms_setting_find(const char *name) {
+    for (int i = 0; i < MS_SET_COUNT; i++)
+        if (!strcmp(ms_settings[i].name, name)) return &ms_settings[i];
+    return NULL;
+}
+
+const char *ms_setting_flag(const ms_setting *st, char *buf, size_t n) {
+    snprintf(buf, n, "%s", st->name);
+    for (char *c = buf; *c; c++)
+        if (*c == '_') *c = '-';
+    return buf;
+}
+
+/* The field of st in s, by kind. */
+static void *field(const ms_strategy *s, const ms_setting *st) {
+    return (char *)s + st->offset;
+}
+static int32_t *int_of(const ms_strategy *s, const ms_setting *st) {
+    return field(s, st);
+}
+static bool *bool_of(const ms_strategy *s, const ms_setting *st) {
+    return field(s, st);
+}
+static uint8_t *enum_of(const ms_strategy *s, const ms_setting *st) {
+    return field(s, st);
+}
+static float *mib_of(const ms_strategy *s, const ms_setting *st) {
+    return field(s, st);
+}
+static uint16_t *layers_of(const ms_strategy *s, const ms_setting *st) {
+    return field(s, st);
+}
+
+static size_t field_size(const ms_setting *st) {
+    switch (st->kind) {
+        case MS_SET_KIND_DEGREE:
+        case MS_SET_KIND_INT:
+            return sizeof(int32_t);
+        case MS_SET_KIND_BOOL:
+            return sizeof(bool);
+        case MS_SET_KIND_ENUM:
+            return sizeof(uint8_t);
+        case MS_SET_KIND_MIB:
+            return sizeof(float);
+        case MS_SET_KIND_LAYERS:
+            return sizeof(uint16_t) * MS_STRATEGY_MAX_STAGES;
+    }
+    return 0;
+}
+
+/* The value as a number (LAYERS: its first count, 0 when balanced). */
+static double value_of(const ms_strategy *s, const ms_setting *st) {
+    switch (st->kind) {
+        case MS_SET_KIND_DEGREE:
+        case MS_SET_KIND_INT:
+            return *int_of(s, st);
+        case MS_SET_KIND_BOOL:
+            return *bool_of(s, st);
+        case MS_SET_KIND_ENUM:
+            return *enum_of(s, st);
+        case MS_SET_KIND_MIB:
+            return *mib_of(s, st);
+        case MS_SET_KIND_LAYERS:
+            return layers_of(s, st)[0];
+    }
+    return 0;
+}
+
+static void set_value(ms_strategy *s, const ms_setting *st, double v) {
+    switch (st->kind) {
+        case MS_SET_KIND_DEGREE:
+        case MS_SET_KIND_INT:
+            *int_of(s, st) = (int32_t)v;
+            break;
+        case MS_SET_KIND_BOOL:
+            *bool_of(s, st) = v != 0;
+            break;
+        case MS_SET_KIND_ENUM:
+            *enum_of(s, st) = (uint8_t)v;
+            break;
+        case MS_SET_KIND_MIB:
+            *mib_of(s, st) = (float)v;
+            break;
+        case MS_SET_KIND_LAYERS:
+            memset(layers_of(s, st), 0, field_size(st));
+            break;
+    }
+}
+
+bool ms_setting_equal(const ms_strategy *a, const ms_strategy *b, const ms_setting *st) {
+    if (st->kind == MS_SET_KIND_MIB) return *mib_of(a, st) == *mib_of(b, st);
+    if (st->kind == MS_SET_KIND_BOOL) return *bool_of(a, st) == *bool_of(b, st);
+    return !memcmp(field(a, st), field(b, st), field_size(st));
+}
+
+void ms_setting_copy(ms_strategy *dst, const ms_strategy *src, const ms_setting *st) {
+    memcpy(field(dst, st), field(src, st), field_size(st));
+}
+
+void ms_strategy_settle(ms_strategy *s, uint32_t given) {
+    if ((given >> MS_SET_micro_batch & 1) && !(given >> MS_SET_micro_batches & 1))
+        s->micro_batches = 0;
+}
+
+static bool word_index(const ms_setting *st, const char *text, int *out) {
+    for (int i = 0; i <= (int)st->hi; i++)
+        if (!strcmp(text, st->words[i])) return *out = i, true;
+    return false;
+}
+
+static bool bool_word(const char *v, bool *out) {
+    static const char *const yes[] = {"true", "1", "on", "yes"}, *const no[] = {"false", "0", "off",
+                                                                                "no"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(v, yes[i])) return *out = true, true;
+        if (!strcmp(v, no[i])) return *out = false, true;
+    }
+    return false;
+}
+
+/* What st takes, for messages ("a ZeRO stage (an integer in 0..3)"). */
+static void expected(const ms_setting *st, char *msg, size_t cap) {
+    size_t k = 0;
+    switch (st->kind) {
+        case MS_SET_KIND_DEGREE:
+        case MS_SET_KIND_INT:
+            snprintf(msg, cap, "%s (an integer in %.0f..%.0f)", st->what, st->lo, st->hi);
+            return;
+        case MS_SET_KIND_BOOL:
+            snprintf(msg, cap, "true or false");
+            return;
+        case MS_SET_KIND_MIB:
+            snprintf(msg, cap, "%s in MiB (%.9g to %.9g; 0: none)", st->what, st->lo, st->hi);
+            return;
+        case MS_SET_KIND_LAYERS:
+            snprintf(msg, cap, "1 to %d %s (each %.0f..%.0f), one per pipeline stage",
+                     MS_STRATEGY_MAX_STAGES, st->what, st->lo, st->hi);
+            return;
+        case MS_SET_KIND_ENUM:
+            k = (size_t)snprintf(msg, cap, "%s: ", st->what);
+            for (int i = 0; i <= (int)st->hi && k + 1 < cap; i++) {
+                int w = snprintf(msg + k, cap - k, "%s\"%s\"",
+                                 i ? (i == (int)st->hi ? " or " : ", ") : "", st->words[i]);
+                if (w > 0) k += (size_t)w < cap - k ? (size_t)w : cap - k - 1;
+            }
+            if (st->flags & MS_SET_BOOL_WORDS && k + 1 < cap)
+                snprintf(msg + k, cap - k, " (or true / false)");
+            return;
+    }
+}
+
+/* The argument a setting's flag shows in help: N, MIB, N,N,... or its words joined by '|'. */
+const char *ms_setting_metavar(const ms_setting *st, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    switch (st->kind) {
+        case MS_SET_KIND_BOOL:
+            return NULL;
+        case MS_SET_KIND_MIB:
+            return "MIB";
+        case MS_SET_KIND_LAYERS:
+            return "N,N,...";
+        case MS_SET_KIND_ENUM:
+            for (int w = 0; w <= (int)st->hi && k + 1 < n; w++)
+                k += (size_t)snprintf(buf + k, n - k, "%s%s", w ? "|" : "", st->words[w]);
+            return buf;
+        default:
+            return "N";
+    }
+}
+
+bool ms_setting_set_text(ms_strategy *s, const ms_setting *st, const char *text, char *msg,
+                         size_t cap) {
+    char *end;
+    bool b;
+    int w;
+    switch (st->kind) {
+        case MS_SET_KIND_BOOL:
+            if (!text) text = "true";
+            if (!bool_word(text, &b)) break;
+            *bool_of(s, st) = b;
+            return true;
+        case MS_SET_KIND_DEGREE:
+        case MS_SET_KIND_INT: {
+            if (!text) break;
+            long v = strtol(text, &end, 10);
+            if (!*text || *end || v < st->lo || v > st->hi) break;
+            *int_of(s, st) = (int32_t)v;
+            return true;
+        }
+        case MS_SET_KIND_ENUM:
+            if (!text) break;
+            if (word_index(st, text, &w)) {
+                *enum_of(s, st) = (uint8_t)w;
+                return true;
+            }
+            if (st->flags & MS_SET_BOOL_WORDS && bool_word(text, &b)) {
+                *enum_of(s, st) = b ? 1 : 0;
+                return true;
+            }
+            break;
+        case MS_SET_KIND_MIB: {
+            if (!text) break;
+            double v = strtod(text, &end);
+            if (!*text || *end || !isfinite(v) || v < st->lo || v > st->hi) break;
+            *mib_of(s, st) = (float)v;
+            return true;
+        }
+        case MS_SET_KIND_LAYERS: {
+            if (!text) break;
+            uint16_t counts[MS_STRATEGY_MAX_STAGES] = {0};
+            int n = 0;
+            const char *p = text;
+            while (*p) {
+                long v = strtol(p, &end, 10);
+                if (end == p || v < st->lo || v > st->hi || n == MS_STRATEGY_MAX_STAGES) break;
+                counts[n++] = (uint16_t)v;
+                p = end;
+                if (*p != ',' && *p != ':') break;
+                if (*++p == '\0') break; /* a trailing separator */
+            }
+            if (n == 0 || *p) break;
+            memcpy(layers_of(s, st), counts, sizeof counts);
+            return true;
+        }
+    }
+    expected(st, msg, cap);
+    return false;
 }
 
 bool ms_glob_match(const char *p, const char *s) {
@@ -65,12 +311,7 @@ ms_status ms_strategy_check_degrees(int dp, int tp, int cp, int world, int *rank
 
 void ms_strategy_defaults(ms_strategy *s) {
     memset(s, 0, sizeof *s);
-    s->dp = s->tp = s->pp = s->cp = 1;
-    s->micro_batches = 1;
-    s->virtual_stages = 1;
-    s->recompute = MS_RECOMPUTE_NONE;
-    s->precision = MS_PRECISION_FP32;
-    s->schedule = MS_SCHEDULE_1F1B;
+    for (int i = 0; i < MS_SET_COUNT; i++) set_value(s, &ms_settings[i], ms_settings[i].dflt);
 }
 
 ms_status ms_strategy_init(ms_strategy *s, int dp, int tp, int cp, bool sp, ms_error *err) {
@@ -115,12 +356,9 @@ bool ms_strategy_micro(const ms_strategy *s, int batch, int *size, int *count) {
 }
 
 bool ms_strategy_equal(const ms_strategy *a, const ms_strategy *b) {
-    return a->dp == b->dp && a->tp == b->tp && a->pp == b->pp && a->cp == b->cp && a->sp == b->sp &&
-           a->zero == b->zero && a->recompute == b->recompute && a->precision == b->precision &&
-           a->micro_batches == b->micro_batches && a->micro_batch == b->micro_batch &&
-           a->schedule == b->schedule && a->virtual_stages == b->virtual_stages &&
-           a->bucket_mb == b->bucket_mb && a->vocab_replicated == b->vocab_replicated &&
-           a->offload == b->offload && !memcmp(a->pp_layers, b->pp_layers, sizeof a->pp_layers);
+    for (int i = 0; i < MS_SET_COUNT; i++)
+        if (!ms_setting_equal(a, b, &ms_settings[i])) return false;
+    return true;
 }
 
 /* Appends to a fixed buffer, truncating (always terminated). */
@@ -145,80 +383,106 @@ static int n_stages(const ms_strategy *s) {
     return n;
 }
 
-/* micro_batches is shown when it is not the default and not derived from micro_batch (0);
- * an explicit 1 next to a size is shown, so that the text tells the two apart. */
-static bool show_micro_batches(const ms_strategy *s) {
-    return s->micro_batches != 0 && (s->micro_batches != 1 || s->micro_batch != 0);
+/* Whether a setting appears in the name (json false) or the short JSON (json true).
+ * micro_batches is shown when it is not the default and not derived from micro_batch (0); an
+ * explicit 1 next to a size is shown, so that the text tells the two apart. */
+static bool shown(const ms_strategy *s, const ms_setting *st, bool json) {
+    if (st->flags & (json ? MS_SET_JSON_ALWAYS : MS_SET_NAME_ALWAYS)) return true;
+    if (st == &ms_settings[MS_SET_micro_batches])
+        return s->micro_batches != 0 && (s->micro_batches != 1 || s->micro_batch != 0);
+    if (st->kind == MS_SET_KIND_LAYERS) return layers_of(s, st)[0] != 0;
+    return value_of(s, st) != st->dflt;
+}
+
+/* The layer counts, joined by sep. */
+static void put_layers(out_text *o, const ms_strategy *s, const ms_setting *st, const char *sep) {
+    const uint16_t *c = layers_of(s, st);
+    for (int i = 0, k = n_stages(s); i < k; i++) put(o, "%s%d", i ? sep : "", c[i]);
 }
 
 char *ms_strategy_name(const ms_strategy *s, char *buf, size_t n) {
     out_text o = {buf, n, 0};
     if (n) buf[0] = '\0';
-    put(&o, "dp%d x tp%d%s", s->dp, s->tp, s->sp ? " +sp" : "");
-    if (s->cp != 1) put(&o, " x cp%d", s->cp);
-    if (s->pp != 1) put(&o, " x pp%d", s->pp);
-    if (s->zero) put(&o, " zero%d", s->zero);
-    if (s->recompute == MS_RECOMPUTE_FULL) put(&o, " recompute");
-    if (s->recompute == MS_RECOMPUTE_SELECTIVE) put(&o, " selective-recompute");
-    if (s->precision != MS_PRECISION_FP32) put(&o, " %s", ms_precision_name(s->precision));
-    if (show_micro_batches(s)) put(&o, " m%d", s->micro_batches);
-    if (s->micro_batch) put(&o, " mb%d", s->micro_batch);
-    if (s->schedule != MS_SCHEDULE_1F1B) put(&o, " %s", ms_schedule_name(s->schedule));
-    if (s->virtual_stages != 1) put(&o, " v%d", s->virtual_stages);
-    for (int i = 0, k = n_stages(s); i < k; i++)
-        put(&o, "%s%d", i ? "," : " layers=", s->pp_layers[i]);
-    if (s->bucket_mb != 0) put(&o, " bucket%gMB", (double)s->bucket_mb);
-    if (s->vocab_replicated) put(&o, " head-replicated");
-    if (s->offload) put(&o, " offload");
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        const ms_setting *st = &ms_settings[i];
+        if (!shown(s, st, false)) continue;
+        switch (st->kind) {
+            case MS_SET_KIND_DEGREE:
+            case MS_SET_KIND_INT:
+                put(&o, st->name_fmt, *int_of(s, st));
+                break;
+            case MS_SET_KIND_BOOL:
+                put(&o, "%s", st->name_fmt);
+                break;
+            case MS_SET_KIND_ENUM: {
+                const char *const *w = st->name_words ? st->name_words : st->words;
+                uint8_t v = *enum_of(s, st);
+                put(&o, st->name_fmt, v <= st->hi ? w[v] : "?");
+                break;
+            }
+            case MS_SET_KIND_MIB:
+                put(&o, st->name_fmt, (double)*mib_of(s, st));
+                break;
+            case MS_SET_KIND_LAYERS: {
+                char counts[MS_STRATEGY_MAX_STAGES * 6 + 1];
+                out_text c = {counts, sizeof counts, 0};
+                counts[0] = '\0';
+                put_layers(&c, s, st, ",");
+                put(&o, st->name_fmt, counts);
+                break;
+            }
+        }
+    }
     return buf;
 }
 
 char *ms_strategy_short_json(const ms_strategy *s, char *buf, size_t n) {
     out_text o = {buf, n, 0};
     if (n) buf[0] = '\0';
-    put(&o, "{\"dp\": %d, \"tp\": %d", s->dp, s->tp);
-    if (s->cp != 1) put(&o, ", \"cp\": %d", s->cp);
-    if (s->pp != 1) put(&o, ", \"pp\": %d", s->pp);
-    put(&o, ", \"sp\": %s", s->sp ? "true" : "false");
-    if (s->zero) put(&o, ", \"zero\": %d", s->zero);
-    if (s->recompute != MS_RECOMPUTE_NONE)
-        put(&o, ", \"recompute\": \"%s\"", ms_recompute_name(s->recompute));
-    if (s->precision != MS_PRECISION_FP32)
-        put(&o, ", \"precision\": \"%s\"", ms_precision_name(s->precision));
-    if (show_micro_batches(s)) put(&o, ", \"micro_batches\": %d", s->micro_batches);
-    if (s->micro_batch) put(&o, ", \"micro_batch\": %d", s->micro_batch);
-    if (s->schedule != MS_SCHEDULE_1F1B)
-        put(&o, ", \"schedule\": \"%s\"", ms_schedule_name(s->schedule));
-    if (s->virtual_stages != 1) put(&o, ", \"virtual_stages\": %d", s->virtual_stages);
-    for (int i = 0, k = n_stages(s); i < k; i++)
-        put(&o, "%s%d%s", i ? ", " : ", \"pp_layers\": [", s->pp_layers[i], i == k - 1 ? "]" : "");
-    if (s->bucket_mb != 0) put(&o, ", \"bucket_mb\": %.9g", (double)s->bucket_mb);
-    if (s->vocab_replicated) put(&o, ", \"vocab_parallel\": false");
-    if (s->offload) put(&o, ", \"offload\": true");
+    put(&o, "{");
+    bool first = true;
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        const ms_setting *st = &ms_settings[i];
+        if (!shown(s, st, true)) continue;
+        put(&o, "%s\"%s\": ", first ? "" : ", ", st->name);
+        first = false;
+        switch (st->kind) {
+            case MS_SET_KIND_DEGREE:
+            case MS_SET_KIND_INT:
+                put(&o, "%d", *int_of(s, st));
+                break;
+            case MS_SET_KIND_BOOL:
+                put(&o, "%s", *bool_of(s, st) ? "true" : "false");
+                break;
+            case MS_SET_KIND_ENUM: {
+                uint8_t v = *enum_of(s, st);
+                put(&o, "\"%s\"", v <= st->hi ? st->words[v] : "?");
+                break;
+            }
+            case MS_SET_KIND_MIB:
+                put(&o, "%.9g", (double)*mib_of(s, st));
+                break;
+            case MS_SET_KIND_LAYERS:
+                put(&o, "[");
+                put_layers(&o, s, st, ", ");
+                put(&o, "]");
+                break;
+        }
+    }
     put(&o, "}");
     return buf;
 }
 
 /* --- the parser ------------------------------------------------------------------------------ */
 
-static const char *const top_keys[] = {"mesh",
-                                       "dp",
-                                       "tp",
-                                       "pp",
-                                       "cp",
-                                       "sp",
-                                       "zero",
-                                       "recompute",
-                                       "precision",
-                                       "micro_batches",
-                                       "micro_batch",
-                                       "schedule",
-                                       "virtual_stages",
-                                       "pp_layers",
-                                       "bucket_mb",
-                                       "vocab_parallel",
-                                       "offload",
-                                       "placements"};
+/* The keys a strategy object may hold: "mesh", every setting, "placements". */
+static size_t top_keys(const char **keys) {
+    size_t n = 0;
+    keys[n++] = "mesh";
+    for (int i = 0; i < MS_SET_COUNT; i++) keys[n++] = ms_settings[i].name;
+    keys[n++] = "placements";
+    return n;
+}
 static const char *const mesh_keys[] = {"dp", "tp", "pp", "cp"};
 
 /* Levenshtein distance over the first 31 bytes of each string. */
@@ -262,7 +526,7 @@ static ms_status check_keys(const cJSON *obj, const char *path, const char *cons
         bool ok = false;
         for (size_t i = 0; i < nk && !ok; i++) ok = !strcmp(k->string, known[i]);
         if (!ok) {
-            char list[256];
+            char list[512];
             out_text o = {list, sizeof list, 0};
             list[0] = '\0';
             for (size_t i = 0; i < nk; i++) put(&o, "%s%s", i ? ", " : "", known[i]);
@@ -283,54 +547,48 @@ static ms_status bad_value(const cJSON *v, const char *path, const char *key, co
                    got);
 }
 
-/* An integer in [lo, hi]; absent keys leave *out alone. */
-static ms_status get_int(const cJSON *o, const char *path, const char *key, long lo, long hi,
-                         const char *what, int32_t *out, const char *name, ms_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+/* Reads setting st from o[st->name] into s (absent: s untouched). */
+static ms_status get_setting(const cJSON *o, const char *path, const ms_setting *st, ms_strategy *s,
+                             const char *name, ms_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, st->name);
     if (!v) return MS_OK;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
-        v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
-        v->valuedouble > (double)hi) {
-        char want[128];
-        snprintf(want, sizeof want, "%s (an integer in %ld..%ld)", what, lo, hi);
-        return bad_value(v, path, key, want, name, err);
-    }
-    *out = (int32_t)v->valuedouble;
-    return MS_OK;
-}
-
-static ms_status get_bool(const cJSON *o, const char *key, bool *out, const char *name,
-                          ms_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return MS_OK;
-    if (!cJSON_IsBool(v)) return bad_value(v, "$", key, "true or false", name, err);
-    *out = cJSON_IsTrue(v);
-    return MS_OK;
-}
-
-/* One of names[0..n) as a string; recompute also takes true / false (full / none). */
-static ms_status get_enum(const cJSON *o, const char *key, const char *const *names, int n,
-                          const char *what, uint8_t *out, const char *name, ms_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return MS_OK;
-    bool boolean = !strcmp(key, "recompute") && cJSON_IsBool(v);
-    if (boolean) {
-        *out = cJSON_IsTrue(v) ? MS_RECOMPUTE_FULL : MS_RECOMPUTE_NONE;
+    char want[256];
+    expected(st, want, sizeof want);
+    const bool integral = st->kind == MS_SET_KIND_DEGREE || st->kind == MS_SET_KIND_INT;
+    if (integral || st->kind == MS_SET_KIND_MIB) {
+        double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        if (!isfinite(x) || (integral && x != floor(x)) || x < st->lo || x > st->hi)
+            return bad_value(v, path, st->name, want, name, err);
+        set_value(s, st, x);
         return MS_OK;
     }
-    for (int i = 0; cJSON_IsString(v) && i < n; i++)
-        if (!strcmp(v->valuestring, names[i])) {
-            *out = (uint8_t)i;
-            return MS_OK;
-        }
-    char want[160];
-    out_text t = {want, sizeof want, 0};
-    want[0] = '\0';
-    put(&t, "%s: ", what);
-    for (int i = 0; i < n; i++)
-        put(&t, "%s\"%s\"", i ? (i == n - 1 ? " or " : ", ") : "", names[i]);
-    if (!strcmp(key, "recompute")) put(&t, " (or true / false)");
-    return bad_value(v, "$", key, want, name, err);
+    if (st->kind == MS_SET_KIND_BOOL || (st->flags & MS_SET_BOOL_WORDS && cJSON_IsBool(v))) {
+        if (!cJSON_IsBool(v)) return bad_value(v, path, st->name, want, name, err);
+        set_value(s, st, cJSON_IsTrue(v));
+        return MS_OK;
+    }
+    if (st->kind == MS_SET_KIND_ENUM) {
+        int w;
+        if (!cJSON_IsString(v) || !word_index(st, v->valuestring, &w))
+            return bad_value(v, path, st->name, want, name, err);
+        set_value(s, st, w);
+        return MS_OK;
+    }
+    /* LAYERS */
+    int n = cJSON_GetArraySize(v);
+    if (!cJSON_IsArray(v) || n < 1 || n > MS_STRATEGY_MAX_STAGES)
+        return bad_value(v, path, st->name, want, name, err);
+    uint16_t *counts = layers_of(s, st);
+    int i = 0;
+    for (const cJSON *c = v->child; c; c = c->next, i++) {
+        char key[48];
+        snprintf(key, sizeof key, "%s[%d]", st->name, i);
+        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) ||
+            c->valuedouble < st->lo || c->valuedouble > st->hi)
+            return bad_value(c, path, key, "a layer count (an integer in 1..65535)", name, err);
+        counts[i] = (uint16_t)c->valuedouble;
+    }
+    return MS_OK;
 }
 
 static ms_status parse_placements(const cJSON *pls, int mdims, ms_placement_rules *rules,
@@ -375,7 +633,14 @@ static ms_status parse_root(const cJSON *root, const char *name, ms_strategy *s,
                        "%s: $: expected an object like {\"dp\": 2, \"tp\": 2} or {\"mesh\": "
                        "{\"dp\": 2, \"tp\": 2}}",
                        name);
-    MS_CHECK(check_keys(root, "$", top_keys, sizeof top_keys / sizeof *top_keys, name, err));
+    if (cJSON_GetObjectItemCaseSensitive(root, "vocab_parallel"))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: $.vocab_parallel: this setting is now \"head_replicated\", of the "
+                       "opposite sense: write \"head_replicated\": true where it said false, and "
+                       "leave it out where it said true",
+                       name);
+    const char *keys[MS_SET_COUNT + 2];
+    MS_CHECK(check_keys(root, "$", keys, top_keys(keys), name, err));
     const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(root, "mesh");
     const char *dpath = "$";
     if (mesh) {
@@ -401,56 +666,19 @@ static ms_status parse_root(const cJSON *root, const char *name, ms_strategy *s,
                            name);
         mesh = root;
     }
-    int32_t *deg[4] = {&s->dp, &s->tp, &s->pp, &s->cp};
-    for (int i = 0; i < 4; i++)
-        MS_CHECK(get_int(mesh, dpath, mesh_keys[i], 1, MS_STRATEGY_MAX_DEGREE, "a degree", deg[i],
-                         name, err));
+    uint32_t given = 0;
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        const ms_setting *st = &ms_settings[i];
+        const bool degree = st->kind == MS_SET_KIND_DEGREE;
+        const cJSON *from = degree ? mesh : root;
+        MS_CHECK(get_setting(from, degree ? dpath : "$", st, s, name, err));
+        if (cJSON_GetObjectItemCaseSensitive(from, st->name)) given |= 1u << i;
+    }
     if (ms_strategy_ranks(s) < 0)
         return ms_fail(err, MS_ERR_INVALID,
                        "%s: %s: the mesh dp%d x tp%d x pp%d x cp%d has more than %d ranks", name,
                        dpath, s->dp, s->tp, s->pp, s->cp, MS_STRATEGY_MAX_RANKS);
-    MS_CHECK(get_bool(root, "sp", &s->sp, name, err));
-    MS_CHECK(get_int(root, "$", "zero", 0, 3, "a ZeRO stage", &s->zero, name, err));
-    MS_CHECK(get_enum(root, "recompute", recompute_names, MS_RECOMPUTE_COUNT, "a recompute mode",
-                      &s->recompute, name, err));
-    MS_CHECK(get_enum(root, "precision", precision_names, MS_PRECISION_COUNT, "a precision",
-                      &s->precision, name, err));
-    MS_CHECK(get_enum(root, "schedule", schedule_names, MS_SCHEDULE_COUNT, "a pipeline schedule",
-                      &s->schedule, name, err));
-    MS_CHECK(get_int(root, "$", "micro_batches", 1, 1 << 24, "a micro-batch count",
-                     &s->micro_batches, name, err));
-    MS_CHECK(get_int(root, "$", "micro_batch", 1, 1 << 24, "sequences per micro-batch",
-                     &s->micro_batch, name, err));
-    /* A size alone: the count follows from the batch (see ms_strategy_micro). */
-    if (s->micro_batch && !cJSON_GetObjectItemCaseSensitive(root, "micro_batches"))
-        s->micro_batches = 0;
-    MS_CHECK(get_int(root, "$", "virtual_stages", 1, 1024, "model chunks per pipeline rank",
-                     &s->virtual_stages, name, err));
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bucket_mb");
-    if (b && (!cJSON_IsNumber(b) || !(b->valuedouble > 0) || !(b->valuedouble <= 1 << 20)))
-        return bad_value(b, "$", "bucket_mb", "a bucket size in MiB (> 0, at most 1048576)", name,
-                         err);
-    if (b) s->bucket_mb = (float)b->valuedouble;
-    bool vocab_parallel = true;
-    MS_CHECK(get_bool(root, "vocab_parallel", &vocab_parallel, name, err));
-    s->vocab_replicated = !vocab_parallel;
-    MS_CHECK(get_bool(root, "offload", &s->offload, name, err));
-    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(root, "pp_layers");
-    if (layers) {
-        int n = cJSON_GetArraySize(layers);
-        if (!cJSON_IsArray(layers) || n < 1 || n > MS_STRATEGY_MAX_STAGES)
-            return bad_value(layers, "$", "pp_layers",
-                             "an array of 1 to 64 layer counts, one per pipeline stage", name, err);
-        int i = 0;
-        for (const cJSON *v = layers->child; v; v = v->next, i++) {
-            char key[32];
-            snprintf(key, sizeof key, "pp_layers[%d]", i);
-            if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
-                v->valuedouble < 1 || v->valuedouble > 65535)
-                return bad_value(v, "$", key, "a layer count (an integer in 1..65535)", name, err);
-            s->pp_layers[i] = (uint16_t)v->valuedouble;
-        }
-    }
+    ms_strategy_settle(s, given);
     const cJSON *pls = cJSON_GetObjectItemCaseSensitive(root, "placements");
     if (rules) rules->n = 0;
     if (pls) MS_CHECK(parse_placements(pls, s->cp > 1 ? 3 : 2, rules, name, err));
@@ -514,13 +742,13 @@ static bool is_stream(const char *name) {
  * Over tp they are partial sums, which the residual add reduces (all-reduce, or reduce-scatter
  * onto the sequence shard under sp); over dp and cp they are placed as the stream. */
 static bool is_row_output(const ms_strategy *s, const char *name) {
-    return (!strcmp(name, "model.embed_tokens") && !s->vocab_replicated) ||
+    return (!strcmp(name, "model.embed_tokens") && !s->head_replicated) ||
            ends_with(name, ".self_attn.o_proj") || ends_with(name, ".mlp.down_proj");
 }
 
 /* The vocabulary's tables: the (tied) word embedding and LLaMA's untied head. Sharded over tp
  * by vocabulary rows (the lookup a partial sum, the logits vocab-parallel), or with
- * vocab_replicated whole on every tp rank (the lookup whole, the head's logits and loss
+ * head_replicated whole on every tp rank (the lookup whole, the head's logits and loss
  * computed on the ranks' own rows of the stream). */
 static bool is_vocab_table(const char *name) {
     return ends_with(name, "wte.weight") || ends_with(name, "word_embeddings.weight") ||
@@ -574,7 +802,7 @@ static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *sh
         *tp = ms_pl_partial(MS_REDUCE_SUM);
         return true;
     }
-    if (s->vocab_replicated && is_vocab_table(name)) {
+    if (s->head_replicated && is_vocab_table(name)) {
         *tp = ms_pl_replicate();
         return true;
     }

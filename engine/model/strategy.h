@@ -63,26 +63,149 @@ typedef enum ms_schedule {
     MS_SCHEDULE_COUNT
 } ms_schedule;
 
-const char *ms_recompute_name(ms_recompute r); /* "none", "full", "selective" */
-const char *ms_precision_name(ms_precision p); /* "fp32", "bf16" */
-const char *ms_schedule_name(ms_schedule s);   /* "1f1b", "gpipe", "interleaved", "zb-h1" */
+extern const char *const ms_recompute_names[];      /* "none", "full", "selective" */
+extern const char *const ms_recompute_name_parts[]; /* in names: "", "recompute", ... */
+extern const char *const ms_precision_names[];      /* "fp32", "bf16" */
+extern const char *const ms_schedule_names[];       /* "1f1b", "gpipe", ... */
+const char *ms_recompute_name(ms_recompute r);      /* "none", "full", "selective" */
+const char *ms_precision_name(ms_precision p);      /* "fp32", "bf16" */
+const char *ms_schedule_name(ms_schedule s);        /* "1f1b", "gpipe", "interleaved", "zb-h1" */
 
+/* --- the settings: one table -----------------------------------------------------------------
+ * Every setting of a strategy is one row of MS_STRATEGY_SETTINGS. The row declares the struct
+ * field, and the table built from it (ms_settings) drives everything else: the defaults, the
+ * comparison, the name, the short JSON and its parser, the command-line flags of train, eval
+ * and explain (the field with '_' as '-': micro_batches is --micro-batches) and the planner's
+ * --evaluate keys (the field). Adding a setting is one row here plus what it does.
+ *
+ *   X(field, kind, default, lo, hi, words, name_fmt, name_words, flags, what, help)
+ *
+ *   field       the member, and the setting's one name (JSON key, flag, --evaluate key)
+ *   kind        DEGREE (a mesh degree; a file may put it under "mesh"), INT, BOOL, ENUM (an
+ *               index into words), MIB (a size in MiB), LAYERS (layer counts, one per stage)
+ *   lo, hi      the accepted range (ENUM: indices)
+ *   name_fmt    the setting's part of ms_strategy_name, printed over the value when it is not
+ *               the default (ENUM: over name_words, or words when NULL; BOOL: as it is)
+ *   flags       MS_SET_NAME_ALWAYS, MS_SET_JSON_ALWAYS: shown even at the default;
+ *               MS_SET_BOOL_WORDS: an ENUM that also takes true / false (words[1] / words[0])
+ *   what        what a value is, for messages ("a ZeRO stage")
+ *   help        the command-line flag's one line of help
+ */
+#define MS_SET_NAME_ALWAYS 1u
+#define MS_SET_JSON_ALWAYS 2u
+#define MS_SET_BOOL_WORDS  4u
+
+#define MS_STRATEGY_SETTINGS(X)                                                                    \
+    X(dp, DEGREE, 1, 1, MS_STRATEGY_MAX_DEGREE, NULL, "dp%d", NULL,                                \
+      MS_SET_NAME_ALWAYS | MS_SET_JSON_ALWAYS, "a degree", "data-parallel ranks (default 1)")      \
+    X(tp, DEGREE, 1, 1, MS_STRATEGY_MAX_DEGREE, NULL, " x tp%d", NULL,                             \
+      MS_SET_NAME_ALWAYS | MS_SET_JSON_ALWAYS, "a degree", "tensor-parallel ranks (default 1)")    \
+    X(sp, BOOL, 0, 0, 1, NULL, " +sp", NULL, MS_SET_JSON_ALWAYS, "a switch",                       \
+      "sequence parallelism in the tensor-parallel group")                                         \
+    X(cp, DEGREE, 1, 1, MS_STRATEGY_MAX_DEGREE, NULL, " x cp%d", NULL, 0, "a degree",              \
+      "context-parallel ranks (default 1)")                                                        \
+    X(pp, DEGREE, 1, 1, MS_STRATEGY_MAX_DEGREE, NULL, " x pp%d", NULL, 0, "a degree",              \
+      "pipeline stages (default 1; explain draws the schedule)")                                   \
+    X(zero, INT, 0, 0, 3, NULL, " zero%d", NULL, 0, "a ZeRO stage",                                \
+      "ZeRO stage over dp: 1 shards the optimizer state, 2 also the gradients, 3 also the "        \
+      "parameters (default 0)")                                                                    \
+    X(recompute, ENUM, MS_RECOMPUTE_NONE, 0, MS_RECOMPUTE_COUNT - 1, ms_recompute_names, " %s",    \
+      ms_recompute_name_parts, MS_SET_BOOL_WORDS, "a recompute mode",                              \
+      "activation recompute: full re-runs each layer's forward in backward, selective "            \
+      "attention's core only (default none)")                                                      \
+    X(precision, ENUM, MS_PRECISION_FP32, 0, MS_PRECISION_COUNT - 1, ms_precision_names, " %s",    \
+      NULL, 0, "a precision",                                                                      \
+      "bf16: bf16 activations, weights and gradients (collectives move half the bytes), fp32 "     \
+      "master weights and optimizer state (default fp32)")                                         \
+    X(micro_batches, INT, 1, 1, 1 << 24, NULL, " m%d", NULL, 0, "a micro-batch count",             \
+      "micro-batches per step; they divide each dp rank's batch (default 1)")                      \
+    X(micro_batch, INT, 0, 1, 1 << 24, NULL, " mb%d", NULL, 0, "sequences per micro-batch",        \
+      "sequences per micro-batch on one dp rank; alone, the count follows from the batch")         \
+    X(schedule, ENUM, MS_SCHEDULE_1F1B, 0, MS_SCHEDULE_COUNT - 1, ms_schedule_names, " %s", NULL,  \
+      0, "a pipeline schedule", "pipeline schedule (default 1f1b)")                                \
+    X(virtual_stages, INT, 1, 1, 255, NULL, " v%d", NULL, 0, "model chunks per pipeline rank",     \
+      "model chunks per pipeline rank, for the interleaved schedule (default 1)")                  \
+    X(pp_layers, LAYERS, 0, 1, 65535, NULL, " layers=%s", NULL, 0, "layer counts",                 \
+      "layers per pipeline stage, one count per stage (default: balanced by cost)")                \
+    X(bucket_mb, MIB, 0, 0, 1 << 20, NULL, " bucket%gMB", NULL, 0, "a bucket size",                \
+      "all-reduce gradients in buckets of this many MiB, issued during backward; 0: one per "      \
+      "gradient at the end (default: 25 on a CUDA device when gradients are reduced over dp or "   \
+      "cp, else 0)")                                                                               \
+    X(head_replicated, BOOL, 0, 0, 1, NULL, " head-replicated", NULL, 0, "a switch",               \
+      "keep the word embedding and the head whole on every tp rank instead of sharding their "     \
+      "vocabulary over tp; needs tp 2 or more")                                                    \
+    X(offload, BOOL, 0, 0, 1, NULL, " offload", NULL, 0, "a switch",                               \
+      "ZeRO-Offload: fp32 master weights and Adam moments in host memory (pinned beside a GPU), "  \
+      "AdamW on the host's cores; the gradients go to the host during backward, the host AdamW "   \
+      "overlaps the next step's forward (without clipping: the backward)")
+
+/* The C type of each kind (LAYERS: an array of MS_STRATEGY_MAX_STAGES). */
+#define MS_SET_CTYPE_DEGREE int32_t
+#define MS_SET_CTYPE_INT    int32_t
+#define MS_SET_CTYPE_BOOL   bool
+#define MS_SET_CTYPE_ENUM   uint8_t
+#define MS_SET_CTYPE_MIB    float
+#define MS_SET_CTYPE_LAYERS uint16_t
+#define MS_SET_DIMS_DEGREE
+#define MS_SET_DIMS_INT
+#define MS_SET_DIMS_BOOL
+#define MS_SET_DIMS_ENUM
+#define MS_SET_DIMS_MIB
+#define MS_SET_DIMS_LAYERS [MS_STRATEGY_MAX_STAGES]
+
+#define MS_SET_FIELD(field, kind, ...) MS_SET_CTYPE_##kind field MS_SET_DIMS_##kind;
 typedef struct ms_strategy {
-    int32_t dp, tp, pp, cp; /* mesh degrees, each >= 1; cp > 1 adds the engine's third dim */
-    int32_t zero;           /* ZeRO stage 0-3 over the dp group (cp ranks keep whole copies) */
-    int32_t micro_batches;  /* micro-batches per step; 0: global batch / (dp x micro_batch) */
-    int32_t micro_batch;    /* sequences per micro-batch on one dp rank; 0: from micro_batches */
-    int32_t virtual_stages; /* model chunks per pipeline rank (interleaved schedule); 1: none */
-    float bucket_mb;        /* gradient all-reduce bucket in MiB; 0: one per gradient */
-    uint8_t recompute;      /* ms_recompute */
-    uint8_t precision;      /* ms_precision */
-    uint8_t schedule;       /* ms_schedule */
-    bool sp;                /* sequence parallelism over the tp group */
-    bool vocab_replicated;  /* the tied embedding / LM head replicated over tp (default: sharded) */
-    bool offload; /* ZeRO-Offload: fp32 master weights and Adam moments in host memory, AdamW
-                   * on the host's cores (engine/train/offload.h) */
-    uint16_t pp_layers[MS_STRATEGY_MAX_STAGES]; /* layers per stage; all 0: balanced by cost */
+    MS_STRATEGY_SETTINGS(MS_SET_FIELD)
 } ms_strategy;
+#undef MS_SET_FIELD
+
+#define MS_SET_ID(field, ...) MS_SET_##field,
+typedef enum ms_setting_id { MS_STRATEGY_SETTINGS(MS_SET_ID) MS_SET_COUNT } ms_setting_id;
+#undef MS_SET_ID
+_Static_assert(MS_SET_COUNT <= 32, "a setting mask is 32 bits");
+
+typedef enum ms_setting_kind {
+    MS_SET_KIND_DEGREE,
+    MS_SET_KIND_INT,
+    MS_SET_KIND_BOOL,
+    MS_SET_KIND_ENUM,
+    MS_SET_KIND_MIB,
+    MS_SET_KIND_LAYERS,
+} ms_setting_kind;
+
+/* One row of the table, as data. */
+typedef struct ms_setting {
+    const char *name; /* the field's name: JSON key and --evaluate key */
+    ms_setting_kind kind;
+    size_t offset; /* of the field in ms_strategy */
+    double dflt, lo, hi;
+    const char *const *words; /* ENUM: the accepted words, index order */
+    const char *name_fmt;
+    const char *const *name_words; /* ENUM: the words name_fmt prints; NULL: words */
+    unsigned flags;
+    const char *what, *help;
+} ms_setting;
+
+extern const ms_setting ms_settings[MS_SET_COUNT];
+
+/* The setting called `name` (exact), or NULL. */
+const ms_setting *ms_setting_find(const char *name);
+/* The setting's command-line flag without the dashes: its name with '_' as '-'. */
+const char *ms_setting_flag(const ms_setting *st, char *buf, size_t n);
+/* The argument st's flag shows in --help (buf holds an ENUM's words; NULL for a BOOL). */
+const char *ms_setting_metavar(const ms_setting *st, char *buf, size_t n);
+/* Sets st in s from text: a number, a word (ENUM), true / false / on / off / 1 / 0 (BOOL; NULL
+ * means true), or counts separated by ',' or ':' (LAYERS). On bad text writes what was expected
+ * to msg ("an integer in 0..3") and returns false, s untouched. */
+bool ms_setting_set_text(ms_strategy *s, const ms_setting *st, const char *text, char *msg,
+                         size_t cap);
+/* Whether a and b agree on st. */
+bool ms_setting_equal(const ms_strategy *a, const ms_strategy *b, const ms_setting *st);
+/* Copies st's value from src to dst. */
+void ms_setting_copy(ms_strategy *dst, const ms_strategy *src, const ms_setting *st);
+/* After some settings were given (bit MS_SET_x of `given`): a micro-batch size given without a
+ * count leaves the count to follow from the batch (micro_batches 0). */
+void ms_strategy_settle(ms_strategy *s, uint32_t given);
 
 /* Checks the mesh degrees of a run (flags, strategy files, live switches): each at least 1,
  * their product at most MS_MESH_MAX_RANKS (computed without overflow) and, when world > 0,
@@ -108,18 +231,15 @@ bool ms_strategy_micro(const ms_strategy *s, int batch, int *size, int *count);
 /* Same strategy: every knob equal (pp_layers compared over all stages). */
 bool ms_strategy_equal(const ms_strategy *a, const ms_strategy *b);
 
-/* The name: "dp2 x tp2 +sp" for a plain dp/tp/cp/sp strategy (the text logs, tests and the
- * dashboard show), "dp2 x tp2 +sp x cp2"; then every other non-default knob in a fixed order,
- * space separated: " x pp4", " zero1", " recompute" / " selective-recompute", " bf16",
- * " m8" (micro-batches), " mb2" (micro-batch size), " gpipe" / " interleaved" / " zb-h1",
- * " v2" (virtual stages), " layers=7,7,5,5", " bucket25MB", " head-replicated", " offload". Writes
- * at most n bytes (MS_STRATEGY_NAME_MAX always suffices) and returns buf. */
+/* The name: each setting's name_fmt in table order, where it is not at its default (dp and tp
+ * always): "dp2 x tp2 +sp x cp2 x pp4 zero1 recompute bf16 m8 interleaved v2 bucket25MB
+ * head-replicated offload". micro_batches is shown where it is not 1, or explicitly 1 beside a
+ * size. Writes at most n bytes (MS_STRATEGY_NAME_MAX always suffices) and returns buf. */
 char *ms_strategy_name(const ms_strategy *s, char *buf, size_t n);
 
-/* The control API's short form: {"dp": 2, "tp": 2, "sp": false}, "cp" and "pp" when > 1, then
- * every non-default knob ("zero", "recompute", "precision", "micro_batches", "micro_batch",
- * "schedule", "virtual_stages", "pp_layers", "bucket_mb", "vocab_parallel", "offload"). Parsing it
- * gives back an equal strategy. MS_STRATEGY_JSON_MAX bytes always suffice; returns buf. */
+/* The control API's short form: {"dp": 2, "tp": 2, "sp": false}, then every setting not at its
+ * default, in table order, under its own name. Parsing it gives back an equal strategy.
+ * MS_STRATEGY_JSON_MAX bytes always suffice; returns buf. */
 char *ms_strategy_short_json(const ms_strategy *s, char *buf, size_t n);
 
 /* --- placement rules: explicit annotations from a strategy file ------------------------------ */
@@ -142,11 +262,10 @@ typedef struct ms_placement_rules {
  *   short  {"dp": 2, "tp": 2, "sp": false, "zero": 1, ...}           (degrees at the top)
  *   file   {"mesh": {"dp": 2, "tp": 2, "pp": 1, "cp": 1}, "sp": false, ...,
  *           "placements": {"h.*.mlp.c_fc.weight": "[R, S(1)]", ...}}
- * Knobs: sp (bool), zero (0-3), recompute ("none", "full", "selective"; true / false mean full
- * / none), precision ("fp32", "bf16"), micro_batches (>= 1), micro_batch (>= 1; alone it sets
- * the size and the count follows from the batch), schedule ("1f1b", "gpipe", "interleaved",
- * "zb-h1"), virtual_stages (>= 1), pp_layers (one positive count per stage), bucket_mb (> 0),
- * vocab_parallel (bool), offload (bool). Unset knobs take their defaults.
+ * Settings: every row of MS_STRATEGY_SETTINGS under its name, in its range; recompute also
+ * takes true / false (full / none); a micro_batch alone sets the size and the count follows
+ * from the batch. Unset settings take their defaults. The former key "vocab_parallel" is
+ * refused naming its replacement, "head_replicated" (of the opposite sense).
  * Refused, each naming `name` and the JSON path: malformed JSON, text after the value, a
  * duplicate key, an unknown key (with the closest known one), a wrong type or value, degrees
  * outside 1..65536 or multiplying past MS_STRATEGY_MAX_RANKS, degrees both in "mesh" and at

@@ -1012,7 +1012,7 @@ void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_worklo
     ms_plan_family_of(&pb->model, s->tp, pb->seq, &z.f);
     z.rc = s->recompute == MS_RECOMPUTE_FULL;
     z.sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
-    z.vp = z.t > 1 && !s->vocab_replicated;
+    z.vp = z.t > 1 && !s->head_replicated;
     micro(pb, s, &z.mb, &z.n_micro);
     const ms_model_config *c = &pb->model;
     z.h = c->n_embd, z.V = c->vocab_size, z.S = pb->seq;

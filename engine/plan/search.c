@@ -10,17 +10,53 @@
 #include "engine/core/xalloc.h"
 
 void ms_plan_fixed_none(ms_plan_fixed *f) {
-    *f = (ms_plan_fixed){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    ms_strategy_defaults(&f->s);
+    f->mask = 0;
 }
 
-static bool parse_bool(const char *v, int *out) {
-    if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "yes"))
-        *out = 1;
-    else if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "no"))
-        *out = 0;
-    else
-        return false;
-    return true;
+/* The fixed value of an integer setting, or -1 when it is searched. */
+static int fixed_int(const ms_plan_fixed *f, ms_setting_id id) {
+    if (!ms_plan_fixed_has(f, id)) return -1;
+    switch (id) {
+        case MS_SET_dp:
+            return f->s.dp;
+        case MS_SET_tp:
+            return f->s.tp;
+        case MS_SET_pp:
+            return f->s.pp;
+        case MS_SET_cp:
+            return f->s.cp;
+        case MS_SET_sp:
+            return f->s.sp;
+        case MS_SET_offload:
+            return f->s.offload;
+        case MS_SET_recompute:
+            return f->s.recompute;
+        case MS_SET_bucket_mb:
+            return (int)f->s.bucket_mb;
+        default:
+            return -1;
+    }
+}
+
+/* The --evaluate key closest to `key`, for a suggestion: a former key's new name, else the
+ * setting sharing the longest prefix. */
+static const char *closest_setting(const char *key) {
+    static const char *const renamed[][2] = {{"vp", "head_replicated (of the opposite sense)"},
+                                             {"mb", "micro_batch"},
+                                             {"micro", "micro_batches"},
+                                             {"bucket", "bucket_mb"}};
+    for (size_t i = 0; i < sizeof renamed / sizeof *renamed; i++)
+        if (!strcmp(key, renamed[i][0])) return renamed[i][1];
+    const char *best = ms_settings[0].name;
+    size_t best_common = 0;
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        const char *n = ms_settings[i].name;
+        size_t c = 0;
+        while (n[c] && key[c] == n[c]) c++;
+        if (c > best_common) best_common = c, best = n;
+    }
+    return best;
 }
 
 ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err) {
@@ -37,70 +73,56 @@ ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err)
         *eq = '\0';
         const char *k = tok, *v = eq + 1;
         for (char *p = tok; *p; p++) *p = (char)tolower((unsigned char)*p);
-        struct {
-            const char *key;
-            int *slot;
-            bool boolean;
-            int lo, hi;
-        } keys[] = {{"dp", &f->dp, false, 1, 1 << 20},
-                    {"tp", &f->tp, false, 1, 4096},
-                    {"pp", &f->pp, false, 1, 4096},
-                    {"cp", &f->cp, false, 1, 4096},
-                    {"sp", &f->sp, true, 0, 1},
-                    {"zero", &f->zero, false, 0, 3},
-                    {"recompute", &f->recompute, true, 0, 1},
-                    {"mb", &f->micro_batch, false, 1, 1 << 24},
-                    {"micro", &f->n_micro, false, 1, 1 << 24},
-                    {"vp", &f->vocab_parallel, true, 0, 1},
-                    {"offload", &f->offload, true, 0, 1},
-                    {"bucket", &f->bucket_mb, false, 0, 1 << 16}};
-        int hit = -1;
-        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-            if (!strcmp(k, keys[i].key)) hit = (int)i;
-        if (hit < 0)
+        const ms_setting *st = ms_setting_find(k);
+        if (!st) {
+            char list[512];
+            size_t n = 0;
+            for (int i = 0; i < MS_SET_COUNT && n < sizeof list; i++)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
+                                      ms_settings[i].name);
             return ms_fail(err, MS_ERR_INVALID,
-                           "--evaluate: unknown knob '%s'; valid: dp, tp, pp, cp, sp, zero, "
-                           "recompute, mb (micro-batch size), micro (micro-batch count), vp "
-                           "(vocab-parallel head), offload, bucket (gradient bucket MiB, 0: none)",
-                           k);
-        int val;
-        if (keys[hit].slot == &f->recompute && !strcmp(v, "selective")) {
-            val = 2; /* attention's core only; 1 (true) is full */
-        } else if (keys[hit].boolean) {
-            if (!parse_bool(v, &val))
-                return ms_fail(err, MS_ERR_INVALID,
-                               "--evaluate: %s=%s: expected 0 or 1 (true/false, on/off)%s", k, v,
-                               keys[hit].slot == &f->recompute ? " or selective" : "");
-        } else {
-            char *end;
-            long x = strtol(v, &end, 10);
-            if (!*v || *end || x < keys[hit].lo || x > keys[hit].hi)
-                return ms_fail(err, MS_ERR_INVALID,
-                               "--evaluate: %s=%s: expected an integer in [%d, %d]", k, v,
-                               keys[hit].lo, keys[hit].hi);
-            val = (int)x;
+                           "--evaluate: unknown setting '%s'; did you mean '%s'? (settings: %s)", k,
+                           closest_setting(k), list);
         }
-        *keys[hit].slot = val;
+        char why[256];
+        if (!ms_setting_set_text(&f->s, st, v, why, sizeof why))
+            return ms_fail(err, MS_ERR_INVALID, "--evaluate: %s=%s: expected %s", k, v, why);
+        f->mask |= 1u << (st - ms_settings);
     }
+    ms_strategy_settle(&f->s, f->mask);
     return MS_OK;
-}
-
-/* The --evaluate value of s's recompute mode: 0 none, 1 full, 2 selective. */
-static int recompute_knob(const ms_strategy *s) {
-    return s->recompute == MS_RECOMPUTE_SELECTIVE ? 2 : s->recompute == MS_RECOMPUTE_FULL;
 }
 
 bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int global_batch) {
     int mb = 0, m = 0;
     ms_strategy_micro(s, global_batch, &mb, &m);
-    return (f->dp < 0 || f->dp == s->dp) && (f->tp < 0 || f->tp == s->tp) &&
-           (f->pp < 0 || f->pp == s->pp) && (f->cp < 0 || f->cp == s->cp) &&
-           (f->sp < 0 || f->sp == (int)s->sp) && (f->zero < 0 || f->zero == s->zero) &&
-           (f->recompute < 0 || f->recompute == recompute_knob(s)) &&
-           (f->micro_batch < 0 || f->micro_batch == mb) && (f->n_micro < 0 || f->n_micro == m) &&
-           (f->vocab_parallel < 0 || f->vocab_parallel == (s->tp > 1 && !s->vocab_replicated)) &&
-           (f->offload < 0 || f->offload == (int)s->offload) &&
-           (f->bucket_mb < 0 || f->bucket_mb == (int)s->bucket_mb);
+    for (int i = 0; i < MS_SET_COUNT; i++) {
+        if (!ms_plan_fixed_has(f, (ms_setting_id)i)) continue;
+        switch ((ms_setting_id)i) {
+            case MS_SET_micro_batch:
+                if (f->s.micro_batch != mb) return false;
+                break;
+            case MS_SET_micro_batches:
+                if (f->s.micro_batches != m) return false;
+                break;
+            case MS_SET_head_replicated:
+                if (f->s.head_replicated != (s->tp > 1 && s->head_replicated)) return false;
+                break;
+            case MS_SET_bucket_mb:
+                if ((int)f->s.bucket_mb != (int)s->bucket_mb) return false;
+                break;
+            default:
+                if (!ms_setting_equal(&f->s, s, &ms_settings[i])) return false;
+        }
+    }
+    return true;
+}
+
+void ms_plan_fixed_apply(const ms_plan_fixed *f, ms_strategy *s) {
+    static const ms_setting_id applied[] = {MS_SET_schedule, MS_SET_virtual_stages,
+                                            MS_SET_pp_layers, MS_SET_precision};
+    for (size_t i = 0; i < sizeof applied / sizeof *applied; i++)
+        if (ms_plan_fixed_has(f, applied[i])) ms_setting_copy(s, &f->s, &ms_settings[applied[i]]);
 }
 
 /* Estimates s; when it does not fit the devices' memory and `may_offload`, estimates it again
@@ -233,7 +255,9 @@ static void diagnose(const ms_plan_problem *pb, const ms_plan_fixed *f, ms_error
     const ms_model_config *c = &pb->model;
     int D = pb->devices;
     long fixed = 1;
-    const int deg[4] = {f->dp, f->tp, f->pp, f->cp};
+    const int fdp = fixed_int(f, MS_SET_dp), ftp = fixed_int(f, MS_SET_tp),
+              fpp = fixed_int(f, MS_SET_pp), fcp = fixed_int(f, MS_SET_cp);
+    const int deg[4] = {fdp, ftp, fpp, fcp};
     for (int i = 0; i < 4; i++)
         if (deg[i] > 0) fixed *= deg[i];
     if (D % fixed)
@@ -241,20 +265,19 @@ static void diagnose(const ms_plan_problem *pb, const ms_plan_fixed *f, ms_error
                 "the fixed degrees multiply to %ld, which does not divide %d "
                 "devices",
                 fixed, D);
-    else if (f->tp > 0 && c->n_head % f->tp)
-        ms_fail(e, MS_ERR_INVALID, "tp %d does not divide the %d attention heads", f->tp,
+    else if (ftp > 0 && c->n_head % ftp)
+        ms_fail(e, MS_ERR_INVALID, "tp %d does not divide the %d attention heads", ftp, c->n_head);
+    else if (ftp > 0 && fcp > 0 && c->n_head % (ftp * fcp))
+        ms_fail(e, MS_ERR_INVALID, "tp x cp = %d does not divide the %d attention heads", ftp * fcp,
                 c->n_head);
-    else if (f->tp > 0 && f->cp > 0 && c->n_head % (f->tp * f->cp))
-        ms_fail(e, MS_ERR_INVALID, "tp x cp = %d does not divide the %d attention heads",
-                f->tp * f->cp, c->n_head);
-    else if (f->pp > 0 && c->n_layer % f->pp)
-        ms_fail(e, MS_ERR_INVALID, "pp %d does not divide the %d layers", f->pp, c->n_layer);
-    else if (f->cp > 0 && pb->seq % f->cp)
-        ms_fail(e, MS_ERR_INVALID, "cp %d does not divide the sequence %d", f->cp, pb->seq);
-    else if (f->dp > 0 && pb->global_batch % f->dp)
-        ms_fail(e, MS_ERR_INVALID, "dp %d does not divide the global batch %d", f->dp,
+    else if (fpp > 0 && c->n_layer % fpp)
+        ms_fail(e, MS_ERR_INVALID, "pp %d does not divide the %d layers", fpp, c->n_layer);
+    else if (fcp > 0 && pb->seq % fcp)
+        ms_fail(e, MS_ERR_INVALID, "cp %d does not divide the sequence %d", fcp, pb->seq);
+    else if (fdp > 0 && pb->global_batch % fdp)
+        ms_fail(e, MS_ERR_INVALID, "dp %d does not divide the global batch %d", fdp,
                 pb->global_batch);
-    else if (f->sp == 1 && f->tp == 1)
+    else if (fixed_int(f, MS_SET_sp) == 1 && ftp == 1)
         ms_fail(e, MS_ERR_INVALID, "sp needs tp 2 or more");
 }
 
@@ -304,24 +327,30 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
     ms_error first = {0};
     bool any_valid = false;
     for (int tp = 1; tp <= D && st == MS_OK; tp++) {
-        if (D % tp || c->n_head % tp || (f->tp >= 0 && f->tp != tp)) continue;
+        if (D % tp || c->n_head % tp ||
+            (fixed_int(f, MS_SET_tp) >= 0 && fixed_int(f, MS_SET_tp) != tp))
+            continue;
         for (int cp = 1; tp * cp <= D; cp++) {
             if ((D / tp) % cp || c->n_head % (tp * cp) || pb->seq % cp) continue;
-            if (f->cp >= 0 && f->cp != cp) continue;
+            if (fixed_int(f, MS_SET_cp) >= 0 && fixed_int(f, MS_SET_cp) != cp) continue;
             for (int pp = 1; tp * cp * pp <= D; pp++) {
-                if ((D / (tp * cp)) % pp || c->n_layer % pp || (f->pp >= 0 && f->pp != pp))
+                if ((D / (tp * cp)) % pp || c->n_layer % pp ||
+                    (fixed_int(f, MS_SET_pp) >= 0 && fixed_int(f, MS_SET_pp) != pp))
                     continue;
                 int dp = D / (tp * cp * pp);
-                if (B % dp || (f->dp >= 0 && f->dp != dp)) continue;
+                if (B % dp || (fixed_int(f, MS_SET_dp) >= 0 && fixed_int(f, MS_SET_dp) != dp))
+                    continue;
                 int per = B / dp;
                 /* gradient buckets: none, or on GPUs (where each NCCL call costs microseconds)
                  * PyTorch DDP's 25 MiB too where the engine buckets (over dp or cp, not both) */
-                int bks[2] = {f->bucket_mb > 0 ? f->bucket_mb : 0, 25};
-                int nbk = f->bucket_mb < 0 && !pb->cluster->cpu && (dp > 1) != (cp > 1) ? 2 : 1;
+                const int fbk = fixed_int(f, MS_SET_bucket_mb);
+                int bks[2] = {fbk > 0 ? fbk : 0, 25};
+                int nbk = fbk < 0 && !pb->cluster->cpu && (dp > 1) != (cp > 1) ? 2 : 1;
                 for (int sp = 0; sp <= (tp > 1); sp++)
                     for (int vp = tp > 1; vp >= 0; vp--)
                         for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
-                            for (int rc = 0; rc <= (f->recompute == 2 ? 2 : 1); rc++)
+                            for (int rc = 0; rc <= (fixed_int(f, MS_SET_recompute) == 2 ? 2 : 1);
+                                 rc++)
                                 for (int bk = 0; bk < nbk; bk++)
                                     for (int mb = 1; mb <= per; mb++) {
                                         if (per % mb) continue;
@@ -333,16 +362,17 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
                                                       : rc == 1 ? MS_RECOMPUTE_FULL
                                                                 : MS_RECOMPUTE_NONE;
                                         s.micro_batches = per / mb;
-                                        s.vocab_replicated = tp > 1 && !vp;
+                                        s.head_replicated = tp > 1 && !vp;
                                         s.precision = precision;
-                                        s.offload = f->offload == 1;
+                                        s.offload = fixed_int(f, MS_SET_offload) == 1;
+                                        ms_plan_fixed_apply(f, &s);
                                         s.bucket_mb = (float)bks[bk];
                                         if (!ms_plan_fixed_match(f, &s, B)) continue;
                                         if (exe_only && !ms_plan_executable(pb, &s, NULL, 0))
                                             continue;
                                         ms_error e2 = {0};
-                                        ms_status s2 =
-                                            estimate_or_offload(pb, &s, f->offload < 0, sc, e, &e2);
+                                        ms_status s2 = estimate_or_offload(
+                                            pb, &s, fixed_int(f, MS_SET_offload) < 0, sc, e, &e2);
                                         if (s2 != MS_OK) {
                                             if (!first.msg[0]) first = e2;
                                             if (s2 != MS_ERR_INVALID) {

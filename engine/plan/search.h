@@ -7,7 +7,7 @@
  * offload (ZeRO-Offload) where a strategy does not fit the device without it, or when fixed
  * (1F1B, no buckets, no uneven stages: those are priced when given). Each point is priced by
  * the cost model (plan/cost.h); strategies whose memory exceeds the device's are pruned;
- * the rest are ranked by predicted step time. Knobs can be fixed (`--evaluate "tp=8,pp=2"`),
+ * the rest are ranked by predicted step time. Settings can be fixed (`--evaluate "tp=8,pp=2"`),
  * and the search covers the others.
  */
 #ifndef MS_PLAN_SEARCH_H
@@ -15,20 +15,29 @@
 
 #include "engine/plan/cost.h"
 
-/* Fixed knobs; -1 = searched. */
+/* Fixed settings: their values in s, bit MS_SET_x of mask for each fixed one; the search
+ * covers the others. Settings the search does not enumerate (schedule, virtual_stages,
+ * pp_layers, precision) are applied to every candidate when fixed. */
 typedef struct ms_plan_fixed {
-    int dp, tp, pp, cp, sp, zero, recompute, micro_batch, n_micro, vocab_parallel, offload;
-    int bucket_mb; /* gradient buckets in MiB, 0 none; -1 any (GPU clusters try 0 and 25) */
+    ms_strategy s;
+    uint32_t mask;
 } ms_plan_fixed;
 
 void ms_plan_fixed_none(ms_plan_fixed *f);
-/* Parses "tp=8,pp=2,dp=32": keys dp, tp, pp, cp, sp, zero, recompute, mb (micro-batch size),
- * micro (micro-batch count), vp (vocab-parallel head), offload, bucket (MiB); booleans as
- * 0/1/true/false/on/off; recompute also "selective" (2; 1 is full; the search tries selective only
- * when fixed to it). Errors name the key and list the valid ones. */
+/* Whether setting id is fixed. */
+static inline bool ms_plan_fixed_has(const ms_plan_fixed *f, ms_setting_id id) {
+    return f->mask >> id & 1;
+}
+/* Parses "tp=8,pp=2,dp=32": each key a setting's name (MS_STRATEGY_SETTINGS), each value as
+ * the setting's flag takes it (booleans as 0/1/true/false/on/off, recompute as none / full /
+ * selective or a boolean, pp_layers as counts joined by ':'). Errors name the key, the value and
+ * what it takes, or for an unknown key the closest setting and the list. */
 ms_status ms_plan_fixed_parse(const char *text, ms_plan_fixed *f, ms_error *err);
-/* Whether s agrees with every fixed knob (micro-batch size and count for this global batch). */
+/* Whether s agrees with every fixed setting (micro-batch size and count for this global batch;
+ * head_replicated only where tp > 1 can replicate it). */
 bool ms_plan_fixed_match(const ms_plan_fixed *f, const ms_strategy *s, int global_batch);
+/* Copies the fixed settings the search does not enumerate into s. */
+void ms_plan_fixed_apply(const ms_plan_fixed *f, ms_strategy *s);
 
 typedef struct ms_plan_result {
     ms_plan_estimate *cands; /* best first: fitting by step time, then (only if none fits) the

@@ -137,11 +137,10 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
     if (!(s->bucket_mb >= 0) || !isfinite(s->bucket_mb))
         return ms_fail(err, MS_ERR_INVALID, "bucket_mb %g: give a size in MiB > 0 (0: none)",
                        (double)s->bucket_mb);
-    if (s->vocab_replicated && s->tp < 2)
+    if (s->head_replicated && s->tp < 2)
         return ms_fail(err, MS_ERR_INVALID,
-                       "a replicated head (--replicated-head, \"vocab_parallel\": false) needs "
-                       "tp 2 or more; "
-                       "without tp the head is whole anyway");
+                       "a replicated head (--head-replicated, \"head_replicated\": true) needs "
+                       "tp 2 or more; without tp the head is whole anyway");
     return MS_OK;
 }
 

@@ -24,7 +24,7 @@ topo=${MS_NETNS_TOPOLOGY:-/tmp/meshscope-netns/topology.json}
 [ -f "$topo" ] || { echo "placements.sh: no $topo (run netns.sh up, then measure.sh)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-strategy="dp=2,tp=2,sp=0,zero=0,vp=1,recompute=0,micro=1"
+strategy="dp=2,tp=2,sp=0,zero=0,head_replicated=0,recompute=0,micro_batches=1"
 train=(train --model "$src/configs/gpt-tiny.json" --data "$data" --dp 2 --tp 2 --backend mpi
        --steps 12 --batch 8 --seq 64 --log-every 1)
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
