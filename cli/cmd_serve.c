@@ -23,25 +23,6 @@
 
 #include "cli/options.h"
 
-/* "dp2 x tp2" from the trace's mesh-dim groups (names other than "world"), in order of
- * first appearance; "trace" when there are none. */
-static void strategy_text(const ms_trace *t, char *out, size_t cap) {
-    char names[8][16];
-    int n = 0;
-    out[0] = '\0';
-    for (int i = 0; i < t->n_groups; i++) {
-        const ms_group *g = &t->groups[i];
-        if (!strcmp(g->name, "world") || g->size < 1) continue;
-        bool seen = false;
-        for (int k = 0; k < n; k++) seen |= !strcmp(names[k], g->name);
-        if (seen || n == 8) continue;
-        snprintf(names[n++], sizeof names[0], "%s", g->name);
-        size_t len = strlen(out);
-        snprintf(out + len, cap - len, "%s%s%d", n > 1 ? " x " : "", g->name, (int)g->size);
-    }
-    if (!n) snprintf(out, cap, "trace");
-}
-
 static volatile sig_atomic_t g_stop;
 
 static void on_signal(int sig) {
@@ -99,7 +80,7 @@ int ms_cmd_serve(int argc, char **argv) {
         return 1;
     }
     char strategy[64];
-    strategy_text(&t, strategy, sizeof strategy);
+    ms_trace_strategy_text(&t, strategy, sizeof strategy);
 
     /* Analyse every step of the file at once. */
     int64_t window = hi >= 0 && lo <= hi ? hi - lo + 1 : 1;

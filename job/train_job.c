@@ -291,6 +291,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     ms_text_data data = {0};
     FILE *log = NULL;
     tracer tr = {0};
+    ms_comm *control_comm = NULL; /* the live job's own channel, whether or not it traces */
     live_job own = {0}, *job = ta->job;
     bool live_on = live_job_wanted(o);
     bool quiet = o->tui; /* the TUI owns the terminal */
@@ -302,6 +303,9 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         MS_CHECK_GOTO(live_job_open(&own, o, ta->plan, err), st, out);
         job = &own;
     }
+    if (live_on)
+        MS_CHECK_GOTO(ms_comm_split(ctx->world, 0, ctx->rank, "control", &control_comm, err), st,
+                      out);
     if (o->trace || live_on) {
         MS_CHECK_GOTO(tracer_start(ctx, &tr, err), st, out);
         tr.keep = o->trace != NULL;
@@ -341,7 +345,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     for (int step = (int)first_step; step < o->steps; step++) {
         if (live_on) {
             control c;
-            MS_CHECK_GOTO(live_job_control(job, tr.comm, step, &c, err), st, out);
+            MS_CHECK_GOTO(live_job_control(job, control_comm, step, &c, err), st, out);
             st = live_job_apply(jl, ctx, t, &c, step, quiet, err);
             control_kind kind = c.kind;
             control_free(&c);
@@ -425,6 +429,7 @@ out:
     if (job && job->live && tr.gpu_rec && o->backend == MS_BACKEND_THREADS)
         ms_live_detach_recorder(job->live, tr.gpu_rec);
     tracer_free(ctx, &tr);
+    ms_comm_destroy(control_comm);
     if (own.live) {
         live_job_finish(&own);
         live_job_close(&own);

@@ -860,6 +860,27 @@ static void hardening_trace_strings_escaped(void **state) {
 
 /* A crafted trace with negative FLOPs and bytes: they read as unknown, never as negative
  * work in `trace summary`'s totals. */
+/* The strategy a trace names comes from its degree groups only: a one-rank group of an
+ * unnamed mesh dim ("d0") and "world" once leaked in ("d01 x dp2 x tp2"). */
+static void strategy_text_from_groups(void **state) {
+    (void)state;
+    ms_group groups[] = {
+        {.id = 0, .name = "world", .size = 4}, {.id = 1, .name = "d0", .size = 1},
+        {.id = 2, .name = "tp", .size = 2},    {.id = 3, .name = "dp", .size = 2},
+        {.id = 4, .name = "tp", .size = 2},    {.id = 5, .name = "dpx", .size = 3}};
+    ms_trace t = {.groups = groups, .n_groups = 6};
+    char text[64];
+    ms_trace_strategy_text(&t, text, sizeof text);
+    assert_string_equal(text, "dp2 x tp2");
+    t.n_groups = 2;
+    ms_trace_strategy_text(&t, text, sizeof text);
+    assert_string_equal(text, "trace");
+    ms_group cp[] = {{.id = 1, .name = "cp", .size = 4}, {.id = 2, .name = "dp", .size = 1}};
+    t = (ms_trace){.groups = cp, .n_groups = 2};
+    ms_trace_strategy_text(&t, text, sizeof text);
+    assert_string_equal(text, "dp1 x cp4");
+}
+
 static void hardening_negative_counts(void **state) {
     (void)state;
     char path[128];
@@ -1394,6 +1415,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(failed_write_keeps_old),
     cmocka_unit_test(cli),
     cmocka_unit_test(export_million),
+    cmocka_unit_test(strategy_text_from_groups),
     cmocka_unit_test(hardening_negative_counts),
     cmocka_unit_test(hardening_trace_strings_escaped),
 };

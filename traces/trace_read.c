@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "engine/comm/comm.h"
+#include "engine/model/strategy.h"
 #include "traces/trace_json.h"
 #include "traces/trace_write.h"
 
@@ -641,4 +642,24 @@ void ms_trace_free(ms_trace *t) {
     free(t->events);
     free(t->groups);
     memset(t, 0, sizeof *t);
+}
+
+void ms_trace_strategy_text(const ms_trace *t, char *out, size_t cap) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 0; k < MS_SET_COUNT && len + 1 < cap; k++) {
+        const ms_setting *st = &ms_settings[k];
+        if (st->kind != MS_SET_KIND_DEGREE) continue;
+        for (int i = 0; i < t->n_groups; i++) {
+            const ms_group *g = &t->groups[i];
+            if (g->size < 1 || strncmp(g->name, st->name, sizeof g->name) ||
+                strlen(st->name) >= sizeof g->name)
+                continue;
+            int w =
+                snprintf(out + len, cap - len, "%s%s%d", len ? " x " : "", st->name, (int)g->size);
+            if (w > 0) len += (size_t)w < cap - len ? (size_t)w : cap - len - 1;
+            break;
+        }
+    }
+    if (!len) snprintf(out, cap, "trace");
 }

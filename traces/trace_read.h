@@ -55,6 +55,12 @@ ms_status ms_trace_read_mem(const void *data, size_t len, const char *name, ms_t
                             ms_error *err);
 void ms_trace_free(ms_trace *t);
 
+/* The strategy a trace ran, as far as its groups tell: its mesh degrees (the groups named as a
+ * strategy's degree settings, dp, tp, cp, pp, in that order, each once), "dp2 x tp2"; other
+ * groups ("world", an unnamed dim "d0", point-to-point pairs) are not strategy dims. "trace"
+ * when it has none. */
+void ms_trace_strategy_text(const ms_trace *t, char *out, size_t cap);
+
 /* ms_coll_kind for a collective name, ours ("all_reduce") or PyTorch's ("allreduce",
  * "_allgather_base", "reduce_scatter_tensor", ...); -1 if unknown. */
 int ms_trace_coll_parse(const char *name);

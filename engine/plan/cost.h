@@ -30,8 +30,9 @@
  *                modelled
  *
  * Two workload sources, one pricing:
- *   engine     strategies this engine runs (any pp and micro-batches, ZeRO 0-3, no recompute,
- *              fp32, on thread ranks): the engine's own program is compiled (no communicators:
+ *   engine     every strategy this engine executes (ms_plan_executable: any pp and
+ *              micro-batches, ZeRO 0-3, recompute, fp32 or bf16, offload), on a model small
+ *              enough to compile here: the engine's own program is compiled (no communicators:
  *              the rank at mesh coordinate 0, over cp the last), every kernel is costed with
  *              its op's cost function, the same one the profiler reports, and every reshard
  *              with the reshard planner's plan; memory is the program's arena, parameters and
