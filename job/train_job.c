@@ -271,18 +271,7 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
     return MS_OK;
 }
 
-/* A fault for tests: MS_TEST_STALL=RANK:STEP[:SECONDS] makes that rank stop answering before
- * STEP (it sleeps SECONDS, by default 2 s past the communicator timeout), as a hung thread
- * rank would, so that the others' timeout, flight recorder dumps and diagnosis, and the
- * process's exit without the sleeper, can be checked on the threads backend. */
-static void test_stall(const ms_ctx *ctx, int step, int timeout_s) {
-    const char *spec = getenv("MS_TEST_STALL");
-    int rank, at, seconds = (timeout_s > 0 ? timeout_s : 60) + 2;
-    if (!spec || sscanf(spec, "%d:%d:%d", &rank, &at, &seconds) < 2 || rank != ctx->rank ||
-        at != step)
-        return;
-    sleep((unsigned)(seconds > 0 ? seconds : 0));
-}
+train_step_hook train_job_step_hook;
 
 static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const train_args *ta = arg;
@@ -362,7 +351,7 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
             ctx->trace.recorder = step >= o->trace_from || live_on ? tr.rec : NULL;
             ms_recorder_set_step(tr.rec, step);
         }
-        test_stall(ctx, step, o->timeout_s);
+        if (train_job_step_hook) train_job_step_hook(ctx, step, o->timeout_s);
         ms_step_result r;
         st = ms_trainer_step(t, &r, err);
         if (st == MS_ERR_DIVERGED && jl && jl->live) ms_live_set_event(jl->live, "%s", err->msg);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A thread rank that stops answering (MS_TEST_STALL=RANK:STEP[:SECONDS] makes it sleep) must end
+# A thread rank that stops answering (MS_TEST_STALL=RANK:STEP[:SECONDS] makes it sleep, in the
+# test build of the binary, meshscope-faults: tests/fault_hooks.c) must end
 # a threads-backend job: train tp 4 with a short communicator timeout, twice.
 #  - woken: the rank sleeps 2 s past the timeout; the job exits non-zero once it wakes.
 #  - stuck: the rank sleeps far longer than the test; the process must exit non-zero within
