@@ -171,7 +171,7 @@ static int explain_pipeline(const run_opts *o, const job_plan *plan) {
     printf("  layers per model chunk:");
     for (int k = 0; k < chunks; k++) {
         int lo, hi;
-        ms_stages_chunk_layers(&plan->cfg, s, k, &lo, &hi);
+        ms_pp_chunk_layers(&plan->cfg, s, k, &lo, &hi);
         printf(" %d", hi - lo);
     }
     if (s->pp_layers[0])

@@ -16,7 +16,7 @@
 
 #include "engine/kernels/blas.h"
 #include "engine/kernels/kernels.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 enum { N = 192 }; /* large enough that any OpenBLAS kernel splits it across a wider pool */
 

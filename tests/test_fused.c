@@ -21,7 +21,7 @@
 #include "engine/core/philox.h"
 #include "engine/dist/reshard.h"
 #include "engine/kernels/fused.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 #include "engine/model/gpt.h"
 #include "tests/testkit.h"
 

@@ -22,7 +22,7 @@
 #include "engine/core/philox.h"
 #include "engine/dist/reshard.h"
 #include "engine/graph/graph.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 #include "engine/ops/op.h"
 #include "tests/testkit.h"
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/core/philox.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 #include "engine/optim/optim.h"
 #include "tests/testkit.h"
 
@@ -198,7 +198,7 @@ static void lr_schedule(void **state) {
     assert_non_null(strstr(err.msg, "0 <= lr_min <= lr_max"));
 }
 
-/* --- the rank's threads (kernels/parallel.h) ------------------------------------------- */
+/* --- the rank's threads (core/parallel.h) ------------------------------------------- */
 
 /* The fused clip + AdamW pass equals scaling the gradient and then stepping (bit for bit),
  * on 1 and 3 threads; the gradient norm is the same number on any thread count. */

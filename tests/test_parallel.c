@@ -1,4 +1,4 @@
-/* test_parallel.c - the rank's worker pool (kernels/parallel.h): every index visited once
+/* test_parallel.c - the rank's worker pool (core/parallel.h): every index visited once
  * whatever the split, and the kernels that use it give the same bytes on 3 threads as on
  * one. No BLAS here, so the whole test runs under TSan (OpenBLAS's own threads are not
  * instrumented). */
@@ -7,7 +7,7 @@
 
 #include "engine/core/philox.h"
 #include "engine/kernels/kernels.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 #include "tests/testkit.h"
 
 static void count_range(void *arg, int64_t lo, int64_t hi) {

@@ -207,7 +207,7 @@ static void gpt_pp3_balanced_w3(void **state) {
     ms_error err = {0};
     assert_int_equal(ms_strategy_init(&s, 1, 1, 1, false, &err), MS_OK);
     s.pp = 3;
-    ms_stages_chunk_layers(&cfg, &s, 2, &lo, &hi);
+    ms_pp_chunk_layers(&cfg, &s, 2, &lo, &hi);
     assert_int_equal(hi - lo, 1);
     check(false, "{\"pp\": 3, \"micro_batches\": 4}", 3);
 }

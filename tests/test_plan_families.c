@@ -313,7 +313,7 @@ static double chunk_matmul_flops(const ms_model_config *cfg, const ms_strategy *
                                  int T) {
     ms_model m;
     ms_error err = {0};
-    if (ms_stages_chunk_model(cfg, s, B, T, k, &m, &err) != MS_OK) fail_msg("%s", err.msg);
+    if (ms_pp_chunk_model(cfg, s, B, T, k, &m, &err) != MS_OK) fail_msg("%s", err.msg);
     ms_strategy one;
     ms_strategy_defaults(&one);
     ms_sharding sh = {.s = &one};
@@ -350,7 +350,7 @@ static void balancer_prices_bert_head(void **state) {
     s.pp = 2;
     ms_pp_costs c = ms_pp_model_costs(&bert, T);
     int lo[2], hi[2];
-    for (int k = 0; k < 2; k++) ms_stages_chunk_layers(&bert, &s, k, &lo[k], &hi[k]);
+    for (int k = 0; k < 2; k++) ms_pp_chunk_layers(&bert, &s, k, &lo[k], &hi[k]);
     double priced[2] = {(hi[0] - lo[0]) * c.layer + c.first, (hi[1] - lo[1]) * c.layer + c.last};
     for (int k = 0; k < 2; k++) {
         double engine = chunk_matmul_flops(&bert, &s, k, B, T);

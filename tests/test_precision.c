@@ -194,7 +194,7 @@ static size_t shapes_staging(const ms_model_config *cfg, ms_device_kind like) {
     s.precision = MS_PRECISION_BF16;
     ms_model m;
     ms_error err = {0};
-    if (ms_stages_chunk_model(cfg, &s, 8, 128, 0, &m, &err) != MS_OK) fail_msg("%s", err.msg);
+    if (ms_pp_chunk_model(cfg, &s, 8, 128, 0, &m, &err) != MS_OK) fail_msg("%s", err.msg);
     ms_sharding sh = {.s = &s};
     ms_mesh mesh;
     if (ms_strategy_mesh(&s, &mesh, &err) != MS_OK) fail_msg("%s", err.msg);

@@ -272,7 +272,7 @@ static void collectives_by_stage(void **state) {
         ms_model md = {0};
         ms_program *p = NULL;
         assert_int_equal(ms_strategy_mesh(&s, &mesh, &err), MS_OK);
-        assert_int_equal(ms_stages_chunk_model(&cfg, &s, 8, 8, 0, &md, &err), MS_OK);
+        assert_int_equal(ms_pp_chunk_model(&cfg, &s, 8, 8, 0, &md, &err), MS_OK);
         ms_sharding sh = {.s = &s};
         ms_compile_opts co = {.shard = ms_strategy_shard,
                               .shard_user = &sh,

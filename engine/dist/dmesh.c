@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
 #include "profiler/record/hooks.h"
 
 /* An id of this host, the same for every process on it (its name hashed, FNV-1a). */
@@ -57,6 +58,10 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
         return st;
     }
     dm->ctx = ctx;
+    if (!ctx->plans) { /* the rank's reshard plans: the first mesh makes the cache */
+        ctx->plans = ms_plan_cache_create();
+        ctx->plans_free = ms_plan_cache_destroy;
+    }
     dm->index = ms_mesh_index_of(mesh, ctx->rank);
     if (dm->index >= 0) ms_mesh_coords(mesh, ctx->rank, dm->coords);
     for (int d = 0; d < mesh->ndim; d++) {

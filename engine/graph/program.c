@@ -33,7 +33,7 @@
 #include "engine/graph/grad_buckets.h"
 #include "engine/graph/graph_impl.h"
 #include "engine/graph/program.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 #include "engine/ops/select.h"
 #include "profiler/record/recorder.h"
 
@@ -1530,7 +1530,7 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow, ui
     ms_recorder_push(p->ctx->trace.recorder, &e);
 }
 
-/* Zeroing on the rank's threads (kernels/parallel.h) on the host, by the device elsewhere. */
+/* Zeroing on the rank's threads (core/parallel.h) on the host, by the device elsewhere. */
 static void zero_range(void *arg, int64_t lo, int64_t hi) {
     memset((float *)arg + lo, 0, sizeof(float) * (size_t)(hi - lo));
 }

@@ -1,7 +1,7 @@
 /* blas.c - every OpenBLAS call of meshscope, and the process's BLAS thread policy (blas.h). */
 #include "engine/kernels/blas.h"
 #include "engine/kernels/kernels.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 #include <cblas.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/kernels/kernels.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 static inline uint16_t round_bf16(float f) {
     uint32_t u;

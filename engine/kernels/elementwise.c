@@ -1,17 +1,17 @@
 /* elementwise.c - add, mul, scale, bias add and GELU, forward and backward.
  *
  * Plain loops over contiguous memory that the compiler vectorises; nothing here is worth BLAS.
- * The long ones are split across the rank's threads (kernels/parallel.h).
+ * The long ones are split across the rank's threads (core/parallel.h).
  */
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/fastmath.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-/* Long streaming loops are split across the rank's threads (kernels/parallel.h) in chunks of
+/* Long streaming loops are split across the rank's threads (core/parallel.h) in chunks of
  * at least GRAIN elements; shorter ones run inline. */
 #define GRAIN (1 << 14)
 

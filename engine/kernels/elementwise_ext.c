@@ -11,9 +11,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
-/* Forward loops longer than this are split across the rank's threads (kernels/parallel.h). */
+/* Forward loops longer than this are split across the rank's threads (core/parallel.h). */
 #define GRAIN (1 << 14)
 
 #define SELU_ALPHA       1.67326324235437728f

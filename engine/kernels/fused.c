@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "engine/kernels/fastmath.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 /* Rows per thread chunk: at least this many elements, as the streaming kernels split. */
 #define GRAIN (1 << 14)

@@ -17,7 +17,7 @@
  *     use the cores it was given: ms_k_blas_set_threads sizes OpenBLAS's pool (a process-wide
  *     setting, cores / ranks) and the same number of threads for the long streaming loops
  *     (GELU, adds, bias, LayerNorm forward, the optimizer), through each rank's own pool of
- *     sleeping workers (kernels/parallel.h). With one thread per rank everything runs inline.
+ *     sleeping workers (core/parallel.h). With one thread per rank everything runs inline.
  *   - Backward kernels ACCUMULATE (+=) into every gradient buffer, as in llm.c, because a tensor
  *     used twice (a residual) must receive the sum of its gradients; the caller zeroes gradients
  *     once per step. Exceptions say so: matmul and the copy kernels take an `accumulate` flag

@@ -6,7 +6,7 @@
  */
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/fastmath.h"
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 #include <math.h>
 

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 ms_status ms_sgd_step(float *p, const float *g, float *buf, size_t n, const ms_sgd_opts *o,
                       ms_error *err) {

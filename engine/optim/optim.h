@@ -45,7 +45,7 @@ ms_status ms_adamw_step(float *p, const float *g, float *m, float *v, size_t n,
                         const ms_adamw_opts *o, int64_t t, ms_error *err);
 /* The same with g replaced by grad_scale * g (the clipping factor), in the same pass: one
  * streaming pass over 4 arrays instead of a scale pass and an update pass. g is not
- * modified. Uses the rank's threads (kernels/parallel.h). */
+ * modified. Uses the rank's threads (core/parallel.h). */
 ms_status ms_adamw_step_scaled(float *p, const float *g, float *m, float *v, size_t n,
                                const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err);
 

@@ -81,7 +81,7 @@ static void micro(const ms_plan_problem *pb, const ms_strategy *s, int *size, in
 static int memo_stage_layers(ms_plan_memo *memo, const ms_model_config *c, int p, int v);
 
 /* Layers on the busiest pipeline stage, the stages split as the engine splits them
- * (ms_stages_chunk_layers: pp_layers, else pp x virtual_stages chunks balanced by cost at the
+ * (ms_pp_chunk_layers: pp_layers, else pp x virtual_stages chunks balanced by cost at the
  * model's context length), balanced once per model and split (memo) rather than per chunk. */
 static int stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
     int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1, most = 0;

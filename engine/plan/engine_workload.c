@@ -25,7 +25,7 @@
 #include "engine/model/strategy.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/plan/workload.h"
-#include "engine/train/stages.h"
+#include "engine/pipeline/chunks.h"
 
 static int64_t numel(const ms_shape *s) {
     int64_t n = 1;
@@ -223,7 +223,7 @@ static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
         int layers = 0;
         for (int c = 0; c < v; c++) {
             int lo, hi;
-            ms_stages_chunk_layers(cfg, s, c * p + q, &lo, &hi);
+            ms_pp_chunk_layers(cfg, s, c * p + q, &lo, &hi);
             layers += hi - lo;
         }
         if (layers >= most) most = layers, best = q;
@@ -244,7 +244,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     ms_model model = {0};
     ms_program *prog = NULL;
     ms_status st;
-    MS_CHECK_GOTO(ms_stages_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
+    MS_CHECK_GOTO(ms_pp_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
     int m = 0, size = 0;
     ms_strategy_micro(s, pb->global_batch, &size, &m);
     ms_sharding sh = {.s = s, .kv_heads = pb->model.n_kv_head};
@@ -336,7 +336,7 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     w->layers_per_stage = 0;
     for (int c = 0; c < v && st == MS_OK; c++) {
         int lo, hi;
-        ms_stages_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
+        ms_pp_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
         w->layers_per_stage += hi - lo;
         st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, held, w, stats, state, &arena,
                        &scratch, &staging, &persist, &boundary, err);

@@ -13,7 +13,6 @@
 #include "engine/comm/comm_threads.h"
 #include "engine/comm/flight.h"
 #include "engine/core/xalloc.h"
-#include "engine/dist/reshard.h"
 #include "profiler/record/hooks.h"
 
 const char *ms_backend_name(ms_backend_kind b) {
@@ -42,7 +41,6 @@ static ms_status ctx_init(ms_ctx *ctx, const ms_launch_opts *opts, ms_comm *worl
     /* Collectives on the device's memory stage through the host (comm.h); the dmesh's and
      * every other split of the world inherit it. */
     ms_comm_set_device(world, ctx->device);
-    ctx->plans = ms_plan_cache_create();
     return MS_OK;
 }
 
@@ -57,7 +55,7 @@ void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec) {
 static void ctx_fini(ms_ctx *ctx) {
     for (int i = 0; i < 4; i++) ms_device_free(ctx->device, ctx->ws[i], ctx->ws_cap[i]);
     ms_comm_probe_free(ctx->world_probe);
-    ms_plan_cache_destroy(ctx->plans);
+    if (ctx->plans_free) ctx->plans_free(ctx->plans);
     ms_comm_destroy(ctx->world);
     ms_device_destroy(ctx->device);
 }

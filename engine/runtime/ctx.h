@@ -36,7 +36,10 @@ typedef struct ms_ctx {
     ms_comm *world;    /* owned */
     ms_device *device; /* owned */
     uint64_t seed;
-    struct ms_plan_cache *plans;       /* owned: reshard plans, see dist/reshard.h */
+    /* owned: reshard plans (dist/reshard.h), made by the rank's first mesh (ms_dmesh_create),
+     * freed with plans_free; the runtime sits below dist and never looks inside */
+    struct ms_plan_cache *plans;
+    void (*plans_free)(struct ms_plan_cache *plans);
     ms_trace_state trace;              /* recorder (borrowed; NULL: tracing off), reshard id */
     struct ms_comm_probe *world_probe; /* owned: the world communicator's probe */
     float *ws[4]; /* owned, from `device`: reshard workspace (dist/reshard_exec.c) */

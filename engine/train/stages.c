@@ -9,7 +9,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/dist/dmesh.h"
 #include "engine/graph/program.h"
-#include "engine/pipeline/balance.h"
+#include "engine/pipeline/chunks.h"
 #include "engine/pipeline/schedule.h"
 #include "profiler/record/hooks.h"
 
@@ -88,48 +88,6 @@ struct ms_stages {
 
 static ms_status make_catalog(ms_stages *st, ms_error *err);
 
-void ms_stages_chunk_layers(const ms_model_config *cfg, const ms_strategy *s, int k, int *lo,
-                            int *hi) {
-    int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1;
-    int n = cfg->n_layer, chunks = p * v;
-    if (s->pp_layers[0] && v == 1) {
-        int at = 0;
-        for (int i = 0; i < k; i++) at += s->pp_layers[i];
-        *lo = at;
-        *hi = at + s->pp_layers[k];
-        return;
-    }
-    /* Balanced by cost at the model's context length, so a strategy's split does not depend
-     * on the job's sequence length. */
-    ms_pp_costs costs = ms_pp_model_costs(cfg, cfg->n_positions);
-    int *counts = xmalloc(sizeof *counts * (size_t)chunks);
-    ms_pp_balance_layers(n, chunks, &costs, counts);
-    *lo = 0;
-    for (int i = 0; i < k; i++) *lo += counts[i];
-    *hi = *lo + counts[k];
-    free(counts);
-}
-
-ms_status ms_stages_chunk_model(const ms_model_config *cfg, const ms_strategy *s, int rows, int seq,
-                                int k, ms_model *md, ms_error *err) {
-    int chunks = (s->pp > 1 ? s->pp : 1) * (s->virtual_stages > 1 ? s->virtual_stages : 1);
-    ms_model_chunk mc = {.first = k == 0, .last = k == chunks - 1};
-    ms_stages_chunk_layers(cfg, s, k, &mc.layer_lo, &mc.layer_hi);
-    MS_CHECK(ms_model_build_chunk(cfg, rows, seq, &mc, md, err));
-    int b = md->hidden_in >= 0 ? md->hidden_in : md->hidden_out;
-    if (b >= 0) {
-        /* the residual stream's placements: what crosses every chunk boundary */
-        int ndim = s->cp > 1 ? 3 : 2;
-        ms_sharding sh = {.s = s, .rules = NULL};
-        ms_placements pl = ms_placements_replicated(ndim);
-        if (!ms_strategy_shard(&sh, "embed", ms_graph_value_shape(md->g, b), ndim, &pl))
-            pl = ms_placements_replicated(ndim);
-        if (md->hidden_in >= 0) ms_graph_annotate(md->g, md->hidden_in, &pl);
-        if (md->hidden_out >= 0) ms_graph_annotate(md->g, md->hidden_out, &pl);
-    }
-    return MS_OK;
-}
-
 /* zb-h1 runs each backward in two passes (B: input gradients, W: the parameters'). */
 static bool s_zb(const ms_stages *st) {
     return st->p > 1 && st->strat.schedule == MS_SCHEDULE_ZB_H1;
@@ -137,7 +95,7 @@ static bool s_zb(const ms_stages *st) {
 
 /* Model chunk k's graph for this run. */
 static ms_status build_chunk(const ms_stages *st, int k, ms_model *md, ms_error *err) {
-    MS_CHECK(ms_stages_chunk_model(&st->cfg, &st->strat, st->rows_mb, st->o.seq, k, md, err));
+    MS_CHECK(ms_pp_chunk_model(&st->cfg, &st->strat, st->rows_mb, st->o.seq, k, md, err));
     if (st->o.keep_logits && md->logits >= 0) ms_graph_keep(md->g, md->logits);
     return MS_OK;
 }

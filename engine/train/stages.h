@@ -36,20 +36,10 @@
 #include "engine/model/config.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
+#include "engine/pipeline/chunks.h"
 #include "engine/runtime/ctx.h"
 
 typedef struct ms_stages ms_stages;
-
-/* Model chunk k's layers [*lo, *hi) under strategy s: pp_layers by hand, else pp x
- * virtual_stages chunks balanced by cost (engine/pipeline/balance.h: the head's chunk may hold
- * fewer layers). */
-void ms_stages_chunk_layers(const ms_model_config *cfg, const ms_strategy *s, int k, int *lo,
-                            int *hi);
-/* Model chunk k's graph for `rows` sequences of `seq` tokens, its boundary values (the
- * residual stream) annotated with the stream placements that every stage shares. Pure: the
- * planner compiles it from shapes. */
-ms_status ms_stages_chunk_model(const ms_model_config *cfg, const ms_strategy *s, int rows, int seq,
-                                int k, ms_model *md, ms_error *err);
 
 typedef struct ms_stages_opts {
     int batch, seq; /* global rows per step and tokens per row */

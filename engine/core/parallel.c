@@ -5,7 +5,7 @@
  * the job. Each worker decrements `pending` (release) when its chunk is done; the caller
  * waits for zero (acquire), so the workers' writes are visible when ms_parallel_for returns.
  * Futexes only put threads to sleep and wake them; every decision is made on the atomics. */
-#include "engine/kernels/parallel.h"
+#include "engine/core/parallel.h"
 
 #include <linux/futex.h>
 #include <pthread.h>
