@@ -10,6 +10,7 @@
 #include "profiler/gpu_attribute.h"
 #include "profiler/record/clock.h"
 #include "profiler/record/gather.h"
+#include "profiler/record/hooks.h"
 #include "traces/trace_write.h"
 
 #define TRACE_RING       (1u << 16)
@@ -91,7 +92,7 @@ ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
     int64_t unc;
     MS_CHECK(ms_clock_align(t->comm, 8, &t->clock_offset, &unc, err));
     MS_CHECK(ms_recorder_create(ctx->rank, TRACE_RING, &t->rec, err));
-    ms_ctx_set_recorder(ctx, t->rec);
+    ms_record_into(ctx, t->rec);
     gpu_start(ctx, t);
     return MS_OK;
 }
@@ -159,7 +160,7 @@ ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, 
 void tracer_free(ms_ctx *ctx, tracer *t) {
     if (t->gpu_rec) gpu_stop(ctx, t);
     ms_recorder_destroy(t->gpu_rec);
-    if (t->rec) ms_ctx_set_recorder(ctx, NULL);
+    if (t->rec) ms_record_into(ctx, NULL);
     ms_recorder_destroy(t->rec);
     ms_comm_destroy(t->comm);
     free(t->all);

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "engine/core/status.h"
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 
 #define MS_AN_MAX_RANKS  256
 #define MS_AN_MAX_DIMS   6

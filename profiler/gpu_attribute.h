@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 
 /* Rewrites rank and step of every GPU activity event in ev[0..n) (ms_ev_op.gpu != NONE);
  * engine events are left alone. O(n log n); allocates scratch (on failure it leaves ev as it

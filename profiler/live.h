@@ -32,7 +32,7 @@
 
 #include "engine/core/status.h"
 #include "profiler/analysis.h"
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 #include "profiler/record/recorder.h"
 
 #define MS_LIVE_MAX_SUGGESTIONS 8

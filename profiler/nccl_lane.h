@@ -54,7 +54,7 @@
 #include <stdint.h>
 
 #include "profiler/nccl_profiler.h"
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 #include "profiler/record/recorder.h"
 
 #define MS_NCCL_PLUGIN_FILE "libnccl-profiler-meshscope.so"

@@ -48,7 +48,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 
 /* --- meshscope's side ---------------------------------------------------------------- */
 

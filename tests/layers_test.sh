@@ -39,6 +39,10 @@ expect_violation "old include root" engine/graph/program.c '#include "core/statu
   'does not resolve from the include root'
 expect_violation "unowned folder" engine/newlayer/x.c '/* empty */' \
   'engine/newlayer/x.c: no layer owns this folder'
+# The engine emits through its own sink (engine/core/trace_sink.h), never the profiler's files.
+expect_violation "engine includes the recorder" engine/graph/program.c \
+  '#include "profiler/record/recorder.h"' \
+  "layer 'engine.graph' includes \"profiler/record/recorder.h\" of layer 'record'"
 # The engine's sub-layers: the three cycles they once had each fail now.
 expect_violation "optim <-> kernels cycle" engine/optim/optim.c '#include "engine/kernels/kernels.h"' \
   "layer 'engine.optim' includes \"engine/kernels/kernels.h\" of layer 'engine.kernels'"

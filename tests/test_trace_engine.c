@@ -107,7 +107,7 @@ static void body(mt_rank *r, void *arg) {
     ms_error err = {0};
     ms_recorder *rec;
     if (!MT_OK(r, ms_recorder_create(ctx->rank, CAP, &rec, &err), &err)) return;
-    ms_ctx_set_recorder(ctx, rec);
+    ms_record_into(ctx, rec);
     ms_strategy s;
     ms_strategy_init(&s, 2, 2, 1, false, &err);
     ms_mesh mesh;
@@ -243,7 +243,7 @@ static void body(mt_rank *r, void *arg) {
     ms_model_free(&m);
     ms_dmesh_destroy(dm);
     ms_mesh_free(&mesh);
-    ms_ctx_set_recorder(ctx, NULL);
+    ms_record_into(ctx, NULL);
     ms_recorder_destroy(rec);
 }
 
@@ -283,7 +283,7 @@ static void pipe_body(mt_rank *r, void *arg) {
     const int world = ctx->world_size, R = world / 2;
     ms_recorder *rec;
     if (!MT_OK(r, ms_recorder_create(ctx->rank, CAP, &rec, &err), &err)) return;
-    ms_ctx_set_recorder(ctx, rec);
+    ms_record_into(ctx, rec);
     char json[128];
     snprintf(json, sizeof json, "{\"pp\": 2, \"dp\": %d, \"micro_batches\": %d}", R, PM);
     ms_strategy s;
@@ -312,7 +312,7 @@ static void pipe_body(mt_rank *r, void *arg) {
     ms_trainer *tr = NULL;
     if (!MT_OK(r, ms_trainer_create(ctx, &cfg, &s, &rules, &o, &d, &tr, &err), &err)) {
         ms_text_data_close(&d);
-        ms_ctx_set_recorder(ctx, NULL);
+        ms_record_into(ctx, NULL);
         ms_recorder_destroy(rec);
         return;
     }
@@ -451,7 +451,7 @@ static void pipe_body(mt_rank *r, void *arg) {
     ms_comm_destroy(gc);
     ms_trainer_destroy(tr);
     ms_text_data_close(&d);
-    ms_ctx_set_recorder(ctx, NULL);
+    ms_record_into(ctx, NULL);
     ms_recorder_destroy(rec);
 }
 

@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "engine/core/status.h"
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 
 /* A trace as read. Owns its arrays; free with ms_trace_free (also safe after a failure). */
 typedef struct ms_trace {

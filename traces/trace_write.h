@@ -50,7 +50,7 @@
 #include <stdint.h>
 
 #include "engine/core/status.h"
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 
 /* One accelerator as Kineto's deviceProperties lists it. */
 typedef struct ms_trace_device {

@@ -7,7 +7,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/dist/reshard.h"
-#include "profiler/record/hooks.h"
+#include "engine/core/trace_sink.h"
 
 /* An id of this host, the same for every process on it (its name hashed, FNV-1a). */
 static uint32_t host_id(void) {
@@ -80,7 +80,7 @@ ms_status ms_dmesh_create(ms_ctx *ctx, const ms_mesh *mesh, ms_dmesh **out, ms_e
             ms_dmesh_destroy(dm);
             return st;
         }
-        dm->probe[d] = ms_comm_probe_attach(&ctx->trace, dm->dim_comm[d], d);
+        dm->probe[d] = ms_trace_probe(&ctx->trace, dm->dim_comm[d], d);
     }
     *out = dm;
     return MS_OK;
@@ -103,7 +103,7 @@ void ms_dmesh_destroy(ms_dmesh *dm) {
     if (!dm) return;
     for (int d = 0; d < MS_MESH_MAX_DIMS; d++) {
         ms_comm_destroy(dm->dim_comm[d]);
-        ms_comm_probe_free(dm->probe[d]);
+        ms_trace_probe_free(&dm->ctx->trace, dm->probe[d]);
     }
     ms_mesh_free(&dm->mesh);
     free(dm);

@@ -35,7 +35,7 @@
 #include "engine/graph/program.h"
 #include "engine/core/parallel.h"
 #include "engine/ops/select.h"
-#include "profiler/record/recorder.h"
+#include "engine/core/trace_sink.h"
 
 #include "engine/graph/program_impl.h"
 
@@ -1527,7 +1527,7 @@ static void record(ms_program *p, const instr *in, int64_t t0, uint64_t flow, ui
         e.u.reshard.flow = flow;
         if (in->plan) e.u.reshard.nsteps = in->plan->nsteps;
     }
-    ms_recorder_push(p->ctx->trace.recorder, &e);
+    ms_trace_emit(&p->ctx->trace, &e);
 }
 
 /* Zeroing on the rank's threads (core/parallel.h) on the host, by the device elsewhere. */
@@ -1723,7 +1723,7 @@ static ms_status run(ms_program *p, int from, int upto, float *loss, ms_error *e
     if (!p->member) return MS_OK;
     MS_CHECK(check_runnable(p, err));
     MS_CHECK(refresh_use_copies(p, from, err));
-    ms_recorder *rec = p->ctx->trace.recorder;
+    const bool rec = ms_trace_on(&p->ctx->trace);
     for (int k = from; k < upto; k++) {
         instr *in = &p->ins[k];
         ms_status st = MS_OK;

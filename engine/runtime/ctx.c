@@ -13,7 +13,6 @@
 #include "engine/comm/comm_threads.h"
 #include "engine/comm/flight.h"
 #include "engine/core/xalloc.h"
-#include "profiler/record/hooks.h"
 
 const char *ms_backend_name(ms_backend_kind b) {
     return b == MS_BACKEND_MPI ? "mpi" : "threads";
@@ -44,17 +43,18 @@ static ms_status ctx_init(ms_ctx *ctx, const ms_launch_opts *opts, ms_comm *worl
     return MS_OK;
 }
 
-void ms_ctx_set_recorder(ms_ctx *ctx, struct ms_recorder *rec) {
+void ms_ctx_set_sink(ms_ctx *ctx, void *recorder, const ms_trace_sink_ops *ops) {
     ms_comm_set_observer(ctx->world, NULL, NULL);
-    ms_comm_probe_free(ctx->world_probe);
+    ms_trace_probe_free(&ctx->trace, ctx->world_probe);
     ctx->world_probe = NULL;
-    ctx->trace.recorder = rec;
-    ctx->world_probe = ms_comm_probe_attach(&ctx->trace, ctx->world, -1);
+    ctx->trace.recorder = recorder;
+    if (ops) ctx->trace.ops = ops;
+    ctx->world_probe = ms_trace_probe(&ctx->trace, ctx->world, -1);
 }
 
 static void ctx_fini(ms_ctx *ctx) {
     for (int i = 0; i < 4; i++) ms_device_free(ctx->device, ctx->ws[i], ctx->ws_cap[i]);
-    ms_comm_probe_free(ctx->world_probe);
+    ms_trace_probe_free(&ctx->trace, ctx->world_probe);
     if (ctx->plans_free) ctx->plans_free(ctx->plans);
     ms_comm_destroy(ctx->world);
     ms_device_destroy(ctx->device);

@@ -14,7 +14,7 @@
 #include "engine/comm/comm.h"
 #include "engine/core/device.h"
 #include "engine/core/status.h"
-#include "profiler/record/hooks.h"
+#include "engine/core/trace_sink.h"
 
 typedef enum ms_backend_kind {
     MS_BACKEND_THREADS,
@@ -40,7 +40,7 @@ typedef struct ms_ctx {
      * freed with plans_free; the runtime sits below dist and never looks inside */
     struct ms_plan_cache *plans;
     void (*plans_free)(struct ms_plan_cache *plans);
-    ms_trace_state trace;              /* recorder (borrowed; NULL: tracing off), reshard id */
+    ms_trace_state trace;              /* the sink (borrowed; recorder NULL: tracing off) */
     struct ms_comm_probe *world_probe; /* owned: the world communicator's probe */
     float *ws[4]; /* owned, from `device`: reshard workspace (dist/reshard_exec.c) */
     size_t ws_cap[4];
@@ -69,9 +69,10 @@ typedef struct ms_launch_opts {
 /* A rank's entry point. Return MS_OK or a failure with err filled. */
 typedef ms_status (*ms_rank_fn)(ms_ctx *ctx, void *arg, ms_error *err);
 
-/* Starts recording this rank into rec (borrowed; NULL stops): probes the world
- * communicator; meshes bound afterwards probe their per-dim communicators. */
-void ms_ctx_set_recorder(ms_ctx *ctx, ms_recorder *rec);
+/* Starts handing this rank's events to recorder through ops (both borrowed; NULL stops):
+ * probes the world communicator; meshes bound afterwards probe their per-dim communicators.
+ * The recorder's side calls it (profiler/record/hooks.h: ms_record_into). */
+void ms_ctx_set_sink(ms_ctx *ctx, void *recorder, const ms_trace_sink_ops *ops);
 
 /* Runs fn once per rank: on `nranks` threads (threads backend) or once in this process
  * (mpi backend; MPI must have been initialised with ms_mpi_init). Returns MS_OK if every

@@ -8,7 +8,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/kernels/backend.h"
-#include "profiler/record/hooks.h"
+#include "engine/core/trace_sink.h"
 
 /* A piece of work for the worker: parameter i's gradient to the host, its AdamW, or both. */
 typedef struct job {

@@ -11,7 +11,7 @@
 #include "engine/graph/program.h"
 #include "engine/pipeline/chunks.h"
 #include "engine/pipeline/schedule.h"
-#include "profiler/record/hooks.h"
+#include "engine/core/trace_sink.h"
 
 #define MAX_CHUNKS 64
 
@@ -248,7 +248,7 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
             ms_comm_split(ctx->world, ends ? st->index : -1, st->stage, "embedding", &st->tie, err);
         /* Probed like every mesh dim, so the embedding's all-reduce between the first and the
          * last stage is in the trace and the heatmap. */
-        if (rc == MS_OK && st->tie) st->tie_probe = ms_comm_probe_attach(&ctx->trace, st->tie, -1);
+        if (rc == MS_OK && st->tie) st->tie_probe = ms_trace_probe(&ctx->trace, st->tie, -1);
     }
     if (rc == MS_OK)
         rc = ms_pp_schedule((ms_schedule)s->schedule, st->p, st->m, st->v, st->stage, &st->acts,
@@ -289,7 +289,7 @@ void ms_stages_destroy(ms_stages *st) {
         ms_device_free(st->ctx->device, st->pool[i], st->pool_bytes);
     if (st->pass_scratch) ms_device_free(st->ctx->device, st->pass_scratch, st->pass_scratch_bytes);
     free(st->pool), free(st->pool_free);
-    ms_comm_probe_free(st->tie_probe);
+    ms_trace_probe_free(&st->ctx->trace, st->tie_probe);
     for (int q = 0; st->dm && q < st->p; q++) ms_dmesh_destroy(st->dm[q]);
     free(st->dm);
     ms_mesh_free(&st->mesh);

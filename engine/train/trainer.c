@@ -14,7 +14,7 @@
 #include "engine/plan/validate.h"
 #include "engine/train/offload.h"
 #include "engine/train/stages.h"
-#include "profiler/record/hooks.h"
+#include "engine/core/trace_sink.h"
 
 /* The model compiled for one strategy on this rank (its pipeline chunks, or the whole model):
  * what a switch replaces whole. */

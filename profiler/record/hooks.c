@@ -93,7 +93,7 @@ static void observe(void *user, const ms_comm_event *ev) {
     }
 }
 
-ms_comm_probe *ms_comm_probe_attach(ms_trace_state *ts, ms_comm *c, int mesh_dim) {
+ms_comm_probe *ms_comm_probe_attach(const ms_trace_state *ts, ms_comm *c, int mesh_dim) {
     if (!ts->recorder || !c) return NULL;
     ms_comm_probe *p = xcalloc(1, sizeof *p);
     p->ts = ts;
@@ -112,39 +112,13 @@ void ms_comm_probe_free(ms_comm_probe *p) {
     free(p);
 }
 
-void ms_record_memory(const ms_trace_state *ts, const ms_device *dev, const ms_ev_mem *split) {
-    if (!ts->recorder) return;
-    ms_event e = {.kind = MS_EV_MEM, .phase = MS_PHASE_OTHER};
-    e.t0_ns = e.t1_ns = ms_now_ns();
-    if (split) e.u.mem = *split;
-    e.u.mem.in_use = atomic_load(&dev->in_use);
-    e.u.mem.peak = atomic_load(&dev->peak);
-    ms_recorder_push(ts->recorder, &e);
+static void emit(void *recorder, const ms_event *e) {
+    ms_recorder_push(recorder, e);
 }
 
-void ms_record_pipe(const ms_trace_state *ts, const ms_ev_pipe *pipe, int64_t t0) {
-    if (!ts->recorder) return;
-    ms_event e = {.kind = MS_EV_PIPE,
-                  .phase = pipe->action == MS_PIPE_F ? MS_PHASE_FORWARD : MS_PHASE_BACKWARD,
-                  .t0_ns = t0,
-                  .t1_ns = ms_now_ns(),
-                  .u.pipe = *pipe};
-    ms_recorder_push(ts->recorder, &e);
-}
+const ms_trace_sink_ops ms_recorder_sink = {
+    .emit = emit, .probe_attach = ms_comm_probe_attach, .probe_free = ms_comm_probe_free};
 
-void ms_record_optim(const ms_trace_state *ts, const char *name, const char *what, int64_t t0,
-                     int64_t t1, bool on_host) {
-    if (!ts->recorder) return;
-    ms_event e = {.kind = MS_EV_OPTIM, .phase = MS_PHASE_OTHER, .t0_ns = t0, .t1_ns = t1};
-    ms_ev_strcpy(e.u.op.name, sizeof e.u.op.name, NULL, name);
-    ms_ev_strcpy(e.u.op.opname, sizeof e.u.op.opname, NULL, what);
-    e.u.op.host_optim = on_host;
-    ms_recorder_push(ts->recorder, &e);
-}
-
-void ms_record_span(const ms_trace_state *ts, ms_ev_kind kind, int64_t t0) {
-    if (!ts->recorder) return;
-    ms_event e = {
-        .kind = (uint8_t)kind, .phase = MS_PHASE_OTHER, .t0_ns = t0, .t1_ns = ms_now_ns()};
-    ms_recorder_push(ts->recorder, &e);
+void ms_record_into(ms_ctx *ctx, ms_recorder *rec) {
+    ms_ctx_set_sink(ctx, rec, rec ? &ms_recorder_sink : NULL);
 }

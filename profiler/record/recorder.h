@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "engine/core/status.h"
-#include "profiler/record/event.h"
+#include "engine/core/event.h"
 
 typedef struct ms_recorder ms_recorder;
 

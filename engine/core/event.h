@@ -1,8 +1,9 @@
-/* event.h - what the tracing layer records: one fixed-size event format, the same in memory,
- * on the wire (MPI gather) and, field for field, in the trace file's args.
+/* event.h - what the engine emits while it runs: one fixed-size event format, the same in
+ * memory, on the wire (MPI gather) and, field for field, in the trace file's args.
  *
- * Events are written by the rank that owns the recorder (profiler/recorder.h) and read by
- * analysis (profiler/analysis.h) and the trace writer (traces/). Times are monotonic
+ * The engine hands events to its rank's sink (engine/core/trace_sink.h); the recorder behind
+ * it (profiler/record/recorder.h) keeps them, and analysis (profiler/analysis.h) and the trace
+ * writer (traces/) read them. Times are monotonic
  * nanoseconds (ms_now_ns); under MPI they are shifted to rank 0's clock when gathered.
  *
  * Strings are fixed-size, NUL-terminated and truncated: the hot path never allocates.
