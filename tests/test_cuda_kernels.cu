@@ -277,18 +277,10 @@ static void test_xent(void **state) {
     for (auto &x : t) x = (int32_t)(urand() * (double)v);
     t[1] = -1;
     t[2] = v0 + 7; /* a target inside the slice */
-    fvec loss(n), lse(n), dx = d0;
-    ms_k_xent_forward(loss.data(), lse.data(), logits.data(), t.data(), n, v);
-    ms_k_xent_backward(dx.data(), logits.data(), lse.data(), t.data(), dl.data(), n, v);
-    float *dlog = dev(logits), *ddl = dev(dl), *dloss = dev(fvec(n)), *dlse = dev(fvec(n)),
-          *ddx = dev(d0);
+    (void)d0; /* the engine's cross-entropy is the vocab-parallel pieces, on one rank too */
+    float *dlog = dev(logits), *ddl = dev(dl);
     int32_t *dt = dev(t);
     bool ok = true;
-    LAUNCH(ms_cu_xent_forward(dloss, dlse, dlog, dt, n, v, NULL, ERR));
-    ok &= close("xent loss", back(dloss, n), loss, 1e-4, 1e-6);
-    ok &= close("xent lse", back(dlse, n), lse, 1e-4, 0);
-    LAUNCH(ms_cu_xent_backward(ddx, dlog, dlse, dt, ddl, n, v, NULL, ERR));
-    ok &= close("xent backward", back(ddx, n * v), dx, 3e-8, 1e-5);
     /* One vocab slice: its partials against the CPU's pieces. */
     fvec sub(n * vl);
     for (int64_t r = 0; r < n; r++)

@@ -64,6 +64,7 @@
 #include <time.h>
 
 #include "engine/comm/comm_impl.h"
+#include "engine/core/cuda_check.h"
 #include "engine/core/xalloc.h"
 
 /* How long ms_comm_destroy lets NCCL finalise before it aborts the communicator instead.
@@ -152,7 +153,7 @@ static ms_status nccl_fail(nccl_ctx *c, ncclResult_t r, const char *what, ms_err
 }
 
 static ms_status cuda_fail(nccl_ctx *c, cudaError_t e, const char *what, ms_error *err) {
-    ms_status st = ms_fail(err, MS_ERR_COMM, "%s failed: %s", what, cudaGetErrorString(e));
+    ms_status st = ms_cuda_status_as(e, MS_ERR_COMM, what, err);
     if (c) abort_comm(c);
     return st;
 }

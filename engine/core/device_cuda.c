@@ -12,6 +12,7 @@
  * (created once, without timing); NCCL's stream waits for it with cudaStreamWaitEvent. Not yet
  * run on a GPU. */
 #include "engine/core/device.h"
+#include "engine/core/cuda_check.h"
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -32,12 +33,6 @@ typedef struct cuda_impl {
     cuda_mark *pool;    /* released marks, their events ready to record again */
 } cuda_impl;
 
-static ms_status cuda_status(cudaError_t e, const char *what, ms_error *err) {
-    if (e == cudaSuccess) return MS_OK;
-    return ms_fail(err, e == cudaErrorMemoryAllocation ? MS_ERR_NOMEM : MS_ERR_INTERNAL,
-                   "cuda: %s failed: %s", what, cudaGetErrorString(e));
-}
-
 /* The compute stream, made on first use; blocking, so ordered with the legacy default stream
  * both ways (see the top of the file). */
 static ms_status stream_of(ms_device *dev, cudaStream_t *out, ms_error *err) {
@@ -48,8 +43,8 @@ static ms_status stream_of(ms_device *dev, cudaStream_t *out, ms_error *err) {
     ms_status st = MS_OK;
     *out = atomic_load_explicit(&impl->stream, memory_order_relaxed);
     if (!*out) {
-        st = cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err);
-        if (st == MS_OK) st = cuda_status(cudaStreamCreate(out), "cudaStreamCreate", err);
+        st = ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err);
+        if (st == MS_OK) st = ms_cuda_status(cudaStreamCreate(out), "cudaStreamCreate", err);
         if (st == MS_OK) atomic_store_explicit(&impl->stream, *out, memory_order_release);
     }
     pthread_mutex_unlock(&impl->mu);
@@ -57,9 +52,9 @@ static ms_status stream_of(ms_device *dev, cudaStream_t *out, ms_error *err) {
 }
 
 static ms_status cuda_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
-    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    MS_CHECK(ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
     /* cudaMalloc returns at least 256-byte alignment, more than MS_TENSOR_ALIGN. */
-    return cuda_status(cudaMalloc(out, nbytes ? nbytes : 1), "cudaMalloc", err);
+    return ms_cuda_status(cudaMalloc(out, nbytes ? nbytes : 1), "cudaMalloc", err);
 }
 
 static void cuda_free(ms_device *dev, void *ptr) {
@@ -78,15 +73,16 @@ static ms_status cuda_copy(ms_device *dev, void *dst, const void *src, size_t nb
     };
     cudaStream_t s;
     MS_CHECK(stream_of(dev, &s, err));
-    MS_CHECK(cuda_status(cudaMemcpyAsync(dst, src, nbytes, kinds[dir], s), "cudaMemcpyAsync", err));
+    MS_CHECK(
+        ms_cuda_status(cudaMemcpyAsync(dst, src, nbytes, kinds[dir], s), "cudaMemcpyAsync", err));
     if (dir == MS_COPY_DEVICE_TO_DEVICE) return MS_OK;
-    return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", err);
+    return ms_cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", err);
 }
 
 static ms_status cuda_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
     cudaStream_t s;
     MS_CHECK(stream_of(dev, &s, err));
-    return cuda_status(cudaMemsetAsync(dst, 0, nbytes, s), "cudaMemsetAsync", err);
+    return ms_cuda_status(cudaMemsetAsync(dst, 0, nbytes, s), "cudaMemsetAsync", err);
 }
 
 typedef struct cuda_box {
@@ -97,7 +93,7 @@ typedef struct cuda_box {
 
 static ms_status cuda_run(size_t doff, size_t soff, size_t bytes, void *arg, ms_error *err) {
     cuda_box *b = arg;
-    return cuda_status(
+    return ms_cuda_status(
         cudaMemcpyAsync(b->dst + doff, b->src + soff, bytes, cudaMemcpyDeviceToDevice, b->stream),
         "cudaMemcpyAsync", err);
 }
@@ -143,8 +139,8 @@ static void cuda_destroy(ms_device *dev) {
 }
 
 static ms_status cuda_sync(ms_device *dev, ms_error *err) {
-    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
-    return cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize", err);
+    MS_CHECK(ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    return ms_cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize", err);
 }
 
 /* --- marks: pooled events on the compute stream ------------------------------------------ */
@@ -172,18 +168,18 @@ static ms_status cuda_mark_record(ms_device *dev, ms_device_mark **out, ms_error
     cuda_impl *impl = dev->impl;
     cudaStream_t s;
     MS_CHECK(stream_of(dev, &s, err));
-    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    MS_CHECK(ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
     cuda_mark *m = pool_pop(impl);
     if (!m) {
         m = xcalloc(1, sizeof *m);
-        ms_status st = cuda_status(cudaEventCreateWithFlags(&m->event, cudaEventDisableTiming),
-                                   "cudaEventCreateWithFlags", err);
+        ms_status st = ms_cuda_status(cudaEventCreateWithFlags(&m->event, cudaEventDisableTiming),
+                                      "cudaEventCreateWithFlags", err);
         if (st != MS_OK) {
             free(m);
             return st;
         }
     }
-    ms_status st = cuda_status(cudaEventRecord(m->event, s), "cudaEventRecord", err);
+    ms_status st = ms_cuda_status(cudaEventRecord(m->event, s), "cudaEventRecord", err);
     if (st != MS_OK) {
         cuda_mark_release(dev, (ms_device_mark *)m);
         return st;
@@ -196,8 +192,8 @@ static ms_status cuda_mark_wait(ms_device *dev, const ms_device_mark *mark, void
                                 ms_error *err) {
     (void)dev;
     const cuda_mark *m = (const cuda_mark *)mark;
-    return cuda_status(cudaStreamWaitEvent((cudaStream_t)stream, m->event, 0),
-                       "cudaStreamWaitEvent", err);
+    return ms_cuda_status(cudaStreamWaitEvent((cudaStream_t)stream, m->event, 0),
+                          "cudaStreamWaitEvent", err);
 }
 
 ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err) {
@@ -258,10 +254,10 @@ ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err) {
 /* --- pinned host memory (optimizer offload beside a GPU) ------------------------------------ */
 
 static ms_status pinned_alloc(ms_device *dev, size_t nbytes, void **out, ms_error *err) {
-    MS_CHECK(cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
+    MS_CHECK(ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
     /* page-aligned, more than MS_TENSOR_ALIGN */
-    return cuda_status(cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable),
-                       "cudaHostAlloc", err);
+    return ms_cuda_status(cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable),
+                          "cudaHostAlloc", err);
 }
 
 static void pinned_free(ms_device *dev, void *ptr) {

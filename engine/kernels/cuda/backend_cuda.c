@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
+#include "engine/core/cuda_check.h"
 #include "engine/core/xalloc.h"
 #include "engine/kernels/backend.h"
 #include "engine/kernels/cuda/cuda_kernels.h"
@@ -48,18 +49,13 @@ typedef struct cuda_kctx {
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
 #define STREAM(kc) ((void *)CU(kc)->stream)
 
-static ms_status cuda_failed(cudaError_t e, const char *what, ms_error *err) {
-    if (e == cudaSuccess) return MS_OK;
-    return ms_fail(err, MS_ERR_INTERNAL, "cuda: %s failed: %s", what, cudaGetErrorString(e));
-}
-
 ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
     cuda_kctx *x = xcalloc(1, sizeof *x);
     kc->impl = x;
     void *stream = NULL;
     ms_status st = ms_device_cuda_stream(kc->dev, &stream, err);
     x->stream = (cudaStream_t)stream;
-    if (st == MS_OK) st = cuda_failed(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
+    if (st == MS_OK) st = ms_cuda_status(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
     if (st == MS_OK) st = ms_cu_ctx_create(kc->dev->ordinal, x->stream, &x->cu, err);
     if (st != MS_OK) ms_kctx_cuda_fini(kc);
     return st;
@@ -83,7 +79,7 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
 }
 
 static ms_status c_sync(ms_kctx *kc, ms_error *err) {
-    return cuda_failed(cudaStreamSynchronize(CU(kc)->stream), "cudaStreamSynchronize", err);
+    return ms_cuda_status(cudaStreamSynchronize(CU(kc)->stream), "cudaStreamSynchronize", err);
 }
 
 /* Grows s to at least `bytes` (what: the cudaMalloc named in an error), after the stream
@@ -97,7 +93,7 @@ static ms_status scratch_room(ms_kctx *kc, dev_scratch *s, size_t bytes, const c
     }
     s->p = NULL;
     s->cap = 0;
-    MS_CHECK(cuda_failed(cudaMalloc(&s->p, bytes), what, err));
+    MS_CHECK(ms_cuda_status(cudaMalloc(&s->p, bytes), what, err));
     s->cap = bytes;
     return MS_OK;
 }
@@ -339,9 +335,10 @@ static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, cons
                                      const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
                                      bool causal, ms_error *err) {
     MS_CHECK(ms_cu_attention_forward(out, saved, qkv, mask, b, t, c, nh, causal, STREAM(kc), err));
-    return cuda_failed(cudaMemcpyAsync(saved + b * nh * t, out, sizeof(float) * (size_t)(b * t * c),
-                                       cudaMemcpyDeviceToDevice, CU(kc)->stream),
-                       "cudaMemcpyAsync (attention output)", err);
+    return ms_cuda_status(cudaMemcpyAsync(saved + b * nh * t, out,
+                                          sizeof(float) * (size_t)(b * t * c),
+                                          cudaMemcpyDeviceToDevice, CU(kc)->stream),
+                          "cudaMemcpyAsync (attention output)", err);
 }
 /* bf16: the output before rounding goes straight into the saved copy (no memcpy). */
 static ms_status c_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
@@ -514,9 +511,9 @@ static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
 }
 static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
     cuda_kctx *x = CU(kc);
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, sumsq_last(kc), sizeof(double),
-                                         cudaMemcpyDeviceToHost, x->stream),
-                         "cudaMemcpyAsync (sum of squares)", err));
+    MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, sumsq_last(kc), sizeof(double),
+                                            cudaMemcpyDeviceToHost, x->stream),
+                            "cudaMemcpyAsync (sum of squares)", err));
     return c_sync(kc, err);
 }
 static ms_status c_sumsq(ms_kctx *kc, double *host_out, const float *x, size_t n, ms_error *err) {
@@ -536,18 +533,18 @@ static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, 
  * to grow it, for the stream: a launch in flight may still read the device side). */
 static ms_status list_fill(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
     if (ls->copied)
-        MS_CHECK(cuda_failed(cudaEventSynchronize(ls->copied), "cudaEventSynchronize", err));
+        MS_CHECK(ms_cuda_status(cudaEventSynchronize(ls->copied), "cudaEventSynchronize", err));
     if (bytes <= ls->cap) return MS_OK;
     MS_CHECK(c_sync(kc, err));
     if (ls->host) cudaFreeHost(ls->host);
     if (ls->dev) cudaFree(ls->dev);
     ls->host = ls->dev = NULL, ls->cap = 0;
     if (!ls->copied)
-        MS_CHECK(cuda_failed(cudaEventCreateWithFlags(&ls->copied, cudaEventDisableTiming),
-                             "cudaEventCreate (list)", err));
-    MS_CHECK(cuda_failed(cudaHostAlloc(&ls->host, bytes, cudaHostAllocDefault),
-                         "cudaHostAlloc (list)", err));
-    MS_CHECK(cuda_failed(cudaMalloc(&ls->dev, bytes), "cudaMalloc (list)", err));
+        MS_CHECK(ms_cuda_status(cudaEventCreateWithFlags(&ls->copied, cudaEventDisableTiming),
+                                "cudaEventCreate (list)", err));
+    MS_CHECK(ms_cuda_status(cudaHostAlloc(&ls->host, bytes, cudaHostAllocDefault),
+                            "cudaHostAlloc (list)", err));
+    MS_CHECK(ms_cuda_status(cudaMalloc(&ls->dev, bytes), "cudaMalloc (list)", err));
     ls->cap = bytes;
     return MS_OK;
 }
@@ -555,9 +552,9 @@ static ms_status list_fill(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *
 /* The filled host side up to the device, on the stream, before what is launched next. */
 static ms_status list_send(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
     cudaStream_t s = CU(kc)->stream;
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(ls->dev, ls->host, bytes, cudaMemcpyHostToDevice, s),
-                         "cudaMemcpyAsync (list)", err));
-    return cuda_failed(cudaEventRecord(ls->copied, s), "cudaEventRecord (list)", err);
+    MS_CHECK(ms_cuda_status(cudaMemcpyAsync(ls->dev, ls->host, bytes, cudaMemcpyHostToDevice, s),
+                            "cudaMemcpyAsync (list)", err));
+    return ms_cuda_status(cudaEventRecord(ls->copied, s), "cudaEventRecord (list)", err);
 }
 
 /* The whole list in two launches (ms_cu_sumsq_list: each tensor's sum has the bits a call of
@@ -579,9 +576,9 @@ static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x,
     MS_CHECK(list_send(kc, &c->sumsq_list, bytes, err));
     MS_CHECK(
         ms_cu_sumsq_list(c->sums.p, c->sumsq.p, c->sumsq_list.dev, n, chunks, STREAM(kc), err));
-    MS_CHECK(cuda_failed(cudaMemcpyAsync(host_out, c->sums.p, sizeof(double) * (size_t)n,
-                                         cudaMemcpyDeviceToHost, c->stream),
-                         "cudaMemcpyAsync (sums of squares)", err));
+    MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, c->sums.p, sizeof(double) * (size_t)n,
+                                            cudaMemcpyDeviceToHost, c->stream),
+                            "cudaMemcpyAsync (sums of squares)", err));
     return c_sync(kc, err);
 }
 

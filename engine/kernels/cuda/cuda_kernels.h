@@ -150,12 +150,7 @@ ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t
 ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n,
                                  int64_t c, void *stream, ms_error *err);
 
-/* ---- cross-entropy: whole vocab, and the vocab-parallel pieces of kernels.h ---- */
-ms_status ms_cu_xent_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
-                             int64_t n, int64_t v, void *stream, ms_error *err);
-ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, const float *dlosses, int64_t n, int64_t v,
-                              void *stream, ms_error *err);
+/* ---- cross-entropy: the vocab-parallel pieces of kernels.h (one rank too) ---- */
 /* bf16 logits (and their gradient, and the losses' gradient); the row statistics fp32. */
 ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
                                     void *stream, ms_error *err);

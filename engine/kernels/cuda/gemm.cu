@@ -147,9 +147,7 @@ static ms_status grad_of(ms_cu_ctx *ctx, const ms_k_gemm *g, bool of_a, void *d,
     }
     if (g->batch == 0 && beta0 == 0.0f) { /* the promised zeroed shared gradient */
         const size_t bytes = (size_t)(of_a ? g->m * g->k : g->k * g->n) * type_size(dt);
-        const cudaError_t e = cudaMemsetAsync(d, 0, bytes, ctx->stream);
-        if (e != cudaSuccess)
-            return ms_fail(err, MS_ERR_INTERNAL, "cuda matmul backward: %s", cudaGetErrorString(e));
+        MS_CUDA_CHECK(cudaMemsetAsync(d, 0, bytes, ctx->stream), err);
     }
     return MS_OK;
 }

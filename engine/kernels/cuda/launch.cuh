@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include "engine/core/cuda_check.h"
+
 #include "engine/kernels/cuda/colsum_math.cuh"
 #include "engine/kernels/cuda/cuda_kernels.h"
 #include "engine/kernels/cuda/math_common.cuh"
@@ -40,9 +42,7 @@ static inline const ms_bf16 *ms_cu_bf(const uint16_t *p) {
 
 /* The error of the last launch (or of the stream), named after the kernel. */
 static inline ms_status ms_cu_launched(const char *what, ms_error *err) {
-    const cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) return MS_OK;
-    return ms_fail(err, MS_ERR_INTERNAL, "%s: CUDA launch failed: %s", what, cudaGetErrorString(e));
+    return ms_cuda_status(cudaGetLastError(), what, err);
 }
 
 static inline unsigned ms_cu_blocks(int64_t n, int64_t per_block) {

@@ -103,28 +103,7 @@ ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *ou
     });
 }
 
-/* ---- cross-entropy ---- */
-
-ms_status ms_cu_xent_forward(float *losses, float *lse, const float *logits, const int32_t *targets,
-                             int64_t n, int64_t v, void *stream, ms_error *err) {
-    return ms_cu_rows(n, stream, "cross-entropy forward", err, [=] __device__(int64_t r, int l) {
-        const float *x = logits + r * v;
-        const float mx = ms_cu_block_max(ms_cu_row_max_part(x, v, l, MS_CU_ROW_LANES));
-        const float sum = ms_cu_block_sum(ms_cu_row_sumexp_part(x, v, mx, l, MS_CU_ROW_LANES));
-        if (l != 0) return;
-        lse[r] = ms_cu_xent_lse(mx, sum);
-        losses[r] = ms_cu_xent_loss(mx, sum, ms_cu_xent_target(x, targets[r], v, 0), targets[r]);
-    });
-}
-
-ms_status ms_cu_xent_backward(float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, const float *dlosses, int64_t n, int64_t v,
-                              void *stream, ms_error *err) {
-    return ms_cu_each(n * v, stream, "cross-entropy backward", err, [=] __device__(int64_t i) {
-        const int64_t r = i / v;
-        ms_cu_xent_grad(dlogits + r * v, logits + r * v, i % v, lse[r], targets[r], dlosses[r]);
-    });
-}
+/* ---- cross-entropy: the vocab-parallel pieces (the engine's only form, one rank too) ---- */
 
 /* The vocab-parallel pieces over logits of storage T (float, or ms_bf16 unstaged). */
 template <typename T>
