@@ -189,4 +189,49 @@ ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_e
 /* Predicted collective bytes of a reshard instruction, for its buffer's element type. */
 double prog_reshard_bytes(const ms_program *p, const instr *in);
 
+/* --- the passes' shared contract: each file of the program (program.c: compile and explain;
+ * program_complete.c, program_build.c, program_recompute.c, program_memory.c,
+ * program_buckets.c, program_exec.c; program_util.c: helpers) defines what the others call --- */
+
+bool prog_moves_grad(const instr *in);
+int prog_new_buf(ms_program *p, int v, const ms_placements *pl, bool persistent);
+int prog_new_typed_buf(ms_program *p, const ms_shape *gshape, const ms_placements *pl,
+                       bool persistent, ms_dtype dtype);
+int64_t prog_shape_n(const ms_shape *s);
+instr *prog_emit(ms_program *p, ikind kind, ms_program_phase phase);
+void prog_local_shape(const ms_program *p, const ms_shape *g, const ms_placements *pl,
+                      ms_shape *out);
+int prog_new_raw_buf(ms_program *p, int64_t nfloats);
+ms_status prog_complete(ms_program *p, const ms_compile_opts *opts, ms_error *err);
+void prog_zero_placements(ms_program *p);
+const ms_placements *prog_held_pl(const ms_program *p, int v);
+int prog_param_home(const ms_program *p, int v, ms_placements *pl);
+void prog_emit_reshard(ms_program *p, int value, int src, int dst, const ms_placements *from,
+                       const ms_placements *to, ms_program_phase phase);
+void prog_build_param_sync(ms_program *p);
+void prog_build_forward(ms_program *p);
+void prog_prefetch_gathers(ms_program *p, int lo, int hi);
+int64_t prog_rows_offset(const ms_program *p, const ms_shape *g, const ms_placements *a,
+                         const ms_placements *b);
+void prog_build_backward(ms_program *p);
+void prog_fresh_gradients(ms_program *p);
+void prog_mark_recompute(ms_program *p, unsigned kinds);
+ms_status prog_alloc_memory(ms_program *p, ms_error *err);
+void prog_free(ms_program *p, void *x, size_t bytes);
+void prog_layout_memory(ms_program *p);
+void *prog_alloc(ms_program *p, size_t bytes);
+size_t prog_padded_floats(const buf *bf);
+void prog_plan_grad_buckets(ms_program *p, const ms_compile_opts *opts);
+ms_status prog_bind_grad_buckets(ms_program *p, ms_error *err);
+int prog_final_write(const ms_program *p, int b);
+bool prog_writes(const instr *in, int b);
+bool prog_host_reachable(const ms_program *p, const buf *b);
+void prog_masters_written(ms_program *p);
+ms_status prog_check_has_memory(const ms_program *p, ms_error *err);
+void prog_make_call(ms_program *p, const instr *in, ms_op_call *call, ms_shape *gin,
+                    ms_shape *gout);
+ms_status prog_run(ms_program *p, int from, int upto, float *loss, ms_error *err);
+ms_status prog_write_box(ms_program *p, buf *b, const float *global, const int64_t *gshape,
+                         const int64_t *start, const int64_t *len, int ndim, ms_error *err);
+
 #endif
