@@ -301,6 +301,7 @@ static void decide(live_job *j, int step, control *c) {
     if (j->switch_step == step) {
         c->kind = CONTROL_SWITCH;
         c->strategy = xstrdup(j->switch_json);
+        j->switch_taken = true;
         return;
     }
     ms_live_req req;
@@ -393,6 +394,18 @@ static void switched(live_job *j, const control *c, int step, const char *before
     j->n_recent = 0;
 }
 
+/* A target the job runs already: nothing to reshard. */
+static void unchanged(live_job *j, const control *c, int step, const char *name, bool quiet) {
+    if (!quiet)
+        printf("step %5d  switch to %s: the job runs it already; nothing changes\n", step, name);
+    if (!j || !j->live) return;
+    ms_live_set_event(j->live, "switch to %s at step %d: the job runs it already; nothing changes",
+                      name, step);
+    if (c->suggestion)
+        ms_live_update_suggestion(j->live, c->suggestion, MS_SUGG_APPLIED, step,
+                                  "the job runs it already; nothing changed");
+}
+
 static void refused(live_job *j, const control *c, int step, const char *why, bool quiet) {
     if (!quiet) printf("step %5d  switch refused: %s\n", step, why);
     if (!j || !j->live) return;
@@ -415,6 +428,11 @@ ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control 
     ms_placement_rules *rules = xmalloc(sizeof *rules);
     ms_status st =
         ms_strategy_parse_json(c->strategy, strlen(c->strategy), "strategy", &target, rules, &why);
+    if (st == MS_OK && ms_trainer_runs(t, &target, rules)) {
+        free(rules); /* every rank sees the same: none reshards */
+        if (ctx->rank == 0) unchanged(j, c, step, before, quiet);
+        return MS_OK;
+    }
     if (st == MS_OK) st = ms_trainer_switch(t, &target, rules, &why);
     free(rules);
     if (st == MS_OK) {
@@ -470,4 +488,64 @@ void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *
     ms_strategy_name(ms_trainer_strategy(t), rec.strategy, sizeof rec.strategy);
     ms_live_step_done(j->live, &rec);
     report_switch(j, r->step);
+}
+
+/* --- the end of training ---------------------------------------------------------------------- */
+
+/* A target's name ("dp2 x tp2"), or its JSON as given when it does not parse. */
+static void target_name(const char *json, char *out, size_t len) {
+    ms_strategy s;
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
+    if (ms_strategy_parse_json(json, strlen(json), "strategy", &s, rules, NULL) == MS_OK)
+        ms_strategy_name(&s, out, len);
+    else
+        snprintf(out, len, "%s", json);
+    free(rules);
+}
+
+/* One switch that will never be carried out: said on stdout (or after the TUI) and in the
+ * views; an accepted suggestion becomes dropped. */
+static void not_applied(live_job *j, const char *json, const char *when, int32_t suggestion,
+                        int64_t last_step, bool quiet) {
+    char name[MS_STRATEGY_NAME_MAX], line[MS_STRATEGY_NAME_MAX + 256];
+    target_name(json, name, sizeof name);
+    snprintf(line, sizeof line, "the switch to %s %s was not applied: the run ended at step %lld",
+             name, when, (long long)last_step);
+    if (quiet)
+        ms_strbuf_printf(&j->epilogue, "%s\n", line);
+    else
+        printf("%s\n", line), fflush(stdout);
+    if (!j->live) return;
+    ms_live_set_event(j->live, "%s", line);
+    if (suggestion) {
+        char result[MS_LIVE_TEXT];
+        snprintf(result, sizeof result, "not applied: the run ended at step %lld",
+                 (long long)last_step);
+        ms_live_update_suggestion(j->live, suggestion, MS_SUGG_DROPPED, -1, result);
+    }
+}
+
+void live_job_end(live_job *j, int64_t last_step, bool quiet) {
+    if (!j) return;
+    char when[96];
+    if (j->switch_step >= 0 && !j->switch_taken) {
+        snprintf(when, sizeof when, "for step %d (--switch)", j->switch_step);
+        not_applied(j, j->switch_json, when, 0, last_step, quiet);
+    }
+    if (!j->live) return;
+    ms_live_req *left = xmalloc(sizeof *left * MS_LIVE_QUEUE);
+    int n = ms_live_close_control(j->live, left);
+    for (int i = 0; i < n; i++) {
+        char *json = NULL;
+        if (left[i].kind == MS_REQ_STOP || request_target(j, &left[i], &json, NULL) != MS_OK)
+            continue; /* a stop: the run has ended anyway */
+        if (left[i].step >= 0)
+            snprintf(when, sizeof when, "requested at step %lld", (long long)left[i].step);
+        else
+            snprintf(when, sizeof when, "requested before the first step");
+        not_applied(j, json, when, left[i].kind == MS_REQ_ACCEPT ? left[i].id : 0, last_step,
+                    quiet);
+        free(json);
+    }
+    free(left);
 }

@@ -48,6 +48,7 @@ typedef struct live_job {
     ms_tui *tui;
     int switch_step;     /* --switch: the step, -1 if none */
     char *switch_json;   /* --switch: the target (owned) */
+    bool switch_taken;   /* rank 0: --switch's step came */
     ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
     ms_cluster cluster;  /* what the advisor prices: cpu-local, or the GPUs' preset */
     int gpus;            /* CUDA devices the ranks share (0: a CPU job) */
@@ -115,5 +116,12 @@ ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control 
 /* Rank 0 after each step: the step record for the views, the step time for the switch
  * report. */
 void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *r, double ms);
+
+/* Rank 0 once training has ended, its last step `last_step`: the control queue closes (later
+ * requests are refused), and each switch that was asked for and will never be carried out (a
+ * request still queued, --switch's step not reached) is said, on stdout (quiet: kept for
+ * after the TUI) and in the views, where an accepted suggestion becomes dropped. j may be
+ * NULL. */
+void live_job_end(live_job *j, int64_t last_step, bool quiet);
 
 #endif

@@ -109,34 +109,40 @@ static ms_status resume(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_error 
 
 static ms_status open_saver(ms_ctx *ctx, ms_trainer *t, const run_opts *o, ms_ckpt_saver **out,
                             ms_error *err) {
-    char json[MS_STRATEGY_JSON_MAX];
-    ms_ckpt_opts co = {.dir = o->save_dir,
-                       .keep = o->keep,
-                       .strategy_json =
-                           ms_strategy_short_json(ms_trainer_strategy(t), json, sizeof json),
-                       .model = o->model};
+    ms_ckpt_opts co = {.dir = o->save_dir, .keep = o->keep, .model = o->model};
     MS_CHECK(ms_ckpt_saver_create(ctx, &co, out, err));
     ms_ckpt_saver_prepare(*out, t);
     return MS_OK;
 }
 
-/* What a checkpoint poll has to say: rank 0 the commit or why a save was abandoned, any rank
- * its own failure. */
-static void ckpt_note(ms_ctx *ctx, live_job *jl, const char *note, ms_strbuf *later) {
-    if (!*note) return;
-    if (ctx->rank == 0 && jl && jl->live) ms_live_set_event(jl->live, "%s", note);
-    if (!strncmp(note, "checkpoint at step", 18) && ctx->rank != 0)
-        fprintf(stderr, "rank %d: %s\n", ctx->rank, note);
+/* One line of a checkpoint poll's note: rank 0 a commit or why a save was abandoned, any
+ * rank its own failure. */
+static void ckpt_line(ms_ctx *ctx, live_job *jl, const char *line, ms_strbuf *later) {
+    if (ctx->rank == 0 && jl && jl->live) ms_live_set_event(jl->live, "%s", line);
+    if (!strncmp(line, "checkpoint at step", 18) && ctx->rank != 0)
+        fprintf(stderr, "rank %d: %s\n", ctx->rank, line);
     else if (ctx->rank == 0)
-        say(later, "%s\n", note);
+        say(later, "%s\n", line);
 }
+
+/* What a checkpoint poll has to say, one line per save. */
+static void ckpt_note(ms_ctx *ctx, live_job *jl, char *note, ms_strbuf *later) {
+    for (char *line = note, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        ckpt_line(ctx, jl, line, later);
+    }
+}
+
+/* Room for what one poll says: a few saves' lines (ms_ckpt_saver_poll). */
+#define CKPT_NOTE_MAX (4 * (1200 + MS_ERROR_MSG_MAX))
 
 /* At a step boundary: commits a finished save, and starts one every --save-every steps (and
  * after the last step). */
 static ms_status checkpoint_step(ms_ctx *ctx, live_job *jl, ms_trainer *t, ms_ckpt_saver *saver,
                                  const run_opts *o, bool last, ms_strbuf *later, ms_error *err) {
     if (!saver) return MS_OK;
-    char note[MS_ERROR_MSG_MAX + 64];
+    char note[CKPT_NOTE_MAX];
     MS_CHECK(ms_ckpt_saver_poll(saver, false, note, sizeof note, err));
     ckpt_note(ctx, jl, note, later);
     int64_t next = ms_trainer_step_index(t);
@@ -373,12 +379,13 @@ static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
             if (ctx->rank == 0 && !quiet) printf("step %5d  validation loss %.4f\n", step, vl);
         }
     }
+    if (ctx->rank == 0) live_job_end(jl, ms_trainer_step_index(t) - 1, quiet);
     /* The run's end (or a stop): a last checkpoint unless one was just taken, then wait for it. */
     if (saver && ms_trainer_step_index(t) > first_step &&
         !(o->save_every && ms_trainer_step_index(t) % o->save_every == 0))
         MS_CHECK_GOTO(checkpoint_step(ctx, jl, t, saver, o, true, later, err), st, out);
     if (saver) {
-        char note[MS_ERROR_MSG_MAX + 64];
+        char note[CKPT_NOTE_MAX];
         MS_CHECK_GOTO(ms_ckpt_saver_poll(saver, true, note, sizeof note, err), st, out);
         ckpt_note(ctx, jl, note, later);
     }

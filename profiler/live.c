@@ -24,7 +24,6 @@
 #include "engine/core/xalloc.h"
 #include "traces/trace_write.h"
 
-#define LIVE_QUEUE      16
 #define LIVE_MAX_RECS   MS_AN_MAX_RANKS
 #define LIVE_MAX_GROUPS MS_REC_MAX_GROUPS
 #define LIVE_MAX_EVENTS ((size_t)1 << 21) /* the window's cap: 2M events x 184 B = 368 MB */
@@ -45,7 +44,7 @@ struct ms_live {
     char last_event[MS_LIVE_TEXT];
     ms_suggestion sugg[MS_LIVE_MAX_SUGGESTIONS];
     int n_sugg;
-    ms_live_req queue[LIVE_QUEUE];
+    ms_live_req queue[MS_LIVE_QUEUE];
     int q_head, q_n;
     ms_live_validate_fn validate;
     void *validate_user;
@@ -60,6 +59,7 @@ struct ms_live {
     int n_groups;
     bool dirty;    /* something besides events changed since the last publish */
     bool finished; /* stopped: no more control */
+    bool closed;   /* training has ended: no more control (ms_live_close_control) */
     bool stop;     /* asks the thread to end */
 
     pthread_mutex_t build_mu; /* one builder at a time; guards everything below */
@@ -76,8 +76,8 @@ struct ms_live {
 };
 
 const char *ms_suggestion_state_name(ms_suggestion_state s) {
-    static const char *names[MS_SUGG_STATE_COUNT] = {"open", "pending", "applied", "dismissed",
-                                                     "refused"};
+    static const char *names[MS_SUGG_STATE_COUNT] = {"open",      "pending", "applied",
+                                                     "dismissed", "refused", "dropped"};
     return (unsigned)s < MS_SUGG_STATE_COUNT ? names[s] : "unknown";
 }
 
@@ -338,7 +338,7 @@ ms_status ms_live_post(ms_live *l, const ms_live_req *req, ms_error *err) {
     if (!req || req->kind >= MS_REQ_KIND_COUNT)
         return ms_fail(err, MS_ERR_INVALID, "unknown request kind");
     pthread_mutex_lock(&l->mu);
-    bool finished = l->finished || !l->o.info.live;
+    bool finished = l->finished || !l->o.info.live, closed = l->closed;
     ms_live_validate_fn fn = l->validate;
     void *user = l->validate_user;
     ms_suggestion *s = NULL;
@@ -348,6 +348,9 @@ ms_status ms_live_post(ms_live *l, const ms_live_req *req, ms_error *err) {
     if (finished)
         return ms_fail(err, MS_ERR_UNSUPPORTED,
                        "the job has finished (or this is a trace file): nothing to control");
+    if (closed)
+        return ms_fail(err, MS_ERR_UNSUPPORTED,
+                       "the job has ended training (it is finishing up): nothing to control");
     if ((req->kind == MS_REQ_ACCEPT || req->kind == MS_REQ_DISMISS) && state < 0)
         return ms_fail(err, MS_ERR_INVALID, "no suggestion with id %d", (int)req->id);
     if (req->kind == MS_REQ_ACCEPT && state != MS_SUGG_OPEN)
@@ -361,15 +364,20 @@ ms_status ms_live_post(ms_live *l, const ms_live_req *req, ms_error *err) {
         s = find_sugg_locked(l, req->id);
         if (s && s->state == MS_SUGG_OPEN) s->state = MS_SUGG_DISMISSED;
         l->dirty = true;
-    } else if (l->q_n == LIVE_QUEUE) {
+    } else if (l->closed) {
+        st = ms_fail(err, MS_ERR_UNSUPPORTED,
+                     "the job has ended training (it is finishing up): nothing to control");
+    } else if (l->q_n == MS_LIVE_QUEUE) {
         st = ms_fail(err, MS_ERR_NOMEM, "the control queue is full (%d requests); retry later",
-                     LIVE_QUEUE);
+                     MS_LIVE_QUEUE);
     } else {
         if (req->kind == MS_REQ_ACCEPT) {
             s = find_sugg_locked(l, req->id);
             if (s) s->state = MS_SUGG_PENDING;
         }
-        l->queue[(l->q_head + l->q_n) % LIVE_QUEUE] = *req;
+        ms_live_req *q = &l->queue[(l->q_head + l->q_n) % MS_LIVE_QUEUE];
+        *q = *req;
+        q->step = l->hist_n ? l->hist[(l->hist_head - 1 + l->o.history) % l->o.history].step : -1;
         l->q_n++;
         l->dirty = true;
     }
@@ -382,11 +390,22 @@ bool ms_live_take(ms_live *l, ms_live_req *out) {
     bool got = l->q_n > 0;
     if (got) {
         *out = l->queue[l->q_head];
-        l->q_head = (l->q_head + 1) % LIVE_QUEUE;
+        l->q_head = (l->q_head + 1) % MS_LIVE_QUEUE;
         l->q_n--;
     }
     pthread_mutex_unlock(&l->mu);
     return got;
+}
+
+int ms_live_close_control(ms_live *l, ms_live_req *out) {
+    pthread_mutex_lock(&l->mu);
+    l->closed = true;
+    int n = l->q_n;
+    for (int i = 0; i < n; i++) out[i] = l->queue[(l->q_head + i) % MS_LIVE_QUEUE];
+    l->q_head = l->q_n = 0;
+    l->dirty = true;
+    pthread_mutex_unlock(&l->mu);
+    return n;
 }
 
 /* --- readers ------------------------------------------------------------------------------ */

@@ -99,6 +99,7 @@ typedef enum ms_suggestion_state {
     MS_SUGG_APPLIED, /* the job runs the target strategy now */
     MS_SUGG_DISMISSED,
     MS_SUGG_REFUSED, /* accepted but refused by the job (reason in `result`) */
+    MS_SUGG_DROPPED, /* accepted, but training ended before a step boundary took it */
     MS_SUGG_STATE_COUNT
 } ms_suggestion_state;
 
@@ -271,7 +272,10 @@ typedef struct ms_live_req {
     uint8_t kind;
     int32_t id;
     char strategy_json[4096];
+    int64_t step; /* set when queued: the latest completed step then (-1: none yet) */
 } ms_live_req;
+
+#define MS_LIVE_QUEUE 16 /* requests queued at most */
 
 /* Checks a request before it is queued (pure and fast; runs on the caller's thread):
  * returns MS_OK or a failure whose message says why it is refused (the web answers 422).
@@ -280,11 +284,15 @@ typedef ms_status (*ms_live_validate_fn)(void *user, const ms_live_req *req, ms_
 void ms_live_set_validator(ms_live *l, ms_live_validate_fn fn, void *user);
 
 /* Views: validates, then queues. MS_ERR_INVALID (refused by the validator or unknown
- * suggestion id), MS_ERR_UNSUPPORTED (a finished job or a trace: nothing to control), or
- * MS_ERR_NOMEM when the queue (16 entries) is full. Accepting marks the suggestion pending;
- * dismissing marks it dismissed at once. */
+ * suggestion id), MS_ERR_UNSUPPORTED (a finished job, one whose training has ended, or a
+ * trace: nothing to control), or MS_ERR_NOMEM when the queue (MS_LIVE_QUEUE entries) is full.
+ * Accepting marks the suggestion pending; dismissing marks it dismissed at once. */
 ms_status ms_live_post(ms_live *l, const ms_live_req *req, ms_error *err);
 /* Rank 0 at a step boundary: takes the oldest request; false when none. */
 bool ms_live_take(ms_live *l, ms_live_req *out);
+/* Rank 0 once training has ended (no step boundary will take a request again): every later
+ * post is refused (MS_ERR_UNSUPPORTED), and the requests still queued move to out (room for
+ * MS_LIVE_QUEUE), oldest first, for the job to report as not carried out; returns how many. */
+int ms_live_close_control(ms_live *l, ms_live_req *out);
 
 #endif

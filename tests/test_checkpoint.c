@@ -378,6 +378,78 @@ static void killed_during_save(void **state) {
     assert_true(out_contains("resumed"));
 }
 
+/* Every save is reported once, also one that the next save's own wait committed before a
+ * poll saw it (with --save-every 1 on a slow disk, most of them: 2 of 6 were reported). */
+static void commits_reported(mt_rank *r, void *arg) {
+    (void)arg;
+    ms_error err = {0};
+    ms_model_config cfg = mt_tiny_config(false, 0);
+    ms_train_opts o = mt_train_opts(4, 16, 4);
+    ms_text_data data;
+    ms_strategy s;
+    ms_strategy_init(&s, 1, 1, 1, false, &err);
+    ms_trainer *t = NULL;
+    ms_ckpt_saver *sv = NULL;
+    char ck[512], note[8192];
+    snprintf(ck, sizeof ck, "%s/ck_notes", dir);
+    if (!MT_OK(r, mt_repeated_text("In the beginning. ", 16, &data, &err), &err)) return;
+    if (!MT_OK(r, ms_trainer_create(r->ctx, &cfg, &s, NULL, &o, &data, &t, &err), &err)) return;
+    ms_ckpt_opts co = {.dir = ck, .keep = 10};
+    MT_OK(r, ms_ckpt_saver_create(r->ctx, &co, &sv, &err), &err);
+    ms_step_result res;
+    /* Two saves with no poll between: the second one's wait commits the first. */
+    MT_OK(r, ms_trainer_step(t, &res, &err), &err);
+    MT_OK(r, ms_ckpt_saver_save(sv, t, NULL, &err), &err);
+    MT_OK(r, ms_trainer_step(t, &res, &err), &err);
+    MT_OK(r, ms_ckpt_saver_save(sv, t, NULL, &err), &err);
+    MT_OK(r, ms_ckpt_saver_poll(sv, true, note, sizeof note, &err), &err);
+    const char *one = strstr(note, "step-00000001 committed"),
+               *two = strstr(note, "step-00000002 committed");
+    MT_CHECK(r, one && two && one < two, "both commits, oldest first: '%s'", note);
+    MT_CHECK(r, one && !strstr(one + 1, "step-00000001 committed"), "step 1 twice: '%s'", note);
+    /* Said once: the next poll has nothing left to say. */
+    MT_OK(r, ms_ckpt_saver_poll(sv, true, note, sizeof note, &err), &err);
+    MT_CHECK(r, note[0] == '\0', "said again: '%s'", note);
+    ms_ckpt_saver_destroy(sv);
+    ms_trainer_destroy(t);
+    ms_text_data_close(&data);
+}
+
+static void hardening_commits_reported(void **state) {
+    (void)state;
+    mt_run_threads(1, commits_reported, NULL);
+}
+
+/* After a live switch, a checkpoint names the strategy it was saved under (it named the one
+ * the run started with): meta.json, `checkpoint info` and the resumed run's message. */
+static void hardening_strategy_after_switch(void **state) {
+    (void)state;
+    char flags[4096];
+    snprintf(flags, sizeof flags,
+             "--dp 2 --tp 2 --save-dir %s/ck_sw --save-every 2 --keep 10 --switch "
+             "'3:{\"dp\": 1, \"tp\": 4}'",
+             dir);
+    assert_int_equal(train(flags), 0);
+    assert_true(out_contains("switched dp2 x tp2 -> dp1 x tp4"));
+    const char *before = "{\"dp\": 2, \"tp\": 2", *after = "{\"dp\": 1, \"tp\": 4";
+    ms_ckpt_info info;
+    ms_error err = {0};
+    char step_dir[512];
+    snprintf(step_dir, sizeof step_dir, "%s/ck_sw/step-00000002", dir);
+    if (ms_ckpt_describe(step_dir, &info, NULL, &err) != MS_OK) fail_msg("%s", err.msg);
+    if (strncmp(info.strategy, before, strlen(before)))
+        fail_msg("step 2 (before the switch) names %s", info.strategy);
+    snprintf(step_dir, sizeof step_dir, "%s/ck_sw/step-00000004", dir);
+    if (ms_ckpt_describe(step_dir, &info, NULL, &err) != MS_OK) fail_msg("%s", err.msg);
+    if (strncmp(info.strategy, after, strlen(after)))
+        fail_msg("step 4 (after the switch) names %s", info.strategy);
+    assert_int_equal(run("%s checkpoint info %s/ck_sw > %s/out.txt 2>&1", bin, dir, dir), 0);
+    assert_true(out_contains("strategy {\"dp\": 1, \"tp\": 4"));
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s/ck_sw --steps %d", dir, STEPS + 1);
+    assert_int_equal(train(flags), 0);
+    assert_true(out_contains("under {\"dp\": 1, \"tp\": 4"));
+}
+
 /* `checkpoint info` and `checkpoint export`: the export equals --save's file. */
 static void info_and_export(void **state) {
     (void)state;
@@ -414,11 +486,12 @@ static int teardown(void **state) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_checkpoint path/to/meshscope [mpi]\n");
+        fprintf(stderr, "usage: test_checkpoint path/to/meshscope [mpi | --filter PATTERN]\n");
         return 2;
     }
     bin = argv[1];
     use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
+    mt_apply_filter(argc - 1, argv + 1);
     const struct CMUnitTest all[] = {
         cmocka_unit_test(resume_same_strategy_bit_exact),
         cmocka_unit_test(resume_other_strategies),
@@ -428,6 +501,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(failed_save_keeps_previous),
         cmocka_unit_test(killed_during_save),
         cmocka_unit_test(info_and_export),
+        cmocka_unit_test(hardening_commits_reported),
+        cmocka_unit_test(hardening_strategy_after_switch),
     };
     const struct CMUnitTest mpi[] = {
         cmocka_unit_test(resume_same_strategy_bit_exact),

@@ -710,7 +710,7 @@ static void run_save_resume(mt_rank *r, void *arg) {
     ms_trainer *t = make_trainer(r, a->strategy, &d);
     resume_out got = {0};
     ms_ckpt_saver *sv = NULL;
-    ms_ckpt_opts co = {.dir = dir, .strategy_json = a->strategy};
+    ms_ckpt_opts co = {.dir = dir};
     if (t && MT_OK(r, ms_ckpt_saver_create(r->ctx, &co, &sv, &err), &err)) {
         step_into(r, t, &got.loss[0]);
         step_into(r, t, &got.loss[1]);

@@ -615,14 +615,60 @@ static void hardening_live_empty_trace(void **state) {
     ms_live_destroy(l);
 }
 
+/* Requests still queued when training ends are handed back to be reported (a switch posted at
+ * step 197 of 200 got 202 and was never applied, with nothing said), each with the step it was
+ * posted at, and no request is queued after that; an accepted one can be shown as dropped. */
+static void hardening_live_close_control(void **state) {
+    (void)state;
+    ms_live *l = new_live(4);
+    ms_suggestion sg = {.id = 3, .state = MS_SUGG_OPEN, .predicted_gain = 0.2};
+    snprintf(sg.target, sizeof sg.target, "dp4 x tp1");
+    ms_live_set_suggestions(l, &sg, 1, 0.1);
+    ms_error err = {0};
+    ms_live_req r = {.kind = MS_REQ_STRATEGY}, left[MS_LIVE_QUEUE];
+    snprintf(r.strategy_json, sizeof r.strategy_json, "{\"dp\": 4}");
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK); /* before the first step */
+    for (int step = 195; step <= 197; step++) {
+        ms_live_step rec = {.step = step, .loss = 1, .step_s = 0.01};
+        ms_live_step_done(l, &rec);
+    }
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    r = (ms_live_req){.kind = MS_REQ_ACCEPT, .id = 3};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    assert_int_equal(ms_live_close_control(l, left), 3);
+    assert_int_equal(left[0].step, -1);
+    assert_int_equal(left[1].step, 197);
+    assert_int_equal(left[1].kind, MS_REQ_STRATEGY);
+    assert_int_equal(left[2].kind, MS_REQ_ACCEPT);
+    assert_int_equal(left[2].id, 3);
+    ms_live_req take;
+    assert_false(ms_live_take(l, &take));
+    r = (ms_live_req){.kind = MS_REQ_STOP};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "ended training"));
+    assert_int_equal(ms_live_close_control(l, left), 0);
+    assert_true(ms_live_update_suggestion(l, 3, MS_SUGG_DROPPED, -1, "not applied"));
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_int_equal(s->n_suggestions, 1);
+    assert_string_equal(ms_suggestion_state_name(s->suggestions[0].state), "dropped");
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+}
+
 int main(int argc, char **argv) {
     mt_apply_filter(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(hardening_live_empty_trace),   cmocka_unit_test(test_empty_snapshot),
-        cmocka_unit_test(test_window_timeline_memory),  cmocka_unit_test(test_pipeline_view),
-        cmocka_unit_test(test_snapshots_are_immutable), cmocka_unit_test(test_control_queue),
-        cmocka_unit_test(test_suggestion_lifecycle),    cmocka_unit_test(test_window_out_of_memory),
+        cmocka_unit_test(hardening_live_empty_trace),
+        cmocka_unit_test(test_empty_snapshot),
+        cmocka_unit_test(test_window_timeline_memory),
+        cmocka_unit_test(test_pipeline_view),
+        cmocka_unit_test(test_snapshots_are_immutable),
+        cmocka_unit_test(test_control_queue),
+        cmocka_unit_test(test_suggestion_lifecycle),
+        cmocka_unit_test(test_window_out_of_memory),
         cmocka_unit_test(test_concurrent_readers),
+        cmocka_unit_test(hardening_live_close_control),
     };
     return cmocka_run_group_tests_name("live", tests, NULL, NULL);
 }

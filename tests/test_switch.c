@@ -159,6 +159,34 @@ static void test_refusals(void **state) {
         0); /* a valid one, for contrast */
 }
 
+/* A switch to the strategy the job runs already changes nothing and moves nothing (it
+ * resharded every tensor, a second under ASan), and says so. */
+static void hardening_switch_to_running(void **state) {
+    (void)state;
+    assert_int_equal(train("--dp 2 --tp 2 --switch '3:{\"dp\": 2, \"tp\": 2}'", "same.jsonl"), 0);
+    assert_true(out_contains("step     3  switch to dp2 x tp2: the job runs it already; nothing "
+                             "changes"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "switched")) fail_msg("resharded anyway: %s", line);
+    fclose(f);
+    run_log l;
+    read_log("same.jsonl", &l);
+    for (int i = 0; i < STEPS; i++) assert_string_equal(l.strategy[i], "dp2 x tp2");
+}
+
+/* A --switch whose step the run never reaches is said at the end, not dropped in silence. */
+static void hardening_switch_never_reached(void **state) {
+    (void)state;
+    assert_int_equal(train("--dp 4 --switch '50:{\"dp\": 2, \"tp\": 2}'", "late.jsonl"), 0);
+    assert_true(out_contains("the switch to dp2 x tp2 for step 50 (--switch) was not applied: the "
+                             "run ended at step 7"));
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/ms-switch-XXXXXX");
@@ -175,11 +203,12 @@ static int teardown(void **state) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_switch path/to/meshscope [mpi]\n");
+        fprintf(stderr, "usage: test_switch path/to/meshscope [mpi | --filter PATTERN]\n");
         return 2;
     }
     bin = argv[1];
     use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
+    mt_apply_filter(argc - 1, argv + 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dp_to_dp_tp),
         cmocka_unit_test(test_dp_tp_to_tp_sp),
@@ -188,6 +217,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tp_to_replicated_head),
         cmocka_unit_test(test_dp_to_tp_offload),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(hardening_switch_to_running),
+        cmocka_unit_test(hardening_switch_never_reached),
     };
     return cmocka_run_group_tests_name(use_mpi ? "switch (mpi)" : "switch (threads)", tests, setup,
                                        teardown);

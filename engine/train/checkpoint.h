@@ -32,10 +32,9 @@
 #include "engine/train/trainer.h"
 
 typedef struct ms_ckpt_opts {
-    const char *dir;           /* the checkpoint folder (created if missing) */
-    int keep;                  /* complete checkpoints kept, newest first; <= 0: 3 */
-    const char *strategy_json; /* recorded in meta.json (shown by `checkpoint info`); may be NULL */
-    const char *model;         /* the model's config path or name, recorded; may be NULL */
+    const char *dir;   /* the checkpoint folder (created if missing) */
+    int keep;          /* complete checkpoints kept, newest first; <= 0: 3 */
+    const char *model; /* the model's config path or name, recorded; may be NULL */
 } ms_ckpt_opts;
 
 /* One rank's saver: owns its background writer thread and the host buffer of its copies. */
@@ -49,9 +48,11 @@ ms_status ms_ckpt_saver_create(ms_ctx *ctx, const ms_ckpt_opts *o, ms_ckpt_saver
 /* Sizes and touches this rank's host buffer for t's state (once, before the first step), so
  * that no save stalls on fresh memory. Optional; not collective. */
 void ms_ckpt_saver_prepare(ms_ckpt_saver *s, ms_trainer *t);
-/* Every rank, at the same step boundary: finishes a save still in flight (waiting for it),
- * then copies this rank's boxes of t's state into host buffers and hands them to the writer.
- * *stall_s receives the time the step stood still (waiting plus copying). */
+/* Every rank, at the same step boundary: finishes a save still in flight (waiting for it;
+ * what its commit has to say is kept for the next poll), then copies this rank's boxes of
+ * t's state into host buffers and hands them to the writer. meta.json records the strategy t
+ * runs now (after a switch, the new one). *stall_s receives the time the step stood still
+ * (waiting plus copying). */
 ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, ms_error *err);
 /* Every rank, at every step boundary while a save is in flight (a no-op otherwise), and with
  * wait = true at the end of the run: when every rank's writer is done, rank 0 commits the
@@ -59,7 +60,9 @@ ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, m
  * finds it). Collective over the world while a save is in flight. A save that could not be
  * written (a full disk, a read-only folder) is abandoned: the previous checkpoint stays, the
  * run goes on, and *note (if not NULL) tells why (rank 0: what happened; every rank: its own
- * failure); *note is empty when there is nothing to say. Fails only if the world does. */
+ * failure); *note is empty when there is nothing to say. Every save is reported once: *note
+ * also holds what a save's own wait (ms_ckpt_saver_save) committed or abandoned since the last
+ * poll, one line per checkpoint, oldest first. Fails only if the world does. */
 ms_status ms_ckpt_saver_poll(ms_ckpt_saver *s, bool wait, char *note, size_t note_len,
                              ms_error *err);
 /* Waits for the writer and frees everything (not collective: an in-flight save that was not
@@ -87,6 +90,19 @@ ms_status ms_ckpt_load(ms_trainer *t, const char *dir, ms_ckpt_info *info, ms_er
 /* Reads a checkpoint's meta.json (no tensor data): info and a readable summary appended to
  * `text` (may be NULL): tensors and bytes by kind, files with sizes. */
 ms_status ms_ckpt_describe(const char *dir, ms_ckpt_info *info, ms_strbuf *text, ms_error *err);
+
+/* Whether the checkpoint in `dir` (resolved as ms_ckpt_load does) is intact: its meta.json
+ * reads, and every file it lists is there with the size and CRC-32 it records (the loader's
+ * own checks, without a model). On success, info (may be NULL) as ms_ckpt_describe gives it;
+ * otherwise the reason, naming the file. */
+ms_status ms_ckpt_verify(const char *dir, ms_ckpt_info *info, ms_error *err);
+
+/* The newest checkpoint of the checkpoint folder `dir` that verifies (ms_ckpt_verify), by
+ * step, whatever `latest` names: info->path is its step folder. Each newer one that did not
+ * verify is appended to `skipped` (may be NULL) as a line with its reason. Fails with
+ * MS_ERR_IO when no checkpoint there verifies (none yet, or all damaged). */
+ms_status ms_ckpt_newest_intact(const char *dir, ms_ckpt_info *info, ms_strbuf *skipped,
+                                ms_error *err);
 
 /* Writes the parameters of the checkpoint in `dir`, each assembled whole, as one Hugging
  * Face safetensors file (what `train --save` writes). Checks sizes and CRCs first. */

@@ -1,5 +1,6 @@
 /* checkpoint_load.c - loading a distributed checkpoint under any strategy, describing it,
  * and exporting its parameters as one Hugging Face file (see checkpoint.h). */
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +233,62 @@ ms_status ms_ckpt_describe(const char *dir, ms_ckpt_info *info, ms_strbuf *text,
         }
     }
     ckpt_meta_free(&m);
+    return MS_OK;
+}
+
+ms_status ms_ckpt_verify(const char *dir, ms_ckpt_info *info, ms_error *err) {
+    char step_dir[1100];
+    ckpt_meta m;
+    MS_CHECK(ckpt_resolve(dir, step_dir, sizeof step_dir, err));
+    MS_CHECK(ckpt_meta_read(step_dir, &m, err));
+    ms_status st = MS_OK;
+    for (int f = 0; f < m.nfiles && st == MS_OK; f++)
+        st = ckpt_file_check(step_dir, &m.files[f], err);
+    if (st == MS_OK && info) *info = m.info;
+    ckpt_meta_free(&m);
+    return st;
+}
+
+static int by_name_desc(const void *a, const void *b) {
+    return strcmp(*(char *const *)b, *(char *const *)a);
+}
+
+/* The step folders of a checkpoint folder, newest first (names sort by step: %08lld). */
+static int step_folders(const char *dir, char ***out) {
+    DIR *d = opendir(dir);
+    char **names = NULL;
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        if (!strncmp(de->d_name, "step-", 5)) {
+            names = xrealloc(names, sizeof *names * (size_t)(n + 1));
+            names[n++] = xstrdup(de->d_name);
+        }
+    if (d) closedir(d);
+    if (n) qsort(names, (size_t)n, sizeof *names, by_name_desc);
+    *out = names;
+    return n;
+}
+
+ms_status ms_ckpt_newest_intact(const char *dir, ms_ckpt_info *info, ms_strbuf *skipped,
+                                ms_error *err) {
+    char **names;
+    int n = step_folders(dir, &names);
+    ms_status st = MS_ERR_IO;
+    for (int i = 0; i < n; i++) {
+        char path[1100];
+        ms_error why = {0};
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (st != MS_OK && ms_ckpt_verify(path, info, &why) == MS_OK)
+            st = MS_OK;
+        else if (st != MS_OK && skipped)
+            ms_strbuf_printf(skipped, "%s\n", why.msg);
+        free(names[i]);
+    }
+    free(names);
+    if (st != MS_OK)
+        return ms_fail(err, MS_ERR_IO, "no intact checkpoint in %s (%d step folder%s checked)", dir,
+                       n, n == 1 ? "" : "s");
     return MS_OK;
 }
 

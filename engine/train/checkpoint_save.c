@@ -26,7 +26,7 @@
 
 struct ms_ckpt_saver {
     ms_ctx *ctx;
-    char *dir, *strategy, *model;
+    char *dir, *model;
     int keep;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -45,7 +45,11 @@ struct ms_ckpt_saver {
     int64_t handed_ns;
     double bytes;   /* rank 0 at commit: all files */
     double write_s; /* rank 0 at commit: the slowest rank's write of its file */
+    ms_strbuf held; /* what saves finished inside ms_ckpt_saver_save said, for the next poll */
 };
+
+/* The most one save has to say: a commit names its folder (up to 1100 bytes). */
+#define NOTE_MAX (1200 + MS_ERROR_MSG_MAX)
 
 /* --- folders ------------------------------------------------------------------------------- */
 
@@ -198,7 +202,6 @@ ms_status ms_ckpt_saver_create(ms_ctx *ctx, const ms_ckpt_opts *o, ms_ckpt_saver
     ms_ckpt_saver *s = xcalloc(1, sizeof *s);
     s->ctx = ctx;
     s->dir = xstrdup(o->dir);
-    s->strategy = xstrdup(o->strategy_json ? o->strategy_json : "");
     s->model = xstrdup(o->model ? o->model : "");
     s->keep = o->keep > 0 ? o->keep : 3;
     pthread_mutex_init(&s->mu, NULL);
@@ -206,7 +209,7 @@ ms_status ms_ckpt_saver_create(ms_ctx *ctx, const ms_ckpt_opts *o, ms_ckpt_saver
     if (pthread_create(&s->thread, NULL, writer_main, s) != 0) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
-        free(s->dir), free(s->strategy), free(s->model), free(s);
+        free(s->dir), free(s->model), free(s);
         return ms_fail(err, MS_ERR_NOMEM, "checkpoint: cannot start the writer thread");
     }
     *out = s;
@@ -276,9 +279,18 @@ static ms_status copy_pieces(ms_ckpt_saver *s, ms_trainer *t, ms_error *err) {
     return MS_OK;
 }
 
+/* Keeps a note for the next poll, one line each. */
+static void hold(ms_ckpt_saver *s, const char *note) {
+    if (*note) ms_strbuf_printf(&s->held, "%s%s", s->held.len ? "\n" : "", note);
+}
+
+static ms_status finish(ms_ckpt_saver *s, bool wait, char *note, size_t note_len, ms_error *err);
+
 ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, ms_error *err) {
     int64_t t0 = ms_now_ns();
-    MS_CHECK(ms_ckpt_saver_poll(s, true, NULL, 0, err));
+    char note[NOTE_MAX];
+    MS_CHECK(finish(s, true, note, sizeof note, err));
+    hold(s, note); /* a commit made here is reported by the next poll, not lost */
     MS_CHECK(ms_trainer_settle(t, err)); /* offload: the last host update onto the device */
     ckpt_plan(t, &s->plan);
     const ms_train_opts *o = ms_trainer_opts(t);
@@ -288,7 +300,8 @@ ms_status ms_ckpt_saver_save(ms_ckpt_saver *s, ms_trainer *t, double *stall_s, m
     in->world = s->ctx->world_size;
     in->seed = o->seed;
     in->batch = o->batch, in->seq = o->seq, in->steps = o->steps;
-    snprintf(in->strategy, sizeof in->strategy, "%s", s->strategy);
+    /* the strategy this state is laid out under now: a live switch changes it */
+    ms_strategy_short_json(ms_trainer_strategy(t), in->strategy, sizeof in->strategy);
     snprintf(in->model, sizeof in->model, "%s", s->model);
     snprintf(s->tmp, sizeof s->tmp, "%s/.tmp-step-%08lld", s->dir, (long long)in->step);
     snprintf(s->final, sizeof s->final, "%s/step-%08lld", s->dir, (long long)in->step);
@@ -363,8 +376,9 @@ static ms_status commit(ms_ckpt_saver *s, ms_error *err) {
     return MS_OK;
 }
 
-ms_status ms_ckpt_saver_poll(ms_ckpt_saver *s, bool wait, char *note, size_t note_len,
-                             ms_error *err) {
+/* Commits (or abandons) the save in flight once every rank's writer is done; *note says what
+ * happened to it (see ms_ckpt_saver_poll). */
+static ms_status finish(ms_ckpt_saver *s, bool wait, char *note, size_t note_len, ms_error *err) {
     if (note && note_len) note[0] = '\0';
     if (!s || !s->in_flight) return MS_OK;
     pthread_mutex_lock(&s->mu);
@@ -408,6 +422,19 @@ ms_status ms_ckpt_saver_poll(ms_ckpt_saver *s, bool wait, char *note, size_t not
     return MS_OK;
 }
 
+ms_status ms_ckpt_saver_poll(ms_ckpt_saver *s, bool wait, char *note, size_t note_len,
+                             ms_error *err) {
+    if (note && note_len) note[0] = '\0';
+    if (!s) return MS_OK;
+    char now[NOTE_MAX];
+    MS_CHECK(finish(s, wait, now, sizeof now, err));
+    hold(s, now);
+    if (note && note_len && s->held.len) snprintf(note, note_len, "%s", s->held.p);
+    s->held.len = 0;
+    if (s->held.p) s->held.p[0] = '\0';
+    return MS_OK;
+}
+
 void ms_ckpt_saver_destroy(ms_ckpt_saver *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
@@ -420,6 +447,7 @@ void ms_ckpt_saver_destroy(ms_ckpt_saver *s) {
     pthread_cond_destroy(&s->cv);
     drop_copies(s);
     free(s->pool);
-    free(s->dir), free(s->strategy), free(s->model);
+    free(s->held.p);
+    free(s->dir), free(s->model);
     free(s);
 }

@@ -510,8 +510,22 @@ static int find_state(compiled *c, moments *mo, bool inference, const char *para
     return -1;
 }
 
+static bool same_rules(const ms_placement_rules *a, const ms_placement_rules *b) {
+    if (a->n != b->n) return false;
+    for (int i = 0; i < a->n; i++)
+        if (strcmp(a->r[i].pattern, b->r[i].pattern) || !ms_placements_eq(&a->r[i].pl, &b->r[i].pl))
+            return false;
+    return true;
+}
+
+bool ms_trainer_runs(const ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules) {
+    static const ms_placement_rules none = {0};
+    return ms_strategy_equal(&t->c.strat, s) && same_rules(&t->c.rules, rules ? rules : &none);
+}
+
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err) {
+    if (ms_trainer_runs(t, target, rules)) return MS_OK; /* nothing would move */
     MS_CHECK(check_strategy(t->ctx, &t->cfg, &t->o, target, err));
     if (target->offload && t->o.optim_device && !t->o.inference)
         return ms_fail(err, MS_ERR_INVALID,

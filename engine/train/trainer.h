@@ -112,9 +112,14 @@ ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double
  * boundary: validates it, compiles the model for the new mesh, moves every parameter and both Adam
  * moments from the old placements to the new ones (send/recv of only what changes hands), then
  * swaps. The step, schedule and data cursor carry on. On failure the trainer is unchanged; a target
- * the job cannot take fails with MS_ERR_INVALID and the reason. */
+ * the job cannot take fails with MS_ERR_INVALID and the reason. A target t runs already
+ * (ms_trainer_runs) changes nothing and moves nothing. */
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err);
+
+/* Whether t runs strategy s with exactly these placement rules (NULL: none) now: a switch
+ * to it would change nothing. */
+bool ms_trainer_runs(const ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules);
 
 /* Generates n bytes after `prompt` from row 0's logits (temperature 0.8, Philox keyed by
  * seed): out (n + strlen(prompt) + 1 bytes) receives prompt and continuation. Needs

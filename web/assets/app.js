@@ -501,6 +501,9 @@ function drawSuggestions() {
   } else if (mine && mine.state === 'refused') {
     say(`The job refused ${mine.target}: ${mine.result || 'no reason given'}`, true);
     view.accepted = 0;
+  } else if (mine && mine.state === 'dropped') {
+    say(`${mine.target} was not applied: ${mine.result || 'the run ended first'}`, true);
+    view.accepted = 0;
   }
   $('sugg-empty').hidden = sugg.length > 0;
   // Update the list in place, keyed by id: rebuilding it on every snapshot replaced the
