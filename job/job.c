@@ -13,6 +13,7 @@
 #include "engine/comm/comm_mpi.h"
 #include "engine/comm/flight.h"
 #include "engine/core/xalloc.h"
+#include "engine/io/fileio.h"
 #include "engine/kernels/kernels.h"
 #include "engine/plan/validate.h"
 #include "engine/train/checkpoint.h"
@@ -125,6 +126,13 @@ ms_status job_check_outputs(const run_opts *o, ms_error *err) {
     }
     MS_CHECK(check_output("--trace", o->trace, err));
     return check_output("--log-jsonl", o->log_jsonl, err);
+}
+
+ms_status job_claim_save_dir(const run_opts *o, int *fd, ms_error *err) {
+    *fd = -1;
+    if (!o->save_dir || ms_mpi_launch_rank() != 0) return MS_OK;
+    ms_status st = ms_dir_lock(o->save_dir, fd, err);
+    return st == MS_OK ? MS_OK : ms_fail_wrap(err, st, "--save-dir");
 }
 
 ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference) {

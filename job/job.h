@@ -78,6 +78,13 @@ ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err);
  * long run never ends by failing to write its result. */
 ms_status job_check_outputs(const run_opts *o, ms_error *err);
 
+/* --save-dir's owner: the process that hosts world rank 0 takes the folder's lock
+ * (ms_dir_lock) for the job's life, so that a second job saving there is refused before it
+ * trains (the message names the folder, the holder's pid and the fix). *fd receives the lock
+ * (-1 when there is nothing to hold: no --save-dir, or another rank's process); the caller
+ * releases it with ms_dir_unlock once the job is over. */
+ms_status job_claim_save_dir(const run_opts *o, int *fd, ms_error *err);
+
 /* The trainer options the flags describe (inference: no optimizer state). */
 ms_train_opts job_train_opts(const run_opts *o, bool keep_logits, bool inference);
 

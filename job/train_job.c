@@ -15,6 +15,7 @@
 
 #include "engine/core/xalloc.h"
 #include "engine/data/dataset.h"
+#include "engine/io/fileio.h"
 #include "engine/io/json_text.h"
 #include "engine/io/safetensors.h"
 #include "engine/train/checkpoint.h"
@@ -440,6 +441,8 @@ int train_job_run(const run_opts *o) {
     live_job job;
     ms_status st = job_plan_resolve(o, &plan, &err);
     if (st == MS_OK) st = job_check_outputs(o, &err);
+    int save_lock = -1; /* held until the job is over: no other job saves into --save-dir */
+    if (st == MS_OK) st = job_claim_save_dir(o, &save_lock, &err);
     if (st == MS_OK) {
         ms_train_opts to = job_train_opts(o, o->sample > 0, false);
         st = ms_train_opts_check(&to, &err);
@@ -456,6 +459,7 @@ int train_job_run(const run_opts *o) {
     }
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
+        ms_dir_unlock(save_lock);
         return 2;
     }
     st = job_launch("train", o, &plan, train_rank, &ta, &err);
@@ -463,6 +467,7 @@ int train_job_run(const run_opts *o) {
         live_job_finish(&job);
         live_job_close(&job);
     }
+    ms_dir_unlock(save_lock);
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
         job_report_flight("train", o->backend == MS_BACKEND_MPI);

@@ -351,3 +351,58 @@ out_nofile:
     free(dir);
     return st;
 }
+
+/* --- folder owners --------------------------------------------------------------------------- */
+
+/* What the holder of a folder's lock wrote into it: "PID HOST", or why it is unknown. */
+static void lock_holder(int fd, char *out, size_t len) {
+    char text[128] = "";
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    long pid = 0;
+    char host[72] = "";
+    if (sscanf(text, "%ld %71s", &pid, host) == 2 && pid > 0)
+        snprintf(out, len, "pid %ld on %s", pid, host);
+    else
+        snprintf(out, len, "a process that has not written its pid yet");
+}
+
+ms_status ms_dir_lock(const char *dir, int *fd, ms_error *err) {
+    *fd = -1;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return ms_fail(err, MS_ERR_IO, "cannot create the folder %s: %s", dir, strerror(errno));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (f < 0) return ms_fail(err, MS_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    int rc;
+    while ((rc = flock(f, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+    }
+    if (rc != 0) {
+        int e = errno;
+        char holder[160];
+        if (e == EWOULDBLOCK) lock_holder(f, holder, sizeof holder);
+        close(f);
+        if (e == EWOULDBLOCK)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "the folder %s is in use by another job (%s): wait for that job to "
+                           "end, or give this one another folder",
+                           dir, holder);
+        return ms_fail(err, MS_ERR_IO, "cannot lock %s: %s", path, strerror(e));
+    }
+    char host[64] = "?", line[128];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    int n = snprintf(line, sizeof line, "%ld %s\n", (long)getpid(), host);
+    if (ftruncate(f, 0) != 0 || pwrite(f, line, (size_t)n, 0) != n) {
+        int e = errno;
+        close(f);
+        return ms_fail(err, MS_ERR_IO, "cannot write %s: %s", path, strerror(e));
+    }
+    *fd = f;
+    return MS_OK;
+}
+
+void ms_dir_unlock(int fd) {
+    if (fd >= 0) close(fd);
+}

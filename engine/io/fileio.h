@@ -36,6 +36,16 @@ ms_status ms_write_file_durable(const char *path, ms_durable_writer writer, void
 /* fwrite that fails with MS_ERR_IO (naming `path` and errno) on a short write. */
 ms_status ms_durable_fwrite(FILE *f, const void *p, size_t n, const char *path, ms_error *err);
 
+/* The owner of a folder that one job at a time may write (a checkpoint folder): an exclusive
+ * flock on DIR/.lock (DIR is created if missing), held until ms_dir_unlock or the process's
+ * end, however it ends (the kernel drops the lock with the last descriptor, so a killed job
+ * never leaves its folder locked). The holder writes "PID HOST" into the file; a refused
+ * caller gets MS_ERR_INVALID naming the folder and that holder. *fd receives the descriptor
+ * that holds the lock (close-on-exec); -1 on failure. */
+ms_status ms_dir_lock(const char *dir, int *fd, ms_error *err);
+/* Releases a lock of ms_dir_lock (fd < 0: nothing). */
+void ms_dir_unlock(int fd);
+
 /* Testing only: makes the next durable write fail at a given stage, once, as if the disk
  * did. Tests arm it right before the write they exercise, with no other writes running;
  * while unarmed it costs one atomic load per write and is safe with concurrent writers. */
