@@ -44,7 +44,10 @@ command -v perf >/dev/null || { echo "profile_train: perf is not installed" >&2;
 [ -s data/kjv.txt ] || bash scripts/prepare-data.sh
 
 tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+pid=
+# The training run never outlives the script: an early exit (set -e, a signal) ends it too.
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'exit 143' TERM INT HUP
 OPENBLAS_NUM_THREADS="$threads" "$exe" train --model "$model" --data data/kjv.txt \
   --steps "$steps" --batch "$batch" --seq "$seq" --threads "$threads" \
   --log-jsonl "$tmp/log.jsonl" --log-every 1000000 >"$tmp/train.out" 2>&1 &

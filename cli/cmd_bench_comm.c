@@ -9,21 +9,21 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <malloc.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/comm/comm.h"
+#include "cli/child.h"
 #include "cli/commands.h"
 #include "engine/core/xalloc.h"
 #include "engine/runtime/ctx.h"
@@ -33,8 +33,6 @@
 #ifdef MS_HAVE_MPI
 #include <mpi.h>
 #endif
-
-extern char **environ;
 
 /* --- options --------------------------------------------------------------------------------- */
 
@@ -582,6 +580,7 @@ int ms_cmd_bench_comm_mpi_worker(int argc, char **argv) {
 /* --- MPI side: the parent -------------------------------------------------------------------- */
 
 #define MPI_SIDE_TIMEOUT_S 1800 /* a stuck mpirun is killed rather than waited for forever */
+#define MPI_SIDE_GRACE_S   10   /* after SIGTERM, before SIGKILL */
 
 #ifdef MS_HAVE_MPI
 
@@ -677,19 +676,16 @@ static ms_status run_mpi(const bench_opts *o, int n, rows *out, ms_error *err) {
     if (o->mpi_default_malloc) argv[na++] = "--mpi-default-malloc";
     argv[na] = NULL;
     int fds[2];
-    if (pipe(fds) != 0) return ms_fail(err, MS_ERR_IO, "pipe: %s", strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    posix_spawn_file_actions_addclose(&fa, fds[1]);
-    pid_t pid;
-    int rc = posix_spawn(&pid, mpirun, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
+    if (pipe2(fds, O_CLOEXEC) != 0) return ms_fail(err, MS_ERR_IO, "pipe: %s", strerror(errno));
+    /* mpirun and its ranks in a process group of their own: a signal to the bench reaches
+     * all of them, and none outlives it (cli/child.h). */
+    ms_child child;
+    int rc = ms_child_start(argv, true, fds[1], &child);
+    int e = errno;
     close(fds[1]);
     if (rc != 0) {
         close(fds[0]);
-        return ms_fail(err, MS_ERR_IO, "cannot start %s: %s", mpirun, strerror(rc));
+        return ms_fail(err, MS_ERR_IO, "cannot start %s: %s", mpirun, strerror(e));
     }
     /* Read rows line by line; anything else the child prints goes to our stderr, so that
      * stdout stays clean for --json. */
@@ -732,17 +728,17 @@ static ms_status run_mpi(const bench_opts *o, int n, rows *out, ms_error *err) {
         if (have == sizeof buf - 1) have = 0; /* an absurdly long line: drop it */
     }
     close(fds[0]);
-    if (timed_out) kill(pid, SIGTERM);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    int code = timed_out ? ms_child_stop(&child, SIGTERM, MPI_SIDE_GRACE_S)
+                         : ms_child_wait(&child, MPI_SIDE_GRACE_S);
     if (timed_out)
         return ms_fail(err, MS_ERR_TIMEOUT, "the MPI side with %d ranks did not finish within %d s",
                        n, MPI_SIDE_TIMEOUT_S);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    if (ms_child_forwarded())
+        return ms_fail(err, MS_ERR_IO, "the MPI side with %d ranks was stopped by signal %d", n,
+                       ms_child_forwarded());
+    if (code != 0)
         return ms_fail(err, MS_ERR_COMM, "the MPI side with %d ranks failed (%s %d) after %d rows",
-                       n, WIFEXITED(status) ? "exit code" : "signal",
-                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), got);
+                       n, code > 128 ? "signal" : "exit code", code > 128 ? code - 128 : code, got);
     return MS_OK;
 }
 
@@ -943,6 +939,10 @@ int ms_cmd_bench_comm(int argc, char **argv) {
                 fprintf(stderr, "meshscope bench comm: %s\n", err.msg);
                 rc = 1;
             }
+        }
+        if (ms_child_forwarded()) { /* told to stop: no more world sizes */
+            free(rs.v);
+            return 128 + ms_child_forwarded();
         }
     }
     if (mpi_ran && !o.mpi_default_malloc)

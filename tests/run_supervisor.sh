@@ -59,9 +59,10 @@ else
   bad "--world 2: exit $rc; $(grep -E 'run:' "$tmp/run2.txt" | head -3)"
 fi
 
-"$bin" run --max-restarts 1 -- "${job[@]}" --dp 3 --save-dir "$tmp/ck3" >"$tmp/run3.txt" 2>&1
+# (a job that exits 2 refused its command line: that is never retried, see job_hardening.sh)
+"$bin" run --max-restarts 1 -- sh -c 'exit 3' sh --save-dir "$tmp/ck3" >"$tmp/run3.txt" 2>&1
 rc=$?
-if [ $rc -eq 2 ] && grep -q "gave up after 1 restart" "$tmp/run3.txt"; then
+if [ $rc -eq 3 ] && grep -q "gave up after 1 restart" "$tmp/run3.txt"; then
   ok "a job that keeps failing: given up after 1 restart, its exit code ($rc)"
 else
   bad "a job that keeps failing: exit $rc; $(tail -2 "$tmp/run3.txt")"
