@@ -9,7 +9,8 @@
 #  - SIGTERM to meshscope run (and to bench comm) ends the job it started, mpirun and its ranks
 #    included, within a bound (SIGKILL after --grace), without a restart, exiting non-zero;
 #  - a switch posted to the dashboard that training ends before carrying out is said.
-# Usage: job_hardening.sh path/to/meshscope SOURCE_DIR [MPIEXEC]
+# Usage: job_hardening.sh path/to/meshscope-faults SOURCE_DIR [MPIEXEC] (the test build of the
+# binary: two cases stall a rank with MS_TEST_STALL, tests/fault_hooks.c)
 # (no MPIEXEC, or a build without MPI: the mpirun cases are left out).
 set -u
 bin=$(realpath "$1")
