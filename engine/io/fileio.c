@@ -18,43 +18,82 @@
 
 #include "engine/core/xalloc.h"
 
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a folder";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+ms_status ms_open_regular(const char *path, int *fd, uint64_t *size, ms_error *err) {
+    *fd = -1;
+    *size = 0;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(f, &sb) != 0) {
+        int e = errno;
+        close(f);
+        return ms_fail(err, MS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(f);
+        return ms_fail(err, MS_ERR_IO, "%s: is %s, not a regular file", path,
+                       file_kind(sb.st_mode));
+    }
+    /* reads block as usual from here on */
+    int flags = fcntl(f, F_GETFL);
+    if (flags >= 0) fcntl(f, F_SETFL, flags & ~O_NONBLOCK);
+    *fd = f;
+    *size = (uint64_t)sb.st_size;
+    return MS_OK;
+}
+
+ms_status ms_read_exact(int fd, void *buf, size_t n, const char *path, ms_error *err) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, (char *)buf + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return ms_fail(err, MS_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        /* A short read without an error means the file shrank while we read it. */
+        if (k == 0)
+            return ms_fail(err, MS_ERR_IO,
+                           "%s: read %zu of %zu bytes: the file changed while "
+                           "reading",
+                           path, got, n);
+        got += (size_t)k;
+    }
+    return MS_OK;
+}
+
 ms_status ms_read_file(const char *path, size_t max_bytes, uint8_t **out, size_t *len,
                        ms_error *err) {
     *out = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ms_fail(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
-        int e = errno;
-        fclose(f);
-        return ms_fail(err, MS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return ms_fail(err, MS_ERR_IO, "%s: is not a regular file (a folder or a device?)", path);
-    }
-    if ((uint64_t)sb.st_size > (uint64_t)max_bytes) {
-        fclose(f);
+    int fd;
+    uint64_t size;
+    MS_CHECK(ms_open_regular(path, &fd, &size, err));
+    if (size > (uint64_t)max_bytes) {
+        close(fd);
         return ms_fail(err, MS_ERR_INVALID,
-                       "%s: file is %lld bytes, more than the %zu-byte limit for this kind of "
+                       "%s: file is %llu bytes, more than the %zu-byte limit for this kind of "
                        "file; is it the right file?",
-                       path, (long long)sb.st_size, max_bytes);
+                       path, (unsigned long long)size, max_bytes);
     }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)size;
     uint8_t *buf = malloc(n + 1);
     if (!buf) {
-        fclose(f);
+        close(fd);
         return ms_fail(err, MS_ERR_NOMEM, "%s: cannot allocate %zu bytes to read it", path, n + 1);
     }
-    size_t got = n ? fread(buf, 1, n, f) : 0;
-    int rerr = ferror(f), e = errno;
-    fclose(f);
-    if (got != n || rerr) {
+    ms_status st = ms_read_exact(fd, buf, n, path, err);
+    close(fd);
+    if (st != MS_OK) {
         free(buf);
-        /* A short read without an error means the file shrank while we read it. */
-        return ms_fail(err, MS_ERR_IO, "%s: read %zu of %zu bytes: %s", path, got, n,
-                       rerr ? strerror(e) : "the file changed while reading");
+        return st;
     }
     buf[n] = '\0';
     *out = buf;

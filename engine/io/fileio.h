@@ -12,9 +12,21 @@
 
 #include "engine/core/status.h"
 
+/* Opens `path` for reading if it is a regular file. The open does not wait (O_NONBLOCK), so
+ * a FIFO or a device where a data file belongs cannot hang the reader; fstat then refuses
+ * anything but a regular file. Fails with MS_ERR_IO (missing, unreadable, or not a regular
+ * file: the message names what it is, "a FIFO", "a character device", ...). On success the
+ * caller owns *fd (blocking again; close it) and *size is the file's size. */
+ms_status ms_open_regular(const char *path, int *fd, uint64_t *size, ms_error *err);
+
+/* Reads exactly n bytes at the current offset of fd into buf; a short read (the file
+ * shrank) or a read error fails with MS_ERR_IO naming `path`. */
+ms_status ms_read_exact(int fd, void *buf, size_t n, const char *path, ms_error *err);
+
 /* Reads all of `path` into a new buffer with one extra '\0' byte after the data (so text
- * can be parsed in place). Fails with MS_ERR_IO (missing, unreadable, a directory) or
- * MS_ERR_INVALID (larger than max_bytes, the message names the size and the cap).
+ * can be parsed in place). Fails with MS_ERR_IO (missing, unreadable, a directory, a FIFO or
+ * a device: only regular files are read) or MS_ERR_INVALID (larger than max_bytes, the
+ * message names the size and the cap), before reading anything.
  * On success the caller owns *out and frees it with free(); on failure *out is NULL. */
 ms_status ms_read_file(const char *path, size_t max_bytes, uint8_t **out, size_t *len,
                        ms_error *err);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/core/xalloc.h"
 #include "engine/io/json_text.h"
@@ -492,19 +493,15 @@ ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t f
 
 ms_status ms_safetensors_read(const char *path, ms_st_file *out, ms_error *err) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return ms_fail(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
+    int fd;
+    uint64_t size;
+    MS_CHECK(ms_open_regular(path, &fd, &size, err)); /* a FIFO or a device: refused, no wait */
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
         int e = errno;
-        fclose(f);
-        return ms_fail(err, MS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+        close(fd);
+        return ms_fail(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
     }
-    if (!S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return ms_fail(err, MS_ERR_IO, "%s: is not a regular file (a folder?)", path);
-    }
-    const uint64_t size = (uint64_t)sb.st_size;
     uint8_t len8[8] = {0};
     size_t got = fread(len8, 1, 8, f);
     uint64_t hl = 0;
