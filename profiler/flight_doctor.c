@@ -7,19 +7,26 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "engine/comm/comm_impl.h"
 #include "engine/comm/flight.h"
+#include "engine/io/fileio.h"
+
+/* A dump holds at most MS_FLIGHT_RING entries of a few hundred bytes each: a file far larger
+ * than that is no dump, and is refused by its size before a byte of it is read. */
+#define DUMP_MAX_BYTES (64u << 20)
 
 /* One rank's dump. */
 typedef struct dump {
     const char *path;
-    int rank;
+    int rank;      /* 0..MS_FLIGHT_MAX_RANK */
     char host[64]; /* "" in dumps that predate it */
     char reason[MS_ERROR_MSG_MAX];
     int64_t now_ns;
@@ -30,14 +37,36 @@ typedef struct dump {
     bool empty, head_cut;
 } dump;
 
+/* A number as int64, 0 when absent; saturated at int64's ends (a dump is input: a cast of a
+ * double out of range would be undefined). */
 static int64_t num(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : 0;
+    if (!cJSON_IsNumber(v)) return 0;
+    if (v->valuedouble >= 0x1p63) return INT64_MAX;
+    if (v->valuedouble < -0x1p63) return INT64_MIN;
+    return (int64_t)v->valuedouble;
 }
 
 static const char *str(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Whether v is a whole number in lo..hi. */
+static bool in_range(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
+           v->valuedouble == (double)(int64_t)v->valuedouble;
+}
+
+/* A rank field of o into *out (def when absent); false when it is no rank (nor -1 where
+ * `none` allows it). */
+static bool rank_of(const cJSON *o, const char *key, bool none, int def, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = def;
+    if (!v) return true;
+    if (!in_range(v, none ? -1 : 0, MS_FLIGHT_MAX_RANK)) return false;
+    *out = (int)v->valuedouble;
+    return true;
 }
 
 static int lookup(const char *name, const char *(*name_of)(int), int n) {
@@ -58,12 +87,39 @@ static const char *dtype_name(int i) {
     return ms_comm_dtype_name((ms_comm_dtype)i);
 }
 
-/* One entry line into e; false when it is not one. */
-static bool parse_entry(const cJSON *o, ms_flight_entry *e) {
+/* The ranks of an entry: root, peer, its place and size in the communicator, its members and
+ * those a timeout named; NULL when they are ranks, else what is wrong. */
+static const char *parse_entry_ranks(const cJSON *o, ms_flight_entry *e) {
+    int root, peer, comm_rank, comm_size;
+    if (!rank_of(o, "root", true, 0, &root) || !rank_of(o, "peer", true, 0, &peer) ||
+        !rank_of(o, "comm_rank", false, 0, &comm_rank) ||
+        !rank_of(o, "comm_size", false, 0, &comm_size))
+        return "root, peer, comm_rank or comm_size is not a rank (-1 or 0..32767)";
+    e->root = (int16_t)root;
+    e->peer = (int16_t)peer;
+    e->comm.rank = comm_rank;
+    e->comm.size = comm_size;
+    snprintf(e->comm.ranks, sizeof e->comm.ranks, "%s", str(o, "ranks"));
+    if (ms_flight_parse_ranks(e->comm.ranks, NULL, 0) < 0)
+        return "\"ranks\" names a rank past 32767";
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "missing"), *v;
+    if (m && !cJSON_IsArray(m)) return "\"missing\" is not a list of ranks";
+    cJSON_ArrayForEach(v, m) {
+        if (!in_range(v, 0, MS_FLIGHT_MAX_RANK))
+            return "\"missing\" holds something other than a rank (0..32767)";
+        if (e->n_missing < MS_FLIGHT_MAX_MISSING)
+            e->missing[e->n_missing++] = (int16_t)v->valuedouble;
+    }
+    return NULL;
+}
+
+/* One entry line into e; NULL when it is one, else what is wrong ("" when it is no entry at
+ * all: no op, state or seq). */
+static const char *parse_entry(const cJSON *o, ms_flight_entry *e) {
     memset(e, 0, sizeof *e);
     int kind = lookup(str(o, "op"), coll_name, MS_COLL_KIND_COUNT);
     int state = lookup(str(o, "state"), state_name, MS_FLIGHT_STATE_COUNT);
-    if (kind < 0 || state < 0 || !cJSON_GetObjectItemCaseSensitive(o, "seq")) return false;
+    if (kind < 0 || state < 0 || !cJSON_GetObjectItemCaseSensitive(o, "seq")) return "";
     e->kind = (uint8_t)kind;
     e->state = (uint8_t)state;
     int dt = lookup(str(o, "dtype"), dtype_name, MS_COMM_DTYPE_COUNT);
@@ -72,8 +128,6 @@ static bool parse_entry(const cJSON *o, ms_flight_entry *e) {
     e->status = (int16_t)(status < 0 ? MS_OK : status);
     e->seq = num(o, "seq");
     e->bytes = (uint64_t)num(o, "bytes");
-    e->root = (int16_t)num(o, "root");
-    e->peer = (int16_t)num(o, "peer");
     const char *p2p = str(o, "p2p");
     e->n_p2p = *p2p != '\0';
     e->p2p_send = !strcmp(p2p, "send");
@@ -81,71 +135,127 @@ static bool parse_entry(const cJSON *o, ms_flight_entry *e) {
     e->t_start_ns = num(o, "start_ns");
     e->t_end_ns = num(o, "end_ns");
     snprintf(e->comm.name, sizeof e->comm.name, "%s", str(o, "comm"));
-    snprintf(e->comm.ranks, sizeof e->comm.ranks, "%s", str(o, "ranks"));
     e->comm.id = (uint32_t)num(o, "comm_id");
-    e->comm.rank = (int32_t)num(o, "comm_rank");
-    e->comm.size = (int32_t)num(o, "comm_size");
-    e->comm.timeout_ns = num(o, "timeout_ms") * 1000000;
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "missing"), *v;
-    cJSON_ArrayForEach(v, m) {
-        if (cJSON_IsNumber(v) && e->n_missing < MS_FLIGHT_MAX_MISSING)
-            e->missing[e->n_missing++] = (int16_t)v->valueint;
-    }
-    return true;
+    int64_t timeout_ms = num(o, "timeout_ms");
+    e->comm.timeout_ns = timeout_ms > INT64_MAX / 1000000   ? INT64_MAX
+                         : timeout_ms < INT64_MIN / 1000000 ? INT64_MIN
+                                                            : timeout_ms * 1000000;
+    return parse_entry_ranks(o, e);
 }
 
-/* Whether line, cut off, begins as a dump's header does. */
-static bool is_head_start(const char *line) {
+/* Whether the cut-off first line line[0..n) begins as a dump's header does. */
+static bool is_head_start(const char *line, size_t n) {
     static const char head[] = "{\"flight\":1,";
-    size_t n = strlen(line);
     return !strncmp(line, head, n < sizeof head - 1 ? n : sizeof head - 1);
 }
 
-/* Reads one dump file: a header line, then entries. */
-static ms_status read_dump(const char *path, dump *d, ms_error *err) {
-    FILE *f = fopen(path, "r");
-    if (!f) return ms_fail(err, MS_ERR_IO, "cannot read %s (%s)", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    int lineno = 0, cap_e = 0;
+/* The header line o of d; fails naming the file. */
+static ms_status parse_head(const cJSON *o, dump *d, ms_error *err) {
+    if (!o || num(o, "flight") != 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s is not a flight recorder dump: its first line lacks \"flight\":1 "
+                       "(docs/formats.md); remove it from the folder",
+                       d->path);
+    const cJSON *rank = cJSON_GetObjectItemCaseSensitive(o, "rank");
+    if (!in_range(rank, 0, MS_FLIGHT_MAX_RANK)) {
+        char was[40] = "missing";
+        if (cJSON_IsNumber(rank)) snprintf(was, sizeof was, "%.17g", rank->valuedouble);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s is not a flight recorder dump: its header's \"rank\" is %s, not a "
+                       "world rank (0..%d); remove it from the folder",
+                       d->path, was, MS_FLIGHT_MAX_RANK);
+    }
+    d->rank = (int)rank->valuedouble;
+    d->now_ns = num(o, "now_ns");
+    snprintf(d->reason, sizeof d->reason, "%s", str(o, "reason"));
+    snprintf(d->host, sizeof d->host, "%s", str(o, "host"));
+    return MS_OK;
+}
+
+/* Line `lineno` (2 on) of d, parsed into o (NULL: not JSON; whole: it ends in a newline):
+ * one more entry, or the note that the dump was cut off; fails naming the file and the line. */
+static ms_status parse_line(const cJSON *o, bool whole, int lineno, dump *d, int *cap,
+                            ms_error *err) {
+    if (d->n == MS_FLIGHT_RING)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s holds more than %d entries, more than a flight recorder keeps: it is "
+                       "not a flight recorder dump; remove it from the folder",
+                       d->path, MS_FLIGHT_RING);
+    if (d->n == *cap) {
+        *cap = *cap ? 2 * *cap : 8;
+        d->e = xrealloc(d->e, sizeof *d->e * (size_t)*cap);
+    }
+    const char *why = o ? parse_entry(o, &d->e[d->n]) : "";
+    if (!why) {
+        d->n++;
+        return MS_OK;
+    }
+    if (!whole) { /* the dump stopped mid-entry; the complete entries before it stand */
+        d->cut = true;
+        return MS_OK;
+    }
+    if (!*why)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s line %d is not a flight recorder entry; remove the file or the line",
+                       d->path, lineno);
+    return ms_fail(err, MS_ERR_INVALID, "%s line %d: %s; remove the file or the line", d->path,
+                   lineno, why);
+}
+
+/* Reads one dump from text[0..len): a header line, then entries. A last line without its
+ * newline is the dump stopped mid-entry (killed while writing, as the launcher does to a
+ * stopped rank). */
+static ms_status parse_dump(const char *text, size_t len, dump *d, ms_error *err) {
+    d->empty = len == 0;
+    if (memchr(text, '\0', len))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s holds NUL bytes: it is not a flight recorder dump (docs/formats.md); "
+                       "remove it from the folder",
+                       d->path);
+    int lineno = 0, cap = 0;
     ms_status st = MS_OK;
-    ssize_t len;
-    while (st == MS_OK && !d->cut && (len = getline(&line, &cap, f)) > 0) {
+    for (size_t pos = 0; pos < len && st == MS_OK && !d->cut;) {
+        const char *line = text + pos, *nl = memchr(line, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - line) + 1 : len - pos;
+        pos += n;
         lineno++;
-        /* a last line without its newline: the dump stopped mid-entry (killed while writing,
-         * as the launcher does to a stopped rank); the complete entries before it stand */
-        bool whole = line[len - 1] == '\n';
-        cJSON *o = cJSON_Parse(line);
-        if (lineno == 1 && !whole && is_head_start(line)) {
+        if (lineno == 1 && !nl && is_head_start(line, n)) {
             d->head_cut = true; /* killed mid-header: nothing to read, not a foreign file */
-        } else if (lineno == 1) {
-            if (!o || num(o, "flight") != 1)
-                st = ms_fail(err, MS_ERR_INVALID,
-                             "%s is not a flight recorder dump: its first line lacks "
-                             "\"flight\":1 (docs/formats.md); remove it from the folder",
-                             path);
-            d->rank = (int)num(o, "rank");
-            d->now_ns = num(o, "now_ns");
-            snprintf(d->reason, sizeof d->reason, "%s", str(o, "reason"));
-            snprintf(d->host, sizeof d->host, "%s", str(o, "host"));
-        } else {
-            if (d->n == cap_e)
-                d->e = xrealloc(d->e, sizeof *d->e * (size_t)(cap_e = cap_e * 2 + 64));
-            if (o && parse_entry(o, &d->e[d->n]))
-                d->n++;
-            else if (!whole)
-                d->cut = true;
-            else
-                st = ms_fail(err, MS_ERR_INVALID,
-                             "%s line %d is not a flight recorder entry; remove the file or the "
-                             "line",
-                             path, lineno);
+            break;
         }
+        cJSON *o = cJSON_ParseWithLength(line, n);
+        st = lineno == 1 ? parse_head(o, d, err) : parse_line(o, nl != NULL, lineno, d, &cap, err);
         cJSON_Delete(o);
     }
-    d->empty = lineno == 0;
-    free(line);
-    fclose(f);
+    return st;
+}
+
+/* Reads the dump at d->path: a regular file (a FIFO or a device named like a dump would block
+ * or never end) no larger than a dump can be, refused by name otherwise. */
+static ms_status read_dump(dump *d, ms_error *err) {
+    int fd;
+    uint64_t size;
+    ms_status st = ms_open_regular(d->path, &fd, &size, err);
+    if (st != MS_OK) {
+        char why[MS_ERROR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", err ? err->msg : "");
+        return ms_fail(err, st,
+                       "%s; a flight recorder dump is a regular file: remove it from "
+                       "the folder",
+                       why);
+    }
+    if (size > DUMP_MAX_BYTES) {
+        close(fd);
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s is %llu bytes, more than the %u MiB a flight recorder dump can take "
+                       "(%d entries at most): it is not one; remove it from the folder",
+                       d->path, (unsigned long long)size, DUMP_MAX_BYTES >> 20, MS_FLIGHT_RING);
+    }
+    char *text = xmalloc((size_t)size + 1);
+    st = ms_read_exact(fd, text, (size_t)size, d->path, err);
+    close(fd);
+    if (st == MS_OK) st = parse_dump(text, (size_t)size, d, err);
+    free(text);
     return st;
 }
 
@@ -158,7 +268,7 @@ static const dump *find_rank(const dump *d, int nd, int rank) {
 /* How long a rank waited in e, as of its dump. */
 static int64_t waited_ns(const dump *d, const ms_flight_entry *e) {
     int64_t end = e->t_end_ns ? e->t_end_ns : d->now_ns;
-    return end - (e->t_start_ns ? e->t_start_ns : e->t_issue_ns);
+    return ms_flight_span_ns(e->t_start_ns ? e->t_start_ns : e->t_issue_ns, end);
 }
 
 static void put_duration(ms_strbuf *out, int64_t ns) {
@@ -216,53 +326,88 @@ static bool member_finding(const dump *d, int nd, bool partial, int m, const ms_
     return true;
 }
 
+/* The ranks that dumped as stuck in w's call into out[0..) (room for nd), in rank order, with
+ * those named missing by others (they came after the others gave up) in late[0..) instead;
+ * with `member` set, ranks that are not among its members in strangers[0..) instead. */
+typedef struct stuck {
+    int *waiting, *late, *strangers;
+    int nw, nl, ns;
+    int64_t waited; /* the longest wait of those waiting */
+} stuck;
+
+static void find_stuck(const dump *d, int nd, const ms_flight_entry *w, const bool *member,
+                       stuck *s) {
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
+        if (!x || x->comm.id != w->comm.id || x->seq != w->seq) continue;
+        if (member && !member[d[i].rank]) {
+            s->strangers[s->ns++] = d[i].rank;
+        } else if (x->status != MS_ERR_TIMEOUT && named_missing(d, nd, d[i].rank)) {
+            s->late[s->nl++] = d[i].rank; /* the others timed out before it came */
+        } else {
+            s->waiting[s->nw++] = d[i].rank;
+            if (waited_ns(&d[i], x) > s->waited) s->waited = waited_ns(&d[i], x);
+        }
+    }
+}
+
 /* The findings about collective w (where some rank was stuck): who never entered it, who came
  * only after the others gave up on it, who died without a dump, who called something else, and
- * how long the others waited. */
+ * how long the others waited. Every list is as long as the dumps or the ranks a dump can name
+ * (a folder may hold any number of dumps). */
 static void diagnose_collective(const dump *d, int nd, bool partial, const ms_flight_entry *w,
                                 ms_strbuf *out) {
     char call[160], ranks[96];
     ms_flight_format_call(w, call, sizeof call);
-    int members[MS_COMM_MAX_RANKS], waiting[MS_COMM_MAX_RANKS], late[MS_COMM_MAX_RANKS];
-    int n = ms_flight_parse_ranks(w->comm.ranks, members, MS_COMM_MAX_RANKS), nw = 0, nl = 0;
-    int64_t waited = 0;
-    for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
-        if (!x || x->comm.id != w->comm.id || x->seq != w->seq) continue;
-        if (x->status != MS_ERR_TIMEOUT && named_missing(d, nd, d[i].rank)) {
-            late[nl++] = d[i].rank; /* the others timed out before it came */
-            continue;
-        }
-        waiting[nw++] = d[i].rank;
-        if (waited_ns(&d[i], x) > waited) waited = waited_ns(&d[i], x);
-    }
-    ms_flight_format_ranks(waiting, nw, ranks, sizeof ranks);
+    enum { ALL = MS_FLIGHT_MAX_RANK + 1 };
+    int *members = xmalloc(sizeof *members * ALL);
+    bool *member = xcalloc(ALL, sizeof *member), *said = xcalloc(ALL, sizeof *said);
+    int n = ms_flight_parse_ranks(w->comm.ranks, members, ALL); /* checked when read */
+    for (int i = 0; i < n; i++) member[members[i]] = true;
+    /* a list cut short ("0,2,4,...") does not say who else is a member */
+    bool whole_list = !strstr(w->comm.ranks, "...");
+    stuck s = {.waiting = xmalloc(sizeof(int) * (size_t)nd),
+               .late = xmalloc(sizeof(int) * (size_t)nd),
+               .strangers = xmalloc(sizeof(int) * (size_t)nd)};
+    find_stuck(d, nd, w, whole_list ? member : NULL, &s);
+    ms_flight_format_ranks(s.waiting, s.nw, ranks, sizeof ranks);
+    for (int k = 0; k < s.nw; k++) said[s.waiting[k]] = true;
+    for (int k = 0; k < s.nl; k++) said[s.late[k]] = true;
     int named = 0;
     for (int i = 0; i < n; i++) {
-        bool seen = false;
-        for (int k = 0; k < nw; k++) seen |= waiting[k] == members[i];
-        for (int k = 0; k < nl; k++) seen |= late[k] == members[i];
-        if (seen) continue;
+        if (said[members[i]]) continue;
+        said[members[i]] = true;
         if (!member_finding(d, nd, partial, members[i], w, call, out)) continue;
         named++;
-        ms_strbuf_printf(out, "; rank%s %s waited ", nw > 1 ? "s" : "", ranks);
-        put_duration(out, waited);
+        ms_strbuf_printf(out, "; rank%s %s waited ", s.nw > 1 ? "s" : "", ranks);
+        put_duration(out, s.waited);
         ms_strbuf_printf(out, "\n");
     }
-    for (int k = 0; k < nl && nw; k++, named++) {
-        ms_strbuf_printf(out, "rank %d came late to %s: rank%s %s waited ", late[k], call,
-                         nw > 1 ? "s" : "", ranks);
-        put_duration(out, waited);
+    for (int k = 0; k < s.nl && s.nw; k++, named++) {
+        ms_strbuf_printf(out, "rank %d came late to %s: rank%s %s waited ", s.late[k], call,
+                         s.nw > 1 ? "s" : "", ranks);
+        put_duration(out, s.waited);
         ms_strbuf_printf(out, " for it and gave up first\n");
     }
-    if (!named && !partial) {
+    if (s.ns) {
+        char others[96];
+        ms_flight_format_ranks(s.strangers, s.ns, others, sizeof others);
+        ms_strbuf_printf(out,
+                         "rank%s %s dumped as in %s but %s not among its ranks: %s dump%s "
+                         "another job's or corrupt\n",
+                         s.ns > 1 ? "s" : "", others, call, s.ns > 1 ? "are" : "is",
+                         s.ns > 1 ? "their" : "its", s.ns > 1 ? "s are" : " is");
+    }
+    if (!named && !partial && s.nw + s.nl) {
         ms_strbuf_printf(out,
                          "every member entered %s and none finished: the transfer itself "
                          "stalled (waited ",
                          call);
-        put_duration(out, waited);
+        put_duration(out, s.waited);
         ms_strbuf_printf(out, ")\n");
     }
+    free(s.waiting), free(s.late), free(s.strangers);
+    free(members), free(member), free(said);
 }
 
 /* A point-to-point batch a rank was stuck in. */
@@ -295,10 +440,11 @@ static bool only_culprits(const dump *d, int nd, const ms_flight_entry *w) {
 
 /* The world ranks of host's dumps, as a compact list. */
 static void host_ranks(const dump *d, int nd, const char *host, char *out, size_t len) {
-    int ranks[MS_COMM_MAX_RANKS], n = 0;
-    for (int i = 0; i < nd && n < MS_COMM_MAX_RANKS; i++)
+    int *ranks = xmalloc(sizeof *ranks * (size_t)nd), n = 0;
+    for (int i = 0; i < nd; i++)
         if (!strcmp(d[i].host, host)) ranks[n++] = d[i].rank;
     ms_flight_format_ranks(ranks, n, out, len);
+    free(ranks);
 }
 
 /* Whether ranks of host a named ranks of host b as missing. */
@@ -345,12 +491,12 @@ static bool diagnose_hosts(const dump *d, int nd, ms_strbuf *out) {
         any = true;
     }
     if (!any) return false;
-    const char *hosts[64]; /* distinct, in rank order */
+    const char **hosts = xmalloc(sizeof *hosts * (size_t)nd); /* distinct, in rank order */
     int nh = 0;
     for (int i = 0; i < nd; i++) {
         bool seen = false;
-        for (int h = 0; h < nh; h++) seen |= !strcmp(hosts[h], d[i].host);
-        if (!seen && nh < 64) hosts[nh++] = d[i].host;
+        for (int h = 0; h < nh && !seen; h++) seen = !strcmp(hosts[h], d[i].host);
+        if (!seen) hosts[nh++] = d[i].host;
     }
     bool said = false;
     for (int x = 0; x < nh; x++)
@@ -368,6 +514,7 @@ static bool diagnose_hosts(const dump *d, int nd, ms_strbuf *out) {
                              a, ra, b, rb, a, b);
             said = true;
         }
+    free(hosts);
     return said;
 }
 
@@ -422,14 +569,8 @@ static int keep_newest(dump *d, int n, ms_strbuf *out) {
     return kept;
 }
 
-ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strbuf *out,
-                          ms_error *err) {
-    dump *d = xcalloc((size_t)(n > 0 ? n : 1), sizeof *d);
-    ms_status st = MS_OK;
-    for (int i = 0; i < n && st == MS_OK; i++) {
-        d[i].path = paths[i];
-        st = read_dump(paths[i], &d[i], err);
-    }
+/* The diagnosis of d[0..n), read (or failed: st); frees what the dumps hold. */
+static ms_status doctor(dump *d, int n, ms_status st, bool partial, ms_strbuf *out, ms_error *err) {
     /* a rank killed before it wrote its header (as the launcher may kill a stopped rank while
      * it dumps) left nothing to read: the others' dumps still tell what happened */
     int usable = 0;
@@ -454,6 +595,32 @@ ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strb
     return st;
 }
 
+ms_status ms_doctor_files(const char *const *paths, int n, bool partial, ms_strbuf *out,
+                          ms_error *err) {
+    dump *d = xcalloc((size_t)(n > 0 ? n : 1), sizeof *d);
+    ms_status st = MS_OK;
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        d[i].path = paths[i];
+        st = read_dump(&d[i], err);
+    }
+    return doctor(d, n, st, partial, out, err);
+}
+
+ms_status ms_doctor_texts(const ms_doctor_text *dumps, int n, bool partial, ms_strbuf *out,
+                          ms_error *err) {
+    dump *d = xcalloc((size_t)(n > 0 ? n : 1), sizeof *d);
+    ms_status st = MS_OK;
+    for (int i = 0; i < n && st == MS_OK; i++) {
+        d[i].path = dumps[i].name;
+        st = dumps[i].len > DUMP_MAX_BYTES
+                 ? ms_fail(err, MS_ERR_INVALID,
+                           "%s is more than the %u MiB a flight recorder dump can take",
+                           dumps[i].name, DUMP_MAX_BYTES >> 20)
+                 : parse_dump(dumps[i].text, dumps[i].len, &d[i], err);
+    }
+    return doctor(d, n, st, partial, out, err);
+}
+
 static bool is_dump_name(const char *name) {
     size_t len = strlen(name);
     return !strncmp(name, "flight-rank", 11) && len > 6 && !strcmp(name + len - 6, ".jsonl");
@@ -471,10 +638,10 @@ ms_status ms_doctor_dir(const char *dir, ms_strbuf *out, ms_error *err) {
                        "the failed job",
                        dir, strerror(errno));
     char **paths = NULL;
-    int n = 0;
+    int n = 0, cap = 0;
     for (struct dirent *de; (de = readdir(dh));) {
         if (!is_dump_name(de->d_name)) continue;
-        paths = xrealloc(paths, sizeof *paths * (size_t)(n + 1));
+        if (n == cap) paths = xrealloc(paths, sizeof *paths * (size_t)(cap = cap ? 2 * cap : 64));
         size_t len = strlen(dir) + strlen(de->d_name) + 2;
         paths[n] = xmalloc(len);
         snprintf(paths[n++], len, "%s/%s", dir, de->d_name);

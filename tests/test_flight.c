@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/comm/flight.h"
@@ -357,6 +358,158 @@ static void test_doctor_names_link_between_hosts(void **state) {
     remove_dir(dir);
 }
 
+/* --- hardening: dumps are input; the doctor bounds what it reads and checks what it is told --- */
+
+static void put_file(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* n dumps of ranks 0..n) with rank `absent` left out, each started in all-reduce seq 5 of the
+ * communicator `ranks`. */
+static void put_stuck_dumps(const char *dir, int n, int absent, const char *ranks) {
+    for (int r = 0; r < n; r++) {
+        if (r == absent) continue;
+        char name[64], text[512];
+        snprintf(name, sizeof name, "flight-rank%d-pid%d.jsonl", r, r);
+        snprintf(text, sizeof text,
+                 "{\"flight\":1,\"rank\":%d,\"now_ns\":100000}\n{\"seq\":5,\"op\":\"all_reduce\","
+                 "\"comm\":\"dp\",\"comm_id\":7,\"ranks\":\"%s\",\"state\":\"started\","
+                 "\"start_ns\":1}\n",
+                 r, ranks);
+        put_file(dir, name, text);
+    }
+}
+
+static void expect_doctor(const char *dir, ms_status want, const char *needle) {
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    ms_status st = ms_doctor_dir(dir, &out, &err);
+    const char *said = st == MS_OK ? (out.p ? out.p : "") : err.msg;
+    if (st != want || !strstr(said, needle))
+        fail_msg("doctor: status %d, expected %d with \"%s\":\n%s", st, want, needle, said);
+    free(out.p);
+}
+
+/* More dumps in one collective than the communicator layer has ranks (1024) once overran the
+ * doctor's stack arrays: thousands are read and diagnosed, and ranks that are not members of
+ * the collective they claim to wait in are named as such. */
+static void hardening_doctor_many_dumps(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    put_stuck_dumps(dir, 4000, -1, "0-3");
+    expect_doctor(dir, MS_OK,
+                  "ranks 4-3999 dumped as in all_reduce seq 5 on 'dp' (ranks 0-3) "
+                  "but are not among its ranks");
+    expect_doctor(dir, MS_OK, "every member entered all_reduce seq 5 on 'dp' (ranks 0-3)");
+    expect_doctor(dir, MS_OK, "per rank (4000 dumps):");
+    remove_dir(dir);
+    /* 1100 members, rank 1100 without a dump: the other 1100 waited for it */
+    make_dir(dir);
+    put_stuck_dumps(dir, 1101, 1100, "0-1100");
+    expect_doctor(dir, MS_OK,
+                  "rank 1100 did not finish all_reduce seq 5 on 'dp' (ranks 0-1100) and left no "
+                  "flight dump (it died or was stopped); ranks 0-1099 waited 0.1 ms\n");
+    remove_dir(dir);
+}
+
+/* Numbers no recorder writes: a timeout or times at the ends of int64 are diagnosed without
+ * overflow; ranks outside 0..32767 (as a header's rank, a missing rank, a peer, a member) are
+ * refused by file and line instead of printed wrapped around. */
+static void hardening_doctor_crafted_numbers(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    static const char head[] = "{\"flight\":1,\"rank\":0,\"now_ns\":100000}\n";
+    static const char entry[] = "{\"seq\":5,\"op\":\"all_reduce\",\"comm\":\"dp\",\"comm_id\":7,"
+                                "\"ranks\":\"0-1\",\"state\":";
+    char text[1024];
+    snprintf(text, sizeof text, "%s%s\"started\",\"start_ns\":1,\"timeout_ms\":1e15}\n", head,
+             entry);
+    put_file(dir, "flight-rank0-pid0.jsonl", text);
+    expect_doctor(dir, MS_OK, "rank 1 did not finish all_reduce seq 5");
+    snprintf(text, sizeof text,
+             "%s%s\"failed\",\"start_ns\":-9e18,\"end_ns\":9e18,\"timeout_ms\":-1e300}\n", head,
+             entry);
+    put_file(dir, "flight-rank0-pid0.jsonl", text);
+    expect_doctor(dir, MS_OK, "rank 0 waited 9223372036.8 s in all_reduce seq 5");
+    put_file(dir, "flight-rank0-pid0.jsonl", "{\"flight\":1,\"rank\":5e9,\"now_ns\":1}\n");
+    expect_doctor(dir, MS_ERR_INVALID, "its header's \"rank\" is 5000000000, not a world rank");
+    static const char *const bad[][2] = {
+        {"\"failed\",\"missing\":[99999]}", "\"missing\" holds something other than a rank"},
+        {"\"failed\",\"missing\":[-1]}", "\"missing\" holds something other than a rank"},
+        {"\"started\",\"p2p\":\"send\",\"peer\":70000}", "root, peer, comm_rank or comm_size"},
+        {"\"started\",\"comm_rank\":1.5}", "root, peer, comm_rank or comm_size"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(text, sizeof text, "%s%s%s\n", head, entry, bad[i][0]);
+        put_file(dir, "flight-rank0-pid0.jsonl", text);
+        expect_doctor(dir, MS_ERR_INVALID, "flight-rank0-pid0.jsonl line 2: ");
+        expect_doctor(dir, MS_ERR_INVALID, bad[i][1]);
+    }
+    snprintf(text, sizeof text,
+             "%s{\"seq\":5,\"op\":\"all_reduce\",\"comm\":\"dp\",\"ranks\":\"0-99999\","
+             "\"state\":\"started\"}\n",
+             head);
+    put_file(dir, "flight-rank0-pid0.jsonl", text);
+    expect_doctor(dir, MS_ERR_INVALID, "line 2: \"ranks\" names a rank past 32767");
+    remove_dir(dir);
+}
+
+/* A FIFO or a device named like a dump is refused by name, never opened for reading (the
+ * doctor once waited forever on a FIFO). The alarm turns a hang into a failure. */
+static void hardening_doctor_non_regular(void **state) {
+    (void)state;
+    char dir[64], path[128];
+    make_dir(dir);
+    put_file(dir, "flight-rank0-pid0.jsonl", "{\"flight\":1,\"rank\":0,\"now_ns\":1}\n");
+    snprintf(path, sizeof path, "%s/flight-rank1-pid1.jsonl", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(30);
+    expect_doctor(dir, MS_ERR_IO, "flight-rank1-pid1.jsonl: is a FIFO, not a regular file");
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink("/dev/zero", path), 0);
+    expect_doctor(dir, MS_ERR_IO, "is a character device, not a regular file");
+    alarm(0);
+    remove_dir(dir);
+}
+
+/* A file larger than a dump can be is refused by its size, unread (a 1 GB file of zeros was
+ * once read whole and taken for a rank killed while dumping); one with NUL bytes is no text;
+ * one with more entries than a recorder keeps is no dump. */
+static void hardening_doctor_bounded_reads(void **state) {
+    (void)state;
+    char dir[64], path[128];
+    make_dir(dir);
+    put_file(dir, "flight-rank0-pid0.jsonl", "{\"flight\":1,\"rank\":0,\"now_ns\":1}\n");
+    snprintf(path, sizeof path, "%s/flight-rank1-pid1.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(ftruncate(fileno(f), (off_t)(1 << 30)), 0); /* sparse: no disk used */
+    fclose(f);
+    expect_doctor(dir, MS_ERR_INVALID,
+                  "flight-rank1-pid1.jsonl is 1073741824 bytes, more than the 64 MiB a flight "
+                  "recorder dump can take");
+    f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(ftruncate(fileno(f), 4096), 0);
+    fclose(f);
+    expect_doctor(dir, MS_ERR_INVALID, "flight-rank1-pid1.jsonl holds NUL bytes");
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"flight\":1,\"rank\":1,\"now_ns\":1}\n", f);
+    for (int i = 0; i <= MS_FLIGHT_RING; i++)
+        fprintf(f, "{\"seq\":%d,\"op\":\"all_reduce\",\"state\":\"done\"}\n", i + 1);
+    fclose(f);
+    expect_doctor(dir, MS_ERR_INVALID, "holds more than 1024 entries");
+    remove_dir(dir);
+}
+
 /* Rank 1 arrives late at the fourth all-reduce; before it does, the alert names it. */
 typedef struct late_args {
     char alert[256];
@@ -490,6 +643,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_hang_alert_names_late_rank),
         cmocka_unit_test(test_hang_alert_in_snapshot_json),
         cmocka_unit_test(test_recorder_overhead),
+        cmocka_unit_test(hardening_doctor_many_dumps),
+        cmocka_unit_test(hardening_doctor_crafted_numbers),
+        cmocka_unit_test(hardening_doctor_non_regular),
+        cmocka_unit_test(hardening_doctor_bounded_reads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -149,16 +149,33 @@ void ms_flight_comm_init(ms_flight_comm *fc, const char *name, const int *world_
     fc->size = size;
 }
 
+/* A rank at s (digits only), into *v; the character after it. Past MS_FLIGHT_MAX_RANK: -1. */
+static const char *parse_rank(const char *s, long *v) {
+    *v = 0;
+    for (; *s >= '0' && *s <= '9'; s++)
+        if (*v <= MS_FLIGHT_MAX_RANK) *v = *v * 10 + (*s - '0'); /* stays far from overflow */
+    if (*v > MS_FLIGHT_MAX_RANK) *v = -1;
+    return s;
+}
+
 int ms_flight_parse_ranks(const char *s, int *out, int cap) {
     int n = 0;
     while (*s >= '0' && *s <= '9') {
-        char *end;
-        long a = strtol(s, &end, 10), b = a;
-        if (*end == '-') b = strtol(end + 1, &end, 10);
+        long a, b;
+        s = parse_rank(s, &a);
+        b = a;
+        if (*s == '-' && s[1] >= '0' && s[1] <= '9') s = parse_rank(s + 1, &b);
+        if (a < 0 || b < 0) return -1;
         for (long v = a; v <= b && n < cap; v++) out[n++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
+        if (*s == ',') s++;
     }
     return n;
+}
+
+int64_t ms_flight_span_ns(int64_t from, int64_t to) {
+    if (to <= from) return 0;
+    uint64_t d = (uint64_t)to - (uint64_t)from; /* exact: the difference is in (0, 2^64) */
+    return d > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)d;
 }
 
 /* --- recorders ------------------------------------------------------------------------- */
@@ -322,7 +339,7 @@ size_t ms_flight_describe(const ms_flight_entry *e, int n, int rank, int64_t now
         put_call(&t, &e[n - 1]);
     } else if (w->state == MS_FLIGHT_FAILED) {
         put_s(&t, " waited ");
-        put_dur(&t, w->t_end_ns - w->t_start_ns);
+        put_dur(&t, ms_flight_span_ns(w->t_start_ns, w->t_end_ns));
         put_s(&t, " in ");
         put_call(&t, w);
         put_s(&t, " and gave up (");
@@ -336,7 +353,7 @@ size_t ms_flight_describe(const ms_flight_entry *e, int n, int rank, int64_t now
         put_s(&t, w->state == MS_FLIGHT_STARTED ? " was in " : " was queued for ");
         put_call(&t, w);
         put_s(&t, " for ");
-        put_dur(&t, now_ns - (w->t_start_ns ? w->t_start_ns : w->t_issue_ns));
+        put_dur(&t, ms_flight_span_ns(w->t_start_ns ? w->t_start_ns : w->t_issue_ns, now_ns));
     }
     return t.n;
 }
@@ -596,7 +613,8 @@ bool ms_flight_hang_alert(int64_t now_ns, double factor, int64_t min_ns, char *o
     int n = ms_flight_parse_ranks(h.e.comm.ranks, members, MS_COMM_MAX_RANKS);
     int absent = 0, unknown = 0;
     for (int i = 0; i < n; i++) {
-        ms_flight *m = atomic_load(&recorders[members[i]]);
+        /* an MPI world may be larger than the ranks that keep a recorder here */
+        ms_flight *m = members[i] < MS_COMM_MAX_RANKS ? atomic_load(&recorders[members[i]]) : NULL;
         if (!m || !m->next) {
             unknown++;
         } else if (!has_entered(m, h.e.comm.id, h.e.seq)) {

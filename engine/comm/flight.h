@@ -26,6 +26,9 @@
 
 #define MS_FLIGHT_RING        1024
 #define MS_FLIGHT_MAX_MISSING 8
+/* The largest world rank an entry can name: ranks are held in 16 bits (root, peer, missing).
+ * Readers of dumps refuse ranks outside 0..MS_FLIGHT_MAX_RANK. */
+#define MS_FLIGHT_MAX_RANK INT16_MAX
 
 typedef enum ms_flight_state {
     MS_FLIGHT_ISSUED,  /* has its sequence number; queued behind earlier non-blocking calls */
@@ -129,8 +132,14 @@ size_t ms_flight_format_call(const ms_flight_entry *e, char *out, size_t len);
 
 /* World ranks as a compact list, "0-3,6" ("..." when cut); returns its length. */
 size_t ms_flight_format_ranks(const int *ranks, int n, char *out, size_t len);
-/* The reverse: a compact list into out[0..cap); returns the count. */
+/* The reverse: a compact list into out[0..cap); returns the count (the list stops at the first
+ * character that continues none, such as a cut list's "..."), or -1 when it names a rank past
+ * MS_FLIGHT_MAX_RANK (a dump's list is input: it may say anything). */
 int ms_flight_parse_ranks(const char *s, int *out, int cap);
+
+/* to - from, for times read from dumps: 0 when to is not later, INT64_MAX when the difference
+ * does not fit, never an overflow. Signal-safe. */
+int64_t ms_flight_span_ns(int64_t from, int64_t to);
 
 /* --- hang alerts ---------------------------------------------------------------------- */
 
