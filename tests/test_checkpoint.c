@@ -19,9 +19,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/io/fileio.h"
 #include "engine/io/safetensors.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/checkpoint_internal.h"
 #include "tests/testkit.h"
 
 #define STEPS 8
@@ -53,8 +56,9 @@ static int train(const char *flags) {
                  "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
                  "-np %d ",
                  np);
-    return run("%s%s train --model %s --data %s --steps %d --batch 8 --seq 16 --log-every 1 %s "
-               "%s > %s/out.txt 2>&1",
+    /* a hang (a loader waiting on a FIFO) fails the test instead of stalling it */
+    return run("timeout 120 %s%s train --model %s --data %s --steps %d --batch 8 --seq 16 "
+               "--log-every 1 %s %s > %s/out.txt 2>&1",
                launcher, bin, model, text, STEPS, use_mpi ? "--backend mpi" : "", flags, dir);
 }
 
@@ -467,6 +471,235 @@ static void info_and_export(void **state) {
     assert_true(out_contains("no checkpoint in"));
 }
 
+/* --- hardening: a checkpoint is input; every loader checks what meta.json claims --- */
+
+typedef void (*meta_edit)(cJSON *meta, void *arg);
+
+/* Rewrites bad/meta.json through edit. */
+static void edit_meta(const char *bad, meta_edit edit, void *arg) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/meta.json", bad);
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    ms_error err = {0};
+    if (ms_read_file(path, 1 << 26, &buf, &n, &err) != MS_OK) fail_msg("%s", err.msg);
+    cJSON *j = cJSON_ParseWithLength((const char *)buf, n);
+    free(buf);
+    assert_non_null(j);
+    edit(j, arg);
+    char *text_out = cJSON_Print(j);
+    cJSON_Delete(j);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text_out, f);
+    fclose(f);
+    cJSON_free(text_out);
+}
+
+static cJSON *at(cJSON *o, const char *key, int i) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return i < 0 ? v : cJSON_GetArrayItem(v, i);
+}
+
+static void set_num(cJSON *arr, int i, double v) {
+    cJSON_SetNumberValue(cJSON_GetArrayItem(arr, i), v);
+}
+
+/* The first tensor's two pieces, split along dim 0 (checked): what the edits below move. */
+static cJSON *first_pieces(cJSON *meta) {
+    cJSON *ps = at(at(meta, "tensors", 0), "pieces", -1);
+    assert_int_equal(cJSON_GetArraySize(ps), 2);
+    assert_true(at(cJSON_GetArrayItem(ps, 1), "start", 0)->valuedouble > 0);
+    return ps;
+}
+
+static void shift_second_piece(cJSON *meta, void *arg) {
+    (void)arg;
+    cJSON *start = at(cJSON_GetArrayItem(first_pieces(meta), 1), "start", -1);
+    set_num(start, 0, cJSON_GetArrayItem(start, 0)->valuedouble - 1); /* one row twice, one never */
+}
+
+static void shrink_second_piece(cJSON *meta, void *arg) {
+    (void)arg;
+    cJSON *shape = at(cJSON_GetArrayItem(first_pieces(meta), 1), "shape", -1);
+    set_num(shape, 0, cJSON_GetArrayItem(shape, 0)->valuedouble - 1); /* the last row: in none */
+}
+
+/* The first tensor 2^40 rows long, its pieces stretched to tile it: meta.json alone is
+ * consistent, but its pieces cannot fit in the files. */
+static void huge_rows(cJSON *meta, void *arg) {
+    (void)arg;
+    double big = 1099511627776.0;
+    cJSON *ps = first_pieces(meta);
+    double rows1 = at(cJSON_GetArrayItem(ps, 1), "shape", 0)->valuedouble;
+    set_num(at(at(meta, "tensors", 0), "shape", -1), 0, big);
+    set_num(at(cJSON_GetArrayItem(ps, 0), "shape", -1), 0, big - rows1);
+    set_num(at(cJSON_GetArrayItem(ps, 1), "start", -1), 0, big - rows1);
+}
+
+static void huge_dims(cJSON *meta, void *arg) {
+    (void)arg;
+    cJSON *shape = at(at(meta, "tensors", 0), "shape", -1);
+    for (int d = 0; d < cJSON_GetArraySize(shape); d++) set_num(shape, d, 1e15);
+}
+
+/* The file entry of rank *(int *)arg says 0 bytes and CRC 0 (what a FIFO or /dev/zero has). */
+static void empty_file_entry(cJSON *meta, void *arg) {
+    cJSON *f = at(meta, "files", *(int *)arg);
+    cJSON_SetNumberValue(at(f, "bytes", -1), 0);
+    cJSON_SetNumberValue(at(f, "crc32", -1), 0);
+}
+
+typedef struct file_sum {
+    int index;
+    uint64_t bytes;
+    uint32_t crc;
+} file_sum;
+
+static void set_file_sum(cJSON *meta, void *arg) {
+    const file_sum *s = arg;
+    cJSON *f = at(meta, "files", s->index);
+    cJSON_SetNumberValue(at(f, "bytes", -1), (double)s->bytes);
+    cJSON_SetNumberValue(at(f, "crc32", -1), (double)s->crc);
+}
+
+/* resume and export of `bad` (and info, which reads meta.json alone, where info_too) refuse
+ * it, saying needle, exiting 1 (or train's non-zero): never an abort, a signal or a hang. */
+static void all_refuse(const char *what, const char *bad, const char *needle, bool info_too) {
+    char flags[4096];
+    snprintf(flags, sizeof flags, "--dp 2 --tp 2 --resume %s", bad);
+    int rc = train(flags);
+    if (rc == 0 || rc >= 124) fail_msg("%s: resume exited %d", what, rc);
+    if (!out_contains(needle)) fail_msg("%s: resume does not say '%s'", what, needle);
+    rc = run("timeout 120 %s checkpoint export %s -o %s/x.safetensors > %s/out.txt 2>&1", bin, bad,
+             dir, dir);
+    if (rc != 1 || !out_contains(needle)) fail_msg("%s: export exited %d", what, rc);
+    if (!info_too) return;
+    rc = run("timeout 120 %s checkpoint info %s > %s/out.txt 2>&1", bin, bad, dir);
+    if (rc != 1 || !out_contains(needle)) fail_msg("%s: info exited %d", what, rc);
+}
+
+/* Pieces that overlap and leave a gap (a piece moved one row onto its neighbour) once loaded
+ * silently: the loader counted covered elements. Every loader now checks exact coverage. */
+static void hardening_ckpt_exact_coverage(void **state) {
+    (void)state;
+    reference();
+    char bad[512];
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, shift_second_piece, NULL);
+    all_refuse("overlap and gap", bad, "meta.json: tensor wte.weight (param): piece 0 (rank 0",
+               true);
+    assert_true(out_contains("overlap (both hold element"));
+    /* one rank reads the whole tensor, where counting found as many elements as it needs */
+    char flags[1024];
+    snprintf(flags, sizeof flags, "--dp 1 --resume %s", bad);
+    refused("overlap and gap, one rank", flags, "overlap (both hold element");
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, shrink_second_piece, NULL);
+    all_refuse("gap", bad, "meta.json: tensor wte.weight (param): element", true);
+    assert_true(out_contains("is in none of its 2 pieces (a gap)"));
+}
+
+/* A shard stored as BF16 where meta.json says F32 was once widened and loaded silently. */
+static void hardening_ckpt_dtype_disagrees(void **state) {
+    (void)state;
+    reference();
+    char bad[512], path[600];
+    fresh_copy(bad, sizeof bad);
+    snprintf(path, sizeof path, "%s/rank-00000.safetensors", bad);
+    ms_st_file f;
+    ms_error err = {0};
+    if (ms_safetensors_read(path, &f, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_st_entry *e = calloc((size_t)f.n, sizeof *e);
+    for (int i = 0; i < f.n; i++) {
+        e[i] = (ms_st_entry){.name = f.tensors[i].name,
+                             .dtype = MS_BF16,
+                             .ndim = f.tensors[i].ndim,
+                             .data = f.tensors[i].data};
+        memcpy(e[i].shape, f.tensors[i].shape, sizeof e[i].shape);
+    }
+    if (ms_safetensors_write(path, e, f.n, NULL, 0, &err) != MS_OK) fail_msg("%s", err.msg);
+    free(e);
+    ms_safetensors_free(&f);
+    file_sum sum = {.index = 0};
+    if (ckpt_file_sum(path, &sum.bytes, &sum.crc, &err) != MS_OK) fail_msg("%s", err.msg);
+    edit_meta(bad, set_file_sum, &sum);
+    all_refuse("BF16 shard, F32 meta.json", bad, "as BF16, meta.json says F32", false);
+}
+
+/* A file entry of rank 2, which writes no piece, 0 bytes long. */
+static void add_empty_file(cJSON *meta, void *arg) {
+    (void)arg;
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "name", "rank-00002.safetensors");
+    cJSON_AddNumberToObject(f, "rank", 2);
+    cJSON_AddNumberToObject(f, "bytes", 0);
+    cJSON_AddNumberToObject(f, "crc32", 0);
+    cJSON_AddItemToArray(at(meta, "files", -1), f);
+}
+
+/* A shard that is a FIFO or /dev/zero, with meta.json saying 0 bytes, once hung resume and
+ * export (its size matched; reading never ended); so would a FIFO for meta.json or latest.
+ * Pieces cannot fit in 0 bytes; a file that holds none is still opened only if regular. */
+static void hardening_ckpt_non_regular_files(void **state) {
+    (void)state;
+    reference();
+    char bad[512];
+    int second = 1;
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, empty_file_entry, &second);
+    assert_int_equal(
+        run("rm %s/rank-00001.safetensors && mkfifo %s/rank-00001.safetensors", bad, bad), 0);
+    all_refuse("FIFO shard", bad, "does not fit in rank-00001.safetensors, 0 bytes", true);
+    assert_int_equal(run("rm %s/rank-00001.safetensors && ln -s /dev/zero "
+                         "%s/rank-00001.safetensors",
+                         bad, bad),
+                     0);
+    all_refuse("shard linked to /dev/zero", bad, "does not fit in rank-00001.safetensors", true);
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, add_empty_file, NULL);
+    assert_int_equal(run("mkfifo %s/rank-00002.safetensors", bad), 0);
+    int rc = run("timeout 120 %s checkpoint export %s -o %s/x.safetensors > %s/out.txt 2>&1", bin,
+                 bad, dir, dir);
+    if (rc != 1 || !out_contains("rank-00002.safetensors: is a FIFO, not a regular file"))
+        fail_msg("FIFO shard of no piece: export exited %d", rc);
+    assert_int_equal(run("rm %s/rank-00002.safetensors && ln -s /dev/zero "
+                         "%s/rank-00002.safetensors",
+                         bad, bad),
+                     0);
+    rc = run("timeout 120 %s checkpoint export %s -o %s/x.safetensors > %s/out.txt 2>&1", bin, bad,
+             dir, dir);
+    if (rc != 1 || !out_contains("is a character device, not a regular file"))
+        fail_msg("/dev/zero shard of no piece: export exited %d", rc);
+    fresh_copy(bad, sizeof bad);
+    assert_int_equal(run("rm %s/meta.json && mkfifo %s/meta.json", bad, bad), 0);
+    all_refuse("FIFO meta.json", bad, "meta.json: is a FIFO, not a regular file", true);
+    assert_int_equal(run("rm -rf %s && mkdir %s && mkfifo %s/latest", bad, bad, bad), 0);
+    rc = run("timeout 120 %s checkpoint info %s > %s/out.txt 2>&1", bin, bad, dir);
+    if (rc != 1 || !out_contains("latest: is a FIFO")) fail_msg("FIFO latest: exit %d", rc);
+}
+
+/* Shapes too large to hold: 2^40 rows (export once aborted allocating 2^51 bytes) and dims of
+ * 1e15 (an int64 overflow counting elements) are refused from meta.json and the files' sizes
+ * before anything is allocated. */
+static void hardening_ckpt_huge_shapes(void **state) {
+    (void)state;
+    reference();
+    char bad[512];
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, huge_rows, NULL);
+    int rc = run("timeout 120 %s checkpoint export %s -o %s/x.safetensors > %s/out.txt 2>&1", bin,
+                 bad, dir, dir);
+    if (rc != 1 || !out_contains("does not fit in rank-00000.safetensors"))
+        fail_msg("2^40 rows: export exited %d", rc);
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, huge_dims, NULL);
+    rc = run("timeout 120 %s checkpoint export %s -o %s/x.safetensors > %s/out.txt 2>&1", bin, bad,
+             dir, dir);
+    if (rc != 1 || !out_contains("its shape has more bytes than a file can hold"))
+        fail_msg("dims of 1e15: export exited %d", rc);
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/ms-ckpt-XXXXXX");
@@ -491,7 +724,7 @@ int main(int argc, char **argv) {
     }
     bin = argv[1];
     use_mpi = argc > 2 && !strcmp(argv[2], "mpi");
-    mt_apply_filter(argc - 1, argv + 1);
+    mt_apply_filter(argc - 1, argv + 1); /* test_checkpoint BIN --filter PATTERN */
     const struct CMUnitTest all[] = {
         cmocka_unit_test(resume_same_strategy_bit_exact),
         cmocka_unit_test(resume_other_strategies),
@@ -503,6 +736,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(info_and_export),
         cmocka_unit_test(hardening_commits_reported),
         cmocka_unit_test(hardening_strategy_after_switch),
+        cmocka_unit_test(hardening_ckpt_exact_coverage),
+        cmocka_unit_test(hardening_ckpt_dtype_disagrees),
+        cmocka_unit_test(hardening_ckpt_non_regular_files),
+        cmocka_unit_test(hardening_ckpt_huge_shapes),
     };
     const struct CMUnitTest mpi[] = {
         cmocka_unit_test(resume_same_strategy_bit_exact),

@@ -41,8 +41,8 @@ static void cache_free(file_cache *fc) {
     free(fc->f);
 }
 
-/* Fills box (start, shape) of tensor c from its pieces; fails unless every element is
- * covered exactly once. */
+/* Fills box (start, shape) of tensor c from its pieces (which tile c exactly: meta.json's
+ * reader checked that); fails unless the files hold the pieces meta.json describes. */
 static ms_status fill_box(file_cache *fc, const ckpt_tensor *c, const int64_t *start,
                           const int64_t *shape, float *out, ms_error *err) {
     int nd = c->gshape.ndim;
@@ -64,6 +64,13 @@ static ms_status fill_box(file_cache *fc, const ckpt_tensor *c, const int64_t *s
                            "checkpoint %s: rank-%05d.safetensors lacks %s as meta.json "
                            "describes it",
                            fc->step_dir, p->writer, p->key);
+        if (st->dtype != c->dtype) /* read widened either way: the files are not meta.json's */
+            return ms_fail(err, MS_ERR_INVALID,
+                           "checkpoint %s: rank-%05d.safetensors holds %s as %s, meta.json says "
+                           "%s: the files and meta.json disagree (restore them, or resume from "
+                           "another checkpoint)",
+                           fc->step_dir, p->writer, p->key, st->dtype == MS_BF16 ? "BF16" : "F32",
+                           c->dtype == MS_BF16 ? "BF16" : "F32");
         got += ckpt_copy_overlap(nd, p->start, p->shape, st->data, start, shape, out);
     }
     if (got != want)
@@ -297,16 +304,31 @@ ms_status ms_ckpt_export(const char *dir, const char *out_path, int *n_tensors, 
     ckpt_meta m;
     MS_CHECK(ckpt_resolve(dir, step_dir, sizeof step_dir, err));
     MS_CHECK(ckpt_meta_read(step_dir, &m, err));
+    /* memory below is sized by meta.json's shapes, which fit in its files' sizes: the files
+     * must have those sizes before it is allocated */
+    ms_status st = ckpt_files_sized(step_dir, &m, err);
+    if (st != MS_OK) {
+        ckpt_meta_free(&m);
+        return st;
+    }
     file_cache fc = {
         .step_dir = step_dir, .m = &m, .f = xcalloc((size_t)m.nfiles + 1, sizeof(ms_st_file))};
     ms_st_entry *e = xcalloc((size_t)m.nt + 1, sizeof *e);
     int n = 0;
-    ms_status st = MS_OK;
     for (int i = 0; i < m.nt && st == MS_OK; i++) {
         const ckpt_tensor *c = &m.t[i];
         if (c->kind != MS_STATE_PARAM) continue;
-        int64_t zero[MS_MAX_DIMS] = {0};
-        float *full = xmalloc(sizeof(float) * ((size_t)numel_of(&c->gshape) + 1));
+        int64_t zero[MS_MAX_DIMS] = {0}, numel = 1;
+        for (int d = 0; d < c->gshape.ndim; d++) numel *= c->gshape.d[d]; /* checked on read */
+        float *full = malloc(sizeof(float) * ((size_t)numel + 1));
+        if (!full) {
+            char name[MS_SAFE_LEN];
+            st = ms_fail(err, MS_ERR_NOMEM,
+                         "checkpoint %s: cannot allocate %lld floats for %s; export on a machine "
+                         "with more memory",
+                         step_dir, (long long)numel, ms_safe_str(name, sizeof name, c->name));
+            break;
+        }
         st = fill_box(&fc, c, zero, c->gshape.d, full, err);
         ms_shape fs;
         ms_model_checkpoint_shape(c->name, &c->gshape, &fs);
