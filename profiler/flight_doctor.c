@@ -259,10 +259,44 @@ static ms_status read_dump(dump *d, ms_error *err) {
     return st;
 }
 
-static const dump *find_rank(const dump *d, int nd, int rank) {
-    for (int i = 0; i < nd; i++)
-        if (d[i].rank == rank) return &d[i];
-    return NULL;
+/* The dumps under diagnosis, one per rank, in rank order, with what is looked up over and
+ * over: where each rank was, each rank's dump, the ranks some timeout named as missing. The
+ * tables by rank are bounded: a dump names no rank past MS_FLIGHT_MAX_RANK. */
+enum { ALL_RANKS = MS_FLIGHT_MAX_RANK + 1 };
+
+typedef struct dump_set {
+    const dump *d;
+    int nd;
+    const ms_flight_entry **where; /* [nd]: ms_flight_where of each */
+    int *of_rank;                  /* [ALL_RANKS]: the index of the rank's dump, -1 none */
+    bool *named;                   /* [ALL_RANKS]: named missing in some rank's `where` */
+} dump_set;
+
+static void dump_set_init(dump_set *s, const dump *d, int nd) {
+    *s = (dump_set){.d = d,
+                    .nd = nd,
+                    .where = xmalloc(sizeof *s->where * ((size_t)nd + 1)),
+                    .of_rank = xmalloc(sizeof *s->of_rank * ALL_RANKS),
+                    .named = xcalloc(ALL_RANKS, sizeof *s->named)};
+    for (int r = 0; r < ALL_RANKS; r++) s->of_rank[r] = -1;
+    for (int i = 0; i < nd; i++) {
+        const ms_flight_entry *w = s->where[i] = ms_flight_where(d[i].e, d[i].n);
+        s->of_rank[d[i].rank] = i;
+        for (int k = 0; w && k < w->n_missing; k++) s->named[w->missing[k]] = true;
+    }
+}
+
+static void dump_set_free(dump_set *s) {
+    free(s->where), free(s->of_rank), free(s->named);
+}
+
+/* The dump of rank (any int: a peer read from a dump may be -1), or NULL. */
+static const dump *find_rank(const dump_set *s, int rank) {
+    return rank >= 0 && rank < ALL_RANKS && s->of_rank[rank] >= 0 ? &s->d[s->of_rank[rank]] : NULL;
+}
+
+static bool named_missing(const dump_set *s, int rank) {
+    return rank >= 0 && rank < ALL_RANKS && s->named[rank];
 }
 
 /* How long a rank waited in e, as of its dump. */
@@ -291,28 +325,24 @@ static const ms_flight_entry *at_seq(const dump *d, uint32_t id, int64_t seq) {
     return NULL;
 }
 
-static bool named_missing(const dump *d, int nd, int rank) {
-    for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
-        for (int k = 0; w && k < w->n_missing; k++)
-            if (w->missing[k] == rank) return true;
-    }
-    return false;
+/* Whether x is the call of w (same communicator, same sequence number). */
+static bool same_call(const ms_flight_entry *x, const ms_flight_entry *w) {
+    return x && x->comm.id == w->comm.id && x->seq == w->seq;
 }
 
 /* What went wrong with member m of collective w (described in call), which it did not wait in
  * with the others; false when nothing can be said (partial: m may have dumped elsewhere). */
-static bool member_finding(const dump *d, int nd, bool partial, int m, const ms_flight_entry *w,
+static bool member_finding(const dump_set *s, bool partial, int m, const ms_flight_entry *w,
                            const char *call, ms_strbuf *out) {
-    const dump *dm = find_rank(d, nd, m);
-    if (!dm && partial && !named_missing(d, nd, m)) return false;
+    const dump *dm = find_rank(s, m);
+    if (!dm && partial && !named_missing(s, m)) return false;
     const ms_flight_entry *last = dm ? newest_on(dm, w->comm.id) : NULL;
     const ms_flight_entry *same = dm ? at_seq(dm, w->comm.id, w->seq) : NULL;
     if (!dm && partial)
         ms_strbuf_printf(out, "rank %d never arrived in %s", m, call);
     else if (!dm)
         ms_strbuf_printf(out, "rank %d %s %s and left no flight dump (it died or was stopped)", m,
-                         named_missing(d, nd, m) ? "never arrived in" : "did not finish", call);
+                         named_missing(s, m) ? "never arrived in" : "did not finish", call);
     else if (!last || last->seq < w->seq)
         ms_strbuf_printf(out, "rank %d never entered %s", m, call);
     else if (same && same->kind != w->kind)
@@ -326,27 +356,27 @@ static bool member_finding(const dump *d, int nd, bool partial, int m, const ms_
     return true;
 }
 
-/* The ranks that dumped as stuck in w's call into out[0..) (room for nd), in rank order, with
- * those named missing by others (they came after the others gave up) in late[0..) instead;
- * with `member` set, ranks that are not among its members in strangers[0..) instead. */
+/* The ranks that dumped as stuck in w's call, in rank order: waiting, or late (named missing
+ * by others: they came after the others gave up), or, with `member` set, strangers (not among
+ * its members). Each list has room for every dump. */
 typedef struct stuck {
     int *waiting, *late, *strangers;
     int nw, nl, ns;
     int64_t waited; /* the longest wait of those waiting */
 } stuck;
 
-static void find_stuck(const dump *d, int nd, const ms_flight_entry *w, const bool *member,
-                       stuck *s) {
-    for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
-        if (!x || x->comm.id != w->comm.id || x->seq != w->seq) continue;
-        if (member && !member[d[i].rank]) {
-            s->strangers[s->ns++] = d[i].rank;
-        } else if (x->status != MS_ERR_TIMEOUT && named_missing(d, nd, d[i].rank)) {
-            s->late[s->nl++] = d[i].rank; /* the others timed out before it came */
+static void find_stuck(const dump_set *s, const ms_flight_entry *w, const bool *member, stuck *k) {
+    for (int i = 0; i < s->nd; i++) {
+        const ms_flight_entry *x = s->where[i];
+        int rank = s->d[i].rank;
+        if (!same_call(x, w)) continue;
+        if (member && !member[rank]) {
+            k->strangers[k->ns++] = rank;
+        } else if (x->status != MS_ERR_TIMEOUT && named_missing(s, rank)) {
+            k->late[k->nl++] = rank; /* the others timed out before it came */
         } else {
-            s->waiting[s->nw++] = d[i].rank;
-            if (waited_ns(&d[i], x) > s->waited) s->waited = waited_ns(&d[i], x);
+            k->waiting[k->nw++] = rank;
+            if (waited_ns(&s->d[i], x) > k->waited) k->waited = waited_ns(&s->d[i], x);
         }
     }
 }
@@ -355,69 +385,67 @@ static void find_stuck(const dump *d, int nd, const ms_flight_entry *w, const bo
  * only after the others gave up on it, who died without a dump, who called something else, and
  * how long the others waited. Every list is as long as the dumps or the ranks a dump can name
  * (a folder may hold any number of dumps). */
-static void diagnose_collective(const dump *d, int nd, bool partial, const ms_flight_entry *w,
+static void diagnose_collective(const dump_set *s, bool partial, const ms_flight_entry *w,
                                 ms_strbuf *out) {
     char call[160], ranks[96];
     ms_flight_format_call(w, call, sizeof call);
-    enum { ALL = MS_FLIGHT_MAX_RANK + 1 };
-    int *members = xmalloc(sizeof *members * ALL);
-    bool *member = xcalloc(ALL, sizeof *member), *said = xcalloc(ALL, sizeof *said);
-    int n = ms_flight_parse_ranks(w->comm.ranks, members, ALL); /* checked when read */
+    int *members = xmalloc(sizeof *members * ALL_RANKS);
+    bool *member = xcalloc(ALL_RANKS, sizeof *member), *said = xcalloc(ALL_RANKS, sizeof *said);
+    int n = ms_flight_parse_ranks(w->comm.ranks, members, ALL_RANKS); /* checked when read */
     for (int i = 0; i < n; i++) member[members[i]] = true;
     /* a list cut short ("0,2,4,...") does not say who else is a member */
     bool whole_list = !strstr(w->comm.ranks, "...");
-    stuck s = {.waiting = xmalloc(sizeof(int) * (size_t)nd),
-               .late = xmalloc(sizeof(int) * (size_t)nd),
-               .strangers = xmalloc(sizeof(int) * (size_t)nd)};
-    find_stuck(d, nd, w, whole_list ? member : NULL, &s);
-    ms_flight_format_ranks(s.waiting, s.nw, ranks, sizeof ranks);
-    for (int k = 0; k < s.nw; k++) said[s.waiting[k]] = true;
-    for (int k = 0; k < s.nl; k++) said[s.late[k]] = true;
+    size_t room = sizeof(int) * ((size_t)s->nd + 1);
+    stuck k = {.waiting = xmalloc(room), .late = xmalloc(room), .strangers = xmalloc(room)};
+    find_stuck(s, w, whole_list ? member : NULL, &k);
+    ms_flight_format_ranks(k.waiting, k.nw, ranks, sizeof ranks);
+    for (int i = 0; i < k.nw; i++) said[k.waiting[i]] = true;
+    for (int i = 0; i < k.nl; i++) said[k.late[i]] = true;
     int named = 0;
     for (int i = 0; i < n; i++) {
         if (said[members[i]]) continue;
         said[members[i]] = true;
-        if (!member_finding(d, nd, partial, members[i], w, call, out)) continue;
+        if (!member_finding(s, partial, members[i], w, call, out)) continue;
         named++;
-        ms_strbuf_printf(out, "; rank%s %s waited ", s.nw > 1 ? "s" : "", ranks);
-        put_duration(out, s.waited);
+        ms_strbuf_printf(out, "; rank%s %s waited ", k.nw > 1 ? "s" : "", ranks);
+        put_duration(out, k.waited);
         ms_strbuf_printf(out, "\n");
     }
-    for (int k = 0; k < s.nl && s.nw; k++, named++) {
-        ms_strbuf_printf(out, "rank %d came late to %s: rank%s %s waited ", s.late[k], call,
-                         s.nw > 1 ? "s" : "", ranks);
-        put_duration(out, s.waited);
+    for (int i = 0; i < k.nl && k.nw; i++, named++) {
+        ms_strbuf_printf(out, "rank %d came late to %s: rank%s %s waited ", k.late[i], call,
+                         k.nw > 1 ? "s" : "", ranks);
+        put_duration(out, k.waited);
         ms_strbuf_printf(out, " for it and gave up first\n");
     }
-    if (s.ns) {
+    if (k.ns) {
         char others[96];
-        ms_flight_format_ranks(s.strangers, s.ns, others, sizeof others);
+        ms_flight_format_ranks(k.strangers, k.ns, others, sizeof others);
         ms_strbuf_printf(out,
                          "rank%s %s dumped as in %s but %s not among its ranks: %s dump%s "
                          "another job's or corrupt\n",
-                         s.ns > 1 ? "s" : "", others, call, s.ns > 1 ? "are" : "is",
-                         s.ns > 1 ? "their" : "its", s.ns > 1 ? "s are" : " is");
+                         k.ns > 1 ? "s" : "", others, call, k.ns > 1 ? "are" : "is",
+                         k.ns > 1 ? "their" : "its", k.ns > 1 ? "s are" : " is");
     }
-    if (!named && !partial && s.nw + s.nl) {
+    if (!named && !partial && k.nw + k.nl) {
         ms_strbuf_printf(out,
                          "every member entered %s and none finished: the transfer itself "
                          "stalled (waited ",
                          call);
-        put_duration(out, s.waited);
+        put_duration(out, k.waited);
         ms_strbuf_printf(out, ")\n");
     }
-    free(s.waiting), free(s.late), free(s.strangers);
+    free(k.waiting), free(k.late), free(k.strangers);
     free(members), free(member), free(said);
 }
 
 /* A point-to-point batch a rank was stuck in. */
-static void diagnose_p2p(const dump *d, int nd, const dump *r, const ms_flight_entry *w,
+static void diagnose_p2p(const dump_set *s, const dump *r, const ms_flight_entry *w,
                          ms_strbuf *out) {
     char call[160];
     ms_flight_format_call(w, call, sizeof call);
     ms_strbuf_printf(out, "rank %d was last seen in %s, for ", r->rank, call);
     put_duration(out, waited_ns(r, w));
-    if (!find_rank(d, nd, w->peer))
+    if (!find_rank(s, w->peer))
         ms_strbuf_printf(out, "; rank %d left no flight dump (it died or was stopped)", w->peer);
     ms_strbuf_printf(out, "\n");
 }
@@ -429,52 +457,140 @@ static int dump_cmp(const void *a, const void *b) {
 
 /* Whether every rank stuck in w's call was named missing by another: it is a culprit of a
  * later call (e.g. stopped inside an MPI all-reduce that its peers completed), said there. */
-static bool only_culprits(const dump *d, int nd, const ms_flight_entry *w) {
-    for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *x = ms_flight_where(d[i].e, d[i].n);
-        if (x && x->comm.id == w->comm.id && x->seq == w->seq && !named_missing(d, nd, d[i].rank))
-            return false;
-    }
+static bool only_culprits(const dump_set *s, const ms_flight_entry *w) {
+    for (int i = 0; i < s->nd; i++)
+        if (same_call(s->where[i], w) && !named_missing(s, s->d[i].rank)) return false;
     return true;
 }
 
-/* The world ranks of host's dumps, as a compact list. */
-static void host_ranks(const dump *d, int nd, const char *host, char *out, size_t len) {
-    int *ranks = xmalloc(sizeof *ranks * (size_t)nd), n = 0;
-    for (int i = 0; i < nd; i++)
-        if (!strcmp(d[i].host, host)) ranks[n++] = d[i].rank;
-    ms_flight_format_ranks(ranks, n, out, len);
-    free(ranks);
+/* The hosts of the dumps: each dump's host as an index into name[0..nh), in the order the
+ * hosts first appear in rank order, and each host's ranks as a compact list. Built by sorting,
+ * so that any number of dumps and hosts takes n log n. */
+typedef struct hosts {
+    int *of;           /* [nd] */
+    const char **name; /* [nh] */
+    char (*ranks)[96]; /* [nh] */
+    int nh;
+} hosts;
+
+/* A dump by host, then rank: what hosts_init sorts. */
+typedef struct by_host {
+    const char *host;
+    int rank, i;
+} by_host;
+
+static int by_host_cmp(const void *a, const void *b) {
+    const by_host *x = a, *y = b;
+    int c = strcmp(x->host, y->host);
+    return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-/* Whether ranks of host a named ranks of host b as missing. */
-static bool host_named(const dump *d, int nd, const char *a, const char *b) {
+static void hosts_init(hosts *h, const dump_set *s) {
+    int nd = s->nd;
+    by_host *o = xmalloc(sizeof *o * ((size_t)nd + 1));
+    int *group = xmalloc(sizeof *group * ((size_t)nd + 1));
+    int *ranks = xmalloc(sizeof *ranks * ((size_t)nd + 1));
+    for (int i = 0; i < nd; i++) o[i] = (by_host){s->d[i].host, s->d[i].rank, i};
+    qsort(o, (size_t)nd, sizeof *o, by_host_cmp);
+    int ng = 0;
     for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
-        for (int k = 0; w && strcmp(d[i].host, a) == 0 && k < w->n_missing; k++) {
-            const dump *dm = find_rank(d, nd, w->missing[k]);
-            if (dm && !strcmp(dm->host, b)) return true;
-        }
+        if (i && strcmp(o[i].host, o[i - 1].host)) ng++;
+        group[o[i].i] = ng;
     }
-    return false;
+    ng += nd > 0;
+    *h = (hosts){.of = xmalloc(sizeof *h->of * ((size_t)nd + 1)),
+                 .name = xmalloc(sizeof *h->name * ((size_t)ng + 1)),
+                 .ranks = xmalloc(sizeof *h->ranks * ((size_t)ng + 1))};
+    int *id = xmalloc(sizeof *id * ((size_t)ng + 1));
+    for (int g = 0; g < ng; g++) id[g] = -1;
+    for (int i = 0; i < nd; i++) { /* rank order: the order hosts first appear in */
+        if (id[group[i]] < 0) h->name[id[group[i]] = h->nh++] = s->d[i].host;
+        h->of[i] = id[group[i]];
+    }
+    for (int i = 0, n = 0; i < nd; i++) { /* each host's ranks, in order */
+        ranks[n++] = o[i].rank;
+        if (i + 1 < nd && !strcmp(o[i + 1].host, o[i].host)) continue;
+        ms_flight_format_ranks(ranks, n, h->ranks[h->of[o[i].i]], sizeof h->ranks[0]);
+        n = 0;
+    }
+    free(o), free(group), free(ranks), free(id);
 }
 
-/* Whether the timed-out wait of x comes down only to ranks of hosts other than `host` that
- * dumped (alive): each missing rank of another host, or of `host` when it timed out waiting
+static void hosts_free(hosts *h) {
+    free(h->of), free(h->name), free(h->ranks);
+}
+
+/* Memo of waits_on_other_hosts, per dump, valid for one host (gen: that host's index + 1): a
+ * wait that comes back to a rank still being followed is a cycle of waits within the host,
+ * which is no link's fault; each rank is followed once per host (without the memo, ranks that
+ * each name two peers of their host took exponential time). */
+enum { FOLLOWING = 1, YES, NO };
+typedef struct memo {
+    int *gen;
+    uint8_t *state;
+} memo;
+
+/* Whether the timed-out wait of dump i comes down only to ranks of hosts other than host h
+ * that dumped (alive): each missing rank of another host, or of h when it timed out waiting
  * itself and its wait comes down to other hosts (a rank waiting in a tp collective for a peer
- * of its host that was still in a dp collective with the cut-off host). depth bounds a cycle
- * of waits within the host, which is no link's fault. */
-static bool waits_on_other_hosts(const dump *d, int nd, const dump *x, const char *host,
-                                 int depth) {
-    const ms_flight_entry *w = ms_flight_where(x->e, x->n);
-    if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing || depth > nd) return false;
-    for (int k = 0; k < w->n_missing; k++) {
-        const dump *dm = find_rank(d, nd, w->missing[k]);
-        if (!dm) return false;
-        if (strcmp(dm->host, host) && dm->host[0]) continue;
-        if (!waits_on_other_hosts(d, nd, dm, host, depth + 1)) return false;
+ * of its host that was still in a dp collective with the cut-off host). */
+static bool waits_on_other_hosts(const dump_set *s, const hosts *hs, int i, int h, memo *m) {
+    if (m->gen[i] == h + 1) return m->state[i] == YES;
+    m->gen[i] = h + 1;
+    const ms_flight_entry *w = s->where[i];
+    if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing) return (m->state[i] = NO), false;
+    m->state[i] = FOLLOWING;
+    bool yes = true;
+    for (int k = 0; k < w->n_missing && yes; k++) {
+        const dump *dm = find_rank(s, w->missing[k]);
+        int j = dm ? (int)(dm - s->d) : -1;
+        if (!dm)
+            yes = false;
+        else if (hs->of[j] == h || !dm->host[0])
+            yes = waits_on_other_hosts(s, hs, j, h, m);
     }
-    return true;
+    m->state[i] = yes ? YES : NO;
+    return yes;
+}
+
+static int cmp_pair(const void *a, const void *b) {
+    const int *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* The pairs of hosts (a, b) where a rank of a named a rank of b as missing, sorted, distinct,
+ * into pairs[0..2 * return). */
+static int named_pairs(const dump_set *s, const hosts *hs, int *pairs) {
+    int n = 0;
+    for (int i = 0; i < s->nd; i++)
+        for (int k = 0; s->where[i] && k < s->where[i]->n_missing; k++) {
+            const dump *dm = find_rank(s, s->where[i]->missing[k]);
+            int a = hs->of[i], b = dm ? hs->of[dm - s->d] : a;
+            if (a != b) pairs[2 * n] = a, pairs[2 * n + 1] = b, n++;
+        }
+    qsort(pairs, (size_t)n, 2 * sizeof *pairs, cmp_pair);
+    int u = 0;
+    for (int i = 0; i < n; i++)
+        if (!u || cmp_pair(&pairs[2 * i], &pairs[2 * (u - 1)])) {
+            pairs[2 * u] = pairs[2 * i], pairs[2 * u + 1] = pairs[2 * i + 1];
+            u++;
+        }
+    return u;
+}
+
+/* Whether every rank that timed out waited only for ranks of other hosts (see above). */
+static bool all_wait_on_other_hosts(const dump_set *s, const hosts *hs) {
+    memo m = {.gen = xcalloc((size_t)s->nd + 1, sizeof *m.gen),
+              .state = xcalloc((size_t)s->nd + 1, 1)};
+    bool any = false, all = true;
+    for (int i = 0; i < s->nd && all; i++) {
+        const ms_flight_entry *w = s->where[i];
+        if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing) continue;
+        all = s->d[i].host[0] && waits_on_other_hosts(s, hs, i, hs->of[i], &m);
+        any = true;
+    }
+    free(m.gen), free(m.state);
+    return any && all;
 }
 
 /* Hosts that lost each other: every rank that timed out waited, directly or behind a peer of
@@ -482,60 +598,49 @@ static bool waits_on_other_hosts(const dump *d, int nd, const dump *x, const cha
  * themselves): not a rank but the link between the hosts failed. Says so for each pair of
  * hosts that named each other; false when the dumps do not show that (one host, a stalled
  * rank of its own host, or one without a dump). */
-static bool diagnose_hosts(const dump *d, int nd, ms_strbuf *out) {
-    bool any = false;
-    for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
-        if (!w || w->status != MS_ERR_TIMEOUT || !w->n_missing) continue;
-        if (!d[i].host[0] || !waits_on_other_hosts(d, nd, &d[i], d[i].host, 0)) return false;
-        any = true;
-    }
-    if (!any) return false;
-    const char **hosts = xmalloc(sizeof *hosts * (size_t)nd); /* distinct, in rank order */
-    int nh = 0;
-    for (int i = 0; i < nd; i++) {
-        bool seen = false;
-        for (int h = 0; h < nh && !seen; h++) seen = !strcmp(hosts[h], d[i].host);
-        if (!seen) hosts[nh++] = d[i].host;
-    }
+static bool diagnose_hosts(const dump_set *s, ms_strbuf *out) {
+    hosts hs;
+    hosts_init(&hs, s);
     bool said = false;
-    for (int x = 0; x < nh; x++)
-        for (int y = x + 1; y < nh; y++) {
-            const char *a = hosts[x], *b = hosts[y];
-            if (!host_named(d, nd, a, b) || !host_named(d, nd, b, a)) continue;
-            char ra[96], rb[96];
-            host_ranks(d, nd, a, ra, sizeof ra);
-            host_ranks(d, nd, b, rb, sizeof rb);
+    if (all_wait_on_other_hosts(s, &hs)) {
+        int *pairs = xmalloc(sizeof *pairs * (2 * (size_t)s->nd * MS_FLIGHT_MAX_MISSING + 2));
+        int np = named_pairs(s, &hs, pairs);
+        for (int i = 0; i < np; i++) {
+            int x = pairs[2 * i], y = pairs[2 * i + 1], back[2] = {y, x};
+            if (x > y || !bsearch(back, pairs, (size_t)np, 2 * sizeof *pairs, cmp_pair)) continue;
+            const char *a = hs.name[x], *b = hs.name[y];
             ms_strbuf_printf(out,
                              "hosts %s (ranks %s) and %s (ranks %s) lost each other: every rank "
                              "that timed out waited only for ranks of another host (or behind a "
                              "peer of its own host that did), which were alive and waiting too; "
                              "the link between %s and %s is down\n",
-                             a, ra, b, rb, a, b);
+                             a, hs.ranks[x], b, hs.ranks[y], a, b);
             said = true;
         }
-    free(hosts);
+        free(pairs);
+    }
+    hosts_free(&hs);
     return said;
 }
 
 static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     qsort(d, (size_t)nd, sizeof *d, dump_cmp);
-    bool fault = diagnose_hosts(d, nd, out);
+    dump_set s;
+    dump_set_init(&s, d, nd);
+    bool fault = diagnose_hosts(&s, out);
     for (int i = 0; i < nd; i++) {
-        const ms_flight_entry *w = ms_flight_where(d[i].e, d[i].n);
+        const ms_flight_entry *w = s.where[i];
         if (!w) continue;
         fault = true;
         if (w->n_p2p) {
-            diagnose_p2p(d, nd, &d[i], w, out);
+            diagnose_p2p(&s, &d[i], w, out);
             continue;
         }
         bool seen = false; /* diagnosed with an earlier rank */
-        for (int j = 0; j < i && !seen; j++) {
-            const ms_flight_entry *x = ms_flight_where(d[j].e, d[j].n);
-            seen = x && x->comm.id == w->comm.id && x->seq == w->seq;
-        }
-        if (!seen && !only_culprits(d, nd, w)) diagnose_collective(d, nd, partial, w, out);
+        for (int j = 0; j < i && !seen; j++) seen = same_call(s.where[j], w);
+        if (!seen && !only_culprits(&s, w)) diagnose_collective(&s, partial, w, out);
     }
+    dump_set_free(&s);
     if (!fault)
         ms_strbuf_printf(out, "all ranks completed every collective: no communication fault\n");
     ms_strbuf_printf(out, "per rank (%d dump%s):\n", nd, nd == 1 ? "" : "s");

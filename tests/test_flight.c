@@ -510,6 +510,36 @@ static void hardening_doctor_bounded_reads(void **state) {
     remove_dir(dir);
 }
 
+/* Ranks of host0 that each timed out naming the next two of their host, down to two that
+ * named a rank of host1: the waits were followed once per path, taking exponential time (60
+ * dumps: years); each rank is followed once now. The alarm turns a hang into a failure. */
+static void hardening_doctor_wait_chains(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    enum { N = 60 };
+    for (int r = 0; r <= N; r++) {
+        char name[64], text[640], missing[32];
+        if (r == N)
+            snprintf(missing, sizeof missing, "0");
+        else if (r >= N - 2)
+            snprintf(missing, sizeof missing, "%d", N);
+        else
+            snprintf(missing, sizeof missing, "%d,%d", r + 1, r + 2);
+        snprintf(name, sizeof name, "flight-rank%d-pid%d.jsonl", r, r);
+        snprintf(text, sizeof text,
+                 "{\"flight\":1,\"rank\":%d,\"host\":\"%s\",\"now_ns\":9}\n{\"seq\":5,\"op\":"
+                 "\"all_reduce\",\"comm\":\"c\",\"comm_id\":%d,\"ranks\":\"0-%d\",\"state\":"
+                 "\"failed\",\"start_ns\":1,\"end_ns\":5,\"status\":\"%s\",\"missing\":[%s]}\n",
+                 r, r == N ? "host1" : "host0", 100 + r, N, ms_status_str(MS_ERR_TIMEOUT), missing);
+        put_file(dir, name, text);
+    }
+    alarm(60);
+    expect_doctor(dir, MS_OK, "hosts host0 (ranks 0-59) and host1 (ranks 60) lost each other");
+    alarm(0);
+    remove_dir(dir);
+}
+
 /* Rank 1 arrives late at the fourth all-reduce; before it does, the alert names it. */
 typedef struct late_args {
     char alert[256];
@@ -647,6 +677,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(hardening_doctor_crafted_numbers),
         cmocka_unit_test(hardening_doctor_non_regular),
         cmocka_unit_test(hardening_doctor_bounded_reads),
+        cmocka_unit_test(hardening_doctor_wait_chains),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
