@@ -543,6 +543,24 @@ static void huge_dims(cJSON *meta, void *arg) {
     for (int d = 0; d < cJSON_GetArraySize(shape); d++) set_num(shape, d, 1e15);
 }
 
+/* The first c_attn weight empty ([0, 1e15, 1e15], no pieces): no elements, yet export once
+ * multiplied the other two dims into the Hugging Face shape, overflowing int64. */
+static void empty_huge_attn(cJSON *meta, void *arg) {
+    (void)arg;
+    cJSON *t;
+    cJSON_ArrayForEach(t, at(meta, "tensors", -1)) {
+        const char *name = at(t, "name", -1)->valuestring;
+        if (!strstr(name, "attn.c_attn.weight") || strcmp(at(t, "kind", -1)->valuestring, "param"))
+            continue;
+        cJSON *shape = at(t, "shape", -1);
+        assert_int_equal(cJSON_GetArraySize(shape), 3);
+        set_num(shape, 0, 0), set_num(shape, 1, 1e15), set_num(shape, 2, 1e15);
+        cJSON_ReplaceItemInObject(t, "pieces", cJSON_CreateArray());
+        return;
+    }
+    fail_msg("no c_attn weight in meta.json");
+}
+
 /* The file entry of rank *(int *)arg says 0 bytes and CRC 0 (what a FIFO or /dev/zero has). */
 static void empty_file_entry(cJSON *meta, void *arg) {
     cJSON *f = at(meta, "files", *(int *)arg);
@@ -698,6 +716,12 @@ static void hardening_ckpt_huge_shapes(void **state) {
              dir, dir);
     if (rc != 1 || !out_contains("its shape has more bytes than a file can hold"))
         fail_msg("dims of 1e15: export exited %d", rc);
+    fresh_copy(bad, sizeof bad);
+    edit_meta(bad, empty_huge_attn, NULL);
+    rc = run("timeout 120 %s checkpoint export %s -o %s/x.safetensors > %s/out.txt 2>&1", bin, bad,
+             dir, dir);
+    if (rc != 1 || !out_contains("its shape has more bytes than a file can hold"))
+        fail_msg("an empty tensor of huge dims: export exited %d", rc);
 }
 
 static int setup(void **state) {

@@ -210,14 +210,19 @@ static bool get_dims(const cJSON *o, const char *key, int ndim, int64_t *out) {
     return true;
 }
 
-/* Elements of a box, or -1 when its bytes (esize each) would not fit in int64. */
+/* Elements of a box, or -1 when its bytes (esize each) would not fit in int64 even without
+ * its zero dims (so that no product of its dims overflows, such as the one that turns a
+ * [3 * heads, rows, cols] weight into a Hugging Face [rows, 3 * heads * cols] one). */
 static int64_t box_numel(int ndim, const int64_t *shape, size_t esize) {
     int64_t n = 1;
+    bool empty = false;
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] != 0 && n > INT64_MAX / (int64_t)esize / shape[d]) return -1;
+        empty |= shape[d] == 0;
+        if (shape[d] == 0) continue;
+        if (n > INT64_MAX / (int64_t)esize / shape[d]) return -1;
         n *= shape[d];
     }
-    return n;
+    return empty ? 0 : n;
 }
 
 static void copy_str(const cJSON *o, const char *key, char *out, size_t len) {
