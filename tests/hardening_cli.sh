@@ -2,7 +2,8 @@
 # Regression checks of the command line for input hardening: data whose bytes the vocabulary
 # does not hold, a model key that is refused, eval of NaN weights (valid JSON and a non-zero
 # exit), a tensor name with terminal escapes (shown escaped), serve on a trace with no usable
-# events (an empty dashboard), and the umask deciding the mode of a checkpoint and a trace.
+# events (an empty dashboard), the umask deciding the mode of a checkpoint and a trace, and
+# meshscope doctor on crafted flight dumps (many, a FIFO, a huge file).
 # Usage: hardening_cli.sh path/to/meshscope
 set -u
 bin=$1
@@ -109,6 +110,41 @@ fi
 (umask 027 && "${run[@]}" --save "$tmp/um.safetensors" --trace "$tmp/um-trace.json" >/dev/null 2>&1)
 modes="$(stat -c %a "$tmp/um.safetensors" 2>/dev/null) $(stat -c %a "$tmp/um-trace.json" 2>/dev/null)"
 if [ "$modes" = "640 640" ]; then ok "umask 027 gives 640"; else bad "umask 027 gave '$modes'"; fi
+
+# 7. doctor on a folder of crafted dumps: 1100 in one collective (past the 1024 the doctor's
+# stack arrays once held), then a FIFO and a 1 GB sparse file named like dumps: refused by name
+# with exit 1, without waiting on the FIFO or reading the file.
+fl="$tmp/flight"
+mkdir -p "$fl"
+for r in $(seq 0 1099); do
+  printf '{"flight":1,"rank":%d,"now_ns":100000}\n{"seq":5,"op":"all_reduce","comm":"dp","comm_id":7,"ranks":"0-1100","state":"started","start_ns":1}\n' \
+    "$r" >"$fl/flight-rank$r-pid$r.jsonl"
+done
+out=$(timeout 60 "$bin" doctor "$fl" 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] && grep -qF "rank 1100 did not finish all_reduce seq 5 on 'dp' (ranks 0-1100) and left no flight dump (it died or was stopped); ranks 0-1099 waited" <<<"$out"; then
+  ok "doctor on 1100 dumps in one collective"
+else
+  bad "doctor on 1100 dumps (exit $rc): $(head -3 <<<"$out")"
+fi
+mkfifo "$fl/flight-rank2000-pid1.jsonl"
+out=$(timeout 60 "$bin" doctor "$fl" 2>&1)
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF "flight-rank2000-pid1.jsonl: is a FIFO, not a regular file" <<<"$out"; then
+  ok "doctor refuses a FIFO named like a dump"
+else
+  bad "doctor on a FIFO (exit $rc): $(head -3 <<<"$out")"
+fi
+rm "$fl/flight-rank2000-pid1.jsonl"
+truncate -s 1G "$fl/flight-rank2000-pid1.jsonl"
+out=$(timeout 60 "$bin" doctor "$fl" 2>&1)
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF "flight-rank2000-pid1.jsonl is 1073741824 bytes, more than the 64 MiB" <<<"$out"; then
+  ok "doctor refuses a 1 GB file unread"
+else
+  bad "doctor on a 1 GB file (exit $rc): $(head -3 <<<"$out")"
+fi
+rm -rf "$fl"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
