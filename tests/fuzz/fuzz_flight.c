@@ -19,7 +19,7 @@ int ms_fuzz_one(const uint8_t *data, size_t size, ms_error *err) {
     bool partial = size && *p == 'P';
     if (partial) p++;
     ms_doctor_text dumps[MAX_DUMPS];
-    char names[MAX_DUMPS][40];
+    char names[MAX_DUMPS][64];
     int n = 0;
     while (n < MAX_DUMPS) {
         const char *ff = memchr(p, '\f', (size_t)(end - p));
