@@ -53,24 +53,25 @@ static cJSON *strategy_json(const ms_strategy *s, int batch) {
     ms_strategy r = *s;
     int mb = 0, m = 0;
     if (ms_strategy_micro(s, batch, &mb, &m)) r.micro_batch = mb, r.micro_batches = m;
-    char json[MS_STRATEGY_JSON_MAX];
-    cJSON *o = cJSON_Parse(ms_strategy_short_json(&r, json, sizeof json));
-    for (int i = 0; o && i < MS_SET_COUNT; i++) { /* the short form leaves defaults out */
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < MS_SET_COUNT; i++) {
         const ms_setting *st = &ms_settings[i];
-        if (cJSON_GetObjectItemCaseSensitive(o, st->name)) continue;
-        const double d = st->dflt;
+        const double v = ms_setting_value(&r, st);
         switch (st->kind) {
             case MS_SET_KIND_BOOL:
-                cJSON_AddBoolToObject(o, st->name, d != 0);
+                cJSON_AddBoolToObject(o, st->name, v != 0);
                 break;
             case MS_SET_KIND_ENUM:
-                cJSON_AddStringToObject(o, st->name, st->words[(int)d]);
+                cJSON_AddStringToObject(o, st->name, st->words[(int)v]);
                 break;
-            case MS_SET_KIND_LAYERS:
-                cJSON_AddArrayToObject(o, st->name);
+            case MS_SET_KIND_LAYERS: {
+                cJSON *a = cJSON_AddArrayToObject(o, st->name);
+                for (int k = 0; k < MS_STRATEGY_MAX_STAGES && r.pp_layers[k]; k++)
+                    cJSON_AddItemToArray(a, cJSON_CreateNumber(r.pp_layers[k]));
                 break;
+            }
             default:
-                cJSON_AddNumberToObject(o, st->name, d);
+                cJSON_AddNumberToObject(o, st->name, v);
         }
     }
     return o;

@@ -1,7 +1,7 @@
 /* program.c - compiling a graph for one rank, and explaining what was compiled. The passes
  * live one per file, with program_impl.h as their shared contract: completion
- * (program_complete.c), the instruction list (program_build.c), recompute
- * (program_recompute.c), the memory plan (program_memory.c), gradient buckets
+ * (program_complete.c), the instruction list (program_build.c), the backward and recompute
+ * (program_backward.c), the memory plan (program_memory.c), gradient buckets
  * (program_buckets.c), precision (program_precision.c) and running the list (program_exec.c).
  *
  * The compiled step is a flat list of instructions over numbered buffers:

@@ -190,7 +190,7 @@ ms_status prog_run_kernel(ms_program *p, const instr *in, ms_op_call *call, ms_e
 double prog_reshard_bytes(const ms_program *p, const instr *in);
 
 /* --- the passes' shared contract: each file of the program (program.c: compile and explain;
- * program_complete.c, program_build.c, program_recompute.c, program_memory.c,
+ * program_complete.c, program_build.c, program_backward.c, program_memory.c,
  * program_buckets.c, program_exec.c; program_util.c: helpers) defines what the others call --- */
 
 bool prog_moves_grad(const instr *in);

@@ -100,7 +100,7 @@ static size_t field_size(const ms_setting *st) {
 }
 
 /* The value as a number (LAYERS: its first count, 0 when balanced). */
-static double value_of(const ms_strategy *s, const ms_setting *st) {
+double ms_setting_value(const ms_strategy *s, const ms_setting *st) {
     switch (st->kind) {
         case MS_SET_KIND_DEGREE:
         case MS_SET_KIND_INT:
@@ -391,7 +391,7 @@ static bool shown(const ms_strategy *s, const ms_setting *st, bool json) {
     if (st == &ms_settings[MS_SET_micro_batches])
         return s->micro_batches != 0 && (s->micro_batches != 1 || s->micro_batch != 0);
     if (st->kind == MS_SET_KIND_LAYERS) return layers_of(s, st)[0] != 0;
-    return value_of(s, st) != st->dflt;
+    return ms_setting_value(s, st) != st->dflt;
 }
 
 /* The layer counts, joined by sep. */

@@ -199,6 +199,9 @@ const char *ms_setting_metavar(const ms_setting *st, char *buf, size_t n);
  * to msg ("an integer in 0..3") and returns false, s untouched. */
 bool ms_setting_set_text(ms_strategy *s, const ms_setting *st, const char *text, char *msg,
                          size_t cap);
+/* st's value in s as a number (BOOL 0 / 1, ENUM its index; LAYERS the first count, 0 when
+ * balanced by cost). */
+double ms_setting_value(const ms_strategy *s, const ms_setting *st);
 /* Whether a and b agree on st. */
 bool ms_setting_equal(const ms_strategy *a, const ms_strategy *b, const ms_setting *st);
 /* Copies st's value from src to dst. */

@@ -14,29 +14,9 @@ void ms_plan_fixed_none(ms_plan_fixed *f) {
     f->mask = 0;
 }
 
-/* The fixed value of an integer setting, or -1 when it is searched. */
+/* The fixed value of a scalar setting, or -1 when it is searched. */
 static int fixed_int(const ms_plan_fixed *f, ms_setting_id id) {
-    if (!ms_plan_fixed_has(f, id)) return -1;
-    switch (id) {
-        case MS_SET_dp:
-            return f->s.dp;
-        case MS_SET_tp:
-            return f->s.tp;
-        case MS_SET_pp:
-            return f->s.pp;
-        case MS_SET_cp:
-            return f->s.cp;
-        case MS_SET_sp:
-            return f->s.sp;
-        case MS_SET_offload:
-            return f->s.offload;
-        case MS_SET_recompute:
-            return f->s.recompute;
-        case MS_SET_bucket_mb:
-            return (int)f->s.bucket_mb;
-        default:
-            return -1;
-    }
+    return ms_plan_fixed_has(f, id) ? (int)ms_setting_value(&f->s, &ms_settings[id]) : -1;
 }
 
 /* The --evaluate key closest to `key`, for a suggestion: a former key's new name, else the

@@ -1,5 +1,6 @@
-/* program_recompute.c - activation recompute: the forward of a region run again before its
- * backward. */
+/* program_backward.c - the backward: autograd with placements by duality, each recompute
+ * region's forward run again right before its backward, and the pass that drops the zeroing of
+ * gradients whose first writer writes them whole. */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
