@@ -366,16 +366,6 @@ static void set_current(live_job *j, const ms_strategy *s, int64_t step) {
     ms_live_set_strategy(j->live, ms_strategy_name(s, name, sizeof name));
 }
 
-/* The predicted gain of suggestion id, 0 if unknown (a direct request or --switch). */
-static double predicted_gain(live_job *j, int32_t id) {
-    double gain = 0;
-    const ms_snapshot *snap = ms_live_acquire(j->live);
-    for (int i = 0; i < snap->n_suggestions; i++)
-        if (snap->suggestions[i].id == id) gain = snap->suggestions[i].predicted_gain;
-    ms_snapshot_release(snap);
-    return gain;
-}
-
 static void switched(live_job *j, const control *c, int step, const char *before, const char *after,
                      double ms, bool quiet) {
     if (!quiet)
@@ -384,12 +374,9 @@ static void switched(live_job *j, const control *c, int step, const char *before
                step, before, after, ms);
     if (!j || !j->live) return;
     ms_live_set_event(j->live, "switched %s -> %s at step %d in %.0f ms", before, after, step, ms);
-    if (c->suggestion)
-        ms_live_update_suggestion(j->live, c->suggestion, MS_SUGG_APPLIED, step,
-                                  "applied; measuring");
+    if (c->suggestion) ms_live_suggestion_applied(j->live, c->suggestion, step, false);
     j->measure_from = step;
     j->measured_suggestion = c->suggestion;
-    j->predicted_gain = predicted_gain(j, c->suggestion);
     j->before_ms = live_job_median(j->recent, j->n_recent);
     j->n_recent = 0;
 }
@@ -401,16 +388,14 @@ static void unchanged(live_job *j, const control *c, int step, const char *name,
     if (!j || !j->live) return;
     ms_live_set_event(j->live, "switch to %s at step %d: the job runs it already; nothing changes",
                       name, step);
-    if (c->suggestion)
-        ms_live_update_suggestion(j->live, c->suggestion, MS_SUGG_APPLIED, step,
-                                  "the job runs it already; nothing changed");
+    if (c->suggestion) ms_live_suggestion_applied(j->live, c->suggestion, step, true);
 }
 
 static void refused(live_job *j, const control *c, int step, const char *why, bool quiet) {
     if (!quiet) printf("step %5d  switch refused: %s\n", step, why);
     if (!j || !j->live) return;
     ms_live_set_event(j->live, "switch refused: %s", why);
-    if (c->suggestion) ms_live_update_suggestion(j->live, c->suggestion, MS_SUGG_REFUSED, -1, why);
+    if (c->suggestion) ms_live_suggestion_refused(j->live, c->suggestion, why);
 }
 
 ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control *c, int step,
@@ -452,23 +437,38 @@ ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control 
     return st;
 }
 
-/* Steps measured under a new strategy before reporting predicted against measured gain. */
+/* Steps measured under a new strategy before its report: the first one after the switch
+ * (which may still settle in) is left out of the measure. */
 #define SWITCH_MEASURE 10
 
+/* A line for stdout, or kept for after the TUI, which owns the terminal. */
+static void say(live_job *j, bool quiet, const char *line) {
+    if (quiet) {
+        ms_strbuf_printf(&j->epilogue, "%s\n", line);
+    } else {
+        printf("%s\n", line);
+        fflush(stdout);
+    }
+}
+
+/* Once the new strategy has run SWITCH_MEASURE steps after its first: the switch's one report
+ * (ms_advisor_switch_result), predicted against measured, on stdout and in the views. The
+ * measure before is the median of the (up to LIVE_JOB_RECENT) steps before the switch, after
+ * it the median of steps measure_from + 1 .. measure_from + SWITCH_MEASURE. */
 static void report_switch(live_job *j, int64_t step) {
     if (j->measure_from < 0 || step < j->measure_from + SWITCH_MEASURE) return;
     int n = j->n_recent < SWITCH_MEASURE ? j->n_recent : SWITCH_MEASURE;
-    double after = live_job_median(j->recent + j->n_recent - n, n);
-    double measured = j->before_ms > 0 ? 1 - after / j->before_ms : 0;
-    char text[MS_LIVE_TEXT];
-    snprintf(text, sizeof text,
-             "predicted %.0f%% faster, measured %.0f%% (median step %.1f ms before, %.1f ms "
-             "after)",
-             j->predicted_gain * 100, measured * 100, j->before_ms, after);
-    if (j->measured_suggestion)
-        ms_live_update_suggestion(j->live, j->measured_suggestion, MS_SUGG_APPLIED, j->measure_from,
-                                  text);
+    double after_ms = live_job_median(j->recent + j->n_recent - n, n);
+    ms_suggestion sugg, *s = NULL;
+    if (j->measured_suggestion && ms_live_suggestion_get(j->live, j->measured_suggestion, &sugg))
+        s = &sugg;
+    char text[MS_LIVE_TEXT], line[MS_LIVE_TEXT + 64];
+    ms_advisor_switch_result(s, j->before_ms / 1e3, after_ms / 1e3, text, sizeof text);
+    if (s) ms_live_suggestion_measured(j->live, s->id, text);
     ms_live_set_event(j->live, "switch at step %lld: %s", (long long)j->measure_from, text);
+    snprintf(line, sizeof line, "step %5lld  switch at step %lld: %s", (long long)step,
+             (long long)j->measure_from, text);
+    say(j, j->o->tui, line);
     j->measure_from = -1;
 }
 
@@ -511,18 +511,10 @@ static void not_applied(live_job *j, const char *json, const char *when, int32_t
     target_name(json, name, sizeof name);
     snprintf(line, sizeof line, "the switch to %s %s was not applied: the run ended at step %lld",
              name, when, (long long)last_step);
-    if (quiet)
-        ms_strbuf_printf(&j->epilogue, "%s\n", line);
-    else
-        printf("%s\n", line), fflush(stdout);
+    say(j, quiet, line);
     if (!j->live) return;
     ms_live_set_event(j->live, "%s", line);
-    if (suggestion) {
-        char result[MS_LIVE_TEXT];
-        snprintf(result, sizeof result, "not applied: the run ended at step %lld",
-                 (long long)last_step);
-        ms_live_update_suggestion(j->live, suggestion, MS_SUGG_DROPPED, -1, result);
-    }
+    if (suggestion) ms_live_suggestion_dropped(j->live, suggestion, last_step);
 }
 
 void live_job_end(live_job *j, int64_t last_step, bool quiet) {

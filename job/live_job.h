@@ -1,8 +1,8 @@
 /* live_job.h - the live side of a training job: the live model (profiler/live.h), the
- * dashboard (web/) and the TUI (tui/) that read it, the advisor's rounds, the suggestion
- * lifecycle, and the control protocol that every rank runs at each step boundary so that all
- * ranks act on the same request at the same step (rank 0 decides, everyone receives its
- * decision, the trainer carries it out).
+ * dashboard (web/) and the TUI (tui/) that read it, the advisor's rounds, and the control
+ * protocol that every rank runs at each step boundary so that all ranks act on the same request
+ * at the same step (rank 0 decides, everyone receives its decision, the trainer carries it out).
+ * What a switch did is told to the live model, which owns every suggestion's state.
  *
  * Ownership: the process that hosts rank 0 opens the job (threads backend: before the ranks
  * start, shared by them; MPI: rank 0's process) and closes it after the ranks finish. Other
@@ -65,7 +65,7 @@ typedef struct live_job {
     int n_recent;
     int64_t measure_from; /* first step under the new strategy, -1: none pending */
     int32_t measured_suggestion;
-    double predicted_gain, before_ms;
+    double before_ms;
 } live_job;
 
 /* The median of n values (0 when n is 0); v is not modified. */

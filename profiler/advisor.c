@@ -497,12 +497,13 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
 
 void ms_advisor_switch_result(const ms_suggestion *s, double measured_before_s,
                               double measured_after_s, char *buf, size_t len) {
-    double before = measured_before_s > 0 ? measured_before_s : s->current_step_s;
+    double before = measured_before_s > 0 ? measured_before_s : s ? s->current_step_s : 0;
     double got = before > 0 ? (before - measured_after_s) / before : 0;
-    snprintf(buf, len,
-             "predicted %.0f%% %s (%.1f ms per step), measured %.0f%% %s (%.1f ms against %.1f "
-             "ms)",
-             fabs(100 * s->predicted_gain), s->predicted_gain >= 0 ? "faster" : "slower",
-             s->predicted_step_s * 1e3, fabs(100 * got), got >= 0 ? "faster" : "slower",
-             measured_after_s * 1e3, before * 1e3);
+    char predicted[96] = "no prediction (a direct request)";
+    if (s)
+        snprintf(predicted, sizeof predicted, "predicted %.0f%% %s (%.1f ms per step)",
+                 fabs(100 * s->predicted_gain), s->predicted_gain >= 0 ? "faster" : "slower",
+                 s->predicted_step_s * 1e3);
+    snprintf(buf, len, "%s, measured %.0f%% %s (%.1f ms against %.1f ms)", predicted,
+             fabs(100 * got), got >= 0 ? "faster" : "slower", measured_after_s * 1e3, before * 1e3);
 }

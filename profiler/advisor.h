@@ -64,7 +64,9 @@ ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estima
 
 /* After the job switched to s->target: predicted against measured gain, as one sentence, e.g.
  * "predicted 22% faster (118.0 ms per step), measured 19% faster (121.5 ms against 150.0 ms)".
- * measured_before_s is the step time before the switch (s->current_step_s when <= 0). */
+ * measured_before_s is the step time before the switch (s->current_step_s when <= 0). s is
+ * NULL for a direct request (a strategy posted or --switch): no prediction, the measure alone.
+ * The job's one report of a switch, on stdout and in the views. */
 void ms_advisor_switch_result(const ms_suggestion *s, double measured_before_s,
                               double measured_after_s, char *buf, size_t len);
 

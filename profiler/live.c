@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,16 +312,51 @@ static ms_suggestion *find_sugg_locked(ms_live *l, int32_t id) {
     return NULL;
 }
 
-bool ms_live_update_suggestion(ms_live *l, int32_t id, ms_suggestion_state state,
-                               int64_t applied_step, const char *result) {
+/* step for suggestion_move: keep the suggestion's applied_step */
+#define KEEP_STEP INT64_MIN
+
+/* The one state change after acceptance: from `from` to `to`, with its step (or KEEP_STEP) and
+ * result text (NULL keeps the text). */
+static bool suggestion_move(ms_live *l, int32_t id, ms_suggestion_state from,
+                            ms_suggestion_state to, int64_t step, const char *result) {
     pthread_mutex_lock(&l->mu);
     ms_suggestion *s = find_sugg_locked(l, id);
-    if (s) {
-        s->state = (uint8_t)state;
-        s->applied_step = applied_step;
+    bool moved = s && s->state == from;
+    if (moved) {
+        s->state = (uint8_t)to;
+        if (step != KEEP_STEP) s->applied_step = step;
         if (result) snprintf(s->result, sizeof s->result, "%s", result);
         l->dirty = true;
     }
+    pthread_mutex_unlock(&l->mu);
+    return moved;
+}
+
+bool ms_live_suggestion_applied(ms_live *l, int32_t id, int64_t step, bool unchanged) {
+    return suggestion_move(l, id, MS_SUGG_PENDING, MS_SUGG_APPLIED, step,
+                           unchanged ? "the job runs it already; nothing changed"
+                                     : "applied; measuring");
+}
+
+bool ms_live_suggestion_refused(ms_live *l, int32_t id, const char *why) {
+    return suggestion_move(l, id, MS_SUGG_PENDING, MS_SUGG_REFUSED, -1, why);
+}
+
+bool ms_live_suggestion_dropped(ms_live *l, int32_t id, int64_t last_step) {
+    char result[MS_LIVE_TEXT];
+    snprintf(result, sizeof result, "not applied: the run ended at step %lld",
+             (long long)last_step);
+    return suggestion_move(l, id, MS_SUGG_PENDING, MS_SUGG_DROPPED, -1, result);
+}
+
+bool ms_live_suggestion_measured(ms_live *l, int32_t id, const char *report) {
+    return suggestion_move(l, id, MS_SUGG_APPLIED, MS_SUGG_APPLIED, KEEP_STEP, report);
+}
+
+bool ms_live_suggestion_get(ms_live *l, int32_t id, ms_suggestion *out) {
+    pthread_mutex_lock(&l->mu);
+    const ms_suggestion *s = find_sugg_locked(l, id);
+    if (s) *out = *s;
     pthread_mutex_unlock(&l->mu);
     return s != NULL;
 }

@@ -236,9 +236,24 @@ int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion
 /* The advisor's round: applies ms_suggestions_next to the shown list with its candidates
  * (predicted at least open_at / 2 faster, so that open ones can stay open). */
 void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double open_at);
-/* Changes one suggestion's state and result text; false if the id is unknown. */
-bool ms_live_update_suggestion(ms_live *l, int32_t id, ms_suggestion_state state,
-                               int64_t applied_step, const char *result);
+/* The suggestion lifecycle has one owner, this model: every state change is one of the calls
+ * below (and accept / dismiss in ms_live_post, open in ms_live_set_suggestions). The job only
+ * says what happened. A call whose suggestion is unknown, or not in the state it leaves, changes
+ * nothing and returns false:
+ *
+ *   open -> pending (accepted) | dismissed              views, ms_live_post
+ *   pending -> applied | refused | dropped               the job, at a step boundary or the end
+ *   applied -> applied, with the measured result         the job, SWITCH_MEASURE steps later */
+/* The job runs the target from `step` on (unchanged: it ran it already, nothing moved). */
+bool ms_live_suggestion_applied(ms_live *l, int32_t id, int64_t step, bool unchanged);
+/* The job could not take the target; why names the reason. */
+bool ms_live_suggestion_refused(ms_live *l, int32_t id, const char *why);
+/* Training ended (at last_step) before a step boundary took the accepted suggestion. */
+bool ms_live_suggestion_dropped(ms_live *l, int32_t id, int64_t last_step);
+/* The switch's report (ms_advisor_switch_result's sentence) once it has been measured. */
+bool ms_live_suggestion_measured(ms_live *l, int32_t id, const char *report);
+/* A copy of suggestion id; false if unknown. */
+bool ms_live_suggestion_get(ms_live *l, int32_t id, ms_suggestion *out);
 
 /* The advisor: called on the live thread right after a snapshot is published, at most
  * every period_ms, with that snapshot; it may call ms_live_set_suggestions. It runs off the

@@ -647,12 +647,71 @@ static void hardening_live_close_control(void **state) {
     assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "ended training"));
     assert_int_equal(ms_live_close_control(l, left), 0);
-    assert_true(ms_live_update_suggestion(l, 3, MS_SUGG_DROPPED, -1, "not applied"));
+    assert_true(ms_live_suggestion_dropped(l, 3, 197));
     ms_live_publish_now(l);
     const ms_snapshot *s = ms_live_acquire(l);
     assert_int_equal(s->n_suggestions, 1);
     assert_string_equal(ms_suggestion_state_name(s->suggestions[0].state), "dropped");
+    assert_string_equal(s->suggestions[0].result, "not applied: the run ended at step 197");
     ms_snapshot_release(s);
+    ms_live_destroy(l);
+}
+
+/* The state of suggestion id in the latest snapshot, -1 if absent. */
+static int state_of(ms_live *l, int32_t id) {
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    int state = -1;
+    for (int i = 0; i < s->n_suggestions; i++)
+        if (s->suggestions[i].id == id) state = s->suggestions[i].state;
+    ms_snapshot_release(s);
+    return state;
+}
+
+/* Every state change after acceptance goes through the live model, which refuses a move out of
+ * a state the suggestion is not in: the job cannot apply a dismissed suggestion, measure a
+ * refused one or drop an applied one. */
+static void test_suggestion_transitions(void **state) {
+    (void)state;
+    ms_live *l = new_live(4);
+    ms_suggestion sg[3] = {{.id = 1, .predicted_gain = 0.3},
+                           {.id = 2, .predicted_gain = 0.3},
+                           {.id = 3, .predicted_gain = 0.3}};
+    ms_live_set_suggestions(l, sg, 3, 0.1);
+    ms_error err = {0};
+    /* open: nothing but accept or dismiss moves it */
+    assert_false(ms_live_suggestion_applied(l, 1, 5, false));
+    assert_false(ms_live_suggestion_refused(l, 1, "no"));
+    assert_false(ms_live_suggestion_dropped(l, 1, 9));
+    assert_false(ms_live_suggestion_measured(l, 1, "x"));
+    assert_false(ms_live_suggestion_applied(l, 99, 5, false)); /* unknown id */
+    assert_int_equal(state_of(l, 1), MS_SUGG_OPEN);
+    ms_live_req r = {.kind = MS_REQ_ACCEPT, .id = 1};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    r.id = 2;
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    r = (ms_live_req){.kind = MS_REQ_DISMISS, .id = 3};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    /* pending -> applied, then measured (the applied step kept); not refused or dropped */
+    assert_false(ms_live_suggestion_measured(l, 1, "x"));
+    assert_true(ms_live_suggestion_applied(l, 1, 12, false));
+    assert_false(ms_live_suggestion_refused(l, 1, "late"));
+    assert_false(ms_live_suggestion_dropped(l, 1, 20));
+    assert_true(ms_live_suggestion_measured(l, 1, "predicted 30% faster, measured 25% faster"));
+    ms_suggestion got;
+    assert_true(ms_live_suggestion_get(l, 1, &got));
+    assert_int_equal(got.state, MS_SUGG_APPLIED);
+    assert_int_equal(got.applied_step, 12);
+    assert_string_equal(got.result, "predicted 30% faster, measured 25% faster");
+    /* pending -> refused, which is final */
+    assert_true(ms_live_suggestion_refused(l, 2, "tp 3 does not divide 4 heads"));
+    assert_false(ms_live_suggestion_applied(l, 2, 13, false));
+    assert_false(ms_live_suggestion_measured(l, 2, "x"));
+    assert_int_equal(state_of(l, 2), MS_SUGG_REFUSED);
+    /* dismissed is final too */
+    assert_false(ms_live_suggestion_applied(l, 3, 13, true));
+    assert_false(ms_live_suggestion_dropped(l, 3, 20));
+    assert_int_equal(state_of(l, 3), MS_SUGG_DISMISSED);
     ms_live_destroy(l);
 }
 
@@ -666,6 +725,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_snapshots_are_immutable),
         cmocka_unit_test(test_control_queue),
         cmocka_unit_test(test_suggestion_lifecycle),
+        cmocka_unit_test(test_suggestion_transitions),
         cmocka_unit_test(test_window_out_of_memory),
         cmocka_unit_test(test_concurrent_readers),
         cmocka_unit_test(hardening_live_close_control),

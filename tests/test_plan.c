@@ -921,6 +921,15 @@ static void advisor_moves_away_from_slow_tp(void **state) {
     printf("  %s\n", line);
     assert_non_null(strstr(line, "predicted"));
     assert_non_null(strstr(line, "measured"));
+    /* the sentence's numbers: (150 - 121.5) / 150 = 19% faster; a direct request has no
+     * prediction; a step that grew is slower */
+    ms_suggestion known = {.predicted_gain = 0.22, .predicted_step_s = 0.118};
+    ms_advisor_switch_result(&known, 0.150, 0.1215, line, sizeof line);
+    assert_string_equal(line, "predicted 22% faster (118.0 ms per step), measured 19% faster "
+                              "(121.5 ms against 150.0 ms)");
+    ms_advisor_switch_result(NULL, 0.100, 0.120, line, sizeof line);
+    assert_string_equal(line, "no prediction (a direct request), measured 20% slower (120.0 ms "
+                              "against 100.0 ms)");
     free_analysis(&an);
 
     /* measurements that agree with the model: the same strategy earns no tp penalty */

@@ -27,8 +27,9 @@ typedef struct run_log {
     char strategy[STEPS][64];
 } run_log;
 
-/* Runs `meshscope train` with extra flags; returns the exit code, output in dir/out.txt. */
-static int train(const char *flags, const char *log) {
+/* Runs `meshscope train` for `steps` steps with extra flags; returns the exit code, output in
+ * dir/out.txt. */
+static int train_steps(const char *flags, const char *log, int steps) {
     char cmd[2048];
     int ranks = 4;
     snprintf(cmd, sizeof cmd,
@@ -37,11 +38,15 @@ static int train(const char *flags, const char *log) {
              use_mpi ? "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl "
                        "self,vader -np 4 "
                      : "",
-             bin, model, text, STEPS, dir, log, use_mpi ? "--backend mpi" : "", flags, dir);
+             bin, model, text, steps, dir, log, use_mpi ? "--backend mpi" : "", flags, dir);
     (void)ranks;
     int rc = system(cmd);
     if (getenv("MS_TEST_VERBOSE")) fprintf(stderr, "%s -> %d\n", cmd, rc);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+static int train(const char *flags, const char *log) {
+    return train_steps(flags, log, STEPS);
 }
 
 static void read_log(const char *name, run_log *l) {
@@ -187,6 +192,69 @@ static void hardening_switch_never_reached(void **state) {
                              "run ended at step 7"));
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The report a switch prints once the new strategy has run, against the step times the job
+ * logged: before, the median of the steps before the switch; after, of the 10 steps after its
+ * first; the gain is their ratio. Independent of the job's arithmetic: recomputed here from
+ * the log. */
+static void test_switch_report(void **state) {
+    (void)state;
+    enum { N = 20, K = 6 };
+    assert_int_equal(train_steps("--dp 4 --switch '6:{\"dp\": 2, \"tp\": 2}'", "rep.jsonl", N), 0);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/rep.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    double ms[N];
+    int n = 0;
+    while (n < N && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"step_ms\": ");
+        assert_non_null(p);
+        ms[n++] = atof(p + 11);
+    }
+    fclose(f);
+    assert_int_equal(n, N);
+    double before[K], after[10];
+    memcpy(before, ms, sizeof before);
+    memcpy(after, ms + K + 1, sizeof after);
+    double b = median(before, K), a = median(after, 10);
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    bool found = false;
+    while (fgets(line, sizeof line, f)) {
+        const char *p =
+            strstr(line, "switch at step 6: no prediction (a direct request), measured ");
+        if (!p) continue;
+        found = true;
+        assert_non_null(strstr(line, "step    16  switch at step 6:"));
+        int pct = -1;
+        char dir_word[16];
+        double got_a = 0, got_b = 0;
+        assert_int_equal(sscanf(strstr(p, "measured "),
+                                "measured %d%% %15s (%lf ms against %lf ms)", &pct, dir_word,
+                                &got_a, &got_b),
+                         4);
+        if (fabs(got_a - a) > 0.051 || fabs(got_b - b) > 0.051)
+            fail_msg("report says %.1f ms against %.1f ms; the log gives %.3f against %.3f", got_a,
+                     got_b, a, b);
+        double gain = (b - a) / b;
+        assert_string_equal(dir_word, gain >= 0 ? "faster" : "slower");
+        assert_true(fabs(pct - fabs(100 * gain)) <= 0.51);
+    }
+    fclose(f);
+    if (!found) assert_true(out_contains("switch at step 6: "));
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(dir, sizeof dir, "/tmp/ms-switch-XXXXXX");
@@ -217,6 +285,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tp_to_replicated_head),
         cmocka_unit_test(test_dp_to_tp_offload),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_switch_report),
         cmocka_unit_test(hardening_switch_to_running),
         cmocka_unit_test(hardening_switch_never_reached),
     };
