@@ -265,6 +265,24 @@ ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms
     return st;
 }
 
+ms_status live_job_for_rank(ms_ctx *ctx, const run_opts *o, const job_plan *plan, live_job *shared,
+                            live_job *own, live_job **out, ms_error *err) {
+    memset(own, 0, sizeof *own);
+    *out = shared;
+    if (!live_job_wanted(o) || ctx->backend != MS_BACKEND_MPI) return MS_OK;
+    *out = NULL;
+    if (ctx->rank != 0) return MS_OK; /* only receives decisions */
+    MS_CHECK(live_job_open(own, o, plan, err));
+    *out = own;
+    return MS_OK;
+}
+
+void live_job_release_rank(live_job *own) {
+    if (!own->live) return;
+    live_job_finish(own);
+    live_job_close(own);
+}
+
 void live_job_finish(live_job *j) {
     if (!j->live) return;
     ms_live_stop(j->live);

@@ -80,6 +80,13 @@ ms_status live_job_check_options(const run_opts *o, const job_plan *plan, ms_err
 /* Checks --switch, creates the live model, starts the dashboard (and prints its one line) and
  * the TUI. */
 ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms_error *err);
+/* The live job rank ctx reports to, in *out: `shared` under threads (opened before the ranks
+ * start, or NULL), under MPI one that rank 0 opens here into `own` (NULL on other ranks).
+ * Release with live_job_release_rank(own). */
+ms_status live_job_for_rank(ms_ctx *ctx, const run_opts *o, const job_plan *plan, live_job *shared,
+                            live_job *own, live_job **out, ms_error *err);
+/* Finishes and closes `own` if this rank opened it (live_job_for_rank). */
+void live_job_release_rank(live_job *own);
 /* The ranks finished: a last snapshot; with a TUI, waits until the user quits it. */
 void live_job_finish(live_job *j);
 /* Gives the terminal back (TUI), stops the dashboard, prints the kept closing lines. */

@@ -46,7 +46,11 @@ static void gpu_pass_on(tracer *t) {
         for (size_t i = 0; i < got; i++) ms_recorder_push_as(t->rec, &buf[i]);
 }
 
-void tracer_nccl_start(ms_ctx *ctx, tracer *t) {
+/* With a trace file on a CUDA device of a build with NCCL: makes NCCL load meshscope's profiler
+ * plugin (NCCL_PROFILER_PLUGIN, unless the user set it) and drains it into the trace. Before the
+ * first NCCL communicator (the trainer's); every rank calls it. Without the plugin it says why
+ * once and the trace goes on without NCCL's view. */
+static void nccl_start(ms_ctx *ctx, tracer *t) {
 #ifdef MS_HAVE_NCCL
     if (ctx->device->ops->kind != MS_DEVICE_CUDA) return;
     /* Every rank opens (once per process), so none makes a communicator before the variable
@@ -86,14 +90,46 @@ static void gpu_stop(ms_ctx *ctx, tracer *t) {
     gpu_pass_on(t);
 }
 
-ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err) {
+/* The live views' feed: the threads backend's model reads this rank's rings (and the GPU
+ * collector's, as it fills); under MPI rank 0's model gets what rank 0 gathers. */
+static void live_attach(ms_ctx *ctx, tracer *t) {
+    t->live_mpi = t->o.live_views && ctx->backend == MS_BACKEND_MPI;
+    if (!t->o.live) return;
+    if (ctx->backend == MS_BACKEND_MPI) {
+        t->feed = t->o.live;
+        return;
+    }
+    t->attached = t->o.live;
+    ms_live_attach_recorder(t->attached, t->rec);
+    if (t->gpu_rec) ms_live_attach_recorder(t->attached, t->gpu_rec);
+}
+
+ms_status tracer_open(ms_ctx *ctx, tracer *t, const tracer_opts *o, ms_error *err) {
     memset(t, 0, sizeof *t);
+    t->o = *o;
+    if (!o->path && !o->live_views) return MS_OK;
     MS_CHECK(ms_comm_split(ctx->world, 0, ctx->rank, "trace", &t->comm, err));
     int64_t unc;
     MS_CHECK(ms_clock_align(t->comm, 8, &t->clock_offset, &unc, err));
     MS_CHECK(ms_recorder_create(ctx->rank, TRACE_RING, &t->rec, err));
     ms_record_into(ctx, t->rec);
     gpu_start(ctx, t);
+    t->keep = o->path != NULL;
+    if (t->keep) nccl_start(ctx, t);
+    live_attach(ctx, t);
+    return MS_OK;
+}
+
+void tracer_step(ms_ctx *ctx, tracer *t, int step) {
+    if (!t->rec) return;
+    /* Attached from the start (so every communicator is probed), recording from --trace-from
+     * on (from step 0 when the live views need the events). */
+    ctx->trace.recorder = step >= t->o.from || t->o.live_views ? t->rec : NULL;
+    ms_recorder_set_step(t->rec, step);
+}
+
+ms_status tracer_after_step(ms_ctx *ctx, tracer *t, int step, ms_error *err) {
+    if (t->rec && (t->keep || t->live_mpi) && step % 10 == 9) return tracer_gather(ctx, t, err);
     return MS_OK;
 }
 
@@ -126,7 +162,12 @@ ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err) {
     return MS_OK;
 }
 
-ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, ms_error *err) {
+ms_status tracer_finish(ms_ctx *ctx, tracer *t, ms_error *err) {
+    if (!t->rec || !t->keep) return MS_OK;
+    const char *path = t->o.path;
+    const int64_t from = t->o.from;
+    ctx->trace.recorder = t->rec; /* what follows the last step is recorded too */
+    ms_recorder_set_step(t->rec, -1);
     /* Every rank's queued work has run before the last drain (a sync, then all agree), so
      * NCCL's records of the last step's collectives, kept by the plugin once their kernels
      * end, are complete when the process's draining rank reads them */
@@ -157,7 +198,9 @@ ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, 
     return MS_OK;
 }
 
-void tracer_free(ms_ctx *ctx, tracer *t) {
+void tracer_close(ms_ctx *ctx, tracer *t) {
+    if (t->attached && t->rec) ms_live_detach_recorder(t->attached, t->rec);
+    if (t->attached && t->gpu_rec) ms_live_detach_recorder(t->attached, t->gpu_rec);
     if (t->gpu_rec) gpu_stop(ctx, t);
     ms_recorder_destroy(t->gpu_rec);
     if (t->rec) ms_record_into(ctx, NULL);

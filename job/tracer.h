@@ -18,15 +18,25 @@
 #include "profiler/nccl_lane.h"
 #include "profiler/record/recorder.h"
 
+/* What a job asks of its tracing: a trace file, live views, or neither (then nothing starts). */
+typedef struct tracer_opts {
+    const char *path; /* --trace: the Chrome trace written at the end, NULL for none */
+    int64_t from;     /* --trace-from: the file keeps events from this step on */
+    ms_live *live;    /* the live model the views read, NULL for none (MPI: rank 0's only) */
+    bool live_views;  /* every rank: the job has live views (on some rank) */
+} tracer_opts;
+
 typedef struct tracer {
-    ms_recorder *rec;
-    ms_comm *comm; /* private: split from the world before the world is probed */
+    tracer_opts o;
+    ms_recorder *rec; /* NULL: not tracing */
+    ms_comm *comm;    /* private: split from the world before the world is probed */
     uint64_t cursor;
     int64_t clock_offset;
-    bool keep;     /* keep gathered events for the trace file (--trace) */
-    bool live_mpi; /* every rank: live views under MPI (gather events and groups for them) */
-    ms_live *feed; /* rank 0 under MPI: gathered events go to the live model */
-    ms_event *all; /* rank 0 */
+    bool keep;         /* keep gathered events for the trace file (--trace) */
+    bool live_mpi;     /* every rank: live views under MPI (gather events and groups for them) */
+    ms_live *feed;     /* rank 0 under MPI: gathered events go to the live model */
+    ms_live *attached; /* threads: the live model that reads this rank's rings directly */
+    ms_event *all;     /* rank 0 */
     size_t n, cap;
     /* GPU activity (CUDA devices): the first rank of each process runs the CUPTI collector
      * into gpu_rec and passes its events on into rec at every gather. */
@@ -38,19 +48,23 @@ typedef struct tracer {
     ms_nccl_lane_counts nccl_counts;
 } tracer;
 
-/* Collective: splits the private communicator, aligns clocks, attaches a recorder; on a CUDA
- * device also starts collecting GPU activity (or says why it cannot, and traces the host). */
-ms_status tracer_start(ms_ctx *ctx, tracer *t, ms_error *err);
-/* --trace on a CUDA device of a build with NCCL: makes NCCL load meshscope's profiler plugin
- * (NCCL_PROFILER_PLUGIN, unless the user set it) and drains it into the trace. Call after
- * tracer_start and before the first NCCL communicator (the trainer's); every rank calls it.
- * Without the plugin it says why once and the trace goes on without NCCL's view. */
-void tracer_nccl_start(ms_ctx *ctx, tracer *t);
+/* Collective: starts what o asks for (nothing, and t stays empty, when it asks for neither a
+ * file nor live views). The backend decides how events reach the views, here and nowhere
+ * else: under threads the live model reads each rank's rings directly; under MPI rank 0
+ * gathers every few steps and feeds it. On a CUDA device also collects GPU activity (or says
+ * why it cannot) and, with a trace file, NCCL's view. */
+ms_status tracer_open(ms_ctx *ctx, tracer *t, const tracer_opts *o, ms_error *err);
+/* Before step `step`: records from --trace-from on (from step 0 when live views need it). */
+void tracer_step(ms_ctx *ctx, tracer *t, int step);
+/* Collective, after step `step`: every 10 steps gathers what the trace file or MPI's live
+ * views need. */
+ms_status tracer_after_step(ms_ctx *ctx, tracer *t, int step, ms_error *err);
+/* Collective: a last gather, then rank 0 writes the trace file (a no-op without one). */
+ms_status tracer_finish(ms_ctx *ctx, tracer *t, ms_error *err);
+/* Detaches from the live model and the ctx, frees. */
+void tracer_close(ms_ctx *ctx, tracer *t);
+
 /* Collective: gathers every rank's new events to rank 0. */
 ms_status tracer_gather(ms_ctx *ctx, tracer *t, ms_error *err);
-/* Collective: a last gather, then rank 0 writes the trace file with the events from step
- * `from` on. */
-ms_status tracer_finish(ms_ctx *ctx, tracer *t, const char *path, int64_t from, ms_error *err);
-void tracer_free(ms_ctx *ctx, tracer *t);
 
 #endif

@@ -280,158 +280,171 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
 
 train_step_hook train_job_step_hook;
 
-static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
-    const train_args *ta = arg;
-    const run_opts *o = ta->o;
-    ms_trainer *t = NULL;
-    ms_text_data data = {0};
-    FILE *log = NULL;
-    tracer tr = {0};
-    ms_comm *control_comm = NULL; /* the live job's own channel, whether or not it traces */
-    live_job own = {0}, *job = ta->job;
-    bool live_on = live_job_wanted(o);
-    bool quiet = o->tui; /* the TUI owns the terminal */
-    float last_loss = NAN;
-    char *sample = NULL;
-    ms_ckpt_saver *saver = NULL;
-    ms_status st;
-    if (live_on && o->backend == MS_BACKEND_MPI && ctx->rank == 0) {
-        MS_CHECK_GOTO(live_job_open(&own, o, ta->plan, err), st, out);
-        job = &own;
-    }
-    if (live_on)
-        MS_CHECK_GOTO(ms_comm_split(ctx->world, 0, ctx->rank, "control", &control_comm, err), st,
-                      out);
-    if (o->trace || live_on) {
-        MS_CHECK_GOTO(tracer_start(ctx, &tr, err), st, out);
-        tr.keep = o->trace != NULL;
-        if (tr.keep) tracer_nccl_start(ctx, &tr);
-        tr.live_mpi = live_on && o->backend == MS_BACKEND_MPI;
-        if (job && job->live) {
-            if (o->backend == MS_BACKEND_MPI)
-                tr.feed = job->live;
-            else
-                ms_live_attach_recorder(job->live, tr.rec);
-            /* threads: the views read the GPU collector's ring as it fills */
-            if (o->backend != MS_BACKEND_MPI && tr.gpu_rec)
-                ms_live_attach_recorder(job->live, tr.gpu_rec);
-        }
-    }
-    MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, o->val_fraction, &data, err), st, out);
+/* One rank's run of the job: what it opens, in order, and closes in reverse (rank_close). */
+typedef struct rank_run {
+    ms_ctx *ctx;
+    const run_opts *o;
+    ms_trainer *t;
+    ms_text_data data;
+    FILE *log; /* rank 0: --log-jsonl */
+    tracer tr;
+    ms_comm *control_comm; /* the live job's own channel, whether or not it traces */
+    live_job own;          /* MPI: rank 0's live job, opened by this rank */
+    live_job *job;         /* the live job this rank takes decisions from (rank 0 decides) */
+    live_job *jl;          /* rank 0: the job it reports to; NULL elsewhere */
+    bool live_on, quiet;   /* quiet: the TUI owns the terminal */
+    ms_strbuf *later;      /* rank 0's closing lines while the TUI owns the terminal */
+    ms_ckpt_saver *saver;
+    char *sample;
+    float last_loss;
+    int64_t first_step;
+    double created_from, base_in_use; /* device bytes in use before and after the trainer */
+} rank_run;
+
+/* Everything before the first step: the live job, tracing, data, trainer, log, resume, saver. */
+static ms_status rank_open(rank_run *r, const train_args *ta, ms_error *err) {
+    ms_ctx *ctx = r->ctx;
+    const run_opts *o = r->o;
+    r->live_on = live_job_wanted(o);
+    r->quiet = o->tui;
+    r->last_loss = NAN;
+    MS_CHECK(live_job_for_rank(ctx, o, ta->plan, ta->job, &r->own, &r->job, err));
+    if (r->live_on)
+        MS_CHECK(ms_comm_split(ctx->world, 0, ctx->rank, "control", &r->control_comm, err));
+    tracer_opts tro = {.path = o->trace,
+                       .from = o->trace_from,
+                       .live = r->job ? r->job->live : NULL,
+                       .live_views = r->live_on};
+    MS_CHECK(tracer_open(ctx, &r->tr, &tro, err));
+    MS_CHECK(ms_text_data_open(o->data, o->seq, o->val_fraction, &r->data, err));
     ms_train_opts to = job_train_opts(o, o->sample > 0, false);
-    double created_from = (double)atomic_load(&ctx->device->in_use);
-    MS_CHECK_GOTO(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &ta->plan->rules, &to,
-                                    &data, &t, err),
-                  st, out);
+    r->created_from = (double)atomic_load(&ctx->device->in_use);
+    MS_CHECK(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &ta->plan->rules, &to,
+                               &r->data, &r->t, err));
     if (ctx->rank == 0 && o->log_jsonl) {
-        log = fopen(o->log_jsonl, o->resume ? "a" : "w"); /* a resumed run continues its log */
-        if (!log) {
-            st = ms_fail(err, MS_ERR_IO, "cannot write the log %s", o->log_jsonl);
-            goto out;
-        }
+        r->log = fopen(o->log_jsonl, o->resume ? "a" : "w"); /* a resumed run continues its log */
+        if (!r->log) return ms_fail(err, MS_ERR_IO, "cannot write the log %s", o->log_jsonl);
     }
-    double base_in_use = (double)atomic_load(&ctx->device->in_use);
-    live_job *jl = ctx->rank == 0 ? job : NULL;
-    ms_strbuf *later = quiet && job ? &job->epilogue : NULL;
-    if (ctx->rank == 0 && !quiet) announce(ctx, o, t, &data);
-    if (o->resume) MS_CHECK_GOTO(resume(ctx, t, o, err), st, out);
-    if (o->save_dir) MS_CHECK_GOTO(open_saver(ctx, t, o, &saver, err), st, out);
+    r->base_in_use = (double)atomic_load(&ctx->device->in_use);
+    r->jl = ctx->rank == 0 ? r->job : NULL;
+    r->later = r->quiet && r->job ? &r->job->epilogue : NULL;
+    if (ctx->rank == 0 && !r->quiet) announce(ctx, o, r->t, &r->data);
+    if (o->resume) MS_CHECK(resume(ctx, r->t, o, err));
+    if (o->save_dir) MS_CHECK(open_saver(ctx, r->t, o, &r->saver, err));
     /* A run resumed at its last step trains no more: it evaluates, samples and saves. */
-    const int64_t first_step = ms_trainer_step_index(t);
-    for (int step = (int)first_step; step < o->steps; step++) {
-        if (live_on) {
-            control c;
-            MS_CHECK_GOTO(live_job_control(job, control_comm, step, &c, err), st, out);
-            st = live_job_apply(jl, ctx, t, &c, step, quiet, err);
-            control_kind kind = c.kind;
-            control_free(&c);
-            if (st != MS_OK) goto out;
-            if (kind == CONTROL_STOP) {
-                if (ctx->rank == 0)
-                    say(later, "step %5d  stopped on request (last loss %.4f)\n", step, last_loss);
-                break;
-            }
-        }
-        if (tr.rec) {
-            /* Attached from the start (so every communicator is probed), recording from
-             * --trace-from on (from step 0 when the live views need the events). */
-            ctx->trace.recorder = step >= o->trace_from || live_on ? tr.rec : NULL;
-            ms_recorder_set_step(tr.rec, step);
-        }
-        if (train_job_step_hook) train_job_step_hook(ctx, step, o->timeout_s);
-        ms_step_result r;
-        st = ms_trainer_step(t, &r, err);
-        if (st == MS_ERR_DIVERGED && jl && jl->live) ms_live_set_event(jl->live, "%s", err->msg);
-        if (st != MS_OK) goto out;
-        last_loss = r.loss;
-        ms_record_span(&ctx->trace, MS_EV_STEP, r.t_data_ns);
-        record_memory(ctx, t);
-        double ms = (ms_now_ns() - r.t_data_ns) / 1e6;
-        if (ctx->rank == 0) {
-            live_job_step_done(jl, t, &r, ms);
-            MS_CHECK_GOTO(log_step(o, log, t, &r, ms, quiet, err), st, out);
-        }
-        if (tr.rec && (o->trace || tr.live_mpi) && step % 10 == 9)
-            MS_CHECK_GOTO(tracer_gather(ctx, &tr, err), st, out);
-        MS_CHECK_GOTO(checkpoint_step(ctx, jl, t, saver, o, false, later, err), st, out);
-        if (o->eval_every && step && step % o->eval_every == 0) {
-            double vl;
-            MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err), st, out);
-            if (ctx->rank == 0 && !quiet) printf("step %5d  validation loss %.4f\n", step, vl);
-        }
+    r->first_step = ms_trainer_step_index(r->t);
+    return MS_OK;
+}
+
+/* The step boundary's control exchange (with live views or --switch): carries out a switch;
+ * *stop when the job was asked to stop. */
+static ms_status rank_control(rank_run *r, int step, bool *stop, ms_error *err) {
+    *stop = false;
+    if (!r->live_on) return MS_OK;
+    control c;
+    MS_CHECK(live_job_control(r->job, r->control_comm, step, &c, err));
+    ms_status st = live_job_apply(r->jl, r->ctx, r->t, &c, step, r->quiet, err);
+    *stop = st == MS_OK && c.kind == CONTROL_STOP;
+    control_free(&c);
+    if (*stop && r->ctx->rank == 0)
+        say(r->later, "step %5d  stopped on request (last loss %.4f)\n", step, r->last_loss);
+    return st;
+}
+
+/* One training step and what follows it: the views, the log, tracing, checkpoints, eval. */
+static ms_status rank_step(rank_run *r, int step, ms_error *err) {
+    ms_ctx *ctx = r->ctx;
+    const run_opts *o = r->o;
+    tracer_step(ctx, &r->tr, step);
+    if (train_job_step_hook) train_job_step_hook(ctx, step, o->timeout_s);
+    ms_step_result res;
+    ms_status st = ms_trainer_step(r->t, &res, err);
+    if (st == MS_ERR_DIVERGED && r->jl && r->jl->live)
+        ms_live_set_event(r->jl->live, "%s", err->msg);
+    MS_CHECK(st);
+    r->last_loss = res.loss;
+    ms_record_span(&ctx->trace, MS_EV_STEP, res.t_data_ns);
+    record_memory(ctx, r->t);
+    double ms = (ms_now_ns() - res.t_data_ns) / 1e6;
+    if (ctx->rank == 0) {
+        live_job_step_done(r->jl, r->t, &res, ms);
+        MS_CHECK(log_step(o, r->log, r->t, &res, ms, r->quiet, err));
     }
-    if (ctx->rank == 0) live_job_end(jl, ms_trainer_step_index(t) - 1, quiet);
-    /* The run's end (or a stop): a last checkpoint unless one was just taken, then wait for it. */
-    if (saver && ms_trainer_step_index(t) > first_step &&
+    MS_CHECK(tracer_after_step(ctx, &r->tr, step, err));
+    MS_CHECK(checkpoint_step(ctx, r->jl, r->t, r->saver, o, false, r->later, err));
+    if (o->eval_every && step && step % o->eval_every == 0) {
+        double vl;
+        MS_CHECK(ms_trainer_evaluate(r->t, MS_SPLIT_VAL, o->batches, &vl, err));
+        if (ctx->rank == 0 && !r->quiet) printf("step %5d  validation loss %.4f\n", step, vl);
+    }
+    return MS_OK;
+}
+
+/* After the last step (or a stop): the last checkpoint, memory reports, the trace file,
+ * validation, a sample and --save. */
+static ms_status rank_wrap_up(rank_run *r, ms_error *err) {
+    ms_ctx *ctx = r->ctx;
+    const run_opts *o = r->o;
+    ms_trainer *t = r->t;
+    if (ctx->rank == 0) live_job_end(r->jl, ms_trainer_step_index(t) - 1, r->quiet);
+    /* A last checkpoint unless one was just taken, then wait for it. */
+    if (r->saver && ms_trainer_step_index(t) > r->first_step &&
         !(o->save_every && ms_trainer_step_index(t) % o->save_every == 0))
-        MS_CHECK_GOTO(checkpoint_step(ctx, jl, t, saver, o, true, later, err), st, out);
-    if (saver) {
+        MS_CHECK(checkpoint_step(ctx, r->jl, t, r->saver, o, true, r->later, err));
+    if (r->saver) {
         char note[CKPT_NOTE_MAX];
-        MS_CHECK_GOTO(ms_ckpt_saver_poll(saver, true, note, sizeof note, err), st, out);
-        ckpt_note(ctx, jl, note, later);
+        MS_CHECK(ms_ckpt_saver_poll(r->saver, true, note, sizeof note, err));
+        ckpt_note(ctx, r->jl, note, r->later);
     }
     int mb_size = 0, mb_count = 1;
     ms_strategy_micro(ms_trainer_strategy(t), o->batch, &mb_size, &mb_count);
-    bool trained = ms_trainer_step_index(t) > first_step;
+    bool trained = ms_trainer_step_index(t) > r->first_step;
     if (trained && (ms_trainer_strategy(t)->pp > 1 || mb_count > 1))
-        MS_CHECK_GOTO(report_memory(ctx, t, base_in_use, later, err), st, out);
-    if (trained && ctx->rank == 0) report_state_memory(ctx, t, created_from, later);
-    if (o->trace) {
-        ctx->trace.recorder = tr.rec;
-        ms_recorder_set_step(tr.rec, -1);
-        MS_CHECK_GOTO(tracer_finish(ctx, &tr, o->trace, o->trace_from, err), st, out);
-    }
+        MS_CHECK(report_memory(ctx, t, r->base_in_use, r->later, err));
+    if (trained && ctx->rank == 0) report_state_memory(ctx, t, r->created_from, r->later);
+    MS_CHECK(tracer_finish(ctx, &r->tr, err));
     if (o->steps > 0) {
         double vl;
-        MS_CHECK_GOTO(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err), st, out);
-        if (ctx->rank == 0) say(later, "validation loss %.4f (%d batches)\n", vl, o->batches);
+        MS_CHECK(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err));
+        if (ctx->rank == 0) say(r->later, "validation loss %.4f (%d batches)\n", vl, o->batches);
     }
     if (o->sample > 0 && !ms_trainer_model(t)->mlm_per_row) {
         const char *prompt = "And God said";
-        sample = xcalloc((size_t)o->sample + strlen(prompt) + 1, 1);
-        MS_CHECK_GOTO(ms_trainer_sample(t, prompt, o->sample, o->seed, sample, err), st, out);
-        if (ctx->rank == 0) say(later, "\nsample:\n%s\n", sample);
+        r->sample = xcalloc((size_t)o->sample + strlen(prompt) + 1, 1);
+        MS_CHECK(ms_trainer_sample(t, prompt, o->sample, o->seed, r->sample, err));
+        if (ctx->rank == 0) say(r->later, "\nsample:\n%s\n", r->sample);
     }
-    if (o->save) MS_CHECK_GOTO(save_checkpoint(ctx, t, o->save, err), st, out);
-    st = MS_OK;
-out:
-    if (log && fclose(log) != 0 && st == MS_OK)
-        st = ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);
-    free(sample);
-    ms_ckpt_saver_destroy(saver);
-    ms_trainer_destroy(t);
-    ms_text_data_close(&data);
-    if (job && job->live && tr.rec && o->backend == MS_BACKEND_THREADS)
-        ms_live_detach_recorder(job->live, tr.rec);
-    if (job && job->live && tr.gpu_rec && o->backend == MS_BACKEND_THREADS)
-        ms_live_detach_recorder(job->live, tr.gpu_rec);
-    tracer_free(ctx, &tr);
-    ms_comm_destroy(control_comm);
-    if (own.live) {
-        live_job_finish(&own);
-        live_job_close(&own);
-    }
+    if (o->save) MS_CHECK(save_checkpoint(ctx, t, o->save, err));
+    return MS_OK;
+}
+
+/* Closes what rank_open opened, in reverse; keeps the first failure (st) or reports a log
+ * that could not be written. */
+static ms_status rank_close(rank_run *r, ms_status st, ms_error *err) {
+    if (r->log && fclose(r->log) != 0 && st == MS_OK)
+        st = ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", r->o->log_jsonl);
+    free(r->sample);
+    ms_ckpt_saver_destroy(r->saver);
+    ms_trainer_destroy(r->t);
+    ms_text_data_close(&r->data);
+    tracer_close(r->ctx, &r->tr);
+    ms_comm_destroy(r->control_comm);
+    live_job_release_rank(&r->own);
     return st;
+}
+
+static ms_status train_rank(ms_ctx *ctx, void *arg, ms_error *err) {
+    const train_args *ta = arg;
+    rank_run r = {.ctx = ctx, .o = ta->o};
+    ms_status st = rank_open(&r, ta, err);
+    for (int step = (int)r.first_step; st == MS_OK && step < r.o->steps; step++) {
+        bool stop = false;
+        st = rank_control(&r, step, &stop, err);
+        if (st != MS_OK || stop) break;
+        st = rank_step(&r, step, err);
+    }
+    if (st == MS_OK) st = rank_wrap_up(&r, err);
+    return rank_close(&r, st, err);
 }
 
 int train_job_run(const run_opts *o) {

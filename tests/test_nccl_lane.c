@@ -552,10 +552,9 @@ static ms_status tracer_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     gpu_ops[ctx->rank].kind = MS_DEVICE_CUDA;
     ctx->device->ops = &gpu_ops[ctx->rank];
     tracer t;
-    ms_status st = tracer_start(ctx, &t, err);
+    tracer_opts to = {.path = path}; /* as train --trace asks */
+    ms_status st = tracer_open(ctx, &t, &to, err);
     if (st == MS_OK) {
-        t.keep = true; /* as train --trace sets it */
-        tracer_nccl_start(ctx, &t);
         void *h = dlopen(getenv("NCCL_PROFILER_PLUGIN"), RTLD_NOW | RTLD_LOCAL);
         const ms_nccl_profiler_v5 *p = h ? dlsym(h, "ncclProfiler_v5") : NULL;
         void *pctx = NULL, *coll = NULL;
@@ -576,11 +575,11 @@ static ms_status tracer_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                                 .mesh_dim = -1};
         ms_recorder_push(t.rec, &e);
         st = tracer_gather(ctx, &t, err);
-        if (st == MS_OK) st = tracer_finish(ctx, &t, path, 0, err);
+        if (st == MS_OK) st = tracer_finish(ctx, &t, err);
         p->finalize(pctx);
         dlclose(h);
     }
-    tracer_free(ctx, &t);
+    tracer_close(ctx, &t);
     ctx->device->ops = cpu_ops;
     return st;
 }
