@@ -1,6 +1,8 @@
 /* snapshot_json.c - a live snapshot as JSON and back (format: docs/api.md, "The snapshot").
  *
- * Writing builds a cJSON tree field by field. Reading is strict: every field the writer
+ * Each record (an op row, a step, a suggestion, ...) is described once, by a table of its
+ * fields (key, type, place in the struct, accepted range), which both the writer and the
+ * reader walk, so the two cannot disagree on a key. Reading is strict: every field the writer
  * puts out must be present with the right type, arrays must have the sizes the counts
  * imply (a heatmap has nranks * nranks cells), strings must fit their fixed-size fields, and
  * a failure names the JSON path ("snapshot: $.analysis.ops[3].seconds: expected a number").
@@ -14,6 +16,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +32,229 @@
 static const char *const lane_names[MS_LANE_KIND_COUNT] = {"compute", "comm"};
 static const char *const phase_names[] = {"forward", "backward", "other"};
 static const char *const action_names[] = {"F", "B", "W"}; /* ms_ev_pipe_action */
+
+static const char *lane_name(int i) {
+    return lane_names[i];
+}
+static const char *phase_name(int i) {
+    return phase_names[i];
+}
+static const char *action_name(int i) {
+    return action_names[i];
+}
+static const char *coll_name(int i) {
+    return ms_coll_name((ms_coll_kind)i);
+}
+static const char *state_name(int i) {
+    return ms_suggestion_state_name((ms_suggestion_state)i);
+}
+
+/* --- the records' fields: one table each, for writing and reading ------------------------ */
+
+typedef enum field_kind {
+    K_NUM,  /* double; NaN as null */
+    K_INT,  /* a signed or unsigned integer of `size` bytes in [lo, hi] (signed when lo < 0) */
+    K_U64,  /* uint64_t, any value below 2^64 */
+    K_BOOL, /* bool */
+    K_STR,  /* char[size], NUL-terminated */
+    K_ENUM  /* uint8_t, written as name(value) for value < count */
+} field_kind;
+
+typedef struct field {
+    const char *key;
+    uint8_t kind;
+    bool optional; /* added by a later version: may be absent when read (keeps its zero) */
+    size_t off, size;
+    double lo, hi;              /* K_INT */
+    const char *(*name)(int i); /* K_ENUM */
+    int count;                  /* K_ENUM */
+} field;
+
+#define AT_(T, m) .off = offsetof(T, m), .size = sizeof(((T *)0)->m)
+#define F_NUM(T, m, k, ...)                                                                        \
+    { .key = k, .kind = K_NUM, AT_(T, m), __VA_ARGS__ }
+#define F_INT(T, m, k, l, h, ...)                                                                  \
+    { .key = k, .kind = K_INT, AT_(T, m), .lo = l, .hi = h, __VA_ARGS__ }
+#define F_U64(T, m, k, ...)                                                                        \
+    { .key = k, .kind = K_U64, AT_(T, m), __VA_ARGS__ }
+#define F_BOOL(T, m, k, ...)                                                                       \
+    { .key = k, .kind = K_BOOL, AT_(T, m), __VA_ARGS__ }
+#define F_STR(T, m, k, ...)                                                                        \
+    { .key = k, .kind = K_STR, AT_(T, m), __VA_ARGS__ }
+#define F_ENUM(T, m, k, fn, n, ...)                                                                \
+    { .key = k, .kind = K_ENUM, AT_(T, m), .name = fn, .count = n, __VA_ARGS__ }
+#define I53         9007199254740992.0 /* 2^53: the integers a double holds exactly */
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const field overlap_fields[] = {
+    F_NUM(ms_rank_overlap, comm_s, "comm_s"),
+    F_NUM(ms_rank_overlap, compute_s, "compute_s"),
+    F_NUM(ms_rank_overlap, overlapped_s, "overlapped_s"),
+    F_NUM(ms_rank_overlap, exposed_comm_s, "exposed_comm_s"),
+    F_NUM(ms_rank_overlap, overlap_ratio, "overlap_ratio"),
+    F_NUM(ms_rank_overlap, exposed_comm_step_s, "exposed_comm_step_s", .optional = true),
+    F_INT(ms_rank_overlap, steps, "steps", 0, INT32_MAX, .optional = true),
+    F_NUM(ms_rank_overlap, dp_comm_s, "dp_comm_s", .optional = true),
+    F_NUM(ms_rank_overlap, dp_hidden_s, "dp_hidden_s", .optional = true),
+    F_NUM(ms_rank_overlap, dp_hidden_ratio, "dp_hidden_ratio", .optional = true),
+};
+static const field busbw_fields[] = {
+    F_ENUM(ms_busbw_row, coll, "coll", coll_name, MS_COLL_KIND_COUNT),
+    F_INT(ms_busbw_row, mesh_dim, "mesh_dim", -1, INT16_MAX),
+    F_INT(ms_busbw_row, group_size, "group_size", 0, INT32_MAX),
+    F_U64(ms_busbw_row, bytes, "bytes"),
+    F_INT(ms_busbw_row, count, "count", 0, INT32_MAX),
+    F_NUM(ms_busbw_row, mean_s, "mean_s"),
+    F_NUM(ms_busbw_row, busbw_gbs, "busbw_gbs"),
+};
+static const field op_fields[] = {
+    F_STR(ms_op_row, name, "name"),
+    F_ENUM(ms_op_row, phase, "phase", phase_name, 3),
+    F_INT(ms_op_row, count, "count", 0, INT32_MAX),
+    F_NUM(ms_op_row, seconds, "seconds"),
+    F_NUM(ms_op_row, flops, "flops"),
+};
+static const field reshard_fields[] = {
+    F_STR(ms_reshard_row, transition, "transition"),
+    F_INT(ms_reshard_row, count, "count", 0, INT32_MAX),
+    F_NUM(ms_reshard_row, bytes, "bytes"),
+    F_NUM(ms_reshard_row, seconds, "seconds"),
+};
+static const field step_fields[] = {
+    F_INT(ms_step_row, step, "step", -I53, I53),
+    F_INT(ms_step_row, rank, "rank", -1, INT32_MAX),
+    F_NUM(ms_step_row, wall_s, "wall_s"),
+    F_NUM(ms_step_row, compute_s, "compute_s"),
+    F_NUM(ms_step_row, exposed_comm_s, "exposed_comm_s"),
+    F_NUM(ms_step_row, idle_s, "idle_s"),
+};
+static const field straggler_fields[] = {
+    F_INT(ms_straggler, rank, "rank", 0, MS_AN_MAX_RANKS - 1),
+    F_NUM(ms_straggler, last_fraction, "last_fraction"),
+    F_NUM(ms_straggler, mean_lag_s, "mean_lag_s"),
+    F_INT(ms_straggler, count, "count", 0, INT32_MAX),
+};
+/* ms_pipe_stats' scalars; its per-stage arrays follow them. */
+static const field pipe_fields[] = {
+    F_STR(ms_pipe_stats, schedule, "schedule"),
+    F_INT(ms_pipe_stats, stages, "stages", 1, MS_AN_MAX_STAGES),
+    F_INT(ms_pipe_stats, virtual_stages, "virtual_stages", 1, INT16_MAX),
+    F_INT(ms_pipe_stats, micro_batches, "micro_batches", 1, INT32_MAX),
+    F_INT(ms_pipe_stats, n_steps, "steps", 0, INT32_MAX),
+    F_INT(ms_pipe_stats, last_step, "last_step", -I53, I53),
+    F_NUM(ms_pipe_stats, bubble, "bubble"),
+    F_NUM(ms_pipe_stats, last_bubble, "last_bubble"),
+    F_NUM(ms_pipe_stats, formula, "formula"),
+    F_NUM(ms_pipe_stats, simulated, "simulated"),
+    F_NUM(ms_pipe_stats, mean_f_s, "mean_f_s"),
+    F_NUM(ms_pipe_stats, mean_b_s, "mean_b_s"),
+    F_NUM(ms_pipe_stats, mean_w_s, "mean_w_s"),
+    F_NUM(ms_pipe_stats, last_window_s, "last_window_s"),
+};
+static const field history_fields[] = {
+    F_INT(ms_live_step, step, "step", -I53, I53),
+    F_NUM(ms_live_step, loss, "loss"),
+    F_NUM(ms_live_step, step_s, "step_s"),
+    F_NUM(ms_live_step, tokens_per_s, "tokens_per_s"),
+    F_NUM(ms_live_step, lr, "lr"),
+    F_NUM(ms_live_step, grad_norm, "grad_norm"),
+    F_STR(ms_live_step, strategy, "strategy"),
+};
+static const field span_fields[] = {
+    F_INT(ms_live_span, rank, "rank", 0, INT32_MAX),
+    F_ENUM(ms_live_span, kind, "kind", lane_name, MS_LANE_KIND_COUNT),
+    F_NUM(ms_live_span, t0, "t0"),
+    F_NUM(ms_live_span, t1, "t1"),
+    F_STR(ms_live_span, name, "name"),
+    F_INT(ms_live_span, mesh_dim, "mesh_dim", INT16_MIN, INT16_MAX),
+};
+static const field block_fields[] = {
+    F_INT(ms_live_pipe_block, stage, "stage", 0, MS_AN_MAX_STAGES - 1),
+    F_ENUM(ms_live_pipe_block, action, "action", action_name, 3),
+    F_INT(ms_live_pipe_block, mb, "mb", 0, INT32_MAX),
+    F_INT(ms_live_pipe_block, chunk, "chunk", 0, UINT8_MAX),
+    F_NUM(ms_live_pipe_block, t0, "t0"),
+    F_NUM(ms_live_pipe_block, t1, "t1"),
+};
+static const field mem_fields[] = {
+    F_U64(ms_live_mem, in_use, "in_use"),
+    F_U64(ms_live_mem, peak, "peak"),
+    F_U64(ms_live_mem, params, "params", .optional = true),
+    F_U64(ms_live_mem, grads, "grads", .optional = true),
+    F_U64(ms_live_mem, optim, "optimizer", .optional = true),
+    F_U64(ms_live_mem, acts, "activations", .optional = true),
+    F_U64(ms_live_mem, host_optim, "host_optimizer", .optional = true),
+};
+static const field suggestion_fields[] = {
+    F_INT(ms_suggestion, id, "id", 1, INT32_MAX),
+    F_ENUM(ms_suggestion, state, "state", state_name, MS_SUGG_STATE_COUNT),
+    F_STR(ms_suggestion, target, "target"),
+    F_STR(ms_suggestion, target_json, "target_json"),
+    F_STR(ms_suggestion, current, "current"),
+    F_NUM(ms_suggestion, predicted_gain, "predicted_gain"),
+    F_NUM(ms_suggestion, predicted_step_s, "predicted_step_s"),
+    F_NUM(ms_suggestion, current_step_s, "current_step_s"),
+    F_STR(ms_suggestion, evidence, "evidence"),
+    F_STR(ms_suggestion, memory_check, "memory_check"),
+    F_STR(ms_suggestion, diff, "diff"),
+    F_STR(ms_suggestion, result, "result"),
+    F_INT(ms_suggestion, applied_step, "applied_step", -I53, I53),
+};
+static const field info_fields[] = {
+    F_STR(ms_live_info, model, "model"),
+    F_STR(ms_live_info, backend, "backend"),
+    F_INT(ms_live_info, nranks, "nranks", 0, MAX_INFO_RANKS),
+    F_INT(ms_live_info, tokens_per_step, "tokens_per_step", -I53, I53),
+    F_BOOL(ms_live_info, live, "live"),
+};
+/* The snapshot's own scalars before "info", and after it (last_event, redacted, by hand). */
+static const field head_fields[] = {
+    F_U64(ms_snapshot, version, "version"),
+    F_INT(ms_snapshot, taken_ns, "taken_ns", -I53, I53),
+};
+static const field state_fields[] = {
+    F_STR(ms_snapshot, strategy, "strategy"),
+    F_INT(ms_snapshot, step, "step", -I53, I53),
+    F_BOOL(ms_snapshot, finished, "finished"),
+};
+static const field tail_fields[] = {
+    F_STR(ms_snapshot, hang_alert, "hang_alert", .optional = true),
+    F_NUM(ms_snapshot, achieved_flops_per_s, "achieved_flops_per_s"),
+};
+#define TABLE(t) (t), COUNT_OF(t)
+
+/* The integer of f's size and signedness at p. */
+static int64_t load_int(const field *f, const void *p) {
+    const bool sgn = f->lo < 0;
+    switch (f->size) {
+        case 1:
+            return sgn ? *(const int8_t *)p : *(const uint8_t *)p;
+        case 2:
+            return sgn ? *(const int16_t *)p : *(const uint16_t *)p;
+        case 4:
+            return sgn ? *(const int32_t *)p : (int64_t) * (const uint32_t *)p;
+        default:
+            return *(const int64_t *)p;
+    }
+}
+
+/* Stores v (already within f's range) as f's size and signedness at p. */
+static void store_int(const field *f, void *p, int64_t v) {
+    const bool sgn = f->lo < 0;
+    switch (f->size) {
+        case 1:
+            sgn ? (void)(*(int8_t *)p = (int8_t)v) : (void)(*(uint8_t *)p = (uint8_t)v);
+            break;
+        case 2:
+            sgn ? (void)(*(int16_t *)p = (int16_t)v) : (void)(*(uint16_t *)p = (uint16_t)v);
+            break;
+        case 4:
+            sgn ? (void)(*(int32_t *)p = (int32_t)v) : (void)(*(uint32_t *)p = (uint32_t)v);
+            break;
+        default:
+            *(int64_t *)p = v;
+    }
+}
 
 ms_snapshot *ms_snapshot_new(void) {
     ms_snapshot *s = calloc(1, sizeof *s);
@@ -71,14 +297,54 @@ static cJSON *push_obj(cJSON *a) {
     return o;
 }
 
+/* Every field of table f, read from the record at x. */
+static bool put_fields(cJSON *o, const void *x, const field *f, size_t n) {
+    bool ok = true;
+    for (size_t i = 0; ok && i < n; i++) {
+        const void *p = (const char *)x + f[i].off;
+        switch (f[i].kind) {
+            case K_NUM:
+                ok = add_num(o, f[i].key, *(const double *)p);
+                break;
+            case K_INT:
+                ok = add_num(o, f[i].key, (double)load_int(&f[i], p));
+                break;
+            case K_U64:
+                ok = add_num(o, f[i].key, (double)*(const uint64_t *)p);
+                break;
+            case K_BOOL:
+                ok = add_bool(o, f[i].key, *(const bool *)p);
+                break;
+            case K_STR:
+                ok = add_str(o, f[i].key, (const char *)p);
+                break;
+            default: {
+                const uint8_t v = *(const uint8_t *)p;
+                ok = add_str(o, f[i].key, v < f[i].count ? f[i].name(v) : "unknown");
+            }
+        }
+    }
+    return ok;
+}
+
+/* o[key]: an array of n records of row_size bytes, each an object of table f. */
+static bool put_rows(cJSON *o, const char *key, const void *rows, int n, size_t row_size,
+                     const field *f, size_t nf) {
+    cJSON *a = cJSON_AddArrayToObject(o, key);
+    bool ok = a != NULL;
+    for (int i = 0; ok && rows && i < n; i++) {
+        cJSON *e = push_obj(a);
+        ok = e && put_fields(e, (const char *)rows + (size_t)i * row_size, f, nf);
+    }
+    return ok;
+}
+#define PUT_ROWS(o, key, rows, n, table)                                                           \
+    put_rows((o), (key), (rows), (n), sizeof *(rows), TABLE(table))
+
 static bool heatmap_to_json(cJSON *o, const ms_heatmap *h, int nranks) {
     size_t cells = h->bytes && h->seconds ? (size_t)nranks * nranks : 0;
     return add_num(o, "mesh_dim", h->mesh_dim) && add_nums(o, "bytes", h->bytes, cells) &&
            add_nums(o, "seconds", h->seconds, cells);
-}
-
-static const char *coll_name(int c) {
-    return c >= 0 && c < MS_COLL_KIND_COUNT ? ms_coll_name((ms_coll_kind)c) : "unknown";
 }
 
 /* analysis.pipeline: null without pipeline actions. */
@@ -89,14 +355,7 @@ static bool pipe_stats_to_json(cJSON *o, const ms_pipe_stats *p) {
     double ranks[MS_AN_MAX_STAGES];
     for (int k = 0; k < p->stages; k++) ranks[k] = p->stage_ranks[k];
     const size_t n = (size_t)p->stages;
-    return e && add_str(e, "schedule", p->schedule) && add_num(e, "stages", p->stages) &&
-           add_num(e, "virtual_stages", p->virtual_stages) &&
-           add_num(e, "micro_batches", p->micro_batches) && add_num(e, "steps", p->n_steps) &&
-           add_num(e, "last_step", (double)p->last_step) && add_num(e, "bubble", p->bubble) &&
-           add_num(e, "last_bubble", p->last_bubble) && add_num(e, "formula", p->formula) &&
-           add_num(e, "simulated", p->simulated) && add_num(e, "mean_f_s", p->mean_f_s) &&
-           add_num(e, "mean_b_s", p->mean_b_s) && add_num(e, "mean_w_s", p->mean_w_s) &&
-           add_num(e, "last_window_s", p->last_window_s) && add_nums(e, "stage_ranks", ranks, n) &&
+    return e && put_fields(e, p, TABLE(pipe_fields)) && add_nums(e, "stage_ranks", ranks, n) &&
            add_nums(e, "stage_bubble", p->stage_bubble, n) &&
            add_nums(e, "last_stage_bubble", p->last_stage_bubble, n);
 }
@@ -113,17 +372,7 @@ static bool pipeline_to_json(cJSON *root, const ms_live_pipeline *pl) {
         cJSON *e = push_obj(lanes);
         ok = e && add_num(e, "stage", k) && add_num(e, "rank", pl->rank[k]);
     }
-    cJSON *blocks = ok ? cJSON_AddArrayToObject(o, "blocks") : NULL;
-    ok = blocks != NULL;
-    for (int i = 0; ok && pl->blocks && i < pl->n_blocks; i++) {
-        const ms_live_pipe_block *x = &pl->blocks[i];
-        cJSON *e = push_obj(blocks);
-        ok = e && add_num(e, "stage", x->stage) &&
-             add_str(e, "action", x->action <= MS_PIPE_W ? action_names[x->action] : "F") &&
-             add_num(e, "mb", x->mb) && add_num(e, "chunk", x->chunk) && add_num(e, "t0", x->t0) &&
-             add_num(e, "t1", x->t1);
-    }
-    return ok;
+    return ok && PUT_ROWS(o, "blocks", pl->blocks, pl->n_blocks, block_fields);
 }
 
 static bool analysis_to_json(cJSON *root, const ms_analysis *a) {
@@ -140,79 +389,14 @@ static bool analysis_to_json(cJSON *root, const ms_analysis *a) {
         cJSON *e = push_obj(dims);
         ok = e && add_str(e, "name", a->dim_names[d]) && heatmap_to_json(e, &a->per_dim[d], n);
     }
-    cJSON *ov = ok ? cJSON_AddArrayToObject(o, "overlap") : NULL;
-    ok = ov != NULL;
-    for (int r = 0; ok && r < n && r < MS_AN_MAX_RANKS; r++) {
-        const ms_rank_overlap *x = &a->overlap[r];
-        cJSON *e = push_obj(ov);
-        ok = e && add_num(e, "comm_s", x->comm_s) && add_num(e, "compute_s", x->compute_s) &&
-             add_num(e, "overlapped_s", x->overlapped_s) &&
-             add_num(e, "exposed_comm_s", x->exposed_comm_s) &&
-             add_num(e, "overlap_ratio", x->overlap_ratio) &&
-             add_num(e, "exposed_comm_step_s", x->exposed_comm_step_s) &&
-             add_num(e, "steps", x->steps) && add_num(e, "dp_comm_s", x->dp_comm_s) &&
-             add_num(e, "dp_hidden_s", x->dp_hidden_s) &&
-             add_num(e, "dp_hidden_ratio", x->dp_hidden_ratio);
-    }
-    cJSON *bw = ok ? cJSON_AddArrayToObject(o, "busbw") : NULL;
-    ok = bw != NULL;
-    for (int i = 0; ok && i < a->n_busbw; i++) {
-        const ms_busbw_row *x = &a->busbw[i];
-        cJSON *e = push_obj(bw);
-        ok = e && add_str(e, "coll", coll_name(x->coll)) && add_num(e, "mesh_dim", x->mesh_dim) &&
-             add_num(e, "group_size", x->group_size) && add_num(e, "bytes", (double)x->bytes) &&
-             add_num(e, "count", x->count) && add_num(e, "mean_s", x->mean_s) &&
-             add_num(e, "busbw_gbs", x->busbw_gbs);
-    }
-    cJSON *ops = ok ? cJSON_AddArrayToObject(o, "ops") : NULL;
-    ok = ops != NULL;
-    for (int i = 0; ok && i < a->n_ops; i++) {
-        const ms_op_row *x = &a->ops[i];
-        cJSON *e = push_obj(ops);
-        ok = e && add_str(e, "name", x->name) &&
-             add_str(e, "phase", phase_names[x->phase <= MS_PHASE_OTHER ? x->phase : 2]) &&
-             add_num(e, "count", x->count) && add_num(e, "seconds", x->seconds) &&
-             add_num(e, "flops", x->flops);
-    }
-    cJSON *rs = ok ? cJSON_AddArrayToObject(o, "reshards") : NULL;
-    ok = rs != NULL;
-    for (int i = 0; ok && i < a->n_reshards; i++) {
-        const ms_reshard_row *x = &a->reshards[i];
-        cJSON *e = push_obj(rs);
-        ok = e && add_str(e, "transition", x->transition) && add_num(e, "count", x->count) &&
-             add_num(e, "bytes", x->bytes) && add_num(e, "seconds", x->seconds);
-    }
-    cJSON *st = ok ? cJSON_AddArrayToObject(o, "steps") : NULL;
-    ok = st != NULL;
-    for (int i = 0; ok && i < a->n_steps; i++) {
-        const ms_step_row *x = &a->steps[i];
-        cJSON *e = push_obj(st);
-        ok = e && add_num(e, "step", (double)x->step) && add_num(e, "rank", x->rank) &&
-             add_num(e, "wall_s", x->wall_s) && add_num(e, "compute_s", x->compute_s) &&
-             add_num(e, "exposed_comm_s", x->exposed_comm_s) && add_num(e, "idle_s", x->idle_s);
-    }
-    cJSON *sg = ok ? cJSON_AddArrayToObject(o, "stragglers") : NULL;
-    ok = sg != NULL;
-    for (int i = 0; ok && i < a->n_stragglers; i++) {
-        const ms_straggler *x = &a->stragglers[i];
-        cJSON *e = push_obj(sg);
-        ok = e && add_num(e, "rank", x->rank) && add_num(e, "last_fraction", x->last_fraction) &&
-             add_num(e, "mean_lag_s", x->mean_lag_s) && add_num(e, "count", x->count);
-    }
+    const int nr = n < MS_AN_MAX_RANKS ? n : MS_AN_MAX_RANKS;
+    ok = ok && PUT_ROWS(o, "overlap", a->overlap, nr, overlap_fields) &&
+         PUT_ROWS(o, "busbw", a->busbw, a->n_busbw, busbw_fields) &&
+         PUT_ROWS(o, "ops", a->ops, a->n_ops, op_fields) &&
+         PUT_ROWS(o, "reshards", a->reshards, a->n_reshards, reshard_fields) &&
+         PUT_ROWS(o, "steps", a->steps, a->n_steps, step_fields) &&
+         PUT_ROWS(o, "stragglers", a->stragglers, a->n_stragglers, straggler_fields);
     return ok && pipe_stats_to_json(o, &a->pipe);
-}
-
-static bool suggestion_to_json(cJSON *e, const ms_suggestion *x) {
-    const char *state = x->state < MS_SUGG_STATE_COUNT
-                            ? ms_suggestion_state_name((ms_suggestion_state)x->state)
-                            : "unknown";
-    return add_num(e, "id", x->id) && add_str(e, "state", state) &&
-           add_str(e, "target", x->target) && add_str(e, "target_json", x->target_json) &&
-           add_str(e, "current", x->current) && add_num(e, "predicted_gain", x->predicted_gain) &&
-           add_num(e, "predicted_step_s", x->predicted_step_s) &&
-           add_num(e, "current_step_s", x->current_step_s) && add_str(e, "evidence", x->evidence) &&
-           add_str(e, "memory_check", x->memory_check) && add_str(e, "diff", x->diff) &&
-           add_str(e, "result", x->result) && add_num(e, "applied_step", (double)x->applied_step);
 }
 
 /* Copies len bytes of src to out (cap bytes), as many as fit; returns how many it copied. */
@@ -243,65 +427,22 @@ cJSON *ms_snapshot_to_json(const ms_snapshot *s) {
     if (!root) return NULL;
     char event[sizeof s->last_event];
     redact_token(s->last_event, event, sizeof event);
-    bool ok = add_num(root, "schema", SNAPSHOT_SCHEMA) &&
-              add_num(root, "version", (double)s->version) &&
-              add_num(root, "taken_ns", (double)s->taken_ns);
+    bool ok = add_num(root, "schema", SNAPSHOT_SCHEMA) && put_fields(root, s, TABLE(head_fields));
     cJSON *info = ok ? cJSON_AddObjectToObject(root, "info") : NULL;
-    ok = info && add_str(info, "model", s->info.model) &&
-         add_str(info, "backend", s->info.backend) && add_num(info, "nranks", s->info.nranks) &&
-         add_num(info, "tokens_per_step", (double)s->info.tokens_per_step) &&
-         add_bool(info, "live", s->info.live);
-    ok = ok && add_str(root, "strategy", s->strategy) && add_num(root, "step", (double)s->step) &&
-         add_bool(root, "finished", s->finished) && add_str(root, "last_event", event) &&
-         add_str(root, "hang_alert", s->hang_alert) &&
-         add_num(root, "achieved_flops_per_s", s->achieved_flops_per_s);
-
-    cJSON *hist = ok ? cJSON_AddArrayToObject(root, "history") : NULL;
-    ok = hist != NULL;
-    for (int i = 0; ok && s->history && i < s->n_history; i++) {
-        const ms_live_step *x = &s->history[i];
-        cJSON *e = push_obj(hist);
-        ok = e && add_num(e, "step", (double)x->step) && add_num(e, "loss", x->loss) &&
-             add_num(e, "step_s", x->step_s) && add_num(e, "tokens_per_s", x->tokens_per_s) &&
-             add_num(e, "lr", x->lr) && add_num(e, "grad_norm", x->grad_norm) &&
-             add_str(e, "strategy", x->strategy);
-    }
-    ok = ok && analysis_to_json(root, &s->analysis);
-
+    ok = info && put_fields(info, &s->info, TABLE(info_fields)) &&
+         put_fields(root, s, TABLE(state_fields)) && add_str(root, "last_event", event) &&
+         put_fields(root, s, TABLE(tail_fields)) &&
+         PUT_ROWS(root, "history", s->history, s->n_history, history_fields) &&
+         analysis_to_json(root, &s->analysis);
     cJSON *tl = ok ? cJSON_AddObjectToObject(root, "timeline") : NULL;
     ok = tl && add_num(tl, "step", (double)s->timeline_step) &&
-         add_num(tl, "wall_s", s->timeline_wall_s);
-    cJSON *spans = ok ? cJSON_AddArrayToObject(tl, "spans") : NULL;
-    ok = spans != NULL;
-    for (int i = 0; ok && s->timeline && i < s->n_timeline; i++) {
-        const ms_live_span *x = &s->timeline[i];
-        cJSON *e = push_obj(spans);
-        ok = e && add_num(e, "rank", x->rank) &&
-             add_str(e, "kind", x->kind < MS_LANE_KIND_COUNT ? lane_names[x->kind] : "compute") &&
-             add_num(e, "t0", x->t0) && add_num(e, "t1", x->t1) && add_str(e, "name", x->name) &&
-             add_num(e, "mesh_dim", x->mesh_dim);
-    }
-
-    ok = ok && pipeline_to_json(root, &s->pipeline);
-
-    cJSON *mem = ok ? cJSON_AddArrayToObject(root, "mem") : NULL;
-    ok = mem != NULL;
-    for (int r = 0; ok && s->mem && r < s->info.nranks; r++) {
-        cJSON *e = push_obj(mem);
-        const ms_live_mem *m = &s->mem[r];
-        ok = e && add_num(e, "in_use", (double)m->in_use) && add_num(e, "peak", (double)m->peak) &&
-             add_num(e, "params", (double)m->params) && add_num(e, "grads", (double)m->grads) &&
-             add_num(e, "optimizer", (double)m->optim) &&
-             add_num(e, "activations", (double)m->acts) &&
-             add_num(e, "host_optimizer", (double)m->host_optim);
-    }
-
-    cJSON *sug = ok ? cJSON_AddArrayToObject(root, "suggestions") : NULL;
-    ok = sug != NULL;
-    for (int i = 0; ok && i < s->n_suggestions && i < MS_LIVE_MAX_SUGGESTIONS; i++) {
-        cJSON *e = push_obj(sug);
-        ok = e && suggestion_to_json(e, &s->suggestions[i]);
-    }
+         add_num(tl, "wall_s", s->timeline_wall_s) &&
+         PUT_ROWS(tl, "spans", s->timeline, s->n_timeline, span_fields) &&
+         pipeline_to_json(root, &s->pipeline) &&
+         PUT_ROWS(root, "mem", s->mem, s->mem ? s->info.nranks : 0, mem_fields);
+    const int ns =
+        s->n_suggestions < MS_LIVE_MAX_SUGGESTIONS ? s->n_suggestions : MS_LIVE_MAX_SUGGESTIONS;
+    ok = ok && PUT_ROWS(root, "suggestions", s->suggestions, ns, suggestion_fields);
     if (!ok) {
         cJSON_Delete(root);
         return NULL;
@@ -467,6 +608,85 @@ static ms_status rd_alloc(rd *r, size_t n, size_t sz, void **out) {
     return *out ? MS_OK : ms_fail(r->err, MS_ERR_NOMEM, "snapshot: %s: out of memory", r->path);
 }
 
+/* One field of table f from object o into the record at x. */
+static ms_status rd_field(rd *r, const cJSON *v, const field *f, void *x) {
+    void *p = (char *)x + f->off;
+    switch (f->kind) {
+        case K_NUM:
+            return rd_num(r, v, p);
+        case K_U64:
+            return rd_u64(r, v, p);
+        case K_BOOL:
+            return rd_bool(r, v, p);
+        case K_STR:
+            return rd_str(r, v, p, f->size);
+        case K_INT: {
+            int64_t i = 0;
+            MS_CHECK(rd_int(r, v, f->lo, f->hi, &i));
+            store_int(f, p, i);
+            return MS_OK;
+        }
+        default: {
+            const char *names[256];
+            for (int k = 0; k < f->count && k < 256; k++) names[k] = f->name(k);
+            return rd_enum(r, v, names, f->count < 256 ? f->count : 256, p);
+        }
+    }
+}
+
+/* Every field of table f from object o into the record at x; an optional one may be absent. */
+static ms_status rd_fields(rd *r, const cJSON *o, const field *f, size_t n, void *x) {
+    MS_CHECK(rd_obj(r, o));
+    for (size_t i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f[i].key);
+        if (!v && f[i].optional) continue;
+        size_t old = push_key(r, f[i].key);
+        MS_CHECK(rd_field(r, v, &f[i], x));
+        pop(r, old);
+    }
+    return MS_OK;
+}
+
+/* Reads the array at o[key], of at most max objects of table f, into a new array of records of
+ * row_size bytes; *n the count. */
+static ms_status rd_rows(rd *r, const cJSON *o, const char *key, size_t row_size, int max,
+                         const field *f, size_t nf, void **rows, int *n) {
+    size_t old = push_key(r, key);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    int k = 0;
+    MS_CHECK(rd_arr(r, a, max, &k));
+    MS_CHECK(rd_alloc(r, (size_t)k, row_size, rows));
+    *n = k;
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        size_t o2 = push_idx(r, i);
+        MS_CHECK(rd_fields(r, e, f, nf, (char *)*rows + (size_t)i * row_size));
+        pop(r, o2);
+    }
+    pop(r, old);
+    return MS_OK;
+}
+#define ROWS(r, o, key, max, table, rows, n)                                                       \
+    rd_rows((r), (o), (key), sizeof **(rows), (max), TABLE(table), (void **)(rows), (n))
+
+/* The array at o[key] of exactly n objects of table f into the records at rows (a fixed
+ * array: one per rank). */
+static ms_status rd_exact_rows(rd *r, const cJSON *o, const char *key, int n, size_t row_size,
+                               const field *f, size_t nf, void *rows, const char *what) {
+    size_t old = push_key(r, key);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+        return bad(r, "expected an array of %d objects (%s)", n, what);
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        size_t o2 = push_idx(r, i);
+        MS_CHECK(rd_fields(r, e, f, nf, (char *)rows + (size_t)i * row_size));
+        pop(r, o2);
+    }
+    pop(r, old);
+    return MS_OK;
+}
+
 static ms_status rd_heatmap(rd *r, const cJSON *o, int nranks, ms_heatmap *h) {
     MS_CHECK(rd_obj(r, o));
     int64_t dim = 0;
@@ -476,94 +696,6 @@ static ms_status rd_heatmap(rd *r, const cJSON *o, int nranks, ms_heatmap *h) {
     const size_t cells = (size_t)nranks * nranks;
     FIELD(r, o, "bytes", rd_nums(r, v_, cells, &h->bytes));
     FIELD(r, o, "seconds", rd_nums(r, v_, cells, &h->seconds));
-    return MS_OK;
-}
-
-static ms_status rd_overlap(rd *r, const cJSON *e, ms_rank_overlap *x) {
-    MS_CHECK(rd_obj(r, e));
-    FIELD(r, e, "comm_s", rd_num(r, v_, &x->comm_s));
-    FIELD(r, e, "compute_s", rd_num(r, v_, &x->compute_s));
-    FIELD(r, e, "overlapped_s", rd_num(r, v_, &x->overlapped_s));
-    FIELD(r, e, "exposed_comm_s", rd_num(r, v_, &x->exposed_comm_s));
-    FIELD(r, e, "overlap_ratio", rd_num(r, v_, &x->overlap_ratio));
-    OPT_FIELD(r, e, "exposed_comm_step_s", rd_num(r, v_, &x->exposed_comm_step_s));
-    int64_t steps = 0;
-    OPT_FIELD(r, e, "steps", rd_int(r, v_, 0, INT32_MAX, &steps));
-    x->steps = (int)steps;
-    OPT_FIELD(r, e, "dp_comm_s", rd_num(r, v_, &x->dp_comm_s));
-    OPT_FIELD(r, e, "dp_hidden_s", rd_num(r, v_, &x->dp_hidden_s));
-    OPT_FIELD(r, e, "dp_hidden_ratio", rd_num(r, v_, &x->dp_hidden_ratio));
-    return MS_OK;
-}
-
-static ms_status rd_busbw(rd *r, const cJSON *e, void *row) {
-    ms_busbw_row *x = row;
-    const char *names[MS_COLL_KIND_COUNT];
-    for (int k = 0; k < MS_COLL_KIND_COUNT; k++) names[k] = ms_coll_name((ms_coll_kind)k);
-    MS_CHECK(rd_obj(r, e));
-    FIELD(r, e, "coll", rd_enum(r, v_, names, MS_COLL_KIND_COUNT, &x->coll));
-    int32_t gs = 0, count = 0, dim = -1;
-    FIELD(r, e, "mesh_dim", rd_i32(r, v_, -1, INT16_MAX, &dim));
-    x->mesh_dim = (int16_t)dim;
-    FIELD(r, e, "group_size", rd_i32(r, v_, 0, INT32_MAX, &gs));
-    FIELD(r, e, "bytes", rd_u64(r, v_, &x->bytes));
-    FIELD(r, e, "count", rd_i32(r, v_, 0, INT32_MAX, &count));
-    FIELD(r, e, "mean_s", rd_num(r, v_, &x->mean_s));
-    FIELD(r, e, "busbw_gbs", rd_num(r, v_, &x->busbw_gbs));
-    x->group_size = gs;
-    x->count = count;
-    return MS_OK;
-}
-
-static ms_status rd_op(rd *r, const cJSON *e, void *row) {
-    ms_op_row *x = row;
-    MS_CHECK(rd_obj(r, e));
-    int32_t count = 0;
-    FIELD(r, e, "name", rd_str(r, v_, x->name, sizeof x->name));
-    FIELD(r, e, "phase", rd_enum(r, v_, phase_names, 3, &x->phase));
-    FIELD(r, e, "count", rd_i32(r, v_, 0, INT32_MAX, &count));
-    FIELD(r, e, "seconds", rd_num(r, v_, &x->seconds));
-    FIELD(r, e, "flops", rd_num(r, v_, &x->flops));
-    x->count = count;
-    return MS_OK;
-}
-
-static ms_status rd_reshard(rd *r, const cJSON *e, void *row) {
-    ms_reshard_row *x = row;
-    MS_CHECK(rd_obj(r, e));
-    int32_t count = 0;
-    FIELD(r, e, "transition", rd_str(r, v_, x->transition, sizeof x->transition));
-    FIELD(r, e, "count", rd_i32(r, v_, 0, INT32_MAX, &count));
-    FIELD(r, e, "bytes", rd_num(r, v_, &x->bytes));
-    FIELD(r, e, "seconds", rd_num(r, v_, &x->seconds));
-    x->count = count;
-    return MS_OK;
-}
-
-static ms_status rd_steprow(rd *r, const cJSON *e, void *row) {
-    ms_step_row *x = row;
-    MS_CHECK(rd_obj(r, e));
-    int32_t rank = 0;
-    FIELD(r, e, "step", rd_i64(r, v_, &x->step));
-    FIELD(r, e, "rank", rd_i32(r, v_, -1, INT32_MAX, &rank));
-    FIELD(r, e, "wall_s", rd_num(r, v_, &x->wall_s));
-    FIELD(r, e, "compute_s", rd_num(r, v_, &x->compute_s));
-    FIELD(r, e, "exposed_comm_s", rd_num(r, v_, &x->exposed_comm_s));
-    FIELD(r, e, "idle_s", rd_num(r, v_, &x->idle_s));
-    x->rank = rank;
-    return MS_OK;
-}
-
-static ms_status rd_straggler(rd *r, const cJSON *e, void *row) {
-    ms_straggler *x = row;
-    MS_CHECK(rd_obj(r, e));
-    int32_t rank = 0, count = 0;
-    FIELD(r, e, "rank", rd_i32(r, v_, 0, MS_AN_MAX_RANKS - 1, &rank));
-    FIELD(r, e, "last_fraction", rd_num(r, v_, &x->last_fraction));
-    FIELD(r, e, "mean_lag_s", rd_num(r, v_, &x->mean_lag_s));
-    FIELD(r, e, "count", rd_i32(r, v_, 0, INT32_MAX, &count));
-    x->rank = rank;
-    x->count = count;
     return MS_OK;
 }
 
@@ -580,21 +712,8 @@ static ms_status rd_pipe_stats(rd *r, const cJSON *o, ms_pipe_stats *p) {
     memset(p, 0, sizeof *p);
     if (cJSON_IsNull(o)) return MS_OK;
     MS_CHECK(rd_obj(r, o));
-    int32_t stages = 0, v = 0, m = 0, steps = 0;
-    FIELD(r, o, "schedule", rd_str(r, v_, p->schedule, sizeof p->schedule));
-    FIELD(r, o, "stages", rd_i32(r, v_, 1, MS_AN_MAX_STAGES, &stages));
-    FIELD(r, o, "virtual_stages", rd_i32(r, v_, 1, INT16_MAX, &v));
-    FIELD(r, o, "micro_batches", rd_i32(r, v_, 1, INT32_MAX, &m));
-    FIELD(r, o, "steps", rd_i32(r, v_, 0, INT32_MAX, &steps));
-    FIELD(r, o, "last_step", rd_i64(r, v_, &p->last_step));
-    FIELD(r, o, "bubble", rd_num(r, v_, &p->bubble));
-    FIELD(r, o, "last_bubble", rd_num(r, v_, &p->last_bubble));
-    FIELD(r, o, "formula", rd_num(r, v_, &p->formula));
-    FIELD(r, o, "simulated", rd_num(r, v_, &p->simulated));
-    FIELD(r, o, "mean_f_s", rd_num(r, v_, &p->mean_f_s));
-    FIELD(r, o, "mean_b_s", rd_num(r, v_, &p->mean_b_s));
-    FIELD(r, o, "mean_w_s", rd_num(r, v_, &p->mean_w_s));
-    FIELD(r, o, "last_window_s", rd_num(r, v_, &p->last_window_s));
+    MS_CHECK(rd_fields(r, o, TABLE(pipe_fields), p));
+    const int stages = p->stages;
     double ranks[MS_AN_MAX_STAGES];
     FIELD(r, o, "stage_ranks", rd_stage_nums(r, v_, (size_t)stages, ranks));
     FIELD(r, o, "stage_bubble", rd_stage_nums(r, v_, (size_t)stages, p->stage_bubble));
@@ -604,36 +723,8 @@ static ms_status rd_pipe_stats(rd *r, const cJSON *o, ms_pipe_stats *p) {
             return bad(r, "stage_ranks[%d]: expected an integer in [0, %d]", k, MS_AN_MAX_RANKS);
         p->stage_ranks[k] = (int)ranks[k];
     }
-    p->stages = stages;
-    p->virtual_stages = v;
-    p->micro_batches = m;
-    p->n_steps = steps;
     return MS_OK;
 }
-
-/* Reads the array at o[key] into a new array of rows (each read by fn); *n the count. Every
- * row reader has exactly this type (taking `void *row`), because calling a function through a
- * pointer of another type is undefined behaviour even when only the pointee type differs. */
-typedef ms_status (*row_fn)(rd *r, const cJSON *e, void *row);
-static ms_status rd_rows(rd *r, const cJSON *o, const char *key, size_t row_size, int max,
-                         row_fn fn, void **rows, int *n) {
-    size_t old = push_key(r, key);
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
-    int k = 0;
-    MS_CHECK(rd_arr(r, a, max, &k));
-    MS_CHECK(rd_alloc(r, (size_t)k, row_size, rows));
-    *n = k;
-    int i = 0;
-    for (const cJSON *e = a->child; e; e = e->next, i++) {
-        size_t o2 = push_idx(r, i);
-        MS_CHECK(fn(r, e, (char *)*rows + (size_t)i * row_size));
-        pop(r, o2);
-    }
-    pop(r, old);
-    return MS_OK;
-}
-#define ROWS(r, o, key, type, max, fn, rows, n)                                                    \
-    rd_rows((r), (o), (key), sizeof(type), (max), (fn), (void **)(rows), (n))
 
 static ms_status rd_analysis(rd *r, const cJSON *o, ms_analysis *a) {
     MS_CHECK(rd_obj(r, o));
@@ -657,71 +748,15 @@ static ms_status rd_analysis(rd *r, const cJSON *o, ms_analysis *a) {
         }
         pop(r, old);
     }
-    {
-        size_t old = push_key(r, "overlap");
-        const cJSON *ov = cJSON_GetObjectItemCaseSensitive(o, "overlap");
-        if (!cJSON_IsArray(ov) || cJSON_GetArraySize(ov) != a->nranks)
-            return bad(r, "expected an array of %d objects (one per rank)", a->nranks);
-        int i = 0;
-        for (const cJSON *e = ov->child; e; e = e->next, i++) {
-            size_t o2 = push_idx(r, i);
-            MS_CHECK(rd_overlap(r, e, &a->overlap[i]));
-            pop(r, o2);
-        }
-        pop(r, old);
-    }
-    MS_CHECK(ROWS(r, o, "busbw", ms_busbw_row, MAX_LIST, rd_busbw, &a->busbw, &a->n_busbw));
-    MS_CHECK(ROWS(r, o, "ops", ms_op_row, MAX_LIST, rd_op, &a->ops, &a->n_ops));
-    MS_CHECK(
-        ROWS(r, o, "reshards", ms_reshard_row, MAX_LIST, rd_reshard, &a->reshards, &a->n_reshards));
-    MS_CHECK(ROWS(r, o, "steps", ms_step_row, MAX_LIST, rd_steprow, &a->steps, &a->n_steps));
-    MS_CHECK(ROWS(r, o, "stragglers", ms_straggler, MS_AN_MAX_RANKS, rd_straggler, &a->stragglers,
+    MS_CHECK(rd_exact_rows(r, o, "overlap", a->nranks, sizeof *a->overlap, TABLE(overlap_fields),
+                           a->overlap, "one per rank"));
+    MS_CHECK(ROWS(r, o, "busbw", MAX_LIST, busbw_fields, &a->busbw, &a->n_busbw));
+    MS_CHECK(ROWS(r, o, "ops", MAX_LIST, op_fields, &a->ops, &a->n_ops));
+    MS_CHECK(ROWS(r, o, "reshards", MAX_LIST, reshard_fields, &a->reshards, &a->n_reshards));
+    MS_CHECK(ROWS(r, o, "steps", MAX_LIST, step_fields, &a->steps, &a->n_steps));
+    MS_CHECK(ROWS(r, o, "stragglers", MS_AN_MAX_RANKS, straggler_fields, &a->stragglers,
                   &a->n_stragglers));
     FIELD(r, o, "pipeline", rd_pipe_stats(r, v_, &a->pipe));
-    return MS_OK;
-}
-
-static ms_status rd_history(rd *r, const cJSON *e, void *row) {
-    ms_live_step *x = row;
-    MS_CHECK(rd_obj(r, e));
-    FIELD(r, e, "step", rd_i64(r, v_, &x->step));
-    FIELD(r, e, "loss", rd_num(r, v_, &x->loss));
-    FIELD(r, e, "step_s", rd_num(r, v_, &x->step_s));
-    FIELD(r, e, "tokens_per_s", rd_num(r, v_, &x->tokens_per_s));
-    FIELD(r, e, "lr", rd_num(r, v_, &x->lr));
-    FIELD(r, e, "grad_norm", rd_num(r, v_, &x->grad_norm));
-    FIELD(r, e, "strategy", rd_str(r, v_, x->strategy, sizeof x->strategy));
-    return MS_OK;
-}
-
-static ms_status rd_span(rd *r, const cJSON *e, void *row) {
-    ms_live_span *x = row;
-    MS_CHECK(rd_obj(r, e));
-    int32_t rank = 0, dim = 0;
-    FIELD(r, e, "rank", rd_i32(r, v_, 0, INT32_MAX, &rank));
-    FIELD(r, e, "kind", rd_enum(r, v_, lane_names, MS_LANE_KIND_COUNT, &x->kind));
-    FIELD(r, e, "t0", rd_num(r, v_, &x->t0));
-    FIELD(r, e, "t1", rd_num(r, v_, &x->t1));
-    FIELD(r, e, "name", rd_str(r, v_, x->name, sizeof x->name));
-    FIELD(r, e, "mesh_dim", rd_i32(r, v_, INT16_MIN, INT16_MAX, &dim));
-    x->rank = rank;
-    x->mesh_dim = (int16_t)dim;
-    return MS_OK;
-}
-
-static ms_status rd_block(rd *r, const cJSON *e, void *row) {
-    ms_live_pipe_block *x = row;
-    MS_CHECK(rd_obj(r, e));
-    int32_t stage = 0, mb = 0, chunk = 0;
-    FIELD(r, e, "stage", rd_i32(r, v_, 0, MS_AN_MAX_STAGES - 1, &stage));
-    FIELD(r, e, "action", rd_enum(r, v_, action_names, 3, &x->action));
-    FIELD(r, e, "mb", rd_i32(r, v_, 0, INT32_MAX, &mb));
-    FIELD(r, e, "chunk", rd_i32(r, v_, 0, UINT8_MAX, &chunk));
-    FIELD(r, e, "t0", rd_num(r, v_, &x->t0));
-    FIELD(r, e, "t1", rd_num(r, v_, &x->t1));
-    x->stage = (int16_t)stage;
-    x->mb = mb;
-    x->chunk = (uint8_t)chunk;
     return MS_OK;
 }
 
@@ -748,8 +783,7 @@ static ms_status rd_pipeline(rd *r, const cJSON *o, ms_live_pipeline *pl) {
         }
         pop(r, old);
     }
-    MS_CHECK(
-        ROWS(r, o, "blocks", ms_live_pipe_block, MAX_LIST, rd_block, &pl->blocks, &pl->n_blocks));
+    MS_CHECK(ROWS(r, o, "blocks", MAX_LIST, block_fields, &pl->blocks, &pl->n_blocks));
     for (int i = 0; i < pl->n_blocks; i++)
         if (pl->blocks[i].stage >= pl->stages) {
             size_t o1 = push_key(r, "blocks"), o2 = push_idx(r, i);
@@ -762,66 +796,16 @@ static ms_status rd_pipeline(rd *r, const cJSON *o, ms_live_pipeline *pl) {
     return MS_OK;
 }
 
-static ms_status rd_mem(rd *r, const cJSON *e, ms_live_mem *x) {
-    MS_CHECK(rd_obj(r, e));
-    FIELD(r, e, "in_use", rd_u64(r, v_, &x->in_use));
-    FIELD(r, e, "peak", rd_u64(r, v_, &x->peak));
-    OPT_FIELD(r, e, "params", rd_u64(r, v_, &x->params));
-    OPT_FIELD(r, e, "grads", rd_u64(r, v_, &x->grads));
-    OPT_FIELD(r, e, "optimizer", rd_u64(r, v_, &x->optim));
-    OPT_FIELD(r, e, "activations", rd_u64(r, v_, &x->acts));
-    OPT_FIELD(r, e, "host_optimizer", rd_u64(r, v_, &x->host_optim));
-    return MS_OK;
-}
-
-static ms_status rd_suggestion(rd *r, const cJSON *e, ms_suggestion *x) {
-    const char *states[MS_SUGG_STATE_COUNT];
-    for (int k = 0; k < MS_SUGG_STATE_COUNT; k++)
-        states[k] = ms_suggestion_state_name((ms_suggestion_state)k);
-    MS_CHECK(rd_obj(r, e));
-    FIELD(r, e, "id", rd_i32(r, v_, 1, INT32_MAX, &x->id));
-    FIELD(r, e, "state", rd_enum(r, v_, states, MS_SUGG_STATE_COUNT, &x->state));
-    FIELD(r, e, "target", rd_str(r, v_, x->target, sizeof x->target));
-    FIELD(r, e, "target_json", rd_str(r, v_, x->target_json, sizeof x->target_json));
-    FIELD(r, e, "current", rd_str(r, v_, x->current, sizeof x->current));
-    FIELD(r, e, "predicted_gain", rd_num(r, v_, &x->predicted_gain));
-    FIELD(r, e, "predicted_step_s", rd_num(r, v_, &x->predicted_step_s));
-    FIELD(r, e, "current_step_s", rd_num(r, v_, &x->current_step_s));
-    FIELD(r, e, "evidence", rd_str(r, v_, x->evidence, sizeof x->evidence));
-    FIELD(r, e, "memory_check", rd_str(r, v_, x->memory_check, sizeof x->memory_check));
-    FIELD(r, e, "diff", rd_str(r, v_, x->diff, sizeof x->diff));
-    FIELD(r, e, "result", rd_str(r, v_, x->result, sizeof x->result));
-    FIELD(r, e, "applied_step", rd_i64(r, v_, &x->applied_step));
-    return MS_OK;
-}
-
 static ms_status rd_snapshot(rd *r, const cJSON *root, ms_snapshot *s) {
     MS_CHECK(rd_obj(r, root));
     int64_t schema = 0;
     FIELD(r, root, "schema", rd_int(r, v_, SNAPSHOT_SCHEMA, SNAPSHOT_SCHEMA, &schema));
-    FIELD(r, root, "version", rd_u64(r, v_, &s->version));
-    FIELD(r, root, "taken_ns", rd_i64(r, v_, &s->taken_ns));
-    {
-        size_t old = push_key(r, "info");
-        const cJSON *info = cJSON_GetObjectItemCaseSensitive(root, "info");
-        MS_CHECK(rd_obj(r, info));
-        int64_t nr = 0;
-        FIELD(r, info, "model", rd_str(r, v_, s->info.model, sizeof s->info.model));
-        FIELD(r, info, "backend", rd_str(r, v_, s->info.backend, sizeof s->info.backend));
-        FIELD(r, info, "nranks", rd_int(r, v_, 0, MAX_INFO_RANKS, &nr));
-        FIELD(r, info, "tokens_per_step", rd_i64(r, v_, &s->info.tokens_per_step));
-        FIELD(r, info, "live", rd_bool(r, v_, &s->info.live));
-        s->info.nranks = (int)nr;
-        pop(r, old);
-    }
-    FIELD(r, root, "strategy", rd_str(r, v_, s->strategy, sizeof s->strategy));
-    FIELD(r, root, "step", rd_i64(r, v_, &s->step));
-    FIELD(r, root, "finished", rd_bool(r, v_, &s->finished));
+    MS_CHECK(rd_fields(r, root, TABLE(head_fields), s));
+    FIELD(r, root, "info", rd_fields(r, v_, TABLE(info_fields), &s->info));
+    MS_CHECK(rd_fields(r, root, TABLE(state_fields), s));
     FIELD(r, root, "last_event", rd_str(r, v_, s->last_event, sizeof s->last_event));
-    OPT_FIELD(r, root, "hang_alert", rd_str(r, v_, s->hang_alert, sizeof s->hang_alert));
-    FIELD(r, root, "achieved_flops_per_s", rd_num(r, v_, &s->achieved_flops_per_s));
-    MS_CHECK(
-        ROWS(r, root, "history", ms_live_step, MAX_LIST, rd_history, &s->history, &s->n_history));
+    MS_CHECK(rd_fields(r, root, TABLE(tail_fields), s));
+    MS_CHECK(ROWS(r, root, "history", MAX_LIST, history_fields, &s->history, &s->n_history));
     FIELD(r, root, "analysis", rd_analysis(r, v_, &s->analysis));
     {
         size_t old = push_key(r, "timeline");
@@ -829,8 +813,7 @@ static ms_status rd_snapshot(rd *r, const cJSON *root, ms_snapshot *s) {
         MS_CHECK(rd_obj(r, tl));
         FIELD(r, tl, "step", rd_i64(r, v_, &s->timeline_step));
         FIELD(r, tl, "wall_s", rd_num(r, v_, &s->timeline_wall_s));
-        MS_CHECK(
-            ROWS(r, tl, "spans", ms_live_span, MAX_LIST, rd_span, &s->timeline, &s->n_timeline));
+        MS_CHECK(ROWS(r, tl, "spans", MAX_LIST, span_fields, &s->timeline, &s->n_timeline));
         pop(r, old);
     }
     FIELD(r, root, "pipeline", rd_pipeline(r, v_, &s->pipeline));
@@ -846,7 +829,7 @@ static ms_status rd_snapshot(rd *r, const cJSON *root, ms_snapshot *s) {
         int i = 0;
         for (const cJSON *e = mem->child; e; e = e->next, i++) {
             size_t o2 = push_idx(r, i);
-            MS_CHECK(rd_mem(r, e, &s->mem[i]));
+            MS_CHECK(rd_fields(r, e, TABLE(mem_fields), &s->mem[i]));
             pop(r, o2);
         }
         pop(r, old);
@@ -858,7 +841,7 @@ static ms_status rd_snapshot(rd *r, const cJSON *root, ms_snapshot *s) {
         int i = 0;
         for (const cJSON *e = sug->child; e; e = e->next, i++) {
             size_t o2 = push_idx(r, i);
-            MS_CHECK(rd_suggestion(r, e, &s->suggestions[i]));
+            MS_CHECK(rd_fields(r, e, TABLE(suggestion_fields), &s->suggestions[i]));
             pop(r, o2);
         }
         pop(r, old);
