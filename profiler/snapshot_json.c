@@ -223,36 +223,23 @@ static const field tail_fields[] = {
 };
 #define TABLE(t) (t), COUNT_OF(t)
 
-/* The integer of f's size and signedness at p. */
-static int64_t load_int(const field *f, const void *p) {
+/* Moves the integer of f's size and signedness at p into *v, or *v (already within f's
+ * range) into p when `store`. */
+#define INT_IO(T) (store ? (void)(*(T *)p = (T)*v) : (void)(*v = (int64_t) * (const T *)p))
+static void int_io(const field *f, void *p, int64_t *v, bool store) {
     const bool sgn = f->lo < 0;
     switch (f->size) {
         case 1:
-            return sgn ? *(const int8_t *)p : *(const uint8_t *)p;
-        case 2:
-            return sgn ? *(const int16_t *)p : *(const uint16_t *)p;
-        case 4:
-            return sgn ? *(const int32_t *)p : (int64_t) * (const uint32_t *)p;
-        default:
-            return *(const int64_t *)p;
-    }
-}
-
-/* Stores v (already within f's range) as f's size and signedness at p. */
-static void store_int(const field *f, void *p, int64_t v) {
-    const bool sgn = f->lo < 0;
-    switch (f->size) {
-        case 1:
-            sgn ? (void)(*(int8_t *)p = (int8_t)v) : (void)(*(uint8_t *)p = (uint8_t)v);
+            sgn ? INT_IO(int8_t) : INT_IO(uint8_t);
             break;
         case 2:
-            sgn ? (void)(*(int16_t *)p = (int16_t)v) : (void)(*(uint16_t *)p = (uint16_t)v);
+            sgn ? INT_IO(int16_t) : INT_IO(uint16_t);
             break;
         case 4:
-            sgn ? (void)(*(int32_t *)p = (int32_t)v) : (void)(*(uint32_t *)p = (uint32_t)v);
+            sgn ? INT_IO(int32_t) : INT_IO(uint32_t);
             break;
         default:
-            *(int64_t *)p = v;
+            INT_IO(int64_t);
     }
 }
 
@@ -306,9 +293,12 @@ static bool put_fields(cJSON *o, const void *x, const field *f, size_t n) {
             case K_NUM:
                 ok = add_num(o, f[i].key, *(const double *)p);
                 break;
-            case K_INT:
-                ok = add_num(o, f[i].key, (double)load_int(&f[i], p));
+            case K_INT: {
+                int64_t v = 0;
+                int_io(&f[i], (void *)p, &v, false);
+                ok = add_num(o, f[i].key, (double)v);
                 break;
+            }
             case K_U64:
                 ok = add_num(o, f[i].key, (double)*(const uint64_t *)p);
                 break;
@@ -623,7 +613,7 @@ static ms_status rd_field(rd *r, const cJSON *v, const field *f, void *x) {
         case K_INT: {
             int64_t i = 0;
             MS_CHECK(rd_int(r, v, f->lo, f->hi, &i));
-            store_int(f, p, i);
+            int_io(f, p, &i, true);
             return MS_OK;
         }
         default: {
