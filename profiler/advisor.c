@@ -361,28 +361,11 @@ static int candidates(const ms_advisor *a, ms_strategy *out, int cap) {
     return n;
 }
 
-ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
-                            double measured_step_s, double threshold, ms_suggestion *out, int max,
-                            int *n, ms_error *err) {
-    *n = 0;
-    if (threshold <= 0) threshold = MS_ADVISOR_DEFAULT_THRESHOLD;
-    if (!(measured_step_s > 0))
-        return ms_fail(err, MS_ERR_INVALID, "advisor: the measured step time must be positive");
-    ms_plan_problem pb = problem(a);
+/* Step 1 of a round: the scales learned from the window's measures (an) against the
+ * identity-scaled prediction `pred` of the current strategy, blended into a->scales. */
+static void recalibrate(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
+                        const ms_plan_estimate *pred, double measured_step_s) {
     const ms_strategy cur = *current;
-    ms_job_shape job = {.world = a->world, .batch = a->batch, .seq = a->seq};
-    ms_plan_scales id;
-    ms_plan_scales_identity(&id);
-    ms_plan_estimate *e = xmalloc(3 * sizeof *e);
-    ms_plan_estimate *pred = &e[0], *cur_e = &e[1], *cand = &e[2];
-    ms_status st = ms_plan_estimate_one(&pb, &cur, &id, pred, err);
-    if (st != MS_OK) {
-        free(e);
-        char name[MS_STRATEGY_NAME_MAX];
-        return ms_fail_wrap(err, st, "advisor: the current strategy %s",
-                            ms_strategy_name(current, name, sizeof name));
-    }
-    /* 1. recalibrate */
     measured m;
     measure(an, a->world, pred, &m);
     ms_plan_scales fresh = a->scales;
@@ -438,25 +421,31 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         blend(&a->scales.comm[d], fresh.comm[d], a->updates);
     blend(&a->scales.sync, fresh.sync, a->updates);
     measure_dp_overlap(a, &cur, an);
-    /* what is left becomes a per-step constant */
+}
+
+/* What the scales leave unexplained of the measured step becomes a per-step constant; then
+ * *cur_e is the current strategy's estimate with every scale. */
+static ms_status fit_overhead(ms_advisor *a, const ms_plan_problem *pb, const ms_strategy *cur,
+                              double measured_step_s, ms_plan_estimate *cur_e, ms_error *err) {
     ms_plan_scales noover = a->scales;
     noover.overhead_s = 0;
-    st = ms_plan_estimate_one(&pb, &cur, &noover, cur_e, err);
-    if (st != MS_OK) {
-        free(e);
-        return st;
-    }
+    MS_CHECK(ms_plan_estimate_one(pb, cur, &noover, cur_e, err));
     double resid = measured_step_s - cur_e->step_s;
     if (resid < -0.5 * cur_e->step_s) resid = -0.5 * cur_e->step_s;
     blend(&a->scales.overhead_s, resid, a->updates);
     a->updates++;
-    st = ms_plan_estimate_one(&pb, &cur, &a->scales, cur_e, err);
-    if (st != MS_OK) {
-        free(e);
-        return st;
-    }
-    /* 2. every other executable strategy on this world */
-    ms_suggestion *tmp = xcalloc(64, sizeof *tmp);
+    return ms_plan_estimate_one(pb, cur, &a->scales, cur_e, err);
+}
+
+/* Step 2: every other executable strategy on this world predicted at least `threshold`
+ * faster than the measured step (any that fits when the current one is over the memory cap),
+ * best first, into tmp (room for 64); returns the count. */
+static int suggest(const ms_advisor *a, const ms_plan_problem *pb, const ms_strategy *current,
+                   const ms_plan_estimate *cur_e, double measured_step_s, double threshold,
+                   ms_suggestion *tmp) {
+    const ms_strategy cur = *current;
+    ms_job_shape job = {.world = a->world, .batch = a->batch, .seq = a->seq};
+    ms_plan_estimate cand_est, *cand = &cand_est;
     int nt = 0;
     double cap = a->mem_cap > 0 ? a->mem_cap
                                 : a->cluster.mem_bytes * a->cluster.usable_memory_fraction /
@@ -472,7 +461,7 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
         s.precision = cur.precision;
         if (ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK) continue;
         /* its variants are validated where they are made */
-        if (!fit_memory(a, &job, &pb, cap, &s, cand) || ms_strategy_equal(&s, &cur)) continue;
+        if (!fit_memory(a, &job, pb, cap, &s, cand) || ms_strategy_equal(&s, &cur)) continue;
         double gain = (measured_step_s - cand->step_s) / measured_step_s;
         /* never a strategy the job's switch would refuse: the validator has the last word,
          * memory cap included (this compiles the program: only for winners) */
@@ -489,9 +478,32 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
             tmp[j] = tmp[j - 1];
             tmp[j - 1] = t;
         }
+    return nt;
+}
+
+ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
+                            double measured_step_s, double threshold, ms_suggestion *out, int max,
+                            int *n, ms_error *err) {
+    *n = 0;
+    if (threshold <= 0) threshold = MS_ADVISOR_DEFAULT_THRESHOLD;
+    if (!(measured_step_s > 0))
+        return ms_fail(err, MS_ERR_INVALID, "advisor: the measured step time must be positive");
+    ms_plan_problem pb = problem(a);
+    ms_plan_scales id;
+    ms_plan_scales_identity(&id);
+    ms_plan_estimate pred, cur_e;
+    ms_status st = ms_plan_estimate_one(&pb, current, &id, &pred, err);
+    if (st != MS_OK) {
+        char name[MS_STRATEGY_NAME_MAX];
+        return ms_fail_wrap(err, st, "advisor: the current strategy %s",
+                            ms_strategy_name(current, name, sizeof name));
+    }
+    recalibrate(a, current, an, &pred, measured_step_s);
+    MS_CHECK(fit_overhead(a, &pb, current, measured_step_s, &cur_e, err));
+    ms_suggestion *tmp = xcalloc(64, sizeof *tmp);
+    int nt = suggest(a, &pb, current, &cur_e, measured_step_s, threshold, tmp);
     for (int i = 0; i < nt && i < max; i++) out[(*n)++] = tmp[i];
     free(tmp);
-    free(e);
     return MS_OK;
 }
 

@@ -9,7 +9,8 @@
 #include "engine/plan/cost.h"
 #include "engine/plan/workload.h"
 
-ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
+/* The degrees against the world, the enums, and the heads and layers they split. */
+static ms_status check_mesh(const ms_strategy *s, const ms_model_config *cfg,
                             const ms_job_shape *job, ms_error *err) {
     char name[MS_STRATEGY_NAME_MAX];
     int ranks = ms_strategy_ranks(s);
@@ -43,7 +44,15 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "pp %d exceeds the %d layers: every stage needs at least one layer; use a "
                        "pp that divides n_layer (at most %d)",
                        s->pp, cfg->n_layer, cfg->n_layer);
-    int stages = 0, layers = 0;
+    return MS_OK;
+}
+
+/* pp_layers against pp and n_layer; *stages_out the stages it lists (0: none). */
+static ms_status check_pp_layers(const ms_strategy *s, const ms_model_config *cfg, int *stages_out,
+                                 ms_error *err) {
+    int layers = 0;
+    *stages_out = 0;
+    int stages = 0;
     for (; stages < MS_STRATEGY_MAX_STAGES && s->pp_layers[stages]; stages++)
         layers += s->pp_layers[stages];
     if (stages && stages != s->pp)
@@ -62,6 +71,13 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "pp %d does not divide the %d layers, and the interleaved schedule needs "
                        "equal stages; pick a pp that divides n_layer",
                        s->pp, cfg->n_layer);
+    *stages_out = stages;
+    return MS_OK;
+}
+
+/* The sequence against cp, sp against tp, ZeRO against dp, the batch against dp. */
+static ms_status check_shape(const ms_strategy *s, const ms_model_config *cfg,
+                             const ms_job_shape *job, ms_error *err) {
     if (job->seq > cfg->n_positions)
         return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", job->seq,
                        cfg->n_positions);
@@ -86,7 +102,13 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "the batch %d is not divisible by dp %d; pick a dp that divides it or a "
                        "batch that is a multiple of dp",
                        job->batch, s->dp);
-    int mb, m, per = job->batch / s->dp;
+    return MS_OK;
+}
+
+/* The micro-batches make each dp rank's share of the batch; *m_out how many. */
+static ms_status check_micro(const ms_strategy *s, const ms_job_shape *job, int *m_out,
+                             ms_error *err) {
+    int mb = 0, m = 0, per = job->batch / s->dp;
     if (!ms_strategy_micro(s, job->batch, &mb, &m)) {
         char given[96];
         if (s->micro_batches > 0 && s->micro_batch > 0)
@@ -101,6 +123,13 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                        "micro_batches x micro_batch = %d",
                        given, per, job->batch, s->dp, per);
     }
+    *m_out = m;
+    return MS_OK;
+}
+
+/* The schedule against pp, its virtual stages and m micro-batches. */
+static ms_status check_schedule(const ms_strategy *s, const ms_model_config *cfg, int stages, int m,
+                                ms_error *err) {
     if (s->schedule != MS_SCHEDULE_1F1B && s->pp < 2)
         return ms_fail(err, MS_ERR_INVALID,
                        "the %s schedule orders pipeline stages; use it with pp 2 or more",
@@ -134,6 +163,17 @@ ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
     }
     /* what the schedule itself needs (the interleaved one: whole groups of pp micro-batches) */
     MS_CHECK(ms_pp_schedule_check((ms_schedule)s->schedule, s->pp, m, s->virtual_stages, err));
+    return MS_OK;
+}
+
+ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
+                            const ms_job_shape *job, ms_error *err) {
+    int stages = 0, m = 0;
+    MS_CHECK(check_mesh(s, cfg, job, err));
+    MS_CHECK(check_pp_layers(s, cfg, &stages, err));
+    MS_CHECK(check_shape(s, cfg, job, err));
+    MS_CHECK(check_micro(s, job, &m, err));
+    MS_CHECK(check_schedule(s, cfg, stages, m, err));
     if (!(s->bucket_mb >= 0) || !isfinite(s->bucket_mb))
         return ms_fail(err, MS_ERR_INVALID, "bucket_mb %g: give a size in MiB > 0 (0: none)",
                        (double)s->bucket_mb);
