@@ -277,6 +277,142 @@ static void keep_top(ms_plan_estimate *list, int *n, int keep, const ms_plan_est
     list[i] = *e;
 }
 
+/* One search's state: the problem, the fixed knobs, and the best estimates so far. */
+typedef struct search_run {
+    const ms_plan_problem *pb;
+    const ms_plan_fixed *f;
+    const ms_plan_scales *sc;
+    int keep;
+    bool exe_only;
+    uint8_t precision;
+    ms_plan_estimate *fit, *nofit; /* the best `keep` that fit the memory, and that do not */
+    int nfit, nnofit;
+    ms_plan_estimate e; /* the one being weighed */
+    ms_error first;     /* why the first strategy was refused */
+    bool any_valid;
+    ms_plan_result *out;
+} search_run;
+
+/* Prices s and keeps it among the best; a strategy the model refuses (MS_ERR_INVALID) is
+ * skipped, remembering the first reason; any other failure ends the search. */
+static ms_status weigh(search_run *r, ms_strategy *s, ms_error *err) {
+    if (!ms_plan_fixed_match(r->f, s, r->pb->global_batch)) return MS_OK;
+    if (r->exe_only && !ms_plan_executable(r->pb, s, NULL, 0)) return MS_OK;
+    ms_error e2 = {0};
+    ms_plan_estimate *e = &r->e;
+    ms_status st =
+        estimate_or_offload(r->pb, s, fixed_int(r->f, MS_SET_offload) < 0, r->sc, e, &e2);
+    if (st != MS_OK) {
+        if (!r->first.msg[0]) r->first = e2;
+        if (st == MS_ERR_INVALID) return MS_OK;
+        if (err) *err = e2;
+        return st;
+    }
+    ms_plan_result *out = r->out;
+    r->any_valid = true;
+    out->evaluated++;
+    if (e->fits) {
+        keep_top(r->fit, &r->nfit, r->keep, e);
+    } else {
+        out->pruned_memory++;
+        keep_top(r->nofit, &r->nnofit, r->keep, e);
+    }
+    if (e->executable &&
+        (!out->have_best_executable ||
+         (e->fits && (!out->best_executable.fits || better(e, &out->best_executable))))) {
+        out->best_executable = *e;
+        out->have_best_executable = true;
+    }
+    return MS_OK;
+}
+
+/* Every variant of one mesh: sp, the head's layout, ZeRO, recompute, buckets and the
+ * micro-batch size. */
+static ms_status search_mesh(search_run *r, int dp, int tp, int cp, int pp, ms_error *err) {
+    const ms_plan_fixed *f = r->f;
+    const int per = r->pb->global_batch / dp;
+    /* gradient buckets: none, or on GPUs (where each NCCL call costs microseconds) PyTorch
+     * DDP's 25 MiB too where the engine buckets (over dp or cp, not both) */
+    const int fbk = fixed_int(f, MS_SET_bucket_mb);
+    const int bks[2] = {fbk > 0 ? fbk : 0, 25};
+    const int nbk = fbk < 0 && !r->pb->cluster->cpu && (dp > 1) != (cp > 1) ? 2 : 1;
+    const int rc_max = fixed_int(f, MS_SET_recompute) == 2 ? 2 : 1;
+    static const uint8_t recompute[3] = {MS_RECOMPUTE_NONE, MS_RECOMPUTE_FULL,
+                                         MS_RECOMPUTE_SELECTIVE};
+    for (int sp = 0; sp <= (tp > 1); sp++)
+        for (int vp = tp > 1; vp >= 0; vp--)
+            for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
+                for (int rc = 0; rc <= rc_max; rc++)
+                    for (int bk = 0; bk < nbk; bk++)
+                        for (int mb = 1; mb <= per; mb++) {
+                            if (per % mb) continue;
+                            ms_strategy s;
+                            ms_strategy_defaults(&s);
+                            s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp;
+                            s.zero = z;
+                            s.recompute = recompute[rc];
+                            s.micro_batches = per / mb;
+                            s.head_replicated = tp > 1 && !vp;
+                            s.precision = r->precision;
+                            s.offload = fixed_int(f, MS_SET_offload) == 1;
+                            ms_plan_fixed_apply(f, &s);
+                            s.bucket_mb = (float)bks[bk];
+                            MS_CHECK(weigh(r, &s, err));
+                        }
+    return MS_OK;
+}
+
+/* Every dp x tp x cp x pp mesh of the devices that the model, the batch and the fixed
+ * degrees allow. */
+static ms_status search_meshes(search_run *r, ms_error *err) {
+    const ms_model_config *c = &r->pb->model;
+    const ms_plan_fixed *f = r->f;
+    const int D = r->pb->devices, B = r->pb->global_batch;
+    for (int tp = 1; tp <= D; tp++) {
+        if (D % tp || c->n_head % tp ||
+            (fixed_int(f, MS_SET_tp) >= 0 && fixed_int(f, MS_SET_tp) != tp))
+            continue;
+        for (int cp = 1; tp * cp <= D; cp++) {
+            if ((D / tp) % cp || c->n_head % (tp * cp) || r->pb->seq % cp) continue;
+            if (fixed_int(f, MS_SET_cp) >= 0 && fixed_int(f, MS_SET_cp) != cp) continue;
+            for (int pp = 1; tp * cp * pp <= D; pp++) {
+                if ((D / (tp * cp)) % pp || c->n_layer % pp ||
+                    (fixed_int(f, MS_SET_pp) >= 0 && fixed_int(f, MS_SET_pp) != pp))
+                    continue;
+                int dp = D / (tp * cp * pp);
+                if (B % dp || (fixed_int(f, MS_SET_dp) >= 0 && fixed_int(f, MS_SET_dp) != dp))
+                    continue;
+                MS_CHECK(search_mesh(r, dp, tp, cp, pp, err));
+            }
+        }
+    }
+    return MS_OK;
+}
+
+/* The result's candidates: those that fit, else the best that do not; the best executable
+ * one only when it is not the first candidate already. */
+static void settle_result(search_run *r) {
+    ms_plan_result *out = r->out;
+    if (r->nfit > 0) {
+        out->cands = r->fit;
+        out->n_cands = r->nfit;
+        r->fit = NULL;
+        if (r->nnofit > 0 && better(&r->nofit[0], &out->cands[0])) {
+            out->unconstrained = r->nofit[0];
+            out->have_unconstrained = true;
+        }
+    } else {
+        out->cands = r->nofit;
+        out->n_cands = r->nnofit;
+        r->nofit = NULL;
+    }
+    if (out->have_best_executable && out->n_cands &&
+        out->best_executable.executable == out->cands[0].executable &&
+        ms_strategy_equal(&out->best_executable.s, &out->cands[0].s))
+        out->have_best_executable = false;
+    make_reason(r->pb, out);
+}
+
 ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_opts *opts,
                          ms_plan_result *out, ms_error *err) {
     memset(out, 0, sizeof *out);
@@ -288,133 +424,36 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
     int64_t t0 = ms_now_ns();
     ms_plan_fixed none;
     ms_plan_fixed_none(&none);
-    const ms_plan_fixed *f = opts && opts->fixed ? opts->fixed : &none;
-    const ms_plan_scales *sc = opts ? opts->scales : NULL;
-    int keep = opts && opts->keep > 0 ? opts->keep : 10;
-    bool exe_only = opts && opts->executable_only;
     const ms_model_config *c = &pb->model;
     int D = pb->devices, B = pb->global_batch;
-    const uint8_t precision = pb->dtype == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32;
     if (D < 1 || B < 1 || pb->seq < 1) {
         ms_plan_memo_destroy(own);
         return ms_fail(err, MS_ERR_INVALID, "devices, global batch and sequence must be positive");
     }
-    ms_plan_estimate *fit = xcalloc((size_t)keep, sizeof *fit);
-    ms_plan_estimate *nofit = xcalloc((size_t)keep, sizeof *nofit);
-    ms_plan_estimate *e = xmalloc(sizeof *e);
-    int nfit = 0, nnofit = 0;
-    ms_status st = MS_OK;
-    ms_error first = {0};
-    bool any_valid = false;
-    for (int tp = 1; tp <= D && st == MS_OK; tp++) {
-        if (D % tp || c->n_head % tp ||
-            (fixed_int(f, MS_SET_tp) >= 0 && fixed_int(f, MS_SET_tp) != tp))
-            continue;
-        for (int cp = 1; tp * cp <= D; cp++) {
-            if ((D / tp) % cp || c->n_head % (tp * cp) || pb->seq % cp) continue;
-            if (fixed_int(f, MS_SET_cp) >= 0 && fixed_int(f, MS_SET_cp) != cp) continue;
-            for (int pp = 1; tp * cp * pp <= D; pp++) {
-                if ((D / (tp * cp)) % pp || c->n_layer % pp ||
-                    (fixed_int(f, MS_SET_pp) >= 0 && fixed_int(f, MS_SET_pp) != pp))
-                    continue;
-                int dp = D / (tp * cp * pp);
-                if (B % dp || (fixed_int(f, MS_SET_dp) >= 0 && fixed_int(f, MS_SET_dp) != dp))
-                    continue;
-                int per = B / dp;
-                /* gradient buckets: none, or on GPUs (where each NCCL call costs microseconds)
-                 * PyTorch DDP's 25 MiB too where the engine buckets (over dp or cp, not both) */
-                const int fbk = fixed_int(f, MS_SET_bucket_mb);
-                int bks[2] = {fbk > 0 ? fbk : 0, 25};
-                int nbk = fbk < 0 && !pb->cluster->cpu && (dp > 1) != (cp > 1) ? 2 : 1;
-                for (int sp = 0; sp <= (tp > 1); sp++)
-                    for (int vp = tp > 1; vp >= 0; vp--)
-                        for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
-                            for (int rc = 0; rc <= (fixed_int(f, MS_SET_recompute) == 2 ? 2 : 1);
-                                 rc++)
-                                for (int bk = 0; bk < nbk; bk++)
-                                    for (int mb = 1; mb <= per; mb++) {
-                                        if (per % mb) continue;
-                                        ms_strategy s;
-                                        ms_strategy_defaults(&s);
-                                        s.dp = dp, s.tp = tp, s.pp = pp, s.cp = cp, s.sp = sp;
-                                        s.zero = z;
-                                        s.recompute = rc == 2   ? MS_RECOMPUTE_SELECTIVE
-                                                      : rc == 1 ? MS_RECOMPUTE_FULL
-                                                                : MS_RECOMPUTE_NONE;
-                                        s.micro_batches = per / mb;
-                                        s.head_replicated = tp > 1 && !vp;
-                                        s.precision = precision;
-                                        s.offload = fixed_int(f, MS_SET_offload) == 1;
-                                        ms_plan_fixed_apply(f, &s);
-                                        s.bucket_mb = (float)bks[bk];
-                                        if (!ms_plan_fixed_match(f, &s, B)) continue;
-                                        if (exe_only && !ms_plan_executable(pb, &s, NULL, 0))
-                                            continue;
-                                        ms_error e2 = {0};
-                                        ms_status s2 = estimate_or_offload(
-                                            pb, &s, fixed_int(f, MS_SET_offload) < 0, sc, e, &e2);
-                                        if (s2 != MS_OK) {
-                                            if (!first.msg[0]) first = e2;
-                                            if (s2 != MS_ERR_INVALID) {
-                                                st = s2;
-                                                if (err) *err = e2;
-                                                goto done;
-                                            }
-                                            continue;
-                                        }
-                                        any_valid = true;
-                                        out->evaluated++;
-                                        if (e->fits) {
-                                            keep_top(fit, &nfit, keep, e);
-                                        } else {
-                                            out->pruned_memory++;
-                                            keep_top(nofit, &nnofit, keep, e);
-                                        }
-                                        if (e->executable &&
-                                            (!out->have_best_executable ||
-                                             (e->fits && (!out->best_executable.fits ||
-                                                          better(e, &out->best_executable))))) {
-                                            out->best_executable = *e;
-                                            out->have_best_executable = true;
-                                        }
-                                    }
-            }
-        }
-    }
-done:
-    if (st == MS_OK && !any_valid && !first.msg[0]) diagnose(pb, f, &first);
-    if (st == MS_OK && !any_valid) {
+    search_run r = {
+        .pb = pb,
+        .f = opts && opts->fixed ? opts->fixed : &none,
+        .sc = opts ? opts->scales : NULL,
+        .keep = opts && opts->keep > 0 ? opts->keep : 10,
+        .exe_only = opts && opts->executable_only,
+        .precision = pb->dtype == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32,
+        .out = out,
+    };
+    r.fit = xcalloc((size_t)r.keep, sizeof *r.fit);
+    r.nofit = xcalloc((size_t)r.keep, sizeof *r.nofit);
+    ms_status st = search_meshes(&r, err);
+    if (st == MS_OK && !r.any_valid && !r.first.msg[0]) diagnose(pb, r.f, &r.first);
+    if (st == MS_OK && !r.any_valid)
         st = ms_fail(err, MS_ERR_INVALID,
                      "no strategy fits the constraints for %d devices, batch %d, sequence %d "
                      "(%d layers, %d heads)%s%s",
-                     D, B, pb->seq, c->n_layer, c->n_head, first.msg[0] ? ": " : "",
-                     first.msg[0] ? first.msg
-                                  : "; check the fixed knobs and that the batch "
-                                    "divides by dp");
-    }
-    if (st == MS_OK) {
-        if (nfit > 0) {
-            out->cands = fit;
-            out->n_cands = nfit;
-            fit = NULL;
-            if (nnofit > 0 && better(&nofit[0], &out->cands[0])) {
-                out->unconstrained = nofit[0];
-                out->have_unconstrained = true;
-            }
-        } else {
-            out->cands = nofit;
-            out->n_cands = nnofit;
-            nofit = NULL;
-        }
-        if (out->have_best_executable && out->n_cands &&
-            out->best_executable.executable == out->cands[0].executable &&
-            ms_strategy_equal(&out->best_executable.s, &out->cands[0].s))
-            out->have_best_executable = false;
-        make_reason(pb, out);
-    }
-    free(fit);
-    free(nofit);
-    free(e);
+                     D, B, pb->seq, c->n_layer, c->n_head, r.first.msg[0] ? ": " : "",
+                     r.first.msg[0] ? r.first.msg
+                                    : "; check the fixed knobs and that the batch "
+                                      "divides by dp");
+    if (st == MS_OK) settle_result(&r);
+    free(r.fit);
+    free(r.nofit);
     ms_plan_memo_destroy(own);
     out->search_ms = (double)(ms_now_ns() - t0) / 1e6;
     return st;
