@@ -165,9 +165,10 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
     }
 }
 
-void prog_build_backward(ms_program *p) {
+/* Which values need a gradient: parameters, activation inputs a previous chunk wants, and
+ * every output of a node with such an input. */
+static void mark_requires_grad(ms_program *p) {
     ms_graph *g = p->g;
-    const int md = p->mesh->ndim;
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
         p->pv[v].requires_grad = gv->kind == GV_PARAM || gv->grad_input;
@@ -180,6 +181,12 @@ void prog_build_backward(ms_program *p) {
         for (int i = 0; i < nd->n_in; i++) rg |= p->pv[nd->in[i]].requires_grad;
         for (int o = 0; o < nd->n_out; o++) p->pv[nd->out[o]].requires_grad = rg;
     }
+}
+
+/* The first gradient: d loss / d loss = 1, or the output's, which the next chunk sends. */
+static void seed_gradient(ms_program *p) {
+    ms_graph *g = p->g;
+    const int md = p->mesh->ndim;
     if (g->loss >= 0) {
         /* Seed: d loss / d loss = 1, replicated (the dual of any partial placement). */
         ms_placements r = ms_placements_replicated(md);
@@ -191,71 +198,78 @@ void prog_build_backward(ms_program *p) {
         p->out_grad_buf = grad_target(p, g->output, &p->pv[g->output].pl);
         p->ni--; /* no zeroing: the caller prog_writes it */
     }
-    /* Split (zb-h1): each kernel's parameter gradients are deferred to a second pass. */
-    deferred_w *dw = p->split_w ? xmalloc(sizeof *dw * (size_t)(g->nn + 1)) : NULL;
-    int ndw = 0, last_region = -1;
-    for (int k = g->nn - 1; k >= 0; k--) {
-        recompute_region(p, k, &last_region);
-        gnode *nd = &g->n[k];
-        pnode *pn = &p->pn[k];
-        const ms_op_def *def = ms_op_get(nd->op);
-        bool any_out = false, any_in = false;
-        for (int o = 0; o < nd->n_out; o++) any_out |= p->pv[nd->out[o]].has_grad;
-        for (int i = 0; i < nd->n_in; i++)
-            any_in |= p->pv[nd->in[i]].requires_grad && (def->grad_inputs >> i & 1);
-        if (!any_out || !any_in) continue;
-        int dout[MS_OP_MAX_OUT], din[MS_OP_MAX_IN], pending[MS_OP_MAX_IN];
-        for (int o = 0; o < MS_OP_MAX_OUT; o++) dout[o] = -1; /* unused slots: no buffer */
-        for (int i = 0; i < MS_OP_MAX_IN; i++) din[i] = pending[i] = -1;
-        for (int o = 0; o < nd->n_out; o++) {
-            pvalue *ov = &p->pv[nd->out[o]];
-            ms_placements want = dual_placements(pn, md, nd->n_in, nd->n_out, o, true);
-            if (!ov->has_grad) {
-                dout[o] = prog_new_buf(p, nd->out[o], &want, false);
-                prog_emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = dout[o];
-            } else if (ms_placements_eq(&ov->gpl, &want)) {
-                dout[o] = ov->gbuf;
-            } else {
-                dout[o] = prog_new_buf(p, nd->out[o], &want, false);
-                prog_emit_reshard(p, nd->out[o], ov->gbuf, dout[o], &ov->gpl, &want,
-                                  MS_PROG_BACKWARD);
-            }
-        }
-        for (int i = 0; i < nd->n_in; i++) {
-            din[i] = pending[i] = -1;
-            pvalue *iv = &p->pv[nd->in[i]];
-            if (!iv->requires_grad || !(def->grad_inputs >> i & 1)) continue;
-            ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
-            if (!iv->has_grad) {
-                din[i] = grad_target(p, nd->in[i], &got);
-            } else if (ms_placements_eq(&iv->gpl, &got)) {
-                din[i] = iv->gbuf;
-            } else {
-                din[i] = pending[i] = prog_new_buf(p, nd->in[i], &got, false);
-            }
-        }
-        if (p->split_w) {
-            /* This pass: the input gradients; the parameters' go to the second pass. */
-            deferred_w *d = &dw[ndw];
-            d->node = k;
-            memcpy(d->dout, dout, sizeof dout);
-            bool any_w = false, any_b = false;
-            for (int i = 0; i < MS_OP_MAX_IN; i++) {
-                bool w = i < nd->n_in && din[i] >= 0 && g->v[nd->in[i]].kind == GV_PARAM;
-                d->din[i] = w ? din[i] : -1;
-                d->pending[i] = w ? pending[i] : -1;
-                if (w) din[i] = pending[i] = -1;
-                any_w |= w;
-                any_b |= din[i] >= 0;
-            }
-            if (any_w) ndw++;
-            if (any_b) emit_bwd(p, k, dout, din, pending);
+}
+
+/* Node k's backward: its output gradients in the placements its rule wants, its input
+ * gradients' targets, and the kernel; with split_w (zb-h1) the parameters' gradients are
+ * deferred into dw[*ndw]. */
+static void node_backward(ms_program *p, int k, deferred_w *dw, int *ndw_io) {
+    ms_graph *g = p->g;
+    const int md = p->mesh->ndim;
+    int ndw = *ndw_io;
+    gnode *nd = &g->n[k];
+    pnode *pn = &p->pn[k];
+    const ms_op_def *def = ms_op_get(nd->op);
+    bool any_out = false, any_in = false;
+    for (int o = 0; o < nd->n_out; o++) any_out |= p->pv[nd->out[o]].has_grad;
+    for (int i = 0; i < nd->n_in; i++)
+        any_in |= p->pv[nd->in[i]].requires_grad && (def->grad_inputs >> i & 1);
+    if (!any_out || !any_in) return;
+    int dout[MS_OP_MAX_OUT], din[MS_OP_MAX_IN], pending[MS_OP_MAX_IN];
+    for (int o = 0; o < MS_OP_MAX_OUT; o++) dout[o] = -1; /* unused slots: no buffer */
+    for (int i = 0; i < MS_OP_MAX_IN; i++) din[i] = pending[i] = -1;
+    for (int o = 0; o < nd->n_out; o++) {
+        pvalue *ov = &p->pv[nd->out[o]];
+        ms_placements want = dual_placements(pn, md, nd->n_in, nd->n_out, o, true);
+        if (!ov->has_grad) {
+            dout[o] = prog_new_buf(p, nd->out[o], &want, false);
+            prog_emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = dout[o];
+        } else if (ms_placements_eq(&ov->gpl, &want)) {
+            dout[o] = ov->gbuf;
         } else {
-            emit_bwd(p, k, dout, din, pending);
+            dout[o] = prog_new_buf(p, nd->out[o], &want, false);
+            prog_emit_reshard(p, nd->out[o], ov->gbuf, dout[o], &ov->gpl, &want, MS_PROG_BACKWARD);
         }
     }
-    /* Gradients of activation inputs, in the inputs' own placements (what the previous
-     * chunk's output has). */
+    for (int i = 0; i < nd->n_in; i++) {
+        din[i] = pending[i] = -1;
+        pvalue *iv = &p->pv[nd->in[i]];
+        if (!iv->requires_grad || !(def->grad_inputs >> i & 1)) continue;
+        ms_placements got = dual_placements(pn, md, nd->n_in, nd->n_out, i, false);
+        if (!iv->has_grad) {
+            din[i] = grad_target(p, nd->in[i], &got);
+        } else if (ms_placements_eq(&iv->gpl, &got)) {
+            din[i] = iv->gbuf;
+        } else {
+            din[i] = pending[i] = prog_new_buf(p, nd->in[i], &got, false);
+        }
+    }
+    if (p->split_w) {
+        /* This pass: the input gradients; the parameters' go to the second pass. */
+        deferred_w *d = &dw[ndw];
+        d->node = k;
+        memcpy(d->dout, dout, sizeof dout);
+        bool any_w = false, any_b = false;
+        for (int i = 0; i < MS_OP_MAX_IN; i++) {
+            bool w = i < nd->n_in && din[i] >= 0 && g->v[nd->in[i]].kind == GV_PARAM;
+            d->din[i] = w ? din[i] : -1;
+            d->pending[i] = w ? pending[i] : -1;
+            if (w) din[i] = pending[i] = -1;
+            any_w |= w;
+            any_b |= din[i] >= 0;
+        }
+        if (any_w) ndw++;
+        if (any_b) emit_bwd(p, k, dout, din, pending);
+    } else {
+        emit_bwd(p, k, dout, din, pending);
+    }
+    *ndw_io = ndw;
+}
+
+/* Gradients of activation inputs, in the inputs' own placements (what the previous chunk's
+ * output has). */
+static void input_gradients(ms_program *p) {
+    ms_graph *g = p->g;
     for (int v = 0; v < g->nv; v++) {
         pvalue *pv = &p->pv[v];
         if (!g->v[v].grad_input) continue;
@@ -270,6 +284,35 @@ void prog_build_backward(ms_program *p) {
         else
             prog_emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = p->in_grad_buf[v];
     }
+}
+
+/* Gradients into the parameters' gradient placements (the data-parallel all-reduce, or
+ * ZeRO's reduce-scatter). */
+static void param_gradients(ms_program *p) {
+    ms_graph *g = p->g;
+    for (int v = 0; v < g->nv; v++) {
+        pvalue *pv = &p->pv[v];
+        if (g->v[v].kind != GV_PARAM) continue;
+        if (!pv->has_grad)
+            prog_emit(p, I_ZERO, MS_PROG_GRAD_SYNC)->dst = pv->param_grad_buf;
+        else if (pv->gbuf != pv->param_grad_buf)
+            prog_emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->grad_pl,
+                              MS_PROG_GRAD_SYNC);
+    }
+}
+
+void prog_build_backward(ms_program *p) {
+    ms_graph *g = p->g;
+    mark_requires_grad(p);
+    seed_gradient(p);
+    /* Split (zb-h1): each kernel's parameter gradients are deferred to a second pass. */
+    deferred_w *dw = p->split_w ? xmalloc(sizeof *dw * (size_t)(g->nn + 1)) : NULL;
+    int ndw = 0, last_region = -1;
+    for (int k = g->nn - 1; k >= 0; k--) {
+        recompute_region(p, k, &last_region);
+        node_backward(p, k, dw, &ndw);
+    }
+    input_gradients(p);
     prog_prefetch_gathers(p, p->n_forward, p->ni);
     p->n_weight = p->ni;
     /* The weight pass recomputes a region again rather than keep its activations from B. */
@@ -281,17 +324,7 @@ void prog_build_backward(ms_program *p) {
     free(dw);
     prog_prefetch_gathers(p, p->n_weight, p->ni);
     p->n_backward = p->ni;
-    /* Gradients into the parameters' gradient placements (the data-parallel all-reduce, or
-     * ZeRO's reduce-scatter). */
-    for (int v = 0; v < g->nv; v++) {
-        pvalue *pv = &p->pv[v];
-        if (g->v[v].kind != GV_PARAM) continue;
-        if (!pv->has_grad)
-            prog_emit(p, I_ZERO, MS_PROG_GRAD_SYNC)->dst = pv->param_grad_buf;
-        else if (pv->gbuf != pv->param_grad_buf)
-            prog_emit_reshard(p, v, pv->gbuf, pv->param_grad_buf, &pv->gpl, &pv->grad_pl,
-                              MS_PROG_GRAD_SYNC);
-    }
+    param_gradients(p);
     p->n_sync = p->ni;
     prog_build_param_sync(p);
 }
