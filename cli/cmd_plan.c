@@ -118,6 +118,86 @@ static cJSON *estimate_json(const ms_plan_estimate *e, int batch) {
     return o;
 }
 
+/* What `plan` prints: the search's figures and its candidates, as JSON or as a table. */
+typedef struct plan_report {
+    const char *model;
+    const ms_model_config *cfg;
+    const ms_cluster *cl;
+    ms_plan_dtype dt;
+    int devices, batch, seq;
+} plan_report;
+
+static void print_plan_json(const plan_report *p, const ms_plan_result *res) {
+    const ms_cluster *cl = p->cl;
+    const ms_plan_dtype dt = p->dt;
+    const int devices = p->devices, batch = p->batch, seq = p->seq;
+    const ms_model_config cfg = *p->cfg;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "search_ms", res->search_ms);
+    cJSON_AddNumberToObject(r, "evaluated", (double)res->evaluated);
+    cJSON_AddNumberToObject(r, "pruned_memory", (double)res->pruned_memory);
+    cJSON_AddStringToObject(r, "cluster", cl->name);
+    cJSON_AddStringToObject(r, "dtype", ms_plan_dtype_name(dt));
+    cJSON_AddNumberToObject(r, "devices", devices);
+    cJSON_AddNumberToObject(r, "global_batch", batch);
+    cJSON_AddNumberToObject(r, "seq", seq);
+    cJSON_AddNumberToObject(r, "model_flops_per_step", ms_plan_model_flops(&cfg, batch, seq));
+    cJSON *a = cJSON_AddArrayToObject(r, "candidates");
+    for (int i = 0; i < res->n_cands; i++)
+        cJSON_AddItemToArray(a, estimate_json(&res->cands[i], batch));
+    cJSON_AddStringToObject(r, "reason", res->reason);
+    char *s = cJSON_Print(r);
+    printf("%s\n", s);
+    free(s);
+    cJSON_Delete(r);
+}
+
+static void print_plan_table(const plan_report *p, const ms_plan_result *res) {
+    const ms_cluster *cl = p->cl;
+    const ms_plan_dtype dt = p->dt;
+    const char *model = p->model;
+    const int devices = p->devices, batch = p->batch, seq = p->seq;
+    printf("plan: %s on %d x %s (%s), global batch %d x %d tokens, %s\n", model, devices, cl->name,
+           cl->device, batch, seq, ms_plan_dtype_name(dt));
+    printf("searched %ld strategies in %.0f ms; %ld over the memory limit\n\n", res->evaluated,
+           res->search_ms, res->pruned_memory);
+    printf(" #  %-56s %10s %12s %8s %8s %10s %5s %4s\n", "strategy", "step", "tokens/s", "TF/s mdl",
+           "TF/s hw", "mem/dev", "fits", "exec");
+    for (int i = 0; i < res->n_cands; i++) {
+        const ms_plan_estimate *e = &res->cands[i];
+        char st[32], mem[32];
+        printf("%2d  %-56s %10s %12.0f %8.3g %8.3g %10s %5s %4s\n", i + 1, e->text,
+               human_s(e->step_s, st, sizeof st), e->tokens_per_s, e->model_tflops_per_device,
+               e->hw_tflops_per_device, human_b(e->mem_total, mem, sizeof mem),
+               e->fits ? "yes" : "NO", e->executable ? "yes" : "no");
+        if (e->s.offload) {
+            char h[32], cp[32], ha[32], hid[32];
+            printf(
+                "    offload: host %s per device; copies %s, host AdamW %s (%s of both hidden by "
+                "the backward and the next forward)\n",
+                human_b(e->mem_host, h, sizeof h), human_s(e->offload_copy_s, cp, sizeof cp),
+                human_s(e->offload_host_s, ha, sizeof ha),
+                human_s(e->offload_hidden_s, hid, sizeof hid));
+        }
+    }
+    printf("\nwhy: %s\n", res->reason);
+}
+
+/* --cluster (and --topology) into cl, checked against --devices; 0 or bad()'s code. */
+static int plan_cluster(const char *cluster, bool recal, const char *topology, int devices,
+                        ms_cluster *cl) {
+    ms_error err = {0};
+    if (ms_cluster_resolve(cluster, recal, stderr, cl, &err) != MS_OK) return bad("%s", err.msg);
+    if (topology && ms_cluster_load_topology(topology, cl, &err) != MS_OK)
+        return bad("--topology: %s", err.msg);
+    long capacity = cl->nodes > 0 ? (long)cl->nodes * cl->devices_per_node : 0;
+    if (capacity > 0 && devices > capacity)
+        return bad("--devices %d is more than %s has: %ld (%d nodes x %d); use fewer devices or a "
+                   "cluster file with more nodes",
+                   devices, cl->name, capacity, cl->nodes, cl->devices_per_node);
+    return 0;
+}
+
 int ms_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *evaluate = NULL, *topology = NULL;
     int devices = 0, batch = 0, seq = 0, top = 5, dtype = -1; /* 0, -1: not given */
@@ -134,7 +214,8 @@ int ms_cmd_plan(int argc, char **argv) {
         MS_ENUM("dtype", &dtype, dtype_names,
                 "number format (default bf16 on GPUs, fp32 on cpu-local)"),
         MS_TEXT("evaluate", "K=V,..", &evaluate,
-                "fix knobs, search the rest: dp tp pp cp sp zero recompute mb micro vp offload"),
+                "fix settings by name, search the rest: dp, tp, pp, cp, sp, zero, recompute, "
+                "micro_batches, head_replicated, bucket_mb, offload, ... (docs/configs.md)"),
         MS_INT("top", "K", &top, 1, 1000, "how many strategies to show (default 5)"),
         MS_FLAG("executable-only", &exe_only, "only strategies this engine runs"),
         MS_FLAG("json", &json, "JSON instead of a table"),
@@ -173,21 +254,7 @@ int ms_cmd_plan(int argc, char **argv) {
     if (!cl) return bad("out of memory");
     ms_plan_result res = {0};
     ms_plan_memo *memo = NULL;
-    if (ms_cluster_resolve(cluster, recal, stderr, cl, &err) != MS_OK) {
-        rc = bad("%s", err.msg);
-        goto out;
-    }
-    if (topology && ms_cluster_load_topology(topology, cl, &err) != MS_OK) {
-        rc = bad("--topology: %s", err.msg);
-        goto out;
-    }
-    long capacity = cl->nodes > 0 ? (long)cl->nodes * cl->devices_per_node : 0;
-    if (capacity > 0 && devices > capacity) {
-        rc = bad("--devices %d is more than %s has: %ld (%d nodes x %d); use fewer devices or a "
-                 "cluster file with more nodes",
-                 devices, cl->name, capacity, cl->nodes, cl->devices_per_node);
-        goto out;
-    }
+    if ((rc = plan_cluster(cluster, recal, topology, devices, cl)) != 0) goto out;
     ms_plan_dtype dt = cl->cpu ? MS_PLAN_FP32 : MS_PLAN_BF16;
     if (dtype >= 0 && ms_plan_dtype_parse(dtype_names[dtype], &dt, &err) != MS_OK) {
         rc = bad("--dtype: %s", err.msg);
@@ -208,51 +275,17 @@ int ms_cmd_plan(int argc, char **argv) {
         rc = bad("%s", err.msg);
         goto out;
     }
-    if (json) {
-        cJSON *r = cJSON_CreateObject();
-        cJSON_AddNumberToObject(r, "search_ms", res.search_ms);
-        cJSON_AddNumberToObject(r, "evaluated", (double)res.evaluated);
-        cJSON_AddNumberToObject(r, "pruned_memory", (double)res.pruned_memory);
-        cJSON_AddStringToObject(r, "cluster", cl->name);
-        cJSON_AddStringToObject(r, "dtype", ms_plan_dtype_name(dt));
-        cJSON_AddNumberToObject(r, "devices", devices);
-        cJSON_AddNumberToObject(r, "global_batch", batch);
-        cJSON_AddNumberToObject(r, "seq", seq);
-        cJSON_AddNumberToObject(r, "model_flops_per_step", ms_plan_model_flops(&cfg, batch, seq));
-        cJSON *a = cJSON_AddArrayToObject(r, "candidates");
-        for (int i = 0; i < res.n_cands; i++)
-            cJSON_AddItemToArray(a, estimate_json(&res.cands[i], batch));
-        cJSON_AddStringToObject(r, "reason", res.reason);
-        char *s = cJSON_Print(r);
-        printf("%s\n", s);
-        free(s);
-        cJSON_Delete(r);
-        goto out;
-    }
-    printf("plan: %s on %d x %s (%s), global batch %d x %d tokens, %s\n", model, devices, cl->name,
-           cl->device, batch, seq, ms_plan_dtype_name(dt));
-    printf("searched %ld strategies in %.0f ms; %ld over the memory limit\n\n", res.evaluated,
-           res.search_ms, res.pruned_memory);
-    printf(" #  %-56s %10s %12s %8s %8s %10s %5s %4s\n", "strategy", "step", "tokens/s", "TF/s mdl",
-           "TF/s hw", "mem/dev", "fits", "exec");
-    for (int i = 0; i < res.n_cands; i++) {
-        const ms_plan_estimate *e = &res.cands[i];
-        char st[32], mem[32];
-        printf("%2d  %-56s %10s %12.0f %8.3g %8.3g %10s %5s %4s\n", i + 1, e->text,
-               human_s(e->step_s, st, sizeof st), e->tokens_per_s, e->model_tflops_per_device,
-               e->hw_tflops_per_device, human_b(e->mem_total, mem, sizeof mem),
-               e->fits ? "yes" : "NO", e->executable ? "yes" : "no");
-        if (e->s.offload) {
-            char h[32], cp[32], ha[32], hid[32];
-            printf(
-                "    offload: host %s per device; copies %s, host AdamW %s (%s of both hidden by "
-                "the backward and the next forward)\n",
-                human_b(e->mem_host, h, sizeof h), human_s(e->offload_copy_s, cp, sizeof cp),
-                human_s(e->offload_host_s, ha, sizeof ha),
-                human_s(e->offload_hidden_s, hid, sizeof hid));
-        }
-    }
-    printf("\nwhy: %s\n", res.reason);
+    plan_report rep = {.model = model,
+                       .cfg = &cfg,
+                       .cl = cl,
+                       .dt = dt,
+                       .devices = devices,
+                       .batch = batch,
+                       .seq = seq};
+    if (json)
+        print_plan_json(&rep, &res);
+    else
+        print_plan_table(&rep, &res);
 out:
     ms_plan_result_free(&res);
     ms_plan_memo_destroy(memo);
