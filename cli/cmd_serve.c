@@ -35,6 +35,74 @@ static int step_cmp(const void *a, const void *b) {
     return (x->step > y->step) - (x->step < y->step);
 }
 
+/* The step history from the lowest rank's step slices (time only, no loss), oldest first,
+ * into the live model. */
+static void feed_history(ms_live *live, const ms_trace *t, int min_rank, size_t n_steps,
+                         const char *strategy) {
+    ms_live_step *hist = n_steps ? calloc(n_steps, sizeof *hist) : NULL;
+    size_t k = 0;
+    for (size_t i = 0; hist && i < t->n_events; i++) {
+        const ms_event *e = &t->events[i];
+        if (e->kind != MS_EV_STEP || e->rank != min_rank) continue;
+        ms_live_step *s = &hist[k++];
+        s->step = e->step;
+        s->loss = NAN;
+        s->lr = NAN;
+        s->grad_norm = NAN;
+        s->step_s = (double)(e->t1_ns - e->t0_ns) / 1e9;
+        s->tokens_per_s = NAN;
+        snprintf(s->strategy, sizeof s->strategy, "%s", strategy);
+    }
+    if (hist) qsort(hist, k, sizeof *hist, step_cmp);
+    for (size_t i = 0; i < k; i++) ms_live_step_done(live, &hist[i]);
+    free(hist);
+}
+
+/* A finished live model over every step of trace t (read from path), analysed at once;
+ * *nranks the ranks it shows. Fails when the trace has more ranks than the views show. */
+static ms_status trace_live(const char *path, const ms_trace *t, ms_live **out, int *nranks_out,
+                            ms_error *err) {
+    int nranks = t->world_size;
+    int64_t lo = INT64_MAX, hi = -1;
+    for (size_t i = 0; i < t->n_events; i++) {
+        const ms_event *e = &t->events[i];
+        if (e->rank >= nranks) nranks = e->rank + 1;
+        if (e->step >= 0 && e->step < lo) lo = e->step;
+        if (e->step > hi) hi = e->step;
+    }
+    if (nranks < 1) nranks = 1;
+    if (nranks > MS_AN_MAX_RANKS)
+        return ms_fail(err, MS_ERR_INVALID, "%s: %d ranks; the dashboard shows at most %d", path,
+                       nranks, MS_AN_MAX_RANKS);
+    char strategy[64];
+    ms_trace_strategy_text(t, strategy, sizeof strategy);
+    int64_t window = hi >= 0 && lo <= hi ? hi - lo + 1 : 1;
+    ms_live_opts lo_opts = {.info = {.nranks = nranks, .live = false},
+                            .window_steps = window < (1 << 20) ? (int)window : 1 << 20};
+    const char *base = strrchr(path, '/');
+    snprintf(lo_opts.info.model, sizeof lo_opts.info.model, "%s", base ? base + 1 : path);
+    snprintf(lo_opts.info.backend, sizeof lo_opts.info.backend, "trace");
+    int min_rank = nranks;
+    size_t n_steps = 0;
+    for (size_t i = 0; i < t->n_events; i++)
+        if (t->events[i].kind == MS_EV_STEP && t->events[i].rank < min_rank)
+            min_rank = t->events[i].rank;
+    for (size_t i = 0; i < t->n_events; i++)
+        n_steps += t->events[i].kind == MS_EV_STEP && t->events[i].rank == min_rank;
+    lo_opts.history = n_steps > 0 && n_steps < (1u << 20) ? (int)n_steps : 0;
+    ms_live *live = NULL;
+    MS_CHECK(ms_live_create(&lo_opts, &live, err));
+    feed_history(live, t, min_rank, n_steps, strategy);
+    ms_live_set_strategy(live, strategy);
+    ms_live_feed_groups(live, t->groups, t->n_groups);
+    ms_live_feed_events(live, t->events, t->n_events);
+    ms_live_set_event(live, "trace %s: %zu events, %d ranks", path, t->n_events, nranks);
+    ms_live_publish_now(live);
+    *out = live;
+    *nranks_out = nranks;
+    return MS_OK;
+}
+
 int ms_cmd_serve(int argc, char **argv) {
     const char *pos[1], *web = "127.0.0.1:0";
     const ms_option opts[] = {
@@ -64,71 +132,15 @@ int ms_cmd_serve(int argc, char **argv) {
         ms_trace_free(&t);
         return 1;
     }
-    int nranks = t.world_size;
-    int64_t lo = INT64_MAX, hi = -1;
-    for (size_t i = 0; i < t.n_events; i++) {
-        const ms_event *e = &t.events[i];
-        if (e->rank >= nranks) nranks = e->rank + 1;
-        if (e->step >= 0 && e->step < lo) lo = e->step;
-        if (e->step > hi) hi = e->step;
-    }
-    if (nranks < 1) nranks = 1;
-    if (nranks > MS_AN_MAX_RANKS) {
-        fprintf(stderr, "meshscope serve: %s: %d ranks; the dashboard shows at most %d\n", path,
-                nranks, MS_AN_MAX_RANKS);
-        ms_trace_free(&t);
-        return 1;
-    }
-    char strategy[64];
-    ms_trace_strategy_text(&t, strategy, sizeof strategy);
-
-    /* Analyse every step of the file at once. */
-    int64_t window = hi >= 0 && lo <= hi ? hi - lo + 1 : 1;
-    ms_live_opts lo_opts = {.info = {.nranks = nranks, .live = false},
-                            .window_steps = window < (1 << 20) ? (int)window : 1 << 20};
-    const char *base = strrchr(path, '/');
-    snprintf(lo_opts.info.model, sizeof lo_opts.info.model, "%s", base ? base + 1 : path);
-    snprintf(lo_opts.info.backend, sizeof lo_opts.info.backend, "trace");
-    /* Step history from the lowest rank's step slices: time only, no loss. */
-    int min_rank = nranks;
-    size_t n_steps = 0;
-    for (size_t i = 0; i < t.n_events; i++)
-        if (t.events[i].kind == MS_EV_STEP && t.events[i].rank < min_rank)
-            min_rank = t.events[i].rank;
-    for (size_t i = 0; i < t.n_events; i++)
-        n_steps += t.events[i].kind == MS_EV_STEP && t.events[i].rank == min_rank;
-    lo_opts.history = n_steps > 0 && n_steps < (1u << 20) ? (int)n_steps : 0;
-
+    int nranks = 0;
     ms_live *live = NULL;
-    if (ms_live_create(&lo_opts, &live, &err) != MS_OK) {
+    if (trace_live(path, &t, &live, &nranks, &err) != MS_OK) {
         fprintf(stderr, "meshscope serve: %s\n", err.msg);
         ms_trace_free(&t);
         return 1;
     }
-    ms_live_step *hist = n_steps ? calloc(n_steps, sizeof *hist) : NULL;
-    size_t k = 0;
-    for (size_t i = 0; hist && i < t.n_events; i++) {
-        const ms_event *e = &t.events[i];
-        if (e->kind != MS_EV_STEP || e->rank != min_rank) continue;
-        ms_live_step *s = &hist[k++];
-        s->step = e->step;
-        s->loss = NAN;
-        s->lr = NAN;
-        s->grad_norm = NAN;
-        s->step_s = (double)(e->t1_ns - e->t0_ns) / 1e9;
-        s->tokens_per_s = NAN;
-        snprintf(s->strategy, sizeof s->strategy, "%s", strategy);
-    }
-    if (hist) qsort(hist, k, sizeof *hist, step_cmp);
-    for (size_t i = 0; i < k; i++) ms_live_step_done(live, &hist[i]);
-    free(hist);
-    ms_live_set_strategy(live, strategy);
-    ms_live_feed_groups(live, t.groups, t.n_groups);
-    ms_live_feed_events(live, t.events, t.n_events);
-    ms_live_set_event(live, "trace %s: %zu events, %d ranks", path, t.n_events, nranks);
     size_t n_events = t.n_events;
     ms_trace_free(&t);
-    ms_live_publish_now(live);
 
     /* The handlers only set a flag (libraries such as OpenBLAS own threads that would take a
      * blocked-signal sigwait's signal by default); this thread polls it. */
