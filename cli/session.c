@@ -51,7 +51,7 @@ static void make_setting_flags(run_opts *o, setting_flags *f) {
     }
 }
 
-int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
+static void run_opts_defaults(run_opts *o) {
     *o = (run_opts){.backend = ms_mpi_launched() ? MS_BACKEND_MPI : MS_BACKEND_THREADS,
                     .steps = 100,
                     .batch = 8,
@@ -68,6 +68,41 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                     .eval_every = 0,
                     .advise_threshold = 0.10};
     ms_strategy_defaults(&o->strat);
+}
+
+/* After the flags: what they must hold together; MS_OPTS_PROCEED or the exit code (2). */
+static int run_opts_settle(run_cmd cmd, const char *name, run_opts *o) {
+    if (!o->model) {
+        fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", name);
+        return 2;
+    }
+    ms_strategy_settle(&o->strat, o->strat_given);
+    const ms_strategy *st = &o->strat;
+    if (cmd == RUN_EVAL && st->offload) {
+        fprintf(stderr,
+                "meshscope eval: --offload moves training's optimizer to the host; eval has no "
+                "optimizer: leave --offload out\n");
+        return 2;
+    }
+    ms_error e;
+    int ranks = 0;
+    if (ms_strategy_check_degrees(st->dp, st->tp, st->cp, 0, &ranks, &e) != MS_OK) {
+        fprintf(stderr, "meshscope %s: %s\n", name, e.msg);
+        return 2;
+    }
+    if ((long long)ranks * st->pp > MS_MESH_MAX_RANKS) {
+        fprintf(stderr,
+                "meshscope %s: dp %d x tp %d x pp %d x cp %d needs more than %d ranks; pick "
+                "degrees whose product is at most %d\n",
+                name, st->dp, st->tp, st->pp, st->cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
+        return 2;
+    }
+    if (o->min_lr > o->lr) o->min_lr = o->lr;
+    return MS_OPTS_PROCEED;
+}
+
+int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
+    run_opts_defaults(o);
     static setting_flags sf; /* the options table points into it while it parses */
     make_setting_flags(o, &sf);
     int backend = (int)o->backend, seed = (int)o->seed, on_nan = 0;
@@ -183,31 +218,5 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     o->backend = (ms_backend_kind)backend;
     o->seed = (uint64_t)seed;
     o->on_nan = on_nan ? MS_NONFINITE_SKIP : MS_NONFINITE_STOP;
-    if (!o->model) {
-        fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", c.name);
-        return 2;
-    }
-    ms_strategy_settle(&o->strat, o->strat_given);
-    const ms_strategy *st = &o->strat;
-    if (cmd == RUN_EVAL && st->offload) {
-        fprintf(stderr,
-                "meshscope eval: --offload moves training's optimizer to the host; eval has no "
-                "optimizer: leave --offload out\n");
-        return 2;
-    }
-    ms_error e;
-    int ranks = 0;
-    if (ms_strategy_check_degrees(st->dp, st->tp, st->cp, 0, &ranks, &e) != MS_OK) {
-        fprintf(stderr, "meshscope %s: %s\n", c.name, e.msg);
-        return 2;
-    }
-    if ((long long)ranks * st->pp > MS_MESH_MAX_RANKS) {
-        fprintf(stderr,
-                "meshscope %s: dp %d x tp %d x pp %d x cp %d needs more than %d ranks; pick "
-                "degrees whose product is at most %d\n",
-                c.name, st->dp, st->tp, st->pp, st->cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
-        return 2;
-    }
-    if (o->min_lr > o->lr) o->min_lr = o->lr;
-    return MS_OPTS_PROCEED;
+    return run_opts_settle(cmd, c.name, o);
 }
