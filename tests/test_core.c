@@ -1,7 +1,7 @@
 /* test_core.c - tensors, views, bf16, device accounting and Philox, against independent
  * references (published Philox vectors, direct index arithmetic); the sanitiser for text from
  * files in messages; the device's byte limit; ms_panic's hooks in a child process that
- * panics. */
+ * panics; the hash index's order and probe counts. */
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/core/hmap.h"
 #include "engine/core/panic.h"
 #include "engine/core/philox.h"
 #include "engine/core/tensor.h"
@@ -351,6 +352,51 @@ static void panic_runs_hooks_then_aborts(void **state) {
 #endif
 }
 
+/* --- the hash index ----------------------------------------------------------------------- */
+
+static bool eq_key(const void *ctx, uint32_t val) {
+    const int *k = ctx;
+    return (int)val % 10 == *k; /* value v holds key v % 10 */
+}
+
+static bool eq_int(const void *ctx, uint32_t val) {
+    return (int)val == *(const int *)ctx;
+}
+
+/* Equal keys come back in the order added, also when their chain wraps round the table's end
+ * and the table grows under them; distinct keys cost under 3 slots a lookup. */
+static void hmap_index(void **state) {
+    (void)state;
+    ms_hmap m = {0};
+    const uint64_t h = UINT64_MAX; /* one hash for all: its home is the last slot */
+    for (uint32_t v = 0; v < 100; v++) {
+        assert_true(ms_hmap_add(&m, h, v));
+        for (int k = 0; k < 10 && k <= (int)v; k++) {
+            uint32_t got = UINT32_MAX;
+            assert_true(ms_hmap_find(&m, h, eq_key, &k, &got));
+            assert_int_equal(got, (uint32_t)k);
+        }
+    }
+    int k = 3;
+    uint32_t got;
+    assert_false(ms_hmap_find(&m, 0, eq_key, &k, &got));
+    ms_hmap_free(&m);
+    assert_int_equal(m.cap, 0);
+
+    enum { N = 100000 };
+    for (int v = 0; v < N; v++)
+        assert_true(ms_hmap_add(&m, ms_hash_mix((uint64_t)v * 3), (uint32_t)v));
+    m.lookups = m.probes = 0;
+    for (int v = 0; v < 2 * N; v++) {
+        bool hit = ms_hmap_find(&m, ms_hash_mix((uint64_t)v * 3), eq_int, &v, &got);
+        assert_int_equal(hit, v < N);
+        if (hit) assert_int_equal(got, (uint32_t)v);
+    }
+    assert_int_equal(m.lookups, 2 * N);
+    assert_true(m.probes < 3 * m.lookups);
+    ms_hmap_free(&m);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(hardening_safe_str),
     cmocka_unit_test(philox_known_answers),
@@ -362,5 +408,6 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(device_fallback),
     cmocka_unit_test(device_limit),
     cmocka_unit_test(panic_runs_hooks_then_aborts),
+    cmocka_unit_test(hmap_index),
 };
 MT_MAIN("core", tests)
