@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "engine/comm/comm.h"
+#include "engine/core/hmap.h"
 #include "engine/model/strategy.h"
 #include "traces/trace_json.h"
 #include "traces/trace_write.h"
@@ -14,6 +15,9 @@
 #define MAX_GROUPS   65536
 #define STEP_UNKNOWN INT64_MIN /* placeholder until the containing step slice is known */
 
+/* The groups are indexed four ways, so that resolving an event's group costs the same with
+ * 65536 groups as with 2 (a scan per event made large traces quadratic): each index maps a
+ * key to the first group added with it, as the scans in file order did. */
 typedef struct rctx {
     ms_trace *t;
     size_t cap;
@@ -21,6 +25,11 @@ typedef struct rctx {
     char (*pg_names)[64]; /* Kineto's pg_name per group (a unique id there), for matching */
     int32_t next_id;      /* one more than the largest group id so far */
     const char *name;
+    ms_hmap by_name;       /* pg_name */
+    ms_hmap by_name_ranks; /* pg_name and the rank list */
+    ms_hmap by_ranks;      /* the rank list */
+    ms_hmap by_id;         /* the group id */
+    bool nomem;            /* an index could not grow: the read fails */
 } rctx;
 
 static void copy_str(char *dst, size_t cap, const char *src) {
@@ -117,14 +126,95 @@ static int parse_ranks(const tj_doc *d, int node, int32_t *out) {
     return n;
 }
 
-static bool ranks_equal(const ms_group *g, const int32_t *ranks, int n) {
-    if (g->size != n) return false;
-    int k = n < MS_EV_GROUP_MAX ? n : MS_EV_GROUP_MAX;
-    return !memcmp(g->ranks, ranks, sizeof *ranks * (size_t)k);
+static int listed(int32_t size) {
+    return size < 0 ? 0 : size < MS_EV_GROUP_MAX ? size : MS_EV_GROUP_MAX;
 }
 
+static bool ranks_equal(const ms_group *g, const int32_t *ranks, int n) {
+    if (g->size != n) return false;
+    return !memcmp(g->ranks, ranks, sizeof *ranks * (size_t)listed(n));
+}
+
+/* --- the group indexes ------------------------------------------------------------------ */
+
+/* What a lookup compares: the fields that are set (pg NULL: not the name). */
+typedef struct group_key {
+    const rctx *r;
+    const char *pg;
+    const int32_t *ranks;
+    int n;
+    int32_t id;
+} group_key;
+
+static bool eq_name(const void *ctx, uint32_t i) {
+    const group_key *k = ctx;
+    return !strcmp(k->r->pg_names[i], k->pg);
+}
+
+static bool eq_ranks(const void *ctx, uint32_t i) {
+    const group_key *k = ctx;
+    return ranks_equal(&k->r->t->groups[i], k->ranks, k->n);
+}
+
+static bool eq_name_ranks(const void *ctx, uint32_t i) {
+    return eq_name(ctx, i) && eq_ranks(ctx, i);
+}
+
+static bool eq_id(const void *ctx, uint32_t i) {
+    const group_key *k = ctx;
+    return k->r->t->groups[i].id == k->id;
+}
+
+static uint64_t name_hash(const char *pg) {
+    return ms_hash_bytes(MS_HASH_SEED, pg, strlen(pg));
+}
+
+/* Over what ranks_equal compares: the size and the listed ranks. */
+static uint64_t ranks_hash(uint64_t h, const int32_t *ranks, int n) {
+    h = ms_hash_bytes(h, &n, sizeof n);
+    return ms_hash_bytes(h, ranks, sizeof *ranks * (size_t)listed(n));
+}
+
+/* The first group added with key k, or -1. */
+static int find_group(ms_hmap *m, uint64_t h, ms_hmap_eq eq, const group_key *k) {
+    uint32_t i;
+    return ms_hmap_find(m, ms_hash_mix(h), eq, k, &i) ? (int)i : -1;
+}
+
+/* Indexes group i under k unless an earlier group has that key (lookups find the first). */
+static bool index_first(ms_hmap *m, uint64_t h, ms_hmap_eq eq, const group_key *k, int i) {
+    return find_group(m, h, eq, k) >= 0 || ms_hmap_add(m, ms_hash_mix(h), (uint32_t)i);
+}
+
+static bool index_group(rctx *r, int i) {
+    const ms_group *g = &r->t->groups[i];
+    group_key k = {.r = r, .pg = r->pg_names[i], .ranks = g->ranks, .n = g->size, .id = g->id};
+    uint64_t hn = name_hash(k.pg);
+    return index_first(&r->by_name, hn, eq_name, &k, i) &&
+           index_first(&r->by_name_ranks, ranks_hash(hn, k.ranks, k.n), eq_name_ranks, &k, i) &&
+           index_first(&r->by_ranks, ranks_hash(MS_HASH_SEED, k.ranks, k.n), eq_ranks, &k, i) &&
+           index_first(&r->by_id, (uint64_t)(uint32_t)g->id, eq_id, &k, i);
+}
+
+static const ms_group *group_by_id(rctx *r, int32_t id) {
+    group_key k = {.r = r, .id = id};
+    int i = find_group(&r->by_id, (uint64_t)(uint32_t)id, eq_id, &k);
+    return i < 0 ? NULL : &r->t->groups[i];
+}
+
+static void indexes_free(rctx *r) {
+    ms_hmap *m[] = {&r->by_name, &r->by_name_ranks, &r->by_ranks, &r->by_id};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        r->t->n_group_lookups += m[i]->lookups;
+        r->t->n_group_probes += m[i]->probes;
+        ms_hmap_free(m[i]);
+    }
+}
+
+/* --- adding and resolving groups ------------------------------------------------------ */
+
 /* Adds a group; returns its index or -1 (table full, or out of memory: such collectives just
- * lose their group, the trace still reads). */
+ * lose their group, the trace still reads; an index that cannot grow fails the read). */
 static int add_group(rctx *r, const ms_group *g, const char *pg_name) {
     ms_trace *t = r->t;
     if (t->n_groups >= MAX_GROUPS) return -1;
@@ -141,6 +231,7 @@ static int add_group(rctx *r, const ms_group *g, const char *pg_name) {
     t->groups[t->n_groups] = *g;
     if (g->id >= r->next_id) r->next_id = g->id < INT32_MAX ? g->id + 1 : INT32_MAX;
     copy_str(r->pg_names[t->n_groups], sizeof r->pg_names[0], pg_name);
+    if (!index_group(r, t->n_groups)) r->nomem = true;
     return t->n_groups++;
 }
 
@@ -166,22 +257,26 @@ static void read_pg_config(rctx *r, const tj_doc *d, int arr) {
     }
 }
 
-/* The group of a foreign collective: by Kineto's pg_name, else by its ranks, else a new one. */
+/* The group of a foreign collective: by Kineto's pg_name (and its ranks, when given), else by
+ * its ranks, else a new one. */
 static int32_t resolve_group(rctx *r, const tj_doc *d, int args) {
-    ms_trace *t = r->t;
     const char *pg = tj_str(d, tj_get(d, args, "Process Group Name"));
     int32_t ranks[MS_EV_GROUP_MAX];
     int n = parse_ranks(d, tj_get(d, args, "Process Group Ranks"), ranks);
-    for (int i = 0; pg && i < t->n_groups; i++)
-        if (!strcmp(r->pg_names[i], pg) && (n == 0 || ranks_equal(&t->groups[i], ranks, n)))
-            return t->groups[i].id;
-    if (n == 0) return -1;
-    for (int i = 0; i < t->n_groups; i++)
-        if (ranks_equal(&t->groups[i], ranks, n)) return t->groups[i].id;
+    group_key k = {.r = r, .pg = pg, .ranks = ranks, .n = n};
+    int i = -1;
+    if (pg) {
+        uint64_t hn = name_hash(pg);
+        i = n == 0 ? find_group(&r->by_name, hn, eq_name, &k)
+                   : find_group(&r->by_name_ranks, ranks_hash(hn, ranks, n), eq_name_ranks, &k);
+    }
+    if (i < 0 && n == 0) return -1;
+    if (i < 0) i = find_group(&r->by_ranks, ranks_hash(MS_HASH_SEED, ranks, n), eq_ranks, &k);
+    if (i >= 0) return r->t->groups[i].id;
     ms_group g = {.id = r->next_id, .size = n};
-    memcpy(g.ranks, ranks, sizeof *ranks * (size_t)(n < MS_EV_GROUP_MAX ? n : MS_EV_GROUP_MAX));
+    memcpy(g.ranks, ranks, sizeof *ranks * (size_t)listed(n));
     copy_str(g.name, sizeof g.name, pg && *pg ? pg : "pg");
-    int i = add_group(r, &g, pg ? pg : "");
+    i = add_group(r, &g, pg ? pg : "");
     return i < 0 ? -1 : g.id;
 }
 
@@ -598,13 +693,9 @@ static ms_status finish(rctx *r, ms_error *err) {
         }
         if (e->kind == MS_EV_COLL && e->u.coll.group_rank < 0) {
             e->u.coll.group_rank = 0;
-            for (int g = 0; g < t->n_groups; g++) {
-                const ms_group *gr = &t->groups[g];
-                if (gr->id != e->u.coll.group) continue;
-                for (int k = 0; k < gr->size && k < MS_EV_GROUP_MAX; k++)
-                    if (gr->ranks[k] == e->rank) e->u.coll.group_rank = k;
-                break;
-            }
+            const ms_group *gr = group_by_id(r, e->u.coll.group);
+            for (int k = 0; gr && k < listed(gr->size); k++)
+                if (gr->ranks[k] == e->rank) e->u.coll.group_rank = k;
         }
     }
     return infer_steps(t, err);
@@ -615,7 +706,11 @@ static ms_status read_src(tj_src *s, ms_trace *out, ms_error *err) {
     rctx r = {.t = out, .name = s->name};
     tj_handler h = {.user = &r, .want_meta = want_meta, .meta = on_meta, .event = on_event};
     ms_status st = tj_scan_trace(s, &h, err);
+    if (st == MS_OK && r.nomem)
+        st = ms_fail(err, MS_ERR_NOMEM, "%s: out of memory indexing %d groups", s->name,
+                     out->n_groups);
     if (st == MS_OK) st = finish(&r, err);
+    indexes_free(&r);
     free(r.pg_names);
     if (st != MS_OK) ms_trace_free(out);
     return st;

@@ -47,6 +47,10 @@ typedef struct ms_trace {
     bool meshscope;        /* written by meshscope (trace_write.h) */
     size_t n_trace_events; /* elements of traceEvents */
     size_t n_ignored;      /* of those, not turned into events */
+    /* The reader's group lookups (by name, ranks or id: a few per foreign collective) and the
+     * hash-table slots they examined, about two per lookup however many groups there are:
+     * tests hold the reader to constant work per event with these. */
+    uint64_t n_group_lookups, n_group_probes;
 } ms_trace;
 
 ms_status ms_trace_read(const char *path, ms_trace *out, ms_error *err);
