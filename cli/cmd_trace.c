@@ -19,6 +19,7 @@
 #include "engine/core/xalloc.h"
 #include "profiler/analysis.h"
 #include "traces/trace_check.h"
+#include "traces/trace_merge.h"
 #include "traces/trace_read.h"
 #include "traces/trace_write.h"
 
@@ -42,27 +43,33 @@ static void usage(FILE *f) {
 
 /* --- merge ----------------------------------------------------------------------------- */
 
-typedef struct merged {
-    ms_event *ev;
-    size_t n, cap;
-    ms_group *groups;
-    int n_groups;
-} merged;
-
-/* The merged id of group g: an equal group (name, size, ranks) already merged, or a new one. */
-static int32_t merge_group(merged *m, const ms_group *g) {
-    for (int i = 0; i < m->n_groups; i++) {
-        const ms_group *h = &m->groups[i];
-        int k = g->size < MS_EV_GROUP_MAX ? g->size : MS_EV_GROUP_MAX;
-        if (h->size == g->size && !strncmp(h->name, g->name, sizeof h->name) &&
-            !memcmp(h->ranks, g->ranks, sizeof *g->ranks * (size_t)(k > 0 ? k : 0)))
-            return h->id;
+/* Every event's rank is a plausible one and in no earlier file (owner: the input index per
+ * rank seen so far); false after saying which rule an event broke. */
+static bool check_ranks(const ms_trace *t, const char **in, int i, int32_t **owner,
+                        int32_t *n_owner) {
+    for (size_t k = 0; k < t->n_events; k++) {
+        int32_t rank = t->events[k].rank;
+        if (rank < 0 || rank >= 1 << 20) {
+            fprintf(stderr, "meshscope trace merge: %s: event %zu has rank %d\n", in[i], k,
+                    (int)rank);
+            return false;
+        }
+        if (rank >= *n_owner) {
+            int32_t nn = rank + 1;
+            *owner = xrealloc(*owner, sizeof **owner * (size_t)nn);
+            for (int32_t r = *n_owner; r < nn; r++) (*owner)[r] = -1;
+            *n_owner = nn;
+        }
+        if ((*owner)[rank] < 0) (*owner)[rank] = i;
+        if ((*owner)[rank] != i) {
+            fprintf(stderr,
+                    "meshscope trace merge: rank %d is in both %s and %s; merge takes one "
+                    "file per rank\n",
+                    (int)rank, in[(*owner)[rank]], in[i]);
+            return false;
+        }
     }
-    m->groups = xrealloc(m->groups, sizeof *m->groups * (size_t)(m->n_groups + 1));
-    ms_group *h = &m->groups[m->n_groups];
-    *h = *g;
-    h->id = m->n_groups++;
-    return h->id;
+    return true;
 }
 
 static int cmd_merge(int argc, char **argv) {
@@ -108,7 +115,7 @@ static int cmd_merge(int argc, char **argv) {
             }
         }
     }
-    merged m = {0};
+    ms_trace_merge m = {0};
     int32_t *owner = NULL; /* input index per rank seen, for the duplicate-rank check */
     int32_t n_owner = 0;
     char backend[32] = "";
@@ -128,65 +135,32 @@ static int cmd_merge(int argc, char **argv) {
             ms_trace_free(&t);
             goto done;
         }
-        /* Group ids are per file (each rank numbers its own); map them to merged ids. */
-        int32_t *gmap = xmalloc(sizeof *gmap * (size_t)(t.n_groups + 1));
-        for (int g = 0; g < t.n_groups; g++) gmap[g] = merge_group(&m, &t.groups[g]);
-        for (size_t k = 0; k < t.n_events; k++) {
-            ms_event e = t.events[k];
-            if (e.rank < 0 || e.rank >= 1 << 20) {
-                fprintf(stderr, "meshscope trace merge: %s: event %zu has rank %d\n", in[i], k,
-                        (int)e.rank);
-                free(gmap);
-                ms_trace_free(&t);
-                goto done;
-            }
-            if (e.rank >= n_owner) {
-                int32_t nn = e.rank + 1;
-                owner = xrealloc(owner, sizeof *owner * (size_t)nn);
-                for (int32_t r = n_owner; r < nn; r++) owner[r] = -1;
-                n_owner = nn;
-            }
-            if (owner[e.rank] < 0) owner[e.rank] = i;
-            if (owner[e.rank] != i) {
-                fprintf(stderr,
-                        "meshscope trace merge: rank %d is in both %s and %s; merge takes one "
-                        "file per rank\n",
-                        (int)e.rank, in[owner[e.rank]], in[i]);
-                free(gmap);
-                ms_trace_free(&t);
-                goto done;
-            }
-            if (e.kind == MS_EV_COLL) {
-                int32_t id = -1;
-                for (int g = 0; g < t.n_groups; g++)
-                    if (t.groups[g].id == e.u.coll.group) id = gmap[g];
-                e.u.coll.group = id;
-            }
-            if (m.n == m.cap) {
-                m.cap = m.cap ? m.cap * 2 : 4096;
-                m.ev = xrealloc(m.ev, sizeof *m.ev * m.cap);
-            }
-            m.ev[m.n++] = e;
+        if (!check_ranks(&t, in, i, &owner, &n_owner)) {
+            ms_trace_free(&t);
+            goto done;
+        }
+        if (ms_trace_merge_add(&m, &t, &err) != MS_OK) {
+            fprintf(stderr, "meshscope trace merge: %s: %s\n", in[i], err.msg);
+            ms_trace_free(&t);
+            goto done;
         }
         if (!backend[0]) snprintf(backend, sizeof backend, "%s", t.backend);
         if (t.world_size > world) world = t.world_size;
-        free(gmap);
         ms_trace_free(&t);
     }
     if (n_owner > world) world = n_owner;
     ms_trace_meta meta = {.backend = backend[0] ? backend : NULL, .rank = 0, .world_size = world};
     ms_error err = {0};
-    if (ms_trace_write(out, m.ev, m.n, m.groups, m.n_groups, &meta, &err) != MS_OK) {
+    if (ms_trace_write(out, m.events, m.n_events, m.groups, m.n_groups, &meta, &err) != MS_OK) {
         fprintf(stderr, "meshscope trace merge: %s\n", err.msg);
         goto done;
     }
-    printf("%s: %zu events from %d file%s, %d rank%s, %d group%s\n", out, m.n, nin,
+    printf("%s: %zu events from %d file%s, %d rank%s, %d group%s\n", out, m.n_events, nin,
            nin == 1 ? "" : "s", n_owner, n_owner == 1 ? "" : "s", m.n_groups,
            m.n_groups == 1 ? "" : "s");
     rc = 0;
 done:
-    free(m.ev);
-    free(m.groups);
+    ms_trace_merge_free(&m);
     free(owner);
     free(in);
     return rc;
