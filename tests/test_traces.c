@@ -20,6 +20,7 @@
 #include "profiler/gpu_attribute.h"
 #include "tests/testkit.h"
 #include "traces/trace_check.h"
+#include "traces/trace_merge.h"
 #include "traces/trace_read.h"
 #include "traces/trace_write.h"
 
@@ -1277,6 +1278,181 @@ static void cli(void **state) {
     assert_int_equal(run_cmd(4, u7), 2);
 }
 
+/* --- many process groups -------------------------------------------------------------- */
+
+/* A Kineto trace of rank 0 with MANY_GROUPS process groups named "0", "1", ... (Kineto's
+ * pg_name is an id): the first half listed in pg_config, [0, p]; the other half only named
+ * by the collectives, each with rank list [0, a, b] of its own. MANY_COLLS all-reduces go
+ * round the groups in order, group g's with 1 + g float elements. */
+#define MANY_GROUPS 65536
+#define MANY_COLLS  (4 * MANY_GROUPS)
+#define MANY_LISTED (MANY_GROUPS / 2)
+
+static int many_ranks(int g, int32_t *r) {
+    r[0] = 0;
+    if (g < MANY_LISTED) {
+        r[1] = 1 + g % 255;
+        return 2;
+    }
+    int j = g - MANY_LISTED;
+    r[1] = 1 + j % 255;
+    r[2] = 1 + j / 255;
+    return 3;
+}
+
+static void put_ranks(FILE *f, int g) {
+    int32_t r[3];
+    int n = many_ranks(g, r);
+    fputc('[', f);
+    for (int k = 0; k < n; k++) fprintf(f, "%s%d", k ? ", " : "", (int)r[k]);
+    fputc(']', f);
+}
+
+static void write_many_groups(const char *path) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"schemaVersion\": 1, \"distributedInfo\": {\"backend\": \"nccl\", \"rank\": 0,"
+               " \"world_size\": 256, \"pg_config\": [");
+    for (int g = 0; g < MANY_LISTED; g++) {
+        fprintf(f,
+                "%s\n{\"pg_name\": \"%d\", \"pg_desc\": \"undefined\", \"pg_size\": 2, \"ranks\": ",
+                g ? "," : "", g);
+        put_ranks(f, g);
+        fputc('}', f);
+    }
+    fprintf(f,
+            "]},\n\"traceEvents\": [\n{\"ph\": \"X\", \"cat\": \"user_annotation\", \"name\": "
+            "\"ProfilerStep#1\", \"pid\": 1, \"tid\": 1, \"ts\": 0, \"dur\": %d}",
+            2 * MANY_COLLS + 2);
+    for (int i = 0; i < MANY_COLLS; i++) {
+        int g = i % MANY_GROUPS;
+        int32_t r[3];
+        fprintf(f,
+                ",\n{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"ncclDevKernel_AllReduce\", "
+                "\"pid\": 0, \"tid\": 7, \"ts\": %d, \"dur\": 1, \"args\": {\"Collective name\": "
+                "\"allreduce\", \"In msg nelems\": %d, \"Out msg nelems\": %d, \"Group size\": %d, "
+                "\"dtype\": \"Float\", \"Process Group Name\": \"%d\", \"Process Group Ranks\": \"",
+                2 * i + 1, 1 + g, 1 + g, many_ranks(g, r), g);
+        put_ranks(f, g);
+        fprintf(f, "\"}}");
+    }
+    fprintf(f, "\n], \"baseTimeNanoseconds\": 1000}\n");
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Every collective of t on the group the file named, with its bytes: g's ids, names and rank
+ * lists as written, and the bytes per group summed. */
+static void check_many_groups(const ms_trace *t) {
+    assert_int_equal(t->n_groups, MANY_GROUPS);
+    const ms_group **by_id = calloc(MANY_GROUPS, sizeof *by_id);
+    uint64_t *bytes = calloc(MANY_GROUPS, sizeof *bytes);
+    assert_true(by_id && bytes);
+    for (int i = 0; i < t->n_groups; i++) {
+        const ms_group *g = &t->groups[i];
+        assert_true(g->id >= 0 && g->id < MANY_GROUPS && !by_id[g->id]);
+        by_id[g->id] = g;
+    }
+    size_t n_coll = 0;
+    for (size_t i = 0; i < t->n_events; i++) {
+        const ms_event *e = &t->events[i];
+        if (e->kind != MS_EV_COLL) continue;
+        int want = (int)(n_coll++ % MANY_GROUPS);
+        assert_true(e->u.coll.group >= 0 && e->u.coll.group < MANY_GROUPS);
+        const ms_group *g = by_id[e->u.coll.group];
+        char name[16];
+        snprintf(name, sizeof name, "%d", want);
+        if (strcmp(g->name, name))
+            fail_msg("collective %zu on group '%s', not '%s'", i, g->name, name);
+        int32_t r[3];
+        assert_int_equal(g->size, many_ranks(want, r));
+        assert_memory_equal(g->ranks, r, sizeof *r * (size_t)g->size);
+        assert_int_equal(e->u.coll.group_rank, 0);
+        bytes[want] += e->u.coll.bytes;
+    }
+    assert_int_equal(n_coll, MANY_COLLS);
+    for (int g = 0; g < MANY_GROUPS; g++)
+        if (bytes[g] != (uint64_t)(MANY_COLLS / MANY_GROUPS) * 4 * (uint64_t)(1 + g))
+            fail_msg("group %d: %llu bytes", g, (unsigned long long)bytes[g]);
+    free(by_id);
+    free(bytes);
+}
+
+/* Runs `meshscope trace ARGS` with its standard output in the file out. */
+static int run_cmd_to(int argc, const char **argv, const char *out) {
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    FILE *f = fopen(out, "w");
+    assert_true(saved >= 0 && f);
+    dup2(fileno(f), STDOUT_FILENO);
+    int rc = run_cmd(argc, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    fclose(f);
+    return rc;
+}
+
+/* Group resolution once scanned every known group for each collective (and the merge every
+ * group for each event): with 65536 groups, `trace summary` of a million collectives took
+ * minutes where `trace check` took a second. The lookups are hashed now. The work is asserted
+ * as a count, not a time: a few lookups per collective and under 3 table slots per lookup,
+ * where a scan compared some 32768 names per collective. (Were a scan back, the read alone
+ * would also take minutes, past the test's timeout.) */
+static void hardening_many_groups(void **state) {
+    (void)state;
+    char path[128], merged[128], text[128];
+    path_in(path, sizeof path, "many-groups.json");
+    path_in(merged, sizeof merged, "many-groups-merged.json");
+    path_in(text, sizeof text, "many-groups.txt");
+    write_many_groups(path);
+    ms_trace t;
+    ms_error err = {0};
+    if (ms_trace_read(path, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(t.n_events, MANY_COLLS + 1);
+    check_many_groups(&t);
+    printf("read: %llu group lookups, %llu probes for %d collectives\n",
+           (unsigned long long)t.n_group_lookups, (unsigned long long)t.n_group_probes, MANY_COLLS);
+    assert_true(t.n_group_lookups >= MANY_COLLS && t.n_group_lookups <= 4 * (uint64_t)MANY_COLLS);
+    assert_true(t.n_group_probes <= 3 * t.n_group_lookups);
+
+    /* The merge maps each event's group through the same kind of index. */
+    ms_trace_merge m = {0};
+    if (ms_trace_merge_add(&m, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(m.n_groups, MANY_GROUPS);
+    assert_int_equal(m.n_events, t.n_events);
+    printf("merge: %llu group lookups, %llu probes\n", (unsigned long long)m.n_group_lookups,
+           (unsigned long long)m.n_group_probes);
+    assert_true(m.n_group_lookups <= 2 * (uint64_t)MANY_COLLS);
+    assert_true(m.n_group_probes <= 3 * m.n_group_lookups);
+    ms_trace_merge_free(&m);
+    ms_trace_free(&t);
+
+    /* The commands: the summary counts every group and collective; the merged file has them
+     * all, each collective on its group with its bytes. */
+    const char *summary[] = {"trace", "summary", path};
+    assert_int_equal(run_cmd_to(3, summary, text), 0);
+    char *out = slurp(text, NULL);
+    char want[320];
+    snprintf(want, sizeof want, "%s: %d events read (%d trace events, 0 not used), %d groups", path,
+             MANY_COLLS + 1, MANY_COLLS + 1, MANY_GROUPS);
+    if (!strstr(out, want)) fail_msg("the summary does not say \"%s\"", want);
+    free(out);
+    const char *merge[] = {"trace", "merge", path, "-o", merged};
+    assert_int_equal(run_cmd_to(5, merge, text), 0);
+    out = slurp(text, NULL);
+    snprintf(want, sizeof want, "%s: %d events from 1 file, 1 rank, %d groups", merged,
+             MANY_COLLS + 1, MANY_GROUPS);
+    if (!strstr(out, want)) fail_msg("the merge does not say \"%s\": %s", want, out);
+    free(out);
+    if (ms_trace_read(merged, &t, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_true(t.meshscope);
+    check_many_groups(&t);
+    ms_trace_free(&t);
+    unlink(path);
+    unlink(merged);
+    unlink(text);
+}
+
 /* GPU activity as CUPTI delivers it: kernels and a copy on two streams of one GPU, runtime
  * calls on the host, correlated with the engine ops that launched them; one copy launched
  * outside any op; all stamped with the collector's rank (0) and a late step (9). */
@@ -1418,6 +1594,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(strategy_text_from_groups),
     cmocka_unit_test(hardening_negative_counts),
     cmocka_unit_test(hardening_trace_strings_escaped),
+    cmocka_unit_test(hardening_many_groups),
 };
 
 int main(int argc, char **argv) {
