@@ -1,5 +1,5 @@
-/* cmd_serve.c - `meshscope serve TRACE.json [--web HOST:PORT]`: the dashboard over a trace
- * file instead of a running job.
+/* cmd_serve.c - `meshscope serve TRACE.json [--web HOST:PORT] [--web-token-file FILE]`: the
+ * dashboard over a trace file instead of a running job.
  *
  * The trace's events and groups go into a live model (info.live = false, so the control
  * routes answer 409), which analyses every step of the file at once; the step slices of the
@@ -104,12 +104,15 @@ static ms_status trace_live(const char *path, const ms_trace *t, ms_live **out, 
 }
 
 int ms_cmd_serve(int argc, char **argv) {
-    const char *pos[1], *web = "127.0.0.1:0";
+    const char *pos[1], *web = "127.0.0.1:0", *token_file = NULL;
     const ms_option opts[] = {
         MS_TEXT("web", "HOST:PORT", &web, "where to serve (default 127.0.0.1:0, any free port)"),
+        MS_TEXT("web-token-file", "FILE", &token_file,
+                "write the dashboard's token to FILE (mode 0600, removed at exit), for "
+                "meshscope top --token-file FILE"),
     };
     const ms_opts_cmd cmd = {.name = "serve",
-                             .synopsis = "TRACE.json [--web HOST:PORT]",
+                             .synopsis = "TRACE.json [--web HOST:PORT] [--web-token-file FILE]",
                              .about = "Serves the web dashboard over a trace file and prints its "
                                       "URL; Ctrl-C stops.",
                              MS_OPTS_TABLE(opts),
@@ -149,7 +152,7 @@ int ms_cmd_serve(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    ms_web_opts wo = {.host = host, .port = port};
+    ms_web_opts wo = {.host = host, .port = port, .token_file = token_file};
     ms_web *w = NULL;
     if (ms_web_start(live, &wo, &w, &err) != MS_OK) {
         fprintf(stderr, "meshscope serve: %s\n", err.msg);

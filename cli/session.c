@@ -97,6 +97,13 @@ static int run_opts_settle(run_cmd cmd, const char *name, run_opts *o) {
                 name, st->dp, st->tp, st->pp, st->cp, MS_MESH_MAX_RANKS, MS_MESH_MAX_RANKS);
         return 2;
     }
+    if (o->web_token_file && !o->web) {
+        fprintf(stderr,
+                "meshscope %s: --web-token-file goes with --web HOST:PORT (the dashboard "
+                "whose token it holds)\n",
+                name);
+        return 2;
+    }
     if (o->min_lr > o->lr) o->min_lr = o->lr;
     return MS_OPTS_PROCEED;
 }
@@ -176,6 +183,9 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
          MS_INT("trace-from", "N", &o->trace_from, 0, 100000000, "first traced step (default 0)")},
         {RUN_TRAIN,
          MS_TEXT("web", "HOST:PORT", &o->web, "serve the live dashboard (port 0: any free port)")},
+        {RUN_TRAIN, MS_TEXT("web-token-file", "FILE", &o->web_token_file,
+                            "with --web: write the dashboard's token to FILE (mode 0600, removed "
+                            "at exit), for meshscope top --token-file FILE")},
         {RUN_TRAIN, MS_FLAG("tui", &o->tui, "the terminal view of the running job")},
         {RUN_TRAIN, MS_TEXT("switch", "STEP:STRATEGY", &o->switch_spec,
                             "switch to STRATEGY (JSON text or file) at step STEP")},

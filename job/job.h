@@ -22,6 +22,7 @@ typedef struct run_opts {
     const char *save_dir, *resume; /* --save-dir, --resume: distributed checkpoints */
     int save_every, keep;          /* --save-every (0: at the end), --keep (0: 3) */
     const char *web;               /* --web HOST:PORT: serve the dashboard */
+    const char *web_token_file;    /* --web-token-file: its token there, mode 0600 */
     const char *switch_spec;       /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
     bool tui;                      /* --tui: the terminal view */
     double advise_threshold;       /* suggest strategies predicted at least this much faster */

@@ -250,7 +250,7 @@ ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms
     if (st == MS_OK) st = ms_live_start(j->live, err);
     if (st == MS_OK && o->web) {
         char host[64];
-        ms_web_opts wo = {0};
+        ms_web_opts wo = {.token_file = o->web_token_file};
         st = ms_web_parse_hostport(o->web, host, sizeof host, &wo.port, err);
         wo.host = host;
         if (st == MS_OK) st = ms_web_start(j->live, &wo, &j->web, err);

@@ -277,8 +277,8 @@ help_lists "train" --model --data --strategy --dp --tp --pp --cp --sp --head-rep
   --micro-batches --schedule \
   --virtual-stages --zero --recompute --bucket-mb --backend --steps --seed --batch \
   --seq --lr --min-lr --warmup --weight-decay --clip --log-jsonl --save --sample --log-every \
-  --eval-every --val-fraction --threads --trace --trace-from --web --tui --switch \
-  --advise-threshold --memory-cap --offload --offload-serial --help
+  --eval-every --val-fraction --threads --trace --trace-from --web --web-token-file --tui \
+  --switch --advise-threshold --memory-cap --offload --offload-serial --help
 help_lists "eval" --model --checkpoint --data --batch --seq --batches --dp --tp --pp --cp --sp \
   --micro-batches --schedule --virtual-stages --zero --recompute --bucket-mb --strategy --backend \
   --help

@@ -25,8 +25,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -535,6 +538,35 @@ static bool is_wildcard(const struct sockaddr_storage *ss) {
     return !memcmp(&((const struct sockaddr_in6 *)ss)->sin6_addr, &in6addr_any, sizeof in6addr_any);
 }
 
+/* The token on one line of path, readable by this user alone. Opened without following a
+ * link, and refused unless a regular file of this user's, so that the secret never goes
+ * through a link or into a file someone else can already read; its mode is set to 0600
+ * before anything is written, whatever it was. */
+static ms_status write_token_file(const char *path, const char *token, ms_error *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    struct stat sb;
+    const char *why = NULL;
+    if (fd < 0)
+        why = errno == ELOOP ? "it is a symbolic link" : strerror(errno);
+    else if (fstat(fd, &sb) != 0)
+        why = strerror(errno);
+    else if (!S_ISREG(sb.st_mode))
+        why = "not a regular file";
+    else if (sb.st_uid != geteuid())
+        why = "it belongs to another user";
+    else if (fchmod(fd, 0600) != 0 || ftruncate(fd, 0) != 0)
+        why = strerror(errno);
+    size_t n = strlen(token);
+    if (!why && (write(fd, token, n) != (ssize_t)n || write(fd, "\n", 1) != 1))
+        why = strerror(errno);
+    if (fd >= 0 && close(fd) != 0 && !why) why = strerror(errno);
+    if (why)
+        return ms_fail(err, MS_ERR_IO,
+                       "web: cannot write the token file %s: %s (name a new file of yours)", path,
+                       why);
+    return MS_OK;
+}
+
 ms_status ms_web_start(ms_live *live, const ms_web_opts *opts, ms_web **out, ms_error *err) {
     *out = NULL;
     ms_web_opts o = opts ? *opts : (ms_web_opts){0};
@@ -630,6 +662,15 @@ ms_status ms_web_start(ms_live *live, const ms_web_opts *opts, ms_web **out, ms_
     snprintf(w->cookie_name, sizeof w->cookie_name, "meshscope_%d", w->port);
     snprintf(w->url, sizeof w->url, "http://%s:%d/?token=%s", w->url_host, w->port, w->token);
     st = ms_web_sse_start(w, err);
+    if (st == MS_OK && o.token_file) {
+        w->token_file = strdup(o.token_file);
+        st = w->token_file ? write_token_file(w->token_file, w->token, err)
+                           : ms_fail(err, MS_ERR_NOMEM, "web: out of memory");
+        if (st != MS_OK) { /* not ours to remove: it may be another's file */
+            free(w->token_file);
+            w->token_file = NULL;
+        }
+    }
     if (st != MS_OK) {
         ms_web_stop(w);
         return st;
@@ -650,6 +691,8 @@ const char *ms_web_token(const ms_web *w) {
 
 void ms_web_stop(ms_web *w) {
     if (!w) return;
+    if (w->token_file) unlink(w->token_file); /* the token dies with the server */
+    free(w->token_file);
     ms_web_sse_stop(w);
     reaper_stop(w);
     /* Closes every connection; the CLOSED notifications empty w->conns. */

@@ -28,6 +28,9 @@ typedef struct ms_web_opts {
     int max_per_ip;    /* 0: 128; likewise */
     int timeout_s;     /* idle timeout, and the most a request may take to arrive; 0: 10 */
     size_t body_cap;   /* request body bytes; 0: 64 KiB */
+    /* Where to write the token for `meshscope top --token-file` (NULL: nowhere): one line,
+     * mode 0600, a regular file of this user's; removed when the server stops. */
+    const char *token_file;
 } ms_web_opts;
 
 /* Parses "HOST:PORT" (or ":PORT", or "PORT") into host (cap bytes) and port. Errors name
@@ -35,7 +38,7 @@ typedef struct ms_web_opts {
 ms_status ms_web_parse_hostport(const char *text, char *host, size_t cap, int *port, ms_error *err);
 
 /* Starts serving live (borrowed). Fails with MS_ERR_IO naming the address when it cannot
- * bind. */
+ * bind, or naming the token file when it cannot write it. */
 ms_status ms_web_start(ms_live *live, const ms_web_opts *opts, ms_web **out, ms_error *err);
 /* "http://127.0.0.1:PORT/?token=TOKEN" */
 const char *ms_web_url(const ms_web *w);

@@ -64,6 +64,7 @@ struct ms_web {
     char session[MS_WEB_TOKEN_LEN + 1]; /* the cookie's value, given for the token */
     char cookie_name[32];               /* "meshscope_PORT" */
     char url[192];
+    char *token_file; /* written at start, removed at stop; NULL: none */
     size_t body_cap;
 
     pthread_mutex_t mu;
