@@ -292,8 +292,8 @@ help_lists "bench gemm" --m --n --k --ta --tb --backward --threads --iters --rep
 help_lists "trace merge" --output --help
 help_lists "trace summary" --steps --help
 help_lists "trace check" --help
-help_lists "serve" --web --help
-help_lists "top" --token --interval --read-only --help
+help_lists "serve" --web --web-token-file --help
+help_lists "top" --token-file --token --interval --read-only --help
 help_lists "plan" --model --cluster --devices --global-batch --seq --dtype --evaluate --top \
   --executable-only --json --recalibrate --help
 expect_rc 0 "meshscope --help lists commands" "bench gemm" "$bin" --help

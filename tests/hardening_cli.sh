@@ -2,8 +2,10 @@
 # Regression checks of the command line for input hardening: data whose bytes the vocabulary
 # does not hold, a model key that is refused, eval of NaN weights (valid JSON and a non-zero
 # exit), a tensor name with terminal escapes (shown escaped), serve on a trace with no usable
-# events (an empty dashboard), the umask deciding the mode of a checkpoint and a trace, and
-# meshscope doctor on crafted flight dumps (many, a FIFO, a huge file).
+# events (an empty dashboard), the umask deciding the mode of a checkpoint and a trace,
+# meshscope doctor on crafted flight dumps (many, a FIFO, a huge file), and the dashboard's
+# token kept out of command lines (serve --web-token-file; top --token-file, --token -,
+# MESHSCOPE_TOKEN; a warning for the forms that show it in ps; bad token files refused).
 # Usage: hardening_cli.sh path/to/meshscope
 set -u
 bin=$1
@@ -145,6 +147,109 @@ else
   bad "doctor on a 1 GB file (exit $rc): $(head -3 <<<"$out")"
 fi
 rm -rf "$fl"
+
+# 8. The dashboard's token out of command lines (every local user reads them: ps). serve
+# writes it to a file of mode 0600 and removes it when it stops; top takes it from that file,
+# from standard input or from MESHSCOPE_TOKEN, and authenticates. Without a terminal top stops
+# after its first snapshot: "answers" says the dashboard took the token, "refused" that it did
+# not. The forms that put it in a command line still work, with a warning.
+unset MESHSCOPE_TOKEN # the cases set it where they mean to
+"$bin" serve "$tmp/empty-trace.json" --web 127.0.0.1:0 --web-token-file "$tmp/tok" \
+  >"$tmp/serve-tok.out" 2>"$tmp/serve-tok.err" &
+pid=$!
+url=$(dashboard_url "$tmp/serve-tok.out" "$pid" 100)
+base=${url%%/\?*}
+token=${url##*token=}
+# top_case NAME WANT-RC WANT-TEXT WARNING [VAR=VALUE...] -- ARGS...: top's exit code and
+# output, with stdin from $top_in (default /dev/null). WARNING: ps (the command-line one),
+# none, or any.
+top_case() {
+  local name=$1 want_rc=$2 want=$3 warn=$4 out rc env=() warned=yes
+  shift 4
+  while [ "$1" != -- ]; do env+=("$1"); shift; done
+  shift
+  out=$(env "${env[@]}" timeout 30 "$bin" top "$@" <"${top_in:-/dev/null}" 2>&1)
+  rc=$?
+  case $warn in
+    ps) grep -q 'warning: .*can read (ps)' <<<"$out" || warned=no ;;
+    none) ! grep -q 'warning' <<<"$out" || warned=no ;;
+  esac
+  if [ "$rc" -eq "$want_rc" ] && grep -qF -- "$want" <<<"$out" && [ "$warned" = yes ]; then
+    ok "top: $name"
+  else
+    bad "top: $name (exit $rc, wanted $want_rc and '$want', warning $warn): $out"
+  fi
+}
+answers="$base answers, but this is not a terminal"
+if [ -z "$url" ]; then
+  bad "serve --web-token-file: no dashboard line: $(head -3 "$tmp/serve-tok.err")"
+else
+  mode=$(stat -c %a "$tmp/tok" 2>/dev/null)
+  if [ "$mode" = 600 ] && [ "$(cat "$tmp/tok")" = "$token" ]; then
+    ok "serve --web-token-file: the token, mode 600"
+  else
+    bad "serve --web-token-file: mode '$mode', '$(cat "$tmp/tok" 2>&1)' for $token"
+  fi
+  top_case "--token-file" 1 "$answers" none -- "$base" --token-file "$tmp/tok"
+  top_case "MESHSCOPE_TOKEN" 1 "$answers" none MESHSCOPE_TOKEN="$token" -- "$base"
+  top_in="$tmp/tok" top_case "--token - (standard input)" 1 "$answers" none -- "$base" --token -
+  printf 'wrong0123456789abcdef\n' >"$tmp/wrong"
+  chmod 600 "$tmp/wrong"
+  top_case "a wrong --token-file is refused" 1 "$base refused the token" none -- \
+    "$base" --token-file "$tmp/wrong"
+  top_case "a wrong MESHSCOPE_TOKEN is refused" 1 "$base refused the token" none \
+    MESHSCOPE_TOKEN=wrong0123456789 -- "$base"
+  top_case "no token is refused" 1 "refused a request without a token" none -- "$base"
+  top_case "?token= in the URL: a warning" 1 "$answers" ps -- "$url"
+  top_case "--token TOKEN: a warning" 1 "$answers" ps -- "$base" --token "$token"
+  top_case "--token-file before the URL's token" 1 "$answers" ps -- \
+    "$base/?token=wrong0123456789" --token-file "$tmp/tok"
+  top_case "the URL's token before MESHSCOPE_TOKEN" 1 "$answers" ps \
+    MESHSCOPE_TOKEN=wrong0123456789 -- "$url"
+  # Token files that are not one: each a one-line error naming the file and the fix, exit 2.
+  : >"$tmp/empty-tok"
+  mkfifo "$tmp/fifo-tok"
+  head -c 5000 /dev/zero | tr '\0' a >"$tmp/big-tok"
+  head -c 300 /dev/zero | tr '\0' a >"$tmp/long-tok"
+  chmod 600 "$tmp/empty-tok" "$tmp/long-tok"
+  refused_file() { top_case "$1" 2 "$3" none -- "$base" --token-file "$2"; } # NAME FILE WANT
+  refused_file "an empty token file" "$tmp/empty-tok" "--token-file $tmp/empty-tok is empty"
+  refused_file "a FIFO as token file" "$tmp/fifo-tok" "$tmp/fifo-tok: is a FIFO, not a regular file"
+  refused_file "a folder as token file" "$tmp" "$tmp: is a folder, not a regular file"
+  refused_file "a 5000-byte token file" "$tmp/big-tok" "is 5000 bytes, more than the 4096-byte limit"
+  refused_file "a 300-character token" "$tmp/long-tok" "is longer than 256 characters"
+  refused_file "a missing token file" "$tmp/none" "$tmp/none: cannot open: No such file or directory"
+  top_case "an empty MESHSCOPE_TOKEN" 2 "the token from MESHSCOPE_TOKEN is empty" none \
+    MESHSCOPE_TOKEN= -- "$base"
+  top_case "--token-file and --token both" 2 "give the token one way" none -- \
+    "$base" --token-file "$tmp/tok" --token "$token"
+  if [ "$(id -u)" != 0 ]; then # root reads any file
+    cp "$tmp/tok" "$tmp/locked-tok"
+    chmod 000 "$tmp/locked-tok"
+    refused_file "an unreadable token file" "$tmp/locked-tok" "cannot open: Permission denied"
+  fi
+  chmod 644 "$tmp/wrong"
+  top_case "a token file others can read: a warning" 1 "can be read by other users (mode 644)" \
+    any -- "$base" --token-file "$tmp/wrong"
+fi
+kill -INT "$pid" 2>/dev/null
+wait "$pid"
+rc=$?
+pid=
+if [ "$rc" -eq 0 ] && [ ! -e "$tmp/tok" ]; then
+  ok "serve removed its token file"
+else
+  bad "serve --web-token-file (exit $rc): the token file $(ls "$tmp/tok" 2>&1)"
+fi
+ln -s "$tmp/elsewhere" "$tmp/link-tok"
+out=$("$bin" serve "$tmp/empty-trace.json" --web-token-file "$tmp/link-tok" 2>&1)
+rc=$?
+if [ "$rc" -eq 1 ] && grep -qF "cannot write the token file $tmp/link-tok: it is a symbolic link" <<<"$out" &&
+  [ ! -e "$tmp/elsewhere" ]; then
+  ok "serve writes no token through a symbolic link"
+else
+  bad "serve --web-token-file on a link (exit $rc): $out"
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -116,8 +116,9 @@ static ms_status transfer_error(const http_src *h, const char *what, CURLcode rc
     reply_reason(b, reason, sizeof reason);
     if (status == 401 || status == 403)
         return ms_fail(err, MS_ERR_INVALID,
-                       "%s refused %s (HTTP %ld%s%s): pass the whole dashboard line the job "
-                       "printed, http://HOST:PORT/?token=TOKEN, or --token TOKEN",
+                       "%s refused %s (HTTP %ld%s%s): pass the token of the dashboard line "
+                       "the job printed (?token=TOKEN) with --token-file FILE, --token - or "
+                       "MESHSCOPE_TOKEN",
                        h->base, h->has_token ? "the token" : "a request without a token", status,
                        reason[0] ? ", " : "", reason);
     if (status == 404)
