@@ -547,141 +547,146 @@ static ms_status parse_value(parser *p, int depth, int *idx) {
 
 /* --- the trace walk --------------------------------------------------------------------- */
 
-ms_status tj_scan_trace(tj_src *s, const tj_handler *h, ms_error *err) {
-    tj_doc doc = {0};
-    parser p = {.s = s, .d = &doc, .err = err};
-    ms_status st = MS_OK;
-    bool seen_events = false;
-    /* A UTF-8 byte order mark, which some editors add; JSON parsers may ignore it. */
+/* Up to the first member: a byte order mark (which some editors add) skipped, then '{'. */
+static ms_status scan_open(parser *p) {
+    tj_src *s = p->s;
     if (peek(s) == 0xef && s->len - s->pos >= 3 && !memcmp(s->p + s->pos, "\xef\xbb\xbf", 3))
         s->pos += 3;
     skip_ws(s);
     int c = peek(s);
-    if (c < 0) {
-        st = s->ioerr ? io_fail(&p)
-                      : ms_fail(err, MS_ERR_INVALID,
-                                "%s: the file is empty (no JSON value); not a Chrome trace (no "
-                                "traceEvents array)",
-                                s->name);
-        goto out;
-    }
-    if (c == '[') {
-        st = ms_fail(err, MS_ERR_INVALID,
-                     "%s: the top level is an array (the Trace Event Format's JSON Array Format); "
-                     "meshscope reads the JSON Object Format {\"traceEvents\": [...]}",
-                     s->name);
-        goto out;
-    }
-    if (c != '{') {
-        st = ms_fail(err, MS_ERR_INVALID,
-                     "%s: not a Chrome trace: the file does not start with a JSON object", s->name);
-        goto out;
-    }
+    if (c < 0)
+        return s->ioerr ? io_fail(p)
+                        : ms_fail(p->err, MS_ERR_INVALID,
+                                  "%s: the file is empty (no JSON value); not a Chrome trace (no "
+                                  "traceEvents array)",
+                                  s->name);
+    if (c == '[')
+        return ms_fail(p->err, MS_ERR_INVALID,
+                       "%s: the top level is an array (the Trace Event Format's JSON Array "
+                       "Format); meshscope reads the JSON Object Format {\"traceEvents\": [...]}",
+                       s->name);
+    if (c != '{')
+        return ms_fail(p->err, MS_ERR_INVALID,
+                       "%s: not a Chrome trace: the file does not start with a JSON object",
+                       s->name);
     s->pos++;
+    return MS_OK;
+}
+
+/* The traceEvents array, each event parsed into the doc and handed to h->event. */
+static ms_status scan_events(parser *p, const tj_handler *h) {
+    tj_src *s = p->s;
+    if (peek(s) != '[')
+        return peek(s) < 0 ? syntax(p, "'[' to start traceEvents")
+                           : ms_fail(p->err, MS_ERR_INVALID,
+                                     "%s: byte %llu: not a Chrome trace: traceEvents is not an "
+                                     "array",
+                                     s->name, (unsigned long long)tj_off(s));
+    s->pos++;
+    skip_ws(s);
+    if (peek(s) == ']') {
+        s->pos++;
+        return MS_OK;
+    }
+    for (size_t index = 0;; index++) {
+        skip_ws(s);
+        uint64_t off = tj_off(s);
+        doc_reset(p->d, TJ_MAX_EVENT_BYTES);
+        int root;
+        MS_CHECK(parse_value(p, 0, &root));
+        MS_CHECK(h->event(h->user, index, off, p->d, root, p->err));
+        skip_ws(s);
+        int c = peek(s);
+        if (c == ',') {
+            s->pos++;
+            continue;
+        }
+        if (c == ']') {
+            s->pos++;
+            return MS_OK;
+        }
+        return syntax(p, "',' or ']' after an event in traceEvents");
+    }
+}
+
+/* One top-level member: traceEvents, a member the handler wants (h->meta), or one skipped. */
+static ms_status scan_member(parser *p, const tj_handler *h, bool *seen_events) {
+    tj_src *s = p->s;
+    skip_ws(s);
+    if (peek(s) != '"') return syntax(p, "'\"' to start a member name");
+    /* The key goes into the tree's pool, then into a local copy. */
+    doc_reset(p->d, TJ_MAX_META_BYTES);
+    p->store = true;
+    uint32_t kt, kl;
+    MS_CHECK(parse_string(p, true, &kt, &kl));
+    char key[64];
+    bool long_key = kl >= sizeof key;
+    snprintf(key, sizeof key, "%s", p->d->pool + kt);
+    skip_ws(s);
+    if (peek(s) != ':') return syntax(p, "':' after a member name");
+    s->pos++;
+    skip_ws(s);
+    int root;
+    if (!long_key && !strcmp(key, "traceEvents")) {
+        if (*seen_events)
+            return ms_fail(p->err, MS_ERR_INVALID, "%s: byte %llu: a second traceEvents key",
+                           s->name, (unsigned long long)tj_off(s));
+        *seen_events = true;
+        return scan_events(p, h);
+    }
+    if (!long_key && h->want_meta && h->want_meta(h->user, key)) {
+        doc_reset(p->d, TJ_MAX_META_BYTES);
+        MS_CHECK(parse_value(p, 0, &root));
+        return h->meta(h->user, key, p->d, root, p->err);
+    }
+    p->store = false;
+    MS_CHECK(parse_value(p, 0, &root));
+    p->store = true;
+    return MS_OK;
+}
+
+/* The members of the top-level object, after its '{'. */
+static ms_status scan_members(parser *p, const tj_handler *h, bool *seen_events) {
+    tj_src *s = p->s;
     skip_ws(s);
     if (peek(s) == '}') {
         s->pos++;
-    } else {
-        for (;;) {
-            skip_ws(s);
-            if (peek(s) != '"') {
-                st = syntax(&p, "'\"' to start a member name");
-                goto out;
-            }
-            /* The key goes into the tree's pool, then into a local copy. */
-            doc_reset(&doc, TJ_MAX_META_BYTES);
-            p.store = true;
-            uint32_t kt, kl;
-            MS_CHECK_GOTO(parse_string(&p, true, &kt, &kl), st, out);
-            char key[64];
-            bool long_key = kl >= sizeof key;
-            snprintf(key, sizeof key, "%s", doc.pool + kt);
-            skip_ws(s);
-            if (peek(s) != ':') {
-                st = syntax(&p, "':' after a member name");
-                goto out;
-            }
+        return MS_OK;
+    }
+    for (;;) {
+        MS_CHECK(scan_member(p, h, seen_events));
+        skip_ws(s);
+        int c = peek(s);
+        if (c == ',') {
             s->pos++;
-            skip_ws(s);
-            if (!long_key && !strcmp(key, "traceEvents")) {
-                if (seen_events) {
-                    st = ms_fail(err, MS_ERR_INVALID, "%s: byte %llu: a second traceEvents key",
-                                 s->name, (unsigned long long)tj_off(s));
-                    goto out;
-                }
-                seen_events = true;
-                if (peek(s) != '[') {
-                    st = peek(s) < 0 ? syntax(&p, "'[' to start traceEvents")
-                                     : ms_fail(err, MS_ERR_INVALID,
-                                               "%s: byte %llu: not a Chrome trace: traceEvents "
-                                               "is not an array",
-                                               s->name, (unsigned long long)tj_off(s));
-                    goto out;
-                }
-                s->pos++;
-                skip_ws(s);
-                if (peek(s) == ']') {
-                    s->pos++;
-                } else {
-                    for (size_t index = 0;; index++) {
-                        skip_ws(s);
-                        uint64_t off = tj_off(s);
-                        doc_reset(&doc, TJ_MAX_EVENT_BYTES);
-                        int root;
-                        MS_CHECK_GOTO(parse_value(&p, 0, &root), st, out);
-                        MS_CHECK_GOTO(h->event(h->user, index, off, &doc, root, err), st, out);
-                        skip_ws(s);
-                        c = peek(s);
-                        if (c == ',') {
-                            s->pos++;
-                            continue;
-                        }
-                        if (c == ']') {
-                            s->pos++;
-                            break;
-                        }
-                        st = syntax(&p, "',' or ']' after an event in traceEvents");
-                        goto out;
-                    }
-                }
-            } else if (!long_key && h->want_meta && h->want_meta(h->user, key)) {
-                doc_reset(&doc, TJ_MAX_META_BYTES);
-                int root;
-                MS_CHECK_GOTO(parse_value(&p, 0, &root), st, out);
-                MS_CHECK_GOTO(h->meta(h->user, key, &doc, root, err), st, out);
-            } else {
-                p.store = false;
-                int root;
-                MS_CHECK_GOTO(parse_value(&p, 0, &root), st, out);
-                p.store = true;
-            }
-            skip_ws(s);
-            c = peek(s);
-            if (c == ',') {
-                s->pos++;
-                continue;
-            }
-            if (c == '}') {
-                s->pos++;
-                break;
-            }
-            st = syntax(&p, "',' or '}' after a top-level member");
-            goto out;
+            continue;
         }
+        if (c == '}') {
+            s->pos++;
+            return MS_OK;
+        }
+        return syntax(p, "',' or '}' after a top-level member");
     }
-    skip_ws(s);
-    if (peek(s) >= 0) {
-        st = ms_fail(err, MS_ERR_INVALID, "%s: byte %llu: trailing data after the top-level object",
-                     s->name, (unsigned long long)tj_off(s));
-        goto out;
+}
+
+ms_status tj_scan_trace(tj_src *s, const tj_handler *h, ms_error *err) {
+    tj_doc doc = {0};
+    parser p = {.s = s, .d = &doc, .err = err};
+    bool seen_events = false;
+    ms_status st = scan_open(&p);
+    if (st == MS_OK) st = scan_members(&p, h, &seen_events);
+    if (st == MS_OK) {
+        skip_ws(s);
+        if (peek(s) >= 0)
+            st = ms_fail(err, MS_ERR_INVALID,
+                         "%s: byte %llu: trailing data after the top-level object", s->name,
+                         (unsigned long long)tj_off(s));
+        else if (s->ioerr)
+            st = io_fail(&p);
+        else if (!seen_events)
+            st = ms_fail(err, MS_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)",
+                         s->name);
     }
-    if (s->ioerr) {
-        st = io_fail(&p);
-        goto out;
-    }
-    if (!seen_events)
-        st = ms_fail(err, MS_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", s->name);
-out:
     tj_doc_free(&doc);
     return st;
 }

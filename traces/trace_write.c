@@ -926,192 +926,223 @@ static void put_nccl_event(outbuf *o, const wctx *w, size_t i) {
     put_step_phase(o, e);
 }
 
-static void put_event(outbuf *o, const wctx *w, size_t i) {
+/* A step: a slice named as the PyTorch profiler names its steps. */
+static void put_step_event(outbuf *o, const wctx *w, size_t i) {
     const ms_event *e = &w->ev[i];
-    switch (e->kind) {
+    PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"ProfilerStep#");
+    put_i64(o, e->step);
+    PUT_LIT(o, "\"");
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"kind\":\"step\"");
+    put_step_phase(o, e);
+}
+
+/* An operator, data loading or the optimizer: a CPU slice (GPU work has its own). */
+static void put_op_event(outbuf *o, const wctx *w, size_t i) {
+    const ms_event *e = &w->ev[i];
+    const ms_ev_op *op = &e->u.op;
+    if (e->kind == MS_EV_OP && op->gpu != MS_GPU_NONE) {
+        put_gpu_event(o, w, i);
+        return;
+    }
+    if (e->kind == MS_EV_OP)
+        PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":");
+    else if (e->kind == MS_EV_DATA)
+        PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"data\",\"name\":");
+    else
+        PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"optimizer\",\"name\":");
+    /* A slice needs a visible name; "node" keeps an empty one for the round trip. */
+    bool unnamed = !op->name[0];
+    const char *shown = !unnamed                 ? op->name
+                        : op->opname[0]          ? op->opname
+                        : e->kind == MS_EV_DATA  ? "data"
+                        : e->kind == MS_EV_OPTIM ? "optimizer"
+                                                 : "op";
+    put_str(o, shown, unnamed ? sizeof op->opname : sizeof op->name);
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"op\":");
+    put_str(o, op->opname, sizeof op->opname);
+    if (unnamed) PUT_LIT(o, ",\"node\":\"\"");
+    PUT_LIT(o, ",\"op id\":");
+    put_i64(o, op->op);
+    PUT_LIT(o, ",\"flops\":");
+    put_double(o, op->flops);
+    PUT_LIT(o, ",\"bytes\":");
+    put_double(o, op->bytes);
+    if (op->corr) {
+        PUT_LIT(o, ",\"correlation\":");
+        put_u64(o, op->corr);
+    }
+    if (op->host_optim) PUT_LIT(o, ",\"host\":1");
+    put_step_phase(o, e);
+}
+
+/* A collective, with the fields Holistic Trace Analysis reads. */
+static void put_coll_event(outbuf *o, const wctx *w, size_t i) {
+    const ms_event *e = &w->ev[i];
+    const ms_ev_coll *c = &e->u.coll;
+    const ms_group *g = find_group(w, c->group);
+    const char *cn = c->recv ? "recv" : ms_coll_name((ms_coll_kind)c->coll);
+    PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"comm\",\"name\":");
+    put_str(o, cn, 32);
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"Collective name\":");
+    put_str(o, cn, 32);
+    uint64_t in, out;
+    coll_nelems(c, &in, &out);
+    PUT_LIT(o, ",\"In msg nelems\":");
+    put_u64(o, in);
+    PUT_LIT(o, ",\"Out msg nelems\":");
+    put_u64(o, out);
+    PUT_LIT(o, ",\"Group size\":");
+    put_i64(o, c->group_size);
+    PUT_LIT(o, ",\"dtype\":");
+    put_str(o, coll_dtype_name(c), 16);
+    PUT_LIT(o, ",\"Process Group Ranks\":");
+    if (g)
+        put_group_ranks(o, g);
+    else
+        PUT_LIT(o, "[]");
+    PUT_LIT(o, ",\"Process Group Name\":");
+    put_group_name(o, g, c->group);
+    PUT_LIT(o, ",\"bytes\":");
+    put_u64(o, c->bytes);
+    PUT_LIT(o, ",\"seq\":");
+    put_i64(o, c->seq);
+    PUT_LIT(o, ",\"algorithm\":");
+    put_str(o, c->algo, sizeof c->algo);
+    PUT_LIT(o, ",\"mesh dim\":");
+    put_i64(o, c->mesh_dim);
+    PUT_LIT(o, ",\"reduce\":");
+    put_str(o, ms_reduce_op_name((ms_reduce_op)c->reduce), 16);
+    PUT_LIT(o, ",\"group id\":");
+    put_i64(o, c->group);
+    PUT_LIT(o, ",\"group rank\":");
+    put_i64(o, c->group_rank);
+    PUT_LIT(o, ",\"flow\":");
+    put_u64(o, c->flow);
+    if (c->coll == MS_COLL_BROADCAST) {
+        PUT_LIT(o, ",\"root\":");
+        put_i64(o, c->root);
+    }
+    if (c->async) {
+        PUT_LIT(o, ",\"async\":1,\"queued ns\":");
+        put_i64(o, c->queued_ns);
+    }
+    put_step_phase(o, e);
+}
+
+/* A reshard: its tensor, placements and bytes. */
+static void put_reshard_event(outbuf *o, const wctx *w, size_t i) {
+    const ms_event *e = &w->ev[i];
+    const ms_ev_reshard *r = &e->u.reshard;
+    PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"reshard\",\"name\":");
+    if (r->tensor[0])
+        put_str(o, r->tensor, sizeof r->tensor);
+    else
+        PUT_LIT(o, "\"reshard\"");
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"tensor\":");
+    put_str(o, r->tensor, sizeof r->tensor);
+    PUT_LIT(o, ",\"from\":");
+    put_str(o, r->from, sizeof r->from);
+    PUT_LIT(o, ",\"to\":");
+    put_str(o, r->to, sizeof r->to);
+    PUT_LIT(o, ",\"bytes\":");
+    put_u64(o, r->bytes);
+    PUT_LIT(o, ",\"steps\":");
+    put_i64(o, r->nsteps);
+    PUT_LIT(o, ",\"flow\":");
+    put_u64(o, r->flow);
+    put_step_phase(o, e);
+}
+
+/* A pipeline action: F, B or W of one micro-batch on one stage. */
+static void put_pipe_event(outbuf *o, const wctx *w, size_t i) {
+    const ms_event *e = &w->ev[i];
+    const ms_ev_pipe *pp = &e->u.pipe;
+    char name[48];
+    ms_trace_pipe_name(pp, name, sizeof name);
+    PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"pipeline\",\"name\":");
+    put_str(o, name, sizeof name);
+    put_place(o, e, w->tid[i], w->base);
+    PUT_LIT(o, ",\"args\":{\"action\":");
+    put_str(o, ms_trace_pipe_action_name(pp->action), 4);
+    PUT_LIT(o, ",\"stage\":");
+    put_i64(o, pp->stage);
+    PUT_LIT(o, ",\"micro-batch\":");
+    put_i64(o, pp->mb);
+    PUT_LIT(o, ",\"chunk\":");
+    put_i64(o, pp->chunk);
+    PUT_LIT(o, ",\"model chunk\":");
+    put_i64(o, pp->model_chunk);
+    if (pp->cpu_ns > 0) {
+        PUT_LIT(o, ",\"cpu ns\":");
+        put_i64(o, pp->cpu_ns);
+    }
+    PUT_LIT(o, ",\"stages\":");
+    put_i64(o, pp->stages);
+    PUT_LIT(o, ",\"virtual stages\":");
+    put_i64(o, pp->virtual_stages);
+    PUT_LIT(o, ",\"micro-batches\":");
+    put_i64(o, pp->micro_batches);
+    PUT_LIT(o, ",\"schedule\":");
+    put_str(o, pp->schedule, sizeof pp->schedule);
+    put_step_phase(o, e);
+}
+
+/* A memory sample: a counter track. */
+static void put_mem_event(outbuf *o, const wctx *w, size_t i) {
+    const ms_event *e = &w->ev[i];
+    PUT_LIT(o, "{\"ph\":\"C\",\"cat\":\"memory\",\"name\":\"memory\",\"pid\":");
+    put_i64(o, e->rank);
+    PUT_LIT(o, ",\"ts\":");
+    put_us(o, e->t0_ns - w->base);
+    PUT_LIT(o, ",\"args\":{\"in_use_MiB\":");
+    put_mib(o, e->u.mem.in_use);
+    PUT_LIT(o, ",\"peak_MiB\":");
+    put_mib(o, e->u.mem.peak);
+    if (e->u.mem.params | e->u.mem.grads | e->u.mem.optim | e->u.mem.acts) {
+        PUT_LIT(o, ",\"params_MiB\":");
+        put_mib(o, e->u.mem.params);
+        PUT_LIT(o, ",\"grads_MiB\":");
+        put_mib(o, e->u.mem.grads);
+        PUT_LIT(o, ",\"optimizer_MiB\":");
+        put_mib(o, e->u.mem.optim);
+        PUT_LIT(o, ",\"activations_MiB\":");
+        put_mib(o, e->u.mem.acts);
+    }
+    if (e->u.mem.host_optim) { /* offload: host memory, apart from the device's */
+        PUT_LIT(o, ",\"host_optimizer_MiB\":");
+        put_mib(o, e->u.mem.host_optim);
+    }
+    PUT_LIT(o, "}}");
+}
+
+static void put_event(outbuf *o, const wctx *w, size_t i) {
+    switch (w->ev[i].kind) {
         case MS_EV_STEP:
-            PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"ProfilerStep#");
-            put_i64(o, e->step);
-            PUT_LIT(o, "\"");
-            put_place(o, e, w->tid[i], w->base);
-            PUT_LIT(o, ",\"args\":{\"kind\":\"step\"");
-            put_step_phase(o, e);
+            put_step_event(o, w, i);
             return;
         case MS_EV_OP:
         case MS_EV_DATA:
-        case MS_EV_OPTIM: {
-            const ms_ev_op *op = &e->u.op;
-            if (e->kind == MS_EV_OP && op->gpu != MS_GPU_NONE) {
-                put_gpu_event(o, w, i);
-                return;
-            }
-            if (e->kind == MS_EV_OP)
-                PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":");
-            else if (e->kind == MS_EV_DATA)
-                PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"data\",\"name\":");
-            else
-                PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"optimizer\",\"name\":");
-            /* A slice needs a visible name; "node" keeps an empty one for the round trip. */
-            bool unnamed = !op->name[0];
-            const char *shown = !unnamed                 ? op->name
-                                : op->opname[0]          ? op->opname
-                                : e->kind == MS_EV_DATA  ? "data"
-                                : e->kind == MS_EV_OPTIM ? "optimizer"
-                                                         : "op";
-            put_str(o, shown, unnamed ? sizeof op->opname : sizeof op->name);
-            put_place(o, e, w->tid[i], w->base);
-            PUT_LIT(o, ",\"args\":{\"op\":");
-            put_str(o, op->opname, sizeof op->opname);
-            if (unnamed) PUT_LIT(o, ",\"node\":\"\"");
-            PUT_LIT(o, ",\"op id\":");
-            put_i64(o, op->op);
-            PUT_LIT(o, ",\"flops\":");
-            put_double(o, op->flops);
-            PUT_LIT(o, ",\"bytes\":");
-            put_double(o, op->bytes);
-            if (op->corr) {
-                PUT_LIT(o, ",\"correlation\":");
-                put_u64(o, op->corr);
-            }
-            if (op->host_optim) PUT_LIT(o, ",\"host\":1");
-            put_step_phase(o, e);
+        case MS_EV_OPTIM:
+            put_op_event(o, w, i);
             return;
-        }
-        case MS_EV_COLL: {
-            const ms_ev_coll *c = &e->u.coll;
-            const ms_group *g = find_group(w, c->group);
-            const char *cn = c->recv ? "recv" : ms_coll_name((ms_coll_kind)c->coll);
-            PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"comm\",\"name\":");
-            put_str(o, cn, 32);
-            put_place(o, e, w->tid[i], w->base);
-            PUT_LIT(o, ",\"args\":{\"Collective name\":");
-            put_str(o, cn, 32);
-            uint64_t in, out;
-            coll_nelems(c, &in, &out);
-            PUT_LIT(o, ",\"In msg nelems\":");
-            put_u64(o, in);
-            PUT_LIT(o, ",\"Out msg nelems\":");
-            put_u64(o, out);
-            PUT_LIT(o, ",\"Group size\":");
-            put_i64(o, c->group_size);
-            PUT_LIT(o, ",\"dtype\":");
-            put_str(o, coll_dtype_name(c), 16);
-            PUT_LIT(o, ",\"Process Group Ranks\":");
-            if (g)
-                put_group_ranks(o, g);
-            else
-                PUT_LIT(o, "[]");
-            PUT_LIT(o, ",\"Process Group Name\":");
-            put_group_name(o, g, c->group);
-            PUT_LIT(o, ",\"bytes\":");
-            put_u64(o, c->bytes);
-            PUT_LIT(o, ",\"seq\":");
-            put_i64(o, c->seq);
-            PUT_LIT(o, ",\"algorithm\":");
-            put_str(o, c->algo, sizeof c->algo);
-            PUT_LIT(o, ",\"mesh dim\":");
-            put_i64(o, c->mesh_dim);
-            PUT_LIT(o, ",\"reduce\":");
-            put_str(o, ms_reduce_op_name((ms_reduce_op)c->reduce), 16);
-            PUT_LIT(o, ",\"group id\":");
-            put_i64(o, c->group);
-            PUT_LIT(o, ",\"group rank\":");
-            put_i64(o, c->group_rank);
-            PUT_LIT(o, ",\"flow\":");
-            put_u64(o, c->flow);
-            if (c->coll == MS_COLL_BROADCAST) {
-                PUT_LIT(o, ",\"root\":");
-                put_i64(o, c->root);
-            }
-            if (c->async) {
-                PUT_LIT(o, ",\"async\":1,\"queued ns\":");
-                put_i64(o, c->queued_ns);
-            }
-            put_step_phase(o, e);
+        case MS_EV_COLL:
+            put_coll_event(o, w, i);
             return;
-        }
-        case MS_EV_RESHARD: {
-            const ms_ev_reshard *r = &e->u.reshard;
-            PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"reshard\",\"name\":");
-            if (r->tensor[0])
-                put_str(o, r->tensor, sizeof r->tensor);
-            else
-                PUT_LIT(o, "\"reshard\"");
-            put_place(o, e, w->tid[i], w->base);
-            PUT_LIT(o, ",\"args\":{\"tensor\":");
-            put_str(o, r->tensor, sizeof r->tensor);
-            PUT_LIT(o, ",\"from\":");
-            put_str(o, r->from, sizeof r->from);
-            PUT_LIT(o, ",\"to\":");
-            put_str(o, r->to, sizeof r->to);
-            PUT_LIT(o, ",\"bytes\":");
-            put_u64(o, r->bytes);
-            PUT_LIT(o, ",\"steps\":");
-            put_i64(o, r->nsteps);
-            PUT_LIT(o, ",\"flow\":");
-            put_u64(o, r->flow);
-            put_step_phase(o, e);
+        case MS_EV_RESHARD:
+            put_reshard_event(o, w, i);
             return;
-        }
-        case MS_EV_PIPE: {
-            const ms_ev_pipe *pp = &e->u.pipe;
-            char name[48];
-            ms_trace_pipe_name(pp, name, sizeof name);
-            PUT_LIT(o, "{\"ph\":\"X\",\"cat\":\"pipeline\",\"name\":");
-            put_str(o, name, sizeof name);
-            put_place(o, e, w->tid[i], w->base);
-            PUT_LIT(o, ",\"args\":{\"action\":");
-            put_str(o, ms_trace_pipe_action_name(pp->action), 4);
-            PUT_LIT(o, ",\"stage\":");
-            put_i64(o, pp->stage);
-            PUT_LIT(o, ",\"micro-batch\":");
-            put_i64(o, pp->mb);
-            PUT_LIT(o, ",\"chunk\":");
-            put_i64(o, pp->chunk);
-            PUT_LIT(o, ",\"model chunk\":");
-            put_i64(o, pp->model_chunk);
-            if (pp->cpu_ns > 0) {
-                PUT_LIT(o, ",\"cpu ns\":");
-                put_i64(o, pp->cpu_ns);
-            }
-            PUT_LIT(o, ",\"stages\":");
-            put_i64(o, pp->stages);
-            PUT_LIT(o, ",\"virtual stages\":");
-            put_i64(o, pp->virtual_stages);
-            PUT_LIT(o, ",\"micro-batches\":");
-            put_i64(o, pp->micro_batches);
-            PUT_LIT(o, ",\"schedule\":");
-            put_str(o, pp->schedule, sizeof pp->schedule);
-            put_step_phase(o, e);
+        case MS_EV_PIPE:
+            put_pipe_event(o, w, i);
             return;
-        }
         case MS_EV_NCCL:
             put_nccl_event(o, w, i);
             return;
         case MS_EV_MEM:
-            PUT_LIT(o, "{\"ph\":\"C\",\"cat\":\"memory\",\"name\":\"memory\",\"pid\":");
-            put_i64(o, e->rank);
-            PUT_LIT(o, ",\"ts\":");
-            put_us(o, e->t0_ns - w->base);
-            PUT_LIT(o, ",\"args\":{\"in_use_MiB\":");
-            put_mib(o, e->u.mem.in_use);
-            PUT_LIT(o, ",\"peak_MiB\":");
-            put_mib(o, e->u.mem.peak);
-            if (e->u.mem.params | e->u.mem.grads | e->u.mem.optim | e->u.mem.acts) {
-                PUT_LIT(o, ",\"params_MiB\":");
-                put_mib(o, e->u.mem.params);
-                PUT_LIT(o, ",\"grads_MiB\":");
-                put_mib(o, e->u.mem.grads);
-                PUT_LIT(o, ",\"optimizer_MiB\":");
-                put_mib(o, e->u.mem.optim);
-                PUT_LIT(o, ",\"activations_MiB\":");
-                put_mib(o, e->u.mem.acts);
-            }
-            if (e->u.mem.host_optim) { /* offload: host memory, apart from the device's */
-                PUT_LIT(o, ",\"host_optimizer_MiB\":");
-                put_mib(o, e->u.mem.host_optim);
-            }
-            PUT_LIT(o, "}}");
+            put_mem_event(o, w, i);
             return;
         default:
             return; /* unreachable: ms_trace_write rejects unknown kinds first */
