@@ -193,6 +193,27 @@ static void test_pipe_layout(void **state) {
     ms_tui_pipe_layout(b, n, 0, 0.0, 10, out); /* no wall time */
     assert_memory_equal(out, idle, sizeof idle);
 
+    /* A lane with two columns for each of its blocks gives each two at least, in time order,
+     * as near their times as that allows: a stalled action does not hide its neighbours. */
+    ms_live_pipe_block m[] = {
+        block(0, MS_PIPE_F, 0, 0, 0.0, 0.01),  /* tiny */
+        block(0, MS_PIPE_F, 1, 0, 0.01, 0.9),  /* a stall: most of the step */
+        block(0, MS_PIPE_B, 0, 0, 0.9, 0.905), /* tiny */
+        block(0, MS_PIPE_B, 1, 0, 0.995, 1.0), /* tiny, at the very end */
+    };
+    int32_t lane[10];
+    /* forward: F0 0-1, F1 2-8, B0 9-10, B1 11-12 (past the lane); backward: B1 back to 8-9,
+     * B0 to 6-7, F1 ends at 6 */
+    const int32_t want_min[10] = {0, 0, 1, 1, 1, 1, 2, 2, 3, 3};
+    ms_tui_pipe_layout(m, 4, 0, 1.0, 10, lane);
+    assert_memory_equal(lane, want_min, sizeof want_min);
+    /* with fewer than two columns per block the layout stays proportional, and short blocks
+     * next to a long one may not show */
+    int32_t narrow[7];
+    const int32_t want_narrow[7] = {1, 1, 1, 1, 1, 1, 2}; /* F0 and B1 hidden */
+    ms_tui_pipe_layout(m, 4, 0, 1.0, 7, narrow);
+    assert_memory_equal(narrow, want_narrow, sizeof want_narrow);
+
     char label[16];
     ms_tui_pipe_label(&b[0], 1, label, sizeof label);
     assert_string_equal(label, "F0");

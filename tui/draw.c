@@ -148,13 +148,15 @@ void ms_tui_lane_layout(const ms_live_span *spans, int n, int rank, double wall_
     }
 }
 
-void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wall_s, int cols,
-                        int32_t *out) {
-    if (cols <= 0) return;
-    for (int c = 0; c < cols; c++) out[c] = -1;
-    if (!b || !(wall_s > 0)) return;
-    double scale = cols / wall_s;
-    /* Columns whose midpoint c + 0.5 lies in [t0, t1) * scale. */
+/* Columns every block gets when the lane has room for all: its action and micro-batch. */
+#define PIPE_MIN_COLS 2
+/* Blocks of one lane laid out at that minimum at most (more fall back to proportional). */
+#define PIPE_MIN_BLOCKS 512
+
+/* The proportional layout: columns whose midpoint lies in a block; a block covering no
+ * midpoint keeps the column of its start when nothing else is there. */
+static void pipe_layout_proportional(const ms_live_pipe_block *b, int n, int stage, double scale,
+                                     int cols, int32_t *out) {
     for (int i = 0; i < n; i++) {
         if (b[i].stage != stage || !(b[i].t1 >= b[i].t0)) continue;
         double c0 = ceil(b[i].t0 * scale - 0.5), c1 = ceil(b[i].t1 * scale - 0.5);
@@ -162,7 +164,6 @@ void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wa
         if (c1 > cols) c1 = cols;
         for (int c = (int)c0; c < (int)c1; c++) out[c] = i;
     }
-    /* Blocks narrower than that keep the column of their start, if nothing is there. */
     for (int i = 0; i < n; i++) {
         if (b[i].stage != stage || !(b[i].t1 >= b[i].t0)) continue;
         double c0 = ceil(b[i].t0 * scale - 0.5), c1 = ceil(b[i].t1 * scale - 0.5);
@@ -172,6 +173,56 @@ void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wa
         if (c >= cols) c = cols - 1;
         if (out[(int)c] < 0) out[(int)c] = i;
     }
+}
+
+/* The lane's k blocks (indices idx, by start) at PIPE_MIN_COLS columns at least, each as near
+ * its proportional place as that allows: a forward pass pushes blocks right of their
+ * predecessors, a backward pass pulls them back inside the lane. Needs k * PIPE_MIN_COLS <=
+ * cols. */
+static void pipe_layout_min_width(const ms_live_pipe_block *b, const int *idx, int k, double scale,
+                                  int cols, int32_t *out) {
+    int c0[PIPE_MIN_BLOCKS], c1[PIPE_MIN_BLOCKS];
+    for (int j = 0; j < k; j++) {
+        const ms_live_pipe_block *x = &b[idx[j]];
+        double s = ceil(x->t0 * scale - 0.5), e = ceil(x->t1 * scale - 0.5);
+        c0[j] = s < 0 ? 0 : s > cols ? cols : (int)s;
+        c1[j] = e < 0 ? 0 : e > cols ? cols : (int)e;
+        if (j > 0 && c0[j] < c1[j - 1]) c0[j] = c1[j - 1];
+        if (c1[j] < c0[j] + PIPE_MIN_COLS) c1[j] = c0[j] + PIPE_MIN_COLS;
+    }
+    for (int j = k - 1; j >= 0; j--) {
+        int limit = j == k - 1 ? cols : c0[j + 1];
+        if (c1[j] > limit) c1[j] = limit;
+        if (c0[j] > c1[j] - PIPE_MIN_COLS) c0[j] = c1[j] - PIPE_MIN_COLS;
+    }
+    for (int j = 0; j < k; j++)
+        for (int c = c0[j]; c < c1[j]; c++) out[c] = idx[j];
+}
+
+void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wall_s, int cols,
+                        int32_t *out) {
+    if (cols <= 0) return;
+    for (int c = 0; c < cols; c++) out[c] = -1;
+    if (!b || !(wall_s > 0)) return;
+    const double scale = cols / wall_s;
+    int k = 0;
+    for (int i = 0; i < n; i++) k += b[i].stage == stage && b[i].t1 >= b[i].t0;
+    if (k == 0) return;
+    if ((long)k * PIPE_MIN_COLS > cols || k > PIPE_MIN_BLOCKS) {
+        pipe_layout_proportional(b, n, stage, scale, cols, out);
+        return;
+    }
+    int idx[PIPE_MIN_BLOCKS];
+    k = 0;
+    for (int i = 0; i < n; i++)
+        if (b[i].stage == stage && b[i].t1 >= b[i].t0) idx[k++] = i;
+    for (int j = 1; j < k; j++) /* by start: a lane holds a few dozen blocks, already near order */
+        for (int m = j; m > 0 && b[idx[m - 1]].t0 > b[idx[m]].t0; m--) {
+            int t = idx[m];
+            idx[m] = idx[m - 1];
+            idx[m - 1] = t;
+        }
+    pipe_layout_min_width(b, idx, k, scale, cols, out);
 }
 
 void ms_tui_pipe_label(const ms_live_pipe_block *b, int v, char *out, size_t cap) {

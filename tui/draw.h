@@ -72,10 +72,12 @@ void ms_tui_lane_layout(const ms_live_span *spans, int n, int rank, double wall_
 
 /* Lays stage's pipeline blocks (others are skipped) over `cols` columns covering [0, wall_s):
  * out[c] is the index into b of the block drawn in column c, or -1 (idle: the bubble).
- * Column c is [c, c+1) * wall_s / cols. A column shows the block covering its midpoint (the
- * later one if two do); a block covering none (shorter than a column) shows in the column
- * holding its start when nothing else is drawn there: a short action stays visible without
- * hiding a neighbour that fills the column. Blocks past the end are clipped. out[cols]. */
+ * Column c is [c, c+1) * wall_s / cols. When the lane has two columns for each of its blocks,
+ * every block gets two at least (room for "F3": a user sees every action however short),
+ * placed as near its time as that allows, in order. Otherwise a column shows the block covering
+ * its midpoint (the later one if two do); a block covering none (shorter than a column) shows
+ * in the column holding its start when nothing else is drawn there. Blocks past the end are
+ * clipped. out[cols]. */
 void ms_tui_pipe_layout(const ms_live_pipe_block *b, int n, int stage, double wall_s, int cols,
                         int32_t *out);
 
