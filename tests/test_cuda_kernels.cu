@@ -29,7 +29,21 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include "tests/cuda_colsum_ref.cuh"
 #include "tests/cuda_testkit.cuh"
 
+/* engine/core/device.h and engine/kernels/backend.h use C11 atomics, which C++17 cannot
+ * include: what this test calls of them. */
+extern "C" {
+typedef struct ms_device ms_device;
+ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
+void ms_device_destroy(ms_device *dev);
+ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err);
+void ms_kctx_destroy(ms_kctx *kc);
+}
+
 typedef std::vector<uint16_t> hvec;
+
+/* GPU 0 and a kernel context on it, for the whole run (main). */
+static ms_device *gpu;
+static ms_kctx *kc;
 
 /* ---- helpers ---- */
 
@@ -796,7 +810,7 @@ static size_t b_elems(const ms_k_gemm &g) {
     return (size_t)(g.k * g.n * (g.bcast_b ? 1 : g.batch));
 }
 
-static bool gemm_case(ms_cu_ctx *ctx, ms_k_gemm g, bool bf16) {
+static bool gemm_case(ms_k_gemm g, bool bf16) {
     const size_t na = a_elems(g), nb = b_elems(g), nc = (size_t)(g.batch * g.m * g.n);
     fvec a = frand(na, -1, 1), b = frand(nb, -1, 1), dc = frand(nc, -1, 1), c0 = frand(nc, -1, 1);
     if (bf16) a = widen(to_bf16(a)), b = widen(to_bf16(b)), dc = widen(to_bf16(dc));
@@ -809,8 +823,8 @@ static bool gemm_case(ms_cu_ctx *ctx, ms_k_gemm g, bool bf16) {
     const void *pb = bf16 ? (void *)dev(to_bf16(b)) : (void *)dev(b);
     const void *pdc = bf16 ? (void *)dev(to_bf16(dc)) : (void *)dev(dc);
     float *pc = dev(c0), *pda = dev(da0), *pdb = dev(db0);
-    LAUNCH(ms_cu_matmul_forward(ctx, &g, pc, MS_CU_F32, pa, pb, in, 0.5f, 1.0f, ERR));
-    LAUNCH(ms_cu_matmul_backward(ctx, &g, pda, pdb, MS_CU_F32, pdc, pa, pb, in, 0.5f, true, ERR));
+    LAUNCH(ms_cu_gemm_forward(kc, &g, pc, MS_CU_F32, pa, pb, in, 0.5f, 1.0f, ERR));
+    LAUNCH(ms_cu_gemm_backward(kc, &g, pda, pdb, MS_CU_F32, pdc, pa, pb, in, 0.5f, true, ERR));
     char what[128];
     snprintf(what, sizeof what, "%s gemm batch %lld %lldx%lldx%lld%s%s%s%s", bf16 ? "bf16" : "fp32",
              (long long)g.batch, (long long)g.m, (long long)g.n, (long long)g.k,
@@ -827,26 +841,21 @@ static bool gemm_case(ms_cu_ctx *ctx, ms_k_gemm g, bool bf16) {
     uint16_t *pc16 = dev(hvec(nc));
     fvec cw(nc);
     ms_k_matmul_forward(&g, cw.data(), a.data(), b.data(), 1.0f, 0.0f);
-    LAUNCH(ms_cu_matmul_forward(ctx, &g, pc16, MS_CU_BF16, pa, pb, in, 1.0f, 0.0f, ERR));
+    LAUNCH(ms_cu_gemm_forward(kc, &g, pc16, MS_CU_BF16, pa, pb, in, 1.0f, 0.0f, ERR));
     ok &= close("  bf16 output (1 ulp)", widen(back(pc16, nc)), cw, tol, 1.0 / 128);
     return ok;
 }
 
 static void test_gemm(void **state) {
     (void)state;
-    ms_cu_ctx *ctx = NULL;
-    ms_error e = {};
-    assert_int_equal(ms_cu_ctx_create(0, NULL, &ctx, &e), MS_OK);
     bool ok = true;
     for (bool bf16 : {false, true}) {
-        ok &= gemm_case(ctx, ms_k_gemm{1, 3, 5, 7, false, false, false, false}, bf16);
-        ok &= gemm_case(ctx, ms_k_gemm{1, 512, 2304, 768, false, false, false, true},
-                        bf16); /* c_attn */
-        ok &= gemm_case(ctx, ms_k_gemm{4, 64, 768, 96, false, true, false, true}, bf16);
-        ok &= gemm_case(ctx, ms_k_gemm{3, 33, 17, 65, true, false, true, false}, bf16);
-        ok &= gemm_case(ctx, ms_k_gemm{5, 40, 24, 16, true, true, false, false}, bf16);
+        ok &= gemm_case(ms_k_gemm{1, 3, 5, 7, false, false, false, false}, bf16);
+        ok &= gemm_case(ms_k_gemm{1, 512, 2304, 768, false, false, false, true}, bf16); /* c_attn */
+        ok &= gemm_case(ms_k_gemm{4, 64, 768, 96, false, true, false, true}, bf16);
+        ok &= gemm_case(ms_k_gemm{3, 33, 17, 65, true, false, true, false}, bf16);
+        ok &= gemm_case(ms_k_gemm{5, 40, 24, 16, true, true, false, false}, bf16);
     }
-    ms_cu_ctx_destroy(ctx);
     assert_true(ok);
 }
 
@@ -857,6 +866,11 @@ int main(void) {
         printf("SKIP: no usable CUDA device (%s)\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
         return 77;
+    }
+    ms_error err = {};
+    if (ms_device_cuda_create(0, &gpu, &err) != MS_OK || ms_kctx_create(gpu, &kc, &err) != MS_OK) {
+        printf("FAIL: a kernel context on GPU 0: %s\n", err.msg);
+        return 1;
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_elementwise, free_all),
@@ -874,5 +888,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_gqa, free_all),
         cmocka_unit_test_teardown(test_gemm, free_all),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    ms_kctx_destroy(kc);
+    ms_device_destroy(gpu);
+    return failed;
 }

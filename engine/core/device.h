@@ -132,8 +132,9 @@ bool ms_device_cuda_describe(int ordinal, char *name, size_t len, double *mem_by
  * built with CUDA, no driver, no GPU) so that callers can fall back to the CPU. The device
  * owns its compute stream (made on first use) and its pool of marks (events). */
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
-/* The CUDA build: a CUDA device's compute stream (a cudaStream_t, made on first use), borrowed
- * by its kernel contexts for as long as the device lives. */
+/* The CUDA build: a CUDA device's compute stream (a cudaStream_t). The device is its one owner
+ * and holder: made on the first call, destroyed with the device; callers (its kernel contexts)
+ * ask for it at each use and keep no copy. Once made, every call returns it with MS_OK. */
 ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err);
 
 /* A device of `kind` for world rank `rank` (CUDA: GPU rank mod the GPUs present). */

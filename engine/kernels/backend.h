@@ -75,9 +75,9 @@ typedef struct ms_k_span {
 /* A rank's handle on its device's kernels. */
 typedef struct ms_kctx {
     const ms_kernels *k;
-    ms_device *dev; /* borrowed */
-    uintptr_t tag;  /* dev->addr_tag: subtracted from addresses by the fenced table */
-    void *impl;     /* the backend's state (CUDA: cuBLAS handle, the device's stream); or NULL */
+    ms_device *dev;         /* borrowed */
+    uintptr_t tag;          /* dev->addr_tag: subtracted from addresses by the fenced table */
+    void *impl;             /* the backend's state (CUDA: cuBLAS handle, scratch); or NULL */
     _Atomic uint64_t *work; /* &dev->work where the device counts launches (fenced), else NULL */
 } ms_kctx;
 

@@ -6,6 +6,7 @@
  * copies run on, so kernels and copies keep the rank's order and a device mark covers them
  * all. Not verified on a GPU yet: the arithmetic of each kernel is host-tested
  * (tests/test_cuda_host.cu), the launches and this table run only where a GPU exists. */
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
@@ -35,9 +36,9 @@ typedef struct dev_scratch {
     size_t cap; /* bytes */
 } dev_scratch;
 
+/* The stream is not here: the device holds it (ms_cu_stream asks). */
 typedef struct cuda_kctx {
-    cudaStream_t stream; /* the device's, borrowed */
-    ms_cu_ctx *cu;
+    cublasHandle_t blas;               /* NULL until the first product (ms_cu_blas) */
     dev_scratch sumsq;                 /* doubles: partial sums, then the result in the last one */
     dev_scratch emb;                   /* the embedding backward's sort */
     dev_scratch colsum;                /* floats: the column reductions' chunk sums */
@@ -47,16 +48,14 @@ typedef struct cuda_kctx {
 } cuda_kctx;
 
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
-#define STREAM(kc) ((void *)CU(kc)->stream)
+#define STREAM(kc) ms_cu_stream(kc)
 
+/* Makes the device's stream now, so that ms_cu_stream has it from here on. */
 ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
-    cuda_kctx *x = xcalloc(1, sizeof *x);
-    kc->impl = x;
+    kc->impl = xcalloc(1, sizeof(cuda_kctx));
     void *stream = NULL;
     ms_status st = ms_device_cuda_stream(kc->dev, &stream, err);
-    x->stream = (cudaStream_t)stream;
     if (st == MS_OK) st = ms_cuda_status(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
-    if (st == MS_OK) st = ms_cu_ctx_create(kc->dev->ordinal, x->stream, &x->cu, err);
     if (st != MS_OK) ms_kctx_cuda_fini(kc);
     return st;
 }
@@ -64,7 +63,7 @@ ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
 void ms_kctx_cuda_fini(ms_kctx *kc) {
     cuda_kctx *x = CU(kc);
     if (!x) return;
-    ms_cu_ctx_destroy(x->cu);
+    if (x->blas) cublasDestroy(x->blas);
     dev_scratch *scratch[4] = {&x->sumsq, &x->emb, &x->colsum, &x->sums};
     for (int i = 0; i < 4; i++)
         if (scratch[i]->p) cudaFree(scratch[i]->p);
@@ -78,8 +77,36 @@ void ms_kctx_cuda_fini(ms_kctx *kc) {
     kc->impl = NULL;
 }
 
+void *ms_cu_stream(const ms_kctx *kc) {
+    void *stream = NULL;
+    ms_error unused;
+    (void)ms_device_cuda_stream(kc->dev, &stream, &unused); /* made: cannot fail */
+    return stream;
+}
+
+ms_status ms_cu_blas(ms_kctx *kc, void **out, ms_error *err) {
+    cuda_kctx *x = CU(kc);
+    if (!x->blas) {
+        const cudaError_t e = cudaSetDevice(kc->dev->ordinal);
+        if (e != cudaSuccess)
+            return ms_fail(err, MS_ERR_INTERNAL, "cuda context: device %d: %s", kc->dev->ordinal,
+                           cudaGetErrorString(e));
+        cublasStatus_t s = cublasCreate(&x->blas);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(x->blas, STREAM(kc));
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            if (x->blas) cublasDestroy(x->blas);
+            x->blas = NULL;
+            return ms_fail(err, MS_ERR_INTERNAL,
+                           "cuda context: creating the cuBLAS handle: cuBLAS failed: %s",
+                           cublasGetStatusString(s));
+        }
+    }
+    *out = x->blas;
+    return MS_OK;
+}
+
 static ms_status c_sync(ms_kctx *kc, ms_error *err) {
-    return ms_cuda_status(cudaStreamSynchronize(CU(kc)->stream), "cudaStreamSynchronize", err);
+    return ms_cuda_status(cudaStreamSynchronize(STREAM(kc)), "cudaStreamSynchronize", err);
 }
 
 /* Grows s to at least `bytes` (what: the cudaMalloc named in an error), after the stream
@@ -140,33 +167,6 @@ static ms_status c_bf16_round(ms_kctx *kc, uint16_t *out, const float *in, int64
 static ms_status c_ids_from_floats(ms_kctx *kc, int32_t *out, const float *in, int64_t n,
                                    ms_error *err) {
     return ms_cu_ids_from_floats(out, in, n, STREAM(kc), err);
-}
-
-/* ---- matmul (cuBLAS, fp32) ---- */
-static ms_status c_matmul_forward(ms_kctx *kc, const ms_k_gemm *g, float *c, const float *a,
-                                  const float *b, float alpha, float beta, ms_error *err) {
-    return ms_cu_matmul_forward(CU(kc)->cu, g, c, MS_CU_F32, a, b, MS_CU_F32, alpha, beta, err);
-}
-static ms_status c_matmul_backward(ms_kctx *kc, const ms_k_gemm *g, float *da, float *db,
-                                   const float *dc, const float *a, const float *b, float alpha,
-                                   bool accumulate, ms_error *err) {
-    return ms_cu_matmul_backward(CU(kc)->cu, g, da, db, MS_CU_F32, dc, a, b, MS_CU_F32, alpha,
-                                 accumulate, err);
-}
-
-/* bf16 operands straight into cuBLAS (tensor cores), fp32 accumulation, each output rounded
- * once; a broadcast operand's gradient over a batch of several items is rounded after each
- * item (cuBLAS accumulates into the bf16 output), where the staged path rounds once. */
-static ms_status c_matmul_forward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *c,
-                                       const uint16_t *a, const uint16_t *b, float alpha,
-                                       float beta, ms_error *err) {
-    return ms_cu_matmul_forward(CU(kc)->cu, g, c, MS_CU_BF16, a, b, MS_CU_BF16, alpha, beta, err);
-}
-static ms_status c_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *da, uint16_t *db,
-                                        const uint16_t *dc, const uint16_t *a, const uint16_t *b,
-                                        float alpha, bool accumulate, ms_error *err) {
-    return ms_cu_matmul_backward(CU(kc)->cu, g, da, db, MS_CU_BF16, dc, a, b, MS_CU_BF16, alpha,
-                                 accumulate, err);
 }
 
 /* ---- bf16 kernels: the fp32 launchers' templates on bf16 storage (cuda_kernels.h) ---- */
@@ -337,7 +337,7 @@ static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, cons
     MS_CHECK(ms_cu_attention_forward(out, saved, qkv, mask, b, t, c, nh, causal, STREAM(kc), err));
     return ms_cuda_status(cudaMemcpyAsync(saved + b * nh * t, out,
                                           sizeof(float) * (size_t)(b * t * c),
-                                          cudaMemcpyDeviceToDevice, CU(kc)->stream),
+                                          cudaMemcpyDeviceToDevice, STREAM(kc)),
                           "cudaMemcpyAsync (attention output)", err);
 }
 /* bf16: the output before rounding goes straight into the saved copy (no memcpy). */
@@ -510,9 +510,8 @@ static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
     return sumsq_room(kc, ms_cu_sumsq_scratch_doubles((int64_t)n) + 1, err);
 }
 static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
-    cuda_kctx *x = CU(kc);
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, sumsq_last(kc), sizeof(double),
-                                            cudaMemcpyDeviceToHost, x->stream),
+                                            cudaMemcpyDeviceToHost, STREAM(kc)),
                             "cudaMemcpyAsync (sum of squares)", err));
     return c_sync(kc, err);
 }
@@ -551,7 +550,7 @@ static ms_status list_fill(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *
 
 /* The filled host side up to the device, on the stream, before what is launched next. */
 static ms_status list_send(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
-    cudaStream_t s = CU(kc)->stream;
+    cudaStream_t s = STREAM(kc);
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(ls->dev, ls->host, bytes, cudaMemcpyHostToDevice, s),
                             "cudaMemcpyAsync (list)", err));
     return ms_cuda_status(cudaEventRecord(ls->copied, s), "cudaEventRecord (list)", err);
@@ -577,7 +576,7 @@ static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x,
     MS_CHECK(
         ms_cu_sumsq_list(c->sums.p, c->sumsq.p, c->sumsq_list.dev, n, chunks, STREAM(kc), err));
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, c->sums.p, sizeof(double) * (size_t)n,
-                                            cudaMemcpyDeviceToHost, c->stream),
+                                            cudaMemcpyDeviceToHost, STREAM(kc)),
                             "cudaMemcpyAsync (sums of squares)", err));
     return c_sync(kc, err);
 }
@@ -841,10 +840,10 @@ static const ms_kernels cuda_kernels = {
     .bf16_round = c_bf16_round,
     .bf16_round_list = c_bf16_round_list,
     .ids_from_floats = c_ids_from_floats,
-    .matmul_forward = c_matmul_forward,
-    .matmul_backward = c_matmul_backward,
-    .matmul_forward_bf16 = c_matmul_forward_bf16,
-    .matmul_backward_bf16 = c_matmul_backward_bf16,
+    .matmul_forward = ms_cu_matmul_forward,
+    .matmul_backward = ms_cu_matmul_backward,
+    .matmul_forward_bf16 = ms_cu_matmul_forward_bf16,
+    .matmul_backward_bf16 = ms_cu_matmul_backward_bf16,
     .add_forward_bf16 = c_add_forward_bf16,
     .add_backward_bf16 = c_add_backward_bf16,
     .bias_add_forward_bf16 = c_bias_add_forward_bf16,

@@ -38,26 +38,40 @@ extern "C" {
 #include "engine/kernels/reduce_ext.h"
 #include "engine/optim/optim.h"
 
-/* ---- context: a device, a stream and the cuBLAS handle (created on the first GEMM) ---- */
-typedef struct ms_cu_ctx ms_cu_ctx;
+/* ---- the kernel context (backend_cuda.c): what a launch asks of its ms_kctx ----
+ * The compute stream is the device's (core/device_cuda.c): it makes it on first use and
+ * destroys it with itself. No kernel context keeps a copy: a launch asks for it here. */
+typedef struct ms_kctx ms_kctx;
 
-/* device: the CUDA ordinal; stream: a cudaStream_t the context uses but does not own. */
-ms_status ms_cu_ctx_create(int device, void *stream, ms_cu_ctx **out, ms_error *err);
-void ms_cu_ctx_destroy(ms_cu_ctx *ctx); /* NULL is a no-op */
-void *ms_cu_ctx_stream(const ms_cu_ctx *ctx);
+/* kc's device's compute stream (a cudaStream_t); made when kc was created, so always there. */
+void *ms_cu_stream(const ms_kctx *kc);
+/* kc's cuBLAS handle (a cublasHandle_t), made on the first product and bound then to the
+ * device's compute stream; kc owns it and destroys it with itself. */
+ms_status ms_cu_blas(ms_kctx *kc, void **out, ms_error *err);
 
-/* ---- GEMM (cuBLAS, fp32 accumulation) ---- */
+/* ---- GEMM (gemm.cu: cuBLAS, fp32 accumulation) ---- */
+/* The table's matmul slots: every operand fp32, or every operand bf16. */
+ms_status ms_cu_matmul_forward(ms_kctx *kc, const ms_k_gemm *g, float *c, const float *a,
+                               const float *b, float alpha, float beta, ms_error *err);
+ms_status ms_cu_matmul_backward(ms_kctx *kc, const ms_k_gemm *g, float *da, float *db,
+                                const float *dc, const float *a, const float *b, float alpha,
+                                bool accumulate, ms_error *err);
+ms_status ms_cu_matmul_forward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *c, const uint16_t *a,
+                                    const uint16_t *b, float alpha, float beta, ms_error *err);
+ms_status ms_cu_matmul_backward_bf16(ms_kctx *kc, const ms_k_gemm *g, uint16_t *da, uint16_t *db,
+                                     const uint16_t *dc, const uint16_t *a, const uint16_t *b,
+                                     float alpha, bool accumulate, ms_error *err);
+/* The same products for any operand and output types (the slots fix them). */
 typedef enum ms_cu_dtype { MS_CU_F32, MS_CU_BF16 } ms_cu_dtype;
-
 /* ms_k_matmul_forward on the GPU: a and b in ab_type, c in c_type. */
-ms_status ms_cu_matmul_forward(ms_cu_ctx *ctx, const ms_k_gemm *g, void *c, ms_cu_dtype c_type,
-                               const void *a, const void *b, ms_cu_dtype ab_type, float alpha,
-                               float beta, ms_error *err);
+ms_status ms_cu_gemm_forward(ms_kctx *kc, const ms_k_gemm *g, void *c, ms_cu_dtype c_type,
+                             const void *a, const void *b, ms_cu_dtype ab_type, float alpha,
+                             float beta, ms_error *err);
 /* ms_k_matmul_backward on the GPU: dc, a, b in in_type; da, db (either may be NULL) in
  * grad_type. */
-ms_status ms_cu_matmul_backward(ms_cu_ctx *ctx, const ms_k_gemm *g, void *da, void *db,
-                                ms_cu_dtype grad_type, const void *dc, const void *a, const void *b,
-                                ms_cu_dtype in_type, float alpha, bool accumulate, ms_error *err);
+ms_status ms_cu_gemm_backward(ms_kctx *kc, const ms_k_gemm *g, void *da, void *db,
+                              ms_cu_dtype grad_type, const void *dc, const void *a, const void *b,
+                              ms_cu_dtype in_type, float alpha, bool accumulate, ms_error *err);
 
 /* ---- column reductions: the scratch of the backwards that sum over rows ----
  * dbias of bias add, bias + GELU and bias + dropout + residual add, LayerNorm's dweight and
