@@ -1,7 +1,8 @@
-/* test_cuda_kernels.cu - every CUDA launcher of engine/kernels/cuda/cuda_kernels.h run on the
- * GPU, small and real shapes, against the CPU kernels of engine/kernels (those of the LLaMA
- * layers in layers.c among them; AdamW and the sum of squares of engine/optim); the GEMMs in
- * fp32 and bf16 against the CPU matmul.
+/* test_cuda_kernels.cu - the CUDA kernels of engine/kernels/cuda/cuda_kernels.h (the kernel
+ * table's entries and the launchers its adapters hand scratch to) run on GPU 0 through a
+ * kernel context, small and real shapes, against the CPU kernels of engine/kernels (those of
+ * the LLaMA layers in layers.c among them; AdamW and the sum of squares of engine/optim); the
+ * GEMMs in fp32 and bf16 against the CPU matmul.
  * tests/test_cuda_host.cu already checks the arithmetic on the CPU, so what this adds is the
  * launch configurations: grids, block reductions, shared-memory tiles, cuBLAS's operand order.
  * Tolerances are the host test's, widened where the device's expf/tanhf or cuBLAS's
@@ -106,40 +107,40 @@ static void test_elementwise(void **state) {
         fvec want(e), w2 = d0, w3 = d0, wb = db0;
         float *da = dev(a), *dbb = dev(b), *dg = dev(g), *dbias = dev(bias), *out = dev(fvec(e));
         float *dd = dev(d0), *dd2 = dev(d0), *ddb = dev(db0);
-        LAUNCH(ms_cu_add_forward(out, da, dbb, e, NULL, ERR));
+        LAUNCH(ms_cu_add_forward(kc, out, da, dbb, e, ERR));
         ms_k_add_forward(want.data(), a.data(), b.data(), e);
         ok &= close("add forward", back(out, e), want, 0, 0);
-        LAUNCH(ms_cu_mul_forward(out, da, dbb, e, NULL, ERR));
+        LAUNCH(ms_cu_mul_forward(kc, out, da, dbb, e, ERR));
         ms_k_mul_forward(want.data(), a.data(), b.data(), e);
         ok &= close("mul forward", back(out, e), want, 0, 0);
-        LAUNCH(ms_cu_mul_backward(dd, dd2, dg, da, dbb, e, NULL, ERR));
+        LAUNCH(ms_cu_mul_backward(kc, dd, dd2, dg, da, dbb, e, ERR));
         ms_k_mul_backward(w2.data(), w3.data(), g.data(), a.data(), b.data(), e);
         ok &= close("mul backward da", back(dd, e), w2, 1e-7, 1e-6);
         ok &= close("mul backward db", back(dd2, e), w3, 1e-7, 1e-6);
-        LAUNCH(ms_cu_add_backward(dd, dd2, dg, e, NULL, ERR));
+        LAUNCH(ms_cu_add_backward(kc, dd, dd2, dg, e, ERR));
         ms_k_add_backward(w2.data(), w3.data(), g.data(), e);
         ok &= close("add backward", back(dd, e), w2, 1e-7, 1e-6);
-        LAUNCH(ms_cu_scale_forward(out, da, 0.37f, e, NULL, ERR));
+        LAUNCH(ms_cu_scale_forward(kc, out, da, 0.37f, e, ERR));
         ms_k_scale_forward(want.data(), a.data(), 0.37f, e);
         ok &= close("scale forward", back(out, e), want, 0, 0);
-        LAUNCH(ms_cu_scale_backward(dd, dg, 0.37f, e, NULL, ERR));
+        LAUNCH(ms_cu_scale_backward(kc, dd, dg, 0.37f, e, ERR));
         ms_k_scale_backward(w2.data(), g.data(), 0.37f, e);
         ok &= close("scale backward", back(dd, e), w2, 1e-7, 1e-6);
-        LAUNCH(ms_cu_bias_add_forward(out, da, dbias, n, c, NULL, ERR));
+        LAUNCH(ms_cu_bias_add_forward(kc, out, da, dbias, n, c, ERR));
         ms_k_bias_add_forward(want.data(), a.data(), bias.data(), n, c);
         ok &= close("bias add forward", back(out, e), want, 0, 0);
         const fvec wb0 = wb;
-        LAUNCH(ms_cu_bias_add_backward(dd, ddb, colsum_scratch(n, c, 1), dg, n, c, 0u, NULL, ERR));
+        LAUNCH(ms_cu_bias_add_backward(kc, dd, ddb, colsum_scratch(n, c, 1), dg, n, c, 0u, ERR));
         ms_k_bias_add_backward(w2.data(), wb.data(), g.data(), n, c);
         ok &= close("bias add backward dinp", back(dd, e), w2, 1e-7, 1e-6);
         const colsum_want cw =
             colsum_reference(n, c, wb0, [&](int64_t r, int64_t j) { return g[r * c + j]; });
         ok &= close_colsum("bias add backward dbias (summation bound)", back(ddb, c), to_dvec(wb),
                            cw.mag, gpu_colsum_units(n));
-        LAUNCH(ms_cu_gelu_forward(out, da, e, NULL, ERR));
+        LAUNCH(ms_cu_gelu_forward(kc, out, da, e, ERR));
         ms_k_gelu_forward(want.data(), a.data(), e);
         ok &= close("gelu forward (device tanhf: 2e-6)", back(out, e), want, 2e-6, 2e-6);
-        LAUNCH(ms_cu_gelu_backward(dd, da, dg, e, NULL, ERR));
+        LAUNCH(ms_cu_gelu_backward(kc, dd, da, dg, e, ERR));
         ms_k_gelu_backward(w2.data(), a.data(), g.data(), e);
         ok &= close("gelu backward (2e-6)", back(dd, e), w2, 2e-6, 2e-6);
     }
@@ -158,16 +159,16 @@ static void test_elementwise_bf16(void **state) {
     uint16_t *da = dev(a), *db = dev(b), *dg = dev(g), *out = dev(hvec(e)), *dd = dev(d0);
     uint16_t *dbias = dev(bias16);
     bool ok = true;
-    LAUNCH(ms_cu_add_forward_bf16(out, da, db, e, NULL, ERR));
+    LAUNCH(ms_cu_add_forward_bf16(kc, out, da, db, e, ERR));
     ms_k_add_forward(want.data(), af.data(), bf.data(), e);
     ok &= close("add forward bf16 (1 ulp)", widen(back(out, e)), want, 0, BF16_RTOL);
-    LAUNCH(ms_cu_bias_add_forward_bf16(out, da, dbias, n, c, NULL, ERR));
+    LAUNCH(ms_cu_bias_add_forward_bf16(kc, out, da, dbias, n, c, ERR));
     ms_k_bias_add_forward(want.data(), af.data(), bias.data(), n, c);
     ok &= close("bias add forward bf16 (1 ulp)", widen(back(out, e)), want, 0, BF16_RTOL);
-    LAUNCH(ms_cu_gelu_forward_bf16(out, da, e, NULL, ERR));
+    LAUNCH(ms_cu_gelu_forward_bf16(kc, out, da, e, ERR));
     ms_k_gelu_forward(want.data(), af.data(), e);
     ok &= close("gelu forward bf16 (1 ulp)", widen(back(out, e)), want, 1e-6, BF16_RTOL);
-    LAUNCH(ms_cu_gelu_backward_bf16(dd, da, dg, e, NULL, ERR));
+    LAUNCH(ms_cu_gelu_backward_bf16(kc, dd, da, dg, e, ERR));
     ms_k_gelu_backward(dw.data(), af.data(), gf.data(), e);
     ok &= close("gelu backward bf16 (1 ulp)", widen(back(dd, e)), dw, 1e-6, BF16_RTOL);
     assert_true(ok);
@@ -182,7 +183,7 @@ static void test_embedding(void **state) {
     fvec want(n * c), dw = d0;
     int32_t *did = dev(ids);
     float *dt = dev(table), *dg = dev(g), *out = dev(fvec(n * c)), *dd = dev(d0);
-    LAUNCH(ms_cu_embedding_forward(out, did, dt, n, c, v0, vl, NULL, ERR));
+    LAUNCH(ms_cu_embedding_forward(kc, out, did, dt, n, c, v0, vl, ERR));
     ms_k_embedding_forward(want.data(), ids.data(), table.data(), n, c, v0, vl);
     bool ok = close("embedding forward, vocab slice", back(out, n * c), want, 0, 0);
     /* the backward is deterministic: two runs bit for bit alike and equal to the CPU kernel's
@@ -190,8 +191,8 @@ static void test_embedding(void **state) {
     const size_t sb = ms_cu_embedding_scratch_bytes(n, vl);
     void *scratch = dev(std::vector<char>(sb));
     float *dd2 = dev(d0);
-    LAUNCH(ms_cu_embedding_backward(dd, did, dg, n, c, v0, vl, scratch, sb, NULL, ERR));
-    LAUNCH(ms_cu_embedding_backward(dd2, did, dg, n, c, v0, vl, scratch, sb, NULL, ERR));
+    LAUNCH(ms_cu_embedding_backward(kc, dd, did, dg, n, c, v0, vl, scratch, sb, ERR));
+    LAUNCH(ms_cu_embedding_backward(kc, dd2, did, dg, n, c, v0, vl, scratch, sb, ERR));
     ms_k_embedding_backward(dw.data(), ids.data(), g.data(), n, c, v0, vl);
     const fvec run1 = back(dd, vl * c);
     ok &= close("embedding backward, two runs (bitwise)", back(dd2, vl * c), run1, 0, 0);
@@ -200,10 +201,10 @@ static void test_embedding(void **state) {
     const hvec tb = to_bf16(table), gb = to_bf16(g), db0 = to_bf16(d0);
     const fvec tbf = widen(tb), gbf = widen(gb);
     uint16_t *ob = dev(hvec(n * c)), *ddb = dev(db0);
-    LAUNCH(ms_cu_embedding_forward_bf16(ob, did, dev(tb), n, c, v0, vl, NULL, ERR));
+    LAUNCH(ms_cu_embedding_forward_bf16(kc, ob, did, dev(tb), n, c, v0, vl, ERR));
     ms_k_embedding_forward(want.data(), ids.data(), tbf.data(), n, c, v0, vl);
     ok &= close("embedding forward bf16 (exact)", widen(back(ob, n * c)), want, 0, 0);
-    LAUNCH(ms_cu_embedding_backward_bf16(ddb, did, dev(gb), n, c, v0, vl, scratch, sb, NULL, ERR));
+    LAUNCH(ms_cu_embedding_backward_bf16(kc, ddb, did, dev(gb), n, c, v0, vl, scratch, sb, ERR));
     fvec dwb = widen(db0);
     ms_k_embedding_backward(dwb.data(), ids.data(), gbf.data(), n, c, v0, vl);
     ok &= close("embedding backward bf16 == CPU rounded once", widen(back(ddb, vl * c)),
@@ -211,7 +212,7 @@ static void test_embedding(void **state) {
     /* too little scratch is refused, named */
     ms_error e = {};
     assert_int_not_equal(
-        ms_cu_embedding_backward(dd, did, dg, n, c, v0, vl, scratch, sb - 1, NULL, &e), MS_OK);
+        ms_cu_embedding_backward(kc, dd, did, dg, n, c, v0, vl, scratch, sb - 1, &e), MS_OK);
     (void)v;
     assert_true(ok);
 }
@@ -234,13 +235,13 @@ static void test_layernorm(void **state) {
         float *dxin = dev(x), *dwt = dev(w), *dbs = dev(b), *dgo = dev(g), *dout = dev(fvec(e));
         float *dmean = dev(fvec(n)), *drstd = dev(fvec(n)), *ddx = dev(d0), *ddw = dev(dw0),
               *ddb = dev(db0);
-        LAUNCH(ms_cu_layernorm_forward(dout, dmean, drstd, dxin, dwt, dbs, n, c, 1e-5f, NULL, ERR));
+        LAUNCH(ms_cu_layernorm_forward(kc, dout, dmean, drstd, dxin, dwt, dbs, n, c, 1e-5f, ERR));
         ok &= close("layernorm out", back(dout, e), out, 2e-5, 2e-5);
         ok &= close("layernorm mean", back(dmean, n), mean, 1e-6, 2e-6);
         ok &= close("layernorm rstd", back(drstd, n), rstd, 0, 1e-5);
         /* the backward from the CPU's statistics, so that both add the same terms */
-        LAUNCH(ms_cu_layernorm_backward(ddx, ddw, ddb, colsum_scratch(n, c, 2), dgo, dxin, dwt,
-                                        dev(mean), dev(rstd), n, c, NULL, ERR));
+        LAUNCH(ms_cu_layernorm_backward(kc, ddx, ddw, ddb, colsum_scratch(n, c, 2), dgo, dxin, dwt,
+                                        dev(mean), dev(rstd), n, c, ERR));
         ok &= close("layernorm dinp", back(ddx, e), dx, 1e-5, 1e-5);
         const colsum_want ww = colsum_reference(n, c, dw0, [&](int64_t r, int64_t j) {
             return (x[r * c + j] - mean[r]) * rstd[r] * g[r * c + j];
@@ -256,8 +257,8 @@ static void test_layernorm(void **state) {
         uint16_t *dx16 = dev(x16), *dout16 = dev(hvec(e)), *dw16 = dev(w16), *db16 = dev(b16);
         ms_k_layernorm_forward(out.data(), mean.data(), rstd.data(), x16f.data(), w16f.data(),
                                b16f.data(), n, c, 1e-5f);
-        LAUNCH(ms_cu_layernorm_forward_bf16(dout16, dmean, drstd, dx16, dw16, db16, n, c, 1e-5f,
-                                            NULL, ERR));
+        LAUNCH(ms_cu_layernorm_forward_bf16(kc, dout16, dmean, drstd, dx16, dw16, db16, n, c, 1e-5f,
+                                            ERR));
         ok &= close("layernorm out bf16 (1 ulp)", widen(back(dout16, e)), out, 1e-5, 1.0 / 128);
     }
     assert_true(ok);
@@ -273,9 +274,9 @@ static void test_softmax(void **state) {
         ms_k_softmax_forward(y.data(), x.data(), n, c);
         ms_k_softmax_backward(dx.data(), g.data(), y.data(), n, c);
         float *dxin = dev(x), *dy = dev(fvec(e)), *dg = dev(g), *ddx = dev(d0);
-        LAUNCH(ms_cu_softmax_forward(dy, dxin, n, c, NULL, ERR));
+        LAUNCH(ms_cu_softmax_forward(kc, dy, dxin, n, c, ERR));
         ok &= close("softmax forward", back(dy, e), y, 1e-8, 1e-5);
-        LAUNCH(ms_cu_softmax_backward(ddx, dg, dy, n, c, NULL, ERR));
+        LAUNCH(ms_cu_softmax_backward(kc, ddx, dg, dy, n, c, ERR));
         ok &= close("softmax backward", back(ddx, e), dx, 1e-7, 1e-5);
     }
     assert_true(ok);
@@ -308,25 +309,25 @@ static void test_xent(void **state) {
                           vl, v0);
     float *dsub = dev(sub), *o1 = dev(fvec(n)), *dgmax = dev(gmax), *dgsum = dev(gsum),
           *dds = dev(ds0);
-    LAUNCH(ms_cu_xent_vp_rowmax(o1, dsub, n, vl, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_rowmax(kc, o1, dsub, n, vl, ERR));
     ok &= close("xent slice max", back(o1, n), lm, 0, 0);
-    LAUNCH(ms_cu_xent_vp_sumexp(o1, dsub, dgmax, n, vl, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_sumexp(kc, o1, dsub, dgmax, n, vl, ERR));
     ok &= close("xent slice sum of exp", back(o1, n), ls, 1e-30, 3e-5);
-    LAUNCH(ms_cu_xent_vp_target(o1, dsub, dt, n, vl, v0, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_target(kc, o1, dsub, dt, n, vl, v0, ERR));
     ok &= close("xent slice target", back(o1, n), lt, 0, 0);
-    LAUNCH(ms_cu_xent_vp_backward(dds, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, 0u, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_backward(kc, dds, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, 0u, ERR));
     ok &= close("xent slice backward", back(dds, n * vl), ds, 3e-8, 1e-5);
     /* fresh: written whole over NaNs (ignored rows as zeros), the gradient alone */
     fvec alone = fvec(n * vl, 0.0f);
     ms_k_xent_vp_backward(alone.data(), sub.data(), gmax.data(), gsum.data(), t.data(), dl.data(),
                           n, vl, v0);
     float *dfresh = dev(fvec(n * vl, NAN));
-    LAUNCH(ms_cu_xent_vp_backward(dfresh, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, 1u, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_backward(kc, dfresh, dsub, dgmax, dgsum, dt, ddl, n, vl, v0, 1u, ERR));
     ok &= close("xent slice backward, fresh (over NaNs)", back(dfresh, n * vl), alone, 3e-8, 1e-5);
     /* The combine, from the whole-vocab partials (one slice). */
     float *dgt = dev(fvec(n));
-    LAUNCH(ms_cu_xent_vp_target(dgt, dlog, dt, n, v, 0, NULL, ERR));
-    LAUNCH(ms_cu_xent_vp_loss(o1, dgmax, dgsum, dgt, dt, n, NULL, ERR));
+    LAUNCH(ms_cu_xent_vp_target(kc, dgt, dlog, dt, n, v, 0, ERR));
+    LAUNCH(ms_cu_xent_vp_loss(kc, o1, dgmax, dgsum, dgt, dt, n, ERR));
     ok &= close("xent vocab-parallel loss", back(o1, n), vpl, 1e-4, 1e-6);
     assert_true(ok);
 }
@@ -346,7 +347,7 @@ static void test_optim(void **state) {
         assert_int_equal(
             ms_adamw_step_scaled(p.data(), g.data(), m.data(), v.data(), n, &o, t, 0.5f, &e),
             MS_OK);
-        LAUNCH(ms_cu_adamw_step(dp, dg, dm, dv, n, &o, t, 0.5f, NULL, ERR));
+        LAUNCH(ms_cu_adamw_step(kc, dp, dg, dm, dv, n, &o, t, 0.5f, ERR));
     }
     ok &= close("adamw p", back(dp, n), p, 1e-7, 1e-6);
     ok &= close("adamw m", back(dm, n), m, 1e-7, 1e-6);
@@ -356,19 +357,19 @@ static void test_optim(void **state) {
     uint16_t *dg16 = dev(g16), *dp16 = dev(hvec(n));
     ms_error e = {};
     assert_int_equal(ms_adamw_step(p.data(), gw.data(), m.data(), v.data(), n, &o, 3, &e), MS_OK);
-    LAUNCH(ms_cu_adamw_step_master(dp, dg16, dm, dv, dp16, n, &o, 3, 1.0f, NULL, ERR));
+    LAUNCH(ms_cu_adamw_step_master(kc, dp, dg16, dm, dv, dp16, n, &o, 3, 1.0f, ERR));
     const fvec pm = back(dp, n);
     ok &= close("adamw master p (bf16 gradient)", pm, p, 1e-7, 1e-6);
     ok &= close("adamw master bf16 copy = master rounded", widen(back(dp16, n)), widen(to_bf16(pm)),
                 0, 0);
     /* A bad step is refused before anything is launched. */
-    assert_int_equal(ms_cu_adamw_step(dp, dg, dm, dv, n, &o, 0, 1.0f, NULL, &e), MS_ERR_INVALID);
+    assert_int_equal(ms_cu_adamw_step(kc, dp, dg, dm, dv, n, &o, 0, 1.0f, &e), MS_ERR_INVALID);
     for (int64_t len : {1, 3 * 65536 + 12345}) {
         const fvec x = frand(len, -3, 3);
         float *dx = dev(x);
         double *dout = dev(std::vector<double>(1)),
                *scratch = dev(std::vector<double>(ms_cu_sumsq_scratch_doubles(len)));
-        LAUNCH(ms_cu_sumsq(dout, scratch, dx, len, NULL, ERR));
+        LAUNCH(ms_cu_sumsq(kc, dout, scratch, dx, len, ERR));
         const double got = back(dout, 1)[0], want = ms_sumsq_f32(x.data(), (size_t)len);
         printf("  sum of squares n=%lld rel err %.3g (tolerance 1e-12)\n", (long long)len,
                fabs(got - want) / want);
@@ -390,14 +391,14 @@ static void test_optim(void **state) {
             const bool bf = i != 1;
             items[i] = {ps[i], bf ? (const void *)lg : (const void *)dgf, m1, v1, sizes[i], 0, bf};
             if (bf)
-                LAUNCH(ms_cu_adamw_step_master(alone[i], lg, m2, v2, NULL, (size_t)sizes[i], &o, 5,
-                                               0.5f, NULL, ERR));
+                LAUNCH(ms_cu_adamw_step_master(kc, alone[i], lg, m2, v2, NULL, (size_t)sizes[i], &o,
+                                               5, 0.5f, ERR));
             else
-                LAUNCH(ms_cu_adamw_step(alone[i], dgf, m2, v2, (size_t)sizes[i], &o, 5, 0.5f, NULL,
+                LAUNCH(ms_cu_adamw_step(kc, alone[i], dgf, m2, v2, (size_t)sizes[i], &o, 5, 0.5f,
                                         ERR));
         }
         const int64_t chunks = ms_cu_adamw_list_plan(items.data(), 3);
-        LAUNCH(ms_cu_adamw_list(dev(items), 3, chunks, &o, 5, 0.5f, NULL, ERR));
+        LAUNCH(ms_cu_adamw_list(kc, dev(items), 3, chunks, &o, 5, 0.5f, ERR));
         bool same = true;
         for (int i = 0; i < 3; i++) same &= back(ps[i], sizes[i]) == back(alone[i], sizes[i]);
         printf("  adamw over a list of 3: %s\n",
@@ -415,10 +416,10 @@ static void test_optim(void **state) {
             lists[i] = dev(std::vector<uint16_t>((size_t)sizes[i] + 1, 0xBEEF));
             alone[i] = dev(std::vector<uint16_t>((size_t)sizes[i] + 1, 0xBEEF));
             items[i] = {lists[i], dx, sizes[i], 0};
-            LAUNCH(ms_cu_bf16_round(alone[i], dx, sizes[i], NULL, ERR));
+            LAUNCH(ms_cu_bf16_round(kc, alone[i], dx, sizes[i], ERR));
         }
         const int64_t chunks = ms_cu_cast_list_plan(items.data(), 4);
-        LAUNCH(ms_cu_cast_list(dev(items), 4, chunks, NULL, ERR));
+        LAUNCH(ms_cu_cast_list(kc, dev(items), 4, chunks, ERR));
         bool same = true;
         for (int i = 0; i < 4; i++)
             same &= back(lists[i], sizes[i] + 1) == back(alone[i], sizes[i] + 1);
@@ -437,13 +438,13 @@ static void test_optim(void **state) {
             items[i] = {dx, sizes[i], 0, 0};
             double *d1 = dev(std::vector<double>(1)),
                    *s1 = dev(std::vector<double>(ms_cu_sumsq_scratch_doubles(sizes[i]) + 1));
-            LAUNCH(ms_cu_sumsq(d1, s1, dx, sizes[i], NULL, ERR));
+            LAUNCH(ms_cu_sumsq(kc, d1, s1, dx, sizes[i], ERR));
             alone[i] = sizes[i] ? back(d1, 1)[0] : 0.0;
         }
         const int64_t chunks = ms_cu_sumsq_list_plan(items.data(), 4);
         ms_cu_sumsq_item *ditems = dev(items);
         double *dsums = dev(std::vector<double>(4)), *dscr = dev(std::vector<double>(chunks));
-        LAUNCH(ms_cu_sumsq_list(dsums, dscr, ditems, 4, chunks, NULL, ERR));
+        LAUNCH(ms_cu_sumsq_list(kc, dsums, dscr, ditems, 4, chunks, ERR));
         const std::vector<double> sums = back(dsums, 4);
         const bool same = memcmp(sums.data(), alone.data(), sizeof(double) * 4) == 0;
         printf("  sums of squares of a list of 4: %s\n",
@@ -473,17 +474,18 @@ static bool attention_case(int64_t b, int64_t t, int64_t c, int64_t nh, bool cau
                            nh, causal);
     ms_k_attention_backward(dq.data(), scratch.data(), g.data(), qkv.data(), att.data(), b, t, c,
                             nh, causal);
-    float *dqkv_in = dev(qkv), *dout = dev(fvec(n)), *dlse = dev(fvec(b * nh * t)), *dg = dev(g);
+    float *dqkv_in = dev(qkv), *dout = dev(fvec(n)), *dg = dev(g);
+    float *dsaved = dev(fvec(ms_cu_attention_saved_floats(b, t, c, nh)));
     float *ddq = dev(d0), *dmask = masked ? dev(mask) : NULL;
     float *dscr = dev(fvec(ms_cu_attention_scratch_floats(b, t, nh)));
-    LAUNCH(ms_cu_attention_forward(dout, dlse, dqkv_in, dmask, b, t, c, nh, causal, NULL, ERR));
+    LAUNCH(ms_cu_attention_forward(kc, dout, dsaved, dqkv_in, dmask, b, t, c, nh, causal, ERR));
     char what[96];
     snprintf(what, sizeof what, "attention out B=%lld T=%lld C=%lld NH=%lld%s%s", (long long)b,
              (long long)t, (long long)c, (long long)nh, causal ? " causal" : "",
              masked ? " mask" : "");
     bool ok = close(what, back(dout, n), out, 1e-5, 1e-4);
-    LAUNCH(ms_cu_attention_backward(ddq, dscr, dg, dqkv_in, dout, dlse, dmask, b, t, c, nh, causal,
-                                    0u, NULL, ERR));
+    LAUNCH(ms_cu_attention_backward(kc, ddq, dscr, dg, dqkv_in, dsaved, dmask, b, t, c, nh, causal,
+                                    0u, ERR));
     ok &= close("  dqkv", back(ddq, n3), dq, 1e-5, 1e-4);
     return ok;
 }
@@ -498,7 +500,7 @@ static void test_attention(void **state) {
     ok &= attention_case(1, 64, 256, 2, false, false); /* HS = 128 */
     float *p = dev(fvec(16));
     ms_error e = {};
-    assert_int_equal(ms_cu_attention_forward(p, p, p, NULL, 1, 1, 258, 1, true, NULL, &e),
+    assert_int_equal(ms_cu_attention_forward(kc, p, p, p, NULL, 1, 1, 258, 1, true, &e),
                      MS_ERR_INVALID);
     printf("  refused: %s\n", e.msg);
     assert_true(ok);
@@ -533,30 +535,30 @@ static bool attention_bf16_case(int64_t b, int64_t t, int64_t c, int64_t nh, boo
     for (int64_t i = 0; i < n3; i++) grad[i] = dq[i] - d0f[i];
     if (rows) setenv("MS_CUDA_ATTENTION", "rows", 1);
     uint16_t *dqkv = dev(qkv), *dout = dev(hvec(n)), *dg = dev(g), *ddq = dev(d0);
-    float *dsaved = dev(fvec(b * nh * t + n)), *dmask = masked ? dev(mask) : NULL;
+    float *dsaved = dev(fvec(ms_cu_attention_saved_floats(b, t, c, nh)));
+    float *dmask = masked ? dev(mask) : NULL;
     float *dscr = dev(fvec(ms_cu_attention_scratch_floats(b, t, nh)));
-    LAUNCH(ms_cu_attention_forward_bf16(dout, dsaved, dsaved + b * nh * t, dqkv, dmask, b, t, c, nh,
-                                        causal, NULL, ERR));
+    LAUNCH(ms_cu_attention_forward_bf16(kc, dout, dsaved, dqkv, dmask, b, t, c, nh, causal, ERR));
     char what[128];
     snprintf(what, sizeof what, "attention bf16 (%s) out B=%lld T=%lld C=%lld NH=%lld%s%s",
              rows ? "rows" : "flash", (long long)b, (long long)t, (long long)c, (long long)nh,
              causal ? " causal" : "", masked ? " mask" : "");
     bool ok = close(what, widen(back(dout, n)), out, 8e-3 * max_abs(out), BF16_RTOL);
-    LAUNCH(ms_cu_attention_backward_bf16(ddq, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask, b,
-                                         t, c, nh, causal, 0u, NULL, ERR));
+    LAUNCH(ms_cu_attention_backward_bf16(kc, ddq, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
+                                         causal, 0u, ERR));
     const hvec first = back(ddq, n3);
     fvec got(n3);
     for (int64_t i = 0; i < n3; i++) got[i] = ms_f32_from_bf16(first[i]) - d0f[i];
     ok &= close("  dqkv (what was added)", got, grad, 2e-2 * max_abs(grad), BF16_RTOL);
     uint16_t *ddq2 = dev(d0);
-    LAUNCH(ms_cu_attention_backward_bf16(ddq2, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask,
-                                         b, t, c, nh, causal, 0u, NULL, ERR));
+    LAUNCH(ms_cu_attention_backward_bf16(kc, ddq2, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
+                                         causal, 0u, ERR));
     const bool same = back(ddq2, n3) == first;
     printf("  dqkv of a second backward: %s\n", same ? "the same bits" : "DIFFERENT  FAIL");
     /* fresh: dqkv written whole over NaNs, every element once: the gradient alone */
     uint16_t *dfresh = dev(to_bf16(fvec(n3, NAN)));
-    LAUNCH(ms_cu_attention_backward_bf16(dfresh, dscr, dg, dqkv, dsaved + b * nh * t, dsaved, dmask,
-                                         b, t, c, nh, causal, 1u, NULL, ERR));
+    LAUNCH(ms_cu_attention_backward_bf16(kc, dfresh, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
+                                         causal, 1u, ERR));
     ok &= close("  dqkv fresh (over NaNs)", widen(back(dfresh, n3)), grad, 2e-2 * max_abs(grad),
                 BF16_RTOL);
     if (rows) unsetenv("MS_CUDA_ATTENTION");
@@ -590,14 +592,14 @@ static void test_rmsnorm(void **state) {
                               c);
         float *dxin = dev(x), *dwt = dev(w), *dg = dev(g), *dout = dev(fvec(e)),
               *drstd = dev(fvec(n)), *ddx = dev(d0), *ddw = dev(dw0);
-        LAUNCH(ms_cu_rmsnorm_forward(dout, drstd, dxin, dwt, n, c, 1e-6f, NULL, ERR));
+        LAUNCH(ms_cu_rmsnorm_forward(kc, dout, drstd, dxin, dwt, n, c, 1e-6f, ERR));
         char what[64];
         snprintf(what, sizeof what, "rmsnorm out C=%lld", (long long)c);
         ok &= close(what, back(dout, e), out, 1e-6, 1e-5);
         ok &= close("  rstd", back(drstd, n), rstd, 0, 1e-5);
         /* the backward from the CPU's rstd, so that both add the same terms */
-        LAUNCH(ms_cu_rmsnorm_backward(ddx, ddw, colsum_scratch(n, c, 1), dg, dxin, dwt, dev(rstd),
-                                      n, c, NULL, ERR));
+        LAUNCH(ms_cu_rmsnorm_backward(kc, ddx, ddw, colsum_scratch(n, c, 1), dg, dxin, dwt,
+                                      dev(rstd), n, c, ERR));
         ok &= close("  dinp", back(ddx, e), dx, 1e-6, 1e-5);
         const colsum_want ww = colsum_reference(
             n, c, dw0, [&](int64_t r, int64_t j) { return g[r * c + j] * x[r * c + j] * rstd[r]; });
@@ -623,14 +625,14 @@ static void test_colsum(void **state) {
         ms_k_bias_gelu_backward(dxc.data(), dbc.data(), g.data(), x.data(), b.data(), n, c);
         float *px = dev(x), *pb = dev(b), *pg = dev(g), *scr = colsum_scratch(n, c, 1);
         float *pdx1 = dev(zero), *pdb1 = dev(db0), *pdx2 = dev(zero), *pdb2 = dev(db0);
-        LAUNCH(ms_cu_bias_gelu_backward(pdx1, pdb1, scr, pg, px, pb, n, c, 0u, NULL, ERR));
-        LAUNCH(ms_cu_bias_gelu_backward(pdx2, pdb2, scr, pg, px, pb, n, c, 0u, NULL, ERR));
+        LAUNCH(ms_cu_bias_gelu_backward(kc, pdx1, pdb1, scr, pg, px, pb, n, c, 0u, ERR));
+        LAUNCH(ms_cu_bias_gelu_backward(kc, pdx2, pdb2, scr, pg, px, pb, n, c, 0u, ERR));
         const fvec dx1 = back(pdx1, e), db1 = back(pdb1, c);
         ok &= same_floats("bias gelu backward: launched twice, dinp", dx1, back(pdx2, e));
         ok &= same_floats("bias gelu backward: launched twice, dbias", db1, back(pdb2, c));
         /* fresh (bit 0): dinp written over NaNs, the bits of adding to zeros */
         float *pdxf = dev(fvec(e, NAN)), *pdbf = dev(db0);
-        LAUNCH(ms_cu_bias_gelu_backward(pdxf, pdbf, scr, pg, px, pb, n, c, 1u, NULL, ERR));
+        LAUNCH(ms_cu_bias_gelu_backward(kc, pdxf, pdbf, scr, pg, px, pb, n, c, 1u, ERR));
         ok &= same_floats("bias gelu backward fresh: dinp over NaN", back(pdxf, e), dx1);
         ok &= same_floats("bias gelu backward fresh: dbias", back(pdbf, c), db1);
         ok &= close("bias gelu backward dinp (device tanhf: 2e-6)", dx1, dxc, 2e-6, 2e-6);
@@ -640,7 +642,7 @@ static void test_colsum(void **state) {
         ok &= close_colsum("bias gelu backward dbias (summation bound + terms)", db1, to_dvec(dbc),
                            w.mag, gpu_colsum_units(n), 0, &tdiff);
         ms_error e2 = {};
-        ok &= ms_cu_bias_gelu_backward(pdx1, pdb1, NULL, pg, px, pb, n, c, 0u, NULL, &e2) ==
+        ok &= ms_cu_bias_gelu_backward(kc, pdx1, pdb1, NULL, pg, px, pb, n, c, 0u, &e2) ==
               MS_ERR_INVALID;
         printf("  no scratch: %s\n", e2.msg);
     }
@@ -655,14 +657,14 @@ static void test_colsum(void **state) {
         float *pg = dev(g), *scr = colsum_scratch(n, c, 1);
         float *pdx1 = dev(d0), *pdr1 = dev(r0), *pdb1 = dev(db0);
         float *pdx2 = dev(d0), *pdr2 = dev(r0), *pdb2 = dev(db0);
-        LAUNCH(ms_cu_bias_dropout_add_backward(pdx1, pdb1, pdr1, scr, pg, c, &fd, 0u, NULL, ERR));
-        LAUNCH(ms_cu_bias_dropout_add_backward(pdx2, pdb2, pdr2, scr, pg, c, &fd, 0u, NULL, ERR));
+        LAUNCH(ms_cu_bias_dropout_add_backward(kc, pdx1, pdb1, pdr1, scr, pg, c, &fd, 0u, ERR));
+        LAUNCH(ms_cu_bias_dropout_add_backward(kc, pdx2, pdb2, pdr2, scr, pg, c, &fd, 0u, ERR));
         const fvec db1 = back(pdb1, c);
         /* fresh dinp and dres (bits 0 and 2) over NaNs: as added to zeros, dres = dout */
         fvec dxz(e, 0.0f), drz(e, 0.0f), dbz = db0;
         ms_k_bias_dropout_add_backward(dxz.data(), dbz.data(), drz.data(), g.data(), c, &fd);
         float *pdxf = dev(fvec(e, NAN)), *pdrf = dev(fvec(e, NAN)), *pdbf = dev(db0);
-        LAUNCH(ms_cu_bias_dropout_add_backward(pdxf, pdbf, pdrf, scr, pg, c, &fd, 5u, NULL, ERR));
+        LAUNCH(ms_cu_bias_dropout_add_backward(kc, pdxf, pdbf, pdrf, scr, pg, c, &fd, 5u, ERR));
         ok &= close("bias dropout add backward fresh dinp (over NaN)", back(pdxf, e), dxz, 1e-7,
                     1e-6);
         ok &= same_floats("bias dropout add backward fresh dres (over NaN) == dout", back(pdrf, e),
@@ -687,7 +689,7 @@ static void test_colsum(void **state) {
         fvec dbc = widen(db0);
         ms_k_bias_add_backward(NULL, dbc.data(), gf.data(), n, c);
         uint16_t *pg = dev(g), *pdb = dev(db0);
-        LAUNCH(ms_cu_bias_add_backward_bf16(NULL, pdb, colsum_scratch(n, c, 1), pg, n, c, 0u, NULL,
+        LAUNCH(ms_cu_bias_add_backward_bf16(kc, NULL, pdb, colsum_scratch(n, c, 1), pg, n, c, 0u,
                                             ERR));
         const colsum_want w =
             colsum_reference(n, c, widen(db0), [&](int64_t r, int64_t j) { return gf[r * c + j]; });
@@ -701,8 +703,8 @@ static void test_colsum(void **state) {
         fvec cpu(1);
         ms_k_sum_forward(cpu.data(), x.data(), 1, d, 1);
         float *px = dev(x), *po1 = dev(fvec(1)), *po2 = dev(fvec(1));
-        LAUNCH(ms_cu_sum_forward(po1, px, 1, d, 1, NULL, ERR));
-        LAUNCH(ms_cu_sum_forward(po2, px, 1, d, 1, NULL, ERR));
+        LAUNCH(ms_cu_sum_forward(kc, po1, px, 1, d, 1, ERR));
+        LAUNCH(ms_cu_sum_forward(kc, po2, px, 1, d, 1, ERR));
         const fvec s1 = back(po1, 1);
         ok &= same_floats("sum forward o=1 d=8192: launched twice", s1, back(po2, 1));
         double mag = 0;
@@ -724,9 +726,9 @@ static void test_swiglu_rotary(void **state) {
     ms_k_swiglu_backward(dg.data(), du.data(), g.data(), gate.data(), up.data(), e);
     float *dgate = dev(gate), *dup = dev(up), *dgr = dev(g), *dout = dev(fvec(e));
     float *ddg = dev(d0), *ddu = dev(d1);
-    LAUNCH(ms_cu_swiglu_forward(dout, dgate, dup, e, NULL, ERR));
+    LAUNCH(ms_cu_swiglu_forward(kc, dout, dgate, dup, e, ERR));
     bool ok = close("swiglu forward (device expf: 2e-6)", back(dout, e), out, 1e-6, 2e-6);
-    LAUNCH(ms_cu_swiglu_backward(ddg, ddu, dgr, dgate, dup, e, NULL, ERR));
+    LAUNCH(ms_cu_swiglu_backward(kc, ddg, ddu, dgr, dgate, dup, e, ERR));
     ok &= close("swiglu dgate", back(ddg, e), dg, 2e-6, 1e-5);
     ok &= close("swiglu dup", back(ddu, e), du, 2e-6, 1e-5);
     /* rotary: a sequence shard from position 4000 */
@@ -734,7 +736,7 @@ static void test_swiglu_rotary(void **state) {
     fvec cs(t * half), sn(t * half);
     ms_k_rotary_tables(cs.data(), sn.data(), t, t0, d, 10000.0f);
     float *dcs = dev(fvec(t * half)), *dsn = dev(fvec(t * half));
-    LAUNCH(ms_cu_rotary_tables(dcs, dsn, t, t0, d, 10000.0f, NULL, ERR));
+    LAUNCH(ms_cu_rotary_tables(kc, dcs, dsn, t, t0, d, 10000.0f, ERR));
     ok &= close("rotary cos table (device sincosf: 1e-6)", back(dcs, t * half), cs, 1e-6, 0);
     ok &= close("rotary sin table (device sincosf: 1e-6)", back(dsn, t * half), sn, 1e-6, 0);
     const fvec x = frand(n, -2, 2), r0 = frand(n, -1, 1);
@@ -742,8 +744,8 @@ static void test_swiglu_rotary(void **state) {
     ms_k_rotary_apply(rx.data(), x.data(), cs.data(), sn.data(), b, t, h, d, false);
     ms_k_rotary_apply(rb.data(), x.data(), cs.data(), sn.data(), b, t, h, d, true);
     float *dx = dev(x), *drx = dev(fvec(n)), *drb = dev(r0), *hcs = dev(cs), *hsn = dev(sn);
-    LAUNCH(ms_cu_rotary_apply(drx, dx, hcs, hsn, b, t, h, d, false, NULL, ERR));
-    LAUNCH(ms_cu_rotary_apply(drb, dx, hcs, hsn, b, t, h, d, true, NULL, ERR));
+    LAUNCH(ms_cu_rotary_apply(kc, drx, dx, hcs, hsn, b, t, h, d, false, ERR));
+    LAUNCH(ms_cu_rotary_apply(kc, drb, dx, hcs, hsn, b, t, h, d, true, ERR));
     ok &= close("rotary forward", back(drx, n), rx, 1e-6, 1e-6);
     ok &= close("rotary backward", back(drb, n), rb, 1e-6, 1e-6);
     assert_true(ok);
@@ -771,15 +773,15 @@ static bool gqa_case(int64_t b, int64_t tq, int64_t tk, int64_t q_start, int64_t
     float *dqin = dev(q), *dkv_in = dev(kv), *dgo = dev(dout), *dmask = masked ? dev(mask) : NULL;
     float *dout_ = dev(fvec(nq)), *dsaved = dev(fvec(ms_cu_gqa_saved_floats(&g)));
     float *ddq = dev(dq0), *ddkv = dev(dkv0), *dscr = dev(fvec(ms_cu_gqa_scratch_floats(&g)));
-    LAUNCH(ms_cu_gqa_forward(&g, dout_, dsaved, dqin, dkv_in, dkv_in + hkv * d, dmask, NULL, ERR));
+    LAUNCH(ms_cu_gqa_forward(kc, &g, dout_, dsaved, dqin, dkv_in, dkv_in + hkv * d, dmask, ERR));
     char what[112];
     snprintf(what, sizeof what,
              "gqa out B=%lld Tq=%lld Tk=%lld from %lld H=%lld Hkv=%lld D=%lld%s%s", (long long)b,
              (long long)tq, (long long)tk, (long long)q_start, (long long)h, (long long)hkv,
              (long long)d, causal ? " causal" : "", masked ? " mask" : "");
     bool ok = close(what, back(dout_, nq), out, 1e-5, 1e-4);
-    LAUNCH(ms_cu_gqa_backward(&g, ddq, ddkv, ddkv + hkv * d, dscr, dgo, dqin, dkv_in,
-                              dkv_in + hkv * d, dsaved, dmask, NULL, ERR));
+    LAUNCH(ms_cu_gqa_backward(kc, &g, ddq, ddkv, ddkv + hkv * d, dscr, dgo, dqin, dkv_in,
+                              dkv_in + hkv * d, dsaved, dmask, ERR));
     ok &= close("  dq", back(ddq, nq), dq, 1e-5, 1e-4);
     ok &= close("  dk dv", back(ddkv, nkv), dkv, 1e-5, 1e-4);
     return ok;
@@ -796,7 +798,7 @@ static void test_gqa(void **state) {
     float *p = dev(fvec(16));
     const ms_k_gqa bad = {1, 1, 1, 3, 2, 64, 192, 128, 192, 0, true};
     ms_error e = {};
-    assert_int_equal(ms_cu_gqa_forward(&bad, p, p, p, p, p, NULL, NULL, &e), MS_ERR_INVALID);
+    assert_int_equal(ms_cu_gqa_forward(kc, &bad, p, p, p, p, p, NULL, &e), MS_ERR_INVALID);
     printf("  refused: %s\n", e.msg);
     assert_true(ok);
 }

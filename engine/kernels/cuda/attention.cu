@@ -203,21 +203,21 @@ template <typename T>
 static ms_status attn_backward(const attn_dims &a, int64_t b, T *dq, T *dk, T *dv, float *delta,
                                const T *dout, const T *q, const T *k, const T *v,
                                const float *o_copy, const float *lse, const float *mask,
-                               void *stream, ms_error *err) {
+                               ms_kctx *kc, ms_error *err) {
     const int64_t tq = a.tq, nh = a.h, hs = a.hs, ld = a.out_ld;
-    MS_CHECK(ms_cu_each(b * nh * tq, stream, "attention backward (delta)", err,
-                        [=] __device__(int64_t r) {
-                            const int64_t i = r % tq, bh = r / tq, h = bh % nh, bi = bh / nh;
-                            const float *o = o_copy + ((bi * tq + i) * nh + h) * hs;
-                            delta[r] = ms_cu_dot(dout + (bi * tq + i) * ld + h * hs, o, hs);
-                        }));
+    MS_CHECK(
+        ms_cu_each(b * nh * tq, kc, "attention backward (delta)", err, [=] __device__(int64_t r) {
+            const int64_t i = r % tq, bh = r / tq, h = bh % nh, bi = bh / nh;
+            const float *o = o_copy + ((bi * tq + i) * nh + h) * hs;
+            delta[r] = ms_cu_dot(dout + (bi * tq + i) * ld + h * hs, o, hs);
+        }));
     ms_fa_args f;
     if (flash_args(&f, a, q, k, v, dout, mask)) {
         f.dq = (uint16_t *)dq, f.dk = (uint16_t *)dk, f.dv = (uint16_t *)dv;
         f.lse = const_cast<float *>(lse), f.delta = delta;
-        return ms_cu_flash_backward(&f, b, stream, err);
+        return ms_cu_flash_backward(kc, &f, b, err);
     }
-    cudaStream_t s = (cudaStream_t)stream;
+    cudaStream_t s = (cudaStream_t)ms_cu_stream(kc);
     if (dq) {
         attn_dq_kernel<<<attn_grid(b, tq, nh), ATTN_ROWS, 0, s>>>(dq, dout, q, k, v, lse, delta,
                                                                   mask, a);
@@ -248,16 +248,16 @@ static ms_status packed_dims(attn_dims *a, int64_t t, int64_t c, int64_t nh, boo
 template <typename T>
 static ms_status packed_forward(T *out, float *lse, float *o_copy, const T *qkv, const float *mask,
                                 int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                void *stream, const char *what, ms_error *err) {
+                                ms_kctx *kc, const char *what, ms_error *err) {
     attn_dims a;
     MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
     ms_fa_args f;
     if (flash_args(&f, a, qkv, qkv + c, qkv + 2 * c, (const T *)NULL, mask)) {
         f.out = (uint16_t *)out, f.lse = lse, f.o_f32 = o_copy;
-        return ms_cu_flash_forward(&f, b, stream, err);
+        return ms_cu_flash_forward(kc, &f, b, err);
     }
-    attn_fwd_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
+    attn_fwd_kernel<<<attn_grid(b, t, nh), ATTN_ROWS, 0, (cudaStream_t)ms_cu_stream(kc)>>>(
         out, lse, o_copy, qkv, qkv + c, qkv + 2 * c, mask, a);
     return ms_cu_launched(what, err);
 }
@@ -267,49 +267,60 @@ template <typename T>
 static ms_status packed_backward(T *dqkv, float *scratch, const T *dout, const T *qkv,
                                  const float *out, const float *lse, const float *mask, int64_t b,
                                  int64_t t, int64_t c, int64_t nh, bool causal, unsigned fresh,
-                                 void *stream, ms_error *err) {
+                                 ms_kctx *kc, ms_error *err) {
     attn_dims a;
     MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
     a.fresh = fresh & 1u; /* dqkv whole: dq, then dk and dv, every row written once */
     return attn_backward(a, b, dqkv, dqkv + c, dqkv + 2 * c, scratch, dout, qkv, qkv + c,
-                         qkv + 2 * c, out, lse, mask, stream, err);
+                         qkv + 2 * c, out, lse, mask, kc, err);
 }
 
-ms_status ms_cu_attention_forward(float *out, float *lse, const float *qkv, const float *mask,
-                                  int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                  void *stream, ms_error *err) {
-    return packed_forward(out, lse, (float *)NULL, qkv, mask, b, t, c, nh, causal, stream,
-                          "attention forward", err);
+/* saved: the log-sum-exps [B, NH, T], then a copy of the output [B, T, C] (fp32; under bf16
+ * the output before rounding), which the backward reads: the program may reuse the output's
+ * own buffer meanwhile. */
+int64_t ms_cu_attention_saved_floats(int64_t b, int64_t t, int64_t c, int64_t nh) {
+    return b * nh * t + b * t * c;
 }
 
 int64_t ms_cu_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
     return b * nh * t;
 }
 
-ms_status ms_cu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                   const float *out, const float *lse, const float *mask, int64_t b,
-                                   int64_t t, int64_t c, int64_t nh, bool causal, unsigned fresh,
-                                   void *stream, ms_error *err) {
-    return packed_backward(dqkv, scratch, dout, qkv, out, lse, mask, b, t, c, nh, causal, fresh,
-                           stream, err);
+ms_status ms_cu_attention_forward(ms_kctx *kc, float *out, float *saved, const float *qkv,
+                                  const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
+                                  bool causal, ms_error *err) {
+    MS_CHECK(packed_forward(out, saved, (float *)NULL, qkv, mask, b, t, c, nh, causal, kc,
+                            "attention forward", err));
+    return ms_cuda_status(cudaMemcpyAsync(saved + b * nh * t, out,
+                                          sizeof(float) * (size_t)(b * t * c),
+                                          cudaMemcpyDeviceToDevice, (cudaStream_t)ms_cu_stream(kc)),
+                          "cudaMemcpyAsync (attention output)", err);
 }
 
-ms_status ms_cu_attention_forward_bf16(uint16_t *out, float *lse, float *out_f32,
+ms_status ms_cu_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
+                                   const float *qkv, const float *saved, const float *mask,
+                                   int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                   unsigned fresh, ms_error *err) {
+    return packed_backward(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask, b, t, c, nh,
+                           causal, fresh, kc, err);
+}
+
+/* bf16: the output before rounding goes straight into the saved copy (no memcpy). */
+ms_status ms_cu_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
                                        const uint16_t *qkv, const float *mask, int64_t b, int64_t t,
-                                       int64_t c, int64_t nh, bool causal, void *stream,
-                                       ms_error *err) {
-    return packed_forward(ms_cu_bf(out), lse, out_f32, ms_cu_bf(qkv), mask, b, t, c, nh, causal,
-                          stream, "attention forward (bf16)", err);
+                                       int64_t c, int64_t nh, bool causal, ms_error *err) {
+    return packed_forward(ms_cu_bf(out), saved, saved + b * nh * t, ms_cu_bf(qkv), mask, b, t, c,
+                          nh, causal, kc, "attention forward (bf16)", err);
 }
 
-ms_status ms_cu_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
-                                        const uint16_t *qkv, const float *out_f32, const float *lse,
-                                        const float *mask, int64_t b, int64_t t, int64_t c,
-                                        int64_t nh, bool causal, unsigned fresh, void *stream,
+ms_status ms_cu_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
+                                        const uint16_t *dout, const uint16_t *qkv,
+                                        const float *saved, const float *mask, int64_t b, int64_t t,
+                                        int64_t c, int64_t nh, bool causal, unsigned fresh,
                                         ms_error *err) {
-    return packed_backward(ms_cu_bf(dqkv), scratch, ms_cu_bf(dout), ms_cu_bf(qkv), out_f32, lse,
-                           mask, b, t, c, nh, causal, fresh, stream, err);
+    return packed_backward(ms_cu_bf(dqkv), scratch, ms_cu_bf(dout), ms_cu_bf(qkv),
+                           saved + b * nh * t, saved, mask, b, t, c, nh, causal, fresh, kc, err);
 }
 
 /* ---- grouped-query attention over strided heads (layers.h) ---- */
@@ -337,23 +348,23 @@ int64_t ms_cu_gqa_scratch_floats(const ms_k_gqa *g) {
     return g->b * g->h * g->tq;
 }
 
-ms_status ms_cu_gqa_forward(const ms_k_gqa *g, float *out, float *saved, const float *q,
-                            const float *k, const float *v, const float *mask, void *stream,
+ms_status ms_cu_gqa_forward(ms_kctx *kc, const ms_k_gqa *g, float *out, float *saved,
+                            const float *q, const float *k, const float *v, const float *mask,
                             ms_error *err) {
     attn_dims a;
     MS_CHECK(gqa_dims(&a, g, err));
     if (g->b <= 0 || g->tq <= 0 || g->h <= 0) return MS_OK;
-    attn_fwd_kernel<<<attn_grid(g->b, g->tq, g->h), ATTN_ROWS, 0, (cudaStream_t)stream>>>(
+    attn_fwd_kernel<<<attn_grid(g->b, g->tq, g->h), ATTN_ROWS, 0, (cudaStream_t)ms_cu_stream(kc)>>>(
         out, saved, saved + g->b * g->h * g->tq, q, k, v, mask, a);
     return ms_cu_launched("gqa attention forward", err);
 }
 
-ms_status ms_cu_gqa_backward(const ms_k_gqa *g, float *dq, float *dk, float *dv, float *scratch,
-                             const float *dout, const float *q, const float *k, const float *v,
-                             const float *saved, const float *mask, void *stream, ms_error *err) {
+ms_status ms_cu_gqa_backward(ms_kctx *kc, const ms_k_gqa *g, float *dq, float *dk, float *dv,
+                             float *scratch, const float *dout, const float *q, const float *k,
+                             const float *v, const float *saved, const float *mask, ms_error *err) {
     attn_dims a;
     MS_CHECK(gqa_dims(&a, g, err));
     if (g->b <= 0 || g->tq <= 0 || g->h <= 0) return MS_OK;
     return attn_backward(a, g->b, dq, dk, dv, scratch, dout, q, k, v, saved + g->b * g->h * g->tq,
-                         saved, mask, stream, err);
+                         saved, mask, kc, err);
 }

@@ -1,11 +1,17 @@
-/* backend_cuda.c - the CUDA kernel table (built with CUDA only): engine/kernels/cuda's
- * launchers on the rank's compute stream, cuBLAS for the GEMMs.
+/* backend_cuda.c - the CUDA kernel table (built with CUDA only) and the kernel context's state.
  *
- * Every kernel is enqueued and returns at once on the device's compute stream
- * (core/device_cuda.c), which every kernel context of the device shares and the device's
- * copies run on, so kernels and copies keep the rank's order and a device mark covers them
- * all. Not verified on a GPU yet: the arithmetic of each kernel is host-tested
- * (tests/test_cuda_host.cu), the launches and this table run only where a GPU exists. */
+ * Most slots point straight at a function of engine/kernels/cuda's .cu files, declared in
+ * cuda_kernels.h with the slot's signature. The adapters here are the slots that need what
+ * the context keeps: device scratch grown on demand (the column reductions' chunk sums, the
+ * embedding backward's sort, the sums of squares) and the lists staged through pinned host
+ * memory (AdamW's parameters, the gradient norm's tensors, the masters' bf16 casts).
+ *
+ * Ownership: the context owns its scratch, its staged lists and its cuBLAS handle. The compute
+ * stream is the device's (core/device_cuda.c), which every kernel context of the device shares
+ * and the device's copies run on, so kernels and copies keep the rank's order and a device
+ * mark covers them all; ms_cu_stream asks the device for it at each launch. Not verified on a
+ * GPU yet: the arithmetic of each kernel is host-tested (tests/test_cuda_host.cu), the
+ * launches and this table run only where a GPU exists. */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
@@ -145,63 +151,26 @@ static int64_t bda_rows(const ms_k_fused_dropout *d, int64_t nb) {
     return n / (nb > 0 ? nb : 1);
 }
 
-/* ---- program instructions ---- */
-static ms_status c_fill(ms_kctx *kc, float *dst, float v, int64_t n, ms_error *err) {
-    return ms_cu_fill(dst, v, n, STREAM(kc), err);
-}
-static ms_status c_accumulate(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
-    return ms_cu_add_backward(dst, NULL, src, n, STREAM(kc), err);
-}
-static ms_status c_bf16_accumulate(ms_kctx *kc, uint16_t *dst, const uint16_t *src, int64_t n,
-                                   ms_error *err) {
-    return ms_cu_bf16_accumulate(dst, src, n, STREAM(kc), err);
-}
-static ms_status c_bf16_widen(ms_kctx *kc, float *out, const uint16_t *in, int64_t n,
-                              ms_error *err) {
-    return ms_cu_bf16_widen(out, in, n, STREAM(kc), err);
-}
-static ms_status c_bf16_round(ms_kctx *kc, uint16_t *out, const float *in, int64_t n,
-                              ms_error *err) {
-    return ms_cu_bf16_round(out, in, n, STREAM(kc), err);
-}
-static ms_status c_ids_from_floats(ms_kctx *kc, int32_t *out, const float *in, int64_t n,
-                                   ms_error *err) {
-    return ms_cu_ids_from_floats(out, in, n, STREAM(kc), err);
-}
-
-/* ---- bf16 kernels: the fp32 launchers' templates on bf16 storage (cuda_kernels.h) ---- */
-static ms_status c_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *a,
-                                    const uint16_t *b, int64_t n, ms_error *err) {
-    return ms_cu_add_forward_bf16(out, a, b, n, STREAM(kc), err);
-}
-static ms_status c_add_backward_bf16(ms_kctx *kc, uint16_t *da, uint16_t *db, const uint16_t *dout,
-                                     int64_t n, ms_error *err) {
-    return ms_cu_add_backward_bf16(da, db, dout, n, STREAM(kc), err);
-}
-static ms_status c_bias_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
-                                         const uint16_t *bias, int64_t n, int64_t c,
-                                         ms_error *err) {
-    return ms_cu_bias_add_forward_bf16(out, inp, bias, n, c, STREAM(kc), err);
+/* ---- the backwards that sum over rows: their column-sum scratch ---- */
+static ms_status c_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
+                                     int64_t n, int64_t c, unsigned fresh, ms_error *err) {
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
+    return ms_cu_bias_add_backward(kc, dinp, dbias, s, dout, n, c, fresh, err);
 }
 static ms_status c_bias_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                           const uint16_t *dout, int64_t n, int64_t c,
                                           unsigned fresh, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_add_backward_bf16(dinp, dbias, s, dout, n, c, fresh, STREAM(kc), err);
+    return ms_cu_bias_add_backward_bf16(kc, dinp, dbias, s, dout, n, c, fresh, err);
 }
-static ms_status c_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, int64_t n,
-                                     ms_error *err) {
-    return ms_cu_gelu_forward_bf16(out, inp, n, STREAM(kc), err);
-}
-static ms_status c_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *inp,
-                                      const uint16_t *dout, int64_t n, ms_error *err) {
-    return ms_cu_gelu_backward_bf16(dinp, inp, dout, n, STREAM(kc), err);
-}
-static ms_status c_bias_gelu_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
-                                          const uint16_t *bias, int64_t n, int64_t c,
-                                          ms_error *err) {
-    return ms_cu_bias_gelu_forward_bf16(out, inp, bias, n, c, STREAM(kc), err);
+static ms_status c_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
+                                      const float *inp, const float *bias, int64_t n, int64_t c,
+                                      unsigned fresh, ms_error *err) {
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
+    return ms_cu_bias_gelu_backward(kc, dinp, dbias, s, dout, inp, bias, n, c, fresh, err);
 }
 static ms_status c_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                            const uint16_t *dout, const uint16_t *inp,
@@ -209,14 +178,15 @@ static ms_status c_bias_gelu_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
                                            unsigned fresh, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_gelu_backward_bf16(dinp, dbias, s, dout, inp, bias, n, c, fresh, STREAM(kc),
-                                         err);
+    return ms_cu_bias_gelu_backward_bf16(kc, dinp, dbias, s, dout, inp, bias, n, c, fresh, err);
 }
-static ms_status c_bias_dropout_add_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp,
-                                                 const uint16_t *bias, const uint16_t *res,
-                                                 int64_t nb, const ms_k_fused_dropout *d,
-                                                 ms_error *err) {
-    return ms_cu_bias_dropout_add_forward_bf16(out, inp, bias, res, nb, d, STREAM(kc), err);
+static ms_status c_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
+                                             const float *dout, int64_t nb,
+                                             const ms_k_fused_dropout *d, unsigned fresh,
+                                             ms_error *err) {
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
+    return ms_cu_bias_dropout_add_backward(kc, dinp, dbias, dres, s, dout, nb, d, fresh, err);
 }
 static ms_status c_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dbias,
                                                   uint16_t *dres, const uint16_t *dout, int64_t nb,
@@ -224,15 +194,16 @@ static ms_status c_bias_dropout_add_backward_bf16(ms_kctx *kc, uint16_t *dinp, u
                                                   ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
-    return ms_cu_bias_dropout_add_backward_bf16(dinp, dbias, dres, s, dout, nb, d, fresh,
-                                                STREAM(kc), err);
+    return ms_cu_bias_dropout_add_backward_bf16(kc, dinp, dbias, dres, s, dout, nb, d, fresh, err);
 }
-static ms_status c_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
-                                          const uint16_t *inp, const uint16_t *weight,
-                                          const uint16_t *bias, int64_t n, int64_t c, float eps,
-                                          ms_error *err) {
-    return ms_cu_layernorm_forward_bf16(out, mean, rstd, inp, weight, bias, n, c, eps, STREAM(kc),
-                                        err);
+static ms_status c_layernorm_backward(ms_kctx *kc, float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const float *inp, const float *weight,
+                                      const float *mean, const float *rstd, int64_t n, int64_t c,
+                                      ms_error *err) {
+    float *s;
+    MS_CHECK(colsum_scratch(kc, dweight || dbias, n, c, 2, &s, err));
+    return ms_cu_layernorm_backward(kc, dinp, dweight, dbias, s, dout, inp, weight, mean, rstd, n,
+                                    c, err);
 }
 static ms_status c_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dweight,
                                            uint16_t *dbias, const uint16_t *dout,
@@ -241,181 +212,18 @@ static ms_status c_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
                                            int64_t c, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dweight || dbias, n, c, 2, &s, err));
-    return ms_cu_layernorm_backward_bf16(dinp, dweight, dbias, s, dout, inp, weight, mean, rstd, n,
-                                         c, STREAM(kc), err);
-}
-
-/* ---- elementwise ---- */
-static ms_status c_add_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
-                               ms_error *err) {
-    return ms_cu_add_forward(out, a, b, n, STREAM(kc), err);
-}
-static ms_status c_add_backward(ms_kctx *kc, float *da, float *db, const float *dout, int64_t n,
-                                ms_error *err) {
-    return ms_cu_add_backward(da, db, dout, n, STREAM(kc), err);
-}
-static ms_status c_mul_forward(ms_kctx *kc, float *out, const float *a, const float *b, int64_t n,
-                               ms_error *err) {
-    return ms_cu_mul_forward(out, a, b, n, STREAM(kc), err);
-}
-static ms_status c_mul_backward(ms_kctx *kc, float *da, float *db, const float *dout,
-                                const float *a, const float *b, int64_t n, ms_error *err) {
-    return ms_cu_mul_backward(da, db, dout, a, b, n, STREAM(kc), err);
-}
-static ms_status c_scale_forward(ms_kctx *kc, float *out, const float *x, float s, int64_t n,
-                                 ms_error *err) {
-    return ms_cu_scale_forward(out, x, s, n, STREAM(kc), err);
-}
-static ms_status c_scale_backward(ms_kctx *kc, float *dx, const float *dout, float s, int64_t n,
-                                  ms_error *err) {
-    return ms_cu_scale_backward(dx, dout, s, n, STREAM(kc), err);
-}
-static ms_status c_bias_add_forward(ms_kctx *kc, float *out, const float *inp, const float *bias,
-                                    int64_t n, int64_t c, ms_error *err) {
-    return ms_cu_bias_add_forward(out, inp, bias, n, c, STREAM(kc), err);
-}
-static ms_status c_bias_add_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
-                                     int64_t n, int64_t c, unsigned fresh, ms_error *err) {
-    float *s;
-    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_add_backward(dinp, dbias, s, dout, n, c, fresh, STREAM(kc), err);
-}
-static ms_status c_gelu_forward(ms_kctx *kc, float *out, const float *inp, int64_t n,
-                                ms_error *err) {
-    return ms_cu_gelu_forward(out, inp, n, STREAM(kc), err);
-}
-static ms_status c_gelu_backward(ms_kctx *kc, float *dinp, const float *inp, const float *dout,
-                                 int64_t n, ms_error *err) {
-    return ms_cu_gelu_backward(dinp, inp, dout, n, STREAM(kc), err);
-}
-
-/* ---- sum ---- */
-static ms_status c_sum_forward(ms_kctx *kc, float *out, const float *inp, int64_t o, int64_t d,
-                               int64_t i, ms_error *err) {
-    return ms_cu_sum_forward(out, inp, o, d, i, STREAM(kc), err);
-}
-static ms_status c_sum_backward(ms_kctx *kc, float *dinp, const float *dout, float f, int64_t o,
-                                int64_t d, int64_t i, ms_error *err) {
-    return ms_cu_sum_backward(dinp, dout, f, o, d, i, STREAM(kc), err);
-}
-
-/* ---- normalisation and softmax ---- */
-static ms_status c_layernorm_forward(ms_kctx *kc, float *out, float *mean, float *rstd,
-                                     const float *inp, const float *weight, const float *bias,
-                                     int64_t n, int64_t c, float eps, ms_error *err) {
-    return ms_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, n, c, eps, STREAM(kc), err);
-}
-static ms_status c_layernorm_backward(ms_kctx *kc, float *dinp, float *dweight, float *dbias,
-                                      const float *dout, const float *inp, const float *weight,
-                                      const float *mean, const float *rstd, int64_t n, int64_t c,
-                                      ms_error *err) {
-    float *s;
-    MS_CHECK(colsum_scratch(kc, dweight || dbias, n, c, 2, &s, err));
-    return ms_cu_layernorm_backward(dinp, dweight, dbias, s, dout, inp, weight, mean, rstd, n, c,
-                                    STREAM(kc), err);
-}
-static ms_status c_softmax_forward(ms_kctx *kc, float *out, const float *inp, int64_t n, int64_t c,
-                                   ms_error *err) {
-    return ms_cu_softmax_forward(out, inp, n, c, STREAM(kc), err);
-}
-static ms_status c_softmax_backward(ms_kctx *kc, float *dinp, const float *dout, const float *out,
-                                    int64_t n, int64_t c, ms_error *err) {
-    return ms_cu_softmax_backward(dinp, dout, out, n, c, STREAM(kc), err);
-}
-
-/* ---- attention: saved = the log-sum-exps [B, NH, T], then a copy of the output [B, T, C]
- * (the fused backward reads both; the program may reuse the output's buffer meanwhile). */
-static int64_t c_attention_saved_floats(int64_t b, int64_t t, int64_t c, int64_t nh) {
-    return b * nh * t + b * t * c;
-}
-static int64_t c_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
-    return ms_cu_attention_scratch_floats(b, t, nh);
-}
-static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, const float *qkv,
-                                     const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
-                                     bool causal, ms_error *err) {
-    MS_CHECK(ms_cu_attention_forward(out, saved, qkv, mask, b, t, c, nh, causal, STREAM(kc), err));
-    return ms_cuda_status(cudaMemcpyAsync(saved + b * nh * t, out,
-                                          sizeof(float) * (size_t)(b * t * c),
-                                          cudaMemcpyDeviceToDevice, STREAM(kc)),
-                          "cudaMemcpyAsync (attention output)", err);
-}
-/* bf16: the output before rounding goes straight into the saved copy (no memcpy). */
-static ms_status c_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
-                                          const uint16_t *qkv, const float *mask, int64_t b,
-                                          int64_t t, int64_t c, int64_t nh, bool causal,
-                                          ms_error *err) {
-    return ms_cu_attention_forward_bf16(out, saved, saved + b * nh * t, qkv, mask, b, t, c, nh,
-                                        causal, STREAM(kc), err);
-}
-static ms_status c_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
-                                           const uint16_t *dout, const uint16_t *qkv,
-                                           const float *saved, const float *mask, int64_t b,
-                                           int64_t t, int64_t c, int64_t nh, bool causal,
-                                           unsigned fresh, ms_error *err) {
-    return ms_cu_attention_backward_bf16(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask,
-                                         b, t, c, nh, causal, fresh, STREAM(kc), err);
-}
-static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
-                                      const float *qkv, const float *saved, const float *mask,
-                                      int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                      unsigned fresh, ms_error *err) {
-    return ms_cu_attention_backward(dqkv, scratch, dout, qkv, saved + b * nh * t, saved, mask, b, t,
-                                    c, nh, causal, fresh, STREAM(kc), err);
-}
-
-/* ---- the LLaMA layers ---- */
-static ms_status c_rmsnorm_forward(ms_kctx *kc, float *out, float *rstd, const float *inp,
-                                   const float *weight, int64_t n, int64_t c, float eps,
-                                   ms_error *err) {
-    return ms_cu_rmsnorm_forward(out, rstd, inp, weight, n, c, eps, STREAM(kc), err);
+    return ms_cu_layernorm_backward_bf16(kc, dinp, dweight, dbias, s, dout, inp, weight, mean, rstd,
+                                         n, c, err);
 }
 static ms_status c_rmsnorm_backward(ms_kctx *kc, float *dinp, float *dweight, const float *dout,
                                     const float *inp, const float *weight, const float *rstd,
                                     int64_t n, int64_t c, ms_error *err) {
     float *s;
     MS_CHECK(colsum_scratch(kc, dweight != NULL, n, c, 1, &s, err));
-    return ms_cu_rmsnorm_backward(dinp, dweight, s, dout, inp, weight, rstd, n, c, STREAM(kc), err);
-}
-static ms_status c_swiglu_forward(ms_kctx *kc, float *out, const float *gate, const float *up,
-                                  int64_t n, ms_error *err) {
-    return ms_cu_swiglu_forward(out, gate, up, n, STREAM(kc), err);
-}
-static ms_status c_swiglu_backward(ms_kctx *kc, float *dgate, float *dup, const float *dout,
-                                   const float *gate, const float *up, int64_t n, ms_error *err) {
-    return ms_cu_swiglu_backward(dgate, dup, dout, gate, up, n, STREAM(kc), err);
-}
-static ms_status c_rotary_tables(ms_kctx *kc, float *cosb, float *sinb, int64_t t, int64_t t0,
-                                 int64_t d, float theta, ms_error *err) {
-    return ms_cu_rotary_tables(cosb, sinb, t, t0, d, theta, STREAM(kc), err);
-}
-static ms_status c_rotary_apply(ms_kctx *kc, float *out, const float *inp, const float *cosb,
-                                const float *sinb, int64_t b, int64_t t, int64_t h, int64_t d,
-                                bool inverse, ms_error *err) {
-    return ms_cu_rotary_apply(out, inp, cosb, sinb, b, t, h, d, inverse, STREAM(kc), err);
+    return ms_cu_rmsnorm_backward(kc, dinp, dweight, s, dout, inp, weight, rstd, n, c, err);
 }
 
-/* ---- grouped-query attention: saved = lse [B, H, Tq], then the output [B, Tq, H, D] that
- * the forward kernel writes a second time (the fused backward reads both). */
-static ms_status c_gqa_forward(ms_kctx *kc, const ms_k_gqa *g, float *out, float *saved,
-                               const float *q, const float *k, const float *v, const float *mask,
-                               ms_error *err) {
-    return ms_cu_gqa_forward(g, out, saved, q, k, v, mask, STREAM(kc), err);
-}
-static ms_status c_gqa_backward(ms_kctx *kc, const ms_k_gqa *g, float *dq, float *dk, float *dv,
-                                float *scratch, const float *dout, const float *q, const float *k,
-                                const float *v, const float *saved, const float *mask,
-                                ms_error *err) {
-    return ms_cu_gqa_backward(g, dq, dk, dv, scratch, dout, q, k, v, saved, mask, STREAM(kc), err);
-}
-
-/* ---- embedding and cross-entropy ---- */
-static ms_status c_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids,
-                                     const float *table, int64_t n, int64_t c, int64_t v0,
-                                     int64_t vl, ms_error *err) {
-    return ms_cu_embedding_forward(out, ids, table, n, c, v0, vl, STREAM(kc), err);
-}
-/* The embedding backward's sort scratch for n tokens over vl rows. */
+/* ---- the embedding backward: its sort scratch for n tokens over vl rows ---- */
 static ms_status emb_scratch(ms_kctx *kc, int64_t n, int64_t vl, ms_error *err) {
     return scratch_room(kc, &CU(kc)->emb, ms_cu_embedding_scratch_bytes(n, vl),
                         "cudaMalloc (embedding backward)", err);
@@ -424,77 +232,18 @@ static ms_status c_embedding_backward(ms_kctx *kc, float *dtable, const int32_t 
                                       const float *dout, int64_t n, int64_t c, int64_t v0,
                                       int64_t vl, ms_error *err) {
     MS_CHECK(emb_scratch(kc, n, vl, err));
-    return ms_cu_embedding_backward(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb.p, CU(kc)->emb.cap,
-                                    STREAM(kc), err);
-}
-static ms_status c_embedding_forward_bf16(ms_kctx *kc, uint16_t *out, const int32_t *ids,
-                                          const uint16_t *table, int64_t n, int64_t c, int64_t v0,
-                                          int64_t vl, ms_error *err) {
-    return ms_cu_embedding_forward_bf16(out, ids, table, n, c, v0, vl, STREAM(kc), err);
+    return ms_cu_embedding_backward(kc, dtable, ids, dout, n, c, v0, vl, CU(kc)->emb.p,
+                                    CU(kc)->emb.cap, err);
 }
 static ms_status c_embedding_backward_bf16(ms_kctx *kc, uint16_t *dtable, const int32_t *ids,
                                            const uint16_t *dout, int64_t n, int64_t c, int64_t v0,
                                            int64_t vl, ms_error *err) {
     MS_CHECK(emb_scratch(kc, n, vl, err));
-    return ms_cu_embedding_backward_bf16(dtable, ids, dout, n, c, v0, vl, CU(kc)->emb.p,
-                                         CU(kc)->emb.cap, STREAM(kc), err);
-}
-static ms_status c_xent_vp_rowmax(ms_kctx *kc, float *lmax, const float *logits, int64_t n,
-                                  int64_t vl, ms_error *err) {
-    return ms_cu_xent_vp_rowmax(lmax, logits, n, vl, STREAM(kc), err);
-}
-static ms_status c_xent_vp_sumexp(ms_kctx *kc, float *lsum, const float *logits, const float *gmax,
-                                  int64_t n, int64_t vl, ms_error *err) {
-    return ms_cu_xent_vp_sumexp(lsum, logits, gmax, n, vl, STREAM(kc), err);
-}
-static ms_status c_xent_vp_target(ms_kctx *kc, float *ltgt, const float *logits,
-                                  const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
-                                  ms_error *err) {
-    return ms_cu_xent_vp_target(ltgt, logits, targets, n, vl, v0, STREAM(kc), err);
-}
-static ms_status c_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, const float *gsum,
-                                const float *gtgt, const int32_t *targets, int64_t n,
-                                ms_error *err) {
-    return ms_cu_xent_vp_loss(losses, gmax, gsum, gtgt, targets, n, STREAM(kc), err);
-}
-static ms_status c_xent_vp_rowmax_bf16(ms_kctx *kc, float *lmax, const uint16_t *logits, int64_t n,
-                                       int64_t vl, ms_error *err) {
-    return ms_cu_xent_vp_rowmax_bf16(lmax, logits, n, vl, STREAM(kc), err);
-}
-static ms_status c_xent_vp_sumexp_bf16(ms_kctx *kc, float *lsum, const uint16_t *logits,
-                                       const float *gmax, int64_t n, int64_t vl, ms_error *err) {
-    return ms_cu_xent_vp_sumexp_bf16(lsum, logits, gmax, n, vl, STREAM(kc), err);
-}
-static ms_status c_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t *logits,
-                                       const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
-                                       ms_error *err) {
-    return ms_cu_xent_vp_target_bf16(ltgt, logits, targets, n, vl, v0, STREAM(kc), err);
-}
-static ms_status c_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
-                                         const float *gmax, const float *gsum,
-                                         const int32_t *targets, const uint16_t *dlosses, int64_t n,
-                                         int64_t vl, int64_t v0, unsigned fresh, ms_error *err) {
-    return ms_cu_xent_vp_backward_bf16(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0,
-                                       fresh, STREAM(kc), err);
-}
-static ms_status c_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
-                                    const float *gmax, const float *gsum, const int32_t *targets,
-                                    const float *dlosses, int64_t n, int64_t vl, int64_t v0,
-                                    unsigned fresh, ms_error *err) {
-    return ms_cu_xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, fresh,
-                                  STREAM(kc), err);
+    return ms_cu_embedding_backward_bf16(kc, dtable, ids, dout, n, c, v0, vl, CU(kc)->emb.p,
+                                         CU(kc)->emb.cap, err);
 }
 
-/* ---- optimizer ---- */
-static ms_status c_adamw_step(ms_kctx *kc, float *p, const float *g, float *m, float *v, size_t n,
-                              const ms_adamw_opts *o, int64_t t, float grad_scale, ms_error *err) {
-    return ms_cu_adamw_step(p, g, m, v, n, o, t, grad_scale, STREAM(kc), err);
-}
-static ms_status c_adamw_step_bf16_grad(ms_kctx *kc, float *p, const uint16_t *g, float *m,
-                                        float *v, size_t n, const ms_adamw_opts *o, int64_t t,
-                                        float grad_scale, ms_error *err) {
-    return ms_cu_adamw_step_master(p, g, m, v, NULL, n, o, t, grad_scale, STREAM(kc), err);
-}
+/* ---- the sums of squares: partials on the device, the result copied back ---- */
 
 /* The sums of squares' device doubles, `need` of them at least. A single sum keeps its chunk
  * partials first and its result in the last double (sumsq_last). */
@@ -517,17 +266,18 @@ static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
 }
 static ms_status c_sumsq(ms_kctx *kc, double *host_out, const float *x, size_t n, ms_error *err) {
     MS_CHECK(sumsq_scratch(kc, n, err));
-    cuda_kctx *c = CU(kc);
-    MS_CHECK(ms_cu_sumsq(sumsq_last(kc), c->sumsq.p, x, (int64_t)n, STREAM(kc), err));
+    MS_CHECK(ms_cu_sumsq(kc, sumsq_last(kc), CU(kc)->sumsq.p, x, (int64_t)n, err));
     return sumsq_result(kc, host_out, err);
 }
 static ms_status c_sumsq_bf16(ms_kctx *kc, double *host_out, const uint16_t *x, size_t n,
                               ms_error *err) {
     MS_CHECK(sumsq_scratch(kc, n, err));
-    cuda_kctx *c = CU(kc);
-    MS_CHECK(ms_cu_sumsq_bf16(sumsq_last(kc), c->sumsq.p, x, (int64_t)n, STREAM(kc), err));
+    MS_CHECK(ms_cu_sumsq_bf16(kc, sumsq_last(kc), CU(kc)->sumsq.p, x, (int64_t)n, err));
     return sumsq_result(kc, host_out, err);
 }
+
+/* ---- lists staged through pinned host memory ---- */
+
 /* The host side of a list, room for `bytes`, free to fill: waits for its last copy up (and,
  * to grow it, for the stream: a launch in flight may still read the device side). */
 static ms_status list_fill(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
@@ -573,8 +323,7 @@ static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x,
     const int64_t chunks = ms_cu_sumsq_list_plan(items, n);
     MS_CHECK(sumsq_room(kc, chunks, err)); /* one partial a chunk */
     MS_CHECK(list_send(kc, &c->sumsq_list, bytes, err));
-    MS_CHECK(
-        ms_cu_sumsq_list(c->sums.p, c->sumsq.p, c->sumsq_list.dev, n, chunks, STREAM(kc), err));
+    MS_CHECK(ms_cu_sumsq_list(kc, c->sums.p, c->sumsq.p, c->sumsq_list.dev, n, chunks, err));
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, c->sums.p, sizeof(double) * (size_t)n,
                                             cudaMemcpyDeviceToHost, STREAM(kc)),
                             "cudaMemcpyAsync (sums of squares)", err));
@@ -600,8 +349,9 @@ static ms_status c_adamw_list(ms_kctx *kc, const ms_k_adamw_item *x, int n, cons
                                       .g_bf16 = x[i].g_bf16};
     const int64_t chunks = ms_cu_adamw_list_plan(items, n);
     MS_CHECK(list_send(kc, &c->adamw_list, bytes, err));
-    return ms_cu_adamw_list(c->adamw_list.dev, n, chunks, o, t, grad_scale, STREAM(kc), err);
+    return ms_cu_adamw_list(kc, c->adamw_list.dev, n, chunks, o, t, grad_scale, err);
 }
+
 /* Every master's rounding into its use copy in one launch, the list copied up from pinned
  * memory; nothing waits for the device. */
 static ms_status c_bf16_round_list(ms_kctx *kc, const ms_k_cast_item *x, int n, ms_error *err) {
@@ -614,340 +364,130 @@ static ms_status c_bf16_round_list(ms_kctx *kc, const ms_k_cast_item *x, int n, 
         items[i] = (ms_cu_cast_item){.dst = x[i].dst, .src = x[i].src, .n = (int64_t)x[i].n};
     const int64_t chunks = ms_cu_cast_list_plan(items, n);
     MS_CHECK(list_send(kc, &c->cast_list, bytes, err));
-    return ms_cu_cast_list(c->cast_list.dev, n, chunks, STREAM(kc), err);
-}
-static ms_status c_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_error *err) {
-    return ms_cu_scale_inplace(x, (int64_t)n, s, STREAM(kc), err);
+    return ms_cu_cast_list(kc, c->cast_list.dev, n, chunks, err);
 }
 
-/* ---- fused chains, gather ---- */
-static ms_status c_bias_gelu_forward(ms_kctx *kc, float *out, const float *inp, const float *bias,
-                                     int64_t n, int64_t c, ms_error *err) {
-    return ms_cu_bias_gelu_forward(out, inp, bias, n, c, STREAM(kc), err);
-}
-static ms_status c_bias_gelu_backward(ms_kctx *kc, float *dinp, float *dbias, const float *dout,
-                                      const float *inp, const float *bias, int64_t n, int64_t c,
-                                      unsigned fresh, ms_error *err) {
-    float *s;
-    MS_CHECK(colsum_scratch(kc, dbias != NULL, n, c, 1, &s, err));
-    return ms_cu_bias_gelu_backward(dinp, dbias, s, dout, inp, bias, n, c, fresh, STREAM(kc), err);
-}
-static ms_status c_bias_dropout_add_forward(ms_kctx *kc, float *out, const float *inp,
-                                            const float *bias, const float *res, int64_t nb,
-                                            const ms_k_fused_dropout *d, ms_error *err) {
-    return ms_cu_bias_dropout_add_forward(out, inp, bias, res, nb, d, STREAM(kc), err);
-}
-static ms_status c_bias_dropout_add_backward(ms_kctx *kc, float *dinp, float *dbias, float *dres,
-                                             const float *dout, int64_t nb,
-                                             const ms_k_fused_dropout *d, unsigned fresh,
-                                             ms_error *err) {
-    float *s;
-    MS_CHECK(colsum_scratch(kc, dbias != NULL, bda_rows(d, nb), nb > 0 ? nb : 1, 1, &s, err));
-    return ms_cu_bias_dropout_add_backward(dinp, dbias, dres, s, dout, nb, d, fresh, STREAM(kc),
-                                           err);
-}
-static ms_status c_gather(ms_kctx *kc, float *out, const float *x, const float *ids,
-                          const ms_k_gather_dims *g, bool accumulate, ms_error *err) {
-    return ms_cu_gather(out, x, ids, g, accumulate, STREAM(kc), err);
-}
-static ms_status c_scatter_add(ms_kctx *kc, float *x, const float *src, const float *ids,
-                               const ms_k_gather_dims *g, ms_error *err) {
-    return ms_cu_scatter_add(x, src, ids, g, STREAM(kc), err);
-}
-
-/* ---- dropout ---- */
-static ms_status c_dropout_forward(ms_kctx *kc, float *out, const float *inp, float p,
-                                   uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
-                                   const int64_t *gstart, const int64_t *gshape,
-                                   const ms_k_batch_window *w, ms_error *err) {
-    return ms_cu_dropout_forward(out, inp, p, seed, stream, ndim, lshape, gstart, gshape, w,
-                                 STREAM(kc), err);
-}
-static ms_status c_dropout_backward(ms_kctx *kc, float *dinp, const float *dout, float p,
-                                    uint64_t seed, uint64_t stream, int ndim, const int64_t *lshape,
-                                    const int64_t *gstart, const int64_t *gshape,
-                                    const ms_k_batch_window *w, ms_error *err) {
-    return ms_cu_dropout_backward(dinp, dout, p, seed, stream, ndim, lshape, gstart, gshape, w,
-                                  STREAM(kc), err);
-}
-
-static ms_status c_dropout_forward_bf16(ms_kctx *kc, uint16_t *out, const uint16_t *inp, float p,
-                                        uint64_t seed, uint64_t stream, int ndim,
-                                        const int64_t *lshape, const int64_t *gstart,
-                                        const int64_t *gshape, const ms_k_batch_window *w,
-                                        ms_error *err) {
-    return ms_cu_dropout_forward_bf16(out, inp, p, seed, stream, ndim, lshape, gstart, gshape, w,
-                                      STREAM(kc), err);
-}
-static ms_status c_dropout_backward_bf16(ms_kctx *kc, uint16_t *dinp, const uint16_t *dout, float p,
-                                         uint64_t seed, uint64_t stream, int ndim,
-                                         const int64_t *lshape, const int64_t *gstart,
-                                         const int64_t *gshape, const ms_k_batch_window *w,
-                                         ms_error *err) {
-    return ms_cu_dropout_backward_bf16(dinp, dout, p, seed, stream, ndim, lshape, gstart, gshape, w,
-                                       STREAM(kc), err);
-}
-
-/* ---- every other operator (ops_ext.cu): one launcher per slot ---- */
-static ms_status c_copy(ms_kctx *kc, float *dst, const float *src, int64_t n, ms_error *err) {
-    return ms_cu_copy(dst, src, n, STREAM(kc), err);
-}
-static ms_status c_unary_forward(ms_kctx *kc, ms_k_unary op, float *out, const float *inp,
-                                 int64_t n, float p0, float p1, ms_error *err) {
-    return ms_cu_unary_forward(op, out, inp, n, p0, p1, STREAM(kc), err);
-}
-static ms_status c_unary_backward(ms_kctx *kc, ms_k_unary op, float *dinp, const float *inp,
-                                  const float *out, const float *dout, int64_t n, float p0,
-                                  float p1, ms_error *err) {
-    return ms_cu_unary_backward(op, dinp, inp, out, dout, n, p0, p1, STREAM(kc), err);
-}
-static ms_status c_binary_forward(ms_kctx *kc, ms_k_binary op, float *out, const float *a,
-                                  const float *b, const ms_k_bcast *bc, ms_error *err) {
-    return ms_cu_binary_forward(op, out, a, b, bc, STREAM(kc), err);
-}
-static ms_status c_binary_backward(ms_kctx *kc, ms_k_binary op, float *da, float *db,
-                                   const float *dout, const float *a, const float *b,
-                                   const ms_k_bcast *bc, ms_error *err) {
-    return ms_cu_binary_backward(op, da, db, dout, a, b, bc, STREAM(kc), err);
-}
-static ms_status c_ternary_forward(ms_kctx *kc, ms_k_ternary op, float *out, const float *x,
-                                   const float *y, const float *z, const ms_k_bcast *bc,
-                                   ms_error *err) {
-    return ms_cu_ternary_forward(op, out, x, y, z, bc, STREAM(kc), err);
-}
-static ms_status c_ternary_backward(ms_kctx *kc, ms_k_ternary op, float *dx, float *dy, float *dz,
-                                    const float *dout, const float *x, const float *y,
-                                    const float *z, const ms_k_bcast *bc, ms_error *err) {
-    return ms_cu_ternary_backward(op, dx, dy, dz, dout, x, y, z, bc, STREAM(kc), err);
-}
-static ms_status c_reduce_forward(ms_kctx *kc, ms_k_reduce op, float *out, float *pos,
-                                  const float *inp, const ms_k_rgeom *g, float scale,
-                                  int correction, ms_error *err) {
-    return ms_cu_reduce_forward(op, out, pos, inp, g, scale, correction, STREAM(kc), err);
-}
-static ms_status c_reduce_backward(ms_kctx *kc, ms_k_reduce op, float *dinp, const float *dout,
-                                   const float *inp, const float *pos, const ms_k_rgeom *g,
-                                   float scale, int correction, ms_error *err) {
-    return ms_cu_reduce_backward(op, dinp, dout, inp, pos, g, scale, correction, STREAM(kc), err);
-}
-static ms_status c_view_forward(ms_kctx *kc, float *out, const float *inp, const ms_k_view *v,
-                                float fill, ms_error *err) {
-    return ms_cu_view_forward(out, inp, v, fill, STREAM(kc), err);
-}
-static ms_status c_view_backward(ms_kctx *kc, float *dinp, const float *dout, const ms_k_view *v,
-                                 ms_error *err) {
-    return ms_cu_view_backward(dinp, dout, v, STREAM(kc), err);
-}
-static ms_status c_block_copy(ms_kctx *kc, float *dst, const float *src, int64_t rows, int64_t cols,
-                              int64_t dst_ld, int64_t src_ld, bool accumulate, ms_error *err) {
-    return ms_cu_block_copy(dst, src, rows, cols, dst_ld, src_ld, accumulate, STREAM(kc), err);
-}
-static ms_status c_scan_forward(ms_kctx *kc, ms_k_scan op, float *out, const float *inp, int64_t o,
-                                int64_t d, int64_t i, ms_error *err) {
-    return ms_cu_scan_forward(op, out, inp, o, d, i, STREAM(kc), err);
-}
-static ms_status c_scan_backward(ms_kctx *kc, ms_k_scan op, float *dinp, const float *dout,
-                                 const float *inp, int64_t o, int64_t d, int64_t i, ms_error *err) {
-    return ms_cu_scan_backward(op, dinp, dout, inp, o, d, i, STREAM(kc), err);
-}
-static ms_status c_triangle(ms_kctx *kc, float *out, const float *inp, int64_t batch, int64_t rows,
-                            int64_t cols, int64_t r0, int64_t c0, int64_t diag, bool upper,
-                            bool accumulate, ms_error *err) {
-    return ms_cu_triangle(out, inp, batch, rows, cols, r0, c0, diag, upper, accumulate, STREAM(kc),
-                          err);
-}
-static ms_status c_masked_fill_forward(ms_kctx *kc, float *out, const float *x, const float *mask,
-                                       float value, int64_t n, ms_error *err) {
-    return ms_cu_masked_fill_forward(out, x, mask, value, n, STREAM(kc), err);
-}
-static ms_status c_masked_fill_backward(ms_kctx *kc, float *dinp, const float *dout,
-                                        const float *mask, int64_t n, ms_error *err) {
-    return ms_cu_masked_fill_backward(dinp, dout, mask, n, STREAM(kc), err);
-}
-static ms_status c_one_hot(ms_kctx *kc, float *out, const float *ids, int64_t n, int64_t v,
-                           int64_t v0, ms_error *err) {
-    return ms_cu_one_hot(out, ids, n, v, v0, STREAM(kc), err);
-}
-static ms_status c_sort_rows(ms_kctx *kc, float *values, float *indices, const float *inp,
-                             int64_t rows, int64_t c, int64_t k, bool descending, ms_error *err) {
-    return ms_cu_sort_rows(values, indices, inp, rows, c, k, descending, STREAM(kc), err);
-}
-static ms_status c_sort_rows_backward(ms_kctx *kc, float *dinp, const float *dout,
-                                      const float *indices, int64_t rows, int64_t c, int64_t k,
-                                      ms_error *err) {
-    return ms_cu_sort_rows_backward(dinp, dout, indices, rows, c, k, STREAM(kc), err);
-}
-static ms_status c_rows_forward(ms_kctx *kc, ms_k_row_op op, float *out, float *aux, const float *x,
-                                const float *y, int64_t n, int64_t c, float p, ms_error *err) {
-    return ms_cu_rows_forward(op, out, aux, x, y, n, c, p, STREAM(kc), err);
-}
-static ms_status c_rows_backward(ms_kctx *kc, ms_k_row_op op, float *dx, float *dy,
-                                 const float *dout, const float *x, const float *y,
-                                 const float *out, const float *aux, int64_t n, int64_t c, float p,
-                                 ms_error *err) {
-    return ms_cu_rows_backward(op, dx, dy, dout, x, y, out, aux, n, c, p, STREAM(kc), err);
-}
-static ms_status c_bmm_forward(ms_kctx *kc, const ms_k_bmm *g, float *c, const float *a,
-                               const float *b, ms_error *err) {
-    return ms_cu_bmm_forward(g, c, a, b, STREAM(kc), err);
-}
-static ms_status c_bmm_backward(ms_kctx *kc, const ms_k_bmm *g, float *da, float *db,
-                                const float *dc, const float *a, const float *b, ms_error *err) {
-    return ms_cu_bmm_backward(g, da, db, dc, a, b, STREAM(kc), err);
-}
-static ms_status c_pointwise_loss_forward(ms_kctx *kc, ms_k_loss kind, float *out, const float *a,
-                                          const float *b, int64_t n, float delta, float scale,
-                                          ms_error *err) {
-    return ms_cu_pointwise_loss_forward(kind, out, a, b, n, delta, scale, STREAM(kc), err);
-}
-static ms_status c_pointwise_loss_backward(ms_kctx *kc, ms_k_loss kind, float *da, float *db,
-                                           const float *a, const float *b, const float *dout,
-                                           int64_t n, float delta, float scale, ms_error *err) {
-    return ms_cu_pointwise_loss_backward(kind, da, db, a, b, dout, n, delta, scale, STREAM(kc),
-                                         err);
-}
-static ms_status c_nll_forward(ms_kctx *kc, float *losses, const float *logp,
-                               const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
-                               ms_error *err) {
-    return ms_cu_nll_forward(losses, logp, targets, n, vl, v0, STREAM(kc), err);
-}
-static ms_status c_nll_backward(ms_kctx *kc, float *dlogp, const float *dlosses,
-                                const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
-                                ms_error *err) {
-    return ms_cu_nll_backward(dlogp, dlosses, targets, n, vl, v0, STREAM(kc), err);
-}
-static ms_status c_xent_smooth_forward(ms_kctx *kc, float *losses, float *lse, const float *logits,
-                                       const int32_t *targets, int64_t n, int64_t v, float s,
-                                       ms_error *err) {
-    return ms_cu_xent_smooth_forward(losses, lse, logits, targets, n, v, s, STREAM(kc), err);
-}
-static ms_status c_xent_smooth_backward(ms_kctx *kc, float *dlogits, const float *logits,
-                                        const float *lse, const int32_t *targets,
-                                        const float *dlosses, int64_t n, int64_t v, float s,
-                                        ms_error *err) {
-    return ms_cu_xent_smooth_backward(dlogits, logits, lse, targets, dlosses, n, v, s, STREAM(kc),
-                                      err);
-}
-
+/* Slot by slot, in backend.h's order: ms_cu_* are the .cu files' entries, c_* the adapters
+ * above. */
 static const ms_kernels cuda_kernels = {
     .name = "cuda",
     .kind = MS_DEVICE_CUDA,
     .sync = c_sync,
-    .fill = c_fill,
-    .accumulate = c_accumulate,
-    .bf16_accumulate = c_bf16_accumulate,
-    .bf16_widen = c_bf16_widen,
-    .bf16_round = c_bf16_round,
+    .fill = ms_cu_fill,
+    .accumulate = ms_cu_accumulate,
+    .bf16_accumulate = ms_cu_bf16_accumulate,
+    .bf16_widen = ms_cu_bf16_widen,
+    .bf16_round = ms_cu_bf16_round,
     .bf16_round_list = c_bf16_round_list,
-    .ids_from_floats = c_ids_from_floats,
+    .ids_from_floats = ms_cu_ids_from_floats,
     .matmul_forward = ms_cu_matmul_forward,
     .matmul_backward = ms_cu_matmul_backward,
     .matmul_forward_bf16 = ms_cu_matmul_forward_bf16,
     .matmul_backward_bf16 = ms_cu_matmul_backward_bf16,
-    .add_forward_bf16 = c_add_forward_bf16,
-    .add_backward_bf16 = c_add_backward_bf16,
-    .bias_add_forward_bf16 = c_bias_add_forward_bf16,
+    .add_forward_bf16 = ms_cu_add_forward_bf16,
+    .add_backward_bf16 = ms_cu_add_backward_bf16,
+    .bias_add_forward_bf16 = ms_cu_bias_add_forward_bf16,
     .bias_add_backward_bf16 = c_bias_add_backward_bf16,
-    .gelu_forward_bf16 = c_gelu_forward_bf16,
-    .gelu_backward_bf16 = c_gelu_backward_bf16,
-    .bias_gelu_forward_bf16 = c_bias_gelu_forward_bf16,
+    .gelu_forward_bf16 = ms_cu_gelu_forward_bf16,
+    .gelu_backward_bf16 = ms_cu_gelu_backward_bf16,
+    .bias_gelu_forward_bf16 = ms_cu_bias_gelu_forward_bf16,
     .bias_gelu_backward_bf16 = c_bias_gelu_backward_bf16,
-    .bias_dropout_add_forward_bf16 = c_bias_dropout_add_forward_bf16,
+    .bias_dropout_add_forward_bf16 = ms_cu_bias_dropout_add_forward_bf16,
     .bias_dropout_add_backward_bf16 = c_bias_dropout_add_backward_bf16,
-    .layernorm_forward_bf16 = c_layernorm_forward_bf16,
+    .layernorm_forward_bf16 = ms_cu_layernorm_forward_bf16,
     .layernorm_backward_bf16 = c_layernorm_backward_bf16,
-    .attention_forward_bf16 = c_attention_forward_bf16,
-    .attention_backward_bf16 = c_attention_backward_bf16,
-    .xent_vp_rowmax_bf16 = c_xent_vp_rowmax_bf16,
-    .xent_vp_sumexp_bf16 = c_xent_vp_sumexp_bf16,
-    .xent_vp_target_bf16 = c_xent_vp_target_bf16,
-    .xent_vp_backward_bf16 = c_xent_vp_backward_bf16,
-    .dropout_forward_bf16 = c_dropout_forward_bf16,
-    .dropout_backward_bf16 = c_dropout_backward_bf16,
-    .embedding_forward_bf16 = c_embedding_forward_bf16,
+    .attention_forward_bf16 = ms_cu_attention_forward_bf16,
+    .attention_backward_bf16 = ms_cu_attention_backward_bf16,
+    .xent_vp_rowmax_bf16 = ms_cu_xent_vp_rowmax_bf16,
+    .xent_vp_sumexp_bf16 = ms_cu_xent_vp_sumexp_bf16,
+    .xent_vp_target_bf16 = ms_cu_xent_vp_target_bf16,
+    .xent_vp_backward_bf16 = ms_cu_xent_vp_backward_bf16,
+    .dropout_forward_bf16 = ms_cu_dropout_forward_bf16,
+    .dropout_backward_bf16 = ms_cu_dropout_backward_bf16,
+    .embedding_forward_bf16 = ms_cu_embedding_forward_bf16,
     .embedding_backward_bf16 = c_embedding_backward_bf16,
-    .add_forward = c_add_forward,
-    .add_backward = c_add_backward,
-    .mul_forward = c_mul_forward,
-    .mul_backward = c_mul_backward,
-    .scale_forward = c_scale_forward,
-    .scale_backward = c_scale_backward,
-    .bias_add_forward = c_bias_add_forward,
+    .add_forward = ms_cu_add_forward,
+    .add_backward = ms_cu_add_backward,
+    .mul_forward = ms_cu_mul_forward,
+    .mul_backward = ms_cu_mul_backward,
+    .scale_forward = ms_cu_scale_forward,
+    .scale_backward = ms_cu_scale_backward,
+    .bias_add_forward = ms_cu_bias_add_forward,
     .bias_add_backward = c_bias_add_backward,
-    .gelu_forward = c_gelu_forward,
-    .gelu_backward = c_gelu_backward,
-    .sum_forward = c_sum_forward,
-    .sum_backward = c_sum_backward,
-    .layernorm_forward = c_layernorm_forward,
+    .gelu_forward = ms_cu_gelu_forward,
+    .gelu_backward = ms_cu_gelu_backward,
+    .sum_forward = ms_cu_sum_forward,
+    .sum_backward = ms_cu_sum_backward,
+    .layernorm_forward = ms_cu_layernorm_forward,
     .layernorm_backward = c_layernorm_backward,
-    .softmax_forward = c_softmax_forward,
-    .softmax_backward = c_softmax_backward,
-    .attention_saved_floats = c_attention_saved_floats,
-    .attention_scratch_floats = c_attention_scratch_floats,
-    .attention_forward = c_attention_forward,
-    .attention_backward = c_attention_backward,
-    .rmsnorm_forward = c_rmsnorm_forward,
+    .softmax_forward = ms_cu_softmax_forward,
+    .softmax_backward = ms_cu_softmax_backward,
+    .attention_saved_floats = ms_cu_attention_saved_floats,
+    .attention_scratch_floats = ms_cu_attention_scratch_floats,
+    .attention_forward = ms_cu_attention_forward,
+    .attention_backward = ms_cu_attention_backward,
+    .rmsnorm_forward = ms_cu_rmsnorm_forward,
     .rmsnorm_backward = c_rmsnorm_backward,
-    .swiglu_forward = c_swiglu_forward,
-    .swiglu_backward = c_swiglu_backward,
-    .rotary_tables = c_rotary_tables,
-    .rotary_apply = c_rotary_apply,
+    .swiglu_forward = ms_cu_swiglu_forward,
+    .swiglu_backward = ms_cu_swiglu_backward,
+    .rotary_tables = ms_cu_rotary_tables,
+    .rotary_apply = ms_cu_rotary_apply,
     .gqa_saved_floats = ms_cu_gqa_saved_floats,
     .gqa_scratch_floats = ms_cu_gqa_scratch_floats,
-    .gqa_forward = c_gqa_forward,
-    .gqa_backward = c_gqa_backward,
-    .embedding_forward = c_embedding_forward,
+    .gqa_forward = ms_cu_gqa_forward,
+    .gqa_backward = ms_cu_gqa_backward,
+    .embedding_forward = ms_cu_embedding_forward,
     .embedding_backward = c_embedding_backward,
-    .xent_vp_rowmax = c_xent_vp_rowmax,
-    .xent_vp_sumexp = c_xent_vp_sumexp,
-    .xent_vp_target = c_xent_vp_target,
-    .xent_vp_loss = c_xent_vp_loss,
-    .xent_vp_backward = c_xent_vp_backward,
-    .bias_gelu_forward = c_bias_gelu_forward,
+    .xent_vp_rowmax = ms_cu_xent_vp_rowmax,
+    .xent_vp_sumexp = ms_cu_xent_vp_sumexp,
+    .xent_vp_target = ms_cu_xent_vp_target,
+    .xent_vp_loss = ms_cu_xent_vp_loss,
+    .xent_vp_backward = ms_cu_xent_vp_backward,
+    .bias_gelu_forward = ms_cu_bias_gelu_forward,
     .bias_gelu_backward = c_bias_gelu_backward,
-    .bias_dropout_add_forward = c_bias_dropout_add_forward,
+    .bias_dropout_add_forward = ms_cu_bias_dropout_add_forward,
     .bias_dropout_add_backward = c_bias_dropout_add_backward,
-    .gather = c_gather,
-    .scatter_add = c_scatter_add,
-    .dropout_forward = c_dropout_forward,
-    .dropout_backward = c_dropout_backward,
-    .adamw_step = c_adamw_step,
-    .adamw_step_bf16_grad = c_adamw_step_bf16_grad,
+    .gather = ms_cu_gather,
+    .scatter_add = ms_cu_scatter_add,
+    .dropout_forward = ms_cu_dropout_forward,
+    .dropout_backward = ms_cu_dropout_backward,
+    .adamw_step = ms_cu_adamw_step,
+    .adamw_step_bf16_grad = ms_cu_adamw_step_bf16_grad,
     .sumsq = c_sumsq,
     .sumsq_bf16 = c_sumsq_bf16,
     .adamw_list = c_adamw_list,
     .sumsq_list = c_sumsq_list,
-    .scale_inplace = c_scale_inplace,
-    .copy = c_copy,
-    .unary_forward = c_unary_forward,
-    .unary_backward = c_unary_backward,
-    .binary_forward = c_binary_forward,
-    .binary_backward = c_binary_backward,
-    .ternary_forward = c_ternary_forward,
-    .ternary_backward = c_ternary_backward,
-    .reduce_forward = c_reduce_forward,
-    .reduce_backward = c_reduce_backward,
-    .view_forward = c_view_forward,
-    .view_backward = c_view_backward,
-    .block_copy = c_block_copy,
-    .scan_forward = c_scan_forward,
-    .scan_backward = c_scan_backward,
-    .triangle = c_triangle,
-    .masked_fill_forward = c_masked_fill_forward,
-    .masked_fill_backward = c_masked_fill_backward,
-    .one_hot = c_one_hot,
-    .sort_rows = c_sort_rows,
-    .sort_rows_backward = c_sort_rows_backward,
-    .rows_forward = c_rows_forward,
-    .rows_backward = c_rows_backward,
-    .bmm_forward = c_bmm_forward,
-    .bmm_backward = c_bmm_backward,
-    .pointwise_loss_forward = c_pointwise_loss_forward,
-    .pointwise_loss_backward = c_pointwise_loss_backward,
-    .nll_forward = c_nll_forward,
-    .nll_backward = c_nll_backward,
-    .xent_smooth_forward = c_xent_smooth_forward,
-    .xent_smooth_backward = c_xent_smooth_backward,
+    .scale_inplace = ms_cu_scale_inplace,
+    .copy = ms_cu_copy,
+    .unary_forward = ms_cu_unary_forward,
+    .unary_backward = ms_cu_unary_backward,
+    .binary_forward = ms_cu_binary_forward,
+    .binary_backward = ms_cu_binary_backward,
+    .ternary_forward = ms_cu_ternary_forward,
+    .ternary_backward = ms_cu_ternary_backward,
+    .reduce_forward = ms_cu_reduce_forward,
+    .reduce_backward = ms_cu_reduce_backward,
+    .view_forward = ms_cu_view_forward,
+    .view_backward = ms_cu_view_backward,
+    .block_copy = ms_cu_block_copy,
+    .scan_forward = ms_cu_scan_forward,
+    .scan_backward = ms_cu_scan_backward,
+    .triangle = ms_cu_triangle,
+    .masked_fill_forward = ms_cu_masked_fill_forward,
+    .masked_fill_backward = ms_cu_masked_fill_backward,
+    .one_hot = ms_cu_one_hot,
+    .sort_rows = ms_cu_sort_rows,
+    .sort_rows_backward = ms_cu_sort_rows_backward,
+    .rows_forward = ms_cu_rows_forward,
+    .rows_backward = ms_cu_rows_backward,
+    .bmm_forward = ms_cu_bmm_forward,
+    .bmm_backward = ms_cu_bmm_backward,
+    .pointwise_loss_forward = ms_cu_pointwise_loss_forward,
+    .pointwise_loss_backward = ms_cu_pointwise_loss_backward,
+    .nll_forward = ms_cu_nll_forward,
+    .nll_backward = ms_cu_nll_backward,
+    .xent_smooth_forward = ms_cu_xent_smooth_forward,
+    .xent_smooth_backward = ms_cu_xent_smooth_backward,
 };
 
 const ms_kernels *ms_kernels_cuda_table(void) {

@@ -71,16 +71,16 @@ static ms_status emb_check(int64_t n, int64_t vl, size_t scratch_bytes, const ch
 
 /* The tokens' positions stably sorted by row (off-slice ones last, under key vl). */
 static ms_status emb_sort(const emb_scratch &s, const int32_t *ids, int64_t n, int64_t v0,
-                          int64_t vl, void *stream, const char *what, ms_error *err) {
+                          int64_t vl, ms_kctx *kc, const char *what, ms_error *err) {
     const emb_scratch k = s;
-    MS_CHECK(ms_cu_each(n, stream, what, err, [=] __device__(int64_t r) {
+    MS_CHECK(ms_cu_each(n, kc, what, err, [=] __device__(int64_t r) {
         k.keys_in[r] = ms_cu_embedding_key(ids, v0, vl, r);
         k.tokens_in[r] = (int32_t)r;
     }));
     size_t bytes = s.sort_bytes;
-    const cudaError_t e = cub::DeviceRadixSort::SortPairs(s.sort_temp, bytes, s.keys_in, s.keys,
-                                                          s.tokens_in, s.tokens, (int)n, 0,
-                                                          emb_key_bits(vl), (cudaStream_t)stream);
+    const cudaError_t e = cub::DeviceRadixSort::SortPairs(
+        s.sort_temp, bytes, s.keys_in, s.keys, s.tokens_in, s.tokens, (int)n, 0, emb_key_bits(vl),
+        (cudaStream_t)ms_cu_stream(kc));
     if (e != cudaSuccess)
         return ms_fail(err, MS_ERR_INTERNAL, "%s: CUB radix sort failed: %s", what,
                        cudaGetErrorString(e));
@@ -89,9 +89,9 @@ static ms_status emb_sort(const emb_scratch &s, const int32_t *ids, int64_t n, i
 
 template <typename T>
 static ms_status embedding_forward(T *out, const int32_t *ids, const T *table, int64_t n, int64_t c,
-                                   int64_t v0, int64_t vl, void *stream, const char *what,
+                                   int64_t v0, int64_t vl, ms_kctx *kc, const char *what,
                                    ms_error *err) {
-    return ms_cu_each(n * c, stream, what, err, [=] __device__(int64_t i) {
+    return ms_cu_each(n * c, kc, what, err, [=] __device__(int64_t i) {
         ms_cu_embedding_fwd(out, ids, table, c, v0, vl, i);
     });
 }
@@ -99,41 +99,42 @@ static ms_status embedding_forward(T *out, const int32_t *ids, const T *table, i
 template <typename T>
 static ms_status embedding_backward(T *dtable, const int32_t *ids, const T *dout, int64_t n,
                                     int64_t c, int64_t v0, int64_t vl, void *scratch,
-                                    size_t scratch_bytes, void *stream, const char *what,
+                                    size_t scratch_bytes, ms_kctx *kc, const char *what,
                                     ms_error *err) {
     if (n <= 0 || c <= 0) return MS_OK;
     MS_CHECK(emb_check(n, vl, scratch_bytes, what, err));
     const emb_scratch s = emb_carve(scratch, n, vl);
-    MS_CHECK(emb_sort(s, ids, n, v0, vl, stream, what, err));
+    MS_CHECK(emb_sort(s, ids, n, v0, vl, kc, what, err));
     const uint32_t *keys = s.keys;
     const int32_t *tokens = s.tokens;
-    return ms_cu_each(n * c, stream, what, err, [=] __device__(int64_t i) {
+    return ms_cu_each(n * c, kc, what, err, [=] __device__(int64_t i) {
         ms_cu_embedding_bwd_run(dtable, dout, keys, tokens, n, c, vl, i);
     });
 }
 
-ms_status ms_cu_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t n,
-                                  int64_t c, int64_t v0, int64_t vl, void *stream, ms_error *err) {
-    return embedding_forward(out, ids, table, n, c, v0, vl, stream, "embedding forward", err);
+ms_status ms_cu_embedding_forward(ms_kctx *kc, float *out, const int32_t *ids, const float *table,
+                                  int64_t n, int64_t c, int64_t v0, int64_t vl, ms_error *err) {
+    return embedding_forward(out, ids, table, n, c, v0, vl, kc, "embedding forward", err);
 }
 
-ms_status ms_cu_embedding_backward(float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                                   int64_t c, int64_t v0, int64_t vl, void *scratch,
-                                   size_t scratch_bytes, void *stream, ms_error *err) {
-    return embedding_backward(dtable, ids, dout, n, c, v0, vl, scratch, scratch_bytes, stream,
+ms_status ms_cu_embedding_backward(ms_kctx *kc, float *dtable, const int32_t *ids,
+                                   const float *dout, int64_t n, int64_t c, int64_t v0, int64_t vl,
+                                   void *scratch, size_t scratch_bytes, ms_error *err) {
+    return embedding_backward(dtable, ids, dout, n, c, v0, vl, scratch, scratch_bytes, kc,
                               "embedding backward", err);
 }
 
-ms_status ms_cu_embedding_forward_bf16(uint16_t *out, const int32_t *ids, const uint16_t *table,
-                                       int64_t n, int64_t c, int64_t v0, int64_t vl, void *stream,
-                                       ms_error *err) {
-    return embedding_forward(ms_cu_bf(out), ids, ms_cu_bf(table), n, c, v0, vl, stream,
+ms_status ms_cu_embedding_forward_bf16(ms_kctx *kc, uint16_t *out, const int32_t *ids,
+                                       const uint16_t *table, int64_t n, int64_t c, int64_t v0,
+                                       int64_t vl, ms_error *err) {
+    return embedding_forward(ms_cu_bf(out), ids, ms_cu_bf(table), n, c, v0, vl, kc,
                              "embedding forward bf16", err);
 }
 
-ms_status ms_cu_embedding_backward_bf16(uint16_t *dtable, const int32_t *ids, const uint16_t *dout,
-                                        int64_t n, int64_t c, int64_t v0, int64_t vl, void *scratch,
-                                        size_t scratch_bytes, void *stream, ms_error *err) {
+ms_status ms_cu_embedding_backward_bf16(ms_kctx *kc, uint16_t *dtable, const int32_t *ids,
+                                        const uint16_t *dout, int64_t n, int64_t c, int64_t v0,
+                                        int64_t vl, void *scratch, size_t scratch_bytes,
+                                        ms_error *err) {
     return embedding_backward(ms_cu_bf(dtable), ids, ms_cu_bf(dout), n, c, v0, vl, scratch,
-                              scratch_bytes, stream, "embedding backward bf16", err);
+                              scratch_bytes, kc, "embedding backward bf16", err);
 }

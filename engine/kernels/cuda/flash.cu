@@ -157,16 +157,16 @@ static dim3 fa_grid(int64_t b, int64_t rows, int64_t heads) {
     return dim3((unsigned)((rows + MS_FA_ROWS - 1) / MS_FA_ROWS), (unsigned)heads, (unsigned)b);
 }
 
-ms_status ms_cu_flash_forward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err) {
+ms_status ms_cu_flash_forward(ms_kctx *kc, const ms_fa_args *a, int64_t b, ms_error *err) {
     if (b <= 0 || a->tq <= 0) return MS_OK;
-    FA_LAUNCH(fa_forward_kernel, fa_grid(b, a->tq, a->h), (cudaStream_t)stream, *a,
+    FA_LAUNCH(fa_forward_kernel, fa_grid(b, a->tq, a->h), (cudaStream_t)ms_cu_stream(kc), *a,
               "flash attention forward (bf16)", err);
     return MS_OK;
 }
 
-ms_status ms_cu_flash_backward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err) {
+ms_status ms_cu_flash_backward(ms_kctx *kc, const ms_fa_args *a, int64_t b, ms_error *err) {
     if (b <= 0 || a->tq <= 0) return MS_OK;
-    cudaStream_t s = (cudaStream_t)stream;
+    cudaStream_t s = (cudaStream_t)ms_cu_stream(kc);
     if (a->dq)
         FA_LAUNCH(fa_dq_kernel, fa_grid(b, a->tq, a->h), s, *a,
                   "flash attention backward dq (bf16)", err);

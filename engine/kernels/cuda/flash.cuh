@@ -12,10 +12,10 @@
  * operands, a device of compute capability 8.0 or later, and MS_CUDA_ATTENTION not "rows". */
 bool ms_cu_flash_usable(const ms_fa_args *a);
 
-/* out, lse and (when not NULL) o_f32 of every query row of b batch items. */
-ms_status ms_cu_flash_forward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err);
+/* out, lse and (when not NULL) o_f32 of every query row of b batch items, on kc's stream. */
+ms_status ms_cu_flash_forward(ms_kctx *kc, const ms_fa_args *a, int64_t b, ms_error *err);
 
 /* dq, dk, dv += the gradients; a->delta: dO_i . O_i per query row, computed before. */
-ms_status ms_cu_flash_backward(const ms_fa_args *a, int64_t b, void *stream, ms_error *err);
+ms_status ms_cu_flash_backward(ms_kctx *kc, const ms_fa_args *a, int64_t b, ms_error *err);
 
 #endif

@@ -52,30 +52,31 @@ static inline unsigned ms_cu_blocks(int64_t n, int64_t per_block) {
 
 /* f(i) for i in [0, n), one thread per element. */
 template <typename F>
-static ms_status ms_cu_each(int64_t n, void *stream, const char *what, ms_error *err, F f) {
+static ms_status ms_cu_each(int64_t n, const ms_kctx *kc, const char *what, ms_error *err, F f) {
     if (n <= 0) return MS_OK;
     ms_cu_each_kernel<<<ms_cu_blocks(n, MS_CU_EACH_THREADS), MS_CU_EACH_THREADS, 0,
-                        (cudaStream_t)stream>>>(n, f);
+                        (cudaStream_t)ms_cu_stream(kc)>>>(n, f);
     return ms_cu_launched(what, err);
 }
 
 /* f(row, lane) for every row of n, a block of MS_CU_ROW_LANES lanes per row. */
 template <typename F>
-static ms_status ms_cu_rows(int64_t n, void *stream, const char *what, ms_error *err, F f) {
+static ms_status ms_cu_rows(int64_t n, const ms_kctx *kc, const char *what, ms_error *err, F f) {
     if (n <= 0) return MS_OK;
-    ms_cu_rows_kernel<<<ms_cu_blocks(n, 1), MS_CU_ROW_LANES, 0, (cudaStream_t)stream>>>(n, f);
+    ms_cu_rows_kernel<<<ms_cu_blocks(n, 1), MS_CU_ROW_LANES, 0, (cudaStream_t)ms_cu_stream(kc)>>>(
+        n, f);
     return ms_cu_launched(what, err);
 }
 
 /* f(chunk, j) for every row chunk of n rows (colsum_math.cuh) and column j of c, one thread
  * each; consecutive threads take consecutive columns of a chunk, so their loads coalesce. */
 template <typename F>
-static ms_status ms_cu_chunks(int64_t n, int64_t c, void *stream, const char *what, ms_error *err,
-                              F f) {
+static ms_status ms_cu_chunks(int64_t n, int64_t c, const ms_kctx *kc, const char *what,
+                              ms_error *err, F f) {
     const int64_t total = ms_cu_colsum_chunks(n) * c;
     if (total <= 0) return MS_OK;
     ms_cu_chunks_kernel<<<ms_cu_blocks(total, MS_CU_EACH_THREADS), MS_CU_EACH_THREADS, 0,
-                          (cudaStream_t)stream>>>(total, c, f);
+                          (cudaStream_t)ms_cu_stream(kc)>>>(total, c, f);
     return ms_cu_launched(what, err);
 }
 

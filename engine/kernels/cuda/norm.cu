@@ -8,9 +8,9 @@
 
 template <typename T, typename W>
 static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *inp, const W *weight,
-                                   const W *bias, int64_t n, int64_t c, float eps, void *stream,
+                                   const W *bias, int64_t n, int64_t c, float eps, ms_kctx *kc,
                                    const char *what, ms_error *err) {
-    return ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int lane) {
+    return ms_cu_rows(n, kc, what, err, [=] __device__(int64_t r, int lane) {
         const T *x = inp + r * c;
         const float m = ms_cu_block_sum(ms_cu_row_sum_part(x, c, lane, MS_CU_ROW_LANES)) / (float)c;
         const float sq = ms_cu_block_sum(ms_cu_ln_sqdev_part(x, c, m, lane, MS_CU_ROW_LANES));
@@ -25,10 +25,10 @@ static ms_status layernorm_forward(T *out, float *mean, float *rstd, const T *in
 template <typename T, typename W>
 static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, float *scratch, const T *dout,
                                     const T *inp, const W *weight, const float *mean,
-                                    const float *rstd, int64_t n, int64_t c, void *stream,
+                                    const float *rstd, int64_t n, int64_t c, ms_kctx *kc,
                                     const char *what, ms_error *err) {
     if (dinp)
-        MS_CHECK(ms_cu_rows(n, stream, what, err, [=] __device__(int64_t r, int l) {
+        MS_CHECK(ms_cu_rows(n, kc, what, err, [=] __device__(int64_t r, int l) {
             const T *g = dout + r * c, *x = inp + r * c;
             float a, b;
             ms_cu_ln_bwd_part(&a, &b, g, x, weight, c, mean[r], rstd[r], l, MS_CU_ROW_LANES);
@@ -41,52 +41,53 @@ static ms_status layernorm_backward(T *dinp, W *dweight, W *dbias, float *scratc
     MS_CHECK(ms_cu_colsum_scratch(scratch, what, err));
     const int64_t chunks = ms_cu_colsum_chunks(n);
     float *pw = dweight ? scratch : NULL, *pb = dbias ? scratch + chunks * c : NULL;
-    MS_CHECK(ms_cu_chunks(n, c, stream, what, err, [=] __device__(int64_t b, int64_t j) {
+    MS_CHECK(ms_cu_chunks(n, c, kc, what, err, [=] __device__(int64_t b, int64_t j) {
         ms_cu_ln_dparams_part(pw, pb, dout, inp, mean, rstd, n, c, b, j);
     }));
-    return ms_cu_each(c, stream, what, err, [=] __device__(int64_t j) {
+    return ms_cu_each(c, kc, what, err, [=] __device__(int64_t j) {
         if (dweight) ms_cu_colsum_finish(dweight, pw, chunks, c, j);
         if (dbias) ms_cu_colsum_finish(dbias, pb, chunks, c, j);
     });
 }
 
-ms_status ms_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                  const float *weight, const float *bias, int64_t n, int64_t c,
-                                  float eps, void *stream, ms_error *err) {
-    return layernorm_forward(out, mean, rstd, inp, weight, bias, n, c, eps, stream,
-                             "layernorm forward", err);
+ms_status ms_cu_layernorm_forward(ms_kctx *kc, float *out, float *mean, float *rstd,
+                                  const float *inp, const float *weight, const float *bias,
+                                  int64_t n, int64_t c, float eps, ms_error *err) {
+    return layernorm_forward(out, mean, rstd, inp, weight, bias, n, c, eps, kc, "layernorm forward",
+                             err);
 }
 
-ms_status ms_cu_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd, const uint16_t *inp,
-                                       const uint16_t *weight, const uint16_t *bias, int64_t n,
-                                       int64_t c, float eps, void *stream, ms_error *err) {
+ms_status ms_cu_layernorm_forward_bf16(ms_kctx *kc, uint16_t *out, float *mean, float *rstd,
+                                       const uint16_t *inp, const uint16_t *weight,
+                                       const uint16_t *bias, int64_t n, int64_t c, float eps,
+                                       ms_error *err) {
     return layernorm_forward(ms_cu_bf(out), mean, rstd, ms_cu_bf(inp), ms_cu_bf(weight),
-                             ms_cu_bf(bias), n, c, eps, stream, "layernorm forward (bf16)", err);
+                             ms_cu_bf(bias), n, c, eps, kc, "layernorm forward (bf16)", err);
 }
 
-ms_status ms_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, float *scratch,
-                                   const float *dout, const float *inp, const float *weight,
-                                   const float *mean, const float *rstd, int64_t n, int64_t c,
-                                   void *stream, ms_error *err) {
+ms_status ms_cu_layernorm_backward(ms_kctx *kc, float *dinp, float *dweight, float *dbias,
+                                   float *scratch, const float *dout, const float *inp,
+                                   const float *weight, const float *mean, const float *rstd,
+                                   int64_t n, int64_t c, ms_error *err) {
     return layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, n, c,
-                              stream, "layernorm backward", err);
+                              kc, "layernorm backward", err);
 }
 
-ms_status ms_cu_layernorm_backward_bf16(uint16_t *dinp, uint16_t *dweight, uint16_t *dbias,
-                                        float *scratch, const uint16_t *dout, const uint16_t *inp,
-                                        const uint16_t *weight, const float *mean,
-                                        const float *rstd, int64_t n, int64_t c, void *stream,
+ms_status ms_cu_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t *dweight,
+                                        uint16_t *dbias, float *scratch, const uint16_t *dout,
+                                        const uint16_t *inp, const uint16_t *weight,
+                                        const float *mean, const float *rstd, int64_t n, int64_t c,
                                         ms_error *err) {
     return layernorm_backward(ms_cu_bf(dinp), ms_cu_bf(dweight), ms_cu_bf(dbias), scratch,
-                              ms_cu_bf(dout), ms_cu_bf(inp), ms_cu_bf(weight), mean, rstd, n, c,
-                              stream, "layernorm backward (bf16)", err);
+                              ms_cu_bf(dout), ms_cu_bf(inp), ms_cu_bf(weight), mean, rstd, n, c, kc,
+                              "layernorm backward (bf16)", err);
 }
 
 /* ---- softmax ---- */
 
-ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t c, void *stream,
+ms_status ms_cu_softmax_forward(ms_kctx *kc, float *out, const float *inp, int64_t n, int64_t c,
                                 ms_error *err) {
-    return ms_cu_rows(n, stream, "softmax forward", err, [=] __device__(int64_t r, int lane) {
+    return ms_cu_rows(n, kc, "softmax forward", err, [=] __device__(int64_t r, int lane) {
         const float *x = inp + r * c;
         const float mx = ms_cu_block_max(ms_cu_row_max_part(x, c, lane, MS_CU_ROW_LANES));
         const float sum = ms_cu_block_sum(ms_cu_row_sumexp_part(x, c, mx, lane, MS_CU_ROW_LANES));
@@ -94,9 +95,9 @@ ms_status ms_cu_softmax_forward(float *out, const float *inp, int64_t n, int64_t
     });
 }
 
-ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *out, int64_t n,
-                                 int64_t c, void *stream, ms_error *err) {
-    return ms_cu_rows(n, stream, "softmax backward", err, [=] __device__(int64_t r, int lane) {
+ms_status ms_cu_softmax_backward(ms_kctx *kc, float *dinp, const float *dout, const float *out,
+                                 int64_t n, int64_t c, ms_error *err) {
+    return ms_cu_rows(n, kc, "softmax backward", err, [=] __device__(int64_t r, int lane) {
         const float *g = dout + r * c, *y = out + r * c;
         const float dot = ms_cu_block_sum(ms_cu_row_dot_part(g, y, c, lane, MS_CU_ROW_LANES));
         ms_cu_softmax_dinp_part(dinp + r * c, g, y, c, dot, lane, MS_CU_ROW_LANES);
@@ -107,9 +108,9 @@ ms_status ms_cu_softmax_backward(float *dinp, const float *dout, const float *ou
 
 /* The vocab-parallel pieces over logits of storage T (float, or ms_bf16 unstaged). */
 template <typename T>
-static ms_status xent_vp_rowmax(float *lmax, const T *logits, int64_t n, int64_t vl, void *stream,
+static ms_status xent_vp_rowmax(float *lmax, const T *logits, int64_t n, int64_t vl, ms_kctx *kc,
                                 ms_error *err) {
-    return ms_cu_rows(n, stream, "cross-entropy row max", err, [=] __device__(int64_t r, int l) {
+    return ms_cu_rows(n, kc, "cross-entropy row max", err, [=] __device__(int64_t r, int l) {
         const float m =
             ms_cu_block_max(ms_cu_row_max_part(logits + r * vl, vl, l, MS_CU_ROW_LANES));
         if (l == 0) lmax[r] = m;
@@ -118,8 +119,8 @@ static ms_status xent_vp_rowmax(float *lmax, const T *logits, int64_t n, int64_t
 
 template <typename T>
 static ms_status xent_vp_sumexp(float *lsum, const T *logits, const float *gmax, int64_t n,
-                                int64_t vl, void *stream, ms_error *err) {
-    return ms_cu_rows(n, stream, "cross-entropy sum of exp", err, [=] __device__(int64_t r, int l) {
+                                int64_t vl, ms_kctx *kc, ms_error *err) {
+    return ms_cu_rows(n, kc, "cross-entropy sum of exp", err, [=] __device__(int64_t r, int l) {
         const float s = ms_cu_block_sum(
             ms_cu_row_sumexp_part(logits + r * vl, vl, gmax[r], l, MS_CU_ROW_LANES));
         if (l == 0) lsum[r] = s;
@@ -128,8 +129,8 @@ static ms_status xent_vp_sumexp(float *lsum, const T *logits, const float *gmax,
 
 template <typename T>
 static ms_status xent_vp_target(float *ltgt, const T *logits, const int32_t *targets, int64_t n,
-                                int64_t vl, int64_t v0, void *stream, ms_error *err) {
-    return ms_cu_each(n, stream, "cross-entropy target", err, [=] __device__(int64_t r) {
+                                int64_t vl, int64_t v0, ms_kctx *kc, ms_error *err) {
+    return ms_cu_each(n, kc, "cross-entropy target", err, [=] __device__(int64_t r) {
         ltgt[r] = ms_cu_xent_target(logits + r * vl, targets[r], vl, v0);
     });
 }
@@ -137,9 +138,9 @@ static ms_status xent_vp_target(float *ltgt, const T *logits, const int32_t *tar
 template <typename T>
 static ms_status xent_vp_backward(T *dlogits, const T *logits, const float *gmax, const float *gsum,
                                   const int32_t *targets, const T *dlosses, int64_t n, int64_t vl,
-                                  int64_t v0, unsigned fresh, void *stream, ms_error *err) {
+                                  int64_t v0, unsigned fresh, ms_kctx *kc, ms_error *err) {
     const bool f = fresh & 1u;
-    return ms_cu_each(n * vl, stream, "cross-entropy backward (vocab slice)", err,
+    return ms_cu_each(n * vl, kc, "cross-entropy backward (vocab slice)", err,
                       [=] __device__(int64_t i) {
                           const int64_t r = i / vl;
                           ms_cu_xent_vp_grad(dlogits + r * vl, logits + r * vl, i % vl, gmax[r],
@@ -147,56 +148,57 @@ static ms_status xent_vp_backward(T *dlogits, const T *logits, const float *gmax
                       });
 }
 
-ms_status ms_cu_xent_vp_rowmax(float *lmax, const float *logits, int64_t n, int64_t vl,
-                               void *stream, ms_error *err) {
-    return xent_vp_rowmax(lmax, logits, n, vl, stream, err);
+ms_status ms_cu_xent_vp_rowmax(ms_kctx *kc, float *lmax, const float *logits, int64_t n, int64_t vl,
+                               ms_error *err) {
+    return xent_vp_rowmax(lmax, logits, n, vl, kc, err);
 }
 
-ms_status ms_cu_xent_vp_sumexp(float *lsum, const float *logits, const float *gmax, int64_t n,
-                               int64_t vl, void *stream, ms_error *err) {
-    return xent_vp_sumexp(lsum, logits, gmax, n, vl, stream, err);
+ms_status ms_cu_xent_vp_sumexp(ms_kctx *kc, float *lsum, const float *logits, const float *gmax,
+                               int64_t n, int64_t vl, ms_error *err) {
+    return xent_vp_sumexp(lsum, logits, gmax, n, vl, kc, err);
 }
 
-ms_status ms_cu_xent_vp_target(float *ltgt, const float *logits, const int32_t *targets, int64_t n,
-                               int64_t vl, int64_t v0, void *stream, ms_error *err) {
-    return xent_vp_target(ltgt, logits, targets, n, vl, v0, stream, err);
+ms_status ms_cu_xent_vp_target(ms_kctx *kc, float *ltgt, const float *logits,
+                               const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
+                               ms_error *err) {
+    return xent_vp_target(ltgt, logits, targets, n, vl, v0, kc, err);
 }
 
-ms_status ms_cu_xent_vp_loss(float *losses, const float *gmax, const float *gsum, const float *gtgt,
-                             const int32_t *targets, int64_t n, void *stream, ms_error *err) {
-    return ms_cu_each(n, stream, "cross-entropy loss", err, [=] __device__(int64_t r) {
+ms_status ms_cu_xent_vp_loss(ms_kctx *kc, float *losses, const float *gmax, const float *gsum,
+                             const float *gtgt, const int32_t *targets, int64_t n, ms_error *err) {
+    return ms_cu_each(n, kc, "cross-entropy loss", err, [=] __device__(int64_t r) {
         losses[r] = ms_cu_xent_loss(gmax[r], gsum[r], gtgt[r], targets[r]);
     });
 }
 
-ms_status ms_cu_xent_vp_backward(float *dlogits, const float *logits, const float *gmax,
-                                 const float *gsum, const int32_t *targets, const float *dlosses,
-                                 int64_t n, int64_t vl, int64_t v0, unsigned fresh, void *stream,
-                                 ms_error *err) {
-    return xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, fresh, stream,
+ms_status ms_cu_xent_vp_backward(ms_kctx *kc, float *dlogits, const float *logits,
+                                 const float *gmax, const float *gsum, const int32_t *targets,
+                                 const float *dlosses, int64_t n, int64_t vl, int64_t v0,
+                                 unsigned fresh, ms_error *err) {
+    return xent_vp_backward(dlogits, logits, gmax, gsum, targets, dlosses, n, vl, v0, fresh, kc,
                             err);
 }
 
-ms_status ms_cu_xent_vp_rowmax_bf16(float *lmax, const uint16_t *logits, int64_t n, int64_t vl,
-                                    void *stream, ms_error *err) {
-    return xent_vp_rowmax(lmax, ms_cu_bf(logits), n, vl, stream, err);
+ms_status ms_cu_xent_vp_rowmax_bf16(ms_kctx *kc, float *lmax, const uint16_t *logits, int64_t n,
+                                    int64_t vl, ms_error *err) {
+    return xent_vp_rowmax(lmax, ms_cu_bf(logits), n, vl, kc, err);
 }
 
-ms_status ms_cu_xent_vp_sumexp_bf16(float *lsum, const uint16_t *logits, const float *gmax,
-                                    int64_t n, int64_t vl, void *stream, ms_error *err) {
-    return xent_vp_sumexp(lsum, ms_cu_bf(logits), gmax, n, vl, stream, err);
+ms_status ms_cu_xent_vp_sumexp_bf16(ms_kctx *kc, float *lsum, const uint16_t *logits,
+                                    const float *gmax, int64_t n, int64_t vl, ms_error *err) {
+    return xent_vp_sumexp(lsum, ms_cu_bf(logits), gmax, n, vl, kc, err);
 }
 
-ms_status ms_cu_xent_vp_target_bf16(float *ltgt, const uint16_t *logits, const int32_t *targets,
-                                    int64_t n, int64_t vl, int64_t v0, void *stream,
+ms_status ms_cu_xent_vp_target_bf16(ms_kctx *kc, float *ltgt, const uint16_t *logits,
+                                    const int32_t *targets, int64_t n, int64_t vl, int64_t v0,
                                     ms_error *err) {
-    return xent_vp_target(ltgt, ms_cu_bf(logits), targets, n, vl, v0, stream, err);
+    return xent_vp_target(ltgt, ms_cu_bf(logits), targets, n, vl, v0, kc, err);
 }
 
-ms_status ms_cu_xent_vp_backward_bf16(uint16_t *dlogits, const uint16_t *logits, const float *gmax,
-                                      const float *gsum, const int32_t *targets,
+ms_status ms_cu_xent_vp_backward_bf16(ms_kctx *kc, uint16_t *dlogits, const uint16_t *logits,
+                                      const float *gmax, const float *gsum, const int32_t *targets,
                                       const uint16_t *dlosses, int64_t n, int64_t vl, int64_t v0,
-                                      unsigned fresh, void *stream, ms_error *err) {
+                                      unsigned fresh, ms_error *err) {
     return xent_vp_backward(ms_cu_bf(dlogits), ms_cu_bf(logits), gmax, gsum, targets,
-                            ms_cu_bf(dlosses), n, vl, v0, fresh, stream, err);
+                            ms_cu_bf(dlosses), n, vl, v0, fresh, kc, err);
 }
