@@ -8,7 +8,8 @@
  * Defaults: GPT-2 124M's attention at batch 8 (B 8, T 1024, C 768, 12 heads). One call is
  * attention_forward_bf16 then attention_backward_bf16 on the rank's kernel context, as the
  * program calls them (the gradient written whole, as a training step's first writer of dqkv
- * does); the row kernels are selected with MS_CUDA_ATTENTION=rows. Each side: 3
+ * does); each side has a kernel context of its own, made with the attention path it times
+ * (ms_kctx_opts.attention: the flash kernels, or the row kernels). Each side: 3
  * warm-up calls, then R repetitions of enough calls to take ~100 ms, timed on the host
  * around a device synchronisation; the median repetition. FLOPs: the causal half of
  * 4 B NH T^2 HS forward and 2.5 times that backward (FlashAttention's convention).
@@ -60,25 +61,28 @@ static int parse(int argc, char **argv, bench_opts *o) {
     return 0;
 }
 
+/* The two sides: the flash kernels, then the row kernels they replace. */
+static const ms_kattention sides[2] = {MS_KATTENTION_FASTEST, MS_KATTENTION_ROWS};
+
 typedef struct attn_ctx {
     bench_opts o;
     uint16_t *qkv, *out, *dout, *dqkv;
     float *saved, *scratch;
-    ms_kctx *kc;
+    ms_kctx *kc[2]; /* one per side */
 } attn_ctx;
 
-/* `calls` forward + backward pairs, then a wait for the device; 0 on success. */
-static int run(attn_ctx *x, int calls) {
+/* `calls` forward + backward pairs on kc, then a wait for the device; 0 on success. */
+static int run(attn_ctx *x, ms_kctx *kc, int calls) {
     const bench_opts *o = &x->o;
     ms_error err = {0};
     for (int i = 0; i < calls; i++) {
-        if (MS_CALL_K(x->kc, attention_forward_bf16, x->out, x->saved, x->qkv, NULL, o->b, o->t,
-                      o->c, o->nh, true, &err) != MS_OK ||
-            MS_CALL_K(x->kc, attention_backward_bf16, x->dqkv, x->scratch, x->dout, x->qkv,
-                      x->saved, NULL, o->b, o->t, o->c, o->nh, true, 1u, &err) != MS_OK)
+        if (MS_CALL_K(kc, attention_forward_bf16, x->out, x->saved, x->qkv, NULL, o->b, o->t, o->c,
+                      o->nh, true, &err) != MS_OK ||
+            MS_CALL_K(kc, attention_backward_bf16, x->dqkv, x->scratch, x->dout, x->qkv, x->saved,
+                      NULL, o->b, o->t, o->c, o->nh, true, 1u, &err) != MS_OK)
             return fprintf(stderr, "meshscope: %s\n", err.msg), 1;
     }
-    if (ms_kctx_sync(x->kc, &err) != MS_OK) return fprintf(stderr, "meshscope: %s\n", err.msg), 1;
+    if (ms_kctx_sync(kc, &err) != MS_OK) return fprintf(stderr, "meshscope: %s\n", err.msg), 1;
     return 0;
 }
 
@@ -87,13 +91,13 @@ static int cmp_double(const void *a, const void *b) {
     return (p > q) - (p < q);
 }
 
-/* Median seconds per call over reps repetitions of ~100 ms; < 0 on failure. */
-static double time_calls(attn_ctx *x) {
-    if (run(x, 3)) return -1;
+/* Median seconds per call on kc over reps repetitions of ~100 ms; < 0 on failure. */
+static double time_calls(attn_ctx *x, ms_kctx *kc) {
+    if (run(x, kc, 3)) return -1;
     int calls = 1;
     for (;;) {
         int64_t t0 = ms_now_ns();
-        if (run(x, calls)) return -1;
+        if (run(x, kc, calls)) return -1;
         if ((double)(ms_now_ns() - t0) * 1e-9 > 0.1 || calls >= 1 << 16) break;
         calls *= 2;
     }
@@ -101,7 +105,7 @@ static double time_calls(attn_ctx *x) {
     const int reps = x->o.reps > 64 ? 64 : x->o.reps;
     for (int r = 0; r < reps; r++) {
         int64_t t0 = ms_now_ns();
-        if (run(x, calls)) return -1;
+        if (run(x, kc, calls)) return -1;
         per[r] = (double)(ms_now_ns() - t0) * 1e-9 / calls;
     }
     qsort(per, (size_t)reps, sizeof *per, cmp_double);
@@ -133,13 +137,15 @@ int main(int argc, char **argv) {
         printf("bench_attention_cuda: skipped: %s\n", err.msg);
         return 77;
     }
-    if (ms_kctx_create(dev, &x.kc, &err) != MS_OK) {
-        fprintf(stderr, "bench_attention_cuda: %s\n", err.msg);
-        return 1;
-    }
+    for (int s = 0; s < 2; s++)
+        if (ms_kctx_create_with(dev, &(ms_kctx_opts){.attention = sides[s]}, &x.kc[s], &err) !=
+            MS_OK) {
+            fprintf(stderr, "bench_attention_cuda: %s\n", err.msg);
+            return 1;
+        }
     const int64_t n = o->b * o->t * o->c;
-    const size_t nsaved = (size_t)x.kc->k->attention_saved_floats(o->b, o->t, o->c, o->nh);
-    const size_t nscratch = (size_t)x.kc->k->attention_scratch_floats(o->b, o->t, o->nh);
+    const size_t nsaved = (size_t)x.kc[0]->k->attention_saved_floats(o->b, o->t, o->c, o->nh);
+    const size_t nscratch = (size_t)x.kc[0]->k->attention_scratch_floats(o->b, o->t, o->nh);
     if (ms_device_alloc(dev, 2 * (size_t)(3 * n), (void **)&x.qkv, &err) ||
         ms_device_alloc(dev, 2 * (size_t)(3 * n), (void **)&x.dqkv, &err) ||
         ms_device_alloc(dev, 2 * (size_t)n, (void **)&x.out, &err) ||
@@ -160,15 +166,13 @@ int main(int argc, char **argv) {
     const char *names[2] = {"meshscope flash (tensor cores)", "meshscope row kernels"};
     double sec[2];
     for (int s = 0; s < 2; s++) {
-        if (s == 1) setenv("MS_CUDA_ATTENTION", "rows", 1);
-        sec[s] = time_calls(&x);
+        sec[s] = time_calls(&x, x.kc[s]);
         if (sec[s] <= 0) return 1;
         printf("  %-32s %9.3f ms  %7.1f TFLOP/s\n", names[s], sec[s] * 1e3, flops / sec[s] * 1e-12);
     }
-    unsetenv("MS_CUDA_ATTENTION");
     printf("  flash / rows speedup: %.2f\n", sec[1] / sec[0]);
     printf("meshscope_ms %.4f\n", sec[0] * 1e3); /* read by bench/attention_cuda.sh */
-    ms_kctx_destroy(x.kc);
+    ms_kctx_destroy(x.kc[0]), ms_kctx_destroy(x.kc[1]);
     ms_device_free(dev, x.qkv, 2 * (size_t)(3 * n)),
         ms_device_free(dev, x.dqkv, 2 * (size_t)(3 * n));
     ms_device_free(dev, x.out, 2 * (size_t)n), ms_device_free(dev, x.dout, 2 * (size_t)n);

@@ -26,6 +26,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include <vector>
 
 #include "engine/kernels/cuda/cuda_kernels.h"
+#include "engine/kernels/kctx_opts.h"
 #include "engine/kernels/layers.h"
 #include "tests/cuda_colsum_ref.cuh"
 #include "tests/cuda_testkit.cuh"
@@ -36,15 +37,17 @@ extern "C" {
 typedef struct ms_device ms_device;
 ms_status ms_device_cuda_create(int ordinal, ms_device **out, ms_error *err);
 void ms_device_destroy(ms_device *dev);
-ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err);
+ms_status ms_kctx_create_with(ms_device *dev, const ms_kctx_opts *opts, ms_kctx **out,
+                              ms_error *err);
 void ms_kctx_destroy(ms_kctx *kc);
 }
 
 typedef std::vector<uint16_t> hvec;
 
-/* GPU 0 and a kernel context on it, for the whole run (main). */
+/* GPU 0 and two kernel contexts on it, for the whole run (main): kc runs bf16 attention on
+ * the flash kernels where a call fits them, kc_rows always on the row kernels. */
 static ms_device *gpu;
-static ms_kctx *kc;
+static ms_kctx *kc, *kc_rows;
 
 /* ---- helpers ---- */
 
@@ -507,7 +510,7 @@ static void test_attention(void **state) {
 }
 
 /* ---- bf16 attention: the tensor-core flash kernels (flash.cu) where the call fits them, the
- * row kernels otherwise (and with MS_CUDA_ATTENTION=rows), against the CPU's fp32 kernel on
+ * row kernels otherwise (and always on kc_rows), against the CPU's fp32 kernel on
  * the widened operands. Tolerances: the flash kernels round the probabilities and dS to bf16
  * before their second product (test_cuda_host_flash has the same bounds against a double
  * reference); each output is rounded once. The flash backward is run twice and must give the
@@ -533,35 +536,34 @@ static bool attention_bf16_case(int64_t b, int64_t t, int64_t c, int64_t nh, boo
                             nh, causal);
     fvec grad(n3);
     for (int64_t i = 0; i < n3; i++) grad[i] = dq[i] - d0f[i];
-    if (rows) setenv("MS_CUDA_ATTENTION", "rows", 1);
+    ms_kctx *on = rows ? kc_rows : kc;
     uint16_t *dqkv = dev(qkv), *dout = dev(hvec(n)), *dg = dev(g), *ddq = dev(d0);
     float *dsaved = dev(fvec(ms_cu_attention_saved_floats(b, t, c, nh)));
     float *dmask = masked ? dev(mask) : NULL;
     float *dscr = dev(fvec(ms_cu_attention_scratch_floats(b, t, nh)));
-    LAUNCH(ms_cu_attention_forward_bf16(kc, dout, dsaved, dqkv, dmask, b, t, c, nh, causal, ERR));
+    LAUNCH(ms_cu_attention_forward_bf16(on, dout, dsaved, dqkv, dmask, b, t, c, nh, causal, ERR));
     char what[128];
     snprintf(what, sizeof what, "attention bf16 (%s) out B=%lld T=%lld C=%lld NH=%lld%s%s",
              rows ? "rows" : "flash", (long long)b, (long long)t, (long long)c, (long long)nh,
              causal ? " causal" : "", masked ? " mask" : "");
     bool ok = close(what, widen(back(dout, n)), out, 8e-3 * max_abs(out), BF16_RTOL);
-    LAUNCH(ms_cu_attention_backward_bf16(kc, ddq, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
+    LAUNCH(ms_cu_attention_backward_bf16(on, ddq, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
                                          causal, 0u, ERR));
     const hvec first = back(ddq, n3);
     fvec got(n3);
     for (int64_t i = 0; i < n3; i++) got[i] = ms_f32_from_bf16(first[i]) - d0f[i];
     ok &= close("  dqkv (what was added)", got, grad, 2e-2 * max_abs(grad), BF16_RTOL);
     uint16_t *ddq2 = dev(d0);
-    LAUNCH(ms_cu_attention_backward_bf16(kc, ddq2, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
+    LAUNCH(ms_cu_attention_backward_bf16(on, ddq2, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
                                          causal, 0u, ERR));
     const bool same = back(ddq2, n3) == first;
     printf("  dqkv of a second backward: %s\n", same ? "the same bits" : "DIFFERENT  FAIL");
     /* fresh: dqkv written whole over NaNs, every element once: the gradient alone */
     uint16_t *dfresh = dev(to_bf16(fvec(n3, NAN)));
-    LAUNCH(ms_cu_attention_backward_bf16(kc, dfresh, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
+    LAUNCH(ms_cu_attention_backward_bf16(on, dfresh, dscr, dg, dqkv, dsaved, dmask, b, t, c, nh,
                                          causal, 1u, ERR));
     ok &= close("  dqkv fresh (over NaNs)", widen(back(dfresh, n3)), grad, 2e-2 * max_abs(grad),
                 BF16_RTOL);
-    if (rows) unsetenv("MS_CUDA_ATTENTION");
     return ok && same;
 }
 
@@ -870,8 +872,11 @@ int main(void) {
         return 77;
     }
     ms_error err = {};
-    if (ms_device_cuda_create(0, &gpu, &err) != MS_OK || ms_kctx_create(gpu, &kc, &err) != MS_OK) {
-        printf("FAIL: a kernel context on GPU 0: %s\n", err.msg);
+    ms_kctx_opts flash = {MS_KATTENTION_FASTEST}, rows = {MS_KATTENTION_ROWS};
+    if (ms_device_cuda_create(0, &gpu, &err) != MS_OK ||
+        ms_kctx_create_with(gpu, &flash, &kc, &err) != MS_OK ||
+        ms_kctx_create_with(gpu, &rows, &kc_rows, &err) != MS_OK) {
+        printf("FAIL: kernel contexts on GPU 0: %s\n", err.msg);
         return 1;
     }
     const struct CMUnitTest tests[] = {
@@ -892,6 +897,7 @@ int main(void) {
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     ms_kctx_destroy(kc);
+    ms_kctx_destroy(kc_rows);
     ms_device_destroy(gpu);
     return failed;
 }

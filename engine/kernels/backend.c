@@ -992,14 +992,14 @@ static const ms_kernels fenced_kernels = {
 /* The CUDA table and its context (kernels/cuda/backend_cuda.c), when CUDA is built. */
 #ifdef MS_HAVE_CUDA
 const ms_kernels *ms_kernels_cuda_table(void);
-ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err);
+ms_status ms_kctx_cuda_init(ms_kctx *kc, const ms_kctx_opts *opts, ms_error *err);
 void ms_kctx_cuda_fini(ms_kctx *kc);
 #else
 static const ms_kernels *ms_kernels_cuda_table(void) {
     return NULL;
 }
-static ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
-    (void)kc;
+static ms_status ms_kctx_cuda_init(ms_kctx *kc, const ms_kctx_opts *opts, ms_error *err) {
+    (void)kc, (void)opts;
     return ms_fail(err, MS_ERR_UNSUPPORTED, "CUDA is not built");
 }
 static void ms_kctx_cuda_fini(ms_kctx *kc) {
@@ -1021,6 +1021,11 @@ const ms_kernels *ms_kernels_for(ms_device_kind kind) {
 }
 
 ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err) {
+    return ms_kctx_create_with(dev, NULL, out, err);
+}
+
+ms_status ms_kctx_create_with(ms_device *dev, const ms_kctx_opts *opts, ms_kctx **out,
+                              ms_error *err) {
     *out = NULL;
     const ms_kernels *k = ms_kernels_for(dev->ops->kind);
     if (!k)
@@ -1034,7 +1039,7 @@ ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err) {
     kc->tag = dev->addr_tag;
     kc->work = dev->ops->counts_work ? &dev->work : NULL;
     if (dev->ops->kind == MS_DEVICE_CUDA) {
-        ms_status st = ms_kctx_cuda_init(kc, err);
+        ms_status st = ms_kctx_cuda_init(kc, opts, err);
         if (st != MS_OK) {
             free(kc);
             return st;

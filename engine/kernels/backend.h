@@ -38,6 +38,7 @@
 #include "engine/kernels/elementwise_ext.h"
 #include "engine/kernels/fused.h"
 #include "engine/kernels/index.h"
+#include "engine/kernels/kctx_opts.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
 #include "engine/kernels/reduce_ext.h"
@@ -81,9 +82,13 @@ typedef struct ms_kctx {
     _Atomic uint64_t *work; /* &dev->work where the device counts launches (fenced), else NULL */
 } ms_kctx;
 
-/* The context for `dev`'s kind. MS_ERR_UNSUPPORTED when this build has no kernels for it
- * (CUDA not built). */
+/* The context for `dev`'s kind, with every default (ms_kctx_opts). MS_ERR_UNSUPPORTED when
+ * this build has no kernels for it (CUDA not built). */
 ms_status ms_kctx_create(ms_device *dev, ms_kctx **out, ms_error *err);
+/* ms_kctx_create with the choices of opts (kctx_opts.h), fixed for the context's life; NULL is
+ * every default. */
+ms_status ms_kctx_create_with(ms_device *dev, const ms_kctx_opts *opts, ms_kctx **out,
+                              ms_error *err);
 void ms_kctx_destroy(ms_kctx *kc); /* NULL is a no-op */
 /* The CPU kernels on host memory (ms_device_host()), for code that works on host tensors
  * outside any rank's program: eager mode, tests. Process-wide; never destroyed. */

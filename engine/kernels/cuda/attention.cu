@@ -15,8 +15,9 @@
  * the bf16 kernels compute exactly what the fp32 ones do on widened operands.
  *
  * A bf16 call that fits the tensor cores (flash.cuh: head sizes 16 to 128, aligned rows) runs
- * flash.cu's kernels instead, which round the probabilities to bf16 for their products; these
- * row kernels stay the fp32 path and the fallback.
+ * flash.cu's kernels instead where its kernel context chose them (ms_cu_attention_flash), which
+ * round the probabilities to bf16 for their products; these row kernels stay the fp32 path,
+ * the fallback and the path a context can choose instead.
  */
 #include "engine/kernels/cuda/attention_math.cuh"
 #include "engine/kernels/cuda/flash.cuh"
@@ -176,21 +177,22 @@ __global__ static void attn_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, 
     }
 }
 
-/* A bf16 call's arguments for the tensor-core kernels (flash.cu), when it fits them; fp32
- * calls always run the row kernels here, whose arithmetic is the CPU's. */
-static bool flash_args(ms_fa_args *, const attn_dims &, const float *, const float *, const float *,
-                       const float *, const float *) {
+/* A bf16 call's arguments for the tensor-core kernels (flash.cu), when kc chose them and the
+ * call fits them; fp32 calls always run the row kernels here, whose arithmetic is the CPU's. */
+static bool flash_args(const ms_kctx *, ms_fa_args *, const attn_dims &, const float *,
+                       const float *, const float *, const float *, const float *) {
     return false;
 }
-static bool flash_args(ms_fa_args *f, const attn_dims &a, const ms_bf16 *q, const ms_bf16 *k,
-                       const ms_bf16 *v, const ms_bf16 *dout, const float *mask) {
+static bool flash_args(const ms_kctx *kc, ms_fa_args *f, const attn_dims &a, const ms_bf16 *q,
+                       const ms_bf16 *k, const ms_bf16 *v, const ms_bf16 *dout, const float *mask) {
+    if (!ms_cu_attention_flash(kc)) return false;
     *f = ms_fa_args{};
     f->q = &q->bits, f->k = &k->bits, f->v = &v->bits, f->dout = dout ? &dout->bits : NULL;
     f->mask = mask;
     f->tq = a.tq, f->tk = a.tk, f->h = a.h, f->hkv = a.hkv, f->hs = a.hs;
     f->q_ld = a.q_ld, f->kv_ld = a.kv_ld, f->out_ld = a.out_ld, f->q_start = a.q_start;
     f->causal = a.causal, f->keep_mask = a.keep_mask, f->fresh = a.fresh, f->scale = a.scale;
-    return ms_cu_flash_usable(f);
+    return ms_cu_flash_fits(f);
 }
 
 static dim3 attn_grid(int64_t b, int64_t rows, int64_t heads) {
@@ -212,7 +214,7 @@ static ms_status attn_backward(const attn_dims &a, int64_t b, T *dq, T *dk, T *d
             delta[r] = ms_cu_dot(dout + (bi * tq + i) * ld + h * hs, o, hs);
         }));
     ms_fa_args f;
-    if (flash_args(&f, a, q, k, v, dout, mask)) {
+    if (flash_args(kc, &f, a, q, k, v, dout, mask)) {
         f.dq = (uint16_t *)dq, f.dk = (uint16_t *)dk, f.dv = (uint16_t *)dv;
         f.lse = const_cast<float *>(lse), f.delta = delta;
         return ms_cu_flash_backward(kc, &f, b, err);
@@ -253,7 +255,7 @@ static ms_status packed_forward(T *out, float *lse, float *o_copy, const T *qkv,
     MS_CHECK(packed_dims(&a, t, c, nh, causal, err));
     if (b <= 0 || t <= 0) return MS_OK;
     ms_fa_args f;
-    if (flash_args(&f, a, qkv, qkv + c, qkv + 2 * c, (const T *)NULL, mask)) {
+    if (flash_args(kc, &f, a, qkv, qkv + c, qkv + 2 * c, (const T *)NULL, mask)) {
         f.out = (uint16_t *)out, f.lse = lse, f.o_f32 = o_copy;
         return ms_cu_flash_forward(kc, &f, b, err);
     }

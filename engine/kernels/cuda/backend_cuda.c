@@ -15,6 +15,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/core/cuda_check.h"
 #include "engine/core/xalloc.h"
@@ -23,7 +24,7 @@
 
 /* Defined here, declared by backend.c (the one caller). */
 const ms_kernels *ms_kernels_cuda_table(void);
-ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err);
+ms_status ms_kctx_cuda_init(ms_kctx *kc, const ms_kctx_opts *opts, ms_error *err);
 void ms_kctx_cuda_fini(ms_kctx *kc);
 
 /* A list of items a launch reads (tensors, parameters), copied up from pinned host memory:
@@ -44,6 +45,7 @@ typedef struct dev_scratch {
 
 /* The stream is not here: the device holds it (ms_cu_stream asks). */
 typedef struct cuda_kctx {
+    bool flash;                        /* the attention path, chosen at creation (flash_chosen) */
     cublasHandle_t blas;               /* NULL until the first product (ms_cu_blas) */
     dev_scratch sumsq;                 /* doubles: partial sums, then the result in the last one */
     dev_scratch emb;                   /* the embedding backward's sort */
@@ -56,9 +58,26 @@ typedef struct cuda_kctx {
 #define CU(kc)     ((cuda_kctx *)(kc)->impl)
 #define STREAM(kc) ms_cu_stream(kc)
 
+/* Whether bf16 attention calls that fit the tensor-core kernels run them: asked for (by
+ * default unless MS_CUDA_ATTENTION=rows), on a device with bf16 mma.sync (compute capability
+ * 8.0). Decided once, here, for the context's life. */
+static bool flash_chosen(int ordinal, ms_kattention choice) {
+    if (choice == MS_KATTENTION_DEFAULT) {
+        const char *env = getenv("MS_CUDA_ATTENTION");
+        choice = env && strcmp(env, "rows") == 0 ? MS_KATTENTION_ROWS : MS_KATTENTION_FASTEST;
+    }
+    int major = 0;
+    return choice == MS_KATTENTION_FASTEST &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) ==
+               cudaSuccess &&
+           major >= 8;
+}
+
 /* Makes the device's stream now, so that ms_cu_stream has it from here on. */
-ms_status ms_kctx_cuda_init(ms_kctx *kc, ms_error *err) {
-    kc->impl = xcalloc(1, sizeof(cuda_kctx));
+ms_status ms_kctx_cuda_init(ms_kctx *kc, const ms_kctx_opts *opts, ms_error *err) {
+    cuda_kctx *x = xcalloc(1, sizeof *x);
+    kc->impl = x;
+    x->flash = flash_chosen(kc->dev->ordinal, opts ? opts->attention : MS_KATTENTION_DEFAULT);
     void *stream = NULL;
     ms_status st = ms_device_cuda_stream(kc->dev, &stream, err);
     if (st == MS_OK) st = ms_cuda_status(cudaSetDevice(kc->dev->ordinal), "cudaSetDevice", err);
@@ -88,6 +107,10 @@ void *ms_cu_stream(const ms_kctx *kc) {
     ms_error unused;
     (void)ms_device_cuda_stream(kc->dev, &stream, &unused); /* made: cannot fail */
     return stream;
+}
+
+bool ms_cu_attention_flash(const ms_kctx *kc) {
+    return CU(kc)->flash;
 }
 
 ms_status ms_cu_blas(ms_kctx *kc, void **out, ms_error *err) {

@@ -54,6 +54,9 @@ typedef struct ms_kctx ms_kctx;
 
 /* kc's device's compute stream (a cudaStream_t); made when kc was created, so always there. */
 void *ms_cu_stream(const ms_kctx *kc);
+/* Whether kc runs a bf16 attention call that fits the tensor-core kernels on them (flash.cu),
+ * else the row kernels: ms_kctx_opts.attention and the device, decided when kc was created. */
+bool ms_cu_attention_flash(const ms_kctx *kc);
 /* kc's cuBLAS handle (a cublasHandle_t), made on the first product and bound then to the
  * device's compute stream; kc owns it and destroys it with itself. */
 ms_status ms_cu_blas(ms_kctx *kc, void **out, ms_error *err);
@@ -296,7 +299,7 @@ ms_status ms_cu_sumsq_list(ms_kctx *kc, double *out, double *scratch, const ms_c
 /* qkv [B, T, 3C], out [B, T, C], mask [B, T] or NULL; HS <= 128. saved: lse [B, NH, T], then a
  * copy of the output [B, T, C] (fp32: the output before rounding under bf16), which the
  * backward reads; scratch: delta [B, NH, T]. A bf16 call that fits the tensor cores runs
- * flash.cu's kernels. */
+ * flash.cu's kernels where kc chose them (ms_cu_attention_flash). */
 int64_t ms_cu_attention_saved_floats(int64_t b, int64_t t, int64_t c, int64_t nh);
 int64_t ms_cu_attention_scratch_floats(int64_t b, int64_t t, int64_t nh);
 MS_CU_SLOT(attention_forward, float *out, float *saved, const float *qkv, const float *mask,

@@ -1,15 +1,11 @@
 /* flash.cu - bf16 flash attention on the tensor cores: flash_math.cuh's block bodies launched
  * with the GPU's block context (mma.sync for the products, __shfl_xor_sync, __syncthreads).
  *
- * attention.cu asks ms_cu_flash_usable first and falls back to its row kernels when the call
- * does not fit (flash_math.cuh says which calls do), or when MS_CUDA_ATTENTION=rows is set in
- * the environment (to compare the two on a GPU).
+ * attention.cu hands a bf16 call here when its kernel context chose these kernels
+ * (ms_cu_attention_flash: decided when the context was made, never on a device before sm_80)
+ * and the call fits them (ms_cu_flash_fits; flash_math.cuh says which calls do); otherwise it
+ * runs its row kernels.
  */
-#include <stdlib.h>
-#include <string.h>
-
-#include <atomic>
-
 #include "engine/kernels/cuda/flash.cuh"
 #include "engine/kernels/cuda/launch.cuh"
 
@@ -73,7 +69,7 @@ struct ms_fa_gpu {
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #elif defined(__CUDA_ARCH__)
-        __trap(); /* ms_cu_flash_usable refuses devices before sm_80 */
+        __trap(); /* no context chooses these kernels before sm_80 */
 #else
         (void)d, (void)a, (void)b;
 #endif
@@ -105,33 +101,15 @@ static bool aligned16(const void *p) {
     return ((uintptr_t)p & 15u) == 0;
 }
 
-/* The device's compute capability is at least 8.0 (mma.sync with bf16), read once per
- * device ordinal (rank threads may ask at once: each would store the same value). */
-static bool device_has_bf16_mma(void) {
-    static std::atomic<int> major[64]; /* 0: not read yet */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    int m = major[dev].load(std::memory_order_relaxed);
-    if (m == 0) {
-        if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-            return false;
-        m = m > 0 ? m : -1;
-        major[dev].store(m, std::memory_order_relaxed);
-    }
-    return m >= 8;
-}
-
-bool ms_cu_flash_usable(const ms_fa_args *a) {
-    const char *only = getenv("MS_CUDA_ATTENTION"); /* read each call: a benchmark flips it */
-    if (only && strcmp(only, "rows") == 0) return false;
+bool ms_cu_flash_fits(const ms_fa_args *a) {
     const bool heads_ok = a->h > 0 && a->hkv > 0 && a->h % a->hkv == 0;
     return heads_ok && ms_fa_head_size_ok(a->hs) && a->q_ld % 8 == 0 && a->kv_ld % 8 == 0 &&
            a->out_ld % 8 == 0 && aligned16(a->q) && aligned16(a->k) && aligned16(a->v) &&
-           (!a->dout || aligned16(a->dout)) && device_has_bf16_mma();
+           (!a->dout || aligned16(a->dout));
 }
 
 /* Launches kernel template K for the head size (one of ms_fa_head_size_ok's: the callers
- * checked with ms_cu_flash_usable); another is refused, launching nothing. */
+ * checked with ms_cu_flash_fits); another is refused, launching nothing. */
 #define FA_CASE(K, HS, grid, stream, a)                                                            \
     case HS:                                                                                       \
         K<HS><<<grid, MS_FA_THREADS, 0, stream>>>(a);                                              \

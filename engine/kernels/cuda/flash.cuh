@@ -9,8 +9,8 @@
 
 /* Whether the call fits the tensor-core kernels: a head size they are built for
  * (ms_fa_head_size_ok), whole kv groups, row strides multiples of 8 elements, 16-byte aligned
- * operands, a device of compute capability 8.0 or later, and MS_CUDA_ATTENTION not "rows". */
-bool ms_cu_flash_usable(const ms_fa_args *a);
+ * operands. Whether to use them at all is the kernel context's (ms_cu_attention_flash). */
+bool ms_cu_flash_fits(const ms_fa_args *a);
 
 /* out, lse and (when not NULL) o_f32 of every query row of b batch items, on kc's stream. */
 ms_status ms_cu_flash_forward(ms_kctx *kc, const ms_fa_args *a, int64_t b, ms_error *err);
