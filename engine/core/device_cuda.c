@@ -33,21 +33,24 @@ typedef struct cuda_impl {
     cuda_mark *pool;    /* released marks, their events ready to record again */
 } cuda_impl;
 
-/* The compute stream, made on first use; blocking, so ordered with the legacy default stream
- * both ways (see the top of the file). */
-static ms_status stream_of(ms_device *dev, cudaStream_t *out, ms_error *err) {
+/* The compute stream, made on first use (device.h); blocking, so ordered with the legacy
+ * default stream both ways (see the top of the file). The device's own copies ask for it here
+ * too. */
+ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err) {
     cuda_impl *impl = dev->impl;
-    *out = atomic_load_explicit(&impl->stream, memory_order_acquire);
-    if (*out) return MS_OK;
-    pthread_mutex_lock(&impl->mu);
+    cudaStream_t s = atomic_load_explicit(&impl->stream, memory_order_acquire);
     ms_status st = MS_OK;
-    *out = atomic_load_explicit(&impl->stream, memory_order_relaxed);
-    if (!*out) {
-        st = ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err);
-        if (st == MS_OK) st = ms_cuda_status(cudaStreamCreate(out), "cudaStreamCreate", err);
-        if (st == MS_OK) atomic_store_explicit(&impl->stream, *out, memory_order_release);
+    if (!s) {
+        pthread_mutex_lock(&impl->mu);
+        s = atomic_load_explicit(&impl->stream, memory_order_relaxed);
+        if (!s) {
+            st = ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err);
+            if (st == MS_OK) st = ms_cuda_status(cudaStreamCreate(&s), "cudaStreamCreate", err);
+            if (st == MS_OK) atomic_store_explicit(&impl->stream, s, memory_order_release);
+        }
+        pthread_mutex_unlock(&impl->mu);
     }
-    pthread_mutex_unlock(&impl->mu);
+    *out = (void *)s;
     return st;
 }
 
@@ -71,8 +74,8 @@ static ms_status cuda_copy(ms_device *dev, void *dst, const void *src, size_t nb
         [MS_COPY_DEVICE_TO_HOST] = cudaMemcpyDeviceToHost,
         [MS_COPY_DEVICE_TO_DEVICE] = cudaMemcpyDeviceToDevice,
     };
-    cudaStream_t s;
-    MS_CHECK(stream_of(dev, &s, err));
+    void *s;
+    MS_CHECK(ms_device_cuda_stream(dev, &s, err));
     MS_CHECK(
         ms_cuda_status(cudaMemcpyAsync(dst, src, nbytes, kinds[dir], s), "cudaMemcpyAsync", err));
     if (dir == MS_COPY_DEVICE_TO_DEVICE) return MS_OK;
@@ -80,8 +83,8 @@ static ms_status cuda_copy(ms_device *dev, void *dst, const void *src, size_t nb
 }
 
 static ms_status cuda_zero(ms_device *dev, void *dst, size_t nbytes, ms_error *err) {
-    cudaStream_t s;
-    MS_CHECK(stream_of(dev, &s, err));
+    void *s;
+    MS_CHECK(ms_device_cuda_stream(dev, &s, err));
     return ms_cuda_status(cudaMemsetAsync(dst, 0, nbytes, s), "cudaMemsetAsync", err);
 }
 
@@ -104,8 +107,9 @@ static ms_status cuda_copy_box(ms_device *dev, void *dst, const int64_t *dst_sha
                                const int64_t *dst_start, const void *src, const int64_t *src_shape,
                                const int64_t *src_start, const int64_t *len, int ndim, size_t elt,
                                ms_error *err) {
-    cuda_box b = {dst, src, NULL};
-    MS_CHECK(stream_of(dev, &b.stream, err));
+    void *s;
+    MS_CHECK(ms_device_cuda_stream(dev, &s, err));
+    cuda_box b = {dst, src, s};
     return ms_box_runs(dst_shape, dst_start, src_shape, src_start, len, ndim, elt, cuda_run, &b,
                        err);
 }
@@ -166,8 +170,8 @@ static void cuda_mark_release(ms_device *dev, ms_device_mark *mark) {
  * flight at once. */
 static ms_status cuda_mark_record(ms_device *dev, ms_device_mark **out, ms_error *err) {
     cuda_impl *impl = dev->impl;
-    cudaStream_t s;
-    MS_CHECK(stream_of(dev, &s, err));
+    void *s;
+    MS_CHECK(ms_device_cuda_stream(dev, &s, err));
     MS_CHECK(ms_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice", err));
     cuda_mark *m = pool_pop(impl);
     if (!m) {
@@ -194,13 +198,6 @@ static ms_status cuda_mark_wait(ms_device *dev, const ms_device_mark *mark, void
     const cuda_mark *m = (const cuda_mark *)mark;
     return ms_cuda_status(cudaStreamWaitEvent((cudaStream_t)stream, m->event, 0),
                           "cudaStreamWaitEvent", err);
-}
-
-ms_status ms_device_cuda_stream(ms_device *dev, void **out, ms_error *err) {
-    cudaStream_t s = NULL;
-    ms_status st = stream_of(dev, &s, err);
-    *out = (void *)s;
-    return st;
 }
 
 static const ms_device_ops cuda_ops = {

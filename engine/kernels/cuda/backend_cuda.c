@@ -55,8 +55,7 @@ typedef struct cuda_kctx {
     dev_scratch sums;                  /* doubles: the list's sums of squares */
 } cuda_kctx;
 
-#define CU(kc)     ((cuda_kctx *)(kc)->impl)
-#define STREAM(kc) ms_cu_stream(kc)
+#define CU(kc) ((cuda_kctx *)(kc)->impl)
 
 /* Whether bf16 attention calls that fit the tensor-core kernels run them: asked for (by
  * default unless MS_CUDA_ATTENTION=rows), on a device with bf16 mma.sync (compute capability
@@ -121,7 +120,7 @@ ms_status ms_cu_blas(ms_kctx *kc, void **out, ms_error *err) {
             return ms_fail(err, MS_ERR_INTERNAL, "cuda context: device %d: %s", kc->dev->ordinal,
                            cudaGetErrorString(e));
         cublasStatus_t s = cublasCreate(&x->blas);
-        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(x->blas, STREAM(kc));
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(x->blas, ms_cu_stream(kc));
         if (s != CUBLAS_STATUS_SUCCESS) {
             if (x->blas) cublasDestroy(x->blas);
             x->blas = NULL;
@@ -135,7 +134,7 @@ ms_status ms_cu_blas(ms_kctx *kc, void **out, ms_error *err) {
 }
 
 static ms_status c_sync(ms_kctx *kc, ms_error *err) {
-    return ms_cuda_status(cudaStreamSynchronize(STREAM(kc)), "cudaStreamSynchronize", err);
+    return ms_cuda_status(cudaStreamSynchronize(ms_cu_stream(kc)), "cudaStreamSynchronize", err);
 }
 
 /* Grows s to at least `bytes` (what: the cudaMalloc named in an error), after the stream
@@ -283,7 +282,7 @@ static ms_status sumsq_scratch(ms_kctx *kc, size_t n, ms_error *err) {
 }
 static ms_status sumsq_result(ms_kctx *kc, double *host_out, ms_error *err) {
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, sumsq_last(kc), sizeof(double),
-                                            cudaMemcpyDeviceToHost, STREAM(kc)),
+                                            cudaMemcpyDeviceToHost, ms_cu_stream(kc)),
                             "cudaMemcpyAsync (sum of squares)", err));
     return c_sync(kc, err);
 }
@@ -323,7 +322,7 @@ static ms_status list_fill(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *
 
 /* The filled host side up to the device, on the stream, before what is launched next. */
 static ms_status list_send(ms_kctx *kc, list_stage *ls, size_t bytes, ms_error *err) {
-    cudaStream_t s = STREAM(kc);
+    cudaStream_t s = ms_cu_stream(kc);
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(ls->dev, ls->host, bytes, cudaMemcpyHostToDevice, s),
                             "cudaMemcpyAsync (list)", err));
     return ms_cuda_status(cudaEventRecord(ls->copied, s), "cudaEventRecord (list)", err);
@@ -348,7 +347,7 @@ static ms_status c_sumsq_list(ms_kctx *kc, double *host_out, const ms_k_span *x,
     MS_CHECK(list_send(kc, &c->sumsq_list, bytes, err));
     MS_CHECK(ms_cu_sumsq_list(kc, c->sums.p, c->sumsq.p, c->sumsq_list.dev, n, chunks, err));
     MS_CHECK(ms_cuda_status(cudaMemcpyAsync(host_out, c->sums.p, sizeof(double) * (size_t)n,
-                                            cudaMemcpyDeviceToHost, STREAM(kc)),
+                                            cudaMemcpyDeviceToHost, ms_cu_stream(kc)),
                             "cudaMemcpyAsync (sums of squares)", err));
     return c_sync(kc, err);
 }
