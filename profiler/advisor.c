@@ -231,41 +231,21 @@ static void evidence(const ms_plan_estimate *cur, const ms_plan_estimate *tgt,
     }
 }
 
+/* What changes from a to b, setting by setting in the table's order: "dp 2 -> 4, tp 2 -> 1".
+ * The head's layout counts only where tp shards it. */
 static void diff_str(const ms_strategy *a, const ms_strategy *b, char *buf, size_t len) {
     size_t k = 0;
     buf[0] = '\0';
-    struct {
-        const char *n;
-        int x, y;
-    } d[] = {{"dp", a->dp, b->dp},
-             {"tp", a->tp, b->tp},
-             {"cp", a->cp, b->cp},
-             {"pp", a->pp, b->pp},
-             {"micro-batches", a->micro_batches, b->micro_batches},
-             {"zero", a->zero, b->zero}};
-    for (size_t i = 0; i < sizeof d / sizeof *d && k < len; i++)
-        if (d[i].x != d[i].y)
-            k += (size_t)snprintf(buf + k, len - k, "%s%s %d -> %d", k ? ", " : "", d[i].n, d[i].x,
-                                  d[i].y);
-    if (a->sp != b->sp && k < len)
-        k += (size_t)snprintf(buf + k, len - k, "%ssp %s -> %s", k ? ", " : "",
-                              a->sp ? "on" : "off", b->sp ? "on" : "off");
-    if (a->recompute != b->recompute && k < len)
-        k += (size_t)snprintf(buf + k, len - k, "%srecompute %s -> %s", k ? ", " : "",
-                              ms_recompute_name((ms_recompute)a->recompute),
-                              ms_recompute_name((ms_recompute)b->recompute));
-    if (a->precision != b->precision && k < len)
-        k += (size_t)snprintf(buf + k, len - k, "%sprecision %s -> %s", k ? ", " : "",
-                              ms_precision_name((ms_precision)a->precision),
-                              ms_precision_name((ms_precision)b->precision));
-    const bool ha = a->head_replicated && a->tp > 1, hb = b->head_replicated && b->tp > 1;
-    if (ha != hb && k < len)
-        k += (size_t)snprintf(buf + k, len - k, "%shead %s -> %s", k ? ", " : "",
-                              ha ? "replicated" : "vocab-parallel",
-                              hb ? "replicated" : "vocab-parallel");
-    if (a->offload != b->offload && k < len)
-        snprintf(buf + k, len - k, "%soffload %s -> %s", k ? ", " : "", a->offload ? "on" : "off",
-                 b->offload ? "on" : "off");
+    for (int i = 0; i < MS_SET_COUNT && k < len; i++) {
+        const ms_setting *st = &ms_settings[i];
+        if (ms_setting_equal(a, b, st)) continue;
+        if (i == MS_SET_head_replicated && (a->tp < 2 || b->tp < 2)) continue;
+        char x[64], y[64];
+        k += (size_t)snprintf(buf + k, len - k, "%s%s %s -> %s", k ? ", " : "", st->name,
+                              ms_setting_text(a, st, x, sizeof x),
+                              ms_setting_text(b, st, y, sizeof y));
+    }
+    if (k > len) buf[len - 1] = '\0';
 }
 
 /* A suggestion's id: a hash of the whole strategy (FNV-1a over its short JSON), so two

@@ -172,8 +172,9 @@ static void check_bitwise(bool bert, bool dropout) {
     result ref, got;
     run(bert, dropout, "{\"dp\": 1}", 1, &ref);
     const char *modes[] = {"{\"dp\": 1, \"recompute\": \"full\"}",
-                           "{\"dp\": 1, \"recompute\": \"selective\"}"};
-    for (int m = 0; m < 2; m++) {
+                           "{\"dp\": 1, \"recompute\": \"selective\"}",
+                           "{\"dp\": 1, \"recompute\": \"full\", \"recompute_layers\": 1}"};
+    for (int m = 0; m < 3; m++) {
         run(bert, dropout, modes[m], 1, &got);
         char what[160];
         snprintf(what, sizeof what, "%s%s %s", bert ? "bert" : "gpt", dropout ? " dropout" : "",
@@ -269,10 +270,8 @@ static ms_program *compile(const ms_model_config *cfg, int batch, int seq, const
         fail_msg("%s: %s", json, err.msg);
     ms_mesh mesh = {0};
     assert_int_equal(ms_strategy_mesh(&s, &mesh, &err), MS_OK);
-    ms_sharding sh = {.s = &s};
-    ms_compile_opts co = {.shard = ms_strategy_shard,
-                          .shard_user = &sh,
-                          .recompute = ms_strategy_recompute_regions(&s)};
+    ms_sharding sh = {0};
+    ms_compile_opts co = ms_strategy_compile_opts(&s, &sh);
     ms_program *p = NULL;
     if (ms_program_compile_shapes(model->g, &mesh, NULL, &co, &p, &err) != MS_OK)
         fail_msg("%s: %s", json, err.msg);
@@ -428,6 +427,20 @@ static void gpt_bench_arena(void **state) {
         assert_true(st[1].activation_bytes < st[2].activation_bytes &&
                     st[2].activation_bytes < st[0].activation_bytes);
         assert_true(st[0].flops < st[2].flops && st[2].flops < st[1].flops);
+        /* full recompute of the first 2 of the 4 layers: between none and full, half the
+         * recomputed forward FLOPs, and what the planner reads */
+        char json[160];
+        snprintf(json, sizeof json, "%s, \"recompute\": \"full\", \"recompute_layers\": 2}",
+                 meshes[m]);
+        ms_program_stats half = stats_of(&cfg, json);
+        ms_plan_engine_stats es = planner_of(&cfg, json);
+        assert_true(es.arena_bytes == (double)half.arena_bytes);
+        printf("gpt-bench %-46s activations %6.2f MiB, %.4g FLOPs\n", json,
+               (double)half.activation_bytes / 1048576.0, half.flops);
+        assert_true(st[1].activation_bytes < half.activation_bytes &&
+                    half.activation_bytes < st[0].activation_bytes);
+        assert_true(st[0].flops < half.flops && half.flops < st[1].flops);
+        assert_true(fabs((half.flops - st[0].flops) / (st[1].flops - st[0].flops) - 0.5) < 0.05);
     }
 }
 
@@ -731,6 +744,11 @@ static const struct CMUnitTest tests[] = {
     DIST(gpt_dp2_tp2_sp_full_w4, false, false, 4, "{\"dp\": 2, \"tp\": 2, \"sp\": true" RC_FULL),
     DIST(bert_tp2_pp2_zb_h1_full_w4, true, false, 4,
          "{\"tp\": 2, \"pp\": 2, \"micro_batches\": 4, \"schedule\": \"zb-h1\"" RC_FULL),
+    /* the first layer of each chunk recomputed, the other kept (recompute_layers) */
+    DIST(gpt_dp2_tp2_first_layer_w4, false, true, 4,
+         "{\"dp\": 2, \"tp\": 2, \"recompute\": \"full\", \"recompute_layers\": 1}"),
+    DIST(bert_pp2_first_layer_w2, true, false, 2,
+         "{\"pp\": 2, \"micro_batches\": 2, \"recompute\": \"full\", \"recompute_layers\": 1}"),
 };
 
 MT_MAIN("test_recompute", tests)

@@ -385,6 +385,11 @@ static void validator_refusals(void **state) {
          "\"micro_batches\": 1}",
          4, 8, 64, "a multiple of pp 2"},
         {"{\"dp\": 4, \"head_replicated\": true}", 4, 8, 64, "needs tp 2 or more"},
+        {"{\"dp\": 4, \"recompute_layers\": 2}", 4, 8, 64,
+         "recompute_layers 2 limits full recompute to the first layers of each chunk; give it "
+         "with recompute full"},
+        {"{\"dp\": 4, \"recompute\": \"full\", \"recompute_layers\": 5}", 4, 8, 64,
+         "recompute_layers 5 exceeds the model's 4 layers; give at most 4"},
         {"{\"tp\": 4, \"zero\": 1}", 4, 8, 64,
          "ZeRO stage 1 with dp 1: ZeRO shards over data parallelism: give dp >= 2 or zero 0"},
         /* pipelines: more stages than layers, chunks that split layers, the interleaved

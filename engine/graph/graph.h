@@ -116,6 +116,9 @@ typedef struct ms_compile_opts {
      * (with the reshards inside it) runs again into buffers that live only until then. Only
      * the values flowing into a region are kept. An outer region wins over one nested in it. */
     unsigned recompute;
+    /* > 0: of the block regions (MS_REGION_BLOCK), only the first recompute_blocks in build
+     * order are recomputed; the later blocks keep their values. 0: every block. */
+    int recompute_blocks;
     /* > 0: the grad-sync all-reduces run in buckets of at most this many MiB, each issued
      * (non-blocking) as soon as backward has produced its gradients, during the last of
      * micro_batches backward passes when micro_batched; ms_program_grad_sync then waits.

@@ -179,7 +179,7 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     prog_assign_dtypes(p);
     prog_zero_placements(p);
     prog_build_forward(p);
-    prog_mark_recompute(p, opts ? opts->recompute : 0);
+    prog_mark_recompute(p, opts ? opts->recompute : 0, opts ? opts->recompute_blocks : 0);
     prog_build_backward(p);
     if (!(opts && opts->zero_all_grads)) prog_fresh_gradients(p);
     if (opts && opts->bucket_mb > 0)

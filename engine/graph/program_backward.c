@@ -21,9 +21,10 @@
 /* --- activation recompute ------------------------------------------------------------------ */
 
 /* Which nodes the backward recomputes: rc_first[k] is the first node of the region node k runs
- * in, under the outermost kind opts->recompute selects, or -1. A region's nodes are
+ * in, under the outermost kind opts->recompute selects, or -1; blocks > 0 keeps that many
+ * block regions (the first, in build order) and no later one. A region's nodes are
  * consecutive (the builder records them between begin and end). */
-void prog_mark_recompute(ms_program *p, unsigned kinds) {
+void prog_mark_recompute(ms_program *p, unsigned kinds, int blocks) {
     ms_graph *g = p->g;
     if (!kinds || !g->nn) return;
     p->rc_first = xmalloc(sizeof(int) * (size_t)g->nn);
@@ -34,6 +35,7 @@ void prog_mark_recompute(ms_program *p, unsigned kinds) {
         for (int r = 0; r < MS_REGION_KIND_COUNT && p->rc_first[k] < 0; r++) {
             int id = g->n[k].region[r];
             if (!(kinds >> r & 1) || id < 0) continue;
+            if (r == MS_REGION_BLOCK && blocks > 0 && id >= blocks) continue;
             bool same = k > 0 && g->n[k - 1].region[r] == id;
             p->rc_first[k] = same ? p->rc_first[k - 1] : k;
         }

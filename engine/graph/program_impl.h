@@ -215,7 +215,7 @@ int64_t prog_rows_offset(const ms_program *p, const ms_shape *g, const ms_placem
                          const ms_placements *b);
 void prog_build_backward(ms_program *p);
 void prog_fresh_gradients(ms_program *p);
-void prog_mark_recompute(ms_program *p, unsigned kinds);
+void prog_mark_recompute(ms_program *p, unsigned kinds, int blocks);
 ms_status prog_alloc_memory(ms_program *p, ms_error *err);
 void prog_free(ms_program *p, void *x, size_t bytes);
 void prog_layout_memory(ms_program *p);

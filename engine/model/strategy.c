@@ -400,6 +400,35 @@ static void put_layers(out_text *o, const ms_strategy *s, const ms_setting *st, 
     for (int i = 0, k = n_stages(s); i < k; i++) put(o, "%s%d", i ? sep : "", c[i]);
 }
 
+const char *ms_setting_text(const ms_strategy *s, const ms_setting *st, char *buf, size_t n) {
+    out_text o = {buf, n, 0};
+    if (n) buf[0] = '\0';
+    switch (st->kind) {
+        case MS_SET_KIND_DEGREE:
+        case MS_SET_KIND_INT:
+            put(&o, "%d", *int_of(s, st));
+            break;
+        case MS_SET_KIND_BOOL:
+            put(&o, "%s", *bool_of(s, st) ? "on" : "off");
+            break;
+        case MS_SET_KIND_ENUM: {
+            uint8_t v = *enum_of(s, st);
+            put(&o, "%s", v <= st->hi ? st->words[v] : "?");
+            break;
+        }
+        case MS_SET_KIND_MIB:
+            put(&o, "%g", (double)*mib_of(s, st));
+            break;
+        case MS_SET_KIND_LAYERS:
+            if (layers_of(s, st)[0])
+                put_layers(&o, s, st, ",");
+            else
+                put(&o, "balanced");
+            break;
+    }
+    return buf;
+}
+
 char *ms_strategy_name(const ms_strategy *s, char *buf, size_t n) {
     out_text o = {buf, n, 0};
     if (n) buf[0] = '\0';
@@ -833,6 +862,22 @@ unsigned ms_strategy_recompute_regions(const ms_strategy *s) {
         default:
             return 0;
     }
+}
+
+ms_compile_opts ms_strategy_compile_opts(const ms_strategy *s, ms_sharding *sh) {
+    sh->s = s;
+    return (ms_compile_opts){
+        .shard = ms_strategy_shard,
+        .shard_user = sh,
+        .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1,
+        .recompute = ms_strategy_recompute_regions(s),
+        .recompute_blocks = s->recompute_layers,
+        .zero_stage = s->zero,
+        .zero_dim = MS_STRATEGY_DP_DIM,
+        .bucket_mb = s->bucket_mb,
+        .bf16 = s->precision == MS_PRECISION_BF16,
+        .deferred_param_sync = s->offload,
+    };
 }
 
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,

@@ -113,6 +113,9 @@ const char *ms_schedule_name(ms_schedule s);        /* "1f1b", "gpipe", "interle
       ms_recompute_name_parts, MS_SET_BOOL_WORDS, "a recompute mode",                              \
       "activation recompute: full re-runs each layer's forward in backward, selective "            \
       "attention's core only (default none)")                                                      \
+    X(recompute_layers, INT, 0, 0, 65535, NULL, " rc-layers%d", NULL, 0, "a layer count",          \
+      "with full recompute: recompute only the first N layers of each pipeline chunk, keep the "   \
+      "others' activations (Megatron's block method); 0: every layer (default 0)")                 \
     X(precision, ENUM, MS_PRECISION_FP32, 0, MS_PRECISION_COUNT - 1, ms_precision_names, " %s",    \
       NULL, 0, "a precision",                                                                      \
       "bf16: bf16 activations, weights and gradients (collectives move half the bytes), fp32 "     \
@@ -202,6 +205,9 @@ bool ms_setting_set_text(ms_strategy *s, const ms_setting *st, const char *text,
 /* st's value in s as a number (BOOL 0 / 1, ENUM its index; LAYERS the first count, 0 when
  * balanced by cost). */
 double ms_setting_value(const ms_strategy *s, const ms_setting *st);
+/* st's value in s as a user reads it: a number, a word (ENUM), on / off (BOOL), the layer
+ * counts "3,1" or "balanced" (LAYERS). Returns buf. */
+const char *ms_setting_text(const ms_strategy *s, const ms_setting *st, char *buf, size_t n);
 /* Whether a and b agree on st. */
 bool ms_setting_equal(const ms_strategy *a, const ms_strategy *b, const ms_setting *st);
 /* Copies st's value from src to dst. */
@@ -308,6 +314,12 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
 /* The ms_compile_opts.recompute bits for s's recompute mode: full recomputes every transformer
  * block (MS_REGION_BLOCK), selective the core of attention (MS_REGION_ATTENTION). */
 unsigned ms_strategy_recompute_regions(const ms_strategy *s);
+
+/* The compile options a strategy decides, the one place each setting becomes one: placements
+ * through sh (which must outlive the compile; its s is set to s), ZeRO, recompute, precision,
+ * buckets, offload's deferred parameter sync and zb-h1's split weight gradients. The caller
+ * adds what the run decides (micro-batches, seed, loss scale, in-flight bound). */
+ms_compile_opts ms_strategy_compile_opts(const ms_strategy *s, ms_sharding *sh);
 
 bool ms_glob_match(const char *pattern, const char *s);
 

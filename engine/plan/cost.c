@@ -259,29 +259,30 @@ static double wk_flops(const ms_plan_workload *w) {
 
 /* A linear layer x[m, k] @ W[k, n] through the matmul op's own cost function (op: MATMUL, or
  * LINEAR for families whose projections are that op). */
-static void add_gemm_op(ms_plan_workload *w, int op, int64_t m, int64_t n, int64_t k, bool rc,
+static void add_gemm_op(ms_plan_workload *w, int op, int64_t m, int64_t n, int64_t k, double rc,
                         double count) {
     ms_k_gemm g = {.batch = 1, .m = m, .n = n, .k = k, .bcast_b = true};
     ms_k_cost f = ms_k_matmul_cost(&g, false, false, true, true);
     ms_k_cost b = ms_k_matmul_cost(&g, true, false, true, true);
     wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_FWD, op, m, n, k, f.flops, f.bytes, count);
     wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_BWD, op, m, n, k, b.flops, b.bytes, count);
-    if (rc)
+    if (rc > 0)
         wk_kernel_add(w, MS_PC_GEMM, MS_OPRATE_STREAM, WK_RECOMPUTE, op, m, n, k, f.flops, f.bytes,
-                      count);
+                      count * rc);
 }
 
-static void add_gemm(ms_plan_workload *w, int64_t m, int64_t n, int64_t k, bool rc, double count) {
+static void add_gemm(ms_plan_workload *w, int64_t m, int64_t n, int64_t k, double rc,
+                     double count) {
     add_gemm_op(w, MS_OP_MATMUL, m, n, k, rc, count);
 }
 
-static void add_elt(ms_plan_workload *w, ms_oprate rate, int op, ms_k_cost f, ms_k_cost b, bool rc,
-                    double count) {
+static void add_elt(ms_plan_workload *w, ms_oprate rate, int op, ms_k_cost f, ms_k_cost b,
+                    double rc, double count) {
     wk_kernel_add(w, MS_PC_ELEMENTWISE, rate, WK_FWD, op, 0, 0, 0, f.flops, f.bytes, count);
     wk_kernel_add(w, MS_PC_ELEMENTWISE, rate, WK_BWD, op, 0, 0, 0, b.flops, b.bytes, count);
-    if (rc)
+    if (rc > 0)
         wk_kernel_add(w, MS_PC_ELEMENTWISE, rate, WK_RECOMPUTE, op, 0, 0, 0, f.flops, f.bytes,
-                      count);
+                      count * rc);
 }
 
 /* The closed form, one micro-batch on the busiest stage (its layers, the head, and the
@@ -293,7 +294,10 @@ typedef struct analytic {
     ms_plan_workload *w;
     ms_plan_family f;
     int t, cp, p, mb, n_micro;
-    bool rc, sel, vp; /* full recompute, selective recompute, vocab-parallel head */
+    /* rc: the share of the stage's layers full recompute runs again (0: none, 1: all; less
+     * with recompute_layers); sel: selective recompute; vp: a vocab-parallel head */
+    double rc;
+    bool sel, vp;
     int64_t h, V, S, b, tok, tok_sp;
     /* rows the head's decoder and loss run on (BERT: b x k, whole over cp) */
     int64_t head_rows;
@@ -309,7 +313,7 @@ static void linear_local(const analytic *z, const fam_linear *l, int64_t *n, int
     *k = l->split == FAM_ROW ? l->k / t : l->k;
 }
 
-static void add_norm(analytic *z, int64_t rows, bool rc, double count) {
+static void add_norm(analytic *z, int64_t rows, double rc, double count) {
     bool rms = z->f.norm_op == MS_OP_RMSNORM;
     ms_k_cost f =
         rms ? ms_k_rmsnorm_cost(rows, z->h, false) : ms_k_layernorm_cost(rows, z->h, false);
@@ -317,26 +321,26 @@ static void add_norm(analytic *z, int64_t rows, bool rc, double count) {
     add_elt(z->w, MS_OPRATE_LAYERNORM, z->f.norm_op, f, b, rc, count);
 }
 
-static void add_bias(analytic *z, int64_t rows, int64_t n, bool rc, double count) {
+static void add_bias(analytic *z, int64_t rows, int64_t n, double rc, double count) {
     add_elt(z->w, MS_OPRATE_BIAS, MS_OP_BIAS,
             ms_k_elementwise_cost(MS_K_BIAS_ADD, rows * n, n, false),
             ms_k_elementwise_cost(MS_K_BIAS_ADD, rows * n, n, true), rc, count);
 }
 
-static void add_stream(analytic *z, int op, ms_oprate rate, ms_k_elt k, int64_t n, bool rc,
+static void add_stream(analytic *z, int op, ms_oprate rate, ms_k_elt k, int64_t n, double rc,
                        double count) {
     add_elt(z->w, rate, op, ms_k_elementwise_cost(k, n, 0, false),
             ms_k_elementwise_cost(k, n, 0, true), rc, count);
 }
 
 /* gelu(x + bias) over rows x n, one pass. */
-static void add_bias_gelu(analytic *z, int64_t rows, int64_t n, bool rc, double count) {
+static void add_bias_gelu(analytic *z, int64_t rows, int64_t n, double rc, double count) {
     add_elt(z->w, MS_OPRATE_GELU, MS_OP_BIAS_GELU, ms_k_bias_gelu_cost(rows, n, false),
             ms_k_bias_gelu_cost(rows, n, true), rc, count);
 }
 
 /* res + dropout(x + bias) over rows x n, one pass (Philox-bound when the layer drops). */
-static void add_bias_dropout_add(analytic *z, int64_t rows, int64_t n, bool rc, double count) {
+static void add_bias_dropout_add(analytic *z, int64_t rows, int64_t n, double rc, double count) {
     bool drop = z->f.dropout;
     add_elt(z->w, drop ? MS_OPRATE_DROPOUT : MS_OPRATE_STREAM, MS_OP_BIAS_DROPOUT_ADD,
             ms_k_bias_dropout_add_cost(rows * n, n, drop, false),
@@ -408,9 +412,9 @@ static void analytic_attention(analytic *z) {
                   fw.bytes, z->L);
     wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_BWD, op, m, S, hs, bw.flops,
                   bw.bytes, z->L);
-    if (z->rc || z->sel)
+    if (z->rc > 0 || z->sel)
         wk_kernel_add(z->w, MS_PC_ATTENTION, MS_OPRATE_SOFTMAX, WK_RECOMPUTE, op, m, S, hs,
-                      fw.flops, fw.bytes, z->L);
+                      fw.flops, fw.bytes, z->L * (z->sel ? 1 : z->rc));
 }
 
 /* One layer's kernels, L times: norms, the family's linears (attention between the first
@@ -419,7 +423,7 @@ static void analytic_attention(analytic *z) {
 static void analytic_layers(analytic *z) {
     const ms_plan_family *f = &z->f;
     const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
-    const bool rc = z->rc;
+    const double rc = z->rc;
     const double L = z->L;
     double adds = 2; /* residual adds (each after a dropout when the layer drops) */
     bool act_fused = false;
@@ -526,7 +530,7 @@ static void analytic_tp_rest(const analytic *z) {
     if (!z->vp) return;
     /* LLaMA's first norm all-reduces the lookup (its output is replicated over tp): under full
      * recompute that runs again with the first layer */
-    double again = z->rc && f->megatron_sp ? 2 : 1;
+    double again = z->rc > 0 && f->megatron_sp ? 2 : 1;
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, x, z->emb * again);
     wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, t, head, 1); /* the head's input */
     /* row max, sum of exponentials, target logit */
@@ -783,7 +787,7 @@ static void analytic_mb_collectives(const analytic *z) {
     ms_plan_workload *w = z->w;
     const int t = z->t, cp = z->cp;
     double x = (double)z->tok * z->h * z->ab; /* one tp-replicated activation */
-    double passes_f = z->rc ? 2 : 1;          /* forward collectives run again under recompute */
+    double passes_f = 1 + z->rc; /* forward collectives run again in the recomputed layers */
     if (t > 1 && z->s->sp && z->f.megatron_sp)
         analytic_megatron_sp(z, passes_f);
     else if (t > 1 && z->s->sp)
@@ -997,8 +1001,10 @@ static void analytic_activations(const analytic *z) {
     /* under full recompute a micro-batch in flight holds its layers' inputs only: what is made
      * again, and the head's values, live within one pass, in the scratch the micro-batches
      * share (engine/graph/graph.h, ms_compile_opts.inflight) */
-    double act =
-        z->rc ? z->L * tok * hsp * ab * held + fmax(head, layer) : (z->L * layer + head) * held;
+    const double rc_layers = z->rc * z->L; /* recomputed: their inputs only */
+    double act = z->rc > 0 ? (rc_layers * tok * hsp * ab + (z->L - rc_layers) * layer) * held +
+                                 fmax(head, layer)
+                           : (z->L * layer + head) * held;
     z->w->mem_act = act + work_b + gathered;
     /* over dp and cp, each gradient's reduction runs in steps (reduce-scatter, all-reduce,
      * all-gather) through buffers the arena lends at grad sync, when the activations are gone:
@@ -1021,6 +1027,9 @@ void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_worklo
     z.tok_sp = s->sp ? z.tok / z.t : z.tok;   /* rows of the residual stream */
     z.ab = pb->dtype == MS_PLAN_BF16 ? 2 : 4; /* activation bytes */
     z.L = stage_layers(pb, s);
+    /* recompute_layers: the first N layers of each chunk (virtual_stages chunks a stage) */
+    if (z.rc > 0 && s->recompute_layers > 0 && z.L > 0)
+        z.rc = fmin(1.0, (double)s->recompute_layers * s->virtual_stages / z.L);
     z.emb = z.p == 1 ? 1 : 0;
     z.head_rows = z.f.head_rows ? z.b * z.f.head_rows : z.tok;
     w->layers_per_stage = stage_layers(pb, s);

@@ -248,20 +248,11 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     int m = 0, size = 0;
     ms_strategy_micro(s, pb->global_batch, &size, &m);
     ms_sharding sh = {.s = s, .kv_heads = pb->model.n_kv_head};
-    ms_compile_opts co = {.shard = ms_strategy_shard,
-                          .shard_user = &sh,
-                          .micro_batched = m > 1 || s->pp > 1,
-                          .split_weight_grads = s->pp > 1 && s->schedule == MS_SCHEDULE_ZB_H1,
-                          .zero_stage = s->zero,
-                          .zero_dim = MS_STRATEGY_DP_DIM,
-                          .recompute = ms_strategy_recompute_regions(s),
-                          .bf16 = s->precision == MS_PRECISION_BF16,
-                          .deferred_param_sync = s->offload,
-                          .bucket_mb = s->bucket_mb, /* one call per bucket */
-                          .inflight = inflight,
-                          /* a GPU's bf16 kernels leave most instructions unstaged */
-                          .kernels_like =
-                              pb->cluster && !pb->cluster->cpu ? MS_DEVICE_CUDA : MS_DEVICE_CPU};
+    ms_compile_opts co = ms_strategy_compile_opts(s, &sh);
+    co.micro_batched = m > 1 || s->pp > 1;
+    co.inflight = inflight;
+    /* a GPU's bf16 kernels leave most instructions unstaged */
+    co.kernels_like = pb->cluster && !pb->cluster->cpu ? MS_DEVICE_CUDA : MS_DEVICE_CPU;
     /* the rank at coordinate 0 holds the largest shards; over cp, the last rank: its queries
      * see the longest causal prefix (LLaMA's GQA keeps queries on the sequence shard), and
      * every cp shard is alike otherwise */

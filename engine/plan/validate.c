@@ -39,6 +39,16 @@ static ms_status check_mesh(const ms_strategy *s, const ms_model_config *cfg,
                        "tp x cp = %d does not divide the %d attention heads (context parallelism "
                        "moves heads, not sequence, into attention); pick tp x cp dividing n_head",
                        s->tp * s->cp, cfg->n_head);
+    if (s->recompute_layers > 0 && s->recompute != MS_RECOMPUTE_FULL)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "recompute_layers %d limits full recompute to the first layers of each "
+                       "chunk; give it with recompute full, or leave it out",
+                       s->recompute_layers);
+    if (s->recompute_layers > cfg->n_layer)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "recompute_layers %d exceeds the model's %d layers; give at most %d (0: "
+                       "every layer)",
+                       s->recompute_layers, cfg->n_layer, cfg->n_layer);
     if (s->pp > cfg->n_layer)
         return ms_fail(err, MS_ERR_INVALID,
                        "pp %d exceeds the %d layers: every stage needs at least one layer; use a "

@@ -109,21 +109,14 @@ static int inflight_bound(const ms_stages *st) {
 
 static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
     *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules, .kv_heads = st->cfg.n_kv_head};
-    return (ms_compile_opts){.shard = ms_strategy_shard,
-                             .shard_user = sh,
-                             .seed = st->o.seed,
-                             .micro_batched = st->micro,
-                             .split_weight_grads = s_zb(st),
-                             .loss_scale = 1.0f / (float)st->m,
-                             .recompute = ms_strategy_recompute_regions(&st->strat),
-                             .zero_stage = st->strat.zero,
-                             .zero_dim = MS_STRATEGY_DP_DIM,
-                             .bucket_mb = st->strat.bucket_mb,
-                             .micro_batches = st->m,
-                             .bf16 = st->strat.precision == MS_PRECISION_BF16,
-                             .deferred_param_sync = st->strat.offload,
-                             .master_host = st->o.master_host,
-                             .inflight = inflight_bound(st)};
+    ms_compile_opts co = ms_strategy_compile_opts(&st->strat, sh);
+    co.seed = st->o.seed;
+    co.micro_batched = st->micro;
+    co.loss_scale = 1.0f / (float)st->m;
+    co.micro_batches = st->m;
+    co.master_host = st->o.master_host;
+    co.inflight = inflight_bound(st);
+    return co;
 }
 
 static ms_status compile_chunk(ms_stages *st, chunk *c, ms_error *err) {
