@@ -400,32 +400,41 @@ static void put_layers(out_text *o, const ms_strategy *s, const ms_setting *st, 
     for (int i = 0, k = n_stages(s); i < k; i++) put(o, "%s%d", i ? sep : "", c[i]);
 }
 
-const char *ms_setting_text(const ms_strategy *s, const ms_setting *st, char *buf, size_t n) {
-    out_text o = {buf, n, 0};
-    if (n) buf[0] = '\0';
+/* st's value in s: as JSON (true, "full", [3, 1]) or as a user reads it (on, full, 3,1 or
+ * balanced). */
+static void put_value(out_text *o, const ms_strategy *s, const ms_setting *st, bool json) {
     switch (st->kind) {
         case MS_SET_KIND_DEGREE:
         case MS_SET_KIND_INT:
-            put(&o, "%d", *int_of(s, st));
+            put(o, "%d", *int_of(s, st));
             break;
         case MS_SET_KIND_BOOL:
-            put(&o, "%s", *bool_of(s, st) ? "on" : "off");
+            put(o, "%s", *bool_of(s, st) ? (json ? "true" : "on") : (json ? "false" : "off"));
             break;
         case MS_SET_KIND_ENUM: {
             uint8_t v = *enum_of(s, st);
-            put(&o, "%s", v <= st->hi ? st->words[v] : "?");
+            put(o, json ? "\"%s\"" : "%s", v <= st->hi ? st->words[v] : "?");
             break;
         }
         case MS_SET_KIND_MIB:
-            put(&o, "%g", (double)*mib_of(s, st));
+            put(o, "%.9g", (double)*mib_of(s, st));
             break;
         case MS_SET_KIND_LAYERS:
-            if (layers_of(s, st)[0])
-                put_layers(&o, s, st, ",");
-            else
-                put(&o, "balanced");
+            if (json || layers_of(s, st)[0]) {
+                put(o, json ? "[" : "");
+                put_layers(o, s, st, json ? ", " : ",");
+                put(o, json ? "]" : "");
+            } else {
+                put(o, "balanced");
+            }
             break;
     }
+}
+
+const char *ms_setting_text(const ms_strategy *s, const ms_setting *st, char *buf, size_t n) {
+    out_text o = {buf, n, 0};
+    if (n) buf[0] = '\0';
+    put_value(&o, s, st, false);
     return buf;
 }
 
@@ -475,28 +484,7 @@ char *ms_strategy_short_json(const ms_strategy *s, char *buf, size_t n) {
         if (!shown(s, st, true)) continue;
         put(&o, "%s\"%s\": ", first ? "" : ", ", st->name);
         first = false;
-        switch (st->kind) {
-            case MS_SET_KIND_DEGREE:
-            case MS_SET_KIND_INT:
-                put(&o, "%d", *int_of(s, st));
-                break;
-            case MS_SET_KIND_BOOL:
-                put(&o, "%s", *bool_of(s, st) ? "true" : "false");
-                break;
-            case MS_SET_KIND_ENUM: {
-                uint8_t v = *enum_of(s, st);
-                put(&o, "\"%s\"", v <= st->hi ? st->words[v] : "?");
-                break;
-            }
-            case MS_SET_KIND_MIB:
-                put(&o, "%.9g", (double)*mib_of(s, st));
-                break;
-            case MS_SET_KIND_LAYERS:
-                put(&o, "[");
-                put_layers(&o, s, st, ", ");
-                put(&o, "]");
-                break;
-        }
+        put_value(&o, s, st, true);
     }
     put(&o, "}");
     return buf;
