@@ -451,7 +451,6 @@ static bool read_pipe(ms_event *e, const tj_doc *d, int args) {
 
 /* NCCL's view of a call (trace_write's put_nccl_event); host times come back absolute. */
 static void read_nccl(ms_event *e, const tj_doc *d, int args) {
-    static const char *const timings[] = {"enqueue", "host", "gpu"};
     ms_ev_nccl *c = &e->u.nccl;
     copy_str(c->func, sizeof c->func, tj_str(d, tj_get(d, args, "func")));
     copy_str(c->algo, sizeof c->algo, tj_str(d, tj_get(d, args, "algorithm")));
@@ -464,9 +463,8 @@ static void read_nccl(ms_event *e, const tj_doc *d, int args) {
     const char *p2p = tj_str(d, tj_get(d, args, "p2p"));
     c->p2p = p2p != NULL;
     c->is_send = p2p && !strcmp(p2p, "send");
-    const char *timing = tj_str(d, tj_get(d, args, "timing"));
-    for (uint8_t k = 0; timing && k < 3; k++)
-        if (!strcmp(timing, timings[k])) c->timing = k;
+    int timing = ms_trace_nccl_timing_parse(tj_str(d, tj_get(d, args, "timing")));
+    if (timing >= 0) c->timing = (uint8_t)timing;
     const char *id = tj_str(d, tj_get(d, args, "comm id"));
     c->comm_id = id ? strtoull(id, NULL, 16) : 0;
     c->comm_rank = (int32_t)arg_i64(d, args, "comm rank", INT32_MIN, INT32_MAX, 0);

@@ -17,44 +17,44 @@
 
 #define OUT_BUF (1u << 20)
 
+/* Each enum the trace's args name, one table for the writer and the reader: the name of value
+ * i is names[i]. */
+static const char *const phase_names[] = {
+    [MS_PHASE_FORWARD] = "forward", [MS_PHASE_BACKWARD] = "backward", [MS_PHASE_OTHER] = "other"};
+static const char *const action_names[] = {[MS_PIPE_F] = "F", [MS_PIPE_B] = "B", [MS_PIPE_W] = "W"};
+static const char *const timing_names[] = {"enqueue", "host", "gpu"}; /* ms_ev_nccl.timing */
+
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* names[v], or `otherwise` for a value out of range. */
+static const char *name_of(const char *const *names, int n, int v, const char *otherwise) {
+    return v >= 0 && v < n && names[v] ? names[v] : otherwise;
+}
+
+/* The value named s, or -1. */
+static int value_of(const char *const *names, int n, const char *s) {
+    for (int i = 0; s && i < n; i++)
+        if (names[i] && !strcmp(s, names[i])) return i;
+    return -1;
+}
+
 const char *ms_trace_phase_name(int phase) {
-    switch (phase) {
-        case MS_PHASE_FORWARD:
-            return "forward";
-        case MS_PHASE_BACKWARD:
-            return "backward";
-        default:
-            return "other";
-    }
+    return name_of(phase_names, COUNT_OF(phase_names), phase, "other");
 }
-
 int ms_trace_phase_parse(const char *s) {
-    if (!s) return -1;
-    if (!strcmp(s, "forward")) return MS_PHASE_FORWARD;
-    if (!strcmp(s, "backward")) return MS_PHASE_BACKWARD;
-    if (!strcmp(s, "other")) return MS_PHASE_OTHER;
-    return -1;
+    return value_of(phase_names, COUNT_OF(phase_names), s);
 }
-
 const char *ms_trace_pipe_action_name(int action) {
-    switch (action) {
-        case MS_PIPE_F:
-            return "F";
-        case MS_PIPE_B:
-            return "B";
-        case MS_PIPE_W:
-            return "W";
-        default:
-            return "?";
-    }
+    return name_of(action_names, COUNT_OF(action_names), action, "?");
 }
-
 int ms_trace_pipe_action_parse(const char *s) {
-    if (!s) return -1;
-    if (!strcmp(s, "F")) return MS_PIPE_F;
-    if (!strcmp(s, "B")) return MS_PIPE_B;
-    if (!strcmp(s, "W")) return MS_PIPE_W;
-    return -1;
+    return value_of(action_names, COUNT_OF(action_names), s);
+}
+const char *ms_trace_nccl_timing_name(int timing) {
+    return name_of(timing_names, COUNT_OF(timing_names), timing, timing_names[0]);
+}
+int ms_trace_nccl_timing_parse(const char *s) {
+    return value_of(timing_names, COUNT_OF(timing_names), s);
 }
 
 void ms_trace_pipe_name(const ms_ev_pipe *p, char *out, size_t cap) {
@@ -863,7 +863,6 @@ static void put_gpu_event(outbuf *o, const wctx *w, size_t i) {
 
 /* NCCL's view of a call (its profiler plugin): cat "nccl", named by NCCL's function. */
 static void put_nccl_event(outbuf *o, const wctx *w, size_t i) {
-    static const char *const timings[] = {"enqueue", "host", "gpu"};
     const ms_event *e = &w->ev[i];
     const ms_ev_nccl *c = &e->u.nccl;
     char hex[24];
@@ -894,7 +893,7 @@ static void put_nccl_event(outbuf *o, const wctx *w, size_t i) {
         put_str(o, ms_coll_name((ms_coll_kind)c->coll), 32);
     }
     PUT_LIT(o, ",\"timing\":");
-    put_str(o, timings[c->timing < 3 ? c->timing : 0], 8);
+    put_str(o, ms_trace_nccl_timing_name(c->timing), 8);
     PUT_LIT(o, ",\"comm id\":");
     put_str(o, hex, sizeof hex);
     PUT_LIT(o, ",\"comm rank\":");

@@ -89,6 +89,10 @@ int ms_trace_phase_parse(const char *s);
  * ms_trace_pipe_action_parse is its inverse (-1 when unknown). */
 const char *ms_trace_pipe_action_name(int action);
 int ms_trace_pipe_action_parse(const char *s);
+/* "enqueue", "host", "gpu" (an NCCL slice's args "timing": which clock placed it; out of range:
+ * "enqueue"); ms_trace_nccl_timing_parse is its inverse (-1 when unknown). */
+const char *ms_trace_nccl_timing_name(int timing);
+int ms_trace_nccl_timing_parse(const char *s);
 /* A pipeline slice's name: "F3" (action, micro-batch), "F3.1" (and the local chunk) when the
  * schedule has virtual stages. */
 void ms_trace_pipe_name(const ms_ev_pipe *p, char *out, size_t cap);
