@@ -1,0 +1,146 @@
+/* conv.c - convolution as im2col and ms_blas_sgemm, one group of one image at a time, so the
+ * column buffer is the smallest the GEMM can read (conv.h). The input gradient is a GEMM into
+ * the same buffer and col2im; the weight gradient reads the columns again, recomputed. */
+#include "engine/kernels/conv.h"
+
+#include <stddef.h>
+
+#include "engine/kernels/blas.h"
+
+int64_t ms_k_conv_scratch_floats(const ms_k_conv *g) {
+    return ms_k_conv_pointwise(g) ? 0 : g->cin_g * g->kh * g->kw * g->oh * g->ow;
+}
+
+/* The input row and column of output (oy, ox) under tap (ky, kx); outside [0, h) x [0, w) is
+ * padding. */
+static inline int64_t tap_y(const ms_k_conv *g, int64_t oy, int64_t ky) {
+    return oy * g->sh - g->ph + ky * g->dh;
+}
+static inline int64_t tap_x(const ms_k_conv *g, int64_t ox, int64_t kx) {
+    return ox * g->sw - g->pw + kx * g->dw;
+}
+
+/* The one walk over the columns, row (c, ky, kx) by row: gathers x into col (dx NULL), or
+ * adds col into dx. */
+static void col_walk(float *col, const float *x, float *dx, int64_t ch, const ms_k_conv *g) {
+    const int64_t hw = g->h * g->w;
+    for (int64_t c = 0; c < ch; c++)
+        for (int64_t ky = 0; ky < g->kh; ky++)
+            for (int64_t kx = 0; kx < g->kw; kx++)
+                for (int64_t oy = 0; oy < g->oh; oy++) {
+                    const int64_t iy = tap_y(g, oy, ky);
+                    const bool row_in = iy >= 0 && iy < g->h;
+                    for (int64_t ox = 0; ox < g->ow; ox++, col++) {
+                        const int64_t ix = tap_x(g, ox, kx), at = c * hw + iy * g->w + ix;
+                        const bool in = row_in && ix >= 0 && ix < g->w;
+                        if (!dx)
+                            *col = in ? x[at] : 0.0f;
+                        else if (in)
+                            dx[at] += *col;
+                    }
+                }
+}
+
+void ms_k_im2col(float *col, const float *x, int64_t ch, const ms_k_conv *g) {
+    col_walk(col, x, NULL, ch, g);
+}
+
+void ms_k_col2im(float *dx, const float *col, int64_t ch, const ms_k_conv *g) {
+    col_walk((float *)col, NULL, dx, ch, g); /* read only: dx is set */
+}
+
+/* Where image i's group grp starts in x (its first channel read), out and the weight. */
+static int64_t x_at(const ms_k_conv *g, int64_t i, int64_t grp) {
+    return (i * g->c_x + g->c0 + grp * g->cin_g) * g->h * g->w;
+}
+static int64_t out_at(const ms_k_conv *g, int64_t i, int64_t grp) {
+    return (i * g->groups + grp) * g->cout_g * g->oh * g->ow;
+}
+static int64_t w_at(const ms_k_conv *g, int64_t grp) {
+    return grp * g->cout_g * g->cin_g * g->kh * g->kw;
+}
+
+/* The columns of image i, group grp: x itself when pointwise, else im2col into col. */
+static const float *columns(const ms_k_conv *g, float *col, const float *x, int64_t i,
+                            int64_t grp) {
+    const float *xg = x + x_at(g, i, grp);
+    if (ms_k_conv_pointwise(g)) return xg;
+    ms_k_im2col(col, xg, g->cin_g, g);
+    return col;
+}
+
+void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *x, const float *w,
+                       const float *bias) {
+    const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
+    /* The bias first and beta 1: the GEMM adds its sum to it, one rounding as gemm + bias. */
+    for (int64_t i = 0; i < g->n; i++)
+        for (int64_t c = 0; c < g->groups * g->cout_g; c++) {
+            float *o = out + (i * g->groups * g->cout_g + c) * ohw;
+            const float b = bias ? bias[c] : 0.0f;
+            for (int64_t s = 0; s < ohw; s++) o[s] = b;
+        }
+    if (k == 0) return; /* no input channel on this rank: the bias alone */
+    for (int64_t i = 0; i < g->n; i++)
+        for (int64_t grp = 0; grp < g->groups; grp++)
+            ms_blas_sgemm(false, false, g->cout_g, ohw, k, 1.0f, w + w_at(g, grp), k,
+                          columns(g, col, x, i, grp), ohw, 1.0f, out + out_at(g, i, grp), ohw);
+}
+
+/* dbias[c] += the sum of dout over images and positions, in that order. */
+static void conv_dbias(const ms_k_conv *g, float *dbias, const float *dout) {
+    const int64_t ohw = g->oh * g->ow, cout = g->groups * g->cout_g;
+    for (int64_t c = 0; c < cout; c++) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < g->n; i++)
+            for (int64_t s = 0; s < ohw; s++) sum += dout[(i * cout + c) * ohw + s];
+        dbias[c] += sum;
+    }
+}
+
+/* dx of image i, group grp: W^T dout into the columns, scattered back; pointwise: straight
+ * into dx (beta 1). */
+static void conv_dx(const ms_k_conv *g, float *dx, float *col, const float *dy, const float *w,
+                    int64_t i, int64_t grp) {
+    const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
+    float *dxg = dx + x_at(g, i, grp);
+    if (ms_k_conv_pointwise(g)) {
+        ms_blas_sgemm(true, false, k, ohw, g->cout_g, 1.0f, w + w_at(g, grp), k, dy, ohw, 1.0f, dxg,
+                      ohw);
+        return;
+    }
+    ms_blas_sgemm(true, false, k, ohw, g->cout_g, 1.0f, w + w_at(g, grp), k, dy, ohw, 0.0f, col,
+                  ohw);
+    ms_k_col2im(dxg, col, g->cin_g, g);
+}
+
+void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
+                        const float *dout, const float *x, const float *w) {
+    const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
+    if (dbias) conv_dbias(g, dbias, dout);
+    if (k == 0 || g->cout_g == 0) return;
+    for (int64_t i = 0; i < g->n; i++)
+        for (int64_t grp = 0; grp < g->groups; grp++) {
+            const float *dy = dout + out_at(g, i, grp);
+            if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
+                ms_blas_sgemm(false, true, g->cout_g, k, ohw, 1.0f, dy, ohw,
+                              columns(g, col, x, i, grp), ohw, 1.0f, dw + w_at(g, grp), k);
+            if (dx) conv_dx(g, dx, col, dy, w, i, grp);
+        }
+}
+
+ms_k_cost ms_k_conv_cost(const ms_k_conv *g, bool bias, bool backward) {
+    const double cout = (double)g->groups * g->cout_g, k = (double)g->cin_g * g->kh * g->kw;
+    const double ny = (double)g->n * cout * g->oh * g->ow;
+    const double nx = (double)g->n * g->groups * g->cin_g * g->h * g->w, nw = cout * k;
+    const double gemm = 2.0 * ny * k, nb = bias ? cout : 0;
+    ms_k_cost c = {0, 0};
+    if (!backward) {
+        c.flops = gemm + (bias ? ny : 0);
+        c.bytes = 4.0 * (nx + nw + nb + ny);
+        return c;
+    }
+    /* dx reads dout and w, writes dx; dw reads dout and x, writes dw; dbias reads dout. */
+    c.flops = 2 * gemm + (bias ? ny : 0);
+    c.bytes = 4.0 * ((ny + nw + nx) + (ny + nx + nw) + (bias ? ny + nb : 0));
+    return c;
+}
