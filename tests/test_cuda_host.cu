@@ -12,7 +12,10 @@
  *     itself bit for bit with engine/core/tensor.c over all 2^16 patterns and a sweep of fp32;
  *   - the column sums (dbias, the norms' dweight: colsum_math.cuh's two passes) within fp32
  *     summation bounds of float64 and of the CPU kernels, bit for bit with the documented chunk
- *     order and across thread orders (test_colsum, tests/cuda_colsum_ref.cuh).
+ *     order and across thread orders (test_colsum, tests/cuda_colsum_ref.cuh);
+ *   - convolution (test_conv): im2col and col2im bit for bit with engine/kernels/conv.c, and
+ *     conv.cu's whole plan (the products' descriptors run by the CPU's matmul) against the CPU
+ *     kernels on ResNet- and MobileNet-like layers.
  * Each check prints its worst error, so a drifting tolerance is visible in the log.
  */
 #include <setjmp.h>
@@ -31,6 +34,7 @@ extern "C" { /* this cmocka.h has no C++ guards */
 #include <vector>
 
 #include "engine/kernels/cuda/attention_math.cuh"
+#include "engine/kernels/cuda/conv_math.cuh"
 #include "engine/kernels/cuda/cuda_kernels.h"
 extern "C" { /* a C header without C++ guards */
 #include "engine/core/philox.h"
@@ -1596,6 +1600,131 @@ static void test_sum(void **state) {
     assert_true(ok);
 }
 
+/* ---- convolution (conv_math.cuh): conv.cu's plan on the host ---- */
+
+/* A geometry: n images of c_x channels read from c0, groups of cin_g -> cout_g, an h x w input,
+ * a kh x kw kernel, the same stride, padding and dilation along both dims (h = kh = 1: conv1d,
+ * whose H is 1 with stride and dilation 1 and no padding). */
+static ms_k_conv conv_case(int64_t n, int64_t c_x, int64_t c0, int64_t groups, int64_t cin_g,
+                           int64_t cout_g, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t s,
+                           int64_t p, int64_t d) {
+    ms_k_conv g = {};
+    g.n = n, g.c_x = c_x, g.c0 = c0, g.groups = groups, g.cin_g = cin_g, g.cout_g = cout_g;
+    g.h = h, g.w = w, g.kh = kh, g.kw = kw, g.sw = s, g.pw = p, g.dw = d;
+    g.sh = h == 1 ? 1 : s, g.ph = h == 1 ? 0 : p, g.dh = h == 1 ? 1 : d;
+    g.oh = ms_k_conv_out_size(g.h, g.kh, g.sh, g.ph, g.dh);
+    g.ow = ms_k_conv_out_size(g.w, g.kw, g.sw, g.pw, g.dw);
+    return g;
+}
+
+/* The columns of image i as conv.cu makes them: x itself when pointwise, else every group's
+ * im2col element by element. */
+static const float *cu_columns(const ms_k_conv &g, fvec &col, const float *x, int64_t i) {
+    const float *xi = x + (i * g.c_x + g.c0) * g.h * g.w;
+    if (ms_k_conv_pointwise(&g)) return xi;
+    for (int64_t j = 0; j < ms_cu_conv_col_floats(g); j++)
+        ms_cu_conv_im2col_elem(col.data(), xi, g, j);
+    return col.data();
+}
+
+static void cu_conv_forward(const ms_k_conv &g, float *out, const float *x, const float *w,
+                            const float *bias) {
+    fvec col(ms_cu_conv_col_floats(g));
+    const int64_t cout = g.groups * g.cout_g, ohw = g.oh * g.ow;
+    for (int64_t i = 0; bias && i < g.n * cout * ohw; i++)
+        ms_cu_conv_bias_elem(out, bias, cout, ohw, i);
+    const ms_k_gemm p = ms_cu_conv_fwd_gemm(g);
+    for (int64_t i = 0; i < g.n; i++)
+        ms_k_matmul_forward(&p, out + i * cout * ohw, w, cu_columns(g, col, x, i), 1.0f,
+                            bias ? 1.0f : 0.0f);
+}
+
+static void cu_conv_backward(const ms_k_conv &g, float *dx, float *dw, float *db, const float *dy,
+                             const float *x, const float *w) {
+    fvec col(ms_cu_conv_col_floats(g));
+    const int64_t cout = g.groups * g.cout_g, ohw = g.oh * g.ow, hw = g.h * g.w;
+    for (int64_t c = 0; c < cout; c++)
+        db[c] += lanes_sum([&](int l, int nl) { return ms_cu_conv_dbias_part(dy, g, c, l, nl); });
+    const ms_k_gemm pw = ms_cu_conv_dw_gemm(g), px = ms_cu_conv_dx_gemm(g);
+    for (int64_t i = 0; i < g.n; i++) {
+        const float *dyi = dy + i * cout * ohw;
+        ms_k_matmul_forward(&pw, dw, dyi, cu_columns(g, col, x, i), 1.0f, 1.0f);
+        float *dxi = dx + (i * g.c_x + g.c0) * hw;
+        if (ms_k_conv_pointwise(&g)) {
+            ms_k_matmul_forward(&px, dxi, w, dyi, 1.0f, 1.0f);
+            continue;
+        }
+        ms_k_matmul_forward(&px, col.data(), w, dyi, 1.0f, 0.0f);
+        for (int64_t j = 0; j < g.groups * g.cin_g * hw; j++)
+            ms_cu_conv_col2im_elem(dxi, col.data(), g, j);
+    }
+}
+
+/* im2col and col2im against conv.c's, bit for bit; the forward and backward against conv.c's
+ * kernels within fp32 summation (the same products, another order of the groups' calls). */
+static bool conv_check(const char *name, const ms_k_conv &g) {
+    const int64_t cout = g.groups * g.cout_g, k = g.cin_g * g.kh * g.kw, ohw = g.oh * g.ow;
+    const int64_t hw = g.h * g.w, ch = g.groups * g.cin_g;
+    const fvec x = frand(g.n * g.c_x * hw, -1, 1), w = frand(cout * k, -1, 1);
+    const fvec b = frand(cout, -1, 1), dy = frand(g.n * cout * ohw, -1, 1);
+    char what[128];
+    bool ok = true;
+    if (!ms_k_conv_pointwise(&g)) {
+        fvec cu(ms_cu_conv_col_floats(g)), cpu(cu.size());
+        const float *x0 = x.data() + g.c0 * hw;
+        for (int64_t j = 0; j < (int64_t)cu.size(); j++)
+            ms_cu_conv_im2col_elem(cu.data(), x0, g, j);
+        for (int64_t grp = 0; grp < g.groups; grp++)
+            ms_k_im2col(cpu.data() + grp * k * ohw, x0 + grp * g.cin_g * hw, g.cin_g, &g);
+        snprintf(what, sizeof what, "%s im2col == CPU", name);
+        ok &= same_floats(what, cu, cpu);
+        const fvec cols = frand(cu.size(), -1, 1), d0 = frand(ch * hw, -1, 1);
+        fvec dcu = d0, dcpu = d0;
+        for (int64_t j = 0; j < ch * hw; j++) ms_cu_conv_col2im_elem(dcu.data(), cols.data(), g, j);
+        ms_k_col2im(dcpu.data(), cols.data(), ch, &g);
+        snprintf(what, sizeof what, "%s col2im == CPU", name);
+        ok &= same_floats(what, dcu, dcpu);
+    }
+    fvec ycu(dy.size()), ycpu(dy.size()), scratch(ms_k_conv_scratch_floats(&g) + 1);
+    cu_conv_forward(g, ycu.data(), x.data(), w.data(), b.data());
+    ms_k_conv_forward(&g, ycpu.data(), scratch.data(), x.data(), w.data(), b.data());
+    snprintf(what, sizeof what, "%s forward vs CPU", name);
+    ok &= close(what, ycu, ycpu, 1e-5, 1e-5);
+    fvec dx0 = frand(x.size(), -1, 1), dw0 = frand(w.size(), -1, 1), db0 = frand(cout, -1, 1);
+    fvec dxc = dx0, dwc = dw0, dbc = db0, dxp = dx0, dwp = dw0, dbp = db0;
+    cu_conv_backward(g, dxc.data(), dwc.data(), dbc.data(), dy.data(), x.data(), w.data());
+    ms_k_conv_backward(&g, dxp.data(), dwp.data(), dbp.data(), scratch.data(), dy.data(), x.data(),
+                       w.data());
+    const double sums = (double)(g.n * ohw); /* dw's and dbias's terms */
+    snprintf(what, sizeof what, "%s dx vs CPU", name);
+    ok &= close(what, dxc, dxp, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "%s dw vs CPU", name);
+    ok &= close(what, dwc, dwp, 1e-6 * sums, 1e-5);
+    snprintf(what, sizeof what, "%s dbias vs CPU", name);
+    ok &= close(what, dbc, dbp, 1e-6 * sums, 1e-5);
+    return ok;
+}
+
+static void test_conv(void **state) {
+    (void)state;
+    bool ok = true;
+    /* n, c_x, c0, groups, cin_g, cout_g, h, w, kh, kw, stride, pad, dilation */
+    ok &= conv_check("3x3 pad 1", conv_case(2, 3, 0, 1, 3, 4, 6, 5, 3, 3, 1, 1, 1));
+    ok &= conv_check("stride 2 pad 2 dilation 2", conv_case(2, 4, 0, 1, 4, 3, 9, 8, 3, 2, 2, 2, 2));
+    ok &= conv_check("groups 2 read from channel 4 of 8",
+                     conv_case(2, 8, 4, 2, 2, 3, 5, 5, 3, 3, 1, 0, 1));
+    ok &= conv_check("pointwise groups 2", conv_case(2, 6, 0, 2, 3, 2, 4, 3, 1, 1, 1, 0, 1));
+    ok &= conv_check("pointwise from channel 1", conv_case(2, 5, 1, 1, 3, 4, 4, 4, 1, 1, 1, 0, 1));
+    ok &=
+        conv_check("conv1d stride 2 dilation 3", conv_case(3, 4, 0, 2, 2, 3, 1, 20, 1, 4, 2, 3, 3));
+    ok &= conv_check("ResNet stem 7x7 s2 p3", conv_case(2, 3, 0, 1, 3, 16, 32, 32, 7, 7, 2, 3, 1));
+    ok &= conv_check("ResNet 3x3 64 -> 64", conv_case(2, 64, 0, 1, 64, 64, 28, 28, 3, 3, 1, 1, 1));
+    ok &= conv_check("MobileNet depthwise 3x3 s2",
+                     conv_case(2, 32, 0, 32, 1, 1, 16, 16, 3, 3, 2, 1, 1));
+    ok &= conv_check("wav2vec conv1d 10 s5", conv_case(2, 1, 0, 1, 1, 32, 1, 400, 1, 10, 5, 0, 1));
+    assert_true(ok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_rounding),
@@ -1626,6 +1755,7 @@ int main(void) {
         cmocka_unit_test(test_gqa_fd),
         cmocka_unit_test(test_colsum),
         cmocka_unit_test(test_sum),
+        cmocka_unit_test(test_conv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,7 @@
  * table's entries and the launchers its adapters hand scratch to) run on GPU 0 through a
  * kernel context, small and real shapes, against the CPU kernels of engine/kernels (those of
  * the LLaMA layers in layers.c among them; AdamW and the sum of squares of engine/optim); the
- * GEMMs in fp32 and bf16 against the CPU matmul.
+ * GEMMs in fp32 and bf16 against the CPU matmul; the convolution slots against conv.c's kernels.
  * tests/test_cuda_host.cu already checks the arithmetic on the CPU, so what this adds is the
  * launch configurations: grids, block reductions, shared-memory tiles, cuBLAS's operand order.
  * Tolerances are the host test's, widened where the device's expf/tanhf or cuBLAS's
@@ -863,6 +863,68 @@ static void test_gemm(void **state) {
     assert_true(ok);
 }
 
+/* ---- convolution (conv.cu): the slots against conv.c's kernels, fresh gradients included ---- */
+
+static bool conv_gpu_case(const char *name, const ms_k_conv &g, bool bias) {
+    const int64_t cout = g.groups * g.cout_g, k = g.cin_g * g.kh * g.kw, ohw = g.oh * g.ow;
+    const fvec x = frand(g.n * g.c_x * g.h * g.w, -1, 1), w = frand(cout * k, -1, 1);
+    const fvec b = frand(cout, -1, 1), dy = frand(g.n * cout * ohw, -1, 1);
+    fvec y(dy.size()), col(ms_k_conv_scratch_floats(&g) + 1);
+    ms_k_conv_forward(&g, y.data(), col.data(), x.data(), w.data(), bias ? b.data() : NULL);
+    float *dcol = dev(fvec(ms_cu_conv_scratch_floats(&g) + 1)), *dy_d = dev(dy);
+    const float *x_d = dev(x), *w_d = dev(w), *b_d = bias ? dev(b) : NULL;
+    float *y_d = dev(fvec(y.size()));
+    LAUNCH(ms_cu_conv_forward(kc, &g, y_d, dcol, x_d, w_d, b_d, ERR));
+    char what[128];
+    snprintf(what, sizeof what, "conv %s forward vs CPU", name);
+    bool ok = close(what, back(y_d, y.size()), y, 1e-5, 1e-4);
+    const fvec dx0 = frand(x.size(), -1, 1), dw0 = frand(w.size(), -1, 1), db0 = frand(cout, -1, 1);
+    for (unsigned fresh : {0u, 7u}) {
+        fvec dx = fresh ? fvec(x.size()) : dx0, dw = fresh ? fvec(w.size()) : dw0;
+        fvec db = fresh ? fvec(cout) : db0;
+        ms_k_conv_backward(&g, dx.data(), dw.data(), bias ? db.data() : NULL, col.data(), dy.data(),
+                           x.data(), w.data());
+        const fvec nan_x(x.size(), NAN), nan_w(w.size(), NAN), nan_b(cout, NAN);
+        float *dx_d = dev(fresh ? nan_x : dx0), *dw_d = dev(fresh ? nan_w : dw0);
+        float *db_d = dev(fresh ? nan_b : db0);
+        LAUNCH(ms_cu_conv_backward(kc, &g, dx_d, dw_d, bias ? db_d : NULL, dcol, dy_d, x_d, w_d,
+                                   fresh, ERR));
+        const double sums = (double)(g.n * ohw);
+        snprintf(what, sizeof what, "conv %s dx%s vs CPU", name, fresh ? " (fresh)" : "");
+        ok &= close(what, back(dx_d, dx.size()), dx, 1e-5, 1e-4);
+        snprintf(what, sizeof what, "conv %s dw%s vs CPU", name, fresh ? " (fresh)" : "");
+        ok &= close(what, back(dw_d, dw.size()), dw, 1e-6 * sums, 1e-4);
+        if (bias) {
+            snprintf(what, sizeof what, "conv %s dbias%s vs CPU", name, fresh ? " (fresh)" : "");
+            ok &= close(what, back(db_d, db.size()), db, 1e-6 * sums, 1e-4);
+        }
+    }
+    return ok;
+}
+
+static ms_k_conv conv_geometry(int64_t n, int64_t c_x, int64_t c0, int64_t groups, int64_t cin_g,
+                               int64_t cout_g, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                               int64_t s, int64_t p) {
+    ms_k_conv g = {};
+    g.n = n, g.c_x = c_x, g.c0 = c0, g.groups = groups, g.cin_g = cin_g, g.cout_g = cout_g;
+    g.h = h, g.w = w, g.kh = kh, g.kw = kw, g.sh = g.sw = s, g.ph = g.pw = p, g.dh = g.dw = 1;
+    g.oh = ms_k_conv_out_size(h, kh, s, p, 1), g.ow = ms_k_conv_out_size(w, kw, s, p, 1);
+    return g;
+}
+
+static void test_conv(void **state) {
+    (void)state;
+    bool ok = true;
+    ok &=
+        conv_gpu_case("3x3 64 -> 64", conv_geometry(4, 64, 0, 1, 64, 64, 28, 28, 3, 3, 1, 1), true);
+    ok &= conv_gpu_case("stem 7x7 s2", conv_geometry(2, 3, 0, 1, 3, 64, 64, 64, 7, 7, 2, 3), false);
+    ok &= conv_gpu_case("depthwise 3x3 s2 from channel 8",
+                        conv_geometry(2, 40, 8, 32, 1, 1, 16, 16, 3, 3, 2, 1), true);
+    ok &= conv_gpu_case("pointwise groups 2",
+                        conv_geometry(2, 32, 0, 2, 16, 24, 14, 14, 1, 1, 1, 0), true);
+    assert_true(ok);
+}
+
 int main(void) {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
@@ -894,6 +956,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_swiglu_rotary, free_all),
         cmocka_unit_test_teardown(test_gqa, free_all),
         cmocka_unit_test_teardown(test_gemm, free_all),
+        cmocka_unit_test_teardown(test_conv, free_all),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     ms_kctx_destroy(kc);

@@ -34,6 +34,7 @@ extern "C" {
 #endif
 
 #include "engine/core/status.h"
+#include "engine/kernels/conv.h"
 #include "engine/kernels/elementwise_ext.h"
 #include "engine/kernels/fused.h"
 #include "engine/kernels/index.h"
@@ -401,6 +402,19 @@ MS_CU_SLOT(xent_smooth_forward, float *losses, float *lse, const float *logits,
            const int32_t *targets, int64_t n, int64_t v, float s);
 MS_CU_SLOT(xent_smooth_backward, float *dlogits, const float *logits, const float *lse,
            const int32_t *targets, const float *dlosses, int64_t n, int64_t v, float s);
+
+/* -- conv: convolution (conv.cu; conv.h's geometry) --
+ * Per image: im2col of every group into `col`, then one product batched over the groups; the
+ * input gradient a product into `col` and col2im gathering each input element's taps in the
+ * CPU's order; dbias a block per channel. col: ms_cu_conv_scratch_floats floats (every group
+ * of one image; 0 and unused for a pointwise conv), not used by another launch until these
+ * are done (stream order). fresh: bit 0 dx, bit 1 dw, bit 2 dbias, zeroed (dbias written). */
+int64_t ms_cu_conv_scratch_floats(const ms_k_conv *g);
+MS_CU_SLOT(conv_forward, const ms_k_conv *g, float *out, float *col, const float *x, const float *w,
+           const float *bias);
+MS_CU_SLOT(conv_backward, const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
+           const float *dout, const float *x, const float *w, unsigned fresh);
+/* -- end conv -- */
 
 #ifdef __cplusplus
 }
