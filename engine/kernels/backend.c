@@ -588,6 +588,33 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     return OK;
 }
 
+/* -- conv -- */
+static int64_t h_conv_scratch_floats(const ms_k_conv *g) {
+    return ms_k_conv_scratch_floats(g);
+}
+static ms_status h_conv_forward(ms_kctx *kc, const ms_k_conv *g, float *out, float *col,
+                                const float *x, const float *w, const float *bias, ms_error *err) {
+    ms_k_conv_forward(g, H(out), H(col), H(x), H(w), H(bias));
+    return OK;
+}
+static ms_status h_conv_backward(ms_kctx *kc, const ms_k_conv *g, float *dx, float *dw,
+                                 float *dbias, float *col, const float *dout, const float *x,
+                                 const float *w, unsigned fresh, ms_error *err) {
+    const int64_t cout = g->groups * g->cout_g;
+    if (fresh & 1u) zero_floats(H(dx), g->n * g->c_x * g->h * g->w);
+    if (fresh & 2u) zero_floats(H(dw), cout * g->cin_g * g->kh * g->kw);
+    if (fresh & 4u) zero_floats(H(dbias), cout);
+    ms_k_conv_backward(g, H(dx), H(dw), H(dbias), H(col), H(dout), H(x), H(w));
+    return OK;
+}
+/* clang-format off */
+#define CONV_SLOTS                                \
+    .conv_scratch_floats = h_conv_scratch_floats, \
+    .conv_forward = h_conv_forward,               \
+    .conv_backward = h_conv_backward
+/* clang-format on */
+/* -- end conv -- */
+
 /* clang-format off */
 #define HOST_SLOTS                                            \
     .sync = host_sync,                                        \
@@ -681,7 +708,8 @@ static ms_status h_scale_inplace(ms_kctx *kc, float *x, size_t n, float s, ms_er
     .sumsq = h_sumsq,                                         \
     .sumsq_bf16 = h_sumsq_bf16,                               \
     .sumsq_list = h_sumsq_list,                               \
-    .scale_inplace = h_scale_inplace
+    .scale_inplace = h_scale_inplace,                         \
+    CONV_SLOTS
 /* clang-format on */
 
 /* ---- the fenced device's bf16 kernels ----

@@ -35,6 +35,7 @@
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
+#include "engine/kernels/conv.h"
 #include "engine/kernels/elementwise_ext.h"
 #include "engine/kernels/fused.h"
 #include "engine/kernels/index.h"
@@ -374,6 +375,17 @@ struct ms_kernels {
      * one wait for the device for all of them (the gradient norm: one per parameter tensor). */
     MS_KSLOT(sumsq_list, double *host_out, const ms_k_span *x, int n);
     MS_KSLOT(scale_inplace, float *x, size_t n, float s);
+
+    /* -- conv: convolution (conv.h) --
+     * The column buffer is the caller's, conv_scratch_floats of it (the CPU: one group of one
+     * image; CUDA: every group of one image); the op keeps it in a saved slot, as attention
+     * keeps its scratch. fresh: bit 0 dx, bit 1 dw, bit 2 dbias. */
+    int64_t (*conv_scratch_floats)(const ms_k_conv *g);
+    MS_KSLOT(conv_forward, const ms_k_conv *g, float *out, float *col, const float *x,
+             const float *w, const float *bias);
+    MS_KSLOT(conv_backward, const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
+             const float *dout, const float *x, const float *w, unsigned fresh);
+    /* -- end conv -- */
 };
 
 /* The tables. ms_kernels_cuda is NULL when CUDA is not built. */

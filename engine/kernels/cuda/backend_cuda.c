@@ -510,6 +510,11 @@ static const ms_kernels cuda_kernels = {
     .nll_backward = ms_cu_nll_backward,
     .xent_smooth_forward = ms_cu_xent_smooth_forward,
     .xent_smooth_backward = ms_cu_xent_smooth_backward,
+    /* -- conv -- */
+    .conv_scratch_floats = ms_cu_conv_scratch_floats,
+    .conv_forward = ms_cu_conv_forward,
+    .conv_backward = ms_cu_conv_backward,
+    /* -- end conv -- */
 };
 
 const ms_kernels *ms_kernels_cuda_table(void) {
