@@ -11,6 +11,7 @@ const op_case ms_op_cases[] = {
 #include "tests/op_cases/index.inc"
 #include "tests/op_cases/layers.inc"
 #include "tests/op_cases/fused.inc"
+#include "tests/op_cases/conv.inc"
 };
 const int ms_n_op_cases = (int)(sizeof ms_op_cases / sizeof *ms_op_cases);
 

@@ -110,6 +110,11 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_bias_gelu_def,
     &ms_op_bias_dropout_add_def,
     /* -- end fused -- */
+
+    /* -- conv -- */
+    &ms_op_conv1d_def,
+    &ms_op_conv2d_def,
+    /* -- end conv -- */
 };
 // clang-format on
 _Static_assert(sizeof builtin_ops / sizeof builtin_ops[0] == MS_OP_BUILTIN_COUNT,

@@ -176,6 +176,13 @@ typedef enum ms_op_kind {
     MS_OP_BIAS_DROPOUT_ADD, /* x, b [tail...], res -> res + dropout(x + b); f[0] p, i[0] stream */
     /* -- end fused -- */
 
+    /* -- conv: convolutions in NCHW (ops_conv.c) -- */
+    /* x, weight [C_out, C_in / groups, K...], optional bias [C_out]; per spatial dim s of nsp:
+     * i[s] stride, i[nsp + s] padding (both sides), i[2 nsp + s] dilation; i[3 nsp] groups */
+    MS_OP_CONV1D, /* x [N, C_in, L] -> [N, C_out, L_out]; i[0..3] */
+    MS_OP_CONV2D, /* x [N, C_in, H, W] -> [N, C_out, H_out, W_out]; i[0..6] */
+    /* -- end conv -- */
+
     MS_OP_BUILTIN_COUNT
 } ms_op_kind;
 

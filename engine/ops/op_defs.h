@@ -105,6 +105,11 @@ extern const ms_op_def ms_op_cosine_similarity_def;
 extern const ms_op_def ms_op_bias_gelu_def;
 extern const ms_op_def ms_op_bias_dropout_add_def;
 /* -- end fused -- */
+
+/* -- conv -- */
+extern const ms_op_def ms_op_conv1d_def;
+extern const ms_op_def ms_op_conv2d_def;
+/* -- end conv -- */
 // clang-format on
 
 static inline int64_t shape_numel(const ms_shape *s) {
