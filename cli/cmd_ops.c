@@ -59,12 +59,14 @@ static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n
     int ni = d->n_in > 0 ? d->n_in : 2, combos = 1;
     for (int i = 0; i < ni; i++) combos *= NP;
     /* Default attributes first, then small integer attributes (a dim, a count, a flag) with
-     * positive float ones (an epsilon, a rate, a theta). */
-    for (int v = 0; v < 19; v++) {
+     * positive float ones (an epsilon, a rate, a theta), then every integer attribute 1 (a
+     * convolution's strides, paddings, dilations and groups). */
+    for (int v = 0; v < 20; v++) {
         ms_op_attrs a = {0};
-        if (v > 0)
+        if (v > 0 && v < 19)
             a = (ms_op_attrs){.i = {(v - 1) % 9 / 3, (v - 1) % 3},
                               .f = {v < 10 ? 0.5f : 10000.0f, 1.0f}};
+        for (int j = 0; v == 19 && j < (int)(sizeof a.i / sizeof a.i[0]); j++) a.i[j] = 1;
         for (int c = 0; c < combos; c++) {
             ms_shape in[MS_OP_MAX_IN], out[MS_OP_MAX_OUT];
             for (int i = 0, rem = c; i < ni; i++, rem /= NP) in[i] = probes[rem % NP];
@@ -81,7 +83,9 @@ static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n
                 ms_shape_str(in[i].d, in[i].ndim, one, sizeof one);
                 k += (size_t)snprintf(shape + k, len - k, "%s%s", i ? " " : "", one);
             }
-            if (v > 0 && k < len)
+            if (v == 19 && k < len)
+                snprintf(shape + k, len - k, " (every i = 1)");
+            else if (v > 0 && k < len)
                 snprintf(shape + k, len - k, " (i = %d, %d)", (int)a.i[0], (int)a.i[1]);
             return nc;
         }
