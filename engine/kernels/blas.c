@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(__SANITIZE_THREAD__)
 #define MS_TSAN 1
@@ -43,6 +44,16 @@ int ms_blas_policy(void) {
 
 bool ms_blas_pinned_for_tsan(void) {
     return MS_TSAN;
+}
+
+void ms_blas_describe(char *buf, size_t len) {
+    static const char *const threading[] = {"sequential", "pthreads", "openmp"};
+    const char *config = openblas_get_config(), *core = openblas_get_corename();
+    int par = openblas_get_parallel();
+    int n = (int)strlen(config ? config : "");
+    while (n > 0 && config[n - 1] == ' ') n--; /* the config string ends with a space */
+    snprintf(buf, len, "%.*s, core %s, %s", n, config ? config : "", core ? core : "?",
+             par >= 0 && par < 3 ? threading[par] : "unknown threading");
 }
 
 /* A TSan build's one rule, checked where it matters: no GEMM runs on a pool TSan cannot see. */

@@ -18,6 +18,7 @@
 #define MS_BLAS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* C[m, n] (ldc) = alpha * op(A) op(B) + beta * C, row-major with explicit leading dims; does
@@ -31,5 +32,11 @@ int ms_blas_policy(void);
 
 /* True in a ThreadSanitizer build, where the policy pins BLAS to one thread. */
 bool ms_blas_pinned_for_tsan(void);
+
+/* The BLAS build and the kernel it runs on this CPU, as one line: OpenBLAS's config string,
+ * its core name and its threading ("OpenBLAS 0.3.21 DYNAMIC_ARCH ... MAX_THREADS=64, core
+ * Prescott, pthreads"). A DYNAMIC_ARCH build picks its kernel at run time, so two machines
+ * with the same library can run different GEMM code (the cpu-local calibration keys on it). */
+void ms_blas_describe(char *buf, size_t len);
 
 #endif
