@@ -24,11 +24,10 @@
 #include "engine/dist/dmesh.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
+#include "engine/plan/calib_cache.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/cost.h"
 #include "engine/runtime/ctx.h"
-
-void ms_cluster_cpu_model(char *buf, size_t len);
 
 static double now_s(void) {
     return (double)ms_now_ns() * 1e-9;

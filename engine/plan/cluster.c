@@ -1,13 +1,13 @@
 /* cluster.c - cluster descriptions: JSON in and out, presets, the rate and collective models.
  * The cpu-local measurement lives in calibrate.c. */
 #include "engine/plan/cluster.h"
+#include "engine/plan/calib_cache.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/core/device.h"
@@ -304,6 +304,11 @@ static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
     MS_CHECK(jstr(j, root, "$", "cpu_model", c->cpu_model, sizeof c->cpu_model, ""));
     MS_CHECK(jstr(j, root, "$", "calibrated_at", c->calibrated_at, sizeof c->calibrated_at, ""));
     MS_CHECK(jstr(j, root, "$", "calibration", c->calibration, sizeof c->calibration, ""));
+    MS_CHECK(
+        jstr(j, root, "$", "calibration_key", c->calibration_key, sizeof c->calibration_key, ""));
+    MS_CHECK(jnum(j, root, "$", "busy_cores_before", false, 0, 1 << 20, -1, &c->busy_before));
+    MS_CHECK(jnum(j, root, "$", "busy_cores_after", false, 0, 1 << 20, -1, &c->busy_after));
+    MS_CHECK(jnum(j, root, "$", "busy_limit_cores", false, 0, 1 << 20, -1, &c->busy_limit));
     MS_CHECK(jnum(j, root, "$", "blas_speedup_2", false, 0.1, 10, 1, &c->blas_speedup_2));
     MS_CHECK(jstr(j, root, "$", "notes", c->notes, sizeof c->notes, ""));
     return parse_measurements(j, root, c);
@@ -432,6 +437,11 @@ char *ms_cluster_to_json(const ms_cluster *c) {
         cJSON_AddStringToObject(r, "cpu_model", c->cpu_model);
         cJSON_AddStringToObject(r, "calibrated_at", c->calibrated_at);
         cJSON_AddStringToObject(r, "calibration", c->calibration);
+        if (c->calibration_key[0])
+            cJSON_AddStringToObject(r, "calibration_key", c->calibration_key);
+        if (c->busy_before >= 0) cJSON_AddNumberToObject(r, "busy_cores_before", c->busy_before);
+        if (c->busy_after >= 0) cJSON_AddNumberToObject(r, "busy_cores_after", c->busy_after);
+        if (c->busy_limit >= 0) cJSON_AddNumberToObject(r, "busy_limit_cores", c->busy_limit);
         cJSON_AddNumberToObject(r, "blas_speedup_2", c->blas_speedup_2);
     }
     if (c->n_gemm) {
@@ -487,80 +497,11 @@ char *ms_cluster_to_json(const ms_cluster *c) {
     return s;
 }
 
-/* --- presets and the cache ------------------------------------------------------------------ */
+/* --- presets ------------------------------------------------------------------------------- */
 
 const char *ms_cluster_preset_dir(void) {
     return MS_CLUSTER_DIR;
 }
-
-static void sanitize(char *s) {
-    for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
-              *s == '.' || *s == '-'))
-            *s = '_';
-}
-
-/* The CPU model name from /proc/cpuinfo ("unknown" if absent). */
-void ms_cluster_cpu_model(char *buf, size_t len);
-void ms_cluster_cpu_model(char *buf, size_t len) {
-    snprintf(buf, len, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10)) continue;
-        const char *p = strchr(line, ':');
-        if (!p) break;
-        p++;
-        while (*p == ' ') p++;
-        snprintf(buf, len, "%s", p);
-        size_t n = strlen(buf);
-        while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) buf[--n] = '\0';
-        break;
-    }
-    fclose(f);
-}
-
-ms_status ms_cluster_cache_path(char *buf, size_t len, ms_error *err) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char dir[512];
-    if (xdg && *xdg)
-        snprintf(dir, sizeof dir, "%s/meshscope", xdg);
-    else if (home && *home)
-        snprintf(dir, sizeof dir, "%s/.cache/meshscope", home);
-    else
-        return ms_fail(err, MS_ERR_IO,
-                       "cpu-local: neither XDG_CACHE_HOME nor HOME is set; set one so the "
-                       "calibration can be cached");
-    char model[96];
-    ms_cluster_cpu_model(model, sizeof model);
-    sanitize(model);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(buf, len, "%s/cpu-local-%s-%ldc.json", dir, model, cores);
-    return MS_OK;
-}
-
-static ms_status mkdirs(const char *path, ms_error *err) {
-    char tmp[640];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        mkdir(tmp, 0755);
-        *p = '/';
-    }
-    struct stat sb;
-    if (mkdir(tmp, 0755) != 0 && (stat(tmp, &sb) != 0 || !S_ISDIR(sb.st_mode)))
-        return ms_fail(err, MS_ERR_IO, "cannot create the cache folder %s", tmp);
-    return MS_OK;
-}
-
-static ms_status write_text(FILE *f, void *arg, ms_error *err) {
-    const char *s = arg;
-    return ms_durable_fwrite(f, s, strlen(s), "cluster cache", err);
-}
-
-#define CALIBRATION_VERSION "meshscope-cpu-local-7"
 
 ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_cluster *out,
                              ms_error *err) {
@@ -569,38 +510,7 @@ ms_status ms_cluster_resolve(const char *what, bool recalibrate, void *log, ms_c
             err, MS_ERR_INVALID,
             "--cluster is required: cpu-local, gpu-local, dgx-a100-80gb, h100, h200 or a JSON "
             "file");
-    if (!strcmp(what, "cpu-local")) {
-        char path[600];
-        MS_CHECK(ms_cluster_cache_path(path, sizeof path, err));
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!recalibrate && access(path, R_OK) == 0) {
-            ms_error e2 = {0};
-            ms_cluster c;
-            if (ms_cluster_load(path, &c, &e2) == MS_OK && c.cpu && c.cores == cores &&
-                !strcmp(c.calibration, CALIBRATION_VERSION)) {
-                *out = c;
-                if (log) fprintf(log, "cpu-local: calibration from %s\n", path);
-                return MS_OK;
-            }
-        }
-        int max_ranks = 8;
-        MS_CHECK(ms_cluster_calibrate_cpu(max_ranks, log, out, err));
-        snprintf(out->calibration, sizeof out->calibration, "%s", CALIBRATION_VERSION);
-        char dir[600];
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = '\0';
-        ms_error e3 = {0};
-        char *text = ms_cluster_to_json(out);
-        if (mkdirs(dir, &e3) == MS_OK &&
-            ms_write_file_durable(path, write_text, text, &e3) == MS_OK) {
-            if (log) fprintf(log, "cpu-local: calibration cached in %s\n", path);
-        } else if (log) {
-            fprintf(log, "cpu-local: not cached (%s)\n", e3.msg);
-        }
-        free(text);
-        return MS_OK;
-    }
+    if (!strcmp(what, "cpu-local")) return ms_calib_resolve(recalibrate, log, out, err);
     if (!strcmp(what, "gpu-local")) {
         char name[256], note[320];
         double mem = 0;

@@ -9,7 +9,9 @@
  * not a file: ms_cluster_resolve measures it (the engine's sgemm at a grid of shapes, its
  * attention kernel, the elementwise kernels, AdamW, and the threads backend's collectives at
  * the rank counts the planner uses) and caches the result as JSON under
- * $XDG_CACHE_HOME/meshscope/ (or ~/.cache/meshscope/), keyed by the CPU model and core count.
+ * $XDG_CACHE_HOME/meshscope/ (or ~/.cache/meshscope/), keyed by what changes the rates: the
+ * CPU model and features, the core count, the BLAS build and kernel, the BLAS thread policy
+ * (calib_cache.h, which also keeps a loaded machine's measurement out of the cache).
  *
  * Units inside the struct are SI (FLOP/s, bytes/s, seconds, bytes); the JSON uses TFLOP/s,
  * GB/s (1e9), microseconds and GB (1e9) so that datasheet numbers can be typed as printed.
@@ -133,8 +135,13 @@ typedef struct ms_cluster {
     bool cpu; /* devices are thread ranks sharing `cores` */
     int cores;
     char cpu_model[96];
-    char calibrated_at[32];
-    char calibration[32];  /* the calibration procedure's version (a stale cache is redone) */
+    char calibrated_at[32];    /* UTC, "2026-12-06T22:10:31Z" */
+    char calibration[32];      /* the calibration procedure's version (a stale cache is redone) */
+    char calibration_key[512]; /* what the rates depend on (calib_cache.h); a cache is used only
+                                  under this machine's key */
+    /* Cores' worth of busy CPU on the machine right before and right after the measurement,
+     * and the limit in force then; -1: not sampled */
+    double busy_before, busy_after, busy_limit;
     double blas_speedup_2; /* sgemm speed with 2 BLAS threads over 1, one rank */
     ms_gemm_point gemm[MS_CLUSTER_MAX_GEMM];
     int n_gemm;
@@ -191,7 +198,8 @@ ms_status ms_cluster_for_gpu(const char *gpu_name, double mem_bytes, int gpus, m
  * counts whose collectives are measured (2, 4, ... up to it). */
 ms_status ms_cluster_calibrate_cpu(int max_ranks, void *log, ms_cluster *out, ms_error *err);
 
-/* The cache file for this machine ($XDG_CACHE_HOME/meshscope/cpu-local-<model>-<cores>.json). */
+/* The cache file for this machine and key
+ * ($XDG_CACHE_HOME/meshscope/cpu-local-<model>-<cores>c-<key hash>.json; calib_cache.c). */
 ms_status ms_cluster_cache_path(char *buf, size_t len, ms_error *err);
 
 /* --- rates ----------------------------------------------------------------------------------- */
