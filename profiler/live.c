@@ -45,6 +45,7 @@ struct ms_live {
     char last_event[MS_LIVE_TEXT];
     ms_suggestion sugg[MS_LIVE_MAX_SUGGESTIONS];
     int n_sugg;
+    char advisor_note[MS_LIVE_TEXT]; /* "" while the advisor suggests */
     ms_live_req queue[MS_LIVE_QUEUE];
     int q_head, q_n;
     ms_live_validate_fn validate;
@@ -77,8 +78,8 @@ struct ms_live {
 };
 
 const char *ms_suggestion_state_name(ms_suggestion_state s) {
-    static const char *names[MS_SUGG_STATE_COUNT] = {"open",      "pending", "applied",
-                                                     "dismissed", "refused", "dropped"};
+    static const char *names[MS_SUGG_STATE_COUNT] = {"open",    "pending", "applied",  "dismissed",
+                                                     "refused", "dropped", "withdrawn"};
     return (unsigned)s < MS_SUGG_STATE_COUNT ? names[s] : "unknown";
 }
 
@@ -266,11 +267,16 @@ int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion
     /* What the views show, in its order: acted-on and dismissed entries as they are (their
      * ids never reopen); open ones updated in place while still good enough, else closed. */
     for (int i = 0; i < n_cur && n < MS_LIVE_MAX_SUGGESTIONS; i++) {
+        const ms_suggestion *f = find_sugg(fresh, n_fresh, cur[i].id);
+        if (cur[i].state == MS_SUGG_WITHDRAWN) {
+            /* the advisor suggests again: what it still finds good enough reopens */
+            if (f && f->predicted_gain >= open_at) out[n++] = as_open(f);
+            continue;
+        }
         if (cur[i].state != MS_SUGG_OPEN) {
             out[n++] = cur[i];
             continue;
         }
-        const ms_suggestion *f = find_sugg(fresh, n_fresh, cur[i].id);
         if (f && f->predicted_gain >= keep_at) {
             out[n++] = as_open(f);
         } else if (cur[i].missed + 1 < MS_SUGG_GRACE_ROUNDS) {
@@ -302,6 +308,21 @@ void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double o
     int nn = ms_suggestions_next(l->sugg, l->n_sugg, s, n, open_at, next);
     memcpy(l->sugg, next, sizeof next[0] * (size_t)nn);
     l->n_sugg = nn;
+    l->advisor_note[0] = '\0';
+    l->dirty = true;
+    pthread_mutex_unlock(&l->mu);
+}
+
+void ms_live_withhold_suggestions(ms_live *l, const char *note) {
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->n_sugg; i++) {
+        ms_suggestion *s = &l->sugg[i];
+        if (s->state != MS_SUGG_OPEN) continue;
+        s->state = MS_SUGG_WITHDRAWN;
+        s->missed = 0;
+        snprintf(s->result, sizeof s->result, "%s", note);
+    }
+    snprintf(l->advisor_note, sizeof l->advisor_note, "%s", note);
     l->dirty = true;
     pthread_mutex_unlock(&l->mu);
 }
@@ -790,6 +811,7 @@ static void build_and_publish(ms_live *l) {
     s->step = l->hist_n ? s->history[l->hist_n - 1].step : complete;
     memcpy(s->strategy, l->strategy, sizeof s->strategy);
     memcpy(s->last_event, l->last_event, sizeof s->last_event);
+    memcpy(s->advisor_note, l->advisor_note, sizeof s->advisor_note);
     memcpy(s->suggestions, l->sugg, sizeof l->sugg[0] * (size_t)l->n_sugg);
     s->n_suggestions = l->n_sugg;
     s->finished = l->finished || !l->o.info.live;

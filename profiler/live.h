@@ -98,8 +98,10 @@ typedef enum ms_suggestion_state {
     MS_SUGG_PENDING, /* accepted; switches at the next step boundary */
     MS_SUGG_APPLIED, /* the job runs the target strategy now */
     MS_SUGG_DISMISSED,
-    MS_SUGG_REFUSED, /* accepted but refused by the job (reason in `result`) */
-    MS_SUGG_DROPPED, /* accepted, but training ended before a step boundary took it */
+    MS_SUGG_REFUSED,   /* accepted but refused by the job (reason in `result`) */
+    MS_SUGG_DROPPED,   /* accepted, but training ended before a step boundary took it */
+    MS_SUGG_WITHDRAWN, /* open, then withdrawn by the advisor: its model disagrees with the
+                          measured step (why in `result`); reopens if suggested again */
     MS_SUGG_STATE_COUNT
 } ms_suggestion_state;
 
@@ -167,6 +169,10 @@ typedef struct ms_snapshot {
      * the flight recorder (engine/comm/flight.h: more than MS_LIVE_HANG_FACTOR times the median
      * of its recent completions and more than MS_LIVE_HANG_MIN_S); "" when nothing hangs. */
     char hang_alert[MS_LIVE_TEXT];
+    /* Why the advisor publishes no suggestions now: its cost model has disagreed with the
+     * measured step for several rounds ("the cost model is 41% off the measured step for 5
+     * rounds; ..."); "" while it suggests (ms_live_withhold_suggestions). */
+    char advisor_note[MS_LIVE_TEXT];
 
     int refs_; /* private */
 } ms_snapshot;
@@ -224,24 +230,33 @@ void ms_live_set_event(ms_live *l, const char *fmt, ...) __attribute__((format(p
  * open_at / 2 or its target is not suggested (until then it keeps its last priced values, so
  * one noisy round cannot take away what a user is about to accept), or when the list is full and a
  * better suggestion for another target takes its place (superseded). Entries in other states are
- * kept as they are, and their ids never reopen. The order is stable: entries keep their places, new
- * ones are appended best first. Writes at most MS_LIVE_MAX_SUGGESTIONS to `out` and returns the
- * count. Pure. */
+ * kept as they are, and their ids never reopen; withdrawn ones excepted (the advisor's, not a
+ * user's): they reopen when suggested at least open_at faster, else leave the list. The order is
+ * stable: entries keep their places, new ones are appended best first. Writes at most
+ * MS_LIVE_MAX_SUGGESTIONS to `out` and returns the count. Pure. */
 int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion *fresh,
                         int n_fresh, double open_at, ms_suggestion *out);
 /* Rounds an open suggestion survives without being priced good enough (about 10 s at the
  * advisor's 2 s period). */
 #define MS_SUGG_GRACE_ROUNDS 5
 
-/* The advisor's round: applies ms_suggestions_next to the shown list with its candidates
- * (predicted at least open_at / 2 faster, so that open ones can stay open). */
+/* The advisor's round is one of the two calls below. ms_live_set_suggestions applies
+ * ms_suggestions_next to the shown list with its candidates (predicted at least open_at / 2
+ * faster, so that open ones can stay open) and clears the advisor's note. Withdrawn entries
+ * reopen there if their target is suggested at least open_at faster, and leave the list
+ * otherwise (the advisor withdrew them, no one acted on them). */
 void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double open_at);
+/* The advisor does not trust its model (note says why, shown by the views as the snapshot's
+ * advisor_note): every open suggestion is withdrawn, with the note as its result; pending and
+ * acted-on ones stay as they are. */
+void ms_live_withhold_suggestions(ms_live *l, const char *note);
 /* The suggestion lifecycle has one owner, this model: every state change is one of the calls
  * below (and accept / dismiss in ms_live_post, open in ms_live_set_suggestions). The job only
  * says what happened. A call whose suggestion is unknown, or not in the state it leaves, changes
  * nothing and returns false:
  *
  *   open -> pending (accepted) | dismissed              views, ms_live_post
+ *   open -> withdrawn -> open | gone                     the advisor's round (above)
  *   pending -> applied | refused | dropped               the job, at a step boundary or the end
  *   applied -> applied, with the measured result         the job, SWITCH_MEASURE steps later */
 /* The job runs the target from `step` on (unchanged: it ran it already, nothing moved). */

@@ -219,6 +219,7 @@ static const field state_fields[] = {
 };
 static const field tail_fields[] = {
     F_STR(ms_snapshot, hang_alert, "hang_alert", .optional = true),
+    F_STR(ms_snapshot, advisor_note, "advisor_note", .optional = true),
     F_NUM(ms_snapshot, achieved_flops_per_s, "achieved_flops_per_s"),
 };
 #define TABLE(t) (t), COUNT_OF(t)

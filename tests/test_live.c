@@ -668,6 +668,53 @@ static int state_of(ms_live *l, int32_t id) {
     return state;
 }
 
+/* The advisor withholds: every open suggestion is withdrawn with the note as its result, a
+ * pending one stays as it is, and the snapshot carries the note. When the advisor suggests
+ * again the note clears; a withdrawn target suggested at 10% or more reopens under its id, in
+ * its place; one not suggested (or under 10%) leaves the list. Accepting a withdrawn one is
+ * refused. */
+static void test_advisor_withholds(void **state) {
+    (void)state;
+    ms_live *l = new_live(4);
+    ms_suggestion sg[3] = {cand(1, 0.20, 1), cand(2, 0.15, 1), cand(3, 0.12, 1)};
+    ms_live_set_suggestions(l, sg, 3, 0.10);
+    ms_error err = {0};
+    ms_live_req r = {.kind = MS_REQ_ACCEPT, .id = 2};
+    assert_int_equal(ms_live_post(l, &r, &err), MS_OK);
+    const char *note = "the cost model is 41% off the measured step for 5 rounds";
+    ms_live_withhold_suggestions(l, note);
+    ms_live_publish_now(l);
+    const ms_snapshot *s = ms_live_acquire(l);
+    assert_string_equal(s->advisor_note, note);
+    assert_int_equal(s->n_suggestions, 3);
+    const uint8_t held[3] = {MS_SUGG_WITHDRAWN, MS_SUGG_PENDING, MS_SUGG_WITHDRAWN};
+    for (int i = 0; i < 3; i++) assert_int_equal(s->suggestions[i].state, held[i]);
+    assert_string_equal(s->suggestions[0].result, note);
+    assert_string_equal(s->suggestions[1].result, "");
+    assert_string_equal(ms_suggestion_state_name(s->suggestions[0].state), "withdrawn");
+    ms_snapshot_release(s);
+    r.id = 1;
+    assert_int_equal(ms_live_post(l, &r, &err), MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "suggestion 1 is withdrawn, not open"));
+    /* the advisor suggests again: 1 at 18% reopens in place, 3 at 8% and 4 at 11% */
+    ms_suggestion again[3] = {cand(1, 0.18, 2), cand(3, 0.08, 2), cand(4, 0.11, 2)};
+    ms_live_set_suggestions(l, again, 3, 0.10);
+    ms_live_publish_now(l);
+    s = ms_live_acquire(l);
+    assert_string_equal(s->advisor_note, "");
+    assert_int_equal(s->n_suggestions, 3);
+    const int32_t ids[3] = {1, 2, 4};
+    const uint8_t states[3] = {MS_SUGG_OPEN, MS_SUGG_PENDING, MS_SUGG_OPEN};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(s->suggestions[i].id, ids[i]);
+        assert_int_equal(s->suggestions[i].state, states[i]);
+    }
+    assert_string_equal(s->suggestions[0].result, "");
+    assert_true(fabs(s->suggestions[0].predicted_gain - 0.18) < 1e-12);
+    ms_snapshot_release(s);
+    ms_live_destroy(l);
+}
+
 /* Every state change after acceptance goes through the live model, which refuses a move out of
  * a state the suggestion is not in: the job cannot apply a dismissed suggestion, measure a
  * refused one or drop an applied one. */
@@ -726,6 +773,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_control_queue),
         cmocka_unit_test(test_suggestion_lifecycle),
         cmocka_unit_test(test_suggestion_transitions),
+        cmocka_unit_test(test_advisor_withholds),
         cmocka_unit_test(test_window_out_of_memory),
         cmocka_unit_test(test_concurrent_readers),
         cmocka_unit_test(hardening_live_close_control),

@@ -721,6 +721,33 @@ static void test_suggestions(void **state) {
     resp_free(&r);
 }
 
+/* The advisor's note, while it withholds its suggestions, is in the suggestions' JSON and the
+ * snapshot the dashboard reads (web/assets/app.js shows it above the list); it clears when
+ * the advisor suggests again. */
+static void test_advisor_note(void **state) {
+    (void)state;
+    const char *note = "the cost model is 41% off the measured step for 5 rounds (predicts 58.0 "
+                       "ms, measured 98.1 ms); relearning from the trace; no suggestions until it "
+                       "agrees within 25%";
+    ms_live_withhold_suggestions(g_live, note);
+    ms_live_publish_now(g_live);
+    char want[400];
+    snprintf(want, sizeof want, "\"advisor_note\":\"%s\"", note);
+    resp r = http("GET", "/api/v1/suggestions", NULL, g_bearer, NULL);
+    expect_status(r, 200);
+    assert_non_null(strstr(r.body, want));
+    resp_free(&r);
+    r = http("GET", "/api/v1/snapshot", NULL, g_bearer, NULL);
+    expect_status(r, 200);
+    assert_non_null(strstr(r.body, want));
+    resp_free(&r);
+    ms_live_set_suggestions(g_live, NULL, 0, 0.1);
+    ms_live_publish_now(g_live);
+    r = http("GET", "/api/v1/suggestions", NULL, g_bearer, NULL);
+    assert_non_null(strstr(r.body, "\"advisor_note\":\"\""));
+    resp_free(&r);
+}
+
 /* A trace (live = false): every control request is 409. */
 static void test_finished_job(void **state) {
     (void)state;
@@ -1327,6 +1354,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_methods),
         cmocka_unit_test(test_bodies),
         cmocka_unit_test(test_suggestions),
+        cmocka_unit_test(test_advisor_note),
         cmocka_unit_test(test_finished_job),
         cmocka_unit_test(test_slowloris),
         cmocka_unit_test(test_sse),

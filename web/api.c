@@ -98,13 +98,14 @@ static enum MHD_Result get_snapshot(ms_web *w, struct MHD_Connection *c) {
 
 static enum MHD_Result get_suggestions(ms_web *w, struct MHD_Connection *c) {
     const ms_snapshot *s = ms_live_acquire(w->live);
-    /* Only the suggestions: a snapshot copy without the arrays. */
+    /* Only the suggestions and the advisor's note: a snapshot copy without the arrays. */
     ms_snapshot *lite = ms_snapshot_new();
     cJSON *j = NULL;
     if (lite) {
         lite->version = s->version;
         lite->n_suggestions = s->n_suggestions;
         memcpy(lite->suggestions, s->suggestions, sizeof s->suggestions);
+        memcpy(lite->advisor_note, s->advisor_note, sizeof s->advisor_note);
         j = ms_snapshot_to_json(lite);
         ms_snapshot_release(lite);
     }
@@ -116,6 +117,9 @@ static enum MHD_Result get_suggestions(ms_web *w, struct MHD_Connection *c) {
                               cJSON_DetachItemFromObjectCaseSensitive(j, "version"));
         cJSON_AddItemToObject(out, "suggestions",
                               cJSON_DetachItemFromObjectCaseSensitive(j, "suggestions"));
+        /* why there are none, when the advisor does not trust its model */
+        cJSON_AddItemToObject(out, "advisor_note",
+                              cJSON_DetachItemFromObjectCaseSensitive(j, "advisor_note"));
         text = cJSON_PrintUnformatted(out);
     }
     cJSON_Delete(j);
