@@ -148,7 +148,13 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
         ms_live_set_event(l, "advisor: %s", err.msg);
         return;
     }
-    ms_live_set_suggestions(l, out, got, open_at);
+    /* A model that has missed the measured step for rounds suggests nothing: the live model
+     * withdraws what is open and the views show why. */
+    const char *note = ms_advisor_note(j->advisor);
+    if (note[0])
+        ms_live_withhold_suggestions(l, note);
+    else
+        ms_live_set_suggestions(l, out, got, open_at);
 }
 
 /* The strategy JSON a request targets (owned copy): its own body, or the accepted

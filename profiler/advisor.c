@@ -17,6 +17,8 @@ struct ms_advisor {
     ms_plan_memo *memo;
     ms_plan_scales scales;
     int updates;
+    int off_rounds;          /* rounds in a row the model missed the measured step */
+    char note[MS_LIVE_TEXT]; /* ms_advisor_note */
 };
 
 ms_status ms_advisor_create(const ms_model_config *cfg, int world, int batch, int seq,
@@ -50,6 +52,10 @@ void ms_advisor_destroy(ms_advisor *a) {
 
 void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out) {
     *out = a->scales;
+}
+
+const char *ms_advisor_note(const ms_advisor *a) {
+    return a->note;
 }
 
 void ms_advisor_set_memory_cap(ms_advisor *a, double bytes) {
@@ -404,12 +410,15 @@ static void recalibrate(ms_advisor *a, const ms_strategy *current, const ms_anal
 }
 
 /* What the scales leave unexplained of the measured step becomes a per-step constant; then
- * *cur_e is the current strategy's estimate with every scale. */
+ * *cur_e is the current strategy's estimate with every scale, and *explained_s its step
+ * without that constant: what the model's terms account for. */
 static ms_status fit_overhead(ms_advisor *a, const ms_plan_problem *pb, const ms_strategy *cur,
-                              double measured_step_s, ms_plan_estimate *cur_e, ms_error *err) {
+                              double measured_step_s, ms_plan_estimate *cur_e, double *explained_s,
+                              ms_error *err) {
     ms_plan_scales noover = a->scales;
     noover.overhead_s = 0;
     MS_CHECK(ms_plan_estimate_one(pb, cur, &noover, cur_e, err));
+    *explained_s = cur_e->step_s;
     double resid = measured_step_s - cur_e->step_s;
     if (resid < -0.5 * cur_e->step_s) resid = -0.5 * cur_e->step_s;
     blend(&a->scales.overhead_s, resid, a->updates);
@@ -461,6 +470,28 @@ static int suggest(const ms_advisor *a, const ms_plan_problem *pb, const ms_stra
     return nt;
 }
 
+/* Between steps 1 and 2: whether this round may suggest. The per-step constant closes any gap
+ * between the scaled prediction and the measured step by construction, so the check is on what
+ * the scaled terms explain: a model that, even rescaled, misses the step by more than
+ * MS_ADVISOR_OFF_LIMIT does not know where that time goes, and what it predicts for other
+ * strategies is a guess. Such a round opens nothing (what is open stays: one noisy round must not
+ * take away what a user is about to accept); MS_ADVISOR_OFF_ROUNDS of them in a row are no noise,
+ * and a->note says so until a round agrees again. */
+static bool model_agrees(ms_advisor *a, double explained_s, double measured_step_s) {
+    double off = (explained_s - measured_step_s) / measured_step_s;
+    bool agrees = fabs(off) <= MS_ADVISOR_OFF_LIMIT;
+    a->off_rounds = agrees ? 0 : a->off_rounds + 1;
+    a->note[0] = '\0';
+    if (a->off_rounds >= MS_ADVISOR_OFF_ROUNDS)
+        snprintf(a->note, sizeof a->note,
+                 "the cost model is %.0f%% off the measured step for %d rounds (predicts %.1f ms, "
+                 "measured %.1f ms); relearning from the trace; no suggestions until it agrees "
+                 "within %.0f%%",
+                 100 * fabs(off), a->off_rounds, explained_s * 1e3, measured_step_s * 1e3,
+                 100 * MS_ADVISOR_OFF_LIMIT);
+    return agrees;
+}
+
 ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
                             double measured_step_s, double threshold, ms_suggestion *out, int max,
                             int *n, ms_error *err) {
@@ -479,7 +510,9 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
                             ms_strategy_name(current, name, sizeof name));
     }
     recalibrate(a, current, an, &pred, measured_step_s);
-    MS_CHECK(fit_overhead(a, &pb, current, measured_step_s, &cur_e, err));
+    double explained;
+    MS_CHECK(fit_overhead(a, &pb, current, measured_step_s, &cur_e, &explained, err));
+    if (!model_agrees(a, explained, measured_step_s)) return MS_OK;
     ms_suggestion *tmp = xcalloc(64, sizeof *tmp);
     int nt = suggest(a, &pb, current, &cur_e, measured_step_s, threshold, tmp);
     for (int i = 0; i < nt && i < max; i++) out[(*n)++] = tmp[i];

@@ -14,7 +14,13 @@
  *      with those factors;
  *   4. returns those predicted at least `threshold` faster (default 0.10) and within the
  *      memory cap, best first, as ms_suggestion values (profiler/live.h) with evidence in
- *      words and figures.
+ *      words and figures;
+ *   5. but none from a model that disagrees with the measure: a round in which the current
+ *      strategy's prediction with the learned scales (without the per-step constant, which
+ *      closes any gap by construction) is more than MS_ADVISOR_OFF_LIMIT off the measured
+ *      step returns nothing; after MS_ADVISOR_OFF_ROUNDS such rounds in a row, ms_advisor_note
+ *      says why until a round agrees again (the caller withdraws what is open). It keeps
+ *      relearning meanwhile.
  *
  * Everything is pure computation: no communication, no locks; the advisor compiles (without
  * communicators) each candidate's program once and keeps it. Not thread-safe: one caller.
@@ -33,6 +39,12 @@
 #include "profiler/live.h"
 
 #define MS_ADVISOR_DEFAULT_THRESHOLD 0.10
+/* The model is off when its prediction of the current step differs from the measured one by
+ * more than this share of it ... */
+#define MS_ADVISOR_OFF_LIMIT 0.25
+/* ... and it suggests nothing once that has held this many rounds in a row (10 s at the live
+ * job's 2 s period: one noisy window is not a wrong model). */
+#define MS_ADVISOR_OFF_ROUNDS 5
 
 typedef struct ms_advisor ms_advisor;
 
@@ -50,6 +62,12 @@ void ms_advisor_destroy(ms_advisor *a);
 ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_analysis *an,
                             double measured_step_s, double threshold, ms_suggestion *out, int max,
                             int *n, ms_error *err);
+
+/* Set once the model has disagreed with the measured step for MS_ADVISOR_OFF_ROUNDS updates
+ * in a row: why it suggests nothing ("the cost model is 41% off the measured step for 5 rounds
+ * (predicts 58.0 ms, measured 98.1 ms); relearning from the trace; no suggestions until it
+ * agrees within 25%"); "" otherwise. Owned by the advisor, valid until the next update. */
+const char *ms_advisor_note(const ms_advisor *a);
 
 /* The memory per rank a suggestion may need (the cap the job's switch applies); <= 0: the
  * cluster's usable memory shared by the ranks (the default). */
