@@ -1,5 +1,6 @@
 /* screen_suggestions.c - screen 6: strategies the job proposes. A list with each
- * suggestion's state and result; the selected one in detail; Enter or `a` opens a confirm
+ * suggestion's state and result (above it, why the advisor suggests nothing, while its model
+ * disagrees with the measured step); the selected one in detail; Enter or `a` opens a confirm
  * box (the strategy diff, predicted gain, evidence and memory check) where `y` accepts it
  * (accepting switches the job's strategy, so it always takes this second step); `x`
  * dismisses. */
@@ -18,6 +19,8 @@ static ms_tui_role state_role(int state) {
             return MS_ROLE_GOOD;
         case MS_SUGG_REFUSED:
             return MS_ROLE_BAD;
+        case MS_SUGG_WITHDRAWN:
+            return MS_ROLE_WARN;
         default:
             return MS_ROLE_DIM;
     }
@@ -81,6 +84,9 @@ static void draw_suggestions(ms_tui *t, const ms_snapshot *s, int y, int h, int 
     int end = y + h;
     ms_tui_text(p, y++, 0, w, p->role[MS_ROLE_TITLE],
                 "Suggestions (strategies predicted to run faster)");
+    if (s->advisor_note[0]) /* why there are none now; what is withdrawn stays listed */
+        y += wrapped(p, y, 2, w - 2, 3, p->role[MS_ROLE_WARN], s->advisor_note);
+    if (s->n_suggestions <= 0 && s->advisor_note[0]) return;
     if (s->n_suggestions <= 0) {
         ms_tui_text(p, y + 1, 2, w - 2, p->role[MS_ROLE_DIM],
                     "no suggestions yet: when the job finds a strategy it predicts to be "

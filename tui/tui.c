@@ -198,6 +198,11 @@ static void draw_header(ms_tui *t, const ms_snapshot *s, int w) {
     x += ms_tui_text(p, 1, x, w - x, p->role[MS_ROLE_VALUE], step);
     snprintf(line, sizeof line, "  %s  ", s->strategy[0] ? s->strategy : "-");
     x += ms_tui_text(p, 1, x, w - x, p->role[MS_ROLE_NORMAL], line);
+    if (s->advisor_note[0]) { /* the advisor does not trust its model: more than the job's info */
+        snprintf(line, sizeof line, "no advice: %s", s->advisor_note);
+        ms_tui_text(p, 1, x, w - x, p->role[MS_ROLE_WARN], line);
+        return;
+    }
     snprintf(line, sizeof line, "%s | %s | %d ranks | %s", s->info.model[0] ? s->info.model : "?",
              s->info.backend[0] ? s->info.backend : "?", s->info.nranks, t->src->where);
     ms_tui_text(p, 1, x, w - x, p->role[MS_ROLE_DIM], line);

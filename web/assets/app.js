@@ -505,7 +505,12 @@ function drawSuggestions() {
     say(`${mine.target} was not applied: ${mine.result || 'the run ended first'}`, true);
     view.accepted = 0;
   }
-  $('sugg-empty').hidden = sugg.length > 0;
+  // While the advisor's model disagrees with the measured step it suggests nothing: say why
+  // (what it had open stays listed as withdrawn, with the same reason).
+  const note = $('advisor-note');
+  setText(note, view.snap.advisor_note || '');
+  note.hidden = !view.snap.advisor_note;
+  $('sugg-empty').hidden = sugg.length > 0 || !!view.snap.advisor_note;
   // Update the list in place, keyed by id: rebuilding it on every snapshot replaced the
   // buttons under the pointer, and a click landing as that happened was lost.
   const old = new Map([...list.children].map((li) => [li.dataset.id, li]));
