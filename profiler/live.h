@@ -246,9 +246,9 @@ int ms_suggestions_next(const ms_suggestion *cur, int n_cur, const ms_suggestion
  * reopen there if their target is suggested at least open_at faster, and leave the list
  * otherwise (the advisor withdrew them, no one acted on them). */
 void ms_live_set_suggestions(ms_live *l, const ms_suggestion *s, int n, double open_at);
-/* The advisor does not trust its model (note says why, shown by the views as the snapshot's
- * advisor_note): every open suggestion is withdrawn, with the note as its result; pending and
- * acted-on ones stay as they are. */
+/* The advisor does not trust its model (note, copied, says why; the views show it as the
+ * snapshot's advisor_note): every open suggestion is withdrawn, with the note as its result;
+ * pending and acted-on ones stay as they are. */
 void ms_live_withhold_suggestions(ms_live *l, const char *note);
 /* The suggestion lifecycle has one owner, this model: every state change is one of the calls
  * below (and accept / dismiss in ms_live_post, open in ms_live_set_suggestions). The job only

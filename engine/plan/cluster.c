@@ -1,5 +1,6 @@
 /* cluster.c - cluster descriptions: JSON in and out, presets, the rate and collective models.
- * The cpu-local measurement lives in calibrate.c. */
+ * The cpu-local measurement lives in calibrate.c, its cache (key, quiet check) in
+ * calib_cache.c. */
 #include "engine/plan/cluster.h"
 #include "engine/plan/calib_cache.h"
 
