@@ -40,7 +40,8 @@ fail() {
 
 # Marks this job's processes, so that the ranks are found by their environment and never
 # confused with another job's.
-export MS_STALL_TEST_JOB="$$.$RANDOM"
+. "$(dirname "$0")/mpi_ranks.sh"
+ms_mpi_job_mark
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$mpiexec" --oversubscribe --bind-to none --mca btl self,vader -np 4 \
   "$bin" train --model "$src/configs/gpt-tiny.json" --data "$data" "${mesh[@]}" --backend mpi \
@@ -48,27 +49,14 @@ export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS
   >"$tmp/out" 2>"$tmp/err" &
 mpirun_pid=$!
 
-# The pid of every rank of this job, as "RANK PID" lines.
-ranks() {
-  local e p r env
-  for e in /proc/[0-9]*/environ; do
-    p=${e#/proc/}
-    p=${p%/environ}
-    env=$({ tr '\0' '\n' <"$e"; } 2>/dev/null)
-    grep -qx "MS_STALL_TEST_JOB=$MS_STALL_TEST_JOB" <<<"$env" || continue
-    r=$(sed -n 's/^OMPI_COMM_WORLD_RANK=//p' <<<"$env")
-    [ -n "$r" ] && echo "$r $p"
-  done
-}
-
 # Under way: a few steps logged (so every collective has run) and all four ranks seen.
 for _ in $(seq 1 240); do
   kill -0 "$mpirun_pid" 2>/dev/null || fail "the job ended before a rank was stopped"
-  [ "$(grep -c '^step' "$tmp/out")" -ge 3 ] && [ "$(ranks | wc -l)" -eq 4 ] && break
+  [ "$(grep -c '^step' "$tmp/out")" -ge 3 ] && [ "$(ms_mpi_job_ranks | wc -l)" -eq 4 ] && break
   sleep 0.5
 done
 [ "$(grep -c '^step' "$tmp/out")" -ge 3 ] || fail "training did not get under way"
-ranks >"$tmp/ranks"
+ms_mpi_job_ranks >"$tmp/ranks"
 stopped=$(awk -v r="$stall" '$1 == r { print $2 }' "$tmp/ranks")
 [ -n "$stopped" ] || fail "no process has OMPI_COMM_WORLD_RANK=$stall"
 kill "-$fault" "$stopped"
