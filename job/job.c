@@ -169,12 +169,18 @@ void job_report_flight(const char *cmd, bool mpi) {
 }
 
 /* Flight recorder dumps go to --flight-dir, else $MS_FLIGHT_DIR, else ./meshscope-flight; a
- * terminated rank dumps too. */
-static void arm_flight_recorder(const run_opts *o) {
+ * terminated rank dumps too. The recorders of this process's ranks are made now, each with its
+ * live record there: a rank killed before its first collective still leaves one, and one
+ * that left none at all is named by the others' (they know the world's size). */
+static void arm_flight_recorder(const run_opts *o, int nranks) {
     if (o->flight_dir)
         ms_flight_set_dir(o->flight_dir);
     else if (!ms_flight_dir())
         ms_flight_set_dir("meshscope-flight");
+    if (o->backend == MS_BACKEND_MPI)
+        ms_flight_prepare(ms_mpi_launch_rank(), nranks);
+    else
+        for (int r = 0; r < nranks; r++) ms_flight_prepare(r, nranks);
     ms_flight_install_signals();
 }
 
@@ -195,7 +201,7 @@ static void report_abandoned(const ms_error *err, const int *stuck, int n_stuck,
 ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, ms_rank_fn fn,
                      void *arg, ms_error *err) {
     int nranks = plan->world_size;
-    arm_flight_recorder(o);
+    arm_flight_recorder(o, nranks);
     if (o->backend == MS_BACKEND_MPI) {
         int argc = 0;
         char **argv = NULL;

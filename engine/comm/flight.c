@@ -1,9 +1,15 @@
-/* flight.c - the per-rank flight recorder and its signal-safe dumps (flight.h).
+/* flight.c - the per-rank flight recorder, its live records and its signal-safe dumps
+ * (flight.h).
  *
  * Everything that may run in a signal handler (dump_to_fd, ms_flight_describe and the text
  * writer below) formats by hand into a caller's buffer and writes with write(2): no stdio, no
- * allocation, no locks. The handler reads the rings without their mutexes; a call recorded at
- * that very moment may come out torn, which a post-mortem can live with. */
+ * allocation, no locks. The handler reads the rings without their mutexes; a slot being
+ * rewritten at that moment has ticket 0 and is skipped.
+ *
+ * A live record is the recorder's log itself, mapped MAP_SHARED from its file: every store is
+ * in the kernel's page cache the moment it is made, so it outlives a SIGKILL. Slots are
+ * written ticket last (after a compiler fence), so a process killed mid-write leaves an empty
+ * slot rather than a torn one; the reader checks every field anyway. */
 #include "engine/comm/flight.h"
 
 #include <errno.h>
@@ -11,22 +17,46 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h> /* rename(2) alone: it is async-signal-safe, stdio's streams are not */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/comm/comm_impl.h"
 #include "engine/core/xalloc.h"
 
-struct ms_flight {
-    pthread_mutex_t mu; /* guards ring and next */
-    int rank;
-    uint64_t next; /* tickets handed out */
-    atomic_bool dumped;
-    char path[512]; /* of the dump, once dumped */
-    char host[64];  /* the rank's host name, read at creation (dumps are signal-safe) */
+#define LIVE_MAGIC   "msflight" /* 8 bytes, no NUL */
+#define LIVE_VERSION 1
+
+/* A recorder's log exactly as its live record holds it (docs/formats.md, "Live records"): this
+ * header, then the ring. Native byte order and layout: the doctor of the same build reads it,
+ * and refuses a record whose sizes differ. */
+typedef struct flight_head {
+    char magic[8]; /* written last: a record cut off while created has none */
+    uint32_t version, header_size, entry_size, ring_size;
+    int32_t rank, world_size, pid, term_sig;
+    char host[64];   /* the rank's host name, read at creation (dumps are signal-safe) */
+    uint64_t next;   /* tickets handed out */
+    int64_t last_ns; /* the newest record's time */
+    int64_t term_ns; /* when SIGTERM or SIGABRT arrived; 0: none */
+} flight_head;
+
+typedef struct flight_log {
+    flight_head h;
     ms_flight_entry ring[MS_FLIGHT_RING];
+} flight_log;
+
+struct ms_flight {
+    pthread_mutex_t mu; /* guards log (the pointer and what it holds), mapped and live */
+    int rank;
+    atomic_bool dumped;
+    bool mapped;    /* log is a file mapping (munmap), else heap (free) */
+    char path[512]; /* of the dump, once dumped */
+    char live[512]; /* of the live record while it exists; "" otherwise */
+    flight_log *log;
 };
 
 static _Atomic(ms_flight *) recorders[MS_COMM_MAX_RANKS];
@@ -43,7 +73,8 @@ const char *ms_flight_state_name(ms_flight_state s) {
 
 /* --- a text writer that is safe in a signal handler ------------------------------------ */
 
-/* Appends to p[0..cap); with fd >= 0 a full buffer is written out, otherwise text is cut. */
+/* Appends to p[0..cap); with fd >= 0 a full buffer is written out, otherwise text is cut. A
+ * write that fails (a full disk) sets fd to -1: the rest is cut, and the caller can tell. */
 typedef struct text {
     char *p;
     size_t n, cap;
@@ -55,7 +86,10 @@ static void text_flush(text *t) {
     while (t->fd >= 0 && off < t->n) {
         ssize_t k = write(t->fd, t->p + off, t->n - off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
+        if (k <= 0) {
+            t->fd = -1;
+            break;
+        }
         off += (size_t)k;
     }
     t->n = 0;
@@ -178,19 +212,157 @@ int64_t ms_flight_span_ns(int64_t from, int64_t to) {
     return d > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)d;
 }
 
+/* --- live records ---------------------------------------------------------------------- */
+
+/* mkdir -p of dir (signal-safe). */
+static void make_dirs(const char *dir) {
+    char p[sizeof dump_dir];
+    size_t n = 0;
+    for (; dir[n] && n + 1 < sizeof p; n++) {
+        if (dir[n] == '/' && n) {
+            p[n] = '\0';
+            mkdir(p, 0755);
+        }
+        p[n] = dir[n];
+    }
+    p[n] = '\0';
+    mkdir(p, 0755);
+}
+
+/* Creates path for writing (signal-safe), making its folder first: a second time when the
+ * folder went in between (another process of the job exited and removed it, empty). */
+static int create_in(const char *dir, const char *path, int flags) {
+    int fd = -1;
+    for (int i = 0; i < 2 && fd < 0; i++) {
+        make_dirs(dir);
+        fd = open(path, flags | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 && errno != ENOENT) break;
+    }
+    return fd;
+}
+
+/* DIR/flight-rank<R>-pid<P><suffix> into out[0..len) (signal-safe). */
+static void record_path(const char *dir, int rank, const char *suffix, char *out, size_t len) {
+    text p = {out, 0, len, -1};
+    out[0] = '\0';
+    put_s(&p, dir);
+    put_s(&p, "/flight-rank");
+    put_i(&p, rank);
+    put_s(&p, "-pid");
+    put_i(&p, getpid());
+    put_s(&p, suffix);
+}
+
+static pid_t exit_pid; /* the process whose live records the exit hook removes */
+
+/* At a normal exit, nothing went wrong that the records must tell: they go, and so does the
+ * folder when that leaves it empty (it was made for them). A forked child that exits owns
+ * none of them. */
+static void remove_live_records(void) {
+    if (getpid() != exit_pid) return;
+    for (int r = 0; r < MS_COMM_MAX_RANKS; r++) {
+        ms_flight *f = atomic_load(&recorders[r]);
+        if (!f) continue;
+        pthread_mutex_lock(&f->mu);
+        if (f->live[0]) unlink(f->live);
+        f->live[0] = '\0';
+        pthread_mutex_unlock(&f->mu);
+    }
+    if (atomic_load(&dir_set)) rmdir(dump_dir);
+}
+
+/* A log mapped from f's new live record in dir (its path into f->live), zero-filled; NULL
+ * when the file cannot be made. Its blocks are allocated up front: a store into a mapping of
+ * a sparse file on a full disk would kill the process with SIGBUS. */
+static flight_log *live_open(ms_flight *f, const char *dir) {
+    record_path(dir, f->rank, ".ring", f->live, sizeof f->live);
+    int fd = create_in(dir, f->live, O_RDWR);
+    void *p = MAP_FAILED;
+    if (fd >= 0 && posix_fallocate(fd, 0, sizeof(flight_log)) == 0)
+        p = mmap(NULL, sizeof(flight_log), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (p == MAP_FAILED) {
+        if (fd >= 0) unlink(f->live);
+        f->live[0] = '\0';
+        return NULL;
+    }
+    static atomic_bool hooked;
+    if (!atomic_exchange(&hooked, true)) {
+        exit_pid = getpid();
+        atexit(remove_live_records);
+    }
+    return p;
+}
+
+/* Fills l's header, from src's when there is one, magic last. */
+static void log_header(flight_log *l, const flight_head *src, int rank) {
+    l->h.version = LIVE_VERSION;
+    l->h.header_size = (uint32_t)offsetof(flight_log, ring);
+    l->h.entry_size = (uint32_t)sizeof(ms_flight_entry);
+    l->h.ring_size = MS_FLIGHT_RING;
+    l->h.rank = rank;
+    l->h.pid = (int32_t)getpid();
+    if (src) {
+        memcpy(l->h.host, src->host, sizeof l->h.host);
+        l->h.world_size = src->world_size;
+        l->h.next = src->next;
+        l->h.last_ns = src->last_ns;
+        l->h.term_ns = src->term_ns;
+        l->h.term_sig = src->term_sig;
+    } else if (gethostname(l->h.host, sizeof l->h.host - 1) != 0) {
+        l->h.host[0] = '\0';
+    }
+    atomic_signal_fence(memory_order_seq_cst);
+    memcpy(l->h.magic, LIVE_MAGIC, sizeof l->h.magic);
+}
+
+/* Whether path names a file directly in dir. */
+static bool in_dir(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    return !strncmp(path, dir, n) && path[n] == '/' && !strchr(path + n + 1, '/');
+}
+
+/* Puts f's log where it belongs (under f->mu, or before f is published): in a live record in
+ * dir while f has not dumped, else in memory (its dump is its record). A log that moves to a
+ * new file is copied there, entries first, and its old file removed. */
+static void log_attach(ms_flight *f, const char *dir) {
+    bool want = dir && !atomic_load(&f->dumped);
+    if (f->log && (want ? f->live[0] && in_dir(f->live, dir) : !f->live[0])) return;
+    if (!want && f->log) { /* the mapping of a removed file serves as memory */
+        unlink(f->live);
+        f->live[0] = '\0';
+        return;
+    }
+    char old_live[sizeof f->live];
+    memcpy(old_live, f->live, sizeof old_live);
+    flight_log *old = f->log, *l = want ? live_open(f, dir) : NULL;
+    bool mapped = l != NULL;
+    if (!l) l = xcalloc(1, sizeof *l);
+    if (old) memcpy(l->ring, old->ring, sizeof l->ring);
+    log_header(l, old ? &old->h : NULL, f->rank);
+    f->log = l;
+    if (old_live[0]) unlink(old_live);
+    if (old && f->mapped)
+        munmap(old, sizeof *old);
+    else
+        free(old);
+    f->mapped = mapped;
+}
+
 /* --- recorders ------------------------------------------------------------------------- */
 
 ms_flight *ms_flight_for_rank(int world_rank) {
     if (world_rank < 0 || world_rank >= MS_COMM_MAX_RANKS) return NULL;
     ms_flight *f = atomic_load(&recorders[world_rank]);
     if (f) return f;
+    const char *dir = ms_flight_dir(); /* before create_mu: it may move existing recorders */
     pthread_mutex_lock(&create_mu);
     f = atomic_load(&recorders[world_rank]);
     if (!f) {
         f = xcalloc(1, sizeof *f);
         pthread_mutex_init(&f->mu, NULL);
         f->rank = world_rank;
-        if (gethostname(f->host, sizeof f->host - 1) != 0) f->host[0] = '\0';
+        log_attach(f, dir);
         atomic_store(&recorders[world_rank], f);
     }
     pthread_mutex_unlock(&create_mu);
@@ -201,13 +373,23 @@ int ms_flight_rank(const ms_flight *f) {
     return f->rank;
 }
 
+void ms_flight_prepare(int world_rank, int world_size) {
+    ms_flight *f = ms_flight_for_rank(world_rank);
+    if (!f) return;
+    pthread_mutex_lock(&f->mu);
+    if (world_size > 0 && world_size <= MS_FLIGHT_MAX_RANK + 1) f->log->h.world_size = world_size;
+    pthread_mutex_unlock(&f->mu);
+}
+
 uint64_t ms_flight_issue(ms_flight *f, const ms_flight_comm *fc, const ms_flight_call *call,
                          int64_t now_ns) {
     if (!f) return 0;
     pthread_mutex_lock(&f->mu);
-    uint64_t ticket = ++f->next;
-    ms_flight_entry *e = &f->ring[(ticket - 1) % MS_FLIGHT_RING];
-    e->ticket = ticket;
+    flight_log *l = f->log;
+    uint64_t ticket = l->h.next + 1;
+    ms_flight_entry *e = &l->ring[(ticket - 1) % MS_FLIGHT_RING];
+    e->ticket = 0; /* empty until whole, for a handler or a kill in the middle */
+    atomic_signal_fence(memory_order_seq_cst);
     e->seq = call->seq;
     e->t_issue_ns = now_ns;
     e->t_start_ns = e->t_end_ns = 0;
@@ -222,13 +404,17 @@ uint64_t ms_flight_issue(ms_flight *f, const ms_flight_comm *fc, const ms_flight
     e->status = MS_OK;
     e->n_missing = 0;
     e->comm = *fc;
+    atomic_signal_fence(memory_order_seq_cst);
+    e->ticket = ticket;
+    l->h.next = ticket;
+    l->h.last_ns = now_ns;
     pthread_mutex_unlock(&f->mu);
     return ticket;
 }
 
 /* The live slot of ticket, or NULL when the ring has moved past it. Under f->mu. */
 static ms_flight_entry *slot(ms_flight *f, uint64_t ticket) {
-    ms_flight_entry *e = &f->ring[(ticket - 1) % MS_FLIGHT_RING];
+    ms_flight_entry *e = &f->log->ring[(ticket - 1) % MS_FLIGHT_RING];
     return ticket && e->ticket == ticket ? e : NULL;
 }
 
@@ -236,7 +422,12 @@ void ms_flight_start(ms_flight *f, uint64_t ticket, int64_t now_ns) {
     if (!f) return;
     pthread_mutex_lock(&f->mu);
     ms_flight_entry *e = slot(f, ticket);
-    if (e) e->t_start_ns = now_ns, e->state = MS_FLIGHT_STARTED;
+    if (e) {
+        e->t_start_ns = now_ns;
+        atomic_signal_fence(memory_order_seq_cst); /* the state never claims a missing time */
+        e->state = MS_FLIGHT_STARTED;
+        f->log->h.last_ns = now_ns;
+    }
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -248,20 +439,22 @@ void ms_flight_end(ms_flight *f, uint64_t ticket, ms_status st, const int *missi
     if (e) {
         if (!e->t_start_ns) e->t_start_ns = now_ns; /* refused before it began */
         e->t_end_ns = now_ns;
-        e->state = st == MS_OK ? MS_FLIGHT_DONE : MS_FLIGHT_FAILED;
         e->status = (int16_t)st;
-        e->n_missing = 0;
-        for (int i = 0; i < n_missing && i < MS_FLIGHT_MAX_MISSING; i++)
-            e->missing[e->n_missing++] = (int16_t)missing[i];
+        int n = n_missing < MS_FLIGHT_MAX_MISSING ? n_missing : MS_FLIGHT_MAX_MISSING;
+        for (int i = 0; i < n; i++) e->missing[i] = (int16_t)missing[i];
+        atomic_signal_fence(memory_order_seq_cst);
+        e->n_missing = (int16_t)(n > 0 ? n : 0);
+        e->state = st == MS_OK ? MS_FLIGHT_DONE : MS_FLIGHT_FAILED;
+        f->log->h.last_ns = now_ns;
     }
     pthread_mutex_unlock(&f->mu);
 }
 
 /* Visits f's entries oldest first (no lock: the caller holds it, or is a signal handler). */
 #define FOR_EACH_ENTRY(f, e)                                                                       \
-    for (uint64_t t_ = (f)->next > MS_FLIGHT_RING ? (f)->next - MS_FLIGHT_RING + 1 : 1;            \
-         t_ <= (f)->next; t_++)                                                                    \
-        for (const ms_flight_entry *e = &(f)->ring[(t_ - 1) % MS_FLIGHT_RING]; e; e = NULL)        \
+    for (uint64_t n_ = (f)->log->h.next, t_ = n_ > MS_FLIGHT_RING ? n_ - MS_FLIGHT_RING + 1 : 1;   \
+         t_ <= n_; t_++)                                                                           \
+        for (const ms_flight_entry *e = &(f)->log->ring[(t_ - 1) % MS_FLIGHT_RING]; e; e = NULL)   \
             if (e->ticket == t_)
 
 int ms_flight_snapshot(ms_flight *f, ms_flight_entry *out, int cap) {
@@ -275,14 +468,19 @@ int ms_flight_snapshot(ms_flight *f, ms_flight_entry *out, int cap) {
 }
 
 void ms_flight_reset(void) {
+    const char *dir = ms_flight_dir();
     for (int r = 0; r < MS_COMM_MAX_RANKS; r++) {
         ms_flight *f = atomic_load(&recorders[r]);
         if (!f) continue;
         pthread_mutex_lock(&f->mu);
-        f->next = 0;
-        memset(f->ring, 0, sizeof f->ring);
+        flight_head *h = &f->log->h;
+        h->next = 0;
+        h->last_ns = h->term_ns = 0;
+        h->term_sig = h->world_size = 0;
+        memset(f->log->ring, 0, sizeof f->log->ring);
         f->path[0] = '\0';
         atomic_store(&f->dumped, false);
+        log_attach(f, dir);
         pthread_mutex_unlock(&f->mu);
     }
 }
@@ -365,6 +563,13 @@ void ms_flight_set_dir(const char *dir) {
     dump_dir[0] = '\0';
     if (dir) put_s(&t, dir);
     atomic_store(&dir_set, dump_dir[0] != '\0');
+    for (int r = 0; r < MS_COMM_MAX_RANKS; r++) {
+        ms_flight *f = atomic_load(&recorders[r]);
+        if (!f) continue;
+        pthread_mutex_lock(&f->mu);
+        log_attach(f, atomic_load(&dir_set) ? dump_dir : NULL);
+        pthread_mutex_unlock(&f->mu);
+    }
 }
 
 /* The first dumps of a process may come from several rank threads at once: one of them
@@ -379,21 +584,6 @@ const char *ms_flight_dir(void) {
         pthread_mutex_unlock(&env_mu);
     }
     return atomic_load(&dir_set) ? dump_dir : NULL;
-}
-
-/* mkdir -p of dir (signal-safe). */
-static void make_dirs(const char *dir) {
-    char p[sizeof dump_dir];
-    size_t n = 0;
-    for (; dir[n] && n + 1 < sizeof p; n++) {
-        if (dir[n] == '/' && n) {
-            p[n] = '\0';
-            mkdir(p, 0755);
-        }
-        p[n] = dir[n];
-    }
-    p[n] = '\0';
-    mkdir(p, 0755);
 }
 
 static void field_i(text *t, const char *key, int64_t v) {
@@ -435,45 +625,49 @@ static void put_entry(text *t, const ms_flight_entry *e) {
     put_s(t, "]}\n");
 }
 
-/* Writes f's dump to fd: a header line, then its entries oldest first. */
-static void dump_to_fd(const ms_flight *f, const char *reason, int fd) {
+/* Writes f's dump to fd: a header line, then its entries oldest first. Whether every byte was
+ * written. */
+static bool dump_to_fd(const ms_flight *f, const char *reason, int fd) {
     char buf[2048];
     text t = {buf, 0, sizeof buf, fd};
-    uint64_t n = f->next < MS_FLIGHT_RING ? f->next : MS_FLIGHT_RING;
+    const flight_head *h = &f->log->h;
+    uint64_t n = h->next < MS_FLIGHT_RING ? h->next : MS_FLIGHT_RING;
     put_s(&t, "{\"flight\":1,\"rank\":");
     put_i(&t, f->rank);
     field_i(&t, "pid", getpid());
-    field_s(&t, "host", f->host);
+    field_s(&t, "host", h->host);
+    field_i(&t, "world", h->world_size);
     field_s(&t, "reason", reason);
     field_i(&t, "now_ns", ms_now_ns());
     field_i(&t, "entries", (int64_t)n);
-    field_i(&t, "dropped", (int64_t)(f->next - n));
+    field_i(&t, "dropped", (int64_t)(h->next - n));
     put_s(&t, "}\n");
     FOR_EACH_ENTRY(f, e) put_entry(&t, e);
     text_flush(&t);
+    return t.fd >= 0;
 }
 
-/* Creates f's dump file and writes it (signal-safe; the caller holds f->mu or is a handler). */
+/* Writes f's dump (signal-safe; the caller holds f->mu or is a handler): under a temporary
+ * name, renamed into place once whole, so that a SIGKILL in the middle leaves no cut dump but
+ * the live record, which then goes. */
 static bool dump_unlocked(ms_flight *f, const char *reason) {
     const char *dir = atomic_load(&dir_set) ? dump_dir : NULL;
     if (!dir) return false;
     bool expected = false;
     if (!atomic_compare_exchange_strong(&f->dumped, &expected, true)) return f->path[0] != '\0';
-    make_dirs(dir);
-    text p = {f->path, 0, sizeof f->path, -1};
-    put_s(&p, dir);
-    put_s(&p, "/flight-rank");
-    put_i(&p, f->rank);
-    put_s(&p, "-pid");
-    put_i(&p, getpid());
-    put_s(&p, ".jsonl");
-    int fd = open(f->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
+    char tmp[sizeof f->path + 8];
+    record_path(dir, f->rank, ".jsonl", f->path, sizeof f->path);
+    record_path(dir, f->rank, ".jsonl.tmp", tmp, sizeof tmp);
+    int fd = create_in(dir, tmp, O_WRONLY);
+    bool ok = fd >= 0 && dump_to_fd(f, reason, fd);
+    if (fd >= 0 && close(fd) != 0) ok = false;
+    if (!ok || rename(tmp, f->path) != 0) {
+        if (fd >= 0) unlink(tmp);
         f->path[0] = '\0';
         return false;
     }
-    dump_to_fd(f, reason, fd);
-    close(fd);
+    if (f->live[0]) unlink(f->live);
+    f->live[0] = '\0';
     return true;
 }
 
@@ -506,9 +700,19 @@ static ms_flight_entry sig_entries[MS_FLIGHT_RING]; /* the handler's scratch: no
 static void on_fatal_signal(int sig) {
     const char *reason = sig == SIGTERM ? "SIGTERM" : "SIGABRT";
     int64_t now = ms_now_ns();
+    /* The marks first, for every rank: mpirun sends SIGKILL as soon as one rank of its has
+     * ended (its sleep between the two signals ends at the first SIGCHLD), which may be
+     * before this process gets through its dumps; the live records then say what came. */
     for (int r = 0; r < MS_COMM_MAX_RANKS; r++) {
         ms_flight *f = atomic_load(&recorders[r]);
-        if (!f || !f->next) continue;
+        if (!f) continue;
+        f->log->h.term_ns = now;
+        atomic_signal_fence(memory_order_seq_cst);
+        f->log->h.term_sig = sig;
+    }
+    for (int r = 0; r < MS_COMM_MAX_RANKS; r++) {
+        ms_flight *f = atomic_load(&recorders[r]);
+        if (!f) continue;
         bool had = atomic_load(&f->dumped);
         dump_unlocked(f, reason);
         int n = 0;
@@ -540,6 +744,90 @@ void ms_flight_install_signals(void) {
     sigaction(SIGABRT, &sa, NULL);
 }
 
+/* --- live records, read back ----------------------------------------------------------- */
+
+size_t ms_flight_live_size(void) {
+    return sizeof(flight_log);
+}
+
+/* Whether e, read from a live record, holds what a recorder writes: every enum in range, ranks
+ * as a dump's reader accepts them (flight_doctor.c), strings terminated. */
+static bool entry_valid(const ms_flight_entry *e) {
+    if (e->kind >= MS_COLL_KIND_COUNT || e->dtype >= MS_COMM_DTYPE_COUNT ||
+        e->state >= MS_FLIGHT_STATE_COUNT || e->status < 0 || e->status >= MS_STATUS_COUNT ||
+        (e->p2p_send != 0 && e->p2p_send != 1) || e->root < -1 || e->peer < -1 || e->n_p2p < 0 ||
+        e->n_missing < 0 || e->n_missing > MS_FLIGHT_MAX_MISSING)
+        return false;
+    for (int i = 0; i < e->n_missing; i++)
+        if (e->missing[i] < 0) return false;
+    const ms_flight_comm *c = &e->comm;
+    return memchr(c->name, '\0', sizeof c->name) && memchr(c->ranks, '\0', sizeof c->ranks) &&
+           c->rank >= 0 && c->rank <= MS_FLIGHT_MAX_RANK && c->size >= 0 &&
+           c->size <= MS_FLIGHT_MAX_RANK && ms_flight_parse_ranks(c->ranks, NULL, 0) >= 0;
+}
+
+/* The header at bytes into *h and *info; NULL when it is one, else what is wrong. */
+static const char *read_head(const void *bytes, size_t len, flight_head *h, ms_flight_live *info) {
+    if (len != sizeof(flight_log))
+        return "its size is not that of a live record of this build (another version wrote it, "
+               "or it is no live record)";
+    memcpy(h, bytes, sizeof *h);
+    if (memcmp(h->magic, LIVE_MAGIC, sizeof h->magic))
+        return "it does not begin as a live record does (the rank was killed while creating it, "
+               "or it is no live record)";
+    if (h->version != LIVE_VERSION || h->header_size != offsetof(flight_log, ring) ||
+        h->entry_size != sizeof(ms_flight_entry) || h->ring_size != MS_FLIGHT_RING)
+        return "its layout is not this build's (another version wrote it)";
+    if (h->rank < 0 || h->rank > MS_FLIGHT_MAX_RANK || h->world_size < 0 ||
+        h->world_size > MS_FLIGHT_MAX_RANK + 1)
+        return "its rank or world size is out of range (0..32767)";
+    memset(info, 0, sizeof *info);
+    info->rank = h->rank;
+    info->world_size = h->world_size;
+    info->pid = h->pid;
+    memcpy(info->host, h->host, sizeof info->host - 1);
+    bool term = h->term_sig == SIGTERM || h->term_sig == SIGABRT;
+    info->term_sig = term ? h->term_sig : 0;
+    info->term_ns = term ? h->term_ns : 0;
+    info->last_ns = h->last_ns;
+    return NULL;
+}
+
+static int by_ticket(const void *a, const void *b) {
+    const ms_flight_entry *x = a, *y = b;
+    return (x->ticket > y->ticket) - (x->ticket < y->ticket);
+}
+
+int ms_flight_live_read(const void *bytes, size_t len, ms_flight_live *info, ms_flight_entry *out,
+                        const char **why) {
+    flight_head h;
+    *why = read_head(bytes, len, &h, info);
+    if (*why) return -1;
+    /* Each slot holds the ticket it was written for; the newest MS_FLIGHT_RING tickets are the
+     * ring (an empty or torn slot is left out, a stale one is older than those). */
+    const unsigned char *ring = (const unsigned char *)bytes + offsetof(flight_log, ring);
+    uint64_t newest = 0;
+    int n = 0;
+    for (int i = 0; i < MS_FLIGHT_RING; i++) {
+        ms_flight_entry *e = &out[n];
+        memcpy(e, ring + sizeof *e * (size_t)i, sizeof *e);
+        if (!e->ticket || (e->ticket - 1) % MS_FLIGHT_RING != (uint64_t)i) continue;
+        if (!entry_valid(e)) {
+            info->torn++;
+            continue;
+        }
+        if (e->ticket > newest) newest = e->ticket;
+        n++;
+    }
+    int kept = 0;
+    uint64_t oldest = newest > MS_FLIGHT_RING ? newest - MS_FLIGHT_RING + 1 : 1;
+    for (int i = 0; i < n; i++)
+        if (out[i].ticket >= oldest) out[kept++] = out[i];
+    qsort(out, (size_t)kept, sizeof *out, by_ticket);
+    info->dropped = newest - (uint64_t)kept;
+    return kept;
+}
+
 /* --- hang alerts ----------------------------------------------------------------------- */
 
 static int cmp_i64(const void *a, const void *b) {
@@ -552,8 +840,9 @@ static int cmp_i64(const void *a, const void *b) {
 static int64_t usual_ns(const ms_flight *f, const ms_flight_entry *w) {
     int64_t d[15];
     int k = 0;
-    for (uint64_t t = f->next; t >= 1 && t + MS_FLIGHT_RING > f->next && k < 15; t--) {
-        const ms_flight_entry *e = &f->ring[(t - 1) % MS_FLIGHT_RING];
+    uint64_t next = f->log->h.next;
+    for (uint64_t t = next; t >= 1 && t + MS_FLIGHT_RING > next && k < 15; t--) {
+        const ms_flight_entry *e = &f->log->ring[(t - 1) % MS_FLIGHT_RING];
         if (e->ticket == t && e->state == MS_FLIGHT_DONE && e->kind == w->kind &&
             e->comm.id == w->comm.id)
             d[k++] = e->t_end_ns - e->t_start_ns;
@@ -615,7 +904,7 @@ bool ms_flight_hang_alert(int64_t now_ns, double factor, int64_t min_ns, char *o
     for (int i = 0; i < n; i++) {
         /* an MPI world may be larger than the ranks that keep a recorder here */
         ms_flight *m = members[i] < MS_COMM_MAX_RANKS ? atomic_load(&recorders[members[i]]) : NULL;
-        if (!m || !m->next) {
+        if (!m || !m->log->h.next) {
             unknown++;
         } else if (!has_entered(m, h.e.comm.id, h.e.seq)) {
             put_s(&t, absent++ ? ", " : "; not arrived: rank ");

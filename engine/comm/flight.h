@@ -14,7 +14,14 @@
  * (DIR from ms_flight_set_dir; no dumps until it is set, or MS_FLIGHT_DIR in the environment).
  * ms_flight_install_signals makes SIGTERM and SIGABRT dump every recorder of the process too,
  * signal-safely (preformatted with no allocation, written with write(2)), then die as before.
- * `meshscope doctor DIR` reads the dumps (profiler/flight_doctor.h). */
+ * A dump is written under a temporary name and renamed: it is whole or absent.
+ *
+ * Live records: while DIR is set, each recorder's ring lives in a file-backed shared mapping,
+ * DIR/flight-rank<R>-pid<P>.ring, written in place by every call. A process killed at any
+ * instant (mpirun's SIGKILL a few milliseconds after its SIGTERM, before the handler got to
+ * run or finished its dump) leaves the kernel's copy of its last state on disk. The record is
+ * removed once its dump is written, when DIR changes and when the process exits normally.
+ * `meshscope doctor DIR` reads dumps and live records (profiler/flight_doctor.h). */
 #ifndef MS_FLIGHT_H
 #define MS_FLIGHT_H
 
@@ -75,9 +82,14 @@ typedef struct ms_flight ms_flight;
 void ms_flight_comm_init(ms_flight_comm *fc, const char *name, const int *world_ranks, int size,
                          int rank);
 
-/* The recorder of world rank `world_rank`, created on first use; NULL when out of range. */
+/* The recorder of world rank `world_rank`, created on first use (with its live record when
+ * DIR is set); NULL when out of range. Recorders live as long as the process. */
 ms_flight *ms_flight_for_rank(int world_rank);
 int ms_flight_rank(const ms_flight *f);
+/* Creates the recorder of world_rank before its first call and notes the size of its world, so
+ * that a rank killed before it communicated still leaves a record, and the doctor can name
+ * ranks that left none. Launchers call it for each rank they run, once DIR is set. */
+void ms_flight_prepare(int world_rank, int world_size);
 
 /* Records a call; returns its ticket for ms_flight_start / ms_flight_end. */
 typedef struct ms_flight_call {
@@ -99,12 +111,15 @@ void ms_flight_end(ms_flight *f, uint64_t ticket, ms_status st, const int *missi
 
 /* Copies the recorder's entries, oldest first, into out[0..cap); returns how many. */
 int ms_flight_snapshot(ms_flight *f, ms_flight_entry *out, int cap);
-/* Forgets every recorder's entries and dumps (tests run many jobs in one process). */
+/* Forgets every recorder's entries and dumps (tests run many jobs in one process); a recorder
+ * whose live record went with its dump gets a new one when DIR is set. */
 void ms_flight_reset(void);
 
 /* --- dumps ---------------------------------------------------------------------------- */
 
-/* Where dumps go; NULL or "" turns them off. Copied. */
+/* Where dumps and live records go; NULL or "" turns them off. Copied. Existing recorders move
+ * their live records to the new DIR (the old files are removed; none without a DIR). Not while
+ * a signal may dump: launchers set it before their ranks start. */
 void ms_flight_set_dir(const char *dir);
 const char *ms_flight_dir(void);
 /* Dumps f once (later calls do nothing) with `reason`; creates the folder. Returns whether a
@@ -112,8 +127,9 @@ const char *ms_flight_dir(void);
 bool ms_flight_dump(ms_flight *f, const char *reason, char *path, size_t len);
 /* Whether this process dumped any recorder, and the path of the i-th dump (NULL past it). */
 const char *ms_flight_dump_path(int i);
-/* SIGTERM and SIGABRT dump every recorder of the process (reason "SIGTERM"/"SIGABRT"), print
- * one line per rank to stderr saying where it was, then die of the signal. Idempotent. */
+/* SIGTERM and SIGABRT first mark every live record with the signal and its time, then dump
+ * every recorder of the process (reason "SIGTERM"/"SIGABRT"), print one line per rank to
+ * stderr saying where it was, and die of the signal. Idempotent. */
 void ms_flight_install_signals(void);
 
 /* One line that says where f's rank is: its oldest unfinished call, e.g. "rank 2 was in
@@ -140,6 +156,31 @@ int ms_flight_parse_ranks(const char *s, int *out, int cap);
 /* to - from, for times read from dumps: 0 when to is not later, INT64_MAX when the difference
  * does not fit, never an overflow. Signal-safe. */
 int64_t ms_flight_span_ns(int64_t from, int64_t to);
+
+/* --- live records, read back --------------------------------------------------------- */
+
+/* What a live record's header says. Every field is checked or bounded when read. */
+typedef struct ms_flight_live {
+    int rank;       /* 0..MS_FLIGHT_MAX_RANK */
+    int world_size; /* 0 (not known) .. MS_FLIGHT_MAX_RANK + 1 */
+    int pid;
+    char host[64];
+    int term_sig;     /* SIGTERM or SIGABRT when one arrived before the end; else 0 */
+    int64_t term_ns;  /* when it arrived; 0: none */
+    int64_t last_ns;  /* the newest call's time: the state is as of then */
+    uint64_t dropped; /* older calls the ring no longer held */
+    int torn;         /* entries left out: being written when the process ended */
+} ms_flight_live;
+
+/* The size in bytes of a live record written by this build. */
+size_t ms_flight_live_size(void);
+
+/* Reads a live record from bytes[0..len) (untrusted: any bytes): its header into *info and its
+ * valid entries, oldest first, into out[0..MS_FLIGHT_RING). Returns how many, or -1 with *why
+ * saying what is wrong when it is no live record of this build (wrong size, magic, version or
+ * layout, or a rank out of range). */
+int ms_flight_live_read(const void *bytes, size_t len, ms_flight_live *info, ms_flight_entry *out,
+                        const char **why);
 
 /* --- hang alerts ---------------------------------------------------------------------- */
 
