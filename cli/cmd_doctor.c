@@ -1,5 +1,6 @@
 /* cmd_doctor.c - `meshscope doctor DIR`: reads the flight recorder dumps a failed job left
- * (train --flight-dir, default ./meshscope-flight) and says what happened in plain words.
+ * (train --flight-dir, default ./meshscope-flight), and the live records of its ranks killed
+ * before they dumped, and says what happened in plain words.
  *
  * Exit codes: 0 a diagnosis (a fault or none), 1 a folder that cannot be read, holds no dumps
  * or holds a broken one (the message names it), 2 usage errors.
@@ -18,7 +19,8 @@ int ms_cmd_doctor(int argc, char **argv) {
                              .synopsis = "DIR",
                              .about = "What happened to a failed job, from the flight recorder "
                                       "dumps its ranks wrote to DIR\n(train --flight-dir, default "
-                                      "./meshscope-flight): who never entered which collective, "
+                                      "./meshscope-flight) and the live records of those killed "
+                                      "before\nthey dumped: who never entered which collective, "
                                       "who waited, where each rank was last seen.",
                              .min_pos = 1,
                              .pos_name = "a flight recorder folder"};

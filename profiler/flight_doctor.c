@@ -2,11 +2,15 @@
  *
  * Calls are matched across ranks by (communicator id, sequence number): every member numbers
  * a communicator's collectives alike. Point-to-point batches are numbered only by the ranks
- * that take part, so they are reported per rank (where it was last seen), not matched. */
+ * that take part, so they are reported per rank (where it was last seen), not matched.
+ *
+ * A rank without a dump may have left its live record (flight-rank<R>-pid<P>.ring: killed
+ * before or while dumping); it is read as the dump it did not write, said so in its line. */
 #include "profiler/flight_doctor.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +27,8 @@
  * than that is no dump, and is refused by its size before a byte of it is read. */
 #define DUMP_MAX_BYTES (64u << 20)
 
+enum { ALL_RANKS = MS_FLIGHT_MAX_RANK + 1 }; /* any rank a dump may name, and a world's size */
+
 /* One rank's dump. */
 typedef struct dump {
     const char *path;
@@ -32,9 +38,14 @@ typedef struct dump {
     int64_t now_ns;
     ms_flight_entry *e;
     int n;
-    bool cut; /* its last line was cut off (the rank was killed while dumping) */
+    int world; /* the size of the rank's world; 0: not known (older dumps) */
+    bool cut;  /* its last line was cut off (the rank was killed while dumping) */
     /* nothing to read: killed before it wrote a byte, or in the middle of its header */
     bool empty, head_cut;
+    /* read from a live record: the rank wrote no dump; term_sig: the signal it got first */
+    bool live;
+    int term_sig, torn;
+    const char *unusable; /* a live record that cannot be read: why (static text) */
 } dump;
 
 /* A number as int64, 0 when absent; saturated at int64's ends (a dump is input: a cast of a
@@ -166,6 +177,8 @@ static ms_status parse_head(const cJSON *o, dump *d, ms_error *err) {
                        d->path, was, MS_FLIGHT_MAX_RANK);
     }
     d->rank = (int)rank->valuedouble;
+    const cJSON *world = cJSON_GetObjectItemCaseSensitive(o, "world");
+    d->world = in_range(world, 0, ALL_RANKS) ? (int)world->valuedouble : 0;
     d->now_ns = num(o, "now_ns");
     snprintf(d->reason, sizeof d->reason, "%s", str(o, "reason"));
     snprintf(d->host, sizeof d->host, "%s", str(o, "host"));
@@ -230,6 +243,44 @@ static ms_status parse_dump(const char *text, size_t len, dump *d, ms_error *err
     return st;
 }
 
+static bool has_suffix(const char *name, const char *suffix) {
+    size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
+/* A live record, bytes[0..len) (any bytes), into d; one that is none is left out, saying why
+ * (a rank killed while it created its record, another build's record, a stray file). */
+static void parse_live(const void *bytes, size_t len, dump *d) {
+    ms_flight_live info;
+    d->e = xmalloc(sizeof *d->e * MS_FLIGHT_RING);
+    int n = ms_flight_live_read(bytes, len, &info, d->e, &d->unusable);
+    if (n < 0) return;
+    d->live = true;
+    d->n = n;
+    d->torn = info.torn;
+    d->rank = info.rank;
+    d->world = info.world_size;
+    d->term_sig = info.term_sig;
+    /* as of the signal when one came, else of its last call: when it ended is not known */
+    d->now_ns = info.term_ns ? info.term_ns : info.last_ns;
+    snprintf(d->host, sizeof d->host, "%s", info.host);
+    snprintf(d->reason, sizeof d->reason, "%s",
+             !info.term_sig             ? ""
+             : info.term_sig == SIGTERM ? "SIGTERM"
+                                        : "SIGABRT");
+}
+
+/* Reads the live record at d->path from fd (of `size` bytes): no more than one byte past the
+ * size a record has, enough to tell that a larger file is none. */
+static ms_status read_live(dump *d, int fd, uint64_t size, ms_error *err) {
+    size_t cap = ms_flight_live_size() + 1, n = size < cap ? (size_t)size : cap;
+    char *bytes = xmalloc(n + 1);
+    ms_status st = ms_read_exact(fd, bytes, n, d->path, err);
+    if (st == MS_OK) parse_live(bytes, n, d);
+    free(bytes);
+    return st;
+}
+
 /* Reads the dump at d->path: a regular file (a FIFO or a device named like a dump would block
  * or never end) no larger than a dump can be, refused by name otherwise. */
 static ms_status read_dump(dump *d, ms_error *err) {
@@ -243,6 +294,11 @@ static ms_status read_dump(dump *d, ms_error *err) {
                        "%s; a flight recorder dump is a regular file: remove it from "
                        "the folder",
                        why);
+    }
+    if (has_suffix(d->path, ".ring")) {
+        st = read_live(d, fd, size, err);
+        close(fd);
+        return st;
     }
     if (size > DUMP_MAX_BYTES) {
         close(fd);
@@ -262,7 +318,6 @@ static ms_status read_dump(dump *d, ms_error *err) {
 /* The dumps under diagnosis, one per rank, in rank order, with what is looked up over and
  * over: where each rank was, each rank's dump, the ranks some timeout named as missing. The
  * tables by rank are bounded: a dump names no rank past MS_FLIGHT_MAX_RANK. */
-enum { ALL_RANKS = MS_FLIGHT_MAX_RANK + 1 };
 
 typedef struct dump_set {
     const dump *d;
@@ -298,6 +353,15 @@ static const dump *find_rank(const dump_set *s, int rank) {
 static bool named_missing(const dump_set *s, int rank) {
     return rank >= 0 && rank < ALL_RANKS && s->named[rank];
 }
+
+/* Whether d is the live record of a rank that ended without a dump and without a signal its
+ * handler saw: SIGKILL (alone, or before the handler of a SIGTERM ran), or a crash. It did not
+ * wait in the call its record ends in: it was gone. */
+static bool ended(const dump *d) {
+    return d->live && !d->term_sig;
+}
+
+#define ENDED_HOW "without a dump or a signal it could handle (SIGKILL, or a crash)"
 
 /* How long a rank waited in e, as of its dump. */
 static int64_t waited_ns(const dump *d, const ms_flight_entry *e) {
@@ -343,6 +407,10 @@ static bool member_finding(const dump_set *s, bool partial, int m, const ms_flig
     else if (!dm)
         ms_strbuf_printf(out, "rank %d %s %s and left no flight dump (it died or was stopped)", m,
                          named_missing(s, m) ? "never arrived in" : "did not finish", call);
+    else if (ended(dm) && (!last || last->seq < w->seq))
+        ms_strbuf_printf(out, "rank %d never entered %s: it ended before, " ENDED_HOW, m, call);
+    else if (ended(dm) && same && same->kind == w->kind && same->state < MS_FLIGHT_DONE)
+        ms_strbuf_printf(out, "rank %d did not finish %s: it ended there " ENDED_HOW, m, call);
     else if (!last || last->seq < w->seq)
         ms_strbuf_printf(out, "rank %d never entered %s", m, call);
     else if (same && same->kind != w->kind)
@@ -369,7 +437,7 @@ static void find_stuck(const dump_set *s, const ms_flight_entry *w, const bool *
     for (int i = 0; i < s->nd; i++) {
         const ms_flight_entry *x = s->where[i];
         int rank = s->d[i].rank;
-        if (!same_call(x, w)) continue;
+        if (!same_call(x, w) || ended(&s->d[i])) continue; /* gone, not waiting: a member */
         if (member && !member[rank]) {
             k->strangers[k->ns++] = rank;
         } else if (x->status != MS_ERR_TIMEOUT && named_missing(s, rank)) {
@@ -445,8 +513,11 @@ static void diagnose_p2p(const dump_set *s, const dump *r, const ms_flight_entry
     ms_flight_format_call(w, call, sizeof call);
     ms_strbuf_printf(out, "rank %d was last seen in %s, for ", r->rank, call);
     put_duration(out, waited_ns(r, w));
-    if (!find_rank(s, w->peer))
+    const dump *peer = find_rank(s, w->peer);
+    if (!peer)
         ms_strbuf_printf(out, "; rank %d left no flight dump (it died or was stopped)", w->peer);
+    else if (ended(peer))
+        ms_strbuf_printf(out, "; rank %d ended " ENDED_HOW, w->peer);
     ms_strbuf_printf(out, "\n");
 }
 
@@ -544,7 +615,7 @@ static bool waits_on_other_hosts(const dump_set *s, const hosts *hs, int i, int 
     for (int k = 0; k < w->n_missing && yes; k++) {
         const dump *dm = find_rank(s, w->missing[k]);
         int j = dm ? (int)(dm - s->d) : -1;
-        if (!dm)
+        if (!dm || ended(dm)) /* not alive at the end: the rank, not the link, failed */
             yes = false;
         else if (hs->of[j] == h || !dm->host[0])
             yes = waits_on_other_hosts(s, hs, j, h, m);
@@ -623,35 +694,100 @@ static bool diagnose_hosts(const dump_set *s, ms_strbuf *out) {
     return said;
 }
 
+/* One line per rank: where it was, and what its record is. */
+static void put_rank_line(const dump *d, ms_strbuf *out) {
+    char line[512];
+    ms_flight_describe(d->e, d->n, d->rank, d->now_ns, line, sizeof line);
+    if (!d->live)
+        ms_strbuf_printf(out, "  %s [dumped on: %s]%s", line, d->reason,
+                         d->cut ? " (the dump was cut short: the rank was killed while "
+                                  "writing it; its complete entries are read)"
+                                : "");
+    else if (d->term_sig)
+        ms_strbuf_printf(out,
+                         "  %s [no dump: it got %s and was killed before its dump was written; "
+                         "read from its live record]",
+                         line, d->reason);
+    else
+        ms_strbuf_printf(out,
+                         "  %s [no dump: it ended " ENDED_HOW
+                         "; read from its live record, as of its last call]",
+                         line);
+    if (d->torn)
+        ms_strbuf_printf(out, " (%d entr%s being written as it ended left out)", d->torn,
+                         d->torn == 1 ? "y" : "ies");
+    ms_strbuf_printf(out, "\n");
+}
+
+/* The ranks of the world (its size as the records know it) that left no record at all: they
+ * ended before their recorder was made (killed while starting), or their files were removed.
+ * Returns whether there is one. */
+static bool say_unrecorded(const dump *d, int nd, ms_strbuf *out) {
+    int world = 0, m = 0;
+    for (int i = 0; i < nd; i++)
+        if (d[i].world > world) world = d[i].world;
+    int *none = xmalloc(sizeof *none * ((size_t)world + 1));
+    for (int r = 0, i = 0; r < world; r++) {
+        while (i < nd && d[i].rank < r) i++;
+        if (i == nd || d[i].rank != r) none[m++] = r;
+    }
+    static const char why[] = "left no flight record: ended before it began recording (killed "
+                              "as it started), or its files were removed";
+    if (m > 16) { /* a world of thousands: one line */
+        char list[96];
+        ms_flight_format_ranks(none, m, list, sizeof list);
+        ms_strbuf_printf(out, "  %d ranks (%s) %s\n", m, list, why);
+    }
+    for (int k = 0; k < m && m <= 16; k++) ms_strbuf_printf(out, "  rank %d %s\n", none[k], why);
+    free(none);
+    return m > 0;
+}
+
 static void diagnose(dump *d, int nd, bool partial, ms_strbuf *out) {
     qsort(d, (size_t)nd, sizeof *d, dump_cmp);
     dump_set s;
     dump_set_init(&s, d, nd);
     bool fault = diagnose_hosts(&s, out);
+    int n_live = 0, n_ended = 0, gone[8];
+    for (int i = 0; i < nd; i++) {
+        n_live += d[i].live;
+        if (ended(&d[i]) && n_ended < 8) gone[n_ended++] = d[i].rank;
+    }
+    if (n_ended) {
+        char ranks[96];
+        ms_flight_format_ranks(gone, n_ended, ranks, sizeof ranks);
+        bool many = n_ended > 1;
+        ms_strbuf_printf(out,
+                         "rank%s %s%s ended without a dump or a signal %s could handle (SIGKILL, "
+                         "or a crash); %s live record%s tell%s where\n",
+                         many ? "s" : "", ranks, n_ended == 8 ? " (and more)" : "",
+                         many ? "they" : "it", many ? "their" : "its", many ? "s" : "",
+                         many ? "" : "s");
+        fault = true;
+    }
     for (int i = 0; i < nd; i++) {
         const ms_flight_entry *w = s.where[i];
-        if (!w) continue;
+        if (!w || ended(&d[i])) continue; /* it was gone, not stuck: said with its peers */
         fault = true;
         if (w->n_p2p) {
             diagnose_p2p(&s, &d[i], w, out);
             continue;
         }
         bool seen = false; /* diagnosed with an earlier rank */
-        for (int j = 0; j < i && !seen; j++) seen = same_call(s.where[j], w);
+        for (int j = 0; j < i && !seen; j++) seen = !ended(&d[j]) && same_call(s.where[j], w);
         if (!seen && !only_culprits(&s, w)) diagnose_collective(&s, partial, w, out);
     }
     dump_set_free(&s);
+    ms_strbuf unrecorded = {0};
+    if (!partial && say_unrecorded(d, nd, &unrecorded)) fault = true;
     if (!fault)
         ms_strbuf_printf(out, "all ranks completed every collective: no communication fault\n");
-    ms_strbuf_printf(out, "per rank (%d dump%s):\n", nd, nd == 1 ? "" : "s");
-    for (int i = 0; i < nd; i++) {
-        char line[512];
-        ms_flight_describe(d[i].e, d[i].n, d[i].rank, d[i].now_ns, line, sizeof line);
-        ms_strbuf_printf(out, "  %s [dumped on: %s]%s\n", line, d[i].reason,
-                         d[i].cut ? " (the dump was cut short: the rank was killed while "
-                                    "writing it; its complete entries are read)"
-                                  : "");
-    }
+    ms_strbuf_printf(out, "per rank (%d dump%s", nd - n_live, nd - n_live == 1 ? "" : "s");
+    if (n_live) ms_strbuf_printf(out, ", %d live record%s", n_live, n_live == 1 ? "" : "s");
+    ms_strbuf_printf(out, "):\n");
+    for (int i = 0; i < nd; i++) put_rank_line(&d[i], out);
+    if (unrecorded.p) ms_strbuf_put(out, unrecorded.p, unrecorded.len);
+    free(unrecorded.p);
 }
 
 /* Keeps one dump per rank, the newest (a folder may hold an earlier job's dumps too), first
@@ -680,6 +816,10 @@ static ms_status doctor(dump *d, int n, ms_status st, bool partial, ms_strbuf *o
      * it dumps) left nothing to read: the others' dumps still tell what happened */
     int usable = 0;
     for (int i = 0; i < n && st == MS_OK; i++) {
+        if (d[i].unusable) {
+            ms_strbuf_printf(out, "(left out %s: %s)\n", d[i].path, d[i].unusable);
+            continue;
+        }
         if (d[i].empty || d[i].head_cut) {
             ms_strbuf_printf(out, "(left out %s: %s; the rank was killed while dumping)\n",
                              d[i].path, d[i].empty ? "empty" : "its first line is cut short");
@@ -692,7 +832,8 @@ static ms_status doctor(dump *d, int n, ms_status st, bool partial, ms_strbuf *o
     if (st == MS_OK && !usable)
         st = ms_fail(err, MS_ERR_INVALID,
                      "no flight recorder dump could be read: each is empty or cut off in its "
-                     "first line (the ranks were killed while dumping)");
+                     "first line (the ranks were killed while dumping), or a live record that "
+                     "is none");
     int kept = st == MS_OK ? keep_newest(d, usable, out) : 0;
     if (st == MS_OK) diagnose(d, kept, partial, out);
     for (int i = 0; i < n; i++) free(d[i].e);
@@ -717,30 +858,58 @@ ms_status ms_doctor_texts(const ms_doctor_text *dumps, int n, bool partial, ms_s
     ms_status st = MS_OK;
     for (int i = 0; i < n && st == MS_OK; i++) {
         d[i].path = dumps[i].name;
-        st = dumps[i].len > DUMP_MAX_BYTES
-                 ? ms_fail(err, MS_ERR_INVALID,
-                           "%s is more than the %u MiB a flight recorder dump can take",
-                           dumps[i].name, DUMP_MAX_BYTES >> 20)
-                 : parse_dump(dumps[i].text, dumps[i].len, &d[i], err);
+        if (dumps[i].len > DUMP_MAX_BYTES)
+            st = ms_fail(err, MS_ERR_INVALID,
+                         "%s is more than the %u MiB a flight recorder dump can take",
+                         dumps[i].name, DUMP_MAX_BYTES >> 20);
+        else if (has_suffix(dumps[i].name, ".ring"))
+            parse_live(dumps[i].text, dumps[i].len, &d[i]);
+        else
+            st = parse_dump(dumps[i].text, dumps[i].len, &d[i], err);
     }
     return doctor(d, n, st, partial, out, err);
 }
 
+/* A dump's or a live record's name. */
 static bool is_dump_name(const char *name) {
-    size_t len = strlen(name);
-    return !strncmp(name, "flight-rank", 11) && len > 6 && !strcmp(name + len - 6, ".jsonl");
+    return !strncmp(name, "flight-rank", 11) &&
+           (has_suffix(name, ".jsonl") || has_suffix(name, ".ring"));
 }
 
 static int str_cmp(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Drops from the sorted paths[0..n) each live record whose process's dump is there too (it
+ * was killed after the dump and before the record went: the dump says it all); returns how
+ * many remain. */
+static int drop_dumped_live(char **paths, int n) {
+    bool *drop = xcalloc((size_t)n, sizeof *drop); /* all are looked up before any goes */
+    for (int i = 0; i < n; i++) {
+        if (!has_suffix(paths[i], ".ring")) continue;
+        size_t stem = strlen(paths[i]) - 5, len = stem + 7;
+        char *dumped = xmalloc(len);
+        snprintf(dumped, len, "%.*s.jsonl", (int)stem, paths[i]);
+        drop[i] = bsearch(&dumped, paths, (size_t)n, sizeof *paths, str_cmp) != NULL;
+        free(dumped);
+    }
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (drop[i])
+            free(paths[i]);
+        else
+            paths[kept++] = paths[i];
+    }
+    free(drop);
+    return kept;
+}
+
 ms_status ms_doctor_dir(const char *dir, ms_strbuf *out, ms_error *err) {
     DIR *dh = opendir(dir);
     if (!dh)
         return ms_fail(err, MS_ERR_IO,
-                       "cannot read the folder %s (%s); give the --flight-dir of "
-                       "the failed job",
+                       "cannot read the folder %s (%s); give the --flight-dir of the failed job "
+                       "(its ranks make it as they start: a job ended before that has none)",
                        dir, strerror(errno));
     char **paths = NULL;
     int n = 0, cap = 0;
@@ -753,13 +922,18 @@ ms_status ms_doctor_dir(const char *dir, ms_strbuf *out, ms_error *err) {
     }
     closedir(dh);
     ms_status st;
+    if (n) {
+        qsort(paths, (size_t)n, sizeof *paths, str_cmp);
+        n = drop_dumped_live(paths, n);
+    }
     if (!n) {
         st = ms_fail(err, MS_ERR_INVALID,
-                     "%s holds no flight recorder dumps (flight-rank<R>-pid<P>.jsonl): ranks dump "
-                     "there only when a collective times out or a rank is terminated",
+                     "%s holds no flight recorder dumps (flight-rank<R>-pid<P>.jsonl) nor live "
+                     "records (.ring): ranks keep a live record there while they run, removed "
+                     "when they exit normally, and dump there when a collective times out or a "
+                     "rank is terminated; a job ended before its ranks started leaves none",
                      dir);
     } else {
-        qsort(paths, (size_t)n, sizeof *paths, str_cmp);
         st = ms_doctor_files((const char *const *)paths, n, false, out, err);
     }
     for (int i = 0; i < n; i++) free(paths[i]);

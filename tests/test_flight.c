@@ -1,14 +1,18 @@
 /* test_flight.c - the flight recorder (engine/comm/flight.h) and `meshscope doctor`
  * (profiler/flight_doctor.h): the ring and its states, dumps written by a real timeout on the
- * threads backend and read back by the doctor, its errors, and the hang alert. */
+ * threads backend and read back by the doctor, its errors, live records left by a rank killed
+ * (SIGKILL, SIGTERM) or exiting, and the hang alert. */
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/comm/flight.h"
+#include "engine/io/fileio.h"
 #include "profiler/flight_doctor.h"
 #include "profiler/live.h"
 #include "profiler/snapshot_json.h"
@@ -540,6 +544,240 @@ static void hardening_doctor_wait_chains(void **state) {
     remove_dir(dir);
 }
 
+/* --- live records: what a rank leaves however it ends -------------------------------------- */
+
+/* How a recording child ends (live_child). */
+enum { END_KILL, END_TERM, END_TERM_NO_DUMP, END_EXIT };
+
+/* The child: a fresh process (no recorders of earlier tests) that records rank 1 of a world of
+ * 3 in dir: two all-reduces done, the third started, then ends as `how` says. Its dump is made
+ * impossible for END_TERM_NO_DUMP by a folder where the dump's temporary file goes. */
+static int live_child(const char *dir, int how) {
+    ms_flight_set_dir(dir);
+    ms_flight_install_signals();
+    ms_flight_prepare(1, 3);
+    ms_flight *f = ms_flight_for_rank(1);
+    const int members[] = {0, 1, 2};
+    ms_flight_comm fc;
+    ms_flight_comm_init(&fc, "dp", members, 3, 1);
+    ms_flight_call call = {.kind = MS_COLL_ALL_REDUCE, .bytes = 64, .root = -1, .peer = -1};
+    for (int i = 1; i <= 3; i++) {
+        call.seq = i;
+        uint64_t t = ms_flight_issue(f, &fc, &call, i * 1000000);
+        ms_flight_start(f, t, i * 1000000);
+        if (i < 3) ms_flight_end(f, t, MS_OK, NULL, 0, i * 1000000 + 500);
+    }
+    if (how == END_EXIT) return 0;
+    if (how == END_TERM_NO_DUMP) {
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%s/flight-rank1-pid%d.jsonl.tmp", dir, (int)getpid());
+        mkdir(tmp, 0755);
+    }
+    raise(how == END_KILL ? SIGKILL : SIGTERM);
+    return 99;
+}
+
+/* Runs live_child in a new process of this program; returns its pid, *sig the signal that
+ * ended it (0: it exited). */
+static pid_t run_live_child(const char *dir, int how, int *sig) {
+    char how_s[8];
+    snprintf(how_s, sizeof how_s, "%d", how);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (!pid) {
+        execl("/proc/self/exe", "test_flight", "--live-child", dir, how_s, (char *)NULL);
+        _exit(127);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    *sig = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+    if (!*sig) assert_int_equal(WEXITSTATUS(ws), 0);
+    return pid;
+}
+
+static bool exists(const char *dir, const char *fmt, pid_t pid) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/", dir);
+    snprintf(path + strlen(path), sizeof path - strlen(path), fmt, (int)pid);
+    return access(path, F_OK) == 0;
+}
+
+/* SIGKILL leaves the live record: the doctor reads where the rank was, says it ended without a
+ * dump, and names the ranks of its world that left nothing. */
+static void test_live_record_outlives_sigkill(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    int sig;
+    pid_t pid = run_live_child(dir, END_KILL, &sig);
+    assert_int_equal(sig, SIGKILL);
+    assert_true(exists(dir, "flight-rank1-pid%d.ring", pid));
+    expect_doctor(dir, MS_OK,
+                  "rank 1 ended without a dump or a signal it could handle (SIGKILL, or a crash)");
+    expect_doctor(
+        dir, MS_OK,
+        "per rank (0 dumps, 1 live record):\n  rank 1 was in all_reduce seq 3 on 'dp' "
+        "(ranks 0-2) for 0.0 ms [no dump: it ended without a dump or a signal it could "
+        "handle (SIGKILL, or a crash); read from its live record, as of its last call]\n");
+    expect_doctor(dir, MS_OK, "\n  rank 0 left no flight record: ended before it began recording");
+    expect_doctor(dir, MS_OK, "\n  rank 2 left no flight record: ended before it began recording");
+    remove_dir(dir);
+}
+
+/* SIGTERM: a whole dump replaces the live record; when the dump cannot be written (the rank
+ * killed in the middle, here a folder in the way of its temporary file), the live record
+ * stays, marked with the signal, and reads as of its arrival. A normal exit leaves nothing,
+ * not even the folder made for the records. */
+static void test_live_record_on_sigterm_and_exit(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    int sig;
+    pid_t pid = run_live_child(dir, END_TERM, &sig);
+    assert_int_equal(sig, SIGTERM);
+    assert_true(exists(dir, "flight-rank1-pid%d.jsonl", pid));
+    assert_false(exists(dir, "flight-rank1-pid%d.ring", pid));
+    assert_false(exists(dir, "flight-rank1-pid%d.jsonl.tmp", pid));
+    expect_doctor(dir, MS_OK, "per rank (1 dump):\n  rank 1 was in all_reduce seq 3");
+    expect_doctor(dir, MS_OK, "[dumped on: SIGTERM]\n  rank 0 left no flight record");
+    remove_dir(dir);
+
+    make_dir(dir);
+    pid = run_live_child(dir, END_TERM_NO_DUMP, &sig);
+    assert_int_equal(sig, SIGTERM);
+    assert_false(exists(dir, "flight-rank1-pid%d.jsonl", pid));
+    expect_doctor(dir, MS_OK, "  rank 1 was in all_reduce seq 3 on 'dp' (ranks 0-2) for ");
+    expect_doctor(dir, MS_OK,
+                  " [no dump: it got SIGTERM and was killed before its dump was written; read "
+                  "from its live record]\n");
+    char path[512];
+    snprintf(path, sizeof path, "%s/flight-rank1-pid%d.jsonl.tmp", dir, (int)pid);
+    rmdir(path);
+    remove_dir(dir);
+
+    make_dir(dir);
+    pid = run_live_child(dir, END_EXIT, &sig);
+    assert_int_equal(sig, 0);
+    assert_int_equal(access(dir, F_OK), -1);
+}
+
+/* The doctor's words on one live record held in memory, as ms_doctor_texts reads it. */
+static ms_status doctor_live(const void *bytes, size_t len, ms_strbuf *out, ms_error *err) {
+    ms_doctor_text t = {"x/flight-rank1-pid1.ring", bytes, len};
+    out->len = 0;
+    return ms_doctor_texts(&t, 1, false, out, err);
+}
+
+static void expect_live(const void *bytes, size_t len, ms_status want, const char *needle) {
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    ms_status st = doctor_live(bytes, len, &out, &err);
+    const char *said = st == MS_OK ? (out.p ? out.p : "") : err.msg;
+    if (st != want || !strstr(out.p ? out.p : "", needle))
+        fail_msg("doctor: status %d, expected %d with \"%s\":\n%s%s", st, want, needle,
+                 out.p ? out.p : "", said);
+    free(out.p);
+}
+
+/* Slot i of a live record's ring (the ring ends the file), copied out and back. */
+static ms_flight_entry *live_slot(unsigned char *rec, size_t len, int i, ms_flight_entry *e) {
+    unsigned char *at = rec + len - sizeof *e * (MS_FLIGHT_RING - (size_t)i);
+    memcpy(e, at, sizeof *e);
+    return (ms_flight_entry *)(void *)at;
+}
+
+/* A live record is input like a dump: a file of the wrong size or without the magic is left
+ * out, naming why; an entry with any field no recorder writes (a kind, a rank, a count, a
+ * string without its end) is left out and counted; random bytes anywhere are read without
+ * harm. The alarm turns a hang into a failure. */
+static void hardening_doctor_live_records(void **state) {
+    (void)state;
+    char dir[64], path[512];
+    make_dir(dir);
+    int sig;
+    pid_t pid = run_live_child(dir, END_KILL, &sig);
+    snprintf(path, sizeof path, "%s/flight-rank1-pid%d.ring", dir, (int)pid);
+    uint8_t *rec;
+    size_t len;
+    ms_error err = {0};
+    assert_int_equal(ms_read_file(path, 1 << 20, &rec, &len, &err), MS_OK);
+    assert_int_equal(len, ms_flight_live_size());
+    expect_live(rec, len, MS_OK, "rank 1 was in all_reduce seq 3 on 'dp' (ranks 0-2)");
+    expect_live(rec, len - 1, MS_ERR_INVALID, "its size is not that of a live record");
+    uint8_t *copy = malloc(len);
+    memcpy(copy, rec, len);
+    copy[0] ^= 0xff;
+    expect_live(copy, len, MS_ERR_INVALID, "does not begin as a live record does");
+
+    /* slot 2 holds seq 3: each bad field leaves it out, seq 2 is then where rank 1 was */
+    ms_flight_entry e;
+    for (int k = 0; k < 6; k++) {
+        memcpy(copy, rec, len);
+        ms_flight_entry *at = live_slot(copy, len, 2, &e);
+        if (k == 0) e.kind = 250;
+        if (k == 1) memset(e.comm.ranks, '7', sizeof e.comm.ranks);
+        if (k == 2) e.n_missing = 300;
+        if (k == 3) e.n_missing = 1, e.missing[0] = -3;
+        if (k == 4) snprintf(e.comm.ranks, sizeof e.comm.ranks, "0-99999");
+        if (k == 5) e.peer = -7;
+        memcpy(at, &e, sizeof e);
+        expect_live(copy, len, MS_OK,
+                    "completed all of its last 2 calls; the last: all_reduce seq 2");
+        expect_live(copy, len, MS_OK, "(1 entry being written as it ended left out)");
+    }
+    /* a ticket far ahead of the others: they are older than the ring, left out unnamed */
+    memcpy(copy, rec, len);
+    ms_flight_entry *at = live_slot(copy, len, 0, &e);
+    e.ticket = 1 + (uint64_t)MS_FLIGHT_RING * 1000000;
+    memcpy(at, &e, sizeof e);
+    expect_live(copy, len, MS_OK, "completed all of its last 1 calls; the last: all_reduce seq 1");
+
+    unsigned seed = 12345;
+    alarm(60);
+    for (int round = 0; round < 300; round++) {
+        memcpy(copy, rec, len);
+        size_t from = round % 3 ? len - sizeof e * MS_FLIGHT_RING : 0; /* ring, or anywhere */
+        for (int k = 0; k < 64; k++)
+            copy[from + (size_t)rand_r(&seed) % (len - from)] = (uint8_t)rand_r(&seed);
+        ms_strbuf out = {0};
+        ms_status st = doctor_live(copy, len, &out, &err);
+        assert_true(st == MS_OK || st == MS_ERR_INVALID);
+        free(out.p);
+    }
+    alarm(0);
+
+    /* a dump of the same process beside its live record: the dump is read, the record not
+     * (looked up in a listing where such pairs come first, last, and between others) */
+    char name[64];
+    snprintf(name, sizeof name, "flight-rank1-pid%d.jsonl", (int)pid);
+    put_file(dir, name, "{\"flight\":1,\"rank\":1,\"world\":3,\"now_ns\":5}\n");
+    put_file(dir, "flight-rank0-pid1.jsonl", "{\"flight\":1,\"rank\":0,\"now_ns\":5}\n");
+    put_file(dir, "flight-rank0-pid1.ring", "a record beside its dump");
+    put_file(dir, "flight-rank1-pid1.ring", "no live record");
+    expect_doctor(dir, MS_OK, "(left out ");
+    snprintf(path, sizeof path, "%s/flight-rank1-pid1.ring", dir);
+    unlink(path);
+    ms_strbuf out = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    if (strstr(out.p, "live record") || strstr(out.p, "left out") ||
+        !strstr(out.p, "per rank (2 dumps):\n  rank 0 recorded no communication") ||
+        !strstr(out.p, "  rank 1 recorded no communication") ||
+        !strstr(out.p, "  rank 2 left no flight record"))
+        fail_msg("the dumps do not stand for their live records:\n%s", out.p);
+    free(out.p);
+    /* a world as large as ranks go, in one dump: the others in one line; past that, ignored */
+    put_file(dir, name, "{\"flight\":1,\"rank\":1,\"world\":32768,\"now_ns\":5}\n");
+    expect_doctor(dir, MS_OK, "  32766 ranks (2-32767) left no flight record");
+    put_file(dir, name, "{\"flight\":1,\"rank\":1,\"world\":32769,\"now_ns\":5}\n");
+    out = (ms_strbuf){0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    assert_null(strstr(out.p, "left no flight record"));
+    free(out.p);
+    free(copy);
+    free(rec);
+    remove_dir(dir);
+}
+
 /* Rank 1 arrives late at the fourth all-reduce; before it does, the alert names it. */
 typedef struct late_args {
     char alert[256];
@@ -661,6 +899,7 @@ static void test_recorder_overhead(void **state) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--live-child")) return live_child(argv[2], atoi(argv[3]));
     mt_apply_filter(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranks_format_round_trip),
@@ -673,11 +912,14 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_hang_alert_names_late_rank),
         cmocka_unit_test(test_hang_alert_in_snapshot_json),
         cmocka_unit_test(test_recorder_overhead),
+        cmocka_unit_test(test_live_record_outlives_sigkill),
+        cmocka_unit_test(test_live_record_on_sigterm_and_exit),
         cmocka_unit_test(hardening_doctor_many_dumps),
         cmocka_unit_test(hardening_doctor_crafted_numbers),
         cmocka_unit_test(hardening_doctor_non_regular),
         cmocka_unit_test(hardening_doctor_bounded_reads),
         cmocka_unit_test(hardening_doctor_wait_chains),
+        cmocka_unit_test(hardening_doctor_live_records),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
