@@ -180,6 +180,15 @@ static inline void cand2(ms_rule_cand *c, ms_placement in0, ms_placement in1, ms
     c->out[0] = out0;
 }
 
+/* How many ways N-d placements split tensor dim `dim`: the product of the sizes of the mesh
+ * dims that shard it (for `valid`: heads or groups that must stay whole). */
+static inline int64_t ms_op_shard_ways(const ms_placements *pl, int dim, const int *mesh_shape) {
+    int64_t ways = 1;
+    for (int m = 0; m < pl->n; m++)
+        if (pl->p[m].kind == MS_PL_SHARD && pl->p[m].dim == dim) ways *= mesh_shape[m];
+    return ways;
+}
+
 /* "op: shapes [2, 3] and [4]" style description of input shapes, for errors. */
 const char *ms_op_shapes_str(int n, const ms_shape *s, char *buf, size_t len);
 

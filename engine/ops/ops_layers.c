@@ -361,18 +361,12 @@ static int gqa_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, m
     if (in[0].d[2] % n == 0) gqa_cand(&c[k++], n_in, ms_S(2), ms_R(), ms_S(2));
     return k;
 }
-/* Ways the heads split over all mesh dims (from q's head dim `hdim`). */
-static int64_t head_ways(const ms_placements *pl, int hdim, const int *mesh_shape) {
-    int64_t ways = 1;
-    for (int m = 0; m < pl->n; m++)
-        if (pl->p[m].kind == MS_PL_SHARD && pl->p[m].dim == hdim) ways *= mesh_shape[m];
-    return ways;
-}
 static bool gqa_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
                       const int *mesh_shape) {
     (void)a;
     int hd = n_in == 2 ? 3 : 2;
-    int64_t w = head_ways(&pl[0], 2, mesh_shape), wkv = head_ways(&pl[1], hd, mesh_shape);
+    int64_t w = ms_op_shard_ways(&pl[0], 2, mesh_shape),
+            wkv = ms_op_shard_ways(&pl[1], hd, mesh_shape);
     /* kv heads split as the query heads, or not at all */
     return in[0].d[2] % w == 0 && (wkv == 1 || (wkv == w && in[1].d[hd] % w == 0));
 }
@@ -511,7 +505,7 @@ static int pattn_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n,
 static bool pattn_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
                         const int *mesh_shape) {
     (void)n_in;
-    int64_t w = head_ways(&pl[0], 3, mesh_shape);
+    int64_t w = ms_op_shard_ways(&pl[0], 3, mesh_shape);
     return a->i[0] % w == 0 && in[0].d[3] % w == 0;
 }
 static ms_k_gqa pattn_shape(const ms_op_call *c) {

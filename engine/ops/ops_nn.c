@@ -204,9 +204,7 @@ static int attn_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, 
 static bool attn_valid(const ms_op_attrs *a, int n_in, const ms_shape *in, const ms_placements *pl,
                        const int *mesh_shape) {
     (void)n_in;
-    int64_t ways = 1;
-    for (int m = 0; m < pl[0].n; m++)
-        if (pl[0].p[m].kind == MS_PL_SHARD && pl[0].p[m].dim == 3) ways *= mesh_shape[m];
+    int64_t ways = ms_op_shard_ways(&pl[0], 3, mesh_shape);
     return a->i[0] % ways == 0 && in[0].d[3] % ways == 0;
 }
 
