@@ -615,6 +615,52 @@ static ms_status h_conv_backward(ms_kctx *kc, const ms_k_conv *g, float *dx, flo
 /* clang-format on */
 /* -- end conv -- */
 
+/* -- pool -- */
+static ms_status h_pool_forward(ms_kctx *kc, const ms_k_pool *g, float *out, int32_t *idx,
+                                const float *inp, ms_error *err) {
+    ms_k_pool_forward(g, H(out), H(idx), H(inp));
+    return OK;
+}
+static ms_status h_pool_backward(ms_kctx *kc, const ms_k_pool *g, float *dinp, const float *dout,
+                                 const int32_t *idx, ms_error *err) {
+    ms_k_pool_backward(g, H(dinp), H(dout), H(idx));
+    return OK;
+}
+static ms_status h_group_norm_forward(ms_kctx *kc, const ms_k_gnorm *g, float *out, float *mean,
+                                      float *rstd, const float *inp, const float *weight,
+                                      const float *bias, ms_error *err) {
+    ms_k_group_norm_forward(g, H(out), H(mean), H(rstd), H(inp), H(weight), H(bias));
+    return OK;
+}
+static ms_status h_group_norm_backward(ms_kctx *kc, const ms_k_gnorm *g, float *dinp,
+                                       float *dweight, float *dbias, float *scratch,
+                                       const float *dout, const float *inp, const float *weight,
+                                       const float *mean, const float *rstd, ms_error *err) {
+    ms_k_group_norm_backward(g, H(dinp), H(dweight), H(dbias), H(scratch), H(dout), H(inp),
+                             H(weight), H(mean), H(rstd));
+    return OK;
+}
+static ms_status h_resize_forward(ms_kctx *kc, const ms_k_resize *g, float *out, const float *inp,
+                                  ms_error *err) {
+    ms_k_resize_forward(g, H(out), H(inp));
+    return OK;
+}
+static ms_status h_resize_backward(ms_kctx *kc, const ms_k_resize *g, float *dinp,
+                                   const float *dout, ms_error *err) {
+    ms_k_resize_backward(g, H(dinp), H(dout));
+    return OK;
+}
+/* clang-format off */
+#define POOL_SLOTS                                  \
+    .pool_forward = h_pool_forward,                 \
+    .pool_backward = h_pool_backward,               \
+    .group_norm_forward = h_group_norm_forward,     \
+    .group_norm_backward = h_group_norm_backward,   \
+    .resize_forward = h_resize_forward,             \
+    .resize_backward = h_resize_backward
+/* clang-format on */
+/* -- end pool -- */
+
 /* clang-format off */
 #define HOST_SLOTS                                            \
     .sync = host_sync,                                        \
@@ -709,7 +755,8 @@ static ms_status h_conv_backward(ms_kctx *kc, const ms_k_conv *g, float *dx, flo
     .sumsq_bf16 = h_sumsq_bf16,                               \
     .sumsq_list = h_sumsq_list,                               \
     .scale_inplace = h_scale_inplace,                         \
-    CONV_SLOTS
+    CONV_SLOTS,                                               \
+    POOL_SLOTS
 /* clang-format on */
 
 /* ---- the fenced device's bf16 kernels ----

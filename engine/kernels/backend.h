@@ -42,6 +42,7 @@
 #include "engine/kernels/kctx_opts.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
+#include "engine/kernels/pool.h"
 #include "engine/kernels/reduce_ext.h"
 #include "engine/optim/optim.h"
 
@@ -386,6 +387,20 @@ struct ms_kernels {
     MS_KSLOT(conv_backward, const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
              const float *dout, const float *x, const float *w, unsigned fresh);
     /* -- end conv -- */
+
+    /* -- pool: pooling, group normalisation and resizing on NCHW / NCL (pool.h) --
+     * The max pool's winners are int32 positions in their plane; group_norm_backward's
+     * scratch is ms_k_group_norm_scratch_floats, which the op keeps in a saved slot. */
+    MS_KSLOT(pool_forward, const ms_k_pool *g, float *out, int32_t *idx, const float *inp);
+    MS_KSLOT(pool_backward, const ms_k_pool *g, float *dinp, const float *dout, const int32_t *idx);
+    MS_KSLOT(group_norm_forward, const ms_k_gnorm *g, float *out, float *mean, float *rstd,
+             const float *inp, const float *weight, const float *bias);
+    MS_KSLOT(group_norm_backward, const ms_k_gnorm *g, float *dinp, float *dweight, float *dbias,
+             float *scratch, const float *dout, const float *inp, const float *weight,
+             const float *mean, const float *rstd);
+    MS_KSLOT(resize_forward, const ms_k_resize *g, float *out, const float *inp);
+    MS_KSLOT(resize_backward, const ms_k_resize *g, float *dinp, const float *dout);
+    /* -- end pool -- */
 };
 
 /* The tables. ms_kernels_cuda is NULL when CUDA is not built. */
