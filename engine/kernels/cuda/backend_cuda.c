@@ -515,6 +515,14 @@ static const ms_kernels cuda_kernels = {
     .conv_forward = ms_cu_conv_forward,
     .conv_backward = ms_cu_conv_backward,
     /* -- end conv -- */
+    /* -- pool -- */
+    .pool_forward = ms_cu_pool_forward,
+    .pool_backward = ms_cu_pool_backward,
+    .group_norm_forward = ms_cu_group_norm_forward,
+    .group_norm_backward = ms_cu_group_norm_backward,
+    .resize_forward = ms_cu_resize_forward,
+    .resize_backward = ms_cu_resize_backward,
+    /* -- end pool -- */
 };
 
 const ms_kernels *ms_kernels_cuda_table(void) {

@@ -40,6 +40,7 @@ extern "C" {
 #include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/layers.h"
+#include "engine/kernels/pool.h"
 #include "engine/kernels/reduce_ext.h"
 #include "engine/optim/optim.h"
 
@@ -415,6 +416,23 @@ MS_CU_SLOT(conv_forward, const ms_k_conv *g, float *out, float *col, const float
 MS_CU_SLOT(conv_backward, const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
            const float *dout, const float *x, const float *w, unsigned fresh);
 /* -- end conv -- */
+
+/* -- pool: pooling, group normalisation, resizing (pool.cu; shapes in pool.h) --
+ * Pooling and resizing: one thread per output element, the backward one per input element
+ * gathering from its readers in the CPU kernel's order (no atomics). GroupNorm: one block per
+ * (sample, group) row; the backward one block per (sample, channel) row for the channel sums,
+ * then one thread per row, element and channel, in the scratch of
+ * ms_k_group_norm_scratch_floats: the channel sums [2, N, C], then the group means [2, N, G]. */
+MS_CU_SLOT(pool_forward, const ms_k_pool *g, float *out, int32_t *idx, const float *inp);
+MS_CU_SLOT(pool_backward, const ms_k_pool *g, float *dinp, const float *dout, const int32_t *idx);
+MS_CU_SLOT(group_norm_forward, const ms_k_gnorm *g, float *out, float *mean, float *rstd,
+           const float *inp, const float *weight, const float *bias);
+MS_CU_SLOT(group_norm_backward, const ms_k_gnorm *g, float *dinp, float *dweight, float *dbias,
+           float *scratch, const float *dout, const float *inp, const float *weight,
+           const float *mean, const float *rstd);
+MS_CU_SLOT(resize_forward, const ms_k_resize *g, float *out, const float *inp);
+MS_CU_SLOT(resize_backward, const ms_k_resize *g, float *dinp, const float *dout);
+/* -- end pool -- */
 
 #ifdef __cplusplus
 }
