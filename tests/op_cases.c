@@ -1,4 +1,5 @@
-/* op_cases.c - the operator case table, one included file per family of operators. */
+/* op_cases.c - the operator case table, one included file per family of operators, and the
+ * one-rank call that tests running a single op start from. */
 #include "tests/op_cases.h"
 
 #include "engine/core/philox.h"
@@ -12,6 +13,7 @@ const op_case ms_op_cases[] = {
 #include "tests/op_cases/layers.inc"
 #include "tests/op_cases/fused.inc"
 #include "tests/op_cases/conv.inc"
+#include "tests/op_cases/pool.inc"
 };
 const int ms_n_op_cases = (int)(sizeof ms_op_cases / sizeof *ms_op_cases);
 
@@ -28,4 +30,17 @@ void mt_op_case_fill(const op_case *c, int i, ms_tensor *t) {
         else
             p[k] = 2 * u - 1;
     }
+}
+
+ms_op_call mt_op_call_whole(const ms_op_attrs *a, int n_in, const ms_shape *gin, int n_out,
+                            const ms_shape *gout) {
+    static const ms_placements none[MS_OP_MAX_IN > MS_OP_MAX_OUT ? MS_OP_MAX_IN : MS_OP_MAX_OUT];
+    return (ms_op_call){.kc = ms_kctx_host(),
+                        .attrs = a,
+                        .n_in = n_in,
+                        .n_out = n_out,
+                        .gin = gin,
+                        .gout = gout,
+                        .in_pl = none,
+                        .out_pl = none};
 }

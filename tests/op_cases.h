@@ -52,4 +52,9 @@ extern const int ms_n_op_cases;
  * ids and targets integer-valued in [0, vocab). */
 void mt_op_case_fill(const op_case *c, int i, ms_tensor *t);
 
+/* A call on one rank holding every tensor whole, with the host's kernels: the caller attaches
+ * the inputs, outputs, saved buffers and gradients. */
+ms_op_call mt_op_call_whole(const ms_op_attrs *a, int n_in, const ms_shape *gin, int n_out,
+                            const ms_shape *gout);
+
 #endif

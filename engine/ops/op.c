@@ -115,6 +115,16 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_conv1d_def,
     &ms_op_conv2d_def,
     /* -- end conv -- */
+
+    /* -- pool -- */
+    &ms_op_max_pool1d_def,
+    &ms_op_max_pool2d_def,
+    &ms_op_avg_pool1d_def,
+    &ms_op_avg_pool2d_def,
+    &ms_op_global_avg_pool_def,
+    &ms_op_group_norm_def,
+    &ms_op_resize_def,
+    /* -- end pool -- */
 };
 // clang-format on
 _Static_assert(sizeof builtin_ops / sizeof builtin_ops[0] == MS_OP_BUILTIN_COUNT,

@@ -183,6 +183,20 @@ typedef enum ms_op_kind {
     MS_OP_CONV2D, /* x [N, C_in, H, W] -> [N, C_out, H_out, W_out]; i[0..6] */
     /* -- end conv -- */
 
+    /* -- pool: vision and speech on channels-first tensors (ops_pool.c) -- */
+    /* Pooling: x [N, C, L] (1d) or [N, C, H, W] (2d); per spatial dim s of k (1 or 2): kernel
+     * i[s], stride i[k + s], padding i[2k + s] on both sides (at most half the kernel). */
+    MS_OP_MAX_POOL1D,      /* window max; gradient to the first max in row-major order */
+    MS_OP_MAX_POOL2D,      /* as max_pool1d over [H, W] windows */
+    MS_OP_AVG_POOL1D,      /* window mean; i[3] 1: padding not counted (count_include_pad=0) */
+    MS_OP_AVG_POOL2D,      /* as avg_pool1d over [H, W] windows; i[6] 1: padding not counted */
+    MS_OP_GLOBAL_AVG_POOL, /* x [N, C, ...] -> [N, C, 1, ...], the mean over every spatial dim */
+    MS_OP_GROUP_NORM,      /* x [N, C, ...], weight [C], bias [C]; i[0] groups, f[0] eps */
+    MS_OP_RESIZE,          /* x [N, C, L] or [N, C, H, W]; i[0] 0 nearest, 1 (bi)linear;
+                            * output size i[1], i[2] or scale factors f[0], f[1] (0: as the
+                            * first); PyTorch's interpolate, align_corners=False */
+    /* -- end pool -- */
+
     MS_OP_BUILTIN_COUNT
 } ms_op_kind;
 

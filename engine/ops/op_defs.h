@@ -110,6 +110,16 @@ extern const ms_op_def ms_op_bias_dropout_add_def;
 extern const ms_op_def ms_op_conv1d_def;
 extern const ms_op_def ms_op_conv2d_def;
 /* -- end conv -- */
+
+/* -- pool -- */
+extern const ms_op_def ms_op_max_pool1d_def;
+extern const ms_op_def ms_op_max_pool2d_def;
+extern const ms_op_def ms_op_avg_pool1d_def;
+extern const ms_op_def ms_op_avg_pool2d_def;
+extern const ms_op_def ms_op_global_avg_pool_def;
+extern const ms_op_def ms_op_group_norm_def;
+extern const ms_op_def ms_op_resize_def;
+/* -- end pool -- */
 // clang-format on
 
 static inline int64_t shape_numel(const ms_shape *s) {

@@ -6,13 +6,15 @@
  *   FAM_infer(k, name, attrs, n_in, in, out, err)    FAM_rule(k, attrs, n_in, in, n, cands)
  *   FAM_forward(k, call, err)    FAM_backward(k, call, err)    FAM_cost(k, call, backward)
  *   FAM_runs_on(kernels)    (every op of a family calls the same kernel slots)
+ *   FAM_saved(k, call, sizes)    (MS_OP_FAMILY_ROW_SAVED only)
  */
 #ifndef MS_OP_FAMILY_ROW_H
 #define MS_OP_FAMILY_ROW_H
 
 #include "engine/ops/op_defs.h"
 
-#define MS_OP_FAMILY_ROW(fam, K, KIND, op, NIN, GRAD)                                              \
+/* The wrappers binding the family's functions to id K. */
+#define MS_OP_FAMILY_FNS(fam, K, op)                                                               \
     static ms_status op##_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out, \
                                 ms_error *err) {                                                   \
         return fam##_infer(K, #op, a, n_in, in, out, err);                                         \
@@ -29,19 +31,27 @@
     }                                                                                              \
     static ms_k_cost op##_cost(const ms_op_call *c, bool bw) {                                     \
         return fam##_cost(K, c, bw);                                                               \
+    }
+
+/* The fields of the op's table row. */
+#define MS_OP_FAMILY_FIELDS(fam, KIND, op, NIN, GRAD)                                              \
+    .kind = KIND, .name = #op, .n_in = NIN, .n_out = 1, .infer = op##_infer, .rule = op##_rule,    \
+    .forward = op##_forward, .backward = op##_backward, .cost = op##_cost,                         \
+    .runs_on = fam##_runs_on, .grad_inputs = GRAD
+
+#define MS_OP_FAMILY_ROW(fam, K, KIND, op, NIN, GRAD)                                              \
+    MS_OP_FAMILY_FNS(fam, K, op)                                                                   \
+    const ms_op_def ms_op_##op##_def = {MS_OP_FAMILY_FIELDS(fam, KIND, op, NIN, GRAD)};
+
+/* MS_OP_FAMILY_ROW of a family whose ops keep buffers from forward to backward, sized by
+ * FAM_saved(k, call, sizes) (ms_op_def.saved_floats). */
+#define MS_OP_FAMILY_ROW_SAVED(fam, K, KIND, op, NIN, GRAD)                                        \
+    MS_OP_FAMILY_FNS(fam, K, op)                                                                   \
+    static void op##_saved(const ms_op_attrs *a, const ms_op_call *c, int64_t *sizes) {            \
+        (void)a;                                                                                   \
+        fam##_saved(K, c, sizes);                                                                  \
     }                                                                                              \
-    const ms_op_def ms_op_##op##_def = {                                                           \
-        .kind = KIND,                                                                              \
-        .name = #op,                                                                               \
-        .n_in = NIN,                                                                               \
-        .n_out = 1,                                                                                \
-        .infer = op##_infer,                                                                       \
-        .rule = op##_rule,                                                                         \
-        .forward = op##_forward,                                                                   \
-        .backward = op##_backward,                                                                 \
-        .cost = op##_cost,                                                                         \
-        .runs_on = fam##_runs_on,                                                                  \
-        .grad_inputs = GRAD,                                                                       \
-    };
+    const ms_op_def ms_op_##op##_def = {MS_OP_FAMILY_FIELDS(fam, KIND, op, NIN, GRAD),             \
+                                        .saved_floats = op##_saved};
 
 #endif
