@@ -3,9 +3,10 @@
  *
  * A rule lists, along one mesh dim, the placements each input must have and what each output
  * then is. Rules depend on shapes and attributes, so each operator's rule is shown for the
- * first probe of small input shapes that its shape function accepts with default attributes;
- * operators that need attributes or integer inputs to be well-formed say so instead of showing a
- * made-up rule.
+ * first probe of small input shapes that its shape function accepts with default attributes,
+ * or for operators whose attributes no probe guesses (pooling windows, group counts) at an
+ * example of its inputs and attributes, which it describes; operators that need attributes or
+ * integer inputs to be well-formed say so instead of showing a made-up rule.
  *
  * Exit codes: 0, 2 usage errors.
  */
@@ -46,6 +47,80 @@ static void cand_text(const ms_rule_cand *c, int n_in, int n_out, char *out, siz
     }
 }
 
+/* The shapes of n inputs as "[2, 4] [4]" in out; returns the length written. */
+static size_t shapes_text(const ms_shape *in, int n, char *out, size_t len) {
+    size_t k = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && k < len; i++) {
+        char one[48];
+        ms_shape_str(in[i].d, in[i].ndim, one, sizeof one);
+        k += (size_t)snprintf(out + k, len - k, "%s%s", i ? " " : "", one);
+    }
+    return k;
+}
+
+/* Operators whose attributes the probes below cannot guess (a window, a group count, a size):
+ * the inputs and attributes `meshscope ops` shows their rules at, with what the attributes
+ * mean. */
+typedef struct op_example {
+    const char *op;
+    int n_in;
+    ms_shape in[MS_OP_MAX_IN];
+    ms_op_attrs a;
+    const char *attrs;
+} op_example;
+
+static const op_example examples[] = {
+    /* -- pool -- */
+    {"max_pool1d", 1, {{3, {2, 4, 16}}}, {.i = {3, 2, 1}}, "i = kernel 3, stride 2, padding 1"},
+    {"max_pool2d",
+     1,
+     {{4, {2, 4, 8, 8}}},
+     {.i = {3, 3, 2, 2, 1, 1}},
+     "i = kernel 3, 3, stride 2, 2, padding 1, 1"},
+    {"avg_pool1d",
+     1,
+     {{3, {2, 4, 16}}},
+     {.i = {3, 2, 1, 1}},
+     "i = kernel 3, stride 2, padding 1, exclude_pad 1"},
+    {"avg_pool2d",
+     1,
+     {{4, {2, 4, 8, 8}}},
+     {.i = {2, 2, 2, 2, 0, 0, 0}},
+     "i = kernel 2, 2, stride 2, 2, padding 0, 0, exclude_pad 0"},
+    {"global_avg_pool", 1, {{4, {2, 4, 8, 8}}}, {.i = {0}}, "no attributes"},
+    {"group_norm",
+     3,
+     {{4, {2, 8, 4, 4}}, {1, {8}}, {1, {8}}},
+     {.i = {4}, .f = {1e-5f}},
+     "i[0] groups 4, f[0] eps 1e-5"},
+    {"resize",
+     1,
+     {{4, {2, 4, 8, 8}}},
+     {.i = {1}, .f = {2, 2}},
+     "i[0] mode 1 linear, f = scales 2, 2 (or i[1], i[2] a size)"},
+    /* -- end pool -- */
+};
+
+/* The op's candidates at its example (nc, or 0 where it has none), its inputs and attributes
+ * described in `shape`. */
+static int probe_example(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n_out,
+                         char *shape, size_t len) {
+    for (size_t e = 0; e < sizeof examples / sizeof *examples; e++) {
+        const op_example *x = &examples[e];
+        ms_shape out[MS_OP_MAX_OUT];
+        ms_error err = {0};
+        if (strcmp(x->op, d->name) || d->infer(&x->a, x->n_in, x->in, out, &err) != MS_OK) continue;
+        memset(cands, 0, sizeof(ms_rule_cand) * MS_OP_MAX_CANDS);
+        *n_in = x->n_in;
+        *n_out = d->n_out > 0 ? d->n_out : 1;
+        size_t k = shapes_text(x->in, x->n_in, shape, len);
+        if (k < len) snprintf(shape + k, len - k, " (%s)", x->attrs);
+        return d->rule(&x->a, x->n_in, x->in, 2, cands);
+    }
+    return 0;
+}
+
 /* The op's candidates on a mesh dim of 2 for the first probe that its shape function accepts
  * with default attributes, then with small ones: each input one of a few small shapes (so that a
  * matmul finds [4, 6] @ [6, 4] and a norm [4, 6] with a [6] weight); returns how many (0: none
@@ -56,6 +131,8 @@ static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n
                                       {3, {2, 4, 6}},      {4, {2, 4, 2, 8}}, {4, {2, 4, 3, 8}},
                                       {5, {2, 4, 2, 2, 8}}};
     enum { NP = sizeof probes / sizeof *probes };
+    int from_example = probe_example(d, cands, n_in, n_out, shape, len);
+    if (from_example > 0) return from_example;
     int ni = d->n_in > 0 ? d->n_in : 2, combos = 1;
     for (int i = 0; i < ni; i++) combos *= NP;
     /* Default attributes first, then small integer attributes (a dim, a count, a flag) with
@@ -77,12 +154,7 @@ static int probe_rule(const ms_op_def *d, ms_rule_cand *cands, int *n_in, int *n
             if (nc <= 0) continue;
             *n_in = ni;
             *n_out = d->n_out > 0 ? d->n_out : 1;
-            size_t k = 0;
-            for (int i = 0; i < ni && k < len; i++) {
-                char one[48];
-                ms_shape_str(in[i].d, in[i].ndim, one, sizeof one);
-                k += (size_t)snprintf(shape + k, len - k, "%s%s", i ? " " : "", one);
-            }
+            size_t k = shapes_text(in, ni, shape, len);
             if (v == 19 && k < len)
                 snprintf(shape + k, len - k, " (every i = 1)");
             else if (v > 0 && k < len)
@@ -122,7 +194,7 @@ int ms_cmd_ops(int argc, char **argv) {
     for (int op = 0; op < n; op++) {
         const ms_op_def *d = ms_op_get(op);
         int ni = 0, no = 0;
-        char shape[160] = "", text[256];
+        char shape[224] = "", text[256];
         int nc = probe_rule(d, cands, &ni, &no, shape, sizeof shape);
         cJSON *o = NULL, *rules = NULL;
         const char *devs[4];

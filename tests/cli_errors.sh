@@ -359,6 +359,16 @@ else
   echo "FAIL ops devices: $n_fenced of $n_ops operators run on the fenced device"
   fail=$((fail + 1))
 fi
+# ops: operators whose attributes no probe guesses show their rules at an example, described.
+ops_text=$("$bin" ops)
+if grep -q "^max_pool2d .*(i = kernel 3, 3, stride 2, 2, padding 1, 1)" <<<"$ops_text" &&
+  grep -A3 "^group_norm " <<<"$ops_text" | grep -q "S(1), S(0), S(0) -> S(1)"; then
+  echo "ok   ops: pooling and group_norm shown at example attributes, with their rules"
+  pass=$((pass + 1))
+else
+  echo "FAIL ops: no example attributes for max_pool2d or no channel rule for group_norm"
+  fail=$((fail + 1))
+fi
 expect_rc 2 "checkpoint export needs -o" "give the checkpoint and the output" \
   "$bin" checkpoint export "$tmp"
 expect_rc 1 "checkpoint info: not a checkpoint" "no checkpoint in" "$bin" checkpoint info "$tmp"
