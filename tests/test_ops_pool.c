@@ -50,7 +50,7 @@ static void run(call_io *io) {
         fail_msg("%s: infer: %s", def->name, err.msg);
     assert_true(numel(&io->out) <= MAXN);
     ms_op_call c = mt_op_call_whole(&io->a, io->n_in, io->in, 1, &io->out);
-    ms_tensor in[3], din[3], out, dout, saved[MS_OP_MAX_SAVED] = {0};
+    ms_tensor in[3] = {0}, din[3] = {0}, out = {0}, dout = {0}, saved[MS_OP_MAX_SAVED] = {0};
     for (int i = 0; i < io->n_in; i++) wrap(&in[i], io->x[i], &io->in[i]), c.in[i] = &in[i];
     wrap(&out, io->y, &io->out);
     c.out[0] = &out;
@@ -73,6 +73,9 @@ static void run(call_io *io) {
         if (def->backward(&c, &err) != MS_OK) fail_msg("%s: backward: %s", def->name, err.msg);
     }
     for (int k = 0; k < MS_OP_MAX_SAVED; k++) ms_tensor_release(&saved[k]);
+    for (int i = 0; i < 3; i++) ms_tensor_release(&in[i]), ms_tensor_release(&din[i]);
+    ms_tensor_release(&out);
+    ms_tensor_release(&dout);
 }
 
 static void fill(float *x, int64_t n, uint64_t stream, float lo, float hi) {
@@ -496,11 +499,14 @@ static ms_k_cost cost_of(int op, ms_op_attrs a, int n_in, const ms_shape *in, bo
     ms_shape out;
     ms_error err = {0};
     assert_int_equal(def->infer(&a, n_in, in, &out, &err), MS_OK);
-    ms_tensor t[3], o;
+    ms_tensor t[3] = {0}, o = {0};
     ms_op_call c = mt_op_call_whole(&a, n_in, in, 1, &out);
     for (int i = 0; i < n_in; i++) wrap(&t[i], buf, &in[i]), c.in[i] = &t[i];
     wrap(&o, buf, &out), c.out[0] = &o;
-    return def->cost(&c, backward);
+    ms_k_cost k = def->cost(&c, backward);
+    for (int i = 0; i < 3; i++) ms_tensor_release(&t[i]);
+    ms_tensor_release(&o);
+    return k;
 }
 
 static void costs(void **state) {
