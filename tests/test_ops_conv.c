@@ -397,7 +397,7 @@ static void mesh2_grads(mt_rank *r, ms_dmesh *dm, ms_tape *t, const ms_dtensor *
             for (int d = 0; d < din[i].ndim; d++) n *= din[i].gshape[d];
             MT_CHECK(r, gathered_close(r, g, want[i], n), "%s with %s: gradient of input %d",
                      ma->s->name, desc, i);
-            ma->grads += r->ctx->rank == 0;
+            if (r->ctx->rank == 0) ma->grads++; /* rank 0 alone writes the shared counts */
         }
     }
     ms_dtensor_release(&w), ms_dtensor_release(&prod), ms_dtensor_release(&loss);
@@ -438,7 +438,7 @@ static void mesh2_one(mt_rank *r, ms_dmesh *dm, const ms_tensor *g, const ms_ten
             mesh2_grads(r, dm, t, &out, wts, din, watched, n_in, ref, ma, desc);
         ms_dtensor_release(&out);
     }
-    ma->combos += r->ctx->rank == 0;
+    if (r->ctx->rank == 0) ma->combos++;
     for (int i = 0; i < n_in; i++) ms_dtensor_release(&din[i]);
     ms_tape_destroy(t);
 }
