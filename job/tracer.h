@@ -4,7 +4,8 @@
  * read the threads backend's rings directly; under MPI the gathered events also feed rank
  * 0's live model.
  *
- * Ownership: each rank owns its tracer; tracer_free detaches the recorder from the ctx.
+ * Ownership: each rank owns its tracer; tracer_close detaches the recorder from the ctx and the
+ * live model.
  */
 #ifndef MS_JOB_TRACER_H
 #define MS_JOB_TRACER_H

@@ -15,7 +15,7 @@
  *      layout: bin/meshscope, lib/libnccl-profiler-meshscope.so); the first that exists is
  *      put into NCCL_PROFILER_PLUGIN, as a full path.
  * NCCL reads the variable when the first communicator of the process initialises, so the
- * lane is opened before any (tracer_start runs before the trainer makes its communicators).
+ * lane is opened before any (tracer_open runs before the trainer makes its communicators).
  * When the plugin cannot be found or loaded, the lane says so once per process on stderr and
  * the run traces without it.
  *
