@@ -291,12 +291,6 @@ int ms_model_mlm_positions(const ms_model_config *c, int T) {
     return c->model_type == MS_MODEL_BERT ? (int)ceil(0.15 * T) : 0;
 }
 
-void ms_model_free(ms_model *m) {
-    if (!m) return;
-    ms_graph_destroy(m->g);
-    memset(m, 0, sizeof *m);
-}
-
 void ms_model_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file) {
     *file = *internal;
     if (ms_llama_checkpoint_shape(name, internal, file)) return;

@@ -10,34 +10,7 @@
 
 #include "engine/graph/graph.h"
 #include "engine/model/config.h"
-
-typedef struct ms_model {
-    ms_graph *g;
-    int ids, targets, pos; /* inputs: token ids [B, T], targets [B, T] (BERT: [B, k]),
-                            * positions [B, T] */
-    int loss;              /* mean cross-entropy, a scalar */
-    int logits;            /* [B, T, V] (BERT: [B, k, V]) */
-    int B, T;
-    /* BERT: k, the positions masked per row; 0 for GPT-2. The masked-LM head runs on those
-     * positions only, gathered before it (mlm_pos, an input [B, k] of positions within the
-     * row), and the loss is the mean over the B x k of them. -1 without BERT's head. */
-    int mlm_per_row;
-    int mlm_pos;
-    /* A pipeline chunk: the activation input [B, T, C] (chunks after the first) and output
-     * (chunks before the last); -1 otherwise. A chunk without the head has no loss, logits
-     * or targets (-1), one without the embedding no ids or positions. */
-    int hidden_in, hidden_out;
-} ms_model;
-
-/* Which part of the model a pipeline chunk holds: layers [layer_lo, layer_hi), the
- * embedding when first, the final norm, the head and the loss when last. */
-typedef struct ms_model_chunk {
-    int layer_lo, layer_hi;
-    bool first, last;
-    /* The reference the fused operators are checked against: every bias add, GELU, dropout and
-     * residual add its own operator (false: bias_gelu and bias_dropout_add). */
-    bool unfused;
-} ms_model_chunk;
+#include "engine/model/model.h"
 
 /* k, the positions BERT masks (and its head runs on) per sequence of T tokens: ceil(0.15 T);
  * 0 for the other families. */
@@ -69,7 +42,6 @@ ms_status ms_model_build(const ms_model_config *cfg, int B, int T, ms_model *out
  * in both the first and the last chunk. The whole model is the chunk {0, n_layer, 1, 1}. */
 ms_status ms_model_build_chunk(const ms_model_config *cfg, int B, int T, const ms_model_chunk *ch,
                                ms_model *out, ms_error *err);
-void ms_model_free(ms_model *m);
 
 /* The checkpoint shape of a parameter (Hugging Face layout) for its internal shape. */
 void ms_model_checkpoint_shape(const char *name, const ms_shape *internal, ms_shape *file);

@@ -783,9 +783,8 @@ static bool is_norm_output(const ms_strategy *s, const char *name) {
 }
 
 /* tp placement of a named value under the Megatron layout; false = no opinion. */
-static bool megatron(const ms_sharding *sh, const char *name, const ms_shape *shape,
+static bool megatron(const ms_strategy *s, const char *name, const ms_shape *shape,
                      ms_placement *tp) {
-    const ms_strategy *s = sh->s;
     int ndim = shape->ndim;
     struct {
         const char *suffix;
@@ -868,15 +867,35 @@ ms_compile_opts ms_strategy_compile_opts(const ms_strategy *s, ms_sharding *sh) 
     };
 }
 
+/* A model's input (or a pipeline chunk's), without a hint of its own: its rows split over dp. */
+static bool input_rows_over_dp(const ms_sharding *sh, const char *name, const ms_shape *shape,
+                               int mesh_ndim, ms_placements *pl) {
+    bool boundary = !strcmp(name, "hidden_in"); /* what crosses a pipeline cut */
+    if (sh->s->dp < 2 || shape->ndim < 1 ||
+        (!boundary && ms_model_def_find_input(sh->def, name) < 0))
+        return false;
+    *pl = ms_placements_replicated(mesh_ndim);
+    pl->p[MS_STRATEGY_DP_DIM] = ms_pl_shard(0);
+    ms_placements_default_order(pl);
+    return true;
+}
+
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
                        ms_placements *pl) {
     const ms_sharding *sh = user;
-    const ms_strategy *s = sh->s;
     for (int r = 0; sh->rules && r < sh->rules->n; r++)
         if (ms_glob_match(sh->rules->r[r].pattern, name) && sh->rules->r[r].pl.n == mesh_ndim) {
             *pl = sh->rules->r[r].pl;
             return true;
         }
+    if (!sh->def) return ms_lm_shard(sh->s, name, shape, mesh_ndim, pl);
+    if (sh->def->hooks->shard && sh->def->hooks->shard(sh->def, sh->s, name, shape, mesh_ndim, pl))
+        return true;
+    return input_rows_over_dp(sh, name, shape, mesh_ndim, pl);
+}
+
+bool ms_lm_shard(const ms_strategy *s, const char *name, const ms_shape *shape, int mesh_ndim,
+                 ms_placements *pl) {
     if (mesh_ndim != (s->cp > 1 ? 3 : 2)) return false;
     bool any = false;
     ms_placement dp = ms_pl_replicate(), tp = ms_pl_replicate(), cp = ms_pl_replicate();
@@ -890,7 +909,7 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
         dp = ms_pl_shard(0);
         any = true;
     }
-    if (s->tp > 1 && megatron(sh, name, shape, &tp)) any = true;
+    if (s->tp > 1 && megatron(s, name, shape, &tp)) any = true;
     if ((is_input || is_residual) && s->cp > 1 && shape->ndim >= 2) {
         cp = ms_pl_shard(1);
         any = true;

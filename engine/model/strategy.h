@@ -34,6 +34,7 @@
 
 #include "engine/dist/mesh.h"
 #include "engine/graph/graph.h"
+#include "engine/model/model.h"
 
 #define MS_STRATEGY_MAX_DEGREE 65536    /* one mesh dim */
 #define MS_STRATEGY_MAX_RANKS  16777216 /* the product of the degrees */
@@ -305,11 +306,20 @@ typedef struct ms_sharding {
      * off k_proj's shape (replicated over tp when they do not divide it, the query heads and
      * o_proj still split). */
     int kv_heads;
+    /* The model (its shard hook, its inputs), or NULL: the built-in language models' rules */
+    const ms_model_def *def;
 } ms_sharding;
 
-/* The ms_shard_fn for ms_compile_opts (user = an ms_sharding). */
+/* The ms_shard_fn for ms_compile_opts (user = an ms_sharding): the strategy file's glob rules
+ * first, then the model's shard hook, then its inputs' rows over dp; without a def, the
+ * built-in language models' rules (ms_lm_shard). */
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
                        ms_placements *pl);
+
+/* Megatron's layout for the built-in language models' names (Hugging Face style): inputs and
+ * the residual stream over dp (and cp), the attention and MLP weights split over tp. */
+bool ms_lm_shard(const ms_strategy *s, const char *name, const ms_shape *shape, int mesh_ndim,
+                 ms_placements *pl);
 
 /* The ms_compile_opts.recompute bits for s's recompute mode: full recomputes every transformer
  * block (MS_REGION_BLOCK), selective the core of attention (MS_REGION_ATTENTION). */

@@ -5,21 +5,11 @@
 #include <stdlib.h>
 
 #include "engine/core/xalloc.h"
-#include "engine/model/gpt.h"
+#include "engine/model/lm_def.h"
 
 ms_pp_costs ms_pp_model_costs(const ms_model_config *cfg, int seq) {
-    const double C = cfg->n_embd, V = cfg->vocab_size, T = seq;
-    const double fwd_bwd = 3; /* backward is two matmuls per forward matmul */
     ms_pp_costs c;
-    /* qkv (6C^2), projection (2C^2), MLP (16C^2); scores and values (4TC, causal or not). */
-    c.layer = fwd_bwd * (24 * C * C + 4 * T * C);
-    c.first = 0; /* lookups: no matmul */
-    /* logits (2CV), BERT's transform dense (2C^2); BERT's head runs on the k masked positions
-     * of each sequence only (gathered before it), so per token of the sequence it costs k / T
-     * of that */
-    bool bert = cfg->model_type == MS_MODEL_BERT;
-    double rows = bert && T > 0 ? ms_model_mlm_positions(cfg, seq) / T : 1;
-    c.last = fwd_bwd * (2 * C * V + (bert ? 2 * C * C : 0)) * rows;
+    ms_lm_block_costs(cfg, seq, &c.layer, &c.first, &c.last);
     return c;
 }
 

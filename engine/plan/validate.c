@@ -5,13 +5,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "engine/model/lm_def.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/plan/cost.h"
 #include "engine/plan/workload.h"
 
 /* The degrees against the world, the enums, and the heads and layers they split. */
-static ms_status check_mesh(const ms_strategy *s, const ms_model_config *cfg,
-                            const ms_job_shape *job, ms_error *err) {
+static ms_status check_mesh(const ms_strategy *s, const ms_model_def *d, const ms_job_shape *job,
+                            ms_error *err) {
+    const int layers = d->n_blocks;
     char name[MS_STRATEGY_NAME_MAX];
     int ranks = ms_strategy_ranks(s);
     if (ranks < 0)
@@ -29,37 +31,28 @@ static ms_status check_mesh(const ms_strategy *s, const ms_model_config *cfg,
         return ms_fail(err, MS_ERR_INVALID,
                        "unknown recompute mode %d, precision %d or schedule %d (see strategy.h)",
                        s->recompute, s->precision, s->schedule);
-    if (cfg->n_head % s->tp)
-        return ms_fail(err, MS_ERR_INVALID,
-                       "tensor-parallel degree %d does not divide the %d attention heads; pick a "
-                       "tp that divides n_head",
-                       s->tp, cfg->n_head);
-    if (cfg->n_head % (s->tp * s->cp))
-        return ms_fail(err, MS_ERR_INVALID,
-                       "tp x cp = %d does not divide the %d attention heads (context parallelism "
-                       "moves heads, not sequence, into attention); pick tp x cp dividing n_head",
-                       s->tp * s->cp, cfg->n_head);
     if (s->recompute_layers > 0 && s->recompute != MS_RECOMPUTE_FULL)
         return ms_fail(err, MS_ERR_INVALID,
                        "recompute_layers %d limits full recompute to the first layers of each "
                        "chunk; give it with recompute full, or leave it out",
                        s->recompute_layers);
-    if (s->recompute_layers > cfg->n_layer)
+    if (s->recompute_layers > layers)
         return ms_fail(err, MS_ERR_INVALID,
                        "recompute_layers %d exceeds the model's %d layers; give at most %d (0: "
                        "every layer)",
-                       s->recompute_layers, cfg->n_layer, cfg->n_layer);
-    if (s->pp > cfg->n_layer)
+                       s->recompute_layers, layers, layers);
+    if (s->pp > layers)
         return ms_fail(err, MS_ERR_INVALID,
                        "pp %d exceeds the %d layers: every stage needs at least one layer; use a "
                        "pp that divides n_layer (at most %d)",
-                       s->pp, cfg->n_layer, cfg->n_layer);
+                       s->pp, layers, layers);
     return MS_OK;
 }
 
 /* pp_layers against pp and n_layer; *stages_out the stages it lists (0: none). */
-static ms_status check_pp_layers(const ms_strategy *s, const ms_model_config *cfg, int *stages_out,
+static ms_status check_pp_layers(const ms_strategy *s, const ms_model_def *d, int *stages_out,
                                  ms_error *err) {
+    const int n_layer = d->n_blocks;
     int layers = 0;
     *stages_out = 0;
     int stages = 0;
@@ -69,28 +62,24 @@ static ms_status check_pp_layers(const ms_strategy *s, const ms_model_config *cf
         return ms_fail(err, MS_ERR_INVALID,
                        "pp_layers lists %d stages but pp is %d; give one layer count per stage",
                        stages, s->pp);
-    if (stages && layers != cfg->n_layer)
+    if (stages && layers != n_layer)
         return ms_fail(err, MS_ERR_INVALID,
                        "pp_layers adds up to %d layers but the model has %d; make the counts add "
                        "up to n_layer",
-                       layers, cfg->n_layer);
+                       layers, n_layer);
     /* Without pp_layers the stages are balanced by cost (engine/pipeline/balance.h), so any
      * pp up to n_layer splits; the interleaved schedule cuts equal stages into equal chunks. */
-    if (s->virtual_stages > 1 && cfg->n_layer % s->pp)
+    if (s->virtual_stages > 1 && n_layer % s->pp)
         return ms_fail(err, MS_ERR_INVALID,
                        "pp %d does not divide the %d layers, and the interleaved schedule needs "
                        "equal stages; pick a pp that divides n_layer",
-                       s->pp, cfg->n_layer);
+                       s->pp, n_layer);
     *stages_out = stages;
     return MS_OK;
 }
 
 /* The sequence against cp, sp against tp, ZeRO against dp, the batch against dp. */
-static ms_status check_shape(const ms_strategy *s, const ms_model_config *cfg,
-                             const ms_job_shape *job, ms_error *err) {
-    if (job->seq > cfg->n_positions)
-        return ms_fail(err, MS_ERR_INVALID, "the sequence %d exceeds n_positions %d", job->seq,
-                       cfg->n_positions);
+static ms_status check_shape(const ms_strategy *s, const ms_job_shape *job, ms_error *err) {
     if (job->seq % s->cp)
         return ms_fail(err, MS_ERR_INVALID,
                        "cp %d does not divide the sequence length %d; pick a cp that divides it",
@@ -138,7 +127,7 @@ static ms_status check_micro(const ms_strategy *s, const ms_job_shape *job, int 
 }
 
 /* The schedule against pp, its virtual stages and m micro-batches. */
-static ms_status check_schedule(const ms_strategy *s, const ms_model_config *cfg, int stages, int m,
+static ms_status check_schedule(const ms_strategy *s, int n_layer, int stages, int m,
                                 ms_error *err) {
     if (s->schedule != MS_SCHEDULE_1F1B && s->pp < 2)
         return ms_fail(err, MS_ERR_INVALID,
@@ -154,7 +143,7 @@ static ms_status check_schedule(const ms_strategy *s, const ms_model_config *cfg
         return ms_fail(err, MS_ERR_INVALID,
                        "the interleaved schedule cuts every stage into virtual_stages equal "
                        "chunks; leave pp_layers out");
-    int per_stage = cfg->n_layer / s->pp;
+    int per_stage = n_layer / s->pp;
     if (s->virtual_stages > 1 && per_stage % s->virtual_stages) {
         char fix[96] = "";
         int len = 0;
@@ -164,7 +153,7 @@ static ms_status check_schedule(const ms_strategy *s, const ms_model_config *cfg
         return ms_fail(err, MS_ERR_INVALID,
                        "pp %d x virtual_stages %d does not divide the %d layers: the %d layer%s "
                        "per stage (n_layer / pp) cannot be cut into %d chunks; %s%s",
-                       s->pp, s->virtual_stages, cfg->n_layer, per_stage, per_stage == 1 ? "" : "s",
+                       s->pp, s->virtual_stages, n_layer, per_stage, per_stage == 1 ? "" : "s",
                        s->virtual_stages,
                        len ? "use virtual_stages "
                            : "use the 1f1b schedule (a stage of one layer "
@@ -176,14 +165,15 @@ static ms_status check_schedule(const ms_strategy *s, const ms_model_config *cfg
     return MS_OK;
 }
 
-ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
-                            const ms_job_shape *job, ms_error *err) {
+ms_status ms_strategy_check_def(const ms_strategy *s, const ms_model_def *d,
+                                const ms_job_shape *job, ms_error *err) {
     int stages = 0, m = 0;
-    MS_CHECK(check_mesh(s, cfg, job, err));
-    MS_CHECK(check_pp_layers(s, cfg, &stages, err));
-    MS_CHECK(check_shape(s, cfg, job, err));
+    MS_CHECK(check_mesh(s, d, job, err));
+    if (d->hooks->check) MS_CHECK(d->hooks->check(d, s, err));
+    MS_CHECK(check_pp_layers(s, d, &stages, err));
+    MS_CHECK(check_shape(s, job, err));
     MS_CHECK(check_micro(s, job, &m, err));
-    MS_CHECK(check_schedule(s, cfg, stages, m, err));
+    MS_CHECK(check_schedule(s, d->n_blocks, stages, m, err));
     if (!(s->bucket_mb >= 0) || !isfinite(s->bucket_mb))
         return ms_fail(err, MS_ERR_INVALID, "bucket_mb %g: give a size in MiB > 0 (0: none)",
                        (double)s->bucket_mb);
@@ -220,6 +210,13 @@ static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
     free(c);
     free(w);
     return st;
+}
+
+ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
+                            const ms_job_shape *job, ms_error *err) {
+    ms_model_def d;
+    MS_CHECK(ms_model_def_from_config(cfg, job->seq > 0 ? job->seq : 1, &d, err));
+    return ms_strategy_check_def(s, &d, job, err);
 }
 
 ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,

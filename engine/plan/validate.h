@@ -22,6 +22,10 @@
  * pipeline to run on, a replicated head has tp > 1. MS_ERR_INVALID names the rule and the fix. */
 ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
                             const ms_job_shape *job, ms_error *err);
+/* The same for any model (engine/model/model.h): its blocks stand for the layers, and its
+ * check hook adds what the model itself asks (the built-in models: heads and positions). */
+ms_status ms_strategy_check_def(const ms_strategy *s, const ms_model_def *d,
+                                const ms_job_shape *job, ms_error *err);
 
 /* The validator: ms_strategy_check; then whether this engine runs s, one reason per knob it
  * does not run yet ("pipeline parallelism (pp 2) is predicted only; the engine does not run it

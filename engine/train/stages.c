@@ -28,7 +28,7 @@ typedef struct chunk {
 
 struct ms_stages {
     ms_ctx *ctx;
-    ms_model_config cfg;
+    ms_model_def def;
     ms_strategy strat;
     ms_placement_rules rules;
     ms_stages_opts o;
@@ -65,8 +65,7 @@ struct ms_stages {
     /* ms_stages_on_grad_final: the caller's hook (chunks call it through use_at) */
     ms_param_use_fn final_fn;
     void *final_arg;
-    int32_t *ids_mb, *tgt_mb;
-    float *scratch;
+    float *scratch; /* one micro-batch of the largest input */
     /* The outbox: what leaves a chunk after its micro-batch's slot is free (the input
      * gradient after B, the output after a forward-only F) is copied into one of these and
      * sent from there, so that the slot is free at once. A buffer is reused once its send
@@ -95,7 +94,7 @@ static bool s_zb(const ms_stages *st) {
 
 /* Model chunk k's graph for this run. */
 static ms_status build_chunk(const ms_stages *st, int k, ms_model *md, ms_error *err) {
-    MS_CHECK(ms_pp_chunk_model(&st->cfg, &st->strat, st->rows_mb, st->o.seq, k, md, err));
+    MS_CHECK(ms_pp_chunk_model_def(&st->def, &st->strat, st->rows_mb, k, md, err));
     if (st->o.keep_logits && md->logits >= 0) ms_graph_keep(md->g, md->logits);
     return MS_OK;
 }
@@ -108,7 +107,7 @@ static int inflight_bound(const ms_stages *st) {
 }
 
 static ms_compile_opts compile_opts(const ms_stages *st, ms_sharding *sh) {
-    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules, .kv_heads = st->cfg.n_kv_head};
+    *sh = (ms_sharding){.s = &st->strat, .rules = &st->rules, .def = &st->def};
     ms_compile_opts co = ms_strategy_compile_opts(&st->strat, sh);
     co.seed = st->o.seed;
     co.micro_batched = st->micro;
@@ -149,10 +148,7 @@ static void find_tied(ms_stages *st) {
         for (int i = 0; i < ms_program_num_params(ch->prog); i++) {
             ms_param_view pv;
             ms_program_param(ch->prog, i, &pv);
-            if (!strcmp(pv.name, "wte.weight") ||
-                !strcmp(pv.name, "embeddings.word_embeddings.weight") ||
-                !strcmp(pv.name, "model.embed_tokens.weight"))
-                st->tie_param[last ? 1 : 0] = base + i;
+            if (!strcmp(pv.name, st->def.tied)) st->tie_param[last ? 1 : 0] = base + i;
         }
     }
 }
@@ -186,7 +182,7 @@ static void forward_schedule(ms_stages *st) {
     st->nfwd = n;
 }
 
-ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
+ms_status ms_stages_create(ms_ctx *ctx, const ms_model_def *def, const ms_strategy *s,
                            const ms_placement_rules *rules, const ms_stages_opts *o,
                            ms_stages **out, ms_error *err) {
     *out = NULL;
@@ -197,7 +193,7 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
                        o->batch);
     ms_stages *st = xcalloc(1, sizeof *st);
     st->ctx = ctx;
-    st->cfg = *cfg;
+    st->def = *def;
     st->strat = *s;
     if (rules) st->rules = *rules;
     st->o = *o;
@@ -235,7 +231,7 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         if (rc == MS_OK && ms_program_scratch_bytes(st->ch[c].prog) > st->pass_scratch_bytes)
             st->pass_scratch_bytes = ms_program_scratch_bytes(st->ch[c].prog);
     }
-    if (rc == MS_OK && st->p > 1 && ms_model_ties_embedding(&st->cfg)) {
+    if (rc == MS_OK && st->p > 1 && st->def.tied[0]) {
         bool ends = st->stage == 0 || st->stage == st->p - 1;
         rc =
             ms_comm_split(ctx->world, ends ? st->index : -1, st->stage, "embedding", &st->tie, err);
@@ -257,10 +253,11 @@ ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_str
         ms_stages_destroy(st);
         return rc;
     }
-    size_t n = (size_t)st->rows_mb * (size_t)o->seq;
-    st->ids_mb = xmalloc(sizeof *st->ids_mb * n);
-    st->tgt_mb = xmalloc(sizeof *st->tgt_mb * n);
-    st->scratch = xmalloc(sizeof *st->scratch * n);
+    size_t most = 1;
+    for (int i = 0; i < def->ninputs; i++)
+        if ((size_t)ms_model_input_numel(def, i) > most)
+            most = (size_t)ms_model_input_numel(def, i);
+    st->scratch = xmalloc(sizeof *st->scratch * (size_t)st->rows_mb * most);
     *out = st;
     return MS_OK;
 }
@@ -288,7 +285,7 @@ void ms_stages_destroy(ms_stages *st) {
     ms_mesh_free(&st->mesh);
     free(st->acts);
     free(st->fwd_acts);
-    free(st->ids_mb), free(st->tgt_mb), free(st->scratch);
+    free(st->scratch);
     for (int i = 0; i < st->nforeign; i++) {
         ms_program_destroy(st->foreign_progs[i]);
         ms_model_free(&st->foreign_models[i]);
@@ -301,31 +298,18 @@ void ms_stages_destroy(ms_stages *st) {
 /* --- micro-batches: their data, their slots, their trace events ------------------------------ */
 
 /* Micro-batch j's rows of the global batch: on each replica r, rows j*b .. j*b + b-1 of its
- * share. Feeds ids and positions (first chunk) and targets (last chunk). */
-static ms_status feed(ms_stages *st, chunk *c, int j, const int32_t *ids, const int32_t *tgt,
-                      ms_error *err) {
+ * share, of every model input this chunk takes. */
+static ms_status feed(ms_stages *st, chunk *c, int j, float *const *inputs, ms_error *err) {
     const ms_model *md = &c->model;
-    int T = st->o.seq, dp = st->strat.dp, per = st->o.batch / dp, b = st->rows_dp;
-    for (int r = 0; r < dp; r++)
-        for (int i = 0; i < b; i++) {
-            size_t from = ((size_t)r * per + (size_t)j * b + i) * T, to = ((size_t)r * b + i) * T;
-            memcpy(st->ids_mb + to, ids + from, sizeof *ids * (size_t)T);
-            memcpy(st->tgt_mb + to, tgt + from, sizeof *tgt * (size_t)T);
-        }
-    int n = st->rows_mb * T;
-    if (md->ids >= 0) {
-        for (int i = 0; i < n; i++) st->scratch[i] = (float)st->ids_mb[i];
-        MS_CHECK(ms_program_feed(c->prog, md->ids, st->scratch, err));
-        for (int i = 0; i < n; i++) st->scratch[i] = (float)(i % T);
-        if (md->pos >= 0) MS_CHECK(ms_program_feed(c->prog, md->pos, st->scratch, err));
-    }
-    if (md->targets >= 0) { /* BERT's: the masked positions and their labels */
-        ms_model_head_inputs(md, st->rows_mb, st->tgt_mb, st->scratch, NULL);
-        MS_CHECK(ms_program_feed(c->prog, md->targets, st->scratch, err));
-    }
-    if (md->mlm_pos >= 0) {
-        ms_model_head_inputs(md, st->rows_mb, st->tgt_mb, NULL, st->scratch);
-        MS_CHECK(ms_program_feed(c->prog, md->mlm_pos, st->scratch, err));
+    int dp = st->strat.dp, per = st->o.batch / dp, b = st->rows_dp;
+    for (int k = 0; k < st->def.ninputs; k++) {
+        if (md->input[k] < 0) continue;
+        size_t row = (size_t)ms_model_input_numel(&st->def, k);
+        for (int r = 0; r < dp; r++)
+            memcpy(st->scratch + (size_t)r * b * row,
+                   inputs[k] + ((size_t)r * per + (size_t)j * b) * row,
+                   sizeof(float) * row * (size_t)b);
+        MS_CHECK(ms_program_feed(c->prog, md->input[k], st->scratch, err));
     }
     return MS_OK;
 }
@@ -502,7 +486,7 @@ static ms_status settle_all(ms_stages *st, ms_error *err) {
  * output sent (training: from the slot, which it holds until its B; forward only: from the
  * outbox, as the slot is free at once). *sum collects the last chunk's loss. */
 static ms_status run_forward(ms_stages *st, chunk *c, const ms_pp_action *a, bool train,
-                             const int32_t *ids, const int32_t *tgt, double *sum, ms_error *err) {
+                             float *const *inputs, double *sum, ms_error *err) {
     const ms_model *md = &c->model;
     int last = st->p * st->v - 1;
     MS_CHECK(take_slot(st, c, a->mb, train, err));
@@ -516,7 +500,7 @@ static ms_status run_forward(ms_stages *st, chunk *c, const ms_pp_action *a, boo
     int64_t t0 = ms_now_ns(), cpu0 = traced_cpu_ns(st);
     ms_program_set_batch_window(c->prog, st->rows_dp, st->o.batch / st->strat.dp,
                                 (int64_t)a->mb * st->rows_dp);
-    MS_CHECK(feed(st, c, a->mb, ids, tgt, err));
+    MS_CHECK(feed(st, c, a->mb, inputs, err));
     float l = 0;
     MS_CHECK(ms_program_forward(c->prog, &l, err));
     if (c->k == last) *sum += l;
@@ -559,12 +543,12 @@ static ms_status run_backward(ms_stages *st, chunk *c, const ms_pp_action *a, ms
     return MS_OK;
 }
 
-static ms_status run_action(ms_stages *st, const ms_pp_action *a, bool train, const int32_t *ids,
-                            const int32_t *tgt, double *sum, ms_error *err) {
+static ms_status run_action(ms_stages *st, const ms_pp_action *a, bool train, float *const *inputs,
+                            double *sum, ms_error *err) {
     chunk *c = &st->ch[a->chunk];
     switch (a->op) {
         case MS_PP_FORWARD:
-            return run_forward(st, c, a, train, ids, tgt, sum, err);
+            return run_forward(st, c, a, train, inputs, sum, err);
         case MS_PP_BACKWARD:
         case MS_PP_WEIGHT:
             return run_backward(st, c, a, err);
@@ -576,7 +560,7 @@ static ms_status run_action(ms_stages *st, const ms_pp_action *a, bool train, co
 }
 
 static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool train,
-                     const int32_t *ids, const int32_t *tgt, float *loss, ms_error *err) {
+                     float *const *inputs, float *loss, ms_error *err) {
     double sum = 0;
     for (int c = 0; c < st->nch; c++) {
         for (int j = 0; j < st->m; j++) st->ch[c].slot_of[j] = -1;
@@ -585,7 +569,7 @@ static ms_status run(ms_stages *st, const ms_pp_action *acts, int nacts, bool tr
     }
     ms_status rc = MS_OK;
     for (int i = 0; i < nacts && rc == MS_OK; i++)
-        rc = run_action(st, &acts[i], train, ids, tgt, &sum, err);
+        rc = run_action(st, &acts[i], train, inputs, &sum, err);
     /* Every send completes before the step ends: the next one reuses the tags and buffers. */
     ms_status done = settle_all(st, rc == MS_OK ? err : NULL);
     MS_CHECK(rc != MS_OK ? rc : done);
@@ -624,10 +608,10 @@ static bool is_tied(const ms_stages *st, int i) {
     return st->tie && (i == st->tie_param[0] || i == st->tie_param[1]);
 }
 
-ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
-                          float *loss, ms_error *err) {
+ms_status ms_stages_train(ms_stages *st, int64_t step, float *const *inputs, float *loss,
+                          ms_error *err) {
     for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, true, (uint64_t)step);
-    MS_CHECK(run(st, st->acts, st->nacts, true, ids, targets, loss, err));
+    MS_CHECK(run(st, st->acts, st->nacts, true, inputs, loss, err));
     for (int c = 0; c < st->nch; c++) MS_CHECK(ms_program_grad_sync(st->ch[c].prog, err));
     MS_CHECK(sync_tied(st, err));
     for (int k = 0; k < 2 && st->final_fn; k++) /* final only after the embedding's all-reduce */
@@ -709,10 +693,9 @@ void ms_stages_param_use_order(ms_stages *st, int *order) {
     }
 }
 
-ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
-                            ms_error *err) {
+ms_status ms_stages_forward(ms_stages *st, float *const *inputs, float *loss, ms_error *err) {
     for (int c = 0; c < st->nch; c++) ms_program_set_dropout(st->ch[c].prog, false, 0);
-    return run(st, st->fwd_acts, st->nfwd, false, ids, targets, loss, err);
+    return run(st, st->fwd_acts, st->nfwd, false, inputs, loss, err);
 }
 
 /* --- the catalog ----------------------------------------------------------------------------- */

@@ -33,8 +33,7 @@
 #define MS_STAGES_H
 
 #include "engine/graph/graph.h"
-#include "engine/model/config.h"
-#include "engine/model/gpt.h"
+#include "engine/model/model.h"
 #include "engine/model/strategy.h"
 #include "engine/pipeline/chunks.h"
 #include "engine/runtime/ctx.h"
@@ -42,16 +41,17 @@
 typedef struct ms_stages ms_stages;
 
 typedef struct ms_stages_opts {
-    int batch, seq; /* global rows per step and tokens per row */
-    uint64_t seed;  /* parameter init and dropout */
+    int batch;     /* global rows per step */
+    uint64_t seed; /* parameter init and dropout */
     bool keep_logits;
     /* bf16 with offload: the host device the fp32 masters live on (ms_compile_opts.master_host,
      * borrowed), else NULL */
     ms_device *master_host;
 } ms_stages_opts;
 
-/* Splits cfg by strategy s (which must pass the validator) and compiles this rank's chunks. */
-ms_status ms_stages_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
+/* Splits the model def (copied; what it borrows must outlive the stages) by strategy s (which must
+ * pass the validator) and compiles this rank's chunks. */
+ms_status ms_stages_create(ms_ctx *ctx, const ms_model_def *def, const ms_strategy *s,
                            const ms_placement_rules *rules, const ms_stages_opts *o,
                            ms_stages **out, ms_error *err);
 void ms_stages_destroy(ms_stages *st);
@@ -59,12 +59,12 @@ void ms_stages_destroy(ms_stages *st);
 /* Parameters written through their views (ms_program_params_written on every chunk). */
 void ms_stages_params_written(ms_stages *st);
 
-/* Training step `step`'s forwards and backwards over the global batch ids/targets ([batch,
- * seq] each, identical on every rank), then the gradient sync and the tied embedding's
- * all-reduce. *loss receives the batch's mean loss on every rank. Dropout draws the step's
- * masks (ms_program_set_dropout). */
-ms_status ms_stages_train(ms_stages *st, int64_t step, const int32_t *ids, const int32_t *targets,
-                          float *loss, ms_error *err);
+/* Training step `step`'s forwards and backwards over the global batch: inputs[i] holds the
+ * model's input i for every row of it (identical on every rank), then the gradient sync and the
+ * tied embedding's all-reduce. *loss receives the batch's mean loss on every rank. Dropout draws
+ * the step's masks (ms_program_set_dropout). */
+ms_status ms_stages_train(ms_stages *st, int64_t step, float *const *inputs, float *loss,
+                          ms_error *err);
 /* After the optimizer updated each parameter's optimizer shard: ZeRO 1 and 2 gather the
  * shards back into every chunk's parameters (ms_program_param_sync). */
 ms_status ms_stages_param_sync(ms_stages *st, ms_error *err);
@@ -83,8 +83,7 @@ void ms_stages_on_grad_final(ms_stages *st, ms_param_use_fn fn, void *arg);
  * model order, within a chunk by first use. order receives ms_stages_num_params indices. */
 void ms_stages_param_use_order(ms_stages *st, int *order);
 /* Forward only (evaluation, sampling; dropout off): *loss as above. */
-ms_status ms_stages_forward(ms_stages *st, const int32_t *ids, const int32_t *targets, float *loss,
-                            ms_error *err);
+ms_status ms_stages_forward(ms_stages *st, float *const *inputs, float *loss, ms_error *err);
 
 /* This rank's parameters over all its chunks, in chunk order, and whether each counts in the
  * global gradient norm (false for the last chunk's copy of the tied embedding). */

@@ -36,10 +36,12 @@ typedef struct moments {
 
 struct ms_trainer {
     ms_ctx *ctx;
-    ms_dmesh *root; /* world rank 0 alone: where ms_trainer_state_full gathers */
+    ms_dmesh *root;   /* world rank 0 alone: where ms_trainer_state_full gathers */
+    ms_model_def def; /* the model; def.lm points at cfg for the built-in ones */
     ms_model_config cfg;
     ms_train_opts o;
-    const ms_text_data *data; /* borrowed */
+    const ms_batch_source *src; /* borrowed, or own_src; NULL: no data */
+    ms_batch_source *own_src;   /* the text source ms_trainer_create opens over its data */
     compiled c;
     moments mo;
     ms_device *host; /* owned: host memory beside the device, for offload (NULL: inference) */
@@ -47,7 +49,9 @@ struct ms_trainer {
     ms_kctx *okc;    /* owned: the kernels of the optimizer's device (AdamW, the norms) */
     int64_t step;    /* the next step to run: also the data cursor and the schedule's clock */
     int64_t skipped;
-    int32_t *ids, *tgt; /* one batch of token ids and targets */
+    /* One global batch: the source's fields, and the model's inputs made from them */
+    float *fields[MS_BATCH_MAX_FIELDS];
+    float *inputs[MS_MODEL_MAX_INPUTS];
     /* The gradient norm's list of gradients and their sums of squares (grown, never per step) */
     ms_k_span *norm_spans;
     double *norm_parts;
@@ -81,10 +85,10 @@ ms_status ms_train_opts_check(const ms_train_opts *o, ms_error *err) {
 }
 
 /* The validator for this rank's job (no memory cap: the trainer allocates what it needs). */
-static ms_status check_strategy(ms_ctx *ctx, const ms_model_config *cfg, const ms_train_opts *o,
+static ms_status check_strategy(ms_ctx *ctx, const ms_model_def *d, const ms_train_opts *o,
                                 const ms_strategy *s, ms_error *err) {
     ms_job_shape job = {.world = ctx->world_size, .batch = o->batch, .seq = o->seq};
-    return ms_strategy_validate(s, cfg, &job, 0, err);
+    return ms_strategy_check_def(s, d, &job, err);
 }
 
 /* --- compiling and the optimizer state ------------------------------------------------------- */
@@ -124,13 +128,12 @@ static ms_status compile_for(ms_trainer *t, const ms_strategy *s, const ms_place
     memset(c, 0, sizeof *c);
     c->strat = *s;
     if (rules) c->rules = *rules;
-    ms_stages_opts so = {
-        .batch = t->o.batch, .seq = t->o.seq, .seed = t->o.seed, .keep_logits = t->o.keep_logits};
+    ms_stages_opts so = {.batch = t->o.batch, .seed = t->o.seed, .keep_logits = t->o.keep_logits};
     /* ZeRO-Offload under bf16: the masters live on the host beside the moments; the device
      * keeps the bf16 use copies alone */
     if (s->offload && s->precision == MS_PRECISION_BF16 && !t->o.inference)
         so.master_host = t->host;
-    return ms_stages_create(t->ctx, &t->cfg, &c->strat, &c->rules, &so, &c->st, err);
+    return ms_stages_create(t->ctx, &t->def, &c->strat, &c->rules, &so, &c->st, err);
 }
 
 static void moments_free(moments *mo) {
@@ -182,41 +185,81 @@ ms_status ms_trainer_settle(ms_trainer *t, ms_error *err) {
     return ms_offload_settle(t->off, err);
 }
 
-ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
-                            const ms_placement_rules *rules, const ms_train_opts *o,
-                            const ms_text_data *data, ms_trainer **out, ms_error *err) {
-    *out = NULL;
-    MS_CHECK(ms_train_opts_check(o, err));
-    MS_CHECK(check_strategy(ctx, cfg, o, s, err));
-    if (data) MS_CHECK(ms_text_data_check_vocab(data, cfg->vocab_size, err));
-    ms_trainer *t = xcalloc(1, sizeof *t);
-    t->ctx = ctx;
-    t->cfg = *cfg;
-    t->o = *o;
+/* The batch buffers for the def's inputs and the source's fields, B rows each. */
+static void batch_buffers(ms_trainer *t) {
+    size_t B = (size_t)t->o.batch;
+    for (int i = 0; i < t->def.ninputs; i++)
+        t->inputs[i] = xmalloc(sizeof(float) * B * (size_t)ms_model_input_numel(&t->def, i));
+    for (int f = 0; t->src && f < t->src->nfields; f++)
+        t->fields[f] =
+            xmalloc(sizeof(float) * B * (size_t)ms_batch_field_numel(&t->src->fields[f]));
+}
+
+/* The common part of both constructors: t->def, t->src and t->o are set. */
+static ms_status trainer_open(ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules,
+                              ms_error *err) {
+    const ms_train_opts *o = &t->o;
     if (t->o.beta1 == 0) t->o.beta1 = 0.9;
     if (t->o.beta2 == 0) t->o.beta2 = 0.95;
     if (t->o.eps == 0) t->o.eps = 1e-8;
-    t->data = data;
-    size_t n = (size_t)o->batch * (size_t)o->seq;
-    t->ids = xmalloc(sizeof *t->ids * n);
-    t->tgt = xmalloc(sizeof *t->tgt * n);
+    batch_buffers(t);
     ms_mesh root;
     const int one = 1, zero = 0;
     ms_status st = ms_mesh_init(&root, 1, &one, NULL, &zero, err);
-    if (st == MS_OK) st = ms_dmesh_create(ctx, &root, &t->root, err);
+    if (st == MS_OK) st = ms_dmesh_create(t->ctx, &root, &t->root, err);
     ms_mesh_free(&root);
     t->c.strat = *s;
     if (st == MS_OK) st = check_optim_device(t, err);
-    if (st == MS_OK && !o->inference) st = ms_device_host_beside(ctx->device, &t->host, err);
+    if (st == MS_OK && !o->inference) st = ms_device_host_beside(t->ctx->device, &t->host, err);
     if (st == MS_OK) st = ms_kctx_create(optim_device(t), &t->okc, err);
     if (st == MS_OK) st = compile_for(t, s, rules, &t->c, err);
     if (st == MS_OK && !o->inference) st = moments_init(moments_device(t, s), t->c.st, &t->mo, err);
     if (st == MS_OK) st = offload_for(t, &t->c, &t->mo, &t->off, err);
+    return st;
+}
+
+ms_status ms_trainer_create_def(ms_ctx *ctx, const ms_model_def *def, const ms_strategy *s,
+                                const ms_placement_rules *rules, const ms_train_opts *o,
+                                const ms_batch_source *src, ms_trainer **out, ms_error *err) {
+    *out = NULL;
+    MS_CHECK(ms_train_opts_check(o, err));
+    MS_CHECK(ms_model_def_check(def, err));
+    MS_CHECK(check_strategy(ctx, def, o, s, err));
+    if (src) MS_CHECK(ms_model_def_check_source(def, src, err));
+    ms_trainer *t = xcalloc(1, sizeof *t);
+    t->ctx = ctx;
+    t->def = *def;
+    if (def->lm) { /* the trainer's own copy, which outlives the caller's */
+        t->cfg = *def->lm;
+        t->def.lm = &t->cfg;
+    }
+    t->o = *o;
+    t->src = src;
+    ms_status st = trainer_open(t, s, rules, err);
     if (st != MS_OK) {
         ms_trainer_destroy(t);
         return st;
     }
     *out = t;
+    return MS_OK;
+}
+
+ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
+                            const ms_placement_rules *rules, const ms_train_opts *o,
+                            const ms_text_data *data, ms_trainer **out, ms_error *err) {
+    *out = NULL;
+    ms_model_def def;
+    MS_CHECK(ms_train_opts_check(o, err));
+    MS_CHECK(ms_model_def_from_config(cfg, o->seq, &def, err));
+    if (data) MS_CHECK(ms_text_data_check_vocab(data, cfg->vocab_size, err));
+    ms_batch_source *src = NULL;
+    if (data) MS_CHECK(ms_text_source_open(data, &src, err));
+    ms_status st = ms_trainer_create_def(ctx, &def, s, rules, o, src, out, err);
+    if (st != MS_OK) {
+        ms_batch_source_close(src);
+        return st;
+    }
+    (*out)->own_src = src;
     return MS_OK;
 }
 
@@ -228,20 +271,23 @@ void ms_trainer_destroy(ms_trainer *t) {
     ms_kctx_destroy(t->okc);
     ms_dmesh_destroy(t->root);
     if (t->host) ms_device_destroy(t->host);
-    free(t->ids), free(t->tgt);
+    for (int i = 0; i < MS_MODEL_MAX_INPUTS; i++) free(t->inputs[i]);
+    for (int f = 0; f < MS_BATCH_MAX_FIELDS; f++) free(t->fields[f]);
+    ms_batch_source_close(t->own_src);
     free(t->norm_spans), free(t->norm_parts), free(t->adamw_items);
     free(t);
 }
 
 /* --- a step ---------------------------------------------------------------------------------- */
 
-/* For BERT the batch in ids/tgt becomes a masked-LM batch (keyed by the batch index, so every
- * rank masks alike, whatever its share of the batch). */
-static void mask(ms_trainer *t, uint64_t seed, uint64_t batch) {
-    const ms_model *m = ms_stages_model(t->c.st, 0);
-    if (!m->mlm_per_row) return;
-    ms_model whole = {.B = t->o.batch, .T = t->o.seq, .mlm_per_row = m->mlm_per_row};
-    ms_model_mlm_mask(&whole, seed, batch, t->ids, t->tgt);
+/* Loads batch `batch` of split s (sampled, or in order for evaluation) into t->inputs: the
+ * source's rows, then the model's inputs made from them; `seed` keys the model's randomness
+ * (BERT's masks). */
+static ms_status load_batch(ms_trainer *t, ms_split s, bool eval, uint64_t seed, uint64_t batch,
+                            ms_error *err) {
+    int B = t->o.batch;
+    MS_CHECK(ms_batch_source_read(t->src, s, eval, t->o.seed, batch, B, 0, B, t->fields, err));
+    return ms_model_def_prepare(&t->def, t->src, seed, batch, B, t->fields, t->inputs, err);
 }
 
 /* Global gradient norm: each shard counted once (owners), summed over the world. The sums of
@@ -320,15 +366,12 @@ static ms_status adamw_all(ms_trainer *t, double lr, float scale, ms_error *err)
 }
 
 ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
-    if (t->o.inference || !t->data)
+    if (t->o.inference || !t->src)
         return ms_fail(err, MS_ERR_INVALID, "trainer: created without optimizer or data");
     memset(out, 0, sizeof *out);
     out->step = t->step;
-    int B = t->o.batch;
     out->t_data_ns = ms_now_ns();
-    MS_CHECK(ms_text_data_sample(t->data, MS_SPLIT_TRAIN, t->o.seed, (uint64_t)t->step, B, 0, B,
-                                 t->ids, t->tgt, err));
-    mask(t, t->o.seed, (uint64_t)t->step);
+    MS_CHECK(load_batch(t, MS_SPLIT_TRAIN, false, t->o.seed, (uint64_t)t->step, err));
     ms_record_span(&t->ctx->trace, MS_EV_DATA, out->t_data_ns);
     ms_lr_schedule sched = {.lr_max = t->o.lr,
                             .lr_min = t->o.min_lr,
@@ -336,7 +379,7 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
                             .total_steps = t->o.steps};
     out->lr = ms_lr_at(&sched, t->step);
     MS_CHECK(offload_begin(t, out->lr, err));
-    MS_CHECK(ms_stages_train(t->c.st, t->step, t->ids, t->tgt, &out->loss, err));
+    MS_CHECK(ms_stages_train(t->c.st, t->step, t->inputs, &out->loss, err));
     MS_CHECK(grad_norm(t, &out->grad_norm, err));
     out->t_optim_ns = ms_now_ns();
     if (!isfinite(out->loss) || !isfinite(out->grad_norm)) {
@@ -361,22 +404,21 @@ ms_status ms_trainer_step(ms_trainer *t, ms_step_result *out, ms_error *err) {
 
 ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double *loss,
                               ms_error *err) {
-    const ms_text_data *d = t->data;
-    int B = t->o.batch, T = t->o.seq;
-    if (!d) return ms_fail(err, MS_ERR_INVALID, "trainer: created without data");
+    int B = t->o.batch;
+    if (!t->src) return ms_fail(err, MS_ERR_INVALID, "trainer: created without data");
     MS_CHECK(ms_trainer_settle(t, err));
-    uint64_t have = ms_text_data_eval_batches(d, split, B);
+    uint64_t have = ms_batch_source_eval_batches(t->src, split, B);
     if ((uint64_t)batches > have) batches = (int)have;
     if (batches < 1)
         return ms_fail(err, MS_ERR_INVALID,
-                       "%s: the %s split is too short for one evaluation batch of %d x %d", d->path,
-                       split == MS_SPLIT_VAL ? "validation" : "training", B, T + 1);
+                       "%s: the %s split is too short for one evaluation batch of %d rows",
+                       t->src->name, split == MS_SPLIT_VAL ? "validation" : "training", B);
     double sum = 0;
     for (int b = 0; b < batches; b++) {
-        MS_CHECK(ms_text_data_eval(d, split, (uint64_t)b, B, 0, B, t->ids, t->tgt, err));
-        mask(t, 7, (uint64_t)b);
+        /* evaluation's masks (BERT) are keyed apart from any training run's */
+        MS_CHECK(load_batch(t, split, true, 7, (uint64_t)b, err));
         float l;
-        MS_CHECK(ms_stages_forward(t->c.st, t->ids, t->tgt, &l, err));
+        MS_CHECK(ms_stages_forward(t->c.st, t->inputs, &l, err));
         sum += l;
     }
     *loss = sum / batches;
@@ -526,7 +568,7 @@ bool ms_trainer_runs(const ms_trainer *t, const ms_strategy *s, const ms_placeme
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err) {
     if (ms_trainer_runs(t, target, rules)) return MS_OK; /* nothing would move */
-    MS_CHECK(check_strategy(t->ctx, &t->cfg, &t->o, target, err));
+    MS_CHECK(check_strategy(t->ctx, &t->def, &t->o, target, err));
     if (target->offload && t->o.optim_device && !t->o.inference)
         return ms_fail(err, MS_ERR_INVALID,
                        "switch: offload puts the optimizer in host memory itself; this run keeps "
@@ -588,6 +630,9 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
                             ms_error *err) {
     if (!t->o.keep_logits)
         return ms_fail(err, MS_ERR_INVALID, "trainer: sampling needs keep_logits");
+    if (!t->def.lm || t->def.hooks->prepare == NULL)
+        return ms_fail(err, MS_ERR_INVALID, "trainer: model %s does not generate text",
+                       t->def.name);
     MS_CHECK(ms_trainer_settle(t, err));
     int T = t->o.seq, V = t->cfg.vocab_size;
     int len = (int)strlen(prompt);
@@ -595,7 +640,17 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
     memcpy(out, prompt, (size_t)len);
     int total = len;
     size_t cells = (size_t)t->o.batch * (size_t)T;
-    memset(t->tgt, 0, sizeof *t->tgt * cells);
+    /* the text's two fields, as a text source would give them */
+    ms_batch_source text = {.nfields = 2};
+    snprintf(text.name, sizeof text.name, "the prompt");
+    const char *names[2] = {"ids", "targets"};
+    for (int f = 0; f < 2; f++) {
+        snprintf(text.fields[f].name, sizeof text.fields[f].name, "%s", names[f]);
+        text.fields[f].ndim = 1, text.fields[f].shape[0] = T, text.fields[f].integer = true;
+    }
+    float *ids = xmalloc(sizeof *ids * cells), *tgt = xcalloc(cells, sizeof *tgt);
+    float *fields[2] = {ids, tgt};
+    ms_status st = MS_OK;
     int head = ms_stages_head_chunk(t->c.st);
     for (int k = 0; k < n; k++) {
         /* Every row holds the context, so whichever micro-batch's logits the head kept last
@@ -603,25 +658,29 @@ ms_status ms_trainer_sample(ms_trainer *t, const char *prompt, int n, uint64_t s
         int ctxlen = total < T ? total : T;
         for (size_t c = 0; c < cells; c++) {
             int i = (int)(c % (size_t)T);
-            t->ids[c] = i < ctxlen ? (unsigned char)out[total - ctxlen + i] : 0;
+            ids[c] = i < ctxlen ? (unsigned char)out[total - ctxlen + i] : 0;
         }
-        float loss;
-        MS_CHECK(ms_stages_forward(t->c.st, t->ids, t->tgt, &loss, err));
-        float pick = 0;
-        if (head >= 0) {
+        float loss, pick = 0;
+        st = ms_model_def_prepare(&t->def, &text, seed, 0, t->o.batch, fields, t->inputs, err);
+        if (st == MS_OK) st = ms_stages_forward(t->c.st, t->inputs, &loss, err);
+        if (st == MS_OK && head >= 0) {
             ms_program *p = ms_stages_program(t->c.st, head);
             ms_tensor logits = {0};
-            MS_CHECK(ms_program_value(p, ms_stages_model(t->c.st, head)->logits, &logits, err));
-            const float *row = ms_tensor_f32(&logits) + (size_t)(ctxlen - 1) * V;
-            pick = (float)draw(row, V, ms_philox_uniform(seed, 99, (uint64_t)k));
+            st = ms_program_value(p, ms_stages_model(t->c.st, head)->logits, &logits, err);
+            if (st == MS_OK) {
+                const float *row = ms_tensor_f32(&logits) + (size_t)(ctxlen - 1) * V;
+                pick = (float)draw(row, V, ms_philox_uniform(seed, 99, (uint64_t)k));
+            }
             ms_tensor_release(&logits);
         }
-        MS_CHECK(ms_stages_from_head(t->c.st, &pick, 1, err));
+        if (st == MS_OK) st = ms_stages_from_head(t->c.st, &pick, 1, err);
+        if (st != MS_OK) break;
         int c = (int)pick;
         out[total++] = (char)(c < 32 && c != '\n' ? ' ' : c);
     }
     out[total] = '\0';
-    return MS_OK;
+    free(ids), free(tgt);
+    return st;
 }
 
 /* --- accessors and the state ----------------------------------------------------------------- */
@@ -640,7 +699,10 @@ const ms_strategy *ms_trainer_strategy(const ms_trainer *t) {
     return &t->c.strat;
 }
 const ms_model_config *ms_trainer_config(const ms_trainer *t) {
-    return &t->cfg;
+    return t->def.lm;
+}
+const ms_model_def *ms_trainer_def(const ms_trainer *t) {
+    return &t->def;
 }
 const ms_train_opts *ms_trainer_opts(const ms_trainer *t) {
     return &t->o;

@@ -43,6 +43,9 @@
 #include "engine/graph/graph.h"
 #include "engine/model/config.h"
 #include "engine/model/gpt.h"
+#include "engine/model/lm_def.h"
+#include "engine/model/model.h"
+#include "engine/data/batch_source.h"
 #include "engine/model/strategy.h"
 #include "engine/runtime/ctx.h"
 
@@ -86,6 +89,13 @@ typedef struct ms_trainer ms_trainer;
 ms_status ms_trainer_create(ms_ctx *ctx, const ms_model_config *cfg, const ms_strategy *s,
                             const ms_placement_rules *rules, const ms_train_opts *o,
                             const ms_text_data *data, ms_trainer **out, ms_error *err);
+/* The same for any model (engine/model/model.h) fed by a batch source (borrowed; NULL when no
+ * step or evaluation runs): the def is copied (what it borrows must outlive the trainer),
+ * checked, and its inputs checked against the source's fields. ms_trainer_create is this with
+ * the built-in model's def (engine/model/lm_def.h) over a text source of `data`. */
+ms_status ms_trainer_create_def(ms_ctx *ctx, const ms_model_def *def, const ms_strategy *s,
+                                const ms_placement_rules *rules, const ms_train_opts *o,
+                                const ms_batch_source *src, ms_trainer **out, ms_error *err);
 void ms_trainer_destroy(ms_trainer *t);
 
 typedef struct ms_step_result {
@@ -132,7 +142,9 @@ ms_ctx *ms_trainer_ctx(const ms_trainer *t);
 /* Sets the next step to run (a resumed run). */
 void ms_trainer_set_step(ms_trainer *t, int64_t step);
 const ms_strategy *ms_trainer_strategy(const ms_trainer *t);
+/* The built-in model's config, or NULL for other models. */
 const ms_model_config *ms_trainer_config(const ms_trainer *t);
+const ms_model_def *ms_trainer_def(const ms_trainer *t);
 const ms_train_opts *ms_trainer_opts(const ms_trainer *t);
 const ms_model *ms_trainer_model(const ms_trainer *t);
 const ms_mesh *ms_trainer_mesh(const ms_trainer *t);
