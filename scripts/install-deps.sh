@@ -10,6 +10,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev  # the MPI backend and its tests
   libcjson-dev libmicrohttpd-dev libncurses-dev  # views
   zlib1g-dev             # checkpoint checksums (CRC-32)
+  libzip-dev             # .npz data files (zip archives of .npy arrays)
   libcurl4-openssl-dev   # meshscope top (reads a dashboard)
   tmux                   # TUI tests
   curl chromium          # dashboard tests: curl (tests/web_live.sh), headless Chromium (tests/browser)

@@ -267,7 +267,30 @@ static bool json_uint(const cJSON *v, uint64_t *out) {
     return true;
 }
 
-static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor *t, ms_error *err) {
+/* Every dtype tag of the format and its element size. */
+static const struct {
+    const char *tag;
+    unsigned bytes;
+} all_dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+                  {"U16", 2},  {"I16", 2}, {"F16", 2}, {"BF16", 2},    {"U32", 4},
+                  {"I32", 4},  {"F32", 4}, {"U64", 8}, {"I64", 8},     {"F64", 8}};
+
+/* Sets t's dtype from the tag; false when the tag is not accepted. */
+static bool set_dtype(ms_st_tensor *t, const char *tag, bool any) {
+    for (size_t i = 0; i < sizeof all_dtypes / sizeof all_dtypes[0]; i++) {
+        if (strcmp(tag, all_dtypes[i].tag) != 0) continue;
+        bool bf16 = strcmp(tag, "BF16") == 0;
+        if (!any && !bf16 && strcmp(tag, "F32") != 0) return false;
+        t->dtype = bf16 ? MS_BF16 : MS_F32;
+        snprintf(t->dtype_name, sizeof t->dtype_name, "%s", tag);
+        t->dtype_bytes = all_dtypes[i].bytes;
+        return true;
+    }
+    return false;
+}
+
+static ms_status parse_tensor(const cJSON *item, const char *name, bool any, ms_st_tensor *t,
+                              ms_error *err) {
     char tn[MS_SAFE_LEN], got[64];
     ms_safe_str(tn, sizeof tn, item->string);
     if (!cJSON_IsObject(item)) {
@@ -289,12 +312,10 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
         ms_json_describe(dt, got, sizeof got);
         return invalid(err, name, "tensor %s: dtype: expected a string, got %s", tn, got);
     }
-    if (strcmp(dt->valuestring, "F32") == 0) {
-        t->dtype = MS_F32;
-    } else if (strcmp(dt->valuestring, "BF16") == 0) {
-        t->dtype = MS_BF16;
-    } else {
+    if (!set_dtype(t, dt->valuestring, any)) {
         ms_json_describe(dt, got, sizeof got);
+        if (any)
+            return invalid(err, name, "tensor %s: dtype %s is not a safetensors dtype", tn, got);
         return invalid(err, name,
                        "tensor %s: dtype %s is not supported (meshscope reads F32 "
                        "and BF16); convert the checkpoint to one of those",
@@ -321,7 +342,7 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
         }
         t->shape[d] = (int64_t)v;
     }
-    size_t esize = ms_dtype_size(t->dtype);
+    size_t esize = t->dtype_bytes;
     t->numel = checked_numel(nd, t->shape, esize);
     if (t->numel < 0)
         return invalid(err, name, "tensor %s: shape is too large (its byte size overflows)", tn);
@@ -344,7 +365,7 @@ static ms_status parse_tensor(const cJSON *item, const char *name, ms_st_tensor 
                        "shape %s of %s needs %llu",
                        tn, (unsigned long long)b, (unsigned long long)e,
                        (unsigned long long)(e - b), ms_shape_str(t->shape, nd, s, sizeof s),
-                       dtype_tag(t->dtype), (unsigned long long)want);
+                       t->dtype_name, (unsigned long long)want);
     }
     t->begin = b;
     t->end = e;
@@ -363,7 +384,8 @@ static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out, ms_error *err) {
+static ms_status parse_tree(const cJSON *root, const char *name, bool any, ms_st_file *out,
+                            ms_error *err) {
     char a[MS_SAFE_LEN], b[MS_SAFE_LEN];
     if (!cJSON_IsObject(root))
         return invalid(err, name, "header: expected a JSON object at the top level");
@@ -388,7 +410,7 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
             continue;
         }
         ms_st_tensor *t = &out->tensors[out->n];
-        MS_CHECK(parse_tensor(it, name, t, err));
+        MS_CHECK(parse_tensor(it, name, any, t, err));
         t->name = xstrdup(it->string);
         out->n++;
     }
@@ -431,8 +453,8 @@ static ms_status parse_tree(const cJSON *root, const char *name, ms_st_file *out
     return MS_OK;
 }
 
-ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
-                                      const char *name, ms_st_file *out, ms_error *err) {
+static ms_status parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const char *name,
+                              bool any, ms_st_file *out, ms_error *err) {
     memset(out, 0, sizeof *out);
     if (!name) name = "<memory>";
     if (file_size < 8 || len < 8)
@@ -479,7 +501,7 @@ ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t f
     } else {
         out->header_len = hl;
         out->data_len = file_size - 8 - hl;
-        st = parse_tree(root, name, out, err);
+        st = parse_tree(root, name, any, out, err);
     }
     cJSON_Delete(root);
     free(text);
@@ -489,6 +511,16 @@ ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t f
     }
     out->path = xstrdup(name);
     return MS_OK;
+}
+
+ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
+                                      const char *name, ms_st_file *out, ms_error *err) {
+    return parse_header(buf, len, file_size, name, false, out, err);
+}
+
+ms_status ms_safetensors_parse_header_any(const uint8_t *buf, size_t len, uint64_t file_size,
+                                          const char *name, ms_st_file *out, ms_error *err) {
+    return parse_header(buf, len, file_size, name, true, out, err);
 }
 
 ms_status ms_safetensors_read(const char *path, ms_st_file *out, ms_error *err) {

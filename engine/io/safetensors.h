@@ -46,7 +46,10 @@ ms_status ms_safetensors_write(const char *path, const ms_st_entry *entries, int
 /* One tensor as read. */
 typedef struct ms_st_tensor {
     char *name;
-    ms_dtype dtype; /* as stored in the file */
+    ms_dtype dtype;       /* as stored in the file (MS_F32 for the types below that are
+                             neither F32 nor BF16: read dtype_name then) */
+    char dtype_name[8];   /* the file's tag: "F32", "BF16", "I64", "U8", "BOOL", ... */
+    unsigned dtype_bytes; /* bytes per element of that tag */
     int ndim;
     int64_t shape[MS_MAX_DIMS];
     int64_t numel;
@@ -74,6 +77,13 @@ typedef struct ms_st_file {
  * On failure *out is empty (freeing it is still allowed). */
 ms_status ms_safetensors_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
                                       const char *name, ms_st_file *out, ms_error *err);
+
+/* The same, accepting every dtype tag of the format (BOOL, U8, I8, U16, I16, F16, BF16, U32,
+ * I32, F32, U64, I64, F64, F8_E4M3, F8_E5M2) rather than only F32 and BF16: for readers of
+ * data files (engine/data/array_source.h), which convert what they support and refuse the
+ * rest by name. An unknown tag is still an error. */
+ms_status ms_safetensors_parse_header_any(const uint8_t *buf, size_t len, uint64_t file_size,
+                                          const char *name, ms_st_file *out, ms_error *err);
 
 /* Reads and validates `path` and loads every tensor as f32 copies. */
 ms_status ms_safetensors_read(const char *path, ms_st_file *out, ms_error *err);
