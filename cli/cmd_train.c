@@ -94,19 +94,19 @@ static ms_status eval_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const rank_arg *ra = arg;
     const run_opts *o = ra->o;
     ms_trainer *t = NULL;
-    ms_text_data data = {0};
+    ms_batch_source *src = NULL;
     ms_st_file ck = {0};
     ms_status st;
-    MS_CHECK_GOTO(ms_text_data_open(o->data, o->seq, 0.0, &data, err), st, out);
+    MS_CHECK_GOTO(ms_model_def_open_data(&ra->plan->def, o->data, 0.0, &src, err), st, out);
     ms_train_opts to = job_train_opts(o, false, true);
-    MS_CHECK_GOTO(ms_trainer_create(ctx, &ra->plan->cfg, &ra->plan->strat, &ra->plan->rules, &to,
-                                    &data, &t, err),
+    MS_CHECK_GOTO(ms_trainer_create_def(ctx, &ra->plan->def, &ra->plan->strat, &ra->plan->rules,
+                                        &to, src, &t, err),
                   st, out);
     MS_CHECK_GOTO(ms_safetensors_read(o->checkpoint, &ck, err), st, out);
     MS_CHECK_GOTO(load_checkpoint(t, &ck, err), st, out);
-    if (ms_text_data_eval_batches(&data, MS_SPLIT_ALL, o->batch) < (uint64_t)o->batches) {
-        st = ms_fail(err, MS_ERR_INVALID, "%s: too short for %d batches of %d x %d bytes", o->data,
-                     o->batches, o->batch, o->seq + 1);
+    if (ms_batch_source_eval_batches(src, MS_SPLIT_ALL, o->batch) < (uint64_t)o->batches) {
+        st = ms_fail(err, MS_ERR_INVALID, "%s: too short for %d batches of %d rows", o->data,
+                     o->batches, o->batch);
         goto out;
     }
     double loss;
@@ -117,7 +117,7 @@ static ms_status eval_rank(ms_ctx *ctx, void *arg, ms_error *err) {
 out:
     ms_safetensors_free(&ck);
     ms_trainer_destroy(t);
-    ms_text_data_close(&data);
+    ms_batch_source_close(src);
     return st;
 }
 
@@ -139,8 +139,8 @@ static ms_status explain_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const rank_arg *ra = arg;
     ms_trainer *t = NULL;
     ms_train_opts to = job_train_opts(ra->o, false, true);
-    ms_status st = ms_trainer_create(ctx, &ra->plan->cfg, &ra->plan->strat, &ra->plan->rules, &to,
-                                     NULL, &t, err);
+    ms_status st = ms_trainer_create_def(ctx, &ra->plan->def, &ra->plan->strat, &ra->plan->rules,
+                                         &to, NULL, &t, err);
     if (st == MS_OK && ctx->rank == 0) {
         char name[MS_STRATEGY_NAME_MAX];
         printf("strategy %s, batch %d, sequence %d\n",
@@ -166,12 +166,14 @@ static int explain_pipeline(const run_opts *o, const job_plan *plan) {
         return 2;
     }
     /* The layers of each model chunk, and what the split weighed. */
-    ms_pp_costs c = ms_pp_model_costs(&plan->cfg, plan->cfg.n_positions);
+    ms_pp_costs c = {.layer = 1};
+    const ms_model_def *d = &plan->def;
+    if (d->hooks->block_costs) d->hooks->block_costs(d, &c.layer, &c.first, &c.last);
     int chunks = s->pp * s->virtual_stages;
     printf("  layers per model chunk:");
     for (int k = 0; k < chunks; k++) {
         int lo, hi;
-        ms_pp_chunk_layers(&plan->cfg, s, k, &lo, &hi);
+        ms_pp_chunk_layers_def(d, s, k, &lo, &hi);
         printf(" %d", hi - lo);
     }
     if (s->pp_layers[0])

@@ -72,10 +72,11 @@ static void run_opts_defaults(run_opts *o) {
 
 /* After the flags: what they must hold together; MS_OPTS_PROCEED or the exit code (2). */
 static int run_opts_settle(run_cmd cmd, const char *name, run_opts *o) {
-    if (!o->model) {
+    if (!o->model && !job_has_model()) {
         fprintf(stderr, "meshscope %s: --model CONFIG.json is required\n", name);
         return 2;
     }
+    if (!o->model) o->model = job_model_name(); /* the program's own model: its name */
     ms_strategy_settle(&o->strat, o->strat_given);
     const ms_strategy *st = &o->strat;
     if (cmd == RUN_EVAL && st->offload) {

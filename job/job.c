@@ -23,8 +23,37 @@ static ms_job_shape job_shape(const run_opts *o, const job_plan *plan) {
     return (ms_job_shape){.world = plan->world_size, .batch = o->batch, .seq = o->seq};
 }
 
-ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
+static ms_model_def user_model;
+static bool have_user_model;
+
+void job_use_model(const ms_model_def *def) {
+    user_model = *def;
+    have_user_model = true;
+}
+
+bool job_has_model(void) {
+    return have_user_model;
+}
+
+const char *job_model_name(void) {
+    return have_user_model ? user_model.name : NULL;
+}
+
+/* The job's model: the program's own, else --model's config as a built-in model. */
+static ms_status read_model(const run_opts *o, job_plan *out, ms_error *err) {
+    memset(&out->cfg, 0, sizeof out->cfg);
+    if (have_user_model) {
+        out->def = user_model;
+        return ms_model_def_check(&out->def, err);
+    }
+    if (!o->model)
+        return ms_fail(err, MS_ERR_INVALID, "--model CONFIG is required (a config.json)");
     MS_CHECK(ms_config_load(o->model, &out->cfg, err));
+    return ms_model_def_from_config(&out->cfg, o->seq, &out->def, err);
+}
+
+ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
+    MS_CHECK(read_model(o, out, err));
     out->rules.n = 0;
     if (o->strategy_file) {
         MS_CHECK(ms_strategy_load(o->strategy_file, &out->strat, &out->rules, err));
@@ -33,7 +62,7 @@ ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
     }
     out->world_size = ms_strategy_ranks(&out->strat);
     ms_job_shape job = job_shape(o, out);
-    return ms_strategy_check(&out->strat, &out->cfg, &job, err);
+    return ms_strategy_check_def(&out->strat, &out->def, &job, err);
 }
 
 /* Whether this process says what the job decided: the only one, or the first under mpirun. */
@@ -73,7 +102,7 @@ static void default_buckets(const run_opts *o, job_plan *plan, ms_device_kind ki
 
 ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err) {
     ms_job_shape job = job_shape(o, plan);
-    MS_CHECK(ms_strategy_validate(&plan->strat, &plan->cfg, &job, 0, err));
+    MS_CHECK(ms_strategy_check_def(&plan->strat, &plan->def, &job, err));
     if (o->offload_serial && !plan->strat.offload)
         return ms_fail(err, MS_ERR_INVALID,
                        "--offload-serial orders the host optimizer of offload; add --offload (or "

@@ -48,6 +48,9 @@ typedef struct run_opts {
  * MS_STRATEGY_SETTINGS: --dp, --tp, --zero, ...) and passes the validator
  * (engine/plan/validate.h) for the model, the batch, the sequence and its own world size. */
 typedef struct job_plan {
+    /* The model: a program's own (job_use_model), else the built-in one of --model's config
+     * (def.lm points at cfg, so a plan is not copied once read) */
+    ms_model_def def;
     ms_model_config cfg;
     ms_strategy strat;
     ms_placement_rules rules; /* the strategy file's "placements"; n = 0 without */
@@ -60,6 +63,13 @@ typedef struct job_plan {
 #define JOB_CUDA_BUCKET_MB 25
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
+/* A program that brings its own model (examples/, meshscope_main_with_model) hands it here
+ * before the job reads its plan: train, eval and explain then run `def` (copied; what it
+ * borrows outlives the process's jobs) instead of a --model config. */
+void job_use_model(const ms_model_def *def);
+/* Whether a program handed its model, and that model's name (NULL without). */
+bool job_has_model(void);
+const char *job_model_name(void);
 
 /* The gradient bucket of a job in MiB (0: none): a strategy file's own (from_file), else the
  * --bucket-mb flag, else at its default (flag < 0) JOB_CUDA_BUCKET_MB on a CUDA device where

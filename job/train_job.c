@@ -230,19 +230,19 @@ typedef struct train_args {
 } train_args;
 
 /* The line rank 0 prints before the first step. */
-static void announce(ms_ctx *ctx, const run_opts *o, ms_trainer *t, const ms_text_data *data) {
-    const ms_model_config *cfg = ms_trainer_config(t);
+static void announce(ms_ctx *ctx, const run_opts *o, ms_trainer *t, const ms_batch_source *src) {
     ms_program_stats stats;
     ms_program_stats_get(ms_trainer_program(t), &stats);
-    char m[128], name[MS_STRATEGY_NAME_MAX];
-    printf("training %s (%d layers, %d heads, %d channels, vocab %d) on %s, %d ranks, %s "
-           "backend\n",
-           o->model, cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size,
+    char m[128], name[MS_STRATEGY_NAME_MAX], about[256];
+    ms_model_def_describe(ms_trainer_def(t), about, sizeof about);
+    printf("training %s (%s) on %s, %d ranks, %s backend\n", o->model, about,
            ms_strategy_name(ms_trainer_strategy(t), name, sizeof name), ctx->world_size,
            ms_comm_backend(ctx->world));
-    printf("mesh %s; %d reshards per step (%.1f KiB on rank 0); data %s (%zu bytes)\n",
+    printf("mesh %s; %d reshards per step (%.1f KiB on rank 0); data %s (%llu training rows, "
+           "%llu for validation)\n",
            ms_mesh_str(ms_trainer_mesh(t), m, sizeof m), stats.n_reshards,
-           stats.reshard_bytes / 1024, o->data, data->nbytes);
+           stats.reshard_bytes / 1024, o->data, (unsigned long long)src->samples[MS_SPLIT_TRAIN],
+           (unsigned long long)src->samples[MS_SPLIT_VAL]);
     ms_device *dev = ctx->device;
     if (dev->ops->kind != MS_DEVICE_CPU) {
         char paths[256];
@@ -285,8 +285,8 @@ typedef struct rank_run {
     ms_ctx *ctx;
     const run_opts *o;
     ms_trainer *t;
-    ms_text_data data;
-    FILE *log; /* rank 0: --log-jsonl */
+    ms_batch_source *src; /* the job's data */
+    FILE *log;            /* rank 0: --log-jsonl */
     tracer tr;
     ms_comm *control_comm; /* the live job's own channel, whether or not it traces */
     live_job own;          /* MPI: rank 0's live job, opened by this rank */
@@ -316,11 +316,11 @@ static ms_status rank_open(rank_run *r, const train_args *ta, ms_error *err) {
                        .live = r->job ? r->job->live : NULL,
                        .live_views = r->live_on};
     MS_CHECK(tracer_open(ctx, &r->tr, &tro, err));
-    MS_CHECK(ms_text_data_open(o->data, o->seq, o->val_fraction, &r->data, err));
+    MS_CHECK(ms_model_def_open_data(&ta->plan->def, o->data, o->val_fraction, &r->src, err));
     ms_train_opts to = job_train_opts(o, o->sample > 0, false);
     r->created_from = (double)atomic_load(&ctx->device->in_use);
-    MS_CHECK(ms_trainer_create(ctx, &ta->plan->cfg, &ta->plan->strat, &ta->plan->rules, &to,
-                               &r->data, &r->t, err));
+    MS_CHECK(ms_trainer_create_def(ctx, &ta->plan->def, &ta->plan->strat, &ta->plan->rules, &to,
+                                   r->src, &r->t, err));
     if (ctx->rank == 0 && o->log_jsonl) {
         r->log = fopen(o->log_jsonl, o->resume ? "a" : "w"); /* a resumed run continues its log */
         if (!r->log) return ms_fail(err, MS_ERR_IO, "cannot write the log %s", o->log_jsonl);
@@ -328,7 +328,7 @@ static ms_status rank_open(rank_run *r, const train_args *ta, ms_error *err) {
     r->base_in_use = (double)atomic_load(&ctx->device->in_use);
     r->jl = ctx->rank == 0 ? r->job : NULL;
     r->later = r->quiet && r->job ? &r->job->epilogue : NULL;
-    if (ctx->rank == 0 && !r->quiet) announce(ctx, o, r->t, &r->data);
+    if (ctx->rank == 0 && !r->quiet) announce(ctx, o, r->t, r->src);
     if (o->resume) MS_CHECK(resume(ctx, r->t, o, err));
     if (o->save_dir) MS_CHECK(open_saver(ctx, r->t, o, &r->saver, err));
     /* A run resumed at its last step trains no more: it evaluates, samples and saves. */
@@ -408,7 +408,7 @@ static ms_status rank_wrap_up(rank_run *r, ms_error *err) {
         MS_CHECK(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err));
         if (ctx->rank == 0) say(r->later, "validation loss %.4f (%d batches)\n", vl, o->batches);
     }
-    if (o->sample > 0 && !ms_trainer_model(t)->mlm_per_row) {
+    if (o->sample > 0 && ms_trainer_def(t)->lm && !ms_trainer_model(t)->mlm_per_row) {
         const char *prompt = "And God said";
         r->sample = xcalloc((size_t)o->sample + strlen(prompt) + 1, 1);
         MS_CHECK(ms_trainer_sample(t, prompt, o->sample, o->seed, r->sample, err));
@@ -426,7 +426,7 @@ static ms_status rank_close(rank_run *r, ms_status st, ms_error *err) {
     free(r->sample);
     ms_ckpt_saver_destroy(r->saver);
     ms_trainer_destroy(r->t);
-    ms_text_data_close(&r->data);
+    ms_batch_source_close(r->src);
     tracer_close(r->ctx, &r->tr);
     ms_comm_destroy(r->control_comm);
     live_job_release_rank(&r->own);

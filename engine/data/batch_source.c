@@ -66,6 +66,14 @@ static ms_status text_read(const ms_batch_source *src, ms_split s, bool eval, ui
 
 static const ms_batch_source_vt text_vt = {.read = text_read, .close = NULL};
 
+/* The text source that owns its data. */
+static void owned_text_close(ms_batch_source *src) {
+    ms_text_data_close(src->impl);
+    free(src->impl);
+}
+
+static const ms_batch_source_vt owned_text_vt = {.read = text_read, .close = owned_text_close};
+
 ms_status ms_text_source_open(const ms_text_data *data, ms_batch_source **out, ms_error *err) {
     if (!data || !data->bytes || data->seq_len <= 0)
         return ms_fail(err, MS_ERR_INVALID, "the text source needs opened text data");
@@ -88,5 +96,21 @@ ms_status ms_text_source_open(const ms_text_data *data, ms_batch_source **out, m
     }
     src->impl = (void *)data;
     *out = src;
+    return MS_OK;
+}
+
+ms_status ms_text_source_open_file(const char *path, int seq, double val_fraction, int vocab_size,
+                                   ms_batch_source **out, ms_error *err) {
+    *out = NULL;
+    ms_text_data *d = xcalloc(1, sizeof *d);
+    ms_status st = ms_text_data_open(path, seq, val_fraction, d, err);
+    if (st == MS_OK && vocab_size > 0) st = ms_text_data_check_vocab(d, vocab_size, err);
+    if (st == MS_OK) st = ms_text_source_open(d, out, err);
+    if (st != MS_OK) {
+        ms_text_data_close(d);
+        free(d);
+        return st;
+    }
+    (*out)->vt = &owned_text_vt;
     return MS_OK;
 }

@@ -84,4 +84,10 @@ void ms_batch_source_close(ms_batch_source *src);
  * its batches equal the text data's. */
 ms_status ms_text_source_open(const ms_text_data *data, ms_batch_source **out, ms_error *err);
 
+/* The same over the text file at `path` (ms_text_data_open: seq tokens per row, val_fraction
+ * for evaluation), which the source owns; vocab_size > 0 checks every byte is a token
+ * (ms_text_data_check_vocab). */
+ms_status ms_text_source_open_file(const char *path, int seq, double val_fraction, int vocab_size,
+                                   ms_batch_source **out, ms_error *err);
+
 #endif

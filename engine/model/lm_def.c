@@ -81,11 +81,24 @@ static void lm_costs(const ms_model_def *d, double *block, double *first, double
     ms_lm_block_costs(d->lm, d->lm->n_positions, block, first, last);
 }
 
+static ms_status lm_open_data(const ms_model_def *d, const char *path, double val_fraction,
+                              ms_batch_source **out, ms_error *err) {
+    return ms_text_source_open_file(path, seq_of(d), val_fraction, d->lm->vocab_size, out, err);
+}
+
+static void lm_describe(const ms_model_def *d, char *buf, size_t cap) {
+    const ms_model_config *cfg = d->lm;
+    snprintf(buf, cap, "%d layers, %d heads, %d channels, vocab %d", cfg->n_layer, cfg->n_head,
+             cfg->n_embd, cfg->vocab_size);
+}
+
 static const ms_model_hooks lm_hooks = {.build_chunk = lm_build,
                                         .shard = lm_shard,
                                         .check = lm_check,
                                         .prepare = lm_prepare,
-                                        .block_costs = lm_costs};
+                                        .block_costs = lm_costs,
+                                        .open_data = lm_open_data,
+                                        .describe = lm_describe};
 
 void ms_lm_block_costs(const ms_model_config *cfg, int seq, double *layer, double *first,
                        double *last) {

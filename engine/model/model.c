@@ -1,7 +1,10 @@
 /* model.c - the model interface's generic part (model.h). */
 #include "engine/model/model.h"
 
+#include <stdio.h>
 #include <string.h>
+
+#include "engine/data/array_source.h"
 
 int64_t ms_model_input_numel(const ms_model_def *d, int i) {
     int64_t n = 1;
@@ -137,6 +140,31 @@ ms_status ms_model_def_prepare(const ms_model_def *d, const ms_batch_source *src
                sizeof(float) * (size_t)rows * (size_t)ms_model_input_numel(d, i));
     }
     return MS_OK;
+}
+
+ms_status ms_model_def_open_data(const ms_model_def *d, const char *path, double val_fraction,
+                                 ms_batch_source **out, ms_error *err) {
+    *out = NULL;
+    if (d->hooks->open_data) return d->hooks->open_data(d, path, val_fraction, out, err);
+    ms_array_source_opts ao = {.val_fraction = val_fraction};
+    return ms_array_source_open(path, &ao, out, err);
+}
+
+void ms_model_def_describe(const ms_model_def *d, char *buf, size_t cap) {
+    if (d->hooks->describe) {
+        d->hooks->describe(d, buf, cap);
+        return;
+    }
+    size_t at =
+        (size_t)snprintf(buf, cap, "%d block%s; inputs", d->n_blocks, d->n_blocks == 1 ? "" : "s");
+    for (int i = 0; i < d->ninputs && at < cap; i++) {
+        at += (size_t)snprintf(buf + at, cap - at, "%s %s", i ? "," : "", d->inputs[i].name);
+        if (d->inputs[i].ndim && at < cap) {
+            char shape[96];
+            shape_text(d->inputs[i].ndim, d->inputs[i].shape, shape, sizeof shape);
+            at += (size_t)snprintf(buf + at, cap - at, " %s", shape);
+        }
+    }
 }
 
 void ms_model_free(ms_model *m) {

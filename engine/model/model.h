@@ -30,6 +30,7 @@
 #define MS_MODEL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/core/status.h"
@@ -95,6 +96,14 @@ typedef struct ms_model_hooks {
     /* The cost of one block and the extra of the first and the last chunk (the embedding; the
      * head and the loss), in one unit (flops per row, say). */
     void (*block_costs)(const ms_model_def *d, double *block, double *first, double *last);
+    /* Opens the data file at `path` as this model's batch source (the built-in models:
+     * byte-tokenized text); NULL: an array file (.npy, .npz or safetensors, see
+     * engine/data/array_source.h) whose arrays are named as the inputs. */
+    ms_status (*open_data)(const ms_model_def *d, const char *path, double val_fraction,
+                           ms_batch_source **out, ms_error *err);
+    /* What a run announces of the model ("12 layers, 12 heads, ..."); NULL: its blocks and
+     * inputs. */
+    void (*describe)(const ms_model_def *d, char *buf, size_t cap);
 } ms_model_hooks;
 
 struct ms_model_def {
@@ -135,6 +144,14 @@ ms_status ms_model_def_build(const ms_model_def *d, int rows, const ms_model_chu
 ms_status ms_model_def_prepare(const ms_model_def *d, const ms_batch_source *src, uint64_t seed,
                                uint64_t batch, int rows, float *const *fields, float *const *inputs,
                                ms_error *err);
+
+/* The model's data at `path`: the open_data hook, else an array file (val_fraction: the tail
+ * kept for evaluation). The caller closes it (ms_batch_source_close). */
+ms_status ms_model_def_open_data(const ms_model_def *d, const char *path, double val_fraction,
+                                 ms_batch_source **out, ms_error *err);
+
+/* One line on the model: the describe hook, else "N blocks; inputs x [16], label". */
+void ms_model_def_describe(const ms_model_def *d, char *buf, size_t cap);
 
 void ms_model_free(ms_model *m);
 
