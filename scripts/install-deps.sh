@@ -15,6 +15,9 @@ PACKAGES=(
   tmux                   # TUI tests
   curl chromium          # dashboard tests: curl (tests/web_live.sh), headless Chromium (tests/browser)
   bible-kjv              # the default training text (scripts/prepare-data.sh)
+  # ONNX import: protobuf-c and its compiler for onnx.proto (from libonnx-dev); the ONNX
+  # backend test data for the conformance test (tests/test_onnx_conformance.c)
+  libprotobuf-c-dev protobuf-c-compiler libonnx-dev libonnx-testdata
 )
 
 # The browser test runs under Node; Debian's nodejs/npm only when no node is installed.

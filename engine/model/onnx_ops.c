@@ -1,0 +1,1375 @@
+/* onnx_ops.c - one mapper per ONNX operator: each reads its node (ox_build.node) and adds the
+ * meshscope operators that compute it exactly, or refuses an attribute combination with one
+ * line naming the attribute and the fix. The table at the end lists them (docs/onnx.md). */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/core/xalloc.h"
+#include "engine/model/onnx_impl.h"
+
+#ifdef MS_HAVE_ONNX
+
+/* --- helpers ------------------------------------------------------------------------------- */
+
+static ms_status norm_axis(ox_build *b, int64_t axis, int rank, int *out, ms_error *err) {
+    *out = 0;
+    if (axis < -rank || axis >= (rank ? rank : 1))
+        return ox_fail(b, MS_ERR_INVALID, err, "axis %lld is outside a rank-%d tensor",
+                       (long long)axis, rank);
+    *out = (int)(axis < 0 ? axis + rank : axis);
+    return MS_OK;
+}
+
+static int rank_of(const ox_build *b, int v) {
+    return ox_shape(b, v)->ndim;
+}
+
+/* The constant's values as integers into out[max]; returns how many. */
+static int const_ints(const ox_const *c, int64_t *out, int max) {
+    int n = c->numel < max ? (int)c->numel : max;
+    for (int i = 0; i < n; i++) {
+        double d = c->d[i];
+        out[i] = d >= 9.2e18 ? INT64_MAX : d <= -9.2e18 ? INT64_MIN : (int64_t)d;
+    }
+    return (int)c->numel;
+}
+
+static int reshape(ox_build *b, int v, int nd, const int64_t *shape, int k, ms_error *err) {
+    ms_op_attrs a = {0};
+    a.i[0] = nd;
+    for (int d = 0; d < nd; d++) a.i[1 + d] = shape[d];
+    return ox_op(b, MS_OP_RESHAPE, &a, 1, &v, k, err);
+}
+
+/* A tensor of x's shape full of c (0 x, clamped to [c, c]: a NaN or inf in x still gives c). */
+static int fill_like(ox_build *b, int x, float c, ms_error *err) {
+    ms_op_attrs a = {.f = {0.0f}};
+    int z = ox_op(b, MS_OP_SCALE, &a, 1, &x, -1, err);
+    if (z < 0) return -1;
+    a.f[0] = a.f[1] = c;
+    return ox_op(b, MS_OP_CLAMP, &a, 1, &z, -1, err);
+}
+
+static int add_scalar(ox_build *b, int x, float c, int k, ms_error *err) {
+    int f = fill_like(b, x, c, err);
+    if (f < 0) return -1;
+    int in[2] = {x, f};
+    return ox_op(b, MS_OP_ADD, NULL, 2, in, k, err);
+}
+
+/* The axes of a node: attribute `axes` (older opsets) or input 1 (newer), into out. Returns the
+ * count, -1 when neither is given. */
+static int node_axes(ox_build *b, int input, int64_t *out, ms_error *err, ms_status *st) {
+    *st = MS_OK;
+    int n = ox_attr_ints(b, "axes", out, MS_MAX_DIMS + 1);
+    if (n >= 0 || !ox_has(b, input)) return n;
+    const ox_const *c;
+    if ((*st = ox_const_in(b, input, &c, err)) != MS_OK) return -1;
+    return const_ints(c, out, MS_MAX_DIMS + 1);
+}
+
+/* --- elementwise ----------------------------------------------------------------------------- */
+
+static ms_status unary(ox_build *b, int op, ms_op_attrs a, ms_error *err) {
+    int x, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    OX_OP(y, op, &a, 0, x);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+#define UNARY(fn, OP)                                                                              \
+    static ms_status fn(ox_build *b, ms_error *err) {                                              \
+        return unary(b, OP, (ms_op_attrs){0}, err);                                                \
+    }
+UNARY(map_relu, MS_OP_RELU)
+UNARY(map_sigmoid, MS_OP_SIGMOID)
+UNARY(map_tanh, MS_OP_TANH)
+UNARY(map_exp, MS_OP_EXP)
+UNARY(map_log, MS_OP_LOG)
+UNARY(map_sqrt, MS_OP_SQRT)
+UNARY(map_neg, MS_OP_NEG)
+UNARY(map_abs, MS_OP_ABS)
+UNARY(map_reciprocal, MS_OP_RECIPROCAL)
+UNARY(map_sin, MS_OP_SIN)
+UNARY(map_cos, MS_OP_COS)
+UNARY(map_erf, MS_OP_ERF)
+UNARY(map_atan, MS_OP_ATAN)
+UNARY(map_sign, MS_OP_SIGN)
+UNARY(map_softsign, MS_OP_SOFTSIGN)
+UNARY(map_softplus, MS_OP_SOFTPLUS)
+UNARY(map_hardswish, MS_OP_HARDSWISH)
+
+static ms_status map_leaky_relu(ox_build *b, ms_error *err) {
+    return unary(b, MS_OP_LEAKY_RELU, (ms_op_attrs){.f = {ox_attr_f(b, "alpha", 0.01f)}}, err);
+}
+static ms_status map_elu(ox_build *b, ms_error *err) {
+    return unary(b, MS_OP_ELU, (ms_op_attrs){.f = {ox_attr_f(b, "alpha", 1.0f)}}, err);
+}
+static ms_status map_selu(ox_build *b, ms_error *err) {
+    float al = ox_attr_f(b, "alpha", 1.67326319217681884765625f);
+    float ga = ox_attr_f(b, "gamma", 1.05070102214813232421875f);
+    if (fabsf(al - 1.6732632f) > 1e-6f || fabsf(ga - 1.0507010f) > 1e-6f)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "alpha %g, gamma %g: only the SNN constants (the defaults) are supported; "
+                       "export torch.nn.SELU",
+                       (double)al, (double)ga);
+    return unary(b, MS_OP_SELU, (ms_op_attrs){0}, err);
+}
+/* max(0, min(1, alpha x + beta)): beta 0.5 is relu6(6 alpha x + 3) / 6, meshscope's
+ * hardsigmoid of 6 alpha x; another beta adds it first. */
+static ms_status map_hardsigmoid(ox_build *b, ms_error *err) {
+    float al = ox_attr_f(b, "alpha", 0.2f), be = ox_attr_f(b, "beta", 0.5f);
+    int x, s, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    ms_op_attrs a = {.f = {6.0f * al}};
+    OX_OP(s, MS_OP_SCALE, &a, -1, x);
+    if (be != 0.5f) {
+        s = add_scalar(b, s, 6.0f * be - 3.0f, -1, err);
+        if (s < 0) return err->code;
+    }
+    OX_OP(y, MS_OP_HARDSIGMOID, NULL, 0, s);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+static int per_channel(ox_build *b, int v, int r, ms_error *err);
+
+/* x >= 0 ? x : slope x, as relu(x) - slope relu(-x) (both exact). */
+static ms_status map_prelu(ox_build *b, ms_error *err) {
+    int x, sl, p, nx, q, m, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &sl, err));
+    int r = rank_of(b, x); /* opset < 7: a [C] slope is per channel (dim 1) */
+    if (b->m->opset < 7 && rank_of(b, sl) == 1 && r > 2 && (sl = per_channel(b, sl, r, err)) < 0)
+        return err->code;
+    OX_OP(p, MS_OP_RELU, NULL, -1, x);
+    OX_OP(nx, MS_OP_NEG, NULL, -1, x);
+    OX_OP(q, MS_OP_RELU, NULL, -1, nx);
+    OX_OP(m, MS_OP_MUL_BCAST, NULL, -1, q, sl);
+    OX_OP(y, MS_OP_SUB, NULL, 0, p, m);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_clip(ox_build *b, ms_error *err) {
+    float lo = ox_attr_f(b, "min", -FLT_MAX), hi = ox_attr_f(b, "max", FLT_MAX);
+    for (int k = 1; k <= 2; k++) {
+        if (!ox_has(b, k)) continue;
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, k, &c, err));
+        if (c->numel != 1) return ox_fail(b, MS_ERR_INVALID, err, "input %d must be a scalar", k);
+        *(k == 1 ? &lo : &hi) = c->f[0];
+    }
+    return unary(b, MS_OP_CLAMP, (ms_op_attrs){.f = {lo, hi}}, err);
+}
+
+static ms_status map_identity(ox_build *b, ms_error *err) {
+    int x, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    y = reshape(b, x, s->ndim, s->d, 0, err);
+    if (y < 0) return err->code;
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* Inference: the identity. The mask output and training mode are refused. */
+static ms_status map_dropout(ox_build *b, ms_error *err) {
+    if (b->node->n_output > 1 && b->node->output[1][0])
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "the mask output is not supported; export in eval mode (model.eval())");
+    if (ox_has(b, 2)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 2, &c, err));
+        if (c->numel && c->d[0] != 0)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "training_mode is true; export in eval mode (model.eval())");
+    }
+    return map_identity(b, err);
+}
+
+static ms_status binary(ox_build *b, int op, ms_error *err) {
+    int x, y, z;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &y, err));
+    /* opset < 7: broadcast=1 with axis aligns B's dims at A's dim axis (trailing ones added) */
+    const ms_shape xs = *ox_shape(b, x), ys = *ox_shape(b, y);
+    int64_t ax = ox_attr_i(b, "axis", -1);
+    if (ox_attr_i(b, "broadcast", 0) && ox_attr(b, "axis") && ax >= 0 && ax + ys.ndim < xs.ndim) {
+        int64_t sh[MS_MAX_DIMS];
+        int nd = (int)(xs.ndim - ax);
+        for (int d = 0; d < nd; d++) sh[d] = d < ys.ndim ? ys.d[d] : 1;
+        if ((y = reshape(b, y, nd, sh, -1, err)) < 0) return err->code;
+    }
+    OX_OP(z, op, NULL, 0, x, y);
+    ox_out(b, 0, z);
+    return MS_OK;
+}
+#define BINARY(fn, OP)                                                                             \
+    static ms_status fn(ox_build *b, ms_error *err) {                                              \
+        return binary(b, OP, err);                                                                 \
+    }
+BINARY(map_add, MS_OP_ADD_BCAST)
+BINARY(map_sub, MS_OP_SUB)
+BINARY(map_mul, MS_OP_MUL_BCAST)
+BINARY(map_div, MS_OP_DIV)
+BINARY(map_equal, MS_OP_EQ)
+BINARY(map_less, MS_OP_LT)
+BINARY(map_greater, MS_OP_GT)
+BINARY(map_less_equal, MS_OP_LE)
+BINARY(map_greater_equal, MS_OP_GE)
+BINARY(map_and, MS_OP_MUL_BCAST) /* bools as 0/1 */
+BINARY(map_or, MS_OP_MAXIMUM)
+BINARY(map_xor, MS_OP_NE)
+
+static ms_status map_not(ox_build *b, ms_error *err) {
+    int x, z, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    ms_op_attrs a = {.f = {0.0f}};
+    OX_OP(z, MS_OP_SCALE, &a, -1, x);
+    OX_OP(y, MS_OP_EQ, NULL, 0, x, z);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_pow(ox_build *b, ms_error *err) {
+    if (ox_is_const(b, 1)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 1, &c, err));
+        if (c->numel == 1) return unary(b, MS_OP_POW_SCALAR, (ms_op_attrs){.f = {c->f[0]}}, err);
+    }
+    return binary(b, MS_OP_POW, err);
+}
+
+static ms_status map_where(ox_build *b, ms_error *err) {
+    int c, x, y, z;
+    MS_CHECK(ox_val(b, 0, &c, err));
+    MS_CHECK(ox_val(b, 1, &x, err));
+    MS_CHECK(ox_val(b, 2, &y, err));
+    OX_OP(z, MS_OP_WHERE, NULL, 0, c, x, y);
+    ox_out(b, 0, z);
+    return MS_OK;
+}
+
+/* Max, Min, Sum, Mean over their inputs (a chain of binary operators). */
+static ms_status variadic(ox_build *b, int op, bool mean, ms_error *err) {
+    int n = (int)b->node->n_input, acc;
+    MS_CHECK(ox_val(b, 0, &acc, err));
+    if (n == 1) return map_identity(b, err);
+    for (int k = 1; k < n; k++) {
+        int x;
+        MS_CHECK(ox_val(b, k, &x, err));
+        OX_OP(acc, op, NULL, k == n - 1 && !mean ? 0 : -1, acc, x);
+    }
+    if (mean) {
+        ms_op_attrs a = {.f = {1.0f / (float)n}};
+        OX_OP(acc, MS_OP_SCALE, &a, 0, acc);
+    }
+    ox_out(b, 0, acc);
+    return MS_OK;
+}
+static ms_status map_max(ox_build *b, ms_error *err) {
+    return variadic(b, MS_OP_MAXIMUM, false, err);
+}
+static ms_status map_min(ox_build *b, ms_error *err) {
+    return variadic(b, MS_OP_MINIMUM, false, err);
+}
+static ms_status map_sum(ox_build *b, ms_error *err) {
+    return variadic(b, MS_OP_ADD_BCAST, false, err);
+}
+static ms_status map_mean(ox_build *b, ms_error *err) {
+    return variadic(b, MS_OP_ADD_BCAST, true, err);
+}
+
+/* --- shapes ---------------------------------------------------------------------------------- */
+
+static ms_status map_reshape(ox_build *b, ms_error *err) {
+    int x, y, nd;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    int64_t sh[MS_MAX_DIMS + 1], known = 1, total = 1;
+    if ((nd = ox_attr_ints(b, "shape", sh, MS_MAX_DIMS + 1)) < 0) { /* opset < 5: an attribute */
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 1, &c, err));
+        nd = const_ints(c, sh, MS_MAX_DIMS + 1);
+    }
+    int neg = -1;
+    bool allowzero = ox_attr_i(b, "allowzero", 0) != 0;
+    if (nd > MS_MAX_DIMS) return ox_fail(b, MS_ERR_UNSUPPORTED, err, "more than 8 dims");
+    for (int d = 0; d < s->ndim; d++) total *= s->d[d];
+    for (int d = 0; d < nd; d++) {
+        if (sh[d] == 0 && !allowzero) {
+            if (d >= s->ndim) return ox_fail(b, MS_ERR_INVALID, err, "0 copies a missing dim");
+            sh[d] = s->d[d];
+        }
+        if (sh[d] == -1 && neg < 0)
+            neg = d;
+        else if (sh[d] < 1)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err, "shape entry %lld at %d is not supported",
+                           (long long)sh[d], d);
+        else
+            known *= sh[d];
+    }
+    if (neg >= 0) sh[neg] = known ? total / known : 0;
+    y = reshape(b, x, nd, sh, 0, err);
+    if (y < 0) return err->code;
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_flatten(ox_build *b, ms_error *err) {
+    int x, y, ax;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    int64_t axis = ox_attr_i(b, "axis", 1);
+    if (axis == s->ndim)
+        ax = s->ndim;
+    else
+        MS_CHECK(norm_axis(b, axis, s->ndim, &ax, err));
+    int64_t sh[2] = {1, 1};
+    for (int d = 0; d < s->ndim; d++) sh[d >= ax] *= s->d[d];
+    y = reshape(b, x, 2, sh, 0, err);
+    if (y < 0) return err->code;
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_transpose(ox_build *b, ms_error *err) {
+    int x, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    int r = rank_of(b, x);
+    int64_t perm[MS_MAX_DIMS + 1];
+    int n = ox_attr_ints(b, "perm", perm, MS_MAX_DIMS + 1);
+    if (n < 0)
+        for (int d = 0; d < r; d++) perm[d] = r - 1 - d;
+    else if (n != r)
+        return ox_fail(b, MS_ERR_INVALID, err, "perm has %d entries for a rank-%d input", n, r);
+    ms_op_attrs a = {0};
+    for (int d = 0; d < r; d++) a.i[d] = perm[d];
+    OX_OP(y, MS_OP_PERMUTE, &a, 0, x);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_squeeze(ox_build *b, ms_error *err) {
+    int x, y;
+    ms_status st;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    int64_t axes[MS_MAX_DIMS + 1], sh[MS_MAX_DIMS];
+    int n = node_axes(b, 1, axes, err, &st), nd = 0;
+    MS_CHECK(st);
+    bool drop[MS_MAX_DIMS] = {0};
+    for (int i = 0; i < n && i <= MS_MAX_DIMS; i++) {
+        int ax;
+        MS_CHECK(norm_axis(b, axes[i], s->ndim, &ax, err));
+        if (s->d[ax] != 1)
+            return ox_fail(b, MS_ERR_INVALID, err, "dim %d has size %lld, not 1", ax,
+                           (long long)s->d[ax]);
+        drop[ax] = true;
+    }
+    for (int d = 0; d < s->ndim; d++)
+        if (!(n < 0 ? s->d[d] == 1 : drop[d])) sh[nd++] = s->d[d];
+    y = reshape(b, x, nd, sh, 0, err);
+    if (y < 0) return err->code;
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_unsqueeze(ox_build *b, ms_error *err) {
+    int x, y;
+    ms_status st;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    int64_t axes[MS_MAX_DIMS + 1], sh[MS_MAX_DIMS];
+    int n = node_axes(b, 1, axes, err, &st);
+    MS_CHECK(st);
+    int r = s->ndim + n;
+    if (n < 0 || r > MS_MAX_DIMS)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err, "needs axes and a result of at most 8 dims");
+    bool ins[MS_MAX_DIMS] = {0};
+    for (int i = 0; i < n; i++) {
+        int ax;
+        MS_CHECK(norm_axis(b, axes[i], r, &ax, err));
+        ins[ax] = true;
+    }
+    for (int d = 0, j = 0; d < r; d++) sh[d] = ins[d] ? 1 : s->d[j++];
+    y = reshape(b, x, r, sh, 0, err);
+    if (y < 0) return err->code;
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_concat(ox_build *b, ms_error *err) {
+    int n = (int)b->node->n_input, acc = -1, ax;
+    int first;
+    MS_CHECK(ox_val(b, 0, &first, err));
+    MS_CHECK(
+        norm_axis(b, ox_attr_i(b, "axis", b->m->opset < 4 ? 1 : 0), rank_of(b, first), &ax, err));
+    ms_op_attrs a = {.i = {ax}};
+    for (int k = 0; k < n;) {
+        int in[MS_OP_MAX_IN], m = 0;
+        if (acc >= 0) in[m++] = acc;
+        while (m < MS_OP_MAX_IN && k < n) MS_CHECK(ox_val(b, k++, &in[m++], err));
+        acc = m == 1 ? reshape(b, in[0], ox_shape(b, in[0])->ndim, ox_shape(b, in[0])->d,
+                               k == n ? 0 : -1, err)
+                     : ox_op(b, MS_OP_CONCAT, &a, m, in, k == n ? 0 : -1, err);
+        if (acc < 0) return err->code;
+    }
+    ox_out(b, 0, acc);
+    return MS_OK;
+}
+
+static ms_status map_split(ox_build *b, ms_error *err) {
+    int x, ax, n = (int)b->node->n_output;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", 0), s->ndim, &ax, err));
+    int64_t parts[64];
+    int np = ox_attr_ints(b, "split", parts, 64);
+    if (np < 0 && ox_has(b, 1)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 1, &c, err));
+        np = const_ints(c, parts, 64);
+    }
+    if (n > 64 || (np >= 0 && np != n))
+        return ox_fail(b, MS_ERR_INVALID, err, "%d outputs for %d split sizes", n, np);
+    if (np < 0) {
+        if (s->d[ax] % n)
+            return ox_fail(b, MS_ERR_INVALID, err, "dim %lld does not split in %d equal parts",
+                           (long long)s->d[ax], n);
+        for (int k = 0; k < n; k++) parts[k] = s->d[ax] / n;
+    }
+    int64_t start = 0;
+    for (int k = 0; k < n; k++) {
+        if (parts[k] < 1)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "split size %lld: empty outputs are not supported", (long long)parts[k]);
+        ms_op_attrs a = {.i = {ax, start, parts[k]}};
+        int y;
+        OX_OP(y, MS_OP_NARROW, &a, k, x);
+        ox_out(b, k, y);
+        start += parts[k];
+    }
+    if (start != s->d[ax])
+        return ox_fail(b, MS_ERR_INVALID, err, "split sizes add up to %lld, the dim is %lld",
+                       (long long)start, (long long)s->d[ax]);
+    return MS_OK;
+}
+
+static int64_t clamp_index(int64_t i, int64_t n) {
+    if (i < 0) i += n;
+    return i < 0 ? 0 : i > n ? n : i;
+}
+
+static ms_status map_slice(ox_build *b, ms_error *err) {
+    int x;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s0 = ox_shape(b, x);
+    int r = s0->ndim;
+    int64_t st[MS_MAX_DIMS + 1], en[MS_MAX_DIMS + 1], ax[MS_MAX_DIMS + 1], sp[MS_MAX_DIMS + 1];
+    int n, na = -1, ns = -1;
+    if (ox_attr(b, "starts")) {
+        n = ox_attr_ints(b, "starts", st, MS_MAX_DIMS + 1);
+        if (ox_attr_ints(b, "ends", en, MS_MAX_DIMS + 1) != n)
+            return ox_fail(b, MS_ERR_INVALID, err, "starts and ends differ in length");
+        na = ox_attr_ints(b, "axes", ax, MS_MAX_DIMS + 1);
+    } else {
+        const ox_const *c[5] = {0};
+        for (int k = 1; k < 5; k++)
+            if (ox_has(b, k)) MS_CHECK(ox_const_in(b, k, &c[k], err));
+        if (!c[1] || !c[2]) return ox_fail(b, MS_ERR_INVALID, err, "needs starts and ends");
+        n = const_ints(c[1], st, MS_MAX_DIMS + 1);
+        if (const_ints(c[2], en, MS_MAX_DIMS + 1) != n)
+            return ox_fail(b, MS_ERR_INVALID, err, "starts and ends differ in length");
+        if (c[3]) na = const_ints(c[3], ax, MS_MAX_DIMS + 1);
+        if (c[4]) ns = const_ints(c[4], sp, MS_MAX_DIMS + 1);
+    }
+    if (n > r || (na >= 0 && na != n) || (ns >= 0 && ns != n))
+        return ox_fail(b, MS_ERR_INVALID, err, "starts, ends, axes and steps disagree");
+    int v = x;
+    for (int i = 0; i < n; i++) {
+        int d;
+        MS_CHECK(norm_axis(b, na >= 0 ? ax[i] : i, r, &d, err));
+        if (ns >= 0 && sp[i] != 1)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "step %lld along axis %d: only step 1 is supported; slice with step 1 "
+                           "(and flip) before export",
+                           (long long)sp[i], d);
+        int64_t dim = ox_shape(b, v)->d[d], lo = clamp_index(st[i], dim),
+                hi = clamp_index(en[i], dim);
+        if (hi <= lo)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "the slice along axis %d is empty; empty tensors are not supported", d);
+        ms_op_attrs a = {.i = {d, lo, hi}};
+        OX_OP(v, MS_OP_SLICE, &a, i == n - 1 ? 0 : -1, v);
+    }
+    if (v == x) return map_identity(b, err);
+    ox_out(b, 0, v);
+    return MS_OK;
+}
+
+static ms_status map_expand(ox_build *b, ms_error *err) {
+    int x, y;
+    const ox_const *c;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_const_in(b, 1, &c, err));
+    const ms_shape *s = ox_shape(b, x);
+    int64_t want[MS_MAX_DIMS + 1], in[MS_MAX_DIMS];
+    int nw = const_ints(c, want, MS_MAX_DIMS + 1);
+    int r = nw > s->ndim ? nw : s->ndim;
+    if (r > MS_MAX_DIMS) return ox_fail(b, MS_ERR_UNSUPPORTED, err, "more than 8 dims");
+    ms_op_attrs a = {0};
+    for (int d = 0; d < r; d++) {
+        int di = d - (r - s->ndim), dw = d - (r - nw);
+        in[d] = di >= 0 ? s->d[di] : 1;
+        int64_t w = dw >= 0 ? want[dw] : 1;
+        if (in[d] != 1 && w != 1 && w != in[d])
+            return ox_fail(b, MS_ERR_INVALID, err, "shape does not broadcast at dim %d", d);
+        a.i[d] = in[d] == 1 ? w : in[d];
+    }
+    int v = x;
+    if (r != s->ndim) {
+        v = reshape(b, x, r, in, -1, err);
+        if (v < 0) return err->code;
+    }
+    OX_OP(y, MS_OP_EXPAND, &a, 0, v);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_tile(ox_build *b, ms_error *err) {
+    int x, y;
+    const ox_const *c;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_const_in(b, 1, &c, err));
+    int64_t rep[MS_MAX_DIMS + 1];
+    int n = const_ints(c, rep, MS_MAX_DIMS + 1);
+    if (n != rank_of(b, x)) return ox_fail(b, MS_ERR_INVALID, err, "repeats must match the rank");
+    ms_op_attrs a = {0};
+    for (int d = 0; d < n; d++) a.i[d] = rep[d];
+    OX_OP(y, MS_OP_REPEAT, &a, 0, x);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* x along axis at the ids: index_select on the flattened ids, then their shape in place of
+ * the axis. Negative constant ids are refused (meshscope's ids are >= 0). */
+static ms_status map_gather(ox_build *b, ms_error *err) {
+    int x, ids, ax, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape xs = *ox_shape(b, x);
+    MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", 0), xs.ndim, &ax, err));
+    if (ox_is_const(b, 1)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 1, &c, err));
+        for (int64_t i = 0; i < c->numel; i++)
+            if (c->d[i] < 0 || c->d[i] >= (double)xs.d[ax])
+                return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                               "index %g is outside 0..%lld; negative indices are not supported: "
+                               "export with indices in 0..n-1",
+                               c->d[i], (long long)xs.d[ax] - 1);
+    }
+    MS_CHECK(ox_val(b, 1, &ids, err));
+    const ms_shape is = *ox_shape(b, ids);
+    int64_t L = 1, sh[MS_MAX_DIMS];
+    for (int d = 0; d < is.ndim; d++) L *= is.d[d];
+    int r = xs.ndim - 1 + is.ndim;
+    if (r > MS_MAX_DIMS) return ox_fail(b, MS_ERR_UNSUPPORTED, err, "more than 8 dims");
+    int flat = ids;
+    if (is.ndim != 1) {
+        flat = reshape(b, ids, 1, &L, -1, err);
+        if (flat < 0) return err->code;
+    }
+    ms_op_attrs a = {.i = {ax}};
+    OX_OP(y, MS_OP_INDEX_SELECT, &a, is.ndim == 1 ? 0 : -1, x, flat);
+    if (is.ndim != 1) {
+        int j = 0;
+        for (int d = 0; d < ax; d++) sh[j++] = xs.d[d];
+        for (int d = 0; d < is.ndim; d++) sh[j++] = is.d[d];
+        for (int d = ax + 1; d < xs.ndim; d++) sh[j++] = xs.d[d];
+        y = reshape(b, y, r, sh, 0, err);
+        if (y < 0) return err->code;
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* --- reductions ------------------------------------------------------------------------------ */
+
+typedef enum { R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_L1, R_L2, R_LSE, R_SUMSQ, R_LOGSUM } red_kind;
+
+static ms_status reduce(ox_build *b, red_kind kind, ms_error *err) {
+    int x, y;
+    ms_status st;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = ox_shape(b, x);
+    int64_t axes[MS_MAX_DIMS + 1];
+    int n = node_axes(b, 1, axes, err, &st);
+    MS_CHECK(st);
+    bool keep = ox_attr_i(b, "keepdims", 1) != 0;
+    if (n <= 0 && ox_attr_i(b, "noop_with_empty_axes", 0)) return map_identity(b, err);
+    unsigned mask = 0;
+    for (int i = 0; i < n; i++) {
+        int ax;
+        MS_CHECK(norm_axis(b, axes[i], s->ndim, &ax, err));
+        mask |= 1u << ax;
+    }
+    if (n <= 0) mask = (1u << s->ndim) - 1;
+    static const int ops[] = {MS_OP_SUM_DIMS, MS_OP_MEAN_DIMS, MS_OP_MAX_DIMS, MS_OP_MIN_DIMS,
+                              MS_OP_PROD,     MS_OP_SUM_DIMS,  MS_OP_NORM,     MS_OP_LOGSUMEXP,
+                              MS_OP_SUM_DIMS, MS_OP_SUM_DIMS};
+    int v = x;
+    if (kind == R_L1) OX_OP(v, MS_OP_ABS, NULL, -1, x);
+    if (kind == R_SUMSQ) OX_OP(v, MS_OP_SQUARE, NULL, -1, x);
+    ms_op_attrs a = {.i = {mask, keep}};
+    OX_OP(y, ops[kind], &a, kind == R_LOGSUM ? -1 : 0, v);
+    if (kind == R_LOGSUM) OX_OP(y, MS_OP_LOG, NULL, 0, y);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+#define REDUCE(fn, K)                                                                              \
+    static ms_status fn(ox_build *b, ms_error *err) {                                              \
+        return reduce(b, K, err);                                                                  \
+    }
+REDUCE(map_reduce_sum, R_SUM)
+REDUCE(map_reduce_mean, R_MEAN)
+REDUCE(map_reduce_max, R_MAX)
+REDUCE(map_reduce_min, R_MIN)
+REDUCE(map_reduce_prod, R_PROD)
+REDUCE(map_reduce_l1, R_L1)
+REDUCE(map_reduce_l2, R_L2)
+REDUCE(map_reduce_lse, R_LSE)
+REDUCE(map_reduce_sumsq, R_SUMSQ)
+REDUCE(map_reduce_logsum, R_LOGSUM)
+
+static ms_status arg_reduce(ox_build *b, int op, ms_error *err) {
+    int x, y, ax;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", 0), rank_of(b, x), &ax, err));
+    bool last = ox_attr_i(b, "select_last_index", 0) != 0;
+    ms_op_attrs a = {.i = {ax, ox_attr_i(b, "keepdims", 1) != 0}}, f = {.i = {1 << ax}};
+    int64_t n = ox_shape(b, x)->d[ax];
+    /* the last extreme: the first one of the flipped axis, at n - 1 - its index */
+    if (last) OX_OP(x, MS_OP_FLIP, &f, -1, x);
+    OX_OP(y, op, &a, last ? -1 : 0, x);
+    if (last) {
+        OX_OP(y, MS_OP_NEG, NULL, -1, y);
+        if ((y = add_scalar(b, y, (float)(n - 1), 0, err)) < 0) return err->code;
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+static ms_status map_argmax(ox_build *b, ms_error *err) {
+    return arg_reduce(b, MS_OP_ARGMAX, err);
+}
+static ms_status map_argmin(ox_build *b, ms_error *err) {
+    return arg_reduce(b, MS_OP_ARGMIN, err);
+}
+
+/* --- linear algebra ------------------------------------------------------------------------- */
+
+static ms_status map_matmul(ox_build *b, ms_error *err) {
+    int x, w, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &w, err));
+    ms_shape xs = *ox_shape(b, x), ws = *ox_shape(b, w);
+    bool x1 = xs.ndim == 1, w1 = ws.ndim == 1;
+    if (x1) {
+        int64_t sh[2] = {1, xs.d[0]};
+        if ((x = reshape(b, x, 2, sh, -1, err)) < 0) return err->code;
+    }
+    if (w1) {
+        int64_t sh[2] = {ws.d[0], 1};
+        if ((w = reshape(b, w, 2, sh, -1, err)) < 0) return err->code;
+    }
+    bool last = !x1 && !w1;
+    if (!w1 && ws.ndim == 2)
+        OX_OP(y, MS_OP_MATMUL, NULL, last ? 0 : -1, x, w);
+    else
+        OX_OP(y, MS_OP_BMM, NULL, last ? 0 : -1, x, w);
+    if (!last) {
+        ms_shape ys = *ox_shape(b, y);
+        int64_t sh[MS_MAX_DIMS];
+        int nd = 0;
+        for (int d = 0; d < ys.ndim; d++)
+            if (!((x1 && d == ys.ndim - 2) || (w1 && d == ys.ndim - 1))) sh[nd++] = ys.d[d];
+        if ((y = reshape(b, y, nd, sh, 0, err)) < 0) return err->code;
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* alpha op(A) op(B) + beta C */
+static ms_status map_gemm(ox_build *b, ms_error *err) {
+    int x, w, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &w, err));
+    float alpha = ox_attr_f(b, "alpha", 1.0f), beta = ox_attr_f(b, "beta", 1.0f);
+    bool has_c = ox_has(b, 2) && beta != 0.0f, scale = alpha != 1.0f;
+    if (ox_attr_i(b, "transA", 0)) {
+        ms_op_attrs t = {.i = {0, 1}};
+        OX_OP(x, MS_OP_TRANSPOSE, &t, -1, x);
+    }
+    ms_op_attrs m = {.i = {ox_attr_i(b, "transB", 0) != 0}};
+    OX_OP(y, MS_OP_MATMUL, &m, has_c || scale ? -1 : 0, x, w);
+    if (scale) {
+        ms_op_attrs s = {.f = {alpha}};
+        OX_OP(y, MS_OP_SCALE, &s, has_c ? -1 : 0, y);
+    }
+    if (has_c) {
+        int c;
+        MS_CHECK(ox_val(b, 2, &c, err));
+        if (beta != 1.0f) {
+            ms_op_attrs s = {.f = {beta}};
+            OX_OP(c, MS_OP_SCALE, &s, -1, c);
+        }
+        OX_OP(y, MS_OP_ADD_BCAST, NULL, 0, y, c);
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* op over the last dim of x; LogSoftmax first subtracts the max, so that large inputs keep
+ * their precision (log_softmax(x) = log_softmax(x - max)). */
+static int softmax_last(ox_build *b, int op, int x, int k, ms_error *err) {
+    if (op == MS_OP_LOG_SOFTMAX) {
+        ms_op_attrs r = {.i = {1u << (ox_shape(b, x)->ndim - 1), 1}};
+        int in[2] = {x, -1};
+        if ((in[1] = ox_op(b, MS_OP_MAX_DIMS, &r, 1, &x, -1, err)) < 0) return -1;
+        if ((x = ox_op(b, MS_OP_SUB, NULL, 2, in, -1, err)) < 0) return -1;
+    }
+    return ox_op(b, op, NULL, 1, &x, k, err);
+}
+
+/* Softmax and LogSoftmax: opset 13 normalises along one axis (moved last and back); before
+ * it, over the input flattened to 2-D at the axis. */
+static ms_status softmax_like(ox_build *b, int op, ms_error *err) {
+    int x, y, ax;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape s = *ox_shape(b, x);
+    bool v13 = b->m->opset >= 13;
+    MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", v13 ? -1 : 1), s.ndim, &ax, err));
+    if (!v13 && ax != s.ndim - 1) {
+        int64_t sh[2] = {1, 1};
+        for (int d = 0; d < s.ndim; d++) sh[d >= ax] *= s.d[d];
+        if ((x = reshape(b, x, 2, sh, -1, err)) < 0) return err->code;
+        if ((y = softmax_last(b, op, x, -1, err)) < 0 ||
+            (y = reshape(b, y, s.ndim, s.d, 0, err)) < 0)
+            return err->code;
+    } else if (ax != s.ndim - 1) {
+        ms_op_attrs p = {0};
+        for (int d = 0, j = 0; d < s.ndim; d++)
+            if (d != ax) p.i[j++] = d;
+        p.i[s.ndim - 1] = ax;
+        ms_op_attrs q = {0}; /* the inverse */
+        for (int d = 0; d < s.ndim; d++) q.i[p.i[d]] = d;
+        OX_OP(x, MS_OP_PERMUTE, &p, -1, x);
+        if ((y = softmax_last(b, op, x, -1, err)) < 0) return err->code;
+        OX_OP(y, MS_OP_PERMUTE, &q, 0, y);
+    } else if ((y = softmax_last(b, op, x, 0, err)) < 0) {
+        return err->code;
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+static ms_status map_softmax(ox_build *b, ms_error *err) {
+    return softmax_like(b, MS_OP_SOFTMAX, err);
+}
+static ms_status map_log_softmax(ox_build *b, ms_error *err) {
+    return softmax_like(b, MS_OP_LOG_SOFTMAX, err);
+}
+
+/* --- normalisation --------------------------------------------------------------------------- */
+
+/* A per-channel [C] value shaped [C, 1, ...] to broadcast against [N, C, ...] of rank r. */
+static int per_channel(ox_build *b, int v, int r, ms_error *err) {
+    int64_t sh[MS_MAX_DIMS];
+    sh[0] = ox_shape(b, v)->d[0];
+    for (int d = 1; d < r - 1; d++) sh[d] = 1;
+    return reshape(b, v, r - 1, sh, -1, err);
+}
+
+/* Inference: (x - mean) * scale / sqrt(var + eps) + B. */
+static ms_status map_batchnorm(ox_build *b, ms_error *err) {
+    if (ox_attr_i(b, "training_mode", 0) || b->node->n_output > 1 ||
+        (b->m->opset < 7 && !ox_attr_i(b, "is_test", 0)))
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "training mode (or its running-statistics outputs) is not supported; "
+                       "export in eval mode (model.eval())");
+    if (!ox_attr_i(b, "spatial", 1))
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err, "spatial=0 is not supported");
+    int x, v[4], y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    int r = rank_of(b, x);
+    if (r < 2) return ox_fail(b, MS_ERR_INVALID, err, "the input needs [N, C, ...]");
+    for (int k = 0; k < 4; k++) {
+        MS_CHECK(ox_val(b, k + 1, &v[k], err));
+        if (rank_of(b, v[k]) != 1)
+            return ox_fail(b, MS_ERR_INVALID, err, "input %d not [C]", k + 1);
+        if ((v[k] = per_channel(b, v[k], r, err)) < 0) return err->code;
+    }
+    int ve = add_scalar(b, v[3], ox_attr_f(b, "epsilon", 1e-5f), -1, err), inv, a, c;
+    if (ve < 0) return err->code;
+    OX_OP(inv, MS_OP_RSQRT, NULL, -1, ve);
+    OX_OP(a, MS_OP_MUL, NULL, -1, v[0], inv);
+    OX_OP(c, MS_OP_SUB, NULL, -1, x, v[2]);
+    OX_OP(c, MS_OP_MUL_BCAST, NULL, -1, c, a);
+    OX_OP(y, MS_OP_ADD_BCAST, NULL, 0, c, v[1]);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_instancenorm(ox_build *b, ms_error *err) {
+    int x, w, bi, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &w, err));
+    MS_CHECK(ox_val(b, 2, &bi, err));
+    const ms_shape *s = ox_shape(b, x);
+    if (s->ndim < 3) return ox_fail(b, MS_ERR_INVALID, err, "the input needs [N, C, ...]");
+    ms_op_attrs a = {.i = {s->d[1]}, .f = {ox_attr_f(b, "epsilon", 1e-5f)}};
+    OX_OP(y, MS_OP_GROUP_NORM, &a, 0, x, w, bi);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* Over the dims from axis on (flattened to one when several), with the optional Mean and
+ * InvStdDev outputs. */
+static ms_status map_layernorm(ox_build *b, ms_error *err) {
+    int x, w, bi = -1, ax, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &w, err));
+    if (ox_has(b, 2)) MS_CHECK(ox_val(b, 2, &bi, err));
+    const ms_shape s = *ox_shape(b, x);
+    MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", -1), s.ndim, &ax, err));
+    float eps = ox_attr_f(b, "epsilon", 1e-5f);
+    int64_t sh[MS_MAX_DIMS], c = 1;
+    for (int d = 0; d < ax; d++) sh[d] = s.d[d];
+    for (int d = ax; d < s.ndim; d++) c *= s.d[d];
+    sh[ax] = c;
+    int xf = x;
+    bool flat = ax != s.ndim - 1;
+    if (flat &&
+        ((xf = reshape(b, x, ax + 1, sh, -1, err)) < 0 || (w = reshape(b, w, 1, &c, -1, err)) < 0 ||
+         (bi >= 0 && (bi = reshape(b, bi, 1, &c, -1, err)) < 0)))
+        return err->code;
+    ms_op_attrs a = {.f = {eps}};
+    if (bi >= 0) {
+        OX_OP(y, MS_OP_LAYERNORM, &a, flat ? -1 : 0, xf, w, bi);
+    } else {
+        OX_OP(y, MS_OP_LAYERNORM_PLAIN, &a, -1, xf);
+        OX_OP(y, MS_OP_MUL_BCAST, NULL, flat ? -1 : 0, y, w);
+    }
+    if (flat && (y = reshape(b, y, s.ndim, s.d, 0, err)) < 0) return err->code;
+    ox_out(b, 0, y);
+    if (b->node->n_output > 1) {
+        ms_op_attrs r = {.i = {1u << ax, 1, 0}};
+        int mean, var, inv;
+        OX_OP(mean, MS_OP_MEAN_DIMS, &r, 1, xf);
+        OX_OP(var, MS_OP_VAR, &r, -1, xf);
+        if ((var = add_scalar(b, var, eps, -1, err)) < 0) return err->code;
+        OX_OP(inv, MS_OP_RSQRT, NULL, flat ? -1 : 2, var);
+        if (flat) {
+            int64_t ms[MS_MAX_DIMS];
+            for (int d = 0; d < s.ndim; d++) ms[d] = d < ax ? s.d[d] : 1;
+            if ((mean = reshape(b, mean, s.ndim, ms, 1, err)) < 0 ||
+                (inv = reshape(b, inv, s.ndim, ms, 2, err)) < 0)
+                return err->code;
+        }
+        ox_out(b, 1, mean);
+        ox_out(b, 2, inv);
+    }
+    return MS_OK;
+}
+
+/* --- convolution and pooling ----------------------------------------------------------------- */
+
+/* The window geometry of a Conv or pool node over nsp spatial dims of x's shape s. */
+typedef struct win {
+    int nsp;
+    int64_t k[2], stride[2], dil[2], pb[2], pe[2]; /* kernel, stride, dilation, pads begin/end */
+} win;
+
+static ms_status read_window(ox_build *b, const ms_shape *s, const int64_t *kernel, win *w,
+                             ms_error *err) {
+    w->nsp = s->ndim - 2;
+    if (w->nsp < 1 || w->nsp > 2)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "a rank-%d input: only 1-D and 2-D (N, C, L or N, C, H, W) are supported",
+                       s->ndim);
+    int64_t v[4];
+    for (int i = 0; i < w->nsp; i++) w->k[i] = kernel[i], w->stride[i] = 1, w->dil[i] = 1;
+    if (ox_attr_ints(b, "strides", v, 4) == w->nsp)
+        for (int i = 0; i < w->nsp; i++) w->stride[i] = v[i];
+    if (ox_attr_ints(b, "dilations", v, 4) == w->nsp)
+        for (int i = 0; i < w->nsp; i++) w->dil[i] = v[i];
+    int np = ox_attr_ints(b, "pads", v, 4);
+    for (int i = 0; i < w->nsp; i++) {
+        w->pb[i] = np == 2 * w->nsp ? v[i] : 0;
+        w->pe[i] = np == 2 * w->nsp ? v[w->nsp + i] : 0;
+    }
+    const char *ap = ox_attr_s(b, "auto_pad", "NOTSET");
+    bool upper = !strcmp(ap, "SAME_UPPER"), lower = !strcmp(ap, "SAME_LOWER");
+    if (!upper && !lower && strcmp(ap, "NOTSET") && strcmp(ap, "VALID"))
+        return ox_fail(b, MS_ERR_INVALID, err, "auto_pad '%s' is unknown", ap);
+    for (int i = 0; i < w->nsp; i++) {
+        if (!strcmp(ap, "VALID")) w->pb[i] = w->pe[i] = 0;
+        if (!upper && !lower) continue;
+        int64_t in = s->d[2 + i], out = (in + w->stride[i] - 1) / w->stride[i];
+        int64_t tot = (out - 1) * w->stride[i] + (w->k[i] - 1) * w->dil[i] + 1 - in;
+        if (tot < 0) tot = 0;
+        w->pb[i] = upper ? tot / 2 : tot - tot / 2;
+        w->pe[i] = tot - w->pb[i];
+    }
+    for (int i = 0; i < w->nsp; i++)
+        if (w->k[i] < 1 || w->stride[i] < 1 || w->dil[i] < 1 || w->pb[i] < 0 || w->pe[i] < 0)
+            return ox_fail(b, MS_ERR_INVALID, err, "bad kernel, stride, dilation or pads");
+    return MS_OK;
+}
+
+/* Pads the spatial dims of x by pb before and pe after (value fill); clears them in w. */
+static int pad_spatial(ox_build *b, int x, win *w, float fill, ms_error *err) {
+    ms_op_attrs a = {.f = {fill}};
+    for (int i = 0; i < w->nsp; i++) {
+        a.i[2 * (2 + i)] = w->pb[i];
+        a.i[2 * (2 + i) + 1] = w->pe[i];
+        w->pb[i] = w->pe[i] = 0;
+    }
+    return ox_op(b, MS_OP_PAD, &a, 1, &x, -1, err);
+}
+
+static bool symmetric(const win *w, bool half) {
+    for (int i = 0; i < w->nsp; i++)
+        if (w->pb[i] != w->pe[i] || (half && 2 * w->pb[i] > w->k[i])) return false;
+    return true;
+}
+
+static ms_status map_conv(ox_build *b, ms_error *err) {
+    int x, wt, bias = -1, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &wt, err));
+    if (ox_has(b, 2)) MS_CHECK(ox_val(b, 2, &bias, err));
+    const ms_shape s = *ox_shape(b, x), ws = *ox_shape(b, wt);
+    win w;
+    if (ws.ndim != s.ndim) return ox_fail(b, MS_ERR_INVALID, err, "weight rank differs");
+    MS_CHECK(read_window(b, &s, ws.d + 2, &w, err));
+    if (!symmetric(&w, false) && (x = pad_spatial(b, x, &w, 0.0f, err)) < 0) return err->code;
+    ms_op_attrs a = {0};
+    for (int i = 0; i < w.nsp; i++) {
+        a.i[i] = w.stride[i];
+        a.i[w.nsp + i] = w.pb[i];
+        a.i[2 * w.nsp + i] = w.dil[i];
+    }
+    a.i[3 * w.nsp] = ox_attr_i(b, "group", 1);
+    int op = w.nsp == 1 ? MS_OP_CONV1D : MS_OP_CONV2D;
+    if (bias >= 0)
+        OX_OP(y, op, &a, 0, x, wt, bias);
+    else
+        OX_OP(y, op, &a, 0, x, wt);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* Extra end padding so that ceil_mode's last window (which must start inside the input or its
+ * begin padding) exists. */
+static void ceil_pad(const ms_shape *s, win *w) {
+    for (int i = 0; i < w->nsp; i++) {
+        int64_t in = s->d[2 + i] + w->pb[i] + w->pe[i], span = (w->k[i] - 1) * w->dil[i] + 1;
+        int64_t out = (in - span + w->stride[i] - 1) / w->stride[i] + 1;
+        if ((out - 1) * w->stride[i] >= s->d[2 + i] + w->pb[i]) out--;
+        int64_t need = (out - 1) * w->stride[i] + span - in;
+        if (need > 0) w->pe[i] += need;
+    }
+}
+
+static ms_status pool_window(ox_build *b, const ms_shape *s, win *w, ms_error *err) {
+    int64_t k[4];
+    if (ox_attr_ints(b, "kernel_shape", k, 4) != s->ndim - 2)
+        return ox_fail(b, MS_ERR_INVALID, err, "kernel_shape must name every spatial dim");
+    MS_CHECK(read_window(b, s, k, w, err));
+    for (int i = 0; i < w->nsp; i++)
+        if (w->dil[i] != 1)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "dilations are not supported; export a pool without dilation");
+    return MS_OK;
+}
+
+static ms_op_attrs pool_attrs(const win *w) {
+    ms_op_attrs a = {0};
+    for (int i = 0; i < w->nsp; i++) {
+        a.i[i] = w->k[i];
+        a.i[w->nsp + i] = w->stride[i];
+        a.i[2 * w->nsp + i] = w->pb[i];
+    }
+    return a;
+}
+
+static ms_status map_maxpool(ox_build *b, ms_error *err) {
+    int x, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape s = *ox_shape(b, x);
+    win w;
+    if (b->node->n_output > 1 && b->node->output[1][0])
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err, "the Indices output is not supported");
+    MS_CHECK(pool_window(b, &s, &w, err));
+    if (ox_attr_i(b, "ceil_mode", 0)) ceil_pad(&s, &w);
+    if (!symmetric(&w, true) && (x = pad_spatial(b, x, &w, -INFINITY, err)) < 0) return err->code;
+    ms_op_attrs a = pool_attrs(&w);
+    OX_OP(y, w.nsp == 1 ? MS_OP_MAX_POOL1D : MS_OP_MAX_POOL2D, &a, 0, x);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* count_include_pad=1: zero padding counts. =0: the padded mean divided by the share of real
+ * elements in each window (the same pool over ones), which also covers asymmetric and ceil
+ * padding. */
+static ms_status map_avgpool(ox_build *b, ms_error *err) {
+    int x, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape s = *ox_shape(b, x);
+    win w;
+    MS_CHECK(pool_window(b, &s, &w, err));
+    bool incl = ox_attr_i(b, "count_include_pad", 0) != 0;
+    int op = w.nsp == 1 ? MS_OP_AVG_POOL1D : MS_OP_AVG_POOL2D;
+    if (ox_attr_i(b, "ceil_mode", 0)) {
+        if (incl)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "ceil_mode=1 with count_include_pad=1 is not supported; export with "
+                           "ceil_mode=False");
+        ceil_pad(&s, &w);
+    }
+    if (symmetric(&w, true)) {
+        ms_op_attrs a = pool_attrs(&w);
+        a.i[3 * w.nsp] = !incl;
+        OX_OP(y, op, &a, 0, x);
+        ox_out(b, 0, y);
+        return MS_OK;
+    }
+    win w2 = w;
+    int one = incl ? -1 : fill_like(b, x, 1.0f, err);
+    if ((!incl && one < 0) || (x = pad_spatial(b, x, &w, 0.0f, err)) < 0) return err->code;
+    ms_op_attrs a = pool_attrs(&w);
+    OX_OP(y, op, &a, incl ? 0 : -1, x);
+    if (!incl) {
+        int share;
+        if ((one = pad_spatial(b, one, &w2, 0.0f, err)) < 0) return err->code;
+        OX_OP(share, op, &a, -1, one);
+        OX_OP(y, MS_OP_DIV, NULL, 0, y, share);
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_global_avgpool(ox_build *b, ms_error *err) {
+    return unary(b, MS_OP_GLOBAL_AVG_POOL, (ms_op_attrs){0}, err);
+}
+
+static ms_status map_global_maxpool(ox_build *b, ms_error *err) {
+    int x;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    int r = rank_of(b, x);
+    if (r < 3) return ox_fail(b, MS_ERR_INVALID, err, "the input needs [N, C, ...]");
+    return unary(b, MS_OP_MAX_DIMS, (ms_op_attrs){.i = {((1u << r) - 1) & ~3u, 1}}, err);
+}
+
+/* Resize (and Upsample): nearest as PyTorch exports it (asymmetric, floor), linear with
+ * half-pixel centres; N and C kept. */
+static ms_status resize_to(ox_build *b, int x, bool linear, const ox_const *scales,
+                           const ox_const *sizes, ms_error *err) {
+    const ms_shape s = *ox_shape(b, x);
+    int y;
+    if (s.ndim != 3 && s.ndim != 4)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err, "only [N, C, L] and [N, C, H, W] inputs");
+    const ox_const *c = sizes ? sizes : scales;
+    if (!c || c->numel != s.ndim)
+        return ox_fail(b, MS_ERR_INVALID, err, "needs scales or sizes for every dim");
+    for (int d = 0; d < 2; d++)
+        if (sizes ? c->d[d] != s.d[d] : c->d[d] != 1.0)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err, "resizing N or C is not supported");
+    ms_op_attrs a = {.i = {linear}};
+    for (int i = 0; i < s.ndim - 2; i++) {
+        if (sizes)
+            a.i[1 + i] = (int64_t)c->d[2 + i];
+        else
+            a.f[i] = (float)c->d[2 + i];
+    }
+    OX_OP(y, MS_OP_RESIZE, &a, 0, x);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+static ms_status map_resize(ox_build *b, ms_error *err) {
+    int x;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    char mode[64], ct[64], nm[64];
+    snprintf(mode, sizeof mode, "%s", ox_attr_s(b, "mode", "nearest"));
+    snprintf(ct, sizeof ct, "%s", ox_attr_s(b, "coordinate_transformation_mode", "half_pixel"));
+    snprintf(nm, sizeof nm, "%s", ox_attr_s(b, "nearest_mode", "round_prefer_floor"));
+    bool linear = !strcmp(mode, "linear");
+    bool ok = linear
+                  ? !strcmp(ct, "half_pixel") || !strcmp(ct, "pytorch_half_pixel")
+                  : !strcmp(mode, "nearest") && !strcmp(ct, "asymmetric") && !strcmp(nm, "floor");
+    if (!ok)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "mode '%s' with coordinate_transformation_mode '%s'%s: supported are "
+                       "nearest with asymmetric and nearest_mode floor, and linear with "
+                       "half_pixel (torch.nn.functional.interpolate, align_corners=False)",
+                       mode, ct, linear ? "" : " (and nearest_mode)");
+    const ox_const *scales = NULL, *sizes = NULL;
+    int si = b->m->opset >= 11 ? 2 : 1;
+    if (ox_has(b, si)) MS_CHECK(ox_const_in(b, si, &scales, err));
+    if (scales && !scales->numel) scales = NULL;
+    if (b->m->opset >= 11 && ox_has(b, 3)) MS_CHECK(ox_const_in(b, 3, &sizes, err));
+    /* pytorch_half_pixel is half_pixel except where an output dim is 1 */
+    const ms_shape *xs = ox_shape(b, x);
+    for (int d = 2; !strcmp(ct, "pytorch_half_pixel") && d < xs->ndim; d++) {
+        const ox_const *c = sizes ? sizes : scales;
+        if (c && c->numel == xs->ndim && (sizes ? c->d[d] : floor((double)xs->d[d] * c->d[d])) == 1)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "pytorch_half_pixel with an output dim of 1 is not supported; "
+                           "resize to at least 2 along every spatial dim");
+    }
+    return resize_to(b, x, linear, scales, sizes, err);
+}
+
+static ms_status map_upsample(ox_build *b, ms_error *err) {
+    int x;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    if (strcmp(ox_attr_s(b, "mode", "nearest"), "nearest"))
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "only mode 'nearest' is supported (Upsample's linear aligns corners "
+                       "differently); export with opset >= 11 (Resize)");
+    const ox_const *scales = NULL;
+    if (ox_has(b, 1)) MS_CHECK(ox_const_in(b, 1, &scales, err));
+    ox_const *tmp = NULL;
+    if (!scales) {
+        int n = 0;
+        const Onnx__AttributeProto *a = ox_attr(b, "scales");
+        if (a) n = (int)a->n_floats;
+        int64_t shape[1] = {n};
+        tmp = ox_new_const(b, OX_FLOAT, 1, shape);
+        for (int i = 0; i < n && i < MS_MAX_DIMS; i++) tmp->d[i] = a->floats[i];
+        scales = tmp;
+    }
+    return resize_to(b, x, false, scales, NULL, err);
+}
+
+/* --- selection and scans --------------------------------------------------------------------- */
+
+static ms_status map_topk(ox_build *b, ms_error *err) {
+    int x, ax, out[2];
+    const ox_const *kc;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_const_in(b, 1, &kc, err));
+    const ms_shape s = *ox_shape(b, x);
+    MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", -1), s.ndim, &ax, err));
+    bool largest = ox_attr_i(b, "largest", 1) != 0;
+    if (ax != s.ndim - 1)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "axis %d: only the last axis is supported; transpose before TopK", ax);
+    if (!largest) OX_OP(x, MS_OP_NEG, NULL, -1, x);
+    ms_op_attrs a = {.i = {(int64_t)kc->d[0]}};
+    char name[160];
+    snprintf(name, sizeof name, "%s/topk", b->node->output[0]);
+    ms_status st = ms_graph_op_n(b->g, MS_OP_TOPK, &a, 1, &x, 2, out, name);
+    if (st != MS_OK) {
+        ms_error e = {0};
+        ms_graph_error(b->g, &e);
+        return ox_fail(b, st, err, "%s", e.msg);
+    }
+    int v = out[0];
+    if (!largest)
+        OX_OP(v, MS_OP_NEG, NULL, 0, v);
+    else if ((v = reshape(b, v, s.ndim, ox_shape(b, v)->d, 0, err)) < 0)
+        return err->code;
+    int i = reshape(b, out[1], s.ndim, ox_shape(b, out[1])->d, 1, err);
+    if (i < 0) return err->code;
+    ox_out(b, 0, v);
+    ox_out(b, 1, i);
+    return MS_OK;
+}
+
+static ms_status map_trilu(ox_build *b, ms_error *err) {
+    int64_t k = 0;
+    if (ox_has(b, 1)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 1, &c, err));
+        k = (int64_t)c->d[0];
+    }
+    bool upper = ox_attr_i(b, "upper", 1) != 0;
+    return unary(b, upper ? MS_OP_TRIU : MS_OP_TRIL, (ms_op_attrs){.i = {k}}, err);
+}
+
+static ms_status map_cumsum(ox_build *b, ms_error *err) {
+    int x, ax, y;
+    const ox_const *c;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_const_in(b, 1, &c, err));
+    MS_CHECK(norm_axis(b, (int64_t)c->d[0], rank_of(b, x), &ax, err));
+    bool rev = ox_attr_i(b, "reverse", 0) != 0, excl = ox_attr_i(b, "exclusive", 0) != 0;
+    if (excl)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "exclusive=1 is not supported; export an inclusive cumsum");
+    ms_op_attrs f = {.i = {1 << ax}}, a = {.i = {ax}};
+    if (rev) OX_OP(x, MS_OP_FLIP, &f, -1, x);
+    OX_OP(y, MS_OP_CUMSUM, &a, rev ? -1 : 0, x);
+    if (rev) OX_OP(y, MS_OP_FLIP, &f, 0, y);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* --- folded at build: shapes and constants -------------------------------------------------- */
+
+static ms_status map_shape(ox_build *b, ms_error *err) {
+    int x;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape s = *ox_shape(b, x);
+    int64_t lo = ox_attr_i(b, "start", 0), hi = ox_attr_i(b, "end", s.ndim);
+    lo = clamp_index(lo, s.ndim);
+    hi = clamp_index(hi, s.ndim);
+    int64_t n = hi > lo ? hi - lo : 0;
+    ox_const *c = ox_new_const(b, OX_INT64, 1, &n);
+    for (int64_t i = 0; i < n; i++) c->d[i] = (double)s.d[lo + i], c->f[i] = (float)s.d[lo + i];
+    ox_out_const(b, 0, c);
+    return MS_OK;
+}
+
+static ms_status map_cast(ox_build *b, ms_error *err) {
+    int64_t to = ox_attr_i(b, "to", OX_FLOAT);
+    if (ox_is_const(b, 0)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 0, &c, err));
+        ox_const *o = ox_new_const(b, (int)to, c->ndim, c->shape);
+        for (int64_t i = 0; i < c->numel; i++) {
+            o->d[i] = to == OX_FLOAT ? (double)(float)c->d[i] : trunc(c->d[i]);
+            o->f[i] = (float)o->d[i];
+        }
+        ox_out_const(b, 0, o);
+        return MS_OK;
+    }
+    if (to != OX_FLOAT)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "casting a computed value to %s is not supported (only to float32)",
+                       ox_dtype_name((int)to));
+    return map_identity(b, err);
+}
+
+static ms_status map_constant_of_shape(ox_build *b, ms_error *err) {
+    const ox_const *c;
+    MS_CHECK(ox_const_in(b, 0, &c, err));
+    int64_t sh[MS_MAX_DIMS + 1];
+    int n = const_ints(c, sh, MS_MAX_DIMS + 1);
+    if (n > MS_MAX_DIMS) return ox_fail(b, MS_ERR_UNSUPPORTED, err, "more than 8 dims");
+    const Onnx__AttributeProto *a = ox_attr(b, "value");
+    ox_const *v = NULL;
+    if (a && a->t) MS_CHECK(ox_decode(b->m, a->t, "value", &v, err));
+    ox_const *o = ox_new_const(b, v ? v->dtype : OX_FLOAT, n, sh);
+    for (int64_t i = 0; i < o->numel; i++)
+        o->d[i] = v && v->numel ? v->d[0] : 0, o->f[i] = (float)o->d[i];
+    ox_const_free(v);
+    ox_out_const(b, 0, o);
+    return MS_OK;
+}
+
+/* --- the table ------------------------------------------------------------------------------- */
+
+static const struct {
+    const char *op;
+    ox_map_fn fn;
+} maps[] = {
+    {"Abs", map_abs},
+    {"Add", map_add},
+    {"And", map_and},
+    {"ArgMax", map_argmax},
+    {"ArgMin", map_argmin},
+    {"Atan", map_atan},
+    {"AveragePool", map_avgpool},
+    {"BatchNormalization", map_batchnorm},
+    {"Cast", map_cast},
+    {"Clip", map_clip},
+    {"Concat", map_concat},
+    {"ConstantOfShape", map_constant_of_shape},
+    {"Conv", map_conv},
+    {"Cos", map_cos},
+    {"CumSum", map_cumsum},
+    {"Div", map_div},
+    {"Dropout", map_dropout},
+    {"Elu", map_elu},
+    {"Equal", map_equal},
+    {"Erf", map_erf},
+    {"Exp", map_exp},
+    {"Expand", map_expand},
+    {"Flatten", map_flatten},
+    {"Gather", map_gather},
+    {"Gemm", map_gemm},
+    {"GlobalAveragePool", map_global_avgpool},
+    {"GlobalMaxPool", map_global_maxpool},
+    {"Greater", map_greater},
+    {"GreaterOrEqual", map_greater_equal},
+    {"HardSigmoid", map_hardsigmoid},
+    {"HardSwish", map_hardswish},
+    {"Identity", map_identity},
+    {"InstanceNormalization", map_instancenorm},
+    {"LayerNormalization", map_layernorm},
+    {"LeakyRelu", map_leaky_relu},
+    {"Less", map_less},
+    {"LessOrEqual", map_less_equal},
+    {"Log", map_log},
+    {"LogSoftmax", map_log_softmax},
+    {"MatMul", map_matmul},
+    {"Max", map_max},
+    {"MaxPool", map_maxpool},
+    {"Mean", map_mean},
+    {"Min", map_min},
+    {"Mul", map_mul},
+    {"Neg", map_neg},
+    {"Not", map_not},
+    {"Or", map_or},
+    {"PRelu", map_prelu},
+    {"Pow", map_pow},
+    {"Reciprocal", map_reciprocal},
+    {"ReduceL1", map_reduce_l1},
+    {"ReduceL2", map_reduce_l2},
+    {"ReduceLogSum", map_reduce_logsum},
+    {"ReduceLogSumExp", map_reduce_lse},
+    {"ReduceMax", map_reduce_max},
+    {"ReduceMean", map_reduce_mean},
+    {"ReduceMin", map_reduce_min},
+    {"ReduceProd", map_reduce_prod},
+    {"ReduceSum", map_reduce_sum},
+    {"ReduceSumSquare", map_reduce_sumsq},
+    {"Relu", map_relu},
+    {"Reshape", map_reshape},
+    {"Resize", map_resize},
+    {"Selu", map_selu},
+    {"Shape", map_shape},
+    {"Sigmoid", map_sigmoid},
+    {"Sign", map_sign},
+    {"Sin", map_sin},
+    {"Slice", map_slice},
+    {"Softmax", map_softmax},
+    {"Softplus", map_softplus},
+    {"Softsign", map_softsign},
+    {"Split", map_split},
+    {"Sqrt", map_sqrt},
+    {"Squeeze", map_squeeze},
+    {"Sub", map_sub},
+    {"Sum", map_sum},
+    {"Tanh", map_tanh},
+    {"Tile", map_tile},
+    {"TopK", map_topk},
+    {"Transpose", map_transpose},
+    {"Trilu", map_trilu},
+    {"Unsqueeze", map_unsqueeze},
+    {"Upsample", map_upsample},
+    {"Where", map_where},
+    {"Xor", map_xor},
+};
+
+ox_map_fn ox_find_map(const char *op_type) {
+    for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++)
+        if (!strcmp(maps[i].op, op_type)) return maps[i].fn;
+    return NULL;
+}
+
+#endif
