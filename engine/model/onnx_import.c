@@ -383,6 +383,11 @@ static ms_status read_io(ms_onnx_model *m, const Onnx__ValueInfoProto *vi, bool 
                            m->label, sn, k, d->dim_param ? d->dim_param : "?");
         }
         bool index = io->dtype != OX_FLOAT && input; /* an empty axes or shape list */
+        if (d->dim_value == 0 && !index)
+            return ms_fail(err, MS_ERR_UNSUPPORTED,
+                           "%s: graph %s '%s' has dim %d of size 0; empty tensors are not "
+                           "supported: export with non-empty shapes",
+                           m->label, what, sn, k);
         if ((d->dim_value <= 0 && !(index && d->dim_value == 0)) ||
             d->dim_value > MS_ONNX_MAX_DIM || numel * d->dim_value > MS_ONNX_MAX_NUMEL)
             return ms_fail(err, MS_ERR_UNSUPPORTED,
