@@ -596,9 +596,10 @@ static ms_status load_member(ms_batch_source *src, const char *path, zip_t *z, z
                        "%s is compressed with method %d; only stored and deflated members (what "
                        "np.savez and np.savez_compressed write) are read",
                        where, (int)zs.comp_method);
-    uint64_t cap =
-        zs.comp_method == ZIP_CM_STORE ? zs.comp_size : zs.comp_size * DEFLATE_MAX_GROW + 65536;
-    if (zs.size > cap || zs.size > SIZE_MAX / 2 || zs.comp_size > im->map_len)
+    /* The compressed size is within the file, so the cap cannot overflow. */
+    uint64_t comp = zs.comp_size <= im->map_len ? zs.comp_size : UINT64_MAX / DEFLATE_MAX_GROW;
+    uint64_t cap = zs.comp_method == ZIP_CM_STORE ? comp : comp * DEFLATE_MAX_GROW + 65536;
+    if (zs.comp_size > im->map_len || zs.size > cap || zs.size > SIZE_MAX / 2)
         return ms_fail(err, MS_ERR_INVALID,
                        "%s declares %llu bytes from %llu compressed bytes in a %zu-byte file; the "
                        "archive is corrupt",

@@ -35,7 +35,9 @@
  *    sample count.
  *
  * Memory: the file is mapped read-only once at open (.npy, safetensors) or each .npz member
- * is decompressed once at open (through libzip); rows are converted to fp32 on demand.
+ * is decompressed once at open (through libzip); rows are converted to fp32 on demand. A
+ * mapped file must not be truncated while the source is open (the pages past its new end
+ * would fault); replace data files by renaming a new one over them.
  *
  * Errors: a bad file gives one line naming the file and the problem: MS_ERR_IO for the file
  * system (missing, unreadable, not a regular file), MS_ERR_INVALID for content (truncated,
