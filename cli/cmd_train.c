@@ -49,16 +49,6 @@ static int launch_plan(const char *cmd, const run_opts *o, job_plan *plan, ms_ra
     return 0;
 }
 
-/* Reads the job, then launch_plan. */
-static int launch(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn fn) {
-    ms_error err = {0};
-    if (job_plan_read(o, plan, &err) != MS_OK) {
-        fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
-        return 2;
-    }
-    return launch_plan(cmd, o, plan, fn);
-}
-
 /* --- eval ------------------------------------------------------------------------------------ */
 
 /* Loads every parameter from a single-file checkpoint (Hugging Face layout), checked first
@@ -130,7 +120,15 @@ int ms_cmd_eval(int argc, char **argv) {
         return 2;
     }
     job_plan plan;
-    return launch("eval", &o, &plan, eval_rank);
+    ms_error err = {0};
+    if (job_plan_read(&o, &plan, &err) != MS_OK || job_check_data(&o, &plan, 0.0, &err) != MS_OK) {
+        fprintf(stderr, "meshscope eval: %s\n", err.msg);
+        job_plan_free(&plan);
+        return 2;
+    }
+    rc = launch_plan("eval", &o, &plan, eval_rank);
+    job_plan_free(&plan);
+    return rc;
 }
 
 /* --- explain --------------------------------------------------------------------------------- */
@@ -194,6 +192,8 @@ int ms_cmd_explain(int argc, char **argv) {
         fprintf(stderr, "meshscope explain: %s\n", err.msg);
         return 2;
     }
-    if ((rc = explain_pipeline(&o, &plan)) != 0) return rc;
-    return launch_plan("explain", &o, &plan, explain_rank);
+    if ((rc = explain_pipeline(&o, &plan)) == 0)
+        rc = launch_plan("explain", &o, &plan, explain_rank);
+    job_plan_free(&plan);
+    return rc;
 }

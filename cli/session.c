@@ -118,9 +118,16 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
     const char *device_words[MS_DEVICE_CHOICE_COUNT + 1] = {NULL};
     for (int i = 0; i < MS_DEVICE_CHOICE_COUNT; i++) device_words[i] = ms_device_choice_name(i);
     const run_flag flags[] = {
-        {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model, "the model's config JSON (required)")},
+        {RUN_ALL, MS_TEXT("model", "CONFIG", &o->model,
+                          "the model: a config JSON (GPT-2, BERT, LLaMA) or an ONNX file "
+                          "(model.onnx) (required)")},
+        {RUN_ALL, MS_TEXT("loss", "NAME", &o->loss,
+                          "an ONNX model's graph output that is the loss (default: its only "
+                          "scalar output)")},
         {RUN_TRAIN | RUN_EVAL,
-         MS_TEXT("data", "FILE", &o->data, "the text to train on or evaluate (required)")},
+         MS_TEXT("data", "FILE", &o->data,
+                 "the data to train on or evaluate (required): text for a config's model, an "
+                 "array file (.npy, .npz, safetensors) for others")},
         {RUN_EVAL,
          MS_TEXT("checkpoint", "FILE", &o->checkpoint, "the safetensors weights (required)")},
         {RUN_ALL, MS_TEXT("strategy", "FILE", &o->strategy_file,

@@ -15,6 +15,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/io/fileio.h"
 #include "engine/kernels/kernels.h"
+#include "engine/model/onnx_def.h"
 #include "engine/plan/validate.h"
 #include "engine/train/checkpoint.h"
 #include "profiler/flight_doctor.h"
@@ -29,6 +30,19 @@ static bool have_user_model;
 void job_use_model(const ms_model_def *def) {
     user_model = *def;
     have_user_model = true;
+}
+
+ms_status job_check_data(const run_opts *o, const job_plan *plan, double val_fraction,
+                         ms_error *err) {
+    ms_batch_source *src = NULL;
+    ms_status st = ms_model_def_open_data(&plan->def, o->data, val_fraction, &src, err);
+    if (st == MS_OK) st = ms_model_def_check_source(&plan->def, src, err);
+    ms_batch_source_close(src);
+    return st;
+}
+
+void job_plan_free(job_plan *plan) {
+    if (!have_user_model) ms_model_def_onnx_free(&plan->def);
 }
 
 bool job_has_model(void) {
@@ -48,11 +62,22 @@ static ms_status read_model(const run_opts *o, job_plan *out, ms_error *err) {
     }
     if (!o->model)
         return ms_fail(err, MS_ERR_INVALID, "--model CONFIG is required (a config.json)");
+    size_t n = strlen(o->model);
+    if (n > 5 && !strcmp(o->model + n - 5, ".onnx")) {
+        ms_onnx_def_opts oo = {.loss = o->loss};
+        return ms_model_def_from_onnx(o->model, &oo, &out->def, err);
+    }
+    if (o->loss)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "--loss names an ONNX model's output; %s is a config, whose loss is "
+                       "built in: leave --loss out",
+                       o->model);
     MS_CHECK(ms_config_load(o->model, &out->cfg, err));
     return ms_model_def_from_config(&out->cfg, o->seq, &out->def, err);
 }
 
 ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
     MS_CHECK(read_model(o, out, err));
     out->rules.n = 0;
     if (o->strategy_file) {

@@ -19,6 +19,7 @@
 
 typedef struct run_opts {
     const char *model, *data, *strategy_file, *log_jsonl, *save, *checkpoint, *trace;
+    const char *loss;              /* --loss: an ONNX model's loss output */
     const char *save_dir, *resume; /* --save-dir, --resume: distributed checkpoints */
     int save_every, keep;          /* --save-every (0: at the end), --keep (0: 3) */
     const char *web;               /* --web HOST:PORT: serve the dashboard */
@@ -63,6 +64,8 @@ typedef struct job_plan {
 #define JOB_CUDA_BUCKET_MB 25
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err);
+/* Releases what reading the plan opened (an ONNX model's parsed file); a no-op otherwise. */
+void job_plan_free(job_plan *plan);
 /* A program that brings its own model (examples/, meshscope_main_with_model) hands it here
  * before the job reads its plan: train, eval and explain then run `def` (copied; what it
  * borrows outlives the process's jobs) instead of a --model config. */
@@ -88,6 +91,10 @@ ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err);
  * file is created and removed). The message names the flag, the path and the reason, so a
  * long run never ends by failing to write its result. */
 ms_status job_check_outputs(const run_opts *o, ms_error *err);
+/* Checks before any rank starts that --data opens as the model's data and feeds its inputs
+ * (ms_model_def_open_data, ms_model_def_check_source): a bad file is bad input, said once. */
+ms_status job_check_data(const run_opts *o, const job_plan *plan, double val_fraction,
+                         ms_error *err);
 
 /* --save-dir's owner: the process that hosts world rank 0 takes the folder's lock
  * (ms_dir_lock) for the job's life, so that a second job saving there is refused before it

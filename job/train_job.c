@@ -403,7 +403,13 @@ static ms_status rank_wrap_up(rank_run *r, ms_error *err) {
         MS_CHECK(report_memory(ctx, t, r->base_in_use, r->later, err));
     if (trained && ctx->rank == 0) report_state_memory(ctx, t, r->created_from, r->later);
     MS_CHECK(tracer_finish(ctx, &r->tr, err));
-    if (o->steps > 0) {
+    if (o->steps > 0 && ms_batch_source_eval_batches(r->src, MS_SPLIT_VAL, o->batch) == 0) {
+        if (ctx->rank == 0)
+            say(r->later,
+                "no validation loss: the validation split of %s holds fewer than %d rows "
+                "(--val-fraction %g)\n",
+                o->data, o->batch, o->val_fraction);
+    } else if (o->steps > 0) {
         double vl;
         MS_CHECK(ms_trainer_evaluate(t, MS_SPLIT_VAL, o->batches, &vl, err));
         if (ctx->rank == 0) say(r->later, "validation loss %.4f (%d batches)\n", vl, o->batches);
@@ -454,6 +460,7 @@ int train_job_run(const run_opts *o) {
     live_job job;
     ms_status st = job_plan_resolve(o, &plan, &err);
     if (st == MS_OK) st = job_check_outputs(o, &err);
+    if (st == MS_OK) st = job_check_data(o, &plan, o->val_fraction, &err);
     int save_lock = -1; /* held until the job is over: no other job saves into --save-dir */
     if (st == MS_OK) st = job_claim_save_dir(o, &save_lock, &err);
     if (st == MS_OK) {
@@ -473,6 +480,7 @@ int train_job_run(const run_opts *o) {
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
         ms_dir_unlock(save_lock);
+        job_plan_free(&plan);
         return 2;
     }
     st = job_launch("train", o, &plan, train_rank, &ta, &err);
@@ -481,6 +489,7 @@ int train_job_run(const run_opts *o) {
         live_job_close(&job);
     }
     ms_dir_unlock(save_lock);
+    job_plan_free(&plan);
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
         job_report_flight("train", o->backend == MS_BACKEND_MPI);

@@ -18,6 +18,7 @@ PACKAGES=(
   # ONNX import: protobuf-c and its compiler for onnx.proto (from libonnx-dev); the ONNX
   # backend test data for the conformance test (tests/test_onnx_conformance.c)
   libprotobuf-c-dev protobuf-c-compiler libonnx-dev libonnx-testdata
+  python3-torch          # the ONNX models of tests/pytorch_equivalence.py and PyTorch's losses
 )
 
 # The browser test runs under Node; Debian's nodejs/npm only when no node is installed.

@@ -104,6 +104,10 @@ typedef struct ms_model_hooks {
     /* What a run announces of the model ("12 layers, 12 heads, ..."); NULL: its blocks and
      * inputs. */
     void (*describe)(const ms_model_def *d, char *buf, size_t cap);
+    /* A parameter's initial values from outside (an imported model's weights): fills full
+     * (numel floats, the parameter's global shape) and returns true, or false to keep the
+     * graph's own init (ms_init, keyed by name). NULL: every parameter keeps its init. */
+    bool (*initial_value)(const ms_model_def *d, const char *param, float *full, int64_t numel);
 } ms_model_hooks;
 
 struct ms_model_def {

@@ -188,8 +188,47 @@ static ms_status map_dropout(ox_build *b, ms_error *err) {
     return map_identity(b, err);
 }
 
+/* A product or quotient by a constant scalar is a scale, not a parameter: an exported
+ * training graph's constants (attention's 1 / sqrt(d), say) must not train. */
+static bool scalar_const(ox_build *b, int k, double *v) {
+    const ox_const *c = NULL;
+    ms_error e = {0};
+    if (!ox_is_const(b, k) || ox_const_in(b, k, &c, &e) != MS_OK || c->numel != 1) return false;
+    /* the other input's rank must hold the result's: [1, 1] * [3] broadcasts to [1, 3] */
+    const ox_const *o = NULL;
+    int v_other;
+    if (ox_is_const(b, 1 - k) && ox_const_in(b, 1 - k, &o, &e) == MS_OK)
+        return false; /* both constant: folded as data elsewhere */
+    if (ox_val(b, 1 - k, &v_other, &e) != MS_OK || ox_shape(b, v_other)->ndim < c->ndim)
+        return false;
+    *v = c->d[0];
+    return true;
+}
+
+static bool scale_by_const(ox_build *b, int op, ms_error *err, ms_status *st) {
+    double c;
+    int k = op == MS_OP_MUL_BCAST && scalar_const(b, 0, &c)                        ? 1
+            : (op == MS_OP_MUL_BCAST || op == MS_OP_DIV) && scalar_const(b, 1, &c) ? 0
+                                                                                   : -1;
+    if (k < 0 || (op == MS_OP_DIV && c == 0)) return false;
+    int x, z;
+    *st = ox_val(b, k, &x, err);
+    if (*st != MS_OK) return true;
+    ms_op_attrs a = {.f = {(float)(op == MS_OP_DIV ? 1.0 / c : c)}};
+    const int in[1] = {x};
+    if ((z = ox_op(b, MS_OP_SCALE, &a, 1, in, 0, err)) < 0) {
+        *st = err->code;
+        return true;
+    }
+    ox_out(b, 0, z);
+    *st = MS_OK;
+    return true;
+}
+
 static ms_status binary(ox_build *b, int op, ms_error *err) {
     int x, y, z;
+    ms_status st;
+    if (scale_by_const(b, op, err, &st)) return st;
     MS_CHECK(ox_val(b, 0, &x, err));
     MS_CHECK(ox_val(b, 1, &y, err));
     /* opset < 7: broadcast=1 with axis aligns B's dims at A's dim axis (trailing ones added) */
@@ -780,6 +819,67 @@ static ms_status map_log_softmax(ox_build *b, ms_error *err) {
     return softmax_like(b, MS_OP_LOG_SOFTMAX, err);
 }
 
+/* SoftmaxCrossEntropyLoss (opset 12+; what torch.onnx exports F.cross_entropy as): scores
+ * [N, C, d...] with the classes on dim 1, labels [N, d...]; meshscope's xent takes the classes
+ * last, so the scores are permuted first. Labels equal to a negative ignore_index are skipped
+ * (xent ignores targets < 0) and the mean divides by the labels kept, as ONNX defines it. */
+static ms_status map_softmax_xent(ox_build *b, ms_error *err) {
+    int x, t, y;
+    if (ox_has(b, 2))
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "class weights are not supported; export without weight=");
+    int64_t ignore = ox_attr_i(b, "ignore_index", -1);
+    if (ignore >= 0)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "ignore_index %lld is a class; meshscope skips negative labels only "
+                       "(PyTorch's default -100)",
+                       (long long)ignore);
+    const char *red = ox_attr_s(b, "reduction", "mean");
+    bool mean = !strcmp(red, "mean"), sum = !strcmp(red, "sum");
+    if (!mean && !sum && strcmp(red, "none"))
+        return ox_fail(b, MS_ERR_INVALID, err, "reduction \"%s\" is not mean, sum or none", red);
+    MS_CHECK(ox_val(b, 0, &x, err));
+    MS_CHECK(ox_val(b, 1, &t, err));
+    int r = ox_shape(b, x)->ndim;
+    if (r < 2) return ox_fail(b, MS_ERR_INVALID, err, "scores need [N, C, ...]");
+    if (r > 2) { /* classes last */
+        ms_op_attrs p = {0};
+        for (int d = 0, j = 0; d < r; d++)
+            if (d != 1) p.i[j++] = d;
+        p.i[r - 1] = 1;
+        OX_OP(x, MS_OP_PERMUTE, &p, -1, x);
+    }
+    if (b->node->n_output > 1 && b->node->output[1][0]) {
+        int lp;
+        OX_OP(lp, MS_OP_LOG_SOFTMAX, NULL, -1, x);
+        if (r > 2) {
+            ms_op_attrs q = {0}; /* back to the classes on dim 1 */
+            q.i[0] = 0, q.i[1] = r - 1;
+            for (int d = 2; d < r; d++) q.i[d] = d - 1;
+            OX_OP(lp, MS_OP_PERMUTE, &q, 1, lp);
+        }
+        ox_out(b, 1, lp);
+    }
+    int losses;
+    OX_OP(losses, MS_OP_XENT, NULL, mean || sum ? -1 : 0, x, t);
+    ms_op_attrs all = {.i = {-1}};
+    if (!mean && !sum) {
+        y = losses;
+    } else if (sum || !ox_attr(b, "ignore_index")) {
+        OX_OP(y, mean ? MS_OP_MEAN : MS_OP_SUM, &all, 0, losses);
+    } else { /* the mean over the labels kept */
+        int zero, kept, total, count;
+        ms_op_attrs z = {.f = {0}};
+        OX_OP(zero, MS_OP_SCALE, &z, -1, t);
+        OX_OP(kept, MS_OP_GE, NULL, -1, t, zero);
+        OX_OP(count, MS_OP_SUM, &all, -1, kept);
+        OX_OP(total, MS_OP_SUM, &all, -1, losses);
+        OX_OP(y, MS_OP_DIV, NULL, 0, total, count);
+    }
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
 /* --- normalisation --------------------------------------------------------------------------- */
 
 /* A per-channel [C] value shaped [C, 1, ...] to broadcast against [N, C, ...] of rank r. */
@@ -1348,6 +1448,7 @@ static const struct {
     {"Sin", map_sin},
     {"Slice", map_slice},
     {"Softmax", map_softmax},
+    {"SoftmaxCrossEntropyLoss", map_softmax_xent},
     {"Softplus", map_softplus},
     {"Softsign", map_softsign},
     {"Split", map_split},

@@ -195,6 +195,26 @@ static void batch_buffers(ms_trainer *t) {
             xmalloc(sizeof(float) * B * (size_t)ms_batch_field_numel(&t->src->fields[f]));
 }
 
+/* The def's own initial values (an imported model's weights), where it has them: every rank
+ * loads its boxes of each such parameter, as a checkpoint load does. */
+static ms_status initial_values(ms_trainer *t, ms_error *err) {
+    if (!t->def.hooks->initial_value) return MS_OK;
+    ms_status st = MS_OK;
+    for (int i = 0; i < ms_trainer_num_state(t) && st == MS_OK; i++) {
+        ms_state_tensor s;
+        ms_trainer_state(t, i, &s);
+        if (s.kind != MS_STATE_PARAM) continue;
+        int64_t n = 1;
+        for (int d = 0; d < s.gshape.ndim; d++) n *= s.gshape.d[d];
+        float *full = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+        if (t->def.hooks->initial_value(&t->def, s.param, full, n))
+            st = ms_trainer_load_param(t, i, full, err);
+        free(full);
+    }
+    if (st == MS_OK) ms_trainer_state_written(t);
+    return st;
+}
+
 /* The common part of both constructors: t->def, t->src and t->o are set. */
 static ms_status trainer_open(ms_trainer *t, const ms_strategy *s, const ms_placement_rules *rules,
                               ms_error *err) {
@@ -215,6 +235,7 @@ static ms_status trainer_open(ms_trainer *t, const ms_strategy *s, const ms_plac
     if (st == MS_OK) st = compile_for(t, s, rules, &t->c, err);
     if (st == MS_OK && !o->inference) st = moments_init(moments_device(t, s), t->c.st, &t->mo, err);
     if (st == MS_OK) st = offload_for(t, &t->c, &t->mo, &t->off, err);
+    if (st == MS_OK) st = initial_values(t, err);
     return st;
 }
 
