@@ -45,6 +45,11 @@ run_config() { # name build-dir ctest-args cmake-args...
   if ! cmake --build "$dir" -j "$JOBS" >"$dir.build.log" 2>&1; then
     tail -50 "$dir.build.log"; failed=$((failed + 1)); summary+=("$name: build failed"); return
   fi
+  # The OpenBLAS kernels the meshscope binary asks for (engine/kernels/blas.h), for every test
+  # binary too: the calibration's key and the numbers then agree between the CLI and the tests.
+  local core
+  core=$("$dir/meshscope" blas-core 2>/dev/null) || core=""
+  if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
   if [ "${CALIBRATE:-1}" = 1 ] && ! calibrate "$dir"; then
     failed=$((failed + 1)); summary+=("$name: calibration failed"); return
   fi

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #if defined(__SANITIZE_THREAD__)
 #define MS_TSAN 1
@@ -44,6 +45,17 @@ int ms_blas_policy(void) {
 
 bool ms_blas_pinned_for_tsan(void) {
     return MS_TSAN;
+}
+
+const char *ms_blas_better_core(void) {
+    const char *core = openblas_get_corename();
+    if (getenv("OPENBLAS_CORETYPE") || !core || strcasecmp(core, "prescott")) return NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    return NULL;
 }
 
 void ms_blas_describe(char *buf, size_t len) {

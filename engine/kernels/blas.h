@@ -33,6 +33,15 @@ int ms_blas_policy(void);
 /* True in a ThreadSanitizer build, where the policy pins BLAS to one thread. */
 bool ms_blas_pinned_for_tsan(void);
 
+/* The OpenBLAS core to ask for (OPENBLAS_CORETYPE, read when the library loads) when this
+ * library fell back to its generic "Prescott" kernels on a CPU newer than itself (Debian 12's
+ * 0.3.21 does not know Sapphire Rapids): SkylakeX where the CPU has AVX-512 F, BW, DQ and VL,
+ * Haswell where it has AVX2 and FMA. Those kernels run GEMMs with a dimension under ~64 (a
+ * CNN's channels, a narrow layer) about 4x faster here. NULL when OpenBLAS recognised the CPU,
+ * OPENBLAS_CORETYPE is already set, or the CPU has neither. meshscope_main (cli/meshscope.h)
+ * re-executes itself with it; scripts/run-tests.sh exports it for the test binaries. */
+const char *ms_blas_better_core(void);
+
 /* The BLAS build and the kernel it runs on this CPU, as one line: OpenBLAS's config string,
  * its core name and its threading ("OpenBLAS 0.3.21 DYNAMIC_ARCH ... MAX_THREADS=64, core
  * Prescott, pthreads"). A DYNAMIC_ARCH build picks its kernel at run time, so two machines
