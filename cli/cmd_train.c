@@ -141,9 +141,11 @@ static ms_status explain_rank(ms_ctx *ctx, void *arg, ms_error *err) {
                                          &to, NULL, &t, err);
     if (st == MS_OK && ctx->rank == 0) {
         char name[MS_STRATEGY_NAME_MAX];
-        printf("strategy %s, batch %d, sequence %d\n",
+        char about[256];
+        ms_model_def_describe(ms_trainer_def(t), about, sizeof about);
+        printf("strategy %s, batch %d; model %s (%s)\n",
                ms_strategy_name(ms_trainer_strategy(t), name, sizeof name), ra->o->batch,
-               ra->o->seq);
+               ra->o->model, about);
         ms_program_explain(ms_trainer_program(t), stdout);
     }
     ms_trainer_destroy(t);

@@ -32,16 +32,24 @@ enum { CH_IN = 3, SIDE = 16, WIDTH = 16, GROUPS = 4, CLASSES = 10, BLOCKS = 4 };
 
 /* --- the model ------------------------------------------------------------------------------ */
 
-static int op(ms_graph *g, int kind, const ms_op_attrs *a, int n, const int *in) {
-    return ms_graph_op(g, kind, a, n, in, NULL);
+/* An operator whose output is named `name`: the name the trace, the views and explain show. */
+static int op(ms_graph *g, int kind, const ms_op_attrs *a, int n, const int *in, const char *name) {
+    return ms_graph_op(g, kind, a, n, in, name);
 }
 
-/* A 3x3 conv, stride 1, padding 1, no bias. */
-static int conv3x3(ms_graph *g, int x, const char *name, int cin, int cout) {
+static const char *suffixed(char *buf, size_t cap, const char *prefix, const char *what) {
+    snprintf(buf, cap, "%s.%s", prefix, what);
+    return buf;
+}
+
+/* A 3x3 conv, stride 1, padding 1, no bias: its weight is prefix.weight, its output prefix. */
+static int conv3x3(ms_graph *g, int x, const char *prefix, int cin, int cout) {
+    char n[96];
     const int64_t ws[4] = {cout, cin, 3, 3};
-    int w = ms_graph_param(g, name, 4, ws, (ms_init){MS_INIT_NORMAL, 0.15f});
+    int w = ms_graph_param(g, suffixed(n, sizeof n, prefix, "weight"), 4, ws,
+                           (ms_init){MS_INIT_NORMAL, 0.15f});
     ms_op_attrs a = {.i = {1, 1, 1, 1, 1, 1, 1}}; /* strides, paddings, dilations, groups */
-    return op(g, MS_OP_CONV2D, &a, 2, (int[]){x, w});
+    return op(g, MS_OP_CONV2D, &a, 2, (int[]){x, w}, prefix);
 }
 
 static int norm(ms_graph *g, int x, const char *prefix) {
@@ -52,42 +60,47 @@ static int norm(ms_graph *g, int x, const char *prefix) {
     int w = ms_graph_param(g, wn, 1, cs, (ms_init){MS_INIT_CONST, 1.0f});
     int b = ms_graph_param(g, bn, 1, cs, (ms_init){MS_INIT_CONST, 0.0f});
     ms_op_attrs a = {.i = {GROUPS}, .f = {1e-5f}};
-    return op(g, MS_OP_GROUP_NORM, &a, 3, (int[]){x, w, b});
+    return op(g, MS_OP_GROUP_NORM, &a, 3, (int[]){x, w, b}, prefix);
 }
 
-static int relu(ms_graph *g, int x) {
-    return op(g, MS_OP_RELU, NULL, 1, &x);
+static int relu(ms_graph *g, int x, const char *name) {
+    return op(g, MS_OP_RELU, NULL, 1, &x, name);
 }
 
 /* Block l: relu(x + norm(conv(relu(norm(conv(x)))))). */
 static int block(ms_graph *g, int x, int l) {
     char n[96];
     ms_graph_region_begin(g, MS_REGION_BLOCK);
-    snprintf(n, sizeof n, "blocks.%d.conv1.weight", l);
+    snprintf(n, sizeof n, "blocks.%d.conv1", l);
     int y = conv3x3(g, x, n, WIDTH, WIDTH);
     snprintf(n, sizeof n, "blocks.%d.norm1", l);
-    y = relu(g, norm(g, y, n));
-    snprintf(n, sizeof n, "blocks.%d.conv2.weight", l);
+    y = norm(g, y, n);
+    snprintf(n, sizeof n, "blocks.%d.relu1", l);
+    y = relu(g, y, n);
+    snprintf(n, sizeof n, "blocks.%d.conv2", l);
     y = conv3x3(g, y, n, WIDTH, WIDTH);
     snprintf(n, sizeof n, "blocks.%d.norm2", l);
     y = norm(g, y, n);
-    y = relu(g, op(g, MS_OP_ADD, NULL, 2, (int[]){x, y}));
+    snprintf(n, sizeof n, "blocks.%d.residual", l);
+    y = op(g, MS_OP_ADD, NULL, 2, (int[]){x, y}, n);
+    snprintf(n, sizeof n, "blocks.%d.out", l);
+    y = relu(g, y, n);
     ms_graph_region_end(g, MS_REGION_BLOCK);
     return y;
 }
 
 static int head(ms_graph *g, ms_model *out, int x, int rows) {
-    int p = op(g, MS_OP_GLOBAL_AVG_POOL, NULL, 1, &x); /* [N, C, 1, 1] */
+    int p = op(g, MS_OP_GLOBAL_AVG_POOL, NULL, 1, &x, "head.pool"); /* [N, C, 1, 1] */
     ms_op_attrs flat = {.i = {2, rows, WIDTH}};
-    p = op(g, MS_OP_RESHAPE, &flat, 1, &p);
+    p = op(g, MS_OP_RESHAPE, &flat, 1, &p, "head.flat");
     const int64_t ws[2] = {WIDTH, CLASSES};
     int w = ms_graph_param(g, "head.weight", 2, ws, (ms_init){MS_INIT_NORMAL, 0.2f});
-    out->logits = op(g, MS_OP_MATMUL, NULL, 2, (int[]){p, w});
+    out->logits = op(g, MS_OP_MATMUL, NULL, 2, (int[]){p, w}, "head.logits");
     const int64_t ls[1] = {rows};
     int label = ms_graph_input(g, "label", 1, ls);
-    int losses = op(g, MS_OP_XENT, NULL, 2, (int[]){out->logits, label});
+    int losses = op(g, MS_OP_XENT, NULL, 2, (int[]){out->logits, label}, "head.losses");
     ms_op_attrs all = {.i = {-1}};
-    return op(g, MS_OP_MEAN, &all, 1, &losses);
+    return op(g, MS_OP_MEAN, &all, 1, &losses, "loss");
 }
 
 static ms_status build_chunk(const ms_model_def *d, int rows, const ms_model_chunk *ch,
@@ -99,8 +112,8 @@ static ms_status build_chunk(const ms_model_def *d, int rows, const ms_model_chu
     int x;
     if (ch->first) {
         const int64_t is[4] = {rows, CH_IN, SIDE, SIDE};
-        x = conv3x3(g, ms_graph_input(g, "image", 4, is), "stem.conv.weight", CH_IN, WIDTH);
-        x = relu(g, norm(g, x, "stem.norm"));
+        x = conv3x3(g, ms_graph_input(g, "image", 4, is), "stem.conv", CH_IN, WIDTH);
+        x = relu(g, norm(g, x, "stem.norm"), "stem.relu");
     } else { /* what the previous pipeline chunk sent */
         const int64_t hs[4] = {rows, WIDTH, SIDE, SIDE};
         x = out->hidden_in = ms_graph_input(g, "hidden_in", 4, hs);

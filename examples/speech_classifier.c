@@ -31,8 +31,9 @@ enum { FEATS = 8, FRAMES = 64, T = FRAMES / 2, C = 32, HEADS = 4, CLASSES = 10, 
 
 /* --- the model ------------------------------------------------------------------------------ */
 
-static int op(ms_graph *g, int kind, const ms_op_attrs *a, int n, const int *in) {
-    return ms_graph_op(g, kind, a, n, in, NULL);
+/* An operator whose output is named `name`: the name the trace, the views and explain show. */
+static int op(ms_graph *g, int kind, const ms_op_attrs *a, int n, const int *in, const char *name) {
+    return ms_graph_op(g, kind, a, n, in, name);
 }
 
 static int param(ms_graph *g, const char *name, int ndim, const int64_t *shape, ms_init init) {
@@ -52,25 +53,30 @@ static int layernorm(ms_graph *g, int x, const char *prefix) {
     int w = param(g, wn, 1, cs, (ms_init){MS_INIT_CONST, 1.0f});
     int b = param(g, bn, 1, cs, (ms_init){MS_INIT_CONST, 0.0f});
     ms_op_attrs a = {.f = {1e-5f}};
-    return op(g, MS_OP_LAYERNORM, &a, 3, (int[]){x, w, b});
+    return op(g, MS_OP_LAYERNORM, &a, 3, (int[]){x, w, b}, prefix);
 }
 
-static int conv1d(ms_graph *g, int x, const char *name, int cin, int cout, int stride) {
+/* A conv1d of width 3 with its weight prefix.weight, its output named prefix, then GELU. */
+static int conv1d_gelu(ms_graph *g, int x, const char *prefix, int cin, int cout, int stride) {
+    char n[96];
+    snprintf(n, sizeof n, "%s.weight", prefix);
     const int64_t ws[3] = {cout, cin, 3};
-    int w = param(g, name, 3, ws, (ms_init){MS_INIT_NORMAL, 0.2f});
+    int w = param(g, n, 3, ws, (ms_init){MS_INIT_NORMAL, 0.2f});
     ms_op_attrs a = {.i = {stride, 1, 1, 1}}; /* stride, padding, dilation, groups */
-    return op(g, MS_OP_CONV1D, &a, 2, (int[]){x, w});
+    x = op(g, MS_OP_CONV1D, &a, 2, (int[]){x, w}, prefix);
+    snprintf(n, sizeof n, "%s.gelu", prefix);
+    return op(g, MS_OP_GELU, NULL, 1, &x, n);
 }
 
 /* features [N, FEATS, FRAMES] -> [N, T, C]: two convolutions, frames to the middle, positions */
 static int front_end(ms_graph *g, int x) {
-    x = op(g, MS_OP_GELU, NULL, 1, (int[]){conv1d(g, x, "frontend.conv1.weight", FEATS, C, 1)});
-    x = op(g, MS_OP_GELU, NULL, 1, (int[]){conv1d(g, x, "frontend.conv2.weight", C, C, 2)});
+    x = conv1d_gelu(g, x, "frontend.conv1", FEATS, C, 1);
+    x = conv1d_gelu(g, x, "frontend.conv2", C, C, 2);
     ms_op_attrs swap = {.i = {1, 2}};
-    x = op(g, MS_OP_TRANSPOSE, &swap, 1, &x);
+    x = op(g, MS_OP_TRANSPOSE, &swap, 1, &x, "frontend.frames");
     const int64_t ps[2] = {T, C};
     int pos = param(g, "frontend.positions", 2, ps, (ms_init){MS_INIT_NORMAL, 0.02f});
-    return op(g, MS_OP_BIAS, NULL, 2, (int[]){x, pos});
+    return op(g, MS_OP_BIAS, NULL, 2, (int[]){x, pos}, "frontend.out");
 }
 
 static int attention(ms_graph *g, int x, int l) {
@@ -78,20 +84,28 @@ static int attention(ms_graph *g, int x, int l) {
     snprintf(n, sizeof n, "encoder.%d.attn.qkv.weight", l);
     const int64_t qs[3] = {C, 3, C};
     int wqkv = param(g, n, 3, qs, (ms_init){MS_INIT_NORMAL, 0.08f});
-    int qkv = op(g, MS_OP_MATMUL, NULL, 2, (int[]){x, wqkv}); /* [N, T, 3, C] */
-    ms_op_attrs a = {.i = {HEADS, 0}};                        /* bidirectional */
-    int y = op(g, MS_OP_ATTENTION, &a, 1, &qkv);
+    snprintf(n, sizeof n, "encoder.%d.attn.qkv", l);
+    int qkv = op(g, MS_OP_MATMUL, NULL, 2, (int[]){x, wqkv}, n); /* [N, T, 3, C] */
+    ms_op_attrs a = {.i = {HEADS, 0}};                           /* bidirectional */
+    snprintf(n, sizeof n, "encoder.%d.attn.core", l);
+    int y = op(g, MS_OP_ATTENTION, &a, 1, &qkv, n);
     snprintf(n, sizeof n, "encoder.%d.attn.out.weight", l);
-    return op(g, MS_OP_MATMUL, NULL, 2, (int[]){y, weight2(g, n, C, C)});
+    int w = weight2(g, n, C, C);
+    snprintf(n, sizeof n, "encoder.%d.attn.out", l);
+    return op(g, MS_OP_MATMUL, NULL, 2, (int[]){y, w}, n);
 }
 
 static int mlp(ms_graph *g, int x, int l) {
     char n1[96], n2[96];
     snprintf(n1, sizeof n1, "encoder.%d.mlp.fc1.weight", l);
     snprintf(n2, sizeof n2, "encoder.%d.mlp.fc2.weight", l);
-    int h = op(g, MS_OP_MATMUL, NULL, 2, (int[]){x, weight2(g, n1, C, 4 * C)});
-    h = op(g, MS_OP_GELU, NULL, 1, &h);
-    return op(g, MS_OP_MATMUL, NULL, 2, (int[]){h, weight2(g, n2, 4 * C, C)});
+    int w1 = weight2(g, n1, C, 4 * C), w2 = weight2(g, n2, 4 * C, C);
+    n1[strlen(n1) - 7] = n2[strlen(n2) - 7] = '\0'; /* drop ".weight": the products' names */
+    int h = op(g, MS_OP_MATMUL, NULL, 2, (int[]){x, w1}, n1);
+    char gn[96];
+    snprintf(gn, sizeof gn, "encoder.%d.mlp.gelu", l);
+    h = op(g, MS_OP_GELU, NULL, 1, &h, gn);
+    return op(g, MS_OP_MATMUL, NULL, 2, (int[]){h, w2}, n2);
 }
 
 /* Encoder block l (pre-norm): x + attn(ln(x)), then + mlp(ln(.)). */
@@ -99,9 +113,13 @@ static int block(ms_graph *g, int x, int l) {
     char n[96];
     ms_graph_region_begin(g, MS_REGION_BLOCK);
     snprintf(n, sizeof n, "encoder.%d.ln1", l);
-    x = op(g, MS_OP_ADD, NULL, 2, (int[]){x, attention(g, layernorm(g, x, n), l)});
+    int a = attention(g, layernorm(g, x, n), l);
+    snprintf(n, sizeof n, "encoder.%d.attn.residual", l);
+    x = op(g, MS_OP_ADD, NULL, 2, (int[]){x, a}, n);
     snprintf(n, sizeof n, "encoder.%d.ln2", l);
-    x = op(g, MS_OP_ADD, NULL, 2, (int[]){x, mlp(g, layernorm(g, x, n), l)});
+    int m = mlp(g, layernorm(g, x, n), l);
+    snprintf(n, sizeof n, "encoder.%d.mlp.residual", l);
+    x = op(g, MS_OP_ADD, NULL, 2, (int[]){x, m}, n);
     ms_graph_region_end(g, MS_REGION_BLOCK);
     return x;
 }
@@ -109,13 +127,14 @@ static int block(ms_graph *g, int x, int l) {
 static int head(ms_graph *g, ms_model *out, int x, int rows) {
     x = layernorm(g, x, "head.ln");
     ms_op_attrs frames = {.i = {1}};
-    x = op(g, MS_OP_MEAN, &frames, 1, &x); /* [N, C] */
-    out->logits = op(g, MS_OP_MATMUL, NULL, 2, (int[]){x, weight2(g, "head.weight", C, CLASSES)});
+    x = op(g, MS_OP_MEAN, &frames, 1, &x, "head.pool"); /* [N, C] */
+    int w = weight2(g, "head.weight", C, CLASSES);
+    out->logits = op(g, MS_OP_MATMUL, NULL, 2, (int[]){x, w}, "head.logits");
     const int64_t ls[1] = {rows};
     int label = ms_graph_input(g, "label", 1, ls);
-    int losses = op(g, MS_OP_XENT, NULL, 2, (int[]){out->logits, label});
+    int losses = op(g, MS_OP_XENT, NULL, 2, (int[]){out->logits, label}, "head.losses");
     ms_op_attrs all = {.i = {-1}};
-    return op(g, MS_OP_MEAN, &all, 1, &losses);
+    return op(g, MS_OP_MEAN, &all, 1, &losses, "loss");
 }
 
 static ms_status build_chunk(const ms_model_def *d, int rows, const ms_model_chunk *ch,

@@ -88,8 +88,8 @@ static ms_status lm_open_data(const ms_model_def *d, const char *path, double va
 
 static void lm_describe(const ms_model_def *d, char *buf, size_t cap) {
     const ms_model_config *cfg = d->lm;
-    snprintf(buf, cap, "%d layers, %d heads, %d channels, vocab %d", cfg->n_layer, cfg->n_head,
-             cfg->n_embd, cfg->vocab_size);
+    snprintf(buf, cap, "%d layers, %d heads, %d channels, vocab %d, sequence %d", cfg->n_layer,
+             cfg->n_head, cfg->n_embd, cfg->vocab_size, seq_of(d));
 }
 
 static const ms_model_hooks lm_hooks = {.build_chunk = lm_build,
