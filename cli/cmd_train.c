@@ -51,15 +51,16 @@ static int launch_plan(const char *cmd, const run_opts *o, job_plan *plan, ms_ra
 
 /* --- eval ------------------------------------------------------------------------------------ */
 
-/* Loads every parameter from a single-file checkpoint (Hugging Face layout), checked first
- * against the whole model (every rank checks all names, whatever its pipeline stage holds). */
+/* Loads every parameter and buffer from a single-file checkpoint (Hugging Face layout), checked
+ * first against the whole model (every rank checks all names, whatever its pipeline stage holds).
+ */
 static ms_status load_checkpoint(ms_trainer *t, const ms_st_file *ck, ms_error *err) {
     int ns = ms_trainer_num_state(t), n = 0;
     ms_st_expect *want = xcalloc((size_t)ns + 1, sizeof *want);
     for (int i = 0; i < ns; i++) {
         ms_state_tensor s;
         ms_trainer_state(t, i, &s);
-        bool seen = s.kind != MS_STATE_PARAM;
+        bool seen = s.kind != MS_STATE_PARAM && s.kind != MS_STATE_BUFFER;
         for (int k = 0; k < n && !seen; k++) seen = !strcmp(want[k].name, s.param);
         if (seen) continue;
         ms_shape fs;
@@ -74,7 +75,7 @@ static ms_status load_checkpoint(ms_trainer *t, const ms_st_file *ck, ms_error *
     for (int i = 0; i < ns && st == MS_OK; i++) {
         ms_state_tensor s;
         ms_trainer_state(t, i, &s);
-        if (s.kind == MS_STATE_PARAM)
+        if (s.kind == MS_STATE_PARAM || s.kind == MS_STATE_BUFFER)
             st = ms_trainer_load_param(t, i, ms_safetensors_find(ck, s.param)->data, err);
     }
     return st;

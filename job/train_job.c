@@ -59,9 +59,9 @@ static void say(ms_strbuf *later, const char *fmt, ...) {
     }
 }
 
-/* Gathers every parameter (the state walk's MS_STATE_PARAM tensors, each name once: under pp
- * the tied embedding has two equal holders) on rank 0 and writes them, in the Hugging Face
- * layout, as one safetensors file (collective). */
+/* Gathers every parameter and buffer (the state walk's MS_STATE_PARAM and MS_STATE_BUFFER
+ * tensors, each name once: under pp the tied embedding has two equal holders) on rank 0 and writes
+ * them, in the Hugging Face layout, as one safetensors file (collective). */
 static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, ms_error *err) {
     int ns = ms_trainer_num_state(t), n = 0;
     ms_st_entry *e = xcalloc((size_t)ns, sizeof *e);
@@ -70,7 +70,7 @@ static ms_status save_checkpoint(ms_ctx *ctx, ms_trainer *t, const char *path, m
     for (int i = 0; i < ns && st == MS_OK; i++) {
         ms_state_tensor s;
         ms_trainer_state(t, i, &s);
-        if (s.kind != MS_STATE_PARAM) continue;
+        if (s.kind != MS_STATE_PARAM && s.kind != MS_STATE_BUFFER) continue;
         bool seen = false;
         for (int k = 0; k < n && !seen; k++) seen = !strcmp(e[k].name, s.param);
         if (seen) continue;

@@ -43,6 +43,7 @@ static int add_value(ms_graph *g, const char *name, gv_kind kind, const ms_shape
     v->kind = kind;
     v->shape = *shape;
     v->producer = v->producer_out = -1;
+    v->assign = -1;
     return g->nv++;
 }
 
@@ -68,6 +69,33 @@ int ms_graph_param(ms_graph *g, const char *name, int ndim, const int64_t *shape
     int v = add_value(g, name, GV_PARAM, &s);
     g->v[v].init = init;
     return v;
+}
+
+int ms_graph_buffer(ms_graph *g, const char *name, int ndim, const int64_t *shape, ms_init init) {
+    int v = ms_graph_param(g, name, ndim, shape, init);
+    if (v >= 0) g->v[v].kind = GV_BUFFER;
+    return v;
+}
+
+void ms_graph_assign(ms_graph *g, int buffer, int v) {
+    if (g->failed) return;
+    if (buffer < 0 || buffer >= g->nv || g->v[buffer].kind != GV_BUFFER || v < 0 || v >= g->nv) {
+        build_fail(g, MS_ERR_INVALID, "assign: value %s is not a buffer of this graph%s",
+                   buffer >= 0 && buffer < g->nv ? g->v[buffer].name : "?", "");
+        return;
+    }
+    const ms_shape *a = &g->v[buffer].shape, *b = &g->v[v].shape;
+    bool same = a->ndim == b->ndim;
+    for (int d = 0; same && d < a->ndim; d++) same = a->d[d] == b->d[d];
+    if (!same || g->v[buffer].assign >= 0) {
+        build_fail(g, MS_ERR_INVALID,
+                   same ? "assign: buffer '%s' already takes a value%s"
+                        : "assign: buffer '%s' and value '%s' differ in shape",
+                   g->v[buffer].name, g->v[v].name);
+        return;
+    }
+    g->v[buffer].assign = v;
+    g->v[v].assigned = true;
 }
 
 int ms_graph_input(ms_graph *g, const char *name, int ndim, const int64_t *shape) {
@@ -197,9 +225,100 @@ const ms_shape *ms_graph_value_shape(const ms_graph *g, int v) {
 bool ms_graph_is_param(const ms_graph *g, int v) {
     return g->v[v].kind == GV_PARAM;
 }
+bool ms_graph_is_buffer(const ms_graph *g, int v) {
+    return g->v[v].kind == GV_BUFFER;
+}
 
 int ms_graph_find(const ms_graph *g, const char *name) {
     for (int i = 0; i < g->nv; i++)
         if (!strcmp(g->v[i].name, name)) return i;
     return -1;
+}
+
+/* --- batch normalisation (see graph.h) ------------------------------------------------------ */
+
+static int bn_op(ms_graph *g, int op, const ms_op_attrs *a, int x, int y, const char *prefix,
+                 const char *what) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", prefix, what);
+    const int in[2] = {x, y};
+    return ms_graph_op(g, op, a, y < 0 ? 1 : 2, in, name);
+}
+
+/* v reshaped to shape (ndim dims). */
+static int bn_reshape(ms_graph *g, int v, int ndim, const int64_t *shape, const char *prefix,
+                      const char *what) {
+    ms_op_attrs a = {.i = {ndim}};
+    for (int d = 0; d < ndim; d++) a.i[1 + d] = shape[d];
+    return bn_op(g, MS_OP_RESHAPE, &a, v, -1, prefix, what);
+}
+
+int ms_graph_batch_norm(ms_graph *g, int x, const char *prefix, int64_t channels, float eps,
+                        float momentum) {
+    if (g->failed) return -1;
+    if (x < 0 || x >= g->nv)
+        return build_fail(g, MS_ERR_INVALID, "batch_norm '%s': x is not a value of this graph%s",
+                          prefix, "");
+    const ms_shape xs = g->v[x].shape;
+    if (xs.ndim < 2 || xs.ndim > 6 || xs.d[1] != channels)
+        return build_fail(g, MS_ERR_INVALID,
+                          "batch_norm '%s': x must be [N, C, ...] (2 to 6 dims) with C the "
+                          "channels; got '%s'",
+                          prefix, g->v[x].name);
+    if (!(eps > 0) || !(momentum >= 0 && momentum <= 1))
+        return build_fail(g, MS_ERR_INVALID,
+                          "batch_norm '%s': need eps > 0 and momentum in [0, 1]%s", prefix, "");
+    char name[128];
+    const int64_t c[1] = {channels};
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    int w = ms_graph_param(g, name, 1, c, (ms_init){MS_INIT_CONST, 1.0f});
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    int b = ms_graph_param(g, name, 1, c, (ms_init){MS_INIT_CONST, 0.0f});
+    snprintf(name, sizeof name, "%s.running_mean", prefix);
+    int rm = ms_graph_buffer(g, name, 1, c, (ms_init){MS_INIT_CONST, 0.0f});
+    snprintf(name, sizeof name, "%s.running_var", prefix);
+    int rv = ms_graph_buffer(g, name, 1, c, (ms_init){MS_INIT_CONST, 1.0f});
+    if (g->failed) return -1;
+    /* The batch's statistics over every dim but the channels', kept as [1, C, 1...]: sums of
+     * a dp-sharded dim are partial, and their reshard to what the next op reads all-reduces. */
+    int64_t n = 1;
+    ms_op_attrs red = {.i = {0, 1}};
+    for (int d = 0; d < xs.ndim; d++)
+        if (d != 1) red.i[0] |= 1 << d, n *= xs.d[d];
+    int mean4 = bn_op(g, MS_OP_MEAN_DIMS, &red, x, -1, prefix, "batch_mean");
+    int sq = bn_op(g, MS_OP_SQUARED_DIFFERENCE, NULL, x, mean4, prefix, "centered_sq");
+    int var4 = bn_op(g, MS_OP_MEAN_DIMS, &red, sq, -1, prefix, "batch_var");
+    int mean = bn_reshape(g, mean4, 1, c, prefix, "batch_mean_c");
+    int var = bn_reshape(g, var4, 1, c, prefix, "batch_var_c");
+    /* training: the batch's; evaluation: the running statistics */
+    int m = bn_op(g, MS_OP_TRAIN_SELECT, NULL, mean, rm, prefix, "mean");
+    int v = bn_op(g, MS_OP_TRAIN_SELECT, NULL, var, rv, prefix, "var");
+    ms_op_attrs add_eps = {.f = {eps}};
+    int inv = bn_op(g, MS_OP_ADD_SCALAR, &add_eps, v, -1, prefix, "var_eps");
+    inv = bn_op(g, MS_OP_RSQRT, NULL, inv, -1, prefix, "inv_std");
+    /* y = x * scale + shift per channel: scale = weight / std, shift = bias - mean * scale */
+    int scale = bn_op(g, MS_OP_MUL, NULL, inv, w, prefix, "scale");
+    int shift = bn_op(g, MS_OP_MUL, NULL, m, scale, prefix, "mean_scaled");
+    shift = bn_op(g, MS_OP_SUB, NULL, b, shift, prefix, "shift");
+    int64_t bshape[MS_MAX_DIMS];
+    bshape[0] = channels;
+    for (int d = 2; d < xs.ndim; d++) bshape[d - 1] = 1;
+    scale = bn_reshape(g, scale, xs.ndim - 1, bshape, prefix, "scale_b");
+    shift = bn_reshape(g, shift, xs.ndim - 1, bshape, prefix, "shift_b");
+    int y = bn_op(g, MS_OP_MUL_BCAST, NULL, x, scale, prefix, "scaled");
+    y = bn_op(g, MS_OP_ADD_BCAST, NULL, y, shift, prefix, "out");
+    /* the running statistics' update, PyTorch's: unbiased variance */
+    float unbias = n > 1 ? (float)((double)n / (double)(n - 1)) : 1.0f;
+    ms_op_attrs keep = {.f = {1.0f - momentum}}, take = {.f = {momentum}},
+                take_v = {.f = {momentum * unbias}};
+    int old_m = bn_op(g, MS_OP_SCALE, &keep, rm, -1, prefix, "rm_keep");
+    int new_m = bn_op(g, MS_OP_SCALE, &take, mean, -1, prefix, "rm_take");
+    int nm = bn_op(g, MS_OP_ADD, NULL, old_m, new_m, prefix, "running_mean_next");
+    int old_v = bn_op(g, MS_OP_SCALE, &keep, rv, -1, prefix, "rv_keep");
+    int new_v = bn_op(g, MS_OP_SCALE, &take_v, var, -1, prefix, "rv_take");
+    int nv = bn_op(g, MS_OP_ADD, NULL, old_v, new_v, prefix, "running_var_next");
+    if (g->failed) return -1;
+    ms_graph_assign(g, rm, nm);
+    ms_graph_assign(g, rv, nv);
+    return g->failed ? -1 : y;
 }

@@ -42,6 +42,34 @@ void ms_graph_destroy(ms_graph *g);
  * ms_graph_error). Names are copied. */
 int ms_graph_param(ms_graph *g, const char *name, int ndim, const int64_t *shape, ms_init init);
 int ms_graph_input(ms_graph *g, const char *name, int ndim, const int64_t *shape);
+/* A buffer: named persistent state that is not trained (batch norm's running statistics). The
+ * program stores, places (the shard callback, replicated by default; never sharded by ZeRO) and
+ * initialises it as a parameter, but it has no gradient, and the optimizer, weight decay and
+ * the gradient norm never see it. Operators read it as any value; ms_graph_assign names the
+ * value written into it in place after every training forward. Checkpoints and strategy
+ * switches carry it (the trainer's state walk, MS_STATE_BUFFER). */
+int ms_graph_buffer(ms_graph *g, const char *name, int ndim, const int64_t *shape, ms_init init);
+/* After each forward in training (ms_program_set_dropout(p, true, ...), the default; each
+ * micro-batch's forward under micro-batching, as PyTorch updates per call) buffer takes the
+ * value v (same shape) computed by that forward, resharded into the buffer's placements; the
+ * forwards of evaluation leave it alone. Reads of the buffer within the forward see the value
+ * from before it. At most one value per buffer. */
+void ms_graph_assign(ms_graph *g, int buffer, int v);
+/* Batch normalisation of x [N, C, ...] (channels first; [N, C] included) over N and every
+ * spatial dim, as PyTorch's BatchNorm1d/2d in training and eval mode:
+ *   y = (x - mean) / sqrt(var + eps) * weight + bias, per channel.
+ * Training normalises with the batch's mean and biased variance, composed of MS_OP_MEAN_DIMS
+ * reductions: under data parallelism (x sharded over dp on dim 0) each is a partial sum that
+ * the engine all-reduces, so the statistics are the GLOBAL batch's (SyncBN) under every
+ * strategy; the backward is autograd's through the composition, exact. Each training forward
+ * then updates the buffers prefix.running_mean and prefix.running_var [C] (initial 0 and 1)
+ * with PyTorch's convention, running = (1 - momentum) running + momentum stat, the variance
+ * unbiased (n / (n - 1), n the rows x spatial elements of that forward's global batch; one
+ * update per micro-batch under micro-batching). Evaluation (ms_program_set_dropout(p, false,
+ * ...)) normalises with the running statistics. Parameters prefix.weight [C] (1) and
+ * prefix.bias [C] (0). Returns y, or -1 (see ms_graph_error). */
+int ms_graph_batch_norm(ms_graph *g, int x, const char *prefix, int64_t channels, float eps,
+                        float momentum);
 int ms_graph_op(ms_graph *g, int op, const ms_op_attrs *attrs, int n_in, const int *in,
                 const char *name);
 /* Multi-output ops (split): writes n_out value ids. */
@@ -83,6 +111,7 @@ const char *ms_graph_value_name(const ms_graph *g, int v);
 const ms_shape *ms_graph_value_shape(const ms_graph *g, int v);
 int ms_graph_find(const ms_graph *g, const char *name);
 bool ms_graph_is_param(const ms_graph *g, int v);
+bool ms_graph_is_buffer(const ms_graph *g, int v);
 
 /* Annotation callback: called for every value (parameters, inputs and named activations)
  * without an annotation; return true and fill *pl to annotate. */
@@ -275,6 +304,21 @@ typedef struct ms_param_view {
 int ms_program_num_params(const ms_program *p);
 /* Writes parameter i's local shard from the parameter's FULL values (checkpoint loads). */
 ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_error *err);
+/* Buffers (ms_graph_buffer), in the graph's value order: name, global shape, placements and
+ * this rank's box (data: fp32, a view into the program; empty for a shapes-only program). A
+ * training forward writes data in place (ms_graph_assign); checkpoints and switches read and
+ * write it between steps. */
+typedef struct ms_buffer_view {
+    const char *name;
+    int value;
+    ms_shape gshape;
+    ms_placements pl;
+    ms_tensor data;
+} ms_buffer_view;
+int ms_program_num_buffers(const ms_program *p);
+ms_status ms_program_buffer(const ms_program *p, int i, ms_buffer_view *out);
+/* Writes buffer i's local box from the buffer's FULL values (checkpoint loads). */
+ms_status ms_program_load_buffer(ms_program *p, int i, const float *full, ms_error *err);
 /* The full value of a kept value (ms_graph_keep) after a step or forward: every member
  * receives a new tensor. Collective over the mesh. */
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err);

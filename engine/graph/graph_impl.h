@@ -4,7 +4,7 @@
 
 #include "engine/graph/graph.h"
 
-typedef enum gv_kind { GV_PARAM, GV_INPUT, GV_ACT } gv_kind;
+typedef enum gv_kind { GV_PARAM, GV_INPUT, GV_ACT, GV_BUFFER } gv_kind;
 
 typedef struct gvalue {
     char name[96];
@@ -15,6 +15,8 @@ typedef struct gvalue {
     bool annotated;
     bool keep;       /* buffer persists after the step */
     bool grad_input; /* an input that gets a gradient (a pipeline chunk's activation) */
+    int assign;      /* buffers: the value written into it after each training forward, or -1 */
+    bool assigned;   /* some buffer takes this value (kept fp32 under bf16) */
     ms_placements ann;
 } gvalue;
 

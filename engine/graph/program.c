@@ -120,9 +120,9 @@ static ms_status init_params(ms_program *p, ms_error *err) {
     ms_graph *g = p->g;
     for (int v = 0; v < g->nv; v++) {
         gvalue *gv = &g->v[v];
-        if (gv->kind != GV_PARAM) continue;
-        ms_placements pl;
-        buf *b = &p->bufs[prog_param_home(p, v, &pl)];
+        if (gv->kind != GV_PARAM && gv->kind != GV_BUFFER) continue;
+        ms_placements pl = p->pv[v].pl;
+        buf *b = &p->bufs[gv->kind == GV_BUFFER ? p->pv[v].buf : prog_param_home(p, v, &pl)];
         if (gv->init.kind == MS_INIT_CONST) {
             MS_CHECK(MS_CALL_K(kernels_of(p, b), fill, b->ptr, gv->init.value, b->numel, err));
             continue;
@@ -189,8 +189,11 @@ static ms_status plan_program(ms_program *p, const ms_compile_opts *opts, ms_err
     compute_costs(p);
     index_instructions(p);
     p->params = xmalloc(sizeof(int) * (size_t)g->nv);
-    for (int v = 0; v < g->nv; v++)
+    p->buffers = xmalloc(sizeof(int) * (size_t)g->nv);
+    for (int v = 0; v < g->nv; v++) {
         if (g->v[v].kind == GV_PARAM) p->params[p->nparams++] = v;
+        if (g->v[v].kind == GV_BUFFER) p->buffers[p->nbuffers++] = v;
+    }
     return MS_OK;
 }
 
@@ -306,6 +309,7 @@ void ms_program_destroy(ms_program *p) {
         ms_device_free(p->master_host, p->host_persist, (p->host_floats + 16) * sizeof(float));
     ms_kctx_destroy(p->hkc);
     free(p->params);
+    free(p->buffers);
     free(p->param_first);
     free(p->gf_last), free(p->gf_hits), free(p->gf_bucket_param), free(p->gf_told);
     free(p->kernels);
@@ -337,7 +341,10 @@ void ms_program_explain(const ms_program *p, FILE *f) {
     for (int v = 0; v < g->nv; v++) {
         const gvalue *gv = &g->v[v];
         char sh[96], pl[128];
-        const char *kind = gv->kind == GV_PARAM ? "param" : gv->kind == GV_INPUT ? "input" : "";
+        const char *kind = gv->kind == GV_PARAM    ? "param"
+                           : gv->kind == GV_INPUT  ? "input"
+                           : gv->kind == GV_BUFFER ? "buffer"
+                                                   : "";
         fprintf(f, "  %-6s %-40s %-18s %s%s\n", kind, gv->name,
                 ms_shape_str(gv->shape.d, gv->shape.ndim, sh, sizeof sh),
                 ms_placements_str(&p->pv[v].pl, pl, sizeof pl), gv->annotated ? " *" : "");
@@ -431,6 +438,34 @@ ms_status ms_program_load_param(ms_program *p, int i, const float *full, ms_erro
     ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
     prog_masters_written(p);
     return prog_write_box(p, b, full, gv->shape.d, start, len, gv->shape.ndim, err);
+}
+
+int ms_program_num_buffers(const ms_program *p) {
+    return p->nbuffers;
+}
+
+ms_status ms_program_buffer(const ms_program *p, int i, ms_buffer_view *out) {
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= p->nbuffers) return MS_ERR_INVALID;
+    int v = p->buffers[i];
+    out->name = p->g->v[v].name;
+    out->value = v;
+    out->gshape = p->g->v[v].shape;
+    out->pl = p->pv[v].pl;
+    if (p->bufs) out->data = p->bufs[p->pv[v].buf].t;
+    return MS_OK;
+}
+
+ms_status ms_program_load_buffer(ms_program *p, int i, const float *full, ms_error *err) {
+    if (i < 0 || i >= p->nbuffers) return ms_fail(err, MS_ERR_INVALID, "buffer %d out of range", i);
+    if (!p->member) return MS_OK;
+    MS_CHECK(prog_check_has_memory(p, err));
+    int v = p->buffers[i];
+    const gvalue *gv = &p->g->v[v];
+    int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
+    ms_local_box(&p->pv[v].pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
+    return prog_write_box(p, &p->bufs[p->pv[v].buf], full, gv->shape.d, start, len, gv->shape.ndim,
+                          err);
 }
 
 ms_status ms_program_value(ms_program *p, int v, ms_tensor *out, ms_error *err) {

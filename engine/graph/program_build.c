@@ -173,14 +173,34 @@ void prog_build_param_sync(ms_program *p) {
     }
 }
 
+/* Each buffer's update (ms_graph_assign) at the end of the forward, after every read of the
+ * buffer: the value copied, or resharded, into the buffer's storage; training forwards only. */
+static void build_buffer_updates(ms_program *p) {
+    for (int v = 0; v < p->g->nv; v++) {
+        int a = p->g->v[v].assign;
+        if (p->g->v[v].kind != GV_BUFFER || a < 0) continue;
+        const pvalue *pb = &p->pv[v], *pa = &p->pv[a];
+        if (ms_placements_eq(&pa->pl, &pb->pl)) {
+            instr *cp = prog_emit(p, I_COPY, MS_PROG_FORWARD);
+            cp->value = v;
+            cp->src = pa->buf;
+            cp->dst = pb->buf;
+        } else {
+            prog_emit_reshard(p, a, pa->buf, pb->buf, &pa->pl, &pb->pl, MS_PROG_FORWARD);
+        }
+        p->ins[p->ni - 1].train_only = true;
+    }
+}
+
 void prog_build_forward(ms_program *p) {
     ms_graph *g = p->g;
     /* Parameters persist; inputs too, except micro-batched, where each slot has its own. */
     for (int v = 0; v < g->nv; v++) {
         pvalue *pv = &p->pv[v];
         pv->master_buf = pv->up_buf = -1;
+        bool stored = g->v[v].kind == GV_PARAM || g->v[v].kind == GV_BUFFER;
         if (g->v[v].kind != GV_ACT)
-            pv->buf = prog_new_buf(p, v, prog_held_pl(p, v), g->v[v].kind == GV_PARAM || !p->micro);
+            pv->buf = prog_new_buf(p, v, prog_held_pl(p, v), stored || !p->micro);
         if (g->v[v].kind == GV_PARAM && p->bf16) {
             pv->master_buf = prog_new_typed_buf(p, &g->v[v].shape, &pv->opt_pl, true, MS_F32);
             if (p->master_host) {
@@ -238,6 +258,7 @@ void prog_build_forward(ms_program *p) {
             }
         }
     }
+    build_buffer_updates(p);
     /* The loss, replicated, for reporting. */
     if (g->loss >= 0) {
         pvalue *lv = &p->pv[g->loss];

@@ -316,6 +316,7 @@ ms_status prog_run(ms_program *p, int from, int upto, float *loss, ms_error *err
     const bool rec = ms_trace_on(&p->ctx->trace);
     for (int k = from; k < upto; k++) {
         instr *in = &p->ins[k];
+        if (in->train_only && p->eval) continue; /* buffers keep their values in evaluation */
         ms_status st = MS_OK;
         int64_t t0 = 0;
         uint64_t flow = 0, corr = 0;

@@ -81,6 +81,7 @@ typedef struct instr {
     int bucket_grad;    /* grad-sync RESHARD done by a bucket: its gradient index + 1, else 0 */
     unsigned din_fresh; /* BWD: the ms_op_call.din_fresh it runs with */
     bool dropped;       /* ZERO: skipped, the next writer writes the buffer whole */
+    bool train_only;    /* a buffer's update (ms_graph_assign): skipped in evaluation */
 } instr;
 
 struct ms_program {
@@ -146,6 +147,8 @@ struct ms_program {
     size_t host_floats;
     int *params;
     int nparams;
+    int *buffers; /* the graph's buffers (ms_graph_buffer), in value order */
+    int nbuffers;
     int *param_first; /* [nparams]: first training instruction reading it, made on demand */
     ms_param_use_fn param_use; /* ms_program_on_param_use */
     void *param_use_arg;

@@ -48,7 +48,8 @@ void prog_assign_dtypes(ms_program *p) {
         for (int i = 0; i < nd->n_in; i++) from_params |= p->vdtype[nd->in[i]] == MS_BF16;
         for (int o = 0; o < nd->n_out; o++) {
             int v = nd->out[o];
-            bool exact = exact_output(p, k, o) || v == g->loss || v == g->output || g->v[v].keep;
+            bool exact = exact_output(p, k, o) || v == g->loss || v == g->output || g->v[v].keep ||
+                         g->v[v].assigned;
             p->vdtype[v] = from_params && !exact ? MS_BF16 : MS_F32;
         }
     }

@@ -110,6 +110,7 @@ static void unary_fwd_range(void *arg, int64_t lo, int64_t hi) {
         case MS_K_UN_LOGSIGMOID: FWD(fminf(x, 0.0f) - log1pf(expf(-fabsf(x))));
         case MS_K_UN_ERF: FWD(erff(x));
         case MS_K_UN_ATAN: FWD(atanf(x));
+        case MS_K_UN_ADD_SCALAR: FWD(x + p0);
         case MS_K_UN_COUNT:
             break;
     }
@@ -171,6 +172,7 @@ static void unary_bwd_range(void *arg, int64_t lo, int64_t hi) {
         case MS_K_UN_LOGSIGMOID: BWD(sigmoidf(-x));
         case MS_K_UN_ERF: BWD(TWO_OVER_SQRT_PI * expf(-x * x));
         case MS_K_UN_ATAN: BWD(1.0f / (1.0f + x * x));
+        case MS_K_UN_ADD_SCALAR: BWD(1.0f);
         case MS_K_UN_COUNT:
             break;
     }

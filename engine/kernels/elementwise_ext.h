@@ -48,7 +48,8 @@
     X(SOFTSIGN, softsign, 3, 4)                                                                    \
     X(LOGSIGMOID, logsigmoid, 4, 4)                                                                \
     X(ERF, erf, 1, 4)                                                                              \
-    X(ATAN, atan, 1, 3)
+    X(ATAN, atan, 1, 3)                                                                            \
+    X(ADD_SCALAR, add_scalar, 1, 1)
 
 typedef enum ms_k_unary {
 #define MS_K_UNARY_ENUM(ID, name, ff, fb) MS_K_UN_##ID,

@@ -47,6 +47,7 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_logsigmoid_def,
     &ms_op_erf_def,
     &ms_op_atan_def,
+    &ms_op_add_scalar_def,
     /* -- end unary -- */
 
     /* -- binary -- */
@@ -124,6 +125,7 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_global_avg_pool_def,
     &ms_op_group_norm_def,
     &ms_op_resize_def,
+    &ms_op_train_select_def,
     /* -- end pool -- */
 };
 // clang-format on

@@ -85,6 +85,7 @@ typedef enum ms_op_kind {
     MS_OP_LOGSIGMOID,  /* ln sigmoid(x) = -softplus(-x) */
     MS_OP_ERF,         /* erf x */
     MS_OP_ATAN,        /* atan x */
+    MS_OP_ADD_SCALAR,  /* x + f[0] (batch norm's var + eps) */
     /* -- end unary -- */
 
     /* -- binary: elementwise binary with broadcasting (ops_binary.c) -- */
@@ -195,6 +196,8 @@ typedef enum ms_op_kind {
     MS_OP_RESIZE,          /* x [N, C, L] or [N, C, H, W]; i[0] 0 nearest, 1 (bi)linear;
                             * output size i[1], i[2] or scale factors f[0], f[1] (0: as the
                             * first); PyTorch's interpolate, align_corners=False */
+    MS_OP_TRAIN_SELECT,    /* a, b (one shape) -> a while training, b in evaluation (batch
+                            * norm's batch or running statistics); gradient to a only */
     /* -- end pool -- */
 
     MS_OP_BUILTIN_COUNT

@@ -44,6 +44,7 @@ extern const ms_op_def ms_op_softsign_def;
 extern const ms_op_def ms_op_logsigmoid_def;
 extern const ms_op_def ms_op_erf_def;
 extern const ms_op_def ms_op_atan_def;
+extern const ms_op_def ms_op_add_scalar_def;
 /* -- end unary -- */
 
 /* -- binary -- */
@@ -119,6 +120,7 @@ extern const ms_op_def ms_op_avg_pool2d_def;
 extern const ms_op_def ms_op_global_avg_pool_def;
 extern const ms_op_def ms_op_group_norm_def;
 extern const ms_op_def ms_op_resize_def;
+extern const ms_op_def ms_op_train_select_def;
 /* -- end pool -- */
 // clang-format on
 

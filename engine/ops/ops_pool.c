@@ -1,7 +1,9 @@
 /* ops_pool.c - operators for vision and speech models on channels-first tensors (NCHW and
  * NCL, as PyTorch and ONNX lay them out): max and average pooling in 1-D and 2-D, global
- * average pooling, group normalisation and nearest / linear resizing. Kernels are pool.h's
- * slots (global average pooling: the reductions'), called through the rank's kernel table.
+ * average pooling, group normalisation, nearest / linear resizing, and train_select, batch
+ * norm's switch between the batch's statistics (training) and the running ones (evaluation).
+ * Kernels are pool.h's slots (global average pooling: the reductions'), called through the rank's
+ * kernel table.
  *
  * Rules only declare what is exact without a halo: every op runs on batch shards (S(0)), and
  * every op but group_norm on channel shards (S(1)), since channels are independent; group_norm
@@ -424,5 +426,59 @@ const ms_op_def ms_op_resize_def = {
     .backward = rs_backward,
     .cost = rs_cost,
     .runs_on = rs_runs_on,
+    .grad_inputs = 1,
+};
+
+/* --- train_select: a, b of one shape -> a while training, b in evaluation (ms_op_call.eval).
+ * Batch normalisation (engine/graph/graph.h, ms_graph_batch_norm) normalises with the batch's
+ * statistics in training and the running ones in evaluation through it. A copy either way, so
+ * every placement passes through, partial sums included; the gradient flows to a in training
+ * (b, the running statistics, takes none). --------------------------------------------------- */
+
+static ms_status ts_infer(const ms_op_attrs *a, int n_in, const ms_shape *in, ms_shape *out,
+                          ms_error *err) {
+    (void)a, (void)n_in;
+    bool same = in[0].ndim == in[1].ndim;
+    for (int d = 0; same && d < in[0].ndim; d++) same = in[0].d[d] == in[1].d[d];
+    if (!same) return bad_input(err, "train_select", "a and b must have one shape", 2, in);
+    out[0] = in[0];
+    return MS_OK;
+}
+static int ts_rule(const ms_op_attrs *a, int n_in, const ms_shape *in, int n, ms_rule_cand *c) {
+    (void)a, (void)n_in, (void)n;
+    int k = 0;
+    for (int d = -1; d < in[0].ndim; d++, k++) {
+        ms_placement p = d < 0 ? ms_R() : ms_S(d);
+        c[k].in[0] = c[k].in[1] = c[k].out[0] = p;
+    }
+    c[k].in[0] = c[k].in[1] = c[k].out[0] = ms_Psum();
+    return k + 1;
+}
+static ms_status ts_forward(ms_op_call *c, ms_error *e) {
+    const ms_tensor *src = c->eval ? c->in[1] : c->in[0];
+    return MS_CALL_K(c->kc, scale_forward, F(c->out[0]), F(src), 1.0f, N(c->out[0]), e);
+}
+static ms_status ts_backward(ms_op_call *c, ms_error *e) {
+    if (c->eval || !c->din[0]) return MS_OK; /* b was selected: a's gradient is zero */
+    return MS_CALL_K(c->kc, scale_backward, F(c->din[0]), F(c->dout[0]), 1.0f, N(c->dout[0]), e);
+}
+static bool ts_runs_on(const ms_kernels *k) {
+    return k->scale_forward && k->scale_backward;
+}
+static ms_k_cost ts_cost(const ms_op_call *c, bool bw) {
+    (void)bw;
+    return (ms_k_cost){.flops = 0, .bytes = 8.0 * (double)N(c->out[0])};
+}
+const ms_op_def ms_op_train_select_def = {
+    .kind = MS_OP_TRAIN_SELECT,
+    .name = "train_select",
+    .n_in = 2,
+    .n_out = 1,
+    .infer = ts_infer,
+    .rule = ts_rule,
+    .forward = ts_forward,
+    .backward = ts_backward,
+    .cost = ts_cost,
+    .runs_on = ts_runs_on,
     .grad_inputs = 1,
 };

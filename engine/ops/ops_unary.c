@@ -22,7 +22,7 @@ static ms_status unary_infer(ms_k_unary k, const char *name, const ms_op_attrs *
                              const ms_shape *in, ms_shape *out, ms_error *err) {
     (void)n_in;
     bool uses_f0 = k == MS_K_UN_LEAKY_RELU || k == MS_K_UN_ELU || k == MS_K_UN_POW_SCALAR ||
-                   k == MS_K_UN_CLAMP;
+                   k == MS_K_UN_CLAMP || k == MS_K_UN_ADD_SCALAR;
     if (uses_f0 && !isfinite(a->f[0]))
         return ms_fail(err, MS_ERR_INVALID, "%s: f[0] = %g is not a finite number", name,
                        (double)a->f[0]);

@@ -4,7 +4,8 @@
  * A checkpoint folder holds complete checkpoints step-NNNNNNNN/ and a `latest` file naming
  * the newest. Each checkpoint has one safetensors file per rank that writes anything
  * (rank-NNNNN.safetensors: that rank's boxes of the state, ms_trainer_state) and meta.json,
- * which maps every state tensor (parameters and both AdamW moments) to its global shape and
+ * which maps every state tensor (parameters, both AdamW moments and the buffers: batch
+ * norm's running statistics, kind "buffer") to its global shape and
  * to the pieces that tile it: file, key, box start and shape. A box that several ranks hold
  * (replicated over dp, say) is written once, by the first of them. meta.json also holds the
  * step to run next, the strategy, the training options that decide the data order and masks
@@ -104,8 +105,8 @@ ms_status ms_ckpt_verify(const char *dir, ms_ckpt_info *info, ms_error *err);
 ms_status ms_ckpt_newest_intact(const char *dir, ms_ckpt_info *info, ms_strbuf *skipped,
                                 ms_error *err);
 
-/* Writes the parameters of the checkpoint in `dir`, each assembled whole, as one Hugging
- * Face safetensors file (what `train --save` writes). Checks sizes and CRCs first. */
+/* Writes the parameters and buffers of the checkpoint in `dir`, each assembled whole, as one
+ * Hugging Face safetensors file (what `train --save` writes). Checks sizes and CRCs first. */
 ms_status ms_ckpt_export(const char *dir, const char *out_path, int *n_tensors, ms_error *err);
 
 #endif

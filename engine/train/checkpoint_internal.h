@@ -10,6 +10,7 @@
 
 #define CKPT_FORMAT   "meshscope-checkpoint"
 #define CKPT_VERSION  1
+#define CKPT_KINDS    4 /* the ms_state_kind values a checkpoint may hold */
 #define CKPT_KEY_MAX  320
 #define CKPT_META_MAX (64u << 20)
 
@@ -46,7 +47,8 @@ typedef struct ckpt_meta {
     int nfiles;
 } ckpt_meta;
 
-const char *ckpt_kind_name(ms_state_kind k); /* "param", "exp_avg", "exp_avg_sq" */
+/* "param", "exp_avg", "exp_avg_sq", "buffer" */
+const char *ckpt_kind_name(ms_state_kind k);
 
 /* The pieces of t's state: every (name, kind) once (its first holder), each distinct box
  * once, written by the first rank of the mesh that holds it. The same on every rank. */

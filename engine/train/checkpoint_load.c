@@ -108,8 +108,11 @@ static ms_status read_boxes(ms_trainer *t, const ckpt_meta *m, const char *step_
                        "same data order)",
                        step_dir, in->seed, in->batch, in->seq, o->seed, o->batch, o->seq);
     int n = ms_trainer_num_state(t);
-    int kinds = o->inference ? 1 : 3, matched = 0;
-    for (int i = 0; i < m->nt; i++) matched += (int)m->t[i].kind < kinds;
+    /* inference loads the parameters and buffers alone, not the moments */
+    int matched = 0;
+    for (int i = 0; i < m->nt; i++)
+        matched +=
+            !o->inference || m->t[i].kind == MS_STATE_PARAM || m->t[i].kind == MS_STATE_BUFFER;
     int distinct = 0;
     file_cache fc = {
         .step_dir = step_dir, .m = m, .f = xcalloc((size_t)m->nfiles + 1, sizeof(ms_st_file))};
@@ -223,12 +226,12 @@ ms_status ms_ckpt_describe(const char *dir, ms_ckpt_info *info, ms_strbuf *text,
                          *in->strategy ? in->strategy : "-");
         ms_strbuf_printf(text, "  data: seed %" PRIu64 ", batch %d, seq %d\n", in->seed, in->batch,
                          in->seq);
-        double bytes[3] = {0}, count[3] = {0};
+        double bytes[CKPT_KINDS] = {0}, count[CKPT_KINDS] = {0};
         for (int i = 0; i < m.nt; i++) {
             bytes[m.t[i].kind] += 4 * numel_of(&m.t[i].gshape);
             count[m.t[i].kind]++;
         }
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < CKPT_KINDS; k++)
             if (count[k] > 0)
                 ms_strbuf_printf(text, "  %-10s %4.0f tensors, %10.2f MiB (f32)\n",
                                  ckpt_kind_name((ms_state_kind)k), count[k], bytes[k] / 1048576.0);
@@ -317,7 +320,7 @@ ms_status ms_ckpt_export(const char *dir, const char *out_path, int *n_tensors, 
     int n = 0;
     for (int i = 0; i < m.nt && st == MS_OK; i++) {
         const ckpt_tensor *c = &m.t[i];
-        if (c->kind != MS_STATE_PARAM) continue;
+        if (c->kind != MS_STATE_PARAM && c->kind != MS_STATE_BUFFER) continue; /* as state_dict */
         int64_t zero[MS_MAX_DIMS] = {0}, numel = 1;
         for (int d = 0; d < c->gshape.ndim; d++) numel *= c->gshape.d[d]; /* checked on read */
         float *full = malloc(sizeof(float) * ((size_t)numel + 1));

@@ -16,14 +16,14 @@
 #include "engine/io/fileio.h"
 #include "engine/train/checkpoint_internal.h"
 
-static const char *const kind_names[] = {"param", "exp_avg", "exp_avg_sq"};
+static const char *const kind_names[CKPT_KINDS] = {"param", "exp_avg", "exp_avg_sq", "buffer"};
 
 const char *ckpt_kind_name(ms_state_kind k) {
-    return (unsigned)k < 3 ? kind_names[k] : "?";
+    return (unsigned)k < CKPT_KINDS ? kind_names[k] : "?";
 }
 
 static int kind_of(const char *name) {
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < CKPT_KINDS; k++)
         if (!strcmp(kind_names[k], name)) return k;
     return -1;
 }
@@ -297,8 +297,9 @@ static ms_status read_tensor(const reader *r, const cJSON *o, const ckpt_meta *m
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(o, "pieces");
     if (!cJSON_IsString(name) || !cJSON_IsString(kind) || kind_of(kind->valuestring) < 0 ||
         !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > MS_MAX_DIMS || !cJSON_IsArray(ps))
-        return bad(r, "a tensor entry lacks name, kind (param, exp_avg, exp_avg_sq), shape or "
-                      "pieces");
+        return bad(r,
+                   "a tensor entry lacks name, kind (param, exp_avg, exp_avg_sq, buffer), shape or "
+                   "pieces");
     c->name = xstrdup(name->valuestring);
     c->kind = (ms_state_kind)kind_of(kind->valuestring);
     if (!cJSON_IsString(dtype) ||

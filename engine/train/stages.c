@@ -78,6 +78,8 @@ struct ms_stages {
      * stages' chunks compiled from shapes for their placements. */
     ms_stages_entry *cat;
     int ncat;
+    ms_stages_entry *bcat; /* the buffers' catalog, alike (ms_stages_buffer_catalog) */
+    int nbcat;
     ms_model *foreign_models;
     ms_program **foreign_progs;
     int nforeign;
@@ -292,6 +294,7 @@ void ms_stages_destroy(ms_stages *st) {
     }
     free(st->foreign_progs), free(st->foreign_models);
     free(st->cat);
+    free(st->bcat);
     free(st);
 }
 
@@ -700,6 +703,17 @@ ms_status ms_stages_forward(ms_stages *st, float *const *inputs, float *loss, ms
 
 /* --- the catalog ----------------------------------------------------------------------------- */
 
+static void add_buffer_entry(ms_stages *st, const ms_buffer_view *bv, int k, int local) {
+    ms_stages_entry *e = &st->bcat[st->nbcat++];
+    memset(e, 0, sizeof *e);
+    e->param = bv->name;
+    e->gshape = bv->gshape;
+    e->pl = e->opt_pl = bv->pl;
+    e->mesh = st->dm[k % st->p];
+    e->model_chunk = k;
+    e->local_index = local;
+}
+
 static void add_entry(ms_stages *st, const ms_param_view *pv, int k, int local) {
     ms_stages_entry *e = &st->cat[st->ncat++];
     memset(e, 0, sizeof *e);
@@ -715,10 +729,13 @@ static void add_entry(ms_stages *st, const ms_param_view *pv, int k, int local) 
 /* Every model chunk's parameters in model order: ours from our programs, the others' from
  * their graphs compiled from shapes (placements depend on the graph and the mesh only). */
 static ms_status make_catalog(ms_stages *st, ms_error *err) {
-    int chunks = st->p * st->v, cap = 0, local_base[MAX_CHUNKS] = {0}, at = 0;
+    int chunks = st->p * st->v, cap = 0, bcap = 0, local_base[MAX_CHUNKS] = {0}, at = 0;
+    int buffer_base[MAX_CHUNKS] = {0}, bat = 0;
     for (int c = 0; c < st->nch; c++) {
         local_base[c] = at;
         at += ms_program_num_params(st->ch[c].prog);
+        buffer_base[c] = bat;
+        bat += ms_program_num_buffers(st->ch[c].prog);
     }
     st->foreign_models = xcalloc((size_t)chunks, sizeof *st->foreign_models);
     st->foreign_progs = xcalloc((size_t)chunks, sizeof *st->foreign_progs);
@@ -739,6 +756,7 @@ static ms_status make_catalog(ms_stages *st, ms_error *err) {
             prog_of[k] = st->foreign_progs[f];
         }
         if (rc == MS_OK) cap += ms_program_num_params(prog_of[k]);
+        if (rc == MS_OK) bcap += ms_program_num_buffers(prog_of[k]);
     }
     if (rc == MS_OK) {
         st->cat = xcalloc((size_t)cap + 1, sizeof *st->cat);
@@ -750,6 +768,15 @@ static ms_status make_catalog(ms_stages *st, ms_error *err) {
                 add_entry(st, &pv, k, ours ? local_base[k / st->p] + i : -1);
             }
         }
+        st->bcat = xcalloc((size_t)bcap + 1, sizeof *st->bcat);
+        for (int k = 0; k < chunks; k++) {
+            bool ours = k % st->p == st->stage;
+            for (int i = 0; i < ms_program_num_buffers(prog_of[k]); i++) {
+                ms_buffer_view bv;
+                ms_program_buffer(prog_of[k], i, &bv);
+                add_buffer_entry(st, &bv, k, ours ? buffer_base[k / st->p] + i : -1);
+            }
+        }
     }
     free(prog_of);
     return rc;
@@ -758,6 +785,36 @@ static ms_status make_catalog(ms_stages *st, ms_error *err) {
 int ms_stages_catalog(const ms_stages *st, const ms_stages_entry **out) {
     *out = st->cat;
     return st->ncat;
+}
+
+int ms_stages_buffer_catalog(const ms_stages *st, const ms_stages_entry **out) {
+    *out = st->bcat;
+    return st->nbcat;
+}
+
+ms_status ms_stages_load_buffer(ms_stages *st, int i, const float *full, ms_error *err) {
+    for (int c = 0; c < st->nch && i >= 0; c++) {
+        int n = ms_program_num_buffers(st->ch[c].prog);
+        if (i < n) return ms_program_load_buffer(st->ch[c].prog, i, full, err);
+        i -= n;
+    }
+    return ms_fail(err, MS_ERR_INVALID, "stages: no local buffer %d", i);
+}
+
+int ms_stages_num_buffers(const ms_stages *st) {
+    int n = 0;
+    for (int c = 0; c < st->nch; c++) n += ms_program_num_buffers(st->ch[c].prog);
+    return n;
+}
+
+ms_status ms_stages_buffer(ms_stages *st, int i, ms_buffer_view *out) {
+    for (int c = 0; c < st->nch && i >= 0; c++) {
+        int n = ms_program_num_buffers(st->ch[c].prog);
+        if (i < n) return ms_program_buffer(st->ch[c].prog, i, out);
+        i -= n;
+    }
+    memset(out, 0, sizeof *out);
+    return MS_ERR_INVALID;
 }
 
 /* --- reading --------------------------------------------------------------------------------- */

@@ -110,6 +110,15 @@ typedef struct ms_stages_entry {
 /* Made when the stages are (the other stages' chunks are compiled from shapes for it); *out
  * lives as long as st. Returns the number of entries. */
 int ms_stages_catalog(const ms_stages *st, const ms_stages_entry **out);
+/* The buffers' catalog (ms_graph_buffer: batch norm's running statistics), alike: every buffer
+ * of the model as every chunk holds it, in model order, with opt_pl = pl and local_index this
+ * rank's buffer index (ms_stages_buffer), or -1. */
+int ms_stages_buffer_catalog(const ms_stages *st, const ms_stages_entry **out);
+/* This rank's buffers over all its chunks, in chunk order. */
+int ms_stages_num_buffers(const ms_stages *st);
+ms_status ms_stages_buffer(ms_stages *st, int i, ms_buffer_view *out);
+/* Writes local buffer i's box from the buffer's full values (ms_program_load_buffer). */
+ms_status ms_stages_load_buffer(ms_stages *st, int i, const float *full, ms_error *err);
 
 /* Writes local parameter i's shard from the parameter's full values. */
 ms_status ms_stages_load_param(ms_stages *st, int i, const float *full, ms_error *err);

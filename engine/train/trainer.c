@@ -520,12 +520,37 @@ static ms_status move_state(ms_device *dev, const ms_state_tensor *from, const m
     return st;
 }
 
+/* Buffer entry j of the stages' buffer catalog as state tensor (kind MS_STATE_BUFFER). */
+static void buffer_state(compiled *c, int j, ms_state_tensor *out) {
+    const ms_stages_entry *cat;
+    ms_stages_buffer_catalog(c->st, &cat);
+    const ms_stages_entry *e = &cat[j];
+    memset(out, 0, sizeof *out);
+    out->param = e->param;
+    out->kind = MS_STATE_BUFFER;
+    out->gshape = e->gshape;
+    out->pl = e->pl;
+    out->mesh = e->mesh;
+    out->lndim = e->gshape.ndim;
+    if (e->local_index < 0) return;
+    ms_buffer_view bv;
+    ms_stages_buffer(c->st, e->local_index, &bv);
+    out->lndim = bv.data.ndim;
+    for (int d = 0; d < bv.data.ndim; d++) out->lshape[d] = (int)bv.data.shape[d];
+    out->n = (size_t)ms_tensor_numel(&bv.data);
+    out->local = ms_tensor_f32(&bv.data);
+}
+
 /* The state tensors of a compiled model and its moments (see ms_trainer_state): per entry
- * of the stages' catalog, the parameter and its two moments. */
+ * of the stages' catalog, the parameter and its two moments; then every buffer. */
 static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_tensor *out) {
     int per = inference ? 1 : 3;
     const ms_stages_entry *cat;
-    ms_stages_catalog(c->st, &cat);
+    int np = ms_stages_catalog(c->st, &cat);
+    if (i >= np * per) {
+        buffer_state(c, i - np * per, out);
+        return;
+    }
     const ms_stages_entry *e = &cat[i / per];
     memset(out, 0, sizeof *out);
     out->param = e->param;
@@ -548,8 +573,13 @@ static void state_of(compiled *c, moments *mo, bool inference, int i, ms_state_t
 }
 
 ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_error *err) {
-    const ms_stages_entry *cat;
+    const ms_stages_entry *cat, *bcat;
     int per = t->o.inference ? 1 : 3, n = ms_stages_catalog(t->c.st, &cat);
+    int nb = ms_stages_buffer_catalog(t->c.st, &bcat);
+    if (i >= n * per && i < n * per + nb) {
+        int local = bcat[i - n * per].local_index;
+        return local < 0 ? MS_OK : ms_stages_load_buffer(t->c.st, local, full, err);
+    }
     if (i < 0 || i / per >= n || i % per != MS_STATE_PARAM)
         return ms_fail(err, MS_ERR_INVALID, "trainer: state tensor %d is not a parameter", i);
     int local = cat[i / per].local_index;
@@ -558,8 +588,9 @@ ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_erro
 }
 
 static int num_state(const compiled *c, bool inference) {
-    const ms_stages_entry *cat;
-    return ms_stages_catalog(c->st, &cat) * (inference ? 1 : 3);
+    const ms_stages_entry *cat, *bcat;
+    return ms_stages_catalog(c->st, &cat) * (inference ? 1 : 3) +
+           ms_stages_buffer_catalog(c->st, &bcat);
 }
 
 /* The first state tensor of c with this parameter name and kind, or -1. */

@@ -6,8 +6,9 @@
  * same data and a run that switches strategy equals one that ran the target throughout.
  *
  * Switching strategy and checkpointing share one view of the state: ms_trainer_state walks
- * every tensor the run carries from step to step (each parameter and its two Adam moments)
- * with its global shape, placements and local buffer. A switch compiles the model for the
+ * every tensor the run carries from step to step (each parameter and its two Adam moments,
+ * then each buffer: batch norm's running statistics) with its global shape, placements and
+ * local buffer. A switch compiles the model for the
  * new mesh and moves every state tensor from the old boxes to the new ones.
  *
  * Offload (the strategy's offload, engine/train/offload.h): the moments and the fp32 master weights
@@ -119,11 +120,11 @@ ms_status ms_trainer_evaluate(ms_trainer *t, ms_split split, int batches, double
                               ms_error *err);
 
 /* Carries the run over to strategy `target` (with its placement rules, or NULL) at this step
- * boundary: validates it, compiles the model for the new mesh, moves every parameter and both Adam
- * moments from the old placements to the new ones (send/recv of only what changes hands), then
- * swaps. The step, schedule and data cursor carry on. On failure the trainer is unchanged; a target
- * the job cannot take fails with MS_ERR_INVALID and the reason. A target t runs already
- * (ms_trainer_runs) changes nothing and moves nothing. */
+ * boundary: validates it, compiles the model for the new mesh, moves every parameter, both Adam
+ * moments and every buffer from the old placements to the new ones (send/recv of only what changes
+ * hands), then swaps. The step, schedule and data cursor carry on. On failure the trainer is
+ * unchanged; a target the job cannot take fails with MS_ERR_INVALID and the reason. A target t runs
+ * already (ms_trainer_runs) changes nothing and moves nothing. */
 ms_status ms_trainer_switch(ms_trainer *t, const ms_strategy *target,
                             const ms_placement_rules *rules, ms_error *err);
 
@@ -154,10 +155,17 @@ int64_t ms_trainer_skipped(const ms_trainer *t);
 
 /* --- the state: what a switch moves and a checkpoint saves -------------------------------- */
 
-typedef enum ms_state_kind { MS_STATE_PARAM, MS_STATE_ADAM_M, MS_STATE_ADAM_V } ms_state_kind;
+/* A buffer (ms_graph_buffer: batch norm's running statistics) is state that is not trained:
+ * no moments, and the optimizer never touches it; its `param` is the buffer's name. */
+typedef enum ms_state_kind {
+    MS_STATE_PARAM,
+    MS_STATE_ADAM_M,
+    MS_STATE_ADAM_V,
+    MS_STATE_BUFFER
+} ms_state_kind;
 
 typedef struct ms_state_tensor {
-    const char *param; /* the parameter's name (Hugging Face style) */
+    const char *param; /* the parameter's (or buffer's) name (Hugging Face style) */
     ms_state_kind kind;
     ms_shape gshape;  /* global shape (internal layout, see ms_model_checkpoint_shape) */
     ms_placements pl; /* placements on the trainer's mesh */
@@ -175,12 +183,13 @@ typedef struct ms_state_tensor {
  * offload. */
 ms_status ms_trainer_settle(ms_trainer *t, ms_error *err);
 
-/* The number of state tensors: 3 per parameter (1 with `inference`). The list is the same on
- * every rank: every parameter of the model as each pipeline chunk holds it (the tied word
- * embedding once per holder under pp), on its stage's mesh; a rank outside that mesh gets no
- * box (local NULL, n 0). */
+/* The number of state tensors: 3 per parameter (1 with `inference`), then 1 per buffer. The
+ * list is the same on every rank: every parameter of the model as each pipeline chunk holds it
+ * (the tied word embedding once per holder under pp), then every buffer as each chunk holds it,
+ * on its stage's mesh; a rank outside that mesh gets no box (local NULL, n 0). */
 int ms_trainer_num_state(const ms_trainer *t);
-/* State tensor i, ordered parameter by parameter (param, m, v). */
+/* State tensor i, ordered parameter by parameter (param, m, v), then the buffers
+ * (MS_STATE_BUFFER) in model order. */
 void ms_trainer_state(ms_trainer *t, int i, ms_state_tensor *out);
 /* After writing state tensors through their local boxes (a checkpoint load): under bf16
  * precision the parameters' bf16 use copies are rounded from the fp32 masters before the next
@@ -206,8 +215,8 @@ typedef struct ms_trainer_bytes {
 } ms_trainer_bytes;
 void ms_trainer_state_bytes(ms_trainer *t, ms_trainer_bytes *out);
 
-/* Loads state tensor i (a parameter) from its full values where this rank holds it (a no-op
- * elsewhere): checkpoint loads. Every rank passes the same values. */
+/* Loads state tensor i (a parameter or a buffer) from its full values where this rank holds it
+ * (a no-op elsewhere): checkpoint loads. Every rank passes the same values. */
 ms_status ms_trainer_load_param(ms_trainer *t, int i, const float *full, ms_error *err);
 /* The full value of state tensor i on world rank 0 (an empty tensor elsewhere). Collective
  * over the world. */

@@ -103,6 +103,8 @@ MS_HD float ms_cu_unary_f(ms_k_unary op, float x, float p0, float p1) {
             return erff(x);
         case MS_K_UN_ATAN:
             return atanf(x);
+        case MS_K_UN_ADD_SCALAR:
+            return x + p0;
         default:
             return 0.0f;
     }
@@ -178,6 +180,8 @@ MS_HD float ms_cu_unary_d(ms_k_unary op, float x, float y, float p0, float p1) {
             return MS_CU_TWO_OVER_SQRT_PI * expf(-x * x);
         case MS_K_UN_ATAN:
             return 1.0f / (1.0f + x * x);
+        case MS_K_UN_ADD_SCALAR:
+            return 1.0f;
         default:
             return 0.0f;
     }
