@@ -120,7 +120,7 @@ def main():
         ap.error("give the meshscope binary")
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        model = CNN().eval()
+        model = CNN()
         g = torch.Generator().manual_seed(1)
         image = torch.randn(2 * B, 3, SIDE, SIDE, generator=g)
         label = torch.randint(0, CLASSES, (2 * B,), generator=g)
@@ -130,7 +130,8 @@ def main():
         torch.onnx.export(model, (image[:B], label[:B]), onnx_path,
                           input_names=["image", "label"], output_names=["loss"],
                           dynamic_axes={"image": {0: "batch"}, "label": {0: "batch"}},
-                          opset_version=17, do_constant_folding=False)
+                          opset_version=17, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.TRAINING)
         for k in (int(x) for x in a.threads.split(",")):
             ms, pt = [], []
             for r in range(a.rounds):

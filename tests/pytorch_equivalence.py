@@ -104,10 +104,13 @@ def main():
     names = list(data)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path, npz_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "data.npz")
-        model.eval()  # no dropout or batch norm here: eval and train compute alike
+        # Exported in training mode: in eval mode the exporter merges initializers of equal
+        # values (every LayerNorm's fresh ones and zeros), which would then train as one.
+        # There is no dropout or batch norm here, so both modes compute alike.
         torch.onnx.export(model, tuple(data[n][:ROWS] for n in names), onnx_path,
                           input_names=names, output_names=["loss"], opset_version=17,
-                          dynamic_axes={n: {0: "batch"} for n in names}, do_constant_folding=False)
+                          dynamic_axes={n: {0: "batch"} for n in names}, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.TRAINING)
         # the first ROWS rows train, the last ROWS validate (--val-fraction 0.5)
         np.savez(npz_path, **{n: data[n].numpy() for n in names})
         train = {n: data[n][:ROWS] for n in names}

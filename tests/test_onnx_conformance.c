@@ -207,7 +207,7 @@ static ms_status run_program(case_job *j, ms_ctx *ctx, ms_onnx_model *m, ms_grap
     }
     for (int k = 0; st == MS_OK && k < nin && k < ms_onnx_num_inputs(m); k++) {
         int v = ms_graph_find(g, ms_onnx_input_name(m, k));
-        if (v < 0 || ms_graph_is_param(g, v)) continue;
+        if (v < 0 || !ms_graph_is_input(g, v)) continue; /* bound: a parameter or constant */
         float *f = xmalloc(sizeof(float) * (size_t)(in[k].numel + 1));
         for (int64_t i = 0; i < in[k].numel; i++) f[i] = (float)in[k].data[i];
         st = ms_program_feed(p, v, f, err);

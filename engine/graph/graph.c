@@ -16,6 +16,7 @@ ms_graph *ms_graph_create(void) {
 
 void ms_graph_destroy(ms_graph *g) {
     if (!g) return;
+    for (int i = 0; i < g->nv; i++) free(g->v[i].data);
     free(g->v);
     free(g->n);
     free(g);
@@ -74,6 +75,17 @@ int ms_graph_param(ms_graph *g, const char *name, int ndim, const int64_t *shape
 int ms_graph_buffer(ms_graph *g, const char *name, int ndim, const int64_t *shape, ms_init init) {
     int v = ms_graph_param(g, name, ndim, shape, init);
     if (v >= 0) g->v[v].kind = GV_BUFFER;
+    return v;
+}
+
+int ms_graph_constant(ms_graph *g, const char *name, int ndim, const int64_t *shape,
+                      const float *values) {
+    int v = ms_graph_buffer(g, name, ndim, shape, (ms_init){MS_INIT_DATA, 0.0f});
+    if (v < 0) return v;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    g->v[v].data = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+    memcpy(g->v[v].data, values, sizeof(float) * (size_t)n);
     return v;
 }
 
@@ -224,6 +236,10 @@ const ms_shape *ms_graph_value_shape(const ms_graph *g, int v) {
 }
 bool ms_graph_is_param(const ms_graph *g, int v) {
     return g->v[v].kind == GV_PARAM;
+}
+
+bool ms_graph_is_input(const ms_graph *g, int v) {
+    return v >= 0 && v < g->nv && g->v[v].kind == GV_INPUT;
 }
 bool ms_graph_is_buffer(const ms_graph *g, int v) {
     return g->v[v].kind == GV_BUFFER;

@@ -29,7 +29,11 @@ typedef struct ms_program ms_program;
 
 /* How a parameter is initialised: Philox normal(0, std) keyed by the parameter's id, or a
  * constant. Shard by shard equals whole, so every mesh starts from the same weights. */
-typedef enum ms_init_kind { MS_INIT_NORMAL, MS_INIT_CONST } ms_init_kind;
+typedef enum ms_init_kind {
+    MS_INIT_NORMAL,
+    MS_INIT_CONST,
+    MS_INIT_DATA /* given values (ms_graph_constant) */
+} ms_init_kind;
 typedef struct ms_init {
     ms_init_kind kind;
     float value; /* std for NORMAL, the constant for CONST */
@@ -55,6 +59,10 @@ int ms_graph_buffer(ms_graph *g, const char *name, int ndim, const int64_t *shap
  * forwards of evaluation leave it alone. Reads of the buffer within the forward see the value
  * from before it. At most one value per buffer. */
 void ms_graph_assign(ms_graph *g, int buffer, int v);
+/* A constant: a buffer that holds `values` (numel floats, copied) and is never assigned, such
+ * as an imported model's masks and scalars. Checkpoints and switches carry it as any buffer. */
+int ms_graph_constant(ms_graph *g, const char *name, int ndim, const int64_t *shape,
+                      const float *values);
 /* Batch normalisation of x [N, C, ...] (channels first; [N, C] included) over N and every
  * spatial dim, as PyTorch's BatchNorm1d/2d in training and eval mode:
  *   y = (x - mean) / sqrt(var + eps) * weight + bias, per channel.
@@ -111,6 +119,8 @@ const char *ms_graph_value_name(const ms_graph *g, int v);
 const ms_shape *ms_graph_value_shape(const ms_graph *g, int v);
 int ms_graph_find(const ms_graph *g, const char *name);
 bool ms_graph_is_param(const ms_graph *g, int v);
+/* Whether v is an input (fed with ms_program_feed). */
+bool ms_graph_is_input(const ms_graph *g, int v);
 bool ms_graph_is_buffer(const ms_graph *g, int v);
 
 /* Annotation callback: called for every value (parameters, inputs and named activations)

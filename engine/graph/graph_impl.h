@@ -17,6 +17,7 @@ typedef struct gvalue {
     bool grad_input; /* an input that gets a gradient (a pipeline chunk's activation) */
     int assign;      /* buffers: the value written into it after each training forward, or -1 */
     bool assigned;   /* some buffer takes this value (kept fp32 under bf16) */
+    float *data;     /* MS_INIT_DATA: the values (owned by the graph) */
     ms_placements ann;
 } gvalue;
 

@@ -129,6 +129,10 @@ static ms_status init_params(ms_program *p, ms_error *err) {
         }
         int64_t start[MS_MAX_DIMS], len[MS_MAX_DIMS];
         ms_local_box(&pl, p->mesh, p->coords, gv->shape.ndim, gv->shape.d, start, len);
+        if (gv->init.kind == MS_INIT_DATA) {
+            MS_CHECK(prog_write_box(p, b, gv->data, gv->shape.d, start, len, gv->shape.ndim, err));
+            continue;
+        }
         MS_CHECK(init_normal(p, b, gv, start, err));
     }
     prog_masters_written(p);

@@ -731,17 +731,29 @@ bool ox_is_const(const ox_build *b, int k) {
     return s && s->c;
 }
 
+/* Whether c is one of the file's float initializers: the model's weights, which train. */
+static bool float_initializer(const ms_onnx_model *m, const ox_const *c) {
+    const Onnx__GraphProto *g = m->pb->graph;
+    if (find_const(m, c->name) != c || c->dtype != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT)
+        return false;
+    for (size_t i = 0; i < g->n_initializer; i++)
+        if (!strcmp(g->initializer[i]->name, c->name)) return true;
+    return false;
+}
+
 ms_status ox_val(ox_build *b, int k, int *v, ms_error *err) {
     ox_sym *s;
     MS_CHECK(input_sym(b, k, &s, err));
     if (s->v < 0) {
         const ox_const *c = s->c;
-        if (find_const(b->m, c->name) != c)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "input %d is a constant computed from shapes, used as data; export "
-                           "with it as an initializer",
-                           k);
-        s->v = ms_graph_param(b->g, c->name, c->ndim, c->shape, (ms_init){MS_INIT_CONST, 0.0f});
+        if (float_initializer(b->m, c)) {
+            s->v = ms_graph_param(b->g, c->name, c->ndim, c->shape, (ms_init){MS_INIT_CONST, 0.0f});
+        } else { /* a Constant node's, an integer tensor, or one folded here: it does not train */
+            float *f = xmalloc(sizeof(float) * (size_t)(c->numel ? c->numel : 1));
+            for (int64_t i = 0; i < c->numel; i++) f[i] = (float)c->d[i];
+            s->v = ms_graph_constant(b->g, b->node->input[k], c->ndim, c->shape, f);
+            free(f);
+        }
         if (s->v < 0) {
             ms_error e = {0};
             ms_graph_error(b->g, &e);
