@@ -126,6 +126,7 @@ static cJSON *estimate_json(const ms_plan_estimate *e, int batch) {
 typedef struct plan_report {
     const char *model;
     const ms_model_config *cfg; /* NULL: a program's own model */
+    bool both_precisions;       /* a program's own model, --dtype not given: fp32 and bf16 */
     const ms_cluster *cl;
     ms_plan_dtype dt;
     int devices, batch, seq;
@@ -140,7 +141,7 @@ static void print_plan_json(const plan_report *p, const ms_plan_result *res) {
     cJSON_AddNumberToObject(r, "evaluated", (double)res->evaluated);
     cJSON_AddNumberToObject(r, "pruned_memory", (double)res->pruned_memory);
     cJSON_AddStringToObject(r, "cluster", cl->name);
-    cJSON_AddStringToObject(r, "dtype", ms_plan_dtype_name(dt));
+    cJSON_AddStringToObject(r, "dtype", p->both_precisions ? "fp32,bf16" : ms_plan_dtype_name(dt));
     cJSON_AddNumberToObject(r, "devices", devices);
     cJSON_AddNumberToObject(r, "global_batch", batch);
     cJSON_AddNumberToObject(r, "seq", seq);
@@ -249,8 +250,9 @@ int ms_cmd_plan(int argc, char **argv) {
     rc = 0;
     const ms_model_def *own = job_model();
     if (own && model)
-        return bad("%s brings its own model (%s); --model is for the meshscope binary's configs",
-                   argv[0], own->name);
+        return bad("this program brings its own model (%s); --model is for the meshscope "
+                   "binary's configs",
+                   own->name);
     if (!own && !model) return bad("--model CONFIG.json is required");
     if (!cluster)
         return bad("--cluster is required: cpu-local, gpu-local, dgx-a100-80gb, h100, h200 or a "
@@ -301,6 +303,7 @@ int ms_cmd_plan(int argc, char **argv) {
     }
     plan_report rep = {.model = own ? own->name : model,
                        .cfg = own ? NULL : &cfg,
+                       .both_precisions = own && dtype < 0,
                        .cl = cl,
                        .dt = dt,
                        .devices = devices,
