@@ -4,6 +4,9 @@
  *                  [--dtype bf16|fp32] [--evaluate "tp=8,pp=2,dp=32"] [--top K] [--json]
  *                  [--executable-only] [--recalibrate] [--topology FILE]
  *
+ * A program that brings its own model (meshscope_main_with_model) plans that model: no
+ * --model or --seq (its batch is in rows), every strategy priced from its compiled program.
+ *
  * The search and the cost model are engine/plan; this file parses flags, resolves the
  * cluster (cpu-local is measured once and cached), and prints a table or JSON. */
 #include <cjson/cJSON.h>
@@ -16,6 +19,7 @@
 #include "engine/model/config.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/search.h"
+#include "job/job.h"
 
 #include "cli/options.h"
 
@@ -121,7 +125,8 @@ static cJSON *estimate_json(const ms_plan_estimate *e, int batch) {
 /* What `plan` prints: the search's figures and its candidates, as JSON or as a table. */
 typedef struct plan_report {
     const char *model;
-    const ms_model_config *cfg;
+    const ms_model_config *cfg; /* NULL: a program's own model */
+    bool both_precisions;       /* a program's own model, --dtype not given: fp32 and bf16 */
     const ms_cluster *cl;
     ms_plan_dtype dt;
     int devices, batch, seq;
@@ -131,17 +136,19 @@ static void print_plan_json(const plan_report *p, const ms_plan_result *res) {
     const ms_cluster *cl = p->cl;
     const ms_plan_dtype dt = p->dt;
     const int devices = p->devices, batch = p->batch, seq = p->seq;
-    const ms_model_config cfg = *p->cfg;
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "search_ms", res->search_ms);
     cJSON_AddNumberToObject(r, "evaluated", (double)res->evaluated);
     cJSON_AddNumberToObject(r, "pruned_memory", (double)res->pruned_memory);
     cJSON_AddStringToObject(r, "cluster", cl->name);
-    cJSON_AddStringToObject(r, "dtype", ms_plan_dtype_name(dt));
+    cJSON_AddStringToObject(r, "dtype", p->both_precisions ? "fp32,bf16" : ms_plan_dtype_name(dt));
     cJSON_AddNumberToObject(r, "devices", devices);
     cJSON_AddNumberToObject(r, "global_batch", batch);
     cJSON_AddNumberToObject(r, "seq", seq);
-    cJSON_AddNumberToObject(r, "model_flops_per_step", ms_plan_model_flops(&cfg, batch, seq));
+    cJSON_AddNumberToObject(r, "model_flops_per_step",
+                            p->cfg             ? ms_plan_model_flops(p->cfg, batch, seq)
+                            : res->n_cands > 0 ? res->cands[0].model_flops
+                                               : 0);
     cJSON *a = cJSON_AddArrayToObject(r, "candidates");
     for (int i = 0; i < res->n_cands; i++)
         cJSON_AddItemToArray(a, estimate_json(&res->cands[i], batch));
@@ -157,12 +164,16 @@ static void print_plan_table(const plan_report *p, const ms_plan_result *res) {
     const ms_plan_dtype dt = p->dt;
     const char *model = p->model;
     const int devices = p->devices, batch = p->batch, seq = p->seq;
-    printf("plan: %s on %d x %s (%s), global batch %d x %d tokens, %s\n", model, devices, cl->name,
-           cl->device, batch, seq, ms_plan_dtype_name(dt));
+    if (p->cfg)
+        printf("plan: %s on %d x %s (%s), global batch %d x %d tokens, %s\n", model, devices,
+               cl->name, cl->device, batch, seq, ms_plan_dtype_name(dt));
+    else
+        printf("plan: %s on %d x %s (%s), global batch %d rows, priced from its compiled program\n",
+               model, devices, cl->name, cl->device, batch);
     printf("searched %ld strategies in %.0f ms; %ld over the memory limit\n\n", res->evaluated,
            res->search_ms, res->pruned_memory);
-    printf(" #  %-56s %10s %12s %8s %8s %10s %5s %4s\n", "strategy", "step", "tokens/s", "TF/s mdl",
-           "TF/s hw", "mem/dev", "fits", "exec");
+    printf(" #  %-56s %10s %12s %8s %8s %10s %5s %4s\n", "strategy", "step",
+           p->cfg ? "tokens/s" : "rows/s", "TF/s mdl", "TF/s hw", "mem/dev", "fits", "exec");
     for (int i = 0; i < res->n_cands; i++) {
         const ms_plan_estimate *e = &res->cands[i];
         char st[32], mem[32];
@@ -204,13 +215,15 @@ int ms_cmd_plan(int argc, char **argv) {
     bool json = false, recal = false, exe_only = false;
     static const char *const dtype_names[] = {"bf16", "fp32", NULL};
     const ms_option opts[] = {
-        MS_TEXT("model", "CONFIG", &model, "the model's config JSON (required)"),
+        MS_TEXT("model", "CONFIG", &model,
+                "the model's config JSON (required, unless the program brings its own model)"),
         MS_TEXT("cluster", "C", &cluster,
                 "cpu-local (measured, cached), gpu-local (this machine's GPUs), dgx-a100-80gb, "
                 "h100, h200 or a cluster JSON file"),
         MS_INT("devices", "N", &devices, 1, 1 << 20, "devices or thread ranks (required)"),
         MS_INT("global-batch", "B", &batch, 1, 1 << 24, "sequences per step (required)"),
-        MS_INT("seq", "T", &seq, 1, 1 << 24, "tokens per sequence (required)"),
+        MS_INT("seq", "T", &seq, 1, 1 << 24,
+               "tokens per sequence (required for --model; a program's own model counts rows)"),
         MS_ENUM("dtype", &dtype, dtype_names,
                 "number format (default bf16 on GPUs, fp32 on cpu-local)"),
         MS_TEXT("evaluate", "K=V,..", &evaluate,
@@ -235,17 +248,23 @@ int ms_cmd_plan(int argc, char **argv) {
     int rc = ms_opts_run(&cmd, argc, argv, NULL, 0, NULL);
     if (rc != MS_OPTS_PROCEED) return rc;
     rc = 0;
-    if (!model) return bad("--model CONFIG.json is required");
+    const ms_model_def *own = job_model();
+    if (own && model)
+        return bad("this program brings its own model (%s); --model is for the meshscope "
+                   "binary's configs",
+                   own->name);
+    if (!own && !model) return bad("--model CONFIG.json is required");
     if (!cluster)
         return bad("--cluster is required: cpu-local, gpu-local, dgx-a100-80gb, h100, h200 or a "
                    "JSON file");
     if (!devices) return bad("--devices N is required (how many devices or thread ranks)");
     if (!batch) return bad("--global-batch B is required (sequences per step)");
+    if (own) seq = 1; /* its rows are the unit */
     if (!seq) return bad("--seq T is required (tokens per sequence)");
     ms_error err = {0};
-    ms_model_config cfg;
-    if (ms_config_load(model, &cfg, &err) != MS_OK) return bad("%s", err.msg);
-    if (seq > cfg.n_positions)
+    ms_model_config cfg = {0};
+    if (!own && ms_config_load(model, &cfg, &err) != MS_OK) return bad("%s", err.msg);
+    if (!own && seq > cfg.n_positions)
         return bad("--seq %d exceeds the model's n_positions %d; use a shorter sequence", seq,
                    cfg.n_positions);
     ms_plan_fixed fixed;
@@ -268,15 +287,23 @@ int ms_cmd_plan(int argc, char **argv) {
                           .dtype = dt,
                           .cluster = cl,
                           .engine_workloads = cl->cpu,
-                          .memo = memo};
-    ms_plan_search_opts so = {
-        .fixed = evaluate ? &fixed : NULL, .keep = top, .executable_only = exe_only};
+                          .memo = memo,
+                          .def = own};
+    if (own && dtype >= 0) { /* a program's own model: both precisions searched unless given */
+        if (!evaluate) ms_plan_fixed_none(&fixed);
+        fixed.s.precision = dt == MS_PLAN_BF16 ? MS_PRECISION_BF16 : MS_PRECISION_FP32;
+        fixed.mask |= 1u << MS_SET_precision;
+    }
+    ms_plan_search_opts so = {.fixed = evaluate || (own && dtype >= 0) ? &fixed : NULL,
+                              .keep = top,
+                              .executable_only = exe_only};
     if (ms_plan_search(&pb, &so, &res, &err) != MS_OK) {
         rc = bad("%s", err.msg);
         goto out;
     }
-    plan_report rep = {.model = model,
-                       .cfg = &cfg,
+    plan_report rep = {.model = own ? own->name : model,
+                       .cfg = own ? NULL : &cfg,
+                       .both_precisions = own && dtype < 0,
                        .cl = cl,
                        .dt = dt,
                        .devices = devices,

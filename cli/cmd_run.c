@@ -34,6 +34,7 @@
 #include "engine/plan/cluster.h"
 #include "engine/plan/search.h"
 #include "engine/train/checkpoint.h"
+#include "job/job.h"
 
 /* Whether argument a is `flag` itself (*inline_value NULL: the value, if any, is the next
  * argument) or `flag=VALUE` (*inline_value points at VALUE). */
@@ -103,15 +104,17 @@ static ms_status write_strategy(const char *dir, const char *json, char *path, s
 }
 
 /* The fastest strategy the engine runs on `world` ranks for the job's model and batch, as a
- * strategy file in dir; its name in `name`. */
+ * strategy file in dir; its name in `name`. The model: --model's config, else the program's
+ * own (meshscope_main_with_model). */
 static int replan(int n, char **cmd, int world, const char *dir, char *path, size_t len, char *name,
                   size_t name_len) {
     const char *model = flag_value(n, cmd, "--model", NULL);
     int batch = atoi(flag_value(n, cmd, "--batch", "8"));
     int seq = atoi(flag_value(n, cmd, "--seq", "64"));
     ms_error err = {0};
-    ms_model_config cfg;
-    if (!model || ms_config_load(model, &cfg, &err) != MS_OK) {
+    ms_model_config cfg = {0};
+    const ms_model_def *own = model ? NULL : job_model();
+    if (!own && (!model || ms_config_load(model, &cfg, &err) != MS_OK)) {
         fprintf(stderr, "meshscope run: cannot replan: %s\n",
                 model ? err.msg : "the command has no --model");
         return -1;
@@ -128,8 +131,13 @@ static int replan(int n, char **cmd, int world, const char *dir, char *path, siz
                               .dtype = MS_PLAN_FP32,
                               .cluster = cl,
                               .engine_workloads = true,
-                              .memo = memo};
-        ms_plan_search_opts so = {.keep = 1, .executable_only = true};
+                              .memo = memo,
+                              .def = own};
+        ms_plan_fixed fp32; /* as the built-in models' replan: fp32 (a def's search takes both) */
+        ms_plan_fixed_none(&fp32);
+        fp32.s.precision = MS_PRECISION_FP32;
+        fp32.mask |= 1u << MS_SET_precision;
+        ms_plan_search_opts so = {.fixed = own ? &fp32 : NULL, .keep = 1, .executable_only = true};
         if (ms_plan_search(&pb, &so, &res, &err) == MS_OK && res.n_cands > 0) {
             char json[MS_STRATEGY_JSON_MAX];
             ms_strategy_short_json(&res.cands[0].s, json, sizeof json);

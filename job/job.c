@@ -49,6 +49,10 @@ bool job_has_model(void) {
     return have_user_model;
 }
 
+const ms_model_def *job_model(void) {
+    return have_user_model ? &user_model : NULL;
+}
+
 const char *job_model_name(void) {
     return have_user_model ? user_model.name : NULL;
 }

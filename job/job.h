@@ -70,8 +70,9 @@ void job_plan_free(job_plan *plan);
  * before the job reads its plan: train, eval and explain then run `def` (copied; what it
  * borrows outlives the process's jobs) instead of a --model config. */
 void job_use_model(const ms_model_def *def);
-/* Whether a program handed its model, and that model's name (NULL without). */
+/* Whether a program handed its model, that model (NULL without) and its name (NULL without). */
 bool job_has_model(void);
+const ms_model_def *job_model(void);
 const char *job_model_name(void);
 
 /* The gradient bucket of a job in MiB (0: none): a strategy file's own (from_file), else the

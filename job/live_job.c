@@ -44,9 +44,7 @@ static ms_status advisor_cluster(live_job *j, const run_opts *o, int world, ms_e
 
 ms_status live_job_check_target(const live_job *j, const ms_strategy *s, ms_error *err) {
     ms_job_shape job = {.world = j->plan->world_size, .batch = j->o->batch, .seq = j->o->seq};
-    if (!j->plan->def.lm) /* no closed-form price for it: the checks, without the memory cap */
-        return ms_strategy_check_def(s, &j->plan->def, &job, err);
-    return ms_strategy_validate(s, &j->plan->cfg, &job, memory_cap(j), err);
+    return ms_strategy_validate_def(s, &j->plan->def, &job, memory_cap(j), err);
 }
 
 /* live_job_check_target through the job's verdicts: each strategy is compiled for the
@@ -243,17 +241,12 @@ ms_status live_job_open(live_job *j, const run_opts *o, const job_plan *plan, ms
     pthread_mutex_init(&j->mu, NULL);
     ms_live_set_validator(j->live, validate_request, j);
     ms_status st = MS_OK;
-    if ((o->web || o->tui) && o->backend == MS_BACKEND_THREADS && !plan->def.lm)
-        fprintf(stderr,
-                "note: the advisor prices transformer models only; %s gets no strategy "
-                "suggestions (switches asked for in the views still run)\n",
-                plan->def.name);
-    if ((o->web || o->tui) && o->backend == MS_BACKEND_THREADS && plan->def.lm) {
+    if ((o->web || o->tui) && o->backend == MS_BACKEND_THREADS) {
         /* The advisor prices strategies for this machine's thread ranks (measured once, a few
          * seconds, then cached), or for its GPUs. */
         st = advisor_cluster(j, o, world_size, err);
         if (st == MS_OK)
-            st = ms_advisor_create(&plan->cfg, world_size, o->batch, o->seq, &j->cluster,
+            st = ms_advisor_create(&plan->def, world_size, o->batch, o->seq, &j->cluster,
                                    &j->advisor, err);
         if (st == MS_OK) {
             ms_advisor_set_memory_cap(j->advisor, memory_cap(j));

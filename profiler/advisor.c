@@ -10,7 +10,8 @@
 #include "engine/plan/validate.h"
 
 struct ms_advisor {
-    ms_model_config cfg;
+    ms_model_def def;    /* def.lm points at cfg for a built-in model */
+    ms_model_config cfg; /* a built-in model's config */
     int world, batch, seq;
     double mem_cap; /* bytes per rank; 0: the cluster's usable memory shared by the ranks */
     ms_cluster cluster;
@@ -21,15 +22,20 @@ struct ms_advisor {
     char note[MS_LIVE_TEXT]; /* ms_advisor_note */
 };
 
-ms_status ms_advisor_create(const ms_model_config *cfg, int world, int batch, int seq,
+ms_status ms_advisor_create(const ms_model_def *def, int world, int batch, int seq,
                             const ms_cluster *cluster, ms_advisor **out, ms_error *err) {
     *out = NULL;
+    if (!def->lm) seq = 1; /* a program's own model: a row is the unit */
     if (world < 1 || batch < 1 || seq < 1)
         return ms_fail(err, MS_ERR_INVALID,
                        "advisor: world %d, batch %d and sequence %d must be positive", world, batch,
                        seq);
     ms_advisor *a = xcalloc(1, sizeof *a);
-    a->cfg = *cfg;
+    a->def = *def;
+    if (def->lm) {
+        a->cfg = *def->lm;
+        a->def.lm = &a->cfg;
+    }
     a->world = world;
     a->batch = batch;
     a->seq = seq;
@@ -70,7 +76,8 @@ static ms_plan_problem problem(ms_advisor *a) {
                              .dtype = MS_PLAN_FP32,
                              .cluster = &a->cluster,
                              .engine_workloads = true,
-                             .memo = a->memo};
+                             .memo = a->memo,
+                             .def = a->def.lm ? NULL : &a->def};
 }
 
 ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estimate *out,
@@ -307,7 +314,7 @@ static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_pl
                 ms_strategy v = base;
                 v.zero = z, v.recompute = (uint8_t)r, v.precision = (uint8_t)p;
                 if ((!z && r == MS_RECOMPUTE_NONE && p == base.precision) ||
-                    ms_strategy_validate(&v, &a->cfg, job, 0, NULL) != MS_OK ||
+                    ms_strategy_validate_def(&v, &a->def, job, 0, NULL) != MS_OK ||
                     ms_plan_estimate_one(pb, &v, scales, &trial, &err) != MS_OK ||
                     trial.mem_total > cap || (found && trial.step_s >= est->step_s))
                     continue;
@@ -318,16 +325,18 @@ static bool fit_memory(const ms_advisor *a, const ms_job_shape *job, const ms_pl
 
 /* The strategies weighed on this world: every dp x tp x cp mesh (with and without sp), alone
  * and on pipeline stages (pp 2, 4, 8 dividing the world and the layers; 1f1b with pp or 2 pp
- * micro-batches, which keep the bubble at a third or a fifth of a step or less). */
+ * micro-batches, which keep the bubble at a third or a fifth of a step or less). A program's
+ * own model has no sequence to split: dp x tp meshes without sp, on stages likewise. */
 static int candidates(const ms_advisor *a, ms_strategy *out, int cap) {
     int n = 0;
+    const bool lm = a->def.lm != NULL;
     for (int pp = 1; pp <= 8 && pp <= a->world; pp *= 2) {
-        if (a->world % pp || a->cfg.n_layer % pp) continue;
+        if (a->world % pp || a->def.n_blocks % pp) continue;
         int stage = a->world / pp;
         for (int tp = 1; tp <= stage; tp++)
-            for (int cp = 1; tp * cp <= stage; cp++) {
+            for (int cp = 1; tp * cp <= stage && (lm || cp == 1); cp++) {
                 if (stage % (tp * cp)) continue;
-                for (int sp = 0; sp <= (tp > 1); sp++)
+                for (int sp = 0; sp <= (lm && tp > 1); sp++)
                     for (int mi = 0; mi < (pp > 1 ? 2 : 1) && n < cap; mi++) {
                         ms_strategy s;
                         if (ms_strategy_init(&s, stage / (tp * cp), tp, cp, sp, NULL) != MS_OK)
@@ -448,14 +457,14 @@ static int suggest(const ms_advisor *a, const ms_plan_problem *pb, const ms_stra
         /* the job's precision stays unless memory asks for bf16 (fit_memory); the current
          * mesh itself is weighed too, for a variant of it that fits */
         s.precision = cur.precision;
-        if (ms_strategy_validate(&s, &a->cfg, &job, 0, NULL) != MS_OK) continue;
+        if (ms_strategy_validate_def(&s, &a->def, &job, 0, NULL) != MS_OK) continue;
         /* its variants are validated where they are made */
         if (!fit_memory(a, &job, pb, cap, &s, cand) || ms_strategy_equal(&s, &cur)) continue;
         double gain = (measured_step_s - cand->step_s) / measured_step_s;
         /* never a strategy the job's switch would refuse: the validator has the last word,
          * memory cap included (this compiles the program: only for winners) */
         if ((!over && gain < threshold) ||
-            ms_strategy_validate(&s, &a->cfg, &job, cap, NULL) != MS_OK)
+            ms_strategy_validate_def(&s, &a->def, &job, cap, NULL) != MS_OK)
             continue;
         fill_suggestion(&tmp[nt++], current, &s, cur_e, cand, &a->scales, measured_step_s, cap);
     }

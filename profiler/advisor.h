@@ -48,9 +48,12 @@
 
 typedef struct ms_advisor ms_advisor;
 
-/* The job: model, world size (thread ranks), global batch and sequence, and the cluster the
- * model is priced on (cpu-local for the threads backend; copied). */
-ms_status ms_advisor_create(const ms_model_config *cfg, int world, int batch, int seq,
+/* The job: its model (any def, engine/model/model.h: a built-in one's config is priced as the
+ * planner prices it, a program's own model from its compiled program; the def is copied, what
+ * it borrows must outlive the advisor, a built-in config is copied too), world size (thread
+ * ranks), global batch and sequence (a program's own model counts rows: seq is not read), and
+ * the cluster the model is priced on (cpu-local for the threads backend; copied). */
+ms_status ms_advisor_create(const ms_model_def *def, int world, int batch, int seq,
                             const ms_cluster *cluster, ms_advisor **out, ms_error *err);
 void ms_advisor_destroy(ms_advisor *a);
 

@@ -13,6 +13,7 @@
 
 #include "engine/dist/dmesh.h"
 #include "engine/model/gpt.h"
+#include "engine/model/lm_def.h"
 #include "engine/model/strategy.h"
 #include "profiler/advisor.h"
 #include "engine/core/device.h"
@@ -25,6 +26,14 @@
 #ifndef MS_SOURCE_DIR
 #define MS_SOURCE_DIR "."
 #endif
+
+/* An advisor for a built-in model's config (its def borrows cfg only while it is made). */
+static ms_status lm_advisor(const ms_model_config *cfg, int world, int batch, int seq,
+                            const ms_cluster *c, ms_advisor **out, ms_error *err) {
+    ms_model_def d;
+    MS_CHECK(ms_model_def_from_config(cfg, seq, &d, err));
+    return ms_advisor_create(&d, world, batch, seq, c, out, err);
+}
 
 static ms_model_config gpt_tiny(void) {
     /* configs/gpt-tiny.json */
@@ -891,7 +900,7 @@ static void slow_tp4_open(slow_tp4 *t) {
     ms_model_config cfg = gpt_tiny();
     ms_cluster c = cpu_cluster();
     ms_error err = {0};
-    assert_int_equal(ms_advisor_create(&cfg, 4, 8, 64, &c, &t->adv, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, 8, 64, &c, &t->adv, &err), MS_OK);
     assert_int_equal(ms_strategy_init(&t->cur, 1, 4, 1, false, &err), MS_OK);
     assert_int_equal(ms_advisor_predict(t->adv, &t->cur, &t->pred, &err), MS_OK);
     assert_true(t->pred.comm_s[MS_PLAN_TP] > 0);
@@ -973,7 +982,7 @@ static void advisor_moves_away_from_slow_tp(void **state) {
 
     /* measurements that agree with the model: the same strategy earns no tp penalty */
     ms_advisor *adv2;
-    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &c, &adv2, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, B, T, &c, &adv2, &err), MS_OK);
     synthetic_analysis(&pred, 1.0, 4, 5, &an, &step);
     int n2 = 0;
     assert_int_equal(
@@ -1038,8 +1047,8 @@ static void advisor_discounts_an_inflated_sync(void **state) {
     ms_advisor *honest, *adv;
     ms_error err = {0};
     const int B = 8, T = 64;
-    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &truth, &honest, &err), MS_OK);
-    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &busy, &adv, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, B, T, &truth, &honest, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, B, T, &busy, &adv, &err), MS_OK);
     ms_strategy cur;
     assert_int_equal(ms_strategy_init(&cur, 1, 4, 1, false, &err), MS_OK);
     ms_plan_estimate real, inflated;
@@ -1090,7 +1099,7 @@ static void advisor_fits_memory_with_zero(void **state) {
     ms_advisor *adv;
     ms_error err = {0};
     const int B = 8, T = 64;
-    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
     ms_strategy cur, dp4 = knobs(4, 1, 1, 1, false, 0, false, 1, true, MS_PLAN_FP32), z3 = dp4;
     z3.zero = 3;
     ms_plan_estimate pred, e0, e3;
@@ -1137,7 +1146,7 @@ static void advisor_fits_memory_with_bf16(void **state) {
     ms_advisor *adv;
     ms_error err = {0};
     const int B = 8, T = 64;
-    assert_int_equal(ms_advisor_create(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, B, T, &c, &adv, &err), MS_OK);
     ms_strategy lean = knobs(4, 1, 1, 1, false, 3, true, 1, true, MS_PLAN_FP32), half = lean;
     lean.recompute = MS_RECOMPUTE_FULL;
     half.recompute = MS_RECOMPUTE_FULL;
@@ -1196,7 +1205,7 @@ static void advisor_learns_dp_overlap(void **state) {
     ms_cluster c = cpu_cluster();
     ms_advisor *adv;
     ms_error err = {0};
-    assert_int_equal(ms_advisor_create(&cfg, 4, 8, 64, &c, &adv, &err), MS_OK);
+    assert_int_equal(lm_advisor(&cfg, 4, 8, 64, &c, &adv, &err), MS_OK);
     ms_strategy plain, bucketed;
     assert_int_equal(ms_strategy_init(&plain, 4, 1, 1, false, &err), MS_OK);
     bucketed = plain;

@@ -15,7 +15,7 @@
 #include "engine/pipeline/balance.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/pipeline/simulate.h"
-#include "engine/plan/family.h"
+#include "engine/model/lm_layout.h"
 #include "engine/plan/validate.h"
 #include "engine/plan/workload.h"
 
@@ -52,6 +52,27 @@ ms_job_shape ms_plan_job(const ms_plan_problem *pb) {
     return (ms_job_shape){.world = pb->devices, .batch = pb->global_batch, .seq = pb->seq};
 }
 
+const ms_model_def *ms_plan_user_def(const ms_plan_problem *pb) {
+    return pb->def && !pb->def->lm ? pb->def : NULL;
+}
+
+ms_plan_problem ms_plan_problem_resolved(const ms_plan_problem *pb) {
+    ms_plan_problem r = *pb;
+    if (pb->def && pb->def->lm) {
+        r.model = *pb->def->lm;
+        r.def = NULL;
+    } else if (pb->def) {
+        r.seq = 1; /* a row is the unit a step counts */
+    }
+    return r;
+}
+
+ms_status ms_plan_check(const ms_plan_problem *pb, const ms_strategy *s, ms_error *err) {
+    ms_job_shape job = ms_plan_job(pb);
+    const ms_model_def *d = ms_plan_user_def(pb);
+    return d ? ms_strategy_check_def(s, d, &job, err) : ms_strategy_check(s, &pb->model, &job, err);
+}
+
 bool ms_plan_executable(const ms_plan_problem *pb, const ms_strategy *s, char *why, size_t len) {
     char dummy[8];
     if (!why) why = dummy, len = sizeof dummy;
@@ -68,7 +89,10 @@ bool ms_plan_executable(const ms_plan_problem *pb, const ms_strategy *s, char *w
     }
     ms_error e = {0};
     ms_job_shape job = ms_plan_job(pb);
-    if (ms_strategy_validate(s, &pb->model, &job, 0, &e) == MS_OK) return true;
+    const ms_model_def *d = ms_plan_user_def(pb);
+    if ((d ? ms_strategy_validate_def(s, d, &job, 0, &e)
+           : ms_strategy_validate(s, &pb->model, &job, 0, &e)) == MS_OK)
+        return true;
     snprintf(why, len, "%s", e.msg);
     return false;
 }
@@ -114,8 +138,8 @@ double ms_plan_model_flops(const ms_model_config *c, double batch, double seq) {
      * 4), and the scores and weighted values, 4 s x (query heads x head size) forward, 3x that
      * in all (GPT-2: 24 h^2 + 4 s h per layer forward, the logits 2 h V: the hand count
      * 72 B s l h^2 (1 + s/(6h)) + 6 B s h V); BERT's head only on its masked positions */
-    ms_plan_family f;
-    ms_plan_family_of(c, 1, (int)seq, &f);
+    ms_lm_layout f;
+    ms_lm_layout_of(c, 1, (int)seq, &f);
     double lin = 0, s = seq, tokens = batch * seq;
     double head_tokens = f.head_rows ? batch * (double)f.head_rows : tokens;
     for (int i = 0; i < f.n_lin; i++) lin += (double)f.lin[i].k * f.lin[i].n;
@@ -287,12 +311,12 @@ static void add_elt(ms_plan_workload *w, ms_oprate rate, int op, ms_k_cost f, ms
 
 /* The closed form, one micro-batch on the busiest stage (its layers, the head, and the
  * embedding when pp = 1), with the kernels the engine runs for the model's family
- * (family.h): each through its op's own cost function. */
+ * (engine/model/lm_layout.h): each through its op's own cost function. */
 typedef struct analytic {
     const ms_plan_problem *pb;
     const ms_strategy *s;
     ms_plan_workload *w;
-    ms_plan_family f;
+    ms_lm_layout f;
     int t, cp, p, mb, n_micro;
     /* rc: the share of the stage's layers full recompute runs again (0: none, 1: all; less
      * with recompute_layers); sel: selective recompute; vp: a vocab-parallel head */
@@ -307,10 +331,10 @@ typedef struct analytic {
 } analytic;
 
 /* A linear layer's local shape on one tp rank: rows x n, reduction k. */
-static void linear_local(const analytic *z, const fam_linear *l, int64_t *n, int64_t *k) {
+static void linear_local(const analytic *z, const ms_lm_linear *l, int64_t *n, int64_t *k) {
     int64_t t = z->t;
-    *n = l->split == FAM_COLUMN ? l->n / t : l->n;
-    *k = l->split == FAM_ROW ? l->k / t : l->k;
+    *n = l->split == MS_LM_COLUMN ? l->n / t : l->n;
+    *k = l->split == MS_LM_ROW ? l->k / t : l->k;
 }
 
 static void add_norm(analytic *z, int64_t rows, double rc, double count) {
@@ -350,10 +374,10 @@ static void add_bias_dropout_add(analytic *z, int64_t rows, int64_t n, double rc
 /* A linear layer's bias as the builder adds it: its own op, inside bias_dropout_add (with a
  * residual add and dropout), or inside bias_gelu (priced with the activation). Returns
  * whether it took a residual add. */
-static bool add_linear_bias(analytic *z, const fam_linear *l, int64_t n, double count) {
-    int64_t rows = l->split == FAM_COLUMN ? z->tok : z->tok_sp;
-    if (!l->bias || l->fuse == FAM_FUSE_GELU) return false;
-    if (l->fuse == FAM_FUSE_RESIDUAL) {
+static bool add_linear_bias(analytic *z, const ms_lm_linear *l, int64_t n, double count) {
+    int64_t rows = l->split == MS_LM_COLUMN ? z->tok : z->tok_sp;
+    if (!l->bias || l->fuse == MS_LM_FUSE_GELU) return false;
+    if (l->fuse == MS_LM_FUSE_RESIDUAL) {
         add_bias_dropout_add(z, rows, n, z->rc, count);
         return true;
     }
@@ -372,7 +396,7 @@ static int64_t cp_q_start(const analytic *z) {
  * gathers k and v whole (the last shard's queries see every key before them). kv heads that
  * do not divide tp are all on every tp rank, the query heads split. */
 static void analytic_attention(analytic *z) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     const ms_cluster *cl = z->pb->cluster;
     const int64_t cp_heads = f->gqa ? 1 : z->cp; /* cp splits packed heads, not GQA's */
     int64_t split = (int64_t)z->t * cp_heads, kv_split = f->kv_whole ? cp_heads : split;
@@ -421,7 +445,7 @@ static void analytic_attention(analytic *z) {
  * linears and the output projection) and their biases, the MLP activation, the residual adds
  * and dropouts that no fused operator took. */
 static void analytic_layers(analytic *z) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     const int64_t tok = z->tok, tok_sp = z->tok_sp, h = z->h;
     const double rc = z->rc;
     const double L = z->L;
@@ -433,13 +457,13 @@ static void analytic_layers(analytic *z) {
     add_norm(z, whole ? tok : tok_sp, rc, f->norms * L);
     if (whole) add_stream(z, MS_OP_ADD, MS_OPRATE_STREAM, MS_K_ADD, tok * h, rc, L), adds--;
     for (int i = 0; i < f->n_lin; i++) {
-        const fam_linear *l = &f->lin[i];
+        const ms_lm_linear *l = &f->lin[i];
         int64_t n, k;
         linear_local(z, l, &n, &k);
         if (i == f->attn_at) analytic_attention(z); /* the output projection reads it */
         add_gemm_op(z->w, f->linear_op ? MS_OP_LINEAR : MS_OP_MATMUL, tok, n, k, rc, L);
         adds -= add_linear_bias(z, l, n, L);
-        act_fused |= l->bias && l->fuse == FAM_FUSE_GELU;
+        act_fused |= l->bias && l->fuse == MS_LM_FUSE_GELU;
     }
     int64_t width = f->act_width / (z->t > 1 ? z->t : 1), act = tok * width;
     if (f->act_op == MS_OP_SWIGLU)
@@ -509,7 +533,7 @@ static void analytic_head(analytic *z) {
  * outputs, all-reduced in the backward), the vocab-parallel lookup's reduction, the head
  * input's gradient, and the vocab-parallel cross-entropy's three row reductions. */
 static void analytic_tp_rest(const analytic *z) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
     /* the head's rows on this rank (BERT's gathered ones split over cp) */
@@ -542,13 +566,13 @@ static void analytic_tp_rest(const analytic *z) {
  * cp, GPT-2's and BERT's attention output projection sums on the cp head shard: its partial
  * sum is reduce-scattered over tp, moved back to the sequence shard and all-gathered. */
 static void analytic_tp(const analytic *z, double passes_f) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     const double x = (double)z->tok * z->h * z->ab;
     double fwd = 0, bwd = 0, split = z->cp > 1 && !f->gqa ? 1 : 0;
     for (int i = 0; i < f->n_lin; i++) {
-        const fam_linear *l = &f->lin[i];
-        fwd += l->split == FAM_ROW;
-        bwd += l->split == FAM_COLUMN && !l->same_input;
+        const ms_lm_linear *l = &f->lin[i];
+        fwd += l->split == MS_LM_ROW;
+        bwd += l->split == MS_LM_COLUMN && !l->same_input;
     }
     wk_coll_add(z->w, MS_COLL_ALL_REDUCE, MS_PLAN_TP, WK_IN_MB, z->t, x,
                 z->L * ((fwd - split) * passes_f + bwd));
@@ -563,12 +587,12 @@ static void analytic_tp(const analytic *z, double passes_f) {
  * scattered onto it; backward, the row outputs' gradients all-gathered and the groups' input
  * gradients all-reduced (the engine runs the norms on whole sequences); then as without sp. */
 static void analytic_megatron_sp(const analytic *z, double passes_f) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     const double x = (double)z->tok * z->h * z->ab, L = z->L;
     double rows = 0, groups = 0;
     for (int i = 0; i < f->n_lin; i++) {
-        rows += f->lin[i].split == FAM_ROW;
-        groups += f->lin[i].split == FAM_COLUMN && !f->lin[i].same_input;
+        rows += f->lin[i].split == MS_LM_ROW;
+        groups += f->lin[i].split == MS_LM_COLUMN && !f->lin[i].same_input;
     }
     wk_coll_add(z->w, MS_COLL_REDUCE_SCATTER, MS_PLAN_TP, WK_IN_MB, z->t, x, L * rows * passes_f);
     wk_coll_add(z->w, MS_COLL_ALL_GATHER, MS_PLAN_TP, WK_IN_MB, z->t, x,
@@ -602,7 +626,7 @@ static sp_layout sp_layout_of(double x, double w, double out, int t) {
 }
 
 /* The layout of the column-parallel linear `col`, its input the gathered stream. */
-static sp_layout sp_column_layout(const analytic *z, const fam_linear *col) {
+static sp_layout sp_column_layout(const analytic *z, const ms_lm_linear *col) {
     const double tok = (double)z->tok, ab = z->ab;
     return sp_layout_of(tok * z->h * ab, (double)col->k * col->n * ab, tok * col->n * ab, z->t);
 }
@@ -610,9 +634,9 @@ static sp_layout sp_column_layout(const analytic *z, const fam_linear *col) {
 /* One column-parallel linear (lin[c]) and the row-parallel one after it (lin[r]) under sp in
  * `layout`, L layers. Returns the replicated parameters whose gradients are all-reduced. */
 static double sp_group(const analytic *z, int c, int r, sp_layout layout, double passes_f) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     ms_plan_workload *w = z->w;
-    const fam_linear *col = &f->lin[c], *row = &f->lin[r];
+    const ms_lm_linear *col = &f->lin[c], *row = &f->lin[r];
     const int t = z->t;
     const double L = z->L, tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
     double repl = row->bias ? (double)row->n : 0;
@@ -661,7 +685,7 @@ static sp_layout sp_head_layout(const analytic *z) {
  * the table and sums its gradient whole). Gathering the table (when its bytes are within the
  * ids') is not modelled. */
 static void sp_lookup(const analytic *z, double first) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
     const double tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
@@ -683,7 +707,7 @@ static void sp_lookup(const analytic *z, double first) {
  * output gathered, or both all-to-all'ed and the logits reduce-scattered over the vocabulary;
  * the vocab-parallel loss's three row reductions then. */
 static void sp_head(const analytic *z, double last) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
     const double tok = (double)z->tok, ab = z->ab, x = tok * z->h * ab;
@@ -715,15 +739,15 @@ static void sp_head(const analytic *z, double last) {
  * sharded, each column-parallel linear in the layout sp_layout_of picks for it; replicated
  * parameters' gradients are all-reduced. */
 static void analytic_sp(const analytic *z, double passes_f) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     ms_plan_workload *w = z->w;
     const int t = z->t;
     const double L = z->L, h = (double)z->h, ab = z->ab;
     double repl = (double)f->norms * f->norm_params * h;
     for (int c = 0; c < f->n_lin; c++) {
-        if (f->lin[c].split != FAM_COLUMN) continue;
+        if (f->lin[c].split != MS_LM_COLUMN) continue;
         int r = c + 1;
-        while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
+        while (r < f->n_lin && f->lin[r].split != MS_LM_ROW) r++;
         if (r == f->n_lin) break;
         repl += sp_group(z, c, r, sp_column_layout(z, &f->lin[c]), passes_f);
     }
@@ -766,7 +790,7 @@ static void analytic_sp(const analytic *z, double passes_f) {
  * queries stay on the sequence shard while k and v are gathered whole (their gradients
  * reduce-scattered back). */
 static void analytic_cp(const analytic *z, double passes_f) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     const int t = z->t, cp = z->cp;
     const double L = z->L, tok = (double)z->tok, ab = z->ab;
     if (f->gqa) {
@@ -862,16 +886,16 @@ static void analytic_state(const analytic *z) {
     ms_plan_workload *w = z->w;
     const ms_plan_problem *pb = z->pb;
     const ms_strategy *s = z->s;
-    const ms_plan_family *f = &z->f;
-    double layers = z->L * ms_plan_family_layer_params(f, z->t);
-    double first = ms_plan_family_first_params(f, z->t, z->vp),
-           last = ms_plan_family_last_params(f, z->t, z->vp);
+    const ms_lm_layout *f = &z->f;
+    double layers = z->L * ms_lm_layout_layer_params(f, z->t);
+    double first = ms_lm_layout_first_params(f, z->t, z->vp),
+           last = ms_lm_layout_last_params(f, z->t, z->vp);
     double wte = (double)z->V * z->h / (z->vp ? z->t : 1);
     double psi = z->p == 1 ? layers + first + last - (f->tied ? wte : 0) : layers + last;
     int nz = s->dp; /* ZeRO shards over dp */
     double gb = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
-    int tensors = (int)z->L * ms_plan_family_layer_tensors(f) + ms_plan_family_last_tensors(f);
-    if (z->p == 1) tensors += ms_plan_family_first_tensors(f) - (f->tied ? 1 : 0);
+    int tensors = (int)z->L * ms_lm_layout_layer_tensors(f) + ms_lm_layout_last_tensors(f);
+    if (z->p == 1) tensors += ms_lm_layout_first_tensors(f) - (f->tied ? 1 : 0);
     analytic_grad_sync(z, psi, wte, grad_calls(z, psi, tensors), tensors);
     if (s->bucket_mb > 0 && (s->dp > 1) != (s->cp > 1)) /* the buckets' buffer, ZeRO's shards */
         w->mem_other += psi * gb * (1 + (s->zero >= 2 ? 1.0 / s->dp : 0));
@@ -886,15 +910,15 @@ static void analytic_state(const analytic *z) {
 
 /* The column-parallel groups of a layer under sp (GPT-2, BERT): lin[c] and the row-parallel
  * lin[r] after it, each in its layout; fn receives each. */
-typedef double (*sp_group_fn)(const analytic *z, const fam_linear *col, bool attention,
+typedef double (*sp_group_fn)(const analytic *z, const ms_lm_linear *col, bool attention,
                               sp_layout layout);
 static double sp_groups_sum(const analytic *z, sp_group_fn fn) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     double sum = 0;
     for (int c = 0; c < f->n_lin; c++) {
-        if (f->lin[c].split != FAM_COLUMN) continue;
+        if (f->lin[c].split != MS_LM_COLUMN) continue;
         int r = c + 1;
-        while (r < f->n_lin && f->lin[r].split != FAM_ROW) r++;
+        while (r < f->n_lin && f->lin[r].split != MS_LM_ROW) r++;
         if (r == f->n_lin) break;
         sum += fn(z, &f->lin[c], r == f->attn_at, sp_column_layout(z, &f->lin[c]));
     }
@@ -904,7 +928,7 @@ static double sp_groups_sum(const analytic *z, sp_group_fn fn) {
 /* Values per token a group keeps beyond its sharded outputs: the copies its reshards make
  * (attention's inputs and output moved to a batch shard; a gathered input; an input moved to
  * the k dim) and the partial sums before their reduce-scatter. */
-static double sp_group_values(const analytic *z, const fam_linear *col, bool attention,
+static double sp_group_values(const analytic *z, const ms_lm_linear *col, bool attention,
                               sp_layout layout) {
     double t = z->t, h = (double)z->h;
     if (layout == SP_GATHER_WEIGHT) return attention ? ((double)col->n + h) / t : 0;
@@ -914,7 +938,7 @@ static double sp_group_values(const analytic *z, const fam_linear *col, bool att
 
 /* Elements of the weights a group keeps for its backward: gathered whole, or moved to the k
  * dim (its shard). */
-static double sp_group_weights(const analytic *z, const fam_linear *col, bool attention,
+static double sp_group_weights(const analytic *z, const ms_lm_linear *col, bool attention,
                                sp_layout layout) {
     (void)attention;
     double wc = (double)col->k * col->n, wr = wc * z->h / col->n; /* the row linear: n x h */
@@ -934,7 +958,7 @@ static double sp_values(const analytic *z) {
  * layout) every linear runs on a sequence shard, and attention's inputs arrive as a second
  * copy (all-to-all to heads, or k and v gathered). */
 static double layer_values(const analytic *z, bool scores) {
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     const bool sp = z->s->sp && z->t > 1;
     double t = z->t, h = (double)z->h, hsp = sp ? h / t : h, hs = f->head_dim;
     /* packed attention runs on whole sequences of heads / (tp x cp) (cp rows per local token);
@@ -945,20 +969,20 @@ static double layer_values(const analytic *z, bool scores) {
     double whole = sp && f->megatron_sp ? h : hsp;
     double v = f->norms * whole + whole + hsp + f->act_width / t + lh * hs * rows;
     for (int i = 0; i < f->n_lin; i++) {
-        const fam_linear *l = &f->lin[i];
-        bool shard = l->split == FAM_COLUMN || (sp && l->split != FAM_WHOLE);
+        const ms_lm_linear *l = &f->lin[i];
+        bool shard = l->split == MS_LM_COLUMN || (sp && l->split != MS_LM_WHOLE);
         /* a fused bias's output is the activation's or the residual's, counted with them */
-        v += (shard ? l->n / t : l->n) * (l->bias && l->fuse == FAM_FUSE_NONE ? 2 : 1);
+        v += (shard ? l->n / t : l->n) * (l->bias && l->fuse == MS_LM_FUSE_NONE ? 2 : 1);
         if (t > 1 && !sp) /* the all-reduced copies: outputs, and column groups' input grads */
-            v += h * ((l->split == FAM_ROW) + (l->split == FAM_COLUMN && !l->same_input));
+            v += h * ((l->split == MS_LM_ROW) + (l->split == MS_LM_COLUMN && !l->same_input));
     }
     if (f->gqa) v += (lh + lkv) * hs + (z->cp > 1 ? 2 * lkv * hs * z->cp : 0);
     if (!f->gqa && z->cp > 1) v += (3 * h + h) / t; /* qkv and the output, moved over cp */
     if (sp && f->gqa) v += 2.0 * f->kv_heads * hs;
     if (sp && f->megatron_sp) /* each group's gathered input, each row output's partial sum */
         for (int i = 0; i < f->n_lin; i++)
-            v += h * ((f->lin[i].split == FAM_ROW) +
-                      (f->lin[i].split == FAM_COLUMN && !f->lin[i].same_input));
+            v += h * ((f->lin[i].split == MS_LM_ROW) +
+                      (f->lin[i].split == MS_LM_COLUMN && !f->lin[i].same_input));
     if (sp && !f->megatron_sp) v += sp_values(z);
     if (scores) v += lh * z->S * rows;
     return v;
@@ -975,7 +999,7 @@ static double layer_values(const analytic *z, bool scores) {
 static void analytic_activations(const analytic *z) {
     const ms_cluster *cl = z->pb->cluster;
     const ms_strategy *s = z->s;
-    const ms_plan_family *f = &z->f;
+    const ms_lm_layout *f = &z->f;
     bool scores = !(cl->flash_attention || z->sel), sp = s->sp && z->t > 1;
     double tok = (double)z->tok, ab = z->ab, h = (double)z->h, hsp = sp ? h / z->t : h;
     double layer = layer_values(z, scores) * tok * ab;
@@ -994,7 +1018,7 @@ static void analytic_activations(const analytic *z) {
     double logits = 2.0 * rows * vl * 4;
     double gathered = 0;
     if (sp) gathered += z->L * ab * (f->megatron_sp ? 0 : sp_groups_sum(z, sp_group_weights));
-    if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_plan_family_layer_params(f, z->t) * ab;
+    if (s->zero >= 3 && s->dp > 1) gathered += 2 * ms_lm_layout_layer_params(f, z->t) * ab;
     /* at the start of the backward every value is alive; under full recompute the head's are
      * freed before the layers' are made again, one layer at a time */
     double head = ends * tok * ab + transform + logits, work_b = work * tok * ab;
@@ -1015,7 +1039,7 @@ static void analytic_activations(const analytic *z) {
 void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w) {
     wk_reset(w);
     analytic z = {.pb = pb, .s = s, .w = w, .t = s->tp, .cp = s->cp, .p = s->pp};
-    ms_plan_family_of(&pb->model, s->tp, pb->seq, &z.f);
+    ms_lm_layout_of(&pb->model, s->tp, pb->seq, &z.f);
     z.rc = s->recompute == MS_RECOMPUTE_FULL;
     z.sel = s->recompute == MS_RECOMPUTE_SELECTIVE; /* attention's core again */
     z.vp = z.t > 1 && !s->head_replicated;
@@ -1049,6 +1073,8 @@ void wk_analytic(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_worklo
 
 typedef struct memo_entry {
     ms_model_config model;
+    bool has_def; /* a program's own model: def, not model */
+    ms_model_def def;
     int batch, seq;
     ms_strategy s;
     ms_plan_workload w;
@@ -1124,7 +1150,16 @@ static double kernel_bytes(const ms_plan_problem *pb, const wk_kernel *e) {
     return !pb->cluster->cpu && pb->dtype == MS_PLAN_BF16 ? 0.5 * e->bytes : e->bytes;
 }
 
-static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
+/* Whether the model's attention is causal (the layout's `causal`: BERT's is bidirectional); a
+ * program's own model's attention is priced whole. */
+static bool causal_attention(const ms_plan_problem *pb, const ms_strategy *s) {
+    if (ms_plan_user_def(pb)) return false;
+    ms_lm_layout f;
+    ms_lm_layout_of(&pb->model, s->tp, pb->seq, &f);
+    return f.causal;
+}
+
+static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e, bool causal) {
     const ms_cluster *c = pb->cluster;
     int r = pb->devices;
     switch (e->cls) {
@@ -1142,7 +1177,7 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e) {
              * launch, the tiles of all items in flight), not like that many small GEMMs: BERT's
              * 128 x 128 x 64 heads would otherwise pay a launch and a small tile's efficiency
              * each. */
-            double frac = c->causal_skip && pb->model.model_type != MS_MODEL_BERT ? 0.5 : 1.0;
+            double frac = c->causal_skip && causal ? 0.5 : 1.0;
             if (e->op == MS_OP_GQA_ATTENTION && c->causal_skip && e->m * e->n > 0)
                 /* the pairs its cost function counts (a causal cp shard sees a prefix of keys)
                  * over the m n x n it would without the mask */
@@ -1178,9 +1213,10 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     double cls_mb[MS_PC_COUNT] = {0}, dim_mb[MS_PLAN_DIM_COUNT] = {0};
     double grad[MS_PLAN_DIM_COUNT] = {0}, stepc[MS_PLAN_DIM_COUNT] = {0};
     double bwd_mb = 0, fwd_mb = 0, wgrad_mb = 0;
+    const bool causal = causal_attention(pb, s);
     for (int i = 0; i < w->nk; i++) {
         const wk_kernel *e = &w->k[i];
-        double t = kernel_time(pb, e) * e->count * sc->compute[e->cls];
+        double t = kernel_time(pb, e, causal) * e->count * sc->compute[e->cls];
         cls_mb[e->cls] += t;
         if (e->phase == WK_BWD) bwd_mb += t;
         if (e->phase == WK_FWD) fwd_mb += t;
@@ -1294,12 +1330,21 @@ void ms_plan_memo_destroy(ms_plan_memo *m) {
 }
 
 static bool same_model(const ms_model_config *a, const ms_model_config *b) {
-    return a->model_type == b->model_type && a->n_layer == b->n_layer && a->n_head == b->n_head &&
-           a->n_embd == b->n_embd && a->vocab_size == b->vocab_size &&
-           a->n_kv_head == b->n_kv_head && a->intermediate_size == b->intermediate_size &&
-           a->tie_word_embeddings == b->tie_word_embeddings && a->n_positions == b->n_positions &&
-           a->resid_pdrop == b->resid_pdrop && a->attn_pdrop == b->attn_pdrop &&
-           a->embd_pdrop == b->embd_pdrop;
+    return ms_lm_same_model(a, b);
+}
+
+/* Whether two defs are one model: the same hooks and user data, name, blocks and inputs. */
+static bool same_def(const ms_model_def *a, const ms_model_def *b) {
+    return a->hooks == b->hooks && a->user == b->user && a->n_blocks == b->n_blocks &&
+           a->ninputs == b->ninputs && !strcmp(a->name, b->name) && !strcmp(a->tied, b->tied) &&
+           !memcmp(a->inputs, b->inputs, sizeof a->inputs[0] * (size_t)a->ninputs);
+}
+
+/* Whether a memo entry is of the problem's model. */
+static bool same_problem_model(const memo_entry *e, const ms_plan_problem *pb) {
+    const ms_model_def *d = ms_plan_user_def(pb);
+    if (d) return e->has_def && same_def(&e->def, d);
+    return !e->has_def && same_model(&e->model, &pb->model);
 }
 
 static int memo_stage_layers(ms_plan_memo *memo, const ms_model_config *c, int p, int v) {
@@ -1321,8 +1366,8 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
                                ms_error *err) {
     ms_plan_memo *m = pb->memo;
     for (memo_entry *e = m ? m->head : NULL; e; e = e->next)
-        if (same_model(&e->model, &pb->model) && e->batch == pb->global_batch &&
-            e->seq == pb->seq && ms_strategy_equal(&e->s, s)) {
+        if (same_problem_model(e, pb) && e->batch == pb->global_batch && e->seq == pb->seq &&
+            ms_strategy_equal(&e->s, s)) {
             *w = &e->w;
             *st = &e->st;
             return MS_OK;
@@ -1340,6 +1385,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
         return st2;
     }
     e->model = pb->model;
+    if (ms_plan_user_def(pb)) e->has_def = true, e->def = *ms_plan_user_def(pb);
     e->batch = pb->global_batch;
     e->seq = pb->seq;
     e->s = *s;
@@ -1352,6 +1398,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
 
 /* Whether the engine's program may be compiled for this problem (small enough to build here). */
 static bool engine_sized(const ms_plan_problem *pb) {
+    if (ms_plan_user_def(pb)) return true; /* no closed form: its program is all there is */
     double params = ms_plan_model_params(&pb->model);
     double act = (double)pb->global_batch * pb->seq * pb->model.n_embd * pb->model.n_layer * 40.0;
     return pb->engine_workloads && params * 4 < (1u << 30) && act < 4.0 * (1u << 30);
@@ -1359,8 +1406,9 @@ static bool engine_sized(const ms_plan_problem *pb) {
 
 ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy *s,
                                    ms_plan_engine_stats *out, ms_error *err) {
-    ms_job_shape job = ms_plan_job(pb);
-    MS_CHECK(ms_strategy_check(s, &pb->model, &job, err));
+    ms_plan_problem rp = ms_plan_problem_resolved(pb);
+    pb = &rp;
+    MS_CHECK(ms_plan_check(pb, s, err));
     ms_plan_workload *scratch = xmalloc(sizeof *scratch);
     const ms_plan_workload *w;
     const ms_plan_engine_stats *st;
@@ -1371,13 +1419,29 @@ ms_status ms_plan_engine_stats_get(const ms_plan_problem *pb, const ms_strategy 
     return rc;
 }
 
+/* A program's own model's FLOPs per step: its whole program on one rank (no recompute) over the
+ * global batch, forward and backward, compiled once per memo: what the model computes, however
+ * a strategy splits or repeats it. 0 when it does not compile. */
+static double def_model_flops(const ms_plan_problem *pb) {
+    ms_strategy whole;
+    ms_strategy_defaults(&whole);
+    ms_plan_workload *scratch = xmalloc(sizeof *scratch);
+    const ms_plan_workload *w;
+    const ms_plan_engine_stats *st;
+    ms_plan_engine_stats tmp;
+    ms_error err = {0};
+    double flops = engine_cached(pb, &whole, &w, &st, scratch, &tmp, &err) == MS_OK ? st->flops : 0;
+    free(scratch);
+    return flops;
+}
+
 ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy *s,
                                const ms_plan_scales *scales, ms_plan_estimate *out, ms_error *err) {
     memset(out, 0, sizeof *out);
-    ms_job_shape job = ms_plan_job(problem);
-    MS_CHECK(ms_strategy_check(s, &problem->model, &job, err));
     /* priced at the strategy's own precision */
-    ms_plan_problem at = *problem;
+    ms_plan_problem at = ms_plan_problem_resolved(problem);
+    MS_CHECK(ms_plan_check(&at, s, err));
+    const bool user = ms_plan_user_def(&at) != NULL;
     at.dtype = s->precision == MS_PRECISION_BF16 ? MS_PLAN_BF16 : MS_PLAN_FP32;
     const ms_plan_problem *pb = &at;
     ms_plan_scales id;
@@ -1390,7 +1454,7 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
     out->executable = ms_plan_executable(pb, s, out->not_executable, sizeof out->not_executable);
     ms_plan_workload *w = xmalloc(sizeof *w);
     ms_status st = MS_OK;
-    if (out->executable && engine_sized(pb)) {
+    if ((out->executable || user) && engine_sized(pb)) {
         const ms_plan_workload *cw;
         const ms_plan_engine_stats *es;
         ms_plan_engine_stats tmp;
@@ -1407,7 +1471,8 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
     price(pb, s, w, scales, out);
     if (s->offload) ms_plan_offload_price(pb, s, w, scales, out);
     out->tokens_per_s = (double)pb->global_batch * pb->seq / out->step_s;
-    out->model_flops = ms_plan_model_flops(&pb->model, pb->global_batch, pb->seq);
+    out->model_flops =
+        user ? def_model_flops(pb) : ms_plan_model_flops(&pb->model, pb->global_batch, pb->seq);
     out->hw_flops = w->hw_flops_step;
     out->model_tflops_per_device = out->model_flops / out->step_s / pb->devices / 1e12;
     out->hw_tflops_per_device = out->hw_flops / out->step_s / pb->devices / 1e12;
@@ -1427,9 +1492,12 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
 ms_status ms_plan_tally_get(const ms_plan_problem *problem, const ms_strategy *s, bool closed_form,
                             ms_plan_tally *out, ms_error *err) {
     memset(out, 0, sizeof *out);
-    ms_job_shape job = ms_plan_job(problem);
-    MS_CHECK(ms_strategy_check(s, &problem->model, &job, err));
-    ms_plan_problem pb = *problem;
+    ms_plan_problem pb = ms_plan_problem_resolved(problem);
+    MS_CHECK(ms_plan_check(&pb, s, err));
+    if (closed_form && ms_plan_user_def(&pb))
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s has no closed form: only its compiled program prices it",
+                       ms_plan_user_def(&pb)->name);
     pb.dtype = s->precision == MS_PRECISION_BF16 ? MS_PLAN_BF16 : MS_PLAN_FP32;
     ms_plan_workload *w = xmalloc(sizeof *w);
     ms_status st = MS_OK;
@@ -1455,10 +1523,9 @@ ms_status ms_plan_tally_get(const ms_plan_problem *problem, const ms_strategy *s
 }
 
 double ms_plan_model_params(const ms_model_config *c) {
-    ms_plan_family f;
-    ms_plan_family_of(c, 1, 0, &f);
+    ms_lm_layout f;
+    ms_lm_layout_of(c, 1, 0, &f);
     double wte = (double)f.vocab * f.h;
-    return c->n_layer * ms_plan_family_layer_params(&f, 1) +
-           ms_plan_family_first_params(&f, 1, false) + ms_plan_family_last_params(&f, 1, false) -
-           (f.tied ? wte : 0);
+    return c->n_layer * ms_lm_layout_layer_params(&f, 1) + ms_lm_layout_first_params(&f, 1, false) +
+           ms_lm_layout_last_params(&f, 1, false) - (f.tied ? wte : 0);
 }

@@ -38,11 +38,14 @@
  *              with the reshard planner's plan; memory is the program's arena, parameters and
  *              gradients as it stores them, plus AdamW's two moments over the optimizer's
  *              shards (ZeRO).
+ *              A program's own model (ms_plan_problem.def without `lm`) is priced only so:
+ *              its chunks compiled from shapes (ms_pp_chunk_model_def), whatever its size.
  *   analytic   everything else, and every model too large to compile here (GPT-3 175B,
  *              LLaMA-2 7B): the same kernels per layer in closed form, from the model family's
- *              layer description (family.h: GPT-2, BERT, LLaMA), each through the kernel's own
- *              cost function, with the collectives the engine's completion places for them, so
- *              both sources agree where both apply (tests/test_plan_families.c).
+ *              layer description (engine/model/lm_layout.h: GPT-2, BERT, LLaMA), each through
+ *              the kernel's own cost function, with the collectives the engine's completion
+ *              places for them, so both sources agree where both apply
+ *              (tests/test_plan_families.c).
  *
  * FLOPs reported: model FLOPs are the hand count of one forward and backward without
  * recompute, 6 per token per linear weight (layers and head) plus attention's 12 s (heads x
@@ -59,6 +62,7 @@
 
 #include "engine/core/status.h"
 #include "engine/model/config.h"
+#include "engine/model/model.h"
 #include "engine/model/strategy.h"
 #include "engine/plan/cluster.h"
 
@@ -102,7 +106,23 @@ typedef struct ms_plan_problem {
     /* The run neither clips the gradient norm nor skips non-finite steps: under offload the
      * host AdamW starts during backward, as each gradient reaches the host. */
     bool no_clip;
+    /* The model as a def (engine/model/model.h), or NULL: `model` above. A def with `lm` is
+     * that built-in config, priced exactly as `model` is. A def without one (a program's own
+     * model) has no closed form: every strategy is priced from its compiled program (the
+     * engine workload, whatever engine_workloads says), a step's tokens are its batch rows
+     * (seq 1), and `model` is not read. Borrowed. */
+    const ms_model_def *def;
 } ms_plan_problem;
+
+/* The problem's model when it is a def without a built-in config (a program's own model), else
+ * NULL: the built-in config `model` (or def->lm) is priced. */
+const ms_model_def *ms_plan_user_def(const ms_plan_problem *pb);
+/* pb with a def that carries a built-in config turned into that config (def NULL, model =
+ * *def->lm), and with a program's own model at seq 1: the form every entry point prices. */
+ms_plan_problem ms_plan_problem_resolved(const ms_plan_problem *pb);
+/* Checks s against the problem's model and job: ms_strategy_check_def for a program's own
+ * model, ms_strategy_check for a built-in config. */
+ms_status ms_plan_check(const ms_plan_problem *pb, const ms_strategy *s, ms_error *err);
 
 /* Learned corrections (the advisor's recalibration): each compute class and each mesh dim's
  * collective time is multiplied by its factor; overhead_s is added per step. */

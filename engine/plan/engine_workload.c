@@ -15,6 +15,10 @@
  *                gradient-norm all-reduce
  *   memory       the program's arena and persistent buffers, plus AdamW's two moments (the
  *                arena is recompute's saving: the recompiled program's, not a closed form)
+ *
+ * A program's own model (ms_plan_problem.def without `lm`) goes the same way: its chunks come
+ * from ms_pp_chunk_model_def, placed by its shard hook, and the parameter the first and last
+ * chunk share (def->tied) has its gradient all-reduced between them as the tied embedding.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -214,16 +218,25 @@ static ms_status add_reshards(ms_plan_workload *w, ms_plan_engine_stats *st, con
     return MS_OK;
 }
 
+/* Chunk k's blocks: the def's split for a program's own model, the config's otherwise. */
+static void chunk_layers(const ms_plan_problem *pb, const ms_strategy *s, int k, int *lo, int *hi) {
+    const ms_model_def *d = ms_plan_user_def(pb);
+    if (d)
+        ms_pp_chunk_layers_def(d, s, k, lo, hi);
+    else
+        ms_pp_chunk_layers(&pb->model, s, k, lo, hi);
+}
+
 /* The pipeline stage the step waits for: the one with the most layers, the last on a tie (it
  * also computes the head and the loss). */
-static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
+static int busiest_stage(const ms_plan_problem *pb, const ms_strategy *s) {
     int p = s->pp > 1 ? s->pp : 1, v = s->virtual_stages > 1 ? s->virtual_stages : 1;
     int best = 0, most = -1;
     for (int q = 0; q < p; q++) {
         int layers = 0;
         for (int c = 0; c < v; c++) {
             int lo, hi;
-            ms_pp_chunk_layers(cfg, s, c * p + q, &lo, &hi);
+            chunk_layers(pb, s, c * p + q, &lo, &hi);
             layers += hi - lo;
         }
         if (layers >= most) most = layers, best = q;
@@ -233,21 +246,26 @@ static int busiest_stage(const ms_model_config *cfg, const ms_strategy *s) {
 
 /* One chunk of the busiest stage, compiled from shapes for one micro-batch: its kernels and
  * reshards into w, its state's elements into state (parameters as stored, gradients, the
- * optimizer's shards: ZeRO divides them over dp by stage), its micro-batch arena into *arena
+ * optimizer's shards: ZeRO divides them over dp by stage; bf16 use-copy and gradient bytes; a
+ * program's own model's tied parameter on one tp rank), its micro-batch arena into *arena
  * and the scratch it shares with the stage's other micro-batches (inflight of them held at
  * once) into *scratch. */
 static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, const ms_mesh *mesh,
                            int rows, int k, int inflight, ms_plan_workload *w,
-                           ms_plan_engine_stats *stats, double state[5], double *arena,
+                           ms_plan_engine_stats *stats, double state[6], double *arena,
                            double *scratch, double *staging, double *persist, double *boundary,
                            ms_error *err) {
     ms_model model = {0};
     ms_program *prog = NULL;
     ms_status st;
-    MS_CHECK_GOTO(ms_pp_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
+    const ms_model_def *d = ms_plan_user_def(pb);
+    if (d)
+        MS_CHECK_GOTO(ms_pp_chunk_model_def(d, s, rows, k, &model, err), st, out);
+    else
+        MS_CHECK_GOTO(ms_pp_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
     int m = 0, size = 0;
     ms_strategy_micro(s, pb->global_batch, &size, &m);
-    ms_sharding sh = {.s = s, .kv_heads = pb->model.n_kv_head};
+    ms_sharding sh = {.s = s, .kv_heads = d ? 0 : pb->model.n_kv_head, .def = d};
     ms_compile_opts co = ms_strategy_compile_opts(s, &sh);
     co.micro_batched = m > 1 || s->pp > 1;
     co.inflight = inflight;
@@ -270,6 +288,8 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
         state[2] += (double)pv.opt_n;
         state[3] += (double)pv.use_bytes;
         state[4] += (double)ms_dtype_size(pv.grad.dtype) * (double)ms_tensor_numel(&pv.grad);
+        if (d && d->tied[0] && pv.name && !strcmp(pv.name, d->tied))
+            state[5] = (double)numel(&pv.gshape) / s->tp; /* its gradient's elements */
     }
     ms_program_stats ps;
     ms_program_stats_get(prog, &ps);
@@ -298,6 +318,8 @@ out:
 
 ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workload *w,
                          ms_plan_engine_stats *stats, ms_error *err) {
+    const ms_plan_problem resolved = ms_plan_problem_resolved(pb);
+    pb = &resolved;
     wk_reset(w);
     w->from_engine = true;
     if (stats) memset(stats, 0, sizeof *stats);
@@ -310,11 +332,11 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
                        "the batch of %d does not split into the strategy's "
                        "micro-batches",
                        pb->global_batch);
-    int stage = busiest_stage(&pb->model, s);
+    int stage = busiest_stage(pb, s);
     ms_mesh mesh = {0};
     MS_CHECK(ms_strategy_mesh(s, &mesh, err));
     /* parameter, gradient and optimizer-shard elements; bf16 use-copy and gradient bytes */
-    double state[5] = {0, 0, 0, 0, 0}, arena = 0, scratch = 0, staging = 0, persist = 0;
+    double state[6] = {0, 0, 0, 0, 0, 0}, arena = 0, scratch = 0, staging = 0, persist = 0;
     double boundary = 0;
     /* the busiest stage's arena per micro-batch in flight, as many as any stage holds (the
      * first, under 1F1B: its arena is within a layer of the busiest's) */
@@ -327,7 +349,7 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
     w->layers_per_stage = 0;
     for (int c = 0; c < v && st == MS_OK; c++) {
         int lo, hi;
-        ms_pp_chunk_layers(&pb->model, s, c * p + stage, &lo, &hi);
+        chunk_layers(pb, s, c * p + stage, &lo, &hi);
         w->layers_per_stage += hi - lo;
         st = add_chunk(pb, s, &mesh, size * s->dp, c * p + stage, held, w, stats, state, &arena,
                        &scratch, &staging, &persist, &boundary, err);
@@ -340,9 +362,10 @@ ms_status wk_from_engine(const ms_plan_problem *pb, const ms_strategy *s, ms_pla
         /* the activation forward and its gradient backward, once per chunk boundary */
         wk_coll_add(w, MS_COLL_P2P, MS_PLAN_PP, WK_IN_MB, p, boundary, 2.0 * v);
         /* the tied embedding's gradients between the first and the last stage */
-        double wte = (double)pb->model.vocab_size * pb->model.n_embd / s->tp;
+        const ms_model_def *d = ms_plan_user_def(pb);
+        double wte = d ? state[5] : (double)pb->model.vocab_size * pb->model.n_embd / s->tp;
         double gbytes = s->precision == MS_PRECISION_BF16 ? 2 : 4;
-        if (ms_model_ties_embedding(&pb->model))
+        if (d ? wte > 0 : ms_model_ties_embedding(&pb->model))
             wk_coll_add(w, MS_COLL_ALL_REDUCE, MS_PLAN_PP, WK_GRAD, 2, gbytes * wte, 1);
     }
     /* the training loop: gradient norm over the world, AdamW on every local shard */

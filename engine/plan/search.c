@@ -8,6 +8,7 @@
 
 #include "engine/comm/comm.h"
 #include "engine/core/xalloc.h"
+#include "engine/plan/validate.h"
 
 void ms_plan_fixed_none(ms_plan_fixed *f) {
     ms_strategy_defaults(&f->s);
@@ -197,9 +198,10 @@ static void make_reason(const ms_plan_problem *pb, ms_plan_result *r) {
     ms_plan_breakdown_str(w, bd, sizeof bd);
     size_t k = (size_t)snprintf(
         r->reason, sizeof r->reason,
-        "%s wins at %s per step (%.0f tokens/s, %.3g model TFLOP/s per device), %s of %s per "
+        "%s wins at %s per step (%.0f %s, %.3g model TFLOP/s per device), %s of %s per "
         "device; its step is %s.",
-        w->text, fmt_s(w->step_s, st, sizeof st), w->tokens_per_s, w->model_tflops_per_device,
+        w->text, fmt_s(w->step_s, st, sizeof st), w->tokens_per_s,
+        ms_plan_user_def(pb) ? "rows/s" : "tokens/s", w->model_tflops_per_device,
         fmt_b(w->mem_total, mem, sizeof mem), fmt_b(w->mem_cap, cap, sizeof cap), bd);
     if (!w->fits && k < sizeof r->reason)
         k += (size_t)snprintf(r->reason + k, sizeof r->reason - k,
@@ -225,7 +227,6 @@ static void make_reason(const ms_plan_problem *pb, ms_plan_result *r) {
                  r->best_executable.text, fmt_s(r->best_executable.step_s, es, sizeof es),
                  100 * (r->best_executable.step_s / w->step_s - 1));
     }
-    (void)pb;
 }
 
 /* --- the search ------------------------------------------------------------------------------- */
@@ -389,6 +390,64 @@ static ms_status search_meshes(search_run *r, ms_error *err) {
     return MS_OK;
 }
 
+/* --- a program's own model ------------------------------------------------------------------ */
+
+/* Every variant of one dp x tp x pp mesh for a program's own model: ZeRO (dp > 1), recompute
+ * none or full, fp32 or bf16 (unless fixed), buckets as for the built-in models, and every
+ * micro-batch size dividing the per-rank batch; each checked against the def
+ * (ms_strategy_check_def) before it is priced. */
+static ms_status search_def_mesh(search_run *r, const ms_model_def *d, int dp, int tp, int pp,
+                                 ms_error *err) {
+    const ms_plan_fixed *f = r->f;
+    const int per = r->pb->global_batch / dp;
+    const ms_job_shape job = ms_plan_job(r->pb);
+    const int fbk = fixed_int(f, MS_SET_bucket_mb);
+    const int bks[2] = {fbk > 0 ? fbk : 0, 25};
+    const int nbk = fbk < 0 && !r->pb->cluster->cpu && dp > 1 ? 2 : 1;
+    const int fpr = fixed_int(f, MS_SET_precision);
+    static const uint8_t recompute[2] = {MS_RECOMPUTE_NONE, MS_RECOMPUTE_FULL};
+    static const uint8_t precision[2] = {MS_PRECISION_FP32, MS_PRECISION_BF16};
+    for (int pr = 0; pr < 2; pr++)
+        for (int z = 0; z <= (dp > 1 ? 3 : 0); z++)
+            for (int rc = 0; rc < 2; rc++)
+                for (int bk = 0; bk < nbk; bk++)
+                    for (int mb = 1; mb <= per; mb++) {
+                        if (per % mb || (fpr >= 0 && fpr != precision[pr])) continue;
+                        ms_strategy s;
+                        ms_strategy_defaults(&s);
+                        s.dp = dp, s.tp = tp, s.pp = pp;
+                        s.zero = z;
+                        s.recompute = recompute[rc];
+                        s.micro_batches = per / mb;
+                        s.precision = precision[pr];
+                        s.offload = fixed_int(f, MS_SET_offload) == 1;
+                        ms_plan_fixed_apply(f, &s);
+                        s.bucket_mb = (float)bks[bk];
+                        if (ms_strategy_check_def(&s, d, &job, NULL) != MS_OK) continue;
+                        MS_CHECK(weigh(r, &s, err));
+                    }
+    return MS_OK;
+}
+
+/* Every dp x tp x pp mesh of the devices for a program's own model: pp up to its blocks, dp
+ * dividing the batch (no cp: its rows are the unit, seq 1). */
+static ms_status search_def_meshes(search_run *r, const ms_model_def *d, ms_error *err) {
+    const ms_plan_fixed *f = r->f;
+    const int D = r->pb->devices, B = r->pb->global_batch;
+    if (fixed_int(f, MS_SET_cp) > 1 || fixed_int(f, MS_SET_sp) == 1) return MS_OK;
+    for (int tp = 1; tp <= D; tp++) {
+        if (D % tp || (fixed_int(f, MS_SET_tp) >= 0 && fixed_int(f, MS_SET_tp) != tp)) continue;
+        for (int pp = 1; tp * pp <= D && pp <= d->n_blocks; pp++) {
+            if ((D / tp) % pp || (fixed_int(f, MS_SET_pp) >= 0 && fixed_int(f, MS_SET_pp) != pp))
+                continue;
+            int dp = D / (tp * pp);
+            if (B % dp || (fixed_int(f, MS_SET_dp) >= 0 && fixed_int(f, MS_SET_dp) != dp)) continue;
+            MS_CHECK(search_def_mesh(r, d, dp, tp, pp, err));
+        }
+    }
+    return MS_OK;
+}
+
 /* The result's candidates: those that fit, else the best that do not; the best executable
  * one only when it is not the first candidate already. */
 static void settle_result(search_run *r) {
@@ -420,7 +479,9 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
      * knobs the pipeline does not see share one simulated bubble */
     ms_plan_problem local = *problem;
     ms_plan_memo *own = local.memo ? NULL : (local.memo = ms_plan_memo_create());
+    local = ms_plan_problem_resolved(&local);
     const ms_plan_problem *pb = &local;
+    const ms_model_def *user = ms_plan_user_def(pb);
     int64_t t0 = ms_now_ns();
     ms_plan_fixed none;
     ms_plan_fixed_none(&none);
@@ -441,8 +502,15 @@ ms_status ms_plan_search(const ms_plan_problem *problem, const ms_plan_search_op
     };
     r.fit = xcalloc((size_t)r.keep, sizeof *r.fit);
     r.nofit = xcalloc((size_t)r.keep, sizeof *r.nofit);
-    ms_status st = search_meshes(&r, err);
-    if (st == MS_OK && !r.any_valid && !r.first.msg[0]) diagnose(pb, r.f, &r.first);
+    ms_status st = user ? search_def_meshes(&r, user, err) : search_meshes(&r, err);
+    if (st == MS_OK && !r.any_valid && !r.first.msg[0] && !user) diagnose(pb, r.f, &r.first);
+    if (st == MS_OK && !r.any_valid && user)
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "no strategy fits the constraints for %d devices and batch %d (%s: %d "
+                     "blocks)%s%s",
+                     D, B, user->name, user->n_blocks, r.first.msg[0] ? ": " : "",
+                     r.first.msg[0] ? r.first.msg
+                                    : "; check the fixed knobs and that the batch divides by dp");
     if (st == MS_OK && !r.any_valid)
         st = ms_fail(err, MS_ERR_INVALID,
                      "no strategy fits the constraints for %d devices, batch %d, sequence %d "

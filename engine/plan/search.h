@@ -9,6 +9,11 @@
  * the cost model (plan/cost.h); strategies whose memory exceeds the device's are pruned;
  * the rest are ranked by predicted step time. Settings can be fixed (`--evaluate "tp=8,pp=2"`),
  * and the search covers the others.
+ *
+ * A program's own model (ms_plan_problem.def without `lm`): dp x tp x pp (pp up to its blocks,
+ * no cp or sp), ZeRO 0-3, recompute none or full, fp32 and bf16 unless the precision is fixed,
+ * buckets and micro-batch sizes as above; each candidate passes ms_strategy_check_def and is
+ * priced from its compiled program.
  */
 #ifndef MS_PLAN_SEARCH_H
 #define MS_PLAN_SEARCH_H

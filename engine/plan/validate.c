@@ -185,9 +185,10 @@ ms_status ms_strategy_check_def(const ms_strategy *s, const ms_model_def *d,
 }
 
 /* Bytes per rank the engine needs to run s: its compiled program's arena, parameters,
- * gradients and Adam moments. */
+ * gradients and Adam moments (the model: cfg, or d when d is not NULL). */
 static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
-                               const ms_job_shape *job, double *need, ms_error *err) {
+                               const ms_model_def *d, const ms_job_shape *job, double *need,
+                               ms_error *err) {
     ms_cluster *c = calloc(1, sizeof *c);
     ms_plan_workload *w = malloc(sizeof *w);
     if (!c || !w) {
@@ -197,19 +198,29 @@ static ms_status engine_memory(const ms_strategy *s, const ms_model_config *cfg,
     snprintf(c->backend, sizeof c->backend, "threads");
     c->cpu = true;
     c->cores = 1;
-    ms_plan_problem pb = {.model = *cfg,
-                          .devices = job->world,
+    ms_plan_problem pb = {.devices = job->world,
                           .global_batch = job->batch,
-                          .seq = job->seq,
+                          .seq = d ? 1 : job->seq,
                           .dtype = MS_PLAN_FP32,
                           .cluster = c,
-                          .engine_workloads = true};
+                          .engine_workloads = true,
+                          .def = d};
+    if (cfg) pb.model = *cfg;
     ms_status st = wk_from_engine(&pb, s, w, NULL, err);
     if (s->offload) ms_plan_offload_memory(s, w); /* the moments live on the host */
     *need = w->mem_params + w->mem_grads + w->mem_optim + w->mem_act + w->mem_other;
     free(c);
     free(w);
     return st;
+}
+
+/* need (engine_memory's) against the cap. */
+static ms_status memory_fits(double need, double mem_cap_bytes, ms_error *err) {
+    if (need <= mem_cap_bytes) return MS_OK;
+    char a[32], b[32];
+    return ms_fail(err, MS_ERR_INVALID, "over memory: needs %s per rank, the cap is %s",
+                   ms_plan_bytes_str(need, a, sizeof a),
+                   ms_plan_bytes_str(mem_cap_bytes, b, sizeof b));
 }
 
 ms_status ms_strategy_check(const ms_strategy *s, const ms_model_config *cfg,
@@ -224,13 +235,20 @@ ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
     MS_CHECK(ms_strategy_check(s, cfg, job, err));
     if (mem_cap_bytes > 0) {
         double need = 0;
-        MS_CHECK(engine_memory(s, cfg, job, &need, err));
-        if (need > mem_cap_bytes) {
-            char a[32], b[32];
-            return ms_fail(err, MS_ERR_INVALID, "over memory: needs %s per rank, the cap is %s",
-                           ms_plan_bytes_str(need, a, sizeof a),
-                           ms_plan_bytes_str(mem_cap_bytes, b, sizeof b));
-        }
+        MS_CHECK(engine_memory(s, cfg, NULL, job, &need, err));
+        MS_CHECK(memory_fits(need, mem_cap_bytes, err));
+    }
+    return MS_OK;
+}
+
+ms_status ms_strategy_validate_def(const ms_strategy *s, const ms_model_def *d,
+                                   const ms_job_shape *job, double mem_cap_bytes, ms_error *err) {
+    if (d->lm) return ms_strategy_validate(s, d->lm, job, mem_cap_bytes, err);
+    MS_CHECK(ms_strategy_check_def(s, d, job, err));
+    if (mem_cap_bytes > 0) {
+        double need = 0;
+        MS_CHECK(engine_memory(s, NULL, d, job, &need, err));
+        MS_CHECK(memory_fits(need, mem_cap_bytes, err));
     }
     return MS_OK;
 }

@@ -34,5 +34,10 @@ ms_status ms_strategy_check_def(const ms_strategy *s, const ms_model_def *d,
  * without communicators: milliseconds for small models). Pure. */
 ms_status ms_strategy_validate(const ms_strategy *s, const ms_model_config *cfg,
                                const ms_job_shape *job, double mem_cap_bytes, ms_error *err);
+/* The same for any model: a def with `lm` is validated as that config; a program's own model
+ * gets ms_strategy_check_def, then the memory of its compiled chunks (the planner's engine
+ * workload: parameters, gradients, Adam moments and the arena) against mem_cap_bytes. */
+ms_status ms_strategy_validate_def(const ms_strategy *s, const ms_model_def *d,
+                                   const ms_job_shape *job, double mem_cap_bytes, ms_error *err);
 
 #endif

@@ -1,11 +1,13 @@
-/* family.h - what the closed-form workload knows of a model family (private to engine/plan):
- * one transformer layer and the model's two ends as data, read off the builders
- * (engine/model/gpt.c for GPT-2 and BERT, engine/model/llama.c for LLaMA) and the tensor-
- * parallel rules (engine/model/strategy.c). cost.c prices every family from this one
- * description, so the differences between families are the fields below, not code paths.
+/* lm_layout.h - what the closed-form cost model knows of a built-in transformer (GPT-2, BERT,
+ * LLaMA): one layer and the model's two ends as data, read off the builders (gpt.c for GPT-2
+ * and BERT, llama.c for LLaMA) and the tensor-parallel rules (strategy.c). The planner
+ * (engine/plan/cost.c) prices every built-in model from this one description, so the
+ * differences between the families are the fields below, not code paths there; the family is
+ * looked at here and nowhere outside engine/model. Models of other kinds (model.h defs without
+ * `lm`) have no layout: the planner compiles their program instead.
  */
-#ifndef MS_PLAN_FAMILY_H
-#define MS_PLAN_FAMILY_H
+#ifndef MS_LM_LAYOUT_H
+#define MS_LM_LAYOUT_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -15,29 +17,29 @@
 /* How tensor parallelism splits a linear layer's weight: by output columns (its output, and
  * its bias, sharded), by input rows (its output a partial sum, reduced over tp), or not at
  * all (every tp rank computes it whole: LLaMA's k and v when the kv heads do not divide tp). */
-typedef enum fam_split { FAM_COLUMN, FAM_ROW, FAM_WHOLE } fam_split;
+typedef enum ms_lm_split { MS_LM_COLUMN, MS_LM_ROW, MS_LM_WHOLE } ms_lm_split;
 
-#define FAM_MAX_LINEAR 8
+#define MS_LM_MAX_LINEAR 8
 
 /* What follows a linear layer's product, as the builder runs it: its own bias op, or the bias
  * inside a fused operator: bias_gelu (the MLP's activation) or bias_dropout_add (dropout and
  * the residual add after an output projection). */
-typedef enum fam_fuse { FAM_FUSE_NONE, FAM_FUSE_GELU, FAM_FUSE_RESIDUAL } fam_fuse;
+typedef enum ms_lm_fuse { MS_LM_FUSE_NONE, MS_LM_FUSE_GELU, MS_LM_FUSE_RESIDUAL } ms_lm_fuse;
 
 /* x[tokens, k] @ W[k, n] (+ bias[n]), whole-model sizes. */
-typedef struct fam_linear {
+typedef struct ms_lm_linear {
     int64_t k, n;
-    uint8_t split; /* fam_split under tp */
-    uint8_t fuse;  /* fam_fuse: where the bias is added */
+    uint8_t split; /* ms_lm_split under tp */
+    uint8_t fuse;  /* ms_lm_fuse: where the bias is added */
     bool bias;
     bool same_input; /* reads the previous linear's input (q, k, v; gate, up) */
-} fam_linear;
+} ms_lm_linear;
 
-typedef struct ms_plan_family {
+typedef struct ms_lm_layout {
     ms_model_type type;
     int64_t h, heads, kv_heads, head_dim;
     /* per layer */
-    fam_linear lin[FAM_MAX_LINEAR];
+    ms_lm_linear lin[MS_LM_MAX_LINEAR];
     int n_lin;
     int attn_at;       /* attention runs before lin[attn_at], the output projection */
     int norm_op;       /* MS_OP_LAYERNORM (weight and bias) or MS_OP_RMSNORM (weight) */
@@ -62,24 +64,27 @@ typedef struct ms_plan_family {
     bool megatron_sp;    /* sp as Megatron-LM lays it out (LLaMA): each norm's output gathered
                           * to the column-parallel linears, each row-parallel output reduce-
                           * scattered; otherwise (GPT-2, BERT) the engine gathers the weights */
-} ms_plan_family;
+} ms_lm_layout;
 
-/* The description of c's family under tensor parallelism tp, for sequences of seq tokens. */
-void ms_plan_family_of(const ms_model_config *c, int tp, int seq, ms_plan_family *f);
+/* Whether two configs build the same model (every field a layout or the engine reads). */
+bool ms_lm_same_model(const ms_model_config *a, const ms_model_config *b);
+
+/* The description of c's model under tensor parallelism tp, for sequences of seq tokens. */
+void ms_lm_layout_of(const ms_model_config *c, int tp, int seq, ms_lm_layout *f);
 
 /* Parameters of one layer: whole, and on one tp rank (sharded linears and their column
  * biases divided by tp, norms and row-parallel biases whole). */
-double ms_plan_family_layer_params(const ms_plan_family *f, int tp);
+double ms_lm_layout_layer_params(const ms_lm_layout *f, int tp);
 
 /* Parameter tensors (each its own gradient collective without buckets): of one layer, of the
  * embedding's end and of the head's end (a tied head's table counted there too). */
-int ms_plan_family_layer_tensors(const ms_plan_family *f);
-int ms_plan_family_first_tensors(const ms_plan_family *f);
-int ms_plan_family_last_tensors(const ms_plan_family *f);
+int ms_lm_layout_layer_tensors(const ms_lm_layout *f);
+int ms_lm_layout_first_tensors(const ms_lm_layout *f);
+int ms_lm_layout_last_tensors(const ms_lm_layout *f);
 
 /* The embedding's and the head's parameters on one tp rank: the token embedding (vocab-
  * parallel unless replicated), positions, norms, the MLM transform, an untied head. */
-double ms_plan_family_first_params(const ms_plan_family *f, int tp, bool vocab_parallel);
-double ms_plan_family_last_params(const ms_plan_family *f, int tp, bool vocab_parallel);
+double ms_lm_layout_first_params(const ms_lm_layout *f, int tp, bool vocab_parallel);
+double ms_lm_layout_last_params(const ms_lm_layout *f, int tp, bool vocab_parallel);
 
 #endif
