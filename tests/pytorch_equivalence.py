@@ -1,4 +1,4 @@
-"""pytorch_equivalence.py MESHSCOPE MODEL [STRATEGY FLAGS...]
+"""pytorch_equivalence.py MESHSCOPE MODEL [--tol T] [--resume-at STEP FLAGS...] [STRATEGY FLAGS...]
 
 A model defined in PyTorch, exported to ONNX as a module that returns its loss, trains in
 meshscope with PyTorch's losses: the same initial weights (the file's), the same data, fp32,
@@ -8,6 +8,9 @@ The references are computed here, by PyTorch, at test time.
 MODEL is gpt (a GPT-style decoder: embeddings, causal attention, GELU MLP, LayerNorm, tied
 head) or cnn (two convolutions, max pooling, global average pooling, a linear head). Every
 batch holds the whole training set, so the loss does not depend on the order rows are drawn.
+--tol T checks T instead of 1e-4 (bf16 changes the arithmetic). --resume-at S saves a
+checkpoint at step S under the strategy flags, then resumes it in a second run under the flags
+after --resume-at's step (up to the end), and checks the two runs' steps together.
 Exit 0: equal; 1: a step differs or a run failed; 77: PyTorch is not installed.
 """
 import json
@@ -93,11 +96,52 @@ def make(kind, g):
     return model, {"image": image, "label": label}
 
 
+def run_meshscope(binary, onnx_path, npz_path, log, flags):
+    cmd = [binary, "train", "--model", onnx_path, "--data", npz_path, "--batch", str(ROWS),
+           "--steps", str(STEPS), "--lr", str(LR), "--min-lr", str(LR), "--warmup", "0",
+           "--clip", "0", "--weight-decay", "0", "--val-fraction", "0.5", "--log-every",
+           "1", "--log-jsonl", log] + flags
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        print(f"FAIL: meshscope exited {run.returncode}: {' '.join(cmd)}")
+        print(run.stdout[-2000:], run.stderr[-2000:])
+        return None
+    with open(log) as f:
+        rows = [json.loads(line) for line in f]
+    if "--switch" in flags and rows and rows[0]["strategy"] == rows[-1]["strategy"]:
+        print(f"FAIL: --switch given, but every step ran {rows[0]['strategy']}")
+        return None
+    return [r["loss"] for r in rows]
+
+
+def meshscope(binary, onnx_path, npz_path, tmp, flags, resume):
+    """meshscope's losses: one run, or a run saving at step S and a second resuming there."""
+    log = os.path.join(tmp, "log.jsonl")
+    if not resume:
+        return run_meshscope(binary, onnx_path, npz_path, log, flags)
+    at, then = resume
+    ck = os.path.join(tmp, "ck")
+    first = run_meshscope(binary, onnx_path, npz_path, log, flags + [
+        "--save-dir", ck, "--save-every", str(at), "--keep", "5"])
+    if first is None:
+        return None
+    second = run_meshscope(binary, onnx_path, npz_path, os.path.join(tmp, "log2.jsonl"), then + [
+        "--resume", os.path.join(ck, f"step-{at:08d}")])
+    return None if second is None else first[:at] + second
+
+
 def main():
     if len(sys.argv) < 3 or sys.argv[2] not in ("gpt", "cnn"):
         print(__doc__)
         return 2
     binary, kind, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+    tol, resume = 1e-4, None
+    if flags[:1] == ["--tol"]:
+        tol, flags = float(flags[1]), flags[2:]
+    if "--resume-at" in flags:
+        i = flags.index("--resume-at")
+        resume = (int(flags[i + 1]), flags[i + 2:])
+        flags = flags[:i]
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     model, data = make(kind, g)
@@ -123,30 +167,23 @@ def main():
             loss.backward()
             opt.step()
             ref.append(loss.item())
-        log = os.path.join(tmp, "log.jsonl")
-        cmd = [binary, "train", "--model", onnx_path, "--data", npz_path, "--batch", str(ROWS),
-               "--steps", str(STEPS), "--lr", str(LR), "--min-lr", str(LR), "--warmup", "0",
-               "--clip", "0", "--weight-decay", "0", "--val-fraction", "0.5", "--log-every",
-               "1", "--log-jsonl", log] + flags
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            print(f"FAIL {kind} {' '.join(flags)}: meshscope exited {run.returncode}")
-            print(run.stdout[-2000:], run.stderr[-2000:])
+        got = meshscope(binary, onnx_path, npz_path, tmp, flags, resume)
+        if got is None:
             return 1
-        with open(log) as f:
-            got = [json.loads(line)["loss"] for line in f]
     bad = [i for i in range(STEPS)
-           if i >= len(got) or abs(got[i] - ref[i]) > 1e-4 * abs(ref[i])]
+           if i >= len(got) or abs(got[i] - ref[i]) > tol * abs(ref[i])]
     for i in range(STEPS):
         mark = "  <-" if i in bad else ""
         print(f"step {i:2d}  pytorch {ref[i]:.7f}  meshscope "
               f"{got[i] if i < len(got) else float('nan'):.7f}{mark}")
     flags_s = " ".join(flags) or "one rank"
     if bad or ref[-1] >= ref[0]:
-        print(f"FAIL {kind} ({flags_s}): steps {bad} differ by more than 1e-4, or no learning")
+        print(f"FAIL {kind} ({flags_s}): steps {bad} differ by more than {tol}, or no learning")
         return 1
     worst = max(abs(got[i] - ref[i]) / abs(ref[i]) for i in range(STEPS))
-    print(f"ok   {kind} ({flags_s}): {STEPS} losses within 1e-4 of PyTorch's (worst {worst:.1e})")
+    if resume:
+        flags_s += f", saved at step {resume[0]}, resumed under {' '.join(resume[1]) or 'one rank'}"
+    print(f"ok   {kind} ({flags_s}): {STEPS} losses within {tol} of PyTorch's (worst {worst:.1e})")
     return 0
 
 

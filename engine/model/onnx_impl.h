@@ -68,6 +68,8 @@ typedef struct ox_build {
     const ms_onnx_model *m;
     ms_graph *g;
     int batch;
+    size_t in_lo, in_hi; /* the nodes built (a pipeline chunk's) */
+    bool partial;        /* not the whole graph: inputs only where read */
     int nsym, csym;
     ox_sym *sym;
     int nfold, cfold;

@@ -83,6 +83,23 @@ ms_status ms_onnx_build(const ms_onnx_model *m, int batch, ms_graph *g, int *out
     (void)m, (void)batch, (void)g, (void)outputs, (void)max_outputs;
     return no_onnx(err);
 }
+ms_status ms_onnx_build_part(const ms_onnx_model *m, int batch, const ms_onnx_part *part,
+                             ms_graph *g, int *outputs, int max_outputs, int *in_v, int *out_v,
+                             ms_error *err) {
+    (void)m, (void)batch, (void)part, (void)g, (void)outputs, (void)max_outputs;
+    *in_v = *out_v = -1;
+    return no_onnx(err);
+}
+int ms_onnx_find_blocks(const ms_onnx_model *m, ms_onnx_blocks *out) {
+    (void)m;
+    memset(out, 0, sizeof *out);
+    return 0;
+}
+const char *ms_onnx_shared_initializer(const ms_onnx_model *m, size_t a, size_t b, bool *several) {
+    (void)m, (void)a, (void)b;
+    *several = false;
+    return NULL;
+}
 const float *ms_onnx_initializer(const ms_onnx_model *m, const char *name, int64_t *numel) {
     (void)m, (void)name;
     if (numel) *numel = 0;
@@ -859,6 +876,8 @@ int ox_attr_ints(const ox_build *b, const char *name, int64_t *out, int max) {
     return (int)a->n_ints;
 }
 
+static bool read_in(const Onnx__GraphProto *gp, size_t lo, size_t hi, const char *name);
+
 static ms_status add_inputs(ox_build *b, ms_error *err) {
     const ms_onnx_model *m = b->m;
     for (int i = 0; i < m->nin; i++) {
@@ -867,6 +886,8 @@ static ms_status add_inputs(ox_build *b, ms_error *err) {
             bind(b, m->in[i].name, -1, c);
             continue;
         }
+        /* a pipeline chunk takes only the inputs its nodes read */
+        if (b->partial && !read_in(m->pb->graph, b->in_lo, b->in_hi, m->in[i].name)) continue;
         int64_t shape[MS_MAX_DIMS];
         int nd = ms_onnx_input_shape(m, i, b->batch, shape);
         int v = ms_graph_input(b->g, m->in[i].name, nd, shape);
@@ -898,21 +919,79 @@ static ms_status bind_output(ox_build *b, int k, int *out, ms_error *err) {
     return MS_OK;
 }
 
-ms_status ms_onnx_build(const ms_onnx_model *m, int batch, ms_graph *g, int *outputs,
-                        int max_outputs, ms_error *err) {
+/* Whether a node in [lo, hi) reads `name`. */
+static bool read_in(const Onnx__GraphProto *gp, size_t lo, size_t hi, const char *name) {
+    for (size_t i = lo; i < hi; i++)
+        for (size_t k = 0; k < gp->node[i]->n_input; k++)
+            if (!strcmp(gp->node[i]->input[k], name)) return true;
+    return false;
+}
+
+/* The part's input: the value crossing into it, a new graph input "hidden_in". */
+static ms_status bind_part_input(ox_build *b, const ms_onnx_part *part, int *in_v, ms_error *err) {
+    int64_t shape[MS_MAX_DIMS];
+    for (int d = 0; d < part->in_ndim; d++) shape[d] = part->in_shape[d];
+    shape[0] = b->batch;
+    int v = ms_graph_input(b->g, "hidden_in", part->in_ndim, shape);
+    if (v < 0) return ms_graph_error(b->g, err);
+    ms_graph_input_grad(b->g, v);
+    bind(b, part->in, v, NULL);
+    *in_v = v;
+    return MS_OK;
+}
+
+/* The nodes of [lo, hi), each block a recompute region. */
+static ms_status build_nodes(ox_build *b, const ms_onnx_part *part, ms_error *err) {
+    const Onnx__GraphProto *gp = b->m->pb->graph;
+    int open = 0, r = 0;
+    ms_status st = MS_OK;
+    for (size_t i = part->lo; st == MS_OK && i < part->hi; i++) {
+        while (r < part->nregions && part->region_starts[r] <= i) {
+            if (open) ms_graph_region_end(b->g, MS_REGION_BLOCK);
+            ms_graph_region_begin(b->g, MS_REGION_BLOCK);
+            open = 1, r++;
+        }
+        if (open && r == part->nregions && part->regions_end <= i) {
+            ms_graph_region_end(b->g, MS_REGION_BLOCK);
+            open = 0;
+        }
+        b->node = gp->node[i];
+        b->tmp = 0;
+        if (!strcmp(b->node->op_type, "Constant")) continue;
+        st = ox_find_map(b->node->op_type)(b, err);
+    }
+    if (open) ms_graph_region_end(b->g, MS_REGION_BLOCK);
+    return st;
+}
+
+ms_status ms_onnx_build_part(const ms_onnx_model *m, int batch, const ms_onnx_part *part,
+                             ms_graph *g, int *outputs, int max_outputs, int *in_v, int *out_v,
+                             ms_error *err) {
     if (batch < 1)
         return ms_fail(err, MS_ERR_INVALID, "%s: batch must be at least 1 (got %d)", m->label,
                        batch);
-    ox_build b = {.m = m, .g = g, .batch = batch};
-    ms_status st = add_inputs(&b, err);
     const Onnx__GraphProto *gp = m->pb->graph;
-    for (size_t i = 0; st == MS_OK && i < gp->n_node; i++) {
-        b.node = gp->node[i];
-        b.tmp = 0;
-        if (!strcmp(b.node->op_type, "Constant")) continue;
-        st = ox_find_map(b.node->op_type)(&b, err);
+    ms_onnx_part whole = *part; /* hi past the last node: to the end */
+    if (whole.hi > gp->n_node) whole.hi = gp->n_node;
+    if (whole.lo > whole.hi) whole.lo = whole.hi;
+    part = &whole;
+    ox_build b = {.m = m, .g = g, .batch = batch};
+    b.in_lo = part->lo, b.in_hi = part->hi, b.partial = part->lo > 0 || part->hi < gp->n_node;
+    *in_v = *out_v = -1;
+    ms_status st = add_inputs(&b, err);
+    if (st == MS_OK && part->in) st = bind_part_input(&b, part, in_v, err);
+    if (st == MS_OK) st = build_nodes(&b, part, err);
+    if (st == MS_OK && part->out) {
+        ox_sym *s = lookup(&b, part->out);
+        if (!s || s->v < 0)
+            st = ms_fail(err, MS_ERR_UNSUPPORTED,
+                         "%s: the value '%s' a pipeline cut passes on is not computed in its "
+                         "chunk; run it without --pp",
+                         m->label, part->out);
+        else
+            *out_v = s->v;
     }
-    for (int k = 0; st == MS_OK && k < m->nout; k++) {
+    for (int k = 0; st == MS_OK && !part->out && k < m->nout; k++) {
         int v = -1;
         st = bind_output(&b, k, &v, err);
         if (st == MS_OK && k < max_outputs) outputs[k] = v;
@@ -921,6 +1000,92 @@ ms_status ms_onnx_build(const ms_onnx_model *m, int batch, ms_graph *g, int *out
     free(b.fold);
     free(b.sym);
     return st;
+}
+
+ms_status ms_onnx_build(const ms_onnx_model *m, int batch, ms_graph *g, int *outputs,
+                        int max_outputs, ms_error *err) {
+    ms_onnx_part whole = {.lo = 0, .hi = m->pb->graph->n_node};
+    int in_v, out_v;
+    return ms_onnx_build_part(m, batch, &whole, g, outputs, max_outputs, &in_v, &out_v, err);
+}
+
+/* The block index in a node name scoped as PyTorch exports it ("/blocks.3/attn/MatMul"):
+ * the prefix "/blocks" into scope, 3 returned; -1 without a numbered first scope. */
+static int block_of(const char *name, char *scope, size_t cap) {
+    if (!name || name[0] != '/') return -1;
+    const char *end = strchr(name + 1, '/');
+    if (!end) return -1;
+    const char *dot = end;
+    while (dot > name + 1 && dot[-1] >= '0' && dot[-1] <= '9') dot--;
+    if (dot == end || dot <= name + 2 || dot[-1] != '.' || end - dot > 6) return -1;
+    size_t n = (size_t)(dot - 1 - name);
+    if (n >= cap) return -1;
+    memcpy(scope, name, n);
+    scope[n] = '\0';
+    return atoi(dot);
+}
+
+/* The one value produced before node `at` and read at or after it that is not a constant: what
+ * a cut before `at` passes on. NULL when there is none or more than one. */
+static const char *crossing(const ms_onnx_model *m, size_t at) {
+    const Onnx__GraphProto *gp = m->pb->graph;
+    const char *found = NULL;
+    for (size_t i = 0; i < at; i++) {
+        if (!strcmp(gp->node[i]->op_type, "Constant")) continue;
+        for (size_t k = 0; k < gp->node[i]->n_output; k++) {
+            const char *v = gp->node[i]->output[k];
+            if (!v[0] || !read_in(gp, at, gp->n_node, v)) continue;
+            bool is_out = false;
+            for (int o = 0; o < m->nout; o++) is_out |= !strcmp(m->out[o].name, v);
+            if (found || is_out) return NULL;
+            found = v;
+        }
+    }
+    return found;
+}
+
+const char *ms_onnx_shared_initializer(const ms_onnx_model *m, size_t a, size_t b, bool *several) {
+    const Onnx__GraphProto *gp = m->pb->graph;
+    const char *found = NULL;
+    *several = false;
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        const Onnx__TensorProto *t = gp->initializer[i];
+        if (t->data_type != ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT) continue;
+        if (!read_in(gp, 0, a < gp->n_node ? a : gp->n_node, t->name) ||
+            !read_in(gp, b < gp->n_node ? b : gp->n_node, gp->n_node, t->name))
+            continue;
+        if (found) *several = true;
+        found = t->name;
+    }
+    return *several ? NULL : found;
+}
+
+int ms_onnx_find_blocks(const ms_onnx_model *m, ms_onnx_blocks *out) {
+    const Onnx__GraphProto *gp = m->pb->graph;
+    memset(out, 0, sizeof *out);
+    char scope[64] = "", s[64];
+    int next = 0;
+    for (size_t i = 0; i < gp->n_node; i++) {
+        int k = block_of(gp->node[i]->name, s, sizeof s);
+        if (k < 0) continue;
+        if (!scope[0]) snprintf(scope, sizeof scope, "%s", s);
+        if (strcmp(s, scope)) continue;
+        if (k == next && next < MS_ONNX_MAX_BLOCKS) {
+            out->start[next++] = i;
+        } else if (k != next - 1) {
+            return 0; /* out of order: not one repeated stack */
+        }
+        out->end = i + 1;
+    }
+    for (int k = 1; k < next; k++) {
+        out->cut[k] = crossing(m, out->start[k]);
+        if (!out->cut[k]) return 0;
+    }
+    if (next > 0) out->cut[next] = crossing(m, out->end);
+    if (next > 0 && !out->cut[next]) return 0;
+    snprintf(out->scope, sizeof out->scope, "%s", scope);
+    out->n = next;
+    return next;
 }
 
 bool ms_onnx_op_supported(const char *op_type) {

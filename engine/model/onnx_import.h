@@ -90,6 +90,44 @@ ms_status ms_onnx_bind_input(ms_onnx_model *m, const char *name, const ms_onnx_t
 ms_status ms_onnx_build(const ms_onnx_model *m, int batch, ms_graph *g, int *outputs,
                         int max_outputs, ms_error *err);
 
+/* Part of the graph, for a pipeline chunk: nodes [lo, hi), the value `in` entering it as a new
+ * input "hidden_in" of in_shape (its first dim the batch: replaced by the build's) that gets a
+ * gradient, and `out` leaving it (its value id in *out_v; the graph's outputs are then not
+ * bound). Nodes from each region_starts[i] to the next (the last up to regions_end) are one
+ * recompute region (MS_REGION_BLOCK). */
+typedef struct ms_onnx_part {
+    size_t lo, hi;
+    const char *in;
+    int in_ndim;
+    int64_t in_shape[MS_MAX_DIMS];
+    const char *out;
+    const size_t *region_starts;
+    int nregions;
+    size_t regions_end;
+} ms_onnx_part;
+ms_status ms_onnx_build_part(const ms_onnx_model *m, int batch, const ms_onnx_part *part,
+                             ms_graph *g, int *outputs, int max_outputs, int *in_v, int *out_v,
+                             ms_error *err);
+
+/* A repeated stack of blocks, found by the scopes PyTorch names nodes with ("/blocks.0/...",
+ * "/blocks.1/...": the first numbered scope, in order): block k is nodes [start[k],
+ * start[k + 1]) (the last ends at `end`), and cut[k] the one activation a cut before block k
+ * passes on (cut[n]: after the last). Nodes before block 0 and after the stack belong to the
+ * first and the last chunk. */
+#define MS_ONNX_MAX_BLOCKS 256
+typedef struct ms_onnx_blocks {
+    int n;
+    char scope[64];
+    size_t start[MS_ONNX_MAX_BLOCKS], end;
+    const char *cut[MS_ONNX_MAX_BLOCKS + 1];
+} ms_onnx_blocks;
+/* Returns the blocks found (0: none, or a stack a cut cannot split: blocks out of order, or
+ * more than one activation crossing a boundary). */
+int ms_onnx_find_blocks(const ms_onnx_model *m, ms_onnx_blocks *out);
+/* The float initializer (a parameter) that nodes [0, a) and nodes [b, end) both read, such as
+ * an embedding tied to the head; NULL when none (or more than one: *several is set). */
+const char *ms_onnx_shared_initializer(const ms_onnx_model *m, size_t a, size_t b, bool *several);
+
 /* The values of the initializer, Constant node output or bound input `name` as floats
  * (numel of them in *numel), for ms_program_load_param; NULL when there is none. */
 const float *ms_onnx_initializer(const ms_onnx_model *m, const char *name, int64_t *numel);
