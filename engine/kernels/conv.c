@@ -1,14 +1,21 @@
-/* conv.c - convolution as im2col and ms_blas_sgemm, one group of one image at a time, so the
- * column buffer is the smallest the GEMM can read (conv.h). The input gradient is a GEMM into
- * the same buffer and col2im; the weight gradient reads the columns again, recomputed. */
+/* conv.c - convolution: the direct AVX-512 kernels (conv_direct.h) where they apply, else
+ * im2col and ms_blas_sgemm, one group of one image at a time, so the column buffer is the
+ * smallest the GEMM can read (conv.h). The input gradient is a GEMM into the same buffer and
+ * col2im; the weight gradient reads the columns again, recomputed. */
 #include "engine/kernels/conv.h"
 
 #include <stddef.h>
 
 #include "engine/kernels/blas.h"
+#include "engine/kernels/conv_direct.h"
 
+/* The direct kernels need the packed weight; the GEMMs (any pass the direct kernels do not
+ * take) one group of one image's columns. */
 int64_t ms_k_conv_scratch_floats(const ms_k_conv *g) {
-    return ms_k_conv_pointwise(g) ? 0 : g->cin_g * g->kh * g->kw * g->oh * g->ow;
+    const bool direct = ms_k_conv_direct_ok(g), gemm = !direct || !ms_k_conv_direct_dx_ok(g);
+    const int64_t col = ms_k_conv_pointwise(g) ? 0 : g->cin_g * g->kh * g->kw * g->oh * g->ow;
+    const int64_t wk = direct ? ms_k_conv_direct_scratch_floats(g) : 0;
+    return gemm && col > wk ? col : wk;
 }
 
 /* The input row and column of output (oy, ox) under tap (ky, kx); outside [0, h) x [0, w) is
@@ -49,15 +56,14 @@ void ms_k_col2im(float *dx, const float *col, int64_t ch, const ms_k_conv *g) {
     col_walk((float *)col, NULL, dx, ch, g); /* read only: dx is set */
 }
 
-/* Where image i's group grp starts in x (its first channel read), out and the weight. */
 static int64_t x_at(const ms_k_conv *g, int64_t i, int64_t grp) {
-    return (i * g->c_x + g->c0 + grp * g->cin_g) * g->h * g->w;
+    return ms_k_conv_x_at(g, i, grp);
 }
 static int64_t out_at(const ms_k_conv *g, int64_t i, int64_t grp) {
-    return (i * g->groups + grp) * g->cout_g * g->oh * g->ow;
+    return ms_k_conv_out_at(g, i, grp);
 }
 static int64_t w_at(const ms_k_conv *g, int64_t grp) {
-    return grp * g->cout_g * g->cin_g * g->kh * g->kw;
+    return ms_k_conv_w_at(g, grp);
 }
 
 /* The columns of image i, group grp: x itself when pointwise, else im2col into col. */
@@ -80,19 +86,29 @@ void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *
             for (int64_t s = 0; s < ohw; s++) o[s] = b;
         }
     if (k == 0) return; /* no input channel on this rank: the bias alone */
+    if (ms_k_conv_direct_ok(g)) {
+        ms_k_conv_direct_forward(g, out, col, x, w);
+        return;
+    }
     for (int64_t i = 0; i < g->n; i++)
         for (int64_t grp = 0; grp < g->groups; grp++)
             ms_blas_sgemm(false, false, g->cout_g, ohw, k, 1.0f, w + w_at(g, grp), k,
                           columns(g, col, x, i, grp), ohw, 1.0f, out + out_at(g, i, grp), ohw);
 }
 
-/* dbias[c] += the sum of dout over images and positions, in that order. */
+/* dbias[c] += the sum of dout over images and positions: image by image, the positions of
+ * each in SIMD lanes (one fixed order). */
 static void conv_dbias(const ms_k_conv *g, float *dbias, const float *dout) {
     const int64_t ohw = g->oh * g->ow, cout = g->groups * g->cout_g;
     for (int64_t c = 0; c < cout; c++) {
         float sum = 0.0f;
-        for (int64_t i = 0; i < g->n; i++)
-            for (int64_t s = 0; s < ohw; s++) sum += dout[(i * cout + c) * ohw + s];
+        for (int64_t i = 0; i < g->n; i++) {
+            const float *d = dout + (i * cout + c) * ohw;
+            float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+            for (int64_t s = 0; s < ohw; s++) part += d[s];
+            sum += part;
+        }
         dbias[c] += sum;
     }
 }
@@ -118,14 +134,19 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
     if (dbias) conv_dbias(g, dbias, dout);
     if (k == 0 || g->cout_g == 0) return;
-    for (int64_t i = 0; i < g->n; i++)
-        for (int64_t grp = 0; grp < g->groups; grp++) {
-            const float *dy = dout + out_at(g, i, grp);
-            if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
-                ms_blas_sgemm(false, true, g->cout_g, k, ohw, 1.0f, dy, ohw,
+    if (dw && ms_k_conv_direct_ok(g))
+        ms_k_conv_direct_dw(g, dw, dout, x);
+    else if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
+        for (int64_t i = 0; i < g->n; i++)
+            for (int64_t grp = 0; grp < g->groups; grp++)
+                ms_blas_sgemm(false, true, g->cout_g, k, ohw, 1.0f, dout + out_at(g, i, grp), ohw,
                               columns(g, col, x, i, grp), ohw, 1.0f, dw + w_at(g, grp), k);
-            if (dx) conv_dx(g, dx, col, dy, w, i, grp);
-        }
+    if (dx && ms_k_conv_direct_dx_ok(g))
+        ms_k_conv_direct_dx(g, dx, col, dout, w);
+    else if (dx)
+        for (int64_t i = 0; i < g->n; i++)
+            for (int64_t grp = 0; grp < g->groups; grp++)
+                conv_dx(g, dx, col, dout + out_at(g, i, grp), w, i, grp);
 }
 
 ms_k_cost ms_k_conv_cost(const ms_k_conv *g, bool bias, bool backward) {

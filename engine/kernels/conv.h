@@ -54,6 +54,18 @@ static inline bool ms_k_conv_pointwise(const ms_k_conv *g) {
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
+/* Where image i's group grp starts in x (its first channel read) and in out, and where group
+ * grp starts in the weight, in floats. */
+static inline int64_t ms_k_conv_x_at(const ms_k_conv *g, int64_t i, int64_t grp) {
+    return (i * g->c_x + g->c0 + grp * g->cin_g) * g->h * g->w;
+}
+static inline int64_t ms_k_conv_out_at(const ms_k_conv *g, int64_t i, int64_t grp) {
+    return (i * g->groups + grp) * g->cout_g * g->oh * g->ow;
+}
+static inline int64_t ms_k_conv_w_at(const ms_k_conv *g, int64_t grp) {
+    return grp * g->cout_g * g->cin_g * g->kh * g->kw;
+}
+
 /* Floats of the CPU kernels' column buffer: cin_g * kh * kw * oh * ow (0 when pointwise). */
 int64_t ms_k_conv_scratch_floats(const ms_k_conv *g);
 

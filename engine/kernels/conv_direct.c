@@ -1,0 +1,294 @@
+/* conv_direct.c - the direct AVX-512 convolution of conv_direct.h. */
+#include "engine/kernels/conv_direct.h"
+
+#include "engine/core/parallel.h"
+
+#if defined(__AVX512F__)
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#define DC_VL   16   /* floats per vector */
+#define DC_R    8    /* output channels per tile */
+#define DC_TAPS 64   /* the most taps (kh * kw) a direct conv takes */
+#define DC_Q    3    /* the most taps of one kernel row a weight-gradient tile holds */
+#define DC_POS  1024 /* positions per weight-gradient chunk */
+
+/* The lanes of a 16-wide load from column xs of a row of w floats that lie in the row. */
+static inline __mmask16 dc_lanes(int64_t xs, int64_t w) {
+    const int64_t lo = xs < 0 ? -xs : 0, hi = w - xs < DC_VL ? w - xs : DC_VL;
+    if (hi <= lo) return 0;
+    return (__mmask16)((((uint32_t)1 << hi) - 1u) & ~(((uint32_t)1 << lo) - 1u));
+}
+
+/* p + off floats as an address only: a masked load reads none of its masked lanes, which may
+ * lie before or after the buffer. */
+static inline const float *dc_at(const float *p, int64_t off) {
+    return (const float *)((uintptr_t)p + (uintptr_t)(off * (int64_t)sizeof(float)));
+}
+
+bool ms_k_conv_direct_ok(const ms_k_conv *g) {
+    return g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 && g->ow % DC_VL == 0 &&
+           g->cout_g % DC_R == 0 && g->kh * g->kw <= DC_TAPS && g->oh * g->ow > 0;
+}
+
+bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+    return ms_k_conv_direct_ok(g) && g->w % DC_VL == 0 && g->cin_g % DC_R == 0 && g->ph < g->kh &&
+           g->pw < g->kw;
+}
+
+int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
+    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+}
+
+/* --- forward and input gradient: out[8 planes] += the conv of src ---------------------------- */
+
+/* One block of 8 output planes of one image: src [c][h][w] convolved (stride 1, padding ph, pw)
+ * into out [8][oh][ow] by wk [c * kh * kw][8]. */
+typedef struct dc_block {
+    const float *src, *wk;
+    float *out;
+    int64_t c, h, w, oh, ow, kh, kw, ph, pw;
+} dc_block;
+
+/* Output vectors v0 .. v0 + np - 1 (np 1 or 2) of the block's 8 planes, summed over channels
+ * and taps in registers, then added to out. */
+static inline __attribute__((always_inline)) void dc_tile(const dc_block *d, int64_t v0, int np) {
+    const int64_t taps = d->kh * d->kw, vrow = d->ow / DC_VL, hw = d->h * d->w;
+    const int64_t ohw = d->oh * d->ow;
+    __m512 acc[2][DC_R];
+    int64_t y[2], x0[2];
+    for (int p = 0; p < np; p++) {
+        y[p] = (v0 + p) / vrow, x0[p] = (v0 + p) % vrow * DC_VL;
+        for (int r = 0; r < DC_R; r++) acc[p][r] = _mm512_setzero_ps();
+    }
+    for (int64_t t = 0; t < taps; t++) {
+        const int64_t ky = t / d->kw, kx = t % d->kw;
+        __mmask16 m[2] = {0, 0};
+        int64_t off[2] = {0, 0};
+        for (int p = 0; p < np; p++) {
+            const int64_t ys = y[p] + ky - d->ph, xs = x0[p] + kx - d->pw;
+            if (ys < 0 || ys >= d->h) continue;
+            m[p] = dc_lanes(xs, d->w), off[p] = ys * d->w + xs;
+        }
+        if (!(m[0] | m[1])) continue; /* every row in the padding */
+        const float *s = d->src, *wt = d->wk + t * DC_R;
+        for (int64_t c = 0; c < d->c; c++, s += hw, wt += taps * DC_R) {
+            __m512 b[2];
+            for (int p = 0; p < np; p++) b[p] = _mm512_maskz_loadu_ps(m[p], dc_at(s, off[p]));
+            for (int r = 0; r < DC_R; r++) {
+                const __m512 wr = _mm512_set1_ps(wt[r]);
+                for (int p = 0; p < np; p++) acc[p][r] = _mm512_fmadd_ps(wr, b[p], acc[p][r]);
+            }
+        }
+    }
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < DC_R; r++) {
+            float *o = d->out + r * ohw + (v0 + p) * DC_VL;
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[p][r]));
+        }
+}
+
+static void dc_block_run(const dc_block *d) {
+    const int64_t nvec = d->oh * d->ow / DC_VL;
+    int64_t v = 0;
+    for (; v + 2 <= nvec; v += 2) dc_tile(d, v, 2);
+    if (v < nvec) dc_tile(d, v, 1);
+}
+
+/* A whole call: per image and group, src (src_c channels) into out (out_c channels, blocks of
+ * 8), with the strides between images and groups of each. */
+typedef struct dc_job {
+    dc_block proto; /* sizes; src, out and wk are the call's bases */
+    int64_t groups, out_c, src_img, src_grp, out_img, out_grp;
+} dc_job;
+
+static void dc_range(void *arg, int64_t lo, int64_t hi) {
+    const dc_job *j = arg;
+    const dc_block *p = &j->proto;
+    const int64_t k = p->c * p->kh * p->kw, ohw = p->oh * p->ow;
+    for (int64_t i = lo; i < hi; i++)
+        for (int64_t grp = 0; grp < j->groups; grp++)
+            for (int64_t ob = 0; ob < j->out_c / DC_R; ob++) {
+                dc_block d = *p;
+                d.src = p->src + i * j->src_img + grp * j->src_grp;
+                d.out = p->out + i * j->out_img + grp * j->out_grp + ob * DC_R * ohw;
+                d.wk = p->wk + (grp * j->out_c + ob * DC_R) * k;
+                dc_block_run(&d);
+            }
+}
+
+void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
+                              const float *w) {
+    const int64_t k = g->cin_g * g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
+    /* wk[grp][ob][k][r] = w[grp][ob * 8 + r][k] */
+    for (int64_t o = 0; o < g->groups * g->cout_g; o++)
+        for (int64_t q = 0; q < k; q++) wk[(o / DC_R * k + q) * DC_R + o % DC_R] = w[o * k + q];
+    dc_job j = {.proto = {.src = x + g->c0 * hw,
+                          .wk = wk,
+                          .out = out,
+                          .c = g->cin_g,
+                          .h = g->h,
+                          .w = g->w,
+                          .oh = g->oh,
+                          .ow = g->ow,
+                          .kh = g->kh,
+                          .kw = g->kw,
+                          .ph = g->ph,
+                          .pw = g->pw},
+                .groups = g->groups,
+                .out_c = g->cout_g,
+                .src_img = g->c_x * hw,
+                .src_grp = g->cin_g * hw,
+                .out_img = g->groups * g->cout_g * ohw,
+                .out_grp = g->cout_g * ohw};
+    ms_parallel_for(g->n, 1, dc_range, &j);
+}
+
+void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
+                         const float *w) {
+    const int64_t taps = g->kh * g->kw, k = g->cin_g * taps, hw = g->h * g->w;
+    const int64_t ohw = g->oh * g->ow, kt = g->cout_g * taps;
+    /* dx is the stride-1 conv of dout, padded kh - 1 - ph, by the weight flipped in both dims
+     * with its channels swapped: wk[grp][cb][co * taps + t'][r] = w[grp][co][cb * 8 + r][taps - 1
+     * - t']. */
+    for (int64_t grp = 0; grp < g->groups; grp++)
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t ci = 0; ci < g->cin_g; ci++)
+                for (int64_t t = 0; t < taps; t++)
+                    wk[(grp * g->cin_g + ci / DC_R * DC_R) * kt +
+                       (co * taps + taps - 1 - t) * DC_R + ci % DC_R] =
+                        w[ms_k_conv_w_at(g, grp) + co * k + ci * taps + t];
+    dc_job j = {.proto = {.src = dout,
+                          .wk = wk,
+                          .out = dx + g->c0 * hw,
+                          .c = g->cout_g,
+                          .h = g->oh,
+                          .w = g->ow,
+                          .oh = g->h,
+                          .ow = g->w,
+                          .kh = g->kh,
+                          .kw = g->kw,
+                          .ph = g->kh - 1 - g->ph,
+                          .pw = g->kw - 1 - g->pw},
+                .groups = g->groups,
+                .out_c = g->cin_g,
+                .src_img = g->groups * g->cout_g * ohw,
+                .src_grp = g->cout_g * ohw,
+                .out_img = g->c_x * hw,
+                .out_grp = g->cin_g * hw};
+    ms_parallel_for(g->n, 1, dc_range, &j);
+}
+
+/* --- weight gradient ----------------------------------------------------------------------------
+ */
+
+typedef struct dw_job {
+    const ms_k_conv *g;
+    float *dw;
+    const float *dout, *x;
+    int64_t i0, i1; /* the chunk's images */
+    int64_t kxc;    /* chunks of up to DC_Q taps per kernel row */
+} dw_job;
+
+/* dw[grp][ob * 8 + r][c][ky][kx0 + q] += dout . x shifted, r < 8, q < nq, over the chunk. */
+static inline __attribute__((always_inline)) void
+dw_tile(const dw_job *j, int64_t grp, int64_t ob, int64_t c, int64_t ky, int64_t kx0, int nq) {
+    const ms_k_conv *g = j->g;
+    const int64_t ohw = g->oh * g->ow;
+    __m512 acc[DC_R][DC_Q];
+    for (int r = 0; r < DC_R; r++)
+        for (int q = 0; q < nq; q++) acc[r][q] = _mm512_setzero_ps();
+    /* The lanes of each tap's load in the row's first, inner and last vectors. */
+    __mmask16 mf[DC_Q], mi[DC_Q], ml[DC_Q];
+    for (int q = 0; q < nq; q++) {
+        mf[q] = dc_lanes(kx0 + q - g->pw, g->w), mi[q] = 0xffff;
+        ml[q] = dc_lanes(g->ow - DC_VL + kx0 + q - g->pw, g->w);
+    }
+    for (int64_t i = j->i0; i < j->i1; i++) {
+        const float *dy = j->dout + ms_k_conv_out_at(g, i, grp) + ob * DC_R * ohw;
+        const float *xc = j->x + ms_k_conv_x_at(g, i, grp) + c * g->h * g->w;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            const int64_t ys = oy + ky - g->ph;
+            if (ys < 0 || ys >= g->h) continue;
+            const float *row = xc + ys * g->w, *dyr = dy + oy * g->ow;
+            for (int64_t ox = 0; ox < g->ow; ox += DC_VL) {
+                const int64_t xs = ox + kx0 - g->pw;
+                const __mmask16 *m = ox == 0 ? mf : ox + DC_VL == g->ow ? ml : mi;
+                __m512 xv[DC_Q];
+                for (int q = 0; q < nq; q++)
+                    xv[q] = _mm512_maskz_loadu_ps(m[q], dc_at(row, xs + q));
+                for (int r = 0; r < DC_R; r++) {
+                    __m512 d = _mm512_loadu_ps(dyr + r * ohw + ox);
+                    __asm__("" : "+v"(d)); /* one load, not one folded into each FMA */
+                    for (int q = 0; q < nq; q++) acc[r][q] = _mm512_fmadd_ps(d, xv[q], acc[r][q]);
+                }
+            }
+        }
+    }
+    const int64_t k = g->cin_g * g->kh * g->kw;
+    float *o = j->dw + ms_k_conv_w_at(g, grp) + ob * DC_R * k + (c * g->kh + ky) * g->kw + kx0;
+    for (int r = 0; r < DC_R; r++)
+        for (int q = 0; q < nq; q++) o[r * k + q] += _mm512_reduce_add_ps(acc[r][q]);
+}
+
+/* Tiles [lo, hi) in (grp, ob, c, ky, kx chunk) order. */
+static void dw_range(void *arg, int64_t lo, int64_t hi) {
+    const dw_job *j = arg;
+    const ms_k_conv *g = j->g;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t rest = t;
+        const int64_t kc = rest % j->kxc;
+        rest /= j->kxc;
+        const int64_t ky = rest % g->kh;
+        rest /= g->kh;
+        const int64_t c = rest % g->cin_g;
+        rest /= g->cin_g;
+        const int64_t ob = rest % (g->cout_g / DC_R), grp = rest / (g->cout_g / DC_R);
+        const int64_t kx0 = kc * DC_Q, nq = g->kw - kx0 < DC_Q ? g->kw - kx0 : DC_Q;
+        if (nq == 3)
+            dw_tile(j, grp, ob, c, ky, kx0, 3);
+        else if (nq == 2)
+            dw_tile(j, grp, ob, c, ky, kx0, 2);
+        else
+            dw_tile(j, grp, ob, c, ky, kx0, 1);
+    }
+}
+
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x) {
+    const int64_t ohw = g->oh * g->ow, chunk = ohw >= DC_POS ? 1 : DC_POS / ohw;
+    dw_job j = {.g = g, .dw = dw, .dout = dout, .x = x, .kxc = (g->kw + DC_Q - 1) / DC_Q};
+    const int64_t tiles = g->groups * (g->cout_g / DC_R) * g->cin_g * g->kh * j.kxc;
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for(tiles, 1, dw_range, &j);
+    }
+}
+
+#else /* no AVX-512: conv.c runs its GEMMs */
+
+bool ms_k_conv_direct_ok(const ms_k_conv *g) {
+    (void)g;
+    return false;
+}
+bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+    (void)g;
+    return false;
+}
+int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
+    (void)g;
+    return 0;
+}
+void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
+                              const float *w) {
+    (void)g, (void)out, (void)wk, (void)x, (void)w;
+}
+void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
+                         const float *w) {
+    (void)g, (void)dx, (void)wk, (void)dout, (void)w;
+}
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x) {
+    (void)g, (void)dw, (void)dout, (void)x;
+}
+
+#endif

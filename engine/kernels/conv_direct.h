@@ -1,0 +1,47 @@
+/* conv_direct.h - direct convolution with AVX-512 for the stride-1 convs of conv.c: no column
+ * buffer, the input read in place.
+ *
+ * A tile of 8 output channels by 16 or 32 output positions (one or two 16-wide vectors, each
+ * within one output row) keeps its sums in registers over every input channel and tap; a tap
+ * that falls in the padding is a masked load (zeros), so the input needs no padded copy. The
+ * input gradient is the same kernel run on dout with the weight flipped and transposed, the
+ * padding kh - 1 - ph. The weight gradient keeps 8 output channels by up to 3 taps of one
+ * kernel row in registers over a chunk of images (about 1024 positions) and adds their sums
+ * into dw chunk by chunk.
+ *
+ * Deterministic and independent of the thread count: the forward and the input gradient split
+ * images over the rank's threads, each output summed in one fixed order; the weight gradient
+ * splits its tiles (every dw element is one thread's) and sums chunks in image order.
+ *
+ * Built only where the compiler targets AVX-512 F (-march=native on such a CPU, MS_NATIVE);
+ * elsewhere the _ok functions say false and conv.c runs its GEMMs.
+ */
+#ifndef MS_KERNELS_CONV_DIRECT_H
+#define MS_KERNELS_CONV_DIRECT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kernels/conv.h"
+
+/* Whether the forward (and the weight gradient) runs direct: stride and dilation 1, output
+ * width a multiple of 16, output channels per group a multiple of 8, at most 64 taps. */
+bool ms_k_conv_direct_ok(const ms_k_conv *g);
+/* Whether the input gradient runs direct: as the forward's, with the input width a multiple
+ * of 16, input channels per group a multiple of 8 and padding below the kernel size. */
+bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
+
+/* Floats of packed weight the direct kernels take: the weight's, groups * cout_g * cin_g * kh
+ * * kw. */
+int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g);
+
+/* out += the convolution of x by w (out already holds the bias). wk: the scratch. */
+void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
+                              const float *w);
+/* dx += the input gradient. wk: the scratch. */
+void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
+                         const float *w);
+/* dw += the weight gradient. */
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x);
+
+#endif
