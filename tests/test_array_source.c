@@ -758,7 +758,7 @@ static void hardening_too_many_fields_and_long_names(void **state) {
     int64_t s[1] = {2};
     enum { M = MS_BATCH_MAX_FIELDS + 1 };
     member m[M];
-    char names[M][16];
+    char names[M][24];
     for (int i = 0; i < M; i++) {
         snprintf(names[i], sizeof names[i], "f%d.npy", i);
         m[i] = (member){.name = names[i]};
