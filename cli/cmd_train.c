@@ -32,16 +32,18 @@ int ms_cmd_train(int argc, char **argv) {
 typedef struct rank_arg {
     const run_opts *o;
     const job_plan *plan;
+    const ms_batch_source *src; /* eval's data, opened once per process (job_open_data) */
 } rank_arg;
 
 /* Validates a read job and runs fn on its ranks; 2 for bad input, 1 for a failed run. */
-static int launch_plan(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn fn) {
+static int launch_plan(const char *cmd, const run_opts *o, job_plan *plan, ms_rank_fn fn,
+                       const ms_batch_source *src) {
     ms_error err = {0};
     if (job_plan_validate(o, plan, &err) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
         return 2;
     }
-    rank_arg arg = {o, plan};
+    rank_arg arg = {o, plan, src};
     if (job_launch(cmd, o, plan, fn, &arg, &err) != MS_OK) {
         fprintf(stderr, "meshscope %s: %s\n", cmd, err.msg);
         return 1;
@@ -85,10 +87,9 @@ static ms_status eval_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     const rank_arg *ra = arg;
     const run_opts *o = ra->o;
     ms_trainer *t = NULL;
-    ms_batch_source *src = NULL;
+    const ms_batch_source *src = ra->src;
     ms_st_file ck = {0};
     ms_status st;
-    MS_CHECK_GOTO(ms_model_def_open_data(&ra->plan->def, o->data, 0.0, &src, err), st, out);
     ms_train_opts to = job_train_opts(o, false, true);
     MS_CHECK_GOTO(ms_trainer_create_def(ctx, &ra->plan->def, &ra->plan->strat, &ra->plan->rules,
                                         &to, src, &t, err),
@@ -108,7 +109,6 @@ static ms_status eval_rank(ms_ctx *ctx, void *arg, ms_error *err) {
 out:
     ms_safetensors_free(&ck);
     ms_trainer_destroy(t);
-    ms_batch_source_close(src);
     return st;
 }
 
@@ -122,12 +122,15 @@ int ms_cmd_eval(int argc, char **argv) {
     }
     job_plan plan;
     ms_error err = {0};
-    if (job_plan_read(&o, &plan, &err) != MS_OK || job_check_data(&o, &plan, 0.0, &err) != MS_OK) {
+    ms_batch_source *src = NULL;
+    if (job_plan_read(&o, &plan, &err) != MS_OK ||
+        job_open_data(&o, &plan, 0.0, &src, &err) != MS_OK) {
         fprintf(stderr, "meshscope eval: %s\n", err.msg);
         job_plan_free(&plan);
         return 2;
     }
-    rc = launch_plan("eval", &o, &plan, eval_rank);
+    rc = launch_plan("eval", &o, &plan, eval_rank, src);
+    ms_batch_source_close(src);
     job_plan_free(&plan);
     return rc;
 }
@@ -196,7 +199,7 @@ int ms_cmd_explain(int argc, char **argv) {
         return 2;
     }
     if ((rc = explain_pipeline(&o, &plan)) == 0)
-        rc = launch_plan("explain", &o, &plan, explain_rank);
+        rc = launch_plan("explain", &o, &plan, explain_rank, NULL);
     job_plan_free(&plan);
     return rc;
 }

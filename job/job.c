@@ -32,12 +32,16 @@ void job_use_model(const ms_model_def *def) {
     have_user_model = true;
 }
 
-ms_status job_check_data(const run_opts *o, const job_plan *plan, double val_fraction,
-                         ms_error *err) {
+ms_status job_open_data(const run_opts *o, const job_plan *plan, double val_fraction,
+                        ms_batch_source **out, ms_error *err) {
     ms_batch_source *src = NULL;
     ms_status st = ms_model_def_open_data(&plan->def, o->data, val_fraction, &src, err);
     if (st == MS_OK) st = ms_model_def_check_source(&plan->def, src, err);
-    ms_batch_source_close(src);
+    if (st != MS_OK) {
+        ms_batch_source_close(src);
+        src = NULL;
+    }
+    *out = src;
     return st;
 }
 

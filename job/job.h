@@ -92,10 +92,12 @@ ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err);
  * file is created and removed). The message names the flag, the path and the reason, so a
  * long run never ends by failing to write its result. */
 ms_status job_check_outputs(const run_opts *o, ms_error *err);
-/* Checks before any rank starts that --data opens as the model's data and feeds its inputs
- * (ms_model_def_open_data, ms_model_def_check_source): a bad file is bad input, said once. */
-ms_status job_check_data(const run_opts *o, const job_plan *plan, double val_fraction,
-                         ms_error *err);
+/* Opens --data as the model's data before any rank starts and checks that it feeds the
+ * model's inputs (ms_model_def_open_data, ms_model_def_check_source): a bad file is bad input,
+ * said once. The process's ranks share the source (read-only once open); the caller closes it
+ * after they joined. */
+ms_status job_open_data(const run_opts *o, const job_plan *plan, double val_fraction,
+                        ms_batch_source **out, ms_error *err);
 
 /* --save-dir's owner: the process that hosts world rank 0 takes the folder's lock
  * (ms_dir_lock) for the job's life, so that a second job saving there is refused before it

@@ -226,7 +226,8 @@ static void report_state_memory(ms_ctx *ctx, ms_trainer *t, double created_from,
 typedef struct train_args {
     const run_opts *o;
     const job_plan *plan;
-    live_job *job; /* threads backend: shared by the ranks; NULL otherwise */
+    live_job *job;              /* threads backend: shared by the ranks; NULL otherwise */
+    const ms_batch_source *src; /* the data, opened once per process (job_open_data) */
 } train_args;
 
 /* The line rank 0 prints before the first step. */
@@ -285,8 +286,8 @@ typedef struct rank_run {
     ms_ctx *ctx;
     const run_opts *o;
     ms_trainer *t;
-    ms_batch_source *src; /* the job's data */
-    FILE *log;            /* rank 0: --log-jsonl */
+    const ms_batch_source *src; /* the job's data (borrowed from train_args) */
+    FILE *log;                  /* rank 0: --log-jsonl */
     tracer tr;
     ms_comm *control_comm; /* the live job's own channel, whether or not it traces */
     live_job own;          /* MPI: rank 0's live job, opened by this rank */
@@ -316,7 +317,7 @@ static ms_status rank_open(rank_run *r, const train_args *ta, ms_error *err) {
                        .live = r->job ? r->job->live : NULL,
                        .live_views = r->live_on};
     MS_CHECK(tracer_open(ctx, &r->tr, &tro, err));
-    MS_CHECK(ms_model_def_open_data(&ta->plan->def, o->data, o->val_fraction, &r->src, err));
+    r->src = ta->src;
     ms_train_opts to = job_train_opts(o, o->sample > 0, false);
     r->created_from = (double)atomic_load(&ctx->device->in_use);
     MS_CHECK(ms_trainer_create_def(ctx, &ta->plan->def, &ta->plan->strat, &ta->plan->rules, &to,
@@ -432,7 +433,6 @@ static ms_status rank_close(rank_run *r, ms_status st, ms_error *err) {
     free(r->sample);
     ms_ckpt_saver_destroy(r->saver);
     ms_trainer_destroy(r->t);
-    ms_batch_source_close(r->src);
     tracer_close(r->ctx, &r->tr);
     ms_comm_destroy(r->control_comm);
     live_job_release_rank(&r->own);
@@ -460,7 +460,9 @@ int train_job_run(const run_opts *o) {
     live_job job;
     ms_status st = job_plan_resolve(o, &plan, &err);
     if (st == MS_OK) st = job_check_outputs(o, &err);
-    if (st == MS_OK) st = job_check_data(o, &plan, o->val_fraction, &err);
+    ms_batch_source *src = NULL;
+    if (st == MS_OK) st = job_open_data(o, &plan, o->val_fraction, &src, &err);
+    ta.src = src;
     int save_lock = -1; /* held until the job is over: no other job saves into --save-dir */
     if (st == MS_OK) st = job_claim_save_dir(o, &save_lock, &err);
     if (st == MS_OK) {
@@ -480,6 +482,7 @@ int train_job_run(const run_opts *o) {
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);
         ms_dir_unlock(save_lock);
+        ms_batch_source_close(src);
         job_plan_free(&plan);
         return 2;
     }
@@ -489,6 +492,7 @@ int train_job_run(const run_opts *o) {
         live_job_close(&job);
     }
     ms_dir_unlock(save_lock);
+    ms_batch_source_close(src);
     job_plan_free(&plan);
     if (st != MS_OK) {
         fprintf(stderr, "meshscope train: %s\n", err.msg);

@@ -448,12 +448,14 @@ static ms_train_opts opts(void) {
 
 static void gather(mt_rank *r, ms_trainer *tr, result *out) {
     ms_error err = {0};
-    out->n = ms_trainer_num_state(tr);
-    for (int i = 0; i < out->n && i < MAX_STATE; i++) {
+    int n = ms_trainer_num_state(tr); /* every rank walks the state; rank 0 records it */
+    bool rec = r->ctx->rank == 0;
+    if (rec) out->n = n;
+    for (int i = 0; i < n && i < MAX_STATE; i++) {
         ms_state_tensor st;
         ms_trainer_state(tr, i, &st);
-        out->kind[i] = st.kind;
-        out->nbuffers += st.kind == MS_STATE_BUFFER;
+        if (rec) out->kind[i] = st.kind;
+        if (rec) out->nbuffers += st.kind == MS_STATE_BUFFER;
         ms_tensor full = {0};
         if (!MT_OK(r, ms_trainer_state_full(tr, i, &full, &err), &err)) return;
         if (r->ctx->rank == 0) {

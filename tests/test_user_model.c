@@ -173,8 +173,9 @@ static ms_train_opts opts(void) {
 
 static void gather(mt_rank *r, ms_trainer *tr, result *out) {
     ms_error err = {0};
-    out->n = ms_trainer_num_state(tr);
-    for (int i = 0; i < out->n && i < MAX_STATE; i++) {
+    int n = ms_trainer_num_state(tr); /* every rank walks the state; rank 0 records it */
+    if (r->ctx->rank == 0) out->n = n;
+    for (int i = 0; i < n && i < MAX_STATE; i++) {
         ms_tensor full = {0};
         if (!MT_OK(r, ms_trainer_state_full(tr, i, &full, &err), &err)) return;
         if (r->ctx->rank == 0) {
