@@ -16,6 +16,7 @@
 #include "engine/io/fileio.h"
 #include "engine/kernels/kernels.h"
 #include "engine/model/onnx_def.h"
+#include "engine/plan/auto_place.h"
 #include "engine/plan/validate.h"
 #include "engine/train/checkpoint.h"
 #include "profiler/flight_doctor.h"
@@ -133,6 +134,51 @@ static void default_buckets(const run_opts *o, job_plan *plan, ms_device_kind ki
     }
 }
 
+/* "placements": "auto": the planner's search for the tensor-parallel layout, on this machine's
+ * cluster (cpu-local, or gpu-local on CUDA), before any rank starts; one line says what it found
+ * and what the runner-up would have cost. */
+static ms_status resolve_auto_placements(const run_opts *o, job_plan *plan, ms_device_kind kind,
+                                         ms_error *err) {
+    if (!plan->rules.auto_place) return MS_OK;
+    ms_cluster *cl = xmalloc(sizeof *cl);
+    ms_auto_place_result *r = xmalloc(sizeof *r);
+    ms_status st = ms_cluster_resolve(kind == MS_DEVICE_CUDA ? "gpu-local" : "cpu-local", false,
+                                      NULL, cl, err);
+    if (st == MS_OK && cl->devices_per_node < plan->world_size)
+        cl->devices_per_node = plan->world_size; /* ranks sharing devices: each priced alone */
+    ms_plan_problem pb = {.devices = plan->world_size,
+                          .global_batch = o->batch,
+                          .seq = o->seq,
+                          .dtype = plan->strat.precision == MS_PRECISION_BF16 ? MS_PLAN_BF16
+                                                                              : MS_PLAN_FP32,
+                          .cluster = cl,
+                          .engine_workloads = true,
+                          .def = &plan->def};
+    if (st == MS_OK) st = ms_plan_auto_placements(&pb, &plan->strat, NULL, r, err);
+    if (st == MS_OK) {
+        plan->rules = r->rules;
+        char *text = xmalloc(8192), bytes[32];
+        ms_auto_place_rules_str(&r->rules, text, 8192);
+        if (says_notes()) {
+            printf("auto placements: %s; predicted step %.3f ms, %s of collectives per step "
+                   "per rank",
+                   r->rules.n ? text : "none (tp 1: nothing to place)", r->best.step_s * 1e3,
+                   ms_plan_bytes_str(r->coll_bytes, bytes, sizeof bytes));
+            if (r->have_runner_up)
+                printf("; runner-up %.3f ms (%s)", r->runner_up.step_s * 1e3, r->runner_up_diff);
+            printf("; %d layout%s compiled in %.0f ms\n", r->compiles, r->compiles == 1 ? "" : "s",
+                   r->search_ms);
+            fflush(stdout);
+        }
+        free(text);
+    } else {
+        st = ms_fail_wrap(err, st, "\"placements\": \"auto\"");
+    }
+    free(r);
+    free(cl);
+    return st;
+}
+
 ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err) {
     ms_job_shape job = job_shape(o, plan);
     MS_CHECK(ms_strategy_check_def(&plan->strat, &plan->def, &job, err));
@@ -143,7 +189,7 @@ ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err) {
     ms_device_kind kind;
     MS_CHECK(resolve_device(o, &kind, err));
     default_buckets(o, plan, kind);
-    return MS_OK;
+    return resolve_auto_placements(o, plan, kind, err);
 }
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {

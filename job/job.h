@@ -54,7 +54,8 @@ typedef struct job_plan {
     ms_model_def def;
     ms_model_config cfg;
     ms_strategy strat;
-    ms_placement_rules rules; /* the strategy file's "placements"; n = 0 without */
+    ms_placement_rules rules; /* the strategy file's "placements"; n = 0 without ("auto": the
+                                 search's, once job_plan_validate ran) */
     int world_size;
 } job_plan;
 

@@ -610,16 +610,23 @@ static ms_status get_setting(const cJSON *o, const char *path, const ms_setting 
 
 static ms_status parse_placements(const cJSON *pls, int mdims, ms_placement_rules *rules,
                                   const char *name, ms_error *err) {
-    if (!cJSON_IsObject(pls))
+    bool is_auto = cJSON_IsString(pls) && !strcmp(pls->valuestring, "auto");
+    if (!cJSON_IsObject(pls) && !is_auto)
         return ms_fail(err, MS_ERR_INVALID,
-                       "%s: $.placements: expected an object of pattern: placements", name);
+                       "%s: $.placements: expected an object of pattern: placements, or \"auto\" "
+                       "(the planner finds them)",
+                       name);
     if (!rules)
         return ms_fail(err, MS_ERR_INVALID,
                        "%s: $.placements: explicit placements are not taken here; put them in a "
                        "--strategy file",
                        name);
-    MS_CHECK(check_keys(pls, "$.placements", NULL, 0, name, err));
     rules->n = 0;
+    if (is_auto) {
+        rules->auto_place = rules->no_hints = true;
+        return MS_OK;
+    }
+    MS_CHECK(check_keys(pls, "$.placements", NULL, 0, name, err));
     for (const cJSON *k = pls->child; k; k = k->next) {
         if (rules->n == MS_STRATEGY_MAX_RULES)
             return ms_fail(err, MS_ERR_INVALID, "%s: $.placements: more than %d patterns", name,
@@ -697,7 +704,7 @@ static ms_status parse_root(const cJSON *root, const char *name, ms_strategy *s,
                        dpath, s->dp, s->tp, s->pp, s->cp, MS_STRATEGY_MAX_RANKS);
     ms_strategy_settle(s, given);
     const cJSON *pls = cJSON_GetObjectItemCaseSensitive(root, "placements");
-    if (rules) rules->n = 0;
+    if (rules) *rules = (ms_placement_rules){0};
     if (pls) MS_CHECK(parse_placements(pls, s->cp > 1 ? 3 : 2, rules, name, err));
     return MS_OK;
 }
@@ -721,7 +728,7 @@ ms_status ms_strategy_parse_json(const char *json, size_t len, const char *name,
     if (st == MS_OK)
         *s = tmp;
     else if (rules)
-        rules->n = 0;
+        *rules = (ms_placement_rules){0};
     cJSON_Delete(root);
     return st;
 }
@@ -867,13 +874,19 @@ ms_compile_opts ms_strategy_compile_opts(const ms_strategy *s, ms_sharding *sh) 
     };
 }
 
+/* The built-in language models' inputs: token ids, targets, positions, BERT's masked ones. */
+static bool is_lm_input(const char *name) {
+    return !strcmp(name, "input_ids") || !strcmp(name, "targets") ||
+           !strcmp(name, "position_ids") || !strcmp(name, "masked_lm_positions") ||
+           !strcmp(name, "masked_lm_labels");
+}
+
 /* A model's input (or a pipeline chunk's), without a hint of its own: its rows split over dp. */
 static bool input_rows_over_dp(const ms_sharding *sh, const char *name, const ms_shape *shape,
                                int mesh_ndim, ms_placements *pl) {
     bool boundary = !strcmp(name, "hidden_in"); /* what crosses a pipeline cut */
-    if (sh->s->dp < 2 || shape->ndim < 1 ||
-        (!boundary && ms_model_def_find_input(sh->def, name) < 0))
-        return false;
+    bool input = sh->def ? ms_model_def_find_input(sh->def, name) >= 0 : is_lm_input(name);
+    if (sh->s->dp < 2 || shape->ndim < 1 || (!boundary && !input)) return false;
     *pl = ms_placements_replicated(mesh_ndim);
     pl->p[MS_STRATEGY_DP_DIM] = ms_pl_shard(0);
     ms_placements_default_order(pl);
@@ -888,6 +901,15 @@ bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int 
             *pl = sh->rules->r[r].pl;
             return true;
         }
+    if (sh->rules && sh->rules->no_hints) {
+        /* the built-in models' inputs keep their placement over dp and cp (no tp opinion) */
+        if ((!sh->def || sh->def->lm) && is_lm_input(name) && sh->s->cp > 1) {
+            ms_strategy whole = *sh->s;
+            whole.tp = 1;
+            return ms_lm_shard(&whole, name, shape, mesh_ndim, pl);
+        }
+        return input_rows_over_dp(sh, name, shape, mesh_ndim, pl);
+    }
     if (!sh->def) return ms_lm_shard(sh->s, name, shape, mesh_ndim, pl);
     if (sh->def->hooks->shard && sh->def->hooks->shard(sh->def, sh->s, name, shape, mesh_ndim, pl))
         return true;

@@ -264,6 +264,14 @@ typedef struct ms_placement_rule {
 typedef struct ms_placement_rules {
     int n;
     ms_placement_rule r[MS_STRATEGY_MAX_RULES];
+    /* The rules are the whole layout: the model's own hints (the def's shard hook, the built-in
+     * language models' Megatron rules) are not read; only these rules and the inputs' rows over
+     * dp (over cp, the built-in models' sequence dim) annotate the graph, and the completion pass
+     * places everything else. What the automatic search compiles and what its rules run under. */
+    bool no_hints;
+    /* The strategy file said "placements": "auto": the job finds the rules before the ranks
+     * start (engine/plan/auto_place.h); n is 0 until then. */
+    bool auto_place;
 } ms_placement_rules;
 
 /* --- reading strategies ---------------------------------------------------------------------- */
@@ -272,6 +280,8 @@ typedef struct ms_placement_rules {
  *   short  {"dp": 2, "tp": 2, "sp": false, "zero": 1, ...}           (degrees at the top)
  *   file   {"mesh": {"dp": 2, "tp": 2, "pp": 1, "cp": 1}, "sp": false, ...,
  *           "placements": {"h.*.mlp.c_fc.weight": "[R, S(1)]", ...}}
+ * or "placements": "auto" (rules->auto_place: the job searches for the tensor-parallel layout,
+ * engine/plan/auto_place.h).
  * Settings: every row of MS_STRATEGY_SETTINGS under its name, in its range; recompute also
  * takes true / false (full / none); a micro_batch alone sets the size and the count follows
  * from the batch. Unset settings take their defaults. The former key "vocab_parallel" is
@@ -312,7 +322,8 @@ typedef struct ms_sharding {
 
 /* The ms_shard_fn for ms_compile_opts (user = an ms_sharding): the strategy file's glob rules
  * first, then the model's shard hook, then its inputs' rows over dp; without a def, the
- * built-in language models' rules (ms_lm_shard). */
+ * built-in language models' rules (ms_lm_shard). Rules with no_hints: the rules, then only the
+ * inputs' rows over dp (and the built-in models' inputs' sequence over cp). */
 bool ms_strategy_shard(void *user, const char *name, const ms_shape *shape, int mesh_ndim,
                        ms_placements *pl);
 

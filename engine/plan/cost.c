@@ -1364,7 +1364,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
                                const ms_plan_workload **w, const ms_plan_engine_stats **st,
                                ms_plan_workload *scratch, ms_plan_engine_stats *scratch_st,
                                ms_error *err) {
-    ms_plan_memo *m = pb->memo;
+    ms_plan_memo *m = pb->rules ? NULL : pb->memo; /* the memo's key has no rules */
     for (memo_entry *e = m ? m->head : NULL; e; e = e->next)
         if (same_problem_model(e, pb) && e->batch == pb->global_batch && e->seq == pb->seq &&
             ms_strategy_equal(&e->s, s)) {

@@ -112,6 +112,10 @@ typedef struct ms_plan_problem {
      * engine workload, whatever engine_workloads says), a step's tokens are its batch rows
      * (seq 1), and `model` is not read. Borrowed. */
     const ms_model_def *def;
+    /* Placement rules the engine's program is compiled under (a strategy file's, or the
+     * automatic search's candidates, engine/plan/auto_place.h), or NULL: the model's own
+     * layout. Workloads compiled under rules are not kept in the memo. Borrowed. */
+    const ms_placement_rules *rules;
 } ms_plan_problem;
 
 /* The problem's model when it is a def without a built-in config (a program's own model), else

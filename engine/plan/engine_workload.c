@@ -265,7 +265,8 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
         MS_CHECK_GOTO(ms_pp_chunk_model(&pb->model, s, rows, pb->seq, k, &model, err), st, out);
     int m = 0, size = 0;
     ms_strategy_micro(s, pb->global_batch, &size, &m);
-    ms_sharding sh = {.s = s, .kv_heads = d ? 0 : pb->model.n_kv_head, .def = d};
+    ms_sharding sh = {
+        .s = s, .rules = pb->rules, .kv_heads = d ? 0 : pb->model.n_kv_head, .def = d};
     ms_compile_opts co = ms_strategy_compile_opts(s, &sh);
     co.micro_batched = m > 1 || s->pp > 1;
     co.inflight = inflight;

@@ -605,7 +605,7 @@ static int find_state(compiled *c, moments *mo, bool inference, const char *para
 }
 
 static bool same_rules(const ms_placement_rules *a, const ms_placement_rules *b) {
-    if (a->n != b->n) return false;
+    if (a->n != b->n || a->no_hints != b->no_hints) return false;
     for (int i = 0; i < a->n; i++)
         if (strcmp(a->r[i].pattern, b->r[i].pattern) || !ms_placements_eq(&a->r[i].pl, &b->r[i].pl))
             return false;

@@ -1,0 +1,282 @@
+/* test_auto_place.c - automatic placements (engine/plan/auto_place.h).
+ *
+ * The search, for GPT-2, BERT and LLaMA tiny configs with the hand layout removed (no hints),
+ * under tp 2 and tp 4 with and without sp: its layout's collective bytes per step are at most
+ * the hand (Megatron) layout's, priced on the h100 preset. Then the edges (tp 1, a memory limit
+ * nothing fits, the strategy file's "auto"), and a GPT-2 tiny trained under dp2 x tp2 with the
+ * rules found gives the one-rank run's losses.
+ *
+ * `test_auto_place --table` prints the table of docs/planner.md.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/plan/auto_place.h"
+#include "engine/train/trainer.h"
+#include "tests/testkit.h"
+
+#ifndef MS_SOURCE_DIR
+#define MS_SOURCE_DIR "."
+#endif
+
+enum { BATCH = 8, SEQ = 32 };
+
+static ms_cluster h100(void) {
+    ms_cluster c;
+    ms_error err = {0};
+    if (ms_cluster_load(MS_SOURCE_DIR "/configs/clusters/h100.json", &c, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    return c;
+}
+
+static ms_plan_problem problem(const ms_model_config *m, const ms_cluster *c, int devices) {
+    return (ms_plan_problem){.model = *m,
+                             .devices = devices,
+                             .global_batch = BATCH,
+                             .seq = SEQ,
+                             .dtype = MS_PLAN_FP32,
+                             .cluster = c,
+                             .engine_workloads = true};
+}
+
+typedef struct row {
+    const char *model;
+    int tp;
+    bool sp;
+    double hand_bytes, auto_bytes, hand_step, auto_step, runner_step, search_ms;
+    int compiles;
+    char rules[2048];
+    /* the search again under the hand layout's memory per rank */
+    double lim_bytes, lim_step, lim_search_ms, hand_mem, lim_mem;
+    int lim_compiles;
+    char lim_rules[2048];
+} row;
+
+/* The hand layout and the search, one case. */
+static void run_case(const char *config, int tp, bool sp, row *out) {
+    ms_model_config m = mt_source_config(config);
+    ms_cluster c = h100();
+    ms_plan_problem pb = problem(&m, &c, tp);
+    ms_strategy s;
+    ms_error err = {0};
+    assert_int_equal(ms_strategy_init(&s, 1, tp, 1, sp, &err), MS_OK);
+    ms_plan_estimate hand;
+    if (ms_plan_estimate_one(&pb, &s, NULL, &hand, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_true(hand.from_engine);
+    ms_auto_place_result *r = malloc(sizeof *r);
+    if (ms_plan_auto_placements(&pb, &s, NULL, r, &err) != MS_OK) fail_msg("%s", err.msg);
+    *out = (row){.model = config,
+                 .tp = tp,
+                 .sp = sp,
+                 .hand_bytes = ms_plan_estimate_coll_bytes(&hand),
+                 .auto_bytes = r->coll_bytes,
+                 .hand_step = hand.step_s,
+                 .auto_step = r->best.step_s,
+                 .runner_step = r->have_runner_up ? r->runner_up.step_s : 0,
+                 .search_ms = r->search_ms,
+                 .compiles = r->compiles};
+    ms_auto_place_rules_str(&r->rules, out->rules, sizeof out->rules);
+    ms_auto_place_opts lim = {.mem_limit = hand.mem_total};
+    ms_auto_place_result *rl = malloc(sizeof *rl);
+    if (ms_plan_auto_placements(&pb, &s, &lim, rl, &err) != MS_OK) {
+        /* sp's hand layout shards the residual stream, which no weight layout can match */
+        assert_non_null(strstr(err.msg, "fits the memory limit"));
+        snprintf(out->lim_rules, sizeof out->lim_rules, "none fits");
+        out->hand_mem = hand.mem_total, out->lim_compiles = rl->compiles;
+        out->lim_search_ms = rl->search_ms;
+        rl->best.mem_total = 0;
+    }
+    out->lim_bytes = rl->coll_bytes, out->lim_step = rl->best.step_s;
+    out->lim_search_ms = rl->search_ms, out->lim_compiles = rl->compiles;
+    out->hand_mem = hand.mem_total, out->lim_mem = rl->best.mem_total;
+    assert_true(rl->best.mem_total <= hand.mem_total);
+    if (rl->best.mem_total > 0)
+        ms_auto_place_rules_str(&rl->rules, out->lim_rules, sizeof out->lim_rules);
+    free(rl);
+    assert_true(r->rules.no_hints);
+    assert_true(r->rules.n > 0);
+    assert_true(r->have_runner_up);
+    assert_true(r->runner_up.step_s >= r->best.step_s);
+    assert_true(r->compiles >= 1 + r->classes);
+    /* the search's own figure agrees with pricing its rules again */
+    ms_plan_problem again = pb;
+    again.rules = &r->rules;
+    ms_plan_estimate e;
+    assert_int_equal(ms_plan_estimate_one(&again, &s, NULL, &e, &err), MS_OK);
+    assert_true(fabs(e.step_s - r->best.step_s) <= 1e-12 * r->best.step_s);
+    free(r);
+}
+
+static const char *const configs[3] = {"gpt-tiny.json", "bert-tiny.json", "llama-tiny.json"};
+
+static void check_case(const char *config, int tp, bool sp) {
+    row x;
+    run_case(config, tp, sp, &x);
+    printf("%s tp%d%s: hand %.0f B %.3f ms, auto %.0f B %.3f ms (%d compiles, %.0f ms)\n  %s\n",
+           config, tp, sp ? " +sp" : "", x.hand_bytes, x.hand_step * 1e3, x.auto_bytes,
+           x.auto_step * 1e3, x.compiles, x.search_ms, x.rules);
+    printf(
+        "  under the hand layout's %.0f B: auto %.0f B %.3f ms, %.0f B (%d compiles, %.0f ms)\n  "
+        "%s\n",
+        x.hand_mem, x.lim_bytes, x.lim_step * 1e3, x.lim_mem, x.lim_compiles, x.lim_search_ms,
+        x.lim_rules);
+    if (!(x.auto_bytes <= x.hand_bytes))
+        fail_msg("%s tp%d%s: the auto layout moves %.0f bytes, the hand layout %.0f", config, tp,
+                 sp ? " +sp" : "", x.auto_bytes, x.hand_bytes);
+    if (!(x.auto_step <= x.hand_step * (1 + 1e-9)))
+        printf("  (the hand layout is predicted faster: %.3f ms)\n", x.hand_step * 1e3);
+}
+
+static void test_gpt(void **state) {
+    (void)state;
+    for (int tp = 2; tp <= 4; tp *= 2)
+        for (int sp = 0; sp < 2; sp++) check_case(configs[0], tp, sp);
+}
+
+static void test_bert(void **state) {
+    (void)state;
+    for (int tp = 2; tp <= 4; tp *= 2)
+        for (int sp = 0; sp < 2; sp++) check_case(configs[1], tp, sp);
+}
+
+static void test_llama(void **state) {
+    (void)state;
+    for (int tp = 2; tp <= 4; tp *= 2)
+        for (int sp = 0; sp < 2; sp++) check_case(configs[2], tp, sp);
+}
+
+/* tp 1: nothing to place. A memory limit nothing fits: said, with the smallest found. */
+static void test_edges(void **state) {
+    (void)state;
+    ms_model_config m = mt_source_config("gpt-tiny.json");
+    ms_cluster c = h100();
+    ms_plan_problem pb = problem(&m, &c, 2);
+    ms_strategy s;
+    ms_error err = {0};
+    ms_auto_place_result *r = malloc(sizeof *r);
+    assert_int_equal(ms_strategy_init(&s, 2, 1, 1, false, &err), MS_OK);
+    assert_int_equal(ms_plan_auto_placements(&pb, &s, NULL, r, &err), MS_OK);
+    assert_int_equal(r->rules.n, 0);
+    assert_int_equal(r->compiles, 1);
+    assert_int_equal(ms_strategy_init(&s, 1, 2, 1, false, &err), MS_OK);
+    ms_auto_place_opts o = {.mem_limit = 1024};
+    assert_int_not_equal(ms_plan_auto_placements(&pb, &s, &o, r, &err), MS_OK);
+    printf("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "fits the memory limit of 1.0 KiB"));
+    free(r);
+}
+
+/* "placements": "auto" in a strategy file; refused where placements are not taken. */
+static void test_parse(void **state) {
+    (void)state;
+    const char *j = "{\"mesh\": {\"dp\": 2, \"tp\": 2}, \"placements\": \"auto\"}";
+    ms_strategy s;
+    ms_placement_rules rules;
+    ms_error err = {0};
+    assert_int_equal(ms_strategy_parse_json(j, strlen(j), "t.json", &s, &rules, &err), MS_OK);
+    assert_true(rules.auto_place && rules.no_hints);
+    assert_int_equal(rules.n, 0);
+    assert_int_not_equal(ms_strategy_parse_json(j, strlen(j), "t.json", &s, NULL, &err), MS_OK);
+    const char *bad = "{\"tp\": 2, \"placements\": \"automatic\"}";
+    assert_int_not_equal(ms_strategy_parse_json(bad, strlen(bad), "t.json", &s, &rules, &err),
+                         MS_OK);
+    assert_non_null(strstr(err.msg, "\"auto\""));
+}
+
+/* --- training with the rules found ------------------------------------------------------------ */
+
+enum { TB = 4, TT = 16, STEPS = 4 };
+
+typedef struct train_arg {
+    const ms_strategy *s;
+    const ms_placement_rules *rules;
+    float losses[STEPS];
+} train_arg;
+
+static void train(mt_rank *r, void *arg) {
+    train_arg *a = arg;
+    ms_error err = {0};
+    ms_text_data d;
+    if (!MT_OK(r, mt_repeated_text("In the beginning God created the heaven. ", TT, &d, &err),
+               &err))
+        return;
+    ms_model_config cfg = mt_tiny_config(false, 0.1);
+    ms_train_opts o = mt_train_opts(TB, TT, STEPS);
+    ms_trainer *tr = NULL;
+    if (MT_OK(r, ms_trainer_create(r->ctx, &cfg, a->s, a->rules, &o, &d, &tr, &err), &err))
+        for (int k = 0; k < STEPS; k++) {
+            ms_step_result res;
+            if (!MT_OK(r, ms_trainer_step(tr, &res, &err), &err)) break;
+            if (r->ctx->rank == 0) a->losses[k] = res.loss;
+        }
+    ms_trainer_destroy(tr);
+    ms_text_data_close(&d);
+}
+
+static void test_train_dp2_tp2(void **state) {
+    (void)state;
+    const char *j = "{\"mesh\": {\"dp\": 2, \"tp\": 2}, \"placements\": \"auto\"}";
+    ms_strategy s, one;
+    ms_placement_rules rules;
+    ms_error err = {0};
+    assert_int_equal(ms_strategy_parse_json(j, strlen(j), "auto.json", &s, &rules, &err), MS_OK);
+    ms_model_config cfg = mt_tiny_config(false, 0.1);
+    ms_cluster c = h100();
+    ms_plan_problem pb = problem(&cfg, &c, 4);
+    pb.global_batch = TB, pb.seq = TT;
+    /* the layout found, and the one found under the hand layout's memory (which shards) */
+    ms_plan_estimate hand;
+    ms_plan_problem hp = pb;
+    hp.rules = NULL;
+    if (ms_plan_estimate_one(&hp, &s, NULL, &hand, &err) != MS_OK) fail_msg("%s", err.msg);
+    ms_strategy_defaults(&one);
+    train_arg ref = {.s = &one};
+    mt_run(1, train, &ref);
+    ms_auto_place_result *r = malloc(sizeof *r);
+    for (int lim = 0; lim < 2; lim++) {
+        ms_auto_place_opts o = {.mem_limit = lim ? hand.mem_total : 0};
+        if (ms_plan_auto_placements(&pb, &s, &o, r, &err) != MS_OK) fail_msg("%s", err.msg);
+        char text[2048];
+        printf("rules: %s\n", ms_auto_place_rules_str(&r->rules, text, sizeof text));
+        if (lim) assert_non_null(strstr(text, "S("));
+        train_arg many = {.s = &s, .rules = &r->rules};
+        mt_run(4, train, &many);
+        for (int k = 0; k < STEPS; k++) {
+            printf("step %d: loss %.7f, one rank %.7f\n", k, many.losses[k], ref.losses[k]);
+            if (!(fabsf(many.losses[k] - ref.losses[k]) <= 1e-5f * fabsf(ref.losses[k])))
+                fail_msg("step %d: loss %.7f, one rank %.7f", k, many.losses[k], ref.losses[k]);
+        }
+    }
+    free(r);
+}
+
+/* The docs' table: every case, one Markdown row each. */
+static int print_table(void) {
+    printf("| model | tp | sp | hand bytes | auto bytes | hand step | auto step | runner-up "
+           "| search | compiles |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    row x;
+    for (int m = 0; m < 3; m++)
+        for (int tp = 2; tp <= 4; tp *= 2)
+            for (int sp = 0; sp < 2; sp++) {
+                run_case(configs[m], tp, sp, &x);
+                printf("| %s | %d | %s | %.0f | %.0f | %.3f ms | %.3f ms | %.3f ms | %.0f ms | %d "
+                       "|\n",
+                       x.model, x.tp, sp ? "on" : "off", x.hand_bytes, x.auto_bytes,
+                       x.hand_step * 1e3, x.auto_step * 1e3, x.runner_step * 1e3, x.search_ms,
+                       x.compiles);
+                fprintf(stderr, "%s tp%d%s: %s\n", x.model, tp, sp ? " +sp" : "", x.rules);
+            }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--table")) return print_table();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_gpt),   cmocka_unit_test(test_bert),
+        cmocka_unit_test(test_llama), cmocka_unit_test(test_train_dp2_tp2),
+    };
+    return mt_main(argc, argv, "test_auto_place", tests, sizeof tests / sizeof *tests);
+}
