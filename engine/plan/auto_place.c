@@ -174,6 +174,8 @@ static void make_rules(const ap_ctx *cx, const uint8_t *a, ms_placement_rules *r
 
 /* Whether x is a better layout than y: fitting over not, then by step time (by memory while
  * neither fits), then by fewer collective bytes. */
+static int descend_single(ap_ctx *cx, int max_sweeps, int *sweeps);
+
 static bool better(const ap_eval *x, const ap_eval *y) {
     if (!x->ok || !y->ok) return x->ok && !y->ok;
     if (x->fits != y->fits) return x->fits;
@@ -215,8 +217,40 @@ static int evaluate(ap_ctx *cx, const uint8_t *a) {
     return cx->nevals++;
 }
 
-/* Coordinate descent from all-replicated; returns the winner's index in cx->evals. */
+/* Joint moves of two classes from cur (Megatron's column-then-row pairs only pay when both
+ * change): the best layout priced, or `best` when no pair beats it. */
+static int pair_moves(ap_ctx *cx, const uint8_t *cur, int best) {
+    for (int i = 0; i < cx->n; i++)
+        for (int j = i + 1; j < cx->n; j++)
+            for (int ki = 0; ki < cx->c[i].ncand; ki++)
+                for (int kj = 0; kj < cx->c[j].ncand; kj++) {
+                    if (ki == cur[i] || kj == cur[j]) continue;
+                    uint8_t trial[AP_MAX_CLASSES];
+                    memcpy(trial, cur, sizeof trial);
+                    trial[i] = (uint8_t)ki, trial[j] = (uint8_t)kj;
+                    int t = evaluate(cx, trial);
+                    if (better(&cx->evals[t], &cx->evals[best])) best = t;
+                }
+    return best;
+}
+
+/* Coordinate descent from all-replicated, single classes until none improves, then pairs;
+ * returns the winner's index in cx->evals. */
 static int descend(ap_ctx *cx, int max_sweeps, int *sweeps) {
+    int best = descend_single(cx, max_sweeps, sweeps);
+    for (int round = 0; round < 2; round++) {
+        uint8_t cur[AP_MAX_CLASSES];
+        memcpy(cur, cx->evals[best].a, sizeof cur);
+        int p = pair_moves(cx, cur, best);
+        if (p == best) break;
+        best = p;
+        ++*sweeps;
+    }
+    return best;
+}
+
+/* Coordinate descent over single classes; returns the winner's index in cx->evals. */
+static int descend_single(ap_ctx *cx, int max_sweeps, int *sweeps) {
     uint8_t cur[AP_MAX_CLASSES] = {0};
     int best = evaluate(cx, cur);
     *sweeps = 0;
