@@ -144,9 +144,11 @@ static int dtype_size(int dtype) {
     }
 }
 
-/* Whether the importer takes tensors of dtype at all (float32, and integers for ids). */
+/* Whether the importer takes tensors of dtype at all (float32, and 32- and 64-bit integers and
+ * bools for ids, exponents and masks). */
 static bool dtype_ok(int dtype) {
-    return dtype == OX_FLOAT || dtype == OX_INT64 || dtype == OX_INT32 || dtype == OX_BOOL;
+    return dtype == OX_FLOAT || dtype == OX_INT64 || dtype == OX_INT32 || dtype == OX_UINT64 ||
+           dtype == OX_UINT32 || dtype == OX_BOOL;
 }
 
 void ox_const_free(ox_const *c) {
@@ -903,18 +905,31 @@ static ms_status add_inputs(ox_build *b, ms_error *err) {
     return MS_OK;
 }
 
-/* Graph output k: a value (a constant output becomes its parameter). */
+/* Graph output k: a value. A constant output (folded at build: Shape, ConstantOfShape, a
+ * Constant) becomes a constant value, copied into an operator named as the output. */
 static ms_status bind_output(ox_build *b, int k, int *out, ms_error *err) {
     char sn[MS_SAFE_LEN];
     ox_sym *s = lookup(b, b->m->out[k].name);
     if (!s)
         return ms_fail(err, MS_ERR_INVALID, "%s: graph output '%s' is produced by no node",
                        b->m->label, ms_safe_str(sn, sizeof sn, b->m->out[k].name));
-    if (s->v < 0)
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "%s: graph output '%s' is a constant; export a model whose outputs are "
-                       "computed from its inputs",
-                       b->m->label, ms_safe_str(sn, sizeof sn, b->m->out[k].name));
+    if (s->v < 0) {
+        const ox_const *c = s->c;
+        char name[200];
+        snprintf(name, sizeof name, "%s/value", b->m->out[k].name);
+        int v = ms_graph_constant(b->g, name, c->ndim, c->shape, c->f);
+        ms_op_attrs a = {0};
+        a.i[0] = c->ndim;
+        for (int d = 0; d < c->ndim; d++) a.i[1 + d] = c->shape[d];
+        if (v >= 0) v = ms_graph_op(b->g, MS_OP_RESHAPE, &a, 1, &v, b->m->out[k].name);
+        if (v < 0) {
+            ms_error e = {0};
+            ms_graph_error(b->g, &e);
+            return ms_fail(err, e.code ? e.code : MS_ERR_INVALID, "%s: graph output '%s': %s",
+                           b->m->label, ms_safe_str(sn, sizeof sn, b->m->out[k].name), e.msg);
+        }
+        s->v = v;
+    }
     *out = s->v;
     return MS_OK;
 }

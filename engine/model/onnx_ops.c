@@ -3,6 +3,7 @@
  * line naming the attribute and the fix. The table at the end lists them (docs/onnx.md). */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/core/xalloc.h"
@@ -58,6 +59,21 @@ static int add_scalar(ox_build *b, int x, float c, int k, ms_error *err) {
     return ox_op(b, MS_OP_ADD, NULL, 2, in, k, err);
 }
 
+/* A constant graph value (it never trains) of the given values, named after the node. */
+static int const_value(ox_build *b, int ndim, const int64_t *shape, const float *vals,
+                       ms_error *err) {
+    char name[192];
+    snprintf(name, sizeof name, "%s/c%d", b->node->n_output ? b->node->output[0] : "onnx",
+             b->tmp++);
+    int v = ms_graph_constant(b->g, name, ndim, shape, vals);
+    if (v < 0) {
+        ms_error e = {0};
+        ms_graph_error(b->g, &e);
+        ox_fail(b, e.code ? e.code : MS_ERR_INVALID, err, "%s", e.msg);
+    }
+    return v;
+}
+
 /* The axes of a node: attribute `axes` (older opsets) or input 1 (newer), into out. Returns the
  * count, -1 when neither is given. */
 static int node_axes(ox_build *b, int input, int64_t *out, ms_error *err, ms_status *st) {
@@ -106,15 +122,19 @@ static ms_status map_leaky_relu(ox_build *b, ms_error *err) {
 static ms_status map_elu(ox_build *b, ms_error *err) {
     return unary(b, MS_OP_ELU, (ms_op_attrs){.f = {ox_attr_f(b, "alpha", 1.0f)}}, err);
 }
+/* The SNN constants: meshscope's selu; others: gamma elu_alpha(x). */
 static ms_status map_selu(ox_build *b, ms_error *err) {
     float al = ox_attr_f(b, "alpha", 1.67326319217681884765625f);
     float ga = ox_attr_f(b, "gamma", 1.05070102214813232421875f);
-    if (fabsf(al - 1.6732632f) > 1e-6f || fabsf(ga - 1.0507010f) > 1e-6f)
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "alpha %g, gamma %g: only the SNN constants (the defaults) are supported; "
-                       "export torch.nn.SELU",
-                       (double)al, (double)ga);
-    return unary(b, MS_OP_SELU, (ms_op_attrs){0}, err);
+    if (fabsf(al - 1.6732632f) <= 1e-6f && fabsf(ga - 1.0507010f) <= 1e-6f)
+        return unary(b, MS_OP_SELU, (ms_op_attrs){0}, err);
+    int x, e, y;
+    MS_CHECK(ox_val(b, 0, &x, err));
+    ms_op_attrs a = {.f = {al}}, s = {.f = {ga}};
+    OX_OP(e, MS_OP_ELU, &a, -1, x);
+    OX_OP(y, MS_OP_SCALE, &s, 0, e);
+    ox_out(b, 0, y);
+    return MS_OK;
 }
 /* max(0, min(1, alpha x + beta)): beta 0.5 is relu6(6 alpha x + 3) / 6, meshscope's
  * hardsigmoid of 6 alpha x; another beta adds it first. */
@@ -593,23 +613,33 @@ static ms_status map_tile(ox_build *b, ms_error *err) {
 }
 
 /* x along axis at the ids: index_select on the flattened ids, then their shape in place of
- * the axis. Negative constant ids are refused (meshscope's ids are >= 0). */
+ * the axis. Negative constant ids count from the end; ids computed at run time must be in
+ * 0..n-1 (meshscope's ids are >= 0). */
 static ms_status map_gather(ox_build *b, ms_error *err) {
-    int x, ids, ax, y;
+    int x, ids = -1, ax, y;
     MS_CHECK(ox_val(b, 0, &x, err));
     const ms_shape xs = *ox_shape(b, x);
     MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", 0), xs.ndim, &ax, err));
     if (ox_is_const(b, 1)) {
         const ox_const *c;
         MS_CHECK(ox_const_in(b, 1, &c, err));
-        for (int64_t i = 0; i < c->numel; i++)
-            if (c->d[i] < 0 || c->d[i] >= (double)xs.d[ax])
-                return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                               "index %g is outside 0..%lld; negative indices are not supported: "
-                               "export with indices in 0..n-1",
-                               c->d[i], (long long)xs.d[ax] - 1);
+        bool neg = false;
+        for (int64_t i = 0; i < c->numel; i++) {
+            if (c->d[i] < -(double)xs.d[ax] || c->d[i] >= (double)xs.d[ax])
+                return ox_fail(b, MS_ERR_INVALID, err, "index %g is outside -%lld..%lld", c->d[i],
+                               (long long)xs.d[ax], (long long)xs.d[ax] - 1);
+            neg |= c->d[i] < 0;
+        }
+        if (neg) {
+            float *f = xmalloc(sizeof(float) * (size_t)(c->numel + 1));
+            for (int64_t i = 0; i < c->numel; i++)
+                f[i] = (float)(c->d[i] < 0 ? c->d[i] + (double)xs.d[ax] : c->d[i]);
+            ids = const_value(b, c->ndim, c->shape, f, err);
+            free(f);
+            if (ids < 0) return err->code;
+        }
     }
-    MS_CHECK(ox_val(b, 1, &ids, err));
+    if (ids < 0) MS_CHECK(ox_val(b, 1, &ids, err));
     const ms_shape is = *ox_shape(b, ids);
     int64_t L = 1, sh[MS_MAX_DIMS];
     for (int d = 0; d < is.ndim; d++) L *= is.d[d];
@@ -819,21 +849,64 @@ static ms_status map_log_softmax(ox_build *b, ms_error *err) {
     return softmax_like(b, MS_OP_LOG_SOFTMAX, err);
 }
 
+/* The labels SoftmaxCrossEntropyLoss keeps (1) or ignores (0), and the labels xent is given: an
+ * ignore_index >= 0 is a class, so its labels become -1 (xent skips targets < 0); a negative
+ * one, or none, keeps the labels as they are (xent skips the negative ones). */
+static ms_status xent_labels(ox_build *b, int t, int *labels, int *kept, ms_error *err) {
+    int64_t ignore = ox_attr_i(b, "ignore_index", -1);
+    int zero = fill_like(b, t, 0.0f, err);
+    if (zero < 0) return err->code;
+    *labels = t;
+    if (!ox_attr(b, "ignore_index") || ignore < 0) {
+        OX_OP(*kept, MS_OP_GE, NULL, -1, t, zero);
+        return MS_OK;
+    }
+    int ii = fill_like(b, t, (float)ignore, err), neg;
+    if (ii < 0 || (neg = fill_like(b, t, -1.0f, err)) < 0) return err->code;
+    OX_OP(*kept, MS_OP_NE, NULL, -1, t, ii);
+    OX_OP(*labels, MS_OP_WHERE, NULL, -1, *kept, t, neg);
+    return MS_OK;
+}
+
+/* The class weight of each kept label (0 for an ignored one), in the labels' shape. */
+static ms_status xent_weights(ox_build *b, int labels, int kept, int *wt, ms_error *err) {
+    int w, zero, ids, g;
+    MS_CHECK(ox_val(b, 2, &w, err));
+    const ms_shape ts = *ox_shape(b, labels);
+    int64_t L = 1;
+    for (int d = 0; d < ts.ndim; d++) L *= ts.d[d];
+    if ((zero = fill_like(b, labels, 0.0f, err)) < 0) return err->code;
+    OX_OP(ids, MS_OP_MAXIMUM, NULL, -1, labels, zero);
+    if ((ids = reshape(b, ids, 1, &L, -1, err)) < 0) return err->code;
+    ms_op_attrs a = {.i = {0}};
+    OX_OP(g, MS_OP_INDEX_SELECT, &a, -1, w, ids);
+    if ((g = reshape(b, g, ts.ndim, ts.d, -1, err)) < 0) return err->code;
+    OX_OP(*wt, MS_OP_MUL, NULL, -1, g, kept);
+    return MS_OK;
+}
+
+/* The log-probabilities output (classes back on dim 1), from scores with the classes last. */
+static ms_status xent_log_prob(ox_build *b, int x, int r, ms_error *err) {
+    int lp;
+    OX_OP(lp, MS_OP_LOG_SOFTMAX, NULL, r > 2 ? -1 : 1, x);
+    if (r > 2) {
+        ms_op_attrs q = {0}; /* back to the classes on dim 1 */
+        q.i[0] = 0, q.i[1] = r - 1;
+        for (int d = 2; d < r; d++) q.i[d] = d - 1;
+        OX_OP(lp, MS_OP_PERMUTE, &q, 1, lp);
+    }
+    ox_out(b, 1, lp);
+    return MS_OK;
+}
+
 /* SoftmaxCrossEntropyLoss (opset 12+; what torch.onnx exports F.cross_entropy as): scores
  * [N, C, d...] with the classes on dim 1, labels [N, d...]; meshscope's xent takes the classes
- * last, so the scores are permuted first. Labels equal to a negative ignore_index are skipped
- * (xent ignores targets < 0) and the mean divides by the labels kept, as ONNX defines it. */
+ * last, so the scores are permuted first. As ONNX defines it: a label equal to ignore_index
+ * contributes 0, each kept label's loss is scaled by its class weight (input 2), and the mean
+ * divides by the summed weights of the kept labels (their count without weights; every label
+ * without an ignore_index). */
 static ms_status map_softmax_xent(ox_build *b, ms_error *err) {
     int x, t, y;
-    if (ox_has(b, 2))
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "class weights are not supported; export without weight=");
-    int64_t ignore = ox_attr_i(b, "ignore_index", -1);
-    if (ignore >= 0)
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "ignore_index %lld is a class; meshscope skips negative labels only "
-                       "(PyTorch's default -100)",
-                       (long long)ignore);
     const char *red = ox_attr_s(b, "reduction", "mean");
     bool mean = !strcmp(red, "mean"), sum = !strcmp(red, "sum");
     if (!mean && !sum && strcmp(red, "none"))
@@ -849,30 +922,22 @@ static ms_status map_softmax_xent(ox_build *b, ms_error *err) {
         p.i[r - 1] = 1;
         OX_OP(x, MS_OP_PERMUTE, &p, -1, x);
     }
-    if (b->node->n_output > 1 && b->node->output[1][0]) {
-        int lp;
-        OX_OP(lp, MS_OP_LOG_SOFTMAX, NULL, -1, x);
-        if (r > 2) {
-            ms_op_attrs q = {0}; /* back to the classes on dim 1 */
-            q.i[0] = 0, q.i[1] = r - 1;
-            for (int d = 2; d < r; d++) q.i[d] = d - 1;
-            OX_OP(lp, MS_OP_PERMUTE, &q, 1, lp);
-        }
-        ox_out(b, 1, lp);
-    }
-    int losses;
-    OX_OP(losses, MS_OP_XENT, NULL, mean || sum ? -1 : 0, x, t);
+    if (b->node->n_output > 1 && b->node->output[1][0]) MS_CHECK(xent_log_prob(b, x, r, err));
+    bool weighted = ox_has(b, 2), plain = !weighted && (!ox_attr(b, "ignore_index") || sum);
+    int labels = t, kept = -1, wt = -1, losses;
+    if (!plain) MS_CHECK(xent_labels(b, t, &labels, &kept, err));
+    if (weighted) MS_CHECK(xent_weights(b, labels, kept, &wt, err));
+    bool last = !mean && !sum && !weighted;
+    OX_OP(losses, MS_OP_XENT, NULL, last ? 0 : -1, x, labels);
+    if (weighted) OX_OP(losses, MS_OP_MUL, NULL, !mean && !sum ? 0 : -1, losses, wt);
     ms_op_attrs all = {.i = {-1}};
     if (!mean && !sum) {
         y = losses;
-    } else if (sum || !ox_attr(b, "ignore_index")) {
+    } else if (sum || plain) {
         OX_OP(y, mean ? MS_OP_MEAN : MS_OP_SUM, &all, 0, losses);
-    } else { /* the mean over the labels kept */
-        int zero, kept, total, count;
-        ms_op_attrs z = {.f = {0}};
-        OX_OP(zero, MS_OP_SCALE, &z, -1, t);
-        OX_OP(kept, MS_OP_GE, NULL, -1, t, zero);
-        OX_OP(count, MS_OP_SUM, &all, -1, kept);
+    } else { /* the mean over the kept labels' weights (or their count) */
+        int total, count;
+        OX_OP(count, MS_OP_SUM, &all, -1, weighted ? wt : kept);
         OX_OP(total, MS_OP_SUM, &all, -1, losses);
         OX_OP(y, MS_OP_DIV, NULL, 0, total, count);
     }
