@@ -193,19 +193,101 @@ static ms_status map_identity(ox_build *b, ms_error *err) {
     return MS_OK;
 }
 
-/* Inference: the identity. The mask output and training mode are refused. */
-static ms_status map_dropout(ox_build *b, ms_error *err) {
-    if (b->node->n_output > 1 && b->node->output[1][0])
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "the mask output is not supported; export in eval mode (model.eval())");
+/* MT19937, as numpy's legacy RandomState seeds it with an integer. */
+typedef struct mt19937 {
+    uint32_t mt[624];
+    int i;
+} mt19937;
+
+static void mt_seed(mt19937 *m, uint32_t seed) {
+    m->mt[0] = seed;
+    for (int i = 1; i < 624; i++)
+        m->mt[i] = 1812433253u * (m->mt[i - 1] ^ (m->mt[i - 1] >> 30)) + (uint32_t)i;
+    m->i = 624;
+}
+
+static uint32_t mt_next(mt19937 *m) {
+    if (m->i >= 624) {
+        for (int k = 0; k < 624; k++) {
+            uint32_t y = (m->mt[k] & 0x80000000u) | (m->mt[(k + 1) % 624] & 0x7fffffffu);
+            m->mt[k] = m->mt[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+        }
+        m->i = 0;
+    }
+    uint32_t y = m->mt[m->i++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
+}
+
+/* A double in [0, 1) from 53 random bits, as numpy's random_sample. */
+static double mt_double(mt19937 *m) {
+    uint32_t a = mt_next(m) >> 5, c = mt_next(m) >> 6;
+    return ((double)a * 67108864.0 + (double)c) / 9007199254740992.0;
+}
+
+/* Dropout's ratio and whether it drops (training_mode, or is_test=0 before opset 7). */
+static ms_status dropout_mode(ox_build *b, float *ratio, bool *train, ms_error *err) {
+    *ratio = ox_attr_f(b, "ratio", 0.5f);
+    *train = b->m->opset < 7 && !ox_attr_i(b, "is_test", 0);
+    if (ox_has(b, 1)) {
+        const ox_const *c;
+        MS_CHECK(ox_const_in(b, 1, &c, err));
+        if (c->numel) *ratio = c->f[0];
+    }
     if (ox_has(b, 2)) {
         const ox_const *c;
         MS_CHECK(ox_const_in(b, 2, &c, err));
-        if (c->numel && c->d[0] != 0)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "training_mode is true; export in eval mode (model.eval())");
+        *train = c->numel && c->d[0] != 0;
     }
-    return map_identity(b, err);
+    if (*ratio < 0.0f || *ratio >= 1.0f)
+        return ox_fail(b, MS_ERR_INVALID, err, "ratio %g is outside [0, 1)", (double)*ratio);
+    return MS_OK;
+}
+
+/* Inference (or ratio 0): the identity, with a mask of ones. Training with a seed attribute:
+ * the mask ONNX's reference draws (numpy's MT19937 seeded with it, kept where uniform(0, 1) >=
+ * ratio, the kept values scaled by 1 / (1 - ratio)), the same on every forward, as the
+ * reference reseeds on every call. Training without a seed (what PyTorch exports): meshscope's
+ * dropout, a fresh mask every training step; its mask output is refused. */
+static ms_status map_dropout(ox_build *b, ms_error *err) {
+    float ratio;
+    bool train, want_mask = b->node->n_output > 1 && b->node->output[1][0];
+    int x, y, mask = -1;
+    MS_CHECK(dropout_mode(b, &ratio, &train, err));
+    MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape s = *ox_shape(b, x);
+    if (!train || ratio == 0.0f) {
+        if (want_mask && (mask = fill_like(b, x, 1.0f, err)) < 0) return err->code;
+        if ((y = reshape(b, x, s.ndim, s.d, 0, err)) < 0) return err->code;
+    } else if (ox_attr(b, "seed")) {
+        int64_t n = 1;
+        for (int d = 0; d < s.ndim; d++) n *= s.d[d];
+        float *f = xmalloc(sizeof(float) * (size_t)(n + 1)), scale = 1.0f / (1.0f - ratio);
+        mt19937 m;
+        mt_seed(&m, (uint32_t)ox_attr_i(b, "seed", 0));
+        for (int64_t i = 0; i < n; i++) f[i] = mt_double(&m) >= (double)ratio ? scale : 0.0f;
+        int keep = const_value(b, s.ndim, s.d, f, err), zero;
+        free(f);
+        if (keep < 0) return err->code;
+        OX_OP(y, MS_OP_MUL, NULL, 0, x, keep);
+        if (want_mask && (zero = fill_like(b, keep, 0.0f, err)) < 0) return err->code;
+        if (want_mask) OX_OP(mask, MS_OP_NE, NULL, 1, keep, zero);
+    } else {
+        if (want_mask)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "the mask output of a training dropout without a seed is not "
+                           "supported; use the output only");
+        ms_op_attrs a = {.f = {ratio}}; /* a stream per node: the node's index */
+        const Onnx__GraphProto *g = b->m->pb->graph;
+        for (size_t i = 0; i < g->n_node; i++)
+            if (g->node[i] == b->node) a.i[0] = (int64_t)i;
+        OX_OP(y, MS_OP_DROPOUT, &a, 0, x);
+    }
+    ox_out(b, 0, y);
+    if (mask >= 0) ox_out(b, 1, mask);
+    return MS_OK;
 }
 
 /* A product or quotient by a constant scalar is a scale, not a parameter: an exported
@@ -521,6 +603,31 @@ static int64_t clamp_index(int64_t i, int64_t n) {
     return i < 0 ? 0 : i > n ? n : i;
 }
 
+/* Elements start, start + step, ... short of end along dim d (step != 1, either sign, ONNX's
+ * clamping), as an index_select at constant ids. */
+static int slice_step(ox_build *b, int x, int d, int64_t start, int64_t end, int64_t step, int k,
+                      ms_error *err) {
+    int64_t n = ox_shape(b, x)->d[d], lo_lim = step < 0 ? -1 : 0, hi_lim = step < 0 ? n - 1 : n;
+    if (step == 0) return ox_fail(b, MS_ERR_INVALID, err, "step 0 along axis %d", d), -1;
+    if (start < 0) start = start < INT64_MIN / 2 ? INT64_MIN / 2 : start + n;
+    if (end < 0) end = end < INT64_MIN / 2 ? INT64_MIN / 2 : end + n;
+    start = start < lo_lim ? lo_lim : start > hi_lim ? hi_lim : start;
+    end = end < lo_lim ? lo_lim : end > hi_lim ? hi_lim : end;
+    int64_t cnt = step > 0 ? (end - start + step - 1) / step : (start - end - step - 1) / -step;
+    if (cnt <= 0)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "the slice along axis %d is empty; empty tensors are not supported", d),
+               -1;
+    float *ids = xmalloc(sizeof(float) * (size_t)cnt);
+    for (int64_t j = 0; j < cnt; j++) ids[j] = (float)(start + j * step);
+    int c = const_value(b, 1, &cnt, ids, err);
+    free(ids);
+    if (c < 0) return -1;
+    ms_op_attrs a = {.i = {d}};
+    int in[2] = {x, c};
+    return ox_op(b, MS_OP_INDEX_SELECT, &a, 2, in, k, err);
+}
+
 static ms_status map_slice(ox_build *b, ms_error *err) {
     int x;
     MS_CHECK(ox_val(b, 0, &x, err));
@@ -550,11 +657,12 @@ static ms_status map_slice(ox_build *b, ms_error *err) {
     for (int i = 0; i < n; i++) {
         int d;
         MS_CHECK(norm_axis(b, na >= 0 ? ax[i] : i, r, &d, err));
-        if (ns >= 0 && sp[i] != 1)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "step %lld along axis %d: only step 1 is supported; slice with step 1 "
-                           "(and flip) before export",
-                           (long long)sp[i], d);
+        int64_t step = ns >= 0 ? sp[i] : 1;
+        if (step != 1) {
+            if ((v = slice_step(b, v, d, st[i], en[i], step, i == n - 1 ? 0 : -1, err)) < 0)
+                return err->code;
+            continue;
+        }
         int64_t dim = ox_shape(b, v)->d[d], lo = clamp_index(st[i], dim),
                 hi = clamp_index(en[i], dim);
         if (hi <= lo)
@@ -955,13 +1063,46 @@ static int per_channel(ox_build *b, int v, int r, ms_error *err) {
     return reshape(b, v, r - 1, sh, -1, err);
 }
 
-/* Inference: (x - mean) * scale / sqrt(var + eps) + B. */
+/* Training mode (ONNX's training_mode=1): the batch's mean and biased variance over every dim
+ * but 1 normalise x; outputs 1 and 2 are the running statistics, input_mean momentum +
+ * batch_mean (1 - momentum) (the variance likewise). v: scale, B, mean, var as [C, 1, ...]. */
+static ms_status batchnorm_train(ox_build *b, int x, const int *v, int r, ms_error *err) {
+    const ms_shape s = *ox_shape(b, x);
+    unsigned mask = ((1u << r) - 1) & ~2u;
+    ms_op_attrs red = {.i = {mask, 1, 0}};
+    int mean, var, ve, inv, c, y;
+    OX_OP(mean, MS_OP_MEAN_DIMS, &red, -1, x);
+    OX_OP(var, MS_OP_VAR, &red, -1, x);
+    if ((ve = add_scalar(b, var, ox_attr_f(b, "epsilon", 1e-5f), -1, err)) < 0) return err->code;
+    OX_OP(inv, MS_OP_RSQRT, NULL, -1, ve);
+    OX_OP(c, MS_OP_SUB, NULL, -1, x, mean);
+    OX_OP(c, MS_OP_MUL_BCAST, NULL, -1, c, inv);
+    OX_OP(c, MS_OP_MUL_BCAST, NULL, -1, c, v[0]);
+    OX_OP(y, MS_OP_ADD_BCAST, NULL, 0, c, v[1]);
+    ox_out(b, 0, y);
+    float mom = ox_attr_f(b, "momentum", 0.9f);
+    for (int k = 1; k <= 2 && k < (int)b->node->n_output; k++) {
+        int stat = k == 1 ? mean : var, run = v[k + 1], o;
+        ms_op_attrs keep = {.f = {mom}}, take = {.f = {1.0f - mom}};
+        if ((stat = reshape(b, stat, 1, &s.d[1], -1, err)) < 0 ||
+            (run = reshape(b, run, 1, &s.d[1], -1, err)) < 0)
+            return err->code;
+        OX_OP(run, MS_OP_SCALE, &keep, -1, run);
+        OX_OP(stat, MS_OP_SCALE, &take, -1, stat);
+        OX_OP(o, MS_OP_ADD, NULL, k, run, stat);
+        ox_out(b, k, o);
+    }
+    return MS_OK;
+}
+
+/* Inference: (x - mean) * scale / sqrt(var + eps) + B; training mode: batchnorm_train. */
 static ms_status map_batchnorm(ox_build *b, ms_error *err) {
-    if (ox_attr_i(b, "training_mode", 0) || b->node->n_output > 1 ||
+    bool train = ox_attr_i(b, "training_mode", 0) != 0;
+    if ((!train && b->node->n_output > 1) || b->node->n_output > 3 ||
         (b->m->opset < 7 && !ox_attr_i(b, "is_test", 0)))
         return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "training mode (or its running-statistics outputs) is not supported; "
-                       "export in eval mode (model.eval())");
+                       "the saved mean and variance outputs of opsets before 14 are not "
+                       "supported; export with opset >= 14 (or in eval mode)");
     if (!ox_attr_i(b, "spatial", 1))
         return ox_fail(b, MS_ERR_UNSUPPORTED, err, "spatial=0 is not supported");
     int x, v[4], y;
@@ -974,6 +1115,7 @@ static ms_status map_batchnorm(ox_build *b, ms_error *err) {
             return ox_fail(b, MS_ERR_INVALID, err, "input %d not [C]", k + 1);
         if ((v[k] = per_channel(b, v[k], r, err)) < 0) return err->code;
     }
+    if (train) return batchnorm_train(b, x, v, r, err);
     int ve = add_scalar(b, v[3], ox_attr_f(b, "epsilon", 1e-5f), -1, err), inv, a, c;
     if (ve < 0) return err->code;
     OX_OP(inv, MS_OP_RSQRT, NULL, -1, ve);
