@@ -1405,38 +1405,213 @@ static ms_status resize_to(ox_build *b, int x, bool linear, const ox_const *scal
     return MS_OK;
 }
 
+/* Resize's other modes, as ONNX's reference computes them: separable, one dim at a time from
+ * the last, each output element a weighted sum of its input neighbours (edge-padded), so each
+ * dim is a product with a constant [in, out] matrix. */
+typedef struct rs_mode {
+    int kind; /* 0 nearest, 1 linear, 2 cubic */
+    char ct[32], nm[32];
+    double a;     /* cubic_coeff_a */
+    bool exclude; /* exclude_outside */
+    double roi0, roi1;
+} rs_mode;
+
+/* The input coordinate of output o; *outside: tf_crop_and_resize extrapolates it. */
+static double rs_coord(const rs_mode *m, int64_t o, double scale, int64_t in, bool *outside) {
+    double ow = scale * (double)in, x = (double)o, r;
+    *outside = false;
+    if (!strcmp(m->ct, "align_corners")) return ow == 1 ? 0.0 : x * (double)(in - 1) / (ow - 1);
+    if (!strcmp(m->ct, "asymmetric")) return x / scale;
+    if (!strcmp(m->ct, "tf_crop_and_resize")) {
+        r = ow == 1 ? (m->roi1 - m->roi0) * (double)(in - 1) / 2
+                    : x * (m->roi1 - m->roi0) * (double)(in - 1) / (ow - 1);
+        r += m->roi0 * (double)(in - 1);
+        *outside = r < 0 || r > (double)(in - 1);
+        return r;
+    }
+    if (!strcmp(m->ct, "pytorch_half_pixel")) return ow == 1 ? -0.5 : (x + 0.5) / scale - 0.5;
+    if (!strcmp(m->ct, "tf_half_pixel_for_nn")) return (x + 0.5) / scale;
+    return (x + 0.5) / scale - 0.5; /* half_pixel */
+}
+
+/* The coefficients for a fractional position ratio in (0, 1]; returns how many. */
+static int rs_coeffs(const rs_mode *m, double t, double *c) {
+    if (m->kind == 0) {
+        bool hi = t == 1.0                              ? true
+                  : !strcmp(m->nm, "round_prefer_ceil") ? t >= 0.5
+                  : !strcmp(m->nm, "floor")             ? false
+                  : !strcmp(m->nm, "ceil")              ? true
+                                                        : t > 0.5;
+        c[0] = !hi, c[1] = hi;
+        return 2;
+    }
+    if (m->kind == 1) {
+        c[0] = 1 - t, c[1] = t;
+        return 2;
+    }
+    double A = m->a, u = t + 1, v = 1 - t, w = 2 - t;
+    c[0] = ((A * u - 5 * A) * u + 8 * A) * u - 4 * A;
+    c[1] = ((A + 2) * t - (A + 3)) * t * t + 1;
+    c[2] = ((A + 2) * v - (A + 3)) * v * v + 1;
+    c[3] = ((A * w - 5 * A) * w + 8 * A) * w - 4 * A;
+    return 4;
+}
+
+/* The n integers nearest x in [0, limit), ties to the smaller, ascending, into idx. */
+static void rs_nearest(double x, int n, int64_t limit, int64_t *idx) {
+    int64_t f = (int64_t)floor(x), cand[12];
+    int nc = 0;
+    for (int64_t c = f - n; c <= f + n + 1; c++)
+        if (c >= 0 && c < limit) cand[nc++] = c;
+    for (int i = 0; i < nc; i++) /* by distance, then index */
+        for (int j = i + 1; j < nc; j++) {
+            double di = fabs(x - (double)cand[i]), dj = fabs(x - (double)cand[j]);
+            if (dj < di || (dj == di && cand[j] < cand[i])) {
+                int64_t t = cand[i];
+                cand[i] = cand[j], cand[j] = t;
+            }
+        }
+    for (int i = 0; i < n; i++) idx[i] = cand[i];
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (idx[j] < idx[i]) {
+                int64_t t = idx[i];
+                idx[i] = idx[j], idx[j] = t;
+            }
+}
+
+/* The [in, out] matrix wt (wt[i * out + o]) of one dim; ext[o] is 1 where o extrapolates. */
+static void rs_matrix(const rs_mode *m, int64_t in, int64_t out, double scale, float *wt,
+                      float *ext) {
+    memset(wt, 0, sizeof(float) * (size_t)(in * out));
+    for (int64_t o = 0; o < out; o++) {
+        bool outside;
+        double x = rs_coord(m, o, scale, in, &outside), c[4], sum = 0;
+        ext[o] = outside;
+        if (outside) continue;
+        double t = x == floor(x) ? 1.0 : x - floor(x);
+        int n = rs_coeffs(m, t, c), pad = (n + 1) / 2;
+        int64_t idx[4];
+        rs_nearest(x + pad, n, in + 2 * pad, idx);
+        for (int k = 0; k < n; k++) {
+            int64_t i = idx[k] - pad;
+            if (m->exclude && (i < 0 || i >= in)) c[k] = 0;
+            sum += c[k];
+        }
+        for (int k = 0; k < n; k++) {
+            int64_t i = idx[k] - pad;
+            i = i < 0 ? 0 : i >= in ? in - 1 : i;
+            wt[i * out + o] += (float)(m->exclude ? c[k] / sum : c[k]);
+        }
+    }
+}
+
+/* Resamples dim d of x from in to out elements: moved last, times the matrix (plus the
+ * extrapolation value where tf_crop_and_resize extrapolates), moved back. */
+static int rs_dim(ox_build *b, int x, int d, const rs_mode *m, int64_t out, double scale,
+                  float extrap, int k, ms_error *err) {
+    const ms_shape s = *ox_shape(b, x);
+    int64_t in = s.d[d], shape[2] = {in, out};
+    float *wt = xmalloc(sizeof(float) * (size_t)(in * out + 1)),
+          *ext = xmalloc(sizeof(float) * (size_t)(out + 1));
+    rs_matrix(m, in, out, scale, wt, ext);
+    bool any = false;
+    for (int64_t o = 0; o < out; o++) any |= ext[o] != 0, ext[o] *= extrap;
+    int w = const_value(b, 2, shape, wt, err), e = any ? const_value(b, 1, &out, ext, err) : 0;
+    free(wt);
+    free(ext);
+    if (w < 0 || e < 0) return -1;
+    ms_op_attrs p = {0};
+    for (int i = 0; i < s.ndim; i++) p.i[i] = i;
+    p.i[d] = s.ndim - 1, p.i[s.ndim - 1] = d; /* a swap: its own inverse */
+    bool moved = d != s.ndim - 1;
+    int in2[2] = {x, w};
+    if (moved && (in2[0] = ox_op(b, MS_OP_PERMUTE, &p, 1, &x, -1, err)) < 0) return -1;
+    int y = ox_op(b, MS_OP_MATMUL, NULL, 2, in2, moved || any ? -1 : k, err);
+    int in3[2] = {y, e};
+    if (y >= 0 && any) y = ox_op(b, MS_OP_ADD_BCAST, NULL, 2, in3, moved ? -1 : k, err);
+    if (y >= 0 && moved) y = ox_op(b, MS_OP_PERMUTE, &p, 1, &y, k, err);
+    return y;
+}
+
+/* The general Resize: every dim whose size or coordinates change, from the last. */
+static ms_status resize_general(ox_build *b, int x, rs_mode *m, const ox_const *scales,
+                                const ox_const *sizes, ms_error *err) {
+    const ms_shape s = *ox_shape(b, x);
+    const ox_const *c = sizes ? sizes : scales, *roi = NULL;
+    if (!c || c->numel != s.ndim)
+        return ox_fail(b, MS_ERR_INVALID, err, "needs scales or sizes for every dim");
+    bool crop = !strcmp(m->ct, "tf_crop_and_resize");
+    if (crop && ox_has(b, 1)) MS_CHECK(ox_const_in(b, 1, &roi, err));
+    if (crop && (!roi || roi->numel != 2 * s.ndim))
+        return ox_fail(b, MS_ERR_INVALID, err, "tf_crop_and_resize needs a roi of 2 x rank");
+    float extrap = ox_attr_f(b, "extrapolation_value", 0.0f);
+    int last = -1;
+    int64_t out[MS_MAX_DIMS];
+    double scale[MS_MAX_DIMS];
+    for (int d = 0; d < s.ndim; d++) {
+        out[d] = sizes ? (int64_t)c->d[d] : (int64_t)(c->d[d] * (double)s.d[d]);
+        scale[d] = sizes ? (double)out[d] / (double)s.d[d] : c->d[d];
+        if (out[d] < 1)
+            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                           "an output dim of %lld; empty tensors "
+                           "are not supported",
+                           (long long)out[d]);
+        if (out[d] != s.d[d] || crop || scale[d] != 1.0) last = d;
+    }
+    if (last < 0) return map_identity(b, err);
+    for (int d = s.ndim - 1; d >= 0; d--) {
+        if (out[d] == s.d[d] && !crop && scale[d] == 1.0) continue;
+        m->roi0 = roi ? roi->d[d] : 0, m->roi1 = roi ? roi->d[s.ndim + d] : 1;
+        if ((x = rs_dim(b, x, d, m, out[d], scale[d], extrap, d == last ? 0 : -1, err)) < 0)
+            return err->code;
+    }
+    ox_out(b, 0, x);
+    return MS_OK;
+}
+
+/* Whether meshscope's resize computes it: nearest as PyTorch exports it (asymmetric, floor)
+ * or linear with half-pixel centres, over [N, C, L] or [N, C, H, W] with N and C kept. */
+static bool resize_native(ox_build *b, int x, const rs_mode *m, const ox_const *scales,
+                          const ox_const *sizes) {
+    const ms_shape *xs = ox_shape(b, x);
+    const ox_const *c = sizes ? sizes : scales;
+    bool ok = m->kind == 1
+                  ? !strcmp(m->ct, "half_pixel") || !strcmp(m->ct, "pytorch_half_pixel")
+                  : m->kind == 0 && !strcmp(m->ct, "asymmetric") && !strcmp(m->nm, "floor");
+    if (!ok || !c || c->numel != xs->ndim || (xs->ndim != 3 && xs->ndim != 4)) return false;
+    for (int d = 0; d < 2; d++)
+        if (sizes ? c->d[d] != xs->d[d] : c->d[d] != 1.0) return false;
+    /* pytorch_half_pixel is half_pixel except where an output dim is 1 */
+    for (int d = 2; !strcmp(m->ct, "pytorch_half_pixel") && d < xs->ndim; d++)
+        if ((sizes ? c->d[d] : floor((double)xs->d[d] * c->d[d])) == 1) return false;
+    return true;
+}
+
 static ms_status map_resize(ox_build *b, ms_error *err) {
     int x;
     MS_CHECK(ox_val(b, 0, &x, err));
-    char mode[64], ct[64], nm[64];
-    snprintf(mode, sizeof mode, "%s", ox_attr_s(b, "mode", "nearest"));
-    snprintf(ct, sizeof ct, "%s", ox_attr_s(b, "coordinate_transformation_mode", "half_pixel"));
-    snprintf(nm, sizeof nm, "%s", ox_attr_s(b, "nearest_mode", "round_prefer_floor"));
-    bool linear = !strcmp(mode, "linear");
-    bool ok = linear
-                  ? !strcmp(ct, "half_pixel") || !strcmp(ct, "pytorch_half_pixel")
-                  : !strcmp(mode, "nearest") && !strcmp(ct, "asymmetric") && !strcmp(nm, "floor");
-    if (!ok)
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "mode '%s' with coordinate_transformation_mode '%s'%s: supported are "
-                       "nearest with asymmetric and nearest_mode floor, and linear with "
-                       "half_pixel (torch.nn.functional.interpolate, align_corners=False)",
-                       mode, ct, linear ? "" : " (and nearest_mode)");
+    rs_mode m = {.a = ox_attr_f(b, "cubic_coeff_a", -0.75f),
+                 .exclude = ox_attr_i(b, "exclude_outside", 0) != 0};
+    const char *mode = ox_attr_s(b, "mode", "nearest");
+    m.kind = !strcmp(mode, "nearest")  ? 0
+             : !strcmp(mode, "linear") ? 1
+             : !strcmp(mode, "cubic")  ? 2
+                                       : -1;
+    if (m.kind < 0) return ox_fail(b, MS_ERR_INVALID, err, "mode '%s' is unknown", mode);
+    snprintf(m.ct, sizeof m.ct, "%s",
+             ox_attr_s(b, "coordinate_transformation_mode",
+                       b->m->opset >= 11 ? "half_pixel" : "asymmetric"));
+    snprintf(m.nm, sizeof m.nm, "%s",
+             ox_attr_s(b, "nearest_mode", b->m->opset >= 11 ? "round_prefer_floor" : "floor"));
     const ox_const *scales = NULL, *sizes = NULL;
     int si = b->m->opset >= 11 ? 2 : 1;
     if (ox_has(b, si)) MS_CHECK(ox_const_in(b, si, &scales, err));
     if (scales && !scales->numel) scales = NULL;
     if (b->m->opset >= 11 && ox_has(b, 3)) MS_CHECK(ox_const_in(b, 3, &sizes, err));
-    /* pytorch_half_pixel is half_pixel except where an output dim is 1 */
-    const ms_shape *xs = ox_shape(b, x);
-    for (int d = 2; !strcmp(ct, "pytorch_half_pixel") && d < xs->ndim; d++) {
-        const ox_const *c = sizes ? sizes : scales;
-        if (c && c->numel == xs->ndim && (sizes ? c->d[d] : floor((double)xs->d[d] * c->d[d])) == 1)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "pytorch_half_pixel with an output dim of 1 is not supported; "
-                           "resize to at least 2 along every spatial dim");
-    }
-    return resize_to(b, x, linear, scales, sizes, err);
+    if (resize_native(b, x, &m, scales, sizes))
+        return resize_to(b, x, m.kind == 1, scales, sizes, err);
+    return resize_general(b, x, &m, scales, sizes, err);
 }
 
 static ms_status map_upsample(ox_build *b, ms_error *err) {
