@@ -1194,23 +1194,23 @@ static ms_status map_layernorm(ox_build *b, ms_error *err) {
 /* The window geometry of a Conv or pool node over nsp spatial dims of x's shape s. */
 typedef struct win {
     int nsp;
-    int64_t k[2], stride[2], dil[2], pb[2], pe[2]; /* kernel, stride, dilation, pads begin/end */
+    int64_t k[3], stride[3], dil[3], pb[3], pe[3]; /* kernel, stride, dilation, pads begin/end */
 } win;
 
 static ms_status read_window(ox_build *b, const ms_shape *s, const int64_t *kernel, win *w,
                              ms_error *err) {
     w->nsp = s->ndim - 2;
-    if (w->nsp < 1 || w->nsp > 2)
+    if (w->nsp < 1 || w->nsp > 3)
         return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "a rank-%d input: only 1-D and 2-D (N, C, L or N, C, H, W) are supported",
+                       "a rank-%d input: only 1-D, 2-D and 3-D (N, C, spatial...) are supported",
                        s->ndim);
-    int64_t v[4];
+    int64_t v[6];
     for (int i = 0; i < w->nsp; i++) w->k[i] = kernel[i], w->stride[i] = 1, w->dil[i] = 1;
-    if (ox_attr_ints(b, "strides", v, 4) == w->nsp)
+    if (ox_attr_ints(b, "strides", v, 6) == w->nsp)
         for (int i = 0; i < w->nsp; i++) w->stride[i] = v[i];
-    if (ox_attr_ints(b, "dilations", v, 4) == w->nsp)
+    if (ox_attr_ints(b, "dilations", v, 6) == w->nsp)
         for (int i = 0; i < w->nsp; i++) w->dil[i] = v[i];
-    int np = ox_attr_ints(b, "pads", v, 4);
+    int np = ox_attr_ints(b, "pads", v, 6);
     for (int i = 0; i < w->nsp; i++) {
         w->pb[i] = np == 2 * w->nsp ? v[i] : 0;
         w->pe[i] = np == 2 * w->nsp ? v[w->nsp + i] : 0;
@@ -1257,9 +1257,14 @@ static ms_status map_conv(ox_build *b, ms_error *err) {
     MS_CHECK(ox_val(b, 1, &wt, err));
     if (ox_has(b, 2)) MS_CHECK(ox_val(b, 2, &bias, err));
     const ms_shape s = *ox_shape(b, x), ws = *ox_shape(b, wt);
-    win w;
+    win w = {0};
     if (ws.ndim != s.ndim) return ox_fail(b, MS_ERR_INVALID, err, "weight rank differs");
     MS_CHECK(read_window(b, &s, ws.d + 2, &w, err));
+    if (w.nsp > 2)
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "a rank-%d input: only 1-D and 2-D convolutions (N, C, L or N, C, H, W) "
+                       "are supported",
+                       s.ndim);
     if (!symmetric(&w, false) && (x = pad_spatial(b, x, &w, 0.0f, err)) < 0) return err->code;
     ms_op_attrs a = {0};
     for (int i = 0; i < w.nsp; i++) {
@@ -1293,12 +1298,54 @@ static ms_status pool_window(ox_build *b, const ms_shape *s, win *w, ms_error *e
     int64_t k[4];
     if (ox_attr_ints(b, "kernel_shape", k, 4) != s->ndim - 2)
         return ox_fail(b, MS_ERR_INVALID, err, "kernel_shape must name every spatial dim");
-    MS_CHECK(read_window(b, s, k, w, err));
+    return read_window(b, s, k, w, err);
+}
+
+/* Whether meshscope's 1-D and 2-D pools take the window (no dilation). */
+static bool pool_native(const win *w) {
+    bool ok = w->nsp <= 2;
+    for (int i = 0; i < w->nsp; i++) ok &= w->dil[i] == 1;
+    return ok;
+}
+
+/* Pooling by gathering, for what the pools do not take (3-D, dilations, MaxPool's Indices):
+ * after padding, kernel offset j of spatial dim i reads the elements at o stride + j dilation
+ * (an index_select at constant ids); the window is the max or the sum over the offsets. */
+static int pool_take(ox_build *b, int x, const win *w, int i, int64_t j, int64_t out,
+                     ms_error *err) {
+    float *ids = xmalloc(sizeof(float) * (size_t)out);
+    for (int64_t o = 0; o < out; o++) ids[o] = (float)(o * w->stride[i] + j * w->dil[i]);
+    int c = const_value(b, 1, &out, ids, err);
+    free(ids);
+    if (c < 0) return -1;
+    ms_op_attrs a = {.i = {2 + i}};
+    int in[2] = {x, c};
+    return ox_op(b, MS_OP_INDEX_SELECT, &a, 2, in, -1, err);
+}
+
+/* The outputs of each spatial dim of the padded window w over s. */
+static void pool_outs(const ms_shape *s, const win *w, int64_t *out) {
     for (int i = 0; i < w->nsp; i++)
-        if (w->dil[i] != 1)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "dilations are not supported; export a pool without dilation");
-    return MS_OK;
+        out[i] =
+            (s->d[2 + i] + w->pb[i] + w->pe[i] - (w->k[i] - 1) * w->dil[i] - 1) / w->stride[i] + 1;
+}
+
+/* Max or sum over the window, one dim at a time (both are separable), of x padded. */
+static int pool_separable(ox_build *b, int x, const win *w, const int64_t *out, bool max,
+                          ms_error *err) {
+    for (int i = 0; i < w->nsp; i++) {
+        int acc = -1;
+        for (int64_t j = 0; j < w->k[i]; j++) {
+            int g = pool_take(b, x, w, i, j, out[i], err);
+            int in[2] = {acc, g};
+            if (g < 0) return -1;
+            acc =
+                acc < 0 ? g : ox_op(b, max ? MS_OP_MAXIMUM : MS_OP_ADD_BCAST, NULL, 2, in, -1, err);
+            if (acc < 0) return -1;
+        }
+        x = acc;
+    }
+    return x;
 }
 
 static ms_op_attrs pool_attrs(const win *w) {
@@ -1311,18 +1358,122 @@ static ms_op_attrs pool_attrs(const win *w) {
     return a;
 }
 
+/* The flat index into x [N, C, spatial...] (storage_order 1: the spatial dims column-major) of
+ * every element of x padded by w; -1 in the padding. */
+static int pool_index(ox_build *b, const ms_shape *s, const win *w, bool colmajor, ms_error *err) {
+    ms_shape p = *s;
+    int64_t n = 1, sp = 1;
+    for (int i = 0; i < w->nsp; i++) p.d[2 + i] += w->pb[i] + w->pe[i], sp *= s->d[2 + i];
+    for (int d = 0; d < p.ndim; d++) n *= p.d[d];
+    float *f = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t c[MS_MAX_DIMS], r = e, at = 0;
+        for (int d = p.ndim - 1; d >= 0; d--) c[d] = r % p.d[d], r /= p.d[d];
+        bool in = true;
+        for (int i = 0; i < w->nsp; i++) {
+            c[2 + i] -= w->pb[i];
+            in &= c[2 + i] >= 0 && c[2 + i] < s->d[2 + i];
+        }
+        for (int k = 0; k < w->nsp; k++) {
+            int i = colmajor ? w->nsp - 1 - k : k;
+            at = at * s->d[2 + i] + c[2 + i];
+        }
+        f[e] = in ? (float)((c[0] * s->d[1] + c[1]) * sp + at) : -1.0f;
+    }
+    int v = const_value(b, p.ndim, p.d, f, err);
+    free(f);
+    return v;
+}
+
+/* MaxPool with its Indices: every kernel offset in row-major order, the first maximum kept. */
+static ms_status maxpool_indices(ox_build *b, int x, int idx, const win *w, const int64_t *out,
+                                 ms_error *err) {
+    int64_t total = 1;
+    int best = -1, bidx = -1;
+    for (int i = 0; i < w->nsp; i++) total *= w->k[i];
+    for (int64_t t = 0; t < total; t++) {
+        int v = x, vi = idx, gt;
+        for (int64_t i = w->nsp - 1, r = t; i >= 0; r /= w->k[i], i--) {
+            if ((v = pool_take(b, v, w, (int)i, r % w->k[i], out[i], err)) < 0 ||
+                (vi = pool_take(b, vi, w, (int)i, r % w->k[i], out[i], err)) < 0)
+                return err->code;
+        }
+        if (best < 0) {
+            best = v, bidx = vi;
+            continue;
+        }
+        bool last = t == total - 1;
+        OX_OP(gt, MS_OP_GT, NULL, -1, v, best);
+        OX_OP(best, MS_OP_WHERE, NULL, last ? 0 : -1, gt, v, best);
+        OX_OP(bidx, MS_OP_WHERE, NULL, last ? 1 : -1, gt, vi, bidx);
+    }
+    ox_out(b, 0, best);
+    ox_out(b, 1, bidx);
+    return MS_OK;
+}
+
+/* MaxPool by gathering (pool_take): 3-D, dilations, or the Indices output. */
+static ms_status maxpool_gather(ox_build *b, int x, const ms_shape *s, const win *w,
+                                ms_error *err) {
+    int64_t out[3];
+    pool_outs(s, w, out);
+    bool want = b->node->n_output > 1 && b->node->output[1][0];
+    int idx = want ? pool_index(b, s, w, ox_attr_i(b, "storage_order", 0) != 0, err) : -1;
+    if (want && idx < 0) return err->code;
+    win wp = *w;
+    if ((x = pad_spatial(b, x, &wp, -INFINITY, err)) < 0) return err->code;
+    if (want) return maxpool_indices(b, x, idx, w, out, err);
+    int y = pool_separable(b, x, w, out, true, err);
+    if (y < 0) return err->code;
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
 static ms_status map_maxpool(ox_build *b, ms_error *err) {
     int x, y;
     MS_CHECK(ox_val(b, 0, &x, err));
     const ms_shape s = *ox_shape(b, x);
-    win w;
-    if (b->node->n_output > 1 && b->node->output[1][0])
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err, "the Indices output is not supported");
+    win w = {0};
     MS_CHECK(pool_window(b, &s, &w, err));
     if (ox_attr_i(b, "ceil_mode", 0)) ceil_pad(&s, &w);
+    if (!pool_native(&w) || (b->node->n_output > 1 && b->node->output[1][0]))
+        return maxpool_gather(b, x, &s, &w, err);
     if (!symmetric(&w, true) && (x = pad_spatial(b, x, &w, -INFINITY, err)) < 0) return err->code;
     ms_op_attrs a = pool_attrs(&w);
     OX_OP(y, w.nsp == 1 ? MS_OP_MAX_POOL1D : MS_OP_MAX_POOL2D, &a, 0, x);
+    ox_out(b, 0, y);
+    return MS_OK;
+}
+
+/* AveragePool by gathering (pool_take): the window sums over the zero-padded input divided by
+ * the elements each window counts (a constant): those of the input, and with
+ * count_include_pad those of the explicit pads (pe0: the end pads before ceil_mode's). */
+static ms_status avgpool_gather(ox_build *b, int x, const ms_shape *s, const win *w,
+                                const int64_t *pe0, bool incl, ms_error *err) {
+    int64_t out[3], cshape[MS_MAX_DIMS] = {1, 1}, n = 1;
+    pool_outs(s, w, out);
+    for (int i = 0; i < w->nsp; i++) cshape[2 + i] = out[i], n *= out[i];
+    float *cnt = xmalloc(sizeof(float) * (size_t)n);
+    for (int64_t e = 0; e < n; e++) {
+        double c = 1;
+        for (int64_t i = w->nsp - 1, r = e; i >= 0; r /= out[i], i--) {
+            int64_t o = r % out[i], lo = incl ? 0 : w->pb[i],
+                    hi = w->pb[i] + s->d[2 + i] + (incl ? pe0[i] : 0), m = 0;
+            for (int64_t j = 0; j < w->k[i]; j++) {
+                int64_t pos = o * w->stride[i] + j * w->dil[i];
+                m += pos >= lo && pos < hi;
+            }
+            c *= (double)m;
+        }
+        cnt[e] = (float)c;
+    }
+    int c = const_value(b, 2 + w->nsp, cshape, cnt, err), y;
+    free(cnt);
+    win wp = *w;
+    if (c < 0 || (x = pad_spatial(b, x, &wp, 0.0f, err)) < 0 ||
+        (x = pool_separable(b, x, w, out, false, err)) < 0)
+        return err->code;
+    OX_OP(y, MS_OP_DIV, NULL, 0, x, c);
     ox_out(b, 0, y);
     return MS_OK;
 }
@@ -1334,17 +1485,13 @@ static ms_status map_avgpool(ox_build *b, ms_error *err) {
     int x, y;
     MS_CHECK(ox_val(b, 0, &x, err));
     const ms_shape s = *ox_shape(b, x);
-    win w;
+    win w = {0};
     MS_CHECK(pool_window(b, &s, &w, err));
-    bool incl = ox_attr_i(b, "count_include_pad", 0) != 0;
+    bool incl = ox_attr_i(b, "count_include_pad", 0) != 0, ceil = ox_attr_i(b, "ceil_mode", 0);
     int op = w.nsp == 1 ? MS_OP_AVG_POOL1D : MS_OP_AVG_POOL2D;
-    if (ox_attr_i(b, "ceil_mode", 0)) {
-        if (incl)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "ceil_mode=1 with count_include_pad=1 is not supported; export with "
-                           "ceil_mode=False");
-        ceil_pad(&s, &w);
-    }
+    int64_t pe0[3] = {w.pe[0], w.pe[1], w.pe[2]};
+    if (ceil) ceil_pad(&s, &w);
+    if (!pool_native(&w) || (ceil && incl)) return avgpool_gather(b, x, &s, &w, pe0, incl, err);
     if (symmetric(&w, true)) {
         ms_op_attrs a = pool_attrs(&w);
         a.i[3 * w.nsp] = !incl;
