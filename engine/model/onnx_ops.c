@@ -74,6 +74,22 @@ static int const_value(ox_build *b, int ndim, const int64_t *shape, const float 
     return v;
 }
 
+/* Whether input k is an empty constant (a dim of 0), its shape into *s. */
+static bool empty_in(ox_build *b, int k, ms_shape *s) {
+    const ox_const *c = NULL;
+    ms_error e = {0};
+    if (!ox_is_const(b, k) || ox_const_in(b, k, &c, &e) != MS_OK || c->numel) return false;
+    s->ndim = c->ndim;
+    for (int d = 0; d < c->ndim; d++) s->d[d] = c->shape[d];
+    return true;
+}
+
+/* Output k as an empty constant of the shape (an empty tensor is no graph value). */
+static void empty_out(ox_build *b, int k, int ndim, const int64_t *shape) {
+    ox_const *c = ox_new_const(b, OX_FLOAT, ndim, shape);
+    ox_out_const(b, k, c);
+}
+
 /* The axes of a node: attribute `axes` (older opsets) or input 1 (newer), into out. Returns the
  * count, -1 when neither is given. */
 static int node_axes(ox_build *b, int input, int64_t *out, ms_error *err, ms_status *st) {
@@ -185,6 +201,11 @@ static ms_status map_clip(ox_build *b, ms_error *err) {
 
 static ms_status map_identity(ox_build *b, ms_error *err) {
     int x, y;
+    ms_shape es;
+    if (empty_in(b, 0, &es)) {
+        empty_out(b, 0, es.ndim, es.d);
+        return MS_OK;
+    }
     MS_CHECK(ox_val(b, 0, &x, err));
     const ms_shape *s = ox_shape(b, x);
     y = reshape(b, x, s->ndim, s->d, 0, err);
@@ -425,9 +446,11 @@ static ms_status map_mean(ox_build *b, ms_error *err) {
 /* --- shapes ---------------------------------------------------------------------------------- */
 
 static ms_status map_reshape(ox_build *b, ms_error *err) {
-    int x, y, nd;
-    MS_CHECK(ox_val(b, 0, &x, err));
-    const ms_shape *s = ox_shape(b, x);
+    int x = -1, y, nd;
+    ms_shape es;
+    bool empty = empty_in(b, 0, &es);
+    if (!empty) MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = empty ? &es : ox_shape(b, x);
     int64_t sh[MS_MAX_DIMS + 1], known = 1, total = 1;
     if ((nd = ox_attr_ints(b, "shape", sh, MS_MAX_DIMS + 1)) < 0) { /* opset < 5: an attribute */
         const ox_const *c;
@@ -445,13 +468,17 @@ static ms_status map_reshape(ox_build *b, ms_error *err) {
         }
         if (sh[d] == -1 && neg < 0)
             neg = d;
-        else if (sh[d] < 1)
+        else if (sh[d] < 0 || (sh[d] == 0 && !empty))
             return ox_fail(b, MS_ERR_UNSUPPORTED, err, "shape entry %lld at %d is not supported",
                            (long long)sh[d], d);
         else
             known *= sh[d];
     }
     if (neg >= 0) sh[neg] = known ? total / known : 0;
+    if (empty) {
+        empty_out(b, 0, nd, sh);
+        return MS_OK;
+    }
     y = reshape(b, x, nd, sh, 0, err);
     if (y < 0) return err->code;
     ox_out(b, 0, y);
@@ -562,9 +589,11 @@ static ms_status map_concat(ox_build *b, ms_error *err) {
 }
 
 static ms_status map_split(ox_build *b, ms_error *err) {
-    int x, ax, n = (int)b->node->n_output;
-    MS_CHECK(ox_val(b, 0, &x, err));
-    const ms_shape *s = ox_shape(b, x);
+    int x = -1, ax, n = (int)b->node->n_output;
+    ms_shape es;
+    bool empty = empty_in(b, 0, &es);
+    if (!empty) MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape *s = empty ? &es : ox_shape(b, x);
     MS_CHECK(norm_axis(b, ox_attr_i(b, "axis", 0), s->ndim, &ax, err));
     int64_t parts[64];
     int np = ox_attr_ints(b, "split", parts, 64);
@@ -583,9 +612,15 @@ static ms_status map_split(ox_build *b, ms_error *err) {
     }
     int64_t start = 0;
     for (int k = 0; k < n; k++) {
-        if (parts[k] < 1)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "split size %lld: empty outputs are not supported", (long long)parts[k]);
+        if (parts[k] < 0)
+            return ox_fail(b, MS_ERR_INVALID, err, "split size %lld", (long long)parts[k]);
+        if (empty || parts[k] == 0) { /* an empty output */
+            ms_shape o = *s;
+            o.d[ax] = parts[k];
+            empty_out(b, k, o.ndim, o.d);
+            start += parts[k];
+            continue;
+        }
         ms_op_attrs a = {.i = {ax, start, parts[k]}};
         int y;
         OX_OP(y, MS_OP_NARROW, &a, k, x);
@@ -603,21 +638,23 @@ static int64_t clamp_index(int64_t i, int64_t n) {
     return i < 0 ? 0 : i > n ? n : i;
 }
 
+/* How many elements start, start + step, ... short of end a dim of n holds, with ONNX's
+ * clamping (start and end made so in place). */
+static int64_t slice_range(int64_t n, int64_t *start, int64_t *end, int64_t step) {
+    int64_t lo_lim = step < 0 ? -1 : 0, hi_lim = step < 0 ? n - 1 : n, a = *start, e = *end;
+    if (a < 0) a = a < INT64_MIN / 2 ? INT64_MIN / 2 : a + n;
+    if (e < 0) e = e < INT64_MIN / 2 ? INT64_MIN / 2 : e + n;
+    *start = a = a < lo_lim ? lo_lim : a > hi_lim ? hi_lim : a;
+    *end = e = e < lo_lim ? lo_lim : e > hi_lim ? hi_lim : e;
+    int64_t cnt = step > 0 ? (e - a + step - 1) / step : (a - e - step - 1) / -step;
+    return cnt > 0 ? cnt : 0;
+}
+
 /* Elements start, start + step, ... short of end along dim d (step != 1, either sign, ONNX's
  * clamping), as an index_select at constant ids. */
 static int slice_step(ox_build *b, int x, int d, int64_t start, int64_t end, int64_t step, int k,
                       ms_error *err) {
-    int64_t n = ox_shape(b, x)->d[d], lo_lim = step < 0 ? -1 : 0, hi_lim = step < 0 ? n - 1 : n;
-    if (step == 0) return ox_fail(b, MS_ERR_INVALID, err, "step 0 along axis %d", d), -1;
-    if (start < 0) start = start < INT64_MIN / 2 ? INT64_MIN / 2 : start + n;
-    if (end < 0) end = end < INT64_MIN / 2 ? INT64_MIN / 2 : end + n;
-    start = start < lo_lim ? lo_lim : start > hi_lim ? hi_lim : start;
-    end = end < lo_lim ? lo_lim : end > hi_lim ? hi_lim : end;
-    int64_t cnt = step > 0 ? (end - start + step - 1) / step : (start - end - step - 1) / -step;
-    if (cnt <= 0)
-        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                       "the slice along axis %d is empty; empty tensors are not supported", d),
-               -1;
+    int64_t cnt = slice_range(ox_shape(b, x)->d[d], &start, &end, step);
     float *ids = xmalloc(sizeof(float) * (size_t)cnt);
     for (int64_t j = 0; j < cnt; j++) ids[j] = (float)(start + j * step);
     int c = const_value(b, 1, &cnt, ids, err);
@@ -628,16 +665,19 @@ static int slice_step(ox_build *b, int x, int d, int64_t start, int64_t end, int
     return ox_op(b, MS_OP_INDEX_SELECT, &a, 2, in, k, err);
 }
 
-static ms_status map_slice(ox_build *b, ms_error *err) {
-    int x;
-    MS_CHECK(ox_val(b, 0, &x, err));
-    const ms_shape *s0 = ox_shape(b, x);
-    int r = s0->ndim;
-    int64_t st[MS_MAX_DIMS + 1], en[MS_MAX_DIMS + 1], ax[MS_MAX_DIMS + 1], sp[MS_MAX_DIMS + 1];
+/* A Slice's starts, ends, axes (normalised) and steps (1 when absent). */
+typedef struct slice_args {
+    int n;
+    int ax[MS_MAX_DIMS + 1];
+    int64_t st[MS_MAX_DIMS + 1], en[MS_MAX_DIMS + 1], sp[MS_MAX_DIMS + 1];
+} slice_args;
+
+static ms_status slice_read(ox_build *b, int r, slice_args *s, ms_error *err) {
+    int64_t ax[MS_MAX_DIMS + 1];
     int n, na = -1, ns = -1;
     if (ox_attr(b, "starts")) {
-        n = ox_attr_ints(b, "starts", st, MS_MAX_DIMS + 1);
-        if (ox_attr_ints(b, "ends", en, MS_MAX_DIMS + 1) != n)
+        n = ox_attr_ints(b, "starts", s->st, MS_MAX_DIMS + 1);
+        if (ox_attr_ints(b, "ends", s->en, MS_MAX_DIMS + 1) != n)
             return ox_fail(b, MS_ERR_INVALID, err, "starts and ends differ in length");
         na = ox_attr_ints(b, "axes", ax, MS_MAX_DIMS + 1);
     } else {
@@ -645,31 +685,53 @@ static ms_status map_slice(ox_build *b, ms_error *err) {
         for (int k = 1; k < 5; k++)
             if (ox_has(b, k)) MS_CHECK(ox_const_in(b, k, &c[k], err));
         if (!c[1] || !c[2]) return ox_fail(b, MS_ERR_INVALID, err, "needs starts and ends");
-        n = const_ints(c[1], st, MS_MAX_DIMS + 1);
-        if (const_ints(c[2], en, MS_MAX_DIMS + 1) != n)
+        n = const_ints(c[1], s->st, MS_MAX_DIMS + 1);
+        if (const_ints(c[2], s->en, MS_MAX_DIMS + 1) != n)
             return ox_fail(b, MS_ERR_INVALID, err, "starts and ends differ in length");
         if (c[3]) na = const_ints(c[3], ax, MS_MAX_DIMS + 1);
-        if (c[4]) ns = const_ints(c[4], sp, MS_MAX_DIMS + 1);
+        if (c[4]) ns = const_ints(c[4], s->sp, MS_MAX_DIMS + 1);
     }
     if (n > r || (na >= 0 && na != n) || (ns >= 0 && ns != n))
         return ox_fail(b, MS_ERR_INVALID, err, "starts, ends, axes and steps disagree");
-    int v = x;
+    s->n = n;
     for (int i = 0; i < n; i++) {
-        int d;
-        MS_CHECK(norm_axis(b, na >= 0 ? ax[i] : i, r, &d, err));
-        int64_t step = ns >= 0 ? sp[i] : 1;
-        if (step != 1) {
-            if ((v = slice_step(b, v, d, st[i], en[i], step, i == n - 1 ? 0 : -1, err)) < 0)
-                return err->code;
+        MS_CHECK(norm_axis(b, na >= 0 ? ax[i] : i, r, &s->ax[i], err));
+        if (ns < 0) s->sp[i] = 1;
+        if (s->sp[i] == 0) return ox_fail(b, MS_ERR_INVALID, err, "step 0 at %d", i);
+    }
+    return MS_OK;
+}
+
+/* Steps of 1 are slices, others an index_select at constant ids; an empty result (or input)
+ * is an empty constant. */
+static ms_status map_slice(ox_build *b, ms_error *err) {
+    int x = -1;
+    ms_shape es;
+    bool empty = empty_in(b, 0, &es);
+    if (!empty) MS_CHECK(ox_val(b, 0, &x, err));
+    const ms_shape s0 = empty ? es : *ox_shape(b, x);
+    slice_args a;
+    MS_CHECK(slice_read(b, s0.ndim, &a, err));
+    ms_shape o = s0;
+    for (int i = 0; i < a.n; i++) {
+        int64_t st = a.st[i], en = a.en[i];
+        o.d[a.ax[i]] = slice_range(s0.d[a.ax[i]], &st, &en, a.sp[i]);
+        empty |= o.d[a.ax[i]] == 0;
+    }
+    if (empty) {
+        empty_out(b, 0, o.ndim, o.d);
+        return MS_OK;
+    }
+    int v = x;
+    for (int i = 0; i < a.n; i++) {
+        int d = a.ax[i], k = i == a.n - 1 ? 0 : -1;
+        if (a.sp[i] != 1) {
+            if ((v = slice_step(b, v, d, a.st[i], a.en[i], a.sp[i], k, err)) < 0) return err->code;
             continue;
         }
-        int64_t dim = ox_shape(b, v)->d[d], lo = clamp_index(st[i], dim),
-                hi = clamp_index(en[i], dim);
-        if (hi <= lo)
-            return ox_fail(b, MS_ERR_UNSUPPORTED, err,
-                           "the slice along axis %d is empty; empty tensors are not supported", d);
-        ms_op_attrs a = {.i = {d, lo, hi}};
-        OX_OP(v, MS_OP_SLICE, &a, i == n - 1 ? 0 : -1, v);
+        int64_t dim = ox_shape(b, v)->d[d];
+        ms_op_attrs at = {.i = {d, clamp_index(a.st[i], dim), clamp_index(a.en[i], dim)}};
+        OX_OP(v, MS_OP_SLICE, &at, k, v);
     }
     if (v == x) return map_identity(b, err);
     ox_out(b, 0, v);
