@@ -1024,10 +1024,10 @@ static ms_status map_log_softmax(ox_build *b, ms_error *err) {
  * one, or none, keeps the labels as they are (xent skips the negative ones). */
 static ms_status xent_labels(ox_build *b, int t, int *labels, int *kept, ms_error *err) {
     int64_t ignore = ox_attr_i(b, "ignore_index", -1);
-    int zero = fill_like(b, t, 0.0f, err);
-    if (zero < 0) return err->code;
     *labels = t;
     if (!ox_attr(b, "ignore_index") || ignore < 0) {
+        int zero = fill_like(b, t, 0.0f, err);
+        if (zero < 0) return err->code;
         OX_OP(*kept, MS_OP_GE, NULL, -1, t, zero);
         return MS_OK;
     }
@@ -1093,7 +1093,9 @@ static ms_status map_softmax_xent(ox_build *b, ms_error *err) {
         OX_OP(x, MS_OP_PERMUTE, &p, -1, x);
     }
     if (b->node->n_output > 1 && b->node->output[1][0]) MS_CHECK(xent_log_prob(b, x, r, err));
-    bool weighted = ox_has(b, 2), plain = !weighted && (!ox_attr(b, "ignore_index") || sum);
+    /* plain: xent as it is (no weights, and no ignored class, or a sum skipping negatives) */
+    bool weighted = ox_has(b, 2), has_ii = ox_attr(b, "ignore_index") != NULL;
+    bool plain = !weighted && (!has_ii || (sum && ox_attr_i(b, "ignore_index", -1) < 0));
     int labels = t, kept = -1, wt = -1, losses;
     if (!plain) MS_CHECK(xent_labels(b, t, &labels, &kept, err));
     if (weighted) MS_CHECK(xent_weights(b, labels, kept, &wt, err));
