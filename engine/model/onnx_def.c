@@ -165,10 +165,11 @@ static ms_status find_loss(const char *path, const ms_onnx_def_opts *o, onnx_use
         const char *name = ms_onnx_output_name(u->m, i);
         size_t at = strlen(names);
         snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", name);
-        const ms_shape *s = ms_graph_value_shape(g, outs[i]);
-        int64_t numel = 1;
-        for (int k = 0; k < s->ndim; k++) numel *= s->d[k];
-        if (o && o->loss && !strcmp(o->loss, name)) u->loss_output = i;
+        const ms_shape *s =
+            i < MAX_OUTPUTS && outs[i] >= 0 ? ms_graph_value_shape(g, outs[i]) : NULL;
+        int64_t numel = s ? 1 : 0; /* an empty output is no value */
+        for (int k = 0; s && k < s->ndim; k++) numel *= s->d[k];
+        if (o && o->loss && !strcmp(o->loss, name) && s) u->loss_output = i;
         if (numel == 1) scalar = i, scalars++;
     }
     ms_graph_destroy(g);

@@ -144,9 +144,11 @@ static int dtype_size(int dtype) {
     }
 }
 
-/* Whether the importer takes tensors of dtype at all (float32, and integers for ids). */
+/* Whether the importer takes tensors of dtype at all (float32, and 32- and 64-bit integers and
+ * bools for ids, exponents and masks). */
 static bool dtype_ok(int dtype) {
-    return dtype == OX_FLOAT || dtype == OX_INT64 || dtype == OX_INT32 || dtype == OX_BOOL;
+    return dtype == OX_FLOAT || dtype == OX_INT64 || dtype == OX_INT32 || dtype == OX_UINT64 ||
+           dtype == OX_UINT32 || dtype == OX_BOOL;
 }
 
 void ox_const_free(ox_const *c) {
@@ -399,16 +401,11 @@ static ms_status read_io(ms_onnx_model *m, const Onnx__ValueInfoProto *vi, bool 
                            "(batch) dim may be symbolic: export with static shapes otherwise",
                            m->label, sn, k, d->dim_param ? d->dim_param : "?");
         }
-        bool index = io->dtype != OX_FLOAT && input; /* an empty axes or shape list */
-        if (d->dim_value == 0 && !index)
+        /* a dim of 0: an empty tensor, a constant of no elements at build */
+        if (d->dim_value < 0 || d->dim_value > MS_ONNX_MAX_DIM ||
+            numel * d->dim_value > MS_ONNX_MAX_NUMEL)
             return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "%s: graph %s '%s' has dim %d of size 0; empty tensors are not "
-                           "supported: export with non-empty shapes",
-                           m->label, what, sn, k);
-        if ((d->dim_value <= 0 && !(index && d->dim_value == 0)) ||
-            d->dim_value > MS_ONNX_MAX_DIM || numel * d->dim_value > MS_ONNX_MAX_NUMEL)
-            return ms_fail(err, MS_ERR_UNSUPPORTED,
-                           "%s: graph %s '%s' has dim %d of size %lld (sizes 1..%lld, at most "
+                           "%s: graph %s '%s' has dim %d of size %lld (sizes 0..%lld, at most "
                            "%lld elements); export with smaller shapes",
                            m->label, what, sn, k, (long long)d->dim_value,
                            (long long)MS_ONNX_MAX_DIM, (long long)MS_ONNX_MAX_NUMEL);
@@ -761,6 +758,14 @@ static bool float_initializer(const ms_onnx_model *m, const ox_const *c) {
 ms_status ox_val(ox_build *b, int k, int *v, ms_error *err) {
     ox_sym *s;
     MS_CHECK(input_sym(b, k, &s, err));
+    if (s->v < 0 && !s->c->numel) {
+        char sv[MS_SAFE_LEN];
+        return ox_fail(b, MS_ERR_UNSUPPORTED, err,
+                       "input %d '%s' is empty (a dim of 0); empty tensors pass only through "
+                       "Reshape, Slice, Split and Identity: export with "
+                       "non-empty shapes",
+                       k, ms_safe_str(sv, sizeof sv, b->node->input[k]));
+    }
     if (s->v < 0) {
         const ox_const *c = s->c;
         if (float_initializer(b->m, c)) {
@@ -888,8 +893,16 @@ static ms_status add_inputs(ox_build *b, ms_error *err) {
         }
         /* a pipeline chunk takes only the inputs its nodes read */
         if (b->partial && !read_in(m->pb->graph, b->in_lo, b->in_hi, m->in[i].name)) continue;
-        int64_t shape[MS_MAX_DIMS];
+        int64_t shape[MS_MAX_DIMS], numel = 1;
         int nd = ms_onnx_input_shape(m, i, b->batch, shape);
+        for (int d = 0; d < nd; d++) numel *= shape[d];
+        if (numel == 0) { /* empty: nothing to feed */
+            ox_const *e = ox_new_const(b, m->in[i].dtype, nd, shape);
+            free(e->name);
+            e->name = xstrdup(m->in[i].name);
+            bind(b, e->name, -1, e);
+            continue;
+        }
         int v = ms_graph_input(b->g, m->in[i].name, nd, shape);
         if (v < 0) {
             ms_error e = {0};
@@ -903,18 +916,35 @@ static ms_status add_inputs(ox_build *b, ms_error *err) {
     return MS_OK;
 }
 
-/* Graph output k: a value (a constant output becomes its parameter). */
+/* Graph output k: a value. A constant output (folded at build: Shape, ConstantOfShape, a
+ * Constant) becomes a constant value, copied into an operator named as the output. */
 static ms_status bind_output(ox_build *b, int k, int *out, ms_error *err) {
     char sn[MS_SAFE_LEN];
     ox_sym *s = lookup(b, b->m->out[k].name);
     if (!s)
         return ms_fail(err, MS_ERR_INVALID, "%s: graph output '%s' is produced by no node",
                        b->m->label, ms_safe_str(sn, sizeof sn, b->m->out[k].name));
-    if (s->v < 0)
-        return ms_fail(err, MS_ERR_UNSUPPORTED,
-                       "%s: graph output '%s' is a constant; export a model whose outputs are "
-                       "computed from its inputs",
-                       b->m->label, ms_safe_str(sn, sizeof sn, b->m->out[k].name));
+    if (s->v < 0 && !s->c->numel) { /* empty: no value */
+        *out = -1;
+        return MS_OK;
+    }
+    if (s->v < 0) {
+        const ox_const *c = s->c;
+        char name[200];
+        snprintf(name, sizeof name, "%s/value", b->m->out[k].name);
+        int v = ms_graph_constant(b->g, name, c->ndim, c->shape, c->f);
+        ms_op_attrs a = {0};
+        a.i[0] = c->ndim;
+        for (int d = 0; d < c->ndim; d++) a.i[1 + d] = c->shape[d];
+        if (v >= 0) v = ms_graph_op(b->g, MS_OP_RESHAPE, &a, 1, &v, b->m->out[k].name);
+        if (v < 0) {
+            ms_error e = {0};
+            ms_graph_error(b->g, &e);
+            return ms_fail(err, e.code ? e.code : MS_ERR_INVALID, "%s: graph output '%s': %s",
+                           b->m->label, ms_safe_str(sn, sizeof sn, b->m->out[k].name), e.msg);
+        }
+        s->v = v;
+    }
     *out = s->v;
     return MS_OK;
 }

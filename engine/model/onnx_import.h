@@ -3,8 +3,9 @@
  *   open    ms_onnx_open parses the file (protobuf-c over Debian's onnx.proto) and checks it
  *           once: the opset of the default domain within [MS_ONNX_OPSET_MIN, _MAX], every
  *           node's operator one the importer maps, static shapes (the first dim of a graph
- *           input may be symbolic: the batch, resolved at build), element types fp32 (int64,
- *           int32 and bool for index inputs, masks and shape constants) and sizes in range.
+ *           input may be symbolic: the batch, resolved at build), element types fp32 (64- and
+ *           32-bit integers and bool for index inputs, masks and shape constants) and sizes in
+ *           range.
  *   build   ms_onnx_build adds the graph into an ms_graph for `batch` rows: graph inputs become
  *           ms_graph_input values under their ONNX names; initializers (and Constant nodes)
  *           used as data become ms_graph_param values under their ONNX names, initialised to 0
@@ -84,7 +85,9 @@ ms_status ms_onnx_bind_input(ms_onnx_model *m, const char *name, const ms_onnx_t
                              ms_error *err);
 
 /* Adds the model into g for `batch` rows of the symbolic batch dim (ignored without one):
- * outputs[i] (i < max_outputs) receives the value id of graph output i. The values keep their
+ * outputs[i] (i < max_outputs) receives the value id of graph output i, or -1 for an output of
+ * no elements (a dim of 0: empty tensors are constants at build, and never graph values; a
+ * graph input of no elements is not a graph input either). The values keep their
  * ONNX names where ONNX names them. Build-time refusals (a shape input that is not constant,
  * an attribute combination meshscope cannot express) name the node as ms_onnx_open does. */
 ms_status ms_onnx_build(const ms_onnx_model *m, int batch, ms_graph *g, int *outputs,
