@@ -84,6 +84,12 @@ def env_for(k, tuned):
     return env
 
 
+def blas_core(exe):
+    """The OpenBLAS core meshscope asks for on this CPU, for the tuned PyTorch too."""
+    out = subprocess.run([exe, "blas-core"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def run_torch(k, a, path):
     out = subprocess.run([sys.executable, __file__, "--torch-child", str(k), "--steps",
                           str(a.steps), "--warmup", str(a.warmup), "--data", path],
@@ -118,6 +124,9 @@ def main():
         return 0
     if not a.meshscope:
         ap.error("give the meshscope binary")
+    core = blas_core(a.meshscope)
+    if core:  # Debian's torch calls the same OpenBLAS: both sides run the same GEMM kernels
+        TUNED_ENV["OPENBLAS_CORETYPE"] = core
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         model = CNN()

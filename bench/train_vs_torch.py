@@ -145,6 +145,14 @@ TUNED_ENV = {
 TORCH_VARIANTS = ("stock", "tuned")
 
 
+def blas_core(exe):
+    """The OpenBLAS core meshscope asks for on this CPU (engine/kernels/blas.h; '' when the
+    library knows the CPU). Debian's torch calls the same OpenBLAS for its linear layers, so the
+    tuned PyTorch gets it too: both sides then run the same GEMM kernels."""
+    out = subprocess.run([exe, "blas-core"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def thread_env(k, extra=None):
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -227,6 +235,10 @@ def main():
     exe = os.path.abspath(a.meshscope)
     if not os.access(exe, os.X_OK):
         die(f"{exe} is not an executable; build meshscope first (bench/train_vs_torch.sh does)")
+    core = blas_core(exe)
+    if core:
+        TUNED_ENV["OPENBLAS_CORETYPE"] = core
+        print(f"OpenBLAS core {core} for meshscope and the tuned PyTorch (OPENBLAS_CORETYPE)")
     if not os.path.isfile(os.path.join(ROOT, a.data)) and not os.path.isfile(a.data):
         die(f"{a.data} is missing; run scripts/prepare-data.sh")
     keys = [x.strip() for x in a.models.split(",") if x.strip()]
