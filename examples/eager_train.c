@@ -10,6 +10,11 @@
  * a tape, ms_tape_backward, AdamW on each rank's shards. Every mesh prints the same losses.
  * The tensors live on the rank's device (--device): batches and initial weights are made on
  * the host and moved there; the kernels run there.
+ *
+ * --to-static: step 0's recording also becomes a graph program (ms_tape_to_static,
+ * docs/eager.md) with the same weights and placements; after the eager run the trainer trains
+ * it from those weights under the mesh's dp x tp strategy, and each line prints both losses.
+ * Weight decay is off in that mode (the trainer's AdamW decays every parameter).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +22,9 @@
 
 #include "engine/graph/eager_adamw.h"
 #include "engine/graph/tape.h"
+#include "engine/model/static_def.h"
 #include "engine/runtime/ctx.h"
+#include "engine/train/trainer.h"
 
 enum { BATCH = 32, DIM = 16, HIDDEN = 64, CLASSES = 8 };
 
@@ -27,6 +34,7 @@ typedef struct options {
     float lr;
     bool tp_1d; /* a 1-d mesh is tensor parallel */
     ms_device_choice device;
+    bool to_static; /* also train step 0's graph with the trainer */
 } options;
 
 /* Placements: dp on mesh dim 0 and tp on dim 1 (2-d), or one of them (1-d). */
@@ -78,18 +86,16 @@ static void model_params(model *m, ms_dtensor **p) {
     memcpy(p, all, sizeof all);
 }
 
-/* One batch: x ~ N(0, 1), the class the teacher scores highest. Every rank draws the same
- * global batch and keeps its shard. */
-static ms_status batch(ms_dmesh *dm, const layout *l, int step, ms_dtensor *x, ms_dtensor *y,
-                       ms_error *err) {
+/* Batch `step` on the host: x ~ N(0, 1), y the class the teacher scores highest. */
+static ms_status host_batch(int step, ms_tensor *gx, ms_tensor *gy, ms_error *err) {
     const int64_t xs[2] = {BATCH, DIM}, ts[2] = {DIM, CLASSES}, ys[1] = {BATCH};
-    ms_tensor gx, teacher, gy;
-    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 2, xs, &gx, err));
+    ms_tensor teacher;
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 2, xs, gx, err));
     MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 2, ts, &teacher, err));
-    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 1, ys, &gy, err));
-    ms_tensor_init_normal(&gx, 7, 1000 + (uint64_t)step, xs, NULL, 0.0f, 1.0f, err);
+    MS_CHECK(ms_tensor_alloc(ms_device_host(), MS_F32, 1, ys, gy, err));
+    ms_tensor_init_normal(gx, 7, 1000 + (uint64_t)step, xs, NULL, 0.0f, 1.0f, err);
     ms_tensor_init_normal(&teacher, 7, 999, ts, NULL, 0.0f, 1.0f, err);
-    const float *px = ms_tensor_f32(&gx), *pt = ms_tensor_f32(&teacher);
+    const float *px = ms_tensor_f32(gx), *pt = ms_tensor_f32(&teacher);
     for (int b = 0; b < BATCH; b++) {
         int best = 0;
         float best_score = -1e30f;
@@ -98,13 +104,22 @@ static ms_status batch(ms_dmesh *dm, const layout *l, int step, ms_dtensor *x, m
             for (int d = 0; d < DIM; d++) s += px[b * DIM + d] * pt[d * CLASSES + c];
             if (s > best_score) best_score = s, best = c;
         }
-        ms_tensor_f32(&gy)[b] = (float)best;
+        ms_tensor_f32(gy)[b] = (float)best;
     }
+    ms_tensor_release(&teacher);
+    return MS_OK;
+}
+
+/* One batch, every rank drawing the same global batch and keeping its shard. */
+static ms_status batch(ms_dmesh *dm, const layout *l, int step, ms_dtensor *x, ms_dtensor *y,
+                       ms_error *err) {
+    ms_tensor gx, gy;
+    MS_CHECK(host_batch(step, &gx, &gy, err));
     ms_placements pl;
     ms_status st = ms_placements_parse(l->x, &pl, err);
     if (st == MS_OK) st = ms_dtensor_shard(dm, &gx, &pl, x, err);
     if (st == MS_OK) st = ms_dtensor_shard(dm, &gy, &pl, y, err);
-    ms_tensor_release(&gx), ms_tensor_release(&teacher), ms_tensor_release(&gy);
+    ms_tensor_release(&gx), ms_tensor_release(&gy);
     return st;
 }
 
@@ -149,22 +164,78 @@ static ms_status loss_value(const ms_dtensor *loss, float *out, ms_error *err) {
     return MS_OK;
 }
 
-/* One step: forward on the tape, backward, AdamW on every parameter's local shard. */
+static const char *const param_names[N_PARAMS] = {"ln.weight", "ln.bias",    "fc1.weight",
+                                                  "fc1.bias",  "fc2.weight", "fc2.bias"};
+
+/* One step: forward on the tape, backward, AdamW on every parameter's local shard. With
+ * recipe, the step's forward is also made a graph (to_static) into *recipe. */
 static ms_status train_step(ms_dmesh *dm, const layout *l, ms_tape *tape, ms_eager_adamw *opt,
                             model *m, int step, const ms_adamw_opts *ao, float *loss_out,
-                            ms_error *err) {
+                            ms_static_graph **recipe, ms_error *err) {
     ms_dtensor *params[N_PARAMS];
     model_params(m, params);
     const bool decay[N_PARAMS] = {false, false, true, false, true, false};
     ms_dtensor x = {0}, y = {0}, loss = {0};
     ms_tape_clear(tape);
     ms_status st = batch(dm, l, step, &x, &y, err);
-    for (int i = 0; i < N_PARAMS && st == MS_OK; i++) st = ms_tape_watch(tape, params[i], err);
+    for (int i = 0; i < N_PARAMS && st == MS_OK; i++) {
+        st = ms_tape_watch(tape, params[i], err);
+        if (st == MS_OK) st = ms_tape_name(tape, params[i], param_names[i], err);
+    }
+    if (st == MS_OK && recipe) st = ms_tape_input(tape, &x, "x", err);
+    if (st == MS_OK && recipe) st = ms_tape_input(tape, &y, "y", err);
     if (st == MS_OK) st = forward(tape, m, &x, &y, &loss, err);
+    if (st == MS_OK && recipe)
+        st = ms_tape_to_static(tape, &loss, N_PARAMS, (const ms_dtensor *const *)params, recipe,
+                               err);
     if (st == MS_OK) st = loss_value(&loss, loss_out, err);
     if (st == MS_OK) st = ms_tape_backward(tape, &loss, err);
     if (st == MS_OK) st = ms_eager_adamw_step(opt, tape, N_PARAMS, params, decay, ao, err);
     ms_dtensor_release(&x), ms_dtensor_release(&y), ms_dtensor_release(&loss);
+    return st;
+}
+
+/* --to-static: the trainer's batches are the eager run's (host_batch), rows r0.. */
+static ms_status source_read(const ms_batch_source *src, ms_split s, bool eval, uint64_t seed,
+                             uint64_t b, int B, int r0, int nrows, float *const *out,
+                             ms_error *err) {
+    (void)src, (void)s, (void)eval, (void)seed, (void)B;
+    ms_tensor gx, gy;
+    MS_CHECK(host_batch((int)b, &gx, &gy, err));
+    memcpy(out[0], ms_tensor_f32(&gx) + (size_t)r0 * DIM, sizeof(float) * (size_t)nrows * DIM);
+    memcpy(out[1], ms_tensor_f32(&gy) + r0, sizeof(float) * (size_t)nrows);
+    ms_tensor_release(&gx), ms_tensor_release(&gy);
+    return MS_OK;
+}
+
+static const ms_batch_source_vt source_vt = {.read = source_read};
+
+/* Trains the graph made of step 0 with the trainer, from step 0's weights, printing each
+ * step's loss beside the eager run's. */
+static ms_status train_graph(ms_ctx *ctx, const ms_mesh *mesh, const options *o,
+                             const ms_static_graph *recipe, const float *eager, ms_error *err) {
+    ms_model_def def;
+    MS_CHECK(ms_model_def_from_static(recipe, "eager-mlp", &def, err));
+    ms_batch_source src = {.vt = &source_vt, .name = "the eager batches", .nfields = 2};
+    src.fields[0] = (ms_batch_field){.name = "x", .ndim = 1, .shape = {DIM}};
+    src.fields[1] = (ms_batch_field){.name = "y", .ndim = 0, .integer = true};
+    for (int s = 0; s < 3; s++) src.samples[s] = BATCH;
+    int dp = mesh->ndim == 2 ? mesh->shape[0] : o->tp_1d ? 1 : mesh->size;
+    int tp = mesh->ndim == 2 ? mesh->shape[1] : o->tp_1d ? mesh->size : 1;
+    ms_strategy s;
+    MS_CHECK(ms_strategy_init(&s, dp, tp, 1, false, err));
+    ms_train_opts to = {
+        .batch = BATCH, .seq = 1, .steps = o->steps, .seed = 7, .lr = o->lr, .min_lr = o->lr};
+    ms_trainer *t = NULL;
+    MS_CHECK(ms_trainer_create_def(ctx, &def, &s, NULL, &to, &src, &t, err));
+    ms_status st = MS_OK;
+    for (int step = 0; step < o->steps && st == MS_OK; step++) {
+        ms_step_result r;
+        st = ms_trainer_step(t, &r, err);
+        if (st == MS_OK && ctx->rank == 0)
+            printf("step %3d  loss %.6f  graph %.6f\n", step, eager[step], r.loss);
+    }
+    ms_trainer_destroy(t);
     return st;
 }
 
@@ -179,13 +250,22 @@ static ms_status rank_main(ms_ctx *ctx, void *arg, ms_error *err) {
     if (st == MS_OK) st = model_init(dm, l, &m, err);
     ms_tape *tape = ms_tape_create();
     ms_eager_adamw *opt = ms_eager_adamw_create();
-    const ms_adamw_opts ao = {
-        .lr = o->lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f};
-    for (int step = 0; step < o->steps && st == MS_OK; step++) {
-        float loss = 0;
-        st = train_step(dm, l, tape, opt, &m, step, &ao, &loss, err);
-        if (st == MS_OK && ctx->rank == 0) printf("step %3d  loss %.6f\n", step, loss);
+    const ms_adamw_opts ao = {.lr = o->lr,
+                              .beta1 = 0.9f,
+                              .beta2 = 0.95f,
+                              .eps = 1e-8f,
+                              .weight_decay = o->to_static ? 0.0f : 0.01f};
+    ms_static_graph *recipe = NULL;
+    float *losses = calloc((size_t)o->steps, sizeof *losses);
+    for (int step = 0; step < o->steps && st == MS_OK && losses; step++) {
+        st = train_step(dm, l, tape, opt, &m, step, &ao, &losses[step],
+                        o->to_static && step == 0 ? &recipe : NULL, err);
+        if (st == MS_OK && ctx->rank == 0 && !o->to_static)
+            printf("step %3d  loss %.6f\n", step, losses[step]);
     }
+    if (st == MS_OK && recipe) st = train_graph(ctx, &mesh, o, recipe, losses, err);
+    ms_static_free(recipe);
+    free(losses);
     ms_eager_adamw_destroy(opt);
     ms_tape_destroy(tape);
     ms_dtensor *params[N_PARAMS];
@@ -197,13 +277,15 @@ static ms_status rank_main(ms_ctx *ctx, void *arg, ms_error *err) {
 }
 
 static int usage(FILE *f, int rc) {
-    fprintf(f, "usage: eager_train [--mesh AxB] [--steps N] [--lr X] [--parallel dp|tp]\n"
-               "                   [--device cpu|fenced|cuda|auto]\n"
-               "  --mesh      ranks per mesh dim: 2-d is dp x tp, 1-d is --parallel (default 2x2)\n"
-               "  --steps     training steps (default 20)\n"
-               "  --lr        AdamW learning rate (default 0.01)\n"
-               "  --parallel  what a 1-d mesh splits: dp (the batch) or tp (the layers)\n"
-               "  --device    where each rank's tensors and kernels are (default cpu)\n");
+    fprintf(
+        f, "usage: eager_train [--mesh AxB] [--steps N] [--lr X] [--parallel dp|tp] [--to-static]\n"
+           "                   [--device cpu|fenced|cuda|auto]\n"
+           "  --mesh      ranks per mesh dim: 2-d is dp x tp, 1-d is --parallel (default 2x2)\n"
+           "  --steps     training steps (default 20)\n"
+           "  --lr        AdamW learning rate (default 0.01)\n"
+           "  --parallel  what a 1-d mesh splits: dp (the batch) or tp (the layers)\n"
+           "  --device    where each rank's tensors and kernels are (default cpu)\n"
+           "  --to-static also train step 0's graph with the trainer (to_static)\n");
     return rc;
 }
 
@@ -213,6 +295,10 @@ static int parse(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) exit(usage(stdout, 0));
+        if (!strcmp(f, "--to-static")) {
+            o->to_static = true;
+            continue;
+        }
         char *end = NULL;
         if (!v) {
             fprintf(stderr, "eager_train: %s needs a value (see --help)\n", f);

@@ -1,6 +1,7 @@
 /* tape.c - recording eager calls and running their backward (see tape.h). */
 #include "engine/graph/tape.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,8 @@ typedef struct tape_val {
     int64_t gshape[MS_MAX_DIMS];
     ms_placements pl;
     bool leaf;
+    bool input; /* a named input (ms_tape_input): tracked for to_static, no gradient */
+    char name[64];
     bool has_grad;
     ms_dtensor grad; /* in the placement of the first gradient to arrive (graph mode's gpl) */
 } tape_val;
@@ -123,6 +126,35 @@ ms_status ms_tape_watch(ms_tape *t, const ms_dtensor *leaf, ms_error *err) {
         }
     if (!ms_dmesh_is_member(leaf->mesh) || find_val(t, leaf) >= 0) return MS_OK;
     add_val(t, leaf, true);
+    return MS_OK;
+}
+
+ms_status ms_tape_input(ms_tape *t, const ms_dtensor *x, const char *name, ms_error *err) {
+    MS_CHECK(check_usable(t, x, "input", err));
+    if (!name || !name[0] || strlen(name) >= sizeof t->v[0].name)
+        return ms_fail(err, MS_ERR_INVALID, "tape input: a name of 1 to %zu bytes",
+                       sizeof t->v[0].name - 1);
+    if (!ms_dmesh_is_member(x->mesh)) return MS_OK;
+    int i = find_val(t, x);
+    if (i >= 0 && !t->v[i].input)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "tape input %s: the tensor is already a leaf or a recorded output", name);
+    if (i < 0) i = add_val(t, x, false);
+    t->v[i].input = true;
+    snprintf(t->v[i].name, sizeof t->v[i].name, "%s", name);
+    return MS_OK;
+}
+
+ms_status ms_tape_name(ms_tape *t, const ms_dtensor *leaf, const char *name, ms_error *err) {
+    if (!name || !name[0] || strlen(name) >= sizeof t->v[0].name)
+        return ms_fail(err, MS_ERR_INVALID, "tape name: a name of 1 to %zu bytes",
+                       sizeof t->v[0].name - 1);
+    if (!ms_dmesh_is_member(leaf->mesh)) return MS_OK;
+    int i = find_val(t, leaf);
+    if (i < 0 || !t->v[i].leaf)
+        return ms_fail(err, MS_ERR_INVALID, "tape name %s: watch the tensor first (ms_tape_watch)",
+                       name);
+    snprintf(t->v[i].name, sizeof t->v[i].name, "%s", name);
     return MS_OK;
 }
 
@@ -262,11 +294,16 @@ static ms_status input_grad(ms_tape *t, tape_rec *r, int i, ms_dtensor *pending,
     return MS_OK;
 }
 
+/* Whether input i of r takes a gradient: tracked, not a named input, and one the op gives. */
+static bool wants_grad(const ms_tape *t, const tape_rec *r, const ms_op_def *def, int i) {
+    return r->in_val[i] >= 0 && !t->v[r->in_val[i]].input && (def->grad_inputs >> i & 1);
+}
+
 static ms_status backward_rec(ms_tape *t, tape_rec *r, ms_error *err) {
     const ms_op_def *def = ms_op_get(r->op);
     bool any_out = false, any_in = false;
     for (int o = 0; o < r->n_out; o++) any_out |= t->v[r->out_val[o]].has_grad;
-    for (int i = 0; i < r->n_in; i++) any_in |= r->in_val[i] >= 0 && (def->grad_inputs >> i & 1);
+    for (int i = 0; i < r->n_in; i++) any_in |= wants_grad(t, r, def, i);
     if (!any_out || !any_in) return MS_OK;
     ms_op_call call;
     backward_call(t, r, &call);
@@ -278,8 +315,7 @@ static ms_status backward_rec(ms_tape *t, tape_rec *r, ms_error *err) {
         call.dout[o] = &dout[o];
     }
     for (int i = 0; i < r->n_in && st == MS_OK; i++)
-        if (r->in_val[i] >= 0 && (def->grad_inputs >> i & 1))
-            st = input_grad(t, r, i, &pending[i], &call.din[i], err);
+        if (wants_grad(t, r, def, i)) st = input_grad(t, r, i, &pending[i], &call.din[i], err);
     if (st == MS_OK) {
         st = def->backward(&call, err);
         if (st != MS_OK) st = ms_fail_wrap(err, st, "tape backward of %s", def->name);
@@ -361,4 +397,98 @@ const ms_dtensor *ms_tape_grad(const ms_tape *t, const ms_dtensor *leaf) {
     if (!t->done) return NULL;
     int i = find_val(t, leaf);
     return i >= 0 && t->v[i].leaf && t->v[i].has_grad ? &t->v[i].grad : NULL;
+}
+
+/* --- to_static ---------------------------------------------------------------------------- */
+
+/* The recipe's leaves: every leaf and named input the recorded calls read, in tape order;
+ * map[tape value] receives its recipe value (-1: none yet). */
+static ms_status static_leaves(const ms_tape *t, ms_static_graph *s, int *map, int nparams,
+                               const ms_dtensor *const *params, ms_error *err) {
+    for (int i = 0; i < t->nv; i++) {
+        const tape_val *v = &t->v[i];
+        if (!v->leaf && !v->input) continue;
+        ms_static_leaf *l = &s->leaves[s->nleaves];
+        *l = (ms_static_leaf){.param = v->leaf, .ndim = v->ndim, .pl = v->pl};
+        memcpy(l->shape, v->gshape, sizeof l->shape);
+        if (v->name[0])
+            snprintf(l->name, sizeof l->name, "%s", v->name);
+        else
+            snprintf(l->name, sizeof l->name, "param%d", s->nleaves);
+        map[i] = s->nleaves++;
+        if (!v->leaf) continue;
+        int k = 0;
+        while (k < nparams &&
+               !(params[k]->local.storage == v->key && params[k]->local.offset == v->offset))
+            k++;
+        if (k == nparams)
+            return ms_fail(err, MS_ERR_INVALID,
+                           "to_static: the watched leaf %s is not among the parameters passed; "
+                           "pass every watched tensor",
+                           l->name);
+        ms_tensor full;
+        MS_CHECK(ms_dtensor_full(params[k], &full, err));
+        int64_t n = ms_tensor_numel(&full);
+        l->values = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+        memcpy(l->values, ms_tensor_f32(&full), sizeof(float) * (size_t)n);
+        ms_tensor_release(&full);
+    }
+    return MS_OK;
+}
+
+/* Every recorded call a node, its outputs new recipe values. */
+static ms_status static_nodes(const ms_tape *t, ms_static_graph *s, int *map, ms_error *err) {
+    int next = s->nleaves;
+    for (int k = 0; k < t->nr; k++) {
+        const tape_rec *r = &t->r[k];
+        ms_static_node *n = &s->nodes[s->nnodes++];
+        *n = (ms_static_node){
+            .op = r->op, .attrs = r->run.attrs, .n_in = r->n_in, .n_out = r->n_out};
+        for (int i = 0; i < r->n_in; i++) {
+            if (r->in_val[i] < 0 || map[r->in_val[i]] < 0) {
+                const ms_op_def *def = ms_op_get(r->op);
+                return ms_fail(err, MS_ERR_INVALID,
+                               "to_static: call %d (%s) reads input %d, which the tape does not "
+                               "track; name the batch's tensors with ms_tape_input",
+                               k, def ? def->name : "op", i);
+            }
+            n->in[i] = map[r->in_val[i]];
+        }
+        for (int o = 0; o < r->n_out; o++) {
+            map[r->out_val[o]] = next;
+            n->out[o] = next++;
+            n->out_pl[o] = r->run.ch.out_pl[o];
+        }
+    }
+    s->nvalues = next;
+    return MS_OK;
+}
+
+ms_status ms_tape_to_static(const ms_tape *t, const ms_dtensor *loss, int nparams,
+                            const ms_dtensor *const *params, ms_static_graph **out, ms_error *err) {
+    *out = NULL;
+    if (t->done)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "to_static: the backward already ran on this recording; convert the step "
+                       "after its forward, before ms_tape_backward");
+    int lv = ms_dmesh_is_member(loss->mesh) ? find_val(t, loss) : -1;
+    if (lv < 0 || t->nr == 0)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "to_static: the loss was not recorded on this tape (record the step on "
+                       "a mesh this rank belongs to)");
+    ms_static_graph *s = xcalloc(1, sizeof *s);
+    s->leaves = xcalloc((size_t)t->nv, sizeof *s->leaves);
+    s->nodes = xcalloc((size_t)t->nr, sizeof *s->nodes);
+    int *map = xmalloc(sizeof(int) * (size_t)t->nv);
+    for (int i = 0; i < t->nv; i++) map[i] = -1;
+    ms_status st = static_leaves(t, s, map, nparams, params, err);
+    if (st == MS_OK) st = static_nodes(t, s, map, err);
+    if (st == MS_OK) s->loss = map[lv];
+    free(map);
+    if (st != MS_OK) {
+        ms_static_free(s);
+        return st;
+    }
+    *out = s;
+    return MS_OK;
 }

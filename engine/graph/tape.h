@@ -41,6 +41,7 @@
 #define MS_TAPE_H
 
 #include "engine/graph/eager.h"
+#include "engine/graph/static_graph.h"
 
 typedef struct ms_tape ms_tape;
 
@@ -68,6 +69,19 @@ ms_status ms_tape_backward(ms_tape *t, const ms_dtensor *loss, ms_error *err);
  * leaves and on ranks outside the mesh. Borrowed from the tape. */
 const ms_dtensor *ms_tape_grad(const ms_tape *t, const ms_dtensor *leaf);
 
+/* Names for to_static (engine/graph/static_graph.h). ms_tape_input tracks a tensor the step
+ * reads that is no parameter (the batch) under `name`, without a gradient; ms_tape_name names
+ * a watched leaf (default "paramN" in watch order). Names are at most 63 bytes. */
+ms_status ms_tape_input(ms_tape *t, const ms_dtensor *x, const char *name, ms_error *err);
+ms_status ms_tape_name(ms_tape *t, const ms_dtensor *leaf, const char *name, ms_error *err);
+/* to_static: the step recorded so far (after its forward, before ms_tape_backward) as a recipe
+ * for a graph program with the same placements: every watched leaf a parameter with its
+ * current values (params: every watched tensor, gathered whole: collective over the mesh),
+ * every named input an input, every recorded call an operator whose outputs keep the
+ * placements they ran in, `loss` the loss. A call reading a tensor the tape does not track is
+ * refused, naming it. The caller frees *out (ms_static_free). */
+ms_status ms_tape_to_static(const ms_tape *t, const ms_dtensor *loss, int nparams,
+                            const ms_dtensor *const *params, ms_static_graph **out, ms_error *err);
 /* How many calls the current recording holds (for tests and logs). */
 int ms_tape_size(const ms_tape *t);
 
