@@ -269,6 +269,11 @@ static const conv_spec specs[] = {
     {"conv2d direct 1x5 pad 0x2, 32 wide", 2, 3, 8, 8, 1, {3, 32}, {1, 5}, {1, 1}, {0, 2}, {1, 1}, false},
     {"conv2d direct pointwise", 2, 2, 8, 8, 1, {2, 16}, {1, 1}, {1, 1}, {0, 0}, {1, 1}, true},
     {"conv1d direct k3 pad 1", 1, 2, 8, 8, 1, {48}, {3}, {1}, {1}, {1}, true},
+    /* Output channels of 16 a group: the weight gradient with the channels in the lanes */
+    {"conv2d direct dw lanes 32 channels, 2 vectors", 2, 2, 8, 32, 1, {4, 16}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv2d direct dw lanes 5x5 groups 2 (3 tap chunks)", 2, 2, 8, 32, 2, {5, 16}, {5, 5}, {1, 1}, {2, 2}, {1, 1}, false},
+    {"conv2d direct dw lanes from 3 channels, 1 image a chunk", 2, 3, 3, 16, 1, {32, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv1d direct dw lanes k3 pad 2", 1, 2, 8, 16, 1, {32}, {3}, {1}, {2}, {1}, true},
 };
 // clang-format on
 

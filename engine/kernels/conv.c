@@ -135,7 +135,7 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
     if (dbias) conv_dbias(g, dbias, dout);
     if (k == 0 || g->cout_g == 0) return;
     if (dw && ms_k_conv_direct_ok(g))
-        ms_k_conv_direct_dw(g, dw, dout, x);
+        ms_k_conv_direct_dw(g, dw, col, dout, x);
     else if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
         for (int64_t i = 0; i < g->n; i++)
             for (int64_t grp = 0; grp < g->groups; grp++)

@@ -37,8 +37,14 @@ bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
            g->pw < g->kw;
 }
 
+static bool dl_ok(const ms_k_conv *g);
+static int64_t dl_chunk(const ms_k_conv *g);
+static int64_t dl_image_floats(const ms_k_conv *g);
+
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
-    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    const int64_t wk = g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
+    return wk > dl ? wk : dl;
 }
 
 /* --- forward and input gradient: out[8 planes] += the conv of src ---------------------------- */
@@ -255,7 +261,181 @@ static void dw_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x) {
+/* --- weight gradient, output channels in the lanes -----------------------------------------------
+ *
+ * Per chunk of images: dout transposed to [position][cout_g] (dt) and x copied with its padding
+ * as zeros (xp, rows of ow + kw - 1), so a tap of any position is a plain read. A tile of 16 or
+ * 32 output channels (one or two vectors) by up to DL_T taps of one input channel keeps its
+ * sums in registers over the chunk's positions: per position, one or two loads of dout and one
+ * broadcast of x per tap, no horizontal sum. Each dw element is one tile's, its positions summed
+ * in one order whatever the tiling or the thread count. */
+
+#define DL_VC  16   /* output channels per vector */
+#define DL_T   9    /* the most taps a lanes tile holds */
+#define DL_POS 2048 /* positions per chunk */
+
+static bool dl_ok(const ms_k_conv *g) {
+    return g->cout_g % DL_VC == 0;
+}
+
+static int64_t dl_chunk(const ms_k_conv *g) {
+    const int64_t ohw = g->oh * g->ow;
+    return ohw >= DL_POS ? 1 : DL_POS / ohw;
+}
+
+/* Floats of one image's dt and xp (all groups). */
+static int64_t dl_image_floats(const ms_k_conv *g) {
+    const int64_t hp = g->oh + g->kh - 1, wp = g->ow + g->kw - 1;
+    return g->groups * (g->oh * g->ow * g->cout_g + g->cin_g * hp * wp);
+}
+
+typedef struct dl_job {
+    const ms_k_conv *g;
+    float *dw, *dt, *xp; /* dt: [chunk][groups][ohw][cout_g]  xp: [chunk][groups][cin_g][hp][wp] */
+    const float *dout, *x;
+    int64_t i0, i1, hp, wp, nv, cbs, tcs; /* cbs: channel blocks of nv vectors; tcs: tap chunks */
+} dl_job;
+
+/* Prep items [lo, hi): item 2 * (image * groups + grp) + 0 transposes dout, + 1 pads x. */
+static void dl_prep(void *arg, int64_t lo, int64_t hi) {
+    const dl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t ohw = g->oh * g->ow, plane = j->hp * j->wp;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t ig = it / 2, ii = ig / g->groups, grp = ig % g->groups, i = j->i0 + ii;
+        if (it % 2 == 0) {
+            const float *d = j->dout + ms_k_conv_out_at(g, i, grp);
+            float *t = j->dt + ig * ohw * g->cout_g;
+            for (int64_t p = 0; p < ohw; p++)
+                for (int64_t co = 0; co < g->cout_g; co++) t[p * g->cout_g + co] = d[co * ohw + p];
+            continue;
+        }
+        const float *xs = j->x + ms_k_conv_x_at(g, i, grp);
+        float *o = j->xp + ig * g->cin_g * plane;
+        for (int64_t c = 0; c < g->cin_g; c++)
+            for (int64_t py = 0; py < j->hp; py++) {
+                const int64_t ys = py - g->ph;
+                float *row = o + c * plane + py * j->wp;
+                for (int64_t px = 0; px < j->wp; px++) {
+                    const int64_t xs_ = px - g->pw;
+                    row[px] = ys >= 0 && ys < g->h && xs_ >= 0 && xs_ < g->w
+                                  ? xs[(c * g->h + ys) * g->w + xs_]
+                                  : 0.0f;
+                }
+            }
+    }
+}
+
+/* dw[grp][cb * nv * 16 + lane][c][t0 + q] += over the chunk, q < nt. */
+static inline __attribute__((always_inline)) void dl_tile(const dl_job *j, int64_t grp, int64_t cb,
+                                                          int64_t c, int64_t t0, int nv, int nt) {
+    const ms_k_conv *g = j->g;
+    const int64_t ohw = g->oh * g->ow, co = g->cout_g, plane = j->hp * j->wp;
+    __m512 acc[2][DL_T], tot[2][DL_T]; /* one row's sums; the rows' */
+    int64_t toff[DL_T];
+    for (int q = 0; q < nt; q++) {
+        toff[q] = (t0 + q) / g->kw * j->wp + (t0 + q) % g->kw;
+        for (int v = 0; v < nv; v++) tot[v][q] = _mm512_setzero_ps();
+    }
+    for (int64_t ii = 0; ii < j->i1 - j->i0; ii++) {
+        const int64_t ig = ii * g->groups + grp;
+        const float *d = j->dt + ig * ohw * co + cb * nv * DL_VC;
+        const float *xs = j->xp + (ig * g->cin_g + c) * plane;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            const float *xr = xs + oy * j->wp, *dr = d + oy * g->ow * co;
+            for (int q = 0; q < nt; q++)
+                for (int v = 0; v < nv; v++) acc[v][q] = _mm512_setzero_ps();
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                __m512 dv[2];
+                for (int v = 0; v < nv; v++) dv[v] = _mm512_loadu_ps(dr + ox * co + v * DL_VC);
+                for (int q = 0; q < nt; q++) {
+                    const __m512 b = _mm512_set1_ps(xr[ox + toff[q]]);
+                    for (int v = 0; v < nv; v++) acc[v][q] = _mm512_fmadd_ps(dv[v], b, acc[v][q]);
+                }
+            }
+            /* Rows summed apart, then added: a float32 sum of thousands of positions in one
+             * line would lose digits. */
+            for (int q = 0; q < nt; q++)
+                for (int v = 0; v < nv; v++) tot[v][q] = _mm512_add_ps(tot[v][q], acc[v][q]);
+        }
+    }
+    const int64_t k = g->cin_g * g->kh * g->kw;
+    float *o = j->dw + ms_k_conv_w_at(g, grp) + cb * nv * DL_VC * k + c * g->kh * g->kw + t0;
+    for (int v = 0; v < nv; v++)
+        for (int q = 0; q < nt; q++) {
+            float lane[DL_VC];
+            _mm512_storeu_ps(lane, tot[v][q]);
+            for (int r = 0; r < DL_VC; r++) o[(v * DL_VC + r) * k + q] += lane[r];
+        }
+}
+
+#define DL_CASE(nv, nt)                                                                            \
+    case nt:                                                                                       \
+        dl_tile(j, grp, cb, c, t0, nv, nt);                                                        \
+        break
+
+static void dl_tile_nv(const dl_job *j, int64_t grp, int64_t cb, int64_t c, int64_t t0, int nt) {
+    if (j->nv == 2) switch (nt) {
+            DL_CASE(2, 1);
+            DL_CASE(2, 2);
+            DL_CASE(2, 3);
+            DL_CASE(2, 4);
+            DL_CASE(2, 5);
+            DL_CASE(2, 6);
+            DL_CASE(2, 7);
+            DL_CASE(2, 8);
+            DL_CASE(2, 9);
+        }
+    else
+        switch (nt) {
+            DL_CASE(1, 1);
+            DL_CASE(1, 2);
+            DL_CASE(1, 3);
+            DL_CASE(1, 4);
+            DL_CASE(1, 5);
+            DL_CASE(1, 6);
+            DL_CASE(1, 7);
+            DL_CASE(1, 8);
+            DL_CASE(1, 9);
+        }
+}
+
+/* Tiles [lo, hi) in (grp, channel block, c, tap chunk) order. */
+static void dl_range(void *arg, int64_t lo, int64_t hi) {
+    const dl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t taps = g->kh * g->kw;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t tc = t % j->tcs, c = t / j->tcs % g->cin_g;
+        const int64_t cb = t / j->tcs / g->cin_g % j->cbs, grp = t / j->tcs / g->cin_g / j->cbs;
+        const int64_t t0 = tc * DL_T, nt = taps - t0 < DL_T ? taps - t0 : DL_T;
+        dl_tile_nv(j, grp, cb, c, t0, (int)nt);
+    }
+}
+
+static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, const float *x) {
+    const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw;
+    dl_job j = {.g = g, .dw = dw, .dout = dout, .x = x};
+    j.hp = g->oh + g->kh - 1, j.wp = g->ow + g->kw - 1, j.tcs = (taps + DL_T - 1) / DL_T;
+    j.dt = wk, j.xp = wk + chunk * g->groups * g->oh * g->ow * g->cout_g;
+    /* Two vectors of channels where that leaves a few tiles per thread. */
+    const int64_t per2 = g->groups * (g->cout_g / (2 * DL_VC)) * g->cin_g * j.tcs;
+    j.nv = g->cout_g % (2 * DL_VC) == 0 && per2 >= 4 * ms_parallel_threads() ? 2 : 1;
+    j.cbs = g->cout_g / (j.nv * DL_VC);
+    const int64_t tiles = g->groups * j.cbs * g->cin_g * j.tcs;
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for(2 * (j.i1 - j.i0) * g->groups, 1, dl_prep, &j);
+        ms_parallel_for(tiles, 1, dl_range, &j);
+    }
+}
+
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x) {
+    if (dl_ok(g)) {
+        dl_run(g, dw, wk, dout, x);
+        return;
+    }
     const int64_t ohw = g->oh * g->ow, chunk = ohw >= DC_POS ? 1 : DC_POS / ohw;
     dw_job j = {.g = g, .dw = dw, .dout = dout, .x = x, .kxc = (g->kw + DC_Q - 1) / DC_Q};
     const int64_t tiles = g->groups * (g->cout_g / DC_R) * g->cin_g * g->kh * j.kxc;
@@ -287,8 +467,9 @@ void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *
                          const float *w) {
     (void)g, (void)dx, (void)wk, (void)dout, (void)w;
 }
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x) {
-    (void)g, (void)dw, (void)dout, (void)x;
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x) {
+    (void)g, (void)dw, (void)wk, (void)dout, (void)x;
 }
 
 #endif

@@ -5,13 +5,18 @@
  * within one output row) keeps its sums in registers over every input channel and tap; a tap
  * that falls in the padding is a masked load (zeros), so the input needs no padded copy. The
  * input gradient is the same kernel run on dout with the weight flipped and transposed, the
- * padding kh - 1 - ph. The weight gradient keeps 8 output channels by up to 3 taps of one
- * kernel row in registers over a chunk of images (about 1024 positions) and adds their sums
- * into dw chunk by chunk.
+ * padding kh - 1 - ph. The weight gradient, where the output channels per group are a multiple
+ * of 16, puts them in the vector lanes: per chunk of images (about 2048 positions) dout is
+ * transposed to [position][channel] and x copied with its padding as zeros into the scratch;
+ * a tile of 16 or 32 output channels by up to 9 taps of one input channel keeps its sums in
+ * registers, one row of positions at a time, each position one load of dout per vector and
+ * one broadcast of x per tap (no horizontal sums). Otherwise it keeps 8 output channels by up
+ * to 3 taps of one kernel row in registers over about 1024 positions and sums the lanes.
  *
  * Deterministic and independent of the thread count: the forward and the input gradient split
  * images over the rank's threads, each output summed in one fixed order; the weight gradient
- * splits its tiles (every dw element is one thread's) and sums chunks in image order.
+ * splits its tiles (every dw element is one thread's; the tile shape never changes an
+ * element's order of summation) and sums chunks in image order.
  *
  * Built only where the compiler targets AVX-512 F (-march=native on such a CPU, MS_NATIVE);
  * elsewhere the _ok functions say false and conv.c runs its GEMMs.
@@ -31,8 +36,8 @@ bool ms_k_conv_direct_ok(const ms_k_conv *g);
  * of 16, input channels per group a multiple of 8 and padding below the kernel size. */
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
 
-/* Floats of packed weight the direct kernels take: the weight's, groups * cout_g * cin_g * kh
- * * kw. */
+/* Floats of scratch the direct kernels take: the packed weight's (groups * cout_g * cin_g * kh
+ * * kw) or the weight gradient's one chunk of transposed dout and padded x, the larger. */
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g);
 
 /* out += the convolution of x by w (out already holds the bias). wk: the scratch. */
@@ -41,7 +46,8 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
 /* dx += the input gradient. wk: the scratch. */
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
                          const float *w);
-/* dw += the weight gradient. */
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x);
+/* dw += the weight gradient. wk: the scratch. */
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x);
 
 #endif
