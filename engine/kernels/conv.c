@@ -14,7 +14,7 @@
 int64_t ms_k_conv_scratch_floats(const ms_k_conv *g) {
     const bool direct = ms_k_conv_direct_ok(g), gemm = !direct || !ms_k_conv_direct_dx_ok(g);
     const int64_t col = ms_k_conv_pointwise(g) ? 0 : g->cin_g * g->kh * g->kw * g->oh * g->ow;
-    const int64_t wk = direct ? ms_k_conv_direct_scratch_floats(g) : 0;
+    const int64_t wk = ms_k_conv_direct_scratch_floats(g);
     return gemm && col > wk ? col : wk;
 }
 
@@ -134,7 +134,7 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
     if (dbias) conv_dbias(g, dbias, dout);
     if (k == 0 || g->cout_g == 0) return;
-    if (dw && ms_k_conv_direct_ok(g))
+    if (dw && ms_k_conv_direct_dw_ok(g))
         ms_k_conv_direct_dw(g, dw, col, dout, x);
     else if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
         for (int64_t i = 0; i < g->n; i++)

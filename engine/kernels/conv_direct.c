@@ -42,7 +42,8 @@ static int64_t dl_chunk(const ms_k_conv *g);
 static int64_t dl_image_floats(const ms_k_conv *g);
 
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
-    const int64_t wk = g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    const int64_t wk =
+        ms_k_conv_direct_ok(g) ? g->groups * g->cout_g * g->cin_g * g->kh * g->kw : 0;
     const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
     return wk > dl ? wk : dl;
 }
@@ -274,8 +275,15 @@ static void dw_range(void *arg, int64_t lo, int64_t hi) {
 #define DL_T   9    /* the most taps a lanes tile holds */
 #define DL_POS 2048 /* positions per chunk */
 
+/* 1x1 kernels stay out: one broadcast per dout load leaves the loads the bound, slower than
+ * the GEMM (measured at stride 2). */
 static bool dl_ok(const ms_k_conv *g) {
-    return g->cout_g % DL_VC == 0;
+    return g->cout_g % DL_VC == 0 && g->dh == 1 && g->dw == 1 && g->oh * g->ow > 0 &&
+           g->kh * g->kw > 1;
+}
+
+bool ms_k_conv_direct_dw_ok(const ms_k_conv *g) {
+    return dl_ok(g) || ms_k_conv_direct_ok(g);
 }
 
 static int64_t dl_chunk(const ms_k_conv *g) {
@@ -285,7 +293,7 @@ static int64_t dl_chunk(const ms_k_conv *g) {
 
 /* Floats of one image's dt and xp (all groups). */
 static int64_t dl_image_floats(const ms_k_conv *g) {
-    const int64_t hp = g->oh + g->kh - 1, wp = g->ow + g->kw - 1;
+    const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
     return g->groups * (g->oh * g->ow * g->cout_g + g->cin_g * hp * wp);
 }
 
@@ -342,14 +350,14 @@ static inline __attribute__((always_inline)) void dl_tile(const dl_job *j, int64
         const float *d = j->dt + ig * ohw * co + cb * nv * DL_VC;
         const float *xs = j->xp + (ig * g->cin_g + c) * plane;
         for (int64_t oy = 0; oy < g->oh; oy++) {
-            const float *xr = xs + oy * j->wp, *dr = d + oy * g->ow * co;
+            const float *xr = xs + oy * g->sh * j->wp, *dr = d + oy * g->ow * co;
             for (int q = 0; q < nt; q++)
                 for (int v = 0; v < nv; v++) acc[v][q] = _mm512_setzero_ps();
             for (int64_t ox = 0; ox < g->ow; ox++) {
                 __m512 dv[2];
                 for (int v = 0; v < nv; v++) dv[v] = _mm512_loadu_ps(dr + ox * co + v * DL_VC);
                 for (int q = 0; q < nt; q++) {
-                    const __m512 b = _mm512_set1_ps(xr[ox + toff[q]]);
+                    const __m512 b = _mm512_set1_ps(xr[ox * g->sw + toff[q]]);
                     for (int v = 0; v < nv; v++) acc[v][q] = _mm512_fmadd_ps(dv[v], b, acc[v][q]);
                 }
             }
@@ -416,7 +424,8 @@ static void dl_range(void *arg, int64_t lo, int64_t hi) {
 static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, const float *x) {
     const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw;
     dl_job j = {.g = g, .dw = dw, .dout = dout, .x = x};
-    j.hp = g->oh + g->kh - 1, j.wp = g->ow + g->kw - 1, j.tcs = (taps + DL_T - 1) / DL_T;
+    j.hp = (g->oh - 1) * g->sh + g->kh, j.wp = (g->ow - 1) * g->sw + g->kw,
+    j.tcs = (taps + DL_T - 1) / DL_T;
     j.dt = wk, j.xp = wk + chunk * g->groups * g->oh * g->ow * g->cout_g;
     /* Two vectors of channels where that leaves a few tiles per thread. */
     const int64_t per2 = g->groups * (g->cout_g / (2 * DL_VC)) * g->cin_g * j.tcs;
@@ -452,6 +461,10 @@ bool ms_k_conv_direct_ok(const ms_k_conv *g) {
     return false;
 }
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+    (void)g;
+    return false;
+}
+bool ms_k_conv_direct_dw_ok(const ms_k_conv *g) {
     (void)g;
     return false;
 }

@@ -1,5 +1,5 @@
-/* conv_direct.h - direct convolution with AVX-512 for the stride-1 convs of conv.c: no column
- * buffer, the input read in place.
+/* conv_direct.h - direct convolution with AVX-512 for the stride-1 convs of conv.c, and the
+ * weight gradient of strided ones: no column buffer.
  *
  * A tile of 8 output channels by 16 or 32 output positions (one or two 16-wide vectors, each
  * within one output row) keeps its sums in registers over every input channel and tap; a tap
@@ -10,7 +10,8 @@
  * transposed to [position][channel] and x copied with its padding as zeros into the scratch;
  * a tile of 16 or 32 output channels by up to 9 taps of one input channel keeps its sums in
  * registers, one row of positions at a time, each position one load of dout per vector and
- * one broadcast of x per tap (no horizontal sums). Otherwise it keeps 8 output channels by up
+ * one broadcast of x per tap (no horizontal sums); any stride and width, the padded copy read
+ * at (oy * sh + ky, ox * sw + kx). Otherwise it keeps 8 output channels by up
  * to 3 taps of one kernel row in registers over about 1024 positions and sums the lanes.
  *
  * Deterministic and independent of the thread count: the forward and the input gradient split
@@ -36,8 +37,14 @@ bool ms_k_conv_direct_ok(const ms_k_conv *g);
  * of 16, input channels per group a multiple of 8 and padding below the kernel size. */
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
 
+/* Whether the weight gradient runs direct: as the forward's, or any stride and width with the
+ * output channels per group a multiple of 16, dilation 1 and more than one tap (the channels
+ * in the lanes). */
+bool ms_k_conv_direct_dw_ok(const ms_k_conv *g);
+
 /* Floats of scratch the direct kernels take: the packed weight's (groups * cout_g * cin_g * kh
- * * kw) or the weight gradient's one chunk of transposed dout and padded x, the larger. */
+ * * kw) where the forward runs direct, the weight gradient's one chunk of transposed dout and
+ * padded x where it puts the channels in the lanes, the larger; 0 where neither runs. */
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g);
 
 /* out += the convolution of x by w (out already holds the bias). wk: the scratch. */
