@@ -278,6 +278,10 @@ static const conv_spec specs[] = {
     {"conv2d dw lanes 1x2 stride 2, groups 2", 2, 2, 8, 32, 2, {6, 7}, {1, 2}, {2, 2}, {0, 0}, {1, 1}, false},
     {"conv2d dw lanes 5x3 stride 3x2 pad 2x1", 2, 3, 4, 16, 1, {11, 9}, {5, 3}, {3, 2}, {2, 1}, {1, 1}, true},
     {"conv1d dw lanes k4 stride 2 pad 1", 1, 2, 5, 16, 1, {23}, {4}, {2}, {1}, {1}, true},
+    /* Output channels of 32 a group off the stride-1 kernels: the forward in the lanes too */
+    {"conv2d lanes 5x3 stride 3x2 pad 2x1 groups 2", 2, 2, 6, 64, 2, {11, 27}, {5, 3}, {3, 2}, {2, 1}, {1, 1}, true},
+    {"conv2d lanes 3x3 stride 1, 20 wide", 2, 2, 4, 32, 1, {5, 20}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, false},
+    {"conv1d lanes k3 stride 2 pad 1", 1, 3, 8, 32, 1, {40}, {3}, {2}, {1}, {1}, true},
 };
 // clang-format on
 

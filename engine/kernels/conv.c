@@ -86,7 +86,7 @@ void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *
             for (int64_t s = 0; s < ohw; s++) o[s] = b;
         }
     if (k == 0) return; /* no input channel on this rank: the bias alone */
-    if (ms_k_conv_direct_ok(g)) {
+    if (ms_k_conv_direct_forward_ok(g)) {
         ms_k_conv_direct_forward(g, out, col, x, w);
         return;
     }

@@ -40,12 +40,17 @@ bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
 static bool dl_ok(const ms_k_conv *g);
 static int64_t dl_chunk(const ms_k_conv *g);
 static int64_t dl_image_floats(const ms_k_conv *g);
+static bool fl_ok(const ms_k_conv *g);
+static int64_t fl_wk_floats(const ms_k_conv *g);
+static int64_t fl_image_floats(const ms_k_conv *g);
 
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
     const int64_t wk =
         ms_k_conv_direct_ok(g) ? g->groups * g->cout_g * g->cin_g * g->kh * g->kw : 0;
     const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
-    return wk > dl ? wk : dl;
+    const int64_t fl = fl_ok(g) ? fl_wk_floats(g) + dl_chunk(g) * fl_image_floats(g) : 0;
+    const int64_t most = wk > dl ? wk : dl;
+    return most > fl ? most : fl;
 }
 
 /* --- forward and input gradient: out[8 planes] += the conv of src ---------------------------- */
@@ -125,8 +130,14 @@ static void dc_range(void *arg, int64_t lo, int64_t hi) {
             }
 }
 
+static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w);
+
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
                               const float *w) {
+    if (!ms_k_conv_direct_ok(g)) {
+        fl_run(g, out, wk, x, w);
+        return;
+    }
     const int64_t k = g->cin_g * g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
     /* wk[grp][ob][k][r] = w[grp][ob * 8 + r][k] */
     for (int64_t o = 0; o < g->groups * g->cout_g; o++)
@@ -302,16 +313,21 @@ typedef struct dl_job {
     float *dw, *dt, *xp; /* dt: [chunk][groups][ohw][cout_g]  xp: [chunk][groups][cin_g][hp][wp] */
     const float *dout, *x;
     int64_t i0, i1, hp, wp, nv, cbs, tcs; /* cbs: channel blocks of nv vectors; tcs: tap chunks */
+    bool pad_only;                        /* the forward's prep: x alone */
+    float *out;                           /* the forward's: out, and wk[grp][c][tap][cout_g] */
+    const float *wl;
 } dl_job;
 
-/* Prep items [lo, hi): item 2 * (image * groups + grp) + 0 transposes dout, + 1 pads x. */
+/* Prep items [lo, hi): item 2 * (image * groups + grp) + 0 transposes dout, + 1 pads x; with
+ * pad_only, item image * groups + grp pads x. */
 static void dl_prep(void *arg, int64_t lo, int64_t hi) {
     const dl_job *j = arg;
     const ms_k_conv *g = j->g;
     const int64_t ohw = g->oh * g->ow, plane = j->hp * j->wp;
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t ig = it / 2, ii = ig / g->groups, grp = ig % g->groups, i = j->i0 + ii;
-        if (it % 2 == 0) {
+        const int64_t ig = j->pad_only ? it : it / 2, ii = ig / g->groups, grp = ig % g->groups;
+        const int64_t i = j->i0 + ii;
+        if (!j->pad_only && it % 2 == 0) {
             const float *d = j->dout + ms_k_conv_out_at(g, i, grp);
             float *t = j->dt + ig * ohw * g->cout_g;
             for (int64_t p = 0; p < ohw; p++)
@@ -439,6 +455,108 @@ static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, 
     }
 }
 
+/* --- forward of strided convs, output channels in the lanes --------------------------------------
+ *
+ * The same padded copy of x; a tile of 32 output channels by up to FL_P positions of one output
+ * row keeps its sums in registers over every input channel and tap: per tap, two loads of the
+ * packed weight and one broadcast of x per position. Each output is one tile's, summed in one
+ * order, then added to out (which holds the bias). */
+
+#define FL_P 8 /* the most positions a forward tile holds */
+
+static bool fl_ok(const ms_k_conv *g) {
+    return !ms_k_conv_direct_ok(g) && dl_ok(g) && g->cout_g % (2 * DL_VC) == 0;
+}
+
+static int64_t fl_wk_floats(const ms_k_conv *g) {
+    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+}
+
+/* Floats of one image's padded x (all groups). */
+static int64_t fl_image_floats(const ms_k_conv *g) {
+    const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
+    return g->groups * g->cin_g * hp * wp;
+}
+
+static inline __attribute__((always_inline)) void
+fl_tile(const dl_job *j, int64_t ii, int64_t grp, int64_t cb, int64_t oy, int64_t ox0, int np) {
+    const ms_k_conv *g = j->g;
+    const int64_t taps = g->kh * g->kw, plane = j->hp * j->wp, ohw = g->oh * g->ow;
+    __m512 acc[2][FL_P];
+    for (int p = 0; p < np; p++) acc[0][p] = acc[1][p] = _mm512_setzero_ps();
+    const float *xs =
+        j->xp + (ii * g->groups + grp) * g->cin_g * plane + oy * g->sh * j->wp + ox0 * g->sw;
+    const float *wt = j->wl + grp * g->cin_g * taps * g->cout_g + cb * 2 * DL_VC;
+    for (int64_t c = 0; c < g->cin_g; c++)
+        for (int64_t ky = 0; ky < g->kh; ky++)
+            for (int64_t kx = 0; kx < g->kw; kx++, wt += g->cout_g) {
+                const float *xr = xs + c * plane + ky * j->wp + kx;
+                const __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + DL_VC);
+                for (int p = 0; p < np; p++) {
+                    const __m512 b = _mm512_set1_ps(xr[p * g->sw]);
+                    acc[0][p] = _mm512_fmadd_ps(w0, b, acc[0][p]);
+                    acc[1][p] = _mm512_fmadd_ps(w1, b, acc[1][p]);
+                }
+            }
+    float *o =
+        j->out + ms_k_conv_out_at(g, j->i0 + ii, grp) + cb * 2 * DL_VC * ohw + oy * g->ow + ox0;
+    for (int v = 0; v < 2; v++)
+        for (int p = 0; p < np; p++) {
+            float lane[DL_VC];
+            _mm512_storeu_ps(lane, acc[v][p]);
+            for (int r = 0; r < DL_VC; r++) o[(v * DL_VC + r) * ohw + p] += lane[r];
+        }
+}
+
+#define FL_CASE(np)                                                                                \
+    case np:                                                                                       \
+        fl_tile(j, ii, grp, cb, oy, ox0, np);                                                      \
+        break
+
+/* Tiles [lo, hi) in (image, grp, channel block, row, position block) order. */
+static void fl_range(void *arg, int64_t lo, int64_t hi) {
+    const dl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t pbs = (g->ow + FL_P - 1) / FL_P;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t ox0 = t % pbs * FL_P, oy = t / pbs % g->oh, cb = t / pbs / g->oh % j->cbs;
+        const int64_t grp = t / pbs / g->oh / j->cbs % g->groups;
+        const int64_t ii = t / pbs / g->oh / j->cbs / g->groups;
+        switch (g->ow - ox0 < FL_P ? g->ow - ox0 : FL_P) {
+            FL_CASE(1);
+            FL_CASE(2);
+            FL_CASE(3);
+            FL_CASE(4);
+            FL_CASE(5);
+            FL_CASE(6);
+            FL_CASE(7);
+            FL_CASE(8);
+        }
+    }
+}
+
+static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w) {
+    const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw, k = g->cin_g * taps;
+    /* wk[grp][c][t][co] = w[grp][co][c][t] */
+    for (int64_t grp = 0; grp < g->groups; grp++)
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t q = 0; q < k; q++)
+                wk[(grp * k + q) * g->cout_g + co] = w[ms_k_conv_w_at(g, grp) + co * k + q];
+    dl_job j = {.g = g, .x = x, .out = out, .wl = wk, .pad_only = true};
+    j.hp = (g->oh - 1) * g->sh + g->kh, j.wp = (g->ow - 1) * g->sw + g->kw;
+    j.xp = wk + fl_wk_floats(g), j.cbs = g->cout_g / (2 * DL_VC);
+    const int64_t per_image = g->groups * j.cbs * g->oh * ((g->ow + FL_P - 1) / FL_P);
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for((j.i1 - j.i0) * g->groups, 1, dl_prep, &j);
+        ms_parallel_for((j.i1 - j.i0) * per_image, 1, fl_range, &j);
+    }
+}
+
+bool ms_k_conv_direct_forward_ok(const ms_k_conv *g) {
+    return ms_k_conv_direct_ok(g) || fl_ok(g);
+}
+
 void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
                          const float *x) {
     if (dl_ok(g)) {
@@ -465,6 +583,10 @@ bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
     return false;
 }
 bool ms_k_conv_direct_dw_ok(const ms_k_conv *g) {
+    (void)g;
+    return false;
+}
+bool ms_k_conv_direct_forward_ok(const ms_k_conv *g) {
     (void)g;
     return false;
 }

@@ -1,5 +1,5 @@
 /* conv_direct.h - direct convolution with AVX-512 for the stride-1 convs of conv.c, and the
- * weight gradient of strided ones: no column buffer.
+ * forward and weight gradient of strided ones: no column buffer.
  *
  * A tile of 8 output channels by 16 or 32 output positions (one or two 16-wide vectors, each
  * within one output row) keeps its sums in registers over every input channel and tap; a tap
@@ -11,13 +11,17 @@
  * a tile of 16 or 32 output channels by up to 9 taps of one input channel keeps its sums in
  * registers, one row of positions at a time, each position one load of dout per vector and
  * one broadcast of x per tap (no horizontal sums); any stride and width, the padded copy read
- * at (oy * sh + ky, ox * sw + kx). Otherwise it keeps 8 output channels by up
- * to 3 taps of one kernel row in registers over about 1024 positions and sums the lanes.
+ * at (oy * sh + ky, ox * sw + kx). Otherwise (stride 1 only) it keeps 8 output channels by
+ * up to 3 taps of one kernel row in registers over about 1024 positions and sums the lanes.
+ * The forward of a conv the stride-1 kernel does not take, where the output channels per
+ * group are a multiple of 32, reads the same padded copy: a tile of 32 output channels by up
+ * to 8 positions of one row, per tap two loads of the weight packed [c][tap][channel] and one
+ * broadcast of x per position.
  *
  * Deterministic and independent of the thread count: the forward and the input gradient split
- * images over the rank's threads, each output summed in one fixed order; the weight gradient
- * splits its tiles (every dw element is one thread's; the tile shape never changes an
- * element's order of summation) and sums chunks in image order.
+ * images (the strided forward: its tiles) over the rank's threads, each output summed in one fixed
+ * order; the weight gradient splits its tiles (every dw element is one thread's; the tile shape
+ * never changes an element's order of summation) and sums chunks in image order.
  *
  * Built only where the compiler targets AVX-512 F (-march=native on such a CPU, MS_NATIVE);
  * elsewhere the _ok functions say false and conv.c runs its GEMMs.
@@ -37,6 +41,10 @@ bool ms_k_conv_direct_ok(const ms_k_conv *g);
  * of 16, input channels per group a multiple of 8 and padding below the kernel size. */
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
 
+/* Whether the forward runs direct: as ms_k_conv_direct_ok, or (output channels in the lanes)
+ * any stride and width with the output channels per group a multiple of 32, dilation 1 and
+ * more than one tap. */
+bool ms_k_conv_direct_forward_ok(const ms_k_conv *g);
 /* Whether the weight gradient runs direct: as the forward's, or any stride and width with the
  * output channels per group a multiple of 16, dilation 1 and more than one tap (the channels
  * in the lanes). */
