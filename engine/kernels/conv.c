@@ -12,7 +12,8 @@
 /* The direct kernels need the packed weight; the GEMMs (any pass the direct kernels do not
  * take) one group of one image's columns. */
 int64_t ms_k_conv_scratch_floats(const ms_k_conv *g) {
-    const bool direct = ms_k_conv_direct_ok(g), gemm = !direct || !ms_k_conv_direct_dx_ok(g);
+    const bool gemm =
+        !ms_k_conv_direct_forward_ok(g) || !ms_k_conv_direct_dx_ok(g) || !ms_k_conv_direct_dw_ok(g);
     const int64_t col = ms_k_conv_pointwise(g) ? 0 : g->cin_g * g->kh * g->kw * g->oh * g->ow;
     const int64_t wk = ms_k_conv_direct_scratch_floats(g);
     return gemm && col > wk ? col : wk;

@@ -32,7 +32,8 @@ bool ms_k_conv_direct_ok(const ms_k_conv *g) {
            g->cout_g % DC_R == 0 && g->kh * g->kw <= DC_TAPS && g->oh * g->ow > 0;
 }
 
-bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+/* The stride-1 input gradient's condition. */
+static bool dc_dx_ok(const ms_k_conv *g) {
     return ms_k_conv_direct_ok(g) && g->w % DC_VL == 0 && g->cin_g % DC_R == 0 && g->ph < g->kh &&
            g->pw < g->kw;
 }
@@ -43,14 +44,21 @@ static int64_t dl_image_floats(const ms_k_conv *g);
 static bool fl_ok(const ms_k_conv *g);
 static int64_t fl_wk_floats(const ms_k_conv *g);
 static int64_t fl_image_floats(const ms_k_conv *g);
+static bool xl_ok(const ms_k_conv *g);
+static int64_t xl_scratch_floats(const ms_k_conv *g);
+
+bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+    return dc_dx_ok(g) || xl_ok(g);
+}
 
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
     const int64_t wk =
         ms_k_conv_direct_ok(g) ? g->groups * g->cout_g * g->cin_g * g->kh * g->kw : 0;
     const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
     const int64_t fl = fl_ok(g) ? fl_wk_floats(g) + dl_chunk(g) * fl_image_floats(g) : 0;
-    const int64_t most = wk > dl ? wk : dl;
-    return most > fl ? most : fl;
+    const int64_t xl = xl_ok(g) ? xl_scratch_floats(g) : 0;
+    const int64_t most = wk > dl ? wk : dl, most2 = fl > xl ? fl : xl;
+    return most > most2 ? most : most2;
 }
 
 /* --- forward and input gradient: out[8 planes] += the conv of src ---------------------------- */
@@ -163,8 +171,14 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
     ms_parallel_for(g->n, 1, dc_range, &j);
 }
 
+static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w);
+
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
                          const float *w) {
+    if (!dc_dx_ok(g)) {
+        xl_run(g, dx, wk, dout, w);
+        return;
+    }
     const int64_t taps = g->kh * g->kw, k = g->cin_g * taps, hw = g->h * g->w;
     const int64_t ohw = g->oh * g->ow, kt = g->cout_g * taps;
     /* dx is the stride-1 conv of dout, padded kh - 1 - ph, by the weight flipped in both dims
@@ -555,6 +569,165 @@ static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, co
 
 bool ms_k_conv_direct_forward_ok(const ms_k_conv *g) {
     return ms_k_conv_direct_ok(g) || fl_ok(g);
+}
+
+/* --- input gradient of strided convs, input channels in the lanes
+ * ---------------------------------
+ *
+ * dout copied per chunk of images with a border of zeros wide enough that every tap of every
+ * input position reads inside it: [co][ohp][owp], (oy, ox) at (oy + ay, ox + ax). A tile of 32
+ * input channels by up to FL_P input positions of one row that share their column's phase
+ * (ix = r + sw * q) keeps its sums in registers over every output channel and each tap that
+ * reaches them (ky = (iy + ph) mod sh + sh * m, likewise kx): per tap two loads of the weight
+ * packed [co][tap][c] and one broadcast of dout per position, the positions' dout adjacent.
+ * Each dx element is one tile's, summed in one order, then added to dx. */
+
+typedef struct xl_job {
+    const ms_k_conv *g;
+    float *dx, *dp; /* dp: [chunk][groups][cout_g][ohp][owp] */
+    const float *dout, *wl;
+    int64_t i0, i1, ay, ax, ohp, owp, cbs, rmax; /* rmax: positions of a row's phase, most */
+} xl_job;
+
+static bool xl_ok(const ms_k_conv *g) {
+    return !dc_dx_ok(g) && g->cin_g % (2 * DL_VC) == 0 && g->dh == 1 && g->dw == 1 &&
+           g->kh * g->kw > 1 && g->oh * g->ow > 0 && g->h * g->w > 0;
+}
+
+/* The border: the lowest output row a tap reads is floor((ph - kh + 1) / sh), the highest
+ * (h - 1 + ph) / sh. */
+static void xl_border(const ms_k_conv *g, int64_t *ay, int64_t *ax, int64_t *ohp, int64_t *owp) {
+    const int64_t lo_y = g->ph - g->kh + 1, lo_x = g->pw - g->kw + 1;
+    const int64_t my = lo_y < 0 ? (-lo_y + g->sh - 1) / g->sh : 0;
+    const int64_t mx = lo_x < 0 ? (-lo_x + g->sw - 1) / g->sw : 0;
+    const int64_t hy = (g->h - 1 + g->ph) / g->sh - (g->oh - 1),
+                  hx = (g->w - 1 + g->pw) / g->sw - (g->ow - 1);
+    *ay = my, *ax = mx;
+    *ohp = my + g->oh + (hy > 0 ? hy : 0), *owp = mx + g->ow + (hx > 0 ? hx : 0);
+}
+
+static int64_t xl_scratch_floats(const ms_k_conv *g) {
+    int64_t ay, ax, ohp, owp;
+    xl_border(g, &ay, &ax, &ohp, &owp);
+    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw +
+           dl_chunk(g) * g->groups * g->cout_g * ohp * owp;
+}
+
+static void xl_prep(void *arg, int64_t lo, int64_t hi) {
+    const xl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t plane = j->ohp * j->owp, ohw = g->oh * g->ow;
+    for (int64_t ig = lo; ig < hi; ig++) {
+        const float *d = j->dout + ms_k_conv_out_at(g, j->i0 + ig / g->groups, ig % g->groups);
+        float *o = j->dp + ig * g->cout_g * plane;
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t py = 0; py < j->ohp; py++)
+                for (int64_t px = 0; px < j->owp; px++) {
+                    const int64_t oy = py - j->ay, ox = px - j->ax;
+                    o[co * plane + py * j->owp + px] =
+                        oy >= 0 && oy < g->oh && ox >= 0 && ox < g->ow
+                            ? d[co * ohw + oy * g->ow + ox]
+                            : 0.0f;
+                }
+    }
+}
+
+static inline __attribute__((always_inline)) void xl_tile(const xl_job *j, int64_t ii, int64_t grp,
+                                                          int64_t cb, int64_t iy, int64_t r,
+                                                          int64_t q0, int np) {
+    const ms_k_conv *g = j->g;
+    const int64_t taps = g->kh * g->kw, plane = j->ohp * j->owp, ix0 = r + g->sw * q0;
+    __m512 acc[2][FL_P];
+    for (int p = 0; p < np; p++) acc[0][p] = acc[1][p] = _mm512_setzero_ps();
+    const float *dp = j->dp + (ii * g->groups + grp) * g->cout_g * plane;
+    const float *wl = j->wl + grp * g->cout_g * taps * g->cin_g + cb * 2 * DL_VC;
+    /* The taps that reach the row's phase: where each reads dout and the weight. */
+    const int64_t ky0 = (iy + g->ph) % g->sh, kx0 = (ix0 + g->pw) % g->sw;
+    int64_t od[DC_TAPS], ow_[DC_TAPS];
+    int nt = 0;
+    for (int64_t ky = ky0; ky < g->kh; ky += g->sh)
+        for (int64_t kx = kx0; kx < g->kw; kx += g->sw, nt++) {
+            od[nt] =
+                ((iy + g->ph - ky) / g->sh + j->ay) * j->owp + (ix0 + g->pw - kx) / g->sw + j->ax;
+            ow_[nt] = (ky * g->kw + kx) * g->cin_g;
+        }
+    for (int64_t co = 0; co < g->cout_g; co++) {
+        const float *dc = dp + co * plane, *wc = wl + co * taps * g->cin_g;
+        for (int t = 0; t < nt; t++) {
+            const float *dr = dc + od[t], *wt = wc + ow_[t];
+            const __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + DL_VC);
+            for (int p = 0; p < np; p++) {
+                const __m512 b = _mm512_set1_ps(dr[p]);
+                acc[0][p] = _mm512_fmadd_ps(w0, b, acc[0][p]);
+                acc[1][p] = _mm512_fmadd_ps(w1, b, acc[1][p]);
+            }
+        }
+    }
+    const int64_t hw = g->h * g->w;
+    float *o = j->dx + ms_k_conv_x_at(g, j->i0 + ii, grp) + cb * 2 * DL_VC * hw + iy * g->w + ix0;
+    for (int v = 0; v < 2; v++)
+        for (int p = 0; p < np; p++) {
+            float lane[DL_VC];
+            _mm512_storeu_ps(lane, acc[v][p]);
+            for (int c = 0; c < DL_VC; c++) o[(v * DL_VC + c) * hw + p * g->sw] += lane[c];
+        }
+}
+
+#define XL_CASE(np)                                                                                \
+    case np:                                                                                       \
+        xl_tile(j, ii, grp, cb, iy, r, q0, np);                                                    \
+        break
+
+/* Tiles [lo, hi) in (image, grp, channel block, row, phase, position block) order. */
+static void xl_range(void *arg, int64_t lo, int64_t hi) {
+    const xl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t pbs = (j->rmax + FL_P - 1) / FL_P;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t rest = t;
+        const int64_t q0 = rest % pbs * FL_P;
+        rest /= pbs;
+        const int64_t r = rest % g->sw;
+        rest /= g->sw;
+        const int64_t iy = rest % g->h;
+        rest /= g->h;
+        const int64_t cb = rest % j->cbs;
+        rest /= j->cbs;
+        const int64_t grp = rest % g->groups, ii = rest / g->groups;
+        const int64_t nr = (g->w - r + g->sw - 1) / g->sw, left = nr - q0;
+        if (left <= 0) continue;
+        switch (left < FL_P ? left : FL_P) {
+            XL_CASE(1);
+            XL_CASE(2);
+            XL_CASE(3);
+            XL_CASE(4);
+            XL_CASE(5);
+            XL_CASE(6);
+            XL_CASE(7);
+            XL_CASE(8);
+        }
+    }
+}
+
+static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w) {
+    const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw, k = g->cin_g * taps;
+    xl_job j = {.g = g, .dx = dx, .dout = dout, .wl = wk};
+    /* wk[grp][co][t][c] = w[grp][co][c][t] */
+    for (int64_t grp = 0; grp < g->groups; grp++)
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t c = 0; c < g->cin_g; c++)
+                for (int64_t t = 0; t < taps; t++)
+                    wk[((grp * g->cout_g + co) * taps + t) * g->cin_g + c] =
+                        w[ms_k_conv_w_at(g, grp) + co * k + c * taps + t];
+    xl_border(g, &j.ay, &j.ax, &j.ohp, &j.owp);
+    j.dp = wk + g->groups * g->cout_g * k, j.cbs = g->cin_g / (2 * DL_VC);
+    j.rmax = (g->w + g->sw - 1) / g->sw;
+    const int64_t per_image = g->groups * j.cbs * g->h * g->sw * ((j.rmax + FL_P - 1) / FL_P);
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for((j.i1 - j.i0) * g->groups, 1, xl_prep, &j);
+        ms_parallel_for((j.i1 - j.i0) * per_image, 1, xl_range, &j);
+    }
 }
 
 void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,

@@ -1,5 +1,5 @@
-/* conv_direct.h - direct convolution with AVX-512 for the stride-1 convs of conv.c, and the
- * forward and weight gradient of strided ones: no column buffer.
+/* conv_direct.h - direct convolution with AVX-512 for the convs of conv.c, strided ones too:
+ * no column buffer.
  *
  * A tile of 8 output channels by 16 or 32 output positions (one or two 16-wide vectors, each
  * within one output row) keeps its sums in registers over every input channel and tap; a tap
@@ -16,7 +16,11 @@
  * The forward of a conv the stride-1 kernel does not take, where the output channels per
  * group are a multiple of 32, reads the same padded copy: a tile of 32 output channels by up
  * to 8 positions of one row, per tap two loads of the weight packed [c][tap][channel] and one
- * broadcast of x per position.
+ * broadcast of x per position. The input gradient of a conv the stride-1 kernel does not take,
+ * where the input channels per group are a multiple of 32, is the same tile with the roles
+ * swapped: 32 input channels by up to 8 input positions of one row and one phase of the
+ * stride, over every output channel and the taps that reach that phase, broadcasting from a
+ * copy of dout with a border of zeros.
  *
  * Deterministic and independent of the thread count: the forward and the input gradient split
  * images (the strided forward: its tiles) over the rank's threads, each output summed in one fixed
@@ -38,7 +42,9 @@
  * width a multiple of 16, output channels per group a multiple of 8, at most 64 taps. */
 bool ms_k_conv_direct_ok(const ms_k_conv *g);
 /* Whether the input gradient runs direct: as the forward's, with the input width a multiple
- * of 16, input channels per group a multiple of 8 and padding below the kernel size. */
+ * of 16, input channels per group a multiple of 8 and padding below the kernel size; or any
+ * stride and width with the input channels per group a multiple of 32, dilation 1 and more
+ * than one tap. */
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
 
 /* Whether the forward runs direct: as ms_k_conv_direct_ok, or (output channels in the lanes)
