@@ -269,6 +269,25 @@ static const conv_spec specs[] = {
     {"conv2d direct 1x5 pad 0x2, 32 wide", 2, 3, 8, 8, 1, {3, 32}, {1, 5}, {1, 1}, {0, 2}, {1, 1}, false},
     {"conv2d direct pointwise", 2, 2, 8, 8, 1, {2, 16}, {1, 1}, {1, 1}, {0, 0}, {1, 1}, true},
     {"conv1d direct k3 pad 1", 1, 2, 8, 8, 1, {48}, {3}, {1}, {1}, {1}, true},
+    /* Output channels of 16 a group: the weight gradient with the channels in the lanes */
+    {"conv2d direct dw lanes 32 channels, 2 vectors", 2, 2, 8, 32, 1, {4, 16}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv2d direct dw lanes 5x5 groups 2 (3 tap chunks)", 2, 2, 8, 32, 2, {5, 16}, {5, 5}, {1, 1}, {2, 2}, {1, 1}, false},
+    {"conv2d direct dw lanes from 3 channels, 1 image a chunk", 2, 3, 3, 16, 1, {32, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv1d direct dw lanes k3 pad 2", 1, 2, 8, 16, 1, {32}, {3}, {1}, {2}, {1}, true},
+    {"conv2d dw lanes 3x3 stride 2 pad 1", 2, 2, 8, 32, 1, {9, 20}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+    {"conv2d dw lanes 1x2 stride 2, groups 2", 2, 2, 8, 32, 2, {6, 7}, {1, 2}, {2, 2}, {0, 0}, {1, 1}, false},
+    {"conv2d dw lanes 5x3 stride 3x2 pad 2x1", 2, 3, 4, 16, 1, {11, 9}, {5, 3}, {3, 2}, {2, 1}, {1, 1}, true},
+    {"conv1d dw lanes k4 stride 2 pad 1", 1, 2, 5, 16, 1, {23}, {4}, {2}, {1}, {1}, true},
+    /* Output channels of 32 a group off the stride-1 kernels: the forward in the lanes too */
+    {"conv2d lanes 5x3 stride 3x2 pad 2x1 groups 2", 2, 2, 6, 64, 2, {11, 27}, {5, 3}, {3, 2}, {2, 1}, {1, 1}, true},
+    {"conv2d lanes 3x3 stride 1, 20 wide", 2, 2, 4, 32, 1, {5, 20}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, false},
+    {"conv1d lanes k3 stride 2 pad 1", 1, 3, 8, 32, 1, {40}, {3}, {2}, {1}, {1}, true},
+    /* Input channels of 32 a group: the input gradient in the lanes too */
+    {"conv2d dx lanes 3x3 stride 2 pad 1", 2, 2, 32, 16, 1, {9, 11}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+    {"conv2d dx lanes 5x4 stride 3x2 pad 3x0 groups 2", 2, 2, 64, 32, 2, {10, 13}, {5, 4}, {3, 2}, {3, 0}, {1, 1}, false},
+    {"conv2d dx lanes 2x2 stride 2 pad 2 (pad > kernel)", 2, 1, 32, 16, 1, {5, 6}, {2, 2}, {2, 2}, {2, 2}, {1, 1}, false},
+    {"conv2d dx lanes 3x3 stride 1, 20 wide", 2, 2, 32, 32, 1, {4, 20}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv1d dx lanes k4 stride 3 pad 2", 1, 2, 32, 8, 1, {17}, {4}, {3}, {2}, {1}, true},
 };
 // clang-format on
 

@@ -12,9 +12,10 @@
 /* The direct kernels need the packed weight; the GEMMs (any pass the direct kernels do not
  * take) one group of one image's columns. */
 int64_t ms_k_conv_scratch_floats(const ms_k_conv *g) {
-    const bool direct = ms_k_conv_direct_ok(g), gemm = !direct || !ms_k_conv_direct_dx_ok(g);
+    const bool gemm =
+        !ms_k_conv_direct_forward_ok(g) || !ms_k_conv_direct_dx_ok(g) || !ms_k_conv_direct_dw_ok(g);
     const int64_t col = ms_k_conv_pointwise(g) ? 0 : g->cin_g * g->kh * g->kw * g->oh * g->ow;
-    const int64_t wk = direct ? ms_k_conv_direct_scratch_floats(g) : 0;
+    const int64_t wk = ms_k_conv_direct_scratch_floats(g);
     return gemm && col > wk ? col : wk;
 }
 
@@ -86,7 +87,7 @@ void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *
             for (int64_t s = 0; s < ohw; s++) o[s] = b;
         }
     if (k == 0) return; /* no input channel on this rank: the bias alone */
-    if (ms_k_conv_direct_ok(g)) {
+    if (ms_k_conv_direct_forward_ok(g)) {
         ms_k_conv_direct_forward(g, out, col, x, w);
         return;
     }
@@ -134,8 +135,8 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
     if (dbias) conv_dbias(g, dbias, dout);
     if (k == 0 || g->cout_g == 0) return;
-    if (dw && ms_k_conv_direct_ok(g))
-        ms_k_conv_direct_dw(g, dw, dout, x);
+    if (dw && ms_k_conv_direct_dw_ok(g))
+        ms_k_conv_direct_dw(g, dw, col, dout, x);
     else if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
         for (int64_t i = 0; i < g->n; i++)
             for (int64_t grp = 0; grp < g->groups; grp++)

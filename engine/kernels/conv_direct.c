@@ -32,13 +32,33 @@ bool ms_k_conv_direct_ok(const ms_k_conv *g) {
            g->cout_g % DC_R == 0 && g->kh * g->kw <= DC_TAPS && g->oh * g->ow > 0;
 }
 
-bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+/* The stride-1 input gradient's condition. */
+static bool dc_dx_ok(const ms_k_conv *g) {
     return ms_k_conv_direct_ok(g) && g->w % DC_VL == 0 && g->cin_g % DC_R == 0 && g->ph < g->kh &&
            g->pw < g->kw;
 }
 
+static bool dl_ok(const ms_k_conv *g);
+static int64_t dl_chunk(const ms_k_conv *g);
+static int64_t dl_image_floats(const ms_k_conv *g);
+static bool fl_ok(const ms_k_conv *g);
+static int64_t fl_wk_floats(const ms_k_conv *g);
+static int64_t fl_image_floats(const ms_k_conv *g);
+static bool xl_ok(const ms_k_conv *g);
+static int64_t xl_scratch_floats(const ms_k_conv *g);
+
+bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
+    return dc_dx_ok(g) || xl_ok(g);
+}
+
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
-    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    const int64_t wk =
+        ms_k_conv_direct_ok(g) ? g->groups * g->cout_g * g->cin_g * g->kh * g->kw : 0;
+    const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
+    const int64_t fl = fl_ok(g) ? fl_wk_floats(g) + dl_chunk(g) * fl_image_floats(g) : 0;
+    const int64_t xl = xl_ok(g) ? xl_scratch_floats(g) : 0;
+    const int64_t most = wk > dl ? wk : dl, most2 = fl > xl ? fl : xl;
+    return most > most2 ? most : most2;
 }
 
 /* --- forward and input gradient: out[8 planes] += the conv of src ---------------------------- */
@@ -118,8 +138,14 @@ static void dc_range(void *arg, int64_t lo, int64_t hi) {
             }
 }
 
+static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w);
+
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
                               const float *w) {
+    if (!ms_k_conv_direct_ok(g)) {
+        fl_run(g, out, wk, x, w);
+        return;
+    }
     const int64_t k = g->cin_g * g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
     /* wk[grp][ob][k][r] = w[grp][ob * 8 + r][k] */
     for (int64_t o = 0; o < g->groups * g->cout_g; o++)
@@ -145,8 +171,14 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
     ms_parallel_for(g->n, 1, dc_range, &j);
 }
 
+static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w);
+
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
                          const float *w) {
+    if (!dc_dx_ok(g)) {
+        xl_run(g, dx, wk, dout, w);
+        return;
+    }
     const int64_t taps = g->kh * g->kw, k = g->cin_g * taps, hw = g->h * g->w;
     const int64_t ohw = g->oh * g->ow, kt = g->cout_g * taps;
     /* dx is the stride-1 conv of dout, padded kh - 1 - ph, by the weight flipped in both dims
@@ -255,7 +287,455 @@ static void dw_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x) {
+/* --- weight gradient, output channels in the lanes -----------------------------------------------
+ *
+ * Per chunk of images: dout transposed to [position][cout_g] (dt) and x copied with its padding
+ * as zeros (xp, rows of ow + kw - 1), so a tap of any position is a plain read. A tile of 16 or
+ * 32 output channels (one or two vectors) by up to DL_T taps of one input channel keeps its
+ * sums in registers over the chunk's positions: per position, one or two loads of dout and one
+ * broadcast of x per tap, no horizontal sum. Each dw element is one tile's, its positions summed
+ * in one order whatever the tiling or the thread count. */
+
+#define DL_VC  16   /* output channels per vector */
+#define DL_T   9    /* the most taps a lanes tile holds */
+#define DL_POS 2048 /* positions per chunk */
+
+/* 1x1 kernels stay out: one broadcast per dout load leaves the loads the bound, slower than
+ * the GEMM (measured at stride 2). */
+static bool dl_ok(const ms_k_conv *g) {
+    return g->cout_g % DL_VC == 0 && g->dh == 1 && g->dw == 1 && g->oh * g->ow > 0 &&
+           g->kh * g->kw > 1;
+}
+
+bool ms_k_conv_direct_dw_ok(const ms_k_conv *g) {
+    return dl_ok(g) || ms_k_conv_direct_ok(g);
+}
+
+static int64_t dl_chunk(const ms_k_conv *g) {
+    const int64_t ohw = g->oh * g->ow;
+    return ohw >= DL_POS ? 1 : DL_POS / ohw;
+}
+
+/* Floats of one image's dt and xp (all groups). */
+static int64_t dl_image_floats(const ms_k_conv *g) {
+    const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
+    return g->groups * (g->oh * g->ow * g->cout_g + g->cin_g * hp * wp);
+}
+
+typedef struct dl_job {
+    const ms_k_conv *g;
+    float *dw, *dt, *xp; /* dt: [chunk][groups][ohw][cout_g]  xp: [chunk][groups][cin_g][hp][wp] */
+    const float *dout, *x;
+    int64_t i0, i1, hp, wp, nv, cbs, tcs; /* cbs: channel blocks of nv vectors; tcs: tap chunks */
+    bool pad_only;                        /* the forward's prep: x alone */
+    float *out;                           /* the forward's: out, and wk[grp][c][tap][cout_g] */
+    const float *wl;
+} dl_job;
+
+/* Prep items [lo, hi): item 2 * (image * groups + grp) + 0 transposes dout, + 1 pads x; with
+ * pad_only, item image * groups + grp pads x. */
+static void dl_prep(void *arg, int64_t lo, int64_t hi) {
+    const dl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t ohw = g->oh * g->ow, plane = j->hp * j->wp;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t ig = j->pad_only ? it : it / 2, ii = ig / g->groups, grp = ig % g->groups;
+        const int64_t i = j->i0 + ii;
+        if (!j->pad_only && it % 2 == 0) {
+            const float *d = j->dout + ms_k_conv_out_at(g, i, grp);
+            float *t = j->dt + ig * ohw * g->cout_g;
+            for (int64_t p = 0; p < ohw; p++)
+                for (int64_t co = 0; co < g->cout_g; co++) t[p * g->cout_g + co] = d[co * ohw + p];
+            continue;
+        }
+        const float *xs = j->x + ms_k_conv_x_at(g, i, grp);
+        float *o = j->xp + ig * g->cin_g * plane;
+        for (int64_t c = 0; c < g->cin_g; c++)
+            for (int64_t py = 0; py < j->hp; py++) {
+                const int64_t ys = py - g->ph;
+                float *row = o + c * plane + py * j->wp;
+                for (int64_t px = 0; px < j->wp; px++) {
+                    const int64_t xs_ = px - g->pw;
+                    row[px] = ys >= 0 && ys < g->h && xs_ >= 0 && xs_ < g->w
+                                  ? xs[(c * g->h + ys) * g->w + xs_]
+                                  : 0.0f;
+                }
+            }
+    }
+}
+
+/* dw[grp][cb * nv * 16 + lane][c][t0 + q] += over the chunk, q < nt. */
+static inline __attribute__((always_inline)) void dl_tile(const dl_job *j, int64_t grp, int64_t cb,
+                                                          int64_t c, int64_t t0, int nv, int nt) {
+    const ms_k_conv *g = j->g;
+    const int64_t ohw = g->oh * g->ow, co = g->cout_g, plane = j->hp * j->wp;
+    __m512 acc[2][DL_T], tot[2][DL_T]; /* one row's sums; the rows' */
+    int64_t toff[DL_T];
+    for (int q = 0; q < nt; q++) {
+        toff[q] = (t0 + q) / g->kw * j->wp + (t0 + q) % g->kw;
+        for (int v = 0; v < nv; v++) tot[v][q] = _mm512_setzero_ps();
+    }
+    for (int64_t ii = 0; ii < j->i1 - j->i0; ii++) {
+        const int64_t ig = ii * g->groups + grp;
+        const float *d = j->dt + ig * ohw * co + cb * nv * DL_VC;
+        const float *xs = j->xp + (ig * g->cin_g + c) * plane;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            const float *xr = xs + oy * g->sh * j->wp, *dr = d + oy * g->ow * co;
+            for (int q = 0; q < nt; q++)
+                for (int v = 0; v < nv; v++) acc[v][q] = _mm512_setzero_ps();
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                __m512 dv[2];
+                for (int v = 0; v < nv; v++) dv[v] = _mm512_loadu_ps(dr + ox * co + v * DL_VC);
+                for (int q = 0; q < nt; q++) {
+                    const __m512 b = _mm512_set1_ps(xr[ox * g->sw + toff[q]]);
+                    for (int v = 0; v < nv; v++) acc[v][q] = _mm512_fmadd_ps(dv[v], b, acc[v][q]);
+                }
+            }
+            /* Rows summed apart, then added: a float32 sum of thousands of positions in one
+             * line would lose digits. */
+            for (int q = 0; q < nt; q++)
+                for (int v = 0; v < nv; v++) tot[v][q] = _mm512_add_ps(tot[v][q], acc[v][q]);
+        }
+    }
+    const int64_t k = g->cin_g * g->kh * g->kw;
+    float *o = j->dw + ms_k_conv_w_at(g, grp) + cb * nv * DL_VC * k + c * g->kh * g->kw + t0;
+    for (int v = 0; v < nv; v++)
+        for (int q = 0; q < nt; q++) {
+            float lane[DL_VC];
+            _mm512_storeu_ps(lane, tot[v][q]);
+            for (int r = 0; r < DL_VC; r++) o[(v * DL_VC + r) * k + q] += lane[r];
+        }
+}
+
+#define DL_CASE(nv, nt)                                                                            \
+    case nt:                                                                                       \
+        dl_tile(j, grp, cb, c, t0, nv, nt);                                                        \
+        break
+
+static void dl_tile_nv(const dl_job *j, int64_t grp, int64_t cb, int64_t c, int64_t t0, int nt) {
+    if (j->nv == 2) switch (nt) {
+            DL_CASE(2, 1);
+            DL_CASE(2, 2);
+            DL_CASE(2, 3);
+            DL_CASE(2, 4);
+            DL_CASE(2, 5);
+            DL_CASE(2, 6);
+            DL_CASE(2, 7);
+            DL_CASE(2, 8);
+            DL_CASE(2, 9);
+        }
+    else
+        switch (nt) {
+            DL_CASE(1, 1);
+            DL_CASE(1, 2);
+            DL_CASE(1, 3);
+            DL_CASE(1, 4);
+            DL_CASE(1, 5);
+            DL_CASE(1, 6);
+            DL_CASE(1, 7);
+            DL_CASE(1, 8);
+            DL_CASE(1, 9);
+        }
+}
+
+/* Tiles [lo, hi) in (grp, channel block, c, tap chunk) order. */
+static void dl_range(void *arg, int64_t lo, int64_t hi) {
+    const dl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t taps = g->kh * g->kw;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t tc = t % j->tcs, c = t / j->tcs % g->cin_g;
+        const int64_t cb = t / j->tcs / g->cin_g % j->cbs, grp = t / j->tcs / g->cin_g / j->cbs;
+        const int64_t t0 = tc * DL_T, nt = taps - t0 < DL_T ? taps - t0 : DL_T;
+        dl_tile_nv(j, grp, cb, c, t0, (int)nt);
+    }
+}
+
+static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, const float *x) {
+    const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw;
+    dl_job j = {.g = g, .dw = dw, .dout = dout, .x = x};
+    j.hp = (g->oh - 1) * g->sh + g->kh, j.wp = (g->ow - 1) * g->sw + g->kw,
+    j.tcs = (taps + DL_T - 1) / DL_T;
+    j.dt = wk, j.xp = wk + chunk * g->groups * g->oh * g->ow * g->cout_g;
+    /* Two vectors of channels where that leaves a few tiles per thread. */
+    const int64_t per2 = g->groups * (g->cout_g / (2 * DL_VC)) * g->cin_g * j.tcs;
+    j.nv = g->cout_g % (2 * DL_VC) == 0 && per2 >= 4 * ms_parallel_threads() ? 2 : 1;
+    j.cbs = g->cout_g / (j.nv * DL_VC);
+    const int64_t tiles = g->groups * j.cbs * g->cin_g * j.tcs;
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for(2 * (j.i1 - j.i0) * g->groups, 1, dl_prep, &j);
+        ms_parallel_for(tiles, 1, dl_range, &j);
+    }
+}
+
+/* --- forward of strided convs, output channels in the lanes --------------------------------------
+ *
+ * The same padded copy of x; a tile of 32 output channels by up to FL_P positions of one output
+ * row keeps its sums in registers over every input channel and tap: per tap, two loads of the
+ * packed weight and one broadcast of x per position. Each output is one tile's, summed in one
+ * order, then added to out (which holds the bias). */
+
+#define FL_P 8 /* the most positions a forward tile holds */
+
+static bool fl_ok(const ms_k_conv *g) {
+    return !ms_k_conv_direct_ok(g) && dl_ok(g) && g->cout_g % (2 * DL_VC) == 0;
+}
+
+static int64_t fl_wk_floats(const ms_k_conv *g) {
+    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+}
+
+/* Floats of one image's padded x (all groups). */
+static int64_t fl_image_floats(const ms_k_conv *g) {
+    const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
+    return g->groups * g->cin_g * hp * wp;
+}
+
+static inline __attribute__((always_inline)) void
+fl_tile(const dl_job *j, int64_t ii, int64_t grp, int64_t cb, int64_t oy, int64_t ox0, int np) {
+    const ms_k_conv *g = j->g;
+    const int64_t taps = g->kh * g->kw, plane = j->hp * j->wp, ohw = g->oh * g->ow;
+    __m512 acc[2][FL_P];
+    for (int p = 0; p < np; p++) acc[0][p] = acc[1][p] = _mm512_setzero_ps();
+    const float *xs =
+        j->xp + (ii * g->groups + grp) * g->cin_g * plane + oy * g->sh * j->wp + ox0 * g->sw;
+    const float *wt = j->wl + grp * g->cin_g * taps * g->cout_g + cb * 2 * DL_VC;
+    for (int64_t c = 0; c < g->cin_g; c++)
+        for (int64_t ky = 0; ky < g->kh; ky++)
+            for (int64_t kx = 0; kx < g->kw; kx++, wt += g->cout_g) {
+                const float *xr = xs + c * plane + ky * j->wp + kx;
+                const __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + DL_VC);
+                for (int p = 0; p < np; p++) {
+                    const __m512 b = _mm512_set1_ps(xr[p * g->sw]);
+                    acc[0][p] = _mm512_fmadd_ps(w0, b, acc[0][p]);
+                    acc[1][p] = _mm512_fmadd_ps(w1, b, acc[1][p]);
+                }
+            }
+    float *o =
+        j->out + ms_k_conv_out_at(g, j->i0 + ii, grp) + cb * 2 * DL_VC * ohw + oy * g->ow + ox0;
+    for (int v = 0; v < 2; v++)
+        for (int p = 0; p < np; p++) {
+            float lane[DL_VC];
+            _mm512_storeu_ps(lane, acc[v][p]);
+            for (int r = 0; r < DL_VC; r++) o[(v * DL_VC + r) * ohw + p] += lane[r];
+        }
+}
+
+#define FL_CASE(np)                                                                                \
+    case np:                                                                                       \
+        fl_tile(j, ii, grp, cb, oy, ox0, np);                                                      \
+        break
+
+/* Tiles [lo, hi) in (image, grp, channel block, row, position block) order. */
+static void fl_range(void *arg, int64_t lo, int64_t hi) {
+    const dl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t pbs = (g->ow + FL_P - 1) / FL_P;
+    for (int64_t t = lo; t < hi; t++) {
+        const int64_t ox0 = t % pbs * FL_P, oy = t / pbs % g->oh, cb = t / pbs / g->oh % j->cbs;
+        const int64_t grp = t / pbs / g->oh / j->cbs % g->groups;
+        const int64_t ii = t / pbs / g->oh / j->cbs / g->groups;
+        switch (g->ow - ox0 < FL_P ? g->ow - ox0 : FL_P) {
+            FL_CASE(1);
+            FL_CASE(2);
+            FL_CASE(3);
+            FL_CASE(4);
+            FL_CASE(5);
+            FL_CASE(6);
+            FL_CASE(7);
+            FL_CASE(8);
+        }
+    }
+}
+
+static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w) {
+    const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw, k = g->cin_g * taps;
+    /* wk[grp][c][t][co] = w[grp][co][c][t] */
+    for (int64_t grp = 0; grp < g->groups; grp++)
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t q = 0; q < k; q++)
+                wk[(grp * k + q) * g->cout_g + co] = w[ms_k_conv_w_at(g, grp) + co * k + q];
+    dl_job j = {.g = g, .x = x, .out = out, .wl = wk, .pad_only = true};
+    j.hp = (g->oh - 1) * g->sh + g->kh, j.wp = (g->ow - 1) * g->sw + g->kw;
+    j.xp = wk + fl_wk_floats(g), j.cbs = g->cout_g / (2 * DL_VC);
+    const int64_t per_image = g->groups * j.cbs * g->oh * ((g->ow + FL_P - 1) / FL_P);
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for((j.i1 - j.i0) * g->groups, 1, dl_prep, &j);
+        ms_parallel_for((j.i1 - j.i0) * per_image, 1, fl_range, &j);
+    }
+}
+
+bool ms_k_conv_direct_forward_ok(const ms_k_conv *g) {
+    return ms_k_conv_direct_ok(g) || fl_ok(g);
+}
+
+/* --- input gradient of strided convs, input channels in the lanes
+ * ---------------------------------
+ *
+ * dout copied per chunk of images with a border of zeros wide enough that every tap of every
+ * input position reads inside it: [co][ohp][owp], (oy, ox) at (oy + ay, ox + ax). A tile of 32
+ * input channels by up to FL_P input positions of one row that share their column's phase
+ * (ix = r + sw * q) keeps its sums in registers over every output channel and each tap that
+ * reaches them (ky = (iy + ph) mod sh + sh * m, likewise kx): per tap two loads of the weight
+ * packed [co][tap][c] and one broadcast of dout per position, the positions' dout adjacent.
+ * Each dx element is one tile's, summed in one order, then added to dx. */
+
+typedef struct xl_job {
+    const ms_k_conv *g;
+    float *dx, *dp; /* dp: [chunk][groups][cout_g][ohp][owp] */
+    const float *dout, *wl;
+    int64_t i0, i1, ay, ax, ohp, owp, cbs, rmax; /* rmax: positions of a row's phase, most */
+} xl_job;
+
+static bool xl_ok(const ms_k_conv *g) {
+    return !dc_dx_ok(g) && g->cin_g % (2 * DL_VC) == 0 && g->dh == 1 && g->dw == 1 &&
+           g->kh * g->kw > 1 && g->oh * g->ow > 0 && g->h * g->w > 0;
+}
+
+/* The border: the lowest output row a tap reads is floor((ph - kh + 1) / sh), the highest
+ * (h - 1 + ph) / sh. */
+static void xl_border(const ms_k_conv *g, int64_t *ay, int64_t *ax, int64_t *ohp, int64_t *owp) {
+    const int64_t lo_y = g->ph - g->kh + 1, lo_x = g->pw - g->kw + 1;
+    const int64_t my = lo_y < 0 ? (-lo_y + g->sh - 1) / g->sh : 0;
+    const int64_t mx = lo_x < 0 ? (-lo_x + g->sw - 1) / g->sw : 0;
+    const int64_t hy = (g->h - 1 + g->ph) / g->sh - (g->oh - 1),
+                  hx = (g->w - 1 + g->pw) / g->sw - (g->ow - 1);
+    *ay = my, *ax = mx;
+    *ohp = my + g->oh + (hy > 0 ? hy : 0), *owp = mx + g->ow + (hx > 0 ? hx : 0);
+}
+
+static int64_t xl_scratch_floats(const ms_k_conv *g) {
+    int64_t ay, ax, ohp, owp;
+    xl_border(g, &ay, &ax, &ohp, &owp);
+    return g->groups * g->cout_g * g->cin_g * g->kh * g->kw +
+           dl_chunk(g) * g->groups * g->cout_g * ohp * owp;
+}
+
+static void xl_prep(void *arg, int64_t lo, int64_t hi) {
+    const xl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t plane = j->ohp * j->owp, ohw = g->oh * g->ow;
+    for (int64_t ig = lo; ig < hi; ig++) {
+        const float *d = j->dout + ms_k_conv_out_at(g, j->i0 + ig / g->groups, ig % g->groups);
+        float *o = j->dp + ig * g->cout_g * plane;
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t py = 0; py < j->ohp; py++)
+                for (int64_t px = 0; px < j->owp; px++) {
+                    const int64_t oy = py - j->ay, ox = px - j->ax;
+                    o[co * plane + py * j->owp + px] =
+                        oy >= 0 && oy < g->oh && ox >= 0 && ox < g->ow
+                            ? d[co * ohw + oy * g->ow + ox]
+                            : 0.0f;
+                }
+    }
+}
+
+static inline __attribute__((always_inline)) void xl_tile(const xl_job *j, int64_t ii, int64_t grp,
+                                                          int64_t cb, int64_t iy, int64_t r,
+                                                          int64_t q0, int np) {
+    const ms_k_conv *g = j->g;
+    const int64_t taps = g->kh * g->kw, plane = j->ohp * j->owp, ix0 = r + g->sw * q0;
+    __m512 acc[2][FL_P];
+    for (int p = 0; p < np; p++) acc[0][p] = acc[1][p] = _mm512_setzero_ps();
+    const float *dp = j->dp + (ii * g->groups + grp) * g->cout_g * plane;
+    const float *wl = j->wl + grp * g->cout_g * taps * g->cin_g + cb * 2 * DL_VC;
+    /* The taps that reach the row's phase: where each reads dout and the weight. */
+    const int64_t ky0 = (iy + g->ph) % g->sh, kx0 = (ix0 + g->pw) % g->sw;
+    int64_t od[DC_TAPS], ow_[DC_TAPS];
+    int nt = 0;
+    for (int64_t ky = ky0; ky < g->kh; ky += g->sh)
+        for (int64_t kx = kx0; kx < g->kw; kx += g->sw, nt++) {
+            od[nt] =
+                ((iy + g->ph - ky) / g->sh + j->ay) * j->owp + (ix0 + g->pw - kx) / g->sw + j->ax;
+            ow_[nt] = (ky * g->kw + kx) * g->cin_g;
+        }
+    for (int64_t co = 0; co < g->cout_g; co++) {
+        const float *dc = dp + co * plane, *wc = wl + co * taps * g->cin_g;
+        for (int t = 0; t < nt; t++) {
+            const float *dr = dc + od[t], *wt = wc + ow_[t];
+            const __m512 w0 = _mm512_loadu_ps(wt), w1 = _mm512_loadu_ps(wt + DL_VC);
+            for (int p = 0; p < np; p++) {
+                const __m512 b = _mm512_set1_ps(dr[p]);
+                acc[0][p] = _mm512_fmadd_ps(w0, b, acc[0][p]);
+                acc[1][p] = _mm512_fmadd_ps(w1, b, acc[1][p]);
+            }
+        }
+    }
+    const int64_t hw = g->h * g->w;
+    float *o = j->dx + ms_k_conv_x_at(g, j->i0 + ii, grp) + cb * 2 * DL_VC * hw + iy * g->w + ix0;
+    for (int v = 0; v < 2; v++)
+        for (int p = 0; p < np; p++) {
+            float lane[DL_VC];
+            _mm512_storeu_ps(lane, acc[v][p]);
+            for (int c = 0; c < DL_VC; c++) o[(v * DL_VC + c) * hw + p * g->sw] += lane[c];
+        }
+}
+
+#define XL_CASE(np)                                                                                \
+    case np:                                                                                       \
+        xl_tile(j, ii, grp, cb, iy, r, q0, np);                                                    \
+        break
+
+/* Tiles [lo, hi) in (image, grp, channel block, row, phase, position block) order. */
+static void xl_range(void *arg, int64_t lo, int64_t hi) {
+    const xl_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t pbs = (j->rmax + FL_P - 1) / FL_P;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t rest = t;
+        const int64_t q0 = rest % pbs * FL_P;
+        rest /= pbs;
+        const int64_t r = rest % g->sw;
+        rest /= g->sw;
+        const int64_t iy = rest % g->h;
+        rest /= g->h;
+        const int64_t cb = rest % j->cbs;
+        rest /= j->cbs;
+        const int64_t grp = rest % g->groups, ii = rest / g->groups;
+        const int64_t nr = (g->w - r + g->sw - 1) / g->sw, left = nr - q0;
+        if (left <= 0) continue;
+        switch (left < FL_P ? left : FL_P) {
+            XL_CASE(1);
+            XL_CASE(2);
+            XL_CASE(3);
+            XL_CASE(4);
+            XL_CASE(5);
+            XL_CASE(6);
+            XL_CASE(7);
+            XL_CASE(8);
+        }
+    }
+}
+
+static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w) {
+    const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw, k = g->cin_g * taps;
+    xl_job j = {.g = g, .dx = dx, .dout = dout, .wl = wk};
+    /* wk[grp][co][t][c] = w[grp][co][c][t] */
+    for (int64_t grp = 0; grp < g->groups; grp++)
+        for (int64_t co = 0; co < g->cout_g; co++)
+            for (int64_t c = 0; c < g->cin_g; c++)
+                for (int64_t t = 0; t < taps; t++)
+                    wk[((grp * g->cout_g + co) * taps + t) * g->cin_g + c] =
+                        w[ms_k_conv_w_at(g, grp) + co * k + c * taps + t];
+    xl_border(g, &j.ay, &j.ax, &j.ohp, &j.owp);
+    j.dp = wk + g->groups * g->cout_g * k, j.cbs = g->cin_g / (2 * DL_VC);
+    j.rmax = (g->w + g->sw - 1) / g->sw;
+    const int64_t per_image = g->groups * j.cbs * g->h * g->sw * ((j.rmax + FL_P - 1) / FL_P);
+    for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
+        j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
+        ms_parallel_for((j.i1 - j.i0) * g->groups, 1, xl_prep, &j);
+        ms_parallel_for((j.i1 - j.i0) * per_image, 1, xl_range, &j);
+    }
+}
+
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x) {
+    if (dl_ok(g)) {
+        dl_run(g, dw, wk, dout, x);
+        return;
+    }
     const int64_t ohw = g->oh * g->ow, chunk = ohw >= DC_POS ? 1 : DC_POS / ohw;
     dw_job j = {.g = g, .dw = dw, .dout = dout, .x = x, .kxc = (g->kw + DC_Q - 1) / DC_Q};
     const int64_t tiles = g->groups * (g->cout_g / DC_R) * g->cin_g * g->kh * j.kxc;
@@ -275,6 +755,14 @@ bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
     (void)g;
     return false;
 }
+bool ms_k_conv_direct_dw_ok(const ms_k_conv *g) {
+    (void)g;
+    return false;
+}
+bool ms_k_conv_direct_forward_ok(const ms_k_conv *g) {
+    (void)g;
+    return false;
+}
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
     (void)g;
     return 0;
@@ -287,8 +775,9 @@ void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *
                          const float *w) {
     (void)g, (void)dx, (void)wk, (void)dout, (void)w;
 }
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x) {
-    (void)g, (void)dw, (void)dout, (void)x;
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x) {
+    (void)g, (void)dw, (void)wk, (void)dout, (void)x;
 }
 
 #endif

@@ -1,17 +1,31 @@
-/* conv_direct.h - direct convolution with AVX-512 for the stride-1 convs of conv.c: no column
- * buffer, the input read in place.
+/* conv_direct.h - direct convolution with AVX-512 for the convs of conv.c, strided ones too:
+ * no column buffer.
  *
  * A tile of 8 output channels by 16 or 32 output positions (one or two 16-wide vectors, each
  * within one output row) keeps its sums in registers over every input channel and tap; a tap
  * that falls in the padding is a masked load (zeros), so the input needs no padded copy. The
  * input gradient is the same kernel run on dout with the weight flipped and transposed, the
- * padding kh - 1 - ph. The weight gradient keeps 8 output channels by up to 3 taps of one
- * kernel row in registers over a chunk of images (about 1024 positions) and adds their sums
- * into dw chunk by chunk.
+ * padding kh - 1 - ph. The weight gradient, where the output channels per group are a multiple
+ * of 16, puts them in the vector lanes: per chunk of images (about 2048 positions) dout is
+ * transposed to [position][channel] and x copied with its padding as zeros into the scratch;
+ * a tile of 16 or 32 output channels by up to 9 taps of one input channel keeps its sums in
+ * registers, one row of positions at a time, each position one load of dout per vector and
+ * one broadcast of x per tap (no horizontal sums); any stride and width, the padded copy read
+ * at (oy * sh + ky, ox * sw + kx). Otherwise (stride 1 only) it keeps 8 output channels by
+ * up to 3 taps of one kernel row in registers over about 1024 positions and sums the lanes.
+ * The forward of a conv the stride-1 kernel does not take, where the output channels per
+ * group are a multiple of 32, reads the same padded copy: a tile of 32 output channels by up
+ * to 8 positions of one row, per tap two loads of the weight packed [c][tap][channel] and one
+ * broadcast of x per position. The input gradient of a conv the stride-1 kernel does not take,
+ * where the input channels per group are a multiple of 32, is the same tile with the roles
+ * swapped: 32 input channels by up to 8 input positions of one row and one phase of the
+ * stride, over every output channel and the taps that reach that phase, broadcasting from a
+ * copy of dout with a border of zeros.
  *
  * Deterministic and independent of the thread count: the forward and the input gradient split
- * images over the rank's threads, each output summed in one fixed order; the weight gradient
- * splits its tiles (every dw element is one thread's) and sums chunks in image order.
+ * images (the strided forward: its tiles) over the rank's threads, each output summed in one fixed
+ * order; the weight gradient splits its tiles (every dw element is one thread's; the tile shape
+ * never changes an element's order of summation) and sums chunks in image order.
  *
  * Built only where the compiler targets AVX-512 F (-march=native on such a CPU, MS_NATIVE);
  * elsewhere the _ok functions say false and conv.c runs its GEMMs.
@@ -28,11 +42,23 @@
  * width a multiple of 16, output channels per group a multiple of 8, at most 64 taps. */
 bool ms_k_conv_direct_ok(const ms_k_conv *g);
 /* Whether the input gradient runs direct: as the forward's, with the input width a multiple
- * of 16, input channels per group a multiple of 8 and padding below the kernel size. */
+ * of 16, input channels per group a multiple of 8 and padding below the kernel size; or any
+ * stride and width with the input channels per group a multiple of 32, dilation 1 and more
+ * than one tap. */
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
 
-/* Floats of packed weight the direct kernels take: the weight's, groups * cout_g * cin_g * kh
- * * kw. */
+/* Whether the forward runs direct: as ms_k_conv_direct_ok, or (output channels in the lanes)
+ * any stride and width with the output channels per group a multiple of 32, dilation 1 and
+ * more than one tap. */
+bool ms_k_conv_direct_forward_ok(const ms_k_conv *g);
+/* Whether the weight gradient runs direct: as the forward's, or any stride and width with the
+ * output channels per group a multiple of 16, dilation 1 and more than one tap (the channels
+ * in the lanes). */
+bool ms_k_conv_direct_dw_ok(const ms_k_conv *g);
+
+/* Floats of scratch the direct kernels take: the packed weight's (groups * cout_g * cin_g * kh
+ * * kw) where the forward runs direct, the weight gradient's one chunk of transposed dout and
+ * padded x where it puts the channels in the lanes, the larger; 0 where neither runs. */
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g);
 
 /* out += the convolution of x by w (out already holds the bias). wk: the scratch. */
@@ -41,7 +67,8 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
 /* dx += the input gradient. wk: the scratch. */
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
                          const float *w);
-/* dw += the weight gradient. */
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, const float *dout, const float *x);
+/* dw += the weight gradient. wk: the scratch. */
+void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x);
 
 #endif
