@@ -419,7 +419,14 @@ static bool member_finding(const dump_set *s, bool partial, int m, const ms_flig
                          "collectives in different orders",
                          m, ms_coll_name((ms_coll_kind)same->kind), (long long)w->seq,
                          ms_coll_name((ms_coll_kind)w->kind));
-    else
+    else if (same && same->state == MS_FLIGHT_ISSUED && s->where[s->of_rank[m]] &&
+             !same_call(s->where[s->of_rank[m]], w)) {
+        /* issued (a non-blocking call queued) but never started: m was still in an earlier
+         * call, which the others had finished without it (m had sent its share) */
+        char at[160];
+        ms_flight_format_call(s->where[s->of_rank[m]], at, sizeof at);
+        ms_strbuf_printf(out, "rank %d never arrived in %s: it was still in %s", m, call, at);
+    } else
         ms_strbuf_printf(out, "rank %d finished %s while others did not", m, call);
     return true;
 }

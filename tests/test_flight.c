@@ -373,6 +373,48 @@ static void put_file(const char *dir, const char *name, const char *text) {
     fclose(f);
 }
 
+/* A rank stopped inside a bucket's all-reduce (seq 4) after sending its share: the others
+ * finished seq 4 and timed out in seq 5, which the stopped rank had only issued (queued behind
+ * seq 4). The doctor names it as never arriving in seq 5, still in seq 4; it once said the
+ * stopped rank "finished" seq 5. */
+static void test_doctor_rank_stuck_behind_issued_call(void **state) {
+    (void)state;
+    char dir[64];
+    make_dir(dir);
+    for (int r = 0; r < 4; r++) {
+        char name[64], text[1024];
+        snprintf(name, sizeof name, "flight-rank%d-pid%d.jsonl", r, 100 + r);
+        const char *call = "\"op\":\"all_reduce\",\"comm\":\"dp\",\"comm_id\":7,"
+                           "\"ranks\":\"0-3\",\"comm_size\":4";
+        if (r == 2)
+            snprintf(text, sizeof text,
+                     "{\"flight\":1,\"rank\":2,\"reason\":\"SIGTERM\",\"now_ns\":9000000000}\n"
+                     "{\"seq\":4,%s,\"state\":\"started\",\"issue_ns\":1000000000,"
+                     "\"start_ns\":1000000000}\n"
+                     "{\"seq\":5,%s,\"state\":\"issued\",\"issue_ns\":1000000100}\n",
+                     call, call);
+        else
+            snprintf(text, sizeof text,
+                     "{\"flight\":1,\"rank\":%d,\"reason\":\"timed out\",\"now_ns\":"
+                     "7000000000}\n"
+                     "{\"seq\":4,%s,\"state\":\"done\",\"issue_ns\":1000000000,"
+                     "\"start_ns\":1000000000,\"end_ns\":1000500000}\n"
+                     "{\"seq\":5,%s,\"state\":\"failed\",\"issue_ns\":1000000100,"
+                     "\"start_ns\":1000600000,\"end_ns\":6000600000,\"timeout_ms\":5000,"
+                     "\"status\":\"%s\",\"missing\":[2]}\n",
+                     r, call, call, ms_status_str(MS_ERR_TIMEOUT));
+        put_file(dir, name, text);
+    }
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    assert_int_equal(ms_doctor_dir(dir, &out, &err), MS_OK);
+    if (strncmp(out.p, "rank 2 never arrived in all_reduce seq 5", 40) != 0 ||
+        !strstr(out.p, "it was still in all_reduce seq 4"))
+        fail_msg("the doctor did not name rank 2 as stuck in seq 4:\n%s", out.p);
+    free(out.p);
+    remove_dir(dir);
+}
+
 /* n dumps of ranks 0..n) with rank `absent` left out, each started in all-reduce seq 5 of the
  * communicator `ranks`. */
 static void put_stuck_dumps(const char *dir, int n, int absent, const char *ranks) {
@@ -907,6 +949,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dump_and_doctor_round_trip),
         cmocka_unit_test(test_doctor_names_stuck_send),
         cmocka_unit_test(test_doctor_no_fault),
+        cmocka_unit_test(test_doctor_rank_stuck_behind_issued_call),
         cmocka_unit_test(test_doctor_errors),
         cmocka_unit_test(test_doctor_names_link_between_hosts),
         cmocka_unit_test(test_hang_alert_names_late_rank),
