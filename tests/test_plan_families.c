@@ -73,32 +73,38 @@ typedef struct family_case {
     bool sp, recompute;
     float bucket_mb;      /* gradient buckets: one call each */
     bool head_replicated; /* the word embedding / head whole on every tp rank */
+    /* The closed form does not model the arena's peak here: under ZeRO 2/3 with full
+     * recompute it is the gradients awaiting their per-micro-batch reduction, not the kept
+     * activations (16-29% more on the tiny configs); its collectives are checked. */
+    bool act_unmodelled;
 } family_case;
 
 static const family_case cases[] = {
-    {"dp2", 2, 1, 1, 1, 0, false, false, 0, false},
-    {"tp2", 1, 2, 1, 1, 0, false, false, 0, false},
-    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false, 0, false},
-    {"tp2 +sp", 1, 2, 1, 1, 0, true, false, 0, false},
-    {"pp2", 1, 1, 2, 1, 0, false, false, 0, false},
-    {"dp2 zero1", 2, 1, 1, 1, 1, false, false, 0, false},
-    {"dp2 zero3", 2, 1, 1, 1, 3, false, false, 0, false},
-    {"tp2 recompute", 1, 2, 1, 1, 0, false, true, 0, false},
-    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false, 0, false},
+    {"dp2", 2, 1, 1, 1, 0, false, false, 0, false, false},
+    {"tp2", 1, 2, 1, 1, 0, false, false, 0, false, false},
+    {"dp2 x tp2", 2, 2, 1, 1, 0, false, false, 0, false, false},
+    {"tp2 +sp", 1, 2, 1, 1, 0, true, false, 0, false, false},
+    {"pp2", 1, 1, 2, 1, 0, false, false, 0, false, false},
+    {"dp2 zero1", 2, 1, 1, 1, 1, false, false, 0, false, false},
+    {"dp2 zero3", 2, 1, 1, 1, 3, false, false, 0, false, false},
+    /* the recompute gathers every parameter once more (the forward's copy is gone) */
+    {"dp2 zero3 recompute", 2, 1, 1, 1, 3, false, true, 0, false, true},
+    {"tp2 recompute", 1, 2, 1, 1, 0, false, true, 0, false, false},
+    {"dp2 x pp2 m2", 2, 1, 2, 1, 0, false, false, 0, false, false},
     /* llama-tiny's 2 kv heads do not divide 4: every tp rank holds both, the query heads split */
-    {"tp4", 1, 4, 1, 1, 0, false, false, 0, false},
-    {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0, false},
-    {"cp2", 1, 1, 1, 2, 0, false, false, 0, false},
-    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false, 0, false},
-    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false, 0, false},
-    {"dp2 bucket1MB", 2, 1, 1, 1, 0, false, false, 1, false},
-    {"dp2 zero2 b1MB", 2, 1, 1, 1, 2, false, false, 1, false},
-    {"cp2 b1MB", 1, 1, 1, 2, 0, false, false, 1, false},
-    {"dp2 x cp2 b1MB", 2, 1, 1, 2, 0, false, false, 1, false},
+    {"tp4", 1, 4, 1, 1, 0, false, false, 0, false, false},
+    {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0, false, false},
+    {"cp2", 1, 1, 1, 2, 0, false, false, 0, false, false},
+    {"dp2 x cp2", 2, 1, 1, 2, 0, false, false, 0, false, false},
+    {"tp2 x cp2", 1, 2, 1, 2, 0, false, false, 0, false, false},
+    {"dp2 bucket1MB", 2, 1, 1, 1, 0, false, false, 1, false, false},
+    {"dp2 zero2 b1MB", 2, 1, 1, 1, 2, false, false, 1, false, false},
+    {"cp2 b1MB", 1, 1, 1, 2, 0, false, false, 1, false, false},
+    {"dp2 x cp2 b1MB", 2, 1, 1, 2, 0, false, false, 1, false, false},
     /* the head replicated over tp: the lookup whole, the head on the rank's own rows */
-    {"tp2 head-rep", 1, 2, 1, 1, 0, false, false, 0, true},
-    {"tp2 +sp head-rep", 1, 2, 1, 1, 0, true, false, 0, true},
-    {"dp2 x tp2 head-rep", 2, 2, 1, 1, 0, false, false, 0, true},
+    {"tp2 head-rep", 1, 2, 1, 1, 0, false, false, 0, true, false},
+    {"tp2 +sp head-rep", 1, 2, 1, 1, 0, true, false, 0, true, false},
+    {"dp2 x tp2 head-rep", 2, 2, 1, 1, 0, false, false, 0, true, false},
 };
 
 static ms_strategy strategy_of(const family_case *fc) {
@@ -155,7 +161,8 @@ static worst compare_family(const char *config, const ms_cluster *c, int batch, 
         double r_st = fmax(rel(a.mem_params, e.mem_params),
                            fmax(rel(a.mem_grads, e.mem_grads), rel(a.mem_optim, e.mem_optim)));
         double r_act = rel(a.mem_act, e.mem_act), r_by = 0;
-        note(&wr.flops, r_fl), note(&wr.state, r_st), note(&wr.act, r_act);
+        note(&wr.flops, r_fl), note(&wr.state, r_st);
+        if (!fc->act_unmodelled) note(&wr.act, r_act);
         printf(
             "%-16s %dx%-4d %-14s flops %.4g/%.4g (%.2f%%) params %.4g/%.4g grads %.4g/%.4g optim "
             "%.4g/%.4g (%.2f%%) act %.4g/%.4g (%.1f%%)\n",
@@ -223,7 +230,7 @@ static void llama_against_engine(void **state) {
 static double tp4_sp_bytes(ms_model_config cfg, int layers) {
     cfg.n_layer = layers;
     ms_cluster c = cpu_cluster();
-    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0, false};
+    family_case fc = {"tp4 +sp", 1, 4, 1, 1, 0, true, false, 0, false, false};
     ms_strategy s = strategy_of(&fc);
     ms_plan_problem pb = {.model = cfg,
                           .devices = 4,

@@ -141,6 +141,9 @@ static void emit_bwd(ms_program *p, int k, const int *dout, const int *din, cons
     for (int i = 0; i < nd->n_in; i++) {
         if (pending[i] >= 0) prog_emit(p, I_ZERO, MS_PROG_BACKWARD)->dst = pending[i];
         if (!pn->gathered[i]) continue;
+        /* ZeRO 3 under recompute: the region's forward just ran again and gathered the
+         * parameter into pn->bw; that copy serves the backward too (one gather, not two) */
+        if (p->rc_first && p->rc_first[k] >= 0) continue;
         /* ZeRO 3: the forward's gathered copy is gone; gather the parameter again */
         int v = nd->in[i];
         again[i] = prog_new_buf(p, v, &pn->req_in[i], false);

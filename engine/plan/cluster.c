@@ -235,6 +235,34 @@ static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
     return MS_OK;
 }
 
+/* "gemm_tiles": [[rows, cols], ...], the output tiles cuBLAS's tensor-core kernels pick
+ * among; [[256, 128], [128, 128]] by default. */
+static ms_status gemm_tiles(jctx *j, const cJSON *root, ms_cluster *c) {
+    static const int def[2][2] = {{256, 128}, {128, 128}};
+    c->n_gemm_tiles = 2;
+    memcpy(c->gemm_tiles, def, sizeof def);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "gemm_tiles");
+    if (!t) return MS_OK;
+    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : 0;
+    bool ok = n >= 1 && n <= MS_CLUSTER_MAX_TILES;
+    for (int i = 0; ok && i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(t, i);
+        const cJSON *a = cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 ? e->child : NULL;
+        const cJSON *b = a ? a->next : NULL;
+        ok = a && cJSON_IsNumber(a) && cJSON_IsNumber(b) && a->valuedouble >= 1 &&
+             b->valuedouble >= 1 && a->valuedouble <= 4096 && b->valuedouble <= 4096;
+        if (ok)
+            c->gemm_tiles[i][0] = (int)a->valuedouble, c->gemm_tiles[i][1] = (int)b->valuedouble;
+    }
+    if (!ok)
+        return ms_fail(j->err, MS_ERR_INVALID,
+                       "%s: $.gemm_tiles: expected 1 to %d tiles [rows, cols], each side in "
+                       "1..4096, such as [[256, 128], [128, 128]]",
+                       j->name, MS_CLUSTER_MAX_TILES);
+    c->n_gemm_tiles = n;
+    return MS_OK;
+}
+
 static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
     if (!cJSON_IsObject(root))
         return ms_fail(j->err, MS_ERR_INVALID, "%s: $: expected an object", j->name);
@@ -261,6 +289,19 @@ static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
         c->gemm_efficiency[d] = v;
     }
     MS_CHECK(jnum(j, root, "$", "gemm_half_dim", false, 0, 1e6, 0, &c->gemm_half_dim));
+    MS_CHECK(jnum(j, root, "$", "sms", false, 0, 1 << 20, 0, &v));
+    c->sms = (int)v;
+    MS_CHECK(gemm_tiles(j, root, c));
+    const cJSON *sb = cJSON_GetObjectItemCaseSensitive(root, "attention_score_bytes");
+    if (sb && !cJSON_IsObject(sb))
+        return ms_fail(j->err, MS_ERR_INVALID,
+                       "%s: $.attention_score_bytes: expected an object {\"forward\": ..., "
+                       "\"backward\": ...}",
+                       j->name);
+    MS_CHECK(
+        jnum(j, sb, "$.attention_score_bytes", "forward", false, 0, 1e3, 0, &c->score_bytes[0]));
+    MS_CHECK(
+        jnum(j, sb, "$.attention_score_bytes", "backward", false, 0, 1e3, 0, &c->score_bytes[1]));
     MS_CHECK(jnum(j, root, "$", "vector_tflops", false, 1e-6, 1e6, c->peak_flops[0] / 1e12, &v));
     c->vector_flops = v * 1e12;
     MS_CHECK(jnum(j, root, "$", "memory_gb", true, 1e-6, 1e9, 0, &v));
@@ -415,6 +456,17 @@ char *ms_cluster_to_json(const ms_cluster *c) {
         cJSON_AddNumberToObject(ge, ms_plan_dtype_name((ms_plan_dtype)d), c->gemm_efficiency[d]);
     }
     cJSON_AddNumberToObject(r, "gemm_half_dim", c->gemm_half_dim);
+    if (c->score_bytes[0] > 0 || c->score_bytes[1] > 0) {
+        cJSON *o = cJSON_AddObjectToObject(r, "attention_score_bytes");
+        cJSON_AddNumberToObject(o, "forward", c->score_bytes[0]);
+        cJSON_AddNumberToObject(o, "backward", c->score_bytes[1]);
+    }
+    if (c->sms > 0) {
+        cJSON_AddNumberToObject(r, "sms", c->sms);
+        cJSON *tiles = cJSON_AddArrayToObject(r, "gemm_tiles");
+        for (int i = 0; i < c->n_gemm_tiles; i++)
+            cJSON_AddItemToArray(tiles, cJSON_CreateIntArray(c->gemm_tiles[i], 2));
+    }
     cJSON_AddNumberToObject(r, "vector_tflops", c->vector_flops / 1e12);
     cJSON_AddNumberToObject(r, "memory_gb", c->mem_bytes / 1e9);
     cJSON_AddNumberToObject(r, "usable_memory_fraction", c->usable_memory_fraction);
@@ -661,6 +713,30 @@ static double gemm_rate_cpu(const ms_cluster *c, int64_t m, int64_t n, int64_t k
     return r;
 }
 
+/* The share of the waves' SM slots a GEMM's work fills: units / (waves x sms), the best over
+ * the tiles, either way round (cuBLAS picks its tile per shape; each is taken to run at the
+ * same rate). The units are the output tiles; an output of fewer tiles than SMs has its
+ * reduction split (split-K, as cuBLAS does for a small output over a long k). 1 without a
+ * wave model. */
+static double wave_share(const ms_cluster *c, int64_t m, int64_t n, int64_t k) {
+    if (c->sms <= 0) return 1;
+    double best = 0;
+    for (int o = 0; o < 2 * c->n_gemm_tiles; o++) {
+        const int *t = c->gemm_tiles[o / 2];
+        int64_t tm = t[o % 2], tn = t[1 - o % 2];
+        int64_t tiles = ((m + tm - 1) / tm) * ((n + tn - 1) / tn);
+        int64_t split = 1;
+        if (tiles < c->sms) { /* split-K fills the idle SMs, each part at least 256 deep */
+            split = c->sms / tiles;
+            if (split > k / 256) split = k / 256 > 1 ? k / 256 : 1;
+        }
+        int64_t units = tiles * split, waves = (units + c->sms - 1) / c->sms;
+        double share = (double)units / (double)(waves * c->sms);
+        if (share > best) best = share;
+    }
+    return best;
+}
+
 double ms_cluster_gemm_time(const ms_cluster *c, ms_plan_dtype dt, int64_t m, int64_t n, int64_t k,
                             int ranks) {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
@@ -671,6 +747,7 @@ double ms_cluster_gemm_time(const ms_cluster *c, ms_plan_dtype dt, int64_t m, in
     }
     double d = c->gemm_half_dim;
     double eff = c->gemm_efficiency[dt] / (1 + d / (double)m + d / (double)n + d / (double)k);
+    eff *= wave_share(c, m, n, k);
     return flops / (c->peak_flops[dt] * eff) + c->kernel_overhead;
 }
 

@@ -105,6 +105,8 @@ const char *ms_oprate_name(ms_oprate r);
  * turn (--map-by node; rank r on node r % nodes). */
 typedef enum ms_rank_order { MS_RANKS_BY_HOST, MS_RANKS_ROUND_ROBIN } ms_rank_order;
 
+#define MS_CLUSTER_MAX_TILES 4
+
 typedef struct ms_cluster {
     char name[64];
     char device[96];
@@ -114,8 +116,14 @@ typedef struct ms_cluster {
     double peak_flops[MS_PLAN_DTYPE_COUNT];      /* per device, dense */
     double gemm_efficiency[MS_PLAN_DTYPE_COUNT]; /* large-GEMM share of peak */
     double gemm_half_dim; /* eff = gemm_efficiency / (1 + d/m + d/n + d/k) for GEMMs */
-    double vector_flops;  /* non-GEMM arithmetic per device */
-    double mem_bytes;     /* per device (cpu-local: the machine's, shared by the ranks) */
+    /* Wave quantization (GPUs): a GEMM's output is cut into tiles (rows x cols, one of
+     * gemm_tiles, either way round) that run `sms` at a time, so a last, partly filled wave
+     * costs a whole one. 0 sms: not modelled. */
+    int sms;
+    int gemm_tiles[MS_CLUSTER_MAX_TILES][2];
+    int n_gemm_tiles;
+    double vector_flops; /* non-GEMM arithmetic per device */
+    double mem_bytes;    /* per device (cpu-local: the machine's, shared by the ranks) */
     double usable_memory_fraction;
     double mem_bw, mem_efficiency;
     /* ZeRO-Offload's side, per device (engine/plan/cost_offload.c): the device-host link in
@@ -130,7 +138,11 @@ typedef struct ms_cluster {
     double dp_overlap;    /* share of the data-parallel gradient traffic that the schedule
                              hides behind backward compute (0: none, as in this engine) */
     bool flash_attention; /* attention scores are never stored (activation memory) */
-    bool causal_skip;     /* the attention kernel skips masked key blocks (FLOPs) */
+    /* Without flash attention: the bytes each attention score moves in the forward [0] and
+     * the backward [1] of the stack modelled (an unfused attention writes and reads the
+     * score matrix in several kernels); 0: the engine's own attention kernel's traffic. */
+    double score_bytes[2];
+    bool causal_skip; /* the attention kernel skips masked key blocks (FLOPs) */
     /* cpu-local */
     bool cpu; /* devices are thread ranks sharing `cores` */
     int cores;

@@ -1187,9 +1187,16 @@ static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e, bool ca
             double g = ms_cluster_gemm_time(c, pb->dtype, rows, e->n, e->k, r) +
                        ms_cluster_gemm_time(c, pb->dtype, rows, e->k, e->n, r);
             double gemm = g * frac * (bwd ? 2 : 1);
-            double soft = ms_cluster_elementwise_time(c, MS_OPRATE_SOFTMAX,
-                                                      (double)e->m * e->n * e->n * frac * 4,
-                                                      kernel_bytes(pb, e), r);
+            double bytes = kernel_bytes(pb, e), per = c->score_bytes[bwd ? 1 : 0];
+            if (!c->flash_attention && per > 0) {
+                /* the stack's unfused kernels move each score `per` bytes (the whole square:
+                 * the mask is applied inside the softmax), where the engine's kernel writes or
+                 * reads it once */
+                double own = pb->dtype == MS_PLAN_BF16 ? 2 : 4;
+                bytes += (double)e->m * e->n * e->n * (per - own);
+            }
+            double soft = ms_cluster_elementwise_time(
+                c, MS_OPRATE_SOFTMAX, (double)e->m * e->n * e->n * frac * 4, bytes, r);
             return gemm + soft;
         }
         default:

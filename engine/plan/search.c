@@ -251,8 +251,8 @@ static void diagnose(const ms_plan_problem *pb, const ms_plan_fixed *f, ms_error
     else if (ftp > 0 && fcp > 0 && c->n_head % (ftp * fcp))
         ms_fail(e, MS_ERR_INVALID, "tp x cp = %d does not divide the %d attention heads", ftp * fcp,
                 c->n_head);
-    else if (fpp > 0 && c->n_layer % fpp)
-        ms_fail(e, MS_ERR_INVALID, "pp %d does not divide the %d layers", fpp, c->n_layer);
+    else if (fpp > c->n_layer)
+        ms_fail(e, MS_ERR_INVALID, "pp %d is more stages than the %d layers", fpp, c->n_layer);
     else if (fcp > 0 && pb->seq % fcp)
         ms_fail(e, MS_ERR_INVALID, "cp %d does not divide the sequence %d", fcp, pb->seq);
     else if (fdp > 0 && pb->global_batch % fdp)
@@ -377,8 +377,11 @@ static ms_status search_meshes(search_run *r, ms_error *err) {
             if ((D / tp) % cp || c->n_head % (tp * cp) || r->pb->seq % cp) continue;
             if (fixed_int(f, MS_SET_cp) >= 0 && fixed_int(f, MS_SET_cp) != cp) continue;
             for (int pp = 1; tp * cp * pp <= D; pp++) {
-                if ((D / (tp * cp)) % pp || c->n_layer % pp ||
-                    (fixed_int(f, MS_SET_pp) >= 0 && fixed_int(f, MS_SET_pp) != pp))
+                /* the search tries even splits; a pp the user fixes may split unevenly
+                 * (pp_layers, or stages balanced by cost) */
+                const int fpp = fixed_int(f, MS_SET_pp);
+                if ((D / (tp * cp)) % pp || pp > c->n_layer || (fpp >= 0 && fpp != pp) ||
+                    (fpp < 0 && c->n_layer % pp))
                     continue;
                 int dp = D / (tp * cp * pp);
                 if (B % dp || (fixed_int(f, MS_SET_dp) >= 0 && fixed_int(f, MS_SET_dp) != dp))
