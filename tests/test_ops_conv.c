@@ -288,6 +288,16 @@ static const conv_spec specs[] = {
     {"conv2d dx lanes 2x2 stride 2 pad 2 (pad > kernel)", 2, 1, 32, 16, 1, {5, 6}, {2, 2}, {2, 2}, {2, 2}, {1, 1}, false},
     {"conv2d dx lanes 3x3 stride 1, 20 wide", 2, 2, 32, 32, 1, {4, 20}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
     {"conv1d dx lanes k4 stride 3 pad 2", 1, 2, 32, 8, 1, {17}, {4}, {3}, {2}, {1}, true},
+    /* Strided, input rows of 16 a phase, input channels of 8: the input gradient by phases */
+    {"conv2d dx phases 3x3 stride 2 pad 1, odd height", 2, 2, 8, 16, 1, {7, 32}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+    {"conv2d dx phases 1x1 stride 2 (empty phases)", 2, 2, 16, 32, 1, {6, 32}, {1, 1}, {2, 2}, {0, 0}, {1, 1}, true},
+    {"conv2d dx phases 4x3 stride 2x4 pad 3x1", 2, 2, 8, 8, 1, {9, 64}, {4, 3}, {2, 4}, {3, 1}, {1, 1}, false},
+    {"conv1d dx phases k5 stride 2 pad 2 groups 2", 1, 2, 16, 8, 2, {64}, {5}, {2}, {2}, {1}, true},
+    /* Strided, output rows of 16, output channels of 8: the forward by phases of x */
+    {"conv2d fwd phases 3x3 stride 2 pad 1, odd input", 2, 2, 3, 8, 1, {9, 31}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+    {"conv2d fwd phases 1x1 stride 2 (one phase)", 2, 2, 4, 16, 1, {6, 32}, {1, 1}, {2, 2}, {0, 0}, {1, 1}, false},
+    {"conv2d fwd phases 4x5 stride 3x2 pad 2x3 groups 2", 2, 2, 6, 16, 2, {10, 30}, {4, 5}, {3, 2}, {2, 3}, {1, 1}, true},
+    {"conv1d fwd phases k3 stride 4 (taps short of the stride)", 1, 3, 5, 8, 1, {64}, {3}, {4}, {1}, {1}, true},
 };
 // clang-format on
 

@@ -2,9 +2,11 @@
  *
  * Hand-off: the caller publishes the job (fn, arg, split) with plain stores, then bumps
  * `gen` with release order; a worker that sees the new generation (acquire) therefore sees
- * the job. Each worker decrements `pending` (release) when its chunk is done; the caller
- * waits for zero (acquire), so the workers' writes are visible when ms_parallel_for returns.
- * Futexes only put threads to sleep and wake them; every decision is made on the atomics. */
+ * the job. Every thread, the caller too, takes chunks from `next` until none is left; each
+ * worker then decrements `pending` (release) and the caller waits for zero (acquire), so the
+ * workers' writes are visible when ms_parallel_for returns. `next` is reset only after every
+ * worker has left the previous job. Futexes only put threads to sleep and wake them; every
+ * decision is made on the atomics. */
 #include "engine/core/parallel.h"
 
 #include <linux/futex.h>
@@ -17,7 +19,8 @@
 
 #include "engine/core/xalloc.h"
 
-#define MAX_WORKERS 63
+#define MAX_WORKERS       63
+#define CHUNKS_PER_THREAD 4
 
 typedef struct pool {
     int nworkers;
@@ -29,11 +32,11 @@ typedef struct pool {
     ms_range_fn fn;
     void *arg;
     int64_t n, chunk;
+    _Atomic int64_t next; /* the first item no thread has taken */
 } pool;
 
 typedef struct worker_arg {
     pool *p;
-    int index; /* 1.. nworkers: chunk index (the caller runs chunk 0) */
 } worker_arg;
 
 static _Atomic int g_threads = 1;
@@ -49,10 +52,16 @@ static void futex_wake(_Atomic uint32_t *addr, int n) {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
-static void run_chunk(pool *p, int64_t index) {
-    int64_t lo = index * p->chunk, hi = lo + p->chunk;
-    if (hi > p->n) hi = p->n;
-    if (lo < hi) p->fn(p->arg, lo, hi);
+/* Takes chunks until none is left: a thread that starts late (a sleeping worker is woken
+ * by the scheduler, tens of microseconds on a VM) or runs slower does less, so no thread
+ * waits on another's fixed share. Which thread runs a chunk never changes what it computes. */
+static void run_chunks(pool *p) {
+    for (;;) {
+        int64_t lo = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
+        if (lo >= p->n) return;
+        int64_t hi = lo + p->chunk < p->n ? lo + p->chunk : p->n;
+        p->fn(p->arg, lo, hi);
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -66,7 +75,7 @@ static void *worker_main(void *arg) {
             futex_wait(&p->gen, seen);
         seen = g;
         if (atomic_load_explicit(&p->quit, memory_order_acquire)) return NULL;
-        run_chunk(p, wa.index);
+        run_chunks(p);
         if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1)
             futex_wake(&p->pending, 1);
     }
@@ -99,7 +108,7 @@ static pool *get_pool(int workers) {
     pool *p = xcalloc(1, sizeof *p);
     for (int i = 0; i < workers; i++) {
         worker_arg *wa = xmalloc(sizeof *wa);
-        *wa = (worker_arg){.p = p, .index = i + 1};
+        *wa = (worker_arg){.p = p};
         if (pthread_create(&p->th[i], NULL, worker_main, wa) != 0) {
             free(wa);
             p->nworkers = i;
@@ -127,11 +136,14 @@ void ms_parallel_for(int64_t n, int64_t grain, ms_range_fn fn, void *arg) {
     p->fn = fn;
     p->arg = arg;
     p->n = n;
-    p->chunk = (grains + parts - 1) / parts * grain;
+    /* a few chunks per thread, so the shares even out however the threads start */
+    int64_t pieces = (int64_t)parts * CHUNKS_PER_THREAD;
+    p->chunk = (grains + pieces - 1) / pieces * grain;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, (uint32_t)p->nworkers, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     futex_wake(&p->gen, p->nworkers);
-    run_chunk(p, 0);
+    run_chunks(p);
     uint32_t left;
     for (int spin = 0; (left = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0;
          spin++)

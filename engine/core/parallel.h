@@ -21,8 +21,9 @@
 typedef void (*ms_range_fn)(void *arg, int64_t lo, int64_t hi);
 
 /* Runs fn over [0, n) in contiguous chunks of at least `grain` items (a multiple of `grain`
- * except the last), one per thread, the caller taking the first; returns when all are done.
- * fn must be safe to run concurrently on disjoint ranges. */
+ * except the last), a few per thread, each taken by whichever thread is free first (the
+ * caller works too); returns when all are done. fn must be safe to run concurrently on
+ * disjoint ranges, and must not depend on which thread runs a chunk. */
 void ms_parallel_for(int64_t n, int64_t grain, ms_range_fn fn, void *arg);
 
 /* Threads a rank uses (the process-wide setting; >= 1). Set by ms_k_blas_set_threads. */

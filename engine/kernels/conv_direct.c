@@ -7,12 +7,17 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/xalloc.h"
 
 #define DC_VL   16   /* floats per vector */
 #define DC_R    8    /* output channels per tile */
 #define DC_TAPS 64   /* the most taps (kh * kw) a direct conv takes */
 #define DC_Q    3    /* the most taps of one kernel row a weight-gradient tile holds */
 #define DC_POS  1024 /* positions per weight-gradient chunk */
+#define PH_MAX  64   /* phases of a stride (sh x sw) the phase kernels take */
 
 /* The lanes of a 16-wide load from column xs of a row of w floats that lie in the row. */
 static inline __mmask16 dc_lanes(int64_t xs, int64_t w) {
@@ -47,8 +52,11 @@ static int64_t fl_image_floats(const ms_k_conv *g);
 static bool xl_ok(const ms_k_conv *g);
 static int64_t xl_scratch_floats(const ms_k_conv *g);
 
+static bool ph_ok(const ms_k_conv *g);
+static bool fp_ok(const ms_k_conv *g);
+
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
-    return dc_dx_ok(g) || xl_ok(g);
+    return dc_dx_ok(g) || ph_ok(g) || xl_ok(g);
 }
 
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
@@ -57,8 +65,11 @@ int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
     const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
     const int64_t fl = fl_ok(g) ? fl_wk_floats(g) + dl_chunk(g) * fl_image_floats(g) : 0;
     const int64_t xl = xl_ok(g) ? xl_scratch_floats(g) : 0;
+    /* the phases' packed weights (input gradient, forward): every tap once */
+    const int64_t ph = ph_ok(g) || fp_ok(g) ? g->groups * g->cout_g * g->cin_g * g->kh * g->kw : 0;
     const int64_t most = wk > dl ? wk : dl, most2 = fl > xl ? fl : xl;
-    return most > most2 ? most : most2;
+    const int64_t most3 = most > most2 ? most : most2;
+    return most3 > ph ? most3 : ph;
 }
 
 /* --- forward and input gradient: out[8 planes] += the conv of src ---------------------------- */
@@ -138,12 +149,170 @@ static void dc_range(void *arg, int64_t lo, int64_t hi) {
             }
 }
 
+/* dst[b] = src[2 b] for b < n; src holds avail floats. 16 at a time: two loads, the even
+ * lanes picked. */
+static void every_other(float *dst, const float *src, int64_t n, int64_t avail) {
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (int64_t b = 0; b < n; b += DC_VL) {
+        const int64_t left = avail - 2 * b;
+        const __mmask16 m0 = dc_lanes(0, left), m1 = dc_lanes(DC_VL, left);
+        const __m512 v =
+            _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, src + 2 * b), even,
+                                   _mm512_maskz_loadu_ps(m1, dc_at(src, 2 * b + DC_VL)));
+        _mm512_mask_storeu_ps(dst + b, dc_lanes(0, n - b), v);
+    }
+}
+
+/* dst[2 b] += a[b], dst[2 b + 1] += b_[b] for b < n (n a multiple of 16): the two phases of a
+ * row of stride 2, interleaved; a NULL phase adds nothing. */
+static void interleave_add(float *dst, const float *a, const float *b_, int64_t n) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t b = 0; b < n; b += DC_VL) {
+        const __m512 va = a ? _mm512_loadu_ps(a + b) : _mm512_setzero_ps();
+        const __m512 vb = b_ ? _mm512_loadu_ps(b_ + b) : _mm512_setzero_ps();
+        float *d = dst + 2 * b;
+        _mm512_storeu_ps(d, _mm512_add_ps(_mm512_loadu_ps(d), _mm512_permutex2var_ps(va, lo, vb)));
+        _mm512_storeu_ps(d + DC_VL, _mm512_add_ps(_mm512_loadu_ps(d + DC_VL),
+                                                  _mm512_permutex2var_ps(va, hi, vb)));
+    }
+}
+
+/* --- strided forward by phases ------------------------------------------------------------- */
+
+/* A stride-(sh, sw) conv reads x at sh oy + ky - ph: with ky - ph = sh q + ry (0 <= ry < sh),
+ * that is row oy + q of x's phase ry (its rows ry, ry + sh, ...). So the forward is a sum over
+ * the phases (ry, rx) of stride-1 convs of each phase of x by the taps that reach it, all
+ * added into the same output: one copy of x, split into its phases, and the stride-1 tile
+ * (dc_tile). */
+typedef struct fp_phase {
+    int64_t ry, rx;
+    int64_t nty, ntx, ky_lo, kx_lo; /* its taps: ky = ky_lo + sh t */
+    int64_t qy0, qx0;               /* the phase row its first tap reads, less oy */
+    int64_t h, w;                   /* the phase's rows and columns */
+    int64_t x_at, wk_at;            /* its copy of x in the image's buffer, its packed weight */
+} fp_phase;
+
+static bool fp_ok(const ms_k_conv *g) {
+    return (g->sh > 1 || g->sw > 1) && g->sh * g->sw <= PH_MAX && g->dh == 1 && g->dw == 1 &&
+           g->ow % DC_VL == 0 && g->cout_g % DC_R == 0 && g->kh * g->kw <= DC_TAPS &&
+           g->oh * g->ow > 0 && g->h * g->w > 0;
+}
+
+/* The taps of phase r along a dim: ky = (r + pad) mod s, + s, ... below k. */
+static void fp_taps(int64_t r, int64_t pad, int64_t s, int64_t k, int64_t *n, int64_t *lo,
+                    int64_t *q0) {
+    *lo = (r + pad) % s;
+    *n = *lo < k ? (k - 1 - *lo) / s + 1 : 0;
+    *q0 = (*lo - pad - r) / s; /* exact: lo - pad - r is a multiple of s */
+}
+
+/* The phases with taps, and their packed weights in wk (each tap once):
+ * wk[at + (o / 8 * cin_g * taps' + c * taps' + t) * 8 + o % 8] = w[o][c][ky(t)][kx(t)]. */
+static int fp_plan(const ms_k_conv *g, float *wk, const float *w, fp_phase *ph, int64_t *x_floats) {
+    const int64_t taps = g->kh * g->kw, k = g->cin_g * taps;
+    int n = 0;
+    int64_t at = 0, xat = 0;
+    for (int64_t ry = 0; ry < g->sh; ry++)
+        for (int64_t rx = 0; rx < g->sw; rx++) {
+            fp_phase q = {.ry = ry,
+                          .rx = rx,
+                          .h = (g->h - ry + g->sh - 1) / g->sh,
+                          .w = (g->w - rx + g->sw - 1) / g->sw,
+                          .wk_at = at};
+            fp_taps(ry, g->ph, g->sh, g->kh, &q.nty, &q.ky_lo, &q.qy0);
+            fp_taps(rx, g->pw, g->sw, g->kw, &q.ntx, &q.kx_lo, &q.qx0);
+            const int64_t tp = q.nty * q.ntx, kp = g->cin_g * tp;
+            if (tp == 0 || q.h * q.w == 0) continue;
+            q.x_at = xat;
+            xat += g->groups * g->cin_g * q.h * q.w;
+            for (int64_t o = 0; o < g->groups * g->cout_g; o++)
+                for (int64_t c = 0; c < g->cin_g; c++)
+                    for (int64_t t = 0; t < tp; t++) {
+                        const int64_t ky = q.ky_lo + g->sh * (t / q.ntx),
+                                      kx = q.kx_lo + g->sw * (t % q.ntx);
+                        wk[at + (o / DC_R * kp + c * tp + t) * DC_R + o % DC_R] =
+                            w[o * k + c * taps + ky * g->kw + kx];
+                    }
+            at += g->groups * g->cout_g * kp;
+            ph[n++] = q;
+        }
+    *x_floats = xat;
+    return n;
+}
+
+typedef struct fp_job {
+    const ms_k_conv *g;
+    float *out;
+    const float *wk, *x;
+    fp_phase ph[PH_MAX];
+    int n;
+    int64_t x_floats; /* one image's phases */
+} fp_job;
+
+static void fp_range(void *arg, int64_t lo, int64_t hi) {
+    const fp_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t hw = g->h * g->w, ohw = g->oh * g->ow;
+    float *xp = xmalloc(sizeof(float) * (size_t)j->x_floats);
+    for (int64_t i = lo; i < hi; i++) {
+        const float *x = j->x + (g->c0 + i * g->c_x) * hw;
+        for (int f = 0; f < j->n; f++) { /* the image's phases, every group */
+            const fp_phase *q = &j->ph[f];
+            for (int64_t c = 0; c < g->groups * g->cin_g; c++)
+                for (int64_t a = 0; a < q->h; a++) {
+                    const float *row = x + c * hw + (q->ry + g->sh * a) * g->w + q->rx;
+                    float *dst = xp + q->x_at + (c * q->h + a) * q->w;
+                    if (g->sw == 2)
+                        every_other(dst, row, q->w, g->w - q->rx);
+                    else
+                        for (int64_t b = 0; b < q->w; b++) dst[b] = row[g->sw * b];
+                }
+        }
+        for (int64_t grp = 0; grp < g->groups; grp++)
+            for (int f = 0; f < j->n; f++) {
+                const fp_phase *q = &j->ph[f];
+                const int64_t tp = q->nty * q->ntx, kp = g->cin_g * tp;
+                for (int64_t ob = 0; ob < g->cout_g / DC_R; ob++) {
+                    dc_block d = {.src = xp + q->x_at + grp * g->cin_g * q->h * q->w,
+                                  .wk =
+                                      j->wk + q->wk_at + (grp * g->cout_g / DC_R + ob) * kp * DC_R,
+                                  .out = j->out + ms_k_conv_out_at(g, i, grp) + ob * DC_R * ohw,
+                                  .c = g->cin_g,
+                                  .h = q->h,
+                                  .w = q->w,
+                                  .oh = g->oh,
+                                  .ow = g->ow,
+                                  .kh = q->nty,
+                                  .kw = q->ntx,
+                                  .ph = -q->qy0,
+                                  .pw = -q->qx0};
+                    dc_block_run(&d);
+                }
+            }
+    }
+    free(xp);
+}
+
+static void fp_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w) {
+    fp_job *j = xmalloc(sizeof *j);
+    *j = (fp_job){.g = g, .out = out, .wk = wk, .x = x};
+    j->n = fp_plan(g, wk, w, j->ph, &j->x_floats);
+    if (j->n > 0) ms_parallel_for(g->n, 1, fp_range, j);
+    free(j);
+}
+
 static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w);
 
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
                               const float *w) {
     if (!ms_k_conv_direct_ok(g)) {
-        fl_run(g, out, wk, x, w);
+        if (fp_ok(g))
+            fp_run(g, out, wk, x, w);
+        else
+            fl_run(g, out, wk, x, w);
         return;
     }
     const int64_t k = g->cin_g * g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
@@ -171,12 +340,156 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
     ms_parallel_for(g->n, 1, dc_range, &j);
 }
 
+/* --- strided input gradient by phases ------------------------------------------------------ */
+
+/* The input positions of one phase (py, px) of the stride, py + sh a and px + sw b, are reached
+ * only by the taps ky = py + ph (mod sh), kx = px + pw (mod sw), each a fixed shift of dout:
+ *   dx[ci][py + sh a][px + sw b] += sum over co and those taps of
+ *                                   w[co][ci][ky][kx] dout[co][a + (py + ph - ky) / sh][...]
+ * so each phase is a stride-1 conv of dout by its own taps: the stride-1 tile (dc_tile) at
+ * full speed, written densely, then added into dx's phase. Every dx element is summed over
+ * the same channels and taps in one fixed order, whatever the threads. */
+typedef struct ph_phase {
+    int64_t py, px;
+    int64_t nty, ntx; /* its taps: ky = ky_hi - sh t (t < nty), kx = kx_hi - sw t */
+    int64_t ky_hi, kx_hi;
+    int64_t dy0, dx0; /* the shift of dout its first tap reads */
+    int64_t oh;       /* rows of dx in the phase (its width: w / sw) */
+    int64_t wk_at;    /* its packed weight in the scratch */
+} ph_phase;
+
+static bool ph_ok(const ms_k_conv *g) {
+    return (g->sh > 1 || g->sw > 1) && g->sh * g->sw <= PH_MAX && g->dh == 1 && g->dw == 1 &&
+           g->cin_g % DC_R == 0 && g->w % g->sw == 0 && g->w / g->sw % DC_VL == 0 &&
+           g->kh * g->kw <= DC_TAPS && g->oh * g->ow > 0 && g->h * g->w > 0;
+}
+
+/* The taps of one phase along a dim: count, the highest tap, the shift it reads. */
+static void ph_taps(int64_t p, int64_t pad, int64_t s, int64_t k, int64_t *n, int64_t *hi,
+                    int64_t *d0) {
+    const int64_t r = (p + pad) % s;
+    *n = r < k ? (k - 1 - r) / s + 1 : 0;
+    *hi = r + (*n - 1) * s;
+    *d0 = (p + pad - *hi) / s; /* exact: p + pad - hi is a multiple of s */
+}
+
+/* The phases that have taps, and their packed weights in wk:
+ * wk[at + ((grp * cin_g / 8 + cb) * cout_g + co) * taps' * 8 + t * 8 + r] = w[grp][co][cb * 8
+ * + r][ky(t)][kx(t)]. */
+static int ph_plan(const ms_k_conv *g, float *wk, const float *w, ph_phase *ph) {
+    const int64_t taps = g->kh * g->kw, k = g->cin_g * taps;
+    int n = 0;
+    int64_t at = 0;
+    for (int64_t py = 0; py < g->sh; py++)
+        for (int64_t px = 0; px < g->sw; px++) {
+            ph_phase q = {.py = py, .px = px, .oh = (g->h - py + g->sh - 1) / g->sh, .wk_at = at};
+            ph_taps(py, g->ph, g->sh, g->kh, &q.nty, &q.ky_hi, &q.dy0);
+            ph_taps(px, g->pw, g->sw, g->kw, &q.ntx, &q.kx_hi, &q.dx0);
+            const int64_t tp = q.nty * q.ntx;
+            if (tp == 0 || q.oh == 0) continue;
+            for (int64_t grp = 0; grp < g->groups; grp++)
+                for (int64_t co = 0; co < g->cout_g; co++)
+                    for (int64_t ci = 0; ci < g->cin_g; ci++)
+                        for (int64_t t = 0; t < tp; t++) {
+                            const int64_t ky = q.ky_hi - g->sh * (t / q.ntx),
+                                          kx = q.kx_hi - g->sw * (t % q.ntx);
+                            wk[at +
+                               (((grp * g->cin_g + ci) / DC_R * g->cout_g + co) * tp + t) * DC_R +
+                               ci % DC_R] =
+                                w[ms_k_conv_w_at(g, grp) + co * k + ci * taps + ky * g->kw + kx];
+                        }
+            at += g->groups * g->cout_g * g->cin_g * tp;
+            ph[n++] = q;
+        }
+    return n;
+}
+
+typedef struct ph_job {
+    const ms_k_conv *g;
+    float *dx;
+    const float *wk, *dout;
+    ph_phase ph[PH_MAX];
+    int n;
+} ph_job;
+
+static void ph_range(void *arg, int64_t lo, int64_t hi) {
+    const ph_job *j = arg;
+    const ms_k_conv *g = j->g;
+    const int64_t hw = g->h * g->w, pw = g->w / g->sw;
+    int64_t at[PH_MAX], total = 0; /* each phase's planes in buf */
+    int of[PH_MAX];                /* the phase at (py, px), or -1 */
+    for (int f = 0; f < g->sh * g->sw; f++) of[f] = -1;
+    for (int f = 0; f < j->n; f++) {
+        at[f] = total;
+        total += g->cin_g * j->ph[f].oh * pw;
+        of[j->ph[f].py * g->sw + j->ph[f].px] = f;
+    }
+    float *buf = xmalloc(sizeof(float) * (size_t)total);
+    for (int64_t i = lo; i < hi; i++)
+        for (int64_t grp = 0; grp < g->groups; grp++) {
+            const float *dy = j->dout + ms_k_conv_out_at(g, i, grp);
+            float *dx = j->dx + (g->c0 + i * g->c_x + grp * g->cin_g) * hw;
+            memset(buf, 0, sizeof(float) * (size_t)total);
+            for (int f = 0; f < j->n; f++) {
+                const ph_phase *q = &j->ph[f];
+                const int64_t plane = q->oh * pw, tp = q->nty * q->ntx;
+                for (int64_t cb = 0; cb < g->cin_g / DC_R; cb++) {
+                    dc_block d = {.src = dy,
+                                  .wk = j->wk + q->wk_at +
+                                        ((grp * g->cin_g / DC_R + cb) * g->cout_g) * tp * DC_R,
+                                  .out = buf + at[f] + cb * DC_R * plane,
+                                  .c = g->cout_g,
+                                  .h = g->oh,
+                                  .w = g->ow,
+                                  .oh = q->oh,
+                                  .ow = pw,
+                                  .kh = q->nty,
+                                  .kw = q->ntx,
+                                  .ph = -q->dy0,
+                                  .pw = -q->dx0};
+                    dc_block_run(&d);
+                }
+            }
+            /* into dx: a stride of 2 across interleaves its two phases a row at a time */
+            for (int64_t py = 0; py < g->sh; py++) {
+                const int64_t rows = (g->h - py + g->sh - 1) / g->sh;
+                for (int64_t px = 0; px < g->sw; px += g->sw == 2 ? 2 : 1) {
+                    const int f0 = of[py * g->sw + px], f1 = g->sw == 2 ? of[py * g->sw + 1] : -1;
+                    if (f0 < 0 && f1 < 0) continue;
+                    for (int64_t ci = 0; ci < g->cin_g; ci++)
+                        for (int64_t a = 0; a < rows; a++) {
+                            float *row = dx + ci * hw + (py + g->sh * a) * g->w + px;
+                            const int64_t r = (ci * rows + a) * pw;
+                            const float *s0 = f0 >= 0 ? buf + at[f0] + r : NULL;
+                            if (g->sw == 2) {
+                                interleave_add(row, s0, f1 >= 0 ? buf + at[f1] + r : NULL, pw);
+                                continue;
+                            }
+                            for (int64_t b = 0; b < pw; b++) row[g->sw * b] += s0[b];
+                        }
+                }
+            }
+        }
+    free(buf);
+}
+
+static void ph_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w) {
+    ph_job *j = xmalloc(sizeof *j);
+    *j = (ph_job){.g = g, .dx = dx, .wk = wk, .dout = dout};
+    j->n = ph_plan(g, wk, w, j->ph);
+    ms_parallel_for(g->n, 1, ph_range, j);
+    free(j);
+}
+
 static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w);
 
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
                          const float *w) {
     if (!dc_dx_ok(g)) {
-        xl_run(g, dx, wk, dout, w);
+        if (ph_ok(g))
+            ph_run(g, dx, wk, dout, w);
+        else
+            xl_run(g, dx, wk, dout, w);
         return;
     }
     const int64_t taps = g->kh * g->kw, k = g->cin_g * taps, hw = g->h * g->w;
@@ -568,7 +881,7 @@ static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, co
 }
 
 bool ms_k_conv_direct_forward_ok(const ms_k_conv *g) {
-    return ms_k_conv_direct_ok(g) || fl_ok(g);
+    return ms_k_conv_direct_ok(g) || fp_ok(g) || fl_ok(g);
 }
 
 /* --- input gradient of strided convs, input channels in the lanes

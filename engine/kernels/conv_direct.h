@@ -22,6 +22,14 @@
  * stride, over every output channel and the taps that reach that phase, broadcasting from a
  * copy of dout with a border of zeros.
  *
+ * A strided conv whose output rows are 16 wide (the forward) or whose input rows split into
+ * phases 16 wide (the input gradient, input channels of 8 a group) runs by phases instead: a
+ * stride-(sh, sw) conv is a sum of stride-1 convs, one per phase (ry, rx) of the stride, each
+ * by the taps that reach it, so the stride-1 tile above does the work. The forward reads a
+ * copy of x split into its phases and adds every phase into the output; the input gradient
+ * writes each phase of dx densely and adds it in (the two phases of a stride of 2 interleaved
+ * a row at a time).
+ *
  * Deterministic and independent of the thread count: the forward and the input gradient split
  * images (the strided forward: its tiles) over the rank's threads, each output summed in one fixed
  * order; the weight gradient splits its tiles (every dw element is one thread's; the tile shape
@@ -42,14 +50,17 @@
  * width a multiple of 16, output channels per group a multiple of 8, at most 64 taps. */
 bool ms_k_conv_direct_ok(const ms_k_conv *g);
 /* Whether the input gradient runs direct: as the forward's, with the input width a multiple
- * of 16, input channels per group a multiple of 8 and padding below the kernel size; or any
+ * of 16, input channels per group a multiple of 8 and padding below the kernel size; or by
+ * phases (a stride, dilation 1, input width a multiple of 16 sw, input channels per group a
+ * multiple of 8); or any
  * stride and width with the input channels per group a multiple of 32, dilation 1 and more
  * than one tap. */
 bool ms_k_conv_direct_dx_ok(const ms_k_conv *g);
 
-/* Whether the forward runs direct: as ms_k_conv_direct_ok, or (output channels in the lanes)
- * any stride and width with the output channels per group a multiple of 32, dilation 1 and
- * more than one tap. */
+/* Whether the forward runs direct: as ms_k_conv_direct_ok, or by phases (a stride, dilation
+ * 1, output width a multiple of 16, output channels per group a multiple of 8), or (output
+ * channels in the lanes) any stride and width with the output channels per group a multiple of
+ * 32, dilation 1 and more than one tap. */
 bool ms_k_conv_direct_forward_ok(const ms_k_conv *g);
 /* Whether the weight gradient runs direct: as the forward's, or any stride and width with the
  * output channels per group a multiple of 16, dilation 1 and more than one tap (the channels

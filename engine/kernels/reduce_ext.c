@@ -94,7 +94,13 @@ void ms_k_rsum_forward(float *out, const float *inp, const ms_k_rgeom *g, float 
 }
 
 void ms_k_rsum_backward(float *dinp, const float *dout, const ms_k_rgeom *g, float scale) {
-    for (int64_t a = 0; g->block && a < g->bo; a++)
+    for (int64_t a = 0; g->block && g->bi == 1 && a < g->bo; a++) { /* trailing dims: a row */
+        float *dx = dinp + a * g->n_red;
+        const float d = scale * dout[a];
+#pragma omp simd
+        for (int64_t r = 0; r < g->n_red; r++) dx[r] += d;
+    }
+    for (int64_t a = 0; g->block && g->bi > 1 && a < g->bo; a++)
         for (int64_t r = 0; r < g->n_red; r++) {
             float *dx = dinp + (a * g->n_red + r) * g->bi;
             const float *dy = dout + a * g->bi;
