@@ -647,6 +647,40 @@ typedef struct dl_job {
 
 /* Prep items [lo, hi): item 2 * (image * groups + grp) + 0 transposes dout, + 1 pads x; with
  * pad_only, item image * groups + grp pads x. */
+/* t[p][c] = d[c][p]: rows of c floats from columns of n; 16 x 16 blocks in registers (the
+ * standard three rounds of shuffles), the edges one by one. */
+static void transpose(float *t, const float *d, int64_t c, int64_t n) {
+    int64_t c16 = c / DC_VL * DC_VL, n16 = n / DC_VL * DC_VL;
+    for (int64_t c0 = 0; c0 < c16; c0 += DC_VL)
+        for (int64_t p0 = 0; p0 < n16; p0 += DC_VL) {
+            __m512 r[16], u[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(d + (c0 + i) * n + p0);
+            for (int i = 0; i < 16; i += 2) {
+                u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+                u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 16; i += 4) {
+                r[i] = _mm512_shuffle_ps(u[i], u[i + 2], 0x44);
+                r[i + 1] = _mm512_shuffle_ps(u[i], u[i + 2], 0xEE);
+                r[i + 2] = _mm512_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+                r[i + 3] = _mm512_shuffle_ps(u[i + 1], u[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                u[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+                u[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+                u[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+                u[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+            }
+            for (int i = 0; i < 8; i++) {
+                r[i] = _mm512_shuffle_f32x4(u[i], u[i + 8], 0x88);
+                r[i + 8] = _mm512_shuffle_f32x4(u[i], u[i + 8], 0xDD);
+            }
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(t + (p0 + i) * c + c0, r[i]);
+        }
+    for (int64_t p = 0; p < n; p++)
+        for (int64_t k = p < n16 ? c16 : 0; k < c; k++) t[p * c + k] = d[k * n + p];
+}
+
 static void dl_prep(void *arg, int64_t lo, int64_t hi) {
     const dl_job *j = arg;
     const ms_k_conv *g = j->g;
@@ -655,24 +689,27 @@ static void dl_prep(void *arg, int64_t lo, int64_t hi) {
         const int64_t ig = j->pad_only ? it : it / 2, ii = ig / g->groups, grp = ig % g->groups;
         const int64_t i = j->i0 + ii;
         if (!j->pad_only && it % 2 == 0) {
-            const float *d = j->dout + ms_k_conv_out_at(g, i, grp);
-            float *t = j->dt + ig * ohw * g->cout_g;
-            for (int64_t p = 0; p < ohw; p++)
-                for (int64_t co = 0; co < g->cout_g; co++) t[p * g->cout_g + co] = d[co * ohw + p];
+            transpose(j->dt + ig * ohw * g->cout_g, j->dout + ms_k_conv_out_at(g, i, grp),
+                      g->cout_g, ohw);
             continue;
         }
         const float *xs = j->x + ms_k_conv_x_at(g, i, grp);
         float *o = j->xp + ig * g->cin_g * plane;
+        /* the padded copy: rows in the padding zeros, each other row its zeros either side of
+         * the input row's columns (the right border: what lies past w) */
+        const int64_t left = g->pw < j->wp ? g->pw : j->wp;
+        const int64_t cols = g->w < j->wp - left ? g->w : j->wp - left;
         for (int64_t c = 0; c < g->cin_g; c++)
             for (int64_t py = 0; py < j->hp; py++) {
                 const int64_t ys = py - g->ph;
                 float *row = o + c * plane + py * j->wp;
-                for (int64_t px = 0; px < j->wp; px++) {
-                    const int64_t xs_ = px - g->pw;
-                    row[px] = ys >= 0 && ys < g->h && xs_ >= 0 && xs_ < g->w
-                                  ? xs[(c * g->h + ys) * g->w + xs_]
-                                  : 0.0f;
+                if (ys < 0 || ys >= g->h || cols <= 0) {
+                    memset(row, 0, sizeof(float) * (size_t)j->wp);
+                    continue;
                 }
+                memset(row, 0, sizeof(float) * (size_t)left);
+                memcpy(row + left, xs + (c * g->h + ys) * g->w, sizeof(float) * (size_t)cols);
+                memset(row + left + cols, 0, sizeof(float) * (size_t)(j->wp - left - cols));
             }
     }
 }
