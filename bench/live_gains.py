@@ -69,10 +69,11 @@ def one_round(a, tmp, r):
                                  .get("suggestions", []) if s.get("state") == "open"],
                         a.timeout, proc)[0]
         request(base, token, f"/api/v1/suggestions/{sugg['id']}/accept", "POST")
-        # the first step logged under the new strategy
-        switched = wait_for(lambda: next((s["step"] for s in steps(log)
-                                          if s["strategy"] != steps(log)[0]["strategy"]), None),
-                            a.timeout, proc)
+        # the first step logged under the new strategy (the log read once per poll)
+        def first_switched():
+            rows = steps(log)
+            return next((s["step"] for s in rows if s["strategy"] != rows[0]["strategy"]), None)
+        switched = wait_for(first_switched, a.timeout, proc)
         wait_for(lambda: len(steps(log)) > switched + a.window + 1, a.timeout, proc)
         request(base, token, "/api/v1/stop", "POST")
         proc.wait(timeout=60)

@@ -201,12 +201,18 @@ static bool fp_ok(const ms_k_conv *g) {
            g->oh * g->ow > 0 && g->h * g->w > 0;
 }
 
-/* The taps of phase r along a dim: ky = (r + pad) mod s, + s, ... below k. */
+/* The taps along a dim that meet phase r of a stride s with padding pad, forward or backward
+ * (both read x at s * o + tap - pad): tap = (r + pad) mod s, + s, ... below k; their count and
+ * the lowest. r + pad - tap is then a multiple of s for each. */
+static int64_t phase_taps(int64_t r, int64_t pad, int64_t s, int64_t k, int64_t *lo) {
+    *lo = (r + pad) % s;
+    return *lo < k ? (k - 1 - *lo) / s + 1 : 0;
+}
+
 static void fp_taps(int64_t r, int64_t pad, int64_t s, int64_t k, int64_t *n, int64_t *lo,
                     int64_t *q0) {
-    *lo = (r + pad) % s;
-    *n = *lo < k ? (k - 1 - *lo) / s + 1 : 0;
-    *q0 = (*lo - pad - r) / s; /* exact: lo - pad - r is a multiple of s */
+    *n = phase_taps(r, pad, s, k, lo);
+    *q0 = (*lo - pad - r) / s; /* the phase row the lowest tap reads, less the output row */
 }
 
 /* The phases with taps, and their packed weights in wk (each tap once):
@@ -367,10 +373,10 @@ static bool ph_ok(const ms_k_conv *g) {
 /* The taps of one phase along a dim: count, the highest tap, the shift it reads. */
 static void ph_taps(int64_t p, int64_t pad, int64_t s, int64_t k, int64_t *n, int64_t *hi,
                     int64_t *d0) {
-    const int64_t r = (p + pad) % s;
-    *n = r < k ? (k - 1 - r) / s + 1 : 0;
-    *hi = r + (*n - 1) * s;
-    *d0 = (p + pad - *hi) / s; /* exact: p + pad - hi is a multiple of s */
+    int64_t lo;
+    *n = phase_taps(p, pad, s, k, &lo);
+    *hi = lo + (*n - 1) * s;
+    *d0 = (p + pad - *hi) / s;
 }
 
 /* The phases that have taps, and their packed weights in wk:
