@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/core/device.h"
+#include "engine/core/parallel.h"
 #include "engine/core/philox.h"
 #include "engine/dist/dtensor.h"
 #include "engine/graph/eager.h"
@@ -274,6 +275,7 @@ static const conv_spec specs[] = {
     {"conv2d direct dw lanes 5x5 groups 2 (3 tap chunks)", 2, 2, 8, 32, 2, {5, 16}, {5, 5}, {1, 1}, {2, 2}, {1, 1}, false},
     {"conv2d direct dw lanes from 3 channels, 1 image a chunk", 2, 3, 3, 16, 1, {32, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
     {"conv1d direct dw lanes k3 pad 2", 1, 2, 8, 16, 1, {32}, {3}, {1}, {2}, {1}, true},
+    {"conv2d direct dw lanes, 3 chunks in 3 slots", 2, 5, 4, 32, 1, {16, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, false},
     {"conv2d dw lanes 3x3 stride 2 pad 1", 2, 2, 8, 32, 1, {9, 20}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
     {"conv2d dw lanes 1x2 stride 2, groups 2", 2, 2, 8, 32, 2, {6, 7}, {1, 2}, {2, 2}, {0, 0}, {1, 1}, false},
     {"conv2d dw lanes 5x3 stride 3x2 pad 2x1", 2, 3, 4, 16, 1, {11, 9}, {5, 3}, {3, 2}, {2, 1}, {1, 1}, true},
@@ -304,6 +306,55 @@ static const conv_spec specs[] = {
 static void against_float64_loops(void **state) {
     (void)state;
     for (size_t k = 0; k < sizeof specs / sizeof *specs; k++) check_spec(&specs[k]);
+}
+
+/* The output and every gradient bit for bit the same at 1 and 3 threads: the kernels split
+ * their sums by the shape, never by the thread count (conv_direct.h). */
+static void same_bits_at_any_thread_count(void **state) {
+    (void)state;
+    static const conv_spec cases[] = {
+        {"dw slots, fwd and dx stride 1", 2, 5, 4, 32, 1, {32, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+        {"stride 2 by phases", 2, 6, 8, 32, 1, {32, 32}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
+        {"stride 2 in the lanes", 2, 3, 32, 32, 1, {9, 11}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
+    };
+    const int saved_threads = ms_parallel_threads();
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const conv_spec *s = &cases[k];
+        ms_shape in[3], out;
+        int n_in = shapes_of(s, in);
+        ms_op_attrs a = attrs_of(s);
+        ms_error err = {0};
+        assert_int_equal(ms_op_get(op_of(s))->infer(&a, n_in, in, &out, &err), MS_OK);
+        float *x[3], *dy = malloc(sizeof(float) * (size_t)numel(&out)), *y[2], *din[2][3];
+        fill(dy, numel(&out), 7);
+        for (int i = 0; i < n_in; i++) {
+            x[i] = malloc(sizeof(float) * (size_t)numel(&in[i]));
+            fill(x[i], numel(&in[i]), (uint64_t)i);
+        }
+        for (int t = 0; t < 2; t++) {
+            ms_parallel_set_threads(t == 0 ? 1 : 3);
+            y[t] = malloc(sizeof(float) * (size_t)numel(&out));
+            conv_call cc = {.op = op_of(s), .n_in = n_in, .a = a, .dy = dy, .y = y[t]};
+            for (int i = 0; i < n_in; i++) {
+                din[t][i] = malloc(sizeof(float) * (size_t)numel(&in[i]));
+                cc.gin[i] = cc.lin[i] = in[i], cc.x[i] = x[i], cc.din[i] = din[t][i];
+            }
+            conv_run(&cc);
+        }
+        if (memcmp(y[0], y[1], sizeof(float) * (size_t)numel(&out)) != 0)
+            fail_msg("%s: the forward differs between 1 and 3 threads", s->name);
+        for (int i = 0; i < n_in; i++)
+            if (memcmp(din[0][i], din[1][i], sizeof(float) * (size_t)numel(&in[i])) != 0)
+                fail_msg("%s: the gradient of input %d differs between 1 and 3 threads", s->name,
+                         i);
+        for (int t = 0; t < 2; t++) {
+            free(y[t]);
+            for (int i = 0; i < n_in; i++) free(din[t][i]);
+        }
+        for (int i = 0; i < n_in; i++) free(x[i]);
+        free(dy);
+    }
+    ms_parallel_set_threads(saved_threads);
 }
 
 /* --- a rank's output channels, its groups read from all of x ----------------------------- */
@@ -651,6 +702,6 @@ static void cost_and_scratch(void **state) {
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(against_float64_loops), cmocka_unit_test(output_channel_shards),
     cmocka_unit_test(conv2d_bias_on_mesh2),  cmocka_unit_test(infer_rejects_bad_attributes),
-    cmocka_unit_test(cost_and_scratch),
+    cmocka_unit_test(cost_and_scratch),      cmocka_unit_test(same_bits_at_any_thread_count),
 };
 MT_MAIN("ops conv", tests)

@@ -46,6 +46,7 @@ static bool dc_dx_ok(const ms_k_conv *g) {
 static bool dl_ok(const ms_k_conv *g);
 static int64_t dl_chunk(const ms_k_conv *g);
 static int64_t dl_image_floats(const ms_k_conv *g);
+static int64_t dl_scratch_floats(const ms_k_conv *g);
 static bool fl_ok(const ms_k_conv *g);
 static int64_t fl_wk_floats(const ms_k_conv *g);
 static int64_t fl_image_floats(const ms_k_conv *g);
@@ -62,7 +63,7 @@ bool ms_k_conv_direct_dx_ok(const ms_k_conv *g) {
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
     const int64_t wk =
         ms_k_conv_direct_ok(g) ? g->groups * g->cout_g * g->cin_g * g->kh * g->kw : 0;
-    const int64_t dl = dl_ok(g) ? dl_chunk(g) * dl_image_floats(g) : 0;
+    const int64_t dl = dl_ok(g) ? dl_scratch_floats(g) : 0;
     const int64_t fl = fl_ok(g) ? fl_wk_floats(g) + dl_chunk(g) * fl_image_floats(g) : 0;
     const int64_t xl = xl_ok(g) ? xl_scratch_floats(g) : 0;
     /* the phases' packed weights (input gradient, forward): every tap once */
@@ -635,6 +636,28 @@ static int64_t dl_chunk(const ms_k_conv *g) {
     return ohw >= DL_POS ? 1 : DL_POS / ohw;
 }
 
+/* Slots: the chunks are split into this many contiguous runs, each run's sum kept apart and the
+ * runs added in order at the end. One parallel region per conv instead of two per chunk (each
+ * wakes the workers: tens of microseconds on a VM, against a chunk's ~0.2 ms of work), and a
+ * function of the shape alone, so the sums do not depend on the thread count. */
+#define DL_SLOTS      8
+#define DL_SLOT_BYTES (48 << 20) /* the most scratch the slots may take together */
+
+static int64_t dl_slots(const ms_k_conv *g) {
+    const int64_t chunk = dl_chunk(g), chunks = (g->n + chunk - 1) / chunk;
+    const int64_t per = chunk * dl_image_floats(g) + g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    int64_t s = chunks < DL_SLOTS ? chunks : DL_SLOTS;
+    while (s > 1 && s * per * (int64_t)sizeof(float) > DL_SLOT_BYTES) s--;
+    return s > 0 ? s : 1;
+}
+
+static int64_t dl_scratch_floats(const ms_k_conv *g) {
+    const int64_t chunk_floats = dl_chunk(g) * dl_image_floats(g);
+    const int64_t s = dl_slots(g);
+    return s > 1 ? s * (chunk_floats + g->groups * g->cout_g * g->cin_g * g->kh * g->kw)
+                 : chunk_floats;
+}
+
 /* Floats of one image's dt and xp (all groups). */
 static int64_t dl_image_floats(const ms_k_conv *g) {
     const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
@@ -807,17 +830,67 @@ static void dl_range(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
+/* Slot-run items [lo, hi): each slot's chunks, prep and tiles in turn, into the slot's own
+ * scratch and partial sum. */
+typedef struct dl_slots_job {
+    const dl_job *base;
+    float *wk; /* [slots][chunk scratch + dw] */
+    int64_t slots, chunks, chunk, slot_floats, dw_floats, tiles;
+} dl_slots_job;
+
+static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
+    const dl_slots_job *sj = arg;
+    const ms_k_conv *g = sj->base->g;
+    for (int64_t s = lo; s < hi; s++) {
+        dl_job j = *sj->base;
+        float *own = sj->wk + s * sj->slot_floats;
+        j.dt = own, j.xp = own + sj->chunk * g->groups * g->oh * g->ow * g->cout_g;
+        j.dw = own + sj->slot_floats - sj->dw_floats;
+        memset(j.dw, 0, sizeof(float) * (size_t)sj->dw_floats);
+        const int64_t c0 = s * sj->chunks / sj->slots, c1 = (s + 1) * sj->chunks / sj->slots;
+        for (int64_t c = c0; c < c1; c++) {
+            j.i0 = c * sj->chunk;
+            j.i1 = j.i0 + sj->chunk < g->n ? j.i0 + sj->chunk : g->n;
+            dl_prep(&j, 0, 2 * (j.i1 - j.i0) * g->groups);
+            dl_range(&j, 0, sj->tiles);
+        }
+    }
+}
+
+/* dw[e] += the slots' partial sums of e, in slot order. */
+static void dl_slot_sum(void *arg, int64_t lo, int64_t hi) {
+    const dl_slots_job *sj = arg;
+    float *dw = sj->base->dw;
+    for (int64_t s = 0; s < sj->slots; s++) {
+        const float *part = sj->wk + (s + 1) * sj->slot_floats - sj->dw_floats;
+        for (int64_t e = lo; e < hi; e++) dw[e] += part[e];
+    }
+}
+
 static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, const float *x) {
     const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw;
     dl_job j = {.g = g, .dw = dw, .dout = dout, .x = x};
     j.hp = (g->oh - 1) * g->sh + g->kh, j.wp = (g->ow - 1) * g->sw + g->kw,
     j.tcs = (taps + DL_T - 1) / DL_T;
     j.dt = wk, j.xp = wk + chunk * g->groups * g->oh * g->ow * g->cout_g;
-    /* Two vectors of channels where that leaves a few tiles per thread. */
+    const int64_t slots = dl_slots(g);
+    /* Two vectors of channels where that leaves a few tiles per thread (per slot: a slot's
+     * tiles run on one thread). */
     const int64_t per2 = g->groups * (g->cout_g / (2 * DL_VC)) * g->cin_g * j.tcs;
-    j.nv = g->cout_g % (2 * DL_VC) == 0 && per2 >= 4 * ms_parallel_threads() ? 2 : 1;
+    j.nv = g->cout_g % (2 * DL_VC) == 0 && (slots > 1 || per2 >= 4 * ms_parallel_threads()) ? 2
+                                                                                            : 1;
     j.cbs = g->cout_g / (j.nv * DL_VC);
     const int64_t tiles = g->groups * j.cbs * g->cin_g * j.tcs;
+    if (slots > 1) {
+        const int64_t dw_floats = g->groups * g->cout_g * g->cin_g * taps;
+        dl_slots_job sj = {.base = &j, .wk = wk, .slots = slots, .chunk = chunk,
+                           .chunks = (g->n + chunk - 1) / chunk, .dw_floats = dw_floats,
+                           .tiles = tiles};
+        sj.slot_floats = chunk * dl_image_floats(g) + dw_floats;
+        ms_parallel_for(slots, 1, dl_slot_range, &sj);
+        ms_parallel_for(dw_floats, 1024, dl_slot_sum, &sj);
+        return;
+    }
     for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
         j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
         ms_parallel_for(2 * (j.i1 - j.i0) * g->groups, 1, dl_prep, &j);
