@@ -52,9 +52,9 @@ static void one(int64_t cin, int64_t cout, int64_t side, int64_t k, int64_t s) {
     double best[3] = {1e9, 1e9, 1e9};
     for (int r = 0; r < REPS; r++) {
         double t0 = now();
-        ms_k_conv_backward(&g, NULL, dw, NULL, col, dy, x, w);
+        ms_k_conv_backward(&g, NULL, dw, NULL, col, dy, x, w, false);
         double t1 = now();
-        ms_k_conv_backward(&g, dx, NULL, NULL, col, dy, x, w);
+        ms_k_conv_backward(&g, dx, NULL, NULL, col, dy, x, w, true);
         double t2 = now();
         ms_k_conv_forward(&g, y, col, x, w, NULL);
         double t3 = now();

@@ -1699,7 +1699,7 @@ static bool conv_check(const char *name, const ms_k_conv &g) {
     fvec dxc = dx0, dwc = dw0, dbc = db0, dxp = dx0, dwp = dw0, dbp = db0;
     cu_conv_backward(g, dxc.data(), dwc.data(), dbc.data(), dy.data(), x.data(), w.data());
     ms_k_conv_backward(&g, dxp.data(), dwp.data(), dbp.data(), scratch.data(), dy.data(), x.data(),
-                       w.data());
+                       w.data(), false);
     const double sums = (double)(g.n * ohw); /* dw's and dbias's terms */
     snprintf(what, sizeof what, "%s dx vs CPU", name);
     ok &= close(what, dxc, dxp, 1e-5 + 1e-7 * dx_terms, 1e-5);

@@ -883,7 +883,7 @@ static bool conv_gpu_case(const char *name, const ms_k_conv &g, bool bias) {
         fvec dx = fresh ? fvec(x.size()) : dx0, dw = fresh ? fvec(w.size()) : dw0;
         fvec db = fresh ? fvec(cout) : db0;
         ms_k_conv_backward(&g, dx.data(), dw.data(), bias ? db.data() : NULL, col.data(), dy.data(),
-                           x.data(), w.data());
+                           x.data(), w.data(), false);
         const fvec nan_x(x.size(), NAN), nan_w(w.size(), NAN), nan_b(cout, NAN);
         float *dx_d = dev(fresh ? nan_x : dx0), *dw_d = dev(fresh ? nan_w : dw0);
         float *db_d = dev(fresh ? nan_b : db0);

@@ -313,7 +313,18 @@ static void against_float64_loops(void **state) {
 static void same_bits_at_any_thread_count(void **state) {
     (void)state;
     static const conv_spec cases[] = {
-        {"dw slots, fwd and dx stride 1", 2, 5, 4, 32, 1, {32, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+        {"dw slots, fwd and dx stride 1",
+         2,
+         5,
+         4,
+         32,
+         1,
+         {32, 64},
+         {3, 3},
+         {1, 1},
+         {1, 1},
+         {1, 1},
+         true},
         {"stride 2 by phases", 2, 6, 8, 32, 1, {32, 32}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
         {"stride 2 in the lanes", 2, 3, 32, 32, 1, {9, 11}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
     };

@@ -601,10 +601,9 @@ static ms_status h_conv_backward(ms_kctx *kc, const ms_k_conv *g, float *dx, flo
                                  float *dbias, float *col, const float *dout, const float *x,
                                  const float *w, unsigned fresh, ms_error *err) {
     const int64_t cout = g->groups * g->cout_g;
-    if (fresh & 1u) zero_floats(H(dx), g->n * g->c_x * g->h * g->w);
     if (fresh & 2u) zero_floats(H(dw), cout * g->cin_g * g->kh * g->kw);
     if (fresh & 4u) zero_floats(H(dbias), cout);
-    ms_k_conv_backward(g, H(dx), H(dw), H(dbias), H(col), H(dout), H(x), H(w));
+    ms_k_conv_backward(g, H(dx), H(dw), H(dbias), H(col), H(dout), H(x), H(w), (fresh & 1u) != 0);
     return OK;
 }
 /* clang-format off */

@@ -5,9 +5,11 @@
 #include "engine/kernels/conv.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #include "engine/kernels/blas.h"
 #include "engine/kernels/conv_direct.h"
+#include "engine/core/parallel.h"
 
 /* The direct kernels need the packed weight; the GEMMs (any pass the direct kernels do not
  * take) one group of one image's columns. */
@@ -76,21 +78,47 @@ static const float *columns(const ms_k_conv *g, float *col, const float *x, int6
     return col;
 }
 
+typedef struct fill_job {
+    const ms_k_conv *g;
+    float *out;
+    const float *bias;
+} fill_job;
+
+/* Planes [lo, hi) of out (image-major), each its channel's bias. */
+static void fill_range(void *arg, int64_t lo, int64_t hi) {
+    const fill_job *j = arg;
+    const int64_t ohw = j->g->oh * j->g->ow, cout = j->g->groups * j->g->cout_g;
+    for (int64_t p = lo; p < hi; p++) {
+        float *o = j->out + p * ohw;
+        const float b = j->bias ? j->bias[p % cout] : 0.0f;
+        for (int64_t s = 0; s < ohw; s++) o[s] = b;
+    }
+}
+
+void ms_k_conv_fill(const ms_k_conv *g, float *out, const float *bias) {
+    fill_job j = {.g = g, .out = out, .bias = bias};
+    const int64_t ohw = g->oh * g->ow, grain = ohw >= 4096 ? 1 : 4096 / (ohw > 0 ? ohw : 1);
+    ms_parallel_for(g->n * g->groups * g->cout_g, grain, fill_range, &j);
+}
+
+static void zero_range(void *arg, int64_t lo, int64_t hi) {
+    memset((float *)arg + lo, 0, sizeof(float) * (size_t)(hi - lo));
+}
+
+void ms_k_conv_zero(float *x, int64_t n) {
+    if (x && n > 0) ms_parallel_for(n, 1 << 15, zero_range, x);
+}
+
 void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *x, const float *w,
                        const float *bias) {
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
-    /* The bias first and beta 1: the GEMM adds its sum to it, one rounding as gemm + bias. */
-    for (int64_t i = 0; i < g->n; i++)
-        for (int64_t c = 0; c < g->groups * g->cout_g; c++) {
-            float *o = out + (i * g->groups * g->cout_g + c) * ohw;
-            const float b = bias ? bias[c] : 0.0f;
-            for (int64_t s = 0; s < ohw; s++) o[s] = b;
-        }
-    if (k == 0) return; /* no input channel on this rank: the bias alone */
-    if (ms_k_conv_direct_forward_ok(g)) {
-        ms_k_conv_direct_forward(g, out, col, x, w);
+    if (k > 0 && ms_k_conv_direct_forward_ok(g)) { /* writes the bias with the sums */
+        ms_k_conv_direct_forward(g, out, col, x, w, bias);
         return;
     }
+    /* The bias first and beta 1: the GEMM adds its sum to it, one rounding as gemm + bias. */
+    ms_k_conv_fill(g, out, bias);
+    if (k == 0) return; /* no input channel on this rank: the bias alone */
     for (int64_t i = 0; i < g->n; i++)
         for (int64_t grp = 0; grp < g->groups; grp++)
             ms_blas_sgemm(false, false, g->cout_g, ohw, k, 1.0f, w + w_at(g, grp), k,
@@ -131,8 +159,10 @@ static void conv_dx(const ms_k_conv *g, float *dx, float *col, const float *dy, 
 }
 
 void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
-                        const float *dout, const float *x, const float *w) {
+                        const float *dout, const float *x, const float *w, bool dx_fresh) {
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
+    const bool direct_dx = dx && k > 0 && g->cout_g > 0 && ms_k_conv_direct_dx_ok(g);
+    if (dx && dx_fresh && !direct_dx) ms_k_conv_zero(dx, g->n * g->c_x * g->h * g->w);
     if (dbias) conv_dbias(g, dbias, dout);
     if (k == 0 || g->cout_g == 0) return;
     if (dw && ms_k_conv_direct_dw_ok(g))
@@ -142,8 +172,8 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
             for (int64_t grp = 0; grp < g->groups; grp++)
                 ms_blas_sgemm(false, true, g->cout_g, k, ohw, 1.0f, dout + out_at(g, i, grp), ohw,
                               columns(g, col, x, i, grp), ohw, 1.0f, dw + w_at(g, grp), k);
-    if (dx && ms_k_conv_direct_dx_ok(g))
-        ms_k_conv_direct_dx(g, dx, col, dout, w);
+    if (direct_dx)
+        ms_k_conv_direct_dx(g, dx, col, dout, w, dx_fresh);
     else if (dx)
         for (int64_t i = 0; i < g->n; i++)
             for (int64_t grp = 0; grp < g->groups; grp++)

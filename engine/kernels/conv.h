@@ -83,10 +83,15 @@ void ms_k_col2im(float *dx, const float *col, int64_t ch, const ms_k_conv *g);
 void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *x, const float *w,
                        const float *bias);
 /* dx += the input gradient (only the channels the call reads), dw += the weight gradient,
- * dbias += dout summed over images and positions; any of the three may be NULL.
+ * dbias += dout summed over images and positions; any of the three may be NULL. dx_fresh: dx
+ * holds nothing yet and is written whole (zeros where the call reads no channel).
  * Shapes as the forward's; dout: [n, groups * cout_g, oh, ow]. */
 void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, float *col,
-                        const float *dout, const float *x, const float *w);
+                        const float *dout, const float *x, const float *w, bool dx_fresh);
+/* out[i][c][..] = bias[c] (NULL: 0) for every image, on the rank's threads. */
+void ms_k_conv_fill(const ms_k_conv *g, float *out, const float *bias);
+/* x[0, n) = 0 on the rank's threads. */
+void ms_k_conv_zero(float *x, int64_t n);
 /* The GEMMs (2 per multiply-add) plus the bias adds; bytes read and written once each (the
  * column buffer's traffic is the kernel's, not counted). The backward counts dx, dw and, with
  * a bias, dbias. */

@@ -81,10 +81,14 @@ typedef struct dc_block {
     const float *src, *wk;
     float *out;
     int64_t c, h, w, oh, ow, kh, kw, ph, pw;
+    /* set: out written whole, as bias[r] (or 0, bias NULL) plus the sum; else out += the sum */
+    bool set;
+    const float *bias;
 } dc_block;
 
 /* Output vectors v0 .. v0 + np - 1 (np 1 or 2) of the block's 8 planes, summed over channels
- * and taps in registers, then added to out. */
+ * and taps in registers, then added to out (or, with set, to the bias and stored: no pass to
+ * fill out first and no read of it). */
 static inline __attribute__((always_inline)) void dc_tile(const dc_block *d, int64_t v0, int np) {
     const int64_t taps = d->kh * d->kw, vrow = d->ow / DC_VL, hw = d->h * d->w;
     const int64_t ohw = d->oh * d->ow;
@@ -114,10 +118,14 @@ static inline __attribute__((always_inline)) void dc_tile(const dc_block *d, int
             }
         }
     }
+    __m512 base[DC_R];
+    for (int r = 0; r < DC_R; r++)
+        base[r] = d->bias ? _mm512_set1_ps(d->bias[r]) : _mm512_setzero_ps();
     for (int p = 0; p < np; p++)
         for (int r = 0; r < DC_R; r++) {
             float *o = d->out + r * ohw + (v0 + p) * DC_VL;
-            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[p][r]));
+            if (!d->set) base[r] = _mm512_loadu_ps(o);
+            _mm512_storeu_ps(o, _mm512_add_ps(base[r], acc[p][r]));
         }
 }
 
@@ -131,7 +139,7 @@ static void dc_block_run(const dc_block *d) {
 /* A whole call: per image and group, src (src_c channels) into out (out_c channels, blocks of
  * 8), with the strides between images and groups of each. */
 typedef struct dc_job {
-    dc_block proto; /* sizes; src, out and wk are the call's bases */
+    dc_block proto; /* sizes and set; src, out, wk and bias are the call's bases */
     int64_t groups, out_c, src_img, src_grp, out_img, out_grp;
 } dc_job;
 
@@ -146,6 +154,7 @@ static void dc_range(void *arg, int64_t lo, int64_t hi) {
                 d.src = p->src + i * j->src_img + grp * j->src_grp;
                 d.out = p->out + i * j->out_img + grp * j->out_grp + ob * DC_R * ohw;
                 d.wk = p->wk + (grp * j->out_c + ob * DC_R) * k;
+                d.bias = p->bias ? p->bias + grp * j->out_c + ob * DC_R : NULL;
                 dc_block_run(&d);
             }
 }
@@ -314,8 +323,9 @@ static void fp_run(const ms_k_conv *g, float *out, float *wk, const float *x, co
 static void fl_run(const ms_k_conv *g, float *out, float *wk, const float *x, const float *w);
 
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
-                              const float *w) {
+                              const float *w, const float *bias) {
     if (!ms_k_conv_direct_ok(g)) {
+        ms_k_conv_fill(g, out, bias);
         if (fp_ok(g))
             fp_run(g, out, wk, x, w);
         else
@@ -329,6 +339,8 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
     dc_job j = {.proto = {.src = x + g->c0 * hw,
                           .wk = wk,
                           .out = out,
+                          .set = true,
+                          .bias = bias,
                           .c = g->cin_g,
                           .h = g->h,
                           .w = g->w,
@@ -491,7 +503,10 @@ static void ph_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, 
 static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, const float *w);
 
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
-                         const float *w) {
+                         const float *w, bool fresh) {
+    /* Written whole only where the groups cover every channel of dx */
+    const bool set = fresh && dc_dx_ok(g) && g->c0 == 0 && g->groups * g->cin_g == g->c_x;
+    if (fresh && !set) ms_k_conv_zero(dx, g->n * g->c_x * g->h * g->w);
     if (!dc_dx_ok(g)) {
         if (ph_ok(g))
             ph_run(g, dx, wk, dout, w);
@@ -514,6 +529,7 @@ void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *
     dc_job j = {.proto = {.src = dout,
                           .wk = wk,
                           .out = dx + g->c0 * hw,
+                          .set = set,
                           .c = g->cout_g,
                           .h = g->oh,
                           .w = g->ow,
@@ -645,7 +661,8 @@ static int64_t dl_chunk(const ms_k_conv *g) {
 
 static int64_t dl_slots(const ms_k_conv *g) {
     const int64_t chunk = dl_chunk(g), chunks = (g->n + chunk - 1) / chunk;
-    const int64_t per = chunk * dl_image_floats(g) + g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    const int64_t per =
+        chunk * dl_image_floats(g) + g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
     int64_t s = chunks < DL_SLOTS ? chunks : DL_SLOTS;
     while (s > 1 && s * per * (int64_t)sizeof(float) > DL_SLOT_BYTES) s--;
     return s > 0 ? s : 1;
@@ -877,14 +894,17 @@ static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, 
     /* Two vectors of channels where that leaves a few tiles per thread (per slot: a slot's
      * tiles run on one thread). */
     const int64_t per2 = g->groups * (g->cout_g / (2 * DL_VC)) * g->cin_g * j.tcs;
-    j.nv = g->cout_g % (2 * DL_VC) == 0 && (slots > 1 || per2 >= 4 * ms_parallel_threads()) ? 2
-                                                                                            : 1;
+    j.nv = g->cout_g % (2 * DL_VC) == 0 && (slots > 1 || per2 >= 4 * ms_parallel_threads()) ? 2 : 1;
     j.cbs = g->cout_g / (j.nv * DL_VC);
     const int64_t tiles = g->groups * j.cbs * g->cin_g * j.tcs;
     if (slots > 1) {
         const int64_t dw_floats = g->groups * g->cout_g * g->cin_g * taps;
-        dl_slots_job sj = {.base = &j, .wk = wk, .slots = slots, .chunk = chunk,
-                           .chunks = (g->n + chunk - 1) / chunk, .dw_floats = dw_floats,
+        dl_slots_job sj = {.base = &j,
+                           .wk = wk,
+                           .slots = slots,
+                           .chunk = chunk,
+                           .chunks = (g->n + chunk - 1) / chunk,
+                           .dw_floats = dw_floats,
                            .tiles = tiles};
         sj.slot_floats = chunk * dl_image_floats(g) + dw_floats;
         ms_parallel_for(slots, 1, dl_slot_range, &sj);
@@ -1197,12 +1217,12 @@ int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g) {
     return 0;
 }
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
-                              const float *w) {
-    (void)g, (void)out, (void)wk, (void)x, (void)w;
+                              const float *w, const float *bias) {
+    (void)g, (void)out, (void)wk, (void)x, (void)w, (void)bias;
 }
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
-                         const float *w) {
-    (void)g, (void)dx, (void)wk, (void)dout, (void)w;
+                         const float *w, bool fresh) {
+    (void)g, (void)dx, (void)wk, (void)dout, (void)w, (void)fresh;
 }
 void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
                          const float *x) {

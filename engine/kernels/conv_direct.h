@@ -72,12 +72,12 @@ bool ms_k_conv_direct_dw_ok(const ms_k_conv *g);
  * padded x where it puts the channels in the lanes, the larger; 0 where neither runs. */
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g);
 
-/* out += the convolution of x by w (out already holds the bias). wk: the scratch. */
+/* out = bias (NULL: zeros) + the convolution of x by w, written whole. wk: the scratch. */
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
-                              const float *w);
-/* dx += the input gradient. wk: the scratch. */
+                              const float *w, const float *bias);
+/* dx += the input gradient; fresh: dx = it, whatever dx held. wk: the scratch. */
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
-                         const float *w);
+                         const float *w, bool fresh);
 /* dw += the weight gradient. wk: the scratch. */
 void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
                          const float *x);
