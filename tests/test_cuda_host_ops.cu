@@ -67,7 +67,7 @@ static void test_unary(void **state) {
         fvec d1 = frand(n, -1, 1), d2 = d1;
         for (int64_t i = 0; i < n; i++)
             ms_cu_unary_bwd(op, d1.data(), x.data(), want.data(), g.data(), p0, p1, i);
-        ms_k_unary_backward(op, d2.data(), x.data(), want.data(), g.data(), n, p0, p1);
+        ms_k_unary_backward(op, d2.data(), x.data(), want.data(), g.data(), n, p0, p1, false);
         snprintf(what, sizeof what, "unary %d backward (1e-6 rel)", k);
         ok &= close(what, d1, d2, 1e-7, 1e-6);
         /* the backward against finite differences of the forward, on 512 elements */

@@ -149,8 +149,8 @@ static ms_status h_unary_forward(ms_kctx *kc, ms_k_unary op, float *out, const f
 }
 static ms_status h_unary_backward(ms_kctx *kc, ms_k_unary op, float *dinp, const float *inp,
                                   const float *out, const float *dout, int64_t n, float p0,
-                                  float p1, ms_error *err) {
-    ms_k_unary_backward(op, H(dinp), H(inp), H(out), H(dout), n, p0, p1);
+                                  float p1, bool fresh, ms_error *err) {
+    ms_k_unary_backward(op, H(dinp), H(inp), H(out), H(dout), n, p0, p1, fresh);
     return OK;
 }
 static ms_status h_binary_forward(ms_kctx *kc, ms_k_binary op, float *out, const float *a,

@@ -210,7 +210,7 @@ struct ms_kernels {
     MS_KSLOT(unary_forward, ms_k_unary op, float *out, const float *inp, int64_t n, float p0,
              float p1);
     MS_KSLOT(unary_backward, ms_k_unary op, float *dinp, const float *inp, const float *out,
-             const float *dout, int64_t n, float p0, float p1);
+             const float *dout, int64_t n, float p0, float p1, bool fresh);
     MS_KSLOT(binary_forward, ms_k_binary op, float *out, const float *a, const float *b,
              const ms_k_bcast *bc);
     MS_KSLOT(binary_backward, ms_k_binary op, float *da, float *db, const float *dout,

@@ -62,6 +62,7 @@ typedef struct unary_job {
     float *out, *dinp;
     const float *inp, *y, *dout;
     float p0, p1;
+    bool fresh; /* backward: dinp written, not added to */
 } unary_job;
 
 #define FWD(EXPR)                                                                                  \
@@ -124,13 +125,20 @@ void ms_k_unary_forward(ms_k_unary op, float *out, const float *inp, int64_t n, 
     ms_parallel_for(n, GRAIN, unary_fwd_range, &j);
 }
 
-/* d is f'(x), from x = inp[i] and y = out[i]. */
+/* d is f'(x), from x = inp[i] and y = out[i]; a fresh dinp is written without being read. */
 #define BWD(D)                                                                                     \
-    for (int64_t i = lo; i < hi; i++) {                                                            \
-        const float x = inp[i], y = out[i];                                                        \
-        (void)x, (void)y;                                                                          \
-        dinp[i] += (D)*dout[i];                                                                    \
-    }                                                                                              \
+    if (fresh)                                                                                     \
+        for (int64_t i = lo; i < hi; i++) {                                                        \
+            const float x = inp[i], y = out[i];                                                    \
+            (void)x, (void)y;                                                                      \
+            dinp[i] = (D)*dout[i];                                                                 \
+        }                                                                                          \
+    else                                                                                           \
+        for (int64_t i = lo; i < hi; i++) {                                                        \
+            const float x = inp[i], y = out[i];                                                    \
+            (void)x, (void)y;                                                                      \
+            dinp[i] += (D)*dout[i];                                                                \
+        }                                                                                          \
     break
 
 static void unary_bwd_range(void *arg, int64_t lo, int64_t hi) {
@@ -139,6 +147,7 @@ static void unary_bwd_range(void *arg, int64_t lo, int64_t hi) {
     const float *inp = j->inp, *out = j->y, *dout = j->dout;
     const float p0 = j->p0, p1 = j->p1;
     const ms_k_unary op = j->op;
+    const bool fresh = j->fresh;
     // clang-format off
     switch (op) {
         case MS_K_UN_NEG: BWD(-1.0f);
@@ -182,8 +191,15 @@ static void unary_bwd_range(void *arg, int64_t lo, int64_t hi) {
 #undef BWD
 
 void ms_k_unary_backward(ms_k_unary op, float *dinp, const float *inp, const float *out,
-                         const float *dout, int64_t n, float p0, float p1) {
-    unary_job j = {.op = op, .dinp = dinp, .inp = inp, .y = out, .dout = dout, .p0 = p0, .p1 = p1};
+                         const float *dout, int64_t n, float p0, float p1, bool fresh) {
+    unary_job j = {.op = op,
+                   .dinp = dinp,
+                   .inp = inp,
+                   .y = out,
+                   .dout = dout,
+                   .p0 = p0,
+                   .p1 = p1,
+                   .fresh = fresh};
     ms_parallel_for(n, GRAIN, unary_bwd_range, &j);
 }
 
@@ -383,12 +399,32 @@ void ms_k_binary_forward(ms_k_binary op, float *out, const float *a, const float
     ms_parallel_for(bc->numel, GRAIN, binary_fwd_range, &j);
 }
 
+typedef struct bin_bwd_job {
+    ms_k_binary op;
+    float *da, *db;
+    const float *dout, *a, *b;
+} bin_bwd_job;
+
+/* Elements [lo, hi) of inputs of the output's own shape: no two ranges share a gradient. */
+static void binary_bwd_range(void *arg, int64_t lo, int64_t hi) {
+    const bin_bwd_job *j = arg;
+    bin_row row = {j->a + lo, j->b + lo, 1, 1, hi - lo};
+    binary_row_backward(j->op, j->da ? j->da + lo : NULL, j->db ? j->db + lo : NULL, j->dout + lo,
+                        &row);
+}
+
 void ms_k_binary_backward(ms_k_binary op, float *da, float *db, const float *dout, const float *a,
                           const float *b, const ms_k_bcast *bc) {
     const int64_t n = row_len(bc);
     if (bc->numel == 0) return;
     const int last = bc->ndim - 1;
     const int64_t sa = bc->stride[0][last], sb = bc->stride[1][last];
+    if (bc->ndim == 1 && sa == 1 && sb == 1) { /* no broadcast: on the rank's threads */
+        bin_bwd_job j = {op, da, db, dout, a, b};
+        ms_parallel_for(bc->numel, GRAIN, binary_bwd_range, &j);
+        return;
+    }
+    /* A broadcast input's gradient sums over rows: one thread, rows in order. */
     for (int64_t r = 0; r < bc->numel / n; r++) {
         int64_t off[MS_K_BCAST_MAX_IN] = {0};
         row_offsets(bc, r, off);

@@ -60,10 +60,10 @@ typedef enum ms_k_unary {
 
 /* out = f(inp). out, inp: [N]; out may alias inp. */
 void ms_k_unary_forward(ms_k_unary op, float *out, const float *inp, int64_t n, float p0, float p1);
-/* dinp += f'(inp) * dout; out is the forward's result (some derivatives read it).
- * dinp, inp, out, dout: [N] */
+/* dinp += f'(inp) * dout (fresh: dinp = it, dinp not read); out is the forward's result (some
+ * derivatives read it). dinp, inp, out, dout: [N] */
 void ms_k_unary_backward(ms_k_unary op, float *dinp, const float *inp, const float *out,
-                         const float *dout, int64_t n, float p0, float p1);
+                         const float *dout, int64_t n, float p0, float p1, bool fresh);
 ms_k_cost ms_k_unary_cost(ms_k_unary op, int64_t n, bool backward);
 
 /* ---- broadcasting layout -----------------------------------------------------------------

@@ -43,6 +43,13 @@
     MS_OP_FAMILY_FNS(fam, K, op)                                                                   \
     const ms_op_def ms_op_##op##_def = {MS_OP_FAMILY_FIELDS(fam, KIND, op, NIN, GRAD)};
 
+/* MS_OP_FAMILY_ROW of a family whose backward can write input gradients whole (FRESH: the
+ * ms_op_def.fresh_ok bits). */
+#define MS_OP_FAMILY_ROW_FRESH(fam, K, KIND, op, NIN, GRAD, FRESH)                                 \
+    MS_OP_FAMILY_FNS(fam, K, op)                                                                   \
+    const ms_op_def ms_op_##op##_def = {MS_OP_FAMILY_FIELDS(fam, KIND, op, NIN, GRAD),             \
+                                        .fresh_ok = FRESH};
+
 /* MS_OP_FAMILY_ROW of a family whose ops keep buffers from forward to backward, sized by
  * FAM_saved(k, call, sizes) (ms_op_def.saved_floats). */
 #define MS_OP_FAMILY_ROW_SAVED(fam, K, KIND, op, NIN, GRAD)                                        \

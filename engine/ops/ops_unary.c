@@ -56,7 +56,8 @@ static ms_status unary_forward(ms_k_unary k, ms_op_call *c, ms_error *e) {
 static ms_status unary_backward(ms_k_unary k, ms_op_call *c, ms_error *e) {
     if (!c->din[0]) return MS_OK;
     return MS_CALL_K(c->kc, unary_backward, k, F(c->din[0]), F(c->in[0]), F(c->out[0]),
-                     F(c->dout[0]), N(c->in[0]), c->attrs->f[0], c->attrs->f[1], e);
+                     F(c->dout[0]), N(c->in[0]), c->attrs->f[0], c->attrs->f[1],
+                     (c->din_fresh & 1u) != 0, e);
 }
 
 static bool unary_runs_on(const ms_kernels *k) {
@@ -67,5 +68,7 @@ static ms_k_cost unary_cost(ms_k_unary k, const ms_op_call *c, bool bw) {
     return ms_k_unary_cost(k, N(c->in[0]), bw);
 }
 
-#define UNARY_ROW(ID, op, ff, fb) MS_OP_FAMILY_ROW(unary, MS_K_UN_##ID, MS_OP_##ID, op, 1, 1)
+/* fresh_ok: every element of dx has one writer, so a fresh gradient is written, not added to. */
+#define UNARY_ROW(ID, op, ff, fb)                                                                  \
+    MS_OP_FAMILY_ROW_FRESH(unary, MS_K_UN_##ID, MS_OP_##ID, op, 1, 1, 1)
 MS_K_UNARY_OPS(UNARY_ROW)

@@ -353,7 +353,7 @@ MS_CU_SLOT(copy, float *dst, const float *src, int64_t n);
 MS_CU_SLOT(unary_forward, ms_k_unary op, float *out, const float *inp, int64_t n, float p0,
            float p1);
 MS_CU_SLOT(unary_backward, ms_k_unary op, float *dinp, const float *inp, const float *out,
-           const float *dout, int64_t n, float p0, float p1);
+           const float *dout, int64_t n, float p0, float p1, bool fresh);
 MS_CU_SLOT(binary_forward, ms_k_binary op, float *out, const float *a, const float *b,
            const ms_k_bcast *bc);
 MS_CU_SLOT(binary_backward, ms_k_binary op, float *da, float *db, const float *dout, const float *a,

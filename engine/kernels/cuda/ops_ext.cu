@@ -24,8 +24,9 @@ ms_status ms_cu_unary_forward(ms_kctx *kc, ms_k_unary op, float *out, const floa
 
 ms_status ms_cu_unary_backward(ms_kctx *kc, ms_k_unary op, float *dinp, const float *inp,
                                const float *out, const float *dout, int64_t n, float p0, float p1,
-                               ms_error *err) {
+                               bool fresh, ms_error *err) {
     return ms_cu_each(n, kc, "unary backward", err, [=] __device__(int64_t i) {
+        if (fresh) dinp[i] = 0.0f; /* element i has this one writer */
         ms_cu_unary_bwd(op, dinp, inp, out, dout, p0, p1, i);
     });
 }
