@@ -129,9 +129,76 @@ static inline __attribute__((always_inline)) void dc_tile(const dc_block *d, int
         }
 }
 
+/* The tile's last step for dc_tile3: out[r][v0 + p] = (out or bias) + acc, as in dc_tile. */
+static inline __attribute__((always_inline)) void dc_store(const dc_block *d, int64_t v0, int np,
+                                                           __m512 acc[][DC_R]) {
+    const int64_t ohw = d->oh * d->ow;
+    __m512 base[DC_R];
+    for (int r = 0; r < DC_R; r++)
+        base[r] = d->bias ? _mm512_set1_ps(d->bias[r]) : _mm512_setzero_ps();
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < DC_R; r++) {
+            float *o = d->out + r * ohw + (v0 + p) * DC_VL;
+            if (!d->set) base[r] = _mm512_loadu_ps(o);
+            _mm512_storeu_ps(o, _mm512_add_ps(base[r], acc[p][r]));
+        }
+}
+
+/* dc_tile for three taps a row, padding 1 either side, output rows as wide as the input's (a
+ * multiple of 16): per kernel row and channel, each vector's row is read once where the row's
+ * 16-float blocks lie, and its left and right neighbours' columns are made by shifting in the
+ * registers (valignd) instead of loads one float off, which straddle two cache lines. */
+static inline __attribute__((always_inline)) void dc_tile3(const dc_block *d, int64_t v0, int np) {
+    const int64_t vrow = d->w / DC_VL, hw = d->h * d->w, taps = d->kh * 3;
+    __m512 acc[2][DC_R];
+    int64_t y[2], x0[2];
+    for (int p = 0; p < np; p++) {
+        y[p] = (v0 + p) / vrow, x0[p] = (v0 + p) % vrow * DC_VL;
+        for (int r = 0; r < DC_R; r++) acc[p][r] = _mm512_setzero_ps();
+    }
+    for (int64_t ky = 0; ky < d->kh; ky++) {
+        /* per vector: the row's lanes (all or none), the blocks before and after it */
+        __mmask16 m[2] = {0, 0}, mp[2] = {0, 0}, mn[2] = {0, 0};
+        int64_t off[2] = {0, 0};
+        for (int p = 0; p < np; p++) {
+            const int64_t ys = y[p] + ky - d->ph;
+            if (ys < 0 || ys >= d->h) continue;
+            m[p] = 0xFFFF, off[p] = ys * d->w + x0[p];
+            mp[p] = x0[p] > 0 ? 0xFFFF : 0, mn[p] = x0[p] + DC_VL < d->w ? 0xFFFF : 0;
+        }
+        if (!(m[0] | m[1])) continue; /* every row in the padding */
+        const float *s = d->src, *wt = d->wk + ky * 3 * DC_R;
+        for (int64_t c = 0; c < d->c; c++, s += hw, wt += taps * DC_R) {
+            __m512 b[3][2];
+            for (int p = 0; p < np; p++) {
+                const __m512 cur = _mm512_maskz_loadu_ps(m[p], dc_at(s, off[p]));
+                const __m512 prv = _mm512_maskz_loadu_ps(mp[p], dc_at(s, off[p] - DC_VL));
+                const __m512 nxt = _mm512_maskz_loadu_ps(mn[p], dc_at(s, off[p] + DC_VL));
+                b[0][p] = _mm512_castsi512_ps(
+                    _mm512_alignr_epi32(_mm512_castps_si512(cur), _mm512_castps_si512(prv), 15));
+                b[1][p] = cur;
+                b[2][p] = _mm512_castsi512_ps(
+                    _mm512_alignr_epi32(_mm512_castps_si512(nxt), _mm512_castps_si512(cur), 1));
+            }
+            for (int kx = 0; kx < 3; kx++)
+                for (int r = 0; r < DC_R; r++) {
+                    const __m512 wr = _mm512_set1_ps(wt[kx * DC_R + r]);
+                    for (int p = 0; p < np; p++)
+                        acc[p][r] = _mm512_fmadd_ps(wr, b[kx][p], acc[p][r]);
+                }
+        }
+    }
+    dc_store(d, v0, np, acc);
+}
+
 static void dc_block_run(const dc_block *d) {
     const int64_t nvec = d->oh * d->ow / DC_VL;
     int64_t v = 0;
+    if (d->kw == 3 && d->pw == 1 && d->ow == d->w && d->w % DC_VL == 0) {
+        for (; v + 2 <= nvec; v += 2) dc_tile3(d, v, 2);
+        if (v < nvec) dc_tile3(d, v, 1);
+        return;
+    }
     for (; v + 2 <= nvec; v += 2) dc_tile(d, v, 2);
     if (v < nvec) dc_tile(d, v, 1);
 }
