@@ -235,13 +235,91 @@ static void test_build_refusal(void **state) {
     ms_onnx_close(m);
 }
 
+/* y = Relu(a), a = Add(x, w): with `a_out`, a is a graph output as well. */
+static uint8_t *pack_add_relu(bool a_out, size_t *len) {
+    Onnx__OperatorSetIdProto os = ONNX__OPERATOR_SET_ID_PROTO__INIT, *osp = &os;
+    os.domain = "";
+    os.has_version = 1;
+    os.version = 17;
+    char *add_in[2] = {"x", "w"}, *add_out[1] = {"a"}, *relu_out[1] = {"y"};
+    Onnx__NodeProto add = ONNX__NODE_PROTO__INIT, relu = ONNX__NODE_PROTO__INIT;
+    Onnx__NodeProto *nodes[2] = {&add, &relu};
+    add.name = "add", add.op_type = "Add", add.n_input = 2, add.input = add_in;
+    add.n_output = 1, add.output = add_out;
+    relu.name = "relu", relu.op_type = "Relu", relu.n_input = 1, relu.input = add_out;
+    relu.n_output = 1, relu.output = relu_out;
+    Onnx__TensorShapeProto__Dimension d[2] = {ONNX__TENSOR_SHAPE_PROTO__DIMENSION__INIT,
+                                              ONNX__TENSOR_SHAPE_PROTO__DIMENSION__INIT};
+    Onnx__TensorShapeProto__Dimension *dp[2] = {&d[0], &d[1]};
+    for (int k = 0; k < 2; k++) {
+        d[k].value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+        d[k].dim_value = k ? 4 : 2;
+    }
+    Onnx__TensorShapeProto shape = ONNX__TENSOR_SHAPE_PROTO__INIT;
+    shape.n_dim = 2;
+    shape.dim = dp;
+    Onnx__TypeProto__Tensor tt = ONNX__TYPE_PROTO__TENSOR__INIT;
+    tt.has_elem_type = 1;
+    tt.elem_type = 1;
+    tt.shape = &shape;
+    Onnx__TypeProto ty = ONNX__TYPE_PROTO__INIT;
+    ty.value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    ty.tensor_type = &tt;
+    Onnx__ValueInfoProto vx = ONNX__VALUE_INFO_PROTO__INIT, vy = ONNX__VALUE_INFO_PROTO__INIT,
+                         va = ONNX__VALUE_INFO_PROTO__INIT;
+    Onnx__ValueInfoProto *vxp = &vx, *outs[2] = {&vy, &va};
+    vx.name = "x", vy.name = "y", va.name = "a";
+    vx.type = vy.type = va.type = &ty;
+    Onnx__TensorProto w = ONNX__TENSOR_PROTO__INIT, *wp = &w;
+    int64_t wdim = 4;
+    float raw[4] = {1, -1, 0.5f, -0.5f};
+    w.name = "w", w.has_data_type = 1, w.data_type = 1, w.n_dims = 1, w.dims = &wdim;
+    w.has_raw_data = 1, w.raw_data.data = (uint8_t *)raw, w.raw_data.len = sizeof raw;
+    Onnx__GraphProto g = ONNX__GRAPH_PROTO__INIT;
+    g.name = "g", g.n_node = 2, g.node = nodes, g.n_input = 1, g.input = &vxp;
+    g.n_output = a_out ? 2 : 1, g.output = outs, g.n_initializer = 1, g.initializer = &wp;
+    Onnx__ModelProto m = ONNX__MODEL_PROTO__INIT;
+    m.has_ir_version = 1, m.ir_version = 8, m.n_opset_import = 1, m.opset_import = &osp;
+    m.graph = &g;
+    *len = onnx__model_proto__get_packed_size(&m);
+    uint8_t *buf = malloc(*len);
+    onnx__model_proto__pack(&m, buf);
+    return buf;
+}
+
+/* A residual Add read only by the Relu after it becomes one add_relu operator (no value named
+ * after the Relu's output); an Add the graph also outputs keeps both. */
+static void test_add_relu_fused(void **state) {
+    (void)state;
+    for (int a_out = 0; a_out < 2; a_out++) {
+        size_t len;
+        uint8_t *buf = pack_add_relu(a_out, &len);
+        ms_onnx_model *m = NULL;
+        ms_error err = {0};
+        assert_int_equal(ms_onnx_open_bytes(buf, len, "ar.onnx", &m, &err), MS_OK);
+        free(buf);
+        ms_graph *g = ms_graph_create();
+        int out[2] = {-1, -1};
+        if (ms_onnx_build(m, 2, g, out, 1 + a_out, &err) != MS_OK) fail_msg("%s", err.msg);
+        if (!a_out) {
+            assert_string_equal(ms_graph_value_name(g, out[0]), "a");
+            assert_true(ms_graph_find(g, "y") < 0);
+        } else {
+            assert_string_equal(ms_graph_value_name(g, out[0]), "y");
+            assert_string_equal(ms_graph_value_name(g, out[1]), "a");
+        }
+        ms_graph_destroy(g);
+        ms_onnx_close(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid),         cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_not_protobuf),  cmocka_unit_test(test_unknown_operator),
-        cmocka_unit_test(test_dynamic_dims),  cmocka_unit_test(test_huge_dims),
-        cmocka_unit_test(test_wrong_dtype),   cmocka_unit_test(test_opset_range),
-        cmocka_unit_test(test_build_refusal),
+        cmocka_unit_test(test_add_relu_fused),   cmocka_unit_test(test_valid),
+        cmocka_unit_test(test_truncated),        cmocka_unit_test(test_not_protobuf),
+        cmocka_unit_test(test_unknown_operator), cmocka_unit_test(test_dynamic_dims),
+        cmocka_unit_test(test_huge_dims),        cmocka_unit_test(test_wrong_dtype),
+        cmocka_unit_test(test_opset_range),      cmocka_unit_test(test_build_refusal),
     };
     return cmocka_run_group_tests_name("onnx_import", tests, NULL, NULL);
 }

@@ -316,6 +316,7 @@ static double nary_ref(int op, const double *v, double *p) {
         case MS_OP_ATAN2: p[0] = b / r2, p[1] = -a / r2; return atan2(a, b);
         case MS_OP_HYPOT: p[0] = a / sqrt(r2), p[1] = b / sqrt(r2); return sqrt(r2);
         case MS_OP_SQUARED_DIFFERENCE: p[0] = 2 * (a - b), p[1] = -p[0]; return (a - b) * (a - b);
+        case MS_OP_ADD_RELU: p[0] = p[1] = a + b > 0; return fmax(a + b, 0);
         case MS_OP_EQ: return a == b;
         case MS_OP_NE: return a != b;
         case MS_OP_LT: return a < b;

@@ -318,6 +318,7 @@ static void binary_row_forward(ms_k_binary op, float *out, const bin_row *r) {
         case MS_K_BIN_ATAN2: BIN_FWD(atan2f(a, b));
         case MS_K_BIN_HYPOT: BIN_FWD(hypotf(a, b));
         case MS_K_BIN_SQUARED_DIFFERENCE: BIN_FWD((a - b) * (a - b));
+        case MS_K_BIN_ADD_RELU: BIN_FWD(a + b > 0 ? a + b : 0.0f);
         case MS_K_BIN_EQ: BIN_FWD(a == b ? 1.0f : 0.0f);
         case MS_K_BIN_NE: BIN_FWD(a != b ? 1.0f : 0.0f);
         case MS_K_BIN_LT: BIN_FWD(a < b ? 1.0f : 0.0f);
@@ -361,6 +362,7 @@ static void binary_row_backward(ms_k_binary op, float *da, float *db, const floa
         case MS_K_BIN_ATAN2: BIN_BWD(b / (a * a + b * b), -a / (a * a + b * b));
         case MS_K_BIN_HYPOT: BIN_BWD(hypot_partial(a, b), hypot_partial(b, a));
         case MS_K_BIN_SQUARED_DIFFERENCE: BIN_BWD(2.0f * (a - b), -2.0f * (a - b));
+        case MS_K_BIN_ADD_RELU: BIN_BWD(a + b > 0 ? 1.0f : 0.0f, a + b > 0 ? 1.0f : 0.0f);
         case MS_K_BIN_EQ: case MS_K_BIN_NE: case MS_K_BIN_LT: case MS_K_BIN_LE: case MS_K_BIN_GT:
         case MS_K_BIN_GE: case MS_K_BIN_COUNT: break; /* no gradient */
     }
@@ -408,6 +410,16 @@ typedef struct bin_bwd_job {
 /* Elements [lo, hi) of inputs of the output's own shape: no two ranges share a gradient. */
 static void binary_bwd_range(void *arg, int64_t lo, int64_t hi) {
     const bin_bwd_job *j = arg;
+    const bool relu = j->op == MS_K_BIN_ADD_RELU;
+    if ((relu || j->op == MS_K_BIN_ADD_BCAST) && j->da && j->db) { /* one pass for both */
+        float *da = j->da, *db = j->db;
+        const float *g = j->dout, *a = j->a, *b = j->b;
+        for (int64_t i = lo; i < hi; i++) {
+            const float d = !relu || a[i] + b[i] > 0 ? g[i] : 0.0f;
+            da[i] += d, db[i] += d;
+        }
+        return;
+    }
     bin_row row = {j->a + lo, j->b + lo, 1, 1, hi - lo};
     binary_row_backward(j->op, j->da ? j->da + lo : NULL, j->db ? j->db + lo : NULL, j->dout + lo,
                         &row);

@@ -98,6 +98,7 @@ void ms_k_bcast_init(ms_k_bcast *bc, int out_ndim, const int64_t *out_shape, int
     X(ATAN2, atan2, 1, 7)                                                                          \
     X(HYPOT, hypot, 4, 4)                                                                          \
     X(SQUARED_DIFFERENCE, squared_difference, 2, 4)                                                \
+    X(ADD_RELU, add_relu, 2, 2)                                                                    \
     X(EQ, eq, 0, 0)                                                                                \
     X(NE, ne, 0, 0)                                                                                \
     X(LT, lt, 0, 0)                                                                                \

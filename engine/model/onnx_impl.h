@@ -76,6 +76,9 @@ typedef struct ox_build {
     ox_const **fold;             /* owned: constants folded at build */
     const Onnx__NodeProto *node; /* the node being mapped */
     int tmp;                     /* temporaries named so far in this node */
+    size_t at;                   /* its index in the graph's nodes */
+    bool next_fusable;           /* the next node is built with it (same part and region) */
+    int fused_relu;              /* a value the next node, a Relu, is bound to; -1 none */
 } ox_build;
 
 /* Decodes a TensorProto into a constant named name (NULL: the tensor's). */
@@ -101,6 +104,10 @@ void ox_out(ox_build *b, int k, int v);
 void ox_out_const(ox_build *b, int k, ox_const *c);
 /* A new constant of ndim dims (values zero), owned by the build. */
 ox_const *ox_new_const(ox_build *b, int dtype, int ndim, const int64_t *shape);
+
+/* Whether the current node's output 0 is read by the next node alone, a Relu built with it,
+ * and is no graph output: the two may then be one operator (the mapper sets fused_relu). */
+bool ox_relu_follows(const ox_build *b);
 
 /* Adds an operator; name: the node's output k name when k >= 0, else a temporary. Returns the
  * value id, or -1 after filling err from the graph's error with the node named. */

@@ -800,6 +800,21 @@ ms_status ox_const_in(ox_build *b, int k, const ox_const **c, ms_error *err) {
     return MS_OK;
 }
 
+bool ox_relu_follows(const ox_build *b) {
+    const Onnx__GraphProto *gp = b->m->pb->graph;
+    if (!b->next_fusable || b->node->n_output < 1 || !b->node->output[0][0]) return false;
+    const char *y = b->node->output[0];
+    const Onnx__NodeProto *next = gp->node[b->at + 1];
+    if (strcmp(next->op_type, "Relu") || next->n_input != 1 || strcmp(next->input[0], y))
+        return false;
+    for (int k = 0; k < b->m->nout; k++)
+        if (!strcmp(b->m->out[k].name, y)) return false;
+    for (size_t i = 0; i < gp->n_node; i++)
+        for (size_t k = 0; i != b->at + 1 && k < gp->node[i]->n_input; k++)
+            if (!strcmp(gp->node[i]->input[k], y)) return false;
+    return true;
+}
+
 void ox_out(ox_build *b, int k, int v) {
     if (k < (int)b->node->n_output && b->node->output[k][0]) bind(b, b->node->output[k], v, NULL);
 }
@@ -987,8 +1002,17 @@ static ms_status build_nodes(ox_build *b, const ms_onnx_part *part, ms_error *er
         }
         b->node = gp->node[i];
         b->tmp = 0;
+        b->at = i;
+        b->next_fusable = i + 1 < part->hi &&
+                          !(r < part->nregions && part->region_starts[r] <= i + 1) &&
+                          !(open && r == part->nregions && part->regions_end <= i + 1);
+        b->fused_relu = -1;
         if (!strcmp(b->node->op_type, "Constant")) continue;
         st = ox_find_map(b->node->op_type)(b, err);
+        if (st == MS_OK && b->fused_relu >= 0) { /* the Relu is the value just built */
+            b->node = gp->node[++i];
+            ox_out(b, 0, b->fused_relu);
+        }
     }
     if (open) ms_graph_region_end(b->g, MS_REGION_BLOCK);
     return st;

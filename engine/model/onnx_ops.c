@@ -363,8 +363,11 @@ static ms_status binary(ox_build *b, int op, ms_error *err) {
         for (int d = 0; d < nd; d++) sh[d] = d < ys.ndim ? ys.d[d] : 1;
         if ((y = reshape(b, y, nd, sh, -1, err)) < 0) return err->code;
     }
-    OX_OP(z, op, NULL, 0, x, y);
+    /* a residual add whose only reader is the ReLU after it: one pass instead of two */
+    const bool relu = op == MS_OP_ADD_BCAST && ox_relu_follows(b);
+    OX_OP(z, relu ? MS_OP_ADD_RELU : op, NULL, 0, x, y);
     ox_out(b, 0, z);
+    if (relu) b->fused_relu = z;
     return MS_OK;
 }
 #define BINARY(fn, OP)                                                                             \

@@ -61,6 +61,7 @@ static const ms_op_def *const builtin_ops[] = {
     &ms_op_atan2_def,
     &ms_op_hypot_def,
     &ms_op_squared_difference_def,
+    &ms_op_add_relu_def,
     &ms_op_eq_def,
     &ms_op_ne_def,
     &ms_op_lt_def,

@@ -101,6 +101,7 @@ typedef enum ms_op_kind {
     MS_OP_ATAN2,              /* atan2(a, b) */
     MS_OP_HYPOT,              /* sqrt(a^2 + b^2) */
     MS_OP_SQUARED_DIFFERENCE, /* (a - b)^2 */
+    MS_OP_ADD_RELU,           /* max(a + b, 0): a residual add and its ReLU in one pass */
     MS_OP_EQ,                 /* a == b as 1 or 0; no gradient */
     MS_OP_NE,                 /* a != b as 1 or 0; no gradient */
     MS_OP_LT,                 /* a < b as 1 or 0; no gradient */

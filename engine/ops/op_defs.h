@@ -58,6 +58,7 @@ extern const ms_op_def ms_op_pow_def;
 extern const ms_op_def ms_op_atan2_def;
 extern const ms_op_def ms_op_hypot_def;
 extern const ms_op_def ms_op_squared_difference_def;
+extern const ms_op_def ms_op_add_relu_def;
 extern const ms_op_def ms_op_eq_def;
 extern const ms_op_def ms_op_ne_def;
 extern const ms_op_def ms_op_lt_def;

@@ -261,6 +261,8 @@ MS_HD float ms_cu_binary_f(ms_k_binary op, float a, float b) {
             return hypotf(a, b);
         case MS_K_BIN_SQUARED_DIFFERENCE:
             return (a - b) * (a - b);
+        case MS_K_BIN_ADD_RELU:
+            return a + b > 0 ? a + b : 0.0f;
         case MS_K_BIN_EQ:
             return a == b ? 1.0f : 0.0f;
         case MS_K_BIN_NE:
@@ -311,6 +313,8 @@ MS_HD float ms_cu_binary_d(ms_k_binary op, float a, float b, bool wrt_b) {
             return wrt_b ? ms_cu_hypot_partial(b, a) : ms_cu_hypot_partial(a, b);
         case MS_K_BIN_SQUARED_DIFFERENCE:
             return wrt_b ? -2.0f * (a - b) : 2.0f * (a - b);
+        case MS_K_BIN_ADD_RELU:
+            return a + b > 0 ? 1.0f : 0.0f;
         default:
             return 0.0f;
     }
