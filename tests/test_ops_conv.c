@@ -266,6 +266,8 @@ static const conv_spec specs[] = {
     {"conv1d depthwise", 1, 2, 3, 3, 3, {8}, {4}, {3}, {1}, {1}, true},
     /* Rows a multiple of 16 wide, channels of 8: the direct kernels where built (conv_direct.h) */
     {"conv2d direct 3x3 pad 1 bias", 2, 2, 8, 16, 1, {5, 16}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv2d direct 3x3 pad 1, rows of two blocks", 2, 2, 16, 8, 1, {5, 32}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    {"conv2d direct 5x3 pad 2x1, rows of three blocks", 2, 2, 8, 8, 1, {4, 48}, {5, 3}, {1, 1}, {2, 1}, {1, 1}, false},
     {"conv2d direct 5x3 pad 2x0 groups 2 (dx by GEMM)", 2, 2, 16, 16, 2, {6, 34}, {5, 3}, {1, 1}, {2, 0}, {1, 1}, true},
     {"conv2d direct 1x5 pad 0x2, 32 wide", 2, 3, 8, 8, 1, {3, 32}, {1, 5}, {1, 1}, {0, 2}, {1, 1}, false},
     {"conv2d direct pointwise", 2, 2, 8, 8, 1, {2, 16}, {1, 1}, {1, 1}, {0, 0}, {1, 1}, true},

@@ -148,7 +148,8 @@ static inline __attribute__((always_inline)) void dc_store(const dc_block *d, in
  * multiple of 16): per kernel row and channel, each vector's row is read once where the row's
  * 16-float blocks lie, and its left and right neighbours' columns are made by shifting in the
  * registers (valignd) instead of loads one float off, which straddle two cache lines. */
-static inline __attribute__((always_inline)) void dc_tile3(const dc_block *d, int64_t v0, int np) {
+static inline __attribute__((always_inline)) void dc_tile3(const dc_block *d, int64_t v0, int np,
+                                                           int row_blocks) {
     const int64_t vrow = d->w / DC_VL, hw = d->h * d->w, taps = d->kh * 3;
     __m512 acc[2][DC_R];
     int64_t y[2], x0[2];
@@ -170,15 +171,25 @@ static inline __attribute__((always_inline)) void dc_tile3(const dc_block *d, in
         const float *s = d->src, *wt = d->wk + ky * 3 * DC_R;
         for (int64_t c = 0; c < d->c; c++, s += hw, wt += taps * DC_R) {
             __m512 b[3][2];
+            __m512 cur[2];
+            for (int p = 0; p < np; p++) cur[p] = _mm512_maskz_loadu_ps(m[p], dc_at(s, off[p]));
             for (int p = 0; p < np; p++) {
-                const __m512 cur = _mm512_maskz_loadu_ps(m[p], dc_at(s, off[p]));
-                const __m512 prv = _mm512_maskz_loadu_ps(mp[p], dc_at(s, off[p] - DC_VL));
-                const __m512 nxt = _mm512_maskz_loadu_ps(mn[p], dc_at(s, off[p] + DC_VL));
+                /* Rows of one block, or a tile that is one row of two: the neighbours are the
+                 * padding or the tile's own blocks, nothing more to load (a masked-off load
+                 * still costs a load). */
+                __m512 prv, nxt;
+                if (row_blocks == 1)
+                    prv = nxt = _mm512_setzero_ps();
+                else if (row_blocks == 2)
+                    prv = p ? cur[0] : _mm512_setzero_ps(), nxt = p ? _mm512_setzero_ps() : cur[1];
+                else
+                    prv = _mm512_maskz_loadu_ps(mp[p], dc_at(s, off[p] - DC_VL)),
+                    nxt = _mm512_maskz_loadu_ps(mn[p], dc_at(s, off[p] + DC_VL));
                 b[0][p] = _mm512_castsi512_ps(
-                    _mm512_alignr_epi32(_mm512_castps_si512(cur), _mm512_castps_si512(prv), 15));
-                b[1][p] = cur;
+                    _mm512_alignr_epi32(_mm512_castps_si512(cur[p]), _mm512_castps_si512(prv), 15));
+                b[1][p] = cur[p];
                 b[2][p] = _mm512_castsi512_ps(
-                    _mm512_alignr_epi32(_mm512_castps_si512(nxt), _mm512_castps_si512(cur), 1));
+                    _mm512_alignr_epi32(_mm512_castps_si512(nxt), _mm512_castps_si512(cur[p]), 1));
             }
             for (int kx = 0; kx < 3; kx++)
                 for (int r = 0; r < DC_R; r++) {
@@ -195,8 +206,16 @@ static void dc_block_run(const dc_block *d) {
     const int64_t nvec = d->oh * d->ow / DC_VL;
     int64_t v = 0;
     if (d->kw == 3 && d->pw == 1 && d->ow == d->w && d->w % DC_VL == 0) {
-        for (; v + 2 <= nvec; v += 2) dc_tile3(d, v, 2);
-        if (v < nvec) dc_tile3(d, v, 1);
+        /* a kernel apiece for rows of one and of two blocks (every pair of vectors a row) */
+        if (d->w == DC_VL) {
+            for (; v + 2 <= nvec; v += 2) dc_tile3(d, v, 2, 1);
+            if (v < nvec) dc_tile3(d, v, 1, 1);
+        } else if (d->w == 2 * DC_VL) {
+            for (; v + 2 <= nvec; v += 2) dc_tile3(d, v, 2, 2);
+        } else {
+            for (; v + 2 <= nvec; v += 2) dc_tile3(d, v, 2, 0);
+            if (v < nvec) dc_tile3(d, v, 1, 0);
+        }
         return;
     }
     for (; v + 2 <= nvec; v += 2) dc_tile(d, v, 2);
