@@ -277,7 +277,7 @@ static const conv_spec specs[] = {
     {"conv2d direct dw lanes 5x5 groups 2 (3 tap chunks)", 2, 2, 8, 32, 2, {5, 16}, {5, 5}, {1, 1}, {2, 2}, {1, 1}, false},
     {"conv2d direct dw lanes from 3 channels, 1 image a chunk", 2, 3, 3, 16, 1, {32, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
     {"conv1d direct dw lanes k3 pad 2", 1, 2, 8, 16, 1, {32}, {3}, {1}, {2}, {1}, true},
-    {"conv2d direct dw lanes, 3 chunks in 3 slots", 2, 5, 4, 32, 1, {16, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, false},
+    {"conv2d direct dw lanes, 3 chunks in 3 slots", 2, 5, 4, 32, 1, {16, 64}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
     {"conv2d dw lanes 3x3 stride 2 pad 1", 2, 2, 8, 32, 1, {9, 20}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true},
     {"conv2d dw lanes 1x2 stride 2, groups 2", 2, 2, 8, 32, 2, {6, 7}, {1, 2}, {2, 2}, {0, 0}, {1, 1}, false},
     {"conv2d dw lanes 5x3 stride 3x2 pad 2x1", 2, 3, 4, 16, 1, {11, 9}, {5, 3}, {3, 2}, {2, 1}, {1, 1}, true},

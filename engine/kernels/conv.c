@@ -163,11 +163,14 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
     const bool direct_dx = dx && k > 0 && g->cout_g > 0 && ms_k_conv_direct_dx_ok(g);
     if (dx && dx_fresh && !direct_dx) ms_k_conv_zero(dx, g->n * g->c_x * g->h * g->w);
-    if (dbias) conv_dbias(g, dbias, dout);
-    if (k == 0 || g->cout_g == 0) return;
-    if (dw && ms_k_conv_direct_dw_ok(g))
-        ms_k_conv_direct_dw(g, dw, col, dout, x);
-    else if (dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
+    if (k == 0 || g->cout_g == 0) {
+        if (dbias) conv_dbias(g, dbias, dout);
+        return;
+    }
+    const bool direct_dw = dw && ms_k_conv_direct_dw_ok(g);
+    if (!(direct_dw && ms_k_conv_direct_dw(g, dw, col, dout, x, dbias)) && dbias)
+        conv_dbias(g, dbias, dout);
+    if (dw && !direct_dw) /* dw[grp] += dout [cout_g, ohw] @ columns^T [ohw, k] */
         for (int64_t i = 0; i < g->n; i++)
             for (int64_t grp = 0; grp < g->groups; grp++)
                 ms_blas_sgemm(false, true, g->cout_g, k, ohw, 1.0f, dout + out_at(g, i, grp), ohw,

@@ -745,10 +745,16 @@ static int64_t dl_chunk(const ms_k_conv *g) {
 #define DL_SLOTS      8
 #define DL_SLOT_BYTES (48 << 20) /* the most scratch the slots may take together */
 
+/* One slot's scratch: a chunk's transposed dout and padded x, then its partial sums of dw and
+ * of the bias's gradient. */
+static int64_t dl_slot_floats(const ms_k_conv *g) {
+    const int64_t cout = g->groups * g->cout_g;
+    return dl_chunk(g) * dl_image_floats(g) + cout * g->cin_g * g->kh * g->kw + cout;
+}
+
 static int64_t dl_slots(const ms_k_conv *g) {
     const int64_t chunk = dl_chunk(g), chunks = (g->n + chunk - 1) / chunk;
-    const int64_t per =
-        chunk * dl_image_floats(g) + g->groups * g->cout_g * g->cin_g * g->kh * g->kw;
+    const int64_t per = dl_slot_floats(g);
     int64_t s = chunks < DL_SLOTS ? chunks : DL_SLOTS;
     while (s > 1 && s * per * (int64_t)sizeof(float) > DL_SLOT_BYTES) s--;
     return s > 0 ? s : 1;
@@ -757,8 +763,7 @@ static int64_t dl_slots(const ms_k_conv *g) {
 static int64_t dl_scratch_floats(const ms_k_conv *g) {
     const int64_t chunk_floats = dl_chunk(g) * dl_image_floats(g);
     const int64_t s = dl_slots(g);
-    return s > 1 ? s * (chunk_floats + g->groups * g->cout_g * g->cin_g * g->kh * g->kw)
-                 : chunk_floats;
+    return s > 1 ? s * dl_slot_floats(g) : chunk_floats;
 }
 
 /* Floats of one image's dt and xp (all groups). */
@@ -770,6 +775,7 @@ static int64_t dl_image_floats(const ms_k_conv *g) {
 typedef struct dl_job {
     const ms_k_conv *g;
     float *dw, *dt, *xp; /* dt: [chunk][groups][ohw][cout_g]  xp: [chunk][groups][cin_g][hp][wp] */
+    float *db;           /* a slot's: the bias's gradient summed as dout is transposed, or NULL */
     const float *dout, *x;
     int64_t i0, i1, hp, wp, nv, cbs, tcs; /* cbs: channel blocks of nv vectors; tcs: tap chunks */
     bool pad_only;                        /* the forward's prep: x alone */
@@ -821,8 +827,15 @@ static void dl_prep(void *arg, int64_t lo, int64_t hi) {
         const int64_t ig = j->pad_only ? it : it / 2, ii = ig / g->groups, grp = ig % g->groups;
         const int64_t i = j->i0 + ii;
         if (!j->pad_only && it % 2 == 0) {
-            transpose(j->dt + ig * ohw * g->cout_g, j->dout + ms_k_conv_out_at(g, i, grp),
-                      g->cout_g, ohw);
+            const float *d = j->dout + ms_k_conv_out_at(g, i, grp);
+            transpose(j->dt + ig * ohw * g->cout_g, d, g->cout_g, ohw);
+            if (j->db) /* the rows just read, still in cache: one pass less over dout */
+                for (int64_t c = 0; c < g->cout_g; c++) {
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t p = 0; p < ohw; p++) sum += d[c * ohw + p];
+                    j->db[grp * g->cout_g + c] += sum;
+                }
             continue;
         }
         const float *xs = j->x + ms_k_conv_x_at(g, i, grp);
@@ -937,8 +950,9 @@ static void dl_range(void *arg, int64_t lo, int64_t hi) {
  * scratch and partial sum. */
 typedef struct dl_slots_job {
     const dl_job *base;
-    float *wk; /* [slots][chunk scratch + dw] */
+    float *wk; /* [slots][chunk scratch, dw, dbias] */
     int64_t slots, chunks, chunk, slot_floats, dw_floats, tiles;
+    bool db; /* the slots sum the bias's gradient too */
 } dl_slots_job;
 
 static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
@@ -948,8 +962,10 @@ static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
         dl_job j = *sj->base;
         float *own = sj->wk + s * sj->slot_floats;
         j.dt = own, j.xp = own + sj->chunk * g->groups * g->oh * g->ow * g->cout_g;
-        j.dw = own + sj->slot_floats - sj->dw_floats;
-        memset(j.dw, 0, sizeof(float) * (size_t)sj->dw_floats);
+        const int64_t cout = g->groups * g->cout_g;
+        j.dw = own + sj->slot_floats - sj->dw_floats - cout;
+        j.db = sj->db ? j.dw + sj->dw_floats : NULL;
+        memset(j.dw, 0, sizeof(float) * (size_t)(sj->dw_floats + cout));
         const int64_t c0 = s * sj->chunks / sj->slots, c1 = (s + 1) * sj->chunks / sj->slots;
         for (int64_t c = c0; c < c1; c++) {
             j.i0 = c * sj->chunk;
@@ -963,14 +979,18 @@ static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
 /* dw[e] += the slots' partial sums of e, in slot order. */
 static void dl_slot_sum(void *arg, int64_t lo, int64_t hi) {
     const dl_slots_job *sj = arg;
+    const ms_k_conv *g = sj->base->g;
     float *dw = sj->base->dw;
     for (int64_t s = 0; s < sj->slots; s++) {
-        const float *part = sj->wk + (s + 1) * sj->slot_floats - sj->dw_floats;
+        const float *part =
+            sj->wk + (s + 1) * sj->slot_floats - sj->dw_floats - g->groups * g->cout_g;
         for (int64_t e = lo; e < hi; e++) dw[e] += part[e];
     }
 }
 
-static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, const float *x) {
+/* dw += the weight gradient; with slots, dbias (when given) += the bias's as well, and true. */
+static bool dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, const float *x,
+                   float *dbias) {
     const int64_t chunk = dl_chunk(g), taps = g->kh * g->kw;
     dl_job j = {.g = g, .dw = dw, .dout = dout, .x = x};
     j.hp = (g->oh - 1) * g->sh + g->kh, j.wp = (g->ow - 1) * g->sw + g->kw,
@@ -991,17 +1011,22 @@ static void dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, 
                            .chunk = chunk,
                            .chunks = (g->n + chunk - 1) / chunk,
                            .dw_floats = dw_floats,
-                           .tiles = tiles};
-        sj.slot_floats = chunk * dl_image_floats(g) + dw_floats;
+                           .tiles = tiles,
+                           .db = dbias != NULL};
+        sj.slot_floats = dl_slot_floats(g);
         ms_parallel_for(slots, 1, dl_slot_range, &sj);
         ms_parallel_for(dw_floats, 1024, dl_slot_sum, &sj);
-        return;
+        const int64_t cout = g->groups * g->cout_g;
+        for (int64_t s = 0; dbias && s < slots; s++) /* in slot order, as dw */
+            for (int64_t c = 0; c < cout; c++) dbias[c] += wk[(s + 1) * sj.slot_floats - cout + c];
+        return dbias != NULL;
     }
     for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {
         j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
         ms_parallel_for(2 * (j.i1 - j.i0) * g->groups, 1, dl_prep, &j);
         ms_parallel_for(tiles, 1, dl_range, &j);
     }
+    return false;
 }
 
 /* --- forward of strided convs, output channels in the lanes --------------------------------------
@@ -1265,12 +1290,9 @@ static void xl_run(const ms_k_conv *g, float *dx, float *wk, const float *dout, 
     }
 }
 
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
-                         const float *x) {
-    if (dl_ok(g)) {
-        dl_run(g, dw, wk, dout, x);
-        return;
-    }
+bool ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x, float *dbias) {
+    if (dl_ok(g)) return dl_run(g, dw, wk, dout, x, dbias);
     const int64_t ohw = g->oh * g->ow, chunk = ohw >= DC_POS ? 1 : DC_POS / ohw;
     dw_job j = {.g = g, .dw = dw, .dout = dout, .x = x, .kxc = (g->kw + DC_Q - 1) / DC_Q};
     const int64_t tiles = g->groups * (g->cout_g / DC_R) * g->cin_g * g->kh * j.kxc;
@@ -1278,6 +1300,7 @@ void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *
         j.i1 = j.i0 + chunk < g->n ? j.i0 + chunk : g->n;
         ms_parallel_for(tiles, 1, dw_range, &j);
     }
+    return false;
 }
 
 #else /* no AVX-512: conv.c runs its GEMMs */
@@ -1310,9 +1333,10 @@ void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *
                          const float *w, bool fresh) {
     (void)g, (void)dx, (void)wk, (void)dout, (void)w, (void)fresh;
 }
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
-                         const float *x) {
-    (void)g, (void)dw, (void)wk, (void)dout, (void)x;
+bool ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x, float *dbias) {
+    (void)g, (void)dw, (void)wk, (void)dout, (void)x, (void)dbias;
+    return false;
 }
 
 #endif

@@ -78,8 +78,9 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
 /* dx += the input gradient; fresh: dx = it, whatever dx held. wk: the scratch. */
 void ms_k_conv_direct_dx(const ms_k_conv *g, float *dx, float *wk, const float *dout,
                          const float *w, bool fresh);
-/* dw += the weight gradient. wk: the scratch. */
-void ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
-                         const float *x);
+/* dw += the weight gradient. wk: the scratch. With dbias, it may add the bias's gradient in the
+ * same pass over dout (the lanes kernel in slots does): true when it did. */
+bool ms_k_conv_direct_dw(const ms_k_conv *g, float *dw, float *wk, const float *dout,
+                         const float *x, float *dbias);
 
 #endif
