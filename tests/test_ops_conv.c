@@ -22,6 +22,9 @@
 #include "engine/ops/op.h"
 #include "tests/testkit.h"
 
+/* The specs below leave `relu` out where it is off. */
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 /* A convolution as the test sees it: conv1d when nsp == 1 (its one dim in [0]). */
 typedef struct conv_spec {
     const char *name;
@@ -29,6 +32,7 @@ typedef struct conv_spec {
     int64_t n, cin, cout, groups;
     int64_t len[2], k[2], stride[2], pad[2], dil[2];
     bool bias;
+    bool relu; /* the fused ReLU after the bias (i[3 nsp + 1]) */
 } conv_spec;
 
 static ms_op_attrs attrs_of(const conv_spec *s) {
@@ -39,6 +43,7 @@ static ms_op_attrs attrs_of(const conv_spec *s) {
         a.i[2 * s->nsp + d] = s->dil[d];
     }
     a.i[3 * s->nsp] = s->groups;
+    a.i[3 * s->nsp + 1] = s->relu;
     return a;
 }
 
@@ -129,6 +134,22 @@ static void ref_free(conv_ref *r) {
     free(r->y), free(r->dx), free(r->dw), free(r->db);
 }
 
+/* reference() with the spec's ReLU: y = max(conv, 0), the gradients of dy where conv > 0. */
+static conv_ref reference_act(const conv_spec *s, const float *x, const float *w, const float *b,
+                              const float *dy) {
+    if (!s->relu) return reference(s, x, w, b, dy);
+    dims2 d = dims_of(s);
+    const int64_t ny = s->n * s->cout * d.oh * d.ow;
+    conv_ref pre = reference(s, x, w, b, dy);
+    float *masked = calloc((size_t)(ny > 0 ? ny : 1), sizeof(float));
+    for (int64_t k = 0; k < ny; k++) masked[k] = pre.y[k] > 0 ? dy[k] : 0.0f;
+    conv_ref r = reference(s, x, w, b, masked);
+    for (int64_t k = 0; k < ny; k++) r.y[k] = r.y[k] > 0 ? r.y[k] : 0;
+    free(masked);
+    ref_free(&pre);
+    return r;
+}
+
 /* Largest |got - want| / (1 + |want|) over n elements. */
 static double worst(const float *got, const double *want, int64_t n) {
     double e = 0;
@@ -184,7 +205,7 @@ static void conv_run(conv_call *cc) {
     lout.d[1] = cc->lin[1].d[0]; /* the output channels are the weight's */
     ms_op_call c = host_call(&cc->a, cc->n_in, cc->gin, &gout);
     ms_tensor tin[3], din[3], tout = host_tensor(&lout, NULL), dout = host_tensor(&lout, cc->dy);
-    ms_tensor saved = {0};
+    ms_tensor saved[MS_OP_MAX_SAVED] = {0};
     for (int i = 0; i < cc->n_in; i++) {
         tin[i] = host_tensor(&cc->lin[i], cc->x[i]);
         din[i] = host_tensor(&cc->lin[i], NULL);
@@ -196,10 +217,12 @@ static void conv_run(conv_call *cc) {
     c.out[0] = &tout, c.dout[0] = &dout, c.din_fresh = cc->fresh;
     int64_t sizes[MS_OP_MAX_SAVED] = {0};
     def->saved_floats(&cc->a, &c, sizes);
-    if (sizes[0]) {
-        assert_int_equal(ms_tensor_alloc(ms_device_host(), MS_F32, 1, sizes, &saved, &err), MS_OK);
-        c.saved[0] = &saved;
-    }
+    for (int k = 0; k < MS_OP_MAX_SAVED; k++)
+        if (sizes[k]) {
+            assert_int_equal(
+                ms_tensor_alloc(ms_device_host(), MS_F32, 1, &sizes[k], &saved[k], &err), MS_OK);
+            c.saved[k] = &saved[k];
+        }
     if (def->forward(&c, &err) != MS_OK) fail_msg("forward: %s", err.msg);
     if (def->backward(&c, &err) != MS_OK) fail_msg("backward: %s", err.msg);
     memcpy(cc->y, ms_tensor_f32(&tout), sizeof(float) * (size_t)numel(&lout));
@@ -208,7 +231,8 @@ static void conv_run(conv_call *cc) {
             memcpy(cc->din[i], ms_tensor_f32(&din[i]), sizeof(float) * (size_t)numel(&cc->lin[i]));
         ms_tensor_release(&tin[i]), ms_tensor_release(&din[i]);
     }
-    ms_tensor_release(&tout), ms_tensor_release(&dout), ms_tensor_release(&saved);
+    ms_tensor_release(&tout), ms_tensor_release(&dout);
+    for (int k = 0; k < MS_OP_MAX_SAVED; k++) ms_tensor_release(&saved[k]);
 }
 
 /* The whole op on one rank against the reference, gradients from zero and fresh. */
@@ -227,7 +251,7 @@ static void check_spec(const conv_spec *s) {
         fill(x[i], numel(&in[i]), (uint64_t)i);
     }
     fill(dy, numel(&out), 7);
-    conv_ref r = reference(s, x[0], x[1], s->bias ? x[2] : NULL, dy);
+    conv_ref r = reference_act(s, x[0], x[1], s->bias ? x[2] : NULL, dy);
     double *want[3] = {r.dx, r.dw, r.db};
     for (unsigned fresh = 0; fresh <= 7; fresh += 7) {
         conv_call cc = {.op = op_of(s), .n_in = n_in, .a = a, .dy = dy, .y = y, .fresh = fresh};
@@ -267,6 +291,11 @@ static const conv_spec specs[] = {
     /* Rows a multiple of 16 wide, channels of 8: the direct kernels where built (conv_direct.h) */
     {"conv2d direct 3x3 pad 1 bias", 2, 2, 8, 16, 1, {5, 16}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
     {"conv2d direct 3x3 pad 1, rows of two blocks", 2, 2, 16, 8, 1, {5, 32}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true},
+    /* The fused ReLU: in the stride-1 tile's store, after the phases' sum, after the GEMM */
+    {"conv2d direct 3x3 pad 1 relu", 2, 2, 16, 16, 1, {5, 32}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true, true},
+    {"conv2d phases 3x3 stride 2 relu", 2, 2, 3, 8, 1, {9, 31}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true, true},
+    {"conv2d 3x3 pad 1 groups 2 relu (GEMM)", 2, 2, 4, 6, 2, {5, 5}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true, true},
+    {"conv1d k3 relu, no bias", 1, 2, 3, 4, 1, {9}, {3}, {1}, {1}, {1}, false, true},
     {"conv2d direct 5x3 pad 2x1, rows of three blocks", 2, 2, 8, 8, 1, {4, 48}, {5, 3}, {1, 1}, {2, 1}, {1, 1}, false},
     {"conv2d direct 5x3 pad 2x0 groups 2 (dx by GEMM)", 2, 2, 16, 16, 2, {6, 34}, {5, 3}, {1, 1}, {2, 0}, {1, 1}, true},
     {"conv2d direct 1x5 pad 0x2, 32 wide", 2, 3, 8, 8, 1, {3, 32}, {1, 5}, {1, 1}, {0, 2}, {1, 1}, false},

@@ -9,6 +9,7 @@
 
 #include "engine/kernels/blas.h"
 #include "engine/kernels/conv_direct.h"
+#include "engine/kernels/elementwise_ext.h"
 #include "engine/core/parallel.h"
 
 /* The direct kernels need the packed weight; the GEMMs (any pass the direct kernels do not
@@ -109,20 +110,25 @@ void ms_k_conv_zero(float *x, int64_t n) {
     if (x && n > 0) ms_parallel_for(n, 1 << 15, zero_range, x);
 }
 
+void ms_k_conv_relu(const ms_k_conv *g, float *out) {
+    ms_k_unary_forward(MS_K_UN_RELU, out, out, g->n * g->groups * g->cout_g * g->oh * g->ow, 0.0f,
+                       0.0f);
+}
+
 void ms_k_conv_forward(const ms_k_conv *g, float *out, float *col, const float *x, const float *w,
                        const float *bias) {
     const int64_t ohw = g->oh * g->ow, k = g->cin_g * g->kh * g->kw;
-    if (k > 0 && ms_k_conv_direct_forward_ok(g)) { /* writes the bias with the sums */
+    if (k > 0 && ms_k_conv_direct_forward_ok(g)) { /* the bias and ReLU with the sums */
         ms_k_conv_direct_forward(g, out, col, x, w, bias);
         return;
     }
     /* The bias first and beta 1: the GEMM adds its sum to it, one rounding as gemm + bias. */
     ms_k_conv_fill(g, out, bias);
-    if (k == 0) return; /* no input channel on this rank: the bias alone */
-    for (int64_t i = 0; i < g->n; i++)
+    for (int64_t i = 0; k > 0 && i < g->n; i++) /* k 0: no input channel here, the bias alone */
         for (int64_t grp = 0; grp < g->groups; grp++)
             ms_blas_sgemm(false, false, g->cout_g, ohw, k, 1.0f, w + w_at(g, grp), k,
                           columns(g, col, x, i, grp), ohw, 1.0f, out + out_at(g, i, grp), ohw);
+    if (g->relu) ms_k_conv_relu(g, out);
 }
 
 /* dbias[c] += the sum of dout over images and positions: image by image, the positions of

@@ -41,6 +41,7 @@ typedef struct ms_k_conv {
     int64_t sh, sw;        /* stride */
     int64_t ph, pw;        /* padding, the same before and after */
     int64_t dh, dw;        /* dilation */
+    bool relu;             /* forward: out = max(out, 0) after the bias (the backward ignores it) */
 } ms_k_conv;
 
 /* The output size of one spatial dim: (in + 2 pad - dil (k - 1) - 1) / stride + 1. */
@@ -92,6 +93,9 @@ void ms_k_conv_backward(const ms_k_conv *g, float *dx, float *dw, float *dbias, 
 void ms_k_conv_fill(const ms_k_conv *g, float *out, const float *bias);
 /* x[0, n) = 0 on the rank's threads. */
 void ms_k_conv_zero(float *x, int64_t n);
+/* out = max(out, 0) over the call's output, on the rank's threads (g->relu's pass where the
+ * kernel does not fuse it). */
+void ms_k_conv_relu(const ms_k_conv *g, float *out);
 /* The GEMMs (2 per multiply-add) plus the bias adds; bytes read and written once each (the
  * column buffer's traffic is the kernel's, not counted). The backward counts dx, dw and, with
  * a bias, dbias. */

@@ -83,15 +83,34 @@ typedef struct dc_block {
     int64_t c, h, w, oh, ow, kh, kw, ph, pw;
     /* set: out written whole, as bias[r] (or 0, bias NULL) plus the sum; else out += the sum */
     bool set;
+    bool relu; /* then max(out, 0): the forward's fused ReLU (only where set) */
     const float *bias;
 } dc_block;
+
+/* A tile's last step: out[r][v0 + p] = (out, or the bias) + acc, then the ReLU if asked. */
+static inline __attribute__((always_inline)) void dc_store(const dc_block *d, int64_t v0, int np,
+                                                           __m512 acc[][DC_R]) {
+    const int64_t ohw = d->oh * d->ow;
+    /* a mask, not a branch: a branch here makes the compiler keep acc in memory */
+    const __mmask16 relu = d->relu ? 0xFFFF : 0;
+    __m512 base[DC_R];
+    for (int r = 0; r < DC_R; r++)
+        base[r] = d->bias ? _mm512_set1_ps(d->bias[r]) : _mm512_setzero_ps();
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < DC_R; r++) {
+            float *o = d->out + r * ohw + (v0 + p) * DC_VL;
+            if (!d->set) base[r] = _mm512_loadu_ps(o);
+            __m512 v = _mm512_add_ps(base[r], acc[p][r]);
+            v = _mm512_mask_max_ps(v, relu, v, _mm512_setzero_ps()); /* NaN -> 0, as relu's */
+            _mm512_storeu_ps(o, v);
+        }
+}
 
 /* Output vectors v0 .. v0 + np - 1 (np 1 or 2) of the block's 8 planes, summed over channels
  * and taps in registers, then added to out (or, with set, to the bias and stored: no pass to
  * fill out first and no read of it). */
 static inline __attribute__((always_inline)) void dc_tile(const dc_block *d, int64_t v0, int np) {
     const int64_t taps = d->kh * d->kw, vrow = d->ow / DC_VL, hw = d->h * d->w;
-    const int64_t ohw = d->oh * d->ow;
     __m512 acc[2][DC_R];
     int64_t y[2], x0[2];
     for (int p = 0; p < np; p++) {
@@ -118,30 +137,7 @@ static inline __attribute__((always_inline)) void dc_tile(const dc_block *d, int
             }
         }
     }
-    __m512 base[DC_R];
-    for (int r = 0; r < DC_R; r++)
-        base[r] = d->bias ? _mm512_set1_ps(d->bias[r]) : _mm512_setzero_ps();
-    for (int p = 0; p < np; p++)
-        for (int r = 0; r < DC_R; r++) {
-            float *o = d->out + r * ohw + (v0 + p) * DC_VL;
-            if (!d->set) base[r] = _mm512_loadu_ps(o);
-            _mm512_storeu_ps(o, _mm512_add_ps(base[r], acc[p][r]));
-        }
-}
-
-/* The tile's last step for dc_tile3: out[r][v0 + p] = (out or bias) + acc, as in dc_tile. */
-static inline __attribute__((always_inline)) void dc_store(const dc_block *d, int64_t v0, int np,
-                                                           __m512 acc[][DC_R]) {
-    const int64_t ohw = d->oh * d->ow;
-    __m512 base[DC_R];
-    for (int r = 0; r < DC_R; r++)
-        base[r] = d->bias ? _mm512_set1_ps(d->bias[r]) : _mm512_setzero_ps();
-    for (int p = 0; p < np; p++)
-        for (int r = 0; r < DC_R; r++) {
-            float *o = d->out + r * ohw + (v0 + p) * DC_VL;
-            if (!d->set) base[r] = _mm512_loadu_ps(o);
-            _mm512_storeu_ps(o, _mm512_add_ps(base[r], acc[p][r]));
-        }
+    dc_store(d, v0, np, acc);
 }
 
 /* dc_tile for three taps a row, padding 1 either side, output rows as wide as the input's (a
@@ -416,6 +412,7 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
             fp_run(g, out, wk, x, w);
         else
             fl_run(g, out, wk, x, w);
+        if (g->relu) ms_k_conv_relu(g, out);
         return;
     }
     const int64_t k = g->cin_g * g->kh * g->kw, hw = g->h * g->w, ohw = g->oh * g->ow;
@@ -426,6 +423,7 @@ void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const f
                           .wk = wk,
                           .out = out,
                           .set = true,
+                          .relu = g->relu,
                           .bias = bias,
                           .c = g->cin_g,
                           .h = g->h,

@@ -72,7 +72,8 @@ bool ms_k_conv_direct_dw_ok(const ms_k_conv *g);
  * padded x where it puts the channels in the lanes, the larger; 0 where neither runs. */
 int64_t ms_k_conv_direct_scratch_floats(const ms_k_conv *g);
 
-/* out = bias (NULL: zeros) + the convolution of x by w, written whole. wk: the scratch. */
+/* out = bias (NULL: zeros) + the convolution of x by w, written whole, then max(out, 0) with
+ * g->relu. wk: the scratch. */
 void ms_k_conv_direct_forward(const ms_k_conv *g, float *out, float *wk, const float *x,
                               const float *w, const float *bias);
 /* dx += the input gradient; fresh: dx = it, whatever dx held. wk: the scratch. */

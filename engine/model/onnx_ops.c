@@ -1340,12 +1340,15 @@ static ms_status map_conv(ox_build *b, ms_error *err) {
         a.i[2 * w.nsp + i] = w.dil[i];
     }
     a.i[3 * w.nsp] = ox_attr_i(b, "group", 1);
+    const bool relu = ox_relu_follows(b); /* the ReLU in the conv's last pass */
+    a.i[3 * w.nsp + 1] = relu;
     int op = w.nsp == 1 ? MS_OP_CONV1D : MS_OP_CONV2D;
     if (bias >= 0)
         OX_OP(y, op, &a, 0, x, wt, bias);
     else
         OX_OP(y, op, &a, 0, x, wt);
     ox_out(b, 0, y);
+    if (relu) b->fused_relu = y;
     return MS_OK;
 }
 

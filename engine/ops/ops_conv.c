@@ -6,7 +6,10 @@
  * before and after: ONNX's asymmetric pads are a pad op first), i[2 nsp + s] the dilation, and
  * i[3 nsp] the groups (dividing C_in and C_out; groups = C_in is depthwise). Every one is
  * explicit: a zero stride, dilation or groups is an error, not a default. Output size
- * (in + 2 pad - dilation (k - 1) - 1) / stride + 1.
+ * (in + 2 pad - dilation (k - 1) - 1) / stride + 1. i[3 nsp + 1] = 1 applies a ReLU after the
+ * bias, in the kernel's last pass over the output (the ONNX importer fuses Conv then Relu);
+ * the backward masks dout by the output first, into saved[1]. A ReLU does not distribute over
+ * a partial sum, so such a conv has no partial candidates.
  *
  * The bias is the op's optional third input, as linear's (ops_layers.c), not a separate add:
  * its gradient is a sum of the dout the backward reads anyway, and each candidate places it
@@ -35,6 +38,7 @@
 #include <string.h>
 
 #include "engine/kernels/conv.h"
+#include "engine/kernels/elementwise_ext.h"
 #include "engine/ops/op_defs.h"
 
 static int64_t a_stride(const ms_op_attrs *a, int s) {
@@ -51,6 +55,12 @@ static int a_groups_slot(int nsp) {
 }
 static int64_t a_groups(const ms_op_attrs *a, int nsp) {
     return a->i[a_groups_slot(nsp)];
+}
+static int a_relu_slot(int nsp) {
+    return 3 * nsp + 1;
+}
+static bool a_relu(const ms_op_attrs *a, int nsp) {
+    return a->i[a_relu_slot(nsp)] != 0;
 }
 /* Output channels per group of the global weight (0 for groups < 1, which infer refuses). */
 static int64_t cout_per_group(const ms_shape *w, int64_t groups) {
@@ -81,6 +91,12 @@ static ms_status conv_check_attrs(int nsp, const char *op, const ms_op_attrs *a,
                        "%s: groups (i[%d]) is %lld, must be at least 1 (1 for a plain "
                        "convolution); got %s",
                        op, a_groups_slot(nsp), (long long)a_groups(a, nsp), shapes);
+    const int64_t relu = a->i[a_relu_slot(nsp)];
+    if (relu != 0 && relu != 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "%s: the ReLU flag (i[%d]) is %lld, must be 0 (none) or 1 (a ReLU after "
+                       "the bias); got %s",
+                       op, a_relu_slot(nsp), (long long)relu, shapes);
     return MS_OK;
 }
 
@@ -210,6 +226,7 @@ static int conv_rule(int nsp, const ms_op_attrs *a, int n_in, const ms_shape *in
         conv_cand(&c[k++], n_in, ms_R(), ms_S(0), ms_S(0), ms_S(1));
     if (groups > 1 && conv_parts_ok(groups, in, n, true))
         conv_cand(&c[k++], n_in, ms_S(1), ms_S(0), ms_S(0), ms_S(1));
+    if (a_relu(a, nsp)) return k; /* max(., 0) of a partial sum is not a partial sum */
     if (groups == 1) conv_cand(&c[k++], n_in, ms_S(1), ms_S(1), ms_Psum(), ms_Psum());
     conv_cand(&c[k++], n_in, ms_Psum(), ms_R(), ms_Psum(), ms_Psum());
     conv_cand(&c[k++], n_in, ms_R(), ms_Psum(), ms_Psum(), ms_Psum());
@@ -310,15 +327,18 @@ static ms_status conv_call_geom(int nsp, const char *op, const ms_op_call *c, ms
                    (long long)a_groups(c->attrs, nsp));
 }
 
+/* saved[0]: the kernels' scratch; saved[1] with a ReLU: dout masked by the output. */
 static void conv_saved(int nsp, const ms_op_call *c, int64_t *sizes) {
     ms_k_conv g;
     conv_geom(nsp, c, &g);
     sizes[0] = c->kc->k->conv_scratch_floats(&g);
+    sizes[1] = a_relu(c->attrs, nsp) ? g.n * g.groups * g.cout_g * g.oh * g.ow : 0;
 }
 
 static ms_status conv_forward(int nsp, const char *op, ms_op_call *c, ms_error *e) {
     ms_k_conv g;
     MS_CHECK(conv_call_geom(nsp, op, c, &g, e));
+    g.relu = a_relu(c->attrs, nsp);
     return MS_CALL_K(c->kc, conv_forward, &g, F(c->out[0]), F(c->saved[0]), F(c->in[0]),
                      F(c->in[1]), c->n_in == 3 ? F(c->in[2]) : NULL, e);
 }
@@ -328,8 +348,14 @@ static ms_status conv_backward(int nsp, const char *op, ms_op_call *c, ms_error 
     if (!c->din[0] && !c->din[1] && !db) return MS_OK;
     ms_k_conv g;
     MS_CHECK(conv_call_geom(nsp, op, c, &g, e));
-    return MS_CALL_K(c->kc, conv_backward, &g, F(c->din[0]), F(c->din[1]), db, F(c->saved[0]),
-                     F(c->dout[0]), F(c->in[0]), F(c->in[1]), c->din_fresh & 7u, e);
+    float *dout = F(c->dout[0]);
+    if (a_relu(c->attrs, nsp)) { /* the ReLU's gradient: dout where the output is positive */
+        dout = F(c->saved[1]);
+        MS_CHECK(MS_CALL_K(c->kc, unary_backward, MS_K_UN_RELU, dout, F(c->out[0]), F(c->out[0]),
+                           F(c->dout[0]), N(c->out[0]), 0.0f, 0.0f, true, e));
+    }
+    return MS_CALL_K(c->kc, conv_backward, &g, F(c->din[0]), F(c->din[1]), db, F(c->saved[0]), dout,
+                     F(c->in[0]), F(c->in[1]), c->din_fresh & 7u, e);
 }
 
 static ms_k_cost conv_cost(int nsp, const ms_op_call *c, bool backward) {
@@ -339,7 +365,7 @@ static ms_k_cost conv_cost(int nsp, const ms_op_call *c, bool backward) {
 }
 
 static bool conv_runs_on(const ms_kernels *k) {
-    return k->conv_scratch_floats && k->conv_forward && k->conv_backward;
+    return k->conv_scratch_floats && k->conv_forward && k->conv_backward && k->unary_backward;
 }
 
 /* Each op's row: its functions bound to its number of spatial dims. */

@@ -51,15 +51,17 @@ ms_status ms_cu_conv_forward(ms_kctx *kc, const ms_k_conv *gp, float *out, float
         }));
     else if (empty)
         MS_CHECK(zero(kc, out, ny, err));
-    if (empty) return MS_OK;
     const ms_k_gemm p = ms_cu_conv_fwd_gemm(g);
-    for (int64_t i = 0; i < g.n; i++) {
+    for (int64_t i = 0; !empty && i < g.n; i++) {
         const float *cols;
         MS_CHECK(columns(kc, g, col, x, i, &cols, err));
         MS_CHECK(ms_cu_gemm_forward(kc, &p, out + y_image(g, i), MS_CU_F32, w, cols, MS_CU_F32,
                                     1.0f, bias ? 1.0f : 0.0f, err));
     }
-    return MS_OK;
+    if (!g.relu) return MS_OK;
+    return ms_cu_each(ny, kc, "conv relu", err, [=] __device__(int64_t i) {
+        out[i] = out[i] > 0.0f ? out[i] : 0.0f; /* NaN -> 0, as relu's */
+    });
 }
 
 /* dbias[c] (+)= its channel's sum, a block per channel. */
