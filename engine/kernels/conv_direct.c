@@ -953,6 +953,12 @@ typedef struct dl_slots_job {
     bool db; /* the slots sum the bias's gradient too */
 } dl_slots_job;
 
+/* Slot s's partial sums: dw's, then (dw_floats on) the bias's, at the end of its scratch. */
+static float *dl_slot_part(const dl_slots_job *sj, int64_t s) {
+    const ms_k_conv *g = sj->base->g;
+    return sj->wk + (s + 1) * sj->slot_floats - sj->dw_floats - g->groups * g->cout_g;
+}
+
 static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
     const dl_slots_job *sj = arg;
     const ms_k_conv *g = sj->base->g;
@@ -960,10 +966,9 @@ static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
         dl_job j = *sj->base;
         float *own = sj->wk + s * sj->slot_floats;
         j.dt = own, j.xp = own + sj->chunk * g->groups * g->oh * g->ow * g->cout_g;
-        const int64_t cout = g->groups * g->cout_g;
-        j.dw = own + sj->slot_floats - sj->dw_floats - cout;
+        j.dw = dl_slot_part(sj, s);
         j.db = sj->db ? j.dw + sj->dw_floats : NULL;
-        memset(j.dw, 0, sizeof(float) * (size_t)(sj->dw_floats + cout));
+        memset(j.dw, 0, sizeof(float) * (size_t)(sj->dw_floats + g->groups * g->cout_g));
         const int64_t c0 = s * sj->chunks / sj->slots, c1 = (s + 1) * sj->chunks / sj->slots;
         for (int64_t c = c0; c < c1; c++) {
             j.i0 = c * sj->chunk;
@@ -977,11 +982,9 @@ static void dl_slot_range(void *arg, int64_t lo, int64_t hi) {
 /* dw[e] += the slots' partial sums of e, in slot order. */
 static void dl_slot_sum(void *arg, int64_t lo, int64_t hi) {
     const dl_slots_job *sj = arg;
-    const ms_k_conv *g = sj->base->g;
     float *dw = sj->base->dw;
     for (int64_t s = 0; s < sj->slots; s++) {
-        const float *part =
-            sj->wk + (s + 1) * sj->slot_floats - sj->dw_floats - g->groups * g->cout_g;
+        const float *part = dl_slot_part(sj, s);
         for (int64_t e = lo; e < hi; e++) dw[e] += part[e];
     }
 }
@@ -1016,7 +1019,7 @@ static bool dl_run(const ms_k_conv *g, float *dw, float *wk, const float *dout, 
         ms_parallel_for(dw_floats, 1024, dl_slot_sum, &sj);
         const int64_t cout = g->groups * g->cout_g;
         for (int64_t s = 0; dbias && s < slots; s++) /* in slot order, as dw */
-            for (int64_t c = 0; c < cout; c++) dbias[c] += wk[(s + 1) * sj.slot_floats - cout + c];
+            for (int64_t c = 0; c < cout; c++) dbias[c] += dl_slot_part(&sj, s)[dw_floats + c];
         return dbias != NULL;
     }
     for (j.i0 = 0; j.i0 < g->n; j.i0 = j.i1) {

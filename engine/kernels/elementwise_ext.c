@@ -332,9 +332,10 @@ static void binary_row_forward(ms_k_binary op, float *out, const bin_row *r) {
 }
 #undef BIN_FWD
 
-/* One row of the backward: da += DA * g, then db += DB * g, each a pass of its own so the
- * switch stays out of the loops. An input broadcast along the row (stride 0) accumulates
- * into one element. */
+/* One row of the backward: da += DA * g and db += DB * g, the switch kept out of the loops.
+ * Inputs of the row's own length take both in one pass over g, a and b; otherwise each is a
+ * pass of its own, and an input broadcast along the row (stride 0) accumulates into one
+ * element. */
 #define BIN_BWD_PASS(dst, stride, D)                                                               \
     for (int64_t i = 0; i < r->n; i++) {                                                           \
         const float a = r->a[i * r->sa], b = r->b[i * r->sb];                                      \
@@ -342,6 +343,14 @@ static void binary_row_forward(ms_k_binary op, float *out, const bin_row *r) {
         dst[i * (stride)] += (D)*g[i];                                                             \
     }
 #define BIN_BWD(DA, DB)                                                                            \
+    if (da && db && r->sa == 1 && r->sb == 1) {                                                    \
+        for (int64_t i = 0; i < r->n; i++) {                                                       \
+            const float a = r->a[i], b = r->b[i];                                                  \
+            (void)a, (void)b;                                                                      \
+            da[i] += (DA)*g[i], db[i] += (DB)*g[i];                                                \
+        }                                                                                          \
+        break;                                                                                     \
+    }                                                                                              \
     if (da) BIN_BWD_PASS(da, r->sa, DA)                                                            \
     if (db) BIN_BWD_PASS(db, r->sb, DB)                                                            \
     break
@@ -410,16 +419,6 @@ typedef struct bin_bwd_job {
 /* Elements [lo, hi) of inputs of the output's own shape: no two ranges share a gradient. */
 static void binary_bwd_range(void *arg, int64_t lo, int64_t hi) {
     const bin_bwd_job *j = arg;
-    const bool relu = j->op == MS_K_BIN_ADD_RELU;
-    if ((relu || j->op == MS_K_BIN_ADD_BCAST) && j->da && j->db) { /* one pass for both */
-        float *da = j->da, *db = j->db;
-        const float *g = j->dout, *a = j->a, *b = j->b;
-        for (int64_t i = lo; i < hi; i++) {
-            const float d = !relu || a[i] + b[i] > 0 ? g[i] : 0.0f;
-            da[i] += d, db[i] += d;
-        }
-        return;
-    }
     bin_row row = {j->a + lo, j->b + lo, 1, 1, hi - lo};
     binary_row_backward(j->op, j->da ? j->da + lo : NULL, j->db ? j->db + lo : NULL, j->dout + lo,
                         &row);

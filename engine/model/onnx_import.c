@@ -809,9 +809,11 @@ bool ox_relu_follows(const ox_build *b) {
         return false;
     for (int k = 0; k < b->m->nout; k++)
         if (!strcmp(b->m->out[k].name, y)) return false;
-    for (size_t i = 0; i < gp->n_node; i++)
-        for (size_t k = 0; i != b->at + 1 && k < gp->node[i]->n_input; k++)
+    for (size_t i = 0; i < gp->n_node; i++) {
+        if (i == b->at + 1) continue; /* the Relu itself */
+        for (size_t k = 0; k < gp->node[i]->n_input; k++)
             if (!strcmp(gp->node[i]->input[k], y)) return false;
+    }
     return true;
 }
 
