@@ -143,6 +143,10 @@ int run_opts_parse(run_cmd cmd, int argc, char **argv, run_opts *o) {
                             "with --offload: run the host AdamW inside the step (no overlap; "
                             "for comparison)")},
         {RUN_ALL, MS_ENUM_BACKEND(&backend)},
+        {RUN_TRAIN | RUN_EXPLAIN,
+         MS_NUM("auto-time-limit", "S", &o->auto_time_limit_s, 0.001, 86400,
+                "with \"placements\": \"auto\": the search's integer program may take S seconds "
+                "per solve (default 10)")},
         {RUN_TRAIN, MS_INT("steps", "N", &o->steps, 0, 100000000, "optimizer steps (default 100)")},
         {RUN_TRAIN, MS_INT("seed", "S", &seed, 0, 0x7fffffff,
                            "seed of weights, data and sampling (default 1337)")},

@@ -134,9 +134,10 @@ static void default_buckets(const run_opts *o, job_plan *plan, ms_device_kind ki
     }
 }
 
-/* "placements": "auto": the planner's search for the tensor-parallel layout, on this machine's
- * cluster (cpu-local, or gpu-local on CUDA), before any rank starts; one line says what it found
- * and what the runner-up would have cost. */
+/* "placements": "auto" (or "*": "auto" beside pins): the planner's search for the
+ * tensor-parallel layout around the pins, on this machine's cluster (cpu-local, or gpu-local on
+ * CUDA), before any rank starts; one line says what it found and what the runner-up would have
+ * cost. */
 static ms_status resolve_auto_placements(const run_opts *o, job_plan *plan, ms_device_kind kind,
                                          ms_error *err) {
     if (!plan->rules.auto_place) return MS_OK;
@@ -154,7 +155,11 @@ static ms_status resolve_auto_placements(const run_opts *o, job_plan *plan, ms_d
                           .cluster = cl,
                           .engine_workloads = true,
                           .def = &plan->def};
-    if (st == MS_OK) st = ms_plan_auto_placements(&pb, &plan->strat, NULL, r, err);
+    ms_placement_rules *pins = xmalloc(sizeof *pins); /* the file's own rules, kept as given */
+    *pins = plan->rules;
+    ms_auto_place_opts ao = {.pins = pins, .time_limit_s = o->auto_time_limit_s};
+    if (st == MS_OK) st = ms_plan_auto_placements(&pb, &plan->strat, &ao, r, err);
+    free(pins);
     if (st == MS_OK) {
         plan->rules = r->rules;
         char *text = xmalloc(8192), bytes[32];
@@ -164,10 +169,19 @@ static ms_status resolve_auto_placements(const run_opts *o, job_plan *plan, ms_d
                    "per rank",
                    r->rules.n ? text : "none (tp 1: nothing to place)", r->best.step_s * 1e3,
                    ms_plan_bytes_str(r->coll_bytes, bytes, sizeof bytes));
-            if (r->have_runner_up)
+            if (r->have_runner_up && r->runner_up.step_s < r->best.step_s)
+                printf("; runner-up %.3f ms with %s of collectives (%s), within %.0f%% of the "
+                       "step, so the fewer bytes win",
+                       r->runner_up.step_s * 1e3,
+                       ms_plan_bytes_str(ms_plan_estimate_coll_bytes(&r->runner_up), bytes,
+                                         sizeof bytes),
+                       r->runner_up_diff, r->tie * 100);
+            else if (r->have_runner_up)
                 printf("; runner-up %.3f ms (%s)", r->runner_up.step_s * 1e3, r->runner_up_diff);
-            printf("; %d layout%s compiled in %.0f ms\n", r->compiles, r->compiles == 1 ? "" : "s",
-                   r->search_ms);
+            printf("; %d layout%s compiled in %.0f ms (%d classes, %d interacting pairs, %d "
+                   "round%s)\n",
+                   r->compiles, r->compiles == 1 ? "" : "s", r->search_ms, r->classes, r->pairs,
+                   r->rounds, r->rounds == 1 ? "" : "s");
             fflush(stdout);
         }
         free(text);

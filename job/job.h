@@ -27,11 +27,12 @@ typedef struct run_opts {
     const char *switch_spec;       /* --switch STEP:STRATEGY_JSON: switch strategy at that step */
     bool tui;                      /* --tui: the terminal view */
     double advise_threshold;       /* suggest strategies predicted at least this much faster */
-    double memory_cap_mib; /* refuse switches needing more per rank; 0: the machine's share */
-    ms_strategy strat;     /* the strategy flags (MS_STRATEGY_SETTINGS), over the defaults */
-    uint32_t strat_given;  /* bit MS_SET_x: that setting's flag was given */
-    int device;            /* --device: an ms_device_choice */
-    bool offload_serial;   /* --offload-serial: that AdamW inside the step, not overlapped */
+    double memory_cap_mib;    /* refuse switches needing more per rank; 0: the machine's share */
+    ms_strategy strat;        /* the strategy flags (MS_STRATEGY_SETTINGS), over the defaults */
+    uint32_t strat_given;     /* bit MS_SET_x: that setting's flag was given */
+    int device;               /* --device: an ms_device_choice */
+    bool offload_serial;      /* --offload-serial: that AdamW inside the step, not overlapped */
+    double auto_time_limit_s; /* --auto-time-limit: the placement search's solver; 0: 10 s */
     ms_backend_kind backend;
     int steps, batch, seq, warmup, sample, batches, log_every, eval_every;
     int threads;            /* BLAS threads per rank; 0 = cores / ranks */

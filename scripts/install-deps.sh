@@ -11,6 +11,7 @@ PACKAGES=(
   libcjson-dev libmicrohttpd-dev libncurses-dev  # views
   zlib1g-dev             # checkpoint checksums (CRC-32)
   libzip-dev             # .npz data files (zip archives of .npy arrays)
+  libglpk-dev            # the automatic placement search's integer program (GLPK)
   libcurl4-openssl-dev   # meshscope top (reads a dashboard)
   tmux                   # TUI tests
   curl chromium          # dashboard tests: curl (tests/web_live.sh), headless Chromium (tests/browser)

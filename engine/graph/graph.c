@@ -245,6 +245,29 @@ bool ms_graph_is_buffer(const ms_graph *g, int v) {
     return g->v[v].kind == GV_BUFFER;
 }
 
+bool ms_graph_is_activation(const ms_graph *g, int v) {
+    return g->v[v].kind == GV_ACT && g->v[v].producer >= 0;
+}
+
+int ms_graph_value_uses(const ms_graph *g, int v) {
+    int uses = 0;
+    for (int n = 0; n < g->nn; n++)
+        for (int i = 0; i < g->n[n].n_in; i++) uses += g->n[n].in[i] == v;
+    return uses;
+}
+
+int ms_graph_num_nodes(const ms_graph *g) {
+    return g->nn;
+}
+
+int ms_graph_node_io(const ms_graph *g, int n, int *n_in, const int **in, int *n_out,
+                     const int **out) {
+    const gnode *node = &g->n[n];
+    *n_in = node->n_in, *in = node->in;
+    *n_out = node->n_out, *out = node->out;
+    return node->op;
+}
+
 int ms_graph_find(const ms_graph *g, const char *name) {
     for (int i = 0; i < g->nv; i++)
         if (!strcmp(g->v[i].name, name)) return i;

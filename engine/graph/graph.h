@@ -122,6 +122,16 @@ bool ms_graph_is_param(const ms_graph *g, int v);
 /* Whether v is an input (fed with ms_program_feed). */
 bool ms_graph_is_input(const ms_graph *g, int v);
 bool ms_graph_is_buffer(const ms_graph *g, int v);
+/* Whether v is an activation: an operator's output (not a parameter, input, constant or
+ * buffer). */
+bool ms_graph_is_activation(const ms_graph *g, int v);
+/* How many operator inputs read v (an operator reading it twice counts twice). */
+int ms_graph_value_uses(const ms_graph *g, int v);
+/* The operator nodes, in the order they were added: node n's operator, and its inputs and
+ * outputs as value ids (borrowed from the graph). */
+int ms_graph_num_nodes(const ms_graph *g);
+int ms_graph_node_io(const ms_graph *g, int n, int *n_in, const int **in, int *n_out,
+                     const int **out);
 
 /* Annotation callback: called for every value (parameters, inputs and named activations)
  * without an annotation; return true and fill *pl to annotate. */

@@ -269,8 +269,9 @@ typedef struct ms_placement_rules {
      * dp (over cp, the built-in models' sequence dim) annotate the graph, and the completion pass
      * places everything else. What the automatic search compiles and what its rules run under. */
     bool no_hints;
-    /* The strategy file said "placements": "auto": the job finds the rules before the ranks
-     * start (engine/plan/auto_place.h); n is 0 until then. */
+    /* The strategy file said "placements": "auto", or "*": "auto" beside pins: the job finds
+     * the rules before the ranks start (engine/plan/auto_place.h); until then the rules are
+     * the pins (n is 0 for "auto" alone). */
     bool auto_place;
 } ms_placement_rules;
 
@@ -281,7 +282,8 @@ typedef struct ms_placement_rules {
  *   file   {"mesh": {"dp": 2, "tp": 2, "pp": 1, "cp": 1}, "sp": false, ...,
  *           "placements": {"h.*.mlp.c_fc.weight": "[R, S(1)]", ...}}
  * or "placements": "auto" (rules->auto_place: the job searches for the tensor-parallel layout,
- * engine/plan/auto_place.h).
+ * engine/plan/auto_place.h), or pins and "*": "auto" in one object (the search places the rest
+ * around the pins).
  * Settings: every row of MS_STRATEGY_SETTINGS under its name, in its range; recompute also
  * takes true / false (full / none); a micro_batch alone sets the size and the count follows
  * from the batch. Unset settings take their defaults. The former key "vocab_parallel" is

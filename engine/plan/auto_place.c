@@ -1,7 +1,6 @@
-/* auto_place.c - automatic placements: coordinate descent over weight classes, each layout
- * priced from the engine's compiled program (see auto_place.h). */
-#include "engine/plan/auto_place.h"
-
+/* auto_place.c - automatic placements: the classes a layout chooses for, the user's pins, the
+ * rules a layout becomes, and pricing one layout from the engine's compiled program (see
+ * auto_place.h; the search itself is auto_place_search.c). */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,39 +10,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/graph/graph.h"
 #include "engine/pipeline/chunks.h"
-
-#define AP_MAX_CLASSES MS_STRATEGY_MAX_RULES
-#define AP_MAX_CANDS   (MS_MAX_DIMS + 1)
-#define AP_TP_DIM      1 /* the tp dim of the engine's mesh (dp, tp[, cp]) */
-
-/* Parameters sharing a name once their layer indices are '*'. */
-typedef struct ap_class {
-    char pattern[96];
-    ms_shape shape;            /* its first member's */
-    bool divides[MS_MAX_DIMS]; /* tp divides that dim of every member */
-    int follows;               /* a bias: the class of its weight; -1 otherwise */
-    int cand[AP_MAX_CANDS];    /* a weight: -1 replicated, d sharded on dim d */
-    int ncand;                 /* 0: not searched (replicated or following) */
-} ap_class;
-
-/* One layout priced: each weight class's candidate index. */
-typedef struct ap_eval {
-    uint8_t a[AP_MAX_CLASSES];
-    bool ok, fits;
-    double bytes;
-    ms_plan_estimate e;
-} ap_eval;
-
-typedef struct ap_ctx {
-    const ms_plan_problem *pb;
-    const ms_strategy *s;
-    ap_class c[AP_MAX_CLASSES];
-    int n;
-    double limit;
-    ap_eval *evals;
-    int nevals, cap;
-    ms_error first_err;
-} ap_ctx;
+#include "engine/plan/auto_place_impl.h"
 
 double ms_plan_estimate_coll_bytes(const ms_plan_estimate *e) {
     double b = 0;
@@ -71,52 +38,193 @@ static bool class_pattern(const char *name, char *out, size_t n) {
     return true;
 }
 
-static ms_status add_param(ap_ctx *cx, const char *name, const ms_shape *sh, ms_error *err) {
+/* The first pin rule matching name (for this mesh), or -1. */
+static int pin_of(const ap_ctx *cx, const char *name) {
+    int ndim = cx->s->cp > 1 ? 3 : 2;
+    for (int r = 0; r < cx->pins->n; r++)
+        if (cx->pins->r[r].pl.n == ndim && ms_glob_match(cx->pins->r[r].pattern, name)) return r;
+    return -1;
+}
+
+/* Two members of one class pinned differently (or one pinned, one not): the class is solved
+ * once for every layer, so its members must agree. */
+static ms_status contradiction(const ap_ctx *cx, const ap_class *c, const char *name, int pin,
+                               ms_error *err) {
+    char a[64] = "unpinned", b[64] = "unpinned";
+    if (c->pin >= 0) ms_placements_str(&cx->pins->r[c->pin].pl, a, sizeof a);
+    if (pin >= 0) ms_placements_str(&cx->pins->r[pin].pl, b, sizeof b);
+    return ms_fail(err, MS_ERR_INVALID,
+                   "auto placements: contradictory pins: %s is %s but %s is %s; every layer's "
+                   "copy of a tensor takes one placement, so pin them all with one pattern "
+                   "such as \"%s\"",
+                   c->first, a, name, b, c->pattern);
+}
+
+static ms_status add_value(ap_ctx *cx, const char *name, const ms_shape *sh, bool act,
+                           ms_error *err) {
     char pat[96];
     if (!class_pattern(name, pat, sizeof pat))
-        return ms_fail(err, MS_ERR_INVALID, "auto placements: the parameter name %.80s is too long",
+        return ms_fail(err, MS_ERR_INVALID, "auto placements: the value name %.80s is too long",
                        name);
-    int tp = cx->s->tp;
+    int tp = cx->s->tp, pin = pin_of(cx, name);
     for (int i = 0; i < cx->n; i++) {
         ap_class *c = &cx->c[i];
         if (strcmp(c->pattern, pat)) continue;
         for (int d = 0; d < MS_MAX_DIMS; d++)
             c->divides[d] &= d < sh->ndim && d < c->shape.ndim && sh->d[d] % tp == 0;
-        return MS_OK;
+        bool agree = (pin < 0) == (c->pin < 0) &&
+                     (pin < 0 || ms_placements_eq(&cx->pins->r[pin].pl, &cx->pins->r[c->pin].pl));
+        return agree ? MS_OK : contradiction(cx, c, name, pin, err);
     }
     if (cx->n == AP_MAX_CLASSES)
         return ms_fail(err, MS_ERR_INVALID,
-                       "auto placements: the model has more than %d parameter classes (names with "
-                       "their layer index as '*'); give its placements in the strategy file",
+                       "auto placements: the model has more than %d classes of parameters and "
+                       "fan-out activations (names with their layer index as '*'); give its "
+                       "placements in the strategy file",
                        AP_MAX_CLASSES);
     ap_class *c = &cx->c[cx->n++];
     memset(c, 0, sizeof *c);
     snprintf(c->pattern, sizeof c->pattern, "%s", pat);
+    snprintf(c->first, sizeof c->first, "%s", name);
     c->shape = *sh;
     c->follows = -1;
+    c->act = act;
+    c->pin = pin;
     for (int d = 0; d < sh->ndim; d++) c->divides[d] = sh->d[d] % tp == 0;
     return MS_OK;
 }
 
-/* Biases follow their weight; weights of two or more dims are searched; the rest replicated. */
-static void settle_classes(ap_ctx *cx) {
+/* A pin's tp entry must be one the engine can hold: a shard of a dim tp divides. */
+static ms_status check_pin(const ap_ctx *cx, const ap_class *c, ms_error *err) {
+    ms_placement q = cx->pins->r[c->pin].pl.p[AP_TP_DIM];
+    if (q.kind != MS_PL_SHARD || (q.dim < c->shape.ndim && c->divides[q.dim])) return MS_OK;
+    char b[64];
+    return ms_fail(err, MS_ERR_INVALID,
+                   "auto placements: the pin \"%s\": \"%s\" shards dim %d of %s, which tp %d does "
+                   "not divide (%s has %d dims); pin a dim tp divides, or R",
+                   cx->pins->r[c->pin].pattern,
+                   ms_placements_str(&cx->pins->r[c->pin].pl, b, sizeof b), q.dim, c->first,
+                   cx->s->tp, c->first, c->shape.ndim);
+}
+
+/* Biases follow their weight; weights of two or more dims and fan-out activations are
+ * searched; pinned classes are fixed; the rest are replicated. */
+static ms_status settle_classes(ap_ctx *cx, ms_error *err) {
     for (int i = 0; i < cx->n; i++) {
         ap_class *c = &cx->c[i];
+        if (c->pin >= 0) {
+            MS_CHECK(check_pin(cx, c, err));
+            continue;
+        }
         size_t len = strlen(c->pattern);
-        if (len > 5 && !strcmp(c->pattern + len - 5, ".bias")) {
+        if (!c->act && len > 5 && !strcmp(c->pattern + len - 5, ".bias")) {
             char w[96];
             snprintf(w, sizeof w, "%.*sweight", (int)(len - 4), c->pattern);
             for (int j = 0; j < cx->n; j++)
                 if (!strcmp(cx->c[j].pattern, w) && cx->c[j].shape.ndim >= 2) c->follows = j;
         }
-        if (c->follows >= 0 || c->shape.ndim < 2) continue;
-        c->cand[c->ncand++] = -1;
-        for (int d = 0; d < c->shape.ndim && cx->s->tp > 1; d++)
+        if (c->follows >= 0 || c->shape.ndim < 2 || cx->s->tp < 2) continue;
+        if (c->act) { /* left to the completion pass first: the layout with no rule */
+            /* over dp its rows stay split as the batch's; over cp it is the completion's */
+            if (cx->s->cp > 1 || c->shape.d[0] % cx->s->dp) continue;
+            c->cand[c->ncand++] = AP_FREE;
+        }
+        c->cand[c->ncand++] = AP_REPL;
+        /* an activation's last dim is its features: a split there starves every matmul */
+        for (int d = 0; d < c->shape.ndim - (c->act ? 1 : 0); d++)
             if (c->divides[d]) c->cand[c->ncand++] = d;
     }
+    return MS_OK;
 }
 
-/* The parameters of the whole model (one pipeline chunk), in the order the builder made them. */
+/* The class a value's placement is decided by (a bias: its weight's), or -1. */
+static int deciding_class(const ap_ctx *cx, const int *cls_of, int v) {
+    int c = cls_of[v];
+    if (c >= 0 && cx->c[c].follows >= 0) c = cx->c[c].follows;
+    return c;
+}
+
+/* Which searched classes interact: those joined through values no class decides (a norm, a
+ * projection's output, an attention core), walking the graph both ways from every member and
+ * stopping at any class's values. Only these pairs get joint terms in the search. */
+static void class_adjacency(ap_ctx *cx, const ms_graph *g, const int *cls_of) {
+    int nv = ms_graph_num_values(g), nn = ms_graph_num_nodes(g);
+    int *producer = xmalloc(sizeof(int) * (size_t)nv), *seen = xcalloc((size_t)nv, sizeof(int));
+    int *nseen = xcalloc((size_t)nn, sizeof(int)), *queue = xmalloc(sizeof(int) * (size_t)nv);
+    int *ucount = xcalloc((size_t)nv + 1, sizeof(int)), *users, *fill;
+    for (int v = 0; v < nv; v++) producer[v] = -1;
+    for (int n = 0; n < nn; n++) {
+        int ni, no;
+        const int *in, *out;
+        ms_graph_node_io(g, n, &ni, &in, &no, &out);
+        for (int k = 0; k < no; k++) producer[out[k]] = n;
+        for (int k = 0; k < ni; k++) ucount[in[k] + 1]++;
+    }
+    for (int v = 0; v < nv; v++) ucount[v + 1] += ucount[v];
+    users = xmalloc(sizeof(int) * (size_t)(ucount[nv] + 1));
+    fill = xmalloc(sizeof(int) * (size_t)nv);
+    memcpy(fill, ucount, sizeof(int) * (size_t)nv);
+    for (int n = 0; n < nn; n++) {
+        int ni, no;
+        const int *in, *out;
+        ms_graph_node_io(g, n, &ni, &in, &no, &out);
+        for (int k = 0; k < ni; k++) users[fill[in[k]]++] = n;
+    }
+    for (int root = 0, stamp = 0; root < nv; root++) {
+        int r = deciding_class(cx, cls_of, root);
+        if (r < 0 || !cx->c[r].ncand) continue;
+        int head = 0, tail = 0;
+        queue[tail++] = root, seen[root] = ++stamp;
+        while (head < tail) {
+            int u = queue[head++];
+            for (int k = -1; k < ucount[u + 1] - ucount[u]; k++) {
+                int n = k < 0 ? producer[u] : users[ucount[u] + k];
+                if (n < 0 || nseen[n] == stamp) continue;
+                nseen[n] = stamp;
+                int ni, no;
+                const int *in, *out;
+                ms_graph_node_io(g, n, &ni, &in, &no, &out);
+                for (int j = 0; j < ni + no; j++) {
+                    int w = j < ni ? in[j] : out[j - ni];
+                    if (seen[w] == stamp) continue;
+                    seen[w] = stamp;
+                    int c = deciding_class(cx, cls_of, w);
+                    if (c >= 0 && (cx->c[c].ncand || cx->c[c].pin >= 0)) {
+                        if (c != r && cx->c[c].ncand) cx->adj[r][c] = cx->adj[c][r] = true;
+                        continue;
+                    }
+                    queue[tail++] = w;
+                }
+            }
+        }
+    }
+    free(producer), free(seen), free(nseen), free(queue), free(ucount), free(users), free(fill);
+}
+
+static bool same_shape(const ms_shape *a, const ms_shape *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->d[d] != b->d[d]) return false;
+    return true;
+}
+
+/* An activation whose placement a layout chooses: one two or more operators read (the residual
+ * stream, a norm feeding several projections), or a residual join (an operator adding inputs of
+ * its output's shape), where a partial sum becomes either an all-reduce or sequence
+ * parallelism's reduce-scatter. producer: each value's node, or -1. */
+static bool is_stream(const ms_graph *g, const int *producer, int v) {
+    const ms_shape *sh = ms_graph_value_shape(g, v);
+    if (!ms_graph_is_activation(g, v) || sh->ndim < 2 || producer[v] < 0) return false;
+    if (ms_graph_value_uses(g, v) >= 2) return true;
+    int ni, no, same = 0;
+    const int *in, *out;
+    ms_graph_node_io(g, producer[v], &ni, &in, &no, &out);
+    for (int k = 0; k < ni; k++) same += same_shape(ms_graph_value_shape(g, in[k]), sh);
+    return no == 1 && same >= 2;
+}
+
+/* The parameters of the whole model (one pipeline chunk), in the order the builder made them,
+ * and its stream activations (is_stream); then which of them interact. */
 static ms_status read_classes(ap_ctx *cx, ms_error *err) {
     const ms_plan_problem *pb = cx->pb;
     ms_strategy whole = *cx->s;
@@ -126,12 +234,31 @@ static ms_status read_classes(ap_ctx *cx, ms_error *err) {
     int rows = pb->global_batch;
     ms_status st = d ? ms_pp_chunk_model_def(d, &whole, rows, 0, &model, err)
                      : ms_pp_chunk_model(&pb->model, &whole, rows, pb->seq, 0, &model, err);
-    for (int v = 0; st == MS_OK && v < ms_graph_num_values(model.g); v++)
-        if (ms_graph_is_param(model.g, v))
-            st = add_param(cx, ms_graph_value_name(model.g, v), ms_graph_value_shape(model.g, v),
-                           err);
+    int nv = st == MS_OK ? ms_graph_num_values(model.g) : 0;
+    int *cls_of = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    int *producer = xmalloc(sizeof(int) * (size_t)(nv + 1));
+    for (int v = 0; v < nv; v++) producer[v] = -1;
+    for (int n = 0; st == MS_OK && n < ms_graph_num_nodes(model.g); n++) {
+        int ni, no;
+        const int *in, *out;
+        ms_graph_node_io(model.g, n, &ni, &in, &no, &out);
+        for (int k = 0; k < no; k++) producer[out[k]] = n;
+    }
+    for (int v = 0; st == MS_OK && v < nv; v++) {
+        cls_of[v] = -1;
+        if (!ms_graph_is_param(model.g, v) && !is_stream(model.g, producer, v)) continue;
+        st = add_value(cx, ms_graph_value_name(model.g, v), ms_graph_value_shape(model.g, v),
+                       !ms_graph_is_param(model.g, v), err);
+        char pat[96];
+        class_pattern(ms_graph_value_name(model.g, v), pat, sizeof pat);
+        for (int i = 0; st == MS_OK && i < cx->n; i++)
+            if (!strcmp(cx->c[i].pattern, pat)) cls_of[v] = i;
+    }
+    if (st == MS_OK) st = settle_classes(cx, err);
+    if (st == MS_OK) class_adjacency(cx, model.g, cls_of);
+    free(cls_of);
+    free(producer);
     ms_model_free(&model);
-    if (st == MS_OK) settle_classes(cx);
     return st;
 }
 
@@ -151,6 +278,7 @@ static ms_placement follow(const ms_shape *wsh, const ms_shape *b, ms_placement 
 
 static ms_placement tp_of(const ap_ctx *cx, const uint8_t *a, int i) {
     const ap_class *c = &cx->c[i];
+    if (c->pin >= 0) return cx->pins->r[c->pin].pl.p[AP_TP_DIM];
     if (c->follows >= 0)
         return follow(&cx->c[c->follows].shape, &c->shape, tp_of(cx, a, c->follows));
     if (!c->ncand) return ms_pl_replicate();
@@ -158,25 +286,29 @@ static ms_placement tp_of(const ap_ctx *cx, const uint8_t *a, int i) {
     return d < 0 ? ms_pl_replicate() : ms_pl_shard(d);
 }
 
+/* The pins first (as given: the first matching rule wins), then one rule per class not left
+ * to the completion pass. */
 static void make_rules(const ap_ctx *cx, const uint8_t *a, ms_placement_rules *r) {
     memset(r, 0, sizeof *r);
     r->no_hints = true;
+    for (int i = 0; i < cx->pins->n && r->n < MS_STRATEGY_MAX_RULES; i++)
+        r->r[r->n++] = cx->pins->r[i];
     if (cx->s->tp < 2) return;
     int ndim = cx->s->cp > 1 ? 3 : 2;
-    for (int i = 0; i < cx->n; i++) {
+    for (int i = 0; i < cx->n && r->n < MS_STRATEGY_MAX_RULES; i++) {
+        const ap_class *c = &cx->c[i];
+        if (c->pin >= 0 || (c->act && (!c->ncand || c->cand[a[i]] == AP_FREE))) continue;
         ms_placement_rule *rule = &r->r[r->n++];
-        snprintf(rule->pattern, sizeof rule->pattern, "%s", cx->c[i].pattern);
+        snprintf(rule->pattern, sizeof rule->pattern, "%s", c->pattern);
         rule->pl = ms_placements_replicated(ndim);
+        /* an activation keeps its batch rows over dp, as the inputs' are */
+        if (c->act && cx->s->dp > 1) rule->pl.p[MS_STRATEGY_DP_DIM] = ms_pl_shard(0);
         rule->pl.p[AP_TP_DIM] = tp_of(cx, a, i);
         ms_placements_default_order(&rule->pl);
     }
 }
 
-/* Whether x is a better layout than y: fitting over not, then by step time (by memory while
- * neither fits), then by fewer collective bytes. */
-static int descend_single(ap_ctx *cx, int max_sweeps, int *sweeps);
-
-static bool better(const ap_eval *x, const ap_eval *y) {
+bool ap_better(const ap_eval *x, const ap_eval *y) {
     if (!x->ok || !y->ok) return x->ok && !y->ok;
     if (x->fits != y->fits) return x->fits;
     double kx = x->fits ? x->e.step_s : x->e.mem_total, ky = y->fits ? y->e.step_s : y->e.mem_total;
@@ -184,12 +316,11 @@ static bool better(const ap_eval *x, const ap_eval *y) {
     return x->bytes < y->bytes;
 }
 
-/* The layout a, priced once (index into cx->evals). */
-static int evaluate(ap_ctx *cx, const uint8_t *a) {
+int ap_evaluate(ap_ctx *cx, const uint8_t *a) {
     for (int i = 0; i < cx->nevals; i++)
         if (!memcmp(cx->evals[i].a, a, AP_MAX_CLASSES)) return i;
     if (cx->nevals == cx->cap) {
-        cx->cap = cx->cap ? 2 * cx->cap : 32;
+        cx->cap = cx->cap ? 2 * cx->cap : 64;
         cx->evals = xrealloc(cx->evals, sizeof *cx->evals * (size_t)cx->cap);
     }
     ap_eval *ev = &cx->evals[cx->nevals];
@@ -217,69 +348,22 @@ static int evaluate(ap_ctx *cx, const uint8_t *a) {
     return cx->nevals++;
 }
 
-/* Joint moves of two classes from cur (Megatron's column-then-row pairs only pay when both
- * change): the best layout priced, or `best` when no pair beats it. */
-static int pair_moves(ap_ctx *cx, const uint8_t *cur, int best) {
-    for (int i = 0; i < cx->n; i++)
-        for (int j = i + 1; j < cx->n; j++)
-            for (int ki = 0; ki < cx->c[i].ncand; ki++)
-                for (int kj = 0; kj < cx->c[j].ncand; kj++) {
-                    if (ki == cur[i] || kj == cur[j]) continue;
-                    uint8_t trial[AP_MAX_CLASSES];
-                    memcpy(trial, cur, sizeof trial);
-                    trial[i] = (uint8_t)ki, trial[j] = (uint8_t)kj;
-                    int t = evaluate(cx, trial);
-                    if (better(&cx->evals[t], &cx->evals[best])) best = t;
-                }
-    return best;
-}
-
-/* Coordinate descent from all-replicated, single classes until none improves, then pairs;
- * returns the winner's index in cx->evals. */
-static int descend(ap_ctx *cx, int max_sweeps, int *sweeps) {
-    int best = descend_single(cx, max_sweeps, sweeps);
-    for (int round = 0; round < 2; round++) {
-        uint8_t cur[AP_MAX_CLASSES];
-        memcpy(cur, cx->evals[best].a, sizeof cur);
-        int p = pair_moves(cx, cur, best);
-        if (p == best) break;
-        best = p;
-        ++*sweeps;
+/* One class's placement in a layout, as text ("unpinned" for an activation left free). */
+static void class_str(const ap_ctx *cx, const uint8_t *a, int i, char *b, size_t n) {
+    if (cx->c[i].ncand && cx->c[i].cand[a[i]] == AP_FREE) {
+        snprintf(b, n, "unpinned");
+        return;
     }
-    return best;
-}
-
-/* Coordinate descent over single classes; returns the winner's index in cx->evals. */
-static int descend_single(ap_ctx *cx, int max_sweeps, int *sweeps) {
-    uint8_t cur[AP_MAX_CLASSES] = {0};
-    int best = evaluate(cx, cur);
-    *sweeps = 0;
-    for (bool changed = true; changed && *sweeps < max_sweeps;) {
-        changed = false;
-        ++*sweeps;
-        for (int i = 0; i < cx->n; i++) {
-            for (int k = 0; k < cx->c[i].ncand; k++) {
-                if (k == cur[i]) continue;
-                uint8_t trial[AP_MAX_CLASSES];
-                memcpy(trial, cur, sizeof trial);
-                trial[i] = (uint8_t)k;
-                int t = evaluate(cx, trial);
-                if (better(&cx->evals[t], &cx->evals[best])) best = t;
-            }
-            if (cx->evals[best].a[i] != cur[i]) {
-                cur[i] = cx->evals[best].a[i];
-                changed = true;
-            }
-        }
-    }
-    return best;
+    ms_placements pl = ms_placements_replicated(cx->s->cp > 1 ? 3 : 2);
+    pl.p[AP_TP_DIM] = tp_of(cx, a, i);
+    ms_placements_str(&pl, b, n);
 }
 
 /* The runner-up (the best other layout priced) and where it differs from the winner. */
 static void runner_up(const ap_ctx *cx, int win, ms_auto_place_result *out) {
     int ru = -1;
     for (int i = 0; i < cx->nevals; i++)
-        if (i != win && cx->evals[i].ok && (ru < 0 || better(&cx->evals[i], &cx->evals[ru])))
+        if (i != win && cx->evals[i].ok && (ru < 0 || ap_better(&cx->evals[i], &cx->evals[ru])))
             ru = i;
     if (ru < 0) return;
     out->have_runner_up = true;
@@ -288,13 +372,21 @@ static void runner_up(const ap_ctx *cx, int win, ms_auto_place_result *out) {
     out->runner_up_diff[0] = '\0';
     for (int i = 0; i < cx->n && o < sizeof out->runner_up_diff; i++) {
         if (!cx->c[i].ncand || cx->evals[ru].a[i] == cx->evals[win].a[i]) continue;
-        ms_placements pl = ms_placements_replicated(cx->s->cp > 1 ? 3 : 2);
-        pl.p[AP_TP_DIM] = tp_of(cx, cx->evals[ru].a, i);
         char b[64];
+        class_str(cx, cx->evals[ru].a, i, b, sizeof b);
         int w = snprintf(out->runner_up_diff + o, sizeof out->runner_up_diff - o, "%s%s %s",
-                         o ? ", " : "", cx->c[i].pattern, ms_placements_str(&pl, b, sizeof b));
+                         o ? ", " : "", cx->c[i].pattern, b);
         o += w > 0 ? (size_t)w : 0;
     }
+}
+
+static void set_opts(ap_ctx *cx, const ms_auto_place_opts *opts) {
+    static const ms_placement_rules none;
+    cx->pins = opts && opts->pins ? opts->pins : &none;
+    cx->max_sweeps = opts && opts->max_sweeps > 0 ? opts->max_sweeps : 4;
+    cx->max_rounds = opts && opts->max_rounds > 0 ? opts->max_rounds : 4;
+    cx->tie = !opts || opts->tie == 0 ? 0.02 : opts->tie < 0 ? 0 : opts->tie;
+    cx->time_limit_s = opts && opts->time_limit_s > 0 ? opts->time_limit_s : 10;
 }
 
 ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *s,
@@ -306,33 +398,42 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
     MS_CHECK(ms_plan_check(&rp, s, err));
     ap_ctx *cx = xcalloc(1, sizeof *cx);
     cx->pb = &rp, cx->s = s;
+    set_opts(cx, opts);
     ms_status st = read_classes(cx, err);
     int win = -1;
     if (st == MS_OK) {
         /* the memory limit: the cluster's per rank unless given */
-        int first = evaluate(cx, (uint8_t[AP_MAX_CLASSES]){0});
+        int first = ap_evaluate(cx, (uint8_t[AP_MAX_CLASSES]){0});
         cx->limit = opts && opts->mem_limit > 0 ? opts->mem_limit : cx->evals[first].e.mem_cap;
         cx->evals[first].fits = cx->evals[first].ok && cx->evals[first].e.mem_total <= cx->limit;
         if (!cx->evals[first].ok) st = ms_fail(err, MS_ERR_INVALID, "%s", cx->first_err.msg);
     }
     if (st == MS_OK) {
-        win = descend(cx, opts && opts->max_sweeps > 0 ? opts->max_sweeps : 4, &out->sweeps);
+        win = ap_search(cx, err);
+        if (win < 0) st = MS_ERR_INVALID;
+    }
+    if (st == MS_OK && !cx->evals[win].fits) {
         const ap_eval *w = &cx->evals[win];
         char need[32], lim[32];
-        if (!w->fits)
-            st = ms_fail(err, MS_ERR_INVALID,
-                         "auto placements: no layout of %s fits the memory limit of %s per rank; "
-                         "the smallest found needs %s (more tp, ZeRO or recompute would help)",
-                         w->e.text, ms_plan_bytes_str(cx->limit, lim, sizeof lim),
-                         ms_plan_bytes_str(w->e.mem_total, need, sizeof need));
+        st = ms_fail(err, MS_ERR_INVALID,
+                     "auto placements: no layout of %s fits the memory limit of %s per rank; "
+                     "the smallest found needs %s (more tp, ZeRO or recompute would help)",
+                     w->e.text, ms_plan_bytes_str(cx->limit, lim, sizeof lim),
+                     ms_plan_bytes_str(w->e.mem_total, need, sizeof need));
     }
     if (st == MS_OK) {
         make_rules(cx, cx->evals[win].a, &out->rules);
         out->best = cx->evals[win].e;
         out->coll_bytes = cx->evals[win].bytes;
         runner_up(cx, win, out);
-        for (int i = 0; i < cx->n; i++) out->classes += cx->c[i].ncand > 0;
     }
+    for (int i = 0; i < cx->n; i++) {
+        out->classes += cx->c[i].ncand > 1;
+        for (int j = i + 1; j < cx->n; j++) out->pairs += cx->adj[i][j];
+    }
+    out->tie = cx->tie;
+    out->solutions = cx->solutions;
+    out->rounds = cx->rounds;
     out->compiles = cx->nevals;
     out->search_ms = (double)(ms_now_ns() - t0) / 1e6;
     free(cx->evals);

@@ -1,29 +1,43 @@
-/* auto_place.h - automatic placements: the tensor-parallel layout of a model's weights, found by
- * the planner with no annotations.
+/* auto_place.h - automatic placements: the tensor-parallel layout of a model, found by the
+ * planner with no annotations (or around the few the user pins).
  *
  * The model is compiled with its hints removed (ms_placement_rules.no_hints: no shard hook, no
  * built-in Megatron rules; only the rules tried and the inputs' rows over dp), so a layout is a
- * set of glob rules over parameter names, and the completion pass places every other value.
+ * set of glob rules over value names, and the completion pass places every other value.
  *
- * The space. Parameters are grouped into classes by name with each layer index replaced by '*'
- * ("h.*.mlp.c_fc.weight"): a repeated block is solved once and its layout reused for every
- * layer. A class of weights (two or more dims) is replicated over tp or sharded on one of its
- * dims that the tp degree divides. Biases follow the weight of the same prefix: a weight split on
- * an output dim shards its bias along (this engine's [in, out...] weights with [out...] biases,
- * or [out, in] with [out]), otherwise the bias is replicated; every other parameter (norm
- * scales and shifts) is replicated. Over dp (and cp) parameters are replicated, as the
- * strategy's ZeRO stage leaves them.
+ * The classes. Parameters and fan-out activations (values two or more operators read: the
+ * residual stream, a norm feeding several projections) are grouped by name with each layer index
+ * replaced by '*' ("h.*.mlp.c_fc.weight", "h.*.res1"): a repeated block is solved once and its
+ * layout reused for every layer. Over tp a weight class (two or more dims) is replicated or
+ * sharded on one of its dims that tp divides; an activation class is left to the completion
+ * pass ("unpinned"), replicated, or sharded on a dim tp divides (its sequence dim: sequence
+ * parallelism). Biases follow the weight of the same prefix (sharded along an output dim,
+ * else replicated); other parameters (norms) are replicated. Over dp (and cp) parameters are
+ * replicated, as the strategy's ZeRO stage leaves them, and activations keep the batch's rows.
+ *
+ * Pins. Rules given with the search ("placements": {"*": "auto", pattern: placements, ...})
+ * come first in every layout, as given, and fix the classes they match. A class's members pinned
+ * differently (or some pinned and some not), or a pin sharding a dim tp does not divide, are
+ * refused naming both and the fix.
  *
  * The objective: the priced step time of the engine's compiled program for the strategy on the
  * problem's cluster (kernels by op cost, reshards by their plans, gradient collectives), subject
- * to the memory limit per rank. The search: coordinate descent over the classes in order of first
- * appearance, from all-replicated, each class set to its best candidate with the others held,
- * repeated until a sweep changes nothing (at most max_sweeps). Deterministic: ties go to fewer
- * collective bytes, then to the earlier candidate (replicated, then S(0), S(1), ...). While no
- * layout fits, layouts are compared by memory. Each distinct layout is compiled once.
+ * to the memory limit per rank.
  *
- * Limits: greedy per class (a layout that needs two classes changed at once is found only if
- * each change alone pays), the tp dim only, the mesh and the other settings as given.
+ * The search (auto_place_search.c). 1. A surrogate: from the base layout (every weight
+ * replicated, every activation unpinned) each class's candidates are priced alone, and each
+ * pair of interacting classes (joined in the graph through values no class decides) jointly;
+ * the step and the memory become unary and pairwise terms. 2. The integer program over those
+ * terms (engine/plan/assign_ilp.h, GLPK) gives its three best layouts under the memory limit
+ * (or, when none fits it, the one of least memory). 3. Each is priced exactly and polished by
+ * coordinate descent (one class at a time to its best candidate, until a sweep changes nothing),
+ * which repairs what the pairwise terms miss. 4. Of every layout priced, the fastest that fits
+ * wins; layouts within `tie` of its step are taken as equal (finer than the cost model can
+ * tell) and the one with the fewest collective bytes is chosen. Deterministic: the same
+ * problem gives the same layout. Each distinct layout is compiled once.
+ *
+ * Limits: the tp dim only; the mesh and the other settings as given (the strategy search tries
+ * the mesh shapes around it); activations under cp are left to the completion pass.
  */
 #ifndef MS_PLAN_AUTO_PLACE_H
 #define MS_PLAN_AUTO_PLACE_H
@@ -32,7 +46,11 @@
 
 typedef struct ms_auto_place_opts {
     double mem_limit; /* bytes per rank; <= 0: the cluster's (ms_plan_estimate.mem_cap) */
-    int max_sweeps;   /* <= 0: 4 */
+    int max_sweeps;   /* of each polish; <= 0: 4 */
+    int max_rounds;   /* surrogates, each around the best layout so far; <= 0: 4 */
+    const ms_placement_rules *pins; /* or NULL: none */
+    double tie;                     /* relative step difference taken as equal; 0: 2%; < 0: none */
+    double time_limit_s;            /* the integer program's solver, per solve; <= 0: 10 s */
 } ms_auto_place_opts;
 
 typedef struct ms_auto_place_result {
@@ -42,16 +60,20 @@ typedef struct ms_auto_place_result {
     bool have_runner_up;
     ms_plan_estimate runner_up; /* the best other layout priced (fitting, when any does) */
     char runner_up_diff[256];   /* where it differs: "h.*.mlp.c_fc.weight [R, R]" */
-    int classes;                /* weight classes searched */
+    double tie;                 /* the tie band used (relative step) */
+    int classes;                /* classes searched (two or more candidates) */
+    int pairs;                  /* interacting pairs of them */
+    int rounds;                 /* surrogates built */
+    int solutions;              /* the integer program's layouts polished */
     int compiles;               /* layouts compiled and priced */
-    int sweeps;
     double search_ms;
 } ms_auto_place_result;
 
 /* Finds the rules for strategy s on problem pb (its cluster, batch, sequence; pb->rules is not
  * read). Errors: a model too large to compile here (the search prices compiled programs), a
- * strategy the problem refuses, a memory limit no layout fits (naming the smallest found). Under
- * tp 1 there is nothing to place: no rules, the strategy's own estimate, no compiles beyond it. */
+ * strategy the problem refuses, contradictory pins, a memory limit no layout fits (naming the
+ * smallest found), the solver's time limit reached before any layout (naming the option).
+ * Under tp 1 there is nothing to place: the pins alone, the strategy's own estimate. */
 ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *s,
                                   const ms_auto_place_opts *opts, ms_auto_place_result *out,
                                   ms_error *err);
