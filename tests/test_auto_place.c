@@ -129,8 +129,10 @@ static void check_case(const char *config, int tp, bool sp) {
     if (!(x.auto_step <= x.hand_step * (1 + 1e-9)))
         fail_msg("%s tp%d%s: the hand layout is predicted faster: %.3f ms, auto %.3f", config, tp,
                  sp ? " +sp" : "", x.hand_step * 1e3, x.auto_step * 1e3);
-    /* in the hand layout's memory, at least as fast as the hand layout */
-    if (!(x.lim_step <= x.hand_step * (1 + 1e-9)))
+    /* in the hand layout's memory, at least as fast as the hand layout, or inside the 1% tie
+     * band with fewer collective bytes */
+    if (!(x.lim_step <= x.hand_step * (1 + 1e-9) ||
+          (x.lim_step <= x.hand_step * 1.01 && x.lim_bytes < x.hand_bytes)))
         fail_msg("%s tp%d%s: under the hand layout's memory the search found %.4f ms, the hand "
                  "layout runs %.4f ms",
                  config, tp, sp ? " +sp" : "", x.lim_step * 1e3, x.hand_step * 1e3);
@@ -225,14 +227,14 @@ static void test_pins(void **state) {
     pins.n = 2;
     assert_int_not_equal(ms_plan_auto_placements(&pb, &s, &o, r, &err), MS_OK);
     assert_non_null(strstr(err.msg, "is [R, S(1)] but h.1.mlp.c_fc.weight is [R, R]"));
-    /* a dim tp does not divide: c_attn's weight is [C, 3, C] */
+    /* a dim the tensor lacks: c_attn's weight is [C, 3, C] */
     pins.n = 1;
     snprintf(pins.r[0].pattern, sizeof pins.r[0].pattern, "h.*.attn.c_attn.weight");
-    pins.r[0].pl.p[1] = ms_pl_shard(1);
+    pins.r[0].pl.p[1] = ms_pl_shard(3);
     assert_int_not_equal(ms_plan_auto_placements(&pb, &s, &o, r, &err), MS_OK);
     printf("%s\n", err.msg);
-    assert_non_null(strstr(err.msg, "shards dim 1 of h.0.attn.c_attn.weight, which tp 2 does not "
-                                    "divide"));
+    assert_non_null(
+        strstr(err.msg, "shards dim 3 of h.0.attn.c_attn.weight, which has only 3 dims"));
     /* "auto" anywhere but under "*" */
     const char *bad = "{\"tp\": 2, \"placements\": {\"h.*\": \"auto\"}}";
     assert_int_not_equal(ms_strategy_parse_json(bad, strlen(bad), "t.json", &fs, &pins, &err),

@@ -76,25 +76,25 @@ size_t prog_padded_floats(const buf *bf) {
  * lifetime. Returns the floats the layout spans. */
 static size_t place_buffers(buf *bufs, int *order, int n) {
     qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, bufs);
-    size_t top = 0;
+    size_t top = 0, *lo = xmalloc(sizeof(size_t) * (size_t)(2 * n + 1)), *hi = lo + n;
     for (int a = 0; a < n; a++) {
         buf *bf = &bufs[order[a]];
         size_t need = prog_padded_floats(bf), off = 0;
+        int m = 0; /* the spans of the buffers placed before and alive with this one */
+        for (int c = 0; c < a; c++) {
+            const buf *o = &bufs[order[c]];
+            if (o->last < bf->first || bf->last < o->first) continue;
+            lo[m] = o->offset, hi[m++] = o->offset + prog_padded_floats(o);
+        }
         for (bool moved = true; moved;) {
             moved = false;
-            for (int c = 0; c < a; c++) {
-                buf *o = &bufs[order[c]];
-                size_t oneed = prog_padded_floats(o);
-                bool live = !(o->last < bf->first || bf->last < o->first);
-                if (live && off < o->offset + oneed && o->offset < off + need) {
-                    off = o->offset + oneed;
-                    moved = true;
-                }
-            }
+            for (int c = 0; c < m; c++)
+                if (off < hi[c] && lo[c] < off + need) off = hi[c], moved = true;
         }
         bf->offset = off;
         if (off + need > top) top = off + need;
     }
+    free(lo);
     return top;
 }
 

@@ -71,7 +71,7 @@ static ms_status add_value(ap_ctx *cx, const char *name, const ms_shape *sh, boo
         ap_class *c = &cx->c[i];
         if (strcmp(c->pattern, pat)) continue;
         for (int d = 0; d < MS_MAX_DIMS; d++)
-            c->divides[d] &= d < sh->ndim && d < c->shape.ndim && sh->d[d] % tp == 0;
+            c->splits[d] &= d < sh->ndim && d < c->shape.ndim && sh->d[d] >= tp;
         bool agree = (pin < 0) == (c->pin < 0) &&
                      (pin < 0 || ms_placements_eq(&cx->pins->r[pin].pl, &cx->pins->r[c->pin].pl));
         return agree ? MS_OK : contradiction(cx, c, name, pin, err);
@@ -90,21 +90,25 @@ static ms_status add_value(ap_ctx *cx, const char *name, const ms_shape *sh, boo
     c->follows = -1;
     c->act = act;
     c->pin = pin;
-    for (int d = 0; d < sh->ndim; d++) c->divides[d] = sh->d[d] % tp == 0;
+    for (int d = 0; d < sh->ndim; d++) c->splits[d] = sh->d[d] >= tp; /* balanced, maybe uneven */
     return MS_OK;
 }
 
-/* A pin's tp entry must be one the engine can hold: a shard of a dim tp divides. */
+/* A pin's tp entry must be one every member can hold: a shard of a dim it has, with at least
+ * one element per tp rank. */
 static ms_status check_pin(const ap_ctx *cx, const ap_class *c, ms_error *err) {
     ms_placement q = cx->pins->r[c->pin].pl.p[AP_TP_DIM];
-    if (q.kind != MS_PL_SHARD || (q.dim < c->shape.ndim && c->divides[q.dim])) return MS_OK;
-    char b[64];
+    if (q.kind != MS_PL_SHARD || (q.dim < c->shape.ndim && c->splits[q.dim])) return MS_OK;
+    char b[64], why[96];
+    if (q.dim >= c->shape.ndim)
+        snprintf(why, sizeof why, "which has only %d dims", c->shape.ndim);
+    else
+        snprintf(why, sizeof why, "whose dim holds fewer elements than tp's %d ranks", cx->s->tp);
     return ms_fail(err, MS_ERR_INVALID,
-                   "auto placements: the pin \"%s\": \"%s\" shards dim %d of %s, which tp %d does "
-                   "not divide (%s has %d dims); pin a dim tp divides, or R",
+                   "auto placements: the pin \"%s\": \"%s\" shards dim %d of %s, %s; pin a dim "
+                   "with at least one element per rank, or R",
                    cx->pins->r[c->pin].pattern,
-                   ms_placements_str(&cx->pins->r[c->pin].pl, b, sizeof b), q.dim, c->first,
-                   cx->s->tp, c->first, c->shape.ndim);
+                   ms_placements_str(&cx->pins->r[c->pin].pl, b, sizeof b), q.dim, c->first, why);
 }
 
 /* Biases follow their weight; weights of two or more dims and fan-out activations are
@@ -132,7 +136,7 @@ static ms_status settle_classes(ap_ctx *cx, ms_error *err) {
         c->cand[c->ncand++] = AP_REPL;
         /* an activation's last dim is its features: a split there starves every matmul */
         for (int d = 0; d < c->shape.ndim - (c->act ? 1 : 0); d++)
-            if (c->divides[d]) c->cand[c->ncand++] = d;
+            if (c->splits[d]) c->cand[c->ncand++] = d;
     }
     return MS_OK;
 }
@@ -316,6 +320,57 @@ bool ap_better(const ap_eval *x, const ap_eval *y) {
     return x->bytes < y->bytes;
 }
 
+/* The estimate of the engine's program for pb (refused when the model is priced otherwise). */
+static ms_status estimate_engine(const ms_plan_problem *pb, const ms_strategy *s,
+                                 ms_plan_estimate *out, ms_error *err) {
+    MS_CHECK(ms_plan_estimate_one(pb, s, NULL, out, err));
+    if (out->from_engine) return MS_OK;
+    return ms_fail(err, MS_ERR_INVALID,
+                   "auto placements price the engine's compiled program, and %s is not one it "
+                   "compiles here (%s)",
+                   out->text,
+                   out->not_executable[0] ? out->not_executable : "the model is too large");
+}
+
+/* Layout a's estimate: compiled whole, or while the search runs shallow (cx->shallow_layers)
+ * from the model with one layer and with two, extrapolated to its depth: every repeated block
+ * adds the same step, memory and collective bytes. */
+static ms_status price(ap_ctx *cx, const uint8_t *a, ms_plan_estimate *out, ms_error *err) {
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
+    make_rules(cx, a, rules);
+    ms_plan_problem pb = *cx->pb;
+    pb.rules = rules;
+    pb.engine_workloads = pb.engine_any_size = true;
+    int depth = cx->shallow_layers;
+    ms_status st;
+    if (!depth) {
+        st = estimate_engine(&pb, cx->s, out, err);
+    } else {
+        ms_plan_estimate one;
+        pb.model.n_layer = 1;
+        st = estimate_engine(&pb, cx->s, &one, err);
+        pb.model.n_layer = 2;
+        if (st == MS_OK) st = estimate_engine(&pb, cx->s, out, err);
+        double more = depth - 2;
+        out->step_s += more * (out->step_s - one.step_s);
+        out->mem_total += more * (out->mem_total - one.mem_total);
+        for (int d = 0; d < MS_PLAN_DIM_COUNT; d++)
+            out->comm_bytes[d] += more * (out->comm_bytes[d] - one.comm_bytes[d]);
+    }
+    free(rules);
+    return st;
+}
+
+/* Prices evals[i]. */
+static void price_eval(ap_ctx *cx, int i) {
+    ap_eval *ev = &cx->evals[i];
+    ms_error e = {0};
+    ev->ok = price(cx, ev->a, &ev->e, &e) == MS_OK;
+    if (!ev->ok && !cx->first_err.msg[0]) cx->first_err = e;
+    ev->fits = ev->ok && ev->e.mem_total <= cx->limit;
+    ev->bytes = ev->ok ? ms_plan_estimate_coll_bytes(&ev->e) : 0;
+}
+
 int ap_evaluate(ap_ctx *cx, const uint8_t *a) {
     for (int i = 0; i < cx->nevals; i++)
         if (!memcmp(cx->evals[i].a, a, AP_MAX_CLASSES)) return i;
@@ -326,25 +381,8 @@ int ap_evaluate(ap_ctx *cx, const uint8_t *a) {
     ap_eval *ev = &cx->evals[cx->nevals];
     memset(ev, 0, sizeof *ev);
     memcpy(ev->a, a, AP_MAX_CLASSES);
-    ms_placement_rules *rules = xmalloc(sizeof *rules);
-    make_rules(cx, a, rules);
-    ms_plan_problem pb = *cx->pb;
-    pb.rules = rules;
-    pb.engine_workloads = true;
-    ms_error e = {0};
-    ev->ok = ms_plan_estimate_one(&pb, cx->s, NULL, &ev->e, &e) == MS_OK;
-    if (ev->ok && !ev->e.from_engine) {
-        ev->ok = false;
-        ms_fail(&e, MS_ERR_INVALID,
-                "auto placements price the engine's compiled program, and %s is not one it "
-                "compiles here (%s)",
-                ev->e.text,
-                ev->e.not_executable[0] ? ev->e.not_executable : "the model is too large");
-    }
-    if (!ev->ok && !cx->first_err.msg[0]) cx->first_err = e;
-    ev->fits = ev->ok && ev->e.mem_total <= cx->limit;
-    ev->bytes = ev->ok ? ms_plan_estimate_coll_bytes(&ev->e) : 0;
-    free(rules);
+    price_eval(cx, cx->nevals);
+    cx->priced++;
     return cx->nevals++;
 }
 
@@ -385,7 +423,7 @@ static void set_opts(ap_ctx *cx, const ms_auto_place_opts *opts) {
     cx->pins = opts && opts->pins ? opts->pins : &none;
     cx->max_sweeps = opts && opts->max_sweeps > 0 ? opts->max_sweeps : 4;
     cx->max_rounds = opts && opts->max_rounds > 0 ? opts->max_rounds : 4;
-    cx->tie = !opts || opts->tie == 0 ? 0.02 : opts->tie < 0 ? 0 : opts->tie;
+    cx->tie = !opts || opts->tie == 0 ? 0.01 : opts->tie < 0 ? 0 : opts->tie;
     cx->time_limit_s = opts && opts->time_limit_s > 0 ? opts->time_limit_s : 10;
 }
 
@@ -401,16 +439,30 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
     set_opts(cx, opts);
     ms_status st = read_classes(cx, err);
     int win = -1;
-    if (st == MS_OK) {
+    /* Deep models without pipeline stages are searched shallow (extrapolated from one and two
+     * layers), then the winner is priced whole and polished among its whole-priced neighbours;
+     * when that no longer fits, the search runs again whole. */
+    bool deep = !ms_plan_user_def(&rp) && rp.model.n_layer >= 6 && s->pp <= 1;
+    for (int pass = deep ? 0 : 1; st == MS_OK && pass < 2; pass++) {
+        cx->shallow_layers = pass == 0 ? rp.model.n_layer : 0;
+        cx->nevals = 0;
+        win = -1;
         /* the memory limit: the cluster's per rank unless given */
         int first = ap_evaluate(cx, (uint8_t[AP_MAX_CLASSES]){0});
         cx->limit = opts && opts->mem_limit > 0 ? opts->mem_limit : cx->evals[first].e.mem_cap;
         cx->evals[first].fits = cx->evals[first].ok && cx->evals[first].e.mem_total <= cx->limit;
         if (!cx->evals[first].ok) st = ms_fail(err, MS_ERR_INVALID, "%s", cx->first_err.msg);
-    }
-    if (st == MS_OK) {
-        win = ap_search(cx, err);
-        if (win < 0) st = MS_ERR_INVALID;
+        if (st == MS_OK) {
+            win = ap_search(cx, err);
+            if (win < 0) st = MS_ERR_INVALID;
+        }
+        if (st != MS_OK || !cx->shallow_layers) break;
+        uint8_t a[AP_MAX_CLASSES];
+        memcpy(a, cx->evals[win].a, sizeof a);
+        bool fitted = cx->evals[win].fits;
+        cx->shallow_layers = 0, cx->nevals = 0;
+        win = ap_refine(cx, ap_evaluate(cx, a));
+        if (cx->evals[win].fits || !fitted) break;
     }
     if (st == MS_OK && !cx->evals[win].fits) {
         const ap_eval *w = &cx->evals[win];
@@ -434,7 +486,7 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
     out->tie = cx->tie;
     out->solutions = cx->solutions;
     out->rounds = cx->rounds;
-    out->compiles = cx->nevals;
+    out->compiles = cx->priced;
     out->search_ms = (double)(ms_now_ns() - t0) / 1e6;
     free(cx->evals);
     free(cx);

@@ -9,9 +9,10 @@
  * residual stream, a norm feeding several projections) are grouped by name with each layer index
  * replaced by '*' ("h.*.mlp.c_fc.weight", "h.*.res1"): a repeated block is solved once and its
  * layout reused for every layer. Over tp a weight class (two or more dims) is replicated or
- * sharded on one of its dims that tp divides; an activation class is left to the completion
- * pass ("unpinned"), replicated, or sharded on a dim tp divides (its sequence dim: sequence
- * parallelism). Biases follow the weight of the same prefix (sharded along an output dim,
+ * sharded on one of its dims (balanced, so a vocabulary tp does not divide splits unevenly;
+ * every rank gets at least one element); an activation class is left to the completion pass
+ * ("unpinned"), replicated, or sharded on a dim other than its features (its sequence dim:
+ * sequence parallelism). Biases follow the weight of the same prefix (sharded along an output dim,
  * else replicated); other parameters (norms) are replicated. Over dp (and cp) parameters are
  * replicated, as the strategy's ZeRO stage leaves them, and activations keep the batch's rows.
  *
@@ -49,7 +50,7 @@ typedef struct ms_auto_place_opts {
     int max_sweeps;   /* of each polish; <= 0: 4 */
     int max_rounds;   /* surrogates, each around the best layout so far; <= 0: 4 */
     const ms_placement_rules *pins; /* or NULL: none */
-    double tie;                     /* relative step difference taken as equal; 0: 2%; < 0: none */
+    double tie;                     /* relative step difference taken as equal; 0: 1%; < 0: none */
     double time_limit_s;            /* the integer program's solver, per solve; <= 0: 10 s */
 } ms_auto_place_opts;
 
@@ -65,7 +66,7 @@ typedef struct ms_auto_place_result {
     int pairs;                  /* interacting pairs of them */
     int rounds;                 /* surrogates built */
     int solutions;              /* the integer program's layouts polished */
-    int compiles;               /* layouts compiled and priced */
+    int compiles;               /* layouts priced (a shallow one compiles two small models) */
     double search_ms;
 } ms_auto_place_result;
 

@@ -21,14 +21,14 @@ _Static_assert(AP_MAX_CLASSES <= MS_ASSIGN_MAX_CLASSES, "the program holds every
 /* Parameters (or fan-out activations) sharing a name once their layer indices are '*'. */
 typedef struct ap_class {
     char pattern[96];
-    char first[96];            /* its first member's name */
-    ms_shape shape;            /* its first member's */
-    bool divides[MS_MAX_DIMS]; /* tp divides that dim of every member */
-    int follows;               /* a bias: the class of its weight; -1 otherwise */
-    bool act;                  /* activations: a fan-out point (the residual stream, a norm) */
-    int pin;                   /* the pin rule its members match, or -1 */
-    int cand[AP_MAX_CANDS];    /* AP_FREE (activations), AP_REPL, or d: sharded on dim d */
-    int ncand;                 /* 0: not searched (pinned, replicated or following) */
+    char first[96];           /* its first member's name */
+    ms_shape shape;           /* its first member's */
+    bool splits[MS_MAX_DIMS]; /* every member's dim holds at least tp elements */
+    int follows;              /* a bias: the class of its weight; -1 otherwise */
+    bool act;                 /* activations: a fan-out point (the residual stream, a norm) */
+    int pin;                  /* the pin rule its members match, or -1 */
+    int cand[AP_MAX_CANDS];   /* AP_FREE (activations), AP_REPL, or d: sharded on dim d */
+    int ncand;                /* 0: not searched (pinned, replicated or following) */
 } ap_class;
 
 /* One layout priced: each class's candidate index. */
@@ -50,8 +50,10 @@ typedef struct ap_ctx {
     double tie;                               /* relative step difference taken as a tie */
     double time_limit_s;                      /* the program's solver, per solve */
     int max_sweeps;
-    ap_eval *evals;
+    int shallow_layers; /* > 0: price layouts from one and two layers, extrapolated to these */
+    ap_eval *evals;     /* the layouts priced in this pass (shallow or whole), each once */
     int nevals, cap;
+    int priced; /* layouts priced, every pass */
     ms_error first_err;
     int max_rounds;
     int rounds;    /* surrogates built */
@@ -65,6 +67,10 @@ int ap_evaluate(ap_ctx *cx, const uint8_t *a);
 /* Whether x is a better layout than y: fitting over not, then by step time (by memory while
  * neither fits), then by fewer collective bytes. */
 bool ap_better(const ap_eval *x, const ap_eval *y);
+
+/* From layout `start`, priced whole after a shallow search: one polish among its neighbours,
+ * then the tie band's fewest bytes, as ap_search ends. Returns the winner's index. */
+int ap_refine(ap_ctx *cx, int start);
 
 /* The search from the priced base layout (all zeros, cx->evals[0]): the winner's index into
  * cx->evals, or -1 with *err set (the solver's time limit reached with no layout). */

@@ -226,6 +226,19 @@ static int rounds_from(ap_ctx *cx, ap_program *pr, int centre, double band, ms_e
     return centre;
 }
 
+int ap_refine(ap_ctx *cx, int start) {
+    int sweeps = cx->max_sweeps;
+    cx->max_sweeps = 1;
+    polish(cx, start, 0);
+    int win = best_priced(cx, 0);
+    if (cx->evals[win].fits) {
+        double band = cx->evals[win].e.step_s * (1 + cx->tie);
+        win = polish(cx, best_priced(cx, band), band);
+    }
+    cx->max_sweeps = sweeps;
+    return win;
+}
+
 /* First the fastest layout that fits (or the smallest, when none does); then, inside the tie
  * band of its step, the one with the fewest collective bytes. */
 int ap_search(ap_ctx *cx, ms_error *err) {

@@ -1406,6 +1406,7 @@ static ms_status engine_cached(const ms_plan_problem *pb, const ms_strategy *s,
 /* Whether the engine's program may be compiled for this problem (small enough to build here). */
 static bool engine_sized(const ms_plan_problem *pb) {
     if (ms_plan_user_def(pb)) return true; /* no closed form: its program is all there is */
+    if (pb->engine_any_size && pb->engine_workloads) return true;
     double params = ms_plan_model_params(&pb->model);
     double act = (double)pb->global_batch * pb->seq * pb->model.n_embd * pb->model.n_layer * 40.0;
     return pb->engine_workloads && params * 4 < (1u << 30) && act < 4.0 * (1u << 30);

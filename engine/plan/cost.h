@@ -102,6 +102,10 @@ typedef struct ms_plan_problem {
     /* Compile the engine's program for executable strategies when the model is small enough
      * (parameters x 4 bytes under 1 GiB); otherwise everything is analytic. */
     bool engine_workloads;
+    /* With engine_workloads: compile the engine's program whatever the model's size (a
+     * shapes-only compile allocates no tensors; the placement search prices layouts of GPT-3
+     * 175B's stages so). */
+    bool engine_any_size;
     ms_plan_memo *memo; /* borrowed, may be NULL: compile every time */
     /* The run neither clips the gradient norm nor skips non-finite steps: under offload the
      * host AdamW starts during backward, as each gradient reaches the host. */
