@@ -2,7 +2,7 @@
  *
  *   meshscope plan --model CONFIG --cluster PRESET|FILE --devices N --global-batch B --seq T
  *                  [--dtype bf16|fp32] [--evaluate "tp=8,pp=2,dp=32"] [--top K] [--json]
- *                  [--executable-only] [--recalibrate] [--topology FILE]
+ *                  [--executable-only] [--recalibrate] [--topology FILE] [--placements auto]
  *
  * A program that brings its own model (meshscope_main_with_model) plans that model: no
  * --model or --seq (its batch is in rows), every strategy priced from its compiled program.
@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "engine/model/config.h"
+#include "engine/plan/auto_place.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/search.h"
 #include "job/job.h"
@@ -132,7 +133,10 @@ typedef struct plan_report {
     int devices, batch, seq;
 } plan_report;
 
-static void print_plan_json(const plan_report *p, const ms_plan_result *res) {
+static cJSON *auto_plan_json(const ms_auto_plan *ap, int batch);
+
+static void print_plan_json(const plan_report *p, const ms_plan_result *res,
+                            const ms_auto_plan *ap) {
     const ms_cluster *cl = p->cl;
     const ms_plan_dtype dt = p->dt;
     const int devices = p->devices, batch = p->batch, seq = p->seq;
@@ -153,6 +157,7 @@ static void print_plan_json(const plan_report *p, const ms_plan_result *res) {
     for (int i = 0; i < res->n_cands; i++)
         cJSON_AddItemToArray(a, estimate_json(&res->cands[i], batch));
     cJSON_AddStringToObject(r, "reason", res->reason);
+    if (ap) cJSON_AddItemToObject(r, "auto_placements", auto_plan_json(ap, batch));
     char *s = cJSON_Print(r);
     printf("%s\n", s);
     free(s);
@@ -194,6 +199,91 @@ static void print_plan_table(const plan_report *p, const ms_plan_result *res) {
     printf("\nwhy: %s\n", res->reason);
 }
 
+/* --placements auto: the layout searched per tp degree, as JSON. */
+static cJSON *auto_plan_json(const ms_auto_plan *ap, int batch) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "search_ms", ap->search_ms);
+    cJSON *rows = cJSON_AddArrayToObject(o, "tp_degrees");
+    for (int i = 0; i < ap->n; i++) {
+        const ms_auto_plan_row *r = &ap->rows[i];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "tp", r->s.tp);
+        cJSON_AddItemToObject(j, "strategy", strategy_json(&r->s, batch));
+        cJSON_AddStringToObject(j, "text", r->hand.text);
+        cJSON_AddNumberToObject(j, "own_layout_step_s", r->hand.step_s);
+        cJSON_AddNumberToObject(j, "own_layout_memory_bytes_per_device", r->hand.mem_total);
+        cJSON_AddBoolToObject(j, "own_layout_fits", r->hand.fits);
+        cJSON_AddNumberToObject(j, "own_layout_collective_bytes",
+                                ms_plan_estimate_coll_bytes(&r->hand));
+        if (r->have_auto) {
+            char *rules = malloc(16384);
+            ms_auto_place_rules_str(&r->layout.rules, rules, 16384);
+            cJSON_AddItemToObject(j, "placements", cJSON_Parse(rules));
+            free(rules);
+            cJSON_AddNumberToObject(j, "searched_step_s", r->layout.best.step_s);
+            cJSON_AddNumberToObject(j, "searched_collective_bytes", r->layout.coll_bytes);
+            cJSON_AddNumberToObject(j, "searched_memory_bytes_per_device",
+                                    r->layout.best.mem_total);
+            cJSON_AddNumberToObject(j, "layouts_priced", r->layout.compiles);
+            cJSON_AddNumberToObject(j, "layout_search_ms", r->layout.search_ms);
+        } else {
+            cJSON_AddStringToObject(j, "error", r->why);
+            cJSON_AddNumberToObject(j, "layouts_priced", r->layout.compiles);
+            cJSON_AddNumberToObject(j, "layout_search_ms", r->layout.search_ms);
+        }
+        cJSON_AddItemToArray(rows, j);
+    }
+    cJSON_AddNumberToObject(o, "best_tp", ap->rows[ap->best].s.tp);
+    cJSON_AddStringToObject(o, "best_layout", ap->best_is_auto ? "searched" : "own");
+    return o;
+}
+
+static void print_auto_plan(const ms_auto_plan *ap) {
+    printf("\nautomatic placements, searched with the mesh: each tp degree's best strategy above, "
+           "its layout searched;\nboth layouts priced from compiled programs\n");
+    printf(" tp  %-52s %10s %10s %22s %s\n", "strategy", "own", "searched", "collectives/dev/step",
+           "search");
+    for (int i = 0; i < ap->n; i++) {
+        const ms_auto_plan_row *r = &ap->rows[i];
+        char a[40], b[32], c[32], d[32];
+        if (r->hand.step_s > 0) {
+            human_s(r->hand.step_s, a, sizeof a);
+            if (!r->hand.fits) strcat(a, "*"); /* over the device's memory */
+        }
+        if (!r->have_auto) {
+            printf("%3d  %-52s %10s %10s  %s\n", r->s.tp, r->hand.text,
+                   r->hand.step_s > 0 ? a : "-", r->s.tp > 1 ? "none" : "-", r->why);
+            continue;
+        }
+        char bytes[80];
+        snprintf(bytes, sizeof bytes, "%s -> %s",
+                 human_b(ms_plan_estimate_coll_bytes(&r->hand), c, sizeof c),
+                 human_b(r->layout.coll_bytes, d, sizeof d));
+        printf("%3d  %-52s %10s %10s %22s %d layouts, %.0f ms\n", r->s.tp, r->hand.text, a,
+               human_s(r->layout.best.step_s, b, sizeof b), bytes, r->layout.compiles,
+               r->layout.search_ms);
+    }
+    for (int i = 0; i < ap->n; i++)
+        if (!ap->rows[i].hand.fits) {
+            printf("* over the device's memory, priced from its compiled program\n");
+            break;
+        }
+    const ms_auto_plan_row *w = &ap->rows[ap->best];
+    char st[32];
+    if (ap->best_is_auto) {
+        char *rules = malloc(16384);
+        ms_auto_place_rules_str(&w->layout.rules, rules, 16384);
+        printf("best: %s with the searched layout, %s per step: %s\n", w->hand.text,
+               human_s(w->layout.best.step_s, st, sizeof st), rules);
+        free(rules);
+    } else {
+        printf("best: %s with its own layout, %s per step\n", w->hand.text,
+               human_s(w->hand.step_s, st, sizeof st));
+    }
+    printf("searched %d tp degree%s in %.0f ms\n", ap->tp_searched, ap->tp_searched == 1 ? "" : "s",
+           ap->search_ms);
+}
+
 /* --cluster (and --topology) into cl, checked against --devices; 0 or bad()'s code. */
 static int plan_cluster(const char *cluster, bool recal, const char *topology, int devices,
                         ms_cluster *cl) {
@@ -209,11 +299,33 @@ static int plan_cluster(const char *cluster, bool recal, const char *topology, i
     return 0;
 }
 
+/* The report, with (auto_placements) the layout searched per tp degree; 0 or bad()'s code. */
+static int report(const plan_report *rep, const ms_plan_problem *pb, const ms_plan_result *res,
+                  bool auto_placements, const ms_plan_fixed *fixed, bool json) {
+    ms_auto_plan *ap = NULL;
+    if (auto_placements) {
+        ms_error err = {0};
+        ap = malloc(sizeof *ap);
+        if (!ap || ms_plan_auto_joint(pb, fixed, NULL, ap, &err) != MS_OK) {
+            free(ap);
+            return bad("--placements auto: %s", ap ? err.msg : "out of memory");
+        }
+    }
+    if (json)
+        print_plan_json(rep, res, ap);
+    else
+        print_plan_table(rep, res);
+    if (ap && !json) print_auto_plan(ap);
+    free(ap);
+    return 0;
+}
+
 int ms_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *evaluate = NULL, *topology = NULL;
-    int devices = 0, batch = 0, seq = 0, top = 5, dtype = -1; /* 0, -1: not given */
+    int devices = 0, batch = 0, seq = 0, top = 5, dtype = -1, placements = -1; /* -1: not given */
     bool json = false, recal = false, exe_only = false;
     static const char *const dtype_names[] = {"bf16", "fp32", NULL};
+    static const char *const placement_words[] = {"auto", NULL};
     const ms_option opts[] = {
         MS_TEXT("model", "CONFIG", &model,
                 "the model's config JSON (required, unless the program brings its own model)"),
@@ -235,6 +347,9 @@ int ms_cmd_plan(int argc, char **argv) {
         MS_FLAG("recalibrate", &recal, "measure cpu-local again"),
         MS_TEXT("topology", "FILE", &topology,
                 "hosts, ranks per host, rank order and links (tests/cluster/netns.sh writes one)"),
+        MS_ENUM("placements", &placements, placement_words,
+                "auto: also search each tp degree's layout (which tensors split, and how) with "
+                "its best strategy, priced from compiled programs"),
     };
     const ms_opts_cmd cmd = {
         .name = "plan",
@@ -309,10 +424,7 @@ int ms_cmd_plan(int argc, char **argv) {
                        .devices = devices,
                        .batch = batch,
                        .seq = seq};
-    if (json)
-        print_plan_json(&rep, &res);
-    else
-        print_plan_table(&rep, &res);
+    rc = report(&rep, &pb, &res, placements == 0, evaluate ? &fixed : NULL, json);
 out:
     ms_plan_result_free(&res);
     ms_plan_memo_destroy(memo);

@@ -213,6 +213,17 @@ static void test_pins(void **state) {
         assert_string_not_equal(r->rules.r[i].pattern, "h.*.mlp.c_fc.weight");
     /* its bias follows the pinned weight */
     assert_non_null(strstr(text, "\"h.*.mlp.c_fc.bias\": \"[R, S(0)]\""));
+    /* written out, the layout reads back the same: the whole of it ("*": "complete") */
+    char file[4200];
+    snprintf(file, sizeof file, "{\"mesh\": {\"tp\": 2}, \"placements\": %s}", text);
+    ms_placement_rules back;
+    assert_int_equal(ms_strategy_parse_json(file, strlen(file), "t.json", &fs, &back, &err), MS_OK);
+    assert_true(back.no_hints && !back.auto_place);
+    assert_int_equal(back.n, r->rules.n);
+    for (int i = 0; i < back.n; i++) {
+        assert_string_equal(back.r[i].pattern, r->rules.r[i].pattern);
+        assert_true(ms_placements_eq(&back.r[i].pl, &r->rules.r[i].pl));
+    }
     /* one layer pinned, the others not */
     snprintf(pins.r[0].pattern, sizeof pins.r[0].pattern, "h.0.mlp.c_fc.weight");
     assert_int_not_equal(ms_plan_auto_placements(&pb, &s, &o, r, &err), MS_OK);
@@ -241,6 +252,65 @@ static void test_pins(void **state) {
                          MS_OK);
     assert_non_null(strstr(err.msg, "goes under the pattern \"*\""));
     free(r);
+}
+
+/* The layout searched with the mesh: GPT-2 tiny on 4 H100s. One row per tp degree (1, 2, 4),
+ * each the strategy search's best with it; the searched layouts priced like the own ones; the
+ * best row the fastest of all; the same answer twice (the degrees run on worker threads). */
+static void threads_joint(void **state) {
+    (void)state;
+    ms_model_config m = mt_source_config("gpt-tiny.json");
+    ms_cluster c = h100();
+    ms_plan_problem pb = problem(&m, &c, 4);
+    ms_auto_plan *ap = malloc(sizeof *ap), *again = malloc(sizeof *again);
+    ms_error err = {0};
+    if (ms_plan_auto_joint(&pb, NULL, NULL, ap, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(ap->n, 3);
+    assert_int_equal(ap->tp_searched, 2);
+    double best = 1e30;
+    for (int i = 0; i < ap->n; i++) {
+        const ms_auto_plan_row *r = &ap->rows[i];
+        printf("tp %d: %s own %.3f ms", r->s.tp, r->hand.text, r->hand.step_s * 1e3);
+        assert_int_equal(r->s.tp, 1 << i);
+        assert_int_equal(r->s.dp * r->s.tp * (r->s.pp > 1 ? r->s.pp : 1), 4);
+        assert_true(r->hand.from_engine);
+        if (r->hand.fits && r->hand.step_s < best) best = r->hand.step_s;
+        if (r->s.tp == 1) {
+            assert_false(r->have_auto);
+            printf("\n");
+            continue;
+        }
+        if (!r->have_auto) fail_msg("tp %d: %s", r->s.tp, r->why);
+        printf(", searched %.3f ms (%d layouts, %.0f ms)\n", r->layout.best.step_s * 1e3,
+               r->layout.compiles, r->layout.search_ms);
+        /* the searched layout is at least as fast as the own one, or in the tie band with
+         * fewer bytes */
+        assert_true(r->layout.best.step_s <= r->hand.step_s * 1.01);
+        if (r->layout.best.step_s < best) best = r->layout.best.step_s;
+    }
+    const ms_auto_plan_row *w = &ap->rows[ap->best];
+    double wstep = ap->best_is_auto ? w->layout.best.step_s : w->hand.step_s;
+    assert_true(wstep == best);
+    /* tp fixed: one row */
+    ms_plan_fixed f;
+    assert_int_equal(ms_plan_fixed_parse("tp=2", &f, &err), MS_OK);
+    if (ms_plan_auto_joint(&pb, &f, NULL, again, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(again->n, 1);
+    assert_int_equal(again->rows[0].s.tp, 2);
+    assert_true(again->rows[0].layout.best.step_s == ap->rows[1].layout.best.step_s);
+    /* cp fixed above 1: nothing to search, said */
+    assert_int_equal(ms_plan_fixed_parse("cp=2", &f, &err), MS_OK);
+    assert_int_not_equal(ms_plan_auto_joint(&pb, &f, NULL, again, &err), MS_OK);
+    assert_non_null(strstr(err.msg, "runs without cp"));
+    /* deterministic */
+    if (ms_plan_auto_joint(&pb, NULL, NULL, again, &err) != MS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(again->n, ap->n);
+    for (int i = 0; i < ap->n; i++) {
+        assert_true(again->rows[i].hand.step_s == ap->rows[i].hand.step_s);
+        assert_true(again->rows[i].layout.best.step_s == ap->rows[i].layout.best.step_s);
+    }
+    free(ap);
+    free(again);
 }
 
 /* "placements": "auto" in a strategy file; refused where placements are not taken. */
@@ -290,7 +360,7 @@ static void train(mt_rank *r, void *arg) {
     ms_text_data_close(&d);
 }
 
-static void test_train_dp2_tp2(void **state) {
+static void threads_train_dp2_tp2(void **state) {
     (void)state;
     const char *j = "{\"mesh\": {\"dp\": 2, \"tp\": 2}, \"placements\": \"auto\"}";
     ms_strategy s, one;
@@ -364,10 +434,10 @@ static int print_table(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--table")) return print_table();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse),         cmocka_unit_test(test_edges),
-        cmocka_unit_test(test_pins),          cmocka_unit_test(test_gpt),
-        cmocka_unit_test(test_bert),          cmocka_unit_test(test_llama),
-        cmocka_unit_test(test_train_dp2_tp2),
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_pins),  cmocka_unit_test(threads_joint),
+        cmocka_unit_test(test_gpt),   cmocka_unit_test(test_bert),
+        cmocka_unit_test(test_llama), cmocka_unit_test(threads_train_dp2_tp2),
     };
     return mt_main(argc, argv, "test_auto_place", tests, sizeof tests / sizeof *tests);
 }

@@ -629,13 +629,17 @@ static ms_status parse_placements(const cJSON *pls, int mdims, ms_placement_rule
     MS_CHECK(check_keys(pls, "$.placements", NULL, 0, name, err));
     for (const cJSON *k = pls->child; k; k = k->next) {
         char safe[MS_SAFE_LEN];
-        if (cJSON_IsString(k) && !strcmp(k->valuestring, "auto")) { /* the rest: searched */
+        bool rest_auto = cJSON_IsString(k) && !strcmp(k->valuestring, "auto");
+        if (rest_auto || (cJSON_IsString(k) && !strcmp(k->valuestring, "complete"))) {
+            /* the rest: searched ("auto"), or left to the completion pass without the model's
+             * own hints ("complete": what a searched layout says of itself) */
             if (strcmp(k->string, "*"))
                 return ms_fail(err, MS_ERR_INVALID,
-                               "%s: $.placements[\"%s\"]: \"auto\" goes under the pattern \"*\" "
-                               "(the planner places everything the other patterns leave)",
-                               name, ms_safe_str(safe, sizeof safe, k->string));
-            rules->auto_place = rules->no_hints = true;
+                               "%s: $.placements[\"%s\"]: \"%s\" goes under the pattern \"*\" "
+                               "(it says how everything the other patterns leave is placed)",
+                               name, ms_safe_str(safe, sizeof safe, k->string), k->valuestring);
+            rules->auto_place |= rest_auto;
+            rules->no_hints = true;
             continue;
         }
         if (rules->n == MS_STRATEGY_MAX_RULES)
@@ -645,8 +649,8 @@ static ms_status parse_placements(const cJSON *pls, int mdims, ms_placement_rule
         if (!cJSON_IsString(k) || strlen(k->string) >= sizeof r->pattern)
             return ms_fail(err, MS_ERR_INVALID,
                            "%s: $.placements[\"%s\"]: expected a placement string like "
-                           "\"[S(0), R]\" (or \"auto\" under \"*\") under a pattern of at most "
-                           "%zu bytes",
+                           "\"[S(0), R]\" (or \"auto\" or \"complete\" under \"*\") under a "
+                           "pattern of at most %zu bytes",
                            name, ms_safe_str(safe, sizeof safe, k->string), sizeof r->pattern - 1);
         ms_error e2 = {0};
         if (ms_placements_parse(k->valuestring, &r->pl, &e2) != MS_OK || r->pl.n != mdims)

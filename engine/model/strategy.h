@@ -283,7 +283,8 @@ typedef struct ms_placement_rules {
  *           "placements": {"h.*.mlp.c_fc.weight": "[R, S(1)]", ...}}
  * or "placements": "auto" (rules->auto_place: the job searches for the tensor-parallel layout,
  * engine/plan/auto_place.h), or pins and "*": "auto" in one object (the search places the rest
- * around the pins).
+ * around the pins), or rules and "*": "complete" (no_hints: the rules are the whole layout, the
+ * completion pass places the rest; how a searched layout is written out).
  * Settings: every row of MS_STRATEGY_SETTINGS under its name, in its range; recompute also
  * takes true / false (full / none); a micro_batch alone sets the size and the count follows
  * from the batch. Unset settings take their defaults. The former key "vocab_parallel" is

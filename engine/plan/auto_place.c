@@ -333,8 +333,8 @@ static ms_status estimate_engine(const ms_plan_problem *pb, const ms_strategy *s
 }
 
 /* Layout a's estimate: compiled whole, or while the search runs shallow (cx->shallow_layers)
- * from the model with one layer and with two, extrapolated to its depth: every repeated block
- * adds the same step, memory and collective bytes. */
+ * from the model with one layer per pipeline stage and with two, extrapolated to the busiest
+ * stage's layers: every repeated block adds the same step, memory and collective bytes. */
 static ms_status price(ap_ctx *cx, const uint8_t *a, ms_plan_estimate *out, ms_error *err) {
     ms_placement_rules *rules = xmalloc(sizeof *rules);
     make_rules(cx, a, rules);
@@ -347,10 +347,14 @@ static ms_status price(ap_ctx *cx, const uint8_t *a, ms_plan_estimate *out, ms_e
         st = estimate_engine(&pb, cx->s, out, err);
     } else {
         ms_plan_estimate one;
-        pb.model.n_layer = 1;
-        st = estimate_engine(&pb, cx->s, &one, err);
-        pb.model.n_layer = 2;
-        if (st == MS_OK) st = estimate_engine(&pb, cx->s, out, err);
+        ms_strategy s = *cx->s;
+        int stages = s.pp > 1 ? s.pp : 1;
+        st = MS_OK;
+        for (int k = 1; k <= 2 && st == MS_OK; k++) {
+            pb.model.n_layer = k * stages;
+            for (int q = 0; q < stages && stages > 1; q++) s.pp_layers[q] = (uint16_t)k;
+            st = estimate_engine(&pb, &s, k == 1 ? &one : out, err);
+        }
         double more = depth - 2;
         out->step_s += more * (out->step_s - one.step_s);
         out->mem_total += more * (out->mem_total - one.mem_total);
@@ -427,6 +431,19 @@ static void set_opts(ap_ctx *cx, const ms_auto_place_opts *opts) {
     cx->time_limit_s = opts && opts->time_limit_s > 0 ? opts->time_limit_s : 10;
 }
 
+/* The layers of s's busiest pipeline stage for a built-in config (0 for a program's own model,
+ * or with virtual stages: those are priced whole). */
+static int busiest_stage_layers(const ms_plan_problem *pb, const ms_strategy *s) {
+    if (ms_plan_user_def(pb) || s->virtual_stages > 1) return 0;
+    int most = 0;
+    for (int k = 0; k < (s->pp > 1 ? s->pp : 1); k++) {
+        int lo, hi;
+        ms_pp_chunk_layers(&pb->model, s, k, &lo, &hi);
+        most = hi - lo > most ? hi - lo : most;
+    }
+    return most;
+}
+
 ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *s,
                                   const ms_auto_place_opts *opts, ms_auto_place_result *out,
                                   ms_error *err) {
@@ -434,17 +451,25 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
     int64_t t0 = ms_now_ns();
     ms_plan_problem rp = ms_plan_problem_resolved(pb);
     MS_CHECK(ms_plan_check(&rp, s, err));
+    if (s->cp > 1)
+        return ms_fail(err, MS_ERR_INVALID,
+                       "auto placements: the search does not place layouts under context "
+                       "parallelism (cp %d); use cp 1, or give the placements in the strategy "
+                       "file",
+                       s->cp);
     ap_ctx *cx = xcalloc(1, sizeof *cx);
     cx->pb = &rp, cx->s = s;
     set_opts(cx, opts);
     ms_status st = read_classes(cx, err);
     int win = -1;
-    /* Deep models without pipeline stages are searched shallow (extrapolated from one and two
-     * layers), then the winner is priced whole and polished among its whole-priced neighbours;
-     * when that no longer fits, the search runs again whole. */
-    bool deep = !ms_plan_user_def(&rp) && rp.model.n_layer >= 6 && s->pp <= 1;
-    for (int pass = deep ? 0 : 1; st == MS_OK && pass < 2; pass++) {
-        cx->shallow_layers = pass == 0 ? rp.model.n_layer : 0;
+    /* Deep stages are searched shallow (extrapolated from one and two layers a stage: six
+     * layers without a pipeline, twelve with one, where that costs less than compiling them),
+     * then the winner is priced whole and polished among its whole-priced neighbours; when
+     * that no longer fits, the search runs again whole. */
+    int deep = busiest_stage_layers(&rp, s);
+    bool shallow = deep >= (s->pp > 1 ? 12 : 6);
+    for (int pass = shallow ? 0 : 1; st == MS_OK && pass < 2; pass++) {
+        cx->shallow_layers = pass == 0 ? deep : 0;
         cx->nevals = 0;
         win = -1;
         /* the memory limit: the cluster's per rank unless given */
@@ -501,6 +526,11 @@ char *ms_auto_place_rules_str(const ms_placement_rules *r, char *buf, size_t n) 
         char pl[64];
         w = snprintf(buf + o, n - o, "%s\"%s\": \"%s\"", i ? ", " : "", r->r[i].pattern,
                      ms_placements_str(&r->r[i].pl, pl, sizeof pl));
+        o += w > 0 ? (size_t)w : 0;
+    }
+    /* the layout is the whole of it: said so, and a strategy file reads it back the same */
+    if (r->no_hints && o < n) {
+        w = snprintf(buf + o, n - o, "%s\"*\": \"complete\"", r->n ? ", " : "");
         o += w > 0 ? (size_t)w : 0;
     }
     if (o < n) snprintf(buf + o, n - o, "}");

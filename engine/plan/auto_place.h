@@ -44,6 +44,7 @@
 #define MS_PLAN_AUTO_PLACE_H
 
 #include "engine/plan/cost.h"
+#include "engine/plan/search.h"
 
 typedef struct ms_auto_place_opts {
     double mem_limit; /* bytes per rank; <= 0: the cluster's (ms_plan_estimate.mem_cap) */
@@ -79,8 +80,42 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
                                   const ms_auto_place_opts *opts, ms_auto_place_result *out,
                                   ms_error *err);
 
-/* The rules as the strategy file's "placements" object would say them, on one line:
- * {"h.*.mlp.c_fc.weight": "[R, S(1)]", ...}. Returns buf. */
+/* --- the layout searched jointly with the strategy ------------------------------------------ */
+
+#define MS_AUTO_PLAN_MAX_ROWS 12
+
+/* One tp degree: the strategy search's best fitting strategy with it, under the model's own
+ * layout and under the layout searched for it, both priced from compiled programs. */
+typedef struct ms_auto_plan_row {
+    ms_strategy s;
+    ms_plan_estimate hand;
+    bool have_auto;
+    ms_auto_place_result layout;
+    char why[sizeof(((ms_error *)0)->msg)]; /* why no layout was found, when !have_auto */
+} ms_auto_plan_row;
+
+typedef struct ms_auto_plan {
+    int n;
+    ms_auto_plan_row rows[MS_AUTO_PLAN_MAX_ROWS]; /* ascending tp, from 1 */
+    int best;          /* the row with the fastest step, hand or automatic */
+    bool best_is_auto; /* ... under its searched layout */
+    int tp_searched;   /* rows with tp > 1 */
+    double search_ms;  /* the strategy searches and the layout searches together */
+} ms_auto_plan;
+
+/* The layout searched jointly with the mesh shape and the other settings: for every tp degree
+ * (those dividing the devices, at most 64, unless `fixed` fixes tp), the strategy search's best
+ * strategy with that tp that fits (pp, ZeRO, recompute, precision, micro-batches and the other
+ * dims chosen for the model's own layout) has its layout searched (ms_plan_auto_placements;
+ * tp 1 has none), and both are priced whole from compiled programs, whatever the model's size,
+ * so that every row compares alike. tp degrees with no fitting strategy are skipped. Errors: no
+ * tp degree above 1 has a fitting strategy. */
+ms_status ms_plan_auto_joint(const ms_plan_problem *pb, const ms_plan_fixed *fixed,
+                             const ms_auto_place_opts *opts, ms_auto_plan *out, ms_error *err);
+
+/* The rules as the strategy file's "placements" object would say them, on one line, with
+ * "*": "complete" when they are the whole layout (no_hints), so that the file reads back the
+ * same layout: {"h.*.mlp.c_fc.weight": "[R, S(1)]", ..., "*": "complete"}. Returns buf. */
 char *ms_auto_place_rules_str(const ms_placement_rules *r, char *buf, size_t n);
 
 /* Collective bytes per device per step of an estimate, every mesh dim together. */
