@@ -134,62 +134,64 @@ static void default_buckets(const run_opts *o, job_plan *plan, ms_device_kind ki
     }
 }
 
-/* "placements": "auto" (or "*": "auto" beside pins): the planner's search for the
- * tensor-parallel layout around the pins, on this machine's cluster (cpu-local, or gpu-local on
- * CUDA), before any rank starts; one line says what it found and what the runner-up would have
- * cost. */
-static ms_status resolve_auto_placements(const run_opts *o, job_plan *plan, ms_device_kind kind,
-                                         ms_error *err) {
-    if (!plan->rules.auto_place) return MS_OK;
+ms_status job_auto_placements(const run_opts *o, const job_plan *plan, const ms_strategy *s,
+                              const ms_placement_rules *pins, ms_auto_place_result *r,
+                              ms_error *err) {
     ms_cluster *cl = xmalloc(sizeof *cl);
-    ms_auto_place_result *r = xmalloc(sizeof *r);
-    ms_status st = ms_cluster_resolve(kind == MS_DEVICE_CUDA ? "gpu-local" : "cpu-local", false,
-                                      NULL, cl, err);
+    ms_status st = ms_cluster_resolve(plan->device == MS_DEVICE_CUDA ? "gpu-local" : "cpu-local",
+                                      false, NULL, cl, err);
     if (st == MS_OK && cl->devices_per_node < plan->world_size)
         cl->devices_per_node = plan->world_size; /* ranks sharing devices: each priced alone */
     ms_plan_problem pb = {.devices = plan->world_size,
                           .global_batch = o->batch,
                           .seq = o->seq,
-                          .dtype = plan->strat.precision == MS_PRECISION_BF16 ? MS_PLAN_BF16
-                                                                              : MS_PLAN_FP32,
+                          .dtype = s->precision == MS_PRECISION_BF16 ? MS_PLAN_BF16 : MS_PLAN_FP32,
                           .cluster = cl,
                           .engine_workloads = true,
                           .def = &plan->def};
-    ms_placement_rules *pins = xmalloc(sizeof *pins); /* the file's own rules, kept as given */
-    *pins = plan->rules;
     ms_auto_place_opts ao = {.pins = pins, .time_limit_s = o->auto_time_limit_s};
-    if (st == MS_OK) st = ms_plan_auto_placements(&pb, &plan->strat, &ao, r, err);
-    free(pins);
+    if (st == MS_OK) st = ms_plan_auto_placements(&pb, s, &ao, r, err);
+    if (st != MS_OK) st = ms_fail_wrap(err, st, "\"placements\": \"auto\"");
+    free(cl);
+    return st;
+}
+
+void job_auto_placements_say(const ms_auto_place_result *r) {
+    if (!says_notes()) return;
+    char *text = xmalloc(8192), bytes[32];
+    ms_auto_place_rules_str(&r->rules, text, 8192);
+    printf("auto placements: %s; predicted step %.3f ms, %s of collectives per step per rank",
+           r->rules.n ? text : "none (tp 1: nothing to place)", r->best.step_s * 1e3,
+           ms_plan_bytes_str(r->coll_bytes, bytes, sizeof bytes));
+    if (r->have_runner_up && r->runner_up.step_s < r->best.step_s)
+        printf("; runner-up %.3f ms with %s of collectives (%s), within %.0f%% of the step, so "
+               "the fewer bytes win",
+               r->runner_up.step_s * 1e3,
+               ms_plan_bytes_str(ms_plan_estimate_coll_bytes(&r->runner_up), bytes, sizeof bytes),
+               r->runner_up_diff, r->tie * 100);
+    else if (r->have_runner_up)
+        printf("; runner-up %.3f ms (%s)", r->runner_up.step_s * 1e3, r->runner_up_diff);
+    printf("; %d layout%s compiled in %.0f ms (%d classes, %d interacting pairs, %d round%s)\n",
+           r->compiles, r->compiles == 1 ? "" : "s", r->search_ms, r->classes, r->pairs, r->rounds,
+           r->rounds == 1 ? "" : "s");
+    fflush(stdout);
+    free(text);
+}
+
+/* "placements": "auto" (or "*": "auto" beside pins): the search before any rank starts, the
+ * file's rules kept as its pins; one line says what it found. */
+static ms_status resolve_auto_placements(const run_opts *o, job_plan *plan, ms_error *err) {
+    if (!plan->rules.auto_place) return MS_OK;
+    ms_auto_place_result *r = xmalloc(sizeof *r);
+    ms_placement_rules *pins = xmalloc(sizeof *pins);
+    *pins = plan->rules;
+    ms_status st = job_auto_placements(o, plan, &plan->strat, pins, r, err);
     if (st == MS_OK) {
         plan->rules = r->rules;
-        char *text = xmalloc(8192), bytes[32];
-        ms_auto_place_rules_str(&r->rules, text, 8192);
-        if (says_notes()) {
-            printf("auto placements: %s; predicted step %.3f ms, %s of collectives per step "
-                   "per rank",
-                   r->rules.n ? text : "none (tp 1: nothing to place)", r->best.step_s * 1e3,
-                   ms_plan_bytes_str(r->coll_bytes, bytes, sizeof bytes));
-            if (r->have_runner_up && r->runner_up.step_s < r->best.step_s)
-                printf("; runner-up %.3f ms with %s of collectives (%s), within %.0f%% of the "
-                       "step, so the fewer bytes win",
-                       r->runner_up.step_s * 1e3,
-                       ms_plan_bytes_str(ms_plan_estimate_coll_bytes(&r->runner_up), bytes,
-                                         sizeof bytes),
-                       r->runner_up_diff, r->tie * 100);
-            else if (r->have_runner_up)
-                printf("; runner-up %.3f ms (%s)", r->runner_up.step_s * 1e3, r->runner_up_diff);
-            printf("; %d layout%s compiled in %.0f ms (%d classes, %d interacting pairs, %d "
-                   "round%s)\n",
-                   r->compiles, r->compiles == 1 ? "" : "s", r->search_ms, r->classes, r->pairs,
-                   r->rounds, r->rounds == 1 ? "" : "s");
-            fflush(stdout);
-        }
-        free(text);
-    } else {
-        st = ms_fail_wrap(err, st, "\"placements\": \"auto\"");
+        job_auto_placements_say(r);
     }
+    free(pins);
     free(r);
-    free(cl);
     return st;
 }
 
@@ -200,10 +202,9 @@ ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err) {
         return ms_fail(err, MS_ERR_INVALID,
                        "--offload-serial orders the host optimizer of offload; add --offload (or "
                        "\"offload\": true in the strategy)");
-    ms_device_kind kind;
-    MS_CHECK(resolve_device(o, &kind, err));
-    default_buckets(o, plan, kind);
-    return resolve_auto_placements(o, plan, kind, err);
+    MS_CHECK(resolve_device(o, &plan->device, err));
+    default_buckets(o, plan, plan->device);
+    return resolve_auto_placements(o, plan, err);
 }
 
 ms_status job_plan_resolve(const run_opts *o, job_plan *out, ms_error *err) {

@@ -58,6 +58,7 @@ typedef struct job_plan {
     ms_placement_rules rules; /* the strategy file's "placements"; n = 0 without ("auto": the
                                  search's, once job_plan_validate ran) */
     int world_size;
+    ms_device_kind device; /* where the ranks compute (job_plan_validate resolves --device) */
 } job_plan;
 
 /* The gradient bucket a CUDA job takes when --bucket-mb is left at its default: NCCL calls
@@ -88,6 +89,17 @@ double job_bucket_mb(double flag, bool from_file, const ms_strategy *s, ms_devic
  * --bucket-mb left at its default then takes that device's (job_bucket_mb). */
 ms_status job_plan_read(const run_opts *o, job_plan *out, ms_error *err);
 ms_status job_plan_validate(const run_opts *o, job_plan *plan, ms_error *err);
+
+/* The automatic placement search for strategy s of the job (its model, world, batch and
+ * sequence) around `pins` (may be NULL), on this machine's cluster (cpu-local, or gpu-local
+ * on CUDA); r->rules is the layout. Before the ranks start ("placements": "auto" in the
+ * strategy file) and for a live switch to such a target. */
+struct ms_auto_place_result;
+ms_status job_auto_placements(const run_opts *o, const job_plan *plan, const ms_strategy *s,
+                              const ms_placement_rules *pins, struct ms_auto_place_result *r,
+                              ms_error *err);
+/* One line on stdout saying what the search found and what the runner-up would cost. */
+void job_auto_placements_say(const struct ms_auto_place_result *r);
 
 /* Checks before the first step that every output can be written: --save, --trace and
  * --log-jsonl must not name a directory, and their directory must take a new file (a probe

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/plan/auto_place.h"
 #include "engine/plan/validate.h"
 
 bool live_job_wanted(const run_opts *o) {
@@ -119,11 +120,15 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
     const ms_analysis *an = &s->analysis;
     if (!j->warmed) warm_verdicts(j);
     if (!j->advisor || an->n_steps < 2 || s->n_history < an->n_steps) return;
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
     pthread_mutex_lock(&j->mu);
     ms_strategy cur = j->current;
+    *rules = j->current_rules;
     int64_t since = j->current_since;
     bool have = j->has_current;
     pthread_mutex_unlock(&j->mu);
+    ms_advisor_set_placements(j->advisor, rules);
+    free(rules);
     if (!have) return;
     for (int i = 0; i < an->n_steps; i++)
         if (an->steps[i].step < since) return; /* the window straddles a switch */
@@ -319,13 +324,54 @@ void control_free(control *c) {
     memset(c, 0, sizeof *c);
 }
 
+/* A target saying "placements": "auto" (alone or beside pins): the search runs here, on rank
+ * 0 between steps, and *json becomes the strategy with the layout found written out, so that
+ * every rank compiles the same program. Other targets are left as they are. */
+static ms_status resolve_auto_target(live_job *j, char **json, ms_error *err) {
+    ms_strategy s;
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
+    ms_auto_place_result *r = NULL;
+    ms_status st = ms_strategy_parse_json(*json, strlen(*json), "strategy", &s, rules, err);
+    if (st == MS_OK && rules->auto_place) {
+        r = xmalloc(sizeof *r);
+        st = job_auto_placements(j->o, j->plan, &s, rules, r, err);
+    }
+    if (st == MS_OK && r) {
+        char *out = xmalloc(MS_STRATEGY_JSON_MAX + 16384);
+        ms_strategy_short_json(&s, out, MS_STRATEGY_JSON_MAX);
+        size_t n = strlen(out);
+        if (n && out[n - 1] == '}') out[--n] = '\0';
+        snprintf(out + n, 32, "%s\"placements\": ", n > 1 ? ", " : "");
+        n = strlen(out);
+        ms_auto_place_rules_str(&r->rules, out + n, 16384 - 8);
+        strcat(out, "}");
+        free(*json);
+        *json = out;
+        char name[MS_STRATEGY_NAME_MAX];
+        if (j->live)
+            ms_live_set_event(j->live,
+                              "auto placements for %s: predicted %.1f ms a step, %d layouts "
+                              "compiled in %.0f ms",
+                              ms_strategy_name(&s, name, sizeof name), r->best.step_s * 1e3,
+                              r->compiles, r->search_ms);
+    }
+    free(r);
+    free(rules);
+    return st;
+}
+
 /* Rank 0's decision for this step. */
 static void decide(live_job *j, int step, control *c) {
     memset(c, 0, sizeof *c);
+    ms_error err = {0};
     if (j->switch_step == step) {
         c->kind = CONTROL_SWITCH;
         c->strategy = xstrdup(j->switch_json);
         j->switch_taken = true;
+        if (resolve_auto_target(j, &c->strategy, &err) != MS_OK) {
+            if (j->live) ms_live_set_event(j->live, "--switch refused: %s", err.msg);
+            control_free(c);
+        }
         return;
     }
     ms_live_req req;
@@ -334,9 +380,11 @@ static void decide(live_job *j, int step, control *c) {
         c->kind = CONTROL_STOP;
         return;
     }
-    ms_error err = {0};
-    if (request_target(j, &req, &c->strategy, &err) != MS_OK) {
+    if (request_target(j, &req, &c->strategy, &err) != MS_OK ||
+        resolve_auto_target(j, &c->strategy, &err) != MS_OK) {
         ms_live_set_event(j->live, "request refused: %s", err.msg);
+        if (req.kind == MS_REQ_ACCEPT) ms_live_suggestion_refused(j->live, req.id, err.msg);
+        control_free(c);
         return;
     }
     c->kind = CONTROL_SWITCH;
@@ -379,10 +427,12 @@ ms_status live_job_control(live_job *j, ms_comm *comm, int step, control *out, m
 /* --- carrying out a decision ------------------------------------------------------------ */
 
 /* Rank 0 after a switch (and at the start): the strategy the steps from `step` on run. */
-static void set_current(live_job *j, const ms_strategy *s, int64_t step) {
+static void set_current(live_job *j, const ms_strategy *s, const ms_placement_rules *rules,
+                        int64_t step) {
     if (!j || !j->live) return;
     pthread_mutex_lock(&j->mu);
     j->current = *s;
+    j->current_rules = *rules;
     j->current_since = step;
     j->has_current = true;
     pthread_mutex_unlock(&j->mu);
@@ -447,8 +497,14 @@ ms_status live_job_apply(live_job *j, ms_ctx *ctx, ms_trainer *t, const control 
     if (st == MS_OK) {
         if (ctx->rank == 0) {
             ms_strategy_name(ms_trainer_strategy(t), after, sizeof after);
+            const ms_placement_rules *now = ms_trainer_rules(t);
+            if (now->n || now->no_hints) { /* the layout is the switch's too: say so */
+                size_t k = strlen(after);
+                snprintf(after + k, sizeof after - k, " (%d placement rule%s%s)", now->n,
+                         now->n == 1 ? "" : "s", now->no_hints ? ", the rest completed" : "");
+            }
             switched(j, c, step, before, after, (ms_now_ns() - t0) / 1e6, quiet);
-            set_current(j, ms_trainer_strategy(t), step);
+            set_current(j, ms_trainer_strategy(t), ms_trainer_rules(t), step);
         }
         return MS_OK;
     }
@@ -498,7 +554,8 @@ static void report_switch(live_job *j, int64_t step) {
 
 void live_job_step_done(live_job *j, const ms_trainer *t, const ms_step_result *r, double ms) {
     if (!j || !j->live) return;
-    if (r->step == 0 || !j->has_current) set_current(j, ms_trainer_strategy(t), r->step);
+    if (r->step == 0 || !j->has_current)
+        set_current(j, ms_trainer_strategy(t), ms_trainer_rules(t), r->step);
     if (j->n_recent == LIVE_JOB_RECENT)
         memmove(j->recent, j->recent + 1, sizeof *j->recent * --j->n_recent);
     j->recent[j->n_recent++] = ms;

@@ -52,8 +52,10 @@ typedef struct live_job {
     ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
     ms_cluster cluster;  /* what the advisor prices: cpu-local, or the GPUs' preset */
     int gpus;            /* CUDA devices the ranks share (0: a CPU job) */
-    pthread_mutex_t mu;  /* guards current, current_since, has_current and the verdicts */
+    pthread_mutex_t mu;  /* guards current (and its rules), current_since, has_current and the
+                            verdicts */
     ms_strategy current;
+    ms_placement_rules current_rules;
     int64_t current_since; /* the first step that ran `current` */
     bool has_current;
     live_verdict verdicts[LIVE_JOB_VERDICTS]; /* guarded by mu; a ring */

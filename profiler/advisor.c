@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/plan/auto_place.h"
 #include "engine/plan/validate.h"
 
 struct ms_advisor {
@@ -18,8 +19,13 @@ struct ms_advisor {
     ms_plan_memo *memo;
     ms_plan_scales scales;
     int updates;
-    int off_rounds;          /* rounds in a row the model missed the measured step */
-    char note[MS_LIVE_TEXT]; /* ms_advisor_note */
+    int off_rounds;           /* rounds in a row the model missed the measured step */
+    char note[MS_LIVE_TEXT];  /* ms_advisor_note */
+    ms_placement_rules rules; /* the job's current placement rules (n = 0, !no_hints: none) */
+    /* The layout searched for one strategy, kept: the search compiles hundreds of layouts */
+    bool searched, search_ok;
+    ms_strategy searched_for;
+    ms_auto_place_result *layout;
 };
 
 ms_status ms_advisor_create(const ms_model_def *def, int world, int batch, int seq,
@@ -53,7 +59,15 @@ ms_status ms_advisor_create(const ms_model_def *def, int world, int batch, int s
 void ms_advisor_destroy(ms_advisor *a) {
     if (!a) return;
     ms_plan_memo_destroy(a->memo);
+    free(a->layout);
     free(a);
+}
+
+void ms_advisor_set_placements(ms_advisor *a, const ms_placement_rules *rules) {
+    if (rules)
+        a->rules = *rules;
+    else
+        memset(&a->rules, 0, sizeof a->rules);
 }
 
 void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out) {
@@ -78,6 +92,13 @@ static ms_plan_problem problem(ms_advisor *a) {
                              .engine_workloads = true,
                              .memo = a->memo,
                              .def = a->def.lm ? NULL : &a->def};
+}
+
+/* The current strategy's problem: under the job's own placement rules, when it has any. */
+static ms_plan_problem current_problem(ms_advisor *a) {
+    ms_plan_problem pb = problem(a);
+    if (a->rules.n || a->rules.no_hints) pb.rules = &a->rules;
+    return pb;
 }
 
 ms_status ms_advisor_predict(ms_advisor *a, const ms_strategy *s, ms_plan_estimate *out,
@@ -469,14 +490,75 @@ static int suggest(const ms_advisor *a, const ms_plan_problem *pb, const ms_stra
         fill_suggestion(&tmp[nt++], current, &s, cur_e, cand, &a->scales, measured_step_s, cap);
     }
     free(all);
-    /* best first */
+    return nt;
+}
+
+/* Best first. */
+static void sort_by_gain(ms_suggestion *tmp, int nt) {
     for (int i = 1; i < nt; i++)
         for (int j = i; j > 0 && tmp[j - 1].predicted_gain < tmp[j].predicted_gain; j--) {
             ms_suggestion t = tmp[j];
             tmp[j] = tmp[j - 1];
             tmp[j - 1] = t;
         }
-    return nt;
+}
+
+/* The current strategy's layout, searched once (engine/plan/auto_place.h); NULL when the search
+ * found none. */
+static const ms_auto_place_result *searched_layout(ms_advisor *a, const ms_strategy *current) {
+    if (a->searched && ms_strategy_equal(&a->searched_for, current))
+        return a->search_ok ? a->layout : NULL;
+    if (!a->layout) a->layout = xmalloc(sizeof *a->layout);
+    ms_plan_problem pb = problem(a);
+    ms_error err = {0};
+    a->searched = true, a->searched_for = *current;
+    a->search_ok = ms_plan_auto_placements(&pb, current, NULL, a->layout, &err) == MS_OK;
+    return a->search_ok ? a->layout : NULL;
+}
+
+/* Step 2b: the current strategy under a searched layout ("placements": "auto"), when it runs
+ * tp > 1 under a layout it was given (its model's own, or rules beside it) and, priced with the
+ * learned scales as every candidate is, it is `threshold` faster than the measured step. pred is
+ * the current strategy's unscaled estimate (its collective bytes for the evidence). Writes at
+ * most one suggestion into *g; returns how many. */
+static int auto_suggestion(ms_advisor *a, const ms_strategy *current, const ms_plan_estimate *pred,
+                           const ms_plan_estimate *cur_e, double measured_step_s, double threshold,
+                           ms_suggestion *g) {
+    if (current->tp < 2 || current->cp > 1 || a->rules.no_hints) return 0;
+    const ms_auto_place_result *r = searched_layout(a, current);
+    if (!r) return 0;
+    /* priced as every other candidate: with the scales learned from this job */
+    ms_plan_problem pb = problem(a);
+    pb.rules = &r->rules;
+    ms_plan_estimate target;
+    ms_error err = {0};
+    if (ms_plan_estimate_one(&pb, current, &a->scales, &target, &err) != MS_OK) return 0;
+    double gain = (measured_step_s - target.step_s) / measured_step_s;
+    double cap = a->mem_cap > 0 ? a->mem_cap
+                                : a->cluster.mem_bytes * a->cluster.usable_memory_fraction /
+                                      (a->cluster.cpu ? a->world : 1);
+    if (gain < threshold || target.mem_total > cap) return 0;
+    fill_suggestion(g, current, current, cur_e, &target, &a->scales, measured_step_s, cap);
+    g->id = suggestion_id(current) ^ 0x5a5a5a; /* not the plain strategy's id */
+    g->id = g->id ? g->id & 0x7fffffff : 1;
+    char name[MS_STRATEGY_NAME_MAX], bytes_now[32], bytes_then[32];
+    snprintf(g->target, sizeof g->target, "%.40s, placements searched",
+             ms_strategy_name(current, name, sizeof name));
+    size_t n = strlen(g->target_json);
+    if (n && g->target_json[n - 1] == '}')
+        snprintf(g->target_json + n - 1, sizeof g->target_json - (n - 1),
+                 "%s\"placements\": \"auto\"}", n > 2 ? ", " : "");
+    char *rules = xmalloc(16384);
+    ms_auto_place_rules_str(&r->rules, rules, 16384);
+    snprintf(g->diff, sizeof g->diff, "placements: the model's own -> searched %s", rules);
+    free(rules);
+    snprintf(g->evidence, sizeof g->evidence,
+             "the searched layout moves %s of collectives per step and rank against %s; "
+             "predicted %.0f%% faster (%d layouts compiled)",
+             ms_plan_bytes_str(ms_plan_estimate_coll_bytes(&target), bytes_then, sizeof bytes_then),
+             ms_plan_bytes_str(ms_plan_estimate_coll_bytes(pred), bytes_now, sizeof bytes_now),
+             100 * gain, r->compiles);
+    return 1;
 }
 
 /* Between steps 1 and 2: whether this round may suggest. The per-step constant closes any gap
@@ -508,11 +590,11 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     if (threshold <= 0) threshold = MS_ADVISOR_DEFAULT_THRESHOLD;
     if (!(measured_step_s > 0))
         return ms_fail(err, MS_ERR_INVALID, "advisor: the measured step time must be positive");
-    ms_plan_problem pb = problem(a);
+    ms_plan_problem pb = problem(a), cur_pb = current_problem(a);
     ms_plan_scales id;
     ms_plan_scales_identity(&id);
     ms_plan_estimate pred, cur_e;
-    ms_status st = ms_plan_estimate_one(&pb, current, &id, &pred, err);
+    ms_status st = ms_plan_estimate_one(&cur_pb, current, &id, &pred, err);
     if (st != MS_OK) {
         char name[MS_STRATEGY_NAME_MAX];
         return ms_fail_wrap(err, st, "advisor: the current strategy %s",
@@ -520,10 +602,12 @@ ms_status ms_advisor_update(ms_advisor *a, const ms_strategy *current, const ms_
     }
     recalibrate(a, current, an, &pred, measured_step_s);
     double explained;
-    MS_CHECK(fit_overhead(a, &pb, current, measured_step_s, &cur_e, &explained, err));
+    MS_CHECK(fit_overhead(a, &cur_pb, current, measured_step_s, &cur_e, &explained, err));
     if (!model_agrees(a, explained, measured_step_s)) return MS_OK;
-    ms_suggestion *tmp = xcalloc(64, sizeof *tmp);
+    ms_suggestion *tmp = xcalloc(65, sizeof *tmp);
     int nt = suggest(a, &pb, current, &cur_e, measured_step_s, threshold, tmp);
+    nt += auto_suggestion(a, current, &pred, &cur_e, measured_step_s, threshold, &tmp[nt]);
+    sort_by_gain(tmp, nt);
     for (int i = 0; i < nt && i < max; i++) out[(*n)++] = tmp[i];
     free(tmp);
     return MS_OK;

@@ -14,7 +14,8 @@
  *      with those factors;
  *   4. returns those predicted at least `threshold` faster (default 0.10) and within the
  *      memory cap, best first, as ms_suggestion values (profiler/live.h) with evidence in
- *      words and figures;
+ *      words and figures; among them the current strategy with its layout searched
+ *      (ms_advisor_set_placements);
  *   5. but none from a model that disagrees with the measure: a round in which the current
  *      strategy's prediction with the learned scales (without the per-step constant, which
  *      closes any gap by construction) is more than MS_ADVISOR_OFF_LIMIT off the measured
@@ -75,6 +76,13 @@ const char *ms_advisor_note(const ms_advisor *a);
 /* The memory per rank a suggestion may need (the cap the job's switch applies); <= 0: the
  * cluster's usable memory shared by the ranks (the default). */
 void ms_advisor_set_memory_cap(ms_advisor *a, double bytes);
+
+/* The placement rules the job runs now (NULL: none, the model's own layout): the current
+ * strategy is priced under them. A job under a layout it was given (tp > 1, cp 1) is also
+ * offered that strategy with its layout searched (engine/plan/auto_place.h; searched once per
+ * strategy and kept), target "placements": "auto", when predicted `threshold` faster; a job
+ * that runs a complete layout (no_hints) is not. */
+void ms_advisor_set_placements(ms_advisor *a, const ms_placement_rules *rules);
 
 /* The scale factors learned so far (identity before the first update). */
 void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out);

@@ -113,7 +113,7 @@ typedef struct ms_suggestion {
     int32_t id; /* unique within the job, > 0 */
     uint8_t state;
     char target[64];       /* "dp2 x tp2" */
-    char target_json[128]; /* {"dp": 2, "tp": 2, "sp": false} */
+    char target_json[256]; /* {"dp": 2, "tp": 2, "sp": false}, or with "placements": "auto" */
     char current[64];      /* the strategy it would replace */
     double predicted_gain; /* fractional step time saving, 0.25 = 25% faster */
     double predicted_step_s, current_step_s;

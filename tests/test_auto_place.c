@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "engine/plan/auto_place.h"
+#include "profiler/advisor.h"
 #include "engine/train/trainer.h"
 #include "tests/testkit.h"
 
@@ -332,16 +333,22 @@ static void test_parse(void **state) {
 
 /* --- training with the rules found ------------------------------------------------------------ */
 
-enum { TB = 4, TT = 16, STEPS = 4 };
+enum { TB = 4, TT = 16, STEPS = 4, SW_AT = 2 };
 
-typedef struct train_arg {
-    const ms_strategy *s;
-    const ms_placement_rules *rules;
+typedef struct state_copy {
+    mt_state st;
     float losses[STEPS];
-} train_arg;
+} state_copy;
 
-static void train(mt_rank *r, void *arg) {
-    train_arg *a = arg;
+typedef struct layout_arg {
+    const ms_strategy *s;
+    const ms_placement_rules *from, *to; /* the rules before and after SW_AT (from NULL: to) */
+    state_copy *out;
+} layout_arg;
+
+/* Trains STEPS steps under a->from, switching to a->to at SW_AT (or a->to throughout). */
+static void layout_run(mt_rank *r, void *arg) {
+    layout_arg *a = arg;
     ms_error err = {0};
     ms_text_data d;
     if (!MT_OK(r, mt_repeated_text("In the beginning God created the heaven. ", TT, &d, &err),
@@ -350,12 +357,19 @@ static void train(mt_rank *r, void *arg) {
     ms_model_config cfg = mt_tiny_config(false, 0.1);
     ms_train_opts o = mt_train_opts(TB, TT, STEPS);
     ms_trainer *tr = NULL;
-    if (MT_OK(r, ms_trainer_create(r->ctx, &cfg, a->s, a->rules, &o, &d, &tr, &err), &err))
+    if (MT_OK(r,
+              ms_trainer_create(r->ctx, &cfg, a->s, a->from ? a->from : a->to, &o, &d, &tr, &err),
+              &err))
         for (int k = 0; k < STEPS; k++) {
+            if (a->from && k == SW_AT) MT_OK(r, ms_trainer_switch(tr, a->s, a->to, &err), &err);
             ms_step_result res;
             if (!MT_OK(r, ms_trainer_step(tr, &res, &err), &err)) break;
-            if (r->ctx->rank == 0) a->losses[k] = res.loss;
+            if (r->ctx->rank == 0) a->out->losses[k] = res.loss;
         }
+    if (tr) {
+        MT_CHECK(r, ms_trainer_runs(tr, a->s, a->to), "the job does not run the searched layout");
+        mt_gather_state(r, tr, &a->out->st, &err);
+    }
     ms_trainer_destroy(tr);
     ms_text_data_close(&d);
 }
@@ -377,8 +391,8 @@ static void threads_train_dp2_tp2(void **state) {
     hp.rules = NULL;
     if (ms_plan_estimate_one(&hp, &s, NULL, &hand, &err) != MS_OK) fail_msg("%s", err.msg);
     ms_strategy_defaults(&one);
-    train_arg ref = {.s = &one};
-    mt_run(1, train, &ref);
+    state_copy *ref = calloc(1, sizeof *ref), *many = calloc(1, sizeof *many);
+    mt_run(1, layout_run, &(layout_arg){.s = &one, .out = ref});
     ms_auto_place_result *r = malloc(sizeof *r);
     for (int lim = 0; lim < 2; lim++) {
         ms_auto_place_opts o = {.mem_limit = lim ? hand.mem_total : 0};
@@ -386,15 +400,86 @@ static void threads_train_dp2_tp2(void **state) {
         char text[2048];
         printf("rules: %s\n", ms_auto_place_rules_str(&r->rules, text, sizeof text));
         if (lim) assert_non_null(strstr(text, "S("));
-        train_arg many = {.s = &s, .rules = &r->rules};
-        mt_run(4, train, &many);
+        mt_run(4, layout_run, &(layout_arg){.s = &s, .to = &r->rules, .out = many});
         for (int k = 0; k < STEPS; k++) {
-            printf("step %d: loss %.7f, one rank %.7f\n", k, many.losses[k], ref.losses[k]);
-            if (!(fabsf(many.losses[k] - ref.losses[k]) <= 1e-5f * fabsf(ref.losses[k])))
-                fail_msg("step %d: loss %.7f, one rank %.7f", k, many.losses[k], ref.losses[k]);
+            printf("step %d: loss %.7f, one rank %.7f\n", k, many->losses[k], ref->losses[k]);
+            if (!(fabsf(many->losses[k] - ref->losses[k]) <= 1e-5f * fabsf(ref->losses[k])))
+                fail_msg("step %d: loss %.7f, one rank %.7f", k, many->losses[k], ref->losses[k]);
         }
+        mt_state_free(&many->st);
     }
-    free(r);
+    mt_state_free(&ref->st);
+    free(r), free(ref), free(many);
+}
+
+/* --- the advisor's "auto placements", accepted in a running job ---------------------------- */
+
+/* The advisor's suggestion for a dp2 x tp2 job under the model's own layout. */
+static ms_suggestion auto_suggestion_for(const ms_model_config *cfg, const ms_cluster *c,
+                                         const ms_strategy *s, const ms_placement_rules *runs) {
+    ms_model_def def;
+    ms_error err = {0};
+    assert_int_equal(ms_model_def_from_config(cfg, TT, &def, &err), MS_OK);
+    ms_advisor *adv = NULL;
+    assert_int_equal(ms_advisor_create(&def, 4, TB, TT, c, &adv, &err), MS_OK);
+    ms_advisor_set_placements(adv, runs);
+    ms_plan_estimate now;
+    assert_int_equal(ms_advisor_predict(adv, s, &now, &err), MS_OK);
+    ms_suggestion out[8], found = {0};
+    int n = 0;
+    assert_int_equal(ms_advisor_update(adv, s, NULL, now.step_s, 0.05, out, 8, &n, &err), MS_OK);
+    for (int i = 0; i < n; i++) {
+        printf("suggestion %s: %.0f%% (%s)\n", out[i].target, 100 * out[i].predicted_gain,
+               out[i].target_json);
+        if (strstr(out[i].target_json, "\"placements\": \"auto\"")) found = out[i];
+    }
+    ms_advisor_destroy(adv);
+    return found;
+}
+
+/* The advisor, pricing a dp2 x tp2 job under the model's own layout, suggests its layout
+ * searched ("placements": "auto"); accepted, the search's rules switch the running job at step
+ * SW_AT, and every parameter and both Adam moments then equal those of a run under the
+ * searched layout throughout. Told the job runs that layout, the advisor suggests it no more. */
+static void threads_advisor_auto(void **state) {
+    (void)state;
+    ms_model_config cfg = mt_tiny_config(false, 0.1);
+    ms_cluster c = h100();
+    ms_strategy s;
+    ms_error err = {0};
+    assert_int_equal(ms_strategy_init(&s, 2, 2, 1, false, &err), MS_OK);
+    ms_suggestion g = auto_suggestion_for(&cfg, &c, &s, NULL);
+    if (!g.id) fail_msg("no auto placements suggested");
+    printf("  %s\n  %s\n", g.evidence, g.diff);
+    /* accepted: its target resolved as the job does, the search on the same problem */
+    ms_strategy target;
+    ms_placement_rules *pins = malloc(sizeof *pins), *to = malloc(sizeof *to);
+    assert_int_equal(
+        ms_strategy_parse_json(g.target_json, strlen(g.target_json), "t", &target, pins, &err),
+        MS_OK);
+    assert_true(pins->auto_place);
+    assert_true(ms_strategy_equal(&target, &s));
+    ms_plan_problem pb = problem(&cfg, &c, 4);
+    pb.global_batch = TB, pb.seq = TT;
+    ms_auto_place_result *r = malloc(sizeof *r);
+    ms_auto_place_opts o = {.pins = pins};
+    if (ms_plan_auto_placements(&pb, &target, &o, r, &err) != MS_OK) fail_msg("%s", err.msg);
+    *to = r->rules;
+    assert_int_equal(auto_suggestion_for(&cfg, &c, &s, to).id, 0);
+    state_copy *sw = calloc(1, sizeof *sw), *ref = calloc(1, sizeof *ref);
+    ms_placement_rules *none = calloc(1, sizeof *none);
+    layout_arg a = {.s = &s, .from = none, .to = to, .out = sw};
+    layout_arg b = {.s = &s, .to = to, .out = ref};
+    mt_run(4, layout_run, &a);
+    mt_run(4, layout_run, &b);
+    for (int k = 0; k < STEPS; k++)
+        if (!(fabsf(sw->losses[k] - ref->losses[k]) <= 2e-5f * (1 + k) * fabsf(ref->losses[k])))
+            fail_msg("step %d: loss %.7f switched, %.7f throughout", k, sw->losses[k],
+                     ref->losses[k]);
+    mt_state_check(&sw->st, &ref->st, mt_train_opts(TB, TT, STEPS).lr);
+    printf("%d state tensors equal after the switch to the searched layout\n", sw->st.n);
+    mt_state_free(&sw->st), mt_state_free(&ref->st);
+    free(sw), free(ref), free(pins), free(to), free(r), free(none);
 }
 
 /* The docs' table: every case, one Markdown row each. */
@@ -434,10 +519,15 @@ static int print_table(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--table")) return print_table();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse), cmocka_unit_test(test_edges),
-        cmocka_unit_test(test_pins),  cmocka_unit_test(threads_joint),
-        cmocka_unit_test(test_gpt),   cmocka_unit_test(test_bert),
-        cmocka_unit_test(test_llama), cmocka_unit_test(threads_train_dp2_tp2),
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_pins),
+        cmocka_unit_test(threads_joint),
+        cmocka_unit_test(test_gpt),
+        cmocka_unit_test(test_bert),
+        cmocka_unit_test(test_llama),
+        cmocka_unit_test(threads_train_dp2_tp2),
+        cmocka_unit_test(threads_advisor_auto),
     };
     return mt_main(argc, argv, "test_auto_place", tests, sizeof tests / sizeof *tests);
 }

@@ -364,11 +364,15 @@ static void advisor_ranks_candidates(void **state) {
         if (i) assert_true(sg[i - 1].predicted_gain >= sg[i].predicted_gain);
         assert_non_null(strstr(sg[i].memory_check, "fits"));
         ms_strategy t;
+        ms_placement_rules *rules = malloc(sizeof *rules);
         assert_int_equal(ms_strategy_parse_json(sg[i].target_json, strlen(sg[i].target_json),
-                                                "suggestion", &t, NULL, &err),
+                                                "suggestion", &t, rules, &err),
                          MS_OK);
+        free(rules);
         assert_int_equal(ms_strategy_validate_def(&t, &d, &job, 0, &err), MS_OK);
-        assert_false(ms_strategy_equal(&t, &cur));
+        /* another strategy, or this one with its layout searched */
+        assert_true(!ms_strategy_equal(&t, &cur) ||
+                    strstr(sg[i].target_json, "\"placements\": \"auto\"") != NULL);
     }
     ms_advisor_destroy(adv);
 }

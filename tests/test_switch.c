@@ -83,12 +83,12 @@ static bool out_contains(const char *needle) {
 }
 
 /* from A, switch at step k to B; compare with B and A throughout. */
-static void check_switch(const char *a_flags, const char *b_flags, const char *b_json, int k,
-                         const char *b_text) {
+static void check_switch_saying(const char *a_flags, const char *b_flags, const char *b_json, int k,
+                                const char *b_text, const char *says) {
     char flags[1024];
     snprintf(flags, sizeof flags, "%s --switch '%d:%s'", a_flags, k, b_json);
     assert_int_equal(train(flags, "switch.jsonl"), 0);
-    assert_true(out_contains("switched"));
+    assert_true(out_contains(says));
     assert_int_equal(train(b_flags, "b.jsonl"), 0);
     assert_int_equal(train(a_flags, "a.jsonl"), 0);
     run_log sw, b, a;
@@ -108,6 +108,11 @@ static void check_switch(const char *a_flags, const char *b_flags, const char *b
     }
 }
 
+static void check_switch(const char *a_flags, const char *b_flags, const char *b_json, int k,
+                         const char *b_text) {
+    check_switch_saying(a_flags, b_flags, b_json, k, b_text, "switched");
+}
+
 static void test_dp_to_dp_tp(void **state) {
     (void)state;
     check_switch("--dp 4", "--dp 2 --tp 2", "{\"dp\": 2, \"tp\": 2}", 3, "dp2 x tp2");
@@ -122,6 +127,23 @@ static void test_dp_tp_to_tp_sp(void **state) {
 static void test_cp_to_dp(void **state) {
     (void)state;
     check_switch("--tp 2 --cp 2", "--dp 4", "{\"mesh\": {\"dp\": 4}}", 2, "dp4 x tp1");
+}
+
+/* Into the same mesh with its layout searched ("placements": "auto"): rank 0 runs the search
+ * at the switch and every rank takes the layout it found; the reference runs a strategy file
+ * saying "auto" throughout (the same search, before the first step). */
+static void test_to_auto_placements(void **state) {
+    (void)state;
+    char path[512], b_flags[600];
+    snprintf(path, sizeof path, "%s/auto.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"mesh\": {\"dp\": 2, \"tp\": 2}, \"placements\": \"auto\"}\n", f);
+    fclose(f);
+    snprintf(b_flags, sizeof b_flags, "--strategy %s", path);
+    check_switch_saying("--dp 2 --tp 2", b_flags,
+                        "{\"dp\": 2, \"tp\": 2, \"placements\": \"auto\"}", 3, "dp2 x tp2",
+                        "placement rules, the rest completed)");
 }
 
 /* Into a head replicated over tp (the vocabulary tables resharded from rows to whole). */
@@ -289,6 +311,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cp_to_dp),
         cmocka_unit_test(test_pp_to_dp_clip),
         cmocka_unit_test(test_tp_to_replicated_head),
+        cmocka_unit_test(test_to_auto_placements),
         cmocka_unit_test(test_dp_to_tp_offload),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_switch_report),

@@ -1,6 +1,7 @@
 /* testkit.c - the rank-function test harness (see testkit.h). */
 #include "tests/testkit.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include "engine/comm/comm_mpi.h"
 #include "engine/core/xalloc.h"
+#include "engine/dist/dtensor.h"
 #include "engine/kernels/blas.h"
 #include "engine/model/config.h"
 
@@ -231,4 +233,50 @@ ms_status mt_repeated_text(const char *line, int seq, ms_text_data *d, ms_error 
     ms_status st = ms_text_data_from_bytes("test-text", bytes, n, seq, 0.1, d, err);
     free(bytes);
     return st;
+}
+
+void mt_gather_state(mt_rank *r, ms_trainer *tr, mt_state *out, ms_error *err) {
+    int n = ms_trainer_num_state(tr);
+    MT_CHECK(r, n <= MT_MAX_STATE, "%d state tensors, room for %d", n, MT_MAX_STATE);
+    if (r->ctx->rank == 0) out->n = n;
+    for (int i = 0; i < n && i < MT_MAX_STATE; i++) {
+        ms_state_tensor st;
+        ms_trainer_state(tr, i, &st);
+        ms_dtensor d = {.ndim = st.gshape.ndim, .mesh = st.mesh, .pl = st.pl};
+        memcpy(d.gshape, st.gshape.d, sizeof d.gshape);
+        int64_t shape[MS_MAX_DIMS];
+        for (int k = 0; k < st.lndim; k++) shape[k] = st.lshape[k];
+        MT_OK(r, ms_tensor_wrap(st.local, MS_F32, st.lndim, shape, &d.local, err), err);
+        ms_tensor full = {0};
+        MT_OK(r, ms_dtensor_full(&d, &full, err), err);
+        ms_tensor_release(&d.local);
+        if (r->ctx->rank == 0) {
+            out->len[i] = ms_tensor_numel(&full);
+            out->data[i] = xmalloc(sizeof(float) * (size_t)out->len[i]);
+            memcpy(out->data[i], ms_tensor_f32(&full), sizeof(float) * (size_t)out->len[i]);
+        }
+        ms_tensor_release(&full);
+    }
+}
+
+void mt_state_free(mt_state *s) {
+    for (int i = 0; i < s->n && i < MT_MAX_STATE; i++) free(s->data[i]);
+    memset(s, 0, sizeof *s);
+}
+
+void mt_state_check(const mt_state *got, const mt_state *want, double lr) {
+    assert_int_equal(got->n, want->n);
+    assert_true(got->n > 0);
+    const char *kind[3] = {"parameter", "Adam m", "Adam v"};
+    for (int i = 0; i < got->n; i++) {
+        assert_int_equal(got->len[i], want->len[i]);
+        double scale = 0, diff = 0;
+        for (int64_t k = 0; k < want->len[i]; k++) {
+            scale = fmax(scale, fabs(want->data[i][k]));
+            diff = fmax(diff, fabs(got->data[i][k] - want->data[i][k]));
+        }
+        if (diff > 1e-4 * scale + 0.05 * lr)
+            fail_msg("state tensor %d (%s of parameter %d): max difference %g at scale %g", i,
+                     kind[i % 3], i / 3, diff, scale);
+    }
 }

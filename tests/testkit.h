@@ -31,6 +31,26 @@ typedef struct mt_rank {
 
 typedef void (*mt_rank_fn)(mt_rank *r, void *arg);
 
+/* --- a trainer's whole state, for comparing runs ------------------------------------------ */
+
+#define MT_MAX_STATE 256
+typedef struct mt_state {
+    int n;
+    float *data[MT_MAX_STATE]; /* world rank 0: each state tensor whole (owned) */
+    int64_t len[MT_MAX_STATE];
+} mt_state;
+
+/* Collective over the trainer's ranks: every state tensor (each parameter, then its Adam m and
+ * v) gathered whole; only world rank 0 fills *out (thread ranks share it). */
+void mt_gather_state(mt_rank *r, ms_trainer *tr, mt_state *out, ms_error *err);
+void mt_state_free(mt_state *s);
+/* Fails naming the first tensor of got off want's by more than 1e-4 of its scale plus 5% of
+ * an lr step: reduction order differs between layouts and Adam amplifies it (m / sqrt(v) is
+ * the same size whatever the gradient's, so where a gradient is all rounding noise the update
+ * differs by a fraction of lr), while a shard moved to the wrong place is off by the weights'
+ * own scale and an update lost or doubled by lr. */
+void mt_state_check(const mt_state *got, const mt_state *want, double lr);
+
 void mt_failf(mt_rank *r, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

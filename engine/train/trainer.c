@@ -750,6 +750,9 @@ void ms_trainer_set_step(ms_trainer *t, int64_t step) {
 const ms_strategy *ms_trainer_strategy(const ms_trainer *t) {
     return &t->c.strat;
 }
+const ms_placement_rules *ms_trainer_rules(const ms_trainer *t) {
+    return &t->c.rules;
+}
 const ms_model_config *ms_trainer_config(const ms_trainer *t) {
     return t->def.lm;
 }

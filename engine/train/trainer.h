@@ -143,6 +143,8 @@ ms_ctx *ms_trainer_ctx(const ms_trainer *t);
 /* Sets the next step to run (a resumed run). */
 void ms_trainer_set_step(ms_trainer *t, int64_t step);
 const ms_strategy *ms_trainer_strategy(const ms_trainer *t);
+/* The placement rules it runs under (n = 0 and !no_hints: the model's own layout). */
+const ms_placement_rules *ms_trainer_rules(const ms_trainer *t);
 /* The built-in model's config, or NULL for other models. */
 const ms_model_config *ms_trainer_config(const ms_trainer *t);
 const ms_model_def *ms_trainer_def(const ms_trainer *t);
