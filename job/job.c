@@ -149,7 +149,10 @@ ms_status job_auto_placements(const run_opts *o, const job_plan *plan, const ms_
                           .cluster = cl,
                           .engine_workloads = true,
                           .def = &plan->def};
-    ms_auto_place_opts ao = {.pins = pins, .time_limit_s = o->auto_time_limit_s};
+    /* --memory-cap bounds the layout as it bounds a switch */
+    ms_auto_place_opts ao = {.pins = pins,
+                             .time_limit_s = o->auto_time_limit_s,
+                             .mem_limit = o->memory_cap_mib * 1048576.0};
     if (st == MS_OK) st = ms_plan_auto_placements(&pb, s, &ao, r, err);
     if (st != MS_OK) st = ms_fail_wrap(err, st, "\"placements\": \"auto\"");
     free(cl);
@@ -160,8 +163,11 @@ void job_auto_placements_say(const ms_auto_place_result *r) {
     if (!says_notes()) return;
     char *text = xmalloc(8192), bytes[32];
     ms_auto_place_rules_str(&r->rules, text, 8192);
-    printf("auto placements: %s; predicted step %.3f ms, %s of collectives per step per rank",
+    char mem[32];
+    printf("auto placements: %s; predicted step %.3f ms, %s per rank, %s of collectives per step "
+           "per rank",
            r->rules.n ? text : "none (tp 1: nothing to place)", r->best.step_s * 1e3,
+           ms_plan_bytes_str(r->best.mem_total, mem, sizeof mem),
            ms_plan_bytes_str(r->coll_bytes, bytes, sizeof bytes));
     if (r->have_runner_up && r->runner_up.step_s < r->best.step_s)
         printf("; runner-up %.3f ms with %s of collectives (%s), within %.0f%% of the step, so "
@@ -171,6 +177,9 @@ void job_auto_placements_say(const ms_auto_place_result *r) {
                r->runner_up_diff, r->tie * 100);
     else if (r->have_runner_up)
         printf("; runner-up %.3f ms (%s)", r->runner_up.step_s * 1e3, r->runner_up_diff);
+    if (r->have_replicated)
+        printf("; every weight replicated: %.3f ms, %s per rank", r->replicated.step_s * 1e3,
+               ms_plan_bytes_str(r->replicated.mem_total, mem, sizeof mem));
     printf("; %d layout%s compiled in %.0f ms (%d classes, %d interacting pairs, %d round%s)\n",
            r->compiles, r->compiles == 1 ? "" : "s", r->search_ms, r->classes, r->pairs, r->rounds,
            r->rounds == 1 ? "" : "s");

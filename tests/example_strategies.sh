@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # example_strategies.sh EXAMPLE: a model written against the public API (examples/) trains
 # under each strategy with the losses of its one-rank run: dp, tp, pp, ZeRO 3, recompute, a
-# live switch, and a save under one strategy resumed under another. bf16 is checked against
+# live switch, automatic placements (with a memory cap data parallelism does not fit), and a
+# save under one strategy resumed under another. bf16 is checked against
 # bf16 on one rank (it changes the arithmetic). fp32 runs agree within 1e-5 relative per step.
 set -u
 bin=$1
@@ -59,6 +60,35 @@ for tag in dp2 tp2 dp2tp2 pp2 zero3 recompute switch; do
   run "$tag" ${strategies[$tag]} && same "$tag" one 1e-5 || fail=1
 done
 run bf16 --dp 2 --precision bf16 && same bf16 bf16one 2e-2 || fail=1
+
+# "placements": "auto" under dp2 x tp2: the layout searched with no annotations trains with one
+# rank's losses; then with --memory-cap at 80% of what data parallelism (every weight
+# replicated) needs, the search must shard, fit the cap, and train alike.
+echo '{"mesh": {"dp": 2, "tp": 2}, "placements": "auto"}' >"$tmp/auto.json"
+# mib TEXT KEY: the size after KEY ("4.8 MiB") in MiB
+mib() {
+  grep -o "$2 [0-9.]* [KMG]iB" <<<"$1" | head -1 | awk '{ v = $(NF - 1); u = $NF
+    print (u == "KiB" ? v / 1024 : u == "GiB" ? v * 1024 : v) }'
+}
+if run auto --strategy "$tmp/auto.json" && same auto one 1e-5; then
+  line=$(grep '^auto placements: ' "$tmp/auto.out")
+  dp_mib=$(mib "$line" "replicated: [0-9.]* ms,")
+  cap=$(awk -v m="$dp_mib" 'BEGIN { printf "%.3f", 0.8 * m }')
+  if run automem --strategy "$tmp/auto.json" --memory-cap "$cap" && same automem one 1e-5; then
+    line=$(grep '^auto placements: ' "$tmp/automem.out")
+    got=$(mib "$line" "ms,")
+    if ! grep -q 'S(' <<<"$line" || awk -v g="$got" -v c="$cap" 'BEGIN { exit !(g > c) }'; then
+      echo "FAIL $name automem: a layout of $got MiB under a cap of $cap MiB: $line"
+      fail=1
+    else
+      echo "ok   $name automem: $got MiB per rank under a cap of $cap MiB (data parallel: $dp_mib)"
+    fi
+  else
+    fail=1
+  fi
+else
+  fail=1
+fi
 # saved under dp2 at step 3, resumed from there under tp2: its steps 3-5 and the saving run's
 # 0-2 equal one rank's six
 if run save --dp 2 --save-dir "$tmp/ck" --save-every 3 &&

@@ -108,7 +108,13 @@ def run_meshscope(binary, onnx_path, npz_path, log, flags):
         return None
     with open(log) as f:
         rows = [json.loads(line) for line in f]
-    if "--switch" in flags and rows and rows[0]["strategy"] == rows[-1]["strategy"]:
+    if "--switch" in flags and "switched" not in run.stdout:
+        print(f"FAIL: --switch given, but the run never switched: {run.stdout[-2000:]}")
+        return None
+    # a switch of layout keeps the mesh's name; any other switch changes it
+    layout_only = any("placements" in f for f in flags)
+    if ("--switch" in flags and not layout_only and rows
+            and rows[0]["strategy"] == rows[-1]["strategy"]):
         print(f"FAIL: --switch given, but every step ran {rows[0]['strategy']}")
         return None
     return [r["loss"] for r in rows]

@@ -341,6 +341,7 @@ typedef struct state_copy {
 } state_copy;
 
 typedef struct layout_arg {
+    const ms_model_config *cfg; /* NULL: mt_tiny_config's GPT-2 */
     const ms_strategy *s;
     const ms_placement_rules *from, *to; /* the rules before and after SW_AT (from NULL: to) */
     state_copy *out;
@@ -354,7 +355,7 @@ static void layout_run(mt_rank *r, void *arg) {
     if (!MT_OK(r, mt_repeated_text("In the beginning God created the heaven. ", TT, &d, &err),
                &err))
         return;
-    ms_model_config cfg = mt_tiny_config(false, 0.1);
+    ms_model_config cfg = a->cfg ? *a->cfg : mt_tiny_config(false, 0.1);
     ms_train_opts o = mt_train_opts(TB, TT, STEPS);
     ms_trainer *tr = NULL;
     if (MT_OK(r,
@@ -409,6 +410,42 @@ static void threads_train_dp2_tp2(void **state) {
         mt_state_free(&many->st);
     }
     mt_state_free(&ref->st);
+    free(r), free(ref), free(many);
+}
+
+/* BERT and LLaMA (GPT-2 is threads_train_dp2_tp2) under dp2 x tp2 with the layout the search
+ * finds within the hand layout's memory (so that it shards): one rank's losses. */
+static void test_train_families(void **state) {
+    (void)state;
+    ms_model_config cfgs[2] = {mt_tiny_config(true, 0.1), mt_source_config("llama-tiny.json")};
+    ms_cluster c = h100();
+    ms_error err = {0};
+    ms_strategy s, one;
+    assert_int_equal(ms_strategy_init(&s, 2, 2, 1, false, &err), MS_OK);
+    ms_strategy_defaults(&one);
+    ms_auto_place_result *r = malloc(sizeof *r);
+    state_copy *ref = calloc(1, sizeof *ref), *many = calloc(1, sizeof *many);
+    for (int m = 0; m < 2; m++) {
+        ms_plan_problem pb = problem(&cfgs[m], &c, 4);
+        pb.global_batch = TB, pb.seq = TT;
+        ms_plan_estimate hand;
+        if (ms_plan_estimate_one(&pb, &s, NULL, &hand, &err) != MS_OK) fail_msg("%s", err.msg);
+        ms_auto_place_opts o = {.mem_limit = hand.mem_total};
+        if (ms_plan_auto_placements(&pb, &s, &o, r, &err) != MS_OK) fail_msg("%s", err.msg);
+        char text[4096];
+        printf("%s: %s\n", m ? "llama" : "bert",
+               ms_auto_place_rules_str(&r->rules, text, sizeof text));
+        assert_non_null(strstr(text, "S("));
+        mt_run(1, layout_run, &(layout_arg){.cfg = &cfgs[m], .s = &one, .out = ref});
+        mt_run(4, layout_run,
+               &(layout_arg){.cfg = &cfgs[m], .s = &s, .to = &r->rules, .out = many});
+        for (int k = 0; k < STEPS; k++)
+            if (!(fabsf(many->losses[k] - ref->losses[k]) <= 1e-5f * fabsf(ref->losses[k])))
+                fail_msg("%s step %d: loss %.7f, one rank %.7f", m ? "llama" : "bert", k,
+                         many->losses[k], ref->losses[k]);
+        printf("  %d steps with one rank's losses\n", STEPS);
+        mt_state_free(&ref->st), mt_state_free(&many->st);
+    }
     free(r), free(ref), free(many);
 }
 
@@ -528,6 +565,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(threads_train_dp2_tp2),
         cmocka_unit_test(threads_advisor_auto),
+        cmocka_unit_test(test_train_families),
     };
     return mt_main(argc, argv, "test_auto_place", tests, sizeof tests / sizeof *tests);
 }

@@ -503,6 +503,11 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
         out->best = cx->evals[win].e;
         out->coll_bytes = cx->evals[win].bytes;
         runner_up(cx, win, out);
+        /* data parallelism's figures beside it: every weight replicated, priced whole */
+        ms_error e = {0};
+        cx->shallow_layers = 0;
+        out->have_replicated =
+            price(cx, (uint8_t[AP_MAX_CLASSES]){0}, &out->replicated, &e) == MS_OK;
     }
     for (int i = 0; i < cx->n; i++) {
         out->classes += cx->c[i].ncand > 1;

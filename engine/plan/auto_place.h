@@ -62,6 +62,8 @@ typedef struct ms_auto_place_result {
     bool have_runner_up;
     ms_plan_estimate runner_up; /* the best other layout priced (fitting, when any does) */
     char runner_up_diff[256];   /* where it differs: "h.*.mlp.c_fc.weight [R, R]" */
+    bool have_replicated;
+    ms_plan_estimate replicated; /* every weight replicated over tp (data parallelism there) */
     double tie;                 /* the tie band used (relative step) */
     int classes;                /* classes searched (two or more candidates) */
     int pairs;                  /* interacting pairs of them */
