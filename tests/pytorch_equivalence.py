@@ -1,4 +1,5 @@
 """pytorch_equivalence.py MESHSCOPE MODEL [--tol T] [--resume-at STEP FLAGS...] [STRATEGY FLAGS...]
+   or: pytorch_equivalence.py MESHSCOPE MODEL --export DIR   (DIR/model.onnx and DIR/data.npz only)
 
 A model defined in PyTorch, exported to ONNX as a module that returns its loss, trains in
 meshscope with PyTorch's losses: the same initial weights (the file's), the same data, fp32,
@@ -96,6 +97,18 @@ def make(kind, g):
     return model, {"image": image, "label": label}
 
 
+def export(model, data, names, onnx_path, npz_path):
+    # Exported in training mode: in eval mode the exporter merges initializers of equal
+    # values (every LayerNorm's fresh ones and zeros), which would then train as one.
+    # There is no dropout or batch norm here, so both modes compute alike.
+    torch.onnx.export(model, tuple(data[n][:ROWS] for n in names), onnx_path,
+                      input_names=names, output_names=["loss"], opset_version=17,
+                      dynamic_axes={n: {0: "batch"} for n in names}, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING)
+    # the first ROWS rows train, the last ROWS validate (--val-fraction 0.5)
+    np.savez(npz_path, **{n: data[n].numpy() for n in names})
+
+
 def run_meshscope(binary, onnx_path, npz_path, log, flags):
     cmd = [binary, "train", "--model", onnx_path, "--data", npz_path, "--batch", str(ROWS),
            "--steps", str(STEPS), "--lr", str(LR), "--min-lr", str(LR), "--warmup", "0",
@@ -152,17 +165,14 @@ def main():
     g = torch.Generator().manual_seed(1)
     model, data = make(kind, g)
     names = list(data)
+    if flags[:1] == ["--export"]:  # the model and its data only, into a directory
+        os.makedirs(flags[1], exist_ok=True)
+        export(model, data, names, os.path.join(flags[1], "model.onnx"),
+               os.path.join(flags[1], "data.npz"))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path, npz_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "data.npz")
-        # Exported in training mode: in eval mode the exporter merges initializers of equal
-        # values (every LayerNorm's fresh ones and zeros), which would then train as one.
-        # There is no dropout or batch norm here, so both modes compute alike.
-        torch.onnx.export(model, tuple(data[n][:ROWS] for n in names), onnx_path,
-                          input_names=names, output_names=["loss"], opset_version=17,
-                          dynamic_axes={n: {0: "batch"} for n in names}, do_constant_folding=False,
-                          training=torch.onnx.TrainingMode.TRAINING)
-        # the first ROWS rows train, the last ROWS validate (--val-fraction 0.5)
-        np.savez(npz_path, **{n: data[n].numpy() for n in names})
+        export(model, data, names, onnx_path, npz_path)
         train = {n: data[n][:ROWS] for n in names}
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8,
                                 weight_decay=0.0)
