@@ -64,15 +64,17 @@ static void balanced(int L, int K, const ms_pp_costs *c, int *counts) {
 }
 
 /* The last split made on this thread: the planner asks for the same one once per chunk of
- * every strategy it prices, and the split's dynamic program is O(chunks x layers^2). */
+ * every strategy it prices, and the split's dynamic program is O(chunks x layers^2). Held in
+ * the thread's own storage (nothing to free when the thread ends); larger splits are not kept. */
+#define LAST_SPLIT_MAX 256
 static _Thread_local struct {
-    int n_layer, chunks;
+    int n_layer, chunks; /* chunks 0: none kept */
     ms_pp_costs c;
-    int *counts;
+    int counts[LAST_SPLIT_MAX];
 } last_split;
 
 void ms_pp_balance_layers(int n_layer, int chunks, const ms_pp_costs *c, int *counts) {
-    if (last_split.counts && last_split.n_layer == n_layer && last_split.chunks == chunks &&
+    if (last_split.chunks && last_split.n_layer == n_layer && last_split.chunks == chunks &&
         last_split.c.layer == c->layer && last_split.c.first == c->first &&
         last_split.c.last == c->last) {
         for (int k = 0; k < chunks; k++) counts[k] = last_split.counts[k];
@@ -83,9 +85,9 @@ void ms_pp_balance_layers(int n_layer, int chunks, const ms_pp_costs *c, int *co
     balanced(n_layer, chunks, c, b);
     if (max_cost(c, chunks, b) < 0.98 * max_cost(c, chunks, counts))
         for (int k = 0; k < chunks; k++) counts[k] = b[k];
-    /* keep it (the buffer is reused: it only grows, and lives as long as the thread) */
-    last_split.counts = xrealloc(last_split.counts, sizeof *b * (size_t)chunks);
-    for (int k = 0; k < chunks; k++) last_split.counts[k] = counts[k];
-    last_split.n_layer = n_layer, last_split.chunks = chunks, last_split.c = *c;
+    if (chunks <= LAST_SPLIT_MAX) {
+        for (int k = 0; k < chunks; k++) last_split.counts[k] = counts[k];
+        last_split.n_layer = n_layer, last_split.chunks = chunks, last_split.c = *c;
+    }
     free(b);
 }

@@ -180,5 +180,6 @@ ms_status ms_assign_solve(const ms_assign_problem *p, int k_best, ms_assign_resu
         add_row(lp, GLP_UP, 0, p->n - 1, p->n, ind, one); /* the no-good cut */
     }
     glp_delete_prob(lp);
+    glp_free_env(); /* GLPK's per-thread environment: allocated again by the next solve */
     return st;
 }
