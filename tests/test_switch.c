@@ -134,6 +134,12 @@ static void test_cp_to_dp(void **state) {
  * saying "auto" throughout (the same search, before the first step). */
 static void test_to_auto_placements(void **state) {
     (void)state;
+#if defined(__SANITIZE_THREAD__)
+    /* the search prices layouts on cpu-local, which the TSan run does not calibrate (measuring
+     * it under TSan takes minutes); the release and ASan runs cover this case */
+    printf("skipped under TSan: the layout search prices on an uncalibrated cpu-local\n");
+    skip();
+#endif
     char path[512], b_flags[600];
     snprintf(path, sizeof path, "%s/auto.json", dir);
     FILE *f = fopen(path, "w");

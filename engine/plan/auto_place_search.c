@@ -220,7 +220,14 @@ static int rounds_from(ap_ctx *cx, ap_program *pr, int centre, double band, ms_e
         int best = round_from(cx, pr, centre, band, err);
         if (best < 0) return -1;
         cx->rounds++;
-        if (best == centre) break;
+        const ap_eval *b = &cx->evals[best], *c = &cx->evals[centre];
+        /* while nothing fits, rounds chase memory: one that gains under 1% will not reach the
+         * limit in the rounds left, and saying so early is what a user waiting needs */
+        bool stalled = !b->fits && b->ok && c->ok && b->e.mem_total > 0.99 * c->e.mem_total;
+        if (best == centre || stalled) {
+            centre = best;
+            break;
+        }
         centre = best;
     }
     return centre;
