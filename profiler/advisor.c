@@ -63,6 +63,12 @@ void ms_advisor_destroy(ms_advisor *a) {
     free(a);
 }
 
+char *ms_advisor_layout_name(const ms_strategy *s, char *buf, size_t n) {
+    char name[MS_STRATEGY_NAME_MAX];
+    snprintf(buf, n, "%.40s, placements searched", ms_strategy_name(s, name, sizeof name));
+    return buf;
+}
+
 void ms_advisor_set_placements(ms_advisor *a, const ms_placement_rules *rules) {
     if (rules)
         a->rules = *rules;
@@ -541,9 +547,8 @@ static int auto_suggestion(ms_advisor *a, const ms_strategy *current, const ms_p
     fill_suggestion(g, current, current, cur_e, &target, &a->scales, measured_step_s, cap);
     g->id = suggestion_id(current) ^ 0x5a5a5a; /* not the plain strategy's id */
     g->id = g->id ? g->id & 0x7fffffff : 1;
-    char name[MS_STRATEGY_NAME_MAX], bytes_now[32], bytes_then[32];
-    snprintf(g->target, sizeof g->target, "%.40s, placements searched",
-             ms_strategy_name(current, name, sizeof name));
+    char bytes_now[32], bytes_then[32];
+    ms_advisor_layout_name(current, g->target, sizeof g->target);
     size_t n = strlen(g->target_json);
     if (n && g->target_json[n - 1] == '}')
         snprintf(g->target_json + n - 1, sizeof g->target_json - (n - 1),

@@ -84,6 +84,11 @@ void ms_advisor_set_memory_cap(ms_advisor *a, double bytes);
  * that runs a complete layout (no_hints) is not. */
 void ms_advisor_set_placements(ms_advisor *a, const ms_placement_rules *rules);
 
+/* How the views name strategy s under a layout that is the whole of its placements (searched,
+ * "*": "complete"): "dp2 x tp2, placements searched", at most n bytes (the views take 64). The
+ * advisor's suggestion of a searched layout is named so, and so is the job that runs one. */
+char *ms_advisor_layout_name(const ms_strategy *s, char *buf, size_t n);
+
 /* The scale factors learned so far (identity before the first update). */
 void ms_advisor_scales(const ms_advisor *a, ms_plan_scales *out);
 

@@ -64,12 +64,12 @@ typedef struct ms_auto_place_result {
     char runner_up_diff[256];   /* where it differs: "h.*.mlp.c_fc.weight [R, R]" */
     bool have_replicated;
     ms_plan_estimate replicated; /* every weight replicated over tp (data parallelism there) */
-    double tie;                 /* the tie band used (relative step) */
-    int classes;                /* classes searched (two or more candidates) */
-    int pairs;                  /* interacting pairs of them */
-    int rounds;                 /* surrogates built */
-    int solutions;              /* the integer program's layouts polished */
-    int compiles;               /* layouts priced (a shallow one compiles two small models) */
+    double tie;                  /* the tie band used (relative step) */
+    int classes;                 /* classes searched (two or more candidates) */
+    int pairs;                   /* interacting pairs of them */
+    int rounds;                  /* surrogates built */
+    int solutions;               /* the integer program's layouts polished */
+    int compiles;                /* layouts priced (a shallow one compiles two small models) */
     double search_ms;
 } ms_auto_place_result;
 
