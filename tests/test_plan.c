@@ -1247,6 +1247,47 @@ static void advisor_learns_dp_overlap(void **state) {
     ms_advisor_destroy(adv);
 }
 
+/* cpu-local's in-step factors: interpolated in log(bytes) between the two measured sizes and
+ * held beyond; every kernel of a class priced at its rate times its factor; ranks beyond the
+ * cores times their sync point's compute factor as well. */
+static void in_step_factors_price_kernels(void **state) {
+    (void)state;
+    ms_cluster c = cpu_cluster();
+    assert_true(ms_cluster_in_step(&c, MS_PC_GEMM, 1e6) == 1); /* unmeasured */
+    c.in_step[MS_PC_GEMM] = (ms_in_step){{1e5, 1e7}, {1.0, 2.0}};
+    assert_true(ms_cluster_in_step(&c, MS_PC_GEMM, 1e3) == 1.0);
+    assert_true(ms_cluster_in_step(&c, MS_PC_GEMM, 1e9) == 2.0);
+    assert_true(fabs(ms_cluster_in_step(&c, MS_PC_GEMM, 1e6) - 1.5) < 1e-12);
+    assert_true(ms_cluster_in_step(&c, MS_PC_OPTIMIZER, 1e6) == 1);
+    ms_model_config tiny = gpt_tiny();
+    ms_cluster plain = cpu_cluster(), slow = cpu_cluster();
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++)
+        slow.in_step[k] = (ms_in_step){{1, 2}, {1.0 + k, 1.0 + k}}; /* 1x, 2x, 3x at any size */
+    ms_strategy dp2 = engine_strategy(2, 1, 1, false);
+    ms_plan_estimate a, b;
+    ms_error err = {0};
+    ms_plan_problem pa = problem(&tiny, &plain, 2, 8, 64, MS_PLAN_FP32),
+                    pb = problem(&tiny, &slow, 2, 8, 64, MS_PLAN_FP32);
+    assert_int_equal(ms_plan_estimate_one(&pa, &dp2, NULL, &a, &err), MS_OK);
+    assert_int_equal(ms_plan_estimate_one(&pb, &dp2, NULL, &b, &err), MS_OK);
+    assert_true(fabs(b.compute_s[MS_PC_GEMM] - a.compute_s[MS_PC_GEMM]) < 1e-12);
+    assert_true(fabs(b.compute_s[MS_PC_ATTENTION] - 2 * a.compute_s[MS_PC_ATTENTION]) < 1e-12);
+    assert_true(fabs(b.compute_s[MS_PC_ELEMENTWISE] - 3 * a.compute_s[MS_PC_ELEMENTWISE]) < 1e-12);
+    assert_true(a.compute_s[MS_PC_ATTENTION] > 0 && a.compute_s[MS_PC_ELEMENTWISE] > 0);
+    /* four ranks on two cores: the sync point's compute factor on every class but the
+     * optimizer; two ranks (a core each) never pay it */
+    ms_strategy dp4 = engine_strategy(4, 1, 1, false);
+    slow.sync[0].compute = 1.25;
+    pa.devices = pb.devices = 4;
+    assert_int_equal(ms_plan_estimate_one(&pa, &dp4, NULL, &a, &err), MS_OK);
+    assert_int_equal(ms_plan_estimate_one(&pb, &dp4, NULL, &b, &err), MS_OK);
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++)
+        assert_true(fabs(b.compute_s[k] - 1.25 * (1.0 + k) * a.compute_s[k]) <
+                    1e-9 * a.compute_s[k]);
+    assert_true(ms_cluster_sync_compute(&slow, 2) == 1 &&
+                ms_cluster_sync_compute(&slow, 4) == 1.25);
+}
+
 static void cluster_json(void **state) {
     (void)state;
     const char *presets[3] = {"dgx-a100-80gb", "h100", "h200"};
@@ -1279,14 +1320,18 @@ static void cluster_json(void **state) {
     assert_true(fabs(d.coll[3].busbw - c.coll[3].busbw) < 1);
     assert_int_equal(d.n_sync, c.n_sync);
     /* every measured figure survives the round trip (the cache is this JSON) */
-    c.sync[0] =
-        (ms_sync_point){.ranks = 4, .per_call = 75e-6, .per_byte = 0.2e-9, .per_phase = 3e-3};
+    c.sync[0] = (ms_sync_point){
+        .ranks = 4, .per_call = 75e-6, .per_byte = 0.2e-9, .per_phase = 3e-3, .compute = 1.2};
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++)
+        c.in_step[k] = (ms_in_step){{4e5, 3e6}, {1.0 + 0.01 * k, 1.5 + 0.1 * k}};
     free(text);
     text = ms_cluster_to_json(&c);
     assert_int_equal(ms_cluster_from_json(text, strlen(text), "rt", &d, &err), MS_OK);
     assert_true(fabs(d.sync[0].per_call - 75e-6) < 1e-12 &&
                 fabs(d.sync[0].per_byte - 0.2e-9) < 1e-18 &&
-                fabs(d.sync[0].per_phase - 3e-3) < 1e-12);
+                fabs(d.sync[0].per_phase - 3e-3) < 1e-12 && d.sync[0].compute == 1.2);
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++)
+        assert_memory_equal(&d.in_step[k], &c.in_step[k], sizeof c.in_step[k]);
     ms_model_config tiny = gpt_tiny();
     ms_plan_problem p1 = problem(&tiny, &c, 4, 8, 64, MS_PLAN_FP32),
                     p2 = problem(&tiny, &d, 4, 8, 64, MS_PLAN_FP32);
@@ -1294,7 +1339,8 @@ static void cluster_json(void **state) {
     ms_plan_estimate e1, e2;
     assert_int_equal(ms_plan_estimate_one(&p1, &tp4, NULL, &e1, &err), MS_OK);
     assert_int_equal(ms_plan_estimate_one(&p2, &tp4, NULL, &e2, &err), MS_OK);
-    assert_true(e1.step_s == e2.step_s && e1.comm_s[MS_PLAN_TP] > 0);
+    /* the file keeps microseconds and nanoseconds: equal to the last bits of the conversion */
+    assert_true(fabs(e1.step_s - e2.step_s) < 1e-12 * e1.step_s && e1.comm_s[MS_PLAN_TP] > 0);
     free(text);
     const char *badj = "{\"devices_per_node\": 8, \"peak_tflops\": {\"fp32\": 1, \"bf16\": -3}, "
                        "\"memory_gb\": 1, \"memory_bw_gbps\": 1, \"intra_node\": {\"bw_gbps\": 1}, "
@@ -1308,6 +1354,14 @@ static void cluster_json(void **state) {
     assert_int_equal(ms_cluster_from_json(badt, strlen(badt), "bad.json", &d, &err),
                      MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "$.gemm_tiles"));
+    /* in-step points: two, bytes ascending */
+    const char *bad_in_step =
+        "{\"devices_per_node\": 8, \"peak_tflops\": {\"fp32\": 1, \"bf16\": 3}, "
+        "\"memory_gb\": 1, \"memory_bw_gbps\": 1, \"intra_node\": {\"bw_gbps\": 1}, "
+        "\"inter_node\": {\"bw_gbps\": 1}, \"in_step\": {\"gemm\": [[3e6, 1.2], [4e5, 1.5]]}}";
+    assert_int_equal(ms_cluster_from_json(bad_in_step, strlen(bad_in_step), "bad.json", &d, &err),
+                     MS_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "bad.json: $.in_step.gemm: expected [[bytes, factor]"));
     assert_int_equal(ms_cluster_resolve("nonexistent-cluster", false, NULL, &d, &err),
                      MS_ERR_INVALID);
     assert_non_null(strstr(err.msg, "cpu-local"));
@@ -1370,6 +1424,7 @@ static void search_175b_timing(void **state) {
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(zero_worked_example),
+    cmocka_unit_test(in_step_factors_price_kernels),
     cmocka_unit_test(flops_against_hand_count),
     cmocka_unit_test(params_formula),
     cmocka_unit_test(activation_formula),

@@ -67,10 +67,11 @@ void ms_k_scale_backward(float *dx, const float *dout, float s, int64_t n) {
 static void bias_fwd_range(void *arg, int64_t lo, int64_t hi) {
     const elt_job *j = arg;
     const int64_t c = j->cols;
+    const float *restrict b = j->b;
     for (int64_t r = lo; r < hi; r++) {
-        float *o = j->out + r * c;
-        const float *x = j->a + r * c;
-        for (int64_t k = 0; k < c; k++) o[k] = x[k] + j->b[k];
+        float *restrict o = j->out + r * c;
+        const float *restrict x = j->a + r * c;
+        for (int64_t k = 0; k < c; k++) o[k] = x[k] + b[k];
     }
 }
 

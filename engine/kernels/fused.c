@@ -112,20 +112,28 @@ static void bda_plain_bwd_cols(void *arg, int64_t lo, int64_t hi) {
         }
 }
 
-/* Elements [lo, hi) without dropout: the add chain alone. */
+/* Elements [lo, hi) without dropout: the add chain alone, one bias period at a time (a
+ * modulo per element cost more than the memory traffic: 4 GB/s against 25). */
 static void bda_plain(void *arg, int64_t lo, int64_t hi) {
     const bda_job *j = arg;
     const int64_t nb = j->nb;
-    for (int64_t i = lo; i < hi; i++) j->out[i] = j->res[i] + (j->inp[i] + j->bias[i % nb]);
+    float *restrict out = j->out;
+    const float *restrict res = j->res, *restrict inp = j->inp, *restrict bias = j->bias;
+    for (int64_t i = lo; i < hi;) {
+        const int64_t b0 = i % nb, len = nb - b0 < hi - i ? nb - b0 : hi - i;
+        for (int64_t k = 0; k < len; k++) out[i + k] = res[i + k] + (inp[i + k] + bias[b0 + k]);
+        i += len;
+    }
 }
 
 /* One row of the box: element i = row * len + k, its global index g + k. */
 static void bda_row_forward(void *arg, int64_t row, uint64_t g, int64_t len) {
     const bda_job *j = arg;
     const float scale = ms_k_dropout_scale(j->d->p);
-    for (int64_t k = 0; k < len; k++) {
+    int64_t b = row * len % j->nb; /* the bias index, advanced without a modulo per element */
+    for (int64_t k = 0; k < len; k++, b = b + 1 == j->nb ? 0 : b + 1) {
         const int64_t i = row * len + k;
-        const float v = j->inp[i] + j->bias[i % j->nb];
+        const float v = j->inp[i] + j->bias[b];
         const bool keep = ms_k_dropout_keep(j->d->p, j->d->seed, j->d->stream, g + (uint64_t)k);
         j->out[i] = j->res[i] + (keep ? v * scale : 0.0f);
     }
@@ -135,13 +143,14 @@ static void bda_row_backward(void *arg, int64_t row, uint64_t g, int64_t len) {
     const bda_job *j = arg;
     const ms_k_fused_dropout *d = j->d;
     const float scale = d->p > 0 ? ms_k_dropout_scale(d->p) : 1.0f;
-    for (int64_t k = 0; k < len; k++) {
+    int64_t b = row * len % j->nb;
+    for (int64_t k = 0; k < len; k++, b = b + 1 == j->nb ? 0 : b + 1) {
         const int64_t i = row * len + k;
         const bool keep = d->p <= 0 || ms_k_dropout_keep(d->p, d->seed, d->stream, g + (uint64_t)k);
         const float dy = j->dout[i], gx = keep ? dy * scale : 0.0f;
         if (j->dres) j->dres[i] += dy;
         if (j->dinp) j->dinp[i] += gx;
-        if (j->dbias) j->dbias[i % j->nb] += gx;
+        if (j->dbias) j->dbias[b] += gx;
     }
 }
 

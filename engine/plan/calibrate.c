@@ -24,9 +24,11 @@
 #include "engine/dist/dmesh.h"
 #include "engine/model/gpt.h"
 #include "engine/model/strategy.h"
+#include "engine/ops/op.h"
 #include "engine/plan/calib_cache.h"
 #include "engine/plan/cluster.h"
 #include "engine/plan/cost.h"
+#include "engine/core/trace_sink.h"
 #include "engine/runtime/ctx.h"
 
 static double now_s(void) {
@@ -158,6 +160,19 @@ static void run_job(const job *j, worker_mem *w) {
     }
 }
 
+/* A step's memory-bound operators read tensors other operators wrote long before (a layer's
+ * saved input in the backward), from beyond the core's own cache. Measured on one set of
+ * buffers a loop keeps them in L2 and reads up to 2.5x the step's rate (a 2-core Xeon with
+ * 2 MiB of L2 per core: GELU's backward, 0.31 ms a call in a loop, 0.53 ms inside a step). So
+ * every call but the GEMMs' moves on to the next of SLOTS windows, 4 MiB apart in each of the
+ * five buffers: the calls cycle through 80 MiB, far beyond L2. */
+#define SLOTS 4
+
+static void slot(worker_mem *m, long call) {
+    const size_t off = (size_t)(call % SLOTS) * BIG_ELEMS;
+    m->a += off, m->b += off, m->c += off, m->d += off, m->e += off;
+}
+
 typedef struct pool {
     job *jobs;
     int n_jobs, n_workers;
@@ -174,7 +189,8 @@ typedef struct worker_arg {
 static void *worker(void *argp) {
     worker_arg *wa = argp;
     pool *p = wa->p;
-    const size_t big = (size_t)4 * BIG_ELEMS;
+    const size_t big =
+        (size_t)(SLOTS + 1) * BIG_ELEMS; /* memset's 2 x BIG_ELEMS at the last slot */
     worker_mem w = {fill(big, 0.01f), fill(big, 0.02f), fill(big, 0.0f),
                     fill(big, 0.5f),  fill(big, 0.0f),  xmalloc(sizeof(int32_t) * ELT_ROWS)};
     bool ok = w.a && w.b && w.c && w.d && w.e;
@@ -188,7 +204,9 @@ static void *worker(void *argp) {
             run_job(&p->jobs[j], &w); /* warm-up */
             t0 = now_s();
             do {
-                run_job(&p->jobs[j], &w);
+                worker_mem at = w;
+                if (p->jobs[j].kind != J_GEMM) slot(&at, calls);
+                run_job(&p->jobs[j], &at);
                 calls++;
                 t = now_s();
             } while (t - t0 < WINDOW_S || calls < 2);
@@ -360,22 +378,94 @@ static ms_status calibrate_colls(int max_ranks, void *log, ms_cluster *c, ms_err
     return MS_OK;
 }
 
-/* --- synchronisation, measured on the engine's own step -------------------------------------
- * A small GPT, unlike the shipped configs (3 layers, 8 heads, 192 channels, vocab 320, batch 8 x
- * 96 tokens), runs forward + backward + gradient reduction on R thread ranks as dpR, tpR and
- * tpR +sp. The step the planner predicts for each (kernels and collectives as calibrated above,
- * no synchronisation) falls short of the measured one by r; with n collectives reached from
- * compute, B bus bytes in them, and two phase boundaries per step (end of forward, start of the
- * gradient reduction):  r = n x per_call + B x per_byte + 2 x per_phase, solved from the three
- * (non-negative least squares: a cost that comes out negative is dropped). */
+/* --- synchronisation and in-step rates, measured on the engine's own step --------------------
+ * Two GPTs unlike the shipped configs (3 layers, 8 heads of 32, vocab 320, batch 8 x 96 tokens;
+ * and 2 layers, 8 heads of 16, batch 8 x 64) run forward + backward + gradient reduction on R
+ * thread ranks as dpR, tpR and tpR +sp. Each step is split by the ranks' own operator events:
+ * their compute (wall time on ranks that have a core each; CPU time times ranks per core where
+ * they share, so that a rank descheduled between operators is not counted as computing), the
+ * collectives as priced above, and the rest, r, which is what the ranks lost meeting each other.
+ * With n collectives reached from compute, B bus bytes in them and two phase boundaries per step
+ * (end of forward, start of the gradient reduction):
+ *     r = n x per_call + B x per_byte + 2 x per_phase,
+ * solved from the six (non-negative least squares: a cost that comes out negative is dropped).
+ * The compute is measured, not predicted: solved against the predicted compute, r took in what
+ * the rates miss inside a step (a fifth of the compute on a 2-core Xeon) and came out as 3.5 ms
+ * per phase boundary on two ranks, which every small step then paid.
+ *
+ * What the rates miss is measured too, per class: the kernels' time inside the steps over their
+ * time at the rates measured above (in_step, cluster.h), at each GPT's mean bytes per call
+ * (a kernel whose operands come from beyond L2 runs slower than the same kernel in a loop);
+ * and, where ranks outnumber the cores, what their compute loses besides (the sync point's
+ * compute factor: the scheduler's turns evict each other's caches). */
+
+#define SYNC_MAX_RANKS 8
+#define SYNC_STEPS     7 /* two warm-up steps, then five timed */
 
 typedef struct step_run {
     int dp, tp;
     bool sp;
     ms_model_config cfg;
     int B, T;
-    double step_s; /* rank 0 */
+    double step_s;                    /* the fastest timed step (rank 0) */
+    double compute_s[SYNC_MAX_RANKS]; /* each rank's operator time in that step */
+    double compute_cpu_s[SYNC_MAX_RANKS];
+    double class_s[SYNC_MAX_RANKS][MS_CLUSTER_IN_STEP];
+    double class_bytes[MS_CLUSTER_IN_STEP], class_calls[MS_CLUSTER_IN_STEP]; /* rank 0's */
 } step_run;
+
+/* A rank's operator kernels, summed per step: the calibration's own trace sink. */
+typedef struct op_clock {
+    int step;
+    double cpu_prev;         /* the thread's CPU time at the last event or the step's start */
+    double op_s[SYNC_STEPS]; /* wall time in operators */
+    double op_cpu_s[SYNC_STEPS];
+    /* per class (GEMM, attention, the rest, as the planner splits them): wall time, the
+     * bytes the kernels' cost functions count, calls */
+    double class_s[SYNC_STEPS][MS_CLUSTER_IN_STEP];
+    double class_bytes[SYNC_STEPS][MS_CLUSTER_IN_STEP], class_calls[SYNC_STEPS][MS_CLUSTER_IN_STEP];
+} op_clock;
+
+static int op_class(int op) {
+    return op == MS_OP_MATMUL || op == MS_OP_LINEAR             ? 0
+           : op == MS_OP_ATTENTION || op == MS_OP_GQA_ATTENTION ? 1
+                                                                : 2;
+}
+
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Events come at the end of each operator and reshard, so the CPU time since the previous
+ * one is the operator's (plus the few untraced instructions before it). */
+static void op_clock_emit(void *rec, const ms_event *e) {
+    op_clock *c = rec;
+    if (c->step < 0 || c->step >= SYNC_STEPS) return;
+    double cpu = thread_cpu_s();
+    if (e->kind == MS_EV_OP) {
+        c->op_s[c->step] += (double)(e->t1_ns - e->t0_ns) * 1e-9;
+        int k = op_class(e->u.op.op);
+        c->class_s[c->step][k] += (double)(e->t1_ns - e->t0_ns) * 1e-9;
+        c->class_bytes[c->step][k] += e->u.op.bytes;
+        c->class_calls[c->step][k] += 1;
+        c->op_cpu_s[c->step] += cpu - c->cpu_prev;
+    }
+    c->cpu_prev = cpu;
+}
+
+static ms_comm_probe *op_clock_probe(const ms_trace_state *ts, ms_comm *c, int mesh_dim) {
+    (void)ts, (void)c, (void)mesh_dim;
+    return NULL;
+}
+
+static void op_clock_probe_free(ms_comm_probe *p) {
+    (void)p;
+}
+
+static const ms_trace_sink_ops op_clock_ops = {
+    .emit = op_clock_emit, .probe_attach = op_clock_probe, .probe_free = op_clock_probe_free};
 
 static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     step_run *r = arg;
@@ -401,22 +491,40 @@ static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     MS_CHECK_GOTO(ms_program_feed(prog, m.targets, buf, err), st, out);
     for (int i = 0; i < n; i++) buf[i] = (float)(i % r->T);
     MS_CHECK_GOTO(ms_program_feed(prog, m.pos, buf, err), st, out);
-    double times[5];
-    for (int i = 0; i < 7; i++) {
+    double times[SYNC_STEPS];
+    op_clock clock = {.step = -1};
+    ctx->trace.recorder = &clock;
+    ctx->trace.ops = &op_clock_ops;
+    for (int i = 0; i < SYNC_STEPS; i++) {
         MS_CHECK_GOTO(ms_barrier(ctx->world, err), st, out);
+        clock.step = i;
+        clock.cpu_prev = thread_cpu_s();
         double t0 = now_s();
         float loss;
         MS_CHECK_GOTO(ms_program_step(prog, &loss, err), st, out);
         double t;
         MS_CHECK_GOTO(world_max(ctx, now_s() - t0, &t, err), st, out);
-        if (i >= 2) times[i - 2] = t;
+        times[i] = t;
+        clock.step = -1;
     }
     /* the fastest of five: another process on the machine only ever adds time, and the
-     * synchronisation solved from these steps is a small difference of large figures */
-    qsort(times, 5, sizeof(double), cmp_d);
-    if (ctx->rank == 0) r->step_s = times[0];
+     * synchronisation solved from these steps is a small difference of large figures (every
+     * rank has the same times, so every rank picks the same step) */
+    int best = 2;
+    for (int i = 3; i < SYNC_STEPS; i++)
+        if (times[i] < times[best]) best = i;
+    if (ctx->rank == 0) r->step_s = times[best];
+    r->compute_s[ctx->rank] = clock.op_s[best];
+    r->compute_cpu_s[ctx->rank] = clock.op_cpu_s[best];
+    memcpy(r->class_s[ctx->rank], clock.class_s[best], sizeof clock.class_s[best]);
+    if (ctx->rank == 0) {
+        memcpy(r->class_bytes, clock.class_bytes[best], sizeof r->class_bytes);
+        memcpy(r->class_calls, clock.class_calls[best], sizeof r->class_calls);
+    }
     st = MS_OK;
 out:
+    ctx->trace.recorder = NULL;
+    ctx->trace.ops = NULL;
     free(buf);
     ms_program_destroy(prog);
     ms_model_free(&m);
@@ -426,15 +534,15 @@ out:
 }
 
 /* Least squares over the columns in `use` (bit j = unknown j), by the normal equations. */
-static bool lsq(double x[3][3], const double *r, unsigned use, double *sol) {
+static bool lsq(double x[][3], const double *r, int rows, unsigned use, double *sol) {
     int idx[3], k = 0;
     for (int j = 0; j < 3; j++)
         if (use >> j & 1) idx[k++] = j;
     double a[3][4] = {{0}};
     for (int p = 0; p < k; p++) {
         for (int q = 0; q < k; q++)
-            for (int i = 0; i < 3; i++) a[p][q] += x[i][idx[p]] * x[i][idx[q]];
-        for (int i = 0; i < 3; i++) a[p][k] += x[i][idx[p]] * r[i];
+            for (int i = 0; i < rows; i++) a[p][q] += x[i][idx[p]] * x[i][idx[q]];
+        for (int i = 0; i < rows; i++) a[p][k] += x[i][idx[p]] * r[i];
     }
     for (int p = 0; p < k; p++) { /* Gauss-Jordan */
         int piv = p;
@@ -459,17 +567,17 @@ static bool lsq(double x[3][3], const double *r, unsigned use, double *sol) {
 
 /* Non-negative least squares for three unknowns: the best fit among the subsets of unknowns
  * whose solution is non-negative. */
-static void nnls3(double x[3][3], const double *r, double *best) {
+static void nnls3(double x[][3], const double *r, int rows, double *best) {
     double best_err = 1e300;
     for (int j = 0; j < 3; j++) best[j] = 0;
     for (unsigned use = 1; use < 8; use++) {
         double sol[3];
-        if (!lsq(x, r, use, sol)) continue;
+        if (!lsq(x, r, rows, use, sol)) continue;
         bool ok = true;
         for (int j = 0; j < 3; j++) ok &= sol[j] >= 0;
         if (!ok) continue;
         double e = 0;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < rows; i++) {
             double d = r[i];
             for (int j = 0; j < 3; j++) d -= x[i][j] * sol[j];
             e += d * d;
@@ -481,59 +589,157 @@ static void nnls3(double x[3][3], const double *r, double *best) {
     }
 }
 
+/* One variant (dp, tp or tp +sp) on R ranks: run, priced without synchronisation, and the
+ * step's part that the ranks lost meeting each other. */
+typedef struct sync_variant {
+    step_run run;
+    double measured_compute; /* the ranks' mean, in the planner's terms (shared cores) */
+    double pred_compute, comm;
+    double pred_class[MS_CLUSTER_IN_STEP], measured_class[MS_CLUSTER_IN_STEP];
+    ms_plan_estimate e;
+} sync_variant;
+
+static ms_status measure_variant(const ms_model_config *cfg, int B, int T, int R, int v,
+                                 const ms_cluster *c, sync_variant *out, ms_error *err) {
+    step_run *run = &out->run;
+    *run = (step_run){.dp = v ? 1 : R, .tp = v ? R : 1, .sp = v == 2, .cfg = *cfg, .B = B, .T = T};
+    ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = R, .seed = 1};
+    MS_CHECK(ms_launch(&lo, step_rank, run, err));
+    ms_plan_problem pb = {.model = *cfg,
+                          .devices = R,
+                          .global_batch = B,
+                          .seq = T,
+                          .dtype = MS_PLAN_FP32,
+                          .cluster = c,
+                          .engine_workloads = true};
+    ms_strategy s;
+    MS_CHECK(ms_strategy_init(&s, run->dp, run->tp, 1, run->sp, err));
+    ms_plan_estimate *e = &out->e;
+    MS_CHECK(ms_plan_estimate_one(&pb, &s, NULL, e, err));
+    /* the program's part of the step: no optimizer, no gradient norm; its collectives as
+     * priced, its compute as the ranks measured it */
+    double pred =
+        e->step_s - e->compute_s[MS_PC_OPTIMIZER] - e->comm_s[MS_PLAN_WORLD] - e->overhead_s;
+    out->pred_compute = 0;
+    for (int k = 0; k < MS_PC_COUNT; k++)
+        if (k != MS_PC_OPTIMIZER) out->pred_compute += e->compute_s[k];
+    double wall = 0, cpu = 0;
+    for (int k = 0; k < R; k++) wall += run->compute_s[k] / R, cpu += run->compute_cpu_s[k] / R;
+    out->measured_compute = R > c->cores ? cpu * R / c->cores : wall;
+    out->comm = pred - out->pred_compute;
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
+        out->pred_class[k] = e->compute_s[k];
+        out->measured_class[k] = 0;
+        for (int q = 0; q < R; q++) out->measured_class[k] += run->class_s[q][k] / R;
+    }
+    return MS_OK;
+}
+
+/* What one or more runs on ranks with a core each measured per class, against the same
+ * kernels priced at the measured rates. */
+typedef struct class_sum {
+    double measured[MS_CLUSTER_IN_STEP], predicted[MS_CLUSTER_IN_STEP];
+    double bytes[MS_CLUSTER_IN_STEP], calls[MS_CLUSTER_IN_STEP];
+} class_sum;
+
+static void class_add(class_sum *cs, const sync_variant *sv) {
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
+        cs->measured[k] += sv->measured_class[k];
+        cs->predicted[k] += sv->pred_class[k];
+        cs->bytes[k] += sv->run.class_bytes[k];
+        cs->calls[k] += sv->run.class_calls[k];
+    }
+}
+
+/* The in-step factors: each class's measured time over its predicted, at the small GPT's and
+ * the calibration GPT's mean kernel bytes. */
+static void set_in_step(ms_cluster *c, const class_sum *small, const class_sum *big, void *log) {
+    static const char *const names[MS_CLUSTER_IN_STEP] = {"GEMM", "attention", "other kernels"};
+    for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
+        const class_sum *at[2] = {small, big};
+        for (int i = 0; i < 2; i++) {
+            const class_sum *cs = at[i];
+            double f = cs->predicted[k] > 0 && cs->measured[k] > 0
+                           ? cs->measured[k] / cs->predicted[k]
+                           : 1;
+            c->in_step[k].factor[i] = f < 0.5 ? 0.5 : f > 4 ? 4 : f;
+            c->in_step[k].bytes[i] = cs->calls[k] > 0 ? cs->bytes[k] / cs->calls[k] : 1;
+        }
+        if (log)
+            fprintf(log,
+                    "cpu-local: inside a training step, %s ran %.2fx its measured time at %.0f KB "
+                    "a call, %.2fx at %.0f KB; priced so\n",
+                    names[k], c->in_step[k].factor[0], c->in_step[k].bytes[0] / 1e3,
+                    c->in_step[k].factor[1], c->in_step[k].bytes[1] / 1e3);
+    }
+}
+
 static ms_status calibrate_sync(int max_ranks, void *log, ms_cluster *c, ms_error *err) {
+    /* heads of 32, a size on the attention grid, so that the grid's interpolation is not
+     * taken for the step's (192 channels in 8 heads of 24 were: attention 1.7x); and a small
+     * GPT (2 layers, 128 channels in heads of 16) for the in-step factors of kernels whose
+     * operands stay in the core's cache */
     const ms_model_config cfg = {.model_type = MS_MODEL_GPT2,
                                  .n_layer = 3,
                                  .n_head = 8,
-                                 .n_embd = 192,
+                                 .n_embd = 256,
                                  .vocab_size = 320,
                                  .n_positions = 128,
                                  .layer_norm_epsilon = 1e-5};
+    ms_model_config small_cfg = cfg;
+    small_cfg.n_layer = 2, small_cfg.n_head = 8, small_cfg.n_embd = 128;
     const int B = 8, T = 96;
     ms_sync_point found[MS_CLUSTER_MAX_SYNC];
     int nf = 0;
-    c->n_sync = 0; /* predictions below without synchronisation */
+    c->n_sync = 0; /* predictions below without synchronisation, at the measured rates */
+    memset(c->in_step, 0, sizeof c->in_step);
+    /* the in-step factors come from the most ranks that still have a core each */
+    int r_f = 0;
+    for (int R = 2; R <= max_ranks && R <= 8 && R <= c->cores; R *= 2) r_f = R;
+    class_sum small = {0}, big = {0};
     for (int R = 2; R <= max_ranks && R <= 8; R *= 2) {
-        double r[3], x[3][3]; /* residuals; rows (calls, bus bytes, phases) */
+        /* both GPTs, three variants each: the waits of collectives between short and long
+         * stretches of compute */
+        double r[6], x[6][3]; /* residuals; rows (calls, bus bytes, phases) */
+        double sum_measured = 0, sum_pred = 0;
         static const char *const names[3] = {"dp", "tp", "tp +sp"};
-        for (int v = 0; v < 3; v++) {
-            step_run run = {
-                .dp = v ? 1 : R, .tp = v ? R : 1, .sp = v == 2, .cfg = cfg, .B = B, .T = T};
-            ms_launch_opts lo = {.backend = MS_BACKEND_THREADS, .nranks = R, .seed = 1};
-            MS_CHECK(ms_launch(&lo, step_rank, &run, err));
-            ms_plan_problem pb = {.model = cfg,
-                                  .devices = R,
-                                  .global_batch = B,
-                                  .seq = T,
-                                  .dtype = MS_PLAN_FP32,
-                                  .cluster = c,
-                                  .engine_workloads = true};
-            ms_strategy s;
-            MS_CHECK(ms_strategy_init(&s, run.dp, run.tp, 1, run.sp, err));
-            ms_plan_estimate e;
-            MS_CHECK(ms_plan_estimate_one(&pb, &s, NULL, &e, err));
-            /* the program's part of the step: no optimizer, no gradient norm */
-            double pred =
-                e.step_s - e.compute_s[MS_PC_OPTIMIZER] - e.comm_s[MS_PLAN_WORLD] - e.overhead_s;
-            r[v] = run.step_s - pred;
-            x[v][0] = e.mb_coll_calls;
-            x[v][1] = e.mb_coll_bus_bytes;
+        for (int v = 0; v < 6; v++) {
+            const bool is_small = v >= 3;
+            sync_variant sv;
+            MS_CHECK(measure_variant(is_small ? &small_cfg : &cfg, B, is_small ? 64 : T, R, v % 3,
+                                     c, &sv, err));
+            r[v] = sv.run.step_s - sv.measured_compute - sv.comm;
+            x[v][0] = sv.e.mb_coll_calls;
+            x[v][1] = sv.e.mb_coll_bus_bytes;
             x[v][2] = 2;
+            if (R == r_f) class_add(is_small ? &small : &big, &sv);
+            sum_measured += sv.measured_compute, sum_pred += sv.pred_compute;
             if (log)
                 fprintf(log,
-                        "cpu-local: %d ranks, %s: step %.1f ms, predicted %.1f ms without "
-                        "synchronisation (%g collectives from compute, %.1f MB)\n",
-                        R, names[v], run.step_s * 1e3, pred * 1e3, x[v][0], x[v][1] / 1e6);
+                        "cpu-local: %d ranks, %s GPT, %s: step %.1f ms, compute %.1f ms (%.1f "
+                        "priced), collectives %.1f ms without synchronisation (%g from compute, "
+                        "%.1f MB)\n",
+                        R, is_small ? "small" : "larger", names[v % 3], sv.run.step_s * 1e3,
+                        sv.measured_compute * 1e3, sv.pred_compute * 1e3, sv.comm * 1e3, x[v][0],
+                        x[v][1] / 1e6);
         }
         double sol[3];
-        nnls3(x, r, sol);
-        found[nf++] = (ms_sync_point){
-            .ranks = R, .per_call = sol[0], .per_byte = sol[1], .per_phase = sol[2]};
+        nnls3(x, r, 6, sol);
+        /* ranks beyond the cores, priced with the in-step factors from r_f's: what their
+         * compute lost to each other besides */
+        double shared = R > c->cores && sum_pred > 0 ? sum_measured / sum_pred : 1;
+        shared = shared < 0.5 ? 0.5 : shared > 4 ? 4 : shared;
+        found[nf++] = (ms_sync_point){.ranks = R,
+                                      .per_call = sol[0],
+                                      .per_byte = sol[1],
+                                      .per_phase = sol[2],
+                                      .compute = shared};
         if (log)
             fprintf(log,
                     "cpu-local: %d ranks: %.0f us per collective from compute, %.2f ns per bus "
-                    "byte, %.0f us per phase boundary\n",
-                    R, sol[0] * 1e6, sol[1] * 1e9, sol[2] * 1e6);
+                    "byte, %.0f us per phase boundary, compute %.2fx\n",
+                    R, sol[0] * 1e6, sol[1] * 1e9, sol[2] * 1e6, shared);
+        if (R == r_f) set_in_step(c, &small, &big, log);
     }
     memcpy(c->sync, found, sizeof(ms_sync_point) * (size_t)nf);
     c->n_sync = nf;

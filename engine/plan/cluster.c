@@ -46,6 +46,9 @@ const char *ms_oprate_name(ms_oprate r) {
     return r < MS_OPRATE_COUNT ? oprate_names[r] : "?";
 }
 
+/* in_step's keys, by class (cluster.h) */
+static const char *const in_step_names[MS_CLUSTER_IN_STEP] = {"gemm", "attention", "other"};
+
 static const char *const algo_names[] = {"auto", "ring", "tree", "direct"};
 static const char *const order_names[] = {"by-host", "round-robin"};
 
@@ -137,6 +140,30 @@ static ms_status jorder(jctx *j, const cJSON *obj, ms_rank_order *out) {
                    "%s: $.rank_order: '%s' is not one of by-host, round-robin", j->name, text);
 }
 
+/* "in_step": {"gemm": [[bytes, factor], [bytes, factor]], ...}: two points, ascending bytes */
+static ms_status in_step_points(jctx *j, const cJSON *f, int k, ms_in_step *out) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(f, in_step_names[k]);
+    if (!a) return MS_OK;
+    bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) == 2;
+    for (int i = 0; ok && i < 2; i++) {
+        const cJSON *pt = cJSON_GetArrayItem(a, i);
+        ok = cJSON_IsArray(pt) && cJSON_GetArraySize(pt) == 2 &&
+             cJSON_IsNumber(cJSON_GetArrayItem(pt, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(pt, 1));
+        if (!ok) break;
+        out->bytes[i] = cJSON_GetArrayItem(pt, 0)->valuedouble;
+        out->factor[i] = cJSON_GetArrayItem(pt, 1)->valuedouble;
+        ok = out->bytes[i] > 0 && out->factor[i] >= 0.1 && out->factor[i] <= 10;
+    }
+    if (!ok || out->bytes[0] > out->bytes[1]) {
+        memset(out, 0, sizeof *out);
+        return ms_fail(j->err, MS_ERR_INVALID,
+                       "%s: $.in_step.%s: expected [[bytes, factor], [bytes, factor]] with "
+                       "bytes > 0 ascending and factors from 0.1 to 10",
+                       j->name, in_step_names[k]);
+    }
+    return MS_OK;
+}
+
 static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(root, "gemm_table");
     if (g && !cJSON_IsArray(g))
@@ -215,6 +242,11 @@ static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
         pt.busbw = bw * 1e9;
         c->coll[c->n_coll++] = pt;
     }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "in_step");
+    if (f && !cJSON_IsObject(f))
+        return ms_fail(j->err, MS_ERR_INVALID, "%s: $.in_step: expected an object", j->name);
+    for (int k = 0; f && k < MS_CLUSTER_IN_STEP; k++)
+        MS_CHECK(in_step_points(j, f, k, &c->in_step[k]));
     const cJSON *sy = cJSON_GetObjectItemCaseSensitive(root, "sync");
     if (sy && !cJSON_IsArray(sy))
         return ms_fail(j->err, MS_ERR_INVALID, "%s: $.sync: expected an array", j->name);
@@ -227,10 +259,13 @@ static ms_status parse_measurements(jctx *j, const cJSON *root, ms_cluster *c) {
         MS_CHECK(jnum(j, e, path, "per_call_us", true, 0, 1e9, 0, &call));
         MS_CHECK(jnum(j, e, path, "per_byte_ns", false, 0, 1e9, 0, &byte));
         MS_CHECK(jnum(j, e, path, "per_phase_us", true, 0, 1e9, 0, &phase));
+        double compute;
+        MS_CHECK(jnum(j, e, path, "compute", false, 0.1, 10, 1, &compute));
         c->sync[c->n_sync++] = (ms_sync_point){.ranks = (int)ranks,
                                                .per_call = call * 1e-6,
                                                .per_byte = byte * 1e-9,
-                                               .per_phase = phase * 1e-6};
+                                               .per_phase = phase * 1e-6,
+                                               .compute = compute};
     }
     return MS_OK;
 }
@@ -533,6 +568,16 @@ char *ms_cluster_to_json(const ms_cluster *c) {
             cJSON_AddItemToArray(l, e);
         }
     }
+    if (c->in_step[0].factor[0] > 0) {
+        cJSON *o = cJSON_AddObjectToObject(r, "in_step");
+        for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
+            cJSON *pts = cJSON_AddArrayToObject(o, in_step_names[k]);
+            for (int i = 0; i < 2; i++) {
+                const double v[2] = {c->in_step[k].bytes[i], c->in_step[k].factor[i]};
+                cJSON_AddItemToArray(pts, cJSON_CreateDoubleArray(v, 2));
+            }
+        }
+    }
     if (c->n_sync) {
         cJSON *l = cJSON_AddArrayToObject(r, "sync");
         for (int i = 0; i < c->n_sync; i++) {
@@ -541,6 +586,7 @@ char *ms_cluster_to_json(const ms_cluster *c) {
             cJSON_AddNumberToObject(e, "per_call_us", c->sync[i].per_call * 1e6);
             cJSON_AddNumberToObject(e, "per_byte_ns", c->sync[i].per_byte * 1e9);
             cJSON_AddNumberToObject(e, "per_phase_us", c->sync[i].per_phase * 1e6);
+            if (c->sync[i].compute > 0) cJSON_AddNumberToObject(e, "compute", c->sync[i].compute);
             cJSON_AddItemToArray(l, e);
         }
     }
@@ -848,6 +894,22 @@ double ms_cluster_sync_byte(const ms_cluster *c, int ranks) {
 double ms_cluster_sync_phase(const ms_cluster *c, int ranks) {
     const ms_sync_point *p = sync_point(c, ranks);
     return p ? p->per_phase : 0;
+}
+
+double ms_cluster_in_step(const ms_cluster *c, int cls, double bytes) {
+    if (cls < 0 || cls >= MS_CLUSTER_IN_STEP) return 1;
+    const ms_in_step *p = &c->in_step[cls];
+    if (p->factor[0] <= 0 || p->factor[1] <= 0) return 1;
+    if (bytes <= p->bytes[0] || p->bytes[1] <= p->bytes[0]) return p->factor[0];
+    if (bytes >= p->bytes[1]) return p->factor[1];
+    double u = log(bytes / p->bytes[0]) / log(p->bytes[1] / p->bytes[0]);
+    return p->factor[0] + u * (p->factor[1] - p->factor[0]);
+}
+
+double ms_cluster_sync_compute(const ms_cluster *c, int ranks) {
+    if (!c->cpu || ranks <= c->cores) return 1;
+    const ms_sync_point *p = sync_point(c, ranks);
+    return p && p->compute > 0 ? p->compute : 1;
 }
 
 static int ceil_log2(int n) {

@@ -73,12 +73,25 @@ typedef struct ms_coll_point {
  * them in turns, not always evenly), so a collective they reach from compute waits for the
  * last one. Measured on the engine's own training step (calibrate.c), per rank count. */
 #define MS_CLUSTER_MAX_SYNC 8
+#define MS_CLUSTER_IN_STEP  3 /* the compute classes below the optimizer (cost.h) */
+
+/* A compute class's time inside a step over its time at the measured rates, against a
+ * kernel's bytes (one call, as its cost function counts them): factor[0] at bytes[0] (a small
+ * GPT's mean), factor[1] at bytes[1] (a larger one's), interpolated in log(bytes) between and
+ * held beyond. */
+typedef struct ms_in_step {
+    double bytes[2], factor[2];
+} ms_in_step;
+
 typedef struct ms_sync_point {
     int ranks;
     double per_call;  /* seconds added to each collective reached from compute */
     double per_byte;  /* seconds added per bus byte of such a collective */
     double per_phase; /* seconds added at each phase boundary of a step (end of forward,
                          start of the gradient reduction, the gradient norm) */
+    /* Ranks that share cores also lose each other's caches when the scheduler turns them:
+     * their compute over the in-step prediction (1 where each rank has a core; 0 = 1) */
+    double compute;
 } ms_sync_point;
 
 /* Elementwise op classes with a measured rate (bytes as the op's cost function counts
@@ -155,6 +168,10 @@ typedef struct ms_cluster {
      * and the limit in force then; -1: not sampled */
     double busy_before, busy_after, busy_limit;
     double blas_speedup_2; /* sgemm speed with 2 BLAS threads over 1, one rank */
+    /* How much slower GEMM [0], attention [1] and the other kernels [2] ran inside a training
+     * step than their measured rates say (operands from beyond the core's cache), at two
+     * sizes (calibrate.c); unset (0) on GPU presets and caches from before the measurement. */
+    ms_in_step in_step[MS_CLUSTER_IN_STEP];
     ms_gemm_point gemm[MS_CLUSTER_MAX_GEMM];
     int n_gemm;
     ms_attn_point attn[MS_CLUSTER_MAX_ATTN];
@@ -236,6 +253,12 @@ double ms_cluster_share(const ms_cluster *c, int ranks);
 double ms_cluster_sync_call(const ms_cluster *c, int ranks);
 double ms_cluster_sync_byte(const ms_cluster *c, int ranks);
 double ms_cluster_sync_phase(const ms_cluster *c, int ranks);
+/* cpu-local's in-step factor for a kernel of class cls (ms_plan_class; 1 for the optimizer
+ * and on clusters without the measurement) moving `bytes` a call. */
+double ms_cluster_in_step(const ms_cluster *c, int cls, double bytes);
+/* The compute factor of `ranks` thread ranks (the nearest sync point's, where they outnumber
+ * the cores; 1 otherwise). */
+double ms_cluster_sync_compute(const ms_cluster *c, int ranks);
 
 /* Where a mesh dim's group lies. `stride` is the product of the sizes of the mesh dims laid
  * out inside it (the planner orders tp, cp, dp, pp from innermost to outermost); which
