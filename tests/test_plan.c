@@ -1274,10 +1274,11 @@ static void in_step_factors_price_kernels(void **state) {
     assert_true(fabs(b.compute_s[MS_PC_ATTENTION] - 2 * a.compute_s[MS_PC_ATTENTION]) < 1e-12);
     assert_true(fabs(b.compute_s[MS_PC_ELEMENTWISE] - 3 * a.compute_s[MS_PC_ELEMENTWISE]) < 1e-12);
     assert_true(a.compute_s[MS_PC_ATTENTION] > 0 && a.compute_s[MS_PC_ELEMENTWISE] > 0);
-    /* four ranks on two cores: the sync point's compute factor on every class but the
-     * optimizer; two ranks (a core each) never pay it */
+    /* four ranks on two cores: their sync point's compute factor on every class but the
+     * optimizer; two ranks (a core each, the in-step factors' own count) at 1 */
     ms_strategy dp4 = engine_strategy(4, 1, 1, false);
     slow.sync[0].compute = 1.25;
+    slow.sync[slow.n_sync++] = (ms_sync_point){.ranks = 2, .compute = 1};
     pa.devices = pb.devices = 4;
     assert_int_equal(ms_plan_estimate_one(&pa, &dp4, NULL, &a, &err), MS_OK);
     assert_int_equal(ms_plan_estimate_one(&pb, &dp4, NULL, &b, &err), MS_OK);

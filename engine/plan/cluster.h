@@ -89,8 +89,9 @@ typedef struct ms_sync_point {
     double per_byte;  /* seconds added per bus byte of such a collective */
     double per_phase; /* seconds added at each phase boundary of a step (end of forward,
                          start of the gradient reduction, the gradient norm) */
-    /* Ranks that share cores also lose each other's caches when the scheduler turns them:
-     * their compute over the in-step prediction (1 where each rank has a core; 0 = 1) */
+    /* The ranks' compute over its in-step prediction (0 = 1): 1 at the rank count the in-step
+     * factors come from; above the cores, ranks lose each other's caches when the scheduler
+     * turns them */
     double compute;
 } ms_sync_point;
 
@@ -256,8 +257,8 @@ double ms_cluster_sync_phase(const ms_cluster *c, int ranks);
 /* cpu-local's in-step factor for a kernel of class cls (ms_plan_class; 1 for the optimizer
  * and on clusters without the measurement) moving `bytes` a call. */
 double ms_cluster_in_step(const ms_cluster *c, int cls, double bytes);
-/* The compute factor of `ranks` thread ranks (the nearest sync point's, where they outnumber
- * the cores; 1 otherwise). */
+/* The compute factor of `ranks` thread ranks: the nearest sync point's where they outnumber
+ * the cores, 1 otherwise (and on GPU clusters). */
 double ms_cluster_sync_compute(const ms_cluster *c, int ranks);
 
 /* Where a mesh dim's group lies. `stride` is the product of the sizes of the mesh dims laid
