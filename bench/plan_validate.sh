@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The planner against the engine on this machine: for each executable strategy on N thread
 # ranks, the step time `meshscope plan --cluster cpu-local` predicts against the median step
-# time `meshscope train` measures, and whether the planner's top pick is among the two
-# fastest measured.
+# time `meshscope train` measures, and whether the planner's top pick is the fastest measured
+# or within 3% of it.
 #
 # Usage: bench/plan_validate.sh [--bin build/meshscope] [--model configs/gpt-bench.json]
 #          [--ranks 4] [--batch 8] [--seq 128] [--steps 10] [--skip 3] [--rounds 3]
@@ -115,10 +115,12 @@ for text, pred, meas, err, n in rows:
 pick = min(rows, key=lambda r: r[1])
 by_meas = sorted(rows, key=lambda r: r[2])
 rank = [r[0] for r in by_meas].index(pick[0]) + 1
-ok = rank <= 2
+behind = pick[2] / by_meas[0][2] - 1
+ok = behind <= 0.03
 fails += not ok
-print(f"planner's pick: {pick[0]} (predicted {pick[1]:.1f} ms); measured rank {rank} of {len(rows)} "
-      f"(fastest measured: {by_meas[0][0]} {by_meas[0][2]:.1f} ms, {by_meas[1][0]} {by_meas[1][2]:.1f} ms)"
-      f"  {'PASS' if ok else 'FAIL'}")
+print(f"planner's pick: {pick[0]} (predicted {pick[1]:.1f} ms); measured rank {rank} of {len(rows)}, "
+      f"{100 * behind:.1f}% behind the fastest (fastest measured: {by_meas[0][0]} {by_meas[0][2]:.1f} ms"
+      + (f", {by_meas[1][0]} {by_meas[1][2]:.1f} ms" if len(by_meas) > 1 else "")
+      + f")  {'PASS' if ok else 'FAIL'}")
 sys.exit(1 if fails else 0)
 PY

@@ -43,6 +43,7 @@ static ms_oprate rate_of(const ms_kernel_info *kn) {
     switch (kn->op) {
         case MS_OP_LAYERNORM:
         case MS_OP_RMSNORM:
+        case MS_OP_GROUP_NORM: /* the same two passes over each row */
             return MS_OPRATE_LAYERNORM;
         case MS_OP_GELU:
         case MS_OP_BIAS_GELU:
