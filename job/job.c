@@ -19,6 +19,7 @@
 #include "engine/plan/auto_place.h"
 #include "engine/plan/validate.h"
 #include "engine/train/checkpoint.h"
+#include "profiler/advisor.h"
 #include "profiler/flight_doctor.h"
 
 static ms_job_shape job_shape(const run_opts *o, const job_plan *plan) {
@@ -367,4 +368,10 @@ ms_status job_launch(const char *cmd, const run_opts *o, const job_plan *plan, m
         ms_mpi_finalize();
     }
     return st;
+}
+
+char *job_strategy_name(const ms_strategy *s, const ms_placement_rules *rules, char *buf,
+                        size_t n) {
+    if (rules && rules->no_hints && rules->n) return ms_advisor_layout_name(s, buf, n);
+    return ms_strategy_name(s, buf, n);
 }

@@ -106,6 +106,12 @@ void job_auto_placements_say(const struct ms_auto_place_result *r);
  * file is created and removed). The message names the flag, the path and the reason, so a
  * long run never ends by failing to write its result. */
 ms_status job_check_outputs(const run_opts *o, ms_error *err);
+
+/* The strategy's name as every view gives it (the log, the TUI, the dashboard): a layout that is
+ * the whole of its placements (a searched one) is named as the suggestion that brings it, "dp1 x
+ * tp4, placements searched", so a switch of placements alone shows as a switch. rules may be
+ * NULL. Returns buf. */
+char *job_strategy_name(const ms_strategy *s, const ms_placement_rules *rules, char *buf, size_t n);
 /* Opens --data as the model's data before any rank starts and checks that it feeds the
  * model's inputs (ms_model_def_open_data, ms_model_def_check_source): a bad file is bad input,
  * said once. The process's ranks share the source (read-only once open); the caller closes it

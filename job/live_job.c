@@ -437,12 +437,7 @@ static void set_current(live_job *j, const ms_strategy *s, const ms_placement_ru
     j->has_current = true;
     pthread_mutex_unlock(&j->mu);
     char name[MS_STRATEGY_NAME_MAX];
-    /* a layout that is the whole of its placements is named as the suggestion that brings it */
-    if (rules->no_hints && rules->n)
-        ms_advisor_layout_name(s, name, 64);
-    else
-        ms_strategy_name(s, name, sizeof name);
-    ms_live_set_strategy(j->live, name);
+    ms_live_set_strategy(j->live, job_strategy_name(s, rules, name, sizeof name));
 }
 
 static void switched(live_job *j, const control *c, int step, const char *before, const char *after,

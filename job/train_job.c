@@ -265,7 +265,7 @@ static ms_status log_step(const run_opts *o, FILE *log, ms_trainer *t, const ms_
                 "\"lr\": %.6g, \"grad_norm\": %s, \"strategy\": \"%s\"%s}\n",
                 (long long)r->step, ms_json_number(r->loss, "%.9g", loss, sizeof loss), ms, tps,
                 r->lr, ms_json_number(r->grad_norm, "%.5f", norm, sizeof norm),
-                ms_strategy_name(ms_trainer_strategy(t), name, sizeof name),
+                job_strategy_name(ms_trainer_strategy(t), ms_trainer_rules(t), name, sizeof name),
                 r->skipped ? ", \"skipped\": true" : "");
         if (fflush(log) != 0 || ferror(log))
             return ms_fail(err, MS_ERR_IO, "cannot write the log %s (disk full?)", o->log_jsonl);

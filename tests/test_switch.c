@@ -148,8 +148,8 @@ static void test_to_auto_placements(void **state) {
     fclose(f);
     snprintf(b_flags, sizeof b_flags, "--strategy %s", path);
     check_switch_saying("--dp 2 --tp 2", b_flags,
-                        "{\"dp\": 2, \"tp\": 2, \"placements\": \"auto\"}", 3, "dp2 x tp2",
-                        "placement rules, the rest completed)");
+                        "{\"dp\": 2, \"tp\": 2, \"placements\": \"auto\"}", 3,
+                        "dp2 x tp2, placements searched", "placement rules, the rest completed)");
 }
 
 /* Into a head replicated over tp (the vocabulary tables resharded from rows to whole). */
