@@ -70,16 +70,34 @@ static ms_plan_dim dim_of(const ms_mesh *mesh, int m) {
     return !strcmp(n, "tp") ? MS_PLAN_TP : !strcmp(n, "cp") ? MS_PLAN_CP : MS_PLAN_DP;
 }
 
-/* One kernel (forward or backward) of the program into the workload; grad_bytes: bytes per
- * element of an activation's gradient (2 in a bf16 program). */
+/* A convolution runs as GEMMs (conv.c: im2col and sgemm per image and group, or direct kernels
+ * that match them): `calls` GEMMs of [ohw, cin_g kh kw] x [cin_g kh kw, cout_g], from the
+ * forward kernel's shapes (x [N, Cin, ...], w [Cout, Cin / groups, ...], y [N, Cout, ...]). */
+static bool conv_gemm(const ms_kernel_info *fwd, int64_t *m, int64_t *n, int64_t *k,
+                      int64_t *calls) {
+    if (fwd->op != MS_OP_CONV2D && fwd->op != MS_OP_CONV1D) return false;
+    const ms_shape *x = &fwd->in_local[0], *wt = &fwd->in_local[1], *y = &fwd->out_local[0];
+    if (x->ndim < 3 || wt->ndim != x->ndim || y->ndim != x->ndim || wt->d[1] <= 0) return false;
+    int64_t groups = x->d[1] / wt->d[1], ohw = 1, taps = wt->d[1];
+    for (int d = 2; d < y->ndim; d++) ohw *= y->d[d], taps *= wt->d[d];
+    if (groups <= 0 || wt->d[0] % groups) return false;
+    *m = ohw, *n = wt->d[0] / groups, *k = taps, *calls = x->d[0] * groups;
+    return *calls > 0;
+}
+
+/* One kernel (forward or backward) of the program into the workload; fwd: its forward kernel
+ * (the shapes a convolution's GEMMs take); grad_bytes: bytes per element of an activation's
+ * gradient (2 in a bf16 program). */
 static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_graph *g,
-                       const ms_kernel_info *kn, double grad_bytes) {
+                       const ms_kernel_info *kn, const ms_kernel_info *fwd, double grad_bytes) {
     bool gqa = kn->op == MS_OP_GQA_ATTENTION;
     ms_plan_class cls = kn->op == MS_OP_MATMUL || kn->op == MS_OP_LINEAR ? MS_PC_GEMM
                         : kn->op == MS_OP_ATTENTION || gqa               ? MS_PC_ATTENTION
                                                                          : MS_PC_ELEMENTWISE;
-    int64_t m = 0, n = 0, kk = 0;
-    if (kn->op == MS_OP_LINEAR) {
+    int64_t m = 0, n = 0, kk = 0, calls = 1;
+    if (conv_gemm(fwd, &m, &n, &kk, &calls)) {
+        cls = MS_PC_GEMM;
+    } else if (kn->op == MS_OP_LINEAR) {
         /* x [..., K...] W [N..., K...] over the attribute's K dims (default 1) */
         const ms_shape *A = &kn->in_local[0], *B = &kn->in_local[1];
         int kd = kn->attrs && kn->attrs->i[0] > 0 ? kn->attrs->i[0] : 1;
@@ -105,7 +123,8 @@ static void add_kernel(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_g
     }
     bool bwd = kn->phase == MS_PROG_BACKWARD;
     wk_phase ph = bwd ? WK_BWD : kn->phase == MS_PROG_RECOMPUTE ? WK_RECOMPUTE : WK_FWD;
-    wk_kernel_add(w, cls, rate_of(kn), ph, kn->op, m, n, kk, kn->flops, kn->bytes, 1);
+    wk_kernel_add(w, cls, rate_of(kn), ph, kn->op, m, n, kk, kn->flops / (double)calls,
+                  kn->bytes / (double)calls, (double)calls);
     if (st) {
         st->flops += kn->flops;
         if (kn->op < 32) st->op_flops[kn->op] += kn->flops;
@@ -141,12 +160,12 @@ static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_
     for (int i = 0; i < nk; i++) {
         if (ms_program_kernel(prog, i, &kn) != MS_OK || kn.phase != MS_PROG_FORWARD) continue;
         if (!ms_op_get(kn.op)->cost) continue; /* a user op without one: not priced */
-        add_kernel(w, st, g, &kn, grad_bytes);
+        add_kernel(w, st, g, &kn, &kn, grad_bytes);
         int b = bwd_of[kn.node];
         if (b >= 0) {
             ms_kernel_info bk;
             ms_program_kernel(prog, b, &bk);
-            add_kernel(w, st, g, &bk, grad_bytes);
+            add_kernel(w, st, g, &bk, &kn, grad_bytes);
         }
         if (kn.op == MS_OP_XENT) add_xent(w, mesh, &kn);
     }
@@ -155,7 +174,7 @@ static void add_kernels(ms_plan_workload *w, ms_plan_engine_stats *st, const ms_
     for (int i = 0; i < nk; i++)
         if (ms_program_kernel(prog, i, &kn) == MS_OK && kn.phase == MS_PROG_RECOMPUTE &&
             ms_op_get(kn.op)->cost)
-            add_kernel(w, st, g, &kn, grad_bytes);
+            add_kernel(w, st, g, &kn, &kn, grad_bytes);
 }
 
 /* A gradient bucket: its members' one collective (buckets never mix dims or kinds). */
