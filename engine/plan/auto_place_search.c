@@ -223,12 +223,10 @@ static int rounds_from(ap_ctx *cx, ap_program *pr, int centre, double band, ms_e
         const ap_eval *b = &cx->evals[best], *c = &cx->evals[centre];
         /* while nothing fits, rounds chase memory: one that gains under 1% will not reach the
          * limit in the rounds left, and saying so early is what a user waiting needs */
-        bool stalled = !b->fits && b->ok && c->ok && b->e.mem_total > 0.99 * c->e.mem_total;
-        if (best == centre || stalled) {
-            centre = best;
-            break;
-        }
+        bool done = best == centre ||
+                    (!b->fits && b->ok && c->ok && b->e.mem_total > 0.99 * c->e.mem_total);
         centre = best;
+        if (done) break;
     }
     return centre;
 }

@@ -407,8 +407,8 @@ typedef struct step_run {
     bool sp;
     ms_model_config cfg;
     int B, T;
-    double step_s;                    /* the fastest timed step (rank 0) */
-    double compute_s[SYNC_MAX_RANKS]; /* each rank's operator time in that step */
+    double step_s; /* the fastest timed step (rank 0) */
+    /* each rank's operator time in that step: CPU time, and wall time per class */
     double compute_cpu_s[SYNC_MAX_RANKS];
     double class_s[SYNC_MAX_RANKS][MS_CLUSTER_IN_STEP];
     double class_bytes[MS_CLUSTER_IN_STEP], class_calls[MS_CLUSTER_IN_STEP]; /* rank 0's */
@@ -417,8 +417,7 @@ typedef struct step_run {
 /* A rank's operator kernels, summed per step: the calibration's own trace sink. */
 typedef struct op_clock {
     int step;
-    double cpu_prev;         /* the thread's CPU time at the last event or the step's start */
-    double op_s[SYNC_STEPS]; /* wall time in operators */
+    double cpu_prev; /* the thread's CPU time at the last event or the step's start */
     double op_cpu_s[SYNC_STEPS];
     /* per class (GEMM, attention, the rest, as the planner splits them): wall time, the
      * bytes the kernels' cost functions count, calls */
@@ -445,7 +444,6 @@ static void op_clock_emit(void *rec, const ms_event *e) {
     if (c->step < 0 || c->step >= SYNC_STEPS) return;
     double cpu = thread_cpu_s();
     if (e->kind == MS_EV_OP) {
-        c->op_s[c->step] += (double)(e->t1_ns - e->t0_ns) * 1e-9;
         int k = op_class(e->u.op.op);
         c->class_s[c->step][k] += (double)(e->t1_ns - e->t0_ns) * 1e-9;
         c->class_bytes[c->step][k] += e->u.op.bytes;
@@ -514,7 +512,6 @@ static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
     for (int i = 3; i < SYNC_STEPS; i++)
         if (times[i] < times[best]) best = i;
     if (ctx->rank == 0) r->step_s = times[best];
-    r->compute_s[ctx->rank] = clock.op_s[best];
     r->compute_cpu_s[ctx->rank] = clock.op_cpu_s[best];
     memcpy(r->class_s[ctx->rank], clock.class_s[best], sizeof clock.class_s[best]);
     if (ctx->rank == 0) {
@@ -595,7 +592,7 @@ typedef struct sync_variant {
     step_run run;
     double measured_compute; /* the ranks' mean, in the planner's terms (shared cores) */
     double pred_compute, comm;
-    double pred_class[MS_CLUSTER_IN_STEP], measured_class[MS_CLUSTER_IN_STEP];
+    double measured_class[MS_CLUSTER_IN_STEP];
     ms_plan_estimate e;
 } sync_variant;
 
@@ -624,11 +621,13 @@ static ms_status measure_variant(const ms_model_config *cfg, int B, int T, int R
     for (int k = 0; k < MS_PC_COUNT; k++)
         if (k != MS_PC_OPTIMIZER) out->pred_compute += e->compute_s[k];
     double wall = 0, cpu = 0;
-    for (int k = 0; k < R; k++) wall += run->compute_s[k] / R, cpu += run->compute_cpu_s[k] / R;
+    for (int q = 0; q < R; q++) {
+        cpu += run->compute_cpu_s[q] / R;
+        for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) wall += run->class_s[q][k] / R;
+    }
     out->measured_compute = R > c->cores ? cpu * R / c->cores : wall;
     out->comm = pred - out->pred_compute;
     for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
-        out->pred_class[k] = e->compute_s[k];
         out->measured_class[k] = 0;
         for (int q = 0; q < R; q++) out->measured_class[k] += run->class_s[q][k] / R;
     }
@@ -645,7 +644,7 @@ typedef struct class_sum {
 static void class_add(class_sum *cs, const sync_variant *sv) {
     for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
         cs->measured[k] += sv->measured_class[k];
-        cs->predicted[k] += sv->pred_class[k];
+        cs->predicted[k] += sv->e.compute_s[k];
         cs->bytes[k] += sv->run.class_bytes[k];
         cs->calls[k] += sv->run.class_calls[k];
     }
@@ -685,13 +684,6 @@ static const ms_model_config sync_gpt = {.model_type = MS_MODEL_GPT2,
                                          .vocab_size = 320,
                                          .n_positions = 128,
                                          .layer_norm_epsilon = 1e-5};
-static const ms_model_config sync_gpt_small = {.model_type = MS_MODEL_GPT2,
-                                               .n_layer = 2,
-                                               .n_head = 8,
-                                               .n_embd = 128,
-                                               .vocab_size = 320,
-                                               .n_positions = 128,
-                                               .layer_norm_epsilon = 1e-5};
 
 /* R ranks: both GPTs, three variants each (one on a single rank, where tp is dp), the waits
  * of collectives between short and long stretches of compute solved as R's sync point. On
@@ -700,6 +692,8 @@ static const ms_model_config sync_gpt_small = {.model_type = MS_MODEL_GPT2,
 static ms_status sync_point_at(int R, int r_f, void *log, const ms_cluster *c, class_sum *small,
                                class_sum *big, ms_sync_point *out, ms_error *err) {
     static const char *const names[3] = {"dp", "tp", "tp +sp"};
+    ms_model_config small_gpt = sync_gpt;
+    small_gpt.n_layer = 2, small_gpt.n_embd = 128;
     double r[6], x[6][3]; /* residuals; rows (calls, bus bytes, phases) */
     double sum_measured = 0, sum_pred = 0;
     int rows = 0;
@@ -707,8 +701,8 @@ static ms_status sync_point_at(int R, int r_f, void *log, const ms_cluster *c, c
         const bool is_small = v >= 3;
         if (R == 1 && v % 3) continue;
         sync_variant sv;
-        MS_CHECK(measure_variant(is_small ? &sync_gpt_small : &sync_gpt, 8, is_small ? 64 : 96, R,
-                                 v % 3, c, &sv, err));
+        MS_CHECK(measure_variant(is_small ? &small_gpt : &sync_gpt, 8, is_small ? 64 : 96, R, v % 3,
+                                 c, &sv, err));
         r[rows] = sv.run.step_s - sv.measured_compute - sv.comm;
         x[rows][0] = sv.e.mb_coll_calls;
         x[rows][1] = sv.e.mb_coll_bus_bytes;

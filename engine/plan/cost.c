@@ -1159,21 +1159,15 @@ static bool causal_attention(const ms_plan_problem *pb, const ms_strategy *s) {
     return f.causal;
 }
 
-static double kernel_time_at_rates(const ms_plan_problem *pb, const wk_kernel *e, bool causal);
-
-/* A kernel's time: at the class's measured rates, times how much slower the class ran inside a
- * step (cpu-local's in_step, and its ranks' compute factor where they share cores; 1
- * elsewhere). */
+/* How much slower a kernel runs inside a step than at its class's measured rates (cpu-local's
+ * in_step, and its ranks' compute factor where they share cores; 1 elsewhere). */
 static double in_step(const ms_plan_problem *pb, const wk_kernel *e) {
     return ms_cluster_in_step(pb->cluster, e->cls, kernel_bytes(pb, e)) *
            ms_cluster_sync_compute(pb->cluster, pb->devices);
 }
 
+/* A kernel's time at its class's measured rates. */
 static double kernel_time(const ms_plan_problem *pb, const wk_kernel *e, bool causal) {
-    return kernel_time_at_rates(pb, e, causal) * in_step(pb, e);
-}
-
-static double kernel_time_at_rates(const ms_plan_problem *pb, const wk_kernel *e, bool causal) {
     const ms_cluster *c = pb->cluster;
     int r = pb->devices;
     switch (e->cls) {
@@ -1237,13 +1231,13 @@ static void price(const ms_plan_problem *pb, const ms_strategy *s, ms_plan_workl
     const bool causal = causal_attention(pb, s);
     for (int i = 0; i < w->nk; i++) {
         const wk_kernel *e = &w->k[i];
-        double t = kernel_time(pb, e, causal) * e->count * sc->compute[e->cls];
+        const double scale = in_step(pb, e) * e->count * sc->compute[e->cls];
+        double t = kernel_time(pb, e, causal) * scale;
         cls_mb[e->cls] += t;
         if (e->phase == WK_BWD) bwd_mb += t;
         if (e->phase == WK_FWD) fwd_mb += t;
         if (e->phase == WK_BWD && e->cls == MS_PC_GEMM) /* the weight gradient dB = A^T dC */
-            wgrad_mb += ms_cluster_gemm_time(c, pb->dtype, e->k, e->n, e->m, pb->devices) *
-                        in_step(pb, e) * e->count * sc->compute[e->cls];
+            wgrad_mb += ms_cluster_gemm_time(c, pb->dtype, e->k, e->n, e->m, pb->devices) * scale;
     }
     /* collectives inside the micro-batch arrive from compute: on average this much of it */
     double kernels_mb = 0, calls_mb = 0, bus_mb = 0;
