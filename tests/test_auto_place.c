@@ -74,7 +74,11 @@ static void run_case(const char *config, int tp, bool sp, row *out) {
     if (ms_plan_estimate_one(&pb, &s, NULL, &hand, &err) != MS_OK) fail_msg("%s", err.msg);
     assert_true(hand.from_engine);
     ms_auto_place_result *r = malloc(sizeof *r);
-    if (ms_plan_auto_placements(&pb, &s, NULL, r, &err) != MS_OK) fail_msg("%s", err.msg);
+    /* this search's memo is kept warm for a second one below */
+    ms_plan_memo *memo = ms_plan_memo_create();
+    ms_plan_problem warm = pb;
+    warm.memo = memo;
+    if (ms_plan_auto_placements(&warm, &s, NULL, r, &err) != MS_OK) fail_msg("%s", err.msg);
     *out = (row){.model = config,
                  .tp = tp,
                  .sp = sp,
@@ -96,6 +100,18 @@ static void run_case(const char *config, int tp, bool sp, row *out) {
     out->hand_mem = hand.mem_total, out->lim_mem = rl->best.mem_total;
     assert_true(rl->best.mem_total <= hand.mem_total);
     ms_auto_place_rules_str(&rl->rules, out->lim_rules, sizeof out->lim_rules);
+    /* the same search on the warm memo (every reshard plan and bubble already made) finds the
+     * same layout, to the bit */
+    ms_auto_place_result *rw = malloc(sizeof *rw);
+    if (ms_plan_auto_placements(&warm, &s, &lim, rw, &err) != MS_OK) fail_msg("%s", err.msg);
+    char warm_rules[2048];
+    ms_auto_place_rules_str(&rw->rules, warm_rules, sizeof warm_rules);
+    assert_string_equal(warm_rules, out->lim_rules);
+    assert_true(rw->best.step_s == rl->best.step_s);
+    assert_true(rw->best.mem_total == rl->best.mem_total);
+    assert_true(rw->coll_bytes == rl->coll_bytes);
+    free(rw);
+    ms_plan_memo_destroy(memo);
     free(rl);
     assert_true(r->rules.no_hints);
     assert_true(r->rules.n > 0);

@@ -206,6 +206,11 @@ typedef struct ms_compile_opts {
      * micro-batch arena then keeps only what crosses from its forward to its backward, which
      * under full recompute is the layers' inputs. 0 or 1: one arena holds everything. */
     int inflight;
+    /* Shapes-only programs: a reshard-plan cache shared with other compiles (a search
+     * compiles many programs whose reshards repeat), or NULL: the program's own. Borrowed: it
+     * outlives the program, and one thread uses it at a time. A rank's program always uses its
+     * rank context's. */
+    struct ms_plan_cache *plans;
 } ms_compile_opts;
 
 /* Compiles g for the rank's mesh (collective only in that it allocates nothing shared;

@@ -280,7 +280,7 @@ ms_status ms_program_compile_shapes(ms_graph *g, const ms_mesh *mesh, const int 
     MS_CHECK_GOTO(ms_mesh_copy(&p->own_mesh, mesh, err), st, fail);
     p->mesh = &p->own_mesh;
     if (coords) memcpy(p->coords, coords, sizeof(int) * (size_t)mesh->ndim);
-    p->plans = p->own_plans = ms_plan_cache_create();
+    p->plans = opts && opts->plans ? opts->plans : (p->own_plans = ms_plan_cache_create());
     MS_CHECK_GOTO(plan_program(p, opts, err), st, fail);
     *out = p;
     return MS_OK;

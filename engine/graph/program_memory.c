@@ -72,19 +72,26 @@ size_t prog_padded_floats(const buf *bf) {
     return ((size_t)bf->nfloats + 15) / 16 * 16; /* 64-byte aligned */
 }
 
+/* A placed buffer as the greedy scan reads it: its lifetime and its span, packed (a buf is
+ * hundreds of bytes, and each placement scans every buffer placed before it). */
+typedef struct placed {
+    int first, last;
+    size_t lo, hi;
+} placed;
+
 /* Greedy by size: each of the buffers order[0..n) takes the lowest offset free during its
  * lifetime. Returns the floats the layout spans. */
 static size_t place_buffers(buf *bufs, int *order, int n) {
     qsort_r(order, (size_t)n, sizeof(int), cmp_size_desc, bufs);
     size_t top = 0, *lo = xmalloc(sizeof(size_t) * (size_t)(2 * n + 1)), *hi = lo + n;
+    placed *done = xmalloc(sizeof *done * (size_t)(n + 1));
     for (int a = 0; a < n; a++) {
         buf *bf = &bufs[order[a]];
         size_t need = prog_padded_floats(bf), off = 0;
         int m = 0; /* the spans of the buffers placed before and alive with this one */
         for (int c = 0; c < a; c++) {
-            const buf *o = &bufs[order[c]];
-            if (o->last < bf->first || bf->last < o->first) continue;
-            lo[m] = o->offset, hi[m++] = o->offset + prog_padded_floats(o);
+            if (done[c].last < bf->first || bf->last < done[c].first) continue;
+            lo[m] = done[c].lo, hi[m++] = done[c].hi;
         }
         for (bool moved = true; moved;) {
             moved = false;
@@ -92,8 +99,10 @@ static size_t place_buffers(buf *bufs, int *order, int n) {
                 if (off < hi[c] && lo[c] < off + need) off = hi[c], moved = true;
         }
         bf->offset = off;
+        done[a] = (placed){bf->first, bf->last, off, off + need};
         if (off + need > top) top = off + need;
     }
+    free(done);
     free(lo);
     return top;
 }

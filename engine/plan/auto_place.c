@@ -457,6 +457,8 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
                        "parallelism (cp %d); use cp 1, or give the placements in the strategy "
                        "file",
                        s->cp);
+    /* the layouts' compiles share one memo: their reshard plans and pipeline bubbles repeat */
+    ms_plan_memo *own_memo = rp.memo ? NULL : (rp.memo = ms_plan_memo_create());
     ap_ctx *cx = xcalloc(1, sizeof *cx);
     cx->pb = &rp, cx->s = s;
     set_opts(cx, opts);
@@ -520,6 +522,7 @@ ms_status ms_plan_auto_placements(const ms_plan_problem *pb, const ms_strategy *
     out->search_ms = (double)(ms_now_ns() - t0) / 1e6;
     free(cx->evals);
     free(cx);
+    ms_plan_memo_destroy(own_memo);
     return st;
 }
 

@@ -65,7 +65,10 @@ typedef struct joint_work {
 
 static void *joint_worker(void *arg) {
     joint_work *w = arg;
-    for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->n;) {
+    for (int k; (k = atomic_fetch_add(&w->next, 1)) < w->n;) {
+        /* the largest degree first: its stages are the deepest, its search the longest, and
+         * started last it would leave the other workers idle */
+        int i = w->n - 1 - k;
         ms_auto_plan_row *row = &w->rows[i];
         w->found[i] = best_with_tp(w->pb, w->fixed, w->tps[i], &row->s);
         if (w->found[i]) search_row(w->pb, w->opts, row);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/core/xalloc.h"
+#include "engine/dist/reshard.h"
 #include "engine/kernels/fused.h"
 #include "engine/kernels/index.h"
 #include "engine/kernels/kernels.h"
@@ -1103,6 +1104,7 @@ typedef struct stage_entry {
 } stage_entry;
 
 struct ms_plan_memo {
+    struct ms_plan_cache *plans; /* the compiles' reshard plans, made on first use */
     memo_entry *head;
     bubble_entry *bubbles[BUBBLE_BUCKETS];
     stage_entry *stages;
@@ -1125,6 +1127,9 @@ static double bubble_fraction(ms_plan_memo *memo, const ms_strategy *s, int m, d
     if (ms_pp_bubble_fraction((ms_schedule)s->schedule, s->pp, m, s->virtual_stages, f, b, w, &frac,
                               NULL) != MS_OK)
         frac = (double)(s->pp - 1) / (m + s->pp - 1); /* a checked strategy always simulates */
+    /* the simulator's rounding differs in the last bits between splits: to 1e-12, a memoised
+     * fraction and a fresh one are the same number, so searches with and without a memo agree */
+    frac = round(frac * 1e12) / 1e12;
     if (memo) {
         bubble_entry *e = xmalloc(sizeof *e);
         *e = (bubble_entry){.kind = s->schedule,
@@ -1326,8 +1331,14 @@ ms_plan_memo *ms_plan_memo_create(void) {
     return xcalloc(1, sizeof(ms_plan_memo));
 }
 
+struct ms_plan_cache *ms_plan_memo_plans(ms_plan_memo *m) {
+    if (!m->plans) m->plans = ms_plan_cache_create();
+    return m->plans;
+}
+
 void ms_plan_memo_destroy(ms_plan_memo *m) {
     if (!m) return;
+    ms_plan_cache_destroy(m->plans);
     for (memo_entry *e = m->head, *n; e; e = n) {
         n = e->next;
         free(e);
@@ -1453,6 +1464,14 @@ static double def_model_flops(const ms_plan_problem *pb) {
 
 ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy *s,
                                const ms_plan_scales *scales, ms_plan_estimate *out, ms_error *err) {
+    ms_status st = ms_plan_estimate_unnamed(problem, s, scales, out, err);
+    if (st == MS_OK) ms_strategy_name(&out->s, out->text, sizeof out->text);
+    return st;
+}
+
+ms_status ms_plan_estimate_unnamed(const ms_plan_problem *problem, const ms_strategy *s,
+                                   const ms_plan_scales *scales, ms_plan_estimate *out,
+                                   ms_error *err) {
     memset(out, 0, sizeof *out);
     /* priced at the strategy's own precision */
     ms_plan_problem at = ms_plan_problem_resolved(problem);
@@ -1466,7 +1485,6 @@ ms_status ms_plan_estimate_one(const ms_plan_problem *problem, const ms_strategy
         scales = &id;
     }
     out->s = *s;
-    ms_strategy_name(s, out->text, sizeof out->text);
     out->executable = ms_plan_executable(pb, s, out->not_executable, sizeof out->not_executable);
     ms_plan_workload *w = xmalloc(sizeof *w);
     ms_status st = MS_OK;

@@ -204,6 +204,11 @@ bool ms_plan_executable(const ms_plan_problem *pb, const ms_strategy *s, char *w
  * invalid strategies (ms_strategy_check) or when the engine's program cannot be compiled. */
 ms_status ms_plan_estimate_one(const ms_plan_problem *pb, const ms_strategy *s,
                                const ms_plan_scales *scales, ms_plan_estimate *out, ms_error *err);
+/* The same with out->text left empty: a search names only the estimates it keeps (naming
+ * every strategy priced took a quarter of its time). */
+ms_status ms_plan_estimate_unnamed(const ms_plan_problem *pb, const ms_strategy *s,
+                                   const ms_plan_scales *scales, ms_plan_estimate *out,
+                                   ms_error *err);
 
 /* --- the pieces, exposed for tests and the advisor ---------------------------------------------
  */
@@ -274,5 +279,9 @@ double ms_plan_model_params(const ms_model_config *c);
  * thread-safe (one planner or advisor uses it). */
 ms_plan_memo *ms_plan_memo_create(void);
 void ms_plan_memo_destroy(ms_plan_memo *m);
+/* The memo's reshard plans, which every program it compiles shares (plans depend on the mesh's
+ * shape, the placements and the global shape alone, so they hold across strategies and
+ * layouts). Owned by the memo. */
+struct ms_plan_cache *ms_plan_memo_plans(ms_plan_memo *m);
 
 #endif

@@ -290,6 +290,7 @@ static ms_status add_chunk(const ms_plan_problem *pb, const ms_strategy *s, cons
     ms_compile_opts co = ms_strategy_compile_opts(s, &sh);
     co.micro_batched = m > 1 || s->pp > 1;
     co.inflight = inflight;
+    co.plans = pb->memo ? ms_plan_memo_plans(pb->memo) : NULL;
     /* a GPU's bf16 kernels leave most instructions unstaged */
     co.kernels_like = pb->cluster && !pb->cluster->cpu ? MS_DEVICE_CUDA : MS_DEVICE_CPU;
     /* the rank at coordinate 0 holds the largest shards; over cp, the last rank: its queries

@@ -111,10 +111,10 @@ void ms_plan_fixed_apply(const ms_plan_fixed *f, ms_strategy *s) {
  * fits: the estimate compiles the engine's program for the strategy, which is what costs. */
 static ms_status estimate_or_offload(const ms_plan_problem *pb, ms_strategy *s, bool may_offload,
                                      const ms_plan_scales *sc, ms_plan_estimate *e, ms_error *err) {
-    ms_status st = ms_plan_estimate_one(pb, s, sc, e, err);
+    ms_status st = ms_plan_estimate_unnamed(pb, s, sc, e, err);
     if (st != MS_OK || e->fits || !may_offload || s->offload) return st;
     s->offload = true;
-    return ms_plan_estimate_one(pb, s, sc, e, err);
+    return ms_plan_estimate_unnamed(pb, s, sc, e, err);
 }
 
 /* --- explaining ------------------------------------------------------------------------------ */
@@ -455,6 +455,13 @@ static ms_status search_def_meshes(search_run *r, const ms_model_def *d, ms_erro
  * one only when it is not the first candidate already. */
 static void settle_result(search_run *r) {
     ms_plan_result *out = r->out;
+    for (int i = 0; i < r->nfit; i++)
+        ms_strategy_name(&r->fit[i].s, r->fit[i].text, sizeof r->fit[i].text);
+    for (int i = 0; i < r->nnofit; i++)
+        ms_strategy_name(&r->nofit[i].s, r->nofit[i].text, sizeof r->nofit[i].text);
+    if (out->have_best_executable)
+        ms_strategy_name(&out->best_executable.s, out->best_executable.text,
+                         sizeof out->best_executable.text);
     if (r->nfit > 0) {
         out->cands = r->fit;
         out->n_cands = r->nfit;
