@@ -31,7 +31,7 @@
 #include "engine/plan/cluster.h"
 
 /* The calibration procedure's version: a cached file of another version is measured again. */
-#define MS_CALIBRATION_VERSION "meshscope-cpu-local-9"
+#define MS_CALIBRATION_VERSION "meshscope-cpu-local-10"
 
 #define MS_CALIB_BUSY_CORES 0.25 /* busy CPU above this (in cores) is a loaded machine */
 #define MS_CALIB_BUSY_SHARE 0.02 /* ... or above this share of the cores, if more */

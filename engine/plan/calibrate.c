@@ -407,7 +407,7 @@ typedef struct step_run {
     bool sp;
     ms_model_config cfg;
     int B, T;
-    double step_s; /* the fastest timed step (rank 0) */
+    double step_s; /* the median timed step (rank 0) */
     /* each rank's operator time in that step: CPU time, and wall time per class */
     double compute_cpu_s[SYNC_MAX_RANKS];
     double class_s[SYNC_MAX_RANKS][MS_CLUSTER_IN_STEP];
@@ -505,12 +505,19 @@ static ms_status step_rank(ms_ctx *ctx, void *arg, ms_error *err) {
         times[i] = t;
         clock.step = -1;
     }
-    /* the fastest of five: another process on the machine only ever adds time, and the
-     * synchronisation solved from these steps is a small difference of large figures (every
-     * rank has the same times, so every rank picks the same step) */
-    int best = 2;
-    for (int i = 3; i < SYNC_STEPS; i++)
-        if (times[i] < times[best]) best = i;
+    /* the median of five, as a training run's step is read (the planner's validation, the
+     * advisor): ranks that share cores take turns, and their steps vary by themselves (on a
+     * 2-core Zen 5, four ranks' fastest step was 10-15% under their median), so the fastest
+     * priced every such step optimistic. Another process's load is kept out by the idle check.
+     * Every rank has the same times, so every rank picks the same step. */
+    int order[SYNC_STEPS - 2];
+    for (int i = 0; i < SYNC_STEPS - 2; i++) order[i] = i + 2;
+    for (int i = 1; i < SYNC_STEPS - 2; i++) /* insertion sort by time, ties by index */
+        for (int j = i; j > 0 && times[order[j]] < times[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    int best = order[(SYNC_STEPS - 2) / 2];
     if (ctx->rank == 0) r->step_s = times[best];
     r->compute_cpu_s[ctx->rank] = clock.op_cpu_s[best];
     memcpy(r->class_s[ctx->rank], clock.class_s[best], sizeof clock.class_s[best]);
