@@ -627,17 +627,15 @@ static ms_status measure_variant(const ms_model_config *cfg, int B, int T, int R
     out->pred_compute = 0;
     for (int k = 0; k < MS_PC_COUNT; k++)
         if (k != MS_PC_OPTIMIZER) out->pred_compute += e->compute_s[k];
-    double wall = 0, cpu = 0;
-    for (int q = 0; q < R; q++) {
-        cpu += run->compute_cpu_s[q] / R;
-        for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) wall += run->class_s[q][k] / R;
-    }
-    out->measured_compute = R > c->cores ? cpu * R / c->cores : wall;
-    out->comm = pred - out->pred_compute;
+    double wall = 0, cpu = 0; /* the ranks' means: wall time is the classes' together */
     for (int k = 0; k < MS_CLUSTER_IN_STEP; k++) {
         out->measured_class[k] = 0;
         for (int q = 0; q < R; q++) out->measured_class[k] += run->class_s[q][k] / R;
+        wall += out->measured_class[k];
     }
+    for (int q = 0; q < R; q++) cpu += run->compute_cpu_s[q] / R;
+    out->measured_compute = R > c->cores ? cpu * R / c->cores : wall;
+    out->comm = pred - out->pred_compute;
     return MS_OK;
 }
 
