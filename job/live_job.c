@@ -110,6 +110,26 @@ double live_job_median(const double *v, int n) {
     return m;
 }
 
+/* The layout behind this round's "placements searched" suggestion, if it has one, kept for
+ * its accept (request_target). */
+static void remember_priced_layout(live_job *j, const ms_strategy *cur, const ms_suggestion *g,
+                                   int n) {
+    for (int i = 0; i < n; i++) {
+        if (!strstr(g[i].target_json, "\"placements\": \"auto\"")) continue;
+        ms_placement_rules *rules = xmalloc(sizeof *rules);
+        if (!ms_advisor_searched_rules(j->advisor, cur, rules)) {
+            free(rules);
+            return;
+        }
+        pthread_mutex_lock(&j->mu);
+        free(j->priced_layout);
+        j->priced_layout = rules;
+        j->priced_layout_id = g[i].id;
+        pthread_mutex_unlock(&j->mu);
+        return;
+    }
+}
+
 /* Steps whose median is the current step time the advisor prices against. */
 #define ADVISE_STEPS 32
 
@@ -153,6 +173,7 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
         ms_live_set_event(l, "advisor: %s", err.msg);
         return;
     }
+    remember_priced_layout(j, &cur, out, got);
     /* A model that has missed the measured step for rounds suggests nothing: the live model
      * withdraws what is open and the views show why. */
     const char *note = ms_advisor_note(j->advisor);
@@ -160,6 +181,42 @@ static void advise(void *user, ms_live *l, const ms_snapshot *s) {
         ms_live_withhold_suggestions(l, note);
     else
         ms_live_set_suggestions(l, out, got, open_at);
+}
+
+/* Strategy s with `rules` as its whole layout, as strategy JSON every rank compiles alike
+ * (owned). */
+static char *json_with_layout(const ms_strategy *s, const ms_placement_rules *rules) {
+    char *out = xmalloc(MS_STRATEGY_JSON_MAX + 16384);
+    ms_strategy_short_json(s, out, MS_STRATEGY_JSON_MAX);
+    size_t n = strlen(out);
+    if (n && out[n - 1] == '}') out[--n] = '\0';
+    snprintf(out + n, 32, "%s\"placements\": ", n > 1 ? ", " : "");
+    n = strlen(out);
+    ms_auto_place_rules_str(rules, out + n, 16384 - 8);
+    strcat(out, "}");
+    return out;
+}
+
+/* An accepted "placements searched" suggestion: *json (its target, saying "auto") becomes the
+ * strategy with the layout the advisor priced it with, so the job runs what the user accepted
+ * and does not search again. Left as it is when no layout is kept for `id`. */
+static ms_status apply_priced_layout(live_job *j, int32_t id, char **json, ms_error *err) {
+    ms_placement_rules *rules = xmalloc(sizeof *rules);
+    pthread_mutex_lock(&j->mu);
+    bool have = j->priced_layout && j->priced_layout_id == id;
+    if (have) *rules = *j->priced_layout;
+    pthread_mutex_unlock(&j->mu);
+    ms_strategy s;
+    ms_placement_rules *said = xmalloc(sizeof *said);
+    ms_status st = MS_OK;
+    if (have) st = ms_strategy_parse_json(*json, strlen(*json), "strategy", &s, said, err);
+    if (st == MS_OK && have && said->auto_place) {
+        free(*json);
+        *json = json_with_layout(&s, rules);
+    }
+    free(said);
+    free(rules);
+    return st;
 }
 
 /* The strategy JSON a request targets (owned copy): its own body, or the accepted
@@ -177,6 +234,11 @@ static ms_status request_target(live_job *j, const ms_live_req *req, char **json
             st = MS_OK;
         }
     ms_snapshot_release(s);
+    if (st == MS_OK) st = apply_priced_layout(j, req->id, json, err);
+    if (st != MS_OK && *json) {
+        free(*json);
+        *json = NULL;
+    }
     return st;
 }
 
@@ -316,6 +378,8 @@ void live_job_close(live_job *j) {
     j->epilogue = (ms_strbuf){0};
     free(j->switch_json);
     j->switch_json = NULL;
+    free(j->priced_layout);
+    j->priced_layout = NULL;
     j->tui = NULL, j->web = NULL, j->live = NULL;
 }
 
@@ -337,16 +401,8 @@ static ms_status resolve_auto_target(live_job *j, char **json, ms_error *err) {
         st = job_auto_placements(j->o, j->plan, &s, rules, r, err);
     }
     if (st == MS_OK && r) {
-        char *out = xmalloc(MS_STRATEGY_JSON_MAX + 16384);
-        ms_strategy_short_json(&s, out, MS_STRATEGY_JSON_MAX);
-        size_t n = strlen(out);
-        if (n && out[n - 1] == '}') out[--n] = '\0';
-        snprintf(out + n, 32, "%s\"placements\": ", n > 1 ? ", " : "");
-        n = strlen(out);
-        ms_auto_place_rules_str(&r->rules, out + n, 16384 - 8);
-        strcat(out, "}");
         free(*json);
-        *json = out;
+        *json = json_with_layout(&s, &r->rules);
         char name[MS_STRATEGY_NAME_MAX];
         if (j->live)
             ms_live_set_event(j->live,

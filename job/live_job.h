@@ -52,12 +52,16 @@ typedef struct live_job {
     ms_advisor *advisor; /* runs on the live model's thread; NULL without live views */
     ms_cluster cluster;  /* what the advisor prices: cpu-local, or the GPUs' preset */
     int gpus;            /* CUDA devices the ranks share (0: a CPU job) */
-    pthread_mutex_t mu;  /* guards current (and its rules), current_since, has_current and the
-                            verdicts */
+    pthread_mutex_t mu;  /* guards current (and its rules), current_since, has_current, the
+                            priced layout and the verdicts */
     ms_strategy current;
     ms_placement_rules current_rules;
     int64_t current_since; /* the first step that ran `current` */
     bool has_current;
+    /* The layout the advisor priced its "placements searched" suggestion with (the live thread
+     * sets it, under mu): accepting that suggestion applies it rather than searching again. */
+    ms_placement_rules *priced_layout;
+    int32_t priced_layout_id;                 /* the suggestion it belongs to, 0: none */
     live_verdict verdicts[LIVE_JOB_VERDICTS]; /* guarded by mu; a ring */
     int n_verdicts, next_verdict;
     bool warmed;        /* the live thread has checked every mesh of this world once */

@@ -522,6 +522,12 @@ static const ms_auto_place_result *searched_layout(ms_advisor *a, const ms_strat
     return a->search_ok ? a->layout : NULL;
 }
 
+bool ms_advisor_searched_rules(const ms_advisor *a, const ms_strategy *s, ms_placement_rules *out) {
+    if (!a->searched || !a->search_ok || !ms_strategy_equal(&a->searched_for, s)) return false;
+    *out = a->layout->rules;
+    return true;
+}
+
 /* Step 2b: the current strategy under a searched layout ("placements": "auto"), when it runs
  * tp > 1 under a layout it was given (its model's own, or rules beside it) and, priced with the
  * learned scales as every candidate is, it is `threshold` faster than the measured step. pred is

@@ -84,6 +84,12 @@ void ms_advisor_set_memory_cap(ms_advisor *a, double bytes);
  * that runs a complete layout (no_hints) is not. */
 void ms_advisor_set_placements(ms_advisor *a, const ms_placement_rules *rules);
 
+/* The layout the advisor searched for strategy s and priced its "placements searched"
+ * suggestion with, copied into *out; false when it searched none for s (or found none).
+ * Accepting that suggestion applies this layout, so the job runs what was priced and does not
+ * search again. Same thread as ms_advisor_update. */
+bool ms_advisor_searched_rules(const ms_advisor *a, const ms_strategy *s, ms_placement_rules *out);
+
 /* How the views name strategy s under a layout that is the whole of its placements (searched,
  * "*": "complete"): "dp2 x tp2, placements searched", at most n bytes (the views take 64). The
  * advisor's suggestion of a searched layout is named so, and so is the job that runs one. */

@@ -468,8 +468,11 @@ static void test_train_families(void **state) {
 /* --- the advisor's "auto placements", accepted in a running job ---------------------------- */
 
 /* The advisor's suggestion for a dp2 x tp2 job under the model's own layout. */
+/* `kept` (may be NULL) gets the layout the advisor priced the suggestion with, which an accept
+ * applies (job/live_job.c). */
 static ms_suggestion auto_suggestion_for(const ms_model_config *cfg, const ms_cluster *c,
-                                         const ms_strategy *s, const ms_placement_rules *runs) {
+                                         const ms_strategy *s, const ms_placement_rules *runs,
+                                         ms_placement_rules *kept) {
     ms_model_def def;
     ms_error err = {0};
     assert_int_equal(ms_model_def_from_config(cfg, TT, &def, &err), MS_OK);
@@ -486,14 +489,16 @@ static ms_suggestion auto_suggestion_for(const ms_model_config *cfg, const ms_cl
                out[i].target_json);
         if (strstr(out[i].target_json, "\"placements\": \"auto\"")) found = out[i];
     }
+    if (kept && found.id) assert_true(ms_advisor_searched_rules(adv, s, kept));
     ms_advisor_destroy(adv);
     return found;
 }
 
 /* The advisor, pricing a dp2 x tp2 job under the model's own layout, suggests its layout
- * searched ("placements": "auto"); accepted, the search's rules switch the running job at step
- * SW_AT, and every parameter and both Adam moments then equal those of a run under the
- * searched layout throughout. Told the job runs that layout, the advisor suggests it no more. */
+ * searched ("placements": "auto") and keeps the layout it priced, which is what a search of the
+ * job's own finds; accepted, those rules switch the running job at step SW_AT, and every parameter
+ * and both Adam moments then equal those of a run under the searched layout throughout. Told the
+ * job runs that layout, the advisor suggests it no more. */
 static void threads_advisor_auto(void **state) {
     (void)state;
     ms_model_config cfg = mt_tiny_config(false, 0.1);
@@ -501,10 +506,11 @@ static void threads_advisor_auto(void **state) {
     ms_strategy s;
     ms_error err = {0};
     assert_int_equal(ms_strategy_init(&s, 2, 2, 1, false, &err), MS_OK);
-    ms_suggestion g = auto_suggestion_for(&cfg, &c, &s, NULL);
+    ms_placement_rules *kept = malloc(sizeof *kept);
+    ms_suggestion g = auto_suggestion_for(&cfg, &c, &s, NULL, kept);
     if (!g.id) fail_msg("no auto placements suggested");
     printf("  %s\n  %s\n", g.evidence, g.diff);
-    /* accepted: its target resolved as the job does, the search on the same problem */
+    /* its target searched as a strategy file saying "auto" is */
     ms_strategy target;
     ms_placement_rules *pins = malloc(sizeof *pins), *to = malloc(sizeof *to);
     assert_int_equal(
@@ -518,7 +524,13 @@ static void threads_advisor_auto(void **state) {
     ms_auto_place_opts o = {.pins = pins};
     if (ms_plan_auto_placements(&pb, &target, &o, r, &err) != MS_OK) fail_msg("%s", err.msg);
     *to = r->rules;
-    assert_int_equal(auto_suggestion_for(&cfg, &c, &s, to).id, 0);
+    /* what an accept applies is the layout priced, and the job's own search finds the same */
+    char *a_str = malloc(16384), *b_str = malloc(16384);
+    ms_auto_place_rules_str(kept, a_str, 16384);
+    ms_auto_place_rules_str(to, b_str, 16384);
+    assert_string_equal(a_str, b_str);
+    free(a_str), free(b_str), free(kept);
+    assert_int_equal(auto_suggestion_for(&cfg, &c, &s, to, NULL).id, 0);
     state_copy *sw = calloc(1, sizeof *sw), *ref = calloc(1, sizeof *ref);
     ms_placement_rules *none = calloc(1, sizeof *none);
     layout_arg a = {.s = &s, .from = none, .to = to, .out = sw};

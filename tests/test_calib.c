@@ -2,16 +2,20 @@
  * crafted /proc/stat texts, the CPU features from crafted /proc/cpuinfo texts, the key, its
  * hash and the part two keys differ in, when a cached file may stand for this machine, the
  * provenance line, the quiet check's limits from the environment, the new fields of the cache
- * file, and a planted cache file used as it is (no measurement: the measuring path is
+ * file, a planted cache file used as it is, and a measurement too loaded to cache serving the
+ * rest of its process (the one case here that measures; the command's paths are
  * tests/calibrate_idle.sh).
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/comm/comm.h"
 #include "engine/kernels/blas.h"
 #include "engine/plan/calib_cache.h"
 #include "engine/plan/cluster.h"
@@ -239,10 +243,75 @@ static void cache_file_fields_and_load(void **state) {
     free(d);
 }
 
+static atomic_bool spin_on;
+
+static void *spin(void *arg) {
+    (void)arg;
+    volatile unsigned long n = 0;
+    while (atomic_load(&spin_on)) n++;
+    return NULL;
+}
+
+/* A machine kept busy (a spinning thread; "quiet" is at most 0.5 cores): the first resolve
+ * measures for this run only and caches nothing; the second returns that measurement at once
+ * and says so, where it measured again before (a job's advisor and its switch each did, for
+ * minutes under a sanitizer). */
+static void loaded_calibration_serves_the_process(void **state) {
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    printf("skipped under a sanitizer: it measures the machine (seconds in release, minutes "
+           "here); the release run covers it\n");
+    skip();
+#endif
+    char dir[] = "/tmp/ms-calib-run-XXXXXX", path[600], cmd[700];
+    assert_non_null(mkdtemp(dir));
+    setenv("XDG_CACHE_HOME", dir, 1);
+    setenv("MS_CALIBRATE_MAX_BUSY", "0.5", 1);
+    setenv("MS_CALIBRATE_WAIT_S", "0", 1);
+    ms_error err = {0};
+    assert_int_equal(ms_cluster_cache_path(path, sizeof path, &err), MS_OK);
+    ms_cluster *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    char *log = NULL;
+    size_t log_len = 0;
+    FILE *lf = open_memstream(&log, &log_len);
+    pthread_t th;
+    atomic_store(&spin_on, true);
+    assert_int_equal(pthread_create(&th, NULL, spin, NULL), 0);
+    assert_int_equal(ms_calib_resolve(false, lf, a, &err), MS_OK);
+    atomic_store(&spin_on, false);
+    pthread_join(th, NULL);
+    fflush(lf);
+    assert_non_null(strstr(log, "not caching"));
+    assert_int_equal(access(path, F_OK), -1); /* nothing cached */
+    size_t first = log_len;
+    int64_t t0 = ms_now_ns();
+    assert_int_equal(ms_calib_resolve(false, lf, b, &err), MS_OK);
+    double took = (double)(ms_now_ns() - t0) * 1e-9;
+    fclose(lf);
+    printf("%s", log);
+    assert_string_equal(log + first,
+                        "cpu-local: this run's calibration, measured earlier, not cached\n");
+    assert_true(took < 0.5);
+    assert_string_equal(a->calibration_key, b->calibration_key);
+    assert_true(a->busy_before == b->busy_before && a->busy_after == b->busy_after);
+    assert_true(a->n_gemm == b->n_gemm && a->n_coll == b->n_coll);
+    for (int i = 0; i < a->n_gemm; i++)
+        assert_true(a->gemm[i].flops_per_s == b->gemm[i].flops_per_s);
+    unsetenv("MS_CALIBRATE_MAX_BUSY");
+    unsetenv("MS_CALIBRATE_WAIT_S");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(log), free(a), free(b);
+}
+
 static const struct CMUnitTest tests[] = {
-    cmocka_unit_test(busy_from_proc_stat),   cmocka_unit_test(features_from_cpuinfo),
-    cmocka_unit_test(key_hash_and_diff),     cmocka_unit_test(cache_usable_and_provenance),
-    cmocka_unit_test(quiet_limits_from_env), cmocka_unit_test(cache_file_fields_and_load),
+    cmocka_unit_test(busy_from_proc_stat),
+    cmocka_unit_test(features_from_cpuinfo),
+    cmocka_unit_test(key_hash_and_diff),
+    cmocka_unit_test(cache_usable_and_provenance),
+    cmocka_unit_test(quiet_limits_from_env),
+    cmocka_unit_test(cache_file_fields_and_load),
+    cmocka_unit_test(loaded_calibration_serves_the_process),
 };
 
 MT_MAIN("calib", tests)

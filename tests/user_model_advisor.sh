@@ -4,7 +4,8 @@
 # dp1 x tp4 with --web; the advisor prices other strategies from the model's compiled program
 # and opens at least one suggestion with a predicted step and a memory check; accepting it
 # through POST /api/v1/suggestions/ID/accept switches the job, which reports predicted against
-# measured; POST /api/v1/stop ends it with exit code 0.
+# measured; POST /api/v1/stop ends it with exit code 0. A "placements searched" suggestion is
+# preferred when offered: accepted, it applies the layout it was priced with, at once.
 # usage: user_model_advisor.sh path/to/image_classifier
 # Skips (77) when the advisor withholds its suggestions because its cost model disagrees with
 # the measured step (a busy machine): then its note is printed.
@@ -47,6 +48,10 @@ id=
 for _ in $(seq 300); do
   curl -s --max-time 10 -H "$auth" "$base/api/v1/suggestions" >"$tmp/sugg"
   id=$(grep -o '"id":[0-9]*' "$tmp/sugg" | head -1 | cut -d: -f2)
+  # a searched layout, when offered, is the one taken: its accept applies the layout priced
+  searched=$(grep -o '"id":[0-9]*,"state":"open","target":"[^"]*placements searched"' "$tmp/sugg" |
+    head -1 | cut -d, -f1 | cut -d: -f2)
+  [ -n "$searched" ] && id=$searched
   [ -n "$id" ] && break
   kill -0 "$pid" 2>/dev/null || break
   sleep 1
@@ -61,7 +66,8 @@ if [ -z "$id" ]; then
   cat "$tmp/sugg" "$tmp/err" | head -20
   exit 1
 fi
-target=$(grep -o '"target":"[^"]*"' "$tmp/sugg" | head -1)
+target=$(grep -o "\"id\":$id,\"state\":\"[a-z]*\",\"target\":\"[^\"]*\"" "$tmp/sugg" | head -1 |
+  grep -o '"target":"[^"]*"')
 echo "ok   suggestion $id: $target"
 grep -q '"predicted_step_s":[0-9.e-]*[1-9]' "$tmp/sugg" && grep -q '"memory_check":"fits:' "$tmp/sugg" ||
   { echo "FAIL: the suggestion has no predicted step or memory check: $(head -c 600 "$tmp/sugg")"; exit 1; }
@@ -75,12 +81,12 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 grep -q "switched dp1 x tp4 -> " "$tmp/out" && grep -q "switch at step .*predicted" "$tmp/out" ||
-  { echo "FAIL: the accepted suggestion was not applied"; tail -5 "$tmp/out" "$tmp/err"; exit 1; }
+  { echo "FAIL: the accepted suggestion was not applied"; tail -n 5 "$tmp/out" "$tmp/err"; exit 1; }
 echo "ok   applied: $(grep -o 'switched dp1 x tp4 -> .*' "$tmp/out" | head -1)"
 
 curl -s -o /dev/null --max-time 20 -X POST -H "$auth" -H "$origin" "$base/api/v1/stop"
 wait "$pid"
 rc=$?
 pid=
-[ "$rc" = 0 ] || { echo "FAIL: the job exited $rc after stop"; tail -5 "$tmp/err"; exit 1; }
+[ "$rc" = 0 ] || { echo "FAIL: the job exited $rc after stop"; tail -n 5 "$tmp/err"; exit 1; }
 echo "ok   stopped, exit 0"

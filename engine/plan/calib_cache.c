@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,12 +433,44 @@ static void store(const char *path, const ms_cluster *c, int cores, FILE *log) {
         fprintf(log, "cpu-local: calibration %s, not cached (%s)\n", line, e.msg);
 }
 
+/* This process's own measurement, kept when it was not cached (a busy machine): every later
+ * resolve in the process uses it, so a job that prices on cpu-local (the advisor, then a switch
+ * to searched placements) measures once, not once per caller. Guarded: callers are the live
+ * thread and rank 0. */
+static pthread_mutex_t run_calib_mu = PTHREAD_MUTEX_INITIALIZER;
+static ms_cluster *run_calib;
+
+static bool from_this_run(const char *key, FILE *log, ms_cluster *out) {
+    pthread_mutex_lock(&run_calib_mu);
+    bool ok = run_calib && !strcmp(run_calib->calibration_key, key);
+    if (ok) *out = *run_calib;
+    pthread_mutex_unlock(&run_calib_mu);
+    if (ok && log)
+        fprintf(log, "cpu-local: this run's calibration, measured earlier, not cached\n");
+    return ok;
+}
+
+static void keep_for_this_run(const ms_cluster *c) {
+    pthread_mutex_lock(&run_calib_mu);
+    if (!run_calib) run_calib = xmalloc(sizeof *run_calib);
+    *run_calib = *c;
+    pthread_mutex_unlock(&run_calib_mu);
+}
+
+static void forget_this_run(void) {
+    pthread_mutex_lock(&run_calib_mu);
+    free(run_calib);
+    run_calib = NULL;
+    pthread_mutex_unlock(&run_calib_mu);
+}
+
 ms_status ms_calib_resolve(bool recalibrate, void *logp, ms_cluster *out, ms_error *err) {
     FILE *log = logp;
     char path[600], key[MS_CALIB_KEY_MAX], line[256];
     MS_CHECK(ms_cluster_cache_path(path, sizeof path, err));
     ms_calib_key(key, sizeof key);
     int cores = online_cores();
+    if (!recalibrate && from_this_run(key, log, out)) return MS_OK;
     if (!recalibrate && from_cache(path, key, cores, log, out)) return MS_OK;
     ms_calib_quiet q = ms_calib_quiet_limits(cores);
     double before, after, waited;
@@ -464,8 +497,12 @@ ms_status ms_calib_resolve(bool recalibrate, void *logp, ms_cluster *out, ms_err
                     after, cores);
     }
     if (quiet) {
+        forget_this_run(); /* the cache has a newer one */
         store(path, out, cores, log);
-    } else if (log) {
+        return MS_OK;
+    }
+    keep_for_this_run(out);
+    if (log) {
         ms_calib_provenance(out, ms_calib_default_max_busy(cores), time(NULL), line, sizeof line);
         fprintf(log, "cpu-local: this run's calibration, not cached, %s\n", line);
     }

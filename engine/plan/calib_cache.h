@@ -83,7 +83,8 @@ void ms_cluster_cpu_model(char *buf, size_t len);
 
 /* cpu-local for ms_cluster_resolve: the cached calibration when its key and version match
  * (recalibrate: never), else measured after the quiet check and cached if the machine was
- * quiet before and after. `log` (a FILE *, may be NULL) gets the calibration's stages and one
+ * quiet before and after. A measurement that was not cached serves every later call in this
+ * process (thread-safe). `log` (a FILE *, may be NULL) gets the calibration's stages and one
  * line saying which calibration is used, or why it is measured, or why it is not cached. */
 ms_status ms_calib_resolve(bool recalibrate, void *log, ms_cluster *out, ms_error *err);
 
