@@ -4,7 +4,8 @@
 Each run of bench/published_runs.json is priced by `meshscope plan --json --evaluate` with its
 published settings pinned (tp, pp, dp, the micro-batch where published, ZeRO) and the ones the
 runs all shared (no sp, no cp, full recompute, no overlapped buckets, bf16); the planner picks
-what the source leaves unstated. Prints one markdown row per run (published and predicted
+what the source leaves unstated. A run's software stack may set cluster fields where it behaves
+differently from the stack the preset describes ("stacks" in the JSON, each with its source). Prints one markdown row per run (published and predicted
 hardware TFLOP/s per GPU, the error) and, per software stack and over all runs, the mean error
 (bias) and the worst.
 
@@ -30,13 +31,32 @@ def settings_of(run):
     return ",".join(f"{k}={v}" for k, v in s.items())
 
 
+def cluster_for(cluster, run, stacks, tmp):
+    """The preset as the run's software stack behaves: the preset file with the stack's
+    settings (bench/published_runs.json "stacks") applied, or the preset's name as it is."""
+    name = run.get("cluster", cluster)
+    over = {k: v for k, v in stacks.get(run["stack"], {}).items() if k != "why"}
+    if not over:
+        return name
+    src = name if name.endswith(".json") else os.path.join(
+        os.path.dirname(__file__), "..", "configs", "clusters", name + ".json")
+    with open(src) as f:
+        c = json.load(f)
+    c.update(over)
+    c["name"] = f"{c['name']}-{run['stack']}"
+    path = os.path.join(tmp, f"{c['name']}.json")
+    with open(path, "w") as f:
+        json.dump(c, f)
+    return path
+
+
 def price(binary, cluster, run, tmp):
     model = {"model_type": "gpt2", "n_positions": run.get("seq", 2048)}
     model.update(run["model"])
     path = os.path.join(tmp, "model.json")
     with open(path, "w") as f:
         json.dump(model, f)
-    cmd = [binary, "plan", "--model", path, "--cluster", run.get("cluster", cluster),
+    cmd = [binary, "plan", "--model", path, "--cluster", cluster,
            "--devices", str(run["gpus"]), "--global-batch", str(run["global_batch"]),
            "--seq", str(run.get("seq", 2048)), "--dtype", "bf16",
            "--evaluate", settings_of(run), "--json"]
@@ -63,12 +83,13 @@ def main():
     a = ap.parse_args()
     data = json.load(open(a.runs))
     runs = [r for r in data["runs"] if not a.stack or r["stack"] == a.stack]
+    stacks = data.get("stacks", {})
     if not runs:
         sys.exit(f"published_runs: no run of stack {a.stack!r} in {a.runs}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in runs:
-            hw, step, text = price(a.bin, a.cluster, r, tmp)
+            hw, step, text = price(a.bin, cluster_for(a.cluster, r, stacks, tmp), r, tmp)
             rows.append(dict(r, predicted=hw, step=step, text=text,
                              error=100 * (hw / r["published"] - 1)))
     print("| run | source | stack | GPUs | batch | settings | published | predicted | error |")

@@ -1090,6 +1090,47 @@ static void advisor_discounts_an_inflated_sync(void **state) {
 
 /* --- clusters -------------------------------------------------------------------------------- */
 
+/* A stack that gathers ZeRO 3's parameters again after the recompute's forward
+ * (ms_cluster.zero3_recompute_regathers, DeepSpeed's): under full recompute every micro-batch
+ * gathers each layer's parameters once more over dp, by the layers' own count of 12 h^2 + 13 h
+ * (four weights, their biases, two norms); without recompute, or below ZeRO 3, nothing
+ * changes; and the step is slower. */
+static void zero3_recompute_regathers(void **state) {
+    (void)state;
+    ms_model_config cfg = gpt3();
+    cfg.n_layer = 24, cfg.n_head = 16, cfg.n_embd = 2048; /* a 1.3B shape */
+    ms_cluster *c = malloc(sizeof *c);
+    ms_error err = {0};
+    assert_int_equal(ms_cluster_resolve("dgx-a100-80gb", false, NULL, c, &err), MS_OK);
+    assert_false(c->zero3_recompute_regathers);
+    ms_plan_problem pb = problem(&cfg, c, 64, 256, 2048, MS_PLAN_BF16);
+    const double h = cfg.n_embd, layer = 12 * h * h + 13 * h;
+    for (int zero = 2; zero <= 3; zero++)
+        for (int rc = 0; rc < 2; rc++) {
+            ms_strategy s = knobs(64, 1, 1, 1, false, zero, rc, 2, true, MS_PLAN_BF16);
+            ms_plan_estimate e0, e1;
+            ms_plan_tally t0, t1;
+            c->zero3_recompute_regathers = false;
+            assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e0, &err), MS_OK);
+            assert_int_equal(ms_plan_tally_get(&pb, &s, true, &t0, &err), MS_OK);
+            c->zero3_recompute_regathers = true;
+            assert_int_equal(ms_plan_estimate_one(&pb, &s, NULL, &e1, &err), MS_OK);
+            assert_int_equal(ms_plan_tally_get(&pb, &s, true, &t1, &err), MS_OK);
+            double g0 = t0.coll_bytes[MS_PLAN_DP][MS_COLL_ALL_GATHER],
+                   g1 = t1.coll_bytes[MS_PLAN_DP][MS_COLL_ALL_GATHER];
+            double want = zero == 3 && rc ? 2 * 24 * layer * 2 : 0; /* m 2, bf16 */
+            printf("zero %d%s: gathered %.4g -> %.4g bytes per step (+%.4g, want +%.4g); step "
+                   "%.3f -> %.3f s\n",
+                   zero, rc ? " recompute" : "", g0, g1, g1 - g0, want, e0.step_s, e1.step_s);
+            assert_true(fabs((g1 - g0) - want) <= 1e-9 * (want + 1));
+            if (want > 0)
+                assert_true(e1.step_s > e0.step_s);
+            else
+                assert_true(e1.step_s == e0.step_s);
+        }
+    free(c);
+}
+
 /* Memory: under a cap that dp4 alone exceeds, the advisor still suggests dp4, with ZeRO or
  * recompute, and every suggestion fits the cap. */
 static void advisor_fits_memory_with_zero(void **state) {
@@ -1425,6 +1466,7 @@ static void search_175b_timing(void **state) {
 
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(zero_worked_example),
+    cmocka_unit_test(zero3_recompute_regathers),
     cmocka_unit_test(in_step_factors_price_kernels),
     cmocka_unit_test(flops_against_hand_count),
     cmocka_unit_test(params_formula),

@@ -372,6 +372,8 @@ static ms_status parse_root(jctx *j, const cJSON *root, ms_cluster *c) {
     MS_CHECK(jnum(j, root, "$", "dp_overlap", false, 0, 1, 0, &c->dp_overlap));
     MS_CHECK(jbool(j, root, "$", "flash_attention", false, &c->flash_attention));
     MS_CHECK(jbool(j, root, "$", "causal_skip", false, &c->causal_skip));
+    MS_CHECK(
+        jbool(j, root, "$", "zero3_recompute_regathers", false, &c->zero3_recompute_regathers));
     MS_CHECK(jnum(j, root, "$", "cores", false, 0, 1 << 20, 0, &v));
     c->cores = (int)v;
     if (c->cpu && c->cores < 1)
@@ -520,6 +522,7 @@ char *ms_cluster_to_json(const ms_cluster *c) {
     cJSON_AddNumberToObject(r, "dp_overlap", c->dp_overlap);
     cJSON_AddBoolToObject(r, "flash_attention", c->flash_attention);
     cJSON_AddBoolToObject(r, "causal_skip", c->causal_skip);
+    if (c->zero3_recompute_regathers) cJSON_AddBoolToObject(r, "zero3_recompute_regathers", true);
     if (c->cpu) {
         cJSON_AddNumberToObject(r, "cores", c->cores);
         cJSON_AddStringToObject(r, "cpu_model", c->cpu_model);

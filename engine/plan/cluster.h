@@ -157,6 +157,11 @@ typedef struct ms_cluster {
      * score matrix in several kernels); 0: the engine's own attention kernel's traffic. */
     double score_bytes[2];
     bool causal_skip; /* the attention kernel skips masked key blocks (FLOPs) */
+    /* ZeRO 3 under full recompute: the stack modelled gathers each parameter a third time per
+     * micro-batch, for the backward after the recompute's forward (DeepSpeed's stage-3 hooks
+     * release a module's parameters after every forward, the recomputed one included); false:
+     * this engine's program, where the recompute's gathered copy serves the backward. */
+    bool zero3_recompute_regathers;
     /* cpu-local */
     bool cpu; /* devices are thread ranks sharing `cores` */
     int cores;

@@ -898,6 +898,13 @@ static void analytic_state(const analytic *z) {
     int tensors = (int)z->L * ms_lm_layout_layer_tensors(f) + ms_lm_layout_last_tensors(f);
     if (z->p == 1) tensors += ms_lm_layout_first_tensors(f) - (f->tied ? 1 : 0);
     analytic_grad_sync(z, psi, wte, grad_calls(z, psi, tensors), tensors);
+    if (s->zero >= 3 && s->dp > 1 && z->rc > 0 && pb->cluster->zero3_recompute_regathers) {
+        /* a stack that gathers the recomputed layers' parameters once more, for their backward
+         * (ms_cluster.zero3_recompute_regathers) */
+        int lt = ms_lm_layout_layer_tensors(f);
+        wk_coll_add(w, MS_COLL_ALL_GATHER, MS_PLAN_DP, WK_GRAD, s->dp,
+                    ms_lm_layout_layer_params(f, z->t) * gb / lt, z->rc * z->L * lt * z->n_micro);
+    }
     if (s->bucket_mb > 0 && (s->dp > 1) != (s->cp > 1)) /* the buckets' buffer, ZeRO's shards */
         w->mem_other += psi * gb * (1 + (s->zero >= 2 ? 1.0 / s->dp : 0));
     if (z->p > 1 && f->tied) /* the tied embedding's gradient between the first and last stage */
