@@ -76,10 +76,10 @@ static int run(attn_ctx *x, ms_kctx *kc, int calls) {
     const bench_opts *o = &x->o;
     ms_error err = {0};
     for (int i = 0; i < calls; i++) {
-        if (MS_CALL_K(kc, attention_forward_bf16, x->out, x->saved, x->qkv, NULL, o->b, o->t, o->c,
-                      o->nh, true, &err) != MS_OK ||
+        if (MS_CALL_K(kc, attention_forward_bf16, x->out, x->saved, NULL, x->qkv, NULL, o->b, o->t,
+                      o->c, o->nh, true, NULL, &err) != MS_OK ||
             MS_CALL_K(kc, attention_backward_bf16, x->dqkv, x->scratch, x->dout, x->qkv, x->saved,
-                      NULL, o->b, o->t, o->c, o->nh, true, 1u, &err) != MS_OK)
+                      NULL, o->b, o->t, o->c, o->nh, true, 1u, NULL, &err) != MS_OK)
             return fprintf(stderr, "meshscope: %s\n", err.msg), 1;
     }
     if (ms_kctx_sync(kc, &err) != MS_OK) return fprintf(stderr, "meshscope: %s\n", err.msg), 1;

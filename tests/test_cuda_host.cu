@@ -799,8 +799,9 @@ static bool attn_against_cpu(const attn_case &a, const char *name) {
     const int64_t n = a.b * a.t * a.c;
     fvec out(n), lse(a.b * a.nh * a.t), out2(n), att(a.b * a.nh * a.t * a.t);
     attn_forward(a, out.data(), lse.data());
-    ms_k_attention_forward(out2.data(), att.data(), a.qkv.data(),
-                           a.mask.empty() ? NULL : a.mask.data(), a.b, a.t, a.c, a.nh, a.causal);
+    ms_k_attention_forward(out2.data(), att.data(), NULL, a.qkv.data(),
+                           a.mask.empty() ? NULL : a.mask.data(), a.b, a.t, a.c, a.nh, a.causal,
+                           NULL);
     char what[96];
     snprintf(what, sizeof what, "attention out, %s (1e-5 + 1e-4 rel)", name);
     bool ok = close(what, out, out2, 1e-5, 1e-4);
@@ -830,7 +831,7 @@ static bool attn_against_cpu(const attn_case &a, const char *name) {
     fvec d1 = frand(a.qkv.size(), -1, 1), d2 = d1, scratch(ms_k_attention_scratch_floats(a.t));
     attn_backward(a, d1.data(), g.data(), out.data(), lse.data());
     ms_k_attention_backward(d2.data(), scratch.data(), g.data(), a.qkv.data(), att.data(), a.b, a.t,
-                            a.c, a.nh, a.causal);
+                            a.c, a.nh, a.causal, NULL);
     snprintf(what, sizeof what, "attention dqkv, %s (1e-5 + 1e-4 rel)", name);
     ok &= close(what, d1, d2, 1e-5, 1e-4);
     return ok;

@@ -394,7 +394,8 @@ static void test_attention(void **state) {
     attn_fwd(a, out.data(), lse.data(), copy.data(), qkv.data());
     attn_fwd(a, outw.data(), lsew.data(), copyw.data(), qkvf.data());
     fvec outc(n), att(nl * a.t), dc = widen(d0), scratch(ms_k_attention_scratch_floats(a.t));
-    ms_k_attention_forward(outc.data(), att.data(), qkvf.data(), NULL, a.b, a.t, a.c, a.nh, true);
+    ms_k_attention_forward(outc.data(), att.data(), NULL, qkvf.data(), NULL, a.b, a.t, a.c, a.nh,
+                           true, NULL);
     bool ok = same_bits("attention forward == staged", out, outw);
     ok &= close("attention forward vs the CPU kernel (1 ulp + 1e-5)", widen(out), outc, 1e-5,
                 BF16_RTOL);
@@ -403,7 +404,7 @@ static void test_attention(void **state) {
     attn_bwd(a, dqkv.data(), g.data(), qkv.data(), copy.data(), lse.data());
     attn_bwd(a, dw.data(), gf.data(), qkvf.data(), copyw.data(), lsew.data());
     ms_k_attention_backward(dc.data(), scratch.data(), gf.data(), qkvf.data(), att.data(), a.b, a.t,
-                            a.c, a.nh, true);
+                            a.c, a.nh, true, NULL);
     ok &= same_bits("attention backward dqkv (accumulated) == staged", dqkv, dw);
     ok &= close("attention backward dqkv vs the CPU kernel (1 ulp + 1e-5)", widen(dqkv), dc, 1e-5,
                 BF16_RTOL);

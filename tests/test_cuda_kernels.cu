@@ -473,10 +473,10 @@ static bool attention_case(int64_t b, int64_t t, int64_t c, int64_t nh, bool cau
     const fvec qkv = frand(n3, -1.5, 1.5), g = frand(n, -1, 1), d0 = frand(n3, -1, 1);
     const fvec mask = masked ? attention_mask(b, t) : fvec();
     fvec out(n), att(b * nh * t * t), dq = d0, scratch(ms_k_attention_scratch_floats(t));
-    ms_k_attention_forward(out.data(), att.data(), qkv.data(), masked ? mask.data() : NULL, b, t, c,
-                           nh, causal);
+    ms_k_attention_forward(out.data(), att.data(), NULL, qkv.data(), masked ? mask.data() : NULL, b,
+                           t, c, nh, causal, NULL);
     ms_k_attention_backward(dq.data(), scratch.data(), g.data(), qkv.data(), att.data(), b, t, c,
-                            nh, causal);
+                            nh, causal, NULL);
     float *dqkv_in = dev(qkv), *dout = dev(fvec(n)), *dg = dev(g);
     float *dsaved = dev(fvec(ms_cu_attention_saved_floats(b, t, c, nh)));
     float *ddq = dev(d0), *dmask = masked ? dev(mask) : NULL;
@@ -530,10 +530,10 @@ static bool attention_bf16_case(int64_t b, int64_t t, int64_t c, int64_t nh, boo
     const fvec mask = masked ? attention_mask(b, t) : fvec();
     const fvec qf = widen(qkv), gf = widen(g), d0f = widen(d0);
     fvec out(n), att(b * nh * t * t), dq = d0f, scratch(ms_k_attention_scratch_floats(t));
-    ms_k_attention_forward(out.data(), att.data(), qf.data(), masked ? mask.data() : NULL, b, t, c,
-                           nh, causal);
+    ms_k_attention_forward(out.data(), att.data(), NULL, qf.data(), masked ? mask.data() : NULL, b,
+                           t, c, nh, causal, NULL);
     ms_k_attention_backward(dq.data(), scratch.data(), gf.data(), qf.data(), att.data(), b, t, c,
-                            nh, causal);
+                            nh, causal, NULL);
     fvec grad(n3);
     for (int64_t i = 0; i < n3; i++) grad[i] = dq[i] - d0f[i];
     ms_kctx *on = rows ? kc_rows : kc;

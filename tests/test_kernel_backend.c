@@ -128,8 +128,8 @@ static void run_every_slot(ms_kctx *kc, pool *p) {
     /* attention: qkv [B, T, 3C] in f[1]; out f[6]; saved f[8]; dqkv f[9]; scratch f[10] */
     assert_true(kc->k->attention_saved_floats(B, T, C, NH) <= BUF_FLOATS);
     assert_true(kc->k->attention_scratch_floats(B, T, NH) <= BUF_FLOATS);
-    K(attention_forward, f[6], f[8], f[1], NULL, B, T, C, NH, true);
-    K(attention_backward, f[9], f[10], f[7], f[1], f[8], NULL, B, T, C, NH, true, 0u);
+    K(attention_forward, f[6], f[8], NULL, f[1], NULL, B, T, C, NH, true, NULL);
+    K(attention_backward, f[9], f[10], f[7], f[1], f[8], NULL, B, T, C, NH, true, 0u, NULL);
     /* the LLaMA layers: x [B, T, NH, C / NH] in f[1] */
     K(rmsnorm_forward, f[3], f[4], f[1], f[2], rows, C, 1e-6f);
     K(rmsnorm_backward, f[5], f[13], f[7], f[1], f[2], f[4], rows, C);

@@ -488,9 +488,19 @@ static void softmax(void **state) {
 typedef struct attn_ctx {
     int64_t b, t, c, nh;
     bool causal;
-    const float *mask; /* [B, T] or NULL */
-    double *probs;     /* [B, NH, T, T] written when non-NULL */
+    const float *mask;             /* [B, T] or NULL */
+    double *probs;                 /* [B, NH, T, T] written when non-NULL (before dropout) */
+    const ms_k_attn_dropout *drop; /* or NULL */
 } attn_ctx;
+
+/* The reference's dropout: probability (b, h, i, j) of the buffer is element
+ * ((b0 + b) * NH + h0 + h) * T^2 + i * T + j of the whole [batch, heads, T, T] (no window). */
+static double ref_attn_keep(const attn_ctx *x, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const ms_k_attn_dropout *d = x->drop;
+    if (!d || d->p <= 0) return 1.0;
+    uint64_t g = (uint64_t)(((d->b0 + b) * d->nh + d->h0 + h) * x->t * x->t + i * x->t + j);
+    return ms_k_dropout_keep(d->p, d->seed, d->stream, g) ? 1.0 / (1.0 - d->p) : 0.0;
+}
 
 #define REF_TMAX 128
 
@@ -519,6 +529,7 @@ static void ref_attention(const void *vc, double *const *in, double *out) {
                 if (x->probs)
                     for (int64_t j = 0; j < t; j++)
                         x->probs[((b * x->nh + h) * t + i) * t + j] = s[j];
+                for (int64_t j = 0; j < t; j++) s[j] *= ref_attn_keep(x, b, h, i, j);
                 for (int64_t e = 0; e < hs; e++) {
                     double o = 0;
                     for (int64_t j = 0; j < t; j++)
@@ -542,8 +553,8 @@ static void check_attention(int64_t b, int64_t t, int64_t c, int64_t nh, bool ca
                 mask[bi * t + j] = j >= t - bi ? -INFINITY : (float)(0.3 * (j % 3));
     }
     for (int64_t i = 0; i < na; i++) att[i] = NAN; /* forward must write all of it */
-    ms_k_attention_forward(out, att, qkv, mask, b, t, c, nh, causal);
-    attn_ctx ctx = {b, t, c, nh, causal, mask, dnew(na)};
+    ms_k_attention_forward(out, att, NULL, qkv, mask, b, t, c, nh, causal, NULL);
+    attn_ctx ctx = {b, t, c, nh, causal, mask, dnew(na), NULL};
     double *in[1] = {todouble(qkv, nq)};
     expect_close(what, out, refout(ref_attention, &ctx, in, no), no, RTOL, ATOL);
     expect_close(what, att, ctx.probs, na, RTOL, 1e-7);
@@ -554,8 +565,60 @@ static void check_attention(int64_t b, int64_t t, int64_t c, int64_t nh, bool ca
     for (int64_t i = 0; i < no; i++) dout[i] = (float)w[i];
     float *d0 = frand(nq, -1, 1), *d = fcopy(d0, nq);
     float *scratch = fnew(ms_k_attention_scratch_floats(t));
-    ms_k_attention_backward(d, scratch, dout, qkv, att, b, t, c, nh, causal);
+    ms_k_attention_backward(d, scratch, dout, qkv, att, b, t, c, nh, causal, NULL);
     expect_grad(what, d, d0, numgrad(ref_attention, &ctx, in, 0, nq, no, w), nq, 1e-3, 1e-4);
+}
+
+/* Dropout on the probabilities: the output and the gradient against the float64 reference
+ * (the same keep rule, finite differences through the fixed mask), for a buffer that is a
+ * window of a larger batch and of more heads (b0, h0); then sharding: the whole [2, 4 heads]
+ * call against calls on one batch row and on two heads, each given its place, which must
+ * reproduce their slices of the whole output exactly. */
+static void check_attention_dropout(bool causal) {
+    const int64_t b = 2, t = 9, nh = 4, hs = 3, c = nh * hs;
+    ms_k_attn_dropout d = {.p = 0.3f, .seed = 11, .stream = 5, .b0 = 1, .h0 = 2, .nh = 7};
+    char what[96];
+    snprintf(what, sizeof what, "attention dropout causal=%d", causal);
+    const int64_t nq = b * t * 3 * c, no = b * t * c, na = b * nh * t * t;
+    float *qkv = frand(nq, -1.5, 1.5), *out = fnew(no), *att = fnew(na);
+    float *work = fnew(ms_k_attention_scratch_floats(t));
+    ms_k_attention_forward(out, att, work, qkv, NULL, b, t, c, nh, causal, &d);
+    attn_ctx ctx = {b, t, c, nh, causal, NULL, NULL, &d};
+    double *in[1] = {todouble(qkv, nq)};
+    expect_close(what, out, refout(ref_attention, &ctx, in, no), no, RTOL, ATOL);
+    double *w = todouble(frand(no, -1, 1), no);
+    float *dout = fnew(no);
+    for (int64_t i = 0; i < no; i++) dout[i] = (float)w[i];
+    float *d0 = frand(nq, -1, 1), *dq = fcopy(d0, nq);
+    float *scratch = fnew(ms_k_attention_scratch_floats(t));
+    ms_k_attention_backward(dq, scratch, dout, qkv, att, b, t, c, nh, causal, &d);
+    expect_grad(what, dq, d0, numgrad(ref_attention, &ctx, in, 0, nq, no, w), nq, 1e-3, 1e-4);
+
+    /* the whole step: [2, 4 heads] at b0 = 0, h0 = 0 of 4 heads */
+    ms_k_attn_dropout whole = {.p = 0.3f, .seed = 11, .stream = 5, .nh = nh};
+    ms_k_attention_forward(out, att, work, qkv, NULL, b, t, c, nh, causal, &whole);
+    /* batch row 1 alone */
+    float *o1 = fnew(t * c), *a1 = fnew(nh * t * t);
+    ms_k_attn_dropout row1 = whole;
+    row1.b0 = 1;
+    ms_k_attention_forward(o1, a1, work, qkv + t * 3 * c, NULL, 1, t, c, nh, causal, &row1);
+    for (int64_t i = 0; i < t * c; i++)
+        if (o1[i] != out[t * c + i])
+            fail_msg("%s: batch row 1 alone differs at %lld", what, (long long)i);
+    /* heads 2 and 3 alone: their q, k, v columns packed as a 2-head qkv */
+    const int64_t c2 = 2 * hs;
+    float *q2 = fnew(b * t * 3 * c2), *o2 = fnew(b * t * c2), *a2 = fnew(b * 2 * t * t);
+    for (int64_t r = 0; r < b * t; r++)
+        for (int part = 0; part < 3; part++)
+            for (int64_t e = 0; e < c2; e++)
+                q2[r * 3 * c2 + part * c2 + e] = qkv[r * 3 * c + part * c + 2 * hs + e];
+    ms_k_attn_dropout heads = whole;
+    heads.h0 = 2;
+    ms_k_attention_forward(o2, a2, work, q2, NULL, b, t, c2, 2, causal, &heads);
+    for (int64_t r = 0; r < b * t; r++)
+        for (int64_t e = 0; e < c2; e++)
+            if (o2[r * c2 + e] != out[r * c + 2 * hs + e])
+                fail_msg("%s: heads 2-3 alone differ at row %lld", what, (long long)r);
 }
 
 static void attention(void **state) {
@@ -568,6 +631,8 @@ static void attention(void **state) {
     /* T past one row block (64): the causal block skipping and block edges */
     check_attention(1, 70, 8, 2, true, false);
     check_attention(1, 70, 8, 2, false, false);
+    check_attention_dropout(true);
+    check_attention_dropout(false);
     arena_free();
 }
 

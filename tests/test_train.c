@@ -271,7 +271,7 @@ static void dropout_draws(mt_rank *r, void *p) {
     float plain = 0;
     for (int drop = 1; drop >= 0; drop--) {
         ms_model_config cfg = tiny_config(false);
-        cfg.embd_pdrop = cfg.resid_pdrop = drop ? 0.3 : 0;
+        cfg.embd_pdrop = cfg.resid_pdrop = cfg.attn_pdrop = drop ? 0.3 : 0;
         ms_model m;
         ms_program *prog;
         if (!MT_OK(r, ms_model_build(&cfg, B, T, &m, &err), &err)) break;

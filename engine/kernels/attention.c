@@ -4,7 +4,9 @@
  * done with sgemm straight on the strided head columns of qkv (leading dim 3C) and out
  * (leading dim C): no gathering copies. Queries go in blocks of MS_K_ATTN_ROW_BLOCK rows; in
  * causal mode a block only multiplies the keys up to its last row, which cuts the products to
- * about half, as the mask would otherwise throw that work away.
+ * about half, as the mask would otherwise throw that work away. Dropout on the probabilities
+ * (attn_pdrop) draws its mask from each probability's global index (as dropout.c does), so the
+ * backward draws it again instead of storing it.
  */
 #include "engine/kernels/kernels.h"
 #include "engine/kernels/blas.h"
@@ -16,8 +18,30 @@ static inline int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
 }
 
-void ms_k_attention_forward(float *out, float *att, const float *qkv, const float *mask, int64_t b,
-                            int64_t t, int64_t c, int64_t nh, bool causal) {
+static bool dropping(const ms_k_attn_dropout *d) {
+    return d && d->p > 0;
+}
+
+/* The global index of probability (bi, h, i, 0) (kernels.h). */
+static uint64_t drop_row_base(const ms_k_attn_dropout *d, int64_t bi, int64_t h, int64_t i,
+                              int64_t t) {
+    const uint64_t gb = (uint64_t)ms_k_batch_row(d->w, d->b0 + bi);
+    return ((gb * (uint64_t)d->nh + (uint64_t)(d->h0 + h)) * (uint64_t)t + (uint64_t)i) *
+           (uint64_t)t;
+}
+
+/* dst[j] = src[j] / (1 - p) where probability g0 + j is kept, else 0; j < n (dst may be src). */
+static void drop_row(float *dst, const float *src, int64_t n, const ms_k_attn_dropout *d,
+                     uint64_t g0) {
+    const float scale = ms_k_dropout_scale(d->p);
+    for (int64_t j = 0; j < n; j++)
+        dst[j] =
+            ms_k_dropout_keep(d->p, d->seed, d->stream, g0 + (uint64_t)j) ? src[j] * scale : 0.0f;
+}
+
+void ms_k_attention_forward(float *out, float *att, float *work, const float *qkv,
+                            const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
+                            bool causal, const ms_k_attn_dropout *drop) {
     const int64_t hs = c / nh, c3 = 3 * c;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int64_t bi = 0; bi < b; bi++) {
@@ -42,9 +66,17 @@ void ms_k_attention_forward(float *out, float *att, const float *qkv, const floa
                      * backward relies on P = 0 wherever a key was excluded. */
                     for (int64_t j = nv; j < t; j++) row[j] = 0.0f;
                 }
-                /* O[r0:r1] = P[r0:r1, 0:nk] V[0:nk] */
-                ms_blas_sgemm(false, false, r1 - r0, hs, nk, 1.0f, p + r0 * t, t, v, c3, 0.0f,
-                              o + r0 * c, c);
+                /* O[r0:r1] = P[r0:r1, 0:nk] V[0:nk], or dropout(P) V from the work block */
+                const float *pa = p + r0 * t;
+                int64_t lda = t;
+                if (dropping(drop)) {
+                    for (int64_t i = r0; i < r1; i++)
+                        drop_row(work + (i - r0) * nk, p + i * t, nk, drop,
+                                 drop_row_base(drop, bi, h, i, t));
+                    pa = work, lda = nk;
+                }
+                ms_blas_sgemm(false, false, r1 - r0, hs, nk, 1.0f, pa, lda, v, c3, 0.0f, o + r0 * c,
+                              c);
             }
         }
     }
@@ -56,7 +88,7 @@ int64_t ms_k_attention_scratch_floats(int64_t t) {
 
 void ms_k_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *att, int64_t b, int64_t t, int64_t c, int64_t nh,
-                             bool causal) {
+                             bool causal, const ms_k_attn_dropout *drop) {
     const int64_t hs = c / nh, c3 = 3 * c;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int64_t bi = 0; bi < b; bi++) {
@@ -71,10 +103,22 @@ void ms_k_attention_backward(float *dqkv, float *scratch, const float *dout, con
                 const int64_t nk = causal ? r1 : t;
                 const float *pb = p + r0 * t;
                 float *ds = scratch; /* [m, nk] */
-                /* dP = dO V^T */
+                if (dropping(drop)) {
+                    /* dV[0:nk] += D^T dO with D = dropout(P), drawn into the scratch first */
+                    for (int64_t i = 0; i < m; i++)
+                        drop_row(ds + i * nk, pb + i * t, nk, drop,
+                                 drop_row_base(drop, bi, h, r0 + i, t));
+                    ms_blas_sgemm(true, false, nk, hs, m, 1.0f, ds, nk, g + r0 * c, c, 1.0f, dv,
+                                  c3);
+                }
+                /* dD = dO V^T; without dropout D is P and this is dP */
                 ms_blas_sgemm(false, true, m, nk, hs, 1.0f, g + r0 * c, c, v, c3, 0.0f, ds, nk);
-                /* dV[0:nk] += P^T dO */
-                ms_blas_sgemm(true, false, nk, hs, m, 1.0f, pb, t, g + r0 * c, c, 1.0f, dv, c3);
+                if (dropping(drop)) /* dP = dD where kept, scaled; 0 where dropped */
+                    for (int64_t i = 0; i < m; i++)
+                        drop_row(ds + i * nk, ds + i * nk, nk, drop,
+                                 drop_row_base(drop, bi, h, r0 + i, t));
+                else /* dV[0:nk] += P^T dO */
+                    ms_blas_sgemm(true, false, nk, hs, m, 1.0f, pb, t, g + r0 * c, c, 1.0f, dv, c3);
                 /* dS = P * (dP - rowsum(P * dP)); entries with P = 0 (excluded keys) become 0,
                  * so the causal and masked cases need no special handling. */
                 for (int64_t i = 0; i < m; i++) {

@@ -414,19 +414,22 @@ static int64_t h_attention_scratch_floats(int64_t b, int64_t t, int64_t nh) {
     (void)b, (void)nh;
     return ms_k_attention_scratch_floats(t);
 }
-static ms_status h_attention_forward(ms_kctx *kc, float *out, float *saved, const float *qkv,
-                                     const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
-                                     bool causal, ms_error *err) {
-    ms_k_attention_forward(H(out), H(saved), H(qkv), H(mask), b, t, c, nh, causal);
+static ms_status h_attention_forward(ms_kctx *kc, float *out, float *saved, float *work,
+                                     const float *qkv, const float *mask, int64_t b, int64_t t,
+                                     int64_t c, int64_t nh, bool causal,
+                                     const ms_k_attn_dropout *drop, ms_error *err) {
+    ms_k_attention_forward(H(out), H(saved), H(work), H(qkv), H(mask), b, t, c, nh, causal, drop);
     return OK;
 }
 static ms_status h_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
                                       const float *qkv, const float *saved, const float *mask,
                                       int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
-                                      unsigned fresh, ms_error *err) {
+                                      unsigned fresh, const ms_k_attn_dropout *drop,
+                                      ms_error *err) {
     (void)mask; /* its effect is in the saved probabilities */
     if (fresh & 1u) zero_floats(H(dqkv), 3 * b * t * c);
-    ms_k_attention_backward(H(dqkv), H(scratch), H(dout), H(qkv), H(saved), b, t, c, nh, causal);
+    ms_k_attention_backward(H(dqkv), H(scratch), H(dout), H(qkv), H(saved), b, t, c, nh, causal,
+                            drop);
     return OK;
 }
 
@@ -935,13 +938,13 @@ static ms_status f_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
     wide_done(&ws);
     return OK;
 }
-static ms_status f_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved,
+static ms_status f_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved, float *work,
                                           const uint16_t *qkv, const float *mask, int64_t b,
                                           int64_t t, int64_t c, int64_t nh, bool causal,
-                                          ms_error *err) {
+                                          const ms_k_attn_dropout *drop, ms_error *err) {
     wide_set ws = {0};
-    ms_k_attention_forward(WOUT(out, b * t * c), H(saved), WIN(qkv, b * t * 3 * c), H(mask), b, t,
-                           c, nh, causal);
+    ms_k_attention_forward(WOUT(out, b * t * c), H(saved), H(work), WIN(qkv, b * t * 3 * c),
+                           H(mask), b, t, c, nh, causal, drop);
     wide_done(&ws);
     return OK;
 }
@@ -949,12 +952,13 @@ static ms_status f_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *s
                                            const uint16_t *dout, const uint16_t *qkv,
                                            const float *saved, const float *mask, int64_t b,
                                            int64_t t, int64_t c, int64_t nh, bool causal,
-                                           unsigned fresh, ms_error *err) {
+                                           unsigned fresh, const ms_k_attn_dropout *drop,
+                                           ms_error *err) {
     (void)mask; /* its effect is in the saved probabilities */
     wide_set ws = {0};
     ms_k_attention_backward(WGRAD(dqkv, b * t * 3 * c, fresh & 1u), H(scratch),
                             WIN(dout, b * t * c), WIN(qkv, b * t * 3 * c), H(saved), b, t, c, nh,
-                            causal);
+                            causal, drop);
     wide_done(&ws);
     return OK;
 }

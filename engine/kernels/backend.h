@@ -99,6 +99,8 @@ ms_kctx *ms_kctx_host(void);
  * compute stream, so every context's kernels and the device's copies). */
 ms_status ms_kctx_sync(ms_kctx *kc, ms_error *err);
 
+struct ms_k_attn_dropout; /* kernels.h */
+
 #define MS_KSLOT(name, ...) ms_status (*name)(ms_kctx * kc, __VA_ARGS__, ms_error * err)
 
 struct ms_kernels {
@@ -161,11 +163,13 @@ struct ms_kernels {
              const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, const float *mean,
              const float *rstd, int64_t n, int64_t c);
     /* saved and scratch as attention_forward's (attention_saved_floats, fp32) */
-    MS_KSLOT(attention_forward_bf16, uint16_t *out, float *saved, const uint16_t *qkv,
-             const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
+    MS_KSLOT(attention_forward_bf16, uint16_t *out, float *saved, float *work, const uint16_t *qkv,
+             const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+             const struct ms_k_attn_dropout *drop);
     MS_KSLOT(attention_backward_bf16, uint16_t *dqkv, float *scratch, const uint16_t *dout,
              const uint16_t *qkv, const float *saved, const float *mask, int64_t b, int64_t t,
-             int64_t c, int64_t nh, bool causal, unsigned fresh);
+             int64_t c, int64_t nh, bool causal, unsigned fresh,
+             const struct ms_k_attn_dropout *drop);
     /* the vocab-parallel cross-entropy's pieces on bf16 logits; the losses are computed fp32
      * (xent_vp_loss) and rounded by bf16_round */
     MS_KSLOT(xent_vp_rowmax_bf16, float *lmax, const uint16_t *logits, int64_t n, int64_t vl);
@@ -304,14 +308,17 @@ struct ms_kernels {
 
     /* ---- attention: the forward saves what its backward reads (the CPU: the probabilities
      * [B, NH, T, T]; CUDA: the log-sum-exps and the output), sized by attention_saved_floats;
-     * the backward's working memory is attention_scratch_floats. */
+     * the backward's working memory is attention_scratch_floats, which the forward may use as
+     * `work` (dropout on the CPU). Dropout on the probabilities (attn_pdrop; NULL or p = 0:
+     * none) is kernels.h's ms_k_attn_dropout; a backend without it refuses p > 0. */
     int64_t (*attention_saved_floats)(int64_t b, int64_t t, int64_t c, int64_t nh);
     int64_t (*attention_scratch_floats)(int64_t b, int64_t t, int64_t nh);
-    MS_KSLOT(attention_forward, float *out, float *saved, const float *qkv, const float *mask,
-             int64_t b, int64_t t, int64_t c, int64_t nh, bool causal);
+    MS_KSLOT(attention_forward, float *out, float *saved, float *work, const float *qkv,
+             const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+             const struct ms_k_attn_dropout *drop);
     MS_KSLOT(attention_backward, float *dqkv, float *scratch, const float *dout, const float *qkv,
              const float *saved, const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
-             bool causal, unsigned fresh);
+             bool causal, unsigned fresh, const struct ms_k_attn_dropout *drop);
 
     /* ---- the LLaMA layers (layers.h): RMSNorm, SwiGLU, rotary, grouped-query attention ---- */
     MS_KSLOT(rmsnorm_forward, float *out, float *rstd, const float *inp, const float *weight,

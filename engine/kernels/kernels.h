@@ -169,27 +169,35 @@ ms_k_cost ms_k_softmax_cost(int64_t n, int64_t c, bool backward);
 /* Rows of queries processed per sgemm block; causal attention skips the key blocks above it. */
 #define MS_K_ATTN_ROW_BLOCK 64
 
+/* Dropout on the probabilities (attn_pdrop), below; NULL or p = 0: none. */
+struct ms_k_attn_dropout;
+
 /* Fused multi-head self-attention on GPT-2's c_attn output. For each (b, h):
  *   S = Q K^T / sqrt(HS) (+ key mask) (causal: keys j > query i excluded), P = softmax(S),
- *   out = P V,
+ *   out = dropout(P) V,
  * with Q, K, V the head-h columns of the q, k and v parts of qkv.
  * out:  [B, T, C]
- * att:  [B, NH, T, T]  written: the probabilities P (zero where masked), saved for backward
+ * att:  [B, NH, T, T]  written: the probabilities P (zero where masked, before dropout), saved
+ *       for backward
+ * work: ms_k_attention_scratch_floats(T) floats, used only with dropout (may be NULL without)
  * qkv:  [B, T, 3C]     q, k, v concatenated on the last dim
  * mask: [B, T] or NULL, an additive key mask (0 keep, -INFINITY drop padding); each query must
  *       keep at least one key or its row is NaN. */
-void ms_k_attention_forward(float *out, float *att, const float *qkv, const float *mask, int64_t b,
-                            int64_t t, int64_t c, int64_t nh, bool causal);
+void ms_k_attention_forward(float *out, float *att, float *work, const float *qkv,
+                            const float *mask, int64_t b, int64_t t, int64_t c, int64_t nh,
+                            bool causal, const struct ms_k_attn_dropout *drop);
 
-/* Working memory of the backward, in floats: min(T, MS_K_ATTN_ROW_BLOCK) * T. */
+/* Working memory of the backward (and of a forward with dropout), in floats:
+ * min(T, MS_K_ATTN_ROW_BLOCK) * T. */
 int64_t ms_k_attention_scratch_floats(int64_t t);
 
-/* dqkv += gradient. The mask needs no argument: its effect is stored in att.
+/* dqkv += gradient. The mask needs no argument: its effect is stored in att; the dropout's is
+ * drawn again from `drop`, which must be the forward's.
  * dqkv, qkv: [B, T, 3C]   dout: [B, T, C]   att: [B, NH, T, T]
  * scratch: ms_k_attention_scratch_floats(T) floats, contents ignored. */
 void ms_k_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *att, int64_t b, int64_t t, int64_t c, int64_t nh,
-                             bool causal);
+                             bool causal, const struct ms_k_attn_dropout *drop);
 ms_k_cost ms_k_attention_cost(int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
                               bool backward);
 
@@ -306,6 +314,20 @@ bool ms_k_dropout_keep(float p, uint64_t seed, uint64_t stream, uint64_t g);
 static inline float ms_k_dropout_scale(float p) {
     return p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
 }
+
+/* Dropout on attention's probabilities: element (b, h, i, j) of the buffer's [B, NH, T, T] is
+ * kept when ms_k_dropout_keep(p, seed, stream, g) with
+ *   g = ((ms_k_batch_row(w, b0 + b) * nh + h0 + h) * T + i) * T + j,
+ * its linear index in the step's whole [batch, heads, T, T], as ms_k_dropout_forward would draw
+ * it on that tensor: every split of the batch, its micro-batches and the heads drops the same
+ * probabilities. Kept ones are scaled by 1 / (1 - p). */
+typedef struct ms_k_attn_dropout {
+    float p; /* 0: none */
+    uint64_t seed, stream;
+    int64_t b0, h0;             /* the global batch row and head of the buffer's first */
+    int64_t nh;                 /* heads in the whole model */
+    const ms_k_batch_window *w; /* or NULL */
+} ms_k_attn_dropout;
 
 /* ---- shape copies (shape.c) --------------------------------------------------------------- */
 

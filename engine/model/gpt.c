@@ -94,6 +94,9 @@ static int linear_dropout_add(builder *b, int x, int res, const char *prefix, in
     return ms_graph_op(b->g, MS_OP_BIAS_DROPOUT_ADD, &a, 3, in, add_name);
 }
 
+/* The first attention-dropout stream (layer l's is this + l): far above the numbered sites. */
+#define GPT_ATTN_DROPOUT_STREAM (1 << 20)
+
 /* Attention with its output projection, dropout and the residual add: res + attn(x). */
 static int attention_block(builder *b, int x, int res, int l, bool causal) {
     char p[64], n[96], r[64];
@@ -101,7 +104,11 @@ static int attention_block(builder *b, int x, int res, int l, bool causal) {
     snprintf(p, sizeof p, "h.%d.attn.c_attn", l);
     const int64_t wqkv[3] = {b->C, 3, b->C};
     int qkv = linear(b, x, p, 3, wqkv, std);
-    ms_op_attrs aa = {.i = {b->H, causal}};
+    /* attn_pdrop drops probabilities inside the fused op, on a stream of its own per layer
+     * (apart from the numbered dropout sites, so they keep their masks) */
+    const double ap = b->c->attn_pdrop;
+    ms_op_attrs aa = {.i = {b->H, causal, ap > 0 ? GPT_ATTN_DROPOUT_STREAM + l : 0},
+                      .f = {ap > 0 ? (float)ap : 0.0f}};
     snprintf(n, sizeof n, "h.%d.attn.core", l);
     ms_graph_region_begin(b->g, MS_REGION_ATTENTION); /* selective recompute drops its T x T */
     int a = op1(b, MS_OP_ATTENTION, &aa, qkv, n);

@@ -40,7 +40,8 @@ typedef enum ms_op_kind {
     MS_OP_GELU,      /* tanh GELU */
     MS_OP_LAYERNORM, /* over the last dim; inputs x, weight [C], bias [C]; f[0] eps */
     MS_OP_SOFTMAX,   /* over the last dim */
-    MS_OP_ATTENTION, /* qkv [B, T, 3, C] -> [B, T, C]; i[0] heads, i[1] causal */
+    MS_OP_ATTENTION, /* qkv [B, T, 3, C] -> [B, T, C]; i[0] heads, i[1] causal; f[0] dropout
+                        on the probabilities (0: none), i[2] its stream */
     MS_OP_EMBEDDING, /* ids [...] (integer-valued floats), table [V, C] -> [..., C] */
     MS_OP_XENT,      /* logits [..., V], targets [...] -> losses [...]; target < 0 ignored */
     MS_OP_RESHAPE,   /* i[0] ndim, i[1..] shape */

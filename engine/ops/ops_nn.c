@@ -229,27 +229,47 @@ static ms_status attn_check(const ms_op_call *c, ms_error *e) {
                        (long long)c->in[0]->shape[3], (long long)hs);
     return MS_OK;
 }
+/* attrs f[0] > 0: dropout on the probabilities, stream i[2], keyed by the step's seed and each
+ * probability's global index (the rank's first batch row and head from its box); NULL in
+ * evaluation or without it. */
+static const ms_k_attn_dropout *attn_dropout(const ms_op_call *c, ms_k_attn_dropout *d) {
+    if (c->eval || !(c->attrs->f[0] > 0)) return NULL;
+    const int64_t hs = c->gin[0].d[3] / c->attrs->i[0];
+    *d = (ms_k_attn_dropout){.p = c->attrs->f[0],
+                             .seed = c->seed,
+                             .stream = (uint64_t)c->attrs->i[2],
+                             .b0 = c->in_start[0][0],
+                             .h0 = c->in_start[0][3] / hs,
+                             .nh = c->attrs->i[0],
+                             .w = &c->batch};
+    return d;
+}
 static ms_status attn_forward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
+    ms_k_attn_dropout d;
+    const ms_k_attn_dropout *drop = attn_dropout(c, &d);
     if (bf16_call(c))
-        return MS_CALL_K(c->kc, attention_forward_bf16, U16(c->out[0]), F(c->saved[0]), U16(q),
-                         NULL, q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
-                         c->attrs->i[1] != 0, e);
-    return MS_CALL_K(c->kc, attention_forward, F(c->out[0]), F(c->saved[0]), F(q), NULL,
-                     q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
-                     c->attrs->i[1] != 0, e);
+        return MS_CALL_K(c->kc, attention_forward_bf16, U16(c->out[0]), F(c->saved[0]),
+                         F(c->saved[1]), U16(q), NULL, q->shape[0], q->shape[1], q->shape[3],
+                         attn_local_heads(c), c->attrs->i[1] != 0, drop, e);
+    return MS_CALL_K(c->kc, attention_forward, F(c->out[0]), F(c->saved[0]), F(c->saved[1]), F(q),
+                     NULL, q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
+                     c->attrs->i[1] != 0, drop, e);
 }
 static ms_status attn_backward(ms_op_call *c, ms_error *e) {
     MS_CHECK(attn_check(c, e));
     const ms_tensor *q = c->in[0];
+    ms_k_attn_dropout d;
+    const ms_k_attn_dropout *drop = attn_dropout(c, &d);
     if (bf16_call(c))
         return MS_CALL_K(c->kc, attention_backward_bf16, U16(c->din[0]), F(c->saved[1]),
                          U16(c->dout[0]), U16(q), F(c->saved[0]), NULL, q->shape[0], q->shape[1],
-                         q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0, c->din_fresh, e);
+                         q->shape[3], attn_local_heads(c), c->attrs->i[1] != 0, c->din_fresh, drop,
+                         e);
     return MS_CALL_K(c->kc, attention_backward, F(c->din[0]), F(c->saved[1]), F(c->dout[0]), F(q),
                      F(c->saved[0]), NULL, q->shape[0], q->shape[1], q->shape[3],
-                     attn_local_heads(c), c->attrs->i[1] != 0, c->din_fresh, e);
+                     attn_local_heads(c), c->attrs->i[1] != 0, c->din_fresh, drop, e);
 }
 static bool attn_runs_on(const ms_kernels *k) {
     return k->attention_forward && k->attention_backward;
@@ -259,8 +279,13 @@ static bool attn_runs_bf16_on(const ms_kernels *k) {
 }
 static ms_k_cost attn_cost(const ms_op_call *c, bool bw) {
     const ms_tensor *q = c->in[0];
-    return ms_k_attention_cost(q->shape[0], q->shape[1], q->shape[3], attn_local_heads(c),
-                               c->attrs->i[1] != 0, bw);
+    const int64_t b = q->shape[0], t = q->shape[1], nh = attn_local_heads(c);
+    ms_k_cost k = ms_k_attention_cost(b, t, q->shape[3], nh, c->attrs->i[1] != 0, bw);
+    if (c->attrs->f[0] > 0) { /* the dropout's draws, once forward and twice backward; no bytes */
+        const int64_t probs = c->attrs->i[1] ? b * nh * t * (t + 1) / 2 : b * nh * t * t;
+        k.flops += ms_k_dropout_cost(probs, false).flops * (bw ? 2 : 1);
+    }
+    return k;
 }
 const ms_op_def ms_op_attention_def = {
     .kind = MS_OP_ATTENTION,

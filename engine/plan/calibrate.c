@@ -93,10 +93,10 @@ static void run_job(const job *j, worker_mem *w) {
             break;
         }
         case J_ATTN_F:
-            ms_k_attention_forward(w->c, w->d, w->a, NULL, 1, j->n, 4 * j->k, 4, true);
+            ms_k_attention_forward(w->c, w->d, NULL, w->a, NULL, 1, j->n, 4 * j->k, 4, true, NULL);
             break;
         case J_ATTN_B:
-            ms_k_attention_backward(w->e, w->b, w->c, w->a, w->d, 1, j->n, 4 * j->k, 4, true);
+            ms_k_attention_backward(w->e, w->b, w->c, w->a, w->d, 1, j->n, 4 * j->k, 4, true, NULL);
             break;
         case J_LN_F:
             ms_k_layernorm_forward(w->c, w->d, w->d + N, w->a, w->b, w->b + C, N, C, 1e-5f);

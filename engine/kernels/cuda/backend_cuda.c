@@ -21,6 +21,7 @@
 #include "engine/core/xalloc.h"
 #include "engine/kernels/backend.h"
 #include "engine/kernels/cuda/cuda_kernels.h"
+#include "engine/kernels/kernels.h" /* ms_k_attn_dropout */
 
 /* Defined here, declared by backend.c (the one caller). */
 const ms_kernels *ms_kernels_cuda_table(void);
@@ -237,6 +238,50 @@ static ms_status c_layernorm_backward_bf16(ms_kctx *kc, uint16_t *dinp, uint16_t
     return ms_cu_layernorm_backward_bf16(kc, dinp, dweight, dbias, s, dout, inp, weight, mean, rstd,
                                          n, c, err);
 }
+/* Attention dropout (attn_pdrop) has no CUDA kernel: refused with the fix named, before any
+ * launch; otherwise the kernels as they are. */
+static ms_status no_attn_dropout(const ms_k_attn_dropout *drop, ms_error *err) {
+    if (!drop || drop->p <= 0) return MS_OK;
+    return ms_fail(err, MS_ERR_UNSUPPORTED,
+                   "attention dropout (attn_pdrop %g) is not implemented on CUDA; set attn_pdrop "
+                   "to 0 in the model config, or train on the CPU (--device cpu)",
+                   (double)drop->p);
+}
+static ms_status c_attention_forward(ms_kctx *kc, float *out, float *saved, float *work,
+                                     const float *qkv, const float *mask, int64_t b, int64_t t,
+                                     int64_t c, int64_t nh, bool causal,
+                                     const ms_k_attn_dropout *drop, ms_error *err) {
+    (void)work;
+    MS_CHECK(no_attn_dropout(drop, err));
+    return ms_cu_attention_forward(kc, out, saved, qkv, mask, b, t, c, nh, causal, err);
+}
+static ms_status c_attention_backward(ms_kctx *kc, float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *saved, const float *mask,
+                                      int64_t b, int64_t t, int64_t c, int64_t nh, bool causal,
+                                      unsigned fresh, const ms_k_attn_dropout *drop,
+                                      ms_error *err) {
+    MS_CHECK(no_attn_dropout(drop, err));
+    return ms_cu_attention_backward(kc, dqkv, scratch, dout, qkv, saved, mask, b, t, c, nh, causal,
+                                    fresh, err);
+}
+static ms_status c_attention_forward_bf16(ms_kctx *kc, uint16_t *out, float *saved, float *work,
+                                          const uint16_t *qkv, const float *mask, int64_t b,
+                                          int64_t t, int64_t c, int64_t nh, bool causal,
+                                          const ms_k_attn_dropout *drop, ms_error *err) {
+    (void)work;
+    MS_CHECK(no_attn_dropout(drop, err));
+    return ms_cu_attention_forward_bf16(kc, out, saved, qkv, mask, b, t, c, nh, causal, err);
+}
+static ms_status c_attention_backward_bf16(ms_kctx *kc, uint16_t *dqkv, float *scratch,
+                                           const uint16_t *dout, const uint16_t *qkv,
+                                           const float *saved, const float *mask, int64_t b,
+                                           int64_t t, int64_t c, int64_t nh, bool causal,
+                                           unsigned fresh, const ms_k_attn_dropout *drop,
+                                           ms_error *err) {
+    MS_CHECK(no_attn_dropout(drop, err));
+    return ms_cu_attention_backward_bf16(kc, dqkv, scratch, dout, qkv, saved, mask, b, t, c, nh,
+                                         causal, fresh, err);
+}
 static ms_status c_rmsnorm_backward(ms_kctx *kc, float *dinp, float *dweight, const float *dout,
                                     const float *inp, const float *weight, const float *rstd,
                                     int64_t n, int64_t c, ms_error *err) {
@@ -418,8 +463,8 @@ static const ms_kernels cuda_kernels = {
     .bias_dropout_add_backward_bf16 = c_bias_dropout_add_backward_bf16,
     .layernorm_forward_bf16 = ms_cu_layernorm_forward_bf16,
     .layernorm_backward_bf16 = c_layernorm_backward_bf16,
-    .attention_forward_bf16 = ms_cu_attention_forward_bf16,
-    .attention_backward_bf16 = ms_cu_attention_backward_bf16,
+    .attention_forward_bf16 = c_attention_forward_bf16,
+    .attention_backward_bf16 = c_attention_backward_bf16,
     .xent_vp_rowmax_bf16 = ms_cu_xent_vp_rowmax_bf16,
     .xent_vp_sumexp_bf16 = ms_cu_xent_vp_sumexp_bf16,
     .xent_vp_target_bf16 = ms_cu_xent_vp_target_bf16,
@@ -446,8 +491,8 @@ static const ms_kernels cuda_kernels = {
     .softmax_backward = ms_cu_softmax_backward,
     .attention_saved_floats = ms_cu_attention_saved_floats,
     .attention_scratch_floats = ms_cu_attention_scratch_floats,
-    .attention_forward = ms_cu_attention_forward,
-    .attention_backward = ms_cu_attention_backward,
+    .attention_forward = c_attention_forward,
+    .attention_backward = c_attention_backward,
     .rmsnorm_forward = ms_cu_rmsnorm_forward,
     .rmsnorm_backward = c_rmsnorm_backward,
     .swiglu_forward = ms_cu_swiglu_forward,
