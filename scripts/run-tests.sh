@@ -67,10 +67,12 @@ run_config() { # name build-dir ctest-args cmake-args...
 # The planner's cpu-local calibration (per-core GEMM rates, collectives, the synchronisation of
 # thread ranks) is measured before any test runs: the tests run in parallel, and a calibration
 # taken while they load the cores misprices every strategy. It lands in the suite's own cache,
-# never the user's. The release build measures it before its tests and ASan, under the same key,
-# loads it. The TSan build (its BLAS pinned to one thread: another key) does not: its tests
-# (-L threads) price nothing on cpu-local, and measuring under TSan takes minutes (9.5 on a
-# loaded 2-core machine). The measurement waits up to a minute for the machine to settle; if other
+# never the user's. The release and ASan builds each measure their own before their tests (an
+# ASan build's key has a part of its own: its kernels run several times slower, so the release
+# build's rates would misprice it). The TSan build (its BLAS pinned to one thread: another key)
+# does not: measuring under TSan takes minutes (9.5 on a loaded 2-core machine), and of its tests
+# (-L threads) only the image classifier's advisor prices on cpu-local, measuring it once in its
+# own process. The measurement waits up to a minute for the machine to settle; if other
 # work keeps it busy, the suite caches a loaded calibration anyway (its own cache only, the load
 # recorded in the file) rather than have every test that needs cpu-local measure again.
 export XDG_CACHE_HOME="$PWD/build/test-cache"

@@ -106,6 +106,11 @@ static void key_hash_and_diff(void **state) {
     assert_true(!strncmp(key, "model=", 6) && strstr(key, want) && strstr(key, "; features=") &&
                 strstr(key, "; blas=") && strstr(key, "; threads="));
     assert_true(strstr(key, ms_blas_pinned_for_tsan() ? "pinned" : "2 for the speedup"));
+#if defined(__SANITIZE_ADDRESS__)
+    assert_non_null(strstr(key, "; build=AddressSanitizer")); /* its own rates, its own cache */
+#else
+    assert_null(strstr(key, "build="));
+#endif
     setenv("XDG_CACHE_HOME", "/tmp/ms-calib-key", 1);
     ms_error err = {0};
     assert_int_equal(ms_cluster_cache_path(path, sizeof path, &err), MS_OK);

@@ -138,6 +138,16 @@ static int online_cores(void) {
 
 /* --- the key --------------------------------------------------------------------------------- */
 
+/* An AddressSanitizer build runs every kernel several times slower: its rates are its own, so
+ * its cache is too (a ThreadSanitizer build differs in its threads already). */
+static const char *build_part(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    return "; build=AddressSanitizer";
+#else
+    return "";
+#endif
+}
+
 /* A key part's value never holds the parts' separator. */
 static void no_separator(char *s) {
     for (; *s; s++)
@@ -161,8 +171,8 @@ void ms_calib_key(char *buf, size_t len) {
      * rank itself); only a ThreadSanitizer build pins it to one, and its speedup reads 1. */
     const char *threads = ms_blas_pinned_for_tsan() ? "1 per worker, pinned (ThreadSanitizer)"
                                                     : "1 per worker, 2 for the speedup";
-    snprintf(buf, len, "model=%s; features=%s; cores=%d; blas=%s; threads=%s", model, features,
-             online_cores(), blas, threads);
+    snprintf(buf, len, "model=%s; features=%s; cores=%d; blas=%s; threads=%s%s", model, features,
+             online_cores(), blas, threads, build_part());
 }
 
 void ms_calib_key_hash(const char *key, char *out) {

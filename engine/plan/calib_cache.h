@@ -50,7 +50,8 @@ bool ms_cpu_busy_between(const char *before, const char *after, double *busy_cor
 /* Samples this machine's /proc/stat window_s apart; false when it cannot be read. */
 bool ms_cpu_busy_sample(double window_s, double *busy_cores);
 
-/* This machine's key: "model=...; features=...; cores=N; blas=...; threads=...". */
+/* This machine's key: "model=...; features=...; cores=N; blas=...; threads=...", and
+ * "; build=AddressSanitizer" in such a build (its rates are its own). */
 #define MS_CALIB_KEY_MAX 512
 void ms_calib_key(char *buf, size_t len);
 /* 8 hex digits of the key's FNV-1a hash (out has room for 9 bytes). */
