@@ -326,11 +326,15 @@ static void ck_run(mt_rank *r, void *arg) {
 static void resume_check(const char *tag, const char *first, const char *second, int world,
                          ms_device_kind dev) {
     ck_arg ref = {.first = second}, run = {.first = first, .second = second};
-    /* one folder for every process of an MPI world (they share a parent, mpirun) */
+    /* one folder for every process of an MPI world (they share a parent, mpirun), made afresh
+     * by world rank 0 alone: two processes running rm -rf and mkdir on one path race (rm's
+     * unlink meets the other's new folder: "Is a directory"). The others first use it in the
+     * second run below, after the reference run's collectives, which rank 0 joins only once
+     * the folder exists. */
     snprintf(run.dir, sizeof run.dir, "/tmp/ms_offload_ck_%d_%s", (int)getppid(), tag);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", run.dir, run.dir);
-    assert_int_equal(system(cmd), 0);
+    if (mt_world_rank() == 0) assert_int_equal(system(cmd), 0);
     mt_run_device(world, dev, ck_run, &ref);
     mt_run_device(world, dev, ck_run, &run);
     if (mt_world_rank() == 0) {
